@@ -1,0 +1,335 @@
+//! The top-level documents of a spec file (`Cluster`, `InstanceGroup`) and parsing of a
+//! multi-document YAML text into them, with errors that carry document, field path and line:column.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::generated::{ClusterSpec, InstanceGroupSpec};
+
+/// The only API group/version Keelson reads and writes.
+pub const API_VERSION: &str = "kops.k8s.io/v1alpha2";
+/// Nesting deeper than this is refused before any typed parsing (no stack overflow on hostile input).
+pub const MAX_DEPTH: usize = 64;
+
+/// Kubernetes object metadata (the parts a kOps spec uses).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ObjectMeta {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creation_timestamp: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
+}
+
+/// `kind: Cluster`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Cluster {
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: ClusterSpec,
+}
+
+/// `kind: InstanceGroup`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct InstanceGroup {
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    #[serde(default)]
+    pub spec: InstanceGroupSpec,
+}
+
+impl Cluster {
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or("")
+    }
+}
+
+impl InstanceGroup {
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or("")
+    }
+    pub fn role(&self) -> Option<Role> {
+        self.spec.role.as_deref().and_then(Role::parse)
+    }
+}
+
+/// Instance group roles (`ControlPlane` is the newer spelling of `Master`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Role {
+    ControlPlane,
+    Node,
+    ApiServer,
+    Bastion,
+}
+
+impl Role {
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "Master" | "ControlPlane" => Some(Role::ControlPlane),
+            "Node" => Some(Role::Node),
+            "APIServer" => Some(Role::ApiServer),
+            "Bastion" => Some(Role::Bastion),
+            _ => None,
+        }
+    }
+    /// The lower-case name kOps uses in state-store paths (`igconfig/control-plane/…`).
+    pub fn state_dir(&self) -> &'static str {
+        match self {
+            Role::ControlPlane => "control-plane",
+            Role::Node => "node",
+            Role::ApiServer => "apiserver",
+            Role::Bastion => "bastion",
+        }
+    }
+    /// The name nodeup and BootConfig use.
+    pub fn boot_name(&self) -> &'static str {
+        match self {
+            Role::ControlPlane => "ControlPlane",
+            Role::Node => "Node",
+            Role::ApiServer => "APIServer",
+            Role::Bastion => "Bastion",
+        }
+    }
+}
+
+/// A parsed spec file: one Cluster and its InstanceGroups, in file order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Documents {
+    pub cluster: Cluster,
+    pub instance_groups: Vec<InstanceGroup>,
+}
+
+/// Where in the file a problem is (1-based).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Location {
+    pub line: usize,
+    pub column: usize,
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "{}:{}", self.line, self.column)
+    }
+}
+
+/// Why a spec file could not be turned into documents.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ParseError {
+    /// The bytes are not YAML (syntax error, bad encoding, empty, too deep): the file cannot be read as a spec.
+    #[error("{}{message}", location.map(|l| format!("line {l}: ")).unwrap_or_default())]
+    Syntax { location: Option<Location>, message: String },
+    /// A document is YAML but not a valid Keelson document (unknown field, wrong type, bad value, unknown kind).
+    #[error("{document}: {path}: {message}{}", location.map(|l| format!(" (line {l})")).unwrap_or_default())]
+    Schema { document: String, path: String, message: String, location: Option<Location> },
+}
+
+impl ParseError {
+    /// Syntax errors mean "could not parse" (exit 2); schema errors mean "invalid" (exit 1).
+    pub fn is_syntax(&self) -> bool {
+        matches!(self, ParseError::Syntax { .. })
+    }
+}
+
+fn location_of(e: &serde_yaml_ng::Error) -> Option<Location> {
+    e.location().map(|l| Location { line: l.line(), column: l.column() })
+}
+
+/// Depth of the deepest collection in the text, counted on the YAML value tree iteratively.
+fn depth(value: &serde_yaml_ng::Value) -> usize {
+    let mut max = 0;
+    let mut stack = vec![(value, 1usize)];
+    while let Some((v, d)) = stack.pop() {
+        max = max.max(d);
+        match v {
+            serde_yaml_ng::Value::Sequence(s) => stack.extend(s.iter().map(|x| (x, d + 1))),
+            serde_yaml_ng::Value::Mapping(m) => {
+                for (k, x) in m {
+                    stack.push((k, d + 1));
+                    stack.push((x, d + 1));
+                }
+            }
+            serde_yaml_ng::Value::Tagged(t) => stack.push((&t.value, d + 1)),
+            _ => {}
+        }
+    }
+    max
+}
+
+/// Turn spec bytes into documents. Every problem found is returned (several documents may
+/// each carry one); nothing here panics, whatever the input.
+pub fn parse_documents(bytes: &[u8]) -> Result<Documents, Vec<ParseError>> {
+    let syntax = |message: String, location: Option<Location>| vec![ParseError::Syntax { location, message }];
+    let text = match std::str::from_utf8(bytes) {
+        Ok(t) => t,
+        Err(e) => {
+            let before = &bytes[..e.valid_up_to()];
+            let line = before.iter().filter(|b| **b == b'\n').count() + 1;
+            let column = before.iter().rev().take_while(|b| **b != b'\n').count() + 1;
+            return Err(syntax(
+                format!("the file is not UTF-8 text (invalid byte at offset {})", e.valid_up_to()),
+                Some(Location { line, column }),
+            ));
+        }
+    };
+    if text.contains('\0') {
+        return Err(syntax("the file contains NUL bytes: it is binary, not YAML".into(), None));
+    }
+    if text.trim().is_empty() {
+        return Err(syntax("the file is empty: expected a Cluster document".into(), None));
+    }
+
+    // Pass 1: plain YAML values, to find syntax errors and each document's kind.
+    let mut values = Vec::new();
+    for doc in serde_yaml_ng::Deserializer::from_str(text) {
+        match serde_yaml_ng::Value::deserialize(doc) {
+            Ok(v) => values.push(v),
+            Err(e) => return Err(syntax(e.to_string(), location_of(&e))),
+        }
+    }
+
+    let mut errors = Vec::new();
+    let mut cluster: Option<Cluster> = None;
+    let mut groups = Vec::new();
+    // Pass 2: typed documents, each parsed from its own text so errors keep their line numbers.
+    for (index, (value, doc)) in values.iter().zip(serde_yaml_ng::Deserializer::from_str(text)).enumerate() {
+        if value.is_null() {
+            continue;
+        }
+        let label = document_label(index, value);
+        if depth(value) > MAX_DEPTH {
+            errors.push(ParseError::Schema {
+                document: label,
+                path: "(document)".into(),
+                message: format!("nested more than {MAX_DEPTH} levels deep"),
+                location: None,
+            });
+            continue;
+        }
+        let Some(map) = value.as_mapping() else {
+            errors.push(schema(&label, "(document)", "expected a mapping with apiVersion, kind, metadata and spec"));
+            continue;
+        };
+        let api_version = map.get("apiVersion").and_then(|v| v.as_str());
+        let kind = map.get("kind").and_then(|v| v.as_str());
+        match api_version {
+            Some(API_VERSION) => {}
+            Some(other) => {
+                errors.push(schema(&label, "apiVersion", &format!("unknown apiVersion {other:?}: expected {API_VERSION:?}")));
+                continue;
+            }
+            None => {
+                errors.push(schema(&label, "apiVersion", &format!("missing: expected {API_VERSION:?}")));
+                continue;
+            }
+        }
+        match kind {
+            Some("Cluster") => match typed::<Cluster>(doc, &label) {
+                Ok(c) if cluster.is_some() => {
+                    let _ = c;
+                    errors.push(schema(&label, "kind", "a second Cluster document: a spec file holds exactly one cluster"));
+                }
+                Ok(c) => cluster = Some(c),
+                Err(e) => errors.push(e),
+            },
+            Some("InstanceGroup") => match typed::<InstanceGroup>(doc, &label) {
+                Ok(g) => groups.push(g),
+                Err(e) => errors.push(e),
+            },
+            Some(other) => errors.push(schema(&label, "kind", &format!("unknown kind {other:?}: expected Cluster or InstanceGroup"))),
+            None => errors.push(schema(&label, "kind", "missing: expected Cluster or InstanceGroup")),
+        }
+    }
+    match cluster {
+        Some(cluster) if errors.is_empty() => Ok(Documents { cluster, instance_groups: groups }),
+        Some(_) => Err(errors),
+        None => {
+            errors.push(schema("(file)", "kind", "no Cluster document: a spec needs exactly one kind: Cluster"));
+            Err(errors)
+        }
+    }
+}
+
+fn schema(document: &str, path: &str, message: &str) -> ParseError {
+    ParseError::Schema { document: document.into(), path: path.into(), message: message.into(), location: None }
+}
+
+/// `Cluster/<name>` or `InstanceGroup/<name>`, falling back to the document's position.
+fn document_label(index: usize, value: &serde_yaml_ng::Value) -> String {
+    let kind = value.get("kind").and_then(|v| v.as_str()).unwrap_or("document");
+    match value.get("metadata").and_then(|m| m.get("name")).and_then(|n| n.as_str()) {
+        Some(name) => format!("{kind}/{name}"),
+        None => format!("{kind}#{}", index + 1),
+    }
+}
+
+fn typed<T: serde::de::DeserializeOwned>(doc: serde_yaml_ng::Deserializer<'_>, label: &str) -> Result<T, ParseError> {
+    serde_path_to_error::deserialize(doc).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let location = location_of(&inner);
+        // serde_yaml_ng appends " at line L column C" to messages; we carry the location separately.
+        let mut message = inner.to_string();
+        if let Some(pos) = message.find(" at line ") {
+            message.truncate(pos);
+        }
+        ParseError::Schema { document: label.to_string(), path, message, location }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = "apiVersion: kops.k8s.io/v1alpha2\nkind: Cluster\nmetadata:\n  name: a.example.com\nspec:\n  kubernetesVersion: v1.32.0\n---\napiVersion: kops.k8s.io/v1alpha2\nkind: InstanceGroup\nmetadata:\n  name: nodes\nspec:\n  role: Node\n";
+
+    #[test]
+    fn parses_cluster_and_groups() {
+        let docs = parse_documents(MINIMAL.as_bytes()).unwrap();
+        assert_eq!(docs.cluster.name(), "a.example.com");
+        assert_eq!(docs.instance_groups.len(), 1);
+        assert_eq!(docs.instance_groups[0].role(), Some(Role::Node));
+    }
+
+    #[test]
+    fn unknown_field_names_its_path() {
+        let text = MINIMAL.replace("  kubernetesVersion: v1.32.0", "  kubelet:\n    bogusField: 1");
+        let errs = parse_documents(text.as_bytes()).unwrap_err();
+        let msg = errs[0].to_string();
+        assert!(msg.contains("Cluster/a.example.com: spec.kubelet"), "{msg}");
+        assert!(msg.contains("bogusField"), "{msg}");
+    }
+
+    #[test]
+    fn syntax_error_has_line_and_column() {
+        let errs = parse_documents(b"kind: Cluster\n  bad: [").unwrap_err();
+        assert!(errs[0].is_syntax());
+        assert!(errs[0].to_string().starts_with("line 2:"), "{}", errs[0]);
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_without_overflow() {
+        let deep = format!("apiVersion: kops.k8s.io/v1alpha2\nkind: Cluster\nspec: {}{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(parse_documents(deep.as_bytes()).is_err());
+    }
+}

@@ -1,0 +1,14 @@
+//! Keelson's spec types: the kOps `kops.k8s.io/v1alpha2` `Cluster` and `InstanceGroup`
+//! documents, the node-side `NodeupConfig` and `BootConfig`, validation, and (de)serialisation.
+//!
+//! This crate does no I/O: it turns bytes into typed documents and typed documents into bytes.
+
+pub mod documents;
+pub mod generated;
+pub mod nodeup;
+pub mod types;
+pub mod validate;
+
+pub use documents::{parse_documents, Cluster, Documents, InstanceGroup, ObjectMeta, ParseError, Role};
+pub use generated::*;
+pub use types::{Cidr, DnsName, Duration, IntOrString, KubernetesVersion, Quantity};
