@@ -122,6 +122,7 @@ def rust_type(t, structs, aliases):
 
 
 def snake(key):
+    key = re.sub(r"([A-Z]{2,})s(?=[A-Z]|$)", lambda m: m.group(1).capitalize() + "s", key)
     s = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", key)
     s = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", s).lower()
     s = re.sub(r"[^a-z0-9_]", "_", s)

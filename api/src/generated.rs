@@ -64,7 +64,7 @@ pub struct AWSAuthenticationSpec {
 pub struct AWSPermission {
     /// PolicyARNs is a list of existing IAM Policies.
     #[serde(rename = "policyARNs", default, skip_serializing_if = "Option::is_none")]
-    pub policy_ar_ns: Option<Vec<String>>,
+    pub policy_arns: Option<Vec<String>>,
     /// InlinePolicy is an IAM Policy that will be attached inline to the IAM Role.
     #[serde(rename = "inlinePolicy", default, skip_serializing_if = "Option::is_none")]
     pub inline_policy: Option<String>,
@@ -419,7 +419,7 @@ pub struct CertManagerConfig {
     pub nameservers: Option<Vec<String>>,
     /// HostedZoneIDs is a list of route53 hostedzone IDs that cert-manager will be allowed to do dns-01 validation for
     #[serde(rename = "hostedZoneIDs", default, skip_serializing_if = "Option::is_none")]
-    pub hosted_zone_i_ds: Option<Vec<String>>,
+    pub hosted_zone_ids: Option<Vec<String>>,
     /// FeatureGates is a list of experimental features that can be enabled or disabled.
     #[serde(rename = "featureGates", default, skip_serializing_if = "Option::is_none")]
     pub feature_gates: Option<BTreeMap<String, bool>>,
@@ -1038,7 +1038,7 @@ pub struct CloudControllerManagerConfig {
     /// AllocateNodeCIDRs enables CIDRs for Pods to be allocated and, if
     /// ConfigureCloudRoutes is true, to be set on the cloud provider.
     #[serde(rename = "allocateNodeCIDRs", default, skip_serializing_if = "Option::is_none")]
-    pub allocate_node_cid_rs: Option<bool>,
+    pub allocate_node_cidrs: Option<bool>,
     /// ConfigureCloudRoutes enables CIDRs allocated with to be configured on the cloud provider.
     #[serde(rename = "configureCloudRoutes", default, skip_serializing_if = "Option::is_none")]
     pub configure_cloud_routes: Option<bool>,
@@ -1218,7 +1218,7 @@ pub struct ClusterSpec {
     /// or otherwise allocated to k8s. This is a real CIDR, not the internal k8s network
     /// On AWS, it maps to any additional CIDRs added to a VPC.
     #[serde(rename = "additionalNetworkCIDRs", default, skip_serializing_if = "Option::is_none")]
-    pub additional_network_cid_rs: Option<Vec<String>>,
+    pub additional_network_cidrs: Option<Vec<String>>,
     /// NetworkID is an identifier of a network, if we want to reuse/share an existing network (e.g. an AWS VPC)
     /// +k8s:conversion-gen=false
     #[serde(rename = "networkID", default, skip_serializing_if = "Option::is_none")]
@@ -1845,10 +1845,10 @@ pub struct EtcdManagerSpec {
     pub discovery_poll_interval: Option<crate::types::Duration>,
     /// ListenMetricsURLs is the list of URLs to listen on that will respond to both the /metrics and /health endpoints
     #[serde(rename = "listenMetricsURLs", default, skip_serializing_if = "Option::is_none")]
-    pub listen_metrics_ur_ls: Option<Vec<String>>,
+    pub listen_metrics_urls: Option<Vec<String>>,
     /// ListenClientHTTPURLs is the list of URLs to listen on for HTTP-only client traffic
     #[serde(rename = "listenClientHTTPURLs", default, skip_serializing_if = "Option::is_none")]
-    pub listen_client_httpur_ls: Option<Vec<String>>,
+    pub listen_client_httpurls: Option<Vec<String>>,
     /// LogLevel allows the klog library verbose log level to be set for etcd-manager. The default is 6.
     /// https://github.com/google/glog#verbose-logging
     #[serde(rename = "logLevel", default, skip_serializing_if = "Option::is_none")]
@@ -2349,7 +2349,7 @@ pub struct KindnetMasqueradeSpec {
     #[serde(rename = "enabled", default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
     #[serde(rename = "nonMasqueradeCIDRs", default, skip_serializing_if = "Option::is_none")]
-    pub non_masquerade_cid_rs: Option<Vec<String>>,
+    pub non_masquerade_cidrs: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -2793,7 +2793,7 @@ pub struct KubeControllerManagerConfig {
     pub cluster_cidr: Option<crate::types::Cidr>,
     /// AllocateNodeCIDRs enables CIDRs for Pods to be allocated and, if ConfigureCloudRoutes is true, to be set on the cloud provider.
     #[serde(rename = "allocateNodeCIDRs", default, skip_serializing_if = "Option::is_none")]
-    pub allocate_node_cid_rs: Option<bool>,
+    pub allocate_node_cidrs: Option<bool>,
     /// NodeCIDRMaskSize set the size for the mask of the nodes.
     #[serde(rename = "nodeCIDRMaskSize", default, skip_serializing_if = "Option::is_none")]
     pub node_cidr_mask_size: Option<i64>,
@@ -3309,7 +3309,7 @@ pub struct KubeletConfigSpec {
     pub max_pods: Option<i64>,
     /// NvidiaGPUs is the number of NVIDIA GPU devices on this node.
     #[serde(rename = "nvidiaGPUs", default, skip_serializing_if = "Option::is_none")]
-    pub nvidia_gp_us: Option<i64>,
+    pub nvidia_gpus: Option<i64>,
     /// PodCIDR is the CIDR to use for pod IP addresses, only used in standalone mode.
     /// In cluster mode, this is obtained from the master.
     #[serde(rename = "podCIDR", default, skip_serializing_if = "Option::is_none")]

@@ -1,1 +1,147 @@
+//! Node-side documents: the per-instance-group `NodeupConfig` (state store
+//! `igconfig/<role>/<ig>/nodeupconfig.yaml`) and the small `BootConfig` carried in user-data.
+//! Key names follow kOps (`pkg/apis/nodeup`), so kOps tooling reads them too.
 
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::generated::{
+    APISpec, ContainerdConfig, FileAssetSpec, HookSpec, KubeAPIServerConfig, KubeControllerManagerConfig,
+    KubeProxyConfig, KubeSchedulerConfig, KubeletConfigSpec, NetworkingSpec,
+};
+
+/// Everything nodeup needs to configure one instance of an instance group.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeupConfig {
+    /// Per architecture (`amd64`, `arm64`): `<sha256-hex>@<url>[,<mirror-url>…]`.
+    #[serde(rename = "Assets", default)]
+    pub assets: BTreeMap<String, Vec<String>>,
+    #[serde(rename = "CAs", default)]
+    pub cas: BTreeMap<String, String>,
+    #[serde(rename = "ClusterName")]
+    pub cluster_name: String,
+    #[serde(rename = "KubernetesVersion")]
+    pub kubernetes_version: String,
+    #[serde(rename = "KeypairIDs", default)]
+    pub keypair_ids: BTreeMap<String, String>,
+    #[serde(rename = "KubeletConfig")]
+    pub kubelet_config: KubeletConfigSpec,
+    #[serde(rename = "KubeProxy", default, skip_serializing_if = "Option::is_none")]
+    pub kube_proxy: Option<KubeProxyConfig>,
+    #[serde(rename = "Networking")]
+    pub networking: NodeupNetworking,
+    #[serde(rename = "UpdatePolicy")]
+    pub update_policy: String,
+    /// Hooks of the cluster and of the instance group (kOps writes a list per source).
+    #[serde(rename = "Hooks", default)]
+    pub hooks: Vec<Option<Vec<HookSpec>>>,
+    #[serde(rename = "EtcdClusterNames", default, skip_serializing_if = "Vec::is_empty")]
+    pub etcd_cluster_names: Vec<String>,
+    #[serde(rename = "FileAssets", default, skip_serializing_if = "Vec::is_empty")]
+    pub file_assets: Vec<FileAssetSpec>,
+    #[serde(rename = "InstallCNIAssets", default, skip_serializing_if = "is_false")]
+    pub install_cni_assets: bool,
+    #[serde(rename = "UseCiliumEtcd", default, skip_serializing_if = "is_false")]
+    pub use_cilium_etcd: bool,
+    #[serde(rename = "ServiceNodePortRange", default, skip_serializing_if = "Option::is_none")]
+    pub service_node_port_range: Option<String>,
+    #[serde(rename = "DNSZone", default, skip_serializing_if = "Option::is_none")]
+    pub dns_zone: Option<String>,
+    #[serde(rename = "containerdConfig")]
+    pub containerd_config: ContainerdConfig,
+    #[serde(rename = "APIServerConfig", default, skip_serializing_if = "Option::is_none")]
+    pub api_server_config: Option<ApiServerNodeConfig>,
+    #[serde(rename = "ControlPlaneConfig", default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_config: Option<ControlPlaneNodeConfig>,
+    #[serde(rename = "staticManifests", default, skip_serializing_if = "Vec::is_empty")]
+    pub static_manifests: Vec<StaticManifest>,
+    #[serde(rename = "nodeIPFamilies", default, skip_serializing_if = "Vec::is_empty")]
+    pub node_ip_families: Vec<String>,
+    #[serde(rename = "multizone", default, skip_serializing_if = "Option::is_none")]
+    pub multizone: Option<bool>,
+    #[serde(rename = "nodeTags", default, skip_serializing_if = "Option::is_none")]
+    pub node_tags: Option<String>,
+    #[serde(rename = "usesNoneDNS")]
+    pub uses_none_dns: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// The networking block nodeup sees: cluster-wide ranges plus the plugin section.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeupNetworking {
+    #[serde(rename = "networkCIDR", default, skip_serializing_if = "Option::is_none")]
+    pub network_cidr: Option<String>,
+    #[serde(rename = "nonMasqueradeCIDR", default, skip_serializing_if = "Option::is_none")]
+    pub non_masquerade_cidr: Option<String>,
+    #[serde(rename = "podCIDR", default, skip_serializing_if = "Option::is_none")]
+    pub pod_cidr: Option<String>,
+    #[serde(rename = "serviceClusterIPRange", default, skip_serializing_if = "Option::is_none")]
+    pub service_cluster_ip_range: Option<String>,
+    #[serde(flatten)]
+    pub plugin: NetworkingSpec,
+}
+
+/// API-server settings for control-plane and API-server instance groups.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ApiServerNodeConfig {
+    #[serde(rename = "ClusterDNSDomain")]
+    pub cluster_dns_domain: String,
+    #[serde(rename = "KubeAPIServer")]
+    pub kube_api_server: KubeAPIServerConfig,
+    #[serde(rename = "API")]
+    pub api: NodeApi,
+    /// PEM public keys that verify service-account tokens (filled from the state store's keys).
+    #[serde(rename = "ServiceAccountPublicKeys", default, skip_serializing_if = "Option::is_none")]
+    pub service_account_public_keys: Option<String>,
+}
+
+/// The `api` block with the public name folded in, as nodeup reads it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeApi {
+    #[serde(rename = "publicName", default, skip_serializing_if = "Option::is_none")]
+    pub public_name: Option<String>,
+    #[serde(rename = "additionalSANs", default, skip_serializing_if = "Option::is_none")]
+    pub additional_sans: Option<Vec<String>>,
+    #[serde(flatten)]
+    pub spec: APISpec,
+}
+
+/// Controller-manager and scheduler settings for control-plane instance groups.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ControlPlaneNodeConfig {
+    #[serde(rename = "KubeControllerManager")]
+    pub kube_controller_manager: KubeControllerManagerConfig,
+    #[serde(rename = "KubeScheduler")]
+    pub kube_scheduler: KubeSchedulerConfig,
+}
+
+/// A static manifest the node installs from the state store.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StaticManifest {
+    pub key: String,
+    pub path: String,
+}
+
+/// The boot configuration written by user-data; pins the NodeupConfig by hash.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BootConfig {
+    #[serde(rename = "CloudProvider")]
+    pub cloud_provider: String,
+    #[serde(rename = "ConfigBase")]
+    pub config_base: String,
+    #[serde(rename = "ClusterName")]
+    pub cluster_name: String,
+    #[serde(rename = "InstanceGroupName")]
+    pub instance_group_name: String,
+    /// `ControlPlane`, `Node`, `APIServer` or `Bastion`.
+    #[serde(rename = "InstanceGroupRole")]
+    pub instance_group_role: String,
+    /// Base64 (standard alphabet) of the sha256 of the NodeupConfig file's bytes.
+    #[serde(rename = "NodeupConfigHash")]
+    pub nodeup_config_hash: String,
+}

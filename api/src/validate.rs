@@ -1,1 +1,301 @@
+//! Semantic validation of a parsed spec. Reports every problem found, each naming the
+//! document and the field path (`Cluster/x.example.com: spec.subnets[us-east-1a].cidr: …`).
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use crate::documents::{Documents, InstanceGroup, Role};
+use crate::types::{Cidr, DnsName};
+
+/// One problem in a spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidationError {
+    /// `Cluster/<name>` or `InstanceGroup/<name>`.
+    pub document: String,
+    /// Field path inside the document, e.g. `spec.etcdClusters[main].etcdMembers[a].instanceGroup`.
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for ValidationError {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "{}: {}: {}", self.document, self.path, self.message)
+    }
+}
+
+/// Cloud providers kOps knows.
+pub const CLOUD_PROVIDERS: &[&str] = &["aws", "gce", "hetzner", "openstack", "digitalocean", "azure", "scaleway", "metal"];
+
+struct Report {
+    errors: Vec<ValidationError>,
+}
+
+impl Report {
+    fn add(&mut self, document: &str, path: impl Into<String>, message: impl Into<String>) {
+        self.errors.push(ValidationError { document: document.to_string(), path: path.into(), message: message.into() });
+    }
+}
+
+/// Check a spec; an empty result means it is valid.
+pub fn validate(docs: &Documents) -> Vec<ValidationError> {
+    let mut r = Report { errors: Vec::new() };
+    let cluster = &docs.cluster;
+    let cname = cluster.name();
+    let cdoc = format!("Cluster/{cname}");
+    let spec = &cluster.spec;
+
+    match cluster.metadata.name.as_deref() {
+        None | Some("") => r.add(&cdoc, "metadata.name", "required: the cluster's DNS name"),
+        Some(n) => {
+            if let Err(e) = n.parse::<DnsName>() {
+                r.add(&cdoc, "metadata.name", e.to_string());
+            }
+        }
+    }
+    if spec.kubernetes_version.is_none() {
+        r.add(&cdoc, "spec.kubernetesVersion", "required: a Kubernetes release such as 1.34.2");
+    }
+    match spec.cloud_provider.as_deref() {
+        None => r.add(&cdoc, "spec.cloudProvider", format!("required: one of {}", CLOUD_PROVIDERS.join(", "))),
+        Some(c) if !CLOUD_PROVIDERS.contains(&c) => {
+            r.add(&cdoc, "spec.cloudProvider", format!("unknown cloud {c:?}: expected one of {}", CLOUD_PROVIDERS.join(", ")))
+        }
+        Some(_) => {}
+    }
+    if let Some(zone) = spec.dns_zone.as_deref() {
+        let is_id = zone.chars().all(|c| c.is_ascii_alphanumeric()) && zone.chars().any(|c| c.is_ascii_uppercase());
+        if !is_id && zone.trim_end_matches('.').parse::<DnsName>().is_err() {
+            r.add(&cdoc, "spec.dnsZone", format!("{zone:?} is neither a hosted-zone id nor a DNS name"));
+        }
+    }
+    for (path, value) in [("spec.masterPublicName", &spec.master_public_name), ("spec.masterInternalName", &spec.master_internal_name)] {
+        if let Some(v) = value {
+            if let Err(e) = v.parse::<DnsName>() {
+                r.add(&cdoc, path, e.to_string());
+            }
+        }
+    }
+
+    // Networks.
+    let network = spec.network_cidr;
+    let mut networks: Vec<Cidr> = network.into_iter().collect();
+    for (i, extra) in spec.additional_network_cidrs.iter().flatten().enumerate() {
+        match extra.parse::<Cidr>() {
+            Ok(c) => networks.push(c),
+            Err(e) => r.add(&cdoc, format!("spec.additionalNetworkCIDRs[{i}]"), e.to_string()),
+        }
+    }
+    if let (Some(nm), Some(net)) = (spec.non_masquerade_cidr, network) {
+        if nm.overlaps(&net) && !nm.is_ipv6() {
+            r.add(&cdoc, "spec.nonMasqueradeCIDR", format!("{nm} overlaps networkCIDR {net}: pod and service addresses must not collide with the network"));
+        }
+    }
+    if let Some(svc) = spec.service_cluster_ip_range {
+        if let Some(net) = networks.iter().find(|n| n.overlaps(&svc)) {
+            r.add(&cdoc, "spec.serviceClusterIPRange", format!("{svc} overlaps the network {net}"));
+        }
+        if let Some(nm) = spec.non_masquerade_cidr {
+            if !nm.is_ipv6() && !svc.is_ipv6() && !nm.contains(&svc) {
+                r.add(&cdoc, "spec.serviceClusterIPRange", format!("{svc} must lie inside nonMasqueradeCIDR {nm}"));
+            }
+        }
+    }
+    if let Some(pod) = spec.pod_cidr {
+        if let Some(net) = networks.iter().find(|n| n.overlaps(&pod)) {
+            r.add(&cdoc, "spec.podCIDR", format!("{pod} overlaps the network {net}"));
+        }
+    }
+
+    // Subnets.
+    let mut subnet_zones: BTreeMap<String, Option<String>> = BTreeMap::new();
+    for (i, subnet) in spec.subnets.iter().flatten().enumerate() {
+        let key = subnet.name.clone().unwrap_or_else(|| i.to_string());
+        let path = format!("spec.subnets[{key}]");
+        match subnet.name.as_deref() {
+            None | Some("") => r.add(&cdoc, format!("{path}.name"), "required"),
+            Some(n) => {
+                if subnet_zones.insert(n.to_string(), subnet.zone.clone().or(subnet.region.clone())).is_some() {
+                    r.add(&cdoc, format!("{path}.name"), format!("duplicate subnet name {n:?}"));
+                }
+            }
+        }
+        if let Some(text) = subnet.cidr.as_deref() {
+            match text.parse::<Cidr>() {
+                Ok(c) => {
+                    if !networks.is_empty() && !networks.iter().any(|n| n.contains(&c)) {
+                        let nets: Vec<String> = networks.iter().map(|n| n.to_string()).collect();
+                        r.add(&cdoc, format!("{path}.cidr"), format!("{c} is not inside networkCIDR {}", nets.join(", ")));
+                    }
+                }
+                Err(e) => r.add(&cdoc, format!("{path}.cidr"), e.to_string()),
+            }
+        }
+        if let Some(t) = subnet.type_.as_deref() {
+            if !["Public", "Private", "Utility", "DualStack"].contains(&t) {
+                r.add(&cdoc, format!("{path}.type"), format!("unknown subnet type {t:?}: expected Public, Private, Utility or DualStack"));
+            }
+        }
+    }
+
+    // Instance groups.
+    let mut groups: BTreeMap<&str, &InstanceGroup> = BTreeMap::new();
+    for ig in &docs.instance_groups {
+        let name = ig.name();
+        let doc = format!("InstanceGroup/{name}");
+        if name.is_empty() {
+            r.add(&doc, "metadata.name", "required");
+        } else if name.parse::<DnsName>().is_err() {
+            r.add(&doc, "metadata.name", format!("{name:?} is not a valid instance group name: lower-case letters, digits, '-' and '.'"));
+        }
+        if groups.insert(name, ig).is_some() {
+            r.add(&doc, "metadata.name", format!("duplicate instance group name {name:?}"));
+        }
+        if let Some(owner) = ig.metadata.labels.as_ref().and_then(|l| l.get("kops.k8s.io/cluster")) {
+            if owner != cname {
+                r.add(&doc, "metadata.labels[kops.k8s.io/cluster]", format!("labelled for cluster {owner:?}, not {cname:?}"));
+            }
+        }
+        match ig.spec.role.as_deref() {
+            None => r.add(&doc, "spec.role", "required: one of Master, ControlPlane, Node, APIServer, Bastion"),
+            Some(role) if Role::parse(role).is_none() => {
+                r.add(&doc, "spec.role", format!("unknown role {role:?}: expected Master, ControlPlane, Node, APIServer or Bastion"))
+            }
+            Some(_) => {}
+        }
+        let (min, max) = (ig.spec.min_size, ig.spec.max_size);
+        if let Some(m) = min.filter(|m| *m < 0) {
+            r.add(&doc, "spec.minSize", format!("{m} is negative"));
+        }
+        if let Some(m) = max.filter(|m| *m < 0) {
+            r.add(&doc, "spec.maxSize", format!("{m} is negative"));
+        }
+        if let (Some(a), Some(b)) = (min, max) {
+            if a > b {
+                r.add(&doc, "spec.minSize", format!("minSize {a} is larger than maxSize {b}"));
+            }
+        }
+        for (i, s) in ig.spec.subnets.iter().flatten().enumerate() {
+            if !subnet_zones.contains_key(s) {
+                r.add(&doc, format!("spec.subnets[{i}]"), format!("no subnet named {s:?} in Cluster/{cname} spec.subnets"));
+            }
+        }
+    }
+
+    // etcd clusters.
+    let mut etcd_names = BTreeSet::new();
+    for (i, etcd) in spec.etcd_clusters.iter().flatten().enumerate() {
+        let ename = etcd.name.clone().unwrap_or_else(|| i.to_string());
+        let path = format!("spec.etcdClusters[{ename}]");
+        if etcd.name.as_deref().unwrap_or("").is_empty() {
+            r.add(&cdoc, format!("{path}.name"), "required");
+        } else if !etcd_names.insert(ename.clone()) {
+            r.add(&cdoc, format!("{path}.name"), format!("duplicate etcd cluster name {ename:?}"));
+        }
+        let members = etcd.etcd_members.as_deref().unwrap_or_default();
+        if members.is_empty() {
+            r.add(&cdoc, format!("{path}.etcdMembers"), "at least one member is required");
+        } else if members.len() % 2 == 0 {
+            r.add(&cdoc, format!("{path}.etcdMembers"), format!("{} members: an etcd cluster needs an odd number of members for quorum", members.len()));
+        }
+        let mut member_names = BTreeSet::new();
+        for (j, m) in members.iter().enumerate() {
+            let mname = m.name.clone().unwrap_or_else(|| j.to_string());
+            let mpath = format!("{path}.etcdMembers[{mname}]");
+            if m.name.as_deref().unwrap_or("").is_empty() {
+                r.add(&cdoc, format!("{mpath}.name"), "required");
+            } else if !member_names.insert(mname.clone()) {
+                r.add(&cdoc, format!("{mpath}.name"), format!("duplicate member name {mname:?}"));
+            }
+            let Some(igname) = m.instance_group.as_deref() else {
+                r.add(&cdoc, format!("{mpath}.instanceGroup"), "required: the control-plane instance group that runs this member");
+                continue;
+            };
+            let Some(ig) = groups.get(igname) else {
+                r.add(&cdoc, format!("{mpath}.instanceGroup"), format!("no InstanceGroup named {igname:?}"));
+                continue;
+            };
+            if ig.role() != Some(Role::ControlPlane) {
+                r.add(&cdoc, format!("{mpath}.instanceGroup"), format!("InstanceGroup {igname:?} has role {:?}: etcd members run only on control-plane groups", ig.spec.role.as_deref().unwrap_or("")));
+            }
+            let zones: BTreeSet<String> = ig
+                .spec
+                .subnets
+                .iter()
+                .flatten()
+                .filter_map(|s| subnet_zones.get(s).cloned().flatten())
+                .chain(ig.spec.zones.iter().flatten().cloned())
+                .collect();
+            if zones.len() > 1 {
+                r.add(&cdoc, format!("{mpath}.instanceGroup"), format!("InstanceGroup {igname:?} spans zones {}: an etcd member's group must be in exactly one zone", zones.into_iter().collect::<Vec<_>>().join(", ")));
+            }
+        }
+    }
+    r.errors
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse_documents;
+
+    fn spec(cluster_extra: &str, groups: &str) -> String {
+        format!(
+            "apiVersion: kops.k8s.io/v1alpha2\nkind: Cluster\nmetadata:\n  name: t.example.com\nspec:\n  cloudProvider: aws\n  kubernetesVersion: 1.32.0\n  networkCIDR: 172.20.0.0/16\n  nonMasqueradeCIDR: 100.64.0.0/10\n  subnets:\n  - name: a\n    zone: us-test-1a\n    cidr: 172.20.32.0/19\n    type: Public\n  etcdClusters:\n  - name: main\n    etcdMembers:\n    - name: a\n      instanceGroup: cp\n{cluster_extra}---\napiVersion: kops.k8s.io/v1alpha2\nkind: InstanceGroup\nmetadata:\n  name: cp\nspec:\n  role: Master\n  subnets: [a]\n  minSize: 1\n  maxSize: 1\n{groups}"
+        )
+    }
+
+    fn errors(text: &str) -> Vec<String> {
+        validate(&parse_documents(text.as_bytes()).unwrap()).iter().map(|e| e.to_string()).collect()
+    }
+
+    #[test]
+    fn valid_spec_has_no_errors() {
+        assert_eq!(errors(&spec("", "")), Vec::<String>::new());
+    }
+
+    #[test]
+    fn reports_every_error_with_path() {
+        let text = spec("", "---\napiVersion: kops.k8s.io/v1alpha2\nkind: InstanceGroup\nmetadata:\n  name: nodes\n  labels:\n    kops.k8s.io/cluster: other.example.com\nspec:\n  role: Node\n  subnets: [b]\n  minSize: 3\n  maxSize: 1\n")
+            .replace("cidr: 172.20.32.0/19", "cidr: 10.0.0.0/19");
+        let errs = errors(&text);
+        let want = [
+            "Cluster/t.example.com: spec.subnets[a].cidr: 10.0.0.0/19 is not inside networkCIDR 172.20.0.0/16",
+            "InstanceGroup/nodes: metadata.labels[kops.k8s.io/cluster]",
+            "InstanceGroup/nodes: spec.minSize: minSize 3 is larger than maxSize 1",
+            "InstanceGroup/nodes: spec.subnets[0]: no subnet named \"b\"",
+        ];
+        for w in want {
+            assert!(errs.iter().any(|e| e.starts_with(w)), "missing {w:?} in {errs:#?}");
+        }
+        assert_eq!(errs.len(), want.len(), "{errs:#?}");
+    }
+
+    #[test]
+    fn etcd_rules() {
+        let text = spec("    - name: b\n      instanceGroup: nodes\n    - name: b\n      instanceGroup: ghost\n", "---\napiVersion: kops.k8s.io/v1alpha2\nkind: InstanceGroup\nmetadata:\n  name: nodes\nspec:\n  role: Node\n");
+        let errs = errors(&text);
+        for w in [
+            "spec.etcdClusters[main].etcdMembers[b].instanceGroup: InstanceGroup \"nodes\" has role \"Node\"",
+            "spec.etcdClusters[main].etcdMembers[b].name: duplicate member name",
+            "spec.etcdClusters[main].etcdMembers[b].instanceGroup: no InstanceGroup named \"ghost\"",
+        ] {
+            assert!(errs.iter().any(|e| e.contains(w)), "missing {w:?} in {errs:#?}");
+        }
+        let even = spec("    - name: b\n      instanceGroup: cp\n", "");
+        assert!(errors(&even).iter().any(|e| e.contains("odd number")));
+    }
+
+    #[test]
+    fn overlapping_ranges() {
+        let text = spec("  serviceClusterIPRange: 172.20.0.0/24\n", "").replace("100.64.0.0/10", "172.16.0.0/12");
+        let errs = errors(&text);
+        assert!(errs.iter().any(|e| e.contains("spec.nonMasqueradeCIDR: 172.16.0.0/12 overlaps networkCIDR")), "{errs:#?}");
+        assert!(errs.iter().any(|e| e.contains("spec.serviceClusterIPRange: 172.20.0.0/24 overlaps the network")), "{errs:#?}");
+    }
+
+    #[test]
+    fn bad_names() {
+        let text = spec("", "").replace("name: t.example.com", "name: Bad_Name");
+        assert!(errors(&text).iter().any(|e| e.starts_with("Cluster/Bad_Name: metadata.name:")));
+    }
+}
