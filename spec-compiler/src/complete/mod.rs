@@ -1,0 +1,243 @@
+//! Completion: expand a minimal Cluster spec into the complete configuration, the way kOps'
+//! `populate_cluster_spec` does. Each builder fills only fields the user (or an earlier
+//! builder) left unset, so user values always win; the builders run until nothing changes.
+
+mod cloud_controller;
+mod control_plane;
+mod etcd;
+mod network;
+mod node;
+
+use std::collections::BTreeSet;
+
+use keelson_api::{Cluster, ClusterSpec, Documents, InstanceGroup, KubernetesVersion, Role};
+
+use crate::versions::{LookupOptions, Versions, VersionsError};
+
+/// How many passes the builders get to reach a fixed point before we call it a bug.
+const MAX_PASSES: usize = 10;
+
+/// Why completion failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CompleteError {
+    #[error("spec.kubernetesVersion: required")]
+    MissingVersion,
+    #[error("spec.cloudProvider: required")]
+    MissingCloud,
+    #[error("versions table: {0}")]
+    Versions(#[from] VersionsError),
+    #[error("completion did not converge after {MAX_PASSES} passes (builders disagree on {0})")]
+    NoFixedPoint(String),
+}
+
+/// The clouds Keelson knows how to complete for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cloud {
+    Aws,
+    Gce,
+    Hetzner,
+    Other,
+}
+
+impl Cloud {
+    fn parse(s: &str) -> Cloud {
+        match s {
+            "aws" => Cloud::Aws,
+            "gce" => Cloud::Gce,
+            "hetzner" => Cloud::Hetzner,
+            _ => Cloud::Other,
+        }
+    }
+}
+
+/// The networking plugin chosen in `spec.networking`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plugin {
+    Kubenet,
+    Gcp,
+    Kindnet,
+    External,
+    Cni,
+    Kopeio,
+    AmazonVpc,
+    Cilium,
+    Calico,
+    Flannel,
+    Canal,
+    KubeRouter,
+    Weave,
+    Romana,
+    LyftVpc,
+    Classic,
+    None,
+}
+
+impl Plugin {
+    fn of(spec: &ClusterSpec) -> Plugin {
+        let Some(n) = &spec.networking else { return Plugin::None };
+        let table = [
+            (n.kubenet.is_some(), Plugin::Kubenet),
+            (n.gce.is_some(), Plugin::Gcp),
+            (n.kindnet.is_some(), Plugin::Kindnet),
+            (n.external.is_some(), Plugin::External),
+            (n.cni.is_some(), Plugin::Cni),
+            (n.kopeio.is_some(), Plugin::Kopeio),
+            (n.amazonvpc.is_some(), Plugin::AmazonVpc),
+            (n.cilium.is_some(), Plugin::Cilium),
+            (n.calico.is_some(), Plugin::Calico),
+            (n.flannel.is_some(), Plugin::Flannel),
+            (n.canal.is_some(), Plugin::Canal),
+            (n.kuberouter.is_some(), Plugin::KubeRouter),
+            (n.weave.is_some(), Plugin::Weave),
+            (n.romana.is_some(), Plugin::Romana),
+            (n.lyftvpc.is_some(), Plugin::LyftVpc),
+            (n.classic.is_some(), Plugin::Classic),
+        ];
+        table.iter().find(|(set, _)| *set).map(|(_, p)| *p).unwrap_or(Plugin::None)
+    }
+}
+
+/// Options of one compile run that do not live in the spec.
+#[derive(Debug, Clone, Default)]
+pub struct CompileOptions {
+    /// Never fetch hashes over the network.
+    pub offline: bool,
+    /// Where fetched hashes are cached.
+    pub cache_dir: Option<std::path::PathBuf>,
+    /// kOps-style feature flags (`+APIServerNodes`, `EtcdEventsHTTP`).
+    pub feature_flags: BTreeSet<String>,
+}
+
+impl CompileOptions {
+    /// Parse a kOps `KOPS_FEATURE_FLAGS` value (`+A,-B,C`).
+    pub fn parse_feature_flags(text: &str) -> BTreeSet<String> {
+        text.split(',')
+            .map(str::trim)
+            .filter(|f| !f.is_empty() && !f.starts_with('-'))
+            .map(|f| f.trim_start_matches('+').to_string())
+            .collect()
+    }
+}
+
+/// Facts every builder may read; fixed for one compile.
+pub struct Context<'a> {
+    pub name: String,
+    pub cloud: Cloud,
+    pub version: KubernetesVersion,
+    pub versions: Versions,
+    pub groups: &'a [InstanceGroup],
+    pub user: &'a ClusterSpec,
+    pub options: &'a CompileOptions,
+}
+
+impl Context<'_> {
+    pub fn control_plane_groups(&self) -> impl Iterator<Item = &InstanceGroup> {
+        self.groups.iter().filter(|g| g.role() == Some(Role::ControlPlane))
+    }
+    pub fn flag(&self, name: &str) -> bool {
+        self.options.feature_flags.contains(name)
+    }
+    /// The cloud region, from the first subnet's region or zone (`us-east-1a` → `us-east-1`).
+    pub fn region(&self) -> Option<String> {
+        let subnet = self.user.subnets.as_ref()?.first()?;
+        if let Some(r) = &subnet.region {
+            return Some(r.clone());
+        }
+        let zone = subnet.zone.as_deref()?;
+        Some(zone.trim_end_matches(|c: char| c.is_ascii_lowercase()).to_string())
+    }
+    /// kOps version gates ignore pre-release suffixes.
+    pub fn at_least(&self, major: u64, minor: u64) -> bool {
+        self.version.at_least(major, minor)
+    }
+}
+
+/// Facts derived from the spec as it stands in a pass (they change as builders fill it).
+pub struct Derived {
+    pub plugin: Plugin,
+    pub ipv6: bool,
+}
+
+impl Derived {
+    fn of(spec: &ClusterSpec) -> Derived {
+        Derived {
+            plugin: Plugin::of(spec),
+            ipv6: spec.non_masquerade_cidr.is_some_and(|c| c.is_ipv6()),
+        }
+    }
+}
+
+type Builder = fn(&Context, &Derived, &mut ClusterSpec);
+
+/// The builders, in the order kOps runs them (dependencies first).
+const BUILDERS: &[Builder] = &[
+    network::build,
+    etcd::build,
+    control_plane::api_server,
+    control_plane::controller_manager,
+    control_plane::scheduler,
+    control_plane::kube_proxy,
+    cloud_controller::build,
+    node::kubelet,
+    node::containerd,
+    node::kube_dns,
+    node::addons,
+];
+
+/// Look up the versions table for a spec.
+pub fn versions_for(spec: &ClusterSpec, options: &CompileOptions) -> Result<Versions, CompleteError> {
+    let version = spec.kubernetes_version.as_ref().ok_or(CompleteError::MissingVersion)?;
+    let assets = spec.assets.as_ref();
+    let containerd = spec.containerd.as_ref();
+    let lookup = LookupOptions {
+        offline: options.offline,
+        cache_dir: options.cache_dir.clone(),
+        file_repository: assets.and_then(|a| a.file_repository.clone()),
+        container_registry: assets.and_then(|a| a.container_registry.clone()),
+        container_proxy: assets.and_then(|a| a.container_proxy.clone()),
+        containerd_version_override: containerd.and_then(|c| c.version.clone()),
+        runc_version_override: containerd.and_then(|c| c.runc.as_ref()).and_then(|r| r.version.clone()),
+    };
+    Ok(Versions::for_kubernetes(&version.to_string(), &lookup)?)
+}
+
+/// Complete a parsed (and validated) spec.
+pub fn complete(docs: &Documents, options: &CompileOptions) -> Result<Cluster, CompleteError> {
+    let user = &docs.cluster.spec;
+    let version = user.kubernetes_version.clone().ok_or(CompleteError::MissingVersion)?;
+    let cloud = Cloud::parse(user.cloud_provider.as_deref().ok_or(CompleteError::MissingCloud)?);
+    let ctx = Context {
+        name: docs.cluster.name().to_string(),
+        cloud,
+        version,
+        versions: versions_for(user, options)?,
+        groups: &docs.instance_groups,
+        user,
+        options,
+    };
+    let mut spec = user.clone();
+    for _ in 0..MAX_PASSES {
+        let before = spec.clone();
+        for builder in BUILDERS {
+            let derived = Derived::of(&spec);
+            builder(&ctx, &derived, &mut spec);
+        }
+        if spec == before {
+            let mut cluster = docs.cluster.clone();
+            cluster.spec = spec;
+            return Ok(cluster);
+        }
+    }
+    Err(CompleteError::NoFixedPoint(format!("Cluster/{}", ctx.name)))
+}
+
+/// `field.get_or_insert_with(..)` for the common case of a default value.
+pub(crate) fn default<T>(field: &mut Option<T>, value: T) {
+    if field.is_none() {
+        *field = Some(value);
+    }
+}
+
+pub(crate) fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}

@@ -1,0 +1,178 @@
+//! Cluster-wide network, naming and store defaults (kOps `populate_cluster_spec.go`
+//! `assignSubnets`, `cloudup/defaults.go` `PerformAssignments`, GCE `network.go`).
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use keelson_api::{
+    APISpec, Cidr, ClusterSpec, DNSAccessSpec, DNSSpec, ExternalDNSConfig, LoadBalancerAccessSpec, Role, TopologySpec,
+};
+
+use super::{default, Cloud, Context, Derived, Plugin};
+
+/// Default pod + service supernet.
+const DEFAULT_NON_MASQUERADE: &str = "100.64.0.0/10";
+const DEFAULT_SERVICE_RANGE_V4: &str = "100.64.0.0/13";
+const DEFAULT_SERVICE_RANGE_V6: &str = "fd00:5e4f:ce::/108";
+const DEFAULT_AWS_NETWORK: &str = "172.20.0.0/16";
+const DEFAULT_AZURE_NETWORK: &str = "10.0.0.0/16";
+
+fn cidr(s: &str) -> Cidr {
+    s.parse().unwrap_or_else(|_| unreachable!("built-in CIDR {s} is valid"))
+}
+
+/// The upper half of an IPv4 range: `100.64.0.0/10` → `100.96.0.0/11`.
+pub fn upper_half(range: Cidr) -> Option<Cidr> {
+    let ipnet::IpNet::V4(net) = range.net() else { return None };
+    let len = net.prefix_len();
+    if len >= 32 {
+        return None;
+    }
+    let base = u32::from(net.network()) | (1u32 << (31 - len));
+    ipnet::Ipv4Net::new(Ipv4Addr::from(base), len + 1).ok().map(|n| Cidr::from(ipnet::IpNet::V4(n)))
+}
+
+/// The n-th address of a range (kube-dns lives at the 10th address of the service range).
+pub fn nth_address(range: Cidr, n: u128) -> IpAddr {
+    match range.net() {
+        ipnet::IpNet::V4(v4) => IpAddr::V4(Ipv4Addr::from(u32::from(v4.network()).wrapping_add(n as u32))),
+        ipnet::IpNet::V6(v6) => IpAddr::V6(std::net::Ipv6Addr::from(u128::from(v6.network()).wrapping_add(n))),
+    }
+}
+
+/// Join store paths the way kOps' vfs paths do (exactly one `/` between parts).
+pub fn join_path(base: &str, parts: &[&str]) -> String {
+    let mut out = base.to_string();
+    for p in parts {
+        if !out.ends_with('/') {
+            out.push('/');
+        }
+        out.push_str(p);
+    }
+    out
+}
+
+pub fn build(ctx: &Context, d: &Derived, spec: &mut ClusterSpec) {
+    // Topology: DNS type defaults to Public.
+    let topology = spec.topology.get_or_insert_with(TopologySpec::default);
+    let dns = topology.dns.get_or_insert_with(DNSSpec::default);
+    default(&mut dns.type_, "Public".to_string());
+    let dns_type = dns.type_.clone().unwrap_or_default();
+
+    // podCIDR and the service range are carved from nonMasqueradeCIDR.
+    if spec.non_masquerade_cidr.is_none() {
+        if ctx.cloud == Cloud::Aws && spec.network_cidr.is_none() && d.plugin == Plugin::AmazonVpc {
+            spec.non_masquerade_cidr = Some(cidr(DEFAULT_AWS_NETWORK));
+        } else {
+            spec.non_masquerade_cidr = Some(cidr(DEFAULT_NON_MASQUERADE));
+        }
+    }
+    if let Some(nm) = spec.non_masquerade_cidr {
+        if !nm.is_ipv6() {
+            if let Some(pod) = upper_half(nm) {
+                default(&mut spec.pod_cidr, pod);
+            }
+        }
+        let svc = if nm.is_ipv6() { DEFAULT_SERVICE_RANGE_V6 } else { DEFAULT_SERVICE_RANGE_V4 };
+        default(&mut spec.service_cluster_ip_range, cidr(svc));
+    }
+    match ctx.cloud {
+        Cloud::Aws => default(&mut spec.network_cidr, cidr(DEFAULT_AWS_NETWORK)),
+        Cloud::Other if spec.cloud_provider.as_deref() == Some("azure") => {
+            default(&mut spec.network_cidr, cidr(DEFAULT_AZURE_NETWORK))
+        }
+        Cloud::Gce => assign_gce_subnets(spec),
+        _ => {}
+    }
+    default(&mut spec.cluster_dns_domain, "cluster.local".to_string());
+
+    // API access: DNS when the API servers sit in public subnets, a load balancer otherwise.
+    if spec.cloud_provider.as_deref() != Some("openstack") {
+        let api = spec.api.get_or_insert_with(APISpec::default);
+        if api.dns.is_none() && api.load_balancer.is_none() {
+            let subnet_type = |name: &str| {
+                spec.subnets.iter().flatten().find(|s| s.name.as_deref() == Some(name)).and_then(|s| s.type_.clone())
+            };
+            let has_apiserver_group = ctx.groups.iter().any(|g| g.role() == Some(Role::ApiServer));
+            let mut private = false;
+            let mut public = false;
+            for g in ctx.groups {
+                let serves_api = match g.role() {
+                    Some(Role::ApiServer) => true,
+                    Some(Role::ControlPlane) => !has_apiserver_group,
+                    _ => false,
+                };
+                if !serves_api {
+                    continue;
+                }
+                for s in g.spec.subnets.iter().flatten() {
+                    match subnet_type(s).as_deref() {
+                        Some("Private") => private = true,
+                        Some("Public") => public = true,
+                        _ => {}
+                    }
+                }
+            }
+            if private {
+                api.load_balancer = Some(LoadBalancerAccessSpec::default());
+            } else if public {
+                api.dns = Some(DNSAccessSpec::default());
+            }
+        }
+        if let Some(lb) = api.load_balancer.as_mut() {
+            default(&mut lb.type_, "Public".to_string());
+            if ctx.cloud == Cloud::Aws {
+                default(&mut lb.class, "Classic".to_string());
+            }
+        }
+    }
+
+    if dns_type != "None" {
+        if dns_type == "Public" || spec.dns_zone.is_some() {
+            default(&mut spec.master_public_name, format!("api.{}", ctx.name));
+        }
+        let ext = spec.external_dns.get_or_insert_with(ExternalDNSConfig::default);
+        default(&mut ext.provider, "dns-controller".to_string());
+    }
+
+    if let Some(base) = spec.config_base.clone() {
+        let base = base.trim_end_matches('/').to_string();
+        default(&mut spec.key_store, format!("{base}/pki"));
+        default(&mut spec.secret_store, format!("{base}/secrets"));
+    }
+}
+
+/// GCE subnets without a CIDR get consecutive /20s from 10.0.16.0 (kOps `gce/network.go`).
+fn assign_gce_subnets(spec: &mut ClusterSpec) {
+    let Some(subnets) = spec.subnets.as_mut() else { return };
+    let taken: Vec<Cidr> = subnets.iter().filter_map(|s| s.cidr.as_deref()?.parse().ok()).collect();
+    let mut next: u32 = u32::from(Ipv4Addr::new(10, 0, 16, 0));
+    for s in subnets.iter_mut().filter(|s| s.cidr.is_none()) {
+        loop {
+            let Ok(candidate) = ipnet::Ipv4Net::new(Ipv4Addr::from(next), 20) else { return };
+            next = next.wrapping_add(1 << 12);
+            let c = Cidr::from(ipnet::IpNet::V4(candidate));
+            if !taken.iter().any(|t| t.overlaps(&c)) {
+                s.cidr = Some(c.to_string());
+                break;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_range_is_upper_half_of_non_masquerade() {
+        assert_eq!(upper_half(cidr("100.64.0.0/10")).map(|c| c.to_string()), Some("100.96.0.0/11".into()));
+        assert_eq!(upper_half(cidr("172.20.0.0/16")).map(|c| c.to_string()), Some("172.20.128.0/17".into()));
+        assert_eq!(upper_half(cidr("::/0")), None);
+    }
+
+    #[test]
+    fn tenth_address() {
+        assert_eq!(nth_address(cidr("100.64.0.0/13"), 10).to_string(), "100.64.0.10");
+        assert_eq!(nth_address(cidr("fd00:5e4f:ce::/108"), 10).to_string(), "fd00:5e4f:ce::a");
+    }
+}
