@@ -102,8 +102,60 @@ impl FromStr for Quantity {
         if !ok || s.len() > 64 {
             return Err(invalid("quantity", s, EXPECTED));
         }
-        Ok(Quantity(s.to_string()))
+        Ok(Quantity(canonical_quantity(s).unwrap_or_else(|| s.to_string())))
     }
+}
+
+/// The canonical form Kubernetes prints for simple decimal quantities (`3.14` → `3140m`,
+/// `1000m` → `1`, `2000` → `2k`, `2048Mi` → `2Gi`); `None` leaves the text as written.
+fn canonical_quantity(s: &str) -> Option<String> {
+    let (neg, body) = match s.strip_prefix('-') {
+        Some(b) => (true, b),
+        None => (false, s.strip_prefix('+').unwrap_or(s)),
+    };
+    let sign = if neg { "-" } else { "" };
+    const BINARY: [&str; 6] = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+    if let Some(i) = BINARY.iter().position(|b| body.ends_with(b)) {
+        let mut n: u128 = body[..body.len() - 2].parse().ok()?;
+        let mut level = i;
+        while n != 0 && n % 1024 == 0 && level + 1 < BINARY.len() {
+            n /= 1024;
+            level += 1;
+        }
+        return Some(format!("{sign}{n}{}", BINARY[level]));
+    }
+    const DECIMAL: [(&str, i32); 8] = [("n", -9), ("u", -6), ("m", -3), ("k", 3), ("M", 6), ("G", 9), ("T", 12), ("P", 15)];
+    let (number, exp) = match DECIMAL.iter().find(|(sfx, _)| body.ends_with(sfx)) {
+        Some((sfx, e)) => (&body[..body.len() - sfx.len()], *e),
+        None if body.bytes().all(|b| b.is_ascii_digit() || b == b'.') => (body, 0),
+        None => return None,
+    };
+    // Value in nano-units, exactly.
+    let (int, frac) = number.split_once('.').unwrap_or((number, ""));
+    if frac.len() > 9 || int.len() > 18 {
+        return None;
+    }
+    let digits = format!("{int}{frac}");
+    let mantissa: i128 = if digits.is_empty() { 0 } else { digits.parse().ok()? };
+    let scale = exp + 9 - frac.len() as i32;
+    if scale < 0 {
+        return None;
+    }
+    let nanos = mantissa.checked_mul(10i128.checked_pow(scale as u32)?)?;
+    if nanos == 0 {
+        return Some("0".to_string());
+    }
+    let units = [(-9, "n"), (-6, "u"), (-3, "m"), (0, ""), (3, "k"), (6, "M"), (9, "G"), (12, "T"), (15, "P"), (18, "E")];
+    // Largest unit that divides the value exactly, never below milli unless needed.
+    let mut best = None;
+    for (e, sfx) in units {
+        let div = 10i128.pow((e + 9) as u32);
+        if nanos % div == 0 {
+            best = Some((nanos / div, sfx));
+        }
+    }
+    let (n, sfx) = best?;
+    Some(format!("{sign}{n}{sfx}"))
 }
 
 impl fmt::Display for Quantity {
@@ -392,6 +444,14 @@ mod tests {
         }
         for bad in ["", "Mi", "1.2.3", "abc", "1mi", "10 Mi", "1e", "--1"] {
             assert!(bad.parse::<Quantity>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn quantities_are_canonical() {
+        for (input, want) in [("3.14", "3140m"), ("1000m", "1"), ("100m", "100m"), ("2000", "2k"), ("2048Mi", "2Gi"),
+            ("128Mi", "128Mi"), ("0.5", "500m"), ("1", "1"), ("70Mi", "70Mi"), ("2e3", "2e3")] {
+            assert_eq!(input.parse::<Quantity>().map(|q| q.to_string()), Ok(want.to_string()), "{input}");
         }
     }
 

@@ -85,8 +85,10 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
             Err(e) => r.add(&cdoc, format!("spec.additionalNetworkCIDRs[{i}]"), e.to_string()),
         }
     }
+    // AmazonVPC networking gives pods addresses from the VPC itself, so there the ranges coincide.
+    let vpc_native = spec.networking.as_ref().is_some_and(|n| n.amazonvpc.is_some());
     if let (Some(nm), Some(net)) = (spec.non_masquerade_cidr, network) {
-        if nm.overlaps(&net) && !nm.is_ipv6() {
+        if nm.overlaps(&net) && !nm.is_ipv6() && !vpc_native {
             r.add(&cdoc, "spec.nonMasqueradeCIDR", format!("{nm} overlaps networkCIDR {net}: pod and service addresses must not collide with the network"));
         }
     }
@@ -114,7 +116,7 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
         match subnet.name.as_deref() {
             None | Some("") => r.add(&cdoc, format!("{path}.name"), "required"),
             Some(n) => {
-                if subnet_zones.insert(n.to_string(), subnet.zone.clone().or(subnet.region.clone())).is_some() {
+                if subnet_zones.insert(n.to_string(), subnet.zone.clone()).is_some() {
                     r.add(&cdoc, format!("{path}.name"), format!("duplicate subnet name {n:?}"));
                 }
             }
@@ -217,14 +219,11 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
             if ig.role() != Some(Role::ControlPlane) {
                 r.add(&cdoc, format!("{mpath}.instanceGroup"), format!("InstanceGroup {igname:?} has role {:?}: etcd members run only on control-plane groups", ig.spec.role.as_deref().unwrap_or("")));
             }
-            let zones: BTreeSet<String> = ig
-                .spec
-                .subnets
-                .iter()
-                .flatten()
-                .filter_map(|s| subnet_zones.get(s).cloned().flatten())
-                .chain(ig.spec.zones.iter().flatten().cloned())
-                .collect();
+            // A group's zones are its own `zones` (regional subnets, as on GCE), else its subnets' zones.
+            let zones: BTreeSet<String> = match ig.spec.zones.as_ref().filter(|z| !z.is_empty()) {
+                Some(z) => z.iter().cloned().collect(),
+                None => ig.spec.subnets.iter().flatten().filter_map(|s| subnet_zones.get(s).cloned().flatten()).collect(),
+            };
             if zones.len() > 1 {
                 r.add(&cdoc, format!("{mpath}.instanceGroup"), format!("InstanceGroup {igname:?} spans zones {}: an etcd member's group must be in exactly one zone", zones.into_iter().collect::<Vec<_>>().join(", ")));
             }
