@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::generated::{
     APISpec, ContainerdConfig, FileAssetSpec, HookSpec, KubeAPIServerConfig, KubeControllerManagerConfig,
-    KubeProxyConfig, KubeSchedulerConfig, KubeletConfigSpec, NetworkingSpec,
+    KubeProxyConfig, KubeSchedulerConfig, KubeletConfigSpec, NetworkingSpec, NvidiaGPUConfig,
 };
 
 /// Everything nodeup needs to configure one instance of an instance group.
@@ -27,7 +27,8 @@ pub struct NodeupConfig {
     pub keypair_ids: BTreeMap<String, String>,
     #[serde(rename = "KubeletConfig")]
     pub kubelet_config: KubeletConfigSpec,
-    #[serde(rename = "KubeProxy", default, skip_serializing_if = "Option::is_none")]
+    /// `null` when kube-proxy does not run on this group (disabled, or an isolated control plane).
+    #[serde(rename = "KubeProxy", default)]
     pub kube_proxy: Option<KubeProxyConfig>,
     #[serde(rename = "Networking")]
     pub networking: NodeupNetworking,
@@ -62,6 +63,21 @@ pub struct NodeupConfig {
     pub multizone: Option<bool>,
     #[serde(rename = "nodeTags", default, skip_serializing_if = "Option::is_none")]
     pub node_tags: Option<String>,
+    #[serde(rename = "DefaultMachineType", default, skip_serializing_if = "Option::is_none")]
+    pub default_machine_type: Option<String>,
+    #[serde(rename = "NvidiaGPU", default, skip_serializing_if = "Option::is_none")]
+    pub nvidia_gpu: Option<NvidiaGPUConfig>,
+    /// `<ConfigBase>/manifests/channels/kops-channels.yaml` on control-plane groups.
+    #[serde(rename = "channelsManifest", default, skip_serializing_if = "Option::is_none")]
+    pub channels_manifest: Option<String>,
+    #[serde(rename = "configStore", default, skip_serializing_if = "Option::is_none")]
+    pub config_store: Option<ConfigStore>,
+    /// State-store paths of the etcd manifests this group's members run.
+    #[serde(rename = "etcdManifests", default, skip_serializing_if = "Vec::is_empty")]
+    pub etcd_manifests: Vec<String>,
+    /// Extra OS packages (cluster's then group's).
+    #[serde(rename = "packages", default, skip_serializing_if = "Vec::is_empty")]
+    pub packages: Vec<String>,
     #[serde(rename = "usesNoneDNS")]
     pub uses_none_dns: bool,
 }
@@ -117,6 +133,15 @@ pub struct ControlPlaneNodeConfig {
     pub kube_controller_manager: KubeControllerManagerConfig,
     #[serde(rename = "KubeScheduler")]
     pub kube_scheduler: KubeSchedulerConfig,
+}
+
+/// Where the keys and secrets of the cluster live.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigStore {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keypairs: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secrets: Option<String>,
 }
 
 /// A static manifest the node installs from the state store.

@@ -3,13 +3,22 @@
 
 pub mod complete;
 pub mod load;
+pub mod nodeup_config;
 pub mod output;
+pub mod userdata;
 pub mod versions;
 
-use keelson_api::Documents;
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use keelson_api::nodeup::BootConfig;
+use keelson_api::{Documents, Role};
+use sha2::Digest as _;
 
 pub use complete::{CompileOptions, CompleteError};
+pub use nodeup_config::NodeupConfigError;
 pub use output::{OutputError, Tree};
+pub use userdata::UserDataError;
 
 /// Why a compile failed.
 #[derive(Debug, thiserror::Error)]
@@ -17,13 +26,73 @@ pub enum CompileError {
     #[error(transparent)]
     Complete(#[from] CompleteError),
     #[error(transparent)]
+    Nodeup(#[from] NodeupConfigError),
+    #[error(transparent)]
+    UserData(#[from] UserDataError),
+    #[error(transparent)]
     Output(#[from] OutputError),
 }
 
+/// The result of a compile: the files, plus anything the operator should know.
+#[derive(Debug, Clone, Default)]
+pub struct Compiled {
+    pub tree: Tree,
+    pub warnings: Vec<String>,
+}
+
+/// `base64(sha256(bytes))`, the way a BootConfig pins its NodeupConfig.
+pub fn nodeup_config_hash(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(bytes))
+}
+
 /// Compile validated documents into the output tree.
-pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Tree, CompileError> {
+pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, CompileError> {
     let completed = complete::complete(docs, options)?;
-    let mut tree = Tree::default();
-    tree.insert("cluster-completed.yaml", output::to_yaml("cluster-completed.yaml", &completed)?);
-    Ok(tree)
+    let versions = complete::versions_for(&completed.spec, options)?;
+    let spec = &completed.spec;
+    let name = completed.name().to_string();
+    let mut out = Compiled::default();
+    let completed_yaml = output::to_yaml("cluster-completed.yaml", &completed)?;
+    out.tree.insert("cluster-completed.yaml", completed_yaml.clone());
+    out.tree.insert("state/cluster-completed.spec", completed_yaml);
+
+    let mut environment = BTreeMap::new();
+    if spec.cloud_provider.as_deref() == Some("aws") {
+        if let Some(zone) = spec.subnets.iter().flatten().find_map(|s| s.zone.clone()) {
+            environment.insert("AWS_REGION".to_string(), zone[..zone.len().saturating_sub(1)].to_string());
+        }
+    }
+    if options.nodeup_assets.is_empty() {
+        out.warnings.push(
+            "no nodeup build given (--nodeup-asset ARCH=SHA256@URL): userdata/ was not written".to_string(),
+        );
+    }
+
+    for ig in &docs.instance_groups {
+        let group = ig.name();
+        out.tree.insert(format!("state/instancegroup/{group}"), output::to_yaml(group, ig)?);
+        let Some(role) = ig.role() else { continue };
+        if role == Role::Bastion {
+            continue; // bastions run no nodeup
+        }
+        let nodeup = nodeup_config::build(&completed, ig, &versions, options)?;
+        let nodeup_yaml = output::to_yaml(&format!("nodeup/{group}.yaml"), &nodeup)?;
+        let boot = BootConfig {
+            cloud_provider: spec.cloud_provider.clone().unwrap_or_default(),
+            config_base: spec.config_base.clone().unwrap_or_default(),
+            cluster_name: name.clone(),
+            instance_group_name: group.to_string(),
+            instance_group_role: role.boot_name().to_string(),
+            nodeup_config_hash: nodeup_config_hash(nodeup_yaml.as_bytes()),
+        };
+        let boot_yaml = output::to_yaml(&format!("bootconfig/{group}.yaml"), &boot)?;
+        if !options.nodeup_assets.is_empty() {
+            let script = userdata::render(group, &name, &boot_yaml, &options.nodeup_assets, &environment)?;
+            out.tree.insert(format!("userdata/{group}.sh"), script);
+        }
+        out.tree.insert(format!("state/igconfig/{}/{group}/nodeupconfig.yaml", role.state_dir()), nodeup_yaml.clone());
+        out.tree.insert(format!("nodeup/{group}.yaml"), nodeup_yaml);
+        out.tree.insert(format!("bootconfig/{group}.yaml"), boot_yaml);
+    }
+    Ok(out)
 }

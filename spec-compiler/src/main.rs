@@ -7,6 +7,8 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use spec_compiler::complete::CompileOptions;
 use spec_compiler::load::{load_spec, LoadError};
+use spec_compiler::userdata::NodeupAsset;
+use spec_compiler::versions::Arch;
 
 #[derive(Parser)]
 #[command(name = "keelson", version, about = "Compile kOps-format cluster specs into complete configuration, node configs and user-data")]
@@ -36,6 +38,9 @@ enum Command {
         /// Where fetched asset hashes are cached.
         #[arg(long = "cache-dir")]
         cache_dir: Option<PathBuf>,
+        /// The nodeup binary user-data boots, per architecture: `amd64=SHA256@URL[,MIRROR…]` (repeatable).
+        #[arg(long = "nodeup-asset", value_name = "ARCH=SHA256@URL")]
+        nodeup_asset: Vec<String>,
         /// kOps-style feature flags (`+APIServerNodes,…`); defaults to $KOPS_FEATURE_FLAGS.
         #[arg(long = "feature-flags", env = "KOPS_FEATURE_FLAGS", default_value = "")]
         feature_flags: String,
@@ -73,7 +78,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Err(e) => Ok(report(&e)),
         },
-        Command::Compile { file, out, offline, cache_dir, feature_flags } => {
+        Command::Compile { file, out, offline, cache_dir, nodeup_asset, feature_flags } => {
+            let mut nodeup_assets = std::collections::BTreeMap::new();
+            for item in &nodeup_asset {
+                let (arch, asset) = item
+                    .split_once('=')
+                    .ok_or_else(|| anyhow::anyhow!("--nodeup-asset {item:?}: expected ARCH=SHA256@URL"))?;
+                let arch = Arch::parse(arch)
+                    .ok_or_else(|| anyhow::anyhow!("--nodeup-asset {item:?}: unknown architecture {arch:?} (amd64 or arm64)"))?;
+                let asset = NodeupAsset::parse(asset).map_err(|e| anyhow::anyhow!("--nodeup-asset: {e}"))?;
+                nodeup_assets.insert(arch, asset);
+            }
             let docs = match load_spec(&file) {
                 Ok(d) => d,
                 Err(e) => return Ok(report(&e)),
@@ -82,11 +97,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 offline,
                 cache_dir,
                 feature_flags: CompileOptions::parse_feature_flags(&feature_flags),
+                nodeup_assets,
             };
-            let tree = spec_compiler::compile(&docs, &options)
+            let compiled = spec_compiler::compile(&docs, &options)
                 .with_context(|| format!("compiling {}", file.display()))?;
-            tree.write_to(&out).with_context(|| format!("writing {}", out.display()))?;
-            println!("{}: wrote {} files to {}", file.display(), tree.files.len(), out.display());
+            for w in &compiled.warnings {
+                tracing::warn!("{}: {w}", file.display());
+                eprintln!("keelson: warning: {w}");
+            }
+            compiled.tree.write_to(&out).with_context(|| format!("writing {}", out.display()))?;
+            println!("{}: wrote {} files to {}", file.display(), compiled.tree.files.len(), out.display());
             Ok(ExitCode::SUCCESS)
         }
     }

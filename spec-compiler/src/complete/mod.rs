@@ -5,8 +5,8 @@
 mod cloud_controller;
 mod control_plane;
 mod etcd;
-mod network;
-mod node;
+pub mod network;
+pub mod node;
 
 use std::collections::BTreeSet;
 
@@ -106,6 +106,8 @@ pub struct CompileOptions {
     pub cache_dir: Option<std::path::PathBuf>,
     /// kOps-style feature flags (`+APIServerNodes`, `EtcdEventsHTTP`).
     pub feature_flags: BTreeSet<String>,
+    /// The nodeup binary per architecture that user-data downloads; without it no user-data is written.
+    pub nodeup_assets: std::collections::BTreeMap<crate::versions::Arch, crate::userdata::NodeupAsset>,
 }
 
 impl CompileOptions {
