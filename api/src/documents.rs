@@ -246,6 +246,7 @@ pub fn parse_documents(bytes: &[u8]) -> Result<Documents, Vec<ParseError>> {
 
     let mut errors = Vec::new();
     let mut cluster: Option<Cluster> = None;
+    let has_cluster_kind = values.iter().any(|v| v.get("kind").and_then(|k| k.as_str()) == Some("Cluster"));
     let mut groups = Vec::new();
     // Pass 2: typed documents, each parsed from its own text so errors keep their line numbers.
     for (index, (value, doc)) in values.iter().zip(serde_yaml_ng::Deserializer::from_str(text)).enumerate() {
@@ -300,7 +301,9 @@ pub fn parse_documents(bytes: &[u8]) -> Result<Documents, Vec<ParseError>> {
         Some(cluster) if errors.is_empty() => Ok(Documents { cluster, instance_groups: groups }),
         Some(_) => Err(errors),
         None => {
-            errors.push(schema("(file)", "kind", "no Cluster document: a spec needs exactly one kind: Cluster"));
+            if !has_cluster_kind {
+                errors.push(schema("(file)", "kind", "no Cluster document: a spec needs exactly one kind: Cluster"));
+            }
             Err(errors)
         }
     }
@@ -329,8 +332,46 @@ fn typed<T: serde::de::DeserializeOwned>(doc: serde_yaml_ng::Deserializer<'_>, l
         if let Some(pos) = message.find(" at line ") {
             message.truncate(pos);
         }
+        if let Some(short) = shorten_unknown_field(&message) {
+            message = short;
+        }
+        // It also prefixes its own idea of the path ("spec.kubelet: …"); we report the exact one.
+        if let Some((head, rest)) = message.split_once(": ") {
+            if !head.is_empty() && head.chars().all(|c| c.is_ascii_alphanumeric() || "_.[]-".contains(c)) {
+                message = rest.to_string();
+            }
+        }
         ParseError::Schema { document: label.to_string(), path, message, location }
     })
+}
+
+/// "unknown field `maxPodz`, expected one of `a`, `b`, …" → "unknown field `maxPodz` (did you mean `maxPods`?)".
+fn shorten_unknown_field(message: &str) -> Option<String> {
+    let start = message.find("unknown field `")?;
+    let (head, expected) = message[start..].split_once(", expected ")?;
+    let field = head.trim_start_matches("unknown field `").trim_end_matches('`');
+    let candidates = expected.split('`').skip(1).step_by(2);
+    let best = candidates.map(|c| (edit_distance(&field.to_lowercase(), &c.to_lowercase()), c)).min();
+    let prefix = &message[..start];
+    Some(match best {
+        Some((d, c)) if d <= 2.max(field.len() / 4) => format!("{prefix}{head} (did you mean `{c}`?)"),
+        _ => format!("{prefix}{head}"),
+    })
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
 }
 
 #[cfg(test)]

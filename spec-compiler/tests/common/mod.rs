@@ -1,0 +1,72 @@
+//! Helpers shared by the spec-compiler integration tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+pub fn example(name: &str) -> PathBuf {
+    repo_root().join("examples").join(name)
+}
+
+pub fn conformance_cases() -> PathBuf {
+    let dir = std::env::var_os("KEELSON_CONFORMANCE_CASES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("../shared/conformance/cases"));
+    assert!(dir.is_dir(), "these tests need the shared conformance cases at {} (set KEELSON_CONFORMANCE_CASES)", dir.display());
+    dir
+}
+
+/// Run the real `keelson` binary.
+pub fn keelson(args: &[&str]) -> Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_keelson"))
+        .args(args)
+        .env_remove("KOPS_FEATURE_FLAGS")
+        .output()
+        .expect("run keelson")
+}
+
+/// A fixed nodeup build for tests that need user-data.
+pub const NODEUP_AMD64: &str =
+    "amd64=8b1a9953c4611296a827abf8c47804d7e6c49c6b8f0b8c1f4ee3a5e6a1b1c2d3@https://nodeup.mirror.test/amd64/nodeup,https://backup.mirror.test/amd64/nodeup";
+pub const NODEUP_ARM64: &str =
+    "arm64=0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0@https://nodeup.mirror.test/arm64/nodeup";
+
+/// Compile a spec file into a fresh temp dir with the test nodeup builds.
+pub fn compile(spec: &Path) -> (tempfile::TempDir, Output) {
+    let out = tempfile::tempdir().expect("tempdir");
+    let result = keelson(&[
+        "compile",
+        "-f",
+        spec.to_str().expect("utf-8 path"),
+        "--out",
+        out.path().to_str().expect("utf-8 path"),
+        "--offline",
+        "--nodeup-asset",
+        NODEUP_AMD64,
+        "--nodeup-asset",
+        NODEUP_ARM64,
+    ]);
+    (out, result)
+}
+
+/// Every file under `dir`, relative path → bytes.
+pub fn read_tree(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read dir") {
+            let p = e.expect("dir entry").path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).expect("prefix").to_string_lossy().to_string();
+                out.insert(rel, std::fs::read(&p).expect("read file"));
+            }
+        }
+    }
+    out
+}

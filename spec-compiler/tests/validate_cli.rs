@@ -1,0 +1,167 @@
+//! `keelson validate` on bad input: exit codes and the field path in every message.
+
+mod common;
+
+use common::{example, keelson};
+use std::io::Write;
+
+fn run_on(bytes: &[u8]) -> (i32, String) {
+    let mut f = tempfile::NamedTempFile::new().expect("temp file");
+    f.write_all(bytes).expect("write");
+    let out = keelson(&["validate", "-f", f.path().to_str().expect("utf-8")]);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!stderr.contains("panicked"), "keelson panicked: {stderr}");
+    (out.status.code().expect("exit code"), stderr)
+}
+
+fn minimal() -> String {
+    std::fs::read_to_string(example("minimal.yaml")).expect("example")
+}
+
+/// Assert the exit code and that each expected fragment is on some stderr line.
+fn expect(bytes: &[u8], code: i32, fragments: &[&str]) {
+    let (got, stderr) = run_on(bytes);
+    assert_eq!(got, code, "exit code; stderr:\n{stderr}");
+    for f in fragments {
+        assert!(stderr.lines().any(|l| l.contains(f)), "no line contains {f:?}; stderr:\n{stderr}");
+    }
+}
+
+#[test]
+fn valid_examples_pass() {
+    for name in ["minimal.yaml", "ha.yaml", "gce.yaml"] {
+        let out = keelson(&["validate", "-f", example(name).to_str().expect("utf-8")]);
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+#[test]
+fn unreadable_input_exits_2() {
+    expect(b"", 2, &["empty"]);
+    expect(b"   \n\n", 2, &["empty"]);
+    expect(b"\xff\xfe\x00binary", 2, &["not UTF-8"]);
+    expect(b"abc\0def", 2, &["binary"]);
+    expect(b"apiVersion: kops.k8s.io/v1alpha2\nkind: Cluster\nspec:\n  subnets: [a, b\n", 2, &["line 5:"]);
+    expect(b"key: [unclosed\n  other: {\n", 2, &["line"]);
+    let out = keelson(&["validate", "-f", "/nonexistent/spec.yaml"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/spec.yaml: cannot read"));
+}
+
+#[test]
+fn hostile_nesting_does_not_overflow() {
+    let deep = format!("apiVersion: kops.k8s.io/v1alpha2\nkind: Cluster\nspec:\n  x: {}{}\n", "[".repeat(200_000), "]".repeat(200_000));
+    expect(deep.as_bytes(), 2, &["nesting deeper"]);
+    let braces = format!("a: {}", "{a: ".repeat(50_000));
+    let (code, _) = run_on(braces.as_bytes());
+    assert_eq!(code, 2);
+}
+
+#[test]
+fn unknown_api_version_and_kind() {
+    let spec = minimal().replacen("apiVersion: kops.k8s.io/v1alpha2", "apiVersion: kops.k8s.io/v1beta9", 1);
+    expect(spec.as_bytes(), 1, &["Cluster/minimal.k8s.example.com: apiVersion: unknown apiVersion \"kops.k8s.io/v1beta9\""]);
+    let spec = minimal().replace("kind: InstanceGroup", "kind: NodePool");
+    expect(spec.as_bytes(), 1, &["NodePool/control-plane-us-east-1a: kind: unknown kind \"NodePool\""]);
+}
+
+#[test]
+fn missing_cluster_document() {
+    let spec = minimal();
+    let groups_only: String = spec.split("\n---\n").skip(1).collect::<Vec<_>>().join("\n---\n");
+    expect(groups_only.as_bytes(), 1, &["no Cluster document"]);
+}
+
+#[test]
+fn unknown_fields_and_type_errors_name_their_path() {
+    let spec = minimal().replace("  kubelet:\n    anonymousAuth: false", "  kubelet:\n    anonymousAuth: false\n    maxPodz: 10");
+    expect(spec.as_bytes(), 1, &["Cluster/minimal.k8s.example.com: spec.kubelet.maxPodz: unknown field `maxPodz` (did you mean `maxPods`?)"]);
+    let spec = minimal().replace("    anonymousAuth: false", "    anonymousAuth: sometimes");
+    expect(spec.as_bytes(), 1, &["Cluster/minimal.k8s.example.com: spec.kubelet.anonymousAuth: invalid type"]);
+    let spec = minimal().replace("  maxSize: 4", "  maxSize: many");
+    expect(spec.as_bytes(), 1, &["InstanceGroup/nodes-us-east-1a: spec.maxSize: invalid type"]);
+    let spec = minimal().replace("kubernetesVersion: 1.34.10", "kubernetesVersion: latest");
+    expect(spec.as_bytes(), 1, &["spec.kubernetesVersion: \"latest\" is not a valid Kubernetes version"]);
+    let spec = minimal().replace("    memoryRequest: 100Mi\n    etcdMembers", "    memoryRequest: lots\n    etcdMembers");
+    expect(spec.as_bytes(), 1, &["spec.etcdClusters[0].memoryRequest: \"lots\" is not a valid quantity"]);
+}
+
+#[test]
+fn invalid_dns_names() {
+    let spec = minimal().replace("name: minimal.k8s.example.com", "name: Minimal_Cluster");
+    expect(spec.as_bytes(), 1, &["Cluster/Minimal_Cluster: metadata.name: \"Minimal_Cluster\" is not a valid DNS name"]);
+    let spec = minimal().replace("name: nodes-us-east-1a", "name: Nodes!");
+    expect(spec.as_bytes(), 1, &["InstanceGroup/Nodes!: metadata.name:"]);
+}
+
+#[test]
+fn cidr_syntax_and_containment() {
+    let spec = minimal().replace("networkCIDR: 172.20.0.0/16", "networkCIDR: 172.20.0.0/33");
+    expect(spec.as_bytes(), 1, &["spec.networkCIDR: \"172.20.0.0/33\" is not a valid CIDR"]);
+    let spec = minimal().replace("cidr: 172.20.32.0/19", "cidr: 10.1.0.0/19");
+    expect(spec.as_bytes(), 1, &["Cluster/minimal.k8s.example.com: spec.subnets[us-east-1a].cidr: 10.1.0.0/19 is not inside networkCIDR 172.20.0.0/16"]);
+    let spec = minimal().replace("cidr: 172.20.32.0/19", "cidr: 172.20.32.0/nineteen");
+    expect(spec.as_bytes(), 1, &["spec.subnets[us-east-1a].cidr: \"172.20.32.0/nineteen\" is not a valid CIDR"]);
+    let spec = minimal().replace("nonMasqueradeCIDR: 100.64.0.0/10", "nonMasqueradeCIDR: 172.16.0.0/12");
+    expect(spec.as_bytes(), 1, &["spec.nonMasqueradeCIDR: 172.16.0.0/12 overlaps networkCIDR 172.20.0.0/16"]);
+    let spec = minimal().replace("nonMasqueradeCIDR: 100.64.0.0/10", "nonMasqueradeCIDR: 100.64.0.0/10\n  serviceClusterIPRange: 172.20.0.0/24");
+    expect(spec.as_bytes(), 1, &["spec.serviceClusterIPRange: 172.20.0.0/24 overlaps the network 172.20.0.0/16", "spec.serviceClusterIPRange: 172.20.0.0/24 must lie inside nonMasqueradeCIDR"]);
+}
+
+#[test]
+fn references_must_exist() {
+    let spec = minimal().replace("  subnets:\n  - us-east-1a\n---\napiVersion: kops.k8s.io/v1alpha2\nkind: InstanceGroup\nmetadata:\n  name: nodes", "  subnets:\n  - us-east-1z\n---\napiVersion: kops.k8s.io/v1alpha2\nkind: InstanceGroup\nmetadata:\n  name: nodes");
+    expect(spec.as_bytes(), 1, &["InstanceGroup/control-plane-us-east-1a: spec.subnets[0]: no subnet named \"us-east-1z\""]);
+    let spec = minimal().replacen("      instanceGroup: control-plane-us-east-1a", "      instanceGroup: control-plane-us-east-1q", 1);
+    expect(spec.as_bytes(), 1, &["spec.etcdClusters[main].etcdMembers[a].instanceGroup: no InstanceGroup named \"control-plane-us-east-1q\""]);
+}
+
+#[test]
+fn etcd_membership_rules() {
+    // A member on a worker group.
+    let spec = minimal().replacen("      instanceGroup: control-plane-us-east-1a", "      instanceGroup: nodes-us-east-1a", 1);
+    expect(spec.as_bytes(), 1, &["spec.etcdClusters[main].etcdMembers[a].instanceGroup: InstanceGroup \"nodes-us-east-1a\" has role \"Node\""]);
+    // Two members: even, and a duplicate name.
+    let spec = minimal().replacen(
+        "    - name: a\n      instanceGroup: control-plane-us-east-1a\n      encryptedVolume: true\n",
+        "    - name: a\n      instanceGroup: control-plane-us-east-1a\n      encryptedVolume: true\n    - name: a\n      instanceGroup: control-plane-us-east-1a\n",
+        1,
+    );
+    expect(spec.as_bytes(), 1, &["spec.etcdClusters[main].etcdMembers: 2 members", "spec.etcdClusters[main].etcdMembers[a].name: duplicate member name"]);
+    // A member whose group spans two zones.
+    let two_zones = minimal()
+        .replace("    type: Public\n  topology", "    type: Public\n  - name: us-east-1b\n    zone: us-east-1b\n    cidr: 172.20.64.0/19\n    type: Public\n  topology")
+        .replacen("  subnets:\n  - us-east-1a\n---", "  subnets:\n  - us-east-1a\n  - us-east-1b\n---", 1);
+    expect(two_zones.as_bytes(), 1, &["spans zones us-east-1a, us-east-1b"]);
+}
+
+#[test]
+fn duplicate_names() {
+    let spec = minimal().replace("    type: Public\n  topology", "    type: Public\n  - name: us-east-1a\n    zone: us-east-1a\n    cidr: 172.20.64.0/19\n    type: Public\n  topology");
+    expect(spec.as_bytes(), 1, &["spec.subnets[us-east-1a].name: duplicate subnet name"]);
+    let spec = minimal().replace("name: nodes-us-east-1a", "name: control-plane-us-east-1a");
+    expect(spec.as_bytes(), 1, &["InstanceGroup/control-plane-us-east-1a: metadata.name: duplicate instance group name"]);
+    let spec = minimal().replace("  - name: events", "  - name: main");
+    expect(spec.as_bytes(), 1, &["spec.etcdClusters[main].name: duplicate etcd cluster name"]);
+}
+
+#[test]
+fn group_sizes_and_cluster_labels() {
+    let spec = minimal().replace("  minSize: 2\n  maxSize: 4", "  minSize: 5\n  maxSize: 4");
+    expect(spec.as_bytes(), 1, &["InstanceGroup/nodes-us-east-1a: spec.minSize: minSize 5 is larger than maxSize 4"]);
+    let spec = minimal().replace("  minSize: 2\n", "  minSize: -1\n");
+    expect(spec.as_bytes(), 1, &["InstanceGroup/nodes-us-east-1a: spec.minSize: -1 is negative"]);
+    let spec = minimal().replacen("    kops.k8s.io/cluster: minimal.k8s.example.com", "    kops.k8s.io/cluster: other.example.com", 1);
+    expect(spec.as_bytes(), 1, &["InstanceGroup/control-plane-us-east-1a: metadata.labels[kops.k8s.io/cluster]: labelled for cluster \"other.example.com\""]);
+}
+
+#[test]
+fn all_errors_are_reported_together() {
+    let spec = minimal()
+        .replace("  minSize: 2\n  maxSize: 4", "  minSize: 5\n  maxSize: 4")
+        .replace("cidr: 172.20.32.0/19", "cidr: 10.1.0.0/19")
+        .replace("  - name: events", "  - name: main");
+    let (code, stderr) = run_on(spec.as_bytes());
+    assert_eq!(code, 1);
+    assert_eq!(stderr.lines().count(), 3, "one line per error:\n{stderr}");
+}
