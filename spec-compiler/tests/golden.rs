@@ -1,0 +1,96 @@
+//! Golden files for everything `keelson compile` renders from the bundled examples.
+//! Re-bless with `KEELSON_BLESS=1 cargo test -p keelson-spec-compiler --test golden`.
+
+mod common;
+
+use std::path::Path;
+
+fn check(example_file: &str) {
+    let name = example_file.trim_end_matches(".yaml");
+    let (out, result) = common::compile(&common::example(example_file));
+    assert!(result.status.success(), "{example_file}: {}", String::from_utf8_lossy(&result.stderr));
+    let actual = common::read_tree(out.path());
+    let golden_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name);
+    if std::env::var_os("KEELSON_BLESS").is_some() {
+        let _ = std::fs::remove_dir_all(&golden_dir);
+        for (rel, bytes) in &actual {
+            let p = golden_dir.join(rel);
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            std::fs::write(&p, bytes).expect("write golden");
+        }
+        return;
+    }
+    assert!(golden_dir.is_dir(), "no golden files at {}: run with KEELSON_BLESS=1", golden_dir.display());
+    let expected = common::read_tree(&golden_dir);
+    let names = |t: &std::collections::BTreeMap<String, Vec<u8>>| t.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(names(&actual), names(&expected), "{example_file}: set of output files differs");
+    for (rel, bytes) in &expected {
+        let got = &actual[rel];
+        if got != bytes {
+            let (g, e) = (String::from_utf8_lossy(got), String::from_utf8_lossy(bytes));
+            let first = g.lines().zip(e.lines()).position(|(a, b)| a != b).unwrap_or(0);
+            panic!(
+                "{example_file}: {rel} differs from its golden file at line {}:\n  got:      {:?}\n  expected: {:?}\n(re-bless with KEELSON_BLESS=1 if the change is intended)",
+                first + 1,
+                g.lines().nth(first),
+                e.lines().nth(first)
+            );
+        }
+    }
+}
+
+#[test]
+fn minimal_example() {
+    check("minimal.yaml");
+}
+
+#[test]
+fn ha_example() {
+    check("ha.yaml");
+}
+
+#[test]
+fn gce_example() {
+    check("gce.yaml");
+}
+
+#[test]
+fn user_data_is_valid_bash_and_passes_shellcheck() {
+    for example in ["minimal.yaml", "ha.yaml", "gce.yaml"] {
+        let (out, result) = common::compile(&common::example(example));
+        assert!(result.status.success());
+        for entry in std::fs::read_dir(out.path().join("userdata")).expect("userdata dir") {
+            let path = entry.expect("entry").path();
+            let size = std::fs::metadata(&path).expect("stat").len();
+            assert!(size < 16 * 1024, "{}: {size} bytes", path.display());
+            let bash = std::process::Command::new("bash").arg("-n").arg(&path).output().expect("bash is needed");
+            assert!(bash.status.success(), "bash -n {}: {}", path.display(), String::from_utf8_lossy(&bash.stderr));
+            let sc = std::process::Command::new("shellcheck").arg(&path).output().unwrap_or_else(|e| {
+                panic!("this test needs shellcheck (apt-get install shellcheck; scripts/test installs it): {e}")
+            });
+            assert!(sc.status.success(), "shellcheck {}:\n{}", path.display(), String::from_utf8_lossy(&sc.stdout));
+            let text = std::fs::read_to_string(&path).expect("read");
+            for secret in ["BEGIN RSA PRIVATE KEY", "BEGIN PRIVATE KEY", "BEGIN EC PRIVATE KEY", "token:"] {
+                assert!(!text.contains(secret), "{} carries a secret ({secret})", path.display());
+            }
+        }
+    }
+}
+
+#[test]
+fn user_data_pins_its_own_nodeup_config() {
+    let (out, result) = common::compile(&common::example("ha.yaml"));
+    assert!(result.status.success());
+    for entry in std::fs::read_dir(out.path().join("bootconfig")).expect("bootconfig dir") {
+        let path = entry.expect("entry").path();
+        let group = path.file_stem().expect("stem").to_string_lossy().to_string();
+        let boot: keelson_api::nodeup::BootConfig =
+            serde_yaml_ng::from_slice(&std::fs::read(&path).expect("read")).expect("BootConfig parses");
+        assert_eq!(boot.instance_group_name, group);
+        let dir = if group.starts_with("control-plane") { "control-plane" } else { "node" };
+        let nodeup = std::fs::read(out.path().join(format!("state/igconfig/{dir}/{group}/nodeupconfig.yaml"))).expect("nodeup config");
+        assert_eq!(boot.nodeup_config_hash, spec_compiler::nodeup_config_hash(&nodeup));
+        let script = std::fs::read_to_string(out.path().join(format!("userdata/{group}.sh"))).expect("user-data");
+        assert!(script.contains(&format!("NodeupConfigHash: {}", boot.nodeup_config_hash)), "{group}");
+    }
+}
