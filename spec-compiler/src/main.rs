@@ -102,8 +102,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let compiled = spec_compiler::compile(&docs, &options)
                 .with_context(|| format!("compiling {}", file.display()))?;
             for w in &compiled.warnings {
-                tracing::warn!("{}: {w}", file.display());
-                eprintln!("keelson: warning: {w}");
+                eprintln!("keelson: warning: {}: {w}", file.display());
             }
             compiled.tree.write_to(&out).with_context(|| format!("writing {}", out.display()))?;
             println!("{}: wrote {} files to {}", file.display(), compiled.tree.files.len(), out.display());
