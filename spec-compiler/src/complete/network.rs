@@ -58,6 +58,12 @@ pub fn build(ctx: &Context, d: &Derived, spec: &mut ClusterSpec) {
     default(&mut dns.type_, "Public".to_string());
     let dns_type = dns.type_.clone().unwrap_or_default();
 
+    // GCE with IP aliases (gcp or kindnet networking): pods, services and nodes get ranges of the
+    // VPC, allocated from 10.0.0.0/8 (kOps `gce/network.go`), unless the user fixed them all.
+    if ctx.cloud == Cloud::Gce && matches!(d.plugin, Plugin::Gcp | Plugin::Kindnet) {
+        assign_gce_ip_aliases(ctx, spec);
+    }
+
     // podCIDR and the service range are carved from nonMasqueradeCIDR.
     if spec.non_masquerade_cidr.is_none() {
         if ctx.cloud == Cloud::Aws && spec.network_cidr.is_none() && d.plugin == Plugin::AmazonVpc {
@@ -141,22 +147,62 @@ pub fn build(ctx: &Context, d: &Derived, spec: &mut ClusterSpec) {
     }
 }
 
-/// GCE subnets without a CIDR get consecutive /20s from 10.0.16.0 (kOps `gce/network.go`).
+/// Allocate the first free block of `/prefix` inside `within`, skipping the very first block
+/// (kOps' `CIDRMap.Allocate` starts one block in), and mark it used.
+fn allocate(used: &mut Vec<Cidr>, within: ipnet::Ipv4Net, prefix: u8) -> Option<Cidr> {
+    let step = 1u64 << (32 - u32::from(prefix));
+    let mut next = u64::from(u32::from(within.network())) + step;
+    let end = u64::from(u32::from(within.broadcast()));
+    while next <= end {
+        let net = ipnet::Ipv4Net::new(Ipv4Addr::from(next as u32), prefix).ok()?;
+        let c = Cidr::from(ipnet::IpNet::V4(net));
+        if !used.iter().any(|u| u.overlaps(&c)) {
+            used.push(c);
+            return Some(c);
+        }
+        next += step;
+    }
+    None
+}
+
+fn gce_network() -> ipnet::Ipv4Net {
+    ipnet::Ipv4Net::new(Ipv4Addr::new(10, 0, 0, 0), 8).unwrap_or_default()
+}
+
+/// GCE subnets without a CIDR get /20s of 10.0.0.0/8 (kOps `gce/network.go`).
 fn assign_gce_subnets(spec: &mut ClusterSpec) {
     let Some(subnets) = spec.subnets.as_mut() else { return };
-    let taken: Vec<Cidr> = subnets.iter().filter_map(|s| s.cidr.as_deref()?.parse().ok()).collect();
-    let mut next: u32 = u32::from(Ipv4Addr::new(10, 0, 16, 0));
-    for s in subnets.iter_mut().filter(|s| s.cidr.is_none()) {
-        loop {
-            let Ok(candidate) = ipnet::Ipv4Net::new(Ipv4Addr::from(next), 20) else { return };
-            next = next.wrapping_add(1 << 12);
-            let c = Cidr::from(ipnet::IpNet::V4(candidate));
-            if !taken.iter().any(|t| t.overlaps(&c)) {
-                s.cidr = Some(c.to_string());
-                break;
-            }
+    let mut used: Vec<Cidr> = subnets.iter().filter_map(|s| s.cidr.as_deref()?.parse().ok()).collect();
+    for s in subnets.iter_mut().filter(|s| s.cidr.is_none() && s.id.is_none()) {
+        match allocate(&mut used, gce_network(), 20) {
+            Some(c) => s.cidr = Some(c.to_string()),
+            None => return,
         }
     }
+}
+
+/// IP-alias networking on GCE: pod /14, service /16 and node /19 ranges from 10.0.0.0/8, and
+/// the whole 10.0.0.0/8 as the non-masquerade range.
+fn assign_gce_ip_aliases(ctx: &Context, spec: &mut ClusterSpec) {
+    let user = ctx.user;
+    let user_subnet_cidr = user.subnets.as_ref().filter(|s| s.len() == 1).and_then(|s| s[0].cidr.clone());
+    if user.pod_cidr.is_some() && user.service_cluster_ip_range.is_some() && user_subnet_cidr.is_some() {
+        return;
+    }
+    let Some(subnets) = spec.subnets.as_mut().filter(|s| s.len() == 1) else { return };
+    if spec.pod_cidr.is_some() && spec.service_cluster_ip_range.is_some() && subnets[0].cidr.is_some() {
+        return; // already assigned in an earlier pass
+    }
+    let mut used = Vec::new();
+    let (Some(pod), Some(svc), Some(node)) =
+        (allocate(&mut used, gce_network(), 14), allocate(&mut used, gce_network(), 16), allocate(&mut used, gce_network(), 19))
+    else {
+        return;
+    };
+    default(&mut subnets[0].cidr, node.to_string());
+    default(&mut spec.pod_cidr, pod);
+    default(&mut spec.service_cluster_ip_range, svc);
+    spec.non_masquerade_cidr = Some(Cidr::from(ipnet::IpNet::V4(gce_network())));
 }
 
 #[cfg(test)]
@@ -168,6 +214,16 @@ mod tests {
         assert_eq!(upper_half(cidr("100.64.0.0/10")).map(|c| c.to_string()), Some("100.96.0.0/11".into()));
         assert_eq!(upper_half(cidr("172.20.0.0/16")).map(|c| c.to_string()), Some("172.20.128.0/17".into()));
         assert_eq!(upper_half(cidr("::/0")), None);
+    }
+
+    #[test]
+    fn allocation_skips_the_first_block_like_kops() {
+        let mut used = Vec::new();
+        assert_eq!(allocate(&mut used, gce_network(), 14).map(|c| c.to_string()), Some("10.4.0.0/14".into()));
+        assert_eq!(allocate(&mut used, gce_network(), 16).map(|c| c.to_string()), Some("10.1.0.0/16".into()));
+        assert_eq!(allocate(&mut used, gce_network(), 19).map(|c| c.to_string()), Some("10.0.32.0/19".into()));
+        let mut fresh = Vec::new();
+        assert_eq!(allocate(&mut fresh, gce_network(), 20).map(|c| c.to_string()), Some("10.0.16.0/20".into()));
     }
 
     #[test]
