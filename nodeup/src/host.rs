@@ -1,0 +1,70 @@
+//! The host nodeup configures: a root directory (`/` or `--root DIR`) and how side effects
+//! outside the file tree (systemctl, sysctl, modprobe, swapoff) are carried out.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+
+/// The host being configured.
+#[derive(Debug)]
+pub struct Host {
+    root: PathBuf,
+    /// Commands that were recorded rather than run (root other than `/`).
+    recorded: Mutex<Vec<String>>,
+}
+
+/// A host command failed.
+#[derive(Debug, thiserror::Error)]
+#[error("running `{argv}`: {message}")]
+pub struct CommandError {
+    pub argv: String,
+    pub message: String,
+}
+
+impl Host {
+    pub fn new(root: impl Into<PathBuf>) -> Host {
+        Host { root: root.into(), recorded: Mutex::new(Vec::new()) }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// True when nodeup configures the running system (root `/`): services are started.
+    pub fn is_live(&self) -> bool {
+        self.root == Path::new("/")
+    }
+
+    /// Map an absolute host path under the root.
+    pub fn path(&self, abs: impl AsRef<Path>) -> PathBuf {
+        let abs = abs.as_ref();
+        self.root.join(abs.strip_prefix("/").unwrap_or(abs))
+    }
+
+    /// Run a command on a live host; under another root record it instead (offline semantics).
+    pub fn run(&self, argv: &[&str]) -> Result<(), CommandError> {
+        let line = argv.join(" ");
+        if !self.is_live() {
+            tracing::info!("not running (root {}): {line}", self.root.display());
+            self.recorded.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+            return Ok(());
+        }
+        let (prog, args) = argv.split_first().ok_or_else(|| CommandError { argv: line.clone(), message: "empty".into() })?;
+        let out = Command::new(prog)
+            .args(args)
+            .output()
+            .map_err(|e| CommandError { argv: line.clone(), message: e.to_string() })?;
+        if !out.status.success() {
+            return Err(CommandError {
+                argv: line,
+                message: format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim()),
+            });
+        }
+        Ok(())
+    }
+
+    /// Commands recorded instead of run, in order.
+    pub fn recorded(&self) -> Vec<String> {
+        self.recorded.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}

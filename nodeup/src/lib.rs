@@ -1,0 +1,13 @@
+//! nodeup: turn a bare Linux host into a Kubernetes node (or control-plane host) from the
+//! NodeupConfig its BootConfig pins. See the crate README for the design and how to run it.
+
+pub mod assets;
+pub mod config;
+pub mod flag_table;
+pub mod flags;
+pub mod fsutil;
+pub mod host;
+pub mod nodetasks;
+pub mod paths;
+pub mod pki;
+pub mod tasks;

@@ -1,0 +1,351 @@
+//! The typed tasks nodeup uses: files, directories, asset downloads and installs, services,
+//! swap. Each compares actual against desired and applies only the difference.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::assets::{Asset, AssetKind};
+use crate::fsutil::{self, fs_err, Owner};
+use crate::paths;
+use crate::tasks::{Ctx, Task, TaskError};
+
+/// Task name of a file (others depend on it by this name).
+pub fn file_task_name(path: &str) -> String {
+    format!("file:{path}")
+}
+
+/// A file with exact contents and mode; optional commands when it changed.
+pub struct FileTask {
+    pub path: String,
+    pub contents: Vec<u8>,
+    pub mode: u32,
+    pub owner: Owner,
+    pub deps: Vec<String>,
+    /// Commands run (or recorded, off a live host) after the file changed.
+    pub on_change: Vec<Vec<String>>,
+}
+
+impl FileTask {
+    pub fn new(path: &str, contents: impl Into<Vec<u8>>, mode: u32) -> FileTask {
+        FileTask { path: path.to_string(), contents: contents.into(), mode, owner: None, deps: Vec::new(), on_change: Vec::new() }
+    }
+}
+
+impl Task for FileTask {
+    fn name(&self) -> String {
+        file_task_name(&self.path)
+    }
+    fn deps(&self) -> Vec<String> {
+        self.deps.clone()
+    }
+    fn check(&self, ctx: &Ctx, _: bool) -> Result<Vec<String>, TaskError> {
+        let p = ctx.host.path(&self.path);
+        let mut changes = Vec::new();
+        match fs::symlink_metadata(&p) {
+            Err(_) => changes.push(format!("create ({} bytes, mode {:04o})", self.contents.len(), self.mode)),
+            Ok(m) if !m.is_file() => changes.push("replace non-file".to_string()),
+            Ok(m) => {
+                let same = m.len() == self.contents.len() as u64 && fs::read(&p).map_err(fs_err(&p))? == self.contents;
+                if !same {
+                    changes.push(format!("update contents ({} bytes)", self.contents.len()));
+                } else if fsutil::mode_of(&p) != Some(self.mode) {
+                    changes.push(format!("mode {:04o} -> {:04o}", fsutil::mode_of(&p).unwrap_or(0), self.mode));
+                }
+            }
+        }
+        Ok(changes)
+    }
+    fn apply(&self, ctx: &Ctx, _: bool) -> Result<(), TaskError> {
+        fsutil::write_atomic(&ctx.host.path(&self.path), &self.contents, self.mode, self.owner)?;
+        for argv in &self.on_change {
+            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+            ctx.host.run(&argv)?;
+        }
+        Ok(())
+    }
+}
+
+/// A directory that must exist with a mode.
+pub struct DirTask {
+    pub path: String,
+    pub mode: u32,
+}
+
+impl Task for DirTask {
+    fn name(&self) -> String {
+        format!("dir:{}", self.path)
+    }
+    fn check(&self, ctx: &Ctx, _: bool) -> Result<Vec<String>, TaskError> {
+        let p = ctx.host.path(&self.path);
+        Ok(match fsutil::mode_of(&p) {
+            None => vec![format!("create directory (mode {:04o})", self.mode)],
+            Some(_) if !p.is_dir() => vec!["replace non-directory".into()],
+            Some(m) if m != self.mode => vec![format!("mode {m:04o} -> {:04o}", self.mode)],
+            Some(_) => vec![],
+        })
+    }
+    fn apply(&self, ctx: &Ctx, _: bool) -> Result<(), TaskError> {
+        let p = ctx.host.path(&self.path);
+        if p.exists() && !p.is_dir() {
+            fs::remove_file(&p).map_err(fs_err(&p))?;
+        }
+        fsutil::ensure_dir(&p)?;
+        fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(self.mode)).map_err(fs_err(&p))?;
+        if let Some(parent) = p.parent() {
+            fsutil::sync_dir(parent)?;
+        }
+        Ok(())
+    }
+}
+
+pub fn download_task_name(asset: &Asset) -> String {
+    format!("download:{}", asset.name())
+}
+
+/// Fetch an asset into the hash-keyed cache.
+pub struct DownloadTask {
+    pub asset: Arc<Asset>,
+}
+
+impl Task for DownloadTask {
+    fn name(&self) -> String {
+        download_task_name(&self.asset)
+    }
+    fn check(&self, ctx: &Ctx, _: bool) -> Result<Vec<String>, TaskError> {
+        Ok(if ctx.assets.is_cached(&self.asset) {
+            vec![]
+        } else {
+            vec![format!("download {} (sha256 {})", self.asset.urls[0], &self.asset.sha256[..12])]
+        })
+    }
+    fn apply(&self, ctx: &Ctx, _: bool) -> Result<(), TaskError> {
+        Ok(ctx.assets.fetch(&self.asset)?)
+    }
+}
+
+/// Install one file from the cache as a hard link (copy across filesystems).
+pub struct InstallTask {
+    pub asset: Arc<Asset>,
+    /// Cache file (relative to the cache: `None` = the asset itself; `Some(name)` = a file of
+    /// the unpacked archive).
+    pub member: Option<String>,
+    pub dest: String,
+    pub mode: u32,
+}
+
+impl InstallTask {
+    fn source(&self, ctx: &Ctx) -> PathBuf {
+        match &self.member {
+            None => ctx.assets.cached_file(&self.asset.sha256),
+            Some(m) => ctx.assets.cached_dir(&self.asset.sha256).join(m),
+        }
+    }
+}
+
+impl Task for InstallTask {
+    fn name(&self) -> String {
+        format!("install:{}", self.dest)
+    }
+    fn deps(&self) -> Vec<String> {
+        vec![download_task_name(&self.asset)]
+    }
+    fn check(&self, ctx: &Ctx, _: bool) -> Result<Vec<String>, TaskError> {
+        let dest = ctx.host.path(&self.dest);
+        let src = self.source(ctx);
+        if !dest.exists() {
+            return Ok(vec![format!("install from {}", self.asset.name())]);
+        }
+        if !fsutil::same_file(&src, &dest) && !same_contents(&src, &dest) {
+            return Ok(vec![format!("replace with {}", self.asset.name())]);
+        }
+        if fsutil::mode_of(&dest) != Some(self.mode) {
+            return Ok(vec![format!("mode -> {:04o}", self.mode)]);
+        }
+        Ok(vec![])
+    }
+    fn apply(&self, ctx: &Ctx, _: bool) -> Result<(), TaskError> {
+        Ok(fsutil::link_atomic(&self.source(ctx), &ctx.host.path(&self.dest), self.mode)?)
+    }
+}
+
+fn same_contents(a: &Path, b: &Path) -> bool {
+    match (fs::metadata(a), fs::metadata(b)) {
+        (Ok(x), Ok(y)) if x.len() == y.len() => matches!((fs::read(a), fs::read(b)), (Ok(p), Ok(q)) if p == q),
+        _ => false,
+    }
+}
+
+/// Install every file of an unpacked archive into a directory (the member list is only known
+/// once the archive is in the cache, so this is one task per archive).
+pub struct InstallArchiveTask {
+    pub asset: Arc<Asset>,
+}
+
+impl InstallArchiveTask {
+    fn members(&self, ctx: &Ctx) -> Result<Vec<(String, u32)>, TaskError> {
+        let dir = ctx.assets.cached_dir(&self.asset.sha256);
+        let mut out = Vec::new();
+        if !dir.is_dir() {
+            return Ok(out);
+        }
+        for e in fs::read_dir(&dir).map_err(fs_err(&dir))?.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let mode = fsutil::mode_of(&e.path()).unwrap_or(0o755) | 0o555;
+            out.push((name, mode & 0o755));
+        }
+        out.sort();
+        Ok(out)
+    }
+    fn dest_dir(&self) -> &str {
+        match &self.asset.kind {
+            AssetKind::Archive { dest_dir, .. } => dest_dir,
+            _ => paths::BIN_DIR,
+        }
+    }
+}
+
+impl Task for InstallArchiveTask {
+    fn name(&self) -> String {
+        format!("install:{}", self.asset.name())
+    }
+    fn deps(&self) -> Vec<String> {
+        vec![download_task_name(&self.asset)]
+    }
+    fn check(&self, ctx: &Ctx, deps_changed: bool) -> Result<Vec<String>, TaskError> {
+        let members = self.members(ctx)?;
+        if members.is_empty() {
+            return Ok(vec![format!("unpack {} into {}", self.asset.name(), self.dest_dir())]);
+        }
+        let _ = deps_changed;
+        let mut changes = Vec::new();
+        for (m, mode) in members {
+            let t = InstallTask { asset: self.asset.clone(), member: Some(m.clone()), dest: format!("{}/{m}", self.dest_dir()), mode };
+            changes.extend(t.check(ctx, false)?.into_iter().map(|c| format!("{}: {c}", t.dest)));
+        }
+        Ok(changes)
+    }
+    fn apply(&self, ctx: &Ctx, _: bool) -> Result<(), TaskError> {
+        for (m, mode) in self.members(ctx)? {
+            let t = InstallTask { asset: self.asset.clone(), member: Some(m.clone()), dest: format!("{}/{m}", self.dest_dir()), mode };
+            if !t.check(ctx, false)?.is_empty() {
+                t.apply(ctx, false)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A systemd unit enabled in `multi-user.target.wants` and (on a live host) restarted when
+/// any of its inputs changed.
+pub struct ServiceTask {
+    /// `kubelet.service`
+    pub unit: String,
+    /// Task names whose change means a restart (unit file, config, env file, binaries).
+    pub inputs: Vec<String>,
+}
+
+impl ServiceTask {
+    fn link(&self) -> String {
+        format!("{}/{}", paths::MULTI_USER_WANTS, self.unit)
+    }
+    fn unit_path(&self) -> String {
+        format!("{}/{}", paths::SYSTEMD_DIR, self.unit)
+    }
+}
+
+impl Task for ServiceTask {
+    fn name(&self) -> String {
+        format!("service:{}", self.unit)
+    }
+    fn deps(&self) -> Vec<String> {
+        self.inputs.clone()
+    }
+    fn check(&self, ctx: &Ctx, deps_changed: bool) -> Result<Vec<String>, TaskError> {
+        let mut changes = Vec::new();
+        let link = ctx.host.path(self.link());
+        if fs::read_link(&link).ok().as_deref() != Some(Path::new(&self.unit_path())) {
+            changes.push("enable (multi-user.target.wants)".to_string());
+        }
+        if deps_changed {
+            changes.push(if ctx.host.is_live() { "restart".to_string() } else { "restart (recorded: not a live root)".to_string() });
+        }
+        Ok(changes)
+    }
+    fn apply(&self, ctx: &Ctx, deps_changed: bool) -> Result<(), TaskError> {
+        let link = ctx.host.path(self.link());
+        if fs::read_link(&link).ok().as_deref() != Some(Path::new(&self.unit_path())) {
+            fsutil::symlink_atomic(Path::new(&self.unit_path()), &link)?;
+        }
+        if deps_changed {
+            ctx.host.run(&["systemctl", "daemon-reload"])?;
+            ctx.host.run(&["systemctl", "restart", &self.unit])?;
+        }
+        Ok(())
+    }
+}
+
+/// Swap off: swap entries in fstab commented out; `swapoff -a` on a live host.
+pub struct SwapOffTask;
+
+fn swap_lines(fstab: &str) -> Vec<usize> {
+    fstab
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| {
+            let t = l.trim_start();
+            !t.starts_with('#') && t.split_whitespace().nth(2) == Some("swap")
+        })
+        .map(|(i, _)| i)
+        .collect()
+}
+
+impl Task for SwapOffTask {
+    fn name(&self) -> String {
+        "swap:off".into()
+    }
+    fn check(&self, ctx: &Ctx, _: bool) -> Result<Vec<String>, TaskError> {
+        let mut changes = Vec::new();
+        let fstab = fs::read_to_string(ctx.host.path(paths::FSTAB)).unwrap_or_default();
+        if !swap_lines(&fstab).is_empty() {
+            changes.push(format!("comment out {} swap entries in {}", swap_lines(&fstab).len(), paths::FSTAB));
+        }
+        if ctx.host.is_live() {
+            let active = fs::read_to_string("/proc/swaps").unwrap_or_default().lines().skip(1).filter(|l| !l.trim().is_empty()).count();
+            if active > 0 {
+                changes.push(format!("swapoff -a ({active} active)"));
+            }
+        }
+        Ok(changes)
+    }
+    fn apply(&self, ctx: &Ctx, _: bool) -> Result<(), TaskError> {
+        let path = ctx.host.path(paths::FSTAB);
+        if let Ok(fstab) = fs::read_to_string(&path) {
+            let lines = swap_lines(&fstab);
+            if !lines.is_empty() {
+                let out: Vec<String> = fstab
+                    .lines()
+                    .enumerate()
+                    .map(|(i, l)| if lines.contains(&i) { format!("# disabled by nodeup (kubelet needs swap off): {l}") } else { l.to_string() })
+                    .collect();
+                let mode = fsutil::mode_of(&path).unwrap_or(0o644);
+                fsutil::write_atomic(&path, (out.join("\n") + "\n").as_bytes(), mode, None)?;
+            }
+        }
+        if ctx.host.is_live() {
+            ctx.host.run(&["swapoff", "-a"])?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_swap_entries() {
+        let fstab = "UUID=1 / ext4 defaults 0 1\n/swap.img none swap sw 0 0\n# /old none swap sw 0 0\n";
+        assert_eq!(swap_lines(fstab), vec![1]);
+    }
+}

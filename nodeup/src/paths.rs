@@ -1,0 +1,41 @@
+//! Every host path nodeup writes, in one place (kOps conventions; see DESIGN.md "Host layout").
+//!
+//! Paths are absolute host paths; [`crate::host::Host::path`] maps them under `--root`.
+
+pub const BIN_DIR: &str = "/usr/local/bin";
+pub const KUBELET_BIN: &str = "/usr/local/bin/kubelet";
+pub const KUBECTL_BIN: &str = "/usr/local/bin/kubectl";
+pub const CONTAINERD_BIN: &str = "/usr/local/bin/containerd";
+pub const PROTOKUBE_BIN: &str = "/usr/local/bin/protokube";
+pub const ECR_CREDENTIAL_PROVIDER_BIN: &str = "/usr/local/bin/ecr-credential-provider";
+pub const RUNC_BIN: &str = "/usr/local/sbin/runc";
+pub const CNI_BIN_DIR: &str = "/opt/cni/bin";
+pub const CNI_CONF_DIR: &str = "/etc/cni/net.d";
+
+pub const CONTAINERD_CONFIG: &str = "/etc/containerd/config.toml";
+pub const CONTAINERD_CERTS_DIR: &str = "/etc/containerd/certs.d";
+pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
+
+pub const KUBELET_CONFIG: &str = "/var/lib/kubelet/kubelet.conf";
+pub const KUBELET_SYSCONFIG: &str = "/etc/sysconfig/kubelet";
+pub const KUBELET_KUBECONFIG: &str = "/var/lib/kubelet/kubeconfig";
+pub const KUBELET_BOOTSTRAP_KUBECONFIG: &str = "/var/lib/kubelet/bootstrap-kubeconfig";
+pub const KUBELET_CREDENTIAL_PROVIDER_CONFIG: &str = "/var/lib/kubelet/credential-provider.conf";
+
+pub const SYSTEMD_DIR: &str = "/etc/systemd/system";
+pub const MULTI_USER_WANTS: &str = "/etc/systemd/system/multi-user.target.wants";
+
+pub const SYSCTL_CONF: &str = "/etc/sysctl.d/99-k8s-general.conf";
+pub const MODULES_CONF: &str = "/etc/modules-load.d/k8s.conf";
+pub const FSTAB: &str = "/etc/fstab";
+
+pub const MANIFESTS_DIR: &str = "/etc/kubernetes/manifests";
+pub const SRV_KUBERNETES: &str = "/srv/kubernetes";
+pub const SRV_KAPI: &str = "/srv/kubernetes/kube-apiserver";
+pub const CA_CRT: &str = "/srv/kubernetes/ca.crt";
+pub const KCM_KUBECONFIG: &str = "/var/lib/kube-controller-manager/kubeconfig";
+pub const SCHEDULER_KUBECONFIG: &str = "/var/lib/kube-scheduler/kubeconfig";
+pub const KUBE_PROXY_KUBECONFIG: &str = "/var/lib/kube-proxy/kubeconfig";
+
+/// Default download cache (keyed by sha256), under the root.
+pub const CACHE_DIR: &str = "/var/cache/nodeup";

@@ -1,0 +1,386 @@
+//! Cluster PKI in the state store (kOps layout) and certificates issued on the node at boot.
+//!
+//! # State-store layout (under `ConfigBase`)
+//! - `pki/private/<name>/keyset.yaml` — kOps `Keyset` (`kind: Keyset`, `spec.type: Keypair`,
+//!   `spec.primaryId`, `spec.keys[].{id, publicMaterial, privateMaterial}`; the materials are
+//!   base64 of PEM). Holds the private key: readable by control-plane hosts only.
+//! - `pki/issued/<name>/keyset.yaml` — the same keyset without `privateMaterial` (CA
+//!   certificates workers may read).
+//! - `secrets/<name>` — kOps secret JSON `{"Data": "<base64>"}`; `secrets/node-bootstrap-token`
+//!   holds the TLS-bootstrap token (`<id>.<secret>`) worker kubelets join with.
+//!
+//! Keysets created by [`init_pki`]: `kubernetes-ca`, `apiserver-aggregator-ca`,
+//! `etcd-clients-ca`, `etcd-manager-ca-<etcd>`, `etcd-peers-ca-<etcd>` (per etcd cluster) and
+//! `service-account` (the token-signing key, a self-signed keypair). Keys are ECDSA P-256.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use base64::Engine as _;
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    KeyUsagePurpose, SanType,
+};
+use serde::{Deserialize, Serialize};
+
+/// Why a PKI operation failed. Never carries key material.
+#[derive(Debug, thiserror::Error)]
+pub enum PkiError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("keyset {name}: {message}")]
+    Keyset { name: String, message: String },
+    #[error("certificate {cn}: {message}")]
+    Issue { cn: String, message: String },
+    #[error("state store: {0}")]
+    Store(String),
+}
+
+/// A certificate and its private key, PEM.
+#[derive(Clone)]
+pub struct Keypair {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for Keypair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keypair").field("cert_pem", &self.cert_pem.len()).field("key_pem", &"<redacted>").finish()
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct KeysetDoc {
+    #[serde(rename = "apiVersion")]
+    api_version: String,
+    kind: String,
+    metadata: KeysetMeta,
+    spec: KeysetSpec,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct KeysetMeta {
+    name: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct KeysetSpec {
+    #[serde(rename = "type")]
+    type_: String,
+    #[serde(rename = "primaryId")]
+    primary_id: String,
+    keys: Vec<KeysetItem>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct KeysetItem {
+    id: String,
+    #[serde(rename = "publicMaterial", default, skip_serializing_if = "Option::is_none")]
+    public_material: Option<String>,
+    #[serde(rename = "privateMaterial", default, skip_serializing_if = "Option::is_none")]
+    private_material: Option<String>,
+}
+
+fn b64(s: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(s.as_bytes())
+}
+
+fn unb64(name: &str, s: &str) -> Result<String, PkiError> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(s.trim())
+        .map_err(|e| PkiError::Keyset { name: name.into(), message: format!("material is not base64: {e}") })?;
+    String::from_utf8(bytes).map_err(|_| PkiError::Keyset { name: name.into(), message: "material is not PEM text".into() })
+}
+
+fn keyset_yaml(name: &str, id: &str, kp: &Keypair, private: bool) -> Result<String, PkiError> {
+    let doc = KeysetDoc {
+        api_version: "kops.k8s.io/v1alpha2".into(),
+        kind: "Keyset".into(),
+        metadata: KeysetMeta { name: name.into() },
+        spec: KeysetSpec {
+            type_: "Keypair".into(),
+            primary_id: id.into(),
+            keys: vec![KeysetItem {
+                id: id.into(),
+                public_material: Some(b64(&kp.cert_pem)),
+                private_material: private.then(|| b64(&kp.key_pem)),
+            }],
+        },
+    };
+    serde_yaml_ng::to_string(&doc).map_err(|e| PkiError::Keyset { name: name.into(), message: e.to_string() })
+}
+
+fn parse_keyset(name: &str, bytes: &[u8]) -> Result<(String, Option<String>), PkiError> {
+    let doc: KeysetDoc =
+        serde_yaml_ng::from_slice(bytes).map_err(|e| PkiError::Keyset { name: name.into(), message: e.to_string() })?;
+    let item = doc
+        .spec
+        .keys
+        .iter()
+        .find(|k| k.id == doc.spec.primary_id)
+        .or_else(|| doc.spec.keys.last())
+        .ok_or_else(|| PkiError::Keyset { name: name.into(), message: "no keys".into() })?;
+    let cert = unb64(name, item.public_material.as_deref().unwrap_or_default())?;
+    let key = item.private_material.as_deref().map(|k| unb64(name, k)).transpose()?;
+    Ok((cert, key))
+}
+
+/// Parse a private keyset document (certificate and key).
+pub fn parse_private_keyset(name: &str, bytes: &[u8]) -> Result<Keypair, PkiError> {
+    let (cert_pem, key) = parse_keyset(name, bytes)?;
+    let key_pem = key.ok_or_else(|| PkiError::Keyset { name: name.into(), message: "no privateMaterial".into() })?;
+    Ok(Keypair { cert_pem, key_pem })
+}
+
+/// Parse a keyset document's primary certificate.
+pub fn parse_keyset_cert(name: &str, bytes: &[u8]) -> Result<String, PkiError> {
+    Ok(parse_keyset(name, bytes)?.0)
+}
+
+/// The CA keysets a cluster needs.
+pub fn ca_names(etcd_clusters: &[String]) -> Vec<String> {
+    let mut names = vec!["kubernetes-ca".to_string(), "apiserver-aggregator-ca".into(), "etcd-clients-ca".into()];
+    for e in etcd_clusters {
+        names.push(format!("etcd-manager-ca-{e}"));
+        names.push(format!("etcd-peers-ca-{e}"));
+    }
+    names
+}
+
+fn now() -> time::OffsetDateTime {
+    time::OffsetDateTime::now_utc()
+}
+
+fn dn(cn: &str, orgs: &[String]) -> DistinguishedName {
+    let mut d = DistinguishedName::new();
+    for o in orgs {
+        d.push(DnType::OrganizationName, o.as_str());
+    }
+    d.push(DnType::CommonName, cn);
+    d
+}
+
+fn ca_params(name: &str) -> CertificateParams {
+    let mut p = CertificateParams::default();
+    p.distinguished_name = dn(name, &[]);
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    p.not_before = now() - time::Duration::hours(1);
+    p.not_after = now() + time::Duration::days(3650);
+    p
+}
+
+/// Create a self-signed CA.
+pub fn create_ca(name: &str) -> Result<Keypair, PkiError> {
+    let err = |e: rcgen::Error| PkiError::Issue { cn: name.into(), message: e.to_string() };
+    let key = KeyPair::generate().map_err(err)?;
+    let cert = ca_params(name).self_signed(&key).map_err(err)?;
+    Ok(Keypair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+}
+
+/// What a leaf certificate is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Usage {
+    Client,
+    Server,
+    ClientServer,
+}
+
+/// A leaf certificate to issue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertSpec {
+    pub cn: String,
+    pub orgs: Vec<String>,
+    pub dns: Vec<String>,
+    pub ips: Vec<IpAddr>,
+    pub usage: Usage,
+}
+
+impl CertSpec {
+    pub fn client(cn: &str, orgs: &[&str]) -> CertSpec {
+        CertSpec { cn: cn.into(), orgs: orgs.iter().map(|s| s.to_string()).collect(), dns: vec![], ips: vec![], usage: Usage::Client }
+    }
+}
+
+/// Issue a leaf certificate signed by the CA `ca_name` (whose subject is `CN=<ca_name>`).
+pub fn issue(ca_name: &str, ca: &Keypair, spec: &CertSpec) -> Result<Keypair, PkiError> {
+    let err = |e: rcgen::Error| PkiError::Issue { cn: spec.cn.clone(), message: e.to_string() };
+    let ca_key = KeyPair::from_pem(&ca.key_pem)
+        .map_err(|e| PkiError::Keyset { name: ca_name.into(), message: format!("private key: {e}") })?;
+    // Rebuild the issuer from its subject and key: the leaf names the issuer by DN and key id,
+    // both of which match the stored CA certificate.
+    let issuer = ca_params(ca_name).self_signed(&ca_key).map_err(err)?;
+    let mut p = CertificateParams::default();
+    p.distinguished_name = dn(&spec.cn, &spec.orgs);
+    for d in &spec.dns {
+        let name = rcgen::Ia5String::try_from(d.as_str()).map_err(err)?;
+        p.subject_alt_names.push(SanType::DnsName(name));
+    }
+    p.subject_alt_names.extend(spec.ips.iter().map(|ip| SanType::IpAddress(*ip)));
+    p.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+    p.extended_key_usages = match spec.usage {
+        Usage::Client => vec![ExtendedKeyUsagePurpose::ClientAuth],
+        Usage::Server => vec![ExtendedKeyUsagePurpose::ServerAuth],
+        Usage::ClientServer => vec![ExtendedKeyUsagePurpose::ClientAuth, ExtendedKeyUsagePurpose::ServerAuth],
+    };
+    p.use_authority_key_identifier_extension = true;
+    p.not_before = now() - time::Duration::hours(1);
+    p.not_after = now() + time::Duration::days(455);
+    let key = KeyPair::generate().map_err(err)?;
+    let cert = p.signed_by(&key, &issuer, &ca_key).map_err(err)?;
+    Ok(Keypair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+}
+
+/// The public key (PEM) of a private key (PEM), e.g. the service-account verification key.
+pub fn public_key_pem(key_pem: &str) -> Result<String, PkiError> {
+    let key = KeyPair::from_pem(key_pem)
+        .map_err(|e| PkiError::Keyset { name: "service-account".into(), message: format!("private key: {e}") })?;
+    Ok(key.public_key_pem())
+}
+
+/// Write `bytes` to `path` only if nothing is there (never overwrites); true if written.
+fn create_new(path: &Path, bytes: &[u8], mode: u32) -> Result<bool, PkiError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let io = |source| PkiError::Io { path: path.to_path_buf(), source };
+    if path.exists() {
+        return Ok(false);
+    }
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    crate::fsutil::ensure_dir(dir).map_err(|e| PkiError::Io { path: e.path, source: e.source })?;
+    let tmp = crate::fsutil::temp_path_for(path);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp).map_err(io)?;
+    let written = f.write_all(bytes).and_then(|_| f.sync_all());
+    // A hard link fails if the target exists: the no-overwrite guarantee holds even if two
+    // runs race.
+    let linked = written.and_then(|_| std::fs::hard_link(&tmp, path));
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => {
+            let _ = crate::fsutil::sync_dir(dir);
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(io(e)),
+    }
+}
+
+fn random_token(len: usize, alphabet: &[u8]) -> Result<String, PkiError> {
+    use rand_core_shim::fill;
+    let mut bytes = vec![0u8; len];
+    fill(&mut bytes).map_err(|e| PkiError::Store(format!("random: {e}")))?;
+    Ok(bytes.iter().map(|b| alphabet[*b as usize % alphabet.len()] as char).collect())
+}
+
+/// Random bytes from the kernel (no extra dependency).
+mod rand_core_shim {
+    pub fn fill(buf: &mut [u8]) -> std::io::Result<()> {
+        use std::io::Read as _;
+        std::fs::File::open("/dev/urandom")?.read_exact(buf)
+    }
+}
+
+/// Name of the secret holding the node TLS-bootstrap token.
+pub const BOOTSTRAP_TOKEN_SECRET: &str = "node-bootstrap-token";
+
+/// Encode a kOps secret document.
+pub fn secret_json(data: &str) -> String {
+    format!("{{\"Data\":\"{}\"}}\n", b64(data))
+}
+
+/// Decode a kOps secret document.
+pub fn parse_secret(name: &str, bytes: &[u8]) -> Result<String, PkiError> {
+    #[derive(Deserialize)]
+    struct Secret {
+        #[serde(rename = "Data")]
+        data: String,
+    }
+    let s: Secret = serde_json::from_slice(bytes).map_err(|e| PkiError::Keyset { name: name.into(), message: e.to_string() })?;
+    unb64(name, &s.data)
+}
+
+/// Create the cluster's CAs, service-account key and bootstrap token in a file state store
+/// (`state_dir` is the `ConfigBase` directory). Idempotent: an existing keyset or secret is
+/// never replaced. Returns the names created.
+pub fn init_pki(state_dir: &Path, etcd_clusters: &[String]) -> Result<Vec<String>, PkiError> {
+    let mut created = Vec::new();
+    let mut names = ca_names(etcd_clusters);
+    names.push("service-account".into());
+    for name in names {
+        let private = state_dir.join(format!("pki/private/{name}/keyset.yaml"));
+        let issued = state_dir.join(format!("pki/issued/{name}/keyset.yaml"));
+        if private.exists() {
+            // Make sure the public half exists too (it is derived, so writing it is safe).
+            if !issued.exists() {
+                let bytes = std::fs::read(&private).map_err(|source| PkiError::Io { path: private.clone(), source })?;
+                let kp = parse_private_keyset(&name, &bytes)?;
+                let id = serial_id();
+                create_new(&issued, keyset_yaml(&name, &id, &kp, false)?.as_bytes(), 0o644)?;
+            }
+            continue;
+        }
+        let kp = create_ca(&name)?;
+        let id = serial_id();
+        if create_new(&private, keyset_yaml(&name, &id, &kp, true)?.as_bytes(), 0o600)? {
+            create_new(&issued, keyset_yaml(&name, &id, &kp, false)?.as_bytes(), 0o644)?;
+            created.push(name);
+        }
+    }
+    let token_path = state_dir.join(format!("secrets/{BOOTSTRAP_TOKEN_SECRET}"));
+    if !token_path.exists() {
+        let alphabet = b"abcdefghijklmnopqrstuvwxyz0123456789";
+        let token = format!("{}.{}", random_token(6, alphabet)?, random_token(16, alphabet)?);
+        if create_new(&token_path, secret_json(&token).as_bytes(), 0o600)? {
+            created.push(format!("secrets/{BOOTSTRAP_TOKEN_SECRET}"));
+        }
+    }
+    Ok(created)
+}
+
+/// kOps keyset ids are decimal serials; time-based is unique enough for one writer.
+fn serial_id() -> String {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    format!("{}", t.as_nanos())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn init_is_idempotent_and_never_overwrites() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let created = init_pki(d.path(), &["main".into(), "events".into()]).expect("init");
+        assert!(created.contains(&"kubernetes-ca".to_string()));
+        assert!(created.contains(&"etcd-peers-ca-events".to_string()));
+        let p = d.path().join("pki/private/kubernetes-ca/keyset.yaml");
+        let before = std::fs::read(&p).expect("read");
+        assert_eq!(crate::fsutil::mode_of(&p), Some(0o600));
+        assert!(init_pki(d.path(), &["main".into(), "events".into()]).expect("again").is_empty());
+        assert_eq!(std::fs::read(&p).expect("read"), before);
+        let kp = parse_private_keyset("kubernetes-ca", &before).expect("parse");
+        let issued = std::fs::read(d.path().join("pki/issued/kubernetes-ca/keyset.yaml")).expect("issued");
+        assert_eq!(parse_keyset_cert("kubernetes-ca", &issued).expect("cert"), kp.cert_pem);
+        assert!(!String::from_utf8_lossy(&issued).contains("privateMaterial"));
+        let token = parse_secret("t", &std::fs::read(d.path().join("secrets/node-bootstrap-token")).expect("tok")).expect("secret");
+        let (id, secret) = token.split_once('.').expect("id.secret");
+        assert_eq!((id.len(), secret.len()), (6, 16));
+    }
+
+    #[test]
+    fn issues_leaf_signed_by_ca() {
+        let ca = create_ca("kubernetes-ca").expect("ca");
+        let spec = CertSpec {
+            cn: "kubernetes-master".into(),
+            orgs: vec![],
+            dns: vec!["kubernetes".into(), "api.internal.example.com".into()],
+            ips: vec!["100.64.0.1".parse().expect("ip")],
+            usage: Usage::Server,
+        };
+        let leaf = issue("kubernetes-ca", &ca, &spec).expect("issue");
+        assert!(leaf.cert_pem.starts_with("-----BEGIN CERTIFICATE-----"));
+        assert!(leaf.key_pem.contains("PRIVATE KEY"));
+        assert!(!format!("{leaf:?}").contains("PRIVATE"), "Debug never shows the key");
+        // Verified with openssl in the integration tests when available.
+    }
+}
