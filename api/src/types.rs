@@ -118,7 +118,7 @@ fn canonical_quantity(s: &str) -> Option<String> {
     if let Some(i) = BINARY.iter().position(|b| body.ends_with(b)) {
         let mut n: u128 = body[..body.len() - 2].parse().ok()?;
         let mut level = i;
-        while n != 0 && n % 1024 == 0 && level + 1 < BINARY.len() {
+        while n != 0 && n.is_multiple_of(1024) && level + 1 < BINARY.len() {
             n /= 1024;
             level += 1;
         }

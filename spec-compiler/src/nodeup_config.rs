@@ -24,7 +24,7 @@ const KUBE_SCHEDULER_CONFIG: &str =
 #[derive(Debug, thiserror::Error)]
 pub enum NodeupConfigError {
     #[error("InstanceGroup/{group}: assets: {source}")]
-    Assets { group: String, source: VersionsError },
+    Assets { group: String, source: Box<VersionsError> },
     #[error("InstanceGroup/{group}: spec.role: {role:?} is not a role nodeup serves")]
     Role { group: String, role: String },
 }
@@ -218,7 +218,7 @@ pub fn build(
 
     let mut assets = BTreeMap::new();
     for arch in Arch::ALL {
-        let list = assets_for(spec, versions, arch).map_err(|source| NodeupConfigError::Assets { group: group.clone(), source })?;
+        let list = assets_for(spec, versions, arch).map_err(|source| NodeupConfigError::Assets { group: group.clone(), source: Box::new(source) })?;
         assets.insert(arch.as_str().to_string(), list);
     }
 
