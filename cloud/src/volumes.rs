@@ -1,0 +1,264 @@
+//! Block volumes and the instances they are attached to (EC2 implementation on `aws-sdk-ec2`).
+
+use std::collections::BTreeMap;
+
+use aws_sdk_ec2::error::ProvideErrorMetadata;
+use aws_sdk_ec2::types::{Filter, Tag};
+
+/// A volume as the node agents see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Volume {
+    pub id: String,
+    pub zone: String,
+    /// `available`, `in-use`, `creating`, …
+    pub state: String,
+    pub size_gib: i32,
+    pub tags: BTreeMap<String, String>,
+    pub attachments: Vec<Attachment>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attachment {
+    pub instance_id: String,
+    pub device: String,
+    /// `attaching`, `attached`, `detaching`, `detached`, `busy`.
+    pub state: String,
+}
+
+/// How to narrow DescribeVolumes; every condition must hold.
+#[derive(Debug, Clone, Default)]
+pub struct VolumeFilter {
+    pub zone: Option<String>,
+    /// `tag-key` filters.
+    pub tag_keys: Vec<String>,
+    /// `tag:<key>=<value>` filters.
+    pub tags: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstanceState {
+    Pending,
+    Running,
+    ShuttingDown,
+    Terminated,
+    Stopping,
+    Stopped,
+    Unknown,
+}
+
+impl InstanceState {
+    /// An instance that still owns its volumes (it may come back, or is going down but not gone).
+    pub fn is_alive(self) -> bool {
+        !matches!(self, InstanceState::Terminated)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Instance {
+    pub id: String,
+    pub state: InstanceState,
+    pub zone: Option<String>,
+    pub private_ip: Option<String>,
+    pub public_ip: Option<String>,
+    /// Device names in use on the instance (block device mappings).
+    pub devices: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    #[error("{op} {target}: {code}: {message}")]
+    Api { op: &'static str, target: String, code: String, message: String },
+    /// AttachVolume refused because another instance holds the volume (a lost race).
+    #[error("attach {volume}: volume is in use by another instance")]
+    InUse { volume: String },
+}
+
+fn api_err<E: ProvideErrorMetadata + std::fmt::Debug>(op: &'static str, target: &str, e: E) -> VolumeError {
+    VolumeError::Api {
+        op,
+        target: target.to_string(),
+        code: e.code().unwrap_or("unknown").to_string(),
+        message: e.message().map(str::to_string).unwrap_or_else(|| format!("{e:?}")),
+    }
+}
+
+/// Volume operations.
+pub trait Volumes {
+    /// All volumes matching `filter` (one filtered DescribeVolumes, paginated).
+    fn find_volumes(&self, filter: &VolumeFilter) -> impl std::future::Future<Output = Result<Vec<Volume>, VolumeError>> + Send;
+    /// Attach; `Err(VolumeError::InUse)` when another instance holds it.
+    fn attach_volume(&self, volume: &str, instance: &str, device: &str) -> impl std::future::Future<Output = Result<(), VolumeError>> + Send;
+    /// Detach (force) a volume from an instance that is gone.
+    fn detach_volume(&self, volume: &str, instance: &str) -> impl std::future::Future<Output = Result<(), VolumeError>> + Send;
+    fn tag_volume(&self, volume: &str, tags: &[(String, String)]) -> impl std::future::Future<Output = Result<(), VolumeError>> + Send;
+}
+
+/// Instance lookups.
+pub trait Instances {
+    /// The given instances (those the cloud no longer knows are simply absent from the result).
+    fn describe_instances(&self, ids: &[String]) -> impl std::future::Future<Output = Result<Vec<Instance>, VolumeError>> + Send;
+}
+
+/// EC2 implementation.
+#[derive(Debug, Clone)]
+pub struct Ec2 {
+    client: aws_sdk_ec2::Client,
+}
+
+impl Ec2 {
+    pub fn new(client: aws_sdk_ec2::Client) -> Self {
+        Ec2 { client }
+    }
+    pub fn client(&self) -> &aws_sdk_ec2::Client {
+        &self.client
+    }
+}
+
+fn filter(name: &str, value: &str) -> Filter {
+    Filter::builder().name(name).values(value).build()
+}
+
+fn volume_from(v: &aws_sdk_ec2::types::Volume) -> Volume {
+    Volume {
+        id: v.volume_id().unwrap_or_default().to_string(),
+        zone: v.availability_zone().unwrap_or_default().to_string(),
+        state: v.state().map(|s| s.as_str().to_string()).unwrap_or_default(),
+        size_gib: v.size().unwrap_or_default(),
+        tags: v
+            .tags()
+            .iter()
+            .filter_map(|t| Some((t.key()?.to_string(), t.value().unwrap_or_default().to_string())))
+            .collect(),
+        attachments: v
+            .attachments()
+            .iter()
+            .map(|a| Attachment {
+                instance_id: a.instance_id().unwrap_or_default().to_string(),
+                device: a.device().unwrap_or_default().to_string(),
+                state: a.state().map(|s| s.as_str().to_string()).unwrap_or_default(),
+            })
+            .collect(),
+    }
+}
+
+impl Volumes for Ec2 {
+    async fn find_volumes(&self, f: &VolumeFilter) -> Result<Vec<Volume>, VolumeError> {
+        let mut filters = Vec::new();
+        if let Some(z) = &f.zone {
+            filters.push(filter("availability-zone", z));
+        }
+        for k in &f.tag_keys {
+            filters.push(filter("tag-key", k));
+        }
+        for (k, v) in &f.tags {
+            filters.push(filter(&format!("tag:{k}"), v));
+        }
+        let mut out = Vec::new();
+        let mut next: Option<String> = None;
+        loop {
+            let resp = self
+                .client
+                .describe_volumes()
+                .set_filters(Some(filters.clone()))
+                .set_next_token(next.take())
+                .send()
+                .await
+                .map_err(|e| api_err("DescribeVolumes", "", e))?;
+            out.extend(resp.volumes().iter().map(volume_from));
+            match resp.next_token() {
+                Some(t) if !t.is_empty() => next = Some(t.to_string()),
+                _ => break,
+            }
+        }
+        // Belt and braces: never trust the server-side zone filter alone.
+        if let Some(z) = &f.zone {
+            out.retain(|v| &v.zone == z);
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    async fn attach_volume(&self, volume: &str, instance: &str, device: &str) -> Result<(), VolumeError> {
+        match self.client.attach_volume().volume_id(volume).instance_id(instance).device(device).send().await {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some("VolumeInUse") => Err(VolumeError::InUse { volume: volume.to_string() }),
+            Err(e) => Err(api_err("AttachVolume", volume, e)),
+        }
+    }
+
+    async fn detach_volume(&self, volume: &str, instance: &str) -> Result<(), VolumeError> {
+        self.client
+            .detach_volume()
+            .volume_id(volume)
+            .instance_id(instance)
+            .force(true)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| api_err("DetachVolume", volume, e))
+    }
+
+    async fn tag_volume(&self, volume: &str, tags: &[(String, String)]) -> Result<(), VolumeError> {
+        let tags: Vec<Tag> = tags.iter().map(|(k, v)| Tag::builder().key(k).value(v).build()).collect();
+        self.client
+            .create_tags()
+            .resources(volume)
+            .set_tags(Some(tags))
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| api_err("CreateTags", volume, e))
+    }
+}
+
+impl Instances for Ec2 {
+    async fn describe_instances(&self, ids: &[String]) -> Result<Vec<Instance>, VolumeError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Filter by instance-id rather than InstanceIds so an unknown id is "absent", not an error.
+        let mut out = Vec::new();
+        let mut next: Option<String> = None;
+        loop {
+            let resp = self
+                .client
+                .describe_instances()
+                .filters(Filter::builder().name("instance-id").set_values(Some(ids.to_vec())).build())
+                .set_next_token(next.take())
+                .send()
+                .await
+                .map_err(|e| api_err("DescribeInstances", &ids.join(","), e))?;
+            for r in resp.reservations() {
+                for i in r.instances() {
+                    let state = match i.state().and_then(|s| s.name()).map(|n| n.as_str()) {
+                        Some("pending") => InstanceState::Pending,
+                        Some("running") => InstanceState::Running,
+                        Some("shutting-down") => InstanceState::ShuttingDown,
+                        Some("terminated") => InstanceState::Terminated,
+                        Some("stopping") => InstanceState::Stopping,
+                        Some("stopped") => InstanceState::Stopped,
+                        _ => InstanceState::Unknown,
+                    };
+                    out.push(Instance {
+                        id: i.instance_id().unwrap_or_default().to_string(),
+                        state,
+                        zone: i.placement().and_then(|p| p.availability_zone()).map(str::to_string),
+                        private_ip: i.private_ip_address().map(str::to_string),
+                        public_ip: i.public_ip_address().map(str::to_string),
+                        devices: i
+                            .block_device_mappings()
+                            .iter()
+                            .filter_map(|b| b.device_name().map(str::to_string))
+                            .collect(),
+                    });
+                }
+            }
+            match resp.next_token() {
+                Some(t) if !t.is_empty() => next = Some(t.to_string()),
+                _ => break,
+            }
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+}
