@@ -28,6 +28,8 @@ pub struct Attachment {
 /// How to narrow DescribeVolumes; every condition must hold.
 #[derive(Debug, Clone, Default)]
 pub struct VolumeFilter {
+    /// `volume-id` filter (empty: any).
+    pub ids: Vec<String>,
     pub zone: Option<String>,
     /// `tag-key` filters.
     pub tag_keys: Vec<String>,
@@ -144,6 +146,9 @@ fn volume_from(v: &aws_sdk_ec2::types::Volume) -> Volume {
 impl Volumes for Ec2 {
     async fn find_volumes(&self, f: &VolumeFilter) -> Result<Vec<Volume>, VolumeError> {
         let mut filters = Vec::new();
+        if !f.ids.is_empty() {
+            filters.push(Filter::builder().name("volume-id").set_values(Some(f.ids.clone())).build());
+        }
         if let Some(z) = &f.zone {
             filters.push(filter("availability-zone", z));
         }

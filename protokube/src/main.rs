@@ -1,1 +1,206 @@
-fn main() {}
+//! `protokube --conf BOOTCONFIG [--root DIR] [--once] …`
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Parser;
+
+use cloud::calls::CallCounter;
+use cloud::{AwsOptions, Ec2, Identity, Imds, Route53Dns};
+use protokube::config::{self, DnsMode};
+use protokube::metrics::{self, Metrics};
+use protokube::paths;
+use protokube::reconcile::{Agent, Options, Report};
+
+#[derive(Debug, Parser)]
+#[command(name = "protokube", about = "Claim and mount etcd volumes, write etcd manifests, keep control-plane DNS true")]
+struct Args {
+    /// BootConfig written by user-data (names the ConfigBase, cluster and instance group).
+    #[arg(long)]
+    conf: PathBuf,
+    /// Every host path is taken relative to this directory.
+    #[arg(long, default_value = "/")]
+    root: PathBuf,
+    /// One reconcile pass, then exit.
+    #[arg(long)]
+    once: bool,
+    /// Identity overrides (default: IMDSv2).
+    #[arg(long)]
+    instance_id: Option<String>,
+    #[arg(long)]
+    zone: Option<String>,
+    #[arg(long)]
+    region: Option<String>,
+    #[arg(long)]
+    internal_ip: Option<String>,
+    /// IMDS base URL (default http://169.254.169.254 or AWS_EC2_METADATA_SERVICE_ENDPOINT).
+    #[arg(long)]
+    imds_url: Option<String>,
+    /// AWS endpoint (e.g. a local moto server); AWS_ENDPOINT_URL is honoured too.
+    #[arg(long)]
+    endpoint_url: Option<String>,
+    /// Where volume device links appear (NVMe names).
+    #[arg(long, default_value = paths::DEFAULT_BY_ID_DIR)]
+    by_id_dir: PathBuf,
+    /// Hosts file for the hosts-file DNS provider (default: <root>/etc/hosts).
+    #[arg(long)]
+    hosts_file: Option<PathBuf>,
+    /// Seconds between passes when converged.
+    #[arg(long, default_value_t = 5.0)]
+    interval: f64,
+    /// Longest wait after repeated failures, in seconds.
+    #[arg(long, default_value_t = 60.0)]
+    max_backoff: f64,
+    /// Seconds one pass waits for an attachment.
+    #[arg(long, default_value_t = 60.0)]
+    attach_timeout: f64,
+    /// Seconds one pass waits for the device node.
+    #[arg(long, default_value_t = 30.0)]
+    device_timeout: f64,
+    /// Metrics and health address (loop mode); `off` disables.
+    #[arg(long, default_value = "127.0.0.1:3998")]
+    metrics_addr: String,
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s.max(0.0))
+}
+
+fn summary(r: &Report) -> String {
+    format!("protokube: {} volumes mounted, {} manifests written, {} dns records", r.volumes_mounted, r.manifests_written, r.dns_records)
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let boot = config::read_boot_config(&args.conf)?;
+    let cluster = config::read_completed_spec(&boot.config_base).await?;
+    let plan = config::plan(&boot, &cluster)?;
+    let imds = Imds::new(args.imds_url.as_deref())?;
+    let me = Identity::resolve(&imds, args.instance_id, args.zone, args.region, args.internal_ip)
+        .await
+        .context("instance identity (pass --instance-id --zone --region --internal-ip off AWS)")?;
+    tracing::info!(?me, cluster = %plan.cluster_name, group = %plan.instance_group, "starting");
+
+    let aws = cloud::sdk_config(&AwsOptions {
+        region: Some(me.region.clone()),
+        endpoint_url: args.endpoint_url.clone(),
+        ..Default::default()
+    })
+    .await;
+    let counter = CallCounter::default();
+    let ec2 = aws_sdk_ec2::Client::from_conf(aws_sdk_ec2::config::Builder::from(&aws).interceptor(counter.clone()).build());
+    let dns = match plan.dns {
+        DnsMode::Route53 { .. } => Some(Route53Dns::new(aws_sdk_route53::Client::from_conf(
+            aws_sdk_route53::config::Builder::from(&aws).interceptor(counter.clone()).build(),
+        ))),
+        DnsMode::Hosts => None,
+    };
+    let hosts_file = args.hosts_file.clone().unwrap_or_else(|| paths::under(&args.root, &format!("/{}", paths::HOSTS_FILE)));
+    let opts = Options {
+        root: args.root.clone(),
+        by_id_dir: args.by_id_dir.clone(),
+        hosts_file,
+        attach_timeout: secs(args.attach_timeout),
+        device_timeout: secs(args.device_timeout),
+        etcd_timeout: Duration::from_secs(2),
+    };
+    let mut agent = Agent::new(plan, me, opts, Ec2::new(ec2), dns);
+
+    let metrics = Metrics::default();
+    if !args.once && args.metrics_addr != "off" {
+        let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
+            .await
+            .with_context(|| format!("metrics address {}", args.metrics_addr))?;
+        tracing::info!(addr = %args.metrics_addr, "serving /metrics and /healthz");
+        tokio::spawn(metrics::serve(listener, metrics.clone(), secs(args.interval * 3.0 + args.attach_timeout)));
+    }
+
+    let interval = secs(args.interval);
+    let max_backoff = secs(args.max_backoff);
+    let mut backoff = interval;
+    let mut first = true;
+    loop {
+        let t = Instant::now();
+        let calls_before = counter.total_calls();
+        let result = agent.reconcile().await;
+        let calls = counter.total_calls() - calls_before;
+        let snapshot: Vec<(String, u64, u64)> = counter.snapshot().into_iter().map(|(k, c)| (k, c.calls, c.attempts)).collect();
+        match &result {
+            Ok(r) => {
+                for w in &r.waiting {
+                    eprintln!("protokube: waiting: {w}");
+                }
+                tracing::info!(
+                    elapsed_ms = t.elapsed().as_millis() as u64,
+                    since_start_ms = started.elapsed().as_millis() as u64,
+                    cloud_calls = calls,
+                    mounted = r.mounted.len(),
+                    "{}",
+                    summary(r)
+                );
+                metrics.update(|s| {
+                    s.passes_ok += 1;
+                    s.last_duration = t.elapsed();
+                    s.last_success_unix = metrics::now_unix();
+                    s.last_error = None;
+                    s.waiting = r.waiting.clone();
+                    s.volumes_mounted += r.volumes_mounted as u64;
+                    s.volumes_formatted += r.volumes_formatted as u64;
+                    s.manifests_written += r.manifests_written as u64;
+                    s.dns_changes += r.dns_records as u64;
+                    s.mounted_now = r.mounted.len() as u64;
+                    s.cloud_calls = snapshot;
+                });
+                backoff = interval;
+                if !args.once && (first || r.volumes_mounted + r.manifests_written + r.dns_records > 0) {
+                    println!("{}", summary(r));
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "reconcile failed");
+                metrics.update(|s| {
+                    s.passes_failed += 1;
+                    s.last_duration = t.elapsed();
+                    s.last_error = Some(e.to_string());
+                    s.cloud_calls = snapshot;
+                });
+                backoff = (backoff * 2).min(max_backoff);
+            }
+        }
+        first = false;
+        if args.once {
+            let r = result?;
+            println!("{}", summary(&r));
+            return Ok(());
+        }
+        let wait = if result.is_ok() { interval } else { backoff };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = tokio::signal::ctrl_c() => { tracing::info!("interrupted"); return Ok(()); }
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PROTOKUBE_LOG").unwrap_or_else(|_| "info".into()))
+        .init();
+    let args = Args::parse();
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("protokube: tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("protokube: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

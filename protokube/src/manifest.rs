@@ -1,0 +1,174 @@
+//! The etcd static pod, rendered from typed structs.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::EtcdCluster;
+use crate::paths;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Pod {
+    pub api_version: String,
+    pub kind: String,
+    pub metadata: Meta,
+    pub spec: PodSpec,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Meta {
+    pub name: String,
+    pub namespace: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSpec {
+    pub host_network: bool,
+    pub priority_class_name: String,
+    pub tolerations: Vec<BTreeMap<String, String>>,
+    pub containers: Vec<Container>,
+    pub volumes: Vec<Volume>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Container {
+    pub name: String,
+    pub image: String,
+    pub command: Vec<String>,
+    pub args: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
+    pub volume_mounts: Vec<VolumeMount>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Resources {
+    pub requests: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeMount {
+    pub name: String,
+    pub mount_path: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Volume {
+    pub name: String,
+    pub host_path: HostPath,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostPath {
+    pub path: String,
+    #[serde(rename = "type")]
+    pub type_: String,
+}
+
+/// How this member starts: the decision is made once per volume and kept on it, so the manifest
+/// never flaps between passes (a changed manifest restarts the pod).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bootstrap {
+    /// `new` or `existing`.
+    pub state: String,
+    /// `name=peerURL` pairs, in order.
+    pub initial_cluster: Vec<(String, String)>,
+}
+
+pub const ETCD_BINARY: &str = "/usr/local/bin/etcd";
+
+/// Render the etcd pod for `member` of `ec` on `volume_id`.
+pub fn render(ec: &EtcdCluster, cluster_name: &str, member: &str, volume_id: &str, boot: &Bootstrap) -> Pod {
+    let mount = paths::mount_point(volume_id);
+    let data_dir = format!("{mount}/data");
+    let scheme = ec.scheme();
+    let mut args = vec![
+        format!("--name={}", ec.member_id(member)),
+        format!("--data-dir={data_dir}"),
+        format!("--listen-peer-urls={scheme}://0.0.0.0:{}", ec.ports.peer),
+        format!("--listen-client-urls={scheme}://0.0.0.0:{}", ec.ports.client),
+        format!("--initial-advertise-peer-urls={}", ec.peer_url(member, cluster_name)),
+        format!("--advertise-client-urls={}", ec.client_url(member, cluster_name)),
+        format!(
+            "--initial-cluster={}",
+            boot.initial_cluster.iter().map(|(n, u)| format!("{n}={u}")).collect::<Vec<_>>().join(",")
+        ),
+        format!("--initial-cluster-state={}", boot.state),
+        format!("--initial-cluster-token=keelson-{}-{cluster_name}", ec.name),
+    ];
+    if let Some(ms) = ec.heartbeat_ms {
+        args.push(format!("--heartbeat-interval={ms}"));
+    }
+    if let Some(ms) = ec.election_ms {
+        args.push(format!("--election-timeout={ms}"));
+    }
+    let mut volume_mounts = vec![VolumeMount { name: "data".into(), mount_path: mount.clone(), read_only: false }];
+    let mut volumes = vec![Volume { name: "data".into(), host_path: HostPath { path: mount.clone(), type_: "Directory".into() } }];
+    if ec.tls {
+        let pki = paths::etcd_pki_dir(&ec.name);
+        args.extend([
+            format!("--cert-file={pki}/server.crt"),
+            format!("--key-file={pki}/server.key"),
+            format!("--trusted-ca-file={pki}/ca.crt"),
+            format!("--client-cert-auth={}", ec.client_cert_auth),
+            format!("--peer-cert-file={pki}/peer.crt"),
+            format!("--peer-key-file={pki}/peer.key"),
+            format!("--peer-trusted-ca-file={pki}/ca.crt"),
+            "--peer-client-cert-auth=true".to_string(),
+        ]);
+        volume_mounts.push(VolumeMount { name: "pki".into(), mount_path: pki.clone(), read_only: true });
+        volumes.push(Volume { name: "pki".into(), host_path: HostPath { path: pki, type_: "Directory".into() } });
+    }
+    let mut requests = BTreeMap::new();
+    if let Some(c) = &ec.cpu_request {
+        requests.insert("cpu".to_string(), c.clone());
+    }
+    if let Some(m) = &ec.memory_request {
+        requests.insert("memory".to_string(), m.clone());
+    }
+    let name = format!("etcd-{}", ec.name);
+    Pod {
+        api_version: "v1".into(),
+        kind: "Pod".into(),
+        metadata: Meta {
+            name: name.clone(),
+            namespace: "kube-system".into(),
+            labels: BTreeMap::from([("k8s-app".to_string(), name.clone())]),
+            annotations: BTreeMap::from([
+                ("keelson.io/etcd-member".to_string(), member.to_string()),
+                ("keelson.io/etcd-volume".to_string(), volume_id.to_string()),
+            ]),
+        },
+        spec: PodSpec {
+            host_network: true,
+            priority_class_name: "system-cluster-critical".into(),
+            tolerations: vec![BTreeMap::from([
+                ("key".to_string(), "CriticalAddonsOnly".to_string()),
+                ("operator".to_string(), "Exists".to_string()),
+            ])],
+            containers: vec![Container {
+                name: "etcd".into(),
+                image: ec.image.clone(),
+                command: vec![ETCD_BINARY.to_string()],
+                args,
+                resources: if requests.is_empty() { None } else { Some(Resources { requests }) },
+                volume_mounts,
+            }],
+            volumes,
+        },
+    }
+}
+
+pub fn to_yaml(pod: &Pod) -> String {
+    // Serialising plain structs of strings cannot fail.
+    serde_yaml_ng::to_string(pod).unwrap_or_default()
+}

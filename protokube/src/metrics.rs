@@ -1,0 +1,121 @@
+//! Prometheus metrics (text format 0.0.4) and a health endpoint on a local port.
+
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+#[derive(Debug, Default, Clone)]
+pub struct State {
+    pub passes_ok: u64,
+    pub passes_failed: u64,
+    pub last_duration: Duration,
+    pub last_success_unix: f64,
+    pub last_error: Option<String>,
+    pub waiting: Vec<String>,
+    pub volumes_mounted: u64,
+    pub volumes_formatted: u64,
+    pub manifests_written: u64,
+    pub dns_changes: u64,
+    pub mounted_now: u64,
+    /// `service/operation` → (calls, attempts).
+    pub cloud_calls: Vec<(String, u64, u64)>,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct Metrics {
+    inner: Arc<Mutex<State>>,
+}
+
+pub fn now_unix() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+impl Metrics {
+    pub fn update(&self, f: impl FnOnce(&mut State)) {
+        if let Ok(mut s) = self.inner.lock() {
+            f(&mut s);
+        }
+    }
+    pub fn snapshot(&self) -> State {
+        self.inner.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    pub fn render(&self) -> String {
+        let s = self.snapshot();
+        let mut o = String::new();
+        let mut metric = |name: &str, kind: &str, help: &str, lines: Vec<(String, String)>| {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (labels, v) in lines {
+                let _ = writeln!(o, "{name}{labels} {v}");
+            }
+        };
+        metric(
+            "protokube_reconcile_total",
+            "counter",
+            "Reconcile passes by result.",
+            vec![("{result=\"ok\"}".into(), s.passes_ok.to_string()), ("{result=\"error\"}".into(), s.passes_failed.to_string())],
+        );
+        metric("protokube_reconcile_duration_seconds", "gauge", "Duration of the last pass.", vec![(String::new(), format!("{:.6}", s.last_duration.as_secs_f64()))]);
+        metric("protokube_last_success_timestamp_seconds", "gauge", "Unix time of the last successful pass.", vec![(String::new(), format!("{:.3}", s.last_success_unix))]);
+        metric("protokube_waiting", "gauge", "Things the last pass is waiting for.", vec![(String::new(), s.waiting.len().to_string())]);
+        metric("protokube_volumes_mounted", "gauge", "etcd volumes held and mounted now.", vec![(String::new(), s.mounted_now.to_string())]);
+        metric("protokube_volume_mounts_total", "counter", "Mounts performed.", vec![(String::new(), s.volumes_mounted.to_string())]);
+        metric("protokube_volume_formats_total", "counter", "Blank volumes formatted.", vec![(String::new(), s.volumes_formatted.to_string())]);
+        metric("protokube_manifests_written_total", "counter", "etcd manifests written.", vec![(String::new(), s.manifests_written.to_string())]);
+        metric("protokube_dns_changes_total", "counter", "DNS records changed.", vec![(String::new(), s.dns_changes.to_string())]);
+        metric(
+            "protokube_cloud_api_calls_total",
+            "counter",
+            "Cloud API operations by service/operation.",
+            s.cloud_calls.iter().map(|(k, c, _)| (format!("{{operation=\"{k}\"}}"), c.to_string())).collect(),
+        );
+        metric(
+            "protokube_cloud_api_attempts_total",
+            "counter",
+            "Cloud API attempts (retries included) by service/operation.",
+            s.cloud_calls.iter().map(|(k, _, a)| (format!("{{operation=\"{k}\"}}"), a.to_string())).collect(),
+        );
+        o
+    }
+
+    /// Healthy while the last pass succeeded recently.
+    pub fn health(&self, max_age: Duration) -> (bool, String) {
+        let s = self.snapshot();
+        let age = now_unix() - s.last_success_unix;
+        if s.passes_ok > 0 && age <= max_age.as_secs_f64() {
+            (true, format!("ok: last successful pass {age:.1}s ago\n"))
+        } else {
+            (false, format!("unhealthy: last error: {}\n", s.last_error.unwrap_or_else(|| "no successful pass yet".into())))
+        }
+    }
+}
+
+/// Serve `/metrics` and `/healthz` until the process ends.
+pub async fn serve(listener: TcpListener, metrics: Metrics, max_age: Duration) {
+    loop {
+        let Ok((mut sock, _)) = listener.accept().await else { continue };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 2048];
+            let n = match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf)).await {
+                Ok(Ok(n)) => n,
+                _ => return,
+            };
+            let req = String::from_utf8_lossy(&buf[..n]);
+            let path = req.split_whitespace().nth(1).unwrap_or("/");
+            let (status, ctype, body) = match path {
+                "/metrics" => ("200 OK", "text/plain; version=0.0.4", metrics.render()),
+                "/healthz" | "/health" => {
+                    let (ok, msg) = metrics.health(max_age);
+                    (if ok { "200 OK" } else { "503 Service Unavailable" }, "text/plain", msg)
+                }
+                _ => ("404 Not Found", "text/plain", "not found\n".to_string()),
+            };
+            let resp = format!("HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+            let _ = sock.write_all(resp.as_bytes()).await;
+        });
+    }
+}

@@ -1,0 +1,29 @@
+//! Every host path protokube reads or writes, relative to `--root`.
+
+use std::path::{Path, PathBuf};
+
+pub const MANIFESTS_DIR: &str = "etc/kubernetes/manifests";
+pub const HOSTS_FILE: &str = "etc/hosts";
+pub const DEFAULT_BY_ID_DIR: &str = "/dev/disk/by-id";
+/// Where nodeup puts the etcd TLS material of etcd cluster `<name>`:
+/// `ca.crt`, `server.crt|key`, `peer.crt|key`, `client.crt|key`.
+pub const ETCD_PKI_DIR: &str = "etc/kubernetes/pki/etcd";
+
+/// Host path (as seen by pods, i.e. without `--root`) of a volume's mount point.
+pub fn mount_point(volume_id: &str) -> String {
+    format!("/mnt/master-{volume_id}")
+}
+
+/// Host path of one etcd cluster's manifest (without `--root`).
+pub fn manifest_path(etcd_cluster: &str) -> String {
+    format!("/{MANIFESTS_DIR}/etcd-{etcd_cluster}.manifest")
+}
+
+pub fn etcd_pki_dir(etcd_cluster: &str) -> String {
+    format!("/{ETCD_PKI_DIR}/{etcd_cluster}")
+}
+
+/// `root` + absolute host path.
+pub fn under(root: &Path, host_path: &str) -> PathBuf {
+    root.join(host_path.trim_start_matches('/'))
+}

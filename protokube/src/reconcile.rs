@@ -1,0 +1,590 @@
+//! One level-triggered pass: find volumes → claim → attach → device → format/mount → manifest → DNS.
+//! Every step checks the actual state first and acts only on the difference, so a second pass over a
+//! converged host makes no change (and only read calls).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use cloud::dns::{Dns, Record, RecordChange};
+use cloud::volumes::{Attachment, Instance, Instances, Volume, VolumeFilter, Volumes};
+use cloud::{Identity, VolumeError};
+
+use crate::config::{DnsMode, EtcdCluster, Plan};
+use crate::disk::{self, DiskError, Probe};
+use crate::manifest::{self, Bootstrap};
+use crate::{etcd, hosts, paths};
+
+/// Route53 TTL for every record protokube writes.
+pub const TTL: i64 = 60;
+/// Placeholder address for a record whose owner is not known yet (kOps' value).
+pub const PLACEHOLDER: &str = "203.0.113.123";
+/// Tag that marks a volume holding a filesystem protokube (or kOps) initialised.
+pub const FORMATTED_TAG: &str = "keelson.io/etcd-formatted";
+/// Per-volume record of how the member bootstraps (kept on the volume).
+pub const BOOTSTRAP_FILE: &str = "keelson-etcd-bootstrap.json";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error(transparent)]
+    Cloud(#[from] VolumeError),
+    #[error(transparent)]
+    Dns(#[from] cloud::DnsError),
+    #[error("volume {volume}: {source}")]
+    Disk { volume: String, source: DiskError },
+    #[error(transparent)]
+    Hosts(#[from] hosts::HostsError),
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("etcd {cluster}: {source}")]
+    Etcd { cluster: String, source: etcd::EtcdError },
+}
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub root: PathBuf,
+    pub by_id_dir: PathBuf,
+    /// Absolute path of the hosts file to manage (already under `root`).
+    pub hosts_file: PathBuf,
+    /// How long one pass waits for an attachment to complete.
+    pub attach_timeout: Duration,
+    /// How long one pass waits for the device node to appear.
+    pub device_timeout: Duration,
+    /// Timeout of one etcd members-API request.
+    pub etcd_timeout: Duration,
+}
+
+/// What one pass did; `waiting` says what it could not finish and why.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub volumes_mounted: usize,
+    pub volumes_formatted: usize,
+    pub manifests_written: usize,
+    pub dns_records: usize,
+    /// Volumes this instance holds and has mounted, by etcd cluster.
+    pub mounted: BTreeMap<String, String>,
+    pub waiting: Vec<String>,
+}
+
+/// The etcd role of a volume, from its `k8s.io/etcd/<cluster>=<member>/<all>` tag.
+fn etcd_role(v: &Volume, ec: &EtcdCluster) -> Option<String> {
+    v.tags.get(&ec.tag_key()).and_then(|t| t.split('/').next()).map(str::to_string)
+}
+
+fn live_holder<'a>(v: &Volume, instances: &'a BTreeMap<String, Instance>) -> Option<(&'a Instance, ())> {
+    v.attachments.iter().find_map(|a| {
+        let i = instances.get(&a.instance_id)?;
+        i.state.is_alive().then_some((i, ()))
+    })
+}
+
+pub struct Agent<C, D> {
+    pub plan: Plan,
+    pub me: Identity,
+    pub opts: Options,
+    pub cloud: C,
+    /// Route53 (when the plan says so).
+    pub dns: Option<D>,
+    zone_id: Option<String>,
+}
+
+impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
+    pub fn new(plan: Plan, me: Identity, opts: Options, cloud: C, dns: Option<D>) -> Self {
+        Agent { plan, me, opts, cloud, dns, zone_id: None }
+    }
+
+    fn filter(&self) -> VolumeFilter {
+        VolumeFilter {
+            tags: vec![("KubernetesCluster".to_string(), self.plan.cluster_name.clone())],
+            tag_keys: vec!["k8s.io/role/master".to_string()],
+            ..Default::default()
+        }
+    }
+
+    /// One full pass.
+    pub async fn reconcile(&mut self) -> Result<Report, ReconcileError> {
+        let mut report = Report::default();
+        // 1. One DescribeVolumes for every etcd volume of the cluster (all zones: peers are needed for DNS).
+        let mut vols = self.cloud.find_volumes(&self.filter()).await?;
+        // 2. One DescribeInstances for every holder, and this instance (its devices).
+        let mut ids: BTreeSet<String> = vols.iter().flat_map(|v| v.attachments.iter().map(|a| a.instance_id.clone())).collect();
+        ids.insert(self.me.instance_id.clone());
+        let instances: BTreeMap<String, Instance> = self
+            .cloud
+            .describe_instances(&ids.into_iter().collect::<Vec<_>>())
+            .await?
+            .into_iter()
+            .map(|i| (i.id.clone(), i))
+            .collect();
+
+        // 3. Per etcd cluster: keep or claim a volume, then mount it and write the manifest.
+        let clusters = self.plan.etcd_clusters.clone();
+        let mut preferred: Option<String> = None;
+        for ec in &clusters {
+            if self.plan.my_members(ec).is_empty() {
+                continue;
+            }
+            let claimed = match self.claim(ec, &mut vols, &instances, preferred.as_deref(), &mut report).await? {
+                Some(c) => c,
+                None => continue,
+            };
+            preferred.get_or_insert(claimed.1.clone());
+            let (vol_id, member) = claimed;
+            let Some(device) = self.wait_attached_device(&vol_id, &mut vols, &mut report).await? else { continue };
+            let vol = vols.iter().find(|v| v.id == vol_id).cloned();
+            let Some(vol) = vol else { continue };
+            match self.mount(&vol, &device, &mut report).await {
+                Ok(()) => {}
+                Err(e @ ReconcileError::Disk { .. }) => {
+                    // A refused device blocks only this volume; say so loudly and go on.
+                    tracing::error!(error = %e, "not mounting");
+                    report.waiting.push(e.to_string());
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+            report.mounted.insert(ec.name.clone(), vol.id.clone());
+            if self.write_manifest(ec, &member, &vol, &vols, &instances).await? {
+                report.manifests_written += 1;
+            }
+        }
+
+        // 4. DNS from what the cloud says now.
+        report.dns_records = self.sync_dns(&vols, &instances, &mut report).await?;
+        Ok(report)
+    }
+
+    /// Keep the volume already attached here, or claim one of this group's members' volumes.
+    async fn claim(
+        &self,
+        ec: &EtcdCluster,
+        vols: &mut [Volume],
+        instances: &BTreeMap<String, Instance>,
+        preferred: Option<&str>,
+        report: &mut Report,
+    ) -> Result<Option<(String, String)>, ReconcileError> {
+        let me = &self.me.instance_id;
+        if let Some(v) = vols
+            .iter()
+            .find(|v| etcd_role(v, ec).is_some() && v.attachments.iter().any(|a| &a.instance_id == me && a.state != "detaching" && a.state != "detached"))
+        {
+            return Ok(etcd_role(v, ec).map(|m| (v.id.clone(), m)));
+        }
+        let mine: Vec<String> = self.plan.my_members(ec).iter().map(|m| m.name.clone()).collect();
+        // Deterministic order: the member already chosen for another etcd cluster first, then by name.
+        let mut cands: Vec<(bool, String, String)> = vols
+            .iter()
+            .filter(|v| v.zone == self.me.zone)
+            .filter_map(|v| etcd_role(v, ec).filter(|m| mine.contains(m)).map(|m| (Some(m.as_str()) != preferred, m, v.id.clone())))
+            .collect();
+        cands.sort();
+        if cands.is_empty() {
+            report.waiting.push(format!(
+                "etcd {}: no volume in zone {} tagged for members {:?} of group {}",
+                ec.name, self.me.zone, mine, self.plan.instance_group
+            ));
+            return Ok(None);
+        }
+        let used: BTreeSet<String> = instances
+            .get(me)
+            .map(|i| i.devices.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .chain(vols.iter().flat_map(|v| v.attachments.iter()).filter(|a| &a.instance_id == me).map(|a| a.device.clone()))
+            .collect();
+        for (_, member, vid) in cands {
+            let Some(v) = vols.iter().find(|v| v.id == vid).cloned() else { continue };
+            if let Some((holder, _)) = live_holder(&v, instances) {
+                report.waiting.push(format!(
+                    "etcd {} member {member}: volume {vid} is attached to live instance {} ({:?}); not touching it",
+                    ec.name, holder.id, holder.state
+                ));
+                continue;
+            }
+            // Attached to an instance that is gone: detach it first (AWS does this itself after termination).
+            for a in &v.attachments {
+                tracing::info!(volume = %vid, instance = %a.instance_id, "detaching from terminated instance");
+                self.cloud.detach_volume(&vid, &a.instance_id).await?;
+            }
+            if !v.attachments.is_empty() && !self.wait_available(&vid).await? {
+                report.waiting.push(format!("etcd {} member {member}: volume {vid} still detaching", ec.name));
+                continue;
+            }
+            let Some(device) = (b'u'..=b'z').map(|c| format!("/dev/xvd{}", c as char)).find(|d| {
+                !used.contains(d) && !used.contains(&d.replace("/dev/xvd", "/dev/sd"))
+            }) else {
+                report.waiting.push(format!("no free device name on {me}"));
+                return Ok(None);
+            };
+            tracing::info!(volume = %vid, %device, etcd = %ec.name, %member, "attaching");
+            match self.cloud.attach_volume(&vid, me, &device).await {
+                Ok(()) => {}
+                Err(VolumeError::InUse { .. }) => {
+                    report.waiting.push(format!("etcd {} member {member}: lost the race for {vid}", ec.name));
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            }
+            if let Some(vm) = vols.iter_mut().find(|x| x.id == vid) {
+                vm.attachments = vec![Attachment { instance_id: me.clone(), device, state: "attaching".into() }];
+            }
+            return Ok(Some((vid, member)));
+        }
+        Ok(None)
+    }
+
+    async fn wait_available(&self, vid: &str) -> Result<bool, ReconcileError> {
+        let deadline = Instant::now() + self.opts.attach_timeout;
+        let mut delay = Duration::from_millis(100);
+        loop {
+            let f = VolumeFilter { ids: vec![vid.to_string()], ..Default::default() };
+            let v = self.cloud.find_volumes(&f).await?;
+            if v.first().is_some_and(|v| v.attachments.is_empty() || v.state == "available") {
+                return Ok(true);
+            }
+            if Instant::now() + delay > deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    /// Wait (bounded) for the attachment to complete and the device node to appear.
+    async fn wait_attached_device(&self, vid: &str, vols: &mut [Volume], report: &mut Report) -> Result<Option<PathBuf>, ReconcileError> {
+        let me = &self.me.instance_id;
+        let deadline = Instant::now() + self.opts.attach_timeout;
+        let mut delay = Duration::from_millis(50);
+        let attachment = loop {
+            let current = vols.iter().find(|v| v.id == vid).and_then(|v| v.attachments.iter().find(|a| &a.instance_id == me)).cloned();
+            if let Some(a) = current.filter(|a| a.state == "attached") {
+                break a;
+            }
+            if Instant::now() + delay > deadline {
+                report.waiting.push(format!("volume {vid}: attachment to {me} not complete after {:?}", self.opts.attach_timeout));
+                return Ok(None);
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(2));
+            let f = VolumeFilter { ids: vec![vid.to_string()], ..Default::default() };
+            if let Some(fresh) = self.cloud.find_volumes(&f).await?.into_iter().next() {
+                if let Some(slot) = vols.iter_mut().find(|v| v.id == vid) {
+                    *slot = fresh;
+                }
+            }
+        };
+        let nvme = self.opts.by_id_dir.join(format!("nvme-Amazon_Elastic_Block_Store_{}", vid.replace('-', "")));
+        let mut xvd = vec![PathBuf::from(&attachment.device)];
+        if let Some(letter) = attachment.device.strip_prefix("/dev/sd") {
+            xvd.push(PathBuf::from(format!("/dev/xvd{letter}")));
+        }
+        let deadline = Instant::now() + self.opts.device_timeout;
+        let mut delay = Duration::from_millis(20);
+        loop {
+            if nvme.exists() {
+                return Ok(Some(nvme));
+            }
+            if let Some(p) = xvd.iter().find(|p| p.exists()) {
+                return Ok(Some(p.clone()));
+            }
+            if Instant::now() + delay > deadline {
+                report.waiting.push(format!(
+                    "volume {vid}: attached as {} but no device at {} or {:?} after {:?}",
+                    attachment.device,
+                    nvme.display(),
+                    xvd,
+                    self.opts.device_timeout
+                ));
+                return Ok(None);
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    async fn mount(&self, vol: &Volume, device: &Path, report: &mut Report) -> Result<(), ReconcileError> {
+        let dz = |source| ReconcileError::Disk { volume: vol.id.clone(), source };
+        let target = paths::under(&self.opts.root, &paths::mount_point(&vol.id));
+        let want = disk::dev_numbers(device).map_err(dz)?;
+        if let Some(found) = disk::mounted_at(&target).map_err(dz)? {
+            if found != want {
+                return Err(dz(DiskError::WrongMount {
+                    path: target.display().to_string(),
+                    found: format!("{}:{}", found.0, found.1),
+                    device: disk::canonical(device).display().to_string(),
+                    expected: format!("{}:{}", want.0, want.1),
+                }));
+            }
+            return Ok(());
+        }
+        let dev = device.to_path_buf();
+        let probed = tokio::task::spawn_blocking(move || disk::probe(&dev)).await.map_err(|e| ReconcileError::Io {
+            path: device.display().to_string(),
+            source: std::io::Error::other(e),
+        })?;
+        let fstype = match probed.map_err(dz)? {
+            Probe::Blank => {
+                if vol.tags.contains_key(FORMATTED_TAG) {
+                    return Err(dz(DiskError::BlankButFormatted { device: device.display().to_string(), volume: vol.id.clone() }));
+                }
+                tracing::info!(volume = %vol.id, device = %device.display(), "blank volume: formatting ext4");
+                disk::mkfs_ext4(device).map_err(dz)?;
+                report.volumes_formatted += 1;
+                "ext4".to_string()
+            }
+            Probe::Filesystem(t) if t == "ext4" || t == "ext3" || t == "xfs" => t,
+            Probe::Filesystem(t) => {
+                return Err(dz(DiskError::Foreign { device: device.display().to_string(), what: format!("a {t} filesystem") }))
+            }
+            Probe::PartitionTable(t) => {
+                return Err(dz(DiskError::Foreign { device: device.display().to_string(), what: format!("a {t} partition table") }))
+            }
+        };
+        if !vol.tags.contains_key(FORMATTED_TAG) {
+            self.cloud.tag_volume(&vol.id, &[(FORMATTED_TAG.to_string(), fstype.clone())]).await?;
+        }
+        disk::fsck(device, &fstype).map_err(dz)?;
+        disk::mount(device, &target, &fstype).map_err(dz)?;
+        match disk::mounted_at(&target).map_err(dz)? {
+            Some(found) if found == want => {}
+            other => {
+                return Err(dz(DiskError::WrongMount {
+                    path: target.display().to_string(),
+                    found: format!("{other:?}"),
+                    device: device.display().to_string(),
+                    expected: format!("{}:{}", want.0, want.1),
+                }))
+            }
+        }
+        tracing::info!(volume = %vol.id, target = %target.display(), "mounted");
+        report.volumes_mounted += 1;
+        Ok(())
+    }
+
+    /// Live peers of `ec` other than me: (member, private IP).
+    fn peers(&self, ec: &EtcdCluster, vols: &[Volume], instances: &BTreeMap<String, Instance>) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for v in vols {
+            let Some(m) = etcd_role(v, ec) else { continue };
+            if let Some((i, _)) = live_holder(v, instances) {
+                if i.id != self.me.instance_id {
+                    if let Some(ip) = &i.private_ip {
+                        out.push((m, ip.clone()));
+                    }
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    async fn bootstrap(
+        &self,
+        ec: &EtcdCluster,
+        member: &str,
+        mount: &Path,
+        vols: &[Volume],
+        instances: &BTreeMap<String, Instance>,
+    ) -> Result<Bootstrap, ReconcileError> {
+        let file = mount.join(BOOTSTRAP_FILE);
+        let io = |source| ReconcileError::Io { path: file.display().to_string(), source };
+        if let Ok(text) = std::fs::read_to_string(&file) {
+            if let Ok(b) = serde_json::from_str::<Bootstrap>(&text) {
+                return Ok(b);
+            }
+        }
+        let cluster = &self.plan.cluster_name;
+        let me_url = ec.peer_url(member, cluster);
+        let all: Vec<(String, String)> =
+            ec.members.iter().map(|m| (ec.member_id(&m.name), ec.peer_url(&m.name, cluster))).collect();
+        let has_data = mount.join("data").join("member").exists();
+        let b = if has_data {
+            // Data from an earlier life (e.g. kOps): etcd ignores the initial-* flags; keep them valid.
+            Bootstrap { state: "existing".into(), initial_cluster: all }
+        } else {
+            match self.existing_members(ec, vols, instances).await {
+                None => Bootstrap { state: "new".into(), initial_cluster: all },
+                Some((client, members)) => {
+                    let mine = members.iter().find(|m| m.peer_urls.iter().any(|u| u == &me_url));
+                    let mut members = members.clone();
+                    match mine {
+                        Some(m) if m.name.is_empty() => {}
+                        Some(m) => {
+                            // The cluster remembers a started member with my identity, but my volume is
+                            // fresh: that member's data is gone. Replace it.
+                            tracing::warn!(etcd = %ec.name, id = %m.id, "member has no data: removing and re-adding");
+                            client.remove(&m.id).await.map_err(|source| ReconcileError::Etcd { cluster: ec.name.clone(), source })?;
+                            members = client.add(&me_url).await.map_err(|source| ReconcileError::Etcd { cluster: ec.name.clone(), source })?;
+                        }
+                        None => {
+                            tracing::info!(etcd = %ec.name, peer = %me_url, "adding member to existing cluster");
+                            members = client.add(&me_url).await.map_err(|source| ReconcileError::Etcd { cluster: ec.name.clone(), source })?;
+                        }
+                    }
+                    let mut ic: Vec<(String, String)> = members
+                        .iter()
+                        .filter_map(|m| {
+                            let url = m.peer_urls.first()?.clone();
+                            let name = if m.name.is_empty() {
+                                all.iter().find(|(_, u)| *u == url).map(|(n, _)| n.clone())?
+                            } else {
+                                m.name.clone()
+                            };
+                            Some((name, url))
+                        })
+                        .collect();
+                    if !ic.iter().any(|(_, u)| *u == me_url) {
+                        ic.push((ec.member_id(member), me_url.clone()));
+                    }
+                    ic.sort();
+                    Bootstrap { state: "existing".into(), initial_cluster: ic }
+                }
+            }
+        };
+        let text = serde_json::to_string_pretty(&b).unwrap_or_default();
+        crate::write_atomic(&file, text.as_bytes()).map_err(io)?;
+        Ok(b)
+    }
+
+    /// Ask live peers for the member list; the first that answers wins.
+    async fn existing_members(
+        &self,
+        ec: &EtcdCluster,
+        vols: &[Volume],
+        instances: &BTreeMap<String, Instance>,
+    ) -> Option<(etcd::Client, Vec<etcd::Member>)> {
+        let pki = paths::under(&self.opts.root, &paths::etcd_pki_dir(&ec.name));
+        for (member, ip) in self.peers(ec, vols, instances) {
+            let Ok(ip) = ip.parse::<IpAddr>() else { continue };
+            let host = ec.member_dns(&member, &self.plan.cluster_name);
+            let client = match etcd::Client::new(
+                ec.scheme(),
+                &host,
+                SocketAddr::new(ip, ec.ports.client),
+                ec.tls.then_some(pki.as_path()),
+                self.opts.etcd_timeout,
+            ) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "etcd client");
+                    continue;
+                }
+            };
+            match client.members().await {
+                Ok(m) => return Some((client, m)),
+                Err(e) => tracing::info!(etcd = %ec.name, %member, error = %e, "peer did not answer"),
+            }
+        }
+        None
+    }
+
+    async fn write_manifest(
+        &self,
+        ec: &EtcdCluster,
+        member: &str,
+        vol: &Volume,
+        vols: &[Volume],
+        instances: &BTreeMap<String, Instance>,
+    ) -> Result<bool, ReconcileError> {
+        let mount = paths::under(&self.opts.root, &paths::mount_point(&vol.id));
+        let boot = self.bootstrap(ec, member, &mount, vols, instances).await?;
+        let pod = manifest::render(ec, &self.plan.cluster_name, member, &vol.id, &boot);
+        let text = manifest::to_yaml(&pod);
+        let path = paths::under(&self.opts.root, &paths::manifest_path(&ec.name));
+        if std::fs::read_to_string(&path).ok().as_deref() == Some(text.as_str()) {
+            return Ok(false);
+        }
+        crate::write_atomic(&path, text.as_bytes()).map_err(|source| ReconcileError::Io { path: path.display().to_string(), source })?;
+        tracing::info!(path = %path.display(), "wrote etcd manifest");
+        Ok(true)
+    }
+
+    /// name → addresses (`None`: no live owner known).
+    pub fn desired_records(&self, vols: &[Volume], instances: &BTreeMap<String, Instance>) -> BTreeMap<String, Option<Vec<String>>> {
+        let cluster = &self.plan.cluster_name;
+        let mut out: BTreeMap<String, Option<Vec<String>>> = BTreeMap::new();
+        let mut api_private: BTreeSet<String> = BTreeSet::new();
+        let mut api_public: BTreeSet<String> = BTreeSet::new();
+        for ec in &self.plan.etcd_clusters {
+            for m in &ec.members {
+                let holder = vols.iter().filter(|v| etcd_role(v, ec).as_deref() == Some(m.name.as_str())).find_map(|v| live_holder(v, instances));
+                let ip = holder.and_then(|(i, _)| i.private_ip.clone());
+                if ec.name == "main" {
+                    if let Some((i, _)) = holder {
+                        api_private.extend(i.private_ip.clone());
+                        api_public.extend(i.public_ip.clone());
+                    }
+                }
+                out.insert(ec.member_dns(&m.name, cluster), ip.map(|ip| vec![ip]));
+            }
+        }
+        let some = |s: BTreeSet<String>| (!s.is_empty()).then(|| s.into_iter().collect::<Vec<_>>());
+        if self.plan.manage_public_api {
+            let public = if api_public.is_empty() { api_private.clone() } else { api_public };
+            out.insert(self.plan.api_public(), some(public));
+        }
+        out.insert(self.plan.api_internal(), some(api_private));
+        out
+    }
+
+    async fn sync_dns(&mut self, vols: &[Volume], instances: &BTreeMap<String, Instance>, report: &mut Report) -> Result<usize, ReconcileError> {
+        let desired = self.desired_records(vols, instances);
+        match &self.plan.dns {
+            DnsMode::Hosts => {
+                let entries: hosts::Entries = desired.into_iter().filter_map(|(n, ips)| Some((n, ips?))).collect();
+                let path = self.opts.hosts_file.clone();
+                let changed = tokio::task::spawn_blocking(move || hosts::update(&path, &entries))
+                    .await
+                    .map_err(|e| ReconcileError::Io { path: "hosts".into(), source: std::io::Error::other(e) })??;
+                Ok(changed.len())
+            }
+            DnsMode::Route53 { zone } => {
+                let Some(dns) = &self.dns else {
+                    report.waiting.push("Route53 provider not configured".into());
+                    return Ok(0);
+                };
+                let zone_id = match &self.zone_id {
+                    Some(z) => z.clone(),
+                    None => {
+                        let z = dns.find_zone(zone.as_deref(), &self.plan.cluster_name).await?;
+                        self.zone_id = Some(z.clone());
+                        z
+                    }
+                };
+                let existing: BTreeMap<String, Record> = dns
+                    .list_records(&zone_id, &self.plan.cluster_name)
+                    .await?
+                    .into_iter()
+                    .filter(|r| r.rtype == "A")
+                    .map(|r| (r.name.clone(), r))
+                    .collect();
+                let changes = route53_changes(&desired, &existing);
+                if changes.is_empty() {
+                    return Ok(0);
+                }
+                let dns = self.dns.as_ref().ok_or_else(|| ReconcileError::Io { path: "dns".into(), source: std::io::Error::other("no dns") })?;
+                dns.apply_changes(&zone_id, &changes).await?;
+                Ok(changes.len())
+            }
+        }
+    }
+}
+
+/// The UPSERTs that make Route53 match `desired`: real addresses replace whatever is there (including
+/// the placeholder); a name without a known owner gets the placeholder only if it has no record yet.
+pub fn route53_changes(desired: &BTreeMap<String, Option<Vec<String>>>, existing: &BTreeMap<String, Record>) -> Vec<RecordChange> {
+    let mut out = Vec::new();
+    for (name, want) in desired {
+        let values = match (want, existing.get(name)) {
+            (Some(ips), _) => ips.clone(),
+            (None, Some(_)) => continue,
+            (None, None) => vec![PLACEHOLDER.to_string()],
+        };
+        let rec = Record { name: name.clone(), rtype: "A".into(), ttl: TTL, values };
+        if existing.get(name) != Some(&rec) {
+            out.push(RecordChange::Upsert(rec));
+        }
+    }
+    out
+}
