@@ -1,6 +1,7 @@
 //! The Keelson spec compiler: validate a kOps-format spec, complete it, and render node
 //! configs, boot configs and user-data for every instance group.
 
+pub mod apply;
 pub mod complete;
 pub mod load;
 pub mod nodeup_config;

@@ -45,6 +45,12 @@ enum Command {
         #[arg(long = "feature-flags", env = "KOPS_FEATURE_FLAGS", default_value = "")]
         feature_flags: String,
     },
+    /// Plan the cloud resources of a spec (state store, launch templates, autoscaling groups, etcd
+    /// volumes, DNS); `--yes` applies them; `--target terraform --out DIR` writes Terraform JSON.
+    Apply(spec_compiler::apply::cli::ApplyArgs),
+    /// Plan deleting what apply created (found by the cluster tag); `--yes` deletes. etcd volumes
+    /// are kept unless `--delete-volumes`.
+    Delete(spec_compiler::apply::cli::DeleteArgs),
 }
 
 fn main() -> ExitCode {
@@ -108,5 +114,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}: wrote {} files to {}", file.display(), compiled.tree.files.len(), out.display());
             Ok(ExitCode::SUCCESS)
         }
+        Command::Apply(args) => spec_compiler::apply::cli::run_apply(args),
+        Command::Delete(args) => spec_compiler::apply::cli::run_delete(args),
     }
 }

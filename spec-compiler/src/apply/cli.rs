@@ -1,0 +1,215 @@
+//! The `keelson apply` and `keelson delete` subcommands (argument types and their runs), kept here so
+//! `main.rs` only dispatches.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+
+use super::state_store::{NodeupPki, StateStore};
+use crate::complete::CompileOptions;
+use crate::load::load_spec;
+use crate::userdata::NodeupAsset;
+use crate::versions::Arch;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Target {
+    /// Call the cloud APIs (AWS).
+    Direct,
+    /// Write Terraform JSON to --out.
+    Terraform,
+}
+
+/// Options shared by apply and delete.
+#[derive(Debug, clap::Args)]
+pub struct Common {
+    /// The spec file (one Cluster and its InstanceGroups).
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// AWS endpoint (e.g. a local moto server); defaults to $AWS_ENDPOINT_URL, then AWS itself.
+    #[arg(long = "endpoint-url")]
+    pub endpoint_url: Option<String>,
+    /// Never fetch asset hashes over the network.
+    #[arg(long)]
+    pub offline: bool,
+    #[arg(long = "cache-dir")]
+    pub cache_dir: Option<PathBuf>,
+    /// The nodeup binary user-data boots: `amd64=SHA256@URL[,MIRROR…]` (repeatable).
+    #[arg(long = "nodeup-asset", value_name = "ARCH=SHA256@URL")]
+    pub nodeup_asset: Vec<String>,
+    /// kOps-style feature flags; defaults to $KOPS_FEATURE_FLAGS.
+    #[arg(long = "feature-flags", env = "KOPS_FEATURE_FLAGS", default_value = "")]
+    pub feature_flags: String,
+}
+
+/// `keelson apply`.
+#[derive(Debug, clap::Args)]
+pub struct ApplyArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Make the changes (without it, only the plan is printed).
+    #[arg(long)]
+    pub yes: bool,
+    #[arg(long, value_enum, default_value = "direct")]
+    pub target: Target,
+    /// Output directory for --target terraform.
+    #[arg(long = "out")]
+    pub out: Option<PathBuf>,
+}
+
+/// `keelson delete`.
+#[derive(Debug, clap::Args)]
+pub struct DeleteArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Delete (without it, only the plan is printed).
+    #[arg(long)]
+    pub yes: bool,
+    /// Also delete the etcd volumes (the cluster's data).
+    #[arg(long = "delete-volumes")]
+    pub delete_volumes: bool,
+}
+
+/// Parse `ARCH=SHA256@URL[,…]` items.
+pub fn parse_nodeup_assets(items: &[String]) -> anyhow::Result<BTreeMap<Arch, NodeupAsset>> {
+    let mut out = BTreeMap::new();
+    for item in items {
+        let (arch, asset) =
+            item.split_once('=').ok_or_else(|| anyhow::anyhow!("--nodeup-asset {item:?}: expected ARCH=SHA256@URL"))?;
+        let arch = Arch::parse(arch)
+            .ok_or_else(|| anyhow::anyhow!("--nodeup-asset {item:?}: unknown architecture {arch:?} (amd64 or arm64)"))?;
+        let asset = NodeupAsset::parse(asset).map_err(|e| anyhow::anyhow!("--nodeup-asset: {e}"))?;
+        out.insert(arch, asset);
+    }
+    Ok(out)
+}
+
+fn load(common: &Common) -> anyhow::Result<Result<(keelson_api::Documents, CompileOptions), ExitCode>> {
+    let nodeup_assets = parse_nodeup_assets(&common.nodeup_asset)?;
+    let docs = match load_spec(&common.file) {
+        Ok(d) => d,
+        Err(e) => {
+            for line in e.lines() {
+                eprintln!("{line}");
+            }
+            return Ok(Err(ExitCode::from(if e.is_unreadable() { 2 } else { 1 })));
+        }
+    };
+    let options = CompileOptions {
+        offline: common.offline,
+        cache_dir: common.cache_dir.clone(),
+        feature_flags: CompileOptions::parse_feature_flags(&common.feature_flags),
+        nodeup_assets,
+    };
+    Ok(Ok((docs, options)))
+}
+
+fn color() -> bool {
+    std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")
+}
+
+async fn aws_target(common: &Common, region: &str) -> super::aws::AwsTarget {
+    let opts = cloud::AwsOptions {
+        region: Some(region.to_string()),
+        endpoint_url: common.endpoint_url.clone(),
+        ..Default::default()
+    };
+    super::aws::AwsTarget::new(&opts, &[]).await
+}
+
+pub fn run_apply(args: ApplyArgs) -> anyhow::Result<ExitCode> {
+    let (docs, options) = match load(&args.common)? {
+        Ok(x) => x,
+        Err(code) => return Ok(code),
+    };
+    let file = args.common.file.display().to_string();
+    let (model, compiled) = super::prepare(&docs, &options).with_context(|| format!("{file}: building the cloud model"))?;
+    for w in &compiled.warnings {
+        eprintln!("keelson: warning: {file}: {w}");
+    }
+    let rt = runtime()?;
+    match args.target {
+        Target::Terraform => {
+            let out = args.out.clone().ok_or_else(|| anyhow::anyhow!("--target terraform needs --out DIR"))?;
+            let tree = super::terraform::render(&model);
+            tree.write_to(&out).with_context(|| format!("writing {}", out.display()))?;
+            println!("{file}: wrote {} and {} data files to {}", super::terraform::MAIN_FILE, tree.files.len() - 1, out.display());
+            if args.yes {
+                // Terraform manages the cloud; the state store is written here, as kOps does.
+                rt.block_on(async {
+                    let s3 = if model.config_base.starts_with("s3://") {
+                        Some(aws_target(&args.common, &model.region).await.s3)
+                    } else {
+                        None
+                    };
+                    let store = StateStore::open(&model.config_base, s3)?;
+                    for (rel, bytes) in &model.state {
+                        if store.get(rel).await?.as_deref() != Some(bytes.as_slice()) {
+                            store.put(rel, bytes).await?;
+                        }
+                    }
+                    let created = super::state_store::ensure_pki(&store, &model.etcd_clusters, &NodeupPki).await?;
+                    println!("state store {}: up to date ({} keysets created)", store.describe(), created.len());
+                    Ok::<(), super::state_store::StoreError>(())
+                })?;
+            } else {
+                println!("state store not written (give --yes to write {})", model.config_base);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Target::Direct => rt.block_on(direct_apply(&args, &model)),
+    }
+}
+
+pub fn run_delete(args: DeleteArgs) -> anyhow::Result<ExitCode> {
+    let (docs, options) = match load(&args.common)? {
+        Ok(x) => x,
+        Err(code) => return Ok(code),
+    };
+    let file = args.common.file.display().to_string();
+    let (model, _) =
+        super::prepare_with(&docs, &options, false).with_context(|| format!("{file}: building the cloud model"))?;
+    let rt = runtime()?;
+    rt.block_on(direct_delete(&args, &model))
+}
+
+async fn direct_apply(args: &ApplyArgs, model: &super::model::ClusterModel) -> anyhow::Result<ExitCode> {
+    let target = aws_target(&args.common, &model.region).await;
+    let store = StateStore::open(&model.config_base, Some(target.s3.clone()))?;
+    let mut planned = super::plan_apply(&target, model, &store).await?;
+    print!("{}", planned.plan.render(color()));
+    if !args.yes {
+        if !planned.plan.is_empty() {
+            println!("Run with --yes to apply.");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if planned.plan.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let n = super::execute(&target, model, &store, &mut planned, &NodeupPki).await?;
+    println!("applied {n} changes to cluster {}", model.cluster);
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn direct_delete(args: &DeleteArgs, model: &super::model::ClusterModel) -> anyhow::Result<ExitCode> {
+    let target = aws_target(&args.common, &model.region).await;
+    let store = StateStore::open(&model.config_base, Some(target.s3.clone()))?;
+    let mut planned = super::plan_delete(&target, model, &store, args.delete_volumes).await?;
+    print!("{}", planned.plan.render(color()));
+    if !args.yes {
+        if !planned.plan.is_empty() {
+            println!("Run with --yes to delete.");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let n = super::execute(&target, model, &store, &mut planned, &NodeupPki).await?;
+    println!("deleted {n} resources of cluster {}", model.cluster);
+    Ok(ExitCode::SUCCESS)
+}
