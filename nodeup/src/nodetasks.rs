@@ -36,6 +36,9 @@ impl Task for FileTask {
     fn name(&self) -> String {
         file_task_name(&self.path)
     }
+    fn paths(&self) -> Vec<String> {
+        vec![self.path.clone()]
+    }
     fn deps(&self) -> Vec<String> {
         self.deps.clone()
     }
@@ -147,6 +150,9 @@ impl Task for InstallTask {
     fn name(&self) -> String {
         format!("install:{}", self.dest)
     }
+    fn paths(&self) -> Vec<String> {
+        vec![self.dest.clone()]
+    }
     fn deps(&self) -> Vec<String> {
         vec![download_task_name(&self.asset)]
     }
@@ -209,6 +215,9 @@ impl Task for InstallArchiveTask {
     fn name(&self) -> String {
         format!("install:{}", self.asset.name())
     }
+    fn paths(&self) -> Vec<String> {
+        vec![format!("{}/x", self.dest_dir())]
+    }
     fn deps(&self) -> Vec<String> {
         vec![download_task_name(&self.asset)]
     }
@@ -257,6 +266,9 @@ impl ServiceTask {
 impl Task for ServiceTask {
     fn name(&self) -> String {
         format!("service:{}", self.unit)
+    }
+    fn paths(&self) -> Vec<String> {
+        vec![self.link()]
     }
     fn deps(&self) -> Vec<String> {
         self.inputs.clone()

@@ -39,3 +39,6 @@ pub const KUBE_PROXY_KUBECONFIG: &str = "/var/lib/kube-proxy/kubeconfig";
 
 /// Default download cache (keyed by sha256), under the root.
 pub const CACHE_DIR: &str = "/var/cache/nodeup";
+
+/// A copy of the BootConfig, for services (protokube) that read it after boot.
+pub const BOOT_CONFIG_COPY: &str = "/etc/keelson/bootconfig.yaml";

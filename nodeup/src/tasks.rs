@@ -51,6 +51,10 @@ pub trait Task: Send + Sync {
     fn check(&self, ctx: &Ctx, deps_changed: bool) -> Result<Vec<String>, TaskError>;
     /// Make the actual state the desired state (called only when `check` found differences).
     fn apply(&self, ctx: &Ctx, deps_changed: bool) -> Result<(), TaskError>;
+    /// Host paths this task writes (their directories are swept for stale temp files).
+    fn paths(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// What one task did.

@@ -1,0 +1,617 @@
+//! From the NodeupConfig, the instance facts and the state store to the list of tasks that
+//! configure this host (kOps `nodeup/pkg/model`: one builder per concern).
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use keelson_api::nodeup::{BootConfig, NodeupConfig};
+use keelson_api::Role;
+use serde_json::{json, Value};
+
+use crate::assets::{Asset, AssetError, AssetKind};
+use crate::config::{ConfigError, StateStore};
+use crate::flag_table;
+use crate::nodetasks::{file_task_name, DirTask, DownloadTask, FileTask, InstallArchiveTask, InstallTask, ServiceTask, SwapOffTask};
+use crate::paths;
+use crate::pki::{self, CertSpec, Keypair, PkiError, Usage};
+use crate::render::{self, containerd, kubelet, manifests, systemd};
+use crate::tasks::{Ctx, Task, TaskError};
+
+/// Why the task list could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Asset(#[from] AssetError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Pki(#[from] PkiError),
+    #[error("NodeupConfig: Assets: no assets for architecture {arch} (have: {have})")]
+    NoAssets { arch: String, have: String },
+    #[error("rendering {what}: {message}")]
+    Render { what: String, message: String },
+    #[error("state store: {path}: missing; {hint}")]
+    Missing { path: String, hint: String },
+}
+
+/// What nodeup knows about the instance (flags on bare metal and in tests; IMDS on AWS).
+#[derive(Debug, Clone, Default)]
+pub struct Facts {
+    /// `amd64` or `arm64`.
+    pub arch: String,
+    /// The node name the kubelet registers.
+    pub hostname: String,
+    pub internal_ip: Option<IpAddr>,
+    pub instance_id: Option<String>,
+    pub zone: Option<String>,
+    pub region: Option<String>,
+}
+
+/// Inputs of the model.
+pub struct Inputs<'a> {
+    pub boot: &'a BootConfig,
+    pub boot_bytes: &'a [u8],
+    pub role: Role,
+    pub config: &'a NodeupConfig,
+    pub facts: &'a Facts,
+    pub store: &'a StateStore<'a>,
+}
+
+/// The tasks for this host, plus warnings about things skipped.
+pub struct Model {
+    pub tasks: Vec<Box<dyn Task>>,
+    pub warnings: Vec<String>,
+}
+
+fn render_err(what: &str) -> impl FnOnce(String) -> ModelError + '_ {
+    move |message| ModelError::Render { what: what.to_string(), message }
+}
+
+/// First address of a CIDR (the `kubernetes` service IP).
+pub fn first_ip(cidr: &str) -> Option<IpAddr> {
+    let (addr, _) = cidr.split_once('/')?;
+    match addr.parse::<IpAddr>().ok()? {
+        IpAddr::V4(v) => Some(IpAddr::V4((u32::from(v).wrapping_add(1)).into())),
+        IpAddr::V6(v) => Some(IpAddr::V6((u128::from(v).wrapping_add(1)).into())),
+    }
+}
+
+/// Build every task.
+pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
+    let mut tasks: Vec<Box<dyn Task>> = Vec::new();
+    let mut warnings = Vec::new();
+    let cfg = inp.config;
+    let aws = inp.boot.cloud_provider == "aws";
+
+    // Assets first: downloads start at once, concurrently.
+    let list = cfg.assets.get(&inp.facts.arch).ok_or_else(|| ModelError::NoAssets {
+        arch: inp.facts.arch.clone(),
+        have: cfg.assets.keys().cloned().collect::<Vec<_>>().join(", "),
+    })?;
+    let mut installed: Vec<String> = Vec::new(); // install task names, by binary
+    let mut containerd_inputs = Vec::new();
+    let mut kubelet_inputs = Vec::new();
+    let mut has_ecr = false;
+    for spec in list {
+        let asset = Arc::new(Asset::parse(spec)?);
+        tasks.push(Box::new(DownloadTask { asset: asset.clone() }));
+        match &asset.kind {
+            AssetKind::Binary { dest } => {
+                let t = InstallTask { asset: asset.clone(), member: None, dest: dest.clone(), mode: 0o755 };
+                let name = t.name();
+                match dest.as_str() {
+                    paths::KUBELET_BIN => kubelet_inputs.push(name.clone()),
+                    paths::RUNC_BIN => containerd_inputs.push(name.clone()),
+                    paths::ECR_CREDENTIAL_PROVIDER_BIN => has_ecr = true,
+                    _ => {}
+                }
+                installed.push(name);
+                tasks.push(Box::new(t));
+            }
+            AssetKind::Archive { .. } => {
+                let t = InstallArchiveTask { asset: asset.clone() };
+                if asset.file_name.starts_with("containerd-") {
+                    containerd_inputs.push(t.name());
+                }
+                installed.push(t.name());
+                tasks.push(Box::new(t));
+            }
+            AssetKind::Other => warnings.push(format!("asset {}: not recognised; downloaded to the cache only", asset.name())),
+        }
+    }
+
+    // Kernel settings.
+    let cilium = cfg.networking.plugin.cilium.is_some();
+    let mut sysctl = FileTask::new(paths::SYSCTL_CONF, render::sysctls(cfg.service_node_port_range.as_deref(), aws, cilium), 0o644);
+    sysctl.on_change = vec![vec!["sysctl".into(), "--system".into()]];
+    tasks.push(Box::new(sysctl));
+    let mut modules = FileTask::new(paths::MODULES_CONF, render::modules(), 0o644);
+    modules.on_change = vec![vec!["modprobe".into(), "br_netfilter".into()], vec!["modprobe".into(), "overlay".into()]];
+    tasks.push(Box::new(modules));
+    tasks.push(Box::new(SwapOffTask));
+    tasks.push(Box::new(FileTask::new(paths::BOOT_CONFIG_COPY, inp.boot_bytes.to_vec(), 0o644)));
+
+    // containerd.
+    let cc = &cfg.containerd_config;
+    let toml = containerd::config_toml(cc).map_err(render_err(paths::CONTAINERD_CONFIG))?;
+    tasks.push(Box::new(FileTask::new(paths::CONTAINERD_CONFIG, toml, 0o644)));
+    containerd_inputs.push(file_task_name(paths::CONTAINERD_CONFIG));
+    for (path, body) in containerd::mirror_files(cc).map_err(render_err("registry mirrors"))? {
+        containerd_inputs.push(file_task_name(&path));
+        tasks.push(Box::new(FileTask::new(&path, body, 0o644)));
+    }
+    let unit_path = |u: &str| format!("{}/{u}", paths::SYSTEMD_DIR);
+    tasks.push(Box::new(FileTask::new(&unit_path("containerd.service"), systemd::containerd().render(), 0o644)));
+    containerd_inputs.push(file_task_name(&unit_path("containerd.service")));
+    let containerd_svc = ServiceTask { unit: "containerd.service".into(), inputs: containerd_inputs };
+    let containerd_svc_name = containerd_svc.name();
+    tasks.push(Box::new(containerd_svc));
+    tasks.push(Box::new(DirTask { path: paths::CNI_CONF_DIR.into(), mode: 0o755 }));
+
+    // PKI material for this host.
+    let is_cp = inp.role == Role::ControlPlane;
+    let runs_api = matches!(inp.role, Role::ControlPlane | Role::ApiServer);
+    let ca_cert_pem = if runs_api {
+        load_ca(inp.store, "kubernetes-ca")?.cert_pem
+    } else {
+        let rel = "pki/issued/kubernetes-ca/keyset.yaml";
+        let bytes = inp.store.read(rel)?.ok_or_else(|| missing(rel))?;
+        pki::parse_keyset_cert("kubernetes-ca", &bytes)?
+    };
+    tasks.push(Box::new(FileTask::new(paths::CA_CRT, ca_cert_pem.clone(), 0o644)));
+    let ca_dep = file_task_name(paths::CA_CRT);
+
+    // kubelet.
+    let mut kubelet_spec = cfg.kubelet_config.clone();
+    let node_ip = inp.facts.internal_ip.map(|ip| ip.to_string());
+    if kubelet_spec.hostname_override.is_none() && !inp.facts.hostname.is_empty() {
+        kubelet_spec.hostname_override = Some(inp.facts.hostname.clone());
+    }
+    let cluster = &cfg.cluster_name;
+    if runs_api {
+        let ca = Arc::new(load_ca(inp.store, "kubernetes-ca")?);
+        let node = format!("system:node:{}", inp.facts.hostname);
+        tasks.push(Box::new(KubeconfigTask {
+            path: paths::KUBELET_KUBECONFIG.into(),
+            server: "https://127.0.0.1".into(),
+            ca_name: "kubernetes-ca".into(),
+            ca: ca.clone(),
+            spec: CertSpec::client(&node, &["system:nodes"]),
+            deps: vec![ca_dep.clone()],
+        }));
+        kubelet_inputs.push(format!("kubeconfig:{}", paths::KUBELET_KUBECONFIG));
+        let mut server = CertSpec { cn: node, orgs: vec![], dns: vec![inp.facts.hostname.clone()], ips: vec![], usage: Usage::Server };
+        server.ips.extend(inp.facts.internal_ip);
+        tasks.push(Box::new(CertTask::new(&format!("{}/kubelet-server", paths::SRV_KUBERNETES), "kubernetes-ca", ca, server, &ca_dep)));
+        kubelet_inputs.push(format!("cert:{}/kubelet-server.crt", paths::SRV_KUBERNETES));
+    } else {
+        let rel = format!("secrets/{}", pki::BOOTSTRAP_TOKEN_SECRET);
+        let bytes = inp.store.read(&rel)?.ok_or_else(|| missing(&rel))?;
+        let token = pki::parse_secret(pki::BOOTSTRAP_TOKEN_SECRET, &bytes)?;
+        let body = kubelet::kubeconfig(
+            &format!("https://api.internal.{cluster}"),
+            &ca_cert_pem,
+            "kubelet-bootstrap",
+            kubelet::UserEntry { token: Some(token), ..Default::default() },
+        );
+        tasks.push(Box::new(FileTask::new(paths::KUBELET_BOOTSTRAP_KUBECONFIG, body, 0o400)));
+        kubelet_inputs.push(file_task_name(paths::KUBELET_BOOTSTRAP_KUBECONFIG));
+        kubelet_spec.bootstrap_kubeconfig = Some(paths::KUBELET_BOOTSTRAP_KUBECONFIG.into());
+    }
+    let kc = kubelet::configuration(&kubelet_spec, cc.address.as_deref(), runs_api).map_err(render_err(paths::KUBELET_CONFIG))?;
+    let kc_yaml = serde_yaml_ng::to_string(&kc).map_err(|e| render_err(paths::KUBELET_CONFIG)(e.to_string()))?;
+    tasks.push(Box::new(FileTask::new(paths::KUBELET_CONFIG, kc_yaml, 0o644)));
+    tasks.push(Box::new(FileTask::new(paths::KUBELET_SYSCONFIG, kubelet::sysconfig(&kubelet_spec, node_ip.as_deref(), has_ecr), 0o644)));
+    if has_ecr {
+        tasks.push(Box::new(FileTask::new(paths::KUBELET_CREDENTIAL_PROVIDER_CONFIG, kubelet::ecr_credential_provider_config(), 0o644)));
+        kubelet_inputs.push(file_task_name(paths::KUBELET_CREDENTIAL_PROVIDER_CONFIG));
+    }
+    let manifest_dir = kubelet_spec.pod_manifest_path.clone().unwrap_or_else(|| paths::MANIFESTS_DIR.into());
+    tasks.push(Box::new(DirTask { path: manifest_dir.clone(), mode: 0o755 }));
+    tasks.push(Box::new(FileTask::new(&unit_path("kubelet.service"), systemd::kubelet().render(), 0o644)));
+    kubelet_inputs.extend([
+        file_task_name(paths::KUBELET_CONFIG),
+        file_task_name(paths::KUBELET_SYSCONFIG),
+        file_task_name(&unit_path("kubelet.service")),
+        ca_dep.clone(),
+        containerd_svc_name.clone(),
+    ]);
+
+    // File assets of the group (e.g. the kube-scheduler configuration).
+    for fa in &cfg.file_assets {
+        let Some(path) = &fa.path else { continue };
+        let content = fa.content.clone().unwrap_or_default();
+        let bytes = if fa.is_base64 == Some(true) {
+            use base64::Engine as _;
+            base64::engine::general_purpose::STANDARD
+                .decode(content.trim())
+                .map_err(|e| render_err("fileAssets")(format!("{path}: {e}")))?
+        } else {
+            content.into_bytes()
+        };
+        let mode = fa.mode.as_deref().and_then(|m| u32::from_str_radix(m.trim_start_matches("0o"), 8).ok()).unwrap_or(0o644);
+        tasks.push(Box::new(FileTask::new(path, bytes, mode)));
+    }
+
+    if runs_api {
+        control_plane(inp, is_cp, &mut tasks, &mut warnings, &ca_dep, &manifest_dir)?;
+    }
+    if is_cp {
+        tasks.push(Box::new(FileTask::new(&unit_path("protokube.service"), systemd::protokube(paths::BOOT_CONFIG_COPY).render(), 0o644)));
+        let mut inputs = vec![file_task_name(&unit_path("protokube.service")), file_task_name(paths::BOOT_CONFIG_COPY)];
+        inputs.extend(installed.iter().filter(|n| n.ends_with(paths::PROTOKUBE_BIN)).cloned());
+        tasks.push(Box::new(ServiceTask { unit: "protokube.service".into(), inputs }));
+    }
+    tasks.push(Box::new(ServiceTask { unit: "kubelet.service".into(), inputs: kubelet_inputs }));
+    Ok(Model { tasks, warnings })
+}
+
+fn missing(rel: &str) -> ModelError {
+    ModelError::Missing { path: rel.to_string(), hint: "create the cluster PKI first (`keelson pki init --state DIR`)".into() }
+}
+
+fn load_ca(store: &StateStore, name: &str) -> Result<Keypair, ModelError> {
+    let rel = format!("pki/private/{name}/keyset.yaml");
+    let bytes = store.read(&rel)?.ok_or_else(|| missing(&rel))?;
+    Ok(pki::parse_private_keyset(name, &bytes)?)
+}
+
+fn to_value<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+fn overlay(v: &mut Value, extra: Value) {
+    if let (Some(m), Value::Object(e)) = (v.as_object_mut(), extra) {
+        for (k, x) in e {
+            m.entry(k).or_insert(x);
+        }
+    }
+}
+
+fn str_of(v: &Value, k: &str) -> Option<String> {
+    v.get(k).and_then(Value::as_str).map(str::to_string)
+}
+
+/// Control-plane (and API-server) hosts: certificates, kubeconfigs, static pods.
+fn control_plane(
+    inp: &Inputs,
+    is_cp: bool,
+    tasks: &mut Vec<Box<dyn Task>>,
+    warnings: &mut Vec<String>,
+    ca_dep: &str,
+    manifest_dir: &str,
+) -> Result<(), ModelError> {
+    let cfg = inp.config;
+    let cluster = &cfg.cluster_name;
+    let kapi = paths::SRV_KAPI;
+    let ca = Arc::new(load_ca(inp.store, "kubernetes-ca")?);
+    let etcd_ca = Arc::new(load_ca(inp.store, "etcd-clients-ca")?);
+    let agg_ca = Arc::new(load_ca(inp.store, "apiserver-aggregator-ca")?);
+    let sa = load_ca(inp.store, "service-account")?;
+    let mut deps = vec![ca_dep.to_string()];
+
+    let mut file = |tasks: &mut Vec<Box<dyn Task>>, path: String, body: String, mode: u32| {
+        deps.push(file_task_name(&path));
+        tasks.push(Box::new(FileTask::new(&path, body, mode)));
+    };
+    file(tasks, format!("{kapi}/etcd-ca.crt"), etcd_ca.cert_pem.clone(), 0o644);
+    file(tasks, format!("{kapi}/apiserver-aggregator-ca.crt"), agg_ca.cert_pem.clone(), 0o644);
+    file(tasks, format!("{kapi}/service-account.pub"), pki::public_key_pem(&sa.key_pem)?, 0o644);
+    file(tasks, format!("{kapi}/service-account.key"), sa.key_pem.clone(), 0o600);
+    if is_cp {
+        let kcm = format!("{}/kube-controller-manager", paths::SRV_KUBERNETES);
+        file(tasks, format!("{kcm}/ca.crt"), ca.cert_pem.clone(), 0o644);
+        file(tasks, format!("{kcm}/ca.key"), ca.key_pem.clone(), 0o600);
+        file(tasks, format!("{kcm}/service-account.key"), sa.key_pem.clone(), 0o600);
+    }
+
+    let api_cfg = cfg.api_server_config.clone().unwrap_or_default();
+    let domain = if api_cfg.cluster_dns_domain.is_empty() { "cluster.local".to_string() } else { api_cfg.cluster_dns_domain.clone() };
+    let mut dns = vec![
+        "kubernetes".to_string(),
+        "kubernetes.default".into(),
+        "kubernetes.default.svc".into(),
+        format!("kubernetes.default.svc.{domain}"),
+        format!("api.internal.{cluster}"),
+        "localhost".into(),
+    ];
+    dns.extend(api_cfg.api.public_name.clone());
+    dns.extend(api_cfg.api.additional_sans.clone().unwrap_or_default());
+    dns.dedup();
+    let mut ips: Vec<IpAddr> = vec![IpAddr::from([127, 0, 0, 1])];
+    ips.extend(cfg.networking.service_cluster_ip_range.as_deref().and_then(first_ip));
+    ips.extend(inp.facts.internal_ip);
+    let certs = [
+        ("server", "kubernetes-ca", ca.clone(), CertSpec { cn: "kubernetes-master".into(), orgs: vec![], dns, ips, usage: Usage::Server }),
+        ("kubelet-api", "kubernetes-ca", ca.clone(), CertSpec::client("kubelet-api", &[])),
+        ("etcd-client", "etcd-clients-ca", etcd_ca, CertSpec::client("kube-apiserver", &[])),
+        ("apiserver-aggregator", "apiserver-aggregator-ca", agg_ca, CertSpec::client("aggregator", &[])),
+    ];
+    for (base, ca_name, ca_kp, spec) in certs {
+        let t = CertTask::new(&format!("{kapi}/{base}"), ca_name, ca_kp, spec, ca_dep);
+        deps.push(t.name());
+        tasks.push(Box::new(t));
+    }
+
+    // kube-apiserver
+    let mut api = to_value(&api_cfg.kube_api_server);
+    let mut extra = json!({
+        "clientCAFile": paths::CA_CRT,
+        "tlsCertFile": format!("{kapi}/server.crt"),
+        "tlsPrivateKeyFile": format!("{kapi}/server.key"),
+        "etcdCAFile": format!("{kapi}/etcd-ca.crt"),
+        "etcdCertFile": format!("{kapi}/etcd-client.crt"),
+        "etcdKeyFile": format!("{kapi}/etcd-client.key"),
+        "kubeletClientCertificate": format!("{kapi}/kubelet-api.crt"),
+        "kubeletClientKey": format!("{kapi}/kubelet-api.key"),
+        "requestheaderClientCAFile": format!("{kapi}/apiserver-aggregator-ca.crt"),
+        "proxyClientCertFile": format!("{kapi}/apiserver-aggregator.crt"),
+        "proxyClientKeyFile": format!("{kapi}/apiserver-aggregator.key"),
+        "serviceAccountKeyFile": [format!("{kapi}/service-account.pub")],
+        "serviceAccountSigningKeyFile": format!("{kapi}/service-account.key"),
+        "enableBootstrapTokenAuth": true,
+    });
+    if let Some(ip) = inp.facts.internal_ip {
+        extra["advertiseAddress"] = json!(ip.to_string());
+    }
+    overlay(&mut api, extra);
+    let secure_port = api.get("securePort").and_then(Value::as_i64).unwrap_or(443);
+    let pod = manifests::Component {
+        name: "kube-apiserver",
+        image: str_of(&api, "image").unwrap_or_default(),
+        binary: "/usr/local/bin/kube-apiserver".into(),
+        flags: crate::flags::build(&api, flag_table::KUBE_APISERVER_CONFIG),
+        cpu_request: str_of(&api, "cpuRequest").or(Some("150m".into())),
+        memory_request: str_of(&api, "memoryRequest"),
+        host_paths: vec![
+            ("etcssl", "/etc/ssl".into(), false),
+            ("etcpkitls", "/etc/pki/tls".into(), false),
+            ("etcpkica-trust", "/etc/pki/ca-trust".into(), false),
+            ("usrsharessl", "/usr/share/ssl".into(), false),
+            ("kubernetesca", paths::CA_CRT.into(), false),
+            ("srvkapi", kapi.into(), false),
+        ],
+        ports: vec![("https", secure_port)],
+        probe: Some(("/livez".into(), 3990, "HTTP")),
+        privileged: false,
+        priority_class: "system-cluster-critical",
+    };
+    let body = manifests::render(&pod).map_err(render_err("kube-apiserver manifest"))?;
+    let mut t = FileTask::new(&format!("{manifest_dir}/kube-apiserver.manifest"), body, 0o644);
+    t.deps = deps.clone();
+    tasks.push(Box::new(t));
+
+    // Static manifests from the state store (e.g. the API-server health-check sidecar).
+    for m in &cfg.static_manifests {
+        match inp.store.read(&m.path)? {
+            Some(bytes) => tasks.push(Box::new(FileTask::new(&format!("{manifest_dir}/{}.manifest", m.key), bytes, 0o644))),
+            None => warnings.push(format!("static manifest {}: {} is not in the state store; skipped", m.key, inp.store.url(&m.path))),
+        }
+    }
+
+    if !is_cp {
+        return Ok(());
+    }
+    let cp = cfg.control_plane_config.clone().unwrap_or_default();
+
+    // kube-controller-manager
+    let kcm_dir = format!("{}/kube-controller-manager", paths::SRV_KUBERNETES);
+    tasks.push(Box::new(KubeconfigTask::local(paths::KCM_KUBECONFIG, ca.clone(), CertSpec::client("system:kube-controller-manager", &[]), ca_dep)));
+    let mut kcm = to_value(&cp.kube_controller_manager);
+    overlay(
+        &mut kcm,
+        json!({
+            "rootCAFile": paths::CA_CRT,
+            "serviceAccountPrivateKeyFile": format!("{kcm_dir}/service-account.key"),
+            "authenticationKubeconfig": paths::KCM_KUBECONFIG,
+            "authorizationKubeconfig": paths::KCM_KUBECONFIG,
+        }),
+    );
+    let mut flags = crate::flags::build(&kcm, flag_table::KUBE_CONTROLLER_MANAGER_CONFIG);
+    flags.extend([
+        format!("--kubeconfig={}", paths::KCM_KUBECONFIG),
+        format!("--cluster-signing-cert-file={kcm_dir}/ca.crt"),
+        format!("--cluster-signing-key-file={kcm_dir}/ca.key"),
+    ]);
+    flags.sort();
+    let pod = manifests::Component {
+        name: "kube-controller-manager",
+        image: str_of(&kcm, "image").unwrap_or_default(),
+        binary: "/usr/local/bin/kube-controller-manager".into(),
+        flags,
+        cpu_request: str_of(&kcm, "cpuRequest").or(Some("100m".into())),
+        memory_request: str_of(&kcm, "memoryRequest"),
+        host_paths: vec![
+            ("etcssl", "/etc/ssl".into(), false),
+            ("etcpkitls", "/etc/pki/tls".into(), false),
+            ("srvkcm", kcm_dir.clone(), false),
+            ("kubernetesca", paths::CA_CRT.into(), false),
+            ("varlibkcm", "/var/lib/kube-controller-manager".into(), false),
+            ("volplugins", "/usr/libexec/kubernetes/kubelet-plugins/volume/exec/".into(), true),
+        ],
+        ports: vec![],
+        probe: Some(("/healthz".into(), 10257, "HTTPS")),
+        privileged: false,
+        priority_class: "system-cluster-critical",
+    };
+    let body = manifests::render(&pod).map_err(render_err("kube-controller-manager manifest"))?;
+    let mut t = FileTask::new(&format!("{manifest_dir}/kube-controller-manager.manifest"), body, 0o644);
+    t.deps = deps.clone();
+    t.deps.push(format!("kubeconfig:{}", paths::KCM_KUBECONFIG));
+    tasks.push(Box::new(t));
+
+    // kube-scheduler
+    tasks.push(Box::new(KubeconfigTask::local(paths::SCHEDULER_KUBECONFIG, ca.clone(), CertSpec::client("system:kube-scheduler", &[]), ca_dep)));
+    let mut sched = to_value(&cp.kube_scheduler);
+    overlay(&mut sched, json!({ "authenticationKubeconfig": paths::SCHEDULER_KUBECONFIG, "authorizationKubeconfig": paths::SCHEDULER_KUBECONFIG }));
+    let mut flags = crate::flags::build(&sched, flag_table::KUBE_SCHEDULER_CONFIG);
+    flags.push("--config=/var/lib/kube-scheduler/config.yaml".into());
+    flags.sort();
+    let pod = manifests::Component {
+        name: "kube-scheduler",
+        image: str_of(&sched, "image").unwrap_or_default(),
+        binary: "/usr/local/bin/kube-scheduler".into(),
+        flags,
+        cpu_request: str_of(&sched, "cpuRequest").or(Some("100m".into())),
+        memory_request: str_of(&sched, "memoryRequest"),
+        host_paths: vec![("varlibkubescheduler", "/var/lib/kube-scheduler".into(), false)],
+        ports: vec![],
+        probe: Some(("/healthz".into(), 10259, "HTTPS")),
+        privileged: false,
+        priority_class: "system-cluster-critical",
+    };
+    let body = manifests::render(&pod).map_err(render_err("kube-scheduler manifest"))?;
+    let mut t = FileTask::new(&format!("{manifest_dir}/kube-scheduler.manifest"), body, 0o644);
+    t.deps = vec![format!("kubeconfig:{}", paths::SCHEDULER_KUBECONFIG)];
+    tasks.push(Box::new(t));
+
+    // kube-proxy
+    if let Some(proxy) = &cfg.kube_proxy {
+        tasks.push(Box::new(KubeconfigTask::local(paths::KUBE_PROXY_KUBECONFIG, ca.clone(), CertSpec::client("system:kube-proxy", &[]), ca_dep)));
+        let mut p = to_value(proxy);
+        let mut extra = json!({ "master": "https://127.0.0.1" });
+        if !inp.facts.hostname.is_empty() {
+            extra["hostnameOverride"] = json!(inp.facts.hostname);
+        }
+        overlay(&mut p, extra);
+        let mut flags = crate::flags::build(&p, flag_table::KUBE_PROXY_CONFIG);
+        flags.push(format!("--kubeconfig={}", paths::KUBE_PROXY_KUBECONFIG));
+        flags.sort();
+        let pod = manifests::Component {
+            name: "kube-proxy",
+            image: str_of(&p, "image").unwrap_or_default(),
+            binary: "/usr/local/bin/kube-proxy".into(),
+            flags,
+            cpu_request: str_of(&p, "cpuRequest"),
+            memory_request: str_of(&p, "memoryRequest"),
+            host_paths: vec![
+                ("kubeconfig", paths::KUBE_PROXY_KUBECONFIG.into(), false),
+                ("modules", "/lib/modules".into(), false),
+                ("ssl-certs-hosts", "/usr/share/ca-certificates".into(), false),
+                ("iptableslock", "/run/xtables.lock".into(), true),
+            ],
+            ports: vec![],
+            probe: None,
+            privileged: true,
+            priority_class: "system-node-critical",
+        };
+        let body = manifests::render(&pod).map_err(render_err("kube-proxy manifest"))?;
+        let mut t = FileTask::new(&format!("{manifest_dir}/kube-proxy.manifest"), body, 0o644);
+        t.deps = vec![format!("kubeconfig:{}", paths::KUBE_PROXY_KUBECONFIG)];
+        tasks.push(Box::new(t));
+    }
+    Ok(())
+}
+
+/// A certificate and key (`<base>.crt`, `<base>.key` 0600) issued on the host from a CA.
+/// Converged when both exist with the right modes and the CA did not change.
+pub struct CertTask {
+    pub base: String,
+    pub ca_name: String,
+    pub ca: Arc<Keypair>,
+    pub spec: CertSpec,
+    pub deps: Vec<String>,
+}
+
+impl CertTask {
+    pub fn new(base: &str, ca_name: &str, ca: Arc<Keypair>, spec: CertSpec, ca_dep: &str) -> CertTask {
+        CertTask { base: base.into(), ca_name: ca_name.into(), ca, spec, deps: vec![ca_dep.to_string()] }
+    }
+}
+
+impl Task for CertTask {
+    fn name(&self) -> String {
+        format!("cert:{}.crt", self.base)
+    }
+    fn paths(&self) -> Vec<String> {
+        vec![format!("{}.crt", self.base)]
+    }
+    fn deps(&self) -> Vec<String> {
+        self.deps.clone()
+    }
+    fn check(&self, ctx: &Ctx, deps_changed: bool) -> Result<Vec<String>, TaskError> {
+        let crt = ctx.host.path(format!("{}.crt", self.base));
+        let key = ctx.host.path(format!("{}.key", self.base));
+        if !crt.is_file() || !key.is_file() {
+            return Ok(vec![format!("issue certificate CN={} from {}", self.spec.cn, self.ca_name)]);
+        }
+        if deps_changed {
+            return Ok(vec![format!("reissue certificate CN={} (CA changed)", self.spec.cn)]);
+        }
+        if crate::fsutil::mode_of(&key) != Some(0o600) {
+            return Ok(vec!["key mode -> 0600".into()]);
+        }
+        Ok(vec![])
+    }
+    fn apply(&self, ctx: &Ctx, _: bool) -> Result<(), TaskError> {
+        let kp = pki::issue(&self.ca_name, &self.ca, &self.spec)?;
+        // Key first: a crash leaves a key without a certificate (reissued next run), never a
+        // certificate for a key that is not there.
+        crate::fsutil::write_atomic(&ctx.host.path(format!("{}.key", self.base)), kp.key_pem.as_bytes(), 0o600, None)?;
+        crate::fsutil::write_atomic(&ctx.host.path(format!("{}.crt", self.base)), kp.cert_pem.as_bytes(), 0o644, None)?;
+        Ok(())
+    }
+}
+
+/// A kubeconfig (0400) with an embedded client certificate issued on the host.
+pub struct KubeconfigTask {
+    pub path: String,
+    pub server: String,
+    pub ca_name: String,
+    pub ca: Arc<Keypair>,
+    pub spec: CertSpec,
+    pub deps: Vec<String>,
+}
+
+impl KubeconfigTask {
+    fn local(path: &str, ca: Arc<Keypair>, spec: CertSpec, ca_dep: &str) -> KubeconfigTask {
+        KubeconfigTask {
+            path: path.into(),
+            server: "https://127.0.0.1".into(),
+            ca_name: "kubernetes-ca".into(),
+            ca,
+            spec,
+            deps: vec![ca_dep.to_string()],
+        }
+    }
+}
+
+impl Task for KubeconfigTask {
+    fn name(&self) -> String {
+        format!("kubeconfig:{}", self.path)
+    }
+    fn paths(&self) -> Vec<String> {
+        vec![self.path.clone()]
+    }
+    fn deps(&self) -> Vec<String> {
+        self.deps.clone()
+    }
+    fn check(&self, ctx: &Ctx, deps_changed: bool) -> Result<Vec<String>, TaskError> {
+        let p = ctx.host.path(&self.path);
+        if !p.is_file() {
+            return Ok(vec![format!("write kubeconfig for {}", self.spec.cn)]);
+        }
+        if deps_changed {
+            return Ok(vec![format!("rewrite kubeconfig for {} (CA changed)", self.spec.cn)]);
+        }
+        if crate::fsutil::mode_of(&p) != Some(0o400) {
+            return Ok(vec!["mode -> 0400".into()]);
+        }
+        Ok(vec![])
+    }
+    fn apply(&self, ctx: &Ctx, _: bool) -> Result<(), TaskError> {
+        let kp = pki::issue(&self.ca_name, &self.ca, &self.spec)?;
+        let user = kubelet::UserEntry { client_certificate_data: Some(kp.cert_pem), client_key_data: Some(kp.key_pem), token: None };
+        let body = kubelet::kubeconfig(&self.server, &self.ca.cert_pem, &self.spec.cn, user);
+        Ok(crate::fsutil::write_atomic(&ctx.host.path(&self.path), body.as_bytes(), 0o400, None)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn first_ips() {
+        assert_eq!(super::first_ip("100.64.0.0/13").map(|i| i.to_string()).as_deref(), Some("100.64.0.1"));
+        assert_eq!(super::first_ip("fd00::/108").map(|i| i.to_string()).as_deref(), Some("fd00::1"));
+    }
+}

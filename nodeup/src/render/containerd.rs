@@ -1,0 +1,212 @@
+//! `/etc/containerd/config.toml` and registry-mirror `hosts.toml` files, from typed structs.
+
+use std::collections::BTreeMap;
+
+use keelson_api::ContainerdConfig;
+use serde::ser::SerializeMap;
+use serde::{Serialize, Serializer};
+
+use crate::paths;
+
+#[derive(Debug, Serialize)]
+struct Config {
+    version: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    root: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    state: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    grpc: Option<Grpc>,
+    debug: Debug,
+    plugins: Plugins,
+}
+
+#[derive(Debug, Serialize)]
+struct Grpc {
+    address: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Debug {
+    level: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Plugins {
+    #[serde(rename = "io.containerd.cri.v1.images")]
+    images: Images,
+    #[serde(rename = "io.containerd.cri.v1.runtime")]
+    runtime: Runtime,
+}
+
+#[derive(Debug, Serialize)]
+struct Images {
+    pinned_images: PinnedImages,
+    registry: Registry,
+}
+
+#[derive(Debug, Serialize)]
+struct PinnedImages {
+    sandbox: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Registry {
+    config_path: String,
+}
+
+#[derive(Debug, Serialize)]
+struct Runtime {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    enable_selinux: Option<bool>,
+    containerd: RuntimeContainerd,
+}
+
+#[derive(Debug, Serialize)]
+struct RuntimeContainerd {
+    default_runtime_name: String,
+    runtimes: BTreeMap<String, RuntimeEntry>,
+}
+
+#[derive(Debug, Serialize)]
+struct RuntimeEntry {
+    runtime_type: String,
+    options: RuncOptions,
+}
+
+#[derive(Debug, Serialize)]
+struct RuncOptions {
+    #[serde(rename = "BinaryName")]
+    binary_name: String,
+    #[serde(rename = "SystemdCgroup")]
+    systemd_cgroup: bool,
+}
+
+/// Config version for a containerd version: 4 from 2.3, otherwise 3 (kOps' rule).
+fn config_version(version: Option<&str>) -> i64 {
+    let v = version.unwrap_or("");
+    let mut parts = v.trim_start_matches('v').split('.').map(|p| p.parse::<u64>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if (major, minor) >= (2, 3) {
+        4
+    } else {
+        3
+    }
+}
+
+/// The default pause image when the spec pins none.
+pub const DEFAULT_SANDBOX_IMAGE: &str = "registry.k8s.io/pause:3.10.1";
+
+/// Render `config.toml` (or the user's `configOverride` verbatim).
+pub fn config_toml(c: &ContainerdConfig) -> Result<String, String> {
+    if let Some(o) = &c.config_override {
+        return Ok(o.clone());
+    }
+    let mut runtimes = BTreeMap::new();
+    runtimes.insert(
+        "runc".to_string(),
+        RuntimeEntry {
+            runtime_type: "io.containerd.runc.v2".into(),
+            options: RuncOptions { binary_name: paths::RUNC_BIN.into(), systemd_cgroup: true },
+        },
+    );
+    let cfg = Config {
+        version: config_version(c.version.as_deref()),
+        root: c.root.clone(),
+        state: c.state.clone(),
+        grpc: c.address.clone().map(|address| Grpc { address }),
+        debug: Debug { level: c.log_level.clone().unwrap_or_else(|| "info".into()) },
+        plugins: Plugins {
+            images: Images {
+                pinned_images: PinnedImages {
+                    sandbox: c.sandbox_image.clone().unwrap_or_else(|| DEFAULT_SANDBOX_IMAGE.into()),
+                },
+                registry: Registry { config_path: paths::CONTAINERD_CERTS_DIR.into() },
+            },
+            runtime: Runtime {
+                enable_selinux: c.selinux_enabled.filter(|s| *s),
+                containerd: RuntimeContainerd { default_runtime_name: "runc".into(), runtimes },
+            },
+        },
+    };
+    toml::to_string(&cfg).map_err(|e| e.to_string())
+}
+
+/// `hosts.toml` for one registry: mirrors tried in the order given, then the registry itself.
+#[derive(Debug)]
+struct HostsToml {
+    server: Option<String>,
+    mirrors: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct HostEntry {
+    capabilities: Vec<&'static str>,
+}
+
+struct OrderedHosts<'a>(&'a [String]);
+
+impl Serialize for OrderedHosts<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for url in self.0 {
+            m.serialize_entry(url, &HostEntry { capabilities: vec!["pull", "resolve"] })?;
+        }
+        m.end()
+    }
+}
+
+impl Serialize for HostsToml {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        if let Some(server) = &self.server {
+            m.serialize_entry("server", server)?;
+        }
+        m.serialize_entry("host", &OrderedHosts(&self.mirrors))?;
+        m.end()
+    }
+}
+
+/// `(path, contents)` of the `hosts.toml` of every mirrored registry (`*` → `_default`).
+pub fn mirror_files(c: &ContainerdConfig) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    for (registry, mirrors) in c.registry_mirrors.iter().flatten() {
+        let (dir, server) = if registry == "*" {
+            ("_default".to_string(), None)
+        } else {
+            let server = if registry == "docker.io" { "https://registry-1.docker.io".to_string() } else { format!("https://{registry}") };
+            (registry.clone(), Some(server))
+        };
+        let doc = HostsToml { server, mirrors: mirrors.clone() };
+        out.push((format!("{}/{dir}/hosts.toml", paths::CONTAINERD_CERTS_DIR), toml::to_string(&doc).map_err(|e| e.to_string())?));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn systemd_cgroups_and_pinned_pause() {
+        let c: ContainerdConfig = serde_yaml_ng::from_str("version: 2.3.4\nsandboxImage: registry.k8s.io/pause:3.10.1\nlogLevel: info\n").expect("yaml");
+        let t = config_toml(&c).expect("toml");
+        let v: toml::Value = toml::from_str(&t).expect("parses back");
+        assert_eq!(v["version"].as_integer(), Some(4));
+        let rt = &v["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["runc"];
+        assert_eq!(rt["options"]["SystemdCgroup"].as_bool(), Some(true));
+        assert_eq!(v["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"].as_str(), Some("registry.k8s.io/pause:3.10.1"));
+        assert_eq!(config_version(Some("2.2.1")), 3);
+    }
+
+    #[test]
+    fn mirrors_keep_order() {
+        let c: ContainerdConfig =
+            serde_yaml_ng::from_str("registryMirrors:\n  docker.io: [https://z.example, https://a.example]\n  '*': [https://all.example]\n").expect("yaml");
+        let files = mirror_files(&c).expect("mirrors");
+        let (p, t) = files.iter().find(|(p, _)| p.contains("docker.io")).expect("docker.io");
+        assert_eq!(p, "/etc/containerd/certs.d/docker.io/hosts.toml");
+        assert!(t.find("z.example").expect("z") < t.find("a.example").expect("a"), "{t}");
+        assert!(files.iter().any(|(p, _)| p.ends_with("_default/hosts.toml")));
+    }
+}

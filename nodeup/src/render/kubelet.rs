@@ -1,0 +1,337 @@
+//! The kubelet's files: `KubeletConfiguration` (`/var/lib/kubelet/kubelet.conf`), the flags
+//! file (`/etc/sysconfig/kubelet`), kubeconfigs and the image credential provider config.
+
+use std::collections::BTreeMap;
+
+use keelson_api::KubeletConfigSpec;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::flag_table::KUBELET_CONFIG_SPEC;
+use crate::paths;
+
+#[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeletConfiguration {
+    pub api_version: &'static str,
+    pub kind: &'static str,
+    pub authentication: Authentication,
+    pub authorization: Authorization,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cgroup_driver: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cgroup_root: Option<String>,
+    #[serde(rename = "clusterDNS", skip_serializing_if = "Vec::is_empty")]
+    pub cluster_dns: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster_domain: Option<String>,
+    pub container_runtime_endpoint: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enable_debugging_handlers: Option<bool>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub eviction_hard: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub feature_gates: BTreeMap<String, bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fail_swap_on: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_pods: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_pids_limit: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protect_kernel_defaults: Option<bool>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub register_with_taints: Vec<Taint>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rotate_certificates: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serialize_image_pulls: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shutdown_grace_period: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shutdown_grace_period_critical_pods: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub static_pod_path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert_file: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_private_key_file: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kube_reserved: Option<BTreeMap<String, String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub system_reserved: Option<BTreeMap<String, String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_gc_high_threshold_percent: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_gc_low_threshold_percent: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_only_port: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container_log_max_size: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container_log_max_files: Option<i64>,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Authentication {
+    pub anonymous: Enabled,
+    pub webhook: Enabled,
+    pub x509: X509,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Enabled {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct X509 {
+    #[serde(rename = "clientCAFile", skip_serializing_if = "Option::is_none")]
+    pub client_ca_file: Option<String>,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Authorization {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Taint {
+    pub key: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    pub effect: String,
+}
+
+/// `key=value:Effect` or `key:Effect` (kOps taint syntax).
+pub fn parse_taint(t: &str) -> Result<Taint, String> {
+    let (kv, effect) = t.rsplit_once(':').ok_or_else(|| format!("taint {t:?}: expected key[=value]:Effect"))?;
+    let (key, value) = match kv.split_once('=') {
+        Some((k, v)) => (k, (!v.is_empty()).then(|| v.to_string())),
+        None => (kv, None),
+    };
+    Ok(Taint { key: key.into(), value, effect: effect.into() })
+}
+
+fn kv_list(s: &str, sep: char) -> BTreeMap<String, String> {
+    s.split(',')
+        .filter(|p| !p.trim().is_empty())
+        .filter_map(|p| p.split_once(sep).map(|(k, v)| (k.trim().to_string(), v.trim().to_string())))
+        .collect()
+}
+
+fn s(v: &Value, k: &str) -> Option<String> {
+    v.get(k).and_then(|x| match x {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    })
+}
+fn b(v: &Value, k: &str) -> Option<bool> {
+    v.get(k).and_then(Value::as_bool)
+}
+fn i(v: &Value, k: &str) -> Option<i64> {
+    v.get(k).and_then(Value::as_i64)
+}
+fn map(v: &Value, k: &str) -> Option<BTreeMap<String, String>> {
+    v.get(k).and_then(Value::as_object).map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()))).collect())
+}
+
+/// The `KubeletConfiguration` for a kubelet spec (kOps' mapping of its `flag:"-"` fields).
+pub fn configuration(spec: &KubeletConfigSpec, containerd_address: Option<&str>, serving_cert: bool) -> Result<KubeletConfiguration, String> {
+    let v = serde_json::to_value(spec).map_err(|e| e.to_string())?;
+    let mut taints = Vec::new();
+    for t in v.get("taints").and_then(Value::as_array).into_iter().flatten() {
+        taints.push(parse_taint(t.as_str().unwrap_or_default())?);
+    }
+    let feature_gates = map(&v, "featureGates")
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, val)| (k, val.trim().eq_ignore_ascii_case("true")))
+        .collect();
+    Ok(KubeletConfiguration {
+        api_version: "kubelet.config.k8s.io/v1beta1",
+        kind: "KubeletConfiguration",
+        authentication: Authentication {
+            anonymous: Enabled { enabled: b(&v, "anonymousAuth") },
+            webhook: Enabled { enabled: b(&v, "authenticationTokenWebhook") },
+            x509: X509 { client_ca_file: s(&v, "clientCAFile").or_else(|| Some(paths::CA_CRT.into())) },
+        },
+        authorization: Authorization { mode: s(&v, "authorizationMode") },
+        cgroup_driver: s(&v, "cgroupDriver"),
+        cgroup_root: s(&v, "cgroupRoot"),
+        cluster_dns: s(&v, "clusterDNS").into_iter().collect(),
+        cluster_domain: s(&v, "clusterDomain"),
+        container_runtime_endpoint: format!("unix://{}", containerd_address.unwrap_or(paths::CONTAINERD_SOCKET)),
+        enable_debugging_handlers: b(&v, "enableDebuggingHandlers"),
+        eviction_hard: s(&v, "evictionHard").map(|e| kv_list(&e, '<')).unwrap_or_default(),
+        feature_gates,
+        fail_swap_on: b(&v, "failSwapOn"),
+        max_pods: i(&v, "maxPods"),
+        pod_pids_limit: i(&v, "podPidsLimit"),
+        protect_kernel_defaults: b(&v, "protectKernelDefaults"),
+        register_with_taints: taints,
+        rotate_certificates: b(&v, "rotateCertificates"),
+        serialize_image_pulls: b(&v, "serializeImagePulls"),
+        shutdown_grace_period: s(&v, "shutdownGracePeriod"),
+        shutdown_grace_period_critical_pods: s(&v, "shutdownGracePeriodCriticalPods"),
+        static_pod_path: s(&v, "podManifestPath"),
+        tls_cert_file: serving_cert.then(|| format!("{}/kubelet-server.crt", paths::SRV_KUBERNETES)),
+        tls_private_key_file: serving_cert.then(|| format!("{}/kubelet-server.key", paths::SRV_KUBERNETES)),
+        kube_reserved: map(&v, "kubeReserved"),
+        system_reserved: map(&v, "systemReserved"),
+        image_gc_high_threshold_percent: i(&v, "imageGCHighThresholdPercent"),
+        image_gc_low_threshold_percent: i(&v, "imageGCLowThresholdPercent"),
+        read_only_port: i(&v, "readOnlyPort"),
+        container_log_max_size: s(&v, "containerLogMaxSize"),
+        container_log_max_files: i(&v, "containerLogMaxFiles"),
+    })
+}
+
+/// `/etc/sysconfig/kubelet`: the flags kOps still passes on the command line.
+pub fn sysconfig(spec: &KubeletConfigSpec, node_ip: Option<&str>, credential_provider: bool) -> String {
+    let mut flags = crate::flags::build(spec, KUBELET_CONFIG_SPEC);
+    if let Some(ip) = node_ip {
+        flags.push(format!("--node-ip={ip}"));
+    }
+    flags.push(format!("--config={}", paths::KUBELET_CONFIG));
+    if credential_provider {
+        flags.push(format!("--image-credential-provider-config={}", paths::KUBELET_CREDENTIAL_PROVIDER_CONFIG));
+        flags.push(format!("--image-credential-provider-bin-dir={}", paths::BIN_DIR));
+    }
+    format!("DAEMON_ARGS=\"{}\"\nHOME=\"/root\"\n", flags.join(" "))
+}
+
+/// `CredentialProviderConfig` for the ECR credential provider.
+pub fn ecr_credential_provider_config() -> String {
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Provider {
+        name: &'static str,
+        match_images: Vec<&'static str>,
+        default_cache_duration: &'static str,
+        api_version: &'static str,
+    }
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Config {
+        api_version: &'static str,
+        kind: &'static str,
+        providers: Vec<Provider>,
+    }
+    let c = Config {
+        api_version: "kubelet.config.k8s.io/v1",
+        kind: "CredentialProviderConfig",
+        providers: vec![Provider {
+            name: "ecr-credential-provider",
+            match_images: vec!["*.dkr.ecr.*.amazonaws.com", "*.dkr.ecr.*.amazonaws.com.cn"],
+            default_cache_duration: "12h",
+            api_version: "credentialprovider.kubelet.k8s.io/v1",
+        }],
+    };
+    serde_yaml_ng::to_string(&c).unwrap_or_default()
+}
+
+/// A kubeconfig (`kind: Config`) with one cluster, user and context.
+#[derive(Debug, Serialize)]
+pub struct Kubeconfig {
+    #[serde(rename = "apiVersion")]
+    pub api_version: &'static str,
+    pub kind: &'static str,
+    pub clusters: Vec<NamedCluster>,
+    pub users: Vec<NamedUser>,
+    pub contexts: Vec<NamedContext>,
+    #[serde(rename = "current-context")]
+    pub current_context: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct NamedCluster {
+    pub name: String,
+    pub cluster: ClusterEntry,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ClusterEntry {
+    #[serde(rename = "certificate-authority-data")]
+    pub certificate_authority_data: String,
+    pub server: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct NamedUser {
+    pub name: String,
+    pub user: UserEntry,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct UserEntry {
+    #[serde(rename = "client-certificate-data", skip_serializing_if = "Option::is_none")]
+    pub client_certificate_data: Option<String>,
+    #[serde(rename = "client-key-data", skip_serializing_if = "Option::is_none")]
+    pub client_key_data: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct NamedContext {
+    pub name: String,
+    pub context: ContextEntry,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ContextEntry {
+    pub cluster: String,
+    pub user: String,
+}
+
+/// Render a kubeconfig for `user` against `server`, trusting `ca_pem`.
+pub fn kubeconfig(server: &str, ca_pem: &str, user_name: &str, user: UserEntry) -> String {
+    use base64::Engine as _;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
+    let k = Kubeconfig {
+        api_version: "v1",
+        kind: "Config",
+        clusters: vec![NamedCluster { name: "local".into(), cluster: ClusterEntry { certificate_authority_data: b64(ca_pem), server: server.into() } }],
+        users: vec![NamedUser {
+            name: user_name.into(),
+            user: UserEntry {
+                client_certificate_data: user.client_certificate_data.as_deref().map(b64),
+                client_key_data: user.client_key_data.as_deref().map(b64),
+                token: user.token,
+            },
+        }],
+        contexts: vec![NamedContext { name: "service-account-context".into(), context: ContextEntry { cluster: "local".into(), user: user_name.into() } }],
+        current_context: "service-account-context".into(),
+    };
+    serde_yaml_ng::to_string(&k).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn taints() {
+        assert_eq!(
+            parse_taint("node-role.kubernetes.io/control-plane=:NoSchedule").expect("taint"),
+            Taint { key: "node-role.kubernetes.io/control-plane".into(), value: None, effect: "NoSchedule".into() }
+        );
+        assert_eq!(parse_taint("a=b:NoExecute").expect("taint").value.as_deref(), Some("b"));
+        assert!(parse_taint("nocolon").is_err());
+    }
+
+    #[test]
+    fn sysconfig_flags() {
+        let spec: KubeletConfigSpec = serde_yaml_ng::from_str(
+            "logLevel: 2\nkubeconfigPath: /var/lib/kubelet/kubeconfig\ncloudProvider: external\nnodeLabels:\n  b: ''\n  a: x\nanonymousAuth: false\n",
+        )
+        .expect("yaml");
+        let s = sysconfig(&spec, Some("10.0.0.5"), true);
+        assert!(s.starts_with("DAEMON_ARGS=\"--cloud-provider=external --kubeconfig=/var/lib/kubelet/kubeconfig --node-labels=a=x,b= --v=2 --node-ip=10.0.0.5 --config=/var/lib/kubelet/kubelet.conf"), "{s}");
+        assert!(!s.contains("anonymous"), "config-file fields are not flags: {s}");
+    }
+}

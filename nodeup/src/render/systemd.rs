@@ -1,0 +1,198 @@
+//! systemd unit files rendered from typed sections (kOps `nodeup/pkg/systemd` conventions).
+
+/// `[Unit]`
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnitSection {
+    pub description: String,
+    pub documentation: Option<String>,
+    pub after: Vec<String>,
+    pub wants: Vec<String>,
+}
+
+/// `[Service]`
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceSection {
+    pub type_: Option<String>,
+    pub environment_files: Vec<String>,
+    pub exec_start_pre: Vec<String>,
+    pub exec_start: String,
+    pub restart: Option<String>,
+    pub restart_sec: Option<String>,
+    pub start_limit_interval: Option<String>,
+    pub kill_mode: Option<String>,
+    pub delegate: Option<bool>,
+    pub user: Option<String>,
+    pub limits: Vec<(String, String)>,
+    pub oom_score_adjust: Option<i32>,
+    pub cpu_accounting: Option<bool>,
+    pub memory_accounting: Option<bool>,
+}
+
+/// `[Install]`
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InstallSection {
+    pub wanted_by: Vec<String>,
+}
+
+/// A whole unit file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Unit {
+    pub unit: UnitSection,
+    pub service: ServiceSection,
+    pub install: InstallSection,
+}
+
+struct Ini(String);
+
+impl Ini {
+    fn section(&mut self, name: &str) {
+        if !self.0.is_empty() {
+            self.0.push('\n');
+        }
+        self.0.push_str(&format!("[{name}]\n"));
+    }
+    fn kv(&mut self, k: &str, v: impl std::fmt::Display) {
+        self.0.push_str(&format!("{k}={v}\n"));
+    }
+    fn opt(&mut self, k: &str, v: &Option<impl std::fmt::Display>) {
+        if let Some(v) = v {
+            self.kv(k, v);
+        }
+    }
+    fn list(&mut self, k: &str, v: &[String]) {
+        if !v.is_empty() {
+            self.kv(k, v.join(" "));
+        }
+    }
+}
+
+fn yes_no(b: &Option<bool>) -> Option<&'static str> {
+    b.map(|b| if b { "yes" } else { "no" })
+}
+
+impl Unit {
+    pub fn render(&self) -> String {
+        let mut o = Ini(String::new());
+        o.section("Unit");
+        o.kv("Description", &self.unit.description);
+        o.opt("Documentation", &self.unit.documentation);
+        o.list("After", &self.unit.after);
+        o.list("Wants", &self.unit.wants);
+        let s = &self.service;
+        o.section("Service");
+        o.opt("Type", &s.type_);
+        for f in &s.environment_files {
+            o.kv("EnvironmentFile", f);
+        }
+        for p in &s.exec_start_pre {
+            o.kv("ExecStartPre", p);
+        }
+        o.kv("ExecStart", &s.exec_start);
+        o.opt("Restart", &s.restart);
+        o.opt("RestartSec", &s.restart_sec);
+        o.opt("StartLimitInterval", &s.start_limit_interval);
+        o.opt("Delegate", &yes_no(&s.delegate));
+        o.opt("KillMode", &s.kill_mode);
+        o.opt("User", &s.user);
+        for (k, v) in &s.limits {
+            o.kv(k, v);
+        }
+        o.opt("OOMScoreAdjust", &s.oom_score_adjust);
+        o.opt("CPUAccounting", &s.cpu_accounting);
+        o.opt("MemoryAccounting", &s.memory_accounting);
+        o.section("Install");
+        o.list("WantedBy", &self.install.wanted_by);
+        o.0
+    }
+}
+
+fn multi_user() -> InstallSection {
+    InstallSection { wanted_by: vec!["multi-user.target".into()] }
+}
+
+/// containerd.service
+pub fn containerd() -> Unit {
+    Unit {
+        unit: UnitSection {
+            description: "containerd container runtime".into(),
+            documentation: Some("https://containerd.io".into()),
+            after: vec!["network.target".into(), "dbus.service".into()],
+            wants: vec![],
+        },
+        service: ServiceSection {
+            type_: Some("notify".into()),
+            environment_files: vec!["-/etc/sysconfig/containerd".into(), "-/etc/environment".into()],
+            exec_start_pre: vec!["-/sbin/modprobe overlay".into()],
+            exec_start: format!("{} -c {}", crate::paths::CONTAINERD_BIN, crate::paths::CONTAINERD_CONFIG),
+            restart: Some("always".into()),
+            restart_sec: Some("5".into()),
+            delegate: Some(true),
+            kill_mode: Some("process".into()),
+            limits: vec![
+                ("LimitNPROC".into(), "infinity".into()),
+                ("LimitCORE".into(), "infinity".into()),
+                ("LimitNOFILE".into(), "1048576".into()),
+                ("TasksMax".into(), "infinity".into()),
+            ],
+            oom_score_adjust: Some(-999),
+            ..Default::default()
+        },
+        install: multi_user(),
+    }
+}
+
+/// kubelet.service
+pub fn kubelet() -> Unit {
+    Unit {
+        unit: UnitSection {
+            description: "Kubernetes Kubelet Server".into(),
+            documentation: Some("https://github.com/kubernetes/kubernetes".into()),
+            after: vec!["containerd.service".into()],
+            wants: vec![],
+        },
+        service: ServiceSection {
+            environment_files: vec![crate::paths::KUBELET_SYSCONFIG.into()],
+            exec_start: format!("{} \"$DAEMON_ARGS\"", crate::paths::KUBELET_BIN),
+            restart: Some("always".into()),
+            restart_sec: Some("2s".into()),
+            start_limit_interval: Some("0".into()),
+            kill_mode: Some("process".into()),
+            user: Some("root".into()),
+            cpu_accounting: Some(true),
+            memory_accounting: Some(true),
+            ..Default::default()
+        },
+        install: multi_user(),
+    }
+}
+
+/// protokube.service (control-plane hosts): claims etcd volumes, writes etcd manifests, DNS.
+pub fn protokube(boot_config_path: &str) -> Unit {
+    Unit {
+        unit: UnitSection {
+            description: "Keelson protokube: etcd volumes, etcd manifests and DNS for the control plane".into(),
+            documentation: Some("https://github.com/kubernetes/kops".into()),
+            after: vec!["network-online.target".into(), "containerd.service".into()],
+            wants: vec!["network-online.target".into()],
+        },
+        service: ServiceSection {
+            exec_start: format!("{} --conf {boot_config_path}", crate::paths::PROTOKUBE_BIN),
+            restart: Some("always".into()),
+            restart_sec: Some("3s".into()),
+            start_limit_interval: Some("0".into()),
+            ..Default::default()
+        },
+        install: multi_user(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn renders_sections_in_order() {
+        let s = super::kubelet().render();
+        assert!(s.starts_with("[Unit]\nDescription=Kubernetes Kubelet Server\n"), "{s}");
+        assert!(s.contains("\n[Service]\nEnvironmentFile=/etc/sysconfig/kubelet\nExecStart=/usr/local/bin/kubelet \"$DAEMON_ARGS\"\n"), "{s}");
+        assert!(s.ends_with("[Install]\nWantedBy=multi-user.target\n"), "{s}");
+    }
+}

@@ -1,0 +1,93 @@
+//! One nodeup run: BootConfig → NodeupConfig (hash-pinned) → tasks → report.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::assets::{FetchOptions, Fetcher};
+use crate::config::{self, StateStore};
+use crate::host::Host;
+use crate::model::{self, Facts, Inputs};
+use crate::tasks::{self, Ctx, Report, Target};
+
+/// Options of a run (the command line, parsed).
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub conf: PathBuf,
+    pub root: PathBuf,
+    pub target: Target,
+    pub cache_dir: Option<PathBuf>,
+    pub arch: Option<String>,
+    pub hostname: Option<String>,
+    pub internal_ip: Option<IpAddr>,
+    pub instance_id: Option<String>,
+    pub zone: Option<String>,
+    pub region: Option<String>,
+    pub http_timeout: Duration,
+    pub retry_rounds: u32,
+    pub retry_backoff: Duration,
+}
+
+/// What happened.
+pub struct Outcome {
+    pub report: Report,
+    pub warnings: Vec<String>,
+    pub recorded_commands: Vec<String>,
+}
+
+fn hostname(root: &Path) -> String {
+    let from = |p: &Path| std::fs::read_to_string(p).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
+    if root == Path::new("/") {
+        from(Path::new("/proc/sys/kernel/hostname")).unwrap_or_else(|| "localhost".into())
+    } else {
+        from(&root.join("etc/hostname")).unwrap_or_else(|| "localhost".into())
+    }
+}
+
+/// Everything up to (not including) running the tasks; errors here mean nothing was touched.
+pub fn run(opts: &Options) -> anyhow::Result<Outcome> {
+    use anyhow::Context as _;
+    let boot_bytes = std::fs::read(&opts.conf).with_context(|| format!("reading BootConfig {}", opts.conf.display()))?;
+    let boot = config::load_boot_config(&opts.conf)?;
+    let role = config::boot_role(&boot, &opts.conf)?;
+    let host = Host::new(&opts.root);
+    let cache = opts.cache_dir.clone().unwrap_or_else(|| host.path(crate::paths::CACHE_DIR));
+    let fetcher = Fetcher::new(
+        FetchOptions {
+            connect_timeout: opts.http_timeout,
+            read_timeout: opts.http_timeout,
+            rounds: opts.retry_rounds,
+            backoff: opts.retry_backoff,
+        },
+        cache,
+    )?;
+    let store = StateStore::new(&boot.config_base, &fetcher)?;
+    let cfg = config::fetch_nodeup_config(&boot, role, &store)?;
+    let facts = Facts {
+        arch: opts.arch.clone().unwrap_or_else(|| crate::assets::host_arch().to_string()),
+        hostname: opts.hostname.clone().unwrap_or_else(|| hostname(&opts.root)),
+        internal_ip: opts.internal_ip,
+        instance_id: opts.instance_id.clone(),
+        zone: opts.zone.clone(),
+        region: opts.region.clone(),
+    };
+    let model = model::build(&Inputs { boot: &boot, boot_bytes: &boot_bytes, role, config: &cfg, facts: &facts, store: &store })?;
+    if opts.target == Target::Direct {
+        // A killed earlier run may have left temp files next to its targets.
+        let mut dirs = BTreeSet::new();
+        for t in &model.tasks {
+            for p in t.paths() {
+                if let Some(d) = Path::new(&p).parent() {
+                    dirs.insert(host.path(d));
+                }
+            }
+        }
+        dirs.insert(fetcher.cache_dir().join("sha256"));
+        for d in dirs {
+            crate::fsutil::clean_temp_files(&d);
+        }
+    }
+    let report = tasks::run(&model.tasks, &Ctx { host: &host, assets: &fetcher }, opts.target)?;
+    Ok(Outcome { report, warnings: model.warnings, recorded_commands: host.recorded() })
+}

@@ -1,0 +1,254 @@
+//! nodeup end to end: the real binary, `--root` into a temp dir, assets from a local mirror on
+//! 127.0.0.1, a file:// state store.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use nodeup::testsupport::{sha256_hex, Behaviour};
+
+const PAD: usize = 64 * 1024;
+
+fn direct(m: &nodeup::testsupport::Mirror, a: &nodeup::testsupport::FakeAsset) -> Vec<String> {
+    vec![m.url(&a.path)]
+}
+
+#[test]
+fn worker_converges_then_reruns_with_no_change() {
+    let s = Scenario::new(Group::Worker, PAD, direct);
+    let o = s.run(&[]);
+    assert_ok(&o);
+    let last = last_line(&o);
+    assert!(last.starts_with("nodeup: ") && last.ends_with(" changed") && !last.ends_with(" 0 changed"), "{last}");
+
+    // Binaries, from the assets, executable.
+    let kubelet = s.assets.iter().find(|a| a.path.ends_with("/kubelet")).expect("kubelet");
+    assert_eq!(std::fs::read(s.path("/usr/local/bin/kubelet")).expect("kubelet"), kubelet.bytes);
+    for bin in [
+        "/usr/local/bin/kubelet",
+        "/usr/local/bin/kubectl",
+        "/usr/local/bin/ecr-credential-provider",
+        "/usr/local/bin/containerd",
+        "/usr/local/bin/containerd-shim-runc-v2",
+        "/usr/local/bin/ctr",
+        "/usr/local/sbin/runc",
+        "/opt/cni/bin/bridge",
+        "/opt/cni/bin/host-local",
+        "/opt/cni/bin/loopback",
+        "/opt/cni/bin/portmap",
+    ] {
+        assert_eq!(mode(&s.path(bin)), 0o755, "{bin}");
+        assert!(std::fs::read(s.path(bin)).expect(bin).starts_with(b"#!/bin/sh\n# fake "), "{bin}");
+    }
+    assert!(!s.path("/opt/cni/bin/LICENSE").exists() || mode(&s.path("/opt/cni/bin/LICENSE")) == 0o755);
+
+    // Configuration files.
+    let containerd = std::fs::read_to_string(s.path("/etc/containerd/config.toml")).expect("containerd config");
+    assert!(containerd.contains("SystemdCgroup = true"), "{containerd}");
+    assert!(containerd.contains("sandbox = \"registry.k8s.io/pause:3.10.1\""), "{containerd}");
+    let kubelet_conf = std::fs::read_to_string(s.path("/var/lib/kubelet/kubelet.conf")).expect("kubelet.conf");
+    assert!(kubelet_conf.contains("kind: KubeletConfiguration"), "{kubelet_conf}");
+    assert!(kubelet_conf.contains("cgroupDriver: systemd"), "{kubelet_conf}");
+    let sysconfig = std::fs::read_to_string(s.path("/etc/sysconfig/kubelet")).expect("sysconfig");
+    assert!(sysconfig.starts_with("DAEMON_ARGS=\""), "{sysconfig}");
+    for f in ["--bootstrap-kubeconfig=/var/lib/kubelet/bootstrap-kubeconfig", "--node-ip=172.20.33.10", "--config=/var/lib/kubelet/kubelet.conf", "--node-labels=node-role.kubernetes.io/node="] {
+        assert!(sysconfig.contains(f), "{f} missing: {sysconfig}");
+    }
+    let boot_kc = s.path("/var/lib/kubelet/bootstrap-kubeconfig");
+    assert_eq!(mode(&boot_kc), 0o400);
+    let kc = std::fs::read_to_string(&boot_kc).expect("bootstrap kubeconfig");
+    let token_secret = std::fs::read(s.dir.path().join("state/secrets/node-bootstrap-token")).expect("token");
+    let token = nodeup::pki::parse_secret("t", &token_secret).expect("token");
+    assert!(kc.contains(&format!("token: {token}")) && kc.contains("server: https://api.internal.ha.k8s.example.com"), "{kc}");
+    assert!(!std::fs::read_to_string(&s.boot).expect("boot").contains(&token), "the token is never in the BootConfig");
+    let sysctl = std::fs::read_to_string(s.path("/etc/sysctl.d/99-k8s-general.conf")).expect("sysctl");
+    assert!(sysctl.contains("net.ipv4.ip_forward=1") && sysctl.contains("net.ipv4.ip_local_reserved_ports = 30000-32767"));
+    assert_eq!(std::fs::read_to_string(s.path("/etc/modules-load.d/k8s.conf")).expect("modules"), "br_netfilter\noverlay\n");
+    assert_eq!(mode(&s.path("/etc/kubernetes/manifests")), 0o755);
+
+    // Units enabled offline (the .wants symlinks), not started (recorded).
+    for unit in ["containerd.service", "kubelet.service"] {
+        let link = s.path(&format!("/etc/systemd/system/multi-user.target.wants/{unit}"));
+        assert_eq!(std::fs::read_link(&link).expect("wants link"), std::path::Path::new(&format!("/etc/systemd/system/{unit}")));
+        assert!(s.path(&format!("/etc/systemd/system/{unit}")).is_file());
+    }
+    assert!(!s.path("/etc/systemd/system/protokube.service").exists(), "protokube only on control-plane hosts");
+    assert!(stdout(&o).contains("not run (root"), "systemctl recorded, not run: {}", stdout(&o));
+
+    // No temp files left anywhere.
+    let files = tree(&s.root);
+    assert!(files.keys().all(|k| !k.contains(".nodeup-tmp-")), "temp files left: {:?}", files.keys().filter(|k| k.contains(".nodeup-tmp-")).collect::<Vec<_>>());
+
+    // Second run: nothing to do, nothing downloaded.
+    let before = s.mirror.requests();
+    let o = s.run(&[]);
+    assert_ok(&o);
+    assert!(last_line(&o).ends_with(" 0 changed"), "second run: {}", stdout(&o));
+    assert_eq!(s.mirror.requests(), before, "a rerun downloads nothing");
+    assert_eq!(tree(&s.root), files, "a rerun changes no file");
+
+    // Dry run on the converged root: nothing would change.
+    let o = s.run(&["--target", "dryrun"]);
+    assert_ok(&o);
+    assert!(last_line(&o).ends_with(" 0 would change"), "{}", stdout(&o));
+
+    // A changed file is put back, and only the services that depend on it restart.
+    std::fs::write(s.path("/etc/containerd/config.toml"), "tampered").expect("tamper");
+    let o = s.run(&[]);
+    assert_ok(&o);
+    let out = stdout(&o);
+    assert!(out.contains("file:/etc/containerd/config.toml: update contents"), "{out}");
+    assert!(out.contains("service:containerd.service: restart"), "{out}");
+    assert!(out.contains("service:kubelet.service: restart"), "kubelet depends on containerd: {out}");
+    assert!(!out.contains("download:"), "{out}");
+    assert_eq!(std::fs::read_to_string(s.path("/etc/containerd/config.toml")).expect("config"), containerd);
+}
+
+#[test]
+fn dryrun_on_fresh_root_changes_nothing() {
+    let s = Scenario::new(Group::Worker, PAD, direct);
+    let o = s.run(&["--target", "dryrun"]);
+    assert_ok(&o);
+    let last = last_line(&o);
+    assert!(last.ends_with(" would change") && !last.ends_with(" 0 would change"), "{last}");
+    assert!(stdout(&o).contains("would: download:kubelet: download"), "{}", stdout(&o));
+    assert!(tree(&s.root).is_empty(), "dry run wrote {:?}", tree(&s.root).keys().collect::<Vec<_>>());
+    assert!(std::fs::read_dir(&s.root).expect("root").next().is_none(), "dry run created directories");
+    assert_eq!(s.mirror.requests(), 0, "dry run downloads nothing");
+}
+
+#[test]
+fn corrupted_mirror_file_is_refused_and_nothing_installed() {
+    let s = Scenario::new(Group::Worker, PAD, direct);
+    let kubelet = s.assets.iter().find(|a| a.path.ends_with("/kubelet")).expect("kubelet");
+    s.mirror.set(&kubelet.path, Behaviour::Corrupt);
+    let containerd = s.assets.iter().find(|a| a.path.contains("containerd-")).expect("containerd");
+    s.mirror.set(&containerd.path, Behaviour::Corrupt);
+    let o = s.run(&["--retry-rounds", "2"]);
+    assert!(!o.status.success(), "must fail: {}", stdout(&o));
+    let err = stderr(&o);
+    assert!(err.contains("sha256 mismatch") && err.contains(&sha256_hex(&kubelet.bytes)), "{err}");
+    assert!(err.contains("download:kubelet"), "{err}");
+    assert!(!s.path("/usr/local/bin/kubelet").exists(), "corrupt kubelet installed");
+    assert!(!s.path("/usr/local/bin/containerd").exists(), "corrupt containerd installed");
+    let cache = tree(&s.path("/var/cache/nodeup"));
+    assert!(cache.keys().all(|k| !k.contains(&sha256_hex(&kubelet.bytes)) && !k.contains(".nodeup-tmp-")), "{:?}", cache.keys());
+    assert_eq!(s.mirror.hits(&kubelet.path), 2, "bounded retries: one per round");
+    assert!(!s.path("/etc/systemd/system/multi-user.target.wants/kubelet.service").exists(), "kubelet enabled without its binary");
+    // Fixed mirror → converges.
+    s.mirror.set(&kubelet.path, Behaviour::Serve);
+    s.mirror.set(&containerd.path, Behaviour::Serve);
+    assert_ok(&s.run(&[]));
+    assert!(last_line(&s.run(&[])).ends_with(" 0 changed"));
+}
+
+#[test]
+fn wrong_nodeup_config_hash_is_refused() {
+    let s = Scenario::new(Group::Worker, PAD, direct);
+    let boot = std::fs::read_to_string(&s.boot).expect("boot");
+    let mut doc: keelson_api::nodeup::BootConfig = serde_yaml_ng::from_str(&boot).expect("yaml");
+    doc.nodeup_config_hash = nodeup::config::nodeup_config_hash(b"something else");
+    std::fs::write(&s.boot, serde_yaml_ng::to_string(&doc).expect("yaml")).expect("write");
+    let o = s.run(&[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("NodeupConfig hash mismatch"), "{}", stderr(&o));
+    assert!(std::fs::read_dir(&s.root).expect("root").next().is_none(), "nothing touched");
+    assert_eq!(s.mirror.requests(), 0);
+}
+
+#[test]
+fn mirror_failover_on_404() {
+    let s = Scenario::new(Group::Worker, PAD, |m, a| vec![m.url(&format!("missing/{}", a.path)), m.url(&a.path)]);
+    let o = s.run(&[]);
+    assert_ok(&o);
+    let kubelet = s.assets.iter().find(|a| a.path.ends_with("/kubelet")).expect("kubelet");
+    assert_eq!(s.mirror.hits(&format!("missing/{}", kubelet.path)), 1);
+    assert_eq!(std::fs::read(s.path("/usr/local/bin/kubelet")).expect("kubelet"), kubelet.bytes);
+}
+
+#[test]
+fn mirror_failover_when_first_hangs_is_bounded() {
+    let s = Scenario::new(Group::Worker, PAD, |m, a| vec![m.url(&format!("hang/{}", a.path)), m.url(&a.path)]);
+    for a in &s.assets {
+        s.mirror.set(&format!("hang/{}", a.path), Behaviour::Hang);
+    }
+    let t = Instant::now();
+    let o = s.run(&["--http-timeout", "1"]);
+    assert_ok(&o);
+    // Downloads run concurrently: all hang at once, then fail over.
+    assert!(t.elapsed() < Duration::from_secs(8), "took {:?}", t.elapsed());
+    let kubelet = s.assets.iter().find(|a| a.path.ends_with("/kubelet")).expect("kubelet");
+    assert_eq!(std::fs::read(s.path("/usr/local/bin/kubelet")).expect("kubelet"), kubelet.bytes);
+}
+
+#[test]
+fn control_plane_host() {
+    let s = Scenario::new(Group::ControlPlane, PAD, direct);
+    let o = s.run(&[]);
+    assert_ok(&o);
+    for m in ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy"] {
+        let p = s.path(&format!("/etc/kubernetes/manifests/{m}.manifest"));
+        let body = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{m}: {e}"));
+        assert!(body.contains("kind: Pod") && body.contains(&format!("name: {m}")), "{body}");
+    }
+    let api = std::fs::read_to_string(s.path("/etc/kubernetes/manifests/kube-apiserver.manifest")).expect("apiserver");
+    for f in [
+        "--etcd-servers=https://127.0.0.1:4001",
+        "--etcd-servers-overrides=/events#https://127.0.0.1:4002",
+        "--enable-admission-plugins=DefaultStorageClass,DefaultTolerationSeconds,LimitRanger",
+        "--service-account-issuer=https://api.internal.ha.k8s.example.com",
+        "--client-ca-file=/srv/kubernetes/ca.crt",
+        "--tls-cert-file=/srv/kubernetes/kube-apiserver/server.crt",
+        "--etcd-cafile=/srv/kubernetes/kube-apiserver/etcd-ca.crt",
+        "--service-account-key-file=/srv/kubernetes/kube-apiserver/service-account.pub",
+        "--advertise-address=172.20.33.10",
+        "--secure-port=443",
+        "--enable-bootstrap-token-auth=true",
+        "--v=2",
+    ] {
+        assert!(api.contains(f), "{f} missing from kube-apiserver manifest");
+    }
+    for key in [
+        "/srv/kubernetes/kube-apiserver/server.key",
+        "/srv/kubernetes/kube-apiserver/etcd-client.key",
+        "/srv/kubernetes/kube-apiserver/kubelet-api.key",
+        "/srv/kubernetes/kube-apiserver/apiserver-aggregator.key",
+        "/srv/kubernetes/kube-apiserver/service-account.key",
+        "/srv/kubernetes/kube-controller-manager/ca.key",
+        "/srv/kubernetes/kubelet-server.key",
+    ] {
+        assert_eq!(mode(&s.path(key)), 0o600, "{key}");
+        assert!(std::fs::read_to_string(s.path(key)).expect(key).contains("PRIVATE KEY"), "{key}");
+    }
+    for kc in ["/var/lib/kubelet/kubeconfig", "/var/lib/kube-controller-manager/kubeconfig", "/var/lib/kube-scheduler/kubeconfig", "/var/lib/kube-proxy/kubeconfig"] {
+        assert_eq!(mode(&s.path(kc)), 0o400, "{kc}");
+    }
+    assert!(std::fs::read_to_string(s.path("/var/lib/kube-scheduler/config.yaml")).expect("scheduler config").contains("KubeSchedulerConfiguration"));
+    for unit in ["containerd.service", "kubelet.service", "protokube.service"] {
+        assert!(s.path(&format!("/etc/systemd/system/multi-user.target.wants/{unit}")).is_symlink(), "{unit}");
+    }
+    // No key material in the output.
+    assert!(!stdout(&o).contains("PRIVATE KEY") && !stderr(&o).contains("PRIVATE KEY"));
+    // Certificates verify against the CAs in the state store (openssl is installed by scripts/test).
+    let ca = s.path("/srv/kubernetes/ca.crt");
+    let server = s.path("/srv/kubernetes/kube-apiserver/server.crt");
+    let v = std::process::Command::new("openssl")
+        .args(["verify", "-CAfile"])
+        .arg(&ca)
+        .arg(&server)
+        .output()
+        .expect("openssl is required for this test (scripts/test installs it)");
+    assert!(v.status.success(), "openssl verify: {}{}", String::from_utf8_lossy(&v.stdout), String::from_utf8_lossy(&v.stderr));
+    let text = std::process::Command::new("openssl").args(["x509", "-noout", "-text", "-in"]).arg(&server).output().expect("openssl");
+    let text = String::from_utf8_lossy(&text.stdout);
+    for san in ["DNS:api.internal.ha.k8s.example.com", "DNS:kubernetes.default.svc.cluster.local", "IP Address:100.64.0.1", "IP Address:172.20.33.10"] {
+        assert!(text.contains(san), "{san} missing: {text}");
+    }
+    // Rerun: converged, certificates not reissued.
+    let cert_before = std::fs::read(&server).expect("cert");
+    let o = s.run(&[]);
+    assert_ok(&o);
+    assert!(last_line(&o).ends_with(" 0 changed"), "{}", stdout(&o));
+    assert_eq!(std::fs::read(&server).expect("cert"), cert_before);
+}
