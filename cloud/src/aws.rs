@@ -20,7 +20,8 @@
 use std::time::Duration;
 
 use aws_config::retry::RetryConfig;
-use aws_config::{BehaviorVersion, Region, SdkConfig};
+pub use aws_config::SdkConfig;
+use aws_config::{BehaviorVersion, Region};
 use aws_smithy_http_client::tls::{rustls_provider::CryptoMode, Provider};
 
 /// Options shared by every AWS client of the project.

@@ -5,9 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use aws_smithy_runtime_api::box_error::BoxError;
-use aws_smithy_runtime_api::client::interceptors::context::{
-    BeforeSerializationInterceptorContextRef, BeforeTransmitInterceptorContextRef,
-};
+use aws_smithy_runtime_api::client::interceptors::context::{BeforeTransmitInterceptorContextRef, FinalizerInterceptorContextRef};
 use aws_smithy_runtime_api::client::interceptors::Intercept;
 use aws_smithy_runtime_api::client::orchestrator::Metadata;
 use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
@@ -27,7 +25,7 @@ pub struct CallCounter {
 
 fn key(cfg: &ConfigBag) -> String {
     match cfg.load::<Metadata>() {
-        Some(m) => format!("{}/{}", m.service(), m.name()),
+        Some(m) => format!("{}/{}", m.service().to_ascii_lowercase().replace(' ', ""), m.name()),
         None => "unknown/unknown".to_string(),
     }
 }
@@ -54,9 +52,12 @@ impl Intercept for CallCounter {
     fn name(&self) -> &'static str {
         "keelson.CallCounter"
     }
-    fn read_before_execution(
+    // Operation metadata is in the config bag only once the operation's plugins ran, so calls are
+    // counted when the operation finishes (successfully or not).
+    fn read_after_execution(
         &self,
-        _ctx: &BeforeSerializationInterceptorContextRef<'_>,
+        _ctx: &FinalizerInterceptorContextRef<'_>,
+        _rc: &RuntimeComponents,
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
         self.bump(key(cfg), 1, 0);

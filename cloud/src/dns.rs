@@ -3,8 +3,37 @@
 use aws_sdk_route53::error::ProvideErrorMetadata;
 use aws_sdk_route53::types::{Change, ChangeAction, ChangeBatch, ResourceRecord, ResourceRecordSet, RrType};
 
-/// At most this many changes go into one ChangeResourceRecordSets call (Route53 allows 1000).
+/// At most this many changes go into one ChangeResourceRecordSets call.
 pub const MAX_CHANGES_PER_CALL: usize = 900;
+/// Route53's limit of ResourceRecord elements per request (an UPSERT counts its values twice).
+pub const MAX_RECORD_ELEMENTS_PER_CALL: usize = 1000;
+
+fn elements(c: &RecordChange) -> usize {
+    match c {
+        RecordChange::Upsert(r) => 2 * r.values.len().max(1),
+        RecordChange::Delete(r) => r.values.len().max(1),
+    }
+}
+
+/// Split changes into the batches that are sent, one call each: at most [`MAX_CHANGES_PER_CALL`]
+/// changes and [`MAX_RECORD_ELEMENTS_PER_CALL`] record elements per batch, order kept.
+pub fn batches(changes: &[RecordChange]) -> Vec<&[RecordChange]> {
+    let mut out = Vec::new();
+    let (mut start, mut elems) = (0, 0);
+    for (i, c) in changes.iter().enumerate() {
+        let e = elements(c);
+        if i > start && (i - start >= MAX_CHANGES_PER_CALL || elems + e > MAX_RECORD_ELEMENTS_PER_CALL) {
+            out.push(&changes[start..i]);
+            start = i;
+            elems = 0;
+        }
+        elems += e;
+    }
+    if start < changes.len() {
+        out.push(&changes[start..]);
+    }
+    out
+}
 
 /// One record set: lower-case name without the trailing dot, type, TTL, sorted values.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -52,7 +81,7 @@ pub trait Dns {
     fn find_zone(&self, id_or_name: Option<&str>, fqdn: &str) -> impl std::future::Future<Output = Result<String, DnsError>> + Send;
     /// Every record in the zone whose name is `suffix` or ends in `.suffix`.
     fn list_records(&self, zone: &str, suffix: &str) -> impl std::future::Future<Output = Result<Vec<Record>, DnsError>> + Send;
-    /// Apply changes in batches of at most [`MAX_CHANGES_PER_CALL`]; returns the number of calls made.
+    /// Apply changes in [`batches`]; returns the number of calls made.
     fn apply_changes(&self, zone: &str, changes: &[RecordChange]) -> impl std::future::Future<Output = Result<usize, DnsError>> + Send;
 }
 
@@ -71,8 +100,9 @@ impl Route53Dns {
 }
 
 fn looks_like_zone_id(s: &str) -> bool {
+    // Zone ids are upper-case alphanumerics (`Z0123…` on AWS); zone names have dots or lower case.
     let s = s.trim_start_matches("/hostedzone/");
-    !s.contains('.') && s.starts_with('Z') && s.chars().all(|c| c.is_ascii_alphanumeric())
+    s.len() >= 8 && s.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
 }
 
 fn to_rrset(r: &Record) -> Result<ResourceRecordSet, DnsError> {
@@ -155,7 +185,7 @@ impl Dns for Route53Dns {
 
     async fn apply_changes(&self, zone: &str, changes: &[RecordChange]) -> Result<usize, DnsError> {
         let mut calls = 0;
-        for chunk in changes.chunks(MAX_CHANGES_PER_CALL) {
+        for chunk in batches(changes) {
             let mut batch = ChangeBatch::builder().comment("keelson protokube");
             for c in chunk {
                 let (action, r) = match c {
@@ -193,11 +223,29 @@ mod tests {
         assert_eq!(normalize_name("\\052.x."), "*.x");
     }
 
+    fn upsert(i: usize, values: usize) -> RecordChange {
+        RecordChange::Upsert(Record { name: format!("r{i}"), rtype: "A".into(), ttl: 60, values: vec!["1.2.3.4".into(); values] })
+    }
+
+    #[test]
+    fn batches_respect_change_and_element_limits() {
+        assert!(batches(&[]).is_empty());
+        let one: Vec<_> = (0..1201).map(|i| upsert(i, 1)).collect();
+        assert_eq!(batches(&one).iter().map(|b| b.len()).collect::<Vec<_>>(), vec![500, 500, 201]);
+        let deletes: Vec<_> = (0..1000)
+            .map(|i| RecordChange::Delete(Record { name: format!("d{i}"), rtype: "A".into(), ttl: 60, values: vec!["1.1.1.1".into()] }))
+            .collect();
+        assert_eq!(batches(&deletes).iter().map(|b| b.len()).collect::<Vec<_>>(), vec![900, 100]);
+        let fat = vec![upsert(0, 3), upsert(1, 3)];
+        assert_eq!(batches(&fat).len(), 1);
+    }
+
     #[test]
     fn zone_ids_are_recognised() {
         assert!(looks_like_zone_id("Z1234ABCDEF"));
         assert!(looks_like_zone_id("/hostedzone/Z1234ABCDEF"));
         assert!(!looks_like_zone_id("example.com"));
         assert!(!looks_like_zone_id("zone"));
+        assert!(looks_like_zone_id("OIU931YUX31EG92AP3EXJ8"));
     }
 }

@@ -1,6 +1,9 @@
 //! Fault injection for tests and drills: an SDK interceptor that replaces the first N responses with a
 //! throttling error, so the real retry policy and real service error parsing are exercised (moto has
 //! no throttling of its own).
+//!
+//! The request still reaches the server (only the response is replaced), so inject into idempotent
+//! operations (Describe*/List*/UPSERT batches), as a real throttled call would have had no effect.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
