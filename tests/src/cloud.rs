@@ -1,0 +1,325 @@
+//! The harness's view of moto (EC2, Auto Scaling, Route53) through the real AWS SDK.
+
+use std::time::Duration;
+
+use aws_config::{BehaviorVersion, Region};
+use aws_sdk_ec2::config::Credentials;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CloudError {
+    #[error("moto at {endpoint}: {op}: {message}")]
+    Api {
+        endpoint: String,
+        op: &'static str,
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Instance {
+    pub id: String,
+    pub state: String,
+    pub private_ip: Option<String>,
+    pub public_ip: Option<String>,
+    pub zone: String,
+    pub subnet_id: String,
+    pub vpc_id: String,
+    pub instance_type: String,
+    pub image_id: String,
+    pub mac: String,
+    pub security_groups: Vec<String>,
+    pub tags: Vec<(String, String)>,
+}
+
+impl Instance {
+    pub fn tag(&self, k: &str) -> Option<&str> {
+        self.tags.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str())
+    }
+    pub fn group(&self) -> String {
+        self.tag("aws:autoscaling:groupName").unwrap_or("").to_string()
+    }
+    /// `control-plane` or `node`, from the kOps role tags on the instance (propagated from the ASG).
+    pub fn role(&self) -> String {
+        let is_cp = self.tags.iter().any(|(k, _)| {
+            k == "k8s.io/role/control-plane" || k == "k8s.io/role/master"
+        }) || self.tag("kops.k8s.io/instancegroup-role").is_some_and(|r| r.eq_ignore_ascii_case("master") || r.eq_ignore_ascii_case("controlplane"));
+        if is_cp {
+            "control-plane".into()
+        } else {
+            "node".into()
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Attachment {
+    pub instance_id: String,
+    pub device: String,
+    pub state: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Volume {
+    pub id: String,
+    pub size_gib: u64,
+    pub zone: String,
+    pub state: String,
+    pub tags: Vec<(String, String)>,
+    pub attachments: Vec<Attachment>,
+}
+
+impl Volume {
+    pub fn name(&self) -> String {
+        self.tags
+            .iter()
+            .find(|(k, _)| k == "Name")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    }
+    /// The instance this volume is attached to (attaching or attached), if any.
+    pub fn attached_to(&self) -> Option<&Attachment> {
+        self.attachments
+            .iter()
+            .find(|a| a.state == "attached" || a.state == "attaching")
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ARecord {
+    pub zone: String,
+    pub name: String,
+    pub ips: Vec<String>,
+}
+
+pub struct Cloud {
+    pub endpoint: String,
+    pub region: String,
+    rt: tokio::runtime::Runtime,
+    ec2: aws_sdk_ec2::Client,
+    asg: aws_sdk_autoscaling::Client,
+    r53: aws_sdk_route53::Client,
+}
+
+fn tags_of(t: Option<&[aws_sdk_ec2::types::Tag]>) -> Vec<(String, String)> {
+    t.unwrap_or_default()
+        .iter()
+        .map(|t| {
+            (
+                t.key().unwrap_or_default().to_string(),
+                t.value().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+impl Cloud {
+    pub fn new(endpoint: &str, region: &str) -> Cloud {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("tokio runtime");
+        let conf = rt.block_on(async {
+            let timeouts = aws_config::timeout::TimeoutConfig::builder()
+                .connect_timeout(Duration::from_secs(3))
+                .operation_attempt_timeout(Duration::from_secs(30))
+                .operation_timeout(Duration::from_secs(60))
+                .build();
+            aws_config::defaults(BehaviorVersion::latest())
+                .http_client(aws_smithy_http_client::Builder::new().build_http())
+                .region(Region::new(region.to_string()))
+                .endpoint_url(endpoint)
+                .credentials_provider(Credentials::new("keelson-local", "keelson-local", None, None, "keelson-local"))
+                .timeout_config(timeouts)
+                .load()
+                .await
+        });
+        Cloud {
+            endpoint: endpoint.to_string(),
+            region: region.to_string(),
+            ec2: aws_sdk_ec2::Client::new(&conf),
+            asg: aws_sdk_autoscaling::Client::new(&conf),
+            r53: aws_sdk_route53::Client::new(&conf),
+            rt,
+        }
+    }
+
+    fn err(&self, op: &'static str, e: impl std::fmt::Debug) -> CloudError {
+        let message = format!("{e:?}");
+        CloudError::Api {
+            endpoint: self.endpoint.clone(),
+            op,
+            message: message.chars().take(400).collect(),
+        }
+    }
+
+    pub fn instances(&self) -> Result<Vec<Instance>, CloudError> {
+        let out = self
+            .rt
+            .block_on(self.ec2.describe_instances().send())
+            .map_err(|e| self.err("DescribeInstances", e))?;
+        let mut v = Vec::new();
+        for r in out.reservations() {
+            for i in r.instances() {
+                let nic = i.network_interfaces().first();
+                v.push(Instance {
+                    id: i.instance_id().unwrap_or_default().to_string(),
+                    state: i
+                        .state()
+                        .and_then(|s| s.name())
+                        .map(|n| n.as_str().to_string())
+                        .unwrap_or_default(),
+                    private_ip: i.private_ip_address().map(str::to_string),
+                    public_ip: i.public_ip_address().map(str::to_string),
+                    zone: i
+                        .placement()
+                        .and_then(|p| p.availability_zone())
+                        .unwrap_or_default()
+                        .to_string(),
+                    subnet_id: i.subnet_id().unwrap_or_default().to_string(),
+                    vpc_id: i.vpc_id().unwrap_or_default().to_string(),
+                    instance_type: i
+                        .instance_type()
+                        .map(|t| t.as_str().to_string())
+                        .unwrap_or_default(),
+                    image_id: i.image_id().unwrap_or_default().to_string(),
+                    mac: nic
+                        .and_then(|n| n.mac_address())
+                        .unwrap_or("0e:00:00:00:00:01")
+                        .to_string(),
+                    security_groups: i
+                        .security_groups()
+                        .iter()
+                        .filter_map(|g| g.group_name().map(str::to_string))
+                        .collect(),
+                    tags: tags_of(Some(i.tags())),
+                });
+            }
+        }
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(v)
+    }
+
+    pub fn user_data(&self, instance_id: &str) -> Result<Option<String>, CloudError> {
+        let out = self
+            .rt
+            .block_on(
+                self.ec2
+                    .describe_instance_attribute()
+                    .instance_id(instance_id)
+                    .attribute(aws_sdk_ec2::types::InstanceAttributeName::UserData)
+                    .send(),
+            )
+            .map_err(|e| self.err("DescribeInstanceAttribute", e))?;
+        let Some(b64) = out.user_data().and_then(|u| u.value()) else {
+            return Ok(None);
+        };
+        let bytes = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, b64.trim())
+            .map_err(|e| self.err("DescribeInstanceAttribute (base64 user-data)", e))?;
+        Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
+    }
+
+    pub fn volumes(&self) -> Result<Vec<Volume>, CloudError> {
+        let out = self
+            .rt
+            .block_on(self.ec2.describe_volumes().send())
+            .map_err(|e| self.err("DescribeVolumes", e))?;
+        let mut v: Vec<Volume> = out
+            .volumes()
+            .iter()
+            .map(|x| Volume {
+                id: x.volume_id().unwrap_or_default().to_string(),
+                size_gib: x.size().unwrap_or(1).max(1) as u64,
+                zone: x.availability_zone().unwrap_or_default().to_string(),
+                state: x.state().map(|s| s.as_str().to_string()).unwrap_or_default(),
+                tags: tags_of(Some(x.tags())),
+                attachments: x
+                    .attachments()
+                    .iter()
+                    .map(|a| Attachment {
+                        instance_id: a.instance_id().unwrap_or_default().to_string(),
+                        device: a.device().unwrap_or_default().to_string(),
+                        state: a.state().map(|s| s.as_str().to_string()).unwrap_or_default(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(v)
+    }
+
+    /// Terminate an instance the way an instance dies: through EC2. Its autoscaling group notices
+    /// and launches a replacement.
+    pub fn terminate(&self, instance_id: &str) -> Result<(), CloudError> {
+        self.rt
+            .block_on(self.ec2.terminate_instances().instance_ids(instance_id).send())
+            .map_err(|e| self.err("TerminateInstances", e))?;
+        Ok(())
+    }
+
+    /// Every A record of every hosted zone.
+    pub fn a_records(&self) -> Result<Vec<ARecord>, CloudError> {
+        let zones = self
+            .rt
+            .block_on(self.r53.list_hosted_zones().send())
+            .map_err(|e| self.err("ListHostedZones", e))?;
+        let mut out = Vec::new();
+        for z in zones.hosted_zones() {
+            let id = z.id().to_string();
+            let mut next: Option<(String, aws_sdk_route53::types::RrType)> = None;
+            for _page in 0..100 {
+                let mut req = self.r53.list_resource_record_sets().hosted_zone_id(&id);
+                if let Some((n, t)) = &next {
+                    req = req.start_record_name(n).start_record_type(t.clone());
+                }
+                let rs = self
+                    .rt
+                    .block_on(req.send())
+                    .map_err(|e| self.err("ListResourceRecordSets", e))?;
+                for r in rs.resource_record_sets() {
+                    if r.r#type() == &aws_sdk_route53::types::RrType::A {
+                        out.push(ARecord {
+                            zone: z.name().to_string(),
+                            name: r.name().trim_end_matches('.').to_string(),
+                            ips: r
+                                .resource_records()
+                                .iter()
+                                .map(|x| x.value().to_string())
+                                .collect(),
+                        });
+                    }
+                }
+                if !rs.is_truncated() {
+                    break;
+                }
+                match (rs.next_record_name(), rs.next_record_type()) {
+                    (Some(n), Some(t)) => next = Some((n.to_string(), t.clone())),
+                    _ => break,
+                }
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// Desired capacity and live instances per autoscaling group.
+    pub fn groups(&self) -> Result<Vec<(String, i32, Vec<String>)>, CloudError> {
+        let out = self
+            .rt
+            .block_on(self.asg.describe_auto_scaling_groups().send())
+            .map_err(|e| self.err("DescribeAutoScalingGroups", e))?;
+        Ok(out
+            .auto_scaling_groups()
+            .iter()
+            .map(|g| {
+                (
+                    g.auto_scaling_group_name().unwrap_or_default().to_string(),
+                    g.desired_capacity().unwrap_or(0),
+                    g.instances()
+                        .iter()
+                        .filter_map(|i| i.instance_id().map(str::to_string))
+                        .collect(),
+                )
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,21 @@
+//! keelson-local: a whole Keelson cluster on one machine.
+//!
+//! moto plays the cloud (EC2, Auto Scaling, Route53, S3); every running moto instance becomes a
+//! real systemd machine (`systemd-nspawn --boot` of a cached Debian rootfs) in its own network
+//! namespace with the instance's private IP, an IMDSv2 endpoint serving that instance's facts and
+//! user-data, and the instance's attached EBS volumes as loop devices under their NVMe by-id names.
+//! The user-data boots nodeup from a local mirror; nodeup installs containerd, runc, the CNI
+//! plugins and protokube for real. The kubelet cannot be had offline: a stand-in that runs static
+//! pods' host commands (etcd) takes its place. See `README.md`, "Run a cluster on your machine".
+
+pub mod cloud;
+pub mod cmd;
+pub mod httpd;
+pub mod imds;
+pub mod machine;
+pub mod moto;
+pub mod net;
+pub mod paths;
+pub mod rootfs;
+pub mod staticpods;
+pub mod volumes;

@@ -1,0 +1,487 @@
+//! A machine: one moto instance as a `systemd-nspawn --boot` container with its own network
+//! namespace (the instance's private IP on the bridge) and its own IMDS server in that namespace.
+//!
+//! The host has no systemd, so nspawn runs with `--register=no --keep-unit`; machines are driven
+//! with `nsenter -t <init pid> -a …`.
+
+use std::fs;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::cmd::{self, CmdError};
+use crate::imds::InstanceData;
+use crate::net::{self, Segment};
+use crate::paths::{self, MachinePaths};
+use crate::rootfs;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MachineError {
+    #[error("machine {instance}: {path}: {source}")]
+    Io {
+        instance: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("machine {instance}: {source}")]
+    Cmd {
+        instance: String,
+        #[source]
+        source: CmdError,
+    },
+    #[error("machine {instance}: rootfs: {source}")]
+    Rootfs {
+        instance: String,
+        #[source]
+        source: rootfs::RootfsError,
+    },
+    #[error("machine {instance}: private IP {ip} is not on the local VPC segment {network}/{prefix}")]
+    OffSegment {
+        instance: String,
+        ip: String,
+        network: Ipv4Addr,
+        prefix: u8,
+    },
+    #[error("machine {instance}: {what} did not happen within {secs} s ({hint})")]
+    Timeout {
+        instance: String,
+        what: String,
+        secs: u64,
+        hint: String,
+    },
+}
+
+/// How to reach the host services from inside a machine.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Environment {
+    /// `http://<gateway>:<port>`: moto, relayed from 127.0.0.1.
+    pub aws_endpoint: String,
+    pub region: String,
+    /// Extra `/etc/hosts` lines for every machine.
+    #[serde(default)]
+    pub hosts: Vec<String>,
+}
+
+/// What is persisted about a running machine (`machine.json`), enough for `ps` and `down`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct MachineInfo {
+    pub instance_id: String,
+    pub ip: String,
+    pub zone: String,
+    pub netns: String,
+    pub veth: String,
+    pub root: PathBuf,
+    pub overlay: bool,
+    pub nspawn_pid: i64,
+    pub imds_pid: i64,
+    #[serde(default)]
+    pub init_pid: Option<i64>,
+    #[serde(default)]
+    pub role: String,
+    #[serde(default)]
+    pub group: String,
+}
+
+pub struct Machine {
+    pub info: MachineInfo,
+    pub paths: MachinePaths,
+    nspawn: Option<Child>,
+    imds: Option<Child>,
+}
+
+fn io_err(instance: &str, path: &Path) -> impl FnOnce(std::io::Error) -> MachineError {
+    let instance = instance.to_string();
+    let path = path.to_path_buf();
+    move |source| MachineError::Io {
+        instance,
+        path,
+        source,
+    }
+}
+
+fn write_file(instance: &str, path: &Path, text: &str) -> Result<(), MachineError> {
+    if let Some(d) = path.parent() {
+        fs::create_dir_all(d).map_err(io_err(instance, d))?;
+    }
+    // Replace, never write through: the lower layer's file must not change.
+    let _ = fs::remove_file(path);
+    fs::write(path, text).map_err(io_err(instance, path))
+}
+
+/// The first child process of `pid` (nspawn's child is the container's init).
+pub fn child_of(pid: i64) -> Option<i64> {
+    let entries = fs::read_dir("/proc").ok()?;
+    for e in entries.flatten() {
+        let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<i64>().ok()) else {
+            continue;
+        };
+        if let Ok(stat) = fs::read_to_string(format!("/proc/{p}/stat")) {
+            // pid (comm) state ppid …; comm may contain spaces, so split after the last ')'.
+            if let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) {
+                let ppid = rest.split_whitespace().nth(1).and_then(|x| x.parse::<i64>().ok());
+                if ppid == Some(pid) {
+                    return Some(p);
+                }
+            }
+        }
+    }
+    None
+}
+
+impl Machine {
+    /// Boot a machine for `data` (instance facts from moto). Returns once systemd in the machine
+    /// reports the boot finished (`running` or `degraded`), or fails after `boot_timeout`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start(
+        self_exe: &Path,
+        lower: &Path,
+        dir: PathBuf,
+        bridge: &str,
+        seg: &Segment,
+        env: &Environment,
+        data: &InstanceData,
+        role: &str,
+        group: &str,
+    ) -> Result<Machine, MachineError> {
+        let id = data.instance_id.clone();
+        let ip: Ipv4Addr = data.private_ip.parse().map_err(|_| MachineError::OffSegment {
+            instance: id.clone(),
+            ip: data.private_ip.clone(),
+            network: seg.network,
+            prefix: seg.prefix,
+        })?;
+        if !seg.contains(ip) || ip == seg.gateway {
+            return Err(MachineError::OffSegment {
+                instance: id,
+                ip: data.private_ip.clone(),
+                network: seg.network,
+                prefix: seg.prefix,
+            });
+        }
+        let mp = MachinePaths { dir };
+        fs::create_dir_all(&mp.dir).map_err(io_err(&id, &mp.dir))?;
+        let overlay = rootfs::instantiate(lower, &mp.upper(), &mp.work(), &mp.root()).map_err(
+            |source| MachineError::Rootfs {
+                instance: id.clone(),
+                source,
+            },
+        )?;
+        let mut m = Machine {
+            info: MachineInfo {
+                instance_id: id.clone(),
+                ip: data.private_ip.clone(),
+                zone: data.zone.clone(),
+                netns: paths::netns_name(&id),
+                veth: paths::veth_name(&id),
+                root: mp.root(),
+                overlay,
+                nspawn_pid: 0,
+                imds_pid: 0,
+                init_pid: None,
+                role: role.to_string(),
+                group: group.to_string(),
+            },
+            paths: mp,
+            nspawn: None,
+            imds: None,
+        };
+        // From here on, a failure tears down what was built.
+        match m.boot(self_exe, bridge, seg, env, data, ip) {
+            Ok(()) => Ok(m),
+            Err(e) => {
+                m.stop();
+                Err(e)
+            }
+        }
+    }
+
+    fn boot(
+        &mut self,
+        self_exe: &Path,
+        bridge: &str,
+        seg: &Segment,
+        env: &Environment,
+        data: &InstanceData,
+        ip: Ipv4Addr,
+    ) -> Result<(), MachineError> {
+        let id = self.info.instance_id.clone();
+        self.personalise(env, data)?;
+        let cmd_err = |source| MachineError::Cmd {
+            instance: id.clone(),
+            source,
+        };
+        net::create_namespace(&self.info.netns, &self.info.veth, bridge, ip, seg)
+            .map_err(cmd_err)?;
+
+        // IMDS inside the namespace.
+        let imds_file = self.paths.imds_file();
+        let json = serde_json::to_string_pretty(data).unwrap_or_default();
+        write_file(&id, &imds_file, &json)?;
+        let log = fs::File::create(self.paths.imds_log()).map_err(io_err(&id, &self.paths.imds_log()))?;
+        let log2 = log.try_clone().map_err(io_err(&id, &self.paths.imds_log()))?;
+        let imds = Command::new("ip")
+            .args(["netns", "exec", &self.info.netns])
+            .arg(self_exe)
+            .arg("imds")
+            .arg("--data")
+            .arg(&imds_file)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .spawn()
+            .map_err(|source| MachineError::Cmd {
+                instance: id.clone(),
+                source: CmdError::Spawn {
+                    program: "ip netns exec … keelson-local imds".into(),
+                    source,
+                },
+            })?;
+        self.info.imds_pid = imds.id() as i64;
+        self.imds = Some(imds);
+        wait_for(&id, "IMDS to listen", Duration::from_secs(10), "see imds.log", || {
+            fs::read_to_string(self.paths.imds_log())
+                .map(|s| s.contains("listening"))
+                .unwrap_or(false)
+        })?;
+
+        // The machine.
+        let console = fs::File::create(self.paths.console_log())
+            .map_err(io_err(&id, &self.paths.console_log()))?;
+        let console2 = console
+            .try_clone()
+            .map_err(io_err(&id, &self.paths.console_log()))?;
+        let nspawn = Command::new("systemd-nspawn")
+            .args([
+                "--boot",
+                "--register=no",
+                "--keep-unit",
+                "--console=read-only",
+                "--resolv-conf=off",
+                "--timezone=off",
+                "--link-journal=no",
+                "--capability=all",
+            ])
+            .arg(format!("--network-namespace-path=/run/netns/{}", self.info.netns))
+            .arg(format!("--machine={id}"))
+            .arg("--directory")
+            .arg(self.paths.root())
+            .env("SYSTEMD_NSPAWN_LOCK", "0")
+            .stdin(Stdio::null())
+            .stdout(console)
+            .stderr(console2)
+            .process_group(0)
+            .spawn()
+            .map_err(|source| MachineError::Cmd {
+                instance: id.clone(),
+                source: CmdError::Spawn {
+                    program: "systemd-nspawn (apt-get install systemd-container)".into(),
+                    source,
+                },
+            })?;
+        self.info.nspawn_pid = nspawn.id() as i64;
+        self.nspawn = Some(nspawn);
+        let nspawn_pid = self.info.nspawn_pid;
+        let mut init = None;
+        wait_for(&id, "the container's init to start", Duration::from_secs(20), "see console.log", || {
+            init = child_of(nspawn_pid).filter(|p| {
+                fs::read_to_string(format!("/proc/{p}/comm"))
+                    .map(|c| c.trim() == "systemd")
+                    .unwrap_or(false)
+            });
+            init.is_some()
+        })?;
+        self.info.init_pid = init;
+        self.save()?;
+        Ok(())
+    }
+
+    /// Wait until systemd in the machine says the boot finished.
+    pub fn wait_booted(&self, timeout: Duration) -> Result<String, MachineError> {
+        let id = &self.info.instance_id;
+        let mut state = String::new();
+        wait_for(id, "systemd boot to finish", timeout.as_secs().max(1), "see console.log", || {
+            state = self
+                .exec(&["systemctl", "is-system-running"])
+                .map(|o| o.trim().to_string())
+                .unwrap_or_else(|e| e.to_string());
+            state == "running" || state == "degraded"
+        })
+        .map(|_| state.clone())
+    }
+
+    /// Files that make this rootfs this instance (written into the overlay before boot).
+    fn personalise(&self, env: &Environment, data: &InstanceData) -> Result<(), MachineError> {
+        let id = &self.info.instance_id;
+        let root = self.paths.root();
+        let short = format!("ip-{}", data.private_ip.replace('.', "-"));
+        write_file(id, &root.join("etc/hostname"), &format!("{short}\n"))?;
+        let mut hosts = format!(
+            "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n{} {} {}\n",
+            data.private_ip,
+            data.local_hostname(),
+            short
+        );
+        for h in &env.hosts {
+            hosts.push_str(h);
+            hosts.push('\n');
+        }
+        write_file(id, &root.join("etc/hosts"), &hosts)?;
+        // No resolver in the local VPC: name lookups fail at once instead of timing out.
+        write_file(id, &root.join("etc/resolv.conf"), "# keelson-local: no DNS resolver; names come from /etc/hosts\noptions timeout:1 attempts:1\n")?;
+        // Every service sees the local cloud's AWS endpoint and (fake) credentials.
+        let conf = format!(
+            "[Manager]\nDefaultEnvironment=\"AWS_ENDPOINT_URL={}\" \"AWS_REGION={}\" \"AWS_DEFAULT_REGION={}\" \"AWS_ACCESS_KEY_ID=keelson-local\" \"AWS_SECRET_ACCESS_KEY=keelson-local\"\n",
+            env.aws_endpoint, env.region, env.region
+        );
+        write_file(id, &root.join("etc/systemd/system.conf.d/keelson-local.conf"), &conf)?;
+        let profile = format!(
+            "export AWS_ENDPOINT_URL={}\nexport AWS_REGION={}\nexport AWS_ACCESS_KEY_ID=keelson-local\nexport AWS_SECRET_ACCESS_KEY=keelson-local\n",
+            env.aws_endpoint, env.region
+        );
+        write_file(id, &root.join("etc/profile.d/keelson-local.sh"), &profile)?;
+        Ok(())
+    }
+
+    pub fn save(&self) -> Result<(), MachineError> {
+        let json = serde_json::to_string_pretty(&self.info).unwrap_or_default();
+        write_file(&self.info.instance_id, &self.paths.info_file(), &json)
+    }
+
+    pub fn init_pid(&self) -> Option<i64> {
+        self.info.init_pid.filter(|p| cmd::alive(*p))
+    }
+
+    pub fn running(&self) -> bool {
+        self.init_pid().is_some()
+    }
+
+    /// Run a command inside the machine (all its namespaces).
+    pub fn exec(&self, argv: &[&str]) -> Result<String, CmdError> {
+        exec_in(self.info.init_pid.unwrap_or(0), argv)
+    }
+
+    /// Stop the machine (power off: SIGKILL its init, as a terminated instance loses power), kill
+    /// its IMDS, remove its namespace and its root.
+    pub fn stop(&mut self) {
+        teardown(&self.info, &self.paths);
+        if let Some(mut c) = self.nspawn.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Some(mut c) = self.imds.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// `nsenter -t PID -a -- argv…`
+pub fn exec_in(init_pid: i64, argv: &[&str]) -> Result<String, CmdError> {
+    cmd::run(
+        Command::new("nsenter")
+            .args(["-t", &init_pid.to_string(), "-a", "--"])
+            .args(argv),
+    )
+}
+
+/// Tear down from persisted info only (used by `stop` and by `down` after a crash).
+pub fn teardown(info: &MachineInfo, mp: &MachinePaths) {
+    if let Some(init) = info.init_pid {
+        if cmd::alive(init) {
+            cmd::kill(init, "KILL");
+        }
+    }
+    if info.nspawn_pid > 0 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while cmd::alive(info.nspawn_pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if cmd::alive(info.nspawn_pid) {
+            cmd::kill(info.nspawn_pid, "KILL");
+        }
+    }
+    if info.imds_pid > 0 && cmd::alive(info.imds_pid) {
+        cmd::kill(info.imds_pid, "KILL");
+    }
+    // The IMDS server itself (ip netns exec execs it, so the pid is the same; be thorough).
+    for pid in pids_in_netns(&info.netns) {
+        cmd::kill(pid, "KILL");
+    }
+    let root = mp.root();
+    for _ in 0..20 {
+        if !is_mountpoint(&root) {
+            break;
+        }
+        if cmd::sh(&["umount", &root.to_string_lossy()]).is_err() {
+            cmd::sh_quiet(&["umount", "-l", &root.to_string_lossy()]);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    net::delete_namespace(&info.netns, &info.veth);
+    let _ = fs::remove_dir_all(Path::new(paths::NSPAWN_RUN_DIR).join("propagate").join(&info.instance_id));
+    let _ = fs::remove_dir_all(mp.upper());
+    let _ = fs::remove_dir_all(mp.work());
+    if !is_mountpoint(&root) {
+        let _ = fs::remove_dir_all(&root);
+    }
+}
+
+/// Processes whose network namespace is `/run/netns/<ns>` (via `ip netns pids`).
+pub fn pids_in_netns(ns: &str) -> Vec<i64> {
+    cmd::sh(&["ip", "netns", "pids", ns])
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+pub fn is_mountpoint(path: &Path) -> bool {
+    let p = path.to_string_lossy();
+    fs::read_to_string("/proc/self/mountinfo")
+        .map(|m| {
+            m.lines()
+                .any(|l| l.split_whitespace().nth(4) == Some(p.as_ref()))
+        })
+        .unwrap_or(false)
+}
+
+/// Poll `cond` every 100 ms until true or `secs` pass.
+pub fn wait_for(
+    instance: &str,
+    what: &str,
+    secs: impl Into<WaitSecs>,
+    hint: &str,
+    mut cond: impl FnMut() -> bool,
+) -> Result<(), MachineError> {
+    let secs = secs.into().0;
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if cond() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(MachineError::Timeout {
+                instance: instance.to_string(),
+                what: what.to_string(),
+                secs,
+                hint: hint.to_string(),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+pub struct WaitSecs(pub u64);
+impl From<u64> for WaitSecs {
+    fn from(s: u64) -> Self {
+        WaitSecs(s)
+    }
+}
+impl From<Duration> for WaitSecs {
+    fn from(d: Duration) -> Self {
+        WaitSecs(d.as_secs().max(1))
+    }
+}

@@ -1,0 +1,126 @@
+//! The moto server (EC2, Auto Scaling, Route53, S3) on 127.0.0.1.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum MotoError {
+    #[error("moto needs Python with moto[server]: {python} not found (set KEELSON_PYTHON, or run scripts/test which creates /work/main/.venv)")]
+    NoPython { python: PathBuf },
+    #[error("cannot start moto ({python} -m moto.server): {source}")]
+    Spawn {
+        python: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("moto on 127.0.0.1:{port} did not answer within {secs} s (log: {log})")]
+    NotReady { port: u16, secs: u64, log: PathBuf },
+    #[error("no free port on 127.0.0.1: {0}")]
+    Port(std::io::Error),
+}
+
+/// `$KEELSON_PYTHON`, else the repository's `.venv` (created by `scripts/test`).
+pub fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("KEELSON_PYTHON").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    repo.join(".venv/bin/python")
+}
+
+pub fn free_port() -> Result<u16, MotoError> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(MotoError::Port)?;
+    Ok(l.local_addr().map_err(MotoError::Port)?.port())
+}
+
+/// A raw HTTP exchange with 127.0.0.1:port (no client library needed for two calls).
+pub fn http(port: u16, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf)?;
+    let status = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Ok((status, body))
+}
+
+pub struct Moto {
+    pub port: u16,
+    child: Option<Child>,
+}
+
+impl Moto {
+    pub fn start(log: &Path) -> Result<Moto, MotoError> {
+        let py = python();
+        if !py.exists() {
+            return Err(MotoError::NoPython { python: py });
+        }
+        let port = free_port()?;
+        let out = std::fs::File::create(log).map_err(|source| MotoError::Spawn { python: py.clone(), source })?;
+        let err = out.try_clone().map_err(|source| MotoError::Spawn { python: py.clone(), source })?;
+        let child = Command::new(&py)
+            .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0)
+            .spawn()
+            .map_err(|source| MotoError::Spawn { python: py.clone(), source })?;
+        let mut m = Moto { port, child: Some(child) };
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            if let Ok((200, _)) = http(port, "GET", "/moto-api/data.json", "") {
+                break;
+            }
+            if Instant::now() > deadline {
+                m.stop();
+                return Err(MotoError::NotReady { port, secs: STARTUP_TIMEOUT.as_secs(), log: log.to_path_buf() });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // Warm-up: moto's first EC2 call is slow.
+        let _ = http(port, "POST", "/", "Action=DescribeRegions&Version=2016-11-15");
+        Ok(m)
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    pub fn reset(&self) {
+        let _ = http(self.port, "POST", "/moto-api/reset", "");
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            crate::cmd::kill(-(c.id() as i64), "KILL");
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

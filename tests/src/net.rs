@@ -1,0 +1,139 @@
+//! Network namespaces, veth pairs and the machines' bridge. Nothing here routes anywhere: the bridge
+//! is an L2 segment with the machines and the harness's gateway address on it, and the namespaces
+//! have no default route, so a machine can reach only its peers, the gateway and its own IMDS.
+
+use std::net::Ipv4Addr;
+use std::process::Command;
+
+use crate::cmd::{self, CmdError};
+use crate::paths;
+
+/// Addressing of the local VPC: every machine is on one L2 segment with the VPC's prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Segment {
+    pub network: Ipv4Addr,
+    pub prefix: u8,
+    /// The harness's address on the bridge (moto relay, asset mirror).
+    pub gateway: Ipv4Addr,
+}
+
+impl Segment {
+    /// The VPC CIDR's last usable address is the gateway (moto never hands it out as long as no
+    /// subnet ends there; the caller checks).
+    pub fn from_cidr(cidr: &str) -> Option<Segment> {
+        let (addr, prefix) = cidr.split_once('/')?;
+        let addr: Ipv4Addr = addr.parse().ok()?;
+        let prefix: u8 = prefix.parse().ok()?;
+        if !(8..=30).contains(&prefix) {
+            return None;
+        }
+        let mask = u32::MAX << (32 - prefix);
+        let network = u32::from(addr) & mask;
+        let gateway = Ipv4Addr::from((network | !mask) - 1);
+        Some(Segment {
+            network: Ipv4Addr::from(network),
+            prefix,
+            gateway,
+        })
+    }
+
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+        let mask = u32::MAX << (32 - self.prefix);
+        u32::from(ip) & mask == u32::from(self.network)
+    }
+}
+
+pub fn ensure_bridge(name: &str, seg: &Segment) -> Result<(), CmdError> {
+    let exists = cmd::output(Command::new("ip").args(["link", "show", name]))?
+        .status
+        .success();
+    if !exists {
+        cmd::sh(&["ip", "link", "add", name, "type", "bridge"])?;
+    }
+    let addr = format!("{}/{}", seg.gateway, seg.prefix);
+    let addrs = cmd::sh(&["ip", "-4", "-o", "addr", "show", "dev", name])?;
+    if !addrs.contains(&format!(" {addr} ")) {
+        cmd::sh(&["ip", "addr", "add", &addr, "dev", name])?;
+    }
+    cmd::sh(&["ip", "link", "set", name, "up"])?;
+    Ok(())
+}
+
+pub fn delete_bridge(name: &str) {
+    cmd::sh_quiet(&["ip", "link", "del", name]);
+}
+
+/// A namespace `ns` with `eth0` = `ip/prefix` on the bridge, `lo` up, and the IMDS address on `lo`.
+pub fn create_namespace(
+    ns: &str,
+    veth: &str,
+    bridge: &str,
+    ip: Ipv4Addr,
+    seg: &Segment,
+) -> Result<(), CmdError> {
+    delete_namespace(ns, veth);
+    cmd::sh(&["ip", "netns", "add", ns])?;
+    let result = (|| {
+        cmd::sh(&[
+            "ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns,
+        ])?;
+        cmd::sh(&["ip", "link", "set", veth, "master", bridge, "up"])?;
+        let addr = format!("{ip}/{}", seg.prefix);
+        cmd::sh(&["ip", "-n", ns, "addr", "add", &addr, "dev", "eth0"])?;
+        cmd::sh(&["ip", "-n", ns, "link", "set", "eth0", "up"])?;
+        cmd::sh(&["ip", "-n", ns, "link", "set", "lo", "up"])?;
+        let imds = format!("{}/32", paths::IMDS_ADDR);
+        cmd::sh(&["ip", "-n", ns, "addr", "add", &imds, "dev", "lo"])?;
+        Ok(())
+    })();
+    if result.is_err() {
+        delete_namespace(ns, veth);
+    }
+    result
+}
+
+pub fn delete_namespace(ns: &str, veth: &str) {
+    cmd::sh_quiet(&["ip", "link", "del", veth]);
+    cmd::sh_quiet(&["ip", "netns", "del", ns]);
+}
+
+/// Every namespace whose name carries our prefix (for `down`).
+pub fn our_namespaces() -> Vec<String> {
+    cmd::sh(&["ip", "netns", "list"])
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(paths::NETNS_PREFIX))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every veth whose name carries our prefix (for `down`).
+pub fn our_links() -> Vec<String> {
+    cmd::sh(&["ip", "-o", "link", "show"])
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(": ").nth(1))
+        .map(|n| n.split('@').next().unwrap_or(n).to_string())
+        .filter(|n| n.starts_with(paths::VETH_PREFIX) || n.starts_with("klbr"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segment_from_vpc_cidr() {
+        let s = Segment::from_cidr("172.20.0.0/16").unwrap();
+        assert_eq!(s.network, Ipv4Addr::new(172, 20, 0, 0));
+        assert_eq!(s.gateway, Ipv4Addr::new(172, 20, 255, 254));
+        assert!(s.contains(Ipv4Addr::new(172, 20, 32, 5)));
+        assert!(!s.contains(Ipv4Addr::new(172, 21, 0, 1)));
+        let s = Segment::from_cidr("10.1.2.3/24").unwrap();
+        assert_eq!(s.network, Ipv4Addr::new(10, 1, 2, 0));
+        assert_eq!(s.gateway, Ipv4Addr::new(10, 1, 2, 254));
+        assert!(Segment::from_cidr("10.0.0.0/31").is_none());
+        assert!(Segment::from_cidr("nonsense").is_none());
+    }
+}

@@ -1,0 +1,147 @@
+//! Every host path and name the local cloud uses, in one place.
+//!
+//! Two roots: the cache (`$KEELSON_LOCAL_CACHE`, default `/var/cache/keelson-local`) holds what is
+//! expensive to rebuild and safe to share (the Debian rootfs, repackaged Debian assets); the state
+//! directory (`$KEELSON_LOCAL_STATE`, default `/var/lib/keelson-local`) holds one running cluster
+//! and is removed by `down`.
+
+use std::path::PathBuf;
+
+/// Kernel names created on the host are prefixed with this, so `down` can find every leftover.
+pub const NAME_PREFIX: &str = "kl";
+/// Network namespaces: `kl-<instance id>`.
+pub const NETNS_PREFIX: &str = "kl-";
+/// Host end of each machine's veth: `klv<last 8 hex digits of the instance id>`.
+pub const VETH_PREFIX: &str = "klv";
+/// Bridge that connects the machines (and nothing else).
+pub const DEFAULT_BRIDGE: &str = "klbr0";
+/// Instance metadata address inside every namespace.
+pub const IMDS_ADDR: &str = "169.254.169.254";
+/// NVMe by-id name of an EBS volume, as AWS Nitro instances expose it.
+pub const EBS_BY_ID_PREFIX: &str = "nvme-Amazon_Elastic_Block_Store_";
+/// Where nspawn keeps per-machine state on a host without systemd (cleaned by `down`).
+pub const NSPAWN_RUN_DIR: &str = "/run/systemd/nspawn";
+
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("KEELSON_LOCAL_CACHE")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/keelson-local"))
+}
+
+pub fn state_dir() -> PathBuf {
+    std::env::var_os("KEELSON_LOCAL_STATE")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/lib/keelson-local"))
+}
+
+/// Layout of the state directory.
+#[derive(Debug, Clone)]
+pub struct State {
+    pub root: PathBuf,
+}
+
+impl State {
+    pub fn new(root: PathBuf) -> State {
+        State { root }
+    }
+    pub fn cluster_file(&self) -> PathBuf {
+        self.root.join("cluster.json")
+    }
+    pub fn daemon_log(&self) -> PathBuf {
+        self.root.join("daemon.log")
+    }
+    pub fn moto_log(&self) -> PathBuf {
+        self.root.join("moto.log")
+    }
+    pub fn mirror_dir(&self) -> PathBuf {
+        self.root.join("mirror")
+    }
+    pub fn machines_dir(&self) -> PathBuf {
+        self.root.join("machines")
+    }
+    pub fn machine_dir(&self, instance_id: &str) -> PathBuf {
+        self.machines_dir().join(instance_id)
+    }
+    pub fn volumes_dir(&self) -> PathBuf {
+        self.root.join("volumes")
+    }
+    pub fn volume_file(&self, volume_id: &str) -> PathBuf {
+        self.volumes_dir().join(format!("{volume_id}.img"))
+    }
+    pub fn compiled_dir(&self) -> PathBuf {
+        self.root.join("compiled")
+    }
+    pub fn stop_file(&self) -> PathBuf {
+        self.root.join("stop")
+    }
+}
+
+/// Per-machine layout (under the state directory).
+#[derive(Debug, Clone)]
+pub struct MachinePaths {
+    pub dir: PathBuf,
+}
+
+impl MachinePaths {
+    pub fn upper(&self) -> PathBuf {
+        self.dir.join("upper")
+    }
+    pub fn work(&self) -> PathBuf {
+        self.dir.join("work")
+    }
+    pub fn root(&self) -> PathBuf {
+        self.dir.join("root")
+    }
+    pub fn console_log(&self) -> PathBuf {
+        self.dir.join("console.log")
+    }
+    pub fn imds_file(&self) -> PathBuf {
+        self.dir.join("imds.json")
+    }
+    pub fn imds_log(&self) -> PathBuf {
+        self.dir.join("imds.log")
+    }
+    pub fn info_file(&self) -> PathBuf {
+        self.dir.join("machine.json")
+    }
+}
+
+pub fn netns_name(instance_id: &str) -> String {
+    format!("{NETNS_PREFIX}{instance_id}")
+}
+
+/// Interface names are limited to 15 bytes: `klv` + the last 8 characters of the instance id.
+pub fn veth_name(instance_id: &str) -> String {
+    let tail: String = instance_id
+        .chars()
+        .rev()
+        .take(8)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    format!("{VETH_PREFIX}{tail}")
+}
+
+/// `vol-0abc…` → `nvme-Amazon_Elastic_Block_Store_vol0abc…` (AWS drops the dash).
+pub fn ebs_by_id_name(volume_id: &str) -> String {
+    format!("{EBS_BY_ID_PREFIX}{}", volume_id.replace('-', ""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert_eq!(veth_name("i-0123456789abcdef0"), "klv9abcdef0");
+        assert!(veth_name("i-0123456789abcdef0").len() <= 15);
+        assert_eq!(netns_name("i-1"), "kl-i-1");
+        assert_eq!(
+            ebs_by_id_name("vol-0a1b2c"),
+            "nvme-Amazon_Elastic_Block_Store_vol0a1b2c"
+        );
+    }
+}

@@ -1,0 +1,375 @@
+//! The machines' root filesystem: Debian bookworm with systemd, built once with `debootstrap` and
+//! cached under a key derived from everything that goes into it; each machine boots an overlay
+//! (copy-on-write) of it, or a copy when overlayfs is unavailable.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use sha2::{Digest, Sha256};
+
+use crate::cmd;
+
+pub const SUITE: &str = "bookworm";
+pub const DEFAULT_DEBIAN_MIRROR: &str = "http://deb.debian.org/debian";
+
+/// What the machines need besides a minimal Debian. containerd, runc and the CNI plugins are *not*
+/// here: nodeup installs them from the local asset mirror, as it does on a real instance.
+pub const PACKAGES: &[&str] = &[
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "curl",
+    "ca-certificates",
+    "iproute2",
+    "iptables",
+    "kmod",
+    "procps",
+    "util-linux",
+    "mount",
+    "e2fsprogs",
+    "etcd-server",
+    "etcd-client",
+];
+
+/// Units of the Debian packages that must not start in a machine: etcd is started from the static
+/// pod manifest only; the timers would wake up at random and cost CPU.
+const MASKED_UNITS: &[&str] = &[
+    "etcd.service",
+    "apt-daily.timer",
+    "apt-daily-upgrade.timer",
+    "dpkg-db-backup.timer",
+    "e2scrub_all.timer",
+    "e2scrub_reap.service",
+    "fstrim.timer",
+    "console-getty.service",
+    "getty@.service",
+    "systemd-timesyncd.service",
+];
+
+/// Bump when the customisation below changes (it is part of the cache key).
+const SETUP_VERSION: &str = "3";
+
+pub const USER_DATA_UNIT: &str = "keelson-user-data.service";
+pub const USER_DATA_RUNNER: &str = "usr/local/lib/keelson-local/run-user-data";
+
+/// Fetches this instance's user-data over IMDSv2 and runs it, as cloud-init does.
+const RUN_USER_DATA: &str = r#"#!/bin/sh
+# keelson-local: fetch this instance's user-data from IMDSv2 and run it (what cloud-init does on EC2).
+set -u
+imds=http://169.254.169.254
+dir=/var/lib/cloud/instance
+i=0
+while ! token=$(curl -fsS -m 2 -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 300' "$imds/latest/api/token"); do
+  i=$((i + 1))
+  if [ "$i" -ge 100 ]; then echo "run-user-data: IMDS at $imds unreachable" >&2; exit 1; fi
+  sleep 0.1
+done
+mkdir -p "$dir"
+code=$(curl -sS -m 10 -o "$dir/user-data.txt" -w '%{http_code}' -H "X-aws-ec2-metadata-token: $token" "$imds/latest/user-data")
+if [ "$code" = 404 ]; then echo "run-user-data: no user-data"; exit 0; fi
+if [ "$code" != 200 ]; then echo "run-user-data: IMDS user-data: HTTP $code" >&2; exit 1; fi
+chmod 0700 "$dir/user-data.txt"
+echo "run-user-data: running user-data ($(wc -c < "$dir/user-data.txt") bytes)"
+if head -c 2 "$dir/user-data.txt" | grep -q '#!'; then
+  exec "$dir/user-data.txt"
+fi
+exec /bin/sh "$dir/user-data.txt"
+"#;
+
+const USER_DATA_UNIT_TEXT: &str = "[Unit]
+Description=Run the instance user-data (keelson-local stand-in for cloud-init)
+After=local-fs.target network.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/local/lib/keelson-local/run-user-data
+StandardOutput=journal+console
+StandardError=journal+console
+TimeoutStartSec=20min
+
+[Install]
+WantedBy=multi-user.target
+";
+
+#[derive(Debug, thiserror::Error)]
+pub enum RootfsError {
+    #[error("rootfs {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("debootstrap is not installed (apt-get install debootstrap; scripts/test installs it)")]
+    NoDebootstrap,
+    #[error("debootstrap of {suite} into {path} failed ({status}); last output:\n{tail}")]
+    Debootstrap {
+        suite: String,
+        path: PathBuf,
+        status: String,
+        tail: String,
+    },
+    #[error(transparent)]
+    Cmd(#[from] cmd::CmdError),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RootfsError + '_ {
+    move |source| RootfsError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Cache key: suite, packages and setup version.
+pub fn cache_key() -> String {
+    let mut h = Sha256::new();
+    h.update(SUITE);
+    for p in PACKAGES {
+        h.update([0]);
+        h.update(p);
+    }
+    h.update([1]);
+    h.update(SETUP_VERSION);
+    h.update(RUN_USER_DATA);
+    h.update(USER_DATA_UNIT_TEXT);
+    for u in MASKED_UNITS {
+        h.update(u);
+    }
+    hex::encode(h.finalize())[..12].to_string()
+}
+
+pub fn cached_path(cache_dir: &Path) -> PathBuf {
+    cache_dir.join(format!("rootfs-{SUITE}-{}", cache_key()))
+}
+
+/// The cached rootfs, building it first when missing (under a lock, so concurrent tests build once).
+pub fn ensure(cache_dir: &Path) -> Result<PathBuf, RootfsError> {
+    let dest = cached_path(cache_dir);
+    let marker = dest.join(".keelson-complete");
+    if marker.exists() {
+        return Ok(dest);
+    }
+    fs::create_dir_all(cache_dir).map_err(io(cache_dir))?;
+    let _lock = BuildLock::acquire(&cache_dir.join("rootfs.lock"))?;
+    if marker.exists() {
+        return Ok(dest);
+    }
+    if cmd::which("debootstrap").is_none() && !Path::new("/usr/sbin/debootstrap").exists() {
+        return Err(RootfsError::NoDebootstrap);
+    }
+    let tmp = cache_dir.join(format!(".rootfs-build-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&tmp);
+    let mirror = std::env::var("KEELSON_DEBIAN_MIRROR")
+        .ok()
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| DEFAULT_DEBIAN_MIRROR.to_string());
+    eprintln!(
+        "keelson-local: building the {SUITE} rootfs with debootstrap from {mirror} into {} (once; 1-5 minutes)",
+        dest.display()
+    );
+    let started = std::time::Instant::now();
+    debootstrap(&tmp, &mirror)?;
+    customise(&tmp)?;
+    fs::write(tmp.join(".keelson-complete"), cache_key()).map_err(io(&tmp))?;
+    let _ = fs::remove_dir_all(&dest);
+    fs::rename(&tmp, &dest).map_err(io(&dest))?;
+    eprintln!(
+        "keelson-local: rootfs ready in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(dest)
+}
+
+/// A lock directory holding the builder's pid (stale when that process is gone), so concurrent
+/// test binaries build the rootfs once. Bounded wait.
+struct BuildLock {
+    dir: PathBuf,
+}
+
+impl BuildLock {
+    fn acquire(dir: &Path) -> Result<BuildLock, RootfsError> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30 * 60);
+        loop {
+            match fs::create_dir(dir) {
+                Ok(()) => {
+                    let _ = fs::write(dir.join("pid"), std::process::id().to_string());
+                    return Ok(BuildLock { dir: dir.to_path_buf() });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let holder = fs::read_to_string(dir.join("pid")).ok().and_then(|p| p.trim().parse::<i64>().ok());
+                    if holder.is_some_and(|p| !cmd::alive(p)) {
+                        let _ = fs::remove_dir_all(dir);
+                        continue;
+                    }
+                    if std::time::Instant::now() > deadline {
+                        return Err(RootfsError::Io { path: dir.to_path_buf(), source: std::io::Error::other("another build holds the rootfs lock for 30 minutes") });
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(500));
+                }
+                Err(e) => return Err(RootfsError::Io { path: dir.to_path_buf(), source: e }),
+            }
+        }
+    }
+}
+
+impl Drop for BuildLock {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn debootstrap(target: &Path, mirror: &str) -> Result<(), RootfsError> {
+    let include = PACKAGES.join(",");
+    let mut child = Command::new("debootstrap")
+        .args(["--variant=minbase", &format!("--include={include}"), SUITE])
+        .arg(target)
+        .arg(mirror)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|_| RootfsError::NoDebootstrap)?;
+    let mut tail: Vec<String> = Vec::new();
+    let mut last_phase = String::new();
+    if let Some(out) = child.stdout.take() {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            // Progress: one line per phase change ("Retrieving", "Extracting", "Configuring", ...).
+            let phase = line
+                .strip_prefix("I: ")
+                .and_then(|l| l.split_whitespace().next())
+                .unwrap_or("")
+                .to_string();
+            if !phase.is_empty() && phase != last_phase {
+                eprintln!("keelson-local: debootstrap: {line}");
+                last_phase = phase;
+            }
+            tail.push(line);
+            if tail.len() > 30 {
+                tail.remove(0);
+            }
+        }
+    }
+    let status = child.wait().map_err(io(target))?;
+    if !status.success() {
+        return Err(RootfsError::Debootstrap {
+            suite: SUITE.to_string(),
+            path: target.to_path_buf(),
+            status: status.to_string(),
+            tail: tail.join("\n"),
+        });
+    }
+    Ok(())
+}
+
+fn write(path: &Path, text: &str, mode: u32) -> Result<(), RootfsError> {
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir).map_err(io(dir))?;
+    }
+    fs::write(path, text).map_err(io(path))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(io(path))
+}
+
+fn symlink(target: &str, link: &Path) -> Result<(), RootfsError> {
+    if let Some(dir) = link.parent() {
+        fs::create_dir_all(dir).map_err(io(dir))?;
+    }
+    let _ = fs::remove_file(link);
+    std::os::unix::fs::symlink(target, link).map_err(io(link))
+}
+
+/// Machine-independent setup: the user-data unit, masked units, an empty machine-id (each boot
+/// gets a fresh one), no apt caches.
+fn customise(root: &Path) -> Result<(), RootfsError> {
+    write(&root.join(USER_DATA_RUNNER), RUN_USER_DATA, 0o755)?;
+    let unit = root.join("etc/systemd/system").join(USER_DATA_UNIT);
+    write(&unit, USER_DATA_UNIT_TEXT, 0o644)?;
+    symlink(
+        &format!("/etc/systemd/system/{USER_DATA_UNIT}"),
+        &root
+            .join("etc/systemd/system/multi-user.target.wants")
+            .join(USER_DATA_UNIT),
+    )?;
+    for u in MASKED_UNITS {
+        symlink("/dev/null", &root.join("etc/systemd/system").join(u))?;
+    }
+    write(&root.join("etc/machine-id"), "", 0o444)?;
+    let _ = fs::remove_file(root.join("var/lib/dbus/machine-id"));
+    // journald: keep the journal in memory, small.
+    write(
+        &root.join("etc/systemd/journald.conf.d/keelson-local.conf"),
+        "[Journal]\nStorage=volatile\nRuntimeMaxUse=16M\n",
+        0o644,
+    )?;
+    let apt_cache = root.join("var/cache/apt/archives");
+    if let Ok(entries) = fs::read_dir(&apt_cache) {
+        for e in entries.flatten() {
+            if e.path().extension().is_some_and(|x| x == "deb") {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A machine's root: an overlay of the cached rootfs (upper/work dirs under `machine_dir`), or a
+/// full copy when overlayfs cannot be mounted. Returns true when an overlay was mounted.
+pub fn instantiate(
+    lower: &Path,
+    upper: &Path,
+    work: &Path,
+    merged: &Path,
+) -> Result<bool, RootfsError> {
+    for d in [upper, work, merged] {
+        fs::create_dir_all(d).map_err(io(d))?;
+    }
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        lower.display(),
+        upper.display(),
+        work.display()
+    );
+    let overlay = cmd::run(
+        Command::new("mount")
+            .args(["-t", "overlay", "overlay", "-o", &opts])
+            .arg(merged),
+    );
+    if overlay.is_ok() {
+        return Ok(true);
+    }
+    cmd::run(
+        Command::new("cp")
+            .args(["-a", "--reflink=auto"])
+            .arg(format!("{}/.", lower.display()))
+            .arg(merged),
+    )?;
+    Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_is_stable_and_short() {
+        assert_eq!(cache_key(), cache_key());
+        assert_eq!(cache_key().len(), 12);
+        assert!(cached_path(Path::new("/c"))
+            .display()
+            .to_string()
+            .starts_with("/c/rootfs-bookworm-"));
+    }
+
+    #[test]
+    fn runner_is_valid_sh() {
+        let dir = std::env::temp_dir().join(format!("kl-runner-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("r.sh");
+        fs::write(&f, RUN_USER_DATA).unwrap();
+        let st = Command::new("sh").arg("-n").arg(&f).status().unwrap();
+        let _ = fs::remove_dir_all(&dir);
+        assert!(st.success());
+    }
+}

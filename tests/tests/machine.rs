@@ -1,0 +1,200 @@
+//! The local cloud's layers, each on its own, with real parts: the cached debootstrap rootfs, a
+//! machine booting systemd in its own network namespace, IMDSv2 reached with curl from inside it,
+//! user-data run at boot, an EBS volume exposed as a loop device under its NVMe by-id name and
+//! formatted/mounted inside the machine, the kubelet stand-in running etcd from a static pod
+//! manifest (and restarting it when the manifest changes), and cleanup leaving nothing behind.
+//!
+//! Needs root, debootstrap and systemd-nspawn (scripts/test installs them). The first run builds
+//! the rootfs (a few minutes); later runs reuse the cache.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use keelson_local::imds::InstanceData;
+use keelson_local::machine::{self, Environment, Machine};
+use keelson_local::net::{self, Segment};
+use keelson_local::{cmd, paths, rootfs, volumes};
+
+const BRIDGE: &str = "klbrt0";
+const INSTANCE: &str = "i-0000000000test01";
+
+fn require_root() {
+    let uid = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
+        .unwrap_or_default();
+    assert_eq!(uid, "0", "this test needs root (network namespaces, loop devices, systemd-nspawn); run scripts/test as root");
+    assert!(
+        cmd::which("systemd-nspawn").is_some(),
+        "systemd-nspawn is missing: apt-get install systemd-container (scripts/test does)"
+    );
+}
+
+/// Tears everything down even when an assertion fails.
+struct Guard {
+    machine: Option<Machine>,
+    dir: PathBuf,
+    backing: Option<PathBuf>,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(m) = self.machine.as_mut() {
+            m.stop();
+        }
+        if let Some(b) = &self.backing {
+            volumes::destroy_backing(b);
+        }
+        net::delete_bridge(BRIDGE);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn wait(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out after {secs} s waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn machine_layers_end_to_end() {
+    require_root();
+    let lower = rootfs::ensure(&paths::cache_dir()).expect("rootfs");
+    let dir = std::env::temp_dir().join(format!("kl-machine-test-{}", std::process::id()));
+    let mut g = Guard { machine: None, dir: dir.clone(), backing: None };
+    let seg = Segment::from_cidr("10.213.0.0/24").unwrap();
+    net::ensure_bridge(BRIDGE, &seg).expect("bridge");
+
+    let data = InstanceData {
+        instance_id: INSTANCE.into(),
+        region: "eu-west-1".into(),
+        zone: "eu-west-1a".into(),
+        private_ip: "10.213.0.10".into(),
+        mac: "0e:00:00:00:00:0a".into(),
+        user_data: Some("#!/bin/bash\necho \"user-data ran as $(id -u)\" > /root/user-data-marker\n".into()),
+        ..Default::default()
+    };
+    let env = Environment { aws_endpoint: format!("http://{}:1", seg.gateway), region: "eu-west-1".into(), hosts: vec![] };
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_keelson-local"));
+    let started = Instant::now();
+    let m = Machine::start(&exe, &lower, dir.join(INSTANCE), BRIDGE, &seg, &env, &data, "control-plane", "test")
+        .expect("machine starts");
+    g.machine = Some(m);
+    let m = g.machine.as_ref().unwrap();
+    let state = m.wait_booted(Duration::from_secs(60)).expect("systemd boots");
+    eprintln!("booted ({state}) in {:.1} s", started.elapsed().as_secs_f64());
+
+    // The namespace has the instance's IP; the host reaches it over the bridge only.
+    let addrs = m.exec(&["ip", "-4", "-o", "addr"]).unwrap();
+    assert!(addrs.contains("10.213.0.10/24"), "{addrs}");
+    let routes = m.exec(&["ip", "route"]).unwrap();
+    assert!(!routes.contains("default"), "machines must have no default route: {routes}");
+
+    // IMDSv2 from inside the machine with curl: no token → 401; token → facts.
+    let no_token = m.exec(&["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "http://169.254.169.254/latest/meta-data/instance-id"]).unwrap();
+    assert_eq!(no_token, "401");
+    let token = m.exec(&["curl", "-fsS", "-X", "PUT", "-H", "X-aws-ec2-metadata-token-ttl-seconds: 60", "http://169.254.169.254/latest/api/token"]).unwrap();
+    let get = |p: &str| m.exec(&["curl", "-fsS", "-H", &format!("X-aws-ec2-metadata-token: {token}"), &format!("http://169.254.169.254/latest/{p}")]).unwrap();
+    assert_eq!(get("meta-data/instance-id"), INSTANCE);
+    assert_eq!(get("meta-data/placement/availability-zone"), "eu-west-1a");
+    assert_eq!(get("meta-data/placement/region"), "eu-west-1");
+    assert_eq!(get("meta-data/local-ipv4"), "10.213.0.10");
+    assert!(get("user-data").starts_with("#!/bin/bash"));
+
+    // The user-data unit ran the user-data at boot (as root).
+    wait("user-data to run", 30, || m.exec(&["cat", "/root/user-data-marker"]).is_ok());
+    assert_eq!(m.exec(&["cat", "/root/user-data-marker"]).unwrap().trim(), "user-data ran as 0");
+    // Services see the local cloud's AWS endpoint.
+    let env_out = m.exec(&["systemctl", "show-environment"]).unwrap();
+    assert!(env_out.contains("AWS_ENDPOINT_URL=http://10.213.0.254:1"), "{env_out}");
+
+    // A volume: loop device, exposed under its NVMe by-id name, formatted and mounted inside.
+    let b = volumes::ensure_backing(&dir.join("volumes"), "vol-0123abcd", 1).expect("loop device");
+    g.backing = Some(b.file.clone());
+    let m = g.machine.as_ref().unwrap();
+    let init = m.init_pid().unwrap();
+    volumes::expose(init, &b, 1).expect("expose");
+    let link = format!("/dev/disk/by-id/{}", paths::ebs_by_id_name("vol-0123abcd"));
+    assert_eq!(m.exec(&["readlink", "-f", &link]).unwrap().trim(), "/dev/nvme1n1");
+    // From a service inside the machine (its cgroup and capabilities), as protokube would.
+    m.exec(&["systemd-run", "--wait", "--quiet", "--unit=kl-mkfs", "sh", "-c",
+        &format!("mkfs.ext4 -q {link} && mkdir -p /mnt/master-vol-0123abcd && mount {link} /mnt/master-vol-0123abcd && echo data > /mnt/master-vol-0123abcd/f")])
+        .expect("format and mount inside the machine");
+    assert_eq!(m.exec(&["cat", "/mnt/master-vol-0123abcd/f"]).unwrap().trim(), "data");
+
+    // The kubelet stand-in runs etcd from a static pod manifest with its host mounts.
+    let standin = PathBuf::from(env!("CARGO_BIN_EXE_kubelet-standin"));
+    std::fs::copy(&standin, m.info.root.join("usr/local/bin/kubelet")).unwrap();
+    let manifest = |name: &str| format!(r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: etcd-main
+  namespace: kube-system
+spec:
+  hostNetwork: true
+  containers:
+  - name: etcd
+    image: registry.k8s.io/etcd:v3.5.21
+    command: [/usr/local/bin/etcd]
+    args:
+    - --name={name}
+    - --data-dir=/var/etcd/data
+    - --listen-client-urls=http://10.213.0.10:4001,http://127.0.0.1:4001
+    - --advertise-client-urls=http://10.213.0.10:4001
+    - --listen-peer-urls=http://10.213.0.10:2380
+    - --initial-advertise-peer-urls=http://10.213.0.10:2380
+    - --initial-cluster={name}=http://10.213.0.10:2380
+    volumeMounts:
+    - name: data
+      mountPath: /var/etcd/data
+  volumes:
+  - name: data
+    hostPath:
+      path: /mnt/master-vol-0123abcd/data
+      type: DirectoryOrCreate
+"#);
+    m.exec(&["mkdir", "-p", "/etc/kubernetes/manifests"]).unwrap();
+    std::fs::write(m.info.root.join("etc/kubernetes/manifests/etcd-main.manifest"), manifest("a")).unwrap();
+    m.exec(&["systemd-run", "--unit=kubelet", "/usr/local/bin/kubelet", "--v=2", "--pod-manifest-path=/etc/kubernetes/manifests"]).unwrap();
+    let put = || m.exec(&["etcdctl", "--endpoints=http://10.213.0.10:4001", "put", "/k", "v"]).is_ok();
+    wait("etcd from the static pod to serve", 30, put);
+    // Its data is on the volume (the hostPath), not in the container path.
+    assert!(m.exec(&["test", "-d", "/mnt/master-vol-0123abcd/data/member"]).is_ok());
+    // From the host, over the bridge.
+    let out = cmd::sh(&["etcdctl", "--endpoints=http://10.213.0.10:4001", "get", "/k", "--print-value-only"]).unwrap();
+    assert_eq!(out.trim(), "v");
+    // A changed manifest restarts etcd with the new flags (member name b → a different process).
+    let pid_of = || {
+        let s = m.exec(&["cat", "/run/kubelet-standin/pods.json"]).unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(&s).unwrap_or_default();
+        v.as_array().and_then(|a| a.first()).and_then(|e| e["pid"].as_u64())
+    };
+    let first = pid_of().expect("stand-in reports etcd's pid");
+    std::fs::write(m.info.root.join("etc/kubernetes/manifests/etcd-main.manifest"), manifest("a").replace("--data-dir=/var/etcd/data", "--data-dir=/var/etcd/data\n    - --heartbeat-interval=150")).unwrap();
+    wait("etcd to restart on manifest change", 30, || pid_of().is_some_and(|p| p != first));
+    wait("restarted etcd to serve the old key", 30, || {
+        m.exec(&["etcdctl", "--endpoints=http://10.213.0.10:4001", "get", "/k", "--print-value-only"]).map(|o| o.trim() == "v").unwrap_or(false)
+    });
+    let ps = m.exec(&["ps", "-eo", "args"]).unwrap();
+    assert!(ps.contains("--heartbeat-interval=150"), "{ps}");
+
+    // Detach: the device disappears from the machine.
+    volumes::unexpose(init, "vol-0123abcd", 1);
+    assert!(m.exec(&["test", "-e", &link]).is_err());
+
+    // Stop: nothing left behind.
+    let info = g.machine.as_ref().unwrap().info.clone();
+    g.machine.as_mut().unwrap().stop();
+    assert!(!cmd::alive(info.nspawn_pid), "nspawn still running");
+    assert!(!cmd::alive(info.init_pid.unwrap()), "machine init still running");
+    assert!(!cmd::alive(info.imds_pid), "IMDS server still running");
+    assert!(!net::our_namespaces().contains(&info.netns), "namespace left behind");
+    assert!(!machine::is_mountpoint(&info.root), "overlay left mounted");
+    assert!(!Path::new(&format!("{}/propagate/{}", paths::NSPAWN_RUN_DIR, INSTANCE)).exists());
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&dir.to_string_lossy().to_string()), "mounts left under {}", dir.display());
+}
