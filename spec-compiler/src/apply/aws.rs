@@ -179,6 +179,7 @@ pub fn desired(model: &ClusterModel, resolved: &Resolved) -> Vec<Resource> {
         out.push(
             Resource::new(Kind::Vpc, &net.name)
                 .attr("cidr", net.cidr.clone().unwrap_or_default())
+                .attr("dns_hostnames", true)
                 .tags(&cluster_tags(&model.cluster, &net.name)),
         );
     }
@@ -325,9 +326,23 @@ impl AwsTarget {
             if model.network.existing_id.is_none() {
                 d.ids.vpc = Some(id.clone());
             }
+            let hostnames = self
+                .ec2
+                .describe_vpc_attribute()
+                .vpc_id(&id)
+                .attribute(ec2_t::VpcAttributeName::EnableDnsHostnames)
+                .send()
+                .await
+                .map_err(|e| api("DescribeVpcAttribute", &id, e))?
+                .enable_dns_hostnames()
+                .and_then(|a| a.value())
+                .unwrap_or(false);
             d.resources.push(Resource {
                 id: Some(id),
-                ..Resource::new(Kind::Vpc, name).attr("cidr", v.cidr_block().unwrap_or_default()).tags(&tags)
+                ..Resource::new(Kind::Vpc, name)
+                    .attr("cidr", v.cidr_block().unwrap_or_default())
+                    .attr("dns_hostnames", hostnames)
+                    .tags(&tags)
             });
         }
         let vpc_name_of = |id: &str| -> String {
@@ -711,14 +726,8 @@ impl AwsTarget {
                     .await
                     .map_err(|e| api("CreateVpc", name, e))?;
                 let id = resp.vpc().and_then(|v| v.vpc_id()).unwrap_or_default().to_string();
-                self.ec2
-                    .modify_vpc_attribute()
-                    .vpc_id(&id)
-                    .enable_dns_hostnames(ec2_t::AttributeBooleanValue::builder().value(true).build())
-                    .send()
-                    .await
-                    .map_err(|e| api("ModifyVpcAttribute", name, e))?;
-                ids.vpc = Some(id);
+                ids.vpc = Some(id.clone());
+                self.enable_dns_hostnames(&id, name).await?;
             }
             (Kind::Subnet, Action::Create) => {
                 let vpc = ids.vpc.clone().ok_or_else(|| AwsError::Missing {
@@ -912,8 +921,17 @@ impl AwsTarget {
                     self.create_tags(&id, &tags).await?;
                 }
             }
-            (Kind::Vpc | Kind::SecurityGroup, Action::Update(_)) => {
-                // Only tags can drift on these.
+            (Kind::Vpc, Action::Update(fields)) => {
+                let id = actual_id.unwrap_or_default();
+                if fields.iter().any(|f| f.field == "dns_hostnames") {
+                    self.enable_dns_hostnames(&id, name).await?;
+                }
+                if fields.iter().any(|f| f.field.starts_with("tags[")) {
+                    self.create_tags(&id, &tags).await?;
+                }
+            }
+            (Kind::SecurityGroup, Action::Update(_)) => {
+                // Only tags can drift here.
                 self.create_tags(&actual_id.unwrap_or_default(), &tags).await?;
             }
             (Kind::DnsRecord, Action::Create) => {
@@ -985,6 +1003,17 @@ impl AwsTarget {
                 .await?;
             }
         }
+        Ok(())
+    }
+
+    async fn enable_dns_hostnames(&self, id: &str, name: &str) -> Result<(), AwsError> {
+        self.ec2
+            .modify_vpc_attribute()
+            .vpc_id(id)
+            .enable_dns_hostnames(ec2_t::AttributeBooleanValue::builder().value(true).build())
+            .send()
+            .await
+            .map_err(|e| api("ModifyVpcAttribute", name, e))?;
         Ok(())
     }
 

@@ -70,7 +70,7 @@ pub async fn plan_apply(target: &aws::AwsTarget, model: &ClusterModel, store: &S
     let discovered = target.discover(model, &resolved).await?;
     let mut desired = state_store::desired(&model.state);
     desired.extend(aws::desired(model, &resolved));
-    let mut actual = state_store::discover(store, &model.state).await?;
+    let mut actual = state_store::discover(store, &model.state, &model.etcd_clusters).await?;
     actual.extend(discovered.resources.iter().cloned());
     let mut plan = plan::diff(&desired, &actual, Scope::Apply);
     plan.rolling = target.rolling(&plan, &discovered);

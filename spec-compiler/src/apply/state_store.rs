@@ -237,17 +237,37 @@ pub fn desired(state: &BTreeMap<String, Vec<u8>>) -> Vec<Resource> {
 }
 
 /// What the store holds for the desired files (reads only).
-pub async fn discover(store: &StateStore, state: &BTreeMap<String, Vec<u8>>) -> Result<Vec<Resource>, StoreError> {
+pub async fn discover(
+    store: &StateStore,
+    state: &BTreeMap<String, Vec<u8>>,
+    etcd_clusters: &[String],
+) -> Result<Vec<Resource>, StoreError> {
     let mut out = Vec::new();
     for rel in state.keys() {
         if let Some(bytes) = store.get(rel).await? {
             out.push(Resource::new(Kind::StateFile, rel.clone()).attr("sha256", sha256_hex(&bytes)));
         }
     }
-    if store.get(CA_MARKER).await?.is_some() {
+    // Complete only when every keyset (both halves) and the bootstrap token exist, so a run that
+    // stopped half-way through uploading the PKI finishes it next time.
+    let mut have: std::collections::BTreeSet<String> = store.list("pki/").await?.into_iter().collect();
+    have.extend(store.list("secrets/").await?);
+    if pki_files(etcd_clusters).iter().all(|f| have.contains(f)) {
         out.push(Resource::new(Kind::Keyset, "pki (cluster CAs, service-account key, bootstrap token)"));
     }
     Ok(out)
+}
+
+/// Every file the PKI consists of.
+pub fn pki_files(etcd_clusters: &[String]) -> Vec<String> {
+    let mut names = nodeup::pki::ca_names(etcd_clusters);
+    names.push("service-account".into());
+    let mut out: Vec<String> = names
+        .iter()
+        .flat_map(|n| [format!("pki/private/{n}/keyset.yaml"), format!("pki/issued/{n}/keyset.yaml")])
+        .collect();
+    out.push("secrets/node-bootstrap-token".into());
+    out
 }
 
 /// Everything apply wrote (for `keelson delete`): the compiled files, not the PKI.

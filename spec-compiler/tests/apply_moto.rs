@@ -1,0 +1,472 @@
+//! `keelson apply` / `delete` against a real moto server started by each test (127.0.0.1 only).
+//! Needs moto (`$KEELSON_PYTHON`, default `.venv/bin/python`); fails with a message saying so.
+
+mod moto;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use aws_sdk_ec2::types::Filter;
+use aws_smithy_runtime_api::box_error::BoxError;
+use aws_smithy_runtime_api::client::interceptors::context::BeforeSerializationInterceptorContextRef;
+use aws_smithy_runtime_api::client::interceptors::{Intercept, SharedInterceptor};
+use aws_smithy_runtime_api::client::orchestrator::Metadata;
+use aws_smithy_types::config_bag::ConfigBag;
+use base64::Engine as _;
+use moto::{Moto, BUCKET, CLUSTER};
+use spec_compiler::apply::aws::{write_calls, AwsTarget};
+use spec_compiler::apply::model::ClusterModel;
+use spec_compiler::apply::plan::{Action, Kind};
+use spec_compiler::apply::state_store::{NodeupPki, StateStore};
+use spec_compiler::apply::{self as apply};
+
+fn cluster_filter() -> Filter {
+    Filter::builder().name("tag:KubernetesCluster").values(CLUSTER).build()
+}
+
+fn model_of(docs: &keelson_api::Documents) -> (ClusterModel, spec_compiler::Compiled) {
+    apply::prepare(docs, &moto::compile_options()).expect("prepare")
+}
+
+fn store(t: &AwsTarget, m: &ClusterModel) -> StateStore {
+    StateStore::open(&m.config_base, Some(t.s3.clone())).expect("store")
+}
+
+/// Plan and apply; returns the plan's (create, change, delete) counts.
+async fn apply_once(t: &AwsTarget, m: &ClusterModel) -> Result<(usize, usize, usize), apply::ApplyError> {
+    let s = store(t, m);
+    let mut p = apply::plan_apply(t, m, &s).await?;
+    let counts = p.plan.counts();
+    apply::execute(t, m, &s, &mut p, &NodeupPki).await?;
+    Ok(counts)
+}
+
+/// Counts of what is tagged for the cluster: (vpcs, subnets, sgs, lts, asgs, volumes).
+async fn inventory(t: &AwsTarget) -> BTreeMap<&'static str, usize> {
+    let e = &t.ec2;
+    let vpcs = e.describe_vpcs().filters(cluster_filter()).send().await.expect("vpcs").vpcs().len();
+    let subnets = e.describe_subnets().filters(cluster_filter()).send().await.expect("subnets").subnets().len();
+    let sgs = e.describe_security_groups().filters(cluster_filter()).send().await.expect("sgs").security_groups().len();
+    let lts = e.describe_launch_templates().filters(cluster_filter()).send().await.expect("lts").launch_templates().len();
+    let asgs = t
+        .asg
+        .describe_auto_scaling_groups()
+        .send()
+        .await
+        .expect("asgs")
+        .auto_scaling_groups()
+        .iter()
+        .filter(|g| g.tags().iter().any(|t| t.key() == Some("KubernetesCluster") && t.value() == Some(CLUSTER)))
+        .count();
+    let vols = e
+        .describe_volumes()
+        .filters(cluster_filter())
+        .filters(Filter::builder().name("tag-key").values("k8s.io/etcd/main").build())
+        .send()
+        .await
+        .expect("volumes")
+        .volumes()
+        .len()
+        + e.describe_volumes()
+            .filters(cluster_filter())
+            .filters(Filter::builder().name("tag-key").values("k8s.io/etcd/events").build())
+            .send()
+            .await
+            .expect("volumes")
+            .volumes()
+            .len();
+    let running = e
+        .describe_instances()
+        .filters(cluster_filter())
+        .filters(Filter::builder().name("instance-state-name").values("pending").values("running").build())
+        .send()
+        .await
+        .expect("instances")
+        .reservations()
+        .iter()
+        .map(|r| r.instances().len())
+        .sum();
+    BTreeMap::from([
+        ("vpcs", vpcs),
+        ("subnets", subnets),
+        ("security_groups", sgs),
+        ("launch_templates", lts),
+        ("autoscaling_groups", asgs),
+        ("etcd_volumes", vols),
+        ("running_instances", running),
+    ])
+}
+
+fn expected_inventory() -> BTreeMap<&'static str, usize> {
+    BTreeMap::from([
+        ("vpcs", 1),
+        ("subnets", 1),
+        ("security_groups", 2),
+        ("launch_templates", 2),
+        ("autoscaling_groups", 2),
+        ("etcd_volumes", 2),
+        ("running_instances", 3),
+    ])
+}
+
+async fn dns_records(t: &AwsTarget) -> BTreeMap<String, Vec<String>> {
+    use cloud::Dns as _;
+    let zone = t.dns.find_zone(Some(moto::ZONE), CLUSTER).await.expect("zone");
+    t.dns
+        .list_records(&zone, CLUSTER)
+        .await
+        .expect("records")
+        .into_iter()
+        .filter(|r| r.rtype == "A")
+        .map(|r| (r.name, r.values))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_from_nothing_creates_what_the_spec_needs_and_reapply_changes_nothing() {
+    let moto = Moto::start();
+    let ami = moto.fixtures().await;
+    let docs = moto::spec(&ami, |t| t);
+    let (m, compiled) = model_of(&docs);
+    let t = moto.target(&[]).await;
+
+    // Plan only: reads, no writes.
+    let s = store(&t, &m);
+    let planned = apply::plan_apply(&t, &m, &s).await.expect("plan");
+    assert!(write_calls(&t.counter).is_empty(), "planning wrote: {:?}", write_calls(&t.counter));
+    let (create, change, delete) = planned.plan.counts();
+    assert_eq!((change, delete), (0, 0));
+    let text = planned.plan.render(false);
+    assert!(text.contains("+ LaunchTemplate nodes-us-east-1a.minimal.k8s.example.com"), "{text}");
+    assert!(text.contains(&format!("Plan: {create} to create, 0 to change, 0 to delete.")), "{text}");
+    assert_eq!(inventory(&t).await.values().sum::<usize>(), 0, "plan changed nothing");
+
+    apply_once(&t, &m).await.expect("apply");
+    assert_eq!(inventory(&t).await, expected_inventory());
+
+    // Launch templates: IMDSv2 with the spec's hop limit, root volume, SG, profile, user-data.
+    for lt in &m.launch_templates {
+        let v = t
+            .ec2
+            .describe_launch_template_versions()
+            .launch_template_name(&lt.name)
+            .versions("$Latest")
+            .send()
+            .await
+            .expect("lt versions");
+        let data = v.launch_template_versions()[0].launch_template_data().expect("data");
+        assert_eq!(data.image_id(), Some(ami.as_str()));
+        let md = data.metadata_options().expect("metadata options");
+        assert_eq!(md.http_tokens().map(|t| t.as_str()), Some("required"));
+        let hop = if lt.group.starts_with("control-plane") { 3 } else { 1 };
+        assert_eq!(md.http_put_response_hop_limit(), Some(hop), "{}", lt.name);
+        assert_eq!(data.iam_instance_profile().and_then(|p| p.name()), Some(lt.instance_profile.as_str()));
+        assert_eq!(data.security_group_ids().len(), 1);
+        let ebs = data.block_device_mappings()[0].ebs().expect("root ebs");
+        assert_eq!((ebs.volume_size(), ebs.volume_type().map(|t| t.as_str())), (Some(64), Some("gp3")));
+        // User-data: < 16 KB, the compiled script, booting this group's own nodeup config.
+        let ud = base64::engine::general_purpose::STANDARD.decode(data.user_data().expect("user data")).expect("base64");
+        assert!(ud.len() < 16 * 1024, "{}: user-data {} bytes", lt.name, ud.len());
+        assert_eq!(ud, compiled.tree.files[&format!("userdata/{}.sh", lt.group)]);
+        let script = String::from_utf8(ud).expect("utf8");
+        let boot_yaml = script
+            .split("<< '__KEELSON_BOOTCONFIG_EOF__'\n")
+            .nth(1)
+            .and_then(|rest| rest.split("__KEELSON_BOOTCONFIG_EOF__").next())
+            .expect("boot config heredoc");
+        let boot: keelson_api::nodeup::BootConfig = serde_yaml_ng::from_str(boot_yaml).expect("BootConfig parses");
+        assert_eq!(boot.instance_group_name, lt.group);
+        assert_eq!(boot.cluster_name, CLUSTER);
+        assert_eq!(boot.config_base, m.config_base);
+        let role_dir = if lt.group.starts_with("control-plane") { "control-plane" } else { "node" };
+        let nodeup = t
+            .s3
+            .get_object()
+            .bucket(BUCKET)
+            .key(format!("{CLUSTER}/igconfig/{role_dir}/{}/nodeupconfig.yaml", lt.group))
+            .send()
+            .await
+            .expect("nodeup config in the state store")
+            .body
+            .collect()
+            .await
+            .expect("body")
+            .into_bytes();
+        assert_eq!(boot.nodeup_config_hash, spec_compiler::nodeup_config_hash(&nodeup), "{}: pinned hash", lt.group);
+    }
+
+    // Autoscaling groups: sizes, subnets and propagated tags.
+    let asgs = t.asg.describe_auto_scaling_groups().send().await.expect("asgs");
+    for g in asgs.auto_scaling_groups() {
+        let name = g.auto_scaling_group_name().unwrap_or_default();
+        let tags: BTreeMap<&str, (&str, bool)> = g
+            .tags()
+            .iter()
+            .map(|t| (t.key().unwrap_or(""), (t.value().unwrap_or(""), t.propagate_at_launch().unwrap_or(false))))
+            .collect();
+        assert_eq!(tags["KubernetesCluster"], (CLUSTER, true), "{name}");
+        assert_eq!(tags[format!("kubernetes.io/cluster/{CLUSTER}").as_str()], ("owned", true));
+        if name.starts_with("nodes") {
+            assert_eq!((g.min_size(), g.max_size()), (Some(2), Some(4)));
+            assert_eq!(tags["k8s.io/role/node"], ("1", true));
+            assert_eq!(tags["kops.k8s.io/instancegroup"], ("nodes-us-east-1a", true));
+            assert_eq!(tags["k8s.io/cluster-autoscaler/node-template/label/workload"], ("general", true));
+        } else {
+            assert_eq!((g.min_size(), g.max_size()), (Some(1), Some(1)));
+            assert_eq!(tags["k8s.io/role/control-plane"], ("1", true));
+        }
+    }
+
+    // etcd volumes: DESIGN.md tags, 20 GiB gp3, encrypted as the spec says, in the member's zone.
+    let vols = t.ec2.describe_volumes().filters(cluster_filter()).send().await.expect("volumes");
+    let etcd: Vec<_> = vols.volumes().iter().filter(|v| v.tags().iter().any(|t| t.key().unwrap_or("").starts_with("k8s.io/etcd/"))).collect();
+    assert_eq!(etcd.len(), 2);
+    for v in etcd {
+        let tags: BTreeMap<&str, &str> = v.tags().iter().map(|t| (t.key().unwrap_or(""), t.value().unwrap_or(""))).collect();
+        let name = tags["Name"];
+        let etcd_cluster = if name.contains("etcd-events") { "events" } else { "main" };
+        assert_eq!(name, format!("a.etcd-{etcd_cluster}.{CLUSTER}"));
+        assert_eq!(tags[format!("k8s.io/etcd/{etcd_cluster}").as_str()], "a/a");
+        assert_eq!(tags["k8s.io/role/master"], "1");
+        assert_eq!(tags["k8s.io/role/control-plane"], "1");
+        assert_eq!(tags["KubernetesCluster"], CLUSTER);
+        assert_eq!(v.size(), Some(20));
+        assert_eq!(v.volume_type().map(|t| t.as_str()), Some("gp3"));
+        assert_eq!(v.encrypted(), Some(true));
+        assert_eq!(v.availability_zone(), Some("us-east-1a"));
+    }
+
+    // DNS with the placeholder address.
+    let records = dns_records(&t).await;
+    for name in [
+        format!("api.{CLUSTER}"),
+        format!("api.internal.{CLUSTER}"),
+        format!("etcd-a.internal.{CLUSTER}"),
+        format!("etcd-events-a.internal.{CLUSTER}"),
+    ] {
+        assert_eq!(records.get(&name), Some(&vec!["203.0.113.123".to_string()]), "{name}: {records:?}");
+    }
+
+    // State store: completed spec, node configs, CAs.
+    for key in ["cluster-completed.spec", "pki/private/kubernetes-ca/keyset.yaml", "secrets/node-bootstrap-token"] {
+        t.s3.head_object().bucket(BUCKET).key(format!("{CLUSTER}/{key}")).send().await.unwrap_or_else(|e| panic!("{key}: {e:?}"));
+    }
+
+    // Re-apply: no changes, no write calls.
+    let t2 = moto.target(&[]).await;
+    let s2 = store(&t2, &m);
+    let mut again = apply::plan_apply(&t2, &m, &s2).await.expect("plan again");
+    assert!(again.plan.is_empty(), "second plan:\n{}", again.plan.render(false));
+    assert!(again.plan.render(false).contains("No changes."));
+    apply::execute(&t2, &m, &s2, &mut again, &NodeupPki).await.expect("apply again");
+    assert!(write_calls(&t2.counter).is_empty(), "re-apply wrote: {:?}", write_calls(&t2.counter));
+    assert!(t2.counter.total_calls() > 0);
+
+    // The CLI says the same (plan by default, plain text when not a terminal).
+    let spec_file = tempfile::NamedTempFile::new().expect("tmp");
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/minimal.yaml")).expect("example");
+    let text = text
+        .replace("s3://acme-keelson-state/", &format!("s3://{BUCKET}/"))
+        .replace("099720109477/ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-20250610", &ami)
+        .replace("  cloudProvider: aws\n", &format!("  cloudProvider: aws\n  dnsZone: {}\n", moto::ZONE));
+    std::fs::write(spec_file.path(), text).expect("write spec");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_keelson"))
+        .args(["apply", "-f", &spec_file.path().display().to_string(), "--offline", "--endpoint-url", &moto.url])
+        .args(["--nodeup-asset", moto::NODEUP_AMD64])
+        .env_remove("KOPS_FEATURE_FLAGS")
+        .output()
+        .expect("run keelson");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("No changes."), "{stdout}");
+    assert!(!stdout.contains('\x1b'), "no colour when not a terminal");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changed_spec_changes_only_what_it_must_and_names_instances_to_replace() {
+    let moto = Moto::start();
+    let ami = moto.fixtures().await;
+    let (m, _) = model_of(&moto::spec(&ami, |t| t));
+    let t = moto.target(&[]).await;
+    apply_once(&t, &m).await.expect("apply");
+    let ca_before = t
+        .s3
+        .get_object()
+        .bucket(BUCKET)
+        .key(format!("{CLUSTER}/pki/private/kubernetes-ca/keyset.yaml"))
+        .send()
+        .await
+        .expect("ca")
+        .body
+        .collect()
+        .await
+        .expect("body")
+        .into_bytes();
+
+    // Bigger machines, a larger maximum and a kubelet flag for the nodes group only.
+    let changed = moto::spec(&ami, |t| {
+        t.replace("  machineType: t3.medium\n  minSize: 2\n  maxSize: 4\n", "  machineType: t3.large\n  minSize: 2\n  maxSize: 6\n  kubelet:\n    maxPods: 50\n")
+    });
+    let (m2, _) = model_of(&changed);
+    let t2 = moto.target(&[]).await;
+    let s2 = store(&t2, &m2);
+    let mut p = apply::plan_apply(&t2, &m2, &s2).await.expect("plan");
+    let text = p.plan.render(false);
+    let changed_names: Vec<(Kind, String)> = p.plan.changes.iter().map(|c| (c.kind, c.name.clone())).collect();
+    assert!(p.plan.changes.iter().all(|c| matches!(c.action, Action::Update(_))), "{text}");
+    let nodes = "nodes-us-east-1a.minimal.k8s.example.com".to_string();
+    assert!(changed_names.contains(&(Kind::LaunchTemplate, nodes.clone())), "{text}");
+    assert!(changed_names.contains(&(Kind::AutoscalingGroup, nodes.clone())), "{text}");
+    assert!(changed_names.contains(&(Kind::StateFile, "igconfig/node/nodes-us-east-1a/nodeupconfig.yaml".into())), "{text}");
+    let cloud_changes: Vec<_> = changed_names.iter().filter(|(k, _)| *k != Kind::StateFile).collect();
+    assert_eq!(cloud_changes.len(), 2, "only the nodes template and group change: {text}");
+    assert!(text.contains("instance_type: t3.medium → t3.large"), "{text}");
+    assert!(text.contains("max_size: 4 → 6"), "{text}");
+    assert!(text.contains("user_data.sha256"), "kubelet flag → new nodeup config hash → new user-data: {text}");
+    assert_eq!(p.plan.rolling.len(), 1, "{text}");
+    assert_eq!(p.plan.rolling[0].group, nodes);
+    assert_eq!(p.plan.rolling[0].instances.len(), 2, "{text}");
+    assert!(text.contains("rolling replacement needed: nodes-us-east-1a.minimal.k8s.example.com (2 instances"), "{text}");
+
+    apply::execute(&t2, &m2, &s2, &mut p, &NodeupPki).await.expect("apply change");
+    let writes = write_calls(&t2.counter);
+    let ops: Vec<&str> = writes.keys().map(|k| k.rsplit('/').next().unwrap_or("")).collect();
+    for op in &ops {
+        assert!(
+            ["CreateLaunchTemplateVersion", "ModifyLaunchTemplate", "UpdateAutoScalingGroup", "PutObject"].contains(op),
+            "unexpected write {op}: {writes:?}"
+        );
+    }
+    assert_eq!(writes.get("EC2/CreateLaunchTemplateVersion").or(writes.get("ec2/CreateLaunchTemplateVersion")), Some(&1), "{writes:?}");
+    let lt = t2
+        .ec2
+        .describe_launch_template_versions()
+        .launch_template_name(&nodes)
+        .versions("$Latest")
+        .send()
+        .await
+        .expect("versions");
+    let v = &lt.launch_template_versions()[0];
+    assert_eq!(v.version_number(), Some(2));
+    assert_eq!(v.launch_template_data().and_then(|d| d.instance_type()).map(|t| t.as_str()), Some("t3.large"));
+
+    let t3 = moto.target(&[]).await;
+    let again = apply::plan_apply(&t3, &m2, &store(&t3, &m2)).await.expect("plan again");
+    assert!(again.plan.is_empty(), "{}", again.plan.render(false));
+    let ca_after = t3
+        .s3
+        .get_object()
+        .bucket(BUCKET)
+        .key(format!("{CLUSTER}/pki/private/kubernetes-ca/keyset.yaml"))
+        .send()
+        .await
+        .expect("ca")
+        .body
+        .collect()
+        .await
+        .expect("body")
+        .into_bytes();
+    assert_eq!(ca_before, ca_after, "CAs are never regenerated");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_leaves_nothing_tagged_but_the_etcd_volumes() {
+    let moto = Moto::start();
+    let ami = moto.fixtures().await;
+    let docs = moto::spec(&ami, |t| t);
+    let (m, _) = model_of(&docs);
+    let t = moto.target(&[]).await;
+    apply_once(&t, &m).await.expect("apply");
+    assert_eq!(inventory(&t).await, expected_inventory());
+
+    // Delete without --delete-volumes (model built without user-data, as `keelson delete` does).
+    let (md, _) = apply::prepare_with(&docs, &spec_compiler::CompileOptions { offline: true, ..Default::default() }, false)
+        .expect("prepare for delete");
+    let s = store(&t, &md);
+    let mut p = apply::plan_delete(&t, &md, &s, false).await.expect("plan delete");
+    assert!(p.plan.changes.iter().all(|c| c.action == Action::Delete));
+    assert!(p.plan.changes.iter().all(|c| c.kind != Kind::Volume));
+    assert!(p.plan.render(false).contains("etcd volumes are kept"));
+    apply::execute(&t, &md, &s, &mut p, &NodeupPki).await.expect("delete");
+    let mut left = inventory(&t).await;
+    assert_eq!(left.remove("etcd_volumes"), Some(2));
+    assert!(left.values().all(|n| *n == 0), "left behind: {left:?}");
+    let records = dns_records(&t).await;
+    assert!(records.keys().all(|k| !k.ends_with(CLUSTER)), "{records:?}");
+    let objects = t.s3.list_objects_v2().bucket(BUCKET).prefix(format!("{CLUSTER}/")).send().await.expect("list");
+    let keys: Vec<&str> = objects.contents().iter().filter_map(|o| o.key()).collect();
+    assert!(keys.iter().all(|k| k.contains("/pki/") || k.contains("/secrets/")), "state left: {keys:?}");
+
+    // And with --delete-volumes nothing is left.
+    let mut p = apply::plan_delete(&t, &md, &s, true).await.expect("plan delete volumes");
+    assert_eq!(p.plan.counts(), (0, 0, 2), "{}", p.plan.render(false));
+    apply::execute(&t, &md, &s, &mut p, &NodeupPki).await.expect("delete volumes");
+    assert_eq!(inventory(&t).await.values().sum::<usize>(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttling_is_retried() {
+    let moto = Moto::start();
+    let ami = moto.fixtures().await;
+    let (m, _) = model_of(&moto::spec(&ami, |t| t));
+    let throttle = cloud::fault::Throttle::new(cloud::fault::ThrottleKind::Ec2RequestLimitExceeded, 3);
+    let t = moto.target(&[SharedInterceptor::new(throttle.clone())]).await;
+    apply_once(&t, &m).await.expect("apply despite throttling");
+    assert_eq!(throttle.injected(), 3);
+    let snap = t.counter.snapshot();
+    let (calls, attempts) = snap.values().fold((0, 0), |a, c| (a.0 + c.calls, a.1 + c.attempts));
+    assert_eq!(attempts, calls + 3, "each throttled response was retried once: {snap:?}");
+    assert_eq!(inventory(&t).await, expected_inventory());
+}
+
+/// Fails the n-th write operation (1-based) before it is sent.
+#[derive(Debug, Clone)]
+struct FailNthWrite {
+    n: u64,
+    seen: Arc<AtomicU64>,
+}
+
+impl Intercept for FailNthWrite {
+    fn name(&self) -> &'static str {
+        "test.FailNthWrite"
+    }
+    fn read_before_execution(&self, _ctx: &BeforeSerializationInterceptorContextRef<'_>, cfg: &mut ConfigBag) -> Result<(), BoxError> {
+        let op = cfg.load::<Metadata>().map(|m| m.name().to_string()).unwrap_or_default();
+        if spec_compiler::apply::aws::is_write(&op) && self.seen.fetch_add(1, Ordering::SeqCst) + 1 == self.n {
+            return Err(format!("injected failure of write #{} ({op})", self.n).into());
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_half_way_then_rerun_converges_without_duplicates() {
+    let moto = Moto::start();
+    let ami = moto.fixtures().await;
+    let (m, _) = model_of(&moto::spec(&ami, |t| t));
+    // How many writes a clean apply makes.
+    let t = moto.target(&[]).await;
+    apply_once(&t, &m).await.expect("clean apply");
+    let total: u64 = write_calls(&t.counter).values().sum();
+    assert!(total > 10, "{:?}", write_calls(&t.counter));
+
+    let cut_points: Vec<u64> = [1, total / 4, total / 2, total * 3 / 4, total - 1].into_iter().filter(|n| *n >= 1).collect();
+    for n in cut_points {
+        moto.reset();
+        let ami = moto.fixtures().await;
+        let (m, _) = model_of(&moto::spec(&ami, |t| t));
+        let fault = FailNthWrite { n, seen: Arc::new(AtomicU64::new(0)) };
+        let broken = moto.target(&[SharedInterceptor::new(fault)]).await;
+        let err = apply_once(&broken, &m).await.expect_err("the injected failure stops the run");
+        assert!(err.to_string().contains("injected failure") || format!("{err:?}").contains("injected failure"), "{err}");
+        let rerun = moto.target(&[]).await;
+        let (create, change, delete) = apply_once(&rerun, &m).await.unwrap_or_else(|e| panic!("rerun after failing write #{n}: {e}"));
+        assert_eq!(delete, 0);
+        assert!(create + change > 0, "write #{n}: the rerun had work left");
+        assert_eq!(inventory(&rerun).await, expected_inventory(), "after failing write #{n} of {total}");
+        let check = moto.target(&[]).await;
+        let p = apply::plan_apply(&check, &m, &store(&check, &m)).await.expect("plan");
+        assert!(p.plan.is_empty(), "write #{n}: not converged:\n{}", p.plan.render(false));
+    }
+}

@@ -1,0 +1,167 @@
+//! A moto server per test (started by the test, on 127.0.0.1 only) and the fixtures apply needs:
+//! a state-store bucket, a hosted zone, an AMI id, and the test spec built from examples/minimal.yaml.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use aws_smithy_runtime_api::client::interceptors::SharedInterceptor;
+use spec_compiler::apply::aws::AwsTarget;
+
+pub const BUCKET: &str = "keelson-test-state";
+pub const ZONE: &str = "example.com";
+pub const CLUSTER: &str = "minimal.k8s.example.com";
+
+pub const NODEUP_AMD64: &str =
+    "amd64=8b1a9953c4611296a827abf8c47804d7e6c49c6b8f0b8c1f4ee3a5e6a1b1c2d3@https://nodeup.mirror.test/amd64/nodeup";
+
+pub struct Moto {
+    child: Child,
+    pub url: String,
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn python() -> PathBuf {
+    std::env::var_os("KEELSON_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python"))
+}
+
+/// Run blocking work (the blocking HTTP client) from sync or multi-threaded async tests.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(_) => tokio::task::block_in_place(f),
+        Err(_) => f(),
+    }
+}
+
+fn http() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder().no_proxy().timeout(Duration::from_secs(10)).build().expect("http client")
+}
+
+impl Moto {
+    /// Start a moto server on a free port and wait (bounded) until it answers.
+    pub fn start() -> Moto {
+        blocking(Self::start_blocking)
+    }
+
+    fn start_blocking() -> Moto {
+        std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
+        std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
+        std::env::remove_var("AWS_ENDPOINT_URL");
+        std::env::remove_var("AWS_PROFILE");
+        let py = python();
+        let port = TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
+        let child = Command::new(&py)
+            .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "these tests need moto: cannot run {} ({e}); create it with \
+                     `python3 -m venv .venv && .venv/bin/pip install 'moto[server]'` or set KEELSON_PYTHON",
+                    py.display()
+                )
+            });
+        let mut moto = Moto { child, url: format!("http://127.0.0.1:{port}") };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(r) = http().get(format!("{}/moto-api/data.json", moto.url)).send() {
+                if r.status().is_success() {
+                    break;
+                }
+            }
+            if let Ok(Some(status)) = moto.child.try_wait() {
+                panic!(
+                    "these tests need moto: `{} -m moto.server` exited with {status} (install with `pip install 'moto[server]'`)",
+                    py.display()
+                );
+            }
+            assert!(Instant::now() < deadline, "moto server at {} did not answer within 60 s", moto.url);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        moto
+    }
+
+    /// Forget everything (between phases of a test).
+    pub fn reset(&self) {
+        blocking(|| self.reset_blocking())
+    }
+
+    fn reset_blocking(&self) {
+        let r = http().post(format!("{}/moto-api/reset", self.url)).send().expect("moto reset");
+        assert!(r.status().is_success(), "moto reset: {}", r.status());
+    }
+
+    pub fn options(&self) -> cloud::AwsOptions {
+        cloud::AwsOptions {
+            region: Some("us-east-1".into()),
+            endpoint_url: Some(self.url.clone()),
+            max_attempts: 5,
+            initial_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(100),
+            attempt_timeout: Duration::from_secs(30),
+            operation_timeout: Duration::from_secs(60),
+        }
+    }
+
+    pub async fn target(&self, interceptors: &[SharedInterceptor]) -> AwsTarget {
+        let mut t = AwsTarget::new(&self.options(), interceptors).await;
+        t.dependency_retries = 5;
+        t.dependency_delay = Duration::from_millis(100);
+        t
+    }
+
+    /// Bucket, hosted zone; returns an AMI id moto knows.
+    pub async fn fixtures(&self) -> String {
+        let t = self.target(&[]).await;
+        t.s3.create_bucket().bucket(BUCKET).send().await.expect("create bucket");
+        t.dns
+            .client()
+            .create_hosted_zone()
+            .name(ZONE)
+            .caller_reference(format!("keelson-test-{}", std::process::id()))
+            .send()
+            .await
+            .expect("create zone");
+        let images = t.ec2.describe_images().send().await.expect("describe images");
+        let mut ids: Vec<String> = images.images().iter().filter_map(|i| i.image_id().map(str::to_string)).collect();
+        ids.sort();
+        ids.into_iter().next().expect("moto has default AMIs")
+    }
+}
+
+/// examples/minimal.yaml pointed at the test bucket, zone and image, with `edit` applied to the text.
+pub fn spec(ami: &str, edit: impl Fn(String) -> String) -> keelson_api::Documents {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/minimal.yaml")).expect("example");
+    let text = text
+        .replace("s3://acme-keelson-state/", &format!("s3://{BUCKET}/"))
+        .replace("099720109477/ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-20250610", ami)
+        .replace("  cloudProvider: aws\n", &format!("  cloudProvider: aws\n  dnsZone: {ZONE}\n"));
+    let text = edit(text);
+    spec_compiler::load::load_bytes(Path::new("test.yaml"), text.as_bytes()).expect("test spec is valid")
+}
+
+pub fn compile_options() -> spec_compiler::CompileOptions {
+    let (arch, asset) = NODEUP_AMD64.split_once('=').expect("asset");
+    spec_compiler::CompileOptions {
+        offline: true,
+        nodeup_assets: [(
+            spec_compiler::versions::Arch::parse(arch).expect("arch"),
+            spec_compiler::userdata::NodeupAsset::parse(asset).expect("asset"),
+        )]
+        .into_iter()
+        .collect(),
+        ..Default::default()
+    }
+}
