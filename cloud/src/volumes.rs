@@ -200,7 +200,11 @@ impl Volumes for Ec2 {
             .send()
             .await
             .map(|_| ())
-            .map_err(|e| api_err("DetachVolume", volume, e))
+            .or_else(|e| match e.code() {
+                // Already detached (AWS detaches a terminated instance's volumes by itself).
+                Some("InvalidAttachment.NotFound") => Ok(()),
+                _ => Err(api_err("DetachVolume", volume, e)),
+            })
     }
 
     async fn tag_volume(&self, volume: &str, tags: &[(String, String)]) -> Result<(), VolumeError> {

@@ -132,7 +132,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 for w in &r.waiting {
                     eprintln!("protokube: waiting: {w}");
                 }
+                for w in &r.refused {
+                    eprintln!("protokube: refused: {w}");
+                }
                 tracing::info!(
+                    peak_rss_kib = peak_rss_kib(),
                     elapsed_ms = t.elapsed().as_millis() as u64,
                     since_start_ms = started.elapsed().as_millis() as u64,
                     cloud_calls = calls,
@@ -172,7 +176,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
         first = false;
         if args.once {
             let r = result?;
+            tracing::info!(peak_rss_kib = peak_rss_kib(), since_start_ms = started.elapsed().as_millis() as u64, "done");
             println!("{}", summary(&r));
+            if !r.refused.is_empty() {
+                anyhow::bail!("{} volume(s) refused (see above); nothing was formatted", r.refused.len());
+            }
             return Ok(());
         }
         let wait = if result.is_ok() { interval } else { backoff };
@@ -183,9 +191,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
+/// Peak resident set size of this process (VmHWM), in KiB.
+fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .unwrap_or(0)
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PROTOKUBE_LOG").unwrap_or_else(|_| "info".into()))
         .init();
     let args = Args::parse();

@@ -65,6 +65,8 @@ pub struct Report {
     /// Volumes this instance holds and has mounted, by etcd cluster.
     pub mounted: BTreeMap<String, String>,
     pub waiting: Vec<String>,
+    /// Devices refused (foreign data, failed probe, wrong mount): never formatted, never mounted.
+    pub refused: Vec<String>,
 }
 
 /// The etcd role of a volume, from its `k8s.io/etcd/<cluster>=<member>/<all>` tag.
@@ -139,7 +141,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                 Err(e @ ReconcileError::Disk { .. }) => {
                     // A refused device blocks only this volume; say so loudly and go on.
                     tracing::error!(error = %e, "not mounting");
-                    report.waiting.push(e.to_string());
+                    report.refused.push(e.to_string());
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -520,7 +522,8 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
             }
         }
         let some = |s: BTreeSet<String>| (!s.is_empty()).then(|| s.into_iter().collect::<Vec<_>>());
-        if self.plan.manage_public_api {
+        // The public name only in a real zone; the hosts file carries the internal names.
+        if self.plan.manage_public_api && self.plan.dns != DnsMode::Hosts {
             let public = if api_public.is_empty() { api_private.clone() } else { api_public };
             out.insert(self.plan.api_public(), some(public));
         }
