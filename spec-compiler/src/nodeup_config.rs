@@ -63,6 +63,17 @@ pub fn assets_for(spec: &ClusterSpec, versions: &Versions, arch: Arch) -> Result
     Ok(versions.assets(arch, &names)?.iter().map(|a| a.compact_string()).collect())
 }
 
+/// The protokube build for control-plane hosts, kOps-style: `$KOPS_BASE_URL/linux/<arch>/protokube`
+/// (hash from the table, an override or the published `.sha256`). Without `KOPS_BASE_URL` no
+/// protokube asset is added (an image that already holds `/usr/local/bin/protokube`).
+pub fn protokube_asset(versions: &Versions, arch: Arch) -> Result<Option<String>, VersionsError> {
+    let Some(base) = std::env::var("KOPS_BASE_URL").ok().filter(|b| !b.is_empty()) else {
+        return Ok(None);
+    };
+    let url = format!("{}/linux/{}/protokube", base.trim_end_matches('/'), arch.as_str());
+    Ok(Some(versions.resolve_asset("protokube", "", &url)?.compact_string()))
+}
+
 /// AWS instance families with GPUs (`g4dn`, `g5`, `p4d`, …).
 fn has_gpu(machine_type: &str) -> bool {
     let family = machine_type.split('.').next().unwrap_or("");
@@ -218,7 +229,10 @@ pub fn build(
 
     let mut assets = BTreeMap::new();
     for arch in Arch::ALL {
-        let list = assets_for(spec, versions, arch).map_err(|source| NodeupConfigError::Assets { group: group.clone(), source: Box::new(source) })?;
+        let mut list = assets_for(spec, versions, arch).map_err(|source| NodeupConfigError::Assets { group: group.clone(), source: Box::new(source) })?;
+        if is_cp {
+            list.extend(protokube_asset(versions, arch).map_err(|source| NodeupConfigError::Assets { group: group.clone(), source: Box::new(source) })?);
+        }
         assets.insert(arch.as_str().to_string(), list);
     }
 

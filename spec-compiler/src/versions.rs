@@ -1014,8 +1014,24 @@ fn cache_file(dir: &Path, download_url: &str) -> PathBuf {
     dir.join(format!("{key}.sha256"))
 }
 
-/// Find the sha256 of an asset, kOps-style: the well-known table keyed by canonical URL,
-/// otherwise the published `<download url>.sha256` / `.sha256sum` (first whitespace field).
+/// Hash overrides: `$KEELSON_ASSET_HASHES` names a file of `<url>\t<sha256>` lines (the format of
+/// `versions/hashes.tsv`; `#` comments), keyed by canonical *or* download URL. It wins over the
+/// table — for a mirror that serves rebuilt assets under the upstream names (the local cloud
+/// serves Debian's containerd/runc/CNI plugins repackaged in the upstream layouts). Unset → none.
+pub fn hash_override(canonical_url: &str, download_url: &str) -> Option<String> {
+    let path = std::env::var_os("KEELSON_ASSET_HASHES").filter(|p| !p.is_empty())?;
+    let text = std::fs::read_to_string(&path).ok()?;
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| l.split_once(char::is_whitespace))
+        .find(|(url, _)| *url == canonical_url || *url == download_url)
+        .map(|(_, h)| h.trim().to_ascii_lowercase())
+        .filter(|h| is_sha256_hex(h))
+}
+
+/// Find the sha256 of an asset, kOps-style: [`hash_override`], then the well-known table keyed by
+/// canonical URL, otherwise the published `<download url>.sha256` / `.sha256sum` (first whitespace field).
 pub fn lookup_sha256(
     name: &str,
     version: &str,
@@ -1023,6 +1039,9 @@ pub fn lookup_sha256(
     download_url: &str,
     opts: &LookupOptions,
 ) -> Result<String, VersionsError> {
+    if let Some(h) = hash_override(canonical_url, download_url) {
+        return Ok(h);
+    }
     if let Some(h) = known_sha256(canonical_url) {
         return Ok(h.to_string());
     }
