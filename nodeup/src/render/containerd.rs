@@ -31,12 +31,21 @@ struct Debug {
     level: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug)]
 struct Plugins {
-    #[serde(rename = "io.containerd.cri.v1.images")]
     images: Images,
-    #[serde(rename = "io.containerd.cri.v1.runtime")]
     runtime: Runtime,
+}
+
+// Serialised as a map, not a struct: the toml serialiser quotes map keys in table headers
+// (`[plugins."io.containerd.cri.v1.images"]`) but not struct field names.
+impl Serialize for Plugins {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(2))?;
+        m.serialize_entry("io.containerd.cri.v1.images", &self.images)?;
+        m.serialize_entry("io.containerd.cri.v1.runtime", &self.runtime)?;
+        m.end()
+    }
 }
 
 #[derive(Debug, Serialize)]
