@@ -54,7 +54,8 @@ fn labels(pairs: &[(&str, String)]) -> Value {
 pub fn render(model: &ClusterModel) -> Tree {
     let mut b = Blocks::default();
     let cluster = gce_name(&model.cluster);
-    let cluster_label = label_value(&model.cluster);
+    // kOps labels the cluster with its "safe" name (dots → dashes).
+    let cluster_label = label_value(&model.cluster.replace('.', "-"));
     let net = &model.network;
     let network = match &net.existing_id {
         Some(id) => id.clone(),

@@ -1,0 +1,134 @@
+//! `keelson apply --target terraform`: golden files for the bundled examples plus structural checks
+//! (valid JSON, every resource/data/local/file reference resolves, valid names).
+//! Re-bless with `KEELSON_BLESS=1 cargo test -p keelson-spec-compiler --test apply_terraform`.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde_json::Value;
+use spec_compiler::apply::terraform::{structural_problems, MAIN_FILE};
+use spec_compiler::Tree;
+
+fn render(example: &Path) -> (tempfile::TempDir, Tree) {
+    let out = tempfile::tempdir().expect("tempdir");
+    let result = common::keelson(&[
+        "apply",
+        "-f",
+        &example.display().to_string(),
+        "--target",
+        "terraform",
+        "--out",
+        &out.path().display().to_string(),
+        "--offline",
+        "--nodeup-asset",
+        common::NODEUP_AMD64,
+        "--nodeup-asset",
+        common::NODEUP_ARM64,
+    ]);
+    assert!(result.status.success(), "{}: {}", example.display(), String::from_utf8_lossy(&result.stderr));
+    let stdout = String::from_utf8_lossy(&result.stdout);
+    assert!(stdout.contains("state store not written"), "no --yes: the state store is untouched: {stdout}");
+    let files = common::read_tree(out.path());
+    (out, Tree { files })
+}
+
+fn resources<'a>(root: &'a Value, ty: &str) -> BTreeMap<&'a str, &'a Value> {
+    root["resource"][ty].as_object().map(|o| o.iter().map(|(k, v)| (k.as_str(), v)).collect()).unwrap_or_default()
+}
+
+fn check(example_file: &str) -> Value {
+    let name = example_file.trim_end_matches(".yaml");
+    let (_out, tree) = render(&common::example(example_file));
+    let problems = structural_problems(&tree);
+    assert!(problems.is_empty(), "{example_file}: {problems:#?}");
+    let golden_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden-terraform").join(name);
+    if std::env::var_os("KEELSON_BLESS").is_some() {
+        let _ = std::fs::remove_dir_all(&golden_dir);
+        for (rel, bytes) in &tree.files {
+            let p = golden_dir.join(rel);
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            std::fs::write(&p, bytes).expect("write golden");
+        }
+    } else {
+        assert!(golden_dir.is_dir(), "no golden files at {}: run with KEELSON_BLESS=1", golden_dir.display());
+        let expected = common::read_tree(&golden_dir);
+        assert_eq!(tree.files.keys().collect::<Vec<_>>(), expected.keys().collect::<Vec<_>>(), "{example_file}: file set differs");
+        for (rel, bytes) in &expected {
+            assert!(
+                &tree.files[rel] == bytes,
+                "{example_file}: {rel} differs from its golden file (re-bless with KEELSON_BLESS=1 if intended)"
+            );
+        }
+    }
+    // User-data files are the compiled boot scripts, each under 16 KB.
+    for (rel, bytes) in &tree.files {
+        if rel.starts_with("data/") {
+            assert!(bytes.len() < 16 * 1024, "{rel}: {} bytes", bytes.len());
+            assert!(bytes.starts_with(b"#!/bin/bash"), "{rel}");
+        }
+    }
+    serde_json::from_slice(&tree.files[MAIN_FILE]).expect("json")
+}
+
+#[test]
+fn minimal_terraform() {
+    let root = check("minimal.yaml");
+    assert_eq!(resources(&root, "aws_launch_template").len(), 2);
+    assert_eq!(resources(&root, "aws_autoscaling_group").len(), 2);
+    assert_eq!(resources(&root, "aws_ebs_volume").len(), 2);
+    let lt = resources(&root, "aws_launch_template")["nodes-us-east-1a-minimal-k8s-example-com"];
+    assert_eq!(lt["metadata_options"]["http_tokens"], "required");
+    assert_eq!(lt["metadata_options"]["http_put_response_hop_limit"], 1);
+    let vol = resources(&root, "aws_ebs_volume")["a-etcd-main-minimal-k8s-example-com"];
+    assert_eq!(vol["size"], 20);
+    assert_eq!(vol["type"], "gp3");
+    assert_eq!(vol["tags"]["k8s.io/etcd/main"], "a/a");
+}
+
+#[test]
+fn ha_terraform() {
+    let root = check("ha.yaml");
+    assert_eq!(resources(&root, "aws_subnet").len(), 6);
+    assert_eq!(resources(&root, "aws_autoscaling_group").len(), 4);
+    let vols = resources(&root, "aws_ebs_volume");
+    assert_eq!(vols.len(), 6, "3 members × main/events");
+    assert_eq!(vols["b-etcd-events-ha-k8s-example-com"]["availability_zone"], "eu-west-1b");
+    assert_eq!(vols["b-etcd-events-ha-k8s-example-com"]["tags"]["k8s.io/etcd/events"], "b/a,b,c");
+    let nodes = resources(&root, "aws_autoscaling_group")["nodes-ha-k8s-example-com"];
+    assert_eq!(nodes["vpc_zone_identifier"].as_array().map(Vec::len), Some(3));
+}
+
+#[test]
+fn gce_terraform() {
+    let root = check("gce.yaml");
+    assert_eq!(resources(&root, "google_compute_instance_template").len(), 2);
+    let migs = resources(&root, "google_compute_instance_group_manager");
+    assert_eq!(migs.len(), 2);
+    let nodes = migs["b-nodes-europe-west1-b-gce-k8s-example-com"];
+    assert_eq!(nodes["zone"], "europe-west1-b");
+    assert_eq!(nodes["target_size"], 2);
+    let disks = resources(&root, "google_compute_disk");
+    assert_eq!(disks.len(), 2);
+    assert_eq!(disks["a-etcd-main-gce-k8s-example-com"]["labels"]["k8s-io-etcd-main"], "a-2fa");
+    assert!(resources(&root, "aws_vpc").is_empty());
+}
+
+#[test]
+fn dns_zone_renders_records_with_the_placeholder_that_resolve() {
+    let text = std::fs::read_to_string(common::example("minimal.yaml")).expect("example");
+    let text = text.replace("  cloudProvider: aws\n", "  cloudProvider: aws\n  dnsZone: example.com\n");
+    let spec = tempfile::NamedTempFile::new().expect("tmp");
+    std::fs::write(spec.path(), text).expect("write");
+    let (_out, tree) = render(spec.path());
+    assert!(structural_problems(&tree).is_empty(), "{:?}", structural_problems(&tree));
+    let root: Value = serde_json::from_slice(&tree.files[MAIN_FILE]).expect("json");
+    let records = resources(&root, "aws_route53_record");
+    assert_eq!(records.len(), 4, "{records:?}");
+    for r in records.values() {
+        assert_eq!(r["records"][0], "203.0.113.123");
+        assert_eq!(r["ttl"], 60);
+    }
+    assert_eq!(root["data"]["aws_route53_zone"]["dns-zone"]["name"], "example.com");
+}
