@@ -237,6 +237,14 @@ async fn apply_from_nothing_creates_what_the_spec_needs_and_reapply_changes_noth
         assert_eq!(v.availability_zone(), Some("us-east-1a"));
     }
 
+    // Security groups: intra-cluster traffic, SSH, and the API on the control plane.
+    let sgs = t.ec2.describe_security_groups().filters(cluster_filter()).send().await.expect("sgs");
+    let masters = sgs.security_groups().iter().find(|g| g.group_name() == Some("masters.minimal.k8s.example.com")).expect("masters sg");
+    let ports: Vec<(Option<i32>, usize)> =
+        masters.ip_permissions().iter().map(|p| (p.from_port(), p.ip_ranges().len() + p.user_id_group_pairs().len())).collect();
+    assert!(ports.iter().any(|(p, _)| *p == Some(443)), "{ports:?}");
+    assert!(ports.iter().any(|(p, _)| *p == Some(22)), "{ports:?}");
+
     // DNS with the placeholder address.
     let records = dns_records(&t).await;
     for name in [

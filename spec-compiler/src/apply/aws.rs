@@ -15,7 +15,7 @@ use cloud::calls::CallCounter;
 use cloud::dns::{Dns as _, Record, RecordChange, Route53Dns};
 use cloud::AwsOptions;
 
-use super::model::{cluster_tags, ClusterModel, DNS_TTL, PLACEHOLDER_IP};
+use super::model::{cluster_tags, ClusterModel, IngressRule, RuleSource, DNS_TTL, PLACEHOLDER_IP};
 use super::plan::{Action, Change, Kind, Plan, Resource, Rolling};
 use super::state_store::{sha256_hex, StateStore, StoreError};
 
@@ -138,6 +138,40 @@ pub struct Discovered {
     pub instances: BTreeMap<String, Vec<String>>,
 }
 
+fn rule_resource(rule: &IngressRule) -> Resource {
+    let r = Resource::new(Kind::SecurityGroupRule, rule.name())
+        .attr("group", &rule.group)
+        .attr("protocol", &rule.protocol)
+        .attr("from_port", rule.from_port)
+        .attr("to_port", rule.to_port);
+    match &rule.source {
+        RuleSource::Cidr(c) => r.attr("source_cidr", c),
+        RuleSource::Group(g) => r.attr("source_group", g),
+    }
+}
+
+/// The IpPermission for a rule resource (desired or discovered), with group names resolved to ids.
+fn ip_permission(r: &Resource, ids: &Ids) -> Result<ec2_t::IpPermission, AwsError> {
+    let get = |k: &str| r.attrs.get(k).cloned().unwrap_or_default();
+    let protocol = get("protocol");
+    let mut p = ec2_t::IpPermission::builder().ip_protocol(if protocol == "all" { "-1".to_string() } else { protocol.clone() });
+    if protocol != "all" {
+        p = p.from_port(get("from_port").parse().unwrap_or(0)).to_port(get("to_port").parse().unwrap_or(0));
+    }
+    if let Some(c) = r.attrs.get("source_cidr") {
+        p = p.ip_ranges(ec2_t::IpRange::builder().cidr_ip(c).build());
+    }
+    if let Some(g) = r.attrs.get("source_group") {
+        let id = ids.security_groups.get(g).cloned().ok_or_else(|| AwsError::Missing {
+            kind: "SecurityGroup",
+            name: g.clone(),
+            message: format!("source of rule {}", r.name),
+        })?;
+        p = p.user_id_group_pairs(ec2_t::UserIdGroupPair::builder().group_id(id).build());
+    }
+    Ok(p.build())
+}
+
 fn ec2_tags(tags: &BTreeMap<String, String>) -> Vec<ec2_t::Tag> {
     tags.iter().map(|(k, v)| ec2_t::Tag::builder().key(k).value(v).build()).collect()
 }
@@ -195,6 +229,9 @@ pub fn desired(model: &ClusterModel, resolved: &Resolved) -> Vec<Resource> {
     }
     for sg in &model.security_groups {
         out.push(Resource::new(Kind::SecurityGroup, &sg.name).attr("vpc", &vpc_name).tags(&sg.tags));
+        for rule in &sg.ingress {
+            out.push(rule_resource(rule));
+        }
     }
     for lt in &model.launch_templates {
         let image = resolved.images.get(&lt.image).map(|(id, _)| id.clone()).unwrap_or_else(|| lt.image.clone());
@@ -385,6 +422,27 @@ impl AwsTarget {
                 id: Some(id),
                 ..Resource::new(Kind::SecurityGroup, name).attr("vpc", vpc_name_of(g.vpc_id().unwrap_or_default())).tags(&tags)
             });
+        }
+        // Ingress rules, one resource per (protocol, ports, source), once every group's name is known.
+        for g in sgs.security_groups() {
+            let group = g.group_name().unwrap_or_default().to_string();
+            for p in g.ip_permissions() {
+                let protocol = match p.ip_protocol().unwrap_or("-1") {
+                    "-1" => "all".to_string(),
+                    other => other.to_string(),
+                };
+                let (from_port, to_port) =
+                    if protocol == "all" { (-1, -1) } else { (p.from_port().unwrap_or(0), p.to_port().unwrap_or(0)) };
+                let mut sources: Vec<RuleSource> =
+                    p.ip_ranges().iter().filter_map(|r| r.cidr_ip().map(|c| RuleSource::Cidr(c.to_string()))).collect();
+                sources.extend(
+                    p.user_id_group_pairs().iter().filter_map(|u| u.group_id().map(|id| RuleSource::Group(d.ids.sg_name(id)))),
+                );
+                for source in sources {
+                    let rule = IngressRule { group: group.clone(), protocol: protocol.clone(), from_port, to_port, source };
+                    d.resources.push(rule_resource(&rule));
+                }
+            }
         }
         // Additional security groups named by id in the spec map to themselves.
         for lt in &model.launch_templates {
@@ -793,6 +851,36 @@ impl AwsTarget {
                     .map_err(|e| api("CreateSecurityGroup", name, e))?;
                 ids.security_groups.insert(name.to_string(), resp.group_id().unwrap_or_default().to_string());
             }
+            (Kind::SecurityGroupRule, Action::Create) => {
+                let r = desired.ok_or_else(|| AwsError::Missing { kind: "SecurityGroupRule", name: name.into(), message: "no desired state".into() })?;
+                let group = r.attrs.get("group").cloned().unwrap_or_default();
+                let id = ids.security_groups.get(&group).cloned().ok_or_else(|| AwsError::Missing {
+                    kind: "SecurityGroup",
+                    name: group.clone(),
+                    message: format!("needed by rule {name}"),
+                })?;
+                self.ec2
+                    .authorize_security_group_ingress()
+                    .group_id(id)
+                    .ip_permissions(ip_permission(r, ids)?)
+                    .send()
+                    .await
+                    .map_err(|e| api("AuthorizeSecurityGroupIngress", name, e))?;
+            }
+            (Kind::SecurityGroupRule, Action::Delete) => {
+                let r = c.actual.as_ref().ok_or_else(|| AwsError::Missing { kind: "SecurityGroupRule", name: name.into(), message: "no actual state".into() })?;
+                let group = r.attrs.get("group").cloned().unwrap_or_default();
+                if let Some(id) = ids.security_groups.get(&group).cloned() {
+                    self.ec2
+                        .revoke_security_group_ingress()
+                        .group_id(id)
+                        .ip_permissions(ip_permission(r, ids)?)
+                        .send()
+                        .await
+                        .map_err(|e| api("RevokeSecurityGroupIngress", name, e))?;
+                }
+            }
+            (Kind::SecurityGroupRule, Action::Update(_)) => {}
             (Kind::LaunchTemplate, Action::Create) => {
                 let data = self.launch_template_data(model, resolved, ids, name)?;
                 let resp = self

@@ -69,6 +69,41 @@ pub struct SecurityGroup {
     pub role: Role,
     pub description: String,
     pub tags: BTreeMap<String, String>,
+    pub ingress: Vec<IngressRule>,
+}
+
+/// One ingress rule: `protocol` is `all` (every port) or `tcp`/`udp` with a port range.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct IngressRule {
+    pub group: String,
+    pub protocol: String,
+    pub from_port: i32,
+    pub to_port: i32,
+    pub source: RuleSource,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum RuleSource {
+    Cidr(String),
+    Group(String),
+}
+
+impl IngressRule {
+    /// A stable name: `masters.c: tcp/443 from 0.0.0.0/0`, `nodes.c: all from masters.c`.
+    pub fn name(&self) -> String {
+        let ports = if self.protocol == "all" {
+            "all".to_string()
+        } else if self.from_port == self.to_port {
+            format!("{}/{}", self.protocol, self.from_port)
+        } else {
+            format!("{}/{}-{}", self.protocol, self.from_port, self.to_port)
+        };
+        let src = match &self.source {
+            RuleSource::Cidr(c) => c.clone(),
+            RuleSource::Group(g) => g.clone(),
+        };
+        format!("{}: {ports} from {src}", self.group)
+    }
 }
 
 /// An AWS launch template / GCE instance template for one instance group.
@@ -256,13 +291,33 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
     let mut roles: Vec<Role> = docs.instance_groups.iter().filter_map(InstanceGroup::role).collect();
     roles.sort();
     roles.dedup();
+    let group_names: Vec<String> = roles.iter().map(|&r| format!("{}.{cluster}", role_plural(r))).collect();
+    let ssh = spec.ssh_access.clone().unwrap_or_default();
+    let api = spec.kubernetes_api_access.clone().unwrap_or_default();
     let security_groups = roles
         .iter()
         .map(|&role| {
             let name = format!("{}.{cluster}", role_plural(role));
             let mut tags = cloud_labels.clone();
             tags.extend(cluster_tags(&cluster, &name));
-            SecurityGroup { description: format!("Security group for {}", role_plural(role)), name, role, tags }
+            // kOps' defaults: all traffic inside the cluster, SSH from sshAccess, the API (443) on the
+            // control plane from kubernetesApiAccess.
+            let rule = |protocol: &str, from_port: i32, to_port: i32, source: RuleSource| IngressRule {
+                group: name.clone(),
+                protocol: protocol.into(),
+                from_port,
+                to_port,
+                source,
+            };
+            let mut ingress: Vec<IngressRule> =
+                group_names.iter().map(|g| rule("all", -1, -1, RuleSource::Group(g.clone()))).collect();
+            ingress.extend(ssh.iter().map(|c| rule("tcp", 22, 22, RuleSource::Cidr(c.clone()))));
+            if matches!(role, Role::ControlPlane | Role::ApiServer) {
+                ingress.extend(api.iter().map(|c| rule("tcp", 443, 443, RuleSource::Cidr(c.clone()))));
+            }
+            ingress.sort();
+            ingress.dedup();
+            SecurityGroup { description: format!("Security group for {}", role_plural(role)), name, role, tags, ingress }
         })
         .collect();
 

@@ -12,6 +12,7 @@ pub enum Kind {
     Vpc,
     Subnet,
     SecurityGroup,
+    SecurityGroupRule,
     LaunchTemplate,
     AutoscalingGroup,
     Volume,
@@ -26,6 +27,7 @@ impl Kind {
             Kind::Vpc => "VPC",
             Kind::Subnet => "Subnet",
             Kind::SecurityGroup => "SecurityGroup",
+            Kind::SecurityGroupRule => "SecurityGroupRule",
             Kind::LaunchTemplate => "LaunchTemplate",
             Kind::AutoscalingGroup => "AutoscalingGroup",
             Kind::Volume => "Volume",
@@ -177,7 +179,8 @@ pub fn diff(desired: &[Resource], actual: &[Resource], scope: Scope) -> Plan {
     for a in actual {
         let delete = match scope {
             Scope::Apply => {
-                !desired_by_key.contains_key(&a.key()) && matches!(a.kind(), Kind::AutoscalingGroup | Kind::LaunchTemplate)
+                !desired_by_key.contains_key(&a.key())
+                    && matches!(a.kind(), Kind::AutoscalingGroup | Kind::LaunchTemplate | Kind::SecurityGroupRule)
             }
             Scope::Delete { volumes } => match a.kind() {
                 Kind::Volume => volumes,

@@ -141,6 +141,26 @@ fn render_aws(model: &ClusterModel) -> Tree {
         );
         sg_ids.insert(sg.name.clone(), r(&reference, "id"));
     }
+    for sg in &model.security_groups {
+        for rule in &sg.ingress {
+            let (protocol, from, to) =
+                if rule.protocol == "all" { ("-1".to_string(), 0, 0) } else { (rule.protocol.clone(), rule.from_port, rule.to_port) };
+            let mut body = json!({
+                "type": "ingress",
+                "security_group_id": sg_ids[&sg.name],
+                "protocol": protocol,
+                "from_port": from,
+                "to_port": to,
+            });
+            match &rule.source {
+                super::model::RuleSource::Cidr(c) => body["cidr_blocks"] = json!([c]),
+                super::model::RuleSource::Group(g) => {
+                    body["source_security_group_id"] = json!(sg_ids.get(g).cloned().unwrap_or_else(|| g.clone()))
+                }
+            }
+            b.add("aws_security_group_rule", &rule.name().replace(": ", "-").replace(' ', "-"), body);
+        }
+    }
     let mut amis: BTreeMap<String, String> = BTreeMap::new();
     for lt in &model.launch_templates {
         if amis.contains_key(&lt.image) {
