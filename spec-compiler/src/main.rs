@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod pki_cmd;
+
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use spec_compiler::complete::CompileOptions;
@@ -51,6 +53,8 @@ enum Command {
     /// Plan deleting what apply created (found by the cluster tag); `--yes` deletes. etcd volumes
     /// are kept unless `--delete-volumes`.
     Delete(spec_compiler::apply::cli::DeleteArgs),
+    /// Cluster PKI in a file state store: `keelson pki init --state DIR`.
+    Pki(pki_cmd::PkiArgs),
 }
 
 fn main() -> ExitCode {
@@ -77,6 +81,7 @@ fn report(errors: &LoadError) -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Pki(args) => pki_cmd::run(args),
         Command::Validate { file } => match load_spec(&file) {
             Ok(docs) => {
                 println!("{}: valid ({} instance groups)", file.display(), docs.instance_groups.len());

@@ -1,0 +1,60 @@
+//! `keelson pki init --state DIR`: create the cluster CAs, service-account key and node
+//! bootstrap token in a file state store, once (an existing keyset or secret is never
+//! replaced). The layout is documented in `nodeup::pki`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+
+/// `keelson pki …`
+#[derive(clap::Args)]
+pub struct PkiArgs {
+    #[command(subcommand)]
+    command: PkiCommand,
+}
+
+#[derive(clap::Subcommand)]
+enum PkiCommand {
+    /// Create the CAs (kubernetes-ca, apiserver-aggregator-ca, etcd-*), the service-account key
+    /// and secrets/node-bootstrap-token under DIR/pki and DIR/secrets; idempotent.
+    Init {
+        /// The state-store directory (the `ConfigBase` of the cluster, e.g. `OUT/state`).
+        #[arg(long)]
+        state: PathBuf,
+        /// etcd cluster names (default: from DIR/cluster-completed.spec, else `main,events`).
+        #[arg(long = "etcd-cluster", value_delimiter = ',')]
+        etcd_clusters: Vec<String>,
+    },
+}
+
+fn etcd_from_spec(state: &std::path::Path) -> Option<Vec<String>> {
+    let text = std::fs::read_to_string(state.join("cluster-completed.spec")).ok()?;
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).ok()?;
+    let names: Vec<String> = doc
+        .get("spec")?
+        .get("etcdClusters")?
+        .as_sequence()?
+        .iter()
+        .filter_map(|e| e.get("name").and_then(|n| n.as_str()).map(str::to_string))
+        .collect();
+    (!names.is_empty()).then_some(names)
+}
+
+pub fn run(args: PkiArgs) -> anyhow::Result<ExitCode> {
+    match args.command {
+        PkiCommand::Init { state, etcd_clusters } => {
+            let etcd = if etcd_clusters.is_empty() {
+                etcd_from_spec(&state).unwrap_or_else(|| vec!["main".into(), "events".into()])
+            } else {
+                etcd_clusters
+            };
+            let created = nodeup::pki::init_pki(&state, &etcd).with_context(|| format!("initialising PKI in {}", state.display()))?;
+            for name in &created {
+                println!("created {name}");
+            }
+            println!("{}: {} created, existing keys kept", state.display(), created.len());
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
