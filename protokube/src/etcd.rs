@@ -7,6 +7,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::json;
 
+/// Membership changes go through raft: allow them longer than a read.
+const MUTATION_TIMEOUT: Duration = Duration::from_secs(10);
+
 #[derive(Debug, thiserror::Error)]
 pub enum EtcdError {
     #[error("etcd {url}: {message}")]
@@ -74,11 +77,13 @@ impl Client {
         Ok(Client { http, base: format!("{scheme}://{host}:{}", addr.port()) })
     }
 
-    async fn post(&self, path: &str, body: serde_json::Value) -> Result<serde_json::Value, EtcdError> {
+    async fn post(&self, path: &str, body: serde_json::Value, timeout: Option<Duration>) -> Result<serde_json::Value, EtcdError> {
         let url = format!("{}{path}", self.base);
-        let resp = self
-            .http
-            .post(&url)
+        let mut req = self.http.post(&url);
+        if let Some(t) = timeout {
+            req = req.timeout(t);
+        }
+        let resp = req
             .header("content-type", "application/json")
             .body(body.to_string())
             .send()
@@ -93,20 +98,20 @@ impl Client {
     }
 
     pub async fn members(&self) -> Result<Vec<Member>, EtcdError> {
-        let v = self.post("/v3/cluster/member/list", json!({})).await?;
+        let v = self.post("/v3/cluster/member/list", json!({}), None).await?;
         let list: MemberList =
             serde_json::from_value(v).map_err(|e| EtcdError::Http { url: self.base.clone(), message: e.to_string() })?;
         Ok(list.members)
     }
 
     pub async fn add(&self, peer_url: &str) -> Result<Vec<Member>, EtcdError> {
-        let v = self.post("/v3/cluster/member/add", json!({ "peerURLs": [peer_url] })).await?;
+        let v = self.post("/v3/cluster/member/add", json!({ "peerURLs": [peer_url] }), Some(MUTATION_TIMEOUT)).await?;
         let list: MemberList =
             serde_json::from_value(v).map_err(|e| EtcdError::Http { url: self.base.clone(), message: e.to_string() })?;
         Ok(list.members)
     }
 
     pub async fn remove(&self, id: &str) -> Result<(), EtcdError> {
-        self.post("/v3/cluster/member/remove", json!({ "ID": id })).await.map(|_| ())
+        self.post("/v3/cluster/member/remove", json!({ "ID": id }), Some(MUTATION_TIMEOUT)).await.map(|_| ())
     }
 }

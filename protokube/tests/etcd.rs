@@ -1,0 +1,339 @@
+//! A real 3-member etcd cluster started from the manifests protokube writes, each member in its own
+//! network namespace (addresses only on a bridge and namespaces this test creates), with hosts-file
+//! DNS; then one member's instance is replaced (new namespace, new IP, same volume) and every key is
+//! read back from it; then a member whose volume is lost comes back on a blank volume and is added
+//! through the etcd members API.
+//! Needs root, iproute2, etcd-server (etcd, etcdctl) and moto; fails loudly without them.
+
+#[path = "../../cloud/tests/support/moto.rs"]
+mod moto;
+#[path = "support/host.rs"]
+mod host;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use host::{create_volume, etcd_tags, need_root, Cluster, Host, LoopDev};
+use protokube::manifest::Pod;
+
+const NAME: &str = "etcd.k8s.local";
+
+fn need_tools() {
+    for tool in ["ip", "etcd", "etcdctl"] {
+        let ok = Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().map(|o| o.status.success()).unwrap_or(false);
+        assert!(ok, "this test needs `{tool}` (Debian packages iproute2, etcd-server, etcd-client; scripts/test installs them)");
+    }
+}
+
+/// Everything this test creates on the host; removed on drop, also when the test fails.
+struct Net {
+    id: String,
+    subnet: String,
+    bridge: String,
+    namespaces: Vec<String>,
+    etcds: Vec<(String, Child)>,
+}
+
+impl Net {
+    fn new() -> Net {
+        let pid = std::process::id();
+        let id = format!("{:x}", pid % 0xfffff);
+        let subnet = format!("10.231.{}", pid % 200 + 20);
+        let bridge = format!("kpb{id}");
+        let n = Net { id, subnet, bridge, namespaces: Vec::new(), etcds: Vec::new() };
+        host::sh(&format!("ip link add {0} type bridge && ip addr add {1}.1/24 dev {0} && ip link set {0} up", n.bridge, n.subnet));
+        n
+    }
+
+    /// A namespace with one veth on the bridge and address `<subnet>.<host>`.
+    fn namespace(&mut self, tag: &str, host: u8) -> (String, String) {
+        let ns = format!("kp{}{tag}", self.id);
+        let veth = format!("kv{}{tag}", self.id);
+        let ip = format!("{}.{host}", self.subnet);
+        self.namespaces.push(ns.clone());
+        std::fs::create_dir_all(format!("/etc/netns/{ns}")).expect("/etc/netns dir");
+        std::fs::write(format!("/etc/netns/{ns}/hosts"), "127.0.0.1\tlocalhost\n").expect("hosts");
+        host::sh(&format!(
+            "ip netns add {ns} && ip link add {veth} type veth peer name eth0 netns {ns} && ip link set {veth} master {br} up \
+             && ip -n {ns} addr add {ip}/24 dev eth0 && ip -n {ns} link set eth0 up && ip -n {ns} link set lo up",
+            br = self.bridge
+        ));
+        (ns, ip)
+    }
+
+    fn hosts_file(ns: &str) -> String {
+        format!("/etc/netns/{ns}/hosts")
+    }
+
+    /// Start etcd in `ns` from the manifest's command and args (host paths re-rooted under `root`).
+    fn start_etcd(&mut self, ns: &str, h: &Host, log: &std::path::Path) {
+        let text = h.manifest("main").expect("main manifest");
+        let pod: Pod = serde_yaml_ng::from_str(&text).expect("manifest parses as a Pod");
+        let c = &pod.spec.containers[0];
+        assert_eq!(c.command, vec!["/usr/local/bin/etcd".to_string()]);
+        let root = h.root.path().display().to_string();
+        let args: Vec<String> = c.args.iter().map(|a| a.replace("=/mnt/", &format!("={root}/mnt/"))).collect();
+        let out = std::fs::File::create(log).expect("etcd log");
+        // `ip netns exec` gives etcd a private copy of every mount, including the other simulated
+        // instances' volumes; drop those (on real machines they are on other hosts) so a dead
+        // member's device is free for its replacement.
+        let own = h.root.path().join("mnt").display().to_string();
+        let script = format!(
+            "awk '{{print $5}}' /proc/self/mountinfo | grep '/mnt/master-' | grep -v '^{own}/' | while read m; do umount -l \"$m\"; done; exec etcd \"$@\""
+        );
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns, "sh", "-c", &script, "etcd"])
+            .args(&args)
+            .stdout(out.try_clone().expect("log"))
+            .stderr(out)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start etcd");
+        self.etcds.push((ns.to_string(), child));
+    }
+
+    fn stop_etcd(&mut self, ns: &str) {
+        for (n, c) in self.etcds.iter_mut() {
+            if n == ns {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        self.etcds.retain(|(n, _)| n != ns);
+    }
+
+    fn delete_namespace(&mut self, ns: &str) {
+        self.stop_etcd(ns);
+        let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        let _ = std::fs::remove_dir_all(format!("/etc/netns/{ns}"));
+        self.namespaces.retain(|n| n != ns);
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        for (_, c) in self.etcds.iter_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for ns in self.namespaces.clone() {
+            let _ = Command::new("ip").args(["netns", "del", &ns]).status();
+            let _ = std::fs::remove_dir_all(format!("/etc/netns/{ns}"));
+        }
+        let _ = Command::new("ip").args(["link", "del", &self.bridge]).status();
+    }
+}
+
+/// Run etcdctl inside `ns` against `endpoint`, retrying (bounded) until it succeeds.
+fn etcdctl(ns: &str, endpoint: &str, args: &[&str], within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        let out = Command::new("ip")
+            .args(["netns", "exec", ns, "etcdctl", "--dial-timeout=2s", "--command-timeout=3s", &format!("--endpoints={endpoint}")])
+            .args(args)
+            .env("ETCDCTL_API", "3")
+            .output()
+            .expect("etcdctl");
+        if out.status.success() {
+            // (etcdctl 3.4 prints `endpoint health` on stderr)
+            return format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "etcdctl {args:?} at {endpoint} in {ns} kept failing for {within:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+fn logs(dir: &std::path::Path) -> String {
+    let mut s = String::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(15).collect();
+        s.push_str(&format!("--- {}\n{}\n", e.path().display(), tail.into_iter().rev().collect::<Vec<_>>().join("\n")));
+    }
+    s
+}
+
+struct Run2 {
+    last: String,
+    stderr: String,
+}
+
+impl Run2 {
+    fn last_line(&self) -> &str {
+        &self.last
+    }
+}
+
+struct Member {
+    ns: String,
+    ip: String,
+    host: Host,
+}
+
+#[test]
+fn three_members_in_namespaces_survive_member_replacement() {
+    need_root();
+    need_tools();
+    let (_g, m) = moto::lock();
+    let logdir = tempfile::tempdir().expect("log dir");
+    let mut net = Net::new();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let conf = rt.block_on(moto::sdk(&m.url));
+    let ec2 = aws_sdk_ec2::Client::new(&conf);
+    let c = Cluster::new(&m.url, NAME, &[("main", &[("a", "cp-a"), ("b", "cp-b"), ("c", "cp-c")])], "");
+    let all = ["a", "b", "c"];
+    let subnet_id = rt.block_on(async {
+        let vpc = ec2.create_vpc().cidr_block("10.231.0.0/16").send().await.expect("CreateVpc");
+        let vpc = vpc.vpc().and_then(|v| v.vpc_id()).expect("vpc id").to_string();
+        let sn = ec2
+            .create_subnet()
+            .vpc_id(vpc)
+            .cidr_block(format!("{}.0/24", net.subnet))
+            .availability_zone("us-east-1a")
+            .send()
+            .await
+            .expect("CreateSubnet");
+        sn.subnet().and_then(|s| s.subnet_id()).expect("subnet id").to_string()
+    });
+    let devs: Vec<LoopDev> = (0..3).map(|_| LoopDev::new(256)).collect();
+    let vols: Vec<String> =
+        all.iter().map(|mbr| rt.block_on(create_volume(&ec2, "us-east-1a", &etcd_tags(NAME, "main", mbr, &all)))).collect();
+
+    let new_member = |net: &mut Net, tag: &str, hostnum: u8, group: &str| -> Member {
+        let (ns, ip) = net.namespace(tag, hostnum);
+        let (instance_id, got) = rt.block_on(host::run_instance(&ec2, "us-east-1a", Some(&subnet_id), Some(&ip)));
+        assert_eq!(got, ip, "moto honours PrivateIpAddress");
+        let h = Host {
+            root: tempfile::tempdir().expect("root"),
+            by_id: tempfile::tempdir().expect("by-id"),
+            instance_id,
+            zone: "us-east-1a".into(),
+            ip: ip.clone(),
+            public_ip: String::new(),
+            group: group.into(),
+        };
+        for (v, d) in vols.iter().zip(&devs) {
+            h.link(v, &d.dev);
+        }
+        Member { ns, ip, host: h }
+    };
+    let pass = |mb: &Member| {
+        // A killed etcd's mount namespace (ip netns exec makes one) lets go of the device a moment
+        // after the process is reaped; until then e2fsck says "in use" and the pass refuses, as it
+        // must. protokube's loop retries; here, bounded retries of --once do the same.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut seen = String::new();
+        loop {
+            let r = c.run(&mb.host, &["--once", "--hosts-file", &Net::hosts_file(&mb.ns)]);
+            // etcd refuses a member change for a few seconds after the previous one ("unhealthy
+            // cluster" until every member has been connected for its health interval); the next pass
+            // continues where this one stopped.
+            let transient = r.stderr.contains("is in use") || r.stderr.contains("protokube: etcd main:");
+            if !r.ok && transient && Instant::now() < deadline {
+                seen.push_str(&r.stderr);
+                std::thread::sleep(Duration::from_millis(500));
+                continue;
+            }
+            assert!(r.ok, "protokube for {} failed:\n{}", mb.host.group, r.stderr);
+            return Run2 { last: r.last_line().to_string(), stderr: format!("{seen}{}", r.stderr) };
+        }
+    };
+
+    let mut members: Vec<Member> =
+        [("a", 11u8, "cp-a"), ("b", 12, "cp-b"), ("c", 13, "cp-c")].iter().map(|(t, n, g)| new_member(&mut net, t, *n, g)).collect();
+    for mb in &members {
+        let r = pass(mb);
+        assert!(r.last_line().starts_with("protokube: 1 volumes mounted, 1 manifests written"), "{}", r.last_line());
+    }
+    // Second round: every hosts file now knows every member (peers come from the cloud, not DNS).
+    for mb in &members {
+        let r = pass(mb);
+        assert!(r.last_line().starts_with("protokube: 0 volumes mounted, 0 manifests written"), "{}", r.last_line());
+        let hosts = std::fs::read_to_string(Net::hosts_file(&mb.ns)).expect("hosts");
+        for o in &members {
+            assert!(hosts.contains(&o.ip), "{} lacks {}: {hosts}", mb.ns, o.ip);
+        }
+    }
+    for (mb, t) in members.iter().zip(["a", "b", "c"]) {
+        assert!(mb.host.manifest("main").expect("manifest").contains("--initial-cluster-state=new"));
+        net.start_etcd(&mb.ns, &mb.host, &logdir.path().join(format!("etcd-{t}.log")));
+    }
+    let ep = |mb: &Member| format!("http://{}:4001", mb.ip);
+    let health = etcdctl(&members[0].ns, &ep(&members[0]), &["endpoint", "health"], Duration::from_secs(60));
+    assert!(health.contains("is healthy"), "{health}\n{}", logs(logdir.path()));
+    for i in 0..20 {
+        etcdctl(&members[i % 3].ns, &ep(&members[i % 3]), &["put", &format!("key{i}"), &format!("value{i}")], Duration::from_secs(20));
+    }
+
+    // Member c's instance dies; the group launches a replacement in a new namespace with a new IP.
+    let old_c = members.remove(2);
+    net.delete_namespace(&old_c.ns);
+    old_c.host.unmount_all();
+    rt.block_on(ec2.terminate_instances().instance_ids(&old_c.host.instance_id).send()).expect("terminate c");
+    let c2 = new_member(&mut net, "c2", 14, "cp-c");
+    assert_ne!(c2.ip, old_c.ip);
+    let r = pass(&c2);
+    assert!(r.last_line().starts_with("protokube: 1 volumes mounted, 1 manifests written"), "{}", r.last_line());
+    assert!(!r.stderr.contains("formatting"), "the volume keeps its data: {}", r.stderr);
+    assert_eq!(c2.host.manifest("main"), old_c.host.manifest("main"), "same member identity");
+    for mb in &members {
+        let r = pass(mb);
+        assert!(r.last_line().ends_with("dns records") && !r.last_line().ends_with(" 0 dns records"), "{}: {}", mb.ns, r.last_line());
+        let hosts = std::fs::read_to_string(Net::hosts_file(&mb.ns)).expect("hosts");
+        assert!(hosts.contains(&format!("{}\tapi.internal.{NAME} etcd-c.internal.{NAME}\n", c2.ip)), "{hosts}");
+        assert!(!hosts.contains(&format!("{}\t", old_c.ip)), "{hosts}");
+    }
+    net.start_etcd(&c2.ns, &c2.host, &logdir.path().join("etcd-c2.log"));
+    for i in 0..20 {
+        let v = etcdctl(&c2.ns, &ep(&c2), &["get", &format!("key{i}"), "--print-value-only"], Duration::from_secs(60));
+        let v = v.lines().next().unwrap_or("");
+        assert_eq!(v.trim(), format!("value{i}"), "key{i} from the replaced member\n{}", logs(logdir.path()));
+    }
+    // Its own data, not just a proxy to the leader: a serializable (local) read.
+    let local = etcdctl(&c2.ns, &ep(&c2), &["get", "key19", "--print-value-only", "--consistency=s"], Duration::from_secs(30));
+    assert_eq!(local.lines().next().unwrap_or(""), "value19");
+    members.push(c2);
+
+    // Member b loses its volume: a blank volume tagged for b replaces it, and a new instance comes up.
+    let old_b = members.remove(1);
+    net.delete_namespace(&old_b.ns);
+    old_b.host.unmount_all();
+    rt.block_on(async {
+        ec2.terminate_instances().instance_ids(&old_b.host.instance_id).send().await.expect("terminate b");
+        ec2.delete_volume().volume_id(&vols[1]).send().await.expect("delete b's volume");
+    });
+    let blank = LoopDev::new(256);
+    let vb2 = rt.block_on(create_volume(&ec2, "us-east-1a", &etcd_tags(NAME, "main", "b", &all)));
+    let b2 = new_member(&mut net, "b2", 15, "cp-b");
+    b2.host.link(&vb2, &blank.dev);
+    let r = pass(&b2);
+    // (an earlier pass of the retry loop may have mounted the volume before etcd refused the change)
+    assert!(r.last_line().contains(" 1 manifests written"), "{}\n{}", r.last_line(), r.stderr);
+    assert!(r.stderr.contains("blank volume: formatting ext4") && r.stderr.contains("mounted"), "{}", r.stderr);
+    assert!(r.stderr.contains("member has no data: removing and re-adding"), "{}", r.stderr);
+    let manifest = b2.host.manifest("main").expect("manifest");
+    assert!(manifest.contains("--initial-cluster-state=existing"), "{manifest}");
+    for mb in &members {
+        pass(mb);
+    }
+    net.start_etcd(&b2.ns, &b2.host, &logdir.path().join("etcd-b2.log"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let v = etcdctl(&b2.ns, &ep(&b2), &["get", "key7", "--print-value-only", "--consistency=s"], Duration::from_secs(60));
+        if v.lines().next() == Some("value7") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "b2 never caught up\n{}", logs(logdir.path()));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let list = etcdctl(&b2.ns, &ep(&b2), &["member", "list"], Duration::from_secs(30));
+    assert_eq!(list.lines().count(), 3, "{list}");
+    assert!(list.contains("etcd-b") && list.contains("started"), "{list}");
+    drop(net);
+    let _ = PathBuf::new();
+}
