@@ -7,6 +7,7 @@ pub mod flag_table;
 pub mod flags;
 pub mod fsutil;
 pub mod host;
+pub mod imds;
 pub mod model;
 pub mod nodetasks;
 pub mod paths;

@@ -54,6 +54,10 @@ struct Cli {
     /// Backoff before the second round, milliseconds (doubles each round).
     #[arg(long = "retry-backoff-ms", default_value_t = 500)]
     retry_backoff_ms: u64,
+    /// Instance metadata (IMDSv2) base URL; default: asked only on a live AWS host
+    /// (http://169.254.169.254), for the facts no flag gave.
+    #[arg(long = "imds-url")]
+    imds_url: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -80,6 +84,7 @@ fn main() -> ExitCode {
         http_timeout: Duration::from_secs_f64(cli.http_timeout.clamp(0.1, 600.0)),
         retry_rounds: cli.retry_rounds.clamp(1, 20),
         retry_backoff: Duration::from_millis(cli.retry_backoff_ms.min(60_000)),
+        imds_url: cli.imds_url,
     };
     let outcome = match run(&opts) {
         Ok(o) => o,

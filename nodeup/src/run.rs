@@ -27,6 +27,8 @@ pub struct Options {
     pub http_timeout: Duration,
     pub retry_rounds: u32,
     pub retry_backoff: Duration,
+    /// IMDS base URL; by default IMDS is asked only on a live AWS host (root `/`).
+    pub imds_url: Option<String>,
 }
 
 /// What happened.
@@ -64,14 +66,25 @@ pub fn run(opts: &Options) -> anyhow::Result<Outcome> {
     )?;
     let store = StateStore::new(&boot.config_base, &fetcher)?;
     let cfg = config::fetch_nodeup_config(&boot, role, &store)?;
-    let facts = Facts {
+    let mut facts = Facts {
         arch: opts.arch.clone().unwrap_or_else(|| crate::assets::host_arch().to_string()),
-        hostname: opts.hostname.clone().unwrap_or_else(|| hostname(&opts.root)),
+        hostname: opts.hostname.clone().unwrap_or_default(),
         internal_ip: opts.internal_ip,
         instance_id: opts.instance_id.clone(),
         zone: opts.zone.clone(),
         region: opts.region.clone(),
     };
+    // Instance facts: flags win; then IMDSv2 on a live AWS host (or when --imds-url is given).
+    let imds_url = opts.imds_url.clone().or_else(|| {
+        (host.is_live() && boot.cloud_provider == "aws").then(|| crate::imds::DEFAULT_BASE.to_string())
+    });
+    if let Some(url) = imds_url {
+        let mut imds = crate::imds::Imds::new(&url, Duration::from_secs(30))?;
+        imds.fill(&mut facts).context("reading instance facts from IMDS (override with --hostname, --internal-ip, --instance-id, --zone, --region)")?;
+    }
+    if facts.hostname.is_empty() {
+        facts.hostname = hostname(&opts.root);
+    }
     let model = model::build(&Inputs { boot: &boot, boot_bytes: &boot_bytes, role, config: &cfg, facts: &facts, store: &store })?;
     if opts.target == Target::Direct {
         // A killed earlier run may have left temp files next to its targets.
