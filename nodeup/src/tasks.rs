@@ -248,7 +248,9 @@ mod tests {
         }
     }
 
-    fn mk(spec: &[(&'static str, &[&'static str], bool, bool)]) -> (Vec<Box<dyn Task>>, Arc<Mutex<Vec<String>>>, Arc<AtomicUsize>) {
+    type Built = (Vec<Box<dyn Task>>, Arc<Mutex<Vec<String>>>, Arc<AtomicUsize>);
+
+    fn mk(spec: &[(&'static str, &[&'static str], bool, bool)]) -> Built {
         let log = Arc::new(Mutex::new(Vec::new()));
         let applied = Arc::new(AtomicUsize::new(0));
         let tasks = spec
