@@ -213,3 +213,63 @@ pub fn plan(boot: &BootConfig, cluster: &Cluster) -> Result<Plan, ConfigError> {
     let manage_public_api = spec.api.as_ref().is_none_or(|a| a.load_balancer.is_none());
     Ok(Plan { cluster_name, instance_group: boot.instance_group_name.clone(), etcd_clusters, dns, manage_public_api })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn boot(name: &str) -> BootConfig {
+        BootConfig {
+            cloud_provider: "aws".into(),
+            config_base: "file:///x".into(),
+            cluster_name: name.into(),
+            instance_group_name: "cp-a".into(),
+            instance_group_role: "ControlPlane".into(),
+            nodeup_config_hash: "x".into(),
+        }
+    }
+
+    fn cluster(yaml: &str) -> Cluster {
+        keelson_api::parse_documents(yaml.as_bytes()).expect("parse").cluster
+    }
+
+    const HEAD: &str = "apiVersion: kops.k8s.io/v1alpha2\nkind: Cluster\nmetadata:\n  name: NAME\nspec:\n  etcdClusters:\n  - name: main\n    enableEtcdTLS: true\n    version: 3.6.12\n    heartbeatInterval: 250ms\n    leaderElectionTimeout: 2500ms\n    etcdMembers:\n    - name: a\n      instanceGroup: cp-a\n    - name: b\n      instanceGroup: cp-b\n  - name: events\n    etcdMembers:\n    - name: a\n      instanceGroup: cp-a\n";
+
+    #[test]
+    fn plan_from_spec() {
+        let c = cluster(&format!("{}  dnsZone: example.com\n  api:\n    loadBalancer:\n      type: Public\n", HEAD.replace("NAME", "x.example.com")));
+        let p = plan(&boot("x.example.com"), &c).expect("plan");
+        assert_eq!(p.dns, DnsMode::Route53 { zone: Some("example.com".into()) });
+        assert!(!p.manage_public_api, "a load balancer fronts the API");
+        let main = &p.etcd_clusters[0];
+        assert_eq!((main.ports.peer, main.ports.client), (2380, 4001));
+        assert_eq!(main.image, "registry.k8s.io/etcd:3.6.12-0");
+        assert!(main.tls && !main.client_cert_auth);
+        assert_eq!((main.heartbeat_ms, main.election_ms), (Some(250), Some(2500)));
+        assert_eq!(main.peer_url("a", "x.example.com"), "https://etcd-a.internal.x.example.com:2380");
+        let events = &p.etcd_clusters[1];
+        assert_eq!((events.ports.peer, events.ports.client), (2381, 4002));
+        assert_eq!(events.member_dns("a", "x.example.com"), "etcd-events-a.internal.x.example.com");
+        assert_eq!(p.my_members(main).len(), 1);
+        assert_eq!(p.api_internal(), "api.internal.x.example.com");
+    }
+
+    #[test]
+    fn hosts_dns_for_gossip_and_none() {
+        let c = cluster(&HEAD.replace("NAME", "x.k8s.local"));
+        assert_eq!(plan(&boot("x.k8s.local"), &c).expect("plan").dns, DnsMode::Hosts);
+        let c = cluster(&format!("{}  topology:\n    dns:\n      type: None\n", HEAD.replace("NAME", "x.example.com")));
+        let p = plan(&boot("x.example.com"), &c).expect("plan");
+        assert_eq!(p.dns, DnsMode::Hosts);
+        assert!(p.manage_public_api);
+    }
+
+    #[test]
+    fn plan_errors_name_the_field() {
+        let c = cluster(&HEAD.replace("NAME", "x.k8s.local").replace("name: events", "name: bogus"));
+        let e = plan(&boot("x.k8s.local"), &c).expect_err("unknown etcd cluster");
+        assert!(e.to_string().starts_with("spec.etcdClusters[bogus].name:"), "{e}");
+        let e = plan(&boot("other.k8s.local"), &cluster(&HEAD.replace("NAME", "x.k8s.local"))).expect_err("mismatch");
+        assert!(e.to_string().contains("metadata.name"), "{e}");
+    }
+}

@@ -15,7 +15,7 @@ use protokube::paths;
 use protokube::reconcile::{Agent, Options, Report};
 
 #[derive(Debug, Parser)]
-#[command(name = "protokube", about = "Claim and mount etcd volumes, write etcd manifests, keep control-plane DNS true")]
+#[command(name = "protokube", args_override_self = true, about = "Claim and mount etcd volumes, write etcd manifests, keep control-plane DNS true")]
 struct Args {
     /// BootConfig written by user-data (names the ConfigBase, cluster and instance group).
     #[arg(long)]
@@ -117,6 +117,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         tokio::spawn(metrics::serve(listener, metrics.clone(), secs(args.interval * 3.0 + args.attach_timeout)));
     }
 
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("SIGTERM handler")?;
     let interval = secs(args.interval);
     let max_backoff = secs(args.max_backoff);
     let mut backoff = interval;
@@ -187,6 +188,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = tokio::signal::ctrl_c() => { tracing::info!("interrupted"); return Ok(()); }
+            _ = terminate.recv() => { tracing::info!("terminated"); return Ok(()); }
         }
     }
 }

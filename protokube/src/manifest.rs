@@ -172,3 +172,47 @@ pub fn to_yaml(pod: &Pod) -> String {
     // Serialising plain structs of strings cannot fail.
     serde_yaml_ng::to_string(pod).unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{EtcdMember, Ports};
+
+    fn ec(tls: bool) -> EtcdCluster {
+        EtcdCluster {
+            name: "main".into(),
+            members: vec![EtcdMember { name: "a".into(), instance_group: "cp-a".into() }],
+            ports: Ports { peer: 2380, client: 4001 },
+            image: "registry.k8s.io/etcd:3.5.21-0".into(),
+            tls,
+            client_cert_auth: tls,
+            cpu_request: Some("200m".into()),
+            memory_request: None,
+            heartbeat_ms: None,
+            election_ms: None,
+        }
+    }
+
+    #[test]
+    fn tls_flags_and_mounts() {
+        let boot = Bootstrap { state: "new".into(), initial_cluster: vec![("etcd-a".into(), "https://etcd-a.internal.c:2380".into())] };
+        let pod = render(&ec(true), "c", "a", "vol-1", &boot);
+        let c = &pod.spec.containers[0];
+        for want in [
+            "--listen-client-urls=https://0.0.0.0:4001",
+            "--cert-file=/etc/kubernetes/pki/etcd/main/server.crt",
+            "--peer-trusted-ca-file=/etc/kubernetes/pki/etcd/main/ca.crt",
+            "--client-cert-auth=true",
+            "--peer-client-cert-auth=true",
+            "--data-dir=/mnt/master-vol-1/data",
+        ] {
+            assert!(c.args.iter().any(|a| a == want), "missing {want}: {:?}", c.args);
+        }
+        assert_eq!(pod.spec.volumes.len(), 2);
+        let yaml = to_yaml(&pod);
+        let back: Pod = serde_yaml_ng::from_str(&yaml).expect("round trip");
+        assert_eq!(back, pod);
+        let plain = render(&ec(false), "c", "a", "vol-1", &boot);
+        assert!(!plain.spec.containers[0].args.iter().any(|a| a.contains("cert")));
+    }
+}

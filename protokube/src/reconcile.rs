@@ -566,9 +566,22 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                 if changes.is_empty() {
                     return Ok(0);
                 }
-                let dns = self.dns.as_ref().ok_or_else(|| ReconcileError::Io { path: "dns".into(), source: std::io::Error::other("no dns") })?;
-                dns.apply_changes(&zone_id, &changes).await?;
-                Ok(changes.len())
+                match dns.apply_changes(&zone_id, &changes).await {
+                    Ok(_) => Ok(changes.len()),
+                    Err(e) if changes.len() > 1 => {
+                        // One bad record must not block the others: retry one by one, report the bad ones.
+                        tracing::warn!(error = %e, "batched DNS change failed; applying records one by one");
+                        let mut done = 0;
+                        for c in &changes {
+                            match dns.apply_changes(&zone_id, std::slice::from_ref(c)).await {
+                                Ok(_) => done += 1,
+                                Err(e) => report.waiting.push(format!("DNS change {c:?}: {e}")),
+                            }
+                        }
+                        Ok(done)
+                    }
+                    Err(e) => Err(e.into()),
+                }
             }
         }
     }
@@ -590,4 +603,45 @@ pub fn route53_changes(desired: &BTreeMap<String, Option<Vec<String>>>, existing
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(name: &str, values: &[&str], ttl: i64) -> Record {
+        Record { name: name.into(), rtype: "A".into(), ttl, values: values.iter().map(|s| s.to_string()).collect() }
+    }
+
+    #[test]
+    fn route53_changes_fill_placeholders_and_replace_stale() {
+        let desired: BTreeMap<String, Option<Vec<String>>> = [
+            ("up-to-date".to_string(), Some(vec!["10.0.0.1".to_string()])),
+            ("stale".to_string(), Some(vec!["10.0.0.2".to_string()])),
+            ("placeholder-now-known".to_string(), Some(vec!["10.0.0.3".to_string()])),
+            ("unknown-missing".to_string(), None),
+            ("unknown-existing".to_string(), None),
+            ("wrong-ttl".to_string(), Some(vec!["10.0.0.4".to_string()])),
+        ]
+        .into_iter()
+        .collect();
+        let existing: BTreeMap<String, Record> = [
+            rec("up-to-date", &["10.0.0.1"], 60),
+            rec("stale", &["10.9.9.9"], 60),
+            rec("placeholder-now-known", &[PLACEHOLDER], 60),
+            rec("unknown-existing", &["10.0.0.7"], 60),
+            rec("wrong-ttl", &["10.0.0.4"], 300),
+        ]
+        .into_iter()
+        .map(|r| (r.name.clone(), r))
+        .collect();
+        let got = route53_changes(&desired, &existing);
+        let want = vec![
+            RecordChange::Upsert(rec("placeholder-now-known", &["10.0.0.3"], 60)),
+            RecordChange::Upsert(rec("stale", &["10.0.0.2"], 60)),
+            RecordChange::Upsert(rec("unknown-missing", &[PLACEHOLDER], 60)),
+            RecordChange::Upsert(rec("wrong-ttl", &["10.0.0.4"], 60)),
+        ];
+        assert_eq!(got, want);
+    }
 }

@@ -308,3 +308,30 @@ fn two_control_planes_in_one_zone_get_their_own_members_volumes() {
         assert!(hosts.contains(&format!("{}\tapi.internal.two.k8s.local etcd-a1.internal.two.k8s.local\n", h1.ip)), "{hosts}");
     });
 }
+
+#[test]
+fn missing_device_is_reported_then_the_attached_volume_is_kept() {
+    need_root();
+    let (_g, m) = moto::lock();
+    rt().block_on(async {
+        let (ec2, _) = clients(&m.url).await;
+        let name = "wait.k8s.local";
+        let c = Cluster::new(&m.url, name, &[("main", &[("a", "cp-a")])], "");
+        let h = host::host(&ec2, "us-east-1a", "cp-a").await;
+        let vid = create_volume(&ec2, "us-east-1a", &etcd_tags(name, "main", "a", &["a"])).await;
+        let r = c.run(&h, &["--once", "--device-timeout", "0.5"]);
+        assert!(r.ok, "{}", r.stderr);
+        assert_eq!(r.last_line(), "protokube: 0 volumes mounted, 0 manifests written, 2 dns records");
+        let want = format!("waiting: volume {vid}: attached as /dev/xvdu but no device at {}", h.by_id.path().display());
+        assert!(r.stderr.contains(&want), "says what it waits for:\n{}", r.stderr);
+        // The device shows up; the next pass keeps the attachment it already has and mounts.
+        let d = LoopDev::new(64);
+        h.link(&vid, &d.dev);
+        let r = c.run(&h, &["--once"]);
+        assert!(r.ok, "{}", r.stderr);
+        assert_eq!(r.last_line(), "protokube: 1 volumes mounted, 1 manifests written, 0 dns records");
+        assert!(!r.stderr.contains("attaching"), "no second attach: {}", r.stderr);
+        let v = volume(&ec2, &vid).await;
+        assert_eq!(v.attachments().len(), 1);
+    });
+}
