@@ -298,6 +298,21 @@ fn control_plane(
     file(tasks, format!("{kapi}/apiserver-aggregator-ca.crt"), agg_ca.cert_pem.clone(), 0o644);
     file(tasks, format!("{kapi}/service-account.pub"), pki::public_key_pem(&sa.key_pem)?, 0o644);
     file(tasks, format!("{kapi}/service-account.key"), sa.key_pem.clone(), 0o600);
+    // Worker kubelets authenticate with the bootstrap token from the state store: the API
+    // server knows it from a token file (user kubelet-bootstrap, group system:bootstrappers),
+    // so joining does not wait for a bootstrap-token Secret in the cluster.
+    let token_rel = format!("secrets/{}", pki::BOOTSTRAP_TOKEN_SECRET);
+    let token_file = match inp.store.read(&token_rel)? {
+        Some(bytes) => {
+            let token = pki::parse_secret(pki::BOOTSTRAP_TOKEN_SECRET, &bytes)?;
+            file(tasks, format!("{kapi}/known_tokens.csv"), format!("{token},kubelet-bootstrap,10001,\"system:bootstrappers\"\n"), 0o600);
+            Some(format!("{kapi}/known_tokens.csv"))
+        }
+        None => {
+            warnings.push(format!("{}: no bootstrap token; workers cannot join", inp.store.url(&token_rel)));
+            None
+        }
+    };
     if is_cp {
         let kcm = format!("{}/kube-controller-manager", paths::SRV_KUBERNETES);
         file(tasks, format!("{kcm}/ca.crt"), ca.cert_pem.clone(), 0o644);
@@ -353,6 +368,9 @@ fn control_plane(
     });
     if let Some(ip) = inp.facts.internal_ip {
         extra["advertiseAddress"] = json!(ip.to_string());
+    }
+    if let Some(f) = token_file {
+        extra["tokenAuthFile"] = json!(f);
     }
     overlay(&mut api, extra);
     let secure_port = api.get("securePort").and_then(Value::as_i64).unwrap_or(443);

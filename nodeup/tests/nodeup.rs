@@ -205,6 +205,7 @@ fn control_plane_host() {
         "--advertise-address=172.20.33.10",
         "--secure-port=443",
         "--enable-bootstrap-token-auth=true",
+        "--token-auth-file=/srv/kubernetes/kube-apiserver/known_tokens.csv",
         "--v=2",
     ] {
         assert!(api.contains(f), "{f} missing from kube-apiserver manifest");
@@ -221,6 +222,10 @@ fn control_plane_host() {
         assert_eq!(mode(&s.path(key)), 0o600, "{key}");
         assert!(std::fs::read_to_string(s.path(key)).expect(key).contains("PRIVATE KEY"), "{key}");
     }
+    let tokens = s.path("/srv/kubernetes/kube-apiserver/known_tokens.csv");
+    assert_eq!(mode(&tokens), 0o600);
+    let token = nodeup::pki::parse_secret("t", &std::fs::read(s.dir.path().join("state/secrets/node-bootstrap-token")).expect("token")).expect("token");
+    assert_eq!(std::fs::read_to_string(&tokens).expect("tokens"), format!("{token},kubelet-bootstrap,10001,\"system:bootstrappers\"\n"));
     for kc in ["/var/lib/kubelet/kubeconfig", "/var/lib/kube-controller-manager/kubeconfig", "/var/lib/kube-scheduler/kubeconfig", "/var/lib/kube-proxy/kubeconfig"] {
         assert_eq!(mode(&s.path(kc)), 0o400, "{kc}");
     }
