@@ -19,6 +19,9 @@ use protokube::manifest::Pod;
 
 const NAME: &str = "etcd.k8s.local";
 
+/// The client certificate directory etcdctl uses (TLS variant), set by the running scenario.
+static TLS_DIR: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
 fn need_tools() {
     for tool in ["ip", "etcd", "etcdctl"] {
         let ok = Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().map(|o| o.status.success()).unwrap_or(false);
@@ -36,10 +39,12 @@ struct Net {
 }
 
 impl Net {
-    fn new() -> Net {
+    /// `variant` keeps names and addresses of scenarios in one process apart (a deleted namespace's
+    /// veth goes away asynchronously).
+    fn new(variant: u8) -> Net {
         let pid = std::process::id();
-        let id = format!("{:x}", pid % 0xfffff);
-        let subnet = format!("10.231.{}", pid % 200 + 20);
+        let id = format!("{:x}{variant}", pid % 0xfffff);
+        let subnet = format!("10.231.{}", (pid % 100) * 2 + u32::from(variant) + 20);
         let bridge = format!("kpb{id}");
         let n = Net { id, subnet, bridge, namespaces: Vec::new(), etcds: Vec::new() };
         host::sh(&format!("ip link add {0} type bridge && ip addr add {1}.1/24 dev {0} && ip link set {0} up", n.bridge, n.subnet));
@@ -73,7 +78,11 @@ impl Net {
         let c = &pod.spec.containers[0];
         assert_eq!(c.command, vec!["/usr/local/bin/etcd".to_string()]);
         let root = h.root.path().display().to_string();
-        let args: Vec<String> = c.args.iter().map(|a| a.replace("=/mnt/", &format!("={root}/mnt/"))).collect();
+        let args: Vec<String> = c
+            .args
+            .iter()
+            .map(|a| a.replace("=/mnt/", &format!("={root}/mnt/")).replace("=/etc/kubernetes/", &format!("={root}/etc/kubernetes/")))
+            .collect();
         let out = std::fs::File::create(log).expect("etcd log");
         // `ip netns exec` gives etcd a private copy of every mount, including the other simulated
         // instances' volumes; drop those (on real machines they are on other hosts) so a dead
@@ -128,9 +137,14 @@ impl Drop for Net {
 /// Run etcdctl inside `ns` against `endpoint`, retrying (bounded) until it succeeds.
 fn etcdctl(ns: &str, endpoint: &str, args: &[&str], within: Duration) -> String {
     let deadline = Instant::now() + within;
+    let tls: Vec<String> = match TLS_DIR.lock().ok().and_then(|d| d.clone()) {
+        Some(d) => vec![format!("--cacert={d}/ca.crt"), format!("--cert={d}/client.crt"), format!("--key={d}/client.key")],
+        None => Vec::new(),
+    };
     loop {
         let out = Command::new("ip")
             .args(["netns", "exec", ns, "etcdctl", "--dial-timeout=2s", "--command-timeout=3s", &format!("--endpoints={endpoint}")])
+            .args(&tls)
             .args(args)
             .env("ETCDCTL_API", "3")
             .output()
@@ -177,15 +191,58 @@ struct Member {
 
 #[test]
 fn three_members_in_namespaces_survive_member_replacement() {
+    scenario(false);
+}
+
+/// The same with TLS on (peer and client, client-cert auth): the members API is used over TLS with
+/// the member's DNS name pinned to its address.
+#[test]
+fn three_members_with_tls_survive_member_replacement() {
+    scenario(true);
+}
+
+/// CA and one leaf (server+client usage, SANs for every member name and test address) via openssl.
+fn make_pki(dir: &std::path::Path, subnet: &str) {
+    let names: Vec<String> = ["a", "b", "c"].iter().map(|m| format!("DNS:etcd-{m}.internal.{NAME}")).collect();
+    let ips: Vec<String> = (11..=15).map(|h| format!("IP:{subnet}.{h}")).collect();
+    let ext = format!(
+        "subjectAltName={},{}\nextendedKeyUsage=serverAuth,clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n",
+        names.join(","),
+        ips.join(",")
+    );
+    std::fs::create_dir_all(dir).expect("pki dir");
+    std::fs::write(dir.join("ext.cnf"), ext).expect("ext");
+    host::sh(&format!(
+        "cd {} && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 1 -subj /CN=etcd-ca 2>/dev/null \
+         && openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=etcd 2>/dev/null \
+         && openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 1 -extfile ext.cnf 2>/dev/null \
+         && for f in peer client; do cp server.crt $f.crt; cp server.key $f.key; done",
+        dir.display()
+    ));
+}
+
+fn scenario(tls: bool) {
     need_root();
     need_tools();
+    if tls {
+        let ok = Command::new("sh").args(["-c", "command -v openssl"]).output().map(|o| o.status.success()).unwrap_or(false);
+        assert!(ok, "the TLS variant needs `openssl` to make test certificates");
+    }
     let (_g, m) = moto::lock();
     let logdir = tempfile::tempdir().expect("log dir");
-    let mut net = Net::new();
+    let mut net = Net::new(u8::from(tls));
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let conf = rt.block_on(moto::sdk(&m.url));
     let ec2 = aws_sdk_ec2::Client::new(&conf);
     let c = Cluster::new(&m.url, NAME, &[("main", &[("a", "cp-a"), ("b", "cp-b"), ("c", "cp-c")])], "");
+    let pki = tempfile::tempdir().expect("pki");
+    if tls {
+        let spec = c.state.path().join("cluster-completed.spec");
+        let text = std::fs::read_to_string(&spec).expect("spec");
+        std::fs::write(&spec, text.replace("  - name: main\n", "  - name: main\n    enableEtcdTLS: true\n    enableTLSAuth: true\n")).expect("spec");
+        make_pki(pki.path(), &net.subnet);
+    }
+    *TLS_DIR.lock().unwrap_or_else(|p| p.into_inner()) = tls.then(|| pki.path().display().to_string());
     let all = ["a", "b", "c"];
     let subnet_id = rt.block_on(async {
         let vpc = ec2.create_vpc().cidr_block("10.231.0.0/16").send().await.expect("CreateVpc");
@@ -219,6 +276,13 @@ fn three_members_in_namespaces_survive_member_replacement() {
         };
         for (v, d) in vols.iter().zip(&devs) {
             h.link(v, &d.dev);
+        }
+        if tls {
+            let dst = h.root.path().join("etc/kubernetes/pki/etcd/main");
+            std::fs::create_dir_all(&dst).expect("pki dir");
+            for f in ["ca.crt", "server.crt", "server.key", "peer.crt", "peer.key", "client.crt", "client.key"] {
+                std::fs::copy(pki.path().join(f), dst.join(f)).expect("copy pki");
+            }
         }
         Member { ns, ip, host: h }
     };
@@ -263,7 +327,11 @@ fn three_members_in_namespaces_survive_member_replacement() {
         assert!(mb.host.manifest("main").expect("manifest").contains("--initial-cluster-state=new"));
         net.start_etcd(&mb.ns, &mb.host, &logdir.path().join(format!("etcd-{t}.log")));
     }
-    let ep = |mb: &Member| format!("http://{}:4001", mb.ip);
+    let scheme = if tls { "https" } else { "http" };
+    let ep = |mb: &Member| format!("{scheme}://{}:4001", mb.ip);
+    if tls {
+        assert!(members[0].host.manifest("main").expect("manifest").contains("--client-cert-auth=true"));
+    }
     let health = etcdctl(&members[0].ns, &ep(&members[0]), &["endpoint", "health"], Duration::from_secs(60));
     assert!(health.contains("is healthy"), "{health}\n{}", logs(logdir.path()));
     for i in 0..20 {
