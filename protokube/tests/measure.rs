@@ -1,6 +1,6 @@
-//! Measurements (and their bounds): reconcile time from process start to volumes mounted + manifests
-//! + DNS (median of 10 runs of `--once` on fresh blank volumes), cloud API calls per idle reconcile in
-//! loop mode (from the Prometheus metrics), peak RSS; and the loop's metrics/health endpoint.
+//! Measurements, with bounds: reconcile time from process start until volumes are mounted and
+//! manifests and DNS written (median of 10 runs of `--once` on fresh blank volumes); cloud API calls
+//! per idle reconcile in loop mode (from the Prometheus metrics); peak RSS; the loop's health endpoint.
 //! Results go to stderr and to `$CARGO_TARGET_TMPDIR/protokube-measurements.txt`.
 
 #[path = "../../cloud/tests/support/moto.rs"]
