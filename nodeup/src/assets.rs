@@ -168,7 +168,6 @@ impl Fetcher {
                 reqwest::blocking::Client::builder()
                     .connect_timeout(self.opts.connect_timeout)
                     .timeout(self.opts.read_timeout)
-                    .no_proxy()
                     .build()
                     .map_err(|e| e.to_string())
             })

@@ -19,10 +19,12 @@ pub enum ConfigError {
     Parse { what: String, message: String },
     #[error("{path}: InstanceGroupRole {role:?} is not a role nodeup serves (ControlPlane, Node, APIServer)")]
     Role { path: PathBuf, role: String },
-    #[error("ConfigBase {base:?}: unsupported scheme (file://, http://, https://; s3:// is not built in)")]
+    #[error("ConfigBase {base:?}: unsupported scheme (file://, http://, https://, s3://)")]
     Scheme { base: String },
     #[error("state store: {0}")]
     Fetch(#[from] AssetError),
+    #[error("state store: {0}")]
+    S3(#[from] crate::s3::S3Error),
     #[error("{url}: NodeupConfig hash mismatch: BootConfig pins {expected}, file has {actual}; refusing it")]
     HashMismatch { url: String, expected: String, actual: String },
 }
@@ -50,16 +52,23 @@ pub fn boot_role(boot: &BootConfig, path: &Path) -> Result<Role, ConfigError> {
 pub struct StateStore<'a> {
     base: String,
     fetcher: &'a Fetcher,
+    s3: Option<crate::s3::S3Store>,
 }
 
 impl<'a> StateStore<'a> {
+    /// A `file://` (or plain path) or `http(s)://` store.
     pub fn new(config_base: &str, fetcher: &'a Fetcher) -> Result<StateStore<'a>, ConfigError> {
         let base = config_base.trim_end_matches('/');
         let base = if base.starts_with('/') { format!("file://{base}") } else { base.to_string() };
         if !(base.starts_with("file://") || base.starts_with("http://") || base.starts_with("https://")) {
             return Err(ConfigError::Scheme { base: config_base.to_string() });
         }
-        Ok(StateStore { base, fetcher })
+        Ok(StateStore { base, fetcher, s3: None })
+    }
+
+    /// An `s3://bucket/prefix` store.
+    pub fn s3(config_base: &str, fetcher: &'a Fetcher, store: crate::s3::S3Store) -> StateStore<'a> {
+        StateStore { base: config_base.trim_end_matches('/').to_string(), fetcher, s3: Some(store) }
     }
 
     pub fn url(&self, rel: &str) -> String {
@@ -69,6 +78,9 @@ impl<'a> StateStore<'a> {
     /// Read one object; `Ok(None)` when it does not exist.
     pub fn read(&self, rel: &str) -> Result<Option<Vec<u8>>, ConfigError> {
         let url = self.url(rel);
+        if let Some(s3) = &self.s3 {
+            return Ok(s3.get(rel)?);
+        }
         if let Some(p) = url.strip_prefix("file://") {
             return match std::fs::read(p) {
                 Ok(b) => Ok(Some(b)),

@@ -14,5 +14,6 @@ pub mod paths;
 pub mod pki;
 pub mod render;
 pub mod run;
+pub mod s3;
 pub mod tasks;
 pub mod testsupport;

@@ -64,8 +64,6 @@ pub fn run(opts: &Options) -> anyhow::Result<Outcome> {
         },
         cache,
     )?;
-    let store = StateStore::new(&boot.config_base, &fetcher)?;
-    let cfg = config::fetch_nodeup_config(&boot, role, &store)?;
     let mut facts = Facts {
         arch: opts.arch.clone().unwrap_or_else(|| crate::assets::host_arch().to_string()),
         hostname: opts.hostname.clone().unwrap_or_default(),
@@ -78,10 +76,27 @@ pub fn run(opts: &Options) -> anyhow::Result<Outcome> {
     let imds_url = opts.imds_url.clone().or_else(|| {
         (host.is_live() && boot.cloud_provider == "aws").then(|| crate::imds::DEFAULT_BASE.to_string())
     });
-    if let Some(url) = imds_url {
-        let mut imds = crate::imds::Imds::new(&url, Duration::from_secs(30))?;
+    let mut imds = match &imds_url {
+        Some(url) => Some(crate::imds::Imds::new(url, Duration::from_secs(30))?),
+        None => None,
+    };
+    if let Some(imds) = imds.as_mut() {
         imds.fill(&mut facts).context("reading instance facts from IMDS (override with --hostname, --internal-ip, --instance-id, --zone, --region)")?;
     }
+    let store = if boot.config_base.starts_with("s3://") {
+        let creds = match (crate::s3::Credentials::from_env(), imds.as_mut()) {
+            (Some(c), _) => Some(c),
+            (None, Some(imds)) => crate::s3::credentials_from_imds(imds).context("reading instance-role credentials from IMDS")?,
+            (None, None) => None,
+        };
+        let region = facts.region.clone().or_else(|| facts.zone.as_ref().map(|z| z[..z.len().saturating_sub(1)].to_string()));
+        let s3 = crate::s3::S3Store::new(&boot.config_base, region.as_deref(), creds, opts.http_timeout)
+            .map_err(config::ConfigError::from)?;
+        StateStore::s3(&boot.config_base, &fetcher, s3)
+    } else {
+        StateStore::new(&boot.config_base, &fetcher)?
+    };
+    let cfg = config::fetch_nodeup_config(&boot, role, &store)?;
     if facts.hostname.is_empty() {
         facts.hostname = hostname(&opts.root);
     }

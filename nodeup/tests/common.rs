@@ -56,7 +56,12 @@ impl Scenario {
             .args(["--hostname", "ip-172-20-33-10.eu-west-1.compute.internal", "--internal-ip", "172.20.33.10", "--arch", "amd64"])
             .args(["--http-timeout", "2", "--retry-backoff-ms", "50"])
             .args(extra)
-            .env("NODEUP_LOG", "warn");
+            .env("NODEUP_LOG", "warn")
+            .env_remove("http_proxy")
+            .env_remove("https_proxy")
+            .env_remove("HTTP_PROXY")
+            .env_remove("HTTPS_PROXY")
+            .env_remove("ALL_PROXY");
         c
     }
 

@@ -1,0 +1,124 @@
+//! An `s3://` ConfigBase against a real moto server on 127.0.0.1 (SigV4-signed GETs).
+//! Needs moto (`$KEELSON_PYTHON`, default `.venv/bin/python`, made by `scripts/test`); fails
+//! with a message saying so.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+struct Moto {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn python() -> PathBuf {
+    std::env::var_os("KEELSON_PYTHON")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python"))
+}
+
+fn start_moto() -> Moto {
+    let py = python();
+    assert!(
+        py.exists(),
+        "this test needs moto: {} not found (run scripts/test, which creates .venv with moto[server], or set KEELSON_PYTHON)",
+        py.display()
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
+    let child = Command::new(&py)
+        .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start moto with {}: {e}", py.display()));
+    let moto = Moto { child, port };
+    let client = reqwest::blocking::Client::new();
+    let t = Instant::now();
+    loop {
+        if client.get(format!("http://127.0.0.1:{port}/moto-api/")).send().is_ok() {
+            return moto;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "moto did not start on 127.0.0.1:{port} within 60 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn upload_dir(client: &reqwest::blocking::Client, port: u16, bucket: &str, prefix: &str, dir: &Path) {
+    for (rel, bytes) in tree(dir) {
+        let r = client.put(format!("http://127.0.0.1:{port}/{bucket}/{prefix}/{rel}")).body(bytes).send().expect("put object");
+        assert!(r.status().is_success(), "put {rel}: {}", r.status());
+    }
+}
+
+#[test]
+fn s3_config_base_against_moto() {
+    let moto = start_moto();
+    let s = Scenario::new(Group::Worker, 4096, |m, a| vec![m.url(&a.path)]);
+    let client = reqwest::blocking::Client::new();
+    let port = moto.port;
+    assert!(client.put(format!("http://127.0.0.1:{port}/keelson-state")).send().expect("create bucket").status().is_success());
+    upload_dir(&client, port, "keelson-state", "ha.k8s.example.com", &s.dir.path().join("state"));
+    // Point the BootConfig at s3:// (the NodeupConfig bytes, and so the hash, are unchanged).
+    let mut boot: keelson_api::nodeup::BootConfig = serde_yaml_ng::from_str(&std::fs::read_to_string(&s.boot).expect("boot")).expect("yaml");
+    boot.config_base = "s3://keelson-state/ha.k8s.example.com".into();
+    std::fs::write(&s.boot, serde_yaml_ng::to_string(&boot).expect("yaml")).expect("write boot");
+    std::fs::remove_dir_all(s.dir.path().join("state")).expect("the file store is gone: only S3 remains");
+
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let with_env = |c: &mut Command| {
+        c.env("AWS_ENDPOINT_URL", &endpoint)
+            .env("AWS_ACCESS_KEY_ID", "testing")
+            .env("AWS_SECRET_ACCESS_KEY", "testing")
+            .env("AWS_REGION", "eu-west-1")
+            .env_remove("AWS_ENDPOINT_URL_S3")
+            .env_remove("AWS_SESSION_TOKEN");
+    };
+    let mut c = s.command(&[]);
+    with_env(&mut c);
+    let o = c.output().expect("run");
+    assert_ok(&o);
+    assert!(s.path("/var/lib/kubelet/bootstrap-kubeconfig").is_file());
+    assert!(s.path("/usr/local/bin/kubelet").is_file());
+
+    // Without credentials: a clear error, nothing touched.
+    let fresh = s.dir.path().join("root2");
+    std::fs::create_dir(&fresh).expect("mkdir");
+    let o = Command::new(env!("CARGO_BIN_EXE_nodeup"))
+        .arg("--conf")
+        .arg(&s.boot)
+        .arg("--root")
+        .arg(&fresh)
+        .args(["--arch", "amd64"])
+        .env("AWS_ENDPOINT_URL", &endpoint)
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .output()
+        .expect("run");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("no credentials"), "{}", stderr(&o));
+    assert!(std::fs::read_dir(&fresh).expect("ls").next().is_none());
+
+    // A missing NodeupConfig object is reported as such.
+    let mut boot2 = boot.clone();
+    boot2.instance_group_name = "no-such-group".into();
+    let b2 = s.dir.path().join("boot2.yaml");
+    std::fs::write(&b2, serde_yaml_ng::to_string(&boot2).expect("yaml")).expect("write");
+    let mut c = Command::new(env!("CARGO_BIN_EXE_nodeup"));
+    c.arg("--conf").arg(&b2).arg("--root").arg(&fresh).args(["--arch", "amd64"]);
+    with_env(&mut c);
+    let o = c.output().expect("run");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("igconfig/node/no-such-group/nodeupconfig.yaml") && stderr(&o).contains("not found"), "{}", stderr(&o));
+}
