@@ -63,6 +63,16 @@ impl Host {
         Ok(())
     }
 
+    /// Ask the live host a yes/no question (`systemctl is-active --quiet X`); `None` off a live
+    /// host or when the command cannot run.
+    pub fn query(&self, argv: &[&str]) -> Option<bool> {
+        if !self.is_live() {
+            return None;
+        }
+        let (prog, args) = argv.split_first()?;
+        Command::new(prog).args(args).status().ok().map(|s| s.success())
+    }
+
     /// Commands recorded instead of run, in order.
     pub fn recorded(&self) -> Vec<String> {
         self.recorded.lock().unwrap_or_else(|e| e.into_inner()).clone()

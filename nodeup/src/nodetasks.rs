@@ -281,6 +281,10 @@ impl Task for ServiceTask {
         }
         if deps_changed {
             changes.push(if ctx.host.is_live() { "restart".to_string() } else { "restart (recorded: not a live root)".to_string() });
+        } else if ctx.host.query(&["systemctl", "is-active", "--quiet", &self.unit]) == Some(false) {
+            // A run killed between writing an input and restarting leaves the service down:
+            // a live host converges to "running", not just "configured".
+            changes.push("start (not running)".to_string());
         }
         Ok(changes)
     }
@@ -292,6 +296,9 @@ impl Task for ServiceTask {
         if deps_changed {
             ctx.host.run(&["systemctl", "daemon-reload"])?;
             ctx.host.run(&["systemctl", "restart", &self.unit])?;
+        } else if ctx.host.is_live() {
+            ctx.host.run(&["systemctl", "daemon-reload"])?;
+            ctx.host.run(&["systemctl", "start", &self.unit])?;
         }
         Ok(())
     }
