@@ -10,12 +10,16 @@
 
 pub mod cloud;
 pub mod cmd;
+pub mod cluster;
+pub mod etcd;
 pub mod httpd;
 pub mod imds;
 pub mod machine;
+pub mod mirror;
 pub mod moto;
 pub mod net;
 pub mod paths;
 pub mod rootfs;
+pub mod spec;
 pub mod staticpods;
 pub mod volumes;

@@ -13,6 +13,41 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Start moto, the asset mirror and the machines, `keelson apply --yes` the spec, and return
+    /// when the control plane is healthy.
+    Up {
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+        /// Seconds to wait for a healthy control plane.
+        #[arg(long, default_value_t = 900)]
+        timeout: u64,
+    },
+    /// Machines, IPs, roles, volumes, containerd and etcd health.
+    Ps,
+    /// Terminate an instance in moto (its autoscaling group replaces it).
+    Kill { instance: String },
+    /// up, write keys, N cycles of "terminate a random control plane, wait until healed", down.
+    Selfheal {
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+        #[arg(long, default_value_t = 10)]
+        cycles: u32,
+        #[arg(long, default_value_t = 1000)]
+        keys: u64,
+        /// Seconds one cycle may take before it counts as not healed.
+        #[arg(long, default_value_t = 300)]
+        cycle_timeout: u64,
+        #[arg(long, default_value_t = 900)]
+        up_timeout: u64,
+    },
+    /// Stop everything and remove every trace (mounts, loop devices, namespaces, processes).
+    Down,
+    /// The process `up` starts: owns moto, the mirror and the machines.
+    #[command(hide = true)]
+    Daemon {
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+    },
     /// Build (or find) the cached Debian rootfs and print its path.
     Rootfs,
     /// Serve IMDSv2 for one instance on 169.254.169.254:80 (run inside its namespace).
@@ -39,7 +74,26 @@ fn main() {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    use std::time::Duration;
+    use keelson_local::cluster;
     match cli.command {
+        Cmd::Up { file, timeout } => cluster::up(&file, Duration::from_secs(timeout))?,
+        Cmd::Ps => cluster::ps()?,
+        Cmd::Kill { instance } => cluster::kill(&instance)?,
+        Cmd::Selfheal { file, cycles, keys, cycle_timeout, up_timeout } => {
+            let r = cluster::selfheal(&file, cycles, keys, Duration::from_secs(cycle_timeout), Duration::from_secs(up_timeout))?;
+            if r.healed < cycles || r.intact != r.keys {
+                std::process::exit(1);
+            }
+        }
+        Cmd::Down => {
+            let left = cluster::down()?;
+            for l in &left {
+                println!("removed leftover: {l}");
+            }
+            println!("keelson-local: down");
+        }
+        Cmd::Daemon { file } => cluster::run_daemon(&file)?,
         Cmd::Rootfs => {
             let p = keelson_local::rootfs::ensure(&keelson_local::paths::cache_dir())?;
             println!("{}", p.display());

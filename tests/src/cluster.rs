@@ -1,0 +1,1094 @@
+//! The local cloud as a whole: the daemon that owns moto, the bridge, the relay, the mirror and
+//! the machines (`keelson-local daemon`, started by `up`), and the commands that talk to it
+//! through the state directory (`up`, `ps`, `kill`, `down`, `selfheal`).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{anyhow, bail, Context};
+
+use crate::cloud::Cloud;
+use crate::imds::InstanceData;
+use crate::machine::{self, Environment, Machine, MachineInfo};
+use crate::net::{self, Segment};
+use crate::paths::{self, MachinePaths, State};
+use crate::spec::Spec;
+use crate::{cmd, etcd, mirror, moto, rootfs, volumes};
+
+/// Reconcile interval of the daemon.
+pub const TICK: Duration = Duration::from_millis(300);
+/// Device names of root volumes (moto attaches one per instance).
+const ROOT_DEVICES: &[&str] = &["/dev/sda1", "/dev/sda", "/dev/xvda", "/dev/xvda1"];
+
+/// `KEELSON_LOCAL_CONFIGBASE_OVER_HTTP=1`: a stop-gap for a nodeup/protokube without `s3://`
+/// ConfigBase support — the daemon copies the state store from moto's S3 into the mirror and the
+/// instances' user-data (as IMDS serves it) names `http://<gateway>/s3/<bucket>/<prefix>` as
+/// their ConfigBase instead of `s3://<bucket>/<prefix>`. Off by default: the product must read
+/// `s3://` itself.
+pub fn configbase_over_http() -> bool {
+    std::env::var("KEELSON_LOCAL_CONFIGBASE_OVER_HTTP").is_ok_and(|v| v == "1" || v == "true")
+}
+
+pub const HOSTS_BEGIN: &str = "# Begin keelson-local VPC resolver (Route53 records of the local cloud)";
+pub const HOSTS_END: &str = "# End keelson-local VPC resolver";
+
+/// Shared between the daemon and the commands (`cluster.json`).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct ClusterState {
+    pub name: String,
+    pub spec: String,
+    pub region: String,
+    pub phase: String,
+    #[serde(default)]
+    pub error: Option<String>,
+    pub daemon_pid: i64,
+    #[serde(default)]
+    pub moto_pid: i64,
+    pub moto_port: u16,
+    pub relay_port: u16,
+    pub mirror_port: u16,
+    pub gateway: String,
+    pub bridge: String,
+    #[serde(default)]
+    pub etcd_clusters: Vec<String>,
+    #[serde(default)]
+    pub machines: Vec<MachineInfo>,
+    #[serde(default)]
+    pub failed: BTreeMap<String, String>,
+    /// volume id → (instance, slot) currently exposed.
+    #[serde(default)]
+    pub exposed: BTreeMap<String, (String, u32)>,
+    /// Groups: name → desired capacity.
+    #[serde(default)]
+    pub groups: BTreeMap<String, i32>,
+    #[serde(default)]
+    pub events: Vec<String>,
+}
+
+impl ClusterState {
+    pub fn load(state: &State) -> Option<ClusterState> {
+        let text = fs::read_to_string(state.cluster_file()).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+    fn save(&self, state: &State) {
+        let tmp = state.cluster_file().with_extension("tmp");
+        if fs::write(&tmp, serde_json::to_string_pretty(self).unwrap_or_default()).is_ok() {
+            let _ = fs::rename(&tmp, state.cluster_file());
+        }
+    }
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.moto_port)
+    }
+}
+
+fn now_s() -> f64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The daemon
+// ---------------------------------------------------------------------------------------------
+
+struct Daemon {
+    state: State,
+    spec: Spec,
+    seg: Segment,
+    bridge: String,
+    lower: PathBuf,
+    self_exe: PathBuf,
+    env: Environment,
+    cloud: Cloud,
+    machines: Arc<Mutex<BTreeMap<String, Machine>>>,
+    starting: Arc<Mutex<BTreeSet<String>>>,
+    failed: Arc<Mutex<BTreeMap<String, String>>>,
+    events: Arc<Mutex<Vec<String>>>,
+    backings: HashMap<String, volumes::Backing>,
+    exposed: BTreeMap<String, (String, u32)>,
+    hosts_written: HashMap<String, String>,
+    cs: ClusterState,
+    /// ConfigBase over HTTP (see [`configbase_over_http`]): (s3 URL, http URL), synced ETags.
+    configbase_http: Option<(String, String)>,
+    s3_etags: HashMap<String, String>,
+    last_s3_sync: Instant,
+}
+
+fn event(events: &Mutex<Vec<String>>, msg: String) {
+    eprintln!("keelson-local: {msg}");
+    if let Ok(mut e) = events.lock() {
+        e.push(format!("{:.1} {msg}", now_s()));
+        let n = e.len();
+        if n > 200 {
+            e.drain(..n - 200);
+        }
+    }
+}
+
+/// Run the daemon in this process until SIGTERM/SIGINT or the stop file; tears everything down.
+pub fn run_daemon(spec_path: &Path) -> anyhow::Result<()> {
+    let state = State::new(paths::state_dir());
+    fs::create_dir_all(&state.root)?;
+    let _ = fs::remove_file(state.stop_file());
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build();
+            if let Ok(rt) = rt {
+                rt.block_on(async {
+                    use tokio::signal::unix::{signal, SignalKind};
+                    if let (Ok(mut t), Ok(mut i)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+                        tokio::select! { _ = t.recv() => {}, _ = i.recv() => {} }
+                        stop.store(true, Ordering::SeqCst);
+                    }
+                });
+            }
+        });
+    }
+    let spec = Spec::load(spec_path)?;
+    let mut cs = ClusterState {
+        name: spec.name.clone(),
+        spec: spec_path.display().to_string(),
+        region: spec.region.clone(),
+        phase: "starting moto".into(),
+        daemon_pid: std::process::id() as i64,
+        bridge: paths::DEFAULT_BRIDGE.into(),
+        etcd_clusters: spec.etcd_clusters.clone(),
+        ..Default::default()
+    };
+    cs.save(&state);
+    let mut moto = moto::Moto::start(&state.moto_log())?;
+    cs.moto_port = moto.port;
+    cs.moto_pid = moto.pid().unwrap_or(0) as i64;
+    let result = daemon_body(&state, &spec, spec_path, &mut cs, &stop);
+    if let Err(e) = &result {
+        cs.phase = "failed".into();
+        cs.error = Some(format!("{e:#}"));
+        cs.save(&state);
+        eprintln!("keelson-local: daemon failed: {e:#}");
+        // Keep serving `ps`/`down` until asked to stop (bounded: one hour).
+        let deadline = Instant::now() + Duration::from_secs(3600);
+        while !stop.load(Ordering::SeqCst) && !state.stop_file().exists() && Instant::now() < deadline {
+            std::thread::sleep(TICK);
+        }
+    }
+    moto.stop();
+    Ok(())
+}
+
+fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterState, stop: &AtomicBool) -> anyhow::Result<()> {
+    let seg = Segment::from_cidr(&spec.network_cidr).ok_or_else(|| anyhow!("spec.networkCIDR {:?} is not an IPv4 CIDR /8../30", spec.network_cidr))?;
+    cs.gateway = seg.gateway.to_string();
+    net::ensure_bridge(&cs.bridge, &seg)?;
+    // Relay (moto for the machines) and mirror, on the bridge address.
+    let relay = std::net::TcpListener::bind((seg.gateway, 0))?;
+    let mirror_l = std::net::TcpListener::bind((seg.gateway, 0))?;
+    cs.relay_port = relay.local_addr()?.port();
+    cs.mirror_port = mirror_l.local_addr()?.port();
+    relay.set_nonblocking(true)?;
+    mirror_l.set_nonblocking(true)?;
+    let mirror_root = state.mirror_dir();
+    fs::create_dir_all(&mirror_root)?;
+    let moto_target = format!("127.0.0.1:{}", cs.moto_port);
+    {
+        let mirror_root = mirror_root.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+            rt.block_on(async move {
+                let r = tokio::net::TcpListener::from_std(relay).expect("relay listener");
+                let m = tokio::net::TcpListener::from_std(mirror_l).expect("mirror listener");
+                tokio::join!(crate::httpd::relay(r, moto_target), mirror::serve(m, mirror_root));
+            });
+        });
+    }
+    let gw = seg.gateway;
+    let mirror_url = format!("http://{gw}:{}/", cs.mirror_port);
+    cs.phase = "preparing the account (bucket, zone, image)".into();
+    cs.save(state);
+    let cloud = Cloud::new(&cs.endpoint(), &spec.region);
+    if let Some(bucket) = spec.bucket() {
+        let body = format!("<CreateBucketConfiguration><LocationConstraint>{}</LocationConstraint></CreateBucketConfiguration>", spec.region);
+        let (code, text) = moto::http(cs.moto_port, "PUT", &format!("/{bucket}"), &body)?;
+        if code != 200 && code != 409 {
+            bail!("creating bucket {bucket} in moto: HTTP {code}: {text}");
+        }
+    }
+    if let Some(zone) = spec.zone_name() {
+        cloud.ensure_zone(&zone)?;
+    }
+    let image = cloud.some_image()?;
+
+    cs.phase = "building the rootfs".into();
+    cs.save(state);
+    let lower = rootfs::ensure(&paths::cache_dir())?;
+
+    cs.phase = "building the asset mirror".into();
+    cs.save(state);
+    let bins = mirror::bin_dir();
+    for b in ["keelson", "nodeup", "protokube", "kubelet-standin"] {
+        if !bins.join(b).is_file() {
+            bail!("{b} binary not found in {} (build the workspace first: cargo build --workspace; or set KEELSON_BIN_DIR)", bins.display());
+        }
+    }
+    let local_spec = state.root.join("spec.yaml");
+    fs::write(&local_spec, spec.local_text(&mirror_url, &image))?;
+    let kops_base = format!("http://{gw}:{}/kops", cs.mirror_port);
+    let nodeup_url = format!("http://{gw}:{}/keelson/nodeup", cs.mirror_port);
+    let protokube_urls = ["amd64", "arm64"].map(|a| format!("{kops_base}/linux/{a}/protokube"));
+    let cache = paths::cache_dir();
+    let mut first = vec![nodeup_url.clone()];
+    first.extend(protokube_urls);
+    let mut hashes = mirror::build(&cache, &bins, &mirror_root, &first)?;
+    let overrides = state.root.join("asset-hashes.tsv");
+    mirror::write_overrides(&overrides, &hashes)?;
+    let keelson = bins.join("keelson");
+    let compiled = state.compiled_dir();
+    let _ = fs::remove_dir_all(&compiled);
+    let out = cmd::run(
+        Command::new(&keelson)
+            .args(["compile", "--offline", "-f"])
+            .arg(&local_spec)
+            .arg("--out")
+            .arg(&compiled)
+            .env("KEELSON_ASSET_HASHES", &overrides)
+            .env("KOPS_BASE_URL", &kops_base),
+    );
+    out.context("keelson compile of the local spec (to learn the asset URLs)")?;
+    let mut urls = BTreeSet::new();
+    for e in fs::read_dir(compiled.join("nodeup"))?.flatten() {
+        let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(&fs::read_to_string(e.path())?)?;
+        for a in v.get("Assets").and_then(|a| a.get("amd64")).and_then(|a| a.as_sequence()).into_iter().flatten() {
+            if let Some((_, rest)) = a.as_str().and_then(|s| s.split_once('@')) {
+                urls.insert(rest.split(',').next().unwrap_or(rest).to_string());
+            }
+        }
+    }
+    let urls: Vec<String> = urls.into_iter().filter(|u| u.starts_with(&mirror_url) || u.starts_with(&kops_base)).collect();
+    hashes.extend(mirror::build(&cache, &bins, &mirror_root, &urls)?);
+    mirror::write_overrides(&overrides, &hashes)?;
+    let nodeup_sha = hashes.get(&nodeup_url).cloned().unwrap_or_default();
+
+    cs.phase = "keelson apply --yes".into();
+    cs.save(state);
+    let applied = cmd::run(
+        Command::new(&keelson)
+            .args(["apply", "--yes", "--offline", "-f"])
+            .arg(&local_spec)
+            .arg("--endpoint-url")
+            .arg(cs.endpoint())
+            .arg("--nodeup-asset")
+            .arg(format!("amd64={nodeup_sha}@{nodeup_url}"))
+            .env("KEELSON_ASSET_HASHES", &overrides)
+            .env("KOPS_BASE_URL", &kops_base)
+            .env("AWS_ACCESS_KEY_ID", "keelson-local")
+            .env("AWS_SECRET_ACCESS_KEY", "keelson-local")
+            .env("AWS_REGION", &spec.region),
+    )
+    .context("keelson apply --yes against moto")?;
+    fs::write(state.root.join("apply.log"), &applied)?;
+    let _ = spec_path;
+
+    cs.phase = "running".into();
+    cs.save(state);
+    let env = Environment {
+        aws_endpoint: format!("http://{gw}:{}", cs.relay_port),
+        region: spec.region.clone(),
+        hosts: vec![],
+    };
+    let mut d = Daemon {
+        state: state.clone(),
+        spec: spec.clone(),
+        seg,
+        bridge: cs.bridge.clone(),
+        lower,
+        self_exe: std::env::current_exe()?,
+        env,
+        cloud,
+        machines: Arc::new(Mutex::new(BTreeMap::new())),
+        starting: Arc::new(Mutex::new(BTreeSet::new())),
+        failed: Arc::new(Mutex::new(BTreeMap::new())),
+        events: Arc::new(Mutex::new(Vec::new())),
+        backings: HashMap::new(),
+        exposed: BTreeMap::new(),
+        hosts_written: HashMap::new(),
+        cs: cs.clone(),
+        configbase_http: (configbase_over_http() && spec.config_base.starts_with("s3://"))
+            .then(|| (spec.config_base.trim_end_matches('/').to_string(), format!("http://{gw}:{}/s3/{}", cs.mirror_port, spec.config_base.trim_start_matches("s3://").trim_end_matches('/')))),
+        s3_etags: HashMap::new(),
+        last_s3_sync: Instant::now() - Duration::from_secs(60),
+    };
+    if let Some((s3, http)) = &d.configbase_http {
+        event(&d.events, format!("KEELSON_LOCAL_CONFIGBASE_OVER_HTTP: instances get ConfigBase {http} (a copy of {s3}) instead of {s3}"));
+    }
+    let mut errors = 0u32;
+    while !stop.load(Ordering::SeqCst) && !state.stop_file().exists() {
+        match d.reconcile() {
+            Ok(()) => errors = 0,
+            Err(e) => {
+                errors += 1;
+                if errors % 20 == 1 {
+                    event(&d.events, format!("reconcile error: {e:#}"));
+                }
+            }
+        }
+        std::thread::sleep(TICK);
+    }
+    d.shutdown();
+    *cs = d.cs.clone();
+    Ok(())
+}
+
+impl Daemon {
+    fn sync_state_store(&mut self) -> anyhow::Result<()> {
+        if self.configbase_http.is_none() || self.last_s3_sync.elapsed() < Duration::from_secs(3) {
+            return Ok(());
+        }
+        self.last_s3_sync = Instant::now();
+        let rest = self.spec.config_base.trim_start_matches("s3://");
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        let dest = self.state.mirror_dir().join("s3").join(bucket);
+        self.cloud.sync_bucket(bucket, prefix, &dest, &mut self.s3_etags)?;
+        Ok(())
+    }
+
+    fn reconcile(&mut self) -> anyhow::Result<()> {
+        if let Err(e) = self.sync_state_store() {
+            event(&self.events, format!("state store copy failed: {e:#}"));
+        }
+        let instances = self.cloud.instances()?;
+        let live: BTreeMap<String, &crate::cloud::Instance> = instances
+            .iter()
+            .filter(|i| i.state == "running" || i.state == "pending")
+            .map(|i| (i.id.clone(), i))
+            .collect();
+        // Stop machines whose instance is gone.
+        let gone: Vec<String> = {
+            let m = self.machines.lock().map_err(|_| anyhow!("lock"))?;
+            m.keys().filter(|id| !live.contains_key(*id)).cloned().collect()
+        };
+        for id in gone {
+            let m = self.machines.lock().map_err(|_| anyhow!("lock"))?.remove(&id);
+            if let Some(mut m) = m {
+                event(&self.events, format!("{id}: instance terminated; stopping its machine"));
+                self.exposed.retain(|_, (inst, _)| inst != &id);
+                self.hosts_written.remove(&id);
+                std::thread::spawn(move || m.stop());
+            }
+        }
+        // Start machines for new instances.
+        for (id, inst) in &live {
+            let known = self.machines.lock().map_err(|_| anyhow!("lock"))?.contains_key(id)
+                || self.starting.lock().map_err(|_| anyhow!("lock"))?.contains(id)
+                || self.failed.lock().map_err(|_| anyhow!("lock"))?.contains_key(id);
+            if known {
+                continue;
+            }
+            let Some(ip) = inst.private_ip.clone() else { continue };
+            let mut user_data = self.cloud.user_data(id)?;
+            if let (Some((s3, http)), Some(u)) = (&self.configbase_http, user_data.as_mut()) {
+                *u = u.replace(&format!("ConfigBase: {s3}"), &format!("ConfigBase: {http}"));
+            }
+            let data = InstanceData {
+                instance_id: id.clone(),
+                region: self.spec.region.clone(),
+                zone: inst.zone.clone(),
+                private_ip: ip,
+                public_ip: inst.public_ip.clone(),
+                instance_type: inst.instance_type.clone(),
+                image_id: inst.image_id.clone(),
+                mac: inst.mac.clone(),
+                subnet_id: inst.subnet_id.clone(),
+                vpc_id: inst.vpc_id.clone(),
+                security_groups: inst.security_groups.clone(),
+                user_data,
+                tags: inst.tags.clone(),
+            };
+            self.starting.lock().map_err(|_| anyhow!("lock"))?.insert(id.clone());
+            let (machines, starting, failed, events) = (self.machines.clone(), self.starting.clone(), self.failed.clone(), self.events.clone());
+            let (exe, lower, dir, bridge, seg, env) = (
+                self.self_exe.clone(),
+                self.lower.clone(),
+                self.state.machine_dir(id),
+                self.bridge.clone(),
+                self.seg,
+                self.env.clone(),
+            );
+            let (role, group) = (inst.role(), inst.group());
+            let id = id.clone();
+            event(&self.events, format!("{id}: instance running ({} {} in {}); booting its machine", data.private_ip, group, data.zone));
+            std::thread::spawn(move || {
+                let t0 = Instant::now();
+                match Machine::start(&exe, &lower, dir, &bridge, &seg, &env, &data, &role, &group) {
+                    Ok(m) => {
+                        event(&events, format!("{id}: machine up in {:.1} s (init pid {})", t0.elapsed().as_secs_f64(), m.info.init_pid.unwrap_or(0)));
+                        if let Ok(mut ms) = machines.lock() {
+                            ms.insert(id.clone(), m);
+                        }
+                    }
+                    Err(e) => {
+                        event(&events, format!("{id}: machine failed to start: {e}"));
+                        if let Ok(mut f) = failed.lock() {
+                            f.insert(id.clone(), e.to_string());
+                        }
+                    }
+                }
+                if let Ok(mut s) = starting.lock() {
+                    s.remove(&id);
+                }
+            });
+        }
+        self.sync_volumes()?;
+        self.sync_dns();
+        self.publish(&instances);
+        Ok(())
+    }
+
+    fn sync_volumes(&mut self) -> anyhow::Result<()> {
+        let vols = self.cloud.volumes()?;
+        let machines = self.machines.lock().map_err(|_| anyhow!("lock"))?;
+        for v in &vols {
+            // Root volumes are the machine's overlay root; only data volumes become loop devices.
+            let attachment = v.attached_to().filter(|a| !ROOT_DEVICES.contains(&a.device.as_str()));
+            if attachment.is_some() && !self.backings.contains_key(&v.id) {
+                let b = volumes::ensure_backing(&self.state.volumes_dir(), &v.id, v.size_gib)?;
+                self.backings.insert(v.id.clone(), b);
+            }
+            let want = attachment.map(|a| a.instance_id.clone()).filter(|i| machines.get(i).is_some_and(|m| m.running()));
+            let have = self.exposed.get(&v.id).cloned();
+            if have.as_ref().map(|(i, _)| i) == want.as_ref() {
+                continue;
+            }
+            if let Some((inst, slot)) = have {
+                if let Some(m) = machines.get(&inst) {
+                    if let Some(p) = m.init_pid() {
+                        volumes::unexpose(p, &v.id, slot);
+                    }
+                }
+                self.exposed.remove(&v.id);
+                event(&self.events, format!("{}: detached from {inst}", v.id));
+            }
+            if let Some(inst) = want {
+                let used: BTreeSet<u32> = self.exposed.values().filter(|(i, _)| *i == inst).map(|(_, s)| *s).collect();
+                let slot = (1..).find(|s| !used.contains(s)).unwrap_or(1);
+                if let (Some(m), Some(b)) = (machines.get(&inst), self.backings.get(&v.id)) {
+                    if let Some(p) = m.init_pid() {
+                        volumes::expose(p, b, slot)?;
+                        self.exposed.insert(v.id.clone(), (inst.clone(), slot));
+                        event(&self.events, format!("{} ({}): attached to {inst} as /dev/{}", v.id, v.name(), volumes::nvme_name(slot)));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Play the VPC resolver: every A record of the local Route53 zones goes into a guarded block
+    /// of every machine's /etc/hosts, rewritten in place when it changes.
+    fn sync_dns(&mut self) {
+        let Ok(records) = self.cloud.a_records() else { return };
+        let mut block = format!("{HOSTS_BEGIN}\n");
+        for r in &records {
+            if let Some(ip) = r.ips.first() {
+                block.push_str(&format!("{ip}\t{}\n", r.name));
+            }
+        }
+        block.push_str(HOSTS_END);
+        block.push('\n');
+        let Ok(machines) = self.machines.lock() else { return };
+        for (id, m) in machines.iter() {
+            if self.hosts_written.get(id) == Some(&block) {
+                continue;
+            }
+            let path = m.info.root.join("etc/hosts");
+            let text = fs::read_to_string(&path).unwrap_or_default();
+            let new = replace_block(&text, &block);
+            if new != text && write_in_place(&path, &new).is_err() {
+                continue;
+            }
+            self.hosts_written.insert(id.clone(), block.clone());
+        }
+    }
+
+    fn publish(&mut self, instances: &[crate::cloud::Instance]) {
+        let machines = match self.machines.lock() {
+            Ok(m) => m.values().map(|m| m.info.clone()).collect(),
+            Err(_) => return,
+        };
+        self.cs.machines = machines;
+        self.cs.exposed = self.exposed.clone();
+        self.cs.failed = self.failed.lock().map(|f| f.clone()).unwrap_or_default();
+        self.cs.events = self.events.lock().map(|e| e.clone()).unwrap_or_default();
+        let mut groups = BTreeMap::new();
+        for i in instances.iter().filter(|i| i.state == "running") {
+            *groups.entry(i.group()).or_insert(0) += 1;
+        }
+        if let Ok(g) = self.cloud.groups() {
+            groups = g.into_iter().map(|(n, d, _)| (n, d)).collect();
+        }
+        self.cs.groups = groups;
+        self.cs.save(&self.state);
+    }
+
+    fn shutdown(&mut self) {
+        self.cs.phase = "stopping".into();
+        self.cs.save(&self.state);
+        // Let machines that are booting finish (bounded), then stop them all in parallel.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.starting.lock().map(|s| !s.is_empty()).unwrap_or(false) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let all: Vec<Machine> = self.machines.lock().map(|mut m| std::mem::take(&mut *m).into_values().collect()).unwrap_or_default();
+        let handles: Vec<_> = all.into_iter().map(|mut m| std::thread::spawn(move || m.stop())).collect();
+        for h in handles {
+            let _ = h.join();
+        }
+        for b in self.backings.values() {
+            volumes::destroy_backing(&b.file);
+        }
+        net::delete_bridge(&self.bridge);
+        self.cs.phase = "stopped".into();
+        self.cs.machines.clear();
+        self.cs.save(&self.state);
+    }
+}
+
+/// Replace (or append) the guarded block.
+pub fn replace_block(text: &str, block: &str) -> String {
+    if let (Some(b), Some(e)) = (text.find(HOSTS_BEGIN), text.find(HOSTS_END)) {
+        if e > b {
+            let after = text[e + HOSTS_END.len()..].trim_start_matches('\n');
+            return format!("{}{}{}", &text[..b], block, after);
+        }
+    }
+    let mut t = text.to_string();
+    if !t.is_empty() && !t.ends_with('\n') {
+        t.push('\n');
+    }
+    t.push_str(block);
+    t
+}
+
+/// Rewrite a file without replacing its inode (it may be bind-mounted elsewhere).
+pub fn write_in_place(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = fs::OpenOptions::new().write(true).truncate(true).open(path)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Commands
+// ---------------------------------------------------------------------------------------------
+
+fn state() -> State {
+    State::new(paths::state_dir())
+}
+
+fn daemon_alive(cs: &ClusterState) -> bool {
+    cs.daemon_pid > 0 && cmd::alive(cs.daemon_pid)
+}
+
+fn require_root() -> anyhow::Result<()> {
+    let uid = fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
+        .unwrap_or_default();
+    if uid != "0" {
+        bail!("keelson-local needs root (network namespaces, loop devices, systemd-nspawn)");
+    }
+    for (tool, pkg) in [("systemd-nspawn", "systemd-container"), ("debootstrap", "debootstrap"), ("losetup", "mount"), ("ip", "iproute2"), ("etcdctl", "etcd-client")] {
+        if cmd::which(tool).is_none() && !Path::new("/usr/sbin").join(tool).exists() {
+            bail!("{tool} is missing: apt-get install {pkg} (scripts/test installs it)");
+        }
+    }
+    Ok(())
+}
+
+/// Health of the whole cluster, as `up` waits for it and `ps` shows it.
+#[derive(Debug, Default, Clone)]
+pub struct Health {
+    pub lines: Vec<String>,
+    pub problems: Vec<String>,
+}
+
+/// Every group has its desired machines; every machine runs containerd; every control-plane
+/// machine has a healthy member of every etcd cluster and each cluster has all members.
+pub fn health(cs: &ClusterState) -> Health {
+    let mut h = Health::default();
+    for (g, want) in &cs.groups {
+        let have = cs.machines.iter().filter(|m| &m.group == g && m.init_pid.is_some_and(cmd::alive)).count();
+        if (have as i32) < *want {
+            h.problems.push(format!("group {g}: {have}/{want} machines"));
+        }
+    }
+    let cps = cs.machines.iter().filter(|m| m.role == "control-plane").count();
+    for m in &cs.machines {
+        let Some(pid) = m.init_pid.filter(|p| cmd::alive(*p)) else {
+            h.problems.push(format!("{}: machine not running", m.instance_id));
+            continue;
+        };
+        let ctr = machine::exec_in(pid, &["ctr", "version"]).is_ok();
+        let vols: Vec<String> = cs.exposed.iter().filter(|(_, (i, _))| i == &m.instance_id).map(|(v, _)| v.clone()).collect();
+        let mut line = format!(
+            "{:<21} {:<14} {:<26} {:<15} {:<11} containerd={} volumes=[{}]",
+            m.instance_id,
+            m.role,
+            m.group,
+            m.ip,
+            m.zone,
+            if ctr { "running" } else { "DOWN" },
+            vols.join(",")
+        );
+        if !ctr {
+            h.problems.push(format!("{}: containerd not answering (ctr version)", m.instance_id));
+        }
+        if m.role == "control-plane" {
+            for c in &cs.etcd_clusters {
+                match etcd::endpoint(&m.root, c) {
+                    None => {
+                        line.push_str(&format!(" etcd-{c}=no-manifest"));
+                        h.problems.push(format!("{}: no etcd-{c} manifest yet", m.instance_id));
+                    }
+                    Some(ep) => {
+                        let ok = etcd::healthy(pid, &ep);
+                        let members = etcd::members(pid, &ep).map(|m| m.len()).unwrap_or(0);
+                        line.push_str(&format!(" etcd-{c}={}({}/{cps} members)", if ok { "healthy" } else { "UNHEALTHY" }, members));
+                        if !ok {
+                            h.problems.push(format!("{}: etcd {c} member {} unhealthy", m.instance_id, ep.member));
+                        } else if members != cps {
+                            h.problems.push(format!("{}: etcd {c} has {members} members, want {cps}", m.instance_id));
+                        }
+                    }
+                }
+            }
+        }
+        h.lines.push(line);
+    }
+    if cs.machines.is_empty() {
+        h.problems.push("no machines yet".into());
+    }
+    h
+}
+
+/// `up`: start the daemon and wait until the control plane is healthy.
+pub fn up(spec_path: &Path, timeout: Duration) -> anyhow::Result<()> {
+    require_root()?;
+    let st = state();
+    if let Some(cs) = ClusterState::load(&st) {
+        if daemon_alive(&cs) {
+            bail!("a local cluster ({}) is already up (daemon pid {}); run `keelson-local down` first", cs.name, cs.daemon_pid);
+        }
+    }
+    // Leftovers of a crashed run go first.
+    down_quiet();
+    fs::create_dir_all(&st.root)?;
+    let spec_abs = fs::canonicalize(spec_path).with_context(|| format!("{}", spec_path.display()))?;
+    Spec::load(&spec_abs)?;
+    let log = fs::File::create(st.daemon_log())?;
+    let exe = std::env::current_exe()?;
+    let child = Command::new(&exe)
+        .arg("daemon")
+        .arg("-f")
+        .arg(&spec_abs)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()?;
+    let pid = child.id();
+    // The daemon outlives us; a thread reaps it if it exits while we wait.
+    std::thread::spawn(move || {
+        let mut child = child;
+        let _ = child.wait();
+    });
+    eprintln!("keelson-local: daemon pid {pid}; log {}", st.daemon_log().display());
+    let t0 = Instant::now();
+    let deadline = t0 + timeout;
+    let mut last_phase = String::new();
+    let mut seen_events = 0usize;
+    let mut last_problems = String::new();
+    let mut last_health = Instant::now() - Duration::from_secs(10);
+    loop {
+        if let Some(cs) = ClusterState::load(&st) {
+            if cs.phase != last_phase {
+                eprintln!("keelson-local: [{:>5.1} s] {}", t0.elapsed().as_secs_f64(), cs.phase);
+                last_phase = cs.phase.clone();
+            }
+            for e in cs.events.iter().skip(seen_events) {
+                eprintln!("keelson-local: [{:>5.1} s]   {}", t0.elapsed().as_secs_f64(), e.split_once(' ').map(|x| x.1).unwrap_or(e));
+            }
+            seen_events = cs.events.len();
+            if cs.phase == "failed" {
+                bail!("the local cloud failed to come up: {}\n(daemon log: {}; run `keelson-local down` to clean up)", cs.error.unwrap_or_default(), st.daemon_log().display());
+            }
+            if !cmd::alive(pid as i64) {
+                bail!("the daemon exited (log: {}):\n{}", st.daemon_log().display(), tail(&st.daemon_log(), 30));
+            }
+            if cs.phase == "running" && last_health.elapsed() > Duration::from_secs(2) {
+                last_health = Instant::now();
+                let h = health(&cs);
+                if h.problems.is_empty() {
+                    for l in &h.lines {
+                        println!("{l}");
+                    }
+                    println!("keelson-local: {} is up: {} machines, control plane healthy ({:.0} s)", cs.name, cs.machines.len(), t0.elapsed().as_secs_f64());
+                    return Ok(());
+                }
+                let p = h.problems.join("; ");
+                if p != last_problems && t0.elapsed() > Duration::from_secs(5) {
+                    eprintln!("keelson-local: [{:>5.1} s] waiting: {p}", t0.elapsed().as_secs_f64());
+                    last_problems = p;
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            let diag = ClusterState::load(&st).map(|cs| diagnose(&cs)).unwrap_or_default();
+            bail!("the control plane was not healthy within {} s: {last_problems}\n{diag}(cluster left up for inspection: `keelson-local ps`, then `keelson-local down`)", timeout.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn tail(path: &Path, n: usize) -> String {
+    let t = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = t.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// What went wrong inside the machines: failed units and the tail of the boot journal.
+pub fn diagnose(cs: &ClusterState) -> String {
+    let mut s = String::new();
+    for m in &cs.machines {
+        let Some(pid) = m.init_pid.filter(|p| cmd::alive(*p)) else { continue };
+        let failed = machine::exec_in(pid, &["systemctl", "--failed", "--no-legend", "--plain"]).unwrap_or_default();
+        let ud = machine::exec_in(pid, &["journalctl", "-b", "--no-pager", "-n", "15", "-o", "cat", "-u", "keelson-user-data", "-u", "protokube", "-u", "kubelet", "-u", "containerd"]).unwrap_or_default();
+        s.push_str(&format!("--- {} ({} {}): failed units: {}\n{}\n", m.instance_id, m.role, m.ip, failed.trim(), ud.trim()));
+    }
+    for (id, e) in &cs.failed {
+        s.push_str(&format!("--- {id}: machine failed to start: {e}\n"));
+    }
+    s
+}
+
+pub fn ps() -> anyhow::Result<()> {
+    let st = state();
+    let cs = ClusterState::load(&st).ok_or_else(|| anyhow!("no local cluster (state {} has no cluster.json)", st.root.display()))?;
+    println!("cluster {} — phase {}{} — moto http://127.0.0.1:{} — daemon {}", cs.name, cs.phase, cs.error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default(), cs.moto_port, if daemon_alive(&cs) { "running" } else { "NOT RUNNING" });
+    println!("{:<21} {:<14} {:<26} {:<15} {:<11} status", "INSTANCE", "ROLE", "GROUP", "IP", "ZONE");
+    let h = health(&cs);
+    for l in &h.lines {
+        println!("{l}");
+    }
+    for p in &h.problems {
+        println!("problem: {p}");
+    }
+    Ok(())
+}
+
+pub fn kill(instance: &str) -> anyhow::Result<()> {
+    let cs = ClusterState::load(&state()).ok_or_else(|| anyhow!("no local cluster is up"))?;
+    let cloud = Cloud::new(&cs.endpoint(), &cs.region);
+    cloud.terminate(instance)?;
+    println!("keelson-local: terminated {instance} in moto");
+    Ok(())
+}
+
+/// `down`: stop the daemon (it tears down what it built), then sweep anything left behind.
+pub fn down() -> anyhow::Result<Vec<String>> {
+    let st = state();
+    if let Some(cs) = ClusterState::load(&st) {
+        if daemon_alive(&cs) {
+            let _ = fs::write(st.stop_file(), "");
+            cmd::kill(cs.daemon_pid, "TERM");
+            let deadline = Instant::now() + Duration::from_secs(90);
+            while cmd::alive(cs.daemon_pid) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            if cmd::alive(cs.daemon_pid) {
+                cmd::kill(cs.daemon_pid, "KILL");
+            }
+        }
+        if cs.moto_pid > 0 && cmd::alive(cs.moto_pid) {
+            cmd::kill(-cs.moto_pid, "KILL");
+            cmd::kill(cs.moto_pid, "KILL");
+        }
+    }
+    let swept = sweep(&st);
+    let _ = fs::remove_dir_all(&st.root);
+    Ok(swept)
+}
+
+fn down_quiet() {
+    let _ = down();
+}
+
+/// Remove every leftover the local cloud can leave: machines (from their machine.json), their
+/// namespaces and veths, the bridge, loop devices backed under the state dir, mounts under it,
+/// nspawn's run-dir entries, processes started from it.
+pub fn sweep(st: &State) -> Vec<String> {
+    let mut found = Vec::new();
+    if let Ok(entries) = fs::read_dir(st.machines_dir()) {
+        for e in entries.flatten() {
+            let mp = MachinePaths { dir: e.path() };
+            if let Ok(text) = fs::read_to_string(mp.info_file()) {
+                if let Ok(info) = serde_json::from_str::<MachineInfo>(&text) {
+                    if info.init_pid.is_some_and(cmd::alive) || machine::is_mountpoint(&info.root) {
+                        found.push(format!("machine {}", info.instance_id));
+                    }
+                    machine::teardown(&info, &mp);
+                }
+            }
+            let root = mp.root();
+            if machine::is_mountpoint(&root) {
+                found.push(format!("mount {}", root.display()));
+                cmd::sh_quiet(&["umount", "-l", &root.to_string_lossy()]);
+            }
+        }
+    }
+    // Any mount under the state dir.
+    let prefix = st.root.to_string_lossy().to_string();
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut mps: Vec<String> = mounts.lines().filter_map(|l| l.split_whitespace().nth(4)).filter(|m| m.starts_with(&prefix)).map(str::to_string).collect();
+    mps.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for m in mps {
+        found.push(format!("mount {m}"));
+        cmd::sh_quiet(&["umount", "-l", &m]);
+    }
+    for ns in net::our_namespaces() {
+        found.push(format!("netns {ns}"));
+        for pid in machine::pids_in_netns(&ns) {
+            cmd::kill(pid, "KILL");
+        }
+        cmd::sh_quiet(&["ip", "netns", "del", &ns]);
+    }
+    for l in net::our_links() {
+        if l.starts_with(paths::VETH_PREFIX) || l == paths::DEFAULT_BRIDGE {
+            found.push(format!("link {l}"));
+            cmd::sh_quiet(&["ip", "link", "del", &l]);
+        }
+    }
+    for (dev, file) in volumes::loops_under(&st.root) {
+        found.push(format!("loop {dev} ({})", file.display()));
+        cmd::sh_quiet(&["losetup", "-d", &dev]);
+    }
+    // Processes whose command line names the state dir (IMDS servers, nspawn).
+    if let Ok(entries) = fs::read_dir("/proc") {
+        let me = std::process::id() as i64;
+        for e in entries.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i64>().ok()) else { continue };
+            if pid == me {
+                continue;
+            }
+            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let c = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if c.contains(&prefix) && (c.contains("systemd-nspawn") || c.contains(" imds ") || c.contains("moto.server")) {
+                found.push(format!("process {pid}"));
+                cmd::kill(pid, "KILL");
+            }
+        }
+    }
+    if let Ok(entries) = fs::read_dir(Path::new(paths::NSPAWN_RUN_DIR).join("propagate")) {
+        for e in entries.flatten() {
+            let n = e.file_name().to_string_lossy().to_string();
+            if n.starts_with("i-") {
+                found.push(format!("nspawn leftover {n}"));
+                let _ = fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    found
+}
+
+// ---------------------------------------------------------------------------------------------
+// selfheal
+// ---------------------------------------------------------------------------------------------
+
+pub const KEY_PREFIX: &str = "/keelson-local/selfheal/";
+
+fn random_index(n: usize) -> usize {
+    use std::io::Read;
+    let mut b = [0u8; 8];
+    if let Ok(mut f) = fs::File::open("/dev/urandom") {
+        let _ = f.read_exact(&mut b);
+    }
+    (u64::from_le_bytes(b) % n.max(1) as u64) as usize
+}
+
+fn control_planes(cs: &ClusterState) -> Vec<MachineInfo> {
+    cs.machines.iter().filter(|m| m.role == "control-plane" && m.init_pid.is_some_and(cmd::alive)).cloned().collect()
+}
+
+/// Member names per etcd cluster, as seen from one machine.
+fn member_sets(cs: &ClusterState, m: &MachineInfo) -> Option<BTreeMap<String, Vec<String>>> {
+    let pid = m.init_pid?;
+    let mut out = BTreeMap::new();
+    for c in &cs.etcd_clusters {
+        let ep = etcd::endpoint(&m.root, c)?;
+        out.insert(c.clone(), etcd::members(pid, &ep)?.into_iter().map(|(n, _)| n).collect());
+    }
+    Some(out)
+}
+
+pub struct SelfhealReport {
+    pub cycles: u32,
+    pub healed: u32,
+    pub keys: u64,
+    pub intact: u64,
+    pub failovers: Vec<f64>,
+}
+
+pub fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+/// up, write keys, N kill/heal cycles, down (always). Prints one line per cycle and the summary.
+pub fn selfheal(spec_path: &Path, cycles: u32, keys: u64, cycle_timeout: Duration, up_timeout: Duration) -> anyhow::Result<SelfhealReport> {
+    struct Down;
+    impl Drop for Down {
+        fn drop(&mut self) {
+            match down() {
+                Ok(_) => eprintln!("keelson-local: down: cleaned up"),
+                Err(e) => eprintln!("keelson-local: down failed: {e:#}"),
+            }
+        }
+    }
+    up(spec_path, up_timeout)?;
+    let _down = Down;
+    let st = state();
+    let load = || ClusterState::load(&st).ok_or_else(|| anyhow!("cluster state vanished"));
+    let cs = load()?;
+    let cps = control_planes(&cs);
+    let first = cps.first().ok_or_else(|| anyhow!("no control-plane machine"))?;
+    let main = cs.etcd_clusters.first().cloned().ok_or_else(|| anyhow!("the spec has no etcd clusters"))?;
+    let ep = etcd::endpoint(&first.root, &main).ok_or_else(|| anyhow!("no etcd-{main} manifest on {}", first.instance_id))?;
+    etcd::write_keys(first.init_pid.unwrap_or(0), &first.root, &ep, KEY_PREFIX, keys).map_err(|e| anyhow!("writing {keys} keys: {e}"))?;
+    let baseline = member_sets(&cs, first).ok_or_else(|| anyhow!("cannot list etcd members"))?;
+    println!("selfheal: wrote {keys} keys to etcd {main}; members {}", baseline.iter().map(|(c, m)| format!("{c}=[{}]", m.join(","))).collect::<Vec<_>>().join(" "));
+    let cloud = Cloud::new(&cs.endpoint(), &cs.region);
+    let mut report = SelfhealReport { cycles: 0, healed: 0, keys, intact: 0, failovers: vec![] };
+    for n in 1..=cycles {
+        report.cycles = n;
+        let cs = load()?;
+        let cps = control_planes(&cs);
+        if cps.is_empty() {
+            println!("cycle {n}/{cycles}: FAILED: no live control-plane machine to kill");
+            break;
+        }
+        let victim = cps[random_index(cps.len())].clone();
+        let t0 = Instant::now();
+        cloud.terminate(&victim.instance_id)?;
+        let deadline = t0 + cycle_timeout;
+        let mut status = String::from("waiting for a replacement instance");
+        let healed = loop {
+            if Instant::now() > deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            let Ok(cs) = load() else { continue };
+            let Some(new) = cs.machines.iter().find(|m| m.group == victim.group && m.instance_id != victim.instance_id && m.role == "control-plane" && m.init_pid.is_some_and(cmd::alive)) else {
+                continue;
+            };
+            let pid = new.init_pid.unwrap_or(0);
+            let mut ok = true;
+            for c in &cs.etcd_clusters {
+                let Some(ep) = etcd::endpoint(&new.root, c) else {
+                    status = format!("{}: no etcd-{c} manifest yet", new.instance_id);
+                    ok = false;
+                    break;
+                };
+                if !etcd::healthy(pid, &ep) {
+                    status = format!("{}: etcd {c} not healthy yet", new.instance_id);
+                    ok = false;
+                    break;
+                }
+            }
+            if !ok {
+                continue;
+            }
+            let ep = etcd::endpoint(&new.root, &main).expect("checked above");
+            let count = etcd::count(pid, &ep, KEY_PREFIX).unwrap_or(0);
+            if count != keys {
+                status = format!("{}: {count}/{keys} keys on the new member", new.instance_id);
+                continue;
+            }
+            match member_sets(&cs, new) {
+                Some(m) if m == baseline => break Some((new.instance_id.clone(), count)),
+                Some(m) => status = format!("members changed: {m:?} (want {baseline:?})"),
+                None => status = "cannot list members".into(),
+            }
+        };
+        match healed {
+            Some((new, count)) => {
+                let secs = t0.elapsed().as_secs_f64();
+                report.failovers.push(secs);
+                report.healed += 1;
+                report.intact = count;
+                println!("cycle {n}/{cycles}: killed {} ({}) -> {new} healthy with {count}/{keys} keys, same members, failover {secs:.1} s", victim.instance_id, victim.group);
+            }
+            None => {
+                println!("cycle {n}/{cycles}: FAILED: killed {} ({}); not healed within {} s: {status}", victim.instance_id, victim.group, cycle_timeout.as_secs());
+                if let Ok(cs) = load() {
+                    eprint!("{}", diagnose(&cs));
+                }
+                break;
+            }
+        }
+    }
+    // Final check: every member holds every key.
+    if let Ok(cs) = load() {
+        let mut min = u64::MAX;
+        for m in control_planes(&cs) {
+            if let Some(ep) = etcd::endpoint(&m.root, &main) {
+                min = min.min(etcd::count(m.init_pid.unwrap_or(0), &ep, KEY_PREFIX).unwrap_or(0));
+            }
+        }
+        report.intact = if min == u64::MAX { 0 } else { min };
+    }
+    println!(
+        "selfheal: {} cycles, {}/{} keys intact, median failover {:.1} s",
+        report.cycles,
+        report.intact,
+        report.keys,
+        median(&report.failovers)
+    );
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_block_replaced_in_place() {
+        let block = format!("{HOSTS_BEGIN}\n1.2.3.4\tapi.c\n{HOSTS_END}\n");
+        let t = replace_block("127.0.0.1 localhost\n", &block);
+        assert_eq!(t, format!("127.0.0.1 localhost\n{block}"));
+        let block2 = format!("{HOSTS_BEGIN}\n5.6.7.8\tapi.c\n{HOSTS_END}\n");
+        let t2 = replace_block(&format!("{t}# other\n"), &block2);
+        assert_eq!(t2, format!("127.0.0.1 localhost\n{block2}# other\n"));
+    }
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(&[]), 0.0);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+}

@@ -1,0 +1,267 @@
+//! The local asset mirror: the files a NodeupConfig names, under the URL paths the compiler's
+//! `assets.fileRepository` rewriting gives them, built from what can be had offline:
+//!
+//! | asset (upstream name)                      | served content                                              |
+//! |--------------------------------------------|-------------------------------------------------------------|
+//! | `containerd-<v>-linux-amd64.tar.gz`        | Debian `containerd`, repacked as upstream: `bin/containerd`, `bin/containerd-shim-runc-v2`, `bin/ctr` |
+//! | `runc.amd64`                               | Debian `runc`'s `/usr/sbin/runc`                            |
+//! | `cni-plugins-linux-amd64-v<v>.tgz`         | Debian `containernetworking-plugins`' `/usr/lib/cni/*`, flat as upstream |
+//! | `kubelet`                                  | the kubelet stand-in (static pods' host commands; the real kubelet is not available offline) |
+//! | `kubectl`, `ecr-credential-provider-*`     | a script that says it is not available offline              |
+//! | `protokube`, `nodeup`                      | this workspace's builds                                     |
+//!
+//! Every file's sha256 goes into a hash-override file (`KEELSON_ASSET_HASHES`, read by the versions
+//! table), so nodeup verifies what it downloads exactly as it would from upstream.
+//! Debian packages come from `apt-get download` and the repacked archives are cached, keyed by
+//! the package versions, so their hashes are stable from run to run.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use sha2::{Digest, Sha256};
+
+use crate::cmd::{self, CmdError};
+
+pub const DEBIAN_PACKAGES: &[&str] = &["containerd", "runc", "containernetworking-plugins"];
+const CONTAINERD_BINARIES: &[&str] = &["containerd", "containerd-shim-runc-v2", "ctr"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum MirrorError {
+    #[error("mirror: {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("mirror: {0}")]
+    Cmd(#[from] CmdError),
+    #[error("mirror: no way to build asset {url:?} offline (unknown file name {name:?})")]
+    UnknownAsset { url: String, name: String },
+    #[error("mirror: {what} not found at {path} (build the workspace: cargo build --workspace)")]
+    MissingBinary { what: String, path: PathBuf },
+    #[error("mirror: Debian package {package}: {detail}")]
+    Debian { package: String, detail: String },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> MirrorError + '_ {
+    move |source| MirrorError::Io { path: path.to_path_buf(), source }
+}
+
+pub fn sha256_file(path: &Path) -> Result<String, MirrorError> {
+    let mut f = fs::File::open(path).map_err(io(path))?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h).map_err(io(path))?;
+    Ok(hex::encode(h.finalize()))
+}
+
+/// Debian packages unpacked under `cache/debian/<pkg>_<version>/`.
+pub fn debian_package(cache: &Path, package: &str) -> Result<PathBuf, MirrorError> {
+    let dir = cache.join("debian");
+    fs::create_dir_all(&dir).map_err(io(&dir))?;
+    let existing = |dir: &Path| -> Option<PathBuf> {
+        let mut v: Vec<PathBuf> = fs::read_dir(dir).ok()?.flatten().map(|e| e.path()).filter(|p| {
+            p.is_dir() && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{package}_"))) && p.join(".complete").exists()
+        }).collect();
+        v.sort();
+        v.pop()
+    };
+    if let Some(p) = existing(&dir) {
+        return Ok(p);
+    }
+    let download = |dir: &Path| cmd::run(Command::new("apt-get").args(["download", "-q", package]).current_dir(dir));
+    if download(&dir).is_err() {
+        eprintln!("keelson-local: apt-get download {package} failed; running apt-get update once");
+        cmd::sh(&["apt-get", "update", "-qq"])?;
+        download(&dir).map_err(|e| MirrorError::Debian { package: package.into(), detail: e.to_string() })?;
+    }
+    let deb = fs::read_dir(&dir).map_err(io(&dir))?.flatten().map(|e| e.path()).find(|p| {
+        p.extension().is_some_and(|x| x == "deb") && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{package}_")))
+    }).ok_or_else(|| MirrorError::Debian { package: package.into(), detail: "apt-get download left no .deb".into() })?;
+    let stem = deb.file_stem().and_then(|s| s.to_str()).unwrap_or(package).to_string();
+    let out = dir.join(&stem);
+    let _ = fs::remove_dir_all(&out);
+    cmd::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&out))?;
+    fs::write(out.join(".complete"), "").map_err(io(&out))?;
+    let _ = fs::remove_file(&deb);
+    Ok(out)
+}
+
+/// A deterministic .tar.gz of `(name in archive, file on disk)` entries (mtime 0, root-owned).
+fn tar_gz(dest: &Path, entries: &[(String, PathBuf)]) -> Result<(), MirrorError> {
+    let tmp = dest.with_extension("tmp");
+    let f = fs::File::create(&tmp).map_err(io(&tmp))?;
+    let gz = flate2::write::GzEncoder::new(f, flate2::Compression::fast());
+    let mut tb = tar::Builder::new(gz);
+    for (name, src) in entries {
+        let data = fs::read(src).map_err(io(src))?;
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o755);
+        h.set_mtime(0);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_entry_type(tar::EntryType::Regular);
+        tb.append_data(&mut h, name, data.as_slice()).map_err(io(src))?;
+    }
+    let gz = tb.into_inner().map_err(io(&tmp))?;
+    gz.finish().map_err(io(&tmp))?.flush().map_err(io(&tmp))?;
+    fs::rename(&tmp, dest).map_err(io(dest))
+}
+
+fn script(dest: &Path, text: &str) -> Result<(), MirrorError> {
+    fs::write(dest, text).map_err(io(dest))?;
+    fs::set_permissions(dest, fs::Permissions::from_mode(0o755)).map_err(io(dest))
+}
+
+fn copy(src: &Path, dest: &Path, what: &str) -> Result<(), MirrorError> {
+    if !src.is_file() {
+        return Err(MirrorError::MissingBinary { what: what.into(), path: src.to_path_buf() });
+    }
+    fs::copy(src, dest).map_err(io(dest))?;
+    Ok(())
+}
+
+/// The path part of a URL (`http://h:p/a/b` → `a/b`).
+pub fn url_path(url: &str) -> String {
+    let rest = url.split_once("://").map(|(_, r)| r).unwrap_or(url);
+    rest.split_once('/').map(|(_, p)| p).unwrap_or("").to_string()
+}
+
+/// Where the harness's binaries are: next to this executable (cargo's target dir), or `$KEELSON_BIN_DIR`.
+pub fn bin_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("KEELSON_BIN_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .map(|d| if d.ends_with("deps") { d.parent().map(Path::to_path_buf).unwrap_or(d) } else { d })
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Build the file an asset URL names into `dest` (its content depends only on the file name).
+pub fn build_asset(cache: &Path, bins: &Path, url: &str, dest: &Path) -> Result<(), MirrorError> {
+    let name = url.rsplit('/').next().unwrap_or("").to_string();
+    if let Some(d) = dest.parent() {
+        fs::create_dir_all(d).map_err(io(d))?;
+    }
+    let not_offline = |what: &str| {
+        format!("#!/bin/sh\necho \"{what} is not available in keelson-local (it cannot be downloaded offline)\" >&2\nexit 1\n")
+    };
+    match name.as_str() {
+        "kubelet" => copy(&bins.join("kubelet-standin"), dest, "kubelet-standin"),
+        "kubectl" => script(dest, &not_offline("kubectl")),
+        "protokube" if url.contains("/arm64/") => script(dest, &not_offline("an arm64 protokube build")),
+        "protokube" => copy(&bins.join("protokube"), dest, "protokube"),
+        "nodeup" => copy(&bins.join("nodeup"), dest, "nodeup"),
+        n if n.starts_with("ecr-credential-provider") || n.starts_with("auth-provider-gcp") => script(dest, &not_offline(n)),
+        n if n.starts_with("runc.") => {
+            let pkg = debian_package(cache, "runc")?;
+            copy(&pkg.join("usr/sbin/runc"), dest, "Debian runc")
+        }
+        n if n.starts_with("containerd-") && n.ends_with(".tar.gz") => {
+            let pkg = debian_package(cache, "containerd")?;
+            let cached = cache.join(format!("repacked/{}-{}", pkg.file_name().and_then(|s| s.to_str()).unwrap_or(""), "containerd.tar.gz"));
+            if !cached.exists() {
+                fs::create_dir_all(cached.parent().unwrap_or(cache)).map_err(io(cache))?;
+                let entries: Vec<(String, PathBuf)> = CONTAINERD_BINARIES.iter().map(|b| (format!("bin/{b}"), pkg.join("usr/bin").join(b))).collect();
+                tar_gz(&cached, &entries)?;
+            }
+            fs::copy(&cached, dest).map_err(io(dest))?;
+            Ok(())
+        }
+        n if n.starts_with("cni-plugins-") && (n.ends_with(".tgz") || n.ends_with(".tar.gz")) => {
+            let pkg = debian_package(cache, "containernetworking-plugins")?;
+            let cached = cache.join(format!("repacked/{}-{}", pkg.file_name().and_then(|s| s.to_str()).unwrap_or(""), "cni-plugins.tgz"));
+            if !cached.exists() {
+                fs::create_dir_all(cached.parent().unwrap_or(cache)).map_err(io(cache))?;
+                let dir = pkg.join("usr/lib/cni");
+                let mut entries: Vec<(String, PathBuf)> = fs::read_dir(&dir).map_err(io(&dir))?.flatten()
+                    .filter(|e| e.path().is_file())
+                    .map(|e| (format!("./{}", e.file_name().to_string_lossy()), e.path())).collect();
+                entries.sort();
+                tar_gz(&cached, &entries)?;
+            }
+            fs::copy(&cached, dest).map_err(io(dest))?;
+            Ok(())
+        }
+        _ => Err(MirrorError::UnknownAsset { url: url.to_string(), name }),
+    }
+}
+
+/// Build every asset in `urls` under `root` (at each URL's path) and return url → sha256.
+pub fn build(cache: &Path, bins: &Path, root: &Path, urls: &[String]) -> Result<BTreeMap<String, String>, MirrorError> {
+    let mut hashes = BTreeMap::new();
+    for url in urls {
+        let dest = root.join(url_path(url));
+        if !dest.exists() {
+            build_asset(cache, bins, url, &dest)?;
+        }
+        let h = sha256_file(&dest)?;
+        // Also publish `<file>.sha256`, as upstream release sites do.
+        let side = PathBuf::from(format!("{}.sha256", dest.display()));
+        fs::write(&side, format!("{h}\n")).map_err(io(&side))?;
+        hashes.insert(url.clone(), h);
+    }
+    Ok(hashes)
+}
+
+/// The `KEELSON_ASSET_HASHES` file.
+pub fn write_overrides(path: &Path, hashes: &BTreeMap<String, String>) -> Result<(), MirrorError> {
+    let mut s = String::from("# keelson-local asset mirror: url <TAB> sha256 (read through KEELSON_ASSET_HASHES)\n");
+    for (u, h) in hashes {
+        s.push_str(&format!("{u}\t{h}\n"));
+    }
+    fs::write(path, s).map_err(io(path))
+}
+
+/// Serve `root` read-only over HTTP on `listener`.
+pub async fn serve(listener: tokio::net::TcpListener, root: PathBuf) {
+    use crate::httpd::{Body, Request, Response};
+    let handler = move |r: &Request| {
+        if r.method != "GET" && r.method != "HEAD" {
+            return Response::text(405, "");
+        }
+        let rel = r.path.trim_start_matches('/');
+        if rel.split('/').any(|c| c == ".." || c.is_empty()) {
+            return Response::text(404, "not found\n");
+        }
+        let p = root.join(rel);
+        if p.is_file() {
+            Response { status: 200, headers: vec![("Content-Type".into(), "application/octet-stream".into())], body: Body::File(p) }
+        } else {
+            Response::text(404, "not found\n")
+        }
+    };
+    crate::httpd::serve(listener, std::sync::Arc::new(handler)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_paths() {
+        assert_eq!(url_path("http://10.0.0.1:8080/release/v1/bin/kubelet"), "release/v1/bin/kubelet");
+        assert_eq!(url_path("https://h/x"), "x");
+    }
+
+    #[test]
+    fn tarballs_are_deterministic() {
+        let d = tempfile::tempdir().unwrap();
+        let src = d.path().join("containerd");
+        fs::write(&src, b"binary").unwrap();
+        let a = d.path().join("a.tar.gz");
+        let b = d.path().join("b.tar.gz");
+        tar_gz(&a, &[("bin/containerd".into(), src.clone())]).unwrap();
+        tar_gz(&b, &[("bin/containerd".into(), src)]).unwrap();
+        assert_eq!(sha256_file(&a).unwrap(), sha256_file(&b).unwrap());
+        let mut ar = tar::Archive::new(flate2::read::GzDecoder::new(fs::File::open(&a).unwrap()));
+        let names: Vec<String> = ar.entries().unwrap().map(|e| e.unwrap().path().unwrap().display().to_string()).collect();
+        assert_eq!(names, ["bin/containerd"]);
+    }
+}

@@ -1,0 +1,149 @@
+//! What the harness needs from a kOps-format spec, and the local-cloud edits it makes to it
+//! (asset mirror as `assets.fileRepository`, moto's AMI as every group's image).
+
+use std::path::Path;
+
+use serde_yaml_ng::Value;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("{path}: {message}")]
+    Invalid { path: String, message: String },
+}
+
+#[derive(Debug, Clone)]
+pub struct Spec {
+    pub path: String,
+    pub docs: Vec<Value>,
+    pub name: String,
+    pub region: String,
+    pub network_cidr: String,
+    pub config_base: String,
+    pub dns_zone: Option<String>,
+    /// `topology.dns.type: None` or a `.k8s.local` name: no Route53.
+    pub gossip: bool,
+    pub etcd_clusters: Vec<String>,
+    pub subnet_cidrs: Vec<String>,
+}
+
+fn s<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {
+    let mut cur = v;
+    for p in path {
+        cur = cur.get(*p)?;
+    }
+    cur.as_str()
+}
+
+impl Spec {
+    pub fn load(path: &Path) -> Result<Spec, SpecError> {
+        let p = path.display().to_string();
+        let bad = |m: String| SpecError::Invalid { path: p.clone(), message: m };
+        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+        let mut docs = Vec::new();
+        for d in serde_yaml_ng::Deserializer::from_str(&text) {
+            let v = <Value as serde::Deserialize>::deserialize(d).map_err(|e| bad(e.to_string()))?;
+            if !v.is_null() {
+                docs.push(v);
+            }
+        }
+        let cluster = docs
+            .iter()
+            .find(|d| s(d, &["kind"]) == Some("Cluster"))
+            .ok_or_else(|| bad("no Cluster document".into()))?;
+        let name = s(cluster, &["metadata", "name"]).ok_or_else(|| bad("Cluster metadata.name missing".into()))?.to_string();
+        let spec = cluster.get("spec").ok_or_else(|| bad("Cluster spec missing".into()))?;
+        let subnets = spec.get("subnets").and_then(|x| x.as_sequence()).cloned().unwrap_or_default();
+        let zone = subnets.iter().find_map(|sn| s(sn, &["zone"])).ok_or_else(|| bad("spec.subnets[].zone missing".into()))?;
+        let region = zone.trim_end_matches(|c: char| c.is_ascii_lowercase()).to_string();
+        let network_cidr = s(spec, &["networkCIDR"]).unwrap_or("172.20.0.0/16").to_string();
+        let config_base = s(spec, &["configBase"]).ok_or_else(|| bad("spec.configBase missing".into()))?.to_string();
+        let dns_type = s(spec, &["topology", "dns", "type"]).unwrap_or("");
+        let gossip = dns_type.eq_ignore_ascii_case("none") || name.ends_with(".k8s.local");
+        let etcd_clusters = spec
+            .get("etcdClusters")
+            .and_then(|x| x.as_sequence())
+            .map(|v| v.iter().filter_map(|e| s(e, &["name"]).map(str::to_string)).collect())
+            .unwrap_or_default();
+        let subnet_cidrs = subnets.iter().filter_map(|sn| s(sn, &["cidr"]).map(str::to_string)).collect();
+        Ok(Spec {
+            path: p,
+            dns_zone: s(spec, &["dnsZone"]).map(str::to_string),
+            docs,
+            name,
+            region,
+            network_cidr,
+            config_base,
+            gossip,
+            etcd_clusters,
+            subnet_cidrs,
+        })
+    }
+
+    /// The Route53 zone the harness creates (as the account's existing zone): `spec.dnsZone`, or
+    /// the cluster name's parent domain.
+    pub fn zone_name(&self) -> Option<String> {
+        if self.gossip {
+            return None;
+        }
+        if let Some(z) = &self.dns_zone {
+            return Some(z.clone());
+        }
+        self.name.split_once('.').map(|(_, parent)| parent.to_string())
+    }
+
+    /// `s3://bucket/prefix` → bucket.
+    pub fn bucket(&self) -> Option<String> {
+        let rest = self.config_base.strip_prefix("s3://")?;
+        Some(rest.split('/').next().unwrap_or(rest).to_string())
+    }
+
+    /// The spec as the local cloud applies it: assets from the mirror, moto's image for every group.
+    pub fn local_text(&self, file_repository: &str, image: &str) -> String {
+        let mut out = String::new();
+        for d in &self.docs {
+            let mut d = d.clone();
+            match s(&d, &["kind"]) {
+                Some("Cluster") => {
+                    if let Some(spec) = d.get_mut("spec").and_then(|x| x.as_mapping_mut()) {
+                        let assets = spec
+                            .entry(Value::from("assets"))
+                            .or_insert_with(|| Value::Mapping(Default::default()));
+                        if let Some(a) = assets.as_mapping_mut() {
+                            a.insert(Value::from("fileRepository"), Value::from(file_repository));
+                        }
+                    }
+                }
+                Some("InstanceGroup") => {
+                    if let Some(spec) = d.get_mut("spec").and_then(|x| x.as_mapping_mut()) {
+                        spec.insert(Value::from("image"), Value::from(image));
+                    }
+                }
+                _ => {}
+            }
+            out.push_str("---\n");
+            out.push_str(&serde_yaml_ng::to_string(&d).unwrap_or_default());
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ha_example() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/ha.yaml");
+        let s = Spec::load(&p).unwrap();
+        assert_eq!(s.name, "ha.k8s.example.com");
+        assert_eq!(s.region, "eu-west-1");
+        assert_eq!(s.network_cidr, "172.20.0.0/16");
+        assert_eq!(s.bucket().as_deref(), Some("acme-keelson-state"));
+        assert_eq!(s.zone_name().as_deref(), Some("k8s.example.com"));
+        assert_eq!(s.etcd_clusters, ["main", "events"]);
+        let t = s.local_text("http://172.20.255.254:8080/", "ami-123");
+        assert!(t.contains("fileRepository: http://172.20.255.254:8080/"));
+        assert_eq!(t.matches("image: ami-123").count(), 4);
+        assert_eq!(t.matches("---\n").count(), 5);
+    }
+}
