@@ -130,24 +130,38 @@ pub fn read_boot_config(path: &Path) -> Result<BootConfig, ConfigError> {
         .map_err(|e| ConfigError::Parse { path: path.display().to_string(), message: e.to_string() })
 }
 
-/// Read `<ConfigBase>/cluster-completed.spec`.
-pub async fn read_completed_spec(config_base: &str) -> Result<Cluster, ConfigError> {
+/// Read `<ConfigBase>/<rel>`; `Ok(None)` when it does not exist.
+pub async fn read_state(config_base: &str, rel: &str) -> Result<Option<Vec<u8>>, ConfigError> {
     let base = config_base.trim_end_matches('/');
-    let url = format!("{base}/cluster-completed.spec");
-    let bytes = if let Some(p) = base.strip_prefix("file://") {
-        let path = PathBuf::from(p).join("cluster-completed.spec");
-        tokio::fs::read(&path)
-            .await
-            .map_err(|e| ConfigError::Read { path: path.display().to_string(), message: e.to_string() })?
-    } else if base.starts_with("http://") || base.starts_with("https://") {
+    let url = format!("{base}/{rel}");
+    if let Some(p) = base.strip_prefix("file://") {
+        let path = PathBuf::from(p).join(rel);
+        return match tokio::fs::read(&path).await {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(ConfigError::Read { path: path.display().to_string(), message: e.to_string() }),
+        };
+    }
+    if base.starts_with("http://") || base.starts_with("https://") {
         let resp = reqwest::get(&url).await.map_err(|e| ConfigError::Read { path: url.clone(), message: e.to_string() })?;
+        if resp.status().as_u16() == 404 {
+            return Ok(None);
+        }
         if !resp.status().is_success() {
             return Err(ConfigError::Read { path: url, message: format!("HTTP {}", resp.status()) });
         }
-        resp.bytes().await.map_err(|e| ConfigError::Read { path: url.clone(), message: e.to_string() })?.to_vec()
-    } else {
-        return Err(ConfigError::Scheme { url: config_base.to_string() });
-    };
+        let b = resp.bytes().await.map_err(|e| ConfigError::Read { path: url.clone(), message: e.to_string() })?;
+        return Ok(Some(b.to_vec()));
+    }
+    Err(ConfigError::Scheme { url: config_base.to_string() })
+}
+
+/// Read `<ConfigBase>/cluster-completed.spec`.
+pub async fn read_completed_spec(config_base: &str) -> Result<Cluster, ConfigError> {
+    let url = format!("{}/cluster-completed.spec", config_base.trim_end_matches('/'));
+    let bytes = read_state(config_base, "cluster-completed.spec")
+        .await?
+        .ok_or_else(|| ConfigError::Read { path: url.clone(), message: "not found".into() })?;
     let docs = keelson_api::parse_documents(&bytes).map_err(|errs| ConfigError::Parse {
         path: url.clone(),
         message: errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "),
@@ -189,6 +203,12 @@ pub fn plan(boot: &BootConfig, cluster: &Cluster) -> Result<Plan, ConfigError> {
             })?;
             members.push(EtcdMember { name: mname, instance_group: ig });
         }
+        // kOps semantics: the (default) Manager provider always runs TLS with client-certificate
+        // auth (nodeup points the API server at https://127.0.0.1:4001 with an etcd-clients-ca
+        // certificate); only the Legacy provider honours enableEtcdTLS / enableTLSAuth.
+        let legacy = ec.provider.as_deref().is_some_and(|p| p.eq_ignore_ascii_case("legacy"));
+        let tls = !legacy || ec.enable_etcd_tls.unwrap_or(false) || ec.enable_tls_auth.unwrap_or(false);
+        let client_cert_auth = !legacy || ec.enable_tls_auth.unwrap_or(false);
         let version = ec.version.clone().unwrap_or_else(|| "3.5.21".to_string());
         let image = ec.image.clone().unwrap_or_else(|| format!("registry.k8s.io/etcd:{}-0", version.trim_start_matches('v')));
         etcd_clusters.push(EtcdCluster {
@@ -196,8 +216,8 @@ pub fn plan(boot: &BootConfig, cluster: &Cluster) -> Result<Plan, ConfigError> {
             members,
             ports,
             image,
-            tls: ec.enable_etcd_tls.unwrap_or(false) || ec.enable_tls_auth.unwrap_or(false),
-            client_cert_auth: ec.enable_tls_auth.unwrap_or(false),
+            tls,
+            client_cert_auth,
             cpu_request: ec.cpu_request.as_ref().map(|q| q.as_str().to_string()),
             memory_request: ec.memory_request.as_ref().map(|q| q.as_str().to_string()),
             heartbeat_ms: millis(&ec.heartbeat_interval),
@@ -244,7 +264,7 @@ mod tests {
         let main = &p.etcd_clusters[0];
         assert_eq!((main.ports.peer, main.ports.client), (2380, 4001));
         assert_eq!(main.image, "registry.k8s.io/etcd:3.6.12-0");
-        assert!(main.tls && !main.client_cert_auth);
+        assert!(main.tls && main.client_cert_auth, "Manager provider: always TLS");
         assert_eq!((main.heartbeat_ms, main.election_ms), (Some(250), Some(2500)));
         assert_eq!(main.peer_url("a", "x.example.com"), "https://etcd-a.internal.x.example.com:2380");
         let events = &p.etcd_clusters[1];
@@ -262,6 +282,14 @@ mod tests {
         let p = plan(&boot("x.example.com"), &c).expect("plan");
         assert_eq!(p.dns, DnsMode::Hosts);
         assert!(p.manage_public_api);
+    }
+
+    #[test]
+    fn legacy_provider_follows_enable_flags() {
+        let y = HEAD.replace("NAME", "x.k8s.local").replace("  - name: events\n", "  - name: events\n    provider: Legacy\n");
+        let p = plan(&boot("x.k8s.local"), &cluster(&y)).expect("plan");
+        assert!(!p.etcd_clusters[1].tls && !p.etcd_clusters[1].client_cert_auth);
+        assert_eq!(p.etcd_clusters[1].peer_url("a", "x.k8s.local"), "http://etcd-events-a.internal.x.k8s.local:2381");
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod hosts;
 pub mod manifest;
 pub mod metrics;
 pub mod paths;
+pub mod pki;
 pub mod reconcile;
 
 use std::io::Write;

@@ -100,6 +100,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let hosts_file = args.hosts_file.clone().unwrap_or_else(|| paths::under(&args.root, &format!("/{}", paths::HOSTS_FILE)));
     let opts = Options {
         root: args.root.clone(),
+        config_base: boot.config_base.clone(),
         by_id_dir: args.by_id_dir.clone(),
         hosts_file,
         attach_timeout: secs(args.attach_timeout),

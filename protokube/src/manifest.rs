@@ -122,7 +122,7 @@ pub fn render(ec: &EtcdCluster, cluster_name: &str, member: &str, volume_id: &st
             format!("--client-cert-auth={}", ec.client_cert_auth),
             format!("--peer-cert-file={pki}/peer.crt"),
             format!("--peer-key-file={pki}/peer.key"),
-            format!("--peer-trusted-ca-file={pki}/ca.crt"),
+            format!("--peer-trusted-ca-file={pki}/peer-ca.crt"),
             "--peer-client-cert-auth=true".to_string(),
         ]);
         volume_mounts.push(VolumeMount { name: "pki".into(), mount_path: pki.clone(), read_only: true });
@@ -201,7 +201,7 @@ mod tests {
         for want in [
             "--listen-client-urls=https://0.0.0.0:4001",
             "--cert-file=/etc/kubernetes/pki/etcd/main/server.crt",
-            "--peer-trusted-ca-file=/etc/kubernetes/pki/etcd/main/ca.crt",
+            "--peer-trusted-ca-file=/etc/kubernetes/pki/etcd/main/peer-ca.crt",
             "--client-cert-auth=true",
             "--peer-client-cert-auth=true",
             "--data-dir=/mnt/master-vol-1/data",

@@ -5,8 +5,9 @@ use std::path::{Path, PathBuf};
 pub const MANIFESTS_DIR: &str = "etc/kubernetes/manifests";
 pub const HOSTS_FILE: &str = "etc/hosts";
 pub const DEFAULT_BY_ID_DIR: &str = "/dev/disk/by-id";
-/// Where nodeup puts the etcd TLS material of etcd cluster `<name>`:
-/// `ca.crt`, `server.crt|key`, `peer.crt|key`, `client.crt|key`.
+/// The etcd TLS material of etcd cluster `<name>`, issued by protokube from the state store's CAs:
+/// `ca.crt` (etcd-clients-ca), `peer-ca.crt` (etcd-peers-ca-<name>), `server.crt|key` (client port),
+/// `peer.crt|key`, `client.crt|key` (protokube's own client for the members API).
 pub const ETCD_PKI_DIR: &str = "etc/kubernetes/pki/etcd";
 
 /// Host path (as seen by pods, i.e. without `--root`) of a volume's mount point.

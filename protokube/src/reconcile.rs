@@ -39,11 +39,15 @@ pub enum ReconcileError {
     Io { path: String, source: std::io::Error },
     #[error("etcd {cluster}: {source}")]
     Etcd { cluster: String, source: etcd::EtcdError },
+    #[error(transparent)]
+    Pki(#[from] crate::pki::PkiError),
 }
 
 #[derive(Debug, Clone)]
 pub struct Options {
     pub root: PathBuf,
+    /// The state store (`ConfigBase`), for the etcd CAs.
+    pub config_base: String,
     pub by_id_dir: PathBuf,
     /// Absolute path of the hosts file to manage (already under `root`).
     pub hosts_file: PathBuf,
@@ -490,6 +494,17 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         instances: &BTreeMap<String, Instance>,
     ) -> Result<bool, ReconcileError> {
         let mount = paths::under(&self.opts.root, &paths::mount_point(&vol.id));
+        if ec.tls {
+            crate::pki::ensure(
+                &self.opts.root,
+                &self.opts.config_base,
+                ec,
+                &ec.member_id(member),
+                &ec.member_dns(member, &self.plan.cluster_name),
+                &self.me.internal_ip,
+            )
+            .await?;
+        }
         let boot = self.bootstrap(ec, member, &mount, vols, instances).await?;
         let pod = manifest::render(ec, &self.plan.cluster_name, member, &vol.id, &boot);
         let text = manifest::to_yaml(&pod);

@@ -194,40 +194,18 @@ fn three_members_in_namespaces_survive_member_replacement() {
     scenario(false);
 }
 
-/// The same with TLS on (peer and client, client-cert auth): the members API is used over TLS with
-/// the member's DNS name pinned to its address.
+/// The same with TLS (the default): certificates issued by protokube from the state store's CAs,
+/// client-certificate auth, and the members API used over TLS with the member's name pinned to its
+/// address.
 #[test]
 fn three_members_with_tls_survive_member_replacement() {
     scenario(true);
 }
 
-/// CA and one leaf (server+client usage, SANs for every member name and test address) via openssl.
-fn make_pki(dir: &std::path::Path, subnet: &str) {
-    let names: Vec<String> = ["a", "b", "c"].iter().map(|m| format!("DNS:etcd-{m}.internal.{NAME}")).collect();
-    let ips: Vec<String> = (11..=15).map(|h| format!("IP:{subnet}.{h}")).collect();
-    let ext = format!(
-        "subjectAltName={},{}\nextendedKeyUsage=serverAuth,clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n",
-        names.join(","),
-        ips.join(",")
-    );
-    std::fs::create_dir_all(dir).expect("pki dir");
-    std::fs::write(dir.join("ext.cnf"), ext).expect("ext");
-    host::sh(&format!(
-        "cd {} && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 1 -subj /CN=etcd-ca 2>/dev/null \
-         && openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=etcd 2>/dev/null \
-         && openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 1 -extfile ext.cnf 2>/dev/null \
-         && for f in peer client; do cp server.crt $f.crt; cp server.key $f.key; done",
-        dir.display()
-    ));
-}
-
 fn scenario(tls: bool) {
     need_root();
     need_tools();
-    if tls {
-        let ok = Command::new("sh").args(["-c", "command -v openssl"]).output().map(|o| o.status.success()).unwrap_or(false);
-        assert!(ok, "the TLS variant needs `openssl` to make test certificates");
-    }
+
     let (_g, m) = moto::lock();
     let logdir = tempfile::tempdir().expect("log dir");
     let mut net = Net::new(u8::from(tls));
@@ -235,14 +213,12 @@ fn scenario(tls: bool) {
     let conf = rt.block_on(moto::sdk(&m.url));
     let ec2 = aws_sdk_ec2::Client::new(&conf);
     let c = Cluster::new(&m.url, NAME, &[("main", &[("a", "cp-a"), ("b", "cp-b"), ("c", "cp-c")])], "");
-    let pki = tempfile::tempdir().expect("pki");
-    if tls {
+    if !tls {
+        // Plain HTTP only with kOps' Legacy provider (the default Manager provider is always TLS).
         let spec = c.state.path().join("cluster-completed.spec");
         let text = std::fs::read_to_string(&spec).expect("spec");
-        std::fs::write(&spec, text.replace("  - name: main\n", "  - name: main\n    enableEtcdTLS: true\n    enableTLSAuth: true\n")).expect("spec");
-        make_pki(pki.path(), &net.subnet);
+        std::fs::write(&spec, text.replace("  - name: main\n", "  - name: main\n    provider: Legacy\n")).expect("spec");
     }
-    *TLS_DIR.lock().unwrap_or_else(|p| p.into_inner()) = tls.then(|| pki.path().display().to_string());
     let all = ["a", "b", "c"];
     let subnet_id = rt.block_on(async {
         let vpc = ec2.create_vpc().cidr_block("10.231.0.0/16").send().await.expect("CreateVpc");
@@ -276,13 +252,6 @@ fn scenario(tls: bool) {
         };
         for (v, d) in vols.iter().zip(&devs) {
             h.link(v, &d.dev);
-        }
-        if tls {
-            let dst = h.root.path().join("etc/kubernetes/pki/etcd/main");
-            std::fs::create_dir_all(&dst).expect("pki dir");
-            for f in ["ca.crt", "server.crt", "server.key", "peer.crt", "peer.key", "client.crt", "client.key"] {
-                std::fs::copy(pki.path().join(f), dst.join(f)).expect("copy pki");
-            }
         }
         Member { ns, ip, host: h }
     };
@@ -331,6 +300,11 @@ fn scenario(tls: bool) {
     let ep = |mb: &Member| format!("{scheme}://{}:4001", mb.ip);
     if tls {
         assert!(members[0].host.manifest("main").expect("manifest").contains("--client-cert-auth=true"));
+        // etcdctl authenticates with the client certificate protokube issued on member a.
+        let dir = members[0].host.root.path().join("etc/kubernetes/pki/etcd/main");
+        *TLS_DIR.lock().unwrap_or_else(|p| p.into_inner()) = Some(dir.display().to_string());
+    } else {
+        *TLS_DIR.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
     let health = etcdctl(&members[0].ns, &ep(&members[0]), &["endpoint", "health"], Duration::from_secs(60));
     assert!(health.contains("is healthy"), "{health}\n{}", logs(logdir.path()));

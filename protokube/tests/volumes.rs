@@ -83,21 +83,31 @@ fn blank_volumes_formatted_mounted_tagged_dns_then_second_pass_changes_nothing()
         for want in [
             "--name=etcd-a",
             &format!("--data-dir=/mnt/master-{main_a}/data"),
-            "--listen-peer-urls=http://0.0.0.0:2380",
-            "--listen-client-urls=http://0.0.0.0:4001",
-            "--initial-advertise-peer-urls=http://etcd-a.internal.t1.example.com:2380",
-            "--advertise-client-urls=http://etcd-a.internal.t1.example.com:4001",
-            "--initial-cluster=etcd-a=http://etcd-a.internal.t1.example.com:2380,etcd-b=http://etcd-b.internal.t1.example.com:2380",
+            "--listen-peer-urls=https://0.0.0.0:2380",
+            "--listen-client-urls=https://0.0.0.0:4001",
+            "--initial-advertise-peer-urls=https://etcd-a.internal.t1.example.com:2380",
+            "--advertise-client-urls=https://etcd-a.internal.t1.example.com:4001",
+            "--initial-cluster=etcd-a=https://etcd-a.internal.t1.example.com:2380,etcd-b=https://etcd-b.internal.t1.example.com:2380",
             "--initial-cluster-state=new",
             "cpu: 100m",
             "memory: 100Mi",
             "image: registry.k8s.io/etcd:3.5.21-0",
+            "--client-cert-auth=true",
+            "--trusted-ca-file=/etc/kubernetes/pki/etcd/main/ca.crt",
+            "--peer-trusted-ca-file=/etc/kubernetes/pki/etcd/main/peer-ca.crt",
         ] {
             assert!(main.contains(want), "main manifest lacks {want}:\n{main}");
         }
+        // Certificates issued from the state store's CAs, keys private, for this member's name and IP.
+        let pki = h.root.path().join("etc/kubernetes/pki/etcd/main");
+        let text = String::from_utf8_lossy(&host::sh(&format!("openssl x509 -noout -text -in {}/server.crt", pki.display())).stdout).to_string();
+        assert!(text.contains("DNS:etcd-a.internal.t1.example.com") && text.contains(&format!("IP Address:{}", h.ip)), "{text}");
+        host::sh(&format!("openssl verify -CAfile {0}/ca.crt {0}/server.crt {0}/client.crt && openssl verify -CAfile {0}/peer-ca.crt {0}/peer.crt", pki.display()));
+        let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(pki.join("server.key")).expect("key").permissions());
+        assert_eq!(mode & 0o777, 0o600);
         let events = h.manifest("events").expect("events manifest");
         assert!(events.contains("--name=etcd-events-a") && events.contains("0.0.0.0:2381") && events.contains("0.0.0.0:4002"), "{events}");
-        assert!(events.contains("etcd-events-b=http://etcd-events-b.internal.t1.example.com:2381"), "{events}");
+        assert!(events.contains("etcd-events-b=https://etcd-events-b.internal.t1.example.com:2381"), "{events}");
 
         let recs = records(&r53, &zid).await;
         let ip = vec![h.ip.clone()];

@@ -1,0 +1,112 @@
+//! etcd TLS material for this member, issued from the cluster CAs in the state store (kOps' names):
+//! `etcd-clients-ca` signs the client-port serving certificate and client certificates (the API
+//! server's `etcd-client` certificate from nodeup is trusted through it), `etcd-peers-ca-<cluster>`
+//! signs the peer certificate. Re-issued only when the member name, the address or a CA changes.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use nodeup::pki::{self, CertSpec, Keypair, Usage};
+use sha2::Digest as _;
+
+use crate::config::{self, EtcdCluster};
+use crate::paths;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PkiError {
+    #[error("{0}")]
+    State(#[from] config::ConfigError),
+    #[error("etcd TLS for {cluster}: CA keyset {keyset} is missing from the state store and {dir} holds no certificates")]
+    MissingCa { cluster: String, keyset: String, dir: String },
+    #[error("etcd TLS for {cluster}: {message}")]
+    Issue { cluster: String, message: String },
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+}
+
+const FILES: [&str; 8] = ["ca.crt", "peer-ca.crt", "server.crt", "server.key", "peer.crt", "peer.key", "client.crt", "client.key"];
+const STAMP: &str = "issued-for";
+
+fn write(path: &Path, body: &str, mode: u32) -> Result<(), PkiError> {
+    let io = |source| PkiError::Io { path: path.display().to_string(), source };
+    crate::write_atomic(path, body.as_bytes()).map_err(io)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io)
+}
+
+async fn ca(config_base: &str, name: &str) -> Result<Option<Keypair>, PkiError> {
+    let rel = format!("pki/private/{name}/keyset.yaml");
+    match config::read_state(config_base, &rel).await? {
+        None => Ok(None),
+        Some(bytes) => pki::parse_private_keyset(name, &bytes)
+            .map(Some)
+            .map_err(|e| PkiError::Issue { cluster: name.to_string(), message: e.to_string() }),
+    }
+}
+
+/// Make sure this member's certificates exist and match `member_dns` and `ip`. Returns the
+/// directory (under `root`) and whether anything was (re)issued.
+pub async fn ensure(
+    root: &Path,
+    config_base: &str,
+    ec: &EtcdCluster,
+    member_id: &str,
+    member_dns: &str,
+    ip: &str,
+) -> Result<(PathBuf, bool), PkiError> {
+    let dir = paths::under(root, &paths::etcd_pki_dir(&ec.name));
+    let have_all = FILES.iter().all(|f| dir.join(f).exists());
+    let clients_name = "etcd-clients-ca".to_string();
+    let peers_name = format!("etcd-peers-ca-{}", ec.name);
+    let (clients, peers) = (ca(config_base, &clients_name).await?, ca(config_base, &peers_name).await?);
+    let (Some(clients), Some(peers)) = (clients, peers) else {
+        if have_all {
+            // Provisioned by other means (e.g. baked into the image): use what is there.
+            return Ok((dir, false));
+        }
+        return Err(PkiError::MissingCa {
+            cluster: ec.name.clone(),
+            keyset: format!("pki/private/{clients_name} or pki/private/{peers_name}"),
+            dir: dir.display().to_string(),
+        });
+    };
+    let stamp = format!(
+        "{member_dns} {ip} {} {}\n",
+        hex::encode(sha2::Sha256::digest(clients.cert_pem.as_bytes())),
+        hex::encode(sha2::Sha256::digest(peers.cert_pem.as_bytes()))
+    );
+    if have_all && std::fs::read_to_string(dir.join(STAMP)).ok().as_deref() == Some(stamp.as_str()) {
+        return Ok((dir, false));
+    }
+    let err = |e: pki::PkiError| PkiError::Issue { cluster: ec.name.clone(), message: e.to_string() };
+    let ip_addr: Option<std::net::IpAddr> = ip.parse().ok();
+    let loopback: std::net::IpAddr = std::net::Ipv4Addr::LOCALHOST.into();
+    let server = pki::issue(
+        &clients_name,
+        &clients,
+        &CertSpec {
+            cn: member_id.to_string(),
+            orgs: vec![],
+            dns: vec![member_dns.to_string(), "localhost".into()],
+            ips: std::iter::once(loopback).chain(ip_addr).collect(),
+            // etcd's gateway also presents the serving certificate as a client.
+            usage: Usage::ClientServer,
+        },
+    )
+    .map_err(err)?;
+    let peer = pki::issue(
+        &peers_name,
+        &peers,
+        &CertSpec { cn: member_id.to_string(), orgs: vec![], dns: vec![member_dns.to_string()], ips: ip_addr.into_iter().collect(), usage: Usage::ClientServer },
+    )
+    .map_err(err)?;
+    let client = pki::issue(&clients_name, &clients, &CertSpec::client("protokube", &[])).map_err(err)?;
+    write(&dir.join("ca.crt"), &clients.cert_pem, 0o644)?;
+    write(&dir.join("peer-ca.crt"), &peers.cert_pem, 0o644)?;
+    for (name, kp) in [("server", &server), ("peer", &peer), ("client", &client)] {
+        write(&dir.join(format!("{name}.key")), &kp.key_pem, 0o600)?;
+        write(&dir.join(format!("{name}.crt")), &kp.cert_pem, 0o644)?;
+    }
+    write(&dir.join(STAMP), &stamp, 0o644)?;
+    tracing::info!(dir = %dir.display(), member = %member_dns, "issued etcd certificates");
+    Ok((dir, true))
+}
