@@ -374,6 +374,17 @@ fn control_plane(
     }
     overlay(&mut api, extra);
     let secure_port = api.get("securePort").and_then(Value::as_i64).unwrap_or(443);
+    // Static manifests from the state store (e.g. the API-server health-check sidecar).
+    let mut statics = Vec::new();
+    for m in &cfg.static_manifests {
+        match inp.store.read(&m.path)? {
+            Some(bytes) => statics.push((m.key.clone(), bytes)),
+            None => warnings.push(format!("static manifest {}: {} is not in the state store; skipped", m.key, inp.store.url(&m.path))),
+        }
+    }
+    // kOps probes the API server through its health-check sidecar (port 3990); without the
+    // sidecar there is nothing that answers unauthenticated, so no liveness probe.
+    let has_healthcheck = statics.iter().any(|(k, _)| k == "kube-apiserver-healthcheck");
     let pod = manifests::Component {
         name: "kube-apiserver",
         image: str_of(&api, "image").unwrap_or_default(),
@@ -390,7 +401,7 @@ fn control_plane(
             ("srvkapi", kapi.into(), false),
         ],
         ports: vec![("https", secure_port)],
-        probe: Some(("/livez".into(), 3990, "HTTP")),
+        probe: has_healthcheck.then(|| ("/livez".to_string(), 3990, "HTTP")),
         privileged: false,
         priority_class: "system-cluster-critical",
     };
@@ -399,12 +410,8 @@ fn control_plane(
     t.deps = deps.clone();
     tasks.push(Box::new(t));
 
-    // Static manifests from the state store (e.g. the API-server health-check sidecar).
-    for m in &cfg.static_manifests {
-        match inp.store.read(&m.path)? {
-            Some(bytes) => tasks.push(Box::new(FileTask::new(&format!("{manifest_dir}/{}.manifest", m.key), bytes, 0o644))),
-            None => warnings.push(format!("static manifest {}: {} is not in the state store; skipped", m.key, inp.store.url(&m.path))),
-        }
+    for (key, bytes) in statics {
+        tasks.push(Box::new(FileTask::new(&format!("{manifest_dir}/{key}.manifest"), bytes, 0o644)));
     }
 
     if !is_cp {

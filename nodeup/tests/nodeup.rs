@@ -281,3 +281,16 @@ fn facts_come_from_imds_when_no_flag_gives_them() {
     assert!(sysconfig.contains("--node-ip=172.20.70.7"), "{sysconfig}");
     assert!(sysconfig.contains("--hostname-override=ip-172-20-70-7.eu-west-1.compute.internal"), "{sysconfig}");
 }
+
+#[test]
+fn apiserver_healthcheck_manifest_from_state_store_enables_the_probe() {
+    let s = Scenario::new(Group::ControlPlane, PAD, direct);
+    let sidecar = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: kube-apiserver-healthcheck\n";
+    let p = s.dir.path().join("state/manifests/static/kube-apiserver-healthcheck.yaml");
+    std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&p, sidecar).expect("write");
+    assert_ok(&s.run(&[]));
+    assert_eq!(std::fs::read_to_string(s.path("/etc/kubernetes/manifests/kube-apiserver-healthcheck.manifest")).expect("sidecar"), sidecar);
+    let api = std::fs::read_to_string(s.path("/etc/kubernetes/manifests/kube-apiserver.manifest")).expect("apiserver");
+    assert!(api.contains("livenessProbe:") && api.contains("port: 3990"), "{api}");
+}
