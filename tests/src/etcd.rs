@@ -98,7 +98,7 @@ pub fn write_keys(init_pid: i64, root: &Path, ep: &Endpoint, prefix: &str, n: u6
             txn.push_str(&format!("put {prefix}{k:04} v{k}\n"));
         }
         txn.push_str("\n\n");
-        let rel = format!("tmp/keelson-local-txn-{batch}");
+        let rel = format!("var/tmp/keelson-local-txn-{batch}");
         std::fs::write(root.join(&rel), txn).map_err(|e| e.to_string())?;
         let mut cmdline = format!("ETCDCTL_API=3 etcdctl --endpoints={} --command-timeout=10s", ep.client_url);
         if let Some(c) = &ep.cacert {
