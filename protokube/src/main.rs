@@ -75,14 +75,10 @@ fn summary(r: &Report) -> String {
 async fn run(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
     let boot = config::read_boot_config(&args.conf)?;
-    let cluster = config::read_completed_spec(&boot.config_base).await?;
-    let plan = config::plan(&boot, &cluster)?;
     let imds = Imds::new(args.imds_url.as_deref())?;
     let me = Identity::resolve(&imds, args.instance_id, args.zone, args.region, args.internal_ip)
         .await
         .context("instance identity (pass --instance-id --zone --region --internal-ip off AWS)")?;
-    tracing::info!(?me, cluster = %plan.cluster_name, group = %plan.instance_group, "starting");
-
     let aws = cloud::sdk_config(&AwsOptions {
         region: Some(me.region.clone()),
         endpoint_url: args.endpoint_url.clone(),
@@ -90,6 +86,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
     })
     .await;
     let counter = CallCounter::default();
+    let s3 = boot.config_base.starts_with("s3://").then(|| {
+        let path_style = args.endpoint_url.is_some() || std::env::var_os("AWS_ENDPOINT_URL").is_some();
+        aws_sdk_s3::Client::from_conf(
+            aws_sdk_s3::config::Builder::from(&aws).force_path_style(path_style).interceptor(counter.clone()).build(),
+        )
+    });
+    let store = config::StateStore::new(&boot.config_base, s3);
+    let cluster = config::read_completed_spec(&store).await?;
+    let plan = config::plan(&boot, &cluster)?;
+    tracing::info!(?me, cluster = %plan.cluster_name, group = %plan.instance_group, "starting");
+
     let ec2 = aws_sdk_ec2::Client::from_conf(aws_sdk_ec2::config::Builder::from(&aws).interceptor(counter.clone()).build());
     let dns = match plan.dns {
         DnsMode::Route53 { .. } => Some(Route53Dns::new(aws_sdk_route53::Client::from_conf(
@@ -100,7 +107,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let hosts_file = args.hosts_file.clone().unwrap_or_else(|| paths::under(&args.root, &format!("/{}", paths::HOSTS_FILE)));
     let opts = Options {
         root: args.root.clone(),
-        config_base: boot.config_base.clone(),
+        store,
         by_id_dir: args.by_id_dir.clone(),
         hosts_file,
         attach_timeout: secs(args.attach_timeout),

@@ -33,9 +33,9 @@ fn write(path: &Path, body: &str, mode: u32) -> Result<(), PkiError> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io)
 }
 
-async fn ca(config_base: &str, name: &str) -> Result<Option<Keypair>, PkiError> {
+async fn ca(store: &config::StateStore, name: &str) -> Result<Option<Keypair>, PkiError> {
     let rel = format!("pki/private/{name}/keyset.yaml");
-    match config::read_state(config_base, &rel).await? {
+    match store.read(&rel).await? {
         None => Ok(None),
         Some(bytes) => pki::parse_private_keyset(name, &bytes)
             .map(Some)
@@ -47,7 +47,7 @@ async fn ca(config_base: &str, name: &str) -> Result<Option<Keypair>, PkiError> 
 /// directory (under `root`) and whether anything was (re)issued.
 pub async fn ensure(
     root: &Path,
-    config_base: &str,
+    store: &config::StateStore,
     ec: &EtcdCluster,
     member_id: &str,
     member_dns: &str,
@@ -57,7 +57,7 @@ pub async fn ensure(
     let have_all = FILES.iter().all(|f| dir.join(f).exists());
     let clients_name = "etcd-clients-ca".to_string();
     let peers_name = format!("etcd-peers-ca-{}", ec.name);
-    let (clients, peers) = (ca(config_base, &clients_name).await?, ca(config_base, &peers_name).await?);
+    let (clients, peers) = (ca(store, &clients_name).await?, ca(store, &peers_name).await?);
     let (Some(clients), Some(peers)) = (clients, peers) else {
         if have_all {
             // Provisioned by other means (e.g. baked into the image): use what is there.

@@ -47,7 +47,7 @@ pub enum ReconcileError {
 pub struct Options {
     pub root: PathBuf,
     /// The state store (`ConfigBase`), for the etcd CAs.
-    pub config_base: String,
+    pub store: crate::config::StateStore,
     pub by_id_dir: PathBuf,
     /// Absolute path of the hosts file to manage (already under `root`).
     pub hosts_file: PathBuf,
@@ -497,7 +497,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         if ec.tls {
             crate::pki::ensure(
                 &self.opts.root,
-                &self.opts.config_base,
+                &self.opts.store,
                 ec,
                 &ec.member_id(member),
                 &ec.member_dns(member, &self.plan.cluster_name),

