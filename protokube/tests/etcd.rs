@@ -242,7 +242,7 @@ fn scenario(tls: bool) {
         let (instance_id, got) = rt.block_on(host::run_instance(&ec2, "us-east-1a", Some(&subnet_id), Some(&ip)));
         assert_eq!(got, ip, "moto honours PrivateIpAddress");
         let h = Host {
-            root: tempfile::tempdir().expect("root"),
+            root: host::shared_root(),
             by_id: tempfile::tempdir().expect("by-id"),
             instance_id,
             zone: "us-east-1a".into(),

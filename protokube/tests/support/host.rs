@@ -233,12 +233,21 @@ pub async fn run_instance(ec2: &aws_sdk_ec2::Client, zone: &str, subnet: Option<
     (i.instance_id().expect("id").to_string(), i.private_ip_address().unwrap_or_default().to_string())
 }
 
+/// A root directory that is its own shared mount: mounts made under it propagate their unmount to
+/// copies in mount namespaces created meanwhile (by `ip netns exec`, or by anything else running on
+/// the machine), so a "dead" instance's volume is really free for its replacement.
+pub fn shared_root() -> tempfile::TempDir {
+    let root = tempfile::tempdir().expect("root");
+    sh(&format!("mount --bind {0} {0} && mount --make-rshared {0}", root.path().display()));
+    root
+}
+
 pub async fn host(ec2: &aws_sdk_ec2::Client, zone: &str, group: &str) -> Host {
     let (instance_id, ip) = run_instance(ec2, zone, None, None).await;
     let public_ip = public_ip(ec2, &instance_id).await;
     Host {
         public_ip,
-        root: tempfile::tempdir().expect("root"),
+        root: shared_root(),
         by_id: tempfile::tempdir().expect("by-id"),
         instance_id,
         zone: zone.to_string(),
