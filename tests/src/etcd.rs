@@ -82,7 +82,7 @@ pub fn healthy(init_pid: i64, ep: &Endpoint) -> bool {
 
 /// Number of keys under `prefix`, read from this member alone (serializable).
 pub fn count(init_pid: i64, ep: &Endpoint, prefix: &str) -> Option<u64> {
-    let out = etcdctl(init_pid, ep, &["get", prefix, "--prefix", "--count-only", "--consistency=s", "-w", "json"]).ok()?;
+    let out = etcdctl(init_pid, ep, &["get", prefix, "--prefix", "--keys-only", "--limit=1", "--consistency=s", "-w", "json"]).ok()?;
     let v: serde_json::Value = serde_json::from_str(&out).ok()?;
     Some(v["count"].as_u64().unwrap_or(0))
 }
