@@ -23,6 +23,9 @@ pub enum ThrottleKind {
     Ec2RequestLimitExceeded,
     /// Route53 REST-XML: `Throttling`, HTTP 400.
     Route53Throttling,
+    /// Any EC2 client error code, HTTP 400 (e.g. `VolumeInUse` for a lost AttachVolume race, which
+    /// moto never returns).
+    Ec2Error(&'static str),
 }
 
 /// Replaces the next `remaining` responses with a throttling error. Clones share the budget.
@@ -60,7 +63,15 @@ impl Intercept for Throttle {
             return Ok(());
         }
         self.injected.fetch_add(1, Ordering::SeqCst);
+        let ec2_error;
         let (status, body) = match self.kind {
+            ThrottleKind::Ec2Error(code) => {
+                ec2_error = format!(
+                    "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{code}</Code>\
+                     <Message>injected {code}</Message></Error></Errors><RequestID>injected</RequestID></Response>"
+                );
+                (400u16, ec2_error.as_str())
+            }
             ThrottleKind::Ec2RequestLimitExceeded => (
                 503u16,
                 "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>RequestLimitExceeded</Code>\
@@ -73,7 +84,7 @@ impl Intercept for Throttle {
                  <RequestId>injected</RequestId></ErrorResponse>",
             ),
         };
-        let mut resp = Response::new(StatusCode::try_from(status)?, SdkBody::from(body));
+        let mut resp = Response::new(StatusCode::try_from(status)?, SdkBody::from(body.to_string()));
         resp.headers_mut().insert("content-type", "text/xml");
         *ctx.response_mut() = resp;
         Ok(())

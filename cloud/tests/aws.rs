@@ -171,3 +171,31 @@ fn imds_gives_up_within_deadline() {
         assert!(dead.get("instance-id").await.is_err());
     });
 }
+
+#[test]
+fn attach_of_a_volume_in_use_is_a_lost_race() {
+    let (_g, m) = moto::lock();
+    rt().block_on(async {
+        let conf = moto::sdk(&m.url).await;
+        let plain = aws_sdk_ec2::Client::new(&conf);
+        let v = plain.create_volume().availability_zone("us-east-1a").size(1).send().await.expect("CreateVolume");
+        let vid = v.volume_id().expect("id").to_string();
+        let r = plain.run_instances().image_id("ami-12345678").min_count(1).max_count(1).send().await.expect("RunInstances");
+        let iid = r.instances()[0].instance_id().expect("id").to_string();
+        // moto accepts AttachVolume of an in-use volume; AWS answers VolumeInUse: inject it.
+        let fault = Throttle::new(ThrottleKind::Ec2Error("VolumeInUse"), 1);
+        let ec2 = Ec2::new(aws_sdk_ec2::Client::from_conf(aws_sdk_ec2::config::Builder::from(&conf).interceptor(fault.clone()).build()));
+        match ec2.attach_volume(&vid, &iid, "/dev/xvdu").await {
+            Err(VolumeError::InUse { volume }) => assert_eq!(volume, vid),
+            other => panic!("expected InUse, got {other:?}"),
+        }
+        assert_eq!(fault.injected(), 1, "not retried: a lost race is not transient");
+        // Unknown instance ids are absent, not an error; a terminated one is reported as such.
+        use cloud::volumes::Instances;
+        assert!(ec2.describe_instances(&["i-00000000000000000".to_string()]).await.expect("describe").is_empty());
+        plain.terminate_instances().instance_ids(&iid).send().await.expect("terminate");
+        let got = ec2.describe_instances(&[iid.clone()]).await.expect("describe");
+        assert_eq!(got.len(), 1);
+        assert!(!got[0].state.is_alive());
+    });
+}
