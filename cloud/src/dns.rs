@@ -78,7 +78,17 @@ pub fn normalize_name(name: &str) -> String {
 pub trait Dns {
     /// Resolve a zone given by id (`Z…`, `/hostedzone/Z…`) or by name; with `None`, the zone whose
     /// name is the longest suffix of `fqdn`.
-    fn find_zone(&self, id_or_name: Option<&str>, fqdn: &str) -> impl std::future::Future<Output = Result<String, DnsError>> + Send;
+    fn find_zone(&self, id_or_name: Option<&str>, fqdn: &str) -> impl std::future::Future<Output = Result<String, DnsError>> + Send {
+        self.find_zone_with(id_or_name, fqdn, None)
+    }
+    /// As [`Dns::find_zone`], preferring a private (`Some(true)`) or public (`Some(false)`) zone when
+    /// both exist under one name.
+    fn find_zone_with(
+        &self,
+        id_or_name: Option<&str>,
+        fqdn: &str,
+        private: Option<bool>,
+    ) -> impl std::future::Future<Output = Result<String, DnsError>> + Send;
     /// Every record in the zone whose name is `suffix` or ends in `.suffix`.
     fn list_records(&self, zone: &str, suffix: &str) -> impl std::future::Future<Output = Result<Vec<Record>, DnsError>> + Send;
     /// Apply changes in [`batches`]; returns the number of calls made.
@@ -115,7 +125,7 @@ fn to_rrset(r: &Record) -> Result<ResourceRecordSet, DnsError> {
 }
 
 impl Dns for Route53Dns {
-    async fn find_zone(&self, id_or_name: Option<&str>, fqdn: &str) -> Result<String, DnsError> {
+    async fn find_zone_with(&self, id_or_name: Option<&str>, fqdn: &str, private: Option<bool>) -> Result<String, DnsError> {
         if let Some(id) = id_or_name.filter(|s| looks_like_zone_id(s)) {
             let resp = self
                 .client
@@ -147,7 +157,13 @@ impl Dns for Route53Dns {
                 .send()
                 .await
                 .map_err(|e| api_err("ListHostedZonesByName", name, e))?;
-            if let Some(z) = resp.hosted_zones().iter().find(|z| normalize_name(z.name()) == *name) {
+            let matching: Vec<_> = resp.hosted_zones().iter().filter(|z| normalize_name(z.name()) == *name).collect();
+            let is_private = |z: &&aws_sdk_route53::types::HostedZone| z.config().map(|c| c.private_zone()).unwrap_or(false);
+            let pick = match private {
+                Some(p) => matching.iter().find(|z| is_private(z) == p).or(matching.first()),
+                None => matching.first(),
+            };
+            if let Some(z) = pick {
                 return Ok(z.id().trim_start_matches("/hostedzone/").to_string());
             }
         }

@@ -199,3 +199,31 @@ fn attach_of_a_volume_in_use_is_a_lost_race() {
         assert!(!got[0].state.is_alive());
     });
 }
+
+#[test]
+fn route53_prefers_the_zone_kind_asked_for() {
+    let (_g, m) = moto::lock();
+    rt().block_on(async {
+        let conf = moto::sdk(&m.url).await;
+        let public = zone(&conf, "split.example.com").await;
+        let ec2 = aws_sdk_ec2::Client::new(&conf);
+        let vpc = ec2.create_vpc().cidr_block("10.9.0.0/16").send().await.expect("CreateVpc");
+        let vpc_id = vpc.vpc().and_then(|v| v.vpc_id()).expect("vpc").to_string();
+        let r53 = aws_sdk_route53::Client::new(&conf);
+        let p = r53
+            .create_hosted_zone()
+            .name("split.example.com")
+            .caller_reference("private-split")
+            .hosted_zone_config(aws_sdk_route53::types::HostedZoneConfig::builder().private_zone(true).build())
+            .vpc(aws_sdk_route53::types::Vpc::builder().vpc_id(vpc_id).vpc_region(aws_sdk_route53::types::VpcRegion::UsEast1).build())
+            .send()
+            .await
+            .expect("private zone");
+        let private = p.hosted_zone().expect("zone").id().trim_start_matches("/hostedzone/").to_string();
+        assert_ne!(public, private);
+        let dns = Route53Dns::new(r53);
+        assert_eq!(dns.find_zone_with(None, "c.split.example.com", Some(true)).await.expect("private"), private);
+        assert_eq!(dns.find_zone_with(None, "c.split.example.com", Some(false)).await.expect("public"), public);
+        assert!(matches!(dns.find_zone(None, "c.nowhere.invalid").await, Err(cloud::DnsError::NoZone(_))));
+    });
+}

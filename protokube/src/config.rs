@@ -91,8 +91,9 @@ impl EtcdCluster {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DnsMode {
-    /// Route53; `zone` is the spec's `dnsZone` (id or name), or `None` to find it by the cluster name.
-    Route53 { zone: Option<String> },
+    /// Route53; `zone` is the spec's `dnsZone` (id or name), or `None` to find it by the cluster name;
+    /// `private` when `topology.dns.type: Private` (preferred when a name has both kinds of zone).
+    Route53 { zone: Option<String>, private: bool },
     /// The guarded block in the hosts file.
     Hosts,
 }
@@ -281,7 +282,7 @@ pub fn plan(boot: &BootConfig, cluster: &Cluster) -> Result<Plan, ConfigError> {
     let dns = if cluster_name.ends_with(".k8s.local") || dns_type.as_deref().is_some_and(|t| t.eq_ignore_ascii_case("none")) {
         DnsMode::Hosts
     } else {
-        DnsMode::Route53 { zone: spec.dns_zone.clone() }
+        DnsMode::Route53 { zone: spec.dns_zone.clone(), private: dns_type.as_deref().is_some_and(|t| t.eq_ignore_ascii_case("private")) }
     };
     let manage_public_api = spec.api.as_ref().is_none_or(|a| a.load_balancer.is_none());
     Ok(Plan { cluster_name, instance_group: boot.instance_group_name.clone(), etcd_clusters, dns, manage_public_api })
@@ -312,7 +313,7 @@ mod tests {
     fn plan_from_spec() {
         let c = cluster(&format!("{}  dnsZone: example.com\n  api:\n    loadBalancer:\n      type: Public\n", HEAD.replace("NAME", "x.example.com")));
         let p = plan(&boot("x.example.com"), &c).expect("plan");
-        assert_eq!(p.dns, DnsMode::Route53 { zone: Some("example.com".into()) });
+        assert_eq!(p.dns, DnsMode::Route53 { zone: Some("example.com".into()), private: false });
         assert!(!p.manage_public_api, "a load balancer fronts the API");
         let main = &p.etcd_clusters[0];
         assert_eq!((main.ports.peer, main.ports.client), (2380, 4001));

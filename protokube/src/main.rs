@@ -59,6 +59,9 @@ struct Args {
     /// Seconds one pass waits for the device node.
     #[arg(long, default_value_t = 30.0)]
     device_timeout: f64,
+    /// Seconds between re-reads of the completed spec in loop mode.
+    #[arg(long, default_value_t = 60.0)]
+    spec_interval: f64,
     /// Metrics and health address (loop mode); `off` disables.
     #[arg(long, default_value = "127.0.0.1:3998")]
     metrics_addr: String,
@@ -114,7 +117,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         device_timeout: secs(args.device_timeout),
         etcd_timeout: Duration::from_secs(2),
     };
+    let spec_store = opts.store.clone();
     let mut agent = Agent::new(plan, me, opts, Ec2::new(ec2), dns);
+    let mut spec_read_at = Instant::now();
 
     let metrics = Metrics::default();
     if !args.once && args.metrics_addr != "off" {
@@ -131,6 +136,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let mut backoff = interval;
     let mut first = true;
     loop {
+        if !args.once && spec_read_at.elapsed() >= secs(args.spec_interval) {
+            // Level-triggered on the spec too: membership or DNS changes apply without a restart.
+            spec_read_at = Instant::now();
+            match config::read_completed_spec(&spec_store).await.and_then(|c| config::plan(&boot, &c)) {
+                Ok(p) => agent.set_plan(p),
+                Err(e) => tracing::warn!(error = %e, "re-reading the spec failed; keeping the previous one"),
+            }
+        }
         let t = Instant::now();
         let calls_before = counter.total_calls();
         let result = agent.reconcile().await;

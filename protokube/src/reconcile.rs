@@ -100,6 +100,14 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         Agent { plan, me, opts, cloud, dns, zone_id: None }
     }
 
+    /// Take a re-read plan (the spec changed); the zone is looked up again if the DNS settings changed.
+    pub fn set_plan(&mut self, plan: Plan) {
+        if plan.dns != self.plan.dns {
+            self.zone_id = None;
+        }
+        self.plan = plan;
+    }
+
     fn filter(&self) -> VolumeFilter {
         VolumeFilter {
             tags: vec![("KubernetesCluster".to_string(), self.plan.cluster_name.clone())],
@@ -557,7 +565,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                     .map_err(|e| ReconcileError::Io { path: "hosts".into(), source: std::io::Error::other(e) })??;
                 Ok(changed.len())
             }
-            DnsMode::Route53 { zone } => {
+            DnsMode::Route53 { zone, private } => {
                 let Some(dns) = &self.dns else {
                     report.waiting.push("Route53 provider not configured".into());
                     return Ok(0);
@@ -565,7 +573,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                 let zone_id = match &self.zone_id {
                     Some(z) => z.clone(),
                     None => {
-                        let z = dns.find_zone(zone.as_deref(), &self.plan.cluster_name).await?;
+                        let z = dns.find_zone_with(zone.as_deref(), &self.plan.cluster_name, Some(*private)).await?;
                         self.zone_id = Some(z.clone());
                         z
                     }
