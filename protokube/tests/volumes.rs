@@ -393,3 +393,60 @@ fn config_base_on_s3_is_read_spec_and_cas() {
         assert!(h.root.path().join("etc/kubernetes/pki/etcd/main/server.crt").exists(), "certificates from the S3 CAs");
     });
 }
+
+/// Loop mode is level-triggered: a pass that waits for a device converges on a later pass once the
+/// device appears, without a restart; health and metrics say so.
+#[test]
+fn loop_converges_when_the_device_appears() {
+    need_root();
+    let (_g, m) = moto::lock();
+    rt().block_on(async {
+        let (ec2, _) = clients(&m.url).await;
+        let name = "loop.k8s.local";
+        let c = Cluster::new(&m.url, name, &[("main", &[("a", "cp-a")])], "");
+        let h = host::host(&ec2, "us-east-1a", "cp-a").await;
+        let vid = create_volume(&ec2, "us-east-1a", &etcd_tags(name, "main", "a", &["a"])).await;
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
+        let addr = format!("127.0.0.1:{port}");
+        struct Kill(std::process::Child);
+        impl Drop for Kill {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let _child = Kill(
+            c.command(&h, &["--interval", "0.2", "--device-timeout", "0.2", "--metrics-addr", &addr])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("start loop"),
+        );
+        let metrics = || -> String {
+            use std::io::{Read, Write};
+            let Ok(mut s) = std::net::TcpStream::connect(&addr) else { return String::new() };
+            let _ = write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+            let mut b = String::new();
+            let _ = s.read_to_string(&mut b);
+            b
+        };
+        let wait_for = |what: &str, f: &dyn Fn(&str) -> bool| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            loop {
+                let m = metrics();
+                if f(&m) {
+                    return m;
+                }
+                assert!(std::time::Instant::now() < deadline, "never saw {what}:\n{m}");
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        };
+        wait_for("a pass waiting for the device", &|m| m.contains("\nprotokube_waiting 1\n") && m.contains("protokube_reconcile_total{result=\"ok\"}"));
+        let d = LoopDev::new(64);
+        h.link(&vid, &d.dev);
+        let m = wait_for("the volume mounted", &|m| m.contains("\nprotokube_volumes_mounted 1\n"));
+        assert!(m.contains("\nprotokube_waiting 0\n") && m.contains("\nprotokube_volume_formats_total 1\n"), "{m}");
+        assert!(h.is_mounted(&vid));
+        assert!(h.manifest("main").is_some());
+    });
+}
