@@ -194,7 +194,7 @@ fn attach_of_a_volume_in_use_is_a_lost_race() {
         use cloud::volumes::Instances;
         assert!(ec2.describe_instances(&["i-00000000000000000".to_string()]).await.expect("describe").is_empty());
         plain.terminate_instances().instance_ids(&iid).send().await.expect("terminate");
-        let got = ec2.describe_instances(&[iid.clone()]).await.expect("describe");
+        let got = ec2.describe_instances(std::slice::from_ref(&iid)).await.expect("describe");
         assert_eq!(got.len(), 1);
         assert!(!got[0].state.is_alive());
     });
