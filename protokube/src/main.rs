@@ -100,7 +100,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let plan = config::plan(&boot, &cluster)?;
     tracing::info!(?me, cluster = %plan.cluster_name, group = %plan.instance_group, "starting");
 
-    let ec2 = aws_sdk_ec2::Client::from_conf(aws_sdk_ec2::config::Builder::from(&aws).interceptor(counter.clone()).build());
+    let mut ec2_conf = aws_sdk_ec2::config::Builder::from(&aws).interceptor(counter.clone());
+    // Drill/testing knob: answer the first N EC2 calls with RequestLimitExceeded (the real retry
+    // policy must absorb them).
+    if let Some(n) = std::env::var("PROTOKUBE_INJECT_EC2_THROTTLES").ok().and_then(|v| v.parse::<u32>().ok()) {
+        tracing::warn!(count = n, "injecting EC2 throttling responses");
+        ec2_conf = ec2_conf.interceptor(cloud::fault::Throttle::new(cloud::fault::ThrottleKind::Ec2RequestLimitExceeded, n));
+    }
+    let ec2 = aws_sdk_ec2::Client::from_conf(ec2_conf.build());
     let dns = match plan.dns {
         DnsMode::Route53 { .. } => Some(Route53Dns::new(aws_sdk_route53::Client::from_conf(
             aws_sdk_route53::config::Builder::from(&aws).interceptor(counter.clone()).build(),
@@ -146,8 +153,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
         let t = Instant::now();
         let calls_before = counter.total_calls();
+        let attempts_before: u64 = counter.snapshot().values().map(|c| c.attempts).sum();
         let result = agent.reconcile().await;
         let calls = counter.total_calls() - calls_before;
+        let attempts: u64 = counter.snapshot().values().map(|c| c.attempts).sum::<u64>() - attempts_before;
         let snapshot: Vec<(String, u64, u64)> = counter.snapshot().into_iter().map(|(k, c)| (k, c.calls, c.attempts)).collect();
         match &result {
             Ok(r) => {
@@ -162,6 +171,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     elapsed_ms = t.elapsed().as_millis() as u64,
                     since_start_ms = started.elapsed().as_millis() as u64,
                     cloud_calls = calls,
+                    cloud_attempts = attempts,
                     mounted = r.mounted.len(),
                     "{}",
                     summary(r)

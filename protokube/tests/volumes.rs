@@ -450,3 +450,27 @@ fn loop_converges_when_the_device_appears() {
         assert!(h.manifest("main").is_some());
     });
 }
+
+#[test]
+fn injected_ec2_throttling_is_retried_by_the_binary() {
+    need_root();
+    let (_g, m) = moto::lock();
+    rt().block_on(async {
+        let (ec2, _) = clients(&m.url).await;
+        let name = "throttle.k8s.local";
+        let c = Cluster::new(&m.url, name, &[("main", &[("a", "cp-a")])], "");
+        let h = host::host(&ec2, "us-east-1a", "cp-a").await;
+        let d = LoopDev::new(64);
+        let vid = create_volume(&ec2, "us-east-1a", &etcd_tags(name, "main", "a", &["a"])).await;
+        h.link(&vid, &d.dev);
+        let t = std::time::Instant::now();
+        let out = c.command(&h, &["--once"]).env("PROTOKUBE_INJECT_EC2_THROTTLES", "4").output().expect("run");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).lines().last(), Some("protokube: 1 volumes mounted, 1 manifests written, 2 dns records"));
+        let field = |k: &str| stderr.lines().rev().find_map(|l| l.split(&format!("{k}=")).nth(1)).and_then(|r| r.split_whitespace().next()).and_then(|n| n.parse::<u64>().ok());
+        let (calls, attempts) = (field("cloud_calls").expect("calls"), field("cloud_attempts").expect("attempts"));
+        assert_eq!(attempts, calls + 4, "4 throttled attempts retried: {stderr}");
+        assert!(t.elapsed() < std::time::Duration::from_secs(30));
+    });
+}
