@@ -603,7 +603,7 @@ fn require_root() -> anyhow::Result<()> {
     if uid != "0" {
         bail!("keelson-local needs root (network namespaces, loop devices, systemd-nspawn)");
     }
-    for (tool, pkg) in [("systemd-nspawn", "systemd-container"), ("debootstrap", "debootstrap"), ("losetup", "mount"), ("ip", "iproute2"), ("etcdctl", "etcd-client")] {
+    for (tool, pkg) in [("systemd-nspawn", "systemd-container"), ("debootstrap", "debootstrap"), ("losetup", "mount"), ("ip", "iproute2"), ("apt-get", "apt"), ("dpkg-deb", "dpkg")] {
         if cmd::which(tool).is_none() && !Path::new("/usr/sbin").join(tool).exists() {
             bail!("{tool} is missing: apt-get install {pkg} (scripts/test installs it)");
         }
@@ -741,6 +741,9 @@ pub fn up(spec_path: &Path, timeout: Duration) -> anyhow::Result<()> {
                     println!("keelson-local: {} is up: {} machines, control plane healthy ({:.0} s)", cs.name, cs.machines.len(), t0.elapsed().as_secs_f64());
                     return Ok(());
                 }
+                if let Some(blocker) = blocker(&cs) {
+                    bail!("blocked by a missing piece: {blocker}\n(cluster left up for inspection: `keelson-local ps`, then `keelson-local down`)");
+                }
                 let p = h.problems.join("; ");
                 if p != last_problems && t0.elapsed() > Duration::from_secs(5) {
                     eprintln!("keelson-local: [{:>5.1} s] waiting: {p}", t0.elapsed().as_secs_f64());
@@ -760,6 +763,24 @@ fn tail(path: &Path, n: usize) -> String {
     let t = fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = t.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Known failures of the product that no amount of waiting fixes, found in a machine's boot log.
+pub fn blocker(cs: &ClusterState) -> Option<String> {
+    const KNOWN: &[(&str, &str)] = &[
+        ("s3:// is not built in", "nodeup cannot read an s3:// ConfigBase (issue 3: `ConfigBase` from `s3://` via aws-sdk-s3); the spec's state store is in S3. Until it can, KEELSON_LOCAL_CONFIGBASE_OVER_HTTP=1 makes the harness serve a copy of the state store over HTTP"),
+        ("ConfigBase s3://", "protokube cannot read an s3:// ConfigBase (issue 4); KEELSON_LOCAL_CONFIGBASE_OVER_HTTP=1 is the harness's stop-gap"),
+    ];
+    for m in &cs.machines {
+        let Some(pid) = m.init_pid.filter(|p| cmd::alive(*p)) else { continue };
+        let log = machine::exec_in(pid, &["journalctl", "-b", "--no-pager", "-o", "cat", "-u", "keelson-user-data", "-u", "protokube"]).unwrap_or_default();
+        for (needle, what) in KNOWN {
+            if let Some(line) = log.lines().find(|l| l.contains(needle)) {
+                return Some(format!("{what}\n  {}: {}", m.instance_id, line.trim()));
+            }
+        }
+    }
+    None
 }
 
 /// What went wrong inside the machines: failed units and the tail of the boot journal.

@@ -1,0 +1,64 @@
+//! Shared by the end-to-end tests: root check, running the `keelson-local` binary, and a guard
+//! that runs `keelson-local down` whatever happens.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+pub fn exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_keelson-local"))
+}
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+pub fn require_root() {
+    let uid = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
+        .unwrap_or_default();
+    assert_eq!(uid, "0", "the local cloud needs root (network namespaces, loop devices, systemd-nspawn); run scripts/test as root");
+    let py = keelson_local::moto::python();
+    assert!(py.exists(), "moto is needed: {} is missing (scripts/test creates the venv; or set KEELSON_PYTHON)", py.display());
+}
+
+/// Runs `keelson-local down` on drop and checks nothing is left behind.
+pub struct Down;
+
+impl Drop for Down {
+    fn drop(&mut self) {
+        let out = Command::new(exe()).arg("down").output();
+        if let Ok(o) = out {
+            eprintln!("keelson-local down: {}", String::from_utf8_lossy(&o.stdout).trim());
+        }
+    }
+}
+
+/// Run `keelson-local ARGS`, echoing its output (so a failing test shows why).
+pub fn run(args: &[&str]) -> Output {
+    let out = Command::new(exe())
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .expect("run keelson-local");
+    eprintln!("$ keelson-local {}\n{}{}", args.join(" "), String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr).lines().filter(|l| !l.contains("Failed to kill control group")).collect::<Vec<_>>().join("\n"));
+    out
+}
+
+/// After `down`: no namespaces, links, loop devices, mounts or processes of the local cloud.
+pub fn assert_nothing_left() {
+    let ns = keelson_local::net::our_namespaces();
+    assert!(ns.is_empty(), "namespaces left behind: {ns:?}");
+    let links = keelson_local::net::our_links();
+    assert!(links.iter().all(|l| !l.starts_with("klv") && l != "klbr0"), "links left behind: {links:?}");
+    let state = keelson_local::paths::state_dir();
+    let loops = keelson_local::volumes::loops_under(&state);
+    assert!(loops.is_empty(), "loop devices left behind: {loops:?}");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    assert!(!mounts.contains(&state.to_string_lossy().to_string()), "mounts left under {}", state.display());
+    assert!(!state.exists(), "state directory {} left behind", state.display());
+}
