@@ -69,6 +69,9 @@ pub struct ClusterState {
     pub groups: BTreeMap<String, i32>,
     #[serde(default)]
     pub events: Vec<String>,
+    /// Running instances in moto.
+    #[serde(default)]
+    pub instances: usize,
 }
 
 impl ClusterState {
@@ -523,14 +526,10 @@ impl Daemon {
         self.cs.exposed = self.exposed.clone();
         self.cs.failed = self.failed.lock().map(|f| f.clone()).unwrap_or_default();
         self.cs.events = self.events.lock().map(|e| e.clone()).unwrap_or_default();
-        let mut groups = BTreeMap::new();
-        for i in instances.iter().filter(|i| i.state == "running") {
-            *groups.entry(i.group()).or_insert(0) += 1;
-        }
         if let Ok(g) = self.cloud.groups() {
-            groups = g.into_iter().map(|(n, d, _)| (n, d)).collect();
+            self.cs.groups = g.into_iter().map(|(n, d, _)| (n, d)).collect();
         }
-        self.cs.groups = groups;
+        self.cs.instances = instances.iter().filter(|i| i.state == "running").count();
         self.cs.save(&self.state);
     }
 
@@ -952,7 +951,8 @@ fn member_sets(cs: &ClusterState, m: &MachineInfo) -> Option<BTreeMap<String, Ve
     let mut out = BTreeMap::new();
     for c in &cs.etcd_clusters {
         let ep = etcd::endpoint(&m.root, c)?;
-        out.insert(c.clone(), etcd::members(pid, &ep)?.into_iter().map(|(n, _)| n).collect());
+        // Name and member id: a member that was removed and re-added would keep its name only.
+        out.insert(c.clone(), etcd::members(pid, &ep)?.into_iter().map(|(n, id)| format!("{n}/{id}")).collect());
     }
     Some(out)
 }

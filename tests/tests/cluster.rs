@@ -3,7 +3,7 @@
 //! then check, from moto and from inside the machines: each control plane mounted its own
 //! member's etcd volumes; etcd main and events are healthy 3-member clusters; the DNS records in
 //! Route53 and the names the machines resolve point at the live IPs; containerd runs everywhere.
-//! `down` then leaves nothing behind.
+//! `kill` of a node gets it replaced; `down` then leaves nothing behind.
 
 mod support;
 
@@ -112,6 +112,26 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     let text = String::from_utf8_lossy(&ps.stdout);
     for m in &cs.machines {
         assert!(text.contains(&m.instance_id), "ps does not list {}", m.instance_id);
+    }
+
+    // 6. kill: a terminated node's machine and namespace go away; its group's replacement boots
+    //    and runs containerd.
+    let victim = nodes[0].clone();
+    let out = support::run(&["kill", &victim.instance_id]);
+    assert!(out.status.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let cs = ClusterState::load(&State::new(paths::state_dir())).expect("cluster.json");
+        let gone = !cs.machines.iter().any(|m| m.instance_id == victim.instance_id)
+            && !keelson_local::net::our_namespaces().contains(&victim.netns);
+        let replaced = cs.machines.iter().filter(|m| m.role == "node").filter(|m| {
+            m.init_pid.is_some_and(|p| machine::exec_in(p, &["ctr", "version"]).is_ok())
+        }).count() == 3;
+        if gone && replaced {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "node {} not replaced within 120 s (gone={gone}, replaced={replaced})", victim.instance_id);
+        std::thread::sleep(Duration::from_millis(500));
     }
 
     drop(down);
