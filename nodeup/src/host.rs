@@ -5,6 +5,17 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
+/// True when nodeup runs inside a container (systemd's `/run/systemd/container` marker, or
+/// `container=` in init's environment), where kernel modules and global sysctls belong to the host.
+fn in_container() -> bool {
+    if Path::new("/run/systemd/container").exists() {
+        return true;
+    }
+    std::fs::read("/proc/1/environ")
+        .map(|env| env.split(|b| *b == 0).any(|kv| kv.starts_with(b"container=")))
+        .unwrap_or(false)
+}
+
 /// The host being configured.
 #[derive(Debug)]
 pub struct Host {
@@ -50,10 +61,23 @@ impl Host {
             return Ok(());
         }
         let (prog, args) = argv.split_first().ok_or_else(|| CommandError { argv: line.clone(), message: "empty".into() })?;
+        if *prog == "modprobe" && args.len() == 1 && Path::new("/sys/module").join(args[0]).exists() {
+            tracing::debug!("kernel module {} already loaded", args[0]);
+            return Ok(());
+        }
         let out = Command::new(prog)
             .args(args)
             .output()
             .map_err(|e| CommandError { argv: line.clone(), message: e.to_string() })?;
+        if !out.status.success() && matches!(*prog, "sysctl" | "modprobe") && in_container() {
+            // In a container the host kernel owns modules and non-namespaced sysctls; the
+            // namespaced ones were applied, the rest are the host's to set.
+            tracing::warn!(
+                "`{line}` failed inside a container ({}): leaving it to the host kernel",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            return Ok(());
+        }
         if !out.status.success() {
             return Err(CommandError {
                 argv: line,
