@@ -954,37 +954,29 @@ impl Versions {
     }
 }
 
+/// `version` must be at least `min` (a pre-release of `min` counts as older, as in blang semver).
+fn at_least(version: &str, min: (u64, u64, u64)) -> Result<bool, String> {
+    let sv = SemVer::parse_tolerant(version).map_err(|reason| format!("unable to parse: {reason}"))?;
+    let (a, b, c) = min;
+    Ok(!(sv.core_lt(a, b, c) || ((sv.major, sv.minor, sv.patch) == min && sv.pre.is_some())))
+}
+
 fn check_containerd_version(version: &str) -> Result<(), VersionsError> {
-    let sv = SemVer::parse_tolerant(version).map_err(|reason| {
-        VersionsError::UnsupportedContainerdVersion {
-            version: version.to_string(),
-            reason: format!("unable to parse: {reason}"),
-        }
-    })?;
-    // blang semver: a pre-release of 2.1.0 is < 2.1.0.
-    if sv.core_lt(2, 1, 0) || ((sv.major, sv.minor, sv.patch) == (2, 1, 0) && sv.pre.is_some()) {
-        return Err(VersionsError::UnsupportedContainerdVersion {
-            version: version.to_string(),
-            reason: "unsupported legacy containerd version (kOps requires >= 2.1.0)".to_string(),
-        });
+    let err = |reason: String| VersionsError::UnsupportedContainerdVersion { version: version.to_string(), reason };
+    match at_least(version, (2, 1, 0)) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(err("unsupported legacy containerd version (kOps requires >= 2.1.0)".to_string())),
+        Err(reason) => Err(err(reason)),
     }
-    Ok(())
 }
 
 fn check_runc_version(version: &str) -> Result<(), VersionsError> {
-    let sv = SemVer::parse_tolerant(version).map_err(|reason| {
-        VersionsError::UnsupportedRuncVersion {
-            version: version.to_string(),
-            reason: format!("unable to parse: {reason}"),
-        }
-    })?;
-    if sv.core_lt(1, 1, 0) || ((sv.major, sv.minor, sv.patch) == (1, 1, 0) && sv.pre.is_some()) {
-        return Err(VersionsError::UnsupportedRuncVersion {
-            version: version.to_string(),
-            reason: "kOps requires runc >= 1.1.0".to_string(),
-        });
+    let err = |reason: String| VersionsError::UnsupportedRuncVersion { version: version.to_string(), reason };
+    match at_least(version, (1, 1, 0)) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(err("kOps requires runc >= 1.1.0".to_string())),
+        Err(reason) => Err(err(reason)),
     }
-    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
