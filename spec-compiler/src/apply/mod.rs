@@ -9,6 +9,7 @@
 pub mod aws;
 pub mod cli;
 pub mod gce;
+pub mod iam_policy;
 pub mod model;
 pub mod plan;
 pub mod state_store;

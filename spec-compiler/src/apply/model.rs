@@ -25,6 +25,8 @@ pub enum ModelError {
     UnsupportedCloud { cluster: String, cloud: String },
     #[error("Cluster/{cluster}: {field}: required for apply")]
     Missing { cluster: String, field: String },
+    #[error("Cluster/{cluster}: {field}: {message}")]
+    Field { cluster: String, field: String, message: String },
     #[error("InstanceGroup/{group}: {field}: {message}")]
     Group { group: String, field: String, message: String },
     #[error("InstanceGroup/{group}: no user-data was compiled (give --nodeup-asset ARCH=SHA256@URL for the nodeup build instances boot)")]
@@ -48,6 +50,69 @@ pub struct Network {
     /// `spec.networkID`: use this VPC, never create or delete it.
     pub existing_id: Option<String>,
     pub subnets: Vec<Subnet>,
+    /// Internet gateway, NAT gateways and route tables: only for a VPC apply creates (an existing
+    /// VPC keeps its own routing).
+    pub routing: Option<Routing>,
+}
+
+/// Egress for a VPC apply creates (kOps' layout): one internet gateway and one public route table
+/// for the Public/Utility subnets; per zone with Private subnets a NAT gateway (with its elastic IP)
+/// in that zone's Utility subnet and a private route table sending 0.0.0.0/0 to it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Routing {
+    pub internet_gateway: String,
+    pub nat_gateways: Vec<NatGateway>,
+    pub route_tables: Vec<RouteTable>,
+    pub tags: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct NatGateway {
+    /// `<zone>.<cluster>`; its elastic IP has the same name.
+    pub name: String,
+    pub zone: String,
+    /// Cloud name of the Utility subnet it sits in.
+    pub subnet: String,
+    pub tags: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteTable {
+    pub name: String,
+    pub routes: Vec<Route>,
+    /// Cloud names of the subnets associated with it.
+    pub subnets: Vec<String>,
+    pub tags: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Route {
+    pub cidr: String,
+    pub target: RouteTarget,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum RouteTarget {
+    /// The cluster's internet gateway (by name).
+    InternetGateway(String),
+    /// A NAT gateway apply creates (by name).
+    NatGateway(String),
+    /// `egress: nat-…` — an existing NAT gateway id.
+    ExistingNatGateway(String),
+    /// `egress: i-…` — an existing NAT instance id.
+    Instance(String),
+}
+
+impl RouteTarget {
+    /// The comparable form used in plans: `igw:<name>`, `nat:<name>`, `nat-id:<id>`, `instance:<id>`.
+    pub fn label(&self) -> String {
+        match self {
+            RouteTarget::InternetGateway(n) => format!("igw:{n}"),
+            RouteTarget::NatGateway(n) => format!("nat:{n}"),
+            RouteTarget::ExistingNatGateway(id) => format!("nat-id:{id}"),
+            RouteTarget::Instance(id) => format!("instance:{id}"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -61,12 +126,15 @@ pub struct Subnet {
     /// `Public`, `Private`, `Utility`, …
     pub kind: String,
     pub existing_id: Option<String>,
+    /// `egress`: `nat-…`, `i-…` or `External` (routing left to the user).
+    pub egress: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SecurityGroup {
     pub name: String,
-    pub role: Role,
+    /// The instance-group role it protects (`None` for the API load balancer's group).
+    pub role: Option<Role>,
     pub description: String,
     pub tags: BTreeMap<String, String>,
     pub ingress: Vec<IngressRule>,
@@ -141,6 +209,9 @@ pub struct AutoscalingGroup {
     /// Cloud names of the subnets (AWS) / the zones (GCE).
     pub subnets: Vec<String>,
     pub zones: Vec<String>,
+    /// Target groups (names) the group's instances register with: the API load balancer's for
+    /// control-plane groups.
+    pub target_groups: Vec<String>,
     /// Tags propagated at launch.
     pub tags: BTreeMap<String, String>,
 }
@@ -168,6 +239,61 @@ pub struct Dns {
     pub private: bool,
     /// A records created with [`PLACEHOLDER_IP`] (protokube owns the value afterwards).
     pub records: Vec<String>,
+    /// Alias records pointing at the API load balancer.
+    pub alias_records: Vec<String>,
+}
+
+/// An IAM role with its inline policy, and the instance profile of the same name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IamRole {
+    /// `masters.<cluster>` / `nodes.<cluster>` (64 characters at most, kOps' truncation).
+    pub name: String,
+    pub role: Role,
+    /// Managed policies attached (`spec.externalPolicies`).
+    pub managed_policies: Vec<String>,
+    /// `spec.additionalPolicies` statements for this role, appended to the generated policy.
+    pub additional_statements: Vec<serde_json::Value>,
+    pub permissions_boundary: Option<String>,
+    pub tags: BTreeMap<String, String>,
+}
+
+/// The API's network load balancer (`spec.api.loadBalancer`, class Network).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiLoadBalancer {
+    /// The `Name` tag: `api.<cluster>`.
+    pub name: String,
+    /// The AWS name: `api-<cluster with dashes>`, 32 characters with kOps' hash suffix.
+    pub aws_name: String,
+    pub internal: bool,
+    /// Cloud names of its subnets (one per zone).
+    pub subnets: Vec<String>,
+    /// Its security groups (names, or ids given in the spec).
+    pub security_groups: Vec<String>,
+    pub cross_zone: bool,
+    /// The TCP 443 target group the control-plane groups register with.
+    pub target_group: String,
+    pub tags: BTreeMap<String, String>,
+    pub target_group_tags: BTreeMap<String, String>,
+}
+
+/// kOps' name truncation: cut to fit `max` and append `-` + 6 characters of the FNV-32a hash
+/// (base32hex, lower case) — always when `always_hash`, else only when too long.
+pub fn truncate_name(s: &str, max: usize, always_hash: bool) -> String {
+    if !always_hash && s.len() <= max {
+        return s.to_string();
+    }
+    let mut h: u32 = 0x811c_9dc5;
+    for b in s.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    // Base32hex of the 4 big-endian bytes: 32 bits → the first 6 of 7 five-bit digits.
+    const ALPHABET: &[u8; 32] = b"0123456789abcdefghijklmnopqrstuv";
+    let bits = u64::from(h) << 3; // 35 bits, padded with zeros
+    let hash: String = (0..6).map(|i| ALPHABET[((bits >> (30 - 5 * i)) & 31) as usize] as char).collect();
+    let keep = max - hash.len() - 1;
+    let base: String = s.chars().take(keep).collect();
+    format!("{base}-{hash}")
 }
 
 /// Everything apply manages for one cluster.
@@ -184,6 +310,10 @@ pub struct ClusterModel {
     pub groups: Vec<AutoscalingGroup>,
     pub volumes: Vec<EtcdVolume>,
     pub dns: Option<Dns>,
+    pub iam_roles: Vec<IamRole>,
+    pub load_balancer: Option<ApiLoadBalancer>,
+    /// The hosted zone's id is only known to the target; the policies that name it are built there.
+    pub policy_inputs: super::iam_policy::PolicyInputs,
     /// etcd cluster names (for the CA keysets).
     pub etcd_clusters: Vec<String>,
     /// The `state/` subtree of the compiled output, keys relative to ConfigBase.
@@ -267,6 +397,7 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
                 cidr: s.cidr.clone(),
                 kind: s.type_.clone().unwrap_or_else(|| "Public".into()),
                 existing_id: s.id.clone(),
+                egress: s.egress.clone(),
             }
         })
         .collect();
@@ -280,11 +411,16 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
             return Err(missing("spec.networkCIDR (or spec.networkID)"));
         }
     }
+    let routing = match (cloud, &spec.network_id) {
+        (CloudKind::Aws, None) => Some(routing(&cluster, &subnets)?),
+        _ => None,
+    };
     let network = Network {
         name: cluster.clone(),
         cidr: spec.network_cidr.map(|c| c.to_string()),
         existing_id: spec.network_id.clone(),
         subnets,
+        routing,
     };
 
     let cloud_labels = spec.cloud_labels.clone().unwrap_or_default();
@@ -294,7 +430,9 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
     let group_names: Vec<String> = roles.iter().map(|&r| format!("{}.{cluster}", role_plural(r))).collect();
     let ssh = spec.ssh_access.clone().unwrap_or_default();
     let api = spec.kubernetes_api_access.clone().unwrap_or_default();
-    let security_groups = roles
+    let lb_spec = spec.api.as_ref().and_then(|a| a.load_balancer.clone()).filter(|_| cloud == CloudKind::Aws);
+    let lb_sg_name = format!("api-elb.{cluster}");
+    let mut security_groups: Vec<SecurityGroup> = roles
         .iter()
         .map(|&role| {
             let name = format!("{}.{cluster}", role_plural(role));
@@ -313,11 +451,18 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
                 group_names.iter().map(|g| rule("all", -1, -1, RuleSource::Group(g.clone()))).collect();
             ingress.extend(ssh.iter().map(|c| rule("tcp", 22, 22, RuleSource::Cidr(c.clone()))));
             if matches!(role, Role::ControlPlane | Role::ApiServer) {
-                ingress.extend(api.iter().map(|c| rule("tcp", 443, 443, RuleSource::Cidr(c.clone()))));
+                // Behind a load balancer the API is reached through it (kOps: https-elb-to-master).
+                match &lb_spec {
+                    Some(lb) if lb.security_group_override.is_none() => {
+                        ingress.push(rule("tcp", 443, 443, RuleSource::Group(lb_sg_name.clone())))
+                    }
+                    Some(_) => {}
+                    None => ingress.extend(api.iter().map(|c| rule("tcp", 443, 443, RuleSource::Cidr(c.clone())))),
+                }
             }
             ingress.sort();
             ingress.dedup();
-            SecurityGroup { description: format!("Security group for {}", role_plural(role)), name, role, tags, ingress }
+            SecurityGroup { description: format!("Security group for {}", role_plural(role)), name, role: Some(role), tags, ingress }
         })
         .collect();
 
@@ -406,6 +551,7 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
             max_size: g.max_size.unwrap_or(min_size),
             subnets: subnet_names,
             zones,
+            target_groups: Vec::new(),
             tags,
         });
     }
@@ -462,6 +608,43 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
         }
     }
 
+    let load_balancer = match &lb_spec {
+        Some(lb) => Some(api_load_balancer(&cluster, lb, &network, &docs.instance_groups, &cloud_labels)?),
+        None => None,
+    };
+    if let (Some(_), Some(spec_lb)) = (&load_balancer, &lb_spec) {
+        if spec_lb.security_group_override.is_none() {
+            let mut tags = cloud_labels.clone();
+            tags.extend(cluster_tags(&cluster, &lb_sg_name));
+            let mut ingress: Vec<IngressRule> = api
+                .iter()
+                .map(|c| IngressRule {
+                    group: lb_sg_name.clone(),
+                    protocol: "tcp".into(),
+                    from_port: 443,
+                    to_port: 443,
+                    source: RuleSource::Cidr(c.clone()),
+                })
+                .collect();
+            ingress.sort();
+            ingress.dedup();
+            security_groups.push(SecurityGroup {
+                name: lb_sg_name.clone(),
+                role: None,
+                description: "Security group for api ELB".into(),
+                tags,
+                ingress,
+            });
+        }
+    }
+    if let Some(lb) = &load_balancer {
+        for g in groups.iter_mut().filter(|g| matches!(g.role, Role::ControlPlane | Role::ApiServer)) {
+            g.target_groups.push(lb.target_group.clone());
+        }
+    }
+    let iam_roles = iam_roles(&cluster, spec, &docs.instance_groups, &cloud_labels)?;
+    let policy_inputs = super::iam_policy::PolicyInputs::new(&cluster, &region, &config_base, spec);
+
     let dns_type = spec.topology.as_ref().and_then(|t| t.dns.as_ref()).and_then(|d| d.type_.clone());
     let dns = if dns_type.as_deref() == Some("None") || cluster.ends_with(".k8s.local") {
         None
@@ -481,7 +664,14 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
         }
         records.sort();
         records.dedup();
-        Some(Dns { zone: spec.dns_zone.clone(), private: dns_type.as_deref() == Some("Private"), records })
+        // With a load balancer the public API name is an alias to it (protokube leaves it alone).
+        let mut alias_records = Vec::new();
+        if load_balancer.is_some() {
+            let public = spec.master_public_name.clone().unwrap_or_else(|| format!("api.{cluster}"));
+            records.retain(|r| r != &public);
+            alias_records.push(public);
+        }
+        Some(Dns { zone: spec.dns_zone.clone(), private: dns_type.as_deref() == Some("Private"), records, alias_records })
     };
 
     let state = tree
@@ -502,9 +692,231 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
         groups,
         volumes,
         dns,
+        iam_roles,
+        load_balancer,
+        policy_inputs,
         etcd_clusters,
         state,
     })
+}
+
+/// One role (and instance profile) per instance-group role whose groups use the managed profile.
+fn iam_roles(
+    cluster: &str,
+    spec: &keelson_api::generated::ClusterSpec,
+    groups: &[InstanceGroup],
+    cloud_labels: &BTreeMap<String, String>,
+) -> Result<Vec<IamRole>, ModelError> {
+    let mut roles: Vec<Role> =
+        groups.iter().filter(|g| g.spec.iam.as_ref().and_then(|i| i.profile.as_ref()).is_none()).filter_map(InstanceGroup::role).collect();
+    roles.sort();
+    roles.dedup();
+    let key = |r: Role| match r {
+        Role::ControlPlane => ["control-plane", "master"],
+        Role::Node => ["node", "node"],
+        Role::ApiServer => ["apiserver", "apiserver"],
+        Role::Bastion => ["bastion", "bastion"],
+    };
+    let mut out = Vec::new();
+    for role in roles {
+        let name = truncate_name(&format!("{}.{cluster}", role_plural(role)), 64, false);
+        let mut tags = cloud_labels.clone();
+        tags.extend(cluster_tags(cluster, &name));
+        let mut additional_statements = Vec::new();
+        for k in key(role) {
+            if let Some(text) = spec.additional_policies.as_ref().and_then(|m| m.get(k)) {
+                let parsed: Vec<serde_json::Value> = serde_json::from_str(text).map_err(|e| ModelError::Field {
+                    cluster: cluster.to_string(),
+                    field: format!("spec.additionalPolicies.{k}"),
+                    message: format!("expected a JSON list of IAM policy statements: {e}"),
+                })?;
+                additional_statements.extend(parsed);
+            }
+        }
+        let mut managed_policies: Vec<String> =
+            key(role).iter().filter_map(|k| spec.external_policies.as_ref().and_then(|m| m.get(*k))).flatten().cloned().collect();
+        managed_policies.sort();
+        managed_policies.dedup();
+        out.push(IamRole {
+            name,
+            role,
+            managed_policies,
+            additional_statements,
+            permissions_boundary: spec.iam.as_ref().and_then(|i| i.permissions_boundary.clone()),
+            tags,
+        });
+    }
+    Ok(out)
+}
+
+/// The API load balancer of `spec.api.loadBalancer` (kOps' NLB layout).
+fn api_load_balancer(
+    cluster: &str,
+    lb: &keelson_api::generated::LoadBalancerAccessSpec,
+    network: &Network,
+    groups: &[InstanceGroup],
+    cloud_labels: &BTreeMap<String, String>,
+) -> Result<ApiLoadBalancer, ModelError> {
+    let field = |f: &str, message: &str| ModelError::Field {
+        cluster: cluster.to_string(),
+        field: format!("spec.api.loadBalancer.{f}"),
+        message: message.to_string(),
+    };
+    match lb.class.as_deref() {
+        Some("Network") => {}
+        Some("Classic") | None => {
+            return Err(field(
+                "class",
+                "Classic: AWS Classic Load Balancers are no longer supported for the API (as in kOps); set class: Network",
+            ))
+        }
+        Some(other) => return Err(field("class", &format!("{other:?}: expected Network"))),
+    }
+    if lb.ssl_certificate.is_some() {
+        return Err(field("sslCertificate", "a TLS listener is not supported by keelson apply yet; remove it"));
+    }
+    if lb.use_for_internal_api == Some(true) {
+        return Err(field("useForInternalApi", "not supported by keelson apply yet (protokube keeps api.internal pointed at the members)"));
+    }
+    let internal = match lb.type_.as_deref() {
+        Some("Public") | None => false,
+        Some("Internal") => true,
+        Some(other) => return Err(field("type", &format!("{other:?}: expected Public or Internal"))),
+    };
+    let subnets: Vec<String> = match &lb.subnets {
+        Some(list) if !list.is_empty() => list
+            .iter()
+            .map(|s| {
+                let n = s.name.clone().unwrap_or_default();
+                network
+                    .subnets
+                    .iter()
+                    .find(|x| x.spec_name == n)
+                    .map(|x| x.cloud_name.clone())
+                    .ok_or_else(|| field("subnets", &format!("no subnet named {n:?} in spec.subnets")))
+            })
+            .collect::<Result<_, _>>()?,
+        _ => {
+            // One subnet per zone: Public/Utility for a public balancer, Private/DualStack for an
+            // internal one; Utility first, then subnets the control plane uses, then by name.
+            let cp_subnets: Vec<String> = groups
+                .iter()
+                .filter(|g| g.role() == Some(Role::ControlPlane))
+                .flat_map(|g| g.spec.subnets.clone().unwrap_or_default())
+                .collect();
+            let mut best: BTreeMap<String, (i32, &Subnet)> = BTreeMap::new();
+            for s in &network.subnets {
+                let score = match (internal, s.kind.as_str()) {
+                    (false, "Utility") => 3,
+                    (false, "Public") => 0,
+                    (true, "DualStack") => 2,
+                    (true, "Private") => 0,
+                    _ => continue,
+                } + i32::from(cp_subnets.contains(&s.spec_name));
+                let zone = s.zone.clone().unwrap_or_default();
+                let better = match best.get(&zone) {
+                    None => true,
+                    Some((b, cur)) => score > *b || (score == *b && s.spec_name < cur.spec_name),
+                };
+                if better {
+                    best.insert(zone, (score, s));
+                }
+            }
+            best.values().map(|(_, s)| s.cloud_name.clone()).collect()
+        }
+    };
+    if subnets.is_empty() {
+        return Err(field(
+            "type",
+            &format!("no {} subnet for the load balancer", if internal { "Private" } else { "Public or Utility" }),
+        ));
+    }
+    let mut security_groups = vec![lb.security_group_override.clone().unwrap_or_else(|| format!("api-elb.{cluster}"))];
+    security_groups.extend(lb.additional_security_groups.clone().unwrap_or_default());
+    let name = format!("api.{cluster}");
+    let dashed = cluster.replace('.', "-");
+    let target_group = truncate_name(&format!("tcp-{dashed}"), 32, true);
+    let mut tags = cloud_labels.clone();
+    tags.extend(cluster_tags(cluster, &name));
+    let mut target_group_tags = cloud_labels.clone();
+    target_group_tags.extend(cluster_tags(cluster, &target_group));
+    Ok(ApiLoadBalancer {
+        name,
+        aws_name: truncate_name(&format!("api-{dashed}"), 32, true),
+        internal,
+        subnets,
+        security_groups,
+        cross_zone: lb.cross_zone_load_balancing.unwrap_or(false),
+        target_group,
+        tags,
+        target_group_tags,
+    })
+}
+
+/// The routing of a VPC apply creates (see [`Routing`]).
+fn routing(cluster: &str, subnets: &[Subnet]) -> Result<Routing, ModelError> {
+    let tags = |name: &str, role: &str| {
+        let mut t = cluster_tags(cluster, name);
+        t.insert("kubernetes.io/kops/role".into(), role.into());
+        t
+    };
+    let internet_gateway = cluster.to_string();
+    let is_public = |s: &Subnet| matches!(s.kind.as_str(), "Public" | "Utility");
+    let mut route_tables = vec![RouteTable {
+        name: cluster.to_string(),
+        routes: vec![Route { cidr: "0.0.0.0/0".into(), target: RouteTarget::InternetGateway(internet_gateway.clone()) }],
+        subnets: subnets.iter().filter(|s| is_public(s)).map(|s| s.cloud_name.clone()).collect(),
+        tags: tags(cluster, "public"),
+    }];
+    let mut nat_gateways: Vec<NatGateway> = Vec::new();
+    let mut private_zones: BTreeMap<String, Vec<&Subnet>> = BTreeMap::new();
+    for s in subnets.iter().filter(|s| matches!(s.kind.as_str(), "Private" | "DualStack")) {
+        if s.egress.as_deref() == Some("External") {
+            continue;
+        }
+        private_zones.entry(s.zone.clone().unwrap_or_default()).or_default().push(s);
+    }
+    for (zone, private) in private_zones {
+        let name = format!("private-{zone}.{cluster}");
+        // One egress per zone: the first subnet that names one wins, else a NAT gateway we create.
+        let target = match private.iter().find_map(|s| s.egress.clone()) {
+            Some(e) if e.starts_with("nat-") => RouteTarget::ExistingNatGateway(e),
+            Some(e) if e.starts_with("i-") => RouteTarget::Instance(e),
+            Some(e) => {
+                return Err(ModelError::Field {
+                    cluster: cluster.to_string(),
+                    field: format!("spec.subnets[{}].egress", private[0].spec_name),
+                    message: format!("{e:?}: keelson apply supports nat-… (existing NAT gateway), i-… (NAT instance) or External"),
+                })
+            }
+            None => {
+                let utility = subnets.iter().find(|u| is_public(u) && u.zone.as_deref() == Some(zone.as_str())).ok_or_else(|| {
+                    ModelError::Missing {
+                        cluster: cluster.to_string(),
+                        field: format!(
+                            "spec.subnets: a Utility subnet in {zone} for the NAT gateway of private subnet {} (or set its egress)",
+                            private[0].spec_name
+                        ),
+                    }
+                })?;
+                let nat = format!("{zone}.{cluster}");
+                nat_gateways.push(NatGateway {
+                    name: nat.clone(),
+                    zone: zone.clone(),
+                    subnet: utility.cloud_name.clone(),
+                    tags: cluster_tags(cluster, &nat),
+                });
+                RouteTarget::NatGateway(nat)
+            }
+        };
+        route_tables.push(RouteTable {
+            name: name.clone(),
+            routes: vec![Route { cidr: "0.0.0.0/0".into(), target }],
+            subnets: private.iter().map(|s| s.cloud_name.clone()).collect(),
+            tags: tags(&name, &format!("private-{zone}")),
+        });
+    }
+    Ok(Routing { tags: cluster_tags(cluster, &internet_gateway), internet_gateway, nat_gateways, route_tables })
 }
 
 /// Parse the completed Cluster out of a compiled tree.

@@ -19,6 +19,10 @@ use super::model::{cluster_tags, ClusterModel, IngressRule, RuleSource, DNS_TTL,
 use super::plan::{Action, Change, Kind, Plan, Resource, Rolling};
 use super::state_store::{sha256_hex, StateStore, StoreError};
 
+mod iam;
+mod load_balancer;
+mod routing;
+
 /// At most this many pages are read from any listing (1000 items a page at most).
 const MAX_PAGES: usize = 200;
 
@@ -62,6 +66,8 @@ pub struct AwsTarget {
     pub asg: aws_sdk_autoscaling::Client,
     pub dns: Route53Dns,
     pub s3: aws_sdk_s3::Client,
+    pub iam: aws_sdk_iam::Client,
+    pub elb: aws_sdk_elasticloadbalancingv2::Client,
     pub counter: CallCounter,
     /// How long to keep retrying deletes that wait on dependents (instances terminating).
     pub dependency_retries: u32,
@@ -77,6 +83,8 @@ impl AwsTarget {
         let mut ec2 = aws_sdk_ec2::config::Builder::from(&conf);
         let mut asg = aws_sdk_autoscaling::config::Builder::from(&conf);
         let mut r53 = aws_sdk_route53::config::Builder::from(&conf);
+        let mut iam = aws_sdk_iam::config::Builder::from(&conf);
+        let mut elb = aws_sdk_elasticloadbalancingv2::config::Builder::from(&conf);
         let endpoint_override = opts.endpoint_url.is_some() || std::env::var_os("AWS_ENDPOINT_URL").is_some();
         let mut s3 = aws_sdk_s3::config::Builder::from(&conf)
             .force_path_style(endpoint_override)
@@ -87,12 +95,16 @@ impl AwsTarget {
             asg.push_interceptor(i.clone());
             r53.push_interceptor(i.clone());
             s3.push_interceptor(i.clone());
+            iam.push_interceptor(i.clone());
+            elb.push_interceptor(i.clone());
         }
         AwsTarget {
             ec2: aws_sdk_ec2::Client::from_conf(ec2.build()),
             asg: aws_sdk_autoscaling::Client::from_conf(asg.build()),
             dns: Route53Dns::new(aws_sdk_route53::Client::from_conf(r53.build())),
             s3: aws_sdk_s3::Client::from_conf(s3.build()),
+            iam: aws_sdk_iam::Client::from_conf(iam.build()),
+            elb: aws_sdk_elasticloadbalancingv2::Client::from_conf(elb.build()),
             counter,
             dependency_retries: 60,
             dependency_delay: Duration::from_secs(5),
@@ -118,13 +130,24 @@ pub struct Ids {
     pub security_groups: BTreeMap<String, String>,
     pub launch_templates: BTreeMap<String, String>,
     pub volumes: BTreeMap<String, String>,
+    pub internet_gateways: BTreeMap<String, String>,
+    /// Elastic IP name → allocation id.
+    pub elastic_ips: BTreeMap<String, String>,
+    pub nat_gateways: BTreeMap<String, String>,
+    pub route_tables: BTreeMap<String, String>,
+    /// Subnet (cloud name) → its explicit route-table association id.
+    pub route_associations: BTreeMap<String, String>,
+    /// Target group name → ARN.
+    pub target_groups: BTreeMap<String, String>,
+    /// Load balancer (model name) → (ARN, DNS name, canonical hosted zone id).
+    pub load_balancers: BTreeMap<String, (String, String, String)>,
 }
 
 impl Ids {
-    fn subnet_name(&self, id: &str) -> String {
+    pub(crate) fn subnet_name(&self, id: &str) -> String {
         self.subnets.iter().find(|(_, v)| v.as_str() == id).map(|(k, _)| k.clone()).unwrap_or_else(|| id.to_string())
     }
-    fn sg_name(&self, id: &str) -> String {
+    pub(crate) fn sg_name(&self, id: &str) -> String {
         self.security_groups.iter().find(|(_, v)| v.as_str() == id).map(|(k, _)| k.clone()).unwrap_or_else(|| id.to_string())
     }
 }
@@ -207,6 +230,7 @@ fn subnet_tags(model: &ClusterModel, name: &str, kind: &str) -> BTreeMap<String,
 /// The model as comparable resources (AWS flavour). Needs resolved image ids.
 pub fn desired(model: &ClusterModel, resolved: &Resolved) -> Vec<Resource> {
     let mut out = Vec::new();
+    iam::desired(model, resolved, &mut out);
     let net = &model.network;
     let vpc_name = net.existing_id.clone().unwrap_or_else(|| net.name.clone());
     if net.existing_id.is_none() {
@@ -227,12 +251,14 @@ pub fn desired(model: &ClusterModel, resolved: &Resolved) -> Vec<Resource> {
                 .tags(&subnet_tags(model, &s.cloud_name, &s.kind)),
         );
     }
+    routing::desired(model, &mut out);
     for sg in &model.security_groups {
         out.push(Resource::new(Kind::SecurityGroup, &sg.name).attr("vpc", &vpc_name).tags(&sg.tags));
         for rule in &sg.ingress {
             out.push(rule_resource(rule));
         }
     }
+    load_balancer::desired(model, &mut out);
     for lt in &model.launch_templates {
         let image = resolved.images.get(&lt.image).map(|(id, _)| id.clone()).unwrap_or_else(|| lt.image.clone());
         let mut sgs = lt.security_groups.clone();
@@ -258,14 +284,16 @@ pub fn desired(model: &ClusterModel, resolved: &Resolved) -> Vec<Resource> {
         out.push(r);
     }
     for g in &model.groups {
-        out.push(
-            Resource::new(Kind::AutoscalingGroup, &g.name)
-                .attr("min_size", g.min_size)
-                .attr("max_size", g.max_size)
-                .attr("launch_template", &g.launch_template)
-                .attr("subnets", join_sorted(g.subnets.iter().cloned()))
-                .tags(&g.tags),
-        );
+        let mut r = Resource::new(Kind::AutoscalingGroup, &g.name)
+            .attr("min_size", g.min_size)
+            .attr("max_size", g.max_size)
+            .attr("launch_template", &g.launch_template)
+            .attr("subnets", join_sorted(g.subnets.iter().cloned()))
+            .tags(&g.tags);
+        if !g.target_groups.is_empty() {
+            r = r.attr("target_groups", join_sorted(g.target_groups.iter().cloned()));
+        }
+        out.push(r);
     }
     for v in &model.volumes {
         let mut r = Resource::new(Kind::Volume, &v.name)
@@ -285,6 +313,11 @@ pub fn desired(model: &ClusterModel, resolved: &Resolved) -> Vec<Resource> {
     if let (Some(dns), Some(_)) = (&model.dns, &resolved.zone) {
         for name in &dns.records {
             out.push(Resource::new(Kind::DnsRecord, name).attr("type", "A").attr("value", PLACEHOLDER_IP));
+        }
+        if let Some(lb) = &model.load_balancer {
+            for name in &dns.alias_records {
+                out.push(Resource::new(Kind::DnsRecord, name).attr("type", "A").attr("alias", &lb.name));
+            }
         }
     }
     out
@@ -355,6 +388,7 @@ impl AwsTarget {
             }
         }
 
+        iam::discover(self, model, &mut d).await?;
         let vpcs = self.ec2.describe_vpcs().filters(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeVpcs", cluster, e))?;
         for v in vpcs.vpcs() {
             let tags = tags_of(v.tags());
@@ -406,6 +440,7 @@ impl AwsTarget {
                     .tags(&tags)
             });
         }
+        routing::discover(self, model, &mut d).await?;
         let sgs = self
             .ec2
             .describe_security_groups()
@@ -453,6 +488,7 @@ impl AwsTarget {
             }
         }
 
+        load_balancer::discover(self, model, &mut d).await?;
         let lts = self
             .ec2
             .describe_launch_templates()
@@ -537,15 +573,22 @@ impl AwsTarget {
                     .map(|id| d.ids.subnet_name(id));
                 let lt = g.launch_template().and_then(|l| l.launch_template_name()).unwrap_or_default();
                 d.instances.insert(name.clone(), g.instances().iter().filter_map(|i| i.instance_id().map(str::to_string)).collect());
-                d.resources.push(Resource {
-                    id: Some(name.clone()),
-                    ..Resource::new(Kind::AutoscalingGroup, &name)
-                        .attr("min_size", g.min_size().unwrap_or_default())
-                        .attr("max_size", g.max_size().unwrap_or_default())
-                        .attr("launch_template", lt)
-                        .attr("subnets", join_sorted(subnets))
-                        .tags(&tags)
-                });
+                let target_groups: Vec<String> = g
+                    .target_group_arns()
+                    .iter()
+                    .map(|arn| d.ids.target_groups.iter().find(|(_, v)| *v == arn).map(|(k, _)| k.clone()).unwrap_or_else(|| arn.clone()))
+                    .collect();
+                let mut r = Resource::new(Kind::AutoscalingGroup, &name)
+                    .attr("min_size", g.min_size().unwrap_or_default())
+                    .attr("max_size", g.max_size().unwrap_or_default())
+                    .attr("launch_template", lt)
+                    .attr("subnets", join_sorted(subnets))
+                    .tags(&tags);
+                if !target_groups.is_empty() {
+                    r = r.attr("target_groups", join_sorted(target_groups));
+                }
+                r.id = Some(name.clone());
+                d.resources.push(r);
             }
             token = resp.next_token().map(str::to_string);
             if token.is_none() {
@@ -602,6 +645,7 @@ impl AwsTarget {
                     d.resources.push(r);
                 }
             }
+            load_balancer::discover_aliases(self, model, zone, &mut d).await?;
         }
         Ok(d)
     }
@@ -717,7 +761,7 @@ impl AwsTarget {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     let text = e.to_string();
-                    if !(text.contains("DependencyViolation") || text.contains("InvalidGroup.InUse") || text.contains("ResourceInUse")) {
+                    if !(text.contains("DependencyViolation") || text.contains("InUse") || text.contains("ResourceInUse")) {
                         return Err(e);
                     }
                     tracing::info!(what, attempt, "waiting for dependents to go away");
@@ -764,6 +808,17 @@ impl AwsTarget {
         let actual_id = c.actual.as_ref().and_then(|a| a.id.clone());
         let only_tags = matches!(&c.action, Action::Update(f) if f.iter().all(|f| f.field.starts_with("tags[")));
         match (c.kind, &c.action) {
+            (Kind::IamRole | Kind::IamInstanceProfile, _) => self.execute_iam(model, resolved, c).await?,
+            (Kind::TargetGroup | Kind::LoadBalancer, _) => self.execute_load_balancer(model, c, ids).await?,
+            (Kind::DnsRecord, _) if c.desired.as_ref().or(c.actual.as_ref()).is_some_and(|r| r.attrs.contains_key("alias"))
+                || c.actual.as_ref().and_then(|a| a.id.as_deref()).is_some_and(|id| id.starts_with("alias|"))
+                || model.dns.as_ref().is_some_and(|d| d.alias_records.contains(&c.name)) =>
+            {
+                self.execute_alias(&resolved.zone.clone().unwrap_or_default(), c, ids).await?;
+            }
+            (Kind::InternetGateway | Kind::ElasticIp | Kind::NatGateway | Kind::RouteTable, _) => {
+                self.execute_routing(model, c, ids).await?;
+            }
             (Kind::StateFile, Action::Create | Action::Update(_)) => {
                 let bytes = model.state.get(name).cloned().unwrap_or_default();
                 store.put(name, &bytes).await?;
@@ -936,12 +991,42 @@ impl AwsTarget {
                             .build(),
                     )
                     .vpc_zone_identifier(subnets)
+                    .set_target_group_arns(Some(self.target_group_arns(ids, &attr("target_groups"), name)?))
                     .set_tags(Some(asg_tags(name, &tags)))
                     .send()
                     .await
                     .map_err(|e| api("CreateAutoScalingGroup", name, e))?;
             }
             (Kind::AutoscalingGroup, Action::Update(fields)) => {
+                if fields.iter().any(|f| f.field == "target_groups") {
+                    let want = self.target_group_arns(ids, &attr("target_groups"), name)?;
+                    let have = self.target_group_arns(
+                        ids,
+                        &c.actual.as_ref().and_then(|a| a.attrs.get("target_groups")).cloned().unwrap_or_default(),
+                        name,
+                    )?;
+                    let attach: Vec<String> = want.iter().filter(|a| !have.contains(a)).cloned().collect();
+                    let detach: Vec<String> = have.iter().filter(|a| !want.contains(a)).cloned().collect();
+                    if !attach.is_empty() {
+                        self.asg
+                            .attach_load_balancer_target_groups()
+                            .auto_scaling_group_name(name)
+                            .set_target_group_arns(Some(attach))
+                            .send()
+                            .await
+                            .map_err(|e| api("AttachLoadBalancerTargetGroups", name, e))?;
+                    }
+                    if !detach.is_empty() {
+                        self.asg
+                            .detach_load_balancer_target_groups()
+                            .auto_scaling_group_name(name)
+                            .set_target_group_arns(Some(detach))
+                            .send()
+                            .await
+                            .map_err(|e| api("DetachLoadBalancerTargetGroups", name, e))?;
+                    }
+                }
+                let only_tags = fields.iter().all(|f| f.field.starts_with("tags[") || f.field == "target_groups");
                 if !only_tags {
                     let subnets = self.subnet_ids(ids, &attr("subnets"), name)?;
                     self.asg
@@ -1103,6 +1188,24 @@ impl AwsTarget {
             .await
             .map_err(|e| api("ModifyVpcAttribute", name, e))?;
         Ok(())
+    }
+
+    /// Target-group ARNs for names (an ARN given directly is kept).
+    fn target_group_arns(&self, ids: &Ids, names: &str, asg: &str) -> Result<Vec<String>, AwsError> {
+        names
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .map(|n| {
+                if n.starts_with("arn:") {
+                    return Ok(n.to_string());
+                }
+                ids.target_groups.get(n).cloned().ok_or_else(|| AwsError::Missing {
+                    kind: "TargetGroup",
+                    name: n.to_string(),
+                    message: format!("needed by autoscaling group {asg}"),
+                })
+            })
+            .collect()
     }
 
     fn subnet_ids(&self, ids: &Ids, names: &str, asg: &str) -> Result<String, AwsError> {

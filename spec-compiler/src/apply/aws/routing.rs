@@ -1,0 +1,416 @@
+//! Egress of a VPC apply creates: the internet gateway, elastic IPs and NAT gateways, and route
+//! tables with their routes and subnet associations (model: [`crate::apply::model::Routing`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use aws_sdk_ec2::types as ec2_t;
+
+use super::{api, cluster_filter, tag_spec, tags_of, AwsError, AwsTarget, Discovered, Ids};
+use crate::apply::model::ClusterModel;
+use crate::apply::plan::{Action, Change, Kind, Resource};
+
+/// `0.0.0.0/0=igw:<name>,…` — the comparable form of a route list.
+fn routes_attr(routes: impl IntoIterator<Item = (String, String)>) -> String {
+    let set: BTreeSet<String> = routes.into_iter().map(|(cidr, target)| format!("{cidr}={target}")).collect();
+    set.into_iter().collect::<Vec<_>>().join(",")
+}
+
+fn split_list(v: &str) -> BTreeSet<String> {
+    v.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect()
+}
+
+pub(super) fn desired(model: &ClusterModel, out: &mut Vec<Resource>) {
+    let Some(routing) = &model.network.routing else { return };
+    let vpc = &model.network.name;
+    out.push(Resource::new(Kind::InternetGateway, &routing.internet_gateway).attr("vpc", vpc).tags(&routing.tags));
+    for nat in &routing.nat_gateways {
+        out.push(Resource::new(Kind::ElasticIp, &nat.name).attr("domain", "vpc").tags(&nat.tags));
+        out.push(Resource::new(Kind::NatGateway, &nat.name).attr("subnet", &nat.subnet).attr("eip", &nat.name).tags(&nat.tags));
+    }
+    for rt in &routing.route_tables {
+        out.push(
+            Resource::new(Kind::RouteTable, &rt.name)
+                .attr("vpc", vpc)
+                .attr("routes", routes_attr(rt.routes.iter().map(|r| (r.cidr.clone(), r.target.label()))))
+                .attr("subnets", rt.subnets.iter().cloned().collect::<BTreeSet<_>>().into_iter().collect::<Vec<_>>().join(","))
+                .tags(&rt.tags),
+        );
+    }
+}
+
+/// Internet gateways, elastic IPs, NAT gateways and route tables tagged for the cluster.
+/// Needs the VPC and subnet ids already discovered.
+pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
+    let cluster = &model.cluster;
+    let vpc_name = |ids: &Ids, id: &str| if ids.vpc.as_deref() == Some(id) { model.network.name.clone() } else { id.to_string() };
+
+    let igws =
+        t.ec2.describe_internet_gateways().filters(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeInternetGateways", cluster, e))?;
+    for g in igws.internet_gateways() {
+        let tags = tags_of(g.tags());
+        let name = tags.get("Name").cloned().unwrap_or_default();
+        let id = g.internet_gateway_id().unwrap_or_default().to_string();
+        let vpc = g.attachments().iter().find_map(|a| a.vpc_id()).map(|v| vpc_name(&d.ids, v)).unwrap_or_default();
+        d.ids.internet_gateways.insert(name.clone(), id.clone());
+        d.resources.push(Resource { id: Some(id), ..Resource::new(Kind::InternetGateway, name).attr("vpc", vpc).tags(&tags) });
+    }
+
+    let eips = t.ec2.describe_addresses().filters(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeAddresses", cluster, e))?;
+    for a in eips.addresses() {
+        let tags = tags_of(a.tags());
+        let name = tags.get("Name").cloned().unwrap_or_default();
+        let id = a.allocation_id().unwrap_or_default().to_string();
+        d.ids.elastic_ips.insert(name.clone(), id.clone());
+        let domain = a.domain().map(|d| d.as_str().to_string()).unwrap_or_else(|| "vpc".into());
+        d.resources.push(Resource { id: Some(id), ..Resource::new(Kind::ElasticIp, name).attr("domain", domain).tags(&tags) });
+    }
+
+    let nats = t.ec2.describe_nat_gateways().filter(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeNatGateways", cluster, e))?;
+    for n in nats.nat_gateways() {
+        // Deleted gateways stay visible for a while; they are gone for our purposes.
+        if matches!(n.state(), Some(ec2_t::NatGatewayState::Deleted | ec2_t::NatGatewayState::Deleting | ec2_t::NatGatewayState::Failed)) {
+            continue;
+        }
+        let tags = tags_of(n.tags());
+        let name = tags.get("Name").cloned().unwrap_or_default();
+        let id = n.nat_gateway_id().unwrap_or_default().to_string();
+        let eip = n
+            .nat_gateway_addresses()
+            .iter()
+            .find_map(|a| a.allocation_id())
+            .map(|alloc| d.ids.elastic_ips.iter().find(|(_, v)| v.as_str() == alloc).map(|(k, _)| k.clone()).unwrap_or_else(|| alloc.to_string()))
+            .unwrap_or_default();
+        d.ids.nat_gateways.insert(name.clone(), id.clone());
+        d.resources.push(Resource {
+            id: Some(id),
+            ..Resource::new(Kind::NatGateway, name)
+                .attr("subnet", d.ids.subnet_name(n.subnet_id().unwrap_or_default()))
+                .attr("eip", eip)
+                .tags(&tags)
+        });
+    }
+
+    let rts = t.ec2.describe_route_tables().filters(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeRouteTables", cluster, e))?;
+    for rt in rts.route_tables() {
+        let tags = tags_of(rt.tags());
+        let name = tags.get("Name").cloned().unwrap_or_default();
+        let id = rt.route_table_id().unwrap_or_default().to_string();
+        let mut routes = Vec::new();
+        for r in rt.routes() {
+            let Some(cidr) = r.destination_cidr_block() else { continue };
+            let target = if let Some(g) = r.gateway_id() {
+                if g == "local" {
+                    continue;
+                }
+                format!("igw:{}", name_of(&d.ids.internet_gateways, g))
+            } else if let Some(n) = r.nat_gateway_id() {
+                match d.ids.nat_gateways.iter().find(|(_, v)| v.as_str() == n) {
+                    Some((k, _)) => format!("nat:{k}"),
+                    None => format!("nat-id:{n}"),
+                }
+            } else if let Some(i) = r.instance_id() {
+                format!("instance:{i}")
+            } else {
+                continue;
+            };
+            routes.push((cidr.to_string(), target));
+        }
+        let mut subnets = BTreeSet::new();
+        for a in rt.associations() {
+            if a.main().unwrap_or(false) {
+                continue;
+            }
+            if let (Some(s), Some(assoc)) = (a.subnet_id(), a.route_table_association_id()) {
+                let subnet = d.ids.subnet_name(s);
+                d.ids.route_associations.insert(subnet.clone(), assoc.to_string());
+                subnets.insert(subnet);
+            }
+        }
+        d.ids.route_tables.insert(name.clone(), id.clone());
+        d.resources.push(Resource {
+            id: Some(id),
+            ..Resource::new(Kind::RouteTable, name)
+                .attr("vpc", vpc_name(&d.ids, rt.vpc_id().unwrap_or_default()))
+                .attr("routes", routes_attr(routes))
+                .attr("subnets", subnets.into_iter().collect::<Vec<_>>().join(","))
+                .tags(&tags)
+        });
+    }
+    Ok(())
+}
+
+fn name_of(map: &BTreeMap<String, String>, id: &str) -> String {
+    map.iter().find(|(_, v)| v.as_str() == id).map(|(k, _)| k.clone()).unwrap_or_else(|| id.to_string())
+}
+
+fn missing(kind: &'static str, name: &str, message: String) -> AwsError {
+    AwsError::Missing { kind, name: name.to_string(), message }
+}
+
+impl AwsTarget {
+    /// Create, update or delete one routing resource.
+    pub(super) async fn execute_routing(&self, model: &ClusterModel, c: &Change, ids: &mut Ids) -> Result<(), AwsError> {
+        let name = c.name.as_str();
+        let desired = c.desired.as_ref();
+        let attr = |k: &str| desired.and_then(|d| d.attrs.get(k)).cloned().unwrap_or_default();
+        let tags = desired.map(|d| d.tags.clone()).unwrap_or_default();
+        let actual_id = c.actual.as_ref().and_then(|a| a.id.clone()).unwrap_or_default();
+        let tag_change = matches!(&c.action, Action::Update(f) if f.iter().any(|f| f.field.starts_with("tags[")));
+        let field_changed = |field: &str| matches!(&c.action, Action::Update(f) if f.iter().any(|f| f.field == field));
+        let vpc = || ids.vpc.clone().ok_or_else(|| missing("VPC", &model.network.name, format!("needed by {name}")));
+        match (c.kind, &c.action) {
+            (Kind::InternetGateway, Action::Create) => {
+                let vpc = vpc()?;
+                let resp = self
+                    .ec2
+                    .create_internet_gateway()
+                    .tag_specifications(tag_spec(ec2_t::ResourceType::InternetGateway, &tags))
+                    .send()
+                    .await
+                    .map_err(|e| api("CreateInternetGateway", name, e))?;
+                let id = resp.internet_gateway().and_then(|g| g.internet_gateway_id()).unwrap_or_default().to_string();
+                ids.internet_gateways.insert(name.to_string(), id.clone());
+                self.ec2.attach_internet_gateway().internet_gateway_id(&id).vpc_id(vpc).send().await.map_err(|e| api("AttachInternetGateway", name, e))?;
+            }
+            (Kind::InternetGateway, Action::Update(_)) => {
+                if field_changed("vpc") {
+                    let vpc = vpc()?;
+                    self.ec2
+                        .attach_internet_gateway()
+                        .internet_gateway_id(&actual_id)
+                        .vpc_id(vpc)
+                        .send()
+                        .await
+                        .map_err(|e| api("AttachInternetGateway", name, e))?;
+                }
+                if tag_change {
+                    self.create_tags(&actual_id, &tags).await?;
+                }
+            }
+            (Kind::InternetGateway, Action::Delete) => {
+                if let Some(vpc) = &ids.vpc {
+                    let attached = c.actual.as_ref().and_then(|a| a.attrs.get("vpc")).is_some_and(|v| !v.is_empty());
+                    if attached {
+                        self.ec2
+                            .detach_internet_gateway()
+                            .internet_gateway_id(&actual_id)
+                            .vpc_id(vpc)
+                            .send()
+                            .await
+                            .map_err(|e| api("DetachInternetGateway", name, e))?;
+                    }
+                }
+                self.delete_with_retry(name, || async {
+                    self.ec2
+                        .delete_internet_gateway()
+                        .internet_gateway_id(&actual_id)
+                        .send()
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| api("DeleteInternetGateway", name, e))
+                })
+                .await?;
+            }
+            (Kind::ElasticIp, Action::Create) => {
+                let resp = self
+                    .ec2
+                    .allocate_address()
+                    .domain(ec2_t::DomainType::Vpc)
+                    .tag_specifications(tag_spec(ec2_t::ResourceType::ElasticIp, &tags))
+                    .send()
+                    .await
+                    .map_err(|e| api("AllocateAddress", name, e))?;
+                ids.elastic_ips.insert(name.to_string(), resp.allocation_id().unwrap_or_default().to_string());
+            }
+            (Kind::ElasticIp, Action::Update(_)) => {
+                if tag_change {
+                    self.create_tags(&actual_id, &tags).await?;
+                }
+            }
+            (Kind::ElasticIp, Action::Delete) => {
+                self.delete_with_retry(name, || async {
+                    self.ec2.release_address().allocation_id(&actual_id).send().await.map(|_| ()).map_err(|e| api("ReleaseAddress", name, e))
+                })
+                .await?;
+            }
+            (Kind::NatGateway, Action::Create) => {
+                let subnet = ids.subnets.get(&attr("subnet")).cloned().ok_or_else(|| missing("Subnet", &attr("subnet"), format!("needed by NAT gateway {name}")))?;
+                let eip = ids.elastic_ips.get(&attr("eip")).cloned().ok_or_else(|| missing("ElasticIP", &attr("eip"), format!("needed by NAT gateway {name}")))?;
+                let resp = self
+                    .ec2
+                    .create_nat_gateway()
+                    .subnet_id(subnet)
+                    .allocation_id(eip)
+                    .tag_specifications(tag_spec(ec2_t::ResourceType::Natgateway, &tags))
+                    .send()
+                    .await
+                    .map_err(|e| api("CreateNatGateway", name, e))?;
+                ids.nat_gateways.insert(name.to_string(), resp.nat_gateway().and_then(|n| n.nat_gateway_id()).unwrap_or_default().to_string());
+            }
+            (Kind::NatGateway, Action::Update(fields)) => {
+                if fields.iter().any(|f| !f.field.starts_with("tags[")) {
+                    // Subnet and address are fixed at creation: say so rather than replace egress silently.
+                    return Err(missing(
+                        "NATGateway",
+                        name,
+                        format!(
+                            "{} changed; a NAT gateway cannot be moved — delete it (keelson delete, or in the console) and apply again",
+                            fields.iter().map(|f| f.field.as_str()).collect::<Vec<_>>().join(", ")
+                        ),
+                    ));
+                }
+                self.create_tags(&actual_id, &tags).await?;
+            }
+            (Kind::NatGateway, Action::Delete) => {
+                self.ec2.delete_nat_gateway().nat_gateway_id(&actual_id).send().await.map_err(|e| api("DeleteNatGateway", name, e))?;
+                self.wait_nat_deleted(&actual_id, name).await?;
+            }
+            (Kind::RouteTable, Action::Create) => {
+                let resp = self
+                    .ec2
+                    .create_route_table()
+                    .vpc_id(vpc()?)
+                    .tag_specifications(tag_spec(ec2_t::ResourceType::RouteTable, &tags))
+                    .send()
+                    .await
+                    .map_err(|e| api("CreateRouteTable", name, e))?;
+                let id = resp.route_table().and_then(|r| r.route_table_id()).unwrap_or_default().to_string();
+                ids.route_tables.insert(name.to_string(), id.clone());
+                self.sync_routes(name, &id, "", &attr("routes"), ids).await?;
+                self.sync_associations(name, &id, "", &attr("subnets"), ids).await?;
+            }
+            (Kind::RouteTable, Action::Update(_)) => {
+                let actual = |k: &str| c.actual.as_ref().and_then(|a| a.attrs.get(k)).cloned().unwrap_or_default();
+                if field_changed("routes") {
+                    self.sync_routes(name, &actual_id, &actual("routes"), &attr("routes"), ids).await?;
+                }
+                if field_changed("subnets") {
+                    self.sync_associations(name, &actual_id, &actual("subnets"), &attr("subnets"), ids).await?;
+                }
+                if tag_change {
+                    self.create_tags(&actual_id, &tags).await?;
+                }
+            }
+            (Kind::RouteTable, Action::Delete) => {
+                let subnets = c.actual.as_ref().and_then(|a| a.attrs.get("subnets")).cloned().unwrap_or_default();
+                for s in split_list(&subnets) {
+                    if let Some(assoc) = ids.route_associations.remove(&s) {
+                        self.ec2
+                            .disassociate_route_table()
+                            .association_id(assoc)
+                            .send()
+                            .await
+                            .map_err(|e| api("DisassociateRouteTable", name, e))?;
+                    }
+                }
+                self.delete_with_retry(name, || async {
+                    self.ec2.delete_route_table().route_table_id(&actual_id).send().await.map(|_| ()).map_err(|e| api("DeleteRouteTable", name, e))
+                })
+                .await?;
+            }
+            (kind, _) => return Err(missing("routing", name, format!("{} is not a routing resource", kind.as_str()))),
+        }
+        Ok(())
+    }
+
+    /// Make the table's routes `want` (comparable form), given `have`.
+    async fn sync_routes(&self, name: &str, table: &str, have: &str, want: &str, ids: &Ids) -> Result<(), AwsError> {
+        let parse = |v: &str| -> BTreeMap<String, String> {
+            split_list(v).into_iter().filter_map(|r| r.split_once('=').map(|(a, b)| (a.to_string(), b.to_string()))).collect()
+        };
+        let (have, want) = (parse(have), parse(want));
+        for (cidr, target) in &want {
+            if have.get(cidr) == Some(target) {
+                continue;
+            }
+            let (kind, value) = target.split_once(':').unwrap_or(("", target));
+            let resolve = |map: &BTreeMap<String, String>, what: &'static str| {
+                map.get(value).cloned().ok_or_else(|| missing(what, value, format!("route {cidr} of {name}")))
+            };
+            let target_id = match kind {
+                "igw" => resolve(&ids.internet_gateways, "InternetGateway")?,
+                "nat" => resolve(&ids.nat_gateways, "NATGateway")?,
+                _ => value.to_string(),
+            };
+            let replace = have.contains_key(cidr);
+            macro_rules! send_route {
+                ($req:expr, $op:literal) => {{
+                    let req = $req.route_table_id(table).destination_cidr_block(cidr);
+                    let req = match kind {
+                        "igw" => req.gateway_id(&target_id),
+                        "nat" | "nat-id" => req.nat_gateway_id(&target_id),
+                        _ => req.instance_id(&target_id),
+                    };
+                    req.send().await.map(|_| ()).map_err(|e| api($op, name, e))?;
+                }};
+            }
+            if replace {
+                send_route!(self.ec2.replace_route(), "ReplaceRoute");
+            } else {
+                send_route!(self.ec2.create_route(), "CreateRoute");
+            }
+        }
+        for cidr in have.keys().filter(|c| !want.contains_key(*c)) {
+            self.ec2
+                .delete_route()
+                .route_table_id(table)
+                .destination_cidr_block(cidr)
+                .send()
+                .await
+                .map_err(|e| api("DeleteRoute", name, e))?;
+        }
+        Ok(())
+    }
+
+    /// Associate the subnets in `want` with the table (moving them from another table if needed)
+    /// and disassociate the ones only in `have`.
+    async fn sync_associations(&self, name: &str, table: &str, have: &str, want: &str, ids: &mut Ids) -> Result<(), AwsError> {
+        let (have, want) = (split_list(have), split_list(want));
+        for s in want.difference(&have) {
+            let subnet = ids.subnets.get(s).cloned().ok_or_else(|| missing("Subnet", s, format!("associated with route table {name}")))?;
+            let assoc = match ids.route_associations.get(s).cloned() {
+                Some(old) => self
+                    .ec2
+                    .replace_route_table_association()
+                    .association_id(old)
+                    .route_table_id(table)
+                    .send()
+                    .await
+                    .map_err(|e| api("ReplaceRouteTableAssociation", name, e))?
+                    .new_association_id()
+                    .unwrap_or_default()
+                    .to_string(),
+                None => self
+                    .ec2
+                    .associate_route_table()
+                    .route_table_id(table)
+                    .subnet_id(subnet)
+                    .send()
+                    .await
+                    .map_err(|e| api("AssociateRouteTable", name, e))?
+                    .association_id()
+                    .unwrap_or_default()
+                    .to_string(),
+            };
+            ids.route_associations.insert(s.clone(), assoc);
+        }
+        for s in have.difference(&want) {
+            if let Some(assoc) = ids.route_associations.remove(s) {
+                self.ec2.disassociate_route_table().association_id(assoc).send().await.map_err(|e| api("DisassociateRouteTable", name, e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// NAT gateways take minutes to delete; their subnet and address are busy until then (bounded).
+    async fn wait_nat_deleted(&self, id: &str, name: &str) -> Result<(), AwsError> {
+        for _ in 0..self.dependency_retries.max(1) {
+            let resp = self.ec2.describe_nat_gateways().nat_gateway_ids(id).send().await.map_err(|e| api("DescribeNatGateways", name, e))?;
+            if resp.nat_gateways().iter().all(|n| matches!(n.state(), Some(ec2_t::NatGatewayState::Deleted) | None)) {
+                return Ok(());
+            }
+            tokio::time::sleep(self.dependency_delay).await;
+        }
+        Err(missing("NATGateway", name, "still deleting; rerun delete later".into()))
+    }
+}

@@ -1,0 +1,340 @@
+//! IAM policy documents for the instance roles (kOps' strict policies, adjusted to what Keelson's
+//! agents read). No I/O: the AWS target and Terraform render the same documents.
+//!
+//! * Control plane: etcd volume attach/tag (protokube), the state store (nodeup, protokube),
+//!   Route53 on the cluster's zone (protokube), and what the AWS cloud-controller-manager and the
+//!   EBS CSI driver need — kOps' statement list, tag-conditioned the same way.
+//! * Nodes: read their own instance-group config, the cluster CA and the bootstrap token from the
+//!   state store (Keelson nodes boot from it; kOps nodes ask kops-controller instead), plus ECR
+//!   pulls when `spec.iam.allowContainerRegistry` is set.
+
+use serde_json::{json, Value};
+
+use keelson_api::Role;
+
+use super::model::IamRole;
+use super::state_store::parse_s3;
+
+/// What the documents depend on, taken from the completed spec.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PolicyInputs {
+    pub cluster: String,
+    /// `aws`, `aws-cn` or `aws-us-gov`.
+    pub partition: String,
+    pub region: String,
+    /// `(bucket, key prefix)` when ConfigBase is on S3.
+    pub state_store: Option<(String, String)>,
+    /// kubenet: the CCM manages VPC routes.
+    pub kubenet: bool,
+    pub allow_container_registry: bool,
+}
+
+impl PolicyInputs {
+    pub fn new(cluster: &str, region: &str, config_base: &str, spec: &keelson_api::ClusterSpec) -> PolicyInputs {
+        PolicyInputs {
+            cluster: cluster.to_string(),
+            partition: partition_of(region).to_string(),
+            region: region.to_string(),
+            state_store: parse_s3(config_base),
+            kubenet: spec.networking.as_ref().is_some_and(|n| n.kubenet.is_some()),
+            allow_container_registry: spec.iam.as_ref().and_then(|i| i.allow_container_registry).unwrap_or(false),
+        }
+    }
+}
+
+/// The AWS partition of a region.
+pub fn partition_of(region: &str) -> &'static str {
+    if region.starts_with("cn-") {
+        "aws-cn"
+    } else if region.starts_with("us-gov-") {
+        "aws-us-gov"
+    } else {
+        "aws"
+    }
+}
+
+/// Lets EC2 instances assume the role.
+pub fn assume_role_policy(partition: &str) -> Value {
+    let service = if partition == "aws-cn" { "ec2.amazonaws.com.cn" } else { "ec2.amazonaws.com" };
+    json!({
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Principal": {"Service": service}, "Action": "sts:AssumeRole"}],
+    })
+}
+
+fn statement(actions: &[&str], resources: Value, condition: Option<Value>) -> Value {
+    let mut actions: Vec<&str> = actions.to_vec();
+    actions.sort_unstable();
+    let mut s = json!({"Effect": "Allow", "Action": actions, "Resource": resources});
+    if let Some(c) = condition {
+        s["Condition"] = c;
+    }
+    s
+}
+
+/// The role's inline policy; `None` when it has no statements (then none is attached).
+/// `zone_id` is the hosted zone protokube writes to (control plane only).
+pub fn policy(role: &IamRole, p: &PolicyInputs, zone_id: Option<&str>) -> Option<Value> {
+    let mut statements = match role.role {
+        Role::ControlPlane | Role::ApiServer => control_plane(p, zone_id, role.role == Role::ControlPlane),
+        Role::Node => node(p),
+        Role::Bastion => Vec::new(),
+    };
+    statements.extend(role.additional_statements.iter().cloned());
+    if statements.is_empty() {
+        return None;
+    }
+    Some(json!({"Version": "2012-10-17", "Statement": statements}))
+}
+
+fn s3_arn(p: &PolicyInputs, bucket: &str, key: &str) -> String {
+    let key = key.trim_end_matches('/');
+    if key.is_empty() {
+        format!("arn:{}:s3:::{bucket}/*", p.partition)
+    } else {
+        format!("arn:{}:s3:::{bucket}/{key}/*", p.partition)
+    }
+}
+
+fn bucket_statement(p: &PolicyInputs, bucket: &str) -> Value {
+    statement(
+        &["s3:GetBucketLocation", "s3:GetEncryptionConfiguration", "s3:ListBucket", "s3:ListBucketVersions"],
+        json!([format!("arn:{}:s3:::{bucket}", p.partition)]),
+        None,
+    )
+}
+
+const ECR_READ: &[&str] = &[
+    "ecr:BatchCheckLayerAvailability",
+    "ecr:BatchGetImage",
+    "ecr:DescribeRepositories",
+    "ecr:GetAuthorizationToken",
+    "ecr:GetDownloadUrlForLayer",
+    "ecr:GetRepositoryPolicy",
+    "ecr:ListImages",
+];
+
+fn node(p: &PolicyInputs) -> Vec<Value> {
+    let mut out = Vec::new();
+    if let Some((bucket, key)) = &p.state_store {
+        let prefix = key.trim_end_matches('/');
+        let object = |rel: &str| {
+            if prefix.is_empty() {
+                format!("arn:{}:s3:::{bucket}/{rel}", p.partition)
+            } else {
+                format!("arn:{}:s3:::{bucket}/{prefix}/{rel}", p.partition)
+            }
+        };
+        out.push(statement(
+            &["s3:GetObject"],
+            json!([object("igconfig/node/*"), object("pki/issued/kubernetes-ca/*"), object("secrets/node-bootstrap-token")]),
+            None,
+        ));
+        out.push(bucket_statement(p, bucket));
+    }
+    if p.allow_container_registry {
+        out.push(statement(ECR_READ, json!("*"), None));
+    }
+    out
+}
+
+fn control_plane(p: &PolicyInputs, zone_id: Option<&str>, etcd: bool) -> Vec<Value> {
+    let c = &p.cluster;
+    let part = &p.partition;
+    let cluster_tag = json!({"StringEquals": {"aws:ResourceTag/KubernetesCluster": c}});
+    let request_tag = json!({"StringEquals": {"aws:RequestTag/KubernetesCluster": c}});
+    let mut out = Vec::new();
+    if etcd {
+        out.push(statement(
+            &["ec2:AttachVolume"],
+            json!(["*"]),
+            Some(json!({"StringEquals": {"aws:ResourceTag/KubernetesCluster": c, "aws:ResourceTag/k8s.io/role/master": "1"}})),
+        ));
+    }
+    if let Some((bucket, key)) = &p.state_store {
+        out.push(statement(&["s3:Get*"], json!(s3_arn(p, bucket, key)), None));
+        out.push(bucket_statement(p, bucket));
+    }
+    if let Some(zone) = zone_id {
+        let zone = zone.trim_start_matches('/').trim_start_matches("hostedzone/");
+        out.push(statement(
+            &["route53:ChangeResourceRecordSets", "route53:GetHostedZone", "route53:ListResourceRecordSets"],
+            json!([format!("arn:{part}:route53:::hostedzone/{zone}")]),
+            None,
+        ));
+        out.push(statement(&["route53:GetChange"], json!([format!("arn:{part}:route53:::change/*")]), None));
+        out.push(statement(&["route53:ListHostedZones", "route53:ListTagsForResource"], json!(["*"]), None));
+    }
+    let volumes = json!([format!("arn:{part}:ec2:*:*:snapshot/*"), format!("arn:{part}:ec2:*:*:volume/*")]);
+    let groups = json!([format!("arn:{part}:ec2:*:*:security-group/*")]);
+    let tag_on_create = |actions: &[&str]| {
+        json!({"StringEquals": {"aws:RequestTag/KubernetesCluster": c, "ec2:CreateAction": actions}})
+    };
+    let retag = json!({
+        "Null": {"aws:RequestTag/KubernetesCluster": "true"},
+        "StringEquals": {"aws:ResourceTag/KubernetesCluster": c},
+    });
+    out.push(statement(&["ec2:CreateTags"], volumes.clone(), Some(tag_on_create(&["CopyVolumes", "CreateVolume"]))));
+    out.push(statement(&["ec2:CreateTags", "ec2:DeleteTags"], volumes, Some(retag.clone())));
+    out.push(statement(&["ec2:CreateTags"], groups.clone(), Some(tag_on_create(&["CreateSecurityGroup"]))));
+    out.push(statement(&["ec2:CreateTags", "ec2:DeleteTags"], groups, Some(retag)));
+    out.push(statement(&["kms:CreateGrant"], json!("*"), Some(json!({"Bool": {"kms:GrantIsForAWSResource": "true"}}))));
+    out.push(statement(
+        &["kms:Decrypt", "kms:DescribeKey", "kms:Encrypt", "kms:GenerateDataKey*", "kms:ReEncrypt*"],
+        json!("*"),
+        Some(json!({"StringLike": {"kms:ViaService": [format!("ec2.{}.amazonaws.com", p.region), "s3.*.amazonaws.com"]}})),
+    ));
+    let mut describe = vec![
+        "autoscaling:DescribeAutoScalingGroups",
+        "autoscaling:DescribeAutoScalingInstances",
+        "autoscaling:DescribeLaunchConfigurations",
+        "autoscaling:DescribeScalingActivities",
+        "autoscaling:DescribeTags",
+        "ec2:DescribeAvailabilityZones",
+        "ec2:DescribeImages",
+        "ec2:DescribeInstanceTopology",
+        "ec2:DescribeInstanceTypes",
+        "ec2:DescribeInstances",
+        "ec2:DescribeLaunchTemplateVersions",
+        "ec2:DescribeRegions",
+        "ec2:DescribeRouteTables",
+        "ec2:DescribeSecurityGroups",
+        "ec2:DescribeSubnets",
+        "ec2:DescribeTags",
+        "ec2:DescribeVolumeStatus",
+        "ec2:DescribeVolumes",
+        "ec2:DescribeVolumesModifications",
+        "ec2:DescribeVpcs",
+        "ec2:GetInstanceTypesFromInstanceRequirements",
+        "elasticloadbalancing:DescribeListeners",
+        "elasticloadbalancing:DescribeLoadBalancerAttributes",
+        "elasticloadbalancing:DescribeLoadBalancerPolicies",
+        "elasticloadbalancing:DescribeLoadBalancers",
+        "elasticloadbalancing:DescribeTargetGroupAttributes",
+        "elasticloadbalancing:DescribeTargetGroups",
+        "elasticloadbalancing:DescribeTargetHealth",
+        "iam:CreateServiceLinkedRole",
+        "kms:DescribeKey",
+    ];
+    if p.allow_container_registry {
+        describe.extend_from_slice(ECR_READ);
+    }
+    out.push(statement(&describe, json!("*"), None));
+    let mut tagged = vec![
+        "autoscaling:SetDesiredCapacity",
+        "autoscaling:TerminateInstanceInAutoScalingGroup",
+        "ec2:AttachVolume",
+        "ec2:AuthorizeSecurityGroupIngress",
+        "ec2:DeleteSecurityGroup",
+        "ec2:DeleteVolume",
+        "ec2:DetachVolume",
+        "ec2:ModifyInstanceAttribute",
+        "ec2:ModifyVolume",
+        "ec2:RevokeSecurityGroupIngress",
+        "elasticloadbalancing:AddTags",
+        "elasticloadbalancing:ApplySecurityGroupsToLoadBalancer",
+        "elasticloadbalancing:AttachLoadBalancerToSubnets",
+        "elasticloadbalancing:ConfigureHealthCheck",
+        "elasticloadbalancing:CreateLoadBalancerListeners",
+        "elasticloadbalancing:CreateLoadBalancerPolicy",
+        "elasticloadbalancing:DeleteListener",
+        "elasticloadbalancing:DeleteLoadBalancer",
+        "elasticloadbalancing:DeleteLoadBalancerListeners",
+        "elasticloadbalancing:DeleteTargetGroup",
+        "elasticloadbalancing:DeregisterInstancesFromLoadBalancer",
+        "elasticloadbalancing:DeregisterTargets",
+        "elasticloadbalancing:DetachLoadBalancerFromSubnets",
+        "elasticloadbalancing:ModifyListener",
+        "elasticloadbalancing:ModifyLoadBalancerAttributes",
+        "elasticloadbalancing:ModifyTargetGroup",
+        "elasticloadbalancing:ModifyTargetGroupAttributes",
+        "elasticloadbalancing:RegisterInstancesWithLoadBalancer",
+        "elasticloadbalancing:RegisterTargets",
+        "elasticloadbalancing:SetLoadBalancerPoliciesForBackendServer",
+        "elasticloadbalancing:SetLoadBalancerPoliciesOfListener",
+    ];
+    if p.kubenet {
+        tagged.extend_from_slice(&["ec2:CreateRoute", "ec2:DeleteRoute"]);
+    }
+    out.push(statement(&tagged, json!("*"), Some(cluster_tag)));
+    out.push(statement(
+        &[
+            "ec2:CopyVolumes",
+            "ec2:CreateSecurityGroup",
+            "ec2:CreateVolume",
+            "elasticloadbalancing:CreateListener",
+            "elasticloadbalancing:CreateLoadBalancer",
+            "elasticloadbalancing:CreateTargetGroup",
+        ],
+        json!("*"),
+        Some(request_tag),
+    ));
+    out.push(statement(&["ec2:CreateSecurityGroup"], json!([format!("arn:{part}:ec2:*:*:vpc/*")]), None));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn role(r: Role) -> IamRole {
+        IamRole {
+            name: "x".into(),
+            role: r,
+            managed_policies: vec![],
+            additional_statements: vec![],
+            permissions_boundary: None,
+            tags: BTreeMap::new(),
+        }
+    }
+
+    fn inputs() -> PolicyInputs {
+        PolicyInputs {
+            cluster: "c.example.com".into(),
+            partition: "aws".into(),
+            region: "eu-west-1".into(),
+            state_store: Some(("bucket".into(), "c.example.com".into())),
+            kubenet: false,
+            allow_container_registry: false,
+        }
+    }
+
+    fn actions(doc: &Value) -> Vec<String> {
+        doc["Statement"].as_array().into_iter().flatten().flat_map(|s| s["Action"].as_array().cloned().unwrap_or_default()).filter_map(|a| a.as_str().map(str::to_string)).collect()
+    }
+
+    #[test]
+    fn control_plane_can_do_what_protokube_does_and_only_in_its_zone() {
+        let doc = policy(&role(Role::ControlPlane), &inputs(), Some("/hostedzone/Z123")).expect("policy");
+        let a = actions(&doc);
+        for needed in ["ec2:AttachVolume", "ec2:DescribeVolumes", "ec2:DescribeInstances", "route53:ChangeResourceRecordSets", "s3:Get*"] {
+            assert!(a.iter().any(|x| x == needed), "{needed} missing");
+        }
+        let text = doc.to_string();
+        assert!(text.contains("arn:aws:route53:::hostedzone/Z123\""), "{text}");
+        assert!(text.contains("arn:aws:s3:::bucket/c.example.com/*"), "{text}");
+        assert!(!a.iter().any(|x| x == "ec2:CreateRoute"), "no route management without kubenet");
+        assert!(policy(&role(Role::ControlPlane), &inputs(), None).expect("p").to_string().find("route53:Change").is_none());
+    }
+
+    #[test]
+    fn nodes_read_only_their_boot_files() {
+        let doc = policy(&role(Role::Node), &inputs(), Some("Z1")).expect("policy");
+        let text = doc.to_string();
+        assert!(text.contains("bucket/c.example.com/igconfig/node/*"), "{text}");
+        assert!(!text.contains("pki/private"), "{text}");
+        assert!(!text.contains("route53"), "{text}");
+        let no_store = PolicyInputs { state_store: None, ..inputs() };
+        assert_eq!(policy(&role(Role::Node), &no_store, None), None, "nothing to allow → no policy");
+        let ecr = PolicyInputs { allow_container_registry: true, ..no_store };
+        assert!(actions(&policy(&role(Role::Node), &ecr, None).expect("p")).contains(&"ecr:BatchGetImage".to_string()));
+    }
+
+    #[test]
+    fn china_uses_its_partition_and_service() {
+        assert_eq!(partition_of("cn-north-1"), "aws-cn");
+        assert!(assume_role_policy("aws-cn").to_string().contains("ec2.amazonaws.com.cn"));
+        assert_eq!(partition_of("us-gov-west-1"), "aws-us-gov");
+    }
+}
