@@ -439,7 +439,7 @@ impl Intercept for FailNthWrite {
     fn name(&self) -> &'static str {
         "test.FailNthWrite"
     }
-    fn read_before_execution(&self, _ctx: &BeforeSerializationInterceptorContextRef<'_>, cfg: &mut ConfigBag) -> Result<(), BoxError> {
+    fn read_before_serialization(&self, _ctx: &BeforeSerializationInterceptorContextRef<'_>, _rc: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents, cfg: &mut ConfigBag) -> Result<(), BoxError> {
         let op = cfg.load::<Metadata>().map(|m| m.name().to_string()).unwrap_or_default();
         if spec_compiler::apply::aws::is_write(&op) && self.seen.fetch_add(1, Ordering::SeqCst) + 1 == self.n {
             return Err(format!("injected failure of write #{} ({op})", self.n).into());

@@ -165,3 +165,18 @@ pub fn compile_options() -> spec_compiler::CompileOptions {
         ..Default::default()
     }
 }
+
+pub const HA_CLUSTER: &str = "ha.k8s.example.com";
+
+/// examples/ha.yaml (private topology, three zones, network load balancer) moved to us-east-1 and
+/// pointed at the test bucket, zone and image.
+pub fn ha_spec(ami: &str, edit: impl Fn(String) -> String) -> keelson_api::Documents {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/ha.yaml")).expect("example");
+    let text = text
+        .replace("eu-west-1", "us-east-1")
+        .replace("s3://acme-keelson-state/", &format!("s3://{BUCKET}/"))
+        .replace("099720109477/ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-20250610", ami)
+        .replace("  cloudProvider: aws\n", &format!("  cloudProvider: aws\n  dnsZone: {ZONE}\n"));
+    let text = edit(text);
+    spec_compiler::load::load_bytes(Path::new("ha.yaml"), text.as_bytes()).expect("test spec is valid")
+}
