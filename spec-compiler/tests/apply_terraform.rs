@@ -98,6 +98,28 @@ fn ha_terraform() {
     assert_eq!(vols["b-etcd-events-ha-k8s-example-com"]["tags"]["k8s.io/etcd/events"], "b/a,b,c");
     let nodes = resources(&root, "aws_autoscaling_group")["nodes-ha-k8s-example-com"];
     assert_eq!(nodes["vpc_zone_identifier"].as_array().map(Vec::len), Some(3));
+    assert!(nodes.get("target_group_arns").is_none());
+    // Private topology: one NAT gateway per zone, in the utility subnet, routed from the private table.
+    let nats = resources(&root, "aws_nat_gateway");
+    assert_eq!(nats.len(), 3);
+    assert_eq!(nats["eu-west-1a-ha-k8s-example-com"]["subnet_id"], "${aws_subnet.utility-eu-west-1a-ha-k8s-example-com.id}");
+    let routes = resources(&root, "aws_route");
+    assert_eq!(
+        routes["private-eu-west-1a-ha-k8s-example-com-0-0-0-0-0"]["nat_gateway_id"],
+        "${aws_nat_gateway.eu-west-1a-ha-k8s-example-com.id}"
+    );
+    assert_eq!(routes["ha-k8s-example-com-0-0-0-0-0"]["gateway_id"], "${aws_internet_gateway.ha-k8s-example-com.id}");
+    assert_eq!(resources(&root, "aws_route_table_association").len(), 6);
+    // The API load balancer and the control plane registered with it.
+    let lb = resources(&root, "aws_lb")["api-ha-k8s-example-com"];
+    assert_eq!(lb["load_balancer_type"], "network");
+    assert!(lb["name"].as_str().is_some_and(|n| n.len() <= 32));
+    let cp = resources(&root, "aws_autoscaling_group")["control-plane-eu-west-1a-ha-k8s-example-com"];
+    assert_eq!(cp["target_group_arns"][0], "${aws_lb_target_group.tcp-ha-k8s-example-com-d9eogn.arn}");
+    // IAM: the launch templates use the profiles Terraform creates.
+    assert_eq!(resources(&root, "aws_iam_role").len(), 2);
+    let lt = resources(&root, "aws_launch_template")["nodes-ha-k8s-example-com"];
+    assert_eq!(lt["iam_instance_profile"]["name"], "${aws_iam_instance_profile.nodes-ha-k8s-example-com.id}");
 }
 
 #[test]

@@ -927,3 +927,61 @@ pub fn completed_cluster(tree: &Tree) -> Result<Cluster, ModelError> {
         .ok_or_else(|| ModelError::Completed("missing from the compiled tree".into()))?;
     serde_yaml_ng::from_slice(bytes).map_err(|e| ModelError::Completed(e.to_string()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_truncated_with_kops_hash() {
+        assert_eq!(truncate_name("foo", 64, false), "foo");
+        assert_eq!(truncate_name("this_string_is_33_characters_long", 64, true), "this_string_is_33_characters_long-t4mk8d");
+        assert_eq!(truncate_name("this_string_is_longer_it_is_46_characters_long", 32, false), "this_string_is_longer_it_-ha2gug");
+        assert_eq!(
+            truncate_name("this_string_is_even_longer_due_to_extreme_verbosity_it_is_in_fact_84_characters_long", 64, false),
+            "this_string_is_even_longer_due_to_extreme_verbosity_it_is-7mc0g6"
+        );
+    }
+
+    fn subnet(name: &str, zone: &str, kind: &str, egress: Option<&str>) -> Subnet {
+        Subnet {
+            spec_name: name.into(),
+            cloud_name: format!("{name}.c"),
+            zone: Some(zone.into()),
+            region: None,
+            cidr: Some("10.0.0.0/24".into()),
+            kind: kind.into(),
+            existing_id: None,
+            egress: egress.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn private_zones_get_a_nat_in_their_utility_subnet_or_the_egress_they_name() {
+        let r = routing(
+            "c",
+            &[
+                subnet("a", "z-1a", "Private", None),
+                subnet("ua", "z-1a", "Utility", None),
+                subnet("b", "z-1b", "Private", Some("nat-0123")),
+                subnet("c", "z-1c", "Private", Some("i-0456")),
+                subnet("d", "z-1d", "Private", Some("External")),
+            ],
+        )
+        .expect("routing");
+        assert_eq!(r.nat_gateways.len(), 1);
+        assert_eq!(r.nat_gateways[0].subnet, "ua.c");
+        assert_eq!(r.route_tables[0].subnets, vec!["ua.c".to_string()]);
+        let targets: Vec<String> = r.route_tables.iter().map(|t| t.routes[0].target.label()).collect();
+        assert_eq!(targets, ["igw:c", "nat:z-1a.c", "nat-id:nat-0123", "instance:i-0456"]);
+        assert!(r.route_tables.iter().all(|t| !t.subnets.contains(&"d.c".to_string())), "External is left alone");
+    }
+
+    #[test]
+    fn a_private_zone_without_utility_subnet_or_egress_is_an_error_naming_it() {
+        let e = routing("c", &[subnet("a", "z-1a", "Private", None)]).expect_err("no NAT home");
+        assert!(e.to_string().contains("Utility subnet in z-1a"), "{e}");
+        let e = routing("c", &[subnet("a", "z-1a", "Private", Some("tgw-1"))]).expect_err("unsupported egress");
+        assert!(e.to_string().contains("spec.subnets[a].egress"), "{e}");
+    }
+}

@@ -5,7 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{json, Map, Value};
 
-use super::model::{cluster_tags, CloudKind, ClusterModel, DNS_TTL, PLACEHOLDER_IP};
+use super::iam_policy::{assume_role_policy, policy};
+use super::model::{cluster_tags, ApiLoadBalancer, CloudKind, ClusterModel, RouteTarget, Routing, DNS_TTL, PLACEHOLDER_IP};
 use crate::Tree;
 
 /// The main file's name inside `--out`.
@@ -132,6 +133,21 @@ fn render_aws(model: &ClusterModel) -> Tree {
         };
         subnet_ids.insert(s.cloud_name.clone(), id);
     }
+    if let Some(routing) = &net.routing {
+        render_routing(&mut b, routing, &vpc_id, &subnet_ids);
+    }
+    let zone_ref = match &model.dns {
+        Some(dns) => dns.zone.as_ref().map(|zone| {
+            let zone_body = if zone.starts_with('Z') && !zone.contains('.') {
+                json!({"zone_id": zone})
+            } else {
+                json!({"name": zone, "private_zone": dns.private})
+            };
+            b.add_data("aws_route53_zone", "dns-zone", zone_body)
+        }),
+        None => None,
+    };
+    let profile_refs = render_iam(&mut b, model, zone_ref.as_deref());
     let mut sg_ids: BTreeMap<String, String> = BTreeMap::new();
     for sg in &model.security_groups {
         let reference = b.add(
@@ -161,6 +177,7 @@ fn render_aws(model: &ClusterModel) -> Tree {
             b.add("aws_security_group_rule", &rule.name().replace(": ", "-").replace(' ', "-"), body);
         }
     }
+    let lb_refs = model.load_balancer.as_ref().map(|lb| render_load_balancer(&mut b, lb, &vpc_id, &subnet_ids, &sg_ids));
     let mut amis: BTreeMap<String, String> = BTreeMap::new();
     for lt in &model.launch_templates {
         if amis.contains_key(&lt.image) {
@@ -211,7 +228,7 @@ fn render_aws(model: &ClusterModel) -> Tree {
                 },
                 "block_device_mappings": [{"device_name": r(ami, "root_device_name"), "ebs": ebs}],
                 "vpc_security_group_ids": sgs,
-                "iam_instance_profile": {"name": lt.instance_profile},
+                "iam_instance_profile": {"name": profile_refs.get(&lt.instance_profile).cloned().unwrap_or_else(|| lt.instance_profile.clone())},
                 "user_data": user_data,
                 "tag_specifications": [
                     {"resource_type": "instance", "tags": tags_value(&lt.tags)},
@@ -228,18 +245,18 @@ fn render_aws(model: &ClusterModel) -> Tree {
         let tags: Vec<Value> =
             g.tags.iter().map(|(k, v)| json!({"key": k, "value": v, "propagate_at_launch": true})).collect();
         let subnets: Vec<String> = g.subnets.iter().map(|s| subnet_ids.get(s).cloned().unwrap_or_else(|| s.clone())).collect();
-        b.add(
-            "aws_autoscaling_group",
-            &g.name,
-            json!({
-                "name": g.name,
-                "min_size": g.min_size,
-                "max_size": g.max_size,
-                "vpc_zone_identifier": subnets,
-                "launch_template": {"id": r(&lt, "id"), "version": r(&lt, "latest_version")},
-                "tag": tags,
-            }),
-        );
+        let mut body = json!({
+            "name": g.name,
+            "min_size": g.min_size,
+            "max_size": g.max_size,
+            "vpc_zone_identifier": subnets,
+            "launch_template": {"id": r(&lt, "id"), "version": r(&lt, "latest_version")},
+            "tag": tags,
+        });
+        if let Some((tg, _)) = lb_refs.as_ref().filter(|_| !g.target_groups.is_empty()) {
+            body["target_group_arns"] = json!([r(tg, "arn")]);
+        }
+        b.add("aws_autoscaling_group", &g.name, body);
     }
     for v in &model.volumes {
         let mut body = json!({
@@ -260,14 +277,8 @@ fn render_aws(model: &ClusterModel) -> Tree {
         }
         b.add("aws_ebs_volume", &v.name, body);
     }
-    if let Some(dns) = &model.dns {
-        if let Some(zone) = &dns.zone {
-            let zone_body = if zone.starts_with('Z') && !zone.contains('.') {
-                json!({"zone_id": zone})
-            } else {
-                json!({"name": zone, "private_zone": dns.private})
-            };
-            let z = b.add_data("aws_route53_zone", "dns-zone", zone_body);
+    if let (Some(dns), Some(z)) = (&model.dns, &zone_ref) {
+        {
             for name in &dns.records {
                 b.add(
                     "aws_route53_record",
@@ -282,6 +293,20 @@ fn render_aws(model: &ClusterModel) -> Tree {
                         "lifecycle": {"ignore_changes": ["records"]},
                     }),
                 );
+            }
+            if let Some((_, lb)) = &lb_refs {
+                for name in &dns.alias_records {
+                    b.add(
+                        "aws_route53_record",
+                        name,
+                        json!({
+                            "zone_id": r(z, "zone_id"),
+                            "name": name,
+                            "type": "A",
+                            "alias": {"name": r(lb, "dns_name"), "zone_id": r(lb, "zone_id"), "evaluate_target_health": false},
+                        }),
+                    );
+                }
             }
         }
     }
@@ -300,6 +325,134 @@ fn render_aws(model: &ClusterModel) -> Tree {
         "provider": {"aws": [{"region": model.region}]},
         "locals": {"cluster_name": cluster, "region": model.region},
     }))
+}
+
+/// Internet gateway, elastic IPs, NAT gateways, route tables, routes and associations.
+fn render_routing(b: &mut Blocks, routing: &Routing, vpc_id: &str, subnet_ids: &BTreeMap<String, String>) {
+    let igw = b.add("aws_internet_gateway", &routing.internet_gateway, json!({"vpc_id": vpc_id, "tags": tags_value(&routing.tags)}));
+    let mut nats: BTreeMap<String, String> = BTreeMap::new();
+    for n in &routing.nat_gateways {
+        let eip = b.add("aws_eip", &n.name, json!({"domain": "vpc", "tags": tags_value(&n.tags)}));
+        let nat = b.add(
+            "aws_nat_gateway",
+            &n.name,
+            json!({
+                "allocation_id": r(&eip, "id"),
+                "subnet_id": subnet_ids.get(&n.subnet).cloned().unwrap_or_else(|| n.subnet.clone()),
+                "tags": tags_value(&n.tags),
+            }),
+        );
+        nats.insert(n.name.clone(), nat);
+    }
+    for rt in &routing.route_tables {
+        let table = b.add("aws_route_table", &rt.name, json!({"vpc_id": vpc_id, "tags": tags_value(&rt.tags)}));
+        for route in &rt.routes {
+            let mut body = json!({"route_table_id": r(&table, "id"), "destination_cidr_block": route.cidr});
+            match &route.target {
+                RouteTarget::InternetGateway(_) => body["gateway_id"] = json!(r(&igw, "id")),
+                RouteTarget::NatGateway(n) => body["nat_gateway_id"] = json!(nats.get(n).map(|x| r(x, "id")).unwrap_or_default()),
+                RouteTarget::ExistingNatGateway(id) => body["nat_gateway_id"] = json!(id),
+                RouteTarget::Instance(id) => body["network_interface_id"] = json!(format!("${{data.aws_instance.{}.network_interface_id}}", tf_name(id))),
+            }
+            if let RouteTarget::Instance(id) = &route.target {
+                b.add_data("aws_instance", id, json!({"instance_id": id}));
+            }
+            b.add("aws_route", &format!("{}-{}", rt.name, route.cidr), body);
+        }
+        for s in &rt.subnets {
+            b.add(
+                "aws_route_table_association",
+                &format!("{s}-{}", rt.name),
+                json!({
+                    "subnet_id": subnet_ids.get(s).cloned().unwrap_or_else(|| s.clone()),
+                    "route_table_id": r(&table, "id"),
+                }),
+            );
+        }
+    }
+}
+
+/// IAM roles, inline policies, managed-policy attachments and instance profiles; returns the
+/// profile references by name (launch templates use them so Terraform orders them first).
+fn render_iam(b: &mut Blocks, model: &ClusterModel, zone_ref: Option<&str>) -> BTreeMap<String, String> {
+    let mut profiles = BTreeMap::new();
+    let zone_id = zone_ref.map(|z| r(z, "zone_id"));
+    for role in &model.iam_roles {
+        let mut body = json!({
+            "name": role.name,
+            "assume_role_policy": serde_json::to_string(&assume_role_policy(&model.policy_inputs.partition)).unwrap_or_default(),
+            "tags": tags_value(&role.tags),
+        });
+        if let Some(boundary) = &role.permissions_boundary {
+            body["permissions_boundary"] = json!(boundary);
+        }
+        let role_ref = b.add("aws_iam_role", &role.name, body);
+        if let Some(doc) = policy(role, &model.policy_inputs, zone_id.as_deref()) {
+            b.add(
+                "aws_iam_role_policy",
+                &role.name,
+                json!({"name": role.name, "role": r(&role_ref, "name"), "policy": serde_json::to_string(&doc).unwrap_or_default()}),
+            );
+        }
+        for (i, arn) in role.managed_policies.iter().enumerate() {
+            b.add("aws_iam_role_policy_attachment", &format!("{}-{i}", role.name), json!({"role": r(&role_ref, "name"), "policy_arn": arn}));
+        }
+        let profile = b.add(
+            "aws_iam_instance_profile",
+            &role.name,
+            json!({"name": role.name, "role": r(&role_ref, "name"), "tags": tags_value(&role.tags)}),
+        );
+        profiles.insert(role.name.clone(), r(&profile, "id"));
+    }
+    profiles
+}
+
+/// The API's network load balancer, its target group and listener; returns (target group, balancer) references.
+fn render_load_balancer(
+    b: &mut Blocks,
+    lb: &ApiLoadBalancer,
+    vpc_id: &str,
+    subnet_ids: &BTreeMap<String, String>,
+    sg_ids: &BTreeMap<String, String>,
+) -> (String, String) {
+    let tg = b.add(
+        "aws_lb_target_group",
+        &lb.target_group,
+        json!({
+            "name": lb.target_group,
+            "port": 443,
+            "protocol": "TCP",
+            "vpc_id": vpc_id,
+            "deregistration_delay": "30",
+            "connection_termination": true,
+            "health_check": {"protocol": "TCP", "interval": 10, "healthy_threshold": 2, "unhealthy_threshold": 2},
+            "tags": tags_value(&lb.target_group_tags),
+        }),
+    );
+    let balancer = b.add(
+        "aws_lb",
+        &lb.name,
+        json!({
+            "name": lb.aws_name,
+            "internal": lb.internal,
+            "load_balancer_type": "network",
+            "subnets": lb.subnets.iter().map(|s| subnet_ids.get(s).cloned().unwrap_or_else(|| s.clone())).collect::<Vec<_>>(),
+            "security_groups": lb.security_groups.iter().map(|s| sg_ids.get(s).cloned().unwrap_or_else(|| s.clone())).collect::<Vec<_>>(),
+            "enable_cross_zone_load_balancing": lb.cross_zone,
+            "tags": tags_value(&lb.tags),
+        }),
+    );
+    b.add(
+        "aws_lb_listener",
+        &format!("{}-443", lb.name),
+        json!({
+            "load_balancer_arn": r(&balancer, "arn"),
+            "port": 443,
+            "protocol": "TCP",
+            "default_action": [{"type": "forward", "target_group_arn": r(&tg, "arn")}],
+        }),
+    );
+    (tg, balancer)
 }
 
 /// Every problem with a rendered Terraform tree: invalid JSON, references to resources, data
