@@ -50,6 +50,9 @@ enum Command {
     /// Plan the cloud resources of a spec (state store, launch templates, autoscaling groups, etcd
     /// volumes, DNS); `--yes` applies them; `--target terraform --out DIR` writes Terraform JSON.
     Apply(spec_compiler::apply::cli::ApplyArgs),
+    /// Replace instances that run an outdated launch template, one at a time per group, control
+    /// plane first; `--yes` replaces, otherwise the groups and what needs replacing are shown.
+    RollingUpdate(spec_compiler::apply::cli::RollingUpdateArgs),
     /// Plan deleting what apply created (found by the cluster tag); `--yes` deletes. etcd volumes
     /// are kept unless `--delete-volumes`.
     Delete(spec_compiler::apply::cli::DeleteArgs),
@@ -120,6 +123,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Apply(args) => spec_compiler::apply::cli::run_apply(args),
+        Command::RollingUpdate(args) => spec_compiler::apply::cli::run_rolling_update(args),
         Command::Delete(args) => spec_compiler::apply::cli::run_delete(args),
     }
 }

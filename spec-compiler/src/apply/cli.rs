@@ -42,6 +42,33 @@ pub struct Common {
     /// kOps-style feature flags; defaults to $KOPS_FEATURE_FLAGS.
     #[arg(long = "feature-flags", env = "KOPS_FEATURE_FLAGS", default_value = "")]
     pub feature_flags: String,
+    /// Remove the state-store lock a dead run left behind before taking it.
+    #[arg(long = "force-unlock")]
+    pub force_unlock: bool,
+}
+
+/// Run `work` holding the state-store lock (`--yes` runs only). The lock is released when the work
+/// ends, fails, or is interrupted with Ctrl-C.
+async fn with_lock<T>(
+    store: &StateStore,
+    operation: &str,
+    force_unlock: bool,
+    work: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
+    if force_unlock {
+        if let Some(holder) = store.force_unlock().await? {
+            eprintln!("keelson: removed the lock held by {holder}");
+        }
+    }
+    let lock = store.lock(operation).await?;
+    let result = tokio::select! {
+        r = work => r,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted; rerun to continue where this run stopped")),
+    };
+    let released = lock.release().await;
+    let value = result?;
+    released?;
+    Ok(value)
 }
 
 /// `keelson apply`.
@@ -70,6 +97,40 @@ pub struct DeleteArgs {
     /// Also delete the etcd volumes (the cluster's data).
     #[arg(long = "delete-volumes")]
     pub delete_volumes: bool,
+}
+
+/// `keelson rolling-update`.
+#[derive(Debug, clap::Args)]
+pub struct RollingUpdateArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Replace (without it, only the groups and what needs replacing are shown).
+    #[arg(long)]
+    pub yes: bool,
+    /// Only this instance group (repeatable).
+    #[arg(long = "instance-group")]
+    pub instance_groups: Vec<String>,
+    /// Replace every instance, outdated or not.
+    #[arg(long)]
+    pub force: bool,
+    /// Pause after each replacement is ready (Go duration).
+    #[arg(long, default_value = "15s", value_parser = go_duration)]
+    pub interval: std::time::Duration,
+    /// Longest wait for one replacement to be InService and validated.
+    #[arg(long = "validation-timeout", default_value = "15m", value_parser = go_duration)]
+    pub validation_timeout: std::time::Duration,
+    /// Poll period while waiting.
+    #[arg(long = "poll-interval", default_value = "10s", value_parser = go_duration)]
+    pub poll_interval: std::time::Duration,
+    /// A command that must exit 0 after each replacement before the next (e.g. a cluster health
+    /// check); split on whitespace.
+    #[arg(long = "validate-command")]
+    pub validate_command: Option<String>,
+}
+
+fn go_duration(s: &str) -> Result<std::time::Duration, String> {
+    let d: keelson_api::Duration = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    u64::try_from(d.as_nanos()).map(std::time::Duration::from_nanos).map_err(|_| format!("{s:?}: must not be negative"))
 }
 
 /// Parse `ARCH=SHA256@URL[,…]` items.
@@ -149,14 +210,17 @@ pub fn run_apply(args: ApplyArgs) -> anyhow::Result<ExitCode> {
                         None
                     };
                     let store = StateStore::open(&model.config_base, s3)?;
-                    for (rel, bytes) in &model.state {
-                        if store.get(rel).await?.as_deref() != Some(bytes.as_slice()) {
-                            store.put(rel, bytes).await?;
+                    with_lock(&store, "apply --target terraform", args.common.force_unlock, async {
+                        for (rel, bytes) in &model.state {
+                            if store.get(rel).await?.as_deref() != Some(bytes.as_slice()) {
+                                store.put(rel, bytes).await?;
+                            }
                         }
-                    }
-                    let created = super::state_store::ensure_pki(&store, &model.etcd_clusters, &NodeupPki).await?;
-                    println!("state store {}: up to date ({} keysets created)", store.describe(), created.len());
-                    Ok::<(), super::state_store::StoreError>(())
+                        let created = super::state_store::ensure_pki(&store, &model.etcd_clusters, &NodeupPki).await?;
+                        println!("state store {}: up to date ({} keysets created)", store.describe(), created.len());
+                        Ok(())
+                    })
+                    .await
                 })?;
             } else {
                 println!("state store not written (give --yes to write {})", model.config_base);
@@ -182,34 +246,93 @@ pub fn run_delete(args: DeleteArgs) -> anyhow::Result<ExitCode> {
 async fn direct_apply(args: &ApplyArgs, model: &super::model::ClusterModel) -> anyhow::Result<ExitCode> {
     let target = aws_target(&args.common, &model.region).await;
     let store = StateStore::open(&model.config_base, Some(target.s3.clone()))?;
-    let mut planned = super::plan_apply(&target, model, &store).await?;
-    print!("{}", planned.plan.render(color()));
     if !args.yes {
+        let planned = super::plan_apply(&target, model, &store).await?;
+        print!("{}", planned.plan.render(color()));
         if !planned.plan.is_empty() {
             println!("Run with --yes to apply.");
         }
         return Ok(ExitCode::SUCCESS);
     }
-    if planned.plan.is_empty() {
-        return Ok(ExitCode::SUCCESS);
-    }
-    let n = super::execute(&target, model, &store, &mut planned, &NodeupPki).await?;
-    println!("applied {n} changes to cluster {}", model.cluster);
+    // Plan under the lock, so the plan executed is the one computed against the current state.
+    with_lock(&store, "apply", args.common.force_unlock, async {
+        let mut planned = super::plan_apply(&target, model, &store).await?;
+        print!("{}", planned.plan.render(color()));
+        if planned.plan.is_empty() {
+            return Ok(());
+        }
+        let n = super::execute(&target, model, &store, &mut planned, &NodeupPki).await?;
+        println!("applied {n} changes to cluster {}", model.cluster);
+        if !planned.plan.rolling.is_empty() {
+            println!("Run `keelson rolling-update -f {} --yes` to replace the instances listed above.", args.common.file.display());
+        }
+        Ok(())
+    })
+    .await?;
     Ok(ExitCode::SUCCESS)
+}
+
+pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
+    let (docs, options) = match load(&args.common)? {
+        Ok(x) => x,
+        Err(code) => return Ok(code),
+    };
+    let file = args.common.file.display().to_string();
+    let (model, _) =
+        super::prepare_with(&docs, &options, false).with_context(|| format!("{file}: building the cloud model"))?;
+    if model.cloud != super::model::CloudKind::Aws {
+        anyhow::bail!("{file}: rolling-update supports AWS clusters only");
+    }
+    let opts = super::rolling::RollingOptions {
+        groups: args.instance_groups.clone(),
+        force: args.force,
+        interval: args.interval,
+        timeout: args.validation_timeout,
+        poll: args.poll_interval,
+        validate: args.validate_command.as_ref().map(|c| c.split_whitespace().map(str::to_string).collect()),
+    };
+    let rt = runtime()?;
+    rt.block_on(async {
+        let target = aws_target(&args.common, &model.region).await;
+        let groups = super::rolling::status(&target, &model, &opts).await?;
+        print!("{}", super::rolling::render(&groups));
+        let pending: usize = groups.iter().map(|g| g.outdated().len()).sum();
+        if pending == 0 {
+            println!("No rolling update required.");
+            return Ok(ExitCode::SUCCESS);
+        }
+        if !args.yes {
+            println!("{pending} instance(s) need replacing. Run with --yes to replace them.");
+            return Ok(ExitCode::SUCCESS);
+        }
+        let store = StateStore::open(&model.config_base, Some(target.s3.clone()))?;
+        let report = with_lock(&store, "rolling-update", args.common.force_unlock, async {
+            Ok(super::rolling::roll(&target, &model, &opts, &mut |line| println!("{line}")).await?)
+        })
+        .await?;
+        println!("rolling update of cluster {} done: {} instance(s) replaced", model.cluster, report.replaced.len());
+        Ok(ExitCode::SUCCESS)
+    })
 }
 
 async fn direct_delete(args: &DeleteArgs, model: &super::model::ClusterModel) -> anyhow::Result<ExitCode> {
     let target = aws_target(&args.common, &model.region).await;
     let store = StateStore::open(&model.config_base, Some(target.s3.clone()))?;
-    let mut planned = super::plan_delete(&target, model, &store, args.delete_volumes).await?;
-    print!("{}", planned.plan.render(color()));
     if !args.yes {
+        let planned = super::plan_delete(&target, model, &store, args.delete_volumes).await?;
+        print!("{}", planned.plan.render(color()));
         if !planned.plan.is_empty() {
             println!("Run with --yes to delete.");
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let n = super::execute(&target, model, &store, &mut planned, &NodeupPki).await?;
-    println!("deleted {n} resources of cluster {}", model.cluster);
+    with_lock(&store, "delete", args.common.force_unlock, async {
+        let mut planned = super::plan_delete(&target, model, &store, args.delete_volumes).await?;
+        print!("{}", planned.plan.render(color()));
+        let n = super::execute(&target, model, &store, &mut planned, &NodeupPki).await?;
+        println!("deleted {n} resources of cluster {}", model.cluster);
+        Ok(())
+    })
+    .await?;
     Ok(ExitCode::SUCCESS)
 }

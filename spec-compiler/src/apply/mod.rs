@@ -12,6 +12,7 @@ pub mod gce;
 pub mod iam_policy;
 pub mod model;
 pub mod plan;
+pub mod rolling;
 pub mod state_store;
 pub mod terraform;
 
@@ -73,6 +74,7 @@ pub async fn plan_apply(target: &aws::AwsTarget, model: &ClusterModel, store: &S
     desired.extend(aws::desired(model, &resolved));
     let mut actual = state_store::discover(store, &model.state, &model.etcd_clusters).await?;
     actual.extend(discovered.resources.iter().cloned());
+    aws::pin_versions(&mut desired, &actual, &discovered.ids);
     let mut plan = plan::diff(&desired, &actual, Scope::Apply);
     plan.rolling = target.rolling(&plan, &discovered);
     plan.notes.extend(resolved.notes.iter().cloned());

@@ -144,6 +144,11 @@ fn immutable_ignored(kind: Kind, field: &str) -> bool {
     }
 }
 
+/// True when `desired` and `actual` differ in anything but tags (and ignored fields).
+pub fn attributes_differ(desired: &Resource, actual: &Resource) -> bool {
+    field_changes(desired.kind(), desired, actual).iter().any(|f| !f.field.starts_with("tags["))
+}
+
 fn field_changes(kind: Kind, desired: &Resource, actual: &Resource) -> Vec<FieldChange> {
     let mut out = Vec::new();
     let keys: std::collections::BTreeSet<&String> = desired.attrs.keys().chain(actual.attrs.keys()).collect();

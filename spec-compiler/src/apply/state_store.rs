@@ -18,6 +18,58 @@ pub enum StoreError {
     Scheme(String),
     #[error("creating CAs: {0}")]
     Pki(String),
+    #[error(
+        "{store}/{LOCK_FILE}: the cluster is locked by another run ({holder}); wait for it to finish, \
+         or, if that run is gone, give --force-unlock"
+    )]
+    Locked { store: String, holder: String },
+}
+
+/// The lock object under ConfigBase that keeps two apply / delete / rolling-update runs apart.
+pub const LOCK_FILE: &str = "keelson.lock";
+
+/// A held lock; [`StoreLock::release`] removes it if it is still ours.
+#[derive(Debug)]
+pub struct StoreLock {
+    store: StateStore,
+    content: Vec<u8>,
+}
+
+impl StoreLock {
+    pub async fn release(self) -> Result<(), StoreError> {
+        // Never remove a lock someone else took after a --force-unlock.
+        if self.store.get(LOCK_FILE).await?.as_deref() == Some(self.content.as_slice()) {
+            self.store.delete(LOCK_FILE).await?;
+        }
+        Ok(())
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "unknown-host".into())
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// "keelson apply on host (pid 12), 3m ago" from a lock file's content.
+fn describe_holder(content: &[u8]) -> String {
+    let text = String::from_utf8_lossy(content);
+    let field = |k: &str| text.lines().find_map(|l| l.strip_prefix(&format!("{k}: "))).unwrap_or("?").to_string();
+    let age = field("since").parse::<u64>().ok().map(|t| unix_now().saturating_sub(t));
+    let age = match age {
+        Some(s) if s >= 3600 => format!("{}h{}m ago", s / 3600, (s % 3600) / 60),
+        Some(s) if s >= 60 => format!("{}m ago", s / 60),
+        Some(s) => format!("{s}s ago"),
+        None => "at an unknown time".into(),
+    };
+    format!("keelson {} on {} (pid {}), {age}", field("operation"), field("host"), field("pid"))
 }
 
 /// A state store location.
@@ -217,6 +269,66 @@ impl StateStore {
                 Ok(out)
             }
         }
+    }
+
+    /// Take the cluster lock for `operation`, or fail naming who holds it. Creation is atomic:
+    /// `O_EXCL` for `file://`, a conditional PUT (`If-None-Match: *`) for `s3://`.
+    pub async fn lock(&self, operation: &str) -> Result<StoreLock, StoreError> {
+        let content = format!(
+            "operation: {operation}\nhost: {}\npid: {}\nsince: {}\nnonce: {:x}\n",
+            hostname(),
+            std::process::id(),
+            unix_now(),
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
+        )
+        .into_bytes();
+        let locked = |holder: Vec<u8>| StoreError::Locked { store: self.describe(), holder: describe_holder(&holder) };
+        match self {
+            StateStore::File(dir) => {
+                let path = dir.join(LOCK_FILE);
+                let io = |source| StoreError::Io { path: path.clone(), source };
+                std::fs::create_dir_all(dir).map_err(io)?;
+                match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+                    Ok(mut f) => {
+                        std::io::Write::write_all(&mut f, &content).map_err(io)?;
+                        f.sync_all().map_err(io)?;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                        return Err(locked(std::fs::read(&path).unwrap_or_default()));
+                    }
+                    Err(e) => return Err(io(e)),
+                }
+            }
+            StateStore::S3 { client, bucket, prefix } => {
+                let key = Self::s3_key(prefix, LOCK_FILE);
+                let put = client
+                    .put_object()
+                    .bucket(bucket)
+                    .key(&key)
+                    .if_none_match("*")
+                    .body(aws_sdk_s3::primitives::ByteStream::from(content.clone()))
+                    .send()
+                    .await;
+                if let Err(e) = put {
+                    let svc = e.into_service_error();
+                    let code = aws_sdk_s3::error::ProvideErrorMetadata::code(&svc).unwrap_or("").to_string();
+                    if code == "PreconditionFailed" || code == "ConditionalRequestConflict" {
+                        return Err(locked(self.get(LOCK_FILE).await?.unwrap_or_default()));
+                    }
+                    return Err(s3_err("PutObject", bucket, &key, svc));
+                }
+            }
+        }
+        Ok(StoreLock { store: self.clone(), content })
+    }
+
+    /// Remove a lock left by a run that died; returns who held it.
+    pub async fn force_unlock(&self) -> Result<Option<String>, StoreError> {
+        let holder = self.get(LOCK_FILE).await?;
+        if holder.is_some() {
+            self.delete(LOCK_FILE).await?;
+        }
+        Ok(holder.map(|h| describe_holder(&h)))
     }
 
     pub fn describe(&self) -> String {

@@ -139,6 +139,8 @@ pub struct Ids {
     pub route_associations: BTreeMap<String, String>,
     /// Target group name → ARN.
     pub target_groups: BTreeMap<String, String>,
+    /// Launch template → its latest version number.
+    pub lt_versions: BTreeMap<String, i64>,
     /// Load balancer (model name) → (ARN, DNS name, canonical hosted zone id).
     pub load_balancers: BTreeMap<String, (String, String, String)>,
 }
@@ -225,6 +227,30 @@ fn subnet_tags(model: &ClusterModel, name: &str, kind: &str) -> BTreeMap<String,
         _ => t.insert("kubernetes.io/role/elb".into(), "1".into()),
     };
     t
+}
+
+/// Autoscaling groups pin an explicit launch-template version (as kOps does), so instances say
+/// which version they run: the current one, or the next when the plan changes the template.
+pub fn pin_versions(desired: &mut [Resource], actual: &[Resource], ids: &Ids) {
+    let next: BTreeMap<String, i64> = desired
+        .iter()
+        .filter(|d| d.kind() == Kind::LaunchTemplate)
+        .map(|d| {
+            let current = ids.lt_versions.get(&d.name).copied();
+            let changes = actual.iter().find(|a| a.key() == d.key()).is_none_or(|a| super::plan::attributes_differ(d, a));
+            let v = match (current, changes) {
+                (Some(v), false) => v,
+                (Some(v), true) => v + 1,
+                (None, _) => 1,
+            };
+            (d.name.clone(), v)
+        })
+        .collect();
+    for r in desired.iter_mut().filter(|r| r.kind() == Kind::AutoscalingGroup) {
+        if let Some(v) = r.attrs.get("launch_template").and_then(|lt| next.get(lt)) {
+            r.attrs.insert("launch_template_version".into(), v.to_string());
+        }
+    }
 }
 
 /// The model as comparable resources (AWS flavour). Needs resolved image ids.
@@ -508,6 +534,9 @@ impl AwsTarget {
                 .send()
                 .await
                 .map_err(|e| api("DescribeLaunchTemplateVersions", &name, e))?;
+            if let Some(v) = lt.latest_version_number() {
+                d.ids.lt_versions.insert(name.clone(), v);
+            }
             let mut r = Resource::new(Kind::LaunchTemplate, &name).tags(&tags_of(lt.tags()));
             r.id = Some(id);
             if let Some(data) = versions.launch_template_versions().first().and_then(|v| v.launch_template_data()) {
@@ -572,6 +601,7 @@ impl AwsTarget {
                     .filter(|s| !s.is_empty())
                     .map(|id| d.ids.subnet_name(id));
                 let lt = g.launch_template().and_then(|l| l.launch_template_name()).unwrap_or_default();
+                let lt_version = g.launch_template().and_then(|l| l.version()).unwrap_or_default().to_string();
                 d.instances.insert(name.clone(), g.instances().iter().filter_map(|i| i.instance_id().map(str::to_string)).collect());
                 let target_groups: Vec<String> = g
                     .target_group_arns()
@@ -582,6 +612,7 @@ impl AwsTarget {
                     .attr("min_size", g.min_size().unwrap_or_default())
                     .attr("max_size", g.max_size().unwrap_or_default())
                     .attr("launch_template", lt)
+                    .attr("launch_template_version", lt_version)
                     .attr("subnets", join_sorted(subnets))
                     .tags(&tags);
                 if !target_groups.is_empty() {
@@ -949,6 +980,7 @@ impl AwsTarget {
                     .map_err(|e| api("CreateLaunchTemplate", name, e))?;
                 let id = resp.launch_template().and_then(|l| l.launch_template_id()).unwrap_or_default().to_string();
                 ids.launch_templates.insert(name.to_string(), id);
+                ids.lt_versions.insert(name.to_string(), resp.launch_template().and_then(|l| l.latest_version_number()).unwrap_or(1));
             }
             (Kind::LaunchTemplate, Action::Update(_)) => {
                 let id = actual_id.unwrap_or_default();
@@ -963,6 +995,7 @@ impl AwsTarget {
                         .await
                         .map_err(|e| api("CreateLaunchTemplateVersion", name, e))?;
                     let version = resp.launch_template_version().and_then(|v| v.version_number()).unwrap_or_default();
+                    ids.lt_versions.insert(name.to_string(), version);
                     self.ec2
                         .modify_launch_template()
                         .launch_template_id(&id)
@@ -987,7 +1020,7 @@ impl AwsTarget {
                     .launch_template(
                         asg_t::LaunchTemplateSpecification::builder()
                             .launch_template_name(attr("launch_template"))
-                            .version("$Latest")
+                            .version(self.lt_version(ids, &attr("launch_template"), &attr("launch_template_version")))
                             .build(),
                     )
                     .vpc_zone_identifier(subnets)
@@ -1037,7 +1070,7 @@ impl AwsTarget {
                         .launch_template(
                             asg_t::LaunchTemplateSpecification::builder()
                                 .launch_template_name(attr("launch_template"))
-                                .version("$Latest")
+                                .version(self.lt_version(ids, &attr("launch_template"), &attr("launch_template_version")))
                                 .build(),
                         )
                         .vpc_zone_identifier(subnets)
@@ -1188,6 +1221,12 @@ impl AwsTarget {
             .await
             .map_err(|e| api("ModifyVpcAttribute", name, e))?;
         Ok(())
+    }
+
+    /// The launch-template version an autoscaling group pins: the one this run created or found,
+    /// else the planned one.
+    fn lt_version(&self, ids: &Ids, lt: &str, planned: &str) -> String {
+        ids.lt_versions.get(lt).map(|v| v.to_string()).unwrap_or_else(|| planned.to_string())
     }
 
     /// Target-group ARNs for names (an ARN given directly is kept).
