@@ -550,3 +550,49 @@ async fn rolling_update_finds_outdated_instances_and_replaces_them_one_by_one() 
     let bad = RollingOptions { groups: vec!["nope".into()], ..fast };
     assert!(rolling::status(&t, &m2, &bad).await.expect_err("unknown").to_string().contains("\"nope\""));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_runs_are_kept_apart_by_the_state_store_lock() {
+    let moto = Moto::start();
+    let ami = moto.fixtures().await;
+    let (m, _) = model_of(&moto::spec(&ami, |t| t));
+    let t = moto.target(&[]).await;
+    let s = store(&t, &m);
+    // The S3 lock is a conditional PUT: only one of two racing runs gets it.
+    let (a, b) = tokio::join!(s.lock("apply"), s.lock("apply"));
+    assert!(a.is_ok() != b.is_ok(), "exactly one run holds the lock");
+    let held = a.or(b).expect("one lock");
+
+    // The CLI refuses to apply while it is held, and says how to take it over.
+    let spec_file = tempfile::NamedTempFile::new().expect("tmp");
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/minimal.yaml")).expect("example");
+    let text = text
+        .replace("s3://acme-keelson-state/", &format!("s3://{BUCKET}/"))
+        .replace("099720109477/ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-20250610", &ami)
+        .replace("  cloudProvider: aws\n", &format!("  cloudProvider: aws\n  dnsZone: {}\n", moto::ZONE));
+    std::fs::write(spec_file.path(), text).expect("write spec");
+    let run = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_keelson"))
+            .args(["apply", "-f", &spec_file.path().display().to_string(), "--offline", "--endpoint-url", &moto.url, "--yes"])
+            .args(["--nodeup-asset", moto::NODEUP_AMD64])
+            .args(extra)
+            .env_remove("KOPS_FEATURE_FLAGS")
+            .output()
+            .expect("run keelson")
+    };
+    let out = tokio::task::block_in_place(|| run(&[]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "applied despite the lock");
+    assert!(stderr.contains("locked by another run") && stderr.contains("--force-unlock"), "{stderr}");
+    assert_eq!(inventory(&t).await.values().sum::<usize>(), 0, "nothing was created");
+
+    // A dead run's lock is taken over with --force-unlock; the lock is released afterwards.
+    let out = tokio::task::block_in_place(|| run(&["--force-unlock"]));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("removed the lock held by keelson apply"));
+    assert_eq!(inventory(&t).await, expected_inventory());
+    assert!(s.get(spec_compiler::apply::state_store::LOCK_FILE).await.expect("get").is_none(), "released");
+    held.release().await.expect("the old holder's release leaves nothing behind");
+    let again = tokio::task::block_in_place(|| run(&[]));
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+}

@@ -461,6 +461,27 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_lock_keeps_a_second_run_out_and_names_the_holder() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let store = StateStore::File(d.path().join("c"));
+        let first = store.lock("apply").await.expect("first lock");
+        let err = store.lock("delete").await.expect_err("second run is kept out");
+        let text = err.to_string();
+        assert!(text.contains("keelson apply on") && text.contains(&format!("pid {}", std::process::id())), "{text}");
+        assert!(text.contains("--force-unlock"), "{text}");
+        first.release().await.expect("release");
+        let second = store.lock("delete").await.expect("free again");
+        // A lock taken over with --force-unlock is not removed by the run that lost it.
+        let holder = store.force_unlock().await.expect("force").expect("held");
+        assert!(holder.contains("keelson delete"), "{holder}");
+        let third = store.lock("rolling-update").await.expect("taken over");
+        second.release().await.expect("stale release is a no-op");
+        assert!(store.lock("apply").await.is_err(), "the new holder still holds it");
+        third.release().await.expect("release");
+        assert_eq!(store.get(LOCK_FILE).await.expect("get"), None);
+    }
+
+    #[tokio::test]
     async fn file_store_round_trip_and_pki_is_created_once() {
         let d = tempfile::tempdir().expect("tempdir");
         let store = StateStore::open(&format!("file://{}", d.path().display()), None).expect("open");
