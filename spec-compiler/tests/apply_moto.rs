@@ -596,3 +596,35 @@ async fn concurrent_runs_are_kept_apart_by_the_state_store_lock() {
     let again = tokio::task::block_in_place(|| run(&[]));
     assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explicit_associate_public_ip_puts_groups_on_the_interface_and_converges() {
+    let moto = Moto::start();
+    let ami = moto.fixtures().await;
+    let docs = moto::spec(&ami, |t| t.replace("  machineType: t3.medium\n", "  machineType: t3.medium\n  associatePublicIp: false\n"));
+    let (m, _) = model_of(&docs);
+    let t = moto.target(&[]).await;
+    apply_once(&t, &m).await.expect("apply");
+    assert_eq!(inventory(&t).await, expected_inventory(), "instances launch from the template");
+    let v = t
+        .ec2
+        .describe_launch_template_versions()
+        .launch_template_name("nodes-us-east-1a.minimal.k8s.example.com")
+        .versions("$Latest")
+        .send()
+        .await
+        .expect("versions");
+    let data = v.launch_template_versions()[0].launch_template_data().expect("data");
+    assert!(data.security_group_ids().is_empty(), "groups move onto the interface");
+    let nic = &data.network_interfaces()[0];
+    assert_eq!((nic.device_index(), nic.associate_public_ip_address()), (Some(0), Some(false)));
+    assert_eq!(nic.groups().len(), 1);
+    let t2 = moto.target(&[]).await;
+    let p = apply::plan_apply(&t2, &m, &store(&t2, &m)).await.expect("plan");
+    assert!(p.plan.is_empty(), "{}", p.plan.render(false));
+    // Back to the subnet's default: a new version without the interface.
+    let (m2, _) = model_of(&moto::spec(&ami, |t| t));
+    let p = apply::plan_apply(&t2, &m2, &store(&t2, &m2)).await.expect("plan");
+    let text = p.plan.render(false);
+    assert!(text.contains("associate_public_ip: false → (none)"), "{text}");
+}

@@ -192,7 +192,12 @@ pub struct LaunchTemplate {
     pub security_groups: Vec<String>,
     pub additional_security_groups: Vec<String>,
     pub instance_profile: String,
+    /// Public address on the primary interface: the spec's `associatePublicIp`, else whether the
+    /// group's subnets are public.
     pub associate_public_ip: bool,
+    /// `associatePublicIp` was set in the spec: AWS then gets an explicit network interface
+    /// (otherwise the subnet's own setting applies).
+    pub associate_public_ip_explicit: bool,
     pub user_data: String,
     pub tags: BTreeMap<String, String>,
 }
@@ -538,6 +543,7 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
                 .and_then(|i| i.profile.clone())
                 .unwrap_or_else(|| format!("{}.{cluster}", role_plural(role))),
             associate_public_ip: g.associate_public_ip.unwrap_or(public),
+            associate_public_ip_explicit: g.associate_public_ip.is_some(),
             user_data,
             tags: tags.clone(),
         });

@@ -214,10 +214,7 @@ fn render_aws(model: &ClusterModel) -> Tree {
             .map(|s| sg_ids.get(s).cloned().unwrap_or_else(|| s.clone()))
             .collect();
         let user_data = b.data_file_base64(&format!("aws_launch_template_{}_user_data", tf_name(&lt.name)), lt.user_data.as_bytes());
-        let reference = b.add(
-            "aws_launch_template",
-            &lt.name,
-            json!({
+        let mut body = json!({
                 "name": lt.name,
                 "image_id": r(ami, "id"),
                 "instance_type": lt.machine_type,
@@ -236,8 +233,20 @@ fn render_aws(model: &ClusterModel) -> Tree {
                 ],
                 "tags": tags_value(&lt.tags),
                 "lifecycle": {"create_before_destroy": true},
-            }),
-        );
+            });
+        if lt.associate_public_ip_explicit {
+            // An explicit associatePublicIp needs the interface spelled out (its groups move onto it).
+            if let Some(obj) = body.as_object_mut() {
+                obj.remove("vpc_security_group_ids");
+            }
+            body["network_interfaces"] = json!([{
+                "device_index": 0,
+                "associate_public_ip_address": lt.associate_public_ip,
+                "delete_on_termination": true,
+                "security_groups": sgs,
+            }]);
+        }
+        let reference = b.add("aws_launch_template", &lt.name, body);
         lt_refs.insert(lt.name.clone(), reference);
     }
     for g in &model.groups {

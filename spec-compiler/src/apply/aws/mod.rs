@@ -307,6 +307,9 @@ pub fn desired(model: &ClusterModel, resolved: &Resolved) -> Vec<Resource> {
         if let Some(t) = lt.root_volume_throughput {
             r = r.attr("root_volume.throughput", t);
         }
+        if lt.associate_public_ip_explicit {
+            r = r.attr("associate_public_ip", lt.associate_public_ip);
+        }
         out.push(r);
     }
     for g in &model.groups {
@@ -546,8 +549,16 @@ impl AwsTarget {
                     .attr("instance_profile", data.iam_instance_profile().and_then(|p| p.name()).unwrap_or_default())
                     .attr(
                         "security_groups",
-                        join_sorted(data.security_group_ids().iter().map(|id| d.ids.sg_name(id))),
+                        join_sorted(
+                            data.security_group_ids()
+                                .iter()
+                                .chain(data.network_interfaces().iter().flat_map(|n| n.groups()))
+                                .map(|id| d.ids.sg_name(id)),
+                        ),
                     );
+                if let Some(public) = data.network_interfaces().first().and_then(|n| n.associate_public_ip_address()) {
+                    r = r.attr("associate_public_ip", public);
+                }
                 if let Some(m) = data.metadata_options() {
                     r = r
                         .attr("metadata.http_tokens", m.http_tokens().map(|t| t.as_str()).unwrap_or_default())
@@ -740,6 +751,18 @@ impl AwsTarget {
             ebs = ebs.throughput(t as i32);
         }
         let instance_tags: Vec<ec2_t::Tag> = ec2_tags(&lt.tags);
+        // An explicit associatePublicIp needs the interface spelled out (its groups move onto it).
+        let (sg_ids, interfaces) = if lt.associate_public_ip_explicit {
+            let nic = ec2_t::LaunchTemplateInstanceNetworkInterfaceSpecificationRequest::builder()
+                .device_index(0)
+                .associate_public_ip_address(lt.associate_public_ip)
+                .delete_on_termination(true)
+                .set_groups(Some(sg_ids))
+                .build();
+            (None, Some(vec![nic]))
+        } else {
+            (Some(sg_ids), None)
+        };
         Ok(ec2_t::RequestLaunchTemplateData::builder()
             .image_id(image)
             .instance_type(ec2_t::InstanceType::from(lt.machine_type.as_str()))
@@ -751,7 +774,8 @@ impl AwsTarget {
                     .build(),
             )
             .block_device_mappings(ec2_t::LaunchTemplateBlockDeviceMappingRequest::builder().device_name(root_device).ebs(ebs.build()).build())
-            .set_security_group_ids(Some(sg_ids))
+            .set_security_group_ids(sg_ids)
+            .set_network_interfaces(interfaces)
             .iam_instance_profile(ec2_t::LaunchTemplateIamInstanceProfileSpecificationRequest::builder().name(&lt.instance_profile).build())
             .user_data(base64::engine::general_purpose::STANDARD.encode(lt.user_data.as_bytes()))
             .tag_specifications(
