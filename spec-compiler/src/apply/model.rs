@@ -199,7 +199,33 @@ pub struct LaunchTemplate {
     /// (otherwise the subnet's own setting applies).
     pub associate_public_ip_explicit: bool,
     pub user_data: String,
+    /// Spot request on the template (`maxPrice` without a mixed-instances policy).
+    pub spot: Option<SpotOptions>,
+    /// `cpuCredits` for burstable types (`standard` / `unlimited`).
+    pub cpu_credits: Option<String>,
     pub tags: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpotOptions {
+    /// Empty: up to the on-demand price.
+    pub max_price: Option<String>,
+    /// `terminate` (AWS default), `stop` or `hibernate`.
+    pub interruption_behavior: String,
+}
+
+/// `mixedInstancesPolicy`: several instance types, on-demand base and percentage, spot strategy.
+/// AWS defaults are filled in so what exists compares equal to what is wanted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MixedInstances {
+    pub instance_types: Vec<String>,
+    pub on_demand_allocation_strategy: String,
+    pub on_demand_base: i64,
+    pub on_demand_above_base: i64,
+    pub spot_allocation_strategy: String,
+    /// Only for `lowest-price`.
+    pub spot_instance_pools: Option<i64>,
+    pub spot_max_price: Option<String>,
 }
 
 /// An AWS autoscaling group / GCE managed instance group.
@@ -217,6 +243,7 @@ pub struct AutoscalingGroup {
     /// Target groups (names) the group's instances register with: the API load balancer's for
     /// control-plane groups.
     pub target_groups: Vec<String>,
+    pub mixed: Option<MixedInstances>,
     /// Tags propagated at launch.
     pub tags: BTreeMap<String, String>,
 }
@@ -516,6 +543,37 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
         if subnet_names.is_empty() {
             return Err(gerr("spec.subnets", "at least one subnet is required for apply"));
         }
+        if g.warm_pool.is_some() {
+            return Err(gerr("spec.warmPool", "warm pools are not supported by keelson apply yet; remove it"));
+        }
+        if g.spot_duration_in_minutes.is_some() {
+            return Err(gerr("spec.spotDurationInMinutes", "spot blocks no longer exist on AWS; remove it"));
+        }
+        let mixed = match &g.mixed_instances_policy {
+            None => None,
+            Some(p) => {
+                if p.instance_requirements.is_some() {
+                    return Err(gerr(
+                        "spec.mixedInstancesPolicy.instanceRequirements",
+                        "not supported by keelson apply yet; list spec.mixedInstancesPolicy.instances instead",
+                    ));
+                }
+                let instance_types = p.instances.clone().unwrap_or_default();
+                if instance_types.is_empty() {
+                    return Err(gerr("spec.mixedInstancesPolicy.instances", "at least one instance type is required"));
+                }
+                let spot_allocation_strategy = p.spot_allocation_strategy.clone().unwrap_or_else(|| "lowest-price".into());
+                Some(MixedInstances {
+                    instance_types,
+                    on_demand_allocation_strategy: p.on_demand_allocation_strategy.clone().unwrap_or_else(|| "prioritized".into()),
+                    on_demand_base: p.on_demand_base.unwrap_or(0),
+                    on_demand_above_base: p.on_demand_above_base.unwrap_or(100),
+                    spot_instance_pools: (spot_allocation_strategy == "lowest-price").then(|| p.spot_instance_pools.unwrap_or(2)),
+                    spot_allocation_strategy,
+                    spot_max_price: g.max_price.clone().filter(|p| !p.is_empty()),
+                })
+            }
+        };
         let public = group_subnets.iter().any(|s| {
             network.subnets.iter().any(|n| &n.spec_name == s && matches!(n.kind.as_str(), "Public" | "Utility"))
         });
@@ -544,6 +602,14 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
                 .unwrap_or_else(|| format!("{}.{cluster}", role_plural(role))),
             associate_public_ip: g.associate_public_ip.unwrap_or(public),
             associate_public_ip_explicit: g.associate_public_ip.is_some(),
+            spot: match (&mixed, &g.max_price) {
+                (None, Some(price)) => Some(SpotOptions {
+                    max_price: Some(price.clone()).filter(|p| !p.is_empty()),
+                    interruption_behavior: g.instance_interruption_behavior.clone().unwrap_or_else(|| "terminate".into()),
+                }),
+                _ => None,
+            },
+            cpu_credits: g.cpu_credits.clone(),
             user_data,
             tags: tags.clone(),
         });
@@ -558,6 +624,7 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
             subnets: subnet_names,
             zones,
             target_groups: Vec::new(),
+            mixed,
             tags,
         });
     }

@@ -234,6 +234,16 @@ fn render_aws(model: &ClusterModel) -> Tree {
                 "tags": tags_value(&lt.tags),
                 "lifecycle": {"create_before_destroy": true},
             });
+        if let Some(spot) = &lt.spot {
+            let mut options = json!({"instance_interruption_behavior": spot.interruption_behavior});
+            if let Some(p) = &spot.max_price {
+                options["max_price"] = json!(p);
+            }
+            body["instance_market_options"] = json!({"market_type": "spot", "spot_options": options});
+        }
+        if let Some(c) = &lt.cpu_credits {
+            body["credit_specification"] = json!({"cpu_credits": c});
+        }
         if lt.associate_public_ip_explicit {
             // An explicit associatePublicIp needs the interface spelled out (its groups move onto it).
             if let Some(obj) = body.as_object_mut() {
@@ -262,6 +272,28 @@ fn render_aws(model: &ClusterModel) -> Tree {
             "launch_template": {"id": r(&lt, "id"), "version": r(&lt, "latest_version")},
             "tag": tags,
         });
+        if let Some(m) = &g.mixed {
+            let launch = body.as_object_mut().and_then(|o| o.remove("launch_template")).unwrap_or_default();
+            let mut distribution = json!({
+                "on_demand_allocation_strategy": m.on_demand_allocation_strategy,
+                "on_demand_base_capacity": m.on_demand_base,
+                "on_demand_percentage_above_base_capacity": m.on_demand_above_base,
+                "spot_allocation_strategy": m.spot_allocation_strategy,
+            });
+            if let Some(p) = m.spot_instance_pools {
+                distribution["spot_instance_pools"] = json!(p);
+            }
+            if let Some(p) = &m.spot_max_price {
+                distribution["spot_max_price"] = json!(p);
+            }
+            body["mixed_instances_policy"] = json!({
+                "launch_template": {
+                    "launch_template_specification": {"launch_template_id": launch["id"], "version": launch["version"]},
+                    "override": m.instance_types.iter().map(|t| json!({"instance_type": t})).collect::<Vec<_>>(),
+                },
+                "instances_distribution": distribution,
+            });
+        }
         if let Some((tg, _)) = lb_refs.as_ref().filter(|_| !g.target_groups.is_empty()) {
             body["target_group_arns"] = json!([r(tg, "arn")]);
         }

@@ -310,6 +310,12 @@ pub fn desired(model: &ClusterModel, resolved: &Resolved) -> Vec<Resource> {
         if lt.associate_public_ip_explicit {
             r = r.attr("associate_public_ip", lt.associate_public_ip);
         }
+        if let Some(spot) = &lt.spot {
+            r = r.attr("spot.max_price", spot.max_price.clone().unwrap_or_default()).attr("spot.interruption", &spot.interruption_behavior);
+        }
+        if let Some(c) = &lt.cpu_credits {
+            r = r.attr("cpu_credits", c);
+        }
         out.push(r);
     }
     for g in &model.groups {
@@ -321,6 +327,20 @@ pub fn desired(model: &ClusterModel, resolved: &Resolved) -> Vec<Resource> {
             .tags(&g.tags);
         if !g.target_groups.is_empty() {
             r = r.attr("target_groups", join_sorted(g.target_groups.iter().cloned()));
+        }
+        if let Some(m) = &g.mixed {
+            r = r
+                .attr("mixed.instance_types", m.instance_types.join(","))
+                .attr("mixed.on_demand_allocation_strategy", &m.on_demand_allocation_strategy)
+                .attr("mixed.on_demand_base", m.on_demand_base)
+                .attr("mixed.on_demand_above_base", m.on_demand_above_base)
+                .attr("mixed.spot_allocation_strategy", &m.spot_allocation_strategy);
+            if let Some(p) = m.spot_instance_pools {
+                r = r.attr("mixed.spot_instance_pools", p);
+            }
+            if let Some(p) = &m.spot_max_price {
+                r = r.attr("mixed.spot_max_price", p);
+            }
         }
         out.push(r);
     }
@@ -559,6 +579,15 @@ impl AwsTarget {
                 if let Some(public) = data.network_interfaces().first().and_then(|n| n.associate_public_ip_address()) {
                     r = r.attr("associate_public_ip", public);
                 }
+                if let Some(spot) = data.instance_market_options().and_then(|m| m.spot_options()) {
+                    r = r.attr("spot.max_price", spot.max_price().unwrap_or_default()).attr(
+                        "spot.interruption",
+                        spot.instance_interruption_behavior().map(|b| b.as_str()).unwrap_or("terminate"),
+                    );
+                }
+                if let Some(c) = data.credit_specification().and_then(|c| c.cpu_credits()) {
+                    r = r.attr("cpu_credits", c);
+                }
                 if let Some(m) = data.metadata_options() {
                     r = r
                         .attr("metadata.http_tokens", m.http_tokens().map(|t| t.as_str()).unwrap_or_default())
@@ -611,8 +640,12 @@ impl AwsTarget {
                     .map(str::trim)
                     .filter(|s| !s.is_empty())
                     .map(|id| d.ids.subnet_name(id));
-                let lt = g.launch_template().and_then(|l| l.launch_template_name()).unwrap_or_default();
-                let lt_version = g.launch_template().and_then(|l| l.version()).unwrap_or_default().to_string();
+                let mixed = g.mixed_instances_policy();
+                let spec = g.launch_template().or_else(|| {
+                    mixed.and_then(|m| m.launch_template()).and_then(|l| l.launch_template_specification())
+                });
+                let lt = spec.and_then(|l| l.launch_template_name()).unwrap_or_default();
+                let lt_version = spec.and_then(|l| l.version()).unwrap_or_default().to_string();
                 d.instances.insert(name.clone(), g.instances().iter().filter_map(|i| i.instance_id().map(str::to_string)).collect());
                 let target_groups: Vec<String> = g
                     .target_group_arns()
@@ -628,6 +661,26 @@ impl AwsTarget {
                     .tags(&tags);
                 if !target_groups.is_empty() {
                     r = r.attr("target_groups", join_sorted(target_groups));
+                }
+                if let Some(m) = mixed {
+                    let types: Vec<String> = m
+                        .launch_template()
+                        .map(|l| l.overrides().iter().filter_map(|o| o.instance_type().map(str::to_string)).collect())
+                        .unwrap_or_default();
+                    r = r.attr("mixed.instance_types", types.join(","));
+                    if let Some(d) = m.instances_distribution() {
+                        r = r
+                            .attr("mixed.on_demand_allocation_strategy", d.on_demand_allocation_strategy().unwrap_or("prioritized"))
+                            .attr("mixed.on_demand_base", d.on_demand_base_capacity().unwrap_or(0))
+                            .attr("mixed.on_demand_above_base", d.on_demand_percentage_above_base_capacity().unwrap_or(100))
+                            .attr("mixed.spot_allocation_strategy", d.spot_allocation_strategy().unwrap_or("lowest-price"));
+                        if let Some(p) = d.spot_instance_pools() {
+                            r = r.attr("mixed.spot_instance_pools", p);
+                        }
+                        if let Some(p) = d.spot_max_price().filter(|p| !p.is_empty()) {
+                            r = r.attr("mixed.spot_max_price", p);
+                        }
+                    }
                 }
                 r.id = Some(name.clone());
                 d.resources.push(r);
@@ -776,6 +829,20 @@ impl AwsTarget {
             .block_device_mappings(ec2_t::LaunchTemplateBlockDeviceMappingRequest::builder().device_name(root_device).ebs(ebs.build()).build())
             .set_security_group_ids(sg_ids)
             .set_network_interfaces(interfaces)
+            .set_instance_market_options(lt.spot.as_ref().map(|spot| {
+                ec2_t::LaunchTemplateInstanceMarketOptionsRequest::builder()
+                    .market_type(ec2_t::MarketType::Spot)
+                    .spot_options(
+                        ec2_t::LaunchTemplateSpotMarketOptionsRequest::builder()
+                            .set_max_price(spot.max_price.clone())
+                            .instance_interruption_behavior(ec2_t::InstanceInterruptionBehavior::from(spot.interruption_behavior.as_str()))
+                            .build(),
+                    )
+                    .build()
+            }))
+            .set_credit_specification(
+                lt.cpu_credits.as_ref().map(|c| ec2_t::CreditSpecificationRequest::builder().cpu_credits(c).build()),
+            )
             .iam_instance_profile(ec2_t::LaunchTemplateIamInstanceProfileSpecificationRequest::builder().name(&lt.instance_profile).build())
             .user_data(base64::engine::general_purpose::STANDARD.encode(lt.user_data.as_bytes()))
             .tag_specifications(
@@ -1036,17 +1103,14 @@ impl AwsTarget {
             }
             (Kind::AutoscalingGroup, Action::Create) => {
                 let subnets = self.subnet_ids(ids, &attr("subnets"), name)?;
+                let launch = self.launch_spec(model, ids, name, &attr("launch_template"), &attr("launch_template_version"));
                 self.asg
                     .create_auto_scaling_group()
                     .auto_scaling_group_name(name)
                     .min_size(attr("min_size").parse().unwrap_or(0))
                     .max_size(attr("max_size").parse().unwrap_or(0))
-                    .launch_template(
-                        asg_t::LaunchTemplateSpecification::builder()
-                            .launch_template_name(attr("launch_template"))
-                            .version(self.lt_version(ids, &attr("launch_template"), &attr("launch_template_version")))
-                            .build(),
-                    )
+                    .set_launch_template(launch.0)
+                    .set_mixed_instances_policy(launch.1)
                     .vpc_zone_identifier(subnets)
                     .set_target_group_arns(Some(self.target_group_arns(ids, &attr("target_groups"), name)?))
                     .set_tags(Some(asg_tags(name, &tags)))
@@ -1086,17 +1150,14 @@ impl AwsTarget {
                 let only_tags = fields.iter().all(|f| f.field.starts_with("tags[") || f.field == "target_groups");
                 if !only_tags {
                     let subnets = self.subnet_ids(ids, &attr("subnets"), name)?;
+                    let launch = self.launch_spec(model, ids, name, &attr("launch_template"), &attr("launch_template_version"));
                     self.asg
                         .update_auto_scaling_group()
                         .auto_scaling_group_name(name)
                         .min_size(attr("min_size").parse().unwrap_or(0))
                         .max_size(attr("max_size").parse().unwrap_or(0))
-                        .launch_template(
-                            asg_t::LaunchTemplateSpecification::builder()
-                                .launch_template_name(attr("launch_template"))
-                                .version(self.lt_version(ids, &attr("launch_template"), &attr("launch_template_version")))
-                                .build(),
-                        )
+                        .set_launch_template(launch.0)
+                        .set_mixed_instances_policy(launch.1)
                         .vpc_zone_identifier(subnets)
                         .send()
                         .await
@@ -1245,6 +1306,42 @@ impl AwsTarget {
             .await
             .map_err(|e| api("ModifyVpcAttribute", name, e))?;
         Ok(())
+    }
+
+    /// How a group launches: its launch template, or a mixed-instances policy around it.
+    fn launch_spec(
+        &self,
+        model: &ClusterModel,
+        ids: &Ids,
+        group: &str,
+        lt: &str,
+        planned_version: &str,
+    ) -> (Option<asg_t::LaunchTemplateSpecification>, Option<asg_t::MixedInstancesPolicy>) {
+        let spec = asg_t::LaunchTemplateSpecification::builder()
+            .launch_template_name(lt)
+            .version(self.lt_version(ids, lt, planned_version))
+            .build();
+        match model.groups.iter().find(|g| g.name == group).and_then(|g| g.mixed.as_ref()) {
+            None => (Some(spec), None),
+            Some(m) => {
+                let overrides: Vec<asg_t::LaunchTemplateOverrides> =
+                    m.instance_types.iter().map(|t| asg_t::LaunchTemplateOverrides::builder().instance_type(t).build()).collect();
+                let policy = asg_t::MixedInstancesPolicy::builder()
+                    .launch_template(asg_t::LaunchTemplate::builder().launch_template_specification(spec).set_overrides(Some(overrides)).build())
+                    .instances_distribution(
+                        asg_t::InstancesDistribution::builder()
+                            .on_demand_allocation_strategy(&m.on_demand_allocation_strategy)
+                            .on_demand_base_capacity(m.on_demand_base as i32)
+                            .on_demand_percentage_above_base_capacity(m.on_demand_above_base as i32)
+                            .spot_allocation_strategy(&m.spot_allocation_strategy)
+                            .set_spot_instance_pools(m.spot_instance_pools.map(|p| p as i32))
+                            .set_spot_max_price(m.spot_max_price.clone())
+                            .build(),
+                    )
+                    .build();
+                (None, Some(policy))
+            }
+        }
     }
 
     /// The launch-template version an autoscaling group pins: the one this run created or found,
