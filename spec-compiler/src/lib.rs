@@ -89,7 +89,9 @@ pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, C
         let boot_yaml = output::to_yaml(&format!("bootconfig/{group}.yaml"), &boot)?;
         if !options.nodeup_assets.is_empty() {
             let script = userdata::render(group, &name, &boot_yaml, &options.nodeup_assets, &environment)?;
-            out.tree.insert(format!("userdata/{group}.sh"), script);
+            let additional = ig.spec.additional_user_data.clone().unwrap_or_default();
+            let compress = ig.spec.compress_user_data.unwrap_or(false);
+            out.tree.insert(format!("userdata/{group}.sh"), userdata::package(group, script, &additional, compress)?);
         }
         out.tree.insert(format!("state/igconfig/{}/{group}/nodeupconfig.yaml", role.state_dir()), nodeup_yaml.clone());
         out.tree.insert(format!("nodeup/{group}.yaml"), nodeup_yaml);

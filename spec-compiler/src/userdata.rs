@@ -50,6 +50,71 @@ pub enum UserDataError {
     TooLarge { group: String, size: usize },
     #[error("InstanceGroup/{group}: the boot config contains the heredoc terminator")]
     Terminator { group: String },
+    #[error("InstanceGroup/{group}: spec.additionalUserData[{index}].{field}: {message}")]
+    Part { group: String, index: usize, field: &'static str, message: String },
+}
+
+/// The MIME boundary between user-data parts (kOps uses the same).
+pub const MIME_BOUNDARY: &str = "MIMEBOUNDARY";
+
+/// Part types cloud-init understands.
+const PART_TYPES: &[&str] = &[
+    "text/x-shellscript",
+    "text/cloud-config",
+    "text/cloud-boothook",
+    "text/x-include-url",
+    "text/x-include-once-url",
+    "text/part-handler",
+    "text/upstart-job",
+    "text/jinja2",
+    "text/cloud-config-archive",
+];
+
+/// The user-data an instance gets: the boot script alone, or — with `additionalUserData` — a
+/// MIME multipart message (the boot script first, then each part, as cloud-init expects); gzip
+/// compressed with `compressUserData` (cloud-init unpacks it). Checked against the 16 KB limit.
+pub fn package(group: &str, script: String, additional: &[keelson_api::UserData], compress: bool) -> Result<Vec<u8>, UserDataError> {
+    let mut bytes = if additional.is_empty() {
+        script.into_bytes()
+    } else {
+        let part_err = |index: usize, field: &'static str, message: String| UserDataError::Part { group: group.to_string(), index, field, message };
+        let mut m = String::new();
+        let _ = write!(m, "Content-Type: multipart/mixed; boundary=\"{MIME_BOUNDARY}\"\r\nMIME-Version: 1.0\r\n\r\n");
+        let mut part = |ctype: &str, name: &str, content: &str| {
+            let _ = write!(
+                m,
+                "--{MIME_BOUNDARY}\r\nContent-Disposition: attachment; filename=\"{name}\"\r\nContent-Transfer-Encoding: 7bit\r\nContent-Type: {ctype}\r\nMime-Version: 1.0\r\n\r\n{content}\r\n"
+            );
+        };
+        part("text/x-shellscript", "nodeup.sh", &script);
+        for (i, p) in additional.iter().enumerate() {
+            let name = p.name.clone().filter(|n| !n.is_empty()).ok_or_else(|| part_err(i, "name", "required".into()))?;
+            if !name.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
+                return Err(part_err(i, "name", format!("{name:?}: letters, digits, '.', '_' and '-' only")));
+            }
+            let ctype = p.type_.clone().unwrap_or_default();
+            if !PART_TYPES.contains(&ctype.as_str()) {
+                return Err(part_err(i, "type", format!("{ctype:?}: expected one of {}", PART_TYPES.join(", "))));
+            }
+            let content = p.content.clone().unwrap_or_default();
+            if content.contains(&format!("--{MIME_BOUNDARY}")) {
+                return Err(part_err(i, "content", format!("must not contain the MIME boundary --{MIME_BOUNDARY}")));
+            }
+            part(&ctype, &name, &content);
+        }
+        let _ = write!(m, "--{MIME_BOUNDARY}--\r\n");
+        m.into_bytes()
+    };
+    if compress {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        // Writing to a Vec cannot fail.
+        let _ = std::io::Write::write_all(&mut gz, &bytes);
+        bytes = gz.finish().unwrap_or_default();
+    }
+    if bytes.len() > MAX_USER_DATA_BYTES {
+        return Err(UserDataError::TooLarge { group: group.to_string(), size: bytes.len() });
+    }
+    Ok(bytes)
 }
 
 const TERMINATOR: &str = "__KEELSON_BOOTCONFIG_EOF__";
@@ -166,6 +231,42 @@ mod tests {
         assert!(NodeupAsset::parse("abc@https://a").is_err());
         assert!(NodeupAsset::parse(&format!("{h}@https://a/$(reboot)")).is_err());
         assert!(NodeupAsset::parse(&format!("{h}@")).is_err());
+    }
+
+    fn part(name: &str, ty: &str, content: &str) -> keelson_api::UserData {
+        keelson_api::UserData { name: Some(name.into()), type_: Some(ty.into()), content: Some(content.into()) }
+    }
+
+    #[test]
+    fn additional_parts_make_a_multipart_message_boot_script_first() {
+        let script = "#!/bin/bash\necho boot\n".to_string();
+        assert_eq!(package("g", script.clone(), &[], false).unwrap(), script.as_bytes());
+        let out = package("g", script.clone(), &[part("extra.cfg", "text/cloud-config", "packages: [jq]")], false).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("Content-Type: multipart/mixed; boundary=\"MIMEBOUNDARY\""), "{text}");
+        let boot = text.find("filename=\"nodeup.sh\"").unwrap();
+        let extra = text.find("filename=\"extra.cfg\"").unwrap();
+        assert!(boot < extra);
+        assert!(text.contains("Content-Type: text/cloud-config\r\nMime-Version: 1.0\r\n\r\npackages: [jq]\r\n"));
+        assert!(text.ends_with("--MIMEBOUNDARY--\r\n"));
+    }
+
+    #[test]
+    fn bad_parts_name_their_field() {
+        let e = package("g", String::new(), &[part("x", "text/html", "")], false).unwrap_err().to_string();
+        assert!(e.contains("InstanceGroup/g: spec.additionalUserData[0].type: \"text/html\""), "{e}");
+        let e = package("g", String::new(), &[part("x", "text/x-shellscript", "--MIMEBOUNDARY")], false).unwrap_err().to_string();
+        assert!(e.contains("additionalUserData[0].content"), "{e}");
+    }
+
+    #[test]
+    fn compressed_user_data_is_gzip_of_the_message() {
+        let script = "#!/bin/bash\n".repeat(2000);
+        let gz = package("g", script.clone(), &[], true).unwrap();
+        assert!(gz.starts_with(&[0x1f, 0x8b]) && gz.len() < script.len() / 10);
+        let mut back = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(gz.as_slice()), &mut back).unwrap();
+        assert_eq!(back, script);
     }
 
     #[test]

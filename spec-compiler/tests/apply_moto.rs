@@ -697,3 +697,42 @@ async fn spot_and_mixed_instance_groups_are_created_and_converge() {
     let p = apply::plan_apply(&t3, &m2, &store(&t3, &m2)).await.expect("plan");
     assert!(p.plan.is_empty(), "{}", p.plan.render(false));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn additional_and_compressed_user_data_reach_the_launch_templates() {
+    let moto = Moto::start();
+    let ami = moto.fixtures().await;
+    let docs = moto::spec(&ami, |t| {
+        t.replace(
+            "  machineType: t3.medium\n",
+            "  machineType: t3.medium\n  additionalUserData:\n  - name: extra.cfg\n    type: text/cloud-config\n    content: |\n      packages: [jq]\n",
+        )
+        .replacen("spec:\n  role: Master\n", "spec:\n  role: Master\n  compressUserData: true\n", 1)
+    });
+    let (m, compiled) = model_of(&docs);
+    let t = moto.target(&[]).await;
+    apply_once(&t, &m).await.expect("apply");
+    for lt in &m.launch_templates {
+        let v = t.ec2.describe_launch_template_versions().launch_template_name(&lt.name).versions("$Latest").send().await.expect("versions");
+        let b64 = v.launch_template_versions()[0].launch_template_data().and_then(|d| d.user_data()).expect("user data").to_string();
+        let ud = base64::engine::general_purpose::STANDARD.decode(b64).expect("base64");
+        assert!(ud.len() < 16 * 1024);
+        assert_eq!(ud, compiled.tree.files[&format!("userdata/{}.sh", lt.group)]);
+        let text = if lt.group.starts_with("control-plane") {
+            assert_eq!(&ud[..2], &[0x1f, 0x8b], "compressUserData: gzip");
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(ud.as_slice()), &mut s).expect("gunzip");
+            assert!(s.starts_with("#!/bin/bash"));
+            s
+        } else {
+            let s = String::from_utf8(ud).expect("utf8");
+            assert!(s.starts_with("Content-Type: multipart/mixed"), "{s}");
+            assert!(s.find("nodeup.sh").expect("boot part") < s.find("extra.cfg").expect("extra part"));
+            assert!(s.contains("packages: [jq]"));
+            s
+        };
+        assert!(text.contains(&format!("InstanceGroupName: {}", lt.group)), "the boot config of its own group");
+    }
+    let t2 = moto.target(&[]).await;
+    assert!(apply::plan_apply(&t2, &m, &store(&t2, &m)).await.expect("plan").plan.is_empty());
+}

@@ -92,7 +92,7 @@ pub fn render(model: &ClusterModel) -> Tree {
         let group = model.groups.iter().find(|g| g.launch_template == lt.name);
         let subnet = group.and_then(|g| g.subnets.first()).and_then(|s| subnet_refs.get(s)).cloned().unwrap_or_default();
         let role = role_label(lt.role);
-        let startup = b.data_file(&format!("google_compute_instance_template_{}_metadata_startup-script", tf_name(&lt.name)), lt.user_data.as_bytes());
+        let startup = b.data_file(&format!("google_compute_instance_template_{}_metadata_startup-script", tf_name(&lt.name)), &lt.user_data);
         let tmpl = b.add(
             "google_compute_instance_template",
             &lt.name,

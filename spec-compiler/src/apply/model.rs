@@ -198,7 +198,8 @@ pub struct LaunchTemplate {
     /// `associatePublicIp` was set in the spec: AWS then gets an explicit network interface
     /// (otherwise the subnet's own setting applies).
     pub associate_public_ip_explicit: bool,
-    pub user_data: String,
+    /// Exactly the bytes the instance gets (script, MIME message, or gzip of either).
+    pub user_data: Vec<u8>,
     /// Spot request on the template (`maxPrice` without a mixed-instances policy).
     pub spot: Option<SpotOptions>,
     /// `cpuCredits` for burstable types (`standard` / `unlimited`).
@@ -513,8 +514,8 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
         let image = g.image.clone().ok_or_else(|| gerr("spec.image", "required for apply"))?;
         let machine_type = g.machine_type.clone().ok_or_else(|| gerr("spec.machineType", "required for apply"))?;
         let user_data = match tree.files.get(&format!("userdata/{group}.sh")) {
-            Some(b) => String::from_utf8_lossy(b).into_owned(),
-            None if role == Role::Bastion || !require_user_data => String::new(),
+            Some(b) => b.clone(),
+            None if role == Role::Bastion || !require_user_data => Vec::new(),
             None => return Err(ModelError::NoUserData { group }),
         };
         let metadata = g.instance_metadata.clone().unwrap_or_default();

@@ -213,7 +213,7 @@ fn render_aws(model: &ClusterModel) -> Tree {
             .chain(lt.additional_security_groups.iter())
             .map(|s| sg_ids.get(s).cloned().unwrap_or_else(|| s.clone()))
             .collect();
-        let user_data = b.data_file_base64(&format!("aws_launch_template_{}_user_data", tf_name(&lt.name)), lt.user_data.as_bytes());
+        let user_data = b.data_file_base64(&format!("aws_launch_template_{}_user_data", tf_name(&lt.name)), &lt.user_data);
         let mut body = json!({
                 "name": lt.name,
                 "image_id": r(ami, "id"),

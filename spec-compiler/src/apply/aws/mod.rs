@@ -299,7 +299,7 @@ pub fn desired(model: &ClusterModel, resolved: &Resolved) -> Vec<Resource> {
             .attr("root_volume.encrypted", lt.root_volume_encrypted)
             .attr("security_groups", join_sorted(sgs))
             .attr("instance_profile", &lt.instance_profile)
-            .attr("user_data.sha256", sha256_hex(lt.user_data.as_bytes()))
+            .attr("user_data.sha256", sha256_hex(&lt.user_data))
             .tags(&lt.tags);
         if let Some(i) = lt.root_volume_iops {
             r = r.attr("root_volume.iops", i);
@@ -844,7 +844,7 @@ impl AwsTarget {
                 lt.cpu_credits.as_ref().map(|c| ec2_t::CreditSpecificationRequest::builder().cpu_credits(c).build()),
             )
             .iam_instance_profile(ec2_t::LaunchTemplateIamInstanceProfileSpecificationRequest::builder().name(&lt.instance_profile).build())
-            .user_data(base64::engine::general_purpose::STANDARD.encode(lt.user_data.as_bytes()))
+            .user_data(base64::engine::general_purpose::STANDARD.encode(&lt.user_data))
             .tag_specifications(
                 ec2_t::LaunchTemplateTagSpecificationRequest::builder()
                     .resource_type(ec2_t::ResourceType::Instance)
