@@ -245,7 +245,10 @@ impl AwsTarget {
                     .send()
                     .await
                     .map_err(|e| api("CreateNatGateway", name, e))?;
-                ids.nat_gateways.insert(name.to_string(), resp.nat_gateway().and_then(|n| n.nat_gateway_id()).unwrap_or_default().to_string());
+                let id = resp.nat_gateway().and_then(|n| n.nat_gateway_id()).unwrap_or_default().to_string();
+                ids.nat_gateways.insert(name.to_string(), id.clone());
+                // Routes to it are only useful (and in some regions only accepted) once it is available.
+                self.wait_nat_available(&id, name).await?;
             }
             (Kind::NatGateway, Action::Update(fields)) => {
                 if fields.iter().any(|f| !f.field.starts_with("tags[")) {
@@ -400,6 +403,22 @@ impl AwsTarget {
             }
         }
         Ok(())
+    }
+
+    /// A new NAT gateway takes a minute or two to become available (bounded wait).
+    async fn wait_nat_available(&self, id: &str, name: &str) -> Result<(), AwsError> {
+        for _ in 0..self.dependency_retries.max(1) {
+            let resp = self.ec2.describe_nat_gateways().nat_gateway_ids(id).send().await.map_err(|e| api("DescribeNatGateways", name, e))?;
+            match resp.nat_gateways().first().and_then(|n| n.state()) {
+                Some(ec2_t::NatGatewayState::Available) => return Ok(()),
+                Some(ec2_t::NatGatewayState::Failed) => {
+                    let why = resp.nat_gateways().first().and_then(|n| n.failure_message()).unwrap_or("no reason given").to_string();
+                    return Err(missing("NATGateway", name, format!("failed: {why}; delete it and apply again")));
+                }
+                _ => tokio::time::sleep(self.dependency_delay).await,
+            }
+        }
+        Err(missing("NATGateway", name, "not available yet; rerun apply to continue".into()))
     }
 
     /// NAT gateways take minutes to delete; their subnet and address are busy until then (bounded).
