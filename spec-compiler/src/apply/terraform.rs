@@ -325,7 +325,7 @@ fn render_aws(model: &ClusterModel) -> Tree {
                     "aws_route53_record",
                     name,
                     json!({
-                        "zone_id": r(&z, "zone_id"),
+                        "zone_id": r(z, "zone_id"),
                         "name": name,
                         "type": "A",
                         "ttl": DNS_TTL,
