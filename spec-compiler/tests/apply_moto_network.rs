@@ -106,8 +106,12 @@ fn expected_inventory() -> BTreeMap<&'static str, usize> {
     ])
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn private_topology_gets_egress_iam_and_a_load_balancer_and_delete_removes_them() {
+#[test]
+fn private_topology_gets_egress_iam_and_a_load_balancer_and_delete_removes_them() {
+    moto::run_with_big_stack(private_topology_scenario);
+}
+
+async fn private_topology_scenario() {
     let moto = Moto::start();
     let ami = moto.fixtures().await;
     let docs = moto::ha_spec(&ami, |t| t);
@@ -237,6 +241,38 @@ async fn private_topology_gets_egress_iam_and_a_load_balancer_and_delete_removes
     assert!(again.plan.is_empty(), "second plan:\n{}", again.plan.render(false));
     apply::execute(&t2, &m, &store(&t2, &m), &mut again, &NodeupPki).await.expect("apply again");
     assert!(write_calls(&t2.counter).is_empty(), "re-apply wrote: {:?}", write_calls(&t2.counter));
+
+    // Dropping the load balancer from the spec removes it, its target group and security group,
+    // detaches the control plane, opens 443 on the control plane again and turns the alias back
+    // into a placeholder record for protokube.
+    let (no_lb, _) = apply::prepare(&moto::ha_spec(&ami, |t| t.replace("  api:\n    loadBalancer:\n      type: Public\n      class: Network\n", "  api:\n    dns: {}\n")), &moto::compile_options())
+        .expect("prepare without load balancer");
+    let t4 = moto.target(&[]).await;
+    let p = apply::plan_apply(&t4, &no_lb, &store(&t4, &no_lb)).await.expect("plan");
+    let text = p.plan.render(false);
+    for line in [
+        "- LoadBalancer api.ha.k8s.example.com",
+        "- TargetGroup tcp-ha-k8s-example-com-",
+        "- SecurityGroup api-elb.ha.k8s.example.com",
+        "~ DNSRecord api.ha.k8s.example.com",
+    ] {
+        assert!(text.contains(line), "{line}:\n{text}");
+    }
+    apply_once(&t4, &no_lb).await.expect("apply without load balancer");
+    let after = inventory(&t4).await;
+    assert_eq!((after["load_balancers"], after["target_groups"], after["security_groups"]), (0, 0, 2), "{after:?}");
+    let asgs = t4.asg.describe_auto_scaling_groups().send().await.expect("asgs");
+    assert!(asgs.auto_scaling_groups().iter().all(|g| g.target_group_arns().is_empty()));
+    let records = t4.dns.client().list_resource_record_sets().hosted_zone_id(&zone_id).send().await.expect("records");
+    let api = records.resource_record_sets().iter().find(|r| r.name().trim_end_matches('.') == format!("api.{HA_CLUSTER}")).expect("api");
+    assert!(api.alias_target().is_none());
+    assert_eq!(api.resource_records()[0].value(), "203.0.113.123");
+    let t5 = moto.target(&[]).await;
+    let again = apply::plan_apply(&t5, &no_lb, &store(&t5, &no_lb)).await.expect("plan");
+    assert!(again.plan.is_empty(), "{}", again.plan.render(false));
+    // And back: the balancer is created again and the alias restored.
+    apply_once(&t5, &m).await.expect("apply with the load balancer again");
+    assert_eq!(inventory(&t5).await, expected_inventory());
 
     // Delete with volumes: nothing of the cluster is left.
     let (md, _) = apply::prepare_with(&docs, &spec_compiler::CompileOptions { offline: true, ..Default::default() }, false).expect("prepare");

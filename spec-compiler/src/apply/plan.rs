@@ -126,8 +126,9 @@ pub struct Plan {
 /// What the diff may do with resources that exist but are not desired.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
-    /// `apply`: delete only the kinds listed (a removed instance group's ASG and launch template);
-    /// volumes, DNS records, keysets and the network are never deleted by apply.
+    /// `apply`: delete only the kinds listed (a removed instance group's ASG and launch template,
+    /// rules and groups no longer wanted, the API load balancer once the spec drops it); volumes, DNS records,
+    /// keysets and the network are never deleted by apply.
     Apply,
     /// `delete`: delete everything discovered (volumes only when asked).
     Delete { volumes: bool },
@@ -201,7 +202,15 @@ pub fn diff(desired: &[Resource], actual: &[Resource], scope: Scope) -> Plan {
         let delete = match scope {
             Scope::Apply => {
                 !desired_by_key.contains_key(&a.key())
-                    && matches!(a.kind(), Kind::AutoscalingGroup | Kind::LaunchTemplate | Kind::SecurityGroupRule)
+                    && matches!(
+                        a.kind(),
+                        Kind::AutoscalingGroup
+                            | Kind::LaunchTemplate
+                            | Kind::SecurityGroupRule
+                            | Kind::SecurityGroup
+                            | Kind::LoadBalancer
+                            | Kind::TargetGroup
+                    )
             }
             Scope::Delete { volumes } => match a.kind() {
                 Kind::Volume => volumes,

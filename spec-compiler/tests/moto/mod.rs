@@ -180,3 +180,27 @@ pub fn ha_spec(ami: &str, edit: impl Fn(String) -> String) -> keelson_api::Docum
     let text = edit(text);
     spec_compiler::load::load_bytes(Path::new("ha.yaml"), text.as_bytes()).expect("test spec is valid")
 }
+
+/// Run an async test body on a thread (and runtime workers) with a 16 MiB stack: the largest
+/// apply scenarios are futures too deep for the default 2 MiB test-thread stack in debug builds.
+pub fn run_with_big_stack<F>(body: impl FnOnce() -> F + Send + 'static)
+where
+    F: std::future::Future<Output = ()>,
+{
+    const STACK: usize = 16 * 1024 * 1024;
+    let handle = std::thread::Builder::new()
+        .stack_size(STACK)
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_stack_size(STACK)
+                .enable_all()
+                .build()
+                .expect("tokio runtime");
+            rt.block_on(body());
+        })
+        .expect("spawn test thread");
+    if let Err(panic) = handle.join() {
+        std::panic::resume_unwind(panic);
+    }
+}

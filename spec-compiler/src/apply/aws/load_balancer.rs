@@ -187,10 +187,14 @@ pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discov
     Ok(())
 }
 
-/// The alias records of the model as they exist (`alias` = the load balancer's model name).
+/// The alias records of the model as they exist (`alias` = the load balancer's model name). The
+/// public API name is checked even when the spec has no load balancer: an alias left from one the
+/// spec dropped is replaced by a placeholder record.
 pub(super) async fn discover_aliases(t: &AwsTarget, model: &ClusterModel, zone: &str, d: &mut Discovered) -> Result<(), AwsError> {
     let Some(dns) = &model.dns else { return Ok(()) };
-    for name in &dns.alias_records {
+    let public_api: Vec<&String> =
+        dns.records.iter().filter(|r| r.starts_with("api.") && !r.starts_with("api.internal.")).collect();
+    for name in dns.alias_records.iter().chain(public_api) {
         let resp = t
             .dns
             .client()
@@ -226,7 +230,12 @@ pub(super) async fn discover_aliases(t: &AwsTarget, model: &ClusterModel, zone: 
                 r.id = Some(format!("{}|A|{}", rs.ttl().unwrap_or(60), values.join(",")));
             }
         }
-        d.resources.push(r);
+        // A plain record was already discovered with the zone's listing; an alias replaces it.
+        match d.resources.iter_mut().find(|x| x.kind() == Kind::DnsRecord && &x.name == name) {
+            Some(existing) if r.attrs.contains_key("alias") => *existing = r,
+            Some(_) => {}
+            None => d.resources.push(r),
+        }
     }
     Ok(())
 }
@@ -460,6 +469,17 @@ impl AwsTarget {
                 }
                 .map_err(|e| api("ResourceRecordSet", name, e))?;
                 r53_t::Change::builder().action(r53_t::ChangeAction::Delete).resource_record_set(rs).build()
+            }
+            _ if c.desired.as_ref().is_some_and(|d| !d.attrs.contains_key("alias")) => {
+                // The load balancer is gone from the spec: back to a placeholder A record protokube keeps.
+                let rs = r53_t::ResourceRecordSet::builder()
+                    .name(name)
+                    .r#type(r53_t::RrType::A)
+                    .ttl(crate::apply::model::DNS_TTL)
+                    .resource_records(r53_t::ResourceRecord::builder().value(crate::apply::model::PLACEHOLDER_IP).build().map_err(|e| api("ResourceRecord", name, e))?)
+                    .build()
+                    .map_err(|e| api("ResourceRecordSet", name, e))?;
+                r53_t::Change::builder().action(r53_t::ChangeAction::Upsert).resource_record_set(rs).build()
             }
             _ => {
                 let lb = c.desired.as_ref().and_then(|d| d.attrs.get("alias")).cloned().unwrap_or_default();
