@@ -4,15 +4,9 @@
 mod moto;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
 use aws_sdk_ec2::types::Filter;
-use aws_smithy_runtime_api::box_error::BoxError;
-use aws_smithy_runtime_api::client::interceptors::context::BeforeSerializationInterceptorContextRef;
-use aws_smithy_runtime_api::client::interceptors::{Intercept, SharedInterceptor};
-use aws_smithy_runtime_api::client::orchestrator::Metadata;
-use aws_smithy_types::config_bag::ConfigBag;
+use aws_smithy_runtime_api::client::interceptors::SharedInterceptor;
 use base64::Engine as _;
 use moto::{Moto, BUCKET, CLUSTER};
 use spec_compiler::apply::aws::{write_calls, AwsTarget};
@@ -428,26 +422,6 @@ async fn throttling_is_retried() {
     assert_eq!(inventory(&t).await, expected_inventory());
 }
 
-/// Fails the n-th write operation (1-based) before it is sent.
-#[derive(Debug, Clone)]
-struct FailNthWrite {
-    n: u64,
-    seen: Arc<AtomicU64>,
-}
-
-impl Intercept for FailNthWrite {
-    fn name(&self) -> &'static str {
-        "test.FailNthWrite"
-    }
-    fn read_before_serialization(&self, _ctx: &BeforeSerializationInterceptorContextRef<'_>, _rc: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents, cfg: &mut ConfigBag) -> Result<(), BoxError> {
-        let op = cfg.load::<Metadata>().map(|m| m.name().to_string()).unwrap_or_default();
-        if spec_compiler::apply::aws::is_write(&op) && self.seen.fetch_add(1, Ordering::SeqCst) + 1 == self.n {
-            return Err(format!("injected failure of write #{} ({op})", self.n).into());
-        }
-        Ok(())
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failure_half_way_then_rerun_converges_without_duplicates() {
     let moto = Moto::start();
@@ -464,7 +438,7 @@ async fn failure_half_way_then_rerun_converges_without_duplicates() {
         moto.reset();
         let ami = moto.fixtures().await;
         let (m, _) = model_of(&moto::spec(&ami, |t| t));
-        let fault = FailNthWrite { n, seen: Arc::new(AtomicU64::new(0)) };
+        let fault = moto::FailNthWrite::new(n);
         let broken = moto.target(&[SharedInterceptor::new(fault)]).await;
         let err = apply_once(&broken, &m).await.expect_err("the injected failure stops the run");
         assert!(err.to_string().contains("injected failure") || format!("{err:?}").contains("injected failure"), "{err}");

@@ -6,14 +6,8 @@
 mod moto;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
-use aws_smithy_runtime_api::box_error::BoxError;
-use aws_smithy_runtime_api::client::interceptors::context::BeforeSerializationInterceptorContextRef;
-use aws_smithy_runtime_api::client::interceptors::{Intercept, SharedInterceptor};
-use aws_smithy_runtime_api::client::orchestrator::Metadata;
-use aws_smithy_types::config_bag::ConfigBag;
+use aws_smithy_runtime_api::client::interceptors::SharedInterceptor;
 
 use aws_sdk_ec2::types::Filter;
 use moto::{Moto, HA_CLUSTER, ZONE};
@@ -292,50 +286,12 @@ async fn private_topology_scenario() {
     assert!(records.resource_record_sets().iter().all(|r| !r.name().trim_end_matches('.').ends_with(HA_CLUSTER)), "records left");
 }
 
-/// Fails the n-th write operation (1-based) before it is sent.
-#[derive(Debug, Clone)]
-struct FailNthWrite {
-    n: u64,
-    seen: Arc<AtomicU64>,
-}
-
-impl Intercept for FailNthWrite {
-    fn name(&self) -> &'static str {
-        "test.FailNthWrite"
-    }
-    fn read_before_serialization(&self, _ctx: &BeforeSerializationInterceptorContextRef<'_>, _rc: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents, cfg: &mut ConfigBag) -> Result<(), BoxError> {
-        let op = cfg.load::<Metadata>().map(|m| m.name().to_string()).unwrap_or_default();
-        if spec_compiler::apply::aws::is_write(&op) && self.seen.fetch_add(1, Ordering::SeqCst) + 1 == self.n {
-            return Err(format!("injected failure of write #{} ({op})", self.n).into());
-        }
-        Ok(())
-    }
-}
-
-/// Every write of a clean apply, in order (service/operation).
-#[derive(Debug, Clone, Default)]
-struct RecordWrites(Arc<std::sync::Mutex<Vec<String>>>);
-
-impl Intercept for RecordWrites {
-    fn name(&self) -> &'static str {
-        "test.RecordWrites"
-    }
-    fn read_before_serialization(&self, _ctx: &BeforeSerializationInterceptorContextRef<'_>, _rc: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents, cfg: &mut ConfigBag) -> Result<(), BoxError> {
-        if let Some(m) = cfg.load::<Metadata>() {
-            if spec_compiler::apply::aws::is_write(m.name()) {
-                self.0.lock().map_err(|e| e.to_string())?.push(format!("{}/{}", m.service(), m.name()));
-            }
-        }
-        Ok(())
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn network_iam_and_load_balancer_survive_a_failure_at_every_kind_of_write() {
     let moto = Moto::start();
     let ami = moto.fixtures().await;
     let (m, _) = apply::prepare(&moto::ha_spec(&ami, |t| t), &moto::compile_options()).expect("prepare");
-    let rec = RecordWrites::default();
+    let rec = moto::RecordWrites::default();
     let t = moto.target(&[SharedInterceptor::new(rec.clone())]).await;
     apply_once(&t, &m).await.expect("clean apply");
     let writes = rec.0.lock().expect("lock").clone();
@@ -357,7 +313,7 @@ async fn network_iam_and_load_balancer_survive_a_failure_at_every_kind_of_write(
         moto.reset();
         let ami = moto.fixtures().await;
         let (m, _) = apply::prepare(&moto::ha_spec(&ami, |t| t), &moto::compile_options()).expect("prepare");
-        let broken = moto.target(&[SharedInterceptor::new(FailNthWrite { n, seen: Arc::new(AtomicU64::new(0)) })]).await;
+        let broken = moto.target(&[SharedInterceptor::new(moto::FailNthWrite::new(n))]).await;
         let err = apply_once(&broken, &m).await.expect_err("the injected failure stops the run");
         assert!(format!("{err:?}").contains("injected failure"), "{err}");
         let rerun = moto.target(&[]).await;

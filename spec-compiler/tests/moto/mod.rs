@@ -204,3 +204,63 @@ where
         std::panic::resume_unwind(panic);
     }
 }
+
+// Fault injection and recording for apply tests (SDK interceptors).
+
+/// Fails the n-th write operation (1-based) before it is sent.
+#[derive(Debug, Clone)]
+pub struct FailNthWrite {
+    pub n: u64,
+    pub seen: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl FailNthWrite {
+    pub fn new(n: u64) -> FailNthWrite {
+        FailNthWrite { n, seen: Default::default() }
+    }
+}
+
+fn operation(cfg: &aws_smithy_types::config_bag::ConfigBag) -> Option<(String, String)> {
+    cfg.load::<aws_smithy_runtime_api::client::orchestrator::Metadata>().map(|m| (m.service().to_string(), m.name().to_string()))
+}
+
+impl aws_smithy_runtime_api::client::interceptors::Intercept for FailNthWrite {
+    fn name(&self) -> &'static str {
+        "test.FailNthWrite"
+    }
+    fn read_before_serialization(
+        &self,
+        _ctx: &aws_smithy_runtime_api::client::interceptors::context::BeforeSerializationInterceptorContextRef<'_>,
+        _rc: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        cfg: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        let op = operation(cfg).map(|(_, o)| o).unwrap_or_default();
+        if spec_compiler::apply::aws::is_write(&op) && self.seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == self.n {
+            return Err(format!("injected failure of write #{} ({op})", self.n).into());
+        }
+        Ok(())
+    }
+}
+
+/// Every write, in order (`service/operation`).
+#[derive(Debug, Clone, Default)]
+pub struct RecordWrites(pub std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl aws_smithy_runtime_api::client::interceptors::Intercept for RecordWrites {
+    fn name(&self) -> &'static str {
+        "test.RecordWrites"
+    }
+    fn read_before_serialization(
+        &self,
+        _ctx: &aws_smithy_runtime_api::client::interceptors::context::BeforeSerializationInterceptorContextRef<'_>,
+        _rc: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        cfg: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        if let Some((service, op)) = operation(cfg) {
+            if spec_compiler::apply::aws::is_write(&op) {
+                self.0.lock().map_err(|e| e.to_string())?.push(format!("{service}/{op}"));
+            }
+        }
+        Ok(())
+    }
+}
