@@ -106,6 +106,9 @@ pub struct Plan {
     pub dns: DnsMode,
     /// `api.<cluster>` is protokube's to keep (no load balancer in front of the API).
     pub manage_public_api: bool,
+    /// `api.internal.<cluster>` is protokube's to keep (not an alias to the load balancer, which
+    /// `loadBalancer.useForInternalApi` makes it; the hosts file always carries it).
+    pub manage_internal_api: bool,
 }
 
 impl Plan {
@@ -284,8 +287,10 @@ pub fn plan(boot: &BootConfig, cluster: &Cluster) -> Result<Plan, ConfigError> {
     } else {
         DnsMode::Route53 { zone: spec.dns_zone.clone(), private: dns_type.as_deref().is_some_and(|t| t.eq_ignore_ascii_case("private")) }
     };
-    let manage_public_api = spec.api.as_ref().is_none_or(|a| a.load_balancer.is_none());
-    Ok(Plan { cluster_name, instance_group: boot.instance_group_name.clone(), etcd_clusters, dns, manage_public_api })
+    let lb = spec.api.as_ref().and_then(|a| a.load_balancer.as_ref());
+    let manage_public_api = lb.is_none();
+    let manage_internal_api = dns == DnsMode::Hosts || !lb.is_some_and(|l| l.use_for_internal_api == Some(true));
+    Ok(Plan { cluster_name, instance_group: boot.instance_group_name.clone(), etcd_clusters, dns, manage_public_api, manage_internal_api })
 }
 
 #[cfg(test)]
@@ -315,6 +320,12 @@ mod tests {
         let p = plan(&boot("x.example.com"), &c).expect("plan");
         assert_eq!(p.dns, DnsMode::Route53 { zone: Some("example.com".into()), private: false });
         assert!(!p.manage_public_api, "a load balancer fronts the API");
+        assert!(p.manage_internal_api, "the internal name stays protokube's");
+        let c = cluster(&format!(
+            "{}  dnsZone: example.com\n  api:\n    loadBalancer:\n      type: Public\n      useForInternalApi: true\n",
+            HEAD.replace("NAME", "x.example.com")
+        ));
+        assert!(!plan(&boot("x.example.com"), &c).expect("plan").manage_internal_api, "an alias to the balancer");
         let main = &p.etcd_clusters[0];
         assert_eq!((main.ports.peer, main.ports.client), (2380, 4001));
         assert_eq!(main.image, "registry.k8s.io/etcd:3.6.12-0");

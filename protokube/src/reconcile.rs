@@ -550,7 +550,9 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
             let public = if api_public.is_empty() { api_private.clone() } else { api_public };
             out.insert(self.plan.api_public(), some(public));
         }
-        out.insert(self.plan.api_internal(), some(api_private));
+        if self.plan.manage_internal_api {
+            out.insert(self.plan.api_internal(), some(api_private));
+        }
         out
     }
 

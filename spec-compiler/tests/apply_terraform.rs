@@ -154,3 +154,37 @@ fn dns_zone_renders_records_with_the_placeholder_that_resolve() {
     }
     assert_eq!(root["data"]["aws_route53_zone"]["dns-zone"]["name"], "example.com");
 }
+
+#[test]
+fn load_balancer_aliases_the_api_names_it_serves() {
+    let text = std::fs::read_to_string(common::example("ha.yaml")).expect("example");
+    let text = text.replace("  cloudProvider: aws\n", "  cloudProvider: aws\n  dnsZone: example.com\n");
+    let with_internal = text.replace("      class: Network\n", "      class: Network\n      useForInternalApi: true\n");
+    for (spec_text, internal_alias) in [(text, false), (with_internal, true)] {
+        let spec = tempfile::NamedTempFile::new().expect("tmp");
+        std::fs::write(spec.path(), spec_text).expect("write");
+        let (_out, tree) = render(spec.path());
+        assert!(structural_problems(&tree).is_empty(), "{:?}", structural_problems(&tree));
+        let root: Value = serde_json::from_slice(&tree.files[MAIN_FILE]).expect("json");
+        let records = resources(&root, "aws_route53_record");
+        let api = records["api-ha-k8s-example-com"];
+        assert_eq!(api["alias"]["name"], "${aws_lb.api-ha-k8s-example-com.dns_name}");
+        assert!(api.get("records").is_none());
+        let internal = records["api-internal-ha-k8s-example-com"];
+        assert_eq!(internal.get("alias").is_some(), internal_alias, "{internal}");
+        assert_eq!(internal.get("records").is_some(), !internal_alias, "{internal}");
+    }
+    // An internal balancer cannot serve the internal name (no hairpinning), as in kOps.
+    let text = std::fs::read_to_string(common::example("ha.yaml")).expect("example");
+    let bad = text.replace("      type: Public\n      class: Network\n", "      type: Internal\n      class: Network\n      useForInternalApi: true\n");
+    let spec = tempfile::NamedTempFile::new().expect("tmp");
+    std::fs::write(spec.path(), bad).expect("write");
+    let out = tempfile::tempdir().expect("tmp");
+    let result = common::keelson(&[
+        "apply", "-f", &spec.path().display().to_string(), "--target", "terraform", "--out", &out.path().display().to_string(),
+        "--offline", "--nodeup-asset", common::NODEUP_AMD64,
+    ]);
+    assert!(!result.status.success());
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(stderr.contains("spec.api.loadBalancer.useForInternalApi"), "{stderr}");
+}

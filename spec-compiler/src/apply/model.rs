@@ -307,6 +307,8 @@ pub struct ApiLoadBalancer {
     pub target_group: String,
     pub tags: BTreeMap<String, String>,
     pub target_group_tags: BTreeMap<String, String>,
+    /// `useForInternalApi`: `api.internal.<cluster>` is an alias to it too.
+    pub use_for_internal_api: bool,
 }
 
 /// kOps' name truncation: cut to fit `max` and append `-` + 6 characters of the FNV-32a hash
@@ -740,10 +742,15 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
         records.dedup();
         // With a load balancer the public API name is an alias to it (protokube leaves it alone).
         let mut alias_records = Vec::new();
-        if load_balancer.is_some() {
+        if let Some(lb) = &load_balancer {
             let public = spec.master_public_name.clone().unwrap_or_else(|| format!("api.{cluster}"));
             records.retain(|r| r != &public);
             alias_records.push(public);
+            if lb.use_for_internal_api {
+                let internal = format!("api.internal.{cluster}");
+                records.retain(|r| r != &internal);
+                alias_records.push(internal);
+            }
         }
         Some(Dns { zone: spec.dns_zone.clone(), private: dns_type.as_deref() == Some("Private"), records, alias_records })
     };
@@ -849,14 +856,14 @@ fn api_load_balancer(
     if lb.ssl_certificate.is_some() {
         return Err(field("sslCertificate", "a TLS listener is not supported by keelson apply yet; remove it"));
     }
-    if lb.use_for_internal_api == Some(true) {
-        return Err(field("useForInternalApi", "not supported by keelson apply yet (protokube keeps api.internal pointed at the members)"));
-    }
     let internal = match lb.type_.as_deref() {
         Some("Public") | None => false,
         Some("Internal") => true,
         Some(other) => return Err(field("type", &format!("{other:?}: expected Public or Internal"))),
     };
+    if internal && lb.use_for_internal_api == Some(true) {
+        return Err(field("useForInternalApi", "cannot be used with an internal network load balancer (no hairpinning), as in kOps"));
+    }
     let subnets: Vec<String> = match &lb.subnets {
         Some(list) if !list.is_empty() => list
             .iter()
@@ -924,6 +931,7 @@ fn api_load_balancer(
         target_group,
         tags,
         target_group_tags,
+        use_for_internal_api: lb.use_for_internal_api == Some(true),
     })
 }
 

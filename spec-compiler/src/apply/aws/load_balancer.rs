@@ -188,12 +188,11 @@ pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discov
 }
 
 /// The alias records of the model as they exist (`alias` = the load balancer's model name). The
-/// public API name is checked even when the spec has no load balancer: an alias left from one the
-/// spec dropped is replaced by a placeholder record.
+/// API names are checked even when the spec does not alias them: an alias left from a load balancer
+/// (or `useForInternalApi`) the spec dropped is replaced by a placeholder record.
 pub(super) async fn discover_aliases(t: &AwsTarget, model: &ClusterModel, zone: &str, d: &mut Discovered) -> Result<(), AwsError> {
     let Some(dns) = &model.dns else { return Ok(()) };
-    let public_api: Vec<&String> =
-        dns.records.iter().filter(|r| r.starts_with("api.") && !r.starts_with("api.internal.")).collect();
+    let public_api: Vec<&String> = dns.records.iter().filter(|r| r.starts_with("api.")).collect();
     for name in dns.alias_records.iter().chain(public_api) {
         let resp = t
             .dns
