@@ -11,7 +11,9 @@ use serde_json::{json, Value};
 use crate::assets::{Asset, AssetError, AssetKind};
 use crate::config::{ConfigError, StateStore};
 use crate::flag_table;
-use crate::nodetasks::{file_task_name, DirTask, DownloadTask, FileTask, InstallArchiveTask, InstallTask, ServiceTask, SwapOffTask};
+use crate::nodetasks::{
+    file_task_name, DirTask, DownloadTask, FileTask, InstallArchiveTask, InstallTask, ServiceOffTask, ServiceTask, SwapOffTask,
+};
 use crate::paths;
 use crate::pki::{self, CertSpec, Keypair, PkiError, Usage};
 use crate::render::{self, containerd, kubelet, manifests, systemd};
@@ -143,7 +145,7 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
     let unit_path = |u: &str| format!("{}/{u}", paths::SYSTEMD_DIR);
     tasks.push(Box::new(FileTask::new(&unit_path("containerd.service"), systemd::containerd().render(), 0o644)));
     containerd_inputs.push(file_task_name(&unit_path("containerd.service")));
-    let containerd_svc = ServiceTask { unit: "containerd.service".into(), inputs: containerd_inputs };
+    let containerd_svc = ServiceTask::daemon("containerd.service", containerd_inputs);
     let containerd_svc_name = containerd_svc.name();
     tasks.push(Box::new(containerd_svc));
     tasks.push(Box::new(DirTask { path: paths::CNI_CONF_DIR.into(), mode: 0o755 }));
@@ -233,6 +235,22 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         tasks.push(Box::new(FileTask::new(path, bytes, mode)));
     }
 
+    // Hooks of the group and the cluster: unit files, enabled and run once (when they change).
+    for hook in render::hooks::hooks(&cfg.hooks).map_err(|e| render_err("NodeupConfig: Hooks")(e.to_string()))? {
+        let unit = format!("{}.service", hook.name);
+        match hook.unit {
+            Some(text) => {
+                tasks.push(Box::new(FileTask::new(&unit_path(&unit), text, 0o644)));
+                let mut inputs = vec![file_task_name(&unit_path(&unit))];
+                if hook.uses_containerd {
+                    inputs.push(containerd_svc_name.clone());
+                }
+                tasks.push(Box::new(ServiceTask { unit, inputs, once: true }));
+            }
+            None => tasks.push(Box::new(ServiceOffTask { unit })),
+        }
+    }
+
     if runs_api {
         control_plane(inp, is_cp, &mut tasks, &mut warnings, &ca_dep, &manifest_dir)?;
     }
@@ -240,9 +258,9 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         tasks.push(Box::new(FileTask::new(&unit_path("protokube.service"), systemd::protokube(paths::BOOT_CONFIG_COPY).render(), 0o644)));
         let mut inputs = vec![file_task_name(&unit_path("protokube.service")), file_task_name(paths::BOOT_CONFIG_COPY)];
         inputs.extend(installed.iter().filter(|n| n.ends_with(paths::PROTOKUBE_BIN)).cloned());
-        tasks.push(Box::new(ServiceTask { unit: "protokube.service".into(), inputs }));
+        tasks.push(Box::new(ServiceTask::daemon("protokube.service", inputs)));
     }
-    tasks.push(Box::new(ServiceTask { unit: "kubelet.service".into(), inputs: kubelet_inputs }));
+    tasks.push(Box::new(ServiceTask::daemon("kubelet.service", kubelet_inputs)));
     Ok(Model { tasks, warnings })
 }
 

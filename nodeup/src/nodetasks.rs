@@ -252,6 +252,15 @@ pub struct ServiceTask {
     pub unit: String,
     /// Task names whose change means a restart (unit file, config, env file, binaries).
     pub inputs: Vec<String>,
+    /// Runs to completion (hooks): started when its inputs change, not kept running.
+    pub once: bool,
+}
+
+impl ServiceTask {
+    /// A long-running service, restarted when an input changes and started when found down.
+    pub fn daemon(unit: &str, inputs: Vec<String>) -> ServiceTask {
+        ServiceTask { unit: unit.to_string(), inputs, once: false }
+    }
 }
 
 impl ServiceTask {
@@ -281,7 +290,7 @@ impl Task for ServiceTask {
         }
         if deps_changed {
             changes.push(if ctx.host.is_live() { "restart".to_string() } else { "restart (recorded: not a live root)".to_string() });
-        } else if ctx.host.query(&["systemctl", "is-active", "--quiet", &self.unit]) == Some(false) {
+        } else if !self.once && ctx.host.query(&["systemctl", "is-active", "--quiet", &self.unit]) == Some(false) {
             // A run killed between writing an input and restarting leaves the service down:
             // a live host converges to "running", not just "configured".
             changes.push("start (not running)".to_string());
@@ -299,6 +308,48 @@ impl Task for ServiceTask {
         } else if ctx.host.is_live() {
             ctx.host.run(&["systemctl", "daemon-reload"])?;
             ctx.host.run(&["systemctl", "start", &self.unit])?;
+        }
+        Ok(())
+    }
+}
+
+/// A unit switched off (a disabled hook): not enabled, and stopped on a live host.
+pub struct ServiceOffTask {
+    pub unit: String,
+}
+
+impl ServiceOffTask {
+    fn link(&self) -> String {
+        format!("{}/{}", paths::MULTI_USER_WANTS, self.unit)
+    }
+}
+
+impl Task for ServiceOffTask {
+    fn name(&self) -> String {
+        format!("service-off:{}", self.unit)
+    }
+    fn paths(&self) -> Vec<String> {
+        vec![self.link()]
+    }
+    fn check(&self, ctx: &Ctx, _: bool) -> Result<Vec<String>, TaskError> {
+        let mut changes = Vec::new();
+        if fs::symlink_metadata(ctx.host.path(self.link())).is_ok() {
+            changes.push("disable (multi-user.target.wants)".to_string());
+        }
+        if ctx.host.query(&["systemctl", "is-active", "--quiet", &self.unit]) == Some(true) {
+            changes.push("stop".to_string());
+        }
+        Ok(changes)
+    }
+    fn apply(&self, ctx: &Ctx, _: bool) -> Result<(), TaskError> {
+        let link = ctx.host.path(self.link());
+        match fs::remove_file(&link) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(fsutil::fs_err(&link)(e).into()),
+        }
+        if ctx.host.query(&["systemctl", "is-active", "--quiet", &self.unit]) == Some(true) {
+            ctx.host.run(&["systemctl", "stop", &self.unit])?;
         }
         Ok(())
     }

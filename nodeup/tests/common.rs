@@ -30,6 +30,16 @@ pub enum Group {
 impl Scenario {
     /// `urls(asset) -> list of URLs` lets a test add failing mirrors in front.
     pub fn new(group: Group, pad: usize, urls: impl Fn(&Mirror, &FakeAsset) -> Vec<String>) -> Scenario {
+        Scenario::edited(group, pad, urls, |c| c)
+    }
+
+    /// [`Scenario::new`] with the fixture NodeupConfig's text edited first.
+    pub fn edited(
+        group: Group,
+        pad: usize,
+        urls: impl Fn(&Mirror, &FakeAsset) -> Vec<String>,
+        edit: impl Fn(String) -> String,
+    ) -> Scenario {
         let dir = tempfile::tempdir().expect("tempdir");
         let mirror = Mirror::start();
         let assets = standard_assets(pad);
@@ -41,7 +51,7 @@ impl Scenario {
             Group::Worker => ("nodes.yaml", "boot-nodes.yaml", "node"),
             Group::ControlPlane => ("control-plane-eu-west-1a.yaml", "boot-control-plane-eu-west-1a.yaml", "control-plane"),
         };
-        let boot = write_state(dir.path(), &fixture(cfg), &fixture(boot), specs, role);
+        let boot = write_state(dir.path(), &edit(fixture(cfg)), &fixture(boot), specs, role);
         let root = dir.path().join("root");
         std::fs::create_dir(&root).expect("mkdir root");
         Scenario { dir, mirror, assets, boot, root }

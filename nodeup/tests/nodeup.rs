@@ -294,3 +294,45 @@ fn apiserver_healthcheck_manifest_from_state_store_enables_the_probe() {
     let api = std::fs::read_to_string(s.path("/etc/kubernetes/manifests/kube-apiserver.manifest")).expect("apiserver");
     assert!(api.contains("livenessProbe:") && api.contains("port: 3990"), "{api}");
 }
+
+#[test]
+fn hooks_become_enabled_units_run_once_and_disabled_ones_are_switched_off() {
+    let hooks = concat!(
+        "Hooks:\n",
+        "- - name: ig-tune\n",
+        "    manifest: |\n",
+        "      Type=oneshot\n",
+        "      ExecStart=/bin/sh -c 'echo tuned'\n",
+        "- - execContainer:\n",
+        "      image: busybox:1.36\n",
+        "      command: [sh, -c, \"true\"]\n",
+        "  - name: ig-tune\n",
+        "    manifest: \"ExecStart=/bin/false\"\n",
+        "  - name: old-hook\n",
+        "    disabled: true\n",
+    );
+    let s = Scenario::edited(Group::Worker, PAD, direct, |c| c.replace("Hooks:\n- null\n- null\n", hooks));
+    // A unit a previous version of the spec enabled.
+    let wants = s.path("/etc/systemd/system/multi-user.target.wants");
+    std::fs::create_dir_all(&wants).expect("mkdir");
+    std::os::unix::fs::symlink("/etc/systemd/system/old-hook.service", wants.join("old-hook.service")).expect("old link");
+
+    let o = s.run(&[]);
+    assert_ok(&o);
+    let ig = std::fs::read_to_string(s.path("/etc/systemd/system/ig-tune.service")).expect("group hook unit");
+    assert_eq!(ig, "[Unit]\nDescription=Kops Hook ig-tune\n\n[Service]\nType=oneshot\nExecStart=/bin/sh -c 'echo tuned'\n");
+    let exec = std::fs::read_to_string(s.path("/etc/systemd/system/kops-hook-0.service")).expect("cluster hook unit");
+    assert!(exec.contains("ExecStartPre=/usr/bin/ctr --namespace k8s.io image pull docker.io/library/busybox:1.36"), "{exec}");
+    assert!(exec.contains("Requires=containerd.service"), "{exec}");
+    for unit in ["ig-tune.service", "kops-hook-0.service"] {
+        assert_eq!(std::fs::read_link(wants.join(unit)).expect("enabled"), std::path::Path::new(&format!("/etc/systemd/system/{unit}")));
+    }
+    assert!(std::fs::symlink_metadata(wants.join("old-hook.service")).is_err(), "disabled hook switched off");
+    let out = stdout(&o);
+    assert!(out.contains("service:kops-hook-0.service"), "{out}");
+
+    // Hooks run once: a rerun (their oneshot units now inactive) changes nothing.
+    let o = s.run(&[]);
+    assert_ok(&o);
+    assert!(last_line(&o).ends_with(" 0 changed"), "{}", stdout(&o));
+}

@@ -7,7 +7,7 @@ use keelson_api::nodeup::{
     ApiServerNodeConfig, ConfigStore, ControlPlaneNodeConfig, NodeApi, NodeupConfig, NodeupNetworking, StaticManifest,
 };
 use keelson_api::{
-    CalicoNetworkingSpec, CiliumNetworkingSpec, Cluster, ClusterSpec, FileAssetSpec, InstanceGroup, KubeletConfigSpec,
+    CalicoNetworkingSpec, CiliumNetworkingSpec, Cluster, ClusterSpec, FileAssetSpec, HookSpec, InstanceGroup, KubeletConfigSpec,
     NetworkingSpec, NvidiaGPUConfig, Role,
 };
 
@@ -181,6 +181,18 @@ fn for_role(items: &[FileAssetSpec], role: Role) -> Vec<FileAssetSpec> {
         .collect()
 }
 
+/// Hooks for a role (kOps `filterHooks`): those without roles or naming this one, roles cleared;
+/// `None` when nothing is left (kOps writes `null`).
+fn hooks_for(items: Option<&Vec<HookSpec>>, role: Role) -> Option<Vec<HookSpec>> {
+    let out: Vec<HookSpec> = items
+        .into_iter()
+        .flatten()
+        .filter(|h| h.roles.as_ref().is_none_or(|r| r.is_empty() || r.iter().any(|x| Role::parse(x) == Some(role))))
+        .map(|h| HookSpec { roles: None, ..h.clone() })
+        .collect();
+    (!out.is_empty()).then_some(out)
+}
+
 /// The networking section nodeup needs.
 fn networking(spec: &ClusterSpec, role: Role) -> NodeupNetworking {
     let n = spec.networking.clone().unwrap_or_default();
@@ -317,7 +329,8 @@ pub fn build(
         kube_proxy: if kube_proxy_off { None } else { spec.kube_proxy.clone() },
         networking: networking(spec, role),
         update_policy: ig.spec.update_policy.clone().or(spec.update_policy.clone()).unwrap_or_else(|| "automatic".into()),
-        hooks: vec![None, None],
+        // Instance-group hooks first: nodeup lets them override cluster hooks of the same name.
+        hooks: vec![hooks_for(ig.spec.hooks.as_ref(), role), hooks_for(spec.hooks.as_ref(), role)],
         etcd_cluster_names: if is_cp {
             spec.etcd_clusters.iter().flatten().filter_map(|e| e.name.clone()).collect()
         } else {
@@ -374,5 +387,23 @@ mod tests {
         for cpu in ["m5.large", "t3.medium", "m6g.large", "c7gn.xlarge", "gp3"] {
             assert!(!has_gpu(cpu), "{cpu}");
         }
+    }
+
+    #[test]
+    fn hooks_are_filtered_by_role_with_roles_cleared() {
+        let hook = |name: &str, roles: Option<Vec<&str>>| HookSpec {
+            name: Some(name.into()),
+            roles: roles.map(|r| r.into_iter().map(str::to_string).collect()),
+            manifest: Some("ExecStart=/bin/true".into()),
+            ..Default::default()
+        };
+        let all = vec![hook("everywhere", None), hook("cp-only", Some(vec!["Master"])), hook("nodes-only", Some(vec!["Node"]))];
+        let nodes = hooks_for(Some(&all), Role::Node).expect("some");
+        assert_eq!(nodes.iter().map(|h| h.name.as_deref().unwrap_or("")).collect::<Vec<_>>(), ["everywhere", "nodes-only"]);
+        assert!(nodes.iter().all(|h| h.roles.is_none()));
+        let cp = hooks_for(Some(&all), Role::ControlPlane).expect("some");
+        assert_eq!(cp.len(), 2);
+        assert_eq!(hooks_for(None, Role::Node), None, "kOps writes null for no hooks");
+        assert_eq!(hooks_for(Some(&vec![hook("x", Some(vec!["Bastion"]))]), Role::Node), None);
     }
 }

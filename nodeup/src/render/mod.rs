@@ -1,6 +1,7 @@
 //! Rendered files: every one from typed structs serialised by serde (or a typed renderer).
 
 pub mod containerd;
+pub mod hooks;
 pub mod kubelet;
 pub mod manifests;
 pub mod systemd;
