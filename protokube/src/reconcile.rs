@@ -22,6 +22,9 @@ pub const TTL: i64 = 60;
 pub const PLACEHOLDER: &str = "203.0.113.123";
 /// Tag that marks a volume holding a filesystem protokube (or kOps) initialised.
 pub const FORMATTED_TAG: &str = "keelson.io/etcd-formatted";
+/// Set on a member's volume once that member has been seen started in a cluster with quorum: from
+/// then on the cluster exists, and a blank volume must join it, never bootstrap a new one.
+pub const STARTED_TAG: &str = "keelson.io/etcd-started";
 /// Per-volume record of how the member bootstraps (kept on the volume).
 pub const BOOTSTRAP_FILE: &str = "keelson-etcd-bootstrap.json";
 
@@ -159,8 +162,11 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                 Err(e) => return Err(e),
             }
             report.mounted.insert(ec.name.clone(), vol.id.clone());
-            if self.write_manifest(ec, &member, &vol, &vols, &instances).await? {
+            if self.write_manifest(ec, &member, &vol, &vols, &instances, &mut report).await? {
                 report.manifests_written += 1;
+            }
+            if !vol.tags.contains_key(STARTED_TAG) {
+                self.mark_started(ec, &member, &vol).await;
             }
         }
 
@@ -400,12 +406,12 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         mount: &Path,
         vols: &[Volume],
         instances: &BTreeMap<String, Instance>,
-    ) -> Result<Bootstrap, ReconcileError> {
+    ) -> Result<Option<Bootstrap>, ReconcileError> {
         let file = mount.join(BOOTSTRAP_FILE);
         let io = |source| ReconcileError::Io { path: file.display().to_string(), source };
         if let Ok(text) = std::fs::read_to_string(&file) {
             if let Ok(b) = serde_json::from_str::<Bootstrap>(&text) {
-                return Ok(b);
+                return Ok(Some(b));
             }
         }
         let cluster = &self.plan.cluster_name;
@@ -418,6 +424,11 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
             Bootstrap { state: "existing".into(), initial_cluster: all }
         } else {
             match self.existing_members(ec, vols, instances).await {
+                // No peer answers. A cluster that has run before (some other member's volume says
+                // so) is only unreachable for now: decide nothing, ask again next pass.
+                None if vols.iter().any(|v| v.tags.contains_key(STARTED_TAG) && etcd_role(v, ec).is_some_and(|m| m != member)) => {
+                    return Ok(None);
+                }
                 None => Bootstrap { state: "new".into(), initial_cluster: all },
                 Some((client, members)) => {
                     let mine = members.iter().find(|m| m.peer_urls.iter().any(|u| u == &me_url));
@@ -458,7 +469,30 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         };
         let text = serde_json::to_string_pretty(&b).unwrap_or_default();
         crate::write_atomic(&file, text.as_bytes()).map_err(io)?;
-        Ok(b)
+        Ok(Some(b))
+    }
+
+    /// Tag the volume [`STARTED_TAG`] once the local member answers as a started member of a
+    /// cluster with quorum. Best effort: retried every pass until it succeeds.
+    async fn mark_started(&self, ec: &EtcdCluster, member: &str, vol: &Volume) {
+        let Ok(ip) = self.me.internal_ip.parse::<IpAddr>() else { return };
+        let pki = paths::under(&self.opts.root, &paths::etcd_pki_dir(&ec.name));
+        let host = ec.member_dns(member, &self.plan.cluster_name);
+        let Ok(client) = etcd::Client::new(ec.scheme(), &host, SocketAddr::new(ip, ec.ports.client), ec.tls.then_some(pki.as_path()), self.opts.etcd_timeout)
+        else {
+            return;
+        };
+        let me_url = ec.peer_url(member, &self.plan.cluster_name);
+        match client.members().await {
+            Ok(list) if list.iter().any(|m| !m.name.is_empty() && m.peer_urls.iter().any(|u| u == &me_url)) => {
+                match self.cloud.tag_volume(&vol.id, &[(STARTED_TAG.to_string(), "true".to_string())]).await {
+                    Ok(()) => tracing::info!(etcd = %ec.name, %member, volume = %vol.id, "member started: volume tagged"),
+                    Err(e) => tracing::warn!(error = %e, volume = %vol.id, "tagging the started member's volume"),
+                }
+            }
+            Ok(_) => tracing::debug!(etcd = %ec.name, %member, "member not started yet"),
+            Err(e) => tracing::debug!(etcd = %ec.name, %member, error = %e, "local member not answering yet"),
+        }
     }
 
     /// Ask live peers for the member list; the first that answers wins.
@@ -500,6 +534,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         vol: &Volume,
         vols: &[Volume],
         instances: &BTreeMap<String, Instance>,
+        report: &mut Report,
     ) -> Result<bool, ReconcileError> {
         let mount = paths::under(&self.opts.root, &paths::mount_point(&vol.id));
         if ec.tls {
@@ -513,7 +548,14 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
             )
             .await?;
         }
-        let boot = self.bootstrap(ec, member, &mount, vols, instances).await?;
+        let Some(boot) = self.bootstrap(ec, member, &mount, vols, instances).await? else {
+            report.waiting.push(format!(
+                "etcd {} member {member}: blank volume and no live peer answers; the cluster has run before, so this member \
+                 joins it once a peer answers (it never bootstraps a new cluster over it)",
+                ec.name
+            ));
+            return Ok(false);
+        };
         let pod = manifest::render(ec, &self.plan.cluster_name, member, &vol.id, &boot);
         let text = manifest::to_yaml(&pod);
         let path = paths::under(&self.opts.root, &paths::manifest_path(&ec.name));

@@ -1,8 +1,9 @@
 //! A real 3-member etcd cluster started from the manifests protokube writes, each member in its own
 //! network namespace (addresses only on a bridge and namespaces this test creates), with hosts-file
 //! DNS; then one member's instance is replaced (new namespace, new IP, same volume) and every key is
-//! read back from it; then a member whose volume is lost comes back on a blank volume and is added
-//! through the etcd members API.
+//! read back from it; then a member whose volume is lost comes back on a blank volume — first while
+//! no peer answers (it must wait, never bootstrap a new cluster), then added through the etcd
+//! members API.
 //! Needs root, iproute2, etcd-server (etcd, etcdctl) and moto; fails loudly without them.
 
 #[path = "../../cloud/tests/support/moto.rs"]
@@ -311,6 +312,12 @@ fn scenario(tls: bool) {
     for i in 0..20 {
         etcdctl(&members[i % 3].ns, &ep(&members[i % 3]), &["put", &format!("key{i}"), &format!("value{i}")], Duration::from_secs(20));
     }
+    // With quorum, the next pass marks every member's volume as having run in a cluster.
+    for (mb, v) in members.iter().zip(&vols) {
+        pass(mb);
+        let vol = rt.block_on(host::volume(&ec2, v));
+        assert!(vol.tags().iter().any(|t| t.key() == Some(protokube::reconcile::STARTED_TAG)), "{}: {:?}", mb.ns, vol.tags());
+    }
 
     // Member c's instance dies; the group launches a replacement in a new namespace with a new IP.
     let old_c = members.remove(2);
@@ -353,10 +360,25 @@ fn scenario(tls: bool) {
     let vb2 = rt.block_on(create_volume(&ec2, "us-east-1a", &etcd_tags(NAME, "main", "b", &all)));
     let b2 = new_member(&mut net, "b2", 15, "cp-b");
     b2.host.link(&vb2, &blank.dev);
+    // No peer answers (both etcds down): the blank member must not decide to start a new cluster.
+    let (a_ns, c_ns) = (members[0].ns.clone(), members[1].ns.clone());
+    net.stop_etcd(&a_ns);
+    net.stop_etcd(&c_ns);
     let r = pass(&b2);
-    // (an earlier pass of the retry loop may have mounted the volume before etcd refused the change)
-    assert!(r.last_line().contains(" 1 manifests written"), "{}\n{}", r.last_line(), r.stderr);
+    assert!(r.last_line().contains(" 0 manifests written"), "{}\n{}", r.last_line(), r.stderr);
     assert!(r.stderr.contains("blank volume: formatting ext4") && r.stderr.contains("mounted"), "{}", r.stderr);
+    assert!(r.stderr.contains("no live peer answers; the cluster has run before"), "{}", r.stderr);
+    assert!(b2.host.manifest("main").is_none(), "no manifest while undecided");
+    let mount = b2.host.root.path().join(format!("mnt/master-{vb2}"));
+    assert!(!mount.join(protokube::reconcile::BOOTSTRAP_FILE).exists(), "no bootstrap decision recorded");
+    net.start_etcd(&a_ns, &members[0].host, &logdir.path().join("etcd-a-restarted.log"));
+    net.start_etcd(&c_ns, &members[1].host, &logdir.path().join("etcd-c2-restarted.log"));
+    let health = etcdctl(&a_ns, &ep(&members[0]), &["endpoint", "health"], Duration::from_secs(60));
+    assert!(health.contains("is healthy"), "{health}\n{}", logs(logdir.path()));
+    // Peers answer again: the member joins the existing cluster.
+    let r = pass(&b2);
+    // (an earlier pass of the retry loop may have written the manifest before etcd refused the change)
+    assert!(r.last_line().contains(" 1 manifests written"), "{}\n{}", r.last_line(), r.stderr);
     assert!(r.stderr.contains("member has no data: removing and re-adding"), "{}", r.stderr);
     let manifest = b2.host.manifest("main").expect("manifest");
     assert!(manifest.contains("--initial-cluster-state=existing"), "{manifest}");
