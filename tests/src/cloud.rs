@@ -98,7 +98,6 @@ pub struct Cloud {
     ec2: aws_sdk_ec2::Client,
     asg: aws_sdk_autoscaling::Client,
     r53: aws_sdk_route53::Client,
-    s3: aws_sdk_s3::Client,
 }
 
 fn tags_of(t: Option<&[aws_sdk_ec2::types::Tag]>) -> Vec<(String, String)> {
@@ -140,7 +139,6 @@ impl Cloud {
             ec2: aws_sdk_ec2::Client::new(&conf),
             asg: aws_sdk_autoscaling::Client::new(&conf),
             r53: aws_sdk_route53::Client::new(&conf),
-            s3: aws_sdk_s3::Client::from_conf(aws_sdk_s3::config::Builder::from(&conf).force_path_style(true).build()),
             rt,
         }
     }
@@ -347,40 +345,4 @@ impl Cloud {
         ids.into_iter().next().ok_or_else(|| self.err("DescribeImages", "moto has no AMIs"))
     }
 
-    /// Copy `s3://bucket/prefix/…` into `dest/…`, fetching only objects whose ETag changed
-    /// (`etags` remembers them between calls). Returns the number of objects fetched.
-    pub fn sync_bucket(&self, bucket: &str, prefix: &str, dest: &std::path::Path, etags: &mut std::collections::HashMap<String, String>) -> Result<usize, CloudError> {
-        let mut fetched = 0;
-        let mut token: Option<String> = None;
-        for _page in 0..1000 {
-            let mut req = self.s3.list_objects_v2().bucket(bucket).prefix(prefix);
-            if let Some(t) = &token {
-                req = req.continuation_token(t);
-            }
-            let out = self.rt.block_on(req.send()).map_err(|e| self.err("ListObjectsV2", e))?;
-            for o in out.contents() {
-                let Some(key) = o.key() else { continue };
-                let etag = o.e_tag().unwrap_or_default().to_string();
-                if etags.get(key) == Some(&etag) || key.ends_with('/') || key.split('/').any(|c| c == "..") {
-                    continue;
-                }
-                let obj = self.rt.block_on(self.s3.get_object().bucket(bucket).key(key).send()).map_err(|e| self.err("GetObject", e))?;
-                let bytes = self.rt.block_on(obj.body.collect()).map_err(|e| self.err("GetObject (body)", e))?.into_bytes();
-                let path = dest.join(key);
-                if let Some(d) = path.parent() {
-                    let _ = std::fs::create_dir_all(d);
-                }
-                let tmp = path.with_extension("keelson-local-tmp");
-                if std::fs::write(&tmp, &bytes).and_then(|_| std::fs::rename(&tmp, &path)).is_ok() {
-                    etags.insert(key.to_string(), etag);
-                    fetched += 1;
-                }
-            }
-            match out.next_continuation_token() {
-                Some(t) if out.is_truncated() == Some(true) => token = Some(t.to_string()),
-                _ => break,
-            }
-        }
-        Ok(fetched)
-    }
 }

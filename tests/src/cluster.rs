@@ -26,15 +26,6 @@ pub const TICK: Duration = Duration::from_millis(300);
 /// Device names of root volumes (moto attaches one per instance).
 const ROOT_DEVICES: &[&str] = &["/dev/sda1", "/dev/sda", "/dev/xvda", "/dev/xvda1"];
 
-/// `KEELSON_LOCAL_CONFIGBASE_OVER_HTTP=1`: a stop-gap for a nodeup/protokube without `s3://`
-/// ConfigBase support — the daemon copies the state store from moto's S3 into the mirror and the
-/// instances' user-data (as IMDS serves it) names `http://<gateway>/s3/<bucket>/<prefix>` as
-/// their ConfigBase instead of `s3://<bucket>/<prefix>`. Off by default: the product must read
-/// `s3://` itself.
-pub fn configbase_over_http() -> bool {
-    std::env::var("KEELSON_LOCAL_CONFIGBASE_OVER_HTTP").is_ok_and(|v| v == "1" || v == "true")
-}
-
 pub const HOSTS_BEGIN: &str = "# Begin keelson-local VPC resolver (Route53 records of the local cloud)";
 pub const HOSTS_END: &str = "# End keelson-local VPC resolver";
 
@@ -115,10 +106,6 @@ struct Daemon {
     exposed: BTreeMap<String, (String, u32)>,
     hosts_written: HashMap<String, String>,
     cs: ClusterState,
-    /// ConfigBase over HTTP (see [`configbase_over_http`]): (s3 URL, http URL), synced ETags.
-    configbase_http: Option<(String, String)>,
-    s3_etags: HashMap<String, String>,
-    last_s3_sync: Instant,
 }
 
 fn event(events: &Mutex<Vec<String>>, msg: String) {
@@ -320,14 +307,7 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
         exposed: BTreeMap::new(),
         hosts_written: HashMap::new(),
         cs: cs.clone(),
-        configbase_http: (configbase_over_http() && spec.config_base.starts_with("s3://"))
-            .then(|| (spec.config_base.trim_end_matches('/').to_string(), format!("http://{gw}:{}/s3/{}", cs.mirror_port, spec.config_base.trim_start_matches("s3://").trim_end_matches('/')))),
-        s3_etags: HashMap::new(),
-        last_s3_sync: Instant::now() - Duration::from_secs(60),
     };
-    if let Some((s3, http)) = &d.configbase_http {
-        event(&d.events, format!("KEELSON_LOCAL_CONFIGBASE_OVER_HTTP: instances get ConfigBase {http} (a copy of {s3}) instead of {s3}"));
-    }
     let mut errors = 0u32;
     while !stop.load(Ordering::SeqCst) && !state.stop_file().exists() {
         match d.reconcile() {
@@ -347,22 +327,7 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
 }
 
 impl Daemon {
-    fn sync_state_store(&mut self) -> anyhow::Result<()> {
-        if self.configbase_http.is_none() || self.last_s3_sync.elapsed() < Duration::from_secs(3) {
-            return Ok(());
-        }
-        self.last_s3_sync = Instant::now();
-        let rest = self.spec.config_base.trim_start_matches("s3://");
-        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-        let dest = self.state.mirror_dir().join("s3").join(bucket);
-        self.cloud.sync_bucket(bucket, prefix, &dest, &mut self.s3_etags)?;
-        Ok(())
-    }
-
     fn reconcile(&mut self) -> anyhow::Result<()> {
-        if let Err(e) = self.sync_state_store() {
-            event(&self.events, format!("state store copy failed: {e:#}"));
-        }
         let instances = self.cloud.instances()?;
         let live: BTreeMap<String, &crate::cloud::Instance> = instances
             .iter()
@@ -392,10 +357,7 @@ impl Daemon {
                 continue;
             }
             let Some(ip) = inst.private_ip.clone() else { continue };
-            let mut user_data = self.cloud.user_data(id)?;
-            if let (Some((s3, http)), Some(u)) = (&self.configbase_http, user_data.as_mut()) {
-                *u = u.replace(&format!("ConfigBase: {s3}"), &format!("ConfigBase: {http}"));
-            }
+            let user_data = self.cloud.user_data(id)?;
             let data = InstanceData {
                 instance_id: id.clone(),
                 region: self.spec.region.clone(),
@@ -767,8 +729,8 @@ fn tail(path: &Path, n: usize) -> String {
 /// Known failures of the product that no amount of waiting fixes, found in a machine's boot log.
 pub fn blocker(cs: &ClusterState) -> Option<String> {
     const KNOWN: &[(&str, &str)] = &[
-        ("s3:// is not built in", "nodeup cannot read an s3:// ConfigBase (issue 3: `ConfigBase` from `s3://` via aws-sdk-s3); the spec's state store is in S3. Until it can, KEELSON_LOCAL_CONFIGBASE_OVER_HTTP=1 makes the harness serve a copy of the state store over HTTP"),
-        ("ConfigBase s3://", "protokube cannot read an s3:// ConfigBase (issue 4); KEELSON_LOCAL_CONFIGBASE_OVER_HTTP=1 is the harness's stop-gap"),
+        ("s3:// is not built in", "this nodeup build cannot read an s3:// ConfigBase (the spec's state store is in S3)"),
+        ("ConfigBase s3://", "this protokube build cannot read an s3:// ConfigBase"),
     ];
     for m in &cs.machines {
         let Some(pid) = m.init_pid.filter(|p| cmd::alive(*p)) else { continue };
