@@ -104,6 +104,17 @@ fn expected_inventory() -> BTreeMap<&'static str, usize> {
     ])
 }
 
+/// An object of the test bucket (panics when missing).
+async fn s3_object(t: &AwsTarget, key: &str) -> Vec<u8> {
+    t.s3.get_object().bucket(BUCKET).key(key).send().await.unwrap_or_else(|e| panic!("{key}: {e:?}")).body.collect().await.expect("body").into_bytes().to_vec()
+}
+
+/// The data of a launch template's latest version.
+async fn latest_lt_data(t: &AwsTarget, name: &str) -> aws_sdk_ec2::types::ResponseLaunchTemplateData {
+    let v = t.ec2.describe_launch_template_versions().launch_template_name(name).versions("$Latest").send().await.expect("versions");
+    v.launch_template_versions()[0].launch_template_data().expect("data").clone()
+}
+
 async fn dns_records(t: &AwsTarget) -> BTreeMap<String, Vec<String>> {
     use cloud::Dns as _;
     let zone = t.dns.find_zone(Some(moto::ZONE), CLUSTER).await.expect("zone");
@@ -292,19 +303,7 @@ async fn changed_spec_changes_only_what_it_must_and_names_instances_to_replace()
     let (m, _) = model_of(&moto::spec(&ami, |t| t));
     let t = moto.target(&[]).await;
     apply_once(&t, &m).await.expect("apply");
-    let ca_before = t
-        .s3
-        .get_object()
-        .bucket(BUCKET)
-        .key(format!("{CLUSTER}/pki/private/kubernetes-ca/keyset.yaml"))
-        .send()
-        .await
-        .expect("ca")
-        .body
-        .collect()
-        .await
-        .expect("body")
-        .into_bytes();
+    let ca_before = s3_object(&t, &format!("{CLUSTER}/pki/private/kubernetes-ca/keyset.yaml")).await;
 
     // Bigger machines, a larger maximum and a kubelet flag for the nodes group only.
     let changed = moto::spec(&ami, |t| {
@@ -356,19 +355,7 @@ async fn changed_spec_changes_only_what_it_must_and_names_instances_to_replace()
     let t3 = moto.target(&[]).await;
     let again = apply::plan_apply(&t3, &m2, &store(&t3, &m2)).await.expect("plan again");
     assert!(again.plan.is_empty(), "{}", again.plan.render(false));
-    let ca_after = t3
-        .s3
-        .get_object()
-        .bucket(BUCKET)
-        .key(format!("{CLUSTER}/pki/private/kubernetes-ca/keyset.yaml"))
-        .send()
-        .await
-        .expect("ca")
-        .body
-        .collect()
-        .await
-        .expect("body")
-        .into_bytes();
+    let ca_after = s3_object(&t3, &format!("{CLUSTER}/pki/private/kubernetes-ca/keyset.yaml")).await;
     assert_eq!(ca_before, ca_after, "CAs are never regenerated");
 }
 
@@ -580,15 +567,7 @@ async fn explicit_associate_public_ip_puts_groups_on_the_interface_and_converges
     let t = moto.target(&[]).await;
     apply_once(&t, &m).await.expect("apply");
     assert_eq!(inventory(&t).await, expected_inventory(), "instances launch from the template");
-    let v = t
-        .ec2
-        .describe_launch_template_versions()
-        .launch_template_name("nodes-us-east-1a.minimal.k8s.example.com")
-        .versions("$Latest")
-        .send()
-        .await
-        .expect("versions");
-    let data = v.launch_template_versions()[0].launch_template_data().expect("data");
+    let data = latest_lt_data(&t, "nodes-us-east-1a.minimal.k8s.example.com").await;
     assert!(data.security_group_ids().is_empty(), "groups move onto the interface");
     let nic = &data.network_interfaces()[0];
     assert_eq!((nic.device_index(), nic.associate_public_ip_address()), (Some(0), Some(false)));
@@ -632,15 +611,7 @@ async fn spot_and_mixed_instance_groups_are_created_and_converge() {
     assert_eq!(d.spot_allocation_strategy(), Some("capacity-optimized"));
     assert_eq!(d.spot_max_price(), Some("0.05"));
     assert!(g.launch_template().is_none());
-    let v = t
-        .ec2
-        .describe_launch_template_versions()
-        .launch_template_name("nodes-us-east-1a.minimal.k8s.example.com")
-        .versions("$Latest")
-        .send()
-        .await
-        .expect("versions");
-    let data = v.launch_template_versions()[0].launch_template_data().expect("data");
+    let data = latest_lt_data(&t, "nodes-us-east-1a.minimal.k8s.example.com").await;
     assert!(data.instance_market_options().is_none(), "with a mixed policy the price is on the group");
     assert_eq!(data.credit_specification().and_then(|c| c.cpu_credits()), Some("standard"));
     let t2 = moto.target(&[]).await;
@@ -654,15 +625,7 @@ async fn spot_and_mixed_instance_groups_are_created_and_converge() {
     let (m2, _) = model_of(&moto::spec(&ami, |t| t.replace("  machineType: t3.medium\n", "  machineType: t3.medium\n  maxPrice: \"0.04\"\n")));
     let t2 = moto.target(&[]).await;
     apply_once(&t2, &m2).await.expect("apply spot");
-    let v = t2
-        .ec2
-        .describe_launch_template_versions()
-        .launch_template_name("nodes-us-east-1a.minimal.k8s.example.com")
-        .versions("$Latest")
-        .send()
-        .await
-        .expect("versions");
-    let data = v.launch_template_versions()[0].launch_template_data().expect("data");
+    let data = latest_lt_data(&t2, "nodes-us-east-1a.minimal.k8s.example.com").await;
     let spot = data.instance_market_options().and_then(|o| o.spot_options()).expect("spot options");
     assert_eq!(spot.max_price(), Some("0.04"));
     let g = t2.asg.describe_auto_scaling_groups().auto_scaling_group_names("nodes-us-east-1a.minimal.k8s.example.com").send().await.expect("asg");
