@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use aws_sdk_elasticloadbalancingv2::types as elb_t;
 use aws_sdk_route53::types as r53_t;
 
-use super::{api, AwsError, AwsTarget, Discovered, Ids, MAX_PAGES};
+use super::{api, ids_for, name_of, AwsError, AwsTarget, Discovered, Ids, MAX_PAGES};
 use crate::apply::model::ClusterModel;
 use crate::apply::plan::{Action, Change, Kind, Resource};
 
@@ -157,7 +157,7 @@ pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discov
                     .default_actions()
                     .iter()
                     .find_map(|a| a.target_group_arn())
-                    .map(|arn| d.ids.target_groups.iter().find(|(_, v)| v.as_str() == arn).map(|(k, _)| k.clone()).unwrap_or_else(|| arn.to_string()))
+                    .map(|arn| name_of(&d.ids.target_groups, arn))
                     .unwrap_or_default();
                 format!("{}/{}->{tg}", l.port().unwrap_or_default(), l.protocol().map(|p| p.as_str()).unwrap_or(""))
             })
@@ -316,8 +316,8 @@ impl AwsTarget {
                 .await?;
             }
             (Kind::LoadBalancer, Action::Create) => {
-                let subnets = self.ids_of(&ids.subnets, &attr("subnets"), "Subnet", name)?;
-                let sgs = self.ids_of(&ids.security_groups, &attr("security_groups"), "SecurityGroup", name)?;
+                let subnets = ids_for(&ids.subnets, &attr("subnets"), "Subnet", name)?;
+                let sgs = ids_for(&ids.security_groups, &attr("security_groups"), "SecurityGroup", name)?;
                 let resp = self
                     .elb
                     .create_load_balancer()
@@ -342,7 +342,7 @@ impl AwsTarget {
             (Kind::LoadBalancer, Action::Update(_)) => {
                 immutable(&["aws_name", "type", "scheme"])?;
                 if changed("subnets") {
-                    let subnets = self.ids_of(&ids.subnets, &attr("subnets"), "Subnet", name)?;
+                    let subnets = ids_for(&ids.subnets, &attr("subnets"), "Subnet", name)?;
                     self.elb
                         .set_subnets()
                         .load_balancer_arn(&actual_id)
@@ -352,7 +352,7 @@ impl AwsTarget {
                         .map_err(|e| api("SetSubnets", name, e))?;
                 }
                 if changed("security_groups") {
-                    let sgs = self.ids_of(&ids.security_groups, &attr("security_groups"), "SecurityGroup", name)?;
+                    let sgs = ids_for(&ids.security_groups, &attr("security_groups"), "SecurityGroup", name)?;
                     self.elb
                         .set_security_groups()
                         .load_balancer_arn(&actual_id)
@@ -385,19 +385,6 @@ impl AwsTarget {
             (kind, _) => return Err(missing("LoadBalancer", name, format!("{} is not a load-balancer resource", kind.as_str()))),
         }
         Ok(())
-    }
-
-    fn ids_of(&self, map: &BTreeMap<String, String>, names: &str, kind: &'static str, user: &str) -> Result<Vec<String>, AwsError> {
-        names
-            .split(',')
-            .filter(|s| !s.is_empty())
-            .map(|n| {
-                if n.starts_with("sg-") || n.starts_with("subnet-") {
-                    return Ok(n.to_string());
-                }
-                map.get(n).cloned().ok_or_else(|| missing(kind, n, format!("needed by {user}")))
-            })
-            .collect()
     }
 
     async fn target_group_attributes(&self, arn: &str, name: &str) -> Result<(), AwsError> {

@@ -145,12 +145,33 @@ pub struct Ids {
     pub load_balancers: BTreeMap<String, (String, String, String)>,
 }
 
+/// The name an id is known by in `map` (name → id), or the id itself when it is not ours.
+pub(crate) fn name_of(map: &BTreeMap<String, String>, id: &str) -> String {
+    map.iter().find(|(_, v)| v.as_str() == id).map(|(k, _)| k.clone()).unwrap_or_else(|| id.to_string())
+}
+
+/// Cloud ids for a comma-separated list of names; a value that is already an id given in the
+/// spec (`sg-<hex>`, `subnet-<hex>`, `arn:…`) is kept (cloud names always carry the cluster name).
+pub(crate) fn ids_for(map: &BTreeMap<String, String>, names: &str, kind: &'static str, user: &str) -> Result<Vec<String>, AwsError> {
+    names
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|n| {
+            let aws_id = |p: &str| n.strip_prefix(p).is_some_and(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit()));
+            if aws_id("sg-") || aws_id("subnet-") || n.starts_with("arn:") {
+                return Ok(n.to_string());
+            }
+            map.get(n).cloned().ok_or_else(|| AwsError::Missing { kind, name: n.to_string(), message: format!("needed by {user}") })
+        })
+        .collect()
+}
+
 impl Ids {
     pub(crate) fn subnet_name(&self, id: &str) -> String {
-        self.subnets.iter().find(|(_, v)| v.as_str() == id).map(|(k, _)| k.clone()).unwrap_or_else(|| id.to_string())
+        name_of(&self.subnets, id)
     }
     pub(crate) fn sg_name(&self, id: &str) -> String {
-        self.security_groups.iter().find(|(_, v)| v.as_str() == id).map(|(k, _)| k.clone()).unwrap_or_else(|| id.to_string())
+        name_of(&self.security_groups, id)
     }
 }
 
@@ -650,7 +671,7 @@ impl AwsTarget {
                 let target_groups: Vec<String> = g
                     .target_group_arns()
                     .iter()
-                    .map(|arn| d.ids.target_groups.iter().find(|(_, v)| *v == arn).map(|(k, _)| k.clone()).unwrap_or_else(|| arn.clone()))
+                    .map(|arn| name_of(&d.ids.target_groups, arn))
                     .collect();
                 let mut r = Resource::new(Kind::AutoscalingGroup, &name)
                     .attr("min_size", g.min_size().unwrap_or_default())
@@ -1352,32 +1373,11 @@ impl AwsTarget {
 
     /// Target-group ARNs for names (an ARN given directly is kept).
     fn target_group_arns(&self, ids: &Ids, names: &str, asg: &str) -> Result<Vec<String>, AwsError> {
-        names
-            .split(',')
-            .filter(|s| !s.is_empty())
-            .map(|n| {
-                if n.starts_with("arn:") {
-                    return Ok(n.to_string());
-                }
-                ids.target_groups.get(n).cloned().ok_or_else(|| AwsError::Missing {
-                    kind: "TargetGroup",
-                    name: n.to_string(),
-                    message: format!("needed by autoscaling group {asg}"),
-                })
-            })
-            .collect()
+        ids_for(&ids.target_groups, names, "TargetGroup", &format!("autoscaling group {asg}"))
     }
 
     fn subnet_ids(&self, ids: &Ids, names: &str, asg: &str) -> Result<String, AwsError> {
-        let mut out = Vec::new();
-        for n in names.split(',').filter(|s| !s.is_empty()) {
-            out.push(ids.subnets.get(n).cloned().ok_or_else(|| AwsError::Missing {
-                kind: "Subnet",
-                name: n.to_string(),
-                message: format!("needed by autoscaling group {asg}"),
-            })?);
-        }
-        Ok(out.join(","))
+        Ok(ids_for(&ids.subnets, names, "Subnet", &format!("autoscaling group {asg}"))?.join(","))
     }
 
     /// After a force delete, wait (bounded) until the group is gone so dependents can be deleted.

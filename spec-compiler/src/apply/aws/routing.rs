@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use aws_sdk_ec2::types as ec2_t;
 
-use super::{api, cluster_filter, tag_spec, tags_of, AwsError, AwsTarget, Discovered, Ids};
+use super::{api, cluster_filter, name_of, tag_spec, tags_of, AwsError, AwsTarget, Discovered, Ids};
 use crate::apply::model::ClusterModel;
 use crate::apply::plan::{Action, Change, Kind, Resource};
 
@@ -78,7 +78,7 @@ pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discov
             .nat_gateway_addresses()
             .iter()
             .find_map(|a| a.allocation_id())
-            .map(|alloc| d.ids.elastic_ips.iter().find(|(_, v)| v.as_str() == alloc).map(|(k, _)| k.clone()).unwrap_or_else(|| alloc.to_string()))
+            .map(|alloc| name_of(&d.ids.elastic_ips, alloc))
             .unwrap_or_default();
         d.ids.nat_gateways.insert(name.clone(), id.clone());
         d.resources.push(Resource {
@@ -137,10 +137,6 @@ pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discov
         });
     }
     Ok(())
-}
-
-fn name_of(map: &BTreeMap<String, String>, id: &str) -> String {
-    map.iter().find(|(_, v)| v.as_str() == id).map(|(k, _)| k.clone()).unwrap_or_else(|| id.to_string())
 }
 
 fn missing(kind: &'static str, name: &str, message: String) -> AwsError {
