@@ -135,9 +135,15 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
 
     // containerd.
     let cc = &cfg.containerd_config;
-    let toml = containerd::config_toml(cc).map_err(render_err(paths::CONTAINERD_CONFIG))?;
+    let kubenet = cfg.networking.plugin.kubenet.is_some();
+    let toml = containerd::config_toml(cc, kubenet).map_err(render_err(paths::CONTAINERD_CONFIG))?;
     tasks.push(Box::new(FileTask::new(paths::CONTAINERD_CONFIG, toml, 0o644)));
     containerd_inputs.push(file_task_name(paths::CONTAINERD_CONFIG));
+    if kubenet {
+        let template = containerd::KUBENET_CNI_TEMPLATE_PATH;
+        tasks.push(Box::new(FileTask::new(template, containerd::KUBENET_CNI_TEMPLATE, 0o644)));
+        containerd_inputs.push(file_task_name(template));
+    }
     for (path, body) in containerd::mirror_files(cc).map_err(render_err("registry mirrors"))? {
         containerd_inputs.push(file_task_name(&path));
         tasks.push(Box::new(FileTask::new(&path, body, 0o644)));

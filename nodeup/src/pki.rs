@@ -202,8 +202,17 @@ impl CertSpec {
     }
 }
 
-/// Issue a leaf certificate signed by the CA `ca_name` (whose subject is `CN=<ca_name>`).
+/// How long the leaf certificates nodeup issues are valid (kOps' 455 days).
+pub const LEAF_VALIDITY: std::time::Duration = std::time::Duration::from_secs(455 * 86400);
+
+/// Issue a leaf certificate signed by the CA `ca_name` (whose subject is `CN=<ca_name>`), valid
+/// for [`LEAF_VALIDITY`].
 pub fn issue(ca_name: &str, ca: &Keypair, spec: &CertSpec) -> Result<Keypair, PkiError> {
+    issue_for(ca_name, ca, spec, LEAF_VALIDITY)
+}
+
+/// [`issue`] with a chosen validity (from an hour before now, against clock skew).
+pub fn issue_for(ca_name: &str, ca: &Keypair, spec: &CertSpec, valid_for: std::time::Duration) -> Result<Keypair, PkiError> {
     let err = |e: rcgen::Error| PkiError::Issue { cn: spec.cn.clone(), message: e.to_string() };
     let ca_key = KeyPair::from_pem(&ca.key_pem)
         .map_err(|e| PkiError::Keyset { name: ca_name.into(), message: format!("private key: {e}") })?;
@@ -225,7 +234,7 @@ pub fn issue(ca_name: &str, ca: &Keypair, spec: &CertSpec) -> Result<Keypair, Pk
     };
     p.use_authority_key_identifier_extension = true;
     p.not_before = now() - time::Duration::hours(1);
-    p.not_after = now() + time::Duration::days(455);
+    p.not_after = now() + time::Duration::seconds(i64::try_from(valid_for.as_secs()).unwrap_or(i64::MAX / 2));
     let key = KeyPair::generate().map_err(err)?;
     let cert = p.signed_by(&key, &issuer, &ca_key).map_err(err)?;
     Ok(Keypair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })

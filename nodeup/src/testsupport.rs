@@ -210,8 +210,8 @@ impl FakeAsset {
 pub fn standard_assets(pad: usize) -> Vec<FakeAsset> {
     let a = |path: &str, bytes: Vec<u8>| FakeAsset { path: path.to_string(), bytes };
     vec![
-        a("release/v1.35.7/bin/linux/amd64/kubelet", fake_binary("kubelet", pad)),
-        a("release/v1.35.7/bin/linux/amd64/kubectl", fake_binary("kubectl", pad)),
+        a("release/v1.34.4/bin/linux/amd64/kubelet", fake_binary("kubelet", pad)),
+        a("release/v1.34.4/bin/linux/amd64/kubectl", fake_binary("kubectl", pad)),
         a("cloud-provider-aws/v1.31.7/linux/amd64/ecr-credential-provider-linux-amd64", fake_binary("ecr-credential-provider", pad / 4)),
         a(
             "plugins/v1.8.0/cni-plugins-linux-amd64-v1.8.0.tgz",

@@ -40,6 +40,10 @@ enum Command {
         /// Where fetched asset hashes are cached.
         #[arg(long = "cache-dir")]
         cache_dir: Option<PathBuf>,
+        /// A file of `<url> <sha256>` lines: hashes of assets a mirror serves that win over the
+        /// versions table (for assets built locally); defaults to $KEELSON_ASSET_HASHES.
+        #[arg(long = "asset-hashes", env = "KEELSON_ASSET_HASHES", value_name = "FILE")]
+        asset_hashes: Option<PathBuf>,
         /// The nodeup binary user-data boots, per architecture: `amd64=SHA256@URL[,MIRROR…]` (repeatable).
         #[arg(long = "nodeup-asset", value_name = "ARCH=SHA256@URL")]
         nodeup_asset: Vec<String>,
@@ -58,6 +62,16 @@ enum Command {
     Delete(spec_compiler::apply::cli::DeleteArgs),
     /// Cluster PKI in a file state store: `keelson pki init --state DIR`.
     Pki(pki_cmd::PkiArgs),
+    /// Export credentials: `keelson export kubeconfig -f SPEC --admin [--ttl 18h]`.
+    #[command(subcommand)]
+    Export(Export),
+}
+
+#[derive(Subcommand)]
+enum Export {
+    /// Write a kubeconfig context for the cluster with a short-lived admin certificate signed by
+    /// the cluster CA in the state store (merged into ~/.kube/config or --kubeconfig).
+    Kubeconfig(spec_compiler::apply::cli::ExportKubeconfigArgs),
 }
 
 fn main() -> ExitCode {
@@ -92,7 +106,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Err(e) => Ok(report(&e)),
         },
-        Command::Compile { file, out, offline, cache_dir, nodeup_asset, feature_flags } => {
+        Command::Compile { file, out, offline, cache_dir, asset_hashes, nodeup_asset, feature_flags } => {
             let mut nodeup_assets = std::collections::BTreeMap::new();
             for item in &nodeup_asset {
                 let (arch, asset) = item
@@ -112,6 +126,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 cache_dir,
                 feature_flags: CompileOptions::parse_feature_flags(&feature_flags),
                 nodeup_assets,
+                asset_hashes: spec_compiler::apply::cli::asset_hashes(asset_hashes.as_deref())?,
             };
             let compiled = spec_compiler::compile(&docs, &options)
                 .with_context(|| format!("compiling {}", file.display()))?;
@@ -125,5 +140,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Apply(args) => spec_compiler::apply::cli::run_apply(args),
         Command::RollingUpdate(args) => spec_compiler::apply::cli::run_rolling_update(args),
         Command::Delete(args) => spec_compiler::apply::cli::run_delete(args),
+        Command::Export(Export::Kubeconfig(args)) => spec_compiler::apply::cli::run_export_kubeconfig(args),
     }
 }

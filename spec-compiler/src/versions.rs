@@ -88,6 +88,9 @@ const HASH_TABLE_TSV: &str = include_str!("versions/hashes.tsv");
 
 #[derive(Debug, thiserror::Error)]
 pub enum VersionsError {
+    #[error("asset hashes file {path}{}: {reason}", if *line > 0 { format!(" line {line}") } else { String::new() })]
+    AssetHashesFile { path: PathBuf, line: usize, reason: String },
+
     #[error("invalid Kubernetes version {version:?}: {reason}")]
     InvalidKubernetesVersion { version: String, reason: String },
 
@@ -694,6 +697,10 @@ pub struct LookupOptions {
     pub containerd_version_override: Option<String>,
     /// `spec.containerd.runc.version`.
     pub runc_version_override: Option<String>,
+    /// Known sha256 of assets, keyed by canonical *or* download URL, that win over the table and
+    /// the published `.sha256` files: for a mirror that serves assets built locally under the
+    /// upstream names (`keelson compile --asset-hashes FILE`, read by [`read_asset_hashes`]).
+    pub asset_hashes: std::collections::BTreeMap<String, String>,
 }
 
 /// A file asset: where to download it (after `fileRepository` rewriting) and its sha256.
@@ -1006,20 +1013,52 @@ fn cache_file(dir: &Path, download_url: &str) -> PathBuf {
     dir.join(format!("{key}.sha256"))
 }
 
-/// Hash overrides: `$KEELSON_ASSET_HASHES` names a file of `<url>\t<sha256>` lines (the format of
-/// `versions/hashes.tsv`; `#` comments), keyed by canonical *or* download URL. It wins over the
-/// table — for a mirror that serves rebuilt assets under the upstream names (the local cloud
-/// serves Debian's containerd/runc/CNI plugins repackaged in the upstream layouts). Unset → none.
-pub fn hash_override(canonical_url: &str, download_url: &str) -> Option<String> {
-    let path = std::env::var_os("KEELSON_ASSET_HASHES").filter(|p| !p.is_empty())?;
-    let text = std::fs::read_to_string(&path).ok()?;
-    text.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .filter_map(|l| l.split_once(char::is_whitespace))
-        .find(|(url, _)| *url == canonical_url || *url == download_url)
-        .map(|(_, h)| h.trim().to_ascii_lowercase())
-        .filter(|h| is_sha256_hex(h))
+/// Read an asset-hashes file: `<url><whitespace><sha256>` lines (the format of
+/// `versions/hashes.tsv`), `#` comments and blank lines ignored. Every other line is an error that
+/// names the file and line.
+pub fn read_asset_hashes(path: &Path) -> Result<std::collections::BTreeMap<String, String>, VersionsError> {
+    let text = std::fs::read_to_string(path).map_err(|e| VersionsError::AssetHashesFile {
+        path: path.to_path_buf(),
+        line: 0,
+        reason: e.to_string(),
+    })?;
+    parse_asset_hashes(&text).map_err(|(line, reason)| VersionsError::AssetHashesFile {
+        path: path.to_path_buf(),
+        line,
+        reason,
+    })
+}
+
+/// Parse the text of an asset-hashes file; `Err((line number, what is wrong))`.
+pub fn parse_asset_hashes(text: &str) -> Result<std::collections::BTreeMap<String, String>, (usize, String)> {
+    let mut out = std::collections::BTreeMap::new();
+    for (i, raw) in text.lines().enumerate() {
+        let l = raw.trim();
+        if l.is_empty() || l.starts_with('#') {
+            continue;
+        }
+        let mut fields = l.split_whitespace();
+        let (Some(url), Some(hash), None) = (fields.next(), fields.next(), fields.next()) else {
+            return Err((i + 1, format!("expected `<url> <sha256>`, got {l:?}")));
+        };
+        let hash = hash.to_ascii_lowercase();
+        if !is_sha256_hex(&hash) {
+            return Err((i + 1, format!("{hash:?} is not a sha256 (64 hex digits)")));
+        }
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err((i + 1, format!("{url:?} is not an http(s) URL")));
+        }
+        out.insert(url.to_string(), hash);
+    }
+    Ok(out)
+}
+
+/// The hash given for an asset in [`LookupOptions::asset_hashes`], by canonical or download URL.
+pub fn hash_override(canonical_url: &str, download_url: &str, opts: &LookupOptions) -> Option<String> {
+    opts.asset_hashes
+        .get(download_url)
+        .or_else(|| opts.asset_hashes.get(canonical_url))
+        .cloned()
 }
 
 /// Find the sha256 of an asset, kOps-style: [`hash_override`], then the well-known table keyed by
@@ -1031,7 +1070,7 @@ pub fn lookup_sha256(
     download_url: &str,
     opts: &LookupOptions,
 ) -> Result<String, VersionsError> {
-    if let Some(h) = hash_override(canonical_url, download_url) {
+    if let Some(h) = hash_override(canonical_url, download_url, opts) {
         return Ok(h);
     }
     if let Some(h) = known_sha256(canonical_url) {
@@ -1535,6 +1574,27 @@ mod tests {
             remap_image("quay.io/cilium/cilium:v1", None, Some("proxy.example.com")),
             "proxy.example.com/cilium/cilium:v1"
         );
+    }
+
+    #[test]
+    fn asset_hashes_win_and_bad_lines_are_named() {
+        let h = "a".repeat(64);
+        let mirrored = LookupOptions { file_repository: Some("http://10.0.0.1:8080/".into()), ..offline() };
+        let kubelet_url = Versions::for_kubernetes("1.34.4", &mirrored).unwrap().assets(Arch::Amd64, &["kubelet"]).unwrap()[0].url.clone();
+        assert!(kubelet_url.starts_with("http://10.0.0.1:8080/"), "{kubelet_url}");
+        let text = format!("# local mirror\n\n{kubelet_url}\t{}\n", h.to_uppercase());
+        let map = parse_asset_hashes(&text).unwrap();
+        let o = LookupOptions { asset_hashes: map, ..mirrored };
+        let v = Versions::for_kubernetes("1.34.4", &o).unwrap();
+        let a = v.assets(Arch::Amd64, &["kubelet", "kubectl"]).unwrap();
+        assert_eq!(a[0].sha256, h, "the given hash wins over the table");
+        assert_ne!(a[1].sha256, h, "other assets keep the table's hash");
+        assert_eq!(parse_asset_hashes("http://x/y abc\n").unwrap_err().0, 1);
+        let e = parse_asset_hashes(&format!("# c\nhttp://x/y {h} extra\n")).unwrap_err();
+        assert_eq!(e.0, 2);
+        assert!(parse_asset_hashes(&format!("ftp://x/y {h}\n")).unwrap_err().1.contains("http"));
+        let missing = read_asset_hashes(Path::new("/nonexistent/hashes.tsv")).unwrap_err().to_string();
+        assert!(missing.contains("/nonexistent/hashes.tsv"), "{missing}");
     }
 
     #[test]

@@ -19,7 +19,7 @@ use crate::machine::{self, Environment, Machine, MachineInfo};
 use crate::net::{self, Segment};
 use crate::paths::{self, MachinePaths, State};
 use crate::spec::Spec;
-use crate::{cmd, etcd, mirror, moto, rootfs, volumes};
+use crate::{cmd, etcd, kubernetes, mirror, moto, rootfs, volumes};
 
 /// Reconcile interval of the daemon.
 pub const TICK: Duration = Duration::from_millis(300);
@@ -63,6 +63,51 @@ pub struct ClusterState {
     /// Running instances in moto.
     #[serde(default)]
     pub instances: usize,
+    /// The image registry the machines pull from (`host:port` on the bridge).
+    #[serde(default)]
+    pub registry: String,
+    #[serde(default)]
+    pub registry_pid: i64,
+}
+
+/// The versions a compiled cluster runs, read from `cluster-completed.yaml`: what to build.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterVersions {
+    pub kubernetes: String,
+    pub etcd: String,
+    pub containerd: String,
+    pub pause: String,
+}
+
+impl ClusterVersions {
+    pub fn read(path: &Path) -> anyhow::Result<ClusterVersions> {
+        let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        Self::parse(&text).with_context(|| format!("{}", path.display()))
+    }
+
+    pub fn parse(text: &str) -> anyhow::Result<ClusterVersions> {
+        let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(text)?;
+        let spec = doc.get("spec").ok_or_else(|| anyhow!("no spec"))?;
+        let field = |v: Option<&serde_yaml_ng::Value>, what: &str| -> anyhow::Result<String> {
+            v.and_then(|v| v.as_str()).map(|s| s.trim_start_matches('v').to_string()).ok_or_else(|| anyhow!("{what}: missing"))
+        };
+        let kubernetes = field(spec.get("kubernetesVersion"), "spec.kubernetesVersion")?;
+        let etcds: BTreeSet<String> = spec
+            .get("etcdClusters")
+            .and_then(|e| e.as_sequence())
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c.get("version").and_then(|v| v.as_str()).map(|v| v.trim_start_matches('v').to_string()))
+            .collect();
+        if etcds.len() != 1 {
+            bail!("spec.etcdClusters[].version: the local cloud builds one etcd version, the spec has {etcds:?}");
+        }
+        let etcd = etcds.into_iter().next().unwrap_or_default();
+        let containerd = field(spec.get("containerd").and_then(|c| c.get("version")), "spec.containerd.version")?;
+        let sandbox = field(spec.get("containerd").and_then(|c| c.get("sandboxImage")), "spec.containerd.sandboxImage")?;
+        let pause = sandbox.rsplit_once(':').map(|(_, t)| t.to_string()).ok_or_else(|| anyhow!("spec.containerd.sandboxImage {sandbox:?}: no tag"))?;
+        Ok(ClusterVersions { kubernetes, etcd, containerd, pause })
+    }
 }
 
 impl ClusterState {
@@ -220,35 +265,63 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
     cs.phase = "building the asset mirror".into();
     cs.save(state);
     let bins = mirror::bin_dir();
-    for b in ["keelson", "nodeup", "protokube", "kubelet-standin"] {
+    for b in ["keelson", "nodeup", "protokube"] {
         if !bins.join(b).is_file() {
             bail!("{b} binary not found in {} (build the workspace first: cargo build --workspace; or set KEELSON_BIN_DIR)", bins.display());
         }
     }
+    let registry_addr = format!("{gw}:{}", kubernetes::REGISTRY_PORT);
     let local_spec = state.root.join("spec.yaml");
-    fs::write(&local_spec, spec.local_text(&mirror_url, &image))?;
+    fs::write(&local_spec, spec.local_text(&mirror_url, &registry_addr, &image))?;
     let kops_base = format!("http://{gw}:{}/kops", cs.mirror_port);
     let nodeup_url = format!("http://{gw}:{}/keelson/nodeup", cs.mirror_port);
     let protokube_urls = ["amd64", "arm64"].map(|a| format!("{kops_base}/linux/{a}/protokube"));
     let cache = paths::cache_dir();
     let mut first = vec![nodeup_url.clone()];
     first.extend(protokube_urls);
-    let mut hashes = mirror::build(&cache, &bins, &mirror_root, &first)?;
-    let overrides = state.root.join("asset-hashes.tsv");
-    mirror::write_overrides(&overrides, &hashes)?;
     let keelson = bins.join("keelson");
     let compiled = state.compiled_dir();
-    let _ = fs::remove_dir_all(&compiled);
-    let out = cmd::run(
-        Command::new(&keelson)
-            .args(["compile", "--offline", "-f"])
-            .arg(&local_spec)
-            .arg("--out")
-            .arg(&compiled)
-            .env("KEELSON_ASSET_HASHES", &overrides)
-            .env("KOPS_BASE_URL", &kops_base),
-    );
-    out.context("keelson compile of the local spec (to learn the asset URLs)")?;
+    let overrides = state.root.join("asset-hashes.tsv");
+    let compile = |overrides: &Path| {
+        let _ = fs::remove_dir_all(&compiled);
+        cmd::run(
+            Command::new(&keelson)
+                .args(["compile", "--offline", "-f"])
+                .arg(&local_spec)
+                .arg("--out")
+                .arg(&compiled)
+                .arg("--asset-hashes")
+                .arg(overrides)
+                .env("KOPS_BASE_URL", &kops_base),
+        )
+        .context("keelson compile of the local spec (to learn the asset URLs and versions)")
+    };
+    // A first compile with the table's hashes names every asset and version the cluster needs.
+    mirror::write_overrides(&overrides, &BTreeMap::new())?;
+    compile(&overrides)?;
+    let versions = ClusterVersions::read(&compiled.join("cluster-completed.yaml"))?;
+
+    cs.phase = format!("building Kubernetes v{} from source (cached after the first run)", versions.kubernetes);
+    cs.save(state);
+    let local = mirror::LocalBuilds {
+        kubernetes_bin: kubernetes::kubernetes_binaries(&versions.kubernetes)?,
+        containerd_archive: kubernetes::containerd_archive(&versions.containerd)?,
+    };
+    cs.phase = "building the images".into();
+    cs.save(state);
+    let layout = kubernetes::images(&versions.kubernetes, &versions.etcd, &versions.pause)?;
+    cs.phase = format!("pushing the images to the registry at {registry_addr}");
+    cs.save(state);
+    let registry = kubernetes::Registry::start(&gw.to_string(), kubernetes::REGISTRY_PORT, &cache.join("registry"), &state.root.join("registry.log"))?;
+    cs.registry = registry_addr.clone();
+    cs.registry_pid = registry.pid() as i64;
+    kubernetes::push(&layout, &registry_addr)?;
+
+    cs.phase = "building the asset mirror".into();
+    cs.save(state);
+    let mut hashes = mirror::build(&cache, &bins, &local, &mirror_root, &first)?;
+    mirror::write_overrides(&overrides, &hashes)?;
+    compile(&overrides)?;
     let mut urls = BTreeSet::new();
     for e in fs::read_dir(compiled.join("nodeup"))?.flatten() {
         let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(&fs::read_to_string(e.path())?)?;
@@ -259,7 +332,7 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
         }
     }
     let urls: Vec<String> = urls.into_iter().filter(|u| u.starts_with(&mirror_url) || u.starts_with(&kops_base)).collect();
-    hashes.extend(mirror::build(&cache, &bins, &mirror_root, &urls)?);
+    hashes.extend(mirror::build(&cache, &bins, &local, &mirror_root, &urls)?);
     mirror::write_overrides(&overrides, &hashes)?;
     let nodeup_sha = hashes.get(&nodeup_url).cloned().unwrap_or_default();
 
@@ -273,7 +346,8 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
             .arg(cs.endpoint())
             .arg("--nodeup-asset")
             .arg(format!("amd64={nodeup_sha}@{nodeup_url}"))
-            .env("KEELSON_ASSET_HASHES", &overrides)
+            .arg("--asset-hashes")
+            .arg(&overrides)
             .env("KOPS_BASE_URL", &kops_base)
             .env("AWS_ACCESS_KEY_ID", "keelson-local")
             .env("AWS_SECRET_ACCESS_KEY", "keelson-local")

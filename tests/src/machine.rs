@@ -253,9 +253,18 @@ impl Machine {
         let console2 = console
             .try_clone()
             .map_err(io_err(&id, &self.paths.console_log()))?;
+        let containerd_dir = self.paths.containerd_dir();
+        fs::create_dir_all(&containerd_dir).map_err(io_err(&id, &containerd_dir))?;
+        // What a cloud instance has and a container does not, so that the kubelet and containerd
+        // run as on EC2 (nothing of this reaches the product's defaults):
+        // * writable cgroup v1 controller hierarchies (nspawn mounts them read-only; the init
+        //   wrapper remounts them before systemd starts, so systemd delegates them as on a host);
+        // * writable /sys and /proc/sys (SYSTEMD_NSPAWN_API_VFS_WRITABLE) for sysctls;
+        // * the keyring system calls (runc gives every container its own session keyring);
+        // * /dev/kmsg (the kubelet's OOM watcher reads it);
+        // * /var/lib/containerd on the host's file system (see `MachinePaths::containerd_dir`).
         let nspawn = Command::new("systemd-nspawn")
             .args([
-                "--boot",
                 "--register=no",
                 "--keep-unit",
                 "--console=read-only",
@@ -263,12 +272,17 @@ impl Machine {
                 "--timezone=off",
                 "--link-journal=no",
                 "--capability=all",
+                "--system-call-filter=@keyring",
+                "--bind=/dev/kmsg",
             ])
+            .arg(format!("--bind={}:/var/lib/containerd", containerd_dir.display()))
             .arg(format!("--network-namespace-path=/run/netns/{}", self.info.netns))
             .arg(format!("--machine={id}"))
             .arg("--directory")
             .arg(self.paths.root())
+            .arg(format!("/{}", rootfs::INIT))
             .env("SYSTEMD_NSPAWN_LOCK", "0")
+            .env("SYSTEMD_NSPAWN_API_VFS_WRITABLE", "1")
             .stdin(Stdio::null())
             .stdout(console)
             .stderr(console2)

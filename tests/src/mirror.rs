@@ -3,11 +3,11 @@
 //!
 //! | asset (upstream name)                      | served content                                              |
 //! |--------------------------------------------|-------------------------------------------------------------|
-//! | `containerd-<v>-linux-amd64.tar.gz`        | Debian `containerd`, repacked as upstream: `bin/containerd`, `bin/containerd-shim-runc-v2`, `bin/ctr` |
-//! | `runc.amd64`                               | Debian `runc`'s `/usr/sbin/runc`                            |
+//! | `containerd-<v>-linux-amd64.tar.gz`        | containerd `<v>` built from its Go module (`tests/kubernetes/build-containerd.sh`), upstream layout |
+//! | `runc.amd64`                               | [`RUNC_SHIM`]: Debian's runc (in the machines' rootfs) behind a shim for this host's missing `CAP_SYS_RESOURCE` |
 //! | `cni-plugins-linux-amd64-v<v>.tgz`         | Debian `containernetworking-plugins`' `/usr/lib/cni/*`, flat as upstream |
-//! | `kubelet`                                  | the kubelet stand-in (static pods' host commands; the real kubelet is not available offline) |
-//! | `kubectl`, `ecr-credential-provider-*`     | a script that says it is not available offline              |
+//! | `kubelet`, `kubectl`                       | built from the `k8s.io/kubernetes` Go module at the cluster's version (`tests/kubernetes/build.sh`) |
+//! | `ecr-credential-provider-*`                | a script that says it is not available offline              |
 //! | `protokube`, `nodeup`                      | this workspace's builds                                     |
 //!
 //! Every file's sha256 goes into a hash-override file (`KEELSON_ASSET_HASHES`, read by the versions
@@ -26,8 +26,36 @@ use sha2::{Digest, Sha256};
 
 use crate::cmd::{self, CmdError};
 
-pub const DEBIAN_PACKAGES: &[&str] = &["containerd", "runc", "containernetworking-plugins"];
-const CONTAINERD_BINARIES: &[&str] = &["containerd", "containerd-shim-runc-v2", "ctr"];
+pub const DEBIAN_PACKAGES: &[&str] = &["containernetworking-plugins"];
+
+/// The local cloud's `runc` asset. This host (itself a container) lacks `CAP_SYS_RESOURCE`, so no
+/// process on it may lower an `oom_score_adj` below 0 — which the kubelet asks runc to do for every
+/// pod sandbox (-998) and critical container (-997), and runc fails the container when the write is
+/// refused. The shim raises negative `oomScoreAdj` values in the bundle's `config.json` (or an exec's
+/// process file) to 0 and runs Debian's runc (`/usr/sbin/runc`, part of the machines' rootfs).
+/// Nothing of this reaches the product: nodeup installs whatever the `runc` asset is.
+pub const RUNC_SHIM: &str = r#"#!/bin/sh
+# keelson-local runc shim: this host cannot lower oom_score_adj (no CAP_SYS_RESOURCE); clamp the
+# OCI spec's negative oomScoreAdj to 0, then run Debian's runc.
+prev=
+for a in "$@"; do
+  case $prev in
+    --bundle|-b) [ -f "$a/config.json" ] && sed -i -E 's/"oomScoreAdj":-[0-9]+/"oomScoreAdj":0/' "$a/config.json" ;;
+    --process|-p) [ -f "$a" ] && sed -i -E 's/"oomScoreAdj":-[0-9]+/"oomScoreAdj":0/' "$a" ;;
+  esac
+  prev=$a
+done
+exec /usr/sbin/runc "$@"
+"#;
+
+/// What the mirror serves that was built from source for this cluster.
+#[derive(Debug, Clone)]
+pub struct LocalBuilds {
+    /// Holds `kubelet` and `kubectl` of the cluster's Kubernetes version.
+    pub kubernetes_bin: PathBuf,
+    /// `containerd-<v>-linux-amd64.tar.gz` of the cluster's containerd version.
+    pub containerd_archive: PathBuf,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum MirrorError {
@@ -144,7 +172,7 @@ pub fn bin_dir() -> PathBuf {
 }
 
 /// Build the file an asset URL names into `dest` (its content depends only on the file name).
-pub fn build_asset(cache: &Path, bins: &Path, url: &str, dest: &Path) -> Result<(), MirrorError> {
+pub fn build_asset(cache: &Path, bins: &Path, local: &LocalBuilds, url: &str, dest: &Path) -> Result<(), MirrorError> {
     let name = url.rsplit('/').next().unwrap_or("").to_string();
     if let Some(d) = dest.parent() {
         fs::create_dir_all(d).map_err(io(d))?;
@@ -153,26 +181,18 @@ pub fn build_asset(cache: &Path, bins: &Path, url: &str, dest: &Path) -> Result<
         format!("#!/bin/sh\necho \"{what} is not available in keelson-local (it cannot be downloaded offline)\" >&2\nexit 1\n")
     };
     match name.as_str() {
-        "kubelet" => copy(&bins.join("kubelet-standin"), dest, "kubelet-standin"),
-        "kubectl" => script(dest, &not_offline("kubectl")),
+        "kubelet" | "kubectl" => copy(&local.kubernetes_bin.join(&name), dest, &name),
         "protokube" if url.contains("/arm64/") => script(dest, &not_offline("an arm64 protokube build")),
         "protokube" => copy(&bins.join("protokube"), dest, "protokube"),
         "nodeup" => copy(&bins.join("nodeup"), dest, "nodeup"),
         n if n.starts_with("ecr-credential-provider") || n.starts_with("auth-provider-gcp") => script(dest, &not_offline(n)),
-        n if n.starts_with("runc.") => {
-            let pkg = debian_package(cache, "runc")?;
-            copy(&pkg.join("usr/sbin/runc"), dest, "Debian runc")
-        }
+        n if n.starts_with("runc.") => script(dest, RUNC_SHIM),
         n if n.starts_with("containerd-") && n.ends_with(".tar.gz") => {
-            let pkg = debian_package(cache, "containerd")?;
-            let cached = cache.join(format!("repacked/{}-{}", pkg.file_name().and_then(|s| s.to_str()).unwrap_or(""), "containerd.tar.gz"));
-            if !cached.exists() {
-                fs::create_dir_all(cached.parent().unwrap_or(cache)).map_err(io(cache))?;
-                let entries: Vec<(String, PathBuf)> = CONTAINERD_BINARIES.iter().map(|b| (format!("bin/{b}"), pkg.join("usr/bin").join(b))).collect();
-                tar_gz(&cached, &entries)?;
+            let built = local.containerd_archive.file_name().and_then(|f| f.to_str()).unwrap_or("");
+            if built != n {
+                return Err(MirrorError::UnknownAsset { url: url.to_string(), name: format!("{n} (built: {built})") });
             }
-            fs::copy(&cached, dest).map_err(io(dest))?;
-            Ok(())
+            copy(&local.containerd_archive, dest, "containerd archive")
         }
         n if n.starts_with("cni-plugins-") && (n.ends_with(".tgz") || n.ends_with(".tar.gz")) => {
             let pkg = debian_package(cache, "containernetworking-plugins")?;
@@ -194,12 +214,12 @@ pub fn build_asset(cache: &Path, bins: &Path, url: &str, dest: &Path) -> Result<
 }
 
 /// Build every asset in `urls` under `root` (at each URL's path) and return url → sha256.
-pub fn build(cache: &Path, bins: &Path, root: &Path, urls: &[String]) -> Result<BTreeMap<String, String>, MirrorError> {
+pub fn build(cache: &Path, bins: &Path, local: &LocalBuilds, root: &Path, urls: &[String]) -> Result<BTreeMap<String, String>, MirrorError> {
     let mut hashes = BTreeMap::new();
     for url in urls {
         let dest = root.join(url_path(url));
         if !dest.exists() {
-            build_asset(cache, bins, url, &dest)?;
+            build_asset(cache, bins, local, url, &dest)?;
         }
         let h = sha256_file(&dest)?;
         // Also publish `<file>.sha256`, as upstream release sites do.
@@ -210,9 +230,9 @@ pub fn build(cache: &Path, bins: &Path, root: &Path, urls: &[String]) -> Result<
     Ok(hashes)
 }
 
-/// The `KEELSON_ASSET_HASHES` file.
+/// The `keelson --asset-hashes` file.
 pub fn write_overrides(path: &Path, hashes: &BTreeMap<String, String>) -> Result<(), MirrorError> {
-    let mut s = String::from("# keelson-local asset mirror: url <TAB> sha256 (read through KEELSON_ASSET_HASHES)\n");
+    let mut s = String::from("# keelson-local asset mirror: url <TAB> sha256 (keelson compile/apply --asset-hashes)\n");
     for (u, h) in hashes {
         s.push_str(&format!("{u}\t{h}\n"));
     }

@@ -94,6 +94,11 @@ impl MachinePaths {
     pub fn root(&self) -> PathBuf {
         self.dir.join("root")
     }
+    /// The machine's `/var/lib/containerd`: a host directory, because containerd's overlayfs
+    /// snapshotter cannot put its upper directories on the machine's own overlay root.
+    pub fn containerd_dir(&self) -> PathBuf {
+        self.dir.join("containerd")
+    }
     pub fn console_log(&self) -> PathBuf {
         self.dir.join("console.log")
     }

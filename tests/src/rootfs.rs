@@ -30,14 +30,15 @@ pub const PACKAGES: &[&str] = &[
     "util-linux",
     "mount",
     "e2fsprogs",
-    "etcd-server",
+    "conntrack",
     "etcd-client",
+    // Run by the mirror's `runc` (see `mirror::RUNC_SHIM`); nodeup installs that one.
+    "runc",
 ];
 
 /// Units of the Debian packages that must not start in a machine: etcd is started from the static
 /// pod manifest only; the timers would wake up at random and cost CPU.
 const MASKED_UNITS: &[&str] = &[
-    "etcd.service",
     "apt-daily.timer",
     "apt-daily-upgrade.timer",
     "dpkg-db-backup.timer",
@@ -50,7 +51,20 @@ const MASKED_UNITS: &[&str] = &[
 ];
 
 /// Bump when the customisation below changes (it is part of the cache key).
-const SETUP_VERSION: &str = "3";
+const SETUP_VERSION: &str = "4";
+
+/// The machine's PID 1: makes the cgroup v1 controller hierarchies writable, then becomes systemd.
+pub const INIT: &str = "usr/local/lib/keelson-local/init";
+const INIT_TEXT: &str = r#"#!/bin/sh
+# keelson-local: systemd-nspawn mounts the cgroup v1 controller hierarchies read-only; a cloud
+# instance's systemd owns them. Remount them writable before systemd starts, so that systemd, the
+# kubelet and containerd (systemd cgroup driver) manage cgroups as they do on EC2.
+mount -o remount,rw /sys/fs/cgroup 2>/dev/null
+for d in /sys/fs/cgroup/*/; do
+  mount -o remount,bind,rw "$d" 2>/dev/null || echo "keelson-local init: cannot make $d writable" >&2
+done
+exec /lib/systemd/systemd "$@"
+"#;
 
 pub const USER_DATA_UNIT: &str = "keelson-user-data.service";
 pub const USER_DATA_RUNNER: &str = "usr/local/lib/keelson-local/run-user-data";
@@ -134,6 +148,7 @@ pub fn cache_key() -> String {
     h.update([1]);
     h.update(SETUP_VERSION);
     h.update(RUN_USER_DATA);
+    h.update(INIT_TEXT);
     h.update(USER_DATA_UNIT_TEXT);
     for u in MASKED_UNITS {
         h.update(u);
@@ -284,6 +299,7 @@ fn symlink(target: &str, link: &Path) -> Result<(), RootfsError> {
 /// gets a fresh one), no apt caches.
 fn customise(root: &Path) -> Result<(), RootfsError> {
     write(&root.join(USER_DATA_RUNNER), RUN_USER_DATA, 0o755)?;
+    write(&root.join(INIT), INIT_TEXT, 0o755)?;
     let unit = root.join("etc/systemd/system").join(USER_DATA_UNIT);
     write(&unit, USER_DATA_UNIT_TEXT, 0o644)?;
     symlink(
@@ -366,10 +382,12 @@ mod tests {
     fn runner_is_valid_sh() {
         let dir = std::env::temp_dir().join(format!("kl-runner-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
-        let f = dir.join("r.sh");
-        fs::write(&f, RUN_USER_DATA).unwrap();
-        let st = Command::new("sh").arg("-n").arg(&f).status().unwrap();
+        for (name, text) in [("r.sh", RUN_USER_DATA), ("init.sh", INIT_TEXT)] {
+            let f = dir.join(name);
+            fs::write(&f, text).unwrap();
+            let st = Command::new("sh").arg("-n").arg(&f).status().unwrap();
+            assert!(st.success(), "{name} is not valid sh");
+        }
         let _ = fs::remove_dir_all(&dir);
-        assert!(st.success());
     }
 }

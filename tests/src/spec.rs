@@ -98,7 +98,11 @@ impl Spec {
     }
 
     /// The spec as the local cloud applies it: assets from the mirror, moto's image for every group.
-    pub fn local_text(&self, file_repository: &str, image: &str) -> String {
+    /// The spec as the local cloud applies it: assets from the local mirror and registry (the
+    /// air-gapped path of the product: `assets.fileRepository`, `assets.containerRegistry`, and a
+    /// `containerd.registryMirrors` entry that tells containerd the registry speaks plain HTTP),
+    /// and the local image for every instance group.
+    pub fn local_text(&self, file_repository: &str, registry: &str, image: &str) -> String {
         let mut out = String::new();
         for d in &self.docs {
             let mut d = d.clone();
@@ -110,6 +114,18 @@ impl Spec {
                             .or_insert_with(|| Value::Mapping(Default::default()));
                         if let Some(a) = assets.as_mapping_mut() {
                             a.insert(Value::from("fileRepository"), Value::from(file_repository));
+                            a.insert(Value::from("containerRegistry"), Value::from(registry));
+                        }
+                        let containerd = spec
+                            .entry(Value::from("containerd"))
+                            .or_insert_with(|| Value::Mapping(Default::default()));
+                        if let Some(c) = containerd.as_mapping_mut() {
+                            let mirrors = c
+                                .entry(Value::from("registryMirrors"))
+                                .or_insert_with(|| Value::Mapping(Default::default()));
+                            if let Some(m) = mirrors.as_mapping_mut() {
+                                m.insert(Value::from(registry), Value::Sequence(vec![Value::from(format!("http://{registry}"))]));
+                            }
                         }
                     }
                 }
@@ -141,8 +157,10 @@ mod tests {
         assert_eq!(s.bucket().as_deref(), Some("acme-keelson-state"));
         assert_eq!(s.zone_name().as_deref(), Some("k8s.example.com"));
         assert_eq!(s.etcd_clusters, ["main", "events"]);
-        let t = s.local_text("http://172.20.255.254:8080/", "ami-123");
+        let t = s.local_text("http://172.20.255.254:8080/", "172.20.255.254:5000", "ami-123");
         assert!(t.contains("fileRepository: http://172.20.255.254:8080/"));
+        assert!(t.contains("containerRegistry: 172.20.255.254:5000"));
+        assert!(t.contains("172.20.255.254:5000:\n      - http://172.20.255.254:5000"), "{t}");
         assert_eq!(t.matches("image: ami-123").count(), 4);
         assert_eq!(t.matches("---\n").count(), 5);
     }

@@ -68,8 +68,49 @@ struct Registry {
 struct Runtime {
     #[serde(skip_serializing_if = "Option::is_none")]
     enable_selinux: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cni: Option<Cni>,
     containerd: RuntimeContainerd,
 }
+
+#[derive(Debug, Serialize)]
+struct Cni {
+    conf_template: String,
+}
+
+/// Where the kubenet CNI template lives; containerd renders it into `/etc/cni/net.d` once the
+/// kubelet tells it the node's pod CIDR (kOps' kubenet on containerd).
+pub const KUBENET_CNI_TEMPLATE_PATH: &str = "/etc/containerd/config-cni.template";
+
+/// The kubenet network as a containerd CNI template: a `cbr0` bridge that is the pods' gateway,
+/// addresses from the node's pod CIDR(s) (`host-local`), and host ports (`portmap`). Traffic to other
+/// nodes' pod CIDRs leaves through the node's routes (set by the cloud's route controller).
+pub const KUBENET_CNI_TEMPLATE: &str = r#"{
+  "cniVersion": "0.4.0",
+  "name": "kubenet",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "cbr0",
+      "mtu": 1500,
+      "isGateway": true,
+      "ipMasq": false,
+      "promiscMode": true,
+      "hairpinMode": false,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [{{range $i, $range := .PodCIDRRanges}}{{if $i}}, {{end}}[{"subnet": "{{$range}}"}]{{end}}],
+        "routes": [{{range $i, $route := .Routes}}{{if $i}}, {{end}}{"dst": "{{$route}}"}{{end}}]
+      }
+    },
+    {
+      "type": "portmap",
+      "capabilities": {"portMappings": true},
+      "externalSetMarkChain": "KUBE-MARK-MASQ"
+    }
+  ]
+}
+"#;
 
 #[derive(Debug, Serialize)]
 struct RuntimeContainerd {
@@ -106,8 +147,9 @@ fn config_version(version: Option<&str>) -> i64 {
 /// The default pause image when the spec pins none.
 pub const DEFAULT_SANDBOX_IMAGE: &str = "registry.k8s.io/pause:3.10.1";
 
-/// Render `config.toml` (or the user's `configOverride` verbatim).
-pub fn config_toml(c: &ContainerdConfig) -> Result<String, String> {
+/// Render `config.toml` (or the user's `configOverride` verbatim). With `kubenet`, containerd writes
+/// the pod network's CNI config from [`KUBENET_CNI_TEMPLATE`].
+pub fn config_toml(c: &ContainerdConfig, kubenet: bool) -> Result<String, String> {
     if let Some(o) = &c.config_override {
         return Ok(o.clone());
     }
@@ -134,6 +176,7 @@ pub fn config_toml(c: &ContainerdConfig) -> Result<String, String> {
             },
             runtime: Runtime {
                 enable_selinux: c.selinux_enabled.filter(|s| *s),
+                cni: kubenet.then(|| Cni { conf_template: KUBENET_CNI_TEMPLATE_PATH.into() }),
                 containerd: RuntimeContainerd { default_runtime_name: "runc".into(), runtimes },
             },
         },
@@ -199,9 +242,15 @@ mod tests {
     #[test]
     fn systemd_cgroups_and_pinned_pause() {
         let c: ContainerdConfig = serde_yaml_ng::from_str("version: 2.3.4\nsandboxImage: registry.k8s.io/pause:3.10.1\nlogLevel: info\n").expect("yaml");
-        let t = config_toml(&c).expect("toml");
+        let t = config_toml(&c, false).expect("toml");
         let v: toml::Value = toml::from_str(&t).expect("parses back");
         assert_eq!(v["version"].as_integer(), Some(4));
+        assert!(v["plugins"]["io.containerd.cri.v1.runtime"].get("cni").is_none());
+        let k: toml::Value = toml::from_str(&config_toml(&c, true).expect("toml")).expect("parses back");
+        assert_eq!(
+            k["plugins"]["io.containerd.cri.v1.runtime"]["cni"]["conf_template"].as_str(),
+            Some(KUBENET_CNI_TEMPLATE_PATH)
+        );
         let rt = &v["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["runc"];
         assert_eq!(rt["options"]["SystemdCgroup"].as_bool(), Some(true));
         assert_eq!(v["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"].as_str(), Some("registry.k8s.io/pause:3.10.1"));

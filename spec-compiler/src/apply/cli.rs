@@ -36,6 +36,10 @@ pub struct Common {
     pub offline: bool,
     #[arg(long = "cache-dir")]
     pub cache_dir: Option<PathBuf>,
+    /// A file of `<url> <sha256>` lines: hashes of assets a mirror serves that win over the versions
+    /// table (for assets built locally); defaults to $KEELSON_ASSET_HASHES.
+    #[arg(long = "asset-hashes", env = "KEELSON_ASSET_HASHES", value_name = "FILE")]
+    pub asset_hashes: Option<PathBuf>,
     /// The nodeup binary user-data boots: `amd64=SHA256@URL[,MIRROR…]` (repeatable).
     #[arg(long = "nodeup-asset", value_name = "ARCH=SHA256@URL")]
     pub nodeup_asset: Vec<String>,
@@ -147,6 +151,14 @@ pub fn parse_nodeup_assets(items: &[String]) -> anyhow::Result<BTreeMap<Arch, No
     Ok(out)
 }
 
+/// The `--asset-hashes` file, read (none → no hashes).
+pub fn asset_hashes(path: Option<&std::path::Path>) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    match path {
+        Some(p) => Ok(crate::versions::read_asset_hashes(p)?),
+        None => Ok(Default::default()),
+    }
+}
+
 fn load(common: &Common) -> anyhow::Result<Result<(keelson_api::Documents, CompileOptions), ExitCode>> {
     let nodeup_assets = parse_nodeup_assets(&common.nodeup_asset)?;
     let docs = match load_spec(&common.file) {
@@ -163,6 +175,7 @@ fn load(common: &Common) -> anyhow::Result<Result<(keelson_api::Documents, Compi
         cache_dir: common.cache_dir.clone(),
         feature_flags: CompileOptions::parse_feature_flags(&common.feature_flags),
         nodeup_assets,
+        asset_hashes: asset_hashes(common.asset_hashes.as_deref())?,
     };
     Ok(Ok((docs, options)))
 }
@@ -334,5 +347,72 @@ async fn direct_delete(args: &DeleteArgs, model: &super::model::ClusterModel) ->
         Ok(())
     })
     .await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `keelson export kubeconfig`.
+#[derive(Debug, clap::Args)]
+pub struct ExportKubeconfigArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Issue a cluster-admin client certificate (group system:masters) signed by the cluster CA.
+    #[arg(long)]
+    pub admin: bool,
+    /// How long the admin certificate is valid (Go duration: 18h, 30m, 2h30m).
+    #[arg(long, default_value = "18h")]
+    pub ttl: String,
+    /// The kubeconfig to merge into; defaults to the first path of $KUBECONFIG, then ~/.kube/config.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The API server URL; defaults to https://<masterPublicName> (api.<cluster>).
+    #[arg(long)]
+    pub server: Option<String>,
+    /// The certificate's user name (CN).
+    #[arg(long, default_value = "admin")]
+    pub user: String,
+}
+
+fn default_kubeconfig() -> anyhow::Result<PathBuf> {
+    if let Some(first) = std::env::var_os("KUBECONFIG").and_then(|v| std::env::split_paths(&v).find(|p| !p.as_os_str().is_empty())) {
+        return Ok(first);
+    }
+    let home = std::env::var_os("HOME").filter(|h| !h.is_empty()).ok_or_else(|| anyhow::anyhow!("neither --kubeconfig, $KUBECONFIG nor $HOME is set"))?;
+    Ok(PathBuf::from(home).join(".kube").join("config"))
+}
+
+pub fn run_export_kubeconfig(args: ExportKubeconfigArgs) -> anyhow::Result<ExitCode> {
+    if !args.admin {
+        anyhow::bail!("only `--admin` credentials can be exported (the cluster has no other authentication for users)");
+    }
+    let ttl: keelson_api::Duration = args.ttl.parse().map_err(|e| anyhow::anyhow!("--ttl: {e}"))?;
+    let ttl = std::time::Duration::from_nanos(u64::try_from(ttl.as_nanos()).map_err(|_| anyhow::anyhow!("--ttl {}: must be positive", args.ttl))?);
+    let (docs, options) = match load(&args.common)? {
+        Ok(x) => x,
+        Err(code) => return Ok(code),
+    };
+    let file = args.common.file.display().to_string();
+    let (model, compiled) = super::prepare_with(&docs, &options, false).with_context(|| format!("{file}: completing the spec"))?;
+    let completed = super::model::completed_cluster(&compiled.tree).with_context(|| format!("{file}: completing the spec"))?;
+    let server = match &args.server {
+        Some(s) => s.clone(),
+        None => {
+            let name = completed.spec.master_public_name.clone().unwrap_or_else(|| format!("api.{}", model.cluster));
+            format!("https://{name}")
+        }
+    };
+    let rt = runtime()?;
+    let keyset = rt.block_on(async {
+        let s3 = if model.config_base.starts_with("s3://") { Some(aws_target(&args.common, &model.region).await.s3) } else { None };
+        let store = StateStore::open(&model.config_base, s3)?;
+        let rel = format!("pki/private/{}/keyset.yaml", super::kubeconfig::CLIENT_CA);
+        store.get(&rel).await?.ok_or(super::kubeconfig::KubeconfigError::NoCa(rel)).map_err(anyhow::Error::from)
+    })?;
+    let cred = super::kubeconfig::issue_admin(&keyset, &args.user, ttl)?;
+    let path = match &args.kubeconfig {
+        Some(p) => p.clone(),
+        None => default_kubeconfig()?,
+    };
+    super::kubeconfig::write_merged(&path, &model.cluster, &server, &cred)?;
+    println!("kubeconfig {}: context {} (server {server}, user {} in {}, valid {})", path.display(), model.cluster, args.user, super::kubeconfig::ADMIN_GROUP, args.ttl);
     Ok(ExitCode::SUCCESS)
 }

@@ -10,6 +10,7 @@ pub mod aws;
 pub mod cli;
 pub mod gce;
 pub mod iam_policy;
+pub mod kubeconfig;
 pub mod model;
 pub mod plan;
 pub mod rolling;

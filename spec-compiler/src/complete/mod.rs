@@ -108,6 +108,8 @@ pub struct CompileOptions {
     pub feature_flags: BTreeSet<String>,
     /// The nodeup binary per architecture that user-data downloads; without it no user-data is written.
     pub nodeup_assets: std::collections::BTreeMap<crate::versions::Arch, crate::userdata::NodeupAsset>,
+    /// Known asset hashes by URL (`--asset-hashes FILE`), winning over the versions table.
+    pub asset_hashes: std::collections::BTreeMap<String, String>,
 }
 
 impl CompileOptions {
@@ -199,6 +201,7 @@ pub fn versions_for(spec: &ClusterSpec, options: &CompileOptions) -> Result<Vers
         container_proxy: assets.and_then(|a| a.container_proxy.clone()),
         containerd_version_override: containerd.and_then(|c| c.version.clone()),
         runc_version_override: containerd.and_then(|c| c.runc.as_ref()).and_then(|r| r.version.clone()),
+        asset_hashes: options.asset_hashes.clone(),
     };
     Ok(Versions::for_kubernetes(&version.to_string(), &lookup)?)
 }

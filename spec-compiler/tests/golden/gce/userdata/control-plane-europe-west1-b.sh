@@ -58,7 +58,7 @@ ClusterName: gce.k8s.example.com
 ConfigBase: gs://acme-keelson-state/gce.k8s.example.com
 InstanceGroupName: control-plane-europe-west1-b
 InstanceGroupRole: ControlPlane
-NodeupConfigHash: vbB4En2WvYjvvWoTFD2SqfHQtLPyo/M4pCss2/6xras=
+NodeupConfigHash: /LoxHlaD1TNJmiH1iwV/w7YBmLGHYFyytXVSXQaSSNs=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then

@@ -59,7 +59,7 @@ ClusterName: ha.k8s.example.com
 ConfigBase: s3://acme-keelson-state/ha.k8s.example.com
 InstanceGroupName: control-plane-eu-west-1c
 InstanceGroupRole: ControlPlane
-NodeupConfigHash: 5fLyXn3gHp6BWaPuj19rS//vdioDawZJ5scayCbM3Sw=
+NodeupConfigHash: DNk/E75BldbcL5jECr7HFiPKUfufE4ATDor4yZ7Q91w=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then

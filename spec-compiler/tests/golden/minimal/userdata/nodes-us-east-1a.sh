@@ -59,7 +59,7 @@ ClusterName: minimal.k8s.example.com
 ConfigBase: s3://acme-keelson-state/minimal.k8s.example.com
 InstanceGroupName: nodes-us-east-1a
 InstanceGroupRole: Node
-NodeupConfigHash: zGa66vLYAcT7VMAsEZsf1InNtiXlICLW4eAXuRZJA/A=
+NodeupConfigHash: CG6KtahNgBGsPTjTE65w5Z3lqiiBv74f+dNUaGw46uU=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then

@@ -1,0 +1,364 @@
+#!/usr/bin/env bash
+# Build the container images keelson-local's Kubernetes tests run, as an OCI image layout, and push them
+# to a registry. Nothing prebuilt is downloaded: Kubernetes comes from tests/kubernetes/build.sh, etcd is
+# built from its Go module, go-runner/pause/echo from tests/kubernetes/images/, and kube-proxy's base is a
+# Debian root made by debootstrap.
+#
+#   tests/kubernetes/images.sh build K8S_VERSION ETCD_VERSION PAUSE_VERSION   # e.g. build 1.34.4 3.6.12 3.10.1
+#       Prints the OCI layout directory, $KEELSON_LOCAL_CACHE/images/KEY/oci (default cache
+#       /var/cache/keelson-local); progress goes to stderr. KEY is a short sha256 over the versions, the
+#       sha256sums of the Kubernetes binaries, this script and the Go sources under images/, so a second
+#       call builds nothing. KEY/bin/ holds the etcd binaries (etcd, and etcdctl/etcdutl when the Go module
+#       proxy serves them at that version) for use on the host.
+#   tests/kubernetes/images.sh push LAYOUT REGISTRY                             # e.g. push .../oci 127.0.0.1:5000
+#       Copies every image of LAYOUT to docker://REGISTRY/NAME:TAG (TLS not verified; plain HTTP is fine).
+#
+# The layout's tags (org.opencontainers.image.ref.name) are exactly the NAME:TAG pushed:
+#   kube-apiserver:vK8S  kube-controller-manager:vK8S  kube-scheduler:vK8S
+#       static binary at /usr/local/bin/NAME, /go-runner, /etc/passwd+group (root, nobody), /tmp (1777),
+#       /etc/ssl/certs/ca-certificates.crt (from the host, if present); entrypoint /go-runner
+#   kube-proxy:vK8S
+#       Debian bookworm minbase with iptables (nft backend), ip6tables, conntrack, ipset, nft, kmod, iproute2,
+#       plus /usr/local/bin/kube-proxy and /go-runner; entrypoint /go-runner
+#   etcd:vETCD       /usr/local/bin/etcd (+ etcdctl, etcdutl when available); entrypoint /usr/local/bin/etcd
+#   pause:PAUSE      /pause (entrypoint), user 65535
+#   keelson-test/echo:1
+#       /echo (entrypoint), user 65534: `echo [serve [ADDR]]` answers on ADDR (default :8080) with
+#       $POD_NAME (else the hostname) and a newline; `echo get URL` prints URL's body
+# All images are linux/<host arch>, with PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin.
+# Read a tag with skopeo/umoci as oci:LAYOUT:NAME:TAG (e.g. umoci unpack --image LAYOUT:keelson-test/echo:1).
+#
+# Caches, all under $KEELSON_LOCAL_CACHE/images: KEY/ (the layout; a `.complete` marker), etcd/vETCD-HASH/
+# (etcd build, once per version and recipe), base/debian-bookworm-HASH/rootfs (debootstrap root, keyed by
+# its recipe). Old entries are not removed.
+# Needs: go, umoci, skopeo (push), jq, debootstrap and root (for the Debian root, once), flock.
+set -euo pipefail
+
+die() { echo "images.sh: $*" >&2; exit 1; }
+log() { echo "images.sh: $*" >&2; }
+
+usage() {
+  sed -n '/^#   tests/,/^#       Copies/p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+self="$here/$(basename "${BASH_SOURCE[0]}")"
+src="$here/images"
+cache=${KEELSON_LOCAL_CACHE:-/var/cache/keelson-local}
+root="$cache/images"
+
+DEBIAN_SUITE=bookworm
+DEBIAN_MIRROR=${KEELSON_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+DEBIAN_PACKAGES=iptables,conntrack,ipset,nftables,kmod,iproute2
+IMAGE_PATH_ENV=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+K8S_IMAGES=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy)
+CREATED=1970-01-01T00:00:00Z # fixed image timestamps: only kube-proxy's Debian layer differs between builds
+
+need() {
+  local tool
+  for tool in "$@"; do
+    command -v "$tool" >/dev/null || die "'$tool' is not installed (needed to $WHY)"
+  done
+}
+
+# --- build ------------------------------------------------------------------------------------------------
+
+# The sha256sums of the Kubernetes binaries the images hold: build.sh's record, else computed.
+k8s_sums() {
+  local bin=$1 name
+  if [ -f "$bin/../sha256sums" ]; then
+    for name in "${K8S_IMAGES[@]}"; do
+      grep -E "[[:space:]]\*?$name\$" "$bin/../sha256sums" || die "$bin/../sha256sums has no entry for $name"
+    done
+  else
+    (cd "$bin" && sha256sum "${K8S_IMAGES[@]}")
+  fi
+}
+
+# Everything the layout is made from; its sha256 names the cache entry.
+key_input() {
+  local k8s=$1 etcd=$2 pause=$3 bin=$4
+  printf 'kubernetes %s\netcd %s\npause %s\n' "$k8s" "$etcd" "$pause"
+  k8s_sums "$bin"
+  sha256sum <"$self"
+  (cd "$src" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
+}
+
+# build_go_program NAME OUTPUT [EXTRA_LDFLAGS]: a static build of tests/kubernetes/images/NAME.
+build_go_program() {
+  local name=$1 output=$2 extra=${3:-}
+  log "building $name (Go)"
+  (cd "$src/$name" && CGO_ENABLED=0 GOOS=linux GOARCH="$arch" GOFLAGS="${GOFLAGS:-} -buildvcs=false" \
+    go build -trimpath -ldflags "-s -w $extra" -o "$output" .) || die "building $src/$name failed"
+}
+
+# ensure_etcd VERSION: prints a directory holding etcd (and etcdctl/etcdutl if the proxy serves them at
+# VERSION), built from the Go modules once per version and recipe (this function) into
+# $root/etcd/vVERSION-HASH/bin.
+ensure_etcd() {
+  local version=$1 dir
+  dir="$root/etcd/v$version-$({ echo "$arch"; declare -f ensure_etcd; } | sha256sum | cut -c1-8)"
+  if [ -f "$dir/.complete" ]; then echo "$dir/bin"; return; fi
+  mkdir -p "$dir"
+  (
+    exec 7>"$dir/.lock"
+    flock 7
+    if [ -f "$dir/.complete" ]; then exit 0; fi
+    local work="$dir/module" start hash tool
+    local -a built=()
+    start=$(date +%s)
+    rm -rf "${work:?}" "${dir:?}/bin" "$dir/bin.tmp"
+    mkdir -p "$work" "$dir/bin.tmp"
+    cd "$work"
+    export CGO_ENABLED=0 GOOS=linux GOARCH="$arch" GOFLAGS="${GOFLAGS:-} -mod=mod -buildvcs=false"
+    log "building etcd v$version from the Go module go.etcd.io/etcd/server/v3 (once per version)"
+    printf 'module keelson.local/etcd-build\n\ngo 1.24\n' >go.mod
+    go mod download -json "go.etcd.io/etcd/server/v3@v$version" >download.json 2>download.err ||
+      { cat download.err >&2; die "the Go module proxy does not serve go.etcd.io/etcd/server/v3@v$version"; }
+    hash=$(jq -r '.Origin.Hash // empty' download.json) # the proxy does not always record it
+    local ldflags="-s -w"
+    [ -z "$hash" ] || ldflags+=" -X go.etcd.io/etcd/api/v3/version.GitSHA=${hash:0:8}"
+    go get "go.etcd.io/etcd/server/v3@v$version" 2>get.log || { cat get.log >&2; die "go get etcd server failed"; }
+    go build -trimpath -ldflags "$ldflags" -o "$dir/bin.tmp/etcd" go.etcd.io/etcd/server/v3 ||
+      die "building etcd v$version failed"
+    built+=(etcd)
+    for tool in etcdctl etcdutl; do
+      if ! go list -m "go.etcd.io/etcd/$tool/v3@v$version" >/dev/null 2>&1; then
+        log "the Go module proxy does not serve go.etcd.io/etcd/$tool/v3@v$version: the etcd image has no $tool"
+        continue
+      fi
+      go get "go.etcd.io/etcd/$tool/v3@v$version" 2>get.log || { cat get.log >&2; die "go get $tool failed"; }
+      go build -trimpath -ldflags "$ldflags" -o "$dir/bin.tmp/$tool" "go.etcd.io/etcd/$tool/v3" ||
+        die "building $tool v$version failed"
+      built+=("$tool")
+    done
+    "$dir/bin.tmp/etcd" --version >&2 || die "the etcd built from v$version does not run"
+    mv "$dir/bin.tmp" "$dir/bin"
+    echo "built ${built[*]} v$version in $(($(date +%s) - start)) s" >"$dir/build-info"
+    touch "$dir/.complete"
+  ) || exit 1
+  echo "$dir/bin"
+}
+
+# The Debian root of the kube-proxy image. Its cache key is this recipe (suite, packages, the function).
+build_debian_base() {
+  local target=$1
+  log "debootstrap $DEBIAN_SUITE minbase + $DEBIAN_PACKAGES from $DEBIAN_MIRROR (once; a few minutes)"
+  debootstrap --variant=minbase --components=main --arch="$arch" --include="$DEBIAN_PACKAGES" \
+    "$DEBIAN_SUITE" "$target" "$DEBIAN_MIRROR" >"$target.log" 2>&1 ||
+    { tail -n 40 "$target.log" >&2; die "debootstrap failed (full log: $target.log)"; }
+  # Runtime state the container runtime provides, host files debootstrap copied in, and bulk nobody reads.
+  local real
+  real=$(readlink -f "$target")
+  if awk '{print $2}' /proc/self/mounts | grep -qF "$real/"; then
+    die "something is still mounted under $target (debootstrap's /proc or /sys?); not cleaning it"
+  fi
+  (
+    cd "$target" || exit 1
+    rm -rf dev/* proc/* sys/* run/* tmp/* var/tmp/* var/lib/apt/lists/* var/cache/apt/* var/cache/debconf/*-old \
+      var/cache/ldconfig/* var/log/* usr/share/doc/* usr/share/man/* usr/share/info/* usr/share/locale/* \
+      usr/share/lintian usr/share/common-licenses etc/hostname etc/resolv.conf etc/machine-id
+  ) || die "cleaning the Debian root failed"
+  chmod 1777 "$target/tmp" "$target/var/tmp"
+  local tool
+  for tool in iptables ip6tables iptables-restore iptables-save ip6tables-restore ip6tables-save \
+    conntrack ipset nft modprobe ip; do
+    chroot "$target" /bin/sh -c "command -v $tool" >/dev/null || die "the Debian root has no $tool"
+  done
+  chroot "$target" iptables --version | grep -q nf_tables || die "iptables in the Debian root is not the nft backend"
+}
+
+# ensure_debian_base: prints the cached Debian root.
+ensure_debian_base() {
+  local bkey dir
+  bkey=$({ echo "$DEBIAN_SUITE $DEBIAN_PACKAGES $arch"; declare -f build_debian_base; } | sha256sum | cut -c1-12)
+  dir="$root/base/debian-$DEBIAN_SUITE-$bkey"
+  if [ -f "$dir/.complete" ]; then echo "$dir/rootfs"; return; fi
+  [ "$(id -u)" = 0 ] || die "building the Debian root of kube-proxy (debootstrap) needs root"
+  WHY="build kube-proxy's Debian root" need debootstrap
+  mkdir -p "$dir"
+  (
+    exec 7>"$dir/.lock"
+    flock 7
+    if [ -f "$dir/.complete" ]; then exit 0; fi
+    rm -rf "$dir/rootfs" "$dir/rootfs.tmp" "$dir/rootfs.tmp.log"
+    build_debian_base "$dir/rootfs.tmp"
+    mv "$dir/rootfs.tmp.log" "$dir/debootstrap.log"
+    mv "$dir/rootfs.tmp" "$dir/rootfs"
+    touch "$dir/.complete"
+  ) || exit 1
+  echo "$dir/rootfs"
+}
+
+# layer_tar DIR OUT [tar options...]: DIR's contents as an uncompressed layer (entries without "./").
+layer_tar() {
+  local dir=$1 out=$2
+  shift 2
+  local -a entries
+  mapfile -t entries < <(find "$dir" -mindepth 1 -maxdepth 1 -printf '%P\n' | LC_ALL=C sort)
+  [ "${#entries[@]}" -gt 0 ] || die "layer $dir is empty"
+  tar --create --file "$out" --directory "$dir" --sort=name --numeric-owner "$@" -- "${entries[@]}"
+}
+
+# root-owned layer with a fixed mtime, for the files this script assembles
+owned_layer_tar() { layer_tar "$1" "$2" --owner=0 --group=0 --mtime=@0; }
+
+# image REF ENTRYPOINT USER LAYER...: a new image in the layout from the given layer tars.
+image() {
+  local ref=$1 entrypoint=$2 user=$3 layer
+  shift 3
+  log "assembling $ref"
+  umoci new --image "$layout:$ref"
+  for layer in "$@"; do
+    umoci raw add-layer --image "$layout:$ref" --history.created "$CREATED" \
+      --history.created_by "keelson images.sh: $layer" "$layers/$layer.tar"
+  done
+  local -a user_opt=()
+  [ -z "$user" ] || user_opt=(--config.user "$user")
+  umoci config --image "$layout:$ref" --no-history --created "$CREATED" --architecture "$arch" --os linux \
+    --author keelson --config.env "$IMAGE_PATH_ENV" --config.workingdir / \
+    --config.entrypoint "$entrypoint" "${user_opt[@]}"
+}
+
+cmd_build() {
+  [ $# -eq 3 ] || usage
+  local k8s=${1#v} etcd=${2#v} pause=${3#v}
+  [[ $k8s =~ ^1\.[0-9]+\.[0-9]+$ ]] || die "'$1' is not a Kubernetes version (1.MINOR.PATCH)"
+  [[ $etcd =~ ^3\.([5-9]|[1-9][0-9])\.[0-9]+$ ]] || die "'$2' is not an etcd version (3.MINOR.PATCH, 3.5 or later)"
+  [[ $pause =~ ^[0-9]+\.[0-9]+(\.[0-9]+)?$ ]] || die "'$3' is not a pause version (e.g. 3.10.1)"
+
+  local k8s_bin key out
+  k8s_bin=$("$here/build.sh" "$k8s" | tail -n1) || die "building Kubernetes v$k8s (tests/kubernetes/build.sh) failed"
+  [ -d "$k8s_bin" ] || die "tests/kubernetes/build.sh printed '$k8s_bin', not a directory"
+  key=$(key_input "$k8s" "$etcd" "$pause" "$k8s_bin" | sha256sum | cut -c1-16)
+  out="$root/$key"
+  if [ -f "$out/.complete" ]; then echo "$out/oci"; return; fi
+
+  WHY="build the test images" need go umoci jq tar flock find
+  umask 022 # the modes of the directories and files put in the layers
+  mkdir -p "$root"
+  exec 8>"$root/.$key.lock"
+  flock 8
+  if [ -f "$out/.complete" ]; then echo "$out/oci"; return; fi
+  rm -rf "$root/.tmp-$key".* # left by a build that was killed (we hold the lock)
+  tmp=$(mktemp -d "$root/.tmp-$key.XXXXXX")
+  trap 'rm -rf -- "$tmp"' EXIT
+  chmod 755 "$tmp"
+
+  local start stage name
+  start=$(date +%s)
+  arch=$(go env GOARCH)
+  layout="$tmp/oci"
+  layers="$tmp/work/layers"
+  stage="$tmp/work/stage"
+  mkdir -p "$layers" "$stage" "$tmp/bin"
+  log "building the test images (Kubernetes v$k8s, etcd v$etcd, pause $pause) into $out"
+
+  local etcd_bin base_root
+  etcd_bin=$(ensure_etcd "$etcd")
+  base_root=$(ensure_debian_base)
+
+  # Layers. static-base: what a FROM-scratch image needs to run a Go binary as root or nobody.
+  mkdir -p "$stage/static-base/etc/ssl/certs" "$stage/static-base/tmp" "$stage/static-base/var/log" \
+    "$stage/static-base/root"
+  chmod 1777 "$stage/static-base/tmp"
+  chmod 700 "$stage/static-base/root"
+  printf '%s\n' 'root:x:0:0:root:/root:/sbin/nologin' 'nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin' \
+    >"$stage/static-base/etc/passwd"
+  printf '%s\n' 'root:x:0:' 'nobody:x:65534:' >"$stage/static-base/etc/group"
+  printf '%s\n' 'passwd: files' 'group: files' 'hosts: files dns' >"$stage/static-base/etc/nsswitch.conf"
+  chmod 644 "$stage/static-base/etc/passwd" "$stage/static-base/etc/group" "$stage/static-base/etc/nsswitch.conf"
+  if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+    cp -L /etc/ssl/certs/ca-certificates.crt "$stage/static-base/etc/ssl/certs/ca-certificates.crt"
+    chmod 644 "$stage/static-base/etc/ssl/certs/ca-certificates.crt"
+  else
+    log "the host has no /etc/ssl/certs/ca-certificates.crt; the images get no CA bundle"
+  fi
+  owned_layer_tar "$stage/static-base" "$layers/static-base.tar"
+
+  mkdir -p "$stage/go-runner" "$stage/pause" "$stage/echo"
+  build_go_program go-runner "$stage/go-runner/go-runner"
+  build_go_program pause "$stage/pause/pause" "-X main.version=$pause"
+  build_go_program echo "$stage/echo/echo"
+  for name in go-runner pause echo; do owned_layer_tar "$stage/$name" "$layers/$name.tar"; done
+
+  for name in "${K8S_IMAGES[@]}"; do
+    mkdir -p "$stage/$name/usr/local/bin"
+    install -m 755 "$k8s_bin/$name" "$stage/$name/usr/local/bin/$name"
+    owned_layer_tar "$stage/$name" "$layers/$name.tar"
+  done
+
+  mkdir -p "$stage/etcd/usr/local/bin"
+  for name in etcd etcdctl etcdutl; do
+    [ -f "$etcd_bin/$name" ] || continue
+    install -m 755 "$etcd_bin/$name" "$stage/etcd/usr/local/bin/$name"
+    install -m 755 "$etcd_bin/$name" "$tmp/bin/$name"
+  done
+  owned_layer_tar "$stage/etcd" "$layers/etcd.tar"
+
+  log "packing the Debian root of kube-proxy"
+  layer_tar "$base_root" "$layers/debian-$DEBIAN_SUITE.tar"
+
+  # Images.
+  umoci init --layout "$layout"
+  for name in kube-apiserver kube-controller-manager kube-scheduler; do
+    image "$name:v$k8s" /go-runner "" static-base go-runner "$name"
+  done
+  image "kube-proxy:v$k8s" /go-runner "" "debian-$DEBIAN_SUITE" go-runner kube-proxy
+  image "etcd:v$etcd" /usr/local/bin/etcd "" static-base etcd
+  image "pause:$pause" /pause 65535:65535 pause
+  image "keelson-test/echo:1" /echo 65534:65534 static-base echo
+  umoci gc --layout "$layout"
+
+  rm -rf "$tmp/work"
+  {
+    echo "built in $(($(date +%s) - start)) s; layout $(du -sh "$layout" | cut -f1)"
+    jq -r '.manifests[].annotations["org.opencontainers.image.ref.name"]' "$layout/index.json"
+  } >"$tmp/build-info"
+  touch "$tmp/.complete"
+  rm -rf "$out"
+  mv "$tmp" "$out"
+  trap - EXIT
+  log "$(head -n1 "$out/build-info")"
+  echo "$out/oci"
+}
+
+# --- push -------------------------------------------------------------------------------------------------
+
+cmd_push() {
+  [ $# -eq 2 ] || usage
+  local layout=${1%/} registry=${2%/} host port ref
+  if ! [ -f "$layout/oci-layout" ] || ! [ -f "$layout/index.json" ]; then
+    die "'$layout' is not an OCI image layout"
+  fi
+  [[ $layout != *:* ]] || die "the layout path '$layout' contains ':', which skopeo's oci: transport cannot take"
+  WHY="push the test images" need skopeo jq timeout
+
+  # REGISTRY is HOST[:PORT][/NAMESPACE]; check that something listens before skopeo's long retries.
+  if [[ $registry =~ ^\[([0-9A-Fa-f:.]+)\](:([0-9]+))?(/.*)?$ ]] || [[ $registry =~ ^([^:/]+)(:([0-9]+))?(/.*)?$ ]]; then
+    host=${BASH_REMATCH[1]}
+    port=${BASH_REMATCH[3]:-443}
+  else
+    die "'$registry' is not a registry address (HOST[:PORT][/NAMESPACE], e.g. 127.0.0.1:5000)"
+  fi
+  # shellcheck disable=SC2016 # expanded by the inner bash
+  timeout 5 bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "$host" "$port" 2>/dev/null ||
+    die "the registry $registry is unreachable (no TCP connection to $host:$port within 5 s)"
+
+  local -a refs
+  mapfile -t refs < <(jq -r '.manifests[].annotations["org.opencontainers.image.ref.name"] // empty' "$layout/index.json")
+  [ "${#refs[@]}" -gt 0 ] || die "'$layout' has no tagged images"
+  for ref in "${refs[@]}"; do
+    # The source is a local layout we built, so there is no signature policy to apply.
+    skopeo --insecure-policy copy --quiet --dest-tls-verify=false "oci:$layout:$ref" "docker://$registry/$ref" ||
+      die "pushing $ref to $registry failed"
+    log "pushed $registry/$ref"
+  done
+}
+
+case ${1:-} in
+  build) shift; cmd_build "$@" ;;
+  push) shift; cmd_push "$@" ;;
+  *) usage ;;
+esac

@@ -1,0 +1,3 @@
+module keelson.local/echo
+
+go 1.24

@@ -1,0 +1,3 @@
+module keelson.local/go-runner
+
+go 1.24

@@ -1,0 +1,168 @@
+//! Real Kubernetes for the local cloud, from source: the binaries (`tests/kubernetes/build.sh`),
+//! containerd (`tests/kubernetes/build-containerd.sh`), the OCI images of the control plane, etcd,
+//! kube-proxy, pause and the test echo server (`tests/kubernetes/images.sh`), and the image
+//! registry the machines pull from (Debian's `docker-registry`, the CNCF distribution registry).
+//!
+//! Every build is cached under the local cloud's cache directory, keyed by version (and, for the
+//! images, by the binaries' hashes): the first run compiles Kubernetes from the Go module proxy,
+//! later runs reuse it. Nothing prebuilt is downloaded.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::cmd::{self, CmdError};
+
+/// Port of the registry on the bridge address.
+pub const REGISTRY_PORT: u16 = 5000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("{script}: {source}")]
+    Script {
+        script: String,
+        #[source]
+        source: CmdError,
+    },
+    #[error("{script} printed no usable path ({output:?})")]
+    NoOutput { script: String, output: String },
+    #[error("registry: {0}")]
+    Registry(String),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// `tests/kubernetes/` of this checkout (the scripts).
+pub fn scripts_dir() -> PathBuf {
+    std::env::var_os("KEELSON_LOCAL_SCRIPTS")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("kubernetes"))
+}
+
+fn run_script(name: &str, args: &[&str]) -> Result<PathBuf, BuildError> {
+    let script = scripts_dir().join(name);
+    let started = Instant::now();
+    // Progress goes to our stderr (a cold build takes many minutes); the path comes on stdout.
+    let out = Command::new(&script)
+        .args(args)
+        .env("KEELSON_LOCAL_CACHE", crate::paths::cache_dir())
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|source| BuildError::Script {
+            script: script.display().to_string(),
+            source: CmdError::Spawn { program: script.display().to_string(), source },
+        })?;
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    if !out.status.success() {
+        return Err(BuildError::Script {
+            script: format!("{} {}", script.display(), args.join(" ")),
+            source: CmdError::Failed {
+                command: name.to_string(),
+                status: out.status.to_string(),
+                stderr: "see its output above".to_string(),
+            },
+        });
+    }
+    let path = stdout.lines().rev().find(|l| !l.trim().is_empty()).map(|l| PathBuf::from(l.trim()));
+    match path {
+        Some(p) if p.exists() => {
+            let secs = started.elapsed().as_secs_f64();
+            if secs > 5.0 {
+                eprintln!("keelson-local: {name} {} took {secs:.0} s", args.join(" "));
+            }
+            Ok(p)
+        }
+        _ => Err(BuildError::NoOutput { script: name.to_string(), output: stdout }),
+    }
+}
+
+/// The directory holding `kube-apiserver`, …, `kubelet`, `kubectl` for `version` (built once).
+pub fn kubernetes_binaries(version: &str) -> Result<PathBuf, BuildError> {
+    run_script("build.sh", &[version])
+}
+
+/// The upstream-layout containerd archive (`bin/containerd`, …) for `version` (built once).
+pub fn containerd_archive(version: &str) -> Result<PathBuf, BuildError> {
+    run_script("build-containerd.sh", &[version])
+}
+
+/// The OCI layout holding every image the cluster runs (built once per input).
+pub fn images(kubernetes: &str, etcd: &str, pause: &str) -> Result<PathBuf, BuildError> {
+    run_script("images.sh", &["build", kubernetes, etcd, pause])
+}
+
+/// Copy every image of `layout` to `registry` (`host:port`); blobs already there are skipped.
+pub fn push(layout: &Path, registry: &str) -> Result<(), BuildError> {
+    let script = scripts_dir().join("images.sh");
+    cmd::run(Command::new(&script).arg("push").arg(layout).arg(registry).env("KEELSON_LOCAL_CACHE", crate::paths::cache_dir()))
+        .map(|_| ())
+        .map_err(|source| BuildError::Script { script: format!("{} push", script.display()), source })
+}
+
+/// A running `docker-registry` (killed on drop).
+pub struct Registry {
+    child: Child,
+    pub address: String,
+}
+
+impl Registry {
+    /// Serve a registry on `addr:port`, storing blobs under `storage` (kept between runs, so images
+    /// are pushed once).
+    pub fn start(addr: &str, port: u16, storage: &Path, log: &Path) -> Result<Registry, BuildError> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| BuildError::Io { path, source }
+        };
+        fs::create_dir_all(storage).map_err(io(storage))?;
+        let config = storage.with_extension("yml");
+        let text = format!(
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: false\nhttp:\n  addr: {addr}:{port}\n",
+            storage.display()
+        );
+        fs::write(&config, text).map_err(io(&config))?;
+        let logf = fs::File::create(log).map_err(io(log))?;
+        let logf2 = logf.try_clone().map_err(io(log))?;
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(logf)
+            .stderr(logf2)
+            .spawn()
+            .map_err(|e| BuildError::Registry(format!("starting docker-registry (apt-get install docker-registry; scripts/test installs it): {e}")))?;
+        let mut r = Registry { child, address: format!("{addr}:{port}") };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if std::net::TcpStream::connect_timeout(&format!("{addr}:{port}").parse().map_err(|e| BuildError::Registry(format!("{addr}:{port}: {e}")))?, Duration::from_millis(200)).is_ok() {
+                return Ok(r);
+            }
+            if let Ok(Some(st)) = r.child.try_wait() {
+                let tail = fs::read_to_string(log).unwrap_or_default();
+                return Err(BuildError::Registry(format!("docker-registry exited ({st}): {}", tail.lines().rev().take(5).collect::<Vec<_>>().join(" | "))));
+            }
+            if Instant::now() > deadline {
+                let _ = r.child.kill();
+                return Err(BuildError::Registry(format!("docker-registry did not listen on {addr}:{port} within 20 s (see {})", log.display())));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
