@@ -124,7 +124,10 @@ ensure_etcd() {
       die "building etcd v$version failed"
     built+=(etcd)
     for tool in etcdctl etcdutl; do
-      if ! go list -m "go.etcd.io/etcd/$tool/v3@v$version" >/dev/null 2>&1; then
+      if ! go list -m "go.etcd.io/etcd/$tool/v3@v$version" >/dev/null 2>list.err; then
+        # Only a definite "not there" leaves the tool out; any other failure must not be cached.
+        grep -qE 'not available|40[34] |410 |unknown revision|invalid version' list.err ||
+          { cat list.err >&2; die "could not ask the Go module proxy for go.etcd.io/etcd/$tool/v3@v$version"; }
         log "the Go module proxy does not serve go.etcd.io/etcd/$tool/v3@v$version: the etcd image has no $tool"
         continue
       fi
