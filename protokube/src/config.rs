@@ -241,6 +241,16 @@ pub fn plan(boot: &BootConfig, cluster: &Cluster) -> Result<Plan, ConfigError> {
     }
     let spec = &cluster.spec;
     let mut etcd_clusters = Vec::new();
+    /// kOps' etcd image, `registry.k8s.io/etcd:v<version>`, moved to `assets.containerRegistry`
+    /// (or `containerProxy`) when the spec names a mirror, as the compiler rewrites every image.
+    fn default_etcd_image(version: &str, assets: Option<&keelson_api::AssetsSpec>) -> String {
+        let tag = format!("etcd:v{}", version.trim_start_matches('v'));
+        let registry = assets.and_then(|a| a.container_registry.clone().or_else(|| a.container_proxy.clone()));
+        match registry {
+            Some(r) => format!("{}/{tag}", r.trim_end_matches('/')),
+            None => format!("registry.k8s.io/{tag}"),
+        }
+    }
     for (i, ec) in spec.etcd_clusters.iter().flatten().enumerate() {
         let name = ec.name.clone().ok_or_else(|| ConfigError::Spec {
             field: format!("spec.etcdClusters[{i}].name"),
@@ -267,7 +277,7 @@ pub fn plan(boot: &BootConfig, cluster: &Cluster) -> Result<Plan, ConfigError> {
         let tls = !legacy || ec.enable_etcd_tls.unwrap_or(false) || ec.enable_tls_auth.unwrap_or(false);
         let client_cert_auth = !legacy || ec.enable_tls_auth.unwrap_or(false);
         let version = ec.version.clone().unwrap_or_else(|| "3.5.21".to_string());
-        let image = ec.image.clone().unwrap_or_else(|| format!("registry.k8s.io/etcd:{}-0", version.trim_start_matches('v')));
+        let image = ec.image.clone().unwrap_or_else(|| default_etcd_image(&version, spec.assets.as_ref()));
         etcd_clusters.push(EtcdCluster {
             name,
             members,
@@ -328,7 +338,9 @@ mod tests {
         assert!(!plan(&boot("x.example.com"), &c).expect("plan").manage_internal_api, "an alias to the balancer");
         let main = &p.etcd_clusters[0];
         assert_eq!((main.ports.peer, main.ports.client), (2380, 4001));
-        assert_eq!(main.image, "registry.k8s.io/etcd:3.6.12-0");
+        assert_eq!(main.image, "registry.k8s.io/etcd:v3.6.12");
+        let mirrored = cluster(&format!("{}  assets:\n    containerRegistry: 10.0.0.1:5000\n", HEAD.replace("NAME", "x.example.com")));
+        assert_eq!(plan(&boot("x.example.com"), &mirrored).expect("plan").etcd_clusters[0].image, "10.0.0.1:5000/etcd:v3.6.12");
         assert!(main.tls && main.client_cert_auth, "Manager provider: always TLS");
         assert_eq!((main.heartbeat_ms, main.election_ms), (Some(250), Some(2500)));
         assert_eq!(main.peer_url("a", "x.example.com"), "https://etcd-a.internal.x.example.com:2380");

@@ -296,8 +296,10 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
         )
         .context("keelson compile of the local spec (to learn the asset URLs and versions)")
     };
-    // A first compile with the table's hashes names every asset and version the cluster needs.
-    mirror::write_overrides(&overrides, &BTreeMap::new())?;
+    // A first compile (nodeup and protokube from this workspace, the rest with the table's
+    // hashes) names every asset and version the cluster needs.
+    let mut hashes = mirror::build(&cache, &bins, None, &mirror_root, &first)?;
+    mirror::write_overrides(&overrides, &hashes)?;
     compile(&overrides)?;
     let versions = ClusterVersions::read(&compiled.join("cluster-completed.yaml"))?;
 
@@ -319,9 +321,6 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
 
     cs.phase = "building the asset mirror".into();
     cs.save(state);
-    let mut hashes = mirror::build(&cache, &bins, &local, &mirror_root, &first)?;
-    mirror::write_overrides(&overrides, &hashes)?;
-    compile(&overrides)?;
     let mut urls = BTreeSet::new();
     for e in fs::read_dir(compiled.join("nodeup"))?.flatten() {
         let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(&fs::read_to_string(e.path())?)?;
@@ -332,8 +331,9 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
         }
     }
     let urls: Vec<String> = urls.into_iter().filter(|u| u.starts_with(&mirror_url) || u.starts_with(&kops_base)).collect();
-    hashes.extend(mirror::build(&cache, &bins, &local, &mirror_root, &urls)?);
+    hashes.extend(mirror::build(&cache, &bins, Some(&local), &mirror_root, &urls)?);
     mirror::write_overrides(&overrides, &hashes)?;
+    compile(&overrides)?;
     let nodeup_sha = hashes.get(&nodeup_url).cloned().unwrap_or_default();
 
     cs.phase = "keelson apply --yes".into();

@@ -172,7 +172,12 @@ pub fn bin_dir() -> PathBuf {
 }
 
 /// Build the file an asset URL names into `dest` (its content depends only on the file name).
-pub fn build_asset(cache: &Path, bins: &Path, local: &LocalBuilds, url: &str, dest: &Path) -> Result<(), MirrorError> {
+fn need_local<'a>(local: Option<&'a LocalBuilds>, url: &str) -> Result<&'a LocalBuilds, MirrorError> {
+    local.ok_or_else(|| MirrorError::UnknownAsset { url: url.to_string(), name: "built from source, but the sources were not built yet".into() })
+}
+
+/// `local` is needed for the assets built from source (kubelet, kubectl, containerd).
+pub fn build_asset(cache: &Path, bins: &Path, local: Option<&LocalBuilds>, url: &str, dest: &Path) -> Result<(), MirrorError> {
     let name = url.rsplit('/').next().unwrap_or("").to_string();
     if let Some(d) = dest.parent() {
         fs::create_dir_all(d).map_err(io(d))?;
@@ -181,13 +186,14 @@ pub fn build_asset(cache: &Path, bins: &Path, local: &LocalBuilds, url: &str, de
         format!("#!/bin/sh\necho \"{what} is not available in keelson-local (it cannot be downloaded offline)\" >&2\nexit 1\n")
     };
     match name.as_str() {
-        "kubelet" | "kubectl" => copy(&local.kubernetes_bin.join(&name), dest, &name),
+        "kubelet" | "kubectl" => copy(&need_local(local, url)?.kubernetes_bin.join(&name), dest, &name),
         "protokube" if url.contains("/arm64/") => script(dest, &not_offline("an arm64 protokube build")),
         "protokube" => copy(&bins.join("protokube"), dest, "protokube"),
         "nodeup" => copy(&bins.join("nodeup"), dest, "nodeup"),
         n if n.starts_with("ecr-credential-provider") || n.starts_with("auth-provider-gcp") => script(dest, &not_offline(n)),
         n if n.starts_with("runc.") => script(dest, RUNC_SHIM),
         n if n.starts_with("containerd-") && n.ends_with(".tar.gz") => {
+            let local = need_local(local, url)?;
             let built = local.containerd_archive.file_name().and_then(|f| f.to_str()).unwrap_or("");
             if built != n {
                 return Err(MirrorError::UnknownAsset { url: url.to_string(), name: format!("{n} (built: {built})") });
@@ -214,7 +220,7 @@ pub fn build_asset(cache: &Path, bins: &Path, local: &LocalBuilds, url: &str, de
 }
 
 /// Build every asset in `urls` under `root` (at each URL's path) and return url → sha256.
-pub fn build(cache: &Path, bins: &Path, local: &LocalBuilds, root: &Path, urls: &[String]) -> Result<BTreeMap<String, String>, MirrorError> {
+pub fn build(cache: &Path, bins: &Path, local: Option<&LocalBuilds>, root: &Path, urls: &[String]) -> Result<BTreeMap<String, String>, MirrorError> {
     let mut hashes = BTreeMap::new();
     for url in urls {
         let dest = root.join(url_path(url));

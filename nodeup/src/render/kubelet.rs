@@ -190,9 +190,42 @@ pub fn configuration(spec: &KubeletConfigSpec, containerd_address: Option<&str>,
     })
 }
 
-/// `/etc/sysconfig/kubelet`: the flags kOps still passes on the command line.
+/// Labels in the `kubernetes.io` / `k8s.io` namespaces a kubelet may set on its own Node: the
+/// kubelet refuses to start with any other (and the NodeRestriction admission plugin would reject
+/// them). The rest (`node-role.kubernetes.io/…`, `kops.k8s.io/…`) are applied by a controller
+/// on the control plane, as kOps' kops-controller does.
+const SELF_LABELS: &[&str] = &[
+    "beta.kubernetes.io/arch",
+    "beta.kubernetes.io/instance-type",
+    "beta.kubernetes.io/os",
+    "failure-domain.beta.kubernetes.io/region",
+    "failure-domain.beta.kubernetes.io/zone",
+    "kubernetes.io/arch",
+    "kubernetes.io/hostname",
+    "kubernetes.io/os",
+    "node.kubernetes.io/instance-type",
+    "topology.kubernetes.io/region",
+    "topology.kubernetes.io/zone",
+];
+
+/// Whether the kubelet may set the node label `key` itself (`--node-labels`).
+pub fn kubelet_may_set_label(key: &str) -> bool {
+    let Some((namespace, _)) = key.split_once('/') else { return true };
+    let under = |domain: &str| namespace == domain || namespace.ends_with(&format!(".{domain}"));
+    if !under("kubernetes.io") && !under("k8s.io") {
+        return true;
+    }
+    under("kubelet.kubernetes.io") || under("node.kubernetes.io") || SELF_LABELS.contains(&key)
+}
+
+/// `/etc/sysconfig/kubelet`: the flags kOps still passes on the command line. Only the node labels
+/// the kubelet may set itself are passed ([`kubelet_may_set_label`]).
 pub fn sysconfig(spec: &KubeletConfigSpec, node_ip: Option<&str>, credential_provider: bool) -> String {
-    let mut flags = crate::flags::build(spec, KUBELET_CONFIG_SPEC);
+    let mut spec = spec.clone();
+    if let Some(labels) = spec.node_labels.as_mut() {
+        labels.retain(|k, _| kubelet_may_set_label(k));
+    }
+    let mut flags = crate::flags::build(&spec, KUBELET_CONFIG_SPEC);
     if let Some(ip) = node_ip {
         flags.push(format!("--node-ip={ip}"));
     }
@@ -327,10 +360,13 @@ mod tests {
     #[test]
     fn sysconfig_flags() {
         let spec: KubeletConfigSpec = serde_yaml_ng::from_str(
-            "logLevel: 2\nkubeconfigPath: /var/lib/kubelet/kubeconfig\ncloudProvider: external\nnodeLabels:\n  b: ''\n  a: x\nanonymousAuth: false\n",
+            "logLevel: 2\nkubeconfigPath: /var/lib/kubelet/kubeconfig\ncloudProvider: external\nnodeLabels:\n  b: ''\n  a: x\n  node-role.kubernetes.io/control-plane: ''\n  kops.k8s.io/kops-controller-pki: ''\nanonymousAuth: false\n",
         )
         .expect("yaml");
         let s = sysconfig(&spec, Some("10.0.0.5"), true);
+        assert!(kubelet_may_set_label("node.kubernetes.io/exclude-from-external-load-balancers") && kubelet_may_set_label("example.com/x"));
+        assert!(!kubelet_may_set_label("node-role.kubernetes.io/node") && !kubelet_may_set_label("kops.k8s.io/instancegroup"));
+        assert!(kubelet_may_set_label("topology.kubernetes.io/zone") && !kubelet_may_set_label("kubernetes.io/role"));
         assert!(s.starts_with("DAEMON_ARGS=\"--cloud-provider=external --kubeconfig=/var/lib/kubelet/kubeconfig --node-labels=a=x,b= --v=2 --node-ip=10.0.0.5 --config=/var/lib/kubelet/kubelet.conf"), "{s}");
         assert!(!s.contains("anonymous"), "config-file fields are not flags: {s}");
     }
