@@ -68,6 +68,15 @@ pub struct ClusterState {
     pub registry: String,
     #[serde(default)]
     pub registry_pid: i64,
+    /// The API "load balancer": 127.0.0.1:<api_port> relays to a live control plane's :443.
+    #[serde(default)]
+    pub api_port: u16,
+    /// Admin kubeconfig (server https://127.0.0.1:<api_port>), written after apply.
+    #[serde(default)]
+    pub kubeconfig: String,
+    /// The kubectl built for the cluster's version.
+    #[serde(default)]
+    pub kubectl: String,
 }
 
 /// The versions a compiled cluster runs, read from `cluster-completed.yaml`: what to build.
@@ -150,6 +159,8 @@ struct Daemon {
     backings: HashMap<String, volumes::Backing>,
     exposed: BTreeMap<String, (String, u32)>,
     hosts_written: HashMap<String, String>,
+    /// Where the API load balancer sends connections: every control plane's `ip:443`.
+    api_targets: Arc<Mutex<Vec<String>>>,
     cs: ClusterState,
 }
 
@@ -223,21 +234,27 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
     // Relay (moto for the machines) and mirror, on the bridge address.
     let relay = std::net::TcpListener::bind((seg.gateway, 0))?;
     let mirror_l = std::net::TcpListener::bind((seg.gateway, 0))?;
+    let api_l = std::net::TcpListener::bind(("127.0.0.1", 0))?;
     cs.relay_port = relay.local_addr()?.port();
     cs.mirror_port = mirror_l.local_addr()?.port();
+    cs.api_port = api_l.local_addr()?.port();
     relay.set_nonblocking(true)?;
     mirror_l.set_nonblocking(true)?;
+    api_l.set_nonblocking(true)?;
+    let api_targets: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
     let mirror_root = state.mirror_dir();
     fs::create_dir_all(&mirror_root)?;
     let moto_target = format!("127.0.0.1:{}", cs.moto_port);
     {
         let mirror_root = mirror_root.clone();
+        let api_targets = api_targets.clone();
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
             rt.block_on(async move {
                 let r = tokio::net::TcpListener::from_std(relay).expect("relay listener");
                 let m = tokio::net::TcpListener::from_std(mirror_l).expect("mirror listener");
-                tokio::join!(crate::httpd::relay(r, moto_target), mirror::serve(m, mirror_root));
+                let a = tokio::net::TcpListener::from_std(api_l).expect("api listener");
+                tokio::join!(crate::httpd::relay(r, moto_target), mirror::serve(m, mirror_root), crate::httpd::relay_to_any(a, api_targets));
             });
         });
     }
@@ -355,6 +372,30 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
     )
     .context("keelson apply --yes against moto")?;
     fs::write(state.root.join("apply.log"), &applied)?;
+
+    // An admin kubeconfig through the local API load balancer, as `keelson export kubeconfig`
+    // writes it for any cluster (the API server certificate names 127.0.0.1).
+    let kubeconfig = state.root.join("kubeconfig");
+    cmd::run(
+        Command::new(&keelson)
+            .args(["export", "kubeconfig", "--admin", "--ttl", "72h", "--offline", "-f"])
+            .arg(&local_spec)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--server")
+            .arg(format!("https://127.0.0.1:{}", cs.api_port))
+            .arg("--endpoint-url")
+            .arg(cs.endpoint())
+            .arg("--asset-hashes")
+            .arg(&overrides)
+            .env("KOPS_BASE_URL", &kops_base)
+            .env("AWS_ACCESS_KEY_ID", "keelson-local")
+            .env("AWS_SECRET_ACCESS_KEY", "keelson-local")
+            .env("AWS_REGION", &spec.region),
+    )
+    .context("keelson export kubeconfig --admin")?;
+    cs.kubeconfig = kubeconfig.display().to_string();
+    cs.kubectl = local.kubernetes_bin.join("kubectl").display().to_string();
     let _ = spec_path;
 
     cs.phase = "running".into();
@@ -380,6 +421,7 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
         backings: HashMap::new(),
         exposed: BTreeMap::new(),
         hosts_written: HashMap::new(),
+        api_targets,
         cs: cs.clone(),
     };
     let mut errors = 0u32;
@@ -554,10 +596,14 @@ impl Daemon {
     }
 
     fn publish(&mut self, instances: &[crate::cloud::Instance]) {
-        let machines = match self.machines.lock() {
+        let machines: Vec<MachineInfo> = match self.machines.lock() {
             Ok(m) => m.values().map(|m| m.info.clone()).collect(),
             Err(_) => return,
         };
+        let targets: Vec<String> = machines.iter().filter(|m: &&MachineInfo| m.role == "control-plane").map(|m| format!("{}:443", m.ip)).collect();
+        if let Ok(mut t) = self.api_targets.lock() {
+            *t = targets;
+        }
         self.cs.machines = machines;
         self.cs.exposed = self.exposed.clone();
         self.cs.failed = self.failed.lock().map(|f| f.clone()).unwrap_or_default();
