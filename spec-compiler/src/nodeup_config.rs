@@ -210,6 +210,8 @@ fn networking(spec: &ClusterSpec, role: Role) -> NodeupNetworking {
         flannel: n.flannel.as_ref().map(|_| Default::default()),
         kuberouter: n.kuberouter.as_ref().map(|_| Default::default()),
         kindnet: n.kindnet.as_ref().map(|_| Default::default()),
+        // nodeup gives containerd the kubenet CNI template.
+        kubenet: n.kubenet.as_ref().map(|_| Default::default()),
         ..Default::default()
     };
     let _ = role;

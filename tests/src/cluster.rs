@@ -758,6 +758,55 @@ pub fn health(cs: &ClusterState) -> Health {
     h
 }
 
+fn running_cluster() -> anyhow::Result<ClusterState> {
+    let cs = ClusterState::load(&state()).ok_or_else(|| anyhow!("no local cluster (keelson-local up -f SPEC)"))?;
+    if !daemon_alive(&cs) {
+        bail!("the local cluster's daemon is not running (keelson-local down, then up)");
+    }
+    if cs.kubeconfig.is_empty() || cs.kubectl.is_empty() {
+        bail!("the local cluster has no API yet (phase: {})", cs.phase);
+    }
+    Ok(cs)
+}
+
+/// `keelson-local kubectl ARGS…`: the cluster's kubectl with its admin kubeconfig.
+pub fn kubectl(args: &[String]) -> anyhow::Result<std::process::ExitStatus> {
+    let cs = running_cluster()?;
+    Command::new(&cs.kubectl)
+        .arg("--kubeconfig")
+        .arg(&cs.kubeconfig)
+        .args(args)
+        .status()
+        .with_context(|| format!("running {}", cs.kubectl))
+}
+
+/// Quote a value for a POSIX shell.
+fn sh_quote(v: &str) -> String {
+    format!("'{}'", v.replace('\'', r"'\''"))
+}
+
+/// `keelson-local env`: the environment of the local cloud, as `export` lines.
+pub fn env_exports() -> anyhow::Result<String> {
+    let cs = running_cluster()?;
+    let st = state();
+    let kubectl_dir = Path::new(&cs.kubectl).parent().map(|p| p.display().to_string()).unwrap_or_default();
+    let vars = [
+        ("AWS_ENDPOINT_URL", cs.endpoint()),
+        ("AWS_ACCESS_KEY_ID", "keelson-local".to_string()),
+        ("AWS_SECRET_ACCESS_KEY", "keelson-local".to_string()),
+        ("AWS_REGION", cs.region.clone()),
+        ("AWS_DEFAULT_REGION", cs.region.clone()),
+        ("KUBECONFIG", cs.kubeconfig.clone()),
+        ("KEELSON_LOCAL_REGISTRY", cs.registry.clone()),
+        // The spec as applied (local mirror, registry and image): `keelson … -f "$KEELSON_LOCAL_SPEC"`.
+        ("KEELSON_LOCAL_SPEC", st.root.join("spec.yaml").display().to_string()),
+        ("KEELSON_ASSET_HASHES", st.root.join("asset-hashes.tsv").display().to_string()),
+        ("KOPS_BASE_URL", format!("http://{}:{}/kops", cs.gateway, cs.mirror_port)),
+        ("PATH", format!("{kubectl_dir}:{}", std::env::var("PATH").unwrap_or_default())),
+    ];
+    Ok(vars.iter().map(|(k, v)| format!("export {k}={}\n", sh_quote(v))).collect())
+}
+
 /// `up`: start the daemon and wait until the control plane is healthy.
 pub fn up(spec_path: &Path, timeout: Duration) -> anyhow::Result<()> {
     require_root()?;

@@ -42,6 +42,14 @@ enum Cmd {
     },
     /// Stop everything and remove every trace (mounts, loop devices, namespaces, processes).
     Down,
+    /// Run the cluster's kubectl with the admin kubeconfig: `keelson-local kubectl get nodes`.
+    Kubectl {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Print `export` lines so that `keelson …` and `kubectl …` work against the local cluster as
+    /// they would against AWS: `eval "$(keelson-local env)"`.
+    Env,
     /// The process `up` starts: owns moto, the mirror and the machines.
     #[command(hide = true)]
     Daemon {
@@ -93,6 +101,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             println!("keelson-local: down");
         }
+        Cmd::Kubectl { args } => {
+            let status = cluster::kubectl(&args)?;
+            std::process::exit(status.code().unwrap_or(1));
+        }
+        Cmd::Env => print!("{}", cluster::env_exports()?),
         Cmd::Daemon { file } => cluster::run_daemon(&file)?,
         Cmd::Rootfs => {
             let p = keelson_local::rootfs::ensure(&keelson_local::paths::cache_dir())?;

@@ -116,6 +116,13 @@ impl Spec {
                             a.insert(Value::from("fileRepository"), Value::from(file_repository));
                             a.insert(Value::from("containerRegistry"), Value::from(registry));
                         }
+                        // A machine is not the host's network namespace: the global conntrack table
+                        // size can only be set from the host, so kube-proxy must leave it alone
+                        // (`conntrackMaxPerCore: 0`, as kind does).
+                        let proxy = spec.entry(Value::from("kubeProxy")).or_insert_with(|| Value::Mapping(Default::default()));
+                        if let Some(p) = proxy.as_mapping_mut() {
+                            p.insert(Value::from("conntrackMaxPerCore"), Value::from(0));
+                        }
                         let containerd = spec
                             .entry(Value::from("containerd"))
                             .or_insert_with(|| Value::Mapping(Default::default()));
@@ -160,6 +167,7 @@ mod tests {
         let t = s.local_text("http://172.20.255.254:8080/", "172.20.255.254:5000", "ami-123");
         assert!(t.contains("fileRepository: http://172.20.255.254:8080/"));
         assert!(t.contains("containerRegistry: 172.20.255.254:5000"));
+        assert!(t.contains("conntrackMaxPerCore: 0"));
         assert!(t.contains("172.20.255.254:5000:\n      - http://172.20.255.254:5000"), "{t}");
         assert_eq!(t.matches("image: ami-123").count(), 4);
         assert_eq!(t.matches("---\n").count(), 5);

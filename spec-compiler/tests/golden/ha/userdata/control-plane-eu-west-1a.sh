@@ -59,7 +59,7 @@ ClusterName: ha.k8s.example.com
 ConfigBase: s3://acme-keelson-state/ha.k8s.example.com
 InstanceGroupName: control-plane-eu-west-1a
 InstanceGroupRole: ControlPlane
-NodeupConfigHash: U/nR0Hmt9Ogxo8K07xvENxSafP5kuh27AlKINAEU/q8=
+NodeupConfigHash: SK0bznuewwBaiFMQLE1QV/Nf35OaQcrli+9rj+KHkWc=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then

@@ -59,7 +59,7 @@ ClusterName: ha.k8s.example.com
 ConfigBase: s3://acme-keelson-state/ha.k8s.example.com
 InstanceGroupName: control-plane-eu-west-1c
 InstanceGroupRole: ControlPlane
-NodeupConfigHash: DNk/E75BldbcL5jECr7HFiPKUfufE4ATDor4yZ7Q91w=
+NodeupConfigHash: +wXTypFxfu/vT/y7zv7XUDRSIgYUYWWQgkNH9wmg3Ug=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then
