@@ -21,6 +21,9 @@ use crate::paths::{self, MachinePaths, State};
 use crate::spec::Spec;
 use crate::{cmd, etcd, kubernetes, mirror, moto, rootfs, volumes};
 
+/// The RBAC worker kubelets need to join with the bootstrap token (see the file).
+pub const BOOTSTRAP_RBAC: &str = include_str!("../kubernetes/bootstrap-rbac.yaml");
+
 /// Reconcile interval of the daemon.
 pub const TICK: Duration = Duration::from_millis(300);
 /// Device names of root volumes (moto attaches one per instance).
@@ -396,6 +399,27 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
     .context("keelson export kubeconfig --admin")?;
     cs.kubeconfig = kubeconfig.display().to_string();
     cs.kubectl = local.kubernetes_bin.join("kubectl").display().to_string();
+    let events: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
+    {
+        // Stand-in for Keelson's bootstrap addon (not built yet): the RBAC that lets worker
+        // kubelets join with the bootstrap token, applied once the API answers.
+        let (kubeconfig, events) = (kubeconfig.clone(), events.clone());
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(1800);
+            let mut last = String::new();
+            while Instant::now() < deadline {
+                match crate::kubeapi::apply_cluster_role_bindings(&kubeconfig, BOOTSTRAP_RBAC) {
+                    Ok(n) => {
+                        event(&events, format!("bootstrap RBAC applied ({n} ClusterRoleBindings)"));
+                        return;
+                    }
+                    Err(e) => last = e.to_string(),
+                }
+                std::thread::sleep(Duration::from_secs(2));
+            }
+            event(&events, format!("bootstrap RBAC not applied within 30 min: {last}"));
+        });
+    }
     let _ = spec_path;
 
     cs.phase = "running".into();
@@ -417,7 +441,7 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
         machines: Arc::new(Mutex::new(BTreeMap::new())),
         starting: Arc::new(Mutex::new(BTreeSet::new())),
         failed: Arc::new(Mutex::new(BTreeMap::new())),
-        events: Arc::new(Mutex::new(Vec::new())),
+        events,
         backings: HashMap::new(),
         exposed: BTreeMap::new(),
         hosts_written: HashMap::new(),
@@ -755,7 +779,78 @@ pub fn health(cs: &ClusterState) -> Health {
     if cs.machines.is_empty() {
         h.problems.push("no machines yet".into());
     }
+    if h.problems.is_empty() && !cs.kubeconfig.is_empty() {
+        h.problems.extend(kube_problems(cs, &mut h.lines));
+    }
     h
+}
+
+/// The static pods every control plane runs (etcd per etcd cluster; kube-proxy runs everywhere).
+pub fn control_plane_pods(cs: &ClusterState) -> Vec<String> {
+    let mut v: Vec<String> = cs.etcd_clusters.iter().map(|c| format!("etcd-{c}")).collect();
+    v.extend(["kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy"].map(String::from));
+    v
+}
+
+/// The failing checks of /readyz (`[-]name failed: …`) or the first 160 characters, on one line.
+fn one_line(text: &str) -> String {
+    let failed: Vec<&str> = text.split("\\n").flat_map(|l| l.lines()).filter(|l| l.trim_start().starts_with("[-]")).map(str::trim).collect();
+    if !failed.is_empty() {
+        return failed.join(" ");
+    }
+    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    flat.chars().take(160).collect()
+}
+
+/// What the Kubernetes API says is not right yet: the API through every control plane, every
+/// machine a Ready Node, every control-plane static pod and every kube-proxy running.
+pub fn kube_problems(cs: &ClusterState, lines: &mut Vec<String>) -> Vec<String> {
+    use crate::kubeapi::{self, Target};
+    let kc = Path::new(&cs.kubeconfig);
+    let mut p = Vec::new();
+    for m in cs.machines.iter().filter(|m| m.role == "control-plane") {
+        let t = Target { server: Some(format!("https://{}", m.ip)), tls_server_name: None };
+        match kubeapi::readyz(kc, &t) {
+            Ok(body) if body.trim() == "ok" => {}
+            Ok(body) => p.push(format!("{}: /readyz says {}", m.instance_id, one_line(&body))),
+            Err(e) => p.push(format!("{}: /readyz: {}", m.instance_id, one_line(&e.to_string()))),
+        }
+    }
+    if !p.is_empty() {
+        return p;
+    }
+    let nodes = match kubeapi::nodes(kc) {
+        Ok(n) => n,
+        Err(e) => return vec![format!("listing nodes: {e}")],
+    };
+    let pods = match kubeapi::system_pods(kc) {
+        Ok(x) => x,
+        Err(e) => return vec![format!("listing kube-system pods: {e}")],
+    };
+    for m in &cs.machines {
+        let Some((name, n)) = nodes.iter().find(|(_, n)| n.internal_ip.as_deref() == Some(m.ip.as_str())) else {
+            p.push(format!("{}: no Node with InternalIP {}", m.instance_id, m.ip));
+            continue;
+        };
+        if !n.ready {
+            p.push(format!("{}: Node {name} not Ready", m.instance_id));
+        }
+        // nodeup runs kube-proxy as a static pod on control planes only (workers get it with the
+        // kube-proxy addon, which does not exist yet).
+        let want = if m.role == "control-plane" { control_plane_pods(cs) } else { vec![] };
+        let mut running = 0;
+        for w in &want {
+            match pods.get(&format!("{w}-{name}")) {
+                Some((_, true)) => running += 1,
+                Some((_, false)) => p.push(format!("{}: pod {w} not running and ready", m.instance_id)),
+                None => p.push(format!("{}: no pod {w}-{name}", m.instance_id)),
+            }
+        }
+        if let Some(l) = lines.iter_mut().find(|l| l.starts_with(&m.instance_id)) {
+            l.push_str(&format!(" node={} pods={running}/{}", if n.ready { "Ready" } else { "NotReady" }, want.len()));
+        }
+    }
+    p
 }
 
 fn running_cluster() -> anyhow::Result<ClusterState> {
@@ -868,7 +963,7 @@ pub fn up(spec_path: &Path, timeout: Duration) -> anyhow::Result<()> {
                     for l in &h.lines {
                         println!("{l}");
                     }
-                    println!("keelson-local: {} is up: {} machines, control plane healthy ({:.0} s)", cs.name, cs.machines.len(), t0.elapsed().as_secs_f64());
+                    println!("keelson-local: {} is up: {} machines, control plane healthy, every node Ready ({:.0} s)", cs.name, cs.machines.len(), t0.elapsed().as_secs_f64());
                     return Ok(());
                 }
                 if let Some(blocker) = blocker(&cs) {
@@ -985,6 +1080,14 @@ fn down_quiet() {
 /// nspawn's run-dir entries, processes started from it.
 pub fn sweep(st: &State) -> Vec<String> {
     let mut found = Vec::new();
+    // The registry is the daemon's child; a daemon killed hard leaves it behind.
+    if let Some(cs) = ClusterState::load(st) {
+        let is_registry = |pid: i64| fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "docker-registry");
+        if cs.registry_pid > 0 && cmd::alive(cs.registry_pid) && is_registry(cs.registry_pid) {
+            found.push(format!("registry pid {}", cs.registry_pid));
+            cmd::kill(cs.registry_pid, "KILL");
+        }
+    }
     if let Ok(entries) = fs::read_dir(st.machines_dir()) {
         for e in entries.flatten() {
             let mp = MachinePaths { dir: e.path() };

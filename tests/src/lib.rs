@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod etcd;
 pub mod httpd;
 pub mod imds;
+pub mod kubeapi;
 pub mod kubernetes;
 pub mod machine;
 pub mod mirror;

@@ -1,0 +1,188 @@
+//! The local cluster's Kubernetes API, through kube-rs with the admin kubeconfig: readiness of the
+//! API servers (each control plane, the internal name, the local load balancer), Nodes, the
+//! control-plane static pods, the bootstrap RBAC and the objects selfheal counts.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeApiError {
+    #[error("kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: String,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error("{what}: {source}")]
+    Api {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{what}: timed out after {secs} s")]
+    Timeout { what: String, secs: u64 },
+    #[error("{0}")]
+    Manifest(String),
+    #[error("async runtime: {0}")]
+    Runtime(#[from] std::io::Error),
+}
+
+/// Where to reach an API server: the kubeconfig's server, another URL, and the TLS name to verify.
+#[derive(Debug, Clone, Default)]
+pub struct Target {
+    pub server: Option<String>,
+    pub tls_server_name: Option<String>,
+}
+
+fn rt() -> Result<tokio::runtime::Runtime, KubeApiError> {
+    Ok(tokio::runtime::Builder::new_current_thread().enable_all().build()?)
+}
+
+async fn client(kubeconfig: &Path, target: &Target) -> Result<Client, KubeApiError> {
+    let kerr = |source| KubeApiError::Kubeconfig { path: kubeconfig.display().to_string(), source };
+    let kc = Kubeconfig::read_from(kubeconfig).map_err(kerr)?;
+    let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.map_err(kerr)?;
+    if let Some(s) = &target.server {
+        config.cluster_url = s.parse().map_err(|e| KubeApiError::Manifest(format!("server {s}: {e}")))?;
+    }
+    if let Some(n) = &target.tls_server_name {
+        config.tls_server_name = Some(n.clone());
+    }
+    config.connect_timeout = Some(Duration::from_secs(3));
+    config.read_timeout = Some(Duration::from_secs(15));
+    Client::try_from(config).map_err(|source| KubeApiError::Api { what: "building the client".into(), source })
+}
+
+fn api_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> KubeApiError {
+    let what = what.into();
+    move |source| KubeApiError::Api { what, source }
+}
+
+/// `GET /readyz` through `target`: the body (`ok`) or the error.
+pub fn readyz(kubeconfig: &Path, target: &Target) -> Result<String, KubeApiError> {
+    rt()?.block_on(async {
+        let c = client(kubeconfig, target).await?;
+        let req = http::Request::get("/readyz").body(Vec::new()).map_err(|e| KubeApiError::Manifest(e.to_string()))?;
+        let fut = c.request_text(req);
+        match tokio::time::timeout(Duration::from_secs(10), fut).await {
+            Ok(r) => r.map_err(api_err(format!("GET /readyz via {:?}", target.server))),
+            Err(_) => Err(KubeApiError::Timeout { what: format!("GET /readyz via {:?}", target.server), secs: 10 }),
+        }
+    })
+}
+
+/// A Node as the local cloud checks it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeState {
+    pub ready: bool,
+    pub internal_ip: Option<String>,
+}
+
+/// Node name → state.
+pub fn nodes(kubeconfig: &Path) -> Result<BTreeMap<String, NodeState>, KubeApiError> {
+    rt()?.block_on(async {
+        let c = client(kubeconfig, &Target::default()).await?;
+        let list = Api::<Node>::all(c).list(&ListParams::default()).await.map_err(api_err("listing nodes"))?;
+        Ok(list
+            .items
+            .into_iter()
+            .map(|n| {
+                let status = n.status.unwrap_or_default();
+                let ready = status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True");
+                let internal_ip = status.addresses.unwrap_or_default().into_iter().find(|a| a.type_ == "InternalIP").map(|a| a.address);
+                (n.metadata.name.unwrap_or_default(), NodeState { ready, internal_ip })
+            })
+            .collect())
+    })
+}
+
+/// kube-system pods: name → (node, running with every container ready).
+pub fn system_pods(kubeconfig: &Path) -> Result<BTreeMap<String, (String, bool)>, KubeApiError> {
+    rt()?.block_on(async {
+        let c = client(kubeconfig, &Target::default()).await?;
+        let list = Api::<Pod>::namespaced(c, "kube-system").list(&ListParams::default()).await.map_err(api_err("listing kube-system pods"))?;
+        Ok(list
+            .items
+            .into_iter()
+            .map(|p| {
+                let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+                let status = p.status.unwrap_or_default();
+                let running = status.phase.as_deref() == Some("Running");
+                let ready = status.container_statuses.unwrap_or_default().iter().all(|c| c.ready);
+                (p.metadata.name.unwrap_or_default(), (node, running && ready))
+            })
+            .collect())
+    })
+}
+
+/// Server-side apply every ClusterRoleBinding of a multi-document YAML manifest.
+pub fn apply_cluster_role_bindings(kubeconfig: &Path, manifest: &str) -> Result<usize, KubeApiError> {
+    let mut docs = Vec::new();
+    for (i, d) in manifest.split("\n---").enumerate() {
+        if d.lines().all(|l| l.trim().is_empty() || l.trim_start().starts_with('#')) {
+            continue;
+        }
+        let b: ClusterRoleBinding = serde_yaml_ng::from_str(d).map_err(|e| KubeApiError::Manifest(format!("document {}: {e}", i + 1)))?;
+        docs.push(b);
+    }
+    rt()?.block_on(async {
+        let c = client(kubeconfig, &Target::default()).await?;
+        let api = Api::<ClusterRoleBinding>::all(c);
+        let pp = PatchParams::apply("keelson-local").force();
+        for b in &docs {
+            let name = b.metadata.name.clone().unwrap_or_default();
+            api.patch(&name, &pp, &Patch::Apply(b)).await.map_err(api_err(format!("applying ClusterRoleBinding {name}")))?;
+        }
+        Ok(docs.len())
+    })
+}
+
+/// Create `n` ConfigMaps `<prefix>-<i>` in `namespace` (data `i: <i>`), `parallel` at a time.
+/// Existing ones are left as they are.
+pub fn create_configmaps(kubeconfig: &Path, namespace: &str, prefix: &str, n: u64) -> Result<(), KubeApiError> {
+    rt()?.block_on(async {
+        let c = client(kubeconfig, &Target::default()).await?;
+        let api = Api::<ConfigMap>::namespaced(c, namespace);
+        let pp = PostParams::default();
+        for i in 0..n {
+            let cm = ConfigMap {
+                metadata: kube::api::ObjectMeta { name: Some(format!("{prefix}-{i}")), ..Default::default() },
+                data: Some(BTreeMap::from([("i".to_string(), i.to_string())])),
+                ..Default::default()
+            };
+            match api.create(&pp, &cm).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(api_err(format!("creating ConfigMap {prefix}-{i}"))(e)),
+            }
+        }
+        Ok(())
+    })
+}
+
+/// How many ConfigMaps `<prefix>-<i>` (i < n) in `namespace` hold their own index: a consistent
+/// (quorum) list, so what is counted is what etcd has.
+pub fn count_configmaps(kubeconfig: &Path, namespace: &str, prefix: &str, n: u64) -> Result<u64, KubeApiError> {
+    rt()?.block_on(async {
+        let c = client(kubeconfig, &Target::default()).await?;
+        let api = Api::<ConfigMap>::namespaced(c, namespace);
+        let list = api.list(&ListParams::default()).await.map_err(api_err("listing ConfigMaps"))?;
+        let want = format!("{prefix}-");
+        Ok(list
+            .items
+            .iter()
+            .filter(|cm| {
+                let name = cm.metadata.name.as_deref().unwrap_or_default();
+                let idx = name.strip_prefix(&want).and_then(|x| x.parse::<u64>().ok());
+                idx.is_some_and(|i| i < n && cm.data.as_ref().and_then(|d| d.get("i")) == Some(&i.to_string()))
+            })
+            .count() as u64)
+    })
+}
