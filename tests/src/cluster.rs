@@ -1196,7 +1196,12 @@ pub struct SelfhealReport {
     pub healed: u32,
     pub keys: u64,
     pub intact: u64,
+    /// ConfigMaps created through the API before the first kill, and how many read back at the end.
+    pub objects: u64,
+    pub objects_intact: u64,
     pub failovers: Vec<f64>,
+    /// Per healed cycle: seconds from the kill to each of [`PHASES`].
+    pub phases: Vec<Vec<f64>>,
 }
 
 pub fn median(v: &[f64]) -> f64 {
@@ -1213,7 +1218,101 @@ pub fn median(v: &[f64]) -> f64 {
     }
 }
 
-/// up, write keys, N kill/heal cycles, down (always). Prints one line per cycle and the summary.
+/// The phases of a control-plane failover, in order; each is timed from the kill.
+pub const PHASES: [&str; 7] = [
+    "instance replaced",
+    "machine up",
+    "nodeup done",
+    "volumes mounted",
+    "etcd healthy",
+    "kube-apiserver ready",
+    "Node Ready",
+];
+
+/// Namespace and name prefix of the ConfigMaps selfheal writes through the API.
+pub const OBJECT_NAMESPACE: &str = "default";
+pub const OBJECT_PREFIX: &str = "keelson-selfheal";
+
+/// How far the replacement of `group`'s killed instance has come: the number of [`PHASES`] done.
+fn failover_phase(cloud: &Cloud, cs: &ClusterState, victim: &MachineInfo) -> (usize, Option<MachineInfo>) {
+    let replaced = cloud
+        .instances()
+        .map(|is| is.iter().any(|i| i.group() == victim.group && i.id != victim.instance_id && (i.state == "running" || i.state == "pending")))
+        .unwrap_or(false);
+    if !replaced {
+        return (0, None);
+    }
+    let Some(new) = cs.machines.iter().find(|m| m.group == victim.group && m.instance_id != victim.instance_id && m.role == "control-plane" && m.init_pid.is_some_and(cmd::alive)).cloned() else {
+        return (1, None);
+    };
+    let pid = new.init_pid.unwrap_or(0);
+    let done = machine::exec_in(pid, &["systemctl", "show", "-p", "ActiveState", "--value", crate::rootfs::USER_DATA_UNIT]).map(|s| s.trim() == "active").unwrap_or(false);
+    if !done {
+        return (2, Some(new));
+    }
+    let mounts = machine::exec_in(pid, &["findmnt", "-rn", "-o", "TARGET"]).unwrap_or_default();
+    if mounts.lines().filter(|l| l.starts_with("/mnt/master-")).count() < cs.etcd_clusters.len() {
+        return (3, Some(new));
+    }
+    for c in &cs.etcd_clusters {
+        match etcd::endpoint(&new.root, c) {
+            Some(ep) if etcd::healthy(pid, &ep) => {}
+            _ => return (4, Some(new)),
+        }
+    }
+    let kc = Path::new(&cs.kubeconfig);
+    let target = crate::kubeapi::Target { server: Some(format!("https://{}", new.ip)), tls_server_name: None };
+    if crate::kubeapi::readyz(kc, &target).map(|b| b.trim() != "ok").unwrap_or(true) {
+        return (5, Some(new));
+    }
+    let ready = crate::kubeapi::nodes(kc).map(|n| n.values().any(|n| n.ready && n.internal_ip.as_deref() == Some(new.ip.as_str()))).unwrap_or(false);
+    if !ready {
+        return (6, Some(new));
+    }
+    (7, Some(new))
+}
+
+/// Probes `/readyz` through the API load balancer every 250 ms while a cycle runs.
+struct ApiProbe {
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<(u64, u64, f64)>>,
+}
+
+impl ApiProbe {
+    fn start(kubeconfig: PathBuf) -> ApiProbe {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let (mut ok, mut failed, mut worst, mut since) = (0u64, 0u64, 0f64, None::<Instant>);
+            while !flag.load(Ordering::SeqCst) {
+                let t = Instant::now();
+                let good = crate::kubeapi::readyz(&kubeconfig, &crate::kubeapi::Target::default()).map(|b| b.trim() == "ok").unwrap_or(false);
+                if good {
+                    ok += 1;
+                    if let Some(s) = since.take() {
+                        worst = worst.max(s.elapsed().as_secs_f64());
+                    }
+                } else {
+                    failed += 1;
+                    since.get_or_insert(t);
+                }
+                std::thread::sleep(Duration::from_millis(250).saturating_sub(t.elapsed()));
+            }
+            if let Some(s) = since {
+                worst = worst.max(s.elapsed().as_secs_f64());
+            }
+            (ok, failed, worst)
+        });
+        ApiProbe { stop, handle: Some(handle) }
+    }
+
+    /// (answered, failed, longest outage in seconds)
+    fn finish(mut self) -> (u64, u64, f64) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.handle.take().and_then(|h| h.join().ok()).unwrap_or((0, 0, 0.0))
+    }
+}
+
 pub fn selfheal(spec_path: &Path, cycles: u32, keys: u64, cycle_timeout: Duration, up_timeout: Duration) -> anyhow::Result<SelfhealReport> {
     struct Down;
     impl Drop for Down {
@@ -1229,15 +1328,22 @@ pub fn selfheal(spec_path: &Path, cycles: u32, keys: u64, cycle_timeout: Duratio
     let st = state();
     let load = || ClusterState::load(&st).ok_or_else(|| anyhow!("cluster state vanished"));
     let cs = load()?;
+    let kubeconfig = PathBuf::from(&cs.kubeconfig);
     let cps = control_planes(&cs);
     let first = cps.first().ok_or_else(|| anyhow!("no control-plane machine"))?;
     let main = cs.etcd_clusters.first().cloned().ok_or_else(|| anyhow!("the spec has no etcd clusters"))?;
     let ep = etcd::endpoint(&first.root, &main).ok_or_else(|| anyhow!("no etcd-{main} manifest on {}", first.instance_id))?;
     etcd::write_keys(first.init_pid.unwrap_or(0), &first.root, &ep, KEY_PREFIX, keys).map_err(|e| anyhow!("writing {keys} keys: {e}"))?;
+    let t = Instant::now();
+    crate::kubeapi::create_configmaps(&kubeconfig, OBJECT_NAMESPACE, OBJECT_PREFIX, keys).map_err(|e| anyhow!("creating {keys} ConfigMaps: {e}"))?;
     let baseline = member_sets(&cs, first).ok_or_else(|| anyhow!("cannot list etcd members"))?;
-    println!("selfheal: wrote {keys} keys to etcd {main}; members {}", baseline.iter().map(|(c, m)| format!("{c}=[{}]", m.join(","))).collect::<Vec<_>>().join(" "));
+    println!(
+        "selfheal: wrote {keys} keys to etcd {main} and {keys} ConfigMaps through the API ({:.1} s); members {}",
+        t.elapsed().as_secs_f64(),
+        baseline.iter().map(|(c, m)| format!("{c}=[{}]", m.join(","))).collect::<Vec<_>>().join(" ")
+    );
     let cloud = Cloud::new(&cs.endpoint(), &cs.region);
-    let mut report = SelfhealReport { cycles: 0, healed: 0, keys, intact: 0, failovers: vec![] };
+    let mut report = SelfhealReport { cycles: 0, healed: 0, keys, intact: 0, objects: keys, objects_intact: 0, failovers: vec![], phases: vec![] };
     for n in 1..=cycles {
         report.cycles = n;
         let cs = load()?;
@@ -1247,9 +1353,11 @@ pub fn selfheal(spec_path: &Path, cycles: u32, keys: u64, cycle_timeout: Duratio
             break;
         }
         let victim = cps[random_index(cps.len())].clone();
+        let probe = ApiProbe::start(kubeconfig.clone());
         let t0 = Instant::now();
         cloud.terminate(&victim.instance_id)?;
         let deadline = t0 + cycle_timeout;
+        let mut reached: Vec<Option<f64>> = vec![None; PHASES.len()];
         let mut status = String::from("waiting for a replacement instance");
         let healed = loop {
             if Instant::now() > deadline {
@@ -1257,48 +1365,51 @@ pub fn selfheal(spec_path: &Path, cycles: u32, keys: u64, cycle_timeout: Duratio
             }
             std::thread::sleep(Duration::from_millis(200));
             let Ok(cs) = load() else { continue };
-            let Some(new) = cs.machines.iter().find(|m| m.group == victim.group && m.instance_id != victim.instance_id && m.role == "control-plane" && m.init_pid.is_some_and(cmd::alive)) else {
+            let (phase, new) = failover_phase(&cloud, &cs, &victim);
+            let now = t0.elapsed().as_secs_f64();
+            for r in reached.iter_mut().take(phase) {
+                r.get_or_insert(now);
+            }
+            let Some(new) = new.filter(|_| phase == PHASES.len()) else {
+                status = format!("at \"{}\"", PHASES[phase.min(PHASES.len() - 1)]);
                 continue;
             };
             let pid = new.init_pid.unwrap_or(0);
-            let mut ok = true;
-            for c in &cs.etcd_clusters {
-                let Some(ep) = etcd::endpoint(&new.root, c) else {
-                    status = format!("{}: no etcd-{c} manifest yet", new.instance_id);
-                    ok = false;
-                    break;
-                };
-                if !etcd::healthy(pid, &ep) {
-                    status = format!("{}: etcd {c} not healthy yet", new.instance_id);
-                    ok = false;
-                    break;
-                }
-            }
-            if !ok {
-                continue;
-            }
-            let ep = etcd::endpoint(&new.root, &main).expect("checked above");
+            let ep = etcd::endpoint(&new.root, &main).ok_or_else(|| anyhow!("no etcd-{main} manifest"))?;
             let count = etcd::count(pid, &ep, KEY_PREFIX).unwrap_or(0);
             if count != keys {
                 status = format!("{}: {count}/{keys} keys on the new member", new.instance_id);
                 continue;
             }
-            match member_sets(&cs, new) {
-                Some(m) if m == baseline => break Some((new.instance_id.clone(), count)),
+            let objects = crate::kubeapi::count_configmaps(&kubeconfig, OBJECT_NAMESPACE, OBJECT_PREFIX, keys).unwrap_or(0);
+            if objects != keys {
+                status = format!("{objects}/{keys} ConfigMaps readable");
+                continue;
+            }
+            match member_sets(&cs, &new) {
+                Some(m) if m == baseline => break Some((new.instance_id.clone(), count, objects)),
                 Some(m) => status = format!("members changed: {m:?} (want {baseline:?})"),
                 None => status = "cannot list members".into(),
             }
         };
+        let (answered, failed, outage) = probe.finish();
+        let api = format!("API through the load balancer: {answered}/{} probes answered, longest outage {outage:.1} s", answered + failed);
         match healed {
-            Some((new, count)) => {
+            Some((new, count, objects)) => {
                 let secs = t0.elapsed().as_secs_f64();
                 report.failovers.push(secs);
                 report.healed += 1;
                 report.intact = count;
-                println!("cycle {n}/{cycles}: killed {} ({}) -> {new} healthy with {count}/{keys} keys, same members, failover {secs:.1} s", victim.instance_id, victim.group);
+                report.objects_intact = objects;
+                let phases: Vec<f64> = reached.iter().map(|r| r.unwrap_or(secs)).collect();
+                let breakdown = PHASES.iter().zip(&phases).map(|(p, t)| format!("{p} {t:.1}")).collect::<Vec<_>>().join(" → ");
+                report.phases.push(phases);
+                println!("cycle {n}/{cycles}: killed {} ({}) -> {new} healthy with {count}/{keys} keys and {objects}/{keys} ConfigMaps, same members, failover {secs:.1} s", victim.instance_id, victim.group);
+                println!("  phases (s after the kill): {breakdown}");
+                println!("  {api}");
             }
             None => {
-                println!("cycle {n}/{cycles}: FAILED: killed {} ({}); not healed within {} s: {status}", victim.instance_id, victim.group, cycle_timeout.as_secs());
+                println!("cycle {n}/{cycles}: FAILED: killed {} ({}); not healed within {} s: {status}; {api}", victim.instance_id, victim.group, cycle_timeout.as_secs());
                 if let Ok(cs) = load() {
                     eprint!("{}", diagnose(&cs));
                 }
@@ -1306,7 +1417,7 @@ pub fn selfheal(spec_path: &Path, cycles: u32, keys: u64, cycle_timeout: Duratio
             }
         }
     }
-    // Final check: every member holds every key.
+    // Final check: every member holds every key, and the API every object.
     if let Ok(cs) = load() {
         let mut min = u64::MAX;
         for m in control_planes(&cs) {
@@ -1315,12 +1426,28 @@ pub fn selfheal(spec_path: &Path, cycles: u32, keys: u64, cycle_timeout: Duratio
             }
         }
         report.intact = if min == u64::MAX { 0 } else { min };
+        report.objects_intact = crate::kubeapi::count_configmaps(&kubeconfig, OBJECT_NAMESPACE, OBJECT_PREFIX, keys).unwrap_or(0);
+        if let Ok(nodes) = crate::kubeapi::nodes(&kubeconfig) {
+            let live: BTreeSet<&str> = cs.machines.iter().map(|m| m.ip.as_str()).collect();
+            let ready = nodes.values().filter(|n| n.ready && n.internal_ip.as_deref().is_some_and(|ip| live.contains(ip))).count();
+            println!("selfheal: {ready}/{} machines are Ready Nodes", live.len());
+        }
+    }
+    if !report.phases.is_empty() {
+        let medians: Vec<String> = PHASES
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("{p} {:.1}", median(&report.phases.iter().map(|v| v[i]).collect::<Vec<_>>())))
+            .collect();
+        println!("selfheal: median phase times (s after the kill): {}", medians.join(" → "));
     }
     println!(
-        "selfheal: {} cycles, {}/{} keys intact, median failover {:.1} s",
+        "selfheal: {} cycles, {}/{} keys intact, {}/{} ConfigMaps intact, median failover {:.1} s",
         report.cycles,
         report.intact,
         report.keys,
+        report.objects_intact,
+        report.objects,
         median(&report.failovers)
     );
     Ok(report)

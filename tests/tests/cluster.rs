@@ -2,8 +2,12 @@
 //! `keelson apply --yes` against moto, nodeup and protokube for real in systemd machines) and
 //! then check, from moto and from inside the machines: each control plane mounted its own
 //! member's etcd volumes; etcd main and events are healthy 3-member clusters; the DNS records in
-//! Route53 and the names the machines resolve point at the live IPs; containerd runs everywhere.
-//! `kill` of a node gets it replaced; `down` then leaves nothing behind.
+//! Route53 and the names the machines resolve point at the live IPs; containerd runs everywhere;
+//! real Kubernetes (built from source, images from the local registry): `/readyz` is ok through
+//! each control plane's address, through every address of `api.internal.<cluster>` (verified
+//! against that name) and through the local API load balancer, every machine is a Ready Node and
+//! every control-plane static pod runs; `keelson-local kubectl` and `env` work.
+//! `kill` of a node gets it replaced and Ready again; `down` then leaves nothing behind.
 
 mod support;
 
@@ -14,6 +18,7 @@ use keelson_local::cloud::Cloud;
 use keelson_local::cluster::ClusterState;
 use keelson_local::paths::{self, State};
 use keelson_local::spec::Spec;
+use keelson_local::kubeapi::{self, Target};
 use keelson_local::{etcd, machine};
 
 #[test]
@@ -106,7 +111,41 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         assert!(v.contains("Server:"), "{}: {v}", m.instance_id);
     }
 
-    // 5. ps shows every machine.
+    // 5. Kubernetes: the API through every path, every Node Ready, every static pod running.
+    let kc = std::path::PathBuf::from(&cs.kubeconfig);
+    for m in &cps {
+        let r = kubeapi::readyz(&kc, &Target { server: Some(format!("https://{}", m.ip)), tls_server_name: None });
+        assert_eq!(r.as_deref().map(str::trim).ok(), Some("ok"), "/readyz through {} ({}): {r:?}", m.instance_id, m.ip);
+    }
+    let api = format!("api.internal.{}", spec.name);
+    let api_ips: Vec<String> = cloud.a_records().unwrap().iter().filter(|r| r.name == api).flat_map(|r| r.ips.clone()).collect();
+    assert_eq!(api_ips.len(), 3, "{api}: {api_ips:?}");
+    for ip in &api_ips {
+        let r = kubeapi::readyz(&kc, &Target { server: Some(format!("https://{ip}")), tls_server_name: Some(api.clone()) });
+        assert_eq!(r.as_deref().map(str::trim).ok(), Some("ok"), "/readyz through {api} ({ip}): {r:?}");
+    }
+    assert_eq!(kubeapi::readyz(&kc, &Target::default()).unwrap().trim(), "ok", "through the local load balancer");
+    let k8s_nodes = kubeapi::nodes(&kc).unwrap();
+    assert_eq!(k8s_nodes.len(), 6, "{k8s_nodes:?}");
+    assert!(k8s_nodes.values().all(|n| n.ready), "not every Node is Ready: {k8s_nodes:?}");
+    let pods = kubeapi::system_pods(&kc).unwrap();
+    for m in &cps {
+        let (node, _) = k8s_nodes.iter().find(|(_, n)| n.internal_ip.as_deref() == Some(m.ip.as_str())).expect("node of a control plane");
+        for p in keelson_local::cluster::control_plane_pods(&cs) {
+            let st = pods.get(&format!("{p}-{node}"));
+            assert!(matches!(st, Some((_, true))), "{p} on {node}: {st:?}");
+        }
+    }
+    let kubectl = support::run(&["kubectl", "get", "nodes", "-o", "name"]);
+    assert!(kubectl.status.success());
+    assert_eq!(String::from_utf8_lossy(&kubectl.stdout).lines().count(), 6);
+    let env = support::run(&["env"]);
+    let env = String::from_utf8_lossy(&env.stdout).to_string();
+    for k in ["AWS_ENDPOINT_URL", "KUBECONFIG", "KEELSON_LOCAL_REGISTRY", "AWS_REGION"] {
+        assert!(env.contains(&format!("export {k}=")), "env lacks {k}:\n{env}");
+    }
+
+    // 6. ps shows every machine.
     let ps = support::run(&["ps"]);
     assert!(ps.status.success());
     let text = String::from_utf8_lossy(&ps.stdout);
@@ -114,23 +153,24 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         assert!(text.contains(&m.instance_id), "ps does not list {}", m.instance_id);
     }
 
-    // 6. kill: a terminated node's machine and namespace go away; its group's replacement boots
-    //    and runs containerd.
+    // 7. kill: a terminated node's machine and namespace go away; its group's replacement boots,
+    //    runs containerd and joins as a Ready Node.
     let victim = nodes[0].clone();
     let out = support::run(&["kill", &victim.instance_id]);
     assert!(out.status.success());
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let deadline = std::time::Instant::now() + Duration::from_secs(240);
     loop {
         let cs = ClusterState::load(&State::new(paths::state_dir())).expect("cluster.json");
         let gone = !cs.machines.iter().any(|m| m.instance_id == victim.instance_id)
             && !keelson_local::net::our_namespaces().contains(&victim.netns);
+        let ready: Vec<String> = kubeapi::nodes(&kc).unwrap_or_default().values().filter(|n| n.ready).filter_map(|n| n.internal_ip.clone()).collect();
         let replaced = cs.machines.iter().filter(|m| m.role == "node").filter(|m| {
-            m.init_pid.is_some_and(|p| machine::exec_in(p, &["ctr", "version"]).is_ok())
+            m.init_pid.is_some_and(|p| machine::exec_in(p, &["ctr", "version"]).is_ok()) && ready.contains(&m.ip)
         }).count() == 3;
         if gone && replaced {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "node {} not replaced within 120 s (gone={gone}, replaced={replaced})", victim.instance_id);
+        assert!(std::time::Instant::now() < deadline, "node {} not replaced within 240 s (gone={gone}, replaced={replaced})", victim.instance_id);
         std::thread::sleep(Duration::from_millis(500));
     }
 

@@ -1,7 +1,9 @@
 //! End to end: `keelson-local selfheal -f examples/ha.yaml --cycles N` (N = $KEELSON_SELFHEAL_CYCLES,
 //! default 10; 100 on demand). Every cycle terminates a random control-plane instance in moto;
 //! the autoscaling group replaces it, the new machine claims the same volumes, and etcd must be
-//! healthy on it with all 1,000 keys and the same members. The summary line is the contract.
+//! healthy on it with all 1,000 keys and the same members, the 1,000 ConfigMaps written through the
+//! API before the first kill must all read back, and every machine must end as a Ready Node. The
+//! summary line is the contract; each cycle prints its failover phases and the API's availability.
 
 mod support;
 
@@ -14,11 +16,15 @@ fn selfheal_cycles_keep_every_key() {
     let out = support::run(&["selfheal", "-f", &spec.to_string_lossy(), "--cycles", &cycles.to_string(), "--cycle-timeout", "180"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let last = stdout.lines().last().unwrap_or("");
-    let prefix = format!("selfheal: {cycles} cycles, 1000/1000 keys intact, median failover ");
+    let prefix = format!("selfheal: {cycles} cycles, 1000/1000 keys intact, 1000/1000 ConfigMaps intact, median failover ");
     assert!(last.starts_with(&prefix) && last.ends_with(" s"), "unexpected summary {last:?} (output above)");
     let median: f64 = last[prefix.len()..last.len() - 2].parse().expect("median is a number");
     assert!(stdout.lines().filter(|l| l.starts_with("cycle ")).count() == cycles as usize);
     assert!(out.status.success(), "selfheal exited {:?}", out.status);
+    assert!(stdout.lines().any(|l| l.starts_with("selfheal: median phase times")), "no phase breakdown");
+    let ready = stdout.lines().find(|l| l.ends_with("machines are Ready Nodes")).expect("a Ready-Nodes line");
+    let (have, want) = ready.trim_start_matches("selfheal: ").split_once(' ').and_then(|(f, _)| f.split_once('/')).expect("n/m");
+    assert_eq!(have, want, "{ready}");
     eprintln!("median failover {median:.1} s over {cycles} cycles");
     drop(_down);
     support::assert_nothing_left();
