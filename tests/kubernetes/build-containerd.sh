@@ -27,7 +27,7 @@ flock 9
 if [ -f "$out/.complete" ]; then echo "$archive"; exit 0; fi
 
 work="$out/module"
-rm -rf "$work" "$out/bin"
+rm -rf "${work:?}" "${out:?}/bin"
 mkdir -p "$work" "$out/bin"
 cd "$work"
 export GOFLAGS="${GOFLAGS:-} -mod=mod" CGO_ENABLED=0

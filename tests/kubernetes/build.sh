@@ -41,7 +41,7 @@ if [ -f "$marker" ]; then
 fi
 
 work="$out/module"
-rm -rf "$work" "$out/bin.tmp"
+rm -rf "${work:?}" "${out:?}/bin.tmp"
 mkdir -p "$work" "$out/bin.tmp"
 cd "$work"
 
@@ -89,7 +89,7 @@ go build -trimpath -ldflags "$ldflags" -o "$out/bin.tmp/" "${targets[@]}"
 for c in "${COMPONENTS[@]}"; do
   "$out/bin.tmp/$c" --version >/dev/null 2>&1 || [ "$c" = kubectl ] || { echo "build.sh: $c --version failed" >&2; exit 1; }
 done
-rm -rf "$out/bin"
+rm -rf "${out:?}/bin"
 mv "$out/bin.tmp" "$out/bin"
 (cd "$out/bin" && sha256sum "${COMPONENTS[@]}") > "$out/sha256sums.tmp"
 mv "$out/sha256sums.tmp" "$out/sha256sums"

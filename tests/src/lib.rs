@@ -5,8 +5,10 @@
 //! namespace with the instance's private IP, an IMDSv2 endpoint serving that instance's facts and
 //! user-data, and the instance's attached EBS volumes as loop devices under their NVMe by-id names.
 //! The user-data boots nodeup from a local mirror; nodeup installs containerd, runc, the CNI
-//! plugins and protokube for real. The kubelet cannot be had offline: a stand-in that runs static
-//! pods' host commands (etcd) takes its place. See `README.md`, "Run a cluster on your machine".
+//! plugins, the kubelet and protokube for real, and the kubelet runs the control plane (etcd,
+//! kube-apiserver, controller-manager, scheduler, kube-proxy) from images in a local registry.
+//! Kubernetes, containerd, etcd and the images are built from source (`kubernetes`). See
+//! `README.md`, "Run a cluster on your machine".
 
 pub mod cloud;
 pub mod cmd;
@@ -23,5 +25,4 @@ pub mod net;
 pub mod paths;
 pub mod rootfs;
 pub mod spec;
-pub mod staticpods;
 pub mod volumes;

@@ -1,8 +1,8 @@
 //! The local cloud's layers, each on its own, with real parts: the cached debootstrap rootfs, a
 //! machine booting systemd in its own network namespace, IMDSv2 reached with curl from inside it,
 //! user-data run at boot, an EBS volume exposed as a loop device under its NVMe by-id name and
-//! formatted/mounted inside the machine, the kubelet stand-in running etcd from a static pod
-//! manifest (and restarting it when the manifest changes), and cleanup leaving nothing behind.
+//! formatted/mounted inside the machine, cgroup controllers that systemd (and so the kubelet and
+//! containerd) can use, and cleanup leaving nothing behind.
 //!
 //! Needs root, debootstrap and systemd-nspawn (scripts/test installs them). The first run builds
 //! the rootfs (a few minutes); later runs reuse the cache.
@@ -126,61 +126,13 @@ fn machine_layers_end_to_end() {
         .expect("format and mount inside the machine");
     assert_eq!(m.exec(&["cat", "/mnt/master-vol-0123abcd/f"]).unwrap().trim(), "data");
 
-    // The kubelet stand-in runs etcd from a static pod manifest with its host mounts.
-    let standin = PathBuf::from(env!("CARGO_BIN_EXE_kubelet-standin"));
-    std::fs::copy(&standin, m.info.root.join("usr/local/bin/kubelet")).unwrap();
-    let manifest = |name: &str| format!(r#"apiVersion: v1
-kind: Pod
-metadata:
-  name: etcd-main
-  namespace: kube-system
-spec:
-  hostNetwork: true
-  containers:
-  - name: etcd
-    image: registry.k8s.io/etcd:v3.5.21
-    command: [/usr/local/bin/etcd]
-    args:
-    - --name={name}
-    - --data-dir=/var/etcd/data
-    - --listen-client-urls=http://10.213.0.10:4001,http://127.0.0.1:4001
-    - --advertise-client-urls=http://10.213.0.10:4001
-    - --listen-peer-urls=http://10.213.0.10:2380
-    - --initial-advertise-peer-urls=http://10.213.0.10:2380
-    - --initial-cluster={name}=http://10.213.0.10:2380
-    volumeMounts:
-    - name: data
-      mountPath: /var/etcd/data
-  volumes:
-  - name: data
-    hostPath:
-      path: /mnt/master-vol-0123abcd/data
-      type: DirectoryOrCreate
-"#);
-    m.exec(&["mkdir", "-p", "/etc/kubernetes/manifests"]).unwrap();
-    std::fs::write(m.info.root.join("etc/kubernetes/manifests/etcd-main.manifest"), manifest("a")).unwrap();
-    m.exec(&["systemd-run", "--unit=kubelet", "/usr/local/bin/kubelet", "--v=2", "--pod-manifest-path=/etc/kubernetes/manifests"]).unwrap();
-    let put = || m.exec(&["etcdctl", "--endpoints=http://10.213.0.10:4001", "put", "/k", "v"]).is_ok();
-    wait("etcd from the static pod to serve", 30, put);
-    // Its data is on the volume (the hostPath), not in the container path.
-    assert!(m.exec(&["test", "-d", "/mnt/master-vol-0123abcd/data/member"]).is_ok());
-    // From the host, over the bridge.
-    let out = cmd::sh(&["curl", "-fsS", "-m", "5", "http://10.213.0.10:4001/health"]).unwrap();
-    assert!(out.contains("true"), "{out}");
-    // A changed manifest restarts etcd with the new flags (member name b → a different process).
-    let pid_of = || {
-        let s = m.exec(&["cat", "/run/kubelet-standin/pods.json"]).unwrap_or_default();
-        let v: serde_json::Value = serde_json::from_str(&s).unwrap_or_default();
-        v.as_array().and_then(|a| a.first()).and_then(|e| e["pid"].as_u64())
-    };
-    let first = pid_of().expect("stand-in reports etcd's pid");
-    std::fs::write(m.info.root.join("etc/kubernetes/manifests/etcd-main.manifest"), manifest("a").replace("--data-dir=/var/etcd/data", "--data-dir=/var/etcd/data\n    - --heartbeat-interval=150")).unwrap();
-    wait("etcd to restart on manifest change", 30, || pid_of().is_some_and(|p| p != first));
-    wait("restarted etcd to serve the old key", 30, || {
-        m.exec(&["etcdctl", "--endpoints=http://10.213.0.10:4001", "get", "/k", "--print-value-only"]).map(|o| o.trim() == "v").unwrap_or(false)
-    });
-    let ps = m.exec(&["ps", "-eo", "args"]).unwrap();
-    assert!(ps.contains("--heartbeat-interval=150"), "{ps}");
+    // What the kubelet and containerd need from a machine (a container would get none of it by
+    // default): writable cgroup v1 controllers that systemd delegates (a unit's memory limit lands
+    // in the memory hierarchy), and /dev/kmsg for the kubelet's OOM watcher.
+    m.exec(&["systemd-run", "--unit=kl-limited", "-p", "MemoryLimit=100M", "sleep", "300"]).unwrap();
+    let limit = m.exec(&["cat", "/sys/fs/cgroup/memory/system.slice/kl-limited.service/memory.limit_in_bytes"]).unwrap_or_default();
+    assert_eq!(limit.trim(), "104857600", "systemd did not apply the memory limit in the v1 memory controller");
+    assert!(m.exec(&["test", "-c", "/dev/kmsg"]).is_ok(), "no /dev/kmsg in the machine");
 
     // Detach: the device disappears from the machine.
     volumes::unexpose(init, "vol-0123abcd", 1);

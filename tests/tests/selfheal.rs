@@ -1,5 +1,5 @@
 //! End to end: `keelson-local selfheal -f examples/ha.yaml --cycles N` (N = $KEELSON_SELFHEAL_CYCLES,
-//! default 10; 100 on demand). Every cycle terminates a random control-plane instance in moto;
+//! default 3; more on demand). Every cycle terminates a random control-plane instance in moto;
 //! the autoscaling group replaces it, the new machine claims the same volumes, and etcd must be
 //! healthy on it with all 1,000 keys and the same members, the 1,000 ConfigMaps written through the
 //! API before the first kill must all read back, and every machine must end as a Ready Node. The
@@ -11,7 +11,7 @@ mod support;
 fn selfheal_cycles_keep_every_key() {
     support::require_root();
     let _down = support::Down;
-    let cycles: u32 = std::env::var("KEELSON_SELFHEAL_CYCLES").ok().and_then(|c| c.parse().ok()).unwrap_or(10);
+    let cycles: u32 = std::env::var("KEELSON_SELFHEAL_CYCLES").ok().and_then(|c| c.parse().ok()).unwrap_or(3);
     let spec = support::repo().join("examples/ha.yaml");
     let out = support::run(&["selfheal", "-f", &spec.to_string_lossy(), "--cycles", &cycles.to_string(), "--cycle-timeout", "180"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
