@@ -52,9 +52,11 @@ fn worker_converges_then_reruns_with_no_change() {
     assert!(kubelet_conf.contains("cgroupDriver: systemd"), "{kubelet_conf}");
     let sysconfig = std::fs::read_to_string(s.path("/etc/sysconfig/kubelet")).expect("sysconfig");
     assert!(sysconfig.starts_with("DAEMON_ARGS=\""), "{sysconfig}");
-    for f in ["--bootstrap-kubeconfig=/var/lib/kubelet/bootstrap-kubeconfig", "--node-ip=172.20.33.10", "--config=/var/lib/kubelet/kubelet.conf", "--node-labels=node-role.kubernetes.io/node="] {
+    for f in ["--bootstrap-kubeconfig=/var/lib/kubelet/bootstrap-kubeconfig", "--node-ip=172.20.33.10", "--config=/var/lib/kubelet/kubelet.conf"] {
         assert!(sysconfig.contains(f), "{f} missing: {sysconfig}");
     }
+    // The kubelet refuses to start with a role label it may not set on itself.
+    assert!(!sysconfig.contains("node-role.kubernetes.io"), "{sysconfig}");
     let boot_kc = s.path("/var/lib/kubelet/bootstrap-kubeconfig");
     assert_eq!(mode(&boot_kc), 0o400);
     let kc = std::fs::read_to_string(&boot_kc).expect("bootstrap kubeconfig");

@@ -91,7 +91,7 @@ fn blank_volumes_formatted_mounted_tagged_dns_then_second_pass_changes_nothing()
             "--initial-cluster-state=new",
             "cpu: 100m",
             "memory: 100Mi",
-            "image: registry.k8s.io/etcd:3.5.21-0",
+            "image: registry.k8s.io/etcd:v3.5.21",
             "--client-cert-auth=true",
             "--trusted-ca-file=/etc/kubernetes/pki/etcd/main/ca.crt",
             "--peer-trusted-ca-file=/etc/kubernetes/pki/etcd/main/peer-ca.crt",
