@@ -8,7 +8,7 @@ pub mod generated;
 pub mod nodeup;
 pub mod types;
 pub mod validate;
-pub use validate::{validate, ValidationError};
+pub use validate::{aws_region_of_zone, validate, ValidationError};
 
 pub use documents::{parse_documents, Cluster, Documents, InstanceGroup, ObjectMeta, ParseError, Role};
 pub use generated::*;

@@ -23,6 +23,17 @@ impl fmt::Display for ValidationError {
     }
 }
 
+/// The region of an AWS availability zone, kOps' rule: the zone without its last letter
+/// (`us-east-1a` → `us-east-1`, local zone `us-west-2-lax-1a` → `us-west-2-lax-1`). `None` when the
+/// name is not a region (ASCII, ending in a digit) followed by one lowercase ASCII letter.
+pub fn aws_region_of_zone(zone: &str) -> Option<&str> {
+    let region = zone.strip_suffix(|c: char| c.is_ascii_lowercase())?;
+    let well_formed = region.ends_with(|c: char| c.is_ascii_digit())
+        && region.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && region.contains('-');
+    well_formed.then_some(region)
+}
+
 /// Cloud providers kOps knows.
 pub const CLOUD_PROVIDERS: &[&str] = &["aws", "gce", "hetzner", "openstack", "digitalocean", "azure", "scaleway", "metal"];
 
@@ -118,6 +129,13 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
             Some(n) => {
                 if subnet_zones.insert(n.to_string(), subnet.zone.clone()).is_some() {
                     r.add(&cdoc, format!("{path}.name"), format!("duplicate subnet name {n:?}"));
+                }
+            }
+        }
+        if spec.cloud_provider.as_deref() == Some("aws") {
+            if let Some(z) = subnet.zone.as_deref() {
+                if aws_region_of_zone(z).is_none() {
+                    r.add(&cdoc, format!("{path}.zone"), format!("{z:?} is not an AWS availability zone (a region followed by one letter, e.g. us-east-1a)"));
                 }
             }
         }
@@ -245,6 +263,18 @@ mod tests {
 
     fn errors(text: &str) -> Vec<String> {
         validate(&parse_documents(text.as_bytes()).unwrap()).iter().map(|e| e.to_string()).collect()
+    }
+
+    #[test]
+    fn aws_zones() {
+        assert_eq!(aws_region_of_zone("us-east-1a"), Some("us-east-1"));
+        assert_eq!(aws_region_of_zone("us-west-2-lax-1b"), Some("us-west-2-lax-1"));
+        for bad in ["", "a", "us-east-1", "us-east-1é", "ü-east-1a", "useast1a", "US-EAST-1A", "us-east-1ab"] {
+            assert_eq!(aws_region_of_zone(bad), None, "{bad:?}");
+        }
+        let text = spec("", "").replace("zone: us-test-1a", "zone: \"us-test-1\u{e9}\"");
+        let e = errors(&text);
+        assert!(e.iter().any(|e| e.contains("spec.subnets[a].zone") && e.contains("not an AWS availability zone")), "{e:?}");
     }
 
     #[test]

@@ -89,7 +89,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Outcome> {
             (None, Some(imds)) => crate::s3::credentials_from_imds(imds).context("reading instance-role credentials from IMDS")?,
             (None, None) => None,
         };
-        let region = facts.region.clone().or_else(|| facts.zone.as_ref().map(|z| z[..z.len().saturating_sub(1)].to_string()));
+        let region = facts.region.clone().or_else(|| facts.zone.as_deref().and_then(keelson_api::aws_region_of_zone).map(str::to_string));
         let s3 = crate::s3::S3Store::new(&boot.config_base, region.as_deref(), creds, opts.http_timeout)
             .map_err(config::ConfigError::from)?;
         StateStore::s3(&boot.config_base, &fetcher, s3)

@@ -59,8 +59,8 @@ pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, C
 
     let mut environment = BTreeMap::new();
     if spec.cloud_provider.as_deref() == Some("aws") {
-        if let Some(zone) = spec.subnets.iter().flatten().find_map(|s| s.zone.clone()) {
-            environment.insert("AWS_REGION".to_string(), zone[..zone.len().saturating_sub(1)].to_string());
+        if let Some(region) = spec.subnets.iter().flatten().find_map(|s| s.zone.as_deref().and_then(keelson_api::aws_region_of_zone)) {
+            environment.insert("AWS_REGION".to_string(), region.to_string());
         }
     }
     if options.nodeup_assets.is_empty() {

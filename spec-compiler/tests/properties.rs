@@ -171,6 +171,51 @@ proptest! {
     }
 }
 
+proptest! {
+    // Enough cases that a field which matters (a zone: 2 of ~60 strings) is hit many times.
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Every string field of the example specs, replaced by arbitrary Unicode (multi-byte
+    /// characters, control characters, empty), goes through validate and compile without a panic.
+    #[test]
+    fn unicode_in_any_string_field_never_panics(
+        example in prop_oneof![Just("minimal.yaml"), Just("ha.yaml"), Just("gce.yaml")],
+        at in any::<prop::sample::Index>(),
+        text in "\\PC{0,24}",
+        suffix in prop_oneof![Just(""), Just("é"), Just("a"), Just("\u{1F600}")],
+    ) {
+        let source = std::fs::read_to_string(common::example(example)).expect("example");
+        let mut docs: Vec<serde_yaml_ng::Value> = Vec::new();
+        for d in serde_yaml_ng::Deserializer::from_str(&source) {
+            docs.push(serde::Deserialize::deserialize(d).expect("example YAML"));
+        }
+        fn strings<'a>(v: &'a mut serde_yaml_ng::Value, out: &mut Vec<&'a mut String>) {
+            match v {
+                serde_yaml_ng::Value::String(s) => out.push(s),
+                serde_yaml_ng::Value::Sequence(x) => x.iter_mut().for_each(|e| strings(e, out)),
+                serde_yaml_ng::Value::Mapping(m) => m.iter_mut().for_each(|(_, e)| strings(e, out)),
+                _ => {}
+            }
+        }
+        let mut fields = Vec::new();
+        for d in docs.iter_mut() {
+            strings(d, &mut fields);
+        }
+        let n = fields.len();
+        let target = at.index(n);
+        *fields[target] = format!("{text}{suffix}");
+        let mut out = String::new();
+        for d in &docs {
+            out.push_str("---\n");
+            out.push_str(&serde_yaml_ng::to_string(d).expect("yaml"));
+        }
+        if let Ok(docs) = load_bytes(Path::new("unicode.yaml"), out.as_bytes()) {
+            let _ = keelson_api::validate(&docs);
+            let _ = spec_compiler::compile(&docs, &offline());
+        }
+    }
+}
+
 #[test]
 fn air_gapped_mirrors_rewrite_assets_and_images_including_pause() {
     let spec = minimal().replace(

@@ -391,9 +391,10 @@ fn role_tags(role: Role) -> Vec<(String, String)> {
     }
 }
 
-/// The region of an AWS zone (`us-east-1a` → `us-east-1`; local zones keep their prefix).
+/// The region of an AWS zone (`us-east-1a` → `us-east-1`): [`keelson_api::aws_region_of_zone`];
+/// validation has refused zones it does not understand.
 pub fn region_of_zone(zone: &str) -> String {
-    zone.trim_end_matches(|c: char| c.is_ascii_lowercase()).to_string()
+    keelson_api::aws_region_of_zone(zone).unwrap_or(zone).to_string()
 }
 
 /// Build the model. `completed` is the completed Cluster (from `cluster-completed.yaml`).
