@@ -358,43 +358,36 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
 
     cs.phase = "keelson apply --yes".into();
     cs.save(state);
-    let applied = cmd::run(
-        Command::new(&keelson)
-            .args(["apply", "--yes", "--offline", "-f"])
+    // `keelson <args> -f SPEC` against the local cloud, exactly as against AWS.
+    let keelson_on_cloud = |args: &[&str]| {
+        let mut c = Command::new(&keelson);
+        c.args(args)
+            .args(["--offline", "-f"])
             .arg(&local_spec)
             .arg("--endpoint-url")
             .arg(cs.endpoint())
-            .arg("--nodeup-asset")
-            .arg(format!("amd64={nodeup_sha}@{nodeup_url}"))
             .arg("--asset-hashes")
             .arg(&overrides)
             .env("KOPS_BASE_URL", &kops_base)
             .env("AWS_ACCESS_KEY_ID", "keelson-local")
             .env("AWS_SECRET_ACCESS_KEY", "keelson-local")
-            .env("AWS_REGION", &spec.region),
-    )
+            .env("AWS_REGION", &spec.region);
+        c
+    };
+    let applied = cmd::run(keelson_on_cloud(&["apply", "--yes"]).arg("--nodeup-asset").arg(format!("amd64={nodeup_sha}@{nodeup_url}")))
     .context("keelson apply --yes against moto")?;
     fs::write(state.root.join("apply.log"), &applied)?;
 
     // An admin kubeconfig through the local API load balancer, as `keelson export kubeconfig`
     // writes it for any cluster (the API server certificate names 127.0.0.1).
     let kubeconfig = state.root.join("kubeconfig");
+    let api_url = format!("https://127.0.0.1:{}", cs.api_port);
     cmd::run(
-        Command::new(&keelson)
-            .args(["export", "kubeconfig", "--admin", "--ttl", "72h", "--offline", "-f"])
-            .arg(&local_spec)
+        keelson_on_cloud(&["export", "kubeconfig", "--admin", "--ttl", "72h"])
             .arg("--kubeconfig")
             .arg(&kubeconfig)
             .arg("--server")
-            .arg(format!("https://127.0.0.1:{}", cs.api_port))
-            .arg("--endpoint-url")
-            .arg(cs.endpoint())
-            .arg("--asset-hashes")
-            .arg(&overrides)
-            .env("KOPS_BASE_URL", &kops_base)
-            .env("AWS_ACCESS_KEY_ID", "keelson-local")
-            .env("AWS_SECRET_ACCESS_KEY", "keelson-local")
-            .env("AWS_REGION", &spec.region),
+            .arg(&api_url),
     )
     .context("keelson export kubeconfig --admin")?;
     cs.kubeconfig = kubeconfig.display().to_string();
