@@ -32,6 +32,8 @@ pub enum CompileError {
     UserData(#[from] UserDataError),
     #[error(transparent)]
     Output(#[from] OutputError),
+    #[error("InstanceGroup/{group}: a control plane booted by this user-data ({arch}) would have no protokube (etcd volumes, etcd, DNS): give --protokube-asset {arch}=SHA256@URL or --kops-base-url")]
+    NoProtokube { group: String, arch: String },
 }
 
 /// The result of a compile: the files, plus anything the operator should know.
@@ -88,6 +90,15 @@ pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, C
         };
         let boot_yaml = output::to_yaml(&format!("bootconfig/{group}.yaml"), &boot)?;
         if !options.nodeup_assets.is_empty() {
+            if role == Role::ControlPlane {
+                // Every architecture this user-data can boot needs its protokube.
+                for arch in options.nodeup_assets.keys() {
+                    let known = options.protokube_assets.contains_key(arch) || options.kops_base_url.as_deref().is_some_and(|b| !b.is_empty());
+                    if !known {
+                        return Err(CompileError::NoProtokube { group: group.to_string(), arch: arch.as_str().to_string() });
+                    }
+                }
+            }
             let script = userdata::render(group, &name, &boot_yaml, &options.nodeup_assets, &environment)?;
             let additional = ig.spec.additional_user_data.clone().unwrap_or_default();
             let compress = ig.spec.compress_user_data.unwrap_or(false);

@@ -9,8 +9,6 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use spec_compiler::complete::CompileOptions;
 use spec_compiler::load::{load_spec, LoadError};
-use spec_compiler::userdata::NodeupAsset;
-use spec_compiler::versions::Arch;
 
 #[derive(Parser)]
 #[command(name = "keelson", version, about = "Compile kOps-format cluster specs into complete configuration, node configs and user-data")]
@@ -47,6 +45,13 @@ enum Command {
         /// The nodeup binary user-data boots, per architecture: `amd64=SHA256@URL[,MIRROR…]` (repeatable).
         #[arg(long = "nodeup-asset", value_name = "ARCH=SHA256@URL")]
         nodeup_asset: Vec<String>,
+        /// The protokube binary control planes install, per architecture: `amd64=SHA256@URL[,MIRROR…]`.
+        #[arg(long = "protokube-asset", value_name = "ARCH=SHA256@URL")]
+        protokube_asset: Vec<String>,
+        /// kOps-style base URL of the binaries (`<base>/linux/<arch>/protokube`) for an architecture
+        /// without --protokube-asset; defaults to $KOPS_BASE_URL.
+        #[arg(long = "kops-base-url", env = "KOPS_BASE_URL", value_name = "URL")]
+        kops_base_url: Option<String>,
         /// kOps-style feature flags (`+APIServerNodes,…`); defaults to $KOPS_FEATURE_FLAGS.
         #[arg(long = "feature-flags", env = "KOPS_FEATURE_FLAGS", default_value = "")]
         feature_flags: String,
@@ -106,24 +111,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Err(e) => Ok(report(&e)),
         },
-        Command::Compile { file, out, offline, cache_dir, asset_hashes, nodeup_asset, feature_flags } => {
-            let mut nodeup_assets = std::collections::BTreeMap::new();
-            for item in &nodeup_asset {
-                let (arch, asset) = item
-                    .split_once('=')
-                    .ok_or_else(|| anyhow::anyhow!("--nodeup-asset {item:?}: expected ARCH=SHA256@URL"))?;
-                let arch = Arch::parse(arch)
-                    .ok_or_else(|| anyhow::anyhow!("--nodeup-asset {item:?}: unknown architecture {arch:?} (amd64 or arm64)"))?;
-                let asset = NodeupAsset::parse(asset).map_err(|e| anyhow::anyhow!("--nodeup-asset: {e}"))?;
-                nodeup_assets.insert(arch, asset);
-            }
+        Command::Compile { file, out, offline, cache_dir, asset_hashes, nodeup_asset, protokube_asset, kops_base_url, feature_flags } => {
+            let nodeup_assets = spec_compiler::apply::cli::parse_arch_assets("--nodeup-asset", &nodeup_asset)?;
             let docs = match load_spec(&file) {
                 Ok(d) => d,
                 Err(e) => return Ok(report(&e)),
             };
             let options = CompileOptions {
                 offline,
-                cache_dir,
+                cache_dir: cache_dir.or_else(spec_compiler::versions::default_cache_dir),
+                protokube_assets: spec_compiler::apply::cli::parse_arch_assets("--protokube-asset", &protokube_asset)?,
+                kops_base_url: kops_base_url.filter(|b| !b.is_empty()),
                 feature_flags: CompileOptions::parse_feature_flags(&feature_flags),
                 nodeup_assets,
                 asset_hashes: spec_compiler::apply::cli::asset_hashes(asset_hashes.as_deref())?,

@@ -63,11 +63,14 @@ pub fn assets_for(spec: &ClusterSpec, versions: &Versions, arch: Arch) -> Result
     Ok(versions.assets(arch, &names)?.iter().map(|a| a.compact_string()).collect())
 }
 
-/// The protokube build for control-plane hosts, kOps-style: `$KOPS_BASE_URL/linux/<arch>/protokube`
-/// (hash from the table, an override or the published `.sha256`). Without `KOPS_BASE_URL` no
-/// protokube asset is added (an image that already holds `/usr/local/bin/protokube`).
-pub fn protokube_asset(versions: &Versions, arch: Arch) -> Result<Option<String>, VersionsError> {
-    let Some(base) = std::env::var("KOPS_BASE_URL").ok().filter(|b| !b.is_empty()) else {
+/// The protokube build for control-plane hosts: the `--protokube-asset` of that architecture, else
+/// kOps-style `<kops base URL>/linux/<arch>/protokube` (hash from `--asset-hashes`, the table or the
+/// published `.sha256`). `None` when neither is given.
+pub fn protokube_asset(versions: &Versions, arch: Arch, options: &CompileOptions) -> Result<Option<String>, VersionsError> {
+    if let Some(a) = options.protokube_assets.get(&arch) {
+        return Ok(Some(format!("{}@{}", a.sha256, a.urls.join(","))));
+    }
+    let Some(base) = options.kops_base_url.as_deref().filter(|b| !b.is_empty()) else {
         return Ok(None);
     };
     let url = format!("{}/linux/{}/protokube", base.trim_end_matches('/'), arch.as_str());
@@ -245,7 +248,7 @@ pub fn build(
     for arch in Arch::ALL {
         let mut list = assets_for(spec, versions, arch).map_err(|source| NodeupConfigError::Assets { group: group.clone(), source: Box::new(source) })?;
         if is_cp {
-            list.extend(protokube_asset(versions, arch).map_err(|source| NodeupConfigError::Assets { group: group.clone(), source: Box::new(source) })?);
+            list.extend(protokube_asset(versions, arch, options).map_err(|source| NodeupConfigError::Assets { group: group.clone(), source: Box::new(source) })?);
         }
         assets.insert(arch.as_str().to_string(), list);
     }

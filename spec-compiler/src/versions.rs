@@ -995,7 +995,8 @@ fn memory_cache() -> &'static Mutex<HashMap<String, String>> {
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// Default on-disk cache directory for fetched hashes.
+/// Default on-disk cache directory for fetched hashes (`$XDG_CACHE_HOME/keelson/sha256`, else
+/// `$HOME/.cache/keelson/sha256`), for the `keelson` binary to pass as [`LookupOptions::cache_dir`].
 pub fn default_cache_dir() -> Option<PathBuf> {
     if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
         return Some(PathBuf::from(x).join("keelson").join("sha256"));
@@ -1081,7 +1082,8 @@ pub fn lookup_sha256(
             return Ok(h.clone());
         }
     }
-    let cache_dir = opts.cache_dir.clone().or_else(default_cache_dir);
+    // No default here: the binary chooses the cache (`default_cache_dir`), the library reads no environment.
+    let cache_dir = opts.cache_dir.clone();
     if let Some(dir) = &cache_dir {
         if let Ok(text) = std::fs::read_to_string(cache_file(dir, download_url)) {
             let h = text

@@ -286,7 +286,7 @@ async fn apply_from_nothing_creates_what_the_spec_needs_and_reapply_changes_noth
     std::fs::write(spec_file.path(), text).expect("write spec");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_keelson"))
         .args(["apply", "-f", &spec_file.path().display().to_string(), "--offline", "--endpoint-url", &moto.url])
-        .args(["--nodeup-asset", moto::NODEUP_AMD64])
+        .args(["--nodeup-asset", moto::NODEUP_AMD64, "--protokube-asset", moto::PROTOKUBE_AMD64])
         .env_remove("KOPS_FEATURE_FLAGS")
         .output()
         .expect("run keelson");
@@ -535,7 +535,7 @@ async fn concurrent_runs_are_kept_apart_by_the_state_store_lock() {
     let run = |extra: &[&str]| {
         std::process::Command::new(env!("CARGO_BIN_EXE_keelson"))
             .args(["apply", "-f", &spec_file.path().display().to_string(), "--offline", "--endpoint-url", &moto.url, "--yes"])
-            .args(["--nodeup-asset", moto::NODEUP_AMD64])
+            .args(["--nodeup-asset", moto::NODEUP_AMD64, "--protokube-asset", moto::PROTOKUBE_AMD64])
             .args(extra)
             .env_remove("KOPS_FEATURE_FLAGS")
             .output()

@@ -26,6 +26,10 @@ fn render(example: &Path) -> (tempfile::TempDir, Tree) {
         common::NODEUP_AMD64,
         "--nodeup-asset",
         common::NODEUP_ARM64,
+        "--protokube-asset",
+        common::PROTOKUBE_AMD64,
+        "--protokube-asset",
+        common::PROTOKUBE_ARM64,
     ]);
     assert!(result.status.success(), "{}: {}", example.display(), String::from_utf8_lossy(&result.stderr));
     let stdout = String::from_utf8_lossy(&result.stdout);
@@ -182,7 +186,7 @@ fn load_balancer_aliases_the_api_names_it_serves() {
     let out = tempfile::tempdir().expect("tmp");
     let result = common::keelson(&[
         "apply", "-f", &spec.path().display().to_string(), "--target", "terraform", "--out", &out.path().display().to_string(),
-        "--offline", "--nodeup-asset", common::NODEUP_AMD64,
+        "--offline", "--nodeup-asset", common::NODEUP_AMD64, "--protokube-asset", common::PROTOKUBE_AMD64,
     ]);
     assert!(!result.status.success());
     let stderr = String::from_utf8_lossy(&result.stderr);

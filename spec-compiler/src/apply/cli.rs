@@ -43,6 +43,13 @@ pub struct Common {
     /// The nodeup binary user-data boots: `amd64=SHA256@URL[,MIRROR…]` (repeatable).
     #[arg(long = "nodeup-asset", value_name = "ARCH=SHA256@URL")]
     pub nodeup_asset: Vec<String>,
+    /// The protokube binary control planes install: `amd64=SHA256@URL[,MIRROR…]` (repeatable).
+    #[arg(long = "protokube-asset", value_name = "ARCH=SHA256@URL")]
+    pub protokube_asset: Vec<String>,
+    /// kOps-style base URL of the binaries (`<base>/linux/<arch>/protokube`) for an architecture
+    /// without --protokube-asset; defaults to $KOPS_BASE_URL.
+    #[arg(long = "kops-base-url", env = "KOPS_BASE_URL", value_name = "URL")]
+    pub kops_base_url: Option<String>,
     /// kOps-style feature flags; defaults to $KOPS_FEATURE_FLAGS.
     #[arg(long = "feature-flags", env = "KOPS_FEATURE_FLAGS", default_value = "")]
     pub feature_flags: String,
@@ -139,13 +146,16 @@ fn go_duration(s: &str) -> Result<std::time::Duration, String> {
 
 /// Parse `ARCH=SHA256@URL[,…]` items.
 pub fn parse_nodeup_assets(items: &[String]) -> anyhow::Result<BTreeMap<Arch, NodeupAsset>> {
+    parse_arch_assets("--nodeup-asset", items)
+}
+
+/// Parse repeated `ARCH=SHA256@URL[,MIRROR…]` values of the flag `flag`.
+pub fn parse_arch_assets(flag: &str, items: &[String]) -> anyhow::Result<BTreeMap<Arch, NodeupAsset>> {
     let mut out = BTreeMap::new();
     for item in items {
-        let (arch, asset) =
-            item.split_once('=').ok_or_else(|| anyhow::anyhow!("--nodeup-asset {item:?}: expected ARCH=SHA256@URL"))?;
-        let arch = Arch::parse(arch)
-            .ok_or_else(|| anyhow::anyhow!("--nodeup-asset {item:?}: unknown architecture {arch:?} (amd64 or arm64)"))?;
-        let asset = NodeupAsset::parse(asset).map_err(|e| anyhow::anyhow!("--nodeup-asset: {e}"))?;
+        let (arch, asset) = item.split_once('=').ok_or_else(|| anyhow::anyhow!("{flag} {item:?}: expected ARCH=SHA256@URL"))?;
+        let arch = Arch::parse(arch).ok_or_else(|| anyhow::anyhow!("{flag} {item:?}: unknown architecture {arch:?} (amd64 or arm64)"))?;
+        let asset = NodeupAsset::parse(asset).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
         out.insert(arch, asset);
     }
     Ok(out)
@@ -172,7 +182,9 @@ fn load(common: &Common) -> anyhow::Result<Result<(keelson_api::Documents, Compi
     };
     let options = CompileOptions {
         offline: common.offline,
-        cache_dir: common.cache_dir.clone(),
+        cache_dir: common.cache_dir.clone().or_else(crate::versions::default_cache_dir),
+        protokube_assets: parse_arch_assets("--protokube-asset", &common.protokube_asset)?,
+        kops_base_url: common.kops_base_url.clone().filter(|b| !b.is_empty()),
         feature_flags: CompileOptions::parse_feature_flags(&common.feature_flags),
         nodeup_assets,
         asset_hashes: asset_hashes(common.asset_hashes.as_deref())?,

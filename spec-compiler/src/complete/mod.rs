@@ -110,6 +110,11 @@ pub struct CompileOptions {
     pub nodeup_assets: std::collections::BTreeMap<crate::versions::Arch, crate::userdata::NodeupAsset>,
     /// Known asset hashes by URL (`--asset-hashes FILE`), winning over the versions table.
     pub asset_hashes: std::collections::BTreeMap<String, String>,
+    /// The protokube build control planes install, per architecture (`--protokube-asset`).
+    pub protokube_assets: std::collections::BTreeMap<crate::versions::Arch, crate::userdata::NodeupAsset>,
+    /// kOps-style base URL of the Keelson binaries (`<base>/linux/<arch>/protokube`), used for an
+    /// architecture without a `protokube_assets` entry (`--kops-base-url`, `$KOPS_BASE_URL`).
+    pub kops_base_url: Option<String>,
 }
 
 impl CompileOptions {

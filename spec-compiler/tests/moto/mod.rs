@@ -16,6 +16,8 @@ pub const CLUSTER: &str = "minimal.k8s.example.com";
 
 pub const NODEUP_AMD64: &str =
     "amd64=8b1a9953c4611296a827abf8c47804d7e6c49c6b8f0b8c1f4ee3a5e6a1b1c2d3@https://nodeup.mirror.test/amd64/nodeup";
+/// The protokube build for the control planes.
+pub const PROTOKUBE_AMD64: &str = "amd64=5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8@https://nodeup.mirror.test/amd64/protokube";
 
 pub struct Moto {
     child: Child,
@@ -159,6 +161,12 @@ pub fn compile_options() -> spec_compiler::CompileOptions {
         nodeup_assets: [(
             spec_compiler::versions::Arch::parse(arch).expect("arch"),
             spec_compiler::userdata::NodeupAsset::parse(asset).expect("asset"),
+        )]
+        .into_iter()
+        .collect(),
+        protokube_assets: [(
+            spec_compiler::versions::Arch::parse(arch).expect("arch"),
+            spec_compiler::userdata::NodeupAsset::parse(PROTOKUBE_AMD64.split_once('=').expect("asset").1).expect("asset"),
         )]
         .into_iter()
         .collect(),

@@ -59,7 +59,7 @@ ClusterName: ha.k8s.example.com
 ConfigBase: s3://acme-keelson-state/ha.k8s.example.com
 InstanceGroupName: control-plane-eu-west-1a
 InstanceGroupRole: ControlPlane
-NodeupConfigHash: SK0bznuewwBaiFMQLE1QV/Nf35OaQcrli+9rj+KHkWc=
+NodeupConfigHash: Ht2Tl6R/+LfeISn7fCaCjjETY/kkRLJHP/IKohDpL40=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then
