@@ -26,6 +26,9 @@ pub enum AssetError {
     HashMismatch { url: String, expected: String, actual: String },
     #[error("{url}: {message}")]
     Http { url: String, message: String },
+    /// The server answered with a non-success status (a value, so callers can tell 404 apart).
+    #[error("{url}: HTTP {status}")]
+    Status { url: String, status: u16 },
     #[error("{url}: archive: {message}")]
     Archive { url: String, message: String },
     #[error(transparent)]
@@ -237,7 +240,7 @@ impl Fetcher {
             .send()
             .map_err(|e| AssetError::Http { url: url.to_string(), message: crate::tasks::error_chain(&e) })?;
         if !resp.status().is_success() {
-            return Err(AssetError::Http { url: url.to_string(), message: format!("HTTP {}", resp.status()) });
+            return Err(AssetError::Status { url: url.to_string(), status: resp.status().as_u16() });
         }
         let len = resp.content_length();
         Ok((Box::new(resp), len))

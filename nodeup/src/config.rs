@@ -90,7 +90,7 @@ impl<'a> StateStore<'a> {
         }
         match self.fetcher.get_bytes(&url) {
             Ok(b) => Ok(Some(b)),
-            Err(AssetError::Http { message, .. }) if message.contains("404") => Ok(None),
+            Err(AssetError::Status { status: 404, .. }) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }

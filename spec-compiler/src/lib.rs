@@ -1,7 +1,9 @@
 //! The Keelson spec compiler: validate a kOps-format spec, complete it, and render node
 //! configs, boot configs and user-data for every instance group.
 
+#[cfg(feature = "cloud")]
 pub mod apply;
+pub mod args;
 pub mod complete;
 pub mod load;
 pub mod nodeup_config;

@@ -56,22 +56,27 @@ enum Command {
         #[arg(long = "feature-flags", env = "KOPS_FEATURE_FLAGS", default_value = "")]
         feature_flags: String,
     },
+    #[cfg(feature = "cloud")]
     /// Plan the cloud resources of a spec (state store, launch templates, autoscaling groups, etcd
     /// volumes, DNS); `--yes` applies them; `--target terraform --out DIR` writes Terraform JSON.
     Apply(spec_compiler::apply::cli::ApplyArgs),
+    #[cfg(feature = "cloud")]
     /// Replace instances that run an outdated launch template, one at a time per group, control
     /// plane first; `--yes` replaces, otherwise the groups and what needs replacing are shown.
     RollingUpdate(spec_compiler::apply::cli::RollingUpdateArgs),
+    #[cfg(feature = "cloud")]
     /// Plan deleting what apply created (found by the cluster tag); `--yes` deletes. etcd volumes
     /// are kept unless `--delete-volumes`.
     Delete(spec_compiler::apply::cli::DeleteArgs),
     /// Cluster PKI in a file state store: `keelson pki init --state DIR`.
     Pki(pki_cmd::PkiArgs),
     /// Export credentials: `keelson export kubeconfig -f SPEC --admin [--ttl 18h]`.
+    #[cfg(feature = "cloud")]
     #[command(subcommand)]
     Export(Export),
 }
 
+#[cfg(feature = "cloud")]
 #[derive(Subcommand)]
 enum Export {
     /// Write a kubeconfig context for the cluster with a short-lived admin certificate signed by
@@ -112,7 +117,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Err(e) => Ok(report(&e)),
         },
         Command::Compile { file, out, offline, cache_dir, asset_hashes, nodeup_asset, protokube_asset, kops_base_url, feature_flags } => {
-            let nodeup_assets = spec_compiler::apply::cli::parse_arch_assets("--nodeup-asset", &nodeup_asset)?;
+            let nodeup_assets = spec_compiler::args::parse_arch_assets("--nodeup-asset", &nodeup_asset)?;
             let docs = match load_spec(&file) {
                 Ok(d) => d,
                 Err(e) => return Ok(report(&e)),
@@ -120,11 +125,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let options = CompileOptions {
                 offline,
                 cache_dir: cache_dir.or_else(spec_compiler::versions::default_cache_dir),
-                protokube_assets: spec_compiler::apply::cli::parse_arch_assets("--protokube-asset", &protokube_asset)?,
+                protokube_assets: spec_compiler::args::parse_arch_assets("--protokube-asset", &protokube_asset)?,
                 kops_base_url: kops_base_url.filter(|b| !b.is_empty()),
                 feature_flags: CompileOptions::parse_feature_flags(&feature_flags),
                 nodeup_assets,
-                asset_hashes: spec_compiler::apply::cli::asset_hashes(asset_hashes.as_deref())?,
+                asset_hashes: spec_compiler::args::asset_hashes(asset_hashes.as_deref())?,
             };
             let compiled = spec_compiler::compile(&docs, &options)
                 .with_context(|| format!("compiling {}", file.display()))?;
@@ -135,9 +140,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}: wrote {} files to {}", file.display(), compiled.tree.files.len(), out.display());
             Ok(ExitCode::SUCCESS)
         }
+        #[cfg(feature = "cloud")]
         Command::Apply(args) => spec_compiler::apply::cli::run_apply(args),
+        #[cfg(feature = "cloud")]
         Command::RollingUpdate(args) => spec_compiler::apply::cli::run_rolling_update(args),
+        #[cfg(feature = "cloud")]
         Command::Delete(args) => spec_compiler::apply::cli::run_delete(args),
+        #[cfg(feature = "cloud")]
         Command::Export(Export::Kubeconfig(args)) => spec_compiler::apply::cli::run_export_kubeconfig(args),
     }
 }

@@ -1,7 +1,6 @@
 //! The `keelson apply` and `keelson delete` subcommands (argument types and their runs), kept here so
 //! `main.rs` only dispatches.
 
-use std::collections::BTreeMap;
 use std::io::IsTerminal as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -11,8 +10,6 @@ use anyhow::Context as _;
 use super::state_store::{NodeupPki, StateStore};
 use crate::complete::CompileOptions;
 use crate::load::load_spec;
-use crate::userdata::NodeupAsset;
-use crate::versions::Arch;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Target {
@@ -145,29 +142,7 @@ fn go_duration(s: &str) -> Result<std::time::Duration, String> {
 }
 
 /// Parse `ARCH=SHA256@URL[,…]` items.
-pub fn parse_nodeup_assets(items: &[String]) -> anyhow::Result<BTreeMap<Arch, NodeupAsset>> {
-    parse_arch_assets("--nodeup-asset", items)
-}
-
-/// Parse repeated `ARCH=SHA256@URL[,MIRROR…]` values of the flag `flag`.
-pub fn parse_arch_assets(flag: &str, items: &[String]) -> anyhow::Result<BTreeMap<Arch, NodeupAsset>> {
-    let mut out = BTreeMap::new();
-    for item in items {
-        let (arch, asset) = item.split_once('=').ok_or_else(|| anyhow::anyhow!("{flag} {item:?}: expected ARCH=SHA256@URL"))?;
-        let arch = Arch::parse(arch).ok_or_else(|| anyhow::anyhow!("{flag} {item:?}: unknown architecture {arch:?} (amd64 or arm64)"))?;
-        let asset = NodeupAsset::parse(asset).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
-        out.insert(arch, asset);
-    }
-    Ok(out)
-}
-
-/// The `--asset-hashes` file, read (none → no hashes).
-pub fn asset_hashes(path: Option<&std::path::Path>) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
-    match path {
-        Some(p) => Ok(crate::versions::read_asset_hashes(p)?),
-        None => Ok(Default::default()),
-    }
-}
+pub use crate::args::{asset_hashes, parse_arch_assets, parse_nodeup_assets};
 
 fn load(common: &Common) -> anyhow::Result<Result<(keelson_api::Documents, CompileOptions), ExitCode>> {
     let nodeup_assets = parse_nodeup_assets(&common.nodeup_asset)?;

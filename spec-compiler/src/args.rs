@@ -1,0 +1,32 @@
+//! Command-line values shared by `keelson compile` and the cloud commands: per-architecture assets
+//! (`ARCH=SHA256@URL[,MIRROR…]`) and the `--asset-hashes` file.
+
+use std::collections::BTreeMap;
+
+use crate::userdata::NodeupAsset;
+use crate::versions::Arch;
+
+pub fn parse_nodeup_assets(items: &[String]) -> anyhow::Result<BTreeMap<Arch, NodeupAsset>> {
+    parse_arch_assets("--nodeup-asset", items)
+}
+
+/// Parse repeated `ARCH=SHA256@URL[,MIRROR…]` values of the flag `flag`.
+pub fn parse_arch_assets(flag: &str, items: &[String]) -> anyhow::Result<BTreeMap<Arch, NodeupAsset>> {
+    let mut out = BTreeMap::new();
+    for item in items {
+        let (arch, asset) = item.split_once('=').ok_or_else(|| anyhow::anyhow!("{flag} {item:?}: expected ARCH=SHA256@URL"))?;
+        let arch = Arch::parse(arch).ok_or_else(|| anyhow::anyhow!("{flag} {item:?}: unknown architecture {arch:?} (amd64 or arm64)"))?;
+        let asset = NodeupAsset::parse(asset).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
+        out.insert(arch, asset);
+    }
+    Ok(out)
+}
+
+/// The `--asset-hashes` file, read (none → no hashes).
+pub fn asset_hashes(path: Option<&std::path::Path>) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    match path {
+        Some(p) => Ok(crate::versions::read_asset_hashes(p)?),
+        None => Ok(Default::default()),
+    }
+}
+
