@@ -299,7 +299,7 @@ pub fn plan(boot: &BootConfig, cluster: &Cluster) -> Result<Plan, ConfigError> {
     };
     let lb = spec.api.as_ref().and_then(|a| a.load_balancer.as_ref());
     let manage_public_api = lb.is_none();
-    let manage_internal_api = dns == DnsMode::Hosts || !lb.is_some_and(|l| l.use_for_internal_api == Some(true));
+    let manage_internal_api = dns == DnsMode::Hosts || lb.is_none_or(|l| l.use_for_internal_api != Some(true));
     Ok(Plan { cluster_name, instance_group: boot.instance_group_name.clone(), etcd_clusters, dns, manage_public_api, manage_internal_api })
 }
 

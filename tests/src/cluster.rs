@@ -797,7 +797,7 @@ fn one_line(text: &str) -> String {
 
 /// What the Kubernetes API says is not right yet: the API through every control plane, every
 /// machine a Ready Node, every control-plane static pod and every kube-proxy running.
-pub fn kube_problems(cs: &ClusterState, lines: &mut Vec<String>) -> Vec<String> {
+pub fn kube_problems(cs: &ClusterState, lines: &mut [String]) -> Vec<String> {
     use crate::kubeapi::{self, Target};
     let kc = Path::new(&cs.kubeconfig);
     let mut p = Vec::new();
