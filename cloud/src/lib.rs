@@ -1,5 +1,9 @@
 //! Cloud access shared by Keelson's node agents and `keelson apply`.
 //!
+//! Owns: how every component reaches the cloud (SDK configuration, retries, IMDSv2, the volume,
+//! instance and DNS views). Must not: decide what a cluster should look like — that is the compiler's
+//! model and the agents' reconcile loops.
+//!
 //! * [`aws::sdk_config`] builds one `aws_config::SdkConfig` that honours the standard credential chain,
 //!   `AWS_ENDPOINT_URL` (or an explicit endpoint, e.g. a local moto server), and a throttling-aware retry
 //!   policy. Every AWS client of the project is built from it.

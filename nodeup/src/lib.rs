@@ -1,5 +1,10 @@
 //! nodeup: turn a bare Linux host into a Kubernetes node (or control-plane host) from the
 //! NodeupConfig its BootConfig pins. See the crate README for the design and how to run it.
+//!
+//! Owns: the host — assets (verified by sha256 before use), files (written atomically), units,
+//! kernel settings, certificates and static pods — and the cluster PKI helpers ([`pki`]). Must not:
+//! decide anything the compiler decides (versions, flags, defaults come from the NodeupConfig), branch
+//! on the environment it runs in, or leave a half-written file behind when killed.
 
 pub mod assets;
 pub mod config;

@@ -1,6 +1,10 @@
 //! protokube: claims and mounts this control-plane instance's etcd volumes, writes the etcd static-pod
 //! manifests, and keeps the control plane's DNS names pointing at live members.
 //!
+//! Owns: this instance's etcd volumes (claim, attach, format only when blank, mount), the etcd
+//! manifests and the control plane's DNS records. Must not: format a volume that holds a file system,
+//! mount one attached elsewhere, or touch another instance's volume or records.
+//!
 //! The pass is level-triggered ([`reconcile::Agent::reconcile`]); [`run`] loops it with backoff and
 //! serves Prometheus metrics and health on a local port.
 

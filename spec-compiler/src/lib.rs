@@ -1,5 +1,10 @@
 //! The Keelson spec compiler: validate a kOps-format spec, complete it, and render node
 //! configs, boot configs and user-data for every instance group.
+//!
+//! Owns: completion (every default), the versions table, node configs, user-data, and (feature
+//! `cloud`, on by default) the `keelson` cloud commands in [`apply`]. Must not: read the environment
+//! or the network inside [`compile`] — the binary turns flags and documented variables into
+//! [`CompileOptions`], and hashes not in the table or `asset_hashes` are fetched only when not offline.
 
 #[cfg(feature = "cloud")]
 pub mod apply;

@@ -1,5 +1,9 @@
 //! keelson-local: a whole Keelson cluster on one machine.
 //!
+//! Owns: the local cloud (moto, machines, volumes, DNS, mirror, registry, API load balancer) and the
+//! end-to-end tests. Must not: change what the product does — everything harness-only is a spec field
+//! it sets, an asset it serves, or a machine setting, each documented in the README.
+//!
 //! moto plays the cloud (EC2, Auto Scaling, Route53, S3); every running moto instance becomes a
 //! real systemd machine (`systemd-nspawn --boot` of a cached Debian rootfs) in its own network
 //! namespace with the instance's private IP, an IMDSv2 endpoint serving that instance's facts and

@@ -351,7 +351,7 @@ pub struct ExportKubeconfigArgs {
     /// The kubeconfig to merge into; defaults to the first path of $KUBECONFIG, then ~/.kube/config.
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
-    /// The API server URL; defaults to https://<masterPublicName> (api.<cluster>).
+    /// The API server URL; defaults to `https://<masterPublicName>` (`api.<cluster>`).
     #[arg(long)]
     pub server: Option<String>,
     /// The certificate's user name (CN).
