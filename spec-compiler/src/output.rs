@@ -24,19 +24,30 @@ impl Tree {
         self.files.insert(path.into(), bytes.into());
     }
 
-    /// Write every file under `dir` (temp file + rename, so a reader never sees half a file).
+    /// Write every file under `dir` ([`write_atomic`], so a reader never sees half a file).
     pub fn write_to(&self, dir: &Path) -> Result<(), OutputError> {
         for (rel, bytes) in &self.files {
             let path = dir.join(rel);
-            let io = |source| OutputError::Io { path: path.clone(), source };
-            let parent = path.parent().unwrap_or(dir);
-            std::fs::create_dir_all(parent).map_err(io)?;
-            let mut tmp = tempfile::NamedTempFile::new_in(parent).map_err(io)?;
-            tmp.write_all(bytes).map_err(io)?;
-            tmp.persist(&path).map_err(|e| io(e.error))?;
+            write_atomic(&path, bytes, None).map_err(|source| OutputError::Io { path: path.clone(), source })?;
         }
         Ok(())
     }
+}
+
+/// Write `bytes` to `path` through a temp file in the same directory and a rename (parents
+/// created); `mode` is set on the temp file before any byte is written (0600 for secrets).
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: Option<u32>) -> std::io::Result<()> {
+    let parent = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent)?;
+    let mut tmp = tempfile::NamedTempFile::new_in(parent)?;
+    if let Some(m) = mode {
+        use std::os::unix::fs::PermissionsExt as _;
+        tmp.as_file().set_permissions(std::fs::Permissions::from_mode(m))?;
+    }
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
 }
 
 /// Serialise as YAML with map keys sorted (the layout kOps writes), no timestamps added.

@@ -555,33 +555,37 @@ pub struct HashRow {
     pub sha256: &'static str,
 }
 
+/// One line of a hash file (the built-in table or an `--asset-hashes` file): `<url><whitespace><sha256>`.
+/// `Ok(None)` for blank lines and `#` comments.
+fn parse_hash_line(line: &str) -> Result<Option<(&str, &str)>, String> {
+    let trimmed = line.trim();
+    if trimmed.is_empty() || trimmed.starts_with('#') {
+        return Ok(None);
+    }
+    let mut fields = trimmed.split_whitespace();
+    let (Some(url), Some(sha), None) = (fields.next(), fields.next(), fields.next()) else {
+        return Err(format!("expected `<url> <sha256>`: {trimmed:?}"));
+    };
+    if !(url.starts_with("https://") || url.starts_with("http://")) {
+        return Err(format!("not an http(s) URL: {url:?}"));
+    }
+    if !is_sha256_hex(&sha.to_ascii_lowercase()) {
+        return Err(format!("invalid sha256 {sha:?} for {url}"));
+    }
+    Ok(Some((url, sha)))
+}
+
 /// Parse the TSV table. Never panics: malformed lines are returned as errors (`line: message`).
 fn parse_hash_table(text: &'static str) -> (Vec<HashRow>, Vec<String>) {
     let mut rows = Vec::new();
     let mut errors = Vec::new();
     for (i, line) in text.lines().enumerate() {
-        let line_no = i + 1;
-        let trimmed = line.trim();
-        if trimmed.is_empty() || trimmed.starts_with('#') {
-            continue;
+        match parse_hash_line(line) {
+            Ok(Some((url, sha256))) if is_sha256_hex(sha256) => rows.push(HashRow { url, sha256 }),
+            Ok(Some((url, sha256))) => errors.push(format!("line {}: sha256 {sha256:?} for {url} is not lower-case", i + 1)),
+            Ok(None) => {}
+            Err(e) => errors.push(format!("line {}: {e}", i + 1)),
         }
-        let mut fields = trimmed.split('\t');
-        let (Some(url), Some(sha), None) = (fields.next(), fields.next(), fields.next()) else {
-            errors.push(format!(
-                "line {line_no}: expected `<url>\\t<sha256>`: {trimmed:?}"
-            ));
-            continue;
-        };
-        let (url, sha) = (url.trim(), sha.trim());
-        if !(url.starts_with("https://") || url.starts_with("http://")) {
-            errors.push(format!("line {line_no}: not an http(s) URL: {url:?}"));
-            continue;
-        }
-        if !is_sha256_hex(sha) {
-            errors.push(format!("line {line_no}: invalid sha256 {sha:?} for {url}"));
-            continue;
-        }
-        rows.push(HashRow { url, sha256: sha });
     }
     (rows, errors)
 }
@@ -1033,23 +1037,10 @@ pub fn read_asset_hashes(path: &Path) -> Result<std::collections::BTreeMap<Strin
 /// Parse the text of an asset-hashes file; `Err((line number, what is wrong))`.
 pub fn parse_asset_hashes(text: &str) -> Result<std::collections::BTreeMap<String, String>, (usize, String)> {
     let mut out = std::collections::BTreeMap::new();
-    for (i, raw) in text.lines().enumerate() {
-        let l = raw.trim();
-        if l.is_empty() || l.starts_with('#') {
-            continue;
+    for (i, line) in text.lines().enumerate() {
+        if let Some((url, sha)) = parse_hash_line(line).map_err(|e| (i + 1, e))? {
+            out.insert(url.to_string(), sha.to_ascii_lowercase());
         }
-        let mut fields = l.split_whitespace();
-        let (Some(url), Some(hash), None) = (fields.next(), fields.next(), fields.next()) else {
-            return Err((i + 1, format!("expected `<url> <sha256>`, got {l:?}")));
-        };
-        let hash = hash.to_ascii_lowercase();
-        if !is_sha256_hex(&hash) {
-            return Err((i + 1, format!("{hash:?} is not a sha256 (64 hex digits)")));
-        }
-        if !(url.starts_with("http://") || url.starts_with("https://")) {
-            return Err((i + 1, format!("{url:?} is not an http(s) URL")));
-        }
-        out.insert(url.to_string(), hash);
     }
     Ok(out)
 }

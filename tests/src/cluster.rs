@@ -302,25 +302,22 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
     let keelson = bins.join("keelson");
     let compiled = state.compiled_dir();
     let overrides = state.root.join("asset-hashes.tsv");
-    let compile = |overrides: &Path| {
-        let _ = fs::remove_dir_all(&compiled);
-        cmd::run(
-            Command::new(&keelson)
-                .args(["compile", "--offline", "-f"])
-                .arg(&local_spec)
-                .arg("--out")
-                .arg(&compiled)
-                .arg("--asset-hashes")
-                .arg(overrides)
-                .env("KOPS_BASE_URL", &kops_base),
-        )
-        .context("keelson compile of the local spec (to learn the asset URLs and versions)")
-    };
     // A first compile (nodeup and protokube from this workspace, the rest with the table's
-    // hashes) names every asset and version the cluster needs.
+    // hashes) names every asset and version the cluster needs; apply compiles again with them all.
     let mut hashes = mirror::build(&cache, &bins, None, &mirror_root, &first)?;
     mirror::write_overrides(&overrides, &hashes)?;
-    compile(&overrides)?;
+    let _ = fs::remove_dir_all(&compiled);
+    cmd::run(
+        Command::new(&keelson)
+            .args(["compile", "--offline", "-f"])
+            .arg(&local_spec)
+            .arg("--out")
+            .arg(&compiled)
+            .arg("--asset-hashes")
+            .arg(&overrides)
+            .env("KOPS_BASE_URL", &kops_base),
+    )
+    .context("keelson compile of the local spec (to learn the asset URLs and versions)")?;
     let versions = ClusterVersions::read(&compiled.join("cluster-completed.yaml"))?;
 
     cs.phase = format!("building Kubernetes v{} from source (cached after the first run)", versions.kubernetes);
@@ -353,7 +350,6 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
     let urls: Vec<String> = urls.into_iter().filter(|u| u.starts_with(&mirror_url) || u.starts_with(&kops_base)).collect();
     hashes.extend(mirror::build(&cache, &bins, Some(&local), &mirror_root, &urls)?);
     mirror::write_overrides(&overrides, &hashes)?;
-    compile(&overrides)?;
     let nodeup_sha = hashes.get(&nodeup_url).cloned().unwrap_or_default();
 
     cs.phase = "keelson apply --yes".into();

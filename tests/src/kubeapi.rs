@@ -144,7 +144,7 @@ pub fn apply_cluster_role_bindings(kubeconfig: &Path, manifest: &str) -> Result<
     })
 }
 
-/// Create `n` ConfigMaps `<prefix>-<i>` in `namespace` (data `i: <i>`), `parallel` at a time.
+/// Create `n` ConfigMaps `<prefix>-<i>` in `namespace` (data `i: <i>`), one after the other.
 /// Existing ones are left as they are.
 pub fn create_configmaps(kubeconfig: &Path, namespace: &str, prefix: &str, n: u64) -> Result<(), KubeApiError> {
     rt()?.block_on(async {

@@ -109,7 +109,6 @@ pub fn push(layout: &Path, registry: &str) -> Result<(), BuildError> {
 /// A running `docker-registry` (killed on drop).
 pub struct Registry {
     child: Child,
-    pub address: String,
 }
 
 impl Registry {
@@ -137,10 +136,11 @@ impl Registry {
             .stderr(logf2)
             .spawn()
             .map_err(|e| BuildError::Registry(format!("starting docker-registry (apt-get install docker-registry; scripts/test installs it): {e}")))?;
-        let mut r = Registry { child, address: format!("{addr}:{port}") };
+        let mut r = Registry { child };
+        let socket: std::net::SocketAddr = format!("{addr}:{port}").parse().map_err(|e| BuildError::Registry(format!("{addr}:{port}: {e}")))?;
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if std::net::TcpStream::connect_timeout(&format!("{addr}:{port}").parse().map_err(|e| BuildError::Registry(format!("{addr}:{port}: {e}")))?, Duration::from_millis(200)).is_ok() {
+            if std::net::TcpStream::connect_timeout(&socket, Duration::from_millis(200)).is_ok() {
                 return Ok(r);
             }
             if let Ok(Some(st)) = r.child.try_wait() {

@@ -121,18 +121,7 @@ pub fn write_merged(path: &Path, cluster: &str, server: &str, cred: &AdminCreden
         Err(e) => return Err(io(e)),
     };
     let text = merge(&existing, cluster, server, cred).map_err(|reason| KubeconfigError::Existing { path: path.to_path_buf(), reason })?;
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(io)?;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(io)?;
-    {
-        use std::io::Write as _;
-        use std::os::unix::fs::PermissionsExt as _;
-        tmp.as_file().set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(io)?;
-        tmp.write_all(text.as_bytes()).map_err(io)?;
-        tmp.as_file().sync_all().map_err(io)?;
-    }
-    tmp.persist(path).map_err(|e| io(e.error))?;
-    Ok(())
+    crate::output::write_atomic(path, text.as_bytes(), Some(0o600)).map_err(io)
 }
 
 #[cfg(test)]
