@@ -15,13 +15,13 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest as _, Sha256};
 
-use crate::fsutil::{self, fs_err, FsError};
+use base::fs::{fs_err, FsError};
 
 /// Why an asset could not be fetched or installed.
 #[derive(Debug, thiserror::Error)]
 pub enum AssetError {
-    #[error("asset {spec:?}: {message}")]
-    Parse { spec: String, message: String },
+    #[error(transparent)]
+    Parse(#[from] base::AssetRefError),
     #[error("{url}: sha256 mismatch: expected {expected}, got {actual}")]
     HashMismatch { url: String, expected: String, actual: String },
     #[error("{url}: {message}")]
@@ -59,25 +59,12 @@ pub struct Asset {
 }
 
 impl Asset {
-    /// Parse `<sha256-hex>@<url>[,<url>…]`.
+    /// Parse `<sha256-hex>@<url>[,<url>…]` ([`base::AssetRef`]) and recognise what it is.
     pub fn parse(spec: &str) -> Result<Asset, AssetError> {
-        let err = |message: &str| AssetError::Parse { spec: spec.to_string(), message: message.to_string() };
-        let (hash, urls) = spec.split_once('@').ok_or_else(|| err("expected <sha256-hex>@<url>[,<mirror>…]"))?;
-        if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(err("the hash must be 64 hex digits (sha256)"));
-        }
-        let urls: Vec<String> = urls.split(',').map(str::trim).filter(|u| !u.is_empty()).map(str::to_string).collect();
-        let first = urls.first().ok_or_else(|| err("no URL"))?;
-        if let Some(bad) = urls.iter().find(|u| !(u.starts_with("http://") || u.starts_with("https://") || u.starts_with("file://"))) {
-            return Err(err(&format!("unsupported URL scheme in {bad:?}")));
-        }
-        let path = first.split(['?', '#']).next().unwrap_or(first);
-        let file_name = path.rsplit('/').next().unwrap_or("").to_string();
-        if file_name.is_empty() {
-            return Err(err("the URL does not end in a file name"));
-        }
+        let asset: base::AssetRef = spec.parse()?;
+        let file_name = asset.file_name().to_string();
         let kind = classify(&file_name);
-        Ok(Asset { sha256: hash.to_ascii_lowercase(), urls, file_name, kind })
+        Ok(Asset { sha256: asset.sha256, urls: asset.urls, file_name, kind })
     }
 
     /// A short name for messages (`kubelet`, `containerd-2.3.4-linux-amd64.tar.gz`).
@@ -203,7 +190,7 @@ impl Fetcher {
             return Ok(());
         }
         let dir = self.cache_dir.join("sha256");
-        fsutil::ensure_dir(&dir)?;
+        base::fs::ensure_dir(&dir)?;
         let mut errors = Vec::new();
         let mut attempts = 0;
         let mut backoff = self.opts.backoff;
@@ -261,7 +248,7 @@ impl Fetcher {
         match &asset.kind {
             AssetKind::Archive { prefix, only, .. } => {
                 let final_dir = self.cached_dir(&asset.sha256);
-                let tmp = fsutil::temp_path_for(&final_dir);
+                let tmp = base::fs::temp_path_for(&final_dir);
                 let unpacked = unpack(&mut reader, &tmp, prefix.as_deref(), only.as_deref());
                 // Hash the whole stream even when unpacking stopped early (a corrupt archive is
                 // reported as the hash mismatch it is).
@@ -275,7 +262,7 @@ impl Fetcher {
                     drained.map_err(io_err)?;
                     unpacked.map_err(|message| AssetError::Archive { url: url.to_string(), message })?;
                     fs::rename(&tmp, &final_dir).map_err(fs_err(&final_dir))?;
-                    fsutil::sync_dir(dir)?;
+                    base::fs::sync_dir(dir)?;
                     Ok(())
                 })();
                 if finish.is_err() {
@@ -285,7 +272,7 @@ impl Fetcher {
             }
             _ => {
                 let final_path = self.cached_file(&asset.sha256);
-                let tmp = fsutil::temp_path_for(&final_path);
+                let tmp = base::fs::temp_path_for(&final_path);
                 let result = (|| {
                     let mut f = OpenOptions::new().write(true).create_new(true).mode(0o755).open(&tmp).map_err(fs_err(&tmp))?;
                     let mut buf = vec![0u8; 256 * 1024];
@@ -303,7 +290,7 @@ impl Fetcher {
                     f.set_permissions(fs::Permissions::from_mode(0o755)).map_err(fs_err(&tmp))?;
                     f.sync_all().map_err(fs_err(&tmp))?;
                     fs::rename(&tmp, &final_path).map_err(fs_err(&final_path))?;
-                    fsutil::sync_dir(dir)?;
+                    base::fs::sync_dir(dir)?;
                     Ok(())
                 })();
                 if result.is_err() {
@@ -349,7 +336,7 @@ fn unpack(reader: &mut dyn Read, dir: &Path, prefix: Option<&str>, only: Option<
         out.set_permissions(fs::Permissions::from_mode(mode)).map_err(|e| e.to_string())?;
         out.sync_all().map_err(|e| e.to_string())?;
     }
-    fsutil::sync_dir(dir).map_err(|e| e.to_string())
+    base::fs::sync_dir(dir).map_err(|e| e.to_string())
 }
 
 /// Passes bytes through while hashing them (and reporting progress on a terminal).

@@ -15,7 +15,7 @@ use crate::nodetasks::{
     file_task_name, DirTask, DownloadTask, FileTask, InstallArchiveTask, InstallTask, ServiceOffTask, ServiceTask, SwapOffTask,
 };
 use crate::paths;
-use crate::pki::{self, CertSpec, Keypair, PkiError, Usage};
+use base::pki::{self, CertSpec, Keypair, PkiError, Usage};
 use crate::render::{self, containerd, kubelet, manifests, systemd};
 use crate::tasks::{Ctx, Task, TaskError};
 
@@ -56,7 +56,7 @@ pub struct Inputs<'a> {
     pub role: Role,
     pub config: &'a NodeupConfig,
     pub facts: &'a Facts,
-    pub store: &'a StateStore<'a>,
+    pub store: &'a StateStore,
 }
 
 /// The tasks for this host, plus warnings about things skipped.
@@ -587,7 +587,7 @@ impl Task for CertTask {
         if deps_changed {
             return Ok(vec![format!("reissue certificate CN={} (CA changed)", self.spec.cn)]);
         }
-        if crate::fsutil::mode_of(&key) != Some(0o600) {
+        if base::fs::mode_of(&key) != Some(0o600) {
             return Ok(vec!["key mode -> 0600".into()]);
         }
         Ok(vec![])
@@ -596,8 +596,8 @@ impl Task for CertTask {
         let kp = pki::issue(&self.ca_name, &self.ca, &self.spec)?;
         // Key first: a crash leaves a key without a certificate (reissued next run), never a
         // certificate for a key that is not there.
-        crate::fsutil::write_atomic(&ctx.host.path(format!("{}.key", self.base)), kp.key_pem.as_bytes(), 0o600, None)?;
-        crate::fsutil::write_atomic(&ctx.host.path(format!("{}.crt", self.base)), kp.cert_pem.as_bytes(), 0o644, None)?;
+        base::fs::write_atomic(&ctx.host.path(format!("{}.key", self.base)), kp.key_pem.as_bytes(), 0o600, None)?;
+        base::fs::write_atomic(&ctx.host.path(format!("{}.crt", self.base)), kp.cert_pem.as_bytes(), 0o644, None)?;
         Ok(())
     }
 }
@@ -643,7 +643,7 @@ impl Task for KubeconfigTask {
         if deps_changed {
             return Ok(vec![format!("rewrite kubeconfig for {} (CA changed)", self.spec.cn)]);
         }
-        if crate::fsutil::mode_of(&p) != Some(0o400) {
+        if base::fs::mode_of(&p) != Some(0o400) {
             return Ok(vec!["mode -> 0400".into()]);
         }
         Ok(vec![])
@@ -652,7 +652,7 @@ impl Task for KubeconfigTask {
         let kp = pki::issue(&self.ca_name, &self.ca, &self.spec)?;
         let user = kubelet::UserEntry { client_certificate_data: Some(kp.cert_pem), client_key_data: Some(kp.key_pem), token: None };
         let body = kubelet::kubeconfig(&self.server, &self.ca.cert_pem, &self.spec.cn, user);
-        Ok(crate::fsutil::write_atomic(&ctx.host.path(&self.path), body.as_bytes(), 0o400, None)?)
+        Ok(base::fs::write_atomic(&ctx.host.path(&self.path), body.as_bytes(), 0o400, None)?)
     }
 }
 

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::assets::{Asset, AssetKind};
-use crate::fsutil::{self, fs_err, Owner};
+use base::fs::{fs_err, Owner};
 use crate::paths;
 use crate::tasks::{Ctx, Task, TaskError};
 
@@ -52,15 +52,15 @@ impl Task for FileTask {
                 let same = m.len() == self.contents.len() as u64 && fs::read(&p).map_err(fs_err(&p))? == self.contents;
                 if !same {
                     changes.push(format!("update contents ({} bytes)", self.contents.len()));
-                } else if fsutil::mode_of(&p) != Some(self.mode) {
-                    changes.push(format!("mode {:04o} -> {:04o}", fsutil::mode_of(&p).unwrap_or(0), self.mode));
+                } else if base::fs::mode_of(&p) != Some(self.mode) {
+                    changes.push(format!("mode {:04o} -> {:04o}", base::fs::mode_of(&p).unwrap_or(0), self.mode));
                 }
             }
         }
         Ok(changes)
     }
     fn apply(&self, ctx: &Ctx, _: bool) -> Result<(), TaskError> {
-        fsutil::write_atomic(&ctx.host.path(&self.path), &self.contents, self.mode, self.owner)?;
+        base::fs::write_atomic(&ctx.host.path(&self.path), &self.contents, self.mode, self.owner)?;
         for argv in &self.on_change {
             let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
             ctx.host.run(&argv)?;
@@ -81,7 +81,7 @@ impl Task for DirTask {
     }
     fn check(&self, ctx: &Ctx, _: bool) -> Result<Vec<String>, TaskError> {
         let p = ctx.host.path(&self.path);
-        Ok(match fsutil::mode_of(&p) {
+        Ok(match base::fs::mode_of(&p) {
             None => vec![format!("create directory (mode {:04o})", self.mode)],
             Some(_) if !p.is_dir() => vec!["replace non-directory".into()],
             Some(m) if m != self.mode => vec![format!("mode {m:04o} -> {:04o}", self.mode)],
@@ -93,10 +93,10 @@ impl Task for DirTask {
         if p.exists() && !p.is_dir() {
             fs::remove_file(&p).map_err(fs_err(&p))?;
         }
-        fsutil::ensure_dir(&p)?;
+        base::fs::ensure_dir(&p)?;
         fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(self.mode)).map_err(fs_err(&p))?;
         if let Some(parent) = p.parent() {
-            fsutil::sync_dir(parent)?;
+            base::fs::sync_dir(parent)?;
         }
         Ok(())
     }
@@ -162,16 +162,16 @@ impl Task for InstallTask {
         if !dest.exists() {
             return Ok(vec![format!("install from {}", self.asset.name())]);
         }
-        if !fsutil::same_file(&src, &dest) && !same_contents(&src, &dest) {
+        if !base::fs::same_file(&src, &dest) && !same_contents(&src, &dest) {
             return Ok(vec![format!("replace with {}", self.asset.name())]);
         }
-        if fsutil::mode_of(&dest) != Some(self.mode) {
+        if base::fs::mode_of(&dest) != Some(self.mode) {
             return Ok(vec![format!("mode -> {:04o}", self.mode)]);
         }
         Ok(vec![])
     }
     fn apply(&self, ctx: &Ctx, _: bool) -> Result<(), TaskError> {
-        Ok(fsutil::link_atomic(&self.source(ctx), &ctx.host.path(&self.dest), self.mode)?)
+        Ok(base::fs::link_atomic(&self.source(ctx), &ctx.host.path(&self.dest), self.mode)?)
     }
 }
 
@@ -197,7 +197,7 @@ impl InstallArchiveTask {
         }
         for e in fs::read_dir(&dir).map_err(fs_err(&dir))?.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            let mode = fsutil::mode_of(&e.path()).unwrap_or(0o755) | 0o555;
+            let mode = base::fs::mode_of(&e.path()).unwrap_or(0o755) | 0o555;
             out.push((name, mode & 0o755));
         }
         out.sort();
@@ -300,7 +300,7 @@ impl Task for ServiceTask {
     fn apply(&self, ctx: &Ctx, deps_changed: bool) -> Result<(), TaskError> {
         let link = ctx.host.path(self.link());
         if fs::read_link(&link).ok().as_deref() != Some(Path::new(&self.unit_path())) {
-            fsutil::symlink_atomic(Path::new(&self.unit_path()), &link)?;
+            base::fs::symlink_atomic(Path::new(&self.unit_path()), &link)?;
         }
         if deps_changed {
             ctx.host.run(&["systemctl", "daemon-reload"])?;
@@ -346,7 +346,7 @@ impl Task for ServiceOffTask {
         match fs::remove_file(&link) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(fsutil::fs_err(&link)(e).into()),
+            Err(e) => return Err(base::fs::fs_err(&link)(e).into()),
         }
         if ctx.host.query(&["systemctl", "is-active", "--quiet", &self.unit]) == Some(true) {
             ctx.host.run(&["systemctl", "stop", &self.unit])?;
@@ -398,8 +398,8 @@ impl Task for SwapOffTask {
                     .enumerate()
                     .map(|(i, l)| if lines.contains(&i) { format!("# disabled by nodeup (kubelet needs swap off): {l}") } else { l.to_string() })
                     .collect();
-                let mode = fsutil::mode_of(&path).unwrap_or(0o644);
-                fsutil::write_atomic(&path, (out.join("\n") + "\n").as_bytes(), mode, None)?;
+                let mode = base::fs::mode_of(&path).unwrap_or(0o644);
+                base::fs::write_atomic(&path, (out.join("\n") + "\n").as_bytes(), mode, None)?;
             }
         }
         if ctx.host.is_live() {

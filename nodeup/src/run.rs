@@ -72,30 +72,31 @@ pub fn run(opts: &Options) -> anyhow::Result<Outcome> {
         zone: opts.zone.clone(),
         region: opts.region.clone(),
     };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the I/O runtime")?;
     // Instance facts: flags win; then IMDSv2 on a live AWS host (or when --imds-url is given).
     let imds_url = opts.imds_url.clone().or_else(|| {
-        (host.is_live() && boot.cloud_provider == "aws").then(|| crate::imds::DEFAULT_BASE.to_string())
+        (host.is_live() && boot.cloud_provider == "aws").then(|| base::imds::DEFAULT_BASE_URL.to_string())
     });
-    let mut imds = match &imds_url {
-        Some(url) => Some(crate::imds::Imds::new(url, Duration::from_secs(30))?),
-        None => None,
-    };
-    if let Some(imds) = imds.as_mut() {
-        imds.fill(&mut facts).context("reading instance facts from IMDS (override with --hostname, --internal-ip, --instance-id, --zone, --region)")?;
+    if let Some(url) = &imds_url {
+        let imds = base::imds::Imds::new(Some(url))?;
+        runtime
+            .block_on(fill_facts(&imds, &mut facts))
+            .context("reading instance facts from IMDS (override with --hostname, --internal-ip, --instance-id, --zone, --region)")?;
     }
-    let store = if boot.config_base.starts_with("s3://") {
-        let creds = match (crate::s3::Credentials::from_env(), imds.as_mut()) {
-            (Some(c), _) => Some(c),
-            (None, Some(imds)) => crate::s3::credentials_from_imds(imds).context("reading instance-role credentials from IMDS")?,
-            (None, None) => None,
-        };
-        let region = facts.region.clone().or_else(|| facts.zone.as_deref().and_then(keelson_api::aws_region_of_zone).map(str::to_string));
-        let s3 = crate::s3::S3Store::new(&boot.config_base, region.as_deref(), creds, opts.http_timeout)
-            .map_err(config::ConfigError::from)?;
-        StateStore::s3(&boot.config_base, &fetcher, s3)
-    } else {
-        StateStore::new(&boot.config_base, &fetcher)?
+    let config_base: base::ConfigBase = boot.config_base.parse()?;
+    let store = match &config_base {
+        base::ConfigBase::S3 { .. } => {
+            let region = facts.region.clone().or_else(|| facts.zone.as_deref().and_then(keelson_api::aws_region_of_zone).map(str::to_string));
+            let aws_opts = base::aws::AwsOptions { region, imds_endpoint: imds_url.clone(), ..Default::default() };
+            let s3 = runtime.block_on(async {
+                let conf = base::aws::sdk_config(&aws_opts).await;
+                aws_sdk_s3::Client::from_conf(base::aws::s3_config(&conf, false).build())
+            });
+            base::StateStore::open_with_s3(&config_base, Some(s3), opts.http_timeout)?
+        }
+        _ => base::StateStore::open(&config_base, opts.http_timeout)?,
     };
+    let store = StateStore::with_runtime(store, runtime);
     let cfg = config::fetch_nodeup_config(&boot, role, &store)?;
     if facts.hostname.is_empty() {
         facts.hostname = hostname(&opts.root);
@@ -113,9 +114,31 @@ pub fn run(opts: &Options) -> anyhow::Result<Outcome> {
         }
         dirs.insert(fetcher.cache_dir().join("sha256"));
         for d in dirs {
-            crate::fsutil::clean_temp_files(&d);
+            base::fs::clean_temp_files(&d);
         }
     }
     let report = tasks::run(&model.tasks, &Ctx { host: &host, assets: &fetcher }, opts.target)?;
     Ok(Outcome { report, warnings: model.warnings, recorded_commands: host.recorded() })
+}
+
+/// Fill the facts the flags left unset from instance metadata.
+async fn fill_facts(imds: &base::imds::Imds, facts: &mut Facts) -> Result<(), base::imds::ImdsError> {
+    use base::imds::InstanceMetadata as _;
+    let get = |path: &'static str| async move { imds.get(path).await.map(|v| v.map(|s| s.trim().to_string())) };
+    if facts.instance_id.is_none() {
+        facts.instance_id = get("instance-id").await?;
+    }
+    if facts.zone.is_none() {
+        facts.zone = get("placement/availability-zone").await?;
+    }
+    if facts.region.is_none() {
+        facts.region = get("placement/region").await?;
+    }
+    if facts.internal_ip.is_none() {
+        facts.internal_ip = get("local-ipv4").await?.and_then(|s| s.parse().ok());
+    }
+    if facts.hostname.is_empty() {
+        facts.hostname = get("local-hostname").await?.unwrap_or_default();
+    }
+    Ok(())
 }

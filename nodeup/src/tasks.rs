@@ -7,9 +7,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Condvar, Mutex};
 
 use crate::assets::AssetError;
-use crate::fsutil::FsError;
+use base::fs::FsError;
 use crate::host::{CommandError, Host};
-use crate::pki::PkiError;
+use base::pki::PkiError;
 
 /// Why a task failed.
 #[derive(Debug, thiserror::Error)]

@@ -251,10 +251,10 @@ pub fn write_state(
     let p = state.join(format!("igconfig/{role_dir}/{}/nodeupconfig.yaml", ig_name(boot_yaml)));
     std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
     std::fs::write(&p, &bytes).expect("write nodeupconfig");
-    crate::pki::init_pki(&state, &cfg.etcd_cluster_names).expect("pki");
+    base::pki::init_pki(&state, &cfg.etcd_cluster_names).expect("pki");
     let mut boot: keelson_api::nodeup::BootConfig = serde_yaml_ng::from_str(boot_yaml).expect("boot yaml");
     boot.config_base = format!("file://{}", state.display());
-    boot.nodeup_config_hash = crate::config::nodeup_config_hash(bytes.as_bytes());
+    boot.nodeup_config_hash = base::nodeup_config_hash(bytes.as_bytes());
     let bp = dir.join("bootconfig.yaml");
     std::fs::write(&bp, serde_yaml_ng::to_string(&boot).expect("yaml")).expect("write boot");
     bp

@@ -11,7 +11,7 @@ use nodeup::testsupport::{sha256_hex, Behaviour};
 fn check_complete(s: &Scenario, reference: &std::collections::BTreeMap<String, Vec<u8>>, when: &str) {
     for (rel, bytes) in tree(&s.root) {
         let name = rel.rsplit('/').next().unwrap_or("");
-        if name.starts_with(".nodeup-tmp-") || rel.contains("/.nodeup-tmp-") {
+        if name.starts_with(".keelson-tmp-") || rel.contains("/.keelson-tmp-") {
             continue; // a temp file (or a file inside a temp dir) is not a file in place
         }
         if let Some(hash) = rel.strip_prefix("var/cache/nodeup/sha256/").filter(|h| !h.contains('/')) {

@@ -61,7 +61,7 @@ fn worker_converges_then_reruns_with_no_change() {
     assert_eq!(mode(&boot_kc), 0o400);
     let kc = std::fs::read_to_string(&boot_kc).expect("bootstrap kubeconfig");
     let token_secret = std::fs::read(s.dir.path().join("state/secrets/node-bootstrap-token")).expect("token");
-    let token = nodeup::pki::parse_secret("t", &token_secret).expect("token");
+    let token = base::pki::parse_secret("t", &token_secret).expect("token");
     assert!(kc.contains(&format!("token: {token}")) && kc.contains("server: https://api.internal.ha.k8s.example.com"), "{kc}");
     assert!(!std::fs::read_to_string(&s.boot).expect("boot").contains(&token), "the token is never in the BootConfig");
     let sysctl = std::fs::read_to_string(s.path("/etc/sysctl.d/99-k8s-general.conf")).expect("sysctl");
@@ -80,7 +80,7 @@ fn worker_converges_then_reruns_with_no_change() {
 
     // No temp files left anywhere.
     let files = tree(&s.root);
-    assert!(files.keys().all(|k| !k.contains(".nodeup-tmp-")), "temp files left: {:?}", files.keys().filter(|k| k.contains(".nodeup-tmp-")).collect::<Vec<_>>());
+    assert!(files.keys().all(|k| !k.contains(".keelson-tmp-")), "temp files left: {:?}", files.keys().filter(|k| k.contains(".keelson-tmp-")).collect::<Vec<_>>());
 
     // Second run: nothing to do, nothing downloaded.
     let before = s.mirror.requests();
@@ -135,7 +135,7 @@ fn corrupted_mirror_file_is_refused_and_nothing_installed() {
     assert!(!s.path("/usr/local/bin/kubelet").exists(), "corrupt kubelet installed");
     assert!(!s.path("/usr/local/bin/containerd").exists(), "corrupt containerd installed");
     let cache = tree(&s.path("/var/cache/nodeup"));
-    assert!(cache.keys().all(|k| !k.contains(&sha256_hex(&kubelet.bytes)) && !k.contains(".nodeup-tmp-")), "{:?}", cache.keys());
+    assert!(cache.keys().all(|k| !k.contains(&sha256_hex(&kubelet.bytes)) && !k.contains(".keelson-tmp-")), "{:?}", cache.keys());
     assert_eq!(s.mirror.hits(&kubelet.path), 2, "bounded retries: one per round");
     assert!(!s.path("/etc/systemd/system/multi-user.target.wants/kubelet.service").exists(), "kubelet enabled without its binary");
     // Fixed mirror → converges.
@@ -150,7 +150,7 @@ fn wrong_nodeup_config_hash_is_refused() {
     let s = Scenario::new(Group::Worker, PAD, direct);
     let boot = std::fs::read_to_string(&s.boot).expect("boot");
     let mut doc: keelson_api::nodeup::BootConfig = serde_yaml_ng::from_str(&boot).expect("yaml");
-    doc.nodeup_config_hash = nodeup::config::nodeup_config_hash(b"something else");
+    doc.nodeup_config_hash = base::nodeup_config_hash(b"something else");
     std::fs::write(&s.boot, serde_yaml_ng::to_string(&doc).expect("yaml")).expect("write");
     let o = s.run(&[]);
     assert_eq!(o.status.code(), Some(1));
@@ -226,7 +226,7 @@ fn control_plane_host() {
     }
     let tokens = s.path("/srv/kubernetes/kube-apiserver/known_tokens.csv");
     assert_eq!(mode(&tokens), 0o600);
-    let token = nodeup::pki::parse_secret("t", &std::fs::read(s.dir.path().join("state/secrets/node-bootstrap-token")).expect("token")).expect("token");
+    let token = base::pki::parse_secret("t", &std::fs::read(s.dir.path().join("state/secrets/node-bootstrap-token")).expect("token")).expect("token");
     assert_eq!(std::fs::read_to_string(&tokens).expect("tokens"), format!("{token},kubelet-bootstrap,10001,\"system:bootstrappers\"\n"));
     for kc in ["/var/lib/kubelet/kubeconfig", "/var/lib/kube-controller-manager/kubeconfig", "/var/lib/kube-scheduler/kubeconfig", "/var/lib/kube-proxy/kubeconfig"] {
         assert_eq!(mode(&s.path(kc)), 0o400, "{kc}");

@@ -1,4 +1,4 @@
-//! An `s3://` ConfigBase against a real moto server on 127.0.0.1 (SigV4-signed GETs).
+//! An `s3://` ConfigBase against a real moto server on 127.0.0.1 (through aws-sdk-s3).
 //! Needs moto (`$KEELSON_PYTHON`, default `.venv/bin/python`, made by `scripts/test`); fails
 //! with a message saying so.
 
@@ -104,10 +104,15 @@ fn s3_config_base_against_moto() {
         .env("AWS_ENDPOINT_URL", &endpoint)
         .env_remove("AWS_ACCESS_KEY_ID")
         .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env_remove("AWS_PROFILE")
+        .env("AWS_CONFIG_FILE", fresh.join("no-aws-config"))
+        .env("AWS_SHARED_CREDENTIALS_FILE", fresh.join("no-aws-credentials"))
+        // No instance role here: the credential chain must not wait for an IMDS.
+        .env("AWS_EC2_METADATA_DISABLED", "true")
         .output()
         .expect("run");
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("no credentials"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("credentials"), "{}", stderr(&o));
     assert!(std::fs::read_dir(&fresh).expect("ls").next().is_none());
 
     // A missing NodeupConfig object is reported as such.

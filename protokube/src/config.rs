@@ -7,12 +7,16 @@ use keelson_api::Cluster;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("{path}: {message}")]
-    Read { path: String, message: String },
+    #[error("{path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{path}: {message}")]
     Parse { path: String, message: String },
-    #[error("ConfigBase {url}: unsupported scheme (file://, s3://, http://, https:// are supported)")]
-    Scheme { url: String },
+    #[error(transparent)]
+    Store(#[from] base::StoreError),
     #[error("{field}: {message}")]
     Spec { field: String, message: String },
 }
@@ -128,97 +132,15 @@ impl Plan {
 }
 
 pub fn read_boot_config(path: &Path) -> Result<BootConfig, ConfigError> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| ConfigError::Read { path: path.display().to_string(), message: e.to_string() })?;
+    let bytes = std::fs::read(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
     serde_yaml_ng::from_slice(&bytes)
         .map_err(|e| ConfigError::Parse { path: path.display().to_string(), message: e.to_string() })
 }
 
-/// The state store at `ConfigBase`: `file://`, `http(s)://` (read-only) or `s3://bucket/prefix`.
-#[derive(Debug, Clone)]
-pub struct StateStore {
-    pub base: String,
-    /// Client for `s3://` bases (path-style when an endpoint is overridden, e.g. moto).
-    pub s3: Option<aws_sdk_s3::Client>,
-}
-
-impl StateStore {
-    pub fn new(base: &str, s3: Option<aws_sdk_s3::Client>) -> StateStore {
-        StateStore { base: base.trim_end_matches('/').to_string(), s3 }
-    }
-
-    /// Read `<ConfigBase>/<rel>`; `Ok(None)` when it does not exist.
-    pub async fn read(&self, rel: &str) -> Result<Option<Vec<u8>>, ConfigError> {
-        if let Some(rest) = self.base.strip_prefix("s3://") {
-            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-            let key = if prefix.is_empty() { rel.to_string() } else { format!("{}/{rel}", prefix.trim_matches('/')) };
-            let url = format!("s3://{bucket}/{key}");
-            let Some(client) = &self.s3 else {
-                return Err(ConfigError::Read { path: url, message: "no S3 client configured".into() });
-            };
-            return read_s3(client, bucket, &key).await.map_err(|message| ConfigError::Read { path: url, message });
-        }
-        read_state(&self.base, rel).await
-    }
-}
-
-async fn read_s3(client: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Result<Option<Vec<u8>>, String> {
-    use aws_sdk_s3::error::ProvideErrorMetadata;
-    let describe = |e: &dyn ProvideErrorMetadata| format!("{}: {}", e.code().unwrap_or("error"), e.message().unwrap_or(""));
-    let resp = match client.get_object().bucket(bucket).key(key).send().await {
-        Ok(r) => r,
-        Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => return Ok(None),
-        Err(e) if matches!(e.code(), Some("PermanentRedirect") | Some("AuthorizationHeaderMalformed")) => {
-            // The bucket lives in another region: ask where, then read from there.
-            let loc = client.get_bucket_location().bucket(bucket).send().await.map_err(|e| describe(&e))?;
-            let region = loc.location_constraint().map(|c| c.as_str().to_string()).filter(|r| !r.is_empty()).unwrap_or_else(|| "us-east-1".into());
-            let conf = client.config().to_builder().region(aws_sdk_s3::config::Region::new(region)).build();
-            let regional = aws_sdk_s3::Client::from_conf(conf);
-            match regional.get_object().bucket(bucket).key(key).send().await {
-                Ok(r) => r,
-                Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => return Ok(None),
-                Err(e) => return Err(describe(&e)),
-            }
-        }
-        Err(e) => return Err(describe(&e)),
-    };
-    let body = resp.body.collect().await.map_err(|e| e.to_string())?;
-    Ok(Some(body.into_bytes().to_vec()))
-}
-
-/// Read `<base>/<rel>` for `file://` and `http(s)://` bases; `Ok(None)` when it does not exist.
-pub async fn read_state(config_base: &str, rel: &str) -> Result<Option<Vec<u8>>, ConfigError> {
-    let base = config_base.trim_end_matches('/');
-    let url = format!("{base}/{rel}");
-    if let Some(p) = base.strip_prefix("file://") {
-        let path = PathBuf::from(p).join(rel);
-        return match tokio::fs::read(&path).await {
-            Ok(b) => Ok(Some(b)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(ConfigError::Read { path: path.display().to_string(), message: e.to_string() }),
-        };
-    }
-    if base.starts_with("http://") || base.starts_with("https://") {
-        let resp = reqwest::get(&url).await.map_err(|e| ConfigError::Read { path: url.clone(), message: e.to_string() })?;
-        if resp.status().as_u16() == 404 {
-            return Ok(None);
-        }
-        if !resp.status().is_success() {
-            return Err(ConfigError::Read { path: url, message: format!("HTTP {}", resp.status()) });
-        }
-        let b = resp.bytes().await.map_err(|e| ConfigError::Read { path: url.clone(), message: e.to_string() })?;
-        return Ok(Some(b.to_vec()));
-    }
-    Err(ConfigError::Scheme { url: config_base.to_string() })
-}
-
 /// Read `<ConfigBase>/cluster-completed.spec`.
-pub async fn read_completed_spec(store: &StateStore) -> Result<Cluster, ConfigError> {
-    let url = format!("{}/cluster-completed.spec", store.base);
-    let bytes = store
-        .read("cluster-completed.spec")
-        .await?
-        .ok_or_else(|| ConfigError::Read { path: url.clone(), message: "not found".into() })?;
+pub async fn read_completed_spec(store: &base::StateStore) -> Result<Cluster, ConfigError> {
+    let url = store.url("cluster-completed.spec");
+    let bytes = store.get_required("cluster-completed.spec").await?;
     let docs = keelson_api::parse_documents(&bytes).map_err(|errs| ConfigError::Parse {
         path: url.clone(),
         message: errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "),

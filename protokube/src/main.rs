@@ -85,17 +85,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let aws = cloud::sdk_config(&AwsOptions {
         region: Some(me.region.clone()),
         endpoint_url: args.endpoint_url.clone(),
+        imds_endpoint: args.imds_url.clone(),
         ..Default::default()
     })
     .await;
     let counter = CallCounter::default();
-    let s3 = boot.config_base.starts_with("s3://").then(|| {
-        let path_style = args.endpoint_url.is_some() || std::env::var_os("AWS_ENDPOINT_URL").is_some();
-        aws_sdk_s3::Client::from_conf(
-            aws_sdk_s3::config::Builder::from(&aws).force_path_style(path_style).interceptor(counter.clone()).build(),
-        )
+    let config_base: base::ConfigBase = boot.config_base.parse()?;
+    let s3 = matches!(config_base, base::ConfigBase::S3 { .. }).then(|| {
+        aws_sdk_s3::Client::from_conf(base::aws::s3_config(&aws, args.endpoint_url.is_some()).interceptor(counter.clone()).build())
     });
-    let store = config::StateStore::new(&boot.config_base, s3);
+    let store = base::StateStore::open_with_s3(&config_base, s3, std::time::Duration::from_secs(20))?;
     let cluster = config::read_completed_spec(&store).await?;
     let plan = config::plan(&boot, &cluster)?;
     tracing::info!(?me, cluster = %plan.cluster_name, group = %plan.instance_group, "starting");

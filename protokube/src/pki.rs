@@ -3,25 +3,32 @@
 //! server's `etcd-client` certificate from nodeup is trusted through it), `etcd-peers-ca-<cluster>`
 //! signs the peer certificate. Re-issued only when the member name, the address or a CA changes.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use nodeup::pki::{self, CertSpec, Keypair, Usage};
+use base::pki::{self, CertSpec, Keypair, Usage};
 use sha2::Digest as _;
 
-use crate::config::{self, EtcdCluster};
+use crate::config::EtcdCluster;
 use crate::paths;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PkiError {
     #[error("{0}")]
-    State(#[from] config::ConfigError),
+    State(#[from] base::StoreError),
     #[error("etcd TLS for {cluster}: CA keyset {keyset} is missing from the state store and {dir} holds no certificates")]
     MissingCa { cluster: String, keyset: String, dir: String },
-    #[error("etcd TLS for {cluster}: {message}")]
-    Issue { cluster: String, message: String },
+    #[error("etcd TLS for {cluster}: {source}")]
+    Issue {
+        cluster: String,
+        #[source]
+        source: pki::PkiError,
+    },
     #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 const FILES: [&str; 8] = ["ca.crt", "peer-ca.crt", "server.crt", "server.key", "peer.crt", "peer.key", "client.crt", "client.key"];
@@ -29,17 +36,17 @@ const STAMP: &str = "issued-for";
 
 fn write(path: &Path, body: &str, mode: u32) -> Result<(), PkiError> {
     let io = |source| PkiError::Io { path: path.display().to_string(), source };
-    crate::write_atomic(path, body.as_bytes()).map_err(io)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io)
+    // The mode is set before the first byte is written: a key is never readable by others.
+    base::fs::write_atomic(path, body.as_bytes(), mode, None).map_err(|e| io(e.source))
 }
 
-async fn ca(store: &config::StateStore, name: &str) -> Result<Option<Keypair>, PkiError> {
+async fn ca(store: &base::StateStore, name: &str) -> Result<Option<Keypair>, PkiError> {
     let rel = format!("pki/private/{name}/keyset.yaml");
-    match store.read(&rel).await? {
+    match store.get(&rel).await? {
         None => Ok(None),
         Some(bytes) => pki::parse_private_keyset(name, &bytes)
             .map(Some)
-            .map_err(|e| PkiError::Issue { cluster: name.to_string(), message: e.to_string() }),
+            .map_err(|source| PkiError::Issue { cluster: name.to_string(), source }),
     }
 }
 
@@ -47,7 +54,7 @@ async fn ca(store: &config::StateStore, name: &str) -> Result<Option<Keypair>, P
 /// directory (under `root`) and whether anything was (re)issued.
 pub async fn ensure(
     root: &Path,
-    store: &config::StateStore,
+    store: &base::StateStore,
     ec: &EtcdCluster,
     member_id: &str,
     member_dns: &str,
@@ -77,7 +84,7 @@ pub async fn ensure(
     if have_all && std::fs::read_to_string(dir.join(STAMP)).ok().as_deref() == Some(stamp.as_str()) {
         return Ok((dir, false));
     }
-    let err = |e: pki::PkiError| PkiError::Issue { cluster: ec.name.clone(), message: e.to_string() };
+    let err = |source: pki::PkiError| PkiError::Issue { cluster: ec.name.clone(), source };
     let ip_addr: Option<std::net::IpAddr> = ip.parse().ok();
     let loopback: std::net::IpAddr = std::net::Ipv4Addr::LOCALHOST.into();
     let server = pki::issue(

@@ -50,7 +50,7 @@ pub enum ReconcileError {
 pub struct Options {
     pub root: PathBuf,
     /// The state store (`ConfigBase`), for the etcd CAs.
-    pub store: crate::config::StateStore,
+    pub store: base::StateStore,
     pub by_id_dir: PathBuf,
     /// Absolute path of the hosts file to manage (already under `root`).
     pub hosts_file: PathBuf,
@@ -468,7 +468,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
             }
         };
         let text = serde_json::to_string_pretty(&b).unwrap_or_default();
-        crate::write_atomic(&file, text.as_bytes()).map_err(io)?;
+        base::fs::write_atomic(&file, text.as_bytes(), 0o644, None).map_err(|e| io(e.source))?;
         Ok(Some(b))
     }
 
@@ -562,7 +562,8 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         if std::fs::read_to_string(&path).ok().as_deref() == Some(text.as_str()) {
             return Ok(false);
         }
-        crate::write_atomic(&path, text.as_bytes()).map_err(|source| ReconcileError::Io { path: path.display().to_string(), source })?;
+        base::fs::write_atomic(&path, text.as_bytes(), 0o644, None)
+            .map_err(|e| ReconcileError::Io { path: path.display().to_string(), source: e.source })?;
         tracing::info!(path = %path.display(), "wrote etcd manifest");
         Ok(true)
     }

@@ -1,14 +1,17 @@
 //! The Keelson spec compiler: validate a kOps-format spec, complete it, and render node
 //! configs, boot configs and user-data for every instance group.
 //!
-//! Owns: completion (every default), the versions table, node configs, user-data, and (feature
-//! `cloud`, on by default) the `keelson` cloud commands in [`apply`]. Must not: read the environment
+//! Owns: completion (every default), the versions table, node configs, user-data, and the `keelson`
+//! command line ([`cli`] with feature `cloud`, on by default: apply, delete, rolling-update and
+//! export, on top of `keelson-cloud-resources`). Must not: read the environment
 //! or the network inside [`compile`] — the binary turns flags and documented variables into
 //! [`CompileOptions`], and hashes not in the table or `asset_hashes` are fetched only when not offline.
 
 #[cfg(feature = "cloud")]
 pub mod apply;
 pub mod args;
+#[cfg(feature = "cloud")]
+pub mod cli;
 pub mod complete;
 pub mod load;
 pub mod nodeup_config;
@@ -18,10 +21,8 @@ pub mod versions;
 
 use std::collections::BTreeMap;
 
-use base64::Engine as _;
 use keelson_api::nodeup::BootConfig;
 use keelson_api::{Documents, Role};
-use sha2::Digest as _;
 
 pub use complete::{CompileOptions, CompleteError};
 pub use nodeup_config::NodeupConfigError;
@@ -50,10 +51,7 @@ pub struct Compiled {
     pub warnings: Vec<String>,
 }
 
-/// `base64(sha256(bytes))`, the way a BootConfig pins its NodeupConfig.
-pub fn nodeup_config_hash(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(sha2::Sha256::digest(bytes))
-}
+pub use base::nodeup_config_hash;
 
 /// Compile validated documents into the output tree.
 pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, CompileError> {

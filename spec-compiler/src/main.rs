@@ -59,15 +59,15 @@ enum Command {
     #[cfg(feature = "cloud")]
     /// Plan the cloud resources of a spec (state store, launch templates, autoscaling groups, etcd
     /// volumes, DNS); `--yes` applies them; `--target terraform --out DIR` writes Terraform JSON.
-    Apply(spec_compiler::apply::cli::ApplyArgs),
+    Apply(spec_compiler::cli::ApplyArgs),
     #[cfg(feature = "cloud")]
     /// Replace instances that run an outdated launch template, one at a time per group, control
     /// plane first; `--yes` replaces, otherwise the groups and what needs replacing are shown.
-    RollingUpdate(spec_compiler::apply::cli::RollingUpdateArgs),
+    RollingUpdate(spec_compiler::cli::RollingUpdateArgs),
     #[cfg(feature = "cloud")]
     /// Plan deleting what apply created (found by the cluster tag); `--yes` deletes. etcd volumes
     /// are kept unless `--delete-volumes`.
-    Delete(spec_compiler::apply::cli::DeleteArgs),
+    Delete(spec_compiler::cli::DeleteArgs),
     /// Cluster PKI in a file state store: `keelson pki init --state DIR`.
     Pki(pki_cmd::PkiArgs),
     /// Export credentials: `keelson export kubeconfig -f SPEC --admin [--ttl 18h]`.
@@ -81,7 +81,7 @@ enum Command {
 enum Export {
     /// Write a kubeconfig context for the cluster with a short-lived admin certificate signed by
     /// the cluster CA in the state store (merged into ~/.kube/config or --kubeconfig).
-    Kubeconfig(spec_compiler::apply::cli::ExportKubeconfigArgs),
+    Kubeconfig(spec_compiler::cli::ExportKubeconfigArgs),
 }
 
 fn main() -> ExitCode {
@@ -141,12 +141,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         #[cfg(feature = "cloud")]
-        Command::Apply(args) => spec_compiler::apply::cli::run_apply(args),
+        Command::Apply(args) => spec_compiler::cli::run_apply(args),
         #[cfg(feature = "cloud")]
-        Command::RollingUpdate(args) => spec_compiler::apply::cli::run_rolling_update(args),
+        Command::RollingUpdate(args) => spec_compiler::cli::run_rolling_update(args),
         #[cfg(feature = "cloud")]
-        Command::Delete(args) => spec_compiler::apply::cli::run_delete(args),
+        Command::Delete(args) => spec_compiler::cli::run_delete(args),
         #[cfg(feature = "cloud")]
-        Command::Export(Export::Kubeconfig(args)) => spec_compiler::apply::cli::run_export_kubeconfig(args),
+        Command::Export(Export::Kubeconfig(args)) => spec_compiler::cli::run_export_kubeconfig(args),
     }
 }

@@ -1,6 +1,6 @@
 //! `keelson pki init --state DIR`: create the cluster CAs, service-account key and node
 //! bootstrap token in a file state store, once (an existing keyset or secret is never
-//! replaced). The layout is documented in `nodeup::pki`.
+//! replaced). The layout is documented in `base::pki`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -49,7 +49,7 @@ pub fn run(args: PkiArgs) -> anyhow::Result<ExitCode> {
             } else {
                 etcd_clusters
             };
-            let created = nodeup::pki::init_pki(&state, &etcd).with_context(|| format!("initialising PKI in {}", state.display()))?;
+            let created = base::pki::init_pki(&state, &etcd).with_context(|| format!("initialising PKI in {}", state.display()))?;
             for name in &created {
                 println!("created {name}");
             }

@@ -9,10 +9,10 @@ use aws_sdk_ec2::types::Filter;
 use aws_smithy_runtime_api::client::interceptors::SharedInterceptor;
 use base64::Engine as _;
 use moto::{Moto, BUCKET, CLUSTER};
-use spec_compiler::apply::aws::{write_calls, AwsTarget};
-use spec_compiler::apply::model::ClusterModel;
-use spec_compiler::apply::plan::{Action, Kind};
-use spec_compiler::apply::state_store::{NodeupPki, StateStore};
+use cloud_resources::aws::{write_calls, AwsTarget};
+use cloud_resources::model::ClusterModel;
+use cloud_resources::plan::{Action, Kind};
+use base::StateStore;
 use spec_compiler::apply::{self as apply};
 
 fn cluster_filter() -> Filter {
@@ -24,15 +24,15 @@ fn model_of(docs: &keelson_api::Documents) -> (ClusterModel, spec_compiler::Comp
 }
 
 fn store(t: &AwsTarget, m: &ClusterModel) -> StateStore {
-    StateStore::open(&m.config_base, Some(t.s3.clone())).expect("store")
+    StateStore::open_with_s3(&m.config_base.parse().expect("configBase"), Some(t.s3.clone()), std::time::Duration::from_secs(30)).expect("store")
 }
 
 /// Plan and apply; returns the plan's (create, change, delete) counts.
-async fn apply_once(t: &AwsTarget, m: &ClusterModel) -> Result<(usize, usize, usize), apply::ApplyError> {
+async fn apply_once(t: &AwsTarget, m: &ClusterModel) -> Result<(usize, usize, usize), cloud_resources::ApplyError> {
     let s = store(t, m);
-    let mut p = apply::plan_apply(t, m, &s).await?;
+    let mut p = cloud_resources::plan_apply(t, m, &s).await?;
     let counts = p.plan.counts();
-    apply::execute(t, m, &s, &mut p, &NodeupPki).await?;
+    cloud_resources::execute(t, m, &s, &mut p).await?;
     Ok(counts)
 }
 
@@ -138,7 +138,7 @@ async fn apply_from_nothing_creates_what_the_spec_needs_and_reapply_changes_noth
 
     // Plan only: reads, no writes.
     let s = store(&t, &m);
-    let planned = apply::plan_apply(&t, &m, &s).await.expect("plan");
+    let planned = cloud_resources::plan_apply(&t, &m, &s).await.expect("plan");
     assert!(write_calls(&t.counter).is_empty(), "planning wrote: {:?}", write_calls(&t.counter));
     let (create, change, delete) = planned.plan.counts();
     assert_eq!((change, delete), (0, 0));
@@ -269,10 +269,10 @@ async fn apply_from_nothing_creates_what_the_spec_needs_and_reapply_changes_noth
     // Re-apply: no changes, no write calls.
     let t2 = moto.target(&[]).await;
     let s2 = store(&t2, &m);
-    let mut again = apply::plan_apply(&t2, &m, &s2).await.expect("plan again");
+    let mut again = cloud_resources::plan_apply(&t2, &m, &s2).await.expect("plan again");
     assert!(again.plan.is_empty(), "second plan:\n{}", again.plan.render(false));
     assert!(again.plan.render(false).contains("No changes."));
-    apply::execute(&t2, &m, &s2, &mut again, &NodeupPki).await.expect("apply again");
+    cloud_resources::execute(&t2, &m, &s2, &mut again).await.expect("apply again");
     assert!(write_calls(&t2.counter).is_empty(), "re-apply wrote: {:?}", write_calls(&t2.counter));
     assert!(t2.counter.total_calls() > 0);
 
@@ -312,7 +312,7 @@ async fn changed_spec_changes_only_what_it_must_and_names_instances_to_replace()
     let (m2, _) = model_of(&changed);
     let t2 = moto.target(&[]).await;
     let s2 = store(&t2, &m2);
-    let mut p = apply::plan_apply(&t2, &m2, &s2).await.expect("plan");
+    let mut p = cloud_resources::plan_apply(&t2, &m2, &s2).await.expect("plan");
     let text = p.plan.render(false);
     let changed_names: Vec<(Kind, String)> = p.plan.changes.iter().map(|c| (c.kind, c.name.clone())).collect();
     assert!(p.plan.changes.iter().all(|c| matches!(c.action, Action::Update(_))), "{text}");
@@ -330,7 +330,7 @@ async fn changed_spec_changes_only_what_it_must_and_names_instances_to_replace()
     assert_eq!(p.plan.rolling[0].instances.len(), 2, "{text}");
     assert!(text.contains("rolling replacement needed: nodes-us-east-1a.minimal.k8s.example.com (2 instances"), "{text}");
 
-    apply::execute(&t2, &m2, &s2, &mut p, &NodeupPki).await.expect("apply change");
+    cloud_resources::execute(&t2, &m2, &s2, &mut p).await.expect("apply change");
     let writes = write_calls(&t2.counter);
     let ops: Vec<&str> = writes.keys().map(|k| k.rsplit('/').next().unwrap_or("")).collect();
     for op in &ops {
@@ -353,7 +353,7 @@ async fn changed_spec_changes_only_what_it_must_and_names_instances_to_replace()
     assert_eq!(v.launch_template_data().and_then(|d| d.instance_type()).map(|t| t.as_str()), Some("t3.large"));
 
     let t3 = moto.target(&[]).await;
-    let again = apply::plan_apply(&t3, &m2, &store(&t3, &m2)).await.expect("plan again");
+    let again = cloud_resources::plan_apply(&t3, &m2, &store(&t3, &m2)).await.expect("plan again");
     assert!(again.plan.is_empty(), "{}", again.plan.render(false));
     let ca_after = s3_object(&t3, &format!("{CLUSTER}/pki/private/kubernetes-ca/keyset.yaml")).await;
     assert_eq!(ca_before, ca_after, "CAs are never regenerated");
@@ -373,11 +373,11 @@ async fn delete_leaves_nothing_tagged_but_the_etcd_volumes() {
     let (md, _) = apply::prepare_with(&docs, &spec_compiler::CompileOptions { offline: true, ..Default::default() }, false)
         .expect("prepare for delete");
     let s = store(&t, &md);
-    let mut p = apply::plan_delete(&t, &md, &s, false).await.expect("plan delete");
+    let mut p = cloud_resources::plan_delete(&t, &md, &s, false).await.expect("plan delete");
     assert!(p.plan.changes.iter().all(|c| c.action == Action::Delete));
     assert!(p.plan.changes.iter().all(|c| c.kind != Kind::Volume));
     assert!(p.plan.render(false).contains("etcd volumes are kept"));
-    apply::execute(&t, &md, &s, &mut p, &NodeupPki).await.expect("delete");
+    cloud_resources::execute(&t, &md, &s, &mut p).await.expect("delete");
     let mut left = inventory(&t).await;
     assert_eq!(left.remove("etcd_volumes"), Some(2));
     assert!(left.values().all(|n| *n == 0), "left behind: {left:?}");
@@ -388,9 +388,9 @@ async fn delete_leaves_nothing_tagged_but_the_etcd_volumes() {
     assert!(keys.iter().all(|k| k.contains("/pki/") || k.contains("/secrets/")), "state left: {keys:?}");
 
     // And with --delete-volumes nothing is left.
-    let mut p = apply::plan_delete(&t, &md, &s, true).await.expect("plan delete volumes");
+    let mut p = cloud_resources::plan_delete(&t, &md, &s, true).await.expect("plan delete volumes");
     assert_eq!(p.plan.counts(), (0, 0, 2), "{}", p.plan.render(false));
-    apply::execute(&t, &md, &s, &mut p, &NodeupPki).await.expect("delete volumes");
+    cloud_resources::execute(&t, &md, &s, &mut p).await.expect("delete volumes");
     assert_eq!(inventory(&t).await.values().sum::<usize>(), 0);
 }
 
@@ -435,14 +435,14 @@ async fn failure_half_way_then_rerun_converges_without_duplicates() {
         assert!(create + change > 0, "write #{n}: the rerun had work left");
         assert_eq!(inventory(&rerun).await, expected_inventory(), "after failing write #{n} of {total}");
         let check = moto.target(&[]).await;
-        let p = apply::plan_apply(&check, &m, &store(&check, &m)).await.expect("plan");
+        let p = cloud_resources::plan_apply(&check, &m, &store(&check, &m)).await.expect("plan");
         assert!(p.plan.is_empty(), "write #{n}: not converged:\n{}", p.plan.render(false));
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolling_update_finds_outdated_instances_and_replaces_them_one_by_one() {
-    use spec_compiler::apply::rolling::{self, RollingError, RollingOptions};
+    use cloud_resources::rolling::{self, RollingError, RollingOptions};
     let moto = Moto::start();
     let ami = moto.fixtures().await;
     let (m, _) = model_of(&moto::spec(&ami, |t| t));
@@ -497,7 +497,7 @@ async fn rolling_update_finds_outdated_instances_and_replaces_them_one_by_one() 
     let changed = moto::spec(&ami, |t| t.replace("  machineType: t3.medium\n  minSize: 2\n", "  machineType: t3.medium\n  kubelet:\n    maxPods: 50\n  minSize: 2\n"));
     let (m2, _) = model_of(&changed);
     let s2 = store(&t, &m2);
-    let p = apply::plan_apply(&t, &m2, &s2).await.expect("plan");
+    let p = cloud_resources::plan_apply(&t, &m2, &s2).await.expect("plan");
     let text = p.plan.render(false);
     assert!(text.contains("launch_template_version: 1 → 2"), "{text}");
     assert!(text.contains("rolling replacement needed: nodes-us-east-1a.minimal.k8s.example.com (2 instances"), "{text}");
@@ -552,7 +552,7 @@ async fn concurrent_runs_are_kept_apart_by_the_state_store_lock() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("removed the lock held by keelson apply"));
     assert_eq!(inventory(&t).await, expected_inventory());
-    assert!(s.get(spec_compiler::apply::state_store::LOCK_FILE).await.expect("get").is_none(), "released");
+    assert!(s.get(base::store::LOCK_FILE).await.expect("get").is_none(), "released");
     held.release().await.expect("the old holder's release leaves nothing behind");
     let again = tokio::task::block_in_place(|| run(&[]));
     assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
@@ -573,11 +573,11 @@ async fn explicit_associate_public_ip_puts_groups_on_the_interface_and_converges
     assert_eq!((nic.device_index(), nic.associate_public_ip_address()), (Some(0), Some(false)));
     assert_eq!(nic.groups().len(), 1);
     let t2 = moto.target(&[]).await;
-    let p = apply::plan_apply(&t2, &m, &store(&t2, &m)).await.expect("plan");
+    let p = cloud_resources::plan_apply(&t2, &m, &store(&t2, &m)).await.expect("plan");
     assert!(p.plan.is_empty(), "{}", p.plan.render(false));
     // Back to the subnet's default: a new version without the interface.
     let (m2, _) = model_of(&moto::spec(&ami, |t| t));
-    let p = apply::plan_apply(&t2, &m2, &store(&t2, &m2)).await.expect("plan");
+    let p = cloud_resources::plan_apply(&t2, &m2, &store(&t2, &m2)).await.expect("plan");
     let text = p.plan.render(false);
     assert!(text.contains("associate_public_ip: false → (none)"), "{text}");
 }
@@ -615,7 +615,7 @@ async fn spot_and_mixed_instance_groups_are_created_and_converge() {
     assert!(data.instance_market_options().is_none(), "with a mixed policy the price is on the group");
     assert_eq!(data.credit_specification().and_then(|c| c.cpu_credits()), Some("standard"));
     let t2 = moto.target(&[]).await;
-    let p = apply::plan_apply(&t2, &m, &store(&t2, &m)).await.expect("plan");
+    let p = cloud_resources::plan_apply(&t2, &m, &store(&t2, &m)).await.expect("plan");
     assert!(p.plan.is_empty(), "{}", p.plan.render(false));
 
     // maxPrice alone: a spot request on the template (a fresh cluster: moto cannot relaunch from a
@@ -631,7 +631,7 @@ async fn spot_and_mixed_instance_groups_are_created_and_converge() {
     let g = t2.asg.describe_auto_scaling_groups().auto_scaling_group_names("nodes-us-east-1a.minimal.k8s.example.com").send().await.expect("asg");
     assert!(g.auto_scaling_groups()[0].mixed_instances_policy().is_none(), "a plain launch template");
     let t3 = moto.target(&[]).await;
-    let p = apply::plan_apply(&t3, &m2, &store(&t3, &m2)).await.expect("plan");
+    let p = cloud_resources::plan_apply(&t3, &m2, &store(&t3, &m2)).await.expect("plan");
     assert!(p.plan.is_empty(), "{}", p.plan.render(false));
 }
 
@@ -671,5 +671,5 @@ async fn additional_and_compressed_user_data_reach_the_launch_templates() {
         assert!(text.contains(&format!("InstanceGroupName: {}", lt.group)), "the boot config of its own group");
     }
     let t2 = moto.target(&[]).await;
-    assert!(apply::plan_apply(&t2, &m, &store(&t2, &m)).await.expect("plan").plan.is_empty());
+    assert!(cloud_resources::plan_apply(&t2, &m, &store(&t2, &m)).await.expect("plan").plan.is_empty());
 }

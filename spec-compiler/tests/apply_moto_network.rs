@@ -11,10 +11,10 @@ use aws_smithy_runtime_api::client::interceptors::SharedInterceptor;
 
 use aws_sdk_ec2::types::Filter;
 use moto::{Moto, HA_CLUSTER, ZONE};
-use spec_compiler::apply::aws::{write_calls, AwsTarget};
-use spec_compiler::apply::model::ClusterModel;
-use spec_compiler::apply::plan::{Action, Kind};
-use spec_compiler::apply::state_store::{NodeupPki, StateStore};
+use cloud_resources::aws::{write_calls, AwsTarget};
+use cloud_resources::model::ClusterModel;
+use cloud_resources::plan::{Action, Kind};
+use base::StateStore;
 use spec_compiler::apply::{self as apply};
 
 fn cluster_filter() -> Filter {
@@ -22,14 +22,14 @@ fn cluster_filter() -> Filter {
 }
 
 fn store(t: &AwsTarget, m: &ClusterModel) -> StateStore {
-    StateStore::open(&m.config_base, Some(t.s3.clone())).expect("store")
+    StateStore::open_with_s3(&m.config_base.parse().expect("configBase"), Some(t.s3.clone()), std::time::Duration::from_secs(30)).expect("store")
 }
 
-async fn apply_once(t: &AwsTarget, m: &ClusterModel) -> Result<(usize, usize, usize), apply::ApplyError> {
+async fn apply_once(t: &AwsTarget, m: &ClusterModel) -> Result<(usize, usize, usize), cloud_resources::ApplyError> {
     let s = store(t, m);
-    let mut p = apply::plan_apply(t, m, &s).await?;
+    let mut p = cloud_resources::plan_apply(t, m, &s).await?;
     let counts = p.plan.counts();
-    apply::execute(t, m, &s, &mut p, &NodeupPki).await?;
+    cloud_resources::execute(t, m, &s, &mut p).await?;
     Ok(counts)
 }
 
@@ -231,9 +231,9 @@ async fn private_topology_scenario() {
 
     // Re-apply: nothing to do, no writes.
     let t2 = moto.target(&[]).await;
-    let mut again = apply::plan_apply(&t2, &m, &store(&t2, &m)).await.expect("plan again");
+    let mut again = cloud_resources::plan_apply(&t2, &m, &store(&t2, &m)).await.expect("plan again");
     assert!(again.plan.is_empty(), "second plan:\n{}", again.plan.render(false));
-    apply::execute(&t2, &m, &store(&t2, &m), &mut again, &NodeupPki).await.expect("apply again");
+    cloud_resources::execute(&t2, &m, &store(&t2, &m), &mut again).await.expect("apply again");
     assert!(write_calls(&t2.counter).is_empty(), "re-apply wrote: {:?}", write_calls(&t2.counter));
 
     // Dropping the load balancer from the spec removes it, its target group and security group,
@@ -242,7 +242,7 @@ async fn private_topology_scenario() {
     let (no_lb, _) = apply::prepare(&moto::ha_spec(&ami, |t| t.replace("  api:\n    loadBalancer:\n      type: Public\n      class: Network\n", "  api:\n    dns: {}\n")), &moto::compile_options())
         .expect("prepare without load balancer");
     let t4 = moto.target(&[]).await;
-    let p = apply::plan_apply(&t4, &no_lb, &store(&t4, &no_lb)).await.expect("plan");
+    let p = cloud_resources::plan_apply(&t4, &no_lb, &store(&t4, &no_lb)).await.expect("plan");
     let text = p.plan.render(false);
     for line in [
         "- LoadBalancer api.ha.k8s.example.com",
@@ -262,7 +262,7 @@ async fn private_topology_scenario() {
     assert!(api.alias_target().is_none());
     assert_eq!(api.resource_records()[0].value(), "203.0.113.123");
     let t5 = moto.target(&[]).await;
-    let again = apply::plan_apply(&t5, &no_lb, &store(&t5, &no_lb)).await.expect("plan");
+    let again = cloud_resources::plan_apply(&t5, &no_lb, &store(&t5, &no_lb)).await.expect("plan");
     assert!(again.plan.is_empty(), "{}", again.plan.render(false));
     // And back: the balancer is created again and the alias restored.
     apply_once(&t5, &m).await.expect("apply with the load balancer again");
@@ -272,12 +272,12 @@ async fn private_topology_scenario() {
     let (md, _) = apply::prepare_with(&docs, &spec_compiler::CompileOptions { offline: true, ..Default::default() }, false).expect("prepare");
     let t3 = moto.target(&[]).await;
     let s3 = store(&t3, &md);
-    let mut p = apply::plan_delete(&t3, &md, &s3, true).await.expect("plan delete");
+    let mut p = cloud_resources::plan_delete(&t3, &md, &s3, true).await.expect("plan delete");
     assert!(p.plan.changes.iter().all(|c| c.action == Action::Delete));
     for kind in [Kind::IamRole, Kind::IamInstanceProfile, Kind::NatGateway, Kind::ElasticIp, Kind::RouteTable, Kind::InternetGateway, Kind::LoadBalancer, Kind::TargetGroup] {
         assert!(p.plan.changes.iter().any(|c| c.kind == kind), "{kind:?} not deleted:\n{}", p.plan.render(false));
     }
-    apply::execute(&t3, &md, &s3, &mut p, &NodeupPki).await.expect("delete");
+    cloud_resources::execute(&t3, &md, &s3, &mut p).await.expect("delete");
     let left = inventory(&t3).await;
     assert!(left.values().all(|n| *n == 0), "left behind: {left:?}");
     let vols = t3.ec2.describe_volumes().filters(cluster_filter()).send().await.expect("volumes");
@@ -320,7 +320,7 @@ async fn network_iam_and_load_balancer_survive_a_failure_at_every_kind_of_write(
         apply_once(&rerun, &m).await.unwrap_or_else(|e| panic!("rerun after failing write #{n} ({op}): {e}"));
         assert_eq!(inventory(&rerun).await, expected_inventory(), "after failing write #{n} ({op})");
         let check = moto.target(&[]).await;
-        let p = apply::plan_apply(&check, &m, &store(&check, &m)).await.expect("plan");
+        let p = cloud_resources::plan_apply(&check, &m, &store(&check, &m)).await.expect("plan");
         assert!(p.plan.is_empty(), "write #{n} ({op}): not converged:\n{}", p.plan.render(false));
     }
 }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde_json::Value;
-use spec_compiler::apply::terraform::{structural_problems, MAIN_FILE};
+use cloud_resources::terraform::{structural_problems, MAIN_FILE};
 use spec_compiler::Tree;
 
 fn render(example: &Path) -> (tempfile::TempDir, Tree) {

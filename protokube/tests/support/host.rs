@@ -141,7 +141,7 @@ impl Cluster {
         std::fs::write(state.path().join("cluster-completed.spec"), y).expect("write spec");
         // The cluster CAs (as `keelson pki init` makes them): protokube issues etcd certificates from them.
         let names: Vec<String> = etcd.iter().map(|(e, _)| e.to_string()).collect();
-        nodeup::pki::init_pki(state.path(), &names).expect("init cluster CAs");
+        base::pki::init_pki(state.path(), &names).expect("init cluster CAs");
         Cluster { name: name.to_string(), state, moto_url: moto_url.to_string() }
     }
 

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use aws_smithy_runtime_api::client::interceptors::SharedInterceptor;
-use spec_compiler::apply::aws::AwsTarget;
+use cloud_resources::aws::AwsTarget;
 
 pub const BUCKET: &str = "keelson-test-state";
 pub const ZONE: &str = "example.com";
@@ -114,6 +114,7 @@ impl Moto {
             max_backoff: Duration::from_millis(100),
             attempt_timeout: Duration::from_secs(30),
             operation_timeout: Duration::from_secs(60),
+            ..Default::default()
         }
     }
 
@@ -243,7 +244,7 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for FailNthWrite {
         cfg: &mut aws_smithy_types::config_bag::ConfigBag,
     ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
         let op = operation(cfg).map(|(_, o)| o).unwrap_or_default();
-        if spec_compiler::apply::aws::is_write(&op) && self.seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == self.n {
+        if cloud_resources::aws::is_write(&op) && self.seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == self.n {
             return Err(format!("injected failure of write #{} ({op})", self.n).into());
         }
         Ok(())
@@ -265,7 +266,7 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for RecordWrites {
         cfg: &mut aws_smithy_types::config_bag::ConfigBag,
     ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
         if let Some((service, op)) = operation(cfg) {
-            if spec_compiler::apply::aws::is_write(&op) {
+            if cloud_resources::aws::is_write(&op) {
                 self.0.lock().map_err(|e| e.to_string())?.push(format!("{service}/{op}"));
             }
         }

@@ -1,13 +1,13 @@
 //! Egress of a VPC apply creates: the internet gateway, elastic IPs and NAT gateways, and route
-//! tables with their routes and subnet associations (model: [`crate::apply::model::Routing`]).
+//! tables with their routes and subnet associations (model: [`crate::model::Routing`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use aws_sdk_ec2::types as ec2_t;
 
 use super::{api, cluster_filter, name_of, tag_spec, tags_of, AwsError, AwsTarget, Discovered, Ids};
-use crate::apply::model::ClusterModel;
-use crate::apply::plan::{Action, Change, Kind, Resource};
+use crate::model::ClusterModel;
+use crate::plan::{Action, Change, Kind, Resource};
 
 /// `0.0.0.0/0=igw:<name>,…` — the comparable form of a route list.
 fn routes_attr(routes: impl IntoIterator<Item = (String, String)>) -> String {

@@ -2,14 +2,10 @@
 //!
 //! ```no_run
 //! # async fn f() {
-//! let opts = cloud::AwsOptions { region: Some("eu-west-1".into()), ..Default::default() };
-//! let conf = cloud::sdk_config(&opts).await;
-//! let ec2 = aws_sdk_ec2::Client::new(&conf);
+//! let opts = base::aws::AwsOptions { region: Some("eu-west-1".into()), ..Default::default() };
+//! let conf = base::aws::sdk_config(&opts).await;
 //! // per-service extras (interceptors, …) go on the service config:
-//! let ec2_conf = aws_sdk_ec2::config::Builder::from(&conf)
-//!     .interceptor(cloud::calls::CallCounter::default())
-//!     .build();
-//! let ec2 = aws_sdk_ec2::Client::from_conf(ec2_conf);
+//! let s3 = aws_sdk_s3::Client::from_conf(base::aws::s3_config(&conf, opts.endpoint_url.is_some()).build());
 //! # }
 //! ```
 //!
@@ -31,6 +27,9 @@ pub struct AwsOptions {
     pub region: Option<String>,
     /// Explicit endpoint (e.g. `http://127.0.0.1:5000` for moto); overrides `AWS_ENDPOINT_URL`.
     pub endpoint_url: Option<String>,
+    /// IMDS base URL the instance-role credentials come from (`None`: the SDK's default,
+    /// `AWS_EC2_METADATA_SERVICE_ENDPOINT` or `http://169.254.169.254`).
+    pub imds_endpoint: Option<String>,
     /// Attempts per call including the first (throttling and transient errors are retried).
     pub max_attempts: u32,
     /// First retry backoff; doubles per attempt with full jitter, capped at `max_backoff`.
@@ -47,6 +46,7 @@ impl Default for AwsOptions {
         AwsOptions {
             region: None,
             endpoint_url: None,
+            imds_endpoint: None,
             max_attempts: 8,
             initial_backoff: Duration::from_millis(200),
             max_backoff: Duration::from_secs(20),
@@ -86,5 +86,33 @@ pub async fn sdk_config(opts: &AwsOptions) -> SdkConfig {
     if let Some(url) = &opts.endpoint_url {
         loader = loader.endpoint_url(url.clone());
     }
+    if let Some(imds) = &opts.imds_endpoint {
+        match aws_config::imds::Client::builder().endpoint(imds) {
+            Ok(client) => {
+                let mut chain = aws_config::default_provider::credentials::DefaultCredentialsChain::builder().imds_client(client.build());
+                if let Some(region) = &opts.region {
+                    chain = chain.region(Region::new(region.clone()));
+                }
+                loader = loader.credentials_provider(chain.build().await);
+            }
+            Err(e) => tracing::warn!(endpoint = %imds, error = %e, "invalid IMDS endpoint; using the default for credentials"),
+        }
+    }
     loader.load().await
+}
+
+/// The S3 client configuration every component uses: path-style addressing when the endpoint is
+/// overridden (a local moto, an S3-compatible store), and checksums only where S3 requires them
+/// (S3-compatible servers reject the newer default trailers).
+pub fn s3_config(conf: &SdkConfig, endpoint_overridden: bool) -> aws_sdk_s3::config::Builder {
+    let overridden = endpoint_overridden || std::env::var_os("AWS_ENDPOINT_URL").is_some() || std::env::var_os("AWS_ENDPOINT_URL_S3").is_some();
+    let mut builder = aws_sdk_s3::config::Builder::from(conf);
+    if conf.region().is_none() {
+        // S3 needs a region to sign; a bucket elsewhere answers with a redirect the store follows.
+        builder = builder.region(Region::new("us-east-1"));
+    }
+    builder
+        .force_path_style(overridden)
+        .request_checksum_calculation(aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired)
+        .response_checksum_validation(aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired)
 }

@@ -67,8 +67,8 @@ impl Identity {
             Some(r) => r,
             None => match imds.get("placement/region").await? {
                 Some(r) => r.trim().to_string(),
-                // Older IMDS lacks placement/region: the zone minus its letter.
-                None => zone.trim_end_matches(|c: char| c.is_ascii_alphabetic()).to_string(),
+                // Older IMDS lacks placement/region: the region of the zone.
+                None => keelson_api::aws_region_of_zone(&zone).unwrap_or(&zone).to_string(),
             },
         };
         let internal_ip = need(imds, internal_ip, "local-ipv4").await?;

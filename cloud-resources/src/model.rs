@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use keelson_api::{Cluster, Documents, InstanceGroup, Role};
 
-use crate::Tree;
+use base::Tree;
 
 /// Default etcd volume: 20 GiB gp3 (kOps' default).
 pub const DEFAULT_ETCD_VOLUME_SIZE_GIB: i64 = 20;

@@ -9,8 +9,8 @@ use aws_sdk_elasticloadbalancingv2::types as elb_t;
 use aws_sdk_route53::types as r53_t;
 
 use super::{api, ids_for, name_of, AwsError, AwsTarget, Discovered, Ids, MAX_PAGES};
-use crate::apply::model::ClusterModel;
-use crate::apply::plan::{Action, Change, Kind, Resource};
+use crate::model::ClusterModel;
+use crate::plan::{Action, Change, Kind, Resource};
 
 /// kOps' target-group settings: TCP health checks every 10 s, 2 to flip, 30 s deregistration delay.
 const HEALTH_CHECK: &str = "TCP interval=10 healthy=2 unhealthy=2";
@@ -461,8 +461,8 @@ impl AwsTarget {
                 let rs = r53_t::ResourceRecordSet::builder()
                     .name(name)
                     .r#type(r53_t::RrType::A)
-                    .ttl(crate::apply::model::DNS_TTL)
-                    .resource_records(r53_t::ResourceRecord::builder().value(crate::apply::model::PLACEHOLDER_IP).build().map_err(|e| api("ResourceRecord", name, e))?)
+                    .ttl(crate::model::DNS_TTL)
+                    .resource_records(r53_t::ResourceRecord::builder().value(crate::model::PLACEHOLDER_IP).build().map_err(|e| api("ResourceRecord", name, e))?)
                     .build()
                     .map_err(|e| api("ResourceRecordSet", name, e))?;
                 r53_t::Change::builder().action(r53_t::ChangeAction::Upsert).resource_record_set(rs).build()

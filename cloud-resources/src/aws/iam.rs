@@ -10,10 +10,10 @@ use aws_sdk_iam::types as iam_t;
 use serde_json::Value;
 
 use super::{api, AwsError, AwsTarget, Discovered, Resolved};
-use crate::apply::iam_policy::{assume_role_policy, policy};
-use crate::apply::model::ClusterModel;
-use crate::apply::plan::{Action, Change, Kind, Resource};
-use crate::apply::state_store::sha256_hex;
+use crate::iam_policy::{assume_role_policy, policy};
+use crate::model::ClusterModel;
+use crate::plan::{Action, Change, Kind, Resource};
+use base::sha256_hex;
 
 /// A policy document in one canonical form (keys sorted, no whitespace), so equal documents compare equal.
 fn canonical(v: &Value) -> String {

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::model::ClusterModel;
 use super::terraform::{tf_name, Blocks};
-use crate::Tree;
+use base::Tree;
 
 /// Default etcd disk type on GCE (kOps: pd-ssd).
 pub const ETCD_DISK_TYPE: &str = "pd-ssd";

@@ -17,7 +17,8 @@ use cloud::AwsOptions;
 
 use super::model::{cluster_tags, ClusterModel, IngressRule, RuleSource, DNS_TTL, PLACEHOLDER_IP};
 use super::plan::{Action, Change, Kind, Plan, Resource, Rolling};
-use super::state_store::{sha256_hex, StateStore, StoreError};
+use base::{sha256_hex, StateStore};
+use super::state::StateError;
 
 mod iam;
 mod load_balancer;
@@ -35,7 +36,7 @@ pub enum AwsError {
     #[error("DNS: {0}")]
     Dns(#[from] cloud::DnsError),
     #[error("state store: {0}")]
-    Store(#[from] StoreError),
+    Store(#[from] StateError),
     #[error("{kind} {name}: {message}")]
     Missing { kind: &'static str, name: String, message: String },
 }
@@ -924,11 +925,10 @@ impl AwsTarget {
         plan: &Plan,
         discovered: &mut Discovered,
         store: &StateStore,
-        ca: &dyn super::state_store::CaCreator,
     ) -> Result<usize, AwsError> {
         let mut applied = 0;
         for c in &plan.changes {
-            self.execute_one(model, resolved, c, discovered, store, ca).await?;
+            self.execute_one(model, resolved, c, discovered, store).await?;
             applied += 1;
         }
         Ok(applied)
@@ -941,7 +941,6 @@ impl AwsTarget {
         c: &Change,
         discovered: &mut Discovered,
         store: &StateStore,
-        ca: &dyn super::state_store::CaCreator,
     ) -> Result<(), AwsError> {
         let ids = &mut discovered.ids;
         let name = c.name.as_str();
@@ -964,11 +963,11 @@ impl AwsTarget {
             }
             (Kind::StateFile, Action::Create | Action::Update(_)) => {
                 let bytes = model.state.get(name).cloned().unwrap_or_default();
-                store.put(name, &bytes).await?;
+                store.put(name, &bytes).await.map_err(StateError::from)?;
             }
-            (Kind::StateFile, Action::Delete) => store.delete(name).await?,
+            (Kind::StateFile, Action::Delete) => store.delete(name).await.map_err(StateError::from)?,
             (Kind::Keyset, Action::Create) => {
-                super::state_store::ensure_pki(store, &model.etcd_clusters, ca).await?;
+                super::state::ensure_pki(store, &model.etcd_clusters).await?;
             }
             (Kind::Keyset, _) => {}
 

@@ -20,7 +20,7 @@ pub enum KubeconfigError {
     Pki {
         name: String,
         #[source]
-        source: nodeup::pki::PkiError,
+        source: base::pki::PkiError,
     },
     #[error("kubeconfig {path}: {reason}")]
     Existing { path: PathBuf, reason: String },
@@ -50,9 +50,9 @@ pub fn issue_admin(private_keyset: &[u8], user: &str, ttl: Duration) -> Result<A
         return Err(KubeconfigError::Ttl(format!("{}s", ttl.as_secs())));
     }
     let pki_err = |source| KubeconfigError::Pki { name: CLIENT_CA.into(), source };
-    let ca = nodeup::pki::parse_private_keyset(CLIENT_CA, private_keyset).map_err(pki_err)?;
-    let spec = nodeup::pki::CertSpec::client(user, &[ADMIN_GROUP]);
-    let leaf = nodeup::pki::issue_for(CLIENT_CA, &ca, &spec, ttl).map_err(pki_err)?;
+    let ca = base::pki::parse_private_keyset(CLIENT_CA, private_keyset).map_err(pki_err)?;
+    let spec = base::pki::CertSpec::client(user, &[ADMIN_GROUP]);
+    let leaf = base::pki::issue_for(CLIENT_CA, &ca, &spec, ttl).map_err(pki_err)?;
     Ok(AdminCredential { ca_pem: ca.cert_pem, cert_pem: leaf.cert_pem, key_pem: leaf.key_pem, user: user.to_string() })
 }
 
@@ -121,7 +121,7 @@ pub fn write_merged(path: &Path, cluster: &str, server: &str, cred: &AdminCreden
         Err(e) => return Err(io(e)),
     };
     let text = merge(&existing, cluster, server, cred).map_err(|reason| KubeconfigError::Existing { path: path.to_path_buf(), reason })?;
-    crate::output::write_atomic(path, text.as_bytes(), Some(0o600)).map_err(io)
+    base::fs::write_atomic(path, text.as_bytes(), 0o600, None).map_err(|e| io(e.source))
 }
 
 #[cfg(test)]
@@ -130,7 +130,7 @@ mod tests {
 
     fn cred() -> AdminCredential {
         let dir = tempfile::tempdir().expect("tmp");
-        nodeup::pki::init_pki(dir.path(), &[]).expect("pki");
+        base::pki::init_pki(dir.path(), &[]).expect("pki");
         let keyset = std::fs::read(dir.path().join(format!("pki/private/{CLIENT_CA}/keyset.yaml"))).expect("keyset");
         issue_admin(&keyset, "admin", Duration::from_secs(3600)).expect("issue")
     }

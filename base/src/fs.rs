@@ -1,4 +1,4 @@
-//! The one way nodeup writes files: a temp file in the same directory, mode (and owner) set,
+//! The one way Keelson writes files: a temp file in the same directory, mode (and owner) set,
 //! data synced, renamed over the target, then the directory synced. A reader (or a crash) sees
 //! the old file or the new one, never half of one. Stale temp files from a killed run are
 //! recognisable by [`TEMP_PREFIX`] and removed by [`clean_temp_files`].
@@ -8,8 +8,8 @@ use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-/// Prefix of every temp file/dir nodeup creates next to its targets.
-pub const TEMP_PREFIX: &str = ".nodeup-tmp-";
+/// Prefix of every temp file/dir Keelson creates next to its targets.
+pub const TEMP_PREFIX: &str = ".keelson-tmp-";
 
 /// A write failed; carries the path it was about.
 #[derive(Debug, thiserror::Error)]
@@ -27,14 +27,18 @@ pub fn fs_err(path: &Path) -> impl FnOnce(io::Error) -> FsError + '_ {
 /// Owner to set on a written file (uid, gid); `None` keeps the writer's.
 pub type Owner = Option<(u32, u32)>;
 
+/// The directory `path` is in (`.` for a bare relative name).
+fn parent_of(path: &Path) -> &Path {
+    path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."))
+}
+
 /// A unique temp path next to `target`.
 pub fn temp_path_for(target: &Path) -> PathBuf {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let dir = target.parent().unwrap_or(Path::new("."));
-    dir.join(format!("{TEMP_PREFIX}{}-{n}-{name}", std::process::id()))
+    parent_of(target).join(format!("{TEMP_PREFIX}{}-{n}-{name}", std::process::id()))
 }
 
 /// Create `dir` and its parents (mode 0755 for new ones).
@@ -52,7 +56,7 @@ pub fn sync_dir(dir: &Path) -> Result<(), FsError> {
 
 /// Atomically replace `path` with `contents` at `mode`.
 pub fn write_atomic(path: &Path, contents: &[u8], mode: u32, owner: Owner) -> Result<(), FsError> {
-    let dir = path.parent().unwrap_or(Path::new("/"));
+    let dir = parent_of(path);
     ensure_dir(dir)?;
     let tmp = temp_path_for(path);
     let result = (|| {
@@ -76,7 +80,7 @@ pub fn write_atomic(path: &Path, contents: &[u8], mode: u32, owner: Owner) -> Re
 /// Atomically make `path` a hard link to `source` (or a copy when they are on different
 /// filesystems), at `mode`.
 pub fn link_atomic(source: &Path, path: &Path, mode: u32) -> Result<(), FsError> {
-    let dir = path.parent().unwrap_or(Path::new("/"));
+    let dir = parent_of(path);
     ensure_dir(dir)?;
     let tmp = temp_path_for(path);
     let result = (|| {
@@ -103,7 +107,7 @@ pub fn link_atomic(source: &Path, path: &Path, mode: u32) -> Result<(), FsError>
 
 /// Atomically make `link` a symlink pointing at `target`.
 pub fn symlink_atomic(target: &Path, link: &Path) -> Result<(), FsError> {
-    let dir = link.parent().unwrap_or(Path::new("/"));
+    let dir = parent_of(link);
     ensure_dir(dir)?;
     let tmp = temp_path_for(link);
     std::os::unix::fs::symlink(target, &tmp).map_err(fs_err(&tmp))?;

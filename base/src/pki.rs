@@ -256,8 +256,8 @@ fn create_new(path: &Path, bytes: &[u8], mode: u32) -> Result<bool, PkiError> {
         return Ok(false);
     }
     let dir = path.parent().unwrap_or(Path::new("/"));
-    crate::fsutil::ensure_dir(dir).map_err(|e| PkiError::Io { path: e.path, source: e.source })?;
-    let tmp = crate::fsutil::temp_path_for(path);
+    crate::fs::ensure_dir(dir).map_err(|e| PkiError::Io { path: e.path, source: e.source })?;
+    let tmp = crate::fs::temp_path_for(path);
     let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp).map_err(io)?;
     let written = f.write_all(bytes).and_then(|_| f.sync_all());
     // A hard link fails if the target exists: the no-overwrite guarantee holds even if two
@@ -266,7 +266,7 @@ fn create_new(path: &Path, bytes: &[u8], mode: u32) -> Result<bool, PkiError> {
     let _ = std::fs::remove_file(&tmp);
     match linked {
         Ok(()) => {
-            let _ = crate::fsutil::sync_dir(dir);
+            let _ = crate::fs::sync_dir(dir);
             Ok(true)
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
@@ -364,7 +364,7 @@ mod tests {
         assert!(created.contains(&"etcd-peers-ca-events".to_string()));
         let p = d.path().join("pki/private/kubernetes-ca/keyset.yaml");
         let before = std::fs::read(&p).expect("read");
-        assert_eq!(crate::fsutil::mode_of(&p), Some(0o600));
+        assert_eq!(crate::fs::mode_of(&p), Some(0o600));
         assert!(init_pki(d.path(), &["main".into(), "events".into()]).expect("again").is_empty());
         assert_eq!(std::fs::read(&p).expect("read"), before);
         let kp = parse_private_keyset("kubernetes-ca", &before).expect("parse");

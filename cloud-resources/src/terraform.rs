@@ -7,7 +7,7 @@ use serde_json::{json, Map, Value};
 
 use super::iam_policy::{assume_role_policy, policy};
 use super::model::{cluster_tags, ApiLoadBalancer, CloudKind, ClusterModel, RouteTarget, Routing, DNS_TTL, PLACEHOLDER_IP};
-use crate::Tree;
+use base::Tree;
 
 /// The main file's name inside `--out`.
 pub const MAIN_FILE: &str = "kubernetes.tf.json";

@@ -7,7 +7,10 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 
-use super::state_store::{NodeupPki, StateStore};
+use base::StateStore;
+use cloud_resources::{aws, model, rolling, state, terraform};
+
+use crate::apply::{prepare, prepare_with};
 use crate::complete::CompileOptions;
 use crate::load::load_spec;
 
@@ -167,6 +170,12 @@ fn load(common: &Common) -> anyhow::Result<Result<(keelson_api::Documents, Compi
     Ok(Ok((docs, options)))
 }
 
+/// The state store at `config_base`; `s3` is the client for an `s3://` base.
+fn open_store(config_base: &str, s3: Option<aws_sdk_s3::Client>) -> anyhow::Result<StateStore> {
+    let base: base::ConfigBase = config_base.parse()?;
+    Ok(StateStore::open_with_s3(&base, s3, std::time::Duration::from_secs(30))?)
+}
+
 fn color() -> bool {
     std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
 }
@@ -175,13 +184,13 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")
 }
 
-async fn aws_target(common: &Common, region: &str) -> super::aws::AwsTarget {
+async fn aws_target(common: &Common, region: &str) -> aws::AwsTarget {
     let opts = cloud::AwsOptions {
         region: Some(region.to_string()),
         endpoint_url: common.endpoint_url.clone(),
         ..Default::default()
     };
-    super::aws::AwsTarget::new(&opts, &[]).await
+    aws::AwsTarget::new(&opts, &[]).await
 }
 
 pub fn run_apply(args: ApplyArgs) -> anyhow::Result<ExitCode> {
@@ -190,7 +199,7 @@ pub fn run_apply(args: ApplyArgs) -> anyhow::Result<ExitCode> {
         Err(code) => return Ok(code),
     };
     let file = args.common.file.display().to_string();
-    let (model, compiled) = super::prepare(&docs, &options).with_context(|| format!("{file}: building the cloud model"))?;
+    let (model, compiled) = prepare(&docs, &options).with_context(|| format!("{file}: building the cloud model"))?;
     for w in &compiled.warnings {
         eprintln!("keelson: warning: {file}: {w}");
     }
@@ -198,9 +207,9 @@ pub fn run_apply(args: ApplyArgs) -> anyhow::Result<ExitCode> {
     match args.target {
         Target::Terraform => {
             let out = args.out.clone().ok_or_else(|| anyhow::anyhow!("--target terraform needs --out DIR"))?;
-            let tree = super::terraform::render(&model);
+            let tree = terraform::render(&model);
             tree.write_to(&out).with_context(|| format!("writing {}", out.display()))?;
-            println!("{file}: wrote {} and {} data files to {}", super::terraform::MAIN_FILE, tree.files.len() - 1, out.display());
+            println!("{file}: wrote {} and {} data files to {}", terraform::MAIN_FILE, tree.files.len() - 1, out.display());
             if args.yes {
                 // Terraform manages the cloud; the state store is written here, as kOps does.
                 rt.block_on(async {
@@ -209,15 +218,15 @@ pub fn run_apply(args: ApplyArgs) -> anyhow::Result<ExitCode> {
                     } else {
                         None
                     };
-                    let store = StateStore::open(&model.config_base, s3)?;
+                    let store = open_store(&model.config_base, s3)?;
                     with_lock(&store, "apply --target terraform", args.common.force_unlock, async {
                         for (rel, bytes) in &model.state {
                             if store.get(rel).await?.as_deref() != Some(bytes.as_slice()) {
                                 store.put(rel, bytes).await?;
                             }
                         }
-                        let created = super::state_store::ensure_pki(&store, &model.etcd_clusters, &NodeupPki).await?;
-                        println!("state store {}: up to date ({} keysets created)", store.describe(), created.len());
+                        let created = state::ensure_pki(&store, &model.etcd_clusters).await?;
+                        println!("state store {}: up to date ({} keysets created)", store.base(), created.len());
                         Ok(())
                     })
                     .await
@@ -238,16 +247,16 @@ pub fn run_delete(args: DeleteArgs) -> anyhow::Result<ExitCode> {
     };
     let file = args.common.file.display().to_string();
     let (model, _) =
-        super::prepare_with(&docs, &options, false).with_context(|| format!("{file}: building the cloud model"))?;
+        prepare_with(&docs, &options, false).with_context(|| format!("{file}: building the cloud model"))?;
     let rt = runtime()?;
     rt.block_on(direct_delete(&args, &model))
 }
 
-async fn direct_apply(args: &ApplyArgs, model: &super::model::ClusterModel) -> anyhow::Result<ExitCode> {
+async fn direct_apply(args: &ApplyArgs, model: &model::ClusterModel) -> anyhow::Result<ExitCode> {
     let target = aws_target(&args.common, &model.region).await;
-    let store = StateStore::open(&model.config_base, Some(target.s3.clone()))?;
+    let store = open_store(&model.config_base, Some(target.s3.clone()))?;
     if !args.yes {
-        let planned = super::plan_apply(&target, model, &store).await?;
+        let planned = cloud_resources::plan_apply(&target, model, &store).await?;
         print!("{}", planned.plan.render(color()));
         if !planned.plan.is_empty() {
             println!("Run with --yes to apply.");
@@ -256,12 +265,12 @@ async fn direct_apply(args: &ApplyArgs, model: &super::model::ClusterModel) -> a
     }
     // Plan under the lock, so the plan executed is the one computed against the current state.
     with_lock(&store, "apply", args.common.force_unlock, async {
-        let mut planned = super::plan_apply(&target, model, &store).await?;
+        let mut planned = cloud_resources::plan_apply(&target, model, &store).await?;
         print!("{}", planned.plan.render(color()));
         if planned.plan.is_empty() {
             return Ok(());
         }
-        let n = super::execute(&target, model, &store, &mut planned, &NodeupPki).await?;
+        let n = cloud_resources::execute(&target, model, &store, &mut planned).await?;
         println!("applied {n} changes to cluster {}", model.cluster);
         if !planned.plan.rolling.is_empty() {
             println!("Run `keelson rolling-update -f {} --yes` to replace the instances listed above.", args.common.file.display());
@@ -279,11 +288,11 @@ pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
     };
     let file = args.common.file.display().to_string();
     let (model, _) =
-        super::prepare_with(&docs, &options, false).with_context(|| format!("{file}: building the cloud model"))?;
-    if model.cloud != super::model::CloudKind::Aws {
+        prepare_with(&docs, &options, false).with_context(|| format!("{file}: building the cloud model"))?;
+    if model.cloud != model::CloudKind::Aws {
         anyhow::bail!("{file}: rolling-update supports AWS clusters only");
     }
-    let opts = super::rolling::RollingOptions {
+    let opts = rolling::RollingOptions {
         groups: args.instance_groups.clone(),
         force: args.force,
         interval: args.interval,
@@ -294,8 +303,8 @@ pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
     let rt = runtime()?;
     rt.block_on(async {
         let target = aws_target(&args.common, &model.region).await;
-        let groups = super::rolling::status(&target, &model, &opts).await?;
-        print!("{}", super::rolling::render(&groups));
+        let groups = rolling::status(&target, &model, &opts).await?;
+        print!("{}", rolling::render(&groups));
         let pending: usize = groups.iter().map(|g| g.outdated().len()).sum();
         if pending == 0 {
             println!("No rolling update required.");
@@ -305,9 +314,9 @@ pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
             println!("{pending} instance(s) need replacing. Run with --yes to replace them.");
             return Ok(ExitCode::SUCCESS);
         }
-        let store = StateStore::open(&model.config_base, Some(target.s3.clone()))?;
+        let store = open_store(&model.config_base, Some(target.s3.clone()))?;
         let report = with_lock(&store, "rolling-update", args.common.force_unlock, async {
-            Ok(super::rolling::roll(&target, &model, &opts, &mut |line| println!("{line}")).await?)
+            Ok(rolling::roll(&target, &model, &opts, &mut |line| println!("{line}")).await?)
         })
         .await?;
         println!("rolling update of cluster {} done: {} instance(s) replaced", model.cluster, report.replaced.len());
@@ -315,11 +324,11 @@ pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
-async fn direct_delete(args: &DeleteArgs, model: &super::model::ClusterModel) -> anyhow::Result<ExitCode> {
+async fn direct_delete(args: &DeleteArgs, model: &model::ClusterModel) -> anyhow::Result<ExitCode> {
     let target = aws_target(&args.common, &model.region).await;
-    let store = StateStore::open(&model.config_base, Some(target.s3.clone()))?;
+    let store = open_store(&model.config_base, Some(target.s3.clone()))?;
     if !args.yes {
-        let planned = super::plan_delete(&target, model, &store, args.delete_volumes).await?;
+        let planned = cloud_resources::plan_delete(&target, model, &store, args.delete_volumes).await?;
         print!("{}", planned.plan.render(color()));
         if !planned.plan.is_empty() {
             println!("Run with --yes to delete.");
@@ -327,9 +336,9 @@ async fn direct_delete(args: &DeleteArgs, model: &super::model::ClusterModel) ->
         return Ok(ExitCode::SUCCESS);
     }
     with_lock(&store, "delete", args.common.force_unlock, async {
-        let mut planned = super::plan_delete(&target, model, &store, args.delete_volumes).await?;
+        let mut planned = cloud_resources::plan_delete(&target, model, &store, args.delete_volumes).await?;
         print!("{}", planned.plan.render(color()));
-        let n = super::execute(&target, model, &store, &mut planned, &NodeupPki).await?;
+        let n = cloud_resources::execute(&target, model, &store, &mut planned).await?;
         println!("deleted {n} resources of cluster {}", model.cluster);
         Ok(())
     })
@@ -378,8 +387,8 @@ pub fn run_export_kubeconfig(args: ExportKubeconfigArgs) -> anyhow::Result<ExitC
         Err(code) => return Ok(code),
     };
     let file = args.common.file.display().to_string();
-    let (model, compiled) = super::prepare_with(&docs, &options, false).with_context(|| format!("{file}: completing the spec"))?;
-    let completed = super::model::completed_cluster(&compiled.tree).with_context(|| format!("{file}: completing the spec"))?;
+    let (model, compiled) = prepare_with(&docs, &options, false).with_context(|| format!("{file}: completing the spec"))?;
+    let completed = model::completed_cluster(&compiled.tree).with_context(|| format!("{file}: completing the spec"))?;
     let server = match &args.server {
         Some(s) => s.clone(),
         None => {
@@ -390,7 +399,7 @@ pub fn run_export_kubeconfig(args: ExportKubeconfigArgs) -> anyhow::Result<ExitC
     let rt = runtime()?;
     let keyset = rt.block_on(async {
         let s3 = if model.config_base.starts_with("s3://") { Some(aws_target(&args.common, &model.region).await.s3) } else { None };
-        let store = StateStore::open(&model.config_base, s3)?;
+        let store = open_store(&model.config_base, s3)?;
         let rel = format!("pki/private/{}/keyset.yaml", super::kubeconfig::CLIENT_CA);
         store.get(&rel).await?.ok_or(super::kubeconfig::KubeconfigError::NoCa(rel)).map_err(anyhow::Error::from)
     })?;

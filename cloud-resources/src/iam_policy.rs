@@ -13,7 +13,6 @@ use serde_json::{json, Value};
 use keelson_api::Role;
 
 use super::model::IamRole;
-use super::state_store::parse_s3;
 
 /// What the documents depend on, taken from the completed spec.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -35,7 +34,10 @@ impl PolicyInputs {
             cluster: cluster.to_string(),
             partition: partition_of(region).to_string(),
             region: region.to_string(),
-            state_store: parse_s3(config_base),
+            state_store: match config_base.parse::<base::ConfigBase>() {
+                Ok(base::ConfigBase::S3 { bucket, prefix }) => Some((bucket, prefix)),
+                _ => None,
+            },
             kubenet: spec.networking.as_ref().is_some_and(|n| n.kubenet.is_some()),
             allow_container_registry: spec.iam.as_ref().and_then(|i| i.allow_container_registry).unwrap_or(false),
         }

@@ -1,0 +1,578 @@
+//! The state store at `ConfigBase`: `file://` (or a plain absolute path), `http(s)://` (read-only)
+//! and `s3://bucket/prefix` (feature `aws`, through `aws-sdk-s3`). Keys are relative to the base
+//! (`igconfig/node/nodes/nodeupconfig.yaml`, `pki/private/kubernetes-ca/keyset.yaml`).
+//!
+//! Reads return `Ok(None)` for a key that does not exist; every other failure is an error that names
+//! the object. Writes to `file://` are atomic ([`crate::fs::write_atomic`]); the cluster lock is an
+//! exclusive create (`O_EXCL`, or a conditional PUT on S3).
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a state-store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("ConfigBase {base:?}: unsupported scheme (file://, http://, https://, s3://)")]
+    Scheme { base: String },
+    #[error("ConfigBase {base}: s3:// needs the AWS SDK (this build has no S3 client)")]
+    NoS3 { base: String },
+    #[error("ConfigBase {base}: {op} is not possible on a read-only http(s) store")]
+    ReadOnly { base: String, op: &'static str },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{url}: {source}")]
+    Http {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("{url}: HTTP {status}")]
+    Status { url: String, status: u16 },
+    #[error("s3://{bucket}/{key}: {op}: {message}")]
+    S3 {
+        op: &'static str,
+        bucket: String,
+        key: String,
+        message: String,
+        #[source]
+        source: BoxError,
+    },
+    #[error("{url}: not found in the state store")]
+    Missing { url: String },
+    #[error(
+        "{store}/{LOCK_FILE}: the cluster is locked by another run ({holder}); wait for it to finish, \
+         or, if that run is gone, give --force-unlock"
+    )]
+    Locked { store: String, holder: String },
+}
+
+/// Where a cluster's state lives (`spec.configBase`), parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigBase {
+    File(PathBuf),
+    /// `http://…` or `https://…`, without a trailing slash.
+    Http(String),
+    S3 { bucket: String, prefix: String },
+}
+
+impl FromStr for ConfigBase {
+    type Err = StoreError;
+
+    fn from_str(text: &str) -> Result<ConfigBase, StoreError> {
+        let base = text.trim_end_matches('/');
+        if let Some(p) = base.strip_prefix("file://") {
+            return Ok(ConfigBase::File(PathBuf::from(if p.is_empty() { "/" } else { p })));
+        }
+        if base.starts_with('/') {
+            return Ok(ConfigBase::File(PathBuf::from(base)));
+        }
+        if base.starts_with("http://") || base.starts_with("https://") {
+            return Ok(ConfigBase::Http(base.to_string()));
+        }
+        if let Some(rest) = base.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if !bucket.is_empty() {
+                return Ok(ConfigBase::S3 { bucket: bucket.to_string(), prefix: prefix.trim_matches('/').to_string() });
+            }
+        }
+        Err(StoreError::Scheme { base: text.to_string() })
+    }
+}
+
+impl fmt::Display for ConfigBase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigBase::File(p) => write!(f, "file://{}", p.display()),
+            ConfigBase::Http(u) => f.write_str(u),
+            ConfigBase::S3 { bucket, prefix } if prefix.is_empty() => write!(f, "s3://{bucket}"),
+            ConfigBase::S3 { bucket, prefix } => write!(f, "s3://{bucket}/{prefix}"),
+        }
+    }
+}
+
+impl ConfigBase {
+    /// The URL of one key (for messages).
+    pub fn url(&self, rel: &str) -> String {
+        format!("{self}/{}", rel.trim_start_matches('/'))
+    }
+
+    /// The object key of `rel` under an S3 prefix.
+    fn s3_key(prefix: &str, rel: &str) -> String {
+        let rel = rel.trim_start_matches('/');
+        if prefix.is_empty() {
+            rel.to_string()
+        } else {
+            format!("{prefix}/{rel}")
+        }
+    }
+}
+
+/// The lock object under ConfigBase that keeps two apply / delete / rolling-update runs apart.
+pub const LOCK_FILE: &str = "keelson.lock";
+
+/// Attempts of one http(s) read (transport errors and 5xx are retried with doubling backoff).
+const HTTP_ATTEMPTS: u32 = 5;
+
+#[derive(Debug, Clone)]
+enum Backend {
+    File(PathBuf),
+    Http(reqwest::Client),
+    #[cfg(feature = "aws")]
+    S3(aws_sdk_s3::Client),
+}
+
+/// An open state store.
+#[derive(Debug, Clone)]
+pub struct StateStore {
+    base: ConfigBase,
+    backend: Backend,
+}
+
+impl StateStore {
+    /// Open a `file://` or `http(s)://` store (`s3://` needs [`StateStore::open_with_s3`]).
+    /// `timeout` bounds each http(s) request.
+    pub fn open(base: &ConfigBase, timeout: Duration) -> Result<StateStore, StoreError> {
+        let backend = match base {
+            ConfigBase::File(p) => Backend::File(p.clone()),
+            ConfigBase::Http(url) => Backend::Http(
+                reqwest::Client::builder()
+                    .connect_timeout(timeout)
+                    .timeout(timeout)
+                    .build()
+                    .map_err(|source| StoreError::Http { url: url.clone(), source })?,
+            ),
+            ConfigBase::S3 { .. } => return Err(StoreError::NoS3 { base: base.to_string() }),
+        };
+        Ok(StateStore { base: base.clone(), backend })
+    }
+
+    /// Open any store; `s3` is the client for an `s3://` base (ignored for the others).
+    #[cfg(feature = "aws")]
+    pub fn open_with_s3(base: &ConfigBase, s3: Option<aws_sdk_s3::Client>, timeout: Duration) -> Result<StateStore, StoreError> {
+        match (base, s3) {
+            (ConfigBase::S3 { .. }, Some(client)) => Ok(StateStore { base: base.clone(), backend: Backend::S3(client) }),
+            _ => StateStore::open(base, timeout),
+        }
+    }
+
+    /// A local directory as a store.
+    pub fn dir(path: &Path) -> StateStore {
+        StateStore { base: ConfigBase::File(path.to_path_buf()), backend: Backend::File(path.to_path_buf()) }
+    }
+
+    pub fn base(&self) -> &ConfigBase {
+        &self.base
+    }
+
+    /// The local directory of a `file://` store.
+    pub fn local_dir(&self) -> Option<&Path> {
+        match &self.backend {
+            Backend::File(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    pub fn url(&self, rel: &str) -> String {
+        self.base.url(rel)
+    }
+
+    /// Read one object; `Ok(None)` when it does not exist.
+    pub async fn get(&self, rel: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        match &self.backend {
+            Backend::File(dir) => {
+                let path = dir.join(rel.trim_start_matches('/'));
+                match tokio::fs::read(&path).await {
+                    Ok(b) => Ok(Some(b)),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                    Err(source) => Err(StoreError::Io { path, source }),
+                }
+            }
+            Backend::Http(client) => http_get(client, &self.url(rel)).await,
+            #[cfg(feature = "aws")]
+            Backend::S3(client) => {
+                let ConfigBase::S3 { bucket, prefix } = &self.base else { return Err(StoreError::NoS3 { base: self.base.to_string() }) };
+                s3::get(client, bucket, &ConfigBase::s3_key(prefix, rel)).await
+            }
+        }
+    }
+
+    /// Read one object that must exist.
+    pub async fn get_required(&self, rel: &str) -> Result<Vec<u8>, StoreError> {
+        self.get(rel).await?.ok_or_else(|| StoreError::Missing { url: self.url(rel) })
+    }
+
+    /// Write one object (atomically on `file://`).
+    pub async fn put(&self, rel: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        match &self.backend {
+            Backend::File(dir) => {
+                let path = dir.join(rel.trim_start_matches('/'));
+                crate::fs::write_atomic(&path, bytes, 0o644, None).map_err(|e| StoreError::Io { path: e.path, source: e.source })
+            }
+            Backend::Http(_) => Err(StoreError::ReadOnly { base: self.base.to_string(), op: "write" }),
+            #[cfg(feature = "aws")]
+            Backend::S3(client) => {
+                let ConfigBase::S3 { bucket, prefix } = &self.base else { return Err(StoreError::NoS3 { base: self.base.to_string() }) };
+                s3::put(client, bucket, &ConfigBase::s3_key(prefix, rel), bytes.to_vec(), false).await
+            }
+        }
+    }
+
+    /// Delete one object; deleting what is not there is not an error.
+    pub async fn delete(&self, rel: &str) -> Result<(), StoreError> {
+        match &self.backend {
+            Backend::File(dir) => {
+                let path = dir.join(rel.trim_start_matches('/'));
+                match std::fs::remove_file(&path) {
+                    Ok(()) => Ok(()),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                    Err(source) => Err(StoreError::Io { path, source }),
+                }
+            }
+            Backend::Http(_) => Err(StoreError::ReadOnly { base: self.base.to_string(), op: "delete" }),
+            #[cfg(feature = "aws")]
+            Backend::S3(client) => {
+                let ConfigBase::S3 { bucket, prefix } = &self.base else { return Err(StoreError::NoS3 { base: self.base.to_string() }) };
+                s3::delete(client, bucket, &ConfigBase::s3_key(prefix, rel)).await
+            }
+        }
+    }
+
+    /// Every object under `rel_prefix` (keys relative to the base), sorted.
+    pub async fn list(&self, rel_prefix: &str) -> Result<Vec<String>, StoreError> {
+        match &self.backend {
+            Backend::File(dir) => {
+                let mut out = Vec::new();
+                let mut stack = vec![dir.join(rel_prefix)];
+                while let Some(d) = stack.pop() {
+                    let entries = match std::fs::read_dir(&d) {
+                        Ok(e) => e,
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound || e.kind() == std::io::ErrorKind::NotADirectory => continue,
+                        Err(source) => return Err(StoreError::Io { path: d, source }),
+                    };
+                    for e in entries.flatten() {
+                        let p = e.path();
+                        let temp = e.file_name().to_string_lossy().starts_with(crate::fs::TEMP_PREFIX);
+                        if p.is_dir() {
+                            stack.push(p);
+                        } else if let (false, Ok(rel)) = (temp, p.strip_prefix(dir)) {
+                            out.push(rel.to_string_lossy().into_owned());
+                        }
+                    }
+                }
+                out.sort();
+                Ok(out)
+            }
+            Backend::Http(_) => Err(StoreError::ReadOnly { base: self.base.to_string(), op: "list" }),
+            #[cfg(feature = "aws")]
+            Backend::S3(client) => {
+                let ConfigBase::S3 { bucket, prefix } = &self.base else { return Err(StoreError::NoS3 { base: self.base.to_string() }) };
+                s3::list(client, bucket, prefix, rel_prefix).await
+            }
+        }
+    }
+
+    /// Take the cluster lock for `operation`, or fail naming who holds it. Creation is atomic:
+    /// `O_EXCL` for `file://`, a conditional PUT (`If-None-Match: *`) for `s3://`.
+    pub async fn lock(&self, operation: &str) -> Result<StoreLock, StoreError> {
+        let content = lock_content(operation);
+        let locked = |holder: Vec<u8>| StoreError::Locked { store: self.base.to_string(), holder: describe_holder(&holder) };
+        match &self.backend {
+            Backend::File(dir) => {
+                let path = dir.join(LOCK_FILE);
+                let io = |source| StoreError::Io { path: path.clone(), source };
+                std::fs::create_dir_all(dir).map_err(io)?;
+                match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+                    Ok(mut f) => {
+                        std::io::Write::write_all(&mut f, &content).map_err(io)?;
+                        f.sync_all().map_err(io)?;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                        return Err(locked(std::fs::read(&path).unwrap_or_default()));
+                    }
+                    Err(e) => return Err(io(e)),
+                }
+            }
+            Backend::Http(_) => return Err(StoreError::ReadOnly { base: self.base.to_string(), op: "lock" }),
+            #[cfg(feature = "aws")]
+            Backend::S3(client) => {
+                let ConfigBase::S3 { bucket, prefix } = &self.base else { return Err(StoreError::NoS3 { base: self.base.to_string() }) };
+                let key = ConfigBase::s3_key(prefix, LOCK_FILE);
+                match s3::put(client, bucket, &key, content.clone(), true).await {
+                    Ok(()) => {}
+                    Err(StoreError::S3 { message, .. }) if s3::is_precondition_failure(&message) => {
+                        return Err(locked(self.get(LOCK_FILE).await?.unwrap_or_default()));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(StoreLock { store: self.clone(), content })
+    }
+
+    /// Remove a lock left by a run that died; returns who held it.
+    pub async fn force_unlock(&self) -> Result<Option<String>, StoreError> {
+        let holder = self.get(LOCK_FILE).await?;
+        if holder.is_some() {
+            self.delete(LOCK_FILE).await?;
+        }
+        Ok(holder.map(|h| describe_holder(&h)))
+    }
+}
+
+async fn http_get(client: &reqwest::Client, url: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let err = match client.get(url).send().await {
+            Ok(resp) if resp.status().as_u16() == 404 => return Ok(None),
+            Ok(resp) if resp.status().is_success() => match resp.bytes().await {
+                Ok(b) => return Ok(Some(b.to_vec())),
+                Err(source) => StoreError::Http { url: url.to_string(), source },
+            },
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                let e = StoreError::Status { url: url.to_string(), status };
+                if status < 500 && status != 429 {
+                    return Err(e);
+                }
+                e
+            }
+            Err(source) => StoreError::Http { url: url.to_string(), source },
+        };
+        if attempt >= HTTP_ATTEMPTS {
+            return Err(err);
+        }
+        let wait = crate::imds::jittered(Duration::from_millis(250), attempt - 1, Duration::from_secs(4));
+        tracing::warn!(%url, attempt, error = %err, ?wait, "state store read failed; retrying");
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// A held lock; [`StoreLock::release`] removes it if it is still ours.
+#[derive(Debug)]
+pub struct StoreLock {
+    store: StateStore,
+    content: Vec<u8>,
+}
+
+impl StoreLock {
+    pub async fn release(self) -> Result<(), StoreError> {
+        // Never remove a lock someone else took after a --force-unlock.
+        if self.store.get(LOCK_FILE).await?.as_deref() == Some(self.content.as_slice()) {
+            self.store.delete(LOCK_FILE).await?;
+        }
+        Ok(())
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn lock_content(operation: &str) -> Vec<u8> {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown-host".into());
+    let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    format!("operation: {operation}\nhost: {host}\npid: {}\nsince: {}\nnonce: {nonce:x}\n", std::process::id(), unix_now()).into_bytes()
+}
+
+/// "keelson apply on host (pid 12), 3m ago" from a lock file's content.
+fn describe_holder(content: &[u8]) -> String {
+    let text = String::from_utf8_lossy(content);
+    let field = |k: &str| text.lines().find_map(|l| l.strip_prefix(&format!("{k}: "))).unwrap_or("?").to_string();
+    let age = field("since").parse::<u64>().ok().map(|t| unix_now().saturating_sub(t));
+    let age = match age {
+        Some(s) if s >= 3600 => format!("{}h{}m ago", s / 3600, (s % 3600) / 60),
+        Some(s) if s >= 60 => format!("{}m ago", s / 60),
+        Some(s) => format!("{s}s ago"),
+        None => "at an unknown time".into(),
+    };
+    format!("keelson {} on {} (pid {}), {age}", field("operation"), field("host"), field("pid"))
+}
+
+#[cfg(feature = "aws")]
+mod s3 {
+    use aws_sdk_s3::error::ProvideErrorMetadata;
+    use aws_sdk_s3::primitives::ByteStream;
+
+    use super::StoreError;
+
+    fn err<E>(op: &'static str, bucket: &str, key: &str, e: E) -> StoreError
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    {
+        let message = match (e.code(), e.message()) {
+            (Some(c), Some(m)) => format!("{c}: {m}"),
+            (Some(c), None) => c.to_string(),
+            _ => innermost(&e),
+        };
+        StoreError::S3 { op, bucket: bucket.into(), key: key.into(), message, source: Box::new(e) }
+    }
+
+    /// The innermost cause (SDK errors say little at the top level: "dispatch failure").
+    fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
+        let mut cur = e;
+        while let Some(s) = cur.source() {
+            cur = s;
+        }
+        cur.to_string()
+    }
+
+    pub fn is_precondition_failure(message: &str) -> bool {
+        message.starts_with("PreconditionFailed") || message.starts_with("ConditionalRequestConflict")
+    }
+
+    pub async fn get(client: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let resp = match client.get_object().bucket(bucket).key(key).send().await {
+            Ok(r) => r,
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => return Ok(None),
+            Err(e) if matches!(e.code(), Some("PermanentRedirect") | Some("AuthorizationHeaderMalformed")) => {
+                // The bucket lives in another region: ask where, then read from there.
+                let loc = client.get_bucket_location().bucket(bucket).send().await.map_err(|e| err("GetBucketLocation", bucket, key, e))?;
+                let region = loc
+                    .location_constraint()
+                    .map(|c| c.as_str().to_string())
+                    .filter(|r| !r.is_empty())
+                    .unwrap_or_else(|| "us-east-1".into());
+                let conf = client.config().to_builder().region(aws_sdk_s3::config::Region::new(region)).build();
+                match aws_sdk_s3::Client::from_conf(conf).get_object().bucket(bucket).key(key).send().await {
+                    Ok(r) => r,
+                    Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => return Ok(None),
+                    Err(e) => return Err(err("GetObject", bucket, key, e)),
+                }
+            }
+            Err(e) => return Err(err("GetObject", bucket, key, e)),
+        };
+        let body = resp.body.collect().await.map_err(|e| StoreError::S3 {
+            op: "GetObject",
+            bucket: bucket.into(),
+            key: key.into(),
+            message: e.to_string(),
+            source: Box::new(e),
+        })?;
+        Ok(Some(body.into_bytes().to_vec()))
+    }
+
+    pub async fn put(client: &aws_sdk_s3::Client, bucket: &str, key: &str, bytes: Vec<u8>, if_absent: bool) -> Result<(), StoreError> {
+        let mut req = client.put_object().bucket(bucket).key(key).body(ByteStream::from(bytes));
+        if if_absent {
+            req = req.if_none_match("*");
+        }
+        req.send().await.map_err(|e| err("PutObject", bucket, key, e.into_service_error()))?;
+        Ok(())
+    }
+
+    pub async fn delete(client: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Result<(), StoreError> {
+        client.delete_object().bucket(bucket).key(key).send().await.map_err(|e| err("DeleteObject", bucket, key, e.into_service_error()))?;
+        Ok(())
+    }
+
+    pub async fn list(client: &aws_sdk_s3::Client, bucket: &str, prefix: &str, rel_prefix: &str) -> Result<Vec<String>, StoreError> {
+        let full = super::ConfigBase::s3_key(prefix, rel_prefix);
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        // Bounded: 1000 pages of 1000 keys.
+        for _ in 0..1000 {
+            let resp = client
+                .list_objects_v2()
+                .bucket(bucket)
+                .prefix(&full)
+                .set_continuation_token(token.clone())
+                .send()
+                .await
+                .map_err(|e| err("ListObjectsV2", bucket, &full, e.into_service_error()))?;
+            for o in resp.contents() {
+                if let Some(k) = o.key() {
+                    let rel = if prefix.is_empty() { k } else { k.strip_prefix(&format!("{prefix}/")).unwrap_or(k) };
+                    out.push(rel.to_string());
+                }
+            }
+            token = resp.next_continuation_token().map(str::to_string);
+            if token.is_none() {
+                break;
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_bases_parse_and_print() {
+        let cases = [
+            ("s3://b/x/y/", ConfigBase::S3 { bucket: "b".into(), prefix: "x/y".into() }, "s3://b/x/y"),
+            ("s3://b", ConfigBase::S3 { bucket: "b".into(), prefix: String::new() }, "s3://b"),
+            ("file:///srv/state/", ConfigBase::File("/srv/state".into()), "file:///srv/state"),
+            ("/srv/state", ConfigBase::File("/srv/state".into()), "file:///srv/state"),
+            ("https://h/c/", ConfigBase::Http("https://h/c".into()), "https://h/c"),
+        ];
+        for (text, want, shown) in cases {
+            let got: ConfigBase = text.parse().expect(text);
+            assert_eq!(got, want, "{text}");
+            assert_eq!(got.to_string(), shown);
+        }
+        for bad in ["gs://b/x", "s3://", "relative/dir", ""] {
+            assert!(matches!(bad.parse::<ConfigBase>(), Err(StoreError::Scheme { .. })), "{bad}");
+        }
+        assert_eq!(ConfigBase::s3_key("p", "/a/b"), "p/a/b");
+        assert_eq!(ConfigBase::s3_key("", "a"), "a");
+    }
+
+    #[tokio::test]
+    async fn file_store_round_trip() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let store = StateStore::open(&format!("file://{}", d.path().display()).parse().expect("base"), Duration::from_secs(1)).expect("open");
+        assert_eq!(store.get("a/b").await.expect("get"), None);
+        assert!(matches!(store.get_required("a/b").await, Err(StoreError::Missing { .. })));
+        store.put("a/b", b"x").await.expect("put");
+        assert_eq!(store.get("a/b").await.expect("get"), Some(b"x".to_vec()));
+        assert_eq!(store.list("a/").await.expect("list"), vec!["a/b".to_string()]);
+        store.delete("a/b").await.expect("delete");
+        store.delete("a/b").await.expect("delete again is fine");
+        assert!(store.list("a/").await.expect("list").is_empty());
+    }
+
+    #[tokio::test]
+    async fn http_store_is_read_only_and_404_is_none() {
+        let store = StateStore::open(&"http://127.0.0.1:9/c".parse().expect("base"), Duration::from_millis(200)).expect("open");
+        assert!(matches!(store.put("x", b"y").await, Err(StoreError::ReadOnly { op: "write", .. })));
+        assert!(matches!(store.lock("apply").await, Err(StoreError::ReadOnly { .. })));
+        assert!(matches!(StateStore::open(&"s3://b/p".parse().expect("base"), Duration::from_secs(1)), Err(StoreError::NoS3 { .. })));
+    }
+
+    #[tokio::test]
+    async fn the_lock_keeps_a_second_run_out_and_names_the_holder() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let store = StateStore::dir(&d.path().join("c"));
+        let first = store.lock("apply").await.expect("first lock");
+        let err = store.lock("delete").await.expect_err("second run is kept out");
+        let text = err.to_string();
+        assert!(text.contains("keelson apply on") && text.contains(&format!("pid {}", std::process::id())), "{text}");
+        assert!(text.contains("--force-unlock"), "{text}");
+        first.release().await.expect("release");
+        let second = store.lock("delete").await.expect("free again");
+        // A lock taken over with --force-unlock is not removed by the run that lost it.
+        let holder = store.force_unlock().await.expect("force").expect("held");
+        assert!(holder.contains("keelson delete"), "{holder}");
+        let third = store.lock("rolling-update").await.expect("taken over");
+        second.release().await.expect("stale release is a no-op");
+        assert!(store.lock("apply").await.is_err(), "the new holder still holds it");
+        third.release().await.expect("release");
+        assert_eq!(store.get(LOCK_FILE).await.expect("get"), None);
+    }
+}

@@ -1,0 +1,6 @@
+//! The `keelson` cloud subcommands: argument types and their runs, so `main.rs` only dispatches.
+
+pub mod commands;
+pub mod kubeconfig;
+
+pub use commands::*;
