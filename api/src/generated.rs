@@ -4,6 +4,7 @@
 #![allow(clippy::all, missing_docs)]
 use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
+use crate::merge::Merge;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -4439,5 +4440,1761 @@ pub struct WeaveNetworkingSpec {
     /// Version specifies the Weave container image tag. The default depends on the kOps version.
     #[serde(rename = "version", default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+}
+
+// ---- Merge: field-by-field overlay (crate::merge) ----
+
+impl Merge for APISpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.dns.merge_from(&top.dns);
+        self.load_balancer.merge_from(&top.load_balancer);
+    }
+}
+
+impl Merge for AWSAuthenticationIdentityMappingSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.arn.merge_from(&top.arn);
+        self.username.merge_from(&top.username);
+        self.groups.merge_from(&top.groups);
+    }
+}
+
+impl Merge for AWSAuthenticationSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.image.merge_from(&top.image);
+        self.backend_mode.merge_from(&top.backend_mode);
+        self.cluster_id.merge_from(&top.cluster_id);
+        self.memory_request.merge_from(&top.memory_request);
+        self.cpu_request.merge_from(&top.cpu_request);
+        self.memory_limit.merge_from(&top.memory_limit);
+        self.cpu_limit.merge_from(&top.cpu_limit);
+        self.identity_mappings.merge_from(&top.identity_mappings);
+    }
+}
+
+impl Merge for AWSPermission {
+    fn merge_from(&mut self, top: &Self) {
+        self.policy_arns.merge_from(&top.policy_arns);
+        self.inline_policy.merge_from(&top.inline_policy);
+    }
+}
+
+impl Merge for AcceleratorConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.accelerator_count.merge_from(&top.accelerator_count);
+        self.accelerator_type.merge_from(&top.accelerator_type);
+    }
+}
+
+impl Merge for AccessLogSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.interval.merge_from(&top.interval);
+        self.bucket.merge_from(&top.bucket);
+        self.bucket_prefix.merge_from(&top.bucket_prefix);
+    }
+}
+
+impl Merge for AddonSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.manifest.merge_from(&top.manifest);
+    }
+}
+
+impl Merge for AlwaysAllowAuthorizationSpec {
+    fn merge_from(&mut self, _top: &Self) {}
+}
+
+impl Merge for AmazonVPCNetworkingSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.image_name.merge_from(&top.image_name);
+        self.init_image_name.merge_from(&top.init_image_name);
+        self.network_policy_agent_image.merge_from(&top.network_policy_agent_image);
+        self.env.merge_from(&top.env);
+    }
+}
+
+impl Merge for AssetsSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.container_registry.merge_from(&top.container_registry);
+        self.file_repository.merge_from(&top.file_repository);
+        self.container_proxy.merge_from(&top.container_proxy);
+    }
+}
+
+impl Merge for AuthenticationSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.kopeio.merge_from(&top.kopeio);
+        self.aws.merge_from(&top.aws);
+    }
+}
+
+impl Merge for AuthorizationSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.always_allow.merge_from(&top.always_allow);
+        self.rbac.merge_from(&top.rbac);
+    }
+}
+
+impl Merge for AzureSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.subscription_id.merge_from(&top.subscription_id);
+        self.storage_account_id.merge_from(&top.storage_account_id);
+        self.tenant_id.merge_from(&top.tenant_id);
+        self.resource_group_name.merge_from(&top.resource_group_name);
+        self.route_table_name.merge_from(&top.route_table_name);
+        self.admin_user.merge_from(&top.admin_user);
+    }
+}
+
+impl Merge for BastionLoadBalancerSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.additional_security_groups.merge_from(&top.additional_security_groups);
+        self.type_.merge_from(&top.type_);
+    }
+}
+
+impl Merge for BastionSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.bastion_public_name.merge_from(&top.bastion_public_name);
+        self.idle_timeout_seconds.merge_from(&top.idle_timeout_seconds);
+        self.load_balancer.merge_from(&top.load_balancer);
+    }
+}
+
+impl Merge for CNINetworkingSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.uses_secondary_ip.merge_from(&top.uses_secondary_ip);
+    }
+}
+
+impl Merge for CalicoNetworkingSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.registry.merge_from(&top.registry);
+        self.version.merge_from(&top.version);
+        self.allow_ip_forwarding.merge_from(&top.allow_ip_forwarding);
+        self.aws_src_dst_check.merge_from(&top.aws_src_dst_check);
+        self.bpf_enabled.merge_from(&top.bpf_enabled);
+        self.bpf_external_service_mode.merge_from(&top.bpf_external_service_mode);
+        self.bpf_kube_proxy_iptables_cleanup_enabled.merge_from(&top.bpf_kube_proxy_iptables_cleanup_enabled);
+        self.bpf_log_level.merge_from(&top.bpf_log_level);
+        self.chain_insert_mode.merge_from(&top.chain_insert_mode);
+        self.cpu_request.merge_from(&top.cpu_request);
+        self.cross_subnet.merge_from(&top.cross_subnet);
+        self.encapsulation_mode.merge_from(&top.encapsulation_mode);
+        self.ipip_mode.merge_from(&top.ipip_mode);
+        self.ipv4_auto_detection_method.merge_from(&top.ipv4_auto_detection_method);
+        self.ipv6_auto_detection_method.merge_from(&top.ipv6_auto_detection_method);
+        self.iptables_backend.merge_from(&top.iptables_backend);
+        self.log_severity_screen.merge_from(&top.log_severity_screen);
+        self.mtu.merge_from(&top.mtu);
+        self.nftables_mode.merge_from(&top.nftables_mode);
+        self.prometheus_metrics_enabled.merge_from(&top.prometheus_metrics_enabled);
+        self.prometheus_metrics_port.merge_from(&top.prometheus_metrics_port);
+        self.prometheus_go_metrics_enabled.merge_from(&top.prometheus_go_metrics_enabled);
+        self.prometheus_process_metrics_enabled.merge_from(&top.prometheus_process_metrics_enabled);
+        self.major_version.merge_from(&top.major_version);
+        self.typha_prometheus_metrics_enabled.merge_from(&top.typha_prometheus_metrics_enabled);
+        self.typha_prometheus_metrics_port.merge_from(&top.typha_prometheus_metrics_port);
+        self.typha_replicas.merge_from(&top.typha_replicas);
+        self.vxlan_mode.merge_from(&top.vxlan_mode);
+        self.wireguard_enabled.merge_from(&top.wireguard_enabled);
+    }
+}
+
+impl Merge for CanalNetworkingSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.chain_insert_mode.merge_from(&top.chain_insert_mode);
+        self.cpu_request.merge_from(&top.cpu_request);
+        self.default_endpoint_to_host_action.merge_from(&top.default_endpoint_to_host_action);
+        self.disable_flannel_forward_rules.merge_from(&top.disable_flannel_forward_rules);
+        self.disable_tx_checksum_offloading.merge_from(&top.disable_tx_checksum_offloading);
+        self.iptables_backend.merge_from(&top.iptables_backend);
+        self.log_severity_sys.merge_from(&top.log_severity_sys);
+        self.mtu.merge_from(&top.mtu);
+        self.prometheus_go_metrics_enabled.merge_from(&top.prometheus_go_metrics_enabled);
+        self.prometheus_metrics_enabled.merge_from(&top.prometheus_metrics_enabled);
+        self.prometheus_metrics_port.merge_from(&top.prometheus_metrics_port);
+        self.prometheus_process_metrics_enabled.merge_from(&top.prometheus_process_metrics_enabled);
+        self.typha_prometheus_metrics_enabled.merge_from(&top.typha_prometheus_metrics_enabled);
+        self.typha_prometheus_metrics_port.merge_from(&top.typha_prometheus_metrics_port);
+        self.typha_replicas.merge_from(&top.typha_replicas);
+    }
+}
+
+impl Merge for CertManagerConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.enabled.merge_from(&top.enabled);
+        self.managed.merge_from(&top.managed);
+        self.image.merge_from(&top.image);
+        self.default_issuer.merge_from(&top.default_issuer);
+        self.nameservers.merge_from(&top.nameservers);
+        self.hosted_zone_ids.merge_from(&top.hosted_zone_ids);
+        self.feature_gates.merge_from(&top.feature_gates);
+    }
+}
+
+impl Merge for CiliumGatewayAPISpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.enabled.merge_from(&top.enabled);
+        self.enable_secrets_sync.merge_from(&top.enable_secrets_sync);
+    }
+}
+
+impl Merge for CiliumIngressSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.enabled.merge_from(&top.enabled);
+        self.enforce_https.merge_from(&top.enforce_https);
+        self.enable_secrets_sync.merge_from(&top.enable_secrets_sync);
+        self.load_balancer_annotation_prefixes.merge_from(&top.load_balancer_annotation_prefixes);
+        self.default_load_balancer_mode.merge_from(&top.default_load_balancer_mode);
+        self.shared_load_balancer_service_name.merge_from(&top.shared_load_balancer_service_name);
+    }
+}
+
+impl Merge for CiliumNetworkingSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.registry.merge_from(&top.registry);
+        self.version.merge_from(&top.version);
+        self.memory_request.merge_from(&top.memory_request);
+        self.cpu_request.merge_from(&top.cpu_request);
+        self.access_log.merge_from(&top.access_log);
+        self.agent_labels.merge_from(&top.agent_labels);
+        self.agent_prometheus_port.merge_from(&top.agent_prometheus_port);
+        self.metrics.merge_from(&top.metrics);
+        self.allow_localhost.merge_from(&top.allow_localhost);
+        self.auto_ipv6_node_routes.merge_from(&top.auto_ipv6_node_routes);
+        self.bpf_root.merge_from(&top.bpf_root);
+        self.chaining_mode.merge_from(&top.chaining_mode);
+        self.container_runtime.merge_from(&top.container_runtime);
+        self.container_runtime_endpoint.merge_from(&top.container_runtime_endpoint);
+        self.debug.merge_from(&top.debug);
+        self.debug_verbose.merge_from(&top.debug_verbose);
+        self.device.merge_from(&top.device);
+        self.disable_conntrack.merge_from(&top.disable_conntrack);
+        self.disable_endpoint_crd.merge_from(&top.disable_endpoint_crd);
+        self.disable_ipv4.merge_from(&top.disable_ipv4);
+        self.disable_k8s_services.merge_from(&top.disable_k8s_services);
+        self.enable_policy.merge_from(&top.enable_policy);
+        self.enable_l7_proxy.merge_from(&top.enable_l7_proxy);
+        self.enable_local_redirect_policy.merge_from(&top.enable_local_redirect_policy);
+        self.enable_bpf_masquerade.merge_from(&top.enable_bpf_masquerade);
+        self.enable_endpoint_health_checking.merge_from(&top.enable_endpoint_health_checking);
+        self.enable_host_firewall.merge_from(&top.enable_host_firewall);
+        self.enable_tracing.merge_from(&top.enable_tracing);
+        self.enable_prometheus_metrics.merge_from(&top.enable_prometheus_metrics);
+        self.enable_encryption.merge_from(&top.enable_encryption);
+        self.encryption_type.merge_from(&top.encryption_type);
+        self.node_encryption.merge_from(&top.node_encryption);
+        self.envoy_log.merge_from(&top.envoy_log);
+        self.identity_allocation_mode.merge_from(&top.identity_allocation_mode);
+        self.identity_change_grace_period.merge_from(&top.identity_change_grace_period);
+        self.ipv4_cluster_cidr_mask_size.merge_from(&top.ipv4_cluster_cidr_mask_size);
+        self.ipv4_node.merge_from(&top.ipv4_node);
+        self.ipv4_range.merge_from(&top.ipv4_range);
+        self.ipv4_service_range.merge_from(&top.ipv4_service_range);
+        self.ipv6_cluster_alloc_cidr.merge_from(&top.ipv6_cluster_alloc_cidr);
+        self.ipv6_node.merge_from(&top.ipv6_node);
+        self.ipv6_range.merge_from(&top.ipv6_range);
+        self.ipv6_service_range.merge_from(&top.ipv6_service_range);
+        self.k8s_api_server.merge_from(&top.k8s_api_server);
+        self.k8s_kubeconfig_path.merge_from(&top.k8s_kubeconfig_path);
+        self.keep_bpf_templates.merge_from(&top.keep_bpf_templates);
+        self.keep_config.merge_from(&top.keep_config);
+        self.label_prefix_file.merge_from(&top.label_prefix_file);
+        self.labels.merge_from(&top.labels);
+        self.lb.merge_from(&top.lb);
+        self.lib_dir.merge_from(&top.lib_dir);
+        self.log_driver.merge_from(&top.log_driver);
+        self.log_opt.merge_from(&top.log_opt);
+        self.logstash.merge_from(&top.logstash);
+        self.logstash_agent.merge_from(&top.logstash_agent);
+        self.logstash_probe_timer.merge_from(&top.logstash_probe_timer);
+        self.disable_masquerade.merge_from(&top.disable_masquerade);
+        self.nat46_range.merge_from(&top.nat46_range);
+        self.agent_pod_annotations.merge_from(&top.agent_pod_annotations);
+        self.operator_pod_annotations.merge_from(&top.operator_pod_annotations);
+        self.pprof.merge_from(&top.pprof);
+        self.prefilter_device.merge_from(&top.prefilter_device);
+        self.prometheus_serve_addr.merge_from(&top.prometheus_serve_addr);
+        self.restore.merge_from(&top.restore);
+        self.single_cluster_route.merge_from(&top.single_cluster_route);
+        self.socket_path.merge_from(&top.socket_path);
+        self.state_dir.merge_from(&top.state_dir);
+        self.trace_payloadlen.merge_from(&top.trace_payloadlen);
+        self.tunnel.merge_from(&top.tunnel);
+        self.enableipv6.merge_from(&top.enableipv6);
+        self.enableipv4.merge_from(&top.enableipv4);
+        self.monitor_aggregation.merge_from(&top.monitor_aggregation);
+        self.bpf_ct_global_tcp_max.merge_from(&top.bpf_ct_global_tcp_max);
+        self.bpf_ct_global_any_max.merge_from(&top.bpf_ct_global_any_max);
+        self.bpf_lb_algorithm.merge_from(&top.bpf_lb_algorithm);
+        self.bpf_lb_maglev_table_size.merge_from(&top.bpf_lb_maglev_table_size);
+        self.bpf_nat_global_max.merge_from(&top.bpf_nat_global_max);
+        self.bpf_neigh_global_max.merge_from(&top.bpf_neigh_global_max);
+        self.bpf_policy_map_max.merge_from(&top.bpf_policy_map_max);
+        self.bpf_lb_map_max.merge_from(&top.bpf_lb_map_max);
+        self.bpf_lb_sock.merge_from(&top.bpf_lb_sock);
+        self.bpf_lb_sock_host_ns_only.merge_from(&top.bpf_lb_sock_host_ns_only);
+        self.preallocate_bpf_maps.merge_from(&top.preallocate_bpf_maps);
+        self.sidecar_istio_proxy_image.merge_from(&top.sidecar_istio_proxy_image);
+        self.cluster_name.merge_from(&top.cluster_name);
+        self.cluster_id.merge_from(&top.cluster_id);
+        self.to_fqdns_dns_reject_response_code.merge_from(&top.to_fqdns_dns_reject_response_code);
+        self.to_fqdns_enable_poller.merge_from(&top.to_fqdns_enable_poller);
+        self.container_runtime_labels.merge_from(&top.container_runtime_labels);
+        self.ipam.merge_from(&top.ipam);
+        self.ip_tables_rules_noinstall.merge_from(&top.ip_tables_rules_noinstall);
+        self.auto_direct_node_routes.merge_from(&top.auto_direct_node_routes);
+        self.enable_host_reachable_services.merge_from(&top.enable_host_reachable_services);
+        self.enable_node_port.merge_from(&top.enable_node_port);
+        self.etcd_managed.merge_from(&top.etcd_managed);
+        self.enable_remote_node_identity.merge_from(&top.enable_remote_node_identity);
+        self.enable_unreachable_routes.merge_from(&top.enable_unreachable_routes);
+        self.cni_exclusive.merge_from(&top.cni_exclusive);
+        self.hubble.merge_from(&top.hubble);
+        self.remove_cbr_bridge.merge_from(&top.remove_cbr_bridge);
+        self.restart_pods.merge_from(&top.restart_pods);
+        self.reconfigure_kubelet.merge_from(&top.reconfigure_kubelet);
+        self.node_init_bootstrap_file.merge_from(&top.node_init_bootstrap_file);
+        self.cni_bin_path.merge_from(&top.cni_bin_path);
+        self.disable_cnp_status_updates.merge_from(&top.disable_cnp_status_updates);
+        self.enable_service_topology.merge_from(&top.enable_service_topology);
+        self.ingress.merge_from(&top.ingress);
+        self.gateway_api.merge_from(&top.gateway_api);
+        self.extra_config.merge_from(&top.extra_config);
+    }
+}
+
+impl Merge for ClassicNetworkingSpec {
+    fn merge_from(&mut self, _top: &Self) {}
+}
+
+impl Merge for CloudConfiguration {
+    fn merge_from(&mut self, top: &Self) {
+        self.manage_storage_classes.merge_from(&top.manage_storage_classes);
+        self.multizone.merge_from(&top.multizone);
+        self.node_tags.merge_from(&top.node_tags);
+        self.node_instance_prefix.merge_from(&top.node_instance_prefix);
+        self.node_ip_families.merge_from(&top.node_ip_families);
+        self.gce_service_account.merge_from(&top.gce_service_account);
+        self.gce_use_startup_script.merge_from(&top.gce_use_startup_script);
+        self.disable_security_group_ingress.merge_from(&top.disable_security_group_ingress);
+        self.elb_security_group.merge_from(&top.elb_security_group);
+        self.nlb_security_group_mode.merge_from(&top.nlb_security_group_mode);
+        self.use_ip_based_node_names.merge_from(&top.use_ip_based_node_names);
+        self.v_sphere_username.merge_from(&top.v_sphere_username);
+        self.v_sphere_password.merge_from(&top.v_sphere_password);
+        self.v_sphere_server.merge_from(&top.v_sphere_server);
+        self.v_sphere_datacenter.merge_from(&top.v_sphere_datacenter);
+        self.v_sphere_resource_pool.merge_from(&top.v_sphere_resource_pool);
+        self.v_sphere_datastore.merge_from(&top.v_sphere_datastore);
+        self.v_sphere_core_dns_server.merge_from(&top.v_sphere_core_dns_server);
+        self.spotinst_product.merge_from(&top.spotinst_product);
+        self.spotinst_orientation.merge_from(&top.spotinst_orientation);
+        self.openstack.merge_from(&top.openstack);
+        self.azure.merge_from(&top.azure);
+        self.aws_ebscsi_driver.merge_from(&top.aws_ebscsi_driver);
+        self.gcp_pdcsi_driver.merge_from(&top.gcp_pdcsi_driver);
+    }
+}
+
+impl Merge for CloudControllerManagerConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.master.merge_from(&top.master);
+        self.log_level.merge_from(&top.log_level);
+        self.image.merge_from(&top.image);
+        self.cloud_provider.merge_from(&top.cloud_provider);
+        self.cluster_name.merge_from(&top.cluster_name);
+        self.allow_untagged_cloud.merge_from(&top.allow_untagged_cloud);
+        self.cluster_cidr.merge_from(&top.cluster_cidr);
+        self.allocate_node_cidrs.merge_from(&top.allocate_node_cidrs);
+        self.configure_cloud_routes.merge_from(&top.configure_cloud_routes);
+        self.controllers.merge_from(&top.controllers);
+        self.cidr_allocator_type.merge_from(&top.cidr_allocator_type);
+        self.leader_election.merge_from(&top.leader_election);
+        self.use_service_account_credentials.merge_from(&top.use_service_account_credentials);
+        self.enable_leader_migration.merge_from(&top.enable_leader_migration);
+        self.cpu_request.merge_from(&top.cpu_request);
+        self.node_status_update_frequency.merge_from(&top.node_status_update_frequency);
+        self.concurrent_node_syncs.merge_from(&top.concurrent_node_syncs);
+        self.azure_node_manager_image.merge_from(&top.azure_node_manager_image);
+    }
+}
+
+impl Merge for ClusterAutoscalerConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.enabled.merge_from(&top.enabled);
+        self.expander.merge_from(&top.expander);
+        self.balance_similar_node_groups.merge_from(&top.balance_similar_node_groups);
+        self.emit_per_nodegroup_metrics.merge_from(&top.emit_per_nodegroup_metrics);
+        self.aws_use_static_instance_list.merge_from(&top.aws_use_static_instance_list);
+        self.ignore_daemon_sets_utilization.merge_from(&top.ignore_daemon_sets_utilization);
+        self.scale_down_utilization_threshold.merge_from(&top.scale_down_utilization_threshold);
+        self.skip_nodes_with_custom_controller_pods.merge_from(&top.skip_nodes_with_custom_controller_pods);
+        self.skip_nodes_with_system_pods.merge_from(&top.skip_nodes_with_system_pods);
+        self.skip_nodes_with_local_storage.merge_from(&top.skip_nodes_with_local_storage);
+        self.new_pod_scale_up_delay.merge_from(&top.new_pod_scale_up_delay);
+        self.scale_down_delay_after_add.merge_from(&top.scale_down_delay_after_add);
+        self.scale_down_unneeded_time.merge_from(&top.scale_down_unneeded_time);
+        self.scale_down_unready_time.merge_from(&top.scale_down_unready_time);
+        self.cordon_node_before_terminating.merge_from(&top.cordon_node_before_terminating);
+        self.image.merge_from(&top.image);
+        self.memory_request.merge_from(&top.memory_request);
+        self.cpu_request.merge_from(&top.cpu_request);
+        self.max_node_provision_time.merge_from(&top.max_node_provision_time);
+        self.pod_annotations.merge_from(&top.pod_annotations);
+        self.create_priority_expander_config.merge_from(&top.create_priority_expander_config);
+        self.custom_priority_expander_config.merge_from(&top.custom_priority_expander_config);
+    }
+}
+
+impl Merge for ClusterSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.channel.merge_from(&top.channel);
+        self.addons.merge_from(&top.addons);
+        self.config_base.merge_from(&top.config_base);
+        self.cloud_provider.merge_from(&top.cloud_provider);
+        self.gossip_config.merge_from(&top.gossip_config);
+        self.container_runtime.merge_from(&top.container_runtime);
+        self.kubernetes_version.merge_from(&top.kubernetes_version);
+        self.subnets.merge_from(&top.subnets);
+        self.project.merge_from(&top.project);
+        self.master_public_name.merge_from(&top.master_public_name);
+        self.master_internal_name.merge_from(&top.master_internal_name);
+        self.network_cidr.merge_from(&top.network_cidr);
+        self.additional_network_cidrs.merge_from(&top.additional_network_cidrs);
+        self.network_id.merge_from(&top.network_id);
+        self.topology.merge_from(&top.topology);
+        self.secret_store.merge_from(&top.secret_store);
+        self.key_store.merge_from(&top.key_store);
+        self.config_store.merge_from(&top.config_store);
+        self.dns_zone.merge_from(&top.dns_zone);
+        self.dns_controller_gossip_config.merge_from(&top.dns_controller_gossip_config);
+        self.additional_sans.merge_from(&top.additional_sans);
+        self.cluster_dns_domain.merge_from(&top.cluster_dns_domain);
+        self.service_cluster_ip_range.merge_from(&top.service_cluster_ip_range);
+        self.pod_cidr.merge_from(&top.pod_cidr);
+        self.non_masquerade_cidr.merge_from(&top.non_masquerade_cidr);
+        self.ssh_access.merge_from(&top.ssh_access);
+        self.node_port_access.merge_from(&top.node_port_access);
+        self.egress_proxy.merge_from(&top.egress_proxy);
+        self.ssh_key_name.merge_from(&top.ssh_key_name);
+        self.kubernetes_api_access.merge_from(&top.kubernetes_api_access);
+        self.isolate_masters.merge_from(&top.isolate_masters);
+        self.update_policy.merge_from(&top.update_policy);
+        self.external_policies.merge_from(&top.external_policies);
+        self.additional_policies.merge_from(&top.additional_policies);
+        self.file_assets.merge_from(&top.file_assets);
+        self.etcd_clusters.merge_from(&top.etcd_clusters);
+        self.docker.merge_from(&top.docker);
+        self.containerd.merge_from(&top.containerd);
+        self.kube_dns.merge_from(&top.kube_dns);
+        self.kube_api_server.merge_from(&top.kube_api_server);
+        self.kube_controller_manager.merge_from(&top.kube_controller_manager);
+        self.cloud_controller_manager.merge_from(&top.cloud_controller_manager);
+        self.kube_scheduler.merge_from(&top.kube_scheduler);
+        self.kube_proxy.merge_from(&top.kube_proxy);
+        self.kubelet.merge_from(&top.kubelet);
+        self.master_kubelet.merge_from(&top.master_kubelet);
+        self.cloud_config.merge_from(&top.cloud_config);
+        self.external_dns.merge_from(&top.external_dns);
+        self.ntp.merge_from(&top.ntp);
+        self.packages.merge_from(&top.packages);
+        self.node_termination_handler.merge_from(&top.node_termination_handler);
+        self.node_problem_detector.merge_from(&top.node_problem_detector);
+        self.metrics_server.merge_from(&top.metrics_server);
+        self.cert_manager.merge_from(&top.cert_manager);
+        self.aws_load_balancer_controller.merge_from(&top.aws_load_balancer_controller);
+        self.networking.merge_from(&top.networking);
+        self.api.merge_from(&top.api);
+        self.authentication.merge_from(&top.authentication);
+        self.authorization.merge_from(&top.authorization);
+        self.node_authorization.merge_from(&top.node_authorization);
+        self.cloud_labels.merge_from(&top.cloud_labels);
+        self.hooks.merge_from(&top.hooks);
+        self.assets.merge_from(&top.assets);
+        self.iam.merge_from(&top.iam);
+        self.encryption_config.merge_from(&top.encryption_config);
+        self.disable_subnet_tags.merge_from(&top.disable_subnet_tags);
+        self.target.merge_from(&top.target);
+        self.use_host_certificates.merge_from(&top.use_host_certificates);
+        self.sysctl_parameters.merge_from(&top.sysctl_parameters);
+        self.rolling_update.merge_from(&top.rolling_update);
+        self.cluster_autoscaler.merge_from(&top.cluster_autoscaler);
+        self.warm_pool.merge_from(&top.warm_pool);
+        self.service_account_issuer_discovery.merge_from(&top.service_account_issuer_discovery);
+        self.snapshot_controller.merge_from(&top.snapshot_controller);
+        self.karpenter.merge_from(&top.karpenter);
+        self.pod_identity_webhook.merge_from(&top.pod_identity_webhook);
+        self.service_oidc_provider.merge_from(&top.service_oidc_provider);
+    }
+}
+
+impl Merge for ClusterSubnetSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.name.merge_from(&top.name);
+        self.zone.merge_from(&top.zone);
+        self.region.merge_from(&top.region);
+        self.cidr.merge_from(&top.cidr);
+        self.ipv6_cidr.merge_from(&top.ipv6_cidr);
+        self.id.merge_from(&top.id);
+        self.egress.merge_from(&top.egress);
+        self.type_.merge_from(&top.type_);
+        self.public_ip.merge_from(&top.public_ip);
+        self.additional_routes.merge_from(&top.additional_routes);
+    }
+}
+
+impl Merge for ContainerdConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.address.merge_from(&top.address);
+        self.config_additions.merge_from(&top.config_additions);
+        self.config_override.merge_from(&top.config_override);
+        self.log_level.merge_from(&top.log_level);
+        self.packages.merge_from(&top.packages);
+        self.registry_mirrors.merge_from(&top.registry_mirrors);
+        self.root.merge_from(&top.root);
+        self.skip_install.merge_from(&top.skip_install);
+        self.state.merge_from(&top.state);
+        self.version.merge_from(&top.version);
+        self.nvidia_gpu.merge_from(&top.nvidia_gpu);
+        self.gvisor.merge_from(&top.gvisor);
+        self.runc.merge_from(&top.runc);
+        self.selinux_enabled.merge_from(&top.selinux_enabled);
+        self.nri.merge_from(&top.nri);
+        self.use_ecr_credentials_for_mirrors.merge_from(&top.use_ecr_credentials_for_mirrors);
+        self.install_cri_ctl.merge_from(&top.install_cri_ctl);
+        self.install_nerd_ctl.merge_from(&top.install_nerd_ctl);
+        self.sandbox_image.merge_from(&top.sandbox_image);
+    }
+}
+
+impl Merge for DCGMExporterConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.enabled.merge_from(&top.enabled);
+    }
+}
+
+impl Merge for DNSAccessSpec {
+    fn merge_from(&mut self, _top: &Self) {}
+}
+
+impl Merge for DNSControllerGossipConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.protocol.merge_from(&top.protocol);
+        self.listen.merge_from(&top.listen);
+        self.secret.merge_from(&top.secret);
+        self.secondary.merge_from(&top.secondary);
+        self.seed.merge_from(&top.seed);
+    }
+}
+
+impl Merge for DNSControllerGossipConfigSecondary {
+    fn merge_from(&mut self, top: &Self) {
+        self.protocol.merge_from(&top.protocol);
+        self.listen.merge_from(&top.listen);
+        self.secret.merge_from(&top.secret);
+        self.seed.merge_from(&top.seed);
+    }
+}
+
+impl Merge for DNSSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.type_.merge_from(&top.type_);
+    }
+}
+
+impl Merge for DiscoveryServiceOptions {
+    fn merge_from(&mut self, top: &Self) {
+        self.url.merge_from(&top.url);
+    }
+}
+
+impl Merge for DockerConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.authorization_plugins.merge_from(&top.authorization_plugins);
+        self.bridge.merge_from(&top.bridge);
+        self.bridge_ip.merge_from(&top.bridge_ip);
+        self.data_root.merge_from(&top.data_root);
+        self.default_ulimit.merge_from(&top.default_ulimit);
+        self.default_runtime.merge_from(&top.default_runtime);
+        self.dns.merge_from(&top.dns);
+        self.exec_opt.merge_from(&top.exec_opt);
+        self.exec_root.merge_from(&top.exec_root);
+        self.experimental.merge_from(&top.experimental);
+        self.health_check.merge_from(&top.health_check);
+        self.hosts.merge_from(&top.hosts);
+        self.ip_masq.merge_from(&top.ip_masq);
+        self.ip_tables.merge_from(&top.ip_tables);
+        self.insecure_registry.merge_from(&top.insecure_registry);
+        self.insecure_registries.merge_from(&top.insecure_registries);
+        self.live_restore.merge_from(&top.live_restore);
+        self.log_driver.merge_from(&top.log_driver);
+        self.log_level.merge_from(&top.log_level);
+        self.log_opt.merge_from(&top.log_opt);
+        self.max_concurrent_downloads.merge_from(&top.max_concurrent_downloads);
+        self.max_concurrent_uploads.merge_from(&top.max_concurrent_uploads);
+        self.max_download_attempts.merge_from(&top.max_download_attempts);
+        self.metrics_address.merge_from(&top.metrics_address);
+        self.mtu.merge_from(&top.mtu);
+        self.packages.merge_from(&top.packages);
+        self.registry_mirrors.merge_from(&top.registry_mirrors);
+        self.runtimes.merge_from(&top.runtimes);
+        self.selinux_enabled.merge_from(&top.selinux_enabled);
+        self.skip_install.merge_from(&top.skip_install);
+        self.storage.merge_from(&top.storage);
+        self.storage_opts.merge_from(&top.storage_opts);
+        self.user_namespace_remap.merge_from(&top.user_namespace_remap);
+        self.version.merge_from(&top.version);
+    }
+}
+
+impl Merge for EBSCSIDriverSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.enabled.merge_from(&top.enabled);
+        self.managed.merge_from(&top.managed);
+        self.version.merge_from(&top.version);
+        self.kube_apiqps.merge_from(&top.kube_apiqps);
+        self.kube_api_burst.merge_from(&top.kube_api_burst);
+        self.host_network.merge_from(&top.host_network);
+        self.volume_attach_limit.merge_from(&top.volume_attach_limit);
+        self.pod_annotations.merge_from(&top.pod_annotations);
+    }
+}
+
+impl Merge for EgressProxySpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.http_proxy.merge_from(&top.http_proxy);
+        self.excludes.merge_from(&top.excludes);
+    }
+}
+
+impl Merge for EnvVar {
+    fn merge_from(&mut self, top: &Self) {
+        self.name.merge_from(&top.name);
+        self.value.merge_from(&top.value);
+    }
+}
+
+impl Merge for EtcdBackupSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.backup_store.merge_from(&top.backup_store);
+        self.image.merge_from(&top.image);
+    }
+}
+
+impl Merge for EtcdClusterSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.name.merge_from(&top.name);
+        self.provider.merge_from(&top.provider);
+        self.etcd_members.merge_from(&top.etcd_members);
+        self.enable_etcd_tls.merge_from(&top.enable_etcd_tls);
+        self.enable_tls_auth.merge_from(&top.enable_tls_auth);
+        self.version.merge_from(&top.version);
+        self.leader_election_timeout.merge_from(&top.leader_election_timeout);
+        self.heartbeat_interval.merge_from(&top.heartbeat_interval);
+        self.image.merge_from(&top.image);
+        self.backups.merge_from(&top.backups);
+        self.manager.merge_from(&top.manager);
+        self.memory_request.merge_from(&top.memory_request);
+        self.cpu_request.merge_from(&top.cpu_request);
+        self.volume_iops.merge_from(&top.volume_iops);
+        self.volume_size.merge_from(&top.volume_size);
+        self.volume_throughput.merge_from(&top.volume_throughput);
+        self.type_.merge_from(&top.type_);
+    }
+}
+
+impl Merge for EtcdManagerSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.image.merge_from(&top.image);
+        self.env.merge_from(&top.env);
+        self.backup_interval.merge_from(&top.backup_interval);
+        self.backup_retention_days.merge_from(&top.backup_retention_days);
+        self.discovery_poll_interval.merge_from(&top.discovery_poll_interval);
+        self.listen_metrics_urls.merge_from(&top.listen_metrics_urls);
+        self.listen_client_httpurls.merge_from(&top.listen_client_httpurls);
+        self.log_level.merge_from(&top.log_level);
+    }
+}
+
+impl Merge for EtcdMemberSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.name.merge_from(&top.name);
+        self.instance_group.merge_from(&top.instance_group);
+        self.volume_type.merge_from(&top.volume_type);
+        self.volume_iops.merge_from(&top.volume_iops);
+        self.volume_throughput.merge_from(&top.volume_throughput);
+        self.volume_size.merge_from(&top.volume_size);
+        self.kms_key_id.merge_from(&top.kms_key_id);
+        self.encrypted_volume.merge_from(&top.encrypted_volume);
+    }
+}
+
+impl Merge for ExecContainerAction {
+    fn merge_from(&mut self, top: &Self) {
+        self.image.merge_from(&top.image);
+        self.command.merge_from(&top.command);
+        self.environment.merge_from(&top.environment);
+    }
+}
+
+impl Merge for ExternalDNSConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.disable.merge_from(&top.disable);
+        self.watch_ingress.merge_from(&top.watch_ingress);
+        self.watch_namespace.merge_from(&top.watch_namespace);
+        self.provider.merge_from(&top.provider);
+        self.priority_class_name.merge_from(&top.priority_class_name);
+    }
+}
+
+impl Merge for ExternalNetworkingSpec {
+    fn merge_from(&mut self, _top: &Self) {}
+}
+
+impl Merge for FileAssetSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.name.merge_from(&top.name);
+        self.path.merge_from(&top.path);
+        self.roles.merge_from(&top.roles);
+        self.content.merge_from(&top.content);
+        self.is_base64.merge_from(&top.is_base64);
+        self.mode.merge_from(&top.mode);
+    }
+}
+
+impl Merge for FlannelNetworkingSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.backend.merge_from(&top.backend);
+        self.disable_tx_checksum_offloading.merge_from(&top.disable_tx_checksum_offloading);
+        self.iptables_resync_seconds.merge_from(&top.iptables_resync_seconds);
+    }
+}
+
+impl Merge for GCPNetworkingSpec {
+    fn merge_from(&mut self, _top: &Self) {}
+}
+
+impl Merge for GVisorConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.enabled.merge_from(&top.enabled);
+        self.platform.merge_from(&top.platform);
+    }
+}
+
+impl Merge for GossipConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.protocol.merge_from(&top.protocol);
+        self.listen.merge_from(&top.listen);
+        self.secret.merge_from(&top.secret);
+        self.secondary.merge_from(&top.secondary);
+    }
+}
+
+impl Merge for GossipConfigSecondary {
+    fn merge_from(&mut self, top: &Self) {
+        self.protocol.merge_from(&top.protocol);
+        self.listen.merge_from(&top.listen);
+        self.secret.merge_from(&top.secret);
+    }
+}
+
+impl Merge for HTTPProxy {
+    fn merge_from(&mut self, top: &Self) {
+        self.host.merge_from(&top.host);
+        self.port.merge_from(&top.port);
+    }
+}
+
+impl Merge for HookSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.name.merge_from(&top.name);
+        self.disabled.merge_from(&top.disabled);
+        self.roles.merge_from(&top.roles);
+        self.requires.merge_from(&top.requires);
+        self.before.merge_from(&top.before);
+        self.exec_container.merge_from(&top.exec_container);
+        self.manifest.merge_from(&top.manifest);
+        self.use_raw_manifest.merge_from(&top.use_raw_manifest);
+    }
+}
+
+impl Merge for HubbleSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.enabled.merge_from(&top.enabled);
+        self.metrics.merge_from(&top.metrics);
+    }
+}
+
+impl Merge for IAMProfileSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.profile.merge_from(&top.profile);
+    }
+}
+
+impl Merge for IAMSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.legacy.merge_from(&top.legacy);
+        self.allow_container_registry.merge_from(&top.allow_container_registry);
+        self.permissions_boundary.merge_from(&top.permissions_boundary);
+        self.use_service_account_external_permissions.merge_from(&top.use_service_account_external_permissions);
+        self.service_account_external_permissions.merge_from(&top.service_account_external_permissions);
+    }
+}
+
+impl Merge for InstanceGroupSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.manager.merge_from(&top.manager);
+        self.role.merge_from(&top.role);
+        self.image.merge_from(&top.image);
+        self.min_size.merge_from(&top.min_size);
+        self.max_size.merge_from(&top.max_size);
+        self.autoscale.merge_from(&top.autoscale);
+        self.autoscale_priority.merge_from(&top.autoscale_priority);
+        self.machine_type.merge_from(&top.machine_type);
+        self.root_volume_size.merge_from(&top.root_volume_size);
+        self.root_volume_type.merge_from(&top.root_volume_type);
+        self.root_volume_iops.merge_from(&top.root_volume_iops);
+        self.root_volume_throughput.merge_from(&top.root_volume_throughput);
+        self.root_volume_optimization.merge_from(&top.root_volume_optimization);
+        self.root_volume_delete_on_termination.merge_from(&top.root_volume_delete_on_termination);
+        self.root_volume_encryption.merge_from(&top.root_volume_encryption);
+        self.root_volume_encryption_key.merge_from(&top.root_volume_encryption_key);
+        self.volumes.merge_from(&top.volumes);
+        self.volume_mounts.merge_from(&top.volume_mounts);
+        self.subnets.merge_from(&top.subnets);
+        self.zones.merge_from(&top.zones);
+        self.hooks.merge_from(&top.hooks);
+        self.max_price.merge_from(&top.max_price);
+        self.spot_duration_in_minutes.merge_from(&top.spot_duration_in_minutes);
+        self.cpu_credits.merge_from(&top.cpu_credits);
+        self.associate_public_ip.merge_from(&top.associate_public_ip);
+        self.additional_security_groups.merge_from(&top.additional_security_groups);
+        self.cloud_labels.merge_from(&top.cloud_labels);
+        self.node_labels.merge_from(&top.node_labels);
+        self.file_assets.merge_from(&top.file_assets);
+        self.tenancy.merge_from(&top.tenancy);
+        self.kubelet.merge_from(&top.kubelet);
+        self.taints.merge_from(&top.taints);
+        self.mixed_instances_policy.merge_from(&top.mixed_instances_policy);
+        self.capacity_rebalance.merge_from(&top.capacity_rebalance);
+        self.additional_user_data.merge_from(&top.additional_user_data);
+        self.suspend_processes.merge_from(&top.suspend_processes);
+        self.external_load_balancers.merge_from(&top.external_load_balancers);
+        self.detailed_instance_monitoring.merge_from(&top.detailed_instance_monitoring);
+        self.iam.merge_from(&top.iam);
+        self.security_group_override.merge_from(&top.security_group_override);
+        self.instance_protection.merge_from(&top.instance_protection);
+        self.sysctl_parameters.merge_from(&top.sysctl_parameters);
+        self.rolling_update.merge_from(&top.rolling_update);
+        self.instance_interruption_behavior.merge_from(&top.instance_interruption_behavior);
+        self.compress_user_data.merge_from(&top.compress_user_data);
+        self.instance_metadata.merge_from(&top.instance_metadata);
+        self.update_policy.merge_from(&top.update_policy);
+        self.warm_pool.merge_from(&top.warm_pool);
+        self.containerd.merge_from(&top.containerd);
+        self.packages.merge_from(&top.packages);
+        self.guest_accelerators.merge_from(&top.guest_accelerators);
+        self.max_instance_lifetime.merge_from(&top.max_instance_lifetime);
+        self.gcp_provisioning_model.merge_from(&top.gcp_provisioning_model);
+        self.root_volume.merge_from(&top.root_volume);
+    }
+}
+
+impl Merge for InstanceMetadataOptions {
+    fn merge_from(&mut self, top: &Self) {
+        self.http_put_response_hop_limit.merge_from(&top.http_put_response_hop_limit);
+        self.http_tokens.merge_from(&top.http_tokens);
+    }
+}
+
+impl Merge for InstanceRequirementsSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.cpu.merge_from(&top.cpu);
+        self.memory.merge_from(&top.memory);
+        self.excluded_instance_types.merge_from(&top.excluded_instance_types);
+    }
+}
+
+impl Merge for InstanceRootVolumeSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.size.merge_from(&top.size);
+        self.type_.merge_from(&top.type_);
+        self.iops.merge_from(&top.iops);
+        self.volume_iops.merge_from(&top.volume_iops);
+        self.throughput.merge_from(&top.throughput);
+        self.volume_throughput.merge_from(&top.volume_throughput);
+        self.optimization.merge_from(&top.optimization);
+        self.encryption.merge_from(&top.encryption);
+        self.encryption_key.merge_from(&top.encryption_key);
+    }
+}
+
+impl Merge for KarpenterConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.enabled.merge_from(&top.enabled);
+        self.log_encoding.merge_from(&top.log_encoding);
+        self.log_level.merge_from(&top.log_level);
+        self.image.merge_from(&top.image);
+        self.feature_gates.merge_from(&top.feature_gates);
+        self.memory_limit.merge_from(&top.memory_limit);
+        self.memory_request.merge_from(&top.memory_request);
+        self.cpu_request.merge_from(&top.cpu_request);
+    }
+}
+
+impl Merge for KindnetMasqueradeSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.enabled.merge_from(&top.enabled);
+        self.non_masquerade_cidrs.merge_from(&top.non_masquerade_cidrs);
+    }
+}
+
+impl Merge for KindnetNetworkingSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.version.merge_from(&top.version);
+        self.network_policies.merge_from(&top.network_policies);
+        self.admin_network_policies.merge_from(&top.admin_network_policies);
+        self.baseline_admin_network_policies.merge_from(&top.baseline_admin_network_policies);
+        self.dns_caching.merge_from(&top.dns_caching);
+        self.nat64.merge_from(&top.nat64);
+        self.fast_path_threshold.merge_from(&top.fast_path_threshold);
+        self.masquerade.merge_from(&top.masquerade);
+        self.log_level.merge_from(&top.log_level);
+    }
+}
+
+impl Merge for KopeioAuthenticationSpec {
+    fn merge_from(&mut self, _top: &Self) {}
+}
+
+impl Merge for KopeioNetworkingSpec {
+    fn merge_from(&mut self, _top: &Self) {}
+}
+
+impl Merge for KubeAPIServerConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.image.merge_from(&top.image);
+        self.disable_basic_auth.merge_from(&top.disable_basic_auth);
+        self.log_format.merge_from(&top.log_format);
+        self.log_level.merge_from(&top.log_level);
+        self.cloud_provider.merge_from(&top.cloud_provider);
+        self.compaction_interval.merge_from(&top.compaction_interval);
+        self.secure_port.merge_from(&top.secure_port);
+        self.insecure_port.merge_from(&top.insecure_port);
+        self.address.merge_from(&top.address);
+        self.advertise_address.merge_from(&top.advertise_address);
+        self.bind_address.merge_from(&top.bind_address);
+        self.insecure_bind_address.merge_from(&top.insecure_bind_address);
+        self.enable_bootstrap_token_auth.merge_from(&top.enable_bootstrap_token_auth);
+        self.enable_aggregator_routing.merge_from(&top.enable_aggregator_routing);
+        self.admission_control.merge_from(&top.admission_control);
+        self.append_admission_plugins.merge_from(&top.append_admission_plugins);
+        self.enable_admission_plugins.merge_from(&top.enable_admission_plugins);
+        self.disable_admission_plugins.merge_from(&top.disable_admission_plugins);
+        self.admission_control_config_file.merge_from(&top.admission_control_config_file);
+        self.service_cluster_ip_range.merge_from(&top.service_cluster_ip_range);
+        self.service_node_port_range.merge_from(&top.service_node_port_range);
+        self.etcd_servers.merge_from(&top.etcd_servers);
+        self.etcd_servers_overrides.merge_from(&top.etcd_servers_overrides);
+        self.etcd_ca_file.merge_from(&top.etcd_ca_file);
+        self.etcd_cert_file.merge_from(&top.etcd_cert_file);
+        self.etcd_key_file.merge_from(&top.etcd_key_file);
+        self.basic_auth_file.merge_from(&top.basic_auth_file);
+        self.client_ca_file.merge_from(&top.client_ca_file);
+        self.tls_cert_file.merge_from(&top.tls_cert_file);
+        self.tls_private_key_file.merge_from(&top.tls_private_key_file);
+        self.tls_cipher_suites.merge_from(&top.tls_cipher_suites);
+        self.tls_min_version.merge_from(&top.tls_min_version);
+        self.token_auth_file.merge_from(&top.token_auth_file);
+        self.allow_privileged.merge_from(&top.allow_privileged);
+        self.api_server_count.merge_from(&top.api_server_count);
+        self.runtime_config.merge_from(&top.runtime_config);
+        self.kubelet_client_certificate.merge_from(&top.kubelet_client_certificate);
+        self.kubelet_certificate_authority.merge_from(&top.kubelet_certificate_authority);
+        self.kubelet_client_key.merge_from(&top.kubelet_client_key);
+        self.anonymous_auth.merge_from(&top.anonymous_auth);
+        self.kubelet_preferred_address_types.merge_from(&top.kubelet_preferred_address_types);
+        self.storage_backend.merge_from(&top.storage_backend);
+        self.oidc_username_claim.merge_from(&top.oidc_username_claim);
+        self.oidc_username_prefix.merge_from(&top.oidc_username_prefix);
+        self.oidc_groups_claim.merge_from(&top.oidc_groups_claim);
+        self.oidc_groups_prefix.merge_from(&top.oidc_groups_prefix);
+        self.oidc_issuer_url.merge_from(&top.oidc_issuer_url);
+        self.oidc_client_id.merge_from(&top.oidc_client_id);
+        self.oidc_required_claim.merge_from(&top.oidc_required_claim);
+        self.oidc_ca_file.merge_from(&top.oidc_ca_file);
+        self.authentication_config_file.merge_from(&top.authentication_config_file);
+        self.proxy_client_cert_file.merge_from(&top.proxy_client_cert_file);
+        self.proxy_client_key_file.merge_from(&top.proxy_client_key_file);
+        self.audit_log_format.merge_from(&top.audit_log_format);
+        self.audit_log_path.merge_from(&top.audit_log_path);
+        self.audit_log_max_age.merge_from(&top.audit_log_max_age);
+        self.audit_log_max_backups.merge_from(&top.audit_log_max_backups);
+        self.audit_log_max_size.merge_from(&top.audit_log_max_size);
+        self.audit_policy_file.merge_from(&top.audit_policy_file);
+        self.audit_webhook_batch_buffer_size.merge_from(&top.audit_webhook_batch_buffer_size);
+        self.audit_webhook_batch_max_size.merge_from(&top.audit_webhook_batch_max_size);
+        self.audit_webhook_batch_max_wait.merge_from(&top.audit_webhook_batch_max_wait);
+        self.audit_webhook_batch_throttle_burst.merge_from(&top.audit_webhook_batch_throttle_burst);
+        self.audit_webhook_batch_throttle_enable.merge_from(&top.audit_webhook_batch_throttle_enable);
+        self.audit_webhook_batch_throttle_qps.merge_from(&top.audit_webhook_batch_throttle_qps);
+        self.audit_webhook_config_file.merge_from(&top.audit_webhook_config_file);
+        self.audit_webhook_initial_backoff.merge_from(&top.audit_webhook_initial_backoff);
+        self.audit_webhook_mode.merge_from(&top.audit_webhook_mode);
+        self.authentication_token_webhook_config_file.merge_from(&top.authentication_token_webhook_config_file);
+        self.authentication_token_webhook_cache_ttl.merge_from(&top.authentication_token_webhook_cache_ttl);
+        self.authorization_mode.merge_from(&top.authorization_mode);
+        self.authorization_webhook_config_file.merge_from(&top.authorization_webhook_config_file);
+        self.authorization_webhook_cache_authorized_ttl.merge_from(&top.authorization_webhook_cache_authorized_ttl);
+        self.authorization_webhook_cache_unauthorized_ttl.merge_from(&top.authorization_webhook_cache_unauthorized_ttl);
+        self.authorization_rbac_super_user.merge_from(&top.authorization_rbac_super_user);
+        self.encryption_provider_config.merge_from(&top.encryption_provider_config);
+        self.experimental_encryption_provider_config.merge_from(&top.experimental_encryption_provider_config);
+        self.requestheader_username_headers.merge_from(&top.requestheader_username_headers);
+        self.requestheader_group_headers.merge_from(&top.requestheader_group_headers);
+        self.requestheader_extra_header_prefixes.merge_from(&top.requestheader_extra_header_prefixes);
+        self.requestheader_client_ca_file.merge_from(&top.requestheader_client_ca_file);
+        self.requestheader_allowed_names.merge_from(&top.requestheader_allowed_names);
+        self.feature_gates.merge_from(&top.feature_gates);
+        self.goaway_chance.merge_from(&top.goaway_chance);
+        self.max_requests_inflight.merge_from(&top.max_requests_inflight);
+        self.max_mutating_requests_inflight.merge_from(&top.max_mutating_requests_inflight);
+        self.http2_max_streams_per_connection.merge_from(&top.http2_max_streams_per_connection);
+        self.etcd_quorum_read.merge_from(&top.etcd_quorum_read);
+        self.request_timeout.merge_from(&top.request_timeout);
+        self.storage_initialization_timeout.merge_from(&top.storage_initialization_timeout);
+        self.min_request_timeout.merge_from(&top.min_request_timeout);
+        self.watch_cache.merge_from(&top.watch_cache);
+        self.watch_cache_sizes.merge_from(&top.watch_cache_sizes);
+        self.service_account_key_file.merge_from(&top.service_account_key_file);
+        self.service_account_signing_key_file.merge_from(&top.service_account_signing_key_file);
+        self.service_account_issuer.merge_from(&top.service_account_issuer);
+        self.additional_service_account_issuers.merge_from(&top.additional_service_account_issuers);
+        self.service_account_jwksuri.merge_from(&top.service_account_jwksuri);
+        self.api_audiences.merge_from(&top.api_audiences);
+        self.cpu_request.merge_from(&top.cpu_request);
+        self.cpu_limit.merge_from(&top.cpu_limit);
+        self.memory_request.merge_from(&top.memory_request);
+        self.memory_limit.merge_from(&top.memory_limit);
+        self.event_ttl.merge_from(&top.event_ttl);
+        self.audit_dynamic_configuration.merge_from(&top.audit_dynamic_configuration);
+        self.enable_profiling.merge_from(&top.enable_profiling);
+        self.enable_contention_profiling.merge_from(&top.enable_contention_profiling);
+        self.cors_allowed_origins.merge_from(&top.cors_allowed_origins);
+        self.strict_transport_security_directives.merge_from(&top.strict_transport_security_directives);
+        self.default_not_ready_toleration_seconds.merge_from(&top.default_not_ready_toleration_seconds);
+        self.default_unreachable_toleration_seconds.merge_from(&top.default_unreachable_toleration_seconds);
+        self.delete_collection_workers.merge_from(&top.delete_collection_workers);
+        self.env.merge_from(&top.env);
+    }
+}
+
+impl Merge for KubeControllerManagerConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.master.merge_from(&top.master);
+        self.log_format.merge_from(&top.log_format);
+        self.log_level.merge_from(&top.log_level);
+        self.service_account_private_key_file.merge_from(&top.service_account_private_key_file);
+        self.image.merge_from(&top.image);
+        self.cloud_provider.merge_from(&top.cloud_provider);
+        self.cluster_name.merge_from(&top.cluster_name);
+        self.cluster_cidr.merge_from(&top.cluster_cidr);
+        self.allocate_node_cidrs.merge_from(&top.allocate_node_cidrs);
+        self.node_cidr_mask_size.merge_from(&top.node_cidr_mask_size);
+        self.configure_cloud_routes.merge_from(&top.configure_cloud_routes);
+        self.controllers.merge_from(&top.controllers);
+        self.cidr_allocator_type.merge_from(&top.cidr_allocator_type);
+        self.root_ca_file.merge_from(&top.root_ca_file);
+        self.leader_election.merge_from(&top.leader_election);
+        self.attach_detach_reconcile_sync_period.merge_from(&top.attach_detach_reconcile_sync_period);
+        self.disable_attach_detach_reconcile_sync.merge_from(&top.disable_attach_detach_reconcile_sync);
+        self.terminated_pod_gc_threshold.merge_from(&top.terminated_pod_gc_threshold);
+        self.node_monitor_period.merge_from(&top.node_monitor_period);
+        self.node_monitor_grace_period.merge_from(&top.node_monitor_grace_period);
+        self.pod_eviction_timeout.merge_from(&top.pod_eviction_timeout);
+        self.use_service_account_credentials.merge_from(&top.use_service_account_credentials);
+        self.horizontal_pod_autoscaler_sync_period.merge_from(&top.horizontal_pod_autoscaler_sync_period);
+        self.horizontal_pod_autoscaler_downscale_delay.merge_from(&top.horizontal_pod_autoscaler_downscale_delay);
+        self.horizontal_pod_autoscaler_downscale_stabilization.merge_from(&top.horizontal_pod_autoscaler_downscale_stabilization);
+        self.horizontal_pod_autoscaler_upscale_delay.merge_from(&top.horizontal_pod_autoscaler_upscale_delay);
+        self.horizontal_pod_autoscaler_initial_readiness_delay.merge_from(&top.horizontal_pod_autoscaler_initial_readiness_delay);
+        self.horizontal_pod_autoscaler_cpu_initialization_period.merge_from(&top.horizontal_pod_autoscaler_cpu_initialization_period);
+        self.horizontal_pod_autoscaler_tolerance.merge_from(&top.horizontal_pod_autoscaler_tolerance);
+        self.horizontal_pod_autoscaler_use_rest_clients.merge_from(&top.horizontal_pod_autoscaler_use_rest_clients);
+        self.experimental_cluster_signing_duration.merge_from(&top.experimental_cluster_signing_duration);
+        self.cluster_signing_duration.merge_from(&top.cluster_signing_duration);
+        self.feature_gates.merge_from(&top.feature_gates);
+        self.tls_cert_file.merge_from(&top.tls_cert_file);
+        self.tls_cipher_suites.merge_from(&top.tls_cipher_suites);
+        self.tls_min_version.merge_from(&top.tls_min_version);
+        self.tls_private_key_file.merge_from(&top.tls_private_key_file);
+        self.min_resync_period.merge_from(&top.min_resync_period);
+        self.kube_apiqps.merge_from(&top.kube_apiqps);
+        self.kube_api_burst.merge_from(&top.kube_api_burst);
+        self.concurrent_deployment_syncs.merge_from(&top.concurrent_deployment_syncs);
+        self.concurrent_endpoint_syncs.merge_from(&top.concurrent_endpoint_syncs);
+        self.concurrent_namespace_syncs.merge_from(&top.concurrent_namespace_syncs);
+        self.concurrent_replicaset_syncs.merge_from(&top.concurrent_replicaset_syncs);
+        self.concurrent_service_syncs.merge_from(&top.concurrent_service_syncs);
+        self.concurrent_resource_quota_syncs.merge_from(&top.concurrent_resource_quota_syncs);
+        self.concurrent_serviceaccount_token_syncs.merge_from(&top.concurrent_serviceaccount_token_syncs);
+        self.concurrent_rc_syncs.merge_from(&top.concurrent_rc_syncs);
+        self.concurrent_horizontal_pod_austoscaler_syncs.merge_from(&top.concurrent_horizontal_pod_austoscaler_syncs);
+        self.concurrent_job_syncs.merge_from(&top.concurrent_job_syncs);
+        self.authentication_kubeconfig.merge_from(&top.authentication_kubeconfig);
+        self.authorization_kubeconfig.merge_from(&top.authorization_kubeconfig);
+        self.authorization_always_allow_paths.merge_from(&top.authorization_always_allow_paths);
+        self.external_cloud_volume_plugin.merge_from(&top.external_cloud_volume_plugin);
+        self.endpoint_updates_batch_period.merge_from(&top.endpoint_updates_batch_period);
+        self.endpoint_slice_updates_batch_period.merge_from(&top.endpoint_slice_updates_batch_period);
+        self.enable_profiling.merge_from(&top.enable_profiling);
+        self.enable_contention_profiling.merge_from(&top.enable_contention_profiling);
+        self.enable_leader_migration.merge_from(&top.enable_leader_migration);
+        self.cpu_request.merge_from(&top.cpu_request);
+        self.cpu_limit.merge_from(&top.cpu_limit);
+        self.memory_request.merge_from(&top.memory_request);
+        self.memory_limit.merge_from(&top.memory_limit);
+    }
+}
+
+impl Merge for KubeDNSConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.cache_max_size.merge_from(&top.cache_max_size);
+        self.cache_max_concurrent.merge_from(&top.cache_max_concurrent);
+        self.tolerations.merge_from(&top.tolerations);
+        self.affinity.merge_from(&top.affinity);
+        self.core_dns_image.merge_from(&top.core_dns_image);
+        self.cpa_image.merge_from(&top.cpa_image);
+        self.domain.merge_from(&top.domain);
+        self.external_core_file.merge_from(&top.external_core_file);
+        self.image.merge_from(&top.image);
+        self.replicas.merge_from(&top.replicas);
+        self.provider.merge_from(&top.provider);
+        self.server_ip.merge_from(&top.server_ip);
+        self.stub_domains.merge_from(&top.stub_domains);
+        self.upstream_nameservers.merge_from(&top.upstream_nameservers);
+        self.memory_request.merge_from(&top.memory_request);
+        self.cpu_request.merge_from(&top.cpu_request);
+        self.memory_limit.merge_from(&top.memory_limit);
+        self.node_local_dns.merge_from(&top.node_local_dns);
+        self.pod_annotations.merge_from(&top.pod_annotations);
+    }
+}
+
+impl Merge for KubeProxyConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.image.merge_from(&top.image);
+        self.cpu_request.merge_from(&top.cpu_request);
+        self.cpu_limit.merge_from(&top.cpu_limit);
+        self.memory_request.merge_from(&top.memory_request);
+        self.memory_limit.merge_from(&top.memory_limit);
+        self.log_level.merge_from(&top.log_level);
+        self.cluster_cidr.merge_from(&top.cluster_cidr);
+        self.hostname_override.merge_from(&top.hostname_override);
+        self.bind_address.merge_from(&top.bind_address);
+        self.master.merge_from(&top.master);
+        self.metrics_bind_address.merge_from(&top.metrics_bind_address);
+        self.enabled.merge_from(&top.enabled);
+        self.proxy_mode.merge_from(&top.proxy_mode);
+        self.ipvs_exclude_cidrs.merge_from(&top.ipvs_exclude_cidrs);
+        self.ipvs_min_sync_period.merge_from(&top.ipvs_min_sync_period);
+        self.ipvs_scheduler.merge_from(&top.ipvs_scheduler);
+        self.ipvs_sync_period.merge_from(&top.ipvs_sync_period);
+        self.feature_gates.merge_from(&top.feature_gates);
+        self.conntrack_max_per_core.merge_from(&top.conntrack_max_per_core);
+        self.conntrack_min.merge_from(&top.conntrack_min);
+    }
+}
+
+impl Merge for KubeSchedulerConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.master.merge_from(&top.master);
+        self.log_format.merge_from(&top.log_format);
+        self.log_level.merge_from(&top.log_level);
+        self.image.merge_from(&top.image);
+        self.leader_election.merge_from(&top.leader_election);
+        self.use_policy_config_map.merge_from(&top.use_policy_config_map);
+        self.feature_gates.merge_from(&top.feature_gates);
+        self.max_persistent_volumes.merge_from(&top.max_persistent_volumes);
+        self.qps.merge_from(&top.qps);
+        self.burst.merge_from(&top.burst);
+        self.kube_apiqps.merge_from(&top.kube_apiqps);
+        self.kube_api_burst.merge_from(&top.kube_api_burst);
+        self.authentication_kubeconfig.merge_from(&top.authentication_kubeconfig);
+        self.authorization_kubeconfig.merge_from(&top.authorization_kubeconfig);
+        self.authorization_always_allow_paths.merge_from(&top.authorization_always_allow_paths);
+        self.enable_profiling.merge_from(&top.enable_profiling);
+        self.enable_contention_profiling.merge_from(&top.enable_contention_profiling);
+        self.tls_cert_file.merge_from(&top.tls_cert_file);
+        self.tls_private_key_file.merge_from(&top.tls_private_key_file);
+        self.cpu_request.merge_from(&top.cpu_request);
+        self.cpu_limit.merge_from(&top.cpu_limit);
+        self.memory_request.merge_from(&top.memory_request);
+        self.memory_limit.merge_from(&top.memory_limit);
+    }
+}
+
+impl Merge for KubeletConfigSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.api_servers.merge_from(&top.api_servers);
+        self.anonymous_auth.merge_from(&top.anonymous_auth);
+        self.authorization_mode.merge_from(&top.authorization_mode);
+        self.bootstrap_kubeconfig.merge_from(&top.bootstrap_kubeconfig);
+        self.client_ca_file.merge_from(&top.client_ca_file);
+        self.tls_cert_file.merge_from(&top.tls_cert_file);
+        self.tls_private_key_file.merge_from(&top.tls_private_key_file);
+        self.tls_cipher_suites.merge_from(&top.tls_cipher_suites);
+        self.tls_min_version.merge_from(&top.tls_min_version);
+        self.kubeconfig_path.merge_from(&top.kubeconfig_path);
+        self.require_kubeconfig.merge_from(&top.require_kubeconfig);
+        self.log_format.merge_from(&top.log_format);
+        self.log_level.merge_from(&top.log_level);
+        self.pod_manifest_path.merge_from(&top.pod_manifest_path);
+        self.hostname_override.merge_from(&top.hostname_override);
+        self.pod_infra_container_image.merge_from(&top.pod_infra_container_image);
+        self.seccomp_default.merge_from(&top.seccomp_default);
+        self.seccomp_profile_root.merge_from(&top.seccomp_profile_root);
+        self.allow_privileged.merge_from(&top.allow_privileged);
+        self.enable_debugging_handlers.merge_from(&top.enable_debugging_handlers);
+        self.register_node.merge_from(&top.register_node);
+        self.node_status_update_frequency.merge_from(&top.node_status_update_frequency);
+        self.cluster_domain.merge_from(&top.cluster_domain);
+        self.cluster_dns.merge_from(&top.cluster_dns);
+        self.network_plugin_name.merge_from(&top.network_plugin_name);
+        self.cloud_provider.merge_from(&top.cloud_provider);
+        self.kubelet_cgroups.merge_from(&top.kubelet_cgroups);
+        self.runtime_cgroups.merge_from(&top.runtime_cgroups);
+        self.read_only_port.merge_from(&top.read_only_port);
+        self.system_cgroups.merge_from(&top.system_cgroups);
+        self.cgroup_root.merge_from(&top.cgroup_root);
+        self.configure_cbr0.merge_from(&top.configure_cbr0);
+        self.hairpin_mode.merge_from(&top.hairpin_mode);
+        self.babysit_daemons.merge_from(&top.babysit_daemons);
+        self.max_pods.merge_from(&top.max_pods);
+        self.nvidia_gpus.merge_from(&top.nvidia_gpus);
+        self.pod_cidr.merge_from(&top.pod_cidr);
+        self.resolv_conf.merge_from(&top.resolv_conf);
+        self.reconcile_cidr.merge_from(&top.reconcile_cidr);
+        self.register_schedulable.merge_from(&top.register_schedulable);
+        self.serialize_image_pulls.merge_from(&top.serialize_image_pulls);
+        self.node_labels.merge_from(&top.node_labels);
+        self.non_masquerade_cidr.merge_from(&top.non_masquerade_cidr);
+        self.enable_custom_metrics.merge_from(&top.enable_custom_metrics);
+        self.network_plugin_mtu.merge_from(&top.network_plugin_mtu);
+        self.image_minimum_gc_age.merge_from(&top.image_minimum_gc_age);
+        self.image_maximum_gc_age.merge_from(&top.image_maximum_gc_age);
+        self.max_parallel_image_pulls.merge_from(&top.max_parallel_image_pulls);
+        self.image_gc_high_threshold_percent.merge_from(&top.image_gc_high_threshold_percent);
+        self.image_gc_low_threshold_percent.merge_from(&top.image_gc_low_threshold_percent);
+        self.image_pull_progress_deadline.merge_from(&top.image_pull_progress_deadline);
+        self.eviction_hard.merge_from(&top.eviction_hard);
+        self.eviction_soft.merge_from(&top.eviction_soft);
+        self.eviction_soft_grace_period.merge_from(&top.eviction_soft_grace_period);
+        self.eviction_pressure_transition_period.merge_from(&top.eviction_pressure_transition_period);
+        self.eviction_max_pod_grace_period.merge_from(&top.eviction_max_pod_grace_period);
+        self.eviction_minimum_reclaim.merge_from(&top.eviction_minimum_reclaim);
+        self.volume_plugin_directory.merge_from(&top.volume_plugin_directory);
+        self.taints.merge_from(&top.taints);
+        self.feature_gates.merge_from(&top.feature_gates);
+        self.kernel_memcg_notification.merge_from(&top.kernel_memcg_notification);
+        self.kube_reserved.merge_from(&top.kube_reserved);
+        self.kube_reserved_cgroup.merge_from(&top.kube_reserved_cgroup);
+        self.system_reserved.merge_from(&top.system_reserved);
+        self.system_reserved_cgroup.merge_from(&top.system_reserved_cgroup);
+        self.enforce_node_allocatable.merge_from(&top.enforce_node_allocatable);
+        self.runtime_request_timeout.merge_from(&top.runtime_request_timeout);
+        self.volume_stats_agg_period.merge_from(&top.volume_stats_agg_period);
+        self.fail_swap_on.merge_from(&top.fail_swap_on);
+        self.experimental_allowed_unsafe_sysctls.merge_from(&top.experimental_allowed_unsafe_sysctls);
+        self.allowed_unsafe_sysctls.merge_from(&top.allowed_unsafe_sysctls);
+        self.streaming_connection_idle_timeout.merge_from(&top.streaming_connection_idle_timeout);
+        self.docker_disable_shared_pid.merge_from(&top.docker_disable_shared_pid);
+        self.root_dir.merge_from(&top.root_dir);
+        self.authentication_token_webhook.merge_from(&top.authentication_token_webhook);
+        self.authentication_token_webhook_cache_ttl.merge_from(&top.authentication_token_webhook_cache_ttl);
+        self.cpu_cfs_quota.merge_from(&top.cpu_cfs_quota);
+        self.cpu_cfs_quota_period.merge_from(&top.cpu_cfs_quota_period);
+        self.cpu_manager_policy.merge_from(&top.cpu_manager_policy);
+        self.registry_pull_qps.merge_from(&top.registry_pull_qps);
+        self.registry_burst.merge_from(&top.registry_burst);
+        self.topology_manager_policy.merge_from(&top.topology_manager_policy);
+        self.rotate_certificates.merge_from(&top.rotate_certificates);
+        self.protect_kernel_defaults.merge_from(&top.protect_kernel_defaults);
+        self.cgroup_driver.merge_from(&top.cgroup_driver);
+        self.housekeeping_interval.merge_from(&top.housekeeping_interval);
+        self.event_qps.merge_from(&top.event_qps);
+        self.event_burst.merge_from(&top.event_burst);
+        self.container_log_max_size.merge_from(&top.container_log_max_size);
+        self.container_log_max_files.merge_from(&top.container_log_max_files);
+        self.enable_cadvisor_json_endpoints.merge_from(&top.enable_cadvisor_json_endpoints);
+        self.pod_pids_limit.merge_from(&top.pod_pids_limit);
+        self.experimental_allocatable_ignore_eviction.merge_from(&top.experimental_allocatable_ignore_eviction);
+        self.shutdown_grace_period.merge_from(&top.shutdown_grace_period);
+        self.shutdown_grace_period_critical_pods.merge_from(&top.shutdown_grace_period_critical_pods);
+        self.memory_swap_behavior.merge_from(&top.memory_swap_behavior);
+        self.crash_loop_back_off_max_container_restart_period.merge_from(&top.crash_loop_back_off_max_container_restart_period);
+        self.kube_apiqps.merge_from(&top.kube_apiqps);
+        self.event_record_qps.merge_from(&top.event_record_qps);
+        self.node_lease_duration_seconds.merge_from(&top.node_lease_duration_seconds);
+    }
+}
+
+impl Merge for KubenetNetworkingSpec {
+    fn merge_from(&mut self, _top: &Self) {}
+}
+
+impl Merge for KuberouterNetworkingSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.use_nf_tables_for_netpol.merge_from(&top.use_nf_tables_for_netpol);
+    }
+}
+
+impl Merge for LeaderElectionConfiguration {
+    fn merge_from(&mut self, top: &Self) {
+        self.leader_elect.merge_from(&top.leader_elect);
+        self.leader_elect_lease_duration.merge_from(&top.leader_elect_lease_duration);
+        self.leader_elect_renew_deadline_duration.merge_from(&top.leader_elect_renew_deadline_duration);
+        self.leader_elect_resource_lock.merge_from(&top.leader_elect_resource_lock);
+        self.leader_elect_resource_name.merge_from(&top.leader_elect_resource_name);
+        self.leader_elect_resource_namespace.merge_from(&top.leader_elect_resource_namespace);
+        self.leader_elect_retry_period.merge_from(&top.leader_elect_retry_period);
+    }
+}
+
+impl Merge for LoadBalancerAccessSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.class.merge_from(&top.class);
+        self.type_.merge_from(&top.type_);
+        self.idle_timeout_seconds.merge_from(&top.idle_timeout_seconds);
+        self.security_group_override.merge_from(&top.security_group_override);
+        self.additional_security_groups.merge_from(&top.additional_security_groups);
+        self.use_for_internal_api.merge_from(&top.use_for_internal_api);
+        self.ssl_certificate.merge_from(&top.ssl_certificate);
+        self.ssl_policy.merge_from(&top.ssl_policy);
+        self.cross_zone_load_balancing.merge_from(&top.cross_zone_load_balancing);
+        self.subnets.merge_from(&top.subnets);
+        self.access_log.merge_from(&top.access_log);
+    }
+}
+
+impl Merge for LoadBalancerControllerSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.enabled.merge_from(&top.enabled);
+        self.version.merge_from(&top.version);
+        self.enable_waf.merge_from(&top.enable_waf);
+        self.enable_wa_fv2.merge_from(&top.enable_wa_fv2);
+        self.enable_shield.merge_from(&top.enable_shield);
+        self.cpu_request.merge_from(&top.cpu_request);
+        self.cpu_limit.merge_from(&top.cpu_limit);
+        self.memory_request.merge_from(&top.memory_request);
+        self.memory_limit.merge_from(&top.memory_limit);
+    }
+}
+
+impl Merge for LoadBalancerSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.load_balancer_name.merge_from(&top.load_balancer_name);
+        self.target_group_arn.merge_from(&top.target_group_arn);
+    }
+}
+
+impl Merge for LoadBalancerSubnetSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.name.merge_from(&top.name);
+        self.private_i_pv4_address.merge_from(&top.private_i_pv4_address);
+        self.allocation_id.merge_from(&top.allocation_id);
+    }
+}
+
+impl Merge for LyftVPCNetworkingSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.subnet_tags.merge_from(&top.subnet_tags);
+    }
+}
+
+impl Merge for MetricsServerConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.enabled.merge_from(&top.enabled);
+        self.image.merge_from(&top.image);
+        self.insecure.merge_from(&top.insecure);
+    }
+}
+
+impl Merge for MinMaxSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.max.merge_from(&top.max);
+        self.min.merge_from(&top.min);
+    }
+}
+
+impl Merge for MixedInstancesPolicySpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.instances.merge_from(&top.instances);
+        self.instance_requirements.merge_from(&top.instance_requirements);
+        self.on_demand_allocation_strategy.merge_from(&top.on_demand_allocation_strategy);
+        self.on_demand_base.merge_from(&top.on_demand_base);
+        self.on_demand_above_base.merge_from(&top.on_demand_above_base);
+        self.spot_allocation_strategy.merge_from(&top.spot_allocation_strategy);
+        self.spot_instance_pools.merge_from(&top.spot_instance_pools);
+    }
+}
+
+impl Merge for NRIConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.enabled.merge_from(&top.enabled);
+        self.plugin_registration_timeout.merge_from(&top.plugin_registration_timeout);
+        self.plugin_request_timeout.merge_from(&top.plugin_request_timeout);
+    }
+}
+
+impl Merge for NTPConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.managed.merge_from(&top.managed);
+    }
+}
+
+impl Merge for NetworkingSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.classic.merge_from(&top.classic);
+        self.kubenet.merge_from(&top.kubenet);
+        self.external.merge_from(&top.external);
+        self.cni.merge_from(&top.cni);
+        self.kopeio.merge_from(&top.kopeio);
+        self.weave.merge_from(&top.weave);
+        self.flannel.merge_from(&top.flannel);
+        self.calico.merge_from(&top.calico);
+        self.canal.merge_from(&top.canal);
+        self.kuberouter.merge_from(&top.kuberouter);
+        self.romana.merge_from(&top.romana);
+        self.amazonvpc.merge_from(&top.amazonvpc);
+        self.cilium.merge_from(&top.cilium);
+        self.lyftvpc.merge_from(&top.lyftvpc);
+        self.gce.merge_from(&top.gce);
+        self.kindnet.merge_from(&top.kindnet);
+    }
+}
+
+impl Merge for NodeAuthorizationSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.node_authorizer.merge_from(&top.node_authorizer);
+    }
+}
+
+impl Merge for NodeAuthorizerSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.authorizer.merge_from(&top.authorizer);
+        self.features.merge_from(&top.features);
+        self.image.merge_from(&top.image);
+        self.node_url.merge_from(&top.node_url);
+        self.port.merge_from(&top.port);
+        self.interval.merge_from(&top.interval);
+        self.timeout.merge_from(&top.timeout);
+        self.token_ttl.merge_from(&top.token_ttl);
+    }
+}
+
+impl Merge for NodeLocalDNSConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.enabled.merge_from(&top.enabled);
+        self.external_core_file.merge_from(&top.external_core_file);
+        self.additional_config.merge_from(&top.additional_config);
+        self.image.merge_from(&top.image);
+        self.local_ip.merge_from(&top.local_ip);
+        self.forward_to_kube_dns.merge_from(&top.forward_to_kube_dns);
+        self.memory_request.merge_from(&top.memory_request);
+        self.cpu_request.merge_from(&top.cpu_request);
+        self.pod_annotations.merge_from(&top.pod_annotations);
+    }
+}
+
+impl Merge for NodeProblemDetectorConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.enabled.merge_from(&top.enabled);
+        self.image.merge_from(&top.image);
+        self.memory_request.merge_from(&top.memory_request);
+        self.cpu_request.merge_from(&top.cpu_request);
+        self.memory_limit.merge_from(&top.memory_limit);
+        self.cpu_limit.merge_from(&top.cpu_limit);
+    }
+}
+
+impl Merge for NodeTerminationHandlerSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.delete_sqs_msg_if_node_not_found.merge_from(&top.delete_sqs_msg_if_node_not_found);
+        self.enabled.merge_from(&top.enabled);
+        self.enable_spot_interruption_draining.merge_from(&top.enable_spot_interruption_draining);
+        self.enable_scheduled_event_draining.merge_from(&top.enable_scheduled_event_draining);
+        self.enable_rebalance_monitoring.merge_from(&top.enable_rebalance_monitoring);
+        self.enable_rebalance_draining.merge_from(&top.enable_rebalance_draining);
+        self.enable_out_of_service_taint.merge_from(&top.enable_out_of_service_taint);
+        self.prometheus_enable.merge_from(&top.prometheus_enable);
+        self.enable_sqs_termination_draining.merge_from(&top.enable_sqs_termination_draining);
+        self.exclude_from_load_balancers.merge_from(&top.exclude_from_load_balancers);
+        self.managed_asg_tag.merge_from(&top.managed_asg_tag);
+        self.pod_termination_grace_period.merge_from(&top.pod_termination_grace_period);
+        self.taint_node.merge_from(&top.taint_node);
+        self.memory_limit.merge_from(&top.memory_limit);
+        self.memory_request.merge_from(&top.memory_request);
+        self.cpu_request.merge_from(&top.cpu_request);
+        self.version.merge_from(&top.version);
+        self.webhook_template.merge_from(&top.webhook_template);
+        self.webhook_url.merge_from(&top.webhook_url);
+    }
+}
+
+impl Merge for NvidiaGPUConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.package.merge_from(&top.package);
+        self.enabled.merge_from(&top.enabled);
+        self.image.merge_from(&top.image);
+        self.dcgm_exporter.merge_from(&top.dcgm_exporter);
+    }
+}
+
+impl Merge for OpenstackBlockStorageConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.bs_version.merge_from(&top.bs_version);
+        self.ignore_volume_az.merge_from(&top.ignore_volume_az);
+        self.override_volume_az.merge_from(&top.override_volume_az);
+        self.ignore_volume_microversion.merge_from(&top.ignore_volume_microversion);
+        self.metrics_enabled.merge_from(&top.metrics_enabled);
+        self.create_storage_class.merge_from(&top.create_storage_class);
+        self.csi_plugin_image.merge_from(&top.csi_plugin_image);
+        self.csi_topology_support.merge_from(&top.csi_topology_support);
+        self.cluster_name.merge_from(&top.cluster_name);
+    }
+}
+
+impl Merge for OpenstackLoadbalancerConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.method.merge_from(&top.method);
+        self.provider.merge_from(&top.provider);
+        self.use_octavia.merge_from(&top.use_octavia);
+        self.floating_network.merge_from(&top.floating_network);
+        self.floating_network_id.merge_from(&top.floating_network_id);
+        self.floating_subnet.merge_from(&top.floating_subnet);
+        self.subnet_id.merge_from(&top.subnet_id);
+        self.manage_security_groups.merge_from(&top.manage_security_groups);
+        self.enable_ingress_hostname.merge_from(&top.enable_ingress_hostname);
+        self.ingress_hostname_suffix.merge_from(&top.ingress_hostname_suffix);
+        self.flavor_id.merge_from(&top.flavor_id);
+    }
+}
+
+impl Merge for OpenstackMetadata {
+    fn merge_from(&mut self, top: &Self) {
+        self.config_drive.merge_from(&top.config_drive);
+    }
+}
+
+impl Merge for OpenstackMonitor {
+    fn merge_from(&mut self, top: &Self) {
+        self.delay.merge_from(&top.delay);
+        self.timeout.merge_from(&top.timeout);
+        self.max_retries.merge_from(&top.max_retries);
+    }
+}
+
+impl Merge for OpenstackNetwork {
+    fn merge_from(&mut self, top: &Self) {
+        self.availability_zone_hints.merge_from(&top.availability_zone_hints);
+        self.ipv6_support_disabled.merge_from(&top.ipv6_support_disabled);
+        self.public_network_names.merge_from(&top.public_network_names);
+        self.internal_network_names.merge_from(&top.internal_network_names);
+        self.address_sort_order.merge_from(&top.address_sort_order);
+    }
+}
+
+impl Merge for OpenstackRouter {
+    fn merge_from(&mut self, top: &Self) {
+        self.external_network.merge_from(&top.external_network);
+        self.dns_servers.merge_from(&top.dns_servers);
+        self.external_subnet.merge_from(&top.external_subnet);
+        self.availability_zone_hints.merge_from(&top.availability_zone_hints);
+    }
+}
+
+impl Merge for OpenstackSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.loadbalancer.merge_from(&top.loadbalancer);
+        self.monitor.merge_from(&top.monitor);
+        self.router.merge_from(&top.router);
+        self.block_storage.merge_from(&top.block_storage);
+        self.insecure_skip_verify.merge_from(&top.insecure_skip_verify);
+        self.network.merge_from(&top.network);
+        self.metadata.merge_from(&top.metadata);
+    }
+}
+
+impl Merge for PDCSIDriver {
+    fn merge_from(&mut self, top: &Self) {
+        self.enabled.merge_from(&top.enabled);
+        self.version.merge_from(&top.version);
+        self.default_storage_class_name.merge_from(&top.default_storage_class_name);
+    }
+}
+
+impl Merge for PackagesConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.hash_amd64.merge_from(&top.hash_amd64);
+        self.hash_arm64.merge_from(&top.hash_arm64);
+        self.url_amd64.merge_from(&top.url_amd64);
+        self.url_arm64.merge_from(&top.url_arm64);
+    }
+}
+
+impl Merge for PodIdentityWebhookSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.enabled.merge_from(&top.enabled);
+        self.replicas.merge_from(&top.replicas);
+    }
+}
+
+impl Merge for RBACAuthorizationSpec {
+    fn merge_from(&mut self, _top: &Self) {}
+}
+
+impl Merge for RollingUpdate {
+    fn merge_from(&mut self, top: &Self) {
+        self.drain_and_terminate.merge_from(&top.drain_and_terminate);
+        self.max_unavailable.merge_from(&top.max_unavailable);
+        self.max_surge.merge_from(&top.max_surge);
+    }
+}
+
+impl Merge for RomanaNetworkingSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.daemon_service_ip.merge_from(&top.daemon_service_ip);
+        self.etcd_service_ip.merge_from(&top.etcd_service_ip);
+    }
+}
+
+impl Merge for RouteSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.cidr.merge_from(&top.cidr);
+        self.target.merge_from(&top.target);
+    }
+}
+
+impl Merge for Runc {
+    fn merge_from(&mut self, top: &Self) {
+        self.version.merge_from(&top.version);
+        self.packages.merge_from(&top.packages);
+    }
+}
+
+impl Merge for ServiceAccountExternalPermission {
+    fn merge_from(&mut self, top: &Self) {
+        self.name.merge_from(&top.name);
+        self.namespace.merge_from(&top.namespace);
+        self.aws.merge_from(&top.aws);
+    }
+}
+
+impl Merge for ServiceAccountIssuerDiscoveryConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.discovery_store.merge_from(&top.discovery_store);
+        self.discovery_service.merge_from(&top.discovery_service);
+        self.enable_awsoidc_provider.merge_from(&top.enable_awsoidc_provider);
+        self.additional_audiences.merge_from(&top.additional_audiences);
+    }
+}
+
+impl Merge for ServiceOIDCProviderSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.issuer_url.merge_from(&top.issuer_url);
+        self.issuer_ca_thumbprints.merge_from(&top.issuer_ca_thumbprints);
+    }
+}
+
+impl Merge for SnapshotControllerConfig {
+    fn merge_from(&mut self, top: &Self) {
+        self.enabled.merge_from(&top.enabled);
+        self.install_default_class.merge_from(&top.install_default_class);
+    }
+}
+
+impl Merge for TargetSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.terraform.merge_from(&top.terraform);
+    }
+}
+
+impl Merge for TerraformSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.provider_extra_config.merge_from(&top.provider_extra_config);
+        self.files_provider_extra_config.merge_from(&top.files_provider_extra_config);
+    }
+}
+
+impl Merge for TopologySpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.masters.merge_from(&top.masters);
+        self.nodes.merge_from(&top.nodes);
+        self.bastion.merge_from(&top.bastion);
+        self.dns.merge_from(&top.dns);
+    }
+}
+
+impl Merge for UserData {
+    fn merge_from(&mut self, top: &Self) {
+        self.name.merge_from(&top.name);
+        self.type_.merge_from(&top.type_);
+        self.content.merge_from(&top.content);
+    }
+}
+
+impl Merge for VolumeMountSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.device.merge_from(&top.device);
+        self.filesystem.merge_from(&top.filesystem);
+        self.format_options.merge_from(&top.format_options);
+        self.mount_options.merge_from(&top.mount_options);
+        self.path.merge_from(&top.path);
+    }
+}
+
+impl Merge for VolumeSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.delete_on_termination.merge_from(&top.delete_on_termination);
+        self.device.merge_from(&top.device);
+        self.encrypted.merge_from(&top.encrypted);
+        self.iops.merge_from(&top.iops);
+        self.throughput.merge_from(&top.throughput);
+        self.key.merge_from(&top.key);
+        self.size.merge_from(&top.size);
+        self.type_.merge_from(&top.type_);
+    }
+}
+
+impl Merge for WarmPoolSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.min_size.merge_from(&top.min_size);
+        self.max_size.merge_from(&top.max_size);
+        self.enable_lifecycle_hook.merge_from(&top.enable_lifecycle_hook);
+        self.lifecycle_hook_timeout.merge_from(&top.lifecycle_hook_timeout);
+        self.additional_images.merge_from(&top.additional_images);
+    }
+}
+
+impl Merge for WeaveNetworkingSpec {
+    fn merge_from(&mut self, top: &Self) {
+        self.mtu.merge_from(&top.mtu);
+        self.conn_limit.merge_from(&top.conn_limit);
+        self.no_masq_local.merge_from(&top.no_masq_local);
+        self.memory_request.merge_from(&top.memory_request);
+        self.cpu_request.merge_from(&top.cpu_request);
+        self.memory_limit.merge_from(&top.memory_limit);
+        self.cpu_limit.merge_from(&top.cpu_limit);
+        self.net_extra_args.merge_from(&top.net_extra_args);
+        self.npc_memory_request.merge_from(&top.npc_memory_request);
+        self.npc_cpu_request.merge_from(&top.npc_cpu_request);
+        self.npc_memory_limit.merge_from(&top.npc_memory_limit);
+        self.npc_cpu_limit.merge_from(&top.npc_cpu_limit);
+        self.npc_extra_args.merge_from(&top.npc_extra_args);
+        self.version.merge_from(&top.version);
+    }
 }
 

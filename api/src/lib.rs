@@ -5,6 +5,7 @@
 
 pub mod documents;
 pub mod generated;
+pub mod merge;
 pub mod nodeup;
 pub mod types;
 pub mod validate;
@@ -12,4 +13,5 @@ pub use validate::{aws_region_of_zone, validate, ValidationError};
 
 pub use documents::{parse_documents, Cluster, Documents, InstanceGroup, ObjectMeta, ParseError, Role};
 pub use generated::*;
+pub use merge::Merge;
 pub use types::{Cidr, DnsName, Duration, IntOrString, KubernetesVersion, Quantity};

@@ -5,8 +5,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use keelson_api::nodeup::{BootConfig, NodeupConfig};
-use keelson_api::Role;
-use serde_json::{json, Value};
+use keelson_api::{Quantity, Role};
 
 use crate::assets::{Asset, AssetError, AssetKind};
 use crate::config::{ConfigError, StateStore};
@@ -280,20 +279,16 @@ fn load_ca(store: &StateStore, name: &str) -> Result<Keypair, ModelError> {
     Ok(pki::parse_private_keyset(name, &bytes)?)
 }
 
-fn to_value<T: serde::Serialize>(v: &T) -> Value {
-    serde_json::to_value(v).unwrap_or(Value::Null)
-}
-
-fn overlay(v: &mut Value, extra: Value) {
-    if let (Some(m), Value::Object(e)) = (v.as_object_mut(), extra) {
-        for (k, x) in e {
-            m.entry(k).or_insert(x);
-        }
+/// Set `slot` to `value` unless the spec already sets it (the spec wins).
+fn default<T>(slot: &mut Option<T>, value: impl Into<T>) {
+    if slot.is_none() {
+        *slot = Some(value.into());
     }
 }
 
-fn str_of(v: &Value, k: &str) -> Option<String> {
-    v.get(k).and_then(Value::as_str).map(str::to_string)
+/// A resource request as the manifest writes it.
+fn quantity(q: Option<&Quantity>) -> Option<String> {
+    q.map(Quantity::to_string)
 }
 
 /// Control-plane (and API-server) hosts: certificates, kubeconfigs, static pods.
@@ -373,31 +368,30 @@ fn control_plane(
     }
 
     // kube-apiserver
-    let mut api = to_value(&api_cfg.kube_api_server);
-    let mut extra = json!({
-        "clientCAFile": paths::CA_CRT,
-        "tlsCertFile": format!("{kapi}/server.crt"),
-        "tlsPrivateKeyFile": format!("{kapi}/server.key"),
-        "etcdCAFile": format!("{kapi}/etcd-ca.crt"),
-        "etcdCertFile": format!("{kapi}/etcd-client.crt"),
-        "etcdKeyFile": format!("{kapi}/etcd-client.key"),
-        "kubeletClientCertificate": format!("{kapi}/kubelet-api.crt"),
-        "kubeletClientKey": format!("{kapi}/kubelet-api.key"),
-        "requestheaderClientCAFile": format!("{kapi}/apiserver-aggregator-ca.crt"),
-        "proxyClientCertFile": format!("{kapi}/apiserver-aggregator.crt"),
-        "proxyClientKeyFile": format!("{kapi}/apiserver-aggregator.key"),
-        "serviceAccountKeyFile": [format!("{kapi}/service-account.pub")],
-        "serviceAccountSigningKeyFile": format!("{kapi}/service-account.key"),
-        "enableBootstrapTokenAuth": true,
-    });
+    let mut api = api_cfg.kube_api_server.clone();
+    default(&mut api.client_ca_file, paths::CA_CRT);
+    default(&mut api.tls_cert_file, format!("{kapi}/server.crt"));
+    default(&mut api.tls_private_key_file, format!("{kapi}/server.key"));
+    // Always the CA nodeup writes: the spec's `etcdCaFile` has never reached the flag (the flag
+    // table used to look for `etcdCAFile`), and the rendered flags stay as they were.
+    api.etcd_ca_file = Some(format!("{kapi}/etcd-ca.crt"));
+    default(&mut api.etcd_cert_file, format!("{kapi}/etcd-client.crt"));
+    default(&mut api.etcd_key_file, format!("{kapi}/etcd-client.key"));
+    default(&mut api.kubelet_client_certificate, format!("{kapi}/kubelet-api.crt"));
+    default(&mut api.kubelet_client_key, format!("{kapi}/kubelet-api.key"));
+    default(&mut api.requestheader_client_ca_file, format!("{kapi}/apiserver-aggregator-ca.crt"));
+    default(&mut api.proxy_client_cert_file, format!("{kapi}/apiserver-aggregator.crt"));
+    default(&mut api.proxy_client_key_file, format!("{kapi}/apiserver-aggregator.key"));
+    default(&mut api.service_account_key_file, vec![format!("{kapi}/service-account.pub")]);
+    default(&mut api.service_account_signing_key_file, format!("{kapi}/service-account.key"));
+    default(&mut api.enable_bootstrap_token_auth, true);
     if let Some(ip) = inp.facts.internal_ip {
-        extra["advertiseAddress"] = json!(ip.to_string());
+        default(&mut api.advertise_address, ip.to_string());
     }
     if let Some(f) = token_file {
-        extra["tokenAuthFile"] = json!(f);
+        default(&mut api.token_auth_file, f);
     }
-    overlay(&mut api, extra);
-    let secure_port = api.get("securePort").and_then(Value::as_i64).unwrap_or(443);
+    let secure_port = api.secure_port.unwrap_or(443);
     // Static manifests from the state store (e.g. the API-server health-check sidecar).
     let mut statics = Vec::new();
     for m in &cfg.static_manifests {
@@ -411,11 +405,11 @@ fn control_plane(
     let has_healthcheck = statics.iter().any(|(k, _)| k == "kube-apiserver-healthcheck");
     let pod = manifests::Component {
         name: "kube-apiserver",
-        image: str_of(&api, "image").unwrap_or_default(),
+        image: api.image.clone().unwrap_or_default(),
         binary: "/usr/local/bin/kube-apiserver".into(),
         flags: crate::flags::build(&api, flag_table::KUBE_APISERVER_CONFIG),
-        cpu_request: str_of(&api, "cpuRequest").or(Some("150m".into())),
-        memory_request: str_of(&api, "memoryRequest"),
+        cpu_request: quantity(api.cpu_request.as_ref()).or(Some("150m".into())),
+        memory_request: quantity(api.memory_request.as_ref()),
         host_paths: vec![
             ("etcssl", "/etc/ssl".into(), false),
             ("etcpkitls", "/etc/pki/tls".into(), false),
@@ -446,16 +440,11 @@ fn control_plane(
     // kube-controller-manager
     let kcm_dir = format!("{}/kube-controller-manager", paths::SRV_KUBERNETES);
     tasks.push(Box::new(KubeconfigTask::local(paths::KCM_KUBECONFIG, ca.clone(), CertSpec::client("system:kube-controller-manager", &[]), ca_dep)));
-    let mut kcm = to_value(&cp.kube_controller_manager);
-    overlay(
-        &mut kcm,
-        json!({
-            "rootCAFile": paths::CA_CRT,
-            "serviceAccountPrivateKeyFile": format!("{kcm_dir}/service-account.key"),
-            "authenticationKubeconfig": paths::KCM_KUBECONFIG,
-            "authorizationKubeconfig": paths::KCM_KUBECONFIG,
-        }),
-    );
+    let mut kcm = cp.kube_controller_manager.clone();
+    default(&mut kcm.root_ca_file, paths::CA_CRT);
+    default(&mut kcm.service_account_private_key_file, format!("{kcm_dir}/service-account.key"));
+    default(&mut kcm.authentication_kubeconfig, paths::KCM_KUBECONFIG);
+    default(&mut kcm.authorization_kubeconfig, paths::KCM_KUBECONFIG);
     let mut flags = crate::flags::build(&kcm, flag_table::KUBE_CONTROLLER_MANAGER_CONFIG);
     flags.extend([
         format!("--kubeconfig={}", paths::KCM_KUBECONFIG),
@@ -465,11 +454,11 @@ fn control_plane(
     flags.sort();
     let pod = manifests::Component {
         name: "kube-controller-manager",
-        image: str_of(&kcm, "image").unwrap_or_default(),
+        image: kcm.image.clone().unwrap_or_default(),
         binary: "/usr/local/bin/kube-controller-manager".into(),
         flags,
-        cpu_request: str_of(&kcm, "cpuRequest").or(Some("100m".into())),
-        memory_request: str_of(&kcm, "memoryRequest"),
+        cpu_request: quantity(kcm.cpu_request.as_ref()).or(Some("100m".into())),
+        memory_request: quantity(kcm.memory_request.as_ref()),
         host_paths: vec![
             ("etcssl", "/etc/ssl".into(), false),
             ("etcpkitls", "/etc/pki/tls".into(), false),
@@ -491,18 +480,19 @@ fn control_plane(
 
     // kube-scheduler
     tasks.push(Box::new(KubeconfigTask::local(paths::SCHEDULER_KUBECONFIG, ca.clone(), CertSpec::client("system:kube-scheduler", &[]), ca_dep)));
-    let mut sched = to_value(&cp.kube_scheduler);
-    overlay(&mut sched, json!({ "authenticationKubeconfig": paths::SCHEDULER_KUBECONFIG, "authorizationKubeconfig": paths::SCHEDULER_KUBECONFIG }));
+    let mut sched = cp.kube_scheduler.clone();
+    default(&mut sched.authentication_kubeconfig, paths::SCHEDULER_KUBECONFIG);
+    default(&mut sched.authorization_kubeconfig, paths::SCHEDULER_KUBECONFIG);
     let mut flags = crate::flags::build(&sched, flag_table::KUBE_SCHEDULER_CONFIG);
     flags.push("--config=/var/lib/kube-scheduler/config.yaml".into());
     flags.sort();
     let pod = manifests::Component {
         name: "kube-scheduler",
-        image: str_of(&sched, "image").unwrap_or_default(),
+        image: sched.image.clone().unwrap_or_default(),
         binary: "/usr/local/bin/kube-scheduler".into(),
         flags,
-        cpu_request: str_of(&sched, "cpuRequest").or(Some("100m".into())),
-        memory_request: str_of(&sched, "memoryRequest"),
+        cpu_request: quantity(sched.cpu_request.as_ref()).or(Some("100m".into())),
+        memory_request: quantity(sched.memory_request.as_ref()),
         host_paths: vec![("varlibkubescheduler", "/var/lib/kube-scheduler".into(), false)],
         ports: vec![],
         probe: Some(("/healthz".into(), 10259, "HTTPS")),
@@ -517,22 +507,21 @@ fn control_plane(
     // kube-proxy
     if let Some(proxy) = &cfg.kube_proxy {
         tasks.push(Box::new(KubeconfigTask::local(paths::KUBE_PROXY_KUBECONFIG, ca.clone(), CertSpec::client("system:kube-proxy", &[]), ca_dep)));
-        let mut p = to_value(proxy);
-        let mut extra = json!({ "master": "https://127.0.0.1" });
+        let mut p = proxy.clone();
+        default(&mut p.master, "https://127.0.0.1");
         if !inp.facts.hostname.is_empty() {
-            extra["hostnameOverride"] = json!(inp.facts.hostname);
+            default(&mut p.hostname_override, inp.facts.hostname.clone());
         }
-        overlay(&mut p, extra);
         let mut flags = crate::flags::build(&p, flag_table::KUBE_PROXY_CONFIG);
         flags.push(format!("--kubeconfig={}", paths::KUBE_PROXY_KUBECONFIG));
         flags.sort();
         let pod = manifests::Component {
             name: "kube-proxy",
-            image: str_of(&p, "image").unwrap_or_default(),
+            image: p.image.clone().unwrap_or_default(),
             binary: "/usr/local/bin/kube-proxy".into(),
             flags,
-            cpu_request: str_of(&p, "cpuRequest"),
-            memory_request: str_of(&p, "memoryRequest"),
+            cpu_request: quantity(p.cpu_request.as_ref()),
+            memory_request: quantity(p.memory_request.as_ref()),
             host_paths: vec![
                 ("kubeconfig", paths::KUBE_PROXY_KUBECONFIG.into(), false),
                 ("modules", "/lib/modules".into(), false),

@@ -8,10 +8,9 @@ use keelson_api::nodeup::{
 };
 use keelson_api::{
     CalicoNetworkingSpec, CiliumNetworkingSpec, Cluster, ClusterSpec, FileAssetSpec, HookSpec, InstanceGroup, KubeletConfigSpec,
-    NetworkingSpec, NvidiaGPUConfig, Role,
+    Merge, NetworkingSpec, NvidiaGPUConfig, Role,
 };
 
-use crate::complete::node::merge;
 use crate::complete::CompileOptions;
 use crate::versions::{Arch, Versions, VersionsError};
 
@@ -94,7 +93,8 @@ fn node_labels(spec: &ClusterSpec, ig: &InstanceGroup, role: Role, flags: &Compi
         return None;
     }
     let base = if role == Role::ControlPlane { spec.master_kubelet.clone() } else { spec.kubelet.clone() };
-    let merged = merge(&base.unwrap_or_default(), &ig.spec.kubelet.clone().unwrap_or_default());
+    let mut merged = base.unwrap_or_default();
+    merged.merge_from(&ig.spec.kubelet.clone().unwrap_or_default());
     let mut labels = merged.node_labels.unwrap_or_default();
     let mut set = |k: &str| {
         labels.insert(k.to_string(), String::new());
@@ -152,7 +152,7 @@ pub fn kubelet_for(spec: &ClusterSpec, ig: &InstanceGroup, role: Role, flags: &C
     taints.extend(ig.spec.kubelet.as_ref().and_then(|k| k.taints.clone()).into_iter().flatten());
     taints.extend(spec.kubelet.as_ref().and_then(|k| k.taints.clone()).into_iter().flatten());
     if let Some(own) = &ig.spec.kubelet {
-        base = merge(&base, own);
+        base.merge_from(own);
     }
     match role {
         Role::ControlPlane => {
@@ -254,7 +254,8 @@ pub fn build(
     }
 
     let containerd_config = {
-        let mut c = merge(&spec.containerd.clone().unwrap_or_default(), &ig.spec.containerd.clone().unwrap_or_default());
+        let mut c = spec.containerd.clone().unwrap_or_default();
+        c.merge_from(&ig.spec.containerd.clone().unwrap_or_default());
         let ig_gvisor = ig.spec.containerd.as_ref().and_then(|c| c.gvisor.as_ref()).and_then(|g| g.enabled) == Some(true);
         if !(role == Role::Node && ig_gvisor) {
             c.gvisor = None;
@@ -267,7 +268,8 @@ pub fn build(
         if cluster_gpu.is_none() && ig_gpu.is_none() {
             None
         } else {
-            let mut g = merge(&cluster_gpu.unwrap_or_default(), &ig_gpu.unwrap_or_default());
+            let mut g = cluster_gpu.unwrap_or_default();
+            g.merge_from(&ig_gpu.unwrap_or_default());
             if g.package.is_none() {
                 g.package = Some(NVIDIA_DRIVER_PACKAGE.to_string());
             }

@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 
 use keelson_api::KubeletConfigSpec;
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::flag_table::KUBELET_CONFIG_SPEC;
 use crate::paths;
@@ -122,71 +121,54 @@ fn kv_list(s: &str, sep: char) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn s(v: &Value, k: &str) -> Option<String> {
-    v.get(k).and_then(|x| match x {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
-        _ => None,
-    })
-}
-fn b(v: &Value, k: &str) -> Option<bool> {
-    v.get(k).and_then(Value::as_bool)
-}
-fn i(v: &Value, k: &str) -> Option<i64> {
-    v.get(k).and_then(Value::as_i64)
-}
-fn map(v: &Value, k: &str) -> Option<BTreeMap<String, String>> {
-    v.get(k).and_then(Value::as_object).map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()))).collect())
-}
-
 /// The `KubeletConfiguration` for a kubelet spec (kOps' mapping of its `flag:"-"` fields).
 pub fn configuration(spec: &KubeletConfigSpec, containerd_address: Option<&str>, serving_cert: bool) -> Result<KubeletConfiguration, String> {
-    let v = serde_json::to_value(spec).map_err(|e| e.to_string())?;
-    let mut taints = Vec::new();
-    for t in v.get("taints").and_then(Value::as_array).into_iter().flatten() {
-        taints.push(parse_taint(t.as_str().unwrap_or_default())?);
-    }
-    let feature_gates = map(&v, "featureGates")
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(k, val)| (k, val.trim().eq_ignore_ascii_case("true")))
+    let taints = spec.taints.iter().flatten().map(|t| parse_taint(t)).collect::<Result<Vec<_>, _>>()?;
+    let feature_gates = spec
+        .feature_gates
+        .iter()
+        .flatten()
+        .map(|(k, val)| (k.clone(), val.trim().eq_ignore_ascii_case("true")))
         .collect();
     Ok(KubeletConfiguration {
         api_version: "kubelet.config.k8s.io/v1beta1",
         kind: "KubeletConfiguration",
         authentication: Authentication {
-            anonymous: Enabled { enabled: b(&v, "anonymousAuth") },
-            webhook: Enabled { enabled: b(&v, "authenticationTokenWebhook") },
-            x509: X509 { client_ca_file: s(&v, "clientCAFile").or_else(|| Some(paths::CA_CRT.into())) },
+            anonymous: Enabled { enabled: spec.anonymous_auth },
+            webhook: Enabled { enabled: spec.authentication_token_webhook },
+            // Always the cluster CA nodeup writes: the spec's `clientCaFile` has never been
+            // carried into this file (the former key-based read looked for `clientCAFile`, a
+            // key the v1alpha2 type does not have), and the output stays as it was.
+            x509: X509 { client_ca_file: Some(paths::CA_CRT.into()) },
         },
-        authorization: Authorization { mode: s(&v, "authorizationMode") },
-        cgroup_driver: s(&v, "cgroupDriver"),
-        cgroup_root: s(&v, "cgroupRoot"),
-        cluster_dns: s(&v, "clusterDNS").into_iter().collect(),
-        cluster_domain: s(&v, "clusterDomain"),
+        authorization: Authorization { mode: spec.authorization_mode.clone() },
+        cgroup_driver: spec.cgroup_driver.clone(),
+        cgroup_root: spec.cgroup_root.clone(),
+        cluster_dns: spec.cluster_dns.iter().cloned().collect(),
+        cluster_domain: spec.cluster_domain.clone(),
         container_runtime_endpoint: format!("unix://{}", containerd_address.unwrap_or(paths::CONTAINERD_SOCKET)),
-        enable_debugging_handlers: b(&v, "enableDebuggingHandlers"),
-        eviction_hard: s(&v, "evictionHard").map(|e| kv_list(&e, '<')).unwrap_or_default(),
+        enable_debugging_handlers: spec.enable_debugging_handlers,
+        eviction_hard: spec.eviction_hard.as_deref().map(|e| kv_list(e, '<')).unwrap_or_default(),
         feature_gates,
-        fail_swap_on: b(&v, "failSwapOn"),
-        max_pods: i(&v, "maxPods"),
-        pod_pids_limit: i(&v, "podPidsLimit"),
-        protect_kernel_defaults: b(&v, "protectKernelDefaults"),
+        fail_swap_on: spec.fail_swap_on,
+        max_pods: spec.max_pods,
+        pod_pids_limit: spec.pod_pids_limit,
+        protect_kernel_defaults: spec.protect_kernel_defaults,
         register_with_taints: taints,
-        rotate_certificates: b(&v, "rotateCertificates"),
-        serialize_image_pulls: b(&v, "serializeImagePulls"),
-        shutdown_grace_period: s(&v, "shutdownGracePeriod"),
-        shutdown_grace_period_critical_pods: s(&v, "shutdownGracePeriodCriticalPods"),
-        static_pod_path: s(&v, "podManifestPath"),
+        rotate_certificates: spec.rotate_certificates,
+        serialize_image_pulls: spec.serialize_image_pulls,
+        shutdown_grace_period: spec.shutdown_grace_period.map(|d| d.to_string()),
+        shutdown_grace_period_critical_pods: spec.shutdown_grace_period_critical_pods.map(|d| d.to_string()),
+        static_pod_path: spec.pod_manifest_path.clone(),
         tls_cert_file: serving_cert.then(|| format!("{}/kubelet-server.crt", paths::SRV_KUBERNETES)),
         tls_private_key_file: serving_cert.then(|| format!("{}/kubelet-server.key", paths::SRV_KUBERNETES)),
-        kube_reserved: map(&v, "kubeReserved"),
-        system_reserved: map(&v, "systemReserved"),
-        image_gc_high_threshold_percent: i(&v, "imageGCHighThresholdPercent"),
-        image_gc_low_threshold_percent: i(&v, "imageGCLowThresholdPercent"),
-        read_only_port: i(&v, "readOnlyPort"),
-        container_log_max_size: s(&v, "containerLogMaxSize"),
-        container_log_max_files: i(&v, "containerLogMaxFiles"),
+        kube_reserved: spec.kube_reserved.clone(),
+        system_reserved: spec.system_reserved.clone(),
+        image_gc_high_threshold_percent: spec.image_gc_high_threshold_percent,
+        image_gc_low_threshold_percent: spec.image_gc_low_threshold_percent,
+        read_only_port: spec.read_only_port,
+        container_log_max_size: spec.container_log_max_size.clone(),
+        container_log_max_files: spec.container_log_max_files,
     })
 }
 

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use keelson_api::{ClusterSpec, Duration, KubeletConfigSpec, NodeLocalDNSConfig, Quantity, Runc};
+use keelson_api::{ClusterSpec, Duration, KubeletConfigSpec, Merge, NodeLocalDNSConfig, Quantity, Runc};
 
 use super::network::nth_address;
 use super::{default, Cloud, Context, Derived, Plugin};
@@ -17,31 +17,6 @@ const NVIDIA_DEVICE_PLUGIN_IMAGE: &str = "nvcr.io/nvidia/k8s-device-plugin:v0.17
 
 fn quantity(s: &str) -> Quantity {
     s.parse().unwrap_or_else(|_| unreachable!("built-in quantity {s} is valid"))
-}
-
-/// Overlay `top` on `base` field by field (maps merge, everything else replaces), as kOps merges
-/// a role's kubelet settings over the cluster's.
-pub fn merge<T: serde::Serialize + serde::de::DeserializeOwned + Clone>(base: &T, top: &T) -> T {
-    fn merge_values(base: &mut serde_json::Value, top: serde_json::Value) {
-        match (base, top) {
-            (serde_json::Value::Object(b), serde_json::Value::Object(t)) => {
-                for (k, v) in t {
-                    match b.get_mut(&k) {
-                        Some(existing) => merge_values(existing, v),
-                        None => {
-                            b.insert(k, v);
-                        }
-                    }
-                }
-            }
-            (b, t) => *b = t,
-        }
-    }
-    let (Ok(mut b), Ok(t)) = (serde_json::to_value(base), serde_json::to_value(top)) else {
-        return top.clone();
-    };
-    merge_values(&mut b, t);
-    serde_json::from_value(b).unwrap_or_else(|_| top.clone())
 }
 
 fn dns_server_ip(spec: &ClusterSpec) -> Option<String> {
@@ -96,9 +71,9 @@ pub fn kubelet(ctx: &Context, d: &Derived, spec: &mut ClusterSpec) {
 
     // Control-plane kubelets start from the user's cluster kubelet with their own settings on top.
     let user_master = ctx.user.master_kubelet.clone().unwrap_or_default();
-    let seed = merge(&user_kubelet, &user_master);
+    let seed = KubeletConfigSpec::merged(&user_kubelet, &user_master);
     let m = spec.master_kubelet.get_or_insert_with(Default::default);
-    *m = merge(&seed, m);
+    *m = KubeletConfigSpec::merged(&seed, m);
     if isolate {
         default(&mut m.enable_debugging_handlers, false);
         default(&mut m.hairpin_mode, "none".to_string());
