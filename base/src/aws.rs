@@ -77,7 +77,7 @@ pub async fn sdk_config(opts: &AwsOptions) -> SdkConfig {
         .operation_timeout(opts.operation_timeout)
         .build();
     let mut loader = aws_config::defaults(BehaviorVersion::latest())
-        .http_client(http)
+        .http_client(http.clone())
         .retry_config(retry_config(opts))
         .timeout_config(timeouts);
     if let Some(region) = &opts.region {
@@ -87,12 +87,15 @@ pub async fn sdk_config(opts: &AwsOptions) -> SdkConfig {
         loader = loader.endpoint_url(url.clone());
     }
     if let Some(imds) = &opts.imds_endpoint {
-        match aws_config::imds::Client::builder().endpoint(imds) {
+        // Instance-role credentials from this IMDS, over the same HTTP client.
+        let provider = aws_config::provider_config::ProviderConfig::default()
+            .with_http_client(http.clone())
+            .with_region(opts.region.clone().map(Region::new));
+        match aws_config::imds::Client::builder().configure(&provider).endpoint(imds) {
             Ok(client) => {
-                let mut chain = aws_config::default_provider::credentials::DefaultCredentialsChain::builder().imds_client(client.build());
-                if let Some(region) = &opts.region {
-                    chain = chain.region(Region::new(region.clone()));
-                }
+                let chain = aws_config::default_provider::credentials::DefaultCredentialsChain::builder()
+                    .configure(provider)
+                    .imds_client(client.build());
                 loader = loader.credentials_provider(chain.build().await);
             }
             Err(e) => tracing::warn!(endpoint = %imds, error = %e, "invalid IMDS endpoint; using the default for credentials"),

@@ -2,8 +2,6 @@
 
 #[path = "support/moto.rs"]
 mod moto;
-#[path = "support/imds_server.rs"]
-mod imds_server;
 
 use std::time::{Duration, Instant};
 
@@ -114,7 +112,7 @@ fn route53_changes_are_batched_and_ttld() {
 
 #[test]
 fn imds_identity_with_tokens() {
-    let srv = imds_server::ImdsServer::start(&[
+    let srv = testkit::imds::ImdsServer::start(&[
         ("instance-id", "i-0abc"),
         ("placement/availability-zone", "eu-west-1b"),
         ("placement/region", "eu-west-1"),
@@ -127,7 +125,7 @@ fn imds_identity_with_tokens() {
             id,
             Identity { instance_id: "i-0abc".into(), zone: "eu-west-1b".into(), region: "eu-west-1".into(), internal_ip: "172.20.64.10".into() }
         );
-        assert_eq!(srv.state.lock().expect("s").tokens_issued, 1, "token reused");
+        assert_eq!(srv.faults().tokens_issued, 1, "token reused");
         // Overrides are not fetched.
         let id = Identity::resolve(&imds, Some("i-x".into()), None, None, Some("10.0.0.1".into())).await.expect("identity");
         assert_eq!(id.instance_id, "i-x");
@@ -138,23 +136,23 @@ fn imds_identity_with_tokens() {
 
 #[test]
 fn imds_refreshes_token_on_401_and_retries_5xx() {
-    let srv = imds_server::ImdsServer::start(&[("instance-id", "i-1"), ("local-ipv4", "10.0.0.5")]);
-    srv.state.lock().expect("s").revoke_after = Some(1);
+    let srv = testkit::imds::ImdsServer::start(&[("instance-id", "i-1"), ("local-ipv4", "10.0.0.5")]);
+    srv.faults().revoke_after = Some(1);
     rt().block_on(async {
         let imds = Imds::new(Some(&srv.url)).expect("client");
         assert_eq!(imds.get("instance-id").await.expect("get").as_deref(), Some("i-1"));
         // The token was revoked: the next GET sees 401, refreshes, and succeeds.
         assert_eq!(imds.get("local-ipv4").await.expect("get").as_deref(), Some("10.0.0.5"));
-        assert_eq!(srv.state.lock().expect("s").tokens_issued, 2);
-        srv.state.lock().expect("s").fail_next = vec![500, 503];
+        assert_eq!(srv.faults().tokens_issued, 2);
+        srv.faults().fail_next = vec![500, 503];
         assert_eq!(imds.get("instance-id").await.expect("get after 5xx").as_deref(), Some("i-1"));
     });
 }
 
 #[test]
 fn imds_gives_up_within_deadline() {
-    let srv = imds_server::ImdsServer::start(&[("instance-id", "i-1")]);
-    srv.state.lock().expect("s").fail_next = vec![500; 1000];
+    let srv = testkit::imds::ImdsServer::start(&[("instance-id", "i-1")]);
+    srv.faults().fail_next = vec![500; 1000];
     rt().block_on(async {
         let mut imds = Imds::new(Some(&srv.url)).expect("client");
         imds.deadline = Duration::from_secs(2);

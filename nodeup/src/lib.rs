@@ -18,4 +18,3 @@ pub mod paths;
 pub mod render;
 pub mod run;
 pub mod tasks;
-pub mod testsupport;

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use nodeup::testsupport::{standard_assets, write_state, FakeAsset, Mirror};
+use testkit::mirror::{standard_assets, write_state, FakeAsset, Mirror};
 
 pub const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/ha");
 

@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use nodeup::testsupport::{sha256_hex, Behaviour};
+use testkit::mirror::{sha256_hex, Behaviour};
 
 fn check_complete(s: &Scenario, reference: &std::collections::BTreeMap<String, Vec<u8>>, when: &str) {
     for (rel, bytes) in tree(&s.root) {

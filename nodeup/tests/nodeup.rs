@@ -6,11 +6,11 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use nodeup::testsupport::{sha256_hex, Behaviour};
+use testkit::mirror::{sha256_hex, Behaviour};
 
 const PAD: usize = 64 * 1024;
 
-fn direct(m: &nodeup::testsupport::Mirror, a: &nodeup::testsupport::FakeAsset) -> Vec<String> {
+fn direct(m: &testkit::mirror::Mirror, a: &testkit::mirror::FakeAsset) -> Vec<String> {
     vec![m.url(&a.path)]
 }
 
@@ -263,7 +263,7 @@ fn control_plane_host() {
 #[test]
 fn facts_come_from_imds_when_no_flag_gives_them() {
     let s = Scenario::new(Group::Worker, PAD, direct);
-    let imds = nodeup::testsupport::Mirror::start();
+    let imds = testkit::mirror::Mirror::start();
     imds.put("latest/api/token", b"t".to_vec());
     imds.put("latest/meta-data/instance-id", b"i-0123".to_vec());
     imds.put("latest/meta-data/placement/availability-zone", b"eu-west-1b".to_vec());

@@ -4,55 +4,15 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Command;
 
 use common::*;
 
-struct Moto {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn python() -> PathBuf {
-    std::env::var_os("KEELSON_PYTHON")
-        .filter(|p| !p.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python"))
-}
-
-fn start_moto() -> Moto {
-    let py = python();
-    assert!(
-        py.exists(),
-        "this test needs moto: {} not found (run scripts/test, which creates .venv with moto[server], or set KEELSON_PYTHON)",
-        py.display()
-    );
-    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
-    let child = Command::new(&py)
-        .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start moto with {}: {e}", py.display()));
-    let moto = Moto { child, port };
-    let client = reqwest::blocking::Client::new();
-    let t = Instant::now();
-    loop {
-        if client.get(format!("http://127.0.0.1:{port}/moto-api/")).send().is_ok() {
-            return moto;
-        }
-        assert!(t.elapsed() < Duration::from_secs(60), "moto did not start on 127.0.0.1:{port} within 60 s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn start_moto() -> (testkit::moto::Moto, tempfile::NamedTempFile) {
+    let log = tempfile::NamedTempFile::new().expect("moto log");
+    let moto = testkit::moto::Moto::start(log.path()).unwrap_or_else(|e| panic!("this test needs moto: {e}"));
+    (moto, log)
 }
 
 fn upload_dir(client: &reqwest::blocking::Client, port: u16, bucket: &str, prefix: &str, dir: &Path) {
@@ -64,7 +24,7 @@ fn upload_dir(client: &reqwest::blocking::Client, port: u16, bucket: &str, prefi
 
 #[test]
 fn s3_config_base_against_moto() {
-    let moto = start_moto();
+    let (moto, _log) = start_moto();
     let s = Scenario::new(Group::Worker, 4096, |m, a| vec![m.url(&a.path)]);
     let client = reqwest::blocking::Client::new();
     let port = moto.port;

@@ -99,13 +99,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let plan = config::plan(&boot, &cluster)?;
     tracing::info!(?me, cluster = %plan.cluster_name, group = %plan.instance_group, "starting");
 
-    let mut ec2_conf = aws_sdk_ec2::config::Builder::from(&aws).interceptor(counter.clone());
-    // Drill/testing knob: answer the first N EC2 calls with RequestLimitExceeded (the real retry
-    // policy must absorb them).
-    if let Some(n) = std::env::var("PROTOKUBE_INJECT_EC2_THROTTLES").ok().and_then(|v| v.parse::<u32>().ok()) {
-        tracing::warn!(count = n, "injecting EC2 throttling responses");
-        ec2_conf = ec2_conf.interceptor(cloud::fault::Throttle::new(cloud::fault::ThrottleKind::Ec2RequestLimitExceeded, n));
-    }
+    let ec2_conf = aws_sdk_ec2::config::Builder::from(&aws).interceptor(counter.clone());
+    // Test hook (feature `test-hooks` only): answer the first N EC2 calls with RequestLimitExceeded
+    // (the real retry policy must absorb them).
+    #[cfg(feature = "test-hooks")]
+    let ec2_conf = match std::env::var("PROTOKUBE_INJECT_EC2_THROTTLES").ok().and_then(|v| v.parse::<u32>().ok()) {
+        Some(n) => {
+            tracing::warn!(count = n, "injecting EC2 throttling responses");
+            ec2_conf.interceptor(cloud::fault::Throttle::new(cloud::fault::ThrottleKind::Ec2RequestLimitExceeded, n))
+        }
+        None => ec2_conf,
+    };
     let ec2 = aws_sdk_ec2::Client::from_conf(ec2_conf.build());
     let dns = match plan.dns {
         DnsMode::Route53 { .. } => Some(Route53Dns::new(aws_sdk_route53::Client::from_conf(

@@ -3,8 +3,6 @@
 
 #[path = "../../cloud/tests/support/moto.rs"]
 mod moto;
-#[path = "../../cloud/tests/support/imds_server.rs"]
-mod imds_server;
 #[path = "support/host.rs"]
 mod host;
 
@@ -263,7 +261,7 @@ fn replacement_instance_claims_same_volume_data_survives_dns_follows() {
         assert_ne!(h1.ip, h2.ip);
         h2.link(&vid, &d.dev);
         // Identity from IMDSv2 this time.
-        let imds = imds_server::ImdsServer::start(&[
+        let imds = testkit::imds::ImdsServer::start(&[
             ("instance-id", &h2.instance_id),
             ("placement/availability-zone", "us-east-1a"),
             ("placement/region", moto::REGION),
@@ -281,7 +279,7 @@ fn replacement_instance_claims_same_volume_data_survives_dns_follows() {
             assert_eq!(recs.get(n), Some(&(60, vec![h2.ip.clone()])), "{n}");
         }
         assert_eq!(recs.get("api.re.example.com"), Some(&(60, vec![h2.public_ip.clone()])));
-        assert!(imds.state.lock().expect("s").tokens_issued >= 1);
+        assert!(imds.faults().tokens_issued >= 1);
     });
 }
 

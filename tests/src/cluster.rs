@@ -257,7 +257,7 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
                 let r = tokio::net::TcpListener::from_std(relay).expect("relay listener");
                 let m = tokio::net::TcpListener::from_std(mirror_l).expect("mirror listener");
                 let a = tokio::net::TcpListener::from_std(api_l).expect("api listener");
-                tokio::join!(crate::httpd::relay(r, moto_target), mirror::serve(m, mirror_root), crate::httpd::relay_to_any(a, api_targets));
+                tokio::join!(crate::relay::relay(r, moto_target), mirror::serve(m, mirror_root), crate::relay::relay_to_any(a, api_targets));
             });
         });
     }
@@ -501,6 +501,7 @@ impl Daemon {
                 security_groups: inst.security_groups.clone(),
                 user_data,
                 tags: inst.tags.clone(),
+                extra: Default::default(),
             };
             self.starting.lock().map_err(|_| anyhow!("lock"))?.insert(id.clone());
             let (machines, starting, failed, events) = (self.machines.clone(), self.starting.clone(), self.failed.clone(), self.events.clone());

@@ -18,15 +18,16 @@ pub mod cloud;
 pub mod cmd;
 pub mod cluster;
 pub mod etcd;
-pub mod httpd;
-pub mod imds;
 pub mod kubeapi;
 pub mod kubernetes;
 pub mod machine;
 pub mod mirror;
-pub mod moto;
 pub mod net;
 pub mod paths;
+pub mod relay;
 pub mod rootfs;
 pub mod spec;
 pub mod volumes;
+
+// The fixtures every test shares (moto, IMDS, HTTP server) live in `keelson-testkit`.
+pub use testkit::{httpd, imds, moto};

@@ -2,10 +2,8 @@
 //! a state-store bucket, a hosted zone, an AMI id, and the test spec built from examples/minimal.yaml.
 #![allow(dead_code)]
 
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
 use aws_smithy_runtime_api::client::interceptors::SharedInterceptor;
 use cloud_resources::aws::AwsTarget;
@@ -19,25 +17,14 @@ pub const NODEUP_AMD64: &str =
 /// The protokube build for the control planes.
 pub const PROTOKUBE_AMD64: &str = "amd64=5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8@https://nodeup.mirror.test/amd64/protokube";
 
+/// A moto server of this test's own (`keelson-testkit`'s launcher), stopped when dropped.
 pub struct Moto {
-    child: Child,
+    server: testkit::moto::Moto,
     pub url: String,
+    _log: tempfile::NamedTempFile,
 }
 
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn python() -> PathBuf {
-    std::env::var_os("KEELSON_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python"))
-}
-
-/// Run blocking work (the blocking HTTP client) from sync or multi-threaded async tests.
+/// Run blocking work from sync or multi-threaded async tests.
 fn blocking<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current() {
         Ok(_) => tokio::task::block_in_place(f),
@@ -45,64 +32,25 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
-fn http() -> reqwest::blocking::Client {
-    reqwest::blocking::Client::builder().no_proxy().timeout(Duration::from_secs(10)).build().expect("http client")
-}
-
 impl Moto {
-    /// Start a moto server on a free port and wait (bounded) until it answers.
+    /// Start a moto server on a free port and wait (bounded) until it answers; panics saying why
+    /// when moto is not installed.
     pub fn start() -> Moto {
-        blocking(Self::start_blocking)
+        blocking(|| {
+            std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
+            std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
+            std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
+            std::env::remove_var("AWS_ENDPOINT_URL");
+            std::env::remove_var("AWS_PROFILE");
+            let log = tempfile::NamedTempFile::new().expect("moto log file");
+            let server = testkit::moto::Moto::start(log.path()).unwrap_or_else(|e| panic!("these tests need moto: {e}"));
+            Moto { url: server.endpoint(), server, _log: log }
+        })
     }
 
-    fn start_blocking() -> Moto {
-        std::env::set_var("AWS_ACCESS_KEY_ID", "testing");
-        std::env::set_var("AWS_SECRET_ACCESS_KEY", "testing");
-        std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
-        std::env::remove_var("AWS_ENDPOINT_URL");
-        std::env::remove_var("AWS_PROFILE");
-        let py = python();
-        let port = TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
-        let child = Command::new(&py)
-            .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "these tests need moto: cannot run {} ({e}); create it with \
-                     `python3 -m venv .venv && .venv/bin/pip install 'moto[server]'` or set KEELSON_PYTHON",
-                    py.display()
-                )
-            });
-        let mut moto = Moto { child, url: format!("http://127.0.0.1:{port}") };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Ok(r) = http().get(format!("{}/moto-api/data.json", moto.url)).send() {
-                if r.status().is_success() {
-                    break;
-                }
-            }
-            if let Ok(Some(status)) = moto.child.try_wait() {
-                panic!(
-                    "these tests need moto: `{} -m moto.server` exited with {status} (install with `pip install 'moto[server]'`)",
-                    py.display()
-                );
-            }
-            assert!(Instant::now() < deadline, "moto server at {} did not answer within 60 s", moto.url);
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        moto
-    }
-
-    /// Forget everything (between phases of a test).
+    /// Forget every resource.
     pub fn reset(&self) {
-        blocking(|| self.reset_blocking())
-    }
-
-    fn reset_blocking(&self) {
-        let r = http().post(format!("{}/moto-api/reset", self.url)).send().expect("moto reset");
-        assert!(r.status().is_success(), "moto reset: {}", r.status());
+        blocking(|| self.server.reset().expect("moto reset"))
     }
 
     pub fn options(&self) -> cloud::AwsOptions {

@@ -1,24 +1,23 @@
-//! Test and benchmark support (not part of nodeup's behaviour): a local HTTP asset mirror on
-//! 127.0.0.1 with fault injection, fake assets with the real file names and layouts, and a
-//! state-store writer. Used by `tests/` and the `nodeup-bench` binary.
-#![doc(hidden)]
+//! An asset mirror on 127.0.0.1 with fault injection (not found, hang, corrupt, slow), fake assets
+//! with the real file names and layouts, and a state-store writer: what nodeup's tests and its
+//! benchmark serve nodeup from.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::Read;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sha2::{Digest as _, Sha256};
+
+use crate::httpd::{Body, Request, Response, Server};
 
 /// How the mirror answers a path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Behaviour {
     Serve,
     NotFound,
-    /// Accept, read the request, never answer (until the connection is dropped, at most 60 s).
+    /// Read the request, never answer (for 60 s, or until the mirror is dropped).
     Hang,
     /// Serve the bytes with one byte flipped.
     Corrupt,
@@ -26,132 +25,75 @@ pub enum Behaviour {
     Slow(Duration),
 }
 
+#[derive(Default)]
 struct State {
     files: BTreeMap<String, Vec<u8>>,
     behaviour: BTreeMap<String, Behaviour>,
     hits: BTreeMap<String, usize>,
+    requests: usize,
 }
 
-/// A tiny HTTP/1.1 file server on 127.0.0.1.
+/// A file server on 127.0.0.1 (stopped when dropped).
 pub struct Mirror {
-    addr: SocketAddr,
+    server: Server,
     state: Arc<Mutex<State>>,
-    stop: Arc<AtomicBool>,
-    requests: Arc<AtomicUsize>,
+}
+
+fn key(path: &str) -> String {
+    format!("/{}", path.trim_start_matches('/'))
 }
 
 impl Mirror {
     pub fn start() -> Mirror {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
-        let addr = listener.local_addr().expect("addr");
-        let state = Arc::new(Mutex::new(State { files: BTreeMap::new(), behaviour: BTreeMap::new(), hits: BTreeMap::new() }));
-        let stop = Arc::new(AtomicBool::new(false));
-        let requests = Arc::new(AtomicUsize::new(0));
-        let (st, sp, rq) = (state.clone(), stop.clone(), requests.clone());
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                if sp.load(Ordering::SeqCst) {
-                    break;
+        let state = Arc::new(Mutex::new(State::default()));
+        let st = state.clone();
+        let server = Server::start(Arc::new(move |req: &Request| {
+            let mut s = st.lock().unwrap_or_else(|e| e.into_inner());
+            s.requests += 1;
+            *s.hits.entry(req.path.clone()).or_default() += 1;
+            let behaviour = s.behaviour.get(&req.path).cloned().unwrap_or(Behaviour::Serve);
+            match (behaviour, s.files.get(&req.path).cloned()) {
+                (Behaviour::Hang, _) => Response { status: 200, headers: Vec::new(), body: Body::Hang(Duration::from_secs(60)) },
+                (Behaviour::NotFound, _) | (_, None) => Response::text(404, "not found\n"),
+                (Behaviour::Corrupt, Some(mut bytes)) => {
+                    let mid = bytes.len() / 2;
+                    if let Some(b) = bytes.get_mut(mid) {
+                        *b ^= 0xff;
+                    }
+                    Response::bytes(200, bytes)
                 }
-                let Ok(conn) = conn else { continue };
-                let (st, sp, rq) = (st.clone(), sp.clone(), rq.clone());
-                std::thread::spawn(move || {
-                    let _ = serve(conn, &st, &sp, &rq);
-                });
+                (Behaviour::Slow(pause), Some(bytes)) => {
+                    Response { status: 200, headers: Vec::new(), body: Body::Slow { bytes, pause } }
+                }
+                (Behaviour::Serve, Some(bytes)) => Response::bytes(200, bytes),
             }
-        });
-        Mirror { addr, state, stop, requests }
+        }));
+        Mirror { server, state }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn url(&self, path: &str) -> String {
-        format!("http://{}/{}", self.addr, path.trim_start_matches('/'))
+        self.server.url(path)
     }
 
     pub fn put(&self, path: &str, bytes: Vec<u8>) {
-        self.state.lock().expect("lock").files.insert(format!("/{}", path.trim_start_matches('/')), bytes);
+        self.state().files.insert(key(path), bytes);
     }
 
     pub fn set(&self, path: &str, b: Behaviour) {
-        self.state.lock().expect("lock").behaviour.insert(format!("/{}", path.trim_start_matches('/')), b);
+        self.state().behaviour.insert(key(path), b);
     }
 
     pub fn hits(&self, path: &str) -> usize {
-        *self.state.lock().expect("lock").hits.get(&format!("/{}", path.trim_start_matches('/'))).unwrap_or(&0)
+        self.state().hits.get(&key(path)).copied().unwrap_or(0)
     }
 
     pub fn requests(&self) -> usize {
-        self.requests.load(Ordering::SeqCst)
+        self.state().requests
     }
-}
-
-impl Drop for Mirror {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = TcpStream::connect(self.addr);
-    }
-}
-
-fn serve(conn: TcpStream, state: &Mutex<State>, stop: &AtomicBool, requests: &AtomicUsize) -> std::io::Result<()> {
-    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let mut reader = BufReader::new(conn.try_clone()?);
-    let mut conn = conn;
-    // Keep-alive: serve requests until the client closes (bounded).
-    for _ in 0..1000 {
-        let mut line = String::new();
-        if reader.read_line(&mut line)? == 0 {
-            return Ok(());
-        }
-        for _ in 0..100 {
-            let mut h = String::new();
-            if reader.read_line(&mut h)? == 0 || h == "\r\n" || h == "\n" {
-                break;
-            }
-        }
-        requests.fetch_add(1, Ordering::SeqCst);
-        let path = line.split_whitespace().nth(1).unwrap_or("/").to_string();
-        let (body, behaviour) = {
-            let mut s = state.lock().expect("lock");
-            *s.hits.entry(path.clone()).or_default() += 1;
-            (s.files.get(&path).cloned(), s.behaviour.get(&path).cloned().unwrap_or(Behaviour::Serve))
-        };
-        match (behaviour, body) {
-            (Behaviour::Hang, _) => {
-                let t = Instant::now();
-                while t.elapsed() < Duration::from_secs(60) && !stop.load(Ordering::SeqCst) {
-                    std::thread::sleep(Duration::from_millis(50));
-                    // Stop when the client went away.
-                    conn.set_nonblocking(true)?;
-                    let mut b = [0u8; 1];
-                    let gone = matches!(conn.peek(&mut b), Ok(0));
-                    conn.set_nonblocking(false)?;
-                    if gone {
-                        break;
-                    }
-                }
-                return Ok(());
-            }
-            (Behaviour::NotFound, _) | (_, None) => {
-                conn.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\n\r\nnot found")?;
-            }
-            (b, Some(mut body)) => {
-                if b == Behaviour::Corrupt && !body.is_empty() {
-                    let mid = body.len() / 2;
-                    body[mid] ^= 0xff;
-                }
-                conn.write_all(format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Type: application/octet-stream\r\n\r\n", body.len()).as_bytes())?;
-                match b {
-                    Behaviour::Slow(pause) => {
-                        for chunk in body.chunks(64 * 1024) {
-                            conn.write_all(chunk)?;
-                            std::thread::sleep(pause);
-                        }
-                    }
-                    _ => conn.write_all(&body)?,
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 pub fn sha256_hex(b: &[u8]) -> String {

@@ -1,6 +1,7 @@
 //! nodeup benchmark against a local mirror on 127.0.0.1.
 //!
-//! `cargo build --release -p keelson-nodeup && target/release/nodeup-bench [--pad-mb N] [--runs N]`
+//! `cargo bench -p keelson-nodeup --bench converge [-- --pad-mb N --runs N]`; under `cargo test` it
+//! runs once with small assets (a smoke test of the benchmark itself).
 //!
 //! Measures (a) a full converge of a fresh root (worker of examples/ha.yaml), (b) the lower
 //! bound `curl | sha256sum | tar -x` of the same assets, all concurrently, in the same run,
@@ -10,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use nodeup::testsupport::{sha256_hex, standard_assets, write_state, Mirror};
+use testkit::mirror::{sha256_hex, standard_assets, write_state, Mirror};
 
 fn arg(name: &str, default: usize) -> usize {
     let args: Vec<String> = std::env::args().collect();
@@ -56,11 +57,10 @@ fn run_nodeup(bin: &Path, boot: &Path, root: &Path) -> (Duration, u64) {
 }
 
 fn main() {
-    let pad = arg("--pad-mb", 16) << 20;
-    let runs = arg("--runs", 3).clamp(1, 20);
-    let exe = std::env::current_exe().expect("current exe");
-    let bin = exe.parent().expect("dir").join("nodeup");
-    assert!(bin.is_file(), "{} not found: build it first (cargo build --release -p keelson-nodeup)", bin.display());
+    let benchmarking = std::env::args().any(|a| a == "--bench");
+    let pad = if benchmarking { arg("--pad-mb", 16) << 20 } else { 1 << 20 };
+    let runs = if benchmarking { arg("--runs", 3).clamp(1, 20) } else { 1 };
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_nodeup"));
 
     let mirror = Mirror::start();
     let assets = standard_assets(pad);

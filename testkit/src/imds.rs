@@ -1,9 +1,10 @@
-//! An IMDSv2 endpoint for one instance: session tokens (PUT `/latest/api/token` with a TTL header,
-//! then the token on every GET; 401 without a valid one), the metadata paths nodeup and protokube
-//! read, the instance identity document, and the user-data moto holds for the instance.
-//! The harness runs one per machine, inside that machine's network namespace, on 169.254.169.254:80.
+//! The one fake IMDSv2: session tokens (PUT `/latest/api/token` with a TTL header, then the token on
+//! every GET; 401 without a valid one), the metadata paths nodeup and protokube read, the instance
+//! identity document and user-data; plus scripted faults for client tests ([`Faults`]).
+//! `keelson-local` runs one per machine, inside that machine's network namespace, on
+//! 169.254.169.254:80; unit tests start one on 127.0.0.1 with [`ImdsServer::start`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -41,6 +42,9 @@ pub struct InstanceData {
     pub user_data: Option<String>,
     #[serde(default)]
     pub tags: Vec<(String, String)>,
+    /// Any other `/latest/meta-data/<path>` → value (wins over the fields above).
+    #[serde(default)]
+    pub extra: BTreeMap<String, String>,
 }
 
 impl InstanceData {
@@ -69,8 +73,12 @@ impl InstanceData {
 
     /// Value of a `/latest/meta-data/<path>` (directories end in `/` and list their children).
     pub fn meta(&self, path: &str) -> Option<String> {
+        if let Some(v) = self.extra.get(path) {
+            return Some(v.clone());
+        }
         let mac = &self.mac;
         let v = match path {
+            "" if !self.extra.is_empty() => return None,
             "" => "ami-id\nhostname\ninstance-id\ninstance-type\nlocal-hostname\nlocal-ipv4\nmac\nnetwork/\nplacement/\npublic-ipv4\nsecurity-groups\ntags/".to_string(),
             "ami-id" => self.image_id.clone(),
             "instance-id" => self.instance_id.clone(),
@@ -113,10 +121,24 @@ impl InstanceData {
     }
 }
 
+/// Faults scripted by a test, and what the service saw.
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// Status codes answered to the next GETs, in order, before normal service.
+    pub fail_next: Vec<u16>,
+    /// Revoke every token after this many successful GETs (the next GET gets 401).
+    pub revoke_after: Option<u32>,
+    pub tokens_issued: u32,
+    pub gets: u32,
+    /// `METHOD path` of every request.
+    pub requests: Vec<String>,
+}
+
 /// The service: instance data plus the issued tokens.
 pub struct Imds {
     data: InstanceData,
     tokens: Mutex<HashMap<String, Instant>>,
+    faults: Mutex<Faults>,
 }
 
 fn random_token() -> String {
@@ -132,16 +154,43 @@ impl Imds {
         Arc::new(Imds {
             data,
             tokens: Mutex::new(HashMap::new()),
+            faults: Mutex::new(Faults::default()),
         })
     }
 
+    /// The scripted faults and counters.
+    pub fn faults(&self) -> std::sync::MutexGuard<'_, Faults> {
+        self.faults.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub fn handle(&self, req: &Request) -> Response {
+        self.faults().requests.push(format!("{} {}", req.method, req.path));
         if req.path == TOKEN_PATH {
             return self.token(req);
         }
         if req.method != "GET" && req.method != "HEAD" {
             return Response::text(405, "method not allowed\n");
         }
+        {
+            let mut f = self.faults();
+            if !f.fail_next.is_empty() {
+                let status = f.fail_next.remove(0);
+                return Response::text(status, "");
+            }
+        }
+        let response = self.metadata(req);
+        if response.status == 200 {
+            let mut f = self.faults();
+            f.gets += 1;
+            if f.revoke_after == Some(f.gets) {
+                drop(f);
+                self.revoke_all();
+            }
+        }
+        response
+    }
+
+    fn metadata(&self, req: &Request) -> Response {
         let valid = req.header(TOKEN_HEADER).is_some_and(|t| {
             let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
             let now = Instant::now();
@@ -190,6 +239,7 @@ impl Imds {
             return Response::text(400, "invalid ttl\n");
         }
         let token = random_token();
+        self.faults().tokens_issued += 1;
         self.tokens
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -203,6 +253,33 @@ impl Imds {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
+    }
+}
+
+/// A fake IMDS on 127.0.0.1 for client tests, stopped when dropped.
+pub struct ImdsServer {
+    pub url: String,
+    pub imds: Arc<Imds>,
+    _server: crate::httpd::Server,
+}
+
+impl ImdsServer {
+    /// Serve these `/latest/meta-data/<path>` values (and nothing else).
+    pub fn start(values: &[(&str, &str)]) -> ImdsServer {
+        let data = InstanceData { extra: values.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), ..Default::default() };
+        ImdsServer::start_for(data)
+    }
+
+    /// Serve an instance.
+    pub fn start_for(data: InstanceData) -> ImdsServer {
+        let imds = Imds::new(data);
+        let handler = imds.clone();
+        let server = crate::httpd::Server::start(Arc::new(move |r: &Request| handler.handle(r)));
+        ImdsServer { url: format!("http://{}", server.addr()), imds, _server: server }
+    }
+
+    pub fn faults(&self) -> std::sync::MutexGuard<'_, Faults> {
+        self.imds.faults()
     }
 }
 
@@ -293,5 +370,45 @@ mod tests {
             imds.handle(&req("GET", "/latest/user-data", &[(TOKEN_HEADER, &token)])).status,
             404
         );
+    }
+}
+
+#[cfg(test)]
+mod server_tests {
+    use super::*;
+
+    fn get(url: &str, method: &str, headers: &[(&str, &str)]) -> (u16, String) {
+        use std::io::{Read as _, Write as _};
+        let addr = url.trim_start_matches("http://").split('/').next().unwrap_or("");
+        let path = &url[url.find(addr).map(|i| i + addr.len()).unwrap_or(0)..];
+        let mut s = std::net::TcpStream::connect(addr).expect("connect");
+        let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+        for (n, v) in headers {
+            req.push_str(&format!("{n}: {v}\r\n"));
+        }
+        req.push_str("\r\n");
+        s.write_all(req.as_bytes()).expect("write");
+        let mut out = String::new();
+        s.read_to_string(&mut out).expect("read");
+        let status = out.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+        (status, out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default())
+    }
+
+    #[test]
+    fn scripted_faults_and_counters() {
+        let srv = ImdsServer::start(&[("instance-id", "i-1")]);
+        let (status, token) = get(&format!("{}{TOKEN_PATH}", srv.url), "PUT", &[(TTL_HEADER, "60")]);
+        assert_eq!(status, 200);
+        let meta = format!("{}/latest/meta-data/instance-id", srv.url);
+        assert_eq!(get(&meta, "GET", &[(TOKEN_HEADER, &token)]), (200, "i-1".to_string()));
+        srv.faults().fail_next = vec![503];
+        assert_eq!(get(&meta, "GET", &[(TOKEN_HEADER, &token)]).0, 503);
+        srv.faults().revoke_after = Some(2);
+        assert_eq!(get(&meta, "GET", &[(TOKEN_HEADER, &token)]).0, 200);
+        assert_eq!(get(&meta, "GET", &[(TOKEN_HEADER, &token)]).0, 401, "revoked after the 2nd success");
+        assert_eq!(get(&format!("{}/latest/meta-data/local-ipv4", srv.url), "GET", &[(TOKEN_HEADER, "x")]).0, 401);
+        let f = srv.faults();
+        assert_eq!((f.tokens_issued, f.gets), (1, 2));
+        assert_eq!(f.requests.len(), 6);
     }
 }

@@ -1,6 +1,6 @@
-//! A small HTTP/1.1 server (one request per connection, `Connection: close`) for the two things
-//! the local cloud serves: instance metadata and the asset mirror. Plus a TCP relay that exposes a
-//! 127.0.0.1 service (moto) on the machines' bridge.
+//! A small HTTP/1.1 server (one request per connection, `Connection: close`): what the local cloud
+//! and the tests serve — instance metadata and asset mirrors. [`serve`] runs on the caller's runtime;
+//! [`Server::start`] runs one on 127.0.0.1 on its own thread for synchronous tests.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -37,6 +37,10 @@ impl Request {
 pub enum Body {
     Bytes(Vec<u8>),
     File(PathBuf),
+    /// The bytes in 64 KiB chunks with `pause` between them (a slow mirror).
+    Slow { bytes: Vec<u8>, pause: Duration },
+    /// Read the request, then say nothing for this long (a hung server).
+    Hang(Duration),
 }
 
 #[derive(Debug)]
@@ -162,7 +166,11 @@ async fn connection(mut s: TcpStream, peer: String, h: Handler) -> std::io::Resu
 
 async fn write_response(s: &mut TcpStream, method: &str, resp: Response) -> std::io::Result<()> {
     let (len, file) = match &resp.body {
-        Body::Bytes(b) => (b.len() as u64, None),
+        Body::Hang(d) => {
+            tokio::time::sleep(*d).await;
+            return Ok(());
+        }
+        Body::Bytes(b) | Body::Slow { bytes: b, .. } => (b.len() as u64, None),
         Body::File(p) => match tokio::fs::File::open(p).await {
             Ok(f) => (f.metadata().await?.len(), Some(f)),
             Err(_) => {
@@ -180,6 +188,13 @@ async fn write_response(s: &mut TcpStream, method: &str, resp: Response) -> std:
     if method != "HEAD" {
         match (resp.body, file) {
             (Body::Bytes(b), _) => s.write_all(&b).await?,
+            (Body::Slow { bytes, pause }, _) => {
+                for chunk in bytes.chunks(64 * 1024) {
+                    s.write_all(chunk).await?;
+                    s.flush().await?;
+                    tokio::time::sleep(pause).await;
+                }
+            }
             (Body::File(_), Some(mut f)) => {
                 tokio::io::copy(&mut f, s).await?;
             }
@@ -191,43 +206,47 @@ async fn write_response(s: &mut TcpStream, method: &str, resp: Response) -> std:
     Ok(())
 }
 
-/// Accept on `listener` and pipe each connection to `target` (e.g. moto on 127.0.0.1).
-pub async fn relay(listener: TcpListener, target: String) {
-    loop {
-        let Ok((mut inbound, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
-        let target = target.clone();
-        tokio::spawn(async move {
-            if let Ok(mut out) = TcpStream::connect(&target).await {
-                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
-            }
+/// A server on 127.0.0.1 (a free port) with its own runtime thread, stopped when dropped.
+pub struct Server {
+    addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Server {
+    /// Start serving `handler`. Panics if 127.0.0.1 cannot be bound (a test fixture).
+    pub fn start(handler: Handler) -> Server {
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
+        std_listener.set_nonblocking(true).expect("nonblocking listener");
+        let addr = std_listener.local_addr().expect("local addr");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("test server runtime");
+            rt.block_on(async move {
+                let listener = TcpListener::from_std(std_listener).expect("tokio listener");
+                tokio::select! {
+                    _ = serve(listener, handler) => {}
+                    _ = stopped => {}
+                }
+            });
+            rt.shutdown_timeout(Duration::from_millis(200));
         });
+        Server { addr, stop: Some(stop) }
+    }
+
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:<port>/<path>`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}/{}", self.addr, path.trim_start_matches('/'))
     }
 }
 
-/// A TCP relay to whichever of `targets` (`host:port`, updated by the caller) accepts first, trying
-/// them in turn from a rotating start with a short connect timeout: the local cloud's network load
-/// balancer in front of the control planes' API servers.
-pub async fn relay_to_any(listener: TcpListener, targets: std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
-    let mut next = 0usize;
-    loop {
-        let Ok((mut inbound, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
-        let list = targets.lock().map(|t| t.clone()).unwrap_or_default();
-        next = next.wrapping_add(1);
-        let start = next;
-        tokio::spawn(async move {
-            for i in 0..list.len() {
-                let target = &list[(start + i) % list.len()];
-                if let Ok(Ok(mut out)) = tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(target)).await {
-                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
-                    return;
-                }
-            }
-        });
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
     }
 }

@@ -1,4 +1,6 @@
-//! The moto server (EC2, Auto Scaling, Route53, S3) on 127.0.0.1.
+//! The moto server (EC2, Auto Scaling, Route53, S3, IAM, ELBv2, STS) on 127.0.0.1: the one launcher
+//! every test and `keelson-local` use. [`Moto::start`] gives a server of one's own; [`shared`] one
+//! per test process, reset for each caller and held by one test at a time.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -22,7 +24,7 @@ pub enum MotoError {
     #[error("moto on 127.0.0.1:{port} did not answer within {secs} s (log: {log})")]
     NotReady { port: u16, secs: u64, log: PathBuf },
     #[error("no free port on 127.0.0.1: {0}")]
-    Port(std::io::Error),
+    Port(#[source] std::io::Error),
 }
 
 /// `$KEELSON_PYTHON`, else the repository's `.venv` (created by `scripts/test`).
@@ -73,9 +75,19 @@ impl Moto {
         let port = free_port()?;
         let out = std::fs::File::create(log).map_err(|source| MotoError::Spawn { python: py.clone(), source })?;
         let err = out.try_clone().map_err(|source| MotoError::Spawn { python: py.clone(), source })?;
-        let child = Command::new(&py)
-            .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdin(Stdio::null())
+        // A watchdog shell owns moto: when this process ends (even killed), its end of the stdin pipe
+        // closes and the shell kills moto, so no server outlives the tests that started it.
+        let script = r#"
+"$0" -m moto.server -H 127.0.0.1 -p "$1" </dev/null & pid=$!
+cat >/dev/null
+kill "$pid" 2>/dev/null
+wait "$pid"
+"#;
+        let child = Command::new("sh")
+            .args(["-c", script])
+            .arg(&py)
+            .arg(port.to_string())
+            .stdin(Stdio::piped())
             .stdout(out)
             .stderr(err)
             .process_group(0)
@@ -106,13 +118,18 @@ impl Moto {
         self.child.as_ref().map(|c| c.id())
     }
 
-    pub fn reset(&self) {
-        let _ = http(self.port, "POST", "/moto-api/reset", "");
+    /// Forget every resource (`POST /moto-api/reset`).
+    pub fn reset(&self) -> std::io::Result<()> {
+        match http(self.port, "POST", "/moto-api/reset", "")? {
+            (200, _) => Ok(()),
+            (status, body) => Err(std::io::Error::other(format!("POST {}/moto-api/reset: HTTP {status}: {body}", self.endpoint()))),
+        }
     }
 
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            crate::cmd::kill(-(c.id() as i64), "KILL");
+            // moto runs in its own process group: take its workers with it.
+            let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", c.id())]).stderr(Stdio::null()).status();
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -122,5 +139,28 @@ impl Moto {
 impl Drop for Moto {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+static SHARED: std::sync::OnceLock<Result<Moto, String>> = std::sync::OnceLock::new();
+static SHARED_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The process's moto server (started on first use), reset, and held until the guard drops: tests
+/// of one binary that use it run one at a time. Panics with the reason when moto cannot start (a
+/// test that needs moto fails, never skips).
+pub fn shared() -> (std::sync::MutexGuard<'static, ()>, &'static Moto) {
+    let guard = SHARED_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let moto = SHARED.get_or_init(|| {
+        let log = std::env::temp_dir().join(format!("keelson-moto-{}.log", std::process::id()));
+        Moto::start(&log).map_err(|e| e.to_string())
+    });
+    match moto {
+        Ok(m) => {
+            if let Err(e) = m.reset() {
+                panic!("this test needs a moto server: {e}");
+            }
+            (guard, m)
+        }
+        Err(e) => panic!("this test needs a moto server: {e}"),
     }
 }

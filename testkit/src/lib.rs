@@ -1,0 +1,11 @@
+//! Test fixtures every Keelson test shares (a dev-only crate: no product code depends on it).
+//!
+//! Owns: the one moto launcher ([`moto`]), the one fake IMDSv2 ([`imds`]), the one HTTP test server
+//! ([`httpd`]) and the asset mirror with fault injection plus fake assets and state stores
+//! ([`mirror`]). Must not: be a dependency of a product crate, or reach anything but 127.0.0.0/8 and
+//! the network namespaces the tests create.
+
+pub mod httpd;
+pub mod imds;
+pub mod mirror;
+pub mod moto;
