@@ -53,7 +53,9 @@ impl Kind {
 }
 
 /// One resource as the plan sees it. Attributes hold comparable values only (names, not cloud ids;
-/// a hash, not the user-data itself), so desired and discovered resources compare directly.
+/// a hash, not the user-data itself), so desired and discovered resources compare field by field.
+/// A resource of the AWS target is the view of a typed task ([`crate::aws::Task::view`]), which
+/// execution reads instead of the attributes.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Resource {
     pub kind: Option<Kind>,
@@ -62,6 +64,8 @@ pub struct Resource {
     pub tags: BTreeMap<String, String>,
     /// The cloud id, when discovered.
     pub id: Option<String>,
+    /// The typed state this view was made from.
+    pub task: Option<Box<crate::aws::Task>>,
 }
 
 impl Resource {

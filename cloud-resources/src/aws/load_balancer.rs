@@ -316,8 +316,8 @@ impl AwsTarget {
                 .await?;
             }
             (Kind::LoadBalancer, Action::Create) => {
-                let subnets = ids_for(&ids.subnets, &attr("subnets"), "Subnet", name)?;
-                let sgs = ids_for(&ids.security_groups, &attr("security_groups"), "SecurityGroup", name)?;
+                let subnets = ids_for(&ids.subnets, attr("subnets").split(','), "Subnet", name)?;
+                let sgs = ids_for(&ids.security_groups, attr("security_groups").split(','), "SecurityGroup", name)?;
                 let resp = self
                     .elb
                     .create_load_balancer()
@@ -342,7 +342,7 @@ impl AwsTarget {
             (Kind::LoadBalancer, Action::Update(_)) => {
                 immutable(&["aws_name", "type", "scheme"])?;
                 if changed("subnets") {
-                    let subnets = ids_for(&ids.subnets, &attr("subnets"), "Subnet", name)?;
+                    let subnets = ids_for(&ids.subnets, attr("subnets").split(','), "Subnet", name)?;
                     self.elb
                         .set_subnets()
                         .load_balancer_arn(&actual_id)
@@ -352,7 +352,7 @@ impl AwsTarget {
                         .map_err(|e| api("SetSubnets", name, e))?;
                 }
                 if changed("security_groups") {
-                    let sgs = ids_for(&ids.security_groups, &attr("security_groups"), "SecurityGroup", name)?;
+                    let sgs = ids_for(&ids.security_groups, attr("security_groups").split(','), "SecurityGroup", name)?;
                     self.elb
                         .set_security_groups()
                         .load_balancer_arn(&actual_id)

@@ -1,0 +1,318 @@
+//! Autoscaling groups: one per instance group, pinned to an explicit launch-template version (as
+//! kOps does), so instances say which version they run.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use aws_sdk_autoscaling::types as asg_t;
+
+use super::task::{actual_id, joined, typed, Fields, Task};
+use super::{api, ids_for, name_of, AwsError, AwsTarget, Discovered, Ids, MAX_PAGES};
+use crate::model::ClusterModel;
+use crate::plan::{Action, Change, Resource};
+
+/// `mixedInstancesPolicy`, with AWS defaults filled in so what exists compares equal to what is wanted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mixed {
+    pub instance_types: Vec<String>,
+    pub on_demand_allocation_strategy: String,
+    pub on_demand_base: i64,
+    pub on_demand_above_base: i64,
+    pub spot_allocation_strategy: String,
+    pub spot_instance_pools: Option<i64>,
+    pub spot_max_price: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AutoscalingGroup {
+    pub name: String,
+    pub min_size: i64,
+    pub max_size: i64,
+    pub launch_template: String,
+    /// The pinned version: the one that exists, or the next when the plan changes the template
+    /// ([`super::pin_versions`]); unknown before planning.
+    pub launch_template_version: Option<i64>,
+    /// Subnet names (or ids the spec gives).
+    pub subnets: BTreeSet<String>,
+    /// Target group names (or ARNs the spec gives).
+    pub target_groups: BTreeSet<String>,
+    pub mixed: Option<Mixed>,
+    pub tags: BTreeMap<String, String>,
+}
+
+impl AutoscalingGroup {
+    pub fn fields(&self, f: &mut Fields) {
+        f.set("min_size", self.min_size)
+            .set("max_size", self.max_size)
+            .set("launch_template", &self.launch_template)
+            .opt("launch_template_version", self.launch_template_version)
+            .set("subnets", joined(&self.subnets));
+        if !self.target_groups.is_empty() {
+            f.set("target_groups", joined(&self.target_groups));
+        }
+        if let Some(m) = &self.mixed {
+            f.set("mixed.instance_types", m.instance_types.join(","))
+                .set("mixed.on_demand_allocation_strategy", &m.on_demand_allocation_strategy)
+                .set("mixed.on_demand_base", m.on_demand_base)
+                .set("mixed.on_demand_above_base", m.on_demand_above_base)
+                .set("mixed.spot_allocation_strategy", &m.spot_allocation_strategy)
+                .opt("mixed.spot_instance_pools", m.spot_instance_pools)
+                .opt("mixed.spot_max_price", m.spot_max_price.as_ref());
+        }
+    }
+}
+
+pub fn desired(model: &ClusterModel, out: &mut Vec<Resource>) {
+    for g in &model.groups {
+        let task = AutoscalingGroup {
+            name: g.name.clone(),
+            min_size: g.min_size,
+            max_size: g.max_size,
+            launch_template: g.launch_template.clone(),
+            launch_template_version: None,
+            subnets: g.subnets.iter().cloned().collect(),
+            target_groups: g.target_groups.iter().cloned().collect(),
+            mixed: g.mixed.as_ref().map(|m| Mixed {
+                instance_types: m.instance_types.clone(),
+                on_demand_allocation_strategy: m.on_demand_allocation_strategy.clone(),
+                on_demand_base: m.on_demand_base,
+                on_demand_above_base: m.on_demand_above_base,
+                spot_allocation_strategy: m.spot_allocation_strategy.clone(),
+                spot_instance_pools: m.spot_instance_pools,
+                spot_max_price: m.spot_max_price.clone(),
+            }),
+            tags: g.tags.clone(),
+        };
+        out.push(Task::AutoscalingGroup(task).view(None));
+    }
+}
+
+fn missing(name: &str, what: &str) -> AwsError {
+    AwsError::Missing { kind: "AutoscalingGroup", name: name.to_string(), message: format!("the API returned no {what}") }
+}
+
+pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
+    let cluster = &model.cluster;
+    let mut token: Option<String> = None;
+    for _ in 0..MAX_PAGES {
+        let resp = t
+            .asg
+            .describe_auto_scaling_groups()
+            .set_next_token(token.clone())
+            .send()
+            .await
+            .map_err(|e| api("DescribeAutoScalingGroups", cluster, e))?;
+        for g in resp.auto_scaling_groups() {
+            let tags: BTreeMap<String, String> =
+                g.tags().iter().filter_map(|t| Some((t.key()?.to_string(), t.value().unwrap_or("").to_string()))).collect();
+            if tags.get("KubernetesCluster") != Some(cluster) {
+                continue;
+            }
+            let name = g.auto_scaling_group_name().ok_or_else(|| missing(cluster, "AutoScalingGroupName"))?.to_string();
+            let mixed = g.mixed_instances_policy();
+            let spec = g.launch_template().or_else(|| mixed.and_then(|m| m.launch_template()).and_then(|l| l.launch_template_specification()));
+            let lt_version = match spec.and_then(|l| l.version()) {
+                Some(v) => Some(v.parse::<i64>().map_err(|_| AwsError::Missing {
+                    kind: "AutoscalingGroup",
+                    name: name.clone(),
+                    message: format!("launch template version {v:?} is not a number (keelson pins explicit versions)"),
+                })?),
+                None => None,
+            };
+            d.instances.insert(name.clone(), g.instances().iter().filter_map(|i| i.instance_id().map(str::to_string)).collect());
+            let task = AutoscalingGroup {
+                min_size: g.min_size().map(i64::from).ok_or_else(|| missing(&name, "MinSize"))?,
+                max_size: g.max_size().map(i64::from).ok_or_else(|| missing(&name, "MaxSize"))?,
+                launch_template: spec.and_then(|l| l.launch_template_name()).unwrap_or_default().to_string(),
+                launch_template_version: lt_version,
+                subnets: g
+                    .vpc_zone_identifier()
+                    .unwrap_or_default()
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(|id| d.ids.subnet_name(id))
+                    .collect(),
+                target_groups: g.target_group_arns().iter().map(|arn| name_of(&d.ids.target_groups, arn)).collect(),
+                mixed: mixed.map(|m| {
+                    let dist = m.instances_distribution();
+                    Mixed {
+                        instance_types: m
+                            .launch_template()
+                            .map(|l| l.overrides().iter().filter_map(|o| o.instance_type().map(str::to_string)).collect())
+                            .unwrap_or_default(),
+                        on_demand_allocation_strategy: dist.and_then(|d| d.on_demand_allocation_strategy()).unwrap_or("prioritized").to_string(),
+                        on_demand_base: dist.and_then(|d| d.on_demand_base_capacity()).map(i64::from).unwrap_or(0),
+                        on_demand_above_base: dist.and_then(|d| d.on_demand_percentage_above_base_capacity()).map(i64::from).unwrap_or(100),
+                        spot_allocation_strategy: dist.and_then(|d| d.spot_allocation_strategy()).unwrap_or("lowest-price").to_string(),
+                        spot_instance_pools: dist.and_then(|d| d.spot_instance_pools()).map(i64::from),
+                        spot_max_price: dist.and_then(|d| d.spot_max_price()).filter(|p| !p.is_empty()).map(str::to_string),
+                    }
+                }),
+                tags,
+                name: name.clone(),
+            };
+            d.resources.push(Task::AutoscalingGroup(task).view(Some(name)));
+        }
+        token = resp.next_token().map(str::to_string);
+        if token.is_none() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+fn tags_for(name: &str, tags: &BTreeMap<String, String>) -> Vec<asg_t::Tag> {
+    tags.iter()
+        .map(|(k, v)| asg_t::Tag::builder().resource_id(name).resource_type("auto-scaling-group").key(k).value(v).propagate_at_launch(true).build())
+        .collect()
+}
+
+fn size(v: i64, name: &str, what: &str) -> Result<i32, AwsError> {
+    i32::try_from(v).map_err(|_| AwsError::Missing { kind: "AutoscalingGroup", name: name.into(), message: format!("{what} {v} is out of range") })
+}
+
+impl AwsTarget {
+    pub(super) async fn execute_autoscaling(&self, c: &Change, ids: &mut Ids) -> Result<(), AwsError> {
+        let name = c.name.as_str();
+        fn pick(t: &Task) -> Option<&AutoscalingGroup> {
+            if let Task::AutoscalingGroup(g) = t { Some(g) } else { None }
+        }
+        match &c.action {
+            Action::Create => {
+                let want = typed(c.desired.as_ref(), c.kind, name, "desired", pick)?;
+                let (lt, mixed) = self.launch_spec(ids, want)?;
+                self.asg
+                    .create_auto_scaling_group()
+                    .auto_scaling_group_name(name)
+                    .min_size(size(want.min_size, name, "min size")?)
+                    .max_size(size(want.max_size, name, "max size")?)
+                    .set_launch_template(lt)
+                    .set_mixed_instances_policy(mixed)
+                    .vpc_zone_identifier(self.subnet_ids(ids, want)?)
+                    .set_target_group_arns(Some(target_group_arns(ids, &want.target_groups, name)?))
+                    .set_tags(Some(tags_for(name, &want.tags)))
+                    .send()
+                    .await
+                    .map_err(|e| api("CreateAutoScalingGroup", name, e))?;
+            }
+            Action::Update(fields) => {
+                let want = typed(c.desired.as_ref(), c.kind, name, "desired", pick)?;
+                let have = typed(c.actual.as_ref(), c.kind, name, "actual", pick)?;
+                if fields.iter().any(|f| f.field == "target_groups") {
+                    let want_arns = target_group_arns(ids, &want.target_groups, name)?;
+                    let have_arns = target_group_arns(ids, &have.target_groups, name)?;
+                    let attach: Vec<String> = want_arns.iter().filter(|a| !have_arns.contains(a)).cloned().collect();
+                    let detach: Vec<String> = have_arns.iter().filter(|a| !want_arns.contains(a)).cloned().collect();
+                    if !attach.is_empty() {
+                        self.asg
+                            .attach_load_balancer_target_groups()
+                            .auto_scaling_group_name(name)
+                            .set_target_group_arns(Some(attach))
+                            .send()
+                            .await
+                            .map_err(|e| api("AttachLoadBalancerTargetGroups", name, e))?;
+                    }
+                    if !detach.is_empty() {
+                        self.asg
+                            .detach_load_balancer_target_groups()
+                            .auto_scaling_group_name(name)
+                            .set_target_group_arns(Some(detach))
+                            .send()
+                            .await
+                            .map_err(|e| api("DetachLoadBalancerTargetGroups", name, e))?;
+                    }
+                }
+                if !fields.iter().all(|f| f.field.starts_with("tags[") || f.field == "target_groups") {
+                    let (lt, mixed) = self.launch_spec(ids, want)?;
+                    self.asg
+                        .update_auto_scaling_group()
+                        .auto_scaling_group_name(name)
+                        .min_size(size(want.min_size, name, "min size")?)
+                        .max_size(size(want.max_size, name, "max size")?)
+                        .set_launch_template(lt)
+                        .set_mixed_instances_policy(mixed)
+                        .vpc_zone_identifier(self.subnet_ids(ids, want)?)
+                        .send()
+                        .await
+                        .map_err(|e| api("UpdateAutoScalingGroup", name, e))?;
+                }
+                if fields.iter().any(|f| f.field.starts_with("tags[")) {
+                    self.asg
+                        .create_or_update_tags()
+                        .set_tags(Some(tags_for(name, &want.tags)))
+                        .send()
+                        .await
+                        .map_err(|e| api("CreateOrUpdateTags", name, e))?;
+                }
+            }
+            Action::Delete => {
+                let name = actual_id(c.actual.as_ref(), c.kind, name)?;
+                self.asg
+                    .delete_auto_scaling_group()
+                    .auto_scaling_group_name(&name)
+                    .force_delete(true)
+                    .send()
+                    .await
+                    .map_err(|e| api("DeleteAutoScalingGroup", &name, e))?;
+                self.wait_asg_gone(&name).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// How a group launches: its launch template at the pinned version, or a mixed-instances
+    /// policy around it.
+    fn launch_spec(&self, ids: &Ids, g: &AutoscalingGroup) -> Result<(Option<asg_t::LaunchTemplateSpecification>, Option<asg_t::MixedInstancesPolicy>), AwsError> {
+        // The version this run created or found wins over the planned one.
+        let version = ids.lt_versions.get(&g.launch_template).copied().or(g.launch_template_version).ok_or_else(|| AwsError::Missing {
+            kind: "LaunchTemplate",
+            name: g.launch_template.clone(),
+            message: format!("no version known for autoscaling group {}", g.name),
+        })?;
+        let spec = asg_t::LaunchTemplateSpecification::builder().launch_template_name(&g.launch_template).version(version.to_string()).build();
+        let Some(m) = &g.mixed else { return Ok((Some(spec), None)) };
+        let overrides: Vec<asg_t::LaunchTemplateOverrides> =
+            m.instance_types.iter().map(|t| asg_t::LaunchTemplateOverrides::builder().instance_type(t).build()).collect();
+        let policy = asg_t::MixedInstancesPolicy::builder()
+            .launch_template(asg_t::LaunchTemplate::builder().launch_template_specification(spec).set_overrides(Some(overrides)).build())
+            .instances_distribution(
+                asg_t::InstancesDistribution::builder()
+                    .on_demand_allocation_strategy(&m.on_demand_allocation_strategy)
+                    .on_demand_base_capacity(size(m.on_demand_base, &g.name, "on-demand base")?)
+                    .on_demand_percentage_above_base_capacity(size(m.on_demand_above_base, &g.name, "on-demand percentage")?)
+                    .spot_allocation_strategy(&m.spot_allocation_strategy)
+                    .set_spot_instance_pools(m.spot_instance_pools.map(|p| size(p, &g.name, "spot instance pools")).transpose()?)
+                    .set_spot_max_price(m.spot_max_price.clone())
+                    .build(),
+            )
+            .build();
+        Ok((None, Some(policy)))
+    }
+
+    fn subnet_ids(&self, ids: &Ids, g: &AutoscalingGroup) -> Result<String, AwsError> {
+        Ok(ids_for(&ids.subnets, g.subnets.iter(), "Subnet", &format!("autoscaling group {}", g.name))?.join(","))
+    }
+
+    /// After a force delete, wait (bounded) until the group is gone so dependents can be deleted.
+    async fn wait_asg_gone(&self, name: &str) -> Result<(), AwsError> {
+        for _ in 0..self.dependency_retries.max(1) {
+            let resp = self
+                .asg
+                .describe_auto_scaling_groups()
+                .auto_scaling_group_names(name)
+                .send()
+                .await
+                .map_err(|e| api("DescribeAutoScalingGroups", name, e))?;
+            if resp.auto_scaling_groups().is_empty() {
+                return Ok(());
+            }
+            tokio::time::sleep(self.dependency_delay).await;
+        }
+        Err(AwsError::Missing { kind: "AutoscalingGroup", name: name.into(), message: "still deleting; rerun delete later".into() })
+    }
+}
+
+/// Target-group ARNs for names (an ARN given directly is kept).
+fn target_group_arns(ids: &Ids, names: &BTreeSet<String>, asg: &str) -> Result<Vec<String>, AwsError> {
+    ids_for(&ids.target_groups, names.iter(), "TargetGroup", &format!("autoscaling group {asg}"))
+}

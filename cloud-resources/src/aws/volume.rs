@@ -1,0 +1,161 @@
+//! The etcd data volumes (one per etcd cluster × member), tagged so protokube finds and claims them.
+//! Apply creates them and grows size/type/iops; only `delete --delete-volumes` removes them.
+
+use std::collections::BTreeMap;
+
+use aws_sdk_ec2::types as ec2_t;
+
+use super::task::{actual_id, typed, Fields, Task};
+use super::{api, cluster_filter, required, tag_spec, tags_of, AwsError, AwsTarget, Discovered, Ids, MAX_PAGES};
+use crate::model::ClusterModel;
+use crate::plan::{Action, Change, Resource};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Volume {
+    pub name: String,
+    pub zone: String,
+    pub size_gib: i64,
+    pub volume_type: String,
+    pub encrypted: bool,
+    pub iops: Option<i64>,
+    pub throughput: Option<i64>,
+    /// Set at creation (not compared).
+    pub kms_key_id: Option<String>,
+    pub tags: BTreeMap<String, String>,
+}
+
+impl Volume {
+    pub fn fields(&self, f: &mut Fields) {
+        f.set("zone", &self.zone)
+            .set("size", self.size_gib)
+            .set("type", &self.volume_type)
+            .set("encrypted", self.encrypted)
+            .opt("iops", self.iops)
+            .opt("throughput", self.throughput);
+    }
+}
+
+pub fn desired(model: &ClusterModel, out: &mut Vec<Resource>) {
+    for v in &model.volumes {
+        let task = Volume {
+            name: v.name.clone(),
+            zone: v.zone.clone(),
+            size_gib: v.size_gib,
+            volume_type: v.volume_type.clone(),
+            encrypted: v.encrypted,
+            iops: v.iops,
+            throughput: v.throughput,
+            kms_key_id: v.kms_key_id.clone(),
+            tags: v.tags.clone(),
+        };
+        out.push(Task::Volume(task).view(None));
+    }
+}
+
+pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
+    let cluster = &model.cluster;
+    let mut token: Option<String> = None;
+    for _ in 0..MAX_PAGES {
+        let resp = t
+            .ec2
+            .describe_volumes()
+            .filters(cluster_filter(cluster))
+            .set_next_token(token.clone())
+            .send()
+            .await
+            .map_err(|e| api("DescribeVolumes", cluster, e))?;
+        for v in resp.volumes() {
+            let tags = tags_of(v.tags());
+            // Only etcd volumes are ours (root volumes of instances carry the cluster tag too).
+            if !tags.keys().any(|k| k.starts_with("k8s.io/etcd/")) {
+                continue;
+            }
+            let id = required(v.volume_id(), "Volume", cluster, "VolumeId")?.to_string();
+            let name = tags.get("Name").cloned().unwrap_or_else(|| id.clone());
+            d.ids.volumes.insert(name.clone(), id.clone());
+            // iops/throughput are compared only where the spec sets them (gp3 always reports some).
+            let want = model.volumes.iter().find(|w| w.name == name);
+            let task = Volume {
+                zone: required(v.availability_zone(), "Volume", &name, "AvailabilityZone")?.to_string(),
+                size_gib: v.size().map(i64::from).ok_or_else(|| AwsError::Missing {
+                    kind: "Volume",
+                    name: name.clone(),
+                    message: "the API returned no Size".into(),
+                })?,
+                volume_type: v.volume_type().map(|t| t.as_str().to_string()).unwrap_or_default(),
+                encrypted: v.encrypted().unwrap_or(false),
+                iops: v.iops().filter(|_| want.is_some_and(|w| w.iops.is_some())).map(i64::from),
+                throughput: v.throughput().filter(|_| want.is_some_and(|w| w.throughput.is_some())).map(i64::from),
+                kms_key_id: v.kms_key_id().map(str::to_string),
+                tags,
+                name,
+            };
+            d.resources.push(Task::Volume(task).view(Some(id)));
+        }
+        token = resp.next_token().map(str::to_string);
+        if token.is_none() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+fn i32_of(v: i64, name: &str, what: &str) -> Result<i32, AwsError> {
+    i32::try_from(v).map_err(|_| AwsError::Missing { kind: "Volume", name: name.into(), message: format!("{what} {v} is out of range") })
+}
+
+impl AwsTarget {
+    pub(super) async fn execute_volume(&self, c: &Change, ids: &mut Ids) -> Result<(), AwsError> {
+        let name = c.name.as_str();
+        fn pick(t: &Task) -> Option<&Volume> {
+            if let Task::Volume(v) = t { Some(v) } else { None }
+        }
+        match &c.action {
+            Action::Create => {
+                let want = typed(c.desired.as_ref(), c.kind, name, "desired", pick)?;
+                let resp = self
+                    .ec2
+                    .create_volume()
+                    .availability_zone(&want.zone)
+                    .size(i32_of(want.size_gib, name, "size")?)
+                    .volume_type(ec2_t::VolumeType::from(want.volume_type.as_str()))
+                    .set_iops(want.iops.map(|i| i32_of(i, name, "iops")).transpose()?)
+                    .set_throughput(want.throughput.map(|t| i32_of(t, name, "throughput")).transpose()?)
+                    .encrypted(want.encrypted)
+                    .set_kms_key_id(want.kms_key_id.clone())
+                    .tag_specifications(tag_spec(ec2_t::ResourceType::Volume, &want.tags))
+                    .send()
+                    .await
+                    .map_err(|e| api("CreateVolume", name, e))?;
+                ids.volumes.insert(name.to_string(), required(resp.volume_id(), "Volume", name, "VolumeId")?.to_string());
+            }
+            Action::Update(fields) => {
+                let want = typed(c.desired.as_ref(), c.kind, name, "desired", pick)?;
+                let id = actual_id(c.actual.as_ref(), c.kind, name)?;
+                if fields.iter().any(|f| !f.field.starts_with("tags[")) {
+                    self.ec2
+                        .modify_volume()
+                        .volume_id(&id)
+                        .size(i32_of(want.size_gib, name, "size")?)
+                        .volume_type(ec2_t::VolumeType::from(want.volume_type.as_str()))
+                        .set_iops(want.iops.map(|i| i32_of(i, name, "iops")).transpose()?)
+                        .set_throughput(want.throughput.map(|t| i32_of(t, name, "throughput")).transpose()?)
+                        .send()
+                        .await
+                        .map_err(|e| api("ModifyVolume", name, e))?;
+                }
+                if fields.iter().any(|f| f.field.starts_with("tags[")) {
+                    self.create_tags(&id, &want.tags).await?;
+                }
+            }
+            Action::Delete => {
+                let id = actual_id(c.actual.as_ref(), c.kind, name)?;
+                self.delete_with_retry(name, || async {
+                    self.ec2.delete_volume().volume_id(&id).send().await.map(|_| ()).map_err(|e| api("DeleteVolume", name, e))
+                })
+                .await?;
+            }
+        }
+        Ok(())
+    }
+}
