@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use aws_sdk_iam::types as iam_t;
 use serde_json::Value;
 
+use super::task::{joined, typed, Fields, Task};
 use super::{api, AwsError, AwsTarget, Discovered, Resolved};
 use crate::iam_policy::{assume_role_policy, policy};
 use crate::model::ClusterModel;
@@ -40,21 +41,72 @@ fn policy_document(model: &ClusterModel, resolved: &Resolved, name: &str) -> Opt
     policy(role, &model.policy_inputs, resolved.zone.as_deref())
 }
 
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IamRole {
+    pub name: String,
+    /// sha256 of the canonical assume-role policy.
+    pub assume_role_sha256: String,
+    /// sha256 of the canonical inline policy; empty when the role has none.
+    pub policy_sha256: String,
+    pub managed_policies: BTreeSet<String>,
+    pub permissions_boundary: Option<String>,
+    pub tags: BTreeMap<String, String>,
+}
+
+impl IamRole {
+    pub fn fields(&self, f: &mut Fields) {
+        f.set("assume_role.sha256", &self.assume_role_sha256).set("policy.sha256", &self.policy_sha256);
+        if !self.managed_policies.is_empty() {
+            f.set("managed_policies", joined(&self.managed_policies));
+        }
+        f.opt("permissions_boundary", self.permissions_boundary.as_ref());
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceProfile {
+    pub name: String,
+    /// The role in it (`None` when it holds none).
+    pub role: Option<String>,
+    pub tags: BTreeMap<String, String>,
+}
+
+impl InstanceProfile {
+    pub fn fields(&self, f: &mut Fields) {
+        f.set("role", self.role.clone().unwrap_or_default());
+    }
+}
+
+fn pick_role(t: &Task) -> Option<&IamRole> {
+    if let Task::IamRole(x) = t {
+        Some(x)
+    } else {
+        None
+    }
+}
+
+fn pick_profile(t: &Task) -> Option<&InstanceProfile> {
+    if let Task::InstanceProfile(x) = t {
+        Some(x)
+    } else {
+        None
+    }
+}
+
 pub(super) fn desired(model: &ClusterModel, resolved: &Resolved, out: &mut Vec<Resource>) {
     for role in &model.iam_roles {
         let doc = policy_document(model, resolved, &role.name);
-        let mut r = Resource::new(Kind::IamRole, &role.name)
-            .attr("assume_role.sha256", sha256_hex(canonical(&assume_role_policy(&model.policy_inputs.partition)).as_bytes()))
-            .attr("policy.sha256", doc.map(|d| sha256_hex(canonical(&d).as_bytes())).unwrap_or_default())
-            .tags(&role.tags);
-        if !role.managed_policies.is_empty() {
-            r = r.attr("managed_policies", role.managed_policies.join(","));
-        }
-        if let Some(b) = &role.permissions_boundary {
-            r = r.attr("permissions_boundary", b);
-        }
-        out.push(r);
-        out.push(Resource::new(Kind::IamInstanceProfile, &role.name).attr("role", &role.name).tags(&role.tags));
+        let task = IamRole {
+            name: role.name.clone(),
+            assume_role_sha256: sha256_hex(canonical(&assume_role_policy(&model.policy_inputs.partition)).as_bytes()),
+            policy_sha256: doc.map(|d| sha256_hex(canonical(&d).as_bytes())).unwrap_or_default(),
+            managed_policies: role.managed_policies.iter().cloned().collect(),
+            permissions_boundary: role.permissions_boundary.clone(),
+            tags: role.tags.clone(),
+        };
+        out.push(Task::IamRole(task).view(None));
+        let profile = InstanceProfile { name: role.name.clone(), role: Some(role.name.clone()), tags: role.tags.clone() };
+        out.push(Task::InstanceProfile(profile).view(None));
     }
 }
 
@@ -88,18 +140,15 @@ pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discov
                         .map_err(|e| api("ListAttachedRolePolicies", name, e))?;
                     let managed: BTreeSet<String> =
                         attached.attached_policies().iter().filter_map(|p| p.policy_arn().map(str::to_string)).collect();
-                    let mut res = Resource::new(Kind::IamRole, name)
-                        .attr("assume_role.sha256", assume.unwrap_or_default())
-                        .attr("policy.sha256", inline)
-                        .tags(&tags);
-                    if !managed.is_empty() {
-                        res = res.attr("managed_policies", managed.into_iter().collect::<Vec<_>>().join(","));
-                    }
-                    if let Some(b) = r.permissions_boundary().and_then(|b| b.permissions_boundary_arn()) {
-                        res = res.attr("permissions_boundary", b);
-                    }
-                    res.id = Some(r.arn().to_string());
-                    d.resources.push(res);
+                    let task = IamRole {
+                        name: name.to_string(),
+                        assume_role_sha256: assume.unwrap_or_default(),
+                        policy_sha256: inline,
+                        managed_policies: managed,
+                        permissions_boundary: r.permissions_boundary().and_then(|b| b.permissions_boundary_arn()).map(str::to_string),
+                        tags,
+                    };
+                    d.resources.push(Task::IamRole(task).view(Some(r.arn().to_string())));
                 }
             }
             Err(e) if not_found(&e) => {}
@@ -110,10 +159,8 @@ pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discov
                 let Some(p) = resp.instance_profile() else { continue };
                 let tags = tags_of(p.tags());
                 if ours(&tags) {
-                    let role_name = p.roles().first().map(|r| r.role_name().to_string()).unwrap_or_default();
-                    let mut res = Resource::new(Kind::IamInstanceProfile, name).attr("role", role_name).tags(&tags);
-                    res.id = Some(p.arn().to_string());
-                    d.resources.push(res);
+                    let profile = InstanceProfile { name: name.to_string(), role: p.roles().first().map(|r| r.role_name().to_string()), tags };
+                    d.resources.push(Task::InstanceProfile(profile).view(Some(p.arn().to_string())));
                 }
             }
             Err(e) if not_found(&e) => {}
@@ -127,19 +174,16 @@ impl AwsTarget {
     /// Create, update or delete one IAM resource.
     pub(super) async fn execute_iam(&self, model: &ClusterModel, resolved: &Resolved, c: &Change) -> Result<(), AwsError> {
         let name = c.name.as_str();
-        let desired = c.desired.as_ref();
-        let attr = |k: &str| desired.and_then(|d| d.attrs.get(k)).cloned().unwrap_or_default();
-        let actual_attr = |k: &str| c.actual.as_ref().and_then(|a| a.attrs.get(k)).cloned().unwrap_or_default();
-        let tags = desired.map(|d| d.tags.clone()).unwrap_or_default();
+        let (kind, desired, actual) = (c.kind, c.desired.as_ref(), c.actual.as_ref());
         let changed = |field: &str| match &c.action {
             Action::Create => true,
             Action::Update(f) => f.iter().any(|f| f.field == field),
             Action::Delete => false,
         };
         let tag_change = matches!(&c.action, Action::Update(f) if f.iter().any(|f| f.field.starts_with("tags[")));
-        let split = |v: String| -> BTreeSet<String> { v.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect() };
         match (c.kind, &c.action) {
             (Kind::IamRole, Action::Create | Action::Update(_)) => {
+                let want = typed(desired, kind, name, "desired", pick_role)?;
                 let assume = canonical(&assume_role_policy(&model.policy_inputs.partition));
                 if c.action == Action::Create {
                     self.iam
@@ -147,8 +191,8 @@ impl AwsTarget {
                         .role_name(name)
                         .assume_role_policy_document(&assume)
                         .description(format!("Keelson instance role of cluster {}", model.cluster))
-                        .set_permissions_boundary(desired.and_then(|d| d.attrs.get("permissions_boundary")).cloned())
-                        .set_tags(Some(iam_tags(&tags)))
+                        .set_permissions_boundary(want.permissions_boundary.clone())
+                        .set_tags(Some(iam_tags(&want.tags)))
                         .send()
                         .await
                         .map_err(|e| api("CreateRole", name, e))?;
@@ -163,7 +207,7 @@ impl AwsTarget {
                             .map_err(|e| api("UpdateAssumeRolePolicy", name, e))?;
                     }
                     if changed("permissions_boundary") {
-                        match desired.and_then(|d| d.attrs.get("permissions_boundary")) {
+                        match &want.permissions_boundary {
                             Some(b) => {
                                 self.iam
                                     .put_role_permissions_boundary()
@@ -184,7 +228,7 @@ impl AwsTarget {
                         }
                     }
                     if tag_change {
-                        self.iam.tag_role().role_name(name).set_tags(Some(iam_tags(&tags))).send().await.map_err(|e| api("TagRole", name, e))?;
+                        self.iam.tag_role().role_name(name).set_tags(Some(iam_tags(&want.tags))).send().await.map_err(|e| api("TagRole", name, e))?;
                     }
                 }
                 if changed("policy.sha256") {
@@ -206,17 +250,20 @@ impl AwsTarget {
                     }
                 }
                 if changed("managed_policies") {
-                    let (want, have) = (split(attr("managed_policies")), split(actual_attr("managed_policies")));
-                    for arn in want.difference(&have) {
+                    let have = match actual {
+                        Some(_) => typed(actual, kind, name, "actual", pick_role)?.managed_policies.clone(),
+                        None => BTreeSet::new(),
+                    };
+                    for arn in want.managed_policies.difference(&have) {
                         self.iam.attach_role_policy().role_name(name).policy_arn(arn).send().await.map_err(|e| api("AttachRolePolicy", name, e))?;
                     }
-                    for arn in have.difference(&want) {
+                    for arn in have.difference(&want.managed_policies) {
                         self.iam.detach_role_policy().role_name(name).policy_arn(arn).send().await.map_err(|e| api("DetachRolePolicy", name, e))?;
                     }
                 }
             }
             (Kind::IamRole, Action::Delete) => {
-                for arn in split(actual_attr("managed_policies")) {
+                for arn in &typed(actual, kind, name, "actual", pick_role)?.managed_policies {
                     self.iam.detach_role_policy().role_name(name).policy_arn(arn).send().await.map_err(|e| api("DetachRolePolicy", name, e))?;
                 }
                 let inline = self.iam.list_role_policies().role_name(name).send().await.map_err(|e| api("ListRolePolicies", name, e))?;
@@ -237,25 +284,28 @@ impl AwsTarget {
                 self.iam.delete_role().role_name(name).send().await.map_err(|e| api("DeleteRole", name, e))?;
             }
             (Kind::IamInstanceProfile, Action::Create) => {
+                let want = typed(desired, kind, name, "desired", pick_profile)?;
+                let role = want.role.as_deref().ok_or_else(|| AwsError::Missing { kind: "IAMInstanceProfile", name: name.into(), message: "no role to put in it".into() })?;
                 self.iam
                     .create_instance_profile()
                     .instance_profile_name(name)
-                    .set_tags(Some(iam_tags(&tags)))
+                    .set_tags(Some(iam_tags(&want.tags)))
                     .send()
                     .await
                     .map_err(|e| api("CreateInstanceProfile", name, e))?;
                 self.iam
                     .add_role_to_instance_profile()
                     .instance_profile_name(name)
-                    .role_name(attr("role"))
+                    .role_name(role)
                     .send()
                     .await
                     .map_err(|e| api("AddRoleToInstanceProfile", name, e))?;
             }
             (Kind::IamInstanceProfile, Action::Update(_)) => {
+                let want = typed(desired, kind, name, "desired", pick_profile)?;
+                let have = typed(actual, kind, name, "actual", pick_profile)?;
                 if changed("role") {
-                    let old = actual_attr("role");
-                    if !old.is_empty() {
+                    if let Some(old) = &have.role {
                         self.iam
                             .remove_role_from_instance_profile()
                             .instance_profile_name(name)
@@ -264,27 +314,28 @@ impl AwsTarget {
                             .await
                             .map_err(|e| api("RemoveRoleFromInstanceProfile", name, e))?;
                     }
-                    self.iam
-                        .add_role_to_instance_profile()
-                        .instance_profile_name(name)
-                        .role_name(attr("role"))
-                        .send()
-                        .await
-                        .map_err(|e| api("AddRoleToInstanceProfile", name, e))?;
+                    if let Some(role) = &want.role {
+                        self.iam
+                            .add_role_to_instance_profile()
+                            .instance_profile_name(name)
+                            .role_name(role)
+                            .send()
+                            .await
+                            .map_err(|e| api("AddRoleToInstanceProfile", name, e))?;
+                    }
                 }
                 if tag_change {
                     self.iam
                         .tag_instance_profile()
                         .instance_profile_name(name)
-                        .set_tags(Some(iam_tags(&tags)))
+                        .set_tags(Some(iam_tags(&want.tags)))
                         .send()
                         .await
                         .map_err(|e| api("TagInstanceProfile", name, e))?;
                 }
             }
             (Kind::IamInstanceProfile, Action::Delete) => {
-                let role = actual_attr("role");
-                if !role.is_empty() {
+                if let Some(role) = &typed(actual, kind, name, "actual", pick_profile)?.role {
                     self.iam
                         .remove_role_from_instance_profile()
                         .instance_profile_name(name)

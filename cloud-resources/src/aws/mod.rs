@@ -31,8 +31,11 @@ mod volume;
 
 pub use autoscaling::{AutoscalingGroup, Mixed};
 pub use dns_record::DnsRecord;
+pub use iam::{IamRole, InstanceProfile};
 pub use launch_template::{LaunchTemplate, RootVolume, Spot};
+pub use load_balancer::{AliasRecord, Listener, LoadBalancer, TargetGroup};
 pub use network::{Subnet, Vpc};
+pub use routing::{ElasticIp, InternetGateway, NatGateway, RouteTable};
 pub use security_group::{SecurityGroup, SecurityGroupRule};
 pub use task::Task;
 pub use volume::Volume;
@@ -265,11 +268,7 @@ pub fn desired(model: &ClusterModel, resolved: &Resolved) -> Vec<Resource> {
     autoscaling::desired(model, &mut out);
     volume::desired(model, &mut out);
     dns_record::desired(model, resolved, &mut out);
-    if let (Some(dns), Some(_), Some(lb)) = (&model.dns, &resolved.zone, &model.load_balancer) {
-        for name in &dns.alias_records {
-            out.push(Resource::new(Kind::DnsRecord, name).attr("type", "A").attr("alias", &lb.name));
-        }
-    }
+    load_balancer::desired_aliases(model, resolved, &mut out);
     out
 }
 
@@ -427,7 +426,9 @@ impl AwsTarget {
     ) -> Result<(), AwsError> {
         let ids = &mut discovered.ids;
         let name = c.name.as_str();
-        let alias = |r: Option<&Resource>| r.is_some_and(|r| r.attrs.contains_key("alias") || r.id.as_deref().is_some_and(|id| id.starts_with("alias|")));
+        let alias = |r: Option<&Resource>| {
+            r.is_some_and(|r| matches!(r.task.as_deref(), Some(Task::AliasRecord(_))) || r.id.as_deref().is_some_and(|id| id.starts_with("alias|")))
+        };
         match (c.kind, &c.action) {
             (Kind::StateFile, Action::Create | Action::Update(_)) => {
                 let bytes = model.state.get(name).ok_or_else(|| AwsError::Missing {

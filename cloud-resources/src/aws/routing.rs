@@ -5,36 +5,91 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use aws_sdk_ec2::types as ec2_t;
 
-use super::{api, cluster_filter, name_of, tag_spec, tags_of, AwsError, AwsTarget, Discovered, Ids};
+use super::task::{actual_id, joined, typed, Fields, Task};
+use super::{api, cluster_filter, name_of, required, tag_spec, tags_of, AwsError, AwsTarget, Discovered, Ids};
 use crate::model::ClusterModel;
 use crate::plan::{Action, Change, Kind, Resource};
 
-/// `0.0.0.0/0=igw:<name>,…` — the comparable form of a route list.
-fn routes_attr(routes: impl IntoIterator<Item = (String, String)>) -> String {
-    let set: BTreeSet<String> = routes.into_iter().map(|(cidr, target)| format!("{cidr}={target}")).collect();
-    set.into_iter().collect::<Vec<_>>().join(",")
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InternetGateway {
+    pub name: String,
+    /// The VPC it is attached to (its name); `None` when detached.
+    pub vpc: Option<String>,
+    pub tags: BTreeMap<String, String>,
 }
 
-fn split_list(v: &str) -> BTreeSet<String> {
-    v.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect()
+impl InternetGateway {
+    pub fn fields(&self, f: &mut Fields) {
+        f.set("vpc", self.vpc.clone().unwrap_or_default());
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ElasticIp {
+    pub name: String,
+    pub domain: String,
+    pub tags: BTreeMap<String, String>,
+}
+
+impl ElasticIp {
+    pub fn fields(&self, f: &mut Fields) {
+        f.set("domain", &self.domain);
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NatGateway {
+    pub name: String,
+    /// The subnet it sits in (cloud name).
+    pub subnet: String,
+    /// Its elastic IP (name).
+    pub eip: String,
+    pub tags: BTreeMap<String, String>,
+}
+
+impl NatGateway {
+    pub fn fields(&self, f: &mut Fields) {
+        f.set("subnet", &self.subnet).set("eip", &self.eip);
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteTable {
+    pub name: String,
+    pub vpc: String,
+    /// Destination CIDR → target label (`igw:<name>`, `nat:<name>`, `nat-id:<id>`, `instance:<id>`).
+    pub routes: BTreeMap<String, String>,
+    /// Associated subnets (cloud names).
+    pub subnets: BTreeSet<String>,
+    pub tags: BTreeMap<String, String>,
+}
+
+impl RouteTable {
+    pub fn fields(&self, f: &mut Fields) {
+        let routes: Vec<String> = self.routes.iter().map(|(cidr, target)| format!("{cidr}={target}")).collect();
+        f.set("vpc", &self.vpc).set("routes", routes.join(",")).set("subnets", joined(&self.subnets));
+    }
 }
 
 pub(super) fn desired(model: &ClusterModel, out: &mut Vec<Resource>) {
     let Some(routing) = &model.network.routing else { return };
     let vpc = &model.network.name;
-    out.push(Resource::new(Kind::InternetGateway, &routing.internet_gateway).attr("vpc", vpc).tags(&routing.tags));
+    let igw = InternetGateway { name: routing.internet_gateway.clone(), vpc: Some(vpc.clone()), tags: routing.tags.clone() };
+    out.push(Task::InternetGateway(igw).view(None));
     for nat in &routing.nat_gateways {
-        out.push(Resource::new(Kind::ElasticIp, &nat.name).attr("domain", "vpc").tags(&nat.tags));
-        out.push(Resource::new(Kind::NatGateway, &nat.name).attr("subnet", &nat.subnet).attr("eip", &nat.name).tags(&nat.tags));
+        out.push(Task::ElasticIp(ElasticIp { name: nat.name.clone(), domain: "vpc".into(), tags: nat.tags.clone() }).view(None));
+        let gw = NatGateway { name: nat.name.clone(), subnet: nat.subnet.clone(), eip: nat.name.clone(), tags: nat.tags.clone() };
+        out.push(Task::NatGateway(gw).view(None));
     }
     for rt in &routing.route_tables {
-        out.push(
-            Resource::new(Kind::RouteTable, &rt.name)
-                .attr("vpc", vpc)
-                .attr("routes", routes_attr(rt.routes.iter().map(|r| (r.cidr.clone(), r.target.label()))))
-                .attr("subnets", rt.subnets.iter().cloned().collect::<BTreeSet<_>>().into_iter().collect::<Vec<_>>().join(","))
-                .tags(&rt.tags),
-        );
+        let table = RouteTable {
+            name: rt.name.clone(),
+            vpc: vpc.clone(),
+            routes: rt.routes.iter().map(|r| (r.cidr.clone(), r.target.label())).collect(),
+            subnets: rt.subnets.iter().cloned().collect(),
+            tags: rt.tags.clone(),
+        };
+        out.push(Task::RouteTable(table).view(None));
     }
 }
 
@@ -47,22 +102,22 @@ pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discov
     let igws =
         t.ec2.describe_internet_gateways().filters(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeInternetGateways", cluster, e))?;
     for g in igws.internet_gateways() {
+        let id = required(g.internet_gateway_id(), "InternetGateway", cluster, "InternetGatewayId")?.to_string();
         let tags = tags_of(g.tags());
-        let name = tags.get("Name").cloned().unwrap_or_default();
-        let id = g.internet_gateway_id().unwrap_or_default().to_string();
-        let vpc = g.attachments().iter().find_map(|a| a.vpc_id()).map(|v| vpc_name(&d.ids, v)).unwrap_or_default();
+        let name = tags.get("Name").cloned().unwrap_or_else(|| id.clone());
+        let vpc = g.attachments().iter().find_map(|a| a.vpc_id()).map(|v| vpc_name(&d.ids, v));
         d.ids.internet_gateways.insert(name.clone(), id.clone());
-        d.resources.push(Resource { id: Some(id), ..Resource::new(Kind::InternetGateway, name).attr("vpc", vpc).tags(&tags) });
+        d.resources.push(Task::InternetGateway(InternetGateway { name, vpc, tags }).view(Some(id)));
     }
 
     let eips = t.ec2.describe_addresses().filters(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeAddresses", cluster, e))?;
     for a in eips.addresses() {
+        let id = required(a.allocation_id(), "ElasticIP", cluster, "AllocationId")?.to_string();
         let tags = tags_of(a.tags());
-        let name = tags.get("Name").cloned().unwrap_or_default();
-        let id = a.allocation_id().unwrap_or_default().to_string();
+        let name = tags.get("Name").cloned().unwrap_or_else(|| id.clone());
         d.ids.elastic_ips.insert(name.clone(), id.clone());
         let domain = a.domain().map(|d| d.as_str().to_string()).unwrap_or_else(|| "vpc".into());
-        d.resources.push(Resource { id: Some(id), ..Resource::new(Kind::ElasticIp, name).attr("domain", domain).tags(&tags) });
+        d.resources.push(Task::ElasticIp(ElasticIp { name, domain, tags }).view(Some(id)));
     }
 
     let nats = t.ec2.describe_nat_gateways().filter(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeNatGateways", cluster, e))?;
@@ -71,31 +126,21 @@ pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discov
         if matches!(n.state(), Some(ec2_t::NatGatewayState::Deleted | ec2_t::NatGatewayState::Deleting | ec2_t::NatGatewayState::Failed)) {
             continue;
         }
+        let id = required(n.nat_gateway_id(), "NATGateway", cluster, "NatGatewayId")?.to_string();
         let tags = tags_of(n.tags());
-        let name = tags.get("Name").cloned().unwrap_or_default();
-        let id = n.nat_gateway_id().unwrap_or_default().to_string();
-        let eip = n
-            .nat_gateway_addresses()
-            .iter()
-            .find_map(|a| a.allocation_id())
-            .map(|alloc| name_of(&d.ids.elastic_ips, alloc))
-            .unwrap_or_default();
+        let name = tags.get("Name").cloned().unwrap_or_else(|| id.clone());
+        let eip = n.nat_gateway_addresses().iter().find_map(|a| a.allocation_id()).map(|alloc| name_of(&d.ids.elastic_ips, alloc)).unwrap_or_default();
+        let subnet = d.ids.subnet_name(required(n.subnet_id(), "NATGateway", &name, "SubnetId")?);
         d.ids.nat_gateways.insert(name.clone(), id.clone());
-        d.resources.push(Resource {
-            id: Some(id),
-            ..Resource::new(Kind::NatGateway, name)
-                .attr("subnet", d.ids.subnet_name(n.subnet_id().unwrap_or_default()))
-                .attr("eip", eip)
-                .tags(&tags)
-        });
+        d.resources.push(Task::NatGateway(NatGateway { name, subnet, eip, tags }).view(Some(id)));
     }
 
     let rts = t.ec2.describe_route_tables().filters(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeRouteTables", cluster, e))?;
     for rt in rts.route_tables() {
+        let id = required(rt.route_table_id(), "RouteTable", cluster, "RouteTableId")?.to_string();
         let tags = tags_of(rt.tags());
-        let name = tags.get("Name").cloned().unwrap_or_default();
-        let id = rt.route_table_id().unwrap_or_default().to_string();
-        let mut routes = Vec::new();
+        let name = tags.get("Name").cloned().unwrap_or_else(|| id.clone());
+        let mut routes = BTreeMap::new();
         for r in rt.routes() {
             let Some(cidr) = r.destination_cidr_block() else { continue };
             let target = if let Some(g) = r.gateway_id() {
@@ -113,7 +158,7 @@ pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discov
             } else {
                 continue;
             };
-            routes.push((cidr.to_string(), target));
+            routes.insert(cidr.to_string(), target);
         }
         let mut subnets = BTreeSet::new();
         for a in rt.associations() {
@@ -127,16 +172,42 @@ pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discov
             }
         }
         d.ids.route_tables.insert(name.clone(), id.clone());
-        d.resources.push(Resource {
-            id: Some(id),
-            ..Resource::new(Kind::RouteTable, name)
-                .attr("vpc", vpc_name(&d.ids, rt.vpc_id().unwrap_or_default()))
-                .attr("routes", routes_attr(routes))
-                .attr("subnets", subnets.into_iter().collect::<Vec<_>>().join(","))
-                .tags(&tags)
-        });
+        let vpc = vpc_name(&d.ids, required(rt.vpc_id(), "RouteTable", &name, "VpcId")?);
+        d.resources.push(Task::RouteTable(RouteTable { name, vpc, routes, subnets, tags }).view(Some(id)));
     }
     Ok(())
+}
+
+fn pick_igw(t: &Task) -> Option<&InternetGateway> {
+    if let Task::InternetGateway(x) = t {
+        Some(x)
+    } else {
+        None
+    }
+}
+
+fn pick_eip(t: &Task) -> Option<&ElasticIp> {
+    if let Task::ElasticIp(x) = t {
+        Some(x)
+    } else {
+        None
+    }
+}
+
+fn pick_nat(t: &Task) -> Option<&NatGateway> {
+    if let Task::NatGateway(x) = t {
+        Some(x)
+    } else {
+        None
+    }
+}
+
+fn pick_table(t: &Task) -> Option<&RouteTable> {
+    if let Task::RouteTable(x) = t {
+        Some(x)
+    } else {
+        None
+    }
 }
 
 fn missing(kind: &'static str, name: &str, message: String) -> AwsError {
@@ -147,28 +218,28 @@ impl AwsTarget {
     /// Create, update or delete one routing resource.
     pub(super) async fn execute_routing(&self, model: &ClusterModel, c: &Change, ids: &mut Ids) -> Result<(), AwsError> {
         let name = c.name.as_str();
-        let desired = c.desired.as_ref();
-        let attr = |k: &str| desired.and_then(|d| d.attrs.get(k)).cloned().unwrap_or_default();
-        let tags = desired.map(|d| d.tags.clone()).unwrap_or_default();
-        let actual_id = c.actual.as_ref().and_then(|a| a.id.clone()).unwrap_or_default();
+        let (kind, desired, actual) = (c.kind, c.desired.as_ref(), c.actual.as_ref());
         let tag_change = matches!(&c.action, Action::Update(f) if f.iter().any(|f| f.field.starts_with("tags[")));
         let field_changed = |field: &str| matches!(&c.action, Action::Update(f) if f.iter().any(|f| f.field == field));
         let vpc = || ids.vpc.clone().ok_or_else(|| missing("VPC", &model.network.name, format!("needed by {name}")));
         match (c.kind, &c.action) {
             (Kind::InternetGateway, Action::Create) => {
+                let want = typed(desired, kind, name, "desired", pick_igw)?;
                 let vpc = vpc()?;
                 let resp = self
                     .ec2
                     .create_internet_gateway()
-                    .tag_specifications(tag_spec(ec2_t::ResourceType::InternetGateway, &tags))
+                    .tag_specifications(tag_spec(ec2_t::ResourceType::InternetGateway, &want.tags))
                     .send()
                     .await
                     .map_err(|e| api("CreateInternetGateway", name, e))?;
-                let id = resp.internet_gateway().and_then(|g| g.internet_gateway_id()).unwrap_or_default().to_string();
+                let id = required(resp.internet_gateway().and_then(|g| g.internet_gateway_id()), "InternetGateway", name, "InternetGatewayId")?.to_string();
                 ids.internet_gateways.insert(name.to_string(), id.clone());
                 self.ec2.attach_internet_gateway().internet_gateway_id(&id).vpc_id(vpc).send().await.map_err(|e| api("AttachInternetGateway", name, e))?;
             }
             (Kind::InternetGateway, Action::Update(_)) => {
+                let want = typed(desired, kind, name, "desired", pick_igw)?;
+                let actual_id = actual_id(actual, kind, name)?;
                 if field_changed("vpc") {
                     let vpc = vpc()?;
                     self.ec2
@@ -180,13 +251,14 @@ impl AwsTarget {
                         .map_err(|e| api("AttachInternetGateway", name, e))?;
                 }
                 if tag_change {
-                    self.create_tags(&actual_id, &tags).await?;
+                    self.create_tags(&actual_id, &want.tags).await?;
                 }
             }
             (Kind::InternetGateway, Action::Delete) => {
+                let have = typed(actual, kind, name, "actual", pick_igw)?;
+                let actual_id = actual_id(actual, kind, name)?;
                 if let Some(vpc) = &ids.vpc {
-                    let attached = c.actual.as_ref().and_then(|a| a.attrs.get("vpc")).is_some_and(|v| !v.is_empty());
-                    if attached {
+                    if have.vpc.is_some() {
                         self.ec2
                             .detach_internet_gateway()
                             .internet_gateway_id(&actual_id)
@@ -208,45 +280,50 @@ impl AwsTarget {
                 .await?;
             }
             (Kind::ElasticIp, Action::Create) => {
+                let want = typed(desired, kind, name, "desired", pick_eip)?;
                 let resp = self
                     .ec2
                     .allocate_address()
                     .domain(ec2_t::DomainType::Vpc)
-                    .tag_specifications(tag_spec(ec2_t::ResourceType::ElasticIp, &tags))
+                    .tag_specifications(tag_spec(ec2_t::ResourceType::ElasticIp, &want.tags))
                     .send()
                     .await
                     .map_err(|e| api("AllocateAddress", name, e))?;
-                ids.elastic_ips.insert(name.to_string(), resp.allocation_id().unwrap_or_default().to_string());
+                ids.elastic_ips.insert(name.to_string(), required(resp.allocation_id(), "ElasticIP", name, "AllocationId")?.to_string());
             }
             (Kind::ElasticIp, Action::Update(_)) => {
+                let want = typed(desired, kind, name, "desired", pick_eip)?;
                 if tag_change {
-                    self.create_tags(&actual_id, &tags).await?;
+                    self.create_tags(&actual_id(actual, kind, name)?, &want.tags).await?;
                 }
             }
             (Kind::ElasticIp, Action::Delete) => {
+                let actual_id = actual_id(actual, kind, name)?;
                 self.delete_with_retry(name, || async {
                     self.ec2.release_address().allocation_id(&actual_id).send().await.map(|_| ()).map_err(|e| api("ReleaseAddress", name, e))
                 })
                 .await?;
             }
             (Kind::NatGateway, Action::Create) => {
-                let subnet = ids.subnets.get(&attr("subnet")).cloned().ok_or_else(|| missing("Subnet", &attr("subnet"), format!("needed by NAT gateway {name}")))?;
-                let eip = ids.elastic_ips.get(&attr("eip")).cloned().ok_or_else(|| missing("ElasticIP", &attr("eip"), format!("needed by NAT gateway {name}")))?;
+                let want = typed(desired, kind, name, "desired", pick_nat)?;
+                let subnet = ids.subnets.get(&want.subnet).cloned().ok_or_else(|| missing("Subnet", &want.subnet, format!("needed by NAT gateway {name}")))?;
+                let eip = ids.elastic_ips.get(&want.eip).cloned().ok_or_else(|| missing("ElasticIP", &want.eip, format!("needed by NAT gateway {name}")))?;
                 let resp = self
                     .ec2
                     .create_nat_gateway()
                     .subnet_id(subnet)
                     .allocation_id(eip)
-                    .tag_specifications(tag_spec(ec2_t::ResourceType::Natgateway, &tags))
+                    .tag_specifications(tag_spec(ec2_t::ResourceType::Natgateway, &want.tags))
                     .send()
                     .await
                     .map_err(|e| api("CreateNatGateway", name, e))?;
-                let id = resp.nat_gateway().and_then(|n| n.nat_gateway_id()).unwrap_or_default().to_string();
+                let id = required(resp.nat_gateway().and_then(|n| n.nat_gateway_id()), "NATGateway", name, "NatGatewayId")?.to_string();
                 ids.nat_gateways.insert(name.to_string(), id.clone());
                 // Routes to it are only useful (and in some regions only accepted) once it is available.
                 self.wait_nat_available(&id, name).await?;
             }
             (Kind::NatGateway, Action::Update(fields)) => {
+                let want = typed(desired, kind, name, "desired", pick_nat)?;
                 if fields.iter().any(|f| !f.field.starts_with("tags[")) {
                     // Subnet and address are fixed at creation: say so rather than replace egress silently.
                     return Err(missing(
@@ -258,42 +335,47 @@ impl AwsTarget {
                         ),
                     ));
                 }
-                self.create_tags(&actual_id, &tags).await?;
+                self.create_tags(&actual_id(actual, kind, name)?, &want.tags).await?;
             }
             (Kind::NatGateway, Action::Delete) => {
+                let actual_id = actual_id(actual, kind, name)?;
                 self.ec2.delete_nat_gateway().nat_gateway_id(&actual_id).send().await.map_err(|e| api("DeleteNatGateway", name, e))?;
                 self.wait_nat_deleted(&actual_id, name).await?;
             }
             (Kind::RouteTable, Action::Create) => {
+                let want = typed(desired, kind, name, "desired", pick_table)?;
                 let resp = self
                     .ec2
                     .create_route_table()
                     .vpc_id(vpc()?)
-                    .tag_specifications(tag_spec(ec2_t::ResourceType::RouteTable, &tags))
+                    .tag_specifications(tag_spec(ec2_t::ResourceType::RouteTable, &want.tags))
                     .send()
                     .await
                     .map_err(|e| api("CreateRouteTable", name, e))?;
-                let id = resp.route_table().and_then(|r| r.route_table_id()).unwrap_or_default().to_string();
+                let id = required(resp.route_table().and_then(|r| r.route_table_id()), "RouteTable", name, "RouteTableId")?.to_string();
                 ids.route_tables.insert(name.to_string(), id.clone());
-                self.sync_routes(name, &id, "", &attr("routes"), ids).await?;
-                self.sync_associations(name, &id, "", &attr("subnets"), ids).await?;
+                self.sync_routes(name, &id, &BTreeMap::new(), &want.routes, ids).await?;
+                self.sync_associations(name, &id, &BTreeSet::new(), &want.subnets, ids).await?;
             }
             (Kind::RouteTable, Action::Update(_)) => {
-                let actual = |k: &str| c.actual.as_ref().and_then(|a| a.attrs.get(k)).cloned().unwrap_or_default();
+                let want = typed(desired, kind, name, "desired", pick_table)?;
+                let have = typed(actual, kind, name, "actual", pick_table)?;
+                let actual_id = actual_id(actual, kind, name)?;
                 if field_changed("routes") {
-                    self.sync_routes(name, &actual_id, &actual("routes"), &attr("routes"), ids).await?;
+                    self.sync_routes(name, &actual_id, &have.routes, &want.routes, ids).await?;
                 }
                 if field_changed("subnets") {
-                    self.sync_associations(name, &actual_id, &actual("subnets"), &attr("subnets"), ids).await?;
+                    self.sync_associations(name, &actual_id, &have.subnets, &want.subnets, ids).await?;
                 }
                 if tag_change {
-                    self.create_tags(&actual_id, &tags).await?;
+                    self.create_tags(&actual_id, &want.tags).await?;
                 }
             }
             (Kind::RouteTable, Action::Delete) => {
-                let subnets = c.actual.as_ref().and_then(|a| a.attrs.get("subnets")).cloned().unwrap_or_default();
-                for s in split_list(&subnets) {
-                    if let Some(assoc) = ids.route_associations.remove(&s) {
+                let have = typed(actual, kind, name, "actual", pick_table)?;
+                let actual_id = actual_id(actual, kind, name)?;
+                for s in &have.subnets {
+                    if let Some(assoc) = ids.route_associations.remove(s) {
                         self.ec2
                             .disassociate_route_table()
                             .association_id(assoc)
@@ -312,13 +394,9 @@ impl AwsTarget {
         Ok(())
     }
 
-    /// Make the table's routes `want` (comparable form), given `have`.
-    async fn sync_routes(&self, name: &str, table: &str, have: &str, want: &str, ids: &Ids) -> Result<(), AwsError> {
-        let parse = |v: &str| -> BTreeMap<String, String> {
-            split_list(v).into_iter().filter_map(|r| r.split_once('=').map(|(a, b)| (a.to_string(), b.to_string()))).collect()
-        };
-        let (have, want) = (parse(have), parse(want));
-        for (cidr, target) in &want {
+    /// Make the table's routes `want` (CIDR → target label), given `have`.
+    async fn sync_routes(&self, name: &str, table: &str, have: &BTreeMap<String, String>, want: &BTreeMap<String, String>, ids: &Ids) -> Result<(), AwsError> {
+        for (cidr, target) in want {
             if have.get(cidr) == Some(target) {
                 continue;
             }
@@ -363,9 +441,8 @@ impl AwsTarget {
 
     /// Associate the subnets in `want` with the table (moving them from another table if needed)
     /// and disassociate the ones only in `have`.
-    async fn sync_associations(&self, name: &str, table: &str, have: &str, want: &str, ids: &mut Ids) -> Result<(), AwsError> {
-        let (have, want) = (split_list(have), split_list(want));
-        for s in want.difference(&have) {
+    async fn sync_associations(&self, name: &str, table: &str, have: &BTreeSet<String>, want: &BTreeSet<String>, ids: &mut Ids) -> Result<(), AwsError> {
+        for s in want.difference(have) {
             let subnet = ids.subnets.get(s).cloned().ok_or_else(|| missing("Subnet", s, format!("associated with route table {name}")))?;
             let assoc = match ids.route_associations.get(s).cloned() {
                 Some(old) => self
@@ -377,7 +454,7 @@ impl AwsTarget {
                     .await
                     .map_err(|e| api("ReplaceRouteTableAssociation", name, e))?
                     .new_association_id()
-                    .unwrap_or_default()
+                    .ok_or_else(|| missing("RouteTable", name, "the API returned no NewAssociationId".into()))?
                     .to_string(),
                 None => self
                     .ec2
@@ -388,12 +465,12 @@ impl AwsTarget {
                     .await
                     .map_err(|e| api("AssociateRouteTable", name, e))?
                     .association_id()
-                    .unwrap_or_default()
+                    .ok_or_else(|| missing("RouteTable", name, "the API returned no AssociationId".into()))?
                     .to_string(),
             };
             ids.route_associations.insert(s.clone(), assoc);
         }
-        for s in have.difference(&want) {
+        for s in have.difference(want) {
             if let Some(assoc) = ids.route_associations.remove(s) {
                 self.ec2.disassociate_route_table().association_id(assoc).send().await.map_err(|e| api("DisassociateRouteTable", name, e))?;
             }

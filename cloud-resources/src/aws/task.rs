@@ -8,22 +8,34 @@ use crate::plan::{Kind, Resource};
 
 use super::autoscaling::AutoscalingGroup;
 use super::dns_record::DnsRecord;
+use super::iam::{IamRole, InstanceProfile};
 use super::launch_template::LaunchTemplate;
+use super::load_balancer::{AliasRecord, LoadBalancer, TargetGroup};
 use super::network::{Subnet, Vpc};
+use super::routing::{ElasticIp, InternetGateway, NatGateway, RouteTable};
 use super::security_group::{SecurityGroup, SecurityGroupRule};
 use super::volume::Volume;
 
 /// A typed resource of the AWS target.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Task {
+    IamRole(IamRole),
+    InstanceProfile(InstanceProfile),
     Vpc(Vpc),
     Subnet(Subnet),
+    InternetGateway(InternetGateway),
+    ElasticIp(ElasticIp),
+    NatGateway(NatGateway),
+    RouteTable(RouteTable),
     SecurityGroup(SecurityGroup),
     SecurityGroupRule(SecurityGroupRule),
+    TargetGroup(TargetGroup),
+    LoadBalancer(LoadBalancer),
     LaunchTemplate(LaunchTemplate),
     AutoscalingGroup(AutoscalingGroup),
     Volume(Volume),
     DnsRecord(DnsRecord),
+    AliasRecord(AliasRecord),
 }
 
 /// The comparable attributes of a task, in the plan's vocabulary (names, not ids; hashes, not
@@ -52,25 +64,57 @@ pub fn joined(items: &BTreeSet<String>) -> String {
 impl Task {
     pub fn kind(&self) -> Kind {
         match self {
+            Task::IamRole(_) => Kind::IamRole,
+            Task::InstanceProfile(_) => Kind::IamInstanceProfile,
             Task::Vpc(_) => Kind::Vpc,
             Task::Subnet(_) => Kind::Subnet,
+            Task::InternetGateway(_) => Kind::InternetGateway,
+            Task::ElasticIp(_) => Kind::ElasticIp,
+            Task::NatGateway(_) => Kind::NatGateway,
+            Task::RouteTable(_) => Kind::RouteTable,
             Task::SecurityGroup(_) => Kind::SecurityGroup,
             Task::SecurityGroupRule(_) => Kind::SecurityGroupRule,
+            Task::TargetGroup(_) => Kind::TargetGroup,
+            Task::LoadBalancer(_) => Kind::LoadBalancer,
             Task::LaunchTemplate(_) => Kind::LaunchTemplate,
             Task::AutoscalingGroup(_) => Kind::AutoscalingGroup,
             Task::Volume(_) => Kind::Volume,
-            Task::DnsRecord(_) => Kind::DnsRecord,
+            Task::DnsRecord(_) | Task::AliasRecord(_) => Kind::DnsRecord,
         }
     }
 
     fn name_and_fields(&self) -> (String, Fields, BTreeMap<String, String>) {
         let mut f = Fields::default();
         let (name, tags) = match self {
+            Task::IamRole(t) => {
+                t.fields(&mut f);
+                (t.name.clone(), t.tags.clone())
+            }
+            Task::InstanceProfile(t) => {
+                t.fields(&mut f);
+                (t.name.clone(), t.tags.clone())
+            }
             Task::Vpc(t) => {
                 t.fields(&mut f);
                 (t.name.clone(), t.tags.clone())
             }
             Task::Subnet(t) => {
+                t.fields(&mut f);
+                (t.name.clone(), t.tags.clone())
+            }
+            Task::InternetGateway(t) => {
+                t.fields(&mut f);
+                (t.name.clone(), t.tags.clone())
+            }
+            Task::ElasticIp(t) => {
+                t.fields(&mut f);
+                (t.name.clone(), t.tags.clone())
+            }
+            Task::NatGateway(t) => {
+                t.fields(&mut f);
+                (t.name.clone(), t.tags.clone())
+            }
+            Task::RouteTable(t) => {
                 t.fields(&mut f);
                 (t.name.clone(), t.tags.clone())
             }
@@ -97,6 +141,18 @@ impl Task {
             Task::DnsRecord(t) => {
                 t.fields(&mut f);
                 (t.name.clone(), BTreeMap::new())
+            }
+            Task::AliasRecord(t) => {
+                t.fields(&mut f);
+                (t.name.clone(), BTreeMap::new())
+            }
+            Task::TargetGroup(t) => {
+                t.fields(&mut f);
+                (t.name.clone(), t.tags.clone())
+            }
+            Task::LoadBalancer(t) => {
+                t.fields(&mut f);
+                (t.name.clone(), t.tags.clone())
             }
         };
         (name, f, tags)
