@@ -27,11 +27,19 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, thiserror::Error)]
 pub enum PkiError {
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("keyset {name}: {message}")]
     Keyset { name: String, message: String },
-    #[error("certificate {cn}: {message}")]
-    Issue { cn: String, message: String },
+    #[error("certificate {cn}: {source}")]
+    Issue {
+        cn: String,
+        #[source]
+        source: rcgen::Error,
+    },
     #[error("state store: {0}")]
     Store(String),
 }
@@ -172,7 +180,7 @@ fn ca_params(name: &str) -> CertificateParams {
 
 /// Create a self-signed CA.
 pub fn create_ca(name: &str) -> Result<Keypair, PkiError> {
-    let err = |e: rcgen::Error| PkiError::Issue { cn: name.into(), message: e.to_string() };
+    let err = |source: rcgen::Error| PkiError::Issue { cn: name.into(), source };
     let key = KeyPair::generate().map_err(err)?;
     let cert = ca_params(name).self_signed(&key).map_err(err)?;
     Ok(Keypair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
@@ -213,7 +221,7 @@ pub fn issue(ca_name: &str, ca: &Keypair, spec: &CertSpec) -> Result<Keypair, Pk
 
 /// [`issue`] with a chosen validity (from an hour before now, against clock skew).
 pub fn issue_for(ca_name: &str, ca: &Keypair, spec: &CertSpec, valid_for: std::time::Duration) -> Result<Keypair, PkiError> {
-    let err = |e: rcgen::Error| PkiError::Issue { cn: spec.cn.clone(), message: e.to_string() };
+    let err = |source: rcgen::Error| PkiError::Issue { cn: spec.cn.clone(), source };
     let ca_key = KeyPair::from_pem(&ca.key_pem)
         .map_err(|e| PkiError::Keyset { name: ca_name.into(), message: format!("private key: {e}") })?;
     // Rebuild the issuer from its subject and key: the leaf names the issuer by DN and key id,

@@ -19,7 +19,13 @@ use super::model::ClusterModel;
 #[derive(Debug, thiserror::Error)]
 pub enum RollingError {
     #[error("{op} {target}: {message}")]
-    Api { op: &'static str, target: String, message: String },
+    Api {
+        op: &'static str,
+        target: String,
+        message: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("autoscaling group {group}: {message}")]
     Timeout { group: String, message: String },
     #[error("validation after replacing {instance} in {group} failed: {message}")]
@@ -28,8 +34,8 @@ pub enum RollingError {
     UnknownGroup(String),
 }
 
-fn api<E: std::error::Error>(op: &'static str, target: &str, e: E) -> RollingError {
-    RollingError::Api { op, target: target.to_string(), message: aws_smithy_types::error::display::DisplayErrorContext(&e).to_string() }
+fn api<E: std::error::Error + Send + Sync + 'static>(op: &'static str, target: &str, e: E) -> RollingError {
+    RollingError::Api { op, target: target.to_string(), message: aws_smithy_types::error::display::DisplayErrorContext(&e).to_string(), source: Box::new(e) }
 }
 
 /// One instance of a group as the rolling update sees it.

@@ -53,19 +53,27 @@ pub enum RecordChange {
 #[derive(Debug, thiserror::Error)]
 pub enum DnsError {
     #[error("{op} {target}: {code}: {message}")]
-    Api { op: &'static str, target: String, code: String, message: String },
+    Api {
+        op: &'static str,
+        target: String,
+        code: String,
+        message: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("no hosted zone found for {0}")]
     NoZone(String),
     #[error("record {name}: {message}")]
     Invalid { name: String, message: String },
 }
 
-fn api_err<E: ProvideErrorMetadata + std::fmt::Debug>(op: &'static str, target: &str, e: E) -> DnsError {
+fn api_err<E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static>(op: &'static str, target: &str, e: E) -> DnsError {
     DnsError::Api {
         op,
         target: target.to_string(),
         code: e.code().unwrap_or("unknown").to_string(),
         message: e.message().map(str::to_string).unwrap_or_else(|| format!("{e:?}")),
+        source: Box::new(e),
     }
 }
 

@@ -69,18 +69,26 @@ pub struct Instance {
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {
     #[error("{op} {target}: {code}: {message}")]
-    Api { op: &'static str, target: String, code: String, message: String },
+    Api {
+        op: &'static str,
+        target: String,
+        code: String,
+        message: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// AttachVolume refused because another instance holds the volume (a lost race).
     #[error("attach {volume}: volume is in use by another instance")]
     InUse { volume: String },
 }
 
-fn api_err<E: ProvideErrorMetadata + std::fmt::Debug>(op: &'static str, target: &str, e: E) -> VolumeError {
+fn api_err<E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static>(op: &'static str, target: &str, e: E) -> VolumeError {
     VolumeError::Api {
         op,
         target: target.to_string(),
         code: e.code().unwrap_or("unknown").to_string(),
         message: e.message().map(str::to_string).unwrap_or_else(|| format!("{e:?}")),
+        source: Box::new(e),
     }
 }
 

@@ -26,6 +26,12 @@ pub enum AssetError {
     HashMismatch { url: String, expected: String, actual: String },
     #[error("{url}: {message}")]
     Http { url: String, message: String },
+    #[error("{url}: {source}")]
+    Io {
+        url: String,
+        #[source]
+        source: io::Error,
+    },
     /// The server answered with a non-success status (a value, so callers can tell 404 apart).
     #[error("{url}: HTTP {status}")]
     Status { url: String, status: u16 },
@@ -217,7 +223,7 @@ impl Fetcher {
     /// Open a URL for streaming (`http(s)://` or `file://`).
     pub fn open(&self, url: &str) -> Result<(Box<dyn Read + Send>, Option<u64>), AssetError> {
         if let Some(path) = url.strip_prefix("file://") {
-            let f = File::open(path).map_err(|e| AssetError::Http { url: url.to_string(), message: e.to_string() })?;
+            let f = File::open(path).map_err(|source| AssetError::Io { url: url.to_string(), source })?;
             let len = f.metadata().ok().map(|m| m.len());
             return Ok((Box::new(f), len));
         }
@@ -237,14 +243,14 @@ impl Fetcher {
     pub fn get_bytes(&self, url: &str) -> Result<Vec<u8>, AssetError> {
         let (mut r, _) = self.open(url)?;
         let mut buf = Vec::new();
-        r.read_to_end(&mut buf).map_err(|e| AssetError::Http { url: url.to_string(), message: e.to_string() })?;
+        r.read_to_end(&mut buf).map_err(|source| AssetError::Io { url: url.to_string(), source })?;
         Ok(buf)
     }
 
     fn fetch_once(&self, asset: &Asset, url: &str, dir: &Path) -> Result<(), AssetError> {
         let (body, len) = self.open(url)?;
         let mut reader = HashingReader::new(body, Progress::new(asset.name(), len));
-        let io_err = |e: io::Error| AssetError::Http { url: url.to_string(), message: format!("reading: {e}") };
+        let io_err = |source: io::Error| AssetError::Io { url: url.to_string(), source };
         match &asset.kind {
             AssetKind::Archive { prefix, only, .. } => {
                 let final_dir = self.cached_dir(&asset.sha256);

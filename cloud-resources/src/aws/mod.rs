@@ -46,7 +46,13 @@ const MAX_PAGES: usize = 200;
 #[derive(Debug, thiserror::Error)]
 pub enum AwsError {
     #[error("{op} {target}: {message}")]
-    Api { op: &'static str, target: String, message: String },
+    Api {
+        op: &'static str,
+        target: String,
+        message: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("image {image:?}: {message}")]
     Image { image: String, message: String },
     #[error("DNS: {0}")]
@@ -57,8 +63,8 @@ pub enum AwsError {
     Missing { kind: &'static str, name: String, message: String },
 }
 
-fn api<E: std::error::Error>(op: &'static str, target: &str, e: E) -> AwsError {
-    AwsError::Api { op, target: target.to_string(), message: DisplayErrorContext(&e).to_string() }
+fn api<E: std::error::Error + Send + Sync + 'static>(op: &'static str, target: &str, e: E) -> AwsError {
+    AwsError::Api { op, target: target.to_string(), message: DisplayErrorContext(&e).to_string(), source: Box::new(e) }
 }
 
 /// Operation names that change something (the rest only read).
