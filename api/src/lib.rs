@@ -14,4 +14,4 @@ pub use validate::{aws_region_of_zone, validate, ValidationError};
 pub use documents::{parse_documents, Cluster, Documents, InstanceGroup, ObjectMeta, ParseError, Role};
 pub use generated::*;
 pub use merge::Merge;
-pub use types::{Cidr, DnsName, Duration, IntOrString, KubernetesVersion, Quantity};
+pub use types::{Cidr, CloudProvider, DnsName, Duration, IntOrString, KubernetesVersion, Quantity};

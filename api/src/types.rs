@@ -499,3 +499,24 @@ mod tests {
         }
     }
 }
+
+/// `spec.cloudProvider`: the clouds Keelson knows by name (completion and apply branch on it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloudProvider {
+    Aws,
+    Gce,
+    Hetzner,
+    /// Any other provider name kOps accepts (Azure, OpenStack, …): completed generically.
+    Other,
+}
+
+impl CloudProvider {
+    pub fn parse(s: &str) -> CloudProvider {
+        match s {
+            "aws" => CloudProvider::Aws,
+            "gce" => CloudProvider::Gce,
+            "hetzner" => CloudProvider::Hetzner,
+            _ => CloudProvider::Other,
+        }
+    }
+}

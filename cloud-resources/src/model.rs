@@ -35,11 +35,8 @@ pub enum ModelError {
     Completed(String),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CloudKind {
-    Aws,
-    Gce,
-}
+/// The cloud of a model (AWS or GCE; validated when the model is built).
+pub use keelson_api::CloudProvider as CloudKind;
 
 /// The network: either existing (ids from the spec) or created by apply.
 #[derive(Debug, Clone, PartialEq)]
@@ -407,12 +404,9 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
     let cluster = completed.name().to_string();
     let spec = &completed.spec;
     let missing = |field: &str| ModelError::Missing { cluster: cluster.clone(), field: field.to_string() };
-    let cloud = match spec.cloud_provider.as_deref() {
-        Some("aws") => CloudKind::Aws,
-        Some("gce") => CloudKind::Gce,
-        other => {
-            return Err(ModelError::UnsupportedCloud { cluster, cloud: other.unwrap_or_default().to_string() })
-        }
+    let cloud = match spec.cloud_provider.as_deref().map(CloudKind::parse) {
+        Some(c @ (CloudKind::Aws | CloudKind::Gce)) => c,
+        _ => return Err(ModelError::UnsupportedCloud { cluster, cloud: spec.cloud_provider.clone().unwrap_or_default() }),
     };
     let config_base = spec.config_base.clone().ok_or_else(|| missing("spec.configBase"))?;
     let spec_subnets = spec.subnets.clone().unwrap_or_default();

@@ -80,11 +80,12 @@ fn tags_value(tags: &BTreeMap<String, String>) -> Value {
     Value::Object(tags.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect())
 }
 
-/// Render Terraform for the model (AWS or GCE).
-pub fn render(model: &ClusterModel) -> Tree {
+/// Render Terraform for the model (AWS or GCE; a model of another cloud is an error naming it).
+pub fn render(model: &ClusterModel) -> Result<Tree, super::model::ModelError> {
     match model.cloud {
-        CloudKind::Aws => render_aws(model),
-        CloudKind::Gce => super::gce::render(model),
+        CloudKind::Aws => Ok(render_aws(model)),
+        CloudKind::Gce => Ok(super::gce::render(model)),
+        other => Err(super::model::ModelError::UnsupportedCloud { cluster: model.cluster.clone(), cloud: format!("{other:?}") }),
     }
 }
 

@@ -263,25 +263,26 @@ fn control_plane_host() {
 #[test]
 fn facts_come_from_imds_when_no_flag_gives_them() {
     let s = Scenario::new(Group::Worker, PAD, direct);
-    let imds = testkit::mirror::Mirror::start();
-    imds.put("latest/api/token", b"t".to_vec());
-    imds.put("latest/meta-data/instance-id", b"i-0123".to_vec());
-    imds.put("latest/meta-data/placement/availability-zone", b"eu-west-1b".to_vec());
-    imds.put("latest/meta-data/placement/region", b"eu-west-1".to_vec());
-    imds.put("latest/meta-data/local-ipv4", b"172.20.70.7".to_vec());
-    imds.put("latest/meta-data/local-hostname", b"ip-172-20-70-7.eu-west-1.compute.internal".to_vec());
+    let imds = testkit::imds::ImdsServer::start(&[
+        ("instance-id", "i-0123"),
+        ("placement/availability-zone", "eu-west-1b"),
+        ("placement/region", "eu-west-1"),
+        ("local-ipv4", "172.20.70.7"),
+        ("local-hostname", "ip-172-20-70-7.eu-west-1.compute.internal"),
+    ]);
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_nodeup"))
         .arg("--conf")
         .arg(&s.boot)
         .arg("--root")
         .arg(&s.root)
-        .args(["--arch", "amd64", "--imds-url", &imds.url("")])
+        .args(["--arch", "amd64", "--imds-url", &imds.url])
         .output()
         .expect("run");
     assert_ok(&o);
     let sysconfig = std::fs::read_to_string(s.path("/etc/sysconfig/kubelet")).expect("sysconfig");
     assert!(sysconfig.contains("--node-ip=172.20.70.7"), "{sysconfig}");
     assert!(sysconfig.contains("--hostname-override=ip-172-20-70-7.eu-west-1.compute.internal"), "{sysconfig}");
+    assert!(imds.faults().tokens_issued >= 1, "IMDSv2: a session token was used");
 }
 
 #[test]

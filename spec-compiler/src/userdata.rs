@@ -22,24 +22,18 @@ pub struct NodeupAsset {
 }
 
 impl NodeupAsset {
-    /// Parse `<sha256>@<url>[,<url>…]` (the NodeupConfig asset syntax).
+    /// Parse `<sha256>@<url>[,<url>…]` ([`base::AssetRef`]); the URLs must be `http(s)://` and safe to
+    /// write into a shell script unquoted.
     pub fn parse(text: &str) -> Result<NodeupAsset, String> {
-        let (hash, urls) = text.split_once('@').ok_or_else(|| format!("{text:?}: expected <sha256>@<url>[,<url>…]"))?;
-        if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(format!("{hash:?}: expected a sha256 of 64 hex digits"));
-        }
-        let urls: Vec<String> = urls.split(',').map(str::trim).filter(|u| !u.is_empty()).map(String::from).collect();
-        if urls.is_empty() {
-            return Err(format!("{text:?}: no URL after '@'"));
-        }
-        for u in &urls {
+        let asset: base::AssetRef = text.parse().map_err(|e: base::AssetRefError| e.to_string())?;
+        for u in &asset.urls {
             let ok = (u.starts_with("https://") || u.starts_with("http://"))
                 && u.bytes().all(|b| b.is_ascii_graphic() && !matches!(b, b'\'' | b'"' | b'`' | b'$' | b'\\' | b','));
             if !ok {
                 return Err(format!("{u:?}: expected an http(s) URL without quotes, '$', '`' or '\\\\'"));
             }
         }
-        Ok(NodeupAsset { sha256: hash.to_ascii_lowercase(), urls })
+        Ok(NodeupAsset { sha256: asset.sha256, urls: asset.urls })
     }
 }
 

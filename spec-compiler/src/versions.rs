@@ -1113,12 +1113,8 @@ fn remember(download_url: &str, h: &str) {
     }
 }
 
-fn write_cache(dir: &Path, download_url: &str, h: &str) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let path = cache_file(dir, download_url);
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    std::fs::write(&tmp, format!("{h}  {download_url}\n"))?;
-    std::fs::rename(&tmp, &path)
+fn write_cache(dir: &Path, download_url: &str, h: &str) -> Result<(), base::fs::FsError> {
+    base::fs::write_atomic(&cache_file(dir, download_url), format!("{h}  {download_url}\n").as_bytes(), 0o644, None)
 }
 
 fn fetch_sha256(name: &str, version: &str, download_url: &str) -> Result<String, VersionsError> {

@@ -128,9 +128,10 @@ impl ClusterState {
         serde_json::from_str(&text).ok()
     }
     fn save(&self, state: &State) {
-        let tmp = state.cluster_file().with_extension("tmp");
-        if fs::write(&tmp, serde_json::to_string_pretty(self).unwrap_or_default()).is_ok() {
-            let _ = fs::rename(&tmp, state.cluster_file());
+        if let Ok(text) = serde_json::to_string_pretty(self) {
+            if let Err(e) = base::fs::write_atomic(&state.cluster_file(), text.as_bytes(), 0o600, None) {
+                eprintln!("keelson-local: saving the cluster state: {e}");
+            }
         }
     }
     pub fn endpoint(&self) -> String {

@@ -207,7 +207,7 @@ pub fn run_apply(args: ApplyArgs) -> anyhow::Result<ExitCode> {
     match args.target {
         Target::Terraform => {
             let out = args.out.clone().ok_or_else(|| anyhow::anyhow!("--target terraform needs --out DIR"))?;
-            let tree = terraform::render(&model);
+            let tree = terraform::render(&model)?;
             tree.write_to(&out).with_context(|| format!("writing {}", out.display()))?;
             println!("{file}: wrote {} and {} data files to {}", terraform::MAIN_FILE, tree.files.len() - 1, out.display());
             if args.yes {

@@ -30,25 +30,8 @@ pub enum CompleteError {
     NoFixedPoint(String),
 }
 
-/// The clouds Keelson knows how to complete for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cloud {
-    Aws,
-    Gce,
-    Hetzner,
-    Other,
-}
-
-impl Cloud {
-    fn parse(s: &str) -> Cloud {
-        match s {
-            "aws" => Cloud::Aws,
-            "gce" => Cloud::Gce,
-            "hetzner" => Cloud::Hetzner,
-            _ => Cloud::Other,
-        }
-    }
-}
+/// The clouds Keelson knows how to complete for (one enum, in the api crate).
+pub use keelson_api::CloudProvider as Cloud;
 
 /// The networking plugin chosen in `spec.networking`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
