@@ -105,6 +105,7 @@ impl ConfigBase {
     }
 
     /// The object key of `rel` under an S3 prefix.
+    #[cfg_attr(not(feature = "aws"), allow(dead_code))]
     fn s3_key(prefix: &str, rel: &str) -> String {
         let rel = rel.trim_start_matches('/');
         if prefix.is_empty() {

@@ -5,7 +5,7 @@
 //! I/O), the desired-vs-actual diff and its rendering ([`plan`]), the AWS target ([`aws`]: one batched
 //! discovery, then create/update/delete through the SDK), the Terraform targets ([`terraform`],
 //! [`gce`]), the IAM policies ([`iam_policy`]), the state a cluster keeps in its store ([`state`]) and
-//! rolling updates ([`rolling`]). Must not: compile specs (it takes the compiler's output), parse
+//! rolling updates ([`rolling`]) and cluster validation ([`validate`]). Must not: compile specs (it takes the compiler's output), parse
 //! command lines, or guess — a missing id or an unparsable attribute is an error naming the resource.
 
 pub mod aws;
@@ -16,6 +16,7 @@ pub mod plan;
 pub mod rolling;
 pub mod state;
 pub mod terraform;
+pub mod validate;
 
 use base::StateStore;
 use model::ClusterModel;

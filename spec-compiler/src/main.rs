@@ -19,11 +19,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Check a spec file; print every problem, one per line. Exit 0 valid, 1 invalid, 2 unreadable.
+    /// Check a spec file (`-f SPEC`): print every problem, one per line; exit 0 valid, 1 invalid, 2
+    /// unreadable. `keelson validate cluster -f SPEC` checks the running cluster instead.
+    #[command(args_conflicts_with_subcommands = true)]
     Validate {
         /// The spec file (multi-document YAML: one Cluster and its InstanceGroups).
-        #[arg(short = 'f', long = "file")]
-        file: PathBuf,
+        #[arg(short = 'f', long = "file", required = true)]
+        file: Option<PathBuf>,
+        #[command(subcommand)]
+        what: Option<ValidateWhat>,
     },
     /// Complete a spec and write the configuration tree to DIR.
     Compile {
@@ -76,6 +80,14 @@ enum Command {
     Export(Export),
 }
 
+#[derive(Subcommand)]
+enum ValidateWhat {
+    /// Validate the running cluster (kOps semantics): every instance group has its Ready nodes, every
+    /// node is Ready, every kube-system pod (control plane, kube-proxy, addons) is Ready. Exit 0 valid.
+    #[cfg(feature = "cloud")]
+    Cluster(spec_compiler::cli::ValidateClusterArgs),
+}
+
 #[cfg(feature = "cloud")]
 #[derive(Subcommand)]
 enum Export {
@@ -109,13 +121,20 @@ fn report(errors: &LoadError) -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Pki(args) => pki_cmd::run(args),
-        Command::Validate { file } => match load_spec(&file) {
-            Ok(docs) => {
-                println!("{}: valid ({} instance groups)", file.display(), docs.instance_groups.len());
-                Ok(ExitCode::SUCCESS)
-            }
-            Err(e) => Ok(report(&e)),
+        Command::Validate { what: Some(what), .. } => match what {
+            #[cfg(feature = "cloud")]
+            ValidateWhat::Cluster(args) => spec_compiler::cli::run_validate_cluster(args),
         },
+        Command::Validate { file, what: None } => {
+            let file = file.context("keelson validate: give -f SPEC (or `validate cluster -f SPEC`)")?;
+            match load_spec(&file) {
+                Ok(docs) => {
+                    println!("{}: valid ({} instance groups)", file.display(), docs.instance_groups.len());
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => Ok(report(&e)),
+            }
+        }
         Command::Compile { file, out, offline, cache_dir, asset_hashes, nodeup_asset, protokube_asset, kops_base_url, feature_flags } => {
             let nodeup_assets = spec_compiler::args::parse_arch_assets("--nodeup-asset", &nodeup_asset)?;
             let docs = match load_spec(&file) {

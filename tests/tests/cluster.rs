@@ -6,7 +6,8 @@
 //! real Kubernetes (built from source, images from the local registry): `/readyz` is ok through
 //! each control plane's address, through every address of `api.internal.<cluster>` (verified
 //! against that name) and through the local API load balancer, every machine is a Ready Node and
-//! every control-plane static pod runs; `keelson-local kubectl` and `env` work.
+//! every control-plane static pod runs; `keelson-local kubectl` and `env` work, and with that
+//! environment `keelson validate cluster --wait` reports the cluster ready.
 //! `kill` of a node gets it replaced and Ready again; `down` then leaves nothing behind.
 
 mod support;
@@ -144,6 +145,14 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     for k in ["AWS_ENDPOINT_URL", "KUBECONFIG", "KEELSON_LOCAL_REGISTRY", "AWS_REGION"] {
         assert!(env.contains(&format!("export {k}=")), "env lacks {k}:\n{env}");
     }
+    // `keelson validate cluster` (the product's, against moto and the real API) says the cluster is
+    // ready: every group's instances joined as Ready nodes, every kube-system pod is Ready.
+    let local_spec = State::new(paths::state_dir()).root.join("spec.yaml");
+    let v = support::keelson_in_local_env(&["validate", "cluster", "-f", &local_spec.to_string_lossy(), "--wait", "5m", "-o", "json"]);
+    assert!(v.status.success(), "keelson validate cluster failed (output above)");
+    let report: serde_json::Value = serde_json::from_slice(&v.stdout).expect("validate -o json prints JSON");
+    assert_eq!(report["failures"].as_array().map(Vec::len), Some(0), "{report}");
+    assert_eq!(report["nodes"].as_array().map(Vec::len), Some(6), "{report}");
 
     // 6. ps shows every machine.
     let ps = support::run(&["ps"]);

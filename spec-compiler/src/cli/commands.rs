@@ -412,3 +412,76 @@ pub fn run_export_kubeconfig(args: ExportKubeconfigArgs) -> anyhow::Result<ExitC
     println!("kubeconfig {}: context {} (server {server}, user {} in {}, valid {})", path.display(), model.cluster, args.user, super::kubeconfig::ADMIN_GROUP, args.ttl);
     Ok(ExitCode::SUCCESS)
 }
+
+/// Output format of `keelson validate cluster`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ValidateOutput {
+    Table,
+    Json,
+}
+
+/// `keelson validate cluster`.
+#[derive(Debug, clap::Args)]
+pub struct ValidateClusterArgs {
+    #[command(flatten)]
+    pub common: Common,
+    /// Keep validating until the cluster is valid or this much time has passed (Go duration).
+    #[arg(long, value_parser = go_duration)]
+    pub wait: Option<std::time::Duration>,
+    /// Consecutive successful validations required (with --wait, 10 s apart).
+    #[arg(long, default_value_t = 1)]
+    pub count: u32,
+    #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
+    pub output: ValidateOutput,
+    /// The kubeconfig to use (default $KUBECONFIG, then ~/.kube/config; its context named after the
+    /// cluster when there is one).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// `keelson validate cluster`: exit 0 when valid, 1 when not (or on error).
+pub fn run_validate_cluster(args: ValidateClusterArgs) -> anyhow::Result<ExitCode> {
+    let (docs, options) = match load(&args.common)? {
+        Ok(x) => x,
+        Err(code) => return Ok(code),
+    };
+    let file = args.common.file.display().to_string();
+    let (model, _) = prepare_with(&docs, &options, false).with_context(|| format!("{file}: building the cloud model"))?;
+    if model.cloud != model::CloudKind::Aws {
+        anyhow::bail!("validate cluster supports AWS clusters (this one is on {:?})", model.cloud);
+    }
+    runtime()?.block_on(async {
+        let target = aws_target(&args.common, &model.region).await;
+        let kube = cloud_resources::validate::kube_client(args.kubeconfig.as_deref(), &model.cluster).await?;
+        let deadline = args.wait.map(|w| std::time::Instant::now() + w);
+        let mut passes = 0;
+        loop {
+            let report = match cloud_resources::validate::validate(&target, &model, &kube).await {
+                Ok(r) => Some(r),
+                // While waiting, an API that is not up yet is one more reason to wait.
+                Err(e) if deadline.is_some() => {
+                    eprintln!("keelson: validate: {e:#}");
+                    None
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let valid = report.as_ref().is_some_and(|r| r.valid());
+            passes = if valid { passes + 1 } else { 0 };
+            let done = passes >= args.count.max(1);
+            let out_of_time = deadline.is_none_or(|d| std::time::Instant::now() >= d);
+            if done || out_of_time {
+                if let Some(r) = &report {
+                    match args.output {
+                        ValidateOutput::Table => print!("{}", r.render()),
+                        ValidateOutput::Json => println!("{}", serde_json::to_string_pretty(r)?),
+                    }
+                }
+                return Ok(if done { ExitCode::SUCCESS } else { ExitCode::from(1) });
+            }
+            if let Some(r) = report.as_ref().filter(|r| !r.valid()) {
+                eprintln!("keelson: validate: {} problem(s), retrying (first: {} {}: {})", r.failures.len(), r.failures[0].kind, r.failures[0].name, r.failures[0].message);
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+        }
+    })
+}

@@ -62,3 +62,23 @@ pub fn assert_nothing_left() {
     assert!(!mounts.contains(&state.to_string_lossy().to_string()), "mounts left under {}", state.display());
     assert!(!state.exists(), "state directory {} left behind", state.display());
 }
+
+/// Run the product's `keelson ARGS` in the environment `keelson-local env` prints (as an operator
+/// would after `eval "$(keelson-local env)"`), echoing its output.
+pub fn keelson_in_local_env(args: &[&str]) -> Output {
+    let env = Command::new(exe()).arg("env").output().expect("keelson-local env");
+    assert!(env.status.success(), "keelson-local env failed");
+    let keelson = keelson_local::mirror::bin_dir().join("keelson");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(r#"eval "$1"; shift; exec "$@""#)
+        .arg("sh")
+        .arg(String::from_utf8_lossy(&env.stdout).to_string())
+        .arg(&keelson)
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .expect("run keelson");
+    eprintln!("$ keelson {}\n{}{}", args.join(" "), String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    out
+}

@@ -1,0 +1,299 @@
+//! `keelson validate cluster`, with kOps' semantics: every instance group has its expected number
+//! of Ready nodes (each cloud instance of a group has joined as a Node), every node is Ready, and
+//! every system pod in `kube-system` (the control plane's static pods — etcd, API server,
+//! controller manager, scheduler — kube-proxy and the addons' workloads) is Ready.
+//!
+//! Instances are matched to Nodes by their private IP (the Node's `InternalIP`), so it works before
+//! a cloud controller manager has set provider IDs.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use keelson_api::Role;
+use kube::api::ListParams;
+use serde::Serialize;
+
+use crate::aws::AwsTarget;
+use crate::model::ClusterModel;
+use crate::rolling::{self, RollingOptions};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ValidateError {
+    #[error(transparent)]
+    Cloud(#[from] rolling::RollingError),
+    #[error("DescribeInstances: {message}")]
+    Instances {
+        message: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("kubeconfig: {message} (run `keelson export kubeconfig -f SPEC --admin`, or give --kubeconfig)")]
+    Config { message: String },
+    #[error("Kubernetes API: {what}: {source}")]
+    Kube {
+        what: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// One instance group as validation sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GroupReport {
+    pub name: String,
+    pub role: String,
+    pub min: i32,
+    pub max: i32,
+    /// Cloud instances in service.
+    pub instances: usize,
+    /// Of them, joined as Ready nodes.
+    pub ready: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NodeReport {
+    pub name: String,
+    pub group: String,
+    pub role: String,
+    pub ready: bool,
+}
+
+/// Why the cluster is not valid: `kind` (`InstanceGroup`, `Machine`, `Node`, `Pod`), the object, the reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Failure {
+    pub kind: String,
+    pub name: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Report {
+    pub cluster: String,
+    pub groups: Vec<GroupReport>,
+    pub nodes: Vec<NodeReport>,
+    pub failures: Vec<Failure>,
+}
+
+impl Report {
+    pub fn valid(&self) -> bool {
+        self.failures.is_empty()
+    }
+
+    /// The tables kOps prints: instance groups, node status, validation errors, verdict.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let mut table = |title: &str, head: &[&str], rows: Vec<Vec<String>>| {
+            out.push_str(title);
+            out.push('\n');
+            let mut widths: Vec<usize> = head.iter().map(|h| h.len()).collect();
+            for r in &rows {
+                for (i, c) in r.iter().enumerate() {
+                    widths[i] = widths[i].max(c.len());
+                }
+            }
+            let line = |cells: Vec<String>| {
+                let padded: Vec<String> = cells.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths[i])).collect();
+                format!("{}\n", padded.join("  ").trim_end())
+            };
+            out.push_str(&line(head.iter().map(|h| h.to_string()).collect()));
+            for r in rows {
+                out.push_str(&line(r));
+            }
+            out.push('\n');
+        };
+        table(
+            "INSTANCE GROUPS",
+            &["NAME", "ROLE", "MIN", "MAX", "INSTANCES", "READY"],
+            self.groups
+                .iter()
+                .map(|g| vec![g.name.clone(), g.role.clone(), g.min.to_string(), g.max.to_string(), g.instances.to_string(), g.ready.to_string()])
+                .collect(),
+        );
+        table(
+            "NODE STATUS",
+            &["NAME", "GROUP", "ROLE", "READY"],
+            self.nodes.iter().map(|n| vec![n.name.clone(), n.group.clone(), n.role.clone(), n.ready.to_string()]).collect(),
+        );
+        if self.failures.is_empty() {
+            out.push_str(&format!("Your cluster {} is ready\n", self.cluster));
+        } else {
+            table(
+                "VALIDATION ERRORS",
+                &["KIND", "NAME", "MESSAGE"],
+                self.failures.iter().map(|f| vec![f.kind.clone(), f.name.clone(), f.message.clone()]).collect(),
+            );
+            out.push_str(&format!("Validation Failed: {} problem(s) in cluster {}\n", self.failures.len(), self.cluster));
+        }
+        out
+    }
+}
+
+fn role_name(r: Role) -> &'static str {
+    match r {
+        Role::ControlPlane => "ControlPlane",
+        Role::Node => "Node",
+        Role::ApiServer => "APIServer",
+        Role::Bastion => "Bastion",
+    }
+}
+
+fn node_ready(n: &Node) -> bool {
+    n.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn node_ips(n: &Node) -> Vec<String> {
+    n.status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .map(|a| a.iter().filter(|a| a.type_ == "InternalIP").map(|a| a.address.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// Why a pod is not Ready (`None` when it is, or when it ran to completion).
+fn pod_problem(p: &Pod) -> Option<String> {
+    let status = p.status.as_ref()?;
+    let phase = status.phase.clone().unwrap_or_default();
+    if phase == "Succeeded" {
+        return None;
+    }
+    let ready = status.conditions.as_ref().is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    if ready {
+        return None;
+    }
+    let waiting: Vec<String> = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .filter_map(|c| c.state.as_ref()?.waiting.as_ref()?.reason.clone().map(|r| format!("{}: {r}", c.name)))
+        .collect();
+    Some(if waiting.is_empty() { format!("not ready (phase {phase})") } else { format!("not ready ({})", waiting.join(", ")) })
+}
+
+/// A Kubernetes client from a kubeconfig (`path`, else `$KUBECONFIG` or `~/.kube/config`), using the
+/// context named `context` when the kubeconfig has one (what `keelson export kubeconfig` writes),
+/// else its current context.
+pub async fn kube_client(path: Option<&std::path::Path>, context: &str) -> Result<kube::Client, ValidateError> {
+    let kubeconfig = match path {
+        Some(p) => kube::config::Kubeconfig::read_from(p),
+        None => kube::config::Kubeconfig::read(),
+    }
+    .map_err(|e| ValidateError::Config { message: e.to_string() })?;
+    let has_context = kubeconfig.contexts.iter().any(|c| c.name == context);
+    let options = kube::config::KubeConfigOptions { context: has_context.then(|| context.to_string()), ..Default::default() };
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options).await.map_err(|e| ValidateError::Config { message: e.to_string() })?;
+    kube::Client::try_from(config).map_err(|source| ValidateError::Kube { what: "client", source })
+}
+
+/// Validate once.
+pub async fn validate(target: &AwsTarget, model: &ClusterModel, kube: &kube::Client) -> Result<Report, ValidateError> {
+    let groups = rolling::status(target, model, &RollingOptions::default()).await?;
+    // Private IP of every instance in service.
+    let ids: Vec<String> =
+        groups.iter().flat_map(|g| g.instances.iter().filter(|i| i.lifecycle == "InService").map(|i| i.id.clone())).collect();
+    let mut ip_of: BTreeMap<String, String> = BTreeMap::new();
+    if !ids.is_empty() {
+        let resp = target.ec2.describe_instances().set_instance_ids(Some(ids)).send().await.map_err(|e| ValidateError::Instances {
+            message: aws_smithy_types::error::display::DisplayErrorContext(&e).to_string(),
+            source: Box::new(e),
+        })?;
+        for i in resp.reservations().iter().flat_map(|r| r.instances()) {
+            if let (Some(id), Some(ip)) = (i.instance_id(), i.private_ip_address()) {
+                ip_of.insert(id.to_string(), ip.to_string());
+            }
+        }
+    }
+    let nodes = kube::Api::<Node>::all(kube.clone()).list(&ListParams::default()).await.map_err(|source| ValidateError::Kube { what: "list nodes", source })?;
+    let node_by_ip: BTreeMap<String, &Node> = nodes.items.iter().flat_map(|n| node_ips(n).into_iter().map(move |ip| (ip, n))).collect();
+
+    let mut report = Report { cluster: model.cluster.clone(), groups: Vec::new(), nodes: Vec::new(), failures: Vec::new() };
+    let mut fail = |kind: &str, name: &str, message: String| report.failures.push(Failure { kind: kind.into(), name: name.into(), message });
+    let mut known_nodes = BTreeSet::new();
+    let mut group_reports = Vec::new();
+    let mut node_reports = Vec::new();
+    for g in &groups {
+        let mut ready = 0;
+        let in_service: Vec<_> = g.instances.iter().filter(|i| i.lifecycle == "InService").collect();
+        for i in &in_service {
+            let node = ip_of.get(&i.id).and_then(|ip| node_by_ip.get(ip));
+            match node {
+                None => fail("Machine", &i.id, format!("instance of {} has not yet joined the cluster", g.group)),
+                Some(n) => {
+                    let name = n.metadata.name.clone().unwrap_or_default();
+                    known_nodes.insert(name.clone());
+                    let is_ready = node_ready(n);
+                    if is_ready {
+                        ready += 1;
+                    } else {
+                        fail("Node", &name, format!("node of {} is not ready", g.group));
+                    }
+                    node_reports.push(NodeReport { name, group: g.group.clone(), role: role_name(g.role).into(), ready: is_ready });
+                }
+            }
+        }
+        if (ready as i32) < g.min {
+            fail("InstanceGroup", &g.group, format!("did not have enough ready nodes: {ready} of at least {}", g.min));
+        }
+        group_reports.push(GroupReport {
+            name: g.group.clone(),
+            role: role_name(g.role).into(),
+            min: g.min,
+            max: g.max,
+            instances: in_service.len(),
+            ready,
+        });
+    }
+    for n in &nodes.items {
+        let name = n.metadata.name.clone().unwrap_or_default();
+        if !known_nodes.contains(&name) && !node_ready(n) {
+            fail("Node", &name, "node (of no instance group) is not ready".into());
+        }
+    }
+    let pods = kube::Api::<Pod>::namespaced(kube.clone(), "kube-system")
+        .list(&ListParams::default())
+        .await
+        .map_err(|source| ValidateError::Kube { what: "list kube-system pods", source })?;
+    for p in &pods.items {
+        if let Some(problem) = pod_problem(p) {
+            fail("Pod", &format!("kube-system/{}", p.metadata.name.clone().unwrap_or_default()), format!("system pod {problem}"));
+        }
+    }
+    // Every control-plane node runs the control plane.
+    for n in node_reports.iter().filter(|n| n.role == "ControlPlane") {
+        for component in ["kube-apiserver", "kube-controller-manager", "kube-scheduler"] {
+            let want = format!("{component}-{}", n.name);
+            if !pods.items.iter().any(|p| p.metadata.name.as_deref() == Some(want.as_str())) {
+                fail("Pod", &format!("kube-system/{want}"), format!("control-plane node {} runs no {component}", n.name));
+            }
+        }
+        if !pods.items.iter().any(|p| p.metadata.name.as_deref().is_some_and(|m| m.starts_with("etcd-") && m.ends_with(&n.name))) {
+            fail("Pod", &format!("kube-system/etcd-*-{}", n.name), format!("control-plane node {} runs no etcd member", n.name));
+        }
+    }
+    report.groups = group_reports;
+    report.nodes = node_reports;
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_says_ready_or_lists_every_failure() {
+        let mut r = Report {
+            cluster: "c.example.com".into(),
+            groups: vec![GroupReport { name: "nodes".into(), role: "Node".into(), min: 2, max: 3, instances: 2, ready: 1 }],
+            nodes: vec![NodeReport { name: "ip-1".into(), group: "nodes".into(), role: "Node".into(), ready: true }],
+            failures: Vec::new(),
+        };
+        assert!(r.valid());
+        assert!(r.render().ends_with("Your cluster c.example.com is ready\n"), "{}", r.render());
+        r.failures.push(Failure { kind: "InstanceGroup".into(), name: "nodes".into(), message: "did not have enough ready nodes: 1 of at least 2".into() });
+        assert!(!r.valid());
+        let text = r.render();
+        assert!(text.contains("VALIDATION ERRORS\nKIND           NAME   MESSAGE\nInstanceGroup  nodes  did not have enough"), "{text}");
+        assert!(text.contains("Validation Failed: 1 problem(s)"), "{text}");
+        let json = serde_json::to_value(&r).expect("json");
+        assert_eq!(json["failures"][0]["kind"], "InstanceGroup");
+    }
+}
