@@ -94,9 +94,30 @@ pub struct RollingOptions {
     pub timeout: Duration,
     /// Poll period while waiting.
     pub poll: Duration,
-    /// A command that must exit 0 after each replacement (e.g. a cluster health check); retried
-    /// every `poll` until `timeout`.
-    pub validate: Option<Vec<String>>,
+    /// How each replacement is validated before the next (retried every `poll` until `timeout`).
+    pub validate: Validation,
+}
+
+/// How a rolling update decides a replacement is healthy.
+#[derive(Clone, Default)]
+pub enum Validation {
+    /// Only the cloud's word (InService): `--cloudonly`.
+    #[default]
+    CloudOnly,
+    /// A command that must exit 0 (`--validate-command`).
+    Command(Vec<String>),
+    /// `keelson validate cluster` through this Kubernetes client (the default of the CLI).
+    Cluster(kube::Client),
+}
+
+impl std::fmt::Debug for Validation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Validation::CloudOnly => f.write_str("CloudOnly"),
+            Validation::Command(c) => f.debug_tuple("Command").field(c).finish(),
+            Validation::Cluster(_) => f.write_str("Cluster"),
+        }
+    }
 }
 
 impl Default for RollingOptions {
@@ -107,7 +128,7 @@ impl Default for RollingOptions {
             interval: Duration::from_secs(15),
             timeout: Duration::from_secs(15 * 60),
             poll: Duration::from_secs(10),
-            validate: None,
+            validate: Validation::CloudOnly,
         }
     }
 }
@@ -237,8 +258,10 @@ pub async fn roll(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions, lo
                 .map_err(|e| api("TerminateInstanceInAutoScalingGroup", &inst.id, e))?;
             let replacement = wait_for_replacement(t, &g, &lt, &inst.id, &before, opts).await?;
             log(&format!("{}: {} is InService", g.group, replacement));
-            if let Some(cmd) = &opts.validate {
-                validate(cmd, &g.name, &inst.id, opts, log).await?;
+            match &opts.validate {
+                Validation::CloudOnly => {}
+                Validation::Command(cmd) => validate(cmd, &g.name, &inst.id, opts, log).await?,
+                Validation::Cluster(kube) => validate_cluster(t, model, kube, &g.name, &inst.id, opts, log).await?,
             }
             report.replaced.push((g.group.clone(), inst.id.clone(), replacement));
             tokio::time::sleep(opts.interval).await;
@@ -281,6 +304,38 @@ async fn wait_for_replacement(
                 ),
             });
         }
+        tokio::time::sleep(opts.poll).await;
+    }
+}
+
+/// Wait (bounded by `timeout`) until the cluster validates ([`crate::validate`]).
+async fn validate_cluster(
+    t: &AwsTarget,
+    model: &ClusterModel,
+    kube: &kube::Client,
+    group: &str,
+    instance: &str,
+    opts: &RollingOptions,
+    log: &mut dyn FnMut(&str),
+) -> Result<(), RollingError> {
+    let deadline = Instant::now() + opts.timeout;
+    loop {
+        let problem = match crate::validate::validate(t, model, kube).await {
+            Ok(r) if r.valid() => {
+                log(&format!("{group}: cluster validation passed"));
+                return Ok(());
+            }
+            Ok(r) => r.failures.iter().map(|f| format!("{} {}: {}", f.kind, f.name, f.message)).collect::<Vec<_>>().join("; "),
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() >= deadline {
+            return Err(RollingError::Validation {
+                group: group.to_string(),
+                instance: instance.to_string(),
+                message: format!("the cluster did not validate within {:?}: {problem}", opts.timeout),
+            });
+        }
+        log(&format!("{group}: waiting for the cluster to validate: {problem}"));
         tokio::time::sleep(opts.poll).await;
     }
 }

@@ -466,7 +466,7 @@ async fn rolling_update_finds_outdated_instances_and_replaces_them_one_by_one() 
     // launch-template *version* that carries user-data — DESIGN.md — so replacing after a template
     // change is exercised on version 1 with --force; detection after a change is checked below.)
     let only_nodes = RollingOptions { groups: vec!["nodes-us-east-1a".into()], force: true, ..fast.clone() };
-    let failing = RollingOptions { validate: Some(vec!["false".into()]), timeout: std::time::Duration::from_secs(2), ..only_nodes.clone() };
+    let failing = RollingOptions { validate: rolling::Validation::Command(vec!["false".into()]), timeout: std::time::Duration::from_secs(2), ..only_nodes.clone() };
     let mut log = Vec::new();
     let err = rolling::roll(&t, &m, &failing, &mut |l| log.push(l.to_string())).await.expect_err("validation fails");
     assert!(matches!(err, RollingError::Validation { .. }), "{err}");
@@ -477,7 +477,7 @@ async fn rolling_update_finds_outdated_instances_and_replaces_them_one_by_one() 
     assert_eq!(nodes_mid.iter().filter(|i| nodes_before.contains(i)).count(), 1, "exactly one replaced");
 
     let mut log = Vec::new();
-    let ok = RollingOptions { validate: Some(vec!["true".into()]), ..only_nodes.clone() };
+    let ok = RollingOptions { validate: rolling::Validation::Command(vec!["true".into()]), ..only_nodes.clone() };
     let report = rolling::roll(&t, &m, &ok, &mut |l| log.push(l.to_string())).await.expect("roll");
     assert_eq!(report.replaced.len(), 2, "{log:?}");
     assert!(log.iter().any(|l| l.contains("validation passed")), "{log:?}");

@@ -133,10 +133,18 @@ pub struct RollingUpdateArgs {
     /// Poll period while waiting.
     #[arg(long = "poll-interval", default_value = "10s", value_parser = go_duration)]
     pub poll_interval: std::time::Duration,
-    /// A command that must exit 0 after each replacement before the next (e.g. a cluster health
+    /// Instead of `keelson validate cluster` (the default), a command that must exit 0 after each
+    /// replacement before the next (e.g. a cluster health
     /// check); split on whitespace.
-    #[arg(long = "validate-command")]
+    #[arg(long = "validate-command", conflicts_with = "cloudonly")]
     pub validate_command: Option<String>,
+    /// Trust the cloud alone (InService) instead of validating the cluster after each replacement.
+    #[arg(long)]
+    pub cloudonly: bool,
+    /// The kubeconfig `keelson validate cluster` semantics use after each replacement (default
+    /// $KUBECONFIG, then ~/.kube/config; its context named after the cluster when there is one).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 fn go_duration(s: &str) -> Result<std::time::Duration, String> {
@@ -292,13 +300,16 @@ pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
     if model.cloud != model::CloudKind::Aws {
         anyhow::bail!("{file}: rolling-update supports AWS clusters only");
     }
-    let opts = rolling::RollingOptions {
+    let mut opts = rolling::RollingOptions {
         groups: args.instance_groups.clone(),
         force: args.force,
         interval: args.interval,
         timeout: args.validation_timeout,
         poll: args.poll_interval,
-        validate: args.validate_command.as_ref().map(|c| c.split_whitespace().map(str::to_string).collect()),
+        validate: match &args.validate_command {
+            Some(c) => rolling::Validation::Command(c.split_whitespace().map(str::to_string).collect()),
+            None => rolling::Validation::CloudOnly,
+        },
     };
     let rt = runtime()?;
     rt.block_on(async {
@@ -313,6 +324,13 @@ pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
         if !args.yes {
             println!("{pending} instance(s) need replacing. Run with --yes to replace them.");
             return Ok(ExitCode::SUCCESS);
+        }
+        // By default each replacement must leave a valid cluster (`keelson validate cluster`).
+        if args.validate_command.is_none() && !args.cloudonly {
+            let kube = cloud_resources::validate::kube_client(args.kubeconfig.as_deref(), &model.cluster)
+                .await
+                .context("rolling-update validates the cluster after each replacement (give --cloudonly to trust the cloud alone)")?;
+            opts.validate = rolling::Validation::Cluster(kube);
         }
         let store = open_store(&model.config_base, Some(target.s3.clone()))?;
         let report = with_lock(&store, "rolling-update", args.common.force_unlock, async {
