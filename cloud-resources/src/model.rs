@@ -214,7 +214,7 @@ pub struct SpotOptions {
 
 /// `mixedInstancesPolicy`: several instance types, on-demand base and percentage, spot strategy.
 /// AWS defaults are filled in so what exists compares equal to what is wanted.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MixedInstances {
     pub instance_types: Vec<String>,
     pub on_demand_allocation_strategy: String,

@@ -10,17 +10,8 @@ use super::{api, ids_for, name_of, AwsError, AwsTarget, Discovered, Ids, MAX_PAG
 use crate::model::ClusterModel;
 use crate::plan::{Action, Change, Resource};
 
-/// `mixedInstancesPolicy`, with AWS defaults filled in so what exists compares equal to what is wanted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mixed {
-    pub instance_types: Vec<String>,
-    pub on_demand_allocation_strategy: String,
-    pub on_demand_base: i64,
-    pub on_demand_above_base: i64,
-    pub spot_allocation_strategy: String,
-    pub spot_instance_pools: Option<i64>,
-    pub spot_max_price: Option<String>,
-}
+/// `mixedInstancesPolicy` (the model's type: AWS defaults filled in so what exists compares equal).
+pub use crate::model::MixedInstances as Mixed;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AutoscalingGroup {
@@ -71,15 +62,7 @@ pub fn desired(model: &ClusterModel, out: &mut Vec<Resource>) {
             launch_template_version: None,
             subnets: g.subnets.iter().cloned().collect(),
             target_groups: g.target_groups.iter().cloned().collect(),
-            mixed: g.mixed.as_ref().map(|m| Mixed {
-                instance_types: m.instance_types.clone(),
-                on_demand_allocation_strategy: m.on_demand_allocation_strategy.clone(),
-                on_demand_base: m.on_demand_base,
-                on_demand_above_base: m.on_demand_above_base,
-                spot_allocation_strategy: m.spot_allocation_strategy.clone(),
-                spot_instance_pools: m.spot_instance_pools,
-                spot_max_price: m.spot_max_price.clone(),
-            }),
+            mixed: g.mixed.clone(),
             tags: g.tags.clone(),
         };
         out.push(Task::AutoscalingGroup(task).view(None));

@@ -178,6 +178,18 @@ fn load(common: &Common) -> anyhow::Result<Result<(keelson_api::Documents, Compi
     Ok(Ok((docs, options)))
 }
 
+/// Load the spec and build its cloud model (user-data not needed); `Err(code)` when the spec is
+/// unreadable or invalid (its problems already printed).
+fn load_model(common: &Common) -> anyhow::Result<Result<model::ClusterModel, ExitCode>> {
+    let (docs, options) = match load(common)? {
+        Ok(x) => x,
+        Err(code) => return Ok(Err(code)),
+    };
+    let file = common.file.display().to_string();
+    let (model, _) = prepare_with(&docs, &options, false).with_context(|| format!("{file}: building the cloud model"))?;
+    Ok(Ok(model))
+}
+
 /// The state store at `config_base`; `s3` is the client for an `s3://` base.
 fn open_store(config_base: &str, s3: Option<aws_sdk_s3::Client>) -> anyhow::Result<StateStore> {
     let base: base::ConfigBase = config_base.parse()?;
@@ -249,13 +261,10 @@ pub fn run_apply(args: ApplyArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub fn run_delete(args: DeleteArgs) -> anyhow::Result<ExitCode> {
-    let (docs, options) = match load(&args.common)? {
-        Ok(x) => x,
+    let model = match load_model(&args.common)? {
+        Ok(m) => m,
         Err(code) => return Ok(code),
     };
-    let file = args.common.file.display().to_string();
-    let (model, _) =
-        prepare_with(&docs, &options, false).with_context(|| format!("{file}: building the cloud model"))?;
     let rt = runtime()?;
     rt.block_on(direct_delete(&args, &model))
 }
@@ -290,13 +299,11 @@ async fn direct_apply(args: &ApplyArgs, model: &model::ClusterModel) -> anyhow::
 }
 
 pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
-    let (docs, options) = match load(&args.common)? {
-        Ok(x) => x,
+    let model = match load_model(&args.common)? {
+        Ok(m) => m,
         Err(code) => return Ok(code),
     };
     let file = args.common.file.display().to_string();
-    let (model, _) =
-        prepare_with(&docs, &options, false).with_context(|| format!("{file}: building the cloud model"))?;
     if model.cloud != model::CloudKind::Aws {
         anyhow::bail!("{file}: rolling-update supports AWS clusters only");
     }
@@ -459,12 +466,10 @@ pub struct ValidateClusterArgs {
 
 /// `keelson validate cluster`: exit 0 when valid, 1 when not (or on error).
 pub fn run_validate_cluster(args: ValidateClusterArgs) -> anyhow::Result<ExitCode> {
-    let (docs, options) = match load(&args.common)? {
-        Ok(x) => x,
+    let model = match load_model(&args.common)? {
+        Ok(m) => m,
         Err(code) => return Ok(code),
     };
-    let file = args.common.file.display().to_string();
-    let (model, _) = prepare_with(&docs, &options, false).with_context(|| format!("{file}: building the cloud model"))?;
     if model.cloud != model::CloudKind::Aws {
         anyhow::bail!("validate cluster supports AWS clusters (this one is on {:?})", model.cloud);
     }
