@@ -1,5 +1,6 @@
 //! protokube: claims and mounts this control-plane instance's etcd volumes, writes the etcd static-pod
-//! manifests, and keeps the control plane's DNS names pointing at live members.
+//! manifests, keeps the control plane's DNS names pointing at live members, and applies the
+//! cluster's bootstrap addons ([`addons`]).
 //!
 //! Owns: this instance's etcd volumes (claim, attach, format only when blank, mount), the etcd
 //! manifests and the control plane's DNS records. Must not: format a volume that holds a file system,
@@ -8,6 +9,7 @@
 //! The pass is level-triggered ([`reconcile::Agent::reconcile`]); [`run`] loops it with backoff and
 //! serves Prometheus metrics and health on a local port.
 
+pub mod addons;
 pub mod config;
 pub mod disk;
 pub mod etcd;

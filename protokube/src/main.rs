@@ -65,6 +65,12 @@ struct Args {
     /// Metrics and health address (loop mode); `off` disables.
     #[arg(long, default_value = "127.0.0.1:3998")]
     metrics_addr: String,
+    /// Seconds between addon-controller passes (loop mode).
+    #[arg(long, default_value_t = 20.0)]
+    addons_interval: f64,
+    /// Do not run the addon controller.
+    #[arg(long)]
+    no_addons: bool,
 }
 
 fn secs(s: f64) -> Duration {
@@ -138,6 +144,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("metrics address {}", args.metrics_addr))?;
         tracing::info!(addr = %args.metrics_addr, "serving /metrics and /healthz");
         tokio::spawn(metrics::serve(listener, metrics.clone(), secs(args.interval * 3.0 + args.attach_timeout)));
+    }
+
+    // The addon controller (its own loop): the local API server, on the spec's secure port.
+    if !args.once && !args.no_addons {
+        let port = cluster.spec.kube_api_server.as_ref().and_then(|a| a.secure_port).unwrap_or(443);
+        let server = format!("https://127.0.0.1:{port}");
+        tokio::spawn(protokube::addons::run(spec_store.clone(), server, secs(args.addons_interval), metrics.clone()));
     }
 
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("SIGTERM handler")?;

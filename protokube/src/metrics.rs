@@ -20,6 +20,11 @@ pub struct State {
     pub manifests_written: u64,
     pub dns_changes: u64,
     pub mounted_now: u64,
+    /// Addons applied (a hash changed), objects applied and pruned, failed addon passes.
+    pub addon_applies: u64,
+    pub addon_objects_applied: u64,
+    pub addon_objects_pruned: u64,
+    pub addon_failures: u64,
     /// `service/operation` → (calls, attempts).
     pub cloud_calls: Vec<(String, u64, u64)>,
 }
@@ -66,6 +71,10 @@ impl Metrics {
         metric("protokube_volume_formats_total", "counter", "Blank volumes formatted.", vec![(String::new(), s.volumes_formatted.to_string())]);
         metric("protokube_manifests_written_total", "counter", "etcd manifests written.", vec![(String::new(), s.manifests_written.to_string())]);
         metric("protokube_dns_changes_total", "counter", "DNS records changed.", vec![(String::new(), s.dns_changes.to_string())]);
+        metric("protokube_addon_applies_total", "counter", "Addons applied because their manifest hash changed.", vec![(String::new(), s.addon_applies.to_string())]);
+        metric("protokube_addon_objects_applied_total", "counter", "Addon objects server-side applied.", vec![(String::new(), s.addon_objects_applied.to_string())]);
+        metric("protokube_addon_objects_pruned_total", "counter", "Addon objects a newer version dropped, deleted.", vec![(String::new(), s.addon_objects_pruned.to_string())]);
+        metric("protokube_addon_failures_total", "counter", "Failed addon passes.", vec![(String::new(), s.addon_failures.to_string())]);
         metric(
             "protokube_cloud_api_calls_total",
             "counter",

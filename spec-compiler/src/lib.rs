@@ -7,6 +7,7 @@
 //! or the network inside [`compile`] — the binary turns flags and documented variables into
 //! [`CompileOptions`], and hashes not in the table or `asset_hashes` are fetched only when not offline.
 
+pub mod addons;
 #[cfg(feature = "cloud")]
 pub mod apply;
 pub mod args;
@@ -63,6 +64,7 @@ pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, C
     let completed_yaml = output::to_yaml("cluster-completed.yaml", &completed)?;
     out.tree.insert("cluster-completed.yaml", completed_yaml.clone());
     out.tree.insert("state/cluster-completed.spec", completed_yaml);
+    addons::render(&mut out.tree)?;
 
     let mut environment = BTreeMap::new();
     if spec.cloud_provider.as_deref() == Some("aws") {

@@ -21,8 +21,10 @@ use crate::paths::{self, MachinePaths, State};
 use crate::spec::Spec;
 use crate::{cmd, etcd, kubernetes, mirror, moto, rootfs, volumes};
 
-/// The RBAC worker kubelets need to join with the bootstrap token (see the file).
-pub const BOOTSTRAP_RBAC: &str = include_str!("../kubernetes/bootstrap-rbac.yaml");
+/// The ConfigMap protokube's addon controller records applied addons in, and the bootstrap addon
+/// (the RBAC worker kubelets need to join) it must have applied.
+pub const ADDON_RECORD: (&str, &str) = ("kube-system", "keelson-addons");
+pub const BOOTSTRAP_ADDON: &str = "bootstrap-rbac.keelson.io";
 
 /// Reconcile interval of the daemon.
 pub const TICK: Duration = Duration::from_millis(300);
@@ -391,23 +393,24 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
     cs.kubectl = local.kubernetes_bin.join("kubectl").display().to_string();
     let events: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
     {
-        // Stand-in for Keelson's bootstrap addon (not built yet): the RBAC that lets worker
-        // kubelets join with the bootstrap token, applied once the API answers.
+        // The product applies the bootstrap addons (protokube's addon controller); report when
+        // it has, as an event of `up`.
         let (kubeconfig, events) = (kubeconfig.clone(), events.clone());
         std::thread::spawn(move || {
             let deadline = Instant::now() + Duration::from_secs(1800);
             let mut last = String::new();
             while Instant::now() < deadline {
-                match crate::kubeapi::apply_cluster_role_bindings(&kubeconfig, BOOTSTRAP_RBAC) {
-                    Ok(n) => {
-                        event(&events, format!("bootstrap RBAC applied ({n} ClusterRoleBindings)"));
+                match crate::kubeapi::configmap_data(&kubeconfig, ADDON_RECORD.0, ADDON_RECORD.1) {
+                    Ok(Some(d)) if d.contains_key(&format!("{BOOTSTRAP_ADDON}.hash")) => {
+                        event(&events, format!("bootstrap addons applied by protokube ({} recorded)", d.keys().filter(|k| k.ends_with(".hash")).count()));
                         return;
                     }
+                    Ok(_) => last = "not recorded yet".into(),
                     Err(e) => last = e.to_string(),
                 }
                 std::thread::sleep(Duration::from_secs(2));
             }
-            event(&events, format!("bootstrap RBAC not applied within 30 min: {last}"));
+            event(&events, format!("bootstrap addons not applied within 30 min: {last}"));
         });
     }
     let _ = spec_path;

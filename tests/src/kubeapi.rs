@@ -1,6 +1,6 @@
 //! The local cluster's Kubernetes API, through kube-rs with the admin kubeconfig: readiness of the
 //! API servers (each control plane, the internal name, the local load balancer), Nodes, the
-//! control-plane static pods, the bootstrap RBAC and the objects selfheal counts.
+//! control-plane static pods, what the addon controller recorded and the objects selfheal counts.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
@@ -122,25 +122,22 @@ pub fn system_pods(kubeconfig: &Path) -> Result<BTreeMap<String, (String, bool)>
     })
 }
 
-/// Server-side apply every ClusterRoleBinding of a multi-document YAML manifest.
-pub fn apply_cluster_role_bindings(kubeconfig: &Path, manifest: &str) -> Result<usize, KubeApiError> {
-    let mut docs = Vec::new();
-    for (i, d) in manifest.split("\n---").enumerate() {
-        if d.lines().all(|l| l.trim().is_empty() || l.trim_start().starts_with('#')) {
-            continue;
-        }
-        let b: ClusterRoleBinding = serde_yaml_ng::from_str(d).map_err(|e| KubeApiError::Manifest(format!("document {}: {e}", i + 1)))?;
-        docs.push(b);
-    }
+/// The data of a ConfigMap (`None` when it does not exist).
+pub fn configmap_data(kubeconfig: &Path, namespace: &str, name: &str) -> Result<Option<BTreeMap<String, String>>, KubeApiError> {
     rt()?.block_on(async {
         let c = client(kubeconfig, &Target::default()).await?;
-        let api = Api::<ClusterRoleBinding>::all(c);
-        let pp = PatchParams::apply("keelson-local").force();
-        for b in &docs {
-            let name = b.metadata.name.clone().unwrap_or_default();
-            api.patch(&name, &pp, &Patch::Apply(b)).await.map_err(api_err(format!("applying ClusterRoleBinding {name}")))?;
-        }
-        Ok(docs.len())
+        let api = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(c, namespace);
+        let cm = api.get_opt(name).await.map_err(api_err(format!("get configmap {namespace}/{name}")))?;
+        Ok(cm.map(|c| c.data.unwrap_or_default()))
+    })
+}
+
+/// The names of the ClusterRoleBindings.
+pub fn cluster_role_bindings(kubeconfig: &Path) -> Result<Vec<String>, KubeApiError> {
+    rt()?.block_on(async {
+        let c = client(kubeconfig, &Target::default()).await?;
+        let list = Api::<ClusterRoleBinding>::all(c).list(&Default::default()).await.map_err(api_err("list ClusterRoleBindings"))?;
+        Ok(list.items.into_iter().filter_map(|b| b.metadata.name).collect())
     })
 }
 

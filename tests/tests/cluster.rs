@@ -145,6 +145,15 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     for k in ["AWS_ENDPOINT_URL", "KUBECONFIG", "KEELSON_LOCAL_REGISTRY", "AWS_REGION"] {
         assert!(env.contains(&format!("export {k}=")), "env lacks {k}:\n{env}");
     }
+    // The bootstrap addon was applied by protokube's addon controller (recorded with its hash), and
+    // its ClusterRoleBindings exist: workers joined through them.
+    let kc = std::path::Path::new(&cs.kubeconfig);
+    let record = kubeapi::configmap_data(kc, "kube-system", "keelson-addons").unwrap().expect("kube-system/keelson-addons");
+    assert!(record.contains_key("bootstrap-rbac.keelson.io.hash"), "{record:?}");
+    let crbs = kubeapi::cluster_role_bindings(kc).unwrap();
+    for b in ["keelson:node-bootstrapper", "keelson:node-autoapprove-bootstrap", "keelson:kubelet-api-admin"] {
+        assert!(crbs.iter().any(|c| c == b), "{b} missing: {crbs:?}");
+    }
     // `keelson validate cluster` (the product's, against moto and the real API) says the cluster is
     // ready: every group's instances joined as Ready nodes, every kube-system pod is Ready.
     let local_spec = State::new(paths::state_dir()).root.join("spec.yaml");

@@ -1,0 +1,107 @@
+//! The cluster's bootstrap addons, rendered into the state store (kOps' channel idea): one
+//! manifest per addon version under `addons/<name>/v<version>.yaml` and an index,
+//! `addons/bootstrap-channel.yaml`, naming each addon in apply order with its manifest's sha256.
+//! protokube's addon controller applies them with server-side apply when a hash changes.
+//!
+//! Rendered today: the RBAC a joining node needs (`bootstrap-rbac.keelson.io`): TLS bootstrapping
+//! for the `system:bootstrappers` group, automatic approval of node client certificates and their
+//! rotation, and the API server's kubelet client (`kubelet-api`).
+
+use serde::Serialize;
+use serde_json::json;
+use sha2::Digest as _;
+
+use crate::output::{self, OutputError, Tree};
+
+/// Where the index lives in the state store.
+pub const CHANNEL: &str = "addons/bootstrap-channel.yaml";
+
+/// One entry of the index.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AddonEntry {
+    pub name: String,
+    pub version: String,
+    /// Relative to `addons/`.
+    pub manifest: String,
+    /// sha256 (hex) of the manifest bytes.
+    pub manifest_hash: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Channel {
+    pub kind: &'static str,
+    pub addons: Vec<AddonEntry>,
+}
+
+fn crb(name: &str, role: &str, subject_kind: &str, subject: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": subject_kind, "name": subject}],
+    })
+}
+
+fn bootstrap_rbac() -> Vec<serde_json::Value> {
+    vec![
+        crb("keelson:node-bootstrapper", "system:node-bootstrapper", "Group", "system:bootstrappers"),
+        crb("keelson:node-autoapprove-bootstrap", "system:certificates.k8s.io:certificatesigningrequests:nodeclient", "Group", "system:bootstrappers"),
+        crb(
+            "keelson:node-autoapprove-certificate-rotation",
+            "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
+            "Group",
+            "system:nodes",
+        ),
+        crb("keelson:kubelet-api-admin", "system:kubelet-api-admin", "User", "kubelet-api"),
+    ]
+}
+
+/// A multi-document manifest (documents as kOps writes them: keys sorted).
+fn manifest(name: &str, docs: &[serde_json::Value]) -> Result<String, OutputError> {
+    let mut out = String::new();
+    for (i, d) in docs.iter().enumerate() {
+        if i > 0 {
+            out.push_str("---\n");
+        }
+        out.push_str(&output::to_yaml(name, d)?);
+    }
+    Ok(out)
+}
+
+/// Render the addons and their index into `tree` under `state/addons/`.
+pub fn render(tree: &mut Tree) -> Result<(), OutputError> {
+    let addons = [("bootstrap-rbac.keelson.io", "1.0.0", bootstrap_rbac())];
+    let mut channel = Channel { kind: "Addons", addons: Vec::new() };
+    for (name, version, docs) in addons {
+        let text = manifest(name, &docs)?;
+        let rel = format!("{name}/v{version}.yaml");
+        channel.addons.push(AddonEntry {
+            name: name.to_string(),
+            version: version.to_string(),
+            manifest: rel.clone(),
+            manifest_hash: hex::encode(sha2::Sha256::digest(text.as_bytes())),
+        });
+        tree.insert(format!("state/addons/{rel}"), text);
+    }
+    tree.insert(format!("state/{CHANNEL}"), output::to_yaml(CHANNEL, &channel)?);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_index_pins_every_manifest_by_hash() {
+        let mut tree = Tree::default();
+        render(&mut tree).expect("render");
+        let index = String::from_utf8(tree.files[&format!("state/{CHANNEL}")].clone()).expect("utf-8");
+        let manifest = &tree.files["state/addons/bootstrap-rbac.keelson.io/v1.0.0.yaml"];
+        assert!(index.contains(&hex::encode(sha2::Sha256::digest(manifest))), "{index}");
+        let text = String::from_utf8_lossy(manifest);
+        assert_eq!(text.matches("kind: ClusterRoleBinding").count(), 4, "{text}");
+        assert!(text.contains("system:bootstrappers") && text.contains("kubelet-api"), "{text}");
+    }
+}
