@@ -147,10 +147,9 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     }
     // The bootstrap addon was applied by protokube's addon controller (recorded with its hash), and
     // its ClusterRoleBindings exist: workers joined through them.
-    let kc = std::path::Path::new(&cs.kubeconfig);
-    let record = kubeapi::configmap_data(kc, "kube-system", "keelson-addons").unwrap().expect("kube-system/keelson-addons");
+    let record = kubeapi::configmap_data(&kc, "kube-system", "keelson-addons").unwrap().expect("kube-system/keelson-addons");
     assert!(record.contains_key("bootstrap-rbac.keelson.io.hash"), "{record:?}");
-    let crbs = kubeapi::cluster_role_bindings(kc).unwrap();
+    let crbs = kubeapi::cluster_role_bindings(&kc).unwrap();
     for b in ["keelson:node-bootstrapper", "keelson:node-autoapprove-bootstrap", "keelson:kubelet-api-admin"] {
         assert!(crbs.iter().any(|c| c == b), "{b} missing: {crbs:?}");
     }
