@@ -118,7 +118,14 @@ impl Role {
 pub struct Documents {
     pub cluster: Cluster,
     pub instance_groups: Vec<InstanceGroup>,
+    /// Other Kubernetes documents of the spec file (kOps' additional objects), in file order: a
+    /// `KubeSchedulerConfiguration` is merged into the scheduler's configuration, the rest is applied
+    /// to the cluster as an addon.
+    pub additional_objects: Vec<serde_json::Value>,
 }
+
+/// The API group of kOps documents: any other version of it is a mistake, not an additional object.
+const KOPS_GROUP: &str = "kops.k8s.io/";
 
 /// Where in the file a problem is (1-based).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -248,6 +255,7 @@ pub fn parse_documents(bytes: &[u8]) -> Result<Documents, Vec<ParseError>> {
     let mut cluster: Option<Cluster> = None;
     let has_cluster_kind = values.iter().any(|v| v.get("kind").and_then(|k| k.as_str()) == Some("Cluster"));
     let mut groups = Vec::new();
+    let mut additional = Vec::new();
     // Pass 2: typed documents, each parsed from its own text so errors keep their line numbers.
     for (index, (value, doc)) in values.iter().zip(serde_yaml_ng::Deserializer::from_str(text)).enumerate() {
         if value.is_null() {
@@ -271,6 +279,22 @@ pub fn parse_documents(bytes: &[u8]) -> Result<Documents, Vec<ParseError>> {
         let kind = map.get("kind").and_then(|v| v.as_str());
         match api_version {
             Some(API_VERSION) => {}
+            Some(other) if !other.starts_with(KOPS_GROUP) && !other.is_empty() => {
+                // An additional object: any Kubernetes document with a kind (and a name, unless it
+                // is a component configuration such as KubeSchedulerConfiguration).
+                let named = value.get("metadata").and_then(|m| m.get("name")).and_then(|n| n.as_str()).is_some_and(|n| !n.is_empty());
+                match kind {
+                    None | Some("") => errors.push(schema(&label, "kind", "missing: an additional object needs apiVersion and kind")),
+                    Some(k) if !named && !k.ends_with("Configuration") => {
+                        errors.push(schema(&label, "metadata.name", "missing: an additional object needs a name"))
+                    }
+                    Some(_) => match serde_json::to_value(value) {
+                        Ok(v) => additional.push(v),
+                        Err(e) => errors.push(schema(&label, "(document)", &format!("not representable as JSON: {e}"))),
+                    },
+                }
+                continue;
+            }
             Some(other) => {
                 errors.push(schema(&label, "apiVersion", &format!("unknown apiVersion {other:?}: expected {API_VERSION:?}")));
                 continue;
@@ -298,7 +322,7 @@ pub fn parse_documents(bytes: &[u8]) -> Result<Documents, Vec<ParseError>> {
         }
     }
     match cluster {
-        Some(cluster) if errors.is_empty() => Ok(Documents { cluster, instance_groups: groups }),
+        Some(cluster) if errors.is_empty() => Ok(Documents { cluster, instance_groups: groups, additional_objects: additional }),
         Some(_) => Err(errors),
         None => {
             if !has_cluster_kind {
@@ -414,5 +438,25 @@ mod tests {
         let moderate = format!("apiVersion: kops.k8s.io/v1alpha2\nkind: Cluster\nspec: {}{}", "[".repeat(100), "]".repeat(100));
         let errs = parse_documents(moderate.as_bytes()).unwrap_err();
         assert!(!errs[0].is_syntax() || errs[0].to_string().contains("recursion"), "{}", errs[0]);
+    }
+
+    #[test]
+    fn other_kubernetes_documents_are_additional_objects() {
+        let text = format!(
+            "{MINIMAL}---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: extra\n  namespace: default\ndata:\n  a: \"1\"\n---\napiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\npercentageOfNodesToScore: 50\n"
+        );
+        let docs = parse_documents(text.as_bytes()).expect("parse");
+        assert_eq!(docs.additional_objects.len(), 2);
+        assert_eq!(docs.additional_objects[0]["kind"], "ConfigMap");
+        assert_eq!(docs.additional_objects[1]["percentageOfNodesToScore"], 50);
+        // A kOps document of another version is a mistake, and an object needs a kind and a name.
+        for (bad, path) in [
+            ("apiVersion: kops.k8s.io/v1alpha3\nkind: InstanceGroup\nmetadata:\n  name: x\n", "apiVersion"),
+            ("apiVersion: v1\nmetadata:\n  name: x\n", "kind"),
+            ("apiVersion: v1\nkind: ConfigMap\nmetadata: {}\n", "metadata.name"),
+        ] {
+            let errs = parse_documents(format!("{MINIMAL}---\n{bad}").as_bytes()).expect_err(bad);
+            assert!(errs.iter().any(|e| e.to_string().contains(path)), "{bad}: {errs:?}");
+        }
     }
 }

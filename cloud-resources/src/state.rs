@@ -71,7 +71,7 @@ pub fn pki_files(etcd_clusters: &[String]) -> Vec<String> {
 /// Everything apply wrote (for `keelson delete`): the compiled files, not the PKI.
 pub async fn discover_for_delete(store: &StateStore) -> Result<Vec<Resource>, StateError> {
     let mut out = Vec::new();
-    for prefix in ["cluster-completed.spec", "igconfig/", "instancegroup/"] {
+    for prefix in ["cluster-completed.spec", "igconfig/", "instancegroup/", "addons/"] {
         for rel in store.list(prefix).await? {
             out.push(Resource::new(Kind::StateFile, rel));
         }

@@ -5,7 +5,9 @@
 //!
 //! Rendered today: the RBAC a joining node needs (`bootstrap-rbac.keelson.io`): TLS bootstrapping
 //! for the `system:bootstrappers` group, automatic approval of node client certificates and their
-//! rotation, and the API server's kubelet client (`kubelet-api`).
+//! rotation, and the API server's kubelet client (`kubelet-api`); and the spec file's additional
+//! objects (`additional-objects.keelson.io`), except component configurations, which are merged
+//! into their component's configuration file instead.
 
 use serde::Serialize;
 use serde_json::json;
@@ -71,8 +73,16 @@ fn manifest(name: &str, docs: &[serde_json::Value]) -> Result<String, OutputErro
 }
 
 /// Render the addons and their index into `tree` under `state/addons/`.
-pub fn render(tree: &mut Tree) -> Result<(), OutputError> {
-    let addons = [("bootstrap-rbac.keelson.io", "1.0.0", bootstrap_rbac())];
+pub fn render(tree: &mut Tree, additional_objects: &[serde_json::Value]) -> Result<(), OutputError> {
+    let mut addons = vec![("bootstrap-rbac.keelson.io", "1.0.0", bootstrap_rbac())];
+    let objects: Vec<serde_json::Value> = additional_objects
+        .iter()
+        .filter(|o| !o.get("kind").and_then(|k| k.as_str()).is_some_and(|k| k.ends_with("Configuration")))
+        .cloned()
+        .collect();
+    if !objects.is_empty() {
+        addons.push(("additional-objects.keelson.io", "1.0.0", objects));
+    }
     let mut channel = Channel { kind: "Addons", addons: Vec::new() };
     for (name, version, docs) in addons {
         let text = manifest(name, &docs)?;
@@ -96,7 +106,13 @@ mod tests {
     #[test]
     fn the_index_pins_every_manifest_by_hash() {
         let mut tree = Tree::default();
-        render(&mut tree).expect("render");
+        let extra = [
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "default"}, "data": {"a": "1"}}),
+            json!({"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration", "percentageOfNodesToScore": 50}),
+        ];
+        render(&mut tree, &extra).expect("render");
+        let objects = String::from_utf8_lossy(&tree.files["state/addons/additional-objects.keelson.io/v1.0.0.yaml"]).to_string();
+        assert!(objects.contains("kind: ConfigMap") && !objects.contains("KubeSchedulerConfiguration"), "{objects}");
         let index = String::from_utf8(tree.files[&format!("state/{CHANNEL}")].clone()).expect("utf-8");
         let manifest = &tree.files["state/addons/bootstrap-rbac.keelson.io/v1.0.0.yaml"];
         assert!(index.contains(&hex::encode(sha2::Sha256::digest(manifest))), "{index}");

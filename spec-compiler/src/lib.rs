@@ -64,7 +64,8 @@ pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, C
     let completed_yaml = output::to_yaml("cluster-completed.yaml", &completed)?;
     out.tree.insert("cluster-completed.yaml", completed_yaml.clone());
     out.tree.insert("state/cluster-completed.spec", completed_yaml);
-    addons::render(&mut out.tree)?;
+    addons::render(&mut out.tree, &docs.additional_objects)?;
+    let scheduler_config = nodeup_config::scheduler_config(&docs.additional_objects)?;
 
     let mut environment = BTreeMap::new();
     if spec.cloud_provider.as_deref() == Some("aws") {
@@ -85,7 +86,7 @@ pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, C
         if role == Role::Bastion {
             continue; // bastions run no nodeup
         }
-        let nodeup = nodeup_config::build(&completed, ig, &versions, options)?;
+        let nodeup = nodeup_config::build(&completed, ig, &versions, options, &scheduler_config)?;
         let nodeup_yaml = output::to_yaml(&format!("nodeup/{group}.yaml"), &nodeup)?;
         let boot = BootConfig {
             cloud_provider: spec.cloud_provider.clone().unwrap_or_default(),

@@ -19,6 +19,24 @@ const NVIDIA_DRIVER_PACKAGE: &str = "nvidia-driver-535-server";
 const KUBE_SCHEDULER_CONFIG: &str =
     "apiVersion: kubescheduler.config.k8s.io/v1\nclientConnection:\n  kubeconfig: /var/lib/kube-scheduler/kubeconfig\nkind: KubeSchedulerConfiguration\n";
 
+/// The kube-scheduler configuration file: the spec's `KubeSchedulerConfiguration` additional object
+/// when there is one (as kOps merges it), with the kubeconfig path nodeup writes; else the default.
+pub fn scheduler_config(additional: &[serde_json::Value]) -> Result<String, crate::output::OutputError> {
+    let is_config = |o: &&serde_json::Value| {
+        o.get("kind").and_then(|k| k.as_str()) == Some("KubeSchedulerConfiguration")
+            && o.get("apiVersion").and_then(|v| v.as_str()).is_some_and(|v| v.starts_with("kubescheduler.config.k8s.io/"))
+    };
+    let Some(user) = additional.iter().find(is_config) else { return Ok(KUBE_SCHEDULER_CONFIG.to_string()) };
+    let mut config = user.clone();
+    if let Some(map) = config.as_object_mut() {
+        let conn = map.entry("clientConnection").or_insert_with(|| serde_json::json!({}));
+        if let Some(conn) = conn.as_object_mut() {
+            conn.insert("kubeconfig".into(), "/var/lib/kube-scheduler/kubeconfig".into());
+        }
+    }
+    crate::output::to_yaml("KubeSchedulerConfiguration", &config)
+}
+
 /// Why a node config could not be built.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeupConfigError {
@@ -233,6 +251,7 @@ pub fn build(
     ig: &InstanceGroup,
     versions: &Versions,
     options: &CompileOptions,
+    scheduler_config: &str,
 ) -> Result<NodeupConfig, NodeupConfigError> {
     let spec = &cluster.spec;
     let group = ig.name().to_string();
@@ -284,7 +303,7 @@ pub fn build(
     file_assets.extend(for_role(spec.file_assets.as_deref().unwrap_or_default(), role));
     if runs_api {
         file_assets.push(FileAssetSpec {
-            content: Some(KUBE_SCHEDULER_CONFIG.to_string()),
+            content: Some(scheduler_config.to_string()),
             path: Some("/var/lib/kube-scheduler/config.yaml".to_string()),
             ..Default::default()
         });
@@ -412,5 +431,19 @@ mod tests {
         assert_eq!(cp.len(), 2);
         assert_eq!(hooks_for(None, Role::Node), None, "kOps writes null for no hooks");
         assert_eq!(hooks_for(Some(&vec![hook("x", Some(vec!["Bastion"]))]), Role::Node), None);
+    }
+
+    #[test]
+    fn a_kube_scheduler_configuration_object_becomes_the_scheduler_config() {
+        assert_eq!(scheduler_config(&[]).expect("default"), KUBE_SCHEDULER_CONFIG);
+        let user = serde_json::json!({
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "percentageOfNodesToScore": 50,
+            "clientConnection": {"kubeconfig": "/elsewhere", "qps": 50},
+        });
+        let text = scheduler_config(&[serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap"}), user]).expect("merged");
+        assert!(text.contains("percentageOfNodesToScore: 50") && text.contains("qps: 50"), "{text}");
+        assert!(text.contains("kubeconfig: /var/lib/kube-scheduler/kubeconfig") && !text.contains("/elsewhere"), "{text}");
     }
 }

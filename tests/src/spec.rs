@@ -54,7 +54,7 @@ impl Spec {
         let spec = cluster.get("spec").ok_or_else(|| bad("Cluster spec missing".into()))?;
         let subnets = spec.get("subnets").and_then(|x| x.as_sequence()).cloned().unwrap_or_default();
         let zone = subnets.iter().find_map(|sn| s(sn, &["zone"])).ok_or_else(|| bad("spec.subnets[].zone missing".into()))?;
-        let region = zone.trim_end_matches(|c: char| c.is_ascii_lowercase()).to_string();
+        let region = keelson_api::aws_region_of_zone(zone).ok_or_else(|| bad(format!("spec.subnets[].zone {zone:?}: not an AWS zone")))?.to_string();
         let network_cidr = s(spec, &["networkCIDR"]).unwrap_or("172.20.0.0/16").to_string();
         let config_base = s(spec, &["configBase"]).ok_or_else(|| bad("spec.configBase missing".into()))?.to_string();
         let dns_type = s(spec, &["topology", "dns", "type"]).unwrap_or("");
@@ -170,6 +170,8 @@ mod tests {
         assert!(t.contains("conntrackMaxPerCore: 0"));
         assert!(t.contains("172.20.255.254:5000:\n      - http://172.20.255.254:5000"), "{t}");
         assert_eq!(t.matches("image: ami-123").count(), 4);
-        assert_eq!(t.matches("---\n").count(), 5);
+        // Cluster, 4 instance groups, 2 additional objects (passed through unchanged).
+        assert_eq!(t.matches("---\n").count(), 7);
+        assert!(t.contains("percentageOfNodesToScore: 50") && t.contains("name: cluster-owner"), "{t}");
     }
 }

@@ -153,6 +153,21 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     for b in ["keelson:node-bootstrapper", "keelson:node-autoapprove-bootstrap", "keelson:kubelet-api-admin"] {
         assert!(crbs.iter().any(|c| c == b), "{b} missing: {crbs:?}");
     }
+    // The example's additional objects took effect: its ConfigMap through the addon controller,
+    // its KubeSchedulerConfiguration in every control plane's scheduler configuration.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let owner = loop {
+        match kubeapi::configmap_data(&kc, "kube-system", "cluster-owner").unwrap() {
+            Some(d) => break d,
+            None if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_secs(2)),
+            None => panic!("kube-system/cluster-owner (an additional object of the spec) was never applied"),
+        }
+    };
+    assert_eq!(owner.get("team").map(String::as_str), Some("platform"));
+    for m in &cps {
+        let conf = machine::exec_in(m.init_pid.unwrap(), &["cat", "/var/lib/kube-scheduler/config.yaml"]).unwrap();
+        assert!(conf.contains("percentageOfNodesToScore: 50"), "{}: {conf}", m.instance_id);
+    }
     // `keelson validate cluster` (the product's, against moto and the real API) says the cluster is
     // ready: every group's instances joined as Ready nodes, every kube-system pod is Ready.
     let local_spec = State::new(paths::state_dir()).root.join("spec.yaml");

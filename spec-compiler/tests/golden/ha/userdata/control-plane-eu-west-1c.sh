@@ -59,7 +59,7 @@ ClusterName: ha.k8s.example.com
 ConfigBase: s3://acme-keelson-state/ha.k8s.example.com
 InstanceGroupName: control-plane-eu-west-1c
 InstanceGroupRole: ControlPlane
-NodeupConfigHash: 73fy8evlU5a5yJGxfe3mVxZgF447647Y5gARHqJfEpI=
+NodeupConfigHash: IzHMkRQ9sBkuvU01JvXhMYNaId76TESDkw3A3dUZQpE=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then
