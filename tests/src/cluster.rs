@@ -587,7 +587,8 @@ impl Daemon {
     }
 
     /// Play the VPC resolver: every A record of the local Route53 zones goes into a guarded block
-    /// of every machine's /etc/hosts, rewritten in place when it changes.
+    /// of every machine's /etc/hosts (and of the kubelet's per-pod copies of it), rewritten in place
+    /// when it changes.
     fn sync_dns(&mut self) {
         let Ok(records) = self.cloud.a_records() else { return };
         let mut block = format!("{HOSTS_BEGIN}\n");
@@ -608,6 +609,18 @@ impl Daemon {
             let new = replace_block(&text, &block);
             if new != text && write_in_place(&path, &new).is_err() {
                 continue;
+            }
+            // The kubelet gives each host-network pod (etcd, the API server) a copy of /etc/hosts
+            // taken when the pod starts; a resolver answers with live records, so the copies follow.
+            let pods = m.info.root.join("var/lib/kubelet/pods");
+            for pod in fs::read_dir(&pods).into_iter().flatten().flatten() {
+                let copy = pod.path().join("etc-hosts");
+                if let Ok(text) = fs::read_to_string(&copy) {
+                    let new = replace_block(&text, &block);
+                    if new != text {
+                        let _ = write_in_place(&copy, &new);
+                    }
+                }
             }
             self.hosts_written.insert(id.clone(), block.clone());
         }
