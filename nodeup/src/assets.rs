@@ -32,6 +32,12 @@ pub enum AssetError {
         #[source]
         source: io::Error,
     },
+    #[error("{url}")]
+    Request {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
     /// The server answered with a non-success status (a value, so callers can tell 404 apart).
     #[error("{url}: HTTP {status}")]
     Status { url: String, status: u16 },
@@ -231,7 +237,7 @@ impl Fetcher {
             .client(url)?
             .get(url)
             .send()
-            .map_err(|e| AssetError::Http { url: url.to_string(), message: crate::tasks::error_chain(&e) })?;
+            .map_err(|source| AssetError::Request { url: url.to_string(), source })?;
         if !resp.status().is_success() {
             return Err(AssetError::Status { url: url.to_string(), status: resp.status().as_u16() });
         }

@@ -14,6 +14,12 @@ const MUTATION_TIMEOUT: Duration = Duration::from_secs(10);
 pub enum EtcdError {
     #[error("etcd {url}: {message}")]
     Http { url: String, message: String },
+    #[error("{url}: {source}")]
+    Request {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
     #[error("etcd TLS material {path}: {message}")]
     Tls { path: String, message: String },
 }

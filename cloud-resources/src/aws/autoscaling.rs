@@ -157,9 +157,7 @@ fn size(v: i64, name: &str, what: &str) -> Result<i32, AwsError> {
 impl AwsTarget {
     pub(super) async fn execute_autoscaling(&self, c: &Change, ids: &mut Ids) -> Result<(), AwsError> {
         let name = c.name.as_str();
-        fn pick(t: &Task) -> Option<&AutoscalingGroup> {
-            if let Task::AutoscalingGroup(g) = t { Some(g) } else { None }
-        }
+        super::task::picker!(pick, AutoscalingGroup, AutoscalingGroup);
         match &c.action {
             Action::Create => {
                 let want = typed(c.desired.as_ref(), c.kind, name, "desired", pick)?;

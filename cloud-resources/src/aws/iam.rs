@@ -77,21 +77,9 @@ impl InstanceProfile {
     }
 }
 
-fn pick_role(t: &Task) -> Option<&IamRole> {
-    if let Task::IamRole(x) = t {
-        Some(x)
-    } else {
-        None
-    }
-}
+super::task::picker!(pick_role, IamRole, IamRole);
 
-fn pick_profile(t: &Task) -> Option<&InstanceProfile> {
-    if let Task::InstanceProfile(x) = t {
-        Some(x)
-    } else {
-        None
-    }
-}
+super::task::picker!(pick_profile, InstanceProfile, InstanceProfile);
 
 pub(super) fn desired(model: &ClusterModel, resolved: &Resolved, out: &mut Vec<Resource>) {
     for role in &model.iam_roles {
@@ -273,13 +261,7 @@ impl AwsTarget {
                 let profiles =
                     self.iam.list_instance_profiles_for_role().role_name(name).send().await.map_err(|e| api("ListInstanceProfilesForRole", name, e))?;
                 for p in profiles.instance_profiles() {
-                    self.iam
-                        .remove_role_from_instance_profile()
-                        .instance_profile_name(p.instance_profile_name())
-                        .role_name(name)
-                        .send()
-                        .await
-                        .map_err(|e| api("RemoveRoleFromInstanceProfile", name, e))?;
+                    self.remove_role_from_profile(p.instance_profile_name(), name).await?;
                 }
                 self.iam.delete_role().role_name(name).send().await.map_err(|e| api("DeleteRole", name, e))?;
             }
@@ -293,35 +275,17 @@ impl AwsTarget {
                     .send()
                     .await
                     .map_err(|e| api("CreateInstanceProfile", name, e))?;
-                self.iam
-                    .add_role_to_instance_profile()
-                    .instance_profile_name(name)
-                    .role_name(role)
-                    .send()
-                    .await
-                    .map_err(|e| api("AddRoleToInstanceProfile", name, e))?;
+                self.add_role_to_profile(name, role).await?;
             }
             (Kind::IamInstanceProfile, Action::Update(_)) => {
                 let want = typed(desired, kind, name, "desired", pick_profile)?;
                 let have = typed(actual, kind, name, "actual", pick_profile)?;
                 if changed("role") {
                     if let Some(old) = &have.role {
-                        self.iam
-                            .remove_role_from_instance_profile()
-                            .instance_profile_name(name)
-                            .role_name(old)
-                            .send()
-                            .await
-                            .map_err(|e| api("RemoveRoleFromInstanceProfile", name, e))?;
+                        self.remove_role_from_profile(name, old).await?;
                     }
                     if let Some(role) = &want.role {
-                        self.iam
-                            .add_role_to_instance_profile()
-                            .instance_profile_name(name)
-                            .role_name(role)
-                            .send()
-                            .await
-                            .map_err(|e| api("AddRoleToInstanceProfile", name, e))?;
+                        self.add_role_to_profile(name, role).await?;
                     }
                 }
                 if tag_change {
@@ -336,13 +300,7 @@ impl AwsTarget {
             }
             (Kind::IamInstanceProfile, Action::Delete) => {
                 if let Some(role) = &typed(actual, kind, name, "actual", pick_profile)?.role {
-                    self.iam
-                        .remove_role_from_instance_profile()
-                        .instance_profile_name(name)
-                        .role_name(role)
-                        .send()
-                        .await
-                        .map_err(|e| api("RemoveRoleFromInstanceProfile", name, e))?;
+                    self.remove_role_from_profile(name, role).await?;
                 }
                 self.iam.delete_instance_profile().instance_profile_name(name).send().await.map_err(|e| api("DeleteInstanceProfile", name, e))?;
             }
@@ -350,6 +308,28 @@ impl AwsTarget {
                 return Err(AwsError::Missing { kind: "IAM", name: name.into(), message: format!("{} is not an IAM resource", kind.as_str()) })
             }
         }
+        Ok(())
+    }
+
+    async fn add_role_to_profile(&self, profile: &str, role: &str) -> Result<(), AwsError> {
+        self.iam
+            .add_role_to_instance_profile()
+            .instance_profile_name(profile)
+            .role_name(role)
+            .send()
+            .await
+            .map_err(|e| api("AddRoleToInstanceProfile", profile, e))?;
+        Ok(())
+    }
+
+    async fn remove_role_from_profile(&self, profile: &str, role: &str) -> Result<(), AwsError> {
+        self.iam
+            .remove_role_from_instance_profile()
+            .instance_profile_name(profile)
+            .role_name(role)
+            .send()
+            .await
+            .map_err(|e| api("RemoveRoleFromInstanceProfile", profile, e))?;
         Ok(())
     }
 }

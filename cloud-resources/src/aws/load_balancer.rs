@@ -135,21 +135,9 @@ pub(super) fn desired_aliases(model: &ClusterModel, resolved: &super::Resolved, 
     }
 }
 
-fn pick_tg(t: &Task) -> Option<&TargetGroup> {
-    if let Task::TargetGroup(x) = t {
-        Some(x)
-    } else {
-        None
-    }
-}
+super::task::picker!(pick_tg, TargetGroup, TargetGroup);
 
-fn pick_lb(t: &Task) -> Option<&LoadBalancer> {
-    if let Task::LoadBalancer(x) = t {
-        Some(x)
-    } else {
-        None
-    }
-}
+super::task::picker!(pick_lb, LoadBalancer, LoadBalancer);
 
 fn elb_tags(tags: &BTreeMap<String, String>) -> Vec<elb_t::Tag> {
     tags.iter().map(|(k, v)| elb_t::Tag::builder().key(k).value(v).build()).collect()

@@ -178,37 +178,13 @@ pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discov
     Ok(())
 }
 
-fn pick_igw(t: &Task) -> Option<&InternetGateway> {
-    if let Task::InternetGateway(x) = t {
-        Some(x)
-    } else {
-        None
-    }
-}
+super::task::picker!(pick_igw, InternetGateway, InternetGateway);
 
-fn pick_eip(t: &Task) -> Option<&ElasticIp> {
-    if let Task::ElasticIp(x) = t {
-        Some(x)
-    } else {
-        None
-    }
-}
+super::task::picker!(pick_eip, ElasticIp, ElasticIp);
 
-fn pick_nat(t: &Task) -> Option<&NatGateway> {
-    if let Task::NatGateway(x) = t {
-        Some(x)
-    } else {
-        None
-    }
-}
+super::task::picker!(pick_nat, NatGateway, NatGateway);
 
-fn pick_table(t: &Task) -> Option<&RouteTable> {
-    if let Task::RouteTable(x) = t {
-        Some(x)
-    } else {
-        None
-    }
-}
+super::task::picker!(pick_table, RouteTable, RouteTable);
 
 fn missing(kind: &'static str, name: &str, message: String) -> AwsError {
     AwsError::Missing { kind, name: name.to_string(), message }

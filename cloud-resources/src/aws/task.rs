@@ -165,6 +165,20 @@ impl Task {
     }
 }
 
+/// `fn $name(t: &Task) -> Option<&$ty>`: the typed state of one variant (for [`typed`]).
+macro_rules! picker {
+    ($name:ident, $variant:ident, $ty:ty) => {
+        fn $name(t: &$crate::aws::task::Task) -> Option<&$ty> {
+            if let $crate::aws::task::Task::$variant(x) = t {
+                Some(x)
+            } else {
+                None
+            }
+        }
+    };
+}
+pub(crate) use picker;
+
 /// The typed desired/actual state of a change, or an error naming what is missing.
 pub fn typed<'a, T>(r: Option<&'a Resource>, kind: Kind, name: &str, side: &str, pick: impl Fn(&'a Task) -> Option<&'a T>) -> Result<&'a T, super::AwsError> {
     r.and_then(|r| r.task.as_deref()).and_then(pick).ok_or_else(|| super::AwsError::Missing {

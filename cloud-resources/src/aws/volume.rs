@@ -107,9 +107,7 @@ fn i32_of(v: i64, name: &str, what: &str) -> Result<i32, AwsError> {
 impl AwsTarget {
     pub(super) async fn execute_volume(&self, c: &Change, ids: &mut Ids) -> Result<(), AwsError> {
         let name = c.name.as_str();
-        fn pick(t: &Task) -> Option<&Volume> {
-            if let Task::Volume(v) = t { Some(v) } else { None }
-        }
+        super::task::picker!(pick, Volume, Volume);
         match &c.action {
             Action::Create => {
                 let want = typed(c.desired.as_ref(), c.kind, name, "desired", pick)?;
