@@ -2,11 +2,12 @@
 //! rolling-update` create, change and remove.
 //!
 //! Owns: the resource model derived from a compiled cluster ([`model`]: stable kOps names and tags, no
-//! I/O), the desired-vs-actual diff and its rendering ([`plan`]), the AWS target ([`aws`]: one batched
-//! discovery, then create/update/delete through the SDK), the Terraform targets ([`terraform`],
-//! [`gce`]), the IAM policies ([`iam_policy`]), the state a cluster keeps in its store ([`state`]) and
-//! rolling updates ([`rolling`]) and cluster validation ([`validate`]). Must not: compile specs (it takes the compiler's output), parse
-//! command lines, or guess — a missing id or an unparsable attribute is an error naming the resource.
+//! I/O), the desired-vs-actual diff and its rendering ([`plan`]), the AWS target ([`aws`]: one typed
+//! task per resource kind — discovery, field-by-field comparison, create/update/delete through the
+//! SDK), the Terraform targets ([`terraform`], [`gce`]), the IAM policies ([`iam_policy`]), the state a
+//! cluster keeps in its store ([`state`]), rolling updates ([`rolling`]) and cluster validation
+//! ([`validate`]). Must not: compile specs (it takes the compiler's output), parse command lines, or
+//! guess — a missing id or an unparsable attribute is an error naming the resource.
 
 pub mod aws;
 pub mod gce;
