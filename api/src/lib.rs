@@ -3,6 +3,7 @@
 //!
 //! This crate does no I/O: it turns bytes into typed documents and typed documents into bytes.
 
+pub mod addons;
 pub mod documents;
 pub mod generated;
 pub mod merge;

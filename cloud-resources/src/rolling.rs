@@ -18,14 +18,8 @@ use super::model::ClusterModel;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RollingError {
-    #[error("{op} {target}: {message}")]
-    Api {
-        op: &'static str,
-        target: String,
-        message: String,
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+    #[error(transparent)]
+    Aws(#[from] crate::aws::AwsError),
     #[error("autoscaling group {group}: {message}")]
     Timeout { group: String, message: String },
     #[error("validation after replacing {instance} in {group} failed: {message}")]
@@ -35,7 +29,7 @@ pub enum RollingError {
 }
 
 fn api<E: std::error::Error + Send + Sync + 'static>(op: &'static str, target: &str, e: E) -> RollingError {
-    RollingError::Api { op, target: target.to_string(), message: aws_smithy_types::error::display::DisplayErrorContext(&e).to_string(), source: Box::new(e) }
+    crate::aws::api(op, target, e).into()
 }
 
 /// One instance of a group as the rolling update sees it.

@@ -25,8 +25,6 @@ pub enum ConfigError {
     Role { path: PathBuf, role: String },
     #[error("state store: {0}")]
     Store(#[from] base::StoreError),
-    #[error("state store: starting the I/O runtime: {0}")]
-    Runtime(#[source] std::io::Error),
     #[error("{url}: NodeupConfig hash mismatch: BootConfig pins {expected}, file has {actual}; refusing it")]
     HashMismatch { url: String, expected: String, actual: String },
 }
@@ -53,20 +51,10 @@ pub struct StateStore {
 }
 
 impl StateStore {
-    pub fn new(store: base::StateStore) -> Result<StateStore, ConfigError> {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(ConfigError::Runtime)?;
-        Ok(StateStore { store, runtime })
-    }
-
     /// A store whose client was built on `runtime` (an S3 client must be used on the runtime it
     /// was built on).
     pub fn with_runtime(store: base::StateStore, runtime: tokio::runtime::Runtime) -> StateStore {
         StateStore { store, runtime }
-    }
-
-    /// Run a future on this store's runtime (the S3 client is built on it).
-    pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
-        self.runtime.block_on(f)
     }
 
     pub fn url(&self, rel: &str) -> String {

@@ -18,8 +18,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::discovery::ApiCapabilities;
 
-/// The index in the state store.
-pub const CHANNEL: &str = "addons/bootstrap-channel.yaml";
+use keelson_api::addons::{AddonChannel, ADDON_CHANNEL as CHANNEL};
+
 /// Where applied hashes and object lists are recorded.
 pub const RECORD: &str = "keelson-addons";
 const FIELD_MANAGER: &str = "keelson-addons";
@@ -50,19 +50,6 @@ pub enum AddonError {
     },
     #[error("{manifest}: document {index}: {message}")]
     Object { manifest: String, index: usize, message: String },
-}
-
-#[derive(Debug, Clone, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Entry {
-    name: String,
-    manifest: String,
-    manifest_hash: String,
-}
-
-#[derive(Debug, Clone, serde::Deserialize)]
-struct Channel {
-    addons: Vec<Entry>,
 }
 
 /// What one pass did.
@@ -144,7 +131,7 @@ pub fn parse_objects(rel: &str, bytes: &[u8]) -> Result<Vec<DynamicObject>, Addo
 pub async fn sync(client: &kube::Client, store: &StateStore) -> Result<SyncReport, AddonError> {
     let mut report = SyncReport::default();
     let Some(index) = store.get(CHANNEL).await? else { return Ok(report) };
-    let channel: Channel = serde_yaml_ng::from_slice(&index).map_err(|source| AddonError::Yaml { what: store.url(CHANNEL), source })?;
+    let channel: AddonChannel = serde_yaml_ng::from_slice(&index).map_err(|source| AddonError::Yaml { what: store.url(CHANNEL), source })?;
     let records: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), "kube-system");
     let record = records.get_opt(RECORD).await.map_err(kube_err(format!("get configmap kube-system/{RECORD}")))?;
     let mut data: BTreeMap<String, String> = record.and_then(|c| c.data).unwrap_or_default();
@@ -209,15 +196,17 @@ pub async fn sync(client: &kube::Client, store: &StateStore) -> Result<SyncRepor
 /// Run the controller until the process ends: a pass every `interval` (the first as soon as the
 /// API answers); failures are logged and retried.
 pub async fn run(store: StateStore, server: String, interval: Duration, metrics: crate::metrics::Metrics) {
-    let mut client: Option<kube::Client> = None;
+    // The client's certificate lives 24 h: issue a new one well before, and after any failed pass.
+    const RENEW_AFTER: Duration = Duration::from_secs(12 * 3600);
+    let mut client: Option<(kube::Client, std::time::Instant)> = None;
     loop {
-        if client.is_none() {
+        if client.as_ref().is_none_or(|(_, issued)| issued.elapsed() >= RENEW_AFTER) {
             match self::client(&store, &server).await {
-                Ok(c) => client = Some(c),
+                Ok(c) => client = Some((c, std::time::Instant::now())),
                 Err(e) => tracing::warn!(error = %e, "addons: no API client yet"),
             }
         }
-        if let Some(c) = &client {
+        if let Some((c, _)) = &client {
             match sync(c, &store).await {
                 Ok(r) => metrics.update(|s| {
                     s.addon_applies += r.applied.len() as u64;
@@ -227,6 +216,7 @@ pub async fn run(store: StateStore, server: String, interval: Duration, metrics:
                 Err(e) => {
                     tracing::warn!(error = %e, "addons: pass failed");
                     metrics.update(|s| s.addon_failures += 1);
+                    client = None;
                 }
             }
         }

@@ -9,32 +9,11 @@
 //! objects (`additional-objects.keelson.io`), except component configurations, which are merged
 //! into their component's configuration file instead.
 
-use serde::Serialize;
 use serde_json::json;
-use sha2::Digest as _;
 
 use crate::output::{self, OutputError, Tree};
 
-/// Where the index lives in the state store.
-pub const CHANNEL: &str = "addons/bootstrap-channel.yaml";
-
-/// One entry of the index.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct AddonEntry {
-    pub name: String,
-    pub version: String,
-    /// Relative to `addons/`.
-    pub manifest: String,
-    /// sha256 (hex) of the manifest bytes.
-    pub manifest_hash: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Channel {
-    pub kind: &'static str,
-    pub addons: Vec<AddonEntry>,
-}
+use keelson_api::addons::{AddonChannel, AddonEntry, ADDON_CHANNEL as CHANNEL};
 
 fn crb(name: &str, role: &str, subject_kind: &str, subject: &str) -> serde_json::Value {
     json!({
@@ -83,7 +62,7 @@ pub fn render(tree: &mut Tree, additional_objects: &[serde_json::Value]) -> Resu
     if !objects.is_empty() {
         addons.push(("additional-objects.keelson.io", "1.0.0", objects));
     }
-    let mut channel = Channel { kind: "Addons", addons: Vec::new() };
+    let mut channel = AddonChannel { kind: "Addons".into(), addons: Vec::new() };
     for (name, version, docs) in addons {
         let text = manifest(name, &docs)?;
         let rel = format!("{name}/v{version}.yaml");
@@ -91,7 +70,7 @@ pub fn render(tree: &mut Tree, additional_objects: &[serde_json::Value]) -> Resu
             name: name.to_string(),
             version: version.to_string(),
             manifest: rel.clone(),
-            manifest_hash: hex::encode(sha2::Sha256::digest(text.as_bytes())),
+            manifest_hash: base::sha256_hex(text.as_bytes()),
         });
         tree.insert(format!("state/addons/{rel}"), text);
     }
@@ -115,7 +94,7 @@ mod tests {
         assert!(objects.contains("kind: ConfigMap") && !objects.contains("KubeSchedulerConfiguration"), "{objects}");
         let index = String::from_utf8(tree.files[&format!("state/{CHANNEL}")].clone()).expect("utf-8");
         let manifest = &tree.files["state/addons/bootstrap-rbac.keelson.io/v1.0.0.yaml"];
-        assert!(index.contains(&hex::encode(sha2::Sha256::digest(manifest))), "{index}");
+        assert!(index.contains(&base::sha256_hex(manifest)), "{index}");
         let text = String::from_utf8_lossy(manifest);
         assert_eq!(text.matches("kind: ClusterRoleBinding").count(), 4, "{text}");
         assert!(text.contains("system:bootstrappers") && text.contains("kubelet-api"), "{text}");

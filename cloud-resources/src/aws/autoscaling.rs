@@ -150,9 +150,6 @@ fn tags_for(name: &str, tags: &BTreeMap<String, String>) -> Vec<asg_t::Tag> {
         .collect()
 }
 
-fn size(v: i64, name: &str, what: &str) -> Result<i32, AwsError> {
-    i32::try_from(v).map_err(|_| AwsError::Missing { kind: "AutoscalingGroup", name: name.into(), message: format!("{what} {v} is out of range") })
-}
 
 impl AwsTarget {
     pub(super) async fn execute_autoscaling(&self, c: &Change, ids: &mut Ids) -> Result<(), AwsError> {
@@ -165,8 +162,8 @@ impl AwsTarget {
                 self.asg
                     .create_auto_scaling_group()
                     .auto_scaling_group_name(name)
-                    .min_size(size(want.min_size, name, "min size")?)
-                    .max_size(size(want.max_size, name, "max size")?)
+                    .min_size(super::i32_of(want.min_size, "AutoscalingGroup", name, "min size")?)
+                    .max_size(super::i32_of(want.max_size, "AutoscalingGroup", name, "max size")?)
                     .set_launch_template(lt)
                     .set_mixed_instances_policy(mixed)
                     .vpc_zone_identifier(self.subnet_ids(ids, want)?)
@@ -208,8 +205,8 @@ impl AwsTarget {
                     self.asg
                         .update_auto_scaling_group()
                         .auto_scaling_group_name(name)
-                        .min_size(size(want.min_size, name, "min size")?)
-                        .max_size(size(want.max_size, name, "max size")?)
+                        .min_size(super::i32_of(want.min_size, "AutoscalingGroup", name, "min size")?)
+                        .max_size(super::i32_of(want.max_size, "AutoscalingGroup", name, "max size")?)
                         .set_launch_template(lt)
                         .set_mixed_instances_policy(mixed)
                         .vpc_zone_identifier(self.subnet_ids(ids, want)?)
@@ -259,10 +256,10 @@ impl AwsTarget {
             .instances_distribution(
                 asg_t::InstancesDistribution::builder()
                     .on_demand_allocation_strategy(&m.on_demand_allocation_strategy)
-                    .on_demand_base_capacity(size(m.on_demand_base, &g.name, "on-demand base")?)
-                    .on_demand_percentage_above_base_capacity(size(m.on_demand_above_base, &g.name, "on-demand percentage")?)
+                    .on_demand_base_capacity(super::i32_of(m.on_demand_base, "AutoscalingGroup", &g.name, "on-demand base")?)
+                    .on_demand_percentage_above_base_capacity(super::i32_of(m.on_demand_above_base, "AutoscalingGroup", &g.name, "on-demand percentage")?)
                     .spot_allocation_strategy(&m.spot_allocation_strategy)
-                    .set_spot_instance_pools(m.spot_instance_pools.map(|p| size(p, &g.name, "spot instance pools")).transpose()?)
+                    .set_spot_instance_pools(m.spot_instance_pools.map(|p| super::i32_of(p, "AutoscalingGroup", &g.name, "spot instance pools")).transpose()?)
                     .set_spot_max_price(m.spot_max_price.clone())
                     .build(),
             )

@@ -247,15 +247,15 @@ fn launch_template_data(model: &ClusterModel, resolved: &Resolved, ids: &Ids, na
         sg_ids.push(id);
     }
     let mut ebs = ec2_t::LaunchTemplateEbsBlockDeviceRequest::builder()
-        .volume_size(i32_of(lt.root_volume_size, name, "root volume size")?)
+        .volume_size(super::i32_of(lt.root_volume_size, "LaunchTemplate", name, "root volume size")?)
         .volume_type(ec2_t::VolumeType::from(lt.root_volume_type.as_str()))
         .encrypted(lt.root_volume_encrypted)
         .delete_on_termination(true);
     if let Some(i) = lt.root_volume_iops {
-        ebs = ebs.iops(i32_of(i, name, "root volume iops")?);
+        ebs = ebs.iops(super::i32_of(i, "LaunchTemplate", name, "root volume iops")?);
     }
     if let Some(t) = lt.root_volume_throughput {
-        ebs = ebs.throughput(i32_of(t, name, "root volume throughput")?);
+        ebs = ebs.throughput(super::i32_of(t, "LaunchTemplate", name, "root volume throughput")?);
     }
     let instance_tags: Vec<ec2_t::Tag> = ec2_tags(&lt.tags);
     // An explicit associatePublicIp needs the interface spelled out (its groups move onto it).
@@ -276,7 +276,7 @@ fn launch_template_data(model: &ClusterModel, resolved: &Resolved, ids: &Ids, na
         .metadata_options(
             ec2_t::LaunchTemplateInstanceMetadataOptionsRequest::builder()
                 .http_tokens(ec2_t::LaunchTemplateHttpTokensState::from(lt.http_tokens.as_str()))
-                .http_put_response_hop_limit(i32_of(lt.hop_limit, name, "metadata hop limit")?)
+                .http_put_response_hop_limit(super::i32_of(lt.hop_limit, "LaunchTemplate", name, "metadata hop limit")?)
                 .http_endpoint(ec2_t::LaunchTemplateInstanceMetadataEndpointState::Enabled)
                 .build(),
         )
@@ -309,7 +309,3 @@ fn launch_template_data(model: &ClusterModel, resolved: &Resolved, ids: &Ids, na
         .build())
 }
 
-/// A model number as the `i32` the API takes, or an error naming the template and field.
-pub(super) fn i32_of(v: i64, name: &str, what: &str) -> Result<i32, AwsError> {
-    i32::try_from(v).map_err(|_| AwsError::Missing { kind: "LaunchTemplate", name: name.into(), message: format!("{what} {v} is out of range") })
-}

@@ -63,7 +63,7 @@ pub enum AwsError {
     Missing { kind: &'static str, name: String, message: String },
 }
 
-fn api<E: std::error::Error + Send + Sync + 'static>(op: &'static str, target: &str, e: E) -> AwsError {
+pub(crate) fn api<E: std::error::Error + Send + Sync + 'static>(op: &'static str, target: &str, e: E) -> AwsError {
     AwsError::Api { op, target: target.to_string(), message: DisplayErrorContext(&e).to_string(), source: Box::new(e) }
 }
 
@@ -227,6 +227,11 @@ fn tags_of(tags: &[ec2_t::Tag]) -> BTreeMap<String, String> {
 
 fn cluster_filter(cluster: &str) -> ec2_t::Filter {
     ec2_t::Filter::builder().name("tag:KubernetesCluster").values(cluster).build()
+}
+
+/// A model number as the `i32` the API takes, or an error naming the resource and field.
+pub(crate) fn i32_of(v: i64, kind: &'static str, name: &str, what: &str) -> Result<i32, AwsError> {
+    i32::try_from(v).map_err(|_| AwsError::Missing { kind, name: name.into(), message: format!("{what} {v} is out of range") })
 }
 
 /// The value a required field of an API response has, or an error naming the resource.

@@ -100,9 +100,6 @@ pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -
     Ok(())
 }
 
-fn i32_of(v: i64, name: &str, what: &str) -> Result<i32, AwsError> {
-    i32::try_from(v).map_err(|_| AwsError::Missing { kind: "Volume", name: name.into(), message: format!("{what} {v} is out of range") })
-}
 
 impl AwsTarget {
     pub(super) async fn execute_volume(&self, c: &Change, ids: &mut Ids) -> Result<(), AwsError> {
@@ -115,10 +112,10 @@ impl AwsTarget {
                     .ec2
                     .create_volume()
                     .availability_zone(&want.zone)
-                    .size(i32_of(want.size_gib, name, "size")?)
+                    .size(super::i32_of(want.size_gib, "Volume", name, "size")?)
                     .volume_type(ec2_t::VolumeType::from(want.volume_type.as_str()))
-                    .set_iops(want.iops.map(|i| i32_of(i, name, "iops")).transpose()?)
-                    .set_throughput(want.throughput.map(|t| i32_of(t, name, "throughput")).transpose()?)
+                    .set_iops(want.iops.map(|i| super::i32_of(i, "Volume", name, "iops")).transpose()?)
+                    .set_throughput(want.throughput.map(|t| super::i32_of(t, "Volume", name, "throughput")).transpose()?)
                     .encrypted(want.encrypted)
                     .set_kms_key_id(want.kms_key_id.clone())
                     .tag_specifications(tag_spec(ec2_t::ResourceType::Volume, &want.tags))
@@ -134,10 +131,10 @@ impl AwsTarget {
                     self.ec2
                         .modify_volume()
                         .volume_id(&id)
-                        .size(i32_of(want.size_gib, name, "size")?)
+                        .size(super::i32_of(want.size_gib, "Volume", name, "size")?)
                         .volume_type(ec2_t::VolumeType::from(want.volume_type.as_str()))
-                        .set_iops(want.iops.map(|i| i32_of(i, name, "iops")).transpose()?)
-                        .set_throughput(want.throughput.map(|t| i32_of(t, name, "throughput")).transpose()?)
+                        .set_iops(want.iops.map(|i| super::i32_of(i, "Volume", name, "iops")).transpose()?)
+                        .set_throughput(want.throughput.map(|t| super::i32_of(t, "Volume", name, "throughput")).transpose()?)
                         .send()
                         .await
                         .map_err(|e| api("ModifyVolume", name, e))?;
