@@ -108,11 +108,7 @@ impl AwsTarget {
         let mut r53 = aws_sdk_route53::config::Builder::from(&conf);
         let mut iam = aws_sdk_iam::config::Builder::from(&conf);
         let mut elb = aws_sdk_elasticloadbalancingv2::config::Builder::from(&conf);
-        let endpoint_override = opts.endpoint_url.is_some() || std::env::var_os("AWS_ENDPOINT_URL").is_some();
-        let mut s3 = aws_sdk_s3::config::Builder::from(&conf)
-            .force_path_style(endpoint_override)
-            .request_checksum_calculation(aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired)
-            .response_checksum_validation(aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired);
+        let mut s3 = base::aws::s3_config(&conf, opts.endpoint_url.is_some());
         for i in &all {
             ec2.push_interceptor(i.clone());
             asg.push_interceptor(i.clone());
