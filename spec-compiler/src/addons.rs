@@ -11,7 +11,10 @@
 
 use serde_json::json;
 
+use keelson_api::Cluster;
+
 use crate::output::{self, OutputError, Tree};
+use crate::versions::Versions;
 
 use keelson_api::addons::{AddonChannel, AddonEntry, ADDON_CHANNEL as CHANNEL};
 
@@ -51,19 +54,31 @@ fn manifest(name: &str, docs: &[serde_json::Value]) -> Result<String, OutputErro
     Ok(out)
 }
 
+/// One addon: its name, version and documents, in apply order.
+pub struct Addon {
+    pub name: &'static str,
+    pub version: &'static str,
+    pub docs: Vec<serde_json::Value>,
+}
+
+/// The addons the completed spec asks for, in apply order (the additional objects come last).
+pub fn addons(_cluster: &Cluster, _versions: &Versions) -> Vec<Addon> {
+    vec![Addon { name: "bootstrap-rbac.keelson.io", version: "1.0.0", docs: bootstrap_rbac() }]
+}
+
 /// Render the addons and their index into `tree` under `state/addons/`.
-pub fn render(tree: &mut Tree, additional_objects: &[serde_json::Value]) -> Result<(), OutputError> {
-    let mut addons = vec![("bootstrap-rbac.keelson.io", "1.0.0", bootstrap_rbac())];
+pub fn render(tree: &mut Tree, cluster: &Cluster, versions: &Versions, additional_objects: &[serde_json::Value]) -> Result<(), OutputError> {
+    let mut addons = addons(cluster, versions);
     let objects: Vec<serde_json::Value> = additional_objects
         .iter()
         .filter(|o| !o.get("kind").and_then(|k| k.as_str()).is_some_and(|k| k.ends_with("Configuration")))
         .cloned()
         .collect();
     if !objects.is_empty() {
-        addons.push(("additional-objects.keelson.io", "1.0.0", objects));
+        addons.push(Addon { name: "additional-objects.keelson.io", version: "1.0.0", docs: objects });
     }
     let mut channel = AddonChannel { kind: "Addons".into(), addons: Vec::new() };
-    for (name, version, docs) in addons {
+    for Addon { name, version, docs } in addons {
         let text = manifest(name, &docs)?;
         let rel = format!("{name}/v{version}.yaml");
         channel.addons.push(AddonEntry {
@@ -82,6 +97,16 @@ pub fn render(tree: &mut Tree, additional_objects: &[serde_json::Value]) -> Resu
 mod tests {
     use super::*;
 
+    /// The completed `examples/ha.yaml` and its versions.
+    pub(crate) fn ha() -> (Cluster, Versions) {
+        let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/ha.yaml"));
+        let docs = crate::load::load_spec(path).expect("load examples/ha.yaml");
+        let options = crate::CompileOptions { offline: true, ..Default::default() };
+        let completed = crate::complete::complete(&docs, &options).expect("complete");
+        let versions = crate::complete::versions_for(&completed.spec, &options).expect("versions");
+        (completed, versions)
+    }
+
     #[test]
     fn the_index_pins_every_manifest_by_hash() {
         let mut tree = Tree::default();
@@ -89,7 +114,8 @@ mod tests {
             json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "default"}, "data": {"a": "1"}}),
             json!({"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration", "percentageOfNodesToScore": 50}),
         ];
-        render(&mut tree, &extra).expect("render");
+        let (cluster, versions) = ha();
+        render(&mut tree, &cluster, &versions, &extra).expect("render");
         let objects = String::from_utf8_lossy(&tree.files["state/addons/additional-objects.keelson.io/v1.0.0.yaml"]).to_string();
         assert!(objects.contains("kind: ConfigMap") && !objects.contains("KubeSchedulerConfiguration"), "{objects}");
         let index = String::from_utf8(tree.files[&format!("state/{CHANNEL}")].clone()).expect("utf-8");

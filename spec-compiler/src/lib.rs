@@ -64,7 +64,7 @@ pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, C
     let completed_yaml = output::to_yaml("cluster-completed.yaml", &completed)?;
     out.tree.insert("cluster-completed.yaml", completed_yaml.clone());
     out.tree.insert("state/cluster-completed.spec", completed_yaml);
-    addons::render(&mut out.tree, &docs.additional_objects)?;
+    addons::render(&mut out.tree, &completed, &versions, &docs.additional_objects)?;
     let scheduler_config = nodeup_config::scheduler_config(&docs.additional_objects)?;
 
     let mut environment = BTreeMap::new();
