@@ -12,6 +12,8 @@ pub mod asset;
 pub mod aws;
 pub mod fs;
 pub mod imds;
+#[cfg(feature = "aws")]
+pub mod node_join;
 pub mod pki;
 pub mod store;
 pub mod tree;

@@ -222,11 +222,44 @@ pub fn issue(ca_name: &str, ca: &Keypair, spec: &CertSpec) -> Result<Keypair, Pk
 /// [`issue`] with a chosen validity (from an hour before now, against clock skew).
 pub fn issue_for(ca_name: &str, ca: &Keypair, spec: &CertSpec, valid_for: std::time::Duration) -> Result<Keypair, PkiError> {
     let err = |source: rcgen::Error| PkiError::Issue { cn: spec.cn.clone(), source };
+    let (issuer, ca_key) = issuer(ca_name, ca, &spec.cn)?;
+    let key = KeyPair::generate().map_err(err)?;
+    let cert = leaf_params(spec, valid_for)?.signed_by(&key, &issuer, &ca_key).map_err(err)?;
+    Ok(Keypair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+}
+
+/// A new private key (PEM) and a certificate signing request (PEM) for it, subject `CN=<cn>`.
+/// The key stays with the caller; whoever signs the request decides the certificate's contents.
+pub fn csr(cn: &str) -> Result<(String, String), PkiError> {
+    let err = |source: rcgen::Error| PkiError::Issue { cn: cn.into(), source };
+    let key = KeyPair::generate().map_err(err)?;
+    let mut p = CertificateParams::default();
+    p.distinguished_name = dn(cn, &[]);
+    let req = p.serialize_request(&key).map_err(err)?;
+    Ok((key.serialize_pem(), req.pem().map_err(err)?))
+}
+
+/// Sign the public key of `csr_pem` (whose self-signature must verify: proof the requester holds
+/// the key) as the leaf `spec`: the request's own subject and extensions are ignored.
+pub fn sign_csr(ca_name: &str, ca: &Keypair, csr_pem: &str, spec: &CertSpec, valid_for: std::time::Duration) -> Result<String, PkiError> {
+    let err = |source: rcgen::Error| PkiError::Issue { cn: spec.cn.clone(), source };
+    let request = rcgen::CertificateSigningRequestParams::from_pem(csr_pem).map_err(err)?;
+    let (issuer, ca_key) = issuer(ca_name, ca, &spec.cn)?;
+    let signed = rcgen::CertificateSigningRequestParams { params: leaf_params(spec, valid_for)?, public_key: request.public_key };
+    Ok(signed.signed_by(&issuer, &ca_key).map_err(err)?.pem())
+}
+
+/// The CA as an rcgen issuer: rebuilt from its subject and key, so the leaf names the issuer by DN
+/// and key id, both of which match the stored CA certificate.
+fn issuer(ca_name: &str, ca: &Keypair, cn: &str) -> Result<(rcgen::Certificate, KeyPair), PkiError> {
     let ca_key = KeyPair::from_pem(&ca.key_pem)
         .map_err(|e| PkiError::Keyset { name: ca_name.into(), message: format!("private key: {e}") })?;
-    // Rebuild the issuer from its subject and key: the leaf names the issuer by DN and key id,
-    // both of which match the stored CA certificate.
-    let issuer = ca_params(ca_name).self_signed(&ca_key).map_err(err)?;
+    let issuer = ca_params(ca_name).self_signed(&ca_key).map_err(|source| PkiError::Issue { cn: cn.into(), source })?;
+    Ok((issuer, ca_key))
+}
+
+fn leaf_params(spec: &CertSpec, valid_for: std::time::Duration) -> Result<CertificateParams, PkiError> {
+    let err = |source: rcgen::Error| PkiError::Issue { cn: spec.cn.clone(), source };
     let mut p = CertificateParams::default();
     p.distinguished_name = dn(&spec.cn, &spec.orgs);
     for d in &spec.dns {
@@ -243,9 +276,7 @@ pub fn issue_for(ca_name: &str, ca: &Keypair, spec: &CertSpec, valid_for: std::t
     p.use_authority_key_identifier_extension = true;
     p.not_before = now() - time::Duration::hours(1);
     p.not_after = now() + time::Duration::seconds(i64::try_from(valid_for.as_secs()).unwrap_or(i64::MAX / 2));
-    let key = KeyPair::generate().map_err(err)?;
-    let cert = p.signed_by(&key, &issuer, &ca_key).map_err(err)?;
-    Ok(Keypair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+    Ok(p)
 }
 
 /// The public key (PEM) of a private key (PEM), e.g. the service-account verification key.
@@ -399,5 +430,26 @@ mod tests {
         assert!(leaf.key_pem.contains("PRIVATE KEY"));
         assert!(!format!("{leaf:?}").contains("PRIVATE"), "Debug never shows the key");
         // Verified with openssl in the integration tests when available.
+    }
+
+    #[test]
+    fn signs_a_csr_with_the_signers_subject_only_and_refuses_a_forged_one() {
+        let ca = create_ca("kubernetes-ca").expect("ca");
+        let (key_pem, csr_pem) = csr("system:node:anything-i-like").expect("csr");
+        let spec = CertSpec::client("system:node:ip-10-0-0-1.ec2.internal", &["system:nodes"]);
+        let cert_pem = sign_csr("kubernetes-ca", &ca, &csr_pem, &spec, std::time::Duration::from_secs(3600)).expect("sign");
+        let der = ::pem::parse(&cert_pem).expect("pem");
+        let (_, cert) = x509_parser::parse_x509_certificate(der.contents()).expect("x509");
+        assert_eq!(cert.subject().to_string(), "O=system:nodes, CN=system:node:ip-10-0-0-1.ec2.internal");
+        assert_eq!(cert.issuer().to_string(), "CN=kubernetes-ca");
+        // The certificate is for the requester's key.
+        let public = KeyPair::from_pem(&key_pem).expect("key").public_key_der();
+        assert_eq!(cert.public_key().raw, public.as_slice());
+        // A CSR whose signature does not verify (one byte of the request body changed) is refused.
+        let mut der = ::pem::parse(&csr_pem).expect("pem").into_contents();
+        let n = der.len() / 2;
+        der[n] ^= 1;
+        let broken = ::pem::encode(&::pem::Pem::new("CERTIFICATE REQUEST", der));
+        assert!(sign_csr("kubernetes-ca", &ca, &broken, &spec, std::time::Duration::from_secs(3600)).is_err());
     }
 }
