@@ -7,6 +7,7 @@ pub mod addons;
 pub mod documents;
 pub mod generated;
 pub mod merge;
+pub mod names;
 pub mod nodeup;
 pub mod types;
 pub mod validate;

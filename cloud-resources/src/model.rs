@@ -308,25 +308,7 @@ pub struct ApiLoadBalancer {
     pub use_for_internal_api: bool,
 }
 
-/// kOps' name truncation: cut to fit `max` and append `-` + 6 characters of the FNV-32a hash
-/// (base32hex, lower case) — always when `always_hash`, else only when too long.
-pub fn truncate_name(s: &str, max: usize, always_hash: bool) -> String {
-    if !always_hash && s.len() <= max {
-        return s.to_string();
-    }
-    let mut h: u32 = 0x811c_9dc5;
-    for b in s.bytes() {
-        h ^= u32::from(b);
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    // Base32hex of the 4 big-endian bytes: 32 bits → the first 6 of 7 five-bit digits.
-    const ALPHABET: &[u8; 32] = b"0123456789abcdefghijklmnopqrstuv";
-    let bits = u64::from(h) << 3; // 35 bits, padded with zeros
-    let hash: String = (0..6).map(|i| ALPHABET[((bits >> (30 - 5 * i)) & 31) as usize] as char).collect();
-    let keep = max - hash.len() - 1;
-    let base: String = s.chars().take(keep).collect();
-    format!("{base}-{hash}")
-}
+pub use keelson_api::names::{role_plural, truncate_name};
 
 /// Everything apply manages for one cluster.
 #[derive(Debug, Clone, PartialEq)]
@@ -350,16 +332,6 @@ pub struct ClusterModel {
     pub etcd_clusters: Vec<String>,
     /// The `state/` subtree of the compiled output, keys relative to ConfigBase.
     pub state: BTreeMap<String, Vec<u8>>,
-}
-
-/// `Name`-style plural kOps uses for role-scoped resources (`masters.<cluster>`).
-pub fn role_plural(role: Role) -> &'static str {
-    match role {
-        Role::ControlPlane => "masters",
-        Role::Node => "nodes",
-        Role::ApiServer => "apiservers",
-        Role::Bastion => "bastions",
-    }
 }
 
 /// The tags every resource of the cluster carries (kOps contract): how apply and delete find them.
@@ -507,7 +479,7 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
             message: message.to_string(),
         };
         let role = ig.role().ok_or_else(|| gerr("spec.role", "unknown role"))?;
-        let name = format!("{group}.{cluster}");
+        let name = keelson_api::names::autoscaling_group_name(&group, &cluster);
         let image = g.image.clone().ok_or_else(|| gerr("spec.image", "required for apply"))?;
         let machine_type = g.machine_type.clone().ok_or_else(|| gerr("spec.machineType", "required for apply"))?;
         let user_data = match tree.files.get(&format!("userdata/{group}.sh")) {
@@ -795,7 +767,7 @@ fn iam_roles(
     };
     let mut out = Vec::new();
     for role in roles {
-        let name = truncate_name(&format!("{}.{cluster}", role_plural(role)), 64, false);
+        let name = keelson_api::names::iam_role_name(role, cluster);
         let mut tags = cloud_labels.clone();
         tags.extend(cluster_tags(cluster, &name));
         let mut additional_statements = Vec::new();

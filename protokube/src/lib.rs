@@ -15,6 +15,7 @@ pub mod disk;
 pub mod etcd;
 pub mod hosts;
 pub mod manifest;
+pub mod node_join;
 pub mod metrics;
 pub mod paths;
 pub mod pki;

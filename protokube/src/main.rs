@@ -71,6 +71,10 @@ struct Args {
     /// Do not run the addon controller.
     #[arg(long)]
     no_addons: bool,
+    /// Where the node join server listens (workers prove their instance identity and get their
+    /// kubelet and kube-proxy certificates); `off` disables it. AWS only.
+    #[arg(long, default_value = "0.0.0.0:3988")]
+    join_listen: String,
 }
 
 fn secs(s: f64) -> Duration {
@@ -134,6 +138,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         etcd_timeout: Duration::from_secs(2),
     };
     let spec_store = opts.store.clone();
+    let (join_cluster, join_ec2, region) = (plan.cluster_name.clone(), ec2.clone(), me.region.clone());
     let mut agent = Agent::new(plan, me, opts, Ec2::new(ec2), dns);
     let mut spec_read_at = Instant::now();
 
@@ -151,6 +156,23 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let port = cluster.spec.kube_api_server.as_ref().and_then(|a| a.secure_port).unwrap_or(443);
         let server = format!("https://127.0.0.1:{port}");
         tokio::spawn(protokube::addons::run(spec_store.clone(), server, secs(args.addons_interval), metrics.clone()));
+    }
+
+    // The node join server: needs the cluster CA's key (control planes only) and AWS.
+    if !args.once && args.join_listen != "off" && boot.cloud_provider == "aws" {
+        let keyset = spec_store.get_required("pki/private/kubernetes-ca/keyset.yaml").await.context("node join server: the cluster CA")?;
+        let ca = base::pki::parse_private_keyset("kubernetes-ca", &keyset).context("node join server: the cluster CA")?;
+        let listener = tokio::net::TcpListener::bind(&args.join_listen).await.with_context(|| format!("node join address {}", args.join_listen))?;
+        let authority = protokube::node_join::Authority {
+            cluster: join_cluster,
+            ca,
+            sts_url: base::node_join::sts_endpoint(&region),
+            http: reqwest::Client::builder().timeout(Duration::from_secs(20)).build().context("node join server: HTTP client")?,
+            ec2: join_ec2,
+            store: spec_store.clone(),
+        };
+        tracing::info!(addr = %args.join_listen, sts = %authority.sts_url, "serving node joins");
+        tokio::spawn(protokube::node_join::serve(listener, authority, metrics.clone()));
     }
 
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("SIGTERM handler")?;

@@ -1,0 +1,263 @@
+//! The node join server against a real moto (STS, IAM, EC2, Auto Scaling): a worker of the cluster's
+//! node group, signing with its own instance-role session, gets certificates for its own node name
+//! only; every other claim is refused. One request goes through the real HTTPS server.
+//! Needs moto (scripts/test installs it); fails loudly without it.
+
+#[path = "../../cloud/tests/support/moto.rs"]
+mod moto;
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use aws_credential_types::Credentials;
+use base::node_join::{self, JoinRequest, JoinResponse};
+use base::pki;
+use protokube::node_join::Authority;
+
+const CLUSTER: &str = "join.example.com";
+
+struct World {
+    url: String,
+    conf: cloud::aws::SdkConfig,
+    ca: pki::Keypair,
+    _store_dir: tempfile::TempDir,
+    store: base::StateStore,
+    node_role_arn: String,
+    master_role_arn: String,
+}
+
+async fn world(url: &str) -> World {
+    let conf = moto::sdk(url).await;
+    let iam = aws_sdk_iam::Client::new(&conf);
+    let trust = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"Service":"ec2.amazonaws.com"},"Action":"sts:AssumeRole"}]}"#;
+    let mut arns = Vec::new();
+    for name in ["nodes", "masters"] {
+        let r = iam.create_role().role_name(format!("{name}.{CLUSTER}")).assume_role_policy_document(trust).send().await.expect("create role");
+        arns.push(r.role().map(|r| r.arn().to_string()).expect("role arn"));
+    }
+    // The state store holds the instance groups (what `keelson apply` writes).
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, role) in [("nodes", "Node"), ("control-plane-a", "ControlPlane")] {
+        let path = dir.path().join(format!("instancegroup/{name}"));
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        let ig = format!("apiVersion: kops.k8s.io/v1alpha2\nkind: InstanceGroup\nmetadata:\n  name: {name}\n  labels:\n    kops.k8s.io/cluster: {CLUSTER}\nspec:\n  role: {role}\n  minSize: 1\n  maxSize: 1\n  machineType: t3.medium\n  image: ami-12c6146b\n  subnets: [a]\n");
+        std::fs::write(path, ig).expect("write ig");
+    }
+    let base: base::ConfigBase = format!("file://{}", dir.path().display()).parse().expect("config base");
+    let store = base::StateStore::open(&base, std::time::Duration::from_secs(10)).expect("store");
+    World {
+        url: url.to_string(),
+        conf,
+        ca: pki::create_ca("kubernetes-ca").expect("ca"),
+        _store_dir: dir,
+        store,
+        node_role_arn: arns[0].clone(),
+        master_role_arn: arns[1].clone(),
+    }
+}
+
+impl World {
+    fn authority(&self) -> Authority {
+        Authority {
+            cluster: CLUSTER.into(),
+            ca: self.ca.clone(),
+            sts_url: format!("{}/", self.url),
+            http: reqwest::Client::new(),
+            ec2: aws_sdk_ec2::Client::new(&self.conf),
+            store: self.store.clone(),
+        }
+    }
+
+    /// An autoscaling group `<group>.<cluster>` (tags as `keelson apply` sets them) with one instance:
+    /// (instance id, private DNS name).
+    async fn group_instance(&self, group: &str, cluster_tag: &str) -> (String, String) {
+        let ec2 = aws_sdk_ec2::Client::new(&self.conf);
+        let asg = aws_sdk_autoscaling::Client::new(&self.conf);
+        let vpc = ec2.create_vpc().cidr_block("172.20.0.0/16").send().await.expect("vpc");
+        let vpc_id = vpc.vpc().and_then(|v| v.vpc_id()).expect("vpc id").to_string();
+        // A subnet of its own: instances of different groups get different addresses (and names).
+        static NEXT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(1);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let subnet = ec2.create_subnet().vpc_id(&vpc_id).cidr_block(format!("172.20.{n}.0/24")).availability_zone("us-east-1a").send().await.expect("subnet");
+        let subnet_id = subnet.subnet().and_then(|s| s.subnet_id()).expect("subnet id").to_string();
+        let lt = format!("{group}-{cluster_tag}").replace('.', "-");
+        ec2.create_launch_template()
+            .launch_template_name(&lt)
+            .launch_template_data(aws_sdk_ec2::types::RequestLaunchTemplateData::builder().image_id("ami-12c6146b").instance_type(aws_sdk_ec2::types::InstanceType::T3Medium).build())
+            .send()
+            .await
+            .expect("launch template");
+        let tag = |k: &str, v: &str| aws_sdk_autoscaling::types::Tag::builder().key(k).value(v).propagate_at_launch(true).build();
+        asg.create_auto_scaling_group()
+            .auto_scaling_group_name(format!("{group}.{cluster_tag}"))
+            .launch_template(aws_sdk_autoscaling::types::LaunchTemplateSpecification::builder().launch_template_name(&lt).build())
+            .min_size(1)
+            .max_size(1)
+            .vpc_zone_identifier(&subnet_id)
+            .tags(tag("KubernetesCluster", cluster_tag))
+            .tags(tag("kops.k8s.io/instancegroup", group))
+            .send()
+            .await
+            .expect("autoscaling group");
+        let out = asg.describe_auto_scaling_groups().auto_scaling_group_names(format!("{group}.{cluster_tag}")).send().await.expect("describe asg");
+        let id = out.auto_scaling_groups().first().and_then(|g| g.instances().first()).and_then(|i| i.instance_id()).expect("instance").to_string();
+        (id.clone(), self.private_dns(&id).await)
+    }
+
+    async fn private_dns(&self, id: &str) -> String {
+        let ec2 = aws_sdk_ec2::Client::new(&self.conf);
+        let out = ec2.describe_instances().instance_ids(id).send().await.expect("describe");
+        out.reservations().iter().flat_map(|r| r.instances()).next().and_then(|i| i.private_dns_name()).expect("dns").to_string()
+    }
+
+    /// The credentials EC2 gives an instance of `role_arn`: an assumed-role session named for it.
+    async fn session(&self, role_arn: &str, instance: &str) -> Credentials {
+        let sts = aws_sdk_sts::Client::new(&self.conf);
+        let out = sts.assume_role().role_arn(role_arn).role_session_name(instance).send().await.expect("assume role");
+        let c = out.credentials().expect("credentials");
+        Credentials::new(c.access_key_id(), c.secret_access_key(), Some(c.session_token().to_string()), None, "instance-role")
+    }
+
+    /// A join request body and its Authorization header, signed with `creds`.
+    fn request(&self, creds: &Credentials, node_name: &str, instance_id: &str) -> (Vec<u8>, String, BTreeMap<String, String>) {
+        let mut keys = BTreeMap::new();
+        let mut csrs = BTreeMap::new();
+        for name in [node_join::CERT_KUBELET, node_join::CERT_KUBE_PROXY] {
+            let (key, csr) = pki::csr(name).expect("csr");
+            keys.insert(name.to_string(), key);
+            csrs.insert(name.to_string(), csr);
+        }
+        let body = serde_json::to_vec(&JoinRequest { node_name: node_name.into(), instance_id: instance_id.into(), csrs }).expect("json");
+        let signed = node_join::sign(creds, moto::REGION, &format!("{}/", self.url), &body, SystemTime::now()).expect("sign");
+        (body, node_join::authorization(&signed), keys)
+    }
+}
+
+fn subject_of(cert_pem: &str) -> String {
+    let der = pem::parse(cert_pem).expect("pem");
+    let (_, cert) = x509_parser::parse_x509_certificate(der.contents()).expect("x509");
+    assert_eq!(cert.issuer().to_string(), "CN=kubernetes-ca");
+    cert.subject().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_running_worker_of_the_cluster_gets_certificates_for_its_own_name() {
+    let (_guard, local) = moto::lock();
+    let w = world(&local.url).await;
+    let authority = w.authority();
+    let (id, dns) = w.group_instance("nodes", CLUSTER).await;
+    let creds = w.session(&w.node_role_arn, &id).await;
+
+    // Admitted: both certificates, for this instance's name only.
+    let (body, auth, _) = w.request(&creds, &dns, &id);
+    let r = authority.admit(&auth, &body).await.expect("a worker of the node group is admitted");
+    assert_eq!(r.node_name, dns);
+    assert_eq!(subject_of(&r.certs["kubelet"]), format!("O=system:nodes, CN=system:node:{dns}"));
+    assert_eq!(subject_of(&r.certs["kube-proxy"]), "CN=system:kube-proxy");
+
+    // Tampered body (the signature covers the original): refused.
+    let mut other = body.clone();
+    let text = String::from_utf8(other.clone()).expect("utf-8").replace(&dns, "ip-10-9-9-9.ec2.internal");
+    other = text.into_bytes();
+    let e = authority.admit(&auth, &other).await.expect_err("body changed after signing");
+    assert!(e.message.contains(node_join::BODY_HASH_HEADER), "{e}");
+
+    // Claiming another instance's identity with one's own credentials: refused.
+    let (other_id, other_dns) = w.group_instance("nodes", "other.example.com").await;
+    let (body, auth, _) = w.request(&creds, &other_dns, &other_id);
+    let e = authority.admit(&auth, &body).await.expect_err("claims another instance");
+    assert_eq!(e.status, 403);
+    assert!(e.message.contains("belong to"), "{e}");
+    // Its own identity but another node's name: refused.
+    let (body, auth, _) = w.request(&creds, &other_dns, &id);
+    let e = authority.admit(&auth, &body).await.expect_err("claims another node name");
+    assert!(e.message.contains("claims node name"), "{e}");
+
+    // An instance of another cluster's group, with a node-role session: refused.
+    let creds_other = w.session(&w.node_role_arn, &other_id).await;
+    let (body, auth, _) = w.request(&creds_other, &other_dns, &other_id);
+    let e = authority.admit(&auth, &body).await.expect_err("another cluster's instance");
+    assert!(e.message.contains("KubernetesCluster"), "{e}");
+
+    // An instance outside every group (launched by hand): refused.
+    let ec2 = aws_sdk_ec2::Client::new(&w.conf);
+    let run = ec2
+        .run_instances()
+        .image_id("ami-12c6146b")
+        .min_count(1)
+        .max_count(1)
+        .tag_specifications(
+            aws_sdk_ec2::types::TagSpecification::builder()
+                .resource_type(aws_sdk_ec2::types::ResourceType::Instance)
+                .tags(aws_sdk_ec2::types::Tag::builder().key("KubernetesCluster").value(CLUSTER).build())
+                .tags(aws_sdk_ec2::types::Tag::builder().key("kops.k8s.io/instancegroup").value("nodes").build())
+                .build(),
+        )
+        .send()
+        .await
+        .expect("run instance");
+    let loose = run.instances().first().and_then(|i| i.instance_id()).expect("id").to_string();
+    let loose_dns = w.private_dns(&loose).await;
+    let (body, auth, _) = w.request(&w.session(&w.node_role_arn, &loose).await, &loose_dns, &loose);
+    let e = authority.admit(&auth, &body).await.expect_err("outside the cluster's groups");
+    assert!(e.message.contains("autoscaling group"), "{e}");
+
+    // A control-plane group's instance, even with the node role: refused (only workers join so).
+    let (cp, cp_dns) = w.group_instance("control-plane-a", CLUSTER).await;
+    let (body, auth, _) = w.request(&w.session(&w.node_role_arn, &cp).await, &cp_dns, &cp);
+    let e = authority.admit(&auth, &body).await.expect_err("control-plane group");
+    assert!(e.message.contains("not a Node group"), "{e}");
+
+    // The right instance with another role's session: refused.
+    let (body, auth, _) = w.request(&w.session(&w.master_role_arn, &id).await, &dns, &id);
+    let e = authority.admit(&auth, &body).await.expect_err("wrong role");
+    assert!(e.message.contains("node role"), "{e}");
+
+    // Not signed with AWS at all / garbage: refused with 401.
+    assert_eq!(authority.admit("Bearer x", &body).await.expect_err("no sts").status, 401);
+
+    // A terminated instance: refused.
+    ec2.terminate_instances().instance_ids(&id).send().await.expect("terminate");
+    let (body, auth, _) = w.request(&creds, &dns, &id);
+    let e = authority.admit(&auth, &body).await.expect_err("terminated");
+    assert!(e.message.contains("not running"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_https_server_answers_a_join_and_refuses_a_forgery() {
+    let (_guard, local) = moto::lock();
+    let w = world(&local.url).await;
+    let (id, dns) = w.group_instance("nodes", CLUSTER).await;
+    let creds = w.session(&w.node_role_arn, &id).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let metrics = protokube::metrics::Metrics::default();
+    let server = tokio::spawn(protokube::node_join::serve(listener, w.authority(), metrics.clone()));
+
+    // The node trusts only the cluster CA and reaches the server by its internal API name.
+    let host = format!("api.internal.{CLUSTER}");
+    let client = reqwest::Client::builder()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(w.ca.cert_pem.as_bytes()).expect("ca"))
+        .resolve(&host, std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+        .build()
+        .expect("client");
+    let url = format!("https://{host}:{port}{}", node_join::PATH);
+    let (body, auth, keys) = w.request(&creds, &dns, &id);
+    let answer = client.post(&url).header("authorization", &auth).body(body.clone()).send().await.expect("join");
+    assert_eq!(answer.status(), 200);
+    let r: JoinResponse = serde_json::from_str(&answer.text().await.expect("body")).expect("json");
+    // The certificate is for the node's own key (which never left it).
+    let der = pem::parse(&r.certs["kubelet"]).expect("pem");
+    let (_, cert) = x509_parser::parse_x509_certificate(der.contents()).expect("x509");
+    let public = rcgen::KeyPair::from_pem(&keys["kubelet"]).expect("key").public_key_der();
+    assert_eq!(cert.public_key().raw, public.as_slice());
+
+    let mut forged = body;
+    forged.extend_from_slice(b" ");
+    let answer = client.post(&url).header("authorization", &auth).body(forged).send().await.expect("forged join");
+    assert_eq!(answer.status(), 403);
+    let s = metrics.snapshot();
+    assert_eq!((s.node_joins_admitted, s.node_joins_refused), (1, 1));
+    server.abort();
+}
