@@ -80,6 +80,35 @@ pub struct NodeupConfig {
     pub packages: Vec<String>,
     #[serde(rename = "usesNoneDNS")]
     pub uses_none_dns: bool,
+    /// How workers get their kubelet and kube-proxy credentials; absent: the static bootstrap token.
+    #[serde(rename = "NodeBootstrap", default, skip_serializing_if = "Option::is_none")]
+    pub node_bootstrap: Option<NodeBootstrap>,
+}
+
+/// Cluster annotation that keeps the static, cluster-wide bootstrap token for workers instead of
+/// the join by cloud identity (`keelson.io/node-bootstrap: token`).
+pub const NODE_BOOTSTRAP_ANNOTATION: &str = "keelson.io/node-bootstrap";
+
+/// Where the join server listens on every control plane.
+pub const NODE_JOIN_PORT: u16 = 3988;
+
+/// How workers join.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeBootstrap {
+    #[serde(rename = "Method")]
+    pub method: NodeBootstrapMethod,
+    /// The join server workers ask (method `CloudIdentity`): `https://api.internal.<cluster>:3988`.
+    #[serde(rename = "Server", default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeBootstrapMethod {
+    /// The worker proves its instance identity (AWS: a signed `sts:GetCallerIdentity`) to the join
+    /// server on the control planes, which signs its kubelet and kube-proxy CSRs. No shared secret.
+    CloudIdentity,
+    /// The static bootstrap token from the state store (TLS bootstrapping); explicit option only.
+    Token,
 }
 
 fn is_false(b: &bool) -> bool {

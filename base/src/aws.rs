@@ -68,9 +68,7 @@ pub fn retry_config(opts: &AwsOptions) -> RetryConfig {
 
 /// Build the shared SDK configuration. HTTPS uses rustls with ring (no aws-lc build).
 pub async fn sdk_config(opts: &AwsOptions) -> SdkConfig {
-    let http = aws_smithy_http_client::Builder::new()
-        .tls_provider(Provider::Rustls(CryptoMode::Ring))
-        .build_https();
+    let http = http_client();
     let timeouts = aws_config::timeout::TimeoutConfig::builder()
         .connect_timeout(Duration::from_secs(5))
         .operation_attempt_timeout(opts.attempt_timeout)
@@ -104,6 +102,11 @@ pub async fn sdk_config(opts: &AwsOptions) -> SdkConfig {
     loader.load().await
 }
 
+/// The HTTP client of every AWS call: HTTPS with rustls and ring.
+fn http_client() -> aws_smithy_runtime_api::client::http::SharedHttpClient {
+    aws_smithy_http_client::Builder::new().tls_provider(Provider::Rustls(CryptoMode::Ring)).build_https()
+}
+
 /// The S3 client configuration every component uses: path-style addressing when the endpoint is
 /// overridden (a local moto, an S3-compatible store), and checksums only where S3 requires them
 /// (S3-compatible servers reject the newer default trailers).
@@ -118,4 +121,17 @@ pub fn s3_config(conf: &SdkConfig, endpoint_overridden: bool) -> aws_sdk_s3::con
         .force_path_style(overridden)
         .request_checksum_calculation(aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired)
         .response_checksum_validation(aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired)
+}
+
+/// The instance role's credentials, from IMDS only (`imds_endpoint`, else the SDK's default
+/// endpoint): what an instance proves its identity with, whatever else the environment offers.
+pub async fn instance_role_credentials(imds_endpoint: Option<&str>) -> Result<aws_credential_types::Credentials, String> {
+    use aws_credential_types::provider::ProvideCredentials as _;
+    let conf = aws_config::provider_config::ProviderConfig::default().with_http_client(http_client());
+    let mut client = aws_config::imds::Client::builder().configure(&conf);
+    if let Some(url) = imds_endpoint {
+        client = client.endpoint(url).map_err(|e| format!("IMDS endpoint {url}: {e}"))?;
+    }
+    let provider = aws_config::imds::credentials::ImdsCredentialsProvider::builder().configure(&conf).imds_client(client.build()).build();
+    provider.provide_credentials().await.map_err(|e| format!("instance role credentials from IMDS: {}", aws_smithy_types::error::display::DisplayErrorContext(e)))
 }

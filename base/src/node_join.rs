@@ -23,7 +23,7 @@ use aws_credential_types::Credentials;
 use serde::{Deserialize, Serialize};
 
 /// Where the join server listens on every control plane.
-pub const PORT: u16 = 3988;
+pub const PORT: u16 = keelson_api::nodeup::NODE_JOIN_PORT;
 /// The join endpoint's path.
 pub const PATH: &str = "/bootstrap";
 /// `Authorization: <scheme> <token>`.

@@ -279,6 +279,30 @@ fn leaf_params(spec: &CertSpec, valid_for: std::time::Duration) -> Result<Certif
     Ok(p)
 }
 
+/// What a certificate says of itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertInfo {
+    pub cn: String,
+    pub issuer_cn: String,
+    pub not_before: std::time::SystemTime,
+    pub not_after: std::time::SystemTime,
+}
+
+/// Read the subject and issuer common names and the validity of a PEM certificate.
+pub fn describe_cert(cert_pem: &str) -> Result<CertInfo, PkiError> {
+    let bad = |m: String| PkiError::Keyset { name: "certificate".into(), message: m };
+    let block = ::pem::parse(cert_pem).map_err(|e| bad(format!("not PEM: {e}")))?;
+    let (_, cert) = x509_parser::parse_x509_certificate(block.contents()).map_err(|e| bad(format!("not X.509: {e}")))?;
+    let cn = |name: &x509_parser::x509::X509Name| name.iter_common_name().next().and_then(|c| c.as_str().ok()).unwrap_or_default().to_string();
+    let at = |t: x509_parser::time::ASN1Time| std::time::UNIX_EPOCH + std::time::Duration::from_secs(u64::try_from(t.timestamp()).unwrap_or(0));
+    Ok(CertInfo {
+        cn: cn(cert.subject()),
+        issuer_cn: cn(cert.issuer()),
+        not_before: at(cert.validity().not_before),
+        not_after: at(cert.validity().not_after),
+    })
+}
+
 /// The public key (PEM) of a private key (PEM), e.g. the service-account verification key.
 pub fn public_key_pem(key_pem: &str) -> Result<String, PkiError> {
     let key = KeyPair::from_pem(key_pem)
@@ -442,6 +466,10 @@ mod tests {
         let (_, cert) = x509_parser::parse_x509_certificate(der.contents()).expect("x509");
         assert_eq!(cert.subject().to_string(), "O=system:nodes, CN=system:node:ip-10-0-0-1.ec2.internal");
         assert_eq!(cert.issuer().to_string(), "CN=kubernetes-ca");
+        let info = describe_cert(&cert_pem).expect("describe");
+        assert_eq!((info.cn.as_str(), info.issuer_cn.as_str()), ("system:node:ip-10-0-0-1.ec2.internal", "kubernetes-ca"));
+        let life = info.not_after.duration_since(info.not_before).expect("ordered");
+        assert_eq!(life.as_secs(), 2 * 3600, "valid from an hour before now, for an hour");
         // The certificate is for the requester's key.
         let public = KeyPair::from_pem(&key_pem).expect("key").public_key_der();
         assert_eq!(cert.public_key().raw, public.as_slice());

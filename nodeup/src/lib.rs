@@ -12,6 +12,7 @@ pub mod config;
 pub mod flag_table;
 pub mod flags;
 pub mod host;
+pub mod join;
 pub mod model;
 pub mod nodetasks;
 pub mod paths;

@@ -3,13 +3,15 @@
 
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
-use keelson_api::nodeup::{BootConfig, NodeupConfig};
+use keelson_api::nodeup::{BootConfig, NodeBootstrapMethod, NodeupConfig};
 use keelson_api::{Quantity, Role};
 
 use crate::assets::{Asset, AssetError, AssetKind};
 use crate::config::{ConfigError, StateStore};
 use crate::flag_table;
+use crate::join::{self, JoinTask};
 use crate::nodetasks::{
     file_task_name, DirTask, DownloadTask, FileTask, InstallArchiveTask, InstallTask, ServiceOffTask, ServiceTask, SwapOffTask,
 };
@@ -46,6 +48,8 @@ pub struct Facts {
     pub instance_id: Option<String>,
     pub zone: Option<String>,
     pub region: Option<String>,
+    /// The IMDS base URL (instance-role credentials for the node join); `None` off AWS.
+    pub imds_url: Option<String>,
 }
 
 /// Inputs of the model.
@@ -175,6 +179,7 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         kubelet_spec.hostname_override = Some(inp.facts.hostname.clone());
     }
     let cluster = &cfg.cluster_name;
+    let mut joined = false;
     if runs_api {
         let ca = Arc::new(load_ca(inp.store, "kubernetes-ca")?);
         let node = format!("system:node:{}", inp.facts.hostname);
@@ -191,6 +196,25 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         server.ips.extend(inp.facts.internal_ip);
         tasks.push(Box::new(CertTask::new(&format!("{}/kubelet-server", paths::SRV_KUBERNETES), "kubernetes-ca", ca, server, &ca_dep)));
         kubelet_inputs.push(format!("cert:{}/kubelet-server.crt", paths::SRV_KUBERNETES));
+    } else if let Some(server) = cfg.node_bootstrap.as_ref().filter(|b| b.method == NodeBootstrapMethod::CloudIdentity).map(|b| b.server.clone()) {
+        // Join by cloud identity: the join server signs this node's kubelet and kube-proxy CSRs.
+        let server = server.ok_or_else(|| render_err("NodeupConfig: NodeBootstrap")("method CloudIdentity needs a Server".to_string()))?;
+        let need = |what: &str| render_err("node join")(format!("no {what} (from IMDS, or --{what})"));
+        let region = inp.facts.region.clone().or_else(|| inp.facts.zone.as_deref().and_then(keelson_api::aws_region_of_zone).map(str::to_string));
+        tasks.push(Box::new(JoinTask {
+            server,
+            api_server: format!("https://api.internal.{cluster}"),
+            ca_pem: ca_cert_pem.clone(),
+            node_name: Some(inp.facts.hostname.clone()).filter(|h| !h.is_empty()).ok_or_else(|| need("hostname"))?,
+            instance_id: inp.facts.instance_id.clone().ok_or_else(|| need("instance-id"))?,
+            sts_url: base::node_join::sts_endpoint(region.as_deref().unwrap_or_default()),
+            region: region.ok_or_else(|| need("region"))?,
+            imds_url: inp.facts.imds_url.clone(),
+            wait: Duration::from_secs(30 * 60),
+            deps: vec![ca_dep.clone()],
+        }));
+        kubelet_inputs.push(join::TASK_NAME.to_string());
+        joined = true;
     } else {
         let rel = format!("secrets/{}", pki::BOOTSTRAP_TOKEN_SECRET);
         let bytes = inp.store.read(&rel)?.ok_or_else(|| missing(&rel))?;
@@ -258,6 +282,13 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
 
     if runs_api {
         control_plane(inp, is_cp, &mut tasks, &mut warnings, &ca_dep, &manifest_dir)?;
+    } else if let Some(proxy) = &cfg.kube_proxy {
+        if joined {
+            // Workers' kube-proxy uses the certificate the join server issued.
+            tasks.push(Box::new(kube_proxy(inp, proxy, &manifest_dir, &format!("https://api.internal.{cluster}"), join::TASK_NAME.to_string())?));
+        } else {
+            warnings.push("kube-proxy: not run on this worker: the static bootstrap token gives it no credentials (join by cloud identity does)".into());
+        }
     }
     if is_cp {
         tasks.push(Box::new(FileTask::new(&unit_path("protokube.service"), systemd::protokube(paths::BOOT_CONFIG_COPY).render(), 0o644)));
@@ -317,17 +348,19 @@ fn control_plane(
     file(tasks, format!("{kapi}/apiserver-aggregator-ca.crt"), agg_ca.cert_pem.clone(), 0o644);
     file(tasks, format!("{kapi}/service-account.pub"), pki::public_key_pem(&sa.key_pem)?, 0o644);
     file(tasks, format!("{kapi}/service-account.key"), sa.key_pem.clone(), 0o600);
-    // Worker kubelets authenticate with the bootstrap token from the state store: the API
-    // server knows it from a token file (user kubelet-bootstrap, group system:bootstrappers),
-    // so joining does not wait for a bootstrap-token Secret in the cluster.
+    // With the static bootstrap token (an explicit option), worker kubelets authenticate with the
+    // token from the state store: the API server knows it from a token file (user
+    // kubelet-bootstrap, group system:bootstrappers). Joining by cloud identity, no token is accepted.
+    let by_identity = cfg.node_bootstrap.as_ref().is_some_and(|b| b.method == NodeBootstrapMethod::CloudIdentity);
     let token_rel = format!("secrets/{}", pki::BOOTSTRAP_TOKEN_SECRET);
-    let token_file = match inp.store.read(&token_rel)? {
-        Some(bytes) => {
+    let token_file = match (by_identity, inp.store.read(&token_rel)?) {
+        (true, _) => None,
+        (false, Some(bytes)) => {
             let token = pki::parse_secret(pki::BOOTSTRAP_TOKEN_SECRET, &bytes)?;
             file(tasks, format!("{kapi}/known_tokens.csv"), format!("{token},kubelet-bootstrap,10001,\"system:bootstrappers\"\n"), 0o600);
             Some(format!("{kapi}/known_tokens.csv"))
         }
-        None => {
+        (false, None) => {
             warnings.push(format!("{}: no bootstrap token; workers cannot join", inp.store.url(&token_rel)));
             None
         }
@@ -504,41 +537,46 @@ fn control_plane(
     t.deps = vec![format!("kubeconfig:{}", paths::SCHEDULER_KUBECONFIG)];
     tasks.push(Box::new(t));
 
-    // kube-proxy
+    // kube-proxy, with a certificate issued here.
     if let Some(proxy) = &cfg.kube_proxy {
         tasks.push(Box::new(KubeconfigTask::local(paths::KUBE_PROXY_KUBECONFIG, ca.clone(), CertSpec::client("system:kube-proxy", &[]), ca_dep)));
-        let mut p = proxy.clone();
-        default(&mut p.master, "https://127.0.0.1");
-        if !inp.facts.hostname.is_empty() {
-            default(&mut p.hostname_override, inp.facts.hostname.clone());
-        }
-        let mut flags = crate::flags::build(&p, flag_table::KUBE_PROXY_CONFIG);
-        flags.push(format!("--kubeconfig={}", paths::KUBE_PROXY_KUBECONFIG));
-        flags.sort();
-        let pod = manifests::Component {
-            name: "kube-proxy",
-            image: p.image.clone().unwrap_or_default(),
-            binary: "/usr/local/bin/kube-proxy".into(),
-            flags,
-            cpu_request: quantity(p.cpu_request.as_ref()),
-            memory_request: quantity(p.memory_request.as_ref()),
-            host_paths: vec![
-                ("kubeconfig", paths::KUBE_PROXY_KUBECONFIG.into(), false),
-                ("modules", "/lib/modules".into(), false),
-                ("ssl-certs-hosts", "/usr/share/ca-certificates".into(), false),
-                ("iptableslock", "/run/xtables.lock".into(), true),
-            ],
-            ports: vec![],
-            probe: None,
-            privileged: true,
-            priority_class: "system-node-critical",
-        };
-        let body = manifests::render(&pod).map_err(render_err("kube-proxy manifest"))?;
-        let mut t = FileTask::new(&format!("{manifest_dir}/kube-proxy.manifest"), body, 0o644);
-        t.deps = vec![format!("kubeconfig:{}", paths::KUBE_PROXY_KUBECONFIG)];
-        tasks.push(Box::new(t));
+        tasks.push(Box::new(kube_proxy(inp, proxy, manifest_dir, "https://127.0.0.1", format!("kubeconfig:{}", paths::KUBE_PROXY_KUBECONFIG))?));
     }
     Ok(())
+}
+
+/// kube-proxy's static pod, talking to `master` with the kubeconfig the task `kubeconfig_task` writes.
+fn kube_proxy(inp: &Inputs, proxy: &keelson_api::KubeProxyConfig, manifest_dir: &str, master: &str, kubeconfig_task: String) -> Result<FileTask, ModelError> {
+    let mut p = proxy.clone();
+    default(&mut p.master, master);
+    if !inp.facts.hostname.is_empty() {
+        default(&mut p.hostname_override, inp.facts.hostname.clone());
+    }
+    let mut flags = crate::flags::build(&p, flag_table::KUBE_PROXY_CONFIG);
+    flags.push(format!("--kubeconfig={}", paths::KUBE_PROXY_KUBECONFIG));
+    flags.sort();
+    let pod = manifests::Component {
+        name: "kube-proxy",
+        image: p.image.clone().unwrap_or_default(),
+        binary: "/usr/local/bin/kube-proxy".into(),
+        flags,
+        cpu_request: quantity(p.cpu_request.as_ref()),
+        memory_request: quantity(p.memory_request.as_ref()),
+        host_paths: vec![
+            ("kubeconfig", paths::KUBE_PROXY_KUBECONFIG.into(), false),
+            ("modules", "/lib/modules".into(), false),
+            ("ssl-certs-hosts", "/usr/share/ca-certificates".into(), false),
+            ("iptableslock", "/run/xtables.lock".into(), true),
+        ],
+        ports: vec![],
+        probe: None,
+        privileged: true,
+        priority_class: "system-node-critical",
+    };
+    let body = manifests::render(&pod).map_err(render_err("kube-proxy manifest"))?;
+    let mut t = FileTask::new(&format!("{manifest_dir}/kube-proxy.manifest"), body, 0o644);
+    t.deps = vec![kubeconfig_task];
+    Ok(t)
 }
 
 /// A certificate and key (`<base>.crt`, `<base>.key` 0600) issued on the host from a CA.

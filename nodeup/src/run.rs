@@ -71,12 +71,14 @@ pub fn run(opts: &Options) -> anyhow::Result<Outcome> {
         instance_id: opts.instance_id.clone(),
         zone: opts.zone.clone(),
         region: opts.region.clone(),
+        imds_url: None,
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the I/O runtime")?;
     // Instance facts: flags win; then IMDSv2 on a live AWS host (or when --imds-url is given).
     let imds_url = opts.imds_url.clone().or_else(|| {
         (host.is_live() && boot.cloud_provider == "aws").then(|| base::imds::DEFAULT_BASE_URL.to_string())
     });
+    facts.imds_url = imds_url.clone();
     if let Some(url) = &imds_url {
         let imds = base::imds::Imds::new(Some(url))?;
         runtime

@@ -22,6 +22,8 @@ pub enum TaskError {
     Pki(#[from] PkiError),
     #[error(transparent)]
     Command(#[from] CommandError),
+    #[error(transparent)]
+    Join(#[from] crate::join::JoinError),
     #[error("dependency {0} failed")]
     Dependency(String),
 }

@@ -166,6 +166,7 @@ impl Authority {
 /// The TLS configuration of the server, reissued when its certificate is half used.
 struct Tls {
     names: Vec<String>,
+    ips: Vec<std::net::IpAddr>,
     ca: Keypair,
     current: Mutex<Option<(tokio_rustls::TlsAcceptor, Instant)>>,
 }
@@ -178,7 +179,7 @@ impl Tls {
                 return Ok(a.clone());
             }
         }
-        let spec = CertSpec { cn: "keelson-node-join".into(), orgs: vec![], dns: self.names.clone(), ips: vec![], usage: pki::Usage::Server };
+        let spec = CertSpec { cn: "keelson-node-join".into(), orgs: vec![], dns: self.names.clone(), ips: self.ips.clone(), usage: pki::Usage::Server };
         let leaf = pki::issue_for(CA, &self.ca, &spec, SERVER_CERT_VALIDITY).map_err(|e| e.to_string())?;
         use rustls::pki_types::pem::PemObject as _;
         let certs = vec![rustls::pki_types::CertificateDer::from_pem_slice(leaf.cert_pem.as_bytes()).map_err(|e| format!("server certificate: {e}"))?];
@@ -231,9 +232,11 @@ async fn handle(authority: Arc<Authority>, metrics: crate::metrics::Metrics, req
     }
 }
 
-/// Serve joins on `listener` until the process ends.
+/// Serve joins on `listener` until the process ends. The certificate names
+/// [`server_names`] and, when the listener is bound to one address, that address.
 pub async fn serve(listener: tokio::net::TcpListener, authority: Authority, metrics: crate::metrics::Metrics) {
-    let tls = Arc::new(Tls { names: server_names(&authority.cluster), ca: authority.ca.clone(), current: Mutex::new(None) });
+    let ips = listener.local_addr().map(|a| a.ip()).into_iter().filter(|ip| !ip.is_unspecified()).collect();
+    let tls = Arc::new(Tls { names: server_names(&authority.cluster), ips, ca: authority.ca.clone(), current: Mutex::new(None) });
     let authority = Arc::new(authority);
     loop {
         let (stream, peer) = match listener.accept().await {

@@ -261,3 +261,73 @@ async fn the_https_server_answers_a_join_and_refuses_a_forgery() {
     assert_eq!((s.node_joins_admitted, s.node_joins_refused), (1, 1));
     server.abort();
 }
+
+/// nodeup's join task (the worker's side, as nodeup runs it) against this server: instance-role
+/// credentials from a metadata service, kubeconfigs written 0600, converged afterwards; a host
+/// whose name is not its instance's is refused and writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodeup_joins_through_the_server_with_its_instance_role() {
+    let (_guard, local) = moto::lock();
+    let w = world(&local.url).await;
+    let (id, dns) = w.group_instance("nodes", CLUSTER).await;
+    let creds = w.session(&w.node_role_arn, &id).await;
+    let mut data = testkit::imds::InstanceData { instance_id: id.clone(), region: moto::REGION.into(), zone: "us-east-1a".into(), ..Default::default() };
+    data.set_role_credentials(
+        &format!("nodes.{CLUSTER}"),
+        creds.access_key_id(),
+        creds.secret_access_key(),
+        creds.session_token().expect("token"),
+        "2099-01-01T00:00:00Z",
+    );
+    let imds = testkit::imds::ImdsServer::start_for(data);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let server = tokio::spawn(protokube::node_join::serve(listener, w.authority(), protokube::metrics::Metrics::default()));
+
+    let root = tempfile::tempdir().expect("root");
+    let (ca_pem, id2, sts_url, imds_url) = (w.ca.cert_pem.clone(), id.clone(), format!("{}/", w.url), imds.url.clone());
+    let task = move |node_name: &str| nodeup::join::JoinTask {
+        server: format!("https://127.0.0.1:{port}"),
+        api_server: format!("https://api.internal.{CLUSTER}"),
+        ca_pem: ca_pem.clone(),
+        node_name: node_name.into(),
+        instance_id: id2.clone(),
+        region: moto::REGION.into(),
+        sts_url: sts_url.clone(),
+        imds_url: Some(imds_url.clone()),
+        wait: std::time::Duration::from_secs(3),
+        deps: vec![],
+    };
+    let (root_path, dns2) = (root.path().to_path_buf(), dns.clone());
+    let (first, applied, converged, liar) = tokio::task::spawn_blocking(move || {
+        use nodeup::tasks::Task as _;
+        let host = nodeup::host::Host::new(&root_path);
+        let fetcher = nodeup::assets::Fetcher::new(Default::default(), root_path.join("cache")).expect("fetcher");
+        let ctx = nodeup::tasks::Ctx { host: &host, assets: &fetcher };
+        let good = task(&dns2);
+        let first = good.check(&ctx, false).expect("check");
+        let applied = good.apply(&ctx, false).map_err(|e| e.to_string());
+        let converged = good.check(&ctx, false).expect("check");
+        let liar = task("ip-10-9-9-9.ec2.internal").apply(&ctx, false).map_err(|e| e.to_string());
+        (first, applied, converged, liar)
+    })
+    .await
+    .expect("join task");
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert!(first[0].contains("missing"), "{first:?}");
+    applied.expect("nodeup joins");
+    assert!(converged.is_empty(), "a second run changes nothing: {converged:?}");
+    for (path, cn) in [("var/lib/kubelet/kubeconfig", format!("system:node:{dns}")), ("var/lib/kube-proxy/kubeconfig", "system:kube-proxy".to_string())] {
+        let p = root.path().join(path);
+        let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&p).expect("kubeconfig").permissions()) & 0o777;
+        assert_eq!(mode, 0o600, "{path}");
+        let text = std::fs::read_to_string(&p).expect("read");
+        let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("yaml");
+        let cert_b64 = v["users"][0]["user"]["client-certificate-data"].as_str().expect("cert");
+        let cert = String::from_utf8(base64::Engine::decode(&base64::engine::general_purpose::STANDARD, cert_b64).expect("b64")).expect("pem");
+        assert_eq!(pki::describe_cert(&cert).expect("cert").cn, cn, "{path}");
+    }
+    let liar = liar.expect_err("a host claiming another node name");
+    assert!(liar.contains("claims node name"), "{liar}");
+    server.abort();
+}

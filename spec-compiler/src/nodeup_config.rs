@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use keelson_api::nodeup::{
+    NodeBootstrap, NodeBootstrapMethod,
     ApiServerNodeConfig, ConfigStore, ControlPlaneNodeConfig, NodeApi, NodeupConfig, NodeupNetworking, StaticManifest,
 };
 use keelson_api::{
@@ -44,6 +45,28 @@ pub enum NodeupConfigError {
     Assets { group: String, source: Box<VersionsError> },
     #[error("InstanceGroup/{group}: spec.role: {role:?} is not a role nodeup serves")]
     Role { group: String, role: String },
+    #[error("Cluster: metadata.annotations[{annotation}]: {value:?}: expected \"token\" or \"cloud-identity\"")]
+    NodeBootstrap { annotation: &'static str, value: String },
+}
+
+/// How the cluster's workers join: by cloud identity on AWS (the join server on the control planes),
+/// unless the cluster annotation asks for the static bootstrap token; the token elsewhere.
+pub fn node_bootstrap(cluster: &Cluster) -> Result<NodeBootstrap, NodeupConfigError> {
+    let annotation = keelson_api::nodeup::NODE_BOOTSTRAP_ANNOTATION;
+    let value = cluster.metadata.annotations.as_ref().and_then(|a| a.get(annotation)).map(String::as_str);
+    let aws = cluster.spec.cloud_provider.as_deref() == Some("aws");
+    let method = match value {
+        None if aws => NodeBootstrapMethod::CloudIdentity,
+        None | Some("token") => NodeBootstrapMethod::Token,
+        Some("cloud-identity") if aws => NodeBootstrapMethod::CloudIdentity,
+        Some(v) => {
+            let value = if v == "cloud-identity" { format!("{v} (only on AWS)") } else { v.to_string() };
+            return Err(NodeupConfigError::NodeBootstrap { annotation, value });
+        }
+    };
+    let server = (method == NodeBootstrapMethod::CloudIdentity)
+        .then(|| format!("https://api.internal.{}:{}", cluster.name(), keelson_api::nodeup::NODE_JOIN_PORT));
+    Ok(NodeBootstrap { method, server })
 }
 
 /// Whether nodeup installs the standard CNI plugins (plugins that ship their own do not need them).
@@ -398,6 +421,7 @@ pub fn build(
         etcd_manifests,
         packages,
         uses_none_dns: spec.topology.as_ref().and_then(|t| t.dns.as_ref()).and_then(|d| d.type_.as_deref()) == Some("None"),
+        node_bootstrap: Some(node_bootstrap(cluster)?).filter(|b| b.method == NodeBootstrapMethod::CloudIdentity),
     })
 }
 

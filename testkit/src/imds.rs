@@ -48,6 +48,25 @@ pub struct InstanceData {
 }
 
 impl InstanceData {
+    /// Serve the instance role's credentials as EC2 does (`iam/info`, `iam/security-credentials/`,
+    /// `iam/security-credentials/<role>`): what the AWS SDKs' instance-role provider reads.
+    pub fn set_role_credentials(&mut self, role: &str, access_key_id: &str, secret_access_key: &str, token: &str, expiration: &str) {
+        let doc = serde_json::json!({
+            "Code": "Success",
+            "LastUpdated": "2026-01-01T00:00:00Z",
+            "Type": "AWS-HMAC",
+            "AccessKeyId": access_key_id,
+            "SecretAccessKey": secret_access_key,
+            "Token": token,
+            "Expiration": expiration,
+        });
+        let info = serde_json::json!({"Code": "Success", "LastUpdated": "2026-01-01T00:00:00Z", "InstanceProfileArn": format!("arn:aws:iam::123456789012:instance-profile/{role}"), "InstanceProfileId": "AIPAEXAMPLE"});
+        self.extra.insert("iam/info".into(), info.to_string());
+        self.extra.insert("iam/security-credentials/".into(), role.to_string());
+        self.extra.insert("iam/security-credentials".into(), role.to_string());
+        self.extra.insert(format!("iam/security-credentials/{role}"), doc.to_string());
+    }
+
     pub fn local_hostname(&self) -> String {
         format!(
             "ip-{}.{}.compute.internal",

@@ -59,7 +59,7 @@ ClusterName: ha.k8s.example.com
 ConfigBase: s3://acme-keelson-state/ha.k8s.example.com
 InstanceGroupName: control-plane-eu-west-1a
 InstanceGroupRole: ControlPlane
-NodeupConfigHash: Po2nM2V0L09DTDL2yQgwO84cgYDs26FHxtDJN6gdRx4=
+NodeupConfigHash: ayjoklecdZjsfbmeHhz9xbUKI0zcTSoWcVRFGsmfgQ4=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then

@@ -59,7 +59,7 @@ ClusterName: ha.k8s.example.com
 ConfigBase: s3://acme-keelson-state/ha.k8s.example.com
 InstanceGroupName: control-plane-eu-west-1b
 InstanceGroupRole: ControlPlane
-NodeupConfigHash: J+lGD20+cvI0l6uvQjjfG18TG9qJUtbjt9dC64uaABY=
+NodeupConfigHash: RRWOkrOAymvMLLnYF6zbVPXoretqBmUQxRhce1BfzuI=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then

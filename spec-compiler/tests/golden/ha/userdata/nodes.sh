@@ -59,7 +59,7 @@ ClusterName: ha.k8s.example.com
 ConfigBase: s3://acme-keelson-state/ha.k8s.example.com
 InstanceGroupName: nodes
 InstanceGroupRole: Node
-NodeupConfigHash: DbKigSGCWocuWCy01CmAn202bn8WYzz2I4063yZ39ok=
+NodeupConfigHash: qXG3iUZw6P9tgu+FqoP3LxdNL9C8UxvcOW77M5OZDvQ=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then

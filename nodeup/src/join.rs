@@ -1,0 +1,190 @@
+//! Node join by cloud identity, the worker's side ([`base::node_join`] has the protocol): make a key
+//! and CSR per certificate, sign `sts:GetCallerIdentity` with the instance role's credentials from
+//! IMDS, ask the join server on the control planes, and write the kubelet's and kube-proxy's
+//! kubeconfigs (0600) with the certificates it returns. No shared secret ever reaches the worker.
+//!
+//! Converged while both kubeconfigs hold a certificate for the right name, from the cluster CA, for
+//! the right API server, with more than a third of its life left.
+
+use std::time::{Duration, SystemTime};
+
+use base::node_join::{self, JoinRequest, JoinResponse, CERT_KUBELET, CERT_KUBE_PROXY};
+use base::pki;
+
+use crate::paths;
+use crate::render::kubelet;
+use crate::tasks::{Ctx, Task, TaskError};
+
+/// The task's name (dependencies refer to it).
+pub const TASK_NAME: &str = "node-join";
+
+/// Why a join failed.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    #[error("node join at {server}: {message}")]
+    Server { server: String, message: String },
+    #[error("node join: {0}")]
+    Identity(String),
+    #[error(transparent)]
+    Protocol(#[from] node_join::JoinError),
+}
+
+pub struct JoinTask {
+    /// `https://api.internal.<cluster>:3988`.
+    pub server: String,
+    /// The API server the kubeconfigs point at (`https://api.internal.<cluster>`).
+    pub api_server: String,
+    /// The cluster CA (PEM): the only trust for the join server and the API server.
+    pub ca_pem: String,
+    pub node_name: String,
+    pub instance_id: String,
+    pub region: String,
+    /// The STS endpoint the identity is signed for ([`node_join::sts_endpoint`]).
+    pub sts_url: String,
+    /// IMDS base URL for the instance role's credentials (`None`: the SDK default).
+    pub imds_url: Option<String>,
+    /// How long to keep asking while the control plane is not up yet, or refuses.
+    pub wait: Duration,
+    pub deps: Vec<String>,
+}
+
+impl JoinTask {
+    fn wanted(&self) -> [(&'static str, &'static str, String); 2] {
+        [
+            (CERT_KUBELET, paths::KUBELET_KUBECONFIG, format!("system:node:{}", self.node_name)),
+            (CERT_KUBE_PROXY, paths::KUBE_PROXY_KUBECONFIG, "system:kube-proxy".to_string()),
+        ]
+    }
+
+    /// What is wrong with one kubeconfig, if anything.
+    fn problem(&self, ctx: &Ctx, path: &str, cn: &str) -> Option<String> {
+        let p = ctx.host.path(path);
+        let Ok(text) = std::fs::read_to_string(&p) else { return Some(format!("{path}: missing")) };
+        if base::fs::mode_of(&p) != Some(0o600) {
+            return Some(format!("{path}: mode is not 0600"));
+        }
+        let value: serde_yaml_ng::Value = match serde_yaml_ng::from_str(&text) {
+            Ok(v) => v,
+            Err(e) => return Some(format!("{path}: unreadable: {e}")),
+        };
+        let field = |path: &[&str]| -> Option<String> {
+            let mut v = &value;
+            for k in path {
+                v = match k.parse::<usize>() {
+                    Ok(i) => v.get(i)?,
+                    Err(_) => v.get(*k)?,
+                };
+            }
+            v.as_str().map(str::to_string)
+        };
+        use base64::Engine as _;
+        let decode = |s: Option<String>| s.and_then(|s| base64::engine::general_purpose::STANDARD.decode(s).ok()).and_then(|b| String::from_utf8(b).ok());
+        if field(&["clusters", "0", "cluster", "server"]).as_deref() != Some(self.api_server.as_str()) {
+            return Some(format!("{path}: not for {}", self.api_server));
+        }
+        if decode(field(&["clusters", "0", "cluster", "certificate-authority-data"])).as_deref() != Some(self.ca_pem.as_str()) {
+            return Some(format!("{path}: another cluster CA"));
+        }
+        let Some(cert) = decode(field(&["users", "0", "user", "client-certificate-data"])) else {
+            return Some(format!("{path}: no client certificate"));
+        };
+        match pki::describe_cert(&cert) {
+            Ok(c) if c.cn != cn => Some(format!("{path}: certificate is for {}, not {cn}", c.cn)),
+            Ok(c) if c.issuer_cn != "kubernetes-ca" => Some(format!("{path}: certificate is from {}", c.issuer_cn)),
+            Ok(c) => {
+                let now = SystemTime::now();
+                let life = c.not_after.duration_since(c.not_before).unwrap_or_default();
+                let left = c.not_after.duration_since(now).unwrap_or_default();
+                (left < life / 3).then(|| format!("{path}: certificate expires in {} h", left.as_secs() / 3600))
+            }
+            Err(e) => Some(format!("{path}: {e}")),
+        }
+    }
+
+    /// One join: keys, CSRs, the signed identity, the request.
+    fn join(&self) -> Result<Vec<(&'static str, String, String)>, JoinError> {
+        let wanted = self.wanted();
+        let mut keys = Vec::new();
+        let mut csrs = std::collections::BTreeMap::new();
+        for (name, _, cn) in &wanted {
+            let (key, csr) = pki::csr(cn).map_err(|e| JoinError::Identity(e.to_string()))?;
+            keys.push((*name, key));
+            csrs.insert(name.to_string(), csr);
+        }
+        let body = serde_json::to_vec(&JoinRequest { node_name: self.node_name.clone(), instance_id: self.instance_id.clone(), csrs })
+            .map_err(|e| JoinError::Identity(e.to_string()))?;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| JoinError::Identity(format!("runtime: {e}")))?;
+        let creds = runtime.block_on(base::aws::instance_role_credentials(self.imds_url.as_deref())).map_err(JoinError::Identity)?;
+        let signed = node_join::sign(&creds, &self.region, &self.sts_url, &body, SystemTime::now())?;
+        let server_err = |message: String| JoinError::Server { server: self.server.clone(), message };
+        let client = reqwest::blocking::Client::builder()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(reqwest::Certificate::from_pem(self.ca_pem.as_bytes()).map_err(|e| server_err(format!("cluster CA: {e}")))?)
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|e| server_err(format!("HTTP client: {e}")))?;
+        let url = format!("{}{}", self.server.trim_end_matches('/'), node_join::PATH);
+        let answer = client.post(&url).header("authorization", node_join::authorization(&signed)).body(body).send().map_err(|e| server_err(e.to_string()))?;
+        let status = answer.status();
+        let text = answer.text().map_err(|e| server_err(e.to_string()))?;
+        if !status.is_success() {
+            return Err(server_err(format!("{status}: {}", text.trim())));
+        }
+        let r: JoinResponse = serde_json::from_str(&text).map_err(|e| server_err(format!("not a join response: {e}")))?;
+        if r.node_name != self.node_name {
+            return Err(server_err(format!("issued for node {}, but this host registers as {}", r.node_name, self.node_name)));
+        }
+        let mut out = Vec::new();
+        for (name, key) in keys {
+            let cert = r.certs.get(name).ok_or_else(|| server_err(format!("no {name} certificate in the answer")))?;
+            out.push((name, cert.clone(), key));
+        }
+        Ok(out)
+    }
+}
+
+impl Task for JoinTask {
+    fn name(&self) -> String {
+        TASK_NAME.into()
+    }
+    fn deps(&self) -> Vec<String> {
+        self.deps.clone()
+    }
+    fn paths(&self) -> Vec<String> {
+        vec![paths::KUBELET_KUBECONFIG.into(), paths::KUBE_PROXY_KUBECONFIG.into()]
+    }
+    fn check(&self, ctx: &Ctx, deps_changed: bool) -> Result<Vec<String>, TaskError> {
+        if deps_changed {
+            return Ok(vec![format!("join the cluster at {} (cluster CA changed)", self.server)]);
+        }
+        let problems: Vec<String> = self.wanted().iter().filter_map(|(_, path, cn)| self.problem(ctx, path, cn)).collect();
+        if problems.is_empty() {
+            return Ok(vec![]);
+        }
+        Ok(vec![format!("join the cluster at {} as {} ({})", self.server, self.node_name, problems.join("; "))])
+    }
+    fn apply(&self, ctx: &Ctx, _: bool) -> Result<(), TaskError> {
+        use backon::{BlockingRetryable as _, ExponentialBuilder};
+        let policy = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_secs(2))
+            .with_max_delay(Duration::from_secs(20))
+            .with_total_delay(Some(self.wait))
+            .without_max_times()
+            .with_jitter();
+        let issued = (|| self.join())
+            .retry(policy)
+            .notify(|e, wait| tracing::warn!(error = %e, retry_in = ?wait, "node join failed; retrying"))
+            .call()
+            ?;
+        let wanted = self.wanted();
+        for (name, cert, key) in issued {
+            let Some((_, path, _)) = wanted.iter().find(|(n, _, _)| *n == name) else { continue };
+            let user = kubelet::UserEntry { client_certificate_data: Some(cert), client_key_data: Some(key), token: None };
+            let body = kubelet::kubeconfig(&self.api_server, &self.ca_pem, name, user);
+            base::fs::write_atomic(&ctx.host.path(path), body.as_bytes(), 0o600, None)?;
+        }
+        tracing::info!(node = %self.node_name, server = %self.server, "joined by cloud identity");
+        Ok(())
+    }
+}
