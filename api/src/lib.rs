@@ -4,6 +4,7 @@
 //! This crate does no I/O: it turns bytes into typed documents and typed documents into bytes.
 
 pub mod addons;
+pub mod aws_endpoints;
 pub mod documents;
 pub mod generated;
 pub mod merge;

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use base::pki::{self, CertSpec};
 use base::StateStore;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::discovery::ApiCapabilities;
 
@@ -193,9 +193,35 @@ pub async fn sync(client: &kube::Client, store: &StateStore) -> Result<SyncRepor
     Ok(report)
 }
 
+/// The role label of control-plane nodes. The kubelet may not set `node-role.kubernetes.io/*` on its
+/// own Node (NodeRestriction; nodeup leaves it out of `--node-labels`), so protokube, which runs only
+/// on control planes, sets it on its own node, as kOps' kops-controller does; workloads that must
+/// run on control planes (the AWS cloud-controller-manager) select on it.
+pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
+
+/// Put [`CONTROL_PLANE_LABEL`] on the Node `name` if it lacks it. `Ok(true)` when it was added,
+/// `Ok(false)` when already there or the Node is not registered yet.
+pub async fn label_control_plane(client: &kube::Client, name: &str) -> Result<bool, AddonError> {
+    let nodes: kube::Api<Node> = kube::Api::all(client.clone());
+    let Some(node) = nodes.get_opt(name).await.map_err(kube_err(format!("get Node {name}")))? else {
+        return Ok(false);
+    };
+    if node.metadata.labels.as_ref().is_some_and(|l| l.contains_key(CONTROL_PLANE_LABEL)) {
+        return Ok(false);
+    }
+    let patch = serde_json::json!({"metadata": {"labels": {CONTROL_PLANE_LABEL: ""}}});
+    nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(kube_err(format!("label Node {name} {CONTROL_PLANE_LABEL}")))?;
+    Ok(true)
+}
+
 /// Run the controller until the process ends: a pass every `interval` (the first as soon as the
 /// API answers); failures are logged and retried.
-pub async fn run(store: StateStore, server: String, interval: Duration, metrics: crate::metrics::Metrics) {
+/// `node` is this control plane's Node name (the kubelet's, IMDS `local-hostname`), labelled with
+/// [`CONTROL_PLANE_LABEL`] on every pass until it carries it.
+pub async fn run(store: StateStore, server: String, interval: Duration, metrics: crate::metrics::Metrics, node: Option<String>) {
     // The client's certificate lives 24 h: issue a new one well before, and after any failed pass.
     const RENEW_AFTER: Duration = Duration::from_secs(12 * 3600);
     let mut client: Option<(kube::Client, std::time::Instant)> = None;
@@ -204,6 +230,13 @@ pub async fn run(store: StateStore, server: String, interval: Duration, metrics:
             match self::client(&store, &server).await {
                 Ok(c) => client = Some((c, std::time::Instant::now())),
                 Err(e) => tracing::warn!(error = %e, "addons: no API client yet"),
+            }
+        }
+        if let (Some((c, _)), Some(node)) = (&client, &node) {
+            match label_control_plane(c, node).await {
+                Ok(true) => tracing::info!(node = %node, label = CONTROL_PLANE_LABEL, "labelled this control-plane node"),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, "labelling this control-plane node failed"),
             }
         }
         if let Some((c, _)) = &client {

@@ -35,6 +35,9 @@ struct Args {
     region: Option<String>,
     #[arg(long)]
     internal_ip: Option<String>,
+    /// This control plane's Node name (default: IMDS `local-hostname`, the kubelet's name).
+    #[arg(long)]
+    node_name: Option<String>,
     /// IMDS base URL (default http://169.254.169.254 or AWS_EC2_METADATA_SERVICE_ENDPOINT).
     #[arg(long)]
     imds_url: Option<String>,
@@ -155,7 +158,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if !args.once && !args.no_addons {
         let port = cluster.spec.kube_api_server.as_ref().and_then(|a| a.secure_port).unwrap_or(443);
         let server = format!("https://127.0.0.1:{port}");
-        tokio::spawn(protokube::addons::run(spec_store.clone(), server, secs(args.addons_interval), metrics.clone()));
+        let node = match args.node_name.clone() {
+            Some(n) => Some(n),
+            None => match base::imds::InstanceMetadata::get(&imds, "local-hostname").await {
+                Ok(n) => n.filter(|n| !n.is_empty()),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no local-hostname from IMDS: this node will not be labelled as a control plane");
+                    None
+                }
+            },
+        };
+        tokio::spawn(protokube::addons::run(spec_store.clone(), server, secs(args.addons_interval), metrics.clone(), node));
     }
 
     // The node join server: needs the cluster CA's key (control planes only) and AWS.

@@ -5,11 +5,14 @@
 //!
 //! Rendered today: the RBAC a joining node needs (`bootstrap-rbac.keelson.io`): TLS bootstrapping
 //! for the `system:bootstrappers` group, automatic approval of node client certificates and their
-//! rotation, and the API server's kubelet client (`kubelet-api`); and the spec file's additional
+//! rotation, and the API server's kubelet client (`kubelet-api`); on AWS the cloud-controller-manager
+//! ([`aws_ccm`], `aws-cloud-controller.addons.k8s.io`); and the spec file's additional
 //! objects (`additional-objects.keelson.io`), except component configurations, which are merged
 //! into their component's configuration file instead.
 
 use serde_json::json;
+
+mod aws_ccm;
 
 use keelson_api::Cluster;
 
@@ -62,8 +65,12 @@ pub struct Addon {
 }
 
 /// The addons the completed spec asks for, in apply order (the additional objects come last).
-pub fn addons(_cluster: &Cluster, _versions: &Versions) -> Vec<Addon> {
-    vec![Addon { name: "bootstrap-rbac.keelson.io", version: "1.0.0", docs: bootstrap_rbac() }]
+pub fn addons(cluster: &Cluster, _versions: &Versions) -> Vec<Addon> {
+    let mut addons = vec![Addon { name: "bootstrap-rbac.keelson.io", version: "1.0.0", docs: bootstrap_rbac() }];
+    if let Some(docs) = aws_ccm::docs(cluster) {
+        addons.push(Addon { name: aws_ccm::NAME, version: "1.0.0", docs });
+    }
+    addons
 }
 
 /// Render the addons and their index into `tree` under `state/addons/`.

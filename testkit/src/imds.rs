@@ -42,9 +42,56 @@ pub struct InstanceData {
     pub user_data: Option<String>,
     #[serde(default)]
     pub tags: Vec<(String, String)>,
+    /// The instance role's credentials, as EC2 serves them under `iam/` when the instance has an
+    /// instance profile; `None` → no `iam/` (404), as for an instance without one.
+    #[serde(default)]
+    pub iam: Option<RoleCredentials>,
     /// Any other `/latest/meta-data/<path>` → value (wins over the fields above).
     #[serde(default)]
     pub extra: BTreeMap<String, String>,
+}
+
+/// Temporary credentials of an instance's role (from `sts:AssumeRole`, as EC2 gets them) and the
+/// instance profile they come through: what `iam/info` and `iam/security-credentials/<role>` serve.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RoleCredentials {
+    pub instance_profile_arn: String,
+    pub instance_profile_id: String,
+    pub role_name: String,
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    pub token: String,
+    /// RFC 3339 UTC, e.g. `2026-01-01T06:00:00Z`.
+    pub expiration: String,
+    /// RFC 3339 UTC: when the credentials were obtained.
+    pub last_updated: String,
+}
+
+impl RoleCredentials {
+    /// `iam/info`, EC2's JSON.
+    pub fn info_json(&self) -> String {
+        serde_json::to_string_pretty(&serde_json::json!({
+            "Code": "Success",
+            "LastUpdated": self.last_updated,
+            "InstanceProfileArn": self.instance_profile_arn,
+            "InstanceProfileId": self.instance_profile_id,
+        }))
+        .unwrap_or_default()
+    }
+
+    /// `iam/security-credentials/<role>`, EC2's JSON.
+    pub fn credentials_json(&self) -> String {
+        serde_json::to_string_pretty(&serde_json::json!({
+            "Code": "Success",
+            "LastUpdated": self.last_updated,
+            "Type": "AWS-HMAC",
+            "AccessKeyId": self.access_key_id,
+            "SecretAccessKey": self.secret_access_key,
+            "Token": self.token,
+            "Expiration": self.expiration,
+        }))
+        .unwrap_or_default()
+    }
 }
 
 impl InstanceData {
@@ -98,7 +145,14 @@ impl InstanceData {
         let mac = &self.mac;
         let v = match path {
             "" if !self.extra.is_empty() => return None,
+            "" if self.iam.is_some() => "ami-id\nhostname\niam/\ninstance-id\ninstance-type\nlocal-hostname\nlocal-ipv4\nmac\nnetwork/\nplacement/\npublic-ipv4\nsecurity-groups\ntags/".to_string(),
             "" => "ami-id\nhostname\ninstance-id\ninstance-type\nlocal-hostname\nlocal-ipv4\nmac\nnetwork/\nplacement/\npublic-ipv4\nsecurity-groups\ntags/".to_string(),
+            "iam/" => {
+                self.iam.as_ref()?;
+                "info\nsecurity-credentials/".to_string()
+            }
+            "iam/info" => self.iam.as_ref()?.info_json(),
+            "iam/security-credentials/" => self.iam.as_ref()?.role_name.clone(),
             "ami-id" => self.image_id.clone(),
             "instance-id" => self.instance_id.clone(),
             "instance-type" => self.instance_type.clone(),
@@ -121,6 +175,9 @@ impl InstanceData {
                 .collect::<Vec<_>>()
                 .join("\n"),
             p => {
+                if let Some(role) = p.strip_prefix("iam/security-credentials/") {
+                    return self.iam.as_ref().filter(|c| c.role_name == role).map(RoleCredentials::credentials_json);
+                }
                 if let Some(k) = p.strip_prefix("tags/instance/") {
                     return self.tags.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
                 }
@@ -379,6 +436,39 @@ mod tests {
         );
         imds.revoke_all();
         assert_eq!(get("/latest/meta-data/instance-id", &token).status, 401);
+    }
+
+    #[test]
+    fn instance_role_credentials_as_ec2_serves_them() {
+        let get_all = |d: InstanceData, paths: &[&str]| -> Vec<(u16, String)> {
+            let imds = Imds::new(d);
+            let token = body(&imds.handle(&req("PUT", TOKEN_PATH, &[(TTL_HEADER, "60")])));
+            paths.iter().map(|p| imds.handle(&req("GET", p, &[(TOKEN_HEADER, &token)]))).map(|r| (r.status, body(&r))).collect()
+        };
+        let paths = ["/latest/meta-data/iam/security-credentials/", "/latest/meta-data/iam/info", "/latest/meta-data/iam/security-credentials/nodes.c", "/latest/meta-data/iam/security-credentials/other", "/latest/meta-data/"];
+        let none = get_all(data(), &paths);
+        assert!(none[..4].iter().all(|(s, _)| *s == 404), "{none:?}");
+        assert!(!none[4].1.contains("iam/"));
+        let creds = RoleCredentials {
+            instance_profile_arn: "arn:aws:iam::123456789012:instance-profile/nodes.c".into(),
+            instance_profile_id: "AIPA1".into(),
+            role_name: "nodes.c".into(),
+            access_key_id: "ASIA1".into(),
+            secret_access_key: "secret".into(),
+            token: "tok".into(),
+            expiration: "2026-01-01T06:00:00Z".into(),
+            last_updated: "2026-01-01T00:00:00Z".into(),
+        };
+        let got = get_all(InstanceData { iam: Some(creds), ..data() }, &paths);
+        assert_eq!(got[0], (200, "nodes.c".to_string()));
+        let info: serde_json::Value = serde_json::from_str(&got[1].1).expect("info json");
+        assert_eq!(info["InstanceProfileArn"], "arn:aws:iam::123456789012:instance-profile/nodes.c");
+        let c: serde_json::Value = serde_json::from_str(&got[2].1).expect("credentials json");
+        for (k, v) in [("Code", "Success"), ("Type", "AWS-HMAC"), ("AccessKeyId", "ASIA1"), ("SecretAccessKey", "secret"), ("Token", "tok"), ("Expiration", "2026-01-01T06:00:00Z"), ("LastUpdated", "2026-01-01T00:00:00Z")] {
+            assert_eq!(c[k], v, "{k}");
+        }
+        assert_eq!(got[3].0, 404);
+        assert!(got[4].1.contains("iam/"));
     }
 
     #[test]

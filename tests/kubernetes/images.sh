@@ -360,6 +360,75 @@ cmd_push() {
   done
 }
 
+# --- BEGIN aws-cloud-controller-manager image (keelson ccm branch; self-contained block) -----------------
+#   tests/kubernetes/images.sh build-ccm CCM_VERSION        # e.g. build-ccm 1.34.4
+#       Prints an OCI layout holding provider-aws-cloud-controller-manager:vCCM_VERSION: the static binary
+#       from tests/kubernetes/build-ccm.sh at /usr/local/bin/aws-cloud-controller-manager on the same
+#       static base as kube-controller-manager (/etc/passwd+group, /tmp, CA bundle), entrypoint the
+#       binary, user 0. Cached as $KEELSON_LOCAL_CACHE/images/ccm-KEY (KEY: version, binary sha256, this
+#       block); push it with `images.sh push LAYOUT REGISTRY` like the main layout.
+CCM_BINARY=aws-cloud-controller-manager
+
+cmd_build_ccm() {
+  [ $# -eq 1 ] || usage
+  local version=${1#v} bin key out tmp stage layers start
+  [[ $version =~ ^1\.[0-9]+\.[0-9]+$ ]] || die "'$1' is not a cloud-provider-aws version (1.MINOR.PATCH)"
+  bin=$("$here/build-ccm.sh" "$version" | tail -n1) || die "building the AWS CCM v$version (tests/kubernetes/build-ccm.sh) failed"
+  [ -x "$bin/$CCM_BINARY" ] || die "tests/kubernetes/build-ccm.sh printed '$bin', which has no $CCM_BINARY"
+  key=$({ echo "ccm $version"; sha256sum <"$bin/$CCM_BINARY"; sed -n '/^# --- BEGIN aws-cloud-controller-manager/,/^# --- END aws-cloud-controller-manager/p' "$self"; } |
+    sha256sum | cut -c1-16)
+  out="$root/ccm-$key"
+  if [ -f "$out/.complete" ]; then echo "$out/oci"; return; fi
+  WHY="build the CCM image" need go umoci jq tar flock find
+  umask 022
+  mkdir -p "$root"
+  exec 8>"$root/.ccm-$key.lock"
+  flock 8
+  if [ -f "$out/.complete" ]; then echo "$out/oci"; return; fi
+  rm -rf "$root/.tmp-ccm-$key".*
+  tmp=$(mktemp -d "$root/.tmp-ccm-$key.XXXXXX")
+  # shellcheck disable=SC2064 # expand now: tmp is local
+  trap "rm -rf -- '$tmp'" EXIT
+  chmod 755 "$tmp"
+  start=$(date +%s)
+  arch=$(go env GOARCH)
+  layout="$tmp/oci"
+  layers="$tmp/work/layers"
+  stage="$tmp/work/stage"
+  mkdir -p "$layers" "$stage/static-base/etc/ssl/certs" "$stage/static-base/tmp" "$stage/static-base/root" \
+    "$stage/ccm/usr/local/bin"
+  chmod 1777 "$stage/static-base/tmp"
+  chmod 700 "$stage/static-base/root"
+  printf '%s\n' 'root:x:0:0:root:/root:/sbin/nologin' 'nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin' \
+    >"$stage/static-base/etc/passwd"
+  printf '%s\n' 'root:x:0:' 'nobody:x:65534:' >"$stage/static-base/etc/group"
+  printf '%s\n' 'passwd: files' 'group: files' 'hosts: files dns' >"$stage/static-base/etc/nsswitch.conf"
+  if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+    install -m 644 /etc/ssl/certs/ca-certificates.crt "$stage/static-base/etc/ssl/certs/ca-certificates.crt"
+  fi
+  owned_layer_tar "$stage/static-base" "$layers/static-base.tar"
+  install -m 755 "$bin/$CCM_BINARY" "$stage/ccm/usr/local/bin/$CCM_BINARY"
+  owned_layer_tar "$stage/ccm" "$layers/ccm.tar"
+  umoci init --layout "$layout"
+  image "provider-aws-cloud-controller-manager:v$version" "/usr/local/bin/$CCM_BINARY" "" static-base ccm
+  umoci gc --layout "$layout"
+  rm -rf "$tmp/work"
+  echo "built in $(($(date +%s) - start)) s; layout $(du -sh "$layout" | cut -f1)" >"$tmp/build-info"
+  touch "$tmp/.complete"
+  rm -rf "$out"
+  mv "$tmp" "$out"
+  trap - EXIT
+  log "CCM image: $(cat "$out/build-info")"
+  echo "$out/oci"
+}
+
+if [ "${1:-}" = build-ccm ]; then
+  shift
+  cmd_build_ccm "$@"
+  exit 0
+fi
+# --- END aws-cloud-controller-manager image ----------------------------------------------------------------
+
 case ${1:-} in
   build) shift; cmd_build "$@" ;;
   push) shift; cmd_push "$@" ;;

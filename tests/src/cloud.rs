@@ -29,6 +29,18 @@ pub struct Instance {
     pub mac: String,
     pub security_groups: Vec<String>,
     pub tags: Vec<(String, String)>,
+    /// ARN of the instance profile the instance was launched with.
+    #[serde(default)]
+    pub instance_profile_arn: Option<String>,
+}
+
+/// A route of a VPC route table whose target is an instance (what the cloud-controller-manager's
+/// route controller writes: a node's pod CIDR via that node's instance).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct InstanceRoute {
+    pub route_table_id: String,
+    pub destination: String,
+    pub instance_id: String,
 }
 
 impl Instance {
@@ -98,6 +110,8 @@ pub struct Cloud {
     ec2: aws_sdk_ec2::Client,
     asg: aws_sdk_autoscaling::Client,
     r53: aws_sdk_route53::Client,
+    iam: aws_sdk_iam::Client,
+    sts: aws_sdk_sts::Client,
 }
 
 fn tags_of(t: Option<&[aws_sdk_ec2::types::Tag]>) -> Vec<(String, String)> {
@@ -139,6 +153,8 @@ impl Cloud {
             ec2: aws_sdk_ec2::Client::new(&conf),
             asg: aws_sdk_autoscaling::Client::new(&conf),
             r53: aws_sdk_route53::Client::new(&conf),
+            iam: aws_sdk_iam::Client::new(&conf),
+            sts: aws_sdk_sts::Client::new(&conf),
             rt,
         }
     }
@@ -192,11 +208,91 @@ impl Cloud {
                         .filter_map(|g| g.group_name().map(str::to_string))
                         .collect(),
                     tags: tags_of(Some(i.tags())),
+                    instance_profile_arn: i.iam_instance_profile().and_then(|p| p.arn()).map(str::to_string),
                 });
             }
         }
         v.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(v)
+    }
+
+    /// The instance role's temporary credentials, obtained as EC2 obtains them for IMDS: the
+    /// instance profile's role assumed with `sts:AssumeRole`, RoleSessionName = the instance id, so
+    /// `sts:GetCallerIdentity` with them answers
+    /// `arn:aws:sts::<account>:assumed-role/<role>/<instance-id>` (what node join by cloud identity
+    /// checks). `None` for an instance without an instance profile.
+    pub fn instance_role_credentials(&self, instance: &Instance) -> Result<Option<crate::imds::RoleCredentials>, CloudError> {
+        let Some(profile_arn) = &instance.instance_profile_arn else { return Ok(None) };
+        let profile_name = profile_arn.rsplit('/').next().unwrap_or(profile_arn);
+        let out = self
+            .rt
+            .block_on(self.iam.get_instance_profile().instance_profile_name(profile_name).send())
+            .map_err(|e| self.err("GetInstanceProfile", e))?;
+        let profile = out.instance_profile().ok_or_else(|| self.err("GetInstanceProfile", format!("{profile_name}: no instance profile in the answer")))?;
+        let role = profile.roles().first().ok_or_else(|| self.err("GetInstanceProfile", format!("{profile_name}: the instance profile has no role")))?;
+        // EC2 hands out credentials that last about 6 h and renews them well before they expire.
+        let assumed = self
+            .rt
+            .block_on(self.sts.assume_role().role_arn(role.arn()).role_session_name(&instance.id).duration_seconds(21_600).send())
+            .map_err(|e| self.err("AssumeRole", e))?;
+        let c = assumed.credentials().ok_or_else(|| self.err("AssumeRole", format!("{}: no credentials in the answer", role.arn())))?;
+        let rfc3339 = |t: &aws_sdk_sts::primitives::DateTime| t.fmt(aws_sdk_sts::primitives::DateTimeFormat::DateTime).unwrap_or_default();
+        let now = aws_sdk_sts::primitives::DateTime::from(std::time::SystemTime::now());
+        let now = aws_sdk_sts::primitives::DateTime::from_secs(now.secs());
+        Ok(Some(crate::imds::RoleCredentials {
+            instance_profile_arn: profile.arn().to_string(),
+            instance_profile_id: profile.instance_profile_id().to_string(),
+            role_name: role.role_name().to_string(),
+            access_key_id: c.access_key_id().to_string(),
+            secret_access_key: c.secret_access_key().to_string(),
+            token: c.session_token().to_string(),
+            expiration: rfc3339(c.expiration()),
+            last_updated: rfc3339(&now),
+        }))
+    }
+
+    /// Every instance route (`destination → instance`) of the route tables of `vpc_id` tagged as
+    /// the cluster's (`kubernetes.io/cluster/<cluster>`), sorted.
+    pub fn instance_routes(&self, vpc_id: &str, cluster: &str) -> Result<Vec<InstanceRoute>, CloudError> {
+        let filter = aws_sdk_ec2::types::Filter::builder().name("vpc-id").values(vpc_id).build();
+        let out = self
+            .rt
+            .block_on(self.ec2.describe_route_tables().filters(filter).send())
+            .map_err(|e| self.err("DescribeRouteTables", e))?;
+        let tag = format!("kubernetes.io/cluster/{cluster}");
+        let mut routes = Vec::new();
+        for t in out.route_tables() {
+            if !t.tags().iter().any(|x| x.key() == Some(tag.as_str())) {
+                continue;
+            }
+            for r in t.routes() {
+                if let (Some(dest), Some(instance)) = (r.destination_cidr_block(), r.instance_id()) {
+                    routes.push(InstanceRoute {
+                        route_table_id: t.route_table_id().unwrap_or_default().to_string(),
+                        destination: dest.to_string(),
+                        instance_id: instance.to_string(),
+                    });
+                }
+            }
+        }
+        routes.sort();
+        Ok(routes)
+    }
+
+    /// Whether EC2 checks source/destination on the instance's traffic (`true` unless turned off,
+    /// as a router instance needs).
+    pub fn source_dest_check(&self, instance_id: &str) -> Result<bool, CloudError> {
+        let out = self
+            .rt
+            .block_on(
+                self.ec2
+                    .describe_instance_attribute()
+                    .instance_id(instance_id)
+                    .attribute(aws_sdk_ec2::types::InstanceAttributeName::SourceDestCheck)
+                    .send(),
+            )
+            .map_err(|e| self.err("DescribeInstanceAttribute", e))?;
+        Ok(out.source_dest_check().and_then(|v| v.value()).unwrap_or(true))
     }
 
     pub fn user_data(&self, instance_id: &str) -> Result<Option<String>, CloudError> {

@@ -165,6 +165,8 @@ struct Daemon {
     backings: HashMap<String, volumes::Backing>,
     exposed: BTreeMap<String, (String, u32)>,
     hosts_written: HashMap<String, String>,
+    /// When the VPC route table was last mirrored into the host's routes ([`Daemon::sync_routes`]).
+    routes_synced: Option<Instant>,
     /// Where the API load balancer sends connections: every control plane's `ip:443`.
     api_targets: Arc<Mutex<Vec<String>>>,
     cs: ClusterState,
@@ -237,6 +239,7 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
     let seg = Segment::from_cidr(&spec.network_cidr).ok_or_else(|| anyhow!("spec.networkCIDR {:?} is not an IPv4 CIDR /8../30", spec.network_cidr))?;
     cs.gateway = seg.gateway.to_string();
     net::ensure_bridge(&cs.bridge, &seg)?;
+    net::ensure_vpc_router(&cs.bridge)?;
     // Relay (moto for the machines) and mirror, on the bridge address.
     let relay = std::net::TcpListener::bind((seg.gateway, 0))?;
     let mirror_l = std::net::TcpListener::bind((seg.gateway, 0))?;
@@ -295,7 +298,14 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
     }
     let registry_addr = format!("{gw}:{}", kubernetes::REGISTRY_PORT);
     let local_spec = state.root.join("spec.yaml");
-    fs::write(&local_spec, spec.local_text(&mirror_url, &registry_addr, &image))?;
+    let local_cloud = crate::spec::LocalCloud {
+        file_repository: mirror_url.clone(),
+        registry: registry_addr.clone(),
+        image: image.clone(),
+        ccm_image: format!("{registry_addr}/provider-aws-cloud-controller-manager:v{}", kubernetes::AWS_CCM_VERSION),
+        aws_endpoint: format!("http://{gw}:{}", cs.relay_port),
+    };
+    fs::write(&local_spec, spec.local_text(&local_cloud))?;
     let kops_base = format!("http://{gw}:{}/kops", cs.mirror_port);
     let nodeup_url = format!("http://{gw}:{}/keelson/nodeup", cs.mirror_port);
     let protokube_urls = ["amd64", "arm64"].map(|a| format!("{kops_base}/linux/{a}/protokube"));
@@ -332,12 +342,14 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
     cs.phase = "building the images".into();
     cs.save(state);
     let layout = kubernetes::images(&versions.kubernetes, &versions.etcd, &versions.pause)?;
+    let ccm_layout = kubernetes::ccm_image(kubernetes::AWS_CCM_VERSION)?;
     cs.phase = format!("pushing the images to the registry at {registry_addr}");
     cs.save(state);
     let registry = kubernetes::Registry::start(&gw.to_string(), kubernetes::REGISTRY_PORT, &cache.join("registry"), &state.root.join("registry.log"))?;
     cs.registry = registry_addr.clone();
     cs.registry_pid = registry.pid() as i64;
     kubernetes::push(&layout, &registry_addr)?;
+    kubernetes::push(&ccm_layout, &registry_addr)?;
 
     cs.phase = "building the asset mirror".into();
     cs.save(state);
@@ -438,6 +450,7 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
         backings: HashMap::new(),
         exposed: BTreeMap::new(),
         hosts_written: HashMap::new(),
+        routes_synced: None,
         api_targets,
         cs: cs.clone(),
     };
@@ -505,6 +518,7 @@ impl Daemon {
                 security_groups: inst.security_groups.clone(),
                 user_data,
                 tags: inst.tags.clone(),
+                iam: self.cloud.instance_role_credentials(inst)?,
                 extra: Default::default(),
             };
             self.starting.lock().map_err(|_| anyhow!("lock"))?.insert(id.clone());
@@ -543,6 +557,7 @@ impl Daemon {
         }
         self.sync_volumes()?;
         self.sync_dns();
+        self.sync_routes(&instances);
         self.publish(&instances);
         Ok(())
     }
@@ -626,6 +641,60 @@ impl Daemon {
         }
     }
 
+    /// Play the VPC's routing: every instance route of the cluster's route tables in moto (the
+    /// cloud-controller-manager's route controller writes one per node pod CIDR) becomes a host
+    /// route on the bridge via that instance's private address, as long as the instance runs and
+    /// its source/destination check is off (EC2 drops traffic for other addresses otherwise); host
+    /// routes whose VPC route went away are removed. Every 3 s (it asks moto per routed instance).
+    fn sync_routes(&mut self, instances: &[crate::cloud::Instance]) {
+        if self.routes_synced.is_some_and(|t| t.elapsed() < Duration::from_secs(3)) {
+            return;
+        }
+        self.routes_synced = Some(Instant::now());
+        let Some(vpc) = instances.iter().map(|i| i.vpc_id.as_str()).find(|v| !v.is_empty()) else { return };
+        let routes = match self.cloud.instance_routes(vpc, &self.spec.name) {
+            Ok(r) => r,
+            Err(e) => {
+                event(&self.events, format!("routes: {e}"));
+                return;
+            }
+        };
+        let mut want: BTreeMap<String, String> = BTreeMap::new();
+        for r in &routes {
+            let Some(inst) = instances.iter().find(|i| i.id == r.instance_id && i.state == "running") else { continue };
+            let Some(ip) = &inst.private_ip else { continue };
+            match self.cloud.source_dest_check(&inst.id) {
+                Ok(false) => {}
+                Ok(true) => continue,
+                Err(e) => {
+                    event(&self.events, format!("routes: {e}"));
+                    return;
+                }
+            }
+            // Several route tables (one per zone) carry the same route; one host route serves all.
+            want.insert(r.destination.clone(), ip.clone());
+        }
+        let have = match net::bridge_routes(&self.bridge) {
+            Ok(h) => h,
+            Err(e) => {
+                event(&self.events, format!("routes: {e}"));
+                return;
+            }
+        };
+        for (dest, via) in &want {
+            if have.get(dest) != Some(via) {
+                match net::set_bridge_route(&self.bridge, dest, via) {
+                    Ok(()) => event(&self.events, format!("route {dest} via {via} (VPC route table)")),
+                    Err(e) => event(&self.events, format!("routes: {e}")),
+                }
+            }
+        }
+        for dest in have.keys().filter(|d| !want.contains_key(*d)) {
+            net::delete_bridge_route(&self.bridge, dest);
+            event(&self.events, format!("route {dest} removed (gone from the VPC route table)"));
+        }
+    }
+
     fn publish(&mut self, instances: &[crate::cloud::Instance]) {
         let machines: Vec<MachineInfo> = match self.machines.lock() {
             Ok(m) => m.values().map(|m| m.info.clone()).collect(),
@@ -662,6 +731,7 @@ impl Daemon {
         for b in self.backings.values() {
             volumes::destroy_backing(&b.file);
         }
+        net::delete_vpc_router(&self.bridge);
         net::delete_bridge(&self.bridge);
         self.cs.phase = "stopped".into();
         self.cs.machines.clear();

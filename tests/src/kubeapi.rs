@@ -83,6 +83,13 @@ pub fn readyz(kubeconfig: &Path, target: &Target) -> Result<String, KubeApiError
 pub struct NodeState {
     pub ready: bool,
     pub internal_ip: Option<String>,
+    /// `spec.providerID` (set by the cloud-controller-manager: `aws:///<zone>/<instance-id>`).
+    pub provider_id: Option<String>,
+    /// `spec.podCIDR`.
+    pub pod_cidr: Option<String>,
+    /// `key:effect` of every taint.
+    pub taints: Vec<String>,
+    pub labels: BTreeMap<String, String>,
 }
 
 /// Node name → state.
@@ -97,7 +104,17 @@ pub fn nodes(kubeconfig: &Path) -> Result<BTreeMap<String, NodeState>, KubeApiEr
                 let status = n.status.unwrap_or_default();
                 let ready = status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True");
                 let internal_ip = status.addresses.unwrap_or_default().into_iter().find(|a| a.type_ == "InternalIP").map(|a| a.address);
-                (n.metadata.name.unwrap_or_default(), NodeState { ready, internal_ip })
+                let spec = n.spec.unwrap_or_default();
+                let taints = spec.taints.unwrap_or_default().into_iter().map(|t| format!("{}:{}", t.key, t.effect)).collect();
+                let state = NodeState {
+                    ready,
+                    internal_ip,
+                    provider_id: spec.provider_id,
+                    pod_cidr: spec.pod_cidr,
+                    taints,
+                    labels: n.metadata.labels.unwrap_or_default(),
+                };
+                (n.metadata.name.unwrap_or_default(), state)
             })
             .collect())
     })

@@ -98,6 +98,17 @@ pub fn images(kubernetes: &str, etcd: &str, pause: &str) -> Result<PathBuf, Buil
     run_script("images.sh", &["build", kubernetes, etcd, pause])
 }
 
+/// The AWS cloud-controller-manager the local cloud runs: cloud-provider-aws releases follow
+/// Kubernetes minors, and this one is built for (and tested against) Kubernetes 1.34 — the versions
+/// table's default image (v1.36.1, kOps' choice for every minor) is newer than the 1.34 API server the
+/// version-skew policy allows it to talk to. The harness sets it as `spec.cloudControllerManager.image`.
+pub const AWS_CCM_VERSION: &str = "1.34.4";
+
+/// The OCI layout holding `provider-aws-cloud-controller-manager:v<version>` (built once).
+pub fn ccm_image(version: &str) -> Result<PathBuf, BuildError> {
+    run_script("images.sh", &["build-ccm", version])
+}
+
 /// Copy every image of `layout` to `registry` (`host:port`); blobs already there are skipped.
 pub fn push(layout: &Path, registry: &str) -> Result<(), BuildError> {
     let script = scripts_dir().join("images.sh");

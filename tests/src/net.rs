@@ -59,6 +59,61 @@ pub fn ensure_bridge(name: &str, seg: &Segment) -> Result<(), CmdError> {
     Ok(())
 }
 
+/// Play the VPC router on the bridge: IPv4 forwarding for packets that arrive on the bridge only
+/// (the per-interface switch, not the host-wide one), and only back onto the bridge (FORWARD rules
+/// in our own chain: bridge → bridge accepted, bridge → anything else dropped).
+pub fn ensure_vpc_router(bridge: &str) -> Result<(), CmdError> {
+    let sysctl = format!("/proc/sys/net/ipv4/conf/{bridge}/forwarding");
+    std::fs::write(&sysctl, "1").map_err(|e| CmdError::Failed { command: format!("write 1 to {sysctl}"), status: "io".into(), stderr: e.to_string() })?;
+    let chain = vpc_chain(bridge);
+    if cmd::sh(&["iptables", "-w", "-n", "-L", &chain]).is_err() {
+        cmd::sh(&["iptables", "-w", "-N", &chain])?;
+    }
+    cmd::sh(&["iptables", "-w", "-F", &chain])?;
+    cmd::sh(&["iptables", "-w", "-A", &chain, "-i", bridge, "-o", bridge, "-j", "ACCEPT"])?;
+    cmd::sh(&["iptables", "-w", "-A", &chain, "-i", bridge, "-j", "DROP"])?;
+    if cmd::sh(&["iptables", "-w", "-C", "FORWARD", "-i", bridge, "-j", &chain]).is_err() {
+        cmd::sh(&["iptables", "-w", "-I", "FORWARD", "1", "-i", bridge, "-j", &chain])?;
+    }
+    Ok(())
+}
+
+fn vpc_chain(bridge: &str) -> String {
+    format!("KEELSON-VPC-{bridge}").chars().take(28).collect()
+}
+
+/// Undo [`ensure_vpc_router`] (the sysctl goes with the bridge).
+pub fn delete_vpc_router(bridge: &str) {
+    let chain = vpc_chain(bridge);
+    cmd::sh_quiet(&["iptables", "-w", "-D", "FORWARD", "-i", bridge, "-j", &chain]);
+    cmd::sh_quiet(&["iptables", "-w", "-F", &chain]);
+    cmd::sh_quiet(&["iptables", "-w", "-X", &chain]);
+}
+
+/// The host's routes through the bridge (`destination → gateway`): the VPC route table's instance
+/// routes as the harness mirrored them.
+pub fn bridge_routes(bridge: &str) -> Result<std::collections::BTreeMap<String, String>, CmdError> {
+    let out = cmd::sh(&["ip", "-4", "-o", "route", "show", "dev", bridge, "proto", "static"])?;
+    Ok(out
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let dest = w.next()?.to_string();
+            let via = w.skip_while(|x| *x != "via").nth(1)?.to_string();
+            Some((dest, via))
+        })
+        .collect())
+}
+
+/// Route `dest` via `gateway` on the bridge (replacing any route to `dest`).
+pub fn set_bridge_route(bridge: &str, dest: &str, gateway: &str) -> Result<(), CmdError> {
+    cmd::sh(&["ip", "route", "replace", dest, "via", gateway, "dev", bridge, "proto", "static"]).map(|_| ())
+}
+
+pub fn delete_bridge_route(bridge: &str, dest: &str) {
+    cmd::sh_quiet(&["ip", "route", "del", dest, "dev", bridge, "proto", "static"]);
+}
+
 pub fn delete_bridge(name: &str) {
     cmd::sh_quiet(&["ip", "link", "del", name]);
 }
@@ -84,6 +139,9 @@ pub fn create_namespace(
         cmd::sh(&["ip", "-n", ns, "link", "set", "lo", "up"])?;
         let imds = format!("{}/32", paths::IMDS_ADDR);
         cmd::sh(&["ip", "-n", ns, "addr", "add", &imds, "dev", "lo"])?;
+        // The VPC router, as EC2's DHCP names it: what is not on the segment goes to the bridge
+        // address, which forwards only back onto the bridge ([`ensure_vpc_router`]).
+        cmd::sh(&["ip", "-n", ns, "route", "add", "default", "via", &seg.gateway.to_string(), "dev", "eth0"])?;
         Ok(())
     })();
     if result.is_err() {

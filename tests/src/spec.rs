@@ -11,6 +11,17 @@ pub enum SpecError {
     Invalid { path: String, message: String },
 }
 
+/// Where the local cloud serves what a spec names: the asset mirror, the image registry, the AMI,
+/// the AWS cloud-controller-manager image, and the AWS endpoint (the relay to moto).
+#[derive(Debug, Clone)]
+pub struct LocalCloud {
+    pub file_repository: String,
+    pub registry: String,
+    pub image: String,
+    pub ccm_image: String,
+    pub aws_endpoint: String,
+}
+
 #[derive(Debug, Clone)]
 pub struct Spec {
     pub path: String,
@@ -97,18 +108,40 @@ impl Spec {
         Some(rest.split('/').next().unwrap_or(rest).to_string())
     }
 
-    /// The spec as the local cloud applies it: assets from the mirror, moto's image for every group.
     /// The spec as the local cloud applies it: assets from the local mirror and registry (the
     /// air-gapped path of the product: `assets.fileRepository`, `assets.containerRegistry`, and a
     /// `containerd.registryMirrors` entry that tells containerd the registry speaks plain HTTP),
-    /// and the local image for every instance group.
-    pub fn local_text(&self, file_repository: &str, registry: &str, image: &str) -> String {
+    /// and the local image for every instance group; the cloud-controller-manager built for the
+    /// cluster's Kubernetes minor (`cloudControllerManager.image`), and its AWS endpoints pointed at
+    /// the local cloud (the `keelson.io/aws-service-endpoints` annotation, the product's way to
+    /// name VPC or partition endpoints).
+    pub fn local_text(&self, local: &LocalCloud) -> String {
+        let (file_repository, registry, image) = (local.file_repository.as_str(), local.registry.as_str(), local.image.as_str());
         let mut out = String::new();
         for d in &self.docs {
             let mut d = d.clone();
             match s(&d, &["kind"]) {
                 Some("Cluster") => {
+                    if let Some(meta) = d.get_mut("metadata").and_then(|x| x.as_mapping_mut()) {
+                        let annotations = meta
+                            .entry(Value::from("annotations"))
+                            .or_insert_with(|| Value::Mapping(Default::default()));
+                        if let Some(a) = annotations.as_mapping_mut() {
+                            let endpoints = keelson_api::aws_endpoints::SERVICES
+                                .iter()
+                                .map(|(service, _)| format!("{service}={}", local.aws_endpoint))
+                                .collect::<Vec<_>>()
+                                .join(",");
+                            a.insert(Value::from(keelson_api::aws_endpoints::ANNOTATION), Value::from(endpoints));
+                        }
+                    }
                     if let Some(spec) = d.get_mut("spec").and_then(|x| x.as_mapping_mut()) {
+                        let ccm = spec
+                            .entry(Value::from("cloudControllerManager"))
+                            .or_insert_with(|| Value::Mapping(Default::default()));
+                        if let Some(c) = ccm.as_mapping_mut() {
+                            c.insert(Value::from("image"), Value::from(local.ccm_image.as_str()));
+                        }
                         let assets = spec
                             .entry(Value::from("assets"))
                             .or_insert_with(|| Value::Mapping(Default::default()));
@@ -164,7 +197,15 @@ mod tests {
         assert_eq!(s.bucket().as_deref(), Some("acme-keelson-state"));
         assert_eq!(s.zone_name().as_deref(), Some("k8s.example.com"));
         assert_eq!(s.etcd_clusters, ["main", "events"]);
-        let t = s.local_text("http://172.20.255.254:8080/", "172.20.255.254:5000", "ami-123");
+        let t = s.local_text(&LocalCloud {
+            file_repository: "http://172.20.255.254:8080/".into(),
+            registry: "172.20.255.254:5000".into(),
+            image: "ami-123".into(),
+            ccm_image: "172.20.255.254:5000/provider-aws-cloud-controller-manager:v1.34.4".into(),
+            aws_endpoint: "http://172.20.255.254:4566".into(),
+        });
+        assert!(t.contains("keelson.io/aws-service-endpoints: ec2=http://172.20.255.254:4566,elasticloadbalancing=http://172.20.255.254:4566,kms=http://172.20.255.254:4566"), "{t}");
+        assert!(t.contains("image: 172.20.255.254:5000/provider-aws-cloud-controller-manager:v1.34.4"), "{t}");
         assert!(t.contains("fileRepository: http://172.20.255.254:8080/"));
         assert!(t.contains("containerRegistry: 172.20.255.254:5000"));
         assert!(t.contains("conntrackMaxPerCore: 0"));

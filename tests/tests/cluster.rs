@@ -177,7 +177,112 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     assert_eq!(report["failures"].as_array().map(Vec::len), Some(0), "{report}");
     assert_eq!(report["nodes"].as_array().map(Vec::len), Some(6), "{report}");
 
-    // 6. ps shows every machine.
+    // 6. The AWS cloud-controller-manager (the product's addon, built from k8s.io/cloud-provider-aws,
+    //    talking to moto through the endpoint annotation with the instance role's credentials from
+    //    IMDS) runs on the control planes and initialised every node: no `uninitialized` taint, the
+    //    providerID and zone of its instance (node name = the instance's PrivateDnsName).
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    loop {
+        let nodes_now = kubeapi::nodes(&kc).unwrap_or_default();
+        let pods = kubeapi::system_pods(&kc).unwrap_or_default();
+        let mut wrong = Vec::new();
+        let ccm: Vec<&(String, bool)> = pods.iter().filter(|(n, _)| n.starts_with("aws-cloud-controller-manager-")).map(|(_, v)| v).collect();
+        let cp_nodes: Vec<&String> = nodes_now.iter().filter(|(_, n)| cps.iter().any(|m| n.internal_ip.as_deref() == Some(m.ip.as_str()))).map(|(k, _)| k).collect();
+        if ccm.len() != 3 || !ccm.iter().all(|(node, ok)| *ok && cp_nodes.contains(&node)) {
+            wrong.push(format!("CCM pods (want 3 running on {cp_nodes:?}): {ccm:?}"));
+        }
+        for m in &cs.machines {
+            let Some((name, n)) = nodes_now.iter().find(|(_, n)| n.internal_ip.as_deref() == Some(m.ip.as_str())) else {
+                wrong.push(format!("{}: no Node", m.instance_id));
+                continue;
+            };
+            let want = format!("aws:///{}/{}", m.zone, m.instance_id);
+            if n.provider_id.as_deref() != Some(want.as_str()) {
+                wrong.push(format!("{name}: providerID {:?}, want {want}", n.provider_id));
+            }
+            if n.taints.iter().any(|t| t.starts_with("node.cloudprovider.kubernetes.io/uninitialized")) {
+                wrong.push(format!("{name}: still tainted uninitialized: {:?}", n.taints));
+            }
+            if n.labels.get("topology.kubernetes.io/zone") != Some(&m.zone) {
+                wrong.push(format!("{name}: zone label {:?}, want {}", n.labels.get("topology.kubernetes.io/zone"), m.zone));
+            }
+        }
+        if wrong.is_empty() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "nodes not initialised by the CCM within 300 s:\n{}", wrong.join("\n"));
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    // Only control planes carry the control-plane role label (protokube puts it on its own node).
+    let nodes_now = kubeapi::nodes(&kc).unwrap();
+    for (name, n) in &nodes_now {
+        let is_cp = cps.iter().any(|m| n.internal_ip.as_deref() == Some(m.ip.as_str()));
+        assert_eq!(n.labels.contains_key("node-role.kubernetes.io/control-plane"), is_cp, "{name}: {:?}", n.labels);
+    }
+
+    // 7. Routes: the CCM's route controller wrote each node's pod CIDR → its instance into the
+    //    cluster's route table in moto, and a pod on one worker reaches a pod on another through
+    //    them (the harness plays the VPC router from that table).
+    let vpc = cloud.instances().unwrap().into_iter().find(|i| i.state == "running").map(|i| i.vpc_id).expect("a running instance");
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    loop {
+        let routes = cloud.instance_routes(&vpc, &spec.name).unwrap();
+        let nodes_now = kubeapi::nodes(&kc).unwrap();
+        let missing: Vec<String> = cs
+            .machines
+            .iter()
+            .filter_map(|m| {
+                let n = nodes_now.values().find(|n| n.internal_ip.as_deref() == Some(m.ip.as_str()))?;
+                let cidr = n.pod_cidr.clone().unwrap_or_default();
+                (!routes.iter().any(|r| r.destination == cidr && r.instance_id == m.instance_id)).then(|| format!("{cidr} → {}", m.instance_id))
+            })
+            .collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "routes missing from the VPC route table within 180 s: {missing:?}\nroutes: {routes:?}");
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    let worker_nodes: Vec<String> = nodes_now
+        .iter()
+        .filter(|(_, n)| nodes.iter().any(|m| n.internal_ip.as_deref() == Some(m.ip.as_str())))
+        .map(|(k, _)| k.clone())
+        .collect();
+    assert!(worker_nodes.len() >= 2, "{worker_nodes:?}");
+    let echo = format!("{}/keelson-test/echo:1", cs.registry);
+    let on = |node: &str| format!("--overrides={{\"apiVersion\":\"v1\",\"spec\":{{\"nodeName\":\"{node}\"}}}}");
+    let server = support::run(&["kubectl", "run", "echo-server", &format!("--image={echo}"), "--restart=Never", &on(&worker_nodes[0]), "--", "serve", ":8080"]);
+    assert!(server.status.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let server_ip = loop {
+        let o = support::run(&["kubectl", "get", "pod", "echo-server", "-o", "jsonpath={.status.phase} {.status.podIP}"]);
+        let text = String::from_utf8_lossy(&o.stdout).to_string();
+        if let Some(ip) = text.strip_prefix("Running ").filter(|ip| !ip.trim().is_empty()) {
+            break ip.trim().to_string();
+        }
+        assert!(std::time::Instant::now() < deadline, "echo-server not Running within 120 s: {text}");
+        std::thread::sleep(Duration::from_secs(2));
+    };
+    let client = support::run(&["kubectl", "run", "echo-client", &format!("--image={echo}"), "--restart=Never", &on(&worker_nodes[1]), "--", "get", &format!("http://{server_ip}:8080/")]);
+    assert!(client.status.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let o = support::run(&["kubectl", "get", "pod", "echo-client", "-o", "jsonpath={.status.phase}"]);
+        let phase = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        if phase == "Succeeded" || phase == "Failed" {
+            let logs = support::run(&["kubectl", "logs", "echo-client"]);
+            let text = String::from_utf8_lossy(&logs.stdout).to_string();
+            assert!(phase == "Succeeded" && text.contains("echo-server"), "pod on {} could not reach the pod on {} ({server_ip}): {phase}: {text}", worker_nodes[1], worker_nodes[0]);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "echo-client did not finish within 120 s: {phase}");
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    for p in ["echo-client", "echo-server"] {
+        let _ = support::run(&["kubectl", "delete", "pod", p, "--wait=false"]);
+    }
+
+    // 8. ps shows every machine.
     let ps = support::run(&["ps"]);
     assert!(ps.status.success());
     let text = String::from_utf8_lossy(&ps.stdout);
@@ -185,7 +290,7 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         assert!(text.contains(&m.instance_id), "ps does not list {}", m.instance_id);
     }
 
-    // 7. kill: a terminated node's machine and namespace go away; its group's replacement boots,
+    // 9. kill: a terminated node's machine and namespace go away; its group's replacement boots,
     //    runs containerd and joins as a Ready Node.
     let victim = nodes[0].clone();
     let out = support::run(&["kill", &victim.instance_id]);

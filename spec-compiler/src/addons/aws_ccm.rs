@@ -1,0 +1,275 @@
+//! The AWS cloud-controller-manager addon (`aws-cloud-controller.addons.k8s.io`), rendered from the
+//! completed `spec.cloudControllerManager` (facts from kOps' `aws-cloud-controller.addons.k8s.io`
+//! template and `pkg/model/components/awscloudcontrollermanager.go`): its ServiceAccount, RBAC, the
+//! cloud config, and a DaemonSet on the control-plane nodes (host network, every taint tolerated:
+//! it is what removes `node.cloudprovider.kubernetes.io/uninitialized`).
+//!
+//! Differences from kOps, on purpose: the cloud config is a ConfigMap rendered here (kOps' nodeup
+//! writes `/etc/kubernetes/cloud.config` on the host; ours does not), so it can carry the endpoint
+//! overrides of the [`keelson_api::aws_endpoints::ANNOTATION`] annotation as `[ServiceOverride]`
+//! sections; and the pod template carries that config's sha256, so a changed config rolls the pods.
+
+use std::fmt::Write as _;
+
+use serde_json::{json, Value};
+
+use keelson_api::aws_endpoints::{self, SERVICES};
+use keelson_api::{CloudControllerManagerConfig, Cluster};
+
+/// The addon's name (kOps' name for it).
+pub const NAME: &str = "aws-cloud-controller.addons.k8s.io";
+/// Where the container reads its cloud config (kOps' path).
+pub const CLOUD_CONFIG_PATH: &str = "/etc/kubernetes/cloud.config";
+const APP: &str = "aws-cloud-controller-manager";
+const NAMESPACE: &str = "kube-system";
+/// The label the DaemonSet selects control-plane nodes by. The kubelet may not set it itself
+/// (NodeRestriction); protokube, which runs only on control planes, labels its own node.
+pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
+
+/// The CCM's flags, as kOps' `CloudControllerConfigArgv` builds them: the spec's flags sorted, then
+/// the defaults for what the spec leaves unset, then the cloud config.
+pub fn args(c: &CloudControllerManagerConfig, cloud_provider: &str) -> Vec<String> {
+    let mut flags: Vec<String> = Vec::new();
+    let mut flag = |name: &str, value: String| flags.push(format!("--{name}={value}"));
+    if let Some(v) = &c.master {
+        flag("master", v.clone());
+    }
+    if let Some(v) = c.log_level.filter(|l| *l != 0) {
+        flag("v", v.to_string());
+    }
+    if let Some(v) = &c.cloud_provider {
+        flag("cloud-provider", v.clone());
+    }
+    if let Some(v) = &c.cluster_name {
+        flag("cluster-name", v.clone());
+    }
+    if let Some(v) = c.allow_untagged_cloud {
+        flag("allow-untagged-cloud", v.to_string());
+    }
+    if let Some(v) = &c.cluster_cidr {
+        flag("cluster-cidr", v.to_string());
+    }
+    if let Some(v) = c.allocate_node_cidrs {
+        flag("allocate-node-cidrs", v.to_string());
+    }
+    if let Some(v) = c.configure_cloud_routes {
+        flag("configure-cloud-routes", v.to_string());
+    }
+    if let Some(v) = c.controllers.as_ref().filter(|v| !v.is_empty()) {
+        flag("controllers", v.join(","));
+    }
+    if let Some(v) = &c.cidr_allocator_type {
+        flag("cidr-allocator-type", v.clone());
+    }
+    if let Some(le) = &c.leader_election {
+        if let Some(v) = le.leader_elect {
+            flag("leader-elect", v.to_string());
+        }
+        if let Some(v) = &le.leader_elect_lease_duration {
+            flag("leader-elect-lease-duration", v.to_string());
+        }
+        if let Some(v) = &le.leader_elect_renew_deadline_duration {
+            flag("leader-elect-renew-deadline", v.to_string());
+        }
+        if let Some(v) = &le.leader_elect_resource_lock {
+            flag("leader-elect-resource-lock", v.clone());
+        }
+        if let Some(v) = &le.leader_elect_resource_name {
+            flag("leader-elect-resource-name", v.clone());
+        }
+        if let Some(v) = &le.leader_elect_resource_namespace {
+            flag("leader-elect-resource-namespace", v.clone());
+        }
+        if let Some(v) = &le.leader_elect_retry_period {
+            flag("leader-elect-retry-period", v.to_string());
+        }
+    }
+    if let Some(v) = c.use_service_account_credentials {
+        flag("use-service-account-credentials", v.to_string());
+    }
+    if let Some(v) = c.enable_leader_migration {
+        flag("enable-leader-migration", v.to_string());
+    }
+    if let Some(v) = &c.node_status_update_frequency {
+        flag("node-status-update-frequency", v.to_string());
+    }
+    if let Some(v) = c.concurrent_node_syncs {
+        flag("concurrent-node-syncs", v.to_string());
+    }
+    flags.sort();
+    if c.log_level.unwrap_or(0) == 0 {
+        flags.push("--v=2".into());
+    }
+    if c.cloud_provider.is_none() {
+        flags.push(format!("--cloud-provider={cloud_provider}"));
+    }
+    if c.use_service_account_credentials.is_none() {
+        flags.push("--use-service-account-credentials=true".into());
+    }
+    flags.push(format!("--cloud-config={CLOUD_CONFIG_PATH}"));
+    flags
+}
+
+/// The cloud config (gcfg): the cluster id its resources are tagged with, and one
+/// `[ServiceOverride]` per service id of each endpoint override.
+pub fn cloud_config(cluster_id: &str, region: Option<&str>, endpoints: &std::collections::BTreeMap<String, String>) -> String {
+    let mut out = format!("[Global]\nKubernetesClusterID = {cluster_id}\n");
+    let mut n = 0;
+    for (prefix, ids) in SERVICES {
+        let (Some(url), Some(region)) = (endpoints.get(*prefix), region) else { continue };
+        for id in *ids {
+            n += 1;
+            let _ = write!(
+                out,
+                "\n[ServiceOverride \"{n}\"]\nService = {id}\nRegion = {region}\nURL = {url}\nSigningRegion = {region}\nSigningName = {prefix}\n"
+            );
+        }
+    }
+    out
+}
+
+fn rbac() -> Vec<Value> {
+    let rule = |group: &str, resources: &[&str], verbs: &[&str]| json!({"apiGroups": [group], "resources": resources, "verbs": verbs});
+    let sa_subject = json!([{"apiGroup": "", "kind": "ServiceAccount", "name": APP, "namespace": NAMESPACE}]);
+    let mut token_rule = rule("", &["serviceaccounts/token"], &["create"]);
+    token_rule["resourceNames"] = json!(["node-controller", "service-controller", "route-controller"]);
+    vec![
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": APP, "namespace": NAMESPACE}}),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "cloud-controller-manager:apiserver-authentication-reader", "namespace": NAMESPACE},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "extension-apiserver-authentication-reader"},
+            "subjects": sa_subject,
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": "system:cloud-controller-manager"},
+            "rules": [
+                rule("", &["events"], &["create", "patch", "update"]),
+                rule("", &["nodes"], &["*"]),
+                rule("", &["nodes/status"], &["patch"]),
+                rule("", &["services"], &["list", "patch", "update", "watch"]),
+                rule("", &["services/status"], &["list", "patch", "update", "watch"]),
+                rule("", &["serviceaccounts"], &["create", "get"]),
+                rule("", &["persistentvolumes"], &["get", "list", "update", "watch"]),
+                rule("", &["endpoints"], &["create", "get", "list", "watch", "update"]),
+                rule("coordination.k8s.io", &["leases"], &["create", "get", "list", "watch", "update"]),
+                rule("", &["secrets"], &["list", "watch"]),
+                token_rule,
+            ],
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "system:cloud-controller-manager"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:cloud-controller-manager"},
+            "subjects": sa_subject,
+        }),
+    ]
+}
+
+/// The addon's documents, or `None` when the cluster does not run the AWS CCM (another cloud, or no
+/// external cloud-controller-manager in the completed spec).
+pub fn docs(cluster: &Cluster) -> Option<Vec<Value>> {
+    let spec = &cluster.spec;
+    if spec.cloud_provider.as_deref() != Some("aws") {
+        return None;
+    }
+    let c = spec.cloud_controller_manager.as_ref()?;
+    let image = c.image.as_deref()?;
+    let cluster_id = c.cluster_name.clone().unwrap_or_else(|| cluster.name().to_string());
+    let region = spec.subnets.iter().flatten().find_map(|s| s.zone.as_deref().and_then(keelson_api::aws_region_of_zone));
+    // Validation reported a bad annotation already; a spec that got here has none or a good one.
+    let endpoints = aws_endpoints::service_endpoints(cluster).unwrap_or_default();
+    let config = cloud_config(&cluster_id, region, &endpoints);
+    let config_hash = base::sha256_hex(config.as_bytes());
+    let cpu = c.cpu_request.as_ref().map(|q| q.to_string()).unwrap_or_else(|| "200m".into());
+    let labels = json!({"k8s-app": APP});
+    let mut docs = rbac();
+    docs.push(json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": APP, "namespace": NAMESPACE},
+        "data": {"cloud.config": config},
+    }));
+    docs.push(json!({
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": APP, "namespace": NAMESPACE, "labels": labels},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "updateStrategy": {"type": "RollingUpdate"},
+            "template": {
+                "metadata": {"labels": labels, "annotations": {"keelson.io/cloud-config-sha256": config_hash}},
+                "spec": {
+                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": CONTROL_PLANE_LABEL, "operator": "Exists"}]}
+                    ]}}},
+                    "tolerations": [{"operator": "Exists"}],
+                    "serviceAccountName": APP,
+                    "hostNetwork": true,
+                    "priorityClassName": "system-cluster-critical",
+                    "containers": [{
+                        "name": APP,
+                        "image": image,
+                        "imagePullPolicy": "IfNotPresent",
+                        "args": args(c, "aws"),
+                        // The local API server: the CCM is what makes the service network usable.
+                        "env": [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}],
+                        "resources": {"requests": {"cpu": cpu}},
+                        "volumeMounts": [{"name": "cloudconfig", "mountPath": CLOUD_CONFIG_PATH, "subPath": "cloud.config", "readOnly": true}],
+                    }],
+                    "volumes": [{"name": "cloudconfig", "configMap": {"name": APP}}],
+                },
+            },
+        },
+    }));
+    Some(docs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ha_renders_the_ccm_for_kubenet_with_cloud_routes() {
+        let (cluster, _) = crate::addons::tests::ha();
+        let docs = docs(&cluster).expect("aws + external CCM");
+        let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").expect("daemonset");
+        let args: Vec<&str> = ds["spec"]["template"]["spec"]["containers"][0]["args"].as_array().expect("args").iter().filter_map(|a| a.as_str()).collect();
+        for want in [
+            "--allocate-node-cidrs=true",
+            "--cluster-cidr=100.96.0.0/11",
+            "--cluster-name=ha.k8s.example.com",
+            "--configure-cloud-routes=true",
+            "--leader-elect=true",
+            "--cloud-provider=aws",
+            "--use-service-account-credentials=true",
+            "--cloud-config=/etc/kubernetes/cloud.config",
+        ] {
+            assert!(args.contains(&want), "{want} missing from {args:?}");
+        }
+        assert_eq!(ds["spec"]["template"]["spec"]["tolerations"], json!([{"operator": "Exists"}]));
+        assert_eq!(ds["spec"]["template"]["spec"]["hostNetwork"], json!(true));
+        let cm = docs.iter().find(|d| d["kind"] == "ConfigMap").expect("config");
+        assert_eq!(cm["data"]["cloud.config"], "[Global]\nKubernetesClusterID = ha.k8s.example.com\n");
+    }
+
+    #[test]
+    fn endpoint_overrides_become_service_overrides() {
+        let endpoints = aws_endpoints::parse("ec2=http://10.0.0.1:1,elasticloadbalancing=https://elb.example").expect("valid");
+        let text = cloud_config("c.example.com", Some("eu-west-1"), &endpoints);
+        assert_eq!(text.matches("[ServiceOverride").count(), 3, "{text}");
+        assert!(text.contains("Service = EC2\nRegion = eu-west-1\nURL = http://10.0.0.1:1\nSigningRegion = eu-west-1\nSigningName = ec2\n"), "{text}");
+        assert!(text.contains("Service = Elastic Load Balancing v2\n"), "{text}");
+    }
+
+    #[test]
+    fn other_clouds_get_no_aws_ccm() {
+        let (mut cluster, _) = crate::addons::tests::ha();
+        cluster.spec.cloud_provider = Some("gce".into());
+        assert!(docs(&cluster).is_none());
+    }
+}
