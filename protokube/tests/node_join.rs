@@ -272,13 +272,16 @@ async fn nodeup_joins_through_the_server_with_its_instance_role() {
     let (id, dns) = w.group_instance("nodes", CLUSTER).await;
     let creds = w.session(&w.node_role_arn, &id).await;
     let mut data = testkit::imds::InstanceData { instance_id: id.clone(), region: moto::REGION.into(), zone: "us-east-1a".into(), ..Default::default() };
-    data.set_role_credentials(
-        &format!("nodes.{CLUSTER}"),
-        creds.access_key_id(),
-        creds.secret_access_key(),
-        creds.session_token().expect("token"),
-        "2099-01-01T00:00:00Z",
-    );
+    data.iam = Some(testkit::imds::RoleCredentials {
+        instance_profile_arn: format!("arn:aws:iam::123456789012:instance-profile/nodes.{CLUSTER}"),
+        instance_profile_id: "AIPAEXAMPLE".into(),
+        role_name: format!("nodes.{CLUSTER}"),
+        access_key_id: creds.access_key_id().into(),
+        secret_access_key: creds.secret_access_key().into(),
+        token: creds.session_token().expect("token").into(),
+        expiration: "2099-01-01T00:00:00Z".into(),
+        last_updated: "2026-01-01T00:00:00Z".into(),
+    });
     let imds = testkit::imds::ImdsServer::start_for(data);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let port = listener.local_addr().expect("addr").port();

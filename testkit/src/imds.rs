@@ -46,6 +46,9 @@ pub struct InstanceData {
     /// instance profile; `None` → no `iam/` (404), as for an instance without one.
     #[serde(default)]
     pub iam: Option<RoleCredentials>,
+    /// `local-hostname` as EC2 reports it (its private DNS name); `None`: derived from the address.
+    #[serde(default)]
+    pub local_hostname: Option<String>,
     /// Any other `/latest/meta-data/<path>` → value (wins over the fields above).
     #[serde(default)]
     pub extra: BTreeMap<String, String>,
@@ -95,26 +98,10 @@ impl RoleCredentials {
 }
 
 impl InstanceData {
-    /// Serve the instance role's credentials as EC2 does (`iam/info`, `iam/security-credentials/`,
-    /// `iam/security-credentials/<role>`): what the AWS SDKs' instance-role provider reads.
-    pub fn set_role_credentials(&mut self, role: &str, access_key_id: &str, secret_access_key: &str, token: &str, expiration: &str) {
-        let doc = serde_json::json!({
-            "Code": "Success",
-            "LastUpdated": "2026-01-01T00:00:00Z",
-            "Type": "AWS-HMAC",
-            "AccessKeyId": access_key_id,
-            "SecretAccessKey": secret_access_key,
-            "Token": token,
-            "Expiration": expiration,
-        });
-        let info = serde_json::json!({"Code": "Success", "LastUpdated": "2026-01-01T00:00:00Z", "InstanceProfileArn": format!("arn:aws:iam::123456789012:instance-profile/{role}"), "InstanceProfileId": "AIPAEXAMPLE"});
-        self.extra.insert("iam/info".into(), info.to_string());
-        self.extra.insert("iam/security-credentials/".into(), role.to_string());
-        self.extra.insert("iam/security-credentials".into(), role.to_string());
-        self.extra.insert(format!("iam/security-credentials/{role}"), doc.to_string());
-    }
-
     pub fn local_hostname(&self) -> String {
+        if let Some(name) = &self.local_hostname {
+            return name.clone();
+        }
         format!(
             "ip-{}.{}.compute.internal",
             self.private_ip.replace('.', "-"),

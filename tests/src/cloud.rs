@@ -32,6 +32,9 @@ pub struct Instance {
     /// ARN of the instance profile the instance was launched with.
     #[serde(default)]
     pub instance_profile_arn: Option<String>,
+    /// The private DNS name EC2 gives it (what its IMDS `local-hostname` says).
+    #[serde(default)]
+    pub private_dns_name: Option<String>,
 }
 
 /// A route of a VPC route table whose target is an instance (what the cloud-controller-manager's
@@ -209,6 +212,7 @@ impl Cloud {
                         .collect(),
                     tags: tags_of(Some(i.tags())),
                     instance_profile_arn: i.iam_instance_profile().and_then(|p| p.arn()).map(str::to_string),
+                    private_dns_name: i.private_dns_name().filter(|n| !n.is_empty()).map(str::to_string),
                 });
             }
         }
@@ -222,7 +226,13 @@ impl Cloud {
     /// `arn:aws:sts::<account>:assumed-role/<role>/<instance-id>` (what node join by cloud identity
     /// checks). `None` for an instance without an instance profile.
     pub fn instance_role_credentials(&self, instance: &Instance) -> Result<Option<crate::imds::RoleCredentials>, CloudError> {
-        let Some(profile_arn) = &instance.instance_profile_arn else { return Ok(None) };
+        // moto leaves IamInstanceProfile empty on instances an Auto Scaling group launched; EC2 attaches
+        // the launch template's profile, so take it from there.
+        let from_template = match &instance.instance_profile_arn {
+            Some(_) => None,
+            None => self.launch_template_profile(instance)?,
+        };
+        let Some(profile_arn) = instance.instance_profile_arn.as_ref().or(from_template.as_ref()) else { return Ok(None) };
         let profile_name = profile_arn.rsplit('/').next().unwrap_or(profile_arn);
         let out = self
             .rt
@@ -249,6 +259,25 @@ impl Cloud {
             expiration: rfc3339(c.expiration()),
             last_updated: rfc3339(&now),
         }))
+    }
+
+    /// The instance profile (ARN or name) of the launch template version an instance was launched
+    /// from (its `aws:ec2launchtemplate:*` tags).
+    fn launch_template_profile(&self, instance: &Instance) -> Result<Option<String>, CloudError> {
+        let tag = |k: &str| instance.tags.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        let (Some(id), Some(version)) = (tag("aws:ec2launchtemplate:id"), tag("aws:ec2launchtemplate:version")) else { return Ok(None) };
+        let out = self
+            .rt
+            .block_on(self.ec2.describe_launch_template_versions().launch_template_id(&id).versions(&version).send())
+            .map_err(|e| self.err("DescribeLaunchTemplateVersions", e))?;
+        let profile = out
+            .launch_template_versions()
+            .first()
+            .and_then(|v| v.launch_template_data())
+            .and_then(|d| d.iam_instance_profile())
+            .and_then(|p| p.arn().or(p.name()))
+            .map(str::to_string);
+        Ok(profile)
     }
 
     /// Every instance route (`destination → instance`) of the route tables of `vpc_id` tagged as

@@ -519,6 +519,7 @@ impl Daemon {
                 user_data,
                 tags: inst.tags.clone(),
                 iam: self.cloud.instance_role_credentials(inst)?,
+                local_hostname: inst.private_dns_name.clone(),
                 extra: Default::default(),
             };
             self.starting.lock().map_err(|_| anyhow!("lock"))?.insert(id.clone());
