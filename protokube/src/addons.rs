@@ -242,6 +242,7 @@ pub async fn run(store: StateStore, server: String, interval: Duration, metrics:
         if let Some((c, _)) = &client {
             match sync(c, &store).await {
                 Ok(r) => metrics.update(|s| {
+                    s.addon_passes += 1;
                     s.addon_applies += r.applied.len() as u64;
                     s.addon_objects_applied += r.objects as u64;
                     s.addon_objects_pruned += r.pruned as u64;

@@ -25,6 +25,8 @@ pub struct State {
     pub addon_objects_applied: u64,
     pub addon_objects_pruned: u64,
     pub addon_failures: u64,
+    /// Addon passes that completed (whether or not anything changed).
+    pub addon_passes: u64,
     /// Node joins admitted and refused by the join server.
     pub node_joins_admitted: u64,
     pub node_joins_refused: u64,
@@ -77,6 +79,7 @@ impl Metrics {
         metric("protokube_addon_applies_total", "counter", "Addons applied because their manifest hash changed.", vec![(String::new(), s.addon_applies.to_string())]);
         metric("protokube_addon_objects_applied_total", "counter", "Addon objects server-side applied.", vec![(String::new(), s.addon_objects_applied.to_string())]);
         metric("protokube_addon_objects_pruned_total", "counter", "Addon objects a newer version dropped, deleted.", vec![(String::new(), s.addon_objects_pruned.to_string())]);
+        metric("protokube_addon_passes_total", "counter", "Addon passes completed (all addons checked against their recorded hashes).", vec![(String::new(), s.addon_passes.to_string())]);
         metric("protokube_addon_failures_total", "counter", "Failed addon passes.", vec![(String::new(), s.addon_failures.to_string())]);
         metric("protokube_node_joins_admitted_total", "counter", "Workers admitted by the node join server (certificates issued).", vec![(String::new(), s.node_joins_admitted.to_string())]);
         metric("protokube_node_joins_refused_total", "counter", "Node join requests refused.", vec![(String::new(), s.node_joins_refused.to_string())]);

@@ -73,6 +73,13 @@ pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, C
             environment.insert("AWS_REGION".to_string(), region.to_string());
         }
     }
+    let kubenet = spec.networking.as_ref().is_some_and(|n| n.kubenet.is_some());
+    let private = spec.subnets.iter().flatten().any(|s| s.type_.as_deref() == Some("Private"));
+    if kubenet && private && spec.cloud_provider.as_deref() == Some("aws") {
+        out.warnings.push(
+            "spec.networking.kubenet with Private subnets: the cloud-controller-manager writes pod routes into one route table per cluster, and private topology has one per zone, so pods on different nodes will not reach each other (kOps: private topology needs a CNI such as Calico or Cilium)".to_string(),
+        );
+    }
     if options.nodeup_assets.is_empty() {
         out.warnings.push(
             "no nodeup build given (--nodeup-asset ARCH=SHA256@URL): userdata/ was not written".to_string(),

@@ -1280,6 +1280,8 @@ pub struct SelfhealReport {
     pub failovers: Vec<f64>,
     /// Per healed cycle: seconds from the kill to each of [`PHASES`].
     pub phases: Vec<Vec<f64>>,
+    /// `keelson validate cluster` passed after the last cycle.
+    pub validated: bool,
 }
 
 pub fn median(v: &[f64]) -> f64 {
@@ -1391,6 +1393,29 @@ impl ApiProbe {
     }
 }
 
+/// The machine `id` of the current cluster state.
+fn cs_of(load: &dyn Fn() -> anyhow::Result<ClusterState>, id: &str) -> Option<MachineInfo> {
+    load().ok()?.machines.into_iter().find(|m| m.instance_id == id)
+}
+
+/// Wait (bounded) until the machine's protokube completed an addon pass; then its count of addons
+/// applied (`protokube_addon_applies_total`).
+fn addon_applies_after_pass(m: &Option<MachineInfo>, timeout: Duration) -> Result<u64, String> {
+    let m = m.as_ref().ok_or("machine gone")?;
+    let deadline = Instant::now() + timeout;
+    let metric = |text: &str, name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok());
+    loop {
+        let text = machine::exec_in(m.init_pid.unwrap_or(0), &["curl", "-fsS", "-m", "5", "http://127.0.0.1:3998/metrics"]).unwrap_or_default();
+        if metric(&text, "protokube_addon_passes_total ").unwrap_or(0) >= 1 {
+            return metric(&text, "protokube_addon_applies_total ").ok_or_else(|| "no protokube_addon_applies_total".to_string());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("no completed addon pass within {} s", timeout.as_secs()));
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    }
+}
+
 pub fn selfheal(spec_path: &Path, cycles: u32, keys: u64, cycle_timeout: Duration, up_timeout: Duration) -> anyhow::Result<SelfhealReport> {
     struct Down;
     impl Drop for Down {
@@ -1421,7 +1446,7 @@ pub fn selfheal(spec_path: &Path, cycles: u32, keys: u64, cycle_timeout: Duratio
         baseline.iter().map(|(c, m)| format!("{c}=[{}]", m.join(","))).collect::<Vec<_>>().join(" ")
     );
     let cloud = Cloud::new(&cs.endpoint(), &cs.region);
-    let mut report = SelfhealReport { cycles: 0, healed: 0, keys, intact: 0, objects: keys, objects_intact: 0, failovers: vec![], phases: vec![] };
+    let mut report = SelfhealReport { cycles: 0, healed: 0, keys, intact: 0, objects: keys, objects_intact: 0, failovers: vec![], phases: vec![], validated: false };
     for n in 1..=cycles {
         report.cycles = n;
         let cs = load()?;
@@ -1470,6 +1495,20 @@ pub fn selfheal(spec_path: &Path, cycles: u32, keys: u64, cycle_timeout: Duratio
                 None => status = "cannot list members".into(),
             }
         };
+        // The new control plane's addon controller finds every addon recorded and applies nothing.
+        let addons = healed.as_ref().map(|(new, _, _)| addon_applies_after_pass(&cs_of(&load, new), Duration::from_secs(90)));
+        let healed = match (healed, &addons) {
+            (Some(h), Some(Ok(0))) => Some(h),
+            (Some(_), Some(Ok(n))) => {
+                status = format!("the new control plane's addon controller re-applied {n} unchanged addons");
+                None
+            }
+            (Some(_), Some(Err(e))) => {
+                status = format!("addon controller on the new control plane: {e}");
+                None
+            }
+            (h, _) => h,
+        };
         let (answered, failed, outage) = probe.finish();
         let api = format!("API through the load balancer: {answered}/{} probes answered, longest outage {outage:.1} s", answered + failed);
         match healed {
@@ -1485,6 +1524,7 @@ pub fn selfheal(spec_path: &Path, cycles: u32, keys: u64, cycle_timeout: Duratio
                 println!("cycle {n}/{cycles}: killed {} ({}) -> {new} healthy with {count}/{keys} keys and {objects}/{keys} ConfigMaps, same members, failover {secs:.1} s", victim.instance_id, victim.group);
                 println!("  phases (s after the kill): {breakdown}");
                 println!("  {api}");
+                println!("  addons: the new control plane's controller passed and applied 0 (every hash recorded)");
             }
             None => {
                 println!("cycle {n}/{cycles}: FAILED: killed {} ({}); not healed within {} s: {status}; {api}", victim.instance_id, victim.group, cycle_timeout.as_secs());
@@ -1511,6 +1551,24 @@ pub fn selfheal(spec_path: &Path, cycles: u32, keys: u64, cycle_timeout: Duratio
             println!("selfheal: {ready}/{} machines are Ready Nodes", live.len());
         }
     }
+    // The product's own verdict after the replacements: `keelson validate cluster` as an operator
+    // runs it (in `keelson-local env`).
+    let exports = env_exports()?;
+    let keelson = mirror::bin_dir().join("keelson");
+    let spec_file = st.root.join("spec.yaml");
+    let v = Command::new("sh")
+        .args(["-c", r#"eval "$1"; shift; exec "$@""#, "sh", &exports])
+        .arg(&keelson)
+        .args(["validate", "cluster", "-f"])
+        .arg(&spec_file)
+        .args(["--wait", "5m"])
+        .output()
+        .with_context(|| format!("running {}", keelson.display()))?;
+    report.validated = v.status.success();
+    println!(
+        "selfheal: keelson validate cluster after the replacements: {}",
+        if report.validated { "valid".to_string() } else { format!("NOT valid:\n{}{}", String::from_utf8_lossy(&v.stdout), String::from_utf8_lossy(&v.stderr)) }
+    );
     if !report.phases.is_empty() {
         let medians: Vec<String> = PHASES
             .iter()

@@ -90,7 +90,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Kill { instance } => cluster::kill(&instance)?,
         Cmd::Selfheal { file, cycles, keys, cycle_timeout, up_timeout } => {
             let r = cluster::selfheal(&file, cycles, keys, Duration::from_secs(cycle_timeout), Duration::from_secs(up_timeout))?;
-            if r.healed < cycles || r.intact != r.keys || r.objects_intact != r.objects {
+            if r.healed < cycles || r.intact != r.keys || r.objects_intact != r.objects || !r.validated {
                 std::process::exit(1);
             }
         }

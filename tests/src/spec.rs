@@ -5,6 +5,9 @@ use std::path::Path;
 
 use serde_yaml_ng::Value;
 
+/// The kubelets' hard eviction thresholds in keelson-local (absolute; see [`Spec::local_text`]).
+pub const LOCAL_EVICTION_HARD: &str = "memory.available<100Mi,nodefs.available<2Gi,nodefs.inodesFree<5%,imagefs.available<2Gi,imagefs.inodesFree<5%";
+
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
     #[error("{path}: {message}")]
@@ -156,6 +159,12 @@ impl Spec {
                         if let Some(p) = proxy.as_mapping_mut() {
                             p.insert(Value::from("conntrackMaxPerCore"), Value::from(0));
                         }
+                        // Every machine's root lives on the one host disk: a percentage of that disk says
+                        // nothing about one machine, so the kubelets evict on absolute free space.
+                        let kubelet = spec.entry(Value::from("kubelet")).or_insert_with(|| Value::Mapping(Default::default()));
+                        if let Some(k) = kubelet.as_mapping_mut() {
+                            k.insert(Value::from("evictionHard"), Value::from(LOCAL_EVICTION_HARD));
+                        }
                         let containerd = spec
                             .entry(Value::from("containerd"))
                             .or_insert_with(|| Value::Mapping(Default::default()));
@@ -209,6 +218,7 @@ mod tests {
         assert!(t.contains("fileRepository: http://172.20.255.254:8080/"));
         assert!(t.contains("containerRegistry: 172.20.255.254:5000"));
         assert!(t.contains("conntrackMaxPerCore: 0"));
+        assert!(t.contains(LOCAL_EVICTION_HARD));
         assert!(t.contains("172.20.255.254:5000:\n      - http://172.20.255.254:5000"), "{t}");
         assert_eq!(t.matches("image: ami-123").count(), 4);
         // Cluster, 4 instance groups, 2 additional objects (passed through unchanged).

@@ -260,6 +260,10 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         if let Some(ip) = text.strip_prefix("Running ").filter(|ip| !ip.trim().is_empty()) {
             break ip.trim().to_string();
         }
+        if text.starts_with("Failed") {
+            let why = support::run(&["kubectl", "get", "pod", "echo-server", "-o", "jsonpath={.status.message}"]);
+            panic!("echo-server failed: {}", String::from_utf8_lossy(&why.stdout));
+        }
         assert!(std::time::Instant::now() < deadline, "echo-server not Running within 120 s: {text}");
         std::thread::sleep(Duration::from_secs(2));
     };
@@ -281,6 +285,43 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     for p in ["echo-client", "echo-server"] {
         let _ = support::run(&["kubectl", "delete", "pod", p, "--wait=false"]);
     }
+
+    // 7b. Workers joined by cloud identity: no bootstrap token on them or accepted by the API
+    //     servers; the kubelet and kube-proxy hold certificates the join server issued for their own
+    //     node names; kube-proxy runs on every node; the join servers counted the admissions.
+    let nodes_now = kubeapi::nodes(&kc).unwrap();
+    for m in &nodes {
+        let pid = m.init_pid.expect("worker running");
+        let name = nodes_now.iter().find(|(_, n)| n.internal_ip.as_deref() == Some(m.ip.as_str())).map(|(k, _)| k.clone()).expect("worker Node");
+        let absent = machine::exec_in(pid, &["sh", "-c", "test ! -e /var/lib/kubelet/bootstrap-kubeconfig && ! grep -rqs -e 'token:' /var/lib/kubelet/kubeconfig /var/lib/kube-proxy/kubeconfig && echo none"]).unwrap_or_default();
+        assert_eq!(absent.trim(), "none", "{}: a bootstrap kubeconfig or token is on the worker", m.instance_id);
+        let user_data = std::fs::read_to_string(std::path::Path::new(&m.root).join("var/lib/cloud/instance/user-data.txt")).expect("the worker's user-data");
+        assert!(user_data.contains("nodeup") && !user_data.to_lowercase().contains("token"), "{}: user-data mentions a token", m.instance_id);
+        for (file, cn) in [("var/lib/kubelet/kubeconfig", format!("system:node:{name}")), ("var/lib/kube-proxy/kubeconfig", "system:kube-proxy".to_string())] {
+            let path = std::path::Path::new(&m.root).join(file);
+            let cmd = format!("sed -n 's/^ *client-certificate-data: //p' '{}' | base64 -d | openssl x509 -noout -subject -issuer", path.display());
+            let out = std::process::Command::new("sh").args(["-c", &cmd]).output().expect("openssl");
+            let subject = String::from_utf8_lossy(&out.stdout).to_string();
+            assert!(subject.contains(&format!("CN = {cn}")) && subject.contains("CN = kubernetes-ca"), "{}: /{file}: {subject}", m.instance_id);
+            let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&path).expect("kubeconfig").permissions()) & 0o777;
+            assert_eq!(mode, 0o600, "{}: /{file}", m.instance_id);
+        }
+    }
+    for m in &cps {
+        let pid = m.init_pid.expect("control plane running");
+        let tokens = machine::exec_in(pid, &["sh", "-c", "ls /srv/kubernetes/kube-apiserver/known_tokens.csv 2>/dev/null; grep -o -- '--token-auth-file[^ ]*' /etc/kubernetes/manifests/kube-apiserver.manifest || true"]).unwrap_or_default();
+        assert!(tokens.trim().is_empty(), "{}: the API server accepts a static token: {tokens}", m.instance_id);
+    }
+    let proxies = kubeapi::system_pods(&kc).unwrap_or_default();
+    for name in nodes_now.keys() {
+        assert!(proxies.iter().any(|(p, (node, ok))| p.starts_with("kube-proxy-") && node == name && *ok), "no running kube-proxy on {name}: {proxies:?}");
+    }
+    let admitted: u64 = cps
+        .iter()
+        .filter_map(|m| machine::exec_in(m.init_pid?, &["curl", "-fsS", "http://127.0.0.1:3998/metrics"]).ok())
+        .flat_map(|t| t.lines().filter_map(|l| l.strip_prefix("protokube_node_joins_admitted_total ")?.trim().parse::<u64>().ok()).collect::<Vec<_>>())
+        .sum();
+    assert!(admitted >= nodes.len() as u64, "join servers admitted {admitted} workers, want at least {}", nodes.len());
 
     // 8. ps shows every machine.
     let ps = support::run(&["ps"]);

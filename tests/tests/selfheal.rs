@@ -3,7 +3,9 @@
 //! the autoscaling group replaces it, the new machine claims the same volumes, and etcd must be
 //! healthy on it with all 1,000 keys and the same members, the 1,000 ConfigMaps written through the
 //! API before the first kill must all read back, and every machine must end as a Ready Node. The
-//! summary line is the contract; each cycle prints its failover phases and the API's availability.
+//! summary line is the contract; each cycle prints its failover phases and the API's availability,
+//! and the new control plane's addon controller must apply nothing (every addon hash is recorded);
+//! after the last cycle `keelson validate cluster` must pass.
 
 mod support;
 
@@ -21,6 +23,12 @@ fn selfheal_cycles_keep_every_key() {
     let median: f64 = last[prefix.len()..last.len() - 2].parse().expect("median is a number");
     assert!(stdout.lines().filter(|l| l.starts_with("cycle ")).count() == cycles as usize);
     assert!(out.status.success(), "selfheal exited {:?}", out.status);
+    assert!(stdout.lines().any(|l| l == "selfheal: keelson validate cluster after the replacements: valid"), "validate cluster after the replacements (output above)");
+    assert_eq!(
+        stdout.lines().filter(|l| l.contains("addons: the new control plane's controller passed and applied 0")).count(),
+        cycles as usize,
+        "every new control plane's addon controller applied nothing (output above)"
+    );
     assert!(stdout.lines().any(|l| l.starts_with("selfheal: median phase times")), "no phase breakdown");
     let ready = stdout.lines().find(|l| l.ends_with("machines are Ready Nodes")).expect("a Ready-Nodes line");
     let (have, want) = ready.trim_start_matches("selfheal: ").split_once(' ').and_then(|(f, _)| f.split_once('/')).expect("n/m");
