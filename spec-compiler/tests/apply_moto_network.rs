@@ -108,7 +108,7 @@ fn private_topology_gets_egress_iam_and_a_load_balancer_and_delete_removes_them(
 async fn private_topology_scenario() {
     let moto = Moto::start();
     let ami = moto.fixtures().await;
-    let docs = moto::ha_spec(&ami, |t| t);
+    let docs = moto::ha_spec(&ami, moto::private_topology);
     let (m, _) = apply::prepare(&docs, &moto::compile_options()).expect("prepare");
     let t = moto.target(&[]).await;
     apply_once(&t, &m).await.expect("apply");
@@ -239,7 +239,7 @@ async fn private_topology_scenario() {
     // Dropping the load balancer from the spec removes it, its target group and security group,
     // detaches the control plane, opens 443 on the control plane again and turns the alias back
     // into a placeholder record for protokube.
-    let (no_lb, _) = apply::prepare(&moto::ha_spec(&ami, |t| t.replace("  api:\n    loadBalancer:\n      type: Public\n      class: Network\n", "  api:\n    dns: {}\n")), &moto::compile_options())
+    let (no_lb, _) = apply::prepare(&moto::ha_spec(&ami, |t| moto::private_topology(t).replace("  api:\n    loadBalancer:\n      type: Public\n      class: Network\n", "  api:\n    dns: {}\n")), &moto::compile_options())
         .expect("prepare without load balancer");
     let t4 = moto.target(&[]).await;
     let p = cloud_resources::plan_apply(&t4, &no_lb, &store(&t4, &no_lb)).await.expect("plan");
@@ -290,7 +290,7 @@ async fn private_topology_scenario() {
 async fn network_iam_and_load_balancer_survive_a_failure_at_every_kind_of_write() {
     let moto = Moto::start();
     let ami = moto.fixtures().await;
-    let (m, _) = apply::prepare(&moto::ha_spec(&ami, |t| t), &moto::compile_options()).expect("prepare");
+    let (m, _) = apply::prepare(&moto::ha_spec(&ami, moto::private_topology), &moto::compile_options()).expect("prepare");
     let rec = moto::RecordWrites::default();
     let t = moto.target(&[SharedInterceptor::new(rec.clone())]).await;
     apply_once(&t, &m).await.expect("clean apply");
@@ -312,7 +312,7 @@ async fn network_iam_and_load_balancer_survive_a_failure_at_every_kind_of_write(
     for (n, op) in cut_points {
         moto.reset();
         let ami = moto.fixtures().await;
-        let (m, _) = apply::prepare(&moto::ha_spec(&ami, |t| t), &moto::compile_options()).expect("prepare");
+        let (m, _) = apply::prepare(&moto::ha_spec(&ami, moto::private_topology), &moto::compile_options()).expect("prepare");
         let broken = moto.target(&[SharedInterceptor::new(moto::FailNthWrite::new(n))]).await;
         let err = apply_once(&broken, &m).await.expect_err("the injected failure stops the run");
         assert!(format!("{err:?}").contains("injected failure"), "{err}");

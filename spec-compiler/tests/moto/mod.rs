@@ -138,6 +138,21 @@ pub fn ha_spec(ami: &str, edit: impl Fn(String) -> String) -> keelson_api::Docum
     spec_compiler::load::load_bytes(Path::new("ha.yaml"), text.as_bytes()).expect("test spec is valid")
 }
 
+/// `examples/ha.yaml` in private topology (as the example was before it moved to public topology for
+/// kubenet's routes): its three subnets Private, plus a Utility subnet per zone for the NAT gateways
+/// and the load balancer. Apply to [`ha_spec`]'s text (after its region rewrite).
+pub fn private_topology(text: String) -> String {
+    // Subnet entries only (four spaces of indent; the load balancer's `type` has six).
+    let mut t: String = text.lines().map(|l| if l == "    type: Public" { "    type: Private\n".to_string() } else { format!("{l}\n") }).collect();
+    let utility: String = ["a", "b", "c"]
+        .iter()
+        .enumerate()
+        .map(|(i, z)| format!("  - name: utility-us-east-1{z}\n    zone: us-east-1{z}\n    cidr: 172.20.{}.0/22\n    type: Utility\n", i * 4))
+        .collect();
+    t = t.replacen("  topology:\n", &format!("{utility}  topology:\n"), 1);
+    t
+}
+
 /// Run an async test body on a thread (and runtime workers) with a 16 MiB stack: the largest
 /// apply scenarios are futures too deep for the default 2 MiB test-thread stack in debug builds.
 pub fn run_with_big_stack<F>(body: impl FnOnce() -> F + Send + 'static)
