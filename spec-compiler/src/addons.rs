@@ -6,13 +6,17 @@
 //! Rendered today: the RBAC a joining node needs (`bootstrap-rbac.keelson.io`): TLS bootstrapping
 //! for the `system:bootstrappers` group, automatic approval of node client certificates and their
 //! rotation, and the API server's kubelet client (`kubelet-api`); on AWS the cloud-controller-manager
-//! ([`aws_ccm`], `aws-cloud-controller.addons.k8s.io`); and the spec file's additional
+//! ([`aws_ccm`], `aws-cloud-controller.addons.k8s.io`); the cluster DNS ([`coredns`],
+//! `coredns.addons.k8s.io`), whose pods need initialised nodes; and the spec file's additional
 //! objects (`additional-objects.keelson.io`), except component configurations, which are merged
 //! into their component's configuration file instead.
 
 use serde_json::json;
 
 mod aws_ccm;
+mod coredns;
+
+pub use coredns::CoreDnsError;
 
 use keelson_api::Cluster;
 
@@ -57,6 +61,15 @@ fn manifest(name: &str, docs: &[serde_json::Value]) -> Result<String, OutputErro
     Ok(out)
 }
 
+/// Why the addons could not be rendered.
+#[derive(Debug, thiserror::Error)]
+pub enum AddonError {
+    #[error(transparent)]
+    Output(#[from] OutputError),
+    #[error("addon coredns.addons.k8s.io: {0}")]
+    CoreDns(#[from] CoreDnsError),
+}
+
 /// One addon: its name, version and documents, in apply order.
 pub struct Addon {
     pub name: &'static str,
@@ -65,17 +78,20 @@ pub struct Addon {
 }
 
 /// The addons the completed spec asks for, in apply order (the additional objects come last).
-pub fn addons(cluster: &Cluster, _versions: &Versions) -> Vec<Addon> {
+pub fn addons(cluster: &Cluster, versions: &Versions) -> Result<Vec<Addon>, AddonError> {
     let mut addons = vec![Addon { name: "bootstrap-rbac.keelson.io", version: "1.0.0", docs: bootstrap_rbac() }];
     if let Some(docs) = aws_ccm::docs(cluster) {
         addons.push(Addon { name: aws_ccm::NAME, version: "1.0.0", docs });
     }
-    addons
+    if let Some(docs) = coredns::docs(cluster, versions)? {
+        addons.push(Addon { name: coredns::NAME, version: "1.0.0", docs });
+    }
+    Ok(addons)
 }
 
 /// Render the addons and their index into `tree` under `state/addons/`.
-pub fn render(tree: &mut Tree, cluster: &Cluster, versions: &Versions, additional_objects: &[serde_json::Value]) -> Result<(), OutputError> {
-    let mut addons = addons(cluster, versions);
+pub fn render(tree: &mut Tree, cluster: &Cluster, versions: &Versions, additional_objects: &[serde_json::Value]) -> Result<(), AddonError> {
+    let mut addons = addons(cluster, versions)?;
     let objects: Vec<serde_json::Value> = additional_objects
         .iter()
         .filter(|o| !o.get("kind").and_then(|k| k.as_str()).is_some_and(|k| k.ends_with("Configuration")))

@@ -41,6 +41,8 @@ pub enum CompileError {
     UserData(#[from] UserDataError),
     #[error(transparent)]
     Output(#[from] OutputError),
+    #[error(transparent)]
+    Addons(#[from] addons::AddonError),
     #[error("InstanceGroup/{group}: a control plane booted by this user-data ({arch}) would have no protokube (etcd volumes, etcd, DNS): give --protokube-asset {arch}=SHA256@URL or --kops-base-url")]
     NoProtokube { group: String, arch: String },
 }

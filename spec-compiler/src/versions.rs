@@ -10,6 +10,7 @@
 //! * containerd / runc URL shapes and minimum versions: `pkg/nodemodel/wellknownassets/{containerd,runc}.go`
 //! * ecr-credential-provider / auth-provider-gcp locations: `pkg/nodemodel/fileassets.go`
 //! * AWS CCM image: `pkg/model/components/awscloudcontrollermanager.go`
+//! * CoreDNS image: `upup/models/cloudup/resources/addons/coredns.addons.k8s.io/k8s-1.12.yaml.template`
 //! * hashes: `pkg/assets/assetdata/*.yaml` (copied into `versions/hashes.tsv`, keyed by canonical URL,
 //!   exactly like kOps' `assetdata.GetHash`)
 //! * mirror rewriting: `pkg/assets/builder.go` (`RemapFile`/`remapURL`, `RemapImage`/`NormalizeImage`)
@@ -44,6 +45,8 @@ pub const ETCD_MANAGER_IMAGE: &str = "registry.k8s.io/etcd-manager/etcd-manager-
 /// AWS cloud-controller-manager image; the same for every Kubernetes minor at this commit.
 pub const AWS_CLOUD_CONTROLLER_MANAGER_IMAGE: &str =
     "registry.k8s.io/provider-aws/cloud-controller-manager:v1.36.1";
+/// CoreDNS image (the cluster DNS addon); kOps pins one for every Kubernetes minor at this commit.
+pub const COREDNS_IMAGE: &str = "registry.k8s.io/coredns/coredns:v1.14.2";
 /// GCP cloud-controller-manager image (kOps `gcpcloudcontrollermanager.go`).
 pub const GCP_CLOUD_CONTROLLER_MANAGER_IMAGE: &str =
     "registry.k8s.io/cloud-provider-gcp/cloud-controller-manager:v35.0.0";
@@ -839,6 +842,11 @@ impl Versions {
         self.remap_image(AWS_CLOUD_CONTROLLER_MANAGER_IMAGE)
     }
 
+    /// The CoreDNS image after registry rewriting (`spec.kubeDNS.coreDNSImage` wins over it).
+    pub fn coredns_image(&self) -> String {
+        self.remap_image(COREDNS_IMAGE)
+    }
+
     pub fn cloud_controller_manager_image_gcp(&self) -> String {
         self.remap_image(GCP_CLOUD_CONTROLLER_MANAGER_IMAGE)
     }
@@ -1338,6 +1346,7 @@ mod tests {
             v.cloud_controller_manager_image_aws(),
             "registry.k8s.io/provider-aws/cloud-controller-manager:v1.36.1"
         );
+        assert_eq!(v.coredns_image(), "registry.k8s.io/coredns/coredns:v1.14.2");
         let v = Versions::for_kubernetes("1.34.0-alpha.1", &o).unwrap();
         assert_eq!((v.etcd_version(), v.cni_version()), ("3.6.12", "1.7.1"));
         assert_eq!(
@@ -1522,6 +1531,7 @@ mod tests {
             v.cloud_controller_manager_image_aws(),
             "registry.example.com/provider-aws-cloud-controller-manager:v1.36.1"
         );
+        assert_eq!(v.coredns_image(), "registry.example.com/coredns-coredns:v1.14.2");
         assert_eq!(
             v.etcd_manager_image(),
             "registry.example.com/etcd-manager-etcd-manager-slim:v3.0.20260707"

@@ -429,6 +429,92 @@ if [ "${1:-}" = build-ccm ]; then
 fi
 # --- END aws-cloud-controller-manager image ----------------------------------------------------------------
 
+# --- BEGIN coredns image (keelson coredns branch; self-contained block) ------------------------------------
+#   tests/kubernetes/images.sh build-coredns COREDNS_VERSION   # e.g. build-coredns 1.14.2
+#       Prints an OCI layout holding coredns-coredns:vCOREDNS_VERSION — the name the compiler gives
+#       registry.k8s.io/coredns/coredns:vCOREDNS_VERSION under assets.containerRegistry — with the coredns
+#       binary built from the Go module github.com/coredns/coredns@vCOREDNS_VERSION (static, CGO_ENABLED=0,
+#       its own go.sum, the commit stamped as the version tag, as its Makefile does) at /coredns on the same
+#       static base as kube-controller-manager (/etc/passwd+group, /tmp, CA bundle); entrypoint /coredns,
+#       user 0 (the addon drops every capability but NET_BIND_SERVICE, which upstream's nonroot image gets
+#       from a file capability instead). Cached as $KEELSON_LOCAL_CACHE/images/coredns-KEY (KEY: version,
+#       arch, this block); push it with `images.sh push LAYOUT REGISTRY` like the main layout.
+COREDNS_MODULE=github.com/coredns/coredns
+COREDNS_REF=coredns-coredns
+
+cmd_build_coredns() {
+  [ $# -eq 1 ] || usage
+  local version=${1#v} key out tmp stage layers start dir
+  [[ $version =~ ^1\.[0-9]+\.[0-9]+$ ]] || die "'$1' is not a CoreDNS version (1.MINOR.PATCH)"
+  WHY="build the CoreDNS image" need go umoci jq tar flock find
+  arch=$(go env GOARCH)
+  key=$({ echo "coredns $version $arch"; sed -n '/^# --- BEGIN coredns image/,/^# --- END coredns image/p' "$self"; } |
+    sha256sum | cut -c1-16)
+  out="$root/coredns-$key"
+  if [ -f "$out/.complete" ]; then echo "$out/oci"; return; fi
+  umask 022
+  mkdir -p "$root"
+  exec 8>"$root/.coredns-$key.lock"
+  flock 8
+  if [ -f "$out/.complete" ]; then echo "$out/oci"; return; fi
+  rm -rf "$root/.tmp-coredns-$key".*
+  tmp=$(mktemp -d "$root/.tmp-coredns-$key.XXXXXX")
+  # shellcheck disable=SC2064 # expand now: tmp is local
+  trap "rm -rf -- '$tmp'" EXIT
+  chmod 755 "$tmp"
+  start=$(date +%s)
+  layout="$tmp/oci"
+  layers="$tmp/work/layers"
+  stage="$tmp/work/stage"
+  mkdir -p "$layers" "$stage/static-base/etc/ssl/certs" "$stage/static-base/tmp" "$stage/static-base/root" \
+    "$stage/coredns" "$tmp/work/download"
+
+  log "building coredns v$version from the Go module $COREDNS_MODULE"
+  # `go mod download` needs a module context only for its cache; a throw-away one is enough.
+  printf 'module keelson.local/coredns-download\n\ngo 1.24\n' >"$tmp/work/download/go.mod"
+  (cd "$tmp/work/download" && go mod download -json "$COREDNS_MODULE@v$version") >"$tmp/work/download.json" ||
+    die "the Go module proxy does not serve $COREDNS_MODULE@v$version"
+  dir=$(jq -r '.Dir // empty' "$tmp/work/download.json")
+  [ -f "$dir/go.mod" ] || die "go mod download gave no source tree for $COREDNS_MODULE@v$version"
+  # Built inside a copy of its own tree (with its go.sum), as its Makefile does.
+  cp -r "$dir" "$tmp/work/src"
+  chmod -R u+w "$tmp/work/src"
+  (cd "$tmp/work/src" && CGO_ENABLED=0 GOOS=linux GOARCH="$arch" GOFLAGS="${GOFLAGS:-} -mod=mod -buildvcs=false" \
+    go build -trimpath -ldflags "-s -w -X $COREDNS_MODULE/coremain.GitCommit=v$version" \
+    -o "$stage/coredns/coredns" .) || die "building $COREDNS_MODULE@v$version failed"
+  "$stage/coredns/coredns" -version >&2 || die "the coredns v$version just built does not run (-version)"
+
+  chmod 1777 "$stage/static-base/tmp"
+  chmod 700 "$stage/static-base/root"
+  printf '%s\n' 'root:x:0:0:root:/root:/sbin/nologin' 'nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin' \
+    >"$stage/static-base/etc/passwd"
+  printf '%s\n' 'root:x:0:' 'nobody:x:65534:' >"$stage/static-base/etc/group"
+  printf '%s\n' 'passwd: files' 'group: files' 'hosts: files dns' >"$stage/static-base/etc/nsswitch.conf"
+  if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+    install -m 644 /etc/ssl/certs/ca-certificates.crt "$stage/static-base/etc/ssl/certs/ca-certificates.crt"
+  fi
+  owned_layer_tar "$stage/static-base" "$layers/static-base.tar"
+  owned_layer_tar "$stage/coredns" "$layers/coredns.tar"
+  umoci init --layout "$layout"
+  image "$COREDNS_REF:v$version" /coredns "" static-base coredns
+  umoci gc --layout "$layout"
+  rm -rf "$tmp/work"
+  echo "built in $(($(date +%s) - start)) s; layout $(du -sh "$layout" | cut -f1)" >"$tmp/build-info"
+  touch "$tmp/.complete"
+  rm -rf "$out"
+  mv "$tmp" "$out"
+  trap - EXIT
+  log "CoreDNS image: $(cat "$out/build-info")"
+  echo "$out/oci"
+}
+
+if [ "${1:-}" = build-coredns ]; then
+  shift
+  cmd_build_coredns "$@"
+  exit 0
+fi
+# --- END coredns image -------------------------------------------------------------------------------------
+
 case ${1:-} in
   build) shift; cmd_build "$@" ;;
   push) shift; cmd_push "$@" ;;

@@ -303,7 +303,10 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
         registry: registry_addr.clone(),
         image: image.clone(),
         ccm_image: format!("{registry_addr}/provider-aws-cloud-controller-manager:v{}", kubernetes::AWS_CCM_VERSION),
+        coredns_image: format!("{registry_addr}/coredns-coredns:v{}", kubernetes::COREDNS_VERSION),
         aws_endpoint: format!("http://{gw}:{}", cs.relay_port),
+        // Nothing answers DNS there: names outside the cluster fail fast, as they do on the machines.
+        dns_upstream: gw.to_string(),
     };
     fs::write(&local_spec, spec.local_text(&local_cloud))?;
     let kops_base = format!("http://{gw}:{}/kops", cs.mirror_port);
@@ -343,6 +346,7 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
     cs.save(state);
     let layout = kubernetes::images(&versions.kubernetes, &versions.etcd, &versions.pause)?;
     let ccm_layout = kubernetes::ccm_image(kubernetes::AWS_CCM_VERSION)?;
+    let coredns_layout = kubernetes::coredns_image(kubernetes::COREDNS_VERSION)?;
     cs.phase = format!("pushing the images to the registry at {registry_addr}");
     cs.save(state);
     let registry = kubernetes::Registry::start(&gw.to_string(), kubernetes::REGISTRY_PORT, &cache.join("registry"), &state.root.join("registry.log"))?;
@@ -350,6 +354,7 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
     cs.registry_pid = registry.pid() as i64;
     kubernetes::push(&layout, &registry_addr)?;
     kubernetes::push(&ccm_layout, &registry_addr)?;
+    kubernetes::push(&coredns_layout, &registry_addr)?;
 
     cs.phase = "building the asset mirror".into();
     cs.save(state);

@@ -109,6 +109,17 @@ pub fn ccm_image(version: &str) -> Result<PathBuf, BuildError> {
     run_script("images.sh", &["build-ccm", version])
 }
 
+/// The CoreDNS the local cloud runs: the versions table's (kOps') pin, `registry.k8s.io/coredns/coredns:v1.14.2`,
+/// built from its Go module by `images.sh build-coredns` under the name the compiler remaps it to
+/// (`coredns-coredns`). The harness sets it as `spec.kubeDNS.coreDNSImage`, as it does the CCM's, so the
+/// image it serves and the one the addon names cannot drift apart when the table moves on.
+pub const COREDNS_VERSION: &str = "1.14.2";
+
+/// The OCI layout holding `coredns-coredns:v<version>` (built once).
+pub fn coredns_image(version: &str) -> Result<PathBuf, BuildError> {
+    run_script("images.sh", &["build-coredns", version])
+}
+
 /// Copy every image of `layout` to `registry` (`host:port`); blobs already there are skipped.
 pub fn push(layout: &Path, registry: &str) -> Result<(), BuildError> {
     let script = scripts_dir().join("images.sh");

@@ -15,14 +15,19 @@ pub enum SpecError {
 }
 
 /// Where the local cloud serves what a spec names: the asset mirror, the image registry, the AMI,
-/// the AWS cloud-controller-manager image, and the AWS endpoint (the relay to moto).
+/// the AWS cloud-controller-manager and CoreDNS images, the AWS endpoint (the relay to moto), and the
+/// name server CoreDNS forwards names outside the cluster to.
 #[derive(Debug, Clone)]
 pub struct LocalCloud {
     pub file_repository: String,
     pub registry: String,
     pub image: String,
     pub ccm_image: String,
+    pub coredns_image: String,
     pub aws_endpoint: String,
+    /// The machines' resolv.conf names no server, and CoreDNS refuses to start forwarding to a
+    /// resolv.conf without one: the spec's `kubeDNS.upstreamNameservers` (unless it sets its own).
+    pub dns_upstream: String,
 }
 
 #[derive(Debug, Clone)]
@@ -145,6 +150,12 @@ impl Spec {
                         if let Some(c) = ccm.as_mapping_mut() {
                             c.insert(Value::from("image"), Value::from(local.ccm_image.as_str()));
                         }
+                        let dns = spec.entry(Value::from("kubeDNS")).or_insert_with(|| Value::Mapping(Default::default()));
+                        if let Some(d) = dns.as_mapping_mut() {
+                            d.insert(Value::from("coreDNSImage"), Value::from(local.coredns_image.as_str()));
+                            d.entry(Value::from("upstreamNameservers"))
+                                .or_insert_with(|| Value::Sequence(vec![Value::from(local.dns_upstream.as_str())]));
+                        }
                         let assets = spec
                             .entry(Value::from("assets"))
                             .or_insert_with(|| Value::Mapping(Default::default()));
@@ -211,10 +222,14 @@ mod tests {
             registry: "172.20.255.254:5000".into(),
             image: "ami-123".into(),
             ccm_image: "172.20.255.254:5000/provider-aws-cloud-controller-manager:v1.34.4".into(),
+            coredns_image: "172.20.255.254:5000/coredns-coredns:v1.14.2".into(),
             aws_endpoint: "http://172.20.255.254:4566".into(),
+            dns_upstream: "172.20.255.254".into(),
         });
         assert!(t.contains("keelson.io/aws-service-endpoints: ec2=http://172.20.255.254:4566,elasticloadbalancing=http://172.20.255.254:4566,kms=http://172.20.255.254:4566"), "{t}");
         assert!(t.contains("image: 172.20.255.254:5000/provider-aws-cloud-controller-manager:v1.34.4"), "{t}");
+        assert!(t.contains("coreDNSImage: 172.20.255.254:5000/coredns-coredns:v1.14.2"), "{t}");
+        assert!(t.contains("upstreamNameservers:\n    - 172.20.255.254\n"), "{t}");
         assert!(t.contains("fileRepository: http://172.20.255.254:8080/"));
         assert!(t.contains("containerRegistry: 172.20.255.254:5000"));
         assert!(t.contains("conntrackMaxPerCore: 0"));
