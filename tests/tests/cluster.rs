@@ -323,6 +323,58 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         .sum();
     assert!(admitted >= nodes.len() as u64, "join servers admitted {admitted} workers, want at least {}", nodes.len());
 
+    // 7c. Cluster DNS and services across machines: CoreDNS (the product's addon) runs, and a
+    //     2-replica Deployment on the workers answers through its Service name from a pod on
+    //     another node (CoreDNS → kube-proxy's service rules → the pod routes).
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    loop {
+        let pods = kubeapi::system_pods(&kc).unwrap_or_default();
+        let dns: Vec<&(String, bool)> = pods.iter().filter(|(n, _)| n.starts_with("coredns-")).map(|(_, v)| v).collect();
+        if dns.len() == 2 && dns.iter().all(|(_, ok)| *ok) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "CoreDNS not running within 180 s: {dns:?}");
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    assert!(support::run(&["kubectl", "create", "deployment", "echo", &format!("--image={echo}"), "--replicas=2", "--port=8080", "--", "/echo", "serve", ":8080"]).status.success());
+    assert!(support::run(&["kubectl", "expose", "deployment", "echo", "--port=80", "--target-port=8080"]).status.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    let replica_nodes = loop {
+        let o = support::run(&["kubectl", "get", "pods", "-l", "app=echo", "-o", "jsonpath={range .items[*]}{.status.phase} {.spec.nodeName}{\"\\n\"}{end}"]);
+        let text = String::from_utf8_lossy(&o.stdout).to_string();
+        let running: Vec<String> = text.lines().filter_map(|l| l.strip_prefix("Running ")).map(str::to_string).collect();
+        if running.len() == 2 {
+            break running;
+        }
+        assert!(std::time::Instant::now() < deadline, "echo Deployment not running within 180 s: {text}");
+        std::thread::sleep(Duration::from_secs(2));
+    };
+    for n in &replica_nodes {
+        assert!(worker_nodes.contains(n), "echo replica on {n}, not a worker ({worker_nodes:?})");
+    }
+    // The client runs on a worker without a replica when there is one, else on another replica's node.
+    let client_node = worker_nodes.iter().find(|n| !replica_nodes.contains(n)).unwrap_or(&replica_nodes[1]).clone();
+    let client = support::run(&["kubectl", "run", "echo-dns-client", &format!("--image={echo}"), "--restart=Never", &on(&client_node), "--", "get", "http://echo.default.svc.cluster.local/"]);
+    assert!(client.status.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let o = support::run(&["kubectl", "get", "pod", "echo-dns-client", "-o", "jsonpath={.status.phase}"]);
+        let phase = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        if phase == "Succeeded" || phase == "Failed" {
+            let logs = support::run(&["kubectl", "logs", "echo-dns-client"]);
+            let text = String::from_utf8_lossy(&logs.stdout).to_string();
+            assert!(phase == "Succeeded" && text.trim().starts_with("echo-"), "a pod on {client_node} could not reach Service echo by name: {phase}: {text}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "echo-dns-client did not finish within 120 s: {phase}");
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    for args in [&["delete", "pod", "echo-dns-client", "--wait=false"][..], &["delete", "service", "echo"], &["delete", "deployment", "echo"]] {
+        let mut a = vec!["kubectl"];
+        a.extend_from_slice(args);
+        let _ = support::run(&a);
+    }
+
     // 8. ps shows every machine.
     let ps = support::run(&["ps"]);
     assert!(ps.status.success());
