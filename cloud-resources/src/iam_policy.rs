@@ -26,10 +26,12 @@ pub struct PolicyInputs {
     /// kubenet: the CCM manages VPC routes.
     pub kubenet: bool,
     pub allow_container_registry: bool,
+    /// Workers join with the static bootstrap token (and may read it); otherwise by cloud identity.
+    pub bootstrap_token: bool,
 }
 
 impl PolicyInputs {
-    pub fn new(cluster: &str, region: &str, config_base: &str, spec: &keelson_api::ClusterSpec) -> PolicyInputs {
+    pub fn new(cluster: &str, region: &str, config_base: &str, spec: &keelson_api::ClusterSpec, bootstrap_token: bool) -> PolicyInputs {
         PolicyInputs {
             cluster: cluster.to_string(),
             partition: partition_of(region).to_string(),
@@ -40,6 +42,7 @@ impl PolicyInputs {
             },
             kubenet: spec.networking.as_ref().is_some_and(|n| n.kubenet.is_some()),
             allow_container_registry: spec.iam.as_ref().and_then(|i| i.allow_container_registry).unwrap_or(false),
+            bootstrap_token,
         }
     }
 }
@@ -127,11 +130,11 @@ fn node(p: &PolicyInputs) -> Vec<Value> {
                 format!("arn:{}:s3:::{bucket}/{prefix}/{rel}", p.partition)
             }
         };
-        out.push(statement(
-            &["s3:GetObject"],
-            json!([object("igconfig/node/*"), object("pki/issued/kubernetes-ca/*"), object("secrets/node-bootstrap-token")]),
-            None,
-        ));
+        let mut readable = vec![object("igconfig/node/*"), object("pki/issued/kubernetes-ca/*")];
+        if p.bootstrap_token {
+            readable.push(object("secrets/node-bootstrap-token"));
+        }
+        out.push(statement(&["s3:GetObject"], json!(readable), None));
         out.push(bucket_statement(p, bucket));
     }
     if p.allow_container_registry {
@@ -299,6 +302,7 @@ mod tests {
             state_store: Some(("bucket".into(), "c.example.com".into())),
             kubenet: false,
             allow_container_registry: false,
+            bootstrap_token: false,
         }
     }
 
@@ -327,6 +331,9 @@ mod tests {
         assert!(text.contains("bucket/c.example.com/igconfig/node/*"), "{text}");
         assert!(!text.contains("pki/private"), "{text}");
         assert!(!text.contains("route53"), "{text}");
+        assert!(!text.contains("node-bootstrap-token"), "joining by cloud identity, nodes may not read the token: {text}");
+        let token = PolicyInputs { bootstrap_token: true, ..inputs() };
+        assert!(policy(&role(Role::Node), &token, Some("Z1")).expect("policy").to_string().contains("secrets/node-bootstrap-token"));
         let no_store = PolicyInputs { state_store: None, ..inputs() };
         assert_eq!(policy(&role(Role::Node), &no_store, None), None, "nothing to allow → no policy");
         let ecr = PolicyInputs { allow_container_registry: true, ..no_store };

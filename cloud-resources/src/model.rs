@@ -686,7 +686,14 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
         }
     }
     let iam_roles = iam_roles(&cluster, spec, &docs.instance_groups, &cloud_labels)?;
-    let policy_inputs = super::iam_policy::PolicyInputs::new(&cluster, &region, &config_base, spec);
+    let bootstrap_token = keelson_api::nodeup::node_bootstrap_method(completed.metadata.annotations.as_ref(), true)
+        .map_err(|v| ModelError::Field {
+            cluster: cluster.clone(),
+            field: format!("metadata.annotations[{}]", keelson_api::nodeup::NODE_BOOTSTRAP_ANNOTATION),
+            message: format!("{v:?}: expected \"token\" or \"cloud-identity\""),
+        })?
+        == keelson_api::nodeup::NodeBootstrapMethod::Token;
+    let policy_inputs = super::iam_policy::PolicyInputs::new(&cluster, &region, &config_base, spec, bootstrap_token);
 
     let dns_type = spec.topology.as_ref().and_then(|t| t.dns.as_ref()).and_then(|d| d.type_.clone());
     let dns = if dns_type.as_deref() == Some("None") || cluster.ends_with(".k8s.local") {

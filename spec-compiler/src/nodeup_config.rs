@@ -53,17 +53,9 @@ pub enum NodeupConfigError {
 /// unless the cluster annotation asks for the static bootstrap token; the token elsewhere.
 pub fn node_bootstrap(cluster: &Cluster) -> Result<NodeBootstrap, NodeupConfigError> {
     let annotation = keelson_api::nodeup::NODE_BOOTSTRAP_ANNOTATION;
-    let value = cluster.metadata.annotations.as_ref().and_then(|a| a.get(annotation)).map(String::as_str);
     let aws = cluster.spec.cloud_provider.as_deref() == Some("aws");
-    let method = match value {
-        None if aws => NodeBootstrapMethod::CloudIdentity,
-        None | Some("token") => NodeBootstrapMethod::Token,
-        Some("cloud-identity") if aws => NodeBootstrapMethod::CloudIdentity,
-        Some(v) => {
-            let value = if v == "cloud-identity" { format!("{v} (only on AWS)") } else { v.to_string() };
-            return Err(NodeupConfigError::NodeBootstrap { annotation, value });
-        }
-    };
+    let method = keelson_api::nodeup::node_bootstrap_method(cluster.metadata.annotations.as_ref(), aws)
+        .map_err(|value| NodeupConfigError::NodeBootstrap { annotation, value })?;
     let server = (method == NodeBootstrapMethod::CloudIdentity)
         .then(|| format!("https://api.internal.{}:{}", cluster.name(), keelson_api::nodeup::NODE_JOIN_PORT));
     Ok(NodeBootstrap { method, server })

@@ -94,7 +94,7 @@ fn minimal_terraform() {
 #[test]
 fn ha_terraform() {
     let root = check("ha.yaml");
-    assert_eq!(resources(&root, "aws_subnet").len(), 6);
+    assert_eq!(resources(&root, "aws_subnet").len(), 3);
     assert_eq!(resources(&root, "aws_autoscaling_group").len(), 4);
     let vols = resources(&root, "aws_ebs_volume");
     assert_eq!(vols.len(), 6, "3 members × main/events");
@@ -103,17 +103,13 @@ fn ha_terraform() {
     let nodes = resources(&root, "aws_autoscaling_group")["nodes-ha-k8s-example-com"];
     assert_eq!(nodes["vpc_zone_identifier"].as_array().map(Vec::len), Some(3));
     assert!(nodes.get("target_group_arns").is_none());
-    // Private topology: one NAT gateway per zone, in the utility subnet, routed from the private table.
-    let nats = resources(&root, "aws_nat_gateway");
-    assert_eq!(nats.len(), 3);
-    assert_eq!(nats["eu-west-1a-ha-k8s-example-com"]["subnet_id"], "${aws_subnet.utility-eu-west-1a-ha-k8s-example-com.id}");
+    // Public topology (kubenet's routes need one route table): no NAT gateways, the public table
+    // routes to the internet gateway and serves the three subnets.
+    assert!(resources(&root, "aws_nat_gateway").is_empty());
     let routes = resources(&root, "aws_route");
-    assert_eq!(
-        routes["private-eu-west-1a-ha-k8s-example-com-0-0-0-0-0"]["nat_gateway_id"],
-        "${aws_nat_gateway.eu-west-1a-ha-k8s-example-com.id}"
-    );
     assert_eq!(routes["ha-k8s-example-com-0-0-0-0-0"]["gateway_id"], "${aws_internet_gateway.ha-k8s-example-com.id}");
-    assert_eq!(resources(&root, "aws_route_table_association").len(), 6);
+    assert_eq!(resources(&root, "aws_route_table").len(), 1);
+    assert_eq!(resources(&root, "aws_route_table_association").len(), 3);
     // The API load balancer and the control plane registered with it.
     let lb = resources(&root, "aws_lb")["api-ha-k8s-example-com"];
     assert_eq!(lb["load_balancer_type"], "network");
