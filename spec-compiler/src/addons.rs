@@ -14,8 +14,10 @@
 use serde_json::json;
 
 mod aws_ccm;
+mod cilium;
 mod coredns;
 
+pub use cilium::CiliumError;
 pub use coredns::CoreDnsError;
 
 use keelson_api::Cluster;
@@ -68,6 +70,8 @@ pub enum AddonError {
     Output(#[from] OutputError),
     #[error("addon coredns.addons.k8s.io: {0}")]
     CoreDns(#[from] CoreDnsError),
+    #[error("addon networking.cilium.io: {0}")]
+    Cilium(#[from] CiliumError),
 }
 
 /// One addon: its name, version and documents, in apply order.
@@ -80,6 +84,9 @@ pub struct Addon {
 /// The addons the completed spec asks for, in apply order (the additional objects come last).
 pub fn addons(cluster: &Cluster, versions: &Versions) -> Result<Vec<Addon>, AddonError> {
     let mut addons = vec![Addon { name: "bootstrap-rbac.keelson.io", version: "1.0.0", docs: bootstrap_rbac() }];
+    if let Some(docs) = cilium::docs(cluster, versions)? {
+        addons.push(Addon { name: cilium::NAME, version: "1.0.0", docs });
+    }
     if let Some(docs) = aws_ccm::docs(cluster) {
         addons.push(Addon { name: aws_ccm::NAME, version: "1.0.0", docs });
     }

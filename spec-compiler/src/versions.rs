@@ -11,6 +11,8 @@
 //! * ecr-credential-provider / auth-provider-gcp locations: `pkg/nodemodel/fileassets.go`
 //! * AWS CCM image: `pkg/model/components/awscloudcontrollermanager.go`
 //! * CoreDNS image: `upup/models/cloudup/resources/addons/coredns.addons.k8s.io/k8s-1.12.yaml.template`
+//! * Cilium default version: `pkg/model/components/cilium.go`; agent/operator image names:
+//!   `upup/models/cloudup/resources/addons/networking.cilium.io/k8s-1.16-v1.15.yaml.template`
 //! * hashes: `pkg/assets/assetdata/*.yaml` (copied into `versions/hashes.tsv`, keyed by canonical URL,
 //!   exactly like kOps' `assetdata.GetHash`)
 //! * mirror rewriting: `pkg/assets/builder.go` (`RemapFile`/`remapURL`, `RemapImage`/`NormalizeImage`)
@@ -47,6 +49,12 @@ pub const AWS_CLOUD_CONTROLLER_MANAGER_IMAGE: &str =
     "registry.k8s.io/provider-aws/cloud-controller-manager:v1.36.1";
 /// CoreDNS image (the cluster DNS addon); kOps pins one for every Kubernetes minor at this commit.
 pub const COREDNS_IMAGE: &str = "registry.k8s.io/coredns/coredns:v1.14.2";
+/// Default `spec.networking.cilium.version` (kOps `CiliumOptionsBuilder`); kOps supports only 1.18.
+pub const DEFAULT_CILIUM_VERSION: &str = "v1.18.12";
+/// The only Cilium minor the networking.cilium.io manifest is written for.
+pub const CILIUM_MINOR: (u64, u64) = (1, 18);
+/// Where the Cilium images live unless `spec.networking.cilium.registry` says otherwise.
+pub const DEFAULT_CILIUM_REGISTRY: &str = "quay.io";
 /// GCP cloud-controller-manager image (kOps `gcpcloudcontrollermanager.go`).
 pub const GCP_CLOUD_CONTROLLER_MANAGER_IMAGE: &str =
     "registry.k8s.io/cloud-provider-gcp/cloud-controller-manager:v35.0.0";
@@ -845,6 +853,17 @@ impl Versions {
     /// The CoreDNS image after registry rewriting (`spec.kubeDNS.coreDNSImage` wins over it).
     pub fn coredns_image(&self) -> String {
         self.remap_image(COREDNS_IMAGE)
+    }
+
+    /// The Cilium agent and operator images for `spec.networking.cilium.{registry,version}`
+    /// (`<registry>/cilium/cilium:<version>`, `<registry>/cilium/operator:<version>`), after
+    /// registry rewriting.
+    pub fn cilium_images(&self, registry: Option<&str>, version: &str) -> (String, String) {
+        let registry = registry.unwrap_or(DEFAULT_CILIUM_REGISTRY);
+        (
+            self.remap_image(&format!("{registry}/cilium/cilium:{version}")),
+            self.remap_image(&format!("{registry}/cilium/operator:{version}")),
+        )
     }
 
     pub fn cloud_controller_manager_image_gcp(&self) -> String {

@@ -164,6 +164,7 @@ type Builder = fn(&Context, &Derived, &mut ClusterSpec);
 /// The builders, in the order kOps runs them (dependencies first).
 const BUILDERS: &[Builder] = &[
     network::build,
+    network::cilium,
     etcd::build,
     control_plane::api_server,
     control_plane::controller_manager,

@@ -205,6 +205,53 @@ fn assign_gce_ip_aliases(ctx: &Context, spec: &mut ClusterSpec) {
     spec.non_masquerade_cidr = Some(Cidr::from(ipnet::IpNet::V4(gce_network())));
 }
 
+/// `spec.networking.cilium` defaults (kOps `pkg/model/components/cilium.go`, `CiliumOptionsBuilder`).
+pub fn cilium(_ctx: &Context, d: &Derived, spec: &mut ClusterSpec) {
+    let Some(c) = spec.networking.as_mut().and_then(|n| n.cilium.as_mut()) else { return };
+    default(&mut c.version, crate::versions::DEFAULT_CILIUM_VERSION.to_string());
+    default(&mut c.enable_endpoint_health_checking, true);
+    default(&mut c.enable_host_firewall, false);
+    default(&mut c.identity_allocation_mode, "crd".to_string());
+    default(&mut c.identity_change_grace_period, "5s".to_string());
+    default(&mut c.bpf_ct_global_any_max, 262_144);
+    default(&mut c.bpf_ct_global_tcp_max, 524_288);
+    default(&mut c.bpf_lb_algorithm, "random".to_string());
+    default(&mut c.bpf_lb_maglev_table_size, "16381".to_string());
+    default(&mut c.bpf_nat_global_max, 524_288);
+    default(&mut c.bpf_neigh_global_max, 524_288);
+    default(&mut c.bpf_policy_map_max, 16_384);
+    default(&mut c.bpf_lb_map_max, 65_536);
+    default(&mut c.cluster_name, "default".to_string());
+    default(&mut c.monitor_aggregation, "medium".to_string());
+    default(&mut c.sidecar_istio_proxy_image, "cilium/istio_proxy".to_string());
+    default(&mut c.to_fqdns_dns_reject_response_code, "refused".to_string());
+    default(&mut c.agent_prometheus_port, 9090);
+    default(&mut c.ipam, "kubernetes".to_string());
+    // kOps' `masquerade` is v1alpha2's `disableMasquerade`, inverted.
+    default(&mut c.disable_masquerade, d.ipv6);
+    let eni = c.ipam.as_deref() == Some("eni");
+    default(&mut c.tunnel, if eni || d.ipv6 { "disabled" } else { "vxlan" }.to_string());
+    default(&mut c.enable_remote_node_identity, true);
+    default(&mut c.enable_unreachable_routes, false);
+    default(&mut c.enable_bpf_masquerade, eni);
+    default(&mut c.enable_l7_proxy, true);
+    default(&mut c.enable_local_redirect_policy, false);
+    default(&mut c.disable_cnp_status_updates, true);
+    if c.cpu_request.is_none() {
+        c.cpu_request = "25m".parse().ok();
+    }
+    if c.memory_request.is_none() {
+        c.memory_request = "128Mi".parse().ok();
+    }
+    if c.enable_encryption == Some(true) {
+        default(&mut c.encryption_type, "ipsec".to_string());
+    }
+    default(&mut c.cni_exclusive, true);
+    default(&mut c.hubble.get_or_insert_with(|| keelson_api::HubbleSpec { enabled: Some(false), ..Default::default() }).enabled, true);
+    default(&mut c.ingress.get_or_insert_with(|| keelson_api::CiliumIngressSpec { enabled: Some(false), ..Default::default() }).enabled, true);
+    default(&mut c.gateway_api.get_or_insert_with(|| keelson_api::CiliumGatewayAPISpec { enabled: Some(false), ..Default::default() }).enabled, true);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
