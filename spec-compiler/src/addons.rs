@@ -15,6 +15,7 @@ use serde_json::json;
 
 mod aws_ccm;
 mod cilium;
+mod aws_ebs_csi;
 mod coredns;
 
 pub use cilium::CiliumError;
@@ -72,6 +73,8 @@ pub enum AddonError {
     CoreDns(#[from] CoreDnsError),
     #[error("addon networking.cilium.io: {0}")]
     Cilium(#[from] CiliumError),
+    #[error("addon aws-ebs-csi-driver.addons.k8s.io: {0}")]
+    AwsEbsCsi(#[from] aws_ebs_csi::AwsEbsCsiError),
 }
 
 /// One addon: its name, version and documents, in apply order.
@@ -92,6 +95,9 @@ pub fn addons(cluster: &Cluster, versions: &Versions) -> Result<Vec<Addon>, Addo
     }
     if let Some(docs) = coredns::docs(cluster, versions)? {
         addons.push(Addon { name: coredns::NAME, version: "1.0.0", docs });
+    }
+    if let Some(docs) = aws_ebs_csi::docs(cluster, versions)? {
+        addons.push(Addon { name: aws_ebs_csi::NAME, version: "1.0.0", docs });
     }
     Ok(addons)
 }

@@ -13,6 +13,8 @@
 //! * CoreDNS image: `upup/models/cloudup/resources/addons/coredns.addons.k8s.io/k8s-1.12.yaml.template`
 //! * Cilium default version: `pkg/model/components/cilium.go`; agent/operator image names:
 //!   `upup/models/cloudup/resources/addons/networking.cilium.io/k8s-1.16-v1.15.yaml.template`
+//! * AWS EBS CSI driver version: `pkg/model/components/awsebscsidriver.go`; its image repository and
+//!   sidecar images: `upup/models/cloudup/resources/addons/aws-ebs-csi-driver.addons.k8s.io/k8s-1.17.yaml.template`
 //! * hashes: `pkg/assets/assetdata/*.yaml` (copied into `versions/hashes.tsv`, keyed by canonical URL,
 //!   exactly like kOps' `assetdata.GetHash`)
 //! * mirror rewriting: `pkg/assets/builder.go` (`RemapFile`/`remapURL`, `RemapImage`/`NormalizeImage`)
@@ -55,6 +57,17 @@ pub const DEFAULT_CILIUM_VERSION: &str = "v1.18.12";
 pub const CILIUM_MINOR: (u64, u64) = (1, 18);
 /// Where the Cilium images live unless `spec.networking.cilium.registry` says otherwise.
 pub const DEFAULT_CILIUM_REGISTRY: &str = "quay.io";
+/// Default AWS EBS CSI driver version (`spec.cloudConfig.awsEBSCSIDriver.version`), the image tag.
+pub const AWS_EBS_CSI_DRIVER_VERSION: &str = "v1.58.0";
+/// The AWS EBS CSI driver's image repository; the tag is the driver version.
+pub const AWS_EBS_CSI_DRIVER_REPOSITORY: &str = "registry.k8s.io/provider-aws/aws-ebs-csi-driver";
+/// The CSI sidecars kOps runs with the EBS CSI driver (the same for every driver version it allows).
+pub const CSI_PROVISIONER_IMAGE: &str = "registry.k8s.io/sig-storage/csi-provisioner:v6.2.0";
+pub const CSI_ATTACHER_IMAGE: &str = "registry.k8s.io/sig-storage/csi-attacher:v4.11.0";
+pub const CSI_RESIZER_IMAGE: &str = "registry.k8s.io/sig-storage/csi-resizer:v2.1.0";
+pub const CSI_SNAPSHOTTER_IMAGE: &str = "registry.k8s.io/sig-storage/csi-snapshotter:v8.5.0";
+pub const CSI_LIVENESS_PROBE_IMAGE: &str = "registry.k8s.io/sig-storage/livenessprobe:v2.18.0";
+pub const CSI_NODE_DRIVER_REGISTRAR_IMAGE: &str = "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.16.0";
 /// GCP cloud-controller-manager image (kOps `gcpcloudcontrollermanager.go`).
 pub const GCP_CLOUD_CONTROLLER_MANAGER_IMAGE: &str =
     "registry.k8s.io/cloud-provider-gcp/cloud-controller-manager:v35.0.0";
@@ -739,6 +752,18 @@ impl Asset {
     }
 }
 
+/// The images of the AWS EBS CSI driver addon, registry rewriting applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AwsEbsCsiImages {
+    pub driver: String,
+    pub provisioner: String,
+    pub attacher: String,
+    pub resizer: String,
+    pub snapshotter: String,
+    pub liveness_probe: String,
+    pub node_driver_registrar: String,
+}
+
 /// Resolved versions for one Kubernetes version.
 #[derive(Debug, Clone)]
 pub struct Versions {
@@ -864,6 +889,21 @@ impl Versions {
             self.remap_image(&format!("{registry}/cilium/cilium:{version}")),
             self.remap_image(&format!("{registry}/cilium/operator:{version}")),
         )
+    }
+
+    /// The AWS EBS CSI driver and its sidecars after registry rewriting; `driver_version` is the
+    /// image tag (`spec.cloudConfig.awsEBSCSIDriver.version`, completed to
+    /// [`AWS_EBS_CSI_DRIVER_VERSION`]).
+    pub fn aws_ebs_csi_images(&self, driver_version: &str) -> AwsEbsCsiImages {
+        AwsEbsCsiImages {
+            driver: self.remap_image(&format!("{AWS_EBS_CSI_DRIVER_REPOSITORY}:{driver_version}")),
+            provisioner: self.remap_image(CSI_PROVISIONER_IMAGE),
+            attacher: self.remap_image(CSI_ATTACHER_IMAGE),
+            resizer: self.remap_image(CSI_RESIZER_IMAGE),
+            snapshotter: self.remap_image(CSI_SNAPSHOTTER_IMAGE),
+            liveness_probe: self.remap_image(CSI_LIVENESS_PROBE_IMAGE),
+            node_driver_registrar: self.remap_image(CSI_NODE_DRIVER_REGISTRAR_IMAGE),
+        }
     }
 
     pub fn cloud_controller_manager_image_gcp(&self) -> String {

@@ -170,6 +170,15 @@ impl Spec {
                         if let Some(p) = proxy.as_mapping_mut() {
                             p.insert(Value::from("conntrackMaxPerCore"), Value::from(0));
                         }
+                        // The EBS CSI driver and its six sidecar images are not built here (and moto
+                        // attaches no devices of its own): the local cluster runs without the addon.
+                        let cloud_config = spec.entry(Value::from("cloudConfig")).or_insert_with(|| Value::Mapping(Default::default()));
+                        if let Some(c) = cloud_config.as_mapping_mut() {
+                            let ebs = c.entry(Value::from("awsEBSCSIDriver")).or_insert_with(|| Value::Mapping(Default::default()));
+                            if let Some(e) = ebs.as_mapping_mut() {
+                                e.insert(Value::from("managed"), Value::from(false));
+                            }
+                        }
                         // Every machine's root lives on the one host disk: a percentage of that disk says
                         // nothing about one machine, so the kubelets evict on absolute free space.
                         let kubelet = spec.entry(Value::from("kubelet")).or_insert_with(|| Value::Mapping(Default::default()));
@@ -234,6 +243,7 @@ mod tests {
         assert!(t.contains("containerRegistry: 172.20.255.254:5000"));
         assert!(t.contains("conntrackMaxPerCore: 0"));
         assert!(t.contains(LOCAL_EVICTION_HARD));
+        assert!(t.contains("managed: false"), "{t}");
         assert!(t.contains("172.20.255.254:5000:\n      - http://172.20.255.254:5000"), "{t}");
         assert_eq!(t.matches("image: ami-123").count(), 4);
         // Cluster, 4 instance groups, 2 additional objects (passed through unchanged).

@@ -2,6 +2,7 @@
 //! `populate_cluster_spec` does. Each builder fills only fields the user (or an earlier
 //! builder) left unset, so user values always win; the builders run until nothing changes.
 
+mod cloud_config;
 mod cloud_controller;
 mod control_plane;
 mod etcd;
@@ -170,6 +171,7 @@ const BUILDERS: &[Builder] = &[
     control_plane::controller_manager,
     control_plane::scheduler,
     control_plane::kube_proxy,
+    cloud_config::build,
     cloud_controller::build,
     node::kubelet,
     node::containerd,
