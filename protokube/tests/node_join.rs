@@ -133,6 +133,11 @@ impl World {
     }
 }
 
+/// The tests hold the moto lock (a std mutex) on the test thread and run their body on this runtime.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
+}
+
 fn subject_of(cert_pem: &str) -> String {
     let der = pem::parse(cert_pem).expect("pem");
     let (_, cert) = x509_parser::parse_x509_certificate(der.contents()).expect("x509");
@@ -140,10 +145,14 @@ fn subject_of(cert_pem: &str) -> String {
     cert.subject().to_string()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn only_a_running_worker_of_the_cluster_gets_certificates_for_its_own_name() {
+#[test]
+fn only_a_running_worker_of_the_cluster_gets_certificates_for_its_own_name() {
     let (_guard, local) = moto::lock();
-    let w = world(&local.url).await;
+    runtime().block_on(only_a_running_worker_of_the_cluster_gets_certificates_for_its_own_name_on(local.url.clone()));
+}
+
+async fn only_a_running_worker_of_the_cluster_gets_certificates_for_its_own_name_on(url: String) {
+    let w = world(&url).await;
     let authority = w.authority();
     let (id, dns) = w.group_instance("nodes", CLUSTER).await;
     let creds = w.session(&w.node_role_arn, &id).await;
@@ -223,10 +232,14 @@ async fn only_a_running_worker_of_the_cluster_gets_certificates_for_its_own_name
     assert!(e.message.contains("not running"), "{e}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_https_server_answers_a_join_and_refuses_a_forgery() {
+#[test]
+fn the_https_server_answers_a_join_and_refuses_a_forgery() {
     let (_guard, local) = moto::lock();
-    let w = world(&local.url).await;
+    runtime().block_on(the_https_server_answers_a_join_and_refuses_a_forgery_on(local.url.clone()));
+}
+
+async fn the_https_server_answers_a_join_and_refuses_a_forgery_on(url: String) {
+    let w = world(&url).await;
     let (id, dns) = w.group_instance("nodes", CLUSTER).await;
     let creds = w.session(&w.node_role_arn, &id).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -265,10 +278,14 @@ async fn the_https_server_answers_a_join_and_refuses_a_forgery() {
 /// nodeup's join task (the worker's side, as nodeup runs it) against this server: instance-role
 /// credentials from a metadata service, kubeconfigs written 0600, converged afterwards; a host
 /// whose name is not its instance's is refused and writes nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nodeup_joins_through_the_server_with_its_instance_role() {
+#[test]
+fn nodeup_joins_through_the_server_with_its_instance_role() {
     let (_guard, local) = moto::lock();
-    let w = world(&local.url).await;
+    runtime().block_on(nodeup_joins_through_the_server_with_its_instance_role_on(local.url.clone()));
+}
+
+async fn nodeup_joins_through_the_server_with_its_instance_role_on(url: String) {
+    let w = world(&url).await;
     let (id, dns) = w.group_instance("nodes", CLUSTER).await;
     let creds = w.session(&w.node_role_arn, &id).await;
     let mut data = testkit::imds::InstanceData { instance_id: id.clone(), region: moto::REGION.into(), zone: "us-east-1a".into(), ..Default::default() };
