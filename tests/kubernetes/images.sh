@@ -207,6 +207,40 @@ layer_tar() {
 # root-owned layer with a fixed mtime, for the files this script assembles
 owned_layer_tar() { layer_tar "$1" "$2" --owner=0 --group=0 --mtime=@0; }
 
+# stage_static_base DIR: what a FROM-scratch image needs to run a Go binary as root or nobody
+# (/etc/passwd+group, nsswitch, /tmp 1777, /root, /var/log, the host's CA bundle if it has one).
+stage_static_base() {
+  local d=$1
+  mkdir -p "$d/etc/ssl/certs" "$d/tmp" "$d/var/log" "$d/root"
+  chmod 1777 "$d/tmp"
+  chmod 700 "$d/root"
+  printf '%s\n' 'root:x:0:0:root:/root:/sbin/nologin' 'nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin' >"$d/etc/passwd"
+  printf '%s\n' 'root:x:0:' 'nobody:x:65534:' >"$d/etc/group"
+  printf '%s\n' 'passwd: files' 'group: files' 'hosts: files dns' >"$d/etc/nsswitch.conf"
+  chmod 644 "$d/etc/passwd" "$d/etc/group" "$d/etc/nsswitch.conf"
+  if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+    cp -L /etc/ssl/certs/ca-certificates.crt "$d/etc/ssl/certs/ca-certificates.crt"
+    chmod 644 "$d/etc/ssl/certs/ca-certificates.crt"
+  else
+    log "the host has no /etc/ssl/certs/ca-certificates.crt; the images get no CA bundle"
+  fi
+}
+
+# finish_layout TMP OUT WHAT START: garbage-collect the layout in TMP, record the build, move it to OUT
+# (the cache entry, marked complete) and print OUT/oci.
+finish_layout() {
+  local tmp=$1 out=$2 what=$3 start=$4
+  umoci gc --layout "$tmp/oci"
+  rm -rf "$tmp/work"
+  echo "built in $(($(date +%s) - start)) s; layout $(du -sh "$tmp/oci" | cut -f1)" >"$tmp/build-info"
+  touch "$tmp/.complete"
+  rm -rf "$out"
+  mv "$tmp" "$out"
+  trap - EXIT
+  log "$what: $(cat "$out/build-info")"
+  echo "$out/oci"
+}
+
 # image REF ENTRYPOINT USER LAYER...: a new image in the layout from the given layer tars.
 image() {
   local ref=$1 entrypoint=$2 user=$3 layer
@@ -263,21 +297,7 @@ cmd_build() {
   base_root=$(ensure_debian_base)
 
   # Layers. static-base: what a FROM-scratch image needs to run a Go binary as root or nobody.
-  mkdir -p "$stage/static-base/etc/ssl/certs" "$stage/static-base/tmp" "$stage/static-base/var/log" \
-    "$stage/static-base/root"
-  chmod 1777 "$stage/static-base/tmp"
-  chmod 700 "$stage/static-base/root"
-  printf '%s\n' 'root:x:0:0:root:/root:/sbin/nologin' 'nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin' \
-    >"$stage/static-base/etc/passwd"
-  printf '%s\n' 'root:x:0:' 'nobody:x:65534:' >"$stage/static-base/etc/group"
-  printf '%s\n' 'passwd: files' 'group: files' 'hosts: files dns' >"$stage/static-base/etc/nsswitch.conf"
-  chmod 644 "$stage/static-base/etc/passwd" "$stage/static-base/etc/group" "$stage/static-base/etc/nsswitch.conf"
-  if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
-    cp -L /etc/ssl/certs/ca-certificates.crt "$stage/static-base/etc/ssl/certs/ca-certificates.crt"
-    chmod 644 "$stage/static-base/etc/ssl/certs/ca-certificates.crt"
-  else
-    log "the host has no /etc/ssl/certs/ca-certificates.crt; the images get no CA bundle"
-  fi
+  stage_static_base "$stage/static-base"
   owned_layer_tar "$stage/static-base" "$layers/static-base.tar"
 
   mkdir -p "$stage/go-runner" "$stage/pause" "$stage/echo"
@@ -375,7 +395,7 @@ cmd_build_ccm() {
   [[ $version =~ ^1\.[0-9]+\.[0-9]+$ ]] || die "'$1' is not a cloud-provider-aws version (1.MINOR.PATCH)"
   bin=$("$here/build-ccm.sh" "$version" | tail -n1) || die "building the AWS CCM v$version (tests/kubernetes/build-ccm.sh) failed"
   [ -x "$bin/$CCM_BINARY" ] || die "tests/kubernetes/build-ccm.sh printed '$bin', which has no $CCM_BINARY"
-  key=$({ echo "ccm $version"; sha256sum <"$bin/$CCM_BINARY"; sed -n '/^# --- BEGIN aws-cloud-controller-manager/,/^# --- END aws-cloud-controller-manager/p' "$self"; } |
+  key=$({ echo "ccm $version"; sha256sum <"$bin/$CCM_BINARY"; sed -n '/^# --- BEGIN aws-cloud-controller-manager/,/^# --- END aws-cloud-controller-manager/p' "$self"; declare -f stage_static_base finish_layout; } |
     sha256sum | cut -c1-16)
   out="$root/ccm-$key"
   if [ -f "$out/.complete" ]; then echo "$out/oci"; return; fi
@@ -395,31 +415,14 @@ cmd_build_ccm() {
   layout="$tmp/oci"
   layers="$tmp/work/layers"
   stage="$tmp/work/stage"
-  mkdir -p "$layers" "$stage/static-base/etc/ssl/certs" "$stage/static-base/tmp" "$stage/static-base/root" \
-    "$stage/ccm/usr/local/bin"
-  chmod 1777 "$stage/static-base/tmp"
-  chmod 700 "$stage/static-base/root"
-  printf '%s\n' 'root:x:0:0:root:/root:/sbin/nologin' 'nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin' \
-    >"$stage/static-base/etc/passwd"
-  printf '%s\n' 'root:x:0:' 'nobody:x:65534:' >"$stage/static-base/etc/group"
-  printf '%s\n' 'passwd: files' 'group: files' 'hosts: files dns' >"$stage/static-base/etc/nsswitch.conf"
-  if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
-    install -m 644 /etc/ssl/certs/ca-certificates.crt "$stage/static-base/etc/ssl/certs/ca-certificates.crt"
-  fi
+  mkdir -p "$layers" "$stage/ccm/usr/local/bin"
+  stage_static_base "$stage/static-base"
   owned_layer_tar "$stage/static-base" "$layers/static-base.tar"
   install -m 755 "$bin/$CCM_BINARY" "$stage/ccm/usr/local/bin/$CCM_BINARY"
   owned_layer_tar "$stage/ccm" "$layers/ccm.tar"
   umoci init --layout "$layout"
   image "provider-aws-cloud-controller-manager:v$version" "/usr/local/bin/$CCM_BINARY" "" static-base ccm
-  umoci gc --layout "$layout"
-  rm -rf "$tmp/work"
-  echo "built in $(($(date +%s) - start)) s; layout $(du -sh "$layout" | cut -f1)" >"$tmp/build-info"
-  touch "$tmp/.complete"
-  rm -rf "$out"
-  mv "$tmp" "$out"
-  trap - EXIT
-  log "CCM image: $(cat "$out/build-info")"
-  echo "$out/oci"
+  finish_layout "$tmp" "$out" "CCM image" "$start"
 }
 
 if [ "${1:-}" = build-ccm ]; then
@@ -448,7 +451,7 @@ cmd_build_coredns() {
   [[ $version =~ ^1\.[0-9]+\.[0-9]+$ ]] || die "'$1' is not a CoreDNS version (1.MINOR.PATCH)"
   WHY="build the CoreDNS image" need go umoci jq tar flock find
   arch=$(go env GOARCH)
-  key=$({ echo "coredns $version $arch"; sed -n '/^# --- BEGIN coredns image/,/^# --- END coredns image/p' "$self"; } |
+  key=$({ echo "coredns $version $arch"; sed -n '/^# --- BEGIN coredns image/,/^# --- END coredns image/p' "$self"; declare -f stage_static_base finish_layout; } |
     sha256sum | cut -c1-16)
   out="$root/coredns-$key"
   if [ -f "$out/.complete" ]; then echo "$out/oci"; return; fi
@@ -466,8 +469,7 @@ cmd_build_coredns() {
   layout="$tmp/oci"
   layers="$tmp/work/layers"
   stage="$tmp/work/stage"
-  mkdir -p "$layers" "$stage/static-base/etc/ssl/certs" "$stage/static-base/tmp" "$stage/static-base/root" \
-    "$stage/coredns" "$tmp/work/download"
+  mkdir -p "$layers" "$stage/coredns" "$tmp/work/download"
 
   log "building coredns v$version from the Go module $COREDNS_MODULE"
   # `go mod download` needs a module context only for its cache; a throw-away one is enough.
@@ -484,28 +486,12 @@ cmd_build_coredns() {
     -o "$stage/coredns/coredns" .) || die "building $COREDNS_MODULE@v$version failed"
   "$stage/coredns/coredns" -version >&2 || die "the coredns v$version just built does not run (-version)"
 
-  chmod 1777 "$stage/static-base/tmp"
-  chmod 700 "$stage/static-base/root"
-  printf '%s\n' 'root:x:0:0:root:/root:/sbin/nologin' 'nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin' \
-    >"$stage/static-base/etc/passwd"
-  printf '%s\n' 'root:x:0:' 'nobody:x:65534:' >"$stage/static-base/etc/group"
-  printf '%s\n' 'passwd: files' 'group: files' 'hosts: files dns' >"$stage/static-base/etc/nsswitch.conf"
-  if [ -f /etc/ssl/certs/ca-certificates.crt ]; then
-    install -m 644 /etc/ssl/certs/ca-certificates.crt "$stage/static-base/etc/ssl/certs/ca-certificates.crt"
-  fi
+  stage_static_base "$stage/static-base"
   owned_layer_tar "$stage/static-base" "$layers/static-base.tar"
   owned_layer_tar "$stage/coredns" "$layers/coredns.tar"
   umoci init --layout "$layout"
   image "$COREDNS_REF:v$version" /coredns "" static-base coredns
-  umoci gc --layout "$layout"
-  rm -rf "$tmp/work"
-  echo "built in $(($(date +%s) - start)) s; layout $(du -sh "$layout" | cut -f1)" >"$tmp/build-info"
-  touch "$tmp/.complete"
-  rm -rf "$out"
-  mv "$tmp" "$out"
-  trap - EXIT
-  log "CoreDNS image: $(cat "$out/build-info")"
-  echo "$out/oci"
+  finish_layout "$tmp" "$out" "CoreDNS image" "$start"
 }
 
 if [ "${1:-}" = build-coredns ]; then
