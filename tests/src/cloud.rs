@@ -308,33 +308,25 @@ impl Cloud {
         Ok(routes)
     }
 
+    fn instance_attribute(
+        &self,
+        instance_id: &str,
+        attribute: aws_sdk_ec2::types::InstanceAttributeName,
+    ) -> Result<aws_sdk_ec2::operation::describe_instance_attribute::DescribeInstanceAttributeOutput, CloudError> {
+        self.rt
+            .block_on(self.ec2.describe_instance_attribute().instance_id(instance_id).attribute(attribute).send())
+            .map_err(|e| self.err("DescribeInstanceAttribute", e))
+    }
+
     /// Whether EC2 checks source/destination on the instance's traffic (`true` unless turned off,
     /// as a router instance needs).
     pub fn source_dest_check(&self, instance_id: &str) -> Result<bool, CloudError> {
-        let out = self
-            .rt
-            .block_on(
-                self.ec2
-                    .describe_instance_attribute()
-                    .instance_id(instance_id)
-                    .attribute(aws_sdk_ec2::types::InstanceAttributeName::SourceDestCheck)
-                    .send(),
-            )
-            .map_err(|e| self.err("DescribeInstanceAttribute", e))?;
+        let out = self.instance_attribute(instance_id, aws_sdk_ec2::types::InstanceAttributeName::SourceDestCheck)?;
         Ok(out.source_dest_check().and_then(|v| v.value()).unwrap_or(true))
     }
 
     pub fn user_data(&self, instance_id: &str) -> Result<Option<String>, CloudError> {
-        let out = self
-            .rt
-            .block_on(
-                self.ec2
-                    .describe_instance_attribute()
-                    .instance_id(instance_id)
-                    .attribute(aws_sdk_ec2::types::InstanceAttributeName::UserData)
-                    .send(),
-            )
-            .map_err(|e| self.err("DescribeInstanceAttribute", e))?;
+        let out = self.instance_attribute(instance_id, aws_sdk_ec2::types::InstanceAttributeName::UserData)?;
         let Some(b64) = out.user_data().and_then(|u| u.value()) else {
             return Ok(None);
         };

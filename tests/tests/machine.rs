@@ -91,8 +91,9 @@ fn machine_layers_end_to_end() {
     // The namespace has the instance's IP; the host reaches it over the bridge only.
     let addrs = m.exec(&["ip", "-4", "-o", "addr"]).unwrap();
     assert!(addrs.contains("10.213.0.10/24"), "{addrs}");
+    // The only way off the segment is the VPC router (the host's bridge address), as in a VPC.
     let routes = m.exec(&["ip", "route"]).unwrap();
-    assert!(!routes.contains("default"), "machines must have no default route: {routes}");
+    assert!(routes.lines().any(|l| l.starts_with(&format!("default via {} dev eth0", seg.gateway))), "the default route must be the VPC router {}: {routes}", seg.gateway);
 
     // IMDSv2 from inside the machine with curl: no token → 401; token → facts.
     let no_token = m.exec(&["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "http://169.254.169.254/latest/meta-data/instance-id"]).unwrap();
