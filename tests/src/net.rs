@@ -1,6 +1,7 @@
-//! Network namespaces, veth pairs and the machines' bridge. Nothing here routes anywhere: the bridge
-//! is an L2 segment with the machines and the harness's gateway address on it, and the namespaces
-//! have no default route, so a machine can reach only its peers, the gateway and its own IMDS.
+//! Network namespaces, veth pairs and the machines' bridge. The bridge is an L2 segment with the
+//! machines and the harness's gateway address on it; the gateway plays the VPC router: the machines'
+//! default route, forwarding only between the bridge's machines (pod routes from the VPC route table),
+//! never off the segment. So a machine reaches its peers (and their pods), the gateway and its own IMDS.
 
 use std::net::Ipv4Addr;
 use std::process::Command;
