@@ -5,7 +5,8 @@
 //!
 //! Rendered today: the RBAC a joining node needs (`bootstrap-rbac.keelson.io`): TLS bootstrapping
 //! for the `system:bootstrappers` group, automatic approval of node client certificates and their
-//! rotation, and the API server's kubelet client (`kubelet-api`); on AWS the cloud-controller-manager
+//! rotation, and the API server's kubelet client (`kubelet-api`); the CNI the spec names
+//! ([`cilium`], `networking.cilium.io`, or [`calico`], `networking.projectcalico.org`); on AWS the cloud-controller-manager
 //! ([`aws_ccm`], `aws-cloud-controller.addons.k8s.io`); the cluster DNS ([`coredns`],
 //! `coredns.addons.k8s.io`), whose pods need initialised nodes; and the spec file's additional
 //! objects (`additional-objects.keelson.io`), except component configurations, which are merged
@@ -14,10 +15,12 @@
 use serde_json::json;
 
 mod aws_ccm;
+mod calico;
 mod cilium;
 mod aws_ebs_csi;
 mod coredns;
 
+pub use calico::CalicoError;
 pub use cilium::CiliumError;
 pub use coredns::CoreDnsError;
 
@@ -71,6 +74,8 @@ pub enum AddonError {
     Output(#[from] OutputError),
     #[error("addon coredns.addons.k8s.io: {0}")]
     CoreDns(#[from] CoreDnsError),
+    #[error("addon networking.projectcalico.org: {0}")]
+    Calico(#[from] CalicoError),
     #[error("addon networking.cilium.io: {0}")]
     Cilium(#[from] CiliumError),
     #[error("addon aws-ebs-csi-driver.addons.k8s.io: {0}")]
@@ -89,6 +94,9 @@ pub fn addons(cluster: &Cluster, versions: &Versions) -> Result<Vec<Addon>, Addo
     let mut addons = vec![Addon { name: "bootstrap-rbac.keelson.io", version: "1.0.0", docs: bootstrap_rbac() }];
     if let Some(docs) = cilium::docs(cluster, versions)? {
         addons.push(Addon { name: cilium::NAME, version: "1.0.0", docs });
+    }
+    if let Some(docs) = calico::docs(cluster, versions)? {
+        addons.push(Addon { name: calico::NAME, version: "1.0.0", docs });
     }
     if let Some(docs) = aws_ccm::docs(cluster) {
         addons.push(Addon { name: aws_ccm::NAME, version: "1.0.0", docs });

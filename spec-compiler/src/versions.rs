@@ -13,6 +13,8 @@
 //! * CoreDNS image: `upup/models/cloudup/resources/addons/coredns.addons.k8s.io/k8s-1.12.yaml.template`
 //! * Cilium default version: `pkg/model/components/cilium.go`; agent/operator image names:
 //!   `upup/models/cloudup/resources/addons/networking.cilium.io/k8s-1.16-v1.15.yaml.template`
+//! * Calico default version and image names (`calico/{node,cni,kube-controllers,typha}` under
+//!   `docker.io`): `upup/models/cloudup/resources/addons/networking.projectcalico.org/k8s-1.25.yaml.template`
 //! * AWS EBS CSI driver version: `pkg/model/components/awsebscsidriver.go`; its image repository and
 //!   sidecar images: `upup/models/cloudup/resources/addons/aws-ebs-csi-driver.addons.k8s.io/k8s-1.17.yaml.template`
 //! * hashes: `pkg/assets/assetdata/*.yaml` (copied into `versions/hashes.tsv`, keyed by canonical URL,
@@ -55,6 +57,11 @@ pub const COREDNS_IMAGE: &str = "registry.k8s.io/coredns/coredns:v1.14.2";
 pub const DEFAULT_CILIUM_VERSION: &str = "v1.18.12";
 /// The only Cilium minor the networking.cilium.io manifest is written for.
 pub const CILIUM_MINOR: (u64, u64) = (1, 18);
+/// The Calico version kOps' `networking.projectcalico.org` template pins when
+/// `spec.networking.calico.version` is unset (kOps leaves the field empty in the completed spec).
+pub const DEFAULT_CALICO_VERSION: &str = "v3.31.6";
+/// Where the Calico images live unless `spec.networking.calico.registry` says otherwise.
+pub const DEFAULT_CALICO_REGISTRY: &str = "docker.io";
 /// Where the Cilium images live unless `spec.networking.cilium.registry` says otherwise.
 pub const DEFAULT_CILIUM_REGISTRY: &str = "quay.io";
 /// Default AWS EBS CSI driver version (`spec.cloudConfig.awsEBSCSIDriver.version`), the image tag.
@@ -752,6 +759,15 @@ impl Asset {
     }
 }
 
+/// The Calico images (`calico-node` and its init containers, `calico-kube-controllers`, Typha).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CalicoImages {
+    pub node: String,
+    pub cni: String,
+    pub kube_controllers: String,
+    pub typha: String,
+}
+
 /// The images of the AWS EBS CSI driver addon, registry rewriting applied.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AwsEbsCsiImages {
@@ -889,6 +905,15 @@ impl Versions {
             self.remap_image(&format!("{registry}/cilium/cilium:{version}")),
             self.remap_image(&format!("{registry}/cilium/operator:{version}")),
         )
+    }
+
+    /// The Calico images for `spec.networking.calico.{registry,version}` (`<registry>/calico/<name>:<version>`,
+    /// defaults [`DEFAULT_CALICO_REGISTRY`] and [`DEFAULT_CALICO_VERSION`]), after registry rewriting.
+    pub fn calico_images(&self, registry: Option<&str>, version: Option<&str>) -> CalicoImages {
+        let registry = registry.unwrap_or(DEFAULT_CALICO_REGISTRY);
+        let version = version.unwrap_or(DEFAULT_CALICO_VERSION);
+        let image = |name: &str| self.remap_image(&format!("{registry}/calico/{name}:{version}"));
+        CalicoImages { node: image("node"), cni: image("cni"), kube_controllers: image("kube-controllers"), typha: image("typha") }
     }
 
     /// The AWS EBS CSI driver and its sidecars after registry rewriting; `driver_version` is the

@@ -166,6 +166,7 @@ type Builder = fn(&Context, &Derived, &mut ClusterSpec);
 const BUILDERS: &[Builder] = &[
     network::build,
     network::cilium,
+    network::calico,
     etcd::build,
     control_plane::api_server,
     control_plane::controller_manager,

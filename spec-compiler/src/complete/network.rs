@@ -252,6 +252,20 @@ pub fn cilium(_ctx: &Context, d: &Derived, spec: &mut ClusterSpec) {
     default(&mut c.gateway_api.get_or_insert_with(|| keelson_api::CiliumGatewayAPISpec { enabled: Some(false), ..Default::default() }).enabled, true);
 }
 
+/// `spec.networking.calico` defaults (kOps `pkg/model/components/calico.go`, `CalicoOptionsBuilder`):
+/// IP-in-IP encapsulation, none on IPv6-only clusters, VXLAN everywhere on Azure (whose fabric drops
+/// IP-in-IP packets). kOps leaves `version` empty (its template falls back to the pinned version).
+pub fn calico(_ctx: &Context, d: &Derived, spec: &mut ClusterSpec) {
+    let azure = spec.cloud_provider.as_deref() == Some("azure");
+    let Some(c) = spec.networking.as_mut().and_then(|n| n.calico.as_mut()) else { return };
+    if azure {
+        default(&mut c.encapsulation_mode, "vxlan".to_string());
+        default(&mut c.vxlan_mode, "Always".to_string());
+    } else {
+        default(&mut c.encapsulation_mode, if d.ipv6 { "none" } else { "ipip" }.to_string());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
