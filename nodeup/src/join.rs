@@ -155,12 +155,9 @@ impl Task for JoinTask {
         vec![paths::KUBELET_KUBECONFIG.into(), paths::KUBE_PROXY_KUBECONFIG.into()]
     }
     fn check(&self, ctx: &Ctx, deps_changed: bool) -> Result<Vec<String>, TaskError> {
-        if deps_changed {
-            return Ok(vec![format!("join the cluster at {} (cluster CA changed)", self.server)]);
-        }
         let problems: Vec<String> = self.wanted().iter().filter_map(|(_, path, cn)| self.problem(ctx, path, cn)).collect();
         if problems.is_empty() {
-            return Ok(vec![]);
+            return Ok(if deps_changed { vec![format!("join the cluster at {} (cluster CA changed)", self.server)] } else { vec![] });
         }
         Ok(vec![format!("join the cluster at {} as {} ({})", self.server, self.node_name, problems.join("; "))])
     }
