@@ -141,14 +141,28 @@ pub fn render(tree: &mut Tree, cluster: &Cluster, versions: &Versions, additiona
 mod tests {
     use super::*;
 
-    /// The completed `examples/ha.yaml` and its versions.
-    pub(crate) fn ha() -> (Cluster, Versions) {
-        let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/ha.yaml"));
-        let docs = crate::load::load_spec(path).expect("load examples/ha.yaml");
+    /// A spec file completed by our compiler, and its versions.
+    fn completed(path: &str) -> (Cluster, Versions) {
+        let docs = crate::load::load_spec(std::path::Path::new(path)).unwrap_or_else(|e| panic!("load {path}: {e:?}"));
         let options = crate::CompileOptions { offline: true, ..Default::default() };
         let completed = crate::complete::complete(&docs, &options).expect("complete");
         let versions = crate::complete::versions_for(&completed.spec, &options).expect("versions");
         (completed, versions)
+    }
+
+    /// The completed `examples/ha.yaml` and its versions.
+    pub(crate) fn ha() -> (Cluster, Versions) {
+        completed(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/ha.yaml"))
+    }
+
+    /// A kOps conformance case (kOps' own input) completed by our compiler.
+    pub(crate) fn case(name: &str) -> (Cluster, Versions) {
+        completed(&format!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/conformance/cases/{}/input.yaml"), name))
+    }
+
+    /// The first document of `kind`.
+    pub(crate) fn kind<'a>(docs: &'a [serde_json::Value], kind: &str) -> &'a serde_json::Value {
+        docs.iter().find(|d| d["kind"] == kind).unwrap_or_else(|| panic!("no {kind} in {docs:#?}"))
     }
 
     #[test]

@@ -724,9 +724,7 @@ pub fn docs(cluster: &Cluster, versions: &Versions) -> Result<Option<Vec<Value>>
 mod tests {
     use super::*;
 
-    fn kind<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
-        docs.iter().find(|d| d["kind"] == kind).unwrap_or_else(|| panic!("no {kind} in {docs:#?}"))
-    }
+    use crate::addons::tests::kind;
 
     fn container<'a>(workload: &'a Value, name: &str) -> &'a Value {
         let containers = workload["spec"]["template"]["spec"]["containers"].as_array().expect("containers");

@@ -864,15 +864,7 @@ pub fn docs(cluster: &Cluster, versions: &Versions) -> Result<Option<Vec<Value>>
 mod tests {
     use super::*;
 
-    /// A conformance case completed by our compiler (kOps' own inputs).
-    fn case(name: &str) -> (Cluster, Versions) {
-        let path = format!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/conformance/cases/{}/input.yaml"), name);
-        let docs = crate::load::load_spec(std::path::Path::new(&path)).expect("load case");
-        let options = crate::CompileOptions { offline: true, ..Default::default() };
-        let completed = crate::complete::complete(&docs, &options).expect("complete");
-        let versions = crate::complete::versions_for(&completed.spec, &options).expect("versions");
-        (completed, versions)
-    }
+    use crate::addons::tests::case;
 
     fn calico_of(cluster: &mut Cluster) -> &mut CalicoNetworkingSpec {
         cluster.spec.networking.as_mut().and_then(|n| n.calico.as_mut()).expect("calico")

@@ -821,19 +821,9 @@ pub fn docs(cluster: &Cluster, versions: &Versions) -> Result<Option<Vec<Value>>
 mod tests {
     use super::*;
 
-    /// A conformance case completed by our compiler (kOps' own inputs).
-    fn case(name: &str) -> (Cluster, Versions) {
-        let path = format!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/conformance/cases/{}/input.yaml"), name);
-        let docs = crate::load::load_spec(std::path::Path::new(&path)).expect("load case");
-        let options = crate::CompileOptions { offline: true, ..Default::default() };
-        let completed = crate::complete::complete(&docs, &options).expect("complete");
-        let versions = crate::complete::versions_for(&completed.spec, &options).expect("versions");
-        (completed, versions)
-    }
+    use crate::addons::tests::case;
 
-    fn kind<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
-        docs.iter().find(|d| d["kind"] == kind).unwrap_or_else(|| panic!("no {kind}"))
-    }
+    use crate::addons::tests::kind;
 
     fn render(name: &str) -> Vec<Value> {
         let (cluster, versions) = case(name);

@@ -398,9 +398,7 @@ pub fn docs(cluster: &Cluster, versions: &Versions) -> Result<Option<Vec<Value>>
 mod tests {
     use super::*;
 
-    fn kind<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
-        docs.iter().find(|d| d["kind"] == kind).unwrap_or_else(|| panic!("no {kind} in {docs:#?}"))
-    }
+    use crate::addons::tests::kind;
 
     fn corefile(docs: &[Value]) -> String {
         kind(docs, "ConfigMap")["data"]["Corefile"].as_str().expect("Corefile").to_string()
