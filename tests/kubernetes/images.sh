@@ -226,6 +226,26 @@ stage_static_base() {
   fi
 }
 
+# claim_cache_entry NAME KEY: sets out=$root/NAME-KEY; returns 1 when that entry is complete. Otherwise
+# holds its lock (fd 8, until the script ends), makes the scratch directory tmp (removed on exit unless
+# finish_layout moves it into place) and sets start; returns 0.
+claim_cache_entry() {
+  local name=$1 key=$2
+  out="$root/$name-$key"
+  if [ -f "$out/.complete" ]; then return 1; fi
+  umask 022
+  mkdir -p "$root"
+  exec 8>"$root/.$name-$key.lock"
+  flock 8
+  if [ -f "$out/.complete" ]; then return 1; fi
+  rm -rf "$root/.tmp-$name-$key".*
+  tmp=$(mktemp -d "$root/.tmp-$name-$key.XXXXXX")
+  # shellcheck disable=SC2064 # expand now
+  trap "rm -rf -- '$tmp'" EXIT
+  chmod 755 "$tmp"
+  start=$(date +%s)
+}
+
 # finish_layout TMP OUT WHAT START: garbage-collect the layout in TMP, record the build, move it to OUT
 # (the cache entry, marked complete) and print OUT/oci.
 finish_layout() {
@@ -395,22 +415,10 @@ cmd_build_ccm() {
   [[ $version =~ ^1\.[0-9]+\.[0-9]+$ ]] || die "'$1' is not a cloud-provider-aws version (1.MINOR.PATCH)"
   bin=$("$here/build-ccm.sh" "$version" | tail -n1) || die "building the AWS CCM v$version (tests/kubernetes/build-ccm.sh) failed"
   [ -x "$bin/$CCM_BINARY" ] || die "tests/kubernetes/build-ccm.sh printed '$bin', which has no $CCM_BINARY"
-  key=$({ echo "ccm $version"; sha256sum <"$bin/$CCM_BINARY"; sed -n '/^# --- BEGIN aws-cloud-controller-manager/,/^# --- END aws-cloud-controller-manager/p' "$self"; declare -f stage_static_base finish_layout; } |
+  key=$({ echo "ccm $version"; sha256sum <"$bin/$CCM_BINARY"; sed -n '/^# --- BEGIN aws-cloud-controller-manager/,/^# --- END aws-cloud-controller-manager/p' "$self"; declare -f claim_cache_entry stage_static_base finish_layout; } |
     sha256sum | cut -c1-16)
-  out="$root/ccm-$key"
-  if [ -f "$out/.complete" ]; then echo "$out/oci"; return; fi
   WHY="build the CCM image" need go umoci jq tar flock find
-  umask 022
-  mkdir -p "$root"
-  exec 8>"$root/.ccm-$key.lock"
-  flock 8
-  if [ -f "$out/.complete" ]; then echo "$out/oci"; return; fi
-  rm -rf "$root/.tmp-ccm-$key".*
-  tmp=$(mktemp -d "$root/.tmp-ccm-$key.XXXXXX")
-  # shellcheck disable=SC2064 # expand now: tmp is local
-  trap "rm -rf -- '$tmp'" EXIT
-  chmod 755 "$tmp"
-  start=$(date +%s)
+  claim_cache_entry ccm "$key" || { echo "$out/oci"; return; }
   arch=$(go env GOARCH)
   layout="$tmp/oci"
   layers="$tmp/work/layers"
@@ -451,21 +459,9 @@ cmd_build_coredns() {
   [[ $version =~ ^1\.[0-9]+\.[0-9]+$ ]] || die "'$1' is not a CoreDNS version (1.MINOR.PATCH)"
   WHY="build the CoreDNS image" need go umoci jq tar flock find
   arch=$(go env GOARCH)
-  key=$({ echo "coredns $version $arch"; sed -n '/^# --- BEGIN coredns image/,/^# --- END coredns image/p' "$self"; declare -f stage_static_base finish_layout; } |
+  key=$({ echo "coredns $version $arch"; sed -n '/^# --- BEGIN coredns image/,/^# --- END coredns image/p' "$self"; declare -f claim_cache_entry stage_static_base finish_layout; } |
     sha256sum | cut -c1-16)
-  out="$root/coredns-$key"
-  if [ -f "$out/.complete" ]; then echo "$out/oci"; return; fi
-  umask 022
-  mkdir -p "$root"
-  exec 8>"$root/.coredns-$key.lock"
-  flock 8
-  if [ -f "$out/.complete" ]; then echo "$out/oci"; return; fi
-  rm -rf "$root/.tmp-coredns-$key".*
-  tmp=$(mktemp -d "$root/.tmp-coredns-$key.XXXXXX")
-  # shellcheck disable=SC2064 # expand now: tmp is local
-  trap "rm -rf -- '$tmp'" EXIT
-  chmod 755 "$tmp"
-  start=$(date +%s)
+  claim_cache_entry coredns "$key" || { echo "$out/oci"; return; }
   layout="$tmp/oci"
   layers="$tmp/work/layers"
   stage="$tmp/work/stage"
