@@ -2,12 +2,14 @@
 //!
 //! Owns: the state store at `ConfigBase` ([`store`]: `file://`, `http(s)://`, `s3://`), the pin that
 //! ties a BootConfig to its NodeupConfig ([`nodeup_config_hash`]), the cluster PKI ([`pki`]), atomic
-//! file writes ([`fs`]) and file trees ([`Tree`]), asset references `sha256@url` ([`asset`]), the one IMDSv2 client ([`imds`]) and,
+//! file writes ([`fs`]) and file trees ([`Tree`]), the etcd backup store's layout, retention and
+//! restore protocol ([`etcd_backup`]), asset references `sha256@url` ([`asset`]), the one IMDSv2 client ([`imds`]) and,
 //! with feature `aws`, the one AWS SDK configuration ([`aws`]). Must not: know about instance groups,
 //! Kubernetes components or cloud resources — those belong to the compiler, nodeup, protokube and
 //! `keelson-cloud`; nor read the environment except the documented AWS variables the SDK reads.
 
 pub mod asset;
+pub mod etcd_backup;
 #[cfg(feature = "aws")]
 pub mod aws;
 pub mod fs;

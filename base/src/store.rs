@@ -116,6 +116,23 @@ impl ConfigBase {
     }
 }
 
+/// Copy `src` to `dst` through a temp file beside it (fsync, rename): readers see the whole file or nothing.
+fn copy_atomic(src: &Path, dst: &Path) -> std::io::Result<()> {
+    if let Some(parent) = dst.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let temp = crate::fs::temp_path_for(dst);
+    let result = (|| {
+        std::fs::copy(src, &temp)?;
+        std::fs::File::open(&temp)?.sync_all()?;
+        std::fs::rename(&temp, dst)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
+    result
+}
+
 /// The lock object under ConfigBase that keeps two apply / delete / rolling-update runs apart.
 pub const LOCK_FILE: &str = "keelson.lock";
 
@@ -242,6 +259,129 @@ impl StateStore {
             Backend::S3(client) => {
                 let ConfigBase::S3 { bucket, prefix } = &self.base else { return Err(StoreError::NoS3 { base: self.base.to_string() }) };
                 s3::delete(client, bucket, &ConfigBase::s3_key(prefix, rel)).await
+            }
+        }
+    }
+
+    /// Write one object from a local file, streamed (never read whole into memory); atomic on
+    /// `file://` (temp file + rename).
+    pub async fn put_file(&self, rel: &str, source: &Path) -> Result<(), StoreError> {
+        match &self.backend {
+            Backend::File(dir) => {
+                let path = dir.join(rel.trim_start_matches('/'));
+                let (src, dst) = (source.to_path_buf(), path.clone());
+                tokio::task::spawn_blocking(move || copy_atomic(&src, &dst))
+                    .await
+                    .map_err(|e| StoreError::Io { path: path.clone(), source: std::io::Error::other(e) })?
+                    .map_err(|source| StoreError::Io { path, source })
+            }
+            Backend::Http(_) => Err(StoreError::ReadOnly { base: self.base.to_string(), op: "write" }),
+            #[cfg(feature = "aws")]
+            Backend::S3(client) => {
+                let ConfigBase::S3 { bucket, prefix } = &self.base else { return Err(StoreError::NoS3 { base: self.base.to_string() }) };
+                s3::put_file(client, bucket, &ConfigBase::s3_key(prefix, rel), source).await
+            }
+        }
+    }
+
+    /// Read one object in chunks, handing each to `sink` (never whole in memory); `Ok(None)` when
+    /// it does not exist, else the number of bytes read.
+    pub async fn read_chunks(&self, rel: &str, mut sink: impl FnMut(&[u8]) -> std::io::Result<()>) -> Result<Option<u64>, StoreError> {
+        let sink_err = |path: String| move |source| StoreError::Io { path: PathBuf::from(path), source };
+        match &self.backend {
+            Backend::File(dir) => {
+                use tokio::io::AsyncReadExt as _;
+                let path = dir.join(rel.trim_start_matches('/'));
+                let mut f = match tokio::fs::File::open(&path).await {
+                    Ok(f) => f,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                    Err(source) => return Err(StoreError::Io { path, source }),
+                };
+                let mut buf = vec![0u8; 1 << 16];
+                let mut total = 0u64;
+                loop {
+                    let n = f.read(&mut buf).await.map_err(|source| StoreError::Io { path: path.clone(), source })?;
+                    if n == 0 {
+                        return Ok(Some(total));
+                    }
+                    total += n as u64;
+                    sink(&buf[..n]).map_err(sink_err(self.url(rel)))?;
+                }
+            }
+            Backend::Http(client) => {
+                let url = self.url(rel);
+                let mut resp = client.get(&url).send().await.map_err(|source| StoreError::Http { url: url.clone(), source })?;
+                if resp.status() == reqwest::StatusCode::NOT_FOUND {
+                    return Ok(None);
+                }
+                if !resp.status().is_success() {
+                    return Err(StoreError::Status { url, status: resp.status().as_u16() });
+                }
+                let mut total = 0u64;
+                while let Some(chunk) = resp.chunk().await.map_err(|source| StoreError::Http { url: url.clone(), source })? {
+                    total += chunk.len() as u64;
+                    sink(&chunk).map_err(sink_err(url.clone()))?;
+                }
+                Ok(Some(total))
+            }
+            #[cfg(feature = "aws")]
+            Backend::S3(client) => {
+                let ConfigBase::S3 { bucket, prefix } = &self.base else { return Err(StoreError::NoS3 { base: self.base.to_string() }) };
+                s3::read_chunks(client, bucket, &ConfigBase::s3_key(prefix, rel), &mut sink).await
+            }
+        }
+    }
+
+    /// Size and lower-case hex sha256 of one object, read streamed; `Ok(None)` when it does not exist.
+    pub async fn digest(&self, rel: &str) -> Result<Option<(u64, String)>, StoreError> {
+        use sha2::Digest as _;
+        let mut hasher = sha2::Sha256::new();
+        let size = self
+            .read_chunks(rel, |chunk| {
+                hasher.update(chunk);
+                Ok(())
+            })
+            .await?;
+        Ok(size.map(|n| (n, hex::encode(hasher.finalize()))))
+    }
+
+    /// Copy one object to a local file (streamed, written to a temp file and renamed into place);
+    /// returns its size and sha256, or `Ok(None)` when it does not exist.
+    pub async fn download(&self, rel: &str, dest: &Path) -> Result<Option<(u64, String)>, StoreError> {
+        use sha2::Digest as _;
+        use std::io::Write as _;
+        let io = |source| StoreError::Io { path: dest.to_path_buf(), source };
+        if let Some(parent) = dest.parent() {
+            std::fs::create_dir_all(parent).map_err(io)?;
+        }
+        let temp = crate::fs::temp_path_for(dest);
+        let mut file = std::io::BufWriter::new(std::fs::File::create(&temp).map_err(io)?);
+        let mut hasher = sha2::Sha256::new();
+        let read = self
+            .read_chunks(rel, |chunk| {
+                hasher.update(chunk);
+                file.write_all(chunk)
+            })
+            .await;
+        let finish = |file: std::io::BufWriter<std::fs::File>| -> std::io::Result<()> {
+            let f = file.into_inner().map_err(|e| e.into_error())?;
+            f.sync_all()?;
+            std::fs::rename(&temp, dest)
+        };
+        match read {
+            Ok(Some(n)) => {
+                finish(file).map_err(io)?;
+                Ok(Some((n, hex::encode(hasher.finalize()))))
+            }
+            Ok(None) => {
+                drop(file);
+                let _ = std::fs::remove_file(&temp);
+                Ok(None)
+            }
+            Err(e) => {
+                drop(file);
+                let _ = std::fs::remove_file(&temp);
+                Err(e)
             }
         }
     }
@@ -472,6 +612,51 @@ mod s3 {
         }
         req.send().await.map_err(|e| err("PutObject", bucket, key, e.into_service_error()))?;
         Ok(())
+    }
+
+    pub async fn put_file(client: &aws_sdk_s3::Client, bucket: &str, key: &str, source: &std::path::Path) -> Result<(), StoreError> {
+        let body = ByteStream::from_path(source).await.map_err(|e| StoreError::S3 {
+            op: "PutObject",
+            bucket: bucket.into(),
+            key: key.into(),
+            message: format!("reading {}: {e}", source.display()),
+            source: Box::new(e),
+        })?;
+        client.put_object().bucket(bucket).key(key).body(body).send().await.map_err(|e| err("PutObject", bucket, key, e.into_service_error()))?;
+        Ok(())
+    }
+
+    pub async fn read_chunks(
+        client: &aws_sdk_s3::Client,
+        bucket: &str,
+        key: &str,
+        sink: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> Result<Option<u64>, StoreError> {
+        let resp = match client.get_object().bucket(bucket).key(key).send().await {
+            Ok(r) => r,
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => return Ok(None),
+            Err(e) => return Err(err("GetObject", bucket, key, e)),
+        };
+        let mut body = resp.body;
+        let mut total = 0u64;
+        loop {
+            let next = body.try_next().await.map_err(|e| StoreError::S3 {
+                op: "GetObject",
+                bucket: bucket.into(),
+                key: key.into(),
+                message: e.to_string(),
+                source: Box::new(e),
+            })?;
+            let Some(chunk) = next else { return Ok(Some(total)) };
+            total += chunk.len() as u64;
+            sink(&chunk).map_err(|e| StoreError::S3 {
+                op: "GetObject",
+                bucket: bucket.into(),
+                key: key.into(),
+                message: format!("writing what was read: {e}"),
+                source: Box::new(e),
+            })?;
+        }
     }
 
     pub async fn delete(client: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Result<(), StoreError> {

@@ -1,0 +1,493 @@
+//! The etcd backup store: its layout, backup metadata, retention, and the restore protocol that
+//! `keelson etcd backup …` and protokube share.
+//!
+//! One etcd cluster's backup store is `etcdClusters[].backups.backupStore` (kOps' default
+//! `<ConfigBase>/backups/etcd/<name>`: the store already names its etcd cluster). Under it:
+//!
+//! - `<RFC3339>-<seq>/snapshot.db`: the snapshot exactly as etcd streams it (the bbolt database and
+//!   its sha256 trailer, which `etcdutl snapshot restore` checks);
+//! - `<RFC3339>-<seq>/meta.json`: [`BackupMeta`], written last and only after the uploaded snapshot
+//!   was read back and its sha256 matched: a backup without it is incomplete and never offered;
+//! - `control/restore.json`: the one [`RestoreRequest`] (written by `keelson etcd backup restore`);
+//! - `control/restore-status/<member>.json`: each member's [`MemberStatus`] in that restore;
+//! - `control/backup-request.json` / `control/backup-request-done.json`: a backup asked for by
+//!   `keelson etcd backup create`, and which backup answered it.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+use crate::store::{StateStore, StoreError};
+
+pub const SNAPSHOT_FILE: &str = "snapshot.db";
+pub const META_FILE: &str = "meta.json";
+pub const CONTROL_DIR: &str = "control";
+pub const RESTORE_REQUEST: &str = "control/restore.json";
+pub const BACKUP_REQUEST: &str = "control/backup-request.json";
+pub const BACKUP_REQUEST_DONE: &str = "control/backup-request-done.json";
+
+/// kOps' default interval between scheduled backups.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(15 * 60);
+/// kOps' default retention of daily backups (`manager.backupRetentionDays`).
+pub const DEFAULT_RETENTION_DAYS: u64 = 90;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackupError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{url}: {message}")]
+    Invalid { url: String, message: String },
+    #[error("backup {id} is not in {store} (`keelson etcd backup list` shows what is)")]
+    NotFound { id: String, store: String },
+    #[error("{url}: integrity check failed: {message}")]
+    Integrity { url: String, message: String },
+}
+
+const ID_FORMAT: &[time::format_description::FormatItem<'static>] =
+    time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]Z");
+
+/// `<RFC3339 UTC, seconds>-<6-digit sequence>`: sorts by time, unique per store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BackupId {
+    pub taken_at: OffsetDateTime,
+    pub seq: u64,
+}
+
+impl BackupId {
+    pub fn parse(text: &str) -> Option<BackupId> {
+        let (at, seq) = text.rsplit_once('-')?;
+        if seq.len() < 6 || !seq.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let taken_at = time::PrimitiveDateTime::parse(at, ID_FORMAT).ok()?.assume_utc();
+        Some(BackupId { taken_at, seq: seq.parse().ok()? })
+    }
+}
+
+impl std::fmt::Display for BackupId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let at = self.taken_at.to_offset(time::UtcOffset::UTC).format(ID_FORMAT).map_err(|_| std::fmt::Error)?;
+        write!(f, "{at}-{:06}", self.seq)
+    }
+}
+
+/// RFC 3339 (UTC, seconds) of `t`.
+pub fn rfc3339(t: OffsetDateTime) -> String {
+    t.to_offset(time::UtcOffset::UTC).format(ID_FORMAT).unwrap_or_default()
+}
+
+pub fn parse_rfc3339(text: &str) -> Option<OffsetDateTime> {
+    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).ok()
+}
+
+/// What one backup holds, written next to its snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupMeta {
+    pub id: String,
+    pub etcd_cluster: String,
+    /// RFC 3339.
+    pub taken_at: String,
+    /// `scheduled`, `requested`, `before member change`, `before etcd upgrade`.
+    pub reason: String,
+    /// The member protokube took it from, and the etcd version that member ran.
+    pub taken_from: String,
+    pub etcd_version: String,
+    /// etcd's cluster ID (decimal) and the member names at the time.
+    pub cluster_id: String,
+    pub members: Vec<String>,
+    /// The store revision the snapshot holds.
+    pub revision: i64,
+    pub size: u64,
+    pub sha256: String,
+}
+
+/// Which backups to keep (kOps' documented policy): every backup of the last hour, the first
+/// backup of every hour for 7 days, the first of every day for `daily` (90 days unless the spec's
+/// `manager.backupRetentionDays` says otherwise). The newest backup is always kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    pub keep_all: Duration,
+    pub hourly: Duration,
+    pub daily: Duration,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention::with_daily_days(DEFAULT_RETENTION_DAYS)
+    }
+}
+
+impl Retention {
+    pub fn with_daily_days(days: u64) -> Retention {
+        Retention { keep_all: Duration::from_secs(3600), hourly: Duration::from_secs(7 * 86400), daily: Duration::from_secs(days * 86400) }
+    }
+
+    /// The backups of `ids` this policy drops at `now`.
+    pub fn expired(&self, ids: &[BackupId], now: OffsetDateTime) -> Vec<BackupId> {
+        let mut sorted = ids.to_vec();
+        sorted.sort();
+        let newest = sorted.last().copied();
+        let mut hours_seen = std::collections::BTreeSet::new();
+        let mut days_seen = std::collections::BTreeSet::new();
+        let mut out = Vec::new();
+        for id in sorted {
+            let age = now - id.taken_at;
+            let hour = id.taken_at.unix_timestamp().div_euclid(3600);
+            let day = id.taken_at.unix_timestamp().div_euclid(86400);
+            // (first of its hour / day: ascending order means the first seen)
+            let first_of_hour = hours_seen.insert(hour);
+            let first_of_day = days_seen.insert(day);
+            let keep = Some(id) == newest
+                || age < self.keep_all
+                || (first_of_hour && age < self.hourly)
+                || (first_of_day && age < self.daily);
+            if !keep {
+                out.push(id);
+            }
+        }
+        out
+    }
+}
+
+/// A restore asked for by `keelson etcd backup restore`; members act on it, the command drives its
+/// phase forward once every member reports the step before done.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreRequest {
+    pub id: String,
+    pub backup: String,
+    pub phase: RestorePhase,
+    /// The member names that must take part (the spec's).
+    pub members: Vec<String>,
+    pub requested_at: String,
+    pub requested_by: String,
+}
+
+impl RestoreRequest {
+    /// The restored cluster's `--initial-cluster-token`: a new cluster identity per restore, so a
+    /// member still on the old data can never rejoin it.
+    pub fn cluster_token(&self, etcd_cluster: &str, cluster_name: &str) -> String {
+        format!("keelson-{etcd_cluster}-{cluster_name}-restore-{}", self.id)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RestorePhase {
+    /// Every member stops serving and moves its data directory aside.
+    Stop,
+    /// Every member restores the snapshot and starts again.
+    Restore,
+    /// The restored cluster is healthy: the moved-aside data may go.
+    Complete,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum MemberState {
+    Stopped,
+    Restored,
+    Healthy,
+    Failed,
+}
+
+/// One member's progress through a restore.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberStatus {
+    pub request: String,
+    pub member: String,
+    pub state: MemberState,
+    pub at: String,
+    #[serde(default)]
+    pub detail: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_id: Option<String>,
+    /// Members the local etcd lists as started (Healthy only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_members: Option<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupRequest {
+    pub id: String,
+    pub requested_at: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupRequestDone {
+    pub id: String,
+    pub backup: String,
+}
+
+/// A fresh request identifier: the time and this process (unique per store in practice, and a
+/// rerun of the same command resumes the stored request rather than making a new one).
+pub fn request_id(now: OffsetDateTime) -> String {
+    format!("{}-{}", now.unix_timestamp(), std::process::id())
+}
+
+/// One etcd cluster's backup store.
+#[derive(Debug, Clone)]
+pub struct BackupStore {
+    store: StateStore,
+}
+
+impl BackupStore {
+    pub fn new(store: StateStore) -> BackupStore {
+        BackupStore { store }
+    }
+
+    pub fn url(&self, rel: &str) -> String {
+        self.store.url(rel)
+    }
+
+    fn key(id: &BackupId, file: &str) -> String {
+        format!("{id}/{file}")
+    }
+
+    /// Every complete backup (its metadata written), oldest first.
+    pub async fn ids(&self) -> Result<Vec<BackupId>, BackupError> {
+        let mut ids: Vec<BackupId> = self
+            .store
+            .list("")
+            .await?
+            .iter()
+            .filter_map(|k| k.strip_suffix(&format!("/{META_FILE}")))
+            .filter_map(BackupId::parse)
+            .collect();
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// Every backup directory, complete or not (what the sequence must not reuse).
+    async fn all_ids(&self) -> Result<Vec<BackupId>, BackupError> {
+        Ok(self.store.list("").await?.iter().filter_map(|k| k.split('/').next()).filter_map(BackupId::parse).collect())
+    }
+
+    pub async fn meta(&self, id: &BackupId) -> Result<BackupMeta, BackupError> {
+        let key = Self::key(id, META_FILE);
+        let bytes = self.store.get(&key).await?.ok_or_else(|| BackupError::NotFound { id: id.to_string(), store: self.url("") })?;
+        serde_json::from_slice(&bytes).map_err(|e| BackupError::Invalid { url: self.url(&key), message: e.to_string() })
+    }
+
+    /// Every complete backup's metadata, oldest first.
+    pub async fn list(&self) -> Result<Vec<BackupMeta>, BackupError> {
+        let mut out = Vec::new();
+        for id in self.ids().await? {
+            out.push(self.meta(&id).await?);
+        }
+        Ok(out)
+    }
+
+    /// The id of a new backup taken at `now`.
+    pub async fn next_id(&self, now: OffsetDateTime) -> Result<BackupId, BackupError> {
+        let seq = self.all_ids().await?.iter().map(|i| i.seq).max().unwrap_or(0) + 1;
+        let taken_at = now.replace_nanosecond(0).unwrap_or(now);
+        Ok(BackupId { taken_at, seq })
+    }
+
+    /// Upload a snapshot (streamed from `snapshot`), read it back to check size and sha256 against
+    /// `meta`, then write the metadata that makes the backup visible.
+    pub async fn upload(&self, id: &BackupId, snapshot: &Path, meta: &BackupMeta) -> Result<(), BackupError> {
+        let key = Self::key(id, SNAPSHOT_FILE);
+        self.store.put_file(&key, snapshot).await?;
+        match self.store.digest(&key).await? {
+            Some((size, sha)) if size == meta.size && sha == meta.sha256 => {}
+            got => {
+                let _ = self.store.delete(&key).await;
+                return Err(BackupError::Integrity {
+                    url: self.url(&key),
+                    message: format!("read back {got:?}, uploaded {} bytes with sha256 {}", meta.size, meta.sha256),
+                });
+            }
+        }
+        let text = serde_json::to_vec_pretty(meta).map_err(|e| BackupError::Invalid { url: self.url(&key), message: e.to_string() })?;
+        self.store.put(&Self::key(id, META_FILE), &text).await?;
+        Ok(())
+    }
+
+    /// Download backup `id` to `dest` and check it against its metadata.
+    pub async fn fetch(&self, id: &BackupId, dest: &Path) -> Result<BackupMeta, BackupError> {
+        let meta = self.meta(id).await?;
+        let key = Self::key(id, SNAPSHOT_FILE);
+        match self.store.download(&key, dest).await? {
+            Some((size, sha)) if size == meta.size && sha == meta.sha256 => Ok(meta),
+            got => {
+                let _ = std::fs::remove_file(dest);
+                Err(BackupError::Integrity { url: self.url(&key), message: format!("downloaded {got:?}, metadata says {} bytes, sha256 {}", meta.size, meta.sha256) })
+            }
+        }
+    }
+
+    /// Delete one backup (metadata first, so it is never seen half-deleted).
+    pub async fn delete(&self, id: &BackupId) -> Result<(), BackupError> {
+        self.store.delete(&Self::key(id, META_FILE)).await?;
+        self.store.delete(&Self::key(id, SNAPSHOT_FILE)).await?;
+        Ok(())
+    }
+
+    /// Apply `retention` at `now`: delete what it drops, and incomplete uploads older than a day.
+    pub async fn prune(&self, now: OffsetDateTime, retention: &Retention) -> Result<Vec<BackupId>, BackupError> {
+        let complete = self.ids().await?;
+        let mut gone = retention.expired(&complete, now);
+        for id in self.all_ids().await? {
+            if !complete.contains(&id) && now - id.taken_at > time::Duration::days(1) && !gone.contains(&id) {
+                gone.push(id);
+            }
+        }
+        gone.sort();
+        gone.dedup();
+        for id in &gone {
+            self.delete(id).await?;
+        }
+        Ok(gone)
+    }
+
+    async fn get_json<T: serde::de::DeserializeOwned>(&self, key: &str) -> Result<Option<T>, BackupError> {
+        match self.store.get(key).await? {
+            None => Ok(None),
+            Some(b) => serde_json::from_slice(&b).map(Some).map_err(|e| BackupError::Invalid { url: self.url(key), message: e.to_string() }),
+        }
+    }
+
+    async fn put_json<T: Serialize>(&self, key: &str, value: &T) -> Result<(), BackupError> {
+        let text = serde_json::to_vec_pretty(value).map_err(|e| BackupError::Invalid { url: self.url(key), message: e.to_string() })?;
+        Ok(self.store.put(key, &text).await?)
+    }
+
+    pub async fn restore_request(&self) -> Result<Option<RestoreRequest>, BackupError> {
+        self.get_json(RESTORE_REQUEST).await
+    }
+
+    pub async fn put_restore_request(&self, r: &RestoreRequest) -> Result<(), BackupError> {
+        self.put_json(RESTORE_REQUEST, r).await
+    }
+
+    pub fn member_status_key(member: &str) -> String {
+        format!("{CONTROL_DIR}/restore-status/{member}.json")
+    }
+
+    pub async fn member_status(&self, member: &str) -> Result<Option<MemberStatus>, BackupError> {
+        self.get_json(&Self::member_status_key(member)).await
+    }
+
+    pub async fn put_member_status(&self, s: &MemberStatus) -> Result<(), BackupError> {
+        self.put_json(&Self::member_status_key(&s.member), s).await
+    }
+
+    pub async fn backup_request(&self) -> Result<Option<BackupRequest>, BackupError> {
+        self.get_json(BACKUP_REQUEST).await
+    }
+
+    pub async fn put_backup_request(&self, r: &BackupRequest) -> Result<(), BackupError> {
+        self.put_json(BACKUP_REQUEST, r).await
+    }
+
+    pub async fn backup_request_done(&self) -> Result<Option<BackupRequestDone>, BackupError> {
+        self.get_json(BACKUP_REQUEST_DONE).await
+    }
+
+    pub async fn put_backup_request_done(&self, r: &BackupRequestDone) -> Result<(), BackupError> {
+        self.put_json(BACKUP_REQUEST_DONE, r).await
+    }
+}
+
+/// The backup store of etcd cluster `name` when the spec names none: kOps' default.
+pub fn default_store(config_base: &str, name: &str) -> String {
+    format!("{}/backups/etcd/{name}", config_base.trim_end_matches('/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(text: &str) -> OffsetDateTime {
+        parse_rfc3339(text).expect(text)
+    }
+
+    #[test]
+    fn ids_round_trip_and_sort_by_time() {
+        let id = BackupId::parse("2026-11-24T10:41:18Z-000042").expect("parses");
+        assert_eq!(id.seq, 42);
+        assert_eq!(id.to_string(), "2026-11-24T10:41:18Z-000042");
+        assert_eq!(id.taken_at, at("2026-11-24T10:41:18Z"));
+        for bad in ["2026-11-24T10:41:18Z", "control", "2026-11-24T10:41:18Z-42", "x-000001", "2026-13-24T10:41:18Z-000001"] {
+            assert_eq!(BackupId::parse(bad), None, "{bad}");
+        }
+        let a = BackupId::parse("2026-11-24T09:00:00Z-000009").expect("a");
+        assert!(a < id);
+    }
+
+    /// A backup every 15 minutes for 120 days, pruned once at the end: what survives is every
+    /// backup of the last hour, one per hour for 7 days, one per day for 90 days.
+    #[test]
+    fn retention_keeps_recent_hourly_and_daily() {
+        let start = at("2026-01-01T00:00:00Z");
+        let now = start + time::Duration::days(120);
+        let ids: Vec<BackupId> = (0..120 * 96).map(|i| BackupId { taken_at: start + time::Duration::minutes(15 * i + 1), seq: i as u64 }).collect();
+        let r = Retention::default();
+        let gone: std::collections::HashSet<BackupId> = r.expired(&ids, now).into_iter().collect();
+        let kept: Vec<&BackupId> = ids.iter().filter(|i| !gone.contains(i)).collect();
+        let age = |i: &BackupId| now - i.taken_at;
+        assert_eq!(kept.iter().filter(|i| age(i) < time::Duration::hours(1)).count(), 4, "all of the last hour");
+        let hourly = kept.iter().filter(|i| age(i) >= time::Duration::hours(1) && age(i) < time::Duration::days(7)).count();
+        assert!((167..=168).contains(&hourly), "one per hour for 7 days: {hourly}");
+        let daily = kept.iter().filter(|i| age(i) >= time::Duration::days(7)).count();
+        assert!((83..=84).contains(&daily), "one per day from 7 to 90 days: {daily}");
+        assert!(kept.iter().all(|i| age(i) < time::Duration::days(90)), "nothing older than 90 days");
+        // The spec's retention wins.
+        let short = Retention::with_daily_days(10);
+        let gone10: std::collections::HashSet<BackupId> = short.expired(&ids, now).into_iter().collect();
+        let kept10: Vec<&BackupId> = ids.iter().filter(|i| !gone10.contains(i)).collect();
+        assert!(kept10.len() < kept.len() && kept10.iter().all(|i| age(i) < time::Duration::days(10)));
+        // The newest backup is kept however old it is.
+        let old = [BackupId { taken_at: start, seq: 1 }];
+        assert!(r.expired(&old, now).is_empty());
+    }
+
+    #[tokio::test]
+    async fn upload_checks_and_lists_prunes_and_fetches() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let store = BackupStore::new(StateStore::dir(&d.path().join("backups")));
+        let snap = d.path().join("snap.db");
+        std::fs::write(&snap, b"snapshot bytes").expect("write");
+        let now = at("2026-11-24T10:00:00Z");
+        let id = store.next_id(now).await.expect("id");
+        assert_eq!(id.to_string(), "2026-11-24T10:00:00Z-000001");
+        let mut meta = BackupMeta {
+            id: id.to_string(),
+            etcd_cluster: "main".into(),
+            taken_at: rfc3339(now),
+            reason: "scheduled".into(),
+            taken_from: "etcd-a".into(),
+            etcd_version: "3.5.21".into(),
+            cluster_id: "1".into(),
+            members: vec!["etcd-a".into()],
+            revision: 7,
+            size: 14,
+            sha256: crate::sha256_hex(b"snapshot bytes"),
+        };
+        // A wrong hash is refused and leaves nothing visible.
+        let bad = BackupMeta { sha256: "00".into(), ..meta.clone() };
+        assert!(matches!(store.upload(&id, &snap, &bad).await, Err(BackupError::Integrity { .. })));
+        assert!(store.ids().await.expect("ids").is_empty());
+        store.upload(&id, &snap, &meta).await.expect("upload");
+        assert_eq!(store.list().await.expect("list"), vec![meta.clone()]);
+        let id2 = store.next_id(now + time::Duration::days(2)).await.expect("id2");
+        assert_eq!(id2.seq, 2);
+        meta.id = id2.to_string();
+        store.upload(&id2, &snap, &meta).await.expect("upload 2");
+        let got = d.path().join("restore/snap.db");
+        assert_eq!(store.fetch(&id2, &got).await.expect("fetch").id, id2.to_string());
+        assert_eq!(std::fs::read(&got).expect("read"), b"snapshot bytes");
+        let gone = store.prune(now + time::Duration::days(100), &Retention::default()).await.expect("prune");
+        assert_eq!(gone, vec![id]);
+        assert_eq!(store.ids().await.expect("ids"), vec![id2]);
+        assert!(matches!(store.fetch(&id, &got).await, Err(BackupError::NotFound { .. })));
+    }
+}
