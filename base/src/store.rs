@@ -286,7 +286,7 @@ impl StateStore {
 
     /// Read one object in chunks, handing each to `sink` (never whole in memory); `Ok(None)` when
     /// it does not exist, else the number of bytes read.
-    pub async fn read_chunks(&self, rel: &str, mut sink: impl FnMut(&[u8]) -> std::io::Result<()>) -> Result<Option<u64>, StoreError> {
+    pub async fn read_chunks(&self, rel: &str, mut sink: impl FnMut(&[u8]) -> std::io::Result<()> + Send) -> Result<Option<u64>, StoreError> {
         let sink_err = |path: String| move |source| StoreError::Io { path: PathBuf::from(path), source };
         match &self.backend {
             Backend::File(dir) => {
@@ -630,7 +630,7 @@ mod s3 {
         client: &aws_sdk_s3::Client,
         bucket: &str,
         key: &str,
-        sink: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
+        sink: &mut (dyn FnMut(&[u8]) -> std::io::Result<()> + Send),
     ) -> Result<Option<u64>, StoreError> {
         let resp = match client.get_object().bucket(bucket).key(key).send().await {
             Ok(r) => r,

@@ -56,6 +56,14 @@ pub struct EtcdCluster {
     pub memory_request: Option<String>,
     pub heartbeat_ms: Option<i64>,
     pub election_ms: Option<i64>,
+    /// The spec's etcd version (`3.5.21`).
+    pub version: String,
+    /// Where backups go (`backups.backupStore`, else kOps' `<ConfigBase>/backups/etcd/<name>`).
+    pub backup_store: String,
+    /// `manager.backupInterval` (15 min unless set).
+    pub backup_interval: std::time::Duration,
+    /// `manager.backupRetentionDays` (90 unless set).
+    pub backup_retention_days: u64,
 }
 
 impl EtcdCluster {
@@ -200,7 +208,30 @@ pub fn plan(boot: &BootConfig, cluster: &Cluster) -> Result<Plan, ConfigError> {
         let client_cert_auth = !legacy || ec.enable_tls_auth.unwrap_or(false);
         let version = ec.version.clone().unwrap_or_else(|| "3.5.21".to_string());
         let image = ec.image.clone().unwrap_or_else(|| default_etcd_image(&version, spec.assets.as_ref()));
+        let backup_store = ec
+            .backups
+            .as_ref()
+            .and_then(|b| b.backup_store.clone())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| base::etcd_backup::default_store(&boot.config_base, &name));
+        let manager = ec.manager.as_ref();
+        let backup_interval = match manager.and_then(|m| m.backup_interval.as_ref()) {
+            Some(d) if d.as_nanos() > 0 => std::time::Duration::from_nanos(d.as_nanos() as u64),
+            Some(_) => {
+                return Err(ConfigError::Spec {
+                    field: format!("spec.etcdClusters[{name}].manager.backupInterval"),
+                    message: "must be positive".into(),
+                })
+            }
+            None => base::etcd_backup::DEFAULT_INTERVAL,
+        };
+        let backup_retention_days =
+            manager.and_then(|m| m.backup_retention_days).unwrap_or(base::etcd_backup::DEFAULT_RETENTION_DAYS);
         etcd_clusters.push(EtcdCluster {
+            version: version.trim_start_matches('v').to_string(),
+            backup_store,
+            backup_interval,
+            backup_retention_days,
             name,
             members,
             ports,

@@ -10,6 +10,7 @@
 //! serves Prometheus metrics and health on a local port.
 
 pub mod addons;
+pub mod backup;
 pub mod config;
 pub mod disk;
 pub mod etcd;
@@ -20,4 +21,5 @@ pub mod metrics;
 pub mod paths;
 pub mod pki;
 pub mod reconcile;
+pub mod restore;
 

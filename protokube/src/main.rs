@@ -78,6 +78,18 @@ struct Args {
     /// kubelet and kube-proxy certificates); `off` disables it. AWS only.
     #[arg(long, default_value = "0.0.0.0:3988")]
     join_listen: String,
+    /// Seconds between checks of the etcd backup schedule and of backup requests (loop mode).
+    #[arg(long, default_value_t = 10.0)]
+    backup_poll: f64,
+    /// Take no etcd backups on this instance.
+    #[arg(long)]
+    no_backups: bool,
+    /// The tool that restores etcd snapshots (default: `etcdutl`, then `etcdctl`, on PATH).
+    #[arg(long)]
+    etcd_restore_tool: Option<PathBuf>,
+    /// Seconds one pass waits for an etcd member to stop before a restore moves its data aside.
+    #[arg(long, default_value_t = 60.0)]
+    stop_timeout: f64,
 }
 
 fn secs(s: f64) -> Duration {
@@ -104,12 +116,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
     .await;
     let counter = CallCounter::default();
     let config_base: base::ConfigBase = boot.config_base.parse()?;
-    let s3 = matches!(config_base, base::ConfigBase::S3 { .. }).then(|| {
-        aws_sdk_s3::Client::from_conf(base::aws::s3_config(&aws, args.endpoint_url.is_some()).interceptor(counter.clone()).build())
-    });
+    let s3_client = aws_sdk_s3::Client::from_conf(base::aws::s3_config(&aws, args.endpoint_url.is_some()).interceptor(counter.clone()).build());
+    let s3 = matches!(config_base, base::ConfigBase::S3 { .. }).then(|| s3_client.clone());
     let store = base::StateStore::open_with_s3(&config_base, s3, std::time::Duration::from_secs(20))?;
     let cluster = config::read_completed_spec(&store).await?;
     let plan = config::plan(&boot, &cluster)?;
+    // Backup stores may be on S3 whatever the state store is.
+    let backup_s3 = Some(s3_client);
+    let clock = test_clock();
     tracing::info!(?me, cluster = %plan.cluster_name, group = %plan.instance_group, "starting");
 
     let ec2_conf = aws_sdk_ec2::config::Builder::from(&aws).interceptor(counter.clone());
@@ -139,13 +153,41 @@ async fn run(args: Args) -> anyhow::Result<()> {
         attach_timeout: secs(args.attach_timeout),
         device_timeout: secs(args.device_timeout),
         etcd_timeout: Duration::from_secs(2),
+        s3: backup_s3.clone(),
+        restore_tool: protokube::restore::RestoreTool::find(args.etcd_restore_tool.as_deref()),
+        stop_timeout: secs(args.stop_timeout),
+        clock,
     };
+    if opts.restore_tool.is_none() {
+        tracing::warn!("no etcdutl or etcdctl on PATH: this instance cannot take part in an etcd restore (--etcd-restore-tool)");
+    }
     let spec_store = opts.store.clone();
     let (join_cluster, join_ec2, region) = (plan.cluster_name.clone(), ec2.clone(), me.region.clone());
+    let (plan_tx, plan_rx) = tokio::sync::watch::channel(plan.clone());
+    let backup_loop = protokube::backup::BackupLoop::new(
+        args.root.clone(),
+        me.internal_ip.clone(),
+        plan.cluster_name.clone(),
+        backup_s3,
+        Metrics::default(),
+        clock,
+    );
     let mut agent = Agent::new(plan, me, opts, Ec2::new(ec2), dns);
     let mut spec_read_at = Instant::now();
 
     let metrics = Metrics::default();
+    let mut backup_loop = backup_loop;
+    backup_loop.metrics = metrics.clone();
+    if !args.once && !args.no_backups {
+        let poll = secs(args.backup_poll);
+        tokio::spawn(async move {
+            loop {
+                let plan = plan_rx.borrow().clone();
+                backup_loop.tick(&plan).await;
+                tokio::time::sleep(poll).await;
+            }
+        });
+    }
     if !args.once && args.metrics_addr != "off" {
         let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
             .await
@@ -198,7 +240,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
             // Level-triggered on the spec too: membership or DNS changes apply without a restart.
             spec_read_at = Instant::now();
             match config::read_completed_spec(&spec_store).await.and_then(|c| config::plan(&boot, &c)) {
-                Ok(p) => agent.set_plan(p),
+                Ok(p) => {
+                    let _ = plan_tx.send(p.clone());
+                    agent.set_plan(p)
+                }
                 Err(e) => tracing::warn!(error = %e, "re-reading the spec failed; keeping the previous one"),
             }
         }
@@ -273,6 +318,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
             _ = terminate.recv() => { tracing::info!("terminated"); return Ok(()); }
         }
     }
+}
+
+/// The clock for backup ids: real, or (feature `test-hooks`) starting at `PROTOKUBE_TEST_NOW`
+/// (RFC 3339), so tests see schedules and retention without waiting for them.
+fn test_clock() -> protokube::backup::Clock {
+    #[cfg(feature = "test-hooks")]
+    if let Some(start) = std::env::var("PROTOKUBE_TEST_NOW").ok().and_then(|v| base::etcd_backup::parse_rfc3339(&v)) {
+        tracing::warn!(now = %base::etcd_backup::rfc3339(start), "test clock");
+        return protokube::backup::Clock::starting_at(start);
+    }
+    protokube::backup::Clock::real()
 }
 
 /// Peak resident set size of this process (VmHWM), in KiB.

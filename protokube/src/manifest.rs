@@ -82,6 +82,10 @@ pub struct Bootstrap {
     pub state: String,
     /// `name=peerURL` pairs, in order.
     pub initial_cluster: Vec<(String, String)>,
+    /// `--initial-cluster-token` when not the cluster's first one (a restore makes a new cluster
+    /// identity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
 }
 
 pub const ETCD_BINARY: &str = "/usr/local/bin/etcd";
@@ -103,7 +107,7 @@ pub fn render(ec: &EtcdCluster, cluster_name: &str, member: &str, volume_id: &st
             boot.initial_cluster.iter().map(|(n, u)| format!("{n}={u}")).collect::<Vec<_>>().join(",")
         ),
         format!("--initial-cluster-state={}", boot.state),
-        format!("--initial-cluster-token=keelson-{}-{cluster_name}", ec.name),
+        format!("--initial-cluster-token={}", boot.token.clone().unwrap_or_else(|| format!("keelson-{}-{cluster_name}", ec.name))),
     ];
     if let Some(ms) = ec.heartbeat_ms {
         args.push(format!("--heartbeat-interval={ms}"));
@@ -190,12 +194,16 @@ mod tests {
             memory_request: None,
             heartbeat_ms: None,
             election_ms: None,
+            version: "3.5.21".into(),
+            backup_store: "file:///b/main".into(),
+            backup_interval: std::time::Duration::from_secs(900),
+            backup_retention_days: 90,
         }
     }
 
     #[test]
     fn tls_flags_and_mounts() {
-        let boot = Bootstrap { state: "new".into(), initial_cluster: vec![("etcd-a".into(), "https://etcd-a.internal.c:2380".into())] };
+        let boot = Bootstrap { state: "new".into(), initial_cluster: vec![("etcd-a".into(), "https://etcd-a.internal.c:2380".into())], token: None };
         let pod = render(&ec(true), "c", "a", "vol-1", &boot);
         let c = &pod.spec.containers[0];
         for want in [

@@ -32,6 +32,17 @@ pub struct State {
     pub node_joins_refused: u64,
     /// `service/operation` → (calls, attempts).
     pub cloud_calls: Vec<(String, u64, u64)>,
+    /// etcd backups written by this instance, per etcd cluster.
+    pub backups: std::collections::BTreeMap<String, BackupStats>,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct BackupStats {
+    pub total: u64,
+    pub failures: u64,
+    pub last_success_unix: f64,
+    pub last_size: u64,
+    pub last_duration: Duration,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -83,6 +94,24 @@ impl Metrics {
         metric("protokube_addon_failures_total", "counter", "Failed addon passes.", vec![(String::new(), s.addon_failures.to_string())]);
         metric("protokube_node_joins_admitted_total", "counter", "Workers admitted by the node join server (certificates issued).", vec![(String::new(), s.node_joins_admitted.to_string())]);
         metric("protokube_node_joins_refused_total", "counter", "Node join requests refused.", vec![(String::new(), s.node_joins_refused.to_string())]);
+        let per_cluster = |f: &dyn Fn(&BackupStats) -> String| -> Vec<(String, String)> {
+            s.backups.iter().map(|(c, b)| (format!("{{etcd_cluster=\"{c}\"}}"), f(b))).collect()
+        };
+        metric("protokube_etcd_backups_total", "counter", "etcd backups written by this instance.", per_cluster(&|b| b.total.to_string()));
+        metric("protokube_etcd_backup_failures_total", "counter", "etcd backups that failed here.", per_cluster(&|b| b.failures.to_string()));
+        metric(
+            "protokube_etcd_backup_last_success_timestamp_seconds",
+            "gauge",
+            "Unix time of the last backup written by this instance.",
+            per_cluster(&|b| format!("{:.3}", b.last_success_unix)),
+        );
+        metric("protokube_etcd_backup_last_size_bytes", "gauge", "Size of the last backup written here.", per_cluster(&|b| b.last_size.to_string()));
+        metric(
+            "protokube_etcd_backup_last_duration_seconds",
+            "gauge",
+            "How long the last backup took (snapshot, upload, read-back check).",
+            per_cluster(&|b| format!("{:.3}", b.last_duration.as_secs_f64())),
+        );
         metric(
             "protokube_cloud_api_calls_total",
             "counter",

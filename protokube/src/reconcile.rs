@@ -14,7 +14,7 @@ use cloud::{Identity, VolumeError};
 use crate::config::{DnsMode, EtcdCluster, Plan};
 use crate::disk::{self, DiskError, Probe};
 use crate::manifest::{self, Bootstrap};
-use crate::{etcd, hosts, paths};
+use crate::{backup, etcd, hosts, paths, restore};
 
 /// Route53 TTL for every record protokube writes.
 pub const TTL: i64 = 60;
@@ -44,6 +44,8 @@ pub enum ReconcileError {
     Etcd { cluster: String, source: etcd::EtcdError },
     #[error(transparent)]
     Pki(#[from] crate::pki::PkiError),
+    #[error(transparent)]
+    Restore(Box<restore::RestoreError>),
 }
 
 #[derive(Debug, Clone)]
@@ -60,6 +62,14 @@ pub struct Options {
     pub device_timeout: Duration,
     /// Timeout of one etcd members-API request.
     pub etcd_timeout: Duration,
+    /// The S3 client for `s3://` backup stores.
+    pub s3: Option<aws_sdk_s3::Client>,
+    /// What restores etcd snapshots (`etcdutl`, or etcdctl 3.4).
+    pub restore_tool: Option<crate::restore::RestoreTool>,
+    /// How long one pass waits for a member to stop before a restore.
+    pub stop_timeout: Duration,
+    /// Time for backup ids (tests move it).
+    pub clock: crate::backup::Clock,
 }
 
 /// What one pass did; `waiting` says what it could not finish and why.
@@ -162,6 +172,18 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                 Err(e) => return Err(e),
             }
             report.mounted.insert(ec.name.clone(), vol.id.clone());
+            match self.restore_step(ec, &member, &vol).await {
+                Ok(restore::Gate::Proceed) => {}
+                Ok(restore::Gate::Hold(why)) => {
+                    report.waiting.push(why);
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "etcd restore step failed");
+                    report.waiting.push(e.to_string());
+                    continue;
+                }
+            }
             if self.write_manifest(ec, &member, &vol, &vols, &instances, &mut report).await? {
                 report.manifests_written += 1;
             }
@@ -421,7 +443,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         let has_data = mount.join("data").join("member").exists();
         let b = if has_data {
             // Data from an earlier life (e.g. kOps): etcd ignores the initial-* flags; keep them valid.
-            Bootstrap { state: "existing".into(), initial_cluster: all }
+            Bootstrap { state: "existing".into(), initial_cluster: all, token: None }
         } else {
             match self.existing_members(ec, vols, instances).await {
                 // No peer answers. A cluster that has run before (some other member's volume says
@@ -429,7 +451,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                 None if vols.iter().any(|v| v.tags.contains_key(STARTED_TAG) && etcd_role(v, ec).is_some_and(|m| m != member)) => {
                     return Ok(None);
                 }
-                None => Bootstrap { state: "new".into(), initial_cluster: all },
+                None => Bootstrap { state: "new".into(), initial_cluster: all, token: None },
                 Some((client, members)) => {
                     let mine = members.iter().find(|m| m.peer_urls.iter().any(|u| u == &me_url));
                     let mut members = members.clone();
@@ -439,11 +461,13 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                             // The cluster remembers a started member with my identity, but my volume is
                             // fresh: that member's data is gone. Replace it.
                             tracing::warn!(etcd = %ec.name, id = %m.id, "member has no data: removing and re-adding");
+                            self.backup_before_change(ec, &client).await;
                             client.remove(&m.id).await.map_err(|source| ReconcileError::Etcd { cluster: ec.name.clone(), source })?;
                             members = client.add(&me_url).await.map_err(|source| ReconcileError::Etcd { cluster: ec.name.clone(), source })?;
                         }
                         None => {
                             tracing::info!(etcd = %ec.name, peer = %me_url, "adding member to existing cluster");
+                            self.backup_before_change(ec, &client).await;
                             members = client.add(&me_url).await.map_err(|source| ReconcileError::Etcd { cluster: ec.name.clone(), source })?;
                         }
                     }
@@ -463,13 +487,52 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                         ic.push((ec.member_id(member), me_url.clone()));
                     }
                     ic.sort();
-                    Bootstrap { state: "existing".into(), initial_cluster: ic }
+                    Bootstrap { state: "existing".into(), initial_cluster: ic, token: None }
                 }
             }
         };
         let text = serde_json::to_string_pretty(&b).unwrap_or_default();
         base::fs::write_atomic(&file, text.as_bytes(), 0o644, None).map_err(|e| io(e.source))?;
         Ok(Some(b))
+    }
+
+    /// This member's part in a requested restore ([`restore`]).
+    async fn restore_step(&self, ec: &EtcdCluster, member: &str, vol: &Volume) -> Result<restore::Gate, ReconcileError> {
+        let store = match backup::open_store(ec, self.opts.s3.as_ref()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(error = %e, "no backup store: no restores");
+                return Ok(restore::Gate::Proceed);
+            }
+        };
+        let Ok(ip) = self.me.internal_ip.parse::<IpAddr>() else { return Ok(restore::Gate::Proceed) };
+        let step = restore::MemberRestore {
+            ec,
+            cluster_name: &self.plan.cluster_name,
+            member,
+            mount: paths::under(&self.opts.root, &paths::mount_point(&vol.id)),
+            manifest: paths::under(&self.opts.root, &paths::manifest_path(&ec.name)),
+            store,
+            tool: self.opts.restore_tool.clone(),
+            local: backup::local_client(&self.opts.root, &self.plan.cluster_name, &self.me.internal_ip, ec, member, self.opts.etcd_timeout),
+            client_addr: SocketAddr::new(ip, ec.ports.client),
+            stop_timeout: self.opts.stop_timeout,
+        };
+        step.step().await.map_err(|e| ReconcileError::Restore(Box::new(e)))
+    }
+
+    /// A backup before a membership change, from the peer that answered. A failure is loud but
+    /// does not block the change: replacing a lost member matters more than one more backup.
+    async fn backup_before_change(&self, ec: &EtcdCluster, client: &etcd::Client) {
+        let staging = paths::under(&self.opts.root, &format!("/{}", backup::STAGING_DIR));
+        let result = match backup::open_store(ec, self.opts.s3.as_ref()) {
+            Ok(store) => backup::take(client, ec, &store, "before member change", self.opts.clock.now(), &staging).await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(meta) => tracing::info!(etcd = %ec.name, backup = %meta.id, revision = meta.revision, "backup before the membership change"),
+            Err(e) => tracing::error!(etcd = %ec.name, error = %e, "no backup before the membership change (going ahead with it)"),
+        }
     }
 
     /// Tag the volume [`STARTED_TAG`] once the local member answers as a started member of a

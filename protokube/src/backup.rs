@@ -1,0 +1,224 @@
+//! etcd backups: a snapshot streamed from a member to the cluster's backup store
+//! ([`base::etcd_backup`]), scheduled every `backupInterval` on the member that leads, and on request
+//! (`keelson etcd backup create`); each scheduled backup is followed by pruning per retention.
+//!
+//! One writer per etcd cluster: only the leader tries, and before it takes a backup it claims the
+//! backup's slot with a compare-and-swap on one etcd key (through raft). Two members that both
+//! think they lead — an old leader cut off, a control plane being replaced — cannot both win the
+//! same slot.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use base::etcd_backup::{BackupError, BackupMeta, BackupRequestDone, BackupStore, RestorePhase, Retention};
+use time::OffsetDateTime;
+
+use crate::config::{EtcdCluster, Plan};
+use crate::etcd::{self, EtcdError};
+use crate::metrics::Metrics;
+use crate::paths;
+
+/// Where snapshots are staged on their way to the store (relative to `--root`).
+pub const STAGING_DIR: &str = "var/lib/protokube/etcd-backups";
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackupRunError {
+    #[error("etcd {cluster}: {source}")]
+    Etcd { cluster: String, source: EtcdError },
+    #[error("etcd {cluster} backup store: {source}")]
+    Store { cluster: String, source: BackupError },
+    #[error("etcd {cluster} backup store {url}: {source}")]
+    Open { cluster: String, url: String, source: base::StoreError },
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+}
+
+/// The etcd key whose compare-and-swap decides who takes a backup.
+pub fn claim_key(etcd_cluster: &str, what: &str) -> String {
+    format!("/keelson.io/etcd-backups/{etcd_cluster}/{what}")
+}
+
+/// Time as protokube sees it; tests move it (feature `test-hooks`: `PROTOKUBE_TEST_NOW`).
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    offset: time::Duration,
+}
+
+impl Clock {
+    pub fn real() -> Clock {
+        Clock { offset: time::Duration::ZERO }
+    }
+    /// A clock that reads `start` now and runs at real speed from there.
+    pub fn starting_at(start: OffsetDateTime) -> Clock {
+        Clock { offset: start - OffsetDateTime::now_utc() }
+    }
+    pub fn now(&self) -> OffsetDateTime {
+        OffsetDateTime::now_utc() + self.offset
+    }
+}
+
+/// Open the backup store at `url` (`s3://` with `s3`, else `file://`).
+pub fn open_store(ec: &EtcdCluster, s3: Option<&aws_sdk_s3::Client>) -> Result<BackupStore, BackupRunError> {
+    let open = |source| BackupRunError::Open { cluster: ec.name.clone(), url: ec.backup_store.clone(), source };
+    let base: base::ConfigBase = ec.backup_store.parse().map_err(open)?;
+    let store = base::StateStore::open_with_s3(&base, s3.cloned(), Duration::from_secs(30)).map_err(open)?;
+    Ok(BackupStore::new(store))
+}
+
+/// Take one backup of `ec` through `client` now: stream the snapshot to a staging file under
+/// `staging`, upload it, check what landed, and write its metadata.
+pub async fn take(
+    client: &etcd::Client,
+    ec: &EtcdCluster,
+    store: &BackupStore,
+    reason: &str,
+    now: OffsetDateTime,
+    staging: &Path,
+) -> Result<BackupMeta, BackupRunError> {
+    let etcd_err = |source| BackupRunError::Etcd { cluster: ec.name.clone(), source };
+    let store_err = |source| BackupRunError::Store { cluster: ec.name.clone(), source };
+    let status = client.status().await.map_err(etcd_err)?;
+    let members = client.members().await.map_err(etcd_err)?;
+    let id = store.next_id(now).await.map_err(store_err)?;
+    std::fs::create_dir_all(staging).map_err(|source| BackupRunError::Io { path: staging.display().to_string(), source })?;
+    let file = staging.join(format!("{}-{id}.db", ec.name));
+    let result = async {
+        let (size, sha256) = client.snapshot_to(&file).await.map_err(etcd_err)?;
+        let mut names: Vec<String> = members.iter().map(|m| m.name.clone()).filter(|n| !n.is_empty()).collect();
+        names.sort();
+        let taken_from = members.iter().find(|m| m.id == status.member_id).map(|m| m.name.clone()).unwrap_or_default();
+        let meta = BackupMeta {
+            id: id.to_string(),
+            etcd_cluster: ec.name.clone(),
+            taken_at: base::etcd_backup::rfc3339(now),
+            reason: reason.to_string(),
+            taken_from,
+            etcd_version: status.version.clone(),
+            cluster_id: status.cluster_id.clone(),
+            members: names,
+            revision: status.revision,
+            size,
+            sha256,
+        };
+        store.upload(&id, &file, &meta).await.map_err(store_err)?;
+        Ok(meta)
+    }
+    .await;
+    let _ = std::fs::remove_file(&file);
+    result
+}
+
+/// What the backup loop needs besides the plan.
+pub struct BackupLoop {
+    pub root: PathBuf,
+    pub internal_ip: String,
+    pub cluster_name: String,
+    pub s3: Option<aws_sdk_s3::Client>,
+    pub etcd_timeout: Duration,
+    pub metrics: Metrics,
+    pub clock: Clock,
+    /// The last slot this process handled, per etcd cluster.
+    last_slot: std::collections::BTreeMap<String, i64>,
+}
+
+impl BackupLoop {
+    pub fn new(root: PathBuf, internal_ip: String, cluster_name: String, s3: Option<aws_sdk_s3::Client>, metrics: Metrics, clock: Clock) -> Self {
+        BackupLoop { root, internal_ip, cluster_name, s3, etcd_timeout: Duration::from_secs(5), metrics, clock, last_slot: Default::default() }
+    }
+
+    /// The local member of `ec` (this instance's), reached at its address with its name pinned.
+    pub fn local_client(&self, ec: &EtcdCluster, member: &str) -> Option<etcd::Client> {
+        local_client(&self.root, &self.cluster_name, &self.internal_ip, ec, member, self.etcd_timeout)
+    }
+
+    /// One pass over every etcd cluster with a member here.
+    pub async fn tick(&mut self, plan: &Plan) {
+        for ec in &plan.etcd_clusters {
+            let Some(member) = plan.my_members(ec).first().map(|m| m.name.clone()) else { continue };
+            if let Err(e) = self.tick_cluster(ec, &member).await {
+                tracing::error!(error = %e, etcd = %ec.name, "etcd backup failed");
+                self.metrics.update(|s| s.backups.entry(ec.name.clone()).or_default().failures += 1);
+            }
+        }
+    }
+
+    async fn tick_cluster(&mut self, ec: &EtcdCluster, member: &str) -> Result<(), BackupRunError> {
+        let Some(client) = self.local_client(ec, member) else { return Ok(()) };
+        // Only a serving leader takes backups.
+        let status = match client.status().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(etcd = %ec.name, error = %e, "local member not answering: no backup from here");
+                return Ok(());
+            }
+        };
+        if !status.is_leader() {
+            return Ok(());
+        }
+        let store = open_store(ec, self.s3.as_ref())?;
+        let store_err = |source| BackupRunError::Store { cluster: ec.name.clone(), source };
+        // Never while a restore replaces the data.
+        if store.restore_request().await.map_err(store_err)?.is_some_and(|r| r.phase != RestorePhase::Complete) {
+            return Ok(());
+        }
+        let now = self.clock.now();
+        let staging = paths::under(&self.root, &format!("/{STAGING_DIR}"));
+        let etcd_err = |source| BackupRunError::Etcd { cluster: ec.name.clone(), source };
+
+        if let Some(req) = store.backup_request().await.map_err(store_err)? {
+            let done = store.backup_request_done().await.map_err(store_err)?;
+            if done.as_ref().map(|d| &d.id) != Some(&req.id)
+                && client.claim(&claim_key(&ec.name, "request"), &req.id, |cur| cur != Some(req.id.as_str())).await.map_err(etcd_err)?
+            {
+                let meta = self.timed(ec, take(&client, ec, &store, "requested", now, &staging)).await?;
+                store.put_backup_request_done(&BackupRequestDone { id: req.id.clone(), backup: meta.id.clone() }).await.map_err(store_err)?;
+            }
+        }
+
+        let interval = ec.backup_interval.as_secs().max(1) as i64;
+        let slot = now.unix_timestamp().div_euclid(interval);
+        if self.last_slot.get(&ec.name).is_some_and(|s| *s >= slot) {
+            return Ok(());
+        }
+        let value = format!("{slot:020}");
+        if client.claim(&claim_key(&ec.name, "scheduled"), &value, |cur| cur.is_none_or(|c| c < value.as_str())).await.map_err(etcd_err)? {
+            self.timed(ec, take(&client, ec, &store, "scheduled", now, &staging)).await?;
+            let gone = store.prune(now, &Retention::with_daily_days(ec.backup_retention_days)).await.map_err(store_err)?;
+            if !gone.is_empty() {
+                tracing::info!(etcd = %ec.name, pruned = gone.len(), "old backups removed per retention");
+            }
+        }
+        self.last_slot.insert(ec.name.clone(), slot);
+        Ok(())
+    }
+
+    async fn timed(&self, ec: &EtcdCluster, work: impl std::future::Future<Output = Result<BackupMeta, BackupRunError>>) -> Result<BackupMeta, BackupRunError> {
+        let t = Instant::now();
+        let meta = work.await?;
+        let took = t.elapsed();
+        tracing::info!(etcd = %ec.name, backup = %meta.id, reason = %meta.reason, revision = meta.revision, size = meta.size, took_ms = took.as_millis() as u64, "etcd backup written");
+        self.metrics.update(|s| {
+            let b = s.backups.entry(ec.name.clone()).or_default();
+            b.total += 1;
+            b.last_success_unix = crate::metrics::now_unix();
+            b.last_size = meta.size;
+            b.last_duration = took;
+        });
+        Ok(meta)
+    }
+}
+
+/// A client for the member of `ec` on this instance.
+pub fn local_client(root: &Path, cluster_name: &str, internal_ip: &str, ec: &EtcdCluster, member: &str, timeout: Duration) -> Option<etcd::Client> {
+    let ip = internal_ip.parse::<IpAddr>().ok()?;
+    let pki = paths::under(root, &paths::etcd_pki_dir(&ec.name));
+    let host = ec.member_dns(member, cluster_name);
+    match etcd::Client::new(ec.scheme(), &host, SocketAddr::new(ip, ec.ports.client), ec.tls.then_some(pki.as_path()), timeout) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::debug!(etcd = %ec.name, error = %e, "no etcd client yet");
+            None
+        }
+    }
+}

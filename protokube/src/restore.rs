@@ -1,0 +1,310 @@
+//! A member's part in `keelson etcd backup restore` ([`base::etcd_backup::RestoreRequest`]), run
+//! inside the reconcile pass (which owns the volume and the manifest), one step per pass:
+//!
+//! 1. **Stop** — remove the etcd manifest (the kubelet stops the member), wait until nothing
+//!    listens on the member's client port, move the data directory aside
+//!    (`data-before-restore-<request>`: never deleted before the restored cluster is healthy), and
+//!    report `Stopped`.
+//! 2. **Restore** (once every member stopped) — download the backup and check its sha256, restore it
+//!    with `etcdutl snapshot restore` (or etcdctl 3.4's) into a fresh directory under a new cluster
+//!    token, rename that into place, record the new bootstrap, report `Restored`; the reconcile pass
+//!    then writes the manifest and the member starts.
+//! 3. Report `Healthy` with the revision once the local member serves in a cluster of every member.
+//! 4. **Complete** — delete the moved-aside data.
+//!
+//! Every step checks what is already done (a progress file on the volume, then the directories), so
+//! a pass killed at any point is finished by the next.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use base::etcd_backup::{BackupId, BackupStore, MemberState, MemberStatus, RestorePhase, RestoreRequest};
+use serde::{Deserialize, Serialize};
+
+use crate::config::EtcdCluster;
+use crate::manifest::Bootstrap;
+use crate::reconcile::BOOTSTRAP_FILE;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    #[error("restore {request} of etcd {cluster}: {path}: {source}")]
+    Io { request: String, cluster: String, path: String, source: std::io::Error },
+    #[error("restore {request} of etcd {cluster}: {source}")]
+    Store { request: String, cluster: String, source: base::etcd_backup::BackupError },
+    #[error("restore {request} of etcd {cluster}: {message}")]
+    Tool { request: String, cluster: String, message: String },
+}
+
+/// What the reconcile pass does next with this etcd cluster.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Gate {
+    /// Write the manifest as usual.
+    Proceed,
+    /// Leave the manifest alone (absent); the reason is reported as waiting.
+    Hold(String),
+}
+
+/// Progress kept on the volume, one file per request.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Progress {
+    moved_aside: bool,
+    restored: bool,
+    reported: Option<MemberState>,
+    cleaned: bool,
+}
+
+/// The etcd utility that restores snapshots.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreTool {
+    pub path: PathBuf,
+    /// `etcdutl` (3.5+) or `etcdctl` (3.4, API v3).
+    pub etcdutl: bool,
+}
+
+impl RestoreTool {
+    /// `explicit`, else `etcdutl` then `etcdctl` on `PATH`.
+    pub fn find(explicit: Option<&Path>) -> Option<RestoreTool> {
+        if let Some(p) = explicit {
+            let etcdutl = p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("etcdutl"));
+            return Some(RestoreTool { path: p.to_path_buf(), etcdutl });
+        }
+        let path = std::env::var_os("PATH")?;
+        for name in ["etcdutl", "etcdctl"] {
+            if let Some(dir) = std::env::split_paths(&path).find(|d| d.join(name).is_file()) {
+                return Some(RestoreTool { path: dir.join(name), etcdutl: name == "etcdutl" });
+            }
+        }
+        None
+    }
+}
+
+/// Everything one member's restore needs from the reconcile pass.
+pub struct MemberRestore<'a> {
+    pub ec: &'a EtcdCluster,
+    pub cluster_name: &'a str,
+    pub member: &'a str,
+    /// The mounted volume (host path, under `--root`).
+    pub mount: PathBuf,
+    /// The etcd manifest (host path, under `--root`).
+    pub manifest: PathBuf,
+    pub store: BackupStore,
+    pub tool: Option<RestoreTool>,
+    pub local: Option<crate::etcd::Client>,
+    /// Where the member's client port answers (to see it stopped).
+    pub client_addr: std::net::SocketAddr,
+    /// How long one pass waits for the member to stop.
+    pub stop_timeout: Duration,
+}
+
+impl MemberRestore<'_> {
+    fn io(&self, req: &RestoreRequest, path: &Path) -> impl Fn(std::io::Error) -> RestoreError + '_ {
+        let (request, cluster, path) = (req.id.clone(), self.ec.name.clone(), path.display().to_string());
+        move |source| RestoreError::Io { request: request.clone(), cluster: cluster.clone(), path: path.clone(), source }
+    }
+
+    fn store_err(&self, req: &RestoreRequest) -> impl Fn(base::etcd_backup::BackupError) -> RestoreError + '_ {
+        let (request, cluster) = (req.id.clone(), self.ec.name.clone());
+        move |source| RestoreError::Store { request: request.clone(), cluster: cluster.clone(), source }
+    }
+
+    fn progress_file(&self, req: &RestoreRequest) -> PathBuf {
+        self.mount.join(format!("keelson-restore-{}.json", req.id))
+    }
+
+    pub fn aside_dir(&self, req: &RestoreRequest) -> PathBuf {
+        self.mount.join(format!("data-before-restore-{}", req.id))
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.mount.join("data")
+    }
+
+    fn save(&self, req: &RestoreRequest, p: &Progress) -> Result<(), RestoreError> {
+        let file = self.progress_file(req);
+        let text = serde_json::to_vec_pretty(p).unwrap_or_default();
+        base::fs::write_atomic(&file, &text, 0o600, None).map_err(|e| self.io(req, &file)(e.source))
+    }
+
+    async fn report(&self, req: &RestoreRequest, p: &mut Progress, state: MemberState, detail: String, health: Option<(i64, String, usize)>) -> Result<(), RestoreError> {
+        if p.reported == Some(state) {
+            return Ok(());
+        }
+        let status = MemberStatus {
+            request: req.id.clone(),
+            member: self.member.to_string(),
+            state,
+            at: base::etcd_backup::rfc3339(time::OffsetDateTime::now_utc()),
+            detail,
+            revision: health.as_ref().map(|h| h.0),
+            cluster_id: health.as_ref().map(|h| h.1.clone()),
+            started_members: health.map(|h| h.2),
+        };
+        self.store.put_member_status(&status).await.map_err(self.store_err(req))?;
+        p.reported = Some(state);
+        self.save(req, p)
+    }
+
+    /// One step; see the module documentation.
+    pub async fn step(&self) -> Result<Gate, RestoreError> {
+        let cluster = self.ec.name.clone();
+        let Some(req) = self.store.restore_request().await.map_err(|source| RestoreError::Store { request: "-".into(), cluster, source })? else {
+            return Ok(Gate::Proceed);
+        };
+        if !req.members.iter().any(|m| m == self.member) {
+            return Ok(Gate::Proceed);
+        }
+        let file = self.progress_file(&req);
+        let mut p: Progress = match std::fs::read(&file) {
+            Ok(b) => serde_json::from_slice(&b).unwrap_or_default(),
+            Err(_) => Progress::default(),
+        };
+        if req.phase == RestorePhase::Complete {
+            if p.restored && !p.cleaned {
+                let aside = self.aside_dir(&req);
+                if aside.exists() {
+                    std::fs::remove_dir_all(&aside).map_err(self.io(&req, &aside))?;
+                    tracing::info!(etcd = %self.ec.name, request = %req.id, path = %aside.display(), "restore complete: removed the data moved aside");
+                }
+                p.cleaned = true;
+                self.save(&req, &p)?;
+            }
+            return Ok(Gate::Proceed);
+        }
+        if p.restored {
+            self.report_health(&req, &mut p).await?;
+            return Ok(Gate::Proceed);
+        }
+
+        // 1. Stop serving.
+        if self.manifest.exists() {
+            std::fs::remove_file(&self.manifest).map_err(self.io(&req, &self.manifest))?;
+            tracing::warn!(etcd = %self.ec.name, request = %req.id, backup = %req.backup, "restore: etcd manifest removed, member stopping");
+        }
+        if !self.wait_stopped().await {
+            return Ok(Gate::Hold(format!(
+                "restore {} of etcd {}: member {} still answers on {} after {:?}",
+                req.id, self.ec.name, self.member, self.client_addr, self.stop_timeout
+            )));
+        }
+        if !p.moved_aside {
+            let (data, aside) = (self.data_dir(), self.aside_dir(&req));
+            if data.exists() && !aside.exists() {
+                std::fs::rename(&data, &aside).map_err(self.io(&req, &data))?;
+                tracing::warn!(etcd = %self.ec.name, from = %data.display(), to = %aside.display(), "restore: data moved aside");
+            }
+            p.moved_aside = true;
+            self.save(&req, &p)?;
+        }
+        self.report(&req, &mut p, MemberState::Stopped, "stopped; data moved aside".into(), None).await?;
+        if req.phase == RestorePhase::Stop {
+            return Ok(Gate::Hold(format!("restore {} of etcd {}: stopped, waiting for every member to stop", req.id, self.ec.name)));
+        }
+
+        // 2. Restore.
+        let data = self.data_dir();
+        if !data.exists() {
+            if let Err(e) = self.restore_into(&req, &data).await {
+                let _ = self.report(&req, &mut p, MemberState::Failed, e.to_string(), None).await;
+                return Err(e);
+            }
+        }
+        let all: Vec<(String, String)> =
+            self.ec.members.iter().map(|m| (self.ec.member_id(&m.name), self.ec.peer_url(&m.name, self.cluster_name))).collect();
+        let boot = Bootstrap { state: "new".into(), initial_cluster: all, token: Some(req.cluster_token(&self.ec.name, self.cluster_name)) };
+        let bfile = self.mount.join(BOOTSTRAP_FILE);
+        let text = serde_json::to_string_pretty(&boot).unwrap_or_default();
+        base::fs::write_atomic(&bfile, text.as_bytes(), 0o644, None).map_err(|e| self.io(&req, &bfile)(e.source))?;
+        p.restored = true;
+        self.save(&req, &p)?;
+        let _ = std::fs::remove_file(self.mount.join(format!("restore-{}.db", req.id)));
+        tracing::warn!(etcd = %self.ec.name, request = %req.id, backup = %req.backup, "restore: snapshot restored; member starting");
+        self.report(&req, &mut p, MemberState::Restored, format!("restored from {}", req.backup), None).await?;
+        Ok(Gate::Proceed)
+    }
+
+    /// Bounded wait until nothing accepts connections on the member's client port.
+    async fn wait_stopped(&self) -> bool {
+        let deadline = Instant::now() + self.stop_timeout;
+        loop {
+            let open = tokio::time::timeout(Duration::from_millis(500), tokio::net::TcpStream::connect(self.client_addr)).await;
+            if !matches!(open, Ok(Ok(_))) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    async fn restore_into(&self, req: &RestoreRequest, data: &Path) -> Result<(), RestoreError> {
+        let tool_err = |message: String| RestoreError::Tool { request: req.id.clone(), cluster: self.ec.name.clone(), message };
+        let Some(tool) = &self.tool else {
+            return Err(tool_err("no etcdutl or etcdctl on PATH (or --etcd-restore-tool) to restore the snapshot with".into()));
+        };
+        let id = BackupId::parse(&req.backup).ok_or_else(|| tool_err(format!("{:?} is not a backup id", req.backup)))?;
+        let db = self.mount.join(format!("restore-{}.db", req.id));
+        let meta = self.store.fetch(&id, &db).await.map_err(self.store_err(req))?;
+        let partial = self.mount.join(format!("data.restore-{}.partial", req.id));
+        if partial.exists() {
+            std::fs::remove_dir_all(&partial).map_err(self.io(req, &partial))?;
+        }
+        let ic = self
+            .ec
+            .members
+            .iter()
+            .map(|m| format!("{}={}", self.ec.member_id(&m.name), self.ec.peer_url(&m.name, self.cluster_name)))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cmd = tokio::process::Command::new(&tool.path);
+        cmd.args(["snapshot", "restore"])
+            .arg(&db)
+            .arg(format!("--name={}", self.ec.member_id(self.member)))
+            .arg(format!("--initial-cluster={ic}"))
+            .arg(format!("--initial-cluster-token={}", req.cluster_token(&self.ec.name, self.cluster_name)))
+            .arg(format!("--initial-advertise-peer-urls={}", self.ec.peer_url(self.member, self.cluster_name)))
+            .arg(format!("--data-dir={}", partial.display()))
+            .env("ETCDCTL_API", "3")
+            .kill_on_drop(true);
+        if tool.etcdutl && supports_bump(&tool.path).await {
+            // Revisions jump ahead of anything a watcher has seen and the old ones read as
+            // compacted: API servers re-list instead of trusting a cache newer than the data.
+            cmd.args(["--bump-revision=1000000000", "--mark-compacted"]);
+        }
+        let out = cmd.output().await.map_err(|e| tool_err(format!("running {}: {e}", tool.path.display())))?;
+        if !out.status.success() {
+            return Err(tool_err(format!(
+                "{} snapshot restore of backup {} ({} bytes, revision {}) failed: {}",
+                tool.path.display(),
+                meta.id,
+                meta.size,
+                meta.revision,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        std::fs::rename(&partial, data).map_err(self.io(req, &partial))?;
+        Ok(())
+    }
+
+    async fn report_health(&self, req: &RestoreRequest, p: &mut Progress) -> Result<(), RestoreError> {
+        if p.reported == Some(MemberState::Healthy) || req.phase != RestorePhase::Restore {
+            return Ok(());
+        }
+        let Some(client) = &self.local else { return Ok(()) };
+        let (Ok(status), Ok(members)) = (client.status().await, client.members().await) else { return Ok(()) };
+        let started = members.iter().filter(|m| !m.name.is_empty()).count();
+        if started < self.ec.members.len() || status.leader.is_empty() || status.leader == "0" {
+            return Ok(());
+        }
+        let detail = format!("serving revision {} in cluster {}", status.revision, status.cluster_id);
+        self.report(req, p, MemberState::Healthy, detail, Some((status.revision, status.cluster_id, started))).await
+    }
+}
+
+async fn supports_bump(tool: &Path) -> bool {
+    match tokio::process::Command::new(tool).args(["snapshot", "restore", "--help"]).output().await {
+        Ok(out) => String::from_utf8_lossy(&out.stdout).contains("--bump-revision") || String::from_utf8_lossy(&out.stderr).contains("--bump-revision"),
+        Err(_) => false,
+    }
+}
