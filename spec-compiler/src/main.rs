@@ -78,6 +78,18 @@ enum Command {
     #[cfg(feature = "cloud")]
     #[command(subcommand)]
     Export(Export),
+    /// etcd operations: `keelson etcd backup list|create|restore -f SPEC --etcd-cluster main`.
+    #[cfg(feature = "cloud")]
+    #[command(subcommand)]
+    Etcd(Etcd),
+}
+
+#[cfg(feature = "cloud")]
+#[derive(Subcommand)]
+enum Etcd {
+    /// Backups of an etcd cluster in its backup store, and restoring one.
+    #[command(subcommand)]
+    Backup(spec_compiler::cli::etcd_backup::BackupAction),
 }
 
 #[derive(Subcommand)]
@@ -167,5 +179,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Delete(args) => spec_compiler::cli::run_delete(args),
         #[cfg(feature = "cloud")]
         Command::Export(Export::Kubeconfig(args)) => spec_compiler::cli::run_export_kubeconfig(args),
+        #[cfg(feature = "cloud")]
+        Command::Etcd(Etcd::Backup(action)) => spec_compiler::cli::etcd_backup::run(action),
     }
 }

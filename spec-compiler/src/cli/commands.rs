@@ -155,7 +155,7 @@ fn go_duration(s: &str) -> Result<std::time::Duration, String> {
 /// Parse `ARCH=SHA256@URL[,…]` items.
 pub use crate::args::{asset_hashes, parse_arch_assets, parse_nodeup_assets};
 
-fn load(common: &Common) -> anyhow::Result<Result<(keelson_api::Documents, CompileOptions), ExitCode>> {
+pub(crate) fn load(common: &Common) -> anyhow::Result<Result<(keelson_api::Documents, CompileOptions), ExitCode>> {
     let nodeup_assets = parse_nodeup_assets(&common.nodeup_asset)?;
     let docs = match load_spec(&common.file) {
         Ok(d) => d,
@@ -191,7 +191,7 @@ fn load_model(common: &Common) -> anyhow::Result<Result<model::ClusterModel, Exi
 }
 
 /// The state store at `config_base`; `s3` is the client for an `s3://` base.
-fn open_store(config_base: &str, s3: Option<aws_sdk_s3::Client>) -> anyhow::Result<StateStore> {
+pub(crate) fn open_store(config_base: &str, s3: Option<aws_sdk_s3::Client>) -> anyhow::Result<StateStore> {
     let base: base::ConfigBase = config_base.parse()?;
     Ok(StateStore::open_with_s3(&base, s3, std::time::Duration::from_secs(30))?)
 }
@@ -200,11 +200,11 @@ fn color() -> bool {
     std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the async runtime")
 }
 
-async fn aws_target(common: &Common, region: &str) -> aws::AwsTarget {
+pub(crate) async fn aws_target(common: &Common, region: &str) -> aws::AwsTarget {
     let opts = cloud::AwsOptions {
         region: Some(region.to_string()),
         endpoint_url: common.endpoint_url.clone(),
