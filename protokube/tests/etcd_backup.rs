@@ -63,8 +63,8 @@ fn gateway(ip: &str, path: &str, body: serde_json::Value) -> serde_json::Value {
     let http = reqwest::blocking::Client::builder().timeout(Duration::from_secs(10)).no_proxy().build().expect("client");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        match http.post(format!("http://{ip}:4001{path}")).body(body.to_string()).send().and_then(|r| r.error_for_status()).and_then(|r| r.json()) {
-            Ok(v) => return v,
+        match http.post(format!("http://{ip}:4001{path}")).body(body.to_string()).send().and_then(|r| r.error_for_status()).and_then(|r| r.text()) {
+            Ok(v) => return serde_json::from_str(&v).expect("etcd answers JSON"),
             Err(e) if Instant::now() < deadline => {
                 eprintln!("etcd {ip}{path}: {e}; retrying");
                 std::thread::sleep(Duration::from_millis(500));
@@ -137,7 +137,8 @@ fn backups_one_writer_retention_and_restore_after_kills() {
         let sn = ec2.create_subnet().vpc_id(vpc).cidr_block(format!("{}.0/24", net.subnet)).availability_zone("us-east-1a").send().await.expect("CreateSubnet");
         sn.subnet().and_then(|s| s.subnet_id()).expect("subnet id").to_string()
     });
-    let devs: Vec<LoopDev> = (0..3).map(|_| LoopDev::new(256)).collect();
+    // (room for the data moved aside and the restored data: etcd preallocates 64 MB WAL files)
+    let devs: Vec<LoopDev> = (0..3).map(|_| LoopDev::new(512)).collect();
     let vols: Vec<String> = all.iter().map(|mbr| rt.block_on(create_volume(&ec2, "us-east-1a", &etcd_tags(NAME, "main", mbr, &all)))).collect();
     let etcdctl_path = String::from_utf8_lossy(&host::sh("command -v etcdctl").stdout).trim().to_string();
 
@@ -225,17 +226,21 @@ fn backups_one_writer_retention_and_restore_after_kills() {
     let future = time::OffsetDateTime::now_utc() + time::Duration::days(100);
     let fake = logdir.path().join("fake.db");
     std::fs::write(&fake, b"not a snapshot").expect("fake");
+    // Ages chosen on UTC hour and day boundaries (the policy keeps the first of each).
+    let hour = |t: time::OffsetDateTime| t - time::Duration::seconds(t.unix_timestamp().rem_euclid(3600));
+    let day = |t: time::OffsetDateTime| t - time::Duration::seconds(t.unix_timestamp().rem_euclid(86400));
+    let h3 = hour(future - time::Duration::hours(3));
+    let d30 = day(future - time::Duration::days(30));
     let seeds = [
-        ("kept: this hour", time::Duration::minutes(20)),
-        ("kept: first of an hour 3 h ago", time::Duration::hours(3) + time::Duration::minutes(50)),
-        ("dropped: second of that hour", time::Duration::hours(3) + time::Duration::minutes(10)),
-        ("kept: first of a day 30 days ago", time::Duration::days(30) + time::Duration::hours(23)),
-        ("dropped: later that day", time::Duration::days(30) + time::Duration::hours(1)),
-        ("dropped: 95 days old", time::Duration::days(95)),
+        ("kept: this hour", future - time::Duration::minutes(20)),
+        ("kept: first of an hour 3 h ago", h3 + time::Duration::minutes(5)),
+        ("dropped: second of that hour", h3 + time::Duration::minutes(40)),
+        ("kept: first of a day 30 days ago", d30 + time::Duration::hours(1)),
+        ("dropped: later that day", d30 + time::Duration::hours(5)),
+        ("dropped: 95 days old", future - time::Duration::days(95)),
     ];
     let mut seeded = Vec::new();
-    for (what, age) in seeds {
-        let at = future - age;
+    for (what, at) in seeds {
         let id = rt.block_on(store.next_id(at)).expect("id");
         let meta = BackupMeta {
             id: id.to_string(),
