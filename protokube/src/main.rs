@@ -84,7 +84,8 @@ struct Args {
     /// Take no etcd backups on this instance.
     #[arg(long)]
     no_backups: bool,
-    /// The tool that restores etcd snapshots (default: `etcdutl`, then `etcdctl`, on PATH).
+    /// The tool that restores etcd snapshots: an `etcdutl` or `etcdctl` binary, or `ctr` to run
+    /// `etcdutl` from the member's etcd image (default: `etcdutl`, `ctr`, `etcdctl`, on PATH).
     #[arg(long)]
     etcd_restore_tool: Option<PathBuf>,
     /// Seconds one pass waits for an etcd member to stop before a restore moves its data aside.
@@ -158,8 +159,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         stop_timeout: secs(args.stop_timeout),
         clock,
     };
-    if opts.restore_tool.is_none() {
-        tracing::warn!("no etcdutl or etcdctl on PATH: this instance cannot take part in an etcd restore (--etcd-restore-tool)");
+    match &opts.restore_tool {
+        Some(t) => tracing::info!(tool = %t.describe(), "etcd restores use"),
+        None => tracing::warn!("no etcdutl, ctr or etcdctl on PATH: this instance cannot take part in an etcd restore (--etcd-restore-tool)"),
     }
     let spec_store = opts.store.clone();
     let (join_cluster, join_ec2, region) = (plan.cluster_name.clone(), ec2.clone(), me.region.clone());

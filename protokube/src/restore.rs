@@ -6,8 +6,8 @@
 //!    (`data-before-restore-<request>`: never deleted before the restored cluster is healthy), and
 //!    report `Stopped`.
 //! 2. **Restore** (once every member stopped) — download the backup and check its sha256, restore it
-//!    with `etcdutl snapshot restore` (or etcdctl 3.4's) into a fresh directory under a new cluster
-//!    token, rename that into place, record the new bootstrap, report `Restored`; the reconcile pass
+//!    with `etcdutl snapshot restore` ([`RestoreTool`]: on the host, or from the member's own etcd
+//!    image through containerd, or etcdctl 3.4's) into a fresh directory under a new cluster token, rename that into place, record the new bootstrap, report `Restored`; the reconcile pass
 //!    then writes the manifest and the member starts.
 //! 3. Report `Healthy` with the revision once the local member serves in a cluster of every member.
 //! 4. **Complete** — delete the moved-aside data.
@@ -54,29 +54,50 @@ struct Progress {
     cleaned: bool,
 }
 
-/// The etcd utility that restores snapshots.
+/// What restores etcd snapshots.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RestoreTool {
-    pub path: PathBuf,
-    /// `etcdutl` (3.5+) or `etcdctl` (3.4, API v3).
-    pub etcdutl: bool,
+pub enum RestoreTool {
+    /// A binary on this host: `etcdutl` (3.5+) or `etcdctl` (3.4, API v3).
+    Binary { path: PathBuf, etcdutl: bool },
+    /// containerd's `ctr`, running `etcdutl` from the etcd cluster's own image (which the kubelet
+    /// pulled to run the member) with the volume mounted: the utility always matches the server.
+    Image { ctr: PathBuf },
 }
 
 impl RestoreTool {
-    /// `explicit`, else `etcdutl` then `etcdctl` on `PATH`.
+    /// `explicit`, else `etcdutl` on `PATH`, else `ctr` (the member's image), else `etcdctl`.
     pub fn find(explicit: Option<&Path>) -> Option<RestoreTool> {
         if let Some(p) = explicit {
-            let etcdutl = p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("etcdutl"));
-            return Some(RestoreTool { path: p.to_path_buf(), etcdutl });
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            if name == "ctr" {
+                return Some(RestoreTool::Image { ctr: p.to_path_buf() });
+            }
+            return Some(RestoreTool::Binary { path: p.to_path_buf(), etcdutl: name.starts_with("etcdutl") });
         }
         let path = std::env::var_os("PATH")?;
-        for name in ["etcdutl", "etcdctl"] {
-            if let Some(dir) = std::env::split_paths(&path).find(|d| d.join(name).is_file()) {
-                return Some(RestoreTool { path: dir.join(name), etcdutl: name == "etcdutl" });
-            }
+        let on_path = |name: &str| std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file());
+        if let Some(p) = on_path("etcdutl") {
+            return Some(RestoreTool::Binary { path: p, etcdutl: true });
         }
-        None
+        if let Some(p) = on_path("ctr") {
+            return Some(RestoreTool::Image { ctr: p });
+        }
+        on_path("etcdctl").map(|p| RestoreTool::Binary { path: p, etcdutl: false })
     }
+
+    pub fn describe(&self) -> String {
+        match self {
+            RestoreTool::Binary { path, .. } => path.display().to_string(),
+            RestoreTool::Image { ctr } => format!("etcdutl in the etcd image (through {})", ctr.display()),
+        }
+    }
+}
+
+/// etcdutl learnt `--bump-revision`/`--mark-compacted` in 3.5.13.
+fn version_bumps_revisions(version: &str) -> bool {
+    let mut parts = version.trim_start_matches('v').split('.').map(|p| p.parse::<u64>().unwrap_or(0));
+    let (major, minor, patch) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor, patch) >= (3, 5, 13)
 }
 
 /// Everything one member's restore needs from the reconcile pass.
@@ -241,7 +262,7 @@ impl MemberRestore<'_> {
     async fn restore_into(&self, req: &RestoreRequest, data: &Path) -> Result<(), RestoreError> {
         let tool_err = |message: String| RestoreError::Tool { request: req.id.clone(), cluster: self.ec.name.clone(), message };
         let Some(tool) = &self.tool else {
-            return Err(tool_err("no etcdutl or etcdctl on PATH (or --etcd-restore-tool) to restore the snapshot with".into()));
+            return Err(tool_err("nothing to restore the snapshot with: no etcdutl, ctr or etcdctl on PATH (or --etcd-restore-tool)".into()));
         };
         let id = BackupId::parse(&req.backup).ok_or_else(|| tool_err(format!("{:?} is not a backup id", req.backup)))?;
         let db = self.mount.join(format!("restore-{}.db", req.id));
@@ -257,26 +278,54 @@ impl MemberRestore<'_> {
             .map(|m| format!("{}={}", self.ec.member_id(&m.name), self.ec.peer_url(&m.name, self.cluster_name)))
             .collect::<Vec<_>>()
             .join(",");
-        let mut cmd = tokio::process::Command::new(&tool.path);
-        cmd.args(["snapshot", "restore"])
-            .arg(&db)
-            .arg(format!("--name={}", self.ec.member_id(self.member)))
-            .arg(format!("--initial-cluster={ic}"))
-            .arg(format!("--initial-cluster-token={}", req.cluster_token(&self.ec.name, self.cluster_name)))
-            .arg(format!("--initial-advertise-peer-urls={}", self.ec.peer_url(self.member, self.cluster_name)))
-            .arg(format!("--data-dir={}", partial.display()))
-            .env("ETCDCTL_API", "3")
-            .kill_on_drop(true);
-        if tool.etcdutl && supports_bump(&tool.path).await {
-            // Revisions jump ahead of anything a watcher has seen and the old ones read as
-            // compacted: API servers re-list instead of trusting a cache newer than the data.
-            cmd.args(["--bump-revision=1000000000", "--mark-compacted"]);
-        }
-        let out = cmd.output().await.map_err(|e| tool_err(format!("running {}: {e}", tool.path.display())))?;
+        let restore_args = vec![
+            "snapshot".to_string(),
+            "restore".to_string(),
+            db.display().to_string(),
+            format!("--name={}", self.ec.member_id(self.member)),
+            format!("--initial-cluster={ic}"),
+            format!("--initial-cluster-token={}", req.cluster_token(&self.ec.name, self.cluster_name)),
+            format!("--initial-advertise-peer-urls={}", self.ec.peer_url(self.member, self.cluster_name)),
+            format!("--data-dir={}", partial.display()),
+        ];
+        // Revisions jump ahead of anything a watcher has seen and the old ones read as compacted:
+        // API servers re-list instead of trusting a cache newer than the data.
+        let bump = ["--bump-revision=1000000000".to_string(), "--mark-compacted".to_string()];
+        let mut cmd = match tool {
+            RestoreTool::Binary { path, etcdutl } => {
+                let mut cmd = tokio::process::Command::new(path);
+                cmd.args(&restore_args).env("ETCDCTL_API", "3");
+                if *etcdutl && supports_bump(path).await {
+                    cmd.args(&bump);
+                }
+                cmd
+            }
+            RestoreTool::Image { ctr } => {
+                let id = format!("keelson-etcd-restore-{}-{}", self.ec.name, req.id);
+                // A run killed earlier may have left its container behind.
+                for args in [vec!["tasks", "kill", "-s", "SIGKILL", &id], vec!["tasks", "rm", "-f", &id], vec!["containers", "rm", &id]] {
+                    let _ = tokio::process::Command::new(ctr).args(["-n", "k8s.io"]).args(&args).output().await;
+                }
+                let mount = self.mount.display().to_string();
+                let mut cmd = tokio::process::Command::new(ctr);
+                cmd.args(["-n", "k8s.io", "run", "--rm", "--mount"])
+                    .arg(format!("type=bind,src={mount},dst={mount},options=rbind:rw"))
+                    .arg(&self.ec.image)
+                    .arg(&id)
+                    .arg("/usr/local/bin/etcdutl")
+                    .args(&restore_args);
+                if version_bumps_revisions(&self.ec.version) {
+                    cmd.args(&bump);
+                }
+                cmd
+            }
+        };
+        cmd.kill_on_drop(true);
+        let out = cmd.output().await.map_err(|e| tool_err(format!("running {}: {e}", tool.describe())))?;
         if !out.status.success() {
             return Err(tool_err(format!(
                 "{} snapshot restore of backup {} ({} bytes, revision {}) failed: {}",
-                tool.path.display(),
+                tool.describe(),
                 meta.id,
                 meta.size,
                 meta.revision,
@@ -306,5 +355,24 @@ async fn supports_bump(tool: &Path) -> bool {
     match tokio::process::Command::new(tool).args(["snapshot", "restore", "--help"]).output().await {
         Ok(out) => String::from_utf8_lossy(&out.stdout).contains("--bump-revision") || String::from_utf8_lossy(&out.stderr).contains("--bump-revision"),
         Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn revision_bumps_from_3_5_13() {
+        for (v, want) in [("3.4.23", false), ("3.5.12", false), ("3.5.13", true), ("v3.5.21", true), ("3.6.12", true), ("4.0.0", true)] {
+            assert_eq!(version_bumps_revisions(v), want, "{v}");
+        }
+    }
+
+    #[test]
+    fn explicit_tools() {
+        assert_eq!(RestoreTool::find(Some(Path::new("/usr/bin/ctr"))), Some(RestoreTool::Image { ctr: "/usr/bin/ctr".into() }));
+        assert_eq!(RestoreTool::find(Some(Path::new("/x/etcdutl"))), Some(RestoreTool::Binary { path: "/x/etcdutl".into(), etcdutl: true }));
+        assert_eq!(RestoreTool::find(Some(Path::new("/x/etcdctl"))), Some(RestoreTool::Binary { path: "/x/etcdctl".into(), etcdutl: false }));
     }
 }

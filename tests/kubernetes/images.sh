@@ -93,8 +93,9 @@ build_go_program() {
     go build -trimpath -ldflags "-s -w $extra" -o "$output" .) || die "building $src/$name failed"
 }
 
-# ensure_etcd VERSION: prints a directory holding etcd (and etcdctl/etcdutl if the proxy serves them at
-# VERSION), built from the Go modules once per version and recipe (this function) into
+# ensure_etcd VERSION: prints a directory holding etcd (and etcdctl/etcdutl at VERSION, or at the
+# newest patch of the same minor the proxy serves), built from the Go modules once per version and
+# recipe (this function) into
 # $root/etcd/vVERSION-HASH/bin.
 ensure_etcd() {
   local version=$1 dir
@@ -108,7 +109,7 @@ ensure_etcd() {
     local work="$dir/module" start hash tool
     local -a built=()
     start=$(date +%s)
-    rm -rf "${work:?}" "${dir:?}/bin" "$dir/bin.tmp"
+    rm -rf "${work:?}" "${dir:?}/bin" "$dir/bin.tmp" "$dir"/module-*
     mkdir -p "$work" "$dir/bin.tmp"
     cd "$work"
     export CGO_ENABLED=0 GOOS=linux GOARCH="$arch" GOFLAGS="${GOFLAGS:-} -mod=mod -buildvcs=false"
@@ -124,17 +125,29 @@ ensure_etcd() {
       die "building etcd v$version failed"
     built+=(etcd)
     for tool in etcdctl etcdutl; do
+      local tool_version=v$version minor=${version%.*}
       if ! go list -m "go.etcd.io/etcd/$tool/v3@v$version" >/dev/null 2>list.err; then
         # Only a definite "not there" leaves the tool out; any other failure must not be cached.
         grep -qE 'not available|40[34] |410 |unknown revision|invalid version' list.err ||
           { cat list.err >&2; die "could not ask the Go module proxy for go.etcd.io/etcd/$tool/v3@v$version"; }
-        log "the Go module proxy does not serve go.etcd.io/etcd/$tool/v3@v$version: the etcd image has no $tool"
-        continue
+        # The newest patch of the same minor the proxy serves: snapshot and data formats do not
+        # change within a minor, so its etcdutl restores this server's snapshots.
+        tool_version=$(go list -m -versions "go.etcd.io/etcd/$tool/v3" 2>/dev/null | tr ' ' '\n' |
+          grep -E "^v${minor//./\\.}\.[0-9]+$" | sort -V | tail -n 1 || true)
+        if [ -z "$tool_version" ]; then
+          log "the Go module proxy serves no go.etcd.io/etcd/$tool/v3 of etcd $minor: the etcd image has no $tool"
+          continue
+        fi
+        log "the Go module proxy does not serve go.etcd.io/etcd/$tool/v3@v$version: building $tool $tool_version (same minor)"
       fi
-      go get "go.etcd.io/etcd/$tool/v3@v$version" 2>get.log || { cat get.log >&2; die "go get $tool failed"; }
-      go build -trimpath -ldflags "$ldflags" -o "$dir/bin.tmp/$tool" "go.etcd.io/etcd/$tool/v3" ||
-        die "building $tool v$version failed"
-      built+=("$tool")
+      mkdir -p "$dir/module-$tool"
+      (
+        cd "$dir/module-$tool"
+        printf 'module keelson.local/%s-build\n\ngo 1.24\n' "$tool" >go.mod
+        go get "go.etcd.io/etcd/$tool/v3@$tool_version" 2>get.log || { cat get.log >&2; exit 1; }
+        go build -trimpath -ldflags "$ldflags" -o "$dir/bin.tmp/$tool" "go.etcd.io/etcd/$tool/v3"
+      ) || die "building $tool $tool_version failed"
+      built+=("$tool@$tool_version")
     done
     "$dir/bin.tmp/etcd" --version >&2 || die "the etcd built from v$version does not run"
     mv "$dir/bin.tmp" "$dir/bin"
