@@ -375,7 +375,65 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         let _ = support::run(&a);
     }
 
-    // 8. ps shows every machine.
+    // 8. etcd backup and restore, one command: a namespace full of objects and 10k more keys, a
+    //    backup asked for with `keelson etcd backup create`, the namespace deleted and the keys
+    //    gone, then `keelson etcd backup restore --latest --yes`: everything is back (the API
+    //    servers re-list: the restore bumps revisions and marks the old ones compacted) and
+    //    `keelson validate cluster` is green. The restore time is printed.
+    const OBJECTS: usize = 200;
+    const KEYS: u64 = 10_000;
+    let objects = State::new(paths::state_dir()).root.join("restore-objects.yaml");
+    let mut list = String::from("apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Namespace\n  metadata:\n    name: restore-test\n");
+    for i in 0..OBJECTS {
+        list.push_str(&format!("- apiVersion: v1\n  kind: ConfigMap\n  metadata:\n    name: cm-{i:04}\n    namespace: restore-test\n  data:\n    i: \"{i}\"\n"));
+    }
+    std::fs::write(&objects, list).unwrap();
+    assert!(support::run(&["kubectl", "apply", "-f", &objects.to_string_lossy()]).status.success());
+    let configmaps = || -> usize {
+        let o = support::run(&["kubectl", "get", "configmaps", "-n", "restore-test", "-o", "name"]);
+        String::from_utf8_lossy(&o.stdout).lines().filter(|l| l.starts_with("configmap/cm-")).count()
+    };
+    assert_eq!(configmaps(), OBJECTS);
+    let first = cps[0];
+    let pid = first.init_pid.unwrap();
+    let ep = etcd::endpoint(&first.root, "main").unwrap();
+    etcd::write_keys(pid, &first.root, &ep, "/keelson-test/restore/", KEYS).unwrap();
+    assert_eq!(etcd::count(pid, &ep, "/keelson-test/restore/"), Some(KEYS));
+    let spec_arg = local_spec.to_string_lossy().to_string();
+    let created = support::keelson_in_local_env(&["etcd", "backup", "create", "-f", &spec_arg, "--etcd-cluster", "main"]);
+    assert!(created.status.success(), "keelson etcd backup create failed (output above)");
+    assert!(String::from_utf8_lossy(&created.stdout).starts_with("created backup "));
+    assert!(support::run(&["kubectl", "delete", "namespace", "restore-test", "--wait=true", "--timeout=120s"]).status.success());
+    etcd::etcdctl(pid, &ep, &["del", "/keelson-test/restore/", "--prefix"]).unwrap();
+    assert_eq!(etcd::count(pid, &ep, "/keelson-test/restore/"), Some(0));
+    assert_eq!(configmaps(), 0);
+    let t = std::time::Instant::now();
+    let restored = support::keelson_in_local_env(&["etcd", "backup", "restore", "-f", &spec_arg, "--etcd-cluster", "main", "--latest", "--yes"]);
+    let took = t.elapsed();
+    assert!(restored.status.success(), "keelson etcd backup restore failed (output above)");
+    eprintln!("RESTORE: etcd main, 3 members, {KEYS} keys + {OBJECTS} objects: {:.1}s", took.as_secs_f64());
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    while configmaps() != OBJECTS {
+        assert!(std::time::Instant::now() < deadline, "the restored ConfigMaps are not served within 180 s");
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    for m in &cps {
+        let ep = etcd::endpoint(&m.root, "main").unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let (keys, members) = (etcd::count(m.init_pid.unwrap(), &ep, "/keelson-test/restore/"), etcd::members(m.init_pid.unwrap(), &ep).map(|v| v.len()));
+            if keys == Some(KEYS) && members == Some(3) {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{}: after the restore {keys:?} keys, {members:?} members", m.instance_id);
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+    let v = support::keelson_in_local_env(&["validate", "cluster", "-f", &spec_arg, "--wait", "5m", "-o", "json"]);
+    assert!(v.status.success(), "keelson validate cluster failed after the restore (output above)");
+    eprintln!("RESTORE: cluster valid again {:.1}s after the restore began", t.elapsed().as_secs_f64());
+
+    // 9. ps shows every machine.
     let ps = support::run(&["ps"]);
     assert!(ps.status.success());
     let text = String::from_utf8_lossy(&ps.stdout);
@@ -383,7 +441,7 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         assert!(text.contains(&m.instance_id), "ps does not list {}", m.instance_id);
     }
 
-    // 9. kill: a terminated node's machine and namespace go away; its group's replacement boots,
+    // 10. kill: a terminated node's machine and namespace go away; its group's replacement boots,
     //    runs containerd and joins as a Ready Node.
     let victim = nodes[0].clone();
     let out = support::run(&["kill", &victim.instance_id]);
