@@ -22,4 +22,5 @@ pub mod paths;
 pub mod pki;
 pub mod reconcile;
 pub mod restore;
+pub mod upgrade;
 

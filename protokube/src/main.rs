@@ -91,6 +91,10 @@ struct Args {
     /// Seconds one pass waits for an etcd member to stop before a restore moves its data aside.
     #[arg(long, default_value_t = 60.0)]
     stop_timeout: f64,
+    /// Seconds a member on a blank volume waits for a peer before it reports lost quorum (and
+    /// points at `keelson etcd backup restore`).
+    #[arg(long, default_value_t = 300.0)]
+    quorum_loss_wait: f64,
 }
 
 fn secs(s: f64) -> Duration {
@@ -157,6 +161,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         s3: backup_s3.clone(),
         restore_tool: protokube::restore::RestoreTool::find(args.etcd_restore_tool.as_deref()),
         stop_timeout: secs(args.stop_timeout),
+        quorum_loss_wait: secs(args.quorum_loss_wait),
         clock,
     };
     match &opts.restore_tool {

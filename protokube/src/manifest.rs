@@ -82,10 +82,6 @@ pub struct Bootstrap {
     pub state: String,
     /// `name=peerURL` pairs, in order.
     pub initial_cluster: Vec<(String, String)>,
-    /// `--initial-cluster-token` when not the cluster's first one (a restore makes a new cluster
-    /// identity).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token: Option<String>,
 }
 
 pub const ETCD_BINARY: &str = "/usr/local/bin/etcd";
@@ -107,7 +103,7 @@ pub fn render(ec: &EtcdCluster, cluster_name: &str, member: &str, volume_id: &st
             boot.initial_cluster.iter().map(|(n, u)| format!("{n}={u}")).collect::<Vec<_>>().join(",")
         ),
         format!("--initial-cluster-state={}", boot.state),
-        format!("--initial-cluster-token={}", boot.token.clone().unwrap_or_else(|| format!("keelson-{}-{cluster_name}", ec.name))),
+        format!("--initial-cluster-token=keelson-{}-{cluster_name}", ec.name),
     ];
     if let Some(ms) = ec.heartbeat_ms {
         args.push(format!("--heartbeat-interval={ms}"));
@@ -203,7 +199,7 @@ mod tests {
 
     #[test]
     fn tls_flags_and_mounts() {
-        let boot = Bootstrap { state: "new".into(), initial_cluster: vec![("etcd-a".into(), "https://etcd-a.internal.c:2380".into())], token: None };
+        let boot = Bootstrap { state: "new".into(), initial_cluster: vec![("etcd-a".into(), "https://etcd-a.internal.c:2380".into())] };
         let pod = render(&ec(true), "c", "a", "vol-1", &boot);
         let c = &pod.spec.containers[0];
         for want in [

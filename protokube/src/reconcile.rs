@@ -14,6 +14,7 @@ use cloud::{Identity, VolumeError};
 use crate::config::{DnsMode, EtcdCluster, Plan};
 use crate::disk::{self, DiskError, Probe};
 use crate::manifest::{self, Bootstrap};
+use crate::upgrade::{self, Change, EtcdVersion};
 use crate::{backup, etcd, hosts, paths, restore};
 
 /// Route53 TTL for every record protokube writes.
@@ -70,6 +71,8 @@ pub struct Options {
     pub stop_timeout: Duration,
     /// Time for backup ids (tests move it).
     pub clock: crate::backup::Clock,
+    /// How long a member on a blank volume waits for a peer before it says the cluster lost quorum.
+    pub quorum_loss_wait: Duration,
 }
 
 /// What one pass did; `waiting` says what it could not finish and why.
@@ -106,11 +109,13 @@ pub struct Agent<C, D> {
     /// Route53 (when the plan says so).
     pub dns: Option<D>,
     zone_id: Option<String>,
+    /// Since when each etcd cluster's member here has waited on a blank volume for a peer.
+    blank_since: std::sync::Mutex<BTreeMap<String, Instant>>,
 }
 
 impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
     pub fn new(plan: Plan, me: Identity, opts: Options, cloud: C, dns: Option<D>) -> Self {
-        Agent { plan, me, opts, cloud, dns, zone_id: None }
+        Agent { plan, me, opts, cloud, dns, zone_id: None, blank_since: Default::default() }
     }
 
     /// Take a re-read plan (the spec changed); the zone is looked up again if the DNS settings changed.
@@ -443,7 +448,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         let has_data = mount.join("data").join("member").exists();
         let b = if has_data {
             // Data from an earlier life (e.g. kOps): etcd ignores the initial-* flags; keep them valid.
-            Bootstrap { state: "existing".into(), initial_cluster: all, token: None }
+            Bootstrap { state: "existing".into(), initial_cluster: all }
         } else {
             match self.existing_members(ec, vols, instances).await {
                 // No peer answers. A cluster that has run before (some other member's volume says
@@ -451,7 +456,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                 None if vols.iter().any(|v| v.tags.contains_key(STARTED_TAG) && etcd_role(v, ec).is_some_and(|m| m != member)) => {
                     return Ok(None);
                 }
-                None => Bootstrap { state: "new".into(), initial_cluster: all, token: None },
+                None => Bootstrap { state: "new".into(), initial_cluster: all },
                 Some((client, members)) => {
                     let mine = members.iter().find(|m| m.peer_urls.iter().any(|u| u == &me_url));
                     let mut members = members.clone();
@@ -487,7 +492,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                         ic.push((ec.member_id(member), me_url.clone()));
                     }
                     ic.sort();
-                    Bootstrap { state: "existing".into(), initial_cluster: ic, token: None }
+                    Bootstrap { state: "existing".into(), initial_cluster: ic }
                 }
             }
         };
@@ -612,23 +617,126 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
             .await?;
         }
         let Some(boot) = self.bootstrap(ec, member, &mount, vols, instances).await? else {
-            report.waiting.push(format!(
+            let waited = {
+                let mut since = self.blank_since.lock().unwrap_or_else(|p| p.into_inner());
+                since.entry(ec.name.clone()).or_insert_with(Instant::now).elapsed()
+            };
+            let mut why = format!(
                 "etcd {} member {member}: blank volume and no live peer answers; the cluster has run before, so this member \
                  joins it once a peer answers (it never bootstraps a new cluster over it)",
                 ec.name
-            ));
+            );
+            if waited >= self.opts.quorum_loss_wait {
+                why = format!(
+                    "{why}. No member of etcd {0} has answered for {1:?}: the cluster has lost quorum. If the other members \
+                     cannot come back, restore it from its latest backup: keelson etcd backup restore -f SPEC --etcd-cluster {0} \
+                     --latest --yes",
+                    ec.name, waited
+                );
+                tracing::error!(etcd = %ec.name, %member, waited_s = waited.as_secs(), "QUORUM LOST: {why}");
+            }
+            report.waiting.push(why);
             return Ok(false);
         };
+        self.blank_since.lock().unwrap_or_else(|p| p.into_inner()).remove(&ec.name);
         let pod = manifest::render(ec, &self.plan.cluster_name, member, &vol.id, &boot);
         let text = manifest::to_yaml(&pod);
         let path = paths::under(&self.opts.root, &paths::manifest_path(&ec.name));
-        if std::fs::read_to_string(&path).ok().as_deref() == Some(text.as_str()) {
+        let current = std::fs::read_to_string(&path).ok();
+        if current.as_deref() == Some(text.as_str()) {
+            return Ok(false);
+        }
+        if let Some(why) = self.version_change_blocked(ec, member, current.as_deref(), vols, instances).await {
+            report.waiting.push(why);
             return Ok(false);
         }
         base::fs::write_atomic(&path, text.as_bytes(), 0o644, None)
             .map_err(|e| ReconcileError::Io { path: path.display().to_string(), source: e.source })?;
         tracing::info!(path = %path.display(), "wrote etcd manifest");
         Ok(true)
+    }
+
+    /// Whether the etcd version change from the `current` manifest to the spec's must wait (why),
+    /// or may happen now ([`upgrade`]): a rolling step waits for its turn and a backup.
+    async fn version_change_blocked(
+        &self,
+        ec: &EtcdCluster,
+        member: &str,
+        current: Option<&str>,
+        vols: &[Volume],
+        instances: &BTreeMap<String, Instance>,
+    ) -> Option<String> {
+        let running = current
+            .and_then(|t| serde_yaml_ng::from_str::<manifest::Pod>(t).ok())
+            .and_then(|p| p.spec.containers.first().and_then(|c| EtcdVersion::of_image(&c.image)))?;
+        let wanted = EtcdVersion::parse(&ec.version)?;
+        let name = &ec.name;
+        match upgrade::classify(running, wanted) {
+            Change::None => None,
+            Change::Downgrade => {
+                let why = format!(
+                    "etcd {name}: the spec asks for etcd {wanted}, member {member} runs {running}: downgrades are refused (etcd cannot \
+                     read what a newer version wrote); set etcdClusters[{name}].version back to {running}, or restore a backup \
+                     taken before the upgrade with `keelson etcd backup restore`"
+                );
+                tracing::error!("{why}");
+                Some(why)
+            }
+            Change::ViaRestore => {
+                let why = format!(
+                    "etcd {name}: {running} → {wanted} is not an in-place upgrade (only a newer patch or the next minor is); take \
+                     a backup and restore it at the new version: keelson etcd backup create …, then keelson etcd backup restore \
+                     -f SPEC --etcd-cluster {name} --latest --yes (every member starts at {wanted})"
+                );
+                tracing::error!("{why}");
+                Some(why)
+            }
+            Change::Rolling => {
+                // One member at a time, in name order, while every other member answers.
+                let peers: BTreeMap<String, String> = self.peers(ec, vols, instances).into_iter().collect();
+                for m in ec.members.iter().map(|m| m.name.as_str()).filter(|m| *m != member) {
+                    let wait = |what: String| Some(format!("etcd {name} upgrade {running} → {wanted} of member {member}: {what}"));
+                    let Some(ip) = peers.get(m).and_then(|ip| ip.parse::<IpAddr>().ok()) else {
+                        return wait(format!("member {m} has no live instance"));
+                    };
+                    let pki = paths::under(&self.opts.root, &paths::etcd_pki_dir(&ec.name));
+                    let host = ec.member_dns(m, &self.plan.cluster_name);
+                    let Ok(client) =
+                        etcd::Client::new(ec.scheme(), &host, SocketAddr::new(ip, ec.ports.client), ec.tls.then_some(pki.as_path()), self.opts.etcd_timeout)
+                    else {
+                        return wait(format!("no client for member {m}"));
+                    };
+                    let status = match client.status().await {
+                        Ok(s) => s,
+                        Err(e) => return wait(format!("member {m} does not answer ({e})")),
+                    };
+                    if m < member && EtcdVersion::parse(&status.version) != Some(wanted) {
+                        return wait(format!("member {m} upgrades first (it runs {})", status.version));
+                    }
+                }
+                if let Err(e) = self.backup_before_upgrade(ec, member, wanted).await {
+                    return Some(format!("etcd {name} upgrade to {wanted}: no backup before it, so not yet: {e}"));
+                }
+                tracing::warn!(etcd = %name, %member, from = %running, to = %wanted, "upgrading this member");
+                None
+            }
+        }
+    }
+
+    /// The backup an upgrade to `wanted` starts from (taken once, by the first member to upgrade).
+    async fn backup_before_upgrade(&self, ec: &EtcdCluster, member: &str, wanted: EtcdVersion) -> Result<(), backup::BackupRunError> {
+        let store = backup::open_store(ec, self.opts.s3.as_ref())?;
+        let reason = upgrade::backup_reason(wanted);
+        let store_err = |source| backup::BackupRunError::Store { cluster: ec.name.clone(), source };
+        if store.list().await.map_err(store_err)?.iter().any(|b| b.reason == reason) {
+            return Ok(());
+        }
+        let client = backup::local_client(&self.opts.root, &self.plan.cluster_name, &self.me.internal_ip, ec, member, self.opts.etcd_timeout)
+            .ok_or_else(|| backup::BackupRunError::Io { path: "etcd client".into(), source: std::io::Error::other("no client for the local member") })?;
+        let staging = paths::under(&self.opts.root, &format!("/{}", backup::STAGING_DIR));
+        let meta = backup::take(&client, ec, &store, &reason, self.opts.clock.now(), &staging).await?;
+        tracing::info!(etcd = %ec.name, backup = %meta.id, revision = meta.revision, "{reason}: backup written");
+        Ok(())
     }
 
     /// name → addresses (`None`: no live owner known).

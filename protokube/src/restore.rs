@@ -7,8 +7,9 @@
 //!    report `Stopped`.
 //! 2. **Restore** (once every member stopped) — download the backup and check its sha256, restore it
 //!    with `etcdutl snapshot restore` ([`RestoreTool`]: on the host, or from the member's own etcd
-//!    image through containerd, or etcdctl 3.4's) into a fresh directory under a new cluster token, rename that into place, record the new bootstrap, report `Restored`; the reconcile pass
-//!    then writes the manifest and the member starts.
+//!    image through containerd, or etcdctl 3.4's) into a fresh directory under a new cluster token,
+//!    rename that into place, report `Restored`; the reconcile pass then writes the same manifest as
+//!    before and the member starts on the restored data.
 //! 3. Report `Healthy` with the revision once the local member serves in a cluster of every member.
 //! 4. **Complete** — delete the moved-aside data.
 //!
@@ -230,12 +231,18 @@ impl MemberRestore<'_> {
                 return Err(e);
             }
         }
-        let all: Vec<(String, String)> =
-            self.ec.members.iter().map(|m| (self.ec.member_id(&m.name), self.ec.peer_url(&m.name, self.cluster_name))).collect();
-        let boot = Bootstrap { state: "new".into(), initial_cluster: all, token: Some(req.cluster_token(&self.ec.name, self.cluster_name)) };
+        // The member's bootstrap record (and so its manifest) stays as it was: with a data directory
+        // etcd ignores the initial-cluster flags (the new identity is in the restored data), and a
+        // byte-identical manifest is the same static pod to the kubelet, which restarts it at once (a
+        // changed pod would first wait for the API server, down with etcd, to delete its mirror pod).
         let bfile = self.mount.join(BOOTSTRAP_FILE);
-        let text = serde_json::to_string_pretty(&boot).unwrap_or_default();
-        base::fs::write_atomic(&bfile, text.as_bytes(), 0o644, None).map_err(|e| self.io(&req, &bfile)(e.source))?;
+        if !bfile.exists() {
+            let all: Vec<(String, String)> =
+                self.ec.members.iter().map(|m| (self.ec.member_id(&m.name), self.ec.peer_url(&m.name, self.cluster_name))).collect();
+            let boot = Bootstrap { state: "new".into(), initial_cluster: all };
+            let text = serde_json::to_string_pretty(&boot).unwrap_or_default();
+            base::fs::write_atomic(&bfile, text.as_bytes(), 0o644, None).map_err(|e| self.io(&req, &bfile)(e.source))?;
+        }
         p.restored = true;
         self.save(&req, &p)?;
         let _ = std::fs::remove_file(self.mount.join(format!("restore-{}.db", req.id)));

@@ -10,6 +10,9 @@
 #       sha256sums of the Kubernetes binaries, this script and the Go sources under images/, so a second
 #       call builds nothing. KEY/bin/ holds the etcd binaries (etcd, and etcdctl/etcdutl when the Go module
 #       proxy serves them at that version) for use on the host.
+#   tests/kubernetes/images.sh etcd ETCD_VERSION                                # e.g. etcd 3.5.21
+#       Prints a directory holding etcd (and etcdctl/etcdutl) of that version, built once and cached
+#       (tests run members of two versions with them).
 #   tests/kubernetes/images.sh push LAYOUT REGISTRY                             # e.g. push .../oci 127.0.0.1:5000
 #       Copies every image of LAYOUT to docker://REGISTRY/NAME:TAG (TLS not verified; plain HTTP is fine).
 #
@@ -512,6 +515,7 @@ fi
 
 case ${1:-} in
   build) shift; cmd_build "$@" ;;
+  etcd) shift; [ $# -eq 1 ] || usage; arch=$(go env GOARCH); ensure_etcd "${1#v}" ;;
   push) shift; cmd_push "$@" ;;
   *) usage ;;
 esac

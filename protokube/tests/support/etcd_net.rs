@@ -69,7 +69,7 @@ impl Net {
     /// Start etcd in `ns` from the manifest's command and args (host paths re-rooted under `root`).
     pub fn start_etcd(&mut self, ns: &str, h: &Host, log: &std::path::Path) {
         let text = h.manifest("main").expect("main manifest");
-        let child = spawn_etcd(ns, h.root.path(), &text, log);
+        let child = spawn_etcd(ns, h.root.path(), &text, log, "etcd");
         self.etcds.push((ns.to_string(), child));
     }
 
@@ -144,8 +144,9 @@ pub fn logs(dir: &std::path::Path) -> String {
 }
 
 
-/// Start etcd in `ns` from a manifest's command and args (host paths re-rooted under `root`).
-pub fn spawn_etcd(ns: &str, root: &Path, manifest: &str, log: &Path) -> Child {
+/// Start etcd in `ns` from a manifest's command and args (host paths re-rooted under `root`), with
+/// `binary` standing in for the image's `/usr/local/bin/etcd`.
+pub fn spawn_etcd(ns: &str, root: &Path, manifest: &str, log: &Path, binary: &str) -> Child {
     let pod: Pod = serde_yaml_ng::from_str(manifest).expect("manifest parses as a Pod");
     let c = &pod.spec.containers[0];
     assert_eq!(c.command, vec!["/usr/local/bin/etcd".to_string()]);
@@ -161,7 +162,7 @@ pub fn spawn_etcd(ns: &str, root: &Path, manifest: &str, log: &Path) -> Child {
     // member's device is free for its replacement.
     let own = root.join("mnt").display().to_string();
     let script = format!(
-        "awk '{{print $5}}' /proc/self/mountinfo | grep '/mnt/master-' | grep -v '^{own}/' | while read m; do umount -l \"$m\"; done; exec etcd \"$@\""
+        "awk '{{print $5}}' /proc/self/mountinfo | grep '/mnt/master-' | grep -v '^{own}/' | while read m; do umount -l \"$m\"; done; exec {binary} \"$@\""
     );
     Command::new("ip")
         .args(["netns", "exec", ns, "sh", "-c", &script, "etcd"])
@@ -175,7 +176,8 @@ pub fn spawn_etcd(ns: &str, root: &Path, manifest: &str, log: &Path) -> Child {
 
 /// What the kubelet does for the etcd static pod: run etcd as the manifest says, restart it when
 /// the manifest changes or the process exits, stop it when the manifest goes away. Polls every
-/// 200 ms; stops (and kills etcd) on drop.
+/// 200 ms; stops (and kills etcd) on drop. The image's etcd is `etcd` on PATH, or the binary
+/// `binaries` names for the image tag's version (`3.5.21` for `…/etcd:v3.5.21`).
 pub struct Kubelet {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -183,6 +185,10 @@ pub struct Kubelet {
 
 impl Kubelet {
     pub fn start(ns: &str, root: &Path, log: &Path) -> Kubelet {
+        Kubelet::with_binaries(ns, root, log, std::collections::BTreeMap::new())
+    }
+
+    pub fn with_binaries(ns: &str, root: &Path, log: &Path, binaries: std::collections::BTreeMap<String, PathBuf>) -> Kubelet {
         let stop = Arc::new(AtomicBool::new(false));
         let (ns, root, log) = (ns.to_string(), root.to_path_buf(), log.to_path_buf());
         let manifest: PathBuf = root.join("etc/kubernetes/manifests/etcd-main.manifest");
@@ -205,7 +211,10 @@ impl Kubelet {
                         std::thread::sleep(Duration::from_millis(500));
                     }
                     if let Some(text) = want {
-                        let child = spawn_etcd(&ns, &root, &text, &log);
+                        let pod: Pod = serde_yaml_ng::from_str(&text).expect("manifest parses as a Pod");
+                        let tag = pod.spec.containers[0].image.rsplit(':').next().unwrap_or("").trim_start_matches('v').to_string();
+                        let binary = binaries.get(&tag).map(|p| p.display().to_string()).unwrap_or_else(|| "etcd".into());
+                        let child = spawn_etcd(&ns, &root, &text, &log, &binary);
                         running = Some((text, child));
                     }
                 }
