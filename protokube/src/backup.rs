@@ -27,9 +27,9 @@ pub enum BackupRunError {
     #[error("etcd {cluster}: {source}")]
     Etcd { cluster: String, source: EtcdError },
     #[error("etcd {cluster} backup store: {source}")]
-    Store { cluster: String, source: BackupError },
+    Store { cluster: String, source: Box<BackupError> },
     #[error("etcd {cluster} backup store {url}: {source}")]
-    Open { cluster: String, url: String, source: base::StoreError },
+    Open { cluster: String, url: String, source: Box<base::StoreError> },
     #[error("{path}: {source}")]
     Io { path: String, source: std::io::Error },
 }
@@ -60,7 +60,7 @@ impl Clock {
 
 /// Open the backup store at `url` (`s3://` with `s3`, else `file://`).
 pub fn open_store(ec: &EtcdCluster, s3: Option<&aws_sdk_s3::Client>) -> Result<BackupStore, BackupRunError> {
-    let open = |source| BackupRunError::Open { cluster: ec.name.clone(), url: ec.backup_store.clone(), source };
+    let open = |source| BackupRunError::Open { cluster: ec.name.clone(), url: ec.backup_store.clone(), source: Box::new(source) };
     let base: base::ConfigBase = ec.backup_store.parse().map_err(open)?;
     let store = base::StateStore::open_with_s3(&base, s3.cloned(), Duration::from_secs(30)).map_err(open)?;
     Ok(BackupStore::new(store))
@@ -77,7 +77,7 @@ pub async fn take(
     staging: &Path,
 ) -> Result<BackupMeta, BackupRunError> {
     let etcd_err = |source| BackupRunError::Etcd { cluster: ec.name.clone(), source };
-    let store_err = |source| BackupRunError::Store { cluster: ec.name.clone(), source };
+    let store_err = |source| BackupRunError::Store { cluster: ec.name.clone(), source: Box::new(source) };
     let status = client.status().await.map_err(etcd_err)?;
     let members = client.members().await.map_err(etcd_err)?;
     let id = store.next_id(now).await.map_err(store_err)?;
@@ -157,7 +157,7 @@ impl BackupLoop {
             return Ok(());
         }
         let store = open_store(ec, self.s3.as_ref())?;
-        let store_err = |source| BackupRunError::Store { cluster: ec.name.clone(), source };
+        let store_err = |source| BackupRunError::Store { cluster: ec.name.clone(), source: Box::new(source) };
         // Never while a restore replaces the data.
         if store.restore_request().await.map_err(store_err)?.is_some_and(|r| r.phase != RestorePhase::Complete) {
             return Ok(());

@@ -165,3 +165,31 @@ pub async fn serve(listener: TcpListener, metrics: Metrics, max_age: Duration) {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backup_metrics_per_etcd_cluster() {
+        let m = Metrics::default();
+        m.update(|s| {
+            let b = s.backups.entry("main".into()).or_default();
+            b.total = 3;
+            b.failures = 1;
+            b.last_size = 2048;
+            b.last_success_unix = 1795516871.5;
+            b.last_duration = Duration::from_millis(1250);
+        });
+        let text = m.render();
+        for want in [
+            "protokube_etcd_backups_total{etcd_cluster=\"main\"} 3",
+            "protokube_etcd_backup_failures_total{etcd_cluster=\"main\"} 1",
+            "protokube_etcd_backup_last_size_bytes{etcd_cluster=\"main\"} 2048",
+            "protokube_etcd_backup_last_success_timestamp_seconds{etcd_cluster=\"main\"} 1795516871.500",
+            "protokube_etcd_backup_last_duration_seconds{etcd_cluster=\"main\"} 1.250",
+        ] {
+            assert!(text.contains(want), "missing {want}:\n{text}");
+        }
+    }
+}

@@ -727,7 +727,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
     async fn backup_before_upgrade(&self, ec: &EtcdCluster, member: &str, wanted: EtcdVersion) -> Result<(), backup::BackupRunError> {
         let store = backup::open_store(ec, self.opts.s3.as_ref())?;
         let reason = upgrade::backup_reason(wanted);
-        let store_err = |source| backup::BackupRunError::Store { cluster: ec.name.clone(), source };
+        let store_err = |source| backup::BackupRunError::Store { cluster: ec.name.clone(), source: Box::new(source) };
         if store.list().await.map_err(store_err)?.iter().any(|b| b.reason == reason) {
             return Ok(());
         }

@@ -31,7 +31,7 @@ pub enum RestoreError {
     #[error("restore {request} of etcd {cluster}: {path}: {source}")]
     Io { request: String, cluster: String, path: String, source: std::io::Error },
     #[error("restore {request} of etcd {cluster}: {source}")]
-    Store { request: String, cluster: String, source: base::etcd_backup::BackupError },
+    Store { request: String, cluster: String, source: Box<base::etcd_backup::BackupError> },
     #[error("restore {request} of etcd {cluster}: {message}")]
     Tool { request: String, cluster: String, message: String },
 }
@@ -127,7 +127,7 @@ impl MemberRestore<'_> {
 
     fn store_err(&self, req: &RestoreRequest) -> impl Fn(base::etcd_backup::BackupError) -> RestoreError + '_ {
         let (request, cluster) = (req.id.clone(), self.ec.name.clone());
-        move |source| RestoreError::Store { request: request.clone(), cluster: cluster.clone(), source }
+        move |source| RestoreError::Store { request: request.clone(), cluster: cluster.clone(), source: Box::new(source) }
     }
 
     fn progress_file(&self, req: &RestoreRequest) -> PathBuf {
@@ -170,7 +170,7 @@ impl MemberRestore<'_> {
     /// One step; see the module documentation.
     pub async fn step(&self) -> Result<Gate, RestoreError> {
         let cluster = self.ec.name.clone();
-        let Some(req) = self.store.restore_request().await.map_err(|source| RestoreError::Store { request: "-".into(), cluster, source })? else {
+        let Some(req) = self.store.restore_request().await.map_err(|source| RestoreError::Store { request: "-".into(), cluster, source: Box::new(source) })? else {
             return Ok(Gate::Proceed);
         };
         if !req.members.iter().any(|m| m == self.member) {

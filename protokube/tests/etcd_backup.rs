@@ -179,6 +179,18 @@ fn backups_one_writer_retention_and_restore_after_kills() {
     assert!(stdout.contains(&format!("continuing restore {}", first.id)), "{stdout}");
     assert!(stdout.contains("restored etcd main in") && stdout.contains("3/3 members healthy"), "{stdout}");
     assert_eq!(request(&f).map(|r| r.phase), Some(RestorePhase::Complete));
+    // `list` shows what the store holds, the restored backup among them.
+    let list = Command::new(&keelson)
+        .args(["etcd", "backup", "list", "-f"])
+        .arg(&spec_file)
+        .args(["--offline", "--endpoint-url", &m.url, "--etcd-cluster", "main"])
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .output()
+        .expect("keelson etcd backup list");
+    let listed = String::from_utf8_lossy(&list.stdout);
+    assert!(list.status.success() && listed.contains(&first.backup) && listed.contains(&format!("backups of etcd main in {}", f.backup_url)), "{listed}");
 
     // Every key is back, the deleted state is gone, the cluster is new and writable.
     for ip in &ips {

@@ -312,9 +312,17 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         let tokens = machine::exec_in(pid, &["sh", "-c", "ls /srv/kubernetes/kube-apiserver/known_tokens.csv 2>/dev/null; grep -o -- '--token-auth-file[^ ]*' /etc/kubernetes/manifests/kube-apiserver.manifest || true"]).unwrap_or_default();
         assert!(tokens.trim().is_empty(), "{}: the API server accepts a static token: {tokens}", m.instance_id);
     }
-    let proxies = kubeapi::system_pods(&kc).unwrap_or_default();
-    for name in nodes_now.keys() {
-        assert!(proxies.iter().any(|(p, (node, ok))| p.starts_with("kube-proxy-") && node == name && *ok), "no running kube-proxy on {name}: {proxies:?}");
+    // (a worker's kube-proxy static pod may still be starting: wait, bounded)
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let proxies = kubeapi::system_pods(&kc).unwrap_or_default();
+        let missing: Vec<&String> =
+            nodes_now.keys().filter(|name| !proxies.iter().any(|(p, (node, ok))| p.starts_with("kube-proxy-") && node == *name && *ok)).collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no running kube-proxy on {missing:?} within 120 s: {proxies:?}");
+        std::thread::sleep(Duration::from_secs(2));
     }
     let admitted: u64 = cps
         .iter()
