@@ -561,6 +561,11 @@ mod s3 {
         StoreError::S3 { op, bucket: bucket.into(), key: key.into(), message, source: Box::new(e) }
     }
 
+    /// A failure outside the service's answer (reading a body, a local file).
+    fn other<E: std::error::Error + Send + Sync + 'static>(op: &'static str, bucket: &str, key: &str, message: String, e: E) -> StoreError {
+        StoreError::S3 { op, bucket: bucket.into(), key: key.into(), message, source: Box::new(e) }
+    }
+
     /// The innermost cause (SDK errors say little at the top level: "dispatch failure").
     fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
         let mut cur = e;
@@ -595,13 +600,7 @@ mod s3 {
             }
             Err(e) => return Err(err("GetObject", bucket, key, e)),
         };
-        let body = resp.body.collect().await.map_err(|e| StoreError::S3 {
-            op: "GetObject",
-            bucket: bucket.into(),
-            key: key.into(),
-            message: e.to_string(),
-            source: Box::new(e),
-        })?;
+        let body = resp.body.collect().await.map_err(|e| other("GetObject", bucket, key, e.to_string(), e))?;
         Ok(Some(body.into_bytes().to_vec()))
     }
 
@@ -615,13 +614,7 @@ mod s3 {
     }
 
     pub async fn put_file(client: &aws_sdk_s3::Client, bucket: &str, key: &str, source: &std::path::Path) -> Result<(), StoreError> {
-        let body = ByteStream::from_path(source).await.map_err(|e| StoreError::S3 {
-            op: "PutObject",
-            bucket: bucket.into(),
-            key: key.into(),
-            message: format!("reading {}: {e}", source.display()),
-            source: Box::new(e),
-        })?;
+        let body = ByteStream::from_path(source).await.map_err(|e| other("PutObject", bucket, key, format!("reading {}: {e}", source.display()), e))?;
         client.put_object().bucket(bucket).key(key).body(body).send().await.map_err(|e| err("PutObject", bucket, key, e.into_service_error()))?;
         Ok(())
     }
@@ -640,22 +633,10 @@ mod s3 {
         let mut body = resp.body;
         let mut total = 0u64;
         loop {
-            let next = body.try_next().await.map_err(|e| StoreError::S3 {
-                op: "GetObject",
-                bucket: bucket.into(),
-                key: key.into(),
-                message: e.to_string(),
-                source: Box::new(e),
-            })?;
+            let next = body.try_next().await.map_err(|e| other("GetObject", bucket, key, e.to_string(), e))?;
             let Some(chunk) = next else { return Ok(Some(total)) };
             total += chunk.len() as u64;
-            sink(&chunk).map_err(|e| StoreError::S3 {
-                op: "GetObject",
-                bucket: bucket.into(),
-                key: key.into(),
-                message: format!("writing what was read: {e}"),
-                source: Box::new(e),
-            })?;
+            sink(&chunk).map_err(|e| other("GetObject", bucket, key, format!("writing what was read: {e}"), e))?;
         }
     }
 

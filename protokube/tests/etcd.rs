@@ -111,7 +111,7 @@ fn scenario(tls: bool) {
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut seen = String::new();
         loop {
-            let r = c.run(&mb.host, &["--once", "--hosts-file", &Net::hosts_file(&mb.ns)]);
+            let r = c.run(&mb.host, &["--once", "--hosts-file", &Net::hosts_file(&mb.ns), "--quorum-loss-wait", "0"]);
             // etcd refuses a member change for a few seconds after the previous one ("unhealthy
             // cluster" until every member has been connected for its health interval); the next pass
             // continues where this one stopped.
@@ -216,6 +216,12 @@ fn scenario(tls: bool) {
     assert!(r.last_line().contains(" 0 manifests written"), "{}\n{}", r.last_line(), r.stderr);
     assert!(r.stderr.contains("blank volume: formatting ext4") && r.stderr.contains("mounted"), "{}", r.stderr);
     assert!(r.stderr.contains("no live peer answers; the cluster has run before"), "{}", r.stderr);
+    // (--quorum-loss-wait 0 here) It says the cluster lost quorum and names the restore command.
+    assert!(
+        r.stderr.contains("QUORUM LOST") && r.stderr.contains("keelson etcd backup restore -f SPEC --etcd-cluster main --latest --yes"),
+        "{}",
+        r.stderr
+    );
     assert!(b2.host.manifest("main").is_none(), "no manifest while undecided");
     let mount = b2.host.root.path().join(format!("mnt/master-{vb2}"));
     assert!(!mount.join(protokube::reconcile::BOOTSTRAP_FILE).exists(), "no bootstrap decision recorded");
