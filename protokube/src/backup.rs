@@ -11,7 +11,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use base::etcd_backup::{BackupError, BackupMeta, BackupRequestDone, BackupStore, RestorePhase, Retention};
+use base::etcd_backup::{BackupError, BackupId, BackupMeta, BackupRequestDone, BackupStore, RestorePhase, Retention};
 use time::OffsetDateTime;
 
 use crate::config::{EtcdCluster, Plan};
@@ -80,7 +80,7 @@ pub async fn take(
     let store_err = |source| BackupRunError::Store { cluster: ec.name.clone(), source: Box::new(source) };
     let status = client.status().await.map_err(etcd_err)?;
     let members = client.members().await.map_err(etcd_err)?;
-    let id = store.next_id(now).await.map_err(store_err)?;
+    let id = allocate_id(client, ec, store, now).await?;
     std::fs::create_dir_all(staging).map_err(|source| BackupRunError::Io { path: staging.display().to_string(), source })?;
     let file = staging.join(format!("{}-{id}.db", ec.name));
     let result = async {
@@ -107,6 +107,26 @@ pub async fn take(
     .await;
     let _ = std::fs::remove_file(&file);
     result
+}
+
+/// A backup id whose sequence number no other writer gets: the next number after both the store's
+/// and the one etcd key every writer of this cluster counts with (a compare-and-swap), so a
+/// scheduled backup and one before a membership change never share an id.
+async fn allocate_id(client: &etcd::Client, ec: &EtcdCluster, store: &BackupStore, now: OffsetDateTime) -> Result<BackupId, BackupRunError> {
+    let etcd_err = |source| BackupRunError::Etcd { cluster: ec.name.clone(), source };
+    let key = claim_key(&ec.name, "sequence");
+    for _ in 0..10 {
+        let mut id = store.next_id(now).await.map_err(|source| BackupRunError::Store { cluster: ec.name.clone(), source: Box::new(source) })?;
+        let current = client.get(&key).await.map_err(etcd_err)?.map(|(v, _)| v);
+        id.seq = id.seq.max(current.as_deref().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0) + 1);
+        if client.claim(&key, &format!("{:020}", id.seq), |now_value| now_value.map(str::to_string) == current).await.map_err(etcd_err)? {
+            return Ok(id);
+        }
+    }
+    Err(BackupRunError::Etcd {
+        cluster: ec.name.clone(),
+        source: EtcdError::Http { url: key, message: "the backup sequence kept changing under 10 attempts".into() },
+    })
 }
 
 /// What the backup loop needs besides the plan.

@@ -71,7 +71,7 @@ fn minor_upgrade_rolls_one_member_at_a_time_after_a_backup_and_downgrades_are_re
     let (_g, m) = moto::lock();
     let f = Fixture::start(&m.url, 1, NAME, "", binaries, &[]);
     let ips = f.ips();
-    assert_eq!(versions(&ips), vec![Some("3.5.21".to_string()); 3]);
+    wait_for("every member on 3.5.21", Duration::from_secs(60), || (versions(&ips) == vec![Some("3.5.21".to_string()); 3]).then_some(()), || f.diag());
     for i in 0..KEYS {
         gateway(&ips[i % 3], "/v3/kv/put", serde_json::json!({ "key": b64(&format!("key/{i:04}")), "value": b64("v") }));
     }
