@@ -184,12 +184,14 @@ pub enum RestorePhase {
     Complete,
 }
 
+/// Ordered by progress; `Failed` (the last step did not work; the member retries every pass) is
+/// below every step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum MemberState {
+    Failed,
     Stopped,
     Restored,
     Healthy,
-    Failed,
 }
 
 /// One member's progress through a restore.

@@ -7,7 +7,7 @@
 //! think they lead — an old leader cut off, a control plane being replaced — cannot both win the
 //! same slot.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -242,9 +242,7 @@ fn every_member_backs_up() -> bool {
 /// A client for the member of `ec` on this instance.
 pub fn local_client(root: &Path, cluster_name: &str, internal_ip: &str, ec: &EtcdCluster, member: &str, timeout: Duration) -> Option<etcd::Client> {
     let ip = internal_ip.parse::<IpAddr>().ok()?;
-    let pki = paths::under(root, &paths::etcd_pki_dir(&ec.name));
-    let host = ec.member_dns(member, cluster_name);
-    match etcd::Client::new(ec.scheme(), &host, SocketAddr::new(ip, ec.ports.client), ec.tls.then_some(pki.as_path()), timeout) {
+    match etcd::Client::for_member(root, cluster_name, ec, member, ip, timeout) {
         Ok(c) => Some(c),
         Err(e) => {
             tracing::debug!(etcd = %ec.name, error = %e, "no etcd client yet");

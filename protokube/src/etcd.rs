@@ -125,6 +125,21 @@ impl Client {
         Ok(Client { http, base: format!("{scheme}://{host}:{}", addr.port()) })
     }
 
+    /// A client for `member` of `ec` at `ip` (its DNS name pinned to the address), with protokube's
+    /// client certificate under `root` when the cluster runs TLS.
+    pub fn for_member(
+        root: &Path,
+        cluster_name: &str,
+        ec: &crate::config::EtcdCluster,
+        member: &str,
+        ip: std::net::IpAddr,
+        timeout: Duration,
+    ) -> Result<Client, EtcdError> {
+        let pki = crate::paths::under(root, &crate::paths::etcd_pki_dir(&ec.name));
+        let host = ec.member_dns(member, cluster_name);
+        Client::new(ec.scheme(), &host, SocketAddr::new(ip, ec.ports.client), ec.tls.then_some(pki.as_path()), timeout)
+    }
+
     async fn post(&self, path: &str, body: serde_json::Value, timeout: Option<Duration>) -> Result<serde_json::Value, EtcdError> {
         let url = format!("{}{path}", self.base);
         let mut req = self.http.post(&url);

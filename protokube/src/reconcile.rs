@@ -543,13 +543,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
     /// Tag the volume [`STARTED_TAG`] once the local member answers as a started member of a
     /// cluster with quorum. Best effort: retried every pass until it succeeds.
     async fn mark_started(&self, ec: &EtcdCluster, member: &str, vol: &Volume) {
-        let Ok(ip) = self.me.internal_ip.parse::<IpAddr>() else { return };
-        let pki = paths::under(&self.opts.root, &paths::etcd_pki_dir(&ec.name));
-        let host = ec.member_dns(member, &self.plan.cluster_name);
-        let Ok(client) = etcd::Client::new(ec.scheme(), &host, SocketAddr::new(ip, ec.ports.client), ec.tls.then_some(pki.as_path()), self.opts.etcd_timeout)
-        else {
-            return;
-        };
+        let Some(client) = self.member_client(ec, member, &self.me.internal_ip) else { return };
         let me_url = ec.peer_url(member, &self.plan.cluster_name);
         match client.members().await {
             Ok(list) if list.iter().any(|m| !m.name.is_empty() && m.peer_urls.iter().any(|u| u == &me_url)) => {
@@ -563,6 +557,18 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         }
     }
 
+    /// A client for `member` of `ec` at `ip` (`None`, logged, when its TLS material is not there).
+    fn member_client(&self, ec: &EtcdCluster, member: &str, ip: &str) -> Option<etcd::Client> {
+        let ip = ip.parse::<IpAddr>().ok()?;
+        match etcd::Client::for_member(&self.opts.root, &self.plan.cluster_name, ec, member, ip, self.opts.etcd_timeout) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!(etcd = %ec.name, %member, error = %e, "etcd client");
+                None
+            }
+        }
+    }
+
     /// Ask live peers for the member list; the first that answers wins.
     async fn existing_members(
         &self,
@@ -570,23 +576,8 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         vols: &[Volume],
         instances: &BTreeMap<String, Instance>,
     ) -> Option<(etcd::Client, Vec<etcd::Member>)> {
-        let pki = paths::under(&self.opts.root, &paths::etcd_pki_dir(&ec.name));
         for (member, ip) in self.peers(ec, vols, instances) {
-            let Ok(ip) = ip.parse::<IpAddr>() else { continue };
-            let host = ec.member_dns(&member, &self.plan.cluster_name);
-            let client = match etcd::Client::new(
-                ec.scheme(),
-                &host,
-                SocketAddr::new(ip, ec.ports.client),
-                ec.tls.then_some(pki.as_path()),
-                self.opts.etcd_timeout,
-            ) {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(error = %e, "etcd client");
-                    continue;
-                }
-            };
+            let Some(client) = self.member_client(ec, &member, &ip) else { continue };
             match client.members().await {
                 Ok(m) => return Some((client, m)),
                 Err(e) => tracing::info!(etcd = %ec.name, %member, error = %e, "peer did not answer"),
@@ -696,14 +687,10 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                 let peers: BTreeMap<String, String> = self.peers(ec, vols, instances).into_iter().collect();
                 for m in ec.members.iter().map(|m| m.name.as_str()).filter(|m| *m != member) {
                     let wait = |what: String| Some(format!("etcd {name} upgrade {running} → {wanted} of member {member}: {what}"));
-                    let Some(ip) = peers.get(m).and_then(|ip| ip.parse::<IpAddr>().ok()) else {
+                    let Some(ip) = peers.get(m) else {
                         return wait(format!("member {m} has no live instance"));
                     };
-                    let pki = paths::under(&self.opts.root, &paths::etcd_pki_dir(&ec.name));
-                    let host = ec.member_dns(m, &self.plan.cluster_name);
-                    let Ok(client) =
-                        etcd::Client::new(ec.scheme(), &host, SocketAddr::new(ip, ec.ports.client), ec.tls.then_some(pki.as_path()), self.opts.etcd_timeout)
-                    else {
+                    let Some(client) = self.member_client(ec, m, ip) else {
                         return wait(format!("no client for member {m}"));
                     };
                     let status = match client.status().await {

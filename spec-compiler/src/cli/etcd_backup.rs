@@ -266,13 +266,7 @@ async fn drive(t: &Target, mut req: RestoreRequest, started: Instant, timeout: D
                 statuses.push(s);
             }
         }
-        if let Some(failed) = statuses.iter().find(|s| s.state == MemberState::Failed) {
-            bail!(
-                "member {} could not restore: {} (fix that and rerun the same command; the data moved aside is kept)",
-                failed.member,
-                failed.detail
-            );
-        }
+        // A failed step is retried by its member every pass: shown above, waited through.
         let all = statuses.len() == req.members.len();
         let at_least = |state: MemberState| all && statuses.iter().all(|s| s.state >= state);
         match req.phase {
@@ -284,7 +278,7 @@ async fn drive(t: &Target, mut req: RestoreRequest, started: Instant, timeout: D
             }
             RestorePhase::Restore if at_least(MemberState::Healthy) => {
                 let ids: std::collections::BTreeSet<&Option<String>> = statuses.iter().map(|s| &s.cluster_id).collect();
-                if ids.len() == 1 {
+                if ids.len() == 1 && !ids.contains(&None) {
                     req.phase = RestorePhase::Complete;
                     t.store.put_restore_request(&req).await?;
                     return Ok(statuses);
@@ -299,10 +293,11 @@ async fn drive(t: &Target, mut req: RestoreRequest, started: Instant, timeout: D
                 .iter()
                 .filter(|m| !statuses.iter().any(|s| &&s.member == m))
                 .map(|m| format!("etcd-{m} (no report)"))
-                .chain(statuses.iter().map(|s| format!("etcd-{}: {:?}", s.member, s.state)))
+                .chain(statuses.iter().map(|s| format!("etcd-{}: {:?} ({})", s.member, s.state, s.detail)))
                 .collect();
             bail!(
-                "restore {} is at phase {:?} after {timeout:?}: {}; rerun the same command to keep waiting (the request stays)",
+                "restore {} is at phase {:?} after {timeout:?}: {}; fix what a member reports and rerun the same command to keep \
+                 waiting (the request stays; the data moved aside is kept)",
                 req.id,
                 req.phase,
                 missing.join(", ")
