@@ -675,9 +675,13 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
             }
             Change::ViaRestore => {
                 let why = format!(
-                    "etcd {name}: {running} → {wanted} is not an in-place upgrade (only a newer patch or the next minor is); take \
-                     a backup and restore it at the new version: keelson etcd backup create …, then keelson etcd backup restore \
-                     -f SPEC --etcd-cluster {name} --latest --yes (every member starts at {wanted})"
+                    "etcd {name}: {running} → {wanted} is not an in-place upgrade (only a newer patch or the next minor is; etcd \
+                     itself upgrades one minor at a time): the members keep running {running}. Step through the minors \
+                     ({running} → {}.{}.x → …), or take a backup and restore it at the new version: keelson etcd backup create \
+                     -f SPEC --etcd-cluster {name}, then keelson etcd backup restore -f SPEC --etcd-cluster {name} --latest --yes \
+                     (every member starts at {wanted} on the restored data, if {wanted} reads it)",
+                    running.major,
+                    running.minor + 1
                 );
                 tracing::error!("{why}");
                 Some(why)
