@@ -28,6 +28,9 @@ pub struct PolicyInputs {
     pub allow_container_registry: bool,
     /// Workers join with the static bootstrap token (and may read it); otherwise by cloud identity.
     pub bootstrap_token: bool,
+    /// `(bucket, key prefix)` of every etcd backup store on S3 (`etcdClusters[].backups.backupStore`),
+    /// once each: control planes write backups there.
+    pub backup_stores: Vec<(String, String)>,
 }
 
 impl PolicyInputs {
@@ -43,6 +46,17 @@ impl PolicyInputs {
             kubenet: spec.networking.as_ref().is_some_and(|n| n.kubenet.is_some()),
             allow_container_registry: spec.iam.as_ref().and_then(|i| i.allow_container_registry).unwrap_or(false),
             bootstrap_token,
+            backup_stores: {
+                let mut out: Vec<(String, String)> = Vec::new();
+                for store in spec.etcd_clusters.iter().flatten().filter_map(|c| c.backups.as_ref()?.backup_store.clone()) {
+                    if let Ok(base::ConfigBase::S3 { bucket, prefix }) = store.parse::<base::ConfigBase>() {
+                        if !out.contains(&(bucket.clone(), prefix.clone())) {
+                            out.push((bucket, prefix));
+                        }
+                    }
+                }
+                out
+            },
         }
     }
 }
@@ -156,10 +170,22 @@ fn control_plane(p: &PolicyInputs, zone_id: Option<&str>, etcd: bool) -> Vec<Val
             Some(json!({"StringEquals": {"aws:ResourceTag/KubernetesCluster": c, "aws:ResourceTag/k8s.io/role/master": "1"}})),
         ));
     }
+    // Read the state store; control planes write the etcd backups (kOps' order: reads, writes, then
+    // the buckets once each).
+    let mut buckets: Vec<&str> = Vec::new();
     if let Some((bucket, key)) = &p.state_store {
         out.push(statement(&["s3:Get*"], json!(s3_arn(p, bucket, key)), None));
-        out.push(bucket_statement(p, bucket));
+        buckets.push(bucket);
     }
+    if etcd {
+        for (bucket, key) in &p.backup_stores {
+            out.push(statement(&["s3:GetObject", "s3:DeleteObject", "s3:DeleteObjectVersion", "s3:PutObject"], json!(s3_arn(p, bucket, key)), None));
+            buckets.push(bucket);
+        }
+    }
+    buckets.sort_unstable();
+    buckets.dedup();
+    out.extend(buckets.into_iter().map(|b| bucket_statement(p, b)));
     if let Some(zone) = zone_id {
         let zone = zone.trim_start_matches('/').trim_start_matches("hostedzone/");
         out.push(statement(
@@ -303,6 +329,7 @@ mod tests {
             kubenet: false,
             allow_container_registry: false,
             bootstrap_token: false,
+            backup_stores: vec![("bucket".into(), "c.example.com/backups/etcd/main".into()), ("other".into(), "b/events".into())],
         }
     }
 
@@ -322,6 +349,25 @@ mod tests {
         assert!(text.contains("arn:aws:s3:::bucket/c.example.com/*"), "{text}");
         assert!(!a.iter().any(|x| x == "ec2:CreateRoute"), "no route management without kubenet");
         assert!(policy(&role(Role::ControlPlane), &inputs(), None).expect("p").to_string().find("route53:Change").is_none());
+    }
+
+    /// Control planes write etcd backups (kOps' statement), API servers and nodes do not.
+    #[test]
+    fn control_planes_write_the_etcd_backup_stores() {
+        let doc = policy(&role(Role::ControlPlane), &inputs(), None).expect("policy");
+        let statements = doc["Statement"].as_array().expect("statements").clone();
+        let write = statements
+            .iter()
+            .find(|s| s["Resource"] == json!("arn:aws:s3:::bucket/c.example.com/backups/etcd/main/*"))
+            .expect("a statement on the main backup store");
+        assert_eq!(write["Action"], json!(["s3:DeleteObject", "s3:DeleteObjectVersion", "s3:GetObject", "s3:PutObject"]));
+        assert!(doc.to_string().contains("arn:aws:s3:::other/b/events/*"));
+        let buckets: Vec<&Value> = statements.iter().filter(|s| s["Action"].as_array().is_some_and(|a| a.contains(&json!("s3:ListBucket")))).collect();
+        assert_eq!(buckets.len(), 2, "each bucket once: {buckets:?}");
+        for r in [Role::ApiServer, Role::Node] {
+            let text = policy(&role(r), &inputs(), None).map(|d| d.to_string()).unwrap_or_default();
+            assert!(!text.contains("s3:PutObject"), "{r:?} writes: {text}");
+        }
     }
 
     #[test]
