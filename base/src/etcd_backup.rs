@@ -1,8 +1,9 @@
 //! The etcd backup store: its layout, backup metadata, retention, and the restore protocol that
 //! `keelson etcd backup …` and protokube share.
 //!
-//! One etcd cluster's backup store is `etcdClusters[].backups.backupStore` (kOps' default
-//! `<ConfigBase>/backups/etcd/<name>`: the store already names its etcd cluster). Under it:
+//! One etcd cluster's backups live in [`cluster_dir`]: `etcdClusters[].backups.backupStore`/`<name>`
+//! (kOps' default `<ConfigBase>/backups/etcd/<name>` already ends in the name and is used as it is).
+//! Under it:
 //!
 //! - `<RFC3339>-<seq>/snapshot.db`: the snapshot exactly as etcd streams it (the bbolt database and
 //!   its sha256 trailer, which `etcdutl snapshot restore` checks);
@@ -399,9 +400,20 @@ impl BackupStore {
     }
 }
 
-/// The backup store of etcd cluster `name` when the spec names none: kOps' default.
-pub fn default_store(config_base: &str, name: &str) -> String {
-    format!("{}/backups/etcd/{name}", config_base.trim_end_matches('/'))
+/// Where the backups of etcd cluster `name` go: under `etcdClusters[].backups.backupStore`
+/// (`spec_store`), else kOps' default `<ConfigBase>/backups/etcd/<name>`, in a directory named after
+/// the etcd cluster — which kOps' layout already is (a store ending in `/<name>` is used as it is), so
+/// existing stores line up and one store shared by several etcd clusters never mixes them.
+pub fn cluster_dir(spec_store: Option<&str>, config_base: &str, name: &str) -> String {
+    let store = match spec_store.map(|s| s.trim_end_matches('/')).filter(|s| !s.is_empty()) {
+        Some(s) => s.to_string(),
+        None => format!("{}/backups/etcd/{name}", config_base.trim_end_matches('/')),
+    };
+    if store.rsplit('/').next() == Some(name) {
+        store
+    } else {
+        format!("{store}/{name}")
+    }
 }
 
 #[cfg(test)]
@@ -450,6 +462,15 @@ mod tests {
         // The newest backup is kept however old it is.
         let old = [BackupId { taken_at: start, seq: 1 }];
         assert!(r.expired(&old, now).is_empty());
+    }
+
+    #[test]
+    fn each_etcd_cluster_has_its_own_directory() {
+        assert_eq!(cluster_dir(None, "s3://b/c.example.com/", "main"), "s3://b/c.example.com/backups/etcd/main");
+        assert_eq!(cluster_dir(Some("s3://b/c/backups/etcd/events"), "s3://b/c", "events"), "s3://b/c/backups/etcd/events");
+        assert_eq!(cluster_dir(Some("s3://b/shared/"), "s3://b/c", "main"), "s3://b/shared/main");
+        assert_eq!(cluster_dir(Some("s3://b/shared"), "s3://b/c", "events"), "s3://b/shared/events");
+        assert_eq!(cluster_dir(Some(""), "file:///srv/state", "main"), "file:///srv/state/backups/etcd/main");
     }
 
     #[tokio::test]

@@ -58,7 +58,7 @@ pub struct EtcdCluster {
     pub election_ms: Option<i64>,
     /// The spec's etcd version (`3.5.21`).
     pub version: String,
-    /// Where backups go (`backups.backupStore`, else kOps' `<ConfigBase>/backups/etcd/<name>`).
+    /// Where this etcd cluster's backups go ([`base::etcd_backup::cluster_dir`]).
     pub backup_store: String,
     /// `manager.backupInterval` (15 min unless set).
     pub backup_interval: std::time::Duration,
@@ -208,12 +208,8 @@ pub fn plan(boot: &BootConfig, cluster: &Cluster) -> Result<Plan, ConfigError> {
         let client_cert_auth = !legacy || ec.enable_tls_auth.unwrap_or(false);
         let version = ec.version.clone().unwrap_or_else(|| "3.5.21".to_string());
         let image = ec.image.clone().unwrap_or_else(|| default_etcd_image(&version, spec.assets.as_ref()));
-        let backup_store = ec
-            .backups
-            .as_ref()
-            .and_then(|b| b.backup_store.clone())
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| base::etcd_backup::default_store(&boot.config_base, &name));
+        let backup_store =
+            base::etcd_backup::cluster_dir(ec.backups.as_ref().and_then(|b| b.backup_store.as_deref()), &boot.config_base, &name);
         let manager = ec.manager.as_ref();
         let backup_interval = match manager.and_then(|m| m.backup_interval.as_ref()) {
             Some(d) if d.as_nanos() > 0 => std::time::Duration::from_nanos(d.as_nanos() as u64),

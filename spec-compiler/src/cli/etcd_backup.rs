@@ -92,12 +92,7 @@ async fn target(args: &BackupCommon) -> anyhow::Result<Result<Target, ExitCode>>
         let names: Vec<String> = clusters.iter().filter_map(|c| c.name.clone()).collect();
         bail!("--etcd-cluster {}: the cluster has no such etcd cluster (it has {})", args.etcd_cluster, names.join(", "));
     };
-    let url = ec
-        .backups
-        .as_ref()
-        .and_then(|b| b.backup_store.clone())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| etcd_backup::default_store(&model.config_base, &args.etcd_cluster));
+    let url = etcd_backup::cluster_dir(ec.backups.as_ref().and_then(|b| b.backup_store.as_deref()), &model.config_base, &args.etcd_cluster);
     let store = open_store(&url, Some(s3))?;
     let members = ec.etcd_members.iter().flatten().filter_map(|m| m.name.clone()).collect();
     Ok(Ok(Target { store: BackupStore::new(store), etcd_cluster: args.etcd_cluster.clone(), members }))
