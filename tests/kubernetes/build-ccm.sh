@@ -25,17 +25,9 @@ out="$cache/cloud-provider-aws/v$version"
 marker="$out/.complete"
 binary=aws-cloud-controller-manager
 
-if [ -f "$marker" ]; then
-  echo "$out/bin"
-  exit 0
-fi
-mkdir -p "$out"
-exec 9>"$out/.lock"
-flock 9
-if [ -f "$marker" ]; then
-  echo "$out/bin"
-  exit 0
-fi
+# shellcheck source=tests/kubernetes/build-cache.sh
+. "$(dirname "${BASH_SOURCE[0]}")/build-cache.sh"
+enter_build_cache "$out" "$out/bin"
 
 work="$out/src"
 rm -rf "${work:?}" "${out:?}/bin.tmp"

@@ -20,11 +20,9 @@ command -v go >/dev/null || { echo "build-containerd.sh: Go is not installed" >&
 cache=${KEELSON_LOCAL_CACHE:-/var/cache/keelson-local}
 out="$cache/containerd/v$version"
 archive="$out/containerd-$version-linux-amd64.tar.gz"
-if [ -f "$out/.complete" ]; then echo "$archive"; exit 0; fi
-mkdir -p "$out"
-exec 9>"$out/.lock"
-flock 9
-if [ -f "$out/.complete" ]; then echo "$archive"; exit 0; fi
+# shellcheck source=tests/kubernetes/build-cache.sh
+. "$(dirname "${BASH_SOURCE[0]}")/build-cache.sh"
+enter_build_cache "$out" "$archive"
 
 work="$out/module"
 rm -rf "${work:?}" "${out:?}/bin"

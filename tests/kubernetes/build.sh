@@ -28,17 +28,9 @@ out="$cache/kubernetes/v$version"
 marker="$out/.complete"
 COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet kubectl)
 
-if [ -f "$marker" ]; then
-  echo "$out/bin"
-  exit 0
-fi
-mkdir -p "$out"
-exec 9>"$out/.lock"
-flock 9
-if [ -f "$marker" ]; then
-  echo "$out/bin"
-  exit 0
-fi
+# shellcheck source=tests/kubernetes/build-cache.sh
+. "$(dirname "${BASH_SOURCE[0]}")/build-cache.sh"
+enter_build_cache "$out" "$out/bin"
 
 work="$out/module"
 rm -rf "${work:?}" "${out:?}/bin.tmp"
