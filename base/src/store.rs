@@ -545,6 +545,7 @@ fn describe_holder(content: &[u8]) -> String {
 #[cfg(feature = "aws")]
 mod s3 {
     use aws_sdk_s3::error::ProvideErrorMetadata;
+    use aws_sdk_s3::operation::get_object::GetObjectOutput;
     use aws_sdk_s3::primitives::ByteStream;
 
     use super::StoreError;
@@ -579,10 +580,11 @@ mod s3 {
         message.starts_with("PreconditionFailed") || message.starts_with("ConditionalRequestConflict")
     }
 
-    pub async fn get(client: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let resp = match client.get_object().bucket(bucket).key(key).send().await {
-            Ok(r) => r,
-            Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => return Ok(None),
+    /// GetObject, following a bucket that lives in another region; `Ok(None)` when the key does not exist.
+    async fn get_object(client: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Result<Option<GetObjectOutput>, StoreError> {
+        match client.get_object().bucket(bucket).key(key).send().await {
+            Ok(r) => Ok(Some(r)),
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => Ok(None),
             Err(e) if matches!(e.code(), Some("PermanentRedirect") | Some("AuthorizationHeaderMalformed")) => {
                 // The bucket lives in another region: ask where, then read from there.
                 let loc = client.get_bucket_location().bucket(bucket).send().await.map_err(|e| err("GetBucketLocation", bucket, key, e))?;
@@ -593,13 +595,17 @@ mod s3 {
                     .unwrap_or_else(|| "us-east-1".into());
                 let conf = client.config().to_builder().region(aws_sdk_s3::config::Region::new(region)).build();
                 match aws_sdk_s3::Client::from_conf(conf).get_object().bucket(bucket).key(key).send().await {
-                    Ok(r) => r,
-                    Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => return Ok(None),
-                    Err(e) => return Err(err("GetObject", bucket, key, e)),
+                    Ok(r) => Ok(Some(r)),
+                    Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => Ok(None),
+                    Err(e) => Err(err("GetObject", bucket, key, e)),
                 }
             }
-            Err(e) => return Err(err("GetObject", bucket, key, e)),
-        };
+            Err(e) => Err(err("GetObject", bucket, key, e)),
+        }
+    }
+
+    pub async fn get(client: &aws_sdk_s3::Client, bucket: &str, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let Some(resp) = get_object(client, bucket, key).await? else { return Ok(None) };
         let body = resp.body.collect().await.map_err(|e| other("GetObject", bucket, key, e.to_string(), e))?;
         Ok(Some(body.into_bytes().to_vec()))
     }
@@ -625,11 +631,7 @@ mod s3 {
         key: &str,
         sink: &mut (dyn FnMut(&[u8]) -> std::io::Result<()> + Send),
     ) -> Result<Option<u64>, StoreError> {
-        let resp = match client.get_object().bucket(bucket).key(key).send().await {
-            Ok(r) => r,
-            Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => return Ok(None),
-            Err(e) => return Err(err("GetObject", bucket, key, e)),
-        };
+        let Some(resp) = get_object(client, bucket, key).await? else { return Ok(None) };
         let mut body = resp.body;
         let mut total = 0u64;
         loop {
