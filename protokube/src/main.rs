@@ -171,21 +171,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let spec_store = opts.store.clone();
     let (join_cluster, join_ec2, region) = (plan.cluster_name.clone(), ec2.clone(), me.region.clone());
     let (plan_tx, plan_rx) = tokio::sync::watch::channel(plan.clone());
-    let backup_loop = protokube::backup::BackupLoop::new(
-        args.root.clone(),
-        me.internal_ip.clone(),
-        plan.cluster_name.clone(),
-        backup_s3,
-        Metrics::default(),
-        clock,
-    );
-    let mut agent = Agent::new(plan, me, opts, Ec2::new(ec2), dns);
-    let mut spec_read_at = Instant::now();
-
     let metrics = Metrics::default();
-    let mut backup_loop = backup_loop;
-    backup_loop.metrics = metrics.clone();
     if !args.once && !args.no_backups {
+        let mut backup_loop = protokube::backup::BackupLoop::new(
+            args.root.clone(),
+            me.internal_ip.clone(),
+            plan.cluster_name.clone(),
+            backup_s3,
+            metrics.clone(),
+            clock,
+        );
         let poll = secs(args.backup_poll);
         tokio::spawn(async move {
             loop {
@@ -195,6 +190,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
         });
     }
+    let mut agent = Agent::new(plan, me, opts, Ec2::new(ec2), dns);
+    let mut spec_read_at = Instant::now();
+
     if !args.once && args.metrics_addr != "off" {
         let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
             .await

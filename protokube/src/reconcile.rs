@@ -519,7 +519,9 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
             manifest: paths::under(&self.opts.root, &paths::manifest_path(&ec.name)),
             store,
             tool: self.opts.restore_tool.clone(),
-            local: backup::local_client(&self.opts.root, &self.plan.cluster_name, &self.me.internal_ip, ec, member, self.opts.etcd_timeout),
+            local: Box::new(move || {
+                backup::local_client(&self.opts.root, &self.plan.cluster_name, &self.me.internal_ip, ec, member, self.opts.etcd_timeout)
+            }),
             client_addr: SocketAddr::new(ip, ec.ports.client),
             stop_timeout: self.opts.stop_timeout,
         };

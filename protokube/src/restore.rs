@@ -112,7 +112,8 @@ pub struct MemberRestore<'a> {
     pub manifest: PathBuf,
     pub store: BackupStore,
     pub tool: Option<RestoreTool>,
-    pub local: Option<crate::etcd::Client>,
+    /// The local member, once restored (made only then: it reads the TLS files).
+    pub local: Box<dyn Fn() -> Option<crate::etcd::Client> + Send + Sync + 'a>,
     /// Where the member's client port answers (to see it stopped).
     pub client_addr: std::net::SocketAddr,
     /// How long one pass waits for the member to stop.
@@ -347,7 +348,7 @@ impl MemberRestore<'_> {
         if p.reported == Some(MemberState::Healthy) || req.phase != RestorePhase::Restore {
             return Ok(());
         }
-        let Some(client) = &self.local else { return Ok(()) };
+        let Some(client) = (self.local)() else { return Ok(()) };
         let (Ok(status), Ok(members)) = (client.status().await, client.members().await) else { return Ok(()) };
         let started = members.iter().filter(|m| !m.name.is_empty()).count();
         if started < self.ec.members.len() || status.leader.is_empty() || status.leader == "0" {
