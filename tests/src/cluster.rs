@@ -1106,6 +1106,57 @@ pub fn diagnose(cs: &ClusterState) -> String {
     s
 }
 
+/// What decides whether Nodes come and go: every Node the API holds (ready, provider id) and the
+/// last lines of the cloud-controller-manager's and kube-controller-manager's logs on every live
+/// control plane (read from the kubelet's pod log files in the machine's root).
+pub fn diagnose_nodes(cs: &ClusterState, kubeconfig: &Path) -> String {
+    let mut s = String::new();
+    let mut not_ready = Vec::new();
+    match crate::kubeapi::nodes(kubeconfig) {
+        Ok(nodes) => {
+            for (name, n) in nodes {
+                s.push_str(&format!("node {name}: ready {} ip {:?} provider {:?} taints {:?}\n", n.ready, n.internal_ip, n.provider_id, n.taints));
+                if !n.ready {
+                    not_ready.push(name);
+                }
+            }
+        }
+        Err(e) => s.push_str(&format!("nodes: {e}\n")),
+    }
+    for m in control_planes(cs) {
+        let pods = m.root.join("var/log/pods");
+        let Ok(dirs) = std::fs::read_dir(&pods) else { continue };
+        for d in dirs.flatten() {
+            let name = d.file_name().to_string_lossy().to_string();
+            if !(name.contains("cloud-controller-manager") || name.contains("kube-controller-manager")) {
+                continue;
+            }
+            let Ok(containers) = std::fs::read_dir(d.path()) else { continue };
+            for c in containers.flatten() {
+                let Ok(logs) = std::fs::read_dir(c.path()) else { continue };
+                let mut logs: Vec<PathBuf> = logs.flatten().map(|l| l.path()).collect();
+                logs.sort();
+                let Some(last) = logs.last() else { continue };
+                let text = std::fs::read_to_string(last).unwrap_or_default();
+                // Errors, warnings, leadership and anything about a Node that is not ready.
+                let lines: Vec<&str> = text
+                    .lines()
+                    .filter(|l| {
+                        let msg = l.splitn(4, ' ').nth(3).unwrap_or("");
+                        msg.starts_with('E') || msg.starts_with('W') || l.contains("leader") || not_ready.iter().any(|n| l.contains(n.as_str()))
+                    })
+                    .collect();
+                s.push_str(&format!("--- {} {}: errors, warnings, leadership and not-ready nodes in {}\n", m.instance_id, m.ip, last.display()));
+                for l in &lines[lines.len().saturating_sub(60)..] {
+                    s.push_str(l);
+                    s.push('\n');
+                }
+            }
+        }
+    }
+    s
+}
+
 pub fn ps() -> anyhow::Result<()> {
     let st = state();
     let cs = ClusterState::load(&st).ok_or_else(|| anyhow!("no local cluster (state {} has no cluster.json)", st.root.display()))?;
@@ -1576,6 +1627,11 @@ pub fn selfheal(spec_path: &Path, cycles: u32, keys: u64, cycle_timeout: Duratio
         "selfheal: keelson validate cluster after the replacements: {}",
         if report.validated { "valid".to_string() } else { format!("NOT valid:\n{}{}", String::from_utf8_lossy(&v.stdout), String::from_utf8_lossy(&v.stderr)) }
     );
+    if !report.validated {
+        if let Ok(cs) = load() {
+            eprint!("{}", diagnose_nodes(&cs, &kubeconfig));
+        }
+    }
     if !report.phases.is_empty() {
         let medians: Vec<String> = PHASES
             .iter()
