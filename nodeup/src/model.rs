@@ -229,7 +229,11 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         kubelet_inputs.push(file_task_name(paths::KUBELET_BOOTSTRAP_KUBECONFIG));
         kubelet_spec.bootstrap_kubeconfig = Some(paths::KUBELET_BOOTSTRAP_KUBECONFIG.into());
     }
-    let kc = kubelet::configuration(&kubelet_spec, cc.address.as_deref(), runs_api).map_err(render_err(paths::KUBELET_CONFIG))?;
+    let provider_id = match (&inp.facts.zone, &inp.facts.instance_id) {
+        (Some(zone), Some(id)) if aws => Some(kubelet::aws_provider_id(zone, id)),
+        _ => None,
+    };
+    let kc = kubelet::configuration(&kubelet_spec, cc.address.as_deref(), runs_api, provider_id).map_err(render_err(paths::KUBELET_CONFIG))?;
     let kc_yaml = serde_yaml_ng::to_string(&kc).map_err(|e| render_err(paths::KUBELET_CONFIG)(e.to_string()))?;
     tasks.push(Box::new(FileTask::new(paths::KUBELET_CONFIG, kc_yaml, 0o644)));
     tasks.push(Box::new(FileTask::new(paths::KUBELET_SYSCONFIG, kubelet::sysconfig(&kubelet_spec, node_ip.as_deref(), has_ecr), 0o644)));

@@ -90,6 +90,9 @@ pub struct NodeState {
     /// `key:effect` of every taint.
     pub taints: Vec<String>,
     pub labels: BTreeMap<String, String>,
+    /// The field managers that own `spec.providerID` (`kubelet` when the kubelet registered the
+    /// Node with it).
+    pub provider_id_managers: Vec<String>,
 }
 
 /// Node name → state.
@@ -101,6 +104,14 @@ pub fn nodes(kubeconfig: &Path) -> Result<BTreeMap<String, NodeState>, KubeApiEr
             .items
             .into_iter()
             .map(|n| {
+                let provider_id_managers = n
+                    .metadata
+                    .managed_fields
+                    .iter()
+                    .flatten()
+                    .filter(|f| f.fields_v1.as_ref().is_some_and(|v| v.0.get("f:spec").and_then(|s| s.get("f:providerID")).is_some()))
+                    .filter_map(|f| f.manager.clone())
+                    .collect();
                 let status = n.status.unwrap_or_default();
                 let ready = status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True");
                 let internal_ip = status.addresses.unwrap_or_default().into_iter().find(|a| a.type_ == "InternalIP").map(|a| a.address);
@@ -113,6 +124,7 @@ pub fn nodes(kubeconfig: &Path) -> Result<BTreeMap<String, NodeState>, KubeApiEr
                     pod_cidr: spec.pod_cidr,
                     taints,
                     labels: n.metadata.labels.unwrap_or_default(),
+                    provider_id_managers,
                 };
                 (n.metadata.name.unwrap_or_default(), state)
             })

@@ -39,6 +39,11 @@ pub struct KubeletConfiguration {
     pub pod_pids_limit: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub protect_kernel_defaults: Option<bool>,
+    /// `aws:///<zone>/<instance-id>` on AWS (as kOps writes it): the Node carries its instance from
+    /// registration on, so the cloud-controller-manager can always tell whether the instance still
+    /// exists (it cannot look a terminated instance up by name).
+    #[serde(rename = "providerID", skip_serializing_if = "Option::is_none")]
+    pub provider_id: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub register_with_taints: Vec<Taint>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -121,8 +126,9 @@ fn kv_list(s: &str, sep: char) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// The `KubeletConfiguration` for a kubelet spec (kOps' mapping of its `flag:"-"` fields).
-pub fn configuration(spec: &KubeletConfigSpec, containerd_address: Option<&str>, serving_cert: bool) -> Result<KubeletConfiguration, String> {
+/// The `KubeletConfiguration` for a kubelet spec (kOps' mapping of its `flag:"-"` fields), with the
+/// node's cloud provider id when it is known.
+pub fn configuration(spec: &KubeletConfigSpec, containerd_address: Option<&str>, serving_cert: bool, provider_id: Option<String>) -> Result<KubeletConfiguration, String> {
     let taints = spec.taints.iter().flatten().map(|t| parse_taint(t)).collect::<Result<Vec<_>, _>>()?;
     let feature_gates = spec
         .feature_gates
@@ -154,6 +160,7 @@ pub fn configuration(spec: &KubeletConfigSpec, containerd_address: Option<&str>,
         max_pods: spec.max_pods,
         pod_pids_limit: spec.pod_pids_limit,
         protect_kernel_defaults: spec.protect_kernel_defaults,
+        provider_id,
         register_with_taints: taints,
         rotate_certificates: spec.rotate_certificates,
         serialize_image_pulls: spec.serialize_image_pulls,
@@ -170,6 +177,12 @@ pub fn configuration(spec: &KubeletConfigSpec, containerd_address: Option<&str>,
         container_log_max_size: spec.container_log_max_size.clone(),
         container_log_max_files: spec.container_log_max_files,
     })
+}
+
+/// The provider id of an AWS instance, as the cloud-controller-manager writes it:
+/// `aws:///<availability zone>/<instance id>`.
+pub fn aws_provider_id(zone: &str, instance_id: &str) -> String {
+    format!("aws:///{zone}/{instance_id}")
 }
 
 /// Labels in the `kubernetes.io` / `k8s.io` namespaces a kubelet may set on its own Node: the
