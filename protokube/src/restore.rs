@@ -314,6 +314,7 @@ impl MemberRestore<'_> {
                 for args in [vec!["tasks", "kill", "-s", "SIGKILL", &id], vec!["tasks", "rm", "-f", &id], vec!["containers", "rm", &id]] {
                     let _ = tokio::process::Command::new(ctr).args(["-n", "k8s.io"]).args(&args).output().await;
                 }
+                ensure_image(ctr, &self.ec.image).await.map_err(tool_err)?;
                 let mount = self.mount.display().to_string();
                 let mut cmd = tokio::process::Command::new(ctr);
                 cmd.args(["-n", "k8s.io", "run", "--rm", "--mount"])
@@ -365,6 +366,41 @@ async fn supports_bump(tool: &Path) -> bool {
         Err(_) => false,
     }
 }
+
+/// The kubelet's namespace in containerd, where the etcd image lives.
+const CONTAINERD_NAMESPACE: &str = "k8s.io";
+
+/// Make sure containerd holds `image`: an instance that never ran etcd (or whose image was garbage
+/// collected) has none. It is pulled through the registry hosts nodeup configured for containerd,
+/// so mirrors and plain-HTTP registries work as they do for the kubelet.
+async fn ensure_image(ctr: &Path, image: &str) -> Result<(), String> {
+    let ctr_run = |args: Vec<String>| {
+        let mut cmd = tokio::process::Command::new(ctr);
+        cmd.args(["-n", CONTAINERD_NAMESPACE]).args(args).kill_on_drop(true);
+        cmd
+    };
+    let listed = ctr_run(vec!["images".into(), "ls".into(), "-q".into(), format!("name=={image}")])
+        .output()
+        .await
+        .map_err(|e| format!("running {} images ls: {e}", ctr.display()))?;
+    if listed.status.success() && String::from_utf8_lossy(&listed.stdout).lines().any(|l| l.trim() == image) {
+        return Ok(());
+    }
+    tracing::info!(%image, "the etcd image is not in containerd; pulling it for the restore");
+    let mut args = vec!["images".to_string(), "pull".into()];
+    if Path::new(CONTAINERD_HOSTS_DIR).is_dir() {
+        args.extend(["--hosts-dir".into(), CONTAINERD_HOSTS_DIR.into()]);
+    }
+    args.push(image.into());
+    let pulled = ctr_run(args).output().await.map_err(|e| format!("running {} images pull: {e}", ctr.display()))?;
+    if !pulled.status.success() {
+        return Err(format!("pulling {image} (to run etcdutl from it) failed: {}", String::from_utf8_lossy(&pulled.stderr).trim()));
+    }
+    Ok(())
+}
+
+/// Where nodeup writes containerd's per-registry `hosts.toml` files.
+const CONTAINERD_HOSTS_DIR: &str = "/etc/containerd/certs.d";
 
 #[cfg(test)]
 mod tests {

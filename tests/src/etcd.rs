@@ -14,6 +14,9 @@ pub struct Endpoint {
     pub cacert: Option<String>,
     pub cert: Option<String>,
     pub key: Option<String>,
+    /// The member's etcd image.
+    #[serde(default)]
+    pub image: String,
 }
 
 /// Read `/etc/kubernetes/manifests/etcd-<cluster>.manifest` from a machine's root.
@@ -38,6 +41,7 @@ pub fn endpoint(root: &Path, cluster: &str) -> Option<Endpoint> {
         cacert: flag("trusted-ca-file"),
         cert: flag("cert-file"),
         key: flag("key-file"),
+        image: c.get("image").and_then(|i| i.as_str()).unwrap_or_default().to_string(),
     })
 }
 

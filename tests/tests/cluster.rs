@@ -180,7 +180,10 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     // 6. The AWS cloud-controller-manager (the product's addon, built from k8s.io/cloud-provider-aws,
     //    talking to moto through the endpoint annotation with the instance role's credentials from
     //    IMDS) runs on the control planes and initialised every node: no `uninitialized` taint, the
-    //    providerID and zone of its instance (node name = the instance's PrivateDnsName).
+    //    providerID and zone of its instance (node name = the instance's PrivateDnsName). The
+    //    kubelet registered the Node with that providerID already (nodeup writes it, as kOps does):
+    //    a Node whose instance is terminated before the CCM initialised it must still be found
+    //    gone and deleted, and the CCM cannot look a terminated instance up by name.
     let deadline = std::time::Instant::now() + Duration::from_secs(300);
     loop {
         let nodes_now = kubeapi::nodes(&kc).unwrap_or_default();
@@ -199,6 +202,9 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
             let want = format!("aws:///{}/{}", m.zone, m.instance_id);
             if n.provider_id.as_deref() != Some(want.as_str()) {
                 wrong.push(format!("{name}: providerID {:?}, want {want}", n.provider_id));
+            }
+            if !n.provider_id_managers.iter().any(|m| m == "kubelet") {
+                wrong.push(format!("{name}: providerID not set by the kubelet at registration (set by {:?})", n.provider_id_managers));
             }
             if n.taints.iter().any(|t| t.starts_with("node.cloudprovider.kubernetes.io/uninitialized")) {
                 wrong.push(format!("{name}: still tainted uninitialized: {:?}", n.taints));
@@ -415,11 +421,19 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     etcd::etcdctl(pid, &ep, &["del", "/keelson-test/restore/", "--prefix"]).unwrap();
     assert_eq!(etcd::count(pid, &ep, "/keelson-test/restore/"), Some(0));
     assert_eq!(configmaps(), 0);
+    // One member's containerd loses the etcd image (as on an instance that never ran etcd): its
+    // protokube must pull the image before it can run etcdutl from it.
+    let last = cps[cps.len() - 1];
+    let last_ep = etcd::endpoint(&last.root, "main").unwrap();
+    let images = |m: &keelson_local::machine::MachineInfo| machine::exec_in(m.init_pid.unwrap(), &["ctr", "-n", "k8s.io", "images", "ls", "-q"]).unwrap();
+    machine::exec_in(last.init_pid.unwrap(), &["ctr", "-n", "k8s.io", "images", "rm", &last_ep.image]).unwrap();
+    assert!(!images(last).lines().any(|l| l == last_ep.image), "{} still holds {}", last.instance_id, last_ep.image);
     let t = std::time::Instant::now();
     let restored = support::keelson_in_local_env(&["etcd", "backup", "restore", "-f", &spec_arg, "--etcd-cluster", "main", "--latest", "--yes"]);
     let took = t.elapsed();
     assert!(restored.status.success(), "keelson etcd backup restore failed (output above)");
-    eprintln!("RESTORE: etcd main, 3 members, {KEYS} keys + {OBJECTS} objects: {:.1}s", took.as_secs_f64());
+    assert!(images(last).lines().any(|l| l == last_ep.image), "{} did not pull {} back", last.instance_id, last_ep.image);
+    eprintln!("RESTORE: etcd main, 3 members, {KEYS} keys + {OBJECTS} objects: {:.1}s (one member pulled the etcd image first)", took.as_secs_f64());
     let deadline = std::time::Instant::now() + Duration::from_secs(180);
     while configmaps() != OBJECTS {
         assert!(std::time::Instant::now() < deadline, "the restored ConfigMaps are not served within 180 s");
@@ -450,7 +464,7 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     }
 
     // 10. kill: a terminated node's machine and namespace go away; its group's replacement boots,
-    //    runs containerd and joins as a Ready Node.
+    //    runs containerd and joins as a Ready Node; the CCM deletes the dead instance's Node.
     let victim = nodes[0].clone();
     let out = support::run(&["kill", &victim.instance_id]);
     assert!(out.status.success());
@@ -459,14 +473,20 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         let cs = ClusterState::load(&State::new(paths::state_dir())).expect("cluster.json");
         let gone = !cs.machines.iter().any(|m| m.instance_id == victim.instance_id)
             && !keelson_local::net::our_namespaces().contains(&victim.netns);
-        let ready: Vec<String> = kubeapi::nodes(&kc).unwrap_or_default().values().filter(|n| n.ready).filter_map(|n| n.internal_ip.clone()).collect();
+        let nodes_now = kubeapi::nodes(&kc).unwrap_or_default();
+        let ready: Vec<String> = nodes_now.values().filter(|n| n.ready).filter_map(|n| n.internal_ip.clone()).collect();
         let replaced = cs.machines.iter().filter(|m| m.role == "node").filter(|m| {
             m.init_pid.is_some_and(|p| machine::exec_in(p, &["ctr", "version"]).is_ok()) && ready.contains(&m.ip)
         }).count() == 3;
-        if gone && replaced {
+        let node_deleted = !nodes_now.values().any(|n| n.provider_id.as_deref().is_some_and(|p| p.ends_with(&format!("/{}", victim.instance_id))));
+        if gone && replaced && node_deleted {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "node {} not replaced within 240 s (gone={gone}, replaced={replaced})", victim.instance_id);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node {} not replaced within 240 s (gone={gone}, replaced={replaced}, its Node deleted={node_deleted})",
+            victim.instance_id
+        );
         std::thread::sleep(Duration::from_millis(500));
     }
 
