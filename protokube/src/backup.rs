@@ -39,6 +39,23 @@ pub fn claim_key(etcd_cluster: &str, what: &str) -> String {
     format!("/keelson.io/etcd-backups/{etcd_cluster}/{what}")
 }
 
+/// How long a claim on a requested backup holds. A claimer that crashed, or whose backup failed,
+/// leaves the request to be taken over (by whichever member leads then) after this.
+pub const REQUEST_CLAIM_TTL: Duration = Duration::from_secs(120);
+
+/// The claim on request `id` made at `at` (unix seconds): `<id>@<at>`.
+fn request_claim(id: &str, at: i64) -> String {
+    format!("{id}@{at}")
+}
+
+/// Whether request `id` may be claimed at `now` over the current claim `current`: nobody claimed
+/// it, the claim is on another request, or it is older than [`REQUEST_CLAIM_TTL`] (a value that
+/// is not a claim holds nothing).
+fn request_claimable(current: Option<&str>, id: &str, now: i64) -> bool {
+    let Some((claimed, at)) = current.and_then(|c| c.rsplit_once('@')) else { return true };
+    claimed != id || at.parse::<i64>().map_or(true, |at| now.saturating_sub(at) >= REQUEST_CLAIM_TTL.as_secs() as i64)
+}
+
 /// Time as protokube sees it; tests move it (feature `test-hooks`: `PROTOKUBE_TEST_NOW`).
 #[derive(Debug, Clone, Copy)]
 pub struct Clock {
@@ -188,8 +205,12 @@ impl BackupLoop {
 
         if let Some(req) = store.backup_request().await.map_err(store_err)? {
             let done = store.backup_request_done().await.map_err(store_err)?;
+            let at = now.unix_timestamp();
             if done.as_ref().map(|d| &d.id) != Some(&req.id)
-                && client.claim(&claim_key(&ec.name, "request"), &req.id, |cur| cur != Some(req.id.as_str())).await.map_err(etcd_err)?
+                && client
+                    .claim(&claim_key(&ec.name, "request"), &request_claim(&req.id, at), |cur| request_claimable(cur, &req.id, at))
+                    .await
+                    .map_err(etcd_err)?
             {
                 let meta = self.timed(ec, take(&client, ec, &store, "requested", now, &staging)).await?;
                 store.put_backup_request_done(&BackupRequestDone { id: req.id.clone(), backup: meta.id.clone() }).await.map_err(store_err)?;
@@ -248,5 +269,27 @@ pub fn local_client(root: &Path, cluster_name: &str, internal_ip: &str, ec: &Etc
             tracing::debug!(etcd = %ec.name, error = %e, "no etcd client yet");
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_requested_backup_is_claimed_once_until_the_claim_expires() {
+        let ttl = REQUEST_CLAIM_TTL.as_secs() as i64;
+        assert!(request_claimable(None, "r1", 1000));
+        // Claimed by a member a moment ago: nobody else takes it.
+        let held = request_claim("r1", 1000);
+        assert!(!request_claimable(Some(&held), "r1", 1000));
+        assert!(!request_claimable(Some(&held), "r1", 1000 + ttl - 1));
+        // The claimer crashed or failed: taken over once the claim is old.
+        assert!(request_claimable(Some(&held), "r1", 1000 + ttl));
+        // A claim on an earlier request does not hold a new one.
+        assert!(request_claimable(Some(&held), "r2", 1001));
+        // A value that is not a claim holds nothing.
+        assert!(request_claimable(Some("r1"), "r1", 5000));
+        assert!(request_claimable(Some("r1@soon"), "r1", 5000));
     }
 }
