@@ -5,6 +5,9 @@ use std::path::{Path, PathBuf};
 pub const MANIFESTS_DIR: &str = "etc/kubernetes/manifests";
 pub const HOSTS_FILE: &str = "etc/hosts";
 pub const DEFAULT_BY_ID_DIR: &str = "/dev/disk/by-id";
+/// containerd's per-registry `hosts.toml` files (written by nodeup), read by the host's `ctr` when
+/// it pulls (an absolute host path, as `ctr` talks to the host's containerd).
+pub const CONTAINERD_HOSTS_DIR: &str = "/etc/containerd/certs.d";
 /// The etcd TLS material of etcd cluster `<name>`, issued by protokube from the state store's CAs:
 /// `ca.crt` (etcd-clients-ca), `peer-ca.crt` (etcd-peers-ca-<name>), `server.crt|key` (client port),
 /// `peer.crt|key`, `client.crt|key` (protokube's own client for the members API).

@@ -312,12 +312,12 @@ impl MemberRestore<'_> {
                 let id = format!("keelson-etcd-restore-{}-{}", self.ec.name, req.id);
                 // A run killed earlier may have left its container behind.
                 for args in [vec!["tasks", "kill", "-s", "SIGKILL", &id], vec!["tasks", "rm", "-f", &id], vec!["containers", "rm", &id]] {
-                    let _ = tokio::process::Command::new(ctr).args(["-n", "k8s.io"]).args(&args).output().await;
+                    let _ = tokio::process::Command::new(ctr).args(["-n", CONTAINERD_NAMESPACE]).args(&args).output().await;
                 }
                 ensure_image(ctr, &self.ec.image).await.map_err(tool_err)?;
                 let mount = self.mount.display().to_string();
                 let mut cmd = tokio::process::Command::new(ctr);
-                cmd.args(["-n", "k8s.io", "run", "--rm", "--mount"])
+                cmd.args(["-n", CONTAINERD_NAMESPACE, "run", "--rm", "--mount"])
                     .arg(format!("type=bind,src={mount},dst={mount},options=rbind:rw"))
                     .arg(&self.ec.image)
                     .arg(&id)
@@ -388,8 +388,8 @@ async fn ensure_image(ctr: &Path, image: &str) -> Result<(), String> {
     }
     tracing::info!(%image, "the etcd image is not in containerd; pulling it for the restore");
     let mut args = vec!["images".to_string(), "pull".into()];
-    if Path::new(CONTAINERD_HOSTS_DIR).is_dir() {
-        args.extend(["--hosts-dir".into(), CONTAINERD_HOSTS_DIR.into()]);
+    if Path::new(crate::paths::CONTAINERD_HOSTS_DIR).is_dir() {
+        args.extend(["--hosts-dir".into(), crate::paths::CONTAINERD_HOSTS_DIR.into()]);
     }
     args.push(image.into());
     let pulled = ctr_run(args).output().await.map_err(|e| format!("running {} images pull: {e}", ctr.display()))?;
@@ -398,9 +398,6 @@ async fn ensure_image(ctr: &Path, image: &str) -> Result<(), String> {
     }
     Ok(())
 }
-
-/// Where nodeup writes containerd's per-registry `hosts.toml` files.
-const CONTAINERD_HOSTS_DIR: &str = "/etc/containerd/certs.d";
 
 #[cfg(test)]
 mod tests {

@@ -1106,9 +1106,10 @@ pub fn diagnose(cs: &ClusterState) -> String {
     s
 }
 
-/// What decides whether Nodes come and go: every Node the API holds (ready, provider id) and the
-/// last lines of the cloud-controller-manager's and kube-controller-manager's logs on every live
-/// control plane (read from the kubelet's pod log files in the machine's root).
+/// What decides whether Nodes come and go: every Node the API holds (ready, provider id, taints)
+/// and, from the cloud-controller-manager's and kube-controller-manager's logs on every live
+/// control plane (the kubelet's pod log files in the machine's root), the last 60 errors, warnings,
+/// leadership lines and lines about a Node that is not ready.
 pub fn diagnose_nodes(cs: &ClusterState, kubeconfig: &Path) -> String {
     let mut s = String::new();
     let mut not_ready = Vec::new();

@@ -464,27 +464,55 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     }
 
     // 10. kill: a terminated node's machine and namespace go away; its group's replacement boots,
-    //    runs containerd and joins as a Ready Node; the CCM deletes the dead instance's Node.
+    //    runs containerd and joins as a Ready Node; the CCM deletes the dead instance's Node. The
+    //    first replacement is terminated too, as soon as its Node registers (before the CCM has
+    //    initialised it, when it can): its Node must be deleted as well, and the next replacement
+    //    joins.
     let victim = nodes[0].clone();
+    let originals: Vec<String> = cs.machines.iter().map(|m| m.instance_id.clone()).collect();
+    // Nodes are found by name (the instance's private DNS name, from its IP): a Node registered
+    // without a providerID must be found too. A Node counts as the dead instance's while it
+    // carries no providerID or that instance's.
+    let name_of = |ip: &str| format!("ip-{}.", ip.replace('.', "-"));
+    let node_named = |nodes: &BTreeMap<String, kubeapi::NodeState>, ip: &str| nodes.iter().find(|(name, _)| name.starts_with(&name_of(ip))).map(|(k, v)| (k.clone(), v.clone()));
+    let still_there = |nodes: &BTreeMap<String, kubeapi::NodeState>, name: &str, id: &str| {
+        nodes.get(name).is_some_and(|n| n.provider_id.as_deref().is_none_or(|p| p.ends_with(&format!("/{id}"))))
+    };
+    let victim_node = node_named(&kubeapi::nodes(&kc).unwrap(), &victim.ip).expect("the victim's Node").0;
     let out = support::run(&["kill", &victim.instance_id]);
     assert!(out.status.success());
     let deadline = std::time::Instant::now() + Duration::from_secs(240);
+    let (early, early_node) = loop {
+        let cs = ClusterState::load(&State::new(paths::state_dir())).expect("cluster.json");
+        let nodes_now = kubeapi::nodes(&kc).unwrap_or_default();
+        let registered = cs.machines.iter().filter(|m| !originals.contains(&m.instance_id)).find_map(|m| node_named(&nodes_now, &m.ip).map(|n| (m.instance_id.clone(), n)));
+        if let Some((id, (name, n))) = registered {
+            let out = support::run(&["kill", &id]);
+            assert!(out.status.success());
+            let uninitialised = n.taints.iter().any(|t| t.starts_with("node.cloudprovider.kubernetes.io/uninitialized"));
+            eprintln!("step 10: killed the replacement {id} as its Node {name} registered (providerID {:?}; uninitialised by the CCM: {uninitialised})", n.provider_id);
+            break (id, name);
+        }
+        assert!(std::time::Instant::now() < deadline, "no replacement of {} registered a Node within 240 s", victim.instance_id);
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
     loop {
         let cs = ClusterState::load(&State::new(paths::state_dir())).expect("cluster.json");
-        let gone = !cs.machines.iter().any(|m| m.instance_id == victim.instance_id)
+        let gone = [&victim.instance_id, &early].iter().all(|id| !cs.machines.iter().any(|m| &&m.instance_id == id))
             && !keelson_local::net::our_namespaces().contains(&victim.netns);
         let nodes_now = kubeapi::nodes(&kc).unwrap_or_default();
         let ready: Vec<String> = nodes_now.values().filter(|n| n.ready).filter_map(|n| n.internal_ip.clone()).collect();
         let replaced = cs.machines.iter().filter(|m| m.role == "node").filter(|m| {
             m.init_pid.is_some_and(|p| machine::exec_in(p, &["ctr", "version"]).is_ok()) && ready.contains(&m.ip)
         }).count() == 3;
-        let node_deleted = !nodes_now.values().any(|n| n.provider_id.as_deref().is_some_and(|p| p.ends_with(&format!("/{}", victim.instance_id))));
-        if gone && replaced && node_deleted {
+        let nodes_deleted = !still_there(&nodes_now, &victim_node, &victim.instance_id) && !still_there(&nodes_now, &early_node, &early);
+        if gone && replaced && nodes_deleted {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "node {} not replaced within 240 s (gone={gone}, replaced={replaced}, its Node deleted={node_deleted})",
+            "nodes {} and {early} not replaced within 300 s (machines gone={gone}, replaced={replaced}, their Nodes deleted={nodes_deleted})",
             victim.instance_id
         );
         std::thread::sleep(Duration::from_millis(500));
