@@ -147,11 +147,16 @@ enum Backend {
     S3(aws_sdk_s3::Client),
 }
 
+/// The part size of S3 uploads from files: a file larger than one part goes up as a multipart
+/// upload (S3 takes at most 5 GiB in one PutObject; etcd snapshots may be 8 GiB).
+pub const DEFAULT_PART_SIZE: u64 = 64 << 20;
+
 /// An open state store.
 #[derive(Debug, Clone)]
 pub struct StateStore {
     base: ConfigBase,
     backend: Backend,
+    part_size: u64,
 }
 
 impl StateStore {
@@ -169,21 +174,28 @@ impl StateStore {
             ),
             ConfigBase::S3 { .. } => return Err(StoreError::NoS3 { base: base.to_string() }),
         };
-        Ok(StateStore { base: base.clone(), backend })
+        Ok(StateStore { base: base.clone(), backend, part_size: DEFAULT_PART_SIZE })
     }
 
     /// Open any store; `s3` is the client for an `s3://` base (ignored for the others).
     #[cfg(feature = "aws")]
     pub fn open_with_s3(base: &ConfigBase, s3: Option<aws_sdk_s3::Client>, timeout: Duration) -> Result<StateStore, StoreError> {
         match (base, s3) {
-            (ConfigBase::S3 { .. }, Some(client)) => Ok(StateStore { base: base.clone(), backend: Backend::S3(client) }),
+            (ConfigBase::S3 { .. }, Some(client)) => Ok(StateStore { base: base.clone(), backend: Backend::S3(client), part_size: DEFAULT_PART_SIZE }),
             _ => StateStore::open(base, timeout),
         }
     }
 
     /// A local directory as a store.
     pub fn dir(path: &Path) -> StateStore {
-        StateStore { base: ConfigBase::File(path.to_path_buf()), backend: Backend::File(path.to_path_buf()) }
+        StateStore { base: ConfigBase::File(path.to_path_buf()), backend: Backend::File(path.to_path_buf()), part_size: DEFAULT_PART_SIZE }
+    }
+
+    /// Upload files larger than `bytes` to S3 in parts of `bytes` (at least S3's 5 MiB minimum;
+    /// more when 10,000 parts would not hold the file).
+    pub fn with_part_size(mut self, bytes: u64) -> StateStore {
+        self.part_size = bytes.max(s3_parts::MIN_PART_SIZE);
+        self
     }
 
     pub fn base(&self) -> &ConfigBase {
@@ -264,7 +276,7 @@ impl StateStore {
     }
 
     /// Write one object from a local file, streamed (never read whole into memory); atomic on
-    /// `file://` (temp file + rename).
+    /// `file://` (temp file + rename); in parts on S3 when larger than the part size.
     pub async fn put_file(&self, rel: &str, source: &Path) -> Result<(), StoreError> {
         match &self.backend {
             Backend::File(dir) => {
@@ -279,7 +291,7 @@ impl StateStore {
             #[cfg(feature = "aws")]
             Backend::S3(client) => {
                 let ConfigBase::S3 { bucket, prefix } = &self.base else { return Err(StoreError::NoS3 { base: self.base.to_string() }) };
-                s3::put_file(client, bucket, &ConfigBase::s3_key(prefix, rel), source).await
+                s3::put_file(client, bucket, &ConfigBase::s3_key(prefix, rel), source, self.part_size).await
             }
         }
     }
@@ -542,6 +554,45 @@ fn describe_holder(content: &[u8]) -> String {
     format!("keelson {} on {} (pid {}), {age}", field("operation"), field("host"), field("pid"))
 }
 
+/// How a file is cut into the parts of an S3 multipart upload.
+mod s3_parts {
+    /// S3's smallest part (all but the last).
+    pub const MIN_PART_SIZE: u64 = 5 << 20;
+    /// S3's most parts in one upload.
+    pub const MAX_PARTS: u64 = 10_000;
+
+    /// `(offset, length)` of every part of a `size`-byte file in parts of `part_size` (grown when
+    /// 10,000 parts would not hold the file). One part (or none, for an empty file) means: no
+    /// multipart upload.
+    #[cfg_attr(not(feature = "aws"), allow(dead_code))]
+    pub fn plan(size: u64, part_size: u64) -> Vec<(u64, u64)> {
+        let part = part_size.max(MIN_PART_SIZE).max(size.div_ceil(MAX_PARTS));
+        (0..size.div_ceil(part)).map(|i| (i * part, part.min(size - i * part))).collect()
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn parts_cover_the_file_within_s3_limits() {
+            const MIB: u64 = 1 << 20;
+            assert!(plan(0, 64 * MIB).is_empty());
+            assert_eq!(plan(64 * MIB, 64 * MIB), vec![(0, 64 * MIB)]);
+            assert_eq!(plan(12 * MIB + 3, 5 * MIB), vec![(0, 5 * MIB), (5 * MIB, 5 * MIB), (10 * MIB, 2 * MIB + 3)]);
+            // Below S3's minimum the parts are 5 MiB anyway.
+            assert_eq!(plan(6 * MIB, MIB).len(), 2);
+            // An 8 GiB snapshot in 64 MiB parts, and a file too big for 10,000 of them.
+            for (size, part) in [(8 << 30, 64 * MIB), (MAX_PARTS * 64 * MIB + 1, 64 * MIB)] {
+                let p = plan(size, part);
+                assert!(p.len() as u64 <= MAX_PARTS, "{} parts", p.len());
+                assert_eq!(p.iter().map(|(_, l)| l).sum::<u64>(), size);
+                assert!(p.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0 && w[0].1 >= part));
+            }
+        }
+    }
+}
+
 #[cfg(feature = "aws")]
 mod s3 {
     use aws_sdk_s3::error::ProvideErrorMetadata;
@@ -619,10 +670,59 @@ mod s3 {
         Ok(())
     }
 
-    pub async fn put_file(client: &aws_sdk_s3::Client, bucket: &str, key: &str, source: &std::path::Path) -> Result<(), StoreError> {
-        let body = ByteStream::from_path(source).await.map_err(|e| other("PutObject", bucket, key, format!("reading {}: {e}", source.display()), e))?;
-        client.put_object().bucket(bucket).key(key).body(body).send().await.map_err(|e| err("PutObject", bucket, key, e.into_service_error()))?;
-        Ok(())
+    /// One PutObject when the file fits in one part, else a multipart upload: parts read from the
+    /// file one at a time (streamed), the upload aborted if any step fails (no orphaned parts).
+    pub async fn put_file(client: &aws_sdk_s3::Client, bucket: &str, key: &str, source: &std::path::Path, part_size: u64) -> Result<(), StoreError> {
+        let reading = |op: &'static str| move |e: std::io::Error| other(op, bucket, key, format!("reading {}: {e}", source.display()), e);
+        let size = tokio::fs::metadata(source).await.map_err(reading("PutObject"))?.len();
+        let parts = super::s3_parts::plan(size, part_size);
+        if parts.len() <= 1 {
+            let body = ByteStream::from_path(source).await.map_err(|e| other("PutObject", bucket, key, format!("reading {}: {e}", source.display()), e))?;
+            client.put_object().bucket(bucket).key(key).body(body).send().await.map_err(|e| err("PutObject", bucket, key, e.into_service_error()))?;
+            return Ok(());
+        }
+        let created = client.create_multipart_upload().bucket(bucket).key(key).send().await.map_err(|e| err("CreateMultipartUpload", bucket, key, e.into_service_error()))?;
+        let upload_id = created.upload_id().unwrap_or_default().to_string();
+        let result = async {
+            let mut done = Vec::with_capacity(parts.len());
+            for (i, (offset, length)) in parts.iter().enumerate() {
+                let number = i as i32 + 1;
+                let body = ByteStream::read_from()
+                    .path(source)
+                    .offset(*offset)
+                    .length(aws_sdk_s3::primitives::Length::Exact(*length))
+                    .build()
+                    .await
+                    .map_err(|e| other("UploadPart", bucket, key, format!("reading {}: {e}", source.display()), e))?;
+                let part = client
+                    .upload_part()
+                    .bucket(bucket)
+                    .key(key)
+                    .upload_id(&upload_id)
+                    .part_number(number)
+                    .body(body)
+                    .send()
+                    .await
+                    .map_err(|e| err("UploadPart", bucket, key, e.into_service_error()))?;
+                done.push(aws_sdk_s3::types::CompletedPart::builder().part_number(number).set_e_tag(part.e_tag().map(str::to_string)).build());
+            }
+            let completed = aws_sdk_s3::types::CompletedMultipartUpload::builder().set_parts(Some(done)).build();
+            client
+                .complete_multipart_upload()
+                .bucket(bucket)
+                .key(key)
+                .upload_id(&upload_id)
+                .multipart_upload(completed)
+                .send()
+                .await
+                .map_err(|e| err("CompleteMultipartUpload", bucket, key, e.into_service_error()))?;
+            Ok(())
+        }
+        .await;
+        if result.is_err() {
+            let _ = client.abort_multipart_upload().bucket(bucket).key(key).upload_id(&upload_id).send().await;
+        }
+        result
     }
 
     pub async fn read_chunks(
