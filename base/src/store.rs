@@ -385,15 +385,10 @@ impl StateStore {
                 finish(file).map_err(io)?;
                 Ok(Some((n, hex::encode(hasher.finalize()))))
             }
-            Ok(None) => {
+            missing_or_failed => {
                 drop(file);
                 let _ = std::fs::remove_file(&temp);
-                Ok(None)
-            }
-            Err(e) => {
-                drop(file);
-                let _ = std::fs::remove_file(&temp);
-                Err(e)
+                missing_or_failed.map(|_| None)
             }
         }
     }
@@ -618,6 +613,11 @@ mod s3 {
         StoreError::S3 { op, bucket: bucket.into(), key: key.into(), message, source: Box::new(e) }
     }
 
+    /// The local file being uploaded could not be read.
+    fn unreadable<E: std::error::Error + Send + Sync + 'static>(op: &'static str, bucket: &str, key: &str, file: &std::path::Path, e: E) -> StoreError {
+        other(op, bucket, key, format!("reading {}: {e}", file.display()), e)
+    }
+
     /// The innermost cause (SDK errors say little at the top level: "dispatch failure").
     fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
         let mut cur = e;
@@ -673,11 +673,10 @@ mod s3 {
     /// One PutObject when the file fits in one part, else a multipart upload: parts read from the
     /// file one at a time (streamed), the upload aborted if any step fails (no orphaned parts).
     pub async fn put_file(client: &aws_sdk_s3::Client, bucket: &str, key: &str, source: &std::path::Path, part_size: u64) -> Result<(), StoreError> {
-        let reading = |op: &'static str| move |e: std::io::Error| other(op, bucket, key, format!("reading {}: {e}", source.display()), e);
-        let size = tokio::fs::metadata(source).await.map_err(reading("PutObject"))?.len();
+        let size = tokio::fs::metadata(source).await.map_err(|e| unreadable("PutObject", bucket, key, source, e))?.len();
         let parts = super::s3_parts::plan(size, part_size);
         if parts.len() <= 1 {
-            let body = ByteStream::from_path(source).await.map_err(|e| other("PutObject", bucket, key, format!("reading {}: {e}", source.display()), e))?;
+            let body = ByteStream::from_path(source).await.map_err(|e| unreadable("PutObject", bucket, key, source, e))?;
             client.put_object().bucket(bucket).key(key).body(body).send().await.map_err(|e| err("PutObject", bucket, key, e.into_service_error()))?;
             return Ok(());
         }
@@ -693,7 +692,7 @@ mod s3 {
                     .length(aws_sdk_s3::primitives::Length::Exact(*length))
                     .build()
                     .await
-                    .map_err(|e| other("UploadPart", bucket, key, format!("reading {}: {e}", source.display()), e))?;
+                    .map_err(|e| unreadable("UploadPart", bucket, key, source, e))?;
                 let part = client
                     .upload_part()
                     .bucket(bucket)
