@@ -19,9 +19,6 @@ use crate::etcd::{self, EtcdError};
 use crate::metrics::Metrics;
 use crate::paths;
 
-/// Where snapshots are staged on their way to the store (relative to `--root`).
-pub const STAGING_DIR: &str = "var/lib/protokube/etcd-backups";
-
 #[derive(Debug, thiserror::Error)]
 pub enum BackupRunError {
     #[error("etcd {cluster}: {source}")]
@@ -200,7 +197,7 @@ impl BackupLoop {
             return Ok(());
         }
         let now = self.clock.now();
-        let staging = paths::under(&self.root, &format!("/{STAGING_DIR}"));
+        let staging = paths::under(&self.root, paths::BACKUP_STAGING_DIR);
         let etcd_err = |source| BackupRunError::Etcd { cluster: ec.name.clone(), source };
 
         if let Some(req) = store.backup_request().await.map_err(store_err)? {

@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 pub const MANIFESTS_DIR: &str = "etc/kubernetes/manifests";
 pub const HOSTS_FILE: &str = "etc/hosts";
 pub const DEFAULT_BY_ID_DIR: &str = "/dev/disk/by-id";
+/// Where etcd snapshots are staged on their way to the backup store.
+pub const BACKUP_STAGING_DIR: &str = "var/lib/protokube/etcd-backups";
 /// containerd's per-registry `hosts.toml` files (written by nodeup), read by the host's `ctr` when
 /// it pulls (an absolute host path, as `ctr` talks to the host's containerd).
 pub const CONTAINERD_HOSTS_DIR: &str = "/etc/containerd/certs.d";

@@ -531,11 +531,12 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
     /// A backup before a membership change, from the peer that answered. A failure is loud but
     /// does not block the change: replacing a lost member matters more than one more backup.
     async fn backup_before_change(&self, ec: &EtcdCluster, client: &etcd::Client) {
-        let staging = paths::under(&self.opts.root, &format!("/{}", backup::STAGING_DIR));
-        let result = match backup::open_store(ec, self.opts.s3.as_ref()) {
-            Ok(store) => backup::take(client, ec, &store, "before member change", self.opts.clock.now(), &staging).await,
-            Err(e) => Err(e),
-        };
+        let staging = paths::under(&self.opts.root, paths::BACKUP_STAGING_DIR);
+        let result = async {
+            let store = backup::open_store(ec, self.opts.s3.as_ref())?;
+            backup::take(client, ec, &store, "before member change", self.opts.clock.now(), &staging).await
+        }
+        .await;
         match result {
             Ok(meta) => tracing::info!(etcd = %ec.name, backup = %meta.id, revision = meta.revision, "backup before the membership change"),
             Err(e) => tracing::error!(etcd = %ec.name, error = %e, "no backup before the membership change (going ahead with it)"),
@@ -726,7 +727,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         }
         let client = backup::local_client(&self.opts.root, &self.plan.cluster_name, &self.me.internal_ip, ec, member, self.opts.etcd_timeout)
             .ok_or_else(|| backup::BackupRunError::Io { path: "etcd client".into(), source: std::io::Error::other("no client for the local member") })?;
-        let staging = paths::under(&self.opts.root, &format!("/{}", backup::STAGING_DIR));
+        let staging = paths::under(&self.opts.root, paths::BACKUP_STAGING_DIR);
         let meta = backup::take(&client, ec, &store, &reason, self.opts.clock.now(), &staging).await?;
         tracing::info!(etcd = %ec.name, backup = %meta.id, revision = meta.revision, "{reason}: backup written");
         Ok(())
