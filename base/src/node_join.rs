@@ -13,6 +13,13 @@
 //!    It then checks the role, that the instance runs, and that it belongs to one of the cluster's node
 //!    groups, and signs the CSRs for that instance's node name only ([`JoinResponse`]).
 //!
+//! 5. Before it signs anything, the server calls the node back on the instance's private IP, port
+//!    [`CHALLENGE_PORT`], over TLS 1.3: the node must present a certificate for the very key of its
+//!    kubelet CSR (so it proves, live, that it holds that key) and echo the server's fresh nonce with
+//!    the sha256 of the join request body ([`challenge_line`], [`answer_challenge`],
+//!    [`check_challenge_answer`]). Instance-role credentials lifted from IMDS and replayed from another
+//!    host fail here: the attacker does not answer on the instance's address.
+//!
 //! This module holds the types, the signing (client side) and the checks that need no cloud call
 //! (server side). The server is protokube's `node_join`, the client nodeup's join task.
 
@@ -34,6 +41,12 @@ pub const BODY_HASH_HEADER: &str = "x-keelson-request-sha256";
 pub const STS_BODY: &str = "Action=GetCallerIdentity&Version=2011-06-15";
 /// How old a signed request may be (STS itself allows 15 minutes of skew).
 pub const MAX_AGE: Duration = Duration::from_secs(15 * 60);
+/// Where a joining node answers the server's challenge while it joins (kOps' nodeup challenge port).
+pub const CHALLENGE_PORT: u16 = 3989;
+/// The first word of the server's challenge line.
+pub const CHALLENGE_GREETING: &str = "KEELSON-JOIN-CHALLENGE";
+/// Longest line either side of the challenge reads.
+pub const CHALLENGE_MAX_LINE: usize = 256;
 /// The certificates a node asks for.
 pub const CERT_KUBELET: &str = "kubelet";
 pub const CERT_KUBE_PROXY: &str = "kube-proxy";
@@ -81,6 +94,8 @@ pub enum JoinError {
     Sign(String),
     #[error("STS answer: {0}")]
     Sts(String),
+    #[error("join challenge: {0}")]
+    Challenge(String),
 }
 
 /// The STS endpoint both sides use: `AWS_ENDPOINT_URL_STS`, then `AWS_ENDPOINT_URL` (the variables the
@@ -203,6 +218,8 @@ pub struct CallerIdentity {
 /// An `assumed-role` identity: how an instance role's session looks to STS.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AssumedRole {
+    /// `aws`, `aws-cn`, `aws-us-gov`.
+    pub partition: String,
     pub account: String,
     pub role: String,
     /// For an EC2 instance role, the instance id.
@@ -210,10 +227,16 @@ pub struct AssumedRole {
 }
 
 impl CallerIdentity {
+    /// The partition of the ARN (`arn:<partition>:…`), if it is an ARN.
+    pub fn partition(&self) -> Option<&str> {
+        let mut parts = self.arn.splitn(3, ':');
+        (parts.next()? == "arn").then(|| parts.next()).flatten().filter(|p| !p.is_empty())
+    }
+
     /// `arn:<partition>:sts::<account>:assumed-role/<role>/<session>`, or `None` for other identities.
     pub fn assumed_role(&self) -> Option<AssumedRole> {
         let mut parts = self.arn.splitn(6, ':');
-        let (arn, _partition, service, _region, account, resource) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        let (arn, partition, service, _region, account, resource) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?, parts.next()?, parts.next()?);
         if arn != "arn" || service != "sts" || account != self.account {
             return None;
         }
@@ -222,7 +245,7 @@ impl CallerIdentity {
             return None;
         }
         let (role, session) = (r.next()?, r.next()?);
-        (!role.is_empty() && !session.is_empty()).then(|| AssumedRole { account: account.into(), role: role.into(), session: session.into() })
+        (!role.is_empty() && !session.is_empty()).then(|| AssumedRole { partition: partition.into(), account: account.into(), role: role.into(), session: session.into() })
     }
 }
 
@@ -242,6 +265,40 @@ pub fn parse_caller_identity(xml: &str) -> Result<CallerIdentity, JoinError> {
     }
     let r: Response = quick_xml::de::from_str(xml).map_err(|e| JoinError::Sts(format!("not a GetCallerIdentityResponse: {e}")))?;
     Ok(CallerIdentity { arn: r.result.arn, account: r.result.account })
+}
+
+/// The server's challenge: `KEELSON-JOIN-CHALLENGE <nonce>\n` (nonce: 64 hex digits, fresh per join).
+pub fn challenge_line(nonce_hex: &str) -> String {
+    format!("{CHALLENGE_GREETING} {nonce_hex}\n")
+}
+
+fn is_hex64(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+}
+
+/// The node's answer to a challenge `line` while its join request with body sha256 `body_sha256`
+/// is pending: `<nonce> <body sha256>\n`.
+pub fn answer_challenge(line: &str, body_sha256: &str) -> Result<String, JoinError> {
+    let nonce = line
+        .trim_end_matches(['\r', '\n'])
+        .strip_prefix(CHALLENGE_GREETING)
+        .and_then(|r| r.strip_prefix(' '))
+        .filter(|n| is_hex64(n))
+        .ok_or_else(|| JoinError::Challenge(format!("not a challenge line (expected `{CHALLENGE_GREETING} <64 hex digits>`)")))?;
+    Ok(format!("{nonce} {body_sha256}\n"))
+}
+
+/// Server side: the node's `answer` must echo `nonce` and name the body it signed.
+pub fn check_challenge_answer(answer: &str, nonce_hex: &str, body_sha256: &str) -> Result<(), JoinError> {
+    let answer = answer.trim_end_matches(['\r', '\n']);
+    let (echo, body) = answer.split_once(' ').ok_or_else(|| JoinError::Challenge("the answer is not `<nonce> <body sha256>`".into()))?;
+    if echo != nonce_hex {
+        return Err(JoinError::Challenge("the answer does not echo this challenge's nonce".into()));
+    }
+    if body != body_sha256 {
+        return Err(JoinError::Challenge("the node answering on the instance's address is not waiting for this join request".into()));
+    }
+    Ok(())
 }
 
 fn url_host(url: &str) -> Option<String> {
@@ -302,6 +359,29 @@ mod tests {
         let other_account = CallerIdentity { arn: "arn:aws:sts::999:assumed-role/r/i-1".into(), account: "123".into() };
         assert!(other_account.assumed_role().is_none());
         assert!(parse_caller_identity("<Error/>").is_err());
+    }
+
+    #[test]
+    fn a_challenge_is_answered_only_with_its_nonce_and_the_pending_body() {
+        let nonce = "ab".repeat(32);
+        let body = crate::sha256_hex(b"{}");
+        let line = challenge_line(&nonce);
+        let answer = answer_challenge(&line, &body).expect("answer");
+        check_challenge_answer(&answer, &nonce, &body).expect("the right answer");
+        assert!(check_challenge_answer(&answer, &"cd".repeat(32), &body).is_err(), "another nonce");
+        assert!(check_challenge_answer(&answer, &nonce, &crate::sha256_hex(b"other")).is_err(), "another body");
+        assert!(check_challenge_answer("garbage", &nonce, &body).is_err());
+        for bad in ["HELLO abc\n", "KEELSON-JOIN-CHALLENGE short\n", &format!("{CHALLENGE_GREETING} {}\n", "AB".repeat(32))] {
+            assert!(answer_challenge(bad, &body).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn partitions_come_from_the_arn() {
+        let id = CallerIdentity { arn: "arn:aws-cn:sts::123:assumed-role/r/i-1".into(), account: "123".into() };
+        assert_eq!(id.partition(), Some("aws-cn"));
+        assert_eq!(id.assumed_role().map(|r| r.partition), Some("aws-cn".to_string()));
+        assert_eq!(CallerIdentity { arn: "nonsense".into(), account: "1".into() }.partition(), None);
     }
 
     #[test]

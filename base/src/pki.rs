@@ -239,6 +239,45 @@ pub fn csr(cn: &str) -> Result<(String, String), PkiError> {
     Ok((key.serialize_pem(), req.pem().map_err(err)?))
 }
 
+/// A self-signed certificate (PEM) for the private key `key_pem`, subject `CN=<cn>`, valid one hour:
+/// how a joining node proves over TLS that it holds the key of its CSR (see
+/// [`crate::node_join`]'s challenge). Nobody trusts it for its issuer, only for its key.
+pub fn self_signed(key_pem: &str, cn: &str) -> Result<String, PkiError> {
+    let err = |source: rcgen::Error| PkiError::Issue { cn: cn.into(), source };
+    let key = KeyPair::from_pem(key_pem).map_err(err)?;
+    let mut p = CertificateParams::default();
+    p.distinguished_name = dn(cn, &[]);
+    p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    p.not_before = now() - time::Duration::minutes(5);
+    p.not_after = now() + time::Duration::hours(1);
+    Ok(p.self_signed(&key).map_err(err)?.pem())
+}
+
+/// The SubjectPublicKeyInfo (DER) a PEM certificate signing request asks to be certified.
+pub fn csr_public_key(csr_pem: &str) -> Result<Vec<u8>, PkiError> {
+    let bad = |m: String| PkiError::Keyset { name: "certificate signing request".into(), message: m };
+    let block = ::pem::parse(csr_pem).map_err(|e| bad(format!("not PEM: {e}")))?;
+    use x509_parser::prelude::FromDer as _;
+    let (_, req) = x509_parser::certification_request::X509CertificationRequest::from_der(block.contents())
+        .map_err(|e| bad(format!("not a PKCS#10 request: {e}")))?;
+    Ok(req.certification_request_info.subject_pki.raw.to_vec())
+}
+
+/// The SubjectPublicKeyInfo (DER) of a DER certificate.
+pub fn cert_public_key_der(cert_der: &[u8]) -> Result<Vec<u8>, PkiError> {
+    let (_, cert) = x509_parser::parse_x509_certificate(cert_der)
+        .map_err(|e| PkiError::Keyset { name: "certificate".into(), message: format!("not X.509: {e}") })?;
+    Ok(cert.public_key().raw.to_vec())
+}
+
+/// `n` random bytes from the kernel.
+pub fn random_bytes(n: usize) -> Result<Vec<u8>, PkiError> {
+    let mut bytes = vec![0u8; n];
+    rand_core_shim::fill(&mut bytes).map_err(|e| PkiError::Store(format!("random: {e}")))?;
+    Ok(bytes)
+}
+
 /// Sign the public key of `csr_pem` (whose self-signature must verify: proof the requester holds
 /// the key) as the leaf `spec`: the request's own subject and extensions are ignored.
 pub fn sign_csr(ca_name: &str, ca: &Keypair, csr_pem: &str, spec: &CertSpec, valid_for: std::time::Duration) -> Result<String, PkiError> {

@@ -211,6 +211,7 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
             region: region.ok_or_else(|| need("region"))?,
             imds_url: inp.facts.imds_url.clone(),
             wait: Duration::from_secs(30 * 60),
+            challenge_listen: std::net::SocketAddr::from(([0, 0, 0, 0], base::node_join::CHALLENGE_PORT)),
             deps: vec![ca_dep.clone()],
         }));
         kubelet_inputs.push(join::TASK_NAME.to_string());

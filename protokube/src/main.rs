@@ -222,17 +222,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if !args.once && args.join_listen != "off" && boot.cloud_provider == "aws" {
         let keyset = spec_store.get_required("pki/private/kubernetes-ca/keyset.yaml").await.context("node join server: the cluster CA")?;
         let ca = base::pki::parse_private_keyset("kubernetes-ca", &keyset).context("node join server: the cluster CA")?;
-        let listener = tokio::net::TcpListener::bind(&args.join_listen).await.with_context(|| format!("node join address {}", args.join_listen))?;
-        let authority = protokube::node_join::Authority {
+        let listener = std::net::TcpListener::bind(&args.join_listen).with_context(|| format!("node join address {}", args.join_listen))?;
+        let authority = protokube::node_join::Authority::new(protokube::node_join::AuthorityConfig {
             cluster: join_cluster,
             ca,
             sts_url: base::node_join::sts_endpoint(&region),
-            http: reqwest::Client::builder().timeout(Duration::from_secs(20)).build().context("node join server: HTTP client")?,
+            sts: aws_sdk_sts::Client::new(&aws),
             ec2: join_ec2,
+            iam: aws_sdk_iam::Client::new(&aws),
             store: spec_store.clone(),
-        };
+            challenge_addr: protokube::node_join::challenge_at_instance(),
+        })
+        .await?;
         tracing::info!(addr = %args.join_listen, sts = %authority.sts_url, "serving node joins");
-        tokio::spawn(protokube::node_join::serve(listener, authority, metrics.clone()));
+        protokube::node_join::spawn(listener, authority, metrics.clone(), Default::default())?;
     }
 
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("SIGTERM handler")?;

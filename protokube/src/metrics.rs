@@ -30,6 +30,9 @@ pub struct State {
     /// Node joins admitted and refused by the join server.
     pub node_joins_admitted: u64,
     pub node_joins_refused: u64,
+    /// Refused joins and turned-away connections, by reason (`account`, `role`, `challenge`,
+    /// `rate-limited`, …).
+    pub node_join_refusals: std::collections::BTreeMap<String, u64>,
     /// `service/operation` → (calls, attempts).
     pub cloud_calls: Vec<(String, u64, u64)>,
     /// etcd backups written by this instance, per etcd cluster.
@@ -94,6 +97,12 @@ impl Metrics {
         metric("protokube_addon_failures_total", "counter", "Failed addon passes.", vec![(String::new(), s.addon_failures.to_string())]);
         metric("protokube_node_joins_admitted_total", "counter", "Workers admitted by the node join server (certificates issued).", vec![(String::new(), s.node_joins_admitted.to_string())]);
         metric("protokube_node_joins_refused_total", "counter", "Node join requests refused.", vec![(String::new(), s.node_joins_refused.to_string())]);
+        metric(
+            "protokube_node_join_refusals_total",
+            "counter",
+            "Node join requests refused and connections turned away, by reason.",
+            s.node_join_refusals.iter().map(|(r, n)| (format!("{{reason=\"{r}\"}}"), n.to_string())).collect(),
+        );
         let per_cluster = |f: &dyn Fn(&BackupStats) -> String| -> Vec<(String, String)> {
             s.backups.iter().map(|(c, b)| (format!("{{etcd_cluster=\"{c}\"}}"), f(b))).collect()
         };

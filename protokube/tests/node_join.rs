@@ -12,7 +12,8 @@ use std::time::SystemTime;
 use aws_credential_types::Credentials;
 use base::node_join::{self, JoinRequest, JoinResponse};
 use base::pki;
-use protokube::node_join::Authority;
+use nodeup::join::challenge::Responder;
+use protokube::node_join::{Authority, AuthorityConfig};
 
 const CLUSTER: &str = "join.example.com";
 
@@ -24,6 +25,14 @@ struct World {
     store: base::StateStore,
     node_role_arn: String,
     master_role_arn: String,
+    custom_role_arn: String,
+    /// Where the authority calls every instance back (the test's stand-in for `<private IP>:3989`).
+    challenge_port: u16,
+}
+
+/// A free port on 127.0.0.1.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
 }
 
 async fn world(url: &str) -> World {
@@ -31,16 +40,25 @@ async fn world(url: &str) -> World {
     let iam = aws_sdk_iam::Client::new(&conf);
     let trust = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"Service":"ec2.amazonaws.com"},"Action":"sts:AssumeRole"}]}"#;
     let mut arns = Vec::new();
-    for name in ["nodes", "masters"] {
-        let r = iam.create_role().role_name(format!("{name}.{CLUSTER}")).assume_role_policy_document(trust).send().await.expect("create role");
+    // Roles and their instance profiles of the same name, as `keelson apply` makes them; and a
+    // custom profile holding a role of another name (an instance group's `iam.profile`).
+    for (profile, role) in [(format!("nodes.{CLUSTER}"), format!("nodes.{CLUSTER}")), (format!("masters.{CLUSTER}"), format!("masters.{CLUSTER}")), ("custom-nodes".into(), "custom-node-role".into())] {
+        let r = iam.create_role().role_name(&role).assume_role_policy_document(trust).send().await.expect("create role");
         arns.push(r.role().map(|r| r.arn().to_string()).expect("role arn"));
+        iam.create_instance_profile().instance_profile_name(&profile).send().await.expect("instance profile");
+        iam.add_role_to_instance_profile().instance_profile_name(&profile).role_name(&role).send().await.expect("add role");
     }
     // The state store holds the instance groups (what `keelson apply` writes).
     let dir = tempfile::tempdir().expect("tempdir");
-    for (name, role) in [("nodes", "Node"), ("control-plane-a", "ControlPlane")] {
+    for (name, role, extra) in [
+        ("nodes", "Node", ""),
+        ("control-plane-a", "ControlPlane", ""),
+        ("nodes-odd", "Node", ""),
+        ("custom", "Node", "  iam:\n    profile: arn:aws:iam::123456789012:instance-profile/custom-nodes\n"),
+    ] {
         let path = dir.path().join(format!("instancegroup/{name}"));
         std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
-        let ig = format!("apiVersion: kops.k8s.io/v1alpha2\nkind: InstanceGroup\nmetadata:\n  name: {name}\n  labels:\n    kops.k8s.io/cluster: {CLUSTER}\nspec:\n  role: {role}\n  minSize: 1\n  maxSize: 1\n  machineType: t3.medium\n  image: ami-12c6146b\n  subnets: [a]\n");
+        let ig = format!("apiVersion: kops.k8s.io/v1alpha2\nkind: InstanceGroup\nmetadata:\n  name: {name}\n  labels:\n    kops.k8s.io/cluster: {CLUSTER}\nspec:\n  role: {role}\n  minSize: 1\n  maxSize: 1\n  machineType: t3.medium\n  image: ami-12c6146b\n  subnets: [a]\n{extra}");
         std::fs::write(path, ig).expect("write ig");
     }
     let base: base::ConfigBase = format!("file://{}", dir.path().display()).parse().expect("config base");
@@ -53,24 +71,46 @@ async fn world(url: &str) -> World {
         store,
         node_role_arn: arns[0].clone(),
         master_role_arn: arns[1].clone(),
+        custom_role_arn: arns[2].clone(),
+        challenge_port: free_port(),
     }
 }
 
 impl World {
-    fn authority(&self) -> Authority {
-        Authority {
+    async fn authority(&self) -> Authority {
+        let port = self.challenge_port;
+        Authority::new(AuthorityConfig {
             cluster: CLUSTER.into(),
             ca: self.ca.clone(),
             sts_url: format!("{}/", self.url),
-            http: reqwest::Client::new(),
+            sts: aws_sdk_sts::Client::new(&self.conf),
             ec2: aws_sdk_ec2::Client::new(&self.conf),
+            iam: aws_sdk_iam::Client::new(&self.conf),
             store: self.store.clone(),
-        }
+            challenge_addr: std::sync::Arc::new(move |_ip| std::net::SocketAddr::from(([127, 0, 0, 1], port))),
+        })
+        .await
+        .expect("the authority learns its own account")
     }
 
-    /// An autoscaling group `<group>.<cluster>` (tags as `keelson apply` sets them) with one instance:
-    /// (instance id, private DNS name).
+    /// The node's side of the call back, for a request made with `keys` and `body`, at the address
+    /// the authority calls every instance back on.
+    fn answering(&self, keys: &BTreeMap<String, String>, body: &[u8]) -> Responder {
+        self.answering_with(&keys[node_join::CERT_KUBELET], body)
+    }
+
+    fn answering_with(&self, kubelet_key: &str, body: &[u8]) -> Responder {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.challenge_port));
+        Responder::start(addr, kubelet_key, "node", base::sha256_hex(body)).expect("challenge responder")
+    }
+
+    /// An autoscaling group `<group>.<cluster>` (tags as `keelson apply` sets them) with one instance
+    /// of the cluster's node instance profile: (instance id, private DNS name).
     async fn group_instance(&self, group: &str, cluster_tag: &str) -> (String, String) {
+        self.group_instance_with_profile(group, cluster_tag, &format!("nodes.{CLUSTER}")).await
+    }
+
+    async fn group_instance_with_profile(&self, group: &str, cluster_tag: &str, profile: &str) -> (String, String) {
         let ec2 = aws_sdk_ec2::Client::new(&self.conf);
         let asg = aws_sdk_autoscaling::Client::new(&self.conf);
         let vpc = ec2.create_vpc().cidr_block("172.20.0.0/16").send().await.expect("vpc");
@@ -83,7 +123,13 @@ impl World {
         let lt = format!("{group}-{cluster_tag}").replace('.', "-");
         ec2.create_launch_template()
             .launch_template_name(&lt)
-            .launch_template_data(aws_sdk_ec2::types::RequestLaunchTemplateData::builder().image_id("ami-12c6146b").instance_type(aws_sdk_ec2::types::InstanceType::T3Medium).build())
+            .launch_template_data(
+                aws_sdk_ec2::types::RequestLaunchTemplateData::builder()
+                    .image_id("ami-12c6146b")
+                    .instance_type(aws_sdk_ec2::types::InstanceType::T3Medium)
+                    .iam_instance_profile(aws_sdk_ec2::types::LaunchTemplateIamInstanceProfileSpecificationRequest::builder().name(profile).build())
+                    .build(),
+            )
             .send()
             .await
             .expect("launch template");
@@ -110,7 +156,8 @@ impl World {
         out.reservations().iter().flat_map(|r| r.instances()).next().and_then(|i| i.private_dns_name()).expect("dns").to_string()
     }
 
-    /// The credentials EC2 gives an instance of `role_arn`: an assumed-role session named for it.
+    /// The credentials EC2 gives an instance of `role_arn`: an assumed-role session named for it
+    /// (or, with another account's ARN, what an attacker makes in their own account).
     async fn session(&self, role_arn: &str, instance: &str) -> Credentials {
         let sts = aws_sdk_sts::Client::new(&self.conf);
         let out = sts.assume_role().role_arn(role_arn).role_session_name(instance).send().await.expect("assume role");
@@ -153,13 +200,15 @@ fn only_a_running_worker_of_the_cluster_gets_certificates_for_its_own_name() {
 
 async fn only_a_running_worker_of_the_cluster_gets_certificates_for_its_own_name_on(url: String) {
     let w = world(&url).await;
-    let authority = w.authority();
+    let authority = w.authority().await;
     let (id, dns) = w.group_instance("nodes", CLUSTER).await;
     let creds = w.session(&w.node_role_arn, &id).await;
 
     // Admitted: both certificates, for this instance's name only.
-    let (body, auth, _) = w.request(&creds, &dns, &id);
+    let (body, auth, keys) = w.request(&creds, &dns, &id);
+    let answering = w.answering(&keys, &body);
     let r = authority.admit(&auth, &body).await.expect("a worker of the node group is admitted");
+    drop(answering);
     assert_eq!(r.node_name, dns);
     assert_eq!(subject_of(&r.certs["kubelet"]), format!("O=system:nodes, CN=system:node:{dns}"));
     assert_eq!(subject_of(&r.certs["kube-proxy"]), "CN=system:kube-proxy");
@@ -220,7 +269,7 @@ async fn only_a_running_worker_of_the_cluster_gets_certificates_for_its_own_name
     // The right instance with another role's session: refused.
     let (body, auth, _) = w.request(&w.session(&w.master_role_arn, &id).await, &dns, &id);
     let e = authority.admit(&auth, &body).await.expect_err("wrong role");
-    assert!(e.message.contains("node role"), "{e}");
+    assert_eq!(e.reason, "role", "{e}");
 
     // Not signed with AWS at all / garbage: refused with 401.
     assert_eq!(authority.admit("Bearer x", &body).await.expect_err("no sts").status, 401);
@@ -245,10 +294,10 @@ async fn the_https_server_answers_a_join_and_refuses_a_forgery_on(url: String) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let port = listener.local_addr().expect("addr").port();
     let metrics = protokube::metrics::Metrics::default();
-    let server = tokio::spawn(protokube::node_join::serve(listener, w.authority(), metrics.clone()));
+    let server = tokio::spawn(protokube::node_join::serve(listener, w.authority().await, metrics.clone(), Default::default()));
 
-    // The node trusts only the cluster CA and reaches the server by its internal API name.
-    let host = format!("api.internal.{CLUSTER}");
+    // The node trusts only the cluster CA and reaches the server by the name kOps gives it.
+    let host = format!("kops-controller.internal.{CLUSTER}");
     let client = reqwest::Client::builder()
         .tls_built_in_root_certs(false)
         .add_root_certificate(reqwest::Certificate::from_pem(w.ca.cert_pem.as_bytes()).expect("ca"))
@@ -257,8 +306,10 @@ async fn the_https_server_answers_a_join_and_refuses_a_forgery_on(url: String) {
         .expect("client");
     let url = format!("https://{host}:{port}{}", node_join::PATH);
     let (body, auth, keys) = w.request(&creds, &dns, &id);
+    let answering = w.answering(&keys, &body);
     let answer = client.post(&url).header("authorization", &auth).body(body.clone()).send().await.expect("join");
     assert_eq!(answer.status(), 200);
+    drop(answering);
     let r: JoinResponse = serde_json::from_str(&answer.text().await.expect("body")).expect("json");
     // The certificate is for the node's own key (which never left it).
     let der = pem::parse(&r.certs["kubelet"]).expect("pem");
@@ -272,6 +323,8 @@ async fn the_https_server_answers_a_join_and_refuses_a_forgery_on(url: String) {
     assert_eq!(answer.status(), 403);
     let s = metrics.snapshot();
     assert_eq!((s.node_joins_admitted, s.node_joins_refused), (1, 1));
+    assert_eq!(s.node_join_refusals.get("signature"), Some(&1), "{:?}", s.node_join_refusals);
+    assert!(metrics.render().contains("protokube_node_join_refusals_total{reason=\"signature\"} 1"));
     server.abort();
 }
 
@@ -302,10 +355,10 @@ async fn nodeup_joins_through_the_server_with_its_instance_role_on(url: String) 
     let imds = testkit::imds::ImdsServer::start_for(data);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let port = listener.local_addr().expect("addr").port();
-    let server = tokio::spawn(protokube::node_join::serve(listener, w.authority(), protokube::metrics::Metrics::default()));
+    let server = tokio::spawn(protokube::node_join::serve(listener, w.authority().await, protokube::metrics::Metrics::default(), Default::default()));
 
     let root = tempfile::tempdir().expect("root");
-    let (ca_pem, id2, sts_url, imds_url) = (w.ca.cert_pem.clone(), id.clone(), format!("{}/", w.url), imds.url.clone());
+    let (ca_pem, id2, sts_url, imds_url, challenge_port) = (w.ca.cert_pem.clone(), id.clone(), format!("{}/", w.url), imds.url.clone(), w.challenge_port);
     let task = move |node_name: &str| nodeup::join::JoinTask {
         server: format!("https://127.0.0.1:{port}"),
         api_server: format!("https://api.internal.{CLUSTER}"),
@@ -316,6 +369,7 @@ async fn nodeup_joins_through_the_server_with_its_instance_role_on(url: String) 
         sts_url: sts_url.clone(),
         imds_url: Some(imds_url.clone()),
         wait: std::time::Duration::from_secs(3),
+        challenge_listen: std::net::SocketAddr::from(([127, 0, 0, 1], challenge_port)),
         deps: vec![],
     };
     let (root_path, dns2) = (root.path().to_path_buf(), dns.clone());
@@ -350,4 +404,200 @@ async fn nodeup_joins_through_the_server_with_its_instance_role_on(url: String) 
     let liar = liar.expect_err("a host claiming another node name");
     assert!(liar.contains("claims node name"), "{liar}");
     server.abort();
+}
+
+/// The critical hole: a role of the cluster's node-role name in *another* account, its session named
+/// for a victim instance, is refused (whatever else it could answer); so is an instance of a node
+/// group that carries another instance profile. A group with a custom `iam.profile` is admitted
+/// through that profile's role (IAM says which), and only through it.
+#[test]
+fn identities_of_another_account_or_instance_profile_are_refused() {
+    let (_guard, local) = moto::lock();
+    runtime().block_on(identities_of_another_account_or_instance_profile_are_refused_on(local.url.clone()));
+}
+
+async fn identities_of_another_account_or_instance_profile_are_refused_on(url: String) {
+    let w = world(&url).await;
+    let authority = w.authority().await;
+    assert_eq!((authority.own.account.as_str(), authority.own.partition.as_str()), ("123456789012", "aws"));
+    let (id, dns) = w.group_instance("nodes", CLUSTER).await;
+
+    // An attacker's own account, a role of the same name, a session named for the victim; even with
+    // someone answering the call back with the attacker's key.
+    let foreign = w.session(&format!("arn:aws:iam::210987654321:role/nodes.{CLUSTER}"), &id).await;
+    let (body, auth, keys) = w.request(&foreign, &dns, &id);
+    let answering = w.answering(&keys, &body);
+    let e = authority.admit(&auth, &body).await.expect_err("another account's identity");
+    drop(answering);
+    assert_eq!((e.status.as_u16(), e.reason), (403, "account"), "{e}");
+    assert!(e.message.contains("210987654321") && e.message.contains("123456789012"), "{e}");
+
+    // The right account and role, but the instance was launched with another instance profile.
+    let (odd, odd_dns) = w.group_instance_with_profile("nodes-odd", CLUSTER, &format!("masters.{CLUSTER}")).await;
+    let creds = w.session(&w.node_role_arn, &odd).await;
+    let (body, auth, keys) = w.request(&creds, &odd_dns, &odd);
+    let answering = w.answering(&keys, &body);
+    let e = authority.admit(&auth, &body).await.expect_err("another instance profile");
+    drop(answering);
+    assert_eq!(e.reason, "profile", "{e}");
+    assert!(e.message.contains(&format!("instance-profile/masters.{CLUSTER}")), "{e}");
+
+    // A group with its own instance profile: admitted through that profile's role…
+    let (custom, custom_dns) = w.group_instance_with_profile("custom", CLUSTER, "custom-nodes").await;
+    let creds = w.session(&w.custom_role_arn, &custom).await;
+    let (body, auth, keys) = w.request(&creds, &custom_dns, &custom);
+    let answering = w.answering(&keys, &body);
+    let r = authority.admit(&auth, &body).await.expect("a custom-profile group's worker");
+    drop(answering);
+    assert_eq!(r.node_name, custom_dns);
+    // …and not through the cluster's node role.
+    let creds = w.session(&w.node_role_arn, &custom).await;
+    let (body, auth, keys) = w.request(&creds, &custom_dns, &custom);
+    let answering = w.answering(&keys, &body);
+    let e = authority.admit(&auth, &body).await.expect_err("the node role on a custom-profile instance");
+    drop(answering);
+    assert_eq!(e.reason, "role", "{e}");
+}
+
+/// Credentials lifted from a node's IMDS and used from another host: the request is genuine in
+/// every cloud respect, but nobody on the instance's address holds the key of its CSR.
+#[test]
+fn stolen_credentials_used_from_another_host_are_refused() {
+    let (_guard, local) = moto::lock();
+    runtime().block_on(stolen_credentials_used_from_another_host_are_refused_on(local.url.clone()));
+}
+
+async fn stolen_credentials_used_from_another_host_are_refused_on(url: String) {
+    let w = world(&url).await;
+    let authority = w.authority().await;
+    let (id, dns) = w.group_instance("nodes", CLUSTER).await;
+    let stolen = w.session(&w.node_role_arn, &id).await;
+
+    // The attacker's request (their own keys); the node is not joining: nothing answers.
+    let (body, auth, _attacker_keys) = w.request(&stolen, &dns, &id);
+    let e = authority.admit(&auth, &body).await.expect_err("nobody answers on the instance's address");
+    assert_eq!(e.reason, "challenge", "{e}");
+
+    // The genuine node is joining at this moment (its own keys and request): still refused, the
+    // node's certificate is not for the attacker's key.
+    let (node_body, _, node_keys) = w.request(&stolen, &dns, &id);
+    let answering = w.answering(&node_keys, &node_body);
+    let e = authority.admit(&auth, &body).await.expect_err("the node answers with its own key");
+    assert_eq!(e.reason, "challenge", "{e}");
+    drop(answering);
+
+    // A captured request replayed as is: the node that made it is no longer waiting for it.
+    let answering = w.answering(&node_keys, b"{\"another\":\"request\"}");
+    let e = authority.admit(&auth, &body).await.expect_err("not waiting for this request");
+    assert_eq!(e.reason, "challenge", "{e}");
+    drop(answering);
+
+    // The node itself, answering for its own pending request: admitted.
+    let (body, auth, keys) = w.request(&stolen, &dns, &id);
+    let answering = w.answering(&keys, &body);
+    authority.admit(&auth, &body).await.expect("the node itself");
+    drop(answering);
+}
+
+/// 2,000 slow connections (TCP open, nothing sent) from one address while a real node joins from
+/// another: the flood is turned away at accept time and counted, the node gets its certificates,
+/// and the runtime the server does not run on (protokube's reconcile, backups, DNS) keeps ticking.
+#[test]
+fn a_flood_of_slow_connections_neither_stops_a_join_nor_stalls_protokube() {
+    let (_guard, local) = moto::lock();
+    runtime().block_on(a_flood_of_slow_connections_neither_stops_a_join_nor_stalls_protokube_on(local.url.clone()));
+}
+
+async fn a_flood_of_slow_connections_neither_stops_a_join_nor_stalls_protokube_on(url: String) {
+    use std::time::{Duration, Instant};
+    const FLOOD: usize = 2_000;
+    let w = world(&url).await;
+    let (id, dns) = w.group_instance("nodes", CLUSTER).await;
+    let creds = w.session(&w.node_role_arn, &id).await;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let metrics = protokube::metrics::Metrics::default();
+    let limits = protokube::node_join::limits::Limits::default();
+    protokube::node_join::spawn(listener, w.authority().await, metrics.clone(), limits).expect("join server thread");
+
+    // "Reconcile": a 100 ms ticker on this runtime, its largest gap recorded.
+    let ticking = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let ticker = {
+        let ticking = ticking.clone();
+        tokio::spawn(async move {
+            let mut last = Instant::now();
+            let mut worst = Duration::ZERO;
+            let mut ticks = 0u32;
+            while ticking.load(std::sync::atomic::Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                worst = worst.max(last.elapsed());
+                last = Instant::now();
+                ticks += 1;
+            }
+            (ticks, worst)
+        })
+    };
+
+    // The flood, from 127.0.0.2, on a runtime of its own: connect and hold, send nothing.
+    let flood = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("flood runtime");
+        rt.block_on(async move {
+            let mut held = Vec::with_capacity(FLOOD);
+            for _ in 0..FLOOD {
+                let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+                socket.bind(std::net::SocketAddr::from(([127, 0, 0, 2], 0))).expect("bind 127.0.0.2");
+                if let Ok(Ok(s)) = tokio::time::timeout(Duration::from_secs(2), socket.connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)))).await {
+                    held.push(s);
+                }
+            }
+            let opened = held.len();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            drop(held);
+            opened
+        })
+    });
+
+    // Meanwhile the real node joins from 127.0.0.1.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let host = format!("kops-controller.internal.{CLUSTER}");
+    let client = reqwest::Client::builder()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(w.ca.cert_pem.as_bytes()).expect("ca"))
+        .resolve(&host, std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client");
+    let (body, auth, keys) = w.request(&creds, &dns, &id);
+    let answering = w.answering(&keys, &body);
+    let started = Instant::now();
+    let answer = client.post(format!("https://{host}:{port}{}", node_join::PATH)).header("authorization", &auth).body(body).send().await.expect("join during the flood");
+    let join_took = started.elapsed();
+    assert_eq!(answer.status(), 200, "{:?}", answer.text().await);
+    drop(answering);
+
+    let opened = tokio::task::spawn_blocking(move || flood.join().expect("flood thread")).await.expect("join flood");
+    ticking.store(false, std::sync::atomic::Ordering::Relaxed);
+    let (ticks, worst) = ticker.await.expect("ticker");
+    let s = metrics.snapshot();
+    let turned_away: u64 = ["source-busy", "rate-limited", "overloaded"].iter().filter_map(|r| s.node_join_refusals.get(*r)).sum();
+    println!("flood: {opened} connections opened, {turned_away} turned away ({:?}); join took {join_took:?}; reconcile ticker: {ticks} ticks, worst gap {worst:?}", s.node_join_refusals);
+    assert_eq!(s.node_joins_admitted, 1);
+    assert!(opened >= FLOOD * 9 / 10, "the flood opened only {opened} connections");
+    assert!(turned_away as usize >= opened - limits.per_source_connections - limits.per_source_burst as usize, "turned away {turned_away} of {opened}: {:?}", s.node_join_refusals);
+    // Ten intervals: a runtime the flood shared would stall far longer under 2,000 handshakes.
+    assert!(worst < Duration::from_secs(1), "the reconcile runtime stalled for {worst:?}");
+}
+
+/// The harness's moto fix (testkit/src/moto_server.py): an Auto Scaling instance of a launch template
+/// carries the template's instance profile, as on AWS. Plain moto shows none.
+#[test]
+fn moto_instances_of_a_launch_template_carry_its_instance_profile() {
+    let (_guard, local) = moto::lock();
+    runtime().block_on(async {
+        let w = world(&local.url).await;
+        let (id, _) = w.group_instance("nodes", CLUSTER).await;
+        let out = aws_sdk_ec2::Client::new(&w.conf).describe_instances().instance_ids(&id).send().await.expect("describe");
+        let profile = out.reservations().iter().flat_map(|r| r.instances()).next().and_then(|i| i.iam_instance_profile()).and_then(|p| p.arn()).map(str::to_string);
+        assert_eq!(profile.as_deref(), Some(format!("arn:aws:iam::123456789012:instance-profile/nodes.{CLUSTER}").as_str()));
+    });
 }

@@ -61,6 +61,9 @@ pub fn http(port: u16, method: &str, path: &str, body: &str) -> std::io::Result<
     Ok((status, body))
 }
 
+/// `moto.server` with the documented fixes where moto differs from AWS (see the file's docstring).
+const SERVER_PY: &str = include_str!("moto_server.py");
+
 pub struct Moto {
     pub port: u16,
     child: Option<Child>,
@@ -78,7 +81,7 @@ impl Moto {
         // A watchdog shell owns moto: when this process ends (even killed), its end of the stdin pipe
         // closes and the shell kills moto, so no server outlives the tests that started it.
         let script = r#"
-"$0" -m moto.server -H 127.0.0.1 -p "$1" </dev/null & pid=$!
+"$0" -c "$2" -H 127.0.0.1 -p "$1" </dev/null & pid=$!
 cat >/dev/null
 kill "$pid" 2>/dev/null
 wait "$pid"
@@ -87,6 +90,7 @@ wait "$pid"
             .args(["-c", script])
             .arg(&py)
             .arg(port.to_string())
+            .arg(SERVER_PY)
             .stdin(Stdio::piped())
             .stdout(out)
             .stderr(err)

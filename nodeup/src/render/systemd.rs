@@ -180,6 +180,9 @@ pub fn protokube(boot_config_path: &str) -> Unit {
             restart: Some("always".into()),
             restart_sec: Some("3s".into()),
             start_limit_interval: Some("0".into()),
+            // The node join server holds a connection per joining node (and turns floods away only
+            // after accepting them): never run out of descriptors at the default 1024.
+            limits: vec![("LimitNOFILE".into(), "65536".into())],
             ..Default::default()
         },
         install: multi_user(),
@@ -194,5 +197,11 @@ mod tests {
         assert!(s.starts_with("[Unit]\nDescription=Kubernetes Kubelet Server\n"), "{s}");
         assert!(s.contains("\n[Service]\nEnvironmentFile=/etc/sysconfig/kubelet\nExecStart=/usr/local/bin/kubelet \"$DAEMON_ARGS\"\n"), "{s}");
         assert!(s.ends_with("[Install]\nWantedBy=multi-user.target\n"), "{s}");
+    }
+
+    #[test]
+    fn protokube_may_hold_many_connections() {
+        let s = super::protokube("/etc/keelson/bootconfig.yaml").render();
+        assert!(s.contains("\nLimitNOFILE=65536\n"), "{s}");
     }
 }

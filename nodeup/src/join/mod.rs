@@ -12,6 +12,8 @@ use base::node_join::{self, JoinRequest, JoinResponse, CERT_KUBELET, CERT_KUBE_P
 use base::pki;
 
 use crate::paths;
+
+pub mod challenge;
 use crate::render::kubelet;
 use crate::tasks::{Ctx, Task, TaskError};
 
@@ -45,6 +47,9 @@ pub struct JoinTask {
     pub imds_url: Option<String>,
     /// How long to keep asking while the control plane is not up yet, or refuses.
     pub wait: Duration,
+    /// Where this node answers the join server's call back while it joins
+    /// (`0.0.0.0:`[`node_join::CHALLENGE_PORT`]).
+    pub challenge_listen: std::net::SocketAddr,
     pub deps: Vec<String>,
 }
 
@@ -117,6 +122,9 @@ impl JoinTask {
         let creds = runtime.block_on(base::aws::instance_role_credentials(self.imds_url.as_deref())).map_err(JoinError::Identity)?;
         let signed = node_join::sign(&creds, &self.region, &self.sts_url, &body, SystemTime::now())?;
         let server_err = |message: String| JoinError::Server { server: self.server.clone(), message };
+        // Answer the server's call back for as long as this request is pending.
+        let kubelet_key = keys.iter().find(|(n, _)| *n == CERT_KUBELET).map(|(_, k)| k.as_str()).unwrap_or_default();
+        let _responder = challenge::Responder::start(self.challenge_listen, kubelet_key, &self.node_name, base::sha256_hex(&body))?;
         let client = reqwest::blocking::Client::builder()
             .tls_built_in_root_certs(false)
             .add_root_certificate(reqwest::Certificate::from_pem(self.ca_pem.as_bytes()).map_err(|e| server_err(format!("cluster CA: {e}")))?)
