@@ -110,7 +110,7 @@ pub fn node_bootstrap_method(annotations: Option<&BTreeMap<String, String>>, aws
 pub struct NodeBootstrap {
     #[serde(rename = "Method")]
     pub method: NodeBootstrapMethod,
-    /// The join server workers ask (method `CloudIdentity`): `https://api.internal.<cluster>:3988`.
+    /// The join server workers ask (method `CloudIdentity`): `https://kops-controller.internal.<cluster>:3988`.
     #[serde(rename = "Server", default, skip_serializing_if = "Option::is_none")]
     pub server: Option<String>,
 }

@@ -699,7 +699,9 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
     let dns = if dns_type.as_deref() == Some("None") || cluster.ends_with(".k8s.local") {
         None
     } else {
-        let mut records = vec![format!("api.{cluster}"), format!("api.internal.{cluster}")];
+        // kops-controller.internal: where workers join (protokube keeps it at the control planes'
+        // addresses, even when api.internal is an alias to the load balancer).
+        let mut records = vec![format!("api.{cluster}"), format!("api.internal.{cluster}"), format!("kops-controller.internal.{cluster}")];
         for etcd in spec.etcd_clusters.iter().flatten() {
             let ename = etcd.name.clone().unwrap_or_default();
             let prefix = if ename == "main" { "etcd".to_string() } else { format!("etcd-{ename}") };

@@ -162,12 +162,17 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
     // PKI material for this host.
     let is_cp = inp.role == Role::ControlPlane;
     let runs_api = matches!(inp.role, Role::ControlPlane | Role::ApiServer);
+    // Control planes hold the CA's key (from the state store they may read); every other host
+    // trusts only the CA certificate pinned in its NodeupConfig (itself pinned by hash in the
+    // BootConfig), never an unpinned state-store read that whoever can write the store could swap.
     let ca_cert_pem = if runs_api {
         load_ca(inp.store, "kubernetes-ca")?.cert_pem
     } else {
-        let rel = "pki/issued/kubernetes-ca/keyset.yaml";
-        let bytes = inp.store.read(rel)?.ok_or_else(|| missing(rel))?;
-        pki::parse_keyset_cert("kubernetes-ca", &bytes)?
+        cfg.cas
+            .get("kubernetes-ca")
+            .filter(|pem| !pem.trim().is_empty())
+            .cloned()
+            .ok_or_else(|| render_err("NodeupConfig: CAs")("kubernetes-ca is not pinned (run `keelson apply`, which pins the cluster CA into every NodeupConfig)".to_string()))?
     };
     tasks.push(Box::new(FileTask::new(paths::CA_CRT, ca_cert_pem.clone(), 0o644)));
     let ca_dep = file_task_name(paths::CA_CRT);
@@ -422,7 +427,10 @@ fn control_plane(
     default(&mut api.proxy_client_key_file, format!("{kapi}/apiserver-aggregator.key"));
     default(&mut api.service_account_key_file, vec![format!("{kapi}/service-account.pub")]);
     default(&mut api.service_account_signing_key_file, format!("{kapi}/service-account.key"));
-    default(&mut api.enable_bootstrap_token_auth, true);
+    // Bootstrap tokens only when workers join with one; by cloud identity none is accepted.
+    if !by_identity {
+        default(&mut api.enable_bootstrap_token_auth, true);
+    }
     if let Some(ip) = inp.facts.internal_ip {
         default(&mut api.advertise_address, ip.to_string());
     }

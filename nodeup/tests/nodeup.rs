@@ -184,6 +184,34 @@ fn mirror_failover_when_first_hangs_is_bounded() {
     assert_eq!(std::fs::read(s.path("/usr/local/bin/kubelet")).expect("kubelet"), kubelet.bytes);
 }
 
+/// A worker trusts the CA pinned in its (hash-pinned) NodeupConfig: a CA swapped in the state store
+/// by whoever can write it is not the one the node trusts.
+#[test]
+fn workers_trust_only_the_pinned_cluster_ca() {
+    let s = Scenario::new(Group::Worker, PAD, direct);
+    let issued = s.dir.path().join("state/pki/issued/kubernetes-ca/keyset.yaml");
+    let pinned = base::pki::parse_keyset_cert("kubernetes-ca", &std::fs::read(&issued).expect("issued")).expect("pinned CA");
+    let evil = tempfile::tempdir().expect("tempdir");
+    base::pki::init_pki(evil.path(), &[]).expect("another PKI");
+    std::fs::copy(evil.path().join("pki/issued/kubernetes-ca/keyset.yaml"), &issued).expect("swap the CA in the store");
+    assert_ok(&s.run(&[]));
+    assert_eq!(std::fs::read_to_string(s.path("/srv/kubernetes/ca.crt")).expect("ca.crt"), pinned);
+}
+
+/// Workers joining by cloud identity: the API servers accept no bootstrap token at all.
+#[test]
+fn control_planes_of_a_cloud_identity_cluster_accept_no_bootstrap_token() {
+    let s = Scenario::edited(Group::ControlPlane, PAD, direct, |c| {
+        assert!(!c.contains("NodeBootstrap:"), "the fixture already says how workers join");
+        format!("{c}NodeBootstrap:\n  Method: CloudIdentity\n  Server: https://kops-controller.internal.ha.k8s.example.com:3988\n")
+    });
+    assert_ok(&s.run(&[]));
+    let api = std::fs::read_to_string(s.path("/etc/kubernetes/manifests/kube-apiserver.manifest")).expect("apiserver");
+    assert!(!api.contains("--enable-bootstrap-token-auth"), "{api}");
+    assert!(!api.contains("--token-auth-file"), "{api}");
+    assert!(!s.path("/srv/kubernetes/kube-apiserver/known_tokens.csv").exists());
+}
+
 #[test]
 fn control_plane_host() {
     let s = Scenario::new(Group::ControlPlane, PAD, direct);

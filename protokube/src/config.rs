@@ -127,6 +127,11 @@ impl Plan {
     pub fn api_internal(&self) -> String {
         format!("api.internal.{}", self.cluster_name)
     }
+    /// Where workers reach the node join server: the control planes' own addresses, always
+    /// protokube's to keep (the name kOps gives kops-controller).
+    pub fn kops_controller_internal(&self) -> String {
+        format!("kops-controller.internal.{}", self.cluster_name)
+    }
     pub fn api_public(&self) -> String {
         format!("api.{}", self.cluster_name)
     }
@@ -298,6 +303,7 @@ mod tests {
         assert_eq!(events.member_dns("a", "x.example.com"), "etcd-events-a.internal.x.example.com");
         assert_eq!(p.my_members(main).len(), 1);
         assert_eq!(p.api_internal(), "api.internal.x.example.com");
+        assert_eq!(p.kops_controller_internal(), "kops-controller.internal.x.example.com");
     }
 
     #[test]

@@ -758,6 +758,9 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
             let public = if api_public.is_empty() { api_private.clone() } else { api_public };
             out.insert(self.plan.api_public(), some(public));
         }
+        // Where workers join (the join server runs on every control plane): always the control
+        // planes themselves, even when `api.internal` is an alias to the API load balancer (443 only).
+        out.insert(self.plan.kops_controller_internal(), some(api_private.clone()));
         if self.plan.manage_internal_api {
             out.insert(self.plan.api_internal(), some(api_private));
         }

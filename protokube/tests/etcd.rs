@@ -182,7 +182,7 @@ fn scenario(tls: bool) {
         let r = pass(mb);
         assert!(r.last_line().ends_with("dns records") && !r.last_line().ends_with(" 0 dns records"), "{}: {}", mb.ns, r.last_line());
         let hosts = std::fs::read_to_string(Net::hosts_file(&mb.ns)).expect("hosts");
-        assert!(hosts.contains(&format!("{}\tapi.internal.{NAME} etcd-c.internal.{NAME}\n", c2.ip)), "{hosts}");
+        assert!(hosts.contains(&format!("{}\tapi.internal.{NAME} etcd-c.internal.{NAME} kops-controller.internal.{NAME}\n", c2.ip)), "{hosts}");
         assert!(!hosts.contains(&format!("{}\t", old_c.ip)), "{hosts}");
     }
     net.start_etcd(&c2.ns, &c2.host, &logdir.path().join("etcd-c2.log"));

@@ -67,7 +67,7 @@ fn reconcile_latency_idle_api_calls_peak_rss_and_metrics() {
         h.link(&v2, &d2.dev);
         let r = c.run(&h, &["--once"]);
         assert!(r.ok, "run {i}: {}", r.stderr);
-        assert_eq!(r.last_line(), "protokube: 2 volumes mounted, 2 manifests written, 4 dns records");
+        assert_eq!(r.last_line(), "protokube: 2 volumes mounted, 2 manifests written, 5 dns records");
         times.push(r.elapsed);
         rss.push(field(&r.stderr, "peak_rss_kib").unwrap_or(0));
         drop(h);

@@ -66,8 +66,9 @@ fn blank_volumes_formatted_mounted_tagged_dns_then_second_pass_changes_nothing()
 
         let r = c.run(&h, &["--once"]);
         assert!(r.ok, "protokube failed:\n{}", r.stderr);
-        // etcd-a, etcd-events-a, api.internal, api (no load balancer) with the IP; etcd-b, etcd-events-b placeholders.
-        assert_eq!(r.last_line(), "protokube: 2 volumes mounted, 2 manifests written, 6 dns records", "{}", r.stderr);
+        // etcd-a, etcd-events-a, api.internal, kops-controller.internal, api (no load balancer) with the IP;
+        // etcd-b, etcd-events-b placeholders.
+        assert_eq!(r.last_line(), "protokube: 2 volumes mounted, 2 manifests written, 7 dns records", "{}", r.stderr);
         for vid in [&main_a, &events_a] {
             assert!(h.is_mounted(vid), "{vid} mounted at /mnt/master-{vid}");
             let v = volume(&ec2, vid).await;
@@ -168,7 +169,7 @@ fn volume_with_data_is_mounted_never_formatted() {
         assert_eq!(tag(&volume(&ec2, &vid).await, FORMATTED), Some("ext4"), "an initialised volume gets the tag");
         // hosts-file DNS for a .k8s.local cluster
         let hosts = std::fs::read_to_string(h.root.path().join("etc/hosts")).expect("hosts");
-        assert!(hosts.contains(&format!("{}\tapi.internal.data.k8s.local etcd-a.internal.data.k8s.local\n", h.ip)), "{hosts}");
+        assert!(hosts.contains(&format!("{}\tapi.internal.data.k8s.local etcd-a.internal.data.k8s.local kops-controller.internal.data.k8s.local\n", h.ip)), "{hosts}");
         assert!(!hosts.contains("api.data.k8s.local"), "{hosts}");
     });
 }
@@ -269,7 +270,7 @@ fn replacement_instance_claims_same_volume_data_survives_dns_follows() {
         ]);
         let r = c.run(&h2, &["--once", "--imds-url", &imds.url]);
         assert!(r.ok, "{}", r.stderr);
-        assert_eq!(r.last_line(), "protokube: 1 volumes mounted, 1 manifests written, 3 dns records", "{}", r.stderr);
+        assert_eq!(r.last_line(), "protokube: 1 volumes mounted, 1 manifests written, 4 dns records", "{}", r.stderr);
         assert!(!r.stderr.contains("formatting"));
         assert_eq!(std::fs::read_to_string(h2.mount_point(&vid).join("data/keep.txt")).expect("data survives"), "keep");
         assert_eq!(h2.manifest("main").expect("manifest"), manifest1, "same member, same manifest");
@@ -312,7 +313,7 @@ fn two_control_planes_in_one_zone_get_their_own_members_volumes() {
         assert_eq!(attached_to(&volume(&ec2, &v_a1).await), vec![h1.instance_id.clone()]);
         assert!(h1.manifest("main").expect("manifest").contains("--name=etcd-a1"));
         let hosts = std::fs::read_to_string(h1.root.path().join("etc/hosts")).expect("hosts");
-        assert!(hosts.contains(&format!("{}\tapi.internal.two.k8s.local etcd-a2.internal.two.k8s.local\n", h2.ip)), "{hosts}");
+        assert!(hosts.contains(&format!("{}\tapi.internal.two.k8s.local etcd-a2.internal.two.k8s.local kops-controller.internal.two.k8s.local\n", h2.ip)), "{hosts}");
         assert!(hosts.contains(&format!("{}\tapi.internal.two.k8s.local etcd-a1.internal.two.k8s.local\n", h1.ip)), "{hosts}");
     });
 }
@@ -329,7 +330,7 @@ fn missing_device_is_reported_then_the_attached_volume_is_kept() {
         let vid = create_volume(&ec2, "us-east-1a", &etcd_tags(name, "main", "a", &["a"])).await;
         let r = c.run(&h, &["--once", "--device-timeout", "0.5"]);
         assert!(r.ok, "{}", r.stderr);
-        assert_eq!(r.last_line(), "protokube: 0 volumes mounted, 0 manifests written, 2 dns records");
+        assert_eq!(r.last_line(), "protokube: 0 volumes mounted, 0 manifests written, 3 dns records");
         let want = format!("waiting: volume {vid}: attached as /dev/xvdu but no device at {}", h.by_id.path().display());
         assert!(r.stderr.contains(&want), "says what it waits for:\n{}", r.stderr);
         // The device shows up; the next pass keeps the attachment it already has and mounts.
@@ -387,7 +388,7 @@ fn config_base_on_s3_is_read_spec_and_cas() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{stderr}");
         let stdout = String::from_utf8_lossy(&out.stdout);
-        assert_eq!(stdout.lines().last(), Some("protokube: 1 volumes mounted, 1 manifests written, 2 dns records"), "{stderr}");
+        assert_eq!(stdout.lines().last(), Some("protokube: 1 volumes mounted, 1 manifests written, 3 dns records"), "{stderr}");
         assert!(h.root.path().join("etc/kubernetes/pki/etcd/main/server.crt").exists(), "certificates from the S3 CAs");
     });
 }
@@ -465,7 +466,7 @@ fn injected_ec2_throttling_is_retried_by_the_binary() {
         let out = c.command(&h, &["--once"]).env("PROTOKUBE_INJECT_EC2_THROTTLES", "4").output().expect("run");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{stderr}");
-        assert_eq!(String::from_utf8_lossy(&out.stdout).lines().last(), Some("protokube: 1 volumes mounted, 1 manifests written, 2 dns records"));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).lines().last(), Some("protokube: 1 volumes mounted, 1 manifests written, 3 dns records"));
         let field = |k: &str| stderr.lines().rev().find_map(|l| l.split(&format!("{k}=")).nth(1)).and_then(|r| r.split_whitespace().next()).and_then(|n| n.parse::<u64>().ok());
         let (calls, attempts) = (field("cloud_calls").expect("calls"), field("cloud_attempts").expect("attempts"));
         assert_eq!(attempts, calls + 4, "4 throttled attempts retried: {stderr}");

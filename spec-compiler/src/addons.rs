@@ -41,10 +41,16 @@ fn crb(name: &str, role: &str, subject_kind: &str, subject: &str) -> serde_json:
     })
 }
 
-fn bootstrap_rbac() -> Vec<serde_json::Value> {
-    vec![
-        crb("keelson:node-bootstrapper", "system:node-bootstrapper", "Group", "system:bootstrappers"),
-        crb("keelson:node-autoapprove-bootstrap", "system:certificates.k8s.io:certificatesigningrequests:nodeclient", "Group", "system:bootstrappers"),
+/// The bootstrap RBAC. The `system:bootstrappers` bindings (create and auto-approve node client
+/// CSRs) only when workers join with the static token: joining by cloud identity, no bootstrap
+/// token is accepted, and nothing may be approved on its behalf.
+fn bootstrap_rbac(token: bool) -> Vec<serde_json::Value> {
+    let mut docs = Vec::new();
+    if token {
+        docs.push(crb("keelson:node-bootstrapper", "system:node-bootstrapper", "Group", "system:bootstrappers"));
+        docs.push(crb("keelson:node-autoapprove-bootstrap", "system:certificates.k8s.io:certificatesigningrequests:nodeclient", "Group", "system:bootstrappers"));
+    }
+    docs.extend([
         crb(
             "keelson:node-autoapprove-certificate-rotation",
             "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
@@ -52,7 +58,8 @@ fn bootstrap_rbac() -> Vec<serde_json::Value> {
             "system:nodes",
         ),
         crb("keelson:kubelet-api-admin", "system:kubelet-api-admin", "User", "kubelet-api"),
-    ]
+    ]);
+    docs
 }
 
 /// A multi-document manifest (documents as kOps writes them: keys sorted).
@@ -91,7 +98,9 @@ pub struct Addon {
 
 /// The addons the completed spec asks for, in apply order (the additional objects come last).
 pub fn addons(cluster: &Cluster, versions: &Versions) -> Result<Vec<Addon>, AddonError> {
-    let mut addons = vec![Addon { name: "bootstrap-rbac.keelson.io", version: "1.0.0", docs: bootstrap_rbac() }];
+    let aws = cluster.spec.cloud_provider.as_deref() == Some("aws");
+    let token = keelson_api::nodeup::node_bootstrap_method(cluster.metadata.annotations.as_ref(), aws) != Ok(keelson_api::nodeup::NodeBootstrapMethod::CloudIdentity);
+    let mut addons = vec![Addon { name: "bootstrap-rbac.keelson.io", version: "1.0.0", docs: bootstrap_rbac(token) }];
     if let Some(docs) = cilium::docs(cluster, versions)? {
         addons.push(Addon { name: cilium::NAME, version: "1.0.0", docs });
     }
@@ -180,7 +189,19 @@ mod tests {
         let manifest = &tree.files["state/addons/bootstrap-rbac.keelson.io/v1.0.0.yaml"];
         assert!(index.contains(&base::sha256_hex(manifest)), "{index}");
         let text = String::from_utf8_lossy(manifest);
+        // Joining by cloud identity (AWS): nothing for system:bootstrappers.
+        assert_eq!(text.matches("kind: ClusterRoleBinding").count(), 2, "{text}");
+        assert!(!text.contains("system:bootstrappers") && text.contains("kubelet-api"), "{text}");
+    }
+
+    #[test]
+    fn only_token_clusters_bind_the_bootstrappers() {
+        let (mut cluster, versions) = ha();
+        cluster.metadata.annotations.get_or_insert_with(Default::default).insert(keelson_api::nodeup::NODE_BOOTSTRAP_ANNOTATION.into(), "token".into());
+        let mut tree = Tree::default();
+        render(&mut tree, &cluster, &versions, &[]).expect("render");
+        let text = String::from_utf8_lossy(&tree.files["state/addons/bootstrap-rbac.keelson.io/v1.0.0.yaml"]).to_string();
         assert_eq!(text.matches("kind: ClusterRoleBinding").count(), 4, "{text}");
-        assert!(text.contains("system:bootstrappers") && text.contains("kubelet-api"), "{text}");
+        assert!(text.contains("certificatesigningrequests:nodeclient") && text.contains("system:bootstrappers"), "{text}");
     }
 }

@@ -161,6 +161,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 feature_flags: CompileOptions::parse_feature_flags(&feature_flags),
                 nodeup_assets,
                 asset_hashes: spec_compiler::args::asset_hashes(asset_hashes.as_deref())?,
+                cas: Default::default(),
             };
             let compiled = spec_compiler::compile(&docs, &options)
                 .with_context(|| format!("compiling {}", file.display()))?;

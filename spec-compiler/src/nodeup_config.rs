@@ -57,7 +57,7 @@ pub fn node_bootstrap(cluster: &Cluster) -> Result<NodeBootstrap, NodeupConfigEr
     let method = keelson_api::nodeup::node_bootstrap_method(cluster.metadata.annotations.as_ref(), aws)
         .map_err(|value| NodeupConfigError::NodeBootstrap { annotation, value })?;
     let server = (method == NodeBootstrapMethod::CloudIdentity)
-        .then(|| format!("https://api.internal.{}:{}", cluster.name(), keelson_api::nodeup::NODE_JOIN_PORT));
+        .then(|| format!("https://kops-controller.internal.{}:{}", cluster.name(), keelson_api::nodeup::NODE_JOIN_PORT));
     Ok(NodeBootstrap { method, server })
 }
 
@@ -362,7 +362,7 @@ pub fn build(
 
     Ok(NodeupConfig {
         assets,
-        cas: BTreeMap::new(),
+        cas: options.cas.clone(),
         cluster_name: cluster.name().to_string(),
         kubernetes_version: spec.kubernetes_version.as_ref().map(|v| v.to_string()).unwrap_or_default(),
         keypair_ids: BTreeMap::new(),

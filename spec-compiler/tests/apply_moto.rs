@@ -23,6 +23,16 @@ fn model_of(docs: &keelson_api::Documents) -> (ClusterModel, spec_compiler::Comp
     apply::prepare(docs, &moto::compile_options()).expect("prepare")
 }
 
+/// The model as `keelson apply --yes` builds it: the PKI first, the cluster CA pinned into every
+/// NodeupConfig.
+async fn model_with_pinned_ca(docs: &keelson_api::Documents, s: &StateStore, m: &ClusterModel) -> (ClusterModel, spec_compiler::Compiled) {
+    cloud_resources::state::ensure_pki(s, &m.etcd_clusters).await.expect("pki");
+    let issued = s.get("pki/issued/kubernetes-ca/keyset.yaml").await.expect("read CA").expect("CA");
+    let mut options = moto::compile_options();
+    options.cas.insert("kubernetes-ca".into(), base::pki::parse_keyset_cert("kubernetes-ca", &issued).expect("CA certificate"));
+    apply::prepare(docs, &options).expect("prepare")
+}
+
 fn store(t: &AwsTarget, m: &ClusterModel) -> StateStore {
     StateStore::open_with_s3(&m.config_base.parse().expect("configBase"), Some(t.s3.clone()), std::time::Duration::from_secs(30)).expect("store")
 }
@@ -147,6 +157,7 @@ async fn apply_from_nothing_creates_what_the_spec_needs_and_reapply_changes_noth
     assert!(text.contains(&format!("Plan: {create} to create, 0 to change, 0 to delete.")), "{text}");
     assert_eq!(inventory(&t).await.values().sum::<usize>(), 0, "plan changed nothing");
 
+    let (m, compiled) = model_with_pinned_ca(&docs, &s, &m).await;
     apply_once(&t, &m).await.expect("apply");
     assert_eq!(inventory(&t).await, expected_inventory());
 

@@ -147,7 +147,9 @@ fn dns_zone_renders_records_with_the_placeholder_that_resolve() {
     assert!(structural_problems(&tree).is_empty(), "{:?}", structural_problems(&tree));
     let root: Value = serde_json::from_slice(&tree.files[MAIN_FILE]).expect("json");
     let records = resources(&root, "aws_route53_record");
-    assert_eq!(records.len(), 4, "{records:?}");
+    // api, api.internal, kops-controller.internal (where workers join) and the one etcd member.
+    assert_eq!(records.len(), 4 + 1, "{records:?}");
+    assert!(records.values().any(|r| r["name"] == "kops-controller.internal.minimal.k8s.example.com"), "{records:?}");
     for r in records.values() {
         assert_eq!(r["records"][0], "203.0.113.123");
         assert_eq!(r["ttl"], 60);

@@ -189,11 +189,14 @@ pub fn write_state(
     let mut cfg: keelson_api::nodeup::NodeupConfig = serde_yaml_ng::from_str(nodeup_yaml).expect("nodeup yaml");
     cfg.assets = BTreeMap::from([("amd64".to_string(), assets)]);
     let state = dir.join("state");
+    // The PKI first: `keelson apply` pins the cluster CA into every NodeupConfig.
+    base::pki::init_pki(&state, &cfg.etcd_cluster_names).expect("pki");
+    let issued = std::fs::read(state.join("pki/issued/kubernetes-ca/keyset.yaml")).expect("issued CA");
+    cfg.cas.insert("kubernetes-ca".into(), base::pki::parse_keyset_cert("kubernetes-ca", &issued).expect("CA certificate"));
     let bytes = serde_yaml_ng::to_string(&cfg).expect("yaml");
     let p = state.join(format!("igconfig/{role_dir}/{}/nodeupconfig.yaml", ig_name(boot_yaml)));
     std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
     std::fs::write(&p, &bytes).expect("write nodeupconfig");
-    base::pki::init_pki(&state, &cfg.etcd_cluster_names).expect("pki");
     let mut boot: keelson_api::nodeup::BootConfig = serde_yaml_ng::from_str(boot_yaml).expect("boot yaml");
     boot.config_base = format!("file://{}", state.display());
     boot.nodeup_config_hash = base::nodeup_config_hash(bytes.as_bytes());

@@ -99,6 +99,15 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         if api_ips.is_empty() || api_ips.iter().any(|ip| !live.contains(&ip.as_str())) {
             wrong.push(format!("Route53 {api} = {api_ips:?}, want live control-plane IPs {live:?}"));
         }
+        // Where workers join: the control planes themselves (never the API load balancer).
+        let join = format!("kops-controller.internal.{}", spec.name);
+        let mut join_ips: Vec<String> = records.iter().filter(|r| r.name == join).flat_map(|r| r.ips.clone()).collect();
+        join_ips.sort();
+        let mut want_join: Vec<String> = live.iter().map(|s| s.to_string()).collect();
+        want_join.sort();
+        if join_ips != want_join {
+            wrong.push(format!("Route53 {join} = {join_ips:?}, want the control planes {want_join:?}"));
+        }
         if wrong.is_empty() {
             break;
         }

@@ -32,7 +32,7 @@ pub enum JoinError {
 }
 
 pub struct JoinTask {
-    /// `https://api.internal.<cluster>:3988`.
+    /// `https://kops-controller.internal.<cluster>:3988`.
     pub server: String,
     /// The API server the kubeconfigs point at (`https://api.internal.<cluster>`).
     pub api_server: String,

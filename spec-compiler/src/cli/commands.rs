@@ -174,6 +174,7 @@ pub(crate) fn load(common: &Common) -> anyhow::Result<Result<(keelson_api::Docum
         feature_flags: CompileOptions::parse_feature_flags(&common.feature_flags),
         nodeup_assets,
         asset_hashes: asset_hashes(common.asset_hashes.as_deref())?,
+        cas: Default::default(),
     };
     Ok(Ok((docs, options)))
 }
@@ -213,6 +214,35 @@ pub(crate) async fn aws_target(common: &Common, region: &str) -> aws::AwsTarget 
     aws::AwsTarget::new(&opts, &[]).await
 }
 
+/// The cluster CAs' certificates in the state store (name → PEM), to pin into the NodeupConfigs.
+async fn pinned_cas(store: &StateStore) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    let mut out = std::collections::BTreeMap::new();
+    let name = "kubernetes-ca";
+    let rel = format!("pki/issued/{name}/keyset.yaml");
+    if let Some(bytes) = store.get(&rel).await? {
+        out.insert(name.to_string(), base::pki::parse_keyset_cert(name, &bytes).with_context(|| store.url(&rel))?);
+    }
+    Ok(out)
+}
+
+/// The model again, compiled with the CAs `store` holds pinned into every NodeupConfig.
+/// With `best_effort` (a plan that writes nothing), a store that cannot be read is a warning.
+async fn with_pinned_cas(docs: &keelson_api::Documents, options: &CompileOptions, store: &StateStore, file: &str, best_effort: bool) -> anyhow::Result<(model::ClusterModel, crate::Compiled)> {
+    let mut options = options.clone();
+    options.cas = match pinned_cas(store).await {
+        Ok(cas) => cas,
+        Err(e) if best_effort => {
+            eprintln!("keelson: warning: {file}: reading the cluster CA from {}: {e:#}", store.base());
+            Default::default()
+        }
+        Err(e) => return Err(e),
+    };
+    if options.cas.is_empty() {
+        eprintln!("keelson: warning: {file}: no cluster CA in {} yet: the plan shows user-data without it (`--yes` creates the CA first and pins it)", store.base());
+    }
+    prepare(docs, &options).with_context(|| format!("{file}: building the cloud model"))
+}
+
 pub fn run_apply(args: ApplyArgs) -> anyhow::Result<ExitCode> {
     let (docs, options) = match load(&args.common)? {
         Ok(x) => x,
@@ -227,36 +257,43 @@ pub fn run_apply(args: ApplyArgs) -> anyhow::Result<ExitCode> {
     match args.target {
         Target::Terraform => {
             let out = args.out.clone().ok_or_else(|| anyhow::anyhow!("--target terraform needs --out DIR"))?;
+            let model = rt.block_on(async {
+                let s3 = if model.config_base.starts_with("s3://") { Some(aws_target(&args.common, &model.region).await.s3) } else { None };
+                let store = match open_store(&model.config_base, s3) {
+                    Ok(store) => store,
+                    Err(e) if !args.yes => {
+                        eprintln!("keelson: warning: {file}: the state store {}: {e:#}: the user-data pins no cluster CA", model.config_base);
+                        println!("state store not written (give --yes to write {})", model.config_base);
+                        return Ok(model);
+                    }
+                    Err(e) => return Err(e),
+                };
+                if !args.yes {
+                    let (model, _) = with_pinned_cas(&docs, &options, &store, &file, true).await?;
+                    println!("state store not written (give --yes to write {})", model.config_base);
+                    return Ok::<_, anyhow::Error>(model);
+                }
+                // Terraform manages the cloud; the state store is written here, as kOps does: the CA
+                // first, so that it is pinned into the NodeupConfigs the user-data boots.
+                with_lock(&store, "apply --target terraform", args.common.force_unlock, async {
+                    let created = state::ensure_pki(&store, &model.etcd_clusters).await?;
+                    let (model, _) = with_pinned_cas(&docs, &options, &store, &file, false).await?;
+                    for (rel, bytes) in &model.state {
+                        if store.get(rel).await?.as_deref() != Some(bytes.as_slice()) {
+                            store.put(rel, bytes).await?;
+                        }
+                    }
+                    println!("state store {}: up to date ({} keysets created)", store.base(), created.len());
+                    Ok(model)
+                })
+                .await
+            })?;
             let tree = terraform::render(&model)?;
             tree.write_to(&out).with_context(|| format!("writing {}", out.display()))?;
             println!("{file}: wrote {} and {} data files to {}", terraform::MAIN_FILE, tree.files.len() - 1, out.display());
-            if args.yes {
-                // Terraform manages the cloud; the state store is written here, as kOps does.
-                rt.block_on(async {
-                    let s3 = if model.config_base.starts_with("s3://") {
-                        Some(aws_target(&args.common, &model.region).await.s3)
-                    } else {
-                        None
-                    };
-                    let store = open_store(&model.config_base, s3)?;
-                    with_lock(&store, "apply --target terraform", args.common.force_unlock, async {
-                        for (rel, bytes) in &model.state {
-                            if store.get(rel).await?.as_deref() != Some(bytes.as_slice()) {
-                                store.put(rel, bytes).await?;
-                            }
-                        }
-                        let created = state::ensure_pki(&store, &model.etcd_clusters).await?;
-                        println!("state store {}: up to date ({} keysets created)", store.base(), created.len());
-                        Ok(())
-                    })
-                    .await
-                })?;
-            } else {
-                println!("state store not written (give --yes to write {})", model.config_base);
-            }
             Ok(ExitCode::SUCCESS)
         }
-        Target::Direct => rt.block_on(direct_apply(&args, &model)),
+        Target::Direct => rt.block_on(direct_apply(&args, &docs, &options, &model, &file)),
     }
 }
 
@@ -269,25 +306,29 @@ pub fn run_delete(args: DeleteArgs) -> anyhow::Result<ExitCode> {
     rt.block_on(direct_delete(&args, &model))
 }
 
-async fn direct_apply(args: &ApplyArgs, model: &model::ClusterModel) -> anyhow::Result<ExitCode> {
+async fn direct_apply(args: &ApplyArgs, docs: &keelson_api::Documents, options: &CompileOptions, model: &model::ClusterModel, file: &str) -> anyhow::Result<ExitCode> {
     let target = aws_target(&args.common, &model.region).await;
     let store = open_store(&model.config_base, Some(target.s3.clone()))?;
     if !args.yes {
-        let planned = cloud_resources::plan_apply(&target, model, &store).await?;
+        let (model, _) = with_pinned_cas(docs, options, &store, file, false).await?;
+        let planned = cloud_resources::plan_apply(&target, &model, &store).await?;
         print!("{}", planned.plan.render(color()));
         if !planned.plan.is_empty() {
             println!("Run with --yes to apply.");
         }
         return Ok(ExitCode::SUCCESS);
     }
-    // Plan under the lock, so the plan executed is the one computed against the current state.
+    // Plan under the lock, so the plan executed is the one computed against the current state;
+    // the CA first, pinned into the NodeupConfigs (and so into the user-data's BootConfig hash).
     with_lock(&store, "apply", args.common.force_unlock, async {
-        let mut planned = cloud_resources::plan_apply(&target, model, &store).await?;
+        state::ensure_pki(&store, &model.etcd_clusters).await?;
+        let (model, _) = with_pinned_cas(docs, options, &store, file, false).await?;
+        let mut planned = cloud_resources::plan_apply(&target, &model, &store).await?;
         print!("{}", planned.plan.render(color()));
         if planned.plan.is_empty() {
             return Ok(());
         }
-        let n = cloud_resources::execute(&target, model, &store, &mut planned).await?;
+        let n = cloud_resources::execute(&target, &model, &store, &mut planned).await?;
         println!("applied {n} changes to cluster {}", model.cluster);
         if !planned.plan.rolling.is_empty() {
             println!("Run `keelson rolling-update -f {} --yes` to replace the instances listed above.", args.common.file.display());

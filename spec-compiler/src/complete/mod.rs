@@ -99,6 +99,11 @@ pub struct CompileOptions {
     /// kOps-style base URL of the Keelson binaries (`<base>/linux/<arch>/protokube`), used for an
     /// architecture without a `protokube_assets` entry (`--kops-base-url`, `$KOPS_BASE_URL`).
     pub kops_base_url: Option<String>,
+    /// The cluster CAs' certificates (name → PEM) from the state store, written into every
+    /// NodeupConfig (kOps' `CAs`): the BootConfig pins the NodeupConfig by hash, so workers trust
+    /// only these, never an unpinned state-store read. `keelson apply` fills it; `compile` (offline)
+    /// leaves it empty.
+    pub cas: std::collections::BTreeMap<String, String>,
 }
 
 impl CompileOptions {

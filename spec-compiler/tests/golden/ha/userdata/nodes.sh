@@ -59,7 +59,7 @@ ClusterName: ha.k8s.example.com
 ConfigBase: s3://acme-keelson-state/ha.k8s.example.com
 InstanceGroupName: nodes
 InstanceGroupRole: Node
-NodeupConfigHash: qXG3iUZw6P9tgu+FqoP3LxdNL9C8UxvcOW77M5OZDvQ=
+NodeupConfigHash: lXuFfxvbuV+XYvtzEveyihhIyft03MHH/moLESJx47s=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then

@@ -59,7 +59,7 @@ ClusterName: minimal.k8s.example.com
 ConfigBase: s3://acme-keelson-state/minimal.k8s.example.com
 InstanceGroupName: control-plane-us-east-1a
 InstanceGroupRole: ControlPlane
-NodeupConfigHash: XkNQo9FiiHXNQzSnt91PEU1TJo/AfW/hyi6yyu31Fmw=
+NodeupConfigHash: 7oTMIHADPlZs55dRxnpVJaNUUQK4HdHJLozpeU6qp8A=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then

@@ -59,7 +59,7 @@ ClusterName: minimal.k8s.example.com
 ConfigBase: s3://acme-keelson-state/minimal.k8s.example.com
 InstanceGroupName: nodes-us-east-1a
 InstanceGroupRole: Node
-NodeupConfigHash: RtOJzdy9a5Z9s/G8BEN5h0Mwb397Ek0OKM56UqL2UFc=
+NodeupConfigHash: cBnfc2Bh+6a2Ooh/krsYcnAyjqOTJeer2bMp81kkcX4=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then
