@@ -358,16 +358,17 @@ impl StateStore {
     }
 
     /// Copy one object to a local file (streamed, written to a temp file and renamed into place);
-    /// returns its size and sha256, or `Ok(None)` when it does not exist.
+    /// returns its size and sha256, or `Ok(None)` when it does not exist. The file is private
+    /// (0600), and so are the directories this creates for it (0700): downloads are etcd snapshots.
     pub async fn download(&self, rel: &str, dest: &Path) -> Result<Option<(u64, String)>, StoreError> {
         use sha2::Digest as _;
         use std::io::Write as _;
         let io = |source| StoreError::Io { path: dest.to_path_buf(), source };
-        if let Some(parent) = dest.parent() {
-            std::fs::create_dir_all(parent).map_err(io)?;
+        if let Some(parent) = dest.parent().filter(|p| !p.as_os_str().is_empty() && !p.is_dir()) {
+            crate::fs::ensure_private_dir(parent).map_err(|e| StoreError::Io { path: e.path, source: e.source })?;
         }
         let temp = crate::fs::temp_path_for(dest);
-        let mut file = std::io::BufWriter::new(std::fs::File::create(&temp).map_err(io)?);
+        let mut file = std::io::BufWriter::new(crate::fs::create_private(&temp).map_err(io)?);
         let mut hasher = sha2::Sha256::new();
         let read = self
             .read_chunks(rel, |chunk| {
