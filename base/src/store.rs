@@ -428,6 +428,49 @@ impl StateStore {
         }
     }
 
+    /// Every object under `rel_prefix` with the time the store says it was last written (a file's
+    /// mtime, an S3 object's `LastModified`; `None` when S3 did not say), sorted by key.
+    pub async fn list_modified(&self, rel_prefix: &str) -> Result<Vec<(String, Option<time::OffsetDateTime>)>, StoreError> {
+        match &self.backend {
+            Backend::File(dir) => {
+                let mut out = Vec::new();
+                let mut stack = vec![dir.join(rel_prefix)];
+                while let Some(d) = stack.pop() {
+                    let entries = match std::fs::read_dir(&d) {
+                        Ok(e) => e,
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound || e.kind() == std::io::ErrorKind::NotADirectory => continue,
+                        Err(source) => return Err(StoreError::Io { path: d, source }),
+                    };
+                    for e in entries.flatten() {
+                        let p = e.path();
+                        if e.file_name().to_string_lossy().starts_with(crate::fs::TEMP_PREFIX) {
+                            continue;
+                        }
+                        let meta = match std::fs::metadata(&p) {
+                            Ok(m) => m,
+                            // Deleted since it was listed.
+                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                            Err(source) => return Err(StoreError::Io { path: p, source }),
+                        };
+                        if meta.is_dir() {
+                            stack.push(p);
+                        } else if let Ok(rel) = p.strip_prefix(dir) {
+                            out.push((rel.to_string_lossy().into_owned(), meta.modified().ok().map(time::OffsetDateTime::from)));
+                        }
+                    }
+                }
+                out.sort();
+                Ok(out)
+            }
+            Backend::Http(_) => Err(StoreError::ReadOnly { base: self.base.to_string(), op: "list" }),
+            #[cfg(feature = "aws")]
+            Backend::S3(client) => {
+                let ConfigBase::S3 { bucket, prefix } = &self.base else { return Err(StoreError::NoS3 { base: self.base.to_string() }) };
+                s3::list_modified(client, bucket, prefix, rel_prefix).await
+            }
+        }
+    }
+
     /// Take the cluster lock for `operation`, or fail naming who holds it. Creation is atomic:
     /// `O_EXCL` for `file://`, a conditional PUT (`If-None-Match: *`) for `s3://`.
     pub async fn lock(&self, operation: &str) -> Result<StoreLock, StoreError> {
@@ -748,6 +791,15 @@ mod s3 {
     }
 
     pub async fn list(client: &aws_sdk_s3::Client, bucket: &str, prefix: &str, rel_prefix: &str) -> Result<Vec<String>, StoreError> {
+        Ok(list_modified(client, bucket, prefix, rel_prefix).await?.into_iter().map(|(k, _)| k).collect())
+    }
+
+    pub async fn list_modified(
+        client: &aws_sdk_s3::Client,
+        bucket: &str,
+        prefix: &str,
+        rel_prefix: &str,
+    ) -> Result<Vec<(String, Option<time::OffsetDateTime>)>, StoreError> {
         let full = super::ConfigBase::s3_key(prefix, rel_prefix);
         let mut out = Vec::new();
         let mut token: Option<String> = None;
@@ -764,7 +816,8 @@ mod s3 {
             for o in resp.contents() {
                 if let Some(k) = o.key() {
                     let rel = if prefix.is_empty() { k } else { k.strip_prefix(&format!("{prefix}/")).unwrap_or(k) };
-                    out.push(rel.to_string());
+                    let modified = o.last_modified().and_then(|t| time::OffsetDateTime::from_unix_timestamp(t.secs()).ok());
+                    out.push((rel.to_string(), modified));
                 }
             }
             token = resp.next_continuation_token().map(str::to_string);
