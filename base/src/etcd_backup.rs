@@ -33,6 +33,16 @@ pub const BACKUP_REQUEST_DONE: &str = "control/backup-request-done.json";
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(15 * 60);
 /// kOps' default retention of daily backups (`manager.backupRetentionDays`).
 pub const DEFAULT_RETENTION_DAYS: u64 = 90;
+/// The fewest complete backups retention leaves, whatever the age policy says: the newest this many
+/// are always kept.
+pub const MIN_KEPT: usize = 3;
+/// How far a backup's name-time and its objects' `LastModified` may disagree before a prune deletes
+/// nothing at all: further apart, a clock jumped (the writer's or the reader's), and ages computed
+/// from names cannot be trusted.
+pub const MAX_NAME_SKEW: Duration = Duration::from_secs(3600);
+/// How far ahead of now a backup's name-time may be and still be chosen by `restore --latest`
+/// (taken by a control plane whose clock ran ahead).
+pub const MAX_FUTURE: Duration = Duration::from_secs(5 * 60);
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackupError {
@@ -107,7 +117,7 @@ pub struct BackupMeta {
 
 /// Which backups to keep (kOps' documented policy): every backup of the last hour, the first
 /// backup of every hour for 7 days, the first of every day for `daily` (90 days unless the spec's
-/// `manager.backupRetentionDays` says otherwise). The newest backup is always kept.
+/// `manager.backupRetentionDays` says otherwise). The newest [`MIN_KEPT`] backups are always kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
     pub keep_all: Duration,
@@ -130,7 +140,8 @@ impl Retention {
     pub fn expired(&self, ids: &[BackupId], now: OffsetDateTime) -> Vec<BackupId> {
         let mut sorted = ids.to_vec();
         sorted.sort();
-        let newest = sorted.last().copied();
+        sorted.dedup();
+        let newest: Vec<BackupId> = sorted.iter().rev().take(MIN_KEPT).copied().collect();
         let mut hours_seen = std::collections::BTreeSet::new();
         let mut days_seen = std::collections::BTreeSet::new();
         let mut out = Vec::new();
@@ -141,7 +152,7 @@ impl Retention {
             // (first of its hour / day: ascending order means the first seen)
             let first_of_hour = hours_seen.insert(hour);
             let first_of_day = days_seen.insert(day);
-            let keep = Some(id) == newest
+            let keep = newest.contains(&id)
                 || age < self.keep_all
                 || (first_of_hour && age < self.hourly)
                 || (first_of_day && age < self.daily);
@@ -151,6 +162,44 @@ impl Retention {
         }
         out
     }
+}
+
+/// A backup's name-time and the `LastModified` of one of its objects, too far apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClockSkew {
+    pub id: BackupId,
+    pub last_modified: OffsetDateTime,
+}
+
+impl std::fmt::Display for ClockSkew {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "backup {} is named {} but was written at {} (store's LastModified): more than {} min apart, a clock jumped",
+            self.id,
+            rfc3339(self.id.taken_at),
+            rfc3339(self.last_modified),
+            MAX_NAME_SKEW.as_secs() / 60
+        )
+    }
+}
+
+/// The first backup of `stored` (id, `LastModified` of one of its objects) whose name-time and
+/// `LastModified` disagree by more than [`MAX_NAME_SKEW`]; a prune deletes nothing while one does.
+pub fn clock_skew(stored: &[(BackupId, OffsetDateTime)]) -> Option<ClockSkew> {
+    let limit = time::Duration::try_from(MAX_NAME_SKEW).unwrap_or(time::Duration::HOUR);
+    stored
+        .iter()
+        .find(|(id, modified)| (*modified - id.taken_at).abs() > limit)
+        .map(|(id, modified)| ClockSkew { id: *id, last_modified: *modified })
+}
+
+/// The backup `restore --latest` takes from `ids`: the newest whose name-time is not more than
+/// [`MAX_FUTURE`] ahead of `now` (one from the future was taken by a control plane whose clock ran
+/// ahead, and may hold anything).
+pub fn latest_restorable(ids: &[BackupId], now: OffsetDateTime) -> Option<BackupId> {
+    let limit = now + time::Duration::try_from(MAX_FUTURE).unwrap_or(time::Duration::minutes(5));
+    ids.iter().filter(|id| id.taken_at <= limit).max().copied()
 }
 
 /// A restore asked for by `keelson etcd backup restore`; members act on it, the command drives its
@@ -334,11 +383,24 @@ impl BackupStore {
         Ok(())
     }
 
-    /// Apply `retention` at `now`: delete what it drops, and incomplete uploads older than a day.
+    /// Apply `retention` at `now`: delete what it drops, and incomplete uploads older than a day —
+    /// unless a backup's name-time and its objects' `LastModified` disagree ([`clock_skew`]): then
+    /// a clock jumped, and this logs a warning and deletes nothing.
     pub async fn prune(&self, now: OffsetDateTime, retention: &Retention) -> Result<Vec<BackupId>, BackupError> {
-        let complete = self.ids().await?;
+        let objects = self.store.list_modified("").await?;
+        let stored: Vec<(BackupId, OffsetDateTime)> = objects
+            .iter()
+            .filter_map(|(key, modified)| Some((BackupId::parse(key.split('/').next()?)?, (*modified)?)))
+            .collect();
+        if let Some(skew) = clock_skew(&stored) {
+            tracing::warn!(store = %self.url(""), backup = %skew.id, last_modified = %rfc3339(skew.last_modified), "not pruning etcd backups: {skew}");
+            return Ok(Vec::new());
+        }
+        let mut complete: Vec<BackupId> =
+            objects.iter().filter_map(|(k, _)| k.strip_suffix(&format!("/{META_FILE}"))).filter_map(BackupId::parse).collect();
+        complete.sort();
         let mut gone = retention.expired(&complete, now);
-        for id in self.all_ids().await? {
+        for id in stored.iter().map(|(id, _)| *id) {
             if !complete.contains(&id) && now - id.taken_at > time::Duration::days(1) && !gone.contains(&id) {
                 gone.push(id);
             }
@@ -508,9 +570,144 @@ mod tests {
         let got = d.path().join("restore/snap.db");
         assert_eq!(store.fetch(&id2, &got).await.expect("fetch").id, id2.to_string());
         assert_eq!(std::fs::read(&got).expect("read"), b"snapshot bytes");
-        let gone = store.prune(now + time::Duration::days(100), &Retention::default()).await.expect("prune");
-        assert_eq!(gone, vec![id]);
+        store.delete(&id).await.expect("delete");
         assert_eq!(store.ids().await.expect("ids"), vec![id2]);
         assert!(matches!(store.fetch(&id, &got).await, Err(BackupError::NotFound { .. })));
+    }
+
+    fn meta_for(id: &BackupId, bytes: &[u8]) -> BackupMeta {
+        BackupMeta {
+            id: id.to_string(),
+            etcd_cluster: "main".into(),
+            taken_at: rfc3339(id.taken_at),
+            reason: "scheduled".into(),
+            taken_from: "etcd-a".into(),
+            etcd_version: "3.5.21".into(),
+            cluster_id: "1".into(),
+            members: vec!["etcd-a".into()],
+            revision: 7,
+            size: bytes.len() as u64,
+            sha256: crate::sha256_hex(bytes),
+        }
+    }
+
+    /// Put backups taken at `times` into a file store, each object's mtime (its `LastModified`)
+    /// `written(name-time)`.
+    async fn seed(store: &BackupStore, dir: &Path, times: &[OffsetDateTime], written: impl Fn(OffsetDateTime) -> OffsetDateTime) -> Vec<BackupId> {
+        let snap = dir.join("snap.db");
+        std::fs::write(&snap, b"snapshot bytes").expect("write");
+        let mut ids = Vec::new();
+        for t in times {
+            let id = store.next_id(*t).await.expect("id");
+            store.upload(&id, &snap, &meta_for(&id, b"snapshot bytes")).await.expect("upload");
+            for file in [SNAPSHOT_FILE, META_FILE] {
+                let path = dir.join("backups").join(format!("{id}/{file}"));
+                let f = std::fs::File::options().write(true).open(&path).expect("open");
+                f.set_modified(written(*t).into()).expect("mtime");
+            }
+            ids.push(id);
+        }
+        ids
+    }
+
+    #[test]
+    fn retention_always_keeps_the_newest_few() {
+        let now = at("2026-11-24T10:00:00Z");
+        let ids = |ages_days: &[i64]| -> Vec<BackupId> {
+            ages_days.iter().enumerate().map(|(i, d)| BackupId { taken_at: now - time::Duration::days(*d), seq: i as u64 + 1 }).collect()
+        };
+        let seqs = |v: Vec<BackupId>| -> Vec<u64> { v.iter().map(|i| i.seq).collect() };
+        let r = Retention::default();
+        // (ages in days, oldest first; the seqs the policy drops)
+        let cases: [(&[i64], &[u64]); 6] = [
+            (&[], &[]),
+            (&[200], &[]),
+            (&[300, 200], &[]),
+            (&[400, 300, 200], &[]),
+            (&[500, 400, 300, 200, 100], &[1, 2]),
+            // Old ones go while the newest three are recent; the 95-day one goes, the 30-day one stays.
+            (&[95, 30, 0, 0, 0], &[1]),
+        ];
+        for (ages, dropped) in cases {
+            assert_eq!(seqs(r.expired(&ids(ages), now)), dropped.to_vec(), "ages {ages:?}");
+        }
+        assert_eq!(MIN_KEPT, 3);
+        // Even a retention of 0 days keeps the newest three.
+        assert_eq!(seqs(Retention::with_daily_days(0).expired(&ids(&[10, 9, 8, 8]), now)), vec![1]);
+    }
+
+    #[test]
+    fn a_clock_jump_between_name_and_last_modified_is_seen() {
+        let t = at("2026-11-24T10:00:00Z");
+        let id = |seq: u64| BackupId { taken_at: t, seq };
+        let min = time::Duration::minutes;
+        let cases: [(&str, Vec<(BackupId, OffsetDateTime)>, Option<u64>); 6] = [
+            ("nothing stored", vec![], None),
+            ("written as named", vec![(id(1), t)], None),
+            ("a slow upload, 59 minutes", vec![(id(1), t + min(59)), (id(2), t - min(59))], None),
+            ("named 61 minutes before it was written", vec![(id(1), t), (id(2), t + min(61))], Some(2)),
+            ("named 61 minutes after it was written", vec![(id(3), t - min(61))], Some(3)),
+            ("named 100 days ahead", vec![(id(1), t), (id(4), t - time::Duration::days(100))], Some(4)),
+        ];
+        for (what, stored, skewed) in cases {
+            assert_eq!(clock_skew(&stored).map(|s| s.id.seq), skewed, "{what}");
+        }
+        let text = clock_skew(&[(id(9), t + min(90))]).expect("skew").to_string();
+        assert!(text.contains("2026-11-24T10:00:00Z-000009") && text.contains("2026-11-24T11:30:00Z") && text.contains("clock jumped"), "{text}");
+    }
+
+    #[test]
+    fn restore_latest_skips_backups_from_the_future() {
+        let now = at("2026-11-24T10:00:00Z");
+        let id = |offset: time::Duration, seq: u64| BackupId { taken_at: now + offset, seq };
+        let (past, soon, ahead) = (id(-time::Duration::hours(2), 1), id(time::Duration::minutes(4), 2), id(time::Duration::minutes(6), 3));
+        let far = id(time::Duration::days(100), 4);
+        let cases: [(&str, Vec<BackupId>, Option<BackupId>); 6] = [
+            ("no backups", vec![], None),
+            ("the newest, in the past", vec![past], Some(past)),
+            ("4 minutes ahead is a clock a little fast: taken", vec![past, soon], Some(soon)),
+            ("6 minutes ahead is not", vec![past, ahead], Some(past)),
+            ("100 days ahead is not, in any order", vec![far, past, ahead], Some(past)),
+            ("only future backups: none", vec![far, ahead], None),
+        ];
+        for (what, ids, want) in cases {
+            assert_eq!(latest_restorable(&ids, now), want, "{what}");
+        }
+    }
+
+    /// Retention on a store whose objects were written when their names say; then one written 100
+    /// days after its name (a control plane's clock ran behind, or the pruner's ahead): nothing more
+    /// is deleted, whatever the policy says.
+    #[tokio::test]
+    async fn prune_follows_the_policy_and_stops_at_a_clock_jump() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let store = BackupStore::new(StateStore::dir(&d.path().join("backups")));
+        let now = time::OffsetDateTime::now_utc().replace_nanosecond(0).expect("now");
+        let days = |n: i64| now - time::Duration::days(n);
+        let ids = seed(&store, d.path(), &[days(200), days(120), days(30), days(2), days(1), now], |t| t).await;
+        let gone = store.prune(now, &Retention::default()).await.expect("prune");
+        assert_eq!(gone, ids[..2].to_vec(), "older than 90 days");
+        assert_eq!(store.ids().await.expect("ids"), ids[2..].to_vec());
+
+        let jumped = seed(&store, d.path(), &[days(150)], |t| t + time::Duration::days(150)).await;
+        let gone = store.prune(now + time::Duration::days(100), &Retention::default()).await.expect("prune");
+        assert_eq!(gone, vec![], "a clock jumped: nothing deleted");
+        let mut all = ids[2..].to_vec();
+        all.extend(&jumped);
+        all.sort();
+        assert_eq!(store.ids().await.expect("ids"), all);
+    }
+
+    /// A downloaded snapshot is readable by root only, in a directory only root may enter.
+    #[tokio::test]
+    async fn downloads_are_private() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let store = BackupStore::new(StateStore::dir(&d.path().join("backups")));
+        let ids = seed(&store, d.path(), &[time::OffsetDateTime::now_utc()], |t| t).await;
+        let dest = d.path().join("restore/main/snapshot.db");
+        store.fetch(&ids[0], &dest).await.expect("fetch");
+        assert_eq!(crate::fs::mode_of(&dest), Some(0o600));
+        assert_eq!(crate::fs::mode_of(&d.path().join("restore/main")), Some(0o700));
+        assert_eq!(crate::fs::mode_of(&d.path().join("restore")), Some(0o700));
     }
 }

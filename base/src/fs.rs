@@ -49,6 +49,29 @@ pub fn ensure_dir(dir: &Path) -> Result<(), FsError> {
     fs::DirBuilder::new().recursive(true).mode(0o755).create(dir).map_err(fs_err(dir))
 }
 
+/// Mode of directories that hold secrets (etcd snapshots): only root may enter.
+pub const PRIVATE_DIR_MODE: u32 = 0o700;
+/// Mode of files that hold secrets (etcd snapshots): only root may read.
+pub const PRIVATE_FILE_MODE: u32 = 0o600;
+
+/// Create `dir` and its missing parents at [`PRIVATE_DIR_MODE`], and put `dir` itself at that mode
+/// if it already existed (a staging directory an older version made 0755 is closed too).
+pub fn ensure_private_dir(dir: &Path) -> Result<(), FsError> {
+    fs::DirBuilder::new().recursive(true).mode(PRIVATE_DIR_MODE).create(dir).map_err(fs_err(dir))?;
+    if mode_of(dir) != Some(PRIVATE_DIR_MODE) {
+        fs::set_permissions(dir, fs::Permissions::from_mode(PRIVATE_DIR_MODE)).map_err(fs_err(dir))?;
+    }
+    Ok(())
+}
+
+/// Create (or truncate) `path` for writing at [`PRIVATE_FILE_MODE`], whatever the umask, and
+/// whatever mode a file already there had.
+pub fn create_private(path: &Path) -> io::Result<File> {
+    let f = OpenOptions::new().write(true).create(true).truncate(true).mode(PRIVATE_FILE_MODE).open(path)?;
+    f.set_permissions(fs::Permissions::from_mode(PRIVATE_FILE_MODE))?;
+    Ok(f)
+}
+
 /// fsync a directory so a rename in it survives power loss.
 pub fn sync_dir(dir: &Path) -> Result<(), FsError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(fs_err(dir))
@@ -150,6 +173,31 @@ pub fn clean_temp_files(dir: &Path) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn private_dirs_and_files_are_root_only() {
+        let d = tempfile::tempdir().expect("tempdir");
+        // New: the directory and its new parents 0700, the file 0600.
+        let dir = d.path().join("var/lib/protokube/etcd-backups");
+        ensure_private_dir(&dir).expect("create");
+        assert_eq!(mode_of(&dir), Some(0o700));
+        assert_eq!(mode_of(&d.path().join("var/lib")), Some(0o700));
+        let file = dir.join("main.db");
+        drop(create_private(&file).expect("file"));
+        assert_eq!(mode_of(&file), Some(0o600));
+        // Already there, open to all: closed.
+        let old = d.path().join("old");
+        fs::DirBuilder::new().mode(0o755).create(&old).expect("old dir");
+        fs::set_permissions(&old, fs::Permissions::from_mode(0o755)).expect("chmod");
+        ensure_private_dir(&old).expect("existing");
+        assert_eq!(mode_of(&old), Some(0o700));
+        let open = old.join("snap.db");
+        fs::write(&open, b"old contents").expect("write");
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o644)).expect("chmod");
+        drop(create_private(&open).expect("reopen"));
+        assert_eq!(mode_of(&open), Some(0o600));
+        assert_eq!(fs::read(&open).expect("read"), b"", "truncated");
+    }
 
     #[test]
     fn write_replaces_and_sets_mode() {

@@ -358,16 +358,17 @@ impl StateStore {
     }
 
     /// Copy one object to a local file (streamed, written to a temp file and renamed into place);
-    /// returns its size and sha256, or `Ok(None)` when it does not exist.
+    /// returns its size and sha256, or `Ok(None)` when it does not exist. The file is private
+    /// (0600), and so are the directories this creates for it (0700): downloads are etcd snapshots.
     pub async fn download(&self, rel: &str, dest: &Path) -> Result<Option<(u64, String)>, StoreError> {
         use sha2::Digest as _;
         use std::io::Write as _;
         let io = |source| StoreError::Io { path: dest.to_path_buf(), source };
-        if let Some(parent) = dest.parent() {
-            std::fs::create_dir_all(parent).map_err(io)?;
+        if let Some(parent) = dest.parent().filter(|p| !p.as_os_str().is_empty() && !p.is_dir()) {
+            crate::fs::ensure_private_dir(parent).map_err(|e| StoreError::Io { path: e.path, source: e.source })?;
         }
         let temp = crate::fs::temp_path_for(dest);
-        let mut file = std::io::BufWriter::new(std::fs::File::create(&temp).map_err(io)?);
+        let mut file = std::io::BufWriter::new(crate::fs::create_private(&temp).map_err(io)?);
         let mut hasher = sha2::Sha256::new();
         let read = self
             .read_chunks(rel, |chunk| {
@@ -423,6 +424,49 @@ impl StateStore {
             Backend::S3(client) => {
                 let ConfigBase::S3 { bucket, prefix } = &self.base else { return Err(StoreError::NoS3 { base: self.base.to_string() }) };
                 s3::list(client, bucket, prefix, rel_prefix).await
+            }
+        }
+    }
+
+    /// Every object under `rel_prefix` with the time the store says it was last written (a file's
+    /// mtime, an S3 object's `LastModified`; `None` when S3 did not say), sorted by key.
+    pub async fn list_modified(&self, rel_prefix: &str) -> Result<Vec<(String, Option<time::OffsetDateTime>)>, StoreError> {
+        match &self.backend {
+            Backend::File(dir) => {
+                let mut out = Vec::new();
+                let mut stack = vec![dir.join(rel_prefix)];
+                while let Some(d) = stack.pop() {
+                    let entries = match std::fs::read_dir(&d) {
+                        Ok(e) => e,
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound || e.kind() == std::io::ErrorKind::NotADirectory => continue,
+                        Err(source) => return Err(StoreError::Io { path: d, source }),
+                    };
+                    for e in entries.flatten() {
+                        let p = e.path();
+                        if e.file_name().to_string_lossy().starts_with(crate::fs::TEMP_PREFIX) {
+                            continue;
+                        }
+                        let meta = match std::fs::metadata(&p) {
+                            Ok(m) => m,
+                            // Deleted since it was listed.
+                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                            Err(source) => return Err(StoreError::Io { path: p, source }),
+                        };
+                        if meta.is_dir() {
+                            stack.push(p);
+                        } else if let Ok(rel) = p.strip_prefix(dir) {
+                            out.push((rel.to_string_lossy().into_owned(), meta.modified().ok().map(time::OffsetDateTime::from)));
+                        }
+                    }
+                }
+                out.sort();
+                Ok(out)
+            }
+            Backend::Http(_) => Err(StoreError::ReadOnly { base: self.base.to_string(), op: "list" }),
+            #[cfg(feature = "aws")]
+            Backend::S3(client) => {
+                let ConfigBase::S3 { bucket, prefix } = &self.base else { return Err(StoreError::NoS3 { base: self.base.to_string() }) };
+                s3::list_modified(client, bucket, prefix, rel_prefix).await
             }
         }
     }
@@ -747,6 +791,15 @@ mod s3 {
     }
 
     pub async fn list(client: &aws_sdk_s3::Client, bucket: &str, prefix: &str, rel_prefix: &str) -> Result<Vec<String>, StoreError> {
+        Ok(list_modified(client, bucket, prefix, rel_prefix).await?.into_iter().map(|(k, _)| k).collect())
+    }
+
+    pub async fn list_modified(
+        client: &aws_sdk_s3::Client,
+        bucket: &str,
+        prefix: &str,
+        rel_prefix: &str,
+    ) -> Result<Vec<(String, Option<time::OffsetDateTime>)>, StoreError> {
         let full = super::ConfigBase::s3_key(prefix, rel_prefix);
         let mut out = Vec::new();
         let mut token: Option<String> = None;
@@ -763,7 +816,8 @@ mod s3 {
             for o in resp.contents() {
                 if let Some(k) = o.key() {
                     let rel = if prefix.is_empty() { k } else { k.strip_prefix(&format!("{prefix}/")).unwrap_or(k) };
-                    out.push(rel.to_string());
+                    let modified = o.last_modified().and_then(|t| time::OffsetDateTime::from_unix_timestamp(t.secs()).ok());
+                    out.push((rel.to_string(), modified));
                 }
             }
             token = resp.next_continuation_token().map(str::to_string);

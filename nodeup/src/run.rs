@@ -61,6 +61,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Outcome> {
             read_timeout: opts.http_timeout,
             rounds: opts.retry_rounds,
             backoff: opts.retry_backoff,
+            ..Default::default()
         },
         cache,
     )?;

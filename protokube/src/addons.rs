@@ -15,7 +15,7 @@ use std::time::Duration;
 use base::pki::{self, CertSpec};
 use base::StateStore;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
-use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
 use kube::discovery::ApiCapabilities;
 
 use keelson_api::addons::{AddonChannel, ADDON_CHANNEL as CHANNEL};
@@ -98,6 +98,56 @@ fn identity(o: &DynamicObject) -> String {
     )
 }
 
+/// An identity of the record, split: `apiVersion/kind/namespace/name` (`apiVersion` may hold a `/`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ObjectId<'a> {
+    api_version: &'a str,
+    kind: &'a str,
+    namespace: Option<&'a str>,
+    name: &'a str,
+}
+
+impl<'a> ObjectId<'a> {
+    fn parse(identity: &'a str) -> Option<ObjectId<'a>> {
+        let mut parts = identity.rsplitn(4, '/');
+        let (name, namespace, kind, api_version) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        if name.is_empty() || kind.is_empty() || api_version.is_empty() {
+            return None;
+        }
+        Some(ObjectId { api_version, kind, namespace: (!namespace.is_empty()).then_some(namespace), name })
+    }
+}
+
+/// What one addon's prune does.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PrunePlan {
+    /// Identities to delete.
+    pub delete: Vec<String>,
+    /// Identities the record names that exist but do not carry `ADDON_LABEL=<addon>`, with the
+    /// value of the label they do carry: never deleted.
+    pub refused: Vec<(String, Option<String>)>,
+}
+
+/// Decide what addon `addon` prunes: the objects the record says it applied before (`recorded`)
+/// that this version did not apply (`applied`), which still exist (`live`: identity → the live
+/// object's labels) and carry [`ADDON_LABEL`]`=addon`. An object without that label — another
+/// addon's, or one a hostile record names (`kube-system/coredns`) — is refused, whatever the
+/// record says.
+pub fn prune_plan(addon: &str, recorded: &BTreeSet<String>, applied: &BTreeSet<String>, live: &BTreeMap<String, BTreeMap<String, String>>) -> PrunePlan {
+    let mut plan = PrunePlan::default();
+    for candidate in recorded.difference(applied) {
+        if ObjectId::parse(candidate).is_none() {
+            continue;
+        }
+        let Some(labels) = live.get(candidate) else { continue };
+        match labels.get(ADDON_LABEL) {
+            Some(owner) if owner == addon => plan.delete.push(candidate.clone()),
+            other => plan.refused.push((candidate.clone(), other.cloned())),
+        }
+    }
+    plan
+}
+
 async fn api_for(client: &kube::Client, api_version: &str, kind: &str, namespace: Option<&str>) -> Result<(kube::Api<DynamicObject>, ApiCapabilities), AddonError> {
     let (group, version) = match api_version.split_once('/') {
         Some((g, v)) => (g, v),
@@ -157,20 +207,48 @@ pub async fn sync(client: &kube::Client, store: &StateStore) -> Result<SyncRepor
             applied.insert(identity(&obj));
             report.objects += 1;
         }
-        // Prune what the previous version applied and this one does not.
+        // Prune what the previous version applied and this one does not — but only objects that
+        // carry this addon's label: the record is a ConfigMap anyone with write access to
+        // kube-system can edit, so it names candidates, never what may be deleted.
         let before: BTreeSet<String> =
             data.get(&format!("{}.objects", entry.name)).map(|s| s.lines().map(str::to_string).collect()).unwrap_or_default();
-        for gone in before.difference(&applied) {
-            let parts: Vec<&str> = gone.rsplitn(4, '/').collect();
-            // identity = apiVersion/kind/namespace/name, apiVersion may hold a '/'.
-            if let [name, namespace, kind, api_version] = parts.as_slice() {
-                let ns = (!namespace.is_empty()).then_some(*namespace);
-                let (api, _) = api_for(client, api_version, kind, ns).await?;
-                match api.delete(name, &DeleteParams::default()).await {
-                    Ok(_) => report.pruned += 1,
-                    Err(kube::Error::Api(e)) if e.code == 404 => {}
-                    Err(e) => return Err(kube_err(format!("prune {kind} {name}"))(e)),
+        let mut live = BTreeMap::new();
+        for candidate in before.difference(&applied) {
+            let Some(id) = ObjectId::parse(candidate) else {
+                tracing::warn!(addon = %entry.name, object = %candidate, "addons: the record names something that is not an object; not pruning it");
+                continue;
+            };
+            let (api, _) = api_for(client, id.api_version, id.kind, id.namespace).await?;
+            if let Some(obj) = api.get_opt(id.name).await.map_err(kube_err(format!("get {} {}", id.kind, id.name)))? {
+                live.insert(candidate.clone(), obj);
+            }
+        }
+        let labels: BTreeMap<String, BTreeMap<String, String>> =
+            live.iter().map(|(k, o)| (k.clone(), o.metadata.labels.clone().unwrap_or_default())).collect();
+        let plan = prune_plan(&entry.name, &before, &applied, &labels);
+        for (candidate, label) in &plan.refused {
+            tracing::warn!(
+                addon = %entry.name,
+                object = %candidate,
+                label = %label.as_deref().unwrap_or("<none>"),
+                "addons: the record names an object without label {ADDON_LABEL}={}; not deleting it",
+                entry.name
+            );
+        }
+        for gone in &plan.delete {
+            let (Some(id), Some(obj)) = (ObjectId::parse(gone), live.get(gone)) else { continue };
+            let (api, _) = api_for(client, id.api_version, id.kind, id.namespace).await?;
+            // Only the object whose labels were checked: not one recreated under the same name since.
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions { uid: obj.metadata.uid.clone(), resource_version: obj.metadata.resource_version.clone() }),
+                ..Default::default()
+            };
+            match api.delete(id.name, &dp).await {
+                Ok(_) => report.pruned += 1,
+                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {
+                    tracing::warn!(addon = %entry.name, object = %gone, code = e.code, "addons: object gone or changed since checked; not pruned");
                 }
+                Err(e) => return Err(kube_err(format!("prune {} {}", id.kind, id.name))(e)),
             }
         }
         data.insert(format!("{}.hash", entry.name), entry.manifest_hash.clone());
@@ -269,5 +347,101 @@ mod tests {
         let ids: Vec<String> = objs.iter().map(identity).collect();
         assert_eq!(ids, ["rbac.authorization.k8s.io/v1/ClusterRoleBinding//a", "v1/ConfigMap/kube-system/b"]);
         assert!(parse_objects("x.yaml", b"kind: [").is_err());
+    }
+
+    fn set(items: &[&str]) -> BTreeSet<String> {
+        items.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn object_identities_split_back_into_their_parts() {
+        let id = ObjectId::parse("rbac.authorization.k8s.io/v1/ClusterRoleBinding//a").expect("cluster-scoped");
+        assert_eq!(id, ObjectId { api_version: "rbac.authorization.k8s.io/v1", kind: "ClusterRoleBinding", namespace: None, name: "a" });
+        let id = ObjectId::parse("apps/v1/Deployment/kube-system/coredns").expect("namespaced");
+        assert_eq!((id.api_version, id.kind, id.namespace, id.name), ("apps/v1", "Deployment", Some("kube-system"), "coredns"));
+        for bad in ["", "coredns", "Deployment/kube-system/coredns", "apps/v1/Deployment/kube-system/", "//kube-system/x"] {
+            assert_eq!(ObjectId::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    /// Pruning deletes only objects that carry the addon's own label, whatever the record names.
+    #[test]
+    fn prune_deletes_only_objects_labelled_for_the_addon() {
+        const OLD_CM: &str = "v1/ConfigMap/kube-system/cilium-old";
+        const COREDNS: &str = "apps/v1/Deployment/kube-system/coredns";
+        const OTHER: &str = "v1/ServiceAccount/kube-system/ebs-csi-controller-sa";
+        const KEPT: &str = "apps/v1/DaemonSet/kube-system/cilium";
+        const GONE: &str = "v1/Secret/kube-system/cilium-ca";
+        let ours = labels(&[(ADDON_LABEL, "cilium"), ("app", "cilium")]);
+        struct Case {
+            what: &'static str,
+            recorded: &'static [&'static str],
+            applied: &'static [&'static str],
+            live: Vec<(&'static str, BTreeMap<String, String>)>,
+            delete: &'static [&'static str],
+            refused: Vec<(&'static str, Option<&'static str>)>,
+        }
+        let cases = [
+            Case {
+                what: "an object the previous version applied, labelled, dropped by this one",
+                recorded: &[OLD_CM, KEPT],
+                applied: &[KEPT],
+                live: vec![(OLD_CM, ours.clone()), (KEPT, ours.clone())],
+                delete: &[OLD_CM],
+                refused: vec![],
+            },
+            Case {
+                what: "a hostile record naming kube-system/coredns (not labelled for the addon)",
+                recorded: &[COREDNS, KEPT],
+                applied: &[KEPT],
+                live: vec![(COREDNS, labels(&[("k8s-app", "kube-dns")])), (KEPT, ours.clone())],
+                delete: &[],
+                refused: vec![(COREDNS, None)],
+            },
+            Case {
+                what: "a hostile record naming another addon's object",
+                recorded: &[OTHER],
+                applied: &[],
+                live: vec![(OTHER, labels(&[(ADDON_LABEL, "aws-ebs-csi-driver")]))],
+                delete: &[],
+                refused: vec![(OTHER, Some("aws-ebs-csi-driver"))],
+            },
+            Case {
+                what: "a label that is only similar (empty value, other key) is not ours",
+                recorded: &[OLD_CM, COREDNS],
+                applied: &[],
+                live: vec![(OLD_CM, labels(&[(ADDON_LABEL, "")])), (COREDNS, labels(&[("addon.keelson.io/name-x", "cilium")]))],
+                delete: &[],
+                refused: vec![(COREDNS, None), (OLD_CM, Some(""))],
+            },
+            Case {
+                what: "what this version applies is never pruned, what is gone needs nothing, garbage is skipped",
+                recorded: &[KEPT, GONE, "not-an-object", "apps/v1/Deployment/kube-system/"],
+                applied: &[KEPT],
+                live: vec![(KEPT, ours.clone())],
+                delete: &[],
+                refused: vec![],
+            },
+            Case {
+                what: "no record: nothing to prune",
+                recorded: &[],
+                applied: &[KEPT],
+                live: vec![(KEPT, ours.clone()), (COREDNS, labels(&[]))],
+                delete: &[],
+                refused: vec![],
+            },
+        ];
+        for c in cases {
+            let live: BTreeMap<String, BTreeMap<String, String>> = c.live.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+            let plan = prune_plan("cilium", &set(c.recorded), &set(c.applied), &live);
+            let delete: Vec<&str> = plan.delete.iter().map(String::as_str).collect();
+            assert_eq!(delete, c.delete, "{}", c.what);
+            let refused: Vec<(&str, Option<&str>)> = plan.refused.iter().map(|(k, v)| (k.as_str(), v.as_deref())).collect();
+            assert_eq!(refused, c.refused, "{}", c.what);
+        }
     }
 }

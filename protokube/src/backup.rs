@@ -95,8 +95,7 @@ pub async fn take(
     let status = client.status().await.map_err(etcd_err)?;
     let members = client.members().await.map_err(etcd_err)?;
     let id = allocate_id(client, ec, store, now).await?;
-    std::fs::create_dir_all(staging).map_err(|source| BackupRunError::Io { path: staging.display().to_string(), source })?;
-    let file = staging.join(format!("{}-{id}.db", ec.name));
+    let file = staging_file(staging, &ec.name, &id)?;
     let result = async {
         let (size, sha256) = client.snapshot_to(&file).await.map_err(etcd_err)?;
         let mut names: Vec<String> = members.iter().map(|m| m.name.clone()).filter(|n| !n.is_empty()).collect();
@@ -121,6 +120,13 @@ pub async fn take(
     .await;
     let _ = std::fs::remove_file(&file);
     result
+}
+
+/// Where backup `id` of etcd cluster `cluster` is staged: in `staging`, made (or closed to) 0700
+/// first; the snapshot is written there 0600 ([`etcd::Client::snapshot_to`]).
+fn staging_file(staging: &Path, cluster: &str, id: &BackupId) -> Result<PathBuf, BackupRunError> {
+    base::fs::ensure_private_dir(staging).map_err(|e| BackupRunError::Io { path: e.path.display().to_string(), source: e.source })?;
+    Ok(staging.join(format!("{cluster}-{id}.db")))
 }
 
 /// A backup id whose sequence number no other writer gets: the next number after both the store's
@@ -272,6 +278,25 @@ pub fn local_client(root: &Path, cluster_name: &str, internal_ip: &str, ec: &Etc
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn snapshots_are_staged_where_only_root_may_look() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let d = tempfile::tempdir().expect("tempdir");
+        let staging = paths::under(d.path(), paths::BACKUP_STAGING_DIR);
+        let id = BackupId::parse("2026-11-24T10:41:18Z-000042").expect("id");
+        let file = staging_file(&staging, "main", &id).expect("staging");
+        assert_eq!(file, staging.join("main-2026-11-24T10:41:18Z-000042.db"));
+        assert_eq!(base::fs::mode_of(&staging), Some(0o700));
+        assert_eq!(base::fs::mode_of(&d.path().join("var/lib/protokube")), Some(0o700));
+        // A staging directory an older protokube left open is closed.
+        std::fs::set_permissions(&staging, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        staging_file(&staging, "main", &id).expect("again");
+        assert_eq!(base::fs::mode_of(&staging), Some(0o700));
+        // The snapshot file itself: what snapshot_to creates.
+        drop(base::fs::create_private(&file).expect("create"));
+        assert_eq!(base::fs::mode_of(&file), Some(0o600));
+    }
 
     #[test]
     fn a_requested_backup_is_claimed_once_until_the_claim_expires() {

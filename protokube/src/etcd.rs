@@ -206,7 +206,8 @@ impl Client {
             let status = resp.status();
             return Err(fail(format!("HTTP {status}: {}", resp.text().await.unwrap_or_default())));
         }
-        let file = std::fs::File::create(dest).map_err(|e| fail(format!("{}: {e}", dest.display())))?;
+        // Private: a snapshot holds every secret of the cluster.
+        let file = base::fs::create_private(dest).map_err(|e| fail(format!("{}: {e}", dest.display())))?;
         let mut out = std::io::BufWriter::new(file);
         let mut hasher = sha2::Sha256::new();
         let mut size = 0u64;

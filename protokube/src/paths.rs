@@ -5,8 +5,17 @@ use std::path::{Path, PathBuf};
 pub const MANIFESTS_DIR: &str = "etc/kubernetes/manifests";
 pub const HOSTS_FILE: &str = "etc/hosts";
 pub const DEFAULT_BY_ID_DIR: &str = "/dev/disk/by-id";
-/// Where etcd snapshots are staged on their way to the backup store.
+/// Where etcd snapshots are staged on their way to the backup store: a directory only root may
+/// enter ([`base::fs::PRIVATE_DIR_MODE`]), files only root may read (snapshots hold every secret).
 pub const BACKUP_STAGING_DIR: &str = "var/lib/protokube/etcd-backups";
+/// Where a member downloads the backup it restores, on its etcd volume (next to the data it
+/// replaces): private like [`BACKUP_STAGING_DIR`].
+pub const RESTORE_DOWNLOAD_DIR: &str = "keelson-restore";
+
+/// The file a member downloads the backup of restore `request` to, under its volume's `mount`.
+pub fn restore_download(mount: &Path, request: &str) -> PathBuf {
+    mount.join(RESTORE_DOWNLOAD_DIR).join(format!("restore-{request}.db"))
+}
 /// containerd's per-registry `hosts.toml` files (written by nodeup), read by the host's `ctr` when
 /// it pulls (an absolute host path, as `ctr` talks to the host's containerd).
 pub const CONTAINERD_HOSTS_DIR: &str = "/etc/containerd/certs.d";

@@ -246,7 +246,7 @@ impl MemberRestore<'_> {
         }
         p.restored = true;
         self.save(&req, &p)?;
-        let _ = std::fs::remove_file(self.mount.join(format!("restore-{}.db", req.id)));
+        let _ = std::fs::remove_file(crate::paths::restore_download(&self.mount, &req.id));
         tracing::warn!(etcd = %self.ec.name, request = %req.id, backup = %req.backup, "restore: snapshot restored; member starting");
         self.report(&req, &mut p, MemberState::Restored, format!("restored from {}", req.backup), None).await?;
         Ok(Gate::Proceed)
@@ -273,7 +273,11 @@ impl MemberRestore<'_> {
             return Err(tool_err("nothing to restore the snapshot with: no etcdutl, ctr or etcdctl on PATH (or --etcd-restore-tool)".into()));
         };
         let id = BackupId::parse(&req.backup).ok_or_else(|| tool_err(format!("{:?} is not a backup id", req.backup)))?;
-        let db = self.mount.join(format!("restore-{}.db", req.id));
+        // Downloaded 0600 into a directory only root may enter (a snapshot holds every secret).
+        let db = crate::paths::restore_download(&self.mount, &req.id);
+        if let Some(dir) = db.parent() {
+            base::fs::ensure_private_dir(dir).map_err(|e| self.io(req, &e.path)(e.source))?;
+        }
         let meta = self.store.fetch(&id, &db).await.map_err(self.store_err(req))?;
         let partial = self.mount.join(format!("data.restore-{}.partial", req.id));
         if partial.exists() {

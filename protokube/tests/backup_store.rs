@@ -8,7 +8,7 @@ mod moto;
 
 use std::time::Duration;
 
-use base::etcd_backup::{BackupMeta, BackupStore};
+use base::etcd_backup::{BackupMeta, BackupStore, Retention};
 use sha2::Digest as _;
 
 const MIB: u64 = 1 << 20;
@@ -66,4 +66,55 @@ fn a_snapshot_larger_than_a_part_goes_up_in_parts() {
     }
     let open_uploads = rt.block_on(s3.list_multipart_uploads().bucket("keelson-backups").send()).expect("ListMultipartUploads");
     assert!(open_uploads.uploads().is_empty(), "uploads left open: {:?}", open_uploads.uploads());
+}
+
+/// Retention on S3 trusts a backup's name-time only while the object's `LastModified` agrees: with
+/// every name honest, a prune far ahead deletes what the policy drops but never the newest
+/// `MIN_KEPT`; once one backup is named 100 days before S3 wrote it (a control plane's clock was
+/// wrong), a prune deletes nothing, although the policy would drop that one.
+#[test]
+fn prune_on_s3_keeps_the_newest_and_stops_at_a_clock_jump() {
+    let (_guard, m) = moto::lock();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let conf = rt.block_on(moto::sdk(&m.url));
+    let s3 = aws_sdk_s3::Client::from_conf(aws_sdk_s3::config::Builder::from(&conf).force_path_style(true).build());
+    rt.block_on(s3.create_bucket().bucket("keelson-backups").send()).expect("CreateBucket");
+    let url = "s3://keelson-backups/c.example.com/backups/etcd/main";
+    let store = BackupStore::new(base::StateStore::open_with_s3(&url.parse().expect("url"), Some(s3.clone()), Duration::from_secs(10)).expect("store"));
+    let d = tempfile::tempdir().expect("tempdir");
+    let snap = d.path().join("snapshot.db");
+    std::fs::write(&snap, b"snapshot bytes").expect("write snapshot");
+    let upload = |at: time::OffsetDateTime| {
+        let id = rt.block_on(store.next_id(at)).expect("id");
+        let meta = BackupMeta {
+            id: id.to_string(),
+            etcd_cluster: "main".into(),
+            taken_at: base::etcd_backup::rfc3339(at),
+            reason: "scheduled".into(),
+            taken_from: "etcd-a".into(),
+            etcd_version: "3.6.12".into(),
+            cluster_id: "1".into(),
+            members: vec!["etcd-a".into()],
+            revision: 1,
+            size: 14,
+            sha256: base::sha256_hex(b"snapshot bytes"),
+        };
+        rt.block_on(store.upload(&id, &snap, &meta)).expect("upload");
+        id
+    };
+    let now = time::OffsetDateTime::now_utc();
+    // Five honest backups of the last few minutes, pruned 200 days later: only the newest three stay.
+    let honest: Vec<_> = (0..5).map(|i| upload(now - time::Duration::minutes(5 - i))).collect();
+    let gone = rt.block_on(store.prune(now + time::Duration::days(200), &Retention::default())).expect("prune");
+    assert_eq!(gone, honest[..2].to_vec());
+    assert_eq!(base::etcd_backup::MIN_KEPT, 3);
+    assert_eq!(rt.block_on(store.ids()).expect("ids"), honest[2..].to_vec());
+
+    // One named 100 days ago but written now: nothing is deleted, not even that one.
+    let jumped = upload(now - time::Duration::days(100));
+    let before = rt.block_on(store.ids()).expect("ids");
+    assert!(Retention::default().expired(&before, now).contains(&jumped), "the policy alone would drop it");
+    let gone = rt.block_on(store.prune(now, &Retention::default())).expect("prune");
+    assert_eq!(gone, vec![], "a clock jumped: nothing deleted");
+    assert_eq!(rt.block_on(store.ids()).expect("ids"), before);
 }

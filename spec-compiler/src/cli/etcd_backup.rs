@@ -206,8 +206,28 @@ async fn restore(t: &Target, backup: Option<&str>, latest: bool, yes: bool, time
                 }
                 None => {
                     let ids = t.store.ids().await?;
-                    let Some(newest) = ids.last() else { bail!("etcd {} has no backups in {}", t.etcd_cluster, t.store.url("")) };
-                    t.store.meta(newest).await?
+                    if ids.is_empty() {
+                        bail!("etcd {} has no backups in {}", t.etcd_cluster, t.store.url(""));
+                    }
+                    let now = time::OffsetDateTime::now_utc();
+                    let Some(newest) = etcd_backup::latest_restorable(&ids, now) else {
+                        bail!(
+                            "every backup of etcd {} in {} is dated in the future (the newest, {}, was taken by a control plane whose clock ran ahead); name one with --backup if you trust it",
+                            t.etcd_cluster,
+                            t.store.url(""),
+                            ids.last().map(ToString::to_string).unwrap_or_default()
+                        );
+                    };
+                    let future: Vec<String> = ids.iter().filter(|i| **i > newest).map(ToString::to_string).collect();
+                    if !future.is_empty() {
+                        println!(
+                            "ignoring {} backup(s) dated more than {} min in the future (taken by a control plane whose clock ran ahead): {}",
+                            future.len(),
+                            etcd_backup::MAX_FUTURE.as_secs() / 60,
+                            future.join(", ")
+                        );
+                    }
+                    t.store.meta(&newest).await?
                 }
             };
             print_backup("restoring", &meta);
