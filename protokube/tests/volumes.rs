@@ -314,7 +314,7 @@ fn two_control_planes_in_one_zone_get_their_own_members_volumes() {
         assert!(h1.manifest("main").expect("manifest").contains("--name=etcd-a1"));
         let hosts = std::fs::read_to_string(h1.root.path().join("etc/hosts")).expect("hosts");
         assert!(hosts.contains(&format!("{}\tapi.internal.two.k8s.local etcd-a2.internal.two.k8s.local kops-controller.internal.two.k8s.local\n", h2.ip)), "{hosts}");
-        assert!(hosts.contains(&format!("{}\tapi.internal.two.k8s.local etcd-a1.internal.two.k8s.local\n", h1.ip)), "{hosts}");
+        assert!(hosts.contains(&format!("{}\tapi.internal.two.k8s.local etcd-a1.internal.two.k8s.local kops-controller.internal.two.k8s.local\n", h1.ip)), "{hosts}");
     });
 }
 
