@@ -743,6 +743,28 @@ impl Task for KubeconfigTask {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn certificates_are_due_in_the_last_third_of_their_life_or_when_unreadable() {
+        use base::pki::{self, CertSpec};
+        let ca = pki::create_ca("kubernetes-ca").expect("ca");
+        let spec = CertSpec::client("system:kube-scheduler", &[]);
+        let fresh = pki::issue("kubernetes-ca", &ca, &spec).expect("fresh");
+        assert_eq!(super::due("/var/lib/kube-scheduler/kubeconfig", &fresh.cert_pem), None);
+        // A certificate that has expired is due.
+        let short = pki::issue_for("kubernetes-ca", &ca, &spec, std::time::Duration::from_secs(1)).expect("short");
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        assert!(super::due("/var/lib/kube-scheduler/kubeconfig", &short.cert_pem).is_some_and(|w| w.contains("renewal due")));
+        assert!(super::due("/x", "not a certificate").is_some_and(|w| w.contains("unreadable")));
+        let kc = crate::render::kubelet::kubeconfig(
+            "https://127.0.0.1",
+            &ca.cert_pem,
+            "system:kube-scheduler",
+            crate::render::kubelet::UserEntry { client_certificate_data: Some(fresh.cert_pem.clone()), client_key_data: Some(fresh.key_pem), token: None },
+        );
+        assert_eq!(super::kubeconfig_cert(&kc).as_deref(), Some(fresh.cert_pem.as_str()));
+        assert_eq!(super::kubeconfig_cert("users: []"), None);
+    }
+
+    #[test]
     fn first_ips() {
         assert_eq!(super::first_ip("100.64.0.0/13").map(|i| i.to_string()).as_deref(), Some("100.64.0.1"));
         assert_eq!(super::first_ip("fd00::/108").map(|i| i.to_string()).as_deref(), Some("fd00::1"));

@@ -409,16 +409,6 @@ impl Task for SwapOffTask {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn finds_swap_entries() {
-        let fstab = "UUID=1 / ext4 defaults 0 1\n/swap.img none swap sw 0 0\n# /old none swap sw 0 0\n";
-        assert_eq!(swap_lines(fstab), vec![1]);
-    }
-}
 
 /// The annotation on a static pod that names the sha256 of the files it reads at start only (a
 /// kubeconfig with an embedded certificate): when one changes, the manifest changes and the
@@ -475,5 +465,49 @@ impl Task for PodManifestTask {
     }
     fn apply(&self, ctx: &Ctx, deps_changed: bool) -> Result<(), TaskError> {
         self.desired(ctx)?.apply(ctx, deps_changed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_swap_entries() {
+        let fstab = "UUID=1 / ext4 defaults 0 1\n/swap.img none swap sw 0 0\n# /old none swap sw 0 0\n";
+        assert_eq!(swap_lines(fstab), vec![1]);
+    }
+
+    #[test]
+    fn a_pod_manifest_changes_with_its_inputs_only() {
+        let root = tempfile::tempdir().expect("root");
+        let host = crate::host::Host::new(root.path());
+        let opts = crate::assets::FetchOptions {
+            connect_timeout: std::time::Duration::from_secs(1),
+            read_timeout: std::time::Duration::from_secs(1),
+            rounds: 1,
+            backoff: std::time::Duration::ZERO,
+        };
+        let assets = crate::assets::Fetcher::new(opts, root.path().join("cache")).expect("fetcher");
+        let ctx = Ctx { host: &host, assets: &assets };
+        let kubeconfig = "/var/lib/kube-proxy/kubeconfig";
+        base::fs::write_atomic(&host.path(kubeconfig), b"users: [one]", 0o600, None).expect("write");
+        let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: kube-proxy\n  namespace: kube-system\nspec:\n  hostNetwork: true\n";
+        let task = PodManifestTask { file: FileTask::new("/etc/kubernetes/manifests/kube-proxy.manifest", pod, 0o644), inputs: vec![kubeconfig.into()] };
+        assert!(!task.check(&ctx, false).expect("check").is_empty(), "not written yet");
+        task.apply(&ctx, false).expect("apply");
+        assert!(task.check(&ctx, false).expect("check").is_empty(), "converged");
+        let read = || -> serde_yaml_ng::Value {
+            serde_yaml_ng::from_str(&fs::read_to_string(host.path("/etc/kubernetes/manifests/kube-proxy.manifest")).expect("read")).expect("yaml")
+        };
+        let first = read()["metadata"]["annotations"][INPUTS_ANNOTATION].as_str().map(str::to_string).expect("stamped");
+        assert_eq!(read()["spec"]["hostNetwork"].as_bool(), Some(true), "the pod is kept");
+        // A new certificate in the kubeconfig: the manifest must change (the kubelet restarts the pod).
+        base::fs::write_atomic(&host.path(kubeconfig), b"users: [two]", 0o600, None).expect("write");
+        assert!(!task.check(&ctx, false).expect("check").is_empty(), "a changed input changes the manifest");
+        task.apply(&ctx, false).expect("apply");
+        let second = read()["metadata"]["annotations"][INPUTS_ANNOTATION].as_str().map(str::to_string).expect("stamped");
+        assert_ne!(first, second);
+        assert!(task.check(&ctx, false).expect("check").is_empty());
     }
 }
