@@ -213,10 +213,40 @@ impl CertSpec {
 /// How long the leaf certificates nodeup issues are valid (kOps' 455 days).
 pub const LEAF_VALIDITY: std::time::Duration = std::time::Duration::from_secs(455 * 86400);
 
+/// The environment variable a binary reads (at its edge, never this library) to call
+/// [`set_test_max_validity`]: test clusters only, so certificates roll over within minutes.
+pub const TEST_VALIDITY_ENV: &str = "KEELSON_TEST_CERT_VALIDITY_SECONDS";
+
+static TEST_MAX_VALIDITY: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+
+/// **Test only.** Cap the lifetime of the long-lived leaf certificates this process issues
+/// ([`issue`]'s [`LEAF_VALIDITY`] and [`sign_csr`]'s node certificates) at `max`. Certificates
+/// with a chosen short life ([`issue_for`]: the join server's own, the addon controller's, admin
+/// kubeconfigs) keep theirs: whoever chose it also renews them. Set once per process; false if it
+/// was already set.
+pub fn set_test_max_validity(max: std::time::Duration) -> bool {
+    TEST_MAX_VALIDITY.set(max).is_ok()
+}
+
+/// Parse the value of [`TEST_VALIDITY_ENV`]: whole seconds, at least 60.
+pub fn parse_test_validity(value: &str) -> Result<std::time::Duration, String> {
+    match value.trim().parse::<u64>() {
+        Ok(s) if s >= 60 => Ok(std::time::Duration::from_secs(s)),
+        _ => Err(format!("{TEST_VALIDITY_ENV}={value:?}: want whole seconds, at least 60")),
+    }
+}
+
+fn capped(valid_for: std::time::Duration) -> std::time::Duration {
+    match TEST_MAX_VALIDITY.get() {
+        Some(max) => valid_for.min(*max),
+        None => valid_for,
+    }
+}
+
 /// Issue a leaf certificate signed by the CA `ca_name` (whose subject is `CN=<ca_name>`), valid
-/// for [`LEAF_VALIDITY`].
+/// for [`LEAF_VALIDITY`] (or the test cap, [`set_test_max_validity`]).
 pub fn issue(ca_name: &str, ca: &Keypair, spec: &CertSpec) -> Result<Keypair, PkiError> {
-    issue_for(ca_name, ca, spec, LEAF_VALIDITY)
+    issue_for(ca_name, ca, spec, capped(LEAF_VALIDITY))
 }
 
 /// [`issue`] with a chosen validity (from an hour before now, against clock skew).
@@ -284,7 +314,7 @@ pub fn sign_csr(ca_name: &str, ca: &Keypair, csr_pem: &str, spec: &CertSpec, val
     let err = |source: rcgen::Error| PkiError::Issue { cn: spec.cn.clone(), source };
     let request = rcgen::CertificateSigningRequestParams::from_pem(csr_pem).map_err(err)?;
     let (issuer, ca_key) = issuer(ca_name, ca, &spec.cn)?;
-    let signed = rcgen::CertificateSigningRequestParams { params: leaf_params(spec, valid_for)?, public_key: request.public_key };
+    let signed = rcgen::CertificateSigningRequestParams { params: leaf_params(spec, capped(valid_for))?, public_key: request.public_key };
     Ok(signed.signed_by(&issuer, &ca_key).map_err(err)?.pem())
 }
 
@@ -313,9 +343,17 @@ fn leaf_params(spec: &CertSpec, valid_for: std::time::Duration) -> Result<Certif
         Usage::ClientServer => vec![ExtendedKeyUsagePurpose::ClientAuth, ExtendedKeyUsagePurpose::ServerAuth],
     };
     p.use_authority_key_identifier_extension = true;
-    p.not_before = now() - time::Duration::hours(1);
+    p.not_before = now() - backdate(valid_for);
     p.not_after = now() + time::Duration::seconds(i64::try_from(valid_for.as_secs()).unwrap_or(i64::MAX / 2));
     Ok(p)
+}
+
+/// How far before now a leaf's validity starts (against clock skew between hosts): an hour, or a
+/// tenth of a shorter life, so a short-lived certificate is not mostly spent at birth (renewal
+/// decides on the whole `notBefore..notAfter` span).
+fn backdate(valid_for: std::time::Duration) -> time::Duration {
+    let secs = (valid_for.as_secs() / 10).min(3600);
+    time::Duration::seconds(i64::try_from(secs).unwrap_or(3600))
 }
 
 /// What a certificate says of itself.
@@ -325,6 +363,8 @@ pub struct CertInfo {
     pub issuer_cn: String,
     pub not_before: std::time::SystemTime,
     pub not_after: std::time::SystemTime,
+    /// The serial number, lower-case hex.
+    pub serial: String,
 }
 
 /// Read the subject and issuer common names and the validity of a PEM certificate.
@@ -339,7 +379,43 @@ pub fn describe_cert(cert_pem: &str) -> Result<CertInfo, PkiError> {
         issuer_cn: cn(cert.issuer()),
         not_before: at(cert.validity().not_before),
         not_after: at(cert.validity().not_after),
+        serial: hex::encode(cert.raw_serial()),
     })
+}
+
+/// The [`CertSpec`] a certificate was issued for (subject CN and organisations, DNS and IP
+/// names, client/server usage): what reissuing it the same needs.
+pub fn spec_of(cert_pem: &str) -> Result<CertSpec, PkiError> {
+    use x509_parser::extensions::GeneralName;
+    let bad = |m: String| PkiError::Keyset { name: "certificate".into(), message: m };
+    let block = ::pem::parse(cert_pem).map_err(|e| bad(format!("not PEM: {e}")))?;
+    let (_, cert) = x509_parser::parse_x509_certificate(block.contents()).map_err(|e| bad(format!("not X.509: {e}")))?;
+    let text = |a: &x509_parser::x509::AttributeTypeAndValue| a.as_str().map(str::to_string).map_err(|e| bad(format!("subject: {e}")));
+    let cn = cert.subject().iter_common_name().next().map(text).transpose()?.unwrap_or_default();
+    let orgs = cert.subject().iter_organization().map(text).collect::<Result<Vec<_>, _>>()?;
+    let (mut dns, mut ips) = (Vec::new(), Vec::new());
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        for name in &san.value.general_names {
+            match name {
+                GeneralName::DNSName(d) => dns.push(d.to_string()),
+                GeneralName::IPAddress(b) => match b.len() {
+                    4 => ips.push(IpAddr::from(<[u8; 4]>::try_from(*b).map_err(|_| bad("IP SAN".into()))?)),
+                    16 => ips.push(IpAddr::from(<[u8; 16]>::try_from(*b).map_err(|_| bad("IP SAN".into()))?)),
+                    n => return Err(bad(format!("IP SAN of {n} bytes"))),
+                },
+                other => return Err(bad(format!("subject alternative name {other:?} is not one Keelson issues"))),
+            }
+        }
+    }
+    let eku = cert.extended_key_usage().map_err(|e| bad(format!("extended key usage: {e}")))?;
+    let (client, server) = eku.map(|e| (e.value.client_auth, e.value.server_auth)).unwrap_or((false, false));
+    let usage = match (client, server) {
+        (true, true) => Usage::ClientServer,
+        (true, false) => Usage::Client,
+        (false, true) => Usage::Server,
+        (false, false) => return Err(bad(format!("CN={cn}: neither client nor server usage"))),
+    };
+    Ok(CertSpec { cn, orgs, dns, ips, usage })
 }
 
 /// The public key (PEM) of a private key (PEM), e.g. the service-account verification key.
@@ -496,6 +572,31 @@ mod tests {
     }
 
     #[test]
+    fn the_spec_of_an_issued_certificate_is_what_it_was_issued_for() {
+        let ca = create_ca("etcd-peers-ca-main").expect("ca");
+        let specs = [
+            CertSpec {
+                cn: "etcd-a".into(),
+                orgs: vec![],
+                dns: vec!["etcd-a.internal.example.com".into(), "localhost".into()],
+                ips: vec!["127.0.0.1".parse().expect("ip"), "10.0.1.5".parse().expect("ip"), "fd00::5".parse().expect("ip")],
+                usage: Usage::ClientServer,
+            },
+            CertSpec::client("system:node:ip-10-0-0-1.ec2.internal", &["system:nodes"]),
+            CertSpec { cn: "kubernetes-master".into(), orgs: vec![], dns: vec!["kubernetes".into()], ips: vec![], usage: Usage::Server },
+        ];
+        for spec in specs {
+            let leaf = issue("etcd-peers-ca-main", &ca, &spec).expect("issue");
+            assert_eq!(spec_of(&leaf.cert_pem).expect("spec"), spec);
+            let again = issue("etcd-peers-ca-main", &ca, &spec_of(&leaf.cert_pem).expect("spec")).expect("reissue");
+            let (a, b) = (describe_cert(&leaf.cert_pem).expect("a"), describe_cert(&again.cert_pem).expect("b"));
+            assert_ne!(a.serial, b.serial, "a reissued certificate has a new serial");
+            assert_eq!((a.cn, a.issuer_cn), (b.cn, b.issuer_cn));
+        }
+        assert!(spec_of("not a certificate").is_err());
+    }
+
+    #[test]
     fn signs_a_csr_with_the_signers_subject_only_and_refuses_a_forged_one() {
         let ca = create_ca("kubernetes-ca").expect("ca");
         let (key_pem, csr_pem) = csr("system:node:anything-i-like").expect("csr");
@@ -508,7 +609,7 @@ mod tests {
         let info = describe_cert(&cert_pem).expect("describe");
         assert_eq!((info.cn.as_str(), info.issuer_cn.as_str()), ("system:node:ip-10-0-0-1.ec2.internal", "kubernetes-ca"));
         let life = info.not_after.duration_since(info.not_before).expect("ordered");
-        assert_eq!(life.as_secs(), 2 * 3600, "valid from an hour before now, for an hour");
+        assert_eq!(life.as_secs(), 3600 + 360, "valid from a tenth of its life before now, for an hour");
         // The certificate is for the requester's key.
         let public = KeyPair::from_pem(&key_pem).expect("key").public_key_der();
         assert_eq!(cert.public_key().raw, public.as_slice());

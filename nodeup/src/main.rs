@@ -66,6 +66,22 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // Test clusters only: short-lived certificates, renewed within minutes (and checked often
+    // enough to see it: a twentieth of the lifetime).
+    let mut renewal_interval = nodeup::run::RENEWAL_INTERVAL;
+    if let Ok(v) = std::env::var(base::pki::TEST_VALIDITY_ENV) {
+        match base::pki::parse_test_validity(&v) {
+            Ok(max) => {
+                base::pki::set_test_max_validity(max);
+                renewal_interval = renewal_interval.min(max / 20);
+                tracing::warn!(seconds = max.as_secs(), "TEST ONLY: leaf certificates issued here live at most this long");
+            }
+            Err(e) => {
+                eprintln!("nodeup: error: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    }
     let target = match cli.target {
         TargetArg::Direct => Target::Direct,
         TargetArg::Dryrun => Target::DryRun,
@@ -85,6 +101,7 @@ fn main() -> ExitCode {
         retry_rounds: cli.retry_rounds.clamp(1, 20),
         retry_backoff: Duration::from_millis(cli.retry_backoff_ms.min(60_000)),
         imds_url: cli.imds_url,
+        renewal_interval,
     };
     let outcome = match run(&opts) {
         Ok(o) => o,

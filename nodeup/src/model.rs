@@ -13,7 +13,7 @@ use crate::config::{ConfigError, StateStore};
 use crate::flag_table;
 use crate::join::{self, JoinTask};
 use crate::nodetasks::{
-    file_task_name, DirTask, DownloadTask, FileTask, InstallArchiveTask, InstallTask, ServiceOffTask, ServiceTask, SwapOffTask,
+    file_task_name, DirTask, DownloadTask, FileTask, InstallArchiveTask, InstallTask, PodManifestTask, ServiceOffTask, ServiceTask, SwapOffTask,
 };
 use crate::paths;
 use base::pki::{self, CertSpec, Keypair, PkiError, Usage};
@@ -60,6 +60,9 @@ pub struct Inputs<'a> {
     pub config: &'a NodeupConfig,
     pub facts: &'a Facts,
     pub store: &'a StateStore,
+    /// How often a worker runs nodeup again (`keelson-nodeup.timer`), which joins again for new
+    /// certificates once less than a third of their life is left.
+    pub renewal_interval: Duration,
 }
 
 /// The tasks for this host, plus warnings about things skipped.
@@ -294,8 +297,10 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         control_plane(inp, is_cp, &mut tasks, &mut warnings, &ca_dep, &manifest_dir)?;
     } else if let Some(proxy) = &cfg.kube_proxy {
         if joined {
-            // Workers' kube-proxy uses the certificate the join server issued.
-            tasks.push(Box::new(kube_proxy(inp, proxy, &manifest_dir, &format!("https://api.internal.{cluster}"), join::TASK_NAME.to_string())?));
+            // Workers' kube-proxy uses the certificate the join server issued; it reads its
+            // kubeconfig only at start, so a renewed certificate restarts the pod.
+            let file = kube_proxy(inp, proxy, &manifest_dir, &format!("https://api.internal.{cluster}"), join::TASK_NAME.to_string())?;
+            tasks.push(Box::new(PodManifestTask { file, inputs: vec![paths::KUBE_PROXY_KUBECONFIG.into()] }));
         } else {
             warnings.push("kube-proxy: not run on this worker: the static bootstrap token gives it no credentials (join by cloud identity does)".into());
         }
@@ -307,6 +312,17 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         tasks.push(Box::new(ServiceTask::daemon("protokube.service", inputs)));
     }
     tasks.push(Box::new(ServiceTask::daemon("kubelet.service", kubelet_inputs)));
+    if joined {
+        // Certificate renewal on workers: nodeup again, periodically; its join task asks for new
+        // certificates once less than a third of their life is left (the join protocol is the only
+        // way a worker gets a kube-proxy certificate). Started after the kubelet, so the first run
+        // never overlaps the boot run.
+        let (service, timer) = (unit_path("keelson-nodeup.service"), unit_path("keelson-nodeup.timer"));
+        tasks.push(Box::new(FileTask::new(&service, systemd::nodeup_again(paths::BOOT_CONFIG_COPY).render(), 0o644)));
+        tasks.push(Box::new(FileTask::new(&timer, systemd::nodeup_again_timer(inp.renewal_interval).render(), 0o644)));
+        let inputs = vec![file_task_name(&service), file_task_name(&timer), "service:kubelet.service".to_string()];
+        tasks.push(Box::new(ServiceTask::daemon("keelson-nodeup.timer", inputs)));
+    }
     Ok(Model { tasks, warnings })
 }
 
@@ -627,6 +643,10 @@ impl Task for CertTask {
         if deps_changed {
             return Ok(vec![format!("reissue certificate CN={} (CA changed)", self.spec.cn)]);
         }
+        let pem = std::fs::read_to_string(&crt).map_err(base::fs::fs_err(&crt))?;
+        if let Some(why) = due(&self.base, &pem) {
+            return Ok(vec![format!("reissue certificate CN={} ({why})", self.spec.cn)]);
+        }
         if base::fs::mode_of(&key) != Some(0o600) {
             return Ok(vec!["key mode -> 0600".into()]);
         }
@@ -640,6 +660,30 @@ impl Task for CertTask {
         base::fs::write_atomic(&ctx.host.path(format!("{}.crt", self.base)), kp.cert_pem.as_bytes(), 0o644, None)?;
         Ok(())
     }
+}
+
+/// Why a certificate must be reissued now, if it must: unreadable, or due for renewal
+/// ([`base::renewal::needs_renewal`], skewed by its path and serial — stable for this
+/// certificate, different on every host).
+fn due(path: &str, cert_pem: &str) -> Option<String> {
+    let info = match pki::describe_cert(cert_pem) {
+        Ok(i) => i,
+        Err(e) => return Some(format!("unreadable: {e}")),
+    };
+    let lifetime = info.not_after.duration_since(info.not_before).unwrap_or_default();
+    let skew = base::renewal::skew(&format!("{path}/{}", info.serial), lifetime);
+    base::renewal::needs_renewal(info.not_before, info.not_after, std::time::SystemTime::now(), skew).then(|| {
+        let left = info.not_after.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+        format!("renewal due: expires in {} s", left.as_secs())
+    })
+}
+
+/// The client certificate (PEM) embedded in a kubeconfig's first user.
+fn kubeconfig_cert(text: &str) -> Option<String> {
+    use base64::Engine as _;
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).ok()?;
+    let data = doc.get("users")?.get(0)?.get("user")?.get("client-certificate-data")?.as_str()?;
+    String::from_utf8(base64::engine::general_purpose::STANDARD.decode(data.trim()).ok()?).ok()
 }
 
 /// A kubeconfig (0400) with an embedded client certificate issued on the host.
@@ -683,6 +727,15 @@ impl Task for KubeconfigTask {
         if deps_changed {
             return Ok(vec![format!("rewrite kubeconfig for {} (CA changed)", self.spec.cn)]);
         }
+        let text = std::fs::read_to_string(&p).map_err(base::fs::fs_err(&p))?;
+        match kubeconfig_cert(&text) {
+            Some(pem) => {
+                if let Some(why) = due(&self.path, &pem) {
+                    return Ok(vec![format!("rewrite kubeconfig for {} ({why})", self.spec.cn)]);
+                }
+            }
+            None => return Ok(vec![format!("rewrite kubeconfig for {} (no readable client certificate)", self.spec.cn)]),
+        }
         if base::fs::mode_of(&p) != Some(0o400) {
             return Ok(vec!["mode -> 0400".into()]);
         }
@@ -698,6 +751,28 @@ impl Task for KubeconfigTask {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn certificates_are_due_in_the_last_third_of_their_life_or_when_unreadable() {
+        use base::pki::{self, CertSpec};
+        let ca = pki::create_ca("kubernetes-ca").expect("ca");
+        let spec = CertSpec::client("system:kube-scheduler", &[]);
+        let fresh = pki::issue("kubernetes-ca", &ca, &spec).expect("fresh");
+        assert_eq!(super::due("/var/lib/kube-scheduler/kubeconfig", &fresh.cert_pem), None);
+        // A certificate that has expired is due.
+        let short = pki::issue_for("kubernetes-ca", &ca, &spec, std::time::Duration::from_secs(1)).expect("short");
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        assert!(super::due("/var/lib/kube-scheduler/kubeconfig", &short.cert_pem).is_some_and(|w| w.contains("renewal due")));
+        assert!(super::due("/x", "not a certificate").is_some_and(|w| w.contains("unreadable")));
+        let kc = crate::render::kubelet::kubeconfig(
+            "https://127.0.0.1",
+            &ca.cert_pem,
+            "system:kube-scheduler",
+            crate::render::kubelet::UserEntry { client_certificate_data: Some(fresh.cert_pem.clone()), client_key_data: Some(fresh.key_pem), token: None },
+        );
+        assert_eq!(super::kubeconfig_cert(&kc).as_deref(), Some(fresh.cert_pem.as_str()));
+        assert_eq!(super::kubeconfig_cert("users: []"), None);
+    }
+
     #[test]
     fn first_ips() {
         assert_eq!(super::first_ip("100.64.0.0/13").map(|i| i.to_string()).as_deref(), Some("100.64.0.1"));

@@ -409,6 +409,65 @@ impl Task for SwapOffTask {
     }
 }
 
+
+/// The annotation on a static pod that names the sha256 of the files it reads at start only (a
+/// kubeconfig with an embedded certificate): when one changes, the manifest changes and the
+/// kubelet restarts the pod.
+pub const INPUTS_ANNOTATION: &str = "keelson.io/inputs-sha256";
+
+/// A static pod manifest stamped with the sha256 of `inputs` (host files read when the task runs,
+/// after its dependencies wrote them): a new certificate in a kubeconfig restarts the pod; the same
+/// files leave the manifest as it is.
+pub struct PodManifestTask {
+    pub file: FileTask,
+    /// Host paths the pod reads only at start.
+    pub inputs: Vec<String>,
+}
+
+impl PodManifestTask {
+    fn desired(&self, ctx: &Ctx) -> Result<FileTask, TaskError> {
+        use sha2::Digest as _;
+        let mut h = sha2::Sha256::new();
+        for p in &self.inputs {
+            let path = ctx.host.path(p);
+            match fs::read(&path) {
+                Ok(bytes) => h.update(sha2::Sha256::digest(&bytes)),
+                // Not written yet (a dry run before the dependency): stamped as missing.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => h.update(b"missing"),
+                Err(e) => return Err(fs_err(&path)(e).into()),
+            }
+        }
+        let stamp = hex::encode(h.finalize());
+        let bad = |e: String| base::fs::FsError { path: PathBuf::from(&self.file.path), source: std::io::Error::new(std::io::ErrorKind::InvalidData, e) };
+        let mut doc: serde_yaml_ng::Value = serde_yaml_ng::from_slice(&self.file.contents).map_err(|e| bad(e.to_string()))?;
+        let meta = doc.get_mut("metadata").and_then(|m| m.as_mapping_mut()).ok_or_else(|| bad("no metadata".into()))?;
+        let annotations = meta.entry("annotations".into()).or_insert_with(|| serde_yaml_ng::Value::Mapping(Default::default()));
+        annotations.as_mapping_mut().ok_or_else(|| bad("metadata.annotations is not a map".into()))?.insert(INPUTS_ANNOTATION.into(), stamp.into());
+        let body = serde_yaml_ng::to_string(&doc).map_err(|e| bad(e.to_string()))?;
+        let mut f = FileTask::new(&self.file.path, body, self.file.mode);
+        f.deps = self.file.deps.clone();
+        Ok(f)
+    }
+}
+
+impl Task for PodManifestTask {
+    fn name(&self) -> String {
+        self.file.name()
+    }
+    fn paths(&self) -> Vec<String> {
+        self.file.paths()
+    }
+    fn deps(&self) -> Vec<String> {
+        self.file.deps.clone()
+    }
+    fn check(&self, ctx: &Ctx, deps_changed: bool) -> Result<Vec<String>, TaskError> {
+        self.desired(ctx)?.check(ctx, deps_changed)
+    }
+    fn apply(&self, ctx: &Ctx, deps_changed: bool) -> Result<(), TaskError> {
+        self.desired(ctx)?.apply(ctx, deps_changed)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -417,5 +476,38 @@ mod tests {
     fn finds_swap_entries() {
         let fstab = "UUID=1 / ext4 defaults 0 1\n/swap.img none swap sw 0 0\n# /old none swap sw 0 0\n";
         assert_eq!(swap_lines(fstab), vec![1]);
+    }
+
+    #[test]
+    fn a_pod_manifest_changes_with_its_inputs_only() {
+        let root = tempfile::tempdir().expect("root");
+        let host = crate::host::Host::new(root.path());
+        let opts = crate::assets::FetchOptions {
+            connect_timeout: std::time::Duration::from_secs(1),
+            read_timeout: std::time::Duration::from_secs(1),
+            rounds: 1,
+            backoff: std::time::Duration::ZERO,
+        };
+        let assets = crate::assets::Fetcher::new(opts, root.path().join("cache")).expect("fetcher");
+        let ctx = Ctx { host: &host, assets: &assets };
+        let kubeconfig = "/var/lib/kube-proxy/kubeconfig";
+        base::fs::write_atomic(&host.path(kubeconfig), b"users: [one]", 0o600, None).expect("write");
+        let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: kube-proxy\n  namespace: kube-system\nspec:\n  hostNetwork: true\n";
+        let task = PodManifestTask { file: FileTask::new("/etc/kubernetes/manifests/kube-proxy.manifest", pod, 0o644), inputs: vec![kubeconfig.into()] };
+        assert!(!task.check(&ctx, false).expect("check").is_empty(), "not written yet");
+        task.apply(&ctx, false).expect("apply");
+        assert!(task.check(&ctx, false).expect("check").is_empty(), "converged");
+        let read = || -> serde_yaml_ng::Value {
+            serde_yaml_ng::from_str(&fs::read_to_string(host.path("/etc/kubernetes/manifests/kube-proxy.manifest")).expect("read")).expect("yaml")
+        };
+        let first = read()["metadata"]["annotations"][INPUTS_ANNOTATION].as_str().map(str::to_string).expect("stamped");
+        assert_eq!(read()["spec"]["hostNetwork"].as_bool(), Some(true), "the pod is kept");
+        // A new certificate in the kubeconfig: the manifest must change (the kubelet restarts the pod).
+        base::fs::write_atomic(&host.path(kubeconfig), b"users: [two]", 0o600, None).expect("write");
+        assert!(!task.check(&ctx, false).expect("check").is_empty(), "a changed input changes the manifest");
+        task.apply(&ctx, false).expect("apply");
+        let second = read()["metadata"]["annotations"][INPUTS_ANNOTATION].as_str().map(str::to_string).expect("stamped");
+        assert_ne!(first, second);
+        assert!(task.check(&ctx, false).expect("check").is_empty());
     }
 }

@@ -7,6 +7,8 @@ pub const KUBELET_BIN: &str = "/usr/local/bin/kubelet";
 pub const KUBECTL_BIN: &str = "/usr/local/bin/kubectl";
 pub const CONTAINERD_BIN: &str = "/usr/local/bin/containerd";
 pub const PROTOKUBE_BIN: &str = "/usr/local/bin/protokube";
+/// Where user-data installs the verified nodeup binary (`keelson compile`'s `INSTALL_DIR`).
+pub const NODEUP_BIN: &str = "/opt/keelson/bin/nodeup";
 pub const ECR_CREDENTIAL_PROVIDER_BIN: &str = "/usr/local/bin/ecr-credential-provider";
 pub const RUNC_BIN: &str = "/usr/local/sbin/runc";
 pub const CNI_BIN_DIR: &str = "/opt/cni/bin";

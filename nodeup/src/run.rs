@@ -29,7 +29,13 @@ pub struct Options {
     pub retry_backoff: Duration,
     /// IMDS base URL; by default IMDS is asked only on a live AWS host (root `/`).
     pub imds_url: Option<String>,
+    /// How often a worker runs nodeup again to renew its certificates ([`RENEWAL_INTERVAL`]).
+    pub renewal_interval: Duration,
 }
+
+/// How often workers run nodeup again (certificate renewal): hourly; a year-long certificate is
+/// renewed with four months to spare, so an hour's delay (or a day of failed runs) is nothing.
+pub const RENEWAL_INTERVAL: Duration = Duration::from_secs(3600);
 
 /// What happened.
 pub struct Outcome {
@@ -104,7 +110,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Outcome> {
     if facts.hostname.is_empty() {
         facts.hostname = hostname(&opts.root);
     }
-    let model = model::build(&Inputs { boot: &boot, boot_bytes: &boot_bytes, role, config: &cfg, facts: &facts, store: &store })?;
+    let model = model::build(&Inputs { boot: &boot, boot_bytes: &boot_bytes, role, config: &cfg, facts: &facts, store: &store, renewal_interval: opts.renewal_interval })?;
     if opts.target == Target::Direct {
         // A killed earlier run may have left temp files next to its targets.
         let mut dirs = BTreeSet::new();

@@ -11,6 +11,7 @@
 
 pub mod addons;
 pub mod backup;
+pub mod certs;
 pub mod config;
 pub mod disk;
 pub mod etcd;

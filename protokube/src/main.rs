@@ -95,6 +95,10 @@ struct Args {
     /// points at `keelson etcd backup restore`).
     #[arg(long, default_value_t = 300.0)]
     quorum_loss_wait: f64,
+    /// Longest wait, in seconds, between checks of this host's certificates (loop mode); the next
+    /// check comes sooner when a renewal falls due sooner.
+    #[arg(long, default_value_t = 300.0)]
+    cert_check_interval: f64,
 }
 
 fn secs(s: f64) -> Duration {
@@ -107,6 +111,12 @@ fn summary(r: &Report) -> String {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
+    // Test clusters only: short-lived certificates, so renewal is seen within minutes.
+    if let Ok(v) = std::env::var(base::pki::TEST_VALIDITY_ENV) {
+        let max = base::pki::parse_test_validity(&v).map_err(anyhow::Error::msg)?;
+        base::pki::set_test_max_validity(max);
+        tracing::warn!(seconds = max.as_secs(), "TEST ONLY: leaf certificates issued here live at most this long");
+    }
     let boot = config::read_boot_config(&args.conf)?;
     let imds = Imds::new(args.imds_url.as_deref())?;
     let me = Identity::resolve(&imds, args.instance_id, args.zone, args.region, args.internal_ip)
@@ -189,6 +199,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 tokio::time::sleep(poll).await;
             }
         });
+    }
+    if !args.once {
+        let renewer = protokube::certs::Renewer {
+            root: args.root.clone(),
+            store: spec_store.clone(),
+            host: me.instance_id.clone(),
+            bundles: protokube::certs::control_plane_bundles(&plan.etcd_clusters.iter().map(|c| c.name.clone()).collect::<Vec<_>>()),
+            manifests_dir: format!("/{}", paths::MANIFESTS_DIR),
+        };
+        tokio::spawn(certificate_loop(renewer, metrics.clone(), secs(args.cert_check_interval)));
     }
     let mut agent = Agent::new(plan, me, opts, Ec2::new(ec2), dns);
     let mut spec_read_at = Instant::now();
@@ -325,6 +345,26 @@ async fn run(args: Args) -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => { tracing::info!("interrupted"); return Ok(()); }
             _ = terminate.recv() => { tracing::info!("terminated"); return Ok(()); }
         }
+    }
+}
+
+/// The certificate renewal pass, at start and then whenever a renewal falls due (at most `max_wait`
+/// apart; a minute after a failure).
+async fn certificate_loop(renewer: protokube::certs::Renewer, metrics: Metrics, max_wait: Duration) {
+    loop {
+        let report = renewer.pass(std::time::SystemTime::now()).await;
+        for r in &report.recorded {
+            tracing::info!(command = %r, "not run (not a live root)");
+        }
+        let failed = report.failed.len() as u64;
+        metrics.update(|s| {
+            s.certificates = report.certs.iter().map(|(k, c)| (k.clone(), c.not_after)).collect();
+            s.certificate_renewals += report.renewed.len() as u64;
+            s.certificate_renewal_failures += failed;
+        });
+        let until_due = report.next_due().and_then(|t| t.duration_since(std::time::SystemTime::now()).ok()).unwrap_or_default();
+        let wait = if failed > 0 { max_wait.min(Duration::from_secs(60)) } else { until_due.clamp(Duration::from_secs(5), max_wait.max(Duration::from_secs(5))) };
+        tokio::time::sleep(wait).await;
     }
 }
 

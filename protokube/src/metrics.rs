@@ -37,6 +37,12 @@ pub struct State {
     pub cloud_calls: Vec<(String, u64, u64)>,
     /// etcd backups written by this instance, per etcd cluster.
     pub backups: std::collections::BTreeMap<String, BackupStats>,
+    /// The certificates on this host (`<bundle>/<cert>`) → their `notAfter`, as the last renewal
+    /// pass left them.
+    pub certificates: std::collections::BTreeMap<String, SystemTime>,
+    /// Certificate bundles renewed, and renewal attempts that failed.
+    pub certificate_renewals: u64,
+    pub certificate_renewal_failures: u64,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -121,6 +127,29 @@ impl Metrics {
             "How long the last backup took (snapshot, upload, read-back check).",
             per_cluster(&|b| format!("{:.3}", b.last_duration.as_secs_f64())),
         );
+        let now = SystemTime::now();
+        metric(
+            "keelson_certificate_expiry_seconds",
+            "gauge",
+            "Seconds until the certificate expires (negative once expired), per certificate on this host.",
+            s.certificates
+                .iter()
+                .map(|(c, not_after)| {
+                    let left = match not_after.duration_since(now) {
+                        Ok(d) => d.as_secs_f64(),
+                        Err(e) => -e.duration().as_secs_f64(),
+                    };
+                    (format!("{{cert=\"{c}\"}}"), format!("{left:.0}"))
+                })
+                .collect(),
+        );
+        metric("protokube_certificate_renewals_total", "counter", "Certificate bundles reissued by the renewal pass.", vec![(String::new(), s.certificate_renewals.to_string())]);
+        metric(
+            "protokube_certificate_renewal_failures_total",
+            "counter",
+            "Certificate bundles the renewal pass failed to reissue.",
+            vec![(String::new(), s.certificate_renewal_failures.to_string())],
+        );
         metric(
             "protokube_cloud_api_calls_total",
             "counter",
@@ -178,6 +207,26 @@ pub async fn serve(listener: TcpListener, metrics: Metrics, max_age: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn certificate_expiry_per_certificate() {
+        let m = Metrics::default();
+        m.update(|s| {
+            s.certificates.insert("etcd-main/peer".into(), SystemTime::now() + Duration::from_secs(86400));
+            s.certificates.insert("kubelet/kubeconfig".into(), SystemTime::now() - Duration::from_secs(100));
+            s.certificate_renewals = 2;
+        });
+        let text = m.render();
+        let value = |cert: &str| -> f64 {
+            let prefix = format!("keelson_certificate_expiry_seconds{{cert=\"{cert}\"}} ");
+            let line = text.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("no {prefix}:\n{text}"));
+            line[prefix.len()..].parse().expect("number")
+        };
+        assert!((86390.0..=86400.0).contains(&value("etcd-main/peer")));
+        assert!((-110.0..=-100.0).contains(&value("kubelet/kubeconfig")), "expired: negative");
+        assert!(text.contains("# TYPE keelson_certificate_expiry_seconds gauge"));
+        assert!(text.contains("protokube_certificate_renewals_total 2"));
+    }
 
     #[test]
     fn backup_metrics_per_etcd_cluster() {

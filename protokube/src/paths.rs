@@ -23,6 +23,16 @@ pub const CONTAINERD_HOSTS_DIR: &str = "/etc/containerd/certs.d";
 /// `ca.crt` (etcd-clients-ca), `peer-ca.crt` (etcd-peers-ca-<name>), `server.crt|key` (client port),
 /// `peer.crt|key`, `client.crt|key` (protokube's own client for the members API).
 pub const ETCD_PKI_DIR: &str = "etc/kubernetes/pki/etcd";
+/// What nodeup writes on a control plane (nodeup/src/paths.rs) and the certificate renewal pass
+/// ([`crate::certs`]) reissues: the API server's certificates (`<name>.crt|key`), the
+/// kubeconfigs with embedded client certificates, the kubelet's serving certificate.
+pub const KUBE_APISERVER_PKI_DIR: &str = "/srv/kubernetes/kube-apiserver";
+pub const KCM_KUBECONFIG: &str = "/var/lib/kube-controller-manager/kubeconfig";
+pub const SCHEDULER_KUBECONFIG: &str = "/var/lib/kube-scheduler/kubeconfig";
+pub const KUBE_PROXY_KUBECONFIG: &str = "/var/lib/kube-proxy/kubeconfig";
+pub const KUBELET_KUBECONFIG: &str = "/var/lib/kubelet/kubeconfig";
+/// Without the extension: `kubelet-server.crt` and `.key`.
+pub const KUBELET_SERVER_CERT: &str = "/srv/kubernetes/kubelet-server";
 
 /// Host path (as seen by pods, i.e. without `--root`) of a volume's mount point.
 pub fn mount_point(volume_id: &str) -> String {

@@ -438,6 +438,7 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
         aws_endpoint: format!("http://{gw}:{}", cs.relay_port),
         region: spec.region.clone(),
         hosts: vec![],
+        test_cert_validity_seconds: std::env::var(base::pki::TEST_VALIDITY_ENV).ok().and_then(|v| base::pki::parse_test_validity(&v).ok()).map(|d| d.as_secs()),
     };
     let mut d = Daemon {
         state: state.clone(),

@@ -63,6 +63,10 @@ pub struct Environment {
     /// Extra `/etc/hosts` lines for every machine.
     #[serde(default)]
     pub hosts: Vec<String>,
+    /// Test only: every service on the machines gets `KEELSON_TEST_CERT_VALIDITY_SECONDS` (nodeup
+    /// and protokube then issue certificates this short, and renew them on the running cluster).
+    #[serde(default)]
+    pub test_cert_validity_seconds: Option<u64>,
 }
 
 /// What is persisted about a running machine (`machine.json`), enough for `ps` and `down`.
@@ -347,8 +351,11 @@ impl Machine {
         write_file(id, &root.join("etc/resolv.conf"), "# keelson-local: no DNS resolver; names come from /etc/hosts\noptions timeout:1 attempts:1\n")?;
         // Every service sees the local cloud's AWS endpoint and (fake) credentials.
         let conf = format!(
-            "[Manager]\nDefaultEnvironment=\"AWS_ENDPOINT_URL={}\" \"AWS_REGION={}\" \"AWS_DEFAULT_REGION={}\" \"AWS_ACCESS_KEY_ID=keelson-local\" \"AWS_SECRET_ACCESS_KEY=keelson-local\"\n",
-            env.aws_endpoint, env.region, env.region
+            "[Manager]\nDefaultEnvironment=\"AWS_ENDPOINT_URL={}\" \"AWS_REGION={}\" \"AWS_DEFAULT_REGION={}\" \"AWS_ACCESS_KEY_ID=keelson-local\" \"AWS_SECRET_ACCESS_KEY=keelson-local\"{}\n",
+            env.aws_endpoint,
+            env.region,
+            env.region,
+            env.test_cert_validity_seconds.map(|s| format!(" \"{}={s}\"", base::pki::TEST_VALIDITY_ENV)).unwrap_or_default()
         );
         write_file(id, &root.join("etc/systemd/system.conf.d/keelson-local.conf"), &conf)?;
         let profile = format!(

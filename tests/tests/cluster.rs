@@ -9,6 +9,10 @@
 //! every control-plane static pod runs; `keelson-local kubectl` and `env` work, and with that
 //! environment `keelson validate cluster --wait` reports the cluster ready.
 //! `kill` of a node gets it replaced and Ready again; `down` then leaves nothing behind.
+//! Certificates live 10 minutes here (test-only `KEELSON_TEST_CERT_VALIDITY_SECONDS`): they roll
+//! over on the running cluster — etcd's and the API server's on every control plane (protokube),
+//! the kubelet's and kube-proxy's on every worker (nodeup's timer, joining again) — while the API
+//! answers through the load balancer and no Node goes NotReady.
 
 mod support;
 
@@ -27,7 +31,7 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     support::require_root();
     let down = support::Down;
     let spec_path = support::repo().join("examples/ha.yaml");
-    let out = support::run(&["up", "-f", &spec_path.to_string_lossy(), "--timeout", "600"]);
+    let out = support::run_with_env(&[(base::pki::TEST_VALIDITY_ENV, &CERT_LIFETIME.as_secs().to_string())], &["up", "-f", &spec_path.to_string_lossy(), "--timeout", "600"]);
     assert!(out.status.success(), "keelson-local up failed (output above)");
 
     let spec = Spec::load(&spec_path).unwrap();
@@ -37,6 +41,11 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     let nodes: Vec<_> = cs.machines.iter().filter(|m| m.role == "node").collect();
     assert_eq!(cps.len(), 3, "control planes: {:?}", cs.machines);
     assert_eq!(nodes.len(), 3, "nodes: {:?}", cs.machines);
+
+    // The certificates as the cluster came up; from now until the restore (step 8) the API must
+    // answer and every Node stay Ready while they roll over (checked in step 7d).
+    let certs_at_start: BTreeMap<(String, &str), String> = watched_certs(&cs.machines);
+    let watch = Watch::start(std::path::PathBuf::from(&cs.kubeconfig));
 
     // Member → instance group, from the spec.
     let cluster_doc = spec.docs.iter().find(|d| d.get("kind").and_then(|k| k.as_str()) == Some("Cluster")).unwrap();
@@ -398,6 +407,43 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         let _ = support::run(&a);
     }
 
+    // 7d. Certificates roll over on the running cluster: on every control plane etcd's peer and
+    //     serving certificates and the API server's (protokube's renewal pass), on every worker the
+    //     kubelet's and kube-proxy's (nodeup's timer joins again), each with a new serial and a
+    //     later notAfter; protokube's expiry gauges show them fresh. All the while (since `up`) the
+    //     API answered through the load balancer and no Node was NotReady.
+    let deadline = std::time::Instant::now() + CERT_LIFETIME + Duration::from_secs(180);
+    loop {
+        let now = watched_certs(&cs.machines);
+        let stale: Vec<String> = certs_at_start
+            .iter()
+            .filter(|(k, serial)| now.get(*k).is_none_or(|s| s == *serial))
+            .map(|((id, file), _)| format!("{id}:/{file}"))
+            .collect();
+        if stale.is_empty() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "certificates with a lifetime of {CERT_LIFETIME:?} not renewed: {stale:?}");
+        std::thread::sleep(Duration::from_secs(5));
+    }
+    for m in &cps {
+        let metrics = machine::exec_in(m.init_pid.unwrap(), &["curl", "-fsS", "http://127.0.0.1:3998/metrics"]).unwrap_or_default();
+        let gauge = |cert: &str| -> Option<f64> {
+            let prefix = format!("keelson_certificate_expiry_seconds{{cert=\"{cert}\"}} ");
+            metrics.lines().find_map(|l| l.strip_prefix(&prefix)?.trim().parse().ok())
+        };
+        for cert in ["etcd-main/peer", "etcd-main/server", "kube-apiserver/server", "kube-controller-manager/kubeconfig", "kubelet/kubeconfig"] {
+            let left = gauge(cert).unwrap_or_else(|| panic!("{}: no expiry gauge for {cert}:\n{metrics}", m.instance_id));
+            assert!(left > 0.0 && left <= CERT_LIFETIME.as_secs_f64(), "{}: {cert} expires in {left} s", m.instance_id);
+        }
+        let renewals = metrics.lines().find_map(|l| l.strip_prefix("protokube_certificate_renewals_total ")?.trim().parse::<u64>().ok()).unwrap_or(0);
+        assert!(renewals >= 1, "{}: protokube renewed nothing", m.instance_id);
+    }
+    let seen = watch.stop();
+    eprintln!("CERTIFICATES: rolled over; {} API probes, longest gap between answers {:.1}s, NotReady seen: {:?}", seen.probes, seen.longest_gap.as_secs_f64(), seen.not_ready);
+    assert!(seen.not_ready.is_empty(), "Nodes went NotReady while certificates rolled over: {:?}", seen.not_ready);
+    assert!(seen.longest_gap <= Duration::from_secs(5), "the API did not answer for {:?} while certificates rolled over (failures: {:?})", seen.longest_gap, seen.failures);
+
     // 8. etcd backup and restore, one command: a namespace full of objects and 10k more keys, a
     //    backup asked for with `keelson etcd backup create`, the namespace deleted and the keys
     //    gone, then `keelson etcd backup restore --latest --yes`: everything is back (the API
@@ -529,4 +575,87 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
 
     drop(down);
     support::assert_nothing_left();
+}
+
+/// What the certificates are short-lived to (test only): long enough for the cluster to come up,
+/// short enough that every one of them is renewed during the test.
+const CERT_LIFETIME: Duration = Duration::from_secs(600);
+
+/// `(instance, file)` → serial of the certificates the test watches roll over.
+fn watched_certs(machines: &[machine::MachineInfo]) -> BTreeMap<(String, &'static str), String> {
+    let mut out = BTreeMap::new();
+    for m in machines {
+        let files: &[&'static str] = match m.role.as_str() {
+            "control-plane" => &["etc/kubernetes/pki/etcd/main/peer.crt", "etc/kubernetes/pki/etcd/main/server.crt", "srv/kubernetes/kube-apiserver/server.crt", "var/lib/kube-controller-manager/kubeconfig"],
+            _ => &["var/lib/kubelet/kubeconfig", "var/lib/kube-proxy/kubeconfig"],
+        };
+        for f in files {
+            let Ok(text) = std::fs::read_to_string(m.root.join(f)) else { continue };
+            let pem = if f.ends_with("kubeconfig") {
+                use base64::Engine as _;
+                let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap_or_default();
+                let data = doc["users"][0]["user"]["client-certificate-data"].as_str().unwrap_or_default().to_string();
+                String::from_utf8(base64::engine::general_purpose::STANDARD.decode(data).unwrap_or_default()).unwrap_or_default()
+            } else {
+                text
+            };
+            if let Ok(info) = base::pki::describe_cert(&pem) {
+                out.insert((m.instance_id.clone(), *f), info.serial);
+            }
+        }
+    }
+    out
+}
+
+/// A bounded watch on the running cluster: `/readyz` through the local load balancer every
+/// half second, the Nodes every 3 s.
+struct Watch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: std::thread::JoinHandle<Seen>,
+}
+
+#[derive(Debug, Default)]
+struct Seen {
+    probes: u64,
+    longest_gap: Duration,
+    failures: Vec<String>,
+    not_ready: std::collections::BTreeSet<String>,
+}
+
+impl Watch {
+    fn start(kubeconfig: std::path::PathBuf) -> Watch {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let mut seen = Seen::default();
+            let mut last_ok = std::time::Instant::now();
+            let mut nodes_at = std::time::Instant::now();
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                seen.probes += 1;
+                match kubeapi::readyz(&kubeconfig, &Target::default()) {
+                    Ok(t) if t.trim() == "ok" => last_ok = std::time::Instant::now(),
+                    r => {
+                        if seen.failures.len() < 20 {
+                            seen.failures.push(format!("{r:?}"));
+                        }
+                    }
+                }
+                seen.longest_gap = seen.longest_gap.max(last_ok.elapsed());
+                if nodes_at.elapsed() >= Duration::from_secs(3) {
+                    nodes_at = std::time::Instant::now();
+                    if let Ok(nodes) = kubeapi::nodes(&kubeconfig) {
+                        seen.not_ready.extend(nodes.iter().filter(|(_, n)| !n.ready).map(|(k, _)| k.clone()));
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            seen
+        });
+        Watch { stop, handle }
+    }
+
+    fn stop(self) -> Seen {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.handle.join().expect("watch thread")
+    }
 }

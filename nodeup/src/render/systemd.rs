@@ -106,6 +106,64 @@ impl Unit {
     }
 }
 
+/// A `.timer` unit: starts the service of the same name `every` apart (first `every` after the
+/// timer starts), each time up to `jitter` later, so a fleet's runs are spread.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Timer {
+    pub unit: UnitSection,
+    pub every: std::time::Duration,
+    pub jitter: std::time::Duration,
+    pub install: InstallSection,
+}
+
+impl Timer {
+    pub fn render(&self) -> String {
+        let mut o = Ini(String::new());
+        o.section("Unit");
+        o.kv("Description", &self.unit.description);
+        o.opt("Documentation", &self.unit.documentation);
+        o.list("After", &self.unit.after);
+        o.list("Wants", &self.unit.wants);
+        o.section("Timer");
+        o.kv("OnActiveSec", format!("{}s", self.every.as_secs()));
+        o.kv("OnUnitActiveSec", format!("{}s", self.every.as_secs()));
+        o.kv("RandomizedDelaySec", format!("{}s", self.jitter.as_secs()));
+        o.section("Install");
+        o.list("WantedBy", &self.install.wanted_by);
+        o.0
+    }
+}
+
+/// `keelson-nodeup.service` (workers): nodeup run again, as at boot, from the BootConfig copy: a
+/// rerun changes nothing but what drifted — in particular it joins again for new kubelet and
+/// kube-proxy certificates once less than a third of their life is left.
+pub fn nodeup_again(boot_config_path: &str) -> Unit {
+    Unit {
+        unit: UnitSection {
+            description: "Keelson nodeup, run again: renews this node's certificates (join) and repairs drift".into(),
+            documentation: None,
+            after: vec!["network-online.target".into(), "kubelet.service".into()],
+            wants: vec!["network-online.target".into()],
+        },
+        service: ServiceSection {
+            type_: Some("oneshot".into()),
+            exec_start: format!("{} --conf {boot_config_path}", crate::paths::NODEUP_BIN),
+            ..Default::default()
+        },
+        install: InstallSection::default(),
+    }
+}
+
+/// `keelson-nodeup.timer`: runs [`nodeup_again`] every `every` (with up to a quarter of it as jitter).
+pub fn nodeup_again_timer(every: std::time::Duration) -> Timer {
+    Timer {
+        unit: UnitSection { description: "Run keelson-nodeup.service periodically (certificate renewal)".into(), ..Default::default() },
+        every,
+        jitter: every / 4,
+        install: multi_user(),
+    }
+}
+
 fn multi_user() -> InstallSection {
     InstallSection { wanted_by: vec!["multi-user.target".into()] }
 }
@@ -203,5 +261,14 @@ mod tests {
     fn protokube_may_hold_many_connections() {
         let s = super::protokube("/etc/keelson/bootconfig.yaml").render();
         assert!(s.contains("\nLimitNOFILE=65536\n"), "{s}");
+    }
+
+    #[test]
+    fn renders_the_renewal_timer() {
+        let t = super::nodeup_again_timer(std::time::Duration::from_secs(3600)).render();
+        assert!(t.contains("\n[Timer]\nOnActiveSec=3600s\nOnUnitActiveSec=3600s\nRandomizedDelaySec=900s\n"), "{t}");
+        assert!(t.ends_with("[Install]\nWantedBy=multi-user.target\n"), "{t}");
+        let s = super::nodeup_again("/etc/keelson/bootconfig.yaml").render();
+        assert!(s.contains("Type=oneshot\nExecStart=/opt/keelson/bin/nodeup --conf /etc/keelson/bootconfig.yaml\n"), "{s}");
     }
 }
