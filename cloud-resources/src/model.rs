@@ -693,7 +693,7 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
             message: format!("{v:?}: expected \"token\" or \"cloud-identity\""),
         })?
         == keelson_api::nodeup::NodeBootstrapMethod::Token;
-    let policy_inputs = super::iam_policy::PolicyInputs::new(&cluster, &region, &config_base, spec, bootstrap_token);
+    let policy_inputs = super::iam_policy::PolicyInputs::new(&cluster, &region, &config_base, spec, &docs.instance_groups, bootstrap_token);
 
     let dns_type = spec.topology.as_ref().and_then(|t| t.dns.as_ref()).and_then(|d| d.type_.clone());
     let dns = if dns_type.as_deref() == Some("None") || cluster.ends_with(".k8s.local") {
