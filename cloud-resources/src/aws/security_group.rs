@@ -47,6 +47,10 @@ impl SecurityGroupRule {
         let mut p = ec2_t::IpPermission::builder().ip_protocol(if all { "-1" } else { r.protocol.as_str() });
         if r.has_ports() {
             p = p.from_port(r.from_port).to_port(r.to_port);
+        } else if !all {
+            // A protocol without ports (IP-in-IP): AWS ignores the range, -1 says "every port"
+            // (and moto needs one).
+            p = p.from_port(-1).to_port(-1);
         }
         match &r.source {
             RuleSource::Cidr(c) => p = p.ip_ranges(ec2_t::IpRange::builder().cidr_ip(c).build()),
