@@ -10,6 +10,7 @@ pub mod generated;
 pub mod merge;
 pub mod names;
 pub mod nodeup;
+pub mod ports;
 pub mod types;
 pub mod validate;
 pub use validate::{aws_region_of_zone, validate, ValidationError};

@@ -214,6 +214,19 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
         } else if !etcd_names.insert(ename.clone()) {
             r.add(&cdoc, format!("{path}.name"), format!("duplicate etcd cluster name {ename:?}"));
         }
+        // kOps' Legacy provider runs etcd over plain HTTP (TLS only with enableEtcdTLS): anyone on
+        // the network could read or write the cluster's state. Only the Manager provider (TLS with
+        // client-certificate auth) is accepted.
+        match etcd.provider.as_deref() {
+            None => {}
+            Some(p) if p.eq_ignore_ascii_case("Manager") => {}
+            Some(p) if p.eq_ignore_ascii_case("Legacy") => r.add(
+                &cdoc,
+                format!("{path}.provider"),
+                format!("{p} (plain-HTTP) etcd is not supported; remove the field or set Manager (etcd with TLS and client-certificate auth)"),
+            ),
+            Some(p) => r.add(&cdoc, format!("{path}.provider"), format!("unknown etcd provider {p:?}: expected Manager")),
+        }
         let members = etcd.etcd_members.as_deref().unwrap_or_default();
         if members.is_empty() {
             r.add(&cdoc, format!("{path}.etcdMembers"), "at least one member is required");
@@ -315,6 +328,30 @@ mod tests {
         }
         let even = spec("    - name: b\n      instanceGroup: cp\n", "");
         assert!(errors(&even).iter().any(|e| e.contains("odd number")));
+    }
+
+    #[test]
+    fn etcd_provider_must_be_manager() {
+        let with = |provider: &str| spec("", "").replace("  - name: main\n", &format!("  - name: main\n    provider: {provider}\n"));
+        for (provider, want) in [
+            ("Manager", None),
+            ("manager", None),
+            ("Legacy", Some("Cluster/t.example.com: spec.etcdClusters[main].provider: Legacy (plain-HTTP) etcd is not supported; ")),
+            ("legacy", Some("Cluster/t.example.com: spec.etcdClusters[main].provider: legacy (plain-HTTP) etcd is not supported; ")),
+            ("Etcd", Some("Cluster/t.example.com: spec.etcdClusters[main].provider: unknown etcd provider \"Etcd\"")),
+        ] {
+            let errs = errors(&with(provider));
+            match want {
+                None => assert_eq!(errs, Vec::<String>::new(), "{provider}"),
+                Some(w) => {
+                    assert_eq!(errs.len(), 1, "{provider}: {errs:#?}");
+                    assert!(errs[0].starts_with(w), "{provider}: {errs:#?}");
+                }
+            }
+        }
+        // Asking for TLS does not rescue Legacy: the provider itself is refused.
+        let tls = with("Legacy").replace("    provider: Legacy\n", "    provider: Legacy\n    enableEtcdTLS: true\n    enableTLSAuth: true\n");
+        assert!(errors(&tls).iter().any(|e| e.contains("spec.etcdClusters[main].provider: Legacy (plain-HTTP)")), "{:?}", errors(&tls));
     }
 
     #[test]

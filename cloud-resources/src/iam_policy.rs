@@ -4,6 +4,11 @@
 //! * Control plane: etcd volume attach/tag (protokube), the state store (nodeup, protokube),
 //!   Route53 on the cluster's zone (protokube), and what the AWS cloud-controller-manager and the
 //!   EBS CSI driver need — kOps' statement list, tag-conditioned the same way.
+//!   `iam:CreateServiceLinkedRole` only for Elastic Load Balancing (the one service-linked role the
+//!   cloud-controller-manager can cause to be created); `iam:GetInstanceProfile` only on the Node
+//!   groups' instance profiles (the join server learns a custom profile's role from it).
+//! * API servers (role APIServer): kOps' NodeRoleAPIServer — read the state store, KMS through
+//!   EC2 and S3, ECR pulls when allowed; none of the control plane's etcd, DNS or cloud powers.
 //! * Nodes: read their own instance-group config, the cluster CA and the bootstrap token from the
 //!   state store (Keelson nodes boot from it; kOps nodes ask kops-controller instead), plus ECR
 //!   pulls when `spec.iam.allowContainerRegistry` is set.
@@ -31,13 +36,25 @@ pub struct PolicyInputs {
     /// `(bucket, key prefix)` of every etcd backup store on S3 (`etcdClusters[].backups.backupStore`),
     /// once each: control planes write backups there.
     pub backup_stores: Vec<(String, String)>,
+    /// ARNs of the instance profiles of the Node instance groups (the default
+    /// `…:instance-profile/nodes.<cluster>` and every custom `spec.iam.profile`), sorted, once each.
+    pub node_instance_profiles: Vec<String>,
 }
 
 impl PolicyInputs {
-    pub fn new(cluster: &str, region: &str, config_base: &str, spec: &keelson_api::ClusterSpec, bootstrap_token: bool) -> PolicyInputs {
+    pub fn new(
+        cluster: &str,
+        region: &str,
+        config_base: &str,
+        spec: &keelson_api::ClusterSpec,
+        groups: &[keelson_api::InstanceGroup],
+        bootstrap_token: bool,
+    ) -> PolicyInputs {
+        let partition = partition_of(region);
         PolicyInputs {
+            node_instance_profiles: node_instance_profiles(cluster, partition, groups),
             cluster: cluster.to_string(),
-            partition: partition_of(region).to_string(),
+            partition: partition.to_string(),
             region: region.to_string(),
             state_store: match config_base.parse::<base::ConfigBase>() {
                 Ok(base::ConfigBase::S3 { bucket, prefix }) => Some((bucket, prefix)),
@@ -59,6 +76,23 @@ impl PolicyInputs {
             },
         }
     }
+}
+
+/// The instance-profile ARNs of the Node groups: a custom `spec.iam.profile` as given, else the
+/// profile apply creates (named like the role, [`keelson_api::names::iam_role_name`]; any account,
+/// since the account id is not known here).
+pub fn node_instance_profiles(cluster: &str, partition: &str, groups: &[keelson_api::InstanceGroup]) -> Vec<String> {
+    let mut out: Vec<String> = groups
+        .iter()
+        .filter(|g| g.role() == Some(Role::Node))
+        .map(|g| match g.spec.iam.as_ref().and_then(|i| i.profile.clone()) {
+            Some(custom) => custom,
+            None => format!("arn:{partition}:iam::*:instance-profile/{}", keelson_api::names::iam_role_name(Role::Node, cluster)),
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// The AWS partition of a region.
@@ -95,7 +129,8 @@ fn statement(actions: &[&str], resources: Value, condition: Option<Value>) -> Va
 /// `zone_id` is the hosted zone protokube writes to (control plane only).
 pub fn policy(role: &IamRole, p: &PolicyInputs, zone_id: Option<&str>) -> Option<Value> {
     let mut statements = match role.role {
-        Role::ControlPlane | Role::ApiServer => control_plane(p, zone_id, role.role == Role::ControlPlane),
+        Role::ControlPlane => control_plane(p, zone_id),
+        Role::ApiServer => api_server(p),
         Role::Node => node(p),
         Role::Bastion => Vec::new(),
     };
@@ -157,21 +192,16 @@ fn node(p: &PolicyInputs) -> Vec<Value> {
     out
 }
 
-fn control_plane(p: &PolicyInputs, zone_id: Option<&str>, etcd: bool) -> Vec<Value> {
-    let c = &p.cluster;
-    let part = &p.partition;
-    let cluster_tag = json!({"StringEquals": {"aws:ResourceTag/KubernetesCluster": c}});
-    let request_tag = json!({"StringEquals": {"aws:RequestTag/KubernetesCluster": c}});
+/// The services whose service-linked role the control plane may cause to be created: the
+/// cloud-controller-manager's load balancers need Elastic Load Balancing's. (Auto Scaling's and
+/// spot's are created by apply, which makes the groups, not by the instances.)
+pub const SERVICE_LINKED_ROLE_SERVICES: &[&str] = &["elasticloadbalancing.amazonaws.com"];
+
+/// Read the whole state store, write the etcd backup stores (`etcd`: control planes only), then
+/// the buckets once each — kOps' order. Versions are never deleted: a backup's old versions stay
+/// recoverable on a versioned bucket.
+fn state_store_statements(p: &PolicyInputs, etcd: bool) -> Vec<Value> {
     let mut out = Vec::new();
-    if etcd {
-        out.push(statement(
-            &["ec2:AttachVolume"],
-            json!(["*"]),
-            Some(json!({"StringEquals": {"aws:ResourceTag/KubernetesCluster": c, "aws:ResourceTag/k8s.io/role/master": "1"}})),
-        ));
-    }
-    // Read the state store; control planes write the etcd backups (kOps' order: reads, writes, then
-    // the buckets once each).
     let mut buckets: Vec<&str> = Vec::new();
     if let Some((bucket, key)) = &p.state_store {
         out.push(statement(&["s3:Get*"], json!(s3_arn(p, bucket, key)), None));
@@ -179,13 +209,49 @@ fn control_plane(p: &PolicyInputs, zone_id: Option<&str>, etcd: bool) -> Vec<Val
     }
     if etcd {
         for (bucket, key) in &p.backup_stores {
-            out.push(statement(&["s3:GetObject", "s3:DeleteObject", "s3:DeleteObjectVersion", "s3:PutObject"], json!(s3_arn(p, bucket, key)), None));
+            out.push(statement(&["s3:GetObject", "s3:DeleteObject", "s3:PutObject"], json!(s3_arn(p, bucket, key)), None));
             buckets.push(bucket);
         }
     }
     buckets.sort_unstable();
     buckets.dedup();
     out.extend(buckets.into_iter().map(|b| bucket_statement(p, b)));
+    out
+}
+
+/// KMS for encrypted volumes (through EC2) and an SSE-KMS state store (through S3).
+fn kms_statements(p: &PolicyInputs) -> Vec<Value> {
+    vec![
+        statement(&["kms:CreateGrant"], json!("*"), Some(json!({"Bool": {"kms:GrantIsForAWSResource": "true"}}))),
+        statement(
+            &["kms:Decrypt", "kms:DescribeKey", "kms:Encrypt", "kms:GenerateDataKey*", "kms:ReEncrypt*"],
+            json!("*"),
+            Some(json!({"StringLike": {"kms:ViaService": [format!("ec2.{}.amazonaws.com", p.region), "s3.*.amazonaws.com"]}})),
+        ),
+    ]
+}
+
+/// kOps' NodeRoleAPIServer: what nodeup needs to boot an API server from the state store.
+fn api_server(p: &PolicyInputs) -> Vec<Value> {
+    let mut out = state_store_statements(p, false);
+    out.extend(kms_statements(p));
+    if p.allow_container_registry {
+        out.push(statement(ECR_READ, json!("*"), None));
+    }
+    out
+}
+
+fn control_plane(p: &PolicyInputs, zone_id: Option<&str>) -> Vec<Value> {
+    let c = &p.cluster;
+    let part = &p.partition;
+    let cluster_tag = json!({"StringEquals": {"aws:ResourceTag/KubernetesCluster": c}});
+    let request_tag = json!({"StringEquals": {"aws:RequestTag/KubernetesCluster": c}});
+    let mut out = vec![statement(
+        &["ec2:AttachVolume"],
+        json!(["*"]),
+        Some(json!({"StringEquals": {"aws:ResourceTag/KubernetesCluster": c, "aws:ResourceTag/k8s.io/role/master": "1"}})),
+    )];
+    out.extend(state_store_statements(p, true));
     if let Some(zone) = zone_id {
         let zone = zone.trim_start_matches('/').trim_start_matches("hostedzone/");
         out.push(statement(
@@ -209,12 +275,7 @@ fn control_plane(p: &PolicyInputs, zone_id: Option<&str>, etcd: bool) -> Vec<Val
     out.push(statement(&["ec2:CreateTags", "ec2:DeleteTags"], volumes, Some(retag.clone())));
     out.push(statement(&["ec2:CreateTags"], groups.clone(), Some(tag_on_create(&["CreateSecurityGroup"]))));
     out.push(statement(&["ec2:CreateTags", "ec2:DeleteTags"], groups, Some(retag)));
-    out.push(statement(&["kms:CreateGrant"], json!("*"), Some(json!({"Bool": {"kms:GrantIsForAWSResource": "true"}}))));
-    out.push(statement(
-        &["kms:Decrypt", "kms:DescribeKey", "kms:Encrypt", "kms:GenerateDataKey*", "kms:ReEncrypt*"],
-        json!("*"),
-        Some(json!({"StringLike": {"kms:ViaService": [format!("ec2.{}.amazonaws.com", p.region), "s3.*.amazonaws.com"]}})),
-    ));
+    out.extend(kms_statements(p));
     let mut describe = vec![
         "autoscaling:DescribeAutoScalingGroups",
         "autoscaling:DescribeAutoScalingInstances",
@@ -244,13 +305,22 @@ fn control_plane(p: &PolicyInputs, zone_id: Option<&str>, etcd: bool) -> Vec<Val
         "elasticloadbalancing:DescribeTargetGroupAttributes",
         "elasticloadbalancing:DescribeTargetGroups",
         "elasticloadbalancing:DescribeTargetHealth",
-        "iam:CreateServiceLinkedRole",
         "kms:DescribeKey",
     ];
     if p.allow_container_registry {
         describe.extend_from_slice(ECR_READ);
     }
     out.push(statement(&describe, json!("*"), None));
+    out.push(statement(
+        &["iam:CreateServiceLinkedRole"],
+        json!("*"),
+        Some(json!({"StringEquals": {"iam:AWSServiceName": SERVICE_LINKED_ROLE_SERVICES}})),
+    ));
+    // The join server reads the instance profile a worker claims (to learn a custom profile's
+    // role); workers joining with the static token never ask it.
+    if !p.bootstrap_token && !p.node_instance_profiles.is_empty() {
+        out.push(statement(&["iam:GetInstanceProfile"], json!(p.node_instance_profiles), None));
+    }
     let mut tagged = vec![
         "autoscaling:SetDesiredCapacity",
         "autoscaling:TerminateInstanceInAutoScalingGroup",
@@ -330,7 +400,17 @@ mod tests {
             allow_container_registry: false,
             bootstrap_token: false,
             backup_stores: vec![("bucket".into(), "c.example.com/backups/etcd/main".into()), ("other".into(), "b/events".into())],
+            node_instance_profiles: vec!["arn:aws:iam::*:instance-profile/nodes.c.example.com".into()],
         }
+    }
+
+    fn statements(doc: &Value) -> Vec<Value> {
+        doc["Statement"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// The statements that grant `action`.
+    fn granting(doc: &Value, action: &str) -> Vec<Value> {
+        statements(doc).into_iter().filter(|s| s["Action"].as_array().is_some_and(|a| a.contains(&json!(action)))).collect()
     }
 
     fn actions(doc: &Value) -> Vec<String> {
@@ -360,7 +440,8 @@ mod tests {
             .iter()
             .find(|s| s["Resource"] == json!("arn:aws:s3:::bucket/c.example.com/backups/etcd/main/*"))
             .expect("a statement on the main backup store");
-        assert_eq!(write["Action"], json!(["s3:DeleteObject", "s3:DeleteObjectVersion", "s3:GetObject", "s3:PutObject"]));
+        assert_eq!(write["Action"], json!(["s3:DeleteObject", "s3:GetObject", "s3:PutObject"]));
+        assert!(granting(&doc, "s3:DeleteObjectVersion").is_empty(), "old backup versions stay recoverable: {doc}");
         assert!(doc.to_string().contains("arn:aws:s3:::other/b/events/*"));
         let buckets: Vec<&Value> = statements.iter().filter(|s| s["Action"].as_array().is_some_and(|a| a.contains(&json!("s3:ListBucket")))).collect();
         assert_eq!(buckets.len(), 2, "each bucket once: {buckets:?}");
@@ -384,6 +465,78 @@ mod tests {
         assert_eq!(policy(&role(Role::Node), &no_store, None), None, "nothing to allow → no policy");
         let ecr = PolicyInputs { allow_container_registry: true, ..no_store };
         assert!(actions(&policy(&role(Role::Node), &ecr, None).expect("p")).contains(&"ecr:BatchGetImage".to_string()));
+    }
+
+    /// kOps' NodeRoleAPIServer: the state store, KMS and (when allowed) ECR — nothing of the
+    /// control plane's etcd volumes, DNS, load balancers, security groups or autoscaling.
+    #[test]
+    fn api_servers_get_the_api_server_set_not_the_control_planes() {
+        let doc = policy(&role(Role::ApiServer), &inputs(), Some("Z123")).expect("policy");
+        let mut a = actions(&doc);
+        a.sort();
+        a.dedup();
+        let want: Vec<String> = [
+            "kms:CreateGrant",
+            "kms:Decrypt",
+            "kms:DescribeKey",
+            "kms:Encrypt",
+            "kms:GenerateDataKey*",
+            "kms:ReEncrypt*",
+            "s3:Get*",
+            "s3:GetBucketLocation",
+            "s3:GetEncryptionConfiguration",
+            "s3:ListBucket",
+            "s3:ListBucketVersions",
+        ]
+        .map(str::to_string)
+        .to_vec();
+        assert_eq!(a, want, "{doc:#}");
+        assert_eq!(granting(&doc, "s3:Get*")[0]["Resource"], json!("arn:aws:s3:::bucket/c.example.com/*"));
+        let buckets: Vec<Value> = granting(&doc, "s3:ListBucket").into_iter().map(|s| s["Resource"].clone()).collect();
+        assert_eq!(buckets, [json!(["arn:aws:s3:::bucket"])], "the state store's bucket only, not the backup stores'");
+        let ecr = PolicyInputs { allow_container_registry: true, ..inputs() };
+        assert!(actions(&policy(&role(Role::ApiServer), &ecr, None).expect("p")).contains(&"ecr:BatchGetImage".to_string()));
+    }
+
+    #[test]
+    fn service_linked_roles_only_for_elastic_load_balancing() {
+        let doc = policy(&role(Role::ControlPlane), &inputs(), None).expect("policy");
+        let slr = granting(&doc, "iam:CreateServiceLinkedRole");
+        assert_eq!(slr.len(), 1, "{slr:?}");
+        assert_eq!(slr[0]["Action"], json!(["iam:CreateServiceLinkedRole"]), "alone in its statement");
+        assert_eq!(slr[0]["Condition"], json!({"StringEquals": {"iam:AWSServiceName": ["elasticloadbalancing.amazonaws.com"]}}));
+    }
+
+    #[test]
+    fn control_planes_read_only_the_node_instance_profiles() {
+        let custom = "arn:aws:iam::123456789012:instance-profile/custom-workers";
+        let p = PolicyInputs { node_instance_profiles: vec![inputs().node_instance_profiles[0].clone(), custom.into()], ..inputs() };
+        let doc = policy(&role(Role::ControlPlane), &p, None).expect("policy");
+        let get = granting(&doc, "iam:GetInstanceProfile");
+        assert_eq!(get.len(), 1);
+        assert_eq!(get[0]["Action"], json!(["iam:GetInstanceProfile"]));
+        assert_eq!(get[0]["Resource"], json!(["arn:aws:iam::*:instance-profile/nodes.c.example.com", custom]));
+        assert!(get[0].get("Condition").is_none());
+        for r in [Role::ApiServer, Role::Node] {
+            let text = policy(&role(r), &p, None).map(|d| d.to_string()).unwrap_or_default();
+            assert!(!text.contains("iam:"), "{r:?}: {text}");
+        }
+        let token = PolicyInputs { bootstrap_token: true, ..p };
+        assert!(granting(&policy(&role(Role::ControlPlane), &token, None).expect("p"), "iam:GetInstanceProfile").is_empty(), "no join server");
+    }
+
+    #[test]
+    fn node_instance_profiles_are_the_default_one_and_custom_ones() {
+        let text = "apiVersion: kops.k8s.io/v1alpha2\nkind: Cluster\nmetadata:\n  name: c.example.com\nspec: {}\n---\n\
+            apiVersion: kops.k8s.io/v1alpha2\nkind: InstanceGroup\nmetadata:\n  name: a\nspec:\n  role: Node\n---\n\
+            apiVersion: kops.k8s.io/v1alpha2\nkind: InstanceGroup\nmetadata:\n  name: b\nspec:\n  role: Node\n  iam:\n    profile: arn:aws-cn:iam::1:instance-profile/w\n---\n\
+            apiVersion: kops.k8s.io/v1alpha2\nkind: InstanceGroup\nmetadata:\n  name: c\nspec:\n  role: Node\n---\n\
+            apiVersion: kops.k8s.io/v1alpha2\nkind: InstanceGroup\nmetadata:\n  name: cp\nspec:\n  role: Master\n  iam:\n    profile: arn:aws-cn:iam::1:instance-profile/cp\n";
+        let docs = keelson_api::parse_documents(text.as_bytes()).expect("docs");
+        assert_eq!(
+            node_instance_profiles("c.example.com", "aws-cn", &docs.instance_groups),
+            ["arn:aws-cn:iam::*:instance-profile/nodes.c.example.com", "arn:aws-cn:iam::1:instance-profile/w"]
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! guess — a missing id or an unparsable attribute is an error naming the resource.
 
 pub mod aws;
+pub mod firewall;
 pub mod gce;
 pub mod iam_policy;
 pub mod model;

@@ -154,10 +154,13 @@ pub enum RuleSource {
 }
 
 impl IngressRule {
-    /// A stable name: `masters.c: tcp/443 from 0.0.0.0/0`, `nodes.c: all from masters.c`.
+    /// A stable name: `masters.c: tcp/443 from 0.0.0.0/0`, `nodes.c: all from masters.c`,
+    /// `masters.c: 4/all from nodes.c` (a protocol without ports).
     pub fn name(&self) -> String {
         let ports = if self.protocol == "all" {
             "all".to_string()
+        } else if !self.has_ports() {
+            format!("{}/all", self.protocol)
         } else if self.from_port == self.to_port {
             format!("{}/{}", self.protocol, self.from_port)
         } else {
@@ -169,6 +172,17 @@ impl IngressRule {
         };
         format!("{}: {ports} from {src}", self.group)
     }
+
+    /// Whether the protocol has ports (TCP, UDP, ICMP types): for `all` and the others (IP-in-IP
+    /// is `4`) AWS admits every port and the rule carries -1.
+    pub fn has_ports(&self) -> bool {
+        protocol_has_ports(&self.protocol)
+    }
+}
+
+/// TCP, UDP and ICMP (by name or number) have ports; other protocols do not.
+pub fn protocol_has_ports(protocol: &str) -> bool {
+    matches!(protocol, "tcp" | "udp" | "icmp" | "icmpv6" | "6" | "17" | "1" | "58")
 }
 
 /// An AWS launch template / GCE instance template for one instance group.
@@ -429,42 +443,28 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
     let mut roles: Vec<Role> = docs.instance_groups.iter().filter_map(InstanceGroup::role).collect();
     roles.sort();
     roles.dedup();
-    let group_names: Vec<String> = roles.iter().map(|&r| format!("{}.{cluster}", role_plural(r))).collect();
-    let ssh = spec.ssh_access.clone().unwrap_or_default();
     let api = spec.kubernetes_api_access.clone().unwrap_or_default();
     let lb_spec = spec.api.as_ref().and_then(|a| a.load_balancer.clone()).filter(|_| cloud == CloudKind::Aws);
     let lb_sg_name = format!("api-elb.{cluster}");
+    let api_access = match &lb_spec {
+        // Behind a load balancer the API is reached through it (kOps: https-elb-to-master).
+        Some(lb) => super::firewall::ApiAccess::LoadBalancer { group: lb.security_group_override.is_none().then(|| lb_sg_name.clone()) },
+        None => super::firewall::ApiAccess::Direct,
+    };
+    let mut ingress = super::firewall::role_ingress(&cluster, spec, &roles, &api_access);
     let mut security_groups: Vec<SecurityGroup> = roles
         .iter()
         .map(|&role| {
-            let name = format!("{}.{cluster}", role_plural(role));
+            let name = super::firewall::group_name(role, &cluster);
             let mut tags = cloud_labels.clone();
             tags.extend(cluster_tags(&cluster, &name));
-            // kOps' defaults: all traffic inside the cluster, SSH from sshAccess, the API (443) on the
-            // control plane from kubernetesApiAccess.
-            let rule = |protocol: &str, from_port: i32, to_port: i32, source: RuleSource| IngressRule {
-                group: name.clone(),
-                protocol: protocol.into(),
-                from_port,
-                to_port,
-                source,
-            };
-            let mut ingress: Vec<IngressRule> =
-                group_names.iter().map(|g| rule("all", -1, -1, RuleSource::Group(g.clone()))).collect();
-            ingress.extend(ssh.iter().map(|c| rule("tcp", 22, 22, RuleSource::Cidr(c.clone()))));
-            if matches!(role, Role::ControlPlane | Role::ApiServer) {
-                // Behind a load balancer the API is reached through it (kOps: https-elb-to-master).
-                match &lb_spec {
-                    Some(lb) if lb.security_group_override.is_none() => {
-                        ingress.push(rule("tcp", 443, 443, RuleSource::Group(lb_sg_name.clone())))
-                    }
-                    Some(_) => {}
-                    None => ingress.extend(api.iter().map(|c| rule("tcp", 443, 443, RuleSource::Cidr(c.clone())))),
-                }
+            SecurityGroup {
+                description: format!("Security group for {}", role_plural(role)),
+                name,
+                role: Some(role),
+                tags,
+                ingress: ingress.remove(&role).unwrap_or_default(),
             }
-            ingress.sort();
-            ingress.dedup();
-            SecurityGroup { description: format!("Security group for {}", role_plural(role)), name, role: Some(role), tags, ingress }
         })
         .collect();
 
@@ -693,7 +693,7 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
             message: format!("{v:?}: expected \"token\" or \"cloud-identity\""),
         })?
         == keelson_api::nodeup::NodeBootstrapMethod::Token;
-    let policy_inputs = super::iam_policy::PolicyInputs::new(&cluster, &region, &config_base, spec, bootstrap_token);
+    let policy_inputs = super::iam_policy::PolicyInputs::new(&cluster, &region, &config_base, spec, &docs.instance_groups, bootstrap_token);
 
     let dns_type = spec.topology.as_ref().and_then(|t| t.dns.as_ref()).and_then(|d| d.type_.clone());
     let dns = if dns_type.as_deref() == Some("None") || cluster.ends_with(".k8s.local") {

@@ -160,8 +160,13 @@ fn render_aws(model: &ClusterModel) -> Tree {
     }
     for sg in &model.security_groups {
         for rule in &sg.ingress {
-            let (protocol, from, to) =
-                if rule.protocol == "all" { ("-1".to_string(), 0, 0) } else { (rule.protocol.clone(), rule.from_port, rule.to_port) };
+            let (protocol, from, to) = if rule.protocol == "all" {
+                ("-1".to_string(), 0, 0)
+            } else if !rule.has_ports() {
+                (rule.protocol.clone(), 0, 0)
+            } else {
+                (rule.protocol.clone(), rule.from_port, rule.to_port)
+            };
             let mut body = json!({
                 "type": "ingress",
                 "security_group_id": sg_ids[&sg.name],

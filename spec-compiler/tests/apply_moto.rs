@@ -175,8 +175,8 @@ async fn apply_from_nothing_creates_what_the_spec_needs_and_reapply_changes_noth
         assert_eq!(data.image_id(), Some(ami.as_str()));
         let md = data.metadata_options().expect("metadata options");
         assert_eq!(md.http_tokens().map(|t| t.as_str()), Some("required"));
-        let hop = if lt.group.starts_with("control-plane") { 3 } else { 1 };
-        assert_eq!(md.http_put_response_hop_limit(), Some(hop), "{}", lt.name);
+        // Hop limit 1 everywhere: the instance's credentials reach the host network only, never a pod.
+        assert_eq!(md.http_put_response_hop_limit(), Some(1), "{}", lt.name);
         assert_eq!(data.iam_instance_profile().and_then(|p| p.name()), Some(lt.instance_profile.as_str()));
         assert_eq!(data.security_group_ids().len(), 1);
         let ebs = data.block_device_mappings()[0].ebs().expect("root ebs");
@@ -305,6 +305,104 @@ async fn apply_from_nothing_creates_what_the_spec_needs_and_reapply_changes_noth
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("No changes."), "{stdout}");
     assert!(!stdout.contains('\x1b'), "no colour when not a terminal");
+}
+
+/// Every ingress rule of the cluster's security groups as AWS reports it, one line per rule:
+/// `<group>: <protocol> <from>-<to> from <cidr or group name>` (`-1` protocol is `all`).
+async fn ingress_rules(t: &AwsTarget) -> Vec<String> {
+    let sgs = t.ec2.describe_security_groups().filters(cluster_filter()).send().await.expect("sgs");
+    let names: BTreeMap<&str, &str> =
+        sgs.security_groups().iter().filter_map(|g| Some((g.group_id()?, g.group_name()?))).collect();
+    let mut out = Vec::new();
+    for g in sgs.security_groups() {
+        let group = g.group_name().unwrap_or_default();
+        for p in g.ip_permissions() {
+            let proto = match p.ip_protocol().unwrap_or_default() {
+                "-1" => "all".to_string(),
+                other => other.to_string(),
+            };
+            let ports = match (proto.as_str(), p.from_port(), p.to_port()) {
+                ("tcp" | "udp", Some(a), Some(b)) => format!(" {a}-{b}"),
+                _ => String::new(),
+            };
+            for r in p.ip_ranges() {
+                out.push(format!("{group}: {proto}{ports} from {}", r.cidr_ip().unwrap_or_default()));
+            }
+            for u in p.user_id_group_pairs() {
+                let source = u.group_id().and_then(|id| names.get(id).copied()).unwrap_or("?");
+                out.push(format!("{group}: {proto}{ports} from {source}"));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// kOps' firewall on AWS, rule by rule: control planes take everything from control planes, nodes
+/// from nodes and control planes; nodes reach control planes on every port but etcd's (TCP in three
+/// ranges, UDP, IP-in-IP for Calico); the bastion reaches the others on SSH only and is the only
+/// group sshAccess reaches; the API is open to kubernetesApiAccess on the control plane only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn security_groups_admit_only_what_each_role_needs() {
+    let moto = Moto::start();
+    let ami = moto.fixtures().await;
+    let bastion = format!(
+        "---\napiVersion: kops.k8s.io/v1alpha2\nkind: InstanceGroup\nmetadata:\n  name: bastions\n  labels:\n    kops.k8s.io/cluster: {CLUSTER}\n\
+         spec:\n  role: Bastion\n  image: {ami}\n  machineType: t3.micro\n  minSize: 1\n  maxSize: 1\n  subnets:\n  - us-east-1a\n"
+    );
+    let docs = moto::spec(&ami, |t| {
+        let t = t.replace("  networking:\n    cni: {}\n", "  networking:\n    calico: {}\n");
+        let t = t.replace("  sshAccess:\n  - 0.0.0.0/0\n", "  sshAccess:\n  - 192.0.2.0/24\n");
+        let t = t.replace("  kubernetesApiAccess:\n  - 0.0.0.0/0\n", "  kubernetesApiAccess:\n  - 198.51.100.0/24\n");
+        format!("{t}{bastion}")
+    });
+    let (m, _) = model_of(&docs);
+    let t = moto.target(&[]).await;
+    apply_once(&t, &m).await.expect("apply");
+
+    let (cp, nodes, bastions) = (format!("masters.{CLUSTER}"), format!("nodes.{CLUSTER}"), format!("bastions.{CLUSTER}"));
+    let mut want = vec![
+        format!("{cp}: all from {cp}"),
+        format!("{cp}: tcp 1-2379 from {nodes}"),
+        format!("{cp}: tcp 2382-4000 from {nodes}"),
+        format!("{cp}: tcp 4003-65535 from {nodes}"),
+        format!("{cp}: udp 1-65535 from {nodes}"),
+        format!("{cp}: 4 from {nodes}"),
+        format!("{cp}: tcp 22-22 from {bastions}"),
+        format!("{cp}: tcp 443-443 from 198.51.100.0/24"),
+        format!("{nodes}: all from {cp}"),
+        format!("{nodes}: all from {nodes}"),
+        format!("{nodes}: tcp 22-22 from {bastions}"),
+        format!("{bastions}: tcp 22-22 from 192.0.2.0/24"),
+    ];
+    want.sort();
+    assert_eq!(ingress_rules(&t).await, want);
+
+    // What AWS reports reads back as the model's rules: a second apply changes nothing.
+    let t2 = moto.target(&[]).await;
+    let s2 = store(&t2, &m);
+    let again = cloud_resources::plan_apply(&t2, &m, &s2).await.expect("plan again");
+    assert!(again.plan.is_empty(), "second plan:\n{}", again.plan.render(false));
+
+    // A rule someone added by hand (all traffic from the bastion) is taken away again.
+    let sgs = t.ec2.describe_security_groups().filters(cluster_filter()).send().await.expect("sgs");
+    let id = |name: &str| sgs.security_groups().iter().find(|g| g.group_name() == Some(name)).and_then(|g| g.group_id()).expect("sg").to_string();
+    t.ec2
+        .authorize_security_group_ingress()
+        .group_id(id(&cp))
+        .ip_permissions(
+            aws_sdk_ec2::types::IpPermission::builder()
+                .ip_protocol("-1")
+                .user_id_group_pairs(aws_sdk_ec2::types::UserIdGroupPair::builder().group_id(id(&bastions)).build())
+                .build(),
+        )
+        .send()
+        .await
+        .expect("authorize by hand");
+    assert!(ingress_rules(&t).await.contains(&format!("{cp}: all from {bastions}")));
+    let (create, change, delete) = apply_once(&t2, &m).await.expect("re-apply");
+    assert_eq!((create, change, delete), (0, 0, 1));
+    assert_eq!(ingress_rules(&t).await, want);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

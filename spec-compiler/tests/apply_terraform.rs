@@ -116,6 +116,26 @@ fn ha_terraform() {
     assert!(lb["name"].as_str().is_some_and(|n| n.len() <= 32));
     let cp = resources(&root, "aws_autoscaling_group")["control-plane-eu-west-1a-ha-k8s-example-com"];
     assert_eq!(cp["target_group_arns"][0], "${aws_lb_target_group.tcp-ha-k8s-example-com-d9eogn.arn}");
+    // Firewall: nodes reach the control plane on every port but etcd's, never on everything; the
+    // control plane reaches nodes on everything.
+    let masters = "${aws_security_group.masters-ha-k8s-example-com.id}";
+    let nodes = "${aws_security_group.nodes-ha-k8s-example-com.id}";
+    let rules = resources(&root, "aws_security_group_rule");
+    let between = |dest: &str, src: &str| -> Vec<(String, i64, i64)> {
+        let mut v: Vec<(String, i64, i64)> = rules
+            .values()
+            .filter(|r| r["security_group_id"] == dest && r["source_security_group_id"] == src)
+            .map(|r| (r["protocol"].as_str().unwrap_or_default().to_string(), r["from_port"].as_i64().unwrap_or(0), r["to_port"].as_i64().unwrap_or(0)))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        between(masters, nodes),
+        [("tcp".to_string(), 1, 2379), ("tcp".to_string(), 2382, 4000), ("tcp".to_string(), 4003, 65535), ("udp".to_string(), 1, 65535)]
+    );
+    assert_eq!(between(nodes, masters), [("-1".to_string(), 0, 0)]);
+    assert_eq!(between(masters, masters), [("-1".to_string(), 0, 0)]);
     // IAM: the launch templates use the profiles Terraform creates.
     assert_eq!(resources(&root, "aws_iam_role").len(), 2);
     let lt = resources(&root, "aws_launch_template")["nodes-ha-k8s-example-com"];

@@ -94,3 +94,27 @@ fn user_data_pins_its_own_nodeup_config() {
         assert!(script.contains(&format!("NodeupConfigHash: {}", boot.nodeup_config_hash)), "{group}");
     }
 }
+
+/// What `kops create cluster` writes on AWS, and what keeps the instances' credentials off the pod
+/// network: every AWS example encrypts its etcd volumes, and every instance group asks for IMDSv2
+/// with hop limit 1 (the cloud-controller-manager and the EBS CSI controller run on the host
+/// network, so nothing in a pod needs the metadata service).
+#[test]
+fn aws_examples_encrypt_etcd_and_keep_metadata_on_the_host() {
+    for example in ["minimal.yaml", "ha.yaml"] {
+        let text = std::fs::read(common::example(example)).expect("example");
+        let docs = keelson_api::parse_documents(&text).expect("parse");
+        assert_eq!(docs.cluster.spec.cloud_provider.as_deref(), Some("aws"), "{example}");
+        for etcd in docs.cluster.spec.etcd_clusters.iter().flatten() {
+            for m in etcd.etcd_members.iter().flatten() {
+                assert_eq!(m.encrypted_volume, Some(true), "{example}: etcd {:?} member {:?}", etcd.name, m.name);
+            }
+        }
+        assert!(!docs.instance_groups.is_empty());
+        for ig in &docs.instance_groups {
+            let md = ig.spec.instance_metadata.as_ref().unwrap_or_else(|| panic!("{example}: {}: no instanceMetadata", ig.name()));
+            assert_eq!(md.http_put_response_hop_limit, Some(1), "{example}: {}", ig.name());
+            assert_eq!(md.http_tokens.as_deref(), Some("required"), "{example}: {}", ig.name());
+        }
+    }
+}

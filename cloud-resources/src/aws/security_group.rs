@@ -45,8 +45,12 @@ impl SecurityGroupRule {
         let r = &self.rule;
         let all = r.protocol == "all";
         let mut p = ec2_t::IpPermission::builder().ip_protocol(if all { "-1" } else { r.protocol.as_str() });
-        if !all {
+        if r.has_ports() {
             p = p.from_port(r.from_port).to_port(r.to_port);
+        } else if !all {
+            // A protocol without ports (IP-in-IP): AWS ignores the range, -1 says "every port"
+            // (and moto needs one).
+            p = p.from_port(-1).to_port(-1);
         }
         match &r.source {
             RuleSource::Cidr(c) => p = p.ip_ranges(ec2_t::IpRange::builder().cidr_ip(c).build()),
@@ -103,7 +107,8 @@ pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -
                 "-1" => "all".to_string(),
                 other => other.to_string(),
             };
-            let (from_port, to_port) = if protocol == "all" {
+            // Protocols without ports (all, IP-in-IP) carry -1 whatever the API echoes back.
+            let (from_port, to_port) = if !crate::model::protocol_has_ports(&protocol) {
                 (-1, -1)
             } else {
                 let port = |v: Option<i32>, what: &str| {
