@@ -487,6 +487,7 @@ mod tests {
             read_timeout: std::time::Duration::from_secs(1),
             rounds: 1,
             backoff: std::time::Duration::ZERO,
+            ..Default::default()
         };
         let assets = crate::assets::Fetcher::new(opts, root.path().join("cache")).expect("fetcher");
         let ctx = Ctx { host: &host, assets: &assets };

@@ -143,7 +143,7 @@ async fn apply_from_nothing_creates_what_the_spec_needs_and_reapply_changes_noth
     let moto = Moto::start();
     let ami = moto.fixtures().await;
     let docs = moto::spec(&ami, |t| t);
-    let (m, compiled) = model_of(&docs);
+    let (m, _) = model_of(&docs);
     let t = moto.target(&[]).await;
 
     // Plan only: reads, no writes.
