@@ -59,7 +59,7 @@ ClusterName: ha.k8s.example.com
 ConfigBase: s3://acme-keelson-state/ha.k8s.example.com
 InstanceGroupName: control-plane-eu-west-1a
 InstanceGroupRole: ControlPlane
-NodeupConfigHash: ayjoklecdZjsfbmeHhz9xbUKI0zcTSoWcVRFGsmfgQ4=
+NodeupConfigHash: /ZGWOxAVvC2IiVUXTFB3z83BxsF8s2RN7+ooE8n8ZZ0=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then

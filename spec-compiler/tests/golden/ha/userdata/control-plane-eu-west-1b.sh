@@ -59,7 +59,7 @@ ClusterName: ha.k8s.example.com
 ConfigBase: s3://acme-keelson-state/ha.k8s.example.com
 InstanceGroupName: control-plane-eu-west-1b
 InstanceGroupRole: ControlPlane
-NodeupConfigHash: RRWOkrOAymvMLLnYF6zbVPXoretqBmUQxRhce1BfzuI=
+NodeupConfigHash: r0oq78IK3oRvr4kZQ7lxRzERKq21Bo7LxGy47lA5xwE=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then

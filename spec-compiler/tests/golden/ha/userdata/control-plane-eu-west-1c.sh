@@ -59,7 +59,7 @@ ClusterName: ha.k8s.example.com
 ConfigBase: s3://acme-keelson-state/ha.k8s.example.com
 InstanceGroupName: control-plane-eu-west-1c
 InstanceGroupRole: ControlPlane
-NodeupConfigHash: 4oj1VmsDds/pV0Uf1Zt8FnCjmjyWm95R7OUUtX0bi8w=
+NodeupConfigHash: MN9ILjqSc4iU1gVRXqeoazNykPFX0mIH74hWx/zgWJ8=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then
