@@ -245,7 +245,7 @@ pub fn run_apply(args: ApplyArgs) -> anyhow::Result<ExitCode> {
                                 store.put(rel, bytes).await?;
                             }
                         }
-                        let created = state::ensure_pki(&store, &model.etcd_clusters).await?;
+                        let created = state::ensure_pki(&store, &model.etcd_clusters, model.encryption_config).await?;
                         println!("state store {}: up to date ({} keysets created)", store.base(), created.len());
                         Ok(())
                     })
