@@ -155,7 +155,16 @@ pub struct ApiServerNodeConfig {
     /// PEM public keys that verify service-account tokens (filled from the state store's keys).
     #[serde(rename = "ServiceAccountPublicKeys", default, skip_serializing_if = "Option::is_none")]
     pub service_account_public_keys: Option<String>,
+    /// `spec.encryptionConfig: true`: nodeup writes the state store's secret `encryptionconfig`
+    /// (0600) to the file `KubeAPIServer.encryptionProviderConfig` names (default
+    /// [`ENCRYPTION_CONFIG_PATH`]). kOps carries the secret's hash here instead; the compiler is
+    /// offline and never sees the secret, so only the switch is carried.
+    #[serde(rename = "EncryptionConfig", default, skip_serializing_if = "is_false")]
+    pub encryption_config: bool,
 }
+
+/// Where the API server's encryption configuration is written on control planes (kOps' path).
+pub const ENCRYPTION_CONFIG_PATH: &str = "/srv/kubernetes/kube-apiserver/encryptionconfig.yaml";
 
 /// The `api` block with the public name folded in, as nodeup reads it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

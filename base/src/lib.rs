@@ -1,7 +1,7 @@
 //! What every Keelson agent and the compiler share, written once.
 //!
 //! Owns: the state store at `ConfigBase` ([`store`]: `file://`, `http(s)://`, `s3://`), the pin that
-//! ties a BootConfig to its NodeupConfig ([`nodeup_config_hash`]), the cluster PKI ([`pki`]) and when its certificates are renewed ([`renewal`]), atomic
+//! ties a BootConfig to its NodeupConfig ([`nodeup_config_hash`]), the cluster PKI ([`pki`]) and when its certificates are renewed ([`renewal`]), the encryption-at-rest configuration ([`encryption`]), atomic
 //! file writes ([`fs`]) and file trees ([`Tree`]), the etcd backup store's layout, retention and
 //! restore protocol ([`etcd_backup`]), asset references `sha256@url` ([`asset`]), the one IMDSv2 client ([`imds`]) and,
 //! with feature `aws`, the one AWS SDK configuration ([`aws`]). Must not: know about instance groups,
@@ -9,6 +9,7 @@
 //! `keelson-cloud`; nor read the environment except the documented AWS variables the SDK reads.
 
 pub mod asset;
+pub mod encryption;
 pub mod etcd_backup;
 #[cfg(feature = "aws")]
 pub mod aws;

@@ -426,7 +426,7 @@ pub fn public_key_pem(key_pem: &str) -> Result<String, PkiError> {
 }
 
 /// Write `bytes` to `path` only if nothing is there (never overwrites); true if written.
-fn create_new(path: &Path, bytes: &[u8], mode: u32) -> Result<bool, PkiError> {
+pub(crate) fn create_new(path: &Path, bytes: &[u8], mode: u32) -> Result<bool, PkiError> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let io = |source| PkiError::Io { path: path.to_path_buf(), source };
@@ -460,7 +460,7 @@ fn random_token(len: usize, alphabet: &[u8]) -> Result<String, PkiError> {
 }
 
 /// Random bytes from the kernel (no extra dependency).
-mod rand_core_shim {
+pub(crate) mod rand_core_shim {
     pub fn fill(buf: &mut [u8]) -> std::io::Result<()> {
         use std::io::Read as _;
         std::fs::File::open("/dev/urandom")?.read_exact(buf)

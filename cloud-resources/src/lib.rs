@@ -56,9 +56,9 @@ pub async fn plan_apply(target: &aws::AwsTarget, model: &ClusterModel, store: &S
     ensure_aws(model)?;
     let resolved = target.resolve(model).await?;
     let discovered = target.discover(model, &resolved).await?;
-    let mut desired = state::desired(&model.state);
+    let mut desired = state::desired(&model.state, model.encryption_config);
     desired.extend(aws::desired(model, &resolved));
-    let mut actual = state::discover(store, &model.state, &model.etcd_clusters).await?;
+    let mut actual = state::discover(store, &model.state, &model.etcd_clusters, model.encryption_config).await?;
     actual.extend(discovered.resources.iter().cloned());
     aws::pin_versions(&mut desired, &actual, &discovered.ids);
     let mut plan = plan::diff(&desired, &actual, Scope::Apply);

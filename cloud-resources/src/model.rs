@@ -344,6 +344,9 @@ pub struct ClusterModel {
     pub policy_inputs: super::iam_policy::PolicyInputs,
     /// etcd cluster names (for the CA keysets).
     pub etcd_clusters: Vec<String>,
+    /// `spec.encryptionConfig: true`: the state store holds `secrets/encryptionconfig` (created on
+    /// first apply, with the CAs).
+    pub encryption_config: bool,
     /// The `state/` subtree of the compiled output, keys relative to ConfigBase.
     pub state: BTreeMap<String, Vec<u8>>,
 }
@@ -753,6 +756,7 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
         load_balancer,
         policy_inputs,
         etcd_clusters,
+        encryption_config: spec.encryption_config == Some(true),
         state,
     })
 }

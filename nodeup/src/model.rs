@@ -35,6 +35,8 @@ pub enum ModelError {
     Render { what: String, message: String },
     #[error("state store: {path}: missing; {hint}")]
     Missing { path: String, hint: String },
+    #[error(transparent)]
+    Encryption(#[from] base::encryption::EncryptionError),
 }
 
 /// What nodeup knows about the instance (flags on bare metal and in tests; IMDS on AWS).
@@ -453,6 +455,34 @@ fn control_plane(
     if let Some(f) = token_file {
         default(&mut api.token_auth_file, f);
     }
+    // Encryption at rest (spec.encryptionConfig): the state store's secret, 0600, where the
+    // flag says. The default path is inside the read-only `srvkapi` mount, a directory mount, so
+    // the API server sees the file's atomic replacements (and reloads them: automatic reload).
+    let mut host_paths = vec![
+        ("etcssl", "/etc/ssl".into(), false),
+        ("etcpkitls", "/etc/pki/tls".into(), false),
+        ("etcpkica-trust", "/etc/pki/ca-trust".into(), false),
+        ("usrsharessl", "/usr/share/ssl".into(), false),
+        ("kubernetesca", paths::CA_CRT.into(), false),
+        ("srvkapi", kapi.to_string(), false),
+    ];
+    let mut extra_flags = Vec::new();
+    if api_cfg.encryption_config {
+        use base::encryption;
+        default(&mut api.encryption_provider_config, keelson_api::nodeup::ENCRYPTION_CONFIG_PATH);
+        let path = api.encryption_provider_config.clone().unwrap_or_default();
+        let bytes = inp.store.read(encryption::SECRET_PATH)?.ok_or_else(|| ModelError::Missing {
+            path: inp.store.url(encryption::SECRET_PATH),
+            hint: "spec.encryptionConfig is true: `keelson apply` creates it (with the CAs), or put your own EncryptionConfiguration there (README: encryption at rest)".into(),
+        })?;
+        let yaml = encryption::from_secret(&bytes)?;
+        deps.push(file_task_name(&path));
+        tasks.push(Box::new(FileTask::new(&path, yaml, 0o600)));
+        if !path.starts_with(&format!("{kapi}/")) {
+            host_paths.push(("encryptionconfig", path.clone(), false));
+        }
+        extra_flags.push("--encryption-provider-config-automatic-reload=true".to_string());
+    }
     let secure_port = api.secure_port.unwrap_or(443);
     // Static manifests from the state store (e.g. the API-server health-check sidecar).
     let mut statics = Vec::new();
@@ -469,17 +499,15 @@ fn control_plane(
         name: "kube-apiserver",
         image: api.image.clone().unwrap_or_default(),
         binary: "/usr/local/bin/kube-apiserver".into(),
-        flags: crate::flags::build(&api, flag_table::KUBE_APISERVER_CONFIG),
+        flags: {
+            let mut flags = crate::flags::build(&api, flag_table::KUBE_APISERVER_CONFIG);
+            flags.extend(extra_flags);
+            flags.sort();
+            flags
+        },
         cpu_request: quantity(api.cpu_request.as_ref()).or(Some("150m".into())),
         memory_request: quantity(api.memory_request.as_ref()),
-        host_paths: vec![
-            ("etcssl", "/etc/ssl".into(), false),
-            ("etcpkitls", "/etc/pki/tls".into(), false),
-            ("etcpkica-trust", "/etc/pki/ca-trust".into(), false),
-            ("usrsharessl", "/usr/share/ssl".into(), false),
-            ("kubernetesca", paths::CA_CRT.into(), false),
-            ("srvkapi", kapi.into(), false),
-        ],
+        host_paths,
         ports: vec![("https", secure_port)],
         probe: has_healthcheck.then(|| ("/livez".to_string(), 3990, "HTTP")),
         privileged: false,

@@ -367,3 +367,81 @@ fn hooks_become_enabled_units_run_once_and_disabled_ones_are_switched_off() {
     assert_ok(&o);
     assert!(last_line(&o).ends_with(" 0 changed"), "{}", stdout(&o));
 }
+
+/// `APIServerConfig.EncryptionConfig` (compiled from `spec.encryptionConfig: true`): the state
+/// store's `secrets/encryptionconfig` lands 0600 at the flag's path inside the API server's
+/// read-only mount, with automatic reload; without the switch, neither flag nor file. A missing
+/// secret is refused by name; a user's path outside that mount gets its own read-only mount.
+#[test]
+fn encryption_config_from_the_state_store_0600_and_the_flag_exactly_when_on() {
+    const PATH: &str = "/srv/kubernetes/kube-apiserver/encryptionconfig.yaml";
+    let manifest = |s: &Scenario| std::fs::read_to_string(s.path("/etc/kubernetes/manifests/kube-apiserver.manifest")).expect("apiserver");
+    // Read-only mounts of the manifest: (host path, mount path).
+    let read_only_mounts = |body: &str| -> Vec<(String, String)> {
+        let pod: serde_yaml_ng::Value = serde_yaml_ng::from_str(body).expect("manifest yaml");
+        let host: std::collections::BTreeMap<String, String> = pod["spec"]["volumes"]
+            .as_sequence()
+            .expect("volumes")
+            .iter()
+            .filter_map(|v| Some((v["name"].as_str()?.to_string(), v["hostPath"]["path"].as_str()?.to_string())))
+            .collect();
+        pod["spec"]["containers"][0]["volumeMounts"]
+            .as_sequence()
+            .expect("mounts")
+            .iter()
+            .filter(|m| m["readOnly"].as_bool() == Some(true))
+            .filter_map(|m| Some((host.get(m["name"].as_str()?)?.clone(), m["mountPath"].as_str()?.to_string())))
+            .collect()
+    };
+    let covered = |mounts: &[(String, String)], path: &str| {
+        mounts.iter().any(|(h, m)| h == m && (path == h || path.starts_with(&format!("{}/", h.trim_end_matches('/')))))
+    };
+
+    // Off (the fixture): no flag, no file.
+    let off = Scenario::new(Group::ControlPlane, PAD, direct);
+    assert_ok(&off.run(&[]));
+    assert!(!manifest(&off).contains("--encryption-provider-config"), "{}", manifest(&off));
+    assert!(!off.path(PATH).exists());
+
+    // On, but the state store has no secret: refused, naming it.
+    let on = |c: String| c.replacen("APIServerConfig:\n", "APIServerConfig:\n  EncryptionConfig: true\n", 1);
+    let s = Scenario::edited(Group::ControlPlane, PAD, direct, on);
+    let o = s.run(&[]);
+    assert!(!o.status.success(), "converged without the secret: {}", stdout(&o));
+    assert!(stderr(&o).contains("secrets/encryptionconfig") && stderr(&o).contains("missing"), "{}", stderr(&o));
+    assert!(!s.path("/etc/kubernetes/manifests/kube-apiserver.manifest").exists());
+
+    // On, with the secret apply creates: the file is the secret's configuration, 0600.
+    let state = s.dir.path().join("state");
+    assert!(base::encryption::ensure(&state).expect("create the secret"));
+    let secret = std::fs::read(state.join("secrets/encryptionconfig")).expect("secret");
+    let want = base::encryption::from_secret(&secret).expect("valid");
+    let key = base::encryption::parse("t", &want).expect("parse").resources[0].providers[0].secretbox.clone().expect("secretbox").keys[0].secret.clone();
+    let o = s.run(&[]);
+    assert_ok(&o);
+    assert_eq!(std::fs::read_to_string(s.path(PATH)).expect("encryption config"), want);
+    assert_eq!(mode(&s.path(PATH)), 0o600);
+    let api = manifest(&s);
+    assert!(api.contains(&format!("--encryption-provider-config={PATH}")), "{api}");
+    assert!(api.contains("--encryption-provider-config-automatic-reload=true"), "{api}");
+    assert!(covered(&read_only_mounts(&api), PATH), "{PATH} is not in a read-only hostPath mount: {api}");
+    for out in [stdout(&o), stderr(&o)] {
+        assert!(!out.contains(&key), "the key is in nodeup's output");
+    }
+    let o = s.run(&[]);
+    assert_ok(&o);
+    assert!(last_line(&o).ends_with(" 0 changed"), "{}", stdout(&o));
+
+    // The user's own path (spec.kubeAPIServer.encryptionProviderConfig) wins and is mounted.
+    let custom = "/etc/kubernetes/encryption/config.yaml";
+    let s = Scenario::edited(Group::ControlPlane, PAD, direct, |c| {
+        on(c).replacen("  KubeAPIServer:\n", &format!("  KubeAPIServer:\n    encryptionProviderConfig: {custom}\n"), 1)
+    });
+    assert!(base::encryption::ensure(&s.dir.path().join("state")).expect("create the secret"));
+    assert_ok(&s.run(&[]));
+    assert_eq!(mode(&s.path(custom)), 0o600);
+    assert!(!s.path(PATH).exists());
+    let api = manifest(&s);
+    assert!(api.contains(&format!("--encryption-provider-config={custom}")), "{api}");
+    assert!(covered(&read_only_mounts(&api), custom), "{custom} is not mounted read-only: {api}");
+}

@@ -351,6 +351,7 @@ pub fn build(
             },
         },
         service_account_public_keys: None,
+        encryption_config: spec.encryption_config == Some(true),
     });
 
     let machine_type_matters = spec.networking.as_ref().is_some_and(|n| {

@@ -1,6 +1,7 @@
 //! `keelson pki init --state DIR`: create the cluster CAs, service-account key and node
-//! bootstrap token in a file state store, once (an existing keyset or secret is never
-//! replaced). The layout is documented in `base::pki`.
+//! bootstrap token in a file state store — and, when the compiled spec there has
+//! `encryptionConfig: true`, the API servers' `secrets/encryptionconfig` — once (an existing
+//! keyset or secret is never replaced). The layout is documented in `base::pki`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -28,9 +29,18 @@ enum PkiCommand {
     },
 }
 
-fn etcd_from_spec(state: &std::path::Path) -> Option<Vec<String>> {
+fn completed_spec(state: &std::path::Path) -> Option<serde_yaml_ng::Value> {
     let text = std::fs::read_to_string(state.join("cluster-completed.spec")).ok()?;
-    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).ok()?;
+    serde_yaml_ng::from_str(&text).ok()
+}
+
+/// `spec.encryptionConfig` of the compiled spec in the store.
+fn encryption_from_spec(state: &std::path::Path) -> bool {
+    completed_spec(state).and_then(|d| d.get("spec")?.get("encryptionConfig")?.as_bool()).unwrap_or(false)
+}
+
+fn etcd_from_spec(state: &std::path::Path) -> Option<Vec<String>> {
+    let doc = completed_spec(state)?;
     let names: Vec<String> = doc
         .get("spec")?
         .get("etcdClusters")?
@@ -49,7 +59,12 @@ pub fn run(args: PkiArgs) -> anyhow::Result<ExitCode> {
             } else {
                 etcd_clusters
             };
-            let created = base::pki::init_pki(&state, &etcd).with_context(|| format!("initialising PKI in {}", state.display()))?;
+            let mut created = base::pki::init_pki(&state, &etcd).with_context(|| format!("initialising PKI in {}", state.display()))?;
+            if encryption_from_spec(&state)
+                && base::encryption::ensure(&state).with_context(|| format!("creating the encryption configuration in {}", state.display()))?
+            {
+                created.push(base::encryption::SECRET_PATH.to_string());
+            }
             for name in &created {
                 println!("created {name}");
             }

@@ -26,7 +26,7 @@ fn model_of(docs: &keelson_api::Documents) -> (ClusterModel, spec_compiler::Comp
 /// The model as `keelson apply --yes` builds it: the PKI first, the cluster CA pinned into every
 /// NodeupConfig.
 async fn model_with_pinned_ca(docs: &keelson_api::Documents, s: &StateStore, m: &ClusterModel) -> (ClusterModel, spec_compiler::Compiled) {
-    cloud_resources::state::ensure_pki(s, &m.etcd_clusters).await.expect("pki");
+    cloud_resources::state::ensure_pki(s, &m.etcd_clusters, m.encryption_config).await.expect("pki");
     let issued = s.get("pki/issued/kubernetes-ca/keyset.yaml").await.expect("read CA").expect("CA");
     let mut options = moto::compile_options();
     options.cas.insert("kubernetes-ca".into(), base::pki::parse_keyset_cert("kubernetes-ca", &issued).expect("CA certificate"));

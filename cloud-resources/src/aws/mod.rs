@@ -447,7 +447,7 @@ impl AwsTarget {
             }
             (Kind::StateFile, Action::Delete) => store.delete(name).await.map_err(StateError::from)?,
             (Kind::Keyset, Action::Create) => {
-                super::state::ensure_pki(store, &model.etcd_clusters).await?;
+                super::state::ensure_pki(store, &model.etcd_clusters, model.encryption_config).await?;
             }
             (Kind::Keyset, _) => {}
             (Kind::IamRole | Kind::IamInstanceProfile, _) => self.execute_iam(model, resolved, c).await?,

@@ -276,7 +276,7 @@ pub fn run_apply(args: ApplyArgs) -> anyhow::Result<ExitCode> {
                 // Terraform manages the cloud; the state store is written here, as kOps does: the CA
                 // first, so that it is pinned into the NodeupConfigs the user-data boots.
                 with_lock(&store, "apply --target terraform", args.common.force_unlock, async {
-                    let created = state::ensure_pki(&store, &model.etcd_clusters).await?;
+                    let created = state::ensure_pki(&store, &model.etcd_clusters, model.encryption_config).await?;
                     let (model, _) = with_pinned_cas(&docs, &options, &store, &file, false).await?;
                     for (rel, bytes) in &model.state {
                         if store.get(rel).await?.as_deref() != Some(bytes.as_slice()) {
@@ -321,7 +321,7 @@ async fn direct_apply(args: &ApplyArgs, docs: &keelson_api::Documents, options: 
     // Plan under the lock, so the plan executed is the one computed against the current state;
     // the CA first, pinned into the NodeupConfigs (and so into the user-data's BootConfig hash).
     with_lock(&store, "apply", args.common.force_unlock, async {
-        state::ensure_pki(&store, &model.etcd_clusters).await?;
+        state::ensure_pki(&store, &model.etcd_clusters, model.encryption_config).await?;
         let (model, _) = with_pinned_cas(docs, options, &store, file, false).await?;
         let mut planned = cloud_resources::plan_apply(&target, &model, &store).await?;
         print!("{}", planned.plan.render(color()));

@@ -91,6 +91,7 @@ pub fn api_server(ctx: &Context, d: &Derived, spec: &mut ClusterSpec) {
     let metrics_server = spec.metrics_server.as_ref().and_then(|m| m.enabled).unwrap_or(false);
     let kopeio_auth = spec.authentication.as_ref().is_some_and(|a| a.kopeio.is_some());
     let issuer = service_account_issuer(ctx, spec);
+    let encryption = spec.encryption_config == Some(true);
 
     let a = spec.kube_api_server.get_or_insert_with(Default::default);
     default(&mut a.api_server_count, etcd_main_members as i64);
@@ -134,6 +135,11 @@ pub fn api_server(ctx: &Context, d: &Derived, spec: &mut ClusterSpec) {
     }
     if let Some(issuer) = a.service_account_issuer.clone() {
         default(&mut a.service_account_jwksuri, format!("{issuer}/openid/v1/jwks"));
+    }
+    // Encryption at rest: the file nodeup writes from the state store's `encryptionconfig`
+    // secret (kOps sets the same path in nodeup).
+    if encryption {
+        default(&mut a.encryption_provider_config, keelson_api::nodeup::ENCRYPTION_CONFIG_PATH.to_string());
     }
 }
 
