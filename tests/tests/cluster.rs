@@ -689,6 +689,7 @@ impl Watch {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         self.handle.join().expect("watch thread")
     }
+}
 
 /// The raw value of a Secret in etcd main, read with etcdctl on control plane `m` (its member's
 /// endpoint and certificates, from the etcd manifest).

@@ -59,7 +59,7 @@ ClusterName: ha.k8s.example.com
 ConfigBase: s3://acme-keelson-state/ha.k8s.example.com
 InstanceGroupName: control-plane-eu-west-1a
 InstanceGroupRole: ControlPlane
-NodeupConfigHash: ZB08xCJX5BFRlAGm59LDVYip4AxL+acHe0zEBFOdOAA=
+NodeupConfigHash: l3PqdfmvQOBTOLBzuuLZ+DZ1CgWoyTnqHW0UJ7fb65w=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then

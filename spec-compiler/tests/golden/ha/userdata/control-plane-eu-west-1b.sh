@@ -59,7 +59,7 @@ ClusterName: ha.k8s.example.com
 ConfigBase: s3://acme-keelson-state/ha.k8s.example.com
 InstanceGroupName: control-plane-eu-west-1b
 InstanceGroupRole: ControlPlane
-NodeupConfigHash: aS5xDlbvuuVFxKYa/1CC1yPYp7B/duN2EvDFUBMAiUM=
+NodeupConfigHash: RA4sWpPApHgxi8NtzPipSZoXhEEM5dzBWqUt7LqG3bk=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then

@@ -59,7 +59,7 @@ ClusterName: ha.k8s.example.com
 ConfigBase: s3://acme-keelson-state/ha.k8s.example.com
 InstanceGroupName: control-plane-eu-west-1c
 InstanceGroupRole: ControlPlane
-NodeupConfigHash: 8CJsJ0IWHUkZ0+HsZN9JJ/b4BfWmN38X3xZpJQN0mWI=
+NodeupConfigHash: K7akqZJYINOJDju9EVY9z/EqY5+M4qpV5lHHWQNduew=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then
