@@ -243,7 +243,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let keyset = spec_store.get_required("pki/private/kubernetes-ca/keyset.yaml").await.context("node join server: the cluster CA")?;
         let ca = base::pki::parse_private_keyset("kubernetes-ca", &keyset).context("node join server: the cluster CA")?;
         let listener = std::net::TcpListener::bind(&args.join_listen).with_context(|| format!("node join address {}", args.join_listen))?;
-        let authority = protokube::node_join::Authority::new(protokube::node_join::AuthorityConfig {
+        let config = protokube::node_join::AuthorityConfig {
             cluster: join_cluster,
             ca,
             sts_url: base::node_join::sts_endpoint(&region),
@@ -252,10 +252,23 @@ async fn run(args: Args) -> anyhow::Result<()> {
             iam: aws_sdk_iam::Client::new(&aws),
             store: spec_store.clone(),
             challenge_addr: protokube::node_join::challenge_at_instance(),
-        })
-        .await?;
-        tracing::info!(addr = %args.join_listen, sts = %authority.sts_url, "serving node joins");
-        protokube::node_join::spawn(listener, authority, metrics.clone(), Default::default())?;
+        };
+        // The server learns its own account before it admits anyone; until STS answers, workers
+        // wait (they retry) while etcd, backups and DNS go on.
+        let join_metrics = metrics.clone();
+        tokio::spawn(async move {
+            use backon::{ExponentialBuilder, Retryable as _};
+            let policy = ExponentialBuilder::default().with_min_delay(Duration::from_secs(1)).with_max_delay(Duration::from_secs(60)).without_max_times().with_jitter();
+            let authority = (|| protokube::node_join::Authority::new(config.clone()))
+                .retry(policy)
+                .notify(|e, wait| tracing::warn!(error = %e, retry_in = ?wait, "node join server not started yet"))
+                .await;
+            let Ok(authority) = authority else { return };
+            tracing::info!(sts = %authority.sts_url, "serving node joins");
+            if let Err(e) = protokube::node_join::spawn(listener, authority, join_metrics, Default::default()) {
+                tracing::error!(error = %e, "node join server did not start");
+            }
+        });
     }
 
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("SIGTERM handler")?;

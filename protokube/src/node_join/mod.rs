@@ -91,6 +91,7 @@ pub enum StartError {
 }
 
 /// What [`Authority::new`] needs.
+#[derive(Clone)]
 pub struct AuthorityConfig {
     pub cluster: String,
     pub ca: Keypair,
