@@ -21,21 +21,11 @@ pub enum ConfigError {
     Spec { field: String, message: String },
 }
 
-/// Well-known ports of an etcd cluster (kOps' assignments).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ports {
-    pub peer: u16,
-    pub client: u16,
-}
+/// Well-known ports of an etcd cluster (kOps' assignments, one table in [`keelson_api::ports`]).
+pub type Ports = keelson_api::ports::EtcdPorts;
 
 pub fn ports_for(etcd_cluster: &str) -> Option<Ports> {
-    match etcd_cluster {
-        "main" => Some(Ports { peer: 2380, client: 4001 }),
-        "events" => Some(Ports { peer: 2381, client: 4002 }),
-        "cilium" => Some(Ports { peer: 2382, client: 4003 }),
-        "leases" => Some(Ports { peer: 2383, client: 4004 }),
-        _ => None,
-    }
+    keelson_api::ports::etcd_ports(etcd_cluster)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
