@@ -164,12 +164,16 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         assert!(env.contains(&format!("export {k}=")), "env lacks {k}:\n{env}");
     }
     // The bootstrap addon was applied by protokube's addon controller (recorded with its hash), and
-    // its ClusterRoleBindings exist: workers joined through them.
+    // its ClusterRoleBindings exist; workers joined by cloud identity, so nothing is bound to
+    // system:bootstrappers (no bootstrap token could create or auto-approve a node's CSR).
     let record = kubeapi::configmap_data(&kc, "kube-system", "keelson-addons").unwrap().expect("kube-system/keelson-addons");
     assert!(record.contains_key("bootstrap-rbac.keelson.io.hash"), "{record:?}");
     let crbs = kubeapi::cluster_role_bindings(&kc).unwrap();
-    for b in ["keelson:node-bootstrapper", "keelson:node-autoapprove-bootstrap", "keelson:kubelet-api-admin"] {
+    for b in ["keelson:kubelet-api-admin", "keelson:node-autoapprove-certificate-rotation"] {
         assert!(crbs.iter().any(|c| c == b), "{b} missing: {crbs:?}");
+    }
+    for b in ["keelson:node-bootstrapper", "keelson:node-autoapprove-bootstrap"] {
+        assert!(!crbs.iter().any(|c| c == b), "{b} exists with cloud-identity joins: {crbs:?}");
     }
     // The example's additional objects took effect: its ConfigMap through the addon controller,
     // its KubeSchedulerConfiguration in every control plane's scheduler configuration.
