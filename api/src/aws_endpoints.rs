@@ -20,11 +20,8 @@ pub const ANNOTATION: &str = "keelson.io/aws-service-endpoints";
 
 /// Endpoint prefix (= SigV4 signing name) → the service ids the AWS cloud-controller-manager's
 /// cloud config names in its `[ServiceOverride]` sections (aws-sdk-go-v2 `ServiceID`s).
-pub const SERVICES: &[(&str, &[&str])] = &[
-    ("ec2", &["EC2"]),
-    ("elasticloadbalancing", &["Elastic Load Balancing", "Elastic Load Balancing v2"]),
-    ("kms", &["KMS"]),
-];
+pub const SERVICES: &[(&str, &[&str])] =
+    &[("ec2", &["EC2"]), ("elasticloadbalancing", &["Elastic Load Balancing", "Elastic Load Balancing v2"]), ("kms", &["KMS"])];
 
 /// One override: the endpoint prefix and its URL.
 #[derive(Debug, Clone, PartialEq, Eq)]

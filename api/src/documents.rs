@@ -225,10 +225,7 @@ pub fn parse_documents(bytes: &[u8]) -> Result<Documents, Vec<ParseError>> {
             let before = &bytes[..e.valid_up_to()];
             let line = before.iter().filter(|b| **b == b'\n').count() + 1;
             let column = before.iter().rev().take_while(|b| **b != b'\n').count() + 1;
-            return Err(syntax(
-                format!("the file is not UTF-8 text (invalid byte at offset {})", e.valid_up_to()),
-                Some(Location { line, column }),
-            ));
+            return Err(syntax(format!("the file is not UTF-8 text (invalid byte at offset {})", e.valid_up_to()), Some(Location { line, column })));
         }
     };
     if text.contains('\0') {

@@ -2,9 +2,9 @@
 // Every field is optional so a document round-trips exactly as written;
 // unknown fields are rejected. Do not edit by hand: change the generator.
 #![allow(clippy::all, missing_docs)]
-use std::collections::BTreeMap;
-use serde::{Deserialize, Serialize};
 use crate::merge::Merge;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -105,8 +105,7 @@ pub struct AddonSpec {
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct AlwaysAllowAuthorizationSpec {
-}
+pub struct AlwaysAllowAuthorizationSpec {}
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -907,8 +906,7 @@ pub struct CiliumNetworkingSpec {
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ClassicNetworkingSpec {
-}
+pub struct ClassicNetworkingSpec {}
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -1546,8 +1544,7 @@ pub struct DCGMExporterConfig {
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct DNSAccessSpec {
-}
+pub struct DNSAccessSpec {}
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -1926,8 +1923,7 @@ pub struct ExternalDNSConfig {
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ExternalNetworkingSpec {
-}
+pub struct ExternalNetworkingSpec {}
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -1969,8 +1965,7 @@ pub struct FlannelNetworkingSpec {
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct GCPNetworkingSpec {
-}
+pub struct GCPNetworkingSpec {}
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -2378,13 +2373,11 @@ pub struct KindnetNetworkingSpec {
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct KopeioAuthenticationSpec {
-}
+pub struct KopeioAuthenticationSpec {}
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct KopeioNetworkingSpec {
-}
+pub struct KopeioNetworkingSpec {}
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -3527,8 +3520,7 @@ pub struct KubeletConfigSpec {
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct KubenetNetworkingSpec {
-}
+pub struct KubenetNetworkingSpec {}
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -4164,8 +4156,7 @@ pub struct PodIdentityWebhookSpec {
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RBACAuthorizationSpec {
-}
+pub struct RBACAuthorizationSpec {}
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -6197,4 +6188,3 @@ impl Merge for WeaveNetworkingSpec {
         self.version.merge_from(&top.version);
     }
 }
-

@@ -150,10 +150,7 @@ mod tests {
         let top: ContainerdConfig = serde_yaml_ng::from_str("nvidiaGPU:\n  package: custom\nrunc: {}\n").expect("yaml");
         let m = ContainerdConfig::merged(&base, &top);
         assert_eq!(m.log_level.as_deref(), Some("info"));
-        assert_eq!(
-            m.nvidia_gpu,
-            Some(NvidiaGPUConfig { enabled: Some(true), package: Some("custom".into()), ..Default::default() })
-        );
+        assert_eq!(m.nvidia_gpu, Some(NvidiaGPUConfig { enabled: Some(true), package: Some("custom".into()), ..Default::default() }));
         assert_eq!(m.runc, base.runc, "an empty struct in top changes nothing");
     }
 
@@ -182,9 +179,7 @@ mod tests {
             b.merge_from(&serde_json::to_value(top).expect("to json"));
             serde_json::from_value(b).expect("from json")
         }
-        let base = kubelet(
-            "maxPods: 110\nfeatureGates: {A: 'true'}\ntaints: [a:NoSchedule]\nkubeReserved: {cpu: 100m}\nshutdownGracePeriod: 30s\n",
-        );
+        let base = kubelet("maxPods: 110\nfeatureGates: {A: 'true'}\ntaints: [a:NoSchedule]\nkubeReserved: {cpu: 100m}\nshutdownGracePeriod: 30s\n");
         let top = kubelet("featureGates: {B: 'false'}\ntaints: []\nkubeReserved: {memory: 1Gi}\nlogLevel: 4\n");
         assert_eq!(KubeletConfigSpec::merged(&base, &top), json_merge(&base, &top));
         assert_eq!(KubeletConfigSpec::merged(&top, &base), json_merge(&top, &base));

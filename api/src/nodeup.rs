@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::generated::{
-    APISpec, ContainerdConfig, FileAssetSpec, HookSpec, KubeAPIServerConfig, KubeControllerManagerConfig,
-    KubeProxyConfig, KubeSchedulerConfig, KubeletConfigSpec, NetworkingSpec, NvidiaGPUConfig,
+    APISpec, ContainerdConfig, FileAssetSpec, HookSpec, KubeAPIServerConfig, KubeControllerManagerConfig, KubeProxyConfig, KubeSchedulerConfig,
+    KubeletConfigSpec, NetworkingSpec, NvidiaGPUConfig,
 };
 
 /// Everything nodeup needs to configure one instance of an instance group.

@@ -96,9 +96,7 @@ impl FromStr for Quantity {
         let int = parts.next().unwrap_or("");
         let frac = parts.next();
         let digits_ok = |p: &str| p.bytes().all(|b| b.is_ascii_digit());
-        let ok = digits_ok(int)
-            && frac.is_none_or(digits_ok)
-            && (!int.is_empty() || frac.is_some_and(|f| !f.is_empty()));
+        let ok = digits_ok(int) && frac.is_none_or(digits_ok) && (!int.is_empty() || frac.is_some_and(|f| !f.is_empty()));
         if !ok || s.len() > 64 {
             return Err(invalid("quantity", s, EXPECTED));
         }
@@ -308,9 +306,7 @@ impl From<ipnet::IpNet> for Cidr {
 impl FromStr for Cidr {
     type Err = InvalidValue;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let net: ipnet::IpNet = s
-            .parse()
-            .map_err(|_| invalid("CIDR", s, "an address range such as 10.0.0.0/16 or 2001:db8::/56"))?;
+        let net: ipnet::IpNet = s.parse().map_err(|_| invalid("CIDR", s, "an address range such as 10.0.0.0/16 or 2001:db8::/56"))?;
         if net.trunc() != net {
             return Err(invalid("CIDR", s, "a network address with no host bits set"));
         }
@@ -370,18 +366,12 @@ impl FromStr for KubernetesVersion {
             p.parse().map_err(|_| bad())
         };
         if let Some(p) = pre {
-            let ok = !p.is_empty()
-                && p.split('.').all(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_alphanumeric()));
+            let ok = !p.is_empty() && p.split('.').all(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_alphanumeric()));
             if !ok {
                 return Err(bad());
             }
         }
-        Ok(KubernetesVersion {
-            major: num(nums[0])?,
-            minor: num(nums[1])?,
-            patch: num(nums[2])?,
-            pre: pre.map(str::to_string),
-        })
+        Ok(KubernetesVersion { major: num(nums[0])?, minor: num(nums[1])?, patch: num(nums[2])?, pre: pre.map(str::to_string) })
     }
 }
 
@@ -410,8 +400,7 @@ impl DnsName {
 impl FromStr for DnsName {
     type Err = InvalidValue;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        const EXPECTED: &str =
-            "a lower-case DNS name: labels of a-z, 0-9 and '-', not starting or ending with '-', joined by '.', at most 253 characters";
+        const EXPECTED: &str = "a lower-case DNS name: labels of a-z, 0-9 and '-', not starting or ending with '-', joined by '.', at most 253 characters";
         let label_ok = |l: &str| {
             !l.is_empty()
                 && l.len() <= 63
@@ -449,16 +438,35 @@ mod tests {
 
     #[test]
     fn quantities_are_canonical() {
-        for (input, want) in [("3.14", "3140m"), ("1000m", "1"), ("100m", "100m"), ("2000", "2k"), ("2048Mi", "2Gi"),
-            ("128Mi", "128Mi"), ("0.5", "500m"), ("1", "1"), ("70Mi", "70Mi"), ("2e3", "2e3")] {
+        for (input, want) in [
+            ("3.14", "3140m"),
+            ("1000m", "1"),
+            ("100m", "100m"),
+            ("2000", "2k"),
+            ("2048Mi", "2Gi"),
+            ("128Mi", "128Mi"),
+            ("0.5", "500m"),
+            ("1", "1"),
+            ("70Mi", "70Mi"),
+            ("2e3", "2e3"),
+        ] {
             assert_eq!(input.parse::<Quantity>().map(|q| q.to_string()), Ok(want.to_string()), "{input}");
         }
     }
 
     #[test]
     fn durations_print_like_go() {
-        let cases = [("1m", "1m0s"), ("30s", "30s"), ("1h30m", "1h30m0s"), ("0", "0s"), ("90s", "1m30s"),
-            ("1.5s", "1.5s"), ("500ms", "500ms"), ("2h", "2h0m0s"), ("1m0s", "1m0s")];
+        let cases = [
+            ("1m", "1m0s"),
+            ("30s", "30s"),
+            ("1h30m", "1h30m0s"),
+            ("0", "0s"),
+            ("90s", "1m30s"),
+            ("1.5s", "1.5s"),
+            ("500ms", "500ms"),
+            ("2h", "2h0m0s"),
+            ("1m0s", "1m0s"),
+        ];
         for (input, want) in cases {
             assert_eq!(input.parse::<Duration>().map(|d| d.to_string()), Ok(want.to_string()), "{input}");
         }

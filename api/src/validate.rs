@@ -251,7 +251,11 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
                 continue;
             };
             if ig.role() != Some(Role::ControlPlane) {
-                r.add(&cdoc, format!("{mpath}.instanceGroup"), format!("InstanceGroup {igname:?} has role {:?}: etcd members run only on control-plane groups", ig.spec.role.as_deref().unwrap_or("")));
+                r.add(
+                    &cdoc,
+                    format!("{mpath}.instanceGroup"),
+                    format!("InstanceGroup {igname:?} has role {:?}: etcd members run only on control-plane groups", ig.spec.role.as_deref().unwrap_or("")),
+                );
             }
             // A group's zones are its own `zones` (regional subnets, as on GCE), else its subnets' zones.
             let zones: BTreeSet<String> = match ig.spec.zones.as_ref().filter(|z| !z.is_empty()) {
@@ -259,7 +263,14 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
                 None => ig.spec.subnets.iter().flatten().filter_map(|s| subnet_zones.get(s).cloned().flatten()).collect(),
             };
             if zones.len() > 1 {
-                r.add(&cdoc, format!("{mpath}.instanceGroup"), format!("InstanceGroup {igname:?} spans zones {}: an etcd member's group must be in exactly one zone", zones.into_iter().collect::<Vec<_>>().join(", ")));
+                r.add(
+                    &cdoc,
+                    format!("{mpath}.instanceGroup"),
+                    format!(
+                        "InstanceGroup {igname:?} spans zones {}: an etcd member's group must be in exactly one zone",
+                        zones.into_iter().collect::<Vec<_>>().join(", ")
+                    ),
+                );
             }
         }
     }
@@ -317,7 +328,10 @@ mod tests {
 
     #[test]
     fn etcd_rules() {
-        let text = spec("    - name: b\n      instanceGroup: nodes\n    - name: b\n      instanceGroup: ghost\n", "---\napiVersion: kops.k8s.io/v1alpha2\nkind: InstanceGroup\nmetadata:\n  name: nodes\nspec:\n  role: Node\n");
+        let text = spec(
+            "    - name: b\n      instanceGroup: nodes\n    - name: b\n      instanceGroup: ghost\n",
+            "---\napiVersion: kops.k8s.io/v1alpha2\nkind: InstanceGroup\nmetadata:\n  name: nodes\nspec:\n  role: Node\n",
+        );
         let errs = errors(&text);
         for w in [
             "spec.etcdClusters[main].etcdMembers[b].instanceGroup: InstanceGroup \"nodes\" has role \"Node\"",

@@ -8,8 +8,7 @@ fn cases_dir() -> PathBuf {
 #[test]
 fn all_conformance_documents_parse_and_round_trip() {
     let dir = cases_dir();
-    let entries = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("conformance cases are needed at {}: {e}", dir.display()));
+    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("conformance cases are needed at {}: {e}", dir.display()));
     let mut checked = 0;
     let mut failures = Vec::new();
     for entry in entries {
@@ -20,8 +19,7 @@ fn all_conformance_documents_parse_and_round_trip() {
             match keelson_api::parse_documents(&bytes) {
                 Ok(docs) => {
                     checked += 1;
-                    let original: serde_yaml_ng::Value = serde_yaml_ng::from_slice(
-                        bytes.split(|b| *b == b'-').next().unwrap_or(&bytes)).unwrap_or_default();
+                    let original: serde_yaml_ng::Value = serde_yaml_ng::from_slice(bytes.split(|b| *b == b'-').next().unwrap_or(&bytes)).unwrap_or_default();
                     let _ = original;
                     let again = serde_yaml_ng::to_string(&docs.cluster).unwrap();
                     let back = keelson_api::parse_documents(again.as_bytes());

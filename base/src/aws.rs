@@ -60,10 +60,7 @@ impl Default for AwsOptions {
 /// EC2's `RequestLimitExceeded` and Route53's `Throttling`/`PriorRequestNotComplete` are retryable and
 /// draw from the client's retry quota).
 pub fn retry_config(opts: &AwsOptions) -> RetryConfig {
-    RetryConfig::standard()
-        .with_max_attempts(opts.max_attempts.max(1))
-        .with_initial_backoff(opts.initial_backoff)
-        .with_max_backoff(opts.max_backoff)
+    RetryConfig::standard().with_max_attempts(opts.max_attempts.max(1)).with_initial_backoff(opts.initial_backoff).with_max_backoff(opts.max_backoff)
 }
 
 /// Build the shared SDK configuration. HTTPS uses rustls with ring (no aws-lc build).
@@ -74,10 +71,7 @@ pub async fn sdk_config(opts: &AwsOptions) -> SdkConfig {
         .operation_attempt_timeout(opts.attempt_timeout)
         .operation_timeout(opts.operation_timeout)
         .build();
-    let mut loader = aws_config::defaults(BehaviorVersion::latest())
-        .http_client(http.clone())
-        .retry_config(retry_config(opts))
-        .timeout_config(timeouts);
+    let mut loader = aws_config::defaults(BehaviorVersion::latest()).http_client(http.clone()).retry_config(retry_config(opts)).timeout_config(timeouts);
     if let Some(region) = &opts.region {
         loader = loader.region(Region::new(region.clone()));
     }
@@ -86,14 +80,10 @@ pub async fn sdk_config(opts: &AwsOptions) -> SdkConfig {
     }
     if let Some(imds) = &opts.imds_endpoint {
         // Instance-role credentials from this IMDS, over the same HTTP client.
-        let provider = aws_config::provider_config::ProviderConfig::default()
-            .with_http_client(http.clone())
-            .with_region(opts.region.clone().map(Region::new));
+        let provider = aws_config::provider_config::ProviderConfig::default().with_http_client(http.clone()).with_region(opts.region.clone().map(Region::new));
         match aws_config::imds::Client::builder().configure(&provider).endpoint(imds) {
             Ok(client) => {
-                let chain = aws_config::default_provider::credentials::DefaultCredentialsChain::builder()
-                    .configure(provider)
-                    .imds_client(client.build());
+                let chain = aws_config::default_provider::credentials::DefaultCredentialsChain::builder().configure(provider).imds_client(client.build());
                 loader = loader.credentials_provider(chain.build().await);
             }
             Err(e) => tracing::warn!(endpoint = %imds, error = %e, "invalid IMDS endpoint; using the default for credentials"),
@@ -133,5 +123,8 @@ pub async fn instance_role_credentials(imds_endpoint: Option<&str>) -> Result<aw
         client = client.endpoint(url).map_err(|e| format!("IMDS endpoint {url}: {e}"))?;
     }
     let provider = aws_config::imds::credentials::ImdsCredentialsProvider::builder().configure(&conf).imds_client(client.build()).build();
-    provider.provide_credentials().await.map_err(|e| format!("instance role credentials from IMDS: {}", aws_smithy_types::error::display::DisplayErrorContext(e)))
+    provider
+        .provide_credentials()
+        .await
+        .map_err(|e| format!("instance role credentials from IMDS: {}", aws_smithy_types::error::display::DisplayErrorContext(e)))
 }

@@ -150,11 +150,7 @@ pub fn parse(what: &str, yaml: &str) -> Result<EncryptionConfiguration, Encrypti
                         .decode(k.secret.trim())
                         .map_err(|_| invalid(format!("{at}.{cipher}: key {}: secret is not base64", k.name)))?;
                     if k.name.is_empty() || !lengths.contains(&bytes.len()) {
-                        return Err(invalid(format!(
-                            "{at}.{cipher}: key {:?}: {} bytes (needs a name and {lengths:?} bytes)",
-                            k.name,
-                            bytes.len()
-                        )));
+                        return Err(invalid(format!("{at}.{cipher}: key {:?}: {} bytes (needs a name and {lengths:?} bytes)", k.name, bytes.len())));
                     }
                 }
             }

@@ -56,8 +56,7 @@ pub enum BackupError {
     Integrity { url: String, message: String },
 }
 
-const ID_FORMAT: &[time::format_description::FormatItem<'static>] =
-    time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]Z");
+const ID_FORMAT: &[time::format_description::FormatItem<'static>] = time::macros::format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]Z");
 
 /// `<RFC3339 UTC, seconds>-<6-digit sequence>`: sorts by time, unique per store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -152,10 +151,7 @@ impl Retention {
             // (first of its hour / day: ascending order means the first seen)
             let first_of_hour = hours_seen.insert(hour);
             let first_of_day = days_seen.insert(day);
-            let keep = newest.contains(&id)
-                || age < self.keep_all
-                || (first_of_hour && age < self.hourly)
-                || (first_of_day && age < self.daily);
+            let keep = newest.contains(&id) || age < self.keep_all || (first_of_hour && age < self.hourly) || (first_of_day && age < self.daily);
             if !keep {
                 out.push(id);
             }
@@ -188,10 +184,7 @@ impl std::fmt::Display for ClockSkew {
 /// `LastModified` disagree by more than [`MAX_NAME_SKEW`]; a prune deletes nothing while one does.
 pub fn clock_skew(stored: &[(BackupId, OffsetDateTime)]) -> Option<ClockSkew> {
     let limit = time::Duration::try_from(MAX_NAME_SKEW).unwrap_or(time::Duration::HOUR);
-    stored
-        .iter()
-        .find(|(id, modified)| (*modified - id.taken_at).abs() > limit)
-        .map(|(id, modified)| ClockSkew { id: *id, last_modified: *modified })
+    stored.iter().find(|(id, modified)| (*modified - id.taken_at).abs() > limit).map(|(id, modified)| ClockSkew { id: *id, last_modified: *modified })
 }
 
 /// The backup `restore --latest` takes from `ids`: the newest whose name-time is not more than
@@ -304,14 +297,8 @@ impl BackupStore {
 
     /// Every complete backup (its metadata written), oldest first.
     pub async fn ids(&self) -> Result<Vec<BackupId>, BackupError> {
-        let mut ids: Vec<BackupId> = self
-            .store
-            .list("")
-            .await?
-            .iter()
-            .filter_map(|k| k.strip_suffix(&format!("/{META_FILE}")))
-            .filter_map(BackupId::parse)
-            .collect();
+        let mut ids: Vec<BackupId> =
+            self.store.list("").await?.iter().filter_map(|k| k.strip_suffix(&format!("/{META_FILE}"))).filter_map(BackupId::parse).collect();
         ids.sort();
         Ok(ids)
     }
@@ -371,7 +358,10 @@ impl BackupStore {
             Some((size, sha)) if size == meta.size && sha == meta.sha256 => Ok(meta),
             got => {
                 let _ = std::fs::remove_file(dest);
-                Err(BackupError::Integrity { url: self.url(&key), message: format!("downloaded {got:?}, metadata says {} bytes, sha256 {}", meta.size, meta.sha256) })
+                Err(BackupError::Integrity {
+                    url: self.url(&key),
+                    message: format!("downloaded {got:?}, metadata says {} bytes, sha256 {}", meta.size, meta.sha256),
+                })
             }
         }
     }
@@ -388,16 +378,13 @@ impl BackupStore {
     /// a clock jumped, and this logs a warning and deletes nothing.
     pub async fn prune(&self, now: OffsetDateTime, retention: &Retention) -> Result<Vec<BackupId>, BackupError> {
         let objects = self.store.list_modified("").await?;
-        let stored: Vec<(BackupId, OffsetDateTime)> = objects
-            .iter()
-            .filter_map(|(key, modified)| Some((BackupId::parse(key.split('/').next()?)?, (*modified)?)))
-            .collect();
+        let stored: Vec<(BackupId, OffsetDateTime)> =
+            objects.iter().filter_map(|(key, modified)| Some((BackupId::parse(key.split('/').next()?)?, (*modified)?))).collect();
         if let Some(skew) = clock_skew(&stored) {
             tracing::warn!(store = %self.url(""), backup = %skew.id, last_modified = %rfc3339(skew.last_modified), "not pruning etcd backups: {skew}");
             return Ok(Vec::new());
         }
-        let mut complete: Vec<BackupId> =
-            objects.iter().filter_map(|(k, _)| k.strip_suffix(&format!("/{META_FILE}"))).filter_map(BackupId::parse).collect();
+        let mut complete: Vec<BackupId> = objects.iter().filter_map(|(k, _)| k.strip_suffix(&format!("/{META_FILE}"))).filter_map(BackupId::parse).collect();
         complete.sort();
         let mut gone = retention.expired(&complete, now);
         for id in stored.iter().map(|(id, _)| *id) {

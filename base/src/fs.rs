@@ -111,8 +111,7 @@ pub fn link_atomic(source: &Path, path: &Path, mode: u32) -> Result<(), FsError>
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(18) /* EXDEV */ || e.kind() == io::ErrorKind::PermissionDenied => {
                 let mut src = File::open(source).map_err(fs_err(source))?;
-                let mut dst =
-                    OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp).map_err(fs_err(&tmp))?;
+                let mut dst = OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp).map_err(fs_err(&tmp))?;
                 io::copy(&mut src, &mut dst).map_err(fs_err(&tmp))?;
                 dst.sync_all().map_err(fs_err(&tmp))?;
             }
@@ -209,11 +208,8 @@ mod tests {
         write_atomic(&p, b"two", 0o644, None).expect("write");
         assert_eq!(fs::read(&p).expect("read"), b"two");
         assert_eq!(mode_of(&p), Some(0o644));
-        let leftovers: Vec<_> = fs::read_dir(p.parent().expect("parent"))
-            .expect("ls")
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with(TEMP_PREFIX))
-            .collect();
+        let leftovers: Vec<_> =
+            fs::read_dir(p.parent().expect("parent")).expect("ls").flatten().filter(|e| e.file_name().to_string_lossy().starts_with(TEMP_PREFIX)).collect();
         assert!(leftovers.is_empty());
     }
 

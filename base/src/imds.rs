@@ -54,11 +54,7 @@ impl Identity {
         async fn need<M: InstanceMetadata>(imds: &M, v: Option<String>, path: &str) -> Result<String, ImdsError> {
             match v {
                 Some(v) => Ok(v),
-                None => imds
-                    .get(path)
-                    .await?
-                    .map(|s| s.trim().to_string())
-                    .ok_or_else(|| ImdsError::Missing { url: format!("/latest/meta-data/{path}") }),
+                None => imds.get(path).await?.map(|s| s.trim().to_string()).ok_or_else(|| ImdsError::Missing { url: format!("/latest/meta-data/{path}") }),
             }
         }
         let instance_id = need(imds, instance_id, "instance-id").await?;
@@ -105,14 +101,7 @@ impl Imds {
             .no_proxy()
             .build()
             .map_err(|source| ImdsError::Client { url: base.clone(), source })?;
-        Ok(Imds {
-            base,
-            http,
-            token: Mutex::new(None),
-            deadline: Duration::from_secs(30),
-            max_attempts: 10,
-            initial_backoff: Duration::from_millis(100),
-        })
+        Ok(Imds { base, http, token: Mutex::new(None), deadline: Duration::from_secs(30), max_attempts: 10, initial_backoff: Duration::from_millis(100) })
     }
 
     async fn token(&self, refresh: bool) -> Result<String, ImdsError> {
@@ -144,19 +133,9 @@ impl Imds {
 
     async fn attempt(&self, url: &str, refresh: bool) -> Result<Option<String>, ImdsError> {
         let token = self.token(refresh).await?;
-        let resp = self
-            .http
-            .get(url)
-            .header(TOKEN_HEADER, token)
-            .send()
-            .await
-            .map_err(|source| ImdsError::Transport { url: url.to_string(), source })?;
+        let resp = self.http.get(url).header(TOKEN_HEADER, token).send().await.map_err(|source| ImdsError::Transport { url: url.to_string(), source })?;
         match resp.status().as_u16() {
-            200 => resp
-                .text()
-                .await
-                .map(Some)
-                .map_err(|source| ImdsError::Transport { url: url.to_string(), source }),
+            200 => resp.text().await.map(Some).map_err(|source| ImdsError::Transport { url: url.to_string(), source }),
             404 => Ok(None),
             status => Err(ImdsError::Status { url: url.to_string(), status }),
         }
@@ -192,18 +171,13 @@ impl InstanceMetadata for Imds {
             // 401: the token expired or was revoked; fetch a new one and retry at once.
             let unauthorized = matches!(err, ImdsError::Status { status: 401, .. });
             refresh = unauthorized;
-            let retryable = unauthorized
-                || matches!(err, ImdsError::Transport { .. })
-                || matches!(err, ImdsError::Status { status, .. } if status == 429 || status >= 500);
+            let retryable =
+                unauthorized || matches!(err, ImdsError::Transport { .. }) || matches!(err, ImdsError::Status { status, .. } if status == 429 || status >= 500);
             if !retryable {
                 return Err(err);
             }
             let elapsed = start.elapsed();
-            let wait = if unauthorized && attempts == 1 {
-                Duration::ZERO
-            } else {
-                jittered(self.initial_backoff, attempts - 1, Duration::from_secs(2))
-            };
+            let wait = if unauthorized && attempts == 1 { Duration::ZERO } else { jittered(self.initial_backoff, attempts - 1, Duration::from_secs(2)) };
             if attempts >= self.max_attempts || elapsed + wait >= self.deadline {
                 return Err(ImdsError::Exhausted { url, attempts, elapsed, last: err.to_string() });
             }

@@ -9,10 +9,10 @@
 //! `keelson-cloud`; nor read the environment except the documented AWS variables the SDK reads.
 
 pub mod asset;
-pub mod encryption;
-pub mod etcd_backup;
 #[cfg(feature = "aws")]
 pub mod aws;
+pub mod encryption;
+pub mod etcd_backup;
 pub mod fs;
 pub mod imds;
 #[cfg(feature = "aws")]

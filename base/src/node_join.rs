@@ -155,10 +155,8 @@ pub fn authorization(signed: &SignedRequest) -> String {
 /// Decode an `Authorization` header value.
 pub fn parse_authorization(value: &str) -> Result<SignedRequest, JoinError> {
     use base64::Engine as _;
-    let token = value
-        .strip_prefix(AUTH_SCHEME)
-        .and_then(|t| t.strip_prefix(' '))
-        .ok_or_else(|| JoinError::Authorization(format!("expected scheme {AUTH_SCHEME}")))?;
+    let token =
+        value.strip_prefix(AUTH_SCHEME).and_then(|t| t.strip_prefix(' ')).ok_or_else(|| JoinError::Authorization(format!("expected scheme {AUTH_SCHEME}")))?;
     let json = base64::engine::general_purpose::STANDARD.decode(token.trim()).map_err(|e| JoinError::Authorization(format!("not base64: {e}")))?;
     serde_json::from_slice(&json).map_err(|e| JoinError::Authorization(format!("not a signed request: {e}")))
 }
@@ -245,7 +243,12 @@ impl CallerIdentity {
             return None;
         }
         let (role, session) = (r.next()?, r.next()?);
-        (!role.is_empty() && !session.is_empty()).then(|| AssumedRole { partition: partition.into(), account: account.into(), role: role.into(), session: session.into() })
+        (!role.is_empty() && !session.is_empty()).then(|| AssumedRole {
+            partition: partition.into(),
+            account: account.into(),
+            role: role.into(),
+            session: session.into(),
+        })
     }
 }
 

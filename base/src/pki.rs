@@ -17,10 +17,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
-use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-    KeyUsagePurpose, SanType,
-};
+use rcgen::{BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType};
 use serde::{Deserialize, Serialize};
 
 /// Why a PKI operation failed. Never carries key material.
@@ -108,19 +105,14 @@ fn keyset_yaml(name: &str, id: &str, kp: &Keypair, private: bool) -> Result<Stri
         spec: KeysetSpec {
             type_: "Keypair".into(),
             primary_id: id.into(),
-            keys: vec![KeysetItem {
-                id: id.into(),
-                public_material: Some(b64(&kp.cert_pem)),
-                private_material: private.then(|| b64(&kp.key_pem)),
-            }],
+            keys: vec![KeysetItem { id: id.into(), public_material: Some(b64(&kp.cert_pem)), private_material: private.then(|| b64(&kp.key_pem)) }],
         },
     };
     serde_yaml_ng::to_string(&doc).map_err(|e| PkiError::Keyset { name: name.into(), message: e.to_string() })
 }
 
 fn parse_keyset(name: &str, bytes: &[u8]) -> Result<(String, Option<String>), PkiError> {
-    let doc: KeysetDoc =
-        serde_yaml_ng::from_slice(bytes).map_err(|e| PkiError::Keyset { name: name.into(), message: e.to_string() })?;
+    let doc: KeysetDoc = serde_yaml_ng::from_slice(bytes).map_err(|e| PkiError::Keyset { name: name.into(), message: e.to_string() })?;
     let item = doc
         .spec
         .keys
@@ -289,15 +281,15 @@ pub fn csr_public_key(csr_pem: &str) -> Result<Vec<u8>, PkiError> {
     let bad = |m: String| PkiError::Keyset { name: "certificate signing request".into(), message: m };
     let block = ::pem::parse(csr_pem).map_err(|e| bad(format!("not PEM: {e}")))?;
     use x509_parser::prelude::FromDer as _;
-    let (_, req) = x509_parser::certification_request::X509CertificationRequest::from_der(block.contents())
-        .map_err(|e| bad(format!("not a PKCS#10 request: {e}")))?;
+    let (_, req) =
+        x509_parser::certification_request::X509CertificationRequest::from_der(block.contents()).map_err(|e| bad(format!("not a PKCS#10 request: {e}")))?;
     Ok(req.certification_request_info.subject_pki.raw.to_vec())
 }
 
 /// The SubjectPublicKeyInfo (DER) of a DER certificate.
 pub fn cert_public_key_der(cert_der: &[u8]) -> Result<Vec<u8>, PkiError> {
-    let (_, cert) = x509_parser::parse_x509_certificate(cert_der)
-        .map_err(|e| PkiError::Keyset { name: "certificate".into(), message: format!("not X.509: {e}") })?;
+    let (_, cert) =
+        x509_parser::parse_x509_certificate(cert_der).map_err(|e| PkiError::Keyset { name: "certificate".into(), message: format!("not X.509: {e}") })?;
     Ok(cert.public_key().raw.to_vec())
 }
 
@@ -321,8 +313,7 @@ pub fn sign_csr(ca_name: &str, ca: &Keypair, csr_pem: &str, spec: &CertSpec, val
 /// The CA as an rcgen issuer: rebuilt from its subject and key, so the leaf names the issuer by DN
 /// and key id, both of which match the stored CA certificate.
 fn issuer(ca_name: &str, ca: &Keypair, cn: &str) -> Result<(rcgen::Certificate, KeyPair), PkiError> {
-    let ca_key = KeyPair::from_pem(&ca.key_pem)
-        .map_err(|e| PkiError::Keyset { name: ca_name.into(), message: format!("private key: {e}") })?;
+    let ca_key = KeyPair::from_pem(&ca.key_pem).map_err(|e| PkiError::Keyset { name: ca_name.into(), message: format!("private key: {e}") })?;
     let issuer = ca_params(ca_name).self_signed(&ca_key).map_err(|source| PkiError::Issue { cn: cn.into(), source })?;
     Ok((issuer, ca_key))
 }
@@ -420,8 +411,7 @@ pub fn spec_of(cert_pem: &str) -> Result<CertSpec, PkiError> {
 
 /// The public key (PEM) of a private key (PEM), e.g. the service-account verification key.
 pub fn public_key_pem(key_pem: &str) -> Result<String, PkiError> {
-    let key = KeyPair::from_pem(key_pem)
-        .map_err(|e| PkiError::Keyset { name: "service-account".into(), message: format!("private key: {e}") })?;
+    let key = KeyPair::from_pem(key_pem).map_err(|e| PkiError::Keyset { name: "service-account".into(), message: format!("private key: {e}") })?;
     Ok(key.public_key_pem())
 }
 

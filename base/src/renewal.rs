@@ -62,15 +62,15 @@ mod tests {
         let ten_days = Duration::from_secs(10 * DAY);
         // (now, skew, due?)
         let table = [
-            (at(0), none, false),                   // fresh
-            (at(199 * DAY), none, false),           // 101 days left
-            (at(200 * DAY - 1), none, false),       // a second over a third left
-            (at(200 * DAY + 1), none, true),        // a second under a third left
-            (at(200 * DAY + 1), ten_days, false),   // skewed: renews only under 90 days left
+            (at(0), none, false),                 // fresh
+            (at(199 * DAY), none, false),         // 101 days left
+            (at(200 * DAY - 1), none, false),     // a second over a third left
+            (at(200 * DAY + 1), none, true),      // a second under a third left
+            (at(200 * DAY + 1), ten_days, false), // skewed: renews only under 90 days left
             (at(210 * DAY - 1), ten_days, false),
             (at(210 * DAY + 1), ten_days, true),
-            (at(life), none, true),                 // the last second
-            (at(life + DAY), none, true),           // expired
+            (at(life), none, true),       // the last second
+            (at(life + DAY), none, true), // expired
             (at(life + DAY), ten_days, true),
         ];
         for (i, (now, skew, due)) in table.into_iter().enumerate() {

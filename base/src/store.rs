@@ -60,7 +60,10 @@ pub enum ConfigBase {
     File(PathBuf),
     /// `http://…` or `https://…`, without a trailing slash.
     Http(String),
-    S3 { bucket: String, prefix: String },
+    S3 {
+        bucket: String,
+        prefix: String,
+    },
 }
 
 impl FromStr for ConfigBase {
@@ -166,11 +169,7 @@ impl StateStore {
         let backend = match base {
             ConfigBase::File(p) => Backend::File(p.clone()),
             ConfigBase::Http(url) => Backend::Http(
-                reqwest::Client::builder()
-                    .connect_timeout(timeout)
-                    .timeout(timeout)
-                    .build()
-                    .map_err(|source| StoreError::Http { url: url.clone(), source })?,
+                reqwest::Client::builder().connect_timeout(timeout).timeout(timeout).build().map_err(|source| StoreError::Http { url: url.clone(), source })?,
             ),
             ConfigBase::S3 { .. } => return Err(StoreError::NoS3 { base: base.to_string() }),
         };
@@ -683,11 +682,7 @@ mod s3 {
             Err(e) if matches!(e.code(), Some("PermanentRedirect") | Some("AuthorizationHeaderMalformed")) => {
                 // The bucket lives in another region: ask where, then read from there.
                 let loc = client.get_bucket_location().bucket(bucket).send().await.map_err(|e| err("GetBucketLocation", bucket, key, e))?;
-                let region = loc
-                    .location_constraint()
-                    .map(|c| c.as_str().to_string())
-                    .filter(|r| !r.is_empty())
-                    .unwrap_or_else(|| "us-east-1".into());
+                let region = loc.location_constraint().map(|c| c.as_str().to_string()).filter(|r| !r.is_empty()).unwrap_or_else(|| "us-east-1".into());
                 let conf = client.config().to_builder().region(aws_sdk_s3::config::Region::new(region)).build();
                 match aws_sdk_s3::Client::from_conf(conf).get_object().bucket(bucket).key(key).send().await {
                     Ok(r) => Ok(Some(r)),
@@ -724,7 +719,13 @@ mod s3 {
             client.put_object().bucket(bucket).key(key).body(body).send().await.map_err(|e| err("PutObject", bucket, key, e.into_service_error()))?;
             return Ok(());
         }
-        let created = client.create_multipart_upload().bucket(bucket).key(key).send().await.map_err(|e| err("CreateMultipartUpload", bucket, key, e.into_service_error()))?;
+        let created = client
+            .create_multipart_upload()
+            .bucket(bucket)
+            .key(key)
+            .send()
+            .await
+            .map_err(|e| err("CreateMultipartUpload", bucket, key, e.into_service_error()))?;
         let upload_id = created.upload_id().unwrap_or_default().to_string();
         let result = async {
             let mut done = Vec::with_capacity(parts.len());

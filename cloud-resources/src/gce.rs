@@ -60,11 +60,7 @@ pub fn render(model: &ClusterModel) -> Tree {
     let network = match &net.existing_id {
         Some(id) => id.clone(),
         None => {
-            let n = b.add(
-                "google_compute_network",
-                &net.name,
-                json!({"name": cluster, "auto_create_subnetworks": false}),
-            );
+            let n = b.add("google_compute_network", &net.name, json!({"name": cluster, "auto_create_subnetworks": false}));
             format!("${{{n}.name}}")
         }
     };

@@ -264,9 +264,7 @@ fn control_plane(p: &PolicyInputs, zone_id: Option<&str>) -> Vec<Value> {
     }
     let volumes = json!([format!("arn:{part}:ec2:*:*:snapshot/*"), format!("arn:{part}:ec2:*:*:volume/*")]);
     let groups = json!([format!("arn:{part}:ec2:*:*:security-group/*")]);
-    let tag_on_create = |actions: &[&str]| {
-        json!({"StringEquals": {"aws:RequestTag/KubernetesCluster": c, "ec2:CreateAction": actions}})
-    };
+    let tag_on_create = |actions: &[&str]| json!({"StringEquals": {"aws:RequestTag/KubernetesCluster": c, "ec2:CreateAction": actions}});
     let retag = json!({
         "Null": {"aws:RequestTag/KubernetesCluster": "true"},
         "StringEquals": {"aws:ResourceTag/KubernetesCluster": c},
@@ -311,11 +309,7 @@ fn control_plane(p: &PolicyInputs, zone_id: Option<&str>) -> Vec<Value> {
         describe.extend_from_slice(ECR_READ);
     }
     out.push(statement(&describe, json!("*"), None));
-    out.push(statement(
-        &["iam:CreateServiceLinkedRole"],
-        json!("*"),
-        Some(json!({"StringEquals": {"iam:AWSServiceName": SERVICE_LINKED_ROLE_SERVICES}})),
-    ));
+    out.push(statement(&["iam:CreateServiceLinkedRole"], json!("*"), Some(json!({"StringEquals": {"iam:AWSServiceName": SERVICE_LINKED_ROLE_SERVICES}}))));
     // The join server reads the instance profile a worker claims (to learn a custom profile's
     // role); workers joining with the static token never ask it.
     if !p.bootstrap_token && !p.node_instance_profiles.is_empty() {
@@ -380,14 +374,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn role(r: Role) -> IamRole {
-        IamRole {
-            name: "x".into(),
-            role: r,
-            managed_policies: vec![],
-            additional_statements: vec![],
-            permissions_boundary: None,
-            tags: BTreeMap::new(),
-        }
+        IamRole { name: "x".into(), role: r, managed_policies: vec![], additional_statements: vec![], permissions_boundary: None, tags: BTreeMap::new() }
     }
 
     fn inputs() -> PolicyInputs {
@@ -414,7 +401,13 @@ mod tests {
     }
 
     fn actions(doc: &Value) -> Vec<String> {
-        doc["Statement"].as_array().into_iter().flatten().flat_map(|s| s["Action"].as_array().cloned().unwrap_or_default()).filter_map(|a| a.as_str().map(str::to_string)).collect()
+        doc["Statement"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|s| s["Action"].as_array().cloned().unwrap_or_default())
+            .filter_map(|a| a.as_str().map(str::to_string))
+            .collect()
     }
 
     #[test]

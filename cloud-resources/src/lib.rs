@@ -68,12 +68,7 @@ pub async fn plan_apply(target: &aws::AwsTarget, model: &ClusterModel, store: &S
 }
 
 /// Plan a delete: reads only.
-pub async fn plan_delete(
-    target: &aws::AwsTarget,
-    model: &ClusterModel,
-    store: &StateStore,
-    volumes: bool,
-) -> Result<AwsPlan, ApplyError> {
+pub async fn plan_delete(target: &aws::AwsTarget, model: &ClusterModel, store: &StateStore, volumes: bool) -> Result<AwsPlan, ApplyError> {
     ensure_aws(model)?;
     let mut resolved = target.resolve_for_delete(model).await?;
     let discovered = target.discover(model, &resolved).await?;
@@ -88,11 +83,6 @@ pub async fn plan_delete(
 }
 
 /// Execute a plan computed by [`plan_apply`] or [`plan_delete`].
-pub async fn execute(
-    target: &aws::AwsTarget,
-    model: &ClusterModel,
-    store: &StateStore,
-    planned: &mut AwsPlan,
-) -> Result<usize, ApplyError> {
+pub async fn execute(target: &aws::AwsTarget, model: &ClusterModel, store: &StateStore, planned: &mut AwsPlan) -> Result<usize, ApplyError> {
     Ok(target.execute(model, &planned.resolved, &planned.plan, &mut planned.discovered, store).await?)
 }

@@ -399,10 +399,8 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
     };
     let config_base = spec.config_base.clone().ok_or_else(|| missing("spec.configBase"))?;
     let spec_subnets = spec.subnets.clone().unwrap_or_default();
-    let region = spec_subnets
-        .iter()
-        .find_map(|s| s.region.clone().or_else(|| s.zone.as_deref().map(region_of_zone)))
-        .ok_or_else(|| missing("spec.subnets[].zone"))?;
+    let region =
+        spec_subnets.iter().find_map(|s| s.region.clone().or_else(|| s.zone.as_deref().map(region_of_zone))).ok_or_else(|| missing("spec.subnets[].zone"))?;
 
     let subnets: Vec<Subnet> = spec_subnets
         .iter()
@@ -434,13 +432,7 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
         (CloudKind::Aws, None) => Some(routing(&cluster, &subnets)?),
         _ => None,
     };
-    let network = Network {
-        name: cluster.clone(),
-        cidr: spec.network_cidr.map(|c| c.to_string()),
-        existing_id: spec.network_id.clone(),
-        subnets,
-        routing,
-    };
+    let network = Network { name: cluster.clone(), cidr: spec.network_cidr.map(|c| c.to_string()), existing_id: spec.network_id.clone(), subnets, routing };
 
     let cloud_labels = spec.cloud_labels.clone().unwrap_or_default();
     let mut roles: Vec<Role> = docs.instance_groups.iter().filter_map(InstanceGroup::role).collect();
@@ -476,11 +468,7 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
     for ig in &docs.instance_groups {
         let group = ig.name().to_string();
         let g = &ig.spec;
-        let gerr = |field: &str, message: &str| ModelError::Group {
-            group: group.clone(),
-            field: field.to_string(),
-            message: message.to_string(),
-        };
+        let gerr = |field: &str, message: &str| ModelError::Group { group: group.clone(), field: field.to_string(), message: message.to_string() };
         let role = ig.role().ok_or_else(|| gerr("spec.role", "unknown role"))?;
         let name = keelson_api::names::autoscaling_group_name(&group, &cluster);
         let image = g.image.clone().ok_or_else(|| gerr("spec.image", "required for apply"))?;
@@ -503,11 +491,8 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
         let mut subnet_names = Vec::new();
         let mut zones: Vec<String> = g.zones.clone().unwrap_or_default();
         for s in &group_subnets {
-            let found = network
-                .subnets
-                .iter()
-                .find(|n| &n.spec_name == s)
-                .ok_or_else(|| gerr("spec.subnets", &format!("no subnet named {s:?} in the Cluster")))?;
+            let found =
+                network.subnets.iter().find(|n| &n.spec_name == s).ok_or_else(|| gerr("spec.subnets", &format!("no subnet named {s:?} in the Cluster")))?;
             subnet_names.push(found.cloud_name.clone());
             if g.zones.is_none() {
                 zones.extend(found.zone.clone());
@@ -547,9 +532,7 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
                 })
             }
         };
-        let public = group_subnets.iter().any(|s| {
-            network.subnets.iter().any(|n| &n.spec_name == s && matches!(n.kind.as_str(), "Public" | "Utility"))
-        });
+        let public = group_subnets.iter().any(|s| network.subnets.iter().any(|n| &n.spec_name == s && matches!(n.kind.as_str(), "Public" | "Utility")));
         launch_templates.push(LaunchTemplate {
             name: name.clone(),
             group: group.clone(),
@@ -563,16 +546,9 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
             root_volume_iops: g.root_volume_iops,
             root_volume_throughput: g.root_volume_throughput,
             root_volume_encrypted: g.root_volume_encryption.unwrap_or(true),
-            security_groups: vec![g
-                .security_group_override
-                .clone()
-                .unwrap_or_else(|| format!("{}.{cluster}", role_plural(role)))],
+            security_groups: vec![g.security_group_override.clone().unwrap_or_else(|| format!("{}.{cluster}", role_plural(role)))],
             additional_security_groups: g.additional_security_groups.clone().unwrap_or_default(),
-            instance_profile: g
-                .iam
-                .as_ref()
-                .and_then(|i| i.profile.clone())
-                .unwrap_or_else(|| format!("{}.{cluster}", role_plural(role))),
+            instance_profile: g.iam.as_ref().and_then(|i| i.profile.clone()).unwrap_or_else(|| format!("{}.{cluster}", role_plural(role))),
             associate_public_ip: g.associate_public_ip.unwrap_or(public),
             associate_public_ip_explicit: g.associate_public_ip.is_some(),
             spot: match (&mixed, &g.max_price) {
@@ -664,23 +640,11 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
             tags.extend(cluster_tags(&cluster, &lb_sg_name));
             let mut ingress: Vec<IngressRule> = api
                 .iter()
-                .map(|c| IngressRule {
-                    group: lb_sg_name.clone(),
-                    protocol: "tcp".into(),
-                    from_port: 443,
-                    to_port: 443,
-                    source: RuleSource::Cidr(c.clone()),
-                })
+                .map(|c| IngressRule { group: lb_sg_name.clone(), protocol: "tcp".into(), from_port: 443, to_port: 443, source: RuleSource::Cidr(c.clone()) })
                 .collect();
             ingress.sort();
             ingress.dedup();
-            security_groups.push(SecurityGroup {
-                name: lb_sg_name.clone(),
-                role: None,
-                description: "Security group for api ELB".into(),
-                tags,
-                ingress,
-            });
+            security_groups.push(SecurityGroup { name: lb_sg_name.clone(), role: None, description: "Security group for api ELB".into(), tags, ingress });
         }
     }
     if let Some(lb) = &load_balancer {
@@ -689,13 +653,11 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
         }
     }
     let iam_roles = iam_roles(&cluster, spec, &docs.instance_groups, &cloud_labels)?;
-    let bootstrap_token = keelson_api::nodeup::node_bootstrap_method(completed.metadata.annotations.as_ref(), true)
-        .map_err(|v| ModelError::Field {
-            cluster: cluster.clone(),
-            field: format!("metadata.annotations[{}]", keelson_api::nodeup::NODE_BOOTSTRAP_ANNOTATION),
-            message: format!("{v:?}: expected \"token\" or \"cloud-identity\""),
-        })?
-        == keelson_api::nodeup::NodeBootstrapMethod::Token;
+    let bootstrap_token = keelson_api::nodeup::node_bootstrap_method(completed.metadata.annotations.as_ref(), true).map_err(|v| ModelError::Field {
+        cluster: cluster.clone(),
+        field: format!("metadata.annotations[{}]", keelson_api::nodeup::NODE_BOOTSTRAP_ANNOTATION),
+        message: format!("{v:?}: expected \"token\" or \"cloud-identity\""),
+    })? == keelson_api::nodeup::NodeBootstrapMethod::Token;
     let policy_inputs = super::iam_policy::PolicyInputs::new(&cluster, &region, &config_base, spec, &docs.instance_groups, bootstrap_token);
 
     let dns_type = spec.topology.as_ref().and_then(|t| t.dns.as_ref()).and_then(|d| d.type_.clone());
@@ -734,11 +696,7 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
         Some(Dns { zone: spec.dns_zone.clone(), private: dns_type.as_deref() == Some("Private"), records, alias_records })
     };
 
-    let state = tree
-        .files
-        .iter()
-        .filter_map(|(k, v)| k.strip_prefix("state/").map(|rel| (rel.to_string(), v.clone())))
-        .collect();
+    let state = tree.files.iter().filter_map(|(k, v)| k.strip_prefix("state/").map(|rel| (rel.to_string(), v.clone()))).collect();
 
     Ok(ClusterModel {
         cluster,
@@ -818,18 +776,12 @@ fn api_load_balancer(
     groups: &[InstanceGroup],
     cloud_labels: &BTreeMap<String, String>,
 ) -> Result<ApiLoadBalancer, ModelError> {
-    let field = |f: &str, message: &str| ModelError::Field {
-        cluster: cluster.to_string(),
-        field: format!("spec.api.loadBalancer.{f}"),
-        message: message.to_string(),
-    };
+    let field =
+        |f: &str, message: &str| ModelError::Field { cluster: cluster.to_string(), field: format!("spec.api.loadBalancer.{f}"), message: message.to_string() };
     match lb.class.as_deref() {
         Some("Network") => {}
         Some("Classic") | None => {
-            return Err(field(
-                "class",
-                "Classic: AWS Classic Load Balancers are no longer supported for the API (as in kOps); set class: Network",
-            ))
+            return Err(field("class", "Classic: AWS Classic Load Balancers are no longer supported for the API (as in kOps); set class: Network"))
         }
         Some(other) => return Err(field("class", &format!("{other:?}: expected Network"))),
     }
@@ -860,11 +812,8 @@ fn api_load_balancer(
         _ => {
             // One subnet per zone: Public/Utility for a public balancer, Private/DualStack for an
             // internal one; Utility first, then subnets the control plane uses, then by name.
-            let cp_subnets: Vec<String> = groups
-                .iter()
-                .filter(|g| g.role() == Some(Role::ControlPlane))
-                .flat_map(|g| g.spec.subnets.clone().unwrap_or_default())
-                .collect();
+            let cp_subnets: Vec<String> =
+                groups.iter().filter(|g| g.role() == Some(Role::ControlPlane)).flat_map(|g| g.spec.subnets.clone().unwrap_or_default()).collect();
             let mut best: BTreeMap<String, (i32, &Subnet)> = BTreeMap::new();
             for s in &network.subnets {
                 let score = match (internal, s.kind.as_str()) {
@@ -887,10 +836,7 @@ fn api_load_balancer(
         }
     };
     if subnets.is_empty() {
-        return Err(field(
-            "type",
-            &format!("no {} subnet for the load balancer", if internal { "Private" } else { "Public or Utility" }),
-        ));
+        return Err(field("type", &format!("no {} subnet for the load balancer", if internal { "Private" } else { "Public or Utility" })));
     }
     let mut security_groups = vec![lb.security_group_override.clone().unwrap_or_else(|| format!("api-elb.{cluster}"))];
     security_groups.extend(lb.additional_security_groups.clone().unwrap_or_default());
@@ -952,22 +898,15 @@ fn routing(cluster: &str, subnets: &[Subnet]) -> Result<Routing, ModelError> {
                 })
             }
             None => {
-                let utility = subnets.iter().find(|u| is_public(u) && u.zone.as_deref() == Some(zone.as_str())).ok_or_else(|| {
-                    ModelError::Missing {
-                        cluster: cluster.to_string(),
-                        field: format!(
-                            "spec.subnets: a Utility subnet in {zone} for the NAT gateway of private subnet {} (or set its egress)",
-                            private[0].spec_name
-                        ),
-                    }
+                let utility = subnets.iter().find(|u| is_public(u) && u.zone.as_deref() == Some(zone.as_str())).ok_or_else(|| ModelError::Missing {
+                    cluster: cluster.to_string(),
+                    field: format!(
+                        "spec.subnets: a Utility subnet in {zone} for the NAT gateway of private subnet {} (or set its egress)",
+                        private[0].spec_name
+                    ),
                 })?;
                 let nat = format!("{zone}.{cluster}");
-                nat_gateways.push(NatGateway {
-                    name: nat.clone(),
-                    zone: zone.clone(),
-                    subnet: utility.cloud_name.clone(),
-                    tags: cluster_tags(cluster, &nat),
-                });
+                nat_gateways.push(NatGateway { name: nat.clone(), zone: zone.clone(), subnet: utility.cloud_name.clone(), tags: cluster_tags(cluster, &nat) });
                 RouteTarget::NatGateway(nat)
             }
         };
@@ -983,10 +922,7 @@ fn routing(cluster: &str, subnets: &[Subnet]) -> Result<Routing, ModelError> {
 
 /// Parse the completed Cluster out of a compiled tree.
 pub fn completed_cluster(tree: &Tree) -> Result<Cluster, ModelError> {
-    let bytes = tree
-        .files
-        .get("cluster-completed.yaml")
-        .ok_or_else(|| ModelError::Completed("missing from the compiled tree".into()))?;
+    let bytes = tree.files.get("cluster-completed.yaml").ok_or_else(|| ModelError::Completed("missing from the compiled tree".into()))?;
     serde_yaml_ng::from_slice(bytes).map_err(|e| ModelError::Completed(e.to_string()))
 }
 

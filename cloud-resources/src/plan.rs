@@ -180,13 +180,7 @@ pub fn diff(desired: &[Resource], actual: &[Resource], scope: Scope) -> Plan {
     if let Scope::Apply = scope {
         for d in desired {
             match actual_by_key.get(&d.key()) {
-                None => changes.push(Change {
-                    kind: d.kind(),
-                    name: d.name.clone(),
-                    action: Action::Create,
-                    desired: Some(d.clone()),
-                    actual: None,
-                }),
+                None => changes.push(Change { kind: d.kind(), name: d.name.clone(), action: Action::Create, desired: Some(d.clone()), actual: None }),
                 Some(a) => {
                     let fc = field_changes(d.kind(), d, a);
                     if !fc.is_empty() {
@@ -208,12 +202,7 @@ pub fn diff(desired: &[Resource], actual: &[Resource], scope: Scope) -> Plan {
                 !desired_by_key.contains_key(&a.key())
                     && matches!(
                         a.kind(),
-                        Kind::AutoscalingGroup
-                            | Kind::LaunchTemplate
-                            | Kind::SecurityGroupRule
-                            | Kind::SecurityGroup
-                            | Kind::LoadBalancer
-                            | Kind::TargetGroup
+                        Kind::AutoscalingGroup | Kind::LaunchTemplate | Kind::SecurityGroupRule | Kind::SecurityGroup | Kind::LoadBalancer | Kind::TargetGroup
                     )
             }
             Scope::Delete { volumes } => match a.kind() {
@@ -233,9 +222,7 @@ pub fn diff(desired: &[Resource], actual: &[Resource], scope: Scope) -> Plan {
             _ => (0, std::cmp::Reverse(Kind::DnsRecord)),
         };
         let (rx, ry) = (rank(x), rank(y));
-        rx.0.cmp(&ry.0)
-            .then_with(|| if rx.0 == 0 { x.kind.cmp(&y.kind) } else { rx.1.cmp(&ry.1) })
-            .then_with(|| x.name.cmp(&y.name))
+        rx.0.cmp(&ry.0).then_with(|| if rx.0 == 0 { x.kind.cmp(&y.kind) } else { rx.1.cmp(&ry.1) }).then_with(|| x.name.cmp(&y.name))
     });
     Plan { changes, rolling: Vec::new(), notes: Vec::new() }
 }

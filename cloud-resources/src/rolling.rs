@@ -145,14 +145,7 @@ pub async fn status(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions) 
     Ok(out)
 }
 
-async fn group_status(
-    t: &AwsTarget,
-    name: &str,
-    group: &str,
-    role: Role,
-    launch_template: &str,
-    force: bool,
-) -> Result<Option<GroupStatus>, RollingError> {
+async fn group_status(t: &AwsTarget, name: &str, group: &str, role: Role, launch_template: &str, force: bool) -> Result<Option<GroupStatus>, RollingError> {
     let resp = t.asg.describe_auto_scaling_groups().auto_scaling_group_names(name).send().await.map_err(|e| api("DescribeAutoScalingGroups", name, e))?;
     let Some(g) = resp.auto_scaling_groups().first() else { return Ok(None) };
     let lts = t
@@ -169,13 +162,7 @@ async fn group_status(
     let ids: Vec<String> = g.instances().iter().filter_map(|i| i.instance_id().map(str::to_string)).collect();
     let mut launched_from: BTreeMap<String, (String, String)> = BTreeMap::new();
     for chunk in ids.chunks(500) {
-        let resp = t
-            .ec2
-            .describe_instances()
-            .set_instance_ids(Some(chunk.to_vec()))
-            .send()
-            .await
-            .map_err(|e| api("DescribeInstances", name, e))?;
+        let resp = t.ec2.describe_instances().set_instance_ids(Some(chunk.to_vec())).send().await.map_err(|e| api("DescribeInstances", name, e))?;
         for i in resp.reservations().iter().flat_map(|r| r.instances()) {
             let tag = |k: &str| i.tags().iter().find(|t| t.key() == Some(k)).and_then(|t| t.value()).map(str::to_string);
             if let (Some(id), Some(tid), Some(v)) = (i.instance_id(), tag("aws:ec2launchtemplate:id"), tag("aws:ec2launchtemplate:version")) {
@@ -280,11 +267,7 @@ async fn wait_for_replacement(
             let live: BTreeMap<&str, &InstanceStatus> = now.instances.iter().map(|i| (i.id.as_str(), i)).collect();
             let gone = live.get(terminated).is_none_or(|i| i.lifecycle.starts_with("Terminat"));
             let ready = now.ready() as i32 >= now.desired;
-            let new = now
-                .instances
-                .iter()
-                .find(|i| !before.contains(&i.id) && i.lifecycle == "InService" && i.healthy && !i.outdated)
-                .map(|i| i.id.clone());
+            let new = now.instances.iter().find(|i| !before.contains(&i.id) && i.lifecycle == "InService" && i.healthy && !i.outdated).map(|i| i.id.clone());
             if let (true, true, Some(new)) = (gone, ready, new) {
                 return Ok(new);
             }
@@ -339,11 +322,7 @@ async fn validate(cmd: &[String], group: &str, instance: &str, opts: &RollingOpt
     let fail = |message: String| RollingError::Validation { group: group.to_string(), instance: instance.to_string(), message };
     let (program, args) = cmd.split_first().ok_or_else(|| fail("empty --validate-command".into()))?;
     loop {
-        let out = tokio::process::Command::new(program)
-            .args(args)
-            .output()
-            .await
-            .map_err(|e| fail(format!("cannot run {program}: {e}")))?;
+        let out = tokio::process::Command::new(program).args(args).output().await.map_err(|e| fail(format!("cannot run {program}: {e}")))?;
         if out.status.success() {
             log(&format!("{group}: validation passed"));
             return Ok(());

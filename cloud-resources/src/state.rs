@@ -38,8 +38,7 @@ pub const ENCRYPTION_RESOURCE: &str = "secrets/encryptionconfig (encryption at r
 /// keysets as one resource that exists once created, and the encryption configuration when
 /// `encryption` (never compared: its content is the operator's once created).
 pub fn desired(state: &BTreeMap<String, Vec<u8>>, encryption: bool) -> Vec<Resource> {
-    let mut out: Vec<Resource> =
-        state.iter().map(|(rel, bytes)| Resource::new(Kind::StateFile, rel.clone()).attr("sha256", base::sha256_hex(bytes))).collect();
+    let mut out: Vec<Resource> = state.iter().map(|(rel, bytes)| Resource::new(Kind::StateFile, rel.clone()).attr("sha256", base::sha256_hex(bytes))).collect();
     out.push(Resource::new(Kind::Keyset, PKI_RESOURCE));
     if encryption {
         out.push(Resource::new(Kind::Keyset, ENCRYPTION_RESOURCE));
@@ -48,12 +47,7 @@ pub fn desired(state: &BTreeMap<String, Vec<u8>>, encryption: bool) -> Vec<Resou
 }
 
 /// What the store holds for the desired files (reads only).
-pub async fn discover(
-    store: &StateStore,
-    state: &BTreeMap<String, Vec<u8>>,
-    etcd_clusters: &[String],
-    encryption: bool,
-) -> Result<Vec<Resource>, StateError> {
+pub async fn discover(store: &StateStore, state: &BTreeMap<String, Vec<u8>>, etcd_clusters: &[String], encryption: bool) -> Result<Vec<Resource>, StateError> {
     let mut out = Vec::new();
     for rel in state.keys() {
         if let Some(bytes) = store.get(rel).await? {
@@ -77,10 +71,7 @@ pub async fn discover(
 pub fn pki_files(etcd_clusters: &[String]) -> Vec<String> {
     let mut names = base::pki::ca_names(etcd_clusters);
     names.push("service-account".into());
-    let mut out: Vec<String> = names
-        .iter()
-        .flat_map(|n| [format!("pki/private/{n}/keyset.yaml"), format!("pki/issued/{n}/keyset.yaml")])
-        .collect();
+    let mut out: Vec<String> = names.iter().flat_map(|n| [format!("pki/private/{n}/keyset.yaml"), format!("pki/issued/{n}/keyset.yaml")]).collect();
     out.push("secrets/node-bootstrap-token".into());
     out
 }

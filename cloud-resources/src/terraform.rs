@@ -55,9 +55,8 @@ impl Blocks {
             Value::Object(m) => m,
             _ => Map::new(),
         };
-        let to_value = |m: BTreeMap<String, BTreeMap<String, Value>>| {
-            Value::Object(m.into_iter().map(|(k, v)| (k, Value::Object(v.into_iter().collect()))).collect())
-        };
+        let to_value =
+            |m: BTreeMap<String, BTreeMap<String, Value>>| Value::Object(m.into_iter().map(|(k, v)| (k, Value::Object(v.into_iter().collect()))).collect());
         if !self.data.is_empty() {
             root.insert("data".into(), to_value(std::mem::take(&mut self.data)));
         }
@@ -139,11 +138,8 @@ fn render_aws(model: &ClusterModel) -> Tree {
     }
     let zone_ref = match &model.dns {
         Some(dns) => dns.zone.as_ref().map(|zone| {
-            let zone_body = if zone.starts_with('Z') && !zone.contains('.') {
-                json!({"zone_id": zone})
-            } else {
-                json!({"name": zone, "private_zone": dns.private})
-            };
+            let zone_body =
+                if zone.starts_with('Z') && !zone.contains('.') { json!({"zone_id": zone}) } else { json!({"name": zone, "private_zone": dns.private}) };
             b.add_data("aws_route53_zone", "dns-zone", zone_body)
         }),
         None => None,
@@ -151,11 +147,8 @@ fn render_aws(model: &ClusterModel) -> Tree {
     let profile_refs = render_iam(&mut b, model, zone_ref.as_deref());
     let mut sg_ids: BTreeMap<String, String> = BTreeMap::new();
     for sg in &model.security_groups {
-        let reference = b.add(
-            "aws_security_group",
-            &sg.name,
-            json!({"name": sg.name, "description": sg.description, "vpc_id": vpc_id, "tags": tags_value(&sg.tags)}),
-        );
+        let reference =
+            b.add("aws_security_group", &sg.name, json!({"name": sg.name, "description": sg.description, "vpc_id": vpc_id, "tags": tags_value(&sg.tags)}));
         sg_ids.insert(sg.name.clone(), r(&reference, "id"));
     }
     for sg in &model.security_groups {
@@ -176,9 +169,7 @@ fn render_aws(model: &ClusterModel) -> Tree {
             });
             match &rule.source {
                 super::model::RuleSource::Cidr(c) => body["cidr_blocks"] = json!([c]),
-                super::model::RuleSource::Group(g) => {
-                    body["source_security_group_id"] = json!(sg_ids.get(g).cloned().unwrap_or_else(|| g.clone()))
-                }
+                super::model::RuleSource::Group(g) => body["source_security_group_id"] = json!(sg_ids.get(g).cloned().unwrap_or_else(|| g.clone())),
             }
             b.add("aws_security_group_rule", &rule.name().replace(": ", "-").replace(' ', "-"), body);
         }
@@ -213,33 +204,29 @@ fn render_aws(model: &ClusterModel) -> Tree {
         if let Some(t) = lt.root_volume_throughput {
             ebs["throughput"] = json!(t);
         }
-        let sgs: Vec<String> = lt
-            .security_groups
-            .iter()
-            .chain(lt.additional_security_groups.iter())
-            .map(|s| sg_ids.get(s).cloned().unwrap_or_else(|| s.clone()))
-            .collect();
+        let sgs: Vec<String> =
+            lt.security_groups.iter().chain(lt.additional_security_groups.iter()).map(|s| sg_ids.get(s).cloned().unwrap_or_else(|| s.clone())).collect();
         let user_data = b.data_file_base64(&format!("aws_launch_template_{}_user_data", tf_name(&lt.name)), &lt.user_data);
         let mut body = json!({
-                "name": lt.name,
-                "image_id": r(ami, "id"),
-                "instance_type": lt.machine_type,
-                "metadata_options": {
-                    "http_endpoint": "enabled",
-                    "http_tokens": lt.http_tokens,
-                    "http_put_response_hop_limit": lt.hop_limit,
-                },
-                "block_device_mappings": [{"device_name": r(ami, "root_device_name"), "ebs": ebs}],
-                "vpc_security_group_ids": sgs,
-                "iam_instance_profile": {"name": profile_refs.get(&lt.instance_profile).cloned().unwrap_or_else(|| lt.instance_profile.clone())},
-                "user_data": user_data,
-                "tag_specifications": [
-                    {"resource_type": "instance", "tags": tags_value(&lt.tags)},
-                    {"resource_type": "volume", "tags": tags_value(&lt.tags)},
-                ],
-                "tags": tags_value(&lt.tags),
-                "lifecycle": {"create_before_destroy": true},
-            });
+            "name": lt.name,
+            "image_id": r(ami, "id"),
+            "instance_type": lt.machine_type,
+            "metadata_options": {
+                "http_endpoint": "enabled",
+                "http_tokens": lt.http_tokens,
+                "http_put_response_hop_limit": lt.hop_limit,
+            },
+            "block_device_mappings": [{"device_name": r(ami, "root_device_name"), "ebs": ebs}],
+            "vpc_security_group_ids": sgs,
+            "iam_instance_profile": {"name": profile_refs.get(&lt.instance_profile).cloned().unwrap_or_else(|| lt.instance_profile.clone())},
+            "user_data": user_data,
+            "tag_specifications": [
+                {"resource_type": "instance", "tags": tags_value(&lt.tags)},
+                {"resource_type": "volume", "tags": tags_value(&lt.tags)},
+            ],
+            "tags": tags_value(&lt.tags),
+            "lifecycle": {"create_before_destroy": true},
+        });
         if let Some(spot) = &lt.spot {
             let mut options = json!({"instance_interruption_behavior": spot.interruption_behavior});
             if let Some(p) = &spot.max_price {
@@ -267,8 +254,7 @@ fn render_aws(model: &ClusterModel) -> Tree {
     }
     for g in &model.groups {
         let lt = lt_refs.get(&g.launch_template).cloned().unwrap_or_default();
-        let tags: Vec<Value> =
-            g.tags.iter().map(|(k, v)| json!({"key": k, "value": v, "propagate_at_launch": true})).collect();
+        let tags: Vec<Value> = g.tags.iter().map(|(k, v)| json!({"key": k, "value": v, "propagate_at_launch": true})).collect();
         let subnets: Vec<String> = g.subnets.iter().map(|s| subnet_ids.get(s).cloned().unwrap_or_else(|| s.clone())).collect();
         let mut body = json!({
             "name": g.name,
@@ -444,11 +430,7 @@ fn render_iam(b: &mut Blocks, model: &ClusterModel, zone_ref: Option<&str>) -> B
         for (i, arn) in role.managed_policies.iter().enumerate() {
             b.add("aws_iam_role_policy_attachment", &format!("{}-{i}", role.name), json!({"role": r(&role_ref, "name"), "policy_arn": arn}));
         }
-        let profile = b.add(
-            "aws_iam_instance_profile",
-            &role.name,
-            json!({"name": role.name, "role": r(&role_ref, "name"), "tags": tags_value(&role.tags)}),
-        );
+        let profile = b.add("aws_iam_instance_profile", &role.name, json!({"name": role.name, "role": r(&role_ref, "name"), "tags": tags_value(&role.tags)}));
         profiles.insert(role.name.clone(), r(&profile, "id"));
     }
     profiles
@@ -528,8 +510,7 @@ pub fn structural_problems(tree: &Tree) -> Vec<String> {
             }
         }
     }
-    let locals: BTreeSet<String> =
-        root.get("locals").and_then(Value::as_object).map(|o| o.keys().cloned().collect()).unwrap_or_default();
+    let locals: BTreeSet<String> = root.get("locals").and_then(Value::as_object).map(|o| o.keys().cloned().collect()).unwrap_or_default();
     let mut strings = Vec::new();
     let mut stack = vec![&root];
     while let Some(v) = stack.pop() {
@@ -620,10 +601,7 @@ mod tests {
     #[test]
     fn checker_finds_dangling_references_and_files() {
         let mut t = Tree::default();
-        t.insert(
-            MAIN_FILE,
-            r#"{"resource":{"aws_vpc":{"v":{"x":"${aws_subnet.s.id}","y":"${filebase64(\"${path.module}/data/nope\")}"}}}}"#,
-        );
+        t.insert(MAIN_FILE, r#"{"resource":{"aws_vpc":{"v":{"x":"${aws_subnet.s.id}","y":"${filebase64(\"${path.module}/data/nope\")}"}}}}"#);
         let p = structural_problems(&t);
         assert_eq!(p.len(), 2, "{p:?}");
         t.insert(MAIN_FILE, r#"{"resource":{"aws_vpc":{"v":{"x":"${aws_vpc.v.id}"}}}}"#);

@@ -188,14 +188,14 @@ pub async fn kube_client(path: Option<&std::path::Path>, context: &str) -> Resul
 pub async fn validate(target: &AwsTarget, model: &ClusterModel, kube: &kube::Client) -> Result<Report, ValidateError> {
     let groups = rolling::status(target, model, &RollingOptions::default()).await?;
     // Private IP of every instance in service.
-    let ids: Vec<String> =
-        groups.iter().flat_map(|g| g.instances.iter().filter(|i| i.lifecycle == "InService").map(|i| i.id.clone())).collect();
+    let ids: Vec<String> = groups.iter().flat_map(|g| g.instances.iter().filter(|i| i.lifecycle == "InService").map(|i| i.id.clone())).collect();
     let mut ip_of: BTreeMap<String, String> = BTreeMap::new();
     if !ids.is_empty() {
-        let resp = target.ec2.describe_instances().set_instance_ids(Some(ids)).send().await.map_err(|e| ValidateError::Instances {
-            message: aws_smithy_types::error::display::DisplayErrorContext(&e).to_string(),
-            source: Box::new(e),
-        })?;
+        let resp =
+            target.ec2.describe_instances().set_instance_ids(Some(ids)).send().await.map_err(|e| ValidateError::Instances {
+                message: aws_smithy_types::error::display::DisplayErrorContext(&e).to_string(),
+                source: Box::new(e),
+            })?;
         for i in resp.reservations().iter().flat_map(|r| r.instances()) {
             if let (Some(id), Some(ip)) = (i.instance_id(), i.private_ip_address()) {
                 ip_of.insert(id.to_string(), ip.to_string());
@@ -233,14 +233,7 @@ pub async fn validate(target: &AwsTarget, model: &ClusterModel, kube: &kube::Cli
         if (ready as i32) < g.min {
             fail("InstanceGroup", &g.group, format!("did not have enough ready nodes: {ready} of at least {}", g.min));
         }
-        group_reports.push(GroupReport {
-            name: g.group.clone(),
-            role: role_name(g.role).into(),
-            min: g.min,
-            max: g.max,
-            instances: in_service.len(),
-            ready,
-        });
+        group_reports.push(GroupReport { name: g.group.clone(), role: role_name(g.role).into(), min: g.min, max: g.max, instances: in_service.len(), ready });
     }
     for n in &nodes.items {
         let name = n.metadata.name.clone().unwrap_or_default();

@@ -54,21 +54,11 @@ impl Intercept for CallCounter {
     }
     // Operation metadata is in the config bag only once the operation's plugins ran, so calls are
     // counted when the operation finishes (successfully or not).
-    fn read_after_execution(
-        &self,
-        _ctx: &FinalizerInterceptorContextRef<'_>,
-        _rc: &RuntimeComponents,
-        cfg: &mut ConfigBag,
-    ) -> Result<(), BoxError> {
+    fn read_after_execution(&self, _ctx: &FinalizerInterceptorContextRef<'_>, _rc: &RuntimeComponents, cfg: &mut ConfigBag) -> Result<(), BoxError> {
         self.bump(key(cfg), 1, 0);
         Ok(())
     }
-    fn read_before_attempt(
-        &self,
-        _ctx: &BeforeTransmitInterceptorContextRef<'_>,
-        _rc: &RuntimeComponents,
-        cfg: &mut ConfigBag,
-    ) -> Result<(), BoxError> {
+    fn read_before_attempt(&self, _ctx: &BeforeTransmitInterceptorContextRef<'_>, _rc: &RuntimeComponents, cfg: &mut ConfigBag) -> Result<(), BoxError> {
         self.bump(key(cfg), 0, 1);
         Ok(())
     }

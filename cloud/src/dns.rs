@@ -91,12 +91,8 @@ pub trait Dns {
     }
     /// As [`Dns::find_zone`], preferring a private (`Some(true)`) or public (`Some(false)`) zone when
     /// both exist under one name.
-    fn find_zone_with(
-        &self,
-        id_or_name: Option<&str>,
-        fqdn: &str,
-        private: Option<bool>,
-    ) -> impl std::future::Future<Output = Result<String, DnsError>> + Send;
+    fn find_zone_with(&self, id_or_name: Option<&str>, fqdn: &str, private: Option<bool>)
+        -> impl std::future::Future<Output = Result<String, DnsError>> + Send;
     /// Every record in the zone whose name is `suffix` or ends in `.suffix`.
     fn list_records(&self, zone: &str, suffix: &str) -> impl std::future::Future<Output = Result<Vec<Record>, DnsError>> + Send;
     /// Apply changes in [`batches`]; returns the number of calls made.
@@ -135,17 +131,8 @@ fn to_rrset(r: &Record) -> Result<ResourceRecordSet, DnsError> {
 impl Dns for Route53Dns {
     async fn find_zone_with(&self, id_or_name: Option<&str>, fqdn: &str, private: Option<bool>) -> Result<String, DnsError> {
         if let Some(id) = id_or_name.filter(|s| looks_like_zone_id(s)) {
-            let resp = self
-                .client
-                .get_hosted_zone()
-                .id(id.trim_start_matches("/hostedzone/"))
-                .send()
-                .await
-                .map_err(|e| api_err("GetHostedZone", id, e))?;
-            return resp
-                .hosted_zone()
-                .map(|z| z.id().trim_start_matches("/hostedzone/").to_string())
-                .ok_or_else(|| DnsError::NoZone(id.to_string()));
+            let resp = self.client.get_hosted_zone().id(id.trim_start_matches("/hostedzone/")).send().await.map_err(|e| api_err("GetHostedZone", id, e))?;
+            return resp.hosted_zone().map(|z| z.id().trim_start_matches("/hostedzone/").to_string()).ok_or_else(|| DnsError::NoZone(id.to_string()));
         }
         let candidates: Vec<String> = match id_or_name {
             Some(name) => vec![normalize_name(name)],
@@ -256,9 +243,8 @@ mod tests {
         assert!(batches(&[]).is_empty());
         let one: Vec<_> = (0..1201).map(|i| upsert(i, 1)).collect();
         assert_eq!(batches(&one).iter().map(|b| b.len()).collect::<Vec<_>>(), vec![500, 500, 201]);
-        let deletes: Vec<_> = (0..1000)
-            .map(|i| RecordChange::Delete(Record { name: format!("d{i}"), rtype: "A".into(), ttl: 60, values: vec!["1.1.1.1".into()] }))
-            .collect();
+        let deletes: Vec<_> =
+            (0..1000).map(|i| RecordChange::Delete(Record { name: format!("d{i}"), rtype: "A".into(), ttl: 60, values: vec!["1.1.1.1".into()] })).collect();
         assert_eq!(batches(&deletes).iter().map(|b| b.len()).collect::<Vec<_>>(), vec![900, 100]);
         let fat = vec![upsert(0, 3), upsert(1, 3)];
         assert_eq!(batches(&fat).len(), 1);

@@ -19,7 +19,7 @@ pub mod fault;
 pub mod volumes;
 
 pub use base::aws::{sdk_config, AwsOptions};
+pub use base::imds::{Identity, Imds, ImdsError, InstanceMetadata};
 pub use base::{aws, imds};
 pub use dns::{Dns, DnsError, Record, RecordChange, Route53Dns};
-pub use base::imds::{Identity, Imds, ImdsError, InstanceMetadata};
 pub use volumes::{Ec2, Instance, InstanceState, Instances, Volume, VolumeError, VolumeFilter, Volumes};

@@ -134,11 +134,7 @@ fn volume_from(v: &aws_sdk_ec2::types::Volume) -> Volume {
         zone: v.availability_zone().unwrap_or_default().to_string(),
         state: v.state().map(|s| s.as_str().to_string()).unwrap_or_default(),
         size_gib: v.size().unwrap_or_default(),
-        tags: v
-            .tags()
-            .iter()
-            .filter_map(|t| Some((t.key()?.to_string(), t.value().unwrap_or_default().to_string())))
-            .collect(),
+        tags: v.tags().iter().filter_map(|t| Some((t.key()?.to_string(), t.value().unwrap_or_default().to_string()))).collect(),
         attachments: v
             .attachments()
             .iter()
@@ -200,31 +196,16 @@ impl Volumes for Ec2 {
     }
 
     async fn detach_volume(&self, volume: &str, instance: &str) -> Result<(), VolumeError> {
-        self.client
-            .detach_volume()
-            .volume_id(volume)
-            .instance_id(instance)
-            .force(true)
-            .send()
-            .await
-            .map(|_| ())
-            .or_else(|e| match e.code() {
-                // Already detached (AWS detaches a terminated instance's volumes by itself).
-                Some("InvalidAttachment.NotFound") => Ok(()),
-                _ => Err(api_err("DetachVolume", volume, e)),
-            })
+        self.client.detach_volume().volume_id(volume).instance_id(instance).force(true).send().await.map(|_| ()).or_else(|e| match e.code() {
+            // Already detached (AWS detaches a terminated instance's volumes by itself).
+            Some("InvalidAttachment.NotFound") => Ok(()),
+            _ => Err(api_err("DetachVolume", volume, e)),
+        })
     }
 
     async fn tag_volume(&self, volume: &str, tags: &[(String, String)]) -> Result<(), VolumeError> {
         let tags: Vec<Tag> = tags.iter().map(|(k, v)| Tag::builder().key(k).value(v).build()).collect();
-        self.client
-            .create_tags()
-            .resources(volume)
-            .set_tags(Some(tags))
-            .send()
-            .await
-            .map(|_| ())
-            .map_err(|e| api_err("CreateTags", volume, e))
+        self.client.create_tags().resources(volume).set_tags(Some(tags)).send().await.map(|_| ()).map_err(|e| api_err("CreateTags", volume, e))
     }
 }
 
@@ -262,11 +243,7 @@ impl Instances for Ec2 {
                         zone: i.placement().and_then(|p| p.availability_zone()).map(str::to_string),
                         private_ip: i.private_ip_address().map(str::to_string),
                         public_ip: i.public_ip_address().map(str::to_string),
-                        devices: i
-                            .block_device_mappings()
-                            .iter()
-                            .filter_map(|b| b.device_name().map(str::to_string))
-                            .collect(),
+                        devices: i.block_device_mappings().iter().filter_map(|b| b.device_name().map(str::to_string)).collect(),
                     });
                 }
             }

@@ -24,9 +24,8 @@ fn ec2_throttling_is_retried_then_succeeds() {
         aws_sdk_ec2::Client::new(&conf).create_volume().availability_zone("us-east-1a").size(1).send().await.expect("CreateVolume");
         let throttle = Throttle::new(ThrottleKind::Ec2RequestLimitExceeded, 3);
         let counter = CallCounter::default();
-        let client = aws_sdk_ec2::Client::from_conf(
-            aws_sdk_ec2::config::Builder::from(&conf).interceptor(throttle.clone()).interceptor(counter.clone()).build(),
-        );
+        let client =
+            aws_sdk_ec2::Client::from_conf(aws_sdk_ec2::config::Builder::from(&conf).interceptor(throttle.clone()).interceptor(counter.clone()).build());
         let vols = Ec2::new(client).find_volumes(&VolumeFilter::default()).await.expect("DescribeVolumes");
         assert_eq!(vols.len(), 1);
         assert_eq!(throttle.injected(), 3);
@@ -121,10 +120,7 @@ fn imds_identity_with_tokens() {
     rt().block_on(async {
         let imds = Imds::new(Some(&srv.url)).expect("client");
         let id = Identity::resolve(&imds, None, None, None, None).await.expect("identity");
-        assert_eq!(
-            id,
-            Identity { instance_id: "i-0abc".into(), zone: "eu-west-1b".into(), region: "eu-west-1".into(), internal_ip: "172.20.64.10".into() }
-        );
+        assert_eq!(id, Identity { instance_id: "i-0abc".into(), zone: "eu-west-1b".into(), region: "eu-west-1".into(), internal_ip: "172.20.64.10".into() });
         assert_eq!(srv.faults().tokens_issued, 1, "token reused");
         // Overrides are not fetched.
         let id = Identity::resolve(&imds, Some("i-x".into()), None, None, Some("10.0.0.1".into())).await.expect("identity");

@@ -134,18 +134,10 @@ pub fn classify(file_name: &str) -> AssetKind {
         n if n.starts_with("protokube-linux-") => bin(crate::paths::PROTOKUBE_BIN),
         n if n.starts_with("runc.") => bin(crate::paths::RUNC_BIN),
         n if n.starts_with("ecr-credential-provider") => bin(crate::paths::ECR_CREDENTIAL_PROVIDER_BIN),
-        n if tgz && n.starts_with("containerd-") => {
-            AssetKind::Archive { prefix: Some("bin/".into()), only: None, dest_dir: crate::paths::BIN_DIR.into() }
-        }
-        n if tgz && n.starts_with("cni-plugins-") => {
-            AssetKind::Archive { prefix: None, only: None, dest_dir: crate::paths::CNI_BIN_DIR.into() }
-        }
-        n if tgz && n.starts_with("nerdctl-") => {
-            AssetKind::Archive { prefix: None, only: Some("nerdctl".into()), dest_dir: crate::paths::BIN_DIR.into() }
-        }
-        n if tgz && n.starts_with("crictl-") => {
-            AssetKind::Archive { prefix: None, only: Some("crictl".into()), dest_dir: crate::paths::BIN_DIR.into() }
-        }
+        n if tgz && n.starts_with("containerd-") => AssetKind::Archive { prefix: Some("bin/".into()), only: None, dest_dir: crate::paths::BIN_DIR.into() },
+        n if tgz && n.starts_with("cni-plugins-") => AssetKind::Archive { prefix: None, only: None, dest_dir: crate::paths::CNI_BIN_DIR.into() },
+        n if tgz && n.starts_with("nerdctl-") => AssetKind::Archive { prefix: None, only: Some("nerdctl".into()), dest_dir: crate::paths::BIN_DIR.into() },
+        n if tgz && n.starts_with("crictl-") => AssetKind::Archive { prefix: None, only: Some("crictl".into()), dest_dir: crate::paths::BIN_DIR.into() },
         _ => AssetKind::Other,
     }
 }
@@ -273,11 +265,7 @@ impl Fetcher {
             let len = f.metadata().ok().map(|m| m.len());
             return Ok((Box::new(f), len));
         }
-        let resp = self
-            .client(url)?
-            .get(url)
-            .send()
-            .map_err(|source| AssetError::Request { url: url.to_string(), source })?;
+        let resp = self.client(url)?.get(url).send().map_err(|source| AssetError::Request { url: url.to_string(), source })?;
         if !resp.status().is_success() {
             return Err(AssetError::Status { url: url.to_string(), status: resp.status().as_u16() });
         }
@@ -584,7 +572,15 @@ mod tests {
         assert_eq!(fs::read(d.join("ctr")).expect("ctr"), b"client");
         assert!(!d.join("README").exists(), "outside the prefix");
         // Only the unpacked directory is left: the downloaded archive is gone.
-        assert_eq!(w.cache_entries(), ["sha256".to_string(), format!("sha256/{}.d", asset.sha256), format!("sha256/{}.d/containerd", asset.sha256), format!("sha256/{}.d/ctr", asset.sha256)]);
+        assert_eq!(
+            w.cache_entries(),
+            [
+                "sha256".to_string(),
+                format!("sha256/{}.d", asset.sha256),
+                format!("sha256/{}.d/containerd", asset.sha256),
+                format!("sha256/{}.d/ctr", asset.sha256)
+            ]
+        );
     }
 
     /// A mirror serving a wrong archive, watched while it is still sending: nothing of it is
@@ -649,15 +645,19 @@ mod tests {
         let zeros = vec![0u8; 4 << 20];
         let half = vec![7u8; 600 << 10];
         let cases: [(&str, Vec<(&str, &[u8])>, fn(&AssetError) -> bool); 5] = [
-            ("one entry of 4 MiB of zeros", vec![("bin/containerd", &zeros)], |e| matches!(e, AssetError::Archive { source: ArchiveError::TooLarge { limit: CAP }, .. })),
-            (
-                "entries that add up past the cap, outside the prefix too",
-                vec![("README", &half), ("bin/ctr", &half)],
-                |e| matches!(e, AssetError::Archive { source: ArchiveError::TooLarge { .. }, .. }),
-            ),
-            ("a .. entry", vec![("bin/../../etc/cron.d/x", b"* * * * * root sh")], |e| matches!(e, AssetError::Archive { source: ArchiveError::UnsafePath { .. }, .. })),
+            ("one entry of 4 MiB of zeros", vec![("bin/containerd", &zeros)], |e| {
+                matches!(e, AssetError::Archive { source: ArchiveError::TooLarge { limit: CAP }, .. })
+            }),
+            ("entries that add up past the cap, outside the prefix too", vec![("README", &half), ("bin/ctr", &half)], |e| {
+                matches!(e, AssetError::Archive { source: ArchiveError::TooLarge { .. }, .. })
+            }),
+            ("a .. entry", vec![("bin/../../etc/cron.d/x", b"* * * * * root sh")], |e| {
+                matches!(e, AssetError::Archive { source: ArchiveError::UnsafePath { .. }, .. })
+            }),
             ("a leading .. entry", vec![("../bin/containerd", b"x")], |e| matches!(e, AssetError::Archive { source: ArchiveError::UnsafePath { .. }, .. })),
-            ("an absolute entry", vec![("/usr/local/bin/containerd", b"x")], |e| matches!(e, AssetError::Archive { source: ArchiveError::UnsafePath { .. }, .. })),
+            ("an absolute entry", vec![("/usr/local/bin/containerd", b"x")], |e| {
+                matches!(e, AssetError::Archive { source: ArchiveError::UnsafePath { .. }, .. })
+            }),
         ];
         for (what, entries, expected) in cases {
             let w = world(FetchOptions { max_unpacked_bytes: CAP, ..Default::default() });

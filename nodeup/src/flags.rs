@@ -96,8 +96,7 @@ fn collect(value: &Value, table: &[FlagSpec], out: &mut Vec<String>) {
                 }
             }
             FlagKind::StrMap => {
-                let mut items: Vec<String> =
-                    v.as_object().map(|m| m.iter().map(|(k, v)| format!("{k}={}", scalar(v))).collect()).unwrap_or_default();
+                let mut items: Vec<String> = v.as_object().map(|m| m.iter().map(|(k, v)| format!("{k}={}", scalar(v))).collect()).unwrap_or_default();
                 items.sort();
                 if !items.is_empty() {
                     out.push(format!("--{name}={}", items.join(",")));

@@ -11,9 +11,7 @@ fn in_container() -> bool {
     if Path::new("/run/systemd/container").exists() {
         return true;
     }
-    std::fs::read("/proc/1/environ")
-        .map(|env| env.split(|b| *b == 0).any(|kv| kv.starts_with(b"container=")))
-        .unwrap_or(false)
+    std::fs::read("/proc/1/environ").map(|env| env.split(|b| *b == 0).any(|kv| kv.starts_with(b"container="))).unwrap_or(false)
 }
 
 /// The host being configured.
@@ -65,24 +63,15 @@ impl Host {
             tracing::debug!("kernel module {} already loaded", args[0]);
             return Ok(());
         }
-        let out = Command::new(prog)
-            .args(args)
-            .output()
-            .map_err(|e| CommandError { argv: line.clone(), message: e.to_string() })?;
+        let out = Command::new(prog).args(args).output().map_err(|e| CommandError { argv: line.clone(), message: e.to_string() })?;
         if !out.status.success() && matches!(*prog, "sysctl" | "modprobe") && in_container() {
             // In a container the host kernel owns modules and non-namespaced sysctls; the
             // namespaced ones were applied, the rest are the host's to set.
-            tracing::warn!(
-                "`{line}` failed inside a container ({}): leaving it to the host kernel",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
+            tracing::warn!("`{line}` failed inside a container ({}): leaving it to the host kernel", String::from_utf8_lossy(&out.stderr).trim());
             return Ok(());
         }
         if !out.status.success() {
-            return Err(CommandError {
-                argv: line,
-                message: format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim()),
-            });
+            return Err(CommandError { argv: line, message: format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim()) });
         }
         Ok(())
     }

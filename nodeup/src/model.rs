@@ -16,9 +16,9 @@ use crate::nodetasks::{
     file_task_name, DirTask, DownloadTask, FileTask, InstallArchiveTask, InstallTask, PodManifestTask, ServiceOffTask, ServiceTask, SwapOffTask,
 };
 use crate::paths;
-use base::pki::{self, CertSpec, Keypair, PkiError, Usage};
 use crate::render::{self, containerd, kubelet, manifests, systemd};
 use crate::tasks::{Ctx, Task, TaskError};
+use base::pki::{self, CertSpec, Keypair, PkiError, Usage};
 
 /// Why the task list could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -94,10 +94,10 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
     let aws = inp.boot.cloud_provider == "aws";
 
     // Assets first: downloads start at once, concurrently.
-    let list = cfg.assets.get(&inp.facts.arch).ok_or_else(|| ModelError::NoAssets {
-        arch: inp.facts.arch.clone(),
-        have: cfg.assets.keys().cloned().collect::<Vec<_>>().join(", "),
-    })?;
+    let list = cfg
+        .assets
+        .get(&inp.facts.arch)
+        .ok_or_else(|| ModelError::NoAssets { arch: inp.facts.arch.clone(), have: cfg.assets.keys().cloned().collect::<Vec<_>>().join(", ") })?;
     let mut installed: Vec<String> = Vec::new(); // install task names, by binary
     let mut containerd_inputs = Vec::new();
     let mut kubelet_inputs = Vec::new();
@@ -173,11 +173,9 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
     let ca_cert_pem = if runs_api {
         load_ca(inp.store, "kubernetes-ca")?.cert_pem
     } else {
-        cfg.cas
-            .get("kubernetes-ca")
-            .filter(|pem| !pem.trim().is_empty())
-            .cloned()
-            .ok_or_else(|| render_err("NodeupConfig: CAs")("kubernetes-ca is not pinned (run `keelson apply`, which pins the cluster CA into every NodeupConfig)".to_string()))?
+        cfg.cas.get("kubernetes-ca").filter(|pem| !pem.trim().is_empty()).cloned().ok_or_else(|| {
+            render_err("NodeupConfig: CAs")("kubernetes-ca is not pinned (run `keelson apply`, which pins the cluster CA into every NodeupConfig)".to_string())
+        })?
     };
     tasks.push(Box::new(FileTask::new(paths::CA_CRT, ca_cert_pem.clone(), 0o644)));
     let ca_dep = file_task_name(paths::CA_CRT);
@@ -269,9 +267,7 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         let content = fa.content.clone().unwrap_or_default();
         let bytes = if fa.is_base64 == Some(true) {
             use base64::Engine as _;
-            base64::engine::general_purpose::STANDARD
-                .decode(content.trim())
-                .map_err(|e| render_err("fileAssets")(format!("{path}: {e}")))?
+            base64::engine::general_purpose::STANDARD.decode(content.trim()).map_err(|e| render_err("fileAssets")(format!("{path}: {e}")))?
         } else {
             content.into_bytes()
         };
@@ -726,14 +722,7 @@ pub struct KubeconfigTask {
 
 impl KubeconfigTask {
     fn local(path: &str, ca: Arc<Keypair>, spec: CertSpec, ca_dep: &str) -> KubeconfigTask {
-        KubeconfigTask {
-            path: path.into(),
-            server: "https://127.0.0.1".into(),
-            ca_name: "kubernetes-ca".into(),
-            ca,
-            spec,
-            deps: vec![ca_dep.to_string()],
-        }
+        KubeconfigTask { path: path.into(), server: "https://127.0.0.1".into(), ca_name: "kubernetes-ca".into(), ca, spec, deps: vec![ca_dep.to_string()] }
     }
 }
 

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::assets::{Asset, AssetKind};
-use base::fs::{fs_err, Owner};
 use crate::paths;
 use crate::tasks::{Ctx, Task, TaskError};
+use base::fs::{fs_err, Owner};
 
 /// Task name of a file (others depend on it by this name).
 pub fn file_task_name(path: &str) -> String {
@@ -116,11 +116,7 @@ impl Task for DownloadTask {
         download_task_name(&self.asset)
     }
     fn check(&self, ctx: &Ctx, _: bool) -> Result<Vec<String>, TaskError> {
-        Ok(if ctx.assets.is_cached(&self.asset) {
-            vec![]
-        } else {
-            vec![format!("download {} (sha256 {})", self.asset.urls[0], &self.asset.sha256[..12])]
-        })
+        Ok(if ctx.assets.is_cached(&self.asset) { vec![] } else { vec![format!("download {} (sha256 {})", self.asset.urls[0], &self.asset.sha256[..12])] })
     }
     fn apply(&self, ctx: &Ctx, _: bool) -> Result<(), TaskError> {
         Ok(ctx.assets.fetch(&self.asset)?)
@@ -408,7 +404,6 @@ impl Task for SwapOffTask {
         Ok(())
     }
 }
-
 
 /// The annotation on a static pod that names the sha256 of the files it reads at start only (a
 /// kubeconfig with an embedded certificate): when one changes, the manifest changes and the

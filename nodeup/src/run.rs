@@ -82,9 +82,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Outcome> {
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the I/O runtime")?;
     // Instance facts: flags win; then IMDSv2 on a live AWS host (or when --imds-url is given).
-    let imds_url = opts.imds_url.clone().or_else(|| {
-        (host.is_live() && boot.cloud_provider == "aws").then(|| base::imds::DEFAULT_BASE_URL.to_string())
-    });
+    let imds_url = opts.imds_url.clone().or_else(|| (host.is_live() && boot.cloud_provider == "aws").then(|| base::imds::DEFAULT_BASE_URL.to_string()));
     facts.imds_url = imds_url.clone();
     if let Some(url) = &imds_url {
         let imds = base::imds::Imds::new(Some(url))?;
@@ -110,7 +108,15 @@ pub fn run(opts: &Options) -> anyhow::Result<Outcome> {
     if facts.hostname.is_empty() {
         facts.hostname = hostname(&opts.root);
     }
-    let model = model::build(&Inputs { boot: &boot, boot_bytes: &boot_bytes, role, config: &cfg, facts: &facts, store: &store, renewal_interval: opts.renewal_interval })?;
+    let model = model::build(&Inputs {
+        boot: &boot,
+        boot_bytes: &boot_bytes,
+        role,
+        config: &cfg,
+        facts: &facts,
+        store: &store,
+        renewal_interval: opts.renewal_interval,
+    })?;
     if opts.target == Target::Direct {
         // A killed earlier run may have left temp files next to its targets.
         let mut dirs = BTreeSet::new();

@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Condvar, Mutex};
 
 use crate::assets::AssetError;
-use base::fs::FsError;
 use crate::host::{CommandError, Host};
+use base::fs::FsError;
 use base::pki::PkiError;
 
 /// Why a task failed.
@@ -258,8 +258,7 @@ mod tests {
         let tasks = spec
             .iter()
             .map(|(n, d, dirty, fail)| {
-                Box::new(T { name: n, deps: d.to_vec(), dirty: *dirty, fail: *fail, log: log.clone(), applied: applied.clone() })
-                    as Box<dyn Task>
+                Box::new(T { name: n, deps: d.to_vec(), dirty: *dirty, fail: *fail, log: log.clone(), applied: applied.clone() }) as Box<dyn Task>
             })
             .collect();
         (tasks, log, applied)

@@ -34,12 +34,7 @@ impl Scenario {
     }
 
     /// [`Scenario::new`] with the fixture NodeupConfig's text edited first.
-    pub fn edited(
-        group: Group,
-        pad: usize,
-        urls: impl Fn(&Mirror, &FakeAsset) -> Vec<String>,
-        edit: impl Fn(String) -> String,
-    ) -> Scenario {
+    pub fn edited(group: Group, pad: usize, urls: impl Fn(&Mirror, &FakeAsset) -> Vec<String>, edit: impl Fn(String) -> String) -> Scenario {
         let dir = tempfile::tempdir().expect("tempdir");
         let mirror = Mirror::start();
         let assets = standard_assets(pad);

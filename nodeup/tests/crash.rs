@@ -58,7 +58,11 @@ fn sigkill_at_many_moments_leaves_only_complete_files_and_rerun_converges() {
             let path = s.root.join(p);
             if path.exists() {
                 let text = std::fs::read_to_string(&path).expect("utf8");
-                let complete = if p.ends_with(".crt") { text.trim_end().ends_with("-----END CERTIFICATE-----") } else { serde_yaml_ng::from_str::<serde_yaml_ng::Value>(&text).is_ok() && text.ends_with('\n') };
+                let complete = if p.ends_with(".crt") {
+                    text.trim_end().ends_with("-----END CERTIFICATE-----")
+                } else {
+                    serde_yaml_ng::from_str::<serde_yaml_ng::Value>(&text).is_ok() && text.ends_with('\n')
+                };
                 assert!(complete, "step {step}: {p} incomplete");
             }
         }

@@ -56,11 +56,7 @@ fn every_flag_table_key_is_a_field_of_its_api_type() {
     bad.extend(check::<KubeletConfigSpec>("KUBELET_CONFIG_SPEC", "KubeletConfigSpec", KUBELET_CONFIG_SPEC));
     bad.extend(check::<KubeProxyConfig>("KUBE_PROXY_CONFIG", "KubeProxyConfig", KUBE_PROXY_CONFIG));
     bad.extend(check::<KubeAPIServerConfig>("KUBE_APISERVER_CONFIG", "KubeAPIServerConfig", KUBE_APISERVER_CONFIG));
-    bad.extend(check::<KubeControllerManagerConfig>(
-        "KUBE_CONTROLLER_MANAGER_CONFIG",
-        "KubeControllerManagerConfig",
-        KUBE_CONTROLLER_MANAGER_CONFIG,
-    ));
+    bad.extend(check::<KubeControllerManagerConfig>("KUBE_CONTROLLER_MANAGER_CONFIG", "KubeControllerManagerConfig", KUBE_CONTROLLER_MANAGER_CONFIG));
     bad.extend(check::<KubeSchedulerConfig>("KUBE_SCHEDULER_CONFIG", "KubeSchedulerConfig", KUBE_SCHEDULER_CONFIG));
     assert!(bad.is_empty(), "flag table keys that are not api fields:\n{}", bad.join("\n"));
 }
@@ -78,11 +74,7 @@ fn every_flag_table_is_paired_with_an_api_type() {
         "LEADER_ELECTION_CONFIGURATION",
     ];
     let source = include_str!("../src/flag_table.rs");
-    let tables: Vec<&str> = source
-        .lines()
-        .filter_map(|l| l.strip_prefix("pub static "))
-        .filter_map(|l| l.split(':').next())
-        .collect();
+    let tables: Vec<&str> = source.lines().filter_map(|l| l.strip_prefix("pub static ")).filter_map(|l| l.split(':').next()).collect();
     assert!(!tables.is_empty(), "no tables found in flag_table.rs");
     for t in &tables {
         assert!(CHECKED.contains(t), "flag table {t} is not paired with an api type in this test");

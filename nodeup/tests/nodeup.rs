@@ -80,7 +80,11 @@ fn worker_converges_then_reruns_with_no_change() {
 
     // No temp files left anywhere.
     let files = tree(&s.root);
-    assert!(files.keys().all(|k| !k.contains(".keelson-tmp-")), "temp files left: {:?}", files.keys().filter(|k| k.contains(".keelson-tmp-")).collect::<Vec<_>>());
+    assert!(
+        files.keys().all(|k| !k.contains(".keelson-tmp-")),
+        "temp files left: {:?}",
+        files.keys().filter(|k| k.contains(".keelson-tmp-")).collect::<Vec<_>>()
+    );
 
     // Second run: nothing to do, nothing downloaded.
     let before = s.mirror.requests();
@@ -256,7 +260,9 @@ fn control_plane_host() {
     assert_eq!(mode(&tokens), 0o600);
     let token = base::pki::parse_secret("t", &std::fs::read(s.dir.path().join("state/secrets/node-bootstrap-token")).expect("token")).expect("token");
     assert_eq!(std::fs::read_to_string(&tokens).expect("tokens"), format!("{token},kubelet-bootstrap,10001,\"system:bootstrappers\"\n"));
-    for kc in ["/var/lib/kubelet/kubeconfig", "/var/lib/kube-controller-manager/kubeconfig", "/var/lib/kube-scheduler/kubeconfig", "/var/lib/kube-proxy/kubeconfig"] {
+    for kc in
+        ["/var/lib/kubelet/kubeconfig", "/var/lib/kube-controller-manager/kubeconfig", "/var/lib/kube-scheduler/kubeconfig", "/var/lib/kube-proxy/kubeconfig"]
+    {
         assert_eq!(mode(&s.path(kc)), 0o400, "{kc}");
     }
     assert!(std::fs::read_to_string(s.path("/var/lib/kube-scheduler/config.yaml")).expect("scheduler config").contains("KubeSchedulerConfiguration"));

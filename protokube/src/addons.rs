@@ -148,7 +148,12 @@ pub fn prune_plan(addon: &str, recorded: &BTreeSet<String>, applied: &BTreeSet<S
     plan
 }
 
-async fn api_for(client: &kube::Client, api_version: &str, kind: &str, namespace: Option<&str>) -> Result<(kube::Api<DynamicObject>, ApiCapabilities), AddonError> {
+async fn api_for(
+    client: &kube::Client,
+    api_version: &str,
+    kind: &str,
+    namespace: Option<&str>,
+) -> Result<(kube::Api<DynamicObject>, ApiCapabilities), AddonError> {
     let (group, version) = match api_version.split_once('/') {
         Some((g, v)) => (g, v),
         None => ("", api_version),
@@ -210,8 +215,7 @@ pub async fn sync(client: &kube::Client, store: &StateStore) -> Result<SyncRepor
         // Prune what the previous version applied and this one does not — but only objects that
         // carry this addon's label: the record is a ConfigMap anyone with write access to
         // kube-system can edit, so it names candidates, never what may be deleted.
-        let before: BTreeSet<String> =
-            data.get(&format!("{}.objects", entry.name)).map(|s| s.lines().map(str::to_string).collect()).unwrap_or_default();
+        let before: BTreeSet<String> = data.get(&format!("{}.objects", entry.name)).map(|s| s.lines().map(str::to_string).collect()).unwrap_or_default();
         let mut live = BTreeMap::new();
         for candidate in before.difference(&applied) {
             let Some(id) = ObjectId::parse(candidate) else {
@@ -223,8 +227,7 @@ pub async fn sync(client: &kube::Client, store: &StateStore) -> Result<SyncRepor
                 live.insert(candidate.clone(), obj);
             }
         }
-        let labels: BTreeMap<String, BTreeMap<String, String>> =
-            live.iter().map(|(k, o)| (k.clone(), o.metadata.labels.clone().unwrap_or_default())).collect();
+        let labels: BTreeMap<String, BTreeMap<String, String>> = live.iter().map(|(k, o)| (k.clone(), o.metadata.labels.clone().unwrap_or_default())).collect();
         let plan = prune_plan(&entry.name, &before, &applied, &labels);
         for (candidate, label) in &plan.refused {
             tracing::warn!(
@@ -288,10 +291,7 @@ pub async fn label_control_plane(client: &kube::Client, name: &str) -> Result<bo
         return Ok(false);
     }
     let patch = serde_json::json!({"metadata": {"labels": {CONTROL_PLANE_LABEL: ""}}});
-    nodes
-        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map_err(kube_err(format!("label Node {name} {CONTROL_PLANE_LABEL}")))?;
+    nodes.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(kube_err(format!("label Node {name} {CONTROL_PLANE_LABEL}")))?;
     Ok(true)
 }
 

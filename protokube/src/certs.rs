@@ -110,11 +110,9 @@ pub fn control_plane_bundles(etcd_clusters: &[String]) -> Vec<Bundle> {
         ],
         reload: Reload::StaticPod("kube-apiserver"),
     });
-    for (name, kubeconfig) in [
-        ("kube-controller-manager", paths::KCM_KUBECONFIG),
-        ("kube-scheduler", paths::SCHEDULER_KUBECONFIG),
-        ("kube-proxy", paths::KUBE_PROXY_KUBECONFIG),
-    ] {
+    for (name, kubeconfig) in
+        [("kube-controller-manager", paths::KCM_KUBECONFIG), ("kube-scheduler", paths::SCHEDULER_KUBECONFIG), ("kube-proxy", paths::KUBE_PROXY_KUBECONFIG)]
+    {
         out.push(Bundle { name: name.into(), certs: vec![("kubeconfig", Material::Kubeconfig(kubeconfig.into()))], reload: Reload::StaticPod(name) });
     }
     out.push(Bundle {
@@ -229,10 +227,8 @@ impl Renewer {
             let info = pki::describe_cert(&cert_pem).map_err(|source| CertError::Pki { path: self.material_path(material), source })?;
             found.push(Found { name: *name, material: material.clone(), cert_pem, info });
         }
-        let due: Vec<&Found> = found
-            .iter()
-            .filter(|f| renewal::needs_renewal(f.info.not_before, f.info.not_after, now, self.skew(&bundle.name, f.name, &f.info)))
-            .collect();
+        let due: Vec<&Found> =
+            found.iter().filter(|f| renewal::needs_renewal(f.info.not_before, f.info.not_after, now, self.skew(&bundle.name, f.name, &f.info))).collect();
         if due.is_empty() {
             for f in &found {
                 report.certs.insert(format!("{}/{}", bundle.name, f.name), self.status(&bundle.name, f));

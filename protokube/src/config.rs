@@ -127,8 +127,7 @@ impl Plan {
     }
     /// Members of `cluster` bound to this instance's group, in name order.
     pub fn my_members<'a>(&self, cluster: &'a EtcdCluster) -> Vec<&'a EtcdMember> {
-        let mut v: Vec<&EtcdMember> =
-            cluster.members.iter().filter(|m| m.instance_group == self.instance_group).collect();
+        let mut v: Vec<&EtcdMember> = cluster.members.iter().filter(|m| m.instance_group == self.instance_group).collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
         v
     }
@@ -136,18 +135,15 @@ impl Plan {
 
 pub fn read_boot_config(path: &Path) -> Result<BootConfig, ConfigError> {
     let bytes = std::fs::read(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
-    serde_yaml_ng::from_slice(&bytes)
-        .map_err(|e| ConfigError::Parse { path: path.display().to_string(), message: e.to_string() })
+    serde_yaml_ng::from_slice(&bytes).map_err(|e| ConfigError::Parse { path: path.display().to_string(), message: e.to_string() })
 }
 
 /// Read `<ConfigBase>/cluster-completed.spec`.
 pub async fn read_completed_spec(store: &base::StateStore) -> Result<Cluster, ConfigError> {
     let url = store.url("cluster-completed.spec");
     let bytes = store.get_required("cluster-completed.spec").await?;
-    let docs = keelson_api::parse_documents(&bytes).map_err(|errs| ConfigError::Parse {
-        path: url.clone(),
-        message: errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "),
-    })?;
+    let docs = keelson_api::parse_documents(&bytes)
+        .map_err(|errs| ConfigError::Parse { path: url.clone(), message: errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ") })?;
     Ok(docs.cluster)
 }
 
@@ -177,10 +173,7 @@ pub fn plan(boot: &BootConfig, cluster: &Cluster) -> Result<Plan, ConfigError> {
         }
     }
     for (i, ec) in spec.etcd_clusters.iter().flatten().enumerate() {
-        let name = ec.name.clone().ok_or_else(|| ConfigError::Spec {
-            field: format!("spec.etcdClusters[{i}].name"),
-            message: "missing".into(),
-        })?;
+        let name = ec.name.clone().ok_or_else(|| ConfigError::Spec { field: format!("spec.etcdClusters[{i}].name"), message: "missing".into() })?;
         let ports = ports_for(&name).ok_or_else(|| ConfigError::Spec {
             field: format!("spec.etcdClusters[{name}].name"),
             message: "unknown etcd cluster (main, events, cilium, leases)".into(),
@@ -189,10 +182,7 @@ pub fn plan(boot: &BootConfig, cluster: &Cluster) -> Result<Plan, ConfigError> {
         for (j, m) in ec.etcd_members.iter().flatten().enumerate() {
             let field = format!("spec.etcdClusters[{name}].etcdMembers[{j}]");
             let mname = m.name.clone().ok_or_else(|| ConfigError::Spec { field: format!("{field}.name"), message: "missing".into() })?;
-            let ig = m.instance_group.clone().ok_or_else(|| ConfigError::Spec {
-                field: format!("{field}.instanceGroup"),
-                message: "missing".into(),
-            })?;
+            let ig = m.instance_group.clone().ok_or_else(|| ConfigError::Spec { field: format!("{field}.instanceGroup"), message: "missing".into() })?;
             members.push(EtcdMember { name: mname, instance_group: ig });
         }
         // kOps semantics: the (default) Manager provider always runs TLS with client-certificate
@@ -203,21 +193,16 @@ pub fn plan(boot: &BootConfig, cluster: &Cluster) -> Result<Plan, ConfigError> {
         let client_cert_auth = !legacy || ec.enable_tls_auth.unwrap_or(false);
         let version = ec.version.clone().unwrap_or_else(|| "3.5.21".to_string());
         let image = ec.image.clone().unwrap_or_else(|| default_etcd_image(&version, spec.assets.as_ref()));
-        let backup_store =
-            base::etcd_backup::cluster_dir(ec.backups.as_ref().and_then(|b| b.backup_store.as_deref()), &boot.config_base, &name);
+        let backup_store = base::etcd_backup::cluster_dir(ec.backups.as_ref().and_then(|b| b.backup_store.as_deref()), &boot.config_base, &name);
         let manager = ec.manager.as_ref();
         let backup_interval = match manager.and_then(|m| m.backup_interval.as_ref()) {
             Some(d) if d.as_nanos() > 0 => std::time::Duration::from_nanos(d.as_nanos() as u64),
             Some(_) => {
-                return Err(ConfigError::Spec {
-                    field: format!("spec.etcdClusters[{name}].manager.backupInterval"),
-                    message: "must be positive".into(),
-                })
+                return Err(ConfigError::Spec { field: format!("spec.etcdClusters[{name}].manager.backupInterval"), message: "must be positive".into() })
             }
             None => base::etcd_backup::DEFAULT_INTERVAL,
         };
-        let backup_retention_days =
-            manager.and_then(|m| m.backup_retention_days).unwrap_or(base::etcd_backup::DEFAULT_RETENTION_DAYS);
+        let backup_retention_days = manager.and_then(|m| m.backup_retention_days).unwrap_or(base::etcd_backup::DEFAULT_RETENTION_DAYS);
         etcd_clusters.push(EtcdCluster {
             version: version.trim_start_matches('v').to_string(),
             backup_store,

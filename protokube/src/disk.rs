@@ -73,10 +73,8 @@ pub fn probe(device: &Path) -> Result<Probe, DiskError> {
     let out = run("blkid", &["-p", "-o", "export", &dev])?;
     match out.status.code() {
         Some(0) => {
-            let kv: BTreeMap<String, String> = String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
-                .collect();
+            let kv: BTreeMap<String, String> =
+                String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.split_once('=').map(|(k, v)| (k.to_string(), v.to_string()))).collect();
             if let Some(t) = kv.get("PTTYPE") {
                 return Ok(Probe::PartitionTable(t.clone()));
             }
@@ -106,12 +104,7 @@ pub fn probe(device: &Path) -> Result<Probe, DiskError> {
                 Some(where_) => Err(DiskError::UnknownData { device: dev, where_ }),
             }
         }
-        code => Err(DiskError::Probe {
-            device: dev,
-            tool: "blkid",
-            code,
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        }),
+        code => Err(DiskError::Probe { device: dev, tool: "blkid", code, stderr: String::from_utf8_lossy(&out.stderr).trim().to_string() }),
     }
 }
 
@@ -152,10 +145,7 @@ pub fn fsck(device: &Path, fstype: &str) -> Result<(), DiskError> {
 pub fn dev_numbers(device: &Path) -> Result<(u64, u64), DiskError> {
     let meta = std::fs::metadata(device).map_err(io(device))?;
     if !meta.file_type().is_block_device() {
-        return Err(DiskError::Io {
-            path: device.display().to_string(),
-            source: std::io::Error::other("not a block device"),
-        });
+        return Err(DiskError::Io { path: device.display().to_string(), source: std::io::Error::other("not a block device") });
     }
     let rdev = meta.rdev();
     // Linux encoding of dev_t.
@@ -206,12 +196,7 @@ pub fn mount(device: &Path, target: &Path, fstype: &str) -> Result<(), DiskError
     let dev = device.display().to_string();
     let out = run("mount", &["-t", fstype, "-o", "defaults,noatime", &dev, &target.display().to_string()])?;
     if !out.status.success() {
-        return Err(DiskError::Tool {
-            device: dev,
-            tool: "mount",
-            code: out.status.code(),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        });
+        return Err(DiskError::Tool { device: dev, tool: "mount", code: out.status.code(), stderr: String::from_utf8_lossy(&out.stderr).trim().to_string() });
     }
     Ok(())
 }

@@ -162,15 +162,13 @@ impl Client {
 
     pub async fn members(&self) -> Result<Vec<Member>, EtcdError> {
         let v = self.post("/v3/cluster/member/list", json!({}), None).await?;
-        let list: MemberList =
-            serde_json::from_value(v).map_err(|e| EtcdError::Http { url: self.base.clone(), message: e.to_string() })?;
+        let list: MemberList = serde_json::from_value(v).map_err(|e| EtcdError::Http { url: self.base.clone(), message: e.to_string() })?;
         Ok(list.members)
     }
 
     pub async fn add(&self, peer_url: &str) -> Result<Vec<Member>, EtcdError> {
         let v = self.post("/v3/cluster/member/add", json!({ "peerURLs": [peer_url] }), Some(MUTATION_TIMEOUT)).await?;
-        let list: MemberList =
-            serde_json::from_value(v).map_err(|e| EtcdError::Http { url: self.base.clone(), message: e.to_string() })?;
+        let list: MemberList = serde_json::from_value(v).map_err(|e| EtcdError::Http { url: self.base.clone(), message: e.to_string() })?;
         Ok(list.members)
     }
 

@@ -17,11 +17,10 @@ pub mod disk;
 pub mod etcd;
 pub mod hosts;
 pub mod manifest;
-pub mod node_join;
 pub mod metrics;
+pub mod node_join;
 pub mod paths;
 pub mod pki;
 pub mod reconcile;
 pub mod restore;
 pub mod upgrade;
-

@@ -154,9 +154,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     let ec2 = aws_sdk_ec2::Client::from_conf(ec2_conf.build());
     let dns = match plan.dns {
-        DnsMode::Route53 { .. } => Some(Route53Dns::new(aws_sdk_route53::Client::from_conf(
-            aws_sdk_route53::config::Builder::from(&aws).interceptor(counter.clone()).build(),
-        ))),
+        DnsMode::Route53 { .. } => {
+            Some(Route53Dns::new(aws_sdk_route53::Client::from_conf(aws_sdk_route53::config::Builder::from(&aws).interceptor(counter.clone()).build())))
+        }
         DnsMode::Hosts => None,
     };
     let hosts_file = args.hosts_file.clone().unwrap_or_else(|| paths::under(&args.root, &format!("/{}", paths::HOSTS_FILE)));
@@ -183,14 +183,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let (plan_tx, plan_rx) = tokio::sync::watch::channel(plan.clone());
     let metrics = Metrics::default();
     if !args.once && !args.no_backups {
-        let mut backup_loop = protokube::backup::BackupLoop::new(
-            args.root.clone(),
-            me.internal_ip.clone(),
-            plan.cluster_name.clone(),
-            backup_s3,
-            metrics.clone(),
-            clock,
-        );
+        let mut backup_loop =
+            protokube::backup::BackupLoop::new(args.root.clone(), me.internal_ip.clone(), plan.cluster_name.clone(), backup_s3, metrics.clone(), clock);
         let poll = secs(args.backup_poll);
         tokio::spawn(async move {
             loop {
@@ -214,9 +208,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let mut spec_read_at = Instant::now();
 
     if !args.once && args.metrics_addr != "off" {
-        let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
-            .await
-            .with_context(|| format!("metrics address {}", args.metrics_addr))?;
+        let listener = tokio::net::TcpListener::bind(&args.metrics_addr).await.with_context(|| format!("metrics address {}", args.metrics_addr))?;
         tracing::info!(addr = %args.metrics_addr, "serving /metrics and /healthz");
         tokio::spawn(metrics::serve(listener, metrics.clone(), secs(args.interval * 3.0 + args.attach_timeout)));
     }
@@ -258,7 +250,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let join_metrics = metrics.clone();
         tokio::spawn(async move {
             use backon::{ExponentialBuilder, Retryable as _};
-            let policy = ExponentialBuilder::default().with_min_delay(Duration::from_secs(1)).with_max_delay(Duration::from_secs(60)).without_max_times().with_jitter();
+            let policy =
+                ExponentialBuilder::default().with_min_delay(Duration::from_secs(1)).with_max_delay(Duration::from_secs(60)).without_max_times().with_jitter();
             let authority = (|| protokube::node_join::Authority::new(config.clone()))
                 .retry(policy)
                 .notify(|e, wait| tracing::warn!(error = %e, retry_in = ?wait, "node join server not started yet"))
@@ -376,7 +369,8 @@ async fn certificate_loop(renewer: protokube::certs::Renewer, metrics: Metrics, 
             s.certificate_renewal_failures += failed;
         });
         let until_due = report.next_due().and_then(|t| t.duration_since(std::time::SystemTime::now()).ok()).unwrap_or_default();
-        let wait = if failed > 0 { max_wait.min(Duration::from_secs(60)) } else { until_due.clamp(Duration::from_secs(5), max_wait.max(Duration::from_secs(5))) };
+        let wait =
+            if failed > 0 { max_wait.min(Duration::from_secs(60)) } else { until_due.clamp(Duration::from_secs(5), max_wait.max(Duration::from_secs(5))) };
         tokio::time::sleep(wait).await;
     }
 }

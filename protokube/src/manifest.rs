@@ -98,10 +98,7 @@ pub fn render(ec: &EtcdCluster, cluster_name: &str, member: &str, volume_id: &st
         format!("--listen-client-urls={scheme}://0.0.0.0:{}", ec.ports.client),
         format!("--initial-advertise-peer-urls={}", ec.peer_url(member, cluster_name)),
         format!("--advertise-client-urls={}", ec.client_url(member, cluster_name)),
-        format!(
-            "--initial-cluster={}",
-            boot.initial_cluster.iter().map(|(n, u)| format!("{n}={u}")).collect::<Vec<_>>().join(",")
-        ),
+        format!("--initial-cluster={}", boot.initial_cluster.iter().map(|(n, u)| format!("{n}={u}")).collect::<Vec<_>>().join(",")),
         format!("--initial-cluster-state={}", boot.state),
         format!("--initial-cluster-token=keelson-{}-{cluster_name}", ec.name),
     ];
@@ -151,10 +148,7 @@ pub fn render(ec: &EtcdCluster, cluster_name: &str, member: &str, volume_id: &st
         spec: PodSpec {
             host_network: true,
             priority_class_name: "system-cluster-critical".into(),
-            tolerations: vec![BTreeMap::from([
-                ("key".to_string(), "CriticalAddonsOnly".to_string()),
-                ("operator".to_string(), "Exists".to_string()),
-            ])],
+            tolerations: vec![BTreeMap::from([("key".to_string(), "CriticalAddonsOnly".to_string()), ("operator".to_string(), "Exists".to_string())])],
             containers: vec![Container {
                 name: "etcd".into(),
                 image: ec.image.clone(),

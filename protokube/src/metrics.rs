@@ -88,20 +88,55 @@ impl Metrics {
             "Reconcile passes by result.",
             vec![("{result=\"ok\"}".into(), s.passes_ok.to_string()), ("{result=\"error\"}".into(), s.passes_failed.to_string())],
         );
-        metric("protokube_reconcile_duration_seconds", "gauge", "Duration of the last pass.", vec![(String::new(), format!("{:.6}", s.last_duration.as_secs_f64()))]);
-        metric("protokube_last_success_timestamp_seconds", "gauge", "Unix time of the last successful pass.", vec![(String::new(), format!("{:.3}", s.last_success_unix))]);
+        metric(
+            "protokube_reconcile_duration_seconds",
+            "gauge",
+            "Duration of the last pass.",
+            vec![(String::new(), format!("{:.6}", s.last_duration.as_secs_f64()))],
+        );
+        metric(
+            "protokube_last_success_timestamp_seconds",
+            "gauge",
+            "Unix time of the last successful pass.",
+            vec![(String::new(), format!("{:.3}", s.last_success_unix))],
+        );
         metric("protokube_waiting", "gauge", "Things the last pass is waiting for.", vec![(String::new(), s.waiting.len().to_string())]);
         metric("protokube_volumes_mounted", "gauge", "etcd volumes held and mounted now.", vec![(String::new(), s.mounted_now.to_string())]);
         metric("protokube_volume_mounts_total", "counter", "Mounts performed.", vec![(String::new(), s.volumes_mounted.to_string())]);
         metric("protokube_volume_formats_total", "counter", "Blank volumes formatted.", vec![(String::new(), s.volumes_formatted.to_string())]);
         metric("protokube_manifests_written_total", "counter", "etcd manifests written.", vec![(String::new(), s.manifests_written.to_string())]);
         metric("protokube_dns_changes_total", "counter", "DNS records changed.", vec![(String::new(), s.dns_changes.to_string())]);
-        metric("protokube_addon_applies_total", "counter", "Addons applied because their manifest hash changed.", vec![(String::new(), s.addon_applies.to_string())]);
-        metric("protokube_addon_objects_applied_total", "counter", "Addon objects server-side applied.", vec![(String::new(), s.addon_objects_applied.to_string())]);
-        metric("protokube_addon_objects_pruned_total", "counter", "Addon objects a newer version dropped, deleted.", vec![(String::new(), s.addon_objects_pruned.to_string())]);
-        metric("protokube_addon_passes_total", "counter", "Addon passes completed (all addons checked against their recorded hashes).", vec![(String::new(), s.addon_passes.to_string())]);
+        metric(
+            "protokube_addon_applies_total",
+            "counter",
+            "Addons applied because their manifest hash changed.",
+            vec![(String::new(), s.addon_applies.to_string())],
+        );
+        metric(
+            "protokube_addon_objects_applied_total",
+            "counter",
+            "Addon objects server-side applied.",
+            vec![(String::new(), s.addon_objects_applied.to_string())],
+        );
+        metric(
+            "protokube_addon_objects_pruned_total",
+            "counter",
+            "Addon objects a newer version dropped, deleted.",
+            vec![(String::new(), s.addon_objects_pruned.to_string())],
+        );
+        metric(
+            "protokube_addon_passes_total",
+            "counter",
+            "Addon passes completed (all addons checked against their recorded hashes).",
+            vec![(String::new(), s.addon_passes.to_string())],
+        );
         metric("protokube_addon_failures_total", "counter", "Failed addon passes.", vec![(String::new(), s.addon_failures.to_string())]);
-        metric("protokube_node_joins_admitted_total", "counter", "Workers admitted by the node join server (certificates issued).", vec![(String::new(), s.node_joins_admitted.to_string())]);
+        metric(
+            "protokube_node_joins_admitted_total",
+            "counter",
+            "Workers admitted by the node join server (certificates issued).",
+            vec![(String::new(), s.node_joins_admitted.to_string())],
+        );
         metric("protokube_node_joins_refused_total", "counter", "Node join requests refused.", vec![(String::new(), s.node_joins_refused.to_string())]);
         metric(
             "protokube_node_join_refusals_total",
@@ -143,7 +178,12 @@ impl Metrics {
                 })
                 .collect(),
         );
-        metric("protokube_certificate_renewals_total", "counter", "Certificate bundles reissued by the renewal pass.", vec![(String::new(), s.certificate_renewals.to_string())]);
+        metric(
+            "protokube_certificate_renewals_total",
+            "counter",
+            "Certificate bundles reissued by the renewal pass.",
+            vec![(String::new(), s.certificate_renewals.to_string())],
+        );
         metric(
             "protokube_certificate_renewal_failures_total",
             "counter",

@@ -44,22 +44,13 @@ async fn ca(store: &base::StateStore, name: &str) -> Result<Option<Keypair>, Pki
     let rel = format!("pki/private/{name}/keyset.yaml");
     match store.get(&rel).await? {
         None => Ok(None),
-        Some(bytes) => pki::parse_private_keyset(name, &bytes)
-            .map(Some)
-            .map_err(|source| PkiError::Issue { cluster: name.to_string(), source }),
+        Some(bytes) => pki::parse_private_keyset(name, &bytes).map(Some).map_err(|source| PkiError::Issue { cluster: name.to_string(), source }),
     }
 }
 
 /// Make sure this member's certificates exist and match `member_dns` and `ip`. Returns the
 /// directory (under `root`) and whether anything was (re)issued.
-pub async fn ensure(
-    root: &Path,
-    store: &base::StateStore,
-    ec: &EtcdCluster,
-    member_id: &str,
-    member_dns: &str,
-    ip: &str,
-) -> Result<(PathBuf, bool), PkiError> {
+pub async fn ensure(root: &Path, store: &base::StateStore, ec: &EtcdCluster, member_id: &str, member_dns: &str, ip: &str) -> Result<(PathBuf, bool), PkiError> {
     let dir = paths::under(root, &paths::etcd_pki_dir(&ec.name));
     let have_all = FILES.iter().all(|f| dir.join(f).exists());
     let clients_name = "etcd-clients-ca".to_string();
@@ -103,7 +94,13 @@ pub async fn ensure(
     let peer = pki::issue(
         &peers_name,
         &peers,
-        &CertSpec { cn: member_id.to_string(), orgs: vec![], dns: vec![member_dns.to_string()], ips: ip_addr.into_iter().collect(), usage: Usage::ClientServer },
+        &CertSpec {
+            cn: member_id.to_string(),
+            orgs: vec![],
+            dns: vec![member_dns.to_string()],
+            ips: ip_addr.into_iter().collect(),
+            usage: Usage::ClientServer,
+        },
     )
     .map_err(err)?;
     let client = pki::issue(&clients_name, &clients, &CertSpec::client("protokube", &[])).map_err(err)?;

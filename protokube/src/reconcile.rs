@@ -142,13 +142,8 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         // 2. One DescribeInstances for every holder, and this instance (its devices).
         let mut ids: BTreeSet<String> = vols.iter().flat_map(|v| v.attachments.iter().map(|a| a.instance_id.clone())).collect();
         ids.insert(self.me.instance_id.clone());
-        let instances: BTreeMap<String, Instance> = self
-            .cloud
-            .describe_instances(&ids.into_iter().collect::<Vec<_>>())
-            .await?
-            .into_iter()
-            .map(|i| (i.id.clone(), i))
-            .collect();
+        let instances: BTreeMap<String, Instance> =
+            self.cloud.describe_instances(&ids.into_iter().collect::<Vec<_>>()).await?.into_iter().map(|i| (i.id.clone(), i)).collect();
 
         // 3. Per etcd cluster: keep or claim a volume, then mount it and write the manifest.
         let clusters = self.plan.etcd_clusters.clone();
@@ -227,10 +222,9 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
             .collect();
         cands.sort();
         if cands.is_empty() {
-            report.waiting.push(format!(
-                "etcd {}: no volume in zone {} tagged for members {:?} of group {}",
-                ec.name, self.me.zone, mine, self.plan.instance_group
-            ));
+            report
+                .waiting
+                .push(format!("etcd {}: no volume in zone {} tagged for members {:?} of group {}", ec.name, self.me.zone, mine, self.plan.instance_group));
             return Ok(None);
         }
         let used: BTreeSet<String> = instances
@@ -258,9 +252,9 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                 report.waiting.push(format!("etcd {} member {member}: volume {vid} still detaching", ec.name));
                 continue;
             }
-            let Some(device) = (b'u'..=b'z').map(|c| format!("/dev/xvd{}", c as char)).find(|d| {
-                !used.contains(d) && !used.contains(&d.replace("/dev/xvd", "/dev/sd"))
-            }) else {
+            let Some(device) =
+                (b'u'..=b'z').map(|c| format!("/dev/xvd{}", c as char)).find(|d| !used.contains(d) && !used.contains(&d.replace("/dev/xvd", "/dev/sd")))
+            else {
                 report.waiting.push(format!("no free device name on {me}"));
                 return Ok(None);
             };
@@ -366,10 +360,9 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
             return Ok(());
         }
         let dev = device.to_path_buf();
-        let probed = tokio::task::spawn_blocking(move || disk::probe(&dev)).await.map_err(|e| ReconcileError::Io {
-            path: device.display().to_string(),
-            source: std::io::Error::other(e),
-        })?;
+        let probed = tokio::task::spawn_blocking(move || disk::probe(&dev))
+            .await
+            .map_err(|e| ReconcileError::Io { path: device.display().to_string(), source: std::io::Error::other(e) })?;
         let fstype = match probed.map_err(dz)? {
             Probe::Blank => {
                 if vol.tags.contains_key(FORMATTED_TAG) {
@@ -381,12 +374,8 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                 "ext4".to_string()
             }
             Probe::Filesystem(t) if t == "ext4" || t == "ext3" || t == "xfs" => t,
-            Probe::Filesystem(t) => {
-                return Err(dz(DiskError::Foreign { device: device.display().to_string(), what: format!("a {t} filesystem") }))
-            }
-            Probe::PartitionTable(t) => {
-                return Err(dz(DiskError::Foreign { device: device.display().to_string(), what: format!("a {t} partition table") }))
-            }
+            Probe::Filesystem(t) => return Err(dz(DiskError::Foreign { device: device.display().to_string(), what: format!("a {t} filesystem") })),
+            Probe::PartitionTable(t) => return Err(dz(DiskError::Foreign { device: device.display().to_string(), what: format!("a {t} partition table") })),
         };
         if !vol.tags.contains_key(FORMATTED_TAG) {
             self.cloud.tag_volume(&vol.id, &[(FORMATTED_TAG.to_string(), fstype.clone())]).await?;
@@ -443,8 +432,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         }
         let cluster = &self.plan.cluster_name;
         let me_url = ec.peer_url(member, cluster);
-        let all: Vec<(String, String)> =
-            ec.members.iter().map(|m| (ec.member_id(&m.name), ec.peer_url(&m.name, cluster))).collect();
+        let all: Vec<(String, String)> = ec.members.iter().map(|m| (ec.member_id(&m.name), ec.peer_url(&m.name, cluster))).collect();
         let has_data = mount.join("data").join("member").exists();
         let b = if has_data {
             // Data from an earlier life (e.g. kOps): etcd ignores the initial-* flags; keep them valid.
@@ -480,11 +468,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                         .iter()
                         .filter_map(|m| {
                             let url = m.peer_urls.first()?.clone();
-                            let name = if m.name.is_empty() {
-                                all.iter().find(|(_, u)| *u == url).map(|(n, _)| n.clone())?
-                            } else {
-                                m.name.clone()
-                            };
+                            let name = if m.name.is_empty() { all.iter().find(|(_, u)| *u == url).map(|(n, _)| n.clone())? } else { m.name.clone() };
                             Some((name, url))
                         })
                         .collect();
@@ -519,9 +503,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
             manifest: paths::under(&self.opts.root, &paths::manifest_path(&ec.name)),
             store,
             tool: self.opts.restore_tool.clone(),
-            local: Box::new(move || {
-                backup::local_client(&self.opts.root, &self.plan.cluster_name, &self.me.internal_ip, ec, member, self.opts.etcd_timeout)
-            }),
+            local: Box::new(move || backup::local_client(&self.opts.root, &self.plan.cluster_name, &self.me.internal_ip, ec, member, self.opts.etcd_timeout)),
             client_addr: SocketAddr::new(ip, ec.ports.client),
             stop_timeout: self.opts.stop_timeout,
         };
@@ -573,12 +555,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
     }
 
     /// Ask live peers for the member list; the first that answers wins.
-    async fn existing_members(
-        &self,
-        ec: &EtcdCluster,
-        vols: &[Volume],
-        instances: &BTreeMap<String, Instance>,
-    ) -> Option<(etcd::Client, Vec<etcd::Member>)> {
+    async fn existing_members(&self, ec: &EtcdCluster, vols: &[Volume], instances: &BTreeMap<String, Instance>) -> Option<(etcd::Client, Vec<etcd::Member>)> {
         for (member, ip) in self.peers(ec, vols, instances) {
             let Some(client) = self.member_client(ec, &member, &ip) else { continue };
             match client.members().await {
@@ -644,8 +621,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
             report.waiting.push(why);
             return Ok(false);
         }
-        base::fs::write_atomic(&path, text.as_bytes(), 0o644, None)
-            .map_err(|e| ReconcileError::Io { path: path.display().to_string(), source: e.source })?;
+        base::fs::write_atomic(&path, text.as_bytes(), 0o644, None).map_err(|e| ReconcileError::Io { path: path.display().to_string(), source: e.source })?;
         tracing::info!(path = %path.display(), "wrote etcd manifest");
         Ok(true)
     }
@@ -791,13 +767,8 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                         z
                     }
                 };
-                let existing: BTreeMap<String, Record> = dns
-                    .list_records(&zone_id, &self.plan.cluster_name)
-                    .await?
-                    .into_iter()
-                    .filter(|r| r.rtype == "A")
-                    .map(|r| (r.name.clone(), r))
-                    .collect();
+                let existing: BTreeMap<String, Record> =
+                    dns.list_records(&zone_id, &self.plan.cluster_name).await?.into_iter().filter(|r| r.rtype == "A").map(|r| (r.name.clone(), r)).collect();
                 let changes = route53_changes(&desired, &existing);
                 if changes.is_empty() {
                     return Ok(0);

@@ -149,7 +149,14 @@ impl MemberRestore<'_> {
         base::fs::write_atomic(&file, &text, 0o600, None).map_err(|e| self.io(req, &file)(e.source))
     }
 
-    async fn report(&self, req: &RestoreRequest, p: &mut Progress, state: MemberState, detail: String, health: Option<(i64, String, usize)>) -> Result<(), RestoreError> {
+    async fn report(
+        &self,
+        req: &RestoreRequest,
+        p: &mut Progress,
+        state: MemberState,
+        detail: String,
+        health: Option<(i64, String, usize)>,
+    ) -> Result<(), RestoreError> {
         if p.reported == Some(state) {
             return Ok(());
         }
@@ -171,7 +178,8 @@ impl MemberRestore<'_> {
     /// One step; see the module documentation.
     pub async fn step(&self) -> Result<Gate, RestoreError> {
         let cluster = self.ec.name.clone();
-        let Some(req) = self.store.restore_request().await.map_err(|source| RestoreError::Store { request: "-".into(), cluster, source: Box::new(source) })? else {
+        let Some(req) = self.store.restore_request().await.map_err(|source| RestoreError::Store { request: "-".into(), cluster, source: Box::new(source) })?
+        else {
             return Ok(Gate::Proceed);
         };
         if !req.members.iter().any(|m| m == self.member) {

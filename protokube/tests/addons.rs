@@ -113,7 +113,12 @@ async fn world(recorded: &[&str]) -> (Shared, kube::Client, base::StateStore, te
     store.put("addons/cilium/v1.yaml", manifest.as_bytes()).await.expect("manifest");
     let channel = AddonChannel {
         kind: "Addons".into(),
-        addons: vec![AddonEntry { name: "cilium".into(), version: "v1".into(), manifest: "cilium/v1.yaml".into(), manifest_hash: base::sha256_hex(manifest.as_bytes()) }],
+        addons: vec![AddonEntry {
+            name: "cilium".into(),
+            version: "v1".into(),
+            manifest: "cilium/v1.yaml".into(),
+            manifest_hash: base::sha256_hex(manifest.as_bytes()),
+        }],
     };
     store.put(ADDON_CHANNEL, serde_yaml_ng::to_string(&channel).expect("channel").as_bytes()).await.expect("channel");
 

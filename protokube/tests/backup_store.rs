@@ -22,7 +22,9 @@ fn a_snapshot_larger_than_a_part_goes_up_in_parts() {
     rt.block_on(s3.create_bucket().bucket("keelson-backups").send()).expect("CreateBucket");
     let url = "s3://keelson-backups/c.example.com/backups/etcd/main";
     let open = |part: u64| {
-        BackupStore::new(base::StateStore::open_with_s3(&url.parse().expect("url"), Some(s3.clone()), Duration::from_secs(10)).expect("store").with_part_size(part))
+        BackupStore::new(
+            base::StateStore::open_with_s3(&url.parse().expect("url"), Some(s3.clone()), Duration::from_secs(10)).expect("store").with_part_size(part),
+        )
     };
 
     // 12 MiB and 3 bytes that differ everywhere (a part put in the wrong place would show).

@@ -171,7 +171,12 @@ async fn a_missing_ca_fails_its_bundle_only_and_changes_nothing() {
     write(root, "/etc/kubernetes/pki/etcd/main/peer.crt", &peer.cert_pem, 0o644);
     write(root, "/etc/kubernetes/pki/etcd/main/peer.key", &peer.key_pem, 0o600);
     let kube = ca(state, "kubernetes-ca");
-    let server = pki::issue("kubernetes-ca", &kube, &CertSpec { cn: "kubernetes-master".into(), orgs: vec![], dns: vec!["kubernetes".into()], ips: vec![], usage: Usage::Server }).expect("server");
+    let server = pki::issue(
+        "kubernetes-ca",
+        &kube,
+        &CertSpec { cn: "kubernetes-master".into(), orgs: vec![], dns: vec!["kubernetes".into()], ips: vec![], usage: Usage::Server },
+    )
+    .expect("server");
     write(root, "/srv/kubernetes/kube-apiserver/server.crt", &server.cert_pem, 0o644);
     write(root, "/srv/kubernetes/kube-apiserver/server.key", &server.key_pem, 0o600);
     let store = base::StateStore::open(&format!("file://{}", state.display()).parse().expect("base"), Duration::from_secs(5)).expect("store");
@@ -180,7 +185,11 @@ async fn a_missing_ca_fails_its_bundle_only_and_changes_nothing() {
         store,
         host: "i-1".into(),
         bundles: vec![
-            certs::Bundle { name: "etcd-main".into(), certs: vec![("peer", Material::Pair("/etc/kubernetes/pki/etcd/main/peer".into()))], reload: Reload::Itself },
+            certs::Bundle {
+                name: "etcd-main".into(),
+                certs: vec![("peer", Material::Pair("/etc/kubernetes/pki/etcd/main/peer".into()))],
+                reload: Reload::Itself,
+            },
             certs::Bundle {
                 name: "kube-apiserver".into(),
                 certs: vec![("server", Material::Pair("/srv/kubernetes/kube-apiserver/server".into()))],

@@ -6,12 +6,12 @@
 //! members API.
 //! Needs root, iproute2, etcd-server (etcd, etcdctl) and moto; fails loudly without them.
 
-#[path = "../../cloud/tests/support/moto.rs"]
-mod moto;
-#[path = "support/host.rs"]
-mod host;
 #[path = "support/etcd_net.rs"]
 mod etcd_net;
+#[path = "support/host.rs"]
+mod host;
+#[path = "../../cloud/tests/support/moto.rs"]
+mod moto;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -72,19 +72,11 @@ fn scenario(tls: bool) {
     let subnet_id = rt.block_on(async {
         let vpc = ec2.create_vpc().cidr_block("10.231.0.0/16").send().await.expect("CreateVpc");
         let vpc = vpc.vpc().and_then(|v| v.vpc_id()).expect("vpc id").to_string();
-        let sn = ec2
-            .create_subnet()
-            .vpc_id(vpc)
-            .cidr_block(format!("{}.0/24", net.subnet))
-            .availability_zone("us-east-1a")
-            .send()
-            .await
-            .expect("CreateSubnet");
+        let sn = ec2.create_subnet().vpc_id(vpc).cidr_block(format!("{}.0/24", net.subnet)).availability_zone("us-east-1a").send().await.expect("CreateSubnet");
         sn.subnet().and_then(|s| s.subnet_id()).expect("subnet id").to_string()
     });
     let devs: Vec<LoopDev> = (0..3).map(|_| LoopDev::new(256)).collect();
-    let vols: Vec<String> =
-        all.iter().map(|mbr| rt.block_on(create_volume(&ec2, "us-east-1a", &etcd_tags(NAME, "main", mbr, &all)))).collect();
+    let vols: Vec<String> = all.iter().map(|mbr| rt.block_on(create_volume(&ec2, "us-east-1a", &etcd_tags(NAME, "main", mbr, &all)))).collect();
 
     let new_member = |net: &mut Net, tag: &str, hostnum: u8, group: &str| -> Member {
         let (ns, ip) = net.namespace(tag, hostnum);
@@ -126,8 +118,7 @@ fn scenario(tls: bool) {
         }
     };
 
-    let mut members: Vec<Member> =
-        [("a", 11u8, "cp-a"), ("b", 12, "cp-b"), ("c", 13, "cp-c")].iter().map(|(t, n, g)| new_member(&mut net, t, *n, g)).collect();
+    let mut members: Vec<Member> = [("a", 11u8, "cp-a"), ("b", 12, "cp-b"), ("c", 13, "cp-c")].iter().map(|(t, n, g)| new_member(&mut net, t, *n, g)).collect();
     for mb in &members {
         let r = pass(mb);
         assert!(r.last_line().starts_with("protokube: 1 volumes mounted, 1 manifests written"), "{}", r.last_line());
@@ -217,11 +208,7 @@ fn scenario(tls: bool) {
     assert!(r.stderr.contains("blank volume: formatting ext4") && r.stderr.contains("mounted"), "{}", r.stderr);
     assert!(r.stderr.contains("no live peer answers; the cluster has run before"), "{}", r.stderr);
     // (--quorum-loss-wait 0 here) It says the cluster lost quorum and names the restore command.
-    assert!(
-        r.stderr.contains("QUORUM LOST") && r.stderr.contains("keelson etcd backup restore -f SPEC --etcd-cluster main --latest --yes"),
-        "{}",
-        r.stderr
-    );
+    assert!(r.stderr.contains("QUORUM LOST") && r.stderr.contains("keelson etcd backup restore -f SPEC --etcd-cluster main --latest --yes"), "{}", r.stderr);
     assert!(b2.host.manifest("main").is_none(), "no manifest while undecided");
     let mount = b2.host.root.path().join(format!("mnt/master-{vb2}"));
     assert!(!mount.join(protokube::reconcile::BOOTSTRAP_FILE).exists(), "no bootstrap decision recorded");

@@ -17,14 +17,14 @@
 //! Needs root, iproute2, etcd-server/etcd-client (etcd, etcdctl 3.4) and moto; fails loudly without
 //! them. Needs the `keelson` binary of this workspace (cargo test --workspace builds it).
 
-#[path = "../../cloud/tests/support/moto.rs"]
-mod moto;
-#[path = "support/host.rs"]
-mod host;
-#[path = "support/etcd_net.rs"]
-mod etcd_net;
 #[path = "support/etcd_loop.rs"]
 mod etcd_loop;
+#[path = "support/etcd_net.rs"]
+mod etcd_net;
+#[path = "support/host.rs"]
+mod host;
+#[path = "../../cloud/tests/support/moto.rs"]
+mod moto;
 
 use std::collections::BTreeSet;
 use std::process::{Child, Command, Stdio};
@@ -65,10 +65,8 @@ fn backups_one_writer_retention_and_restore_after_kills() {
         || f.diag(),
     );
     let all_scheduled = scheduled(&f.rt.block_on(f.store.list()).expect("list"));
-    let slots: Vec<i64> = all_scheduled
-        .iter()
-        .map(|b| base::etcd_backup::parse_rfc3339(&b.taken_at).expect("taken_at").unix_timestamp().div_euclid(3))
-        .collect();
+    let slots: Vec<i64> =
+        all_scheduled.iter().map(|b| base::etcd_backup::parse_rfc3339(&b.taken_at).expect("taken_at").unix_timestamp().div_euclid(3)).collect();
     let distinct: BTreeSet<i64> = slots.iter().copied().collect();
     assert_eq!(distinct.len(), slots.len(), "two writers took the same slot: {all_scheduled:#?}");
     let writers: BTreeSet<&str> = all_scheduled.iter().map(|b| b.taken_from.as_str()).collect();
@@ -77,7 +75,14 @@ fn backups_one_writer_retention_and_restore_after_kills() {
         assert_eq!(b.members, vec!["etcd-a", "etcd-b", "etcd-c"]);
         assert!(b.etcd_version.starts_with("3."), "{b:?}");
         let id = BackupId::parse(&b.id).expect("id");
-        let (size, sha) = f.rt.block_on(base::StateStore::open_with_s3(&f.backup_url.parse().expect("url"), Some(f.s3.clone()), Duration::from_secs(10)).expect("store").digest(&format!("{id}/snapshot.db"))).expect("digest").expect("snapshot object");
+        let (size, sha) =
+            f.rt.block_on(
+                base::StateStore::open_with_s3(&f.backup_url.parse().expect("url"), Some(f.s3.clone()), Duration::from_secs(10))
+                    .expect("store")
+                    .digest(&format!("{id}/snapshot.db")),
+            )
+            .expect("digest")
+            .expect("snapshot object");
         assert_eq!((size, sha.as_str()), (b.size, b.sha256.as_str()), "metadata matches the object");
     }
 
@@ -167,7 +172,12 @@ fn backups_one_writer_retention_and_restore_after_kills() {
     let _ = run.wait();
     eprintln!("killed the restore at phase {:?}", first.phase);
     // protokube of member b killed while it stops its member, then started again.
-    wait_for("member b stopped", Duration::from_secs(60), || f.rt.block_on(f.store.member_status("b")).ok().flatten().filter(|s| s.request == first.id), || f.diag());
+    wait_for(
+        "member b stopped",
+        Duration::from_secs(60),
+        || f.rt.block_on(f.store.member_status("b")).ok().flatten().filter(|s| s.request == first.id),
+        || f.diag(),
+    );
     f.restart_protokube(1, "b-restarted", &every_member);
     // Rerun, killed once every member stopped and the restore began.
     let mut run = restore();

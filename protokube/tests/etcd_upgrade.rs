@@ -8,14 +8,14 @@
 //! Needs root, iproute2, etcd-client, moto, and Go with the module proxy: both etcd versions are
 //! built from go.etcd.io/etcd/server/v3 by tests/kubernetes/images.sh (cached after the first run).
 
-#[path = "../../cloud/tests/support/moto.rs"]
-mod moto;
-#[path = "support/host.rs"]
-mod host;
-#[path = "support/etcd_net.rs"]
-mod etcd_net;
 #[path = "support/etcd_loop.rs"]
 mod etcd_loop;
+#[path = "support/etcd_net.rs"]
+mod etcd_net;
+#[path = "support/host.rs"]
+mod host;
+#[path = "../../cloud/tests/support/moto.rs"]
+mod moto;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -66,8 +66,7 @@ fn manifest_images(f: &Fixture) -> Vec<String> {
 fn minor_upgrade_rolls_one_member_at_a_time_after_a_backup_and_downgrades_are_refused() {
     need_root();
     need_tools();
-    let binaries: BTreeMap<String, PathBuf> =
-        ["3.5.21", "3.6.12"].iter().map(|v| (v.to_string(), etcd_build(v).join("etcd"))).collect();
+    let binaries: BTreeMap<String, PathBuf> = ["3.5.21", "3.6.12"].iter().map(|v| (v.to_string(), etcd_build(v).join("etcd"))).collect();
     let (_g, m) = moto::lock();
     let f = Fixture::start(&m.url, 1, NAME, "", binaries, &[]);
     let ips = f.ips();

@@ -3,10 +3,10 @@
 //! per idle reconcile in loop mode (from the Prometheus metrics); peak RSS; the loop's health endpoint.
 //! Results go to stderr and to `$CARGO_TARGET_TMPDIR/protokube-measurements.txt`.
 
-#[path = "../../cloud/tests/support/moto.rs"]
-mod moto;
 #[path = "support/host.rs"]
 mod host;
+#[path = "../../cloud/tests/support/moto.rs"]
+mod moto;
 
 use std::io::{Read, Write};
 use std::process::Stdio;
@@ -92,12 +92,8 @@ fn reconcile_latency_idle_api_calls_peak_rss_and_metrics() {
     h.link(&v2, &d2.dev);
     let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port");
     let addr = format!("127.0.0.1:{port}");
-    let child = c
-        .command(&h, &["--interval", "0.2", "--metrics-addr", &addr])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start protokube loop");
+    let child =
+        c.command(&h, &["--interval", "0.2", "--metrics-addr", &addr]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("start protokube loop");
     struct Kill(std::process::Child);
     impl Drop for Kill {
         fn drop(&mut self) {
@@ -122,10 +118,12 @@ fn reconcile_latency_idle_api_calls_peak_rss_and_metrics() {
     std::thread::sleep(Duration::from_secs(3));
     // Bounded retries: on a loaded CI machine one scrape can miss the 5 s read timeout.
     let (code, second) = (0..5)
-        .find_map(|_| get(&addr, "/metrics").or_else(|| {
-            std::thread::sleep(Duration::from_millis(500));
-            None
-        }))
+        .find_map(|_| {
+            get(&addr, "/metrics").or_else(|| {
+                std::thread::sleep(Duration::from_millis(500));
+                None
+            })
+        })
         .expect("metrics (5 attempts)");
     assert_eq!(code, 200);
     let passes = metric_sum(&second, "protokube_reconcile_total") - metric_sum(&first, "protokube_reconcile_total");

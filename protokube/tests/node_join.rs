@@ -42,7 +42,11 @@ async fn world(url: &str) -> World {
     let mut arns = Vec::new();
     // Roles and their instance profiles of the same name, as `keelson apply` makes them; and a
     // custom profile holding a role of another name (an instance group's `iam.profile`).
-    for (profile, role) in [(format!("nodes.{CLUSTER}"), format!("nodes.{CLUSTER}")), (format!("masters.{CLUSTER}"), format!("masters.{CLUSTER}")), ("custom-nodes".into(), "custom-node-role".into())] {
+    for (profile, role) in [
+        (format!("nodes.{CLUSTER}"), format!("nodes.{CLUSTER}")),
+        (format!("masters.{CLUSTER}"), format!("masters.{CLUSTER}")),
+        ("custom-nodes".into(), "custom-node-role".into()),
+    ] {
         let r = iam.create_role().role_name(&role).assume_role_policy_document(trust).send().await.expect("create role");
         arns.push(r.role().map(|r| r.arn().to_string()).expect("role arn"));
         iam.create_instance_profile().instance_profile_name(&profile).send().await.expect("instance profile");
@@ -570,7 +574,8 @@ async fn a_flood_of_slow_connections_neither_stops_a_join_nor_stalls_protokube_o
     let (body, auth, keys) = w.request(&creds, &dns, &id);
     let answering = w.answering(&keys, &body);
     let started = Instant::now();
-    let answer = client.post(format!("https://{host}:{port}{}", node_join::PATH)).header("authorization", &auth).body(body).send().await.expect("join during the flood");
+    let answer =
+        client.post(format!("https://{host}:{port}{}", node_join::PATH)).header("authorization", &auth).body(body).send().await.expect("join during the flood");
     let join_took = started.elapsed();
     assert_eq!(answer.status(), 200, "{:?}", answer.text().await);
     drop(answering);
@@ -580,10 +585,17 @@ async fn a_flood_of_slow_connections_neither_stops_a_join_nor_stalls_protokube_o
     let (ticks, worst) = ticker.await.expect("ticker");
     let s = metrics.snapshot();
     let turned_away: u64 = ["source-busy", "rate-limited", "overloaded"].iter().filter_map(|r| s.node_join_refusals.get(*r)).sum();
-    println!("flood: {opened} connections opened, {turned_away} turned away ({:?}); join took {join_took:?}; reconcile ticker: {ticks} ticks, worst gap {worst:?}", s.node_join_refusals);
+    println!(
+        "flood: {opened} connections opened, {turned_away} turned away ({:?}); join took {join_took:?}; reconcile ticker: {ticks} ticks, worst gap {worst:?}",
+        s.node_join_refusals
+    );
     assert_eq!(s.node_joins_admitted, 1);
     assert!(opened >= FLOOD * 9 / 10, "the flood opened only {opened} connections");
-    assert!(turned_away as usize >= opened - limits.per_source_connections - limits.per_source_burst as usize, "turned away {turned_away} of {opened}: {:?}", s.node_join_refusals);
+    assert!(
+        turned_away as usize >= opened - limits.per_source_connections - limits.per_source_burst as usize,
+        "turned away {turned_away} of {opened}: {:?}",
+        s.node_join_refusals
+    );
     // Ten intervals: a runtime the flood shared would stall far longer under 2,000 handshakes.
     assert!(worst < Duration::from_secs(1), "the reconcile runtime stalled for {worst:?}");
 }
@@ -597,7 +609,8 @@ fn moto_instances_of_a_launch_template_carry_its_instance_profile() {
         let w = world(&local.url).await;
         let (id, _) = w.group_instance("nodes", CLUSTER).await;
         let out = aws_sdk_ec2::Client::new(&w.conf).describe_instances().instance_ids(&id).send().await.expect("describe");
-        let profile = out.reservations().iter().flat_map(|r| r.instances()).next().and_then(|i| i.iam_instance_profile()).and_then(|p| p.arn()).map(str::to_string);
+        let profile =
+            out.reservations().iter().flat_map(|r| r.instances()).next().and_then(|i| i.iam_instance_profile()).and_then(|p| p.arn()).map(str::to_string);
         assert_eq!(profile.as_deref(), Some(format!("arn:aws:iam::123456789012:instance-profile/nodes.{CLUSTER}").as_str()));
     });
 }

@@ -1,10 +1,10 @@
 //! protokube end to end: the real binary against a real moto server, with real loop devices as volumes.
 //! Needs root (losetup, mkfs, mount) and moto (scripts/test installs both); fails loudly otherwise.
 
-#[path = "../../cloud/tests/support/moto.rs"]
-mod moto;
 #[path = "support/host.rs"]
 mod host;
+#[path = "../../cloud/tests/support/moto.rs"]
+mod moto;
 
 use std::collections::BTreeMap;
 
@@ -101,7 +101,10 @@ fn blank_volumes_formatted_mounted_tagged_dns_then_second_pass_changes_nothing()
         let pki = h.root.path().join("etc/kubernetes/pki/etcd/main");
         let text = String::from_utf8_lossy(&host::sh(&format!("openssl x509 -noout -text -in {}/server.crt", pki.display())).stdout).to_string();
         assert!(text.contains("DNS:etcd-a.internal.t1.example.com") && text.contains(&format!("IP Address:{}", h.ip)), "{text}");
-        host::sh(&format!("openssl verify -CAfile {0}/ca.crt {0}/server.crt {0}/client.crt && openssl verify -CAfile {0}/peer-ca.crt {0}/peer.crt", pki.display()));
+        host::sh(&format!(
+            "openssl verify -CAfile {0}/ca.crt {0}/server.crt {0}/client.crt && openssl verify -CAfile {0}/peer-ca.crt {0}/peer.crt",
+            pki.display()
+        ));
         let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(pki.join("server.key")).expect("key").permissions());
         assert_eq!(mode & 0o777, 0o600);
         let events = h.manifest("events").expect("events manifest");
@@ -154,7 +157,13 @@ fn volume_with_data_is_mounted_never_formatted() {
         let d = LoopDev::new(64);
         host::sh(&format!("mkfs.ext4 -q {}", d.dev.display()));
         let tmp = tempfile::tempdir().expect("tmp");
-        host::sh(&format!("mount {} {} && echo precious > {}/data.txt && umount {}", d.dev.display(), tmp.path().display(), tmp.path().display(), tmp.path().display()));
+        host::sh(&format!(
+            "mount {} {} && echo precious > {}/data.txt && umount {}",
+            d.dev.display(),
+            tmp.path().display(),
+            tmp.path().display(),
+            tmp.path().display()
+        ));
         let uuid = String::from_utf8_lossy(&host::sh(&format!("blkid -p -o value -s UUID {}", d.dev.display())).stdout).trim().to_string();
         let vid = create_volume(&ec2, "us-east-1a", &etcd_tags(name, "main", "a", &["a"])).await;
         h.link(&vid, &d.dev);
@@ -169,7 +178,10 @@ fn volume_with_data_is_mounted_never_formatted() {
         assert_eq!(tag(&volume(&ec2, &vid).await, FORMATTED), Some("ext4"), "an initialised volume gets the tag");
         // hosts-file DNS for a .k8s.local cluster
         let hosts = std::fs::read_to_string(h.root.path().join("etc/hosts")).expect("hosts");
-        assert!(hosts.contains(&format!("{}\tapi.internal.data.k8s.local etcd-a.internal.data.k8s.local kops-controller.internal.data.k8s.local\n", h.ip)), "{hosts}");
+        assert!(
+            hosts.contains(&format!("{}\tapi.internal.data.k8s.local etcd-a.internal.data.k8s.local kops-controller.internal.data.k8s.local\n", h.ip)),
+            "{hosts}"
+        );
         assert!(!hosts.contains("api.data.k8s.local"), "{hosts}");
     });
 }
@@ -250,10 +262,12 @@ fn replacement_instance_claims_same_volume_data_survives_dns_follows() {
         h1.link(&vid, &d.dev);
         let r = c.run(&h1, &["--once"]);
         assert!(r.ok, "{}", r.stderr);
-        std::fs::write(h1.mount_point(&vid).join("data/keep.txt"), "keep").or_else(|_| {
-            std::fs::create_dir_all(h1.mount_point(&vid).join("data"))?;
-            std::fs::write(h1.mount_point(&vid).join("data/keep.txt"), "keep")
-        }).expect("write data");
+        std::fs::write(h1.mount_point(&vid).join("data/keep.txt"), "keep")
+            .or_else(|_| {
+                std::fs::create_dir_all(h1.mount_point(&vid).join("data"))?;
+                std::fs::write(h1.mount_point(&vid).join("data/keep.txt"), "keep")
+            })
+            .expect("write data");
         let manifest1 = h1.manifest("main").expect("manifest");
         // The instance dies: its mounts go away and the ASG's replacement gets another IP.
         h1.unmount_all();
@@ -313,8 +327,14 @@ fn two_control_planes_in_one_zone_get_their_own_members_volumes() {
         assert_eq!(attached_to(&volume(&ec2, &v_a1).await), vec![h1.instance_id.clone()]);
         assert!(h1.manifest("main").expect("manifest").contains("--name=etcd-a1"));
         let hosts = std::fs::read_to_string(h1.root.path().join("etc/hosts")).expect("hosts");
-        assert!(hosts.contains(&format!("{}\tapi.internal.two.k8s.local etcd-a2.internal.two.k8s.local kops-controller.internal.two.k8s.local\n", h2.ip)), "{hosts}");
-        assert!(hosts.contains(&format!("{}\tapi.internal.two.k8s.local etcd-a1.internal.two.k8s.local kops-controller.internal.two.k8s.local\n", h1.ip)), "{hosts}");
+        assert!(
+            hosts.contains(&format!("{}\tapi.internal.two.k8s.local etcd-a2.internal.two.k8s.local kops-controller.internal.two.k8s.local\n", h2.ip)),
+            "{hosts}"
+        );
+        assert!(
+            hosts.contains(&format!("{}\tapi.internal.two.k8s.local etcd-a1.internal.two.k8s.local kops-controller.internal.two.k8s.local\n", h1.ip)),
+            "{hosts}"
+        );
     });
 }
 
@@ -467,7 +487,9 @@ fn injected_ec2_throttling_is_retried_by_the_binary() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{stderr}");
         assert_eq!(String::from_utf8_lossy(&out.stdout).lines().last(), Some("protokube: 1 volumes mounted, 1 manifests written, 3 dns records"));
-        let field = |k: &str| stderr.lines().rev().find_map(|l| l.split(&format!("{k}=")).nth(1)).and_then(|r| r.split_whitespace().next()).and_then(|n| n.parse::<u64>().ok());
+        let field = |k: &str| {
+            stderr.lines().rev().find_map(|l| l.split(&format!("{k}=")).nth(1)).and_then(|r| r.split_whitespace().next()).and_then(|n| n.parse::<u64>().ok())
+        };
         let (calls, attempts) = (field("cloud_calls").expect("calls"), field("cloud_attempts").expect("attempts"));
         assert_eq!(attempts, calls + 4, "4 throttled attempts retried: {stderr}");
         assert!(t.elapsed() < std::time::Duration::from_secs(30));

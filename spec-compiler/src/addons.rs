@@ -15,9 +15,9 @@
 use serde_json::json;
 
 mod aws_ccm;
+mod aws_ebs_csi;
 mod calico;
 mod cilium;
-mod aws_ebs_csi;
 mod coredns;
 
 pub use calico::CalicoError;
@@ -48,15 +48,15 @@ fn bootstrap_rbac(token: bool) -> Vec<serde_json::Value> {
     let mut docs = Vec::new();
     if token {
         docs.push(crb("keelson:node-bootstrapper", "system:node-bootstrapper", "Group", "system:bootstrappers"));
-        docs.push(crb("keelson:node-autoapprove-bootstrap", "system:certificates.k8s.io:certificatesigningrequests:nodeclient", "Group", "system:bootstrappers"));
+        docs.push(crb(
+            "keelson:node-autoapprove-bootstrap",
+            "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
+            "Group",
+            "system:bootstrappers",
+        ));
     }
     docs.extend([
-        crb(
-            "keelson:node-autoapprove-certificate-rotation",
-            "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient",
-            "Group",
-            "system:nodes",
-        ),
+        crb("keelson:node-autoapprove-certificate-rotation", "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient", "Group", "system:nodes"),
         crb("keelson:kubelet-api-admin", "system:kubelet-api-admin", "User", "kubelet-api"),
     ]);
     docs
@@ -99,7 +99,8 @@ pub struct Addon {
 /// The addons the completed spec asks for, in apply order (the additional objects come last).
 pub fn addons(cluster: &Cluster, versions: &Versions) -> Result<Vec<Addon>, AddonError> {
     let aws = cluster.spec.cloud_provider.as_deref() == Some("aws");
-    let token = keelson_api::nodeup::node_bootstrap_method(cluster.metadata.annotations.as_ref(), aws) != Ok(keelson_api::nodeup::NodeBootstrapMethod::CloudIdentity);
+    let token =
+        keelson_api::nodeup::node_bootstrap_method(cluster.metadata.annotations.as_ref(), aws) != Ok(keelson_api::nodeup::NodeBootstrapMethod::CloudIdentity);
     let mut addons = vec![Addon { name: "bootstrap-rbac.keelson.io", version: "1.0.0", docs: bootstrap_rbac(token) }];
     if let Some(docs) = cilium::docs(cluster, versions)? {
         addons.push(Addon { name: cilium::NAME, version: "1.0.0", docs });
@@ -122,11 +123,8 @@ pub fn addons(cluster: &Cluster, versions: &Versions) -> Result<Vec<Addon>, Addo
 /// Render the addons and their index into `tree` under `state/addons/`.
 pub fn render(tree: &mut Tree, cluster: &Cluster, versions: &Versions, additional_objects: &[serde_json::Value]) -> Result<(), AddonError> {
     let mut addons = addons(cluster, versions)?;
-    let objects: Vec<serde_json::Value> = additional_objects
-        .iter()
-        .filter(|o| !o.get("kind").and_then(|k| k.as_str()).is_some_and(|k| k.ends_with("Configuration")))
-        .cloned()
-        .collect();
+    let objects: Vec<serde_json::Value> =
+        additional_objects.iter().filter(|o| !o.get("kind").and_then(|k| k.as_str()).is_some_and(|k| k.ends_with("Configuration"))).cloned().collect();
     if !objects.is_empty() {
         addons.push(Addon { name: "additional-objects.keelson.io", version: "1.0.0", docs: objects });
     }

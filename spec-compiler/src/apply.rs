@@ -26,4 +26,3 @@ pub fn prepare_with(docs: &Documents, options: &CompileOptions, require_user_dat
     let m = model::build_with(docs, &completed, &compiled.tree, require_user_data)?;
     Ok((m, compiled))
 }
-

@@ -29,4 +29,3 @@ pub fn asset_hashes(path: Option<&std::path::Path>) -> anyhow::Result<std::colle
         None => Ok(Default::default()),
     }
 }
-

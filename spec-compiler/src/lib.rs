@@ -92,9 +92,7 @@ pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, C
         }
     }
     if options.nodeup_assets.is_empty() {
-        out.warnings.push(
-            "no nodeup build given (--nodeup-asset ARCH=SHA256@URL): userdata/ was not written".to_string(),
-        );
+        out.warnings.push("no nodeup build given (--nodeup-asset ARCH=SHA256@URL): userdata/ was not written".to_string());
     }
 
     for ig in &docs.instance_groups {

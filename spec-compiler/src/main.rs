@@ -163,8 +163,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 asset_hashes: spec_compiler::args::asset_hashes(asset_hashes.as_deref())?,
                 cas: Default::default(),
             };
-            let compiled = spec_compiler::compile(&docs, &options)
-                .with_context(|| format!("compiling {}", file.display()))?;
+            let compiled = spec_compiler::compile(&docs, &options).with_context(|| format!("compiling {}", file.display()))?;
             for w in &compiled.warnings {
                 eprintln!("keelson: warning: {}: {w}", file.display());
             }

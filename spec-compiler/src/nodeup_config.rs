@@ -4,12 +4,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use keelson_api::nodeup::{
-    NodeBootstrap, NodeBootstrapMethod,
-    ApiServerNodeConfig, ConfigStore, ControlPlaneNodeConfig, NodeApi, NodeupConfig, NodeupNetworking, StaticManifest,
+    ApiServerNodeConfig, ConfigStore, ControlPlaneNodeConfig, NodeApi, NodeBootstrap, NodeBootstrapMethod, NodeupConfig, NodeupNetworking, StaticManifest,
 };
 use keelson_api::{
-    CalicoNetworkingSpec, CiliumNetworkingSpec, Cluster, ClusterSpec, FileAssetSpec, HookSpec, InstanceGroup, KubeletConfigSpec,
-    Merge, NetworkingSpec, NvidiaGPUConfig, Role,
+    CalicoNetworkingSpec, CiliumNetworkingSpec, Cluster, ClusterSpec, FileAssetSpec, HookSpec, InstanceGroup, KubeletConfigSpec, Merge, NetworkingSpec,
+    NvidiaGPUConfig, Role,
 };
 
 use crate::complete::CompileOptions;
@@ -210,9 +209,7 @@ pub fn kubelet_for(spec: &ClusterSpec, ig: &InstanceGroup, role: Role, flags: &C
 fn for_role(items: &[FileAssetSpec], role: Role) -> Vec<FileAssetSpec> {
     items
         .iter()
-        .filter(|f| {
-            f.roles.as_ref().is_none_or(|r| r.is_empty() || r.iter().any(|x| Role::parse(x) == Some(role)))
-        })
+        .filter(|f| f.roles.as_ref().is_none_or(|r| r.is_empty() || r.iter().any(|x| Role::parse(x) == Some(role))))
         .map(|f| FileAssetSpec { roles: None, ..f.clone() })
         .collect()
 }
@@ -234,14 +231,8 @@ fn networking(spec: &ClusterSpec, role: Role) -> NodeupNetworking {
     let n = spec.networking.clone().unwrap_or_default();
     let plugin = NetworkingSpec {
         amazonvpc: n.amazonvpc.as_ref().map(|_| Default::default()),
-        calico: n.calico.as_ref().map(|c| CalicoNetworkingSpec {
-            wireguard_enabled: c.wireguard_enabled.filter(|w| *w),
-            ..Default::default()
-        }),
-        cilium: n.cilium.as_ref().map(|c| CiliumNetworkingSpec {
-            ipam: c.ipam.clone().filter(|i| i == "eni"),
-            ..Default::default()
-        }),
+        calico: n.calico.as_ref().map(|c| CalicoNetworkingSpec { wireguard_enabled: c.wireguard_enabled.filter(|w| *w), ..Default::default() }),
+        cilium: n.cilium.as_ref().map(|c| CiliumNetworkingSpec { ipam: c.ipam.clone().filter(|i| i == "eni"), ..Default::default() }),
         cni: n.cni.as_ref().filter(|c| c.uses_secondary_ip == Some(true)).cloned(),
         flannel: n.flannel.as_ref().map(|_| Default::default()),
         kuberouter: n.kuberouter.as_ref().map(|_| Default::default()),
@@ -270,10 +261,7 @@ pub fn build(
 ) -> Result<NodeupConfig, NodeupConfigError> {
     let spec = &cluster.spec;
     let group = ig.name().to_string();
-    let role = ig.role().ok_or_else(|| NodeupConfigError::Role {
-        group: group.clone(),
-        role: ig.spec.role.clone().unwrap_or_default(),
-    })?;
+    let role = ig.role().ok_or_else(|| NodeupConfigError::Role { group: group.clone(), role: ig.spec.role.clone().unwrap_or_default() })?;
     let runs_api = matches!(role, Role::ControlPlane | Role::ApiServer);
     let is_cp = role == Role::ControlPlane;
     let config_base = spec.config_base.clone().unwrap_or_default();
@@ -282,7 +270,9 @@ pub fn build(
     for arch in Arch::ALL {
         let mut list = assets_for(spec, versions, arch).map_err(|source| NodeupConfigError::Assets { group: group.clone(), source: Box::new(source) })?;
         if is_cp {
-            list.extend(protokube_asset(versions, arch, options).map_err(|source| NodeupConfigError::Assets { group: group.clone(), source: Box::new(source) })?);
+            list.extend(
+                protokube_asset(versions, arch, options).map_err(|source| NodeupConfigError::Assets { group: group.clone(), source: Box::new(source) })?,
+            );
         }
         assets.insert(arch.as_str().to_string(), list);
     }
@@ -311,8 +301,7 @@ pub fn build(
         }
     };
 
-    let kube_proxy_off = spec.kube_proxy.as_ref().and_then(|p| p.enabled) == Some(false)
-        || (is_cp && spec.isolate_masters == Some(true));
+    let kube_proxy_off = spec.kube_proxy.as_ref().and_then(|p| p.enabled) == Some(false) || (is_cp && spec.isolate_masters == Some(true));
 
     let mut file_assets = for_role(ig.spec.file_assets.as_deref().unwrap_or_default(), role);
     file_assets.extend(for_role(spec.file_assets.as_deref().unwrap_or_default(), role));
@@ -354,9 +343,8 @@ pub fn build(
         encryption_config: spec.encryption_config == Some(true),
     });
 
-    let machine_type_matters = spec.networking.as_ref().is_some_and(|n| {
-        n.amazonvpc.is_some() || n.cilium.as_ref().and_then(|c| c.ipam.as_deref()) == Some("eni")
-    });
+    let machine_type_matters =
+        spec.networking.as_ref().is_some_and(|n| n.amazonvpc.is_some() || n.cilium.as_ref().and_then(|c| c.ipam.as_deref()) == Some("eni"));
     let gce = spec.cloud_config.as_ref();
     let mut packages: Vec<String> = spec.packages.clone().unwrap_or_default();
     packages.extend(ig.spec.packages.clone().unwrap_or_default());
@@ -373,11 +361,7 @@ pub fn build(
         update_policy: ig.spec.update_policy.clone().or(spec.update_policy.clone()).unwrap_or_else(|| "automatic".into()),
         // Instance-group hooks first: nodeup lets them override cluster hooks of the same name.
         hooks: vec![hooks_for(ig.spec.hooks.as_ref(), role), hooks_for(spec.hooks.as_ref(), role)],
-        etcd_cluster_names: if is_cp {
-            spec.etcd_clusters.iter().flatten().filter_map(|e| e.name.clone()).collect()
-        } else {
-            Vec::new()
-        },
+        etcd_cluster_names: if is_cp { spec.etcd_clusters.iter().flatten().filter_map(|e| e.name.clone()).collect() } else { Vec::new() },
         file_assets,
         install_cni_assets: installs_cni_assets(spec),
         use_cilium_etcd: spec.networking.as_ref().is_some_and(|n| n.cilium.is_some())
@@ -391,23 +375,14 @@ pub fn build(
             kube_scheduler: spec.kube_scheduler.clone().unwrap_or_default(),
         }),
         static_manifests: if runs_api {
-            vec![StaticManifest {
-                key: "kube-apiserver-healthcheck".into(),
-                path: "manifests/static/kube-apiserver-healthcheck.yaml".into(),
-            }]
+            vec![StaticManifest { key: "kube-apiserver-healthcheck".into(), path: "manifests/static/kube-apiserver-healthcheck.yaml".into() }]
         } else {
             Vec::new()
         },
-        node_ip_families: if runs_api {
-            gce.and_then(|c| c.node_ip_families.clone()).unwrap_or_default()
-        } else {
-            Vec::new()
-        },
+        node_ip_families: if runs_api { gce.and_then(|c| c.node_ip_families.clone()).unwrap_or_default() } else { Vec::new() },
         multizone: gce.and_then(|c| c.multizone),
         node_tags: gce.and_then(|c| c.node_tags.clone()),
-        default_machine_type: machine_type_matters
-            .then(|| ig.spec.machine_type.as_deref().and_then(|m| m.split(',').next()).map(str::to_string))
-            .flatten(),
+        default_machine_type: machine_type_matters.then(|| ig.spec.machine_type.as_deref().and_then(|m| m.split(',').next()).map(str::to_string)).flatten(),
         nvidia_gpu,
         channels_manifest: is_cp.then(|| format!("{}/manifests/channels/kops-channels.yaml", config_base.trim_end_matches('/'))),
         config_store: runs_api.then(|| ConfigStore { keypairs: spec.key_store.clone(), secrets: spec.secret_store.clone() }),

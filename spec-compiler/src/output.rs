@@ -1,6 +1,5 @@
 //! The compiled tree: every output file as bytes, written atomically to a directory.
 
-
 /// Why writing failed.
 #[derive(Debug, thiserror::Error)]
 pub enum OutputError {

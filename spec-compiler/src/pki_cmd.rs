@@ -41,24 +41,15 @@ fn encryption_from_spec(state: &std::path::Path) -> bool {
 
 fn etcd_from_spec(state: &std::path::Path) -> Option<Vec<String>> {
     let doc = completed_spec(state)?;
-    let names: Vec<String> = doc
-        .get("spec")?
-        .get("etcdClusters")?
-        .as_sequence()?
-        .iter()
-        .filter_map(|e| e.get("name").and_then(|n| n.as_str()).map(str::to_string))
-        .collect();
+    let names: Vec<String> =
+        doc.get("spec")?.get("etcdClusters")?.as_sequence()?.iter().filter_map(|e| e.get("name").and_then(|n| n.as_str()).map(str::to_string)).collect();
     (!names.is_empty()).then_some(names)
 }
 
 pub fn run(args: PkiArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         PkiCommand::Init { state, etcd_clusters } => {
-            let etcd = if etcd_clusters.is_empty() {
-                etcd_from_spec(&state).unwrap_or_else(|| vec!["main".into(), "events".into()])
-            } else {
-                etcd_clusters
-            };
+            let etcd = if etcd_clusters.is_empty() { etcd_from_spec(&state).unwrap_or_else(|| vec!["main".into(), "events".into()]) } else { etcd_clusters };
             let mut created = base::pki::init_pki(&state, &etcd).with_context(|| format!("initialising PKI in {}", state.display()))?;
             if encryption_from_spec(&state)
                 && base::encryption::ensure(&state).with_context(|| format!("creating the encryption configuration in {}", state.display()))?

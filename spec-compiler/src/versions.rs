@@ -49,8 +49,7 @@ pub const LATEST_ETCD_37_VERSION: &str = "3.7.0";
 /// etcd-manager image (kOps `pkg/model/components/etcdmanager/model.go`).
 pub const ETCD_MANAGER_IMAGE: &str = "registry.k8s.io/etcd-manager/etcd-manager-slim:v3.0.20260707";
 /// AWS cloud-controller-manager image; the same for every Kubernetes minor at this commit.
-pub const AWS_CLOUD_CONTROLLER_MANAGER_IMAGE: &str =
-    "registry.k8s.io/provider-aws/cloud-controller-manager:v1.36.1";
+pub const AWS_CLOUD_CONTROLLER_MANAGER_IMAGE: &str = "registry.k8s.io/provider-aws/cloud-controller-manager:v1.36.1";
 /// CoreDNS image (the cluster DNS addon); kOps pins one for every Kubernetes minor at this commit.
 pub const COREDNS_IMAGE: &str = "registry.k8s.io/coredns/coredns:v1.14.2";
 /// Default `spec.networking.cilium.version` (kOps `CiliumOptionsBuilder`); kOps supports only 1.18.
@@ -76,16 +75,13 @@ pub const CSI_SNAPSHOTTER_IMAGE: &str = "registry.k8s.io/sig-storage/csi-snapsho
 pub const CSI_LIVENESS_PROBE_IMAGE: &str = "registry.k8s.io/sig-storage/livenessprobe:v2.18.0";
 pub const CSI_NODE_DRIVER_REGISTRAR_IMAGE: &str = "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.16.0";
 /// GCP cloud-controller-manager image (kOps `gcpcloudcontrollermanager.go`).
-pub const GCP_CLOUD_CONTROLLER_MANAGER_IMAGE: &str =
-    "registry.k8s.io/cloud-provider-gcp/cloud-controller-manager:v35.0.0";
+pub const GCP_CLOUD_CONTROLLER_MANAGER_IMAGE: &str = "registry.k8s.io/cloud-provider-gcp/cloud-controller-manager:v35.0.0";
 /// Default `cloudProvider.aws.binariesLocation`: ecr-credential-provider v1.31.7 for every minor.
 pub const ECR_CREDENTIAL_PROVIDER_VERSION: &str = "1.31.7";
-pub const DEFAULT_AWS_BINARIES_LOCATION: &str =
-    "https://artifacts.k8s.io/binaries/cloud-provider-aws/v1.31.7";
+pub const DEFAULT_AWS_BINARIES_LOCATION: &str = "https://artifacts.k8s.io/binaries/cloud-provider-aws/v1.31.7";
 /// Default `cloudProvider.gce.binariesLocation`.
 pub const AUTH_PROVIDER_GCP_VERSION: &str = "35.0.0";
-pub const DEFAULT_GCE_BINARIES_LOCATION: &str =
-    "https://artifacts.k8s.io/binaries/cloud-provider-gcp/v35.0.0";
+pub const DEFAULT_GCE_BINARIES_LOCATION: &str = "https://artifacts.k8s.io/binaries/cloud-provider-gcp/v35.0.0";
 /// crictl / nerdctl pinned versions (kOps `wellknownassets/{crictl,nerdctl}.go`).
 pub const CRICTL_VERSION: &str = "1.29.0";
 pub const NERDCTL_VERSION: &str = "1.7.4";
@@ -95,17 +91,8 @@ pub const OLDEST_SUPPORTED_KUBERNETES_VERSION: &str = "1.32.0";
 pub const OLDEST_RECOMMENDED_KUBERNETES_VERSION: &str = "1.34.0";
 
 /// Asset names understood by [`Versions::assets`].
-pub const ASSET_NAMES: &[&str] = &[
-    "kubelet",
-    "kubectl",
-    "ecr-credential-provider",
-    "auth-provider-gcp",
-    "cni-plugins",
-    "containerd",
-    "runc",
-    "crictl",
-    "nerdctl",
-];
+pub const ASSET_NAMES: &[&str] =
+    &["kubelet", "kubectl", "ecr-credential-provider", "auth-provider-gcp", "cni-plugins", "containerd", "runc", "crictl", "nerdctl"];
 
 /// Timeout for fetching a published `.sha256` file.
 pub const HASH_FETCH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -141,42 +128,19 @@ pub enum VersionsError {
     NoCniForKubernetes { version: String, arch: Arch },
 
     #[error("unknown asset {name:?} requested for Kubernetes {version}; known assets: {known}")]
-    UnknownAsset {
-        name: String,
-        version: String,
-        known: String,
-    },
+    UnknownAsset { name: String, version: String, known: String },
 
     #[error("invalid assets.fileRepository {file_repository:?} (remapping {url}): {reason}")]
-    InvalidFileRepository {
-        file_repository: String,
-        url: String,
-        reason: String,
-    },
+    InvalidFileRepository { file_repository: String, url: String, reason: String },
 
     #[error("sha256 of {file} {version} is not in the versions table and offline mode forbids fetching {url}.sha256")]
-    HashUnknownOffline {
-        file: String,
-        version: String,
-        url: String,
-    },
+    HashUnknownOffline { file: String, version: String, url: String },
 
     #[error("cannot determine sha256 of {file} {version}: fetching {url}.sha256 failed: {reason}")]
-    HashFetch {
-        file: String,
-        version: String,
-        url: String,
-        reason: String,
-    },
+    HashFetch { file: String, version: String, url: String, reason: String },
 
     #[error("invalid sha256 {value:?} for {file} {version} from {source_desc} ({url})")]
-    InvalidHash {
-        file: String,
-        version: String,
-        url: String,
-        value: String,
-        source_desc: String,
-    },
+    InvalidHash { file: String, version: String, url: String, value: String, source_desc: String },
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -236,23 +200,10 @@ impl KubernetesRelease {
     pub fn parse(version: &str) -> Result<KubernetesRelease, VersionsError> {
         let normalized = normalize_kubernetes_version(version);
         if normalized.contains("://") {
-            return Err(VersionsError::UnsupportedBaseUrl {
-                version: version.to_string(),
-            });
+            return Err(VersionsError::UnsupportedBaseUrl { version: version.to_string() });
         }
-        let sv = SemVer::parse_tolerant(&normalized).map_err(|reason| {
-            VersionsError::InvalidKubernetesVersion {
-                version: version.to_string(),
-                reason,
-            }
-        })?;
-        Ok(KubernetesRelease {
-            version: normalized,
-            major: sv.major,
-            minor: sv.minor,
-            patch: sv.patch,
-            pre: sv.pre,
-        })
+        let sv = SemVer::parse_tolerant(&normalized).map_err(|reason| VersionsError::InvalidKubernetesVersion { version: version.to_string(), reason })?;
+        Ok(KubernetesRelease { version: normalized, major: sv.major, minor: sv.minor, patch: sv.patch, pre: sv.pre })
     }
 
     /// `>=` ignoring pre-release and build (kOps `KubernetesVersion.IsGTE`).
@@ -335,16 +286,9 @@ impl SemVer {
             if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(format!("invalid numeric component {p:?}"));
             }
-            nums[i] = p
-                .parse::<u64>()
-                .map_err(|e| format!("invalid number {p:?}: {e}"))?;
+            nums[i] = p.parse::<u64>().map_err(|e| format!("invalid number {p:?}: {e}"))?;
         }
-        Ok(SemVer {
-            major: nums[0],
-            minor: nums[1],
-            patch: nums[2],
-            pre: pre.map(str::to_string),
-        })
+        Ok(SemVer { major: nums[0], minor: nums[1], patch: nums[2], pre: pre.map(str::to_string) })
     }
 
     fn core_lt(&self, major: u64, minor: u64, patch: u64) -> bool {
@@ -370,17 +314,9 @@ pub fn etcd_version_is_supported(version: &str) -> bool {
     let Ok(sv) = SemVer::parse_strict(v) else {
         return false;
     };
-    [
-        LATEST_ETCD_35_VERSION,
-        LATEST_ETCD_36_VERSION,
-        LATEST_ETCD_37_VERSION,
-    ]
-    .iter()
-    .any(|latest| {
-        SemVer::parse_strict(latest).is_ok_and(|l| {
-            l.major == sv.major && l.minor == sv.minor && sv.patch <= l.patch && sv.pre.is_none()
-        })
-    })
+    [LATEST_ETCD_35_VERSION, LATEST_ETCD_36_VERSION, LATEST_ETCD_37_VERSION]
+        .iter()
+        .any(|latest| SemVer::parse_strict(latest).is_ok_and(|l| l.major == sv.major && l.minor == sv.minor && sv.patch <= l.patch && sv.pre.is_none()))
 }
 
 impl SemVer {
@@ -422,10 +358,7 @@ pub fn default_cni_version(release: &KubernetesRelease) -> Option<&'static str> 
 /// the repository URL keeps its scheme/host/query and its path becomes
 /// `path.Join(repo.path, canonical.path)`; commas are escaped as `%2C`. When the rewritten
 /// URL has the same host as the canonical one the canonical URL is kept (kOps behaviour).
-pub fn remap_file_url(
-    canonical_url: &str,
-    file_repository: Option<&str>,
-) -> Result<String, VersionsError> {
+pub fn remap_file_url(canonical_url: &str, file_repository: Option<&str>) -> Result<String, VersionsError> {
     let Some(repo) = file_repository else {
         return Ok(canonical_url.to_string());
     };
@@ -446,10 +379,7 @@ pub fn remap_file_url(
         });
     }
     let joined = path_join(&repo_url.path, &canonical.path).replace(',', "%2C");
-    let remapped = SimpleUrl {
-        path: joined,
-        ..repo_url
-    };
+    let remapped = SimpleUrl { path: joined, ..repo_url };
     if remapped.host == canonical.host {
         return Ok(canonical_url.to_string());
     }
@@ -463,11 +393,7 @@ pub fn remap_file_url(
 /// * registry: strip `registry.k8s.io/`, replace remaining `/` with `-`, prepend `<registry>/`
 ///   (unless already prefixed by it). E.g. `registry.k8s.io/provider-aws/cloud-controller-manager:v1`
 ///   → `<registry>/provider-aws-cloud-controller-manager:v1`.
-pub fn remap_image(
-    image: &str,
-    container_registry: Option<&str>,
-    container_proxy: Option<&str>,
-) -> String {
+pub fn remap_image(image: &str, container_registry: Option<&str>, container_proxy: Option<&str>) -> String {
     let mut image = image.to_string();
     if let Some(proxy) = container_proxy {
         let proxy = proxy.strip_suffix('/').unwrap_or(proxy);
@@ -512,19 +438,9 @@ impl SimpleUrl {
                     Some(i) => (&rest[..i], &rest[i..]),
                     None => (rest, ""),
                 };
-                SimpleUrl {
-                    scheme: Some(scheme.to_string()),
-                    host: host.to_string(),
-                    path: path.to_string(),
-                    suffix,
-                }
+                SimpleUrl { scheme: Some(scheme.to_string()), host: host.to_string(), path: path.to_string(), suffix }
             }
-            None => SimpleUrl {
-                scheme: None,
-                host: String::new(),
-                path: before_suffix.to_string(),
-                suffix,
-            },
+            None => SimpleUrl { scheme: None, host: String::new(), path: before_suffix.to_string(), suffix },
         }
     }
 }
@@ -642,11 +558,7 @@ fn hash_table() -> &'static HashTable {
         for e in &errors {
             tracing::warn!("versions table: {e}");
         }
-        HashTable {
-            rows,
-            by_url,
-            errors,
-        }
+        HashTable { rows, by_url, errors }
     })
 }
 
@@ -676,37 +588,22 @@ pub fn known_kubernetes_versions() -> Vec<String> {
             let (ver, file) = rest.split_once('/')?;
             (file == "bin/linux/amd64/kubelet").then(|| ver.to_string())
         })
-        .filter(|v| {
-            Arch::ALL.iter().all(|a| {
-                ["kubelet", "kubectl"]
-                    .iter()
-                    .all(|b| known_sha256(&kubernetes_binary_url(v, *a, b)).is_some())
-            })
-        })
+        .filter(|v| Arch::ALL.iter().all(|a| ["kubelet", "kubectl"].iter().all(|b| known_sha256(&kubernetes_binary_url(v, *a, b)).is_some())))
         .collect();
     versions.sort_by_key(|v| {
         let sv = SemVer::parse_tolerant(v).ok();
-        (
-            sv.as_ref().map(|s| (s.major, s.minor, s.patch)),
-            sv.and_then(|s| s.pre).is_none(),
-            v.clone(),
-        )
+        (sv.as_ref().map(|s| (s.major, s.minor, s.patch)), sv.and_then(|s| s.pre).is_none(), v.clone())
     });
     versions.dedup();
     versions
 }
 
 fn is_sha256_hex(s: &str) -> bool {
-    s.len() == 64
-        && s.bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 fn kubernetes_binary_url(version: &str, arch: Arch, binary: &str) -> String {
-    format!(
-        "https://dl.k8s.io/release/v{version}/bin/linux/{}/{binary}",
-        arch.as_str()
-    )
+    format!("https://dl.k8s.io/release/v{version}/bin/linux/{}/{binary}", arch.as_str())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -802,18 +699,11 @@ impl Versions {
     pub fn for_kubernetes(version: &str, opts: &LookupOptions) -> Result<Versions, VersionsError> {
         let release = KubernetesRelease::parse(version)?;
         let (containerd_version, runc_version) = match opts.containerd_version_override.as_deref() {
-            None | Some("") => (
-                DEFAULT_CONTAINERD_VERSION.to_string(),
-                DEFAULT_RUNC_VERSION.to_string(),
-            ),
+            None | Some("") => (DEFAULT_CONTAINERD_VERSION.to_string(), DEFAULT_RUNC_VERSION.to_string()),
             Some(c) => {
                 let runc = match opts.runc_version_override.as_deref() {
                     Some(r) if !r.is_empty() => r.to_string(),
-                    _ => {
-                        return Err(VersionsError::RuncVersionRequired {
-                            containerd_version: c.to_string(),
-                        })
-                    }
+                    _ => return Err(VersionsError::RuncVersionRequired { containerd_version: c.to_string() }),
                 };
                 (c.to_string(), runc)
             }
@@ -881,10 +771,7 @@ impl Versions {
 
     /// `registry.k8s.io/<component>:v<version>` after rewriting (kOps `components.Image`).
     pub fn component_image(&self, component: &str) -> String {
-        self.remap_image(&format!(
-            "registry.k8s.io/{component}:v{}",
-            self.release.version
-        ))
+        self.remap_image(&format!("registry.k8s.io/{component}:v{}", self.release.version))
     }
 
     pub fn cloud_controller_manager_image_aws(&self) -> String {
@@ -901,10 +788,7 @@ impl Versions {
     /// registry rewriting.
     pub fn cilium_images(&self, registry: Option<&str>, version: &str) -> (String, String) {
         let registry = registry.unwrap_or(DEFAULT_CILIUM_REGISTRY);
-        (
-            self.remap_image(&format!("{registry}/cilium/cilium:{version}")),
-            self.remap_image(&format!("{registry}/cilium/operator:{version}")),
-        )
+        (self.remap_image(&format!("{registry}/cilium/cilium:{version}")), self.remap_image(&format!("{registry}/cilium/operator:{version}")))
     }
 
     /// The Calico images for `spec.networking.calico.{registry,version}` (`<registry>/calico/<name>:<version>`,
@@ -937,11 +821,7 @@ impl Versions {
 
     /// Apply `containerProxy` / `containerRegistry` to any image.
     pub fn remap_image(&self, image: &str) -> String {
-        remap_image(
-            image,
-            self.opts.container_registry.as_deref(),
-            self.opts.container_proxy.as_deref(),
-        )
+        remap_image(image, self.opts.container_registry.as_deref(), self.opts.container_proxy.as_deref())
     }
 
     /// Apply `fileRepository` to any canonical URL.
@@ -950,78 +830,38 @@ impl Versions {
     }
 
     /// Canonical (upstream) URL and component version of a named asset.
-    pub fn canonical_asset_url(
-        &self,
-        arch: Arch,
-        name: &str,
-    ) -> Result<(String, String), VersionsError> {
+    pub fn canonical_asset_url(&self, arch: Arch, name: &str) -> Result<(String, String), VersionsError> {
         let a = arch.as_str();
         let k8s = &self.release.version;
         Ok(match name {
             "kubelet" | "kubectl" => (kubernetes_binary_url(k8s, arch, name), k8s.clone()),
-            "ecr-credential-provider" => (
-                format!(
-                    "{DEFAULT_AWS_BINARIES_LOCATION}/linux/{a}/ecr-credential-provider-linux-{a}"
-                ),
-                ECR_CREDENTIAL_PROVIDER_VERSION.to_string(),
-            ),
-            "auth-provider-gcp" => (
-                format!(
-                    "{DEFAULT_GCE_BINARIES_LOCATION}/auth-provider-gcp/linux/{a}/auth-provider-gcp"
-                ),
-                AUTH_PROVIDER_GCP_VERSION.to_string(),
-            ),
+            "ecr-credential-provider" => {
+                (format!("{DEFAULT_AWS_BINARIES_LOCATION}/linux/{a}/ecr-credential-provider-linux-{a}"), ECR_CREDENTIAL_PROVIDER_VERSION.to_string())
+            }
+            "auth-provider-gcp" => {
+                (format!("{DEFAULT_GCE_BINARIES_LOCATION}/auth-provider-gcp/linux/{a}/auth-provider-gcp"), AUTH_PROVIDER_GCP_VERSION.to_string())
+            }
             "cni-plugins" => {
-                let v = self
-                    .cni_version
-                    .ok_or_else(|| VersionsError::NoCniForKubernetes {
-                        version: k8s.clone(),
-                        arch,
-                    })?;
-                (
-                    format!(
-                        "https://github.com/containernetworking/plugins/releases/download/v{v}/cni-plugins-linux-{a}-v{v}.tgz"
-                    ),
-                    v.to_string(),
-                )
+                let v = self.cni_version.ok_or_else(|| VersionsError::NoCniForKubernetes { version: k8s.clone(), arch })?;
+                (format!("https://github.com/containernetworking/plugins/releases/download/v{v}/cni-plugins-linux-{a}-v{v}.tgz"), v.to_string())
             }
             "containerd" => {
                 let v = &self.containerd_version;
-                (
-                    format!("https://github.com/containerd/containerd/releases/download/v{v}/containerd-{v}-linux-{a}.tar.gz"),
-                    v.clone(),
-                )
+                (format!("https://github.com/containerd/containerd/releases/download/v{v}/containerd-{v}-linux-{a}.tar.gz"), v.clone())
             }
             "runc" => {
                 let v = &self.runc_version;
-                (
-                    format!(
-                        "https://github.com/opencontainers/runc/releases/download/v{v}/runc.{a}"
-                    ),
-                    v.clone(),
-                )
+                (format!("https://github.com/opencontainers/runc/releases/download/v{v}/runc.{a}"), v.clone())
             }
             "crictl" => {
                 let v = CRICTL_VERSION;
-                (
-                    format!("https://github.com/kubernetes-sigs/cri-tools/releases/download/v{v}/crictl-v{v}-linux-{a}.tar.gz"),
-                    v.to_string(),
-                )
+                (format!("https://github.com/kubernetes-sigs/cri-tools/releases/download/v{v}/crictl-v{v}-linux-{a}.tar.gz"), v.to_string())
             }
             "nerdctl" => {
                 let v = NERDCTL_VERSION;
-                (
-                    format!("https://github.com/containerd/nerdctl/releases/download/v{v}/nerdctl-{v}-linux-{a}.tar.gz"),
-                    v.to_string(),
-                )
+                (format!("https://github.com/containerd/nerdctl/releases/download/v{v}/nerdctl-{v}-linux-{a}.tar.gz"), v.to_string())
             }
-            other => {
-                return Err(VersionsError::UnknownAsset {
-                    name: other.to_string(),
-                    version: k8s.clone(),
-                    known: ASSET_NAMES.join(", "),
-                })
-            }
+            other => return Err(VersionsError::UnknownAsset { name: other.to_string(), version: k8s.clone(), known: ASSET_NAMES.join(", ") }),
         })
     }
 
@@ -1040,20 +880,10 @@ impl Versions {
 
     /// Resolve an arbitrary asset (e.g. a custom `binariesLocation`): rewrite its URL and find
     /// its hash. `version` is only used in error messages.
-    pub fn resolve_asset(
-        &self,
-        name: &str,
-        version: &str,
-        canonical_url: &str,
-    ) -> Result<Asset, VersionsError> {
+    pub fn resolve_asset(&self, name: &str, version: &str, canonical_url: &str) -> Result<Asset, VersionsError> {
         let url = self.remap_file_url(canonical_url)?;
         let sha256 = lookup_sha256(name, version, canonical_url, &url, &self.opts)?;
-        Ok(Asset {
-            name: name.to_string(),
-            url,
-            canonical_url: canonical_url.to_string(),
-            sha256,
-        })
+        Ok(Asset { name: name.to_string(), url, canonical_url: canonical_url.to_string(), sha256 })
     }
 }
 
@@ -1097,12 +927,7 @@ pub fn default_cache_dir() -> Option<PathBuf> {
     if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
         return Some(PathBuf::from(x).join("keelson").join("sha256"));
     }
-    std::env::var_os("HOME").filter(|v| !v.is_empty()).map(|h| {
-        PathBuf::from(h)
-            .join(".cache")
-            .join("keelson")
-            .join("sha256")
-    })
+    std::env::var_os("HOME").filter(|v| !v.is_empty()).map(|h| PathBuf::from(h).join(".cache").join("keelson").join("sha256"))
 }
 
 fn cache_file(dir: &Path, download_url: &str) -> PathBuf {
@@ -1114,16 +939,8 @@ fn cache_file(dir: &Path, download_url: &str) -> PathBuf {
 /// `versions/hashes.tsv`), `#` comments and blank lines ignored. Every other line is an error that
 /// names the file and line.
 pub fn read_asset_hashes(path: &Path) -> Result<std::collections::BTreeMap<String, String>, VersionsError> {
-    let text = std::fs::read_to_string(path).map_err(|e| VersionsError::AssetHashesFile {
-        path: path.to_path_buf(),
-        line: 0,
-        reason: e.to_string(),
-    })?;
-    parse_asset_hashes(&text).map_err(|(line, reason)| VersionsError::AssetHashesFile {
-        path: path.to_path_buf(),
-        line,
-        reason,
-    })
+    let text = std::fs::read_to_string(path).map_err(|e| VersionsError::AssetHashesFile { path: path.to_path_buf(), line: 0, reason: e.to_string() })?;
+    parse_asset_hashes(&text).map_err(|(line, reason)| VersionsError::AssetHashesFile { path: path.to_path_buf(), line, reason })
 }
 
 /// Parse the text of an asset-hashes file; `Err((line number, what is wrong))`.
@@ -1139,21 +956,12 @@ pub fn parse_asset_hashes(text: &str) -> Result<std::collections::BTreeMap<Strin
 
 /// The hash given for an asset in [`LookupOptions::asset_hashes`], by canonical or download URL.
 pub fn hash_override(canonical_url: &str, download_url: &str, opts: &LookupOptions) -> Option<String> {
-    opts.asset_hashes
-        .get(download_url)
-        .or_else(|| opts.asset_hashes.get(canonical_url))
-        .cloned()
+    opts.asset_hashes.get(download_url).or_else(|| opts.asset_hashes.get(canonical_url)).cloned()
 }
 
 /// Find the sha256 of an asset, kOps-style: [`hash_override`], then the well-known table keyed by
 /// canonical URL, otherwise the published `<download url>.sha256` / `.sha256sum` (first whitespace field).
-pub fn lookup_sha256(
-    name: &str,
-    version: &str,
-    canonical_url: &str,
-    download_url: &str,
-    opts: &LookupOptions,
-) -> Result<String, VersionsError> {
+pub fn lookup_sha256(name: &str, version: &str, canonical_url: &str, download_url: &str, opts: &LookupOptions) -> Result<String, VersionsError> {
     if let Some(h) = hash_override(canonical_url, download_url, opts) {
         return Ok(h);
     }
@@ -1169,11 +977,7 @@ pub fn lookup_sha256(
     let cache_dir = opts.cache_dir.clone();
     if let Some(dir) = &cache_dir {
         if let Ok(text) = std::fs::read_to_string(cache_file(dir, download_url)) {
-            let h = text
-                .split_whitespace()
-                .next()
-                .unwrap_or("")
-                .to_ascii_lowercase();
+            let h = text.split_whitespace().next().unwrap_or("").to_ascii_lowercase();
             if is_sha256_hex(&h) {
                 remember(download_url, &h);
                 return Ok(h);
@@ -1182,11 +986,7 @@ pub fn lookup_sha256(
         }
     }
     if opts.offline {
-        return Err(VersionsError::HashUnknownOffline {
-            file: name.to_string(),
-            version: version.to_string(),
-            url: download_url.to_string(),
-        });
+        return Err(VersionsError::HashUnknownOffline { file: name.to_string(), version: version.to_string(), url: download_url.to_string() });
     }
 
     let h = fetch_sha256(name, version, download_url)?;
@@ -1210,12 +1010,7 @@ fn write_cache(dir: &Path, download_url: &str, h: &str) -> Result<(), base::fs::
 }
 
 fn fetch_sha256(name: &str, version: &str, download_url: &str) -> Result<String, VersionsError> {
-    let fetch_err = |reason: String| VersionsError::HashFetch {
-        file: name.to_string(),
-        version: version.to_string(),
-        url: download_url.to_string(),
-        reason,
-    };
+    let fetch_err = |reason: String| VersionsError::HashFetch { file: name.to_string(), version: version.to_string(), url: download_url.to_string(), reason };
     let mut failures = Vec::new();
     let client = if download_url.starts_with("https://") || download_url.starts_with("http://") {
         Some(
@@ -1295,9 +1090,7 @@ mod tests {
     fn offline() -> LookupOptions {
         LookupOptions {
             offline: true,
-            cache_dir: Some(
-                std::env::temp_dir().join(format!("keelson-versions-test-{}", std::process::id())),
-            ),
+            cache_dir: Some(std::env::temp_dir().join(format!("keelson-versions-test-{}", std::process::id()))),
             ..Default::default()
         }
     }
@@ -1307,10 +1100,7 @@ mod tests {
         let (rows, errors) = parse_hash_table(HASH_TABLE_TSV);
         assert!(errors.is_empty(), "{errors:?}");
         assert!(hash_table_errors().is_empty(), "{:?}", hash_table_errors());
-        let data_lines = HASH_TABLE_TSV
-            .lines()
-            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
-            .count();
+        let data_lines = HASH_TABLE_TSV.lines().filter(|l| !l.trim().is_empty() && !l.starts_with('#')).count();
         assert_eq!(rows.len(), data_lines);
         assert!(rows.len() > 300);
     }
@@ -1335,20 +1125,8 @@ mod tests {
     #[test]
     fn minimal_1_32_nodeup_assets_match_conformance() {
         let v = Versions::for_kubernetes("1.32.0", &offline()).unwrap();
-        let order = [
-            "kubelet",
-            "kubectl",
-            "ecr-credential-provider",
-            "cni-plugins",
-            "containerd",
-            "runc",
-        ];
-        let amd: Vec<String> = v
-            .assets(Arch::Amd64, &order)
-            .unwrap()
-            .iter()
-            .map(Asset::compact_string)
-            .collect();
+        let order = ["kubelet", "kubectl", "ecr-credential-provider", "cni-plugins", "containerd", "runc"];
+        let amd: Vec<String> = v.assets(Arch::Amd64, &order).unwrap().iter().map(Asset::compact_string).collect();
         assert_eq!(amd, vec![
             "5ad4965598773d56a37a8e8429c3dc3d86b4c5c26d8417ab333ae345c053dae2@https://dl.k8s.io/release/v1.32.0/bin/linux/amd64/kubelet",
             "646d58f6d98ee670a71d9cdffbf6625aeea2849d567f214bc43a35f8ccb7bf70@https://dl.k8s.io/release/v1.32.0/bin/linux/amd64/kubectl",
@@ -1358,26 +1136,17 @@ mod tests {
             "f6ae8efc0fa40079e1475e97cbe9d1bd3f106a28d6af78a11d9f1bd565515e60@https://github.com/opencontainers/runc/releases/download/v1.4.3/runc.amd64",
         ]);
         let arm = v.assets(Arch::Arm64, &order).unwrap();
-        assert_eq!(
-            arm[0].sha256,
-            "bda9b2324c96693b38c41ecea051bab4c7c434be5683050b5e19025b50dbc0bf"
-        );
-        assert_eq!(
-            arm[5].url,
-            "https://github.com/opencontainers/runc/releases/download/v1.4.3/runc.arm64"
-        );
+        assert_eq!(arm[0].sha256, "bda9b2324c96693b38c41ecea051bab4c7c434be5683050b5e19025b50dbc0bf");
+        assert_eq!(arm[5].url, "https://github.com/opencontainers/runc/releases/download/v1.4.3/runc.arm64");
     }
 
     #[test]
     fn every_conformance_asset_is_in_the_table() {
         let cases = std::env::var_os("KEELSON_CONFORMANCE_CASES")
             .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/conformance/cases")
-            });
-        let dirs = std::fs::read_dir(&cases).unwrap_or_else(|e| {
-            panic!("this test needs the shared conformance cases at {} (or $KEELSON_CONFORMANCE_CASES): {e}", cases.display())
-        });
+            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/conformance/cases"));
+        let dirs = std::fs::read_dir(&cases)
+            .unwrap_or_else(|e| panic!("this test needs the shared conformance cases at {} (or $KEELSON_CONFORMANCE_CASES): {e}", cases.display()));
         let mut checked = 0;
         for d in dirs.flatten() {
             let Ok(files) = std::fs::read_dir(d.path()) else {
@@ -1399,12 +1168,7 @@ mod tests {
                     if !is_sha256_hex(h) {
                         continue;
                     }
-                    assert_eq!(
-                        known_sha256(url),
-                        Some(h),
-                        "{url} in {}",
-                        f.path().display()
-                    );
+                    assert_eq!(known_sha256(url), Some(h), "{url} in {}", f.path().display());
                     checked += 1;
                 }
             }
@@ -1417,44 +1181,24 @@ mod tests {
         let o = offline();
         let v = Versions::for_kubernetes("1.32.0", &o).unwrap();
         assert_eq!((v.etcd_version(), v.cni_version()), ("3.5.31", "1.6.2"));
-        assert_eq!(
-            (v.containerd_version(), v.runc_version()),
-            ("2.3.4", "1.4.3")
-        );
+        assert_eq!((v.containerd_version(), v.runc_version()), ("2.3.4", "1.4.3"));
         assert_eq!(v.pause_image(), "registry.k8s.io/pause:3.10.1");
-        assert_eq!(
-            v.component_image("kube-apiserver"),
-            "registry.k8s.io/kube-apiserver:v1.32.0"
-        );
-        assert_eq!(
-            v.cloud_controller_manager_image_aws(),
-            "registry.k8s.io/provider-aws/cloud-controller-manager:v1.36.1"
-        );
+        assert_eq!(v.component_image("kube-apiserver"), "registry.k8s.io/kube-apiserver:v1.32.0");
+        assert_eq!(v.cloud_controller_manager_image_aws(), "registry.k8s.io/provider-aws/cloud-controller-manager:v1.36.1");
         assert_eq!(v.coredns_image(), "registry.k8s.io/coredns/coredns:v1.14.2");
         let v = Versions::for_kubernetes("1.34.0-alpha.1", &o).unwrap();
         assert_eq!((v.etcd_version(), v.cni_version()), ("3.6.12", "1.7.1"));
-        assert_eq!(
-            v.component_image("kube-proxy"),
-            "registry.k8s.io/kube-proxy:v1.34.0-alpha.1"
-        );
+        assert_eq!(v.component_image("kube-proxy"), "registry.k8s.io/kube-proxy:v1.34.0-alpha.1");
         let v = Versions::for_kubernetes("1.35.0-alpha.1", &o).unwrap();
         assert_eq!((v.etcd_version(), v.cni_version()), ("3.6.12", "1.8.0"));
         let v = Versions::for_kubernetes("1.36.3", &o).unwrap();
         assert_eq!((v.etcd_version(), v.cni_version()), ("3.6.12", "1.9.1"));
-        assert_eq!(
-            v.assets(Arch::Arm64, &["cni-plugins", "kubelet"])
-                .unwrap()
-                .len(),
-            2
-        );
+        assert_eq!(v.assets(Arch::Arm64, &["cni-plugins", "kubelet"]).unwrap().len(), 2);
         let v = Versions::for_kubernetes("1.37.0", &o).unwrap();
         assert_eq!(v.etcd_version(), "3.7.0");
         let v = Versions::for_kubernetes("1.31.4", &o).unwrap();
         assert!(!v.release().is_supported());
-        assert!(matches!(
-            v.assets(Arch::Amd64, &["cni-plugins"]),
-            Err(VersionsError::NoCniForKubernetes { .. })
-        ));
+        assert!(matches!(v.assets(Arch::Amd64, &["cni-plugins"]), Err(VersionsError::NoCniForKubernetes { .. })));
     }
 
     #[test]
@@ -1465,17 +1209,7 @@ mod tests {
         }
         assert!(versions.contains(&"1.34.0-alpha.1".to_string()));
         assert!(versions.contains(&"1.35.0-alpha.1".to_string()));
-        let all = [
-            "kubelet",
-            "kubectl",
-            "ecr-credential-provider",
-            "auth-provider-gcp",
-            "cni-plugins",
-            "containerd",
-            "runc",
-            "crictl",
-            "nerdctl",
-        ];
+        let all = ["kubelet", "kubectl", "ecr-credential-provider", "auth-provider-gcp", "cni-plugins", "containerd", "runc", "crictl", "nerdctl"];
         for k in versions {
             let v = Versions::for_kubernetes(&k, &offline()).unwrap();
             for arch in Arch::ALL {
@@ -1493,23 +1227,15 @@ mod tests {
         assert!(matches!(err, VersionsError::HashUnknownOffline { .. }));
         assert!(msg.contains("1.99.7"), "{msg}");
         assert!(msg.contains("kubelet"), "{msg}");
-        assert!(
-            msg.contains("https://dl.k8s.io/release/v1.99.7/bin/linux/amd64/kubelet"),
-            "{msg}"
-        );
+        assert!(msg.contains("https://dl.k8s.io/release/v1.99.7/bin/linux/amd64/kubelet"), "{msg}");
     }
 
     #[test]
     fn disk_cache_is_used_offline() {
-        let dir =
-            std::env::temp_dir().join(format!("keelson-versions-cache-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("keelson-versions-cache-{}", std::process::id()));
         let url = "https://dl.k8s.io/release/v1.98.1/bin/linux/arm64/kubectl";
         write_cache(&dir, url, &"ab".repeat(32)).unwrap();
-        let o = LookupOptions {
-            offline: true,
-            cache_dir: Some(dir.clone()),
-            ..Default::default()
-        };
+        let o = LookupOptions { offline: true, cache_dir: Some(dir.clone()), ..Default::default() };
         let v = Versions::for_kubernetes("1.98.1", &o).unwrap();
         let a = v.assets(Arch::Arm64, &["kubectl"]).unwrap();
         assert_eq!(a[0].sha256, "ab".repeat(32));
@@ -1519,15 +1245,10 @@ mod tests {
     #[test]
     fn file_url_fetch_and_mirror_hash() {
         // A file:// repository: hashes of unknown files are read next to the mirrored file.
-        let dir =
-            std::env::temp_dir().join(format!("keelson-versions-mirror-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("keelson-versions-mirror-{}", std::process::id()));
         let f = dir.join("release/v1.97.0/bin/linux/amd64");
         std::fs::create_dir_all(&f).unwrap();
-        std::fs::write(
-            f.join("kubelet.sha256"),
-            format!("{}  kubelet\n", "CD".repeat(32)),
-        )
-        .unwrap();
+        std::fs::write(f.join("kubelet.sha256"), format!("{}  kubelet\n", "CD".repeat(32))).unwrap();
         let o = LookupOptions {
             offline: false,
             cache_dir: Some(dir.join("cache")),
@@ -1537,126 +1258,50 @@ mod tests {
         let v = Versions::for_kubernetes("1.97.0", &o).unwrap();
         let a = v.assets(Arch::Amd64, &["kubelet"]).unwrap();
         assert_eq!(a[0].sha256, "cd".repeat(32));
-        assert_eq!(
-            a[0].url,
-            format!(
-                "file://{}/release/v1.97.0/bin/linux/amd64/kubelet",
-                dir.display()
-            )
-        );
+        assert_eq!(a[0].url, format!("file://{}/release/v1.97.0/bin/linux/amd64/kubelet", dir.display()));
         let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]
     fn file_repository_rewrite() {
-        let o = LookupOptions {
-            file_repository: Some("https://mirror.example.com/files/".into()),
-            ..offline()
-        };
+        let o = LookupOptions { file_repository: Some("https://mirror.example.com/files/".into()), ..offline() };
         let v = Versions::for_kubernetes("1.32.0", &o).unwrap();
         let a = v.assets(Arch::Amd64, &["kubelet", "containerd"]).unwrap();
-        assert_eq!(
-            a[0].url,
-            "https://mirror.example.com/files/release/v1.32.0/bin/linux/amd64/kubelet"
-        );
-        assert_eq!(
-            a[0].canonical_url,
-            "https://dl.k8s.io/release/v1.32.0/bin/linux/amd64/kubelet"
-        );
+        assert_eq!(a[0].url, "https://mirror.example.com/files/release/v1.32.0/bin/linux/amd64/kubelet");
+        assert_eq!(a[0].canonical_url, "https://dl.k8s.io/release/v1.32.0/bin/linux/amd64/kubelet");
         // the hash is still the well-known one for the canonical URL
+        assert_eq!(a[0].sha256, "5ad4965598773d56a37a8e8429c3dc3d86b4c5c26d8417ab333ae345c053dae2");
+        assert_eq!(a[1].url, "https://mirror.example.com/files/containerd/containerd/releases/download/v2.3.4/containerd-2.3.4-linux-amd64.tar.gz");
         assert_eq!(
-            a[0].sha256,
-            "5ad4965598773d56a37a8e8429c3dc3d86b4c5c26d8417ab333ae345c053dae2"
-        );
-        assert_eq!(
-            a[1].url,
-            "https://mirror.example.com/files/containerd/containerd/releases/download/v2.3.4/containerd-2.3.4-linux-amd64.tar.gz"
-        );
-        assert_eq!(
-            remap_file_url(
-                "https://dl.k8s.io/release/v1.32.0/bin/linux/amd64/kubectl",
-                Some("https://m.example.com")
-            )
-            .unwrap(),
+            remap_file_url("https://dl.k8s.io/release/v1.32.0/bin/linux/amd64/kubectl", Some("https://m.example.com")).unwrap(),
             "https://m.example.com/release/v1.32.0/bin/linux/amd64/kubectl"
         );
         // same host: canonical kept
-        assert_eq!(
-            remap_file_url(
-                "https://dl.k8s.io/release/v1/x",
-                Some("https://dl.k8s.io/other")
-            )
-            .unwrap(),
-            "https://dl.k8s.io/release/v1/x"
-        );
-        assert_eq!(
-            remap_file_url("https://a.b/c", None).unwrap(),
-            "https://a.b/c"
-        );
-        assert_eq!(
-            remap_file_url("https://a.b/c,d", Some("s3://bucket/p")).unwrap(),
-            "s3://bucket/p/c%2Cd"
-        );
+        assert_eq!(remap_file_url("https://dl.k8s.io/release/v1/x", Some("https://dl.k8s.io/other")).unwrap(), "https://dl.k8s.io/release/v1/x");
+        assert_eq!(remap_file_url("https://a.b/c", None).unwrap(), "https://a.b/c");
+        assert_eq!(remap_file_url("https://a.b/c,d", Some("s3://bucket/p")).unwrap(), "s3://bucket/p/c%2Cd");
     }
 
     #[test]
     fn container_registry_rewrite() {
-        let o = LookupOptions {
-            container_registry: Some("registry.example.com".into()),
-            ..offline()
-        };
+        let o = LookupOptions { container_registry: Some("registry.example.com".into()), ..offline() };
         let v = Versions::for_kubernetes("1.32.0", &o).unwrap();
-        assert_eq!(
-            v.component_image("kube-apiserver"),
-            "registry.example.com/kube-apiserver:v1.32.0"
-        );
+        assert_eq!(v.component_image("kube-apiserver"), "registry.example.com/kube-apiserver:v1.32.0");
         assert_eq!(v.pause_image(), "registry.example.com/pause:3.10.1");
-        assert_eq!(
-            v.cloud_controller_manager_image_aws(),
-            "registry.example.com/provider-aws-cloud-controller-manager:v1.36.1"
-        );
+        assert_eq!(v.cloud_controller_manager_image_aws(), "registry.example.com/provider-aws-cloud-controller-manager:v1.36.1");
         assert_eq!(v.coredns_image(), "registry.example.com/coredns-coredns:v1.14.2");
-        assert_eq!(
-            v.etcd_manager_image(),
-            "registry.example.com/etcd-manager-etcd-manager-slim:v3.0.20260707"
-        );
+        assert_eq!(v.etcd_manager_image(), "registry.example.com/etcd-manager-etcd-manager-slim:v3.0.20260707");
         // idempotent
-        assert_eq!(
-            remap_image(
-                "registry.example.com/kube-apiserver:v1",
-                Some("registry.example.com"),
-                None
-            ),
-            "registry.example.com/kube-apiserver:v1"
-        );
-        assert_eq!(
-            remap_image("docker.io/cilium/cilium:v1", Some("r.io/x"), None),
-            "r.io/x/docker.io-cilium-cilium:v1"
-        );
+        assert_eq!(remap_image("registry.example.com/kube-apiserver:v1", Some("registry.example.com"), None), "registry.example.com/kube-apiserver:v1");
+        assert_eq!(remap_image("docker.io/cilium/cilium:v1", Some("r.io/x"), None), "r.io/x/docker.io-cilium-cilium:v1");
     }
 
     #[test]
     fn container_proxy_rewrite() {
-        assert_eq!(
-            remap_image(
-                "registry.k8s.io/pause:3.10.1",
-                None,
-                Some("proxy.example.com/")
-            ),
-            "proxy.example.com/pause:3.10.1"
-        );
-        assert_eq!(
-            remap_image("weaveworks/weave-kube:2", None, Some("proxy.example.com")),
-            "proxy.example.com/weaveworks/weave-kube:2"
-        );
-        assert_eq!(
-            remap_image("nginx", None, Some("proxy.example.com")),
-            "proxy.example.com/nginx"
-        );
-        assert_eq!(
-            remap_image("quay.io/cilium/cilium:v1", None, Some("proxy.example.com")),
-            "proxy.example.com/cilium/cilium:v1"
-        );
+        assert_eq!(remap_image("registry.k8s.io/pause:3.10.1", None, Some("proxy.example.com/")), "proxy.example.com/pause:3.10.1");
+        assert_eq!(remap_image("weaveworks/weave-kube:2", None, Some("proxy.example.com")), "proxy.example.com/weaveworks/weave-kube:2");
+        assert_eq!(remap_image("nginx", None, Some("proxy.example.com")), "proxy.example.com/nginx");
+        assert_eq!(remap_image("quay.io/cilium/cilium:v1", None, Some("proxy.example.com")), "proxy.example.com/cilium/cilium:v1");
     }
 
     #[test]
@@ -1682,43 +1327,19 @@ mod tests {
 
     #[test]
     fn overrides() {
-        let o = LookupOptions {
-            containerd_version_override: Some("2.1.4".into()),
-            runc_version_override: Some("1.3.0".into()),
-            ..offline()
-        };
+        let o = LookupOptions { containerd_version_override: Some("2.1.4".into()), runc_version_override: Some("1.3.0".into()), ..offline() };
         let v = Versions::for_kubernetes("1.33.2", &o).unwrap();
         let a = v.assets(Arch::Amd64, &["containerd", "runc"]).unwrap();
-        assert!(a[0]
-            .url
-            .ends_with("/v2.1.4/containerd-2.1.4-linux-amd64.tar.gz"));
+        assert!(a[0].url.ends_with("/v2.1.4/containerd-2.1.4-linux-amd64.tar.gz"));
         assert!(a[1].url.ends_with("/v1.3.0/runc.amd64"));
         // containerd without runc: kOps fails (runc config missing)
-        let o2 = LookupOptions {
-            containerd_version_override: Some("2.2.0".into()),
-            ..offline()
-        };
-        assert!(matches!(
-            Versions::for_kubernetes("1.33.2", &o2),
-            Err(VersionsError::RuncVersionRequired { .. })
-        ));
+        let o2 = LookupOptions { containerd_version_override: Some("2.2.0".into()), ..offline() };
+        assert!(matches!(Versions::for_kubernetes("1.33.2", &o2), Err(VersionsError::RuncVersionRequired { .. })));
         // runc alone is replaced by the defaults
-        let o3 = LookupOptions {
-            runc_version_override: Some("1.3.0".into()),
-            ..offline()
-        };
-        assert_eq!(
-            Versions::for_kubernetes("1.33.2", &o3)
-                .unwrap()
-                .runc_version(),
-            "1.4.3"
-        );
+        let o3 = LookupOptions { runc_version_override: Some("1.3.0".into()), ..offline() };
+        assert_eq!(Versions::for_kubernetes("1.33.2", &o3).unwrap().runc_version(), "1.4.3");
         // legacy containerd rejected
-        let o4 = LookupOptions {
-            containerd_version_override: Some("1.7.22".into()),
-            runc_version_override: Some("1.1.12".into()),
-            ..offline()
-        };
+        let o4 = LookupOptions { containerd_version_override: Some("1.7.22".into()), runc_version_override: Some("1.1.12".into()), ..offline() };
         let e = Versions::for_kubernetes("1.33.2", &o4).unwrap_err();
         assert!(e.to_string().contains("1.7.22"));
     }
@@ -1726,18 +1347,12 @@ mod tests {
     #[test]
     fn version_parsing() {
         let r = KubernetesRelease::parse(" v1.34.0-alpha.1 ").unwrap();
-        assert_eq!(
-            (r.version.as_str(), r.major, r.minor, r.patch),
-            ("1.34.0-alpha.1", 1, 34, 0)
-        );
+        assert_eq!((r.version.as_str(), r.major, r.minor, r.patch), ("1.34.0-alpha.1", 1, 34, 0));
         assert_eq!(r.pre.as_deref(), Some("alpha.1"));
         assert!(r.is_gte("1.34") && r.is_lt("1.35"));
         assert!(KubernetesRelease::parse("banana").is_err());
         assert!(KubernetesRelease::parse("").is_err());
-        assert!(matches!(
-            KubernetesRelease::parse("https://example.com/k8s/v1.32.0"),
-            Err(VersionsError::UnsupportedBaseUrl { .. })
-        ));
+        assert!(matches!(KubernetesRelease::parse("https://example.com/k8s/v1.32.0"), Err(VersionsError::UnsupportedBaseUrl { .. })));
         assert!(etcd_version_is_supported("3.5.0") && etcd_version_is_supported("v3.6.12"));
         assert!(!etcd_version_is_supported("3.6.13") && !etcd_version_is_supported("3.4.13"));
         assert_eq!(Arch::ALL.map(Arch::as_str), ["amd64", "arm64"]);

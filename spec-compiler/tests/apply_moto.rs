@@ -7,12 +7,12 @@ use std::collections::BTreeMap;
 
 use aws_sdk_ec2::types::Filter;
 use aws_smithy_runtime_api::client::interceptors::SharedInterceptor;
+use base::StateStore;
 use base64::Engine as _;
-use moto::{Moto, BUCKET, CLUSTER};
 use cloud_resources::aws::{write_calls, AwsTarget};
 use cloud_resources::model::ClusterModel;
 use cloud_resources::plan::{Action, Kind};
-use base::StateStore;
+use moto::{Moto, BUCKET, CLUSTER};
 use spec_compiler::apply::{self as apply};
 
 fn cluster_filter() -> Filter {
@@ -128,14 +128,7 @@ async fn latest_lt_data(t: &AwsTarget, name: &str) -> aws_sdk_ec2::types::Respon
 async fn dns_records(t: &AwsTarget) -> BTreeMap<String, Vec<String>> {
     use cloud::Dns as _;
     let zone = t.dns.find_zone(Some(moto::ZONE), CLUSTER).await.expect("zone");
-    t.dns
-        .list_records(&zone, CLUSTER)
-        .await
-        .expect("records")
-        .into_iter()
-        .filter(|r| r.rtype == "A")
-        .map(|r| (r.name, r.values))
-        .collect()
+    t.dns.list_records(&zone, CLUSTER).await.expect("records").into_iter().filter(|r| r.rtype == "A").map(|r| (r.name, r.values)).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -163,14 +156,7 @@ async fn apply_from_nothing_creates_what_the_spec_needs_and_reapply_changes_noth
 
     // Launch templates: IMDSv2 with the spec's hop limit, root volume, SG, profile, user-data.
     for lt in &m.launch_templates {
-        let v = t
-            .ec2
-            .describe_launch_template_versions()
-            .launch_template_name(&lt.name)
-            .versions("$Latest")
-            .send()
-            .await
-            .expect("lt versions");
+        let v = t.ec2.describe_launch_template_versions().launch_template_name(&lt.name).versions("$Latest").send().await.expect("lt versions");
         let data = v.launch_template_versions()[0].launch_template_data().expect("data");
         assert_eq!(data.image_id(), Some(ami.as_str()));
         let md = data.metadata_options().expect("metadata options");
@@ -196,19 +182,18 @@ async fn apply_from_nothing_creates_what_the_spec_needs_and_reapply_changes_noth
         assert_eq!(boot.cluster_name, CLUSTER);
         assert_eq!(boot.config_base, m.config_base);
         let role_dir = if lt.group.starts_with("control-plane") { "control-plane" } else { "node" };
-        let nodeup = t
-            .s3
-            .get_object()
-            .bucket(BUCKET)
-            .key(format!("{CLUSTER}/igconfig/{role_dir}/{}/nodeupconfig.yaml", lt.group))
-            .send()
-            .await
-            .expect("nodeup config in the state store")
-            .body
-            .collect()
-            .await
-            .expect("body")
-            .into_bytes();
+        let nodeup =
+            t.s3.get_object()
+                .bucket(BUCKET)
+                .key(format!("{CLUSTER}/igconfig/{role_dir}/{}/nodeupconfig.yaml", lt.group))
+                .send()
+                .await
+                .expect("nodeup config in the state store")
+                .body
+                .collect()
+                .await
+                .expect("body")
+                .into_bytes();
         assert_eq!(boot.nodeup_config_hash, spec_compiler::nodeup_config_hash(&nodeup), "{}: pinned hash", lt.group);
     }
 
@@ -216,11 +201,8 @@ async fn apply_from_nothing_creates_what_the_spec_needs_and_reapply_changes_noth
     let asgs = t.asg.describe_auto_scaling_groups().send().await.expect("asgs");
     for g in asgs.auto_scaling_groups() {
         let name = g.auto_scaling_group_name().unwrap_or_default();
-        let tags: BTreeMap<&str, (&str, bool)> = g
-            .tags()
-            .iter()
-            .map(|t| (t.key().unwrap_or(""), (t.value().unwrap_or(""), t.propagate_at_launch().unwrap_or(false))))
-            .collect();
+        let tags: BTreeMap<&str, (&str, bool)> =
+            g.tags().iter().map(|t| (t.key().unwrap_or(""), (t.value().unwrap_or(""), t.propagate_at_launch().unwrap_or(false)))).collect();
         assert_eq!(tags["KubernetesCluster"], (CLUSTER, true), "{name}");
         assert_eq!(tags[format!("kubernetes.io/cluster/{CLUSTER}").as_str()], ("owned", true));
         if name.starts_with("nodes") {
@@ -263,12 +245,8 @@ async fn apply_from_nothing_creates_what_the_spec_needs_and_reapply_changes_noth
 
     // DNS with the placeholder address.
     let records = dns_records(&t).await;
-    for name in [
-        format!("api.{CLUSTER}"),
-        format!("api.internal.{CLUSTER}"),
-        format!("etcd-a.internal.{CLUSTER}"),
-        format!("etcd-events-a.internal.{CLUSTER}"),
-    ] {
+    for name in [format!("api.{CLUSTER}"), format!("api.internal.{CLUSTER}"), format!("etcd-a.internal.{CLUSTER}"), format!("etcd-events-a.internal.{CLUSTER}")]
+    {
         assert_eq!(records.get(&name), Some(&vec!["203.0.113.123".to_string()]), "{name}: {records:?}");
     }
 
@@ -311,8 +289,7 @@ async fn apply_from_nothing_creates_what_the_spec_needs_and_reapply_changes_noth
 /// `<group>: <protocol> <from>-<to> from <cidr or group name>` (`-1` protocol is `all`).
 async fn ingress_rules(t: &AwsTarget) -> Vec<String> {
     let sgs = t.ec2.describe_security_groups().filters(cluster_filter()).send().await.expect("sgs");
-    let names: BTreeMap<&str, &str> =
-        sgs.security_groups().iter().filter_map(|g| Some((g.group_id()?, g.group_name()?))).collect();
+    let names: BTreeMap<&str, &str> = sgs.security_groups().iter().filter_map(|g| Some((g.group_id()?, g.group_name()?))).collect();
     let mut out = Vec::new();
     for g in sgs.security_groups() {
         let group = g.group_name().unwrap_or_default();
@@ -416,7 +393,10 @@ async fn changed_spec_changes_only_what_it_must_and_names_instances_to_replace()
 
     // Bigger machines, a larger maximum and a kubelet flag for the nodes group only.
     let changed = moto::spec(&ami, |t| {
-        t.replace("  machineType: t3.medium\n  minSize: 2\n  maxSize: 4\n", "  machineType: t3.large\n  minSize: 2\n  maxSize: 6\n  kubelet:\n    maxPods: 50\n")
+        t.replace(
+            "  machineType: t3.medium\n  minSize: 2\n  maxSize: 4\n",
+            "  machineType: t3.large\n  minSize: 2\n  maxSize: 6\n  kubelet:\n    maxPods: 50\n",
+        )
     });
     let (m2, _) = model_of(&changed);
     let t2 = moto.target(&[]).await;
@@ -449,14 +429,7 @@ async fn changed_spec_changes_only_what_it_must_and_names_instances_to_replace()
         );
     }
     assert_eq!(writes.get("EC2/CreateLaunchTemplateVersion").or(writes.get("ec2/CreateLaunchTemplateVersion")), Some(&1), "{writes:?}");
-    let lt = t2
-        .ec2
-        .describe_launch_template_versions()
-        .launch_template_name(&nodes)
-        .versions("$Latest")
-        .send()
-        .await
-        .expect("versions");
+    let lt = t2.ec2.describe_launch_template_versions().launch_template_name(&nodes).versions("$Latest").send().await.expect("versions");
     let v = &lt.launch_template_versions()[0];
     assert_eq!(v.version_number(), Some(2));
     assert_eq!(v.launch_template_data().and_then(|d| d.instance_type()).map(|t| t.as_str()), Some("t3.large"));
@@ -479,8 +452,7 @@ async fn delete_leaves_nothing_tagged_but_the_etcd_volumes() {
     assert_eq!(inventory(&t).await, expected_inventory());
 
     // Delete without --delete-volumes (model built without user-data, as `keelson delete` does).
-    let (md, _) = apply::prepare_with(&docs, &spec_compiler::CompileOptions { offline: true, ..Default::default() }, false)
-        .expect("prepare for delete");
+    let (md, _) = apply::prepare_with(&docs, &spec_compiler::CompileOptions { offline: true, ..Default::default() }, false).expect("prepare for delete");
     let s = store(&t, &md);
     let mut p = cloud_resources::plan_delete(&t, &md, &s, false).await.expect("plan delete");
     assert!(p.plan.changes.iter().all(|c| c.action == Action::Delete));
@@ -575,7 +547,8 @@ async fn rolling_update_finds_outdated_instances_and_replaces_them_one_by_one() 
     // launch-template *version* that carries user-data — DESIGN.md — so replacing after a template
     // change is exercised on version 1 with --force; detection after a change is checked below.)
     let only_nodes = RollingOptions { groups: vec!["nodes-us-east-1a".into()], force: true, ..fast.clone() };
-    let failing = RollingOptions { validate: rolling::Validation::Command(vec!["false".into()]), timeout: std::time::Duration::from_secs(2), ..only_nodes.clone() };
+    let failing =
+        RollingOptions { validate: rolling::Validation::Command(vec!["false".into()]), timeout: std::time::Duration::from_secs(2), ..only_nodes.clone() };
     let mut log = Vec::new();
     let err = rolling::roll(&t, &m, &failing, &mut |l| log.push(l.to_string())).await.expect_err("validation fails");
     assert!(matches!(err, RollingError::Validation { .. }), "{err}");
@@ -603,7 +576,8 @@ async fn rolling_update_finds_outdated_instances_and_replaces_them_one_by_one() 
 
     // A kubelet flag for the nodes: a new template version, the group pinned to it, and every
     // node launched from version 1 reported outdated; the control plane is not.
-    let changed = moto::spec(&ami, |t| t.replace("  machineType: t3.medium\n  minSize: 2\n", "  machineType: t3.medium\n  kubelet:\n    maxPods: 50\n  minSize: 2\n"));
+    let changed =
+        moto::spec(&ami, |t| t.replace("  machineType: t3.medium\n  minSize: 2\n", "  machineType: t3.medium\n  kubelet:\n    maxPods: 50\n  minSize: 2\n"));
     let (m2, _) = model_of(&changed);
     let s2 = store(&t, &m2);
     let p = cloud_resources::plan_apply(&t, &m2, &s2).await.expect("plan");
@@ -704,13 +678,7 @@ async fn spot_and_mixed_instance_groups_are_created_and_converge() {
     let (m, _) = model_of(&docs);
     let t = moto.target(&[]).await;
     apply_once(&t, &m).await.expect("apply");
-    let g = t
-        .asg
-        .describe_auto_scaling_groups()
-        .auto_scaling_group_names("nodes-us-east-1a.minimal.k8s.example.com")
-        .send()
-        .await
-        .expect("asg");
+    let g = t.asg.describe_auto_scaling_groups().auto_scaling_group_names("nodes-us-east-1a.minimal.k8s.example.com").send().await.expect("asg");
     let g = &g.auto_scaling_groups()[0];
     let policy = g.mixed_instances_policy().expect("mixed instances policy");
     let types: Vec<&str> = policy.launch_template().expect("lt").overrides().iter().filter_map(|o| o.instance_type()).collect();

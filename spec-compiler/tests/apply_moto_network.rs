@@ -10,11 +10,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use aws_smithy_runtime_api::client::interceptors::SharedInterceptor;
 
 use aws_sdk_ec2::types::Filter;
-use moto::{Moto, HA_CLUSTER, ZONE};
+use base::StateStore;
 use cloud_resources::aws::{write_calls, AwsTarget};
 use cloud_resources::model::ClusterModel;
 use cloud_resources::plan::{Action, Kind};
-use base::StateStore;
+use moto::{Moto, HA_CLUSTER, ZONE};
 use spec_compiler::apply::{self as apply};
 
 fn cluster_filter() -> Filter {
@@ -117,11 +117,8 @@ async fn private_topology_scenario() {
 
     // Subnet ids by Name, zone by id.
     let subnets = t.ec2.describe_subnets().filters(cluster_filter()).send().await.expect("subnets");
-    let subnet_name: BTreeMap<String, String> = subnets
-        .subnets()
-        .iter()
-        .map(|s| (s.subnet_id().unwrap_or_default().to_string(), tag(s.tags(), "Name").unwrap_or_default().to_string()))
-        .collect();
+    let subnet_name: BTreeMap<String, String> =
+        subnets.subnets().iter().map(|s| (s.subnet_id().unwrap_or_default().to_string(), tag(s.tags(), "Name").unwrap_or_default().to_string())).collect();
 
     // The internet gateway is attached to the cluster's VPC.
     let vpc = t.ec2.describe_vpcs().filters(cluster_filter()).send().await.expect("vpc").vpcs()[0].vpc_id().unwrap_or_default().to_string();
@@ -148,8 +145,7 @@ async fn private_topology_scenario() {
         let name = tag(rt.tags(), "Name").unwrap_or_default().to_string();
         let role = tag(rt.tags(), "kubernetes.io/kops/role").unwrap_or_default().to_string();
         let default = rt.routes().iter().find(|r| r.destination_cidr_block() == Some("0.0.0.0/0")).expect("default route");
-        let associated: BTreeSet<String> =
-            rt.associations().iter().filter_map(|a| a.subnet_id()).map(|s| subnet_name[s].clone()).collect();
+        let associated: BTreeSet<String> = rt.associations().iter().filter_map(|a| a.subnet_id()).map(|s| subnet_name[s].clone()).collect();
         if name == HA_CLUSTER {
             assert_eq!(role, "public");
             assert_eq!(default.gateway_id(), Some(igw_id));
@@ -195,8 +191,7 @@ async fn private_topology_scenario() {
     assert_eq!(lb.scheme().map(|s| s.as_str()), Some("internet-facing"));
     assert_eq!(lb.r#type().map(|s| s.as_str()), Some("network"));
     assert!(lb.load_balancer_name().unwrap_or_default().len() <= 32);
-    let lb_subnets: BTreeSet<String> =
-        lb.availability_zones().iter().filter_map(|z| z.subnet_id()).map(|s| subnet_name[s].clone()).collect();
+    let lb_subnets: BTreeSet<String> = lb.availability_zones().iter().filter_map(|z| z.subnet_id()).map(|s| subnet_name[s].clone()).collect();
     assert!(lb_subnets.iter().all(|s| s.starts_with("utility-")), "{lb_subnets:?}");
     assert_eq!(lb_subnets.len(), 3);
     let listeners = t.elb.describe_listeners().load_balancer_arn(lb.load_balancer_arn().unwrap_or_default()).send().await.expect("listeners");
@@ -239,8 +234,13 @@ async fn private_topology_scenario() {
     // Dropping the load balancer from the spec removes it, its target group and security group,
     // detaches the control plane, opens 443 on the control plane again and turns the alias back
     // into a placeholder record for protokube.
-    let (no_lb, _) = apply::prepare(&moto::ha_spec(&ami, |t| moto::private_topology(t).replace("  api:\n    loadBalancer:\n      type: Public\n      class: Network\n", "  api:\n    dns: {}\n")), &moto::compile_options())
-        .expect("prepare without load balancer");
+    let (no_lb, _) = apply::prepare(
+        &moto::ha_spec(&ami, |t| {
+            moto::private_topology(t).replace("  api:\n    loadBalancer:\n      type: Public\n      class: Network\n", "  api:\n    dns: {}\n")
+        }),
+        &moto::compile_options(),
+    )
+    .expect("prepare without load balancer");
     let t4 = moto.target(&[]).await;
     let p = cloud_resources::plan_apply(&t4, &no_lb, &store(&t4, &no_lb)).await.expect("plan");
     let text = p.plan.render(false);
@@ -274,7 +274,16 @@ async fn private_topology_scenario() {
     let s3 = store(&t3, &md);
     let mut p = cloud_resources::plan_delete(&t3, &md, &s3, true).await.expect("plan delete");
     assert!(p.plan.changes.iter().all(|c| c.action == Action::Delete));
-    for kind in [Kind::IamRole, Kind::IamInstanceProfile, Kind::NatGateway, Kind::ElasticIp, Kind::RouteTable, Kind::InternetGateway, Kind::LoadBalancer, Kind::TargetGroup] {
+    for kind in [
+        Kind::IamRole,
+        Kind::IamInstanceProfile,
+        Kind::NatGateway,
+        Kind::ElasticIp,
+        Kind::RouteTable,
+        Kind::InternetGateway,
+        Kind::LoadBalancer,
+        Kind::TargetGroup,
+    ] {
         assert!(p.plan.changes.iter().any(|c| c.kind == kind), "{kind:?} not deleted:\n{}", p.plan.render(false));
     }
     cloud_resources::execute(&t3, &md, &s3, &mut p).await.expect("delete");
@@ -300,9 +309,17 @@ async fn network_iam_and_load_balancer_survive_a_failure_at_every_kind_of_write(
     let mut cut_points: Vec<(u64, String)> = Vec::new();
     for (i, op) in writes.iter().enumerate() {
         let interesting = [
-            "AttachInternetGateway", "CreateNatGateway", "CreateRoute", "AssociateRouteTable", "PutRolePolicy",
-            "AddRoleToInstanceProfile", "ModifyTargetGroupAttributes", "CreateListener", "ModifyLoadBalancerAttributes",
-            "ChangeResourceRecordSets", "CreateAutoScalingGroup",
+            "AttachInternetGateway",
+            "CreateNatGateway",
+            "CreateRoute",
+            "AssociateRouteTable",
+            "PutRolePolicy",
+            "AddRoleToInstanceProfile",
+            "ModifyTargetGroupAttributes",
+            "CreateListener",
+            "ModifyLoadBalancerAttributes",
+            "ChangeResourceRecordSets",
+            "CreateAutoScalingGroup",
         ];
         if interesting.iter().any(|w| op.ends_with(&format!("/{w}"))) && !cut_points.iter().any(|(_, o)| o == op) {
             cut_points.push((i as u64 + 1, op.clone()));

@@ -7,8 +7,8 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde_json::Value;
 use cloud_resources::terraform::{structural_problems, MAIN_FILE};
+use serde_json::Value;
 use spec_compiler::Tree;
 
 fn render(example: &Path) -> (tempfile::TempDir, Tree) {
@@ -60,10 +60,7 @@ fn check(example_file: &str) -> Value {
         let expected = common::read_tree(&golden_dir);
         assert_eq!(tree.files.keys().collect::<Vec<_>>(), expected.keys().collect::<Vec<_>>(), "{example_file}: file set differs");
         for (rel, bytes) in &expected {
-            assert!(
-                &tree.files[rel] == bytes,
-                "{example_file}: {rel} differs from its golden file (re-bless with KEELSON_BLESS=1 if intended)"
-            );
+            assert!(&tree.files[rel] == bytes, "{example_file}: {rel} differs from its golden file (re-bless with KEELSON_BLESS=1 if intended)");
         }
     }
     // User-data files are the compiled boot scripts, each under 16 KB.
@@ -203,8 +200,18 @@ fn load_balancer_aliases_the_api_names_it_serves() {
     std::fs::write(spec.path(), bad).expect("write");
     let out = tempfile::tempdir().expect("tmp");
     let result = common::keelson(&[
-        "apply", "-f", &spec.path().display().to_string(), "--target", "terraform", "--out", &out.path().display().to_string(),
-        "--offline", "--nodeup-asset", common::NODEUP_AMD64, "--protokube-asset", common::PROTOKUBE_AMD64,
+        "apply",
+        "-f",
+        &spec.path().display().to_string(),
+        "--target",
+        "terraform",
+        "--out",
+        &out.path().display().to_string(),
+        "--offline",
+        "--nodeup-asset",
+        common::NODEUP_AMD64,
+        "--protokube-asset",
+        common::PROTOKUBE_AMD64,
     ]);
     assert!(!result.status.success());
     let stderr = String::from_utf8_lossy(&result.stderr);

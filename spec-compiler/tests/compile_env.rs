@@ -23,8 +23,14 @@ fn compile_with_env(example: &str, env: &[(&str, &str)], extra: &[&str]) -> (std
 #[test]
 fn hostile_environment_changes_nothing() {
     let assets = [
-        "--nodeup-asset", common::NODEUP_AMD64, "--nodeup-asset", common::NODEUP_ARM64,
-        "--protokube-asset", common::PROTOKUBE_AMD64, "--protokube-asset", common::PROTOKUBE_ARM64,
+        "--nodeup-asset",
+        common::NODEUP_AMD64,
+        "--nodeup-asset",
+        common::NODEUP_ARM64,
+        "--protokube-asset",
+        common::PROTOKUBE_AMD64,
+        "--protokube-asset",
+        common::PROTOKUBE_ARM64,
     ];
     let hostile = [("KOPS_BASE_URL", "http://junk.invalid/kops"), ("HOME", "/nonexistent/home"), ("XDG_CACHE_HOME", "/nonexistent/cache")];
     for example in ["minimal.yaml", "ha.yaml", "gce.yaml"] {

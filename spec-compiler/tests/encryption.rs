@@ -27,10 +27,7 @@ fn provider_config(tree: &BTreeMap<String, Vec<u8>>) -> Option<String> {
 
 /// `EncryptionConfig` of every NodeupConfig, by file.
 fn nodeup_switches(tree: &BTreeMap<String, Vec<u8>>) -> BTreeMap<String, Option<bool>> {
-    tree.keys()
-        .filter(|k| k.starts_with("nodeup/"))
-        .map(|k| (k.clone(), yaml(tree, k)["APIServerConfig"]["EncryptionConfig"].as_bool()))
-        .collect()
+    tree.keys().filter(|k| k.starts_with("nodeup/")).map(|k| (k.clone(), yaml(tree, k)["APIServerConfig"]["EncryptionConfig"].as_bool())).collect()
 }
 
 #[test]
@@ -57,7 +54,8 @@ fn the_flag_and_the_node_switch_appear_exactly_when_encryption_config_is_true() 
 
     // The user's path wins, and nodeup is told to write there.
     assert!(!ha.contains("kubeAPIServer:"));
-    let custom = ha.replace("\n  encryptionConfig: true\n", "\n  encryptionConfig: true\n  kubeAPIServer:\n    encryptionProviderConfig: /etc/kubernetes/enc.yaml\n");
+    let custom =
+        ha.replace("\n  encryptionConfig: true\n", "\n  encryptionConfig: true\n  kubeAPIServer:\n    encryptionProviderConfig: /etc/kubernetes/enc.yaml\n");
     let tree = compile_text(&custom);
     assert_eq!(provider_config(&tree).as_deref(), Some("/etc/kubernetes/enc.yaml"));
 }

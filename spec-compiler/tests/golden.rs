@@ -65,9 +65,10 @@ fn user_data_is_valid_bash_and_passes_shellcheck() {
             assert!(size < 16 * 1024, "{}: {size} bytes", path.display());
             let bash = std::process::Command::new("bash").arg("-n").arg(&path).output().expect("bash is needed");
             assert!(bash.status.success(), "bash -n {}: {}", path.display(), String::from_utf8_lossy(&bash.stderr));
-            let sc = std::process::Command::new("shellcheck").arg(&path).output().unwrap_or_else(|e| {
-                panic!("this test needs shellcheck (apt-get install shellcheck; scripts/test installs it): {e}")
-            });
+            let sc = std::process::Command::new("shellcheck")
+                .arg(&path)
+                .output()
+                .unwrap_or_else(|e| panic!("this test needs shellcheck (apt-get install shellcheck; scripts/test installs it): {e}"));
             assert!(sc.status.success(), "shellcheck {}:\n{}", path.display(), String::from_utf8_lossy(&sc.stdout));
             let text = std::fs::read_to_string(&path).expect("read");
             for secret in ["BEGIN RSA PRIVATE KEY", "BEGIN PRIVATE KEY", "BEGIN EC PRIVATE KEY", "token:"] {
@@ -84,8 +85,7 @@ fn user_data_pins_its_own_nodeup_config() {
     for entry in std::fs::read_dir(out.path().join("bootconfig")).expect("bootconfig dir") {
         let path = entry.expect("entry").path();
         let group = path.file_stem().expect("stem").to_string_lossy().to_string();
-        let boot: keelson_api::nodeup::BootConfig =
-            serde_yaml_ng::from_slice(&std::fs::read(&path).expect("read")).expect("BootConfig parses");
+        let boot: keelson_api::nodeup::BootConfig = serde_yaml_ng::from_slice(&std::fs::read(&path).expect("read")).expect("BootConfig parses");
         assert_eq!(boot.instance_group_name, group);
         let dir = if group.starts_with("control-plane") { "control-plane" } else { "node" };
         let nodeup = std::fs::read(out.path().join(format!("state/igconfig/{dir}/{group}/nodeupconfig.yaml"))).expect("nodeup config");

@@ -105,12 +105,22 @@ fn cidr_syntax_and_containment() {
     let spec = minimal().replace("nonMasqueradeCIDR: 100.64.0.0/10", "nonMasqueradeCIDR: 172.16.0.0/12");
     expect(spec.as_bytes(), 1, &["spec.nonMasqueradeCIDR: 172.16.0.0/12 overlaps networkCIDR 172.20.0.0/16"]);
     let spec = minimal().replace("nonMasqueradeCIDR: 100.64.0.0/10", "nonMasqueradeCIDR: 100.64.0.0/10\n  serviceClusterIPRange: 172.20.0.0/24");
-    expect(spec.as_bytes(), 1, &["spec.serviceClusterIPRange: 172.20.0.0/24 overlaps the network 172.20.0.0/16", "spec.serviceClusterIPRange: 172.20.0.0/24 must lie inside nonMasqueradeCIDR"]);
+    expect(
+        spec.as_bytes(),
+        1,
+        &[
+            "spec.serviceClusterIPRange: 172.20.0.0/24 overlaps the network 172.20.0.0/16",
+            "spec.serviceClusterIPRange: 172.20.0.0/24 must lie inside nonMasqueradeCIDR",
+        ],
+    );
 }
 
 #[test]
 fn references_must_exist() {
-    let spec = minimal().replace("  subnets:\n  - us-east-1a\n---\napiVersion: kops.k8s.io/v1alpha2\nkind: InstanceGroup\nmetadata:\n  name: nodes", "  subnets:\n  - us-east-1z\n---\napiVersion: kops.k8s.io/v1alpha2\nkind: InstanceGroup\nmetadata:\n  name: nodes");
+    let spec = minimal().replace(
+        "  subnets:\n  - us-east-1a\n---\napiVersion: kops.k8s.io/v1alpha2\nkind: InstanceGroup\nmetadata:\n  name: nodes",
+        "  subnets:\n  - us-east-1z\n---\napiVersion: kops.k8s.io/v1alpha2\nkind: InstanceGroup\nmetadata:\n  name: nodes",
+    );
     expect(spec.as_bytes(), 1, &["InstanceGroup/control-plane-us-east-1a: spec.subnets[0]: no subnet named \"us-east-1z\""]);
     let spec = minimal().replacen("      instanceGroup: control-plane-us-east-1a", "      instanceGroup: control-plane-us-east-1q", 1);
     expect(spec.as_bytes(), 1, &["spec.etcdClusters[main].etcdMembers[a].instanceGroup: no InstanceGroup named \"control-plane-us-east-1q\""]);
@@ -130,14 +140,20 @@ fn etcd_membership_rules() {
     expect(spec.as_bytes(), 1, &["spec.etcdClusters[main].etcdMembers: 2 members", "spec.etcdClusters[main].etcdMembers[a].name: duplicate member name"]);
     // A member whose group spans two zones.
     let two_zones = minimal()
-        .replace("    type: Public\n  topology", "    type: Public\n  - name: us-east-1b\n    zone: us-east-1b\n    cidr: 172.20.64.0/19\n    type: Public\n  topology")
+        .replace(
+            "    type: Public\n  topology",
+            "    type: Public\n  - name: us-east-1b\n    zone: us-east-1b\n    cidr: 172.20.64.0/19\n    type: Public\n  topology",
+        )
         .replacen("  subnets:\n  - us-east-1a\n---", "  subnets:\n  - us-east-1a\n  - us-east-1b\n---", 1);
     expect(two_zones.as_bytes(), 1, &["spans zones us-east-1a, us-east-1b"]);
 }
 
 #[test]
 fn duplicate_names() {
-    let spec = minimal().replace("    type: Public\n  topology", "    type: Public\n  - name: us-east-1a\n    zone: us-east-1a\n    cidr: 172.20.64.0/19\n    type: Public\n  topology");
+    let spec = minimal().replace(
+        "    type: Public\n  topology",
+        "    type: Public\n  - name: us-east-1a\n    zone: us-east-1a\n    cidr: 172.20.64.0/19\n    type: Public\n  topology",
+    );
     expect(spec.as_bytes(), 1, &["spec.subnets[us-east-1a].name: duplicate subnet name"]);
     let spec = minimal().replace("name: nodes-us-east-1a", "name: control-plane-us-east-1a");
     expect(spec.as_bytes(), 1, &["InstanceGroup/control-plane-us-east-1a: metadata.name: duplicate instance group name"]);

@@ -26,10 +26,7 @@ pub struct Request {
 
 impl Request {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
     }
 }
 
@@ -38,7 +35,10 @@ pub enum Body {
     Bytes(Vec<u8>),
     File(PathBuf),
     /// The bytes in 64 KiB chunks with `pause` between them (a slow mirror).
-    Slow { bytes: Vec<u8>, pause: Duration },
+    Slow {
+        bytes: Vec<u8>,
+        pause: Duration,
+    },
     /// Read the request, then say nothing for this long (a hung server).
     Hang(Duration),
 }
@@ -52,18 +52,10 @@ pub struct Response {
 
 impl Response {
     pub fn text(status: u16, text: impl Into<String>) -> Response {
-        Response {
-            status,
-            headers: vec![("Content-Type".into(), "text/plain".into())],
-            body: Body::Bytes(text.into().into_bytes()),
-        }
+        Response { status, headers: vec![("Content-Type".into(), "text/plain".into())], body: Body::Bytes(text.into().into_bytes()) }
     }
     pub fn bytes(status: u16, bytes: Vec<u8>) -> Response {
-        Response {
-            status,
-            headers: vec![("Content-Type".into(), "application/octet-stream".into())],
-            body: Body::Bytes(bytes),
-        }
+        Response { status, headers: vec![("Content-Type".into(), "application/octet-stream".into())], body: Body::Bytes(bytes) }
     }
     pub fn header(mut self, name: &str, value: impl Into<String>) -> Response {
         self.headers.push((name.to_string(), value.into()));
@@ -98,8 +90,7 @@ pub async fn serve(listener: TcpListener, handler: Handler) {
         };
         let h = handler.clone();
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(IO_TIMEOUT * 20, connection(stream, peer.to_string(), h))
-                .await;
+            let _ = tokio::time::timeout(IO_TIMEOUT * 20, connection(stream, peer.to_string(), h)).await;
         });
     }
 }
@@ -108,9 +99,7 @@ async fn connection(mut s: TcpStream, peer: String, h: Handler) -> std::io::Resu
     let mut buf = Vec::with_capacity(1024);
     let head_end = loop {
         let mut chunk = [0u8; 2048];
-        let n = tokio::time::timeout(IO_TIMEOUT, s.read(&mut chunk))
-            .await
-            .map_err(|_| std::io::Error::other("read timeout"))??;
+        let n = tokio::time::timeout(IO_TIMEOUT, s.read(&mut chunk)).await.map_err(|_| std::io::Error::other("read timeout"))??;
         if n == 0 {
             return Ok(());
         }
@@ -128,22 +117,13 @@ async fn connection(mut s: TcpStream, peer: String, h: Handler) -> std::io::Resu
     let mut parts = first.split_whitespace();
     let method = parts.next().unwrap_or("").to_string();
     let target = parts.next().unwrap_or("/").to_string();
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
+    let headers: Vec<(String, String)> = lines.filter_map(|l| l.split_once(':')).map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string())).collect();
     // Discard a request body (IMDS token PUTs have none; be lenient).
-    let len: usize = headers
-        .iter()
-        .find(|(n, _)| n == "content-length")
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or(0);
+    let len: usize = headers.iter().find(|(n, _)| n == "content-length").and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
     let mut have = buf.len() - (head_end + 4);
     while have < len.min(MAX_BODY) {
         let mut chunk = [0u8; 4096];
-        let n = tokio::time::timeout(IO_TIMEOUT, s.read(&mut chunk))
-            .await
-            .map_err(|_| std::io::Error::other("read timeout"))??;
+        let n = tokio::time::timeout(IO_TIMEOUT, s.read(&mut chunk)).await.map_err(|_| std::io::Error::other("read timeout"))??;
         if n == 0 {
             break;
         }
@@ -153,13 +133,7 @@ async fn connection(mut s: TcpStream, peer: String, h: Handler) -> std::io::Resu
         Some((p, q)) => (p.to_string(), q.to_string()),
         None => (target.clone(), String::new()),
     };
-    let req = Request {
-        method: method.clone(),
-        path,
-        query,
-        headers,
-        peer,
-    };
+    let req = Request { method: method.clone(), path, query, headers, peer };
     let resp = h(&req);
     write_response(&mut s, &method, resp).await
 }
@@ -173,10 +147,7 @@ async fn write_response(s: &mut TcpStream, method: &str, resp: Response) -> std:
         Body::Bytes(b) | Body::Slow { bytes: b, .. } => (b.len() as u64, None),
         Body::File(p) => match tokio::fs::File::open(p).await {
             Ok(f) => (f.metadata().await?.len(), Some(f)),
-            Err(_) => {
-                return Box::pin(write_response(s, method, Response::text(404, "not found\n")))
-                    .await
-            }
+            Err(_) => return Box::pin(write_response(s, method, Response::text(404, "not found\n"))).await,
         },
     };
     let mut head = format!("HTTP/1.1 {} {}\r\n", resp.status, reason(resp.status));

@@ -102,11 +102,7 @@ impl InstanceData {
         if let Some(name) = &self.local_hostname {
             return name.clone();
         }
-        format!(
-            "ip-{}.{}.compute.internal",
-            self.private_ip.replace('.', "-"),
-            self.region
-        )
+        format!("ip-{}.{}.compute.internal", self.private_ip.replace('.', "-"), self.region)
     }
 
     fn identity_document(&self) -> String {
@@ -132,8 +128,12 @@ impl InstanceData {
         let mac = &self.mac;
         let v = match path {
             "" if !self.extra.is_empty() => return None,
-            "" if self.iam.is_some() => "ami-id\nhostname\niam/\ninstance-id\ninstance-type\nlocal-hostname\nlocal-ipv4\nmac\nnetwork/\nplacement/\npublic-ipv4\nsecurity-groups\ntags/".to_string(),
-            "" => "ami-id\nhostname\ninstance-id\ninstance-type\nlocal-hostname\nlocal-ipv4\nmac\nnetwork/\nplacement/\npublic-ipv4\nsecurity-groups\ntags/".to_string(),
+            "" if self.iam.is_some() => {
+                "ami-id\nhostname\niam/\ninstance-id\ninstance-type\nlocal-hostname\nlocal-ipv4\nmac\nnetwork/\nplacement/\npublic-ipv4\nsecurity-groups\ntags/"
+                    .to_string()
+            }
+            "" => "ami-id\nhostname\ninstance-id\ninstance-type\nlocal-hostname\nlocal-ipv4\nmac\nnetwork/\nplacement/\npublic-ipv4\nsecurity-groups\ntags/"
+                .to_string(),
             "iam/" => {
                 self.iam.as_ref()?;
                 "info\nsecurity-credentials/".to_string()
@@ -155,12 +155,7 @@ impl InstanceData {
             "network/interfaces/" => "macs/".to_string(),
             "network/interfaces/macs/" => format!("{mac}/"),
             "tags/" => "instance/".to_string(),
-            "tags/instance/" => self
-                .tags
-                .iter()
-                .map(|(k, _)| k.as_str())
-                .collect::<Vec<_>>()
-                .join("\n"),
+            "tags/instance/" => self.tags.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join("\n"),
             p => {
                 if let Some(role) = p.strip_prefix("iam/security-credentials/") {
                     return self.iam.as_ref().filter(|c| c.role_name == role).map(RoleCredentials::credentials_json);
@@ -214,11 +209,7 @@ fn random_token() -> String {
 
 impl Imds {
     pub fn new(data: InstanceData) -> Arc<Imds> {
-        Arc::new(Imds {
-            data,
-            tokens: Mutex::new(HashMap::new()),
-            faults: Mutex::new(Faults::default()),
-        })
+        Arc::new(Imds { data, tokens: Mutex::new(HashMap::new()), faults: Mutex::new(Faults::default()) })
     }
 
     /// The scripted faults and counters.
@@ -272,8 +263,7 @@ impl Imds {
             };
         }
         if path == "/latest/dynamic/instance-identity/document" {
-            return Response::text(200, self.data.identity_document())
-                .header("Content-Type", "application/json");
+            return Response::text(200, self.data.identity_document()).header("Content-Type", "application/json");
         }
         if let Some(p) = path.strip_prefix("/latest/meta-data/") {
             if let Some(v) = self.data.meta(p) {
@@ -303,19 +293,13 @@ impl Imds {
         }
         let token = random_token();
         self.faults().tokens_issued += 1;
-        self.tokens
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(token.clone(), Instant::now() + Duration::from_secs(ttl));
+        self.tokens.lock().unwrap_or_else(|e| e.into_inner()).insert(token.clone(), Instant::now() + Duration::from_secs(ttl));
         Response::text(200, token).header(TTL_HEADER, ttl.to_string())
     }
 
     /// Revoke every token (tests: the next GET gets 401 and a client must refresh).
     pub fn revoke_all(&self) {
-        self.tokens
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        self.tokens.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 }
 
@@ -363,10 +347,7 @@ mod tests {
             method: method.into(),
             path: path.into(),
             query: String::new(),
-            headers: headers
-                .iter()
-                .map(|(n, v)| (n.to_string(), v.to_string()))
-                .collect(),
+            headers: headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect(),
             peer: "x".into(),
         }
     }
@@ -398,11 +379,7 @@ mod tests {
         assert_eq!(imds.handle(&req("PUT", TOKEN_PATH, &[(TTL_HEADER, "0")])).status, 400);
         assert_eq!(imds.handle(&req("PUT", TOKEN_PATH, &[(TTL_HEADER, "99999")])).status, 400);
         assert_eq!(imds.handle(&req("GET", TOKEN_PATH, &[(TTL_HEADER, "60")])).status, 405);
-        assert_eq!(
-            imds.handle(&req("PUT", TOKEN_PATH, &[(TTL_HEADER, "60"), ("x-forwarded-for", "1.2.3.4")]))
-                .status,
-            403
-        );
+        assert_eq!(imds.handle(&req("PUT", TOKEN_PATH, &[(TTL_HEADER, "60"), ("x-forwarded-for", "1.2.3.4")])).status, 403);
         let t = imds.handle(&req("PUT", TOKEN_PATH, &[(TTL_HEADER, "60")]));
         assert_eq!(t.status, 200);
         let token = body(&t);
@@ -417,10 +394,7 @@ mod tests {
         assert_eq!(get("/latest/meta-data/nope", &token).status, 404);
         assert_eq!(body(&get("/latest/user-data", &token)), "#!/bin/bash\necho hi\n");
         assert!(body(&get("/latest/dynamic/instance-identity/document", &token)).contains("\"availabilityZone\":\"eu-west-1b\""));
-        assert_eq!(
-            body(&get("/latest/meta-data/network/interfaces/macs/0e:00:00:00:00:01/local-ipv4s", &token)),
-            "172.20.64.5"
-        );
+        assert_eq!(body(&get("/latest/meta-data/network/interfaces/macs/0e:00:00:00:00:01/local-ipv4s", &token)), "172.20.64.5");
         imds.revoke_all();
         assert_eq!(get("/latest/meta-data/instance-id", &token).status, 401);
     }
@@ -432,7 +406,13 @@ mod tests {
             let token = body(&imds.handle(&req("PUT", TOKEN_PATH, &[(TTL_HEADER, "60")])));
             paths.iter().map(|p| imds.handle(&req("GET", p, &[(TOKEN_HEADER, &token)]))).map(|r| (r.status, body(&r))).collect()
         };
-        let paths = ["/latest/meta-data/iam/security-credentials/", "/latest/meta-data/iam/info", "/latest/meta-data/iam/security-credentials/nodes.c", "/latest/meta-data/iam/security-credentials/other", "/latest/meta-data/"];
+        let paths = [
+            "/latest/meta-data/iam/security-credentials/",
+            "/latest/meta-data/iam/info",
+            "/latest/meta-data/iam/security-credentials/nodes.c",
+            "/latest/meta-data/iam/security-credentials/other",
+            "/latest/meta-data/",
+        ];
         let none = get_all(data(), &paths);
         assert!(none[..4].iter().all(|(s, _)| *s == 404), "{none:?}");
         assert!(!none[4].1.contains("iam/"));
@@ -451,7 +431,15 @@ mod tests {
         let info: serde_json::Value = serde_json::from_str(&got[1].1).expect("info json");
         assert_eq!(info["InstanceProfileArn"], "arn:aws:iam::123456789012:instance-profile/nodes.c");
         let c: serde_json::Value = serde_json::from_str(&got[2].1).expect("credentials json");
-        for (k, v) in [("Code", "Success"), ("Type", "AWS-HMAC"), ("AccessKeyId", "ASIA1"), ("SecretAccessKey", "secret"), ("Token", "tok"), ("Expiration", "2026-01-01T06:00:00Z"), ("LastUpdated", "2026-01-01T00:00:00Z")] {
+        for (k, v) in [
+            ("Code", "Success"),
+            ("Type", "AWS-HMAC"),
+            ("AccessKeyId", "ASIA1"),
+            ("SecretAccessKey", "secret"),
+            ("Token", "tok"),
+            ("Expiration", "2026-01-01T06:00:00Z"),
+            ("LastUpdated", "2026-01-01T00:00:00Z"),
+        ] {
             assert_eq!(c[k], v, "{k}");
         }
         assert_eq!(got[3].0, 404);
@@ -462,10 +450,7 @@ mod tests {
     fn no_user_data_is_404() {
         let imds = Imds::new(InstanceData { user_data: None, ..data() });
         let token = body(&imds.handle(&req("PUT", TOKEN_PATH, &[(TTL_HEADER, "60")])));
-        assert_eq!(
-            imds.handle(&req("GET", "/latest/user-data", &[(TOKEN_HEADER, &token)])).status,
-            404
-        );
+        assert_eq!(imds.handle(&req("GET", "/latest/user-data", &[(TOKEN_HEADER, &token)])).status, 404);
     }
 }
 

@@ -62,9 +62,7 @@ impl Mirror {
                     }
                     Response::bytes(200, bytes)
                 }
-                (Behaviour::Slow(pause), Some(bytes)) => {
-                    Response { status: 200, headers: Vec::new(), body: Body::Slow { bytes, pause } }
-                }
+                (Behaviour::Slow(pause), Some(bytes)) => Response { status: 200, headers: Vec::new(), body: Body::Slow { bytes, pause } },
                 (Behaviour::Serve, Some(bytes)) => Response::bytes(200, bytes),
             }
         }));
@@ -179,13 +177,7 @@ pub fn standard_assets(pad: usize) -> Vec<FakeAsset> {
 
 /// Write a state store at `dir`: the NodeupConfig (with `assets` as its amd64 list) for
 /// `role_dir/ig`, the PKI, and a BootConfig (returned path) pinning the config's hash.
-pub fn write_state(
-    dir: &Path,
-    nodeup_yaml: &str,
-    boot_yaml: &str,
-    assets: Vec<String>,
-    role_dir: &str,
-) -> std::path::PathBuf {
+pub fn write_state(dir: &Path, nodeup_yaml: &str, boot_yaml: &str, assets: Vec<String>, role_dir: &str) -> std::path::PathBuf {
     let mut cfg: keelson_api::nodeup::NodeupConfig = serde_yaml_ng::from_str(nodeup_yaml).expect("nodeup yaml");
     cfg.assets = BTreeMap::from([("amd64".to_string(), assets)]);
     let state = dir.join("state");

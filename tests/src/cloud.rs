@@ -8,11 +8,7 @@ use aws_sdk_ec2::config::Credentials;
 #[derive(Debug, thiserror::Error)]
 pub enum CloudError {
     #[error("moto at {endpoint}: {op}: {message}")]
-    Api {
-        endpoint: String,
-        op: &'static str,
-        message: String,
-    },
+    Api { endpoint: String, op: &'static str, message: String },
 }
 
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -55,9 +51,8 @@ impl Instance {
     }
     /// `control-plane` or `node`, from the kOps role tags on the instance (propagated from the ASG).
     pub fn role(&self) -> String {
-        let is_cp = self.tags.iter().any(|(k, _)| {
-            k == "k8s.io/role/control-plane" || k == "k8s.io/role/master"
-        }) || self.tag("kops.k8s.io/instancegroup-role").is_some_and(|r| r.eq_ignore_ascii_case("master") || r.eq_ignore_ascii_case("controlplane"));
+        let is_cp = self.tags.iter().any(|(k, _)| k == "k8s.io/role/control-plane" || k == "k8s.io/role/master")
+            || self.tag("kops.k8s.io/instancegroup-role").is_some_and(|r| r.eq_ignore_ascii_case("master") || r.eq_ignore_ascii_case("controlplane"));
         if is_cp {
             "control-plane".into()
         } else {
@@ -85,17 +80,11 @@ pub struct Volume {
 
 impl Volume {
     pub fn name(&self) -> String {
-        self.tags
-            .iter()
-            .find(|(k, _)| k == "Name")
-            .map(|(_, v)| v.clone())
-            .unwrap_or_default()
+        self.tags.iter().find(|(k, _)| k == "Name").map(|(_, v)| v.clone()).unwrap_or_default()
     }
     /// The instance this volume is attached to (attaching or attached), if any.
     pub fn attached_to(&self) -> Option<&Attachment> {
-        self.attachments
-            .iter()
-            .find(|a| a.state == "attached" || a.state == "attaching")
+        self.attachments.iter().find(|a| a.state == "attached" || a.state == "attaching")
     }
 }
 
@@ -118,23 +107,12 @@ pub struct Cloud {
 }
 
 fn tags_of(t: Option<&[aws_sdk_ec2::types::Tag]>) -> Vec<(String, String)> {
-    t.unwrap_or_default()
-        .iter()
-        .map(|t| {
-            (
-                t.key().unwrap_or_default().to_string(),
-                t.value().unwrap_or_default().to_string(),
-            )
-        })
-        .collect()
+    t.unwrap_or_default().iter().map(|t| (t.key().unwrap_or_default().to_string(), t.value().unwrap_or_default().to_string())).collect()
 }
 
 impl Cloud {
     pub fn new(endpoint: &str, region: &str) -> Cloud {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("tokio runtime");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
         let conf = rt.block_on(async {
             let timeouts = aws_config::timeout::TimeoutConfig::builder()
                 .connect_timeout(Duration::from_secs(3))
@@ -164,52 +142,27 @@ impl Cloud {
 
     fn err(&self, op: &'static str, e: impl std::fmt::Debug) -> CloudError {
         let message = format!("{e:?}");
-        CloudError::Api {
-            endpoint: self.endpoint.clone(),
-            op,
-            message: message.chars().take(400).collect(),
-        }
+        CloudError::Api { endpoint: self.endpoint.clone(), op, message: message.chars().take(400).collect() }
     }
 
     pub fn instances(&self) -> Result<Vec<Instance>, CloudError> {
-        let out = self
-            .rt
-            .block_on(self.ec2.describe_instances().send())
-            .map_err(|e| self.err("DescribeInstances", e))?;
+        let out = self.rt.block_on(self.ec2.describe_instances().send()).map_err(|e| self.err("DescribeInstances", e))?;
         let mut v = Vec::new();
         for r in out.reservations() {
             for i in r.instances() {
                 let nic = i.network_interfaces().first();
                 v.push(Instance {
                     id: i.instance_id().unwrap_or_default().to_string(),
-                    state: i
-                        .state()
-                        .and_then(|s| s.name())
-                        .map(|n| n.as_str().to_string())
-                        .unwrap_or_default(),
+                    state: i.state().and_then(|s| s.name()).map(|n| n.as_str().to_string()).unwrap_or_default(),
                     private_ip: i.private_ip_address().map(str::to_string),
                     public_ip: i.public_ip_address().map(str::to_string),
-                    zone: i
-                        .placement()
-                        .and_then(|p| p.availability_zone())
-                        .unwrap_or_default()
-                        .to_string(),
+                    zone: i.placement().and_then(|p| p.availability_zone()).unwrap_or_default().to_string(),
                     subnet_id: i.subnet_id().unwrap_or_default().to_string(),
                     vpc_id: i.vpc_id().unwrap_or_default().to_string(),
-                    instance_type: i
-                        .instance_type()
-                        .map(|t| t.as_str().to_string())
-                        .unwrap_or_default(),
+                    instance_type: i.instance_type().map(|t| t.as_str().to_string()).unwrap_or_default(),
                     image_id: i.image_id().unwrap_or_default().to_string(),
-                    mac: nic
-                        .and_then(|n| n.mac_address())
-                        .unwrap_or("0e:00:00:00:00:01")
-                        .to_string(),
-                    security_groups: i
-                        .security_groups()
-                        .iter()
-                        .filter_map(|g| g.group_name().map(str::to_string))
-                        .collect(),
+                    mac: nic.and_then(|n| n.mac_address()).unwrap_or("0e:00:00:00:00:01").to_string(),
+                    security_groups: i.security_groups().iter().filter_map(|g| g.group_name().map(str::to_string)).collect(),
                     tags: tags_of(Some(i.tags())),
                     instance_profile_arn: i.iam_instance_profile().and_then(|p| p.arn()).map(str::to_string),
                     private_dns_name: i.private_dns_name().filter(|n| !n.is_empty()).map(str::to_string),
@@ -234,10 +187,8 @@ impl Cloud {
         };
         let Some(profile_arn) = instance.instance_profile_arn.as_ref().or(from_template.as_ref()) else { return Ok(None) };
         let profile_name = profile_arn.rsplit('/').next().unwrap_or(profile_arn);
-        let out = self
-            .rt
-            .block_on(self.iam.get_instance_profile().instance_profile_name(profile_name).send())
-            .map_err(|e| self.err("GetInstanceProfile", e))?;
+        let out =
+            self.rt.block_on(self.iam.get_instance_profile().instance_profile_name(profile_name).send()).map_err(|e| self.err("GetInstanceProfile", e))?;
         let profile = out.instance_profile().ok_or_else(|| self.err("GetInstanceProfile", format!("{profile_name}: no instance profile in the answer")))?;
         let role = profile.roles().first().ok_or_else(|| self.err("GetInstanceProfile", format!("{profile_name}: the instance profile has no role")))?;
         // EC2 hands out credentials that last about 6 h and renews them well before they expire.
@@ -284,10 +235,7 @@ impl Cloud {
     /// the cluster's (`kubernetes.io/cluster/<cluster>`), sorted.
     pub fn instance_routes(&self, vpc_id: &str, cluster: &str) -> Result<Vec<InstanceRoute>, CloudError> {
         let filter = aws_sdk_ec2::types::Filter::builder().name("vpc-id").values(vpc_id).build();
-        let out = self
-            .rt
-            .block_on(self.ec2.describe_route_tables().filters(filter).send())
-            .map_err(|e| self.err("DescribeRouteTables", e))?;
+        let out = self.rt.block_on(self.ec2.describe_route_tables().filters(filter).send()).map_err(|e| self.err("DescribeRouteTables", e))?;
         let tag = format!("kubernetes.io/cluster/{cluster}");
         let mut routes = Vec::new();
         for t in out.route_tables() {
@@ -336,10 +284,7 @@ impl Cloud {
     }
 
     pub fn volumes(&self) -> Result<Vec<Volume>, CloudError> {
-        let out = self
-            .rt
-            .block_on(self.ec2.describe_volumes().send())
-            .map_err(|e| self.err("DescribeVolumes", e))?;
+        let out = self.rt.block_on(self.ec2.describe_volumes().send()).map_err(|e| self.err("DescribeVolumes", e))?;
         let mut v: Vec<Volume> = out
             .volumes()
             .iter()
@@ -367,18 +312,13 @@ impl Cloud {
     /// Terminate an instance the way an instance dies: through EC2. Its autoscaling group notices
     /// and launches a replacement.
     pub fn terminate(&self, instance_id: &str) -> Result<(), CloudError> {
-        self.rt
-            .block_on(self.ec2.terminate_instances().instance_ids(instance_id).send())
-            .map_err(|e| self.err("TerminateInstances", e))?;
+        self.rt.block_on(self.ec2.terminate_instances().instance_ids(instance_id).send()).map_err(|e| self.err("TerminateInstances", e))?;
         Ok(())
     }
 
     /// Every A record of every hosted zone.
     pub fn a_records(&self) -> Result<Vec<ARecord>, CloudError> {
-        let zones = self
-            .rt
-            .block_on(self.r53.list_hosted_zones().send())
-            .map_err(|e| self.err("ListHostedZones", e))?;
+        let zones = self.rt.block_on(self.r53.list_hosted_zones().send()).map_err(|e| self.err("ListHostedZones", e))?;
         let mut out = Vec::new();
         for z in zones.hosted_zones() {
             let id = z.id().to_string();
@@ -388,20 +328,13 @@ impl Cloud {
                 if let Some((n, t)) = &next {
                     req = req.start_record_name(n).start_record_type(t.clone());
                 }
-                let rs = self
-                    .rt
-                    .block_on(req.send())
-                    .map_err(|e| self.err("ListResourceRecordSets", e))?;
+                let rs = self.rt.block_on(req.send()).map_err(|e| self.err("ListResourceRecordSets", e))?;
                 for r in rs.resource_record_sets() {
                     if r.r#type() == &aws_sdk_route53::types::RrType::A {
                         out.push(ARecord {
                             zone: z.name().to_string(),
                             name: r.name().trim_end_matches('.').to_string(),
-                            ips: r
-                                .resource_records()
-                                .iter()
-                                .map(|x| x.value().to_string())
-                                .collect(),
+                            ips: r.resource_records().iter().map(|x| x.value().to_string()).collect(),
                         });
                     }
                 }
@@ -420,10 +353,7 @@ impl Cloud {
 
     /// Desired capacity and live instances per autoscaling group.
     pub fn groups(&self) -> Result<Vec<(String, i32, Vec<String>)>, CloudError> {
-        let out = self
-            .rt
-            .block_on(self.asg.describe_auto_scaling_groups().send())
-            .map_err(|e| self.err("DescribeAutoScalingGroups", e))?;
+        let out = self.rt.block_on(self.asg.describe_auto_scaling_groups().send()).map_err(|e| self.err("DescribeAutoScalingGroups", e))?;
         Ok(out
             .auto_scaling_groups()
             .iter()
@@ -431,10 +361,7 @@ impl Cloud {
                 (
                     g.auto_scaling_group_name().unwrap_or_default().to_string(),
                     g.desired_capacity().unwrap_or(0),
-                    g.instances()
-                        .iter()
-                        .filter_map(|i| i.instance_id().map(str::to_string))
-                        .collect(),
+                    g.instances().iter().filter_map(|i| i.instance_id().map(str::to_string)).collect(),
                 )
             })
             .collect())
@@ -461,5 +388,4 @@ impl Cloud {
         ids.sort();
         ids.into_iter().next().ok_or_else(|| self.err("DescribeImages", "moto has no AMIs"))
     }
-
 }

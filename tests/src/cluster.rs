@@ -391,21 +391,15 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
         c
     };
     let applied = cmd::run(keelson_on_cloud(&["apply", "--yes"]).arg("--nodeup-asset").arg(format!("amd64={nodeup_sha}@{nodeup_url}")))
-    .context("keelson apply --yes against moto")?;
+        .context("keelson apply --yes against moto")?;
     fs::write(state.root.join("apply.log"), &applied)?;
 
     // An admin kubeconfig through the local API load balancer, as `keelson export kubeconfig`
     // writes it for any cluster (the API server certificate names 127.0.0.1).
     let kubeconfig = state.root.join("kubeconfig");
     let api_url = format!("https://127.0.0.1:{}", cs.api_port);
-    cmd::run(
-        keelson_on_cloud(&["export", "kubeconfig", "--admin", "--ttl", "72h"])
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .arg("--server")
-            .arg(&api_url),
-    )
-    .context("keelson export kubeconfig --admin")?;
+    cmd::run(keelson_on_cloud(&["export", "kubeconfig", "--admin", "--ttl", "72h"]).arg("--kubeconfig").arg(&kubeconfig).arg("--server").arg(&api_url))
+        .context("keelson export kubeconfig --admin")?;
     cs.kubeconfig = kubeconfig.display().to_string();
     cs.kubectl = local.kubernetes_bin.join("kubectl").display().to_string();
     let events: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
@@ -481,11 +475,8 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
 impl Daemon {
     fn reconcile(&mut self) -> anyhow::Result<()> {
         let instances = self.cloud.instances()?;
-        let live: BTreeMap<String, &crate::cloud::Instance> = instances
-            .iter()
-            .filter(|i| i.state == "running" || i.state == "pending")
-            .map(|i| (i.id.clone(), i))
-            .collect();
+        let live: BTreeMap<String, &crate::cloud::Instance> =
+            instances.iter().filter(|i| i.state == "running" || i.state == "pending").map(|i| (i.id.clone(), i)).collect();
         // Stop machines whose instance is gone.
         let gone: Vec<String> = {
             let m = self.machines.lock().map_err(|_| anyhow!("lock"))?;
@@ -530,14 +521,8 @@ impl Daemon {
             };
             self.starting.lock().map_err(|_| anyhow!("lock"))?.insert(id.clone());
             let (machines, starting, failed, events) = (self.machines.clone(), self.starting.clone(), self.failed.clone(), self.events.clone());
-            let (exe, lower, dir, bridge, seg, env) = (
-                self.self_exe.clone(),
-                self.lower.clone(),
-                self.state.machine_dir(id),
-                self.bridge.clone(),
-                self.seg,
-                self.env.clone(),
-            );
+            let (exe, lower, dir, bridge, seg, env) =
+                (self.self_exe.clone(), self.lower.clone(), self.state.machine_dir(id), self.bridge.clone(), self.seg, self.env.clone());
             let (role, group) = (inst.role(), inst.group());
             let id = id.clone();
             event(&self.events, format!("{id}: instance running ({} {} in {}); booting its machine", data.private_ip, group, data.zone));
@@ -792,7 +777,14 @@ fn require_root() -> anyhow::Result<()> {
     if uid != "0" {
         bail!("keelson-local needs root (network namespaces, loop devices, systemd-nspawn)");
     }
-    for (tool, pkg) in [("systemd-nspawn", "systemd-container"), ("debootstrap", "debootstrap"), ("losetup", "mount"), ("ip", "iproute2"), ("apt-get", "apt"), ("dpkg-deb", "dpkg")] {
+    for (tool, pkg) in [
+        ("systemd-nspawn", "systemd-container"),
+        ("debootstrap", "debootstrap"),
+        ("losetup", "mount"),
+        ("ip", "iproute2"),
+        ("apt-get", "apt"),
+        ("dpkg-deb", "dpkg"),
+    ] {
         if cmd::which(tool).is_none() && !Path::new("/usr/sbin").join(tool).exists() {
             bail!("{tool} is missing: apt-get install {pkg} (scripts/test installs it)");
         }
@@ -951,12 +943,7 @@ fn running_cluster() -> anyhow::Result<ClusterState> {
 /// `keelson-local kubectl ARGS…`: the cluster's kubectl with its admin kubeconfig.
 pub fn kubectl(args: &[String]) -> anyhow::Result<std::process::ExitStatus> {
     let cs = running_cluster()?;
-    Command::new(&cs.kubectl)
-        .arg("--kubeconfig")
-        .arg(&cs.kubeconfig)
-        .args(args)
-        .status()
-        .with_context(|| format!("running {}", cs.kubectl))
+    Command::new(&cs.kubectl).arg("--kubeconfig").arg(&cs.kubeconfig).args(args).status().with_context(|| format!("running {}", cs.kubectl))
 }
 
 /// Quote a value for a POSIX shell.
@@ -1002,15 +989,7 @@ pub fn up(spec_path: &Path, timeout: Duration) -> anyhow::Result<()> {
     Spec::load(&spec_abs)?;
     let log = fs::File::create(st.daemon_log())?;
     let exe = std::env::current_exe()?;
-    let child = Command::new(&exe)
-        .arg("daemon")
-        .arg("-f")
-        .arg(&spec_abs)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .process_group(0)
-        .spawn()?;
+    let child = Command::new(&exe).arg("daemon").arg("-f").arg(&spec_abs).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).process_group(0).spawn()?;
     let pid = child.id();
     // The daemon outlives us; a thread reaps it if it exits while we wait.
     std::thread::spawn(move || {
@@ -1035,7 +1014,11 @@ pub fn up(spec_path: &Path, timeout: Duration) -> anyhow::Result<()> {
             }
             seen_events = cs.events.len();
             if cs.phase == "failed" {
-                bail!("the local cloud failed to come up: {}\n(daemon log: {}; run `keelson-local down` to clean up)", cs.error.unwrap_or_default(), st.daemon_log().display());
+                bail!(
+                    "the local cloud failed to come up: {}\n(daemon log: {}; run `keelson-local down` to clean up)",
+                    cs.error.unwrap_or_default(),
+                    st.daemon_log().display()
+                );
             }
             if !cmd::alive(pid as i64) {
                 bail!("the daemon exited (log: {}):\n{}", st.daemon_log().display(), tail(&st.daemon_log(), 30));
@@ -1047,7 +1030,12 @@ pub fn up(spec_path: &Path, timeout: Duration) -> anyhow::Result<()> {
                     for l in &h.lines {
                         println!("{l}");
                     }
-                    println!("keelson-local: {} is up: {} machines, control plane healthy, every node Ready ({:.0} s)", cs.name, cs.machines.len(), t0.elapsed().as_secs_f64());
+                    println!(
+                        "keelson-local: {} is up: {} machines, control plane healthy, every node Ready ({:.0} s)",
+                        cs.name,
+                        cs.machines.len(),
+                        t0.elapsed().as_secs_f64()
+                    );
                     return Ok(());
                 }
                 if let Some(blocker) = blocker(&cs) {
@@ -1098,7 +1086,11 @@ pub fn diagnose(cs: &ClusterState) -> String {
     for m in &cs.machines {
         let Some(pid) = m.init_pid.filter(|p| cmd::alive(*p)) else { continue };
         let failed = machine::exec_in(pid, &["systemctl", "--failed", "--no-legend", "--plain"]).unwrap_or_default();
-        let ud = machine::exec_in(pid, &["journalctl", "-b", "--no-pager", "-n", "15", "-o", "cat", "-u", "keelson-user-data", "-u", "protokube", "-u", "kubelet", "-u", "containerd"]).unwrap_or_default();
+        let ud = machine::exec_in(
+            pid,
+            &["journalctl", "-b", "--no-pager", "-n", "15", "-o", "cat", "-u", "keelson-user-data", "-u", "protokube", "-u", "kubelet", "-u", "containerd"],
+        )
+        .unwrap_or_default();
         s.push_str(&format!("--- {} ({} {}): failed units: {}\n{}\n", m.instance_id, m.role, m.ip, failed.trim(), ud.trim()));
     }
     for (id, e) in &cs.failed {
@@ -1162,7 +1154,14 @@ pub fn diagnose_nodes(cs: &ClusterState, kubeconfig: &Path) -> String {
 pub fn ps() -> anyhow::Result<()> {
     let st = state();
     let cs = ClusterState::load(&st).ok_or_else(|| anyhow!("no local cluster (state {} has no cluster.json)", st.root.display()))?;
-    println!("cluster {} — phase {}{} — moto http://127.0.0.1:{} — daemon {}", cs.name, cs.phase, cs.error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default(), cs.moto_port, if daemon_alive(&cs) { "running" } else { "NOT RUNNING" });
+    println!(
+        "cluster {} — phase {}{} — moto http://127.0.0.1:{} — daemon {}",
+        cs.name,
+        cs.phase,
+        cs.error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default(),
+        cs.moto_port,
+        if daemon_alive(&cs) { "running" } else { "NOT RUNNING" }
+    );
     println!("{:<21} {:<14} {:<26} {:<15} {:<11} status", "INSTANCE", "ROLE", "GROUP", "IP", "ZONE");
     let h = health(&cs);
     for l in &h.lines {
@@ -1357,15 +1356,7 @@ pub fn median(v: &[f64]) -> f64 {
 }
 
 /// The phases of a control-plane failover, in order; each is timed from the kill.
-pub const PHASES: [&str; 7] = [
-    "instance replaced",
-    "machine up",
-    "nodeup done",
-    "volumes mounted",
-    "etcd healthy",
-    "kube-apiserver ready",
-    "Node Ready",
-];
+pub const PHASES: [&str; 7] = ["instance replaced", "machine up", "nodeup done", "volumes mounted", "etcd healthy", "kube-apiserver ready", "Node Ready"];
 
 /// Namespace and name prefix of the ConfigMaps selfheal writes through the API.
 pub const OBJECT_NAMESPACE: &str = "default";
@@ -1380,11 +1371,18 @@ fn failover_phase(cloud: &Cloud, cs: &ClusterState, victim: &MachineInfo) -> (us
     if !replaced {
         return (0, None);
     }
-    let Some(new) = cs.machines.iter().find(|m| m.group == victim.group && m.instance_id != victim.instance_id && m.role == "control-plane" && m.init_pid.is_some_and(cmd::alive)).cloned() else {
+    let Some(new) = cs
+        .machines
+        .iter()
+        .find(|m| m.group == victim.group && m.instance_id != victim.instance_id && m.role == "control-plane" && m.init_pid.is_some_and(cmd::alive))
+        .cloned()
+    else {
         return (1, None);
     };
     let pid = new.init_pid.unwrap_or(0);
-    let done = machine::exec_in(pid, &["systemctl", "show", "-p", "ActiveState", "--value", crate::rootfs::USER_DATA_UNIT]).map(|s| s.trim() == "active").unwrap_or(false);
+    let done = machine::exec_in(pid, &["systemctl", "show", "-p", "ActiveState", "--value", crate::rootfs::USER_DATA_UNIT])
+        .map(|s| s.trim() == "active")
+        .unwrap_or(false);
     if !done {
         return (2, Some(new));
     }
@@ -1504,7 +1502,8 @@ pub fn selfheal(spec_path: &Path, cycles: u32, keys: u64, cycle_timeout: Duratio
         baseline.iter().map(|(c, m)| format!("{c}=[{}]", m.join(","))).collect::<Vec<_>>().join(" ")
     );
     let cloud = Cloud::new(&cs.endpoint(), &cs.region);
-    let mut report = SelfhealReport { cycles: 0, healed: 0, keys, intact: 0, objects: keys, objects_intact: 0, failovers: vec![], phases: vec![], validated: false };
+    let mut report =
+        SelfhealReport { cycles: 0, healed: 0, keys, intact: 0, objects: keys, objects_intact: 0, failovers: vec![], phases: vec![], validated: false };
     for n in 1..=cycles {
         report.cycles = n;
         let cs = load()?;
@@ -1587,7 +1586,12 @@ pub fn selfheal(spec_path: &Path, cycles: u32, keys: u64, cycle_timeout: Duratio
                 println!("  addons: the new control plane's controller passed and applied 0 (every hash recorded)");
             }
             None => {
-                println!("cycle {n}/{cycles}: FAILED: killed {} ({}); not healed within {} s: {status}; {api}", victim.instance_id, victim.group, cycle_timeout.as_secs());
+                println!(
+                    "cycle {n}/{cycles}: FAILED: killed {} ({}); not healed within {} s: {status}; {api}",
+                    victim.instance_id,
+                    victim.group,
+                    cycle_timeout.as_secs()
+                );
                 if let Ok(cs) = load() {
                     eprint!("{}", diagnose(&cs));
                 }
@@ -1627,7 +1631,11 @@ pub fn selfheal(spec_path: &Path, cycles: u32, keys: u64, cycle_timeout: Duratio
     report.validated = v.status.success();
     println!(
         "selfheal: keelson validate cluster after the replacements: {}",
-        if report.validated { "valid".to_string() } else { format!("NOT valid:\n{}{}", String::from_utf8_lossy(&v.stdout), String::from_utf8_lossy(&v.stderr)) }
+        if report.validated {
+            "valid".to_string()
+        } else {
+            format!("NOT valid:\n{}{}", String::from_utf8_lossy(&v.stdout), String::from_utf8_lossy(&v.stderr))
+        }
     );
     if !report.validated {
         if let Ok(cs) = load() {
@@ -1635,11 +1643,8 @@ pub fn selfheal(spec_path: &Path, cycles: u32, keys: u64, cycle_timeout: Duratio
         }
     }
     if !report.phases.is_empty() {
-        let medians: Vec<String> = PHASES
-            .iter()
-            .enumerate()
-            .map(|(i, p)| format!("{p} {:.1}", median(&report.phases.iter().map(|v| v[i]).collect::<Vec<_>>())))
-            .collect();
+        let medians: Vec<String> =
+            PHASES.iter().enumerate().map(|(i, p)| format!("{p} {:.1}", median(&report.phases.iter().map(|v| v[i]).collect::<Vec<_>>()))).collect();
         println!("selfheal: median phase times (s after the kill): {}", medians.join(" → "));
     }
     println!(

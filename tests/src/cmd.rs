@@ -11,11 +11,7 @@ pub enum CmdError {
         source: std::io::Error,
     },
     #[error("`{command}` failed ({status}): {stderr}")]
-    Failed {
-        command: String,
-        status: String,
-        stderr: String,
-    },
+    Failed { command: String, status: String, stderr: String },
 }
 
 fn describe(cmd: &Command) -> String {
@@ -33,22 +29,13 @@ pub fn run(cmd: &mut Command) -> Result<String, CmdError> {
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
-        Err(CmdError::Failed {
-            command: describe(cmd),
-            status: out.status.to_string(),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        })
+        Err(CmdError::Failed { command: describe(cmd), status: out.status.to_string(), stderr: String::from_utf8_lossy(&out.stderr).trim().to_string() })
     }
 }
 
 /// Run to completion and return the raw output whatever the exit status.
 pub fn output(cmd: &mut Command) -> Result<Output, CmdError> {
-    cmd.stdin(Stdio::null())
-        .output()
-        .map_err(|source| CmdError::Spawn {
-            program: cmd.get_program().to_string_lossy().into_owned(),
-            source,
-        })
+    cmd.stdin(Stdio::null()).output().map_err(|source| CmdError::Spawn { program: cmd.get_program().to_string_lossy().into_owned(), source })
 }
 
 /// Shorthand: `sh(&["ip", "link", "del", "x"])`.
@@ -76,16 +63,11 @@ pub fn kill(pid: i64, signal: &str) -> bool {
 }
 
 pub fn alive(pid: i64) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
-        && std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| !s.contains(") Z "))
-            .unwrap_or(false)
+    std::path::Path::new(&format!("/proc/{pid}")).exists() && std::fs::read_to_string(format!("/proc/{pid}/stat")).map(|s| !s.contains(") Z ")).unwrap_or(false)
 }
 
 /// Is `prog` on PATH?
 pub fn which(prog: &str) -> Option<std::path::PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(prog))
-        .find(|p| p.is_file())
+    std::env::split_paths(&path).map(|d| d.join(prog)).find(|p| p.is_file())
 }

@@ -30,10 +30,7 @@ pub fn endpoint(root: &Path, cluster: &str) -> Option<Endpoint> {
             args.extend(seq.iter().filter_map(|a| a.as_str().map(str::to_string)));
         }
     }
-    let flag = |name: &str| {
-        args.iter()
-            .find_map(|a| a.strip_prefix(&format!("--{name}=")).map(str::to_string))
-    };
+    let flag = |name: &str| args.iter().find_map(|a| a.strip_prefix(&format!("--{name}=")).map(str::to_string));
     Some(Endpoint {
         cluster: cluster.to_string(),
         member: flag("name").unwrap_or_default(),
@@ -71,11 +68,8 @@ pub fn etcdctl(init_pid: i64, ep: &Endpoint, args: &[&str]) -> Result<String, cr
 pub fn members(init_pid: i64, ep: &Endpoint) -> Option<Vec<(String, String)>> {
     let out = etcdctl(init_pid, ep, &["member", "list", "-w", "json"]).ok()?;
     let v: serde_json::Value = serde_json::from_str(&out).ok()?;
-    let mut m: Vec<(String, String)> = v["members"]
-        .as_array()?
-        .iter()
-        .map(|x| (x["name"].as_str().unwrap_or("").to_string(), format!("{:x}", x["ID"].as_u64().unwrap_or(0))))
-        .collect();
+    let mut m: Vec<(String, String)> =
+        v["members"].as_array()?.iter().map(|x| (x["name"].as_str().unwrap_or("").to_string(), format!("{:x}", x["ID"].as_u64().unwrap_or(0)))).collect();
     m.sort();
     Some(m)
 }

@@ -49,25 +49,15 @@ fn run_script(name: &str, args: &[&str]) -> Result<PathBuf, BuildError> {
     let script = scripts_dir().join(name);
     let started = Instant::now();
     // Progress goes to our stderr (a cold build takes many minutes); the path comes on stdout.
-    let out = Command::new(&script)
-        .args(args)
-        .env("KEELSON_LOCAL_CACHE", crate::paths::cache_dir())
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|source| BuildError::Script {
-            script: script.display().to_string(),
-            source: CmdError::Spawn { program: script.display().to_string(), source },
-        })?;
+    let out =
+        Command::new(&script).args(args).env("KEELSON_LOCAL_CACHE", crate::paths::cache_dir()).stdin(Stdio::null()).stderr(Stdio::inherit()).output().map_err(
+            |source| BuildError::Script { script: script.display().to_string(), source: CmdError::Spawn { program: script.display().to_string(), source } },
+        )?;
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     if !out.status.success() {
         return Err(BuildError::Script {
             script: format!("{} {}", script.display(), args.join(" ")),
-            source: CmdError::Failed {
-                command: name.to_string(),
-                status: out.status.to_string(),
-                stderr: "see its output above".to_string(),
-            },
+            source: CmdError::Failed { command: name.to_string(), status: out.status.to_string(), stderr: "see its output above".to_string() },
         });
     }
     let path = stdout.lines().rev().find(|l| !l.trim().is_empty()).map(|l| PathBuf::from(l.trim()));

@@ -15,8 +15,8 @@
 //! `README.md`, "Run a cluster on your machine".
 
 pub mod cloud;
-pub mod cmd;
 pub mod cluster;
+pub mod cmd;
 pub mod etcd;
 pub mod kubeapi;
 pub mod kubernetes;

@@ -6,8 +6,8 @@
 
 use std::fs;
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -39,19 +39,9 @@ pub enum MachineError {
         source: rootfs::RootfsError,
     },
     #[error("machine {instance}: private IP {ip} is not on the local VPC segment {network}/{prefix}")]
-    OffSegment {
-        instance: String,
-        ip: String,
-        network: Ipv4Addr,
-        prefix: u8,
-    },
+    OffSegment { instance: String, ip: String, network: Ipv4Addr, prefix: u8 },
     #[error("machine {instance}: {what} did not happen within {secs} s ({hint})")]
-    Timeout {
-        instance: String,
-        what: String,
-        secs: u64,
-        hint: String,
-    },
+    Timeout { instance: String, what: String, secs: u64, hint: String },
 }
 
 /// How to reach the host services from inside a machine.
@@ -99,11 +89,7 @@ pub struct Machine {
 fn io_err(instance: &str, path: &Path) -> impl FnOnce(std::io::Error) -> MachineError {
     let instance = instance.to_string();
     let path = path.to_path_buf();
-    move |source| MachineError::Io {
-        instance,
-        path,
-        source,
-    }
+    move |source| MachineError::Io { instance, path, source }
 }
 
 fn write_file(instance: &str, path: &Path, text: &str) -> Result<(), MachineError> {
@@ -158,21 +144,12 @@ impl Machine {
             prefix: seg.prefix,
         })?;
         if !seg.contains(ip) || ip == seg.gateway {
-            return Err(MachineError::OffSegment {
-                instance: id,
-                ip: data.private_ip.clone(),
-                network: seg.network,
-                prefix: seg.prefix,
-            });
+            return Err(MachineError::OffSegment { instance: id, ip: data.private_ip.clone(), network: seg.network, prefix: seg.prefix });
         }
         let mp = MachinePaths { dir };
         fs::create_dir_all(&mp.dir).map_err(io_err(&id, &mp.dir))?;
-        let overlay = rootfs::instantiate(lower, &mp.upper(), &mp.work(), &mp.root()).map_err(
-            |source| MachineError::Rootfs {
-                instance: id.clone(),
-                source,
-            },
-        )?;
+        let overlay =
+            rootfs::instantiate(lower, &mp.upper(), &mp.work(), &mp.root()).map_err(|source| MachineError::Rootfs { instance: id.clone(), source })?;
         let mut m = Machine {
             info: MachineInfo {
                 instance_id: id.clone(),
@@ -202,23 +179,11 @@ impl Machine {
         }
     }
 
-    fn boot(
-        &mut self,
-        self_exe: &Path,
-        bridge: &str,
-        seg: &Segment,
-        env: &Environment,
-        data: &InstanceData,
-        ip: Ipv4Addr,
-    ) -> Result<(), MachineError> {
+    fn boot(&mut self, self_exe: &Path, bridge: &str, seg: &Segment, env: &Environment, data: &InstanceData, ip: Ipv4Addr) -> Result<(), MachineError> {
         let id = self.info.instance_id.clone();
         self.personalise(env, data)?;
-        let cmd_err = |source| MachineError::Cmd {
-            instance: id.clone(),
-            source,
-        };
-        net::create_namespace(&self.info.netns, &self.info.veth, bridge, ip, seg)
-            .map_err(cmd_err)?;
+        let cmd_err = |source| MachineError::Cmd { instance: id.clone(), source };
+        net::create_namespace(&self.info.netns, &self.info.veth, bridge, ip, seg).map_err(cmd_err)?;
 
         // IMDS inside the namespace.
         let imds_file = self.paths.imds_file();
@@ -238,25 +203,17 @@ impl Machine {
             .spawn()
             .map_err(|source| MachineError::Cmd {
                 instance: id.clone(),
-                source: CmdError::Spawn {
-                    program: "ip netns exec … keelson-local imds".into(),
-                    source,
-                },
+                source: CmdError::Spawn { program: "ip netns exec … keelson-local imds".into(), source },
             })?;
         self.info.imds_pid = imds.id() as i64;
         self.imds = Some(imds);
         wait_for(&id, "IMDS to listen", Duration::from_secs(10), "see imds.log", || {
-            fs::read_to_string(self.paths.imds_log())
-                .map(|s| s.contains("listening"))
-                .unwrap_or(false)
+            fs::read_to_string(self.paths.imds_log()).map(|s| s.contains("listening")).unwrap_or(false)
         })?;
 
         // The machine.
-        let console = fs::File::create(self.paths.console_log())
-            .map_err(io_err(&id, &self.paths.console_log()))?;
-        let console2 = console
-            .try_clone()
-            .map_err(io_err(&id, &self.paths.console_log()))?;
+        let console = fs::File::create(self.paths.console_log()).map_err(io_err(&id, &self.paths.console_log()))?;
+        let console2 = console.try_clone().map_err(io_err(&id, &self.paths.console_log()))?;
         let containerd_dir = self.paths.containerd_dir();
         fs::create_dir_all(&containerd_dir).map_err(io_err(&id, &containerd_dir))?;
         // What a cloud instance has and a container does not, so that the kubelet and containerd
@@ -294,21 +251,14 @@ impl Machine {
             .spawn()
             .map_err(|source| MachineError::Cmd {
                 instance: id.clone(),
-                source: CmdError::Spawn {
-                    program: "systemd-nspawn (apt-get install systemd-container)".into(),
-                    source,
-                },
+                source: CmdError::Spawn { program: "systemd-nspawn (apt-get install systemd-container)".into(), source },
             })?;
         self.info.nspawn_pid = nspawn.id() as i64;
         self.nspawn = Some(nspawn);
         let nspawn_pid = self.info.nspawn_pid;
         let mut init = None;
         wait_for(&id, "the container's init to start", Duration::from_secs(20), "see console.log", || {
-            init = child_of(nspawn_pid).filter(|p| {
-                fs::read_to_string(format!("/proc/{p}/comm"))
-                    .map(|c| c.trim() == "systemd")
-                    .unwrap_or(false)
-            });
+            init = child_of(nspawn_pid).filter(|p| fs::read_to_string(format!("/proc/{p}/comm")).map(|c| c.trim() == "systemd").unwrap_or(false));
             init.is_some()
         })?;
         self.info.init_pid = init;
@@ -321,10 +271,7 @@ impl Machine {
         let id = &self.info.instance_id;
         let mut state = String::new();
         wait_for(id, "systemd boot to finish", timeout.as_secs().max(1), "see console.log", || {
-            state = self
-                .exec(&["systemctl", "is-system-running"])
-                .map(|o| o.trim().to_string())
-                .unwrap_or_else(|e| e.to_string());
+            state = self.exec(&["systemctl", "is-system-running"]).map(|o| o.trim().to_string()).unwrap_or_else(|e| e.to_string());
             state == "running" || state == "degraded"
         })
         .map(|_| state.clone())
@@ -336,12 +283,7 @@ impl Machine {
         let root = self.paths.root();
         let short = format!("ip-{}", data.private_ip.replace('.', "-"));
         write_file(id, &root.join("etc/hostname"), &format!("{short}\n"))?;
-        let mut hosts = format!(
-            "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n{} {} {}\n",
-            data.private_ip,
-            data.local_hostname(),
-            short
-        );
+        let mut hosts = format!("127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n{} {} {}\n", data.private_ip, data.local_hostname(), short);
         for h in &env.hosts {
             hosts.push_str(h);
             hosts.push('\n');
@@ -401,11 +343,7 @@ impl Machine {
 
 /// `nsenter -t PID -a -- argv…`
 pub fn exec_in(init_pid: i64, argv: &[&str]) -> Result<String, CmdError> {
-    cmd::run(
-        Command::new("nsenter")
-            .args(["-t", &init_pid.to_string(), "-a", "--"])
-            .args(argv),
-    )
+    cmd::run(Command::new("nsenter").args(["-t", &init_pid.to_string(), "-a", "--"]).args(argv))
 }
 
 /// Tear down from persisted info only (used by `stop` and by `down` after a crash).
@@ -452,31 +390,16 @@ pub fn teardown(info: &MachineInfo, mp: &MachinePaths) {
 
 /// Processes whose network namespace is `/run/netns/<ns>` (via `ip netns pids`).
 pub fn pids_in_netns(ns: &str) -> Vec<i64> {
-    cmd::sh(&["ip", "netns", "pids", ns])
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect()
+    cmd::sh(&["ip", "netns", "pids", ns]).unwrap_or_default().split_whitespace().filter_map(|p| p.parse().ok()).collect()
 }
 
 pub fn is_mountpoint(path: &Path) -> bool {
     let p = path.to_string_lossy();
-    fs::read_to_string("/proc/self/mountinfo")
-        .map(|m| {
-            m.lines()
-                .any(|l| l.split_whitespace().nth(4) == Some(p.as_ref()))
-        })
-        .unwrap_or(false)
+    fs::read_to_string("/proc/self/mountinfo").map(|m| m.lines().any(|l| l.split_whitespace().nth(4) == Some(p.as_ref()))).unwrap_or(false)
 }
 
 /// Poll `cond` every 100 ms until true or `secs` pass.
-pub fn wait_for(
-    instance: &str,
-    what: &str,
-    secs: impl Into<WaitSecs>,
-    hint: &str,
-    mut cond: impl FnMut() -> bool,
-) -> Result<(), MachineError> {
+pub fn wait_for(instance: &str, what: &str, secs: impl Into<WaitSecs>, hint: &str, mut cond: impl FnMut() -> bool) -> Result<(), MachineError> {
     let secs = secs.into().0;
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
@@ -484,12 +407,7 @@ pub fn wait_for(
             return Ok(());
         }
         if Instant::now() >= deadline {
-            return Err(MachineError::Timeout {
-                instance: instance.to_string(),
-                what: what.to_string(),
-                secs,
-                hint: hint.to_string(),
-            });
+            return Err(MachineError::Timeout { instance: instance.to_string(), what: what.to_string(), secs, hint: hint.to_string() });
         }
         std::thread::sleep(Duration::from_millis(100));
     }

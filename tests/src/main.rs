@@ -82,8 +82,8 @@ fn main() {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
-    use std::time::Duration;
     use keelson_local::cluster;
+    use std::time::Duration;
     match cli.command {
         Cmd::Up { file, timeout } => cluster::up(&file, Duration::from_secs(timeout))?,
         Cmd::Ps => cluster::ps()?,

@@ -91,9 +91,14 @@ pub fn debian_package(cache: &Path, package: &str) -> Result<PathBuf, MirrorErro
     let dir = cache.join("debian");
     fs::create_dir_all(&dir).map_err(io(&dir))?;
     let existing = |dir: &Path| -> Option<PathBuf> {
-        let mut v: Vec<PathBuf> = fs::read_dir(dir).ok()?.flatten().map(|e| e.path()).filter(|p| {
-            p.is_dir() && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{package}_"))) && p.join(".complete").exists()
-        }).collect();
+        let mut v: Vec<PathBuf> = fs::read_dir(dir)
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.is_dir() && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{package}_"))) && p.join(".complete").exists()
+            })
+            .collect();
         v.sort();
         v.pop()
     };
@@ -106,9 +111,12 @@ pub fn debian_package(cache: &Path, package: &str) -> Result<PathBuf, MirrorErro
         cmd::sh(&["apt-get", "update", "-qq"])?;
         download(&dir).map_err(|e| MirrorError::Debian { package: package.into(), detail: e.to_string() })?;
     }
-    let deb = fs::read_dir(&dir).map_err(io(&dir))?.flatten().map(|e| e.path()).find(|p| {
-        p.extension().is_some_and(|x| x == "deb") && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{package}_")))
-    }).ok_or_else(|| MirrorError::Debian { package: package.into(), detail: "apt-get download left no .deb".into() })?;
+    let deb = fs::read_dir(&dir)
+        .map_err(io(&dir))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "deb") && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{package}_"))))
+        .ok_or_else(|| MirrorError::Debian { package: package.into(), detail: "apt-get download left no .deb".into() })?;
     let stem = deb.file_stem().and_then(|s| s.to_str()).unwrap_or(package).to_string();
     let out = dir.join(&stem);
     let _ = fs::remove_dir_all(&out);
@@ -182,9 +190,7 @@ pub fn build_asset(cache: &Path, bins: &Path, local: Option<&LocalBuilds>, url: 
     if let Some(d) = dest.parent() {
         fs::create_dir_all(d).map_err(io(d))?;
     }
-    let not_offline = |what: &str| {
-        format!("#!/bin/sh\necho \"{what} is not available in keelson-local (it cannot be downloaded offline)\" >&2\nexit 1\n")
-    };
+    let not_offline = |what: &str| format!("#!/bin/sh\necho \"{what} is not available in keelson-local (it cannot be downloaded offline)\" >&2\nexit 1\n");
     match name.as_str() {
         "kubelet" | "kubectl" => copy(&need_local(local, url)?.kubernetes_bin.join(&name), dest, &name),
         "protokube" if url.contains("/arm64/") => script(dest, &not_offline("an arm64 protokube build")),
@@ -206,9 +212,12 @@ pub fn build_asset(cache: &Path, bins: &Path, local: Option<&LocalBuilds>, url: 
             if !cached.exists() {
                 fs::create_dir_all(cached.parent().unwrap_or(cache)).map_err(io(cache))?;
                 let dir = pkg.join("usr/lib/cni");
-                let mut entries: Vec<(String, PathBuf)> = fs::read_dir(&dir).map_err(io(&dir))?.flatten()
+                let mut entries: Vec<(String, PathBuf)> = fs::read_dir(&dir)
+                    .map_err(io(&dir))?
+                    .flatten()
                     .filter(|e| e.path().is_file())
-                    .map(|e| (format!("./{}", e.file_name().to_string_lossy()), e.path())).collect();
+                    .map(|e| (format!("./{}", e.file_name().to_string_lossy()), e.path()))
+                    .collect();
                 entries.sort();
                 tar_gz(&cached, &entries)?;
             }

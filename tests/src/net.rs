@@ -31,11 +31,7 @@ impl Segment {
         let mask = u32::MAX << (32 - prefix);
         let network = u32::from(addr) & mask;
         let gateway = Ipv4Addr::from((network | !mask) - 1);
-        Some(Segment {
-            network: Ipv4Addr::from(network),
-            prefix,
-            gateway,
-        })
+        Some(Segment { network: Ipv4Addr::from(network), prefix, gateway })
     }
 
     pub fn contains(&self, ip: Ipv4Addr) -> bool {
@@ -45,9 +41,7 @@ impl Segment {
 }
 
 pub fn ensure_bridge(name: &str, seg: &Segment) -> Result<(), CmdError> {
-    let exists = cmd::output(Command::new("ip").args(["link", "show", name]))?
-        .status
-        .success();
+    let exists = cmd::output(Command::new("ip").args(["link", "show", name]))?.status.success();
     if !exists {
         cmd::sh(&["ip", "link", "add", name, "type", "bridge"])?;
     }
@@ -120,19 +114,11 @@ pub fn delete_bridge(name: &str) {
 }
 
 /// A namespace `ns` with `eth0` = `ip/prefix` on the bridge, `lo` up, and the IMDS address on `lo`.
-pub fn create_namespace(
-    ns: &str,
-    veth: &str,
-    bridge: &str,
-    ip: Ipv4Addr,
-    seg: &Segment,
-) -> Result<(), CmdError> {
+pub fn create_namespace(ns: &str, veth: &str, bridge: &str, ip: Ipv4Addr, seg: &Segment) -> Result<(), CmdError> {
     delete_namespace(ns, veth);
     cmd::sh(&["ip", "netns", "add", ns])?;
     let result = (|| {
-        cmd::sh(&[
-            "ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns,
-        ])?;
+        cmd::sh(&["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns])?;
         cmd::sh(&["ip", "link", "set", veth, "master", bridge, "up"])?;
         let addr = format!("{ip}/{}", seg.prefix);
         cmd::sh(&["ip", "-n", ns, "addr", "add", &addr, "dev", "eth0"])?;

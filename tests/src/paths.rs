@@ -23,17 +23,11 @@ pub const EBS_BY_ID_PREFIX: &str = "nvme-Amazon_Elastic_Block_Store_";
 pub const NSPAWN_RUN_DIR: &str = "/run/systemd/nspawn";
 
 pub fn cache_dir() -> PathBuf {
-    std::env::var_os("KEELSON_LOCAL_CACHE")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/keelson-local"))
+    std::env::var_os("KEELSON_LOCAL_CACHE").filter(|v| !v.is_empty()).map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/cache/keelson-local"))
 }
 
 pub fn state_dir() -> PathBuf {
-    std::env::var_os("KEELSON_LOCAL_STATE")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/lib/keelson-local"))
+    std::env::var_os("KEELSON_LOCAL_STATE").filter(|v| !v.is_empty()).map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/lib/keelson-local"))
 }
 
 /// Layout of the state directory.
@@ -119,14 +113,7 @@ pub fn netns_name(instance_id: &str) -> String {
 
 /// Interface names are limited to 15 bytes: `klv` + the last 8 characters of the instance id.
 pub fn veth_name(instance_id: &str) -> String {
-    let tail: String = instance_id
-        .chars()
-        .rev()
-        .take(8)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect();
+    let tail: String = instance_id.chars().rev().take(8).collect::<Vec<_>>().into_iter().rev().collect();
     format!("{VETH_PREFIX}{tail}")
 }
 
@@ -144,9 +131,6 @@ mod tests {
         assert_eq!(veth_name("i-0123456789abcdef0"), "klv9abcdef0");
         assert!(veth_name("i-0123456789abcdef0").len() <= 15);
         assert_eq!(netns_name("i-1"), "kl-i-1");
-        assert_eq!(
-            ebs_by_id_name("vol-0a1b2c"),
-            "nvme-Amazon_Elastic_Block_Store_vol0a1b2c"
-        );
+        assert_eq!(ebs_by_id_name("vol-0a1b2c"), "nvme-Amazon_Elastic_Block_Store_vol0a1b2c");
     }
 }

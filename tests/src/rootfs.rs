@@ -120,21 +120,13 @@ pub enum RootfsError {
     #[error("debootstrap is not installed (apt-get install debootstrap; scripts/test installs it)")]
     NoDebootstrap,
     #[error("debootstrap of {suite} into {path} failed ({status}); last output:\n{tail}")]
-    Debootstrap {
-        suite: String,
-        path: PathBuf,
-        status: String,
-        tail: String,
-    },
+    Debootstrap { suite: String, path: PathBuf, status: String, tail: String },
     #[error(transparent)]
     Cmd(#[from] cmd::CmdError),
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RootfsError + '_ {
-    move |source| RootfsError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
+    move |source| RootfsError::Io { path: path.to_path_buf(), source }
 }
 
 /// Cache key: suite, packages and setup version.
@@ -177,24 +169,15 @@ pub fn ensure(cache_dir: &Path) -> Result<PathBuf, RootfsError> {
     }
     let tmp = cache_dir.join(format!(".rootfs-build-{}", std::process::id()));
     let _ = fs::remove_dir_all(&tmp);
-    let mirror = std::env::var("KEELSON_DEBIAN_MIRROR")
-        .ok()
-        .filter(|m| !m.is_empty())
-        .unwrap_or_else(|| DEFAULT_DEBIAN_MIRROR.to_string());
-    eprintln!(
-        "keelson-local: building the {SUITE} rootfs with debootstrap from {mirror} into {} (once; 1-5 minutes)",
-        dest.display()
-    );
+    let mirror = std::env::var("KEELSON_DEBIAN_MIRROR").ok().filter(|m| !m.is_empty()).unwrap_or_else(|| DEFAULT_DEBIAN_MIRROR.to_string());
+    eprintln!("keelson-local: building the {SUITE} rootfs with debootstrap from {mirror} into {} (once; 1-5 minutes)", dest.display());
     let started = std::time::Instant::now();
     debootstrap(&tmp, &mirror)?;
     customise(&tmp)?;
     fs::write(tmp.join(".keelson-complete"), cache_key()).map_err(io(&tmp))?;
     let _ = fs::remove_dir_all(&dest);
     fs::rename(&tmp, &dest).map_err(io(&dest))?;
-    eprintln!(
-        "keelson-local: rootfs ready in {:.0} s",
-        started.elapsed().as_secs_f64()
-    );
+    eprintln!("keelson-local: rootfs ready in {:.0} s", started.elapsed().as_secs_f64());
     Ok(dest)
 }
 
@@ -220,7 +203,10 @@ impl BuildLock {
                         continue;
                     }
                     if std::time::Instant::now() > deadline {
-                        return Err(RootfsError::Io { path: dir.to_path_buf(), source: std::io::Error::other("another build holds the rootfs lock for 30 minutes") });
+                        return Err(RootfsError::Io {
+                            path: dir.to_path_buf(),
+                            source: std::io::Error::other("another build holds the rootfs lock for 30 minutes"),
+                        });
                     }
                     std::thread::sleep(std::time::Duration::from_millis(500));
                 }
@@ -252,11 +238,7 @@ fn debootstrap(target: &Path, mirror: &str) -> Result<(), RootfsError> {
     if let Some(out) = child.stdout.take() {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
             // Progress: one line per phase change ("Retrieving", "Extracting", "Configuring", ...).
-            let phase = line
-                .strip_prefix("I: ")
-                .and_then(|l| l.split_whitespace().next())
-                .unwrap_or("")
-                .to_string();
+            let phase = line.strip_prefix("I: ").and_then(|l| l.split_whitespace().next()).unwrap_or("").to_string();
             if !phase.is_empty() && phase != last_phase {
                 eprintln!("keelson-local: debootstrap: {line}");
                 last_phase = phase;
@@ -269,12 +251,7 @@ fn debootstrap(target: &Path, mirror: &str) -> Result<(), RootfsError> {
     }
     let status = child.wait().map_err(io(target))?;
     if !status.success() {
-        return Err(RootfsError::Debootstrap {
-            suite: SUITE.to_string(),
-            path: target.to_path_buf(),
-            status: status.to_string(),
-            tail: tail.join("\n"),
-        });
+        return Err(RootfsError::Debootstrap { suite: SUITE.to_string(), path: target.to_path_buf(), status: status.to_string(), tail: tail.join("\n") });
     }
     Ok(())
 }
@@ -302,23 +279,14 @@ fn customise(root: &Path) -> Result<(), RootfsError> {
     write(&root.join(INIT), INIT_TEXT, 0o755)?;
     let unit = root.join("etc/systemd/system").join(USER_DATA_UNIT);
     write(&unit, USER_DATA_UNIT_TEXT, 0o644)?;
-    symlink(
-        &format!("/etc/systemd/system/{USER_DATA_UNIT}"),
-        &root
-            .join("etc/systemd/system/multi-user.target.wants")
-            .join(USER_DATA_UNIT),
-    )?;
+    symlink(&format!("/etc/systemd/system/{USER_DATA_UNIT}"), &root.join("etc/systemd/system/multi-user.target.wants").join(USER_DATA_UNIT))?;
     for u in MASKED_UNITS {
         symlink("/dev/null", &root.join("etc/systemd/system").join(u))?;
     }
     write(&root.join("etc/machine-id"), "", 0o444)?;
     let _ = fs::remove_file(root.join("var/lib/dbus/machine-id"));
     // journald: keep the journal in memory, small.
-    write(
-        &root.join("etc/systemd/journald.conf.d/keelson-local.conf"),
-        "[Journal]\nStorage=volatile\nRuntimeMaxUse=16M\n",
-        0o644,
-    )?;
+    write(&root.join("etc/systemd/journald.conf.d/keelson-local.conf"), "[Journal]\nStorage=volatile\nRuntimeMaxUse=16M\n", 0o644)?;
     let apt_cache = root.join("var/cache/apt/archives");
     if let Ok(entries) = fs::read_dir(&apt_cache) {
         for e in entries.flatten() {
@@ -332,35 +300,16 @@ fn customise(root: &Path) -> Result<(), RootfsError> {
 
 /// A machine's root: an overlay of the cached rootfs (upper/work dirs under `machine_dir`), or a
 /// full copy when overlayfs cannot be mounted. Returns true when an overlay was mounted.
-pub fn instantiate(
-    lower: &Path,
-    upper: &Path,
-    work: &Path,
-    merged: &Path,
-) -> Result<bool, RootfsError> {
+pub fn instantiate(lower: &Path, upper: &Path, work: &Path, merged: &Path) -> Result<bool, RootfsError> {
     for d in [upper, work, merged] {
         fs::create_dir_all(d).map_err(io(d))?;
     }
-    let opts = format!(
-        "lowerdir={},upperdir={},workdir={}",
-        lower.display(),
-        upper.display(),
-        work.display()
-    );
-    let overlay = cmd::run(
-        Command::new("mount")
-            .args(["-t", "overlay", "overlay", "-o", &opts])
-            .arg(merged),
-    );
+    let opts = format!("lowerdir={},upperdir={},workdir={}", lower.display(), upper.display(), work.display());
+    let overlay = cmd::run(Command::new("mount").args(["-t", "overlay", "overlay", "-o", &opts]).arg(merged));
     if overlay.is_ok() {
         return Ok(true);
     }
-    cmd::run(
-        Command::new("cp")
-            .args(["-a", "--reflink=auto"])
-            .arg(format!("{}/.", lower.display()))
-            .arg(merged),
-    )?;
+    cmd::run(Command::new("cp").args(["-a", "--reflink=auto"]).arg(format!("{}/.", lower.display())).arg(merged))?;
     Ok(false)
 }
 
@@ -372,10 +321,7 @@ mod tests {
     fn key_is_stable_and_short() {
         assert_eq!(cache_key(), cache_key());
         assert_eq!(cache_key().len(), 12);
-        assert!(cached_path(Path::new("/c"))
-            .display()
-            .to_string()
-            .starts_with("/c/rootfs-bookworm-"));
+        assert!(cached_path(Path::new("/c")).display().to_string().starts_with("/c/rootfs-bookworm-"));
     }
 
     #[test]

@@ -65,10 +65,7 @@ impl Spec {
                 docs.push(v);
             }
         }
-        let cluster = docs
-            .iter()
-            .find(|d| s(d, &["kind"]) == Some("Cluster"))
-            .ok_or_else(|| bad("no Cluster document".into()))?;
+        let cluster = docs.iter().find(|d| s(d, &["kind"]) == Some("Cluster")).ok_or_else(|| bad("no Cluster document".into()))?;
         let name = s(cluster, &["metadata", "name"]).ok_or_else(|| bad("Cluster metadata.name missing".into()))?.to_string();
         let spec = cluster.get("spec").ok_or_else(|| bad("Cluster spec missing".into()))?;
         let subnets = spec.get("subnets").and_then(|x| x.as_sequence()).cloned().unwrap_or_default();
@@ -131,9 +128,7 @@ impl Spec {
             match s(&d, &["kind"]) {
                 Some("Cluster") => {
                     if let Some(meta) = d.get_mut("metadata").and_then(|x| x.as_mapping_mut()) {
-                        let annotations = meta
-                            .entry(Value::from("annotations"))
-                            .or_insert_with(|| Value::Mapping(Default::default()));
+                        let annotations = meta.entry(Value::from("annotations")).or_insert_with(|| Value::Mapping(Default::default()));
                         if let Some(a) = annotations.as_mapping_mut() {
                             let endpoints = keelson_api::aws_endpoints::SERVICES
                                 .iter()
@@ -144,21 +139,16 @@ impl Spec {
                         }
                     }
                     if let Some(spec) = d.get_mut("spec").and_then(|x| x.as_mapping_mut()) {
-                        let ccm = spec
-                            .entry(Value::from("cloudControllerManager"))
-                            .or_insert_with(|| Value::Mapping(Default::default()));
+                        let ccm = spec.entry(Value::from("cloudControllerManager")).or_insert_with(|| Value::Mapping(Default::default()));
                         if let Some(c) = ccm.as_mapping_mut() {
                             c.insert(Value::from("image"), Value::from(local.ccm_image.as_str()));
                         }
                         let dns = spec.entry(Value::from("kubeDNS")).or_insert_with(|| Value::Mapping(Default::default()));
                         if let Some(d) = dns.as_mapping_mut() {
                             d.insert(Value::from("coreDNSImage"), Value::from(local.coredns_image.as_str()));
-                            d.entry(Value::from("upstreamNameservers"))
-                                .or_insert_with(|| Value::Sequence(vec![Value::from(local.dns_upstream.as_str())]));
+                            d.entry(Value::from("upstreamNameservers")).or_insert_with(|| Value::Sequence(vec![Value::from(local.dns_upstream.as_str())]));
                         }
-                        let assets = spec
-                            .entry(Value::from("assets"))
-                            .or_insert_with(|| Value::Mapping(Default::default()));
+                        let assets = spec.entry(Value::from("assets")).or_insert_with(|| Value::Mapping(Default::default()));
                         if let Some(a) = assets.as_mapping_mut() {
                             a.insert(Value::from("fileRepository"), Value::from(file_repository));
                             a.insert(Value::from("containerRegistry"), Value::from(registry));
@@ -185,13 +175,9 @@ impl Spec {
                         if let Some(k) = kubelet.as_mapping_mut() {
                             k.insert(Value::from("evictionHard"), Value::from(LOCAL_EVICTION_HARD));
                         }
-                        let containerd = spec
-                            .entry(Value::from("containerd"))
-                            .or_insert_with(|| Value::Mapping(Default::default()));
+                        let containerd = spec.entry(Value::from("containerd")).or_insert_with(|| Value::Mapping(Default::default()));
                         if let Some(c) = containerd.as_mapping_mut() {
-                            let mirrors = c
-                                .entry(Value::from("registryMirrors"))
-                                .or_insert_with(|| Value::Mapping(Default::default()));
+                            let mirrors = c.entry(Value::from("registryMirrors")).or_insert_with(|| Value::Mapping(Default::default()));
                             if let Some(m) = mirrors.as_mapping_mut() {
                                 m.insert(Value::from(registry), Value::Sequence(vec![Value::from(format!("http://{registry}"))]));
                             }

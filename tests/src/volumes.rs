@@ -43,29 +43,16 @@ pub struct Backing {
 /// The loop device already backed by `file`, if any (`losetup -j`).
 pub fn find_loop(file: &Path) -> Option<String> {
     let out = cmd::run(Command::new("losetup").arg("-j").arg(file)).ok()?;
-    out.lines()
-        .next()
-        .and_then(|l| l.split(':').next())
-        .map(str::to_string)
-        .filter(|d| d.starts_with("/dev/loop"))
+    out.lines().next().and_then(|l| l.split(':').next()).map(str::to_string).filter(|d| d.starts_with("/dev/loop"))
 }
 
 fn dev_numbers(volume: &str, device: &str) -> Result<(u32, u32), VolumeError> {
-    let out = cmd::sh(&["stat", "-L", "-c", "%t:%T", device]).map_err(|source| VolumeError::Cmd {
-        volume: volume.to_string(),
-        source,
-    })?;
-    let (ma, mi) = out.trim().split_once(':').ok_or_else(|| VolumeError::NoDevNumbers {
-        volume: volume.to_string(),
-        device: device.to_string(),
-    })?;
+    let out = cmd::sh(&["stat", "-L", "-c", "%t:%T", device]).map_err(|source| VolumeError::Cmd { volume: volume.to_string(), source })?;
+    let (ma, mi) = out.trim().split_once(':').ok_or_else(|| VolumeError::NoDevNumbers { volume: volume.to_string(), device: device.to_string() })?;
     let parse = |s: &str| u32::from_str_radix(s, 16).ok();
     match (parse(ma), parse(mi)) {
         (Some(a), Some(b)) => Ok((a, b)),
-        _ => Err(VolumeError::NoDevNumbers {
-            volume: volume.to_string(),
-            device: device.to_string(),
-        }),
+        _ => Err(VolumeError::NoDevNumbers { volume: volume.to_string(), device: device.to_string() }),
     }
 }
 
@@ -74,11 +61,7 @@ pub fn ensure_backing(dir: &Path, volume_id: &str, size_gib: u64) -> Result<Back
     let io = |path: &Path| {
         let path = path.to_path_buf();
         let volume = volume_id.to_string();
-        move |source| VolumeError::Io {
-            volume,
-            path,
-            source,
-        }
+        move |source| VolumeError::Io { volume, path, source }
     };
     fs::create_dir_all(dir).map_err(io(dir))?;
     let file = dir.join(format!("{volume_id}.img"));
@@ -89,21 +72,12 @@ pub fn ensure_backing(dir: &Path, volume_id: &str, size_gib: u64) -> Result<Back
     let device = match find_loop(&file) {
         Some(d) => d,
         None => cmd::run(Command::new("losetup").args(["-f", "--show"]).arg(&file))
-            .map_err(|source| VolumeError::Cmd {
-                volume: volume_id.to_string(),
-                source,
-            })?
+            .map_err(|source| VolumeError::Cmd { volume: volume_id.to_string(), source })?
             .trim()
             .to_string(),
     };
     let (major, minor) = dev_numbers(volume_id, &device)?;
-    Ok(Backing {
-        volume_id: volume_id.to_string(),
-        file,
-        device,
-        major,
-        minor,
-    })
+    Ok(Backing { volume_id: volume_id.to_string(), file, device, major, minor })
 }
 
 /// Detach the loop device and delete the backing file.
@@ -132,15 +106,9 @@ pub fn expose(init_pid: i64, b: &Backing, slot: u32) -> Result<(), VolumeError> 
         mi = b.minor,
         name = nvme_name(slot),
     );
-    cmd::run(
-        Command::new("nsenter")
-            .args(["-t", &init_pid.to_string(), "-m", "--", "sh", "-c", &script]),
-    )
-    .map(|_| ())
-    .map_err(|source| VolumeError::Cmd {
-        volume: b.volume_id.clone(),
-        source,
-    })
+    cmd::run(Command::new("nsenter").args(["-t", &init_pid.to_string(), "-m", "--", "sh", "-c", &script]))
+        .map(|_| ())
+        .map_err(|source| VolumeError::Cmd { volume: b.volume_id.clone(), source })
 }
 
 /// Remove the device from the machine (detach). A machine that is gone needs nothing.
@@ -148,11 +116,7 @@ pub fn unexpose(init_pid: i64, volume_id: &str, slot: u32) {
     if !cmd::alive(init_pid) {
         return;
     }
-    let script = format!(
-        "rm -f /dev/disk/by-id/{} /dev/{}",
-        paths::ebs_by_id_name(volume_id),
-        nvme_name(slot)
-    );
+    let script = format!("rm -f /dev/disk/by-id/{} /dev/{}", paths::ebs_by_id_name(volume_id), nvme_name(slot));
     let _ = machine::exec_in(init_pid, &["sh", "-c", &script]);
 }
 
@@ -165,8 +129,7 @@ pub fn loops_under(dir: &Path) -> Vec<(String, PathBuf)> {
             let mut it = l.split_whitespace();
             let name = it.next()?.to_string();
             let file = it.next()?.to_string();
-            file.starts_with(d.as_ref())
-                .then(|| (name, PathBuf::from(file.trim_end_matches(" (deleted)"))))
+            file.starts_with(d.as_ref()).then(|| (name, PathBuf::from(file.trim_end_matches(" (deleted)"))))
         })
         .collect()
 }

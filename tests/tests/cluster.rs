@@ -21,9 +21,9 @@ use std::time::Duration;
 
 use keelson_local::cloud::Cloud;
 use keelson_local::cluster::ClusterState;
+use keelson_local::kubeapi::{self, Target};
 use keelson_local::paths::{self, State};
 use keelson_local::spec::Spec;
-use keelson_local::kubeapi::{self, Target};
 use keelson_local::{etcd, machine};
 
 #[test]
@@ -31,7 +31,10 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     support::require_root();
     let down = support::Down;
     let spec_path = support::repo().join("examples/ha.yaml");
-    let out = support::run_with_env(&[(base::pki::TEST_VALIDITY_ENV, &CERT_LIFETIME.as_secs().to_string())], &["up", "-f", &spec_path.to_string_lossy(), "--timeout", "600"]);
+    let out = support::run_with_env(
+        &[(base::pki::TEST_VALIDITY_ENV, &CERT_LIFETIME.as_secs().to_string())],
+        &["up", "-f", &spec_path.to_string_lossy(), "--timeout", "600"],
+    );
     assert!(out.status.success(), "keelson-local up failed (output above)");
 
     let spec = Spec::load(&spec_path).unwrap();
@@ -211,11 +214,18 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         assert!(manifest.contains("--encryption-provider-config=/srv/kubernetes/kube-apiserver/encryptionconfig.yaml"), "{}: {manifest}", m.instance_id);
     }
     let clear = format!("clear-{}", std::process::id());
-    assert!(support::run(&["kubectl", "create", "secret", "generic", "enc-at-rest", "-n", "default", &format!("--from-literal=token={clear}")]).status.success());
+    assert!(support::run(&["kubectl", "create", "secret", "generic", "enc-at-rest", "-n", "default", &format!("--from-literal=token={clear}")])
+        .status
+        .success());
     assert_eq!(secret_token(&["-n", "default", "enc-at-rest"]).as_deref(), Some(clear.as_str()), "the API serves the Secret decrypted");
     for m in &cps {
         let raw = raw_secret(m, "default", "enc-at-rest");
-        assert!(raw.starts_with("k8s:enc:secretbox:v1:key1:"), "{}: raw etcd value of default/enc-at-rest is not encrypted: {:?}", m.instance_id, &raw[..raw.len().min(64)]);
+        assert!(
+            raw.starts_with("k8s:enc:secretbox:v1:key1:"),
+            "{}: raw etcd value of default/enc-at-rest is not encrypted: {:?}",
+            m.instance_id,
+            &raw[..raw.len().min(64)]
+        );
         assert!(!raw.contains(&clear), "{}: the clear value is in etcd", m.instance_id);
     }
     let _ = support::run(&["kubectl", "delete", "secret", "enc-at-rest", "-n", "default"]);
@@ -233,7 +243,8 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         let pods = kubeapi::system_pods(&kc).unwrap_or_default();
         let mut wrong = Vec::new();
         let ccm: Vec<&(String, bool)> = pods.iter().filter(|(n, _)| n.starts_with("aws-cloud-controller-manager-")).map(|(_, v)| v).collect();
-        let cp_nodes: Vec<&String> = nodes_now.iter().filter(|(_, n)| cps.iter().any(|m| n.internal_ip.as_deref() == Some(m.ip.as_str()))).map(|(k, _)| k).collect();
+        let cp_nodes: Vec<&String> =
+            nodes_now.iter().filter(|(_, n)| cps.iter().any(|m| n.internal_ip.as_deref() == Some(m.ip.as_str()))).map(|(k, _)| k).collect();
         if ccm.len() != 3 || !ccm.iter().all(|(node, ok)| *ok && cp_nodes.contains(&node)) {
             wrong.push(format!("CCM pods (want 3 running on {cp_nodes:?}): {ccm:?}"));
         }
@@ -292,11 +303,8 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         assert!(std::time::Instant::now() < deadline, "routes missing from the VPC route table within 180 s: {missing:?}\nroutes: {routes:?}");
         std::thread::sleep(Duration::from_secs(2));
     }
-    let worker_nodes: Vec<String> = nodes_now
-        .iter()
-        .filter(|(_, n)| nodes.iter().any(|m| n.internal_ip.as_deref() == Some(m.ip.as_str())))
-        .map(|(k, _)| k.clone())
-        .collect();
+    let worker_nodes: Vec<String> =
+        nodes_now.iter().filter(|(_, n)| nodes.iter().any(|m| n.internal_ip.as_deref() == Some(m.ip.as_str()))).map(|(k, _)| k.clone()).collect();
     assert!(worker_nodes.len() >= 2, "{worker_nodes:?}");
     let echo = format!("{}/keelson-test/echo:1", cs.registry);
     let on = |node: &str| format!("--overrides={{\"apiVersion\":\"v1\",\"spec\":{{\"nodeName\":\"{node}\"}}}}");
@@ -316,7 +324,17 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         assert!(std::time::Instant::now() < deadline, "echo-server not Running within 120 s: {text}");
         std::thread::sleep(Duration::from_secs(2));
     };
-    let client = support::run(&["kubectl", "run", "echo-client", &format!("--image={echo}"), "--restart=Never", &on(&worker_nodes[1]), "--", "get", &format!("http://{server_ip}:8080/")]);
+    let client = support::run(&[
+        "kubectl",
+        "run",
+        "echo-client",
+        &format!("--image={echo}"),
+        "--restart=Never",
+        &on(&worker_nodes[1]),
+        "--",
+        "get",
+        &format!("http://{server_ip}:8080/"),
+    ]);
     assert!(client.status.success());
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     loop {
@@ -325,7 +343,12 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         if phase == "Succeeded" || phase == "Failed" {
             let logs = support::run(&["kubectl", "logs", "echo-client"]);
             let text = String::from_utf8_lossy(&logs.stdout).to_string();
-            assert!(phase == "Succeeded" && text.contains("echo-server"), "pod on {} could not reach the pod on {} ({server_ip}): {phase}: {text}", worker_nodes[1], worker_nodes[0]);
+            assert!(
+                phase == "Succeeded" && text.contains("echo-server"),
+                "pod on {} could not reach the pod on {} ({server_ip}): {phase}: {text}",
+                worker_nodes[1],
+                worker_nodes[0]
+            );
             break;
         }
         assert!(std::time::Instant::now() < deadline, "echo-client did not finish within 120 s: {phase}");
@@ -393,7 +416,21 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         assert!(std::time::Instant::now() < deadline, "CoreDNS not running within 180 s: {dns:?}");
         std::thread::sleep(Duration::from_secs(2));
     }
-    assert!(support::run(&["kubectl", "create", "deployment", "echo", &format!("--image={echo}"), "--replicas=2", "--port=8080", "--", "/echo", "serve", ":8080"]).status.success());
+    assert!(support::run(&[
+        "kubectl",
+        "create",
+        "deployment",
+        "echo",
+        &format!("--image={echo}"),
+        "--replicas=2",
+        "--port=8080",
+        "--",
+        "/echo",
+        "serve",
+        ":8080"
+    ])
+    .status
+    .success());
     assert!(support::run(&["kubectl", "expose", "deployment", "echo", "--port=80", "--target-port=8080"]).status.success());
     let deadline = std::time::Instant::now() + Duration::from_secs(180);
     let replica_nodes = loop {
@@ -411,7 +448,17 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     }
     // The client runs on a worker without a replica when there is one, else on another replica's node.
     let client_node = worker_nodes.iter().find(|n| !replica_nodes.contains(n)).unwrap_or(&replica_nodes[1]).clone();
-    let client = support::run(&["kubectl", "run", "echo-dns-client", &format!("--image={echo}"), "--restart=Never", &on(&client_node), "--", "get", "http://echo.default.svc.cluster.local/"]);
+    let client = support::run(&[
+        "kubectl",
+        "run",
+        "echo-dns-client",
+        &format!("--image={echo}"),
+        "--restart=Never",
+        &on(&client_node),
+        "--",
+        "get",
+        "http://echo.default.svc.cluster.local/",
+    ]);
     assert!(client.status.success());
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     loop {
@@ -440,11 +487,8 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     let deadline = std::time::Instant::now() + CERT_LIFETIME + Duration::from_secs(180);
     loop {
         let now = watched_certs(&cs.machines);
-        let stale: Vec<String> = certs_at_start
-            .iter()
-            .filter(|(k, serial)| now.get(*k).is_none_or(|s| s == *serial))
-            .map(|((id, file), _)| format!("{id}:/{file}"))
-            .collect();
+        let stale: Vec<String> =
+            certs_at_start.iter().filter(|(k, serial)| now.get(*k).is_none_or(|s| s == *serial)).map(|((id, file), _)| format!("{id}:/{file}")).collect();
         if stale.is_empty() {
             break;
         }
@@ -465,14 +509,24 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         assert!(renewals >= 1, "{}: protokube renewed nothing", m.instance_id);
     }
     let seen = watch.stop();
-    eprintln!("CERTIFICATES: rolled over; {} API probes, longest gap between answers {:.1}s, NotReady seen: {:?}", seen.probes, seen.longest_gap.as_secs_f64(), seen.not_ready);
+    eprintln!(
+        "CERTIFICATES: rolled over; {} API probes, longest gap between answers {:.1}s, NotReady seen: {:?}",
+        seen.probes,
+        seen.longest_gap.as_secs_f64(),
+        seen.not_ready
+    );
     assert!(seen.not_ready.is_empty(), "Nodes went NotReady while certificates rolled over: {:?}", seen.not_ready);
     // The API servers restart for their new certificates, each when its own renewal falls due. With
     // the test's 10-minute certificates the per-host skew spreads the three restarts over at most a
     // minute, so they can overlap (with real lifetimes they are days apart): the API must come back
     // within 30 s. Measured on keelson-local (2 cores): a 10.5 s gap. Restarting an API server only
     // while its peers answer is not built yet.
-    assert!(seen.longest_gap <= Duration::from_secs(30), "the API did not answer for {:?} while certificates rolled over (failures: {:?})", seen.longest_gap, seen.failures);
+    assert!(
+        seen.longest_gap <= Duration::from_secs(30),
+        "the API did not answer for {:?} while certificates rolled over (failures: {:?})",
+        seen.longest_gap,
+        seen.failures
+    );
 
     // 8. etcd backup and restore, one command: a namespace full of objects and 10k more keys, a
     //    backup asked for with `keelson etcd backup create`, the namespace deleted and the keys
@@ -484,12 +538,16 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     let objects = State::new(paths::state_dir()).root.join("restore-objects.yaml");
     let mut list = String::from("apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Namespace\n  metadata:\n    name: restore-test\n");
     for i in 0..OBJECTS {
-        list.push_str(&format!("- apiVersion: v1\n  kind: ConfigMap\n  metadata:\n    name: cm-{i:04}\n    namespace: restore-test\n  data:\n    i: \"{i}\"\n"));
+        list.push_str(&format!(
+            "- apiVersion: v1\n  kind: ConfigMap\n  metadata:\n    name: cm-{i:04}\n    namespace: restore-test\n  data:\n    i: \"{i}\"\n"
+        ));
     }
     // A Secret, encrypted at rest: the backup holds its ciphertext, and after the restore the API
     // servers still decrypt it (the key is the state store's, not the backup's).
     let backed_up = format!("backed-up-{}", std::process::id());
-    list.push_str(&format!("- apiVersion: v1\n  kind: Secret\n  metadata:\n    name: restore-secret\n    namespace: restore-test\n  stringData:\n    token: {backed_up}\n"));
+    list.push_str(&format!(
+        "- apiVersion: v1\n  kind: Secret\n  metadata:\n    name: restore-secret\n    namespace: restore-test\n  stringData:\n    token: {backed_up}\n"
+    ));
     std::fs::write(&objects, list).unwrap();
     assert!(support::run(&["kubectl", "apply", "-f", &objects.to_string_lossy()]).status.success());
     let configmaps = || -> usize {
@@ -529,10 +587,18 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         assert!(std::time::Instant::now() < deadline, "the restored ConfigMaps are not served within 180 s");
         std::thread::sleep(Duration::from_secs(2));
     }
-    assert_eq!(secret_token(&["-n", "restore-test", "restore-secret"]).as_deref(), Some(backed_up.as_str()), "the Secret of the backup does not decrypt after the restore");
+    assert_eq!(
+        secret_token(&["-n", "restore-test", "restore-secret"]).as_deref(),
+        Some(backed_up.as_str()),
+        "the Secret of the backup does not decrypt after the restore"
+    );
     for m in &cps {
         let raw = raw_secret(m, "restore-test", "restore-secret");
-        assert!(raw.starts_with("k8s:enc:secretbox:v1:") && !raw.contains(&backed_up), "{}: restored restore-test/restore-secret is not ciphertext", m.instance_id);
+        assert!(
+            raw.starts_with("k8s:enc:secretbox:v1:") && !raw.contains(&backed_up),
+            "{}: restored restore-test/restore-secret is not ciphertext",
+            m.instance_id
+        );
     }
     for m in &cps {
         let ep = etcd::endpoint(&m.root, "main").unwrap();
@@ -569,7 +635,9 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     // without a providerID must be found too. A Node counts as the dead instance's while it
     // carries no providerID or that instance's.
     let name_of = |ip: &str| format!("ip-{}.", ip.replace('.', "-"));
-    let node_named = |nodes: &BTreeMap<String, kubeapi::NodeState>, ip: &str| nodes.iter().find(|(name, _)| name.starts_with(&name_of(ip))).map(|(k, v)| (k.clone(), v.clone()));
+    let node_named = |nodes: &BTreeMap<String, kubeapi::NodeState>, ip: &str| {
+        nodes.iter().find(|(name, _)| name.starts_with(&name_of(ip))).map(|(k, v)| (k.clone(), v.clone()))
+    };
     let still_there = |nodes: &BTreeMap<String, kubeapi::NodeState>, name: &str, id: &str| {
         nodes.get(name).is_some_and(|n| n.provider_id.as_deref().is_none_or(|p| p.ends_with(&format!("/{id}"))))
     };
@@ -580,12 +648,16 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     let (early, early_node) = loop {
         let cs = ClusterState::load(&State::new(paths::state_dir())).expect("cluster.json");
         let nodes_now = kubeapi::nodes(&kc).unwrap_or_default();
-        let registered = cs.machines.iter().filter(|m| !originals.contains(&m.instance_id)).find_map(|m| node_named(&nodes_now, &m.ip).map(|n| (m.instance_id.clone(), n)));
+        let registered =
+            cs.machines.iter().filter(|m| !originals.contains(&m.instance_id)).find_map(|m| node_named(&nodes_now, &m.ip).map(|n| (m.instance_id.clone(), n)));
         if let Some((id, (name, n))) = registered {
             let out = support::run(&["kill", &id]);
             assert!(out.status.success());
             let uninitialised = n.taints.iter().any(|t| t.starts_with("node.cloudprovider.kubernetes.io/uninitialized"));
-            eprintln!("step 10: killed the replacement {id} as its Node {name} registered (providerID {:?}; uninitialised by the CCM: {uninitialised})", n.provider_id);
+            eprintln!(
+                "step 10: killed the replacement {id} as its Node {name} registered (providerID {:?}; uninitialised by the CCM: {uninitialised})",
+                n.provider_id
+            );
             break (id, name);
         }
         assert!(std::time::Instant::now() < deadline, "no replacement of {} registered a Node within 240 s", victim.instance_id);
@@ -598,9 +670,13 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
             && !keelson_local::net::our_namespaces().contains(&victim.netns);
         let nodes_now = kubeapi::nodes(&kc).unwrap_or_default();
         let ready: Vec<String> = nodes_now.values().filter(|n| n.ready).filter_map(|n| n.internal_ip.clone()).collect();
-        let replaced = cs.machines.iter().filter(|m| m.role == "node").filter(|m| {
-            m.init_pid.is_some_and(|p| machine::exec_in(p, &["ctr", "version"]).is_ok()) && ready.contains(&m.ip)
-        }).count() == 3;
+        let replaced = cs
+            .machines
+            .iter()
+            .filter(|m| m.role == "node")
+            .filter(|m| m.init_pid.is_some_and(|p| machine::exec_in(p, &["ctr", "version"]).is_ok()) && ready.contains(&m.ip))
+            .count()
+            == 3;
         let nodes_deleted = !still_there(&nodes_now, &victim_node, &victim.instance_id) && !still_there(&nodes_now, &early_node, &early);
         if gone && replaced && nodes_deleted {
             break;
@@ -626,7 +702,12 @@ fn watched_certs(machines: &[machine::MachineInfo]) -> BTreeMap<(String, &'stati
     let mut out = BTreeMap::new();
     for m in machines {
         let files: &[&'static str] = match m.role.as_str() {
-            "control-plane" => &["etc/kubernetes/pki/etcd/main/peer.crt", "etc/kubernetes/pki/etcd/main/server.crt", "srv/kubernetes/kube-apiserver/server.crt", "var/lib/kube-controller-manager/kubeconfig"],
+            "control-plane" => &[
+                "etc/kubernetes/pki/etcd/main/peer.crt",
+                "etc/kubernetes/pki/etcd/main/server.crt",
+                "srv/kubernetes/kube-apiserver/server.crt",
+                "var/lib/kube-controller-manager/kubeconfig",
+            ],
             _ => &["var/lib/kubelet/kubeconfig", "var/lib/kube-proxy/kubeconfig"],
         };
         for f in files {

@@ -26,10 +26,7 @@ fn require_root() {
         .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
         .unwrap_or_default();
     assert_eq!(uid, "0", "this test needs root (network namespaces, loop devices, systemd-nspawn); run scripts/test as root");
-    assert!(
-        cmd::which("systemd-nspawn").is_some(),
-        "systemd-nspawn is missing: apt-get install systemd-container (scripts/test does)"
-    );
+    assert!(cmd::which("systemd-nspawn").is_some(), "systemd-nspawn is missing: apt-get install systemd-container (scripts/test does)");
 }
 
 /// Tears everything down even when an assertion fails.
@@ -81,8 +78,7 @@ fn machine_layers_end_to_end() {
     let env = Environment { aws_endpoint: format!("http://{}:1", seg.gateway), region: "eu-west-1".into(), hosts: vec![], test_cert_validity_seconds: None };
     let exe = PathBuf::from(env!("CARGO_BIN_EXE_keelson-local"));
     let started = Instant::now();
-    let m = Machine::start(&exe, &lower, dir.join(INSTANCE), BRIDGE, &seg, &env, &data, "control-plane", "test")
-        .expect("machine starts");
+    let m = Machine::start(&exe, &lower, dir.join(INSTANCE), BRIDGE, &seg, &env, &data, "control-plane", "test").expect("machine starts");
     g.machine = Some(m);
     let m = g.machine.as_ref().unwrap();
     let state = m.wait_booted(Duration::from_secs(60)).expect("systemd boots");
@@ -93,7 +89,11 @@ fn machine_layers_end_to_end() {
     assert!(addrs.contains("10.213.0.10/24"), "{addrs}");
     // The only way off the segment is the VPC router (the host's bridge address), as in a VPC.
     let routes = m.exec(&["ip", "route"]).unwrap();
-    assert!(routes.lines().any(|l| l.starts_with(&format!("default via {} dev eth0", seg.gateway))), "the default route must be the VPC router {}: {routes}", seg.gateway);
+    assert!(
+        routes.lines().any(|l| l.starts_with(&format!("default via {} dev eth0", seg.gateway))),
+        "the default route must be the VPC router {}: {routes}",
+        seg.gateway
+    );
 
     // IMDSv2 from inside the machine with curl: no token → 401; token → facts.
     let no_token = m.exec(&["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "http://169.254.169.254/latest/meta-data/instance-id"]).unwrap();
@@ -122,9 +122,16 @@ fn machine_layers_end_to_end() {
     let link = format!("/dev/disk/by-id/{}", paths::ebs_by_id_name("vol-0123abcd"));
     assert_eq!(m.exec(&["readlink", "-f", &link]).unwrap().trim(), "/dev/nvme1n1");
     // From a service inside the machine (its cgroup and capabilities), as protokube would.
-    m.exec(&["systemd-run", "--wait", "--quiet", "--unit=kl-mkfs", "sh", "-c",
-        &format!("mkfs.ext4 -q {link} && mkdir -p /mnt/master-vol-0123abcd && mount {link} /mnt/master-vol-0123abcd && echo data > /mnt/master-vol-0123abcd/f")])
-        .expect("format and mount inside the machine");
+    m.exec(&[
+        "systemd-run",
+        "--wait",
+        "--quiet",
+        "--unit=kl-mkfs",
+        "sh",
+        "-c",
+        &format!("mkfs.ext4 -q {link} && mkdir -p /mnt/master-vol-0123abcd && mount {link} /mnt/master-vol-0123abcd && echo data > /mnt/master-vol-0123abcd/f"),
+    ])
+    .expect("format and mount inside the machine");
     assert_eq!(m.exec(&["cat", "/mnt/master-vol-0123abcd/f"]).unwrap().trim(), "data");
 
     // What the kubelet and containerd need from a machine (a container would get none of it by

@@ -23,7 +23,10 @@ fn selfheal_cycles_keep_every_key() {
     let median: f64 = last[prefix.len()..last.len() - 2].parse().expect("median is a number");
     assert!(stdout.lines().filter(|l| l.starts_with("cycle ")).count() == cycles as usize);
     assert!(out.status.success(), "selfheal exited {:?}", out.status);
-    assert!(stdout.lines().any(|l| l == "selfheal: keelson validate cluster after the replacements: valid"), "validate cluster after the replacements (output above)");
+    assert!(
+        stdout.lines().any(|l| l == "selfheal: keelson validate cluster after the replacements: valid"),
+        "validate cluster after the replacements (output above)"
+    );
     assert_eq!(
         stdout.lines().filter(|l| l.contains("addons: the new control plane's controller passed and applied 0")).count(),
         cycles as usize,

@@ -77,16 +77,9 @@ pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -
     let cluster = &model.cluster;
     let mut token: Option<String> = None;
     for _ in 0..MAX_PAGES {
-        let resp = t
-            .asg
-            .describe_auto_scaling_groups()
-            .set_next_token(token.clone())
-            .send()
-            .await
-            .map_err(|e| api("DescribeAutoScalingGroups", cluster, e))?;
+        let resp = t.asg.describe_auto_scaling_groups().set_next_token(token.clone()).send().await.map_err(|e| api("DescribeAutoScalingGroups", cluster, e))?;
         for g in resp.auto_scaling_groups() {
-            let tags: BTreeMap<String, String> =
-                g.tags().iter().filter_map(|t| Some((t.key()?.to_string(), t.value().unwrap_or("").to_string()))).collect();
+            let tags: BTreeMap<String, String> = g.tags().iter().filter_map(|t| Some((t.key()?.to_string(), t.value().unwrap_or("").to_string()))).collect();
             if tags.get("KubernetesCluster") != Some(cluster) {
                 continue;
             }
@@ -149,7 +142,6 @@ fn tags_for(name: &str, tags: &BTreeMap<String, String>) -> Vec<asg_t::Tag> {
         .map(|(k, v)| asg_t::Tag::builder().resource_id(name).resource_type("auto-scaling-group").key(k).value(v).propagate_at_launch(true).build())
         .collect()
 }
-
 
 impl AwsTarget {
     pub(super) async fn execute_autoscaling(&self, c: &Change, ids: &mut Ids) -> Result<(), AwsError> {
@@ -215,12 +207,7 @@ impl AwsTarget {
                         .map_err(|e| api("UpdateAutoScalingGroup", name, e))?;
                 }
                 if fields.iter().any(|f| f.field.starts_with("tags[")) {
-                    self.asg
-                        .create_or_update_tags()
-                        .set_tags(Some(tags_for(name, &want.tags)))
-                        .send()
-                        .await
-                        .map_err(|e| api("CreateOrUpdateTags", name, e))?;
+                    self.asg.create_or_update_tags().set_tags(Some(tags_for(name, &want.tags))).send().await.map_err(|e| api("CreateOrUpdateTags", name, e))?;
                 }
             }
             Action::Delete => {
@@ -240,7 +227,11 @@ impl AwsTarget {
 
     /// How a group launches: its launch template at the pinned version, or a mixed-instances
     /// policy around it.
-    fn launch_spec(&self, ids: &Ids, g: &AutoscalingGroup) -> Result<(Option<asg_t::LaunchTemplateSpecification>, Option<asg_t::MixedInstancesPolicy>), AwsError> {
+    fn launch_spec(
+        &self,
+        ids: &Ids,
+        g: &AutoscalingGroup,
+    ) -> Result<(Option<asg_t::LaunchTemplateSpecification>, Option<asg_t::MixedInstancesPolicy>), AwsError> {
         // The version this run created or found wins over the planned one.
         let version = ids.lt_versions.get(&g.launch_template).copied().or(g.launch_template_version).ok_or_else(|| AwsError::Missing {
             kind: "LaunchTemplate",
@@ -274,13 +265,8 @@ impl AwsTarget {
     /// After a force delete, wait (bounded) until the group is gone so dependents can be deleted.
     async fn wait_asg_gone(&self, name: &str) -> Result<(), AwsError> {
         for _ in 0..self.dependency_retries.max(1) {
-            let resp = self
-                .asg
-                .describe_auto_scaling_groups()
-                .auto_scaling_group_names(name)
-                .send()
-                .await
-                .map_err(|e| api("DescribeAutoScalingGroups", name, e))?;
+            let resp =
+                self.asg.describe_auto_scaling_groups().auto_scaling_group_names(name).send().await.map_err(|e| api("DescribeAutoScalingGroups", name, e))?;
             if resp.auto_scaling_groups().is_empty() {
                 return Ok(());
             }

@@ -6,7 +6,7 @@ use cloud::dns::{Dns as _, Record, RecordChange};
 
 use super::task::{actual_id, Fields, Task};
 use super::{AwsError, AwsTarget, Discovered, Resolved};
-use crate::model::{ClusterModel, PLACEHOLDER_IP, DNS_TTL};
+use crate::model::{ClusterModel, DNS_TTL, PLACEHOLDER_IP};
 use crate::plan::{Action, Change, Resource};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,11 +58,8 @@ pub async fn discover(t: &AwsTarget, model: &ClusterModel, zone: &str, d: &mut D
 impl AwsTarget {
     pub(super) async fn execute_dns_record(&self, resolved: &Resolved, c: &Change) -> Result<(), AwsError> {
         let name = c.name.as_str();
-        let zone = resolved.zone.clone().ok_or_else(|| AwsError::Missing {
-            kind: "DNSRecord",
-            name: name.into(),
-            message: "no hosted zone was resolved".into(),
-        })?;
+        let zone =
+            resolved.zone.clone().ok_or_else(|| AwsError::Missing { kind: "DNSRecord", name: name.into(), message: "no hosted zone was resolved".into() })?;
         match &c.action {
             Action::Create => {
                 let rec = Record { name: name.to_string(), rtype: "A".into(), ttl: DNS_TTL, values: vec![PLACEHOLDER_IP.into()] };

@@ -119,15 +119,8 @@ pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discov
                         Err(e) if not_found(&e) => String::new(),
                         Err(e) => return Err(api("GetRolePolicy", name, e)),
                     };
-                    let attached = t
-                        .iam
-                        .list_attached_role_policies()
-                        .role_name(name)
-                        .send()
-                        .await
-                        .map_err(|e| api("ListAttachedRolePolicies", name, e))?;
-                    let managed: BTreeSet<String> =
-                        attached.attached_policies().iter().filter_map(|p| p.policy_arn().map(str::to_string)).collect();
+                    let attached = t.iam.list_attached_role_policies().role_name(name).send().await.map_err(|e| api("ListAttachedRolePolicies", name, e))?;
+                    let managed: BTreeSet<String> = attached.attached_policies().iter().filter_map(|p| p.policy_arn().map(str::to_string)).collect();
                     let task = IamRole {
                         name: name.to_string(),
                         assume_role_sha256: assume.unwrap_or_default(),
@@ -267,7 +260,11 @@ impl AwsTarget {
             }
             (Kind::IamInstanceProfile, Action::Create) => {
                 let want = typed(desired, kind, name, "desired", pick_profile)?;
-                let role = want.role.as_deref().ok_or_else(|| AwsError::Missing { kind: "IAMInstanceProfile", name: name.into(), message: "no role to put in it".into() })?;
+                let role = want.role.as_deref().ok_or_else(|| AwsError::Missing {
+                    kind: "IAMInstanceProfile",
+                    name: name.into(),
+                    message: "no role to put in it".into(),
+                })?;
                 self.iam
                     .create_instance_profile()
                     .instance_profile_name(name)
@@ -304,9 +301,7 @@ impl AwsTarget {
                 }
                 self.iam.delete_instance_profile().instance_profile_name(name).send().await.map_err(|e| api("DeleteInstanceProfile", name, e))?;
             }
-            (kind, _) => {
-                return Err(AwsError::Missing { kind: "IAM", name: name.into(), message: format!("{} is not an IAM resource", kind.as_str()) })
-            }
+            (kind, _) => return Err(AwsError::Missing { kind: "IAM", name: name.into(), message: format!("{} is not an IAM resource", kind.as_str()) }),
         }
         Ok(())
     }

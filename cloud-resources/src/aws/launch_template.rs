@@ -298,14 +298,10 @@ fn launch_template_data(model: &ClusterModel, resolved: &Resolved, ids: &Ids, na
         .iam_instance_profile(ec2_t::LaunchTemplateIamInstanceProfileSpecificationRequest::builder().name(&lt.instance_profile).build())
         .user_data(base64::engine::general_purpose::STANDARD.encode(&lt.user_data))
         .tag_specifications(
-            ec2_t::LaunchTemplateTagSpecificationRequest::builder()
-                .resource_type(ec2_t::ResourceType::Instance)
-                .set_tags(Some(instance_tags.clone()))
-                .build(),
+            ec2_t::LaunchTemplateTagSpecificationRequest::builder().resource_type(ec2_t::ResourceType::Instance).set_tags(Some(instance_tags.clone())).build(),
         )
         .tag_specifications(
             ec2_t::LaunchTemplateTagSpecificationRequest::builder().resource_type(ec2_t::ResourceType::Volume).set_tags(Some(instance_tags)).build(),
         )
         .build())
 }
-

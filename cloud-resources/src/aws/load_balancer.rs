@@ -149,8 +149,7 @@ async fn tagged(t: &AwsTarget, cluster: &str, arns: Vec<String>) -> Result<BTree
     for chunk in arns.chunks(20) {
         let resp = t.elb.describe_tags().set_resource_arns(Some(chunk.to_vec())).send().await.map_err(|e| api("DescribeTags", cluster, e))?;
         for d in resp.tag_descriptions() {
-            let tags: BTreeMap<String, String> =
-                d.tags().iter().filter_map(|t| Some((t.key()?.to_string(), t.value().unwrap_or("").to_string()))).collect();
+            let tags: BTreeMap<String, String> = d.tags().iter().filter_map(|t| Some((t.key()?.to_string(), t.value().unwrap_or("").to_string()))).collect();
             if tags.get("KubernetesCluster").map(String::as_str) == Some(cluster) {
                 out.insert(d.resource_arn().unwrap_or_default().to_string(), tags);
             }
@@ -162,7 +161,8 @@ async fn tagged(t: &AwsTarget, cluster: &str, arns: Vec<String>) -> Result<BTree
 /// Target groups and load balancers tagged for the cluster. Needs subnet and security-group ids.
 pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
     let cluster = &model.cluster;
-    let vpc_name = |ids: &Ids, id: &str| if ids.vpc.as_deref() == Some(id) && model.network.existing_id.is_none() { model.network.name.clone() } else { id.to_string() };
+    let vpc_name =
+        |ids: &Ids, id: &str| if ids.vpc.as_deref() == Some(id) && model.network.existing_id.is_none() { model.network.name.clone() } else { id.to_string() };
 
     let mut groups = Vec::new();
     let mut marker: Option<String> = None;
@@ -179,20 +179,9 @@ pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discov
         let Some(arn) = g.target_group_arn().map(str::to_string) else { continue };
         let Some(tags) = ours.get(&arn) else { continue };
         let name = required(g.target_group_name(), "TargetGroup", &arn, "TargetGroupName")?.to_string();
-        let attrs = t
-            .elb
-            .describe_target_group_attributes()
-            .target_group_arn(&arn)
-            .send()
-            .await
-            .map_err(|e| api("DescribeTargetGroupAttributes", &name, e))?;
-        let delay = attrs
-            .attributes()
-            .iter()
-            .find(|a| a.key() == Some("deregistration_delay.timeout_seconds"))
-            .and_then(|a| a.value())
-            .unwrap_or("300")
-            .to_string();
+        let attrs = t.elb.describe_target_group_attributes().target_group_arn(&arn).send().await.map_err(|e| api("DescribeTargetGroupAttributes", &name, e))?;
+        let delay =
+            attrs.attributes().iter().find(|a| a.key() == Some("deregistration_delay.timeout_seconds")).and_then(|a| a.value()).unwrap_or("300").to_string();
         let health = format!(
             "{} interval={} healthy={} unhealthy={}",
             g.health_check_protocol().map(|p| p.as_str()).unwrap_or(""),
@@ -229,13 +218,8 @@ pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discov
         let Some(tags) = ours.get(&arn) else { continue };
         let aws_name = required(lb.load_balancer_name(), "LoadBalancer", &arn, "LoadBalancerName")?.to_string();
         let name = tags.get("Name").cloned().unwrap_or_else(|| aws_name.clone());
-        let attrs = t
-            .elb
-            .describe_load_balancer_attributes()
-            .load_balancer_arn(&arn)
-            .send()
-            .await
-            .map_err(|e| api("DescribeLoadBalancerAttributes", &name, e))?;
+        let attrs =
+            t.elb.describe_load_balancer_attributes().load_balancer_arn(&arn).send().await.map_err(|e| api("DescribeLoadBalancerAttributes", &name, e))?;
         let cross_zone = match attrs.attributes().iter().find(|a| a.key() == Some("load_balancing.cross_zone.enabled")).and_then(|a| a.value()) {
             None | Some("false") => false,
             Some("true") => true,
@@ -244,8 +228,7 @@ pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discov
         let listeners = t.elb.describe_listeners().load_balancer_arn(&arn).send().await.map_err(|e| api("DescribeListeners", &name, e))?;
         let mut listener_set = BTreeSet::new();
         for l in listeners.listeners() {
-            let target_group =
-                l.default_actions().iter().find_map(|a| a.target_group_arn()).map(|arn| name_of(&d.ids.target_groups, arn)).unwrap_or_default();
+            let target_group = l.default_actions().iter().find_map(|a| a.target_group_arn()).map(|arn| name_of(&d.ids.target_groups, arn)).unwrap_or_default();
             let port = l.port().ok_or_else(|| missing("LoadBalancer", &name, "a listener has no Port".into()))?;
             listener_set.insert(Listener { port, protocol: l.protocol().map(|p| p.as_str()).unwrap_or("").to_string(), target_group });
         }
@@ -338,11 +321,7 @@ impl AwsTarget {
             if hit.is_empty() {
                 Ok(())
             } else {
-                Err(missing(
-                    c.kind.as_str(),
-                    name,
-                    format!("{} cannot change in place; delete the {} and apply again", hit.join(", "), c.kind.as_str()),
-                ))
+                Err(missing(c.kind.as_str(), name, format!("{} cannot change in place; delete the {} and apply again", hit.join(", "), c.kind.as_str())))
             }
         };
         match (c.kind, &c.action) {
@@ -434,13 +413,7 @@ impl AwsTarget {
                 immutable(&["aws_name", "type", "scheme"])?;
                 if changed("subnets") {
                     let subnets = ids_for(&ids.subnets, &want.subnets, "Subnet", name)?;
-                    self.elb
-                        .set_subnets()
-                        .load_balancer_arn(&actual_id)
-                        .set_subnets(Some(subnets))
-                        .send()
-                        .await
-                        .map_err(|e| api("SetSubnets", name, e))?;
+                    self.elb.set_subnets().load_balancer_arn(&actual_id).set_subnets(Some(subnets)).send().await.map_err(|e| api("SetSubnets", name, e))?;
                 }
                 if changed("security_groups") {
                     let sgs = ids_for(&ids.security_groups, &want.security_groups, "SecurityGroup", name)?;
@@ -456,8 +429,7 @@ impl AwsTarget {
                     self.cross_zone(&actual_id, name, want.cross_zone).await?;
                 }
                 if changed("listeners") {
-                    let listeners =
-                        self.elb.describe_listeners().load_balancer_arn(&actual_id).send().await.map_err(|e| api("DescribeListeners", name, e))?;
+                    let listeners = self.elb.describe_listeners().load_balancer_arn(&actual_id).send().await.map_err(|e| api("DescribeListeners", name, e))?;
                     for l in listeners.listeners() {
                         if let Some(arn) = l.listener_arn() {
                             self.elb.delete_listener().listener_arn(arn).send().await.map_err(|e| api("DeleteListener", name, e))?;
@@ -533,16 +505,21 @@ impl AwsTarget {
                     r53_t::ResourceRecordSet::builder()
                         .name(name)
                         .r#type(r53_t::RrType::A)
-                        .alias_target(r53_t::AliasTarget::builder().hosted_zone_id(second).dns_name(third).evaluate_target_health(false).build().map_err(|e| api("AliasTarget", name, e))?)
+                        .alias_target(
+                            r53_t::AliasTarget::builder()
+                                .hosted_zone_id(second)
+                                .dns_name(third)
+                                .evaluate_target_health(false)
+                                .build()
+                                .map_err(|e| api("AliasTarget", name, e))?,
+                        )
                         .build()
                 } else {
                     r53_t::ResourceRecordSet::builder()
                         .name(name)
                         .r#type(r53_t::RrType::A)
                         .ttl(first.parse().map_err(|_| bad())?)
-                        .set_resource_records(Some(
-                            third.split(',').filter_map(|v| r53_t::ResourceRecord::builder().value(v).build().ok()).collect(),
-                        ))
+                        .set_resource_records(Some(third.split(',').filter_map(|v| r53_t::ResourceRecord::builder().value(v).build().ok()).collect()))
                         .build()
                 }
                 .map_err(|e| api("ResourceRecordSet", name, e))?;
@@ -566,7 +543,14 @@ impl AwsTarget {
                 let rs = r53_t::ResourceRecordSet::builder()
                     .name(name)
                     .r#type(r53_t::RrType::A)
-                    .alias_target(r53_t::AliasTarget::builder().hosted_zone_id(zone_id).dns_name(dns).evaluate_target_health(false).build().map_err(|e| api("AliasTarget", name, e))?)
+                    .alias_target(
+                        r53_t::AliasTarget::builder()
+                            .hosted_zone_id(zone_id)
+                            .dns_name(dns)
+                            .evaluate_target_health(false)
+                            .build()
+                            .map_err(|e| api("AliasTarget", name, e))?,
+                    )
                     .build()
                     .map_err(|e| api("ResourceRecordSet", name, e))?;
                 r53_t::Change::builder().action(r53_t::ChangeAction::Upsert).resource_record_set(rs).build()

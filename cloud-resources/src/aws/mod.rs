@@ -15,8 +15,8 @@ use cloud::AwsOptions;
 
 use super::model::ClusterModel;
 use super::plan::{Action, Change, Kind, Plan, Resource, Rolling};
-use base::StateStore;
 use super::state::StateError;
+use base::StateStore;
 
 mod autoscaling;
 mod dns_record;
@@ -74,12 +74,7 @@ pub fn is_write(operation: &str) -> bool {
 
 /// Write calls made so far, per `service/operation`.
 pub fn write_calls(counter: &CallCounter) -> BTreeMap<String, u64> {
-    counter
-        .snapshot()
-        .into_iter()
-        .filter(|(k, _)| is_write(k.rsplit('/').next().unwrap_or("")))
-        .map(|(k, c)| (k, c.calls))
-        .collect()
+    counter.snapshot().into_iter().filter(|(k, _)| is_write(k.rsplit('/').next().unwrap_or(""))).map(|(k, c)| (k, c.calls)).collect()
 }
 
 /// Clients for one region, sharing the options and interceptors (call counter always first).
@@ -291,10 +286,9 @@ impl AwsTarget {
             let req = if image.starts_with("ami-") {
                 req.image_ids(image)
             } else {
-                let (owner, name) = image.split_once('/').ok_or_else(|| AwsError::Image {
-                    image: image.clone(),
-                    message: "expected an AMI id (ami-…) or OWNER/NAME".into(),
-                })?;
+                let (owner, name) = image
+                    .split_once('/')
+                    .ok_or_else(|| AwsError::Image { image: image.clone(), message: "expected an AMI id (ami-…) or OWNER/NAME".into() })?;
                 req.owners(owner).filters(ec2_t::Filter::builder().name("name").values(name).build())
             };
             let resp = req.send().await.map_err(|e| api("DescribeImages", image, e))?;
@@ -303,10 +297,7 @@ impl AwsTarget {
                 .iter()
                 .max_by(|a, b| a.creation_date().unwrap_or("").cmp(b.creation_date().unwrap_or("")))
                 .ok_or_else(|| AwsError::Image { image: image.clone(), message: "no such image in this region".into() })?;
-            r.images.insert(
-                image.clone(),
-                (best.image_id().unwrap_or_default().to_string(), best.root_device_name().unwrap_or("/dev/sda1").to_string()),
-            );
+            r.images.insert(image.clone(), (best.image_id().unwrap_or_default().to_string(), best.root_device_name().unwrap_or("/dev/sda1").to_string()));
         }
         self.resolve_zone(model, &mut r).await?;
         Ok(r)
@@ -323,9 +314,9 @@ impl AwsTarget {
         if let Some(dns) = &model.dns {
             match self.dns.find_zone(dns.zone.as_deref(), &model.cluster).await {
                 Ok(z) => r.zone = Some(z),
-                Err(cloud::DnsError::NoZone(z)) if dns.zone.is_none() => r.notes.push(format!(
-                    "no Route53 hosted zone found for {z}; DNS records are not managed (set spec.dnsZone)"
-                )),
+                Err(cloud::DnsError::NoZone(z)) if dns.zone.is_none() => {
+                    r.notes.push(format!("no Route53 hosted zone found for {z}; DNS records are not managed (set spec.dnsZone)"))
+                }
                 Err(e) => return Err(e.into()),
             }
         }
@@ -361,24 +352,14 @@ impl AwsTarget {
             let instances = discovered.instances.get(&c.name).cloned().unwrap_or_default();
             if !instances.is_empty() {
                 let what: Vec<&str> = fields.iter().filter(|f| !f.field.starts_with("tags[")).map(|f| f.field.as_str()).collect();
-                out.push(Rolling {
-                    group: c.name.clone(),
-                    instances,
-                    reason: format!("new launch template version ({})", what.join(", ")),
-                });
+                out.push(Rolling { group: c.name.clone(), instances, reason: format!("new launch template version ({})", what.join(", ")) });
             }
         }
         out
     }
 
     async fn create_tags(&self, id: &str, tags: &BTreeMap<String, String>) -> Result<(), AwsError> {
-        self.ec2
-            .create_tags()
-            .resources(id)
-            .set_tags(Some(ec2_tags(tags)))
-            .send()
-            .await
-            .map_err(|e| api("CreateTags", id, e))?;
+        self.ec2.create_tags().resources(id).set_tags(Some(ec2_tags(tags))).send().await.map_err(|e| api("CreateTags", id, e))?;
         Ok(())
     }
 

@@ -60,12 +60,8 @@ fn subnet_tags(model: &ClusterModel, name: &str, kind: &str) -> BTreeMap<String,
 pub fn desired(model: &ClusterModel, out: &mut Vec<Resource>) {
     let net = &model.network;
     if net.existing_id.is_none() {
-        let vpc = Vpc {
-            name: net.name.clone(),
-            cidr: net.cidr.clone().unwrap_or_default(),
-            dns_hostnames: true,
-            tags: cluster_tags(&model.cluster, &net.name),
-        };
+        let vpc =
+            Vpc { name: net.name.clone(), cidr: net.cidr.clone().unwrap_or_default(), dns_hostnames: true, tags: cluster_tags(&model.cluster, &net.name) };
         out.push(Task::Vpc(vpc).view(None));
     }
     for s in net.subnets.iter().filter(|s| s.existing_id.is_none()) {
@@ -175,10 +171,8 @@ impl AwsTarget {
             }
             (Kind::Vpc, Action::Delete) => {
                 let id = actual_id(c.actual.as_ref(), c.kind, name)?;
-                self.delete_with_retry(name, || async {
-                    self.ec2.delete_vpc().vpc_id(&id).send().await.map(|_| ()).map_err(|e| api("DeleteVpc", name, e))
-                })
-                .await?;
+                self.delete_with_retry(name, || async { self.ec2.delete_vpc().vpc_id(&id).send().await.map(|_| ()).map_err(|e| api("DeleteVpc", name, e)) })
+                    .await?;
             }
             (Kind::Subnet, Action::Create) => {
                 let want = typed(c.desired.as_ref(), c.kind, name, "desired", |t| if let Task::Subnet(s) = t { Some(s) } else { None })?;

@@ -99,8 +99,7 @@ pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discov
     let cluster = &model.cluster;
     let vpc_name = |ids: &Ids, id: &str| if ids.vpc.as_deref() == Some(id) { model.network.name.clone() } else { id.to_string() };
 
-    let igws =
-        t.ec2.describe_internet_gateways().filters(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeInternetGateways", cluster, e))?;
+    let igws = t.ec2.describe_internet_gateways().filters(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeInternetGateways", cluster, e))?;
     for g in igws.internet_gateways() {
         let id = required(g.internet_gateway_id(), "InternetGateway", cluster, "InternetGatewayId")?.to_string();
         let tags = tags_of(g.tags());
@@ -352,12 +351,7 @@ impl AwsTarget {
                 let actual_id = actual_id(actual, kind, name)?;
                 for s in &have.subnets {
                     if let Some(assoc) = ids.route_associations.remove(s) {
-                        self.ec2
-                            .disassociate_route_table()
-                            .association_id(assoc)
-                            .send()
-                            .await
-                            .map_err(|e| api("DisassociateRouteTable", name, e))?;
+                        self.ec2.disassociate_route_table().association_id(assoc).send().await.map_err(|e| api("DisassociateRouteTable", name, e))?;
                     }
                 }
                 self.delete_with_retry(name, || async {
@@ -404,13 +398,7 @@ impl AwsTarget {
             }
         }
         for cidr in have.keys().filter(|c| !want.contains_key(*c)) {
-            self.ec2
-                .delete_route()
-                .route_table_id(table)
-                .destination_cidr_block(cidr)
-                .send()
-                .await
-                .map_err(|e| api("DeleteRoute", name, e))?;
+            self.ec2.delete_route().route_table_id(table).destination_cidr_block(cidr).send().await.map_err(|e| api("DeleteRoute", name, e))?;
         }
         Ok(())
     }

@@ -80,13 +80,7 @@ pub fn desired(model: &ClusterModel, out: &mut Vec<Resource>) {
 
 pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
     let cluster = &model.cluster;
-    let sgs = t
-        .ec2
-        .describe_security_groups()
-        .filters(cluster_filter(cluster))
-        .send()
-        .await
-        .map_err(|e| api("DescribeSecurityGroups", cluster, e))?;
+    let sgs = t.ec2.describe_security_groups().filters(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeSecurityGroups", cluster, e))?;
     for g in sgs.security_groups() {
         let id = required(g.group_id(), "SecurityGroup", cluster, "GroupId")?.to_string();
         let name = required(g.group_name(), "SecurityGroup", &id, "GroupName")?.to_string();

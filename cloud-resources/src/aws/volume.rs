@@ -100,7 +100,6 @@ pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -
     Ok(())
 }
 
-
 impl AwsTarget {
     pub(super) async fn execute_volume(&self, c: &Change, ids: &mut Ids) -> Result<(), AwsError> {
         let name = c.name.as_str();

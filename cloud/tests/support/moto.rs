@@ -37,8 +37,8 @@ pub async fn sdk(url: &str) -> cloud::aws::SdkConfig {
     })
     .await
     .into_builder();
-    conf.set_credentials_provider(Some(aws_sdk_ec2::config::SharedCredentialsProvider::new(
-        aws_sdk_ec2::config::Credentials::new("test", "test", None, None, "test"),
-    )));
+    conf.set_credentials_provider(Some(aws_sdk_ec2::config::SharedCredentialsProvider::new(aws_sdk_ec2::config::Credentials::new(
+        "test", "test", None, None, "test",
+    ))));
     conf.build()
 }

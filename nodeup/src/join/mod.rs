@@ -177,11 +177,7 @@ impl Task for JoinTask {
             .with_total_delay(Some(self.wait))
             .without_max_times()
             .with_jitter();
-        let issued = (|| self.join())
-            .retry(policy)
-            .notify(|e, wait| tracing::warn!(error = %e, retry_in = ?wait, "node join failed; retrying"))
-            .call()
-            ?;
+        let issued = (|| self.join()).retry(policy).notify(|e, wait| tracing::warn!(error = %e, retry_in = ?wait, "node join failed; retrying")).call()?;
         let wanted = self.wanted();
         for (name, cert, key) in issued {
             let Some((_, path, _)) = wanted.iter().find(|(n, _, _)| *n == name) else { continue };

@@ -156,10 +156,7 @@ pub fn config_toml(c: &ContainerdConfig, kubenet: bool) -> Result<String, String
     let mut runtimes = BTreeMap::new();
     runtimes.insert(
         "runc".to_string(),
-        RuntimeEntry {
-            runtime_type: "io.containerd.runc.v2".into(),
-            options: RuncOptions { binary_name: paths::RUNC_BIN.into(), systemd_cgroup: true },
-        },
+        RuntimeEntry { runtime_type: "io.containerd.runc.v2".into(), options: RuncOptions { binary_name: paths::RUNC_BIN.into(), systemd_cgroup: true } },
     );
     let cfg = Config {
         version: config_version(c.version.as_deref()),
@@ -169,9 +166,7 @@ pub fn config_toml(c: &ContainerdConfig, kubenet: bool) -> Result<String, String
         debug: Debug { level: c.log_level.clone().unwrap_or_else(|| "info".into()) },
         plugins: Plugins {
             images: Images {
-                pinned_images: PinnedImages {
-                    sandbox: c.sandbox_image.clone().unwrap_or_else(|| DEFAULT_SANDBOX_IMAGE.into()),
-                },
+                pinned_images: PinnedImages { sandbox: c.sandbox_image.clone().unwrap_or_else(|| DEFAULT_SANDBOX_IMAGE.into()) },
                 registry: Registry { config_path: paths::CONTAINERD_CERTS_DIR.into() },
             },
             runtime: Runtime {
@@ -247,10 +242,7 @@ mod tests {
         assert_eq!(v["version"].as_integer(), Some(4));
         assert!(v["plugins"]["io.containerd.cri.v1.runtime"].get("cni").is_none());
         let k: toml::Value = toml::from_str(&config_toml(&c, true).expect("toml")).expect("parses back");
-        assert_eq!(
-            k["plugins"]["io.containerd.cri.v1.runtime"]["cni"]["conf_template"].as_str(),
-            Some(KUBENET_CNI_TEMPLATE_PATH)
-        );
+        assert_eq!(k["plugins"]["io.containerd.cri.v1.runtime"]["cni"]["conf_template"].as_str(), Some(KUBENET_CNI_TEMPLATE_PATH));
         let rt = &v["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["runc"];
         assert_eq!(rt["options"]["SystemdCgroup"].as_bool(), Some(true));
         assert_eq!(v["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"].as_str(), Some("registry.k8s.io/pause:3.10.1"));

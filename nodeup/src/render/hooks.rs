@@ -165,10 +165,7 @@ mod tests {
         assert_eq!(names, ["fix-dns", "kops-hook-1-ig", "kops-hook-1", "old"]);
         assert!(hs[0].unit.as_deref().unwrap_or("").contains("ExecStart=/bin/true"), "the group's hook wins");
         assert_eq!(hs[3].unit, None);
-        assert_eq!(
-            hs[0].unit.as_deref(),
-            Some("[Unit]\nDescription=Kops Hook fix-dns\n\n[Service]\nExecStart=/bin/true\n")
-        );
+        assert_eq!(hs[0].unit.as_deref(), Some("[Unit]\nDescription=Kops Hook fix-dns\n\n[Service]\nExecStart=/bin/true\n"));
     }
 
     #[test]

@@ -120,22 +120,19 @@ pub fn parse_taint(t: &str) -> Result<Taint, String> {
 }
 
 fn kv_list(s: &str, sep: char) -> BTreeMap<String, String> {
-    s.split(',')
-        .filter(|p| !p.trim().is_empty())
-        .filter_map(|p| p.split_once(sep).map(|(k, v)| (k.trim().to_string(), v.trim().to_string())))
-        .collect()
+    s.split(',').filter(|p| !p.trim().is_empty()).filter_map(|p| p.split_once(sep).map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))).collect()
 }
 
 /// The `KubeletConfiguration` for a kubelet spec (kOps' mapping of its `flag:"-"` fields), with the
 /// node's cloud provider id when it is known.
-pub fn configuration(spec: &KubeletConfigSpec, containerd_address: Option<&str>, serving_cert: bool, provider_id: Option<String>) -> Result<KubeletConfiguration, String> {
+pub fn configuration(
+    spec: &KubeletConfigSpec,
+    containerd_address: Option<&str>,
+    serving_cert: bool,
+    provider_id: Option<String>,
+) -> Result<KubeletConfiguration, String> {
     let taints = spec.taints.iter().flatten().map(|t| parse_taint(t)).collect::<Result<Vec<_>, _>>()?;
-    let feature_gates = spec
-        .feature_gates
-        .iter()
-        .flatten()
-        .map(|(k, val)| (k.clone(), val.trim().eq_ignore_ascii_case("true")))
-        .collect();
+    let feature_gates = spec.feature_gates.iter().flatten().map(|(k, val)| (k.clone(), val.trim().eq_ignore_ascii_case("true"))).collect();
     Ok(KubeletConfiguration {
         api_version: "kubelet.config.k8s.io/v1beta1",
         kind: "KubeletConfiguration",

@@ -25,7 +25,14 @@ struct PinnedKey {
 }
 
 impl ServerCertVerifier for PinnedKey {
-    fn verify_server_cert(&self, end_entity: &CertificateDer<'_>, _: &[CertificateDer<'_>], _: &ServerName<'_>, _: &[u8], _: UnixTime) -> Result<ServerCertVerified, rustls::Error> {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
         let spki = base::pki::cert_public_key_der(end_entity.as_ref()).map_err(|e| rustls::Error::General(e.to_string()))?;
         if spki != self.spki {
             return Err(rustls::Error::General("the node's certificate is not for the key of its kubelet CSR".into()));

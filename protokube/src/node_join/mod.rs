@@ -161,17 +161,16 @@ impl Authority {
     pub async fn admit(&self, authorization: &str, body: &[u8]) -> Result<JoinResponse, Refusal> {
         let signed = node_join::parse_authorization(authorization).map_err(|e| refuse(StatusCode::UNAUTHORIZED, "unauthenticated", e.to_string()))?;
         node_join::check_signed(&signed, &self.sts_url, body, SystemTime::now()).map_err(|e| forbidden("signature", e.to_string()))?;
-        let request: JoinRequest = serde_json::from_slice(body)
-            .map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad-request", format!("request body is not a join request: {e}")))?;
+        let request: JoinRequest =
+            serde_json::from_slice(body).map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad-request", format!("request body is not a join request: {e}")))?;
         for name in request.csrs.keys() {
             if name != CERT_KUBELET && name != CERT_KUBE_PROXY {
                 return Err(refuse(StatusCode::BAD_REQUEST, "bad-request", format!("csrs.{name}: only {CERT_KUBELET} and {CERT_KUBE_PROXY} are issued")));
             }
         }
-        let kubelet_csr = request
-            .csrs
-            .get(CERT_KUBELET)
-            .ok_or_else(|| refuse(StatusCode::BAD_REQUEST, "bad-request", format!("csrs.{CERT_KUBELET}: required (the join challenge is answered with its key)")))?;
+        let kubelet_csr = request.csrs.get(CERT_KUBELET).ok_or_else(|| {
+            refuse(StatusCode::BAD_REQUEST, "bad-request", format!("csrs.{CERT_KUBELET}: required (the join challenge is answered with its key)"))
+        })?;
         let kubelet_key = pki::csr_public_key(kubelet_csr).map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad-request", format!("csrs.{CERT_KUBELET}: {e}")))?;
 
         // Who signed, according to STS.
@@ -235,10 +234,7 @@ impl Authority {
         let (profile_arn, role) = self.group_profile(&ig).await?;
         let actual_profile = instance.iam_instance_profile().and_then(|p| p.arn()).unwrap_or_default();
         if actual_profile != profile_arn {
-            return Err(forbidden(
-                "profile",
-                format!("instance {} has instance profile {actual_profile:?}, not its group's {profile_arn}", session.session),
-            ));
+            return Err(forbidden("profile", format!("instance {} has instance profile {actual_profile:?}, not its group's {profile_arn}", session.session)));
         }
         if session.role != role {
             return Err(forbidden("role", format!("{} is not a session of {role}, the role of instance profile {profile_arn}", caller.arn)));
@@ -257,9 +253,7 @@ impl Authority {
             .private_ip_address()
             .and_then(|ip| ip.parse().ok())
             .ok_or_else(|| forbidden("instance", format!("instance {} has no private IP to call back", session.session)))?;
-        challenge::call_back((self.challenge_addr)(ip), kubelet_key, &base::sha256_hex(body))
-            .await
-            .map_err(|e| forbidden("challenge", e.to_string()))?;
+        challenge::call_back((self.challenge_addr)(ip), kubelet_key, &base::sha256_hex(body)).await.map_err(|e| forbidden("challenge", e.to_string()))?;
 
         let mut certs = BTreeMap::new();
         for (name, csr) in &request.csrs {
@@ -319,11 +313,8 @@ impl Authority {
         if profile.arn() != arn {
             return Err(upstream(format!("instance profile {name} is {}, not {arn}", profile.arn())));
         }
-        let role = profile
-            .roles()
-            .first()
-            .map(|r| r.role_name().to_string())
-            .ok_or_else(|| forbidden("profile", format!("instance profile {arn} holds no role")))?;
+        let role =
+            profile.roles().first().map(|r| r.role_name().to_string()).ok_or_else(|| forbidden("profile", format!("instance profile {arn} holds no role")))?;
         if let Ok(mut cache) = self.profile_roles.lock() {
             cache.insert(arn.clone(), (role.clone(), Instant::now()));
         }

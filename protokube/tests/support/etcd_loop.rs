@@ -116,7 +116,8 @@ impl Fixture {
         let s3 = aws_sdk_s3::Client::from_conf(aws_sdk_s3::config::Builder::from(&conf).force_path_style(true).build());
         rt.block_on(s3.create_bucket().bucket(BUCKET).send()).expect("CreateBucket");
         let backup_url = format!("s3://{BUCKET}/{name}/backups/etcd/main");
-        let store = BackupStore::new(base::StateStore::open_with_s3(&backup_url.parse().expect("url"), Some(s3.clone()), Duration::from_secs(10)).expect("store"));
+        let store =
+            BackupStore::new(base::StateStore::open_with_s3(&backup_url.parse().expect("url"), Some(s3.clone()), Duration::from_secs(10)).expect("store"));
         let c = Cluster::new(moto_url, name, &[("main", &[("a", "cp-a"), ("b", "cp-b"), ("c", "cp-c")])], "");
         let spec = c.state.path().join("cluster-completed.spec");
         let text = std::fs::read_to_string(&spec).expect("spec");
@@ -130,7 +131,8 @@ impl Fixture {
         let subnet_id = rt.block_on(async {
             let vpc = ec2.create_vpc().cidr_block("10.231.0.0/16").send().await.expect("CreateVpc");
             let vpc = vpc.vpc().and_then(|v| v.vpc_id()).expect("vpc id").to_string();
-            let sn = ec2.create_subnet().vpc_id(vpc).cidr_block(format!("{}.0/24", net.subnet)).availability_zone("us-east-1a").send().await.expect("CreateSubnet");
+            let sn =
+                ec2.create_subnet().vpc_id(vpc).cidr_block(format!("{}.0/24", net.subnet)).availability_zone("us-east-1a").send().await.expect("CreateSubnet");
             sn.subnet().and_then(|s| s.subnet_id()).expect("subnet id").to_string()
         });
         // (room for the data moved aside and the restored data: etcd preallocates 64 MB WAL files)
@@ -142,7 +144,15 @@ impl Fixture {
             let (ns, ip) = f.net.namespace(tag, 21 + i as u8);
             let (instance_id, got) = f.rt.block_on(host::run_instance(&f.ec2, "us-east-1a", Some(&subnet_id), Some(&ip)));
             assert_eq!(got, ip);
-            let h = Host { root: host::shared_root(), by_id: tempfile::tempdir().expect("by-id"), instance_id, zone: "us-east-1a".into(), ip: ip.clone(), public_ip: String::new(), group: group.into() };
+            let h = Host {
+                root: host::shared_root(),
+                by_id: tempfile::tempdir().expect("by-id"),
+                instance_id,
+                zone: "us-east-1a".into(),
+                ip: ip.clone(),
+                public_ip: String::new(),
+                group: group.into(),
+            };
             for (v, d) in f.vols.iter().zip(&f.devs) {
                 h.link(v, &d.dev);
             }
@@ -163,8 +173,23 @@ impl Fixture {
         let mut cmd = self.c.command(
             &mb.host,
             &[
-                "--hosts-file", &hosts, "--interval", "1", "--backup-poll", "1", "--spec-interval", "1", "--metrics-addr", "off",
-                "--no-addons", "--join-listen", "off", "--etcd-restore-tool", &self.etcdctl_path, "--stop-timeout", "20",
+                "--hosts-file",
+                &hosts,
+                "--interval",
+                "1",
+                "--backup-poll",
+                "1",
+                "--spec-interval",
+                "1",
+                "--metrics-addr",
+                "off",
+                "--no-addons",
+                "--join-listen",
+                "off",
+                "--etcd-restore-tool",
+                &self.etcdctl_path,
+                "--stop-timeout",
+                "20",
             ],
         );
         for (k, v) in env {
@@ -213,8 +238,11 @@ impl Fixture {
     pub fn spec_file(&self) -> PathBuf {
         let file = self.logdir.path().join("cluster.yaml");
         let example = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/ha.yaml")).expect("examples/ha.yaml");
-        std::fs::write(&file, example.replace("configBase: s3://acme-keelson-state/ha.k8s.example.com", &format!("configBase: file://{}", self.c.state.path().display())))
-            .expect("spec file");
+        std::fs::write(
+            &file,
+            example.replace("configBase: s3://acme-keelson-state/ha.k8s.example.com", &format!("configBase: file://{}", self.c.state.path().display())),
+        )
+        .expect("spec file");
         file
     }
 }

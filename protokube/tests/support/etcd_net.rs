@@ -124,11 +124,7 @@ pub fn etcdctl(ns: &str, endpoint: &str, args: &[&str], within: Duration) -> Str
             // (etcdctl 3.4 prints `endpoint health` on stderr)
             return format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         }
-        assert!(
-            Instant::now() < deadline,
-            "etcdctl {args:?} at {endpoint} in {ns} kept failing for {within:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(Instant::now() < deadline, "etcdctl {args:?} at {endpoint} in {ns} kept failing for {within:?}: {}", String::from_utf8_lossy(&out.stderr));
         std::thread::sleep(Duration::from_millis(300));
     }
 }
@@ -142,7 +138,6 @@ pub fn logs(dir: &std::path::Path) -> String {
     }
     s
 }
-
 
 /// Start etcd in `ns` from a manifest's command and args (host paths re-rooted under `root`), with
 /// `binary` standing in for the image's `/usr/local/bin/etcd`.

@@ -80,8 +80,7 @@ impl Host {
     pub fn unmount_all(&self) {
         let root = self.root.path().display().to_string();
         let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let mut mps: Vec<String> =
-            info.lines().filter_map(|l| l.split(' ').nth(4)).filter(|m| m.starts_with(&root)).map(str::to_string).collect();
+        let mut mps: Vec<String> = info.lines().filter_map(|l| l.split(' ').nth(4)).filter(|m| m.starts_with(&root)).map(str::to_string).collect();
         mps.sort_by_key(|m| std::cmp::Reverse(m.len()));
         for m in mps {
             let _ = Command::new("umount").arg(&m).status();
@@ -245,15 +244,7 @@ pub fn shared_root() -> tempfile::TempDir {
 pub async fn host(ec2: &aws_sdk_ec2::Client, zone: &str, group: &str) -> Host {
     let (instance_id, ip) = run_instance(ec2, zone, None, None).await;
     let public_ip = public_ip(ec2, &instance_id).await;
-    Host {
-        public_ip,
-        root: shared_root(),
-        by_id: tempfile::tempdir().expect("by-id"),
-        instance_id,
-        zone: zone.to_string(),
-        ip,
-        group: group.to_string(),
-    }
+    Host { public_ip, root: shared_root(), by_id: tempfile::tempdir().expect("by-id"), instance_id, zone: zone.to_string(), ip, group: group.to_string() }
 }
 
 pub async fn volume(ec2: &aws_sdk_ec2::Client, id: &str) -> aws_sdk_ec2::types::Volume {

@@ -119,10 +119,8 @@ pub fn cloud_config(cluster_id: &str, region: Option<&str>, endpoints: &std::col
         let (Some(url), Some(region)) = (endpoints.get(*prefix), region) else { continue };
         for id in *ids {
             n += 1;
-            let _ = write!(
-                out,
-                "\n[ServiceOverride \"{n}\"]\nService = {id}\nRegion = {region}\nURL = {url}\nSigningRegion = {region}\nSigningName = {prefix}\n"
-            );
+            let _ =
+                write!(out, "\n[ServiceOverride \"{n}\"]\nService = {id}\nRegion = {region}\nURL = {url}\nSigningRegion = {region}\nSigningName = {prefix}\n");
         }
     }
     out

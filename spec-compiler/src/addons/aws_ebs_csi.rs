@@ -360,9 +360,7 @@ fn controller_containers(i: &Inputs) -> Vec<Value> {
         None => optional_ref("AWS_EC2_ENDPOINT", "configMapKeyRef", "aws-meta", "endpoint"),
     });
     plugin_env.push(optional_ref("AWS_SAGEMAKER_ENDPOINT", "configMapKeyRef", "aws-meta", "sagemaker_endpoint"));
-    let probe = |failures: u32| {
-        json!({"httpGet": {"path": "/healthz", "port": "healthz"}, "initialDelaySeconds": 10, "timeoutSeconds": 60, "periodSeconds": 10, "failureThreshold": failures})
-    };
+    let probe = |failures: u32| json!({"httpGet": {"path": "/healthz", "port": "healthz"}, "initialDelaySeconds": 10, "timeoutSeconds": 60, "periodSeconds": 10, "failureThreshold": failures});
     let mut out = vec![json!({
         "name": "ebs-plugin",
         "image": i.images.driver,
@@ -400,7 +398,12 @@ fn controller_containers(i: &Inputs) -> Vec<Value> {
     ]);
     provisioner.push(format!("--kube-api-qps={}", i.kube_api_qps));
     provisioner.push(format!("--kube-api-burst={}", i.kube_api_burst));
-    provisioner.extend(strings(&["--worker-threads=100", "--retry-interval-max=30m", "--feature-gates=VolumeAttributesClass=false", "--http-endpoint=0.0.0.0:3302"]));
+    provisioner.extend(strings(&[
+        "--worker-threads=100",
+        "--retry-interval-max=30m",
+        "--feature-gates=VolumeAttributesClass=false",
+        "--http-endpoint=0.0.0.0:3302",
+    ]));
     out.push(sidecar("csi-provisioner", &i.images.provisioner, provisioner, "metrics-prov", 3302, true));
     let attacher = strings(&[
         "--timeout=6m",
@@ -471,7 +474,8 @@ fn controller(i: &Inputs) -> Value {
             json!({"matchExpressions": exprs})
         })
         .collect();
-    let spread = |key: &str, when: &str| json!({"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": when, "labelSelector": {"matchLabels": selector(CONTROLLER)}});
+    let spread =
+        |key: &str, when: &str| json!({"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": when, "labelSelector": {"matchLabels": selector(CONTROLLER)}});
     let mut pod = json!({
         "nodeSelector": {"kubernetes.io/os": "linux"},
         "serviceAccountName": CONTROLLER_SA,
@@ -501,10 +505,8 @@ fn controller(i: &Inputs) -> Value {
         "volumes": [{"name": "socket-dir", "emptyDir": {}}],
     });
     if i.external_permissions {
-        let mut tolerations = vec![
-            json!({"key": "CriticalAddonsOnly", "operator": "Exists"}),
-            json!({"effect": "NoExecute", "operator": "Exists", "tolerationSeconds": 300}),
-        ];
+        let mut tolerations =
+            vec![json!({"key": "CriticalAddonsOnly", "operator": "Exists"}), json!({"effect": "NoExecute", "operator": "Exists", "tolerationSeconds": 300})];
         if i.control_plane_mode {
             for label in CONTROL_PLANE_LABELS.iter().rev() {
                 tolerations.push(json!({"key": label, "operator": "Exists"}));
@@ -767,7 +769,10 @@ mod tests {
         let pod = &d["spec"]["template"]["spec"];
         assert_eq!(pod["hostNetwork"], true);
         assert_eq!(pod["tolerations"], json!([{"operator": "Exists"}]));
-        assert_eq!(pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"][0]["key"], "node-role.kubernetes.io/control-plane");
+        assert_eq!(
+            pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"][0]["key"],
+            "node-role.kubernetes.io/control-plane"
+        );
         let names: Vec<&str> = pod["containers"].as_array().expect("containers").iter().filter_map(|c| c["name"].as_str()).collect();
         assert_eq!(names, ["ebs-plugin", "csi-provisioner", "csi-attacher", "csi-resizer", "liveness-probe"]);
         let plugin = container(d, "ebs-plugin");
@@ -893,7 +898,8 @@ mod tests {
         let ds = kind(&docs, "DaemonSet");
         assert!(args(container(ds, "ebs-plugin")).contains(&"--volume-attach-limit=25"));
         assert_eq!(ds["spec"]["template"]["spec"]["hostNetwork"], true);
-        let required = &ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"];
+        let required = &ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+            ["matchExpressions"];
         assert_ne!(required[0]["key"], "topology.kubernetes.io/zone");
         assert!(!docs.iter().any(|x| x["kind"] == "StorageClass"), "manageStorageClasses: false");
     }
@@ -916,7 +922,10 @@ mod tests {
             edit(&mut c);
             docs(&c, &versions).expect_err("invalid").to_string()
         };
-        assert_eq!(err(&|c| ebs(c).version = Some("v1.58.0 latest".into())), "spec.cloudConfig.awsEBSCSIDriver.version: \"v1.58.0 latest\" is not an image tag");
+        assert_eq!(
+            err(&|c| ebs(c).version = Some("v1.58.0 latest".into())),
+            "spec.cloudConfig.awsEBSCSIDriver.version: \"v1.58.0 latest\" is not an image tag"
+        );
         assert_eq!(err(&|c| ebs(c).volume_attach_limit = Some(0)), "spec.cloudConfig.awsEBSCSIDriver.volumeAttachLimit: 0 must be positive");
         assert_eq!(err(&|c| ebs(c).kube_api_burst = Some(-1)), "spec.cloudConfig.awsEBSCSIDriver.kubeAPIBurst: -1 must be positive");
         assert!(err(&|c| c.spec.cloud_labels = Some([("a,b".to_string(), "x".to_string())].into_iter().collect())).starts_with("spec.cloudLabels[a,b]: "));

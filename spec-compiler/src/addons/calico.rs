@@ -66,7 +66,13 @@ enum Encapsulation {
 }
 
 /// An allowed value of an optional string field, or the default.
-fn one_of(field: &'static str, value: Option<&str>, allowed: &'static [&'static str], text: &'static str, default: &'static str) -> Result<String, CalicoError> {
+fn one_of(
+    field: &'static str,
+    value: Option<&str>,
+    allowed: &'static [&'static str],
+    text: &'static str,
+    default: &'static str,
+) -> Result<String, CalicoError> {
     match value {
         None | Some("") => Ok(default.to_string()),
         Some(v) if allowed.contains(&v) => Ok(v.to_string()),
@@ -155,8 +161,20 @@ impl<'a> Settings<'a> {
         if cloud == "azure" && encapsulation != Encapsulation::Vxlan {
             return Err(CalicoError::Forbidden { field: "encapsulationMode", why: "Azure requires an encapsulationMode of \"vxlan\"" });
         }
-        let ipip = pool_mode("ipipMode", c.ipip_mode.as_deref(), Encapsulation::Ipip, encapsulation, "IP-in-IP encapsulation requires use of Calico's \"ipip\" encapsulation mode")?;
-        let vxlan = pool_mode("vxlanMode", c.vxlan_mode.as_deref(), Encapsulation::Vxlan, encapsulation, "VXLAN encapsulation requires use of Calico's \"vxlan\" encapsulation mode")?;
+        let ipip = pool_mode(
+            "ipipMode",
+            c.ipip_mode.as_deref(),
+            Encapsulation::Ipip,
+            encapsulation,
+            "IP-in-IP encapsulation requires use of Calico's \"ipip\" encapsulation mode",
+        )?;
+        let vxlan = pool_mode(
+            "vxlanMode",
+            c.vxlan_mode.as_deref(),
+            Encapsulation::Vxlan,
+            encapsulation,
+            "VXLAN encapsulation requires use of Calico's \"vxlan\" encapsulation mode",
+        )?;
         // kOps' CalicoIPv4PoolIPIPMode / CalicoIPv4PoolVXLANMode / CalicoIPv6PoolVXLANMode.
         let never = || "Never".to_string();
         let ipv4_ipip = match encapsulation {
@@ -899,7 +917,8 @@ mod tests {
         let docs = docs(&cluster, &versions).expect("valid").expect("calico");
         let data = &kind(&docs, "ConfigMap", "calico-config").expect("config")["data"];
         assert_eq!((&data["calico_backend"], &data["typha_service_name"], &data["veth_mtu"]), (&json!("bird"), &json!("none"), &json!("0")));
-        let cni: Value = serde_json::from_str(&data["cni_network_config"].as_str().expect("conflist").replace("__CNI_MTU__", "1440")).expect("conflist is JSON");
+        let cni: Value =
+            serde_json::from_str(&data["cni_network_config"].as_str().expect("conflist").replace("__CNI_MTU__", "1440")).expect("conflist is JSON");
         let types: Vec<&str> = cni["plugins"].as_array().expect("plugins").iter().filter_map(|p| p["type"].as_str()).collect();
         assert_eq!(types, ["calico", "portmap"]);
         assert_eq!(cni["plugins"][0]["ipam"]["type"], "calico-ipam");
@@ -934,7 +953,10 @@ mod tests {
         assert_eq!((&data["calico_backend"], &data["veth_mtu"]), (&json!("vxlan"), &json!("8981")));
         assert!(data["cni_network_config"].as_str().expect("conflist").contains("\"allow_ip_forwarding\": true"));
         let env = node_env_of(&docs);
-        assert_eq!((&env["CALICO_IPV4POOL_IPIP"], &env["CALICO_IPV4POOL_VXLAN"], &env["CALICO_IPV6POOL_VXLAN"]), (&json!("Never"), &json!("Always"), &json!("Always")));
+        assert_eq!(
+            (&env["CALICO_IPV4POOL_IPIP"], &env["CALICO_IPV4POOL_VXLAN"], &env["CALICO_IPV6POOL_VXLAN"]),
+            (&json!("Never"), &json!("Always"), &json!("Always"))
+        );
         assert_eq!(env["IP_AUTODETECTION_METHOD"], "can-reach=8.8.8.8");
         assert_eq!(env["FELIX_AWSSRCDSTCHECK"], "DoNothing");
         assert_eq!(env["FELIX_WIREGUARDENABLED"], "true");
@@ -1032,11 +1054,16 @@ mod tests {
             docs(&c, &versions).expect_err("invalid").to_string()
         };
         assert_eq!(err(&|c| c.encapsulation_mode = Some("gre".into())), "spec.networking.calico.encapsulationMode: \"gre\" is not one of ipip, vxlan, none");
-        assert!(err(&|c| c.encapsulation_mode = Some("none".into())).starts_with("spec.networking.calico.encapsulationMode: encapsulationMode \"none\" is only supported"));
+        assert!(err(&|c| c.encapsulation_mode = Some("none".into()))
+            .starts_with("spec.networking.calico.encapsulationMode: encapsulationMode \"none\" is only supported"));
         assert!(err(&|c| c.vxlan_mode = Some("Always".into())).starts_with("spec.networking.calico.vxlanMode: VXLAN encapsulation requires"));
         assert_eq!(err(&|c| c.ipip_mode = Some("Sometimes".into())), "spec.networking.calico.ipipMode: \"Sometimes\" is not one of Always, CrossSubnet, Never");
-        assert_eq!(err(&|c| c.aws_src_dst_check = Some("Maybe".into())), "spec.networking.calico.awsSrcDstCheck: \"Maybe\" is not one of Enable, Disable, DoNothing");
-        assert!(err(&|c| c.ipv4_auto_detection_method = Some("can-reach=::1".into())).starts_with("spec.networking.calico.ipv4AutoDetectionMethod: \"can-reach=::1\": must be a valid IPv4"));
+        assert_eq!(
+            err(&|c| c.aws_src_dst_check = Some("Maybe".into())),
+            "spec.networking.calico.awsSrcDstCheck: \"Maybe\" is not one of Enable, Disable, DoNothing"
+        );
+        assert!(err(&|c| c.ipv4_auto_detection_method = Some("can-reach=::1".into()))
+            .starts_with("spec.networking.calico.ipv4AutoDetectionMethod: \"can-reach=::1\": must be a valid IPv4"));
         assert!(err(&|c| c.ipv4_auto_detection_method = Some("guess".into())).ends_with("unsupported autodetection method"));
         assert!(err(&|c| c.typha_replicas = Some(-1)).starts_with("spec.networking.calico.typhaReplicas: \"-1\""));
         assert!(err(&|c| c.mtu = Some(-5)).starts_with("spec.networking.calico.mtu:"));
@@ -1057,7 +1084,10 @@ mod tests {
         assert_eq!(data["calico_backend"], "none");
         assert!(data["cni_network_config"].as_str().expect("conflist").contains("usePodCidrIPv6"));
         let env = node_env_of(&out);
-        assert_eq!((&env["IP"], &env["IP6"], &env["USE_POD_CIDR"], &env["NO_DEFAULT_POOLS"]), (&json!("none"), &json!("autodetect"), &json!("true"), &json!("true")));
+        assert_eq!(
+            (&env["IP"], &env["IP6"], &env["USE_POD_CIDR"], &env["NO_DEFAULT_POOLS"]),
+            (&json!("none"), &json!("autodetect"), &json!("true"), &json!("true"))
+        );
         assert!(!env.contains_key("CALICO_IPV4POOL_CIDR"));
         assert_eq!(env["FELIX_AWSSRCDSTCHECK"], "DoNothing");
         let ds = kind(&out, "DaemonSet", "calico-node").expect("daemonset");

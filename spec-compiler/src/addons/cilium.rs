@@ -129,7 +129,12 @@ impl<'a> Settings<'a> {
     fn new(cluster: &Cluster, c: &'a CiliumNetworkingSpec) -> Result<Settings<'a>, CiliumError> {
         check_version(c.version.as_deref().ok_or(CiliumError::Missing { field: "version" })?)?;
         let ipam = one_of("ipam", c.ipam.as_deref(), &[("kubernetes", Ipam::Kubernetes), ("eni", Ipam::Eni)], "kubernetes, eni")?;
-        let tunnel = one_of("tunnel", c.tunnel.as_deref(), &[("vxlan", Tunnel::Vxlan), ("geneve", Tunnel::Geneve), ("disabled", Tunnel::Disabled)], "vxlan, geneve, disabled")?;
+        let tunnel = one_of(
+            "tunnel",
+            c.tunnel.as_deref(),
+            &[("vxlan", Tunnel::Vxlan), ("geneve", Tunnel::Geneve), ("disabled", Tunnel::Disabled)],
+            "vxlan, geneve, disabled",
+        )?;
         let identity_allocation_mode = string_of("identityAllocationMode", c.identity_allocation_mode.as_deref(), &["crd", "kvstore"])?;
         if identity_allocation_mode == "kvstore" && c.etcd_managed != Some(true) {
             return Err(CiliumError::KvstoreWithoutEtcd);
@@ -142,7 +147,10 @@ impl<'a> Settings<'a> {
             return Err(CiliumError::Value { field: "bpfLBSockHostNSOnly", value: "true".into(), allowed: "false unless bpfLBSock is true" });
         }
         if c.hubble.as_ref().and_then(|h| h.enabled) == Some(true) {
-            return Err(CiliumError::Unsupported { field: "hubble.enabled", why: "Hubble's relay and TLS certificates need cert-manager, which Keelson does not install" });
+            return Err(CiliumError::Unsupported {
+                field: "hubble.enabled",
+                why: "Hubble's relay and TLS certificates need cert-manager, which Keelson does not install",
+            });
         }
         if c.ingress.as_ref().and_then(|i| i.enabled) == Some(true) {
             return Err(CiliumError::Unsupported { field: "ingress.enabled", why: "Cilium Ingress" });
@@ -154,7 +162,12 @@ impl<'a> Settings<'a> {
         if c.enable_encryption == Some(true) {
             match c.encryption_type.as_deref() {
                 Some("wireguard") => wireguard = true,
-                Some("ipsec") => return Err(CiliumError::Unsupported { field: "encryptionType", why: "IPsec keys come from a secret Keelson does not write; use wireguard" }),
+                Some("ipsec") => {
+                    return Err(CiliumError::Unsupported {
+                        field: "encryptionType",
+                        why: "IPsec keys come from a secret Keelson does not write; use wireguard",
+                    })
+                }
                 other => return Err(CiliumError::Value { field: "encryptionType", value: other.unwrap_or("").to_string(), allowed: "ipsec, wireguard" }),
             }
         }
@@ -163,7 +176,11 @@ impl<'a> Settings<'a> {
     }
 
     fn loopback(&self) -> &'static str {
-        if self.ipv6 { "::1" } else { "127.0.0.1" }
+        if self.ipv6 {
+            "::1"
+        } else {
+            "127.0.0.1"
+        }
     }
 
     /// The `cilium-config` data: every key kOps' template writes for these settings.
@@ -399,11 +416,28 @@ fn binding(kind: &str, name: &str, account: &str) -> Value {
 
 /// The CRDs the operator registers (and may update).
 const CRDS: &[&str] = &[
-    "ciliumloadbalancerippools", "ciliumbgppeeringpolicies", "ciliumbgpclusterconfigs", "ciliumbgppeerconfigs",
-    "ciliumbgpadvertisements", "ciliumbgpnodeconfigs", "ciliumbgpnodeconfigoverrides", "ciliumclusterwideenvoyconfigs",
-    "ciliumclusterwidenetworkpolicies", "ciliumegressgatewaypolicies", "ciliumendpoints", "ciliumendpointslices",
-    "ciliumenvoyconfigs", "ciliumidentities", "ciliumlocalredirectpolicies", "ciliumnetworkpolicies", "ciliumnodes",
-    "ciliumnodeconfigs", "ciliumcidrgroups", "ciliuml2announcementpolicies", "ciliumpodippools", "ciliumgatewayclassconfigs",
+    "ciliumloadbalancerippools",
+    "ciliumbgppeeringpolicies",
+    "ciliumbgpclusterconfigs",
+    "ciliumbgppeerconfigs",
+    "ciliumbgpadvertisements",
+    "ciliumbgpnodeconfigs",
+    "ciliumbgpnodeconfigoverrides",
+    "ciliumclusterwideenvoyconfigs",
+    "ciliumclusterwidenetworkpolicies",
+    "ciliumegressgatewaypolicies",
+    "ciliumendpoints",
+    "ciliumendpointslices",
+    "ciliumenvoyconfigs",
+    "ciliumidentities",
+    "ciliumlocalredirectpolicies",
+    "ciliumnetworkpolicies",
+    "ciliumnodes",
+    "ciliumnodeconfigs",
+    "ciliumcidrgroups",
+    "ciliuml2announcementpolicies",
+    "ciliumpodippools",
+    "ciliumgatewayclassconfigs",
 ];
 
 fn rbac() -> Vec<Value> {
@@ -415,11 +449,25 @@ fn rbac() -> Vec<Value> {
         rule(
             &["cilium.io"],
             &[
-                "ciliumloadbalancerippools", "ciliumbgppeeringpolicies", "ciliumbgpnodeconfigs", "ciliumbgpadvertisements",
-                "ciliumbgppeerconfigs", "ciliumclusterwideenvoyconfigs", "ciliumclusterwidenetworkpolicies",
-                "ciliumegressgatewaypolicies", "ciliumendpoints", "ciliumendpointslices", "ciliumenvoyconfigs", "ciliumidentities",
-                "ciliumlocalredirectpolicies", "ciliumnetworkpolicies", "ciliumnodes", "ciliumnodeconfigs", "ciliumcidrgroups",
-                "ciliuml2announcementpolicies", "ciliumpodippools",
+                "ciliumloadbalancerippools",
+                "ciliumbgppeeringpolicies",
+                "ciliumbgpnodeconfigs",
+                "ciliumbgpadvertisements",
+                "ciliumbgppeerconfigs",
+                "ciliumclusterwideenvoyconfigs",
+                "ciliumclusterwidenetworkpolicies",
+                "ciliumegressgatewaypolicies",
+                "ciliumendpoints",
+                "ciliumendpointslices",
+                "ciliumenvoyconfigs",
+                "ciliumidentities",
+                "ciliumlocalredirectpolicies",
+                "ciliumnetworkpolicies",
+                "ciliumnodes",
+                "ciliumnodeconfigs",
+                "ciliumcidrgroups",
+                "ciliuml2announcementpolicies",
+                "ciliumpodippools",
             ],
             &["list", "watch"],
         ),
@@ -439,7 +487,11 @@ fn rbac() -> Vec<Value> {
         rule(&[""], &["services/status"], &["update", "patch"]),
         rule(&[""], &["namespaces", "secrets"], &["get", "list", "watch"]),
         rule(&[""], &["services", "endpoints"], &["get", "list", "watch", "create", "update", "delete", "patch"]),
-        rule(&["cilium.io"], &["ciliumnetworkpolicies", "ciliumclusterwidenetworkpolicies"], &["create", "update", "deletecollection", "patch", "get", "list", "watch"]),
+        rule(
+            &["cilium.io"],
+            &["ciliumnetworkpolicies", "ciliumclusterwidenetworkpolicies"],
+            &["create", "update", "deletecollection", "patch", "get", "list", "watch"],
+        ),
         rule(&["cilium.io"], &["ciliumnetworkpolicies/status", "ciliumclusterwidenetworkpolicies/status"], &["patch", "update"]),
         rule(&["cilium.io"], &["ciliumendpoints", "ciliumidentities"], &["delete", "list", "watch"]),
         rule(&["cilium.io"], &["ciliumidentities"], &["update"]),
@@ -455,7 +507,14 @@ fn rbac() -> Vec<Value> {
         json!({"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["update"], "resourceNames": crd_names}),
         rule(
             &["cilium.io"],
-            &["ciliumloadbalancerippools", "ciliumpodippools", "ciliumbgppeeringpolicies", "ciliumbgpclusterconfigs", "ciliumbgpnodeconfigoverrides", "ciliumbgppeerconfigs"],
+            &[
+                "ciliumloadbalancerippools",
+                "ciliumpodippools",
+                "ciliumbgppeeringpolicies",
+                "ciliumbgpclusterconfigs",
+                "ciliumbgpnodeconfigoverrides",
+                "ciliumbgppeerconfigs",
+            ],
             &["get", "list", "watch"],
         ),
         rule(&["cilium.io"], &["ciliumpodippools"], &["create"]),
@@ -484,7 +543,10 @@ fn field_env(name: &str, path: &str) -> Value {
 }
 
 fn api_env(cluster: &Cluster) -> [Value; 2] {
-    [json!({"name": "KUBERNETES_SERVICE_HOST", "value": format!("api.internal.{}", cluster.name())}), json!({"name": "KUBERNETES_SERVICE_PORT", "value": "443"})]
+    [
+        json!({"name": "KUBERNETES_SERVICE_HOST", "value": format!("api.internal.{}", cluster.name())}),
+        json!({"name": "KUBERNETES_SERVICE_PORT", "value": "443"}),
+    ]
 }
 
 fn caps(add: &[&str]) -> Value {
@@ -638,7 +700,13 @@ fn daemonset(cluster: &Cluster, s: &Settings, image: &str) -> Value {
     let [host_env, port_env] = api_env(cluster);
     let mut clean = init("clean-cilium-state");
     clean["command"] = json!(["/init-container.sh"]);
-    clean["env"] = json!([cm_env("CILIUM_ALL_STATE", "clean-cilium-state"), cm_env("CILIUM_BPF_STATE", "clean-cilium-bpf-state"), cm_env("WRITE_CNI_CONF_WHEN_READY", "write-cni-conf-when-ready"), host_env, port_env]);
+    clean["env"] = json!([
+        cm_env("CILIUM_ALL_STATE", "clean-cilium-state"),
+        cm_env("CILIUM_BPF_STATE", "clean-cilium-bpf-state"),
+        cm_env("WRITE_CNI_CONF_WHEN_READY", "write-cni-conf-when-ready"),
+        host_env,
+        port_env
+    ]);
     clean["securityContext"] = caps(&["NET_ADMIN", "SYS_MODULE", "SYS_ADMIN", "SYS_RESOURCE"]);
     clean["volumeMounts"] = json!([
         {"name": "bpf-maps", "mountPath": "/sys/fs/bpf"},
@@ -680,7 +748,8 @@ fn daemonset(cluster: &Cluster, s: &Settings, image: &str) -> Value {
     ]}}));
     volumes.push(host_path("host-proc-sys-net", "/proc/sys/net", Some("Directory")));
     volumes.push(host_path("host-proc-sys-kernel", "/proc/sys/kernel", Some("Directory")));
-    let labels = json!({"k8s-app": "cilium", "app.kubernetes.io/name": "cilium-agent", "app.kubernetes.io/part-of": "cilium", "kubernetes.io/cluster-service": "true"});
+    let labels =
+        json!({"k8s-app": "cilium", "app.kubernetes.io/name": "cilium-agent", "app.kubernetes.io/part-of": "cilium", "kubernetes.io/cluster-service": "true"});
     json!({
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -713,8 +782,13 @@ fn daemonset(cluster: &Cluster, s: &Settings, image: &str) -> Value {
 /// Two operators when the control plane is highly available (kOps' `ControlPlaneControllerReplicas`:
 /// here, more than one member in the `main` etcd cluster, one per control-plane node).
 fn operator_replicas(cluster: &Cluster) -> u32 {
-    let members = cluster.spec.etcd_clusters.iter().flatten().find(|e| e.name.as_deref() == Some("main")).and_then(|e| e.etcd_members.as_ref()).map_or(0, Vec::len);
-    if members > 1 { 2 } else { 1 }
+    let members =
+        cluster.spec.etcd_clusters.iter().flatten().find(|e| e.name.as_deref() == Some("main")).and_then(|e| e.etcd_members.as_ref()).map_or(0, Vec::len);
+    if members > 1 {
+        2
+    } else {
+        1
+    }
 }
 
 fn operator(cluster: &Cluster, s: &Settings, image: &str) -> Value {
@@ -756,7 +830,8 @@ fn operator(cluster: &Cluster, s: &Settings, image: &str) -> Value {
         container["ports"] = json!([{"name": "prometheus", "containerPort": 9963, "hostPort": 9963, "protocol": "TCP"}]);
     }
     let selector = json!({"io.cilium/app": "operator", "name": "cilium-operator"});
-    let labels = json!({"io.cilium/app": "operator", "name": "cilium-operator", "app.kubernetes.io/part-of": "cilium", "app.kubernetes.io/name": "cilium-operator"});
+    let labels =
+        json!({"io.cilium/app": "operator", "name": "cilium-operator", "app.kubernetes.io/part-of": "cilium", "app.kubernetes.io/name": "cilium-operator"});
     let exists = |key: &str| json!({"key": key, "operator": "Exists"});
     json!({
         "apiVersion": "apps/v1",
@@ -916,7 +991,11 @@ mod tests {
         assert_eq!(err(&|c| c.tunnel = Some("gre".into())), "spec.networking.cilium.tunnel: \"gre\" is not one of vxlan, geneve, disabled");
         assert!(err(&|c| c.version = Some("v1.17.0".into())).starts_with("spec.networking.cilium.version: \"v1.17.0\""));
         assert!(err(&|c| c.version = Some("1.18.1".into())).starts_with("spec.networking.cilium.version:"));
-        assert!(err(&|c| c.hubble = Some(keelson_api::HubbleSpec { enabled: Some(true), ..Default::default() })).starts_with("spec.networking.cilium.hubble.enabled: not rendered"));
-        assert_eq!(err(&|c| c.identity_allocation_mode = Some("kvstore".into())), "spec.networking.cilium.identityAllocationMode: \"kvstore\" needs etcdManaged: true");
+        assert!(err(&|c| c.hubble = Some(keelson_api::HubbleSpec { enabled: Some(true), ..Default::default() }))
+            .starts_with("spec.networking.cilium.hubble.enabled: not rendered"));
+        assert_eq!(
+            err(&|c| c.identity_allocation_mode = Some("kvstore".into())),
+            "spec.networking.cilium.identityAllocationMode: \"kvstore\" needs etcdManaged: true"
+        );
     }
 }

@@ -141,11 +141,7 @@ impl CorefileInputs {
             if servers.is_empty() {
                 return Err(CoreDnsError::EmptyStubDomain { domain: name.clone() });
             }
-            let parsed = servers
-                .iter()
-                .enumerate()
-                .map(|(i, s)| NameServer::parse(&format!("stubDomains[{name}][{i}]"), s))
-                .collect::<Result<Vec<_>, _>>()?;
+            let parsed = servers.iter().enumerate().map(|(i, s)| NameServer::parse(&format!("stubDomains[{name}][{i}]"), s)).collect::<Result<Vec<_>, _>>()?;
             stub_domains.push((d, parsed));
         }
         stub_domains.sort_by(|a, b| a.0.cmp(&b.0));
@@ -432,7 +428,8 @@ mod tests {
         assert_eq!(service["metadata"]["name"], "kube-dns");
         assert_eq!(service["spec"]["clusterIP"], json!(ha_node_cluster_dns()));
         assert_eq!(service["spec"]["clusterIP"], "100.64.0.10");
-        let ports: Vec<String> = service["spec"]["ports"].as_array().expect("ports").iter().map(|p| format!("{}/{}", p["port"], p["protocol"].as_str().unwrap_or(""))).collect();
+        let ports: Vec<String> =
+            service["spec"]["ports"].as_array().expect("ports").iter().map(|p| format!("{}/{}", p["port"], p["protocol"].as_str().unwrap_or(""))).collect();
         assert_eq!(ports, ["53/UDP", "53/TCP", "9153/TCP"]);
     }
 
@@ -461,8 +458,16 @@ mod tests {
     fn the_corefile_serves_the_cluster_domain_and_forwards_to_the_node() {
         let text = corefile(&ha_docs(|_| {}));
         assert!(text.starts_with(".:53 {\n    errors\n    health {\n      lameduck 10s\n    }\n    ready\n"), "{text}");
-        assert!(text.contains("    kubernetes cluster.local. in-addr.arpa ip6.arpa {\n      pods insecure\n      fallthrough in-addr.arpa ip6.arpa\n      ttl 30\n    }\n"), "{text}");
-        assert!(text.contains("    forward . /etc/resolv.conf {\n      max_concurrent 1000\n    }\n    cache 30\n    loop\n    reload\n    loadbalance\n}\n"), "{text}");
+        assert!(
+            text.contains(
+                "    kubernetes cluster.local. in-addr.arpa ip6.arpa {\n      pods insecure\n      fallthrough in-addr.arpa ip6.arpa\n      ttl 30\n    }\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("    forward . /etc/resolv.conf {\n      max_concurrent 1000\n    }\n    cache 30\n    loop\n    reload\n    loadbalance\n}\n"),
+            "{text}"
+        );
         assert!(text.contains("prometheus :9153") && !text.contains("hosts ") && !text.contains("dns64"), "{text}");
 
         let text = corefile(&ha_docs(|kd| kd.domain = Some("corp.example.".into())));
@@ -497,7 +502,9 @@ mod tests {
         let docs = ha_docs(|kd| {
             kd.core_dns_image = Some("mirror.example/dns/coredns:v1.15.0".into());
             kd.tolerations = Some(vec![json!({"key": "dns", "operator": "Exists", "effect": "NoSchedule"})]);
-            kd.affinity = Some(json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "dns", "operator": "Exists"}]}]}}}));
+            kd.affinity = Some(
+                json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "dns", "operator": "Exists"}]}]}}}),
+            );
             kd.pod_annotations = Some([("a".to_string(), "b".to_string())].into_iter().collect());
             kd.cpu_request = Some("250m".parse().expect("quantity"));
         });
@@ -506,7 +513,10 @@ mod tests {
         assert_eq!(pod["containers"][0]["image"], "mirror.example/dns/coredns:v1.15.0");
         assert_eq!(pod["containers"][0]["resources"]["requests"]["cpu"], "250m");
         assert_eq!(pod["tolerations"], json!([{"key": "dns", "operator": "Exists", "effect": "NoSchedule"}]));
-        assert_eq!(pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"][0]["key"], "dns");
+        assert_eq!(
+            pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"][0]["key"],
+            "dns"
+        );
         assert_eq!(d["spec"]["template"]["metadata"]["annotations"], json!({"a": "b"}));
     }
 
@@ -556,7 +566,8 @@ mod tests {
             docs(&c, &versions).expect_err("invalid").to_string()
         };
         assert_eq!(err(&|kd| kd.server_ip = Some("100.64.0".into())), "spec.kubeDNS.serverIP: \"100.64.0\" is not an IP address");
-        assert!(err(&|kd| kd.upstream_nameservers = Some(vec!["8.8.8.8".into(), "dns.google".into()])).starts_with("spec.kubeDNS.upstreamNameservers[1]: \"dns.google\" is not a name server"));
+        assert!(err(&|kd| kd.upstream_nameservers = Some(vec!["8.8.8.8".into(), "dns.google".into()]))
+            .starts_with("spec.kubeDNS.upstreamNameservers[1]: \"dns.google\" is not a name server"));
         let stubs = |d: &str, s: Vec<String>| Some([(d.to_string(), s)].into_iter().collect());
         assert_eq!(err(&|kd| kd.stub_domains = stubs("bad domain", vec!["10.0.0.1".into()])), "spec.kubeDNS.stubDomains: \"bad domain\" is not a DNS domain");
         assert_eq!(err(&|kd| kd.stub_domains = stubs("a.example", vec![])), "spec.kubeDNS.stubDomains[a.example]: no name servers");

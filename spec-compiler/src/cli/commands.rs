@@ -206,11 +206,7 @@ pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 pub(crate) async fn aws_target(common: &Common, region: &str) -> aws::AwsTarget {
-    let opts = cloud::AwsOptions {
-        region: Some(region.to_string()),
-        endpoint_url: common.endpoint_url.clone(),
-        ..Default::default()
-    };
+    let opts = cloud::AwsOptions { region: Some(region.to_string()), endpoint_url: common.endpoint_url.clone(), ..Default::default() };
     aws::AwsTarget::new(&opts, &[]).await
 }
 
@@ -227,7 +223,13 @@ async fn pinned_cas(store: &StateStore) -> anyhow::Result<std::collections::BTre
 
 /// The model again, compiled with the CAs `store` holds pinned into every NodeupConfig.
 /// With `best_effort` (a plan that writes nothing), a store that cannot be read is a warning.
-async fn with_pinned_cas(docs: &keelson_api::Documents, options: &CompileOptions, store: &StateStore, file: &str, best_effort: bool) -> anyhow::Result<(model::ClusterModel, crate::Compiled)> {
+async fn with_pinned_cas(
+    docs: &keelson_api::Documents,
+    options: &CompileOptions,
+    store: &StateStore,
+    file: &str,
+    best_effort: bool,
+) -> anyhow::Result<(model::ClusterModel, crate::Compiled)> {
     let mut options = options.clone();
     options.cas = match pinned_cas(store).await {
         Ok(cas) => cas,
@@ -238,7 +240,10 @@ async fn with_pinned_cas(docs: &keelson_api::Documents, options: &CompileOptions
         Err(e) => return Err(e),
     };
     if options.cas.is_empty() {
-        eprintln!("keelson: warning: {file}: no cluster CA in {} yet: the plan shows user-data without it (`--yes` creates the CA first and pins it)", store.base());
+        eprintln!(
+            "keelson: warning: {file}: no cluster CA in {} yet: the plan shows user-data without it (`--yes` creates the CA first and pins it)",
+            store.base()
+        );
     }
     prepare(docs, &options).with_context(|| format!("{file}: building the cloud model"))
 }
@@ -306,7 +311,13 @@ pub fn run_delete(args: DeleteArgs) -> anyhow::Result<ExitCode> {
     rt.block_on(direct_delete(&args, &model))
 }
 
-async fn direct_apply(args: &ApplyArgs, docs: &keelson_api::Documents, options: &CompileOptions, model: &model::ClusterModel, file: &str) -> anyhow::Result<ExitCode> {
+async fn direct_apply(
+    args: &ApplyArgs,
+    docs: &keelson_api::Documents,
+    options: &CompileOptions,
+    model: &model::ClusterModel,
+    file: &str,
+) -> anyhow::Result<ExitCode> {
     let target = aws_target(&args.common, &model.region).await;
     let store = open_store(&model.config_base, Some(target.s3.clone()))?;
     if !args.yes {
@@ -475,7 +486,14 @@ pub fn run_export_kubeconfig(args: ExportKubeconfigArgs) -> anyhow::Result<ExitC
         None => default_kubeconfig()?,
     };
     super::kubeconfig::write_merged(&path, &model.cluster, &server, &cred)?;
-    println!("kubeconfig {}: context {} (server {server}, user {} in {}, valid {})", path.display(), model.cluster, args.user, super::kubeconfig::ADMIN_GROUP, args.ttl);
+    println!(
+        "kubeconfig {}: context {} (server {server}, user {} in {}, valid {})",
+        path.display(),
+        model.cluster,
+        args.user,
+        super::kubeconfig::ADMIN_GROUP,
+        args.ttl
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -543,7 +561,13 @@ pub fn run_validate_cluster(args: ValidateClusterArgs) -> anyhow::Result<ExitCod
                 return Ok(if done { ExitCode::SUCCESS } else { ExitCode::from(1) });
             }
             if let Some(r) = report.as_ref().filter(|r| !r.valid()) {
-                eprintln!("keelson: validate: {} problem(s), retrying (first: {} {}: {})", r.failures.len(), r.failures[0].kind, r.failures[0].name, r.failures[0].message);
+                eprintln!(
+                    "keelson: validate: {} problem(s), retrying (first: {} {}: {})",
+                    r.failures.len(),
+                    r.failures[0].kind,
+                    r.failures[0].name,
+                    r.failures[0].message
+                );
             }
             tokio::time::sleep(std::time::Duration::from_secs(10)).await;
         }

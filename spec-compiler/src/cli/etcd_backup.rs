@@ -149,7 +149,15 @@ async fn list(t: &Target) -> anyhow::Result<ExitCode> {
 }
 
 fn print_backup(verb: &str, m: &BackupMeta) {
-    println!("{verb} backup {} of etcd {}: revision {}, {}, etcd {}, taken from {}", m.id, m.etcd_cluster, m.revision, human_size(m.size), m.etcd_version, m.taken_from);
+    println!(
+        "{verb} backup {} of etcd {}: revision {}, {}, etcd {}, taken from {}",
+        m.id,
+        m.etcd_cluster,
+        m.revision,
+        human_size(m.size),
+        m.etcd_version,
+        m.taken_from
+    );
 }
 
 async fn create(t: &Target, timeout: Duration) -> anyhow::Result<ExitCode> {

@@ -35,11 +35,7 @@ pub fn build(ctx: &Context, d: &Derived, spec: &mut ClusterSpec) {
             if ip_aliases {
                 default(&mut c.configure_cloud_routes, false);
             }
-            let controllers = if external_ipam {
-                strings(&["*", "-node-ipam-controller", "-node-route-controller"])
-            } else {
-                strings(&["*"])
-            };
+            let controllers = if external_ipam { strings(&["*", "-node-ipam-controller", "-node-route-controller"]) } else { strings(&["*"]) };
             default(&mut c.controllers, controllers);
             default(&mut c.image, ctx.versions.cloud_controller_manager_image_gcp());
         }

@@ -20,7 +20,6 @@ const ADMISSION_PLUGINS: &[&str] = &[
     "ValidatingAdmissionWebhook",
 ];
 
-
 fn leader_elect(on: bool) -> LeaderElectionConfiguration {
     LeaderElectionConfiguration { leader_elect: Some(on), ..Default::default() }
 }
@@ -55,20 +54,9 @@ fn service_account_issuer(ctx: &Context, spec: &ClusterSpec) -> Option<String> {
 
 pub fn api_server(ctx: &Context, d: &Derived, spec: &mut ClusterSpec) {
     let Some(service_range) = spec.service_cluster_ip_range else { return };
-    let etcd_main_members = spec
-        .etcd_clusters
-        .iter()
-        .flatten()
-        .find(|e| e.name.as_deref() == Some("main"))
-        .map(|e| e.etcd_members.as_ref().map_or(0, Vec::len))
-        .unwrap_or(0);
-    let etcd_major = spec
-        .etcd_clusters
-        .iter()
-        .flatten()
-        .next()
-        .and_then(|e| e.version.clone())
-        .unwrap_or_else(|| ctx.versions.etcd_version().to_string());
+    let etcd_main_members =
+        spec.etcd_clusters.iter().flatten().find(|e| e.name.as_deref() == Some("main")).map(|e| e.etcd_members.as_ref().map_or(0, Vec::len)).unwrap_or(0);
+    let etcd_major = spec.etcd_clusters.iter().flatten().next().and_then(|e| e.version.clone()).unwrap_or_else(|| ctx.versions.etcd_version().to_string());
     let etcd_major = etcd_major.trim_start_matches('v').split('.').next().unwrap_or("3").to_string();
     let scheme = if ctx.flag("EtcdEventsHTTP") { "http" } else { "https" };
     let mut servers = Vec::new();

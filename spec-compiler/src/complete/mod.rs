@@ -109,11 +109,7 @@ pub struct CompileOptions {
 impl CompileOptions {
     /// Parse a kOps `KOPS_FEATURE_FLAGS` value (`+A,-B,C`).
     pub fn parse_feature_flags(text: &str) -> BTreeSet<String> {
-        text.split(',')
-            .map(str::trim)
-            .filter(|f| !f.is_empty() && !f.starts_with('-'))
-            .map(|f| f.trim_start_matches('+').to_string())
-            .collect()
+        text.split(',').map(str::trim).filter(|f| !f.is_empty() && !f.starts_with('-')).map(|f| f.trim_start_matches('+').to_string()).collect()
     }
 }
 
@@ -158,10 +154,7 @@ pub struct Derived {
 
 impl Derived {
     fn of(spec: &ClusterSpec) -> Derived {
-        Derived {
-            plugin: Plugin::of(spec),
-            ipv6: spec.non_masquerade_cidr.is_some_and(|c| c.is_ipv6()),
-        }
+        Derived { plugin: Plugin::of(spec), ipv6: spec.non_masquerade_cidr.is_some_and(|c| c.is_ipv6()) }
     }
 }
 
@@ -208,15 +201,8 @@ pub fn complete(docs: &Documents, options: &CompileOptions) -> Result<Cluster, C
     let user = &docs.cluster.spec;
     let version = user.kubernetes_version.clone().ok_or(CompleteError::MissingVersion)?;
     let cloud = Cloud::parse(user.cloud_provider.as_deref().ok_or(CompleteError::MissingCloud)?);
-    let ctx = Context {
-        name: docs.cluster.name().to_string(),
-        cloud,
-        version,
-        versions: versions_for(user, options)?,
-        groups: &docs.instance_groups,
-        user,
-        options,
-    };
+    let ctx =
+        Context { name: docs.cluster.name().to_string(), cloud, version, versions: versions_for(user, options)?, groups: &docs.instance_groups, user, options };
     let mut spec = user.clone();
     for _ in 0..MAX_PASSES {
         let before = spec.clone();

@@ -3,9 +3,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use keelson_api::{
-    APISpec, Cidr, ClusterSpec, DNSAccessSpec, DNSSpec, ExternalDNSConfig, LoadBalancerAccessSpec, Role, TopologySpec,
-};
+use keelson_api::{APISpec, Cidr, ClusterSpec, DNSAccessSpec, DNSSpec, ExternalDNSConfig, LoadBalancerAccessSpec, Role, TopologySpec};
 
 use super::{default, Cloud, Context, Derived, Plugin};
 
@@ -83,9 +81,7 @@ pub fn build(ctx: &Context, d: &Derived, spec: &mut ClusterSpec) {
     }
     match ctx.cloud {
         Cloud::Aws => default(&mut spec.network_cidr, cidr(DEFAULT_AWS_NETWORK)),
-        Cloud::Other if spec.cloud_provider.as_deref() == Some("azure") => {
-            default(&mut spec.network_cidr, cidr(DEFAULT_AZURE_NETWORK))
-        }
+        Cloud::Other if spec.cloud_provider.as_deref() == Some("azure") => default(&mut spec.network_cidr, cidr(DEFAULT_AZURE_NETWORK)),
         Cloud::Gce => assign_gce_subnets(spec),
         _ => {}
     }
@@ -95,9 +91,7 @@ pub fn build(ctx: &Context, d: &Derived, spec: &mut ClusterSpec) {
     if spec.cloud_provider.as_deref() != Some("openstack") {
         let api = spec.api.get_or_insert_with(APISpec::default);
         if api.dns.is_none() && api.load_balancer.is_none() {
-            let subnet_type = |name: &str| {
-                spec.subnets.iter().flatten().find(|s| s.name.as_deref() == Some(name)).and_then(|s| s.type_.clone())
-            };
+            let subnet_type = |name: &str| spec.subnets.iter().flatten().find(|s| s.name.as_deref() == Some(name)).and_then(|s| s.type_.clone());
             let has_apiserver_group = ctx.groups.iter().any(|g| g.role() == Some(Role::ApiServer));
             let mut private = false;
             let mut public = false;

@@ -9,8 +9,7 @@ use super::network::nth_address;
 use super::{default, Cloud, Context, Derived, Plugin};
 
 /// Hard eviction thresholds kOps sets on every kubelet.
-pub const EVICTION_HARD: &str =
-    "memory.available<100Mi,nodefs.available<10%,nodefs.inodesFree<5%,imagefs.available<10%,imagefs.inodesFree<5%";
+pub const EVICTION_HARD: &str = "memory.available<100Mi,nodefs.available<10%,nodefs.inodesFree<5%,imagefs.available<10%,imagefs.inodesFree<5%";
 const NODE_LOCAL_DNS_IMAGE: &str = "registry.k8s.io/dns/k8s-dns-node-cache:1.26.0";
 const NVIDIA_DRIVER_PACKAGE: &str = "nvidia-driver-535-server";
 const NVIDIA_DEVICE_PLUGIN_IMAGE: &str = "nvcr.io/nvidia/k8s-device-plugin:v0.17.3";

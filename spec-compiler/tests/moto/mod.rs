@@ -12,8 +12,7 @@ pub const BUCKET: &str = "keelson-test-state";
 pub const ZONE: &str = "example.com";
 pub const CLUSTER: &str = "minimal.k8s.example.com";
 
-pub const NODEUP_AMD64: &str =
-    "amd64=8b1a9953c4611296a827abf8c47804d7e6c49c6b8f0b8c1f4ee3a5e6a1b1c2d3@https://nodeup.mirror.test/amd64/nodeup";
+pub const NODEUP_AMD64: &str = "amd64=8b1a9953c4611296a827abf8c47804d7e6c49c6b8f0b8c1f4ee3a5e6a1b1c2d3@https://nodeup.mirror.test/amd64/nodeup";
 /// The protokube build for the control planes.
 pub const PROTOKUBE_AMD64: &str = "amd64=5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8@https://nodeup.mirror.test/amd64/protokube";
 
@@ -77,14 +76,7 @@ impl Moto {
     pub async fn fixtures(&self) -> String {
         let t = self.target(&[]).await;
         t.s3.create_bucket().bucket(BUCKET).send().await.expect("create bucket");
-        t.dns
-            .client()
-            .create_hosted_zone()
-            .name(ZONE)
-            .caller_reference(format!("keelson-test-{}", std::process::id()))
-            .send()
-            .await
-            .expect("create zone");
+        t.dns.client().create_hosted_zone().name(ZONE).caller_reference(format!("keelson-test-{}", std::process::id())).send().await.expect("create zone");
         let images = t.ec2.describe_images().send().await.expect("describe images");
         let mut ids: Vec<String> = images.images().iter().filter_map(|i| i.image_id().map(str::to_string)).collect();
         ids.sort();
@@ -107,12 +99,9 @@ pub fn compile_options() -> spec_compiler::CompileOptions {
     let (arch, asset) = NODEUP_AMD64.split_once('=').expect("asset");
     spec_compiler::CompileOptions {
         offline: true,
-        nodeup_assets: [(
-            spec_compiler::versions::Arch::parse(arch).expect("arch"),
-            spec_compiler::userdata::NodeupAsset::parse(asset).expect("asset"),
-        )]
-        .into_iter()
-        .collect(),
+        nodeup_assets: [(spec_compiler::versions::Arch::parse(arch).expect("arch"), spec_compiler::userdata::NodeupAsset::parse(asset).expect("asset"))]
+            .into_iter()
+            .collect(),
         protokube_assets: [(
             spec_compiler::versions::Arch::parse(arch).expect("arch"),
             spec_compiler::userdata::NodeupAsset::parse(PROTOKUBE_AMD64.split_once('=').expect("asset").1).expect("asset"),
@@ -163,12 +152,7 @@ where
     let handle = std::thread::Builder::new()
         .stack_size(STACK)
         .spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .thread_stack_size(STACK)
-                .enable_all()
-                .build()
-                .expect("tokio runtime");
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_stack_size(STACK).enable_all().build().expect("tokio runtime");
             rt.block_on(body());
         })
         .expect("spawn test thread");

@@ -40,24 +40,26 @@ impl Drop for Down {
 
 /// [`run`] with extra environment variables (the machines inherit the test-only ones).
 pub fn run_with_env(env: &[(&str, &str)], args: &[&str]) -> Output {
-    let out = Command::new(exe())
-        .args(args)
-        .envs(env.iter().copied())
-        .current_dir(repo())
-        .output()
-        .expect("run keelson-local");
-    eprintln!("$ {} keelson-local {}\n{}{}", env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "), args.join(" "), String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr).lines().filter(|l| !l.contains("Failed to kill control group")).collect::<Vec<_>>().join("\n"));
+    let out = Command::new(exe()).args(args).envs(env.iter().copied()).current_dir(repo()).output().expect("run keelson-local");
+    eprintln!(
+        "$ {} keelson-local {}\n{}{}",
+        env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "),
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr).lines().filter(|l| !l.contains("Failed to kill control group")).collect::<Vec<_>>().join("\n")
+    );
     out
 }
 
 /// Run `keelson-local ARGS`, echoing its output (so a failing test shows why).
 pub fn run(args: &[&str]) -> Output {
-    let out = Command::new(exe())
-        .args(args)
-        .current_dir(repo())
-        .output()
-        .expect("run keelson-local");
-    eprintln!("$ keelson-local {}\n{}{}", args.join(" "), String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr).lines().filter(|l| !l.contains("Failed to kill control group")).collect::<Vec<_>>().join("\n"));
+    let out = Command::new(exe()).args(args).current_dir(repo()).output().expect("run keelson-local");
+    eprintln!(
+        "$ keelson-local {}\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr).lines().filter(|l| !l.contains("Failed to kill control group")).collect::<Vec<_>>().join("\n")
+    );
     out
 }
 
