@@ -395,36 +395,7 @@ impl StateStore {
 
     /// Every object under `rel_prefix` (keys relative to the base), sorted.
     pub async fn list(&self, rel_prefix: &str) -> Result<Vec<String>, StoreError> {
-        match &self.backend {
-            Backend::File(dir) => {
-                let mut out = Vec::new();
-                let mut stack = vec![dir.join(rel_prefix)];
-                while let Some(d) = stack.pop() {
-                    let entries = match std::fs::read_dir(&d) {
-                        Ok(e) => e,
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound || e.kind() == std::io::ErrorKind::NotADirectory => continue,
-                        Err(source) => return Err(StoreError::Io { path: d, source }),
-                    };
-                    for e in entries.flatten() {
-                        let p = e.path();
-                        let temp = e.file_name().to_string_lossy().starts_with(crate::fs::TEMP_PREFIX);
-                        if p.is_dir() {
-                            stack.push(p);
-                        } else if let (false, Ok(rel)) = (temp, p.strip_prefix(dir)) {
-                            out.push(rel.to_string_lossy().into_owned());
-                        }
-                    }
-                }
-                out.sort();
-                Ok(out)
-            }
-            Backend::Http(_) => Err(StoreError::ReadOnly { base: self.base.to_string(), op: "list" }),
-            #[cfg(feature = "aws")]
-            Backend::S3(client) => {
-                let ConfigBase::S3 { bucket, prefix } = &self.base else { return Err(StoreError::NoS3 { base: self.base.to_string() }) };
-                s3::list(client, bucket, prefix, rel_prefix).await
-            }
-        }
+        Ok(self.list_modified(rel_prefix).await?.into_iter().map(|(k, _)| k).collect())
     }
 
     /// Every object under `rel_prefix` with the time the store says it was last written (a file's

@@ -64,6 +64,14 @@ impl Ini {
             self.kv(k, v.join(" "));
         }
     }
+    /// The `[Unit]` section every unit file starts with.
+    fn unit(&mut self, u: &UnitSection) {
+        self.section("Unit");
+        self.kv("Description", &u.description);
+        self.opt("Documentation", &u.documentation);
+        self.list("After", &u.after);
+        self.list("Wants", &u.wants);
+    }
 }
 
 fn yes_no(b: &Option<bool>) -> Option<&'static str> {
@@ -73,11 +81,7 @@ fn yes_no(b: &Option<bool>) -> Option<&'static str> {
 impl Unit {
     pub fn render(&self) -> String {
         let mut o = Ini(String::new());
-        o.section("Unit");
-        o.kv("Description", &self.unit.description);
-        o.opt("Documentation", &self.unit.documentation);
-        o.list("After", &self.unit.after);
-        o.list("Wants", &self.unit.wants);
+        o.unit(&self.unit);
         let s = &self.service;
         o.section("Service");
         o.opt("Type", &s.type_);
@@ -119,11 +123,7 @@ pub struct Timer {
 impl Timer {
     pub fn render(&self) -> String {
         let mut o = Ini(String::new());
-        o.section("Unit");
-        o.kv("Description", &self.unit.description);
-        o.opt("Documentation", &self.unit.documentation);
-        o.list("After", &self.unit.after);
-        o.list("Wants", &self.unit.wants);
+        o.unit(&self.unit);
         o.section("Timer");
         o.kv("OnActiveSec", format!("{}s", self.every.as_secs()));
         o.kv("OnUnitActiveSec", format!("{}s", self.every.as_secs()));
