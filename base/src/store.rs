@@ -762,10 +762,6 @@ mod s3 {
         Ok(())
     }
 
-    pub async fn list(client: &aws_sdk_s3::Client, bucket: &str, prefix: &str, rel_prefix: &str) -> Result<Vec<String>, StoreError> {
-        Ok(list_modified(client, bucket, prefix, rel_prefix).await?.into_iter().map(|(k, _)| k).collect())
-    }
-
     pub async fn list_modified(
         client: &aws_sdk_s3::Client,
         bucket: &str,
