@@ -5,9 +5,10 @@
 //! I/O), the desired-vs-actual diff and its rendering ([`plan`]), the AWS target ([`aws`]: one typed
 //! task per resource kind — discovery, field-by-field comparison, create/update/delete through the
 //! SDK), the Terraform targets ([`terraform`], [`gce`]), the IAM policies ([`iam_policy`]), the state a
-//! cluster keeps in its store ([`state`]), rolling updates ([`rolling`]) and cluster validation
-//! ([`validate`]). Must not: compile specs (it takes the compiler's output), parse command lines, or
-//! guess — a missing id or an unparsable attribute is an error naming the resource.
+//! cluster keeps in its store ([`state`]). Must not: compile specs (it takes the compiler's typed
+//! output), operate a running cluster (rolling updates and validation are `keelson-ops`), talk to
+//! Kubernetes, parse command lines, or guess — a missing id or an unparsable attribute is an error
+//! naming the resource.
 
 pub mod aws;
 pub mod firewall;
@@ -15,10 +16,8 @@ pub mod gce;
 pub mod iam_policy;
 pub mod model;
 pub mod plan;
-pub mod rolling;
 pub mod state;
 pub mod terraform;
-pub mod validate;
 
 use base::StateStore;
 use model::ClusterModel;

@@ -1,12 +1,12 @@
 //! The cloud model: every resource a compiled cluster needs, with stable kOps names and tags,
-//! derived from the completed spec, the instance groups and the compiled tree (user-data, state).
+//! derived from the compiler's typed results (completed spec, user-data, state files) and the
+//! instance groups.
 //! No I/O; the AWS and Terraform targets both render from this.
 
 use std::collections::BTreeMap;
 
-use keelson_api::{Cluster, Documents, InstanceGroup, Role};
-
-use base::Tree;
+use keelson_api::{Documents, InstanceGroup, Role};
+use spec_compiler::Compiled;
 
 /// Default etcd volume: 20 GiB gp3 (kOps' default).
 pub const DEFAULT_ETCD_VOLUME_SIZE_GIB: i64 = 20;
@@ -31,8 +31,6 @@ pub enum ModelError {
     Group { group: String, field: String, message: String },
     #[error("InstanceGroup/{group}: no user-data was compiled (give --nodeup-asset ARCH=SHA256@URL for the nodeup build instances boot)")]
     NoUserData { group: String },
-    #[error("cluster-completed.yaml: {0}")]
-    Completed(String),
 }
 
 /// The cloud of a model (AWS or GCE; validated when the model is built).
@@ -383,13 +381,14 @@ pub fn region_of_zone(zone: &str) -> String {
     keelson_api::aws_region_of_zone(zone).unwrap_or(zone).to_string()
 }
 
-/// Build the model. `completed` is the completed Cluster (from `cluster-completed.yaml`).
-pub fn build(docs: &Documents, completed: &Cluster, tree: &Tree) -> Result<ClusterModel, ModelError> {
-    build_with(docs, completed, tree, true)
+/// Build the model of a compiled cluster.
+pub fn build(docs: &Documents, compiled: &Compiled) -> Result<ClusterModel, ModelError> {
+    build_with(docs, compiled, true)
 }
 
 /// [`build`], optionally tolerating missing user-data (delete needs names and tags, not boot scripts).
-pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_user_data: bool) -> Result<ClusterModel, ModelError> {
+pub fn build_with(docs: &Documents, compiled: &Compiled, require_user_data: bool) -> Result<ClusterModel, ModelError> {
+    let completed = &compiled.completed;
     let cluster = completed.name().to_string();
     let spec = &completed.spec;
     let missing = |field: &str| ModelError::Missing { cluster: cluster.clone(), field: field.to_string() };
@@ -473,7 +472,7 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
         let name = keelson_api::names::autoscaling_group_name(&group, &cluster);
         let image = g.image.clone().ok_or_else(|| gerr("spec.image", "required for apply"))?;
         let machine_type = g.machine_type.clone().ok_or_else(|| gerr("spec.machineType", "required for apply"))?;
-        let user_data = match tree.files.get(&format!("userdata/{group}.sh")) {
+        let user_data = match compiled.groups.get(&group).and_then(|g| g.user_data.as_ref()) {
             Some(b) => b.clone(),
             None if role == Role::Bastion || !require_user_data => Vec::new(),
             None => return Err(ModelError::NoUserData { group }),
@@ -696,7 +695,7 @@ pub fn build_with(docs: &Documents, completed: &Cluster, tree: &Tree, require_us
         Some(Dns { zone: spec.dns_zone.clone(), private: dns_type.as_deref() == Some("Private"), records, alias_records })
     };
 
-    let state = tree.files.iter().filter_map(|(k, v)| k.strip_prefix("state/").map(|rel| (rel.to_string(), v.clone()))).collect();
+    let state = compiled.state_files().map(|(rel, v)| (rel.to_string(), v.clone())).collect();
 
     Ok(ClusterModel {
         cluster,
@@ -918,12 +917,6 @@ fn routing(cluster: &str, subnets: &[Subnet]) -> Result<Routing, ModelError> {
         });
     }
     Ok(Routing { tags: cluster_tags(cluster, &internet_gateway), internet_gateway, nat_gateways, route_tables })
-}
-
-/// Parse the completed Cluster out of a compiled tree.
-pub fn completed_cluster(tree: &Tree) -> Result<Cluster, ModelError> {
-    let bytes = tree.files.get("cluster-completed.yaml").ok_or_else(|| ModelError::Completed("missing from the compiled tree".into()))?;
-    serde_yaml_ng::from_slice(bytes).map_err(|e| ModelError::Completed(e.to_string()))
 }
 
 #[cfg(test)]

@@ -120,8 +120,35 @@ pub fn addons(cluster: &Cluster, versions: &Versions) -> Result<Vec<Addon>, Addo
     Ok(addons)
 }
 
-/// Render the addons and their index into `tree` under `state/addons/`.
-pub fn render(tree: &mut Tree, cluster: &Cluster, versions: &Versions, additional_objects: &[serde_json::Value]) -> Result<(), AddonError> {
+/// One addon as compiled: where its manifest goes under the state store's `addons/` and the manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderedAddon {
+    pub name: String,
+    pub version: String,
+    /// Relative to `addons/`: `<name>/v<version>.yaml`.
+    pub manifest_path: String,
+    pub manifest: String,
+}
+
+/// The addons (in apply order, additional objects last) and their channel index (`addons/bootstrap-channel.yaml`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RenderedAddons {
+    pub addons: Vec<RenderedAddon>,
+    pub channel: String,
+}
+
+impl RenderedAddons {
+    /// Their files in the compiled tree, under `state/`.
+    pub fn insert_into(&self, tree: &mut Tree) {
+        for a in &self.addons {
+            tree.insert(format!("state/addons/{}", a.manifest_path), a.manifest.clone());
+        }
+        tree.insert(format!("state/{CHANNEL}"), self.channel.clone());
+    }
+}
+
+/// Render the addons and their index.
+pub fn render(cluster: &Cluster, versions: &Versions, additional_objects: &[serde_json::Value]) -> Result<RenderedAddons, AddonError> {
     let mut addons = addons(cluster, versions)?;
     let objects: Vec<serde_json::Value> =
         additional_objects.iter().filter(|o| !o.get("kind").and_then(|k| k.as_str()).is_some_and(|k| k.ends_with("Configuration"))).cloned().collect();
@@ -129,6 +156,7 @@ pub fn render(tree: &mut Tree, cluster: &Cluster, versions: &Versions, additiona
         addons.push(Addon { name: "additional-objects.keelson.io", version: "1.0.0", docs: objects });
     }
     let mut channel = AddonChannel { kind: "Addons".into(), addons: Vec::new() };
+    let mut out = RenderedAddons::default();
     for Addon { name, version, docs } in addons {
         let text = manifest(name, &docs)?;
         let rel = format!("{name}/v{version}.yaml");
@@ -138,10 +166,10 @@ pub fn render(tree: &mut Tree, cluster: &Cluster, versions: &Versions, additiona
             manifest: rel.clone(),
             manifest_hash: base::sha256_hex(text.as_bytes()),
         });
-        tree.insert(format!("state/addons/{rel}"), text);
+        out.addons.push(RenderedAddon { name: name.to_string(), version: version.to_string(), manifest_path: rel, manifest: text });
     }
-    tree.insert(format!("state/{CHANNEL}"), output::to_yaml(CHANNEL, &channel)?);
-    Ok(())
+    out.channel = output::to_yaml(CHANNEL, &channel)?;
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -180,7 +208,7 @@ mod tests {
             json!({"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration", "percentageOfNodesToScore": 50}),
         ];
         let (cluster, versions) = ha();
-        render(&mut tree, &cluster, &versions, &extra).expect("render");
+        render(&cluster, &versions, &extra).expect("render").insert_into(&mut tree);
         let objects = String::from_utf8_lossy(&tree.files["state/addons/additional-objects.keelson.io/v1.0.0.yaml"]).to_string();
         assert!(objects.contains("kind: ConfigMap") && !objects.contains("KubeSchedulerConfiguration"), "{objects}");
         let index = String::from_utf8(tree.files[&format!("state/{CHANNEL}")].clone()).expect("utf-8");
@@ -197,7 +225,7 @@ mod tests {
         let (mut cluster, versions) = ha();
         cluster.metadata.annotations.get_or_insert_with(Default::default).insert(keelson_api::nodeup::NODE_BOOTSTRAP_ANNOTATION.into(), "token".into());
         let mut tree = Tree::default();
-        render(&mut tree, &cluster, &versions, &[]).expect("render");
+        render(&cluster, &versions, &[]).expect("render").insert_into(&mut tree);
         let text = String::from_utf8_lossy(&tree.files["state/addons/bootstrap-rbac.keelson.io/v1.0.0.yaml"]).to_string();
         assert_eq!(text.matches("kind: ClusterRoleBinding").count(), 4, "{text}");
         assert!(text.contains("certificatesigningrequests:nodeclient") && text.contains("system:bootstrappers"), "{text}");

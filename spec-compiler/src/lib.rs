@@ -1,18 +1,13 @@
 //! The Keelson spec compiler: validate a kOps-format spec, complete it, and render node
 //! configs, boot configs and user-data for every instance group.
 //!
-//! Owns: completion (every default), the versions table, node configs, user-data, and the `keelson`
-//! command line ([`cli`] with feature `cloud`, on by default: apply, delete, rolling-update and
-//! export, on top of `keelson-cloud-resources`). Must not: read the environment
-//! or the network inside [`compile`] — the binary turns flags and documented variables into
-//! [`CompileOptions`], and hashes not in the table or `asset_hashes` are fetched only when not offline.
+//! Owns: completion (every default), the versions table, node configs, user-data and addons, as typed
+//! results ([`Compiled`]) plus the file tree they make. Must not: parse command lines (the `keelson`
+//! binary is `keelson-cli`), read the environment or write files — the binary turns flags and
+//! documented variables into [`CompileOptions`] and writes [`Compiled::tree`]; hashes not in the
+//! table or `asset_hashes` are fetched only when not offline.
 
 pub mod addons;
-#[cfg(feature = "cloud")]
-pub mod apply;
-pub mod args;
-#[cfg(feature = "cloud")]
-pub mod cli;
 pub mod complete;
 pub mod load;
 pub mod nodeup_config;
@@ -22,8 +17,8 @@ pub mod versions;
 
 use std::collections::BTreeMap;
 
-use keelson_api::nodeup::BootConfig;
-use keelson_api::{Documents, Role};
+use keelson_api::nodeup::{BootConfig, NodeupConfig};
+use keelson_api::{Cluster, Documents, Role};
 
 pub use complete::{CompileOptions, CompleteError};
 pub use nodeup_config::NodeupConfigError;
@@ -47,26 +42,52 @@ pub enum CompileError {
     NoProtokube { group: String, arch: String },
 }
 
-/// The result of a compile: the files, plus anything the operator should know.
-#[derive(Debug, Clone, Default)]
+/// One instance group, compiled. Bastions run no nodeup: they have neither configs nor user-data.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompiledGroup {
+    pub role: Role,
+    pub nodeup: Option<NodeupConfig>,
+    pub boot: Option<BootConfig>,
+    /// The user-data script (possibly gzip-packaged); `None` when no nodeup build was given.
+    pub user_data: Option<Vec<u8>>,
+}
+
+/// The result of a compile: the completed cluster, each group's configuration, the addons, the files
+/// all of it makes, and anything the operator should know.
+#[derive(Debug, Clone)]
 pub struct Compiled {
+    pub completed: Cluster,
+    /// By instance-group name (groups without a role are left out; validation refuses them).
+    pub groups: BTreeMap<String, CompiledGroup>,
+    pub addons: addons::RenderedAddons,
+    /// Every output file (what `keelson compile --out` writes); `state/…` is what the state store holds.
     pub tree: Tree,
     pub warnings: Vec<String>,
 }
 
+impl Compiled {
+    /// The files the state store holds, relative to the store (`state/` stripped).
+    pub fn state_files(&self) -> impl Iterator<Item = (&str, &Vec<u8>)> {
+        self.tree.files.iter().filter_map(|(k, v)| k.strip_prefix("state/").map(|rel| (rel, v)))
+    }
+}
+
 pub use base::nodeup_config_hash;
 
-/// Compile validated documents into the output tree.
+/// Compile validated documents.
 pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, CompileError> {
     let completed = complete::complete(docs, options)?;
     let versions = complete::versions_for(&completed.spec, options)?;
     let spec = &completed.spec;
     let name = completed.name().to_string();
-    let mut out = Compiled::default();
+    let mut tree = Tree::default();
+    let mut warnings = Vec::new();
+    let mut groups = BTreeMap::new();
     let completed_yaml = output::to_yaml("cluster-completed.yaml", &completed)?;
-    out.tree.insert("cluster-completed.yaml", completed_yaml.clone());
-    out.tree.insert("state/cluster-completed.spec", completed_yaml);
-    addons::render(&mut out.tree, &completed, &versions, &docs.additional_objects)?;
+    tree.insert("cluster-completed.yaml", completed_yaml.clone());
+    tree.insert("state/cluster-completed.spec", completed_yaml);
+    let addons = addons::render(&completed, &versions, &docs.additional_objects)?;
+    addons.insert_into(&mut tree);
     let scheduler_config = nodeup_config::scheduler_config(&docs.additional_objects)?;
 
     let mut environment = BTreeMap::new();
@@ -78,29 +99,31 @@ pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, C
     let kubenet = spec.networking.as_ref().is_some_and(|n| n.kubenet.is_some());
     let private = spec.subnets.iter().flatten().any(|s| s.type_.as_deref() == Some("Private"));
     if kubenet && private && spec.cloud_provider.as_deref() == Some("aws") {
-        out.warnings.push(
+        warnings.push(
             "spec.networking.kubenet with Private subnets: the cloud-controller-manager writes pod routes into one route table per cluster, and private topology has one per zone, so pods on different nodes will not reach each other (kOps: private topology needs a CNI such as Calico or Cilium)".to_string(),
         );
     }
     if spec.cloud_provider.as_deref() == Some("aws") {
         let annotations = completed.metadata.annotations.as_ref();
         if keelson_api::nodeup::node_bootstrap_method(annotations, true) == Ok(keelson_api::nodeup::NodeBootstrapMethod::Token) {
-            out.warnings.push(format!(
+            warnings.push(format!(
                 "metadata.annotations[{}]: token: every worker joins with ONE static bootstrap token kept in the state store and readable by every node; anyone who reads it (any node, any pod that reaches IMDS credentials of a node) can register as a node forever. On AWS, remove the annotation: workers then join by their instance identity",
                 keelson_api::nodeup::NODE_BOOTSTRAP_ANNOTATION
             ));
         }
     }
     if options.nodeup_assets.is_empty() {
-        out.warnings.push("no nodeup build given (--nodeup-asset ARCH=SHA256@URL): userdata/ was not written".to_string());
+        warnings.push("no nodeup build given (--nodeup-asset ARCH=SHA256@URL): userdata/ was not written".to_string());
     }
 
     for ig in &docs.instance_groups {
         let group = ig.name();
-        out.tree.insert(format!("state/instancegroup/{group}"), output::to_yaml(group, ig)?);
+        tree.insert(format!("state/instancegroup/{group}"), output::to_yaml(group, ig)?);
         let Some(role) = ig.role() else { continue };
         if role == Role::Bastion {
-            continue; // bastions run no nodeup
+            // Bastions run no nodeup.
+            groups.insert(group.to_string(), CompiledGroup { role, nodeup: None, boot: None, user_data: None });
+            continue;
         }
         let nodeup = nodeup_config::build(&completed, ig, &versions, options, &scheduler_config)?;
         let nodeup_yaml = output::to_yaml(&format!("nodeup/{group}.yaml"), &nodeup)?;
@@ -113,6 +136,7 @@ pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, C
             nodeup_config_hash: nodeup_config_hash(nodeup_yaml.as_bytes()),
         };
         let boot_yaml = output::to_yaml(&format!("bootconfig/{group}.yaml"), &boot)?;
+        let mut user_data = None;
         if !options.nodeup_assets.is_empty() {
             if role == Role::ControlPlane {
                 // Every architecture this user-data can boot needs its protokube.
@@ -126,11 +150,14 @@ pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, C
             let script = userdata::render(group, &name, &boot_yaml, &options.nodeup_assets, &environment)?;
             let additional = ig.spec.additional_user_data.clone().unwrap_or_default();
             let compress = ig.spec.compress_user_data.unwrap_or(false);
-            out.tree.insert(format!("userdata/{group}.sh"), userdata::package(group, script, &additional, compress)?);
+            let packaged = userdata::package(group, script, &additional, compress)?;
+            tree.insert(format!("userdata/{group}.sh"), packaged.clone());
+            user_data = Some(packaged);
         }
-        out.tree.insert(format!("state/igconfig/{}/{group}/nodeupconfig.yaml", role.state_dir()), nodeup_yaml.clone());
-        out.tree.insert(format!("nodeup/{group}.yaml"), nodeup_yaml);
-        out.tree.insert(format!("bootconfig/{group}.yaml"), boot_yaml);
+        tree.insert(format!("state/igconfig/{}/{group}/nodeupconfig.yaml", role.state_dir()), nodeup_yaml.clone());
+        tree.insert(format!("nodeup/{group}.yaml"), nodeup_yaml);
+        tree.insert(format!("bootconfig/{group}.yaml"), boot_yaml);
+        groups.insert(group.to_string(), CompiledGroup { role, nodeup: Some(nodeup), boot: Some(boot), user_data });
     }
-    Ok(out)
+    Ok(Compiled { completed, groups, addons, tree, warnings })
 }

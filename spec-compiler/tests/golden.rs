@@ -1,5 +1,5 @@
 //! Golden files for everything `keelson compile` renders from the bundled examples.
-//! Re-bless with `KEELSON_BLESS=1 cargo test -p keelson-spec-compiler --test golden`.
+//! Re-bless with `KEELSON_BLESS=1 cargo test --workspace --all-targets --test golden`.
 
 mod common;
 
@@ -7,36 +7,9 @@ use std::path::Path;
 
 fn check(example_file: &str) {
     let name = example_file.trim_end_matches(".yaml");
-    let (out, result) = common::compile(&common::example(example_file));
-    assert!(result.status.success(), "{example_file}: {}", String::from_utf8_lossy(&result.stderr));
+    let out = common::compile(&common::example(example_file));
     let actual = common::read_tree(out.path());
-    let golden_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name);
-    if std::env::var_os("KEELSON_BLESS").is_some() {
-        let _ = std::fs::remove_dir_all(&golden_dir);
-        for (rel, bytes) in &actual {
-            let p = golden_dir.join(rel);
-            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
-            std::fs::write(&p, bytes).expect("write golden");
-        }
-        return;
-    }
-    assert!(golden_dir.is_dir(), "no golden files at {}: run with KEELSON_BLESS=1", golden_dir.display());
-    let expected = common::read_tree(&golden_dir);
-    let names = |t: &std::collections::BTreeMap<String, Vec<u8>>| t.keys().cloned().collect::<Vec<_>>();
-    assert_eq!(names(&actual), names(&expected), "{example_file}: set of output files differs");
-    for (rel, bytes) in &expected {
-        let got = &actual[rel];
-        if got != bytes {
-            let (g, e) = (String::from_utf8_lossy(got), String::from_utf8_lossy(bytes));
-            let first = g.lines().zip(e.lines()).position(|(a, b)| a != b).unwrap_or(0);
-            panic!(
-                "{example_file}: {rel} differs from its golden file at line {}:\n  got:      {:?}\n  expected: {:?}\n(re-bless with KEELSON_BLESS=1 if the change is intended)",
-                first + 1,
-                g.lines().nth(first),
-                e.lines().nth(first)
-            );
-        }
-    }
+    testkit::golden::check_tree(example_file, &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name), &actual);
 }
 
 #[test]
@@ -57,8 +30,7 @@ fn gce_example() {
 #[test]
 fn user_data_is_valid_bash_and_passes_shellcheck() {
     for example in ["minimal.yaml", "ha.yaml", "gce.yaml"] {
-        let (out, result) = common::compile(&common::example(example));
-        assert!(result.status.success());
+        let out = common::compile(&common::example(example));
         for entry in std::fs::read_dir(out.path().join("userdata")).expect("userdata dir") {
             let path = entry.expect("entry").path();
             let size = std::fs::metadata(&path).expect("stat").len();
@@ -80,8 +52,7 @@ fn user_data_is_valid_bash_and_passes_shellcheck() {
 
 #[test]
 fn user_data_pins_its_own_nodeup_config() {
-    let (out, result) = common::compile(&common::example("ha.yaml"));
-    assert!(result.status.success());
+    let out = common::compile(&common::example("ha.yaml"));
     for entry in std::fs::read_dir(out.path().join("bootconfig")).expect("bootconfig dir") {
         let path = entry.expect("entry").path();
         let group = path.file_stem().expect("stem").to_string_lossy().to_string();

@@ -63,7 +63,7 @@ pub enum AwsError {
     Missing { kind: &'static str, name: String, message: String },
 }
 
-pub(crate) fn api<E: std::error::Error + Send + Sync + 'static>(op: &'static str, target: &str, e: E) -> AwsError {
+pub fn api<E: std::error::Error + Send + Sync + 'static>(op: &'static str, target: &str, e: E) -> AwsError {
     AwsError::Api { op, target: target.to_string(), message: DisplayErrorContext(&e).to_string(), source: Box::new(e) }
 }
 

@@ -1,8 +1,7 @@
-//! Helpers shared by the spec-compiler integration tests.
+//! Helpers shared by the spec-compiler integration tests (the library, as `keelson compile` calls it).
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::Output;
 
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -18,11 +17,6 @@ pub fn conformance_cases() -> PathBuf {
     dir
 }
 
-/// Run the real `keelson` binary.
-pub fn keelson(args: &[&str]) -> Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_keelson")).args(args).env_remove("KOPS_FEATURE_FLAGS").output().expect("run keelson")
-}
-
 /// A fixed nodeup build for tests that need user-data.
 pub const NODEUP_AMD64: &str =
     "amd64=8b1a9953c4611296a827abf8c47804d7e6c49c6b8f0b8c1f4ee3a5e6a1b1c2d3@https://nodeup.mirror.test/amd64/nodeup,https://backup.mirror.test/amd64/nodeup";
@@ -31,42 +25,32 @@ pub const NODEUP_ARM64: &str = "arm64=0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b
 pub const PROTOKUBE_AMD64: &str = "amd64=5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8@https://nodeup.mirror.test/amd64/protokube";
 pub const PROTOKUBE_ARM64: &str = "arm64=6b86b273ff34fce19d6b804eff5a3f5747ada4eaa22f1d49c01e52ddb7875b4b@https://nodeup.mirror.test/arm64/protokube";
 
-/// Compile a spec file into a fresh temp dir with the test nodeup builds.
-pub fn compile(spec: &Path) -> (tempfile::TempDir, Output) {
-    let out = tempfile::tempdir().expect("tempdir");
-    let result = keelson(&[
-        "compile",
-        "-f",
-        spec.to_str().expect("utf-8 path"),
-        "--out",
-        out.path().to_str().expect("utf-8 path"),
-        "--offline",
-        "--nodeup-asset",
-        NODEUP_AMD64,
-        "--nodeup-asset",
-        NODEUP_ARM64,
-        "--protokube-asset",
-        PROTOKUBE_AMD64,
-        "--protokube-asset",
-        PROTOKUBE_ARM64,
-    ]);
-    (out, result)
+/// The options `keelson compile --offline` gets with the test nodeup and protokube builds.
+pub fn options() -> spec_compiler::CompileOptions {
+    let assets = |items: &[&str]| {
+        items
+            .iter()
+            .map(|i| {
+                let (arch, asset) = i.split_once('=').expect("ARCH=ASSET");
+                (spec_compiler::versions::Arch::parse(arch).expect("arch"), spec_compiler::userdata::NodeupAsset::parse(asset).expect("asset"))
+            })
+            .collect()
+    };
+    spec_compiler::CompileOptions {
+        offline: true,
+        nodeup_assets: assets(&[NODEUP_AMD64, NODEUP_ARM64]),
+        protokube_assets: assets(&[PROTOKUBE_AMD64, PROTOKUBE_ARM64]),
+        ..Default::default()
+    }
 }
 
-/// Every file under `dir`, relative path → bytes.
-pub fn read_tree(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
-    let mut out = std::collections::BTreeMap::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).expect("read dir") {
-            let p = e.expect("dir entry").path();
-            if p.is_dir() {
-                stack.push(p);
-            } else {
-                let rel = p.strip_prefix(dir).expect("prefix").to_string_lossy().to_string();
-                out.insert(rel, std::fs::read(&p).expect("read file"));
-            }
-        }
-    }
+/// Compile a spec file (as `keelson compile --offline` with the test builds) into a fresh temp dir.
+pub fn compile(spec: &Path) -> tempfile::TempDir {
+    let docs = spec_compiler::load::load_spec(spec).unwrap_or_else(|e| panic!("{}: {e}", spec.display()));
+    let compiled = spec_compiler::compile(&docs, &options()).unwrap_or_else(|e| panic!("{}: {e}", spec.display()));
+    let out = tempfile::tempdir().expect("tempdir");
+    compiled.tree.write_to(out.path()).expect("write the tree");
     out
 }
+
+pub use testkit::golden::read_tree;

@@ -15,7 +15,6 @@ use cloud_resources::aws::{write_calls, AwsTarget};
 use cloud_resources::model::ClusterModel;
 use cloud_resources::plan::{Action, Kind};
 use moto::{Moto, HA_CLUSTER, ZONE};
-use spec_compiler::apply::{self as apply};
 
 fn cluster_filter() -> Filter {
     Filter::builder().name("tag:KubernetesCluster").values(HA_CLUSTER).build()
@@ -109,7 +108,7 @@ async fn private_topology_scenario() {
     let moto = Moto::start();
     let ami = moto.fixtures().await;
     let docs = moto::ha_spec(&ami, moto::private_topology);
-    let (m, _) = apply::prepare(&docs, &moto::compile_options()).expect("prepare");
+    let (m, _) = moto::prepare(&docs, &moto::compile_options(), true);
     let t = moto.target(&[]).await;
     apply_once(&t, &m).await.expect("apply");
 
@@ -234,13 +233,13 @@ async fn private_topology_scenario() {
     // Dropping the load balancer from the spec removes it, its target group and security group,
     // detaches the control plane, opens 443 on the control plane again and turns the alias back
     // into a placeholder record for protokube.
-    let (no_lb, _) = apply::prepare(
+    let (no_lb, _) = moto::prepare(
         &moto::ha_spec(&ami, |t| {
             moto::private_topology(t).replace("  api:\n    loadBalancer:\n      type: Public\n      class: Network\n", "  api:\n    dns: {}\n")
         }),
         &moto::compile_options(),
-    )
-    .expect("prepare without load balancer");
+        true,
+    );
     let t4 = moto.target(&[]).await;
     let p = cloud_resources::plan_apply(&t4, &no_lb, &store(&t4, &no_lb)).await.expect("plan");
     let text = p.plan.render(false);
@@ -269,7 +268,7 @@ async fn private_topology_scenario() {
     assert_eq!(inventory(&t5).await, expected_inventory());
 
     // Delete with volumes: nothing of the cluster is left.
-    let (md, _) = apply::prepare_with(&docs, &spec_compiler::CompileOptions { offline: true, ..Default::default() }, false).expect("prepare");
+    let (md, _) = moto::prepare(&docs, &spec_compiler::CompileOptions { offline: true, ..Default::default() }, false);
     let t3 = moto.target(&[]).await;
     let s3 = store(&t3, &md);
     let mut p = cloud_resources::plan_delete(&t3, &md, &s3, true).await.expect("plan delete");
@@ -299,7 +298,7 @@ async fn private_topology_scenario() {
 async fn network_iam_and_load_balancer_survive_a_failure_at_every_kind_of_write() {
     let moto = Moto::start();
     let ami = moto.fixtures().await;
-    let (m, _) = apply::prepare(&moto::ha_spec(&ami, moto::private_topology), &moto::compile_options()).expect("prepare");
+    let (m, _) = moto::prepare(&moto::ha_spec(&ami, moto::private_topology), &moto::compile_options(), true);
     let rec = moto::RecordWrites::default();
     let t = moto.target(&[SharedInterceptor::new(rec.clone())]).await;
     apply_once(&t, &m).await.expect("clean apply");
@@ -329,7 +328,7 @@ async fn network_iam_and_load_balancer_survive_a_failure_at_every_kind_of_write(
     for (n, op) in cut_points {
         moto.reset();
         let ami = moto.fixtures().await;
-        let (m, _) = apply::prepare(&moto::ha_spec(&ami, moto::private_topology), &moto::compile_options()).expect("prepare");
+        let (m, _) = moto::prepare(&moto::ha_spec(&ami, moto::private_topology), &moto::compile_options(), true);
         let broken = moto.target(&[SharedInterceptor::new(moto::FailNthWrite::new(n))]).await;
         let err = apply_once(&broken, &m).await.expect_err("the injected failure stops the run");
         assert!(format!("{err:?}").contains("injected failure"), "{err}");

@@ -15,7 +15,7 @@ use anyhow::{bail, Context as _};
 use base::etcd_backup::{self, BackupId, BackupMeta, BackupRequest, BackupStore, MemberState, MemberStatus, RestorePhase, RestoreRequest};
 
 use super::commands::{aws_target, load, open_store, runtime, Common};
-use crate::apply::prepare_with;
+use crate::prepare::prepare_with;
 
 /// Options every `keelson etcd backup` command takes.
 #[derive(Debug, clap::Args)]

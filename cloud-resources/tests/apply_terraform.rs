@@ -1,41 +1,53 @@
-//! `keelson apply --target terraform`: golden files for the bundled examples plus structural checks
+//! The Terraform target (`keelson apply --target terraform`): golden files for the bundled examples plus structural checks
 //! (valid JSON, every resource/data/local/file reference resolves, valid names).
-//! Re-bless with `KEELSON_BLESS=1 cargo test -p keelson-spec-compiler --test apply_terraform`.
-
-mod common;
+//! Re-bless with `KEELSON_BLESS=1 cargo test --workspace --all-targets --test apply_terraform`.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
+use base::Tree;
 use cloud_resources::terraform::{structural_problems, MAIN_FILE};
 use serde_json::Value;
-use spec_compiler::Tree;
 
-fn render(example: &Path) -> (tempfile::TempDir, Tree) {
-    let out = tempfile::tempdir().expect("tempdir");
-    let result = common::keelson(&[
-        "apply",
-        "-f",
-        &example.display().to_string(),
-        "--target",
-        "terraform",
-        "--out",
-        &out.path().display().to_string(),
-        "--offline",
-        "--nodeup-asset",
-        common::NODEUP_AMD64,
-        "--nodeup-asset",
-        common::NODEUP_ARM64,
-        "--protokube-asset",
-        common::PROTOKUBE_AMD64,
-        "--protokube-asset",
-        common::PROTOKUBE_ARM64,
-    ]);
-    assert!(result.status.success(), "{}: {}", example.display(), String::from_utf8_lossy(&result.stderr));
-    let stdout = String::from_utf8_lossy(&result.stdout);
-    assert!(stdout.contains("state store not written"), "no --yes: the state store is untouched: {stdout}");
-    let files = common::read_tree(out.path());
-    (out, Tree { files })
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name)
+}
+
+/// The builds user-data boots, as the tests of `keelson compile` give them.
+fn options() -> spec_compiler::CompileOptions {
+    let assets = |items: &[(&str, &str)]| {
+        items
+            .iter()
+            .map(|(arch, asset)| {
+                (spec_compiler::versions::Arch::parse(arch).expect("arch"), spec_compiler::userdata::NodeupAsset::parse(asset).expect("asset"))
+            })
+            .collect()
+    };
+    spec_compiler::CompileOptions {
+        offline: true,
+        nodeup_assets: assets(&[
+            ("amd64", "8b1a9953c4611296a827abf8c47804d7e6c49c6b8f0b8c1f4ee3a5e6a1b1c2d3@https://nodeup.mirror.test/amd64/nodeup,https://backup.mirror.test/amd64/nodeup"),
+            ("arm64", "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0@https://nodeup.mirror.test/arm64/nodeup"),
+        ]),
+        protokube_assets: assets(&[
+            ("amd64", "5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8@https://nodeup.mirror.test/amd64/protokube"),
+            ("arm64", "6b86b273ff34fce19d6b804eff5a3f5747ada4eaa22f1d49c01e52ddb7875b4b@https://nodeup.mirror.test/arm64/protokube"),
+        ]),
+        ..Default::default()
+    }
+}
+
+/// What `keelson apply --target terraform` renders for a spec (before the state store holds a CA),
+/// or the error it stops with.
+fn try_render(spec: &Path) -> Result<Tree, String> {
+    let docs = spec_compiler::load::load_spec(spec).map_err(|e| e.to_string())?;
+    let compiled = spec_compiler::compile(&docs, &options()).map_err(|e| e.to_string())?;
+    let model = cloud_resources::model::build(&docs, &compiled).map_err(|e| e.to_string())?;
+    cloud_resources::terraform::render(&model).map_err(|e| e.to_string())
+}
+
+fn render(spec: &Path) -> Tree {
+    try_render(spec).unwrap_or_else(|e| panic!("{}: {e}", spec.display()))
 }
 
 fn resources<'a>(root: &'a Value, ty: &str) -> BTreeMap<&'a str, &'a Value> {
@@ -44,25 +56,10 @@ fn resources<'a>(root: &'a Value, ty: &str) -> BTreeMap<&'a str, &'a Value> {
 
 fn check(example_file: &str) -> Value {
     let name = example_file.trim_end_matches(".yaml");
-    let (_out, tree) = render(&common::example(example_file));
+    let tree = render(&example(example_file));
     let problems = structural_problems(&tree);
     assert!(problems.is_empty(), "{example_file}: {problems:#?}");
-    let golden_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden-terraform").join(name);
-    if std::env::var_os("KEELSON_BLESS").is_some() {
-        let _ = std::fs::remove_dir_all(&golden_dir);
-        for (rel, bytes) in &tree.files {
-            let p = golden_dir.join(rel);
-            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
-            std::fs::write(&p, bytes).expect("write golden");
-        }
-    } else {
-        assert!(golden_dir.is_dir(), "no golden files at {}: run with KEELSON_BLESS=1", golden_dir.display());
-        let expected = common::read_tree(&golden_dir);
-        assert_eq!(tree.files.keys().collect::<Vec<_>>(), expected.keys().collect::<Vec<_>>(), "{example_file}: file set differs");
-        for (rel, bytes) in &expected {
-            assert!(&tree.files[rel] == bytes, "{example_file}: {rel} differs from its golden file (re-bless with KEELSON_BLESS=1 if intended)");
-        }
-    }
+    testkit::golden::check_tree(example_file, &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden-terraform").join(name), &tree.files);
     // User-data files are the compiled boot scripts, each under 16 KB.
     for (rel, bytes) in &tree.files {
         if rel.starts_with("data/") {
@@ -156,11 +153,11 @@ fn gce_terraform() {
 
 #[test]
 fn dns_zone_renders_records_with_the_placeholder_that_resolve() {
-    let text = std::fs::read_to_string(common::example("minimal.yaml")).expect("example");
+    let text = std::fs::read_to_string(example("minimal.yaml")).expect("example");
     let text = text.replace("  cloudProvider: aws\n", "  cloudProvider: aws\n  dnsZone: example.com\n");
     let spec = tempfile::NamedTempFile::new().expect("tmp");
     std::fs::write(spec.path(), text).expect("write");
-    let (_out, tree) = render(spec.path());
+    let tree = render(spec.path());
     assert!(structural_problems(&tree).is_empty(), "{:?}", structural_problems(&tree));
     let root: Value = serde_json::from_slice(&tree.files[MAIN_FILE]).expect("json");
     let records = resources(&root, "aws_route53_record");
@@ -176,13 +173,13 @@ fn dns_zone_renders_records_with_the_placeholder_that_resolve() {
 
 #[test]
 fn load_balancer_aliases_the_api_names_it_serves() {
-    let text = std::fs::read_to_string(common::example("ha.yaml")).expect("example");
+    let text = std::fs::read_to_string(example("ha.yaml")).expect("example");
     let text = text.replace("  cloudProvider: aws\n", "  cloudProvider: aws\n  dnsZone: example.com\n");
     let with_internal = text.replace("      class: Network\n", "      class: Network\n      useForInternalApi: true\n");
     for (spec_text, internal_alias) in [(text, false), (with_internal, true)] {
         let spec = tempfile::NamedTempFile::new().expect("tmp");
         std::fs::write(spec.path(), spec_text).expect("write");
-        let (_out, tree) = render(spec.path());
+        let tree = render(spec.path());
         assert!(structural_problems(&tree).is_empty(), "{:?}", structural_problems(&tree));
         let root: Value = serde_json::from_slice(&tree.files[MAIN_FILE]).expect("json");
         let records = resources(&root, "aws_route53_record");
@@ -194,26 +191,10 @@ fn load_balancer_aliases_the_api_names_it_serves() {
         assert_eq!(internal.get("records").is_some(), !internal_alias, "{internal}");
     }
     // An internal balancer cannot serve the internal name (no hairpinning), as in kOps.
-    let text = std::fs::read_to_string(common::example("ha.yaml")).expect("example");
+    let text = std::fs::read_to_string(example("ha.yaml")).expect("example");
     let bad = text.replace("      type: Public\n      class: Network\n", "      type: Internal\n      class: Network\n      useForInternalApi: true\n");
     let spec = tempfile::NamedTempFile::new().expect("tmp");
     std::fs::write(spec.path(), bad).expect("write");
-    let out = tempfile::tempdir().expect("tmp");
-    let result = common::keelson(&[
-        "apply",
-        "-f",
-        &spec.path().display().to_string(),
-        "--target",
-        "terraform",
-        "--out",
-        &out.path().display().to_string(),
-        "--offline",
-        "--nodeup-asset",
-        common::NODEUP_AMD64,
-        "--protokube-asset",
-        common::PROTOKUBE_AMD64,
-    ]);
-    assert!(!result.status.success());
-    let stderr = String::from_utf8_lossy(&result.stderr);
+    let stderr = try_render(spec.path()).expect_err("an internal balancer cannot serve api.internal");
     assert!(stderr.contains("spec.api.loadBalancer.useForInternalApi"), "{stderr}");
 }

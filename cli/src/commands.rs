@@ -8,11 +8,12 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 
 use base::StateStore;
-use cloud_resources::{aws, model, rolling, state, terraform};
+use cloud_resources::{aws, model, state, terraform};
+use ops::rolling;
 
-use crate::apply::{prepare, prepare_with};
-use crate::complete::CompileOptions;
-use crate::load::load_spec;
+use crate::prepare::{prepare, prepare_with};
+use spec_compiler::complete::CompileOptions;
+use spec_compiler::load::load_spec;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Target {
@@ -168,7 +169,7 @@ pub(crate) fn load(common: &Common) -> anyhow::Result<Result<(keelson_api::Docum
     };
     let options = CompileOptions {
         offline: common.offline,
-        cache_dir: common.cache_dir.clone().or_else(crate::versions::default_cache_dir),
+        cache_dir: common.cache_dir.clone().or_else(spec_compiler::versions::default_cache_dir),
         protokube_assets: parse_arch_assets("--protokube-asset", &common.protokube_asset)?,
         kops_base_url: common.kops_base_url.clone().filter(|b| !b.is_empty()),
         feature_flags: CompileOptions::parse_feature_flags(&common.feature_flags),
@@ -229,7 +230,7 @@ async fn with_pinned_cas(
     store: &StateStore,
     file: &str,
     best_effort: bool,
-) -> anyhow::Result<(model::ClusterModel, crate::Compiled)> {
+) -> anyhow::Result<(model::ClusterModel, spec_compiler::Compiled)> {
     let mut options = options.clone();
     options.cas = match pinned_cas(store).await {
         Ok(cas) => cas,
@@ -373,8 +374,8 @@ pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
     let rt = runtime()?;
     rt.block_on(async {
         let target = aws_target(&args.common, &model.region).await;
-        let groups = rolling::status(&target, &model, &opts).await?;
-        print!("{}", rolling::render(&groups));
+        let groups = ops::instances::status(&target, &model, &opts.selection()).await?;
+        print!("{}", ops::instances::render(&groups));
         let pending: usize = groups.iter().map(|g| g.outdated().len()).sum();
         if pending == 0 {
             println!("No rolling update required.");
@@ -386,7 +387,7 @@ pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
         }
         // By default each replacement must leave a valid cluster (`keelson validate cluster`).
         if args.validate_command.is_none() && !args.cloudonly {
-            let kube = cloud_resources::validate::kube_client(args.kubeconfig.as_deref(), &model.cluster)
+            let kube = ops::validate::kube_client(args.kubeconfig.as_deref(), &model.cluster)
                 .await
                 .context("rolling-update validates the cluster after each replacement (give --cloudonly to trust the cloud alone)")?;
             opts.validate = rolling::Validation::Cluster(kube);
@@ -465,7 +466,7 @@ pub fn run_export_kubeconfig(args: ExportKubeconfigArgs) -> anyhow::Result<ExitC
     };
     let file = args.common.file.display().to_string();
     let (model, compiled) = prepare_with(&docs, &options, false).with_context(|| format!("{file}: completing the spec"))?;
-    let completed = model::completed_cluster(&compiled.tree).with_context(|| format!("{file}: completing the spec"))?;
+    let completed = &compiled.completed;
     let server = match &args.server {
         Some(s) => s.clone(),
         None => {
@@ -534,11 +535,11 @@ pub fn run_validate_cluster(args: ValidateClusterArgs) -> anyhow::Result<ExitCod
     }
     runtime()?.block_on(async {
         let target = aws_target(&args.common, &model.region).await;
-        let kube = cloud_resources::validate::kube_client(args.kubeconfig.as_deref(), &model.cluster).await?;
+        let kube = ops::validate::kube_client(args.kubeconfig.as_deref(), &model.cluster).await?;
         let deadline = args.wait.map(|w| std::time::Instant::now() + w);
         let mut passes = 0;
         loop {
-            let report = match cloud_resources::validate::validate(&target, &model, &kube).await {
+            let report = match ops::validate::validate(&target, &model, &kube).await {
                 Ok(r) => Some(r),
                 // While waiting, an API that is not up yet is one more reason to wait.
                 Err(e) if deadline.is_some() => {

@@ -13,14 +13,15 @@ use keelson_api::Role;
 use kube::api::ListParams;
 use serde::Serialize;
 
-use crate::aws::AwsTarget;
-use crate::model::ClusterModel;
-use crate::rolling::{self, RollingOptions};
+use cloud_resources::aws::AwsTarget;
+use cloud_resources::model::ClusterModel;
+
+use crate::instances::{self, Selection};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ValidateError {
     #[error(transparent)]
-    Cloud(#[from] rolling::RollingError),
+    Cloud(#[from] instances::InstancesError),
     #[error("DescribeInstances: {message}")]
     Instances {
         message: String,
@@ -186,7 +187,7 @@ pub async fn kube_client(path: Option<&std::path::Path>, context: &str) -> Resul
 
 /// Validate once.
 pub async fn validate(target: &AwsTarget, model: &ClusterModel, kube: &kube::Client) -> Result<Report, ValidateError> {
-    let groups = rolling::status(target, model, &RollingOptions::default()).await?;
+    let groups = instances::status(target, model, &Selection::default()).await?;
     // Private IP of every instance in service.
     let ids: Vec<String> = groups.iter().flat_map(|g| g.instances.iter().filter(|i| i.lifecycle == "InService").map(|i| i.id.clone())).collect();
     let mut ip_of: BTreeMap<String, String> = BTreeMap::new();

@@ -40,7 +40,6 @@ pub struct AdminCredential {
     pub ca_pem: String,
     pub cert_pem: String,
     pub key_pem: String,
-    pub user: String,
 }
 
 /// Issue an admin client certificate valid for `ttl`, from the CA keyset bytes of the state store
@@ -53,7 +52,7 @@ pub fn issue_admin(private_keyset: &[u8], user: &str, ttl: Duration) -> Result<A
     let ca = base::pki::parse_private_keyset(CLIENT_CA, private_keyset).map_err(pki_err)?;
     let spec = base::pki::CertSpec::client(user, &[ADMIN_GROUP]);
     let leaf = base::pki::issue_for(CLIENT_CA, &ca, &spec, ttl).map_err(pki_err)?;
-    Ok(AdminCredential { ca_pem: ca.cert_pem, cert_pem: leaf.cert_pem, key_pem: leaf.key_pem, user: user.to_string() })
+    Ok(AdminCredential { ca_pem: ca.cert_pem, cert_pem: leaf.cert_pem, key_pem: leaf.key_pem })
 }
 
 fn b64(s: &str) -> Value {

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::userdata::NodeupAsset;
-use crate::versions::Arch;
+use spec_compiler::userdata::NodeupAsset;
+use spec_compiler::versions::Arch;
 
 pub fn parse_nodeup_assets(items: &[String]) -> anyhow::Result<BTreeMap<Arch, NodeupAsset>> {
     parse_arch_assets("--nodeup-asset", items)
@@ -25,7 +25,7 @@ pub fn parse_arch_assets(flag: &str, items: &[String]) -> anyhow::Result<BTreeMa
 /// The `--asset-hashes` file, read (none → no hashes).
 pub fn asset_hashes(path: Option<&std::path::Path>) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
     match path {
-        Some(p) => Ok(crate::versions::read_asset_hashes(p)?),
+        Some(p) => Ok(spec_compiler::versions::read_asset_hashes(p)?),
         None => Ok(Default::default()),
     }
 }

@@ -112,6 +112,17 @@ pub fn compile_options() -> spec_compiler::CompileOptions {
     }
 }
 
+/// Compile and build the cloud model, as `keelson apply` does (`require_user_data`: not for delete).
+pub fn prepare(
+    docs: &keelson_api::Documents,
+    options: &spec_compiler::CompileOptions,
+    require_user_data: bool,
+) -> (cloud_resources::model::ClusterModel, spec_compiler::Compiled) {
+    let compiled = spec_compiler::compile(docs, options).expect("compile");
+    let model = cloud_resources::model::build_with(docs, &compiled, require_user_data).expect("cloud model");
+    (model, compiled)
+}
+
 pub const HA_CLUSTER: &str = "ha.k8s.example.com";
 
 /// examples/ha.yaml (private topology, three zones, network load balancer) moved to us-east-1 and

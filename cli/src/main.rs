@@ -1,9 +1,21 @@
-//! `keelson`: validate and compile Keelson (kOps-format) cluster specs.
+//! `keelson`: validate and compile Keelson (kOps-format) cluster specs and, with the `cloud` feature
+//! (on by default), apply, delete, roll and validate clusters, export credentials and run etcd
+//! backups. Flags and documented environment variables become library calls here; errors get their
+//! context at this edge.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod args;
+#[cfg(feature = "cloud")]
+mod commands;
+#[cfg(feature = "cloud")]
+mod etcd_backup;
+#[cfg(feature = "cloud")]
+mod kubeconfig;
 mod pki_cmd;
+#[cfg(feature = "cloud")]
+mod prepare;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -63,15 +75,15 @@ enum Command {
     #[cfg(feature = "cloud")]
     /// Plan the cloud resources of a spec (state store, launch templates, autoscaling groups, etcd
     /// volumes, DNS); `--yes` applies them; `--target terraform --out DIR` writes Terraform JSON.
-    Apply(spec_compiler::cli::ApplyArgs),
+    Apply(commands::ApplyArgs),
     #[cfg(feature = "cloud")]
     /// Replace instances that run an outdated launch template, one at a time per group, control
     /// plane first; `--yes` replaces, otherwise the groups and what needs replacing are shown.
-    RollingUpdate(spec_compiler::cli::RollingUpdateArgs),
+    RollingUpdate(commands::RollingUpdateArgs),
     #[cfg(feature = "cloud")]
     /// Plan deleting what apply created (found by the cluster tag); `--yes` deletes. etcd volumes
     /// are kept unless `--delete-volumes`.
-    Delete(spec_compiler::cli::DeleteArgs),
+    Delete(commands::DeleteArgs),
     /// Cluster PKI in a file state store: `keelson pki init --state DIR`.
     Pki(pki_cmd::PkiArgs),
     /// Export credentials: `keelson export kubeconfig -f SPEC --admin [--ttl 18h]`.
@@ -89,7 +101,7 @@ enum Command {
 enum Etcd {
     /// Backups of an etcd cluster in its backup store, and restoring one.
     #[command(subcommand)]
-    Backup(spec_compiler::cli::etcd_backup::BackupAction),
+    Backup(etcd_backup::BackupAction),
 }
 
 #[derive(Subcommand)]
@@ -97,7 +109,7 @@ enum ValidateWhat {
     /// Validate the running cluster (kOps semantics): every instance group has its Ready nodes, every
     /// node is Ready, every kube-system pod (control plane, kube-proxy, addons) is Ready. Exit 0 valid.
     #[cfg(feature = "cloud")]
-    Cluster(spec_compiler::cli::ValidateClusterArgs),
+    Cluster(commands::ValidateClusterArgs),
 }
 
 #[cfg(feature = "cloud")]
@@ -105,7 +117,7 @@ enum ValidateWhat {
 enum Export {
     /// Write a kubeconfig context for the cluster with a short-lived admin certificate signed by
     /// the cluster CA in the state store (merged into ~/.kube/config or --kubeconfig).
-    Kubeconfig(spec_compiler::cli::ExportKubeconfigArgs),
+    Kubeconfig(commands::ExportKubeconfigArgs),
 }
 
 fn main() -> ExitCode {
@@ -135,7 +147,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Pki(args) => pki_cmd::run(args),
         Command::Validate { what: Some(what), .. } => match what {
             #[cfg(feature = "cloud")]
-            ValidateWhat::Cluster(args) => spec_compiler::cli::run_validate_cluster(args),
+            ValidateWhat::Cluster(args) => commands::run_validate_cluster(args),
         },
         Command::Validate { file, what: None } => {
             let file = file.context("keelson validate: give -f SPEC (or `validate cluster -f SPEC`)")?;
@@ -148,7 +160,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Compile { file, out, offline, cache_dir, asset_hashes, nodeup_asset, protokube_asset, kops_base_url, feature_flags } => {
-            let nodeup_assets = spec_compiler::args::parse_arch_assets("--nodeup-asset", &nodeup_asset)?;
+            let nodeup_assets = args::parse_arch_assets("--nodeup-asset", &nodeup_asset)?;
             let docs = match load_spec(&file) {
                 Ok(d) => d,
                 Err(e) => return Ok(report(&e)),
@@ -156,11 +168,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let options = CompileOptions {
                 offline,
                 cache_dir: cache_dir.or_else(spec_compiler::versions::default_cache_dir),
-                protokube_assets: spec_compiler::args::parse_arch_assets("--protokube-asset", &protokube_asset)?,
+                protokube_assets: args::parse_arch_assets("--protokube-asset", &protokube_asset)?,
                 kops_base_url: kops_base_url.filter(|b| !b.is_empty()),
                 feature_flags: CompileOptions::parse_feature_flags(&feature_flags),
                 nodeup_assets,
-                asset_hashes: spec_compiler::args::asset_hashes(asset_hashes.as_deref())?,
+                asset_hashes: args::asset_hashes(asset_hashes.as_deref())?,
                 cas: Default::default(),
             };
             let compiled = spec_compiler::compile(&docs, &options).with_context(|| format!("compiling {}", file.display()))?;
@@ -172,14 +184,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         #[cfg(feature = "cloud")]
-        Command::Apply(args) => spec_compiler::cli::run_apply(args),
+        Command::Apply(args) => commands::run_apply(args),
         #[cfg(feature = "cloud")]
-        Command::RollingUpdate(args) => spec_compiler::cli::run_rolling_update(args),
+        Command::RollingUpdate(args) => commands::run_rolling_update(args),
         #[cfg(feature = "cloud")]
-        Command::Delete(args) => spec_compiler::cli::run_delete(args),
+        Command::Delete(args) => commands::run_delete(args),
         #[cfg(feature = "cloud")]
-        Command::Export(Export::Kubeconfig(args)) => spec_compiler::cli::run_export_kubeconfig(args),
+        Command::Export(Export::Kubeconfig(args)) => commands::run_export_kubeconfig(args),
         #[cfg(feature = "cloud")]
-        Command::Etcd(Etcd::Backup(action)) => spec_compiler::cli::etcd_backup::run(action),
+        Command::Etcd(Etcd::Backup(action)) => etcd_backup::run(action),
     }
 }

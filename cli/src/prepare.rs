@@ -1,10 +1,11 @@
-//! The seam between the compiler and the cloud: compile a spec, then build its cloud model
+//! The seam between the compiler and the cloud: compile a spec, then build its cloud model from the
+//! typed results
 //! ([`cloud_resources::model`]). Everything about cloud resources lives in `keelson-cloud-resources`.
 
 use keelson_api::Documents;
 
-use crate::{CompileError, CompileOptions, Compiled};
 use cloud_resources::model::{self, ClusterModel};
+use spec_compiler::{CompileError, CompileOptions, Compiled};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PrepareError {
@@ -21,8 +22,7 @@ pub fn prepare(docs: &Documents, options: &CompileOptions) -> Result<(ClusterMod
 
 /// [`prepare`] for delete: user-data is not needed.
 pub fn prepare_with(docs: &Documents, options: &CompileOptions, require_user_data: bool) -> Result<(ClusterModel, Compiled), PrepareError> {
-    let compiled = crate::compile(docs, options)?;
-    let completed = model::completed_cluster(&compiled.tree)?;
-    let m = model::build_with(docs, &completed, &compiled.tree, require_user_data)?;
+    let compiled = spec_compiler::compile(docs, options)?;
+    let m = model::build_with(docs, &compiled, require_user_data)?;
     Ok((m, compiled))
 }

@@ -1,0 +1,92 @@
+//! `keelson apply` (the command) against a real moto server started by each test (127.0.0.1 only):
+//! plan by default in plain text when not a terminal, `--yes` applies, and the state-store lock
+//! keeps concurrent runs apart. The direct target itself is tested in keelson-cloud-resources.
+
+#[path = "../../cloud-resources/tests/moto/mod.rs"]
+mod moto;
+
+use aws_sdk_ec2::types::Filter;
+use base::StateStore;
+use moto::{Moto, BUCKET, CLUSTER};
+
+/// examples/minimal.yaml pointed at the test bucket, zone and image, in a file.
+fn spec_file(ami: &str) -> tempfile::NamedTempFile {
+    let file = tempfile::NamedTempFile::new().expect("tmp");
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/minimal.yaml")).expect("example");
+    let text = text
+        .replace("s3://acme-keelson-state/", &format!("s3://{BUCKET}/"))
+        .replace("099720109477/ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-20250610", ami)
+        .replace("  cloudProvider: aws\n", &format!("  cloudProvider: aws\n  dnsZone: {}\n", moto::ZONE));
+    std::fs::write(file.path(), text).expect("write spec");
+    file
+}
+
+fn apply(spec: &tempfile::NamedTempFile, moto: &Moto, extra: &[&str]) -> std::process::Output {
+    let run = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_keelson"))
+            .args(["apply", "-f", &spec.path().display().to_string(), "--offline", "--endpoint-url", &moto.url])
+            .args(["--nodeup-asset", moto::NODEUP_AMD64, "--protokube-asset", moto::PROTOKUBE_AMD64])
+            .args(extra)
+            .env_remove("KOPS_FEATURE_FLAGS")
+            .output()
+            .expect("run keelson")
+    };
+    tokio::task::block_in_place(run)
+}
+
+async fn vpcs(moto: &Moto) -> usize {
+    let t = moto.target(&[]).await;
+    let filter = Filter::builder().name("tag:KubernetesCluster").values(CLUSTER).build();
+    t.ec2.describe_vpcs().filters(filter).send().await.expect("vpcs").vpcs().len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_plans_by_default_applies_with_yes_and_then_has_no_changes() {
+    let moto = Moto::start();
+    let ami = moto.fixtures().await;
+    let spec = spec_file(&ami);
+    let out = apply(&spec, &moto, &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("+ LaunchTemplate nodes-us-east-1a.minimal.k8s.example.com") && stdout.contains("Run with --yes to apply."), "{stdout}");
+    assert_eq!(vpcs(&moto).await, 0, "a plan writes nothing");
+
+    let out = apply(&spec, &moto, &["--yes"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(vpcs(&moto).await, 1);
+
+    // The CLI plan after apply: nothing to do, plain text when not a terminal.
+    let out = apply(&spec, &moto, &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("No changes."), "{stdout}");
+    assert!(!stdout.contains('\x1b'), "no colour when not a terminal");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lock_stops_apply_until_force_unlock_takes_it_over() {
+    let moto = Moto::start();
+    let ami = moto.fixtures().await;
+    let spec = spec_file(&ami);
+    let t = moto.target(&[]).await;
+    let s = StateStore::open_with_s3(&format!("s3://{BUCKET}/{CLUSTER}").parse().expect("configBase"), Some(t.s3.clone()), std::time::Duration::from_secs(30))
+        .expect("store");
+    let held = s.lock("apply").await.expect("lock");
+
+    // Refused while held, saying how to take it over; nothing created.
+    let out = apply(&spec, &moto, &["--yes"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "applied despite the lock");
+    assert!(stderr.contains("locked by another run") && stderr.contains("--force-unlock"), "{stderr}");
+    assert_eq!(vpcs(&moto).await, 0, "nothing was created");
+
+    // A dead run's lock is taken over with --force-unlock; the lock is released afterwards.
+    let out = apply(&spec, &moto, &["--yes", "--force-unlock"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("removed the lock held by keelson apply"));
+    assert_eq!(vpcs(&moto).await, 1);
+    assert!(s.get(base::store::LOCK_FILE).await.expect("get").is_none(), "released");
+    held.release().await.expect("the old holder's release leaves nothing behind");
+    let again = apply(&spec, &moto, &["--yes"]);
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+}
