@@ -29,3 +29,10 @@ pub fn asset_hashes(path: Option<&std::path::Path>) -> anyhow::Result<std::colle
         None => Ok(Default::default()),
     }
 }
+
+/// Where the compile gets hashes the versions table does not know: nowhere with `--offline`, else the
+/// published `.sha256` files, cached in `cache_dir` (default `$XDG_CACHE_HOME/keelson/sha256`).
+pub fn hash_fetcher(offline: bool, cache_dir: Option<std::path::PathBuf>) -> Option<spec_compiler::versions::Fetcher> {
+    use spec_compiler::versions::{default_cache_dir, Fetcher, HttpFetcher};
+    (!offline).then(|| Fetcher::new(HttpFetcher { cache_dir: cache_dir.or_else(default_cache_dir) }))
+}

@@ -168,8 +168,7 @@ pub(crate) fn load(common: &Common) -> anyhow::Result<Result<(keelson_api::Docum
         }
     };
     let options = CompileOptions {
-        offline: common.offline,
-        cache_dir: common.cache_dir.clone().or_else(spec_compiler::versions::default_cache_dir),
+        hash_fetcher: crate::args::hash_fetcher(common.offline, common.cache_dir.clone()),
         protokube_assets: parse_arch_assets("--protokube-asset", &common.protokube_asset)?,
         kops_base_url: common.kops_base_url.clone().filter(|b| !b.is_empty()),
         feature_flags: CompileOptions::parse_feature_flags(&common.feature_flags),

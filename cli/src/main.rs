@@ -166,8 +166,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Err(e) => return Ok(report(&e)),
             };
             let options = CompileOptions {
-                offline,
-                cache_dir: cache_dir.or_else(spec_compiler::versions::default_cache_dir),
+                hash_fetcher: args::hash_fetcher(offline, cache_dir),
                 protokube_assets: args::parse_arch_assets("--protokube-asset", &protokube_asset)?,
                 kops_base_url: kops_base_url.filter(|b| !b.is_empty()),
                 feature_flags: CompileOptions::parse_feature_flags(&feature_flags),

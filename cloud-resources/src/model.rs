@@ -14,7 +14,7 @@ pub const DEFAULT_ETCD_VOLUME_TYPE: &str = "gp3";
 /// Default root volume (kOps: 64 GiB gp3 for every role since 1.27).
 pub const DEFAULT_ROOT_VOLUME_SIZE_GIB: i64 = 64;
 pub const DEFAULT_ROOT_VOLUME_TYPE: &str = "gp3";
-/// Route53 TTL and the placeholder address protokube replaces with the real one (DESIGN.md).
+/// Route53 TTL and the placeholder address protokube replaces with the real one (docs/design.md).
 pub const DNS_TTL: i64 = 60;
 pub const PLACEHOLDER_IP: &str = "203.0.113.123";
 

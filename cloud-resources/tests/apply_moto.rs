@@ -216,7 +216,7 @@ async fn apply_from_nothing_creates_what_the_spec_needs_and_reapply_changes_noth
         }
     }
 
-    // etcd volumes: DESIGN.md tags, 20 GiB gp3, encrypted as the spec says, in the member's zone.
+    // etcd volumes: docs/design.md tags, 20 GiB gp3, encrypted as the spec says, in the member's zone.
     let vols = t.ec2.describe_volumes().filters(cluster_filter()).send().await.expect("volumes");
     let etcd: Vec<_> = vols.volumes().iter().filter(|v| v.tags().iter().any(|t| t.key().unwrap_or("").starts_with("k8s.io/etcd/"))).collect();
     assert_eq!(etcd.len(), 2);
@@ -433,7 +433,7 @@ async fn delete_leaves_nothing_tagged_but_the_etcd_volumes() {
     assert_eq!(inventory(&t).await, expected_inventory());
 
     // Delete without --delete-volumes (model built without user-data, as `keelson delete` does).
-    let (md, _) = moto::prepare(&docs, &spec_compiler::CompileOptions { offline: true, ..Default::default() }, false);
+    let (md, _) = moto::prepare(&docs, &spec_compiler::CompileOptions::default(), false);
     let s = store(&t, &md);
     let mut p = cloud_resources::plan_delete(&t, &md, &s, false).await.expect("plan delete");
     assert!(p.plan.changes.iter().all(|c| c.action == Action::Delete));
@@ -575,7 +575,7 @@ async fn spot_and_mixed_instance_groups_are_created_and_converge() {
     assert!(p.plan.is_empty(), "{}", p.plan.render(false));
 
     // maxPrice alone: a spot request on the template (a fresh cluster: moto cannot relaunch from a
-    // template version that carries user-data, DESIGN.md).
+    // template version that carries user-data, docs/design.md).
     moto.reset();
     let ami = moto.fixtures().await;
     let (m2, _) = model_of(&moto::spec(&ami, |t| t.replace("  machineType: t3.medium\n", "  machineType: t3.medium\n  maxPrice: \"0.04\"\n")));

@@ -268,7 +268,7 @@ async fn private_topology_scenario() {
     assert_eq!(inventory(&t5).await, expected_inventory());
 
     // Delete with volumes: nothing of the cluster is left.
-    let (md, _) = moto::prepare(&docs, &spec_compiler::CompileOptions { offline: true, ..Default::default() }, false);
+    let (md, _) = moto::prepare(&docs, &spec_compiler::CompileOptions::default(), false);
     let t3 = moto.target(&[]).await;
     let s3 = store(&t3, &md);
     let mut p = cloud_resources::plan_delete(&t3, &md, &s3, true).await.expect("plan delete");

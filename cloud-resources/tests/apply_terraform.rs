@@ -24,7 +24,6 @@ fn options() -> spec_compiler::CompileOptions {
             .collect()
     };
     spec_compiler::CompileOptions {
-        offline: true,
         nodeup_assets: assets(&[
             ("amd64", "8b1a9953c4611296a827abf8c47804d7e6c49c6b8f0b8c1f4ee3a5e6a1b1c2d3@https://nodeup.mirror.test/amd64/nodeup,https://backup.mirror.test/amd64/nodeup"),
             ("arm64", "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0@https://nodeup.mirror.test/arm64/nodeup"),

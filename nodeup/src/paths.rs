@@ -1,4 +1,4 @@
-//! Every host path nodeup writes, in one place (kOps conventions; see DESIGN.md "Host layout").
+//! Every host path nodeup writes, in one place (kOps conventions; see docs/design.md "Host layout").
 //!
 //! Paths are absolute host paths; [`crate::host::Host::path`] maps them under `--root`.
 

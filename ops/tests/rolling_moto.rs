@@ -49,7 +49,7 @@ async fn rolling_update_finds_outdated_instances_and_replaces_them_one_by_one() 
     let nodes_before: Vec<String> = before[1].instances.iter().map(|i| i.id.clone()).collect();
 
     // Replacement, one at a time: `--force` on the nodes group. (moto cannot launch instances from a
-    // launch-template *version* that carries user-data — DESIGN.md — so replacing after a template
+    // launch-template *version* that carries user-data — docs/design.md — so replacing after a template
     // change is exercised on version 1 with --force; detection after a change is checked below.)
     let only_nodes = RollingOptions { groups: vec!["nodes-us-east-1a".into()], force: true, ..fast.clone() };
     let failing =

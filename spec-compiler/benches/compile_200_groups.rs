@@ -54,7 +54,7 @@ fn main() {
     nodeup_assets.insert(Arch::Amd64, NodeupAsset { sha256: "0".repeat(64), urls: vec!["https://mirror.example.com/nodeup".to_string()] });
     let protokube_assets =
         BTreeMap::from([(Arch::Amd64, NodeupAsset { sha256: "1".repeat(64), urls: vec!["https://mirror.example.com/protokube".to_string()] })]);
-    let options = CompileOptions { offline: true, nodeup_assets, protokube_assets, ..Default::default() };
+    let options = CompileOptions { nodeup_assets, protokube_assets, ..Default::default() };
 
     let mut full = Vec::new();
     let mut out_bytes = 0usize;

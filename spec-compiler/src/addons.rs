@@ -179,7 +179,7 @@ mod tests {
     /// A spec file completed by our compiler, and its versions.
     fn completed(path: &str) -> (Cluster, Versions) {
         let docs = crate::load::load_spec(std::path::Path::new(path)).unwrap_or_else(|e| panic!("load {path}: {e:?}"));
-        let options = crate::CompileOptions { offline: true, ..Default::default() };
+        let options = crate::CompileOptions::default();
         let completed = crate::complete::complete(&docs, &options).expect("complete");
         let versions = crate::complete::versions_for(&completed.spec, &options).expect("versions");
         (completed, versions)

@@ -14,7 +14,6 @@ use keelson_api::{
 use crate::complete::CompileOptions;
 use crate::versions::{Arch, Versions, VersionsError};
 
-const NVIDIA_DRIVER_PACKAGE: &str = "nvidia-driver-535-server";
 /// The kube-scheduler configuration file every API-server host gets.
 const KUBE_SCHEDULER_CONFIG: &str =
     "apiVersion: kubescheduler.config.k8s.io/v1\nclientConnection:\n  kubeconfig: /var/lib/kube-scheduler/kubeconfig\nkind: KubeSchedulerConfiguration\n";
@@ -295,7 +294,7 @@ pub fn build(
             let mut g = cluster_gpu.unwrap_or_default();
             g.merge_from(&ig_gpu.unwrap_or_default());
             if g.package.is_none() {
-                g.package = Some(NVIDIA_DRIVER_PACKAGE.to_string());
+                g.package = Some(crate::versions::NVIDIA_DRIVER_PACKAGE.to_string());
             }
             Some(g)
         }

@@ -11,7 +11,7 @@ use spec_compiler::load::load_bytes;
 use spec_compiler::CompileOptions;
 
 fn offline() -> CompileOptions {
-    CompileOptions { offline: true, ..Default::default() }
+    CompileOptions::default()
 }
 
 /// Leaves of a JSON value: `a.b[0].c` → value.

@@ -98,7 +98,6 @@ pub fn spec(ami: &str, edit: impl Fn(String) -> String) -> keelson_api::Document
 pub fn compile_options() -> spec_compiler::CompileOptions {
     let (arch, asset) = NODEUP_AMD64.split_once('=').expect("asset");
     spec_compiler::CompileOptions {
-        offline: true,
         nodeup_assets: [(spec_compiler::versions::Arch::parse(arch).expect("arch"), spec_compiler::userdata::NodeupAsset::parse(asset).expect("asset"))]
             .into_iter()
             .collect(),

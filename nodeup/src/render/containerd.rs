@@ -144,15 +144,14 @@ fn config_version(version: Option<&str>) -> i64 {
     }
 }
 
-/// The default pause image when the spec pins none.
-pub const DEFAULT_SANDBOX_IMAGE: &str = "registry.k8s.io/pause:3.10.1";
-
 /// Render `config.toml` (or the user's `configOverride` verbatim). With `kubenet`, containerd writes
 /// the pod network's CNI config from [`KUBENET_CNI_TEMPLATE`].
 pub fn config_toml(c: &ContainerdConfig, kubenet: bool) -> Result<String, String> {
     if let Some(o) = &c.config_override {
         return Ok(o.clone());
     }
+    // The compiler pins it from its versions table; nodeup chooses no version of its own.
+    let sandbox = c.sandbox_image.clone().ok_or("containerdConfig.sandboxImage is not set (the NodeupConfig names the pause image; recompile with keelson)")?;
     let mut runtimes = BTreeMap::new();
     runtimes.insert(
         "runc".to_string(),
@@ -165,10 +164,7 @@ pub fn config_toml(c: &ContainerdConfig, kubenet: bool) -> Result<String, String
         grpc: c.address.clone().map(|address| Grpc { address }),
         debug: Debug { level: c.log_level.clone().unwrap_or_else(|| "info".into()) },
         plugins: Plugins {
-            images: Images {
-                pinned_images: PinnedImages { sandbox: c.sandbox_image.clone().unwrap_or_else(|| DEFAULT_SANDBOX_IMAGE.into()) },
-                registry: Registry { config_path: paths::CONTAINERD_CERTS_DIR.into() },
-            },
+            images: Images { pinned_images: PinnedImages { sandbox }, registry: Registry { config_path: paths::CONTAINERD_CERTS_DIR.into() } },
             runtime: Runtime {
                 enable_selinux: c.selinux_enabled.filter(|s| *s),
                 cni: kubenet.then(|| Cni { conf_template: KUBENET_CNI_TEMPLATE_PATH.into() }),
@@ -247,6 +243,13 @@ mod tests {
         assert_eq!(rt["options"]["SystemdCgroup"].as_bool(), Some(true));
         assert_eq!(v["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"].as_str(), Some("registry.k8s.io/pause:3.10.1"));
         assert_eq!(config_version(Some("2.2.1")), 3);
+    }
+
+    #[test]
+    fn no_pause_image_is_an_error_not_a_default() {
+        let c: ContainerdConfig = serde_yaml_ng::from_str("version: 2.3.4\n").expect("yaml");
+        let e = config_toml(&c, false).expect_err("nodeup pins no image of its own");
+        assert!(e.contains("containerdConfig.sandboxImage"), "{e}");
     }
 
     #[test]

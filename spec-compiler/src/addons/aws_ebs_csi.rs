@@ -669,7 +669,7 @@ fn csi_driver(i: &Inputs, versions: &Versions) -> Value {
     let mut spec = Map::new();
     spec.insert("attachRequired".into(), json!(true));
     spec.insert("podInfoOnMount".into(), json!(false));
-    if versions.release().is_gte("1.35.0") {
+    if versions.kubernetes().at_least(1, 35) {
         spec.insert("nodeAllocatableUpdatePeriodSeconds".into(), json!(10));
     }
     json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": i.meta(DRIVER, false), "spec": spec})
@@ -838,7 +838,7 @@ mod tests {
     fn other_clouds_get_no_driver() {
         let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/gce.yaml"));
         let spec = crate::load::load_spec(path).expect("load examples/gce.yaml");
-        let options = crate::CompileOptions { offline: true, ..Default::default() };
+        let options = crate::CompileOptions::default();
         let cluster = crate::complete::complete(&spec, &options).expect("complete");
         let versions = crate::complete::versions_for(&cluster.spec, &options).expect("versions");
         assert!(cluster.spec.cloud_config.as_ref().and_then(|c| c.aws_ebscsi_driver.as_ref()).is_none());
@@ -848,8 +848,8 @@ mod tests {
     #[test]
     fn the_container_registry_remaps_every_image() {
         let (cluster, _) = crate::addons::tests::ha();
-        let opts = crate::versions::LookupOptions { offline: true, container_registry: Some("10.0.0.1:5000".into()), ..Default::default() };
-        let versions = Versions::for_kubernetes("1.34.4", &opts).expect("versions");
+        let opts = crate::versions::LookupOptions { container_registry: Some("10.0.0.1:5000".into()), ..Default::default() };
+        let versions = Versions::for_kubernetes(&"1.34.4".parse().expect("version"), &opts).expect("versions");
         let docs = docs(&cluster, &versions).expect("valid").expect("driver");
         let mut images = Vec::new();
         for w in ["Deployment", "DaemonSet"] {

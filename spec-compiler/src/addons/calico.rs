@@ -1015,8 +1015,8 @@ mod tests {
         let mut custom = cluster.clone();
         calico_of(&mut custom).registry = Some("quay.io".into());
         calico_of(&mut custom).version = Some("v3.31.2".into());
-        let opts = crate::versions::LookupOptions { offline: true, container_registry: Some("10.0.0.1:5000".into()), ..Default::default() };
-        let remapped = Versions::for_kubernetes("1.34.4", &opts).expect("versions");
+        let opts = crate::versions::LookupOptions { container_registry: Some("10.0.0.1:5000".into()), ..Default::default() };
+        let remapped = Versions::for_kubernetes(&"1.34.4".parse().expect("version"), &opts).expect("versions");
         let out = docs(&custom, &remapped).expect("valid").expect("calico");
         let ds = &kind(&out, "DaemonSet", "calico-node").expect("daemonset")["spec"]["template"]["spec"];
         assert_eq!(ds["containers"][0]["image"], "10.0.0.1:5000/quay.io-calico-node:v3.31.2");

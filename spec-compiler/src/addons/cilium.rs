@@ -964,8 +964,8 @@ mod tests {
         assert_eq!(op["template"]["metadata"]["annotations"]["test3"], "cilium-operator");
 
         let (cluster, _) = case("privatecilium");
-        let opts = crate::versions::LookupOptions { offline: true, container_registry: Some("10.0.0.1:5000".into()), ..Default::default() };
-        let versions = Versions::for_kubernetes("1.34.4", &opts).expect("versions");
+        let opts = crate::versions::LookupOptions { container_registry: Some("10.0.0.1:5000".into()), ..Default::default() };
+        let versions = Versions::for_kubernetes(&"1.34.4".parse().expect("version"), &opts).expect("versions");
         let docs = super::docs(&cluster, &versions).expect("valid").expect("cilium");
         assert_eq!(kind(&docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["image"], "10.0.0.1:5000/quay.io-cilium-cilium:v1.18.12");
     }

@@ -410,7 +410,7 @@ mod tests {
     fn ha_node_cluster_dns() -> String {
         let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/ha.yaml"));
         let docs = crate::load::load_spec(path).expect("load examples/ha.yaml");
-        let options = crate::CompileOptions { offline: true, ..Default::default() };
+        let options = crate::CompileOptions::default();
         let completed = crate::complete::complete(&docs, &options).expect("complete");
         let versions = crate::complete::versions_for(&completed.spec, &options).expect("versions");
         let ig = docs.instance_groups.iter().find(|g| g.name() == "nodes").expect("nodes group");
@@ -523,8 +523,8 @@ mod tests {
     #[test]
     fn the_container_registry_remaps_the_table_image() {
         let (cluster, _) = crate::addons::tests::ha();
-        let opts = crate::versions::LookupOptions { offline: true, container_registry: Some("10.0.0.1:5000".into()), ..Default::default() };
-        let versions = Versions::for_kubernetes("1.34.4", &opts).expect("versions");
+        let opts = crate::versions::LookupOptions { container_registry: Some("10.0.0.1:5000".into()), ..Default::default() };
+        let versions = Versions::for_kubernetes(&"1.34.4".parse().expect("version"), &opts).expect("versions");
         let docs = docs(&cluster, &versions).expect("valid").expect("CoreDNS");
         assert_eq!(kind(&docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"], "10.0.0.1:5000/coredns-coredns:v1.14.2");
     }

@@ -84,10 +84,10 @@ impl Plugin {
 /// Options of one compile run that do not live in the spec.
 #[derive(Debug, Clone, Default)]
 pub struct CompileOptions {
-    /// Never fetch hashes over the network.
-    pub offline: bool,
-    /// Where fetched hashes are cached.
-    pub cache_dir: Option<std::path::PathBuf>,
+    /// Where hashes the versions table does not know come from (the `keelson` binary gives an
+    /// [`HttpFetcher`](crate::versions::HttpFetcher) unless `--offline`); `None`: such a hash is an
+    /// error, and compile touches no network.
+    pub hash_fetcher: Option<crate::versions::Fetcher>,
     /// kOps-style feature flags (`+APIServerNodes`, `EtcdEventsHTTP`).
     pub feature_flags: BTreeSet<String>,
     /// The nodeup binary per architecture that user-data downloads; without it no user-data is written.
@@ -184,8 +184,7 @@ pub fn versions_for(spec: &ClusterSpec, options: &CompileOptions) -> Result<Vers
     let assets = spec.assets.as_ref();
     let containerd = spec.containerd.as_ref();
     let lookup = LookupOptions {
-        offline: options.offline,
-        cache_dir: options.cache_dir.clone(),
+        fetcher: options.hash_fetcher.clone(),
         file_repository: assets.and_then(|a| a.file_repository.clone()),
         container_registry: assets.and_then(|a| a.container_registry.clone()),
         container_proxy: assets.and_then(|a| a.container_proxy.clone()),
@@ -193,7 +192,7 @@ pub fn versions_for(spec: &ClusterSpec, options: &CompileOptions) -> Result<Vers
         runc_version_override: containerd.and_then(|c| c.runc.as_ref()).and_then(|r| r.version.clone()),
         asset_hashes: options.asset_hashes.clone(),
     };
-    Ok(Versions::for_kubernetes(&version.to_string(), &lookup)?)
+    Ok(Versions::for_kubernetes(version, &lookup)?)
 }
 
 /// Complete a parsed (and validated) spec.

@@ -37,7 +37,6 @@ pub fn options() -> spec_compiler::CompileOptions {
             .collect()
     };
     spec_compiler::CompileOptions {
-        offline: true,
         nodeup_assets: assets(&[NODEUP_AMD64, NODEUP_ARM64]),
         protokube_assets: assets(&[PROTOKUBE_AMD64, PROTOKUBE_ARM64]),
         ..Default::default()
