@@ -628,7 +628,8 @@ mod tests {
         let t = at("2026-11-24T10:00:00Z");
         let id = |seq: u64| BackupId { taken_at: t, seq };
         let min = time::Duration::minutes;
-        let cases: [(&str, Vec<(BackupId, OffsetDateTime)>, Option<u64>); 6] = [
+        type Case<'a> = (&'a str, Vec<(BackupId, OffsetDateTime)>, Option<u64>);
+        let cases: [Case; 6] = [
             ("nothing stored", vec![], None),
             ("written as named", vec![(id(1), t)], None),
             ("a slow upload, 59 minutes", vec![(id(1), t + min(59)), (id(2), t - min(59))], None),

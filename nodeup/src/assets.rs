@@ -644,7 +644,8 @@ mod tests {
         const CAP: u64 = 1 << 20;
         let zeros = vec![0u8; 4 << 20];
         let half = vec![7u8; 600 << 10];
-        let cases: [(&str, Vec<(&str, &[u8])>, fn(&AssetError) -> bool); 5] = [
+        type Case<'a> = (&'a str, Vec<(&'a str, &'a [u8])>, fn(&AssetError) -> bool);
+        let cases: [Case; 5] = [
             ("one entry of 4 MiB of zeros", vec![("bin/containerd", &zeros)], |e| {
                 matches!(e, AssetError::Archive { source: ArchiveError::TooLarge { limit: CAP }, .. })
             }),

@@ -225,7 +225,7 @@ impl Renewer {
         for (name, material) in &bundle.certs {
             let Some(cert_pem) = self.read(material)? else { continue };
             let info = pki::describe_cert(&cert_pem).map_err(|source| CertError::Pki { path: self.material_path(material), source })?;
-            found.push(Found { name: *name, material: material.clone(), cert_pem, info });
+            found.push(Found { name, material: material.clone(), cert_pem, info });
         }
         let due: Vec<&Found> =
             found.iter().filter(|f| renewal::needs_renewal(f.info.not_before, f.info.not_after, now, self.skew(&bundle.name, f.name, &f.info))).collect();

@@ -785,8 +785,12 @@ impl Watch {
 /// endpoint and certificates, from the etcd manifest).
 fn raw_secret(m: &machine::MachineInfo, namespace: &str, name: &str) -> String {
     let ep = etcd::endpoint(&m.root, "main").unwrap_or_else(|| panic!("{}: no etcd-main manifest", m.instance_id));
-    etcd::etcdctl(m.init_pid.unwrap(), &ep, &["get", &format!("/registry/secrets/{namespace}/{name}"), "--print-value-only"])
-        .unwrap_or_else(|e| panic!("{}: etcdctl get /registry/secrets/{namespace}/{name}: {e}", m.instance_id))
+    etcd::etcdctl(
+        m.init_pid.unwrap_or_else(|| panic!("{}: not running", m.instance_id)),
+        &ep,
+        &["get", &format!("/registry/secrets/{namespace}/{name}"), "--print-value-only"],
+    )
+    .unwrap_or_else(|e| panic!("{}: etcdctl get /registry/secrets/{namespace}/{name}: {e}", m.instance_id))
 }
 
 /// The `token` of a Secret through the API (`kubectl get secret ARGS`), decoded.
