@@ -277,3 +277,133 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{EtcdMember, Ports};
+    use cloud::volumes::InstanceState;
+
+    fn ec() -> EtcdCluster {
+        EtcdCluster {
+            name: "main".into(),
+            members: ["a", "b", "c"].iter().map(|m| EtcdMember { name: m.to_string(), instance_group: format!("cp-{m}") }).collect(),
+            ports: Ports { peer: 2380, client: 4001 },
+            image: "registry.k8s.io/etcd:3.5.21-0".into(),
+            tls: true,
+            client_cert_auth: true,
+            cpu_request: None,
+            memory_request: None,
+            heartbeat_ms: None,
+            election_ms: None,
+            version: "3.5.21".into(),
+            backup_store: "file:///b/main".into(),
+            backup_interval: Duration::from_secs(900),
+            backup_retention_days: 90,
+        }
+    }
+
+    fn vol(id: &str, zone: &str, member: Option<&str>, attached: &[(&str, &str, AttachmentState)]) -> Volume {
+        Volume {
+            id: id.into(),
+            zone: zone.into(),
+            state: if attached.is_empty() { VolumeState::Available } else { VolumeState::InUse },
+            size_gib: 20,
+            tags: member.map(|m| ("k8s.io/etcd/main".to_string(), format!("{m}/a,b,c"))).into_iter().collect(),
+            attachments: attached.iter().map(|(i, d, s)| Attachment { instance_id: i.to_string(), device: d.to_string(), state: *s }).collect(),
+        }
+    }
+
+    fn instance(id: &str, state: InstanceState, devices: &[&str]) -> (String, Instance) {
+        let i = Instance {
+            id: id.into(),
+            state,
+            zone: None,
+            private_ip: Some("10.0.0.1".into()),
+            public_ip: None,
+            devices: devices.iter().map(|d| d.to_string()).collect(),
+        };
+        (id.to_string(), i)
+    }
+
+    fn claim(volume: &str, member: &str) -> Claim {
+        Claim { volume: volume.into(), member: member.into() }
+    }
+
+    #[test]
+    fn the_volume_held_here_unless_it_is_leaving() {
+        let ec = ec();
+        let vols = [
+            vol("vol-other", "z1", Some("c"), &[("i-other", "/dev/xvdu", AttachmentState::Attached)]),
+            vol("vol-untagged", "z1", None, &[("i-me", "/dev/xvdv", AttachmentState::Attached)]),
+            vol("vol-a", "z1", Some("a"), &[("i-me", "/dev/xvdu", AttachmentState::Attaching)]),
+        ];
+        assert_eq!(held_here(&vols, &ec, "i-me"), Some(claim("vol-a", "a")));
+        for leaving in [AttachmentState::Detaching, AttachmentState::Detached] {
+            let vols = [vol("vol-a", "z1", Some("a"), &[("i-me", "/dev/xvdu", leaving)])];
+            assert_eq!(held_here(&vols, &ec, "i-me"), None, "{leaving:?}");
+        }
+    }
+
+    #[test]
+    fn candidates_in_zone_for_my_members_preferred_first() {
+        let ec = ec();
+        let vols = [
+            vol("vol-c", "z1", Some("c"), &[]),
+            vol("vol-b", "z1", Some("b"), &[]),
+            vol("vol-a-elsewhere", "z2", Some("a"), &[]),
+            vol("vol-a", "z1", Some("a"), &[]),
+            vol("vol-none", "z1", None, &[]),
+        ];
+        let mine = ["a".to_string(), "b".to_string()];
+        assert_eq!(candidates(&vols, &ec, "z1", &mine, None), vec![claim("vol-a", "a"), claim("vol-b", "b")]);
+        assert_eq!(candidates(&vols, &ec, "z1", &mine, Some("b")), vec![claim("vol-b", "b"), claim("vol-a", "a")]);
+        assert!(candidates(&vols, &ec, "z3", &mine, None).is_empty());
+    }
+
+    #[test]
+    fn live_holders_only() {
+        let vols = [vol("vol-a", "z1", Some("a"), &[("i-old", "/dev/xvdu", AttachmentState::Attached)])];
+        let gone: BTreeMap<String, Instance> = [instance("i-old", InstanceState::Terminated, &[])].into_iter().collect();
+        assert!(live_holder(&vols[0], &gone).is_none());
+        let stopped: BTreeMap<String, Instance> = [instance("i-old", InstanceState::Stopped, &[])].into_iter().collect();
+        assert_eq!(live_holder(&vols[0], &stopped).map(|i| i.id.as_str()), Some("i-old"));
+        assert!(live_holder(&vols[0], &BTreeMap::new()).is_none(), "an instance the cloud no longer knows");
+    }
+
+    #[test]
+    fn device_names_skip_what_is_used_under_either_name() {
+        let instances: BTreeMap<String, Instance> = [instance("i-me", InstanceState::Running, &["/dev/xvda", "/dev/sdu"])].into_iter().collect();
+        let vols = [
+            vol("vol-x", "z1", None, &[("i-me", "/dev/xvdv", AttachmentState::Attached)]),
+            vol("vol-y", "z1", None, &[("i-other", "/dev/xvdw", AttachmentState::Attached)]),
+        ];
+        let used = used_devices(&instances, &vols, "i-me");
+        assert_eq!(used, ["/dev/sdu", "/dev/xvda", "/dev/xvdv"].iter().map(|s| s.to_string()).collect());
+        assert_eq!(free_device(&used).as_deref(), Some("/dev/xvdw"));
+        let all: BTreeSet<String> = (b'u'..=b'z').map(|c| format!("/dev/sd{}", c as char)).collect();
+        assert_eq!(free_device(&all), None);
+    }
+
+    #[test]
+    fn device_paths_nvme_then_the_attached_names() {
+        let (nvme, xvd) = device_paths(Path::new("/dev/disk/by-id"), "vol-0abc", "/dev/sdu");
+        assert_eq!(nvme, PathBuf::from("/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol0abc"));
+        assert_eq!(xvd, vec![PathBuf::from("/dev/sdu"), PathBuf::from("/dev/xvdu")]);
+        assert_eq!(device_paths(Path::new("/d"), "vol-1", "/dev/xvdv").1, vec![PathBuf::from("/dev/xvdv")]);
+    }
+
+    #[test]
+    fn format_only_a_blank_device_never_formatted() {
+        let dev = Path::new("/dev/xvdu");
+        let fs = |t: &str| Probe::Filesystem(t.into());
+        assert_eq!(prepare(Probe::Blank, false, dev, "vol-1").ok(), Some(Prepare::Format));
+        assert!(matches!(prepare(Probe::Blank, true, dev, "vol-1"), Err(DiskError::BlankButFormatted { .. })));
+        for t in ["ext4", "ext3", "xfs"] {
+            assert_eq!(prepare(fs(t), true, dev, "vol-1").ok(), Some(Prepare::Use(t.into())));
+            assert_eq!(prepare(fs(t), false, dev, "vol-1").ok(), Some(Prepare::Use(t.into())));
+        }
+        assert!(matches!(prepare(fs("btrfs"), false, dev, "vol-1"), Err(DiskError::Foreign { .. })));
+        assert!(matches!(prepare(Probe::PartitionTable("gpt".into()), false, dev, "vol-1"), Err(DiskError::Foreign { .. })));
+    }
+}
