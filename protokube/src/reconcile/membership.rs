@@ -11,7 +11,7 @@ use std::time::Instant;
 use cloud::dns::Dns;
 use cloud::volumes::{Instance, Instances, Volume, Volumes};
 
-use super::volumes::{etcd_role, live_holder};
+use super::volumes::etcd_role;
 use super::{Agent, ReconcileError, Report, BOOTSTRAP_FILE, STARTED_TAG};
 use crate::config::EtcdCluster;
 use crate::manifest::{self, Bootstrap, ClusterState};
@@ -62,23 +62,6 @@ pub(super) fn initial_cluster(members: &[etcd::Member], all: &[(String, String)]
 }
 
 impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
-    /// Live peers of `ec` other than me: (member, private IP).
-    pub(super) fn peers(&self, ec: &EtcdCluster, vols: &[Volume], instances: &BTreeMap<String, Instance>) -> Vec<(String, String)> {
-        let mut out = Vec::new();
-        for v in vols {
-            let Some(m) = etcd_role(v, ec) else { continue };
-            if let Some(i) = live_holder(v, instances) {
-                if i.id != self.me.instance_id {
-                    if let Some(ip) = &i.private_ip {
-                        out.push((m, ip.clone()));
-                    }
-                }
-            }
-        }
-        out.sort();
-        out
-    }
-
     async fn bootstrap(
         &self,
         ec: &EtcdCluster,
@@ -188,18 +171,6 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
             }
             Ok(_) => tracing::debug!(etcd = %ec.name, %member, "member not started yet"),
             Err(e) => tracing::debug!(etcd = %ec.name, %member, error = %e, "local member not answering yet"),
-        }
-    }
-
-    /// A client for `member` of `ec` at `ip` (`None`, logged, when its TLS material is not there).
-    pub(super) fn member_client(&self, ec: &EtcdCluster, member: &str, ip: &str) -> Option<etcd::Client> {
-        let ip = ip.parse::<IpAddr>().ok()?;
-        match etcd::Client::for_member(&self.opts.root, &self.plan.cluster_name, ec, member, ip, self.opts.etcd_timeout) {
-            Ok(c) => Some(c),
-            Err(e) => {
-                tracing::warn!(etcd = %ec.name, %member, error = %e, "etcd client");
-                None
-            }
         }
     }
 

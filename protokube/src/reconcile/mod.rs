@@ -3,8 +3,9 @@
 //! converged host makes no change (and only read calls).
 //!
 //! The steps live in their own modules, each a pure decision with thin I/O around it:
-//! [`volumes`] (claim, attach, device, format/mount), [`membership`] (bootstrap, join, restore,
-//! the manifest), [`version`] (etcd version changes) and [`dns`] (records).
+//! `volumes` (claim, attach, device, format/mount), `membership` (bootstrap, join, restore,
+//! the manifest), `version` (etcd version changes) and `dns` (records). What more than one
+//! step asks (the live peers, a client for one) is here, with the pass.
 
 mod dns;
 mod membership;
@@ -12,19 +13,21 @@ mod version;
 mod volumes;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use cloud::dns::Dns;
-use cloud::volumes::{Instance, Instances, VolumeFilter, Volumes};
+use cloud::volumes::{Instance, Instances, Volume, VolumeFilter, Volumes};
 use cloud::{Identity, VolumeError};
 
-use crate::config::Plan;
+use crate::config::{EtcdCluster, Plan};
 use crate::disk::DiskError;
 use crate::{etcd, hosts, restore};
 
 pub use crate::manifest::BOOTSTRAP_FILE;
 pub use dns::route53_changes;
+use volumes::{etcd_role, live_holder};
 
 /// Route53 TTL for every record protokube writes.
 pub const TTL: i64 = 60;
@@ -187,5 +190,34 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         // 4. DNS from what the cloud says now.
         report.dns_records = self.sync_dns(&vols, &instances, &mut report).await?;
         Ok(report)
+    }
+
+    /// Live peers of `ec` other than me: (member, private IP).
+    fn peers(&self, ec: &EtcdCluster, vols: &[Volume], instances: &BTreeMap<String, Instance>) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for v in vols {
+            let Some(m) = etcd_role(v, ec) else { continue };
+            if let Some(i) = live_holder(v, instances) {
+                if i.id != self.me.instance_id {
+                    if let Some(ip) = &i.private_ip {
+                        out.push((m, ip.clone()));
+                    }
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// A client for `member` of `ec` at `ip` (`None`, logged, when its TLS material is not there).
+    fn member_client(&self, ec: &EtcdCluster, member: &str, ip: &str) -> Option<etcd::Client> {
+        let ip = ip.parse::<IpAddr>().ok()?;
+        match etcd::Client::for_member(&self.opts.root, &self.plan.cluster_name, ec, member, ip, self.opts.etcd_timeout) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!(etcd = %ec.name, %member, error = %e, "etcd client");
+                None
+            }
+        }
     }
 }
