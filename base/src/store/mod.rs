@@ -5,6 +5,9 @@
 //! Reads return `Ok(None)` for a key that does not exist; every other failure is an error that names
 //! the object. Writes to `file://` are atomic ([`crate::fs::write_atomic`]); the cluster lock is an
 //! exclusive create (`O_EXCL`, or a conditional PUT on S3).
+//!
+//! One backend per module behind one enum ([`Backend`]): `file`, `http`, `s3`; [`StateStore`]
+//! dispatches to them and keeps what is the same for all (`digest`, `download`, `list`, the lock).
 
 mod config_base;
 mod file;
