@@ -10,8 +10,7 @@ use aws_sdk_ec2::types::{Filter, Tag};
 pub struct Volume {
     pub id: String,
     pub zone: String,
-    /// `available`, `in-use`, `creating`, …
-    pub state: String,
+    pub state: VolumeState,
     pub size_gib: i32,
     pub tags: BTreeMap<String, String>,
     pub attachments: Vec<Attachment>,
@@ -21,8 +20,66 @@ pub struct Volume {
 pub struct Attachment {
     pub instance_id: String,
     pub device: String,
-    /// `attaching`, `attached`, `detaching`, `detached`, `busy`.
-    pub state: String,
+    pub state: AttachmentState,
+}
+
+/// EC2's volume states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VolumeState {
+    Creating,
+    Available,
+    InUse,
+    Deleting,
+    Deleted,
+    Error,
+    /// A state this code does not know (or none was given).
+    Unknown,
+}
+
+impl VolumeState {
+    /// From EC2's name (`available`, `in-use`, …).
+    pub fn from_ec2(s: &str) -> Self {
+        match s {
+            "creating" => VolumeState::Creating,
+            "available" => VolumeState::Available,
+            "in-use" => VolumeState::InUse,
+            "deleting" => VolumeState::Deleting,
+            "deleted" => VolumeState::Deleted,
+            "error" => VolumeState::Error,
+            _ => VolumeState::Unknown,
+        }
+    }
+}
+
+/// EC2's attachment states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttachmentState {
+    Attaching,
+    Attached,
+    Detaching,
+    Detached,
+    Busy,
+    /// A state this code does not know (or none was given).
+    Unknown,
+}
+
+impl AttachmentState {
+    /// From EC2's name (`attaching`, `attached`, …).
+    pub fn from_ec2(s: &str) -> Self {
+        match s {
+            "attaching" => AttachmentState::Attaching,
+            "attached" => AttachmentState::Attached,
+            "detaching" => AttachmentState::Detaching,
+            "detached" => AttachmentState::Detached,
+            "busy" => AttachmentState::Busy,
+            _ => AttachmentState::Unknown,
+        }
+    }
+
+    /// On its way off (or off) the instance: no longer the instance's volume.
+    pub fn is_leaving(self) -> bool {
+        matches!(self, AttachmentState::Detaching | AttachmentState::Detached)
+    }
 }
 
 /// How to narrow DescribeVolumes; every condition must hold.
@@ -132,7 +189,7 @@ fn volume_from(v: &aws_sdk_ec2::types::Volume) -> Volume {
     Volume {
         id: v.volume_id().unwrap_or_default().to_string(),
         zone: v.availability_zone().unwrap_or_default().to_string(),
-        state: v.state().map(|s| s.as_str().to_string()).unwrap_or_default(),
+        state: VolumeState::from_ec2(v.state().map(|s| s.as_str()).unwrap_or_default()),
         size_gib: v.size().unwrap_or_default(),
         tags: v.tags().iter().filter_map(|t| Some((t.key()?.to_string(), t.value().unwrap_or_default().to_string()))).collect(),
         attachments: v
@@ -141,7 +198,7 @@ fn volume_from(v: &aws_sdk_ec2::types::Volume) -> Volume {
             .map(|a| Attachment {
                 instance_id: a.instance_id().unwrap_or_default().to_string(),
                 device: a.device().unwrap_or_default().to_string(),
-                state: a.state().map(|s| s.as_str().to_string()).unwrap_or_default(),
+                state: AttachmentState::from_ec2(a.state().map(|s| s.as_str()).unwrap_or_default()),
             })
             .collect(),
     }

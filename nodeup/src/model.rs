@@ -13,11 +13,11 @@ use crate::config::{ConfigError, StateStore};
 use crate::flag_table;
 use crate::join::{self, JoinTask};
 use crate::nodetasks::{
-    file_task_name, DirTask, DownloadTask, FileTask, InstallArchiveTask, InstallTask, PodManifestTask, ServiceOffTask, ServiceTask, SwapOffTask,
+    file_task_name, Ctx, DirTask, DownloadTask, FileTask, InstallArchiveTask, InstallTask, NodeTask, PodManifestTask, ServiceOffTask, ServiceTask, SwapOffTask,
 };
 use crate::paths;
 use crate::render::{self, containerd, kubelet, manifests, systemd};
-use crate::tasks::{Ctx, Task, TaskError};
+use crate::tasks::{Task, TaskError};
 use base::pki::{self, CertSpec, Keypair, PkiError, Usage};
 
 /// Why the task list could not be built.
@@ -69,7 +69,7 @@ pub struct Inputs<'a> {
 
 /// The tasks for this host, plus warnings about things skipped.
 pub struct Model {
-    pub tasks: Vec<Box<dyn Task>>,
+    pub tasks: Vec<Box<NodeTask>>,
     pub warnings: Vec<String>,
 }
 
@@ -88,7 +88,7 @@ pub fn first_ip(cidr: &str) -> Option<IpAddr> {
 
 /// Build every task.
 pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
-    let mut tasks: Vec<Box<dyn Task>> = Vec::new();
+    let mut tasks: Vec<Box<NodeTask>> = Vec::new();
     let mut warnings = Vec::new();
     let cfg = inp.config;
     let aws = inp.boot.cloud_provider == "aws";
@@ -350,7 +350,7 @@ fn quantity(q: Option<&Quantity>) -> Option<String> {
 fn control_plane(
     inp: &Inputs,
     is_cp: bool,
-    tasks: &mut Vec<Box<dyn Task>>,
+    tasks: &mut Vec<Box<NodeTask>>,
     warnings: &mut Vec<String>,
     ca_dep: &str,
     manifest_dir: &str,
@@ -364,7 +364,7 @@ fn control_plane(
     let sa = load_ca(inp.store, "service-account")?;
     let mut deps = vec![ca_dep.to_string()];
 
-    let mut file = |tasks: &mut Vec<Box<dyn Task>>, path: String, body: String, mode: u32| {
+    let mut file = |tasks: &mut Vec<Box<NodeTask>>, path: String, body: String, mode: u32| {
         deps.push(file_task_name(&path));
         tasks.push(Box::new(FileTask::new(&path, body, mode)));
     };
@@ -648,7 +648,7 @@ impl CertTask {
     }
 }
 
-impl Task for CertTask {
+impl Task<Ctx<'_>> for CertTask {
     fn name(&self) -> String {
         format!("cert:{}.crt", self.base)
     }
@@ -726,7 +726,7 @@ impl KubeconfigTask {
     }
 }
 
-impl Task for KubeconfigTask {
+impl Task<Ctx<'_>> for KubeconfigTask {
     fn name(&self) -> String {
         format!("kubeconfig:{}", self.path)
     }

@@ -5,10 +5,46 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::assets::{Asset, AssetKind};
+use crate::assets::{Asset, AssetError, AssetKind, Fetcher};
+use crate::host::{CommandError, Host};
 use crate::paths;
-use crate::tasks::{Ctx, Task, TaskError};
-use base::fs::{fs_err, Owner};
+use crate::tasks::{Task, TaskError};
+use base::fs::{fs_err, FsError, Owner};
+use base::pki::PkiError;
+
+/// Everything one of nodeup's tasks may use.
+pub struct Ctx<'a> {
+    pub host: &'a Host,
+    pub assets: &'a Fetcher,
+}
+
+/// One of nodeup's tasks: the engine's [`Task`] over nodeup's [`Ctx`].
+pub type NodeTask = dyn for<'a> Task<Ctx<'a>>;
+
+// How each error of a task becomes a task failure (the join's is with it, in `join`).
+impl From<AssetError> for TaskError {
+    fn from(e: AssetError) -> TaskError {
+        TaskError::failed(e)
+    }
+}
+
+impl From<CommandError> for TaskError {
+    fn from(e: CommandError) -> TaskError {
+        TaskError::failed(e)
+    }
+}
+
+impl From<FsError> for TaskError {
+    fn from(e: FsError) -> TaskError {
+        TaskError::failed(e)
+    }
+}
+
+impl From<PkiError> for TaskError {
+    fn from(e: PkiError) -> TaskError {
+        TaskError::failed(e)
+    }
+}
 
 /// Task name of a file (others depend on it by this name).
 pub fn file_task_name(path: &str) -> String {
@@ -32,7 +68,7 @@ impl FileTask {
     }
 }
 
-impl Task for FileTask {
+impl Task<Ctx<'_>> for FileTask {
     fn name(&self) -> String {
         file_task_name(&self.path)
     }
@@ -75,7 +111,7 @@ pub struct DirTask {
     pub mode: u32,
 }
 
-impl Task for DirTask {
+impl Task<Ctx<'_>> for DirTask {
     fn name(&self) -> String {
         format!("dir:{}", self.path)
     }
@@ -111,7 +147,7 @@ pub struct DownloadTask {
     pub asset: Arc<Asset>,
 }
 
-impl Task for DownloadTask {
+impl Task<Ctx<'_>> for DownloadTask {
     fn name(&self) -> String {
         download_task_name(&self.asset)
     }
@@ -142,7 +178,7 @@ impl InstallTask {
     }
 }
 
-impl Task for InstallTask {
+impl Task<Ctx<'_>> for InstallTask {
     fn name(&self) -> String {
         format!("install:{}", self.dest)
     }
@@ -207,7 +243,7 @@ impl InstallArchiveTask {
     }
 }
 
-impl Task for InstallArchiveTask {
+impl Task<Ctx<'_>> for InstallArchiveTask {
     fn name(&self) -> String {
         format!("install:{}", self.asset.name())
     }
@@ -268,7 +304,7 @@ impl ServiceTask {
     }
 }
 
-impl Task for ServiceTask {
+impl Task<Ctx<'_>> for ServiceTask {
     fn name(&self) -> String {
         format!("service:{}", self.unit)
     }
@@ -320,7 +356,7 @@ impl ServiceOffTask {
     }
 }
 
-impl Task for ServiceOffTask {
+impl Task<Ctx<'_>> for ServiceOffTask {
     fn name(&self) -> String {
         format!("service-off:{}", self.unit)
     }
@@ -366,7 +402,7 @@ fn swap_lines(fstab: &str) -> Vec<usize> {
         .collect()
 }
 
-impl Task for SwapOffTask {
+impl Task<Ctx<'_>> for SwapOffTask {
     fn name(&self) -> String {
         "swap:off".into()
     }
@@ -445,7 +481,7 @@ impl PodManifestTask {
     }
 }
 
-impl Task for PodManifestTask {
+impl Task<Ctx<'_>> for PodManifestTask {
     fn name(&self) -> String {
         self.file.name()
     }

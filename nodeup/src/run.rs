@@ -9,7 +9,8 @@ use crate::assets::{FetchOptions, Fetcher};
 use crate::config::{self, StateStore};
 use crate::host::Host;
 use crate::model::{self, Facts, Inputs};
-use crate::tasks::{self, Ctx, Report, Target};
+use crate::nodetasks::Ctx;
+use crate::tasks::{self, Report, Target};
 
 /// Options of a run (the command line, parsed).
 #[derive(Debug, Clone)]

@@ -2,30 +2,36 @@
 //! applies only the difference. Tasks run as soon as their dependencies are done, independent
 //! ones concurrently. Whether changes are applied or only reported is the *target*'s business
 //! ([`Target::Direct`] or [`Target::DryRun`]), not each task's.
+//!
+//! The engine is a leaf: it knows nothing of nodeup's tasks, their context `C` (the host and the
+//! asset fetcher: `nodetasks::Ctx`) or their errors, which it carries as a boxed source
+//! ([`TaskError::Failed`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Condvar, Mutex};
 
-use crate::assets::AssetError;
-use crate::host::{CommandError, Host};
-use base::fs::FsError;
-use base::pki::PkiError;
+/// A task's own error, whatever its type.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Why a task failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TaskError {
-    #[error(transparent)]
-    Fs(#[from] FsError),
-    #[error(transparent)]
-    Asset(#[from] AssetError),
-    #[error(transparent)]
-    Pki(#[from] PkiError),
-    #[error(transparent)]
-    Command(#[from] CommandError),
-    #[error(transparent)]
-    Join(#[from] crate::join::JoinError),
+    /// The task failed (a file, an asset, a certificate, a command, the join …): shown as its
+    /// own error, which is the source.
+    #[error("{source}")]
+    Failed {
+        #[source]
+        source: BoxError,
+    },
     #[error("dependency {0} failed")]
     Dependency(String),
+}
+
+impl TaskError {
+    /// A task's own error as a task failure (what `?` does through each error's `From`).
+    pub fn failed(e: impl std::error::Error + Send + Sync + 'static) -> TaskError {
+        TaskError::Failed { source: Box::new(e) }
+    }
 }
 
 /// Where changes go: applied to the host, or only reported.
@@ -35,14 +41,8 @@ pub enum Target {
     DryRun,
 }
 
-/// Everything a task may use.
-pub struct Ctx<'a> {
-    pub host: &'a Host,
-    pub assets: &'a crate::assets::Fetcher,
-}
-
-/// One unit of desired state.
-pub trait Task: Send + Sync {
+/// One unit of desired state, checked and applied with the context `C` (everything a task may use).
+pub trait Task<C: ?Sized>: Send + Sync {
     /// Unique name, e.g. `file:/etc/containerd/config.toml`; dependencies refer to it.
     fn name(&self) -> String;
     /// Names of tasks that must finish first; a change in one of them is passed as `deps_changed`.
@@ -50,9 +50,9 @@ pub trait Task: Send + Sync {
         Vec::new()
     }
     /// The differences between actual and desired state, one line each; empty when converged.
-    fn check(&self, ctx: &Ctx, deps_changed: bool) -> Result<Vec<String>, TaskError>;
+    fn check(&self, ctx: &C, deps_changed: bool) -> Result<Vec<String>, TaskError>;
     /// Make the actual state the desired state (called only when `check` found differences).
-    fn apply(&self, ctx: &Ctx, deps_changed: bool) -> Result<(), TaskError>;
+    fn apply(&self, ctx: &C, deps_changed: bool) -> Result<(), TaskError>;
     /// Host paths this task writes (their directories are swept for stale temp files).
     fn paths(&self) -> Vec<String> {
         Vec::new()
@@ -101,7 +101,7 @@ enum State {
 }
 
 /// Check that names are unique, dependencies exist and there is no cycle.
-pub fn validate(tasks: &[Box<dyn Task>]) -> Result<Vec<Vec<usize>>, GraphError> {
+pub fn validate<C: ?Sized, T: Task<C> + ?Sized>(tasks: &[Box<T>]) -> Result<Vec<Vec<usize>>, GraphError> {
     let mut index = BTreeMap::new();
     for (i, t) in tasks.iter().enumerate() {
         if index.insert(t.name(), i).is_some() {
@@ -138,8 +138,8 @@ pub fn validate(tasks: &[Box<dyn Task>]) -> Result<Vec<Vec<usize>>, GraphError> 
 }
 
 /// Run every task: each as soon as its dependencies are done, independent ones concurrently.
-pub fn run(tasks: &[Box<dyn Task>], ctx: &Ctx, target: Target) -> Result<Report, GraphError> {
-    let deps = validate(tasks)?;
+pub fn run<C: Sync + ?Sized, T: Task<C> + ?Sized>(tasks: &[Box<T>], ctx: &C, target: Target) -> Result<Report, GraphError> {
+    let deps = validate::<C, T>(tasks)?;
     let states = Mutex::new(vec![State::Pending; tasks.len()]);
     let wake = Condvar::new();
     let results: Mutex<Vec<Option<TaskResult>>> = Mutex::new(vec![None; tasks.len()]);
@@ -184,7 +184,7 @@ pub fn run(tasks: &[Box<dyn Task>], ctx: &Ctx, target: Target) -> Result<Report,
     Ok(Report { results: results.into_iter().flatten().collect() })
 }
 
-fn run_one(task: &dyn Task, ctx: &Ctx, target: Target, deps_changed: bool) -> Result<Vec<String>, TaskError> {
+fn run_one<C: ?Sized, T: Task<C> + ?Sized>(task: &T, ctx: &C, target: Target, deps_changed: bool) -> Result<Vec<String>, TaskError> {
     let changes = task.check(ctx, deps_changed)?;
     if changes.is_empty() {
         return Ok(changes);
@@ -230,27 +230,27 @@ mod tests {
         log: Arc<Mutex<Vec<String>>>,
         applied: Arc<AtomicUsize>,
     }
-    impl Task for T {
+    impl Task<()> for T {
         fn name(&self) -> String {
             self.name.into()
         }
         fn deps(&self) -> Vec<String> {
             self.deps.iter().map(|s| s.to_string()).collect()
         }
-        fn check(&self, _: &Ctx, deps_changed: bool) -> Result<Vec<String>, TaskError> {
+        fn check(&self, _: &(), deps_changed: bool) -> Result<Vec<String>, TaskError> {
             if self.fail {
-                return Err(TaskError::Command(CommandError { argv: "x".into(), message: "boom".into() }));
+                return Err(TaskError::failed(std::io::Error::other("boom")));
             }
             self.log.lock().expect("lock").push(self.name.to_string());
             Ok(if self.dirty || deps_changed { vec![format!("{} differs", self.name)] } else { vec![] })
         }
-        fn apply(&self, _: &Ctx, _: bool) -> Result<(), TaskError> {
+        fn apply(&self, _: &(), _: bool) -> Result<(), TaskError> {
             self.applied.fetch_add(1, Ordering::SeqCst);
             Ok(())
         }
     }
 
-    type Built = (Vec<Box<dyn Task>>, Arc<Mutex<Vec<String>>>, Arc<AtomicUsize>);
+    type Built = (Vec<Box<dyn Task<()>>>, Arc<Mutex<Vec<String>>>, Arc<AtomicUsize>);
 
     fn mk(spec: &[(&'static str, &[&'static str], bool, bool)]) -> Built {
         let log = Arc::new(Mutex::new(Vec::new()));
@@ -258,16 +258,14 @@ mod tests {
         let tasks = spec
             .iter()
             .map(|(n, d, dirty, fail)| {
-                Box::new(T { name: n, deps: d.to_vec(), dirty: *dirty, fail: *fail, log: log.clone(), applied: applied.clone() }) as Box<dyn Task>
+                Box::new(T { name: n, deps: d.to_vec(), dirty: *dirty, fail: *fail, log: log.clone(), applied: applied.clone() }) as Box<dyn Task<()>>
             })
             .collect();
         (tasks, log, applied)
     }
 
-    fn ctx_run(tasks: &[Box<dyn Task>], target: Target) -> Report {
-        let host = Host::new("/nonexistent-root");
-        let fetcher = crate::assets::Fetcher::new(crate::assets::FetchOptions::default(), host.path("/cache")).expect("fetcher");
-        run(tasks, &Ctx { host: &host, assets: &fetcher }, target).expect("graph")
+    fn ctx_run(tasks: &[Box<dyn Task<()>>], target: Target) -> Report {
+        run(tasks, &(), target).expect("graph")
     }
 
     #[test]
@@ -291,6 +289,8 @@ mod tests {
         let r = ctx_run(&tasks, Target::Direct);
         let failed: Vec<_> = r.failed().iter().map(|t| t.name.clone()).collect();
         assert_eq!(failed, ["a", "b"]);
+        let errors: Vec<_> = r.failed().iter().map(|t| t.error.clone().unwrap_or_default()).collect();
+        assert_eq!(errors, ["boom", "dependency a failed"], "a task's error reads as its own, once");
     }
 
     #[test]

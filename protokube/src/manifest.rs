@@ -74,12 +74,31 @@ pub struct HostPath {
     pub type_: String,
 }
 
+/// Per-volume record of how the member bootstraps (kept on the volume, next to its data).
+pub const BOOTSTRAP_FILE: &str = "keelson-etcd-bootstrap.json";
+
+/// etcd's `--initial-cluster-state`: whether the member starts a new cluster or joins one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClusterState {
+    New,
+    Existing,
+}
+
+impl std::fmt::Display for ClusterState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ClusterState::New => "new",
+            ClusterState::Existing => "existing",
+        })
+    }
+}
+
 /// How this member starts: the decision is made once per volume and kept on it, so the manifest
 /// never flaps between passes (a changed manifest restarts the pod).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Bootstrap {
-    /// `new` or `existing`.
-    pub state: String,
+    pub state: ClusterState,
     /// `name=peerURL` pairs, in order.
     pub initial_cluster: Vec<(String, String)>,
 }
@@ -193,7 +212,7 @@ mod tests {
 
     #[test]
     fn tls_flags_and_mounts() {
-        let boot = Bootstrap { state: "new".into(), initial_cluster: vec![("etcd-a".into(), "https://etcd-a.internal.c:2380".into())] };
+        let boot = Bootstrap { state: ClusterState::New, initial_cluster: vec![("etcd-a".into(), "https://etcd-a.internal.c:2380".into())] };
         let pod = render(&ec(true), "c", "a", "vol-1", &boot);
         let c = &pod.spec.containers[0];
         for want in [
@@ -212,5 +231,16 @@ mod tests {
         assert_eq!(back, pod);
         let plain = render(&ec(false), "c", "a", "vol-1", &boot);
         assert!(!plain.spec.containers[0].args.iter().any(|a| a.contains("cert")));
+    }
+
+    #[test]
+    fn bootstrap_file_keeps_its_json() {
+        for (state, word) in [(ClusterState::New, "new"), (ClusterState::Existing, "existing")] {
+            let boot = Bootstrap { state, initial_cluster: vec![("etcd-a".into(), "https://a:2380".into())] };
+            let text = serde_json::to_string(&boot).expect("json");
+            assert_eq!(text, format!(r#"{{"state":"{word}","initial_cluster":[["etcd-a","https://a:2380"]]}}"#));
+            assert_eq!(serde_json::from_str::<Bootstrap>(&text).expect("back"), boot);
+            assert_eq!(state.to_string(), word);
+        }
     }
 }

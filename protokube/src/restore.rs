@@ -23,8 +23,7 @@ use base::etcd_backup::{BackupId, BackupStore, MemberState, MemberStatus, Restor
 use serde::{Deserialize, Serialize};
 
 use crate::config::EtcdCluster;
-use crate::manifest::Bootstrap;
-use crate::reconcile::BOOTSTRAP_FILE;
+use crate::manifest::{Bootstrap, ClusterState, BOOTSTRAP_FILE};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RestoreError {
@@ -248,7 +247,7 @@ impl MemberRestore<'_> {
         if !bfile.exists() {
             let all: Vec<(String, String)> =
                 self.ec.members.iter().map(|m| (self.ec.member_id(&m.name), self.ec.peer_url(&m.name, self.cluster_name))).collect();
-            let boot = Bootstrap { state: "new".into(), initial_cluster: all };
+            let boot = Bootstrap { state: ClusterState::New, initial_cluster: all };
             let text = serde_json::to_string_pretty(&boot).unwrap_or_default();
             base::fs::write_atomic(&bfile, text.as_bytes(), 0o644, None).map_err(|e| self.io(&req, &bfile)(e.source))?;
         }

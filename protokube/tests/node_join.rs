@@ -381,7 +381,7 @@ async fn nodeup_joins_through_the_server_with_its_instance_role_on(url: String) 
         use nodeup::tasks::Task as _;
         let host = nodeup::host::Host::new(&root_path);
         let fetcher = nodeup::assets::Fetcher::new(Default::default(), root_path.join("cache")).expect("fetcher");
-        let ctx = nodeup::tasks::Ctx { host: &host, assets: &fetcher };
+        let ctx = nodeup::nodetasks::Ctx { host: &host, assets: &fetcher };
         let good = task(&dns2);
         let first = good.check(&ctx, false).expect("check");
         let applied = good.apply(&ctx, false).map_err(|e| e.to_string());

@@ -14,8 +14,9 @@ use base::pki;
 use crate::paths;
 
 pub mod challenge;
+use crate::nodetasks::Ctx;
 use crate::render::kubelet;
-use crate::tasks::{Ctx, Task, TaskError};
+use crate::tasks::{Task, TaskError};
 
 /// The task's name (dependencies refer to it).
 pub const TASK_NAME: &str = "node-join";
@@ -29,6 +30,12 @@ pub enum JoinError {
     Identity(String),
     #[error(transparent)]
     Protocol(#[from] node_join::JoinError),
+}
+
+impl From<JoinError> for TaskError {
+    fn from(e: JoinError) -> TaskError {
+        TaskError::failed(e)
+    }
 }
 
 pub struct JoinTask {
@@ -152,7 +159,7 @@ impl JoinTask {
     }
 }
 
-impl Task for JoinTask {
+impl Task<Ctx<'_>> for JoinTask {
     fn name(&self) -> String {
         TASK_NAME.into()
     }

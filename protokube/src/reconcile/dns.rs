@@ -1,0 +1,158 @@
+//! DNS: the records the control plane's names should have (from which live instance holds each
+//! member's volume), diffed against what is there ([`route53_changes`], pure) and applied as one
+//! batched change, or written to the hosts file.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use cloud::dns::{Dns, Record, RecordChange};
+use cloud::volumes::{Instance, Instances, Volume, Volumes};
+
+use super::volumes::{etcd_role, live_holder};
+use super::{Agent, ReconcileError, Report, PLACEHOLDER, TTL};
+use crate::config::DnsMode;
+use crate::hosts;
+
+impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
+    /// name → addresses (`None`: no live owner known).
+    pub fn desired_records(&self, vols: &[Volume], instances: &BTreeMap<String, Instance>) -> BTreeMap<String, Option<Vec<String>>> {
+        let cluster = &self.plan.cluster_name;
+        let mut out: BTreeMap<String, Option<Vec<String>>> = BTreeMap::new();
+        let mut api_private: BTreeSet<String> = BTreeSet::new();
+        let mut api_public: BTreeSet<String> = BTreeSet::new();
+        for ec in &self.plan.etcd_clusters {
+            for m in &ec.members {
+                let holder = vols.iter().filter(|v| etcd_role(v, ec).as_deref() == Some(m.name.as_str())).find_map(|v| live_holder(v, instances));
+                let ip = holder.and_then(|i| i.private_ip.clone());
+                if ec.name == "main" {
+                    if let Some(i) = holder {
+                        api_private.extend(i.private_ip.clone());
+                        api_public.extend(i.public_ip.clone());
+                    }
+                }
+                out.insert(ec.member_dns(&m.name, cluster), ip.map(|ip| vec![ip]));
+            }
+        }
+        let some = |s: BTreeSet<String>| (!s.is_empty()).then(|| s.into_iter().collect::<Vec<_>>());
+        // The public name only in a real zone; the hosts file carries the internal names.
+        if self.plan.manage_public_api && self.plan.dns != DnsMode::Hosts {
+            let public = if api_public.is_empty() { api_private.clone() } else { api_public };
+            out.insert(self.plan.api_public(), some(public));
+        }
+        // Where workers join (the join server runs on every control plane): always the control
+        // planes themselves, even when `api.internal` is an alias to the API load balancer (443 only).
+        out.insert(self.plan.kops_controller_internal(), some(api_private.clone()));
+        if self.plan.manage_internal_api {
+            out.insert(self.plan.api_internal(), some(api_private));
+        }
+        out
+    }
+
+    pub(super) async fn sync_dns(&mut self, vols: &[Volume], instances: &BTreeMap<String, Instance>, report: &mut Report) -> Result<usize, ReconcileError> {
+        let desired = self.desired_records(vols, instances);
+        match &self.plan.dns {
+            DnsMode::Hosts => {
+                let entries: hosts::Entries = desired.into_iter().filter_map(|(n, ips)| Some((n, ips?))).collect();
+                let path = self.opts.hosts_file.clone();
+                let changed = tokio::task::spawn_blocking(move || hosts::update(&path, &entries))
+                    .await
+                    .map_err(|e| ReconcileError::Io { path: "hosts".into(), source: std::io::Error::other(e) })??;
+                Ok(changed.len())
+            }
+            DnsMode::Route53 { zone, private } => {
+                let Some(dns) = &self.dns else {
+                    report.waiting.push("Route53 provider not configured".into());
+                    return Ok(0);
+                };
+                let zone_id = match &self.zone_id {
+                    Some(z) => z.clone(),
+                    None => {
+                        let z = dns.find_zone_with(zone.as_deref(), &self.plan.cluster_name, Some(*private)).await?;
+                        self.zone_id = Some(z.clone());
+                        z
+                    }
+                };
+                let existing: BTreeMap<String, Record> =
+                    dns.list_records(&zone_id, &self.plan.cluster_name).await?.into_iter().filter(|r| r.rtype == "A").map(|r| (r.name.clone(), r)).collect();
+                let changes = route53_changes(&desired, &existing);
+                if changes.is_empty() {
+                    return Ok(0);
+                }
+                match dns.apply_changes(&zone_id, &changes).await {
+                    Ok(_) => Ok(changes.len()),
+                    Err(e) if changes.len() > 1 => {
+                        // One bad record must not block the others: retry one by one, report the bad ones.
+                        tracing::warn!(error = %e, "batched DNS change failed; applying records one by one");
+                        let mut done = 0;
+                        for c in &changes {
+                            match dns.apply_changes(&zone_id, std::slice::from_ref(c)).await {
+                                Ok(_) => done += 1,
+                                Err(e) => report.waiting.push(format!("DNS change {c:?}: {e}")),
+                            }
+                        }
+                        Ok(done)
+                    }
+                    Err(e) => Err(e.into()),
+                }
+            }
+        }
+    }
+}
+
+/// The UPSERTs that make Route53 match `desired`: real addresses replace whatever is there (including
+/// the placeholder); a name without a known owner gets the placeholder only if it has no record yet.
+pub fn route53_changes(desired: &BTreeMap<String, Option<Vec<String>>>, existing: &BTreeMap<String, Record>) -> Vec<RecordChange> {
+    let mut out = Vec::new();
+    for (name, want) in desired {
+        let values = match (want, existing.get(name)) {
+            (Some(ips), _) => ips.clone(),
+            (None, Some(_)) => continue,
+            (None, None) => vec![PLACEHOLDER.to_string()],
+        };
+        let rec = Record { name: name.clone(), rtype: "A".into(), ttl: TTL, values };
+        if existing.get(name) != Some(&rec) {
+            out.push(RecordChange::Upsert(rec));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(name: &str, values: &[&str], ttl: i64) -> Record {
+        Record { name: name.into(), rtype: "A".into(), ttl, values: values.iter().map(|s| s.to_string()).collect() }
+    }
+
+    #[test]
+    fn route53_changes_fill_placeholders_and_replace_stale() {
+        let desired: BTreeMap<String, Option<Vec<String>>> = [
+            ("up-to-date".to_string(), Some(vec!["10.0.0.1".to_string()])),
+            ("stale".to_string(), Some(vec!["10.0.0.2".to_string()])),
+            ("placeholder-now-known".to_string(), Some(vec!["10.0.0.3".to_string()])),
+            ("unknown-missing".to_string(), None),
+            ("unknown-existing".to_string(), None),
+            ("wrong-ttl".to_string(), Some(vec!["10.0.0.4".to_string()])),
+        ]
+        .into_iter()
+        .collect();
+        let existing: BTreeMap<String, Record> = [
+            rec("up-to-date", &["10.0.0.1"], 60),
+            rec("stale", &["10.9.9.9"], 60),
+            rec("placeholder-now-known", &[PLACEHOLDER], 60),
+            rec("unknown-existing", &["10.0.0.7"], 60),
+            rec("wrong-ttl", &["10.0.0.4"], 300),
+        ]
+        .into_iter()
+        .map(|r| (r.name.clone(), r))
+        .collect();
+        let got = route53_changes(&desired, &existing);
+        let want = vec![
+            RecordChange::Upsert(rec("placeholder-now-known", &["10.0.0.3"], 60)),
+            RecordChange::Upsert(rec("stale", &["10.0.0.2"], 60)),
+            RecordChange::Upsert(rec("unknown-missing", &[PLACEHOLDER], 60)),
+            RecordChange::Upsert(rec("wrong-ttl", &["10.0.0.4"], 60)),
+        ];
+        assert_eq!(got, want);
+    }
+}

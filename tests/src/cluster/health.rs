@@ -1,0 +1,151 @@
+//! The health of the whole cluster, as `up` waits for it and `ps` shows it: machines, containerd,
+//! etcd members, and what the Kubernetes API says.
+
+use std::path::Path;
+
+use crate::machine::{self, MachineInfo};
+use crate::{cmd, etcd};
+
+use super::state::ClusterState;
+
+/// Health of the whole cluster, as `up` waits for it and `ps` shows it.
+#[derive(Debug, Default, Clone)]
+pub struct Health {
+    pub lines: Vec<String>,
+    pub problems: Vec<String>,
+}
+
+/// Every group has its desired machines; every machine runs containerd; every control-plane
+/// machine has a healthy member of every etcd cluster and each cluster has all members.
+pub fn health(cs: &ClusterState) -> Health {
+    let mut h = Health::default();
+    for (g, want) in &cs.groups {
+        let have = cs.machines.iter().filter(|m| &m.group == g && m.init_pid.is_some_and(cmd::alive)).count();
+        if (have as i32) < *want {
+            h.problems.push(format!("group {g}: {have}/{want} machines"));
+        }
+    }
+    let cps = cs.machines.iter().filter(|m| m.role == "control-plane").count();
+    for m in &cs.machines {
+        let Some(pid) = m.init_pid.filter(|p| cmd::alive(*p)) else {
+            h.problems.push(format!("{}: machine not running", m.instance_id));
+            continue;
+        };
+        let ctr = machine::exec_in(pid, &["ctr", "version"]).is_ok();
+        let vols: Vec<String> = cs.exposed.iter().filter(|(_, (i, _))| i == &m.instance_id).map(|(v, _)| v.clone()).collect();
+        let mut line = format!(
+            "{:<21} {:<14} {:<26} {:<15} {:<11} containerd={} volumes=[{}]",
+            m.instance_id,
+            m.role,
+            m.group,
+            m.ip,
+            m.zone,
+            if ctr { "running" } else { "DOWN" },
+            vols.join(",")
+        );
+        if !ctr {
+            h.problems.push(format!("{}: containerd not answering (ctr version)", m.instance_id));
+        }
+        if m.role == "control-plane" {
+            for c in &cs.etcd_clusters {
+                match etcd::endpoint(&m.root, c) {
+                    None => {
+                        line.push_str(&format!(" etcd-{c}=no-manifest"));
+                        h.problems.push(format!("{}: no etcd-{c} manifest yet", m.instance_id));
+                    }
+                    Some(ep) => {
+                        let ok = etcd::healthy(pid, &ep);
+                        let members = etcd::members(pid, &ep).map(|m| m.len()).unwrap_or(0);
+                        line.push_str(&format!(" etcd-{c}={}({}/{cps} members)", if ok { "healthy" } else { "UNHEALTHY" }, members));
+                        if !ok {
+                            h.problems.push(format!("{}: etcd {c} member {} unhealthy", m.instance_id, ep.member));
+                        } else if members != cps {
+                            h.problems.push(format!("{}: etcd {c} has {members} members, want {cps}", m.instance_id));
+                        }
+                    }
+                }
+            }
+        }
+        h.lines.push(line);
+    }
+    if cs.machines.is_empty() {
+        h.problems.push("no machines yet".into());
+    }
+    if h.problems.is_empty() && !cs.kubeconfig.is_empty() {
+        h.problems.extend(kube_problems(cs, &mut h.lines));
+    }
+    h
+}
+
+/// The static pods every control plane runs (etcd per etcd cluster; kube-proxy runs everywhere).
+pub fn control_plane_pods(cs: &ClusterState) -> Vec<String> {
+    let mut v: Vec<String> = cs.etcd_clusters.iter().map(|c| format!("etcd-{c}")).collect();
+    v.extend(["kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy"].map(String::from));
+    v
+}
+
+/// The failing checks of /readyz (`[-]name failed: …`) or the first 160 characters, on one line.
+fn one_line(text: &str) -> String {
+    let failed: Vec<&str> = text.split("\\n").flat_map(|l| l.lines()).filter(|l| l.trim_start().starts_with("[-]")).map(str::trim).collect();
+    if !failed.is_empty() {
+        return failed.join(" ");
+    }
+    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    flat.chars().take(160).collect()
+}
+
+/// What the Kubernetes API says is not right yet: the API through every control plane, every
+/// machine a Ready Node, every control-plane static pod and every kube-proxy running.
+pub fn kube_problems(cs: &ClusterState, lines: &mut [String]) -> Vec<String> {
+    use crate::kubeapi::{self, Target};
+    let kc = Path::new(&cs.kubeconfig);
+    let mut p = Vec::new();
+    for m in cs.machines.iter().filter(|m| m.role == "control-plane") {
+        let t = Target { server: Some(format!("https://{}", m.ip)), tls_server_name: None };
+        match kubeapi::readyz(kc, &t) {
+            Ok(body) if body.trim() == "ok" => {}
+            Ok(body) => p.push(format!("{}: /readyz says {}", m.instance_id, one_line(&body))),
+            Err(e) => p.push(format!("{}: /readyz: {}", m.instance_id, one_line(&e.to_string()))),
+        }
+    }
+    if !p.is_empty() {
+        return p;
+    }
+    let nodes = match kubeapi::nodes(kc) {
+        Ok(n) => n,
+        Err(e) => return vec![format!("listing nodes: {e}")],
+    };
+    let pods = match kubeapi::system_pods(kc) {
+        Ok(x) => x,
+        Err(e) => return vec![format!("listing kube-system pods: {e}")],
+    };
+    for m in &cs.machines {
+        let Some((name, n)) = nodes.iter().find(|(_, n)| n.internal_ip.as_deref() == Some(m.ip.as_str())) else {
+            p.push(format!("{}: no Node with InternalIP {}", m.instance_id, m.ip));
+            continue;
+        };
+        if !n.ready {
+            p.push(format!("{}: Node {name} not Ready", m.instance_id));
+        }
+        // nodeup runs kube-proxy as a static pod on control planes only (workers get it with the
+        // kube-proxy addon, which does not exist yet).
+        let want = if m.role == "control-plane" { control_plane_pods(cs) } else { vec![] };
+        let mut running = 0;
+        for w in &want {
+            match pods.get(&format!("{w}-{name}")) {
+                Some((_, true)) => running += 1,
+                Some((_, false)) => p.push(format!("{}: pod {w} not running and ready", m.instance_id)),
+                None => p.push(format!("{}: no pod {w}-{name}", m.instance_id)),
+            }
+        }
+        if let Some(l) = lines.iter_mut().find(|l| l.starts_with(&m.instance_id)) {
+            l.push_str(&format!(" node={} pods={running}/{}", if n.ready { "Ready" } else { "NotReady" }, want.len()));
+        }
+    }
+    p
+}
+
+/// The control-plane machines that are running.
+pub(super) fn control_planes(cs: &ClusterState) -> Vec<MachineInfo> {
+    cs.machines.iter().filter(|m| m.role == "control-plane" && m.init_pid.is_some_and(cmd::alive)).cloned().collect()
+}

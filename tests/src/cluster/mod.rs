@@ -1,0 +1,24 @@
+//! The local cloud as a whole: the daemon that owns moto, the bridge, the relay, the mirror and
+//! the machines (`keelson-local daemon`, started by `up`), and the commands that talk to it
+//! through the state directory (`up`, `ps`, `kill`, `down`, `selfheal`).
+//!
+//! - [`state`]: the cluster state file both sides share;
+//! - [`daemon`]: the daemon and its reconcile loop;
+//! - [`commands`]: `up`, `ps`, `kill`, `down`, `kubectl`, `env` and the sweep of leftovers;
+//! - [`health`]: what `up` waits for and `ps` shows;
+//! - [`diagnostics`]: what went wrong, when it did;
+//! - [`selfheal`]: the control-plane failover test.
+
+pub mod commands;
+pub mod daemon;
+pub mod diagnostics;
+pub mod health;
+pub mod selfheal;
+pub mod state;
+
+pub use commands::{down, env_exports, kill, kubectl, ps, sweep, up};
+pub use daemon::{replace_block, run_daemon, write_in_place, ClusterVersions, ADDON_RECORD, BOOTSTRAP_ADDON, HOSTS_BEGIN, HOSTS_END, TICK};
+pub use diagnostics::{blocker, diagnose, diagnose_nodes};
+pub use health::{control_plane_pods, health, kube_problems, Health};
+pub use selfheal::{median, selfheal, SelfhealReport, KEY_PREFIX, OBJECT_NAMESPACE, OBJECT_PREFIX, PHASES};
+pub use state::ClusterState;

@@ -1,0 +1,389 @@
+//! `selfheal`: kill a random control plane, time its replacement phase by phase, and check that
+//! no etcd key, API object or addon record was lost.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context};
+
+use crate::cloud::Cloud;
+use crate::machine::{self, MachineInfo};
+use crate::{cmd, etcd, mirror};
+
+use super::commands::{down, env_exports, state, up};
+use super::diagnostics::{diagnose, diagnose_nodes};
+use super::health::control_planes;
+use super::state::ClusterState;
+
+pub const KEY_PREFIX: &str = "/keelson-local/selfheal/";
+
+fn random_index(n: usize) -> usize {
+    use std::io::Read;
+    let mut b = [0u8; 8];
+    if let Ok(mut f) = fs::File::open("/dev/urandom") {
+        let _ = f.read_exact(&mut b);
+    }
+    (u64::from_le_bytes(b) % n.max(1) as u64) as usize
+}
+
+/// Member names per etcd cluster, as seen from one machine.
+fn member_sets(cs: &ClusterState, m: &MachineInfo) -> Option<BTreeMap<String, Vec<String>>> {
+    let pid = m.init_pid?;
+    let mut out = BTreeMap::new();
+    for c in &cs.etcd_clusters {
+        let ep = etcd::endpoint(&m.root, c)?;
+        // Name and member id: a member that was removed and re-added would keep its name only.
+        out.insert(c.clone(), etcd::members(pid, &ep)?.into_iter().map(|(n, id)| format!("{n}/{id}")).collect());
+    }
+    Some(out)
+}
+
+pub struct SelfhealReport {
+    pub cycles: u32,
+    pub healed: u32,
+    pub keys: u64,
+    pub intact: u64,
+    /// ConfigMaps created through the API before the first kill, and how many read back at the end.
+    pub objects: u64,
+    pub objects_intact: u64,
+    pub failovers: Vec<f64>,
+    /// Per healed cycle: seconds from the kill to each of [`PHASES`].
+    pub phases: Vec<Vec<f64>>,
+    /// `keelson validate cluster` passed after the last cycle.
+    pub validated: bool,
+}
+
+pub fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+/// The phases of a control-plane failover, in order; each is timed from the kill.
+pub const PHASES: [&str; 7] = ["instance replaced", "machine up", "nodeup done", "volumes mounted", "etcd healthy", "kube-apiserver ready", "Node Ready"];
+
+/// Namespace and name prefix of the ConfigMaps selfheal writes through the API.
+pub const OBJECT_NAMESPACE: &str = "default";
+pub const OBJECT_PREFIX: &str = "keelson-selfheal";
+
+/// How far the replacement of `group`'s killed instance has come: the number of [`PHASES`] done.
+fn failover_phase(cloud: &Cloud, cs: &ClusterState, victim: &MachineInfo) -> (usize, Option<MachineInfo>) {
+    let replaced = cloud
+        .instances()
+        .map(|is| is.iter().any(|i| i.group() == victim.group && i.id != victim.instance_id && (i.state == "running" || i.state == "pending")))
+        .unwrap_or(false);
+    if !replaced {
+        return (0, None);
+    }
+    let Some(new) = cs
+        .machines
+        .iter()
+        .find(|m| m.group == victim.group && m.instance_id != victim.instance_id && m.role == "control-plane" && m.init_pid.is_some_and(cmd::alive))
+        .cloned()
+    else {
+        return (1, None);
+    };
+    let pid = new.init_pid.unwrap_or(0);
+    let done = machine::exec_in(pid, &["systemctl", "show", "-p", "ActiveState", "--value", crate::rootfs::USER_DATA_UNIT])
+        .map(|s| s.trim() == "active")
+        .unwrap_or(false);
+    if !done {
+        return (2, Some(new));
+    }
+    let mounts = machine::exec_in(pid, &["findmnt", "-rn", "-o", "TARGET"]).unwrap_or_default();
+    if mounts.lines().filter(|l| l.starts_with("/mnt/master-")).count() < cs.etcd_clusters.len() {
+        return (3, Some(new));
+    }
+    for c in &cs.etcd_clusters {
+        match etcd::endpoint(&new.root, c) {
+            Some(ep) if etcd::healthy(pid, &ep) => {}
+            _ => return (4, Some(new)),
+        }
+    }
+    let kc = Path::new(&cs.kubeconfig);
+    let target = crate::kubeapi::Target { server: Some(format!("https://{}", new.ip)), tls_server_name: None };
+    if crate::kubeapi::readyz(kc, &target).map(|b| b.trim() != "ok").unwrap_or(true) {
+        return (5, Some(new));
+    }
+    let ready = crate::kubeapi::nodes(kc).map(|n| n.values().any(|n| n.ready && n.internal_ip.as_deref() == Some(new.ip.as_str()))).unwrap_or(false);
+    if !ready {
+        return (6, Some(new));
+    }
+    (7, Some(new))
+}
+
+/// Probes `/readyz` through the API load balancer every 250 ms while a cycle runs.
+struct ApiProbe {
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<(u64, u64, f64)>>,
+}
+
+impl ApiProbe {
+    fn start(kubeconfig: PathBuf) -> ApiProbe {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let (mut ok, mut failed, mut worst, mut since) = (0u64, 0u64, 0f64, None::<Instant>);
+            while !flag.load(Ordering::SeqCst) {
+                let t = Instant::now();
+                let good = crate::kubeapi::readyz(&kubeconfig, &crate::kubeapi::Target::default()).map(|b| b.trim() == "ok").unwrap_or(false);
+                if good {
+                    ok += 1;
+                    if let Some(s) = since.take() {
+                        worst = worst.max(s.elapsed().as_secs_f64());
+                    }
+                } else {
+                    failed += 1;
+                    since.get_or_insert(t);
+                }
+                std::thread::sleep(Duration::from_millis(250).saturating_sub(t.elapsed()));
+            }
+            if let Some(s) = since {
+                worst = worst.max(s.elapsed().as_secs_f64());
+            }
+            (ok, failed, worst)
+        });
+        ApiProbe { stop, handle: Some(handle) }
+    }
+
+    /// (answered, failed, longest outage in seconds)
+    fn finish(mut self) -> (u64, u64, f64) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.handle.take().and_then(|h| h.join().ok()).unwrap_or((0, 0, 0.0))
+    }
+}
+
+/// The machine `id` of the current cluster state.
+fn cs_of(load: &dyn Fn() -> anyhow::Result<ClusterState>, id: &str) -> Option<MachineInfo> {
+    load().ok()?.machines.into_iter().find(|m| m.instance_id == id)
+}
+
+/// Wait (bounded) until the machine's protokube completed an addon pass; then its count of addons
+/// applied (`protokube_addon_applies_total`).
+fn addon_applies_after_pass(m: &Option<MachineInfo>, timeout: Duration) -> Result<u64, String> {
+    let m = m.as_ref().ok_or("machine gone")?;
+    let deadline = Instant::now() + timeout;
+    let metric = |text: &str, name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok());
+    loop {
+        let text = machine::exec_in(m.init_pid.unwrap_or(0), &["curl", "-fsS", "-m", "5", "http://127.0.0.1:3998/metrics"]).unwrap_or_default();
+        if metric(&text, "protokube_addon_passes_total ").unwrap_or(0) >= 1 {
+            return metric(&text, "protokube_addon_applies_total ").ok_or_else(|| "no protokube_addon_applies_total".to_string());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("no completed addon pass within {} s", timeout.as_secs()));
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    }
+}
+
+pub fn selfheal(spec_path: &Path, cycles: u32, keys: u64, cycle_timeout: Duration, up_timeout: Duration) -> anyhow::Result<SelfhealReport> {
+    struct Down;
+    impl Drop for Down {
+        fn drop(&mut self) {
+            match down() {
+                Ok(_) => eprintln!("keelson-local: down: cleaned up"),
+                Err(e) => eprintln!("keelson-local: down failed: {e:#}"),
+            }
+        }
+    }
+    up(spec_path, up_timeout)?;
+    let _down = Down;
+    let st = state();
+    let load = || ClusterState::load(&st).ok_or_else(|| anyhow!("cluster state vanished"));
+    let cs = load()?;
+    let kubeconfig = PathBuf::from(&cs.kubeconfig);
+    let cps = control_planes(&cs);
+    let first = cps.first().ok_or_else(|| anyhow!("no control-plane machine"))?;
+    let main = cs.etcd_clusters.first().cloned().ok_or_else(|| anyhow!("the spec has no etcd clusters"))?;
+    let ep = etcd::endpoint(&first.root, &main).ok_or_else(|| anyhow!("no etcd-{main} manifest on {}", first.instance_id))?;
+    etcd::write_keys(first.init_pid.unwrap_or(0), &first.root, &ep, KEY_PREFIX, keys).map_err(|e| anyhow!("writing {keys} keys: {e}"))?;
+    let t = Instant::now();
+    crate::kubeapi::create_configmaps(&kubeconfig, OBJECT_NAMESPACE, OBJECT_PREFIX, keys).map_err(|e| anyhow!("creating {keys} ConfigMaps: {e}"))?;
+    let baseline = member_sets(&cs, first).ok_or_else(|| anyhow!("cannot list etcd members"))?;
+    println!(
+        "selfheal: wrote {keys} keys to etcd {main} and {keys} ConfigMaps through the API ({:.1} s); members {}",
+        t.elapsed().as_secs_f64(),
+        baseline.iter().map(|(c, m)| format!("{c}=[{}]", m.join(","))).collect::<Vec<_>>().join(" ")
+    );
+    let cloud = Cloud::new(&cs.endpoint(), &cs.region);
+    let mut report =
+        SelfhealReport { cycles: 0, healed: 0, keys, intact: 0, objects: keys, objects_intact: 0, failovers: vec![], phases: vec![], validated: false };
+    for n in 1..=cycles {
+        report.cycles = n;
+        let cs = load()?;
+        let cps = control_planes(&cs);
+        if cps.is_empty() {
+            println!("cycle {n}/{cycles}: FAILED: no live control-plane machine to kill");
+            break;
+        }
+        let victim = cps[random_index(cps.len())].clone();
+        let probe = ApiProbe::start(kubeconfig.clone());
+        let t0 = Instant::now();
+        cloud.terminate(&victim.instance_id)?;
+        let deadline = t0 + cycle_timeout;
+        let mut reached: Vec<Option<f64>> = vec![None; PHASES.len()];
+        let mut status = String::from("waiting for a replacement instance");
+        let healed = loop {
+            if Instant::now() > deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            let Ok(cs) = load() else { continue };
+            let (phase, new) = failover_phase(&cloud, &cs, &victim);
+            let now = t0.elapsed().as_secs_f64();
+            for r in reached.iter_mut().take(phase) {
+                r.get_or_insert(now);
+            }
+            let Some(new) = new.filter(|_| phase == PHASES.len()) else {
+                status = format!("at \"{}\"", PHASES[phase.min(PHASES.len() - 1)]);
+                continue;
+            };
+            let pid = new.init_pid.unwrap_or(0);
+            let ep = etcd::endpoint(&new.root, &main).ok_or_else(|| anyhow!("no etcd-{main} manifest"))?;
+            let count = etcd::count(pid, &ep, KEY_PREFIX).unwrap_or(0);
+            if count != keys {
+                status = format!("{}: {count}/{keys} keys on the new member", new.instance_id);
+                continue;
+            }
+            let objects = crate::kubeapi::count_configmaps(&kubeconfig, OBJECT_NAMESPACE, OBJECT_PREFIX, keys).unwrap_or(0);
+            if objects != keys {
+                status = format!("{objects}/{keys} ConfigMaps readable");
+                continue;
+            }
+            match member_sets(&cs, &new) {
+                Some(m) if m == baseline => break Some((new.instance_id.clone(), count, objects)),
+                Some(m) => status = format!("members changed: {m:?} (want {baseline:?})"),
+                None => status = "cannot list members".into(),
+            }
+        };
+        // The failover ends here; then the new control plane's addon controller must find every addon
+        // recorded and apply nothing (its first pass may come a little later: not part of the failover).
+        let healed_secs = t0.elapsed().as_secs_f64();
+        let addons = healed.as_ref().map(|(new, _, _)| addon_applies_after_pass(&cs_of(&load, new), Duration::from_secs(90)));
+        let healed = match (healed, &addons) {
+            (Some(h), Some(Ok(0))) => Some(h),
+            (Some(_), Some(Ok(n))) => {
+                status = format!("the new control plane's addon controller re-applied {n} unchanged addons");
+                None
+            }
+            (Some(_), Some(Err(e))) => {
+                status = format!("addon controller on the new control plane: {e}");
+                None
+            }
+            (h, _) => h,
+        };
+        let (answered, failed, outage) = probe.finish();
+        let api = format!("API through the load balancer: {answered}/{} probes answered, longest outage {outage:.1} s", answered + failed);
+        match healed {
+            Some((new, count, objects)) => {
+                let secs = healed_secs;
+                report.failovers.push(secs);
+                report.healed += 1;
+                report.intact = count;
+                report.objects_intact = objects;
+                let phases: Vec<f64> = reached.iter().map(|r| r.unwrap_or(secs)).collect();
+                let breakdown = PHASES.iter().zip(&phases).map(|(p, t)| format!("{p} {t:.1}")).collect::<Vec<_>>().join(" → ");
+                report.phases.push(phases);
+                println!("cycle {n}/{cycles}: killed {} ({}) -> {new} healthy with {count}/{keys} keys and {objects}/{keys} ConfigMaps, same members, failover {secs:.1} s", victim.instance_id, victim.group);
+                println!("  phases (s after the kill): {breakdown}");
+                println!("  {api}");
+                println!("  addons: the new control plane's controller passed and applied 0 (every hash recorded)");
+            }
+            None => {
+                println!(
+                    "cycle {n}/{cycles}: FAILED: killed {} ({}); not healed within {} s: {status}; {api}",
+                    victim.instance_id,
+                    victim.group,
+                    cycle_timeout.as_secs()
+                );
+                if let Ok(cs) = load() {
+                    eprint!("{}", diagnose(&cs));
+                }
+                break;
+            }
+        }
+    }
+    // Final check: every member holds every key, and the API every object.
+    if let Ok(cs) = load() {
+        let mut min = u64::MAX;
+        for m in control_planes(&cs) {
+            if let Some(ep) = etcd::endpoint(&m.root, &main) {
+                min = min.min(etcd::count(m.init_pid.unwrap_or(0), &ep, KEY_PREFIX).unwrap_or(0));
+            }
+        }
+        report.intact = if min == u64::MAX { 0 } else { min };
+        report.objects_intact = crate::kubeapi::count_configmaps(&kubeconfig, OBJECT_NAMESPACE, OBJECT_PREFIX, keys).unwrap_or(0);
+        if let Ok(nodes) = crate::kubeapi::nodes(&kubeconfig) {
+            let live: BTreeSet<&str> = cs.machines.iter().map(|m| m.ip.as_str()).collect();
+            let ready = nodes.values().filter(|n| n.ready && n.internal_ip.as_deref().is_some_and(|ip| live.contains(ip))).count();
+            println!("selfheal: {ready}/{} machines are Ready Nodes", live.len());
+        }
+    }
+    // The product's own verdict after the replacements: `keelson validate cluster` as an operator
+    // runs it (in `keelson-local env`).
+    let exports = env_exports()?;
+    let keelson = mirror::bin_dir().join("keelson");
+    let spec_file = st.root.join("spec.yaml");
+    let v = Command::new("sh")
+        .args(["-c", r#"eval "$1"; shift; exec "$@""#, "sh", &exports])
+        .arg(&keelson)
+        .args(["validate", "cluster", "-f"])
+        .arg(&spec_file)
+        .args(["--wait", "5m"])
+        .output()
+        .with_context(|| format!("running {}", keelson.display()))?;
+    report.validated = v.status.success();
+    println!(
+        "selfheal: keelson validate cluster after the replacements: {}",
+        if report.validated {
+            "valid".to_string()
+        } else {
+            format!("NOT valid:\n{}{}", String::from_utf8_lossy(&v.stdout), String::from_utf8_lossy(&v.stderr))
+        }
+    );
+    if !report.validated {
+        if let Ok(cs) = load() {
+            eprint!("{}", diagnose_nodes(&cs, &kubeconfig));
+        }
+    }
+    if !report.phases.is_empty() {
+        let medians: Vec<String> =
+            PHASES.iter().enumerate().map(|(i, p)| format!("{p} {:.1}", median(&report.phases.iter().map(|v| v[i]).collect::<Vec<_>>()))).collect();
+        println!("selfheal: median phase times (s after the kill): {}", medians.join(" → "));
+    }
+    println!(
+        "selfheal: {} cycles, {}/{} keys intact, {}/{} ConfigMaps intact, median failover {:.1} s",
+        report.cycles,
+        report.intact,
+        report.keys,
+        report.objects_intact,
+        report.objects,
+        median(&report.failovers)
+    );
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(&[]), 0.0);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+}

@@ -1,0 +1,74 @@
+//! The cluster state file (`cluster.json`) the daemon writes and the commands read.
+
+use std::collections::BTreeMap;
+use std::fs;
+
+use crate::machine::MachineInfo;
+use crate::paths::State;
+
+/// Shared between the daemon and the commands (`cluster.json`).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct ClusterState {
+    pub name: String,
+    pub spec: String,
+    pub region: String,
+    pub phase: String,
+    #[serde(default)]
+    pub error: Option<String>,
+    pub daemon_pid: i64,
+    #[serde(default)]
+    pub moto_pid: i64,
+    pub moto_port: u16,
+    pub relay_port: u16,
+    pub mirror_port: u16,
+    pub gateway: String,
+    pub bridge: String,
+    #[serde(default)]
+    pub etcd_clusters: Vec<String>,
+    #[serde(default)]
+    pub machines: Vec<MachineInfo>,
+    #[serde(default)]
+    pub failed: BTreeMap<String, String>,
+    /// volume id → (instance, slot) currently exposed.
+    #[serde(default)]
+    pub exposed: BTreeMap<String, (String, u32)>,
+    /// Groups: name → desired capacity.
+    #[serde(default)]
+    pub groups: BTreeMap<String, i32>,
+    #[serde(default)]
+    pub events: Vec<String>,
+    /// Running instances in moto.
+    #[serde(default)]
+    pub instances: usize,
+    /// The image registry the machines pull from (`host:port` on the bridge).
+    #[serde(default)]
+    pub registry: String,
+    #[serde(default)]
+    pub registry_pid: i64,
+    /// The API "load balancer": 127.0.0.1:<api_port> relays to a live control plane's :443.
+    #[serde(default)]
+    pub api_port: u16,
+    /// Admin kubeconfig (server https://127.0.0.1:<api_port>), written after apply.
+    #[serde(default)]
+    pub kubeconfig: String,
+    /// The kubectl built for the cluster's version.
+    #[serde(default)]
+    pub kubectl: String,
+}
+
+impl ClusterState {
+    pub fn load(state: &State) -> Option<ClusterState> {
+        let text = fs::read_to_string(state.cluster_file()).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+    pub(super) fn save(&self, state: &State) {
+        if let Ok(text) = serde_json::to_string_pretty(self) {
+            if let Err(e) = base::fs::write_atomic(&state.cluster_file(), text.as_bytes(), 0o600, None) {
+                eprintln!("keelson-local: saving the cluster state: {e}");
+            }
+        }
+    }
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.moto_port)
+    }
+}
