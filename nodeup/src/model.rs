@@ -233,7 +233,8 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
             &ca_cert_pem,
             "kubelet-bootstrap",
             kubelet::UserEntry { token: Some(token), ..Default::default() },
-        );
+        )
+        .map_err(|e| render_err(paths::KUBELET_BOOTSTRAP_KUBECONFIG)(e.to_string()))?;
         tasks.push(Box::new(FileTask::new(paths::KUBELET_BOOTSTRAP_KUBECONFIG, body, 0o400)));
         kubelet_inputs.push(file_task_name(paths::KUBELET_BOOTSTRAP_KUBECONFIG));
         kubelet_spec.bootstrap_kubeconfig = Some(paths::KUBELET_BOOTSTRAP_KUBECONFIG.into());
@@ -247,7 +248,11 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
     tasks.push(Box::new(FileTask::new(paths::KUBELET_CONFIG, kc_yaml, 0o644)));
     tasks.push(Box::new(FileTask::new(paths::KUBELET_SYSCONFIG, kubelet::sysconfig(&kubelet_spec, node_ip.as_deref(), has_ecr), 0o644)));
     if has_ecr {
-        tasks.push(Box::new(FileTask::new(paths::KUBELET_CREDENTIAL_PROVIDER_CONFIG, kubelet::ecr_credential_provider_config(), 0o644)));
+        tasks.push(Box::new(FileTask::new(
+            paths::KUBELET_CREDENTIAL_PROVIDER_CONFIG,
+            kubelet::ecr_credential_provider_config().map_err(|e| render_err(paths::KUBELET_CREDENTIAL_PROVIDER_CONFIG)(e.to_string()))?,
+            0o644,
+        )));
         kubelet_inputs.push(file_task_name(paths::KUBELET_CREDENTIAL_PROVIDER_CONFIG));
     }
     let manifest_dir = kubelet_spec.pod_manifest_path.clone().unwrap_or_else(|| paths::MANIFESTS_DIR.into());
@@ -761,7 +766,7 @@ impl Task<Ctx<'_>> for KubeconfigTask {
     fn apply(&self, ctx: &Ctx, _: bool) -> Result<(), TaskError> {
         let kp = pki::issue(&self.ca_name, &self.ca, &self.spec)?;
         let user = kubelet::UserEntry { client_certificate_data: Some(kp.cert_pem), client_key_data: Some(kp.key_pem), token: None };
-        let body = kubelet::kubeconfig(&self.server, &self.ca.cert_pem, &self.spec.cn, user);
+        let body = kubelet::kubeconfig(&self.server, &self.ca.cert_pem, &self.spec.cn, user).map_err(TaskError::failed)?;
         Ok(base::fs::write_atomic(&ctx.host.path(&self.path), body.as_bytes(), 0o400, None)?)
     }
 }
@@ -785,7 +790,8 @@ mod tests {
             &ca.cert_pem,
             "system:kube-scheduler",
             crate::render::kubelet::UserEntry { client_certificate_data: Some(fresh.cert_pem.clone()), client_key_data: Some(fresh.key_pem), token: None },
-        );
+        )
+        .expect("kubeconfig");
         assert_eq!(super::kubeconfig_cert(&kc).as_deref(), Some(fresh.cert_pem.as_str()));
         assert_eq!(super::kubeconfig_cert("users: []"), None);
     }

@@ -181,9 +181,8 @@ pub fn render(ec: &EtcdCluster, cluster_name: &str, member: &str, volume_id: &st
     }
 }
 
-pub fn to_yaml(pod: &Pod) -> String {
-    // Serialising plain structs of strings cannot fail.
-    serde_yaml_ng::to_string(pod).unwrap_or_default()
+pub fn to_yaml(pod: &Pod) -> Result<String, serde_yaml_ng::Error> {
+    serde_yaml_ng::to_string(pod)
 }
 
 #[cfg(test)]
@@ -226,7 +225,7 @@ mod tests {
             assert!(c.args.iter().any(|a| a == want), "missing {want}: {:?}", c.args);
         }
         assert_eq!(pod.spec.volumes.len(), 2);
-        let yaml = to_yaml(&pod);
+        let yaml = to_yaml(&pod).expect("yaml");
         let back: Pod = serde_yaml_ng::from_str(&yaml).expect("round trip");
         assert_eq!(back, pod);
         let plain = render(&ec(false), "c", "a", "vol-1", &boot);

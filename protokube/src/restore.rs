@@ -144,7 +144,7 @@ impl MemberRestore<'_> {
 
     fn save(&self, req: &RestoreRequest, p: &Progress) -> Result<(), RestoreError> {
         let file = self.progress_file(req);
-        let text = serde_json::to_vec_pretty(p).unwrap_or_default();
+        let text = serde_json::to_vec_pretty(p).map_err(|e| self.io(req, &file)(e.into()))?;
         base::fs::write_atomic(&file, &text, 0o600, None).map_err(|e| self.io(req, &file)(e.source))
     }
 
@@ -248,7 +248,7 @@ impl MemberRestore<'_> {
             let all: Vec<(String, String)> =
                 self.ec.members.iter().map(|m| (self.ec.member_id(&m.name), self.ec.peer_url(&m.name, self.cluster_name))).collect();
             let boot = Bootstrap { state: ClusterState::New, initial_cluster: all };
-            let text = serde_json::to_string_pretty(&boot).unwrap_or_default();
+            let text = serde_json::to_string_pretty(&boot).map_err(|e| self.io(&req, &bfile)(e.into()))?;
             base::fs::write_atomic(&bfile, text.as_bytes(), 0o644, None).map_err(|e| self.io(&req, &bfile)(e.source))?;
         }
         p.restored = true;

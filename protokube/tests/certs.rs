@@ -72,7 +72,8 @@ async fn renews_what_is_due_keeps_what_is_fresh_and_tells_the_component() {
         &kube.cert_pem,
         "system:kube-scheduler",
         nodeup::render::kubelet::UserEntry { client_certificate_data: Some(sched.cert_pem.clone()), client_key_data: Some(sched.key_pem.clone()), token: None },
-    );
+    )
+    .expect("kubeconfig");
     write(root, "/var/lib/kube-scheduler/kubeconfig", &kc, 0o400);
     // The controller manager's kubeconfig: 455 days, due; its static pod is restarted.
     let kcm_spec = CertSpec::client("system:kube-controller-manager", &[]);
@@ -82,7 +83,8 @@ async fn renews_what_is_due_keeps_what_is_fresh_and_tells_the_component() {
         &kube.cert_pem,
         "system:kube-controller-manager",
         nodeup::render::kubelet::UserEntry { client_certificate_data: Some(kcm.cert_pem.clone()), client_key_data: Some(kcm.key_pem.clone()), token: None },
-    );
+    )
+    .expect("kubeconfig");
     write(root, "/var/lib/kube-controller-manager/kubeconfig", &kcm_kc, 0o400);
     let manifest = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: kube-controller-manager\n  namespace: kube-system\nspec:\n  hostNetwork: true\n";
     write(root, "/etc/kubernetes/manifests/kube-controller-manager.manifest", manifest, 0o644);

@@ -180,7 +180,7 @@ impl World {
         }
         let body = serde_json::to_vec(&JoinRequest { node_name: node_name.into(), instance_id: instance_id.into(), csrs }).expect("json");
         let signed = node_join::sign(creds, moto::REGION, &format!("{}/", self.url), &body, SystemTime::now()).expect("sign");
-        (body, node_join::authorization(&signed), keys)
+        (body, node_join::authorization(&signed).expect("authorization"), keys)
     }
 }
 

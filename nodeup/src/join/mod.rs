@@ -140,7 +140,7 @@ impl JoinTask {
             .build()
             .map_err(|e| server_err(format!("HTTP client: {e}")))?;
         let url = format!("{}{}", self.server.trim_end_matches('/'), node_join::PATH);
-        let answer = client.post(&url).header("authorization", node_join::authorization(&signed)).body(body).send().map_err(|e| server_err(e.to_string()))?;
+        let answer = client.post(&url).header("authorization", node_join::authorization(&signed)?).body(body).send().map_err(|e| server_err(e.to_string()))?;
         let status = answer.status();
         let text = answer.text().map_err(|e| server_err(e.to_string()))?;
         if !status.is_success() {
@@ -189,7 +189,7 @@ impl Task<Ctx<'_>> for JoinTask {
         for (name, cert, key) in issued {
             let Some((_, path, _)) = wanted.iter().find(|(n, _, _)| *n == name) else { continue };
             let user = kubelet::UserEntry { client_certificate_data: Some(cert), client_key_data: Some(key), token: None };
-            let body = kubelet::kubeconfig(&self.api_server, &self.ca_pem, name, user);
+            let body = kubelet::kubeconfig(&self.api_server, &self.ca_pem, name, user).map_err(TaskError::failed)?;
             base::fs::write_atomic(&ctx.host.path(path), body.as_bytes(), 0o600, None)?;
         }
         tracing::info!(node = %self.node_name, server = %self.server, "joined by cloud identity");

@@ -230,7 +230,7 @@ pub fn sysconfig(spec: &KubeletConfigSpec, node_ip: Option<&str>, credential_pro
 }
 
 /// `CredentialProviderConfig` for the ECR credential provider.
-pub fn ecr_credential_provider_config() -> String {
+pub fn ecr_credential_provider_config() -> Result<String, serde_yaml_ng::Error> {
     #[derive(Serialize)]
     #[serde(rename_all = "camelCase")]
     struct Provider {
@@ -256,7 +256,7 @@ pub fn ecr_credential_provider_config() -> String {
             api_version: "credentialprovider.kubelet.k8s.io/v1",
         }],
     };
-    serde_yaml_ng::to_string(&c).unwrap_or_default()
+    serde_yaml_ng::to_string(&c)
 }
 
 /// A kubeconfig (`kind: Config`) with one cluster, user and context.
@@ -314,7 +314,7 @@ pub struct ContextEntry {
 }
 
 /// Render a kubeconfig for `user` against `server`, trusting `ca_pem`.
-pub fn kubeconfig(server: &str, ca_pem: &str, user_name: &str, user: UserEntry) -> String {
+pub fn kubeconfig(server: &str, ca_pem: &str, user_name: &str, user: UserEntry) -> Result<String, serde_yaml_ng::Error> {
     use base64::Engine as _;
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
     let k = Kubeconfig {
@@ -332,7 +332,7 @@ pub fn kubeconfig(server: &str, ca_pem: &str, user_name: &str, user: UserEntry) 
         contexts: vec![NamedContext { name: "service-account-context".into(), context: ContextEntry { cluster: "local".into(), user: user_name.into() } }],
         current_context: "service-account-context".into(),
     };
-    serde_yaml_ng::to_string(&k).unwrap_or_default()
+    serde_yaml_ng::to_string(&k)
 }
 
 #[cfg(test)]

@@ -91,7 +91,14 @@ async fn handle(authority: Arc<Authority>, metrics: Metrics, req: Request<Incomi
     match authority.admit(&auth, &body).await {
         Ok(r) => {
             metrics.update(|s| s.node_joins_admitted += 1);
-            Ok(response(StatusCode::OK, serde_json::to_string(&r).unwrap_or_default(), true))
+            match serde_json::to_string(&r) {
+                Ok(json) => Ok(response(StatusCode::OK, json, true)),
+                // Never an empty 200: the node would wait for certificates that are not there.
+                Err(e) => {
+                    tracing::error!(error = %e, "node join: encoding the response");
+                    Ok(response(StatusCode::INTERNAL_SERVER_ERROR, "encoding the response failed\n".into(), false))
+                }
+            }
         }
         Err(refusal) => {
             tracing::warn!(status = %refusal.status, reason = refusal.reason, message = %refusal.message, "node join refused");

@@ -112,7 +112,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                 }
             }
         };
-        let text = serde_json::to_string_pretty(&b).unwrap_or_default();
+        let text = serde_json::to_string_pretty(&b).map_err(|e| io(e.into()))?;
         base::fs::write_atomic(&file, text.as_bytes(), 0o644, None).map_err(|e| io(e.source))?;
         Ok(Some(b))
     }
@@ -233,7 +233,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         };
         self.blank_since.lock().unwrap_or_else(|p| p.into_inner()).remove(&ec.name);
         let pod = manifest::render(ec, &self.plan.cluster_name, member, &vol.id, &boot);
-        let text = manifest::to_yaml(&pod);
+        let text = manifest::to_yaml(&pod).map_err(|e| ReconcileError::Io { path: paths::manifest_path(&ec.name), source: std::io::Error::other(e) })?;
         let path = paths::under(&self.opts.root, &paths::manifest_path(&ec.name));
         let current = std::fs::read_to_string(&path).ok();
         if current.as_deref() == Some(text.as_str()) {

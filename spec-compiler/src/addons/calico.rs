@@ -288,7 +288,8 @@ impl<'a> Settings<'a> {
             "plugins": [calico, {"type": "portmap", "snat": true, "capabilities": {"portMappings": true}}],
         });
         // `mtu` is a number once install-cni substitutes it: write the placeholder unquoted.
-        let text = serde_json::to_string_pretty(&conf).unwrap_or_default();
+        // A Value cannot fail to serialise; `{:#}` is its pretty form.
+        let text = format!("{conf:#}");
         text.replace("\"__CNI_MTU__\"", "__CNI_MTU__")
     }
 
