@@ -242,3 +242,34 @@ macro_rules! tasks {
         }
     };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Vpc;
+    impl Linked for Vpc {
+        const TF_TYPE: &'static str = "aws_vpc";
+        const TF_ATTR: &'static str = "id";
+    }
+
+    #[test]
+    fn a_link_is_a_terraform_reference_or_the_id_it_names() {
+        let ours = Link::<Vpc>::to("minimal.example.com");
+        assert_eq!(ours.tf(), "${aws_vpc.minimal-example-com.id}");
+        assert_eq!(ours.tf_attr("arn"), "${aws_vpc.minimal-example-com.arn}");
+        assert_eq!(ours.id(), None);
+        let theirs = Link::<Vpc>::existing("vpc-0abc", "vpc-0abc");
+        assert_eq!(theirs.tf(), "vpc-0abc");
+        assert_eq!(theirs.id(), Some("vpc-0abc"));
+    }
+
+    #[test]
+    fn links_compare_and_read_as_the_name_they_link_to() {
+        assert_eq!(Link::<Vpc>::to("a"), Link::<Vpc>::existing("a", "vpc-1"), "the id is how to reach it, not what it is");
+        assert!(Link::<Vpc>::to("a") < Link::<Vpc>::to("b"));
+        assert_eq!(Link::<Vpc>::to("a"), "a".to_string());
+        assert_eq!(&*Link::<Vpc>::to("a"), "a");
+        assert_eq!(joined_links(&[Link::<Vpc>::to("b"), Link::<Vpc>::to("a")]), "a,b");
+    }
+}

@@ -279,3 +279,24 @@ impl AwsTarget {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aws::task::Task;
+    use crate::terraform_json::Blocks;
+
+    /// One value, two targets: Terraform references the VPC by its link; the plan shows its name.
+    #[test]
+    fn a_subnet_renders_to_terraform_and_to_the_plan_from_the_same_value() {
+        let subnet =
+            |vpc: Link<Vpc>| Subnet { name: "a.c".into(), cidr: "10.0.0.0/24".into(), zone: "z-1a".into(), vpc, map_public_ip: true, tags: BTreeMap::new() };
+        for (vpc, tf, plan) in [(Link::to("c"), "${aws_vpc.c.id}", "c"), (Link::existing("vpc-1", "vpc-1"), "vpc-1", "vpc-1")] {
+            let s = subnet(vpc);
+            let mut t = AwsTerraform { blocks: Blocks::default(), zone: None };
+            s.render_terraform(&mut t);
+            assert_eq!(t.blocks.resource["aws_subnet"]["a-c"]["vpc_id"], tf);
+            assert_eq!(Task::from(s).view(None).attrs["vpc"], plan);
+        }
+    }
+}
