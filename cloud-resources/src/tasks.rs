@@ -172,9 +172,27 @@ pub trait Member<E>: Sized {
 /// it generates the enum (`Task::Vpc(Vpc)`, …), `From<Vpc> for Task`, [`Member`] for each type,
 /// `Task::task()`/`task_mut()` (the value as the target trait object: every dispatch goes through
 /// it), and the task set `Tasks` with one `Vec` per type (`tasks.vpcs`), `push` and `iter` in list
-/// order.
+/// order. With `dyn AwsTask, visit TaskTypes`, `Tasks::each_type` calls `TaskTypes::visit::<T>()`
+/// for each type in list order (how a target reaches a type's static hooks, such as finding what
+/// exists).
 #[macro_export]
 macro_rules! tasks {
+    ($(#[$meta:meta])* $vis:vis enum $Enum:ident, $svis:vis struct $Set:ident, dyn $Trait:path, visit $Visitor:path {
+        $($field:ident: $Variant:ident($Ty:ty)),+ $(,)?
+    }) => {
+        $crate::tasks! {
+            $(#[$meta])* $vis enum $Enum, $svis struct $Set, dyn $Trait {
+                $($field: $Variant($Ty)),+
+            }
+        }
+
+        impl $Set {
+            /// `visitor.visit::<T>()` for each task type, in list order (a type's static hooks).
+            pub fn each_type(visitor: &mut impl $Visitor) {
+                $(visitor.visit::<$Ty>();)+
+            }
+        }
+    };
     ($(#[$meta:meta])* $vis:vis enum $Enum:ident, $svis:vis struct $Set:ident, dyn $Trait:path {
         $($field:ident: $Variant:ident($Ty:ty)),+ $(,)?
     }) => {

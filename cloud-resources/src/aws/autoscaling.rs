@@ -12,7 +12,7 @@ use super::load_balancer::TargetGroup;
 use super::network::Subnet;
 use super::task::{AwsFuture, AwsTask, Exec, Typed};
 use super::terraform::AwsTerraform;
-use super::{api, name_of, resolve_all, AwsError, AwsTarget, Discovered, Ids, MAX_PAGES};
+use super::{api, name_of, resolve_all, AwsError, AwsTarget, Discovered, Ids, Resolved, MAX_PAGES};
 use crate::model::ClusterModel;
 use crate::plan::{Action, Change, Kind};
 use crate::tasks::{joined_links, Fields, Link};
@@ -81,6 +81,9 @@ impl AwsTask for AutoscalingGroup {
                 .opt("mixed.spot_instance_pools", m.spot_instance_pools)
                 .opt("mixed.spot_max_price", m.spot_max_price.as_ref());
         }
+    }
+    fn find<'a>(t: &'a AwsTarget, model: &'a ClusterModel, _resolved: &'a Resolved, d: &'a mut Discovered) -> AwsFuture<'a> {
+        Box::pin(discover(t, model, d))
     }
     fn render_terraform(&self, t: &mut AwsTerraform) {
         let tags: Vec<Value> = self.tags.iter().map(|(k, v)| json!({"key": k, "value": v, "propagate_at_launch": true})).collect();
@@ -215,7 +218,7 @@ fn missing(name: &str, what: &str) -> AwsError {
     AwsError::Missing { kind: "AutoscalingGroup", name: name.to_string(), message: format!("the API returned no {what}") }
 }
 
-pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
+async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
     let cluster = &model.cluster;
     let mut token: Option<String> = None;
     for _ in 0..MAX_PAGES {

@@ -56,6 +56,15 @@ impl AwsTask for DnsRecord {
     fn resolve(&mut self, resolved: &Resolved) -> bool {
         resolved.zone.is_some()
     }
+    fn find<'a>(t: &'a AwsTarget, model: &'a ClusterModel, resolved: &'a Resolved, d: &'a mut Discovered) -> AwsFuture<'a> {
+        Box::pin(async move {
+            if let Some(zone) = &resolved.zone {
+                discover(t, model, zone, d).await?;
+                discover_aliases(t, model, zone, d).await?;
+            }
+            Ok(())
+        })
+    }
     fn render_terraform(&self, t: &mut AwsTerraform) {
         let Some(zone_id) = t.zone_id() else { return };
         let body = match &self.target {
@@ -127,7 +136,7 @@ fn record_of_id(name: &str, id: &str) -> Result<Record, AwsError> {
 }
 
 /// The placeholder records as they exist.
-pub async fn discover(t: &AwsTarget, model: &ClusterModel, zone: &str, d: &mut Discovered) -> Result<(), AwsError> {
+async fn discover(t: &AwsTarget, model: &ClusterModel, zone: &str, d: &mut Discovered) -> Result<(), AwsError> {
     if model.dns.is_none() {
         return Ok(());
     }
@@ -144,7 +153,7 @@ pub async fn discover(t: &AwsTarget, model: &ClusterModel, zone: &str, d: &mut D
 /// The alias records of the model as they exist (`alias` = the load balancer's model name). The
 /// API names are checked even when the spec does not alias them: an alias left from a load balancer
 /// (or `useForInternalApi`) the spec dropped is replaced by a placeholder record.
-pub async fn discover_aliases(t: &AwsTarget, model: &ClusterModel, zone: &str, d: &mut Discovered) -> Result<(), AwsError> {
+async fn discover_aliases(t: &AwsTarget, model: &ClusterModel, zone: &str, d: &mut Discovered) -> Result<(), AwsError> {
     if model.dns.is_none() {
         return Ok(());
     }

@@ -146,6 +146,9 @@ impl AwsTask for IamRole {
         }
         true
     }
+    fn find<'a>(t: &'a AwsTarget, model: &'a ClusterModel, _resolved: &'a Resolved, d: &'a mut Discovered) -> AwsFuture<'a> {
+        Box::pin(discover(t, model, d))
+    }
     fn render_terraform(&self, t: &mut AwsTerraform) {
         let assume = match &self.assume_role {
             Policy::Document(d) => canonical(d),
@@ -285,6 +288,10 @@ impl AwsTask for InstanceProfile {
     fn fields(&self, f: &mut Fields) {
         f.set("role", self.role.as_ref().map(|r| r.name()).unwrap_or_default());
     }
+    fn find<'a>(_t: &'a AwsTarget, _model: &'a ClusterModel, _resolved: &'a Resolved, _d: &'a mut Discovered) -> AwsFuture<'a> {
+        // Found with its role.
+        super::task::found_with_another()
+    }
     fn render_terraform(&self, t: &mut AwsTerraform) {
         t.blocks.add(
             "aws_iam_instance_profile",
@@ -352,7 +359,7 @@ fn not_found<E: aws_sdk_iam::error::ProvideErrorMetadata>(e: &aws_sdk_iam::error
 
 /// The roles and profiles of the model's names that are tagged for this cluster (apply never
 /// adopts, and delete never touches, someone else's role of the same name).
-pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
+async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
     for role in &model.tasks.iam_roles {
         let name = role.name.as_str();
         let ours = |tags: &BTreeMap<String, String>| tags.get("KubernetesCluster") == Some(&model.cluster);

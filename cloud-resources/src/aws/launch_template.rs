@@ -111,6 +111,9 @@ impl AwsTask for LaunchTemplate {
         self.image.resolved = resolved.images.get(&self.image.spec).cloned();
         true
     }
+    fn find<'a>(t: &'a AwsTarget, model: &'a ClusterModel, _resolved: &'a Resolved, d: &'a mut Discovered) -> AwsFuture<'a> {
+        Box::pin(discover(t, model, d))
+    }
     fn render_terraform(&self, t: &mut AwsTerraform) {
         let ami = t.image(&self.image.spec);
         let rv = &self.root_volume;
@@ -235,7 +238,7 @@ impl AwsTask for LaunchTemplate {
     }
 }
 
-pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
+async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
     let cluster = &model.cluster;
     let lts = t.ec2.describe_launch_templates().filters(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeLaunchTemplates", cluster, e))?;
     for lt in lts.launch_templates() {

@@ -13,7 +13,7 @@ use super::network::{Subnet, Vpc};
 use super::security_group::SecurityGroup;
 use super::task::{AwsFuture, AwsTask, Exec, Typed};
 use super::terraform::{tags_value, AwsTerraform};
-use super::{api, name_of, required, resolve_all, AwsError, AwsLinked, AwsTarget, Discovered, Ids, MAX_PAGES};
+use super::{api, name_of, required, resolve_all, AwsError, AwsLinked, AwsTarget, Discovered, Ids, Resolved, MAX_PAGES};
 use crate::model::ClusterModel;
 use crate::plan::{Action, Change, Kind};
 use crate::tasks::{joined_links, Fields, Link, Linked};
@@ -112,6 +112,9 @@ impl AwsTask for TargetGroup {
             .set("vpc", &self.vpc)
             .set("health_check", &self.health_check)
             .set("deregistration_delay", &self.deregistration_delay);
+    }
+    fn find<'a>(t: &'a AwsTarget, model: &'a ClusterModel, _resolved: &'a Resolved, d: &'a mut Discovered) -> AwsFuture<'a> {
+        Box::pin(discover_target_groups(t, model, d))
     }
     fn render_terraform(&self, t: &mut AwsTerraform) {
         t.blocks.add(
@@ -212,6 +215,9 @@ impl AwsTask for LoadBalancer {
             .set("security_groups", joined_links(&self.security_groups))
             .set("cross_zone", self.cross_zone)
             .set("listeners", listeners.join(","));
+    }
+    fn find<'a>(t: &'a AwsTarget, model: &'a ClusterModel, _resolved: &'a Resolved, d: &'a mut Discovered) -> AwsFuture<'a> {
+        Box::pin(discover_load_balancers(t, model, d))
     }
     fn render_terraform(&self, t: &mut AwsTerraform) {
         let balancer = t.blocks.add(
@@ -338,8 +344,8 @@ async fn tagged(t: &AwsTarget, cluster: &str, arns: Vec<String>) -> Result<BTree
     Ok(out)
 }
 
-/// Target groups and load balancers tagged for the cluster. Needs subnet and security-group ids.
-pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
+/// Target groups tagged for the cluster.
+async fn discover_target_groups(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
     let cluster = &model.cluster;
     let vpc_link = |ids: &Ids, id: &str| -> Link<Vpc> {
         if ids.vpc.as_deref() == Some(id) && model.network.vpc.id().is_none() {
@@ -386,7 +392,12 @@ pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -
         };
         d.found(tg, arn);
     }
+    Ok(())
+}
 
+/// Load balancers tagged for the cluster. Needs subnet, security-group and target-group ids.
+async fn discover_load_balancers(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
+    let cluster = &model.cluster;
     let mut lbs = Vec::new();
     let mut marker: Option<String> = None;
     for _ in 0..MAX_PAGES {

@@ -341,17 +341,8 @@ impl AwsTarget {
     /// Everything tagged for the cluster, as typed tasks in their plan views (reads only).
     pub async fn discover(&self, model: &ClusterModel, resolved: &Resolved) -> Result<Discovered, AwsError> {
         let mut d = Discovered::default();
-        iam::discover(self, model, &mut d).await?;
-        network::discover(self, model, &mut d).await?;
-        routing::discover(self, model, &mut d).await?;
-        security_group::discover(self, model, &mut d).await?;
-        load_balancer::discover(self, model, &mut d).await?;
-        launch_template::discover(self, model, &mut d).await?;
-        autoscaling::discover(self, model, &mut d).await?;
-        volume::discover(self, model, &mut d).await?;
-        if let Some(zone) = &resolved.zone {
-            dns_record::discover(self, model, zone, &mut d).await?;
-            dns_record::discover_aliases(self, model, zone, &mut d).await?;
+        for find in task::finders() {
+            find(self, model, resolved, &mut d).await?;
         }
         Ok(d)
     }

@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::task::{AwsFuture, AwsTask, Exec, Typed};
 use super::terraform::{tags_value, AwsTerraform};
-use super::{api, cluster_filter, required, tag_spec, tags_of, AwsError, AwsLinked, AwsTarget, Discovered, Ids};
+use super::{api, cluster_filter, required, tag_spec, tags_of, AwsError, AwsLinked, AwsTarget, Discovered, Ids, Resolved};
 use crate::model::ClusterModel;
 use crate::plan::{Action, Change, Kind};
 use crate::tasks::{Fields, Link, Linked};
@@ -45,6 +45,9 @@ impl AwsTask for Vpc {
     }
     fn fields(&self, f: &mut Fields) {
         f.set("cidr", &self.cidr).set("dns_hostnames", self.dns_hostnames);
+    }
+    fn find<'a>(t: &'a AwsTarget, model: &'a ClusterModel, _resolved: &'a Resolved, d: &'a mut Discovered) -> AwsFuture<'a> {
+        Box::pin(discover_vpcs(t, model, d))
     }
     fn render_terraform(&self, t: &mut AwsTerraform) {
         t.blocks.add(
@@ -135,6 +138,9 @@ impl AwsTask for Subnet {
     fn fields(&self, f: &mut Fields) {
         f.set("cidr", &self.cidr).set("zone", &self.zone).set("vpc", &self.vpc).set("map_public_ip", self.map_public_ip);
     }
+    fn find<'a>(t: &'a AwsTarget, model: &'a ClusterModel, _resolved: &'a Resolved, d: &'a mut Discovered) -> AwsFuture<'a> {
+        Box::pin(discover_subnets(t, model, d))
+    }
     fn render_terraform(&self, t: &mut AwsTerraform) {
         t.blocks.add(
             "aws_subnet",
@@ -195,16 +201,11 @@ impl AwsTask for Subnet {
     }
 }
 
-/// Discover the cluster's VPC and subnets (and the ids the spec gives).
-pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
+/// Discover the cluster's VPC (or take the id the spec gives).
+async fn discover_vpcs(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
     let cluster = &model.cluster;
     let net = &model.network;
     d.ids.vpc = net.vpc.id().map(str::to_string);
-    for s in &net.subnets {
-        if let Some(id) = s.id() {
-            d.ids.subnets.insert(s.name().to_string(), id.to_string());
-        }
-    }
     let vpcs = t.ec2.describe_vpcs().filters(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeVpcs", cluster, e))?;
     for v in vpcs.vpcs() {
         let id = required(v.vpc_id(), "VPC", cluster, "VpcId")?.to_string();
@@ -226,6 +227,17 @@ pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -
             .unwrap_or(false);
         let cidr = required(v.cidr_block(), "VPC", &name, "CidrBlock")?.to_string();
         d.found(Vpc { name, cidr, dns_hostnames, tags }, id);
+    }
+    Ok(())
+}
+
+/// Discover the cluster's subnets (and the ids the spec gives).
+async fn discover_subnets(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
+    let cluster = &model.cluster;
+    for s in &model.network.subnets {
+        if let Some(id) = s.id() {
+            d.ids.subnets.insert(s.name().to_string(), id.to_string());
+        }
     }
     let subnets = t.ec2.describe_subnets().filters(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeSubnets", cluster, e))?;
     for s in subnets.subnets() {

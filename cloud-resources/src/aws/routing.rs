@@ -9,7 +9,7 @@ use serde_json::json;
 use super::network::{Subnet, Vpc};
 use super::task::{AwsFuture, AwsTask, Exec, Typed};
 use super::terraform::{tags_value, AwsTerraform};
-use super::{api, cluster_filter, name_of, required, tag_spec, tags_of, AwsError, AwsLinked, AwsTarget, Discovered, Ids};
+use super::{api, cluster_filter, name_of, required, tag_spec, tags_of, AwsError, AwsLinked, AwsTarget, Discovered, Ids, Resolved};
 use crate::model::ClusterModel;
 use crate::plan::{Action, Change, Kind};
 use crate::tasks::{joined_links, Fields, Link, Linked};
@@ -115,6 +115,9 @@ impl AwsTask for InternetGateway {
     fn fields(&self, f: &mut Fields) {
         f.set("vpc", self.vpc.as_ref().map(|v| v.name()).unwrap_or_default());
     }
+    fn find<'a>(t: &'a AwsTarget, model: &'a ClusterModel, _resolved: &'a Resolved, d: &'a mut Discovered) -> AwsFuture<'a> {
+        Box::pin(discover_internet_gateways(t, model, d))
+    }
     fn render_terraform(&self, t: &mut AwsTerraform) {
         t.blocks.add("aws_internet_gateway", &self.name, json!({"vpc_id": self.vpc.as_ref().map(|v| v.tf()), "tags": tags_value(&self.tags)}));
     }
@@ -199,6 +202,9 @@ impl AwsTask for ElasticIp {
     fn fields(&self, f: &mut Fields) {
         f.set("domain", &self.domain);
     }
+    fn find<'a>(t: &'a AwsTarget, model: &'a ClusterModel, _resolved: &'a Resolved, d: &'a mut Discovered) -> AwsFuture<'a> {
+        Box::pin(discover_elastic_ips(t, model, d))
+    }
     fn render_terraform(&self, t: &mut AwsTerraform) {
         t.blocks.add("aws_eip", &self.name, json!({"domain": self.domain, "tags": tags_value(&self.tags)}));
     }
@@ -250,6 +256,9 @@ impl AwsTask for NatGateway {
     }
     fn fields(&self, f: &mut Fields) {
         f.set("subnet", &self.subnet).set("eip", &self.eip);
+    }
+    fn find<'a>(t: &'a AwsTarget, model: &'a ClusterModel, _resolved: &'a Resolved, d: &'a mut Discovered) -> AwsFuture<'a> {
+        Box::pin(discover_nat_gateways(t, model, d))
     }
     fn render_terraform(&self, t: &mut AwsTerraform) {
         t.blocks.add(
@@ -326,6 +335,9 @@ impl AwsTask for RouteTable {
         let routes: Vec<String> = self.routes.iter().map(|(cidr, target)| format!("{cidr}={}", target.label())).collect();
         f.set("vpc", &self.vpc).set("routes", routes.join(",")).set("subnets", joined_links(&self.subnets));
     }
+    fn find<'a>(t: &'a AwsTarget, model: &'a ClusterModel, _resolved: &'a Resolved, d: &'a mut Discovered) -> AwsFuture<'a> {
+        Box::pin(discover_route_tables(t, model, d))
+    }
     fn render_terraform(&self, t: &mut AwsTerraform) {
         let table = t.blocks.add("aws_route_table", &self.name, json!({"vpc_id": self.vpc.tf(), "tags": tags_value(&self.tags)}));
         for (cidr, target) in &self.routes {
@@ -399,9 +411,8 @@ impl AwsTask for RouteTable {
     }
 }
 
-/// Internet gateways, elastic IPs, NAT gateways and route tables tagged for the cluster.
-/// Needs the VPC and subnet ids already discovered.
-pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
+/// The internet gateways tagged for the cluster (needs the VPC id).
+async fn discover_internet_gateways(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
     let cluster = &model.cluster;
     let vpc_link = |ids: &Ids, id: &str| -> Link<Vpc> {
         if ids.vpc.as_deref() == Some(id) {
@@ -410,7 +421,6 @@ pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discov
             Link::to(id)
         }
     };
-
     let igws = t.ec2.describe_internet_gateways().filters(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeInternetGateways", cluster, e))?;
     for g in igws.internet_gateways() {
         let id = required(g.internet_gateway_id(), "InternetGateway", cluster, "InternetGatewayId")?.to_string();
@@ -420,7 +430,12 @@ pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discov
         d.ids.internet_gateways.insert(name.clone(), id.clone());
         d.found(InternetGateway { name, vpc, tags }, id);
     }
+    Ok(())
+}
 
+/// The elastic IPs tagged for the cluster.
+async fn discover_elastic_ips(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
+    let cluster = &model.cluster;
     let eips = t.ec2.describe_addresses().filters(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeAddresses", cluster, e))?;
     for a in eips.addresses() {
         let id = required(a.allocation_id(), "ElasticIP", cluster, "AllocationId")?.to_string();
@@ -430,7 +445,12 @@ pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discov
         let domain = a.domain().map(|d| d.as_str().to_string()).unwrap_or_else(|| "vpc".into());
         d.found(ElasticIp { name, domain, tags }, id);
     }
+    Ok(())
+}
 
+/// The NAT gateways tagged for the cluster (needs the subnet and elastic IP ids).
+async fn discover_nat_gateways(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
+    let cluster = &model.cluster;
     let nats = t.ec2.describe_nat_gateways().filter(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeNatGateways", cluster, e))?;
     for n in nats.nat_gateways() {
         // Deleted gateways stay visible for a while; they are gone for our purposes.
@@ -446,7 +466,19 @@ pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discov
         d.ids.nat_gateways.insert(name.clone(), id.clone());
         d.found(NatGateway { name, subnet, eip, tags }, id);
     }
+    Ok(())
+}
 
+/// The route tables tagged for the cluster (needs the VPC, subnet, gateway ids).
+async fn discover_route_tables(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
+    let cluster = &model.cluster;
+    let vpc_link = |ids: &Ids, id: &str| -> Link<Vpc> {
+        if ids.vpc.as_deref() == Some(id) {
+            Link::to(model.network.name.clone())
+        } else {
+            Link::to(id)
+        }
+    };
     let rts = t.ec2.describe_route_tables().filters(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeRouteTables", cluster, e))?;
     for rt in rts.route_tables() {
         let id = required(rt.route_table_id(), "RouteTable", cluster, "RouteTableId")?.to_string();

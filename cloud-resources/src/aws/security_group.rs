@@ -8,7 +8,7 @@ use serde_json::json;
 use super::network::Vpc;
 use super::task::{AwsFuture, AwsTask, Exec, Task, Typed};
 use super::terraform::{tags_value, AwsTerraform};
-use super::{api, cluster_filter, required, tag_spec, tags_of, AwsError, AwsLinked, AwsTarget, Discovered, Ids};
+use super::{api, cluster_filter, required, tag_spec, tags_of, AwsError, AwsLinked, AwsTarget, Discovered, Ids, Resolved};
 use crate::model::ClusterModel;
 use crate::plan::{Action, Change, Kind};
 use crate::tasks::{Fields, Link, Linked};
@@ -126,6 +126,9 @@ impl AwsTask for SecurityGroup {
     fn fields(&self, f: &mut Fields) {
         f.set("vpc", &self.vpc);
     }
+    fn find<'a>(t: &'a AwsTarget, model: &'a ClusterModel, _resolved: &'a Resolved, d: &'a mut Discovered) -> AwsFuture<'a> {
+        Box::pin(discover(t, model, d))
+    }
     fn render_terraform(&self, t: &mut AwsTerraform) {
         t.blocks.add(
             "aws_security_group",
@@ -191,6 +194,10 @@ impl AwsTask for SecurityGroupRule {
             RuleSource::Group(g) => f.set("source_group", g),
         };
     }
+    fn find<'a>(_t: &'a AwsTarget, _model: &'a ClusterModel, _resolved: &'a Resolved, _d: &'a mut Discovered) -> AwsFuture<'a> {
+        // Found with its group (the same listing).
+        super::task::found_with_another()
+    }
     fn render_terraform(&self, t: &mut AwsTerraform) {
         let rule = &self.rule;
         let (protocol, from, to) = if rule.protocol == "all" {
@@ -249,7 +256,7 @@ impl AwsTask for SecurityGroupRule {
     }
 }
 
-pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
+async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
     let cluster = &model.cluster;
     let sgs = t.ec2.describe_security_groups().filters(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeSecurityGroups", cluster, e))?;
     for g in sgs.security_groups() {

@@ -22,11 +22,11 @@ use super::routing::{ElasticIp, InternetGateway, NatGateway, RouteTable};
 use super::security_group::{SecurityGroup, SecurityGroupRule};
 use super::terraform::AwsTerraform;
 use super::volume::Volume;
-use super::{AwsError, AwsTarget, Ids, Resolved};
+use super::{AwsError, AwsTarget, Discovered, Ids, Resolved};
 
 crate::tasks! {
     /// A typed resource of the AWS target.
-    pub enum Task, pub struct Tasks, dyn AwsTask {
+    pub enum Task, pub struct Tasks, dyn AwsTask, visit TaskTypes {
         iam_roles: IamRole(IamRole),
         instance_profiles: InstanceProfile(InstanceProfile),
         vpcs: Vpc(Vpc),
@@ -78,6 +78,38 @@ pub trait AwsTask: std::fmt::Debug + Send + Sync {
     /// Create, update or delete the resource for one change of the plan (the change's typed sides
     /// are this type: read them with [`Typed::of`]).
     fn render_aws<'a>(&'a self, cx: Exec<'a>, c: &'a Change) -> AwsFuture<'a>;
+    /// Find what exists of this type (tagged for the cluster, or named by the model), with the ids
+    /// of the types before it in the task list (reads only).
+    fn find<'a>(t: &'a AwsTarget, model: &'a ClusterModel, resolved: &'a Resolved, d: &'a mut Discovered) -> AwsFuture<'a>
+    where
+        Self: Sized;
+}
+
+/// A task type's [`AwsTask::find`].
+pub type FindFn = for<'a> fn(&'a AwsTarget, &'a ClusterModel, &'a Resolved, &'a mut Discovered) -> AwsFuture<'a>;
+
+/// Something done once per task type ([`Tasks::each_type`]).
+pub trait TaskTypes {
+    fn visit<T: AwsTask + 'static>(&mut self);
+}
+
+/// Every type's [`AwsTask::find`], in the order of the task list (later types read the ids
+/// earlier ones found).
+pub fn finders() -> Vec<FindFn> {
+    struct Finders(Vec<FindFn>);
+    impl TaskTypes for Finders {
+        fn visit<T: AwsTask + 'static>(&mut self) {
+            self.0.push(T::find);
+        }
+    }
+    let mut f = Finders(Vec::new());
+    Tasks::each_type(&mut f);
+    f.0
+}
+
+/// A type found with another (its [`AwsTask::find`] does nothing).
+pub fn found_with_another<'a>() -> AwsFuture<'a> {
+    Box::pin(async { Ok(()) })
 }
 
 impl Task {

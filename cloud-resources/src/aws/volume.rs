@@ -9,7 +9,7 @@ use serde_json::json;
 
 use super::task::{AwsFuture, AwsTask, Exec, Typed};
 use super::terraform::{tags_value, AwsTerraform};
-use super::{api, cluster_filter, required, tag_spec, tags_of, AwsError, AwsTarget, Discovered, MAX_PAGES};
+use super::{api, cluster_filter, required, tag_spec, tags_of, AwsError, AwsTarget, Discovered, Resolved, MAX_PAGES};
 use crate::model::ClusterModel;
 use crate::plan::{Action, Change, Kind};
 use crate::tasks::Fields;
@@ -45,6 +45,9 @@ impl AwsTask for Volume {
             .set("encrypted", self.encrypted)
             .opt("iops", self.iops)
             .opt("throughput", self.throughput);
+    }
+    fn find<'a>(t: &'a AwsTarget, model: &'a ClusterModel, _resolved: &'a Resolved, d: &'a mut Discovered) -> AwsFuture<'a> {
+        Box::pin(discover(t, model, d))
     }
     fn render_terraform(&self, t: &mut AwsTerraform) {
         let mut body = json!({
@@ -120,7 +123,7 @@ impl AwsTask for Volume {
     }
 }
 
-pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
+async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
     let cluster = &model.cluster;
     let mut token: Option<String> = None;
     for _ in 0..MAX_PAGES {
