@@ -278,6 +278,57 @@ pub fn completed_cluster(tree: &Tree) -> Result<Cluster, ModelError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::aws::RecordTarget;
+
+    const CLUSTER: &str = "apiVersion: kops.k8s.io/v1alpha2
+kind: Cluster
+metadata: {name: c.example.com}
+spec:
+  cloudProvider: aws
+  configBase: s3://b/c.example.com
+  networkCIDR: 10.0.0.0/16
+  api: {loadBalancer: {class: Network, type: Public}}
+  subnets:
+  - {name: a, zone: eu-west-1a, cidr: 10.0.1.0/24, type: Public}
+  etcdClusters:
+  - {name: main, etcdMembers: [{name: a, instanceGroup: cp}]}
+";
+
+    fn group(name: &str, spec: &str) -> InstanceGroup {
+        serde_yaml_ng::from_str(&format!("apiVersion: kops.k8s.io/v1alpha2\nkind: InstanceGroup\nmetadata: {{name: {name}}}\nspec: {spec}\n"))
+            .expect("instance group")
+    }
+
+    fn model() -> ClusterModel {
+        let cluster: Cluster = serde_yaml_ng::from_str(CLUSTER).expect("cluster");
+        let instance_groups = vec![
+            group("cp", "{role: ControlPlane, image: ami-1, machineType: t3.medium, subnets: [a]}"),
+            group("nodes", "{role: Node, image: ami-1, machineType: t3.medium, subnets: [a], iam: {profile: custom}, additionalSecurityGroups: [sg-0abc]}"),
+        ];
+        let docs = Documents { cluster: cluster.clone(), instance_groups, additional_objects: Vec::new() };
+        build_with(&docs, &cluster, &Tree::default(), false).expect("model")
+    }
+
+    /// The builders make the tasks and link them: no task holds a copy of another's fields.
+    #[test]
+    fn builders_link_the_tasks_they_make() {
+        let m = model();
+        let lt = |group: &str| m.launch_templates.iter().find(|l| l.group == group).expect("launch template");
+        let (cp, nodes) = (lt("cp"), lt("nodes"));
+        assert_eq!(cp.instance_profile.tf(), "${aws_iam_instance_profile.masters-c-example-com.id}", "ours: a reference");
+        assert_eq!(nodes.instance_profile.tf(), "custom", "the spec's: as named");
+        let sgs: Vec<String> = nodes.security_groups.iter().map(|s| s.tf()).collect();
+        assert_eq!(sgs, ["${aws_security_group.nodes-c-example-com.id}", "sg-0abc"]);
+        let asg = m.groups.iter().find(|g| g.group == "cp").expect("control-plane group");
+        assert_eq!(asg.launch_template.name(), cp.name);
+        assert_eq!(asg.target_groups.iter().map(|t| t.to_string()).collect::<Vec<_>>(), [m.target_groups[0].name.clone()]);
+        assert!(m.groups.iter().find(|g| g.group == "nodes").is_some_and(|g| g.target_groups.is_empty()));
+        assert_eq!(asg.subnets[0].tf(), "${aws_subnet.a-c-example-com.id}");
+        let api = m.dns_records.iter().find(|r| r.name == "api.c.example.com").expect("api record");
+        assert!(matches!(&api.target, RecordTarget::Alias(lb) if lb.name() == m.load_balancers[0].name), "{api:?}");
+        assert_eq!(m.volumes[0].zone, "eu-west-1a");
+        assert_eq!(m.network.vpc.tf(), "${aws_vpc.c-example-com.id}");
+    }
 
     #[test]
     fn names_are_truncated_with_kops_hash() {
