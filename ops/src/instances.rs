@@ -76,11 +76,11 @@ fn role_rank(r: Role) -> u8 {
 /// The cluster's groups (those in the spec, in replacement order) with their instances.
 pub async fn status(t: &AwsTarget, model: &ClusterModel, opts: &Selection) -> Result<Vec<GroupStatus>, InstancesError> {
     for g in &opts.groups {
-        if !model.groups.iter().any(|m| &m.group == g) {
+        if !model.tasks.groups.iter().any(|m| &m.group == g) {
             return Err(InstancesError::UnknownGroup(g.clone()));
         }
     }
-    let mut wanted: Vec<_> = model.groups.iter().filter(|g| opts.groups.is_empty() || opts.groups.contains(&g.group)).collect();
+    let mut wanted: Vec<_> = model.tasks.groups.iter().filter(|g| opts.groups.is_empty() || opts.groups.contains(&g.group)).collect();
     wanted.sort_by_key(|g| (role_rank(g.role), g.name.clone()));
     let mut out = Vec::new();
     for g in wanted {

@@ -101,7 +101,7 @@ pub struct RollReport {
 pub async fn roll(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions, log: &mut dyn FnMut(&str)) -> Result<RollReport, RollingError> {
     let mut report = RollReport::default();
     for g in instances::status(t, model, &opts.selection()).await? {
-        let lt = model.groups.iter().find(|m| m.name == g.name).map(|m| m.launch_template.clone()).unwrap_or_default();
+        let lt = model.tasks.groups.iter().find(|m| m.name == g.name).map(|m| m.launch_template.clone()).unwrap_or_default();
         for inst in g.outdated() {
             log(&format!("{}: replacing {} (launch template version {} → {})", g.group, inst.id, inst.version.as_deref().unwrap_or("?"), g.latest_version));
             let before: Vec<String> = g.instances.iter().map(|i| i.id.clone()).collect();
