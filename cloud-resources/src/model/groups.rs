@@ -10,7 +10,7 @@ use keelson_api::{InstanceGroup, Role};
 use super::security_groups::Names;
 use super::{cluster_tags, role_plural, role_tags, Context, ModelError, SpecSubnet, DEFAULT_ROOT_VOLUME_SIZE_GIB, DEFAULT_ROOT_VOLUME_TYPE};
 use crate::aws::{self, AutoscalingGroup, Image, LaunchTemplate, Mixed, RootVolume, Spot, TargetGroup};
-use crate::gce::{self, gce_name, label_value, role_label, BOOT_DISK_TYPE};
+use crate::gce::{self, gce_name, role_label, safe_cluster_name, BOOT_DISK_TYPE};
 use crate::tasks::Link;
 
 /// One instance group, as the spec asks for it.
@@ -208,8 +208,9 @@ impl Group<'_> {
             public_ip: self.public_ip(),
             user_data: self.user_data.clone(),
             labels: BTreeMap::from([
-                ("k8s-io-cluster-name".to_string(), label_value(&cluster.replace('.', "-"))),
-                ("k8s-io-instance-group".to_string(), label_value(&self.group)),
+                // Checked when the disks are built (every cluster has them): a plain label, as kOps writes it.
+                ("k8s-io-cluster-name".to_string(), safe_cluster_name(cluster)),
+                ("k8s-io-instance-group".to_string(), self.group.clone()),
                 (format!("k8s-io-role-{role}"), role.to_string()),
             ]),
             tags: vec![format!("{}-k8s-io-role-{role}", gce_name(cluster))],

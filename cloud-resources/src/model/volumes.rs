@@ -3,7 +3,7 @@
 
 use super::{Context, ModelError, DEFAULT_ETCD_VOLUME_SIZE_GIB, DEFAULT_ETCD_VOLUME_TYPE};
 use crate::aws::{self, Volume};
-use crate::gce::{self, gce_name, label_value, ETCD_DISK_TYPE};
+use crate::gce::{self, encode_label, gce_name, plain_label, safe_cluster_name, ETCD_DISK_TYPE, LABEL_VALUE_MAX};
 
 /// One etcd member's volume, as the spec asks for it.
 struct Member {
@@ -80,8 +80,20 @@ pub fn build(cx: &Context<'_>, tasks: &mut aws::Tasks) -> Result<Vec<String>, Mo
 /// GCE persistent disks (kOps: pd-ssd unless a `pd-` type is given); returns the etcd cluster names.
 pub fn build_gce(cx: &Context<'_>, tasks: &mut gce::Tasks) -> Result<Vec<String>, ModelError> {
     let (clusters, members) = members(cx)?;
-    let cluster_label = label_value(&cx.cluster.replace('.', "-"));
+    let label_err = |field: &str, message: String| ModelError::Field { cluster: cx.cluster.to_string(), field: field.to_string(), message };
+    let cluster_label = plain_label(&safe_cluster_name(cx.cluster)).map_err(|m| label_err("metadata.name", format!("the label k8s-io-cluster-name: {m}")))?;
     for m in members {
+        let etcd_label = encode_label(&m.members_tag);
+        if etcd_label.len() > LABEL_VALUE_MAX {
+            return Err(label_err(
+                &format!("spec.etcdClusters[{}].etcdMembers", m.etcd_cluster),
+                format!(
+                    "the disk label k8s-io-etcd-{} ({etcd_label:?}) is {} characters encoded; GCE allows {LABEL_VALUE_MAX}: use shorter member names",
+                    m.etcd_cluster,
+                    etcd_label.len()
+                ),
+            ));
+        }
         let volume_type = m.spec.volume_type.clone().unwrap_or_else(|| DEFAULT_ETCD_VOLUME_TYPE.into());
         tasks.push(gce::Disk {
             gce_name: gce_name(&format!("{}-etcd-{}-{}", m.member, m.etcd_cluster, cx.cluster)),
@@ -90,7 +102,7 @@ pub fn build_gce(cx: &Context<'_>, tasks: &mut gce::Tasks) -> Result<Vec<String>
             disk_type: if volume_type.starts_with("pd-") { volume_type } else { ETCD_DISK_TYPE.to_string() },
             labels: [
                 ("k8s-io-cluster-name".to_string(), cluster_label.clone()),
-                (format!("k8s-io-etcd-{}", m.etcd_cluster), label_value(&m.members_tag)),
+                (format!("k8s-io-etcd-{}", m.etcd_cluster), etcd_label),
                 ("k8s-io-role-master".to_string(), "master".to_string()),
             ]
             .into(),
