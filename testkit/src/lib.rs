@@ -6,6 +6,7 @@
 //! the network namespaces the tests create.
 
 pub mod fake_gcs;
+pub mod gce_metadata;
 pub mod golden;
 pub mod httpd;
 pub mod imds;
