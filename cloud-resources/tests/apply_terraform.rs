@@ -218,3 +218,14 @@ fn gce_etcd_labels_are_kops_encoded_and_a_label_too_long_is_refused_not_cut() {
     let e = try_render(spec.path()).map(|_| ()).expect_err("too long for a label");
     assert!(e.contains("spec.etcdClusters[main].etcdMembers") && e.contains("63"), "{e}");
 }
+
+#[test]
+fn an_additional_security_group_must_be_an_id_and_the_error_names_the_field() {
+    let text = std::fs::read_to_string(example("minimal.yaml")).expect("example");
+    let bad = text.replacen("  machineType: t3.medium\n", "  machineType: t3.medium\n  additionalSecurityGroups: [sg-0123456789abcdef0, web]\n", 1);
+    assert_ne!(bad, text, "the example has a t3.medium group");
+    let spec = tempfile::NamedTempFile::new().expect("tmp");
+    std::fs::write(spec.path(), bad).expect("write");
+    let e = try_render(spec.path()).map(|_| ()).expect_err("a name is not an id");
+    assert!(e.contains("spec.additionalSecurityGroups[1]") && e.contains("\"web\""), "{e}");
+}

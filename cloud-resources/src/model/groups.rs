@@ -42,6 +42,13 @@ pub fn groups<'a>(cx: &'a Context<'a>, user_data: &dyn Fn(&str) -> Option<Vec<u8
         let name = keelson_api::names::autoscaling_group_name(&group, cluster);
         let image = g.image.clone().ok_or_else(|| gerr("spec.image", "required for apply"))?;
         let machine_type = g.machine_type.clone().ok_or_else(|| gerr("spec.machineType", "required for apply"))?;
+        if cx.cloud == super::CloudKind::Aws {
+            for (i, sg) in g.additional_security_groups.iter().flatten().enumerate() {
+                if !sg.starts_with("sg-") {
+                    return Err(gerr(&format!("spec.additionalSecurityGroups[{i}]"), &format!("{sg:?}: expected the id of an existing security group (sg-…)")));
+                }
+            }
+        }
         let user_data = match user_data(&group) {
             Some(b) => b,
             None if role == Role::Bastion || !require_user_data => Vec::new(),
