@@ -18,6 +18,7 @@ pub mod gce_metadata;
 pub mod imds;
 #[cfg(feature = "aws")]
 pub mod node_join;
+pub mod node_join_gce;
 pub mod pki;
 pub mod renewal;
 pub mod store;

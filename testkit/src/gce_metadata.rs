@@ -9,6 +9,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use base64::Engine as _;
+
 use crate::httpd::{Request, Response, Server};
 
 const PREFIX: &str = "/computeMetadata/v1/";
@@ -83,6 +85,102 @@ pub fn answer(values: &BTreeMap<String, String>, req: &Request) -> Response {
 pub fn start(facts: &InstanceFacts) -> Server {
     let values = facts.values();
     Server::start(Arc::new(move |req: &Request| answer(&values, req)))
+}
+
+/// Serve `facts` and identity tokens signed by `signer` (what Google signs on GCE).
+pub fn start_with_identity(facts: &InstanceFacts, signer: Arc<Signer>) -> Server {
+    let values = facts.values();
+    let facts = facts.clone();
+    Server::start(Arc::new(move |req: &Request| {
+        if req.path == format!("{PREFIX}{IDENTITY_PATH}") && req.header("metadata-flavor") == Some("Google") && req.header("x-forwarded-for").is_none() {
+            let q = query(&req.query);
+            let Some(audience) = q.get("audience").filter(|a| !a.is_empty()) else {
+                return Response::text(400, "non-empty audience parameter required").header("Metadata-Flavor", "Google");
+            };
+            let full = q.get("format").map(String::as_str) == Some("full");
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+            return Response::text(200, signer.identity_token(&facts, audience, full, now)).header("Metadata-Flavor", "Google");
+        }
+        answer(&values, req)
+    }))
+}
+
+/// The identity endpoint under `/computeMetadata/v1/`.
+pub const IDENTITY_PATH: &str = "instance/service-accounts/default/identity";
+
+fn query(q: &str) -> BTreeMap<String, String> {
+    q.split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), percent_encoding::percent_decode_str(v).decode_utf8_lossy().into_owned()))
+        .collect()
+}
+
+/// An RSA key that signs identity tokens as Google does (RS256), with its JWK for the verifier.
+/// The key is made by `openssl genpkey` (ring verifies and signs RSA but does not generate it).
+pub struct Signer {
+    key: ring::signature::RsaKeyPair,
+    pub kid: String,
+}
+
+impl Signer {
+    pub fn generate(kid: &str) -> std::io::Result<Signer> {
+        let dir = tempfile::tempdir()?;
+        let der = dir.path().join("key.der");
+        let out = std::process::Command::new("openssl")
+            .args(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-outform", "DER", "-out"])
+            .arg(&der)
+            .output()
+            .map_err(|e| std::io::Error::other(format!("openssl (needed to make a test RSA key): {e}")))?;
+        if !out.status.success() {
+            return Err(std::io::Error::other(format!("openssl genpkey: {}", String::from_utf8_lossy(&out.stderr))));
+        }
+        // `genpkey -outform DER` writes an RSAPrivateKey (PKCS#1).
+        let key = ring::signature::RsaKeyPair::from_der(&std::fs::read(&der)?).map_err(|e| std::io::Error::other(format!("RSA key: {e}")))?;
+        Ok(Signer { key, kid: kid.to_string() })
+    }
+
+    /// This key as a JWK (what Google publishes for its keys).
+    pub fn jwk(&self) -> base::node_join_gce::Jwk {
+        let c: ring::rsa::PublicKeyComponents<Vec<u8>> = self.key.public().into();
+        let b = |v: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+        base::node_join_gce::Jwk { kid: self.kid.clone(), n: b(&c.n), e: b(&c.e) }
+    }
+
+    /// A JWT for `claims` signed with this key.
+    pub fn sign(&self, claims: &serde_json::Value) -> String {
+        let b = |v: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+        let header = serde_json::json!({"alg": "RS256", "kid": self.kid, "typ": "JWT"});
+        let signing_input = format!("{}.{}", b(header.to_string().as_bytes()), b(claims.to_string().as_bytes()));
+        let mut sig = vec![0u8; self.key.public().modulus_len()];
+        let rng = ring::rand::SystemRandom::new();
+        if self.key.sign(&ring::signature::RSA_PKCS1_SHA256, &rng, signing_input.as_bytes(), &mut sig).is_err() {
+            return String::new();
+        }
+        format!("{signing_input}.{}", b(&sig))
+    }
+
+    /// The identity token of `facts` for `audience` issued at `now` (`full`: with the instance claims).
+    pub fn identity_token(&self, facts: &InstanceFacts, audience: &str, full: bool, now: u64) -> String {
+        let mut claims = serde_json::json!({
+            "iss": "https://accounts.google.com",
+            "aud": audience,
+            "azp": "1234567890",
+            "sub": "1234567890",
+            "iat": now,
+            "exp": now + 3600,
+        });
+        if full {
+            claims["google"] = serde_json::json!({"compute_engine": {
+                "instance_creation_timestamp": now.saturating_sub(600),
+                "instance_id": facts.id,
+                "instance_name": facts.name,
+                "project_id": facts.project,
+                "project_number": facts.numeric_project.parse::<u64>().unwrap_or(0),
+                "zone": facts.zone,
+            }});
+        }
+        self.sign(&claims)
+    }
 }
 
 #[cfg(test)]
