@@ -48,37 +48,6 @@ async fn rolling_update_finds_outdated_instances_and_replaces_them_one_by_one() 
     let cp_before: Vec<String> = before[0].instances.iter().map(|i| i.id.clone()).collect();
     let nodes_before: Vec<String> = before[1].instances.iter().map(|i| i.id.clone()).collect();
 
-    // Replacement, one at a time: `--force` on the nodes group. (moto cannot launch instances from a
-    // launch-template *version* that carries user-data — docs/design.md — so replacing after a template
-    // change is exercised on version 1 with --force; detection after a change is checked below.)
-    let only_nodes = RollingOptions { groups: vec!["nodes-us-east-1a".into()], force: true, ..fast.clone() };
-    let failing =
-        RollingOptions { validate: rolling::Validation::Command(vec!["false".into()]), timeout: std::time::Duration::from_secs(2), ..only_nodes.clone() };
-    let mut log = Vec::new();
-    let err = rolling::roll(&t, &m, &failing, &mut |l| log.push(l.to_string())).await.expect_err("validation fails");
-    assert!(matches!(err, RollingError::Validation { .. }), "{err}");
-    assert_eq!(log.iter().filter(|l| l.contains("replacing")).count(), 1, "stopped after the first replacement: {log:?}");
-    let mid = instances::status(&t, &m, &fast.selection()).await.expect("status");
-    let nodes_mid: Vec<String> = mid[1].instances.iter().filter(|i| i.lifecycle == "InService").map(|i| i.id.clone()).collect();
-    assert_eq!(nodes_mid.len(), 2, "capacity kept: {}", instances::render(&mid));
-    assert_eq!(nodes_mid.iter().filter(|i| nodes_before.contains(i)).count(), 1, "exactly one replaced");
-
-    let mut log = Vec::new();
-    let ok = RollingOptions { validate: rolling::Validation::Command(vec!["true".into()]), ..only_nodes.clone() };
-    let report = rolling::roll(&t, &m, &ok, &mut |l| log.push(l.to_string())).await.expect("roll");
-    assert_eq!(report.replaced.len(), 2, "{log:?}");
-    assert!(log.iter().any(|l| l.contains("validation passed")), "{log:?}");
-    let after = instances::status(&t, &m, &fast.selection()).await.expect("status");
-    let nodes_after: Vec<String> = after[1].instances.iter().map(|i| i.id.clone()).collect();
-    assert_eq!(nodes_after.len(), 2);
-    assert!(nodes_after.iter().all(|i| !nodes_before.contains(i) && !nodes_mid.contains(i)), "{nodes_after:?}");
-    assert_eq!(after[0].instances.iter().map(|i| i.id.clone()).collect::<Vec<_>>(), cp_before, "control plane untouched");
-    let resp = t.ec2.describe_instances().set_instance_ids(Some(nodes_before.clone())).send().await.expect("describe");
-    for i in resp.reservations().iter().flat_map(|r| r.instances()) {
-        assert_eq!(i.state().and_then(|s| s.name()).map(|n| n.as_str()), Some("terminated"));
-    }
-    assert_eq!(rolling::roll(&t, &m, &fast, &mut |_| {}).await.expect("no-op").replaced.len(), 0, "nothing outdated");
-
     // A kubelet flag for the nodes: a new template version, the group pinned to it, and every
     // node launched from version 1 reported outdated; the control plane is not.
     let changed =
@@ -96,6 +65,96 @@ async fn rolling_update_finds_outdated_instances_and_replaces_them_one_by_one() 
     assert!(status[1].outdated().iter().all(|i| i.version.as_deref() == Some("1")), "{table}");
     assert!(status[0].outdated().is_empty(), "{table}");
     assert!(table.contains("nodes-us-east-1a") && table.contains("NeedsUpdate"), "{table}");
+
+    // Replacement from version 2 (with its user-data: the harness's moto patch 2), one at a time;
+    // a failing validation stops the run after the first.
+    let failing = RollingOptions { validate: rolling::Validation::Command(vec!["false".into()]), timeout: std::time::Duration::from_secs(2), ..fast.clone() };
+    let mut log = Vec::new();
+    let err = rolling::roll(&t, &m2, &failing, &mut |l| log.push(l.to_string())).await.expect_err("validation fails");
+    assert!(matches!(err, RollingError::Validation { .. }), "{err}");
+    assert_eq!(log.iter().filter(|l| l.contains("replacing")).count(), 1, "stopped after the first replacement: {log:?}");
+    let mid = instances::status(&t, &m2, &fast.selection()).await.expect("status");
+    let nodes_mid: Vec<String> = mid[1].instances.iter().filter(|i| i.lifecycle == "InService").map(|i| i.id.clone()).collect();
+    assert_eq!(nodes_mid.len(), 2, "capacity kept: {}", instances::render(&mid));
+    assert_eq!(nodes_mid.iter().filter(|i| nodes_before.contains(i)).count(), 1, "exactly one replaced");
+    assert_eq!(mid[1].outdated().len(), 1, "the replacement runs version 2: {}", instances::render(&mid));
+
+    let mut log = Vec::new();
+    let ok = RollingOptions { validate: rolling::Validation::Command(vec!["true".into()]), ..fast.clone() };
+    let report = rolling::roll(&t, &m2, &ok, &mut |l| log.push(l.to_string())).await.expect("roll");
+    assert_eq!(report.replaced.len(), 1, "only what is still outdated: {log:?}");
+    assert!(log.iter().any(|l| l.contains("validation passed")), "{log:?}");
+    let after = instances::status(&t, &m2, &fast.selection()).await.expect("status");
+    let nodes_after: Vec<String> = after[1].instances.iter().map(|i| i.id.clone()).collect();
+    assert_eq!(nodes_after.len(), 2);
+    assert!(nodes_after.iter().all(|i| !nodes_before.contains(i)), "{nodes_after:?}");
+    assert!(after[1].instances.iter().all(|i| i.version.as_deref() == Some("2")), "{}", instances::render(&after));
+    assert_eq!(after[0].instances.iter().map(|i| i.id.clone()).collect::<Vec<_>>(), cp_before, "control plane untouched");
+    let resp = t.ec2.describe_instances().set_instance_ids(Some(nodes_before.clone())).send().await.expect("describe");
+    for i in resp.reservations().iter().flat_map(|r| r.instances()) {
+        assert_eq!(i.state().and_then(|s| s.name()).map(|n| n.as_str()), Some("terminated"));
+    }
+    assert_eq!(rolling::roll(&t, &m2, &fast, &mut |_| {}).await.expect("no-op").replaced.len(), 0, "nothing outdated");
+
+    // `--force` replaces what is current, still one at a time.
+    let forced = RollingOptions { groups: vec!["nodes-us-east-1a".into()], force: true, ..fast.clone() };
+    let report = rolling::roll(&t, &m2, &forced, &mut |_| {}).await.expect("forced roll");
+    assert_eq!(report.replaced.len(), 2);
+    let again = instances::status(&t, &m2, &fast.selection()).await.expect("status");
+    assert!(again[1].instances.iter().all(|i| !nodes_after.contains(&i.id)), "{}", instances::render(&again));
     let bad = RollingOptions { groups: vec!["nope".into()], ..fast };
     assert!(instances::status(&t, &m2, &bad.selection()).await.expect_err("unknown").to_string().contains("\"nope\""));
+}
+
+/// Harness moto patch 2 (testkit/src/moto_server.py): an autoscaling group launches from a
+/// launch-template version 2 that carries user-data, and replaces a terminated instance from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moto_launches_from_a_launch_template_version_with_user_data() {
+    use aws_sdk_ec2::types::RequestLaunchTemplateData;
+    use base64::Engine as _;
+    let moto = Moto::start();
+    let ami = moto.fixtures().await;
+    let t = moto.target(&[]).await;
+    let data = |script: &str, ty: aws_sdk_ec2::types::InstanceType| {
+        RequestLaunchTemplateData::builder().image_id(&ami).instance_type(ty).user_data(base64::engine::general_purpose::STANDARD.encode(script)).build()
+    };
+    t.ec2
+        .create_launch_template()
+        .launch_template_name("ud-test")
+        .launch_template_data(data("#!/bin/sh\necho one\n", aws_sdk_ec2::types::InstanceType::T3Micro))
+        .send()
+        .await
+        .expect("template");
+    let v2 = t
+        .ec2
+        .create_launch_template_version()
+        .launch_template_name("ud-test")
+        .launch_template_data(data("#!/bin/sh\necho two\n", aws_sdk_ec2::types::InstanceType::T3Small))
+        .send()
+        .await
+        .expect("version 2");
+    assert_eq!(v2.launch_template_version().and_then(|v| v.version_number()), Some(2));
+    t.asg
+        .create_auto_scaling_group()
+        .auto_scaling_group_name("ud-group")
+        .launch_template(aws_sdk_autoscaling::types::LaunchTemplateSpecification::builder().launch_template_name("ud-test").version("2").build())
+        .min_size(1)
+        .max_size(1)
+        .availability_zones("us-east-1a")
+        .send()
+        .await
+        .expect("a group pinned to version 2");
+    let group = |t: AwsTarget| async move {
+        let g = t.asg.describe_auto_scaling_groups().auto_scaling_group_names("ud-group").send().await.expect("describe");
+        g.auto_scaling_groups()[0].instances().iter().filter_map(|i| i.instance_id().map(str::to_string)).collect::<Vec<_>>()
+    };
+    let first = group(t.clone()).await;
+    assert_eq!(first.len(), 1, "the group launched from version 2");
+    let d = t.ec2.describe_instances().instance_ids(&first[0]).send().await.expect("describe instance");
+    let ty = d.reservations()[0].instances()[0].instance_type().map(|t| t.as_str().to_string());
+    assert_eq!(ty.as_deref(), Some("t3.small"), "launched from version 2's data");
+    t.asg.terminate_instance_in_auto_scaling_group().instance_id(&first[0]).should_decrement_desired_capacity(false).send().await.expect("terminate");
+    let second = group(t.clone()).await;
+    assert_eq!(second.len(), 1);
+    assert_ne!(second, first, "replaced from version 2");
 }
