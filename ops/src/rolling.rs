@@ -103,7 +103,7 @@ pub async fn roll(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions, lo
     for g in instances::status(t, model, &opts.selection()).await? {
         let lt = model.groups.iter().find(|m| m.name == g.name).map(|m| m.launch_template.clone()).unwrap_or_default();
         for inst in g.outdated() {
-            log(&format!("{}: replacing {} (launch template version {} → {})", g.group, inst.id, inst.version.as_deref().unwrap_or("?"), g.latest_version));
+            log(&format!("{}: replacing {} (launch template version {} → {})", g.group, inst.id, inst.version.as_deref().unwrap_or("?"), g.target_version));
             let before: Vec<String> = g.instances.iter().map(|i| i.id.clone()).collect();
             t.asg
                 .terminate_instance_in_auto_scaling_group()

@@ -29,6 +29,11 @@ async fn apply_once(t: &AwsTarget, m: &ClusterModel) -> Result<(usize, usize, us
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolling_update_finds_outdated_instances_and_replaces_them_one_by_one() {
+    // On the heap: the scenario's future is larger than a test thread's stack.
+    Box::pin(outdated_instances_are_replaced()).await
+}
+
+async fn outdated_instances_are_replaced() {
     let moto = Moto::start();
     let ami = moto.fixtures().await;
     let (m, _) = model_of(&moto::spec(&ami, |t| t));
@@ -95,6 +100,38 @@ async fn rolling_update_finds_outdated_instances_and_replaces_them_one_by_one() 
         assert_eq!(i.state().and_then(|s| s.name()).map(|n| n.as_str()), Some("terminated"));
     }
     assert_eq!(rolling::roll(&t, &m2, &fast, &mut |_| {}).await.expect("no-op").replaced.len(), 0, "nothing outdated");
+
+    // A version made by hand (3, the template's latest but not what the group pins) changes nothing;
+    // pinning the group back to version 1 makes every instance on 2 outdated.
+    let lt_name = m2.groups.iter().find(|g| g.group == "nodes-us-east-1a").expect("nodes").launch_template.clone();
+    t.ec2
+        .create_launch_template_version()
+        .launch_template_name(&lt_name)
+        .source_version("2")
+        .launch_template_data(aws_sdk_ec2::types::RequestLaunchTemplateData::builder().instance_type(aws_sdk_ec2::types::InstanceType::T3Large).build())
+        .send()
+        .await
+        .expect("version 3");
+    let status = instances::status(&t, &m2, &fast.selection()).await.expect("status");
+    assert!(status.iter().all(|g| g.outdated().is_empty()), "latest is 3, the group pins 2: {}", instances::render(&status));
+    assert_eq!(status[1].target_version, "2");
+    let asg_name = m2.groups.iter().find(|g| g.group == "nodes-us-east-1a").expect("nodes").name.clone();
+    let pin = |v: &str| {
+        t.asg
+            .update_auto_scaling_group()
+            .auto_scaling_group_name(&asg_name)
+            .launch_template(aws_sdk_autoscaling::types::LaunchTemplateSpecification::builder().launch_template_name(&lt_name).version(v).build())
+    };
+    pin("1").send().await.expect("pin 1");
+    let status = instances::status(&t, &m2, &fast.selection()).await.expect("status");
+    assert_eq!(status[1].outdated().len(), 2, "pinned to 1: {}", instances::render(&status));
+    pin("$Default").send().await.expect("pin $Default");
+    let status = instances::status(&t, &m2, &fast.selection()).await.expect("status");
+    assert!(status[1].outdated().is_empty(), "$Default is 2: {}", instances::render(&status));
+    pin("$Latest").send().await.expect("pin $Latest");
+    let status = instances::status(&t, &m2, &fast.selection()).await.expect("status");
+    assert_eq!(status[1].outdated().len(), 2, "$Latest is 3: {}", instances::render(&status));
+    pin("2").send().await.expect("pin 2");
 
     // `--force` replaces what is current, still one at a time.
     let forced = RollingOptions { groups: vec!["nodes-us-east-1a".into()], force: true, ..fast.clone() };
