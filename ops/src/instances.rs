@@ -26,6 +26,8 @@ fn api<E: std::error::Error + Send + Sync + 'static>(op: &'static str, target: &
 pub struct Selection {
     /// Only these instance groups (spec names); empty = all.
     pub groups: Vec<String>,
+    /// Only groups of these roles; empty = all.
+    pub roles: Vec<Role>,
     /// Every instance is outdated (`--force`).
     pub force: bool,
 }
@@ -66,27 +68,39 @@ impl GroupStatus {
     }
 }
 
-/// Replacement order: control plane, API servers, nodes, bastions; by name within a role.
-fn role_rank(r: Role) -> u8 {
+/// Replacement order (kOps'): bastions first (if they go down nothing can be seen), then the
+/// control planes one at a time, API servers, nodes; by name within a role.
+pub fn role_rank(r: Role) -> u8 {
     match r {
-        Role::ControlPlane => 0,
-        Role::ApiServer => 1,
-        Role::Node => 2,
-        Role::Bastion => 3,
+        Role::Bastion => 0,
+        Role::ControlPlane => 1,
+        Role::ApiServer => 2,
+        Role::Node => 3,
     }
+}
+
+/// The spec's groups a run looks at, in replacement order: `(cloud name, spec name, role)`.
+pub fn select<'a>(groups: impl IntoIterator<Item = (&'a str, &'a str, Role)>, opts: &Selection) -> Result<Vec<(&'a str, &'a str, Role)>, InstancesError> {
+    let all: Vec<_> = groups.into_iter().collect();
+    for g in &opts.groups {
+        if !all.iter().any(|(_, name, _)| name == g) {
+            return Err(InstancesError::UnknownGroup(g.clone()));
+        }
+    }
+    let mut wanted: Vec<_> = all
+        .into_iter()
+        .filter(|(_, name, role)| (opts.groups.is_empty() || opts.groups.iter().any(|g| g == name)) && (opts.roles.is_empty() || opts.roles.contains(role)))
+        .collect();
+    wanted.sort_by_key(|(cloud, _, role)| (role_rank(*role), cloud.to_string()));
+    Ok(wanted)
 }
 
 /// The cluster's groups (those in the spec, in replacement order) with their instances.
 pub async fn status(t: &AwsTarget, model: &ClusterModel, opts: &Selection) -> Result<Vec<GroupStatus>, InstancesError> {
-    for g in &opts.groups {
-        if !model.groups.iter().any(|m| &m.group == g) {
-            return Err(InstancesError::UnknownGroup(g.clone()));
-        }
-    }
-    let mut wanted: Vec<_> = model.groups.iter().filter(|g| opts.groups.is_empty() || opts.groups.contains(&g.group)).collect();
-    wanted.sort_by_key(|g| (role_rank(g.role), g.name.clone()));
+    let wanted = select(model.groups.iter().map(|g| (g.name.as_str(), g.group.as_str(), g.role)), opts)?;
     let mut out = Vec::new();
-    for g in wanted {
+    for (name, _, _) in wanted {
+        let Some(g) = model.groups.iter().find(|g| g.name == name) else { continue };
         if let Some(s) = group_status(t, &g.name, &g.group, g.role, &g.launch_template, opts.force).await? {
             out.push(s);
         }
@@ -222,8 +236,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn groups_roll_bastions_first_then_control_planes_api_servers_nodes() {
+        let groups = [
+            ("nodes-b.c", "nodes-b", Role::Node),
+            ("nodes-a.c", "nodes-a", Role::Node),
+            ("apiserver.c", "apiserver", Role::ApiServer),
+            ("control-plane-b.c", "control-plane-b", Role::ControlPlane),
+            ("bastions.c", "bastions", Role::Bastion),
+            ("control-plane-a.c", "control-plane-a", Role::ControlPlane),
+        ];
+        let names = |opts: &Selection| select(groups, opts).expect("select").into_iter().map(|(_, n, _)| n).collect::<Vec<_>>();
+        assert_eq!(names(&Selection::default()), ["bastions", "control-plane-a", "control-plane-b", "apiserver", "nodes-a", "nodes-b"]);
+        let only = Selection { groups: vec!["nodes-b".into(), "control-plane-b".into()], ..Default::default() };
+        assert_eq!(names(&only), ["control-plane-b", "nodes-b"], "--instance-group keeps the order");
+        let roles = Selection { roles: vec![Role::Node, Role::Bastion], ..Default::default() };
+        assert_eq!(names(&roles), ["bastions", "nodes-a", "nodes-b"]);
+        let both = Selection { groups: vec!["nodes-a".into(), "control-plane-a".into()], roles: vec![Role::Node], ..Default::default() };
+        assert_eq!(names(&both), ["nodes-a"]);
+        let err = select(groups, &Selection { groups: vec!["nope".into()], ..Default::default() }).expect_err("unknown");
+        assert!(err.to_string().contains("\"nope\""), "{err}");
+    }
+
+    #[test]
     fn a_groups_configured_version_resolves_latest_and_default() {
-        let cases: &[(Option<&str>, Option<i64>, Option<i64>, Option<&str>)] = &[
+        // (configured, default, latest, resolved)
+        type Case<'a> = (Option<&'a str>, Option<i64>, Option<i64>, Option<&'a str>);
+        let cases: &[Case] = &[
             (Some("2"), Some(1), Some(3), Some("2")),
             (Some("$Latest"), Some(1), Some(3), Some("3")),
             (Some("$Default"), Some(1), Some(3), Some("1")),

@@ -9,7 +9,46 @@ use cloud_resources::aws::AwsTarget;
 use cloud_resources::model::ClusterModel;
 use moto::Moto;
 use ops::instances;
-use ops::rolling::{self, RollingError, RollingOptions};
+use ops::rolling::{self, BoxFuture, ClusterHealth, RollingError, RollingOptions};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Fast waits for moto (whose state changes are instantaneous).
+fn fast() -> RollingOptions {
+    RollingOptions {
+        control_plane_interval: Duration::ZERO,
+        node_interval: Duration::ZERO,
+        bastion_interval: Duration::ZERO,
+        post_drain_delay: Duration::ZERO,
+        poll: Duration::from_millis(50),
+        validate_tick: Duration::from_millis(50),
+        validate_success_pause: Duration::ZERO,
+        validation_timeout: Duration::from_secs(20),
+        ..Default::default()
+    }
+}
+
+/// A cluster whose validity follows a script, one answer per validation (the last repeated).
+struct Scripted {
+    answers: Vec<bool>,
+    calls: Mutex<usize>,
+}
+
+impl Scripted {
+    fn new(answers: &[bool]) -> Arc<Scripted> {
+        Arc::new(Scripted { answers: answers.to_vec(), calls: Mutex::new(0) })
+    }
+}
+
+impl ClusterHealth for Scripted {
+    fn problems<'a>(&'a self, group: &'a instances::GroupStatus) -> BoxFuture<'a, Result<Vec<String>, String>> {
+        let mut n = self.calls.lock().expect("lock");
+        let valid = self.answers[(*n).min(self.answers.len() - 1)];
+        *n += 1;
+        let problems = if valid { Vec::new() } else { vec![format!("InstanceGroup {}: did not have enough ready nodes", group.group)] };
+        Box::pin(async move { Ok(problems) })
+    }
+}
 
 fn model_of(docs: &keelson_api::Documents) -> (ClusterModel, spec_compiler::Compiled) {
     moto::prepare(docs, &moto::compile_options(), true)
@@ -39,12 +78,7 @@ async fn outdated_instances_are_replaced() {
     let (m, _) = model_of(&moto::spec(&ami, |t| t));
     let t = moto.target(&[]).await;
     apply_once(&t, &m).await.expect("apply");
-    let fast = RollingOptions {
-        interval: std::time::Duration::ZERO,
-        poll: std::time::Duration::from_millis(50),
-        timeout: std::time::Duration::from_secs(20),
-        ..Default::default()
-    };
+    let fast = fast();
     // Nothing is outdated right after apply; the control plane comes first.
     let before = instances::status(&t, &m, &fast.selection()).await.expect("status");
     assert_eq!(before.len(), 2);
@@ -72,8 +106,12 @@ async fn outdated_instances_are_replaced() {
     assert!(table.contains("nodes-us-east-1a") && table.contains("NeedsUpdate"), "{table}");
 
     // Replacement from version 2 (with its user-data: the harness's moto patch 2), one at a time;
-    // a failing validation stops the run after the first.
-    let failing = RollingOptions { validate: rolling::Validation::Command(vec!["false".into()]), timeout: std::time::Duration::from_secs(2), ..fast.clone() };
+    // the cluster validates before the group but not after the first replacement: the run stops there.
+    let failing = RollingOptions {
+        validate: rolling::Validation::Custom(Scripted::new(&[true, false])),
+        validation_timeout: std::time::Duration::from_secs(2),
+        ..fast.clone()
+    };
     let mut log = Vec::new();
     let err = rolling::roll(&t, &m2, &failing, &mut |l| log.push(l.to_string())).await.expect_err("validation fails");
     assert!(matches!(err, RollingError::Validation { .. }), "{err}");
@@ -82,10 +120,16 @@ async fn outdated_instances_are_replaced() {
     let nodes_mid: Vec<String> = mid[1].instances.iter().filter(|i| i.lifecycle == "InService").map(|i| i.id.clone()).collect();
     assert_eq!(nodes_mid.len(), 2, "capacity kept: {}", instances::render(&mid));
     assert_eq!(nodes_mid.iter().filter(|i| nodes_before.contains(i)).count(), 1, "exactly one replaced");
+    // Not valid before the group: nothing is touched.
+    let invalid = RollingOptions { validate: rolling::Validation::Custom(Scripted::new(&[false])), ..failing.clone() };
+    let err = rolling::roll(&t, &m2, &invalid, &mut |_| {}).await.expect_err("not valid");
+    assert!(matches!(err, RollingError::NotValidBefore { .. }), "{err}");
+    let still = instances::status(&t, &m2, &fast.selection()).await.expect("status");
+    assert_eq!(still[1].instances.iter().map(|i| i.id.clone()).collect::<Vec<_>>(), mid[1].instances.iter().map(|i| i.id.clone()).collect::<Vec<_>>());
     assert_eq!(mid[1].outdated().len(), 1, "the replacement runs version 2: {}", instances::render(&mid));
 
     let mut log = Vec::new();
-    let ok = RollingOptions { validate: rolling::Validation::Command(vec!["true".into()]), ..fast.clone() };
+    let ok = RollingOptions { validate: rolling::Validation::Command(vec!["true".into()]), validate_count: 2, ..fast.clone() };
     let report = rolling::roll(&t, &m2, &ok, &mut |l| log.push(l.to_string())).await.expect("roll");
     assert_eq!(report.replaced.len(), 1, "only what is still outdated: {log:?}");
     assert!(log.iter().any(|l| l.contains("validation passed")), "{log:?}");
@@ -194,4 +238,57 @@ async fn moto_launches_from_a_launch_template_version_with_user_data() {
     let second = group(t.clone()).await;
     assert_eq!(second.len(), 1);
     assert_ne!(second, first, "replaced from version 2");
+}
+
+/// The rule that keeps etcd's quorum: after a control-plane replacement that does not validate, a
+/// rerun does not touch a second control plane while the cluster does not validate (even with
+/// `--fail-on-validate-error=false`), and goes on once it does, one member at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rerun_after_a_failed_control_plane_replacement_touches_no_second_member() {
+    Box::pin(control_planes_roll_one_at_a_time()).await
+}
+
+async fn control_planes_roll_one_at_a_time() {
+    let moto = Moto::start();
+    let ami = moto.fixtures().await;
+    let (m, _) = moto::prepare(&moto::ha_spec(&ami, |t| t), &moto::compile_options(), true);
+    let t = moto.target(&[]).await;
+    apply_once(&t, &m).await.expect("apply");
+    let (m2, _) =
+        moto::prepare(&moto::ha_spec(&ami, |t| t.replace("  machineType: m6i.large\n", "  machineType: m6i.2xlarge\n")), &moto::compile_options(), true);
+    apply_once(&t, &m2).await.expect("apply the change");
+    let fast = fast();
+    let ids = |groups: &[instances::GroupStatus]| -> Vec<Vec<String>> { groups.iter().map(|g| g.instances.iter().map(|i| i.id.clone()).collect()).collect() };
+    let before = instances::status(&t, &m2, &fast.selection()).await.expect("status");
+    let names: Vec<&str> = before.iter().map(|g| g.group.as_str()).collect();
+    assert_eq!(names, ["control-plane-us-east-1a", "control-plane-us-east-1b", "control-plane-us-east-1c", "nodes"], "{}", instances::render(&before));
+    assert_eq!(before.iter().map(|g| g.outdated().len()).collect::<Vec<_>>(), [1, 1, 1, 0], "{}", instances::render(&before));
+
+    // The first member's replacement does not validate: the run stops after it.
+    let first =
+        RollingOptions { validate: rolling::Validation::Custom(Scripted::new(&[true, false])), validation_timeout: Duration::from_secs(2), ..fast.clone() };
+    let err = rolling::roll(&t, &m2, &first, &mut |_| {}).await.expect_err("the replacement does not validate");
+    assert!(matches!(&err, RollingError::Validation { group, .. } if group == "control-plane-us-east-1a"), "{err}");
+    let after_first = instances::status(&t, &m2, &fast.selection()).await.expect("status");
+    assert_ne!(ids(&after_first)[0], ids(&before)[0], "the first member was replaced");
+    assert_eq!(ids(&after_first)[1..], ids(&before)[1..], "nothing else");
+
+    // Reruns while the cluster does not validate touch no second member, whatever --fail-on-validate-error says.
+    for fail_on_validate_error in [true, false] {
+        let rerun = RollingOptions { validate: rolling::Validation::Custom(Scripted::new(&[false])), fail_on_validate_error, ..first.clone() };
+        let err = rolling::roll(&t, &m2, &rerun, &mut |_| {}).await.expect_err("not valid");
+        assert!(matches!(&err, RollingError::NotValidBefore { group, .. } if group == "control-plane-us-east-1b"), "{err}");
+        let now = instances::status(&t, &m2, &fast.selection()).await.expect("status");
+        assert_eq!(ids(&now), ids(&after_first), "no second member touched (fail-on-validate-error={fail_on_validate_error})");
+    }
+
+    // Once the cluster validates, the rerun replaces the other two, in order, and nothing else.
+    let mut log = Vec::new();
+    let ok = RollingOptions { validate: rolling::Validation::Custom(Scripted::new(&[true])), ..fast.clone() };
+    let report = rolling::roll(&t, &m2, &ok, &mut |l| log.push(l.to_string())).await.expect("roll");
+    let groups: Vec<&str> = report.replaced.iter().map(|(g, _, _)| g.as_str()).collect();
+    assert_eq!(groups, ["control-plane-us-east-1b", "control-plane-us-east-1c"], "{log:?}");
+    let done = instances::status(&t, &m2, &fast.selection()).await.expect("status");
+    assert!(done.iter().all(|g| g.outdated().is_empty()), "{}", instances::render(&done));
+    assert_eq!(ids(&done)[3], ids(&before)[3], "nodes untouched");
 }
