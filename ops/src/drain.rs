@@ -179,6 +179,10 @@ pub struct DrainOptions {
     pub retry: Duration,
 }
 
+/// The client must not retry 429s itself (kube's `default_retry`, off in
+/// [`crate::validate::kube_client`]): a refused eviction is this function's to retry, within the
+/// drain timeout.
+///
 /// Cordon, exclude from service load balancers, evict every pod [`pod_action`] selects (retrying
 /// refusals until the timeout) and wait until they are gone.
 pub async fn drain(kube: &kube::Client, node: &str, opts: &DrainOptions, log: &mut (dyn FnMut(&str) + Send)) -> Result<(), DrainError> {
@@ -200,10 +204,14 @@ pub async fn drain(kube: &kube::Client, node: &str, opts: &DrainOptions, log: &m
     while !pending.is_empty() {
         let mut refused = Vec::new();
         for (ns, name, uid) in pending {
-            let answer = match kube::Api::<Pod>::namespaced(kube.clone(), &ns).evict(&name, &EvictParams::default()).await {
-                Ok(_) => Ok(()),
-                Err(kube::Error::Api(s)) => Err((s.code, s.message.clone())),
-                Err(source) => return Err(DrainError::Kube { node: node.into(), what: "evict", source }),
+            // Bounded by the drain's deadline even when the client retries 429s itself.
+            let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(1));
+            let (api, params) = (kube::Api::<Pod>::namespaced(kube.clone(), &ns), EvictParams::default());
+            let answer = match tokio::time::timeout(left, api.evict(&name, &params)).await {
+                Err(_) => return Err(DrainError::Timeout { node: node.into(), timeout: opts.timeout, pods: format!("{ns}/{name} (eviction not accepted)") }),
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(kube::Error::Api(s))) => Err((s.code, s.message.clone())),
+                Ok(Err(source)) => return Err(DrainError::Kube { node: node.into(), what: "evict", source }),
             };
             match after_eviction(answer, Instant::now(), deadline, opts.retry) {
                 EvictStep::Evicted => {

@@ -196,7 +196,11 @@ pub async fn kube_client(path: Option<&std::path::Path>, context: &str) -> Resul
     .map_err(|e| ValidateError::Config { message: e.to_string() })?;
     let has_context = kubeconfig.contexts.iter().any(|c| c.name == context);
     let options = kube::config::KubeConfigOptions { context: has_context.then(|| context.to_string()), ..Default::default() };
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options).await.map_err(|e| ValidateError::Config { message: e.to_string() })?;
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &options).await.map_err(|e| ValidateError::Config { message: e.to_string() })?;
+    // No hidden retries of 429s: an eviction refused by a PodDisruptionBudget answers 429, and the
+    // default policy (15 tries, backoff up to 1000 s) would outlast `--drain-timeout`. Validation
+    // and the drain retry on their own schedules.
+    config.default_retry = false;
     kube::Client::try_from(config).map_err(|source| ValidateError::Kube { what: "client", source })
 }
 
