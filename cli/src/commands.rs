@@ -388,11 +388,12 @@ async fn direct_apply(
 }
 
 pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
-    let model = match load_model(&args.common)? {
-        Ok(m) => m,
+    let (docs, options) = match load(&args.common)? {
+        Ok(x) => x,
         Err(code) => return Ok(code),
     };
     let file = args.common.file.display().to_string();
+    let (model, _) = prepare_with(&docs, &options, false).with_context(|| format!("{file}: building the cloud model"))?;
     if model.cloud != model::CloudKind::Aws {
         anyhow::bail!("{file}: rolling-update supports AWS clusters only");
     }
@@ -410,6 +411,8 @@ pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
         fail_on_drain_error: args.fail_on_drain_error,
         fail_on_validate_error: args.fail_on_validate_error,
         poll: args.poll_interval,
+        // kOps' surge: spec.rollingUpdate (on AWS maxSurge defaults to 1).
+        surge: Some(ops::surge::SurgeSpec::from_documents(&docs)),
         validate: match &args.validate_command {
             Some(c) => rolling::Validation::Command(c.split_whitespace().map(str::to_string).collect()),
             None => rolling::Validation::CloudOnly,

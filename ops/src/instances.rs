@@ -32,6 +32,9 @@ pub struct Selection {
     pub force: bool,
 }
 
+/// The lifecycle of an instance a surge detached from its group.
+pub const DETACHED: &str = "Detached";
+
 /// One instance of a group as the rolling update sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InstanceStatus {
@@ -184,7 +187,7 @@ pub async fn group_status(
             }
         }
     }
-    let instances = g
+    let mut instances: Vec<InstanceStatus> = g
         .instances()
         .iter()
         .map(|i| {
@@ -207,6 +210,33 @@ pub async fn group_status(
             }
         })
         .collect();
+    // Instances a surge detached from the group (an interrupted run's): found by their tags, always
+    // outdated, last.
+    let detached = t
+        .ec2
+        .describe_instances()
+        .filters(aws_sdk_ec2::types::Filter::builder().name("tag-key").values(crate::surge::DETACHED_TAG).build())
+        .filters(aws_sdk_ec2::types::Filter::builder().name("tag:kops.k8s.io/instancegroup").values(group).build())
+        .filters(aws_sdk_ec2::types::Filter::builder().name("tag:Name").values(name).build())
+        .filters(aws_sdk_ec2::types::Filter::builder().name("instance-state-name").values("pending").values("running").build())
+        .send()
+        .await
+        .map_err(|e| api("DescribeInstances", name, e))?;
+    for i in detached.reservations().iter().flat_map(|r| r.instances()) {
+        let Some(id) = i.instance_id() else { continue };
+        if instances.iter().any(|x| x.id == id) {
+            continue;
+        }
+        let tag = |k: &str| i.tags().iter().find(|t| t.key() == Some(k)).and_then(|t| t.value()).map(str::to_string);
+        instances.push(InstanceStatus {
+            id: id.to_string(),
+            version: tag("aws:ec2launchtemplate:version"),
+            lifecycle: DETACHED.to_string(),
+            healthy: true,
+            private_ip: i.private_ip_address().map(str::to_string),
+            outdated: true,
+        });
+    }
     Ok(Some(GroupStatus {
         name: name.to_string(),
         group: group.to_string(),

@@ -9,4 +9,5 @@
 pub mod drain;
 pub mod instances;
 pub mod rolling;
+pub mod surge;
 pub mod validate;

@@ -22,7 +22,8 @@ use cloud_resources::model::ClusterModel;
 use keelson_api::Role;
 
 use crate::drain::{self, DrainOptions};
-use crate::instances::{self, group_status, GroupStatus, InstanceStatus, Selection};
+use crate::instances::{self, group_status, GroupStatus, InstanceStatus, Selection, DETACHED};
+use crate::surge::{SurgeSpec, DETACHED_TAG};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RollingError {
@@ -36,6 +37,8 @@ pub enum RollingError {
     Timeout { group: String, message: String },
     #[error("validation after replacing {instance} in {group} failed: {message}")]
     Validation { group: String, instance: String, message: String },
+    #[error("instance group {group}: spec.rollingUpdate: {message}")]
+    Settings { group: String, message: String },
     #[error("the cluster does not validate, so {group} is left untouched: {message} (fix the cluster, or give --cloudonly)")]
     NotValidBefore { group: String, message: String },
 }
@@ -116,6 +119,8 @@ pub struct RollingOptions {
     pub validate_success_pause: Duration,
     /// Pause between refused evictions (kOps: 5 s).
     pub eviction_retry: Duration,
+    /// The spec's `rollingUpdate` (surge); `None`: no surge, one instance at a time.
+    pub surge: Option<SurgeSpec>,
     pub validate: Validation,
 }
 
@@ -138,6 +143,7 @@ impl Default for RollingOptions {
             validate_tick: Duration::from_secs(30),
             validate_success_pause: Duration::from_secs(10),
             eviction_retry: Duration::from_secs(5),
+            surge: None,
             validate: Validation::CloudOnly,
         }
     }
@@ -273,9 +279,9 @@ pub async fn roll(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions, lo
         }
         Validation::Custom(h) => (Some(h.as_ref()), None),
     };
-    let mut groups = instances::status(t, model, &opts.selection()).await?;
+    let mut groups = Box::pin(instances::status(t, model, &opts.selection())).await?;
     if let Some(kube) = kube {
-        drain::adjust_need_update(&mut groups, &drain::list_nodes(kube).await?);
+        drain::adjust_need_update(&mut groups, &Box::pin(drain::list_nodes(kube)).await?);
     }
     let mut report = RollReport::default();
     for g in &groups {
@@ -286,7 +292,7 @@ pub async fn roll(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions, lo
         let lt = model.groups.iter().find(|m| m.name == g.name).map(|m| m.launch_template.clone()).unwrap_or_default();
         // Validate before touching the group (bastions are not part of the cluster).
         if let (Some(h), false) = (health, g.role == Role::Bastion) {
-            match verdict(g.role, validate_until(h, g, 1, opts, log).await, opts.fail_on_validate_error) {
+            match verdict(g.role, Box::pin(validate_until(h, g, 1, opts, log)).await, opts.fail_on_validate_error) {
                 Verdict::Proceed => {}
                 Verdict::Warn(p) => log(&format!("{}: the cluster does not validate, going on (--fail-on-validate-error=false): {p}", g.group)),
                 Verdict::Stop(message) => return Err(RollingError::NotValidBefore { group: g.group.clone(), message }),
@@ -295,7 +301,7 @@ pub async fn roll(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions, lo
         // Every node to be replaced: annotated and tainted PreferNoSchedule up front.
         let mut node_of: BTreeMap<String, String> = BTreeMap::new();
         if let (Some(kube), false) = (kube, g.role == Role::Bastion) {
-            let nodes = drain::list_nodes(kube).await?;
+            let nodes = Box::pin(drain::list_nodes(kube)).await?;
             let by_ip = drain::nodes_by_ip(&nodes);
             for i in &update {
                 if let Some(name) = i.private_ip.as_ref().and_then(|ip| by_ip.get(ip)).and_then(|n| n.metadata.name.clone()) {
@@ -306,7 +312,7 @@ pub async fn roll(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions, lo
                 log(&format!("{}: tainting {} node(s) {}:PreferNoSchedule", g.group, node_of.len(), drain::TAINT_KEY));
             }
             for node in node_of.values() {
-                if let Err(e) = drain::mark_for_update(kube, node).await {
+                if let Err(e) = Box::pin(drain::mark_for_update(kube, node)).await {
                     if opts.fail_on_drain_error {
                         return Err(e.into());
                     }
@@ -314,11 +320,54 @@ pub async fn roll(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions, lo
                 }
             }
         }
+        // Surge: detach up to maxSurge instances (the group launches their replacements at once),
+        // tag them so an interrupted run finds them, wait for the new capacity and validate.
+        let settings = match &opts.surge {
+            Some(spec) => spec.settings(&g.group, g.role, g.instances.len()).map_err(|message| RollingError::Settings { group: g.group.clone(), message })?,
+            None => Default::default(),
+        };
+        let surge = settings.max_surge.min(update.len());
+        let mut detached: Vec<String> = update.iter().filter(|i| i.lifecycle == DETACHED).map(|i| i.id.clone()).collect();
+        if surge > 0 && health.is_some() {
+            let fresh: Vec<&str> = update.iter().rev().take(surge).filter(|i| i.lifecycle != DETACHED).map(|i| i.id.as_str()).collect();
+            if !fresh.is_empty() {
+                for id in &fresh {
+                    log(&format!("{}: detaching {id} (surge; its replacement launches now)", g.group));
+                    Box::pin(t.ec2.create_tags().resources(*id).tags(aws_sdk_ec2::types::Tag::builder().key(DETACHED_TAG).value("").build()).send())
+                        .await
+                        .map_err(|e| api("CreateTags", id, e))?;
+                }
+                Box::pin(
+                    t.asg
+                        .detach_instances()
+                        .auto_scaling_group_name(&g.name)
+                        .set_instance_ids(Some(fresh.iter().map(|s| s.to_string()).collect()))
+                        .should_decrement_desired_capacity(false)
+                        .send(),
+                )
+                .await
+                .map_err(|e| api("DetachInstances", &g.name, e))?;
+                detached.extend(fresh.iter().map(|s| s.to_string()));
+                Box::pin(wait_for_capacity(t, g, &lt, opts)).await?;
+                tokio::time::sleep(opts.interval(g.role)).await;
+                if let Some(h) = health {
+                    match verdict(g.role, Box::pin(validate_until(h, g, opts.validate_count, opts, log)).await, opts.fail_on_validate_error) {
+                        Verdict::Proceed => {}
+                        Verdict::Warn(p) => log(&format!("{}: the cluster does not validate, going on (--fail-on-validate-error=false): {p}", g.group)),
+                        Verdict::Stop(message) => return Err(RollingError::Validation { group: g.group.clone(), instance: fresh.join(","), message }),
+                    }
+                }
+            }
+        }
+        if !settings.drain_and_terminate {
+            log(&format!("{}: rollingUpdate.drainAndTerminate is false: nothing drained or terminated", g.group));
+            continue;
+        }
         for inst in update {
             log(&format!("{}: replacing {} (launch template version {} → {})", g.group, inst.id, inst.version.as_deref().unwrap_or("?"), g.target_version));
             if let (Some(kube), Some(node)) = (kube, node_of.get(&inst.id)) {
                 log(&format!("{}: draining node {node}", g.group));
-                let drained = drain::drain(kube, node, &DrainOptions { timeout: opts.drain_timeout, retry: opts.eviction_retry }, log).await;
+                let drained = Box::pin(drain::drain(kube, node, &DrainOptions { timeout: opts.drain_timeout, retry: opts.eviction_retry }, log)).await;
                 match drained {
                     Ok(()) => {}
                     Err(e) if opts.fail_on_drain_error => return Err(e.into()),
@@ -331,19 +380,30 @@ pub async fn roll(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions, lo
             } else if kube.is_some() && g.role != Role::Bastion {
                 log(&format!("{}: {} has not joined the cluster as a node; not draining", g.group, inst.id));
             }
+            if detached.contains(&inst.id) {
+                // Its replacement is already in service: terminate it outside the group.
+                Box::pin(t.ec2.terminate_instances().instance_ids(&inst.id).send()).await.map_err(|e| api("TerminateInstances", &inst.id, e))?;
+                log(&format!("{}: terminated detached {}", g.group, inst.id));
+                tokio::time::sleep(opts.interval(g.role)).await;
+                if let (Some(h), false) = (health, g.role == Role::Bastion) {
+                    match verdict(g.role, Box::pin(validate_until(h, g, opts.validate_count, opts, log)).await, opts.fail_on_validate_error) {
+                        Verdict::Proceed => {}
+                        Verdict::Warn(p) => log(&format!("{}: the cluster does not validate, going on (--fail-on-validate-error=false): {p}", g.group)),
+                        Verdict::Stop(message) => return Err(RollingError::Validation { group: g.group.clone(), instance: inst.id.clone(), message }),
+                    }
+                }
+                report.replaced.push((g.group.clone(), inst.id.clone(), String::new()));
+                continue;
+            }
             let before: Vec<String> = g.instances.iter().map(|i| i.id.clone()).collect();
-            t.asg
-                .terminate_instance_in_auto_scaling_group()
-                .instance_id(&inst.id)
-                .should_decrement_desired_capacity(false)
-                .send()
+            Box::pin(t.asg.terminate_instance_in_auto_scaling_group().instance_id(&inst.id).should_decrement_desired_capacity(false).send())
                 .await
                 .map_err(|e| api("TerminateInstanceInAutoScalingGroup", &inst.id, e))?;
-            let replacement = wait_for_replacement(t, g, &lt, &inst.id, &before, opts).await?;
+            let replacement = Box::pin(wait_for_replacement(t, g, &lt, &inst.id, &before, opts)).await?;
             log(&format!("{}: {} is InService", g.group, replacement));
             tokio::time::sleep(opts.interval(g.role)).await;
             if let (Some(h), false) = (health, g.role == Role::Bastion) {
-                match verdict(g.role, validate_until(h, g, opts.validate_count, opts, log).await, opts.fail_on_validate_error) {
+                match verdict(g.role, Box::pin(validate_until(h, g, opts.validate_count, opts, log)).await, opts.fail_on_validate_error) {
                     Verdict::Proceed => {}
                     Verdict::Warn(p) => log(&format!("{}: the cluster does not validate, going on (--fail-on-validate-error=false): {p}", g.group)),
                     Verdict::Stop(message) => return Err(RollingError::Validation { group: g.group.clone(), instance: inst.id.clone(), message }),
@@ -353,6 +413,28 @@ pub async fn roll(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions, lo
         }
     }
     Ok(report)
+}
+
+/// Wait (bounded) until the group has its desired number of InService, healthy instances.
+async fn wait_for_capacity(t: &AwsTarget, g: &GroupStatus, launch_template: &str, opts: &RollingOptions) -> Result<(), RollingError> {
+    let deadline = Instant::now() + opts.validation_timeout;
+    loop {
+        if let Some(now) = group_status(t, &g.name, &g.group, g.role, launch_template, false).await? {
+            if now.ready() as i32 >= now.desired {
+                return Ok(());
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(RollingError::Timeout {
+                group: g.name.clone(),
+                message: format!(
+                    "the surge's instances were not InService within {:?}; rerun rolling-update (it finds the detached instances)",
+                    opts.validation_timeout
+                ),
+            });
+        }
+        tokio::time::sleep(opts.poll).await;
+    }
 }
 
 /// Wait until the terminated instance is out of service and the group has its desired number of

@@ -292,3 +292,83 @@ async fn control_planes_roll_one_at_a_time() {
     assert!(done.iter().all(|g| g.outdated().is_empty()), "{}", instances::render(&done));
     assert_eq!(ids(&done)[3], ids(&before)[3], "nodes untouched");
 }
+
+/// Surge (spec.rollingUpdate.maxSurge): the surged instance is detached and tagged, its
+/// replacement launched at once; an interrupted run leaves it detached, and the rerun finds it,
+/// does not detach another, and terminates it last. With maxSurge 2 both go at once and no
+/// termination waits for a replacement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn surge_detaches_tags_and_finds_its_instances_after_an_interrupted_run() {
+    Box::pin(surge_scenario()).await
+}
+
+async fn surge_scenario() {
+    use ops::instances::DETACHED;
+    use ops::surge::{SurgeSpec, DETACHED_TAG};
+    let moto = Moto::start();
+    let ami = moto.fixtures().await;
+    let (m, _) = model_of(&moto::spec(&ami, |t| t));
+    let t = moto.target(&[]).await;
+    apply_once(&t, &m).await.expect("apply");
+    let changed = moto::spec(&ami, |t| {
+        t.replace(
+            "  machineType: t3.medium\n  minSize: 2\n",
+            "  machineType: t3.medium\n  kubelet:\n    maxPods: 50\n  rollingUpdate:\n    maxSurge: 1\n  minSize: 2\n",
+        )
+    });
+    let (m2, _) = model_of(&changed);
+    apply_once(&t, &m2).await.expect("apply change");
+    let fast = RollingOptions { surge: Some(SurgeSpec::from_documents(&changed)), ..fast() };
+    let before = instances::status(&t, &m2, &fast.selection()).await.expect("status");
+    let old: Vec<String> = before[1].instances.iter().map(|i| i.id.clone()).collect();
+    assert_eq!(before[1].outdated().len(), 2);
+
+    // Interrupted after the surge: the validation after detaching fails.
+    let mut log = Vec::new();
+    let interrupted =
+        RollingOptions { validate: rolling::Validation::Custom(Scripted::new(&[true, false])), validation_timeout: Duration::from_secs(2), ..fast.clone() };
+    let err = rolling::roll(&t, &m2, &interrupted, &mut |l| log.push(l.to_string())).await.expect_err("interrupted");
+    assert!(matches!(err, RollingError::Validation { .. }), "{err}");
+    assert_eq!(log.iter().filter(|l| l.contains("detaching")).count(), 1, "{log:?}");
+    let mid = instances::status(&t, &m2, &fast.selection()).await.expect("status");
+    let table = instances::render(&mid);
+    let detached: Vec<&instances::InstanceStatus> = mid[1].instances.iter().filter(|i| i.lifecycle == DETACHED).collect();
+    assert_eq!(detached.len(), 1, "{table}");
+    assert!(old.contains(&detached[0].id) && detached[0].outdated, "{table}");
+    assert_eq!(mid[1].ready(), 2, "the group launched the replacement: {table}");
+    assert_eq!(mid[1].outdated().len(), 2, "the attached old one and the detached one: {table}");
+    let d = t.ec2.describe_instances().instance_ids(&detached[0].id).send().await.expect("describe");
+    let tags: Vec<String> = d.reservations()[0].instances()[0].tags().iter().filter_map(|t| t.key().map(str::to_string)).collect();
+    assert!(tags.iter().any(|k| k == DETACHED_TAG), "{tags:?}");
+    let detached_id = detached[0].id.clone();
+
+    // The rerun detaches nothing more and terminates the detached instance last.
+    let mut log = Vec::new();
+    let ok = RollingOptions { validate: rolling::Validation::Custom(Scripted::new(&[true])), ..fast.clone() };
+    let report = rolling::roll(&t, &m2, &ok, &mut |l| log.push(l.to_string())).await.expect("rerun");
+    assert!(!log.iter().any(|l| l.contains("detaching")), "{log:?}");
+    assert_eq!(report.replaced.len(), 2, "{log:?}");
+    assert_eq!(report.replaced[1].1, detached_id, "detached last: {log:?}");
+    let after = instances::status(&t, &m2, &fast.selection()).await.expect("status");
+    let table = instances::render(&after);
+    assert!(after[1].instances.iter().all(|i| i.lifecycle == "InService" && !old.contains(&i.id) && i.version.as_deref() == Some("2")), "{table}");
+    assert_eq!(after[1].instances.len(), 2, "{table}");
+    let d = t.ec2.describe_instances().instance_ids(&detached_id).send().await.expect("describe");
+    assert_eq!(d.reservations()[0].instances()[0].state().and_then(|s| s.name()).map(|n| n.as_str()), Some("terminated"));
+
+    // maxSurge 2: both detached at once, both terminated outside the group.
+    let mut two = SurgeSpec::from_documents(&changed);
+    two.groups.insert(
+        "nodes-us-east-1a".into(),
+        keelson_api::generated::RollingUpdate { max_surge: Some(keelson_api::types::IntOrString::Int(2)), ..Default::default() },
+    );
+    let forced = RollingOptions { groups: vec!["nodes-us-east-1a".into()], force: true, surge: Some(two), ..ok.clone() };
+    let mut log = Vec::new();
+    let report = rolling::roll(&t, &m2, &forced, &mut |l| log.push(l.to_string())).await.expect("forced surge");
+    assert_eq!(log.iter().filter(|l| l.contains("detaching")).count(), 2, "{log:?}");
+    assert_eq!(log.iter().filter(|l| l.contains("terminated detached")).count(), 2, "{log:?}");
+    assert!(report.replaced.iter().all(|(_, _, new)| new.is_empty()), "{report:?}");
+    let last = instances::status(&t, &m2, &fast.selection()).await.expect("status");
+    assert_eq!(last[1].ready(), 2, "{}", instances::render(&last));
+    assert!(last[1].instances.iter().all(|i| !after[1].instances.iter().any(|a| a.id == i.id)), "{}", instances::render(&last));
+}
