@@ -1,6 +1,6 @@
 //! Operations on a running cluster: `keelson rolling-update` ([`rolling`]) and `keelson validate
 //! cluster` ([`validate`]), both on top of the instances of the cluster's groups ([`instances`]);
-//! nodes are drained before their instances go ([`drain`]).
+//! nodes are drained before their instances go ([`drain`]); groups may surge ([`surge`]).
 //!
 //! Owns: talking to the cluster's Kubernetes API (kube-rs) and driving the cloud's groups through
 //! an operation. Must not: build cloud resources (that is `keelson-cloud-resources`), compile

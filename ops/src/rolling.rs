@@ -8,8 +8,10 @@
 //! to be replaced (annotation, `PreferNoSchedule` taint); then per instance: drain its node
 //! ([`crate::drain`]), wait `--post-drain-delay`, terminate it inside its autoscaling group without
 //! lowering the desired capacity, wait (bounded) for the replacement to be InService, pause the
-//! role's interval and validate `--validate-count` times in a row. A failure stops the run with the
-//! group and instance named; a rerun continues with what is still outdated.
+//! role's interval and validate `--validate-count` times in a row. With a surge ([`crate::surge`])
+//! up to `maxSurge` instances are first detached (their replacements launch at once) and go last,
+//! terminated outside the group. A failure stops the run with the group and instance named; a rerun
+//! continues with what is still outdated (and the instances an interrupted surge detached).
 
 use std::collections::BTreeMap;
 use std::future::Future;
