@@ -285,6 +285,9 @@ pub async fn roll(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions, lo
     if let Some(kube) = kube {
         drain::adjust_need_update(&mut groups, &Box::pin(drain::list_nodes(kube)).await?);
     }
+    // Members that serve the API (kOps: with only one, it is not taken out of the load balancer
+    // before its drain, or the drain could not reach the API).
+    let api_members: i64 = model.groups.iter().filter(|g| matches!(g.role, Role::ControlPlane | Role::ApiServer)).map(|g| g.min_size).sum();
     let mut report = RollReport::default();
     for g in &groups {
         let update: Vec<&InstanceStatus> = g.outdated();
@@ -367,6 +370,11 @@ pub async fn roll(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions, lo
         }
         for inst in update {
             log(&format!("{}: replacing {} (launch template version {} → {})", g.group, inst.id, inst.version.as_deref().unwrap_or("?"), g.target_version));
+            // Out of the group's load-balancer target groups first (the API's, for control planes),
+            // waiting out the deregistration delay: a failure here always stops the run (kOps).
+            if health.is_some() && g.role != Role::Bastion && deregister_allowed(g.role, api_members) {
+                Box::pin(deregister(t, &g.name, &inst.id, opts, log)).await?;
+            }
             if let (Some(kube), Some(node)) = (kube, node_of.get(&inst.id)) {
                 log(&format!("{}: draining node {node}", g.group));
                 let drained = Box::pin(drain::drain(kube, node, &DrainOptions { timeout: opts.drain_timeout, retry: opts.eviction_retry }, log)).await;
@@ -415,6 +423,51 @@ pub async fn roll(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions, lo
         }
     }
     Ok(report)
+}
+
+/// Whether an instance of a group of `role` leaves its load balancers before its drain: always,
+/// except the only API server of a cluster (`api_members`: the control-plane and API-server groups'
+/// minimum sizes together), whose drain needs it.
+pub fn deregister_allowed(role: Role, api_members: i64) -> bool {
+    !matches!(role, Role::ControlPlane | Role::ApiServer) || api_members > 1
+}
+
+/// Whether a target in this state may still get traffic (everything but `unused`: not registered).
+pub fn still_serving(state: Option<&str>) -> bool {
+    !matches!(state, None | Some("unused"))
+}
+
+/// Deregister the instance from every target group of its autoscaling group and wait until each
+/// says it is unused (the deregistration delay served), bounded by `--drain-timeout`.
+async fn deregister(t: &AwsTarget, asg: &str, instance: &str, opts: &RollingOptions, log: &mut (dyn FnMut(&str) + Send)) -> Result<(), RollingError> {
+    let groups =
+        Box::pin(t.asg.describe_auto_scaling_groups().auto_scaling_group_names(asg).send()).await.map_err(|e| api("DescribeAutoScalingGroups", asg, e))?;
+    let arns: Vec<String> = groups.auto_scaling_groups().iter().flat_map(|g| g.target_group_arns().iter().cloned()).collect();
+    let deadline = Instant::now() + opts.drain_timeout;
+    let target = || aws_sdk_elasticloadbalancingv2::types::TargetDescription::builder().id(instance).build();
+    for arn in arns {
+        loop {
+            let health = Box::pin(t.elb.describe_target_health().target_group_arn(&arn).targets(target()).send())
+                .await
+                .map_err(|e| api("DescribeTargetHealth", &arn, e))?;
+            let state = health.target_health_descriptions().first().and_then(|d| d.target_health()).and_then(|h| h.state()).map(|s| s.as_str().to_string());
+            if !still_serving(state.as_deref()) {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(RollingError::Timeout {
+                    group: asg.to_string(),
+                    message: format!("{instance} still {} in target group {arn} after {:?}", state.unwrap_or_default(), opts.drain_timeout),
+                });
+            }
+            if state.as_deref() != Some("draining") {
+                log(&format!("{asg}: deregistering {instance} from target group {arn}"));
+                Box::pin(t.elb.deregister_targets().target_group_arn(&arn).targets(target()).send()).await.map_err(|e| api("DeregisterTargets", &arn, e))?;
+            }
+            tokio::time::sleep(opts.eviction_retry).await;
+        }
+    }
+    Ok(())
 }
 
 /// Wait (bounded) until the group has its desired number of InService, healthy instances.
@@ -520,6 +573,23 @@ mod tests {
     }
     fn bad(p: &str) -> Result<Vec<String>, String> {
         Ok(vec![p.to_string()])
+    }
+
+    #[test]
+    fn the_only_api_server_stays_in_its_load_balancer() {
+        let cases = [
+            (Role::ControlPlane, 3, true),
+            (Role::ControlPlane, 1, false),
+            (Role::ApiServer, 1, false),
+            (Role::ApiServer, 2, true),
+            (Role::Node, 1, true),
+            (Role::Bastion, 1, true),
+        ];
+        for (role, members, want) in cases {
+            assert_eq!(deregister_allowed(role, members), want, "{role:?} with {members} API members");
+        }
+        assert!(still_serving(Some("healthy")) && still_serving(Some("draining")) && still_serving(Some("initial")));
+        assert!(!still_serving(Some("unused")) && !still_serving(None));
     }
 
     #[test]

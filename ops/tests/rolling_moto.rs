@@ -24,6 +24,7 @@ fn fast() -> RollingOptions {
         validate_tick: Duration::from_millis(50),
         validate_success_pause: Duration::ZERO,
         validation_timeout: Duration::from_secs(20),
+        eviction_retry: Duration::from_millis(20),
         ..Default::default()
     }
 }
@@ -291,6 +292,11 @@ async fn control_planes_roll_one_at_a_time() {
     let done = instances::status(&t, &m2, &fast.selection()).await.expect("status");
     assert!(done.iter().all(|g| g.outdated().is_empty()), "{}", instances::render(&done));
     assert_eq!(ids(&done)[3], ids(&before)[3], "nodes untouched");
+    // Each control plane left the API load balancer's target group before it was terminated.
+    let writes = cloud_resources::aws::write_calls(&t.counter);
+    assert!(log.iter().any(|l| l.contains("deregistering")), "{log:?}");
+    let deregistered = writes.iter().filter(|(k, _)| k.ends_with("DeregisterTargets")).map(|(_, n)| *n).sum::<u64>();
+    assert_eq!(deregistered, 3, "{writes:?}");
 }
 
 /// Surge (spec.rollingUpdate.maxSurge): the surged instance is detached and tagged, its
