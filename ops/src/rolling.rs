@@ -355,13 +355,7 @@ pub async fn roll(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions, lo
                 detached.extend(fresh.iter().map(|s| s.to_string()));
                 Box::pin(wait_for_capacity(t, g, &lt, opts)).await?;
                 tokio::time::sleep(opts.interval(g.role)).await;
-                if let Some(h) = health {
-                    match verdict(g.role, Box::pin(validate_until(h, g, opts.validate_count, opts, log)).await, opts.fail_on_validate_error) {
-                        Verdict::Proceed => {}
-                        Verdict::Warn(p) => log(&format!("{}: the cluster does not validate, going on (--fail-on-validate-error=false): {p}", g.group)),
-                        Verdict::Stop(message) => return Err(RollingError::Validation { group: g.group.clone(), instance: fresh.join(","), message }),
-                    }
-                }
+                Box::pin(validate_after(health, g, &fresh.join(","), opts, log)).await?;
             }
         }
         if !settings.drain_and_terminate {
@@ -395,13 +389,7 @@ pub async fn roll(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions, lo
                 Box::pin(t.ec2.terminate_instances().instance_ids(&inst.id).send()).await.map_err(|e| api("TerminateInstances", &inst.id, e))?;
                 log(&format!("{}: terminated detached {}", g.group, inst.id));
                 tokio::time::sleep(opts.interval(g.role)).await;
-                if let (Some(h), false) = (health, g.role == Role::Bastion) {
-                    match verdict(g.role, Box::pin(validate_until(h, g, opts.validate_count, opts, log)).await, opts.fail_on_validate_error) {
-                        Verdict::Proceed => {}
-                        Verdict::Warn(p) => log(&format!("{}: the cluster does not validate, going on (--fail-on-validate-error=false): {p}", g.group)),
-                        Verdict::Stop(message) => return Err(RollingError::Validation { group: g.group.clone(), instance: inst.id.clone(), message }),
-                    }
-                }
+                Box::pin(validate_after(health, g, &inst.id, opts, log)).await?;
                 report.replaced.push((g.group.clone(), inst.id.clone(), String::new()));
                 continue;
             }
@@ -412,17 +400,31 @@ pub async fn roll(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions, lo
             let replacement = Box::pin(wait_for_replacement(t, g, &lt, &inst.id, &before, opts)).await?;
             log(&format!("{}: {} is InService", g.group, replacement));
             tokio::time::sleep(opts.interval(g.role)).await;
-            if let (Some(h), false) = (health, g.role == Role::Bastion) {
-                match verdict(g.role, Box::pin(validate_until(h, g, opts.validate_count, opts, log)).await, opts.fail_on_validate_error) {
-                    Verdict::Proceed => {}
-                    Verdict::Warn(p) => log(&format!("{}: the cluster does not validate, going on (--fail-on-validate-error=false): {p}", g.group)),
-                    Verdict::Stop(message) => return Err(RollingError::Validation { group: g.group.clone(), instance: inst.id.clone(), message }),
-                }
-            }
+            Box::pin(validate_after(health, g, &inst.id, opts, log)).await?;
             report.replaced.push((g.group.clone(), inst.id.clone(), replacement));
         }
     }
     Ok(report)
+}
+
+/// After a change to `g` (`instance` detached or replaced): validate `--validate-count` times and
+/// decide (bastions are not part of the cluster and are not validated).
+async fn validate_after(
+    health: Option<&dyn ClusterHealth>,
+    g: &GroupStatus,
+    instance: &str,
+    opts: &RollingOptions,
+    log: &mut (dyn FnMut(&str) + Send),
+) -> Result<(), RollingError> {
+    let Some(h) = health.filter(|_| g.role != Role::Bastion) else { return Ok(()) };
+    match verdict(g.role, validate_until(h, g, opts.validate_count, opts, log).await, opts.fail_on_validate_error) {
+        Verdict::Proceed => Ok(()),
+        Verdict::Warn(p) => {
+            log(&format!("{}: the cluster does not validate, going on (--fail-on-validate-error=false): {p}", g.group));
+            Ok(())
+        }
+        Verdict::Stop(message) => Err(RollingError::Validation { group: g.group.clone(), instance: instance.to_string(), message }),
+    }
 }
 
 /// Whether an instance of a group of `role` leaves its load balancers before its drain: always,
