@@ -77,8 +77,21 @@ pub fn sync_dir(dir: &Path) -> Result<(), FsError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(fs_err(dir))
 }
 
-/// Atomically replace `path` with `contents` at `mode`.
+/// Atomically replace `path` with `contents` at `mode`, durably: the file and its directory are
+/// synced before this returns.
 pub fn write_atomic(path: &Path, contents: &[u8], mode: u32, owner: Owner) -> Result<(), FsError> {
+    replace(path, contents, mode, owner, true)?;
+    sync_dir(parent_of(path))
+}
+
+/// Atomically replace `path` with `contents` at `mode` — a reader sees the old file or the new one,
+/// never half of it — without syncing: for output that is rebuilt on demand, where the caller syncs
+/// once at the end if at all ([`crate::Tree::write_to`]).
+pub fn write_atomic_unsynced(path: &Path, contents: &[u8], mode: u32) -> Result<(), FsError> {
+    replace(path, contents, mode, None, false)
+}
+
+fn replace(path: &Path, contents: &[u8], mode: u32, owner: Owner, sync: bool) -> Result<(), FsError> {
     let dir = parent_of(path);
     ensure_dir(dir)?;
     let tmp = temp_path_for(path);
@@ -90,14 +103,15 @@ pub fn write_atomic(path: &Path, contents: &[u8], mode: u32, owner: Owner) -> Re
         if let Some((uid, gid)) = owner {
             std::os::unix::fs::fchown(&f, Some(uid), Some(gid)).map_err(fs_err(&tmp))?;
         }
-        f.sync_all().map_err(fs_err(&tmp))?;
+        if sync {
+            f.sync_all().map_err(fs_err(&tmp))?;
+        }
         fs::rename(&tmp, path).map_err(fs_err(path))
     })();
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
     }
-    result?;
-    sync_dir(dir)
+    result
 }
 
 /// Atomically make `path` a hard link to `source` (or a copy when they are on different

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use spec_compiler::userdata::NodeupAsset;
 use spec_compiler::versions::Arch;
 
+#[cfg(feature = "cloud")]
 pub fn parse_nodeup_assets(items: &[String]) -> anyhow::Result<BTreeMap<Arch, NodeupAsset>> {
     parse_arch_assets("--nodeup-asset", items)
 }

@@ -19,7 +19,8 @@ use std::collections::BTreeMap;
 
 use keelson_api::{ClusterSpec, Role};
 
-use crate::model::{IngressRule, RuleSource};
+use crate::aws::{IngressRule, RuleSource};
+use crate::tasks::Link;
 
 /// How the API is reached: directly, or through the load balancer (whose group, when apply
 /// manages it, is the only source admitted on 443; `None` with `securityGroupOverride`).
@@ -100,20 +101,20 @@ pub fn role_ingress(cluster: &str, spec: &ClusterSpec, roles: &[Role], api: &Api
     for &role in roles {
         let name = group(role);
         let rule = |protocol: &str, from_port: i32, to_port: i32, source: RuleSource| IngressRule {
-            group: name.clone(),
+            group: Link::to(name.clone()),
             protocol: protocol.into(),
             from_port,
             to_port,
             source,
         };
-        let all_from = |g: &String| rule("all", -1, -1, RuleSource::Group(g.clone()));
+        let all_from = |g: &String| rule("all", -1, -1, RuleSource::Group(Link::to(g.clone())));
         let ssh_from = |source: RuleSource| rule("tcp", SSH_PORT, SSH_PORT, source);
         let mut ingress = Vec::new();
         match role {
             Role::ControlPlane | Role::ApiServer => {
                 ingress.extend(control_planes.iter().map(all_from));
                 for n in &nodes {
-                    let from = RuleSource::Group(n.clone());
+                    let from = RuleSource::Group(Link::to(n.clone()));
                     if vpc_native {
                         ingress.push(all_from(n));
                         continue;
@@ -126,7 +127,7 @@ pub fn role_ingress(cluster: &str, spec: &ClusterSpec, roles: &[Role], api: &Api
                 }
                 match api {
                     ApiAccess::Direct => ingress.extend(api_cidrs.iter().map(|c| rule("tcp", API_PORT, API_PORT, RuleSource::Cidr(c.clone())))),
-                    ApiAccess::LoadBalancer { group: Some(lb) } => ingress.push(rule("tcp", API_PORT, API_PORT, RuleSource::Group(lb.clone()))),
+                    ApiAccess::LoadBalancer { group: Some(lb) } => ingress.push(rule("tcp", API_PORT, API_PORT, RuleSource::Group(Link::to(lb.clone())))),
                     ApiAccess::LoadBalancer { group: None } => {}
                 }
             }
@@ -138,7 +139,7 @@ pub fn role_ingress(cluster: &str, spec: &ClusterSpec, roles: &[Role], api: &Api
             }
         }
         if role != Role::Bastion {
-            ingress.extend(bastions.iter().map(|b| ssh_from(RuleSource::Group(b.clone()))));
+            ingress.extend(bastions.iter().map(|b| ssh_from(RuleSource::Group(Link::to(b.clone())))));
             if bastions.is_empty() {
                 ingress.extend(ssh.iter().map(|c| ssh_from(RuleSource::Cidr(c.clone()))));
             }

@@ -17,7 +17,13 @@ use serde_json::{json, Value};
 
 use keelson_api::Role;
 
-use super::model::IamRole;
+/// What an instance role's inline policy is generated from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InstanceRolePolicy {
+    pub role: Role,
+    /// `spec.additionalPolicies` statements for this role, appended to the generated policy.
+    pub additional_statements: Vec<Value>,
+}
 
 /// What the documents depend on, taken from the completed spec.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -127,7 +133,7 @@ fn statement(actions: &[&str], resources: Value, condition: Option<Value>) -> Va
 
 /// The role's inline policy; `None` when it has no statements (then none is attached).
 /// `zone_id` is the hosted zone protokube writes to (control plane only).
-pub fn policy(role: &IamRole, p: &PolicyInputs, zone_id: Option<&str>) -> Option<Value> {
+pub fn policy(role: &InstanceRolePolicy, p: &PolicyInputs, zone_id: Option<&str>) -> Option<Value> {
     let mut statements = match role.role {
         Role::ControlPlane => control_plane(p, zone_id),
         Role::ApiServer => api_server(p),
@@ -371,10 +377,9 @@ fn control_plane(p: &PolicyInputs, zone_id: Option<&str>) -> Vec<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
 
-    fn role(r: Role) -> IamRole {
-        IamRole { name: "x".into(), role: r, managed_policies: vec![], additional_statements: vec![], permissions_boundary: None, tags: BTreeMap::new() }
+    fn role(r: Role) -> InstanceRolePolicy {
+        InstanceRolePolicy { role: r, additional_statements: vec![] }
     }
 
     fn inputs() -> PolicyInputs {

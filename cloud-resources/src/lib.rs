@@ -1,10 +1,13 @@
 //! The cloud resources of a cluster: what `keelson apply`, `keelson delete` and `keelson
 //! rolling-update` create, change and remove.
 //!
-//! Owns: the resource model derived from a compiled cluster ([`model`]: stable kOps names and tags, no
-//! I/O), the desired-vs-actual diff and its rendering ([`plan`]), the AWS target ([`aws`]: one typed
-//! task per resource kind — discovery, field-by-field comparison, create/update/delete through the
-//! SDK), the Terraform targets ([`terraform`], [`gce`]), the IAM policies ([`iam_policy`]), the state a
+//! Owns: the cloud tasks of a compiled cluster ([`model`]: one builder per concern making the tasks,
+//! stable kOps names and tags, no I/O), what every task shares ([`tasks`]: links, fields, the one
+//! list of task types that generates every dispatch), the desired-vs-actual diff and its rendering
+//! ([`plan`]), the AWS tasks ([`aws`]: one typed task per resource kind that renders itself to the
+//! direct target — discovery, field-by-field comparison, create/update/delete through the SDK — and
+//! to Terraform), the GCE tasks ([`gce`], Terraform), the Terraform document ([`terraform`],
+//! [`terraform_json`]), the IAM policies ([`iam_policy`]), the state a
 //! cluster keeps in its store ([`state`]). Must not: compile specs (it takes the compiler's typed
 //! output), operate a running cluster (rolling updates and validation are `keelson-ops`), talk to
 //! Kubernetes, parse command lines, or guess — a missing id or an unparsable attribute is an error
@@ -17,7 +20,9 @@ pub mod iam_policy;
 pub mod model;
 pub mod plan;
 pub mod state;
+pub mod tasks;
 pub mod terraform;
+pub mod terraform_json;
 
 use base::StateStore;
 use model::ClusterModel;

@@ -155,7 +155,7 @@ async fn apply_from_nothing_creates_what_the_spec_needs_and_reapply_changes_noth
     assert_eq!(inventory(&t).await, expected_inventory());
 
     // Launch templates: IMDSv2 with the spec's hop limit, root volume, SG, profile, user-data.
-    for lt in &m.launch_templates {
+    for lt in &m.tasks.launch_templates {
         let v = t.ec2.describe_launch_template_versions().launch_template_name(&lt.name).versions("$Latest").send().await.expect("lt versions");
         let data = v.launch_template_versions()[0].launch_template_data().expect("data");
         assert_eq!(data.image_id(), Some(ami.as_str()));
@@ -605,7 +605,7 @@ async fn additional_and_compressed_user_data_reach_the_launch_templates() {
     let (m, compiled) = model_of(&docs);
     let t = moto.target(&[]).await;
     apply_once(&t, &m).await.expect("apply");
-    for lt in &m.launch_templates {
+    for lt in &m.tasks.launch_templates {
         let v = t.ec2.describe_launch_template_versions().launch_template_name(&lt.name).versions("$Latest").send().await.expect("versions");
         let b64 = v.launch_template_versions()[0].launch_template_data().and_then(|d| d.user_data()).expect("user data").to_string();
         let ud = base64::engine::general_purpose::STANDARD.decode(b64).expect("base64");

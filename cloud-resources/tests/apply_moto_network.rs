@@ -178,7 +178,7 @@ async fn private_topology_scenario() {
         } else {
             assert!(doc.contains("igconfig/node/*") && !doc.contains("route53"), "{doc}");
         }
-        for lt in m.launch_templates.iter().filter(|l| l.group.starts_with(lt_prefix)) {
+        for lt in m.tasks.launch_templates.iter().filter(|l| l.group.starts_with(lt_prefix)) {
             assert_eq!(lt.instance_profile, name);
         }
     }

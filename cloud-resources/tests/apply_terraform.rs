@@ -197,3 +197,35 @@ fn load_balancer_aliases_the_api_names_it_serves() {
     let stderr = try_render(spec.path()).expect_err("an internal balancer cannot serve api.internal");
     assert!(stderr.contains("spec.api.loadBalancer.useForInternalApi"), "{stderr}");
 }
+
+#[test]
+fn gce_etcd_labels_are_kops_encoded_and_a_label_too_long_is_refused_not_cut() {
+    let text = std::fs::read_to_string(example("gce.yaml")).expect("example");
+    // A member name with a dash: kOps escapes it (`-2d`), or its decoder would read an escape there.
+    let dashed = text.replace("    etcdMembers:\n    - name: a\n", "    etcdMembers:\n    - name: a-1\n");
+    let spec = tempfile::NamedTempFile::new().expect("tmp");
+    std::fs::write(spec.path(), &dashed).expect("write");
+    let root: Value = serde_json::from_slice(&render(spec.path()).files[MAIN_FILE]).expect("json");
+    let disks = resources(&root, "google_compute_disk");
+    assert!(disks.values().any(|d| d["labels"]["k8s-io-etcd-main"] == "a-2d1-2fa-2d1"), "{disks:?}");
+    // `<member>/<members>` encoded: 30 + 3 + 30 characters fit exactly; one more does not, and is an
+    // error naming the field, not a label cut short.
+    for (len, fits) in [(30, true), (31, false)] {
+        let long = text.replace("    etcdMembers:\n    - name: a\n", &format!("    etcdMembers:\n    - name: {}\n", "m".repeat(len)));
+        std::fs::write(spec.path(), long).expect("write");
+        assert_eq!(try_render(spec.path()).is_ok(), fits, "member name of {len} characters");
+    }
+    let e = try_render(spec.path()).map(|_| ()).expect_err("too long for a label");
+    assert!(e.contains("spec.etcdClusters[main].etcdMembers") && e.contains("63"), "{e}");
+}
+
+#[test]
+fn an_additional_security_group_must_be_an_id_and_the_error_names_the_field() {
+    let text = std::fs::read_to_string(example("minimal.yaml")).expect("example");
+    let bad = text.replacen("  machineType: t3.medium\n", "  machineType: t3.medium\n  additionalSecurityGroups: [sg-0123456789abcdef0, web]\n", 1);
+    assert_ne!(bad, text, "the example has a t3.medium group");
+    let spec = tempfile::NamedTempFile::new().expect("tmp");
+    std::fs::write(spec.path(), bad).expect("write");
+    let e = try_render(spec.path()).map(|_| ()).expect_err("a name is not an id");
+    assert!(e.contains("spec.additionalSecurityGroups[1]") && e.contains("\"web\""), "{e}");
+}

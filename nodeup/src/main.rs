@@ -58,6 +58,10 @@ struct Cli {
     /// (http://169.254.169.254), for the facts no flag gave.
     #[arg(long = "imds-url")]
     imds_url: Option<String>,
+    /// GCE metadata server (`host[:port]`); default: asked only on a live GCE host
+    /// (metadata.google.internal, or $GCE_METADATA_HOST), for the facts no flag gave.
+    #[arg(long = "gce-metadata")]
+    gce_metadata: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -101,6 +105,7 @@ fn main() -> ExitCode {
         retry_rounds: cli.retry_rounds.clamp(1, 20),
         retry_backoff: Duration::from_millis(cli.retry_backoff_ms.min(60_000)),
         imds_url: cli.imds_url,
+        gce_metadata: cli.gce_metadata,
         renewal_interval,
     };
     let outcome = match run(&opts) {

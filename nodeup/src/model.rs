@@ -52,6 +52,22 @@ pub struct Facts {
     pub region: Option<String>,
     /// The IMDS base URL (instance-role credentials for the node join); `None` off AWS.
     pub imds_url: Option<String>,
+    /// GCE: the project and the instance's name (its provider id is `gce://project/zone/name`).
+    pub project: Option<String>,
+    pub instance_name: Option<String>,
+}
+
+/// The Kubernetes provider id the kubelet registers with, from what nodeup learnt of the instance
+/// (`None` when the cloud is neither or a fact is missing: the cloud controller sets it then).
+pub fn provider_id(cloud: &str, facts: &Facts) -> Option<String> {
+    match (cloud, &facts.zone) {
+        ("aws", Some(zone)) => facts.instance_id.as_deref().map(|id| kubelet::aws_provider_id(zone, id)),
+        ("gce", Some(zone)) => match (&facts.project, &facts.instance_name) {
+            (Some(project), Some(name)) => Some(base::gce_metadata::provider_id(project, zone, name)),
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
 /// Inputs of the model.
@@ -239,10 +255,7 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         kubelet_inputs.push(file_task_name(paths::KUBELET_BOOTSTRAP_KUBECONFIG));
         kubelet_spec.bootstrap_kubeconfig = Some(paths::KUBELET_BOOTSTRAP_KUBECONFIG.into());
     }
-    let provider_id = match (&inp.facts.zone, &inp.facts.instance_id) {
-        (Some(zone), Some(id)) if aws => Some(kubelet::aws_provider_id(zone, id)),
-        _ => None,
-    };
+    let provider_id = provider_id(&inp.boot.cloud_provider, inp.facts);
     let kc = kubelet::configuration(&kubelet_spec, cc.address.as_deref(), runs_api, provider_id).map_err(render_err(paths::KUBELET_CONFIG))?;
     let kc_yaml = serde_yaml_ng::to_string(&kc).map_err(|e| render_err(paths::KUBELET_CONFIG)(e.to_string()))?;
     tasks.push(Box::new(FileTask::new(paths::KUBELET_CONFIG, kc_yaml, 0o644)));

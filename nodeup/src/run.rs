@@ -30,6 +30,8 @@ pub struct Options {
     pub retry_backoff: Duration,
     /// IMDS base URL; by default IMDS is asked only on a live AWS host (root `/`).
     pub imds_url: Option<String>,
+    /// GCE metadata server (`host[:port]`); by default asked only on a live GCE host.
+    pub gce_metadata: Option<String>,
     /// How often a worker runs nodeup again to renew its certificates ([`RENEWAL_INTERVAL`]).
     pub renewal_interval: Duration,
 }
@@ -80,9 +82,20 @@ pub fn run(opts: &Options) -> anyhow::Result<Outcome> {
         zone: opts.zone.clone(),
         region: opts.region.clone(),
         imds_url: None,
+        project: None,
+        instance_name: None,
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the I/O runtime")?;
     // Instance facts: flags win; then IMDSv2 on a live AWS host (or when --imds-url is given).
+    // On GCE: the metadata server (flags still win).
+    let gce_metadata =
+        opts.gce_metadata.clone().or_else(|| (host.is_live() && boot.cloud_provider == "gce").then(|| base::gce_metadata::DEFAULT_HOST.to_string()));
+    if let Some(host) = &gce_metadata {
+        let md = base::gce_metadata::GceMetadata::new(Some(host), opts.http_timeout)?;
+        runtime
+            .block_on(fill_gce_facts(&md, &mut facts))
+            .context("reading instance facts from the GCE metadata server (override with --hostname, --internal-ip, --zone)")?;
+    }
     let imds_url = opts.imds_url.clone().or_else(|| (host.is_live() && boot.cloud_provider == "aws").then(|| base::imds::DEFAULT_BASE_URL.to_string()));
     facts.imds_url = imds_url.clone();
     if let Some(url) = &imds_url {
@@ -138,6 +151,24 @@ pub fn run(opts: &Options) -> anyhow::Result<Outcome> {
 }
 
 /// Fill the facts the flags left unset from instance metadata.
+/// The facts no flag gave, from the GCE metadata server; the node name is the first label of the
+/// instance's hostname (as kOps names GCE nodes).
+pub async fn fill_gce_facts(md: &base::gce_metadata::GceMetadata, facts: &mut Facts) -> Result<(), base::gce_metadata::GceMetadataError> {
+    let i = md.instance().await?;
+    facts.zone.get_or_insert(i.zone.clone());
+    facts.region.get_or_insert_with(|| i.zone.rsplit_once('-').map(|(r, _)| r.to_string()).unwrap_or_else(|| i.zone.clone()));
+    facts.instance_id.get_or_insert(i.id);
+    facts.project.get_or_insert(i.project);
+    facts.instance_name.get_or_insert(i.name);
+    if facts.internal_ip.is_none() {
+        facts.internal_ip = i.internal_ip.parse().ok();
+    }
+    if facts.hostname.is_empty() {
+        facts.hostname = base::gce_metadata::node_name(&i.hostname).to_string();
+    }
+    Ok(())
+}
+
 async fn fill_facts(imds: &base::imds::Imds, facts: &mut Facts) -> Result<(), base::imds::ImdsError> {
     use base::imds::InstanceMetadata as _;
     let get = |path: &'static str| async move { imds.get(path).await.map(|v| v.map(|s| s.trim().to_string())) };

@@ -100,10 +100,10 @@ pub fn select<'a>(groups: impl IntoIterator<Item = (&'a str, &'a str, Role)>, op
 
 /// The cluster's groups (those in the spec, in replacement order) with their instances.
 pub async fn status(t: &AwsTarget, model: &ClusterModel, opts: &Selection) -> Result<Vec<GroupStatus>, InstancesError> {
-    let wanted = select(model.groups.iter().map(|g| (g.name.as_str(), g.group.as_str(), g.role)), opts)?;
+    let wanted = select(model.tasks.groups.iter().map(|g| (g.name.as_str(), g.group.as_str(), g.role)), opts)?;
     let mut out = Vec::new();
     for (name, _, _) in wanted {
-        let Some(g) = model.groups.iter().find(|g| g.name == name) else { continue };
+        let Some(g) = model.tasks.groups.iter().find(|g| g.name == name) else { continue };
         if let Some(s) = group_status(t, &g.name, &g.group, g.role, &g.launch_template, opts.force).await? {
             out.push(s);
         }

@@ -287,14 +287,14 @@ pub async fn roll(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions, lo
     }
     // Members that serve the API (kOps: with only one, it is not taken out of the load balancer
     // before its drain, or the drain could not reach the API).
-    let api_members: i64 = model.groups.iter().filter(|g| matches!(g.role, Role::ControlPlane | Role::ApiServer)).map(|g| g.min_size).sum();
+    let api_members: i64 = model.tasks.groups.iter().filter(|g| matches!(g.role, Role::ControlPlane | Role::ApiServer)).map(|g| g.min_size).sum();
     let mut report = RollReport::default();
     for g in &groups {
         let update: Vec<&InstanceStatus> = g.outdated();
         if update.is_empty() {
             continue;
         }
-        let lt = model.groups.iter().find(|m| m.name == g.name).map(|m| m.launch_template.clone()).unwrap_or_default();
+        let lt = model.tasks.groups.iter().find(|m| m.name == g.name).map(|m| m.launch_template.clone()).unwrap_or_default();
         // Validate before touching the group (bastions are not part of the cluster).
         if let (Some(h), false) = (health, g.role == Role::Bastion) {
             match verdict(g.role, Box::pin(validate_until(h, g, 1, opts, log)).await, opts.fail_on_validate_error) {

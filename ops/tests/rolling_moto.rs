@@ -148,7 +148,7 @@ async fn outdated_instances_are_replaced() {
 
     // A version made by hand (3, the template's latest but not what the group pins) changes nothing;
     // pinning the group back to version 1 makes every instance on 2 outdated.
-    let lt_name = m2.groups.iter().find(|g| g.group == "nodes-us-east-1a").expect("nodes").launch_template.clone();
+    let lt_name = m2.tasks.groups.iter().find(|g| g.group == "nodes-us-east-1a").expect("nodes").launch_template.name().to_string();
     t.ec2
         .create_launch_template_version()
         .launch_template_name(&lt_name)
@@ -160,7 +160,7 @@ async fn outdated_instances_are_replaced() {
     let status = instances::status(&t, &m2, &fast.selection()).await.expect("status");
     assert!(status.iter().all(|g| g.outdated().is_empty()), "latest is 3, the group pins 2: {}", instances::render(&status));
     assert_eq!(status[1].target_version, "2");
-    let asg_name = m2.groups.iter().find(|g| g.group == "nodes-us-east-1a").expect("nodes").name.clone();
+    let asg_name = m2.tasks.groups.iter().find(|g| g.group == "nodes-us-east-1a").expect("nodes").name.clone();
     let pin = |v: &str| {
         t.asg
             .update_auto_scaling_group()

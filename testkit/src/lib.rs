@@ -5,6 +5,8 @@
 //! ([`mirror`]). Must not: be a dependency of a product crate, or reach anything but 127.0.0.0/8 and
 //! the network namespaces the tests create.
 
+pub mod fake_gcs;
+pub mod gce_metadata;
 pub mod golden;
 pub mod httpd;
 pub mod imds;

@@ -16,6 +16,11 @@ pub enum ConfigBase {
         bucket: String,
         prefix: String,
     },
+    /// `gs://bucket/prefix`: Cloud Storage.
+    Gcs {
+        bucket: String,
+        prefix: String,
+    },
 }
 
 impl FromStr for ConfigBase {
@@ -38,6 +43,12 @@ impl FromStr for ConfigBase {
                 return Ok(ConfigBase::S3 { bucket: bucket.to_string(), prefix: prefix.trim_matches('/').to_string() });
             }
         }
+        if let Some(rest) = base.strip_prefix("gs://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if !bucket.is_empty() {
+                return Ok(ConfigBase::Gcs { bucket: bucket.to_string(), prefix: prefix.trim_matches('/').to_string() });
+            }
+        }
         Err(StoreError::Scheme { base: text.to_string() })
     }
 }
@@ -49,6 +60,8 @@ impl fmt::Display for ConfigBase {
             ConfigBase::Http(u) => f.write_str(u),
             ConfigBase::S3 { bucket, prefix } if prefix.is_empty() => write!(f, "s3://{bucket}"),
             ConfigBase::S3 { bucket, prefix } => write!(f, "s3://{bucket}/{prefix}"),
+            ConfigBase::Gcs { bucket, prefix } if prefix.is_empty() => write!(f, "gs://{bucket}"),
+            ConfigBase::Gcs { bucket, prefix } => write!(f, "gs://{bucket}/{prefix}"),
         }
     }
 }
@@ -59,8 +72,7 @@ impl ConfigBase {
         format!("{self}/{}", rel.trim_start_matches('/'))
     }
 
-    /// The object key of `rel` under an S3 prefix.
-    #[cfg_attr(not(feature = "aws"), allow(dead_code))]
+    /// The object key of `rel` under a bucket prefix (S3, Cloud Storage).
     pub(super) fn s3_key(prefix: &str, rel: &str) -> String {
         let rel = rel.trim_start_matches('/');
         if prefix.is_empty() {
@@ -89,7 +101,9 @@ mod tests {
             assert_eq!(got, want, "{text}");
             assert_eq!(got.to_string(), shown);
         }
-        for bad in ["gs://b/x", "s3://", "relative/dir", ""] {
+        assert_eq!("gs://b/c/x/".parse::<ConfigBase>().expect("gs"), ConfigBase::Gcs { bucket: "b".into(), prefix: "c/x".into() });
+        assert_eq!("gs://b/c".parse::<ConfigBase>().expect("gs").to_string(), "gs://b/c");
+        for bad in ["gs://", "gs:///x", "s3://", "relative/dir", ""] {
             assert!(matches!(bad.parse::<ConfigBase>(), Err(StoreError::Scheme { .. })), "{bad}");
         }
         assert_eq!(ConfigBase::s3_key("p", "/a/b"), "p/a/b");

@@ -5,7 +5,8 @@ use super::{Backend, StateStore, StoreError, LOCK_FILE};
 
 impl StateStore {
     /// Take the cluster lock for `operation`, or fail naming who holds it. Creation is atomic:
-    /// `O_EXCL` for `file://`, a conditional PUT (`If-None-Match: *`) for `s3://`.
+    /// `O_EXCL` for `file://`, a conditional PUT (`If-None-Match: *`) for `s3://`, a create with
+    /// `ifGenerationMatch=0` for `gs://`.
     pub async fn lock(&self, operation: &str) -> Result<StoreLock, StoreError> {
         let content = lock_content(operation);
         let held = match &self.backend {
@@ -13,6 +14,7 @@ impl StateStore {
             Backend::Http(_) => return Err(self.read_only("lock")),
             #[cfg(feature = "aws")]
             Backend::S3(s3) => s3.create_exclusive(LOCK_FILE, &content).await?,
+            Backend::Gcs(g) => g.create_exclusive(LOCK_FILE, &content).await?,
         };
         if let Some(holder) = held {
             return Err(StoreError::Locked { store: self.base.to_string(), holder: describe_holder(&holder) });

@@ -1,16 +1,18 @@
-//! The state store at `ConfigBase`: `file://` (or a plain absolute path), `http(s)://` (read-only)
-//! and `s3://bucket/prefix` (feature `aws`, through `aws-sdk-s3`). Keys are relative to the base
+//! The state store at `ConfigBase`: `file://` (or a plain absolute path), `http(s)://` (read-only),
+//! `s3://bucket/prefix` (feature `aws`, through `aws-sdk-s3`) and `gs://bucket/prefix` (the Cloud
+//! Storage JSON API). Keys are relative to the base
 //! (`igconfig/node/nodes/nodeupconfig.yaml`, `pki/private/kubernetes-ca/keyset.yaml`).
 //!
 //! Reads return `Ok(None)` for a key that does not exist; every other failure is an error that names
 //! the object. Writes to `file://` are atomic ([`crate::fs::write_atomic`]); the cluster lock is an
 //! exclusive create (`O_EXCL`, or a conditional PUT on S3).
 //!
-//! One backend per module behind one enum ([`Backend`]): `file`, `http`, `s3`; [`StateStore`]
+//! One backend per module behind one enum ([`Backend`]): `file`, `http`, `s3`, `gcs`; [`StateStore`]
 //! dispatches to them and keeps what is the same for all (`digest`, `download`, `list`, the lock).
 
 mod config_base;
 mod file;
+mod gcs;
 mod http;
 mod lock;
 #[cfg(feature = "aws")]
@@ -21,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use config_base::ConfigBase;
+pub use gcs::GcsEndpoints;
 pub use lock::StoreLock;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -28,7 +31,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Why a state-store operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("ConfigBase {base:?}: unsupported scheme (file://, http://, https://, s3://)")]
+    #[error("ConfigBase {base:?}: unsupported scheme (file://, http://, https://, s3://, gs://)")]
     Scheme { base: String },
     #[error("ConfigBase {base}: s3:// needs the AWS SDK (this build has no S3 client)")]
     NoS3 { base: String },
@@ -57,6 +60,8 @@ pub enum StoreError {
         #[source]
         source: BoxError,
     },
+    #[error("gs://{bucket}/{name}: {op}: {message}")]
+    Gcs { op: &'static str, bucket: String, name: String, message: String },
     #[error("{url}: not found in the state store")]
     Missing { url: String },
     #[error(
@@ -76,6 +81,7 @@ enum Backend {
     Http(http::HttpStore),
     #[cfg(feature = "aws")]
     S3(s3::S3Store),
+    Gcs(gcs::GcsStore),
 }
 
 /// The part size of S3 uploads from files: a file larger than one part goes up as a multipart
@@ -98,6 +104,7 @@ impl StateStore {
             ConfigBase::File(p) => Backend::File(file::FileStore::new(p.clone())),
             ConfigBase::Http(url) => Backend::Http(http::HttpStore::new(url, timeout)?),
             ConfigBase::S3 { .. } => return Err(StoreError::NoS3 { base: base.to_string() }),
+            ConfigBase::Gcs { bucket, prefix } => Backend::Gcs(gcs::GcsStore::new(bucket, prefix, GcsEndpoints::from_env(), timeout)?),
         };
         Ok(StateStore { base: base.clone(), backend, part_size: DEFAULT_PART_SIZE })
     }
@@ -156,6 +163,7 @@ impl StateStore {
             Backend::Http(h) => h.get(&self.url(rel)).await,
             #[cfg(feature = "aws")]
             Backend::S3(s3) => s3.get(rel).await,
+            Backend::Gcs(g) => g.get(rel).await,
         }
     }
 
@@ -171,6 +179,7 @@ impl StateStore {
             Backend::Http(_) => Err(self.read_only("write")),
             #[cfg(feature = "aws")]
             Backend::S3(s3) => s3.put(rel, bytes).await,
+            Backend::Gcs(g) => g.put(rel, bytes).await,
         }
     }
 
@@ -181,6 +190,7 @@ impl StateStore {
             Backend::Http(_) => Err(self.read_only("delete")),
             #[cfg(feature = "aws")]
             Backend::S3(s3) => s3.delete(rel).await,
+            Backend::Gcs(g) => g.delete(rel).await,
         }
     }
 
@@ -192,6 +202,7 @@ impl StateStore {
             Backend::Http(_) => Err(self.read_only("write")),
             #[cfg(feature = "aws")]
             Backend::S3(s3) => s3.put_file(rel, source, self.part_size).await,
+            Backend::Gcs(g) => g.put_file(rel, source, self.part_size).await,
         }
     }
 
@@ -203,6 +214,7 @@ impl StateStore {
             Backend::Http(h) => h.read_chunks(&self.url(rel), &mut sink).await,
             #[cfg(feature = "aws")]
             Backend::S3(s3) => s3.read_chunks(rel, &mut sink).await,
+            Backend::Gcs(g) => g.read_chunks(rel, &mut sink).await,
         }
     }
 
@@ -269,6 +281,7 @@ impl StateStore {
             Backend::Http(_) => Err(self.read_only("list")),
             #[cfg(feature = "aws")]
             Backend::S3(s3) => s3.list_modified(rel_prefix).await,
+            Backend::Gcs(g) => g.list_modified(rel_prefix).await,
         }
     }
 }

@@ -1,44 +1,76 @@
 //! Autoscaling groups: one per instance group, pinned to an explicit launch-template version (as
 //! kOps does), so instances say which version they run.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use aws_sdk_autoscaling::types as asg_t;
+use keelson_api::Role;
+use serde_json::{json, Value};
 
-use super::task::{actual_id, joined, typed, Fields, Task};
-use super::{api, ids_for, name_of, AwsError, AwsTarget, Discovered, Ids, MAX_PAGES};
+use super::launch_template::LaunchTemplate;
+use super::load_balancer::TargetGroup;
+use super::network::Subnet;
+use super::task::{AwsFuture, AwsTask, Exec, Typed};
+use super::terraform::AwsTerraform;
+use super::{api, name_of, resolve_all, AwsError, AwsTarget, Discovered, Ids, Resolved, MAX_PAGES};
 use crate::model::ClusterModel;
-use crate::plan::{Action, Change, Resource};
+use crate::plan::{Action, Change, Kind};
+use crate::tasks::{joined_links, Fields, Link};
 
-/// `mixedInstancesPolicy` (the model's type: AWS defaults filled in so what exists compares equal).
-pub use crate::model::MixedInstances as Mixed;
+/// `mixedInstancesPolicy`: several instance types, on-demand base and percentage, spot strategy.
+/// AWS defaults are filled in so what exists compares equal to what is wanted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mixed {
+    pub instance_types: Vec<String>,
+    pub on_demand_allocation_strategy: String,
+    pub on_demand_base: i64,
+    pub on_demand_above_base: i64,
+    pub spot_allocation_strategy: String,
+    /// Only for `lowest-price`.
+    pub spot_instance_pools: Option<i64>,
+    pub spot_max_price: Option<String>,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AutoscalingGroup {
     pub name: String,
+    /// The instance group and its role (not compared; read from the tags when found).
+    pub group: String,
+    pub role: Role,
     pub min_size: i64,
     pub max_size: i64,
-    pub launch_template: String,
+    pub launch_template: Link<LaunchTemplate>,
     /// The pinned version: the one that exists, or the next when the plan changes the template
     /// ([`super::pin_versions`]); unknown before planning.
     pub launch_template_version: Option<i64>,
-    /// Subnet names (or ids the spec gives).
-    pub subnets: BTreeSet<String>,
-    /// Target group names (or ARNs the spec gives).
-    pub target_groups: BTreeSet<String>,
+    /// Its subnets (in the spec's order).
+    pub subnets: Vec<Link<Subnet>>,
+    /// Target groups the group's instances register with (the API load balancer's for
+    /// control-plane groups).
+    pub target_groups: Vec<Link<TargetGroup>>,
     pub mixed: Option<Mixed>,
+    /// Tags propagated at launch.
     pub tags: BTreeMap<String, String>,
 }
 
-impl AutoscalingGroup {
-    pub fn fields(&self, f: &mut Fields) {
+impl AwsTask for AutoscalingGroup {
+    fn kind(&self) -> Kind {
+        Kind::AutoscalingGroup
+    }
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+    fn tags(&self) -> BTreeMap<String, String> {
+        self.tags.clone()
+    }
+    fn fields(&self, f: &mut Fields) {
         f.set("min_size", self.min_size)
             .set("max_size", self.max_size)
             .set("launch_template", &self.launch_template)
             .opt("launch_template_version", self.launch_template_version)
-            .set("subnets", joined(&self.subnets));
+            .set("subnets", joined_links(&self.subnets));
         if !self.target_groups.is_empty() {
-            f.set("target_groups", joined(&self.target_groups));
+            f.set("target_groups", joined_links(&self.target_groups));
         }
         if let Some(m) = &self.mixed {
             f.set("mixed.instance_types", m.instance_types.join(","))
@@ -50,22 +82,135 @@ impl AutoscalingGroup {
                 .opt("mixed.spot_max_price", m.spot_max_price.as_ref());
         }
     }
-}
-
-pub fn desired(model: &ClusterModel, out: &mut Vec<Resource>) {
-    for g in &model.groups {
-        let task = AutoscalingGroup {
-            name: g.name.clone(),
-            min_size: g.min_size,
-            max_size: g.max_size,
-            launch_template: g.launch_template.clone(),
-            launch_template_version: None,
-            subnets: g.subnets.iter().cloned().collect(),
-            target_groups: g.target_groups.iter().cloned().collect(),
-            mixed: g.mixed.clone(),
-            tags: g.tags.clone(),
-        };
-        out.push(Task::AutoscalingGroup(task).view(None));
+    fn find<'a>(t: &'a AwsTarget, model: &'a ClusterModel, _resolved: &'a Resolved, d: &'a mut Discovered) -> AwsFuture<'a> {
+        Box::pin(discover(t, model, d))
+    }
+    fn render_terraform(&self, t: &mut AwsTerraform) {
+        let tags: Vec<Value> = self.tags.iter().map(|(k, v)| json!({"key": k, "value": v, "propagate_at_launch": true})).collect();
+        let (lt_id, lt_version) = (self.launch_template.tf_attr("id"), self.launch_template.tf_attr("latest_version"));
+        let mut body = json!({
+            "name": self.name,
+            "min_size": self.min_size,
+            "max_size": self.max_size,
+            "vpc_zone_identifier": self.subnets.iter().map(|s| s.tf()).collect::<Vec<_>>(),
+            "launch_template": {"id": lt_id, "version": lt_version},
+            "tag": tags,
+        });
+        if let Some(m) = &self.mixed {
+            if let Some(o) = body.as_object_mut() {
+                o.remove("launch_template");
+            }
+            let mut distribution = json!({
+                "on_demand_allocation_strategy": m.on_demand_allocation_strategy,
+                "on_demand_base_capacity": m.on_demand_base,
+                "on_demand_percentage_above_base_capacity": m.on_demand_above_base,
+                "spot_allocation_strategy": m.spot_allocation_strategy,
+            });
+            if let Some(p) = m.spot_instance_pools {
+                distribution["spot_instance_pools"] = json!(p);
+            }
+            if let Some(p) = &m.spot_max_price {
+                distribution["spot_max_price"] = json!(p);
+            }
+            body["mixed_instances_policy"] = json!({
+                "launch_template": {
+                    "launch_template_specification": {"launch_template_id": lt_id, "version": lt_version},
+                    "override": m.instance_types.iter().map(|t| json!({"instance_type": t})).collect::<Vec<_>>(),
+                },
+                "instances_distribution": distribution,
+            });
+        }
+        if !self.target_groups.is_empty() {
+            body["target_group_arns"] = json!(self.target_groups.iter().map(|tg| tg.tf()).collect::<Vec<_>>());
+        }
+        t.blocks.add("aws_autoscaling_group", &self.name, body);
+    }
+    fn render_aws<'a>(&'a self, cx: Exec<'a>, c: &'a Change) -> AwsFuture<'a> {
+        Box::pin(async move {
+            let c = Typed::<AutoscalingGroup>::of(c);
+            let (t, name, ids) = (cx.target, c.name, &*cx.ids);
+            match c.action {
+                Action::Create => {
+                    let want = c.want()?;
+                    let (lt, mixed) = t.launch_spec(ids, want)?;
+                    t.asg
+                        .create_auto_scaling_group()
+                        .auto_scaling_group_name(name)
+                        .min_size(super::i32_of(want.min_size, "AutoscalingGroup", name, "min size")?)
+                        .max_size(super::i32_of(want.max_size, "AutoscalingGroup", name, "max size")?)
+                        .set_launch_template(lt)
+                        .set_mixed_instances_policy(mixed)
+                        .vpc_zone_identifier(t.subnet_ids(ids, want)?)
+                        .set_target_group_arns(Some(target_group_arns(ids, &want.target_groups, name)?))
+                        .set_tags(Some(tags_for(name, &want.tags)))
+                        .send()
+                        .await
+                        .map_err(|e| api("CreateAutoScalingGroup", name, e))?;
+                }
+                Action::Update(fields) => {
+                    let want = c.want()?;
+                    let have = c.have()?;
+                    if c.changed("target_groups") {
+                        let want_arns = target_group_arns(ids, &want.target_groups, name)?;
+                        let have_arns = target_group_arns(ids, &have.target_groups, name)?;
+                        let attach: Vec<String> = want_arns.iter().filter(|a| !have_arns.contains(a)).cloned().collect();
+                        let detach: Vec<String> = have_arns.iter().filter(|a| !want_arns.contains(a)).cloned().collect();
+                        if !attach.is_empty() {
+                            t.asg
+                                .attach_load_balancer_target_groups()
+                                .auto_scaling_group_name(name)
+                                .set_target_group_arns(Some(attach))
+                                .send()
+                                .await
+                                .map_err(|e| api("AttachLoadBalancerTargetGroups", name, e))?;
+                        }
+                        if !detach.is_empty() {
+                            t.asg
+                                .detach_load_balancer_target_groups()
+                                .auto_scaling_group_name(name)
+                                .set_target_group_arns(Some(detach))
+                                .send()
+                                .await
+                                .map_err(|e| api("DetachLoadBalancerTargetGroups", name, e))?;
+                        }
+                    }
+                    if !fields.iter().all(|f| f.field.starts_with("tags[") || f.field == "target_groups") {
+                        let (lt, mixed) = t.launch_spec(ids, want)?;
+                        t.asg
+                            .update_auto_scaling_group()
+                            .auto_scaling_group_name(name)
+                            .min_size(super::i32_of(want.min_size, "AutoscalingGroup", name, "min size")?)
+                            .max_size(super::i32_of(want.max_size, "AutoscalingGroup", name, "max size")?)
+                            .set_launch_template(lt)
+                            .set_mixed_instances_policy(mixed)
+                            .vpc_zone_identifier(t.subnet_ids(ids, want)?)
+                            .send()
+                            .await
+                            .map_err(|e| api("UpdateAutoScalingGroup", name, e))?;
+                    }
+                    if c.tags_changed() {
+                        t.asg
+                            .create_or_update_tags()
+                            .set_tags(Some(tags_for(name, &want.tags)))
+                            .send()
+                            .await
+                            .map_err(|e| api("CreateOrUpdateTags", name, e))?;
+                    }
+                }
+                Action::Delete => {
+                    let name = c.id()?;
+                    t.asg
+                        .delete_auto_scaling_group()
+                        .auto_scaling_group_name(&name)
+                        .force_delete(true)
+                        .send()
+                        .await
+                        .map_err(|e| api("DeleteAutoScalingGroup", &name, e))?;
+                    t.wait_asg_gone(&name).await?;
+                }
+            }
+            Ok(())
+        })
     }
 }
 
@@ -73,7 +218,7 @@ fn missing(name: &str, what: &str) -> AwsError {
     AwsError::Missing { kind: "AutoscalingGroup", name: name.to_string(), message: format!("the API returned no {what}") }
 }
 
-pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
+async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
     let cluster = &model.cluster;
     let mut token: Option<String> = None;
     for _ in 0..MAX_PAGES {
@@ -98,7 +243,7 @@ pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -
             let task = AutoscalingGroup {
                 min_size: g.min_size().map(i64::from).ok_or_else(|| missing(&name, "MinSize"))?,
                 max_size: g.max_size().map(i64::from).ok_or_else(|| missing(&name, "MaxSize"))?,
-                launch_template: spec.and_then(|l| l.launch_template_name()).unwrap_or_default().to_string(),
+                launch_template: Link::to(spec.and_then(|l| l.launch_template_name()).unwrap_or_default()),
                 launch_template_version: lt_version,
                 subnets: g
                     .vpc_zone_identifier()
@@ -106,9 +251,9 @@ pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -
                     .split(',')
                     .map(str::trim)
                     .filter(|s| !s.is_empty())
-                    .map(|id| d.ids.subnet_name(id))
+                    .map(|id| Link::to(d.ids.subnet_name(id)))
                     .collect(),
-                target_groups: g.target_group_arns().iter().map(|arn| name_of(&d.ids.target_groups, arn)).collect(),
+                target_groups: g.target_group_arns().iter().map(|arn| Link::to(name_of(&d.ids.target_groups, arn))).collect(),
                 mixed: mixed.map(|m| {
                     let dist = m.instances_distribution();
                     Mixed {
@@ -124,10 +269,12 @@ pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -
                         spot_max_price: dist.and_then(|d| d.spot_max_price()).filter(|p| !p.is_empty()).map(str::to_string),
                     }
                 }),
-                tags,
                 name: name.clone(),
+                group: tags.get("kops.k8s.io/instancegroup").cloned().unwrap_or_default(),
+                role: role_of_tags(&tags),
+                tags,
             };
-            d.resources.push(Task::AutoscalingGroup(task).view(Some(name)));
+            d.found(task, name);
         }
         token = resp.next_token().map(str::to_string);
         if token.is_none() {
@@ -137,6 +284,16 @@ pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -
     Ok(())
 }
 
+/// The role a found group's tags name (`kops.k8s.io/instancegroup-role`; Node when they name none).
+fn role_of_tags(tags: &BTreeMap<String, String>) -> Role {
+    match tags.get("kops.k8s.io/instancegroup-role").map(String::as_str) {
+        Some("ControlPlane") => Role::ControlPlane,
+        Some("APIServer") => Role::ApiServer,
+        Some("Bastion") => Role::Bastion,
+        _ => Role::Node,
+    }
+}
+
 fn tags_for(name: &str, tags: &BTreeMap<String, String>) -> Vec<asg_t::Tag> {
     tags.iter()
         .map(|(k, v)| asg_t::Tag::builder().resource_id(name).resource_type("auto-scaling-group").key(k).value(v).propagate_at_launch(true).build())
@@ -144,87 +301,6 @@ fn tags_for(name: &str, tags: &BTreeMap<String, String>) -> Vec<asg_t::Tag> {
 }
 
 impl AwsTarget {
-    pub(super) async fn execute_autoscaling(&self, c: &Change, ids: &mut Ids) -> Result<(), AwsError> {
-        let name = c.name.as_str();
-        super::task::picker!(pick, AutoscalingGroup, AutoscalingGroup);
-        match &c.action {
-            Action::Create => {
-                let want = typed(c.desired.as_ref(), c.kind, name, "desired", pick)?;
-                let (lt, mixed) = self.launch_spec(ids, want)?;
-                self.asg
-                    .create_auto_scaling_group()
-                    .auto_scaling_group_name(name)
-                    .min_size(super::i32_of(want.min_size, "AutoscalingGroup", name, "min size")?)
-                    .max_size(super::i32_of(want.max_size, "AutoscalingGroup", name, "max size")?)
-                    .set_launch_template(lt)
-                    .set_mixed_instances_policy(mixed)
-                    .vpc_zone_identifier(self.subnet_ids(ids, want)?)
-                    .set_target_group_arns(Some(target_group_arns(ids, &want.target_groups, name)?))
-                    .set_tags(Some(tags_for(name, &want.tags)))
-                    .send()
-                    .await
-                    .map_err(|e| api("CreateAutoScalingGroup", name, e))?;
-            }
-            Action::Update(fields) => {
-                let want = typed(c.desired.as_ref(), c.kind, name, "desired", pick)?;
-                let have = typed(c.actual.as_ref(), c.kind, name, "actual", pick)?;
-                if fields.iter().any(|f| f.field == "target_groups") {
-                    let want_arns = target_group_arns(ids, &want.target_groups, name)?;
-                    let have_arns = target_group_arns(ids, &have.target_groups, name)?;
-                    let attach: Vec<String> = want_arns.iter().filter(|a| !have_arns.contains(a)).cloned().collect();
-                    let detach: Vec<String> = have_arns.iter().filter(|a| !want_arns.contains(a)).cloned().collect();
-                    if !attach.is_empty() {
-                        self.asg
-                            .attach_load_balancer_target_groups()
-                            .auto_scaling_group_name(name)
-                            .set_target_group_arns(Some(attach))
-                            .send()
-                            .await
-                            .map_err(|e| api("AttachLoadBalancerTargetGroups", name, e))?;
-                    }
-                    if !detach.is_empty() {
-                        self.asg
-                            .detach_load_balancer_target_groups()
-                            .auto_scaling_group_name(name)
-                            .set_target_group_arns(Some(detach))
-                            .send()
-                            .await
-                            .map_err(|e| api("DetachLoadBalancerTargetGroups", name, e))?;
-                    }
-                }
-                if !fields.iter().all(|f| f.field.starts_with("tags[") || f.field == "target_groups") {
-                    let (lt, mixed) = self.launch_spec(ids, want)?;
-                    self.asg
-                        .update_auto_scaling_group()
-                        .auto_scaling_group_name(name)
-                        .min_size(super::i32_of(want.min_size, "AutoscalingGroup", name, "min size")?)
-                        .max_size(super::i32_of(want.max_size, "AutoscalingGroup", name, "max size")?)
-                        .set_launch_template(lt)
-                        .set_mixed_instances_policy(mixed)
-                        .vpc_zone_identifier(self.subnet_ids(ids, want)?)
-                        .send()
-                        .await
-                        .map_err(|e| api("UpdateAutoScalingGroup", name, e))?;
-                }
-                if fields.iter().any(|f| f.field.starts_with("tags[")) {
-                    self.asg.create_or_update_tags().set_tags(Some(tags_for(name, &want.tags))).send().await.map_err(|e| api("CreateOrUpdateTags", name, e))?;
-                }
-            }
-            Action::Delete => {
-                let name = actual_id(c.actual.as_ref(), c.kind, name)?;
-                self.asg
-                    .delete_auto_scaling_group()
-                    .auto_scaling_group_name(&name)
-                    .force_delete(true)
-                    .send()
-                    .await
-                    .map_err(|e| api("DeleteAutoScalingGroup", &name, e))?;
-                self.wait_asg_gone(&name).await?;
-            }
-        }
-        Ok(())
-    }
-
     /// How a group launches: its launch template at the pinned version, or a mixed-instances
     /// policy around it.
     fn launch_spec(
@@ -233,12 +309,12 @@ impl AwsTarget {
         g: &AutoscalingGroup,
     ) -> Result<(Option<asg_t::LaunchTemplateSpecification>, Option<asg_t::MixedInstancesPolicy>), AwsError> {
         // The version this run created or found wins over the planned one.
-        let version = ids.lt_versions.get(&g.launch_template).copied().or(g.launch_template_version).ok_or_else(|| AwsError::Missing {
+        let version = ids.lt_versions.get(g.launch_template.name()).copied().or(g.launch_template_version).ok_or_else(|| AwsError::Missing {
             kind: "LaunchTemplate",
-            name: g.launch_template.clone(),
+            name: g.launch_template.to_string(),
             message: format!("no version known for autoscaling group {}", g.name),
         })?;
-        let spec = asg_t::LaunchTemplateSpecification::builder().launch_template_name(&g.launch_template).version(version.to_string()).build();
+        let spec = asg_t::LaunchTemplateSpecification::builder().launch_template_name(g.launch_template.name()).version(version.to_string()).build();
         let Some(m) = &g.mixed else { return Ok((Some(spec), None)) };
         let overrides: Vec<asg_t::LaunchTemplateOverrides> =
             m.instance_types.iter().map(|t| asg_t::LaunchTemplateOverrides::builder().instance_type(t).build()).collect();
@@ -259,7 +335,7 @@ impl AwsTarget {
     }
 
     fn subnet_ids(&self, ids: &Ids, g: &AutoscalingGroup) -> Result<String, AwsError> {
-        Ok(ids_for(&ids.subnets, g.subnets.iter(), "Subnet", &format!("autoscaling group {}", g.name))?.join(","))
+        Ok(resolve_all(&g.subnets, ids, &format!("autoscaling group {}", g.name))?.join(","))
     }
 
     /// After a force delete, wait (bounded) until the group is gone so dependents can be deleted.
@@ -276,7 +352,7 @@ impl AwsTarget {
     }
 }
 
-/// Target-group ARNs for names (an ARN given directly is kept).
-fn target_group_arns(ids: &Ids, names: &BTreeSet<String>, asg: &str) -> Result<Vec<String>, AwsError> {
-    ids_for(&ids.target_groups, names.iter(), "TargetGroup", &format!("autoscaling group {asg}"))
+/// Target-group ARNs for links (an ARN given directly is kept).
+fn target_group_arns(ids: &Ids, links: &[Link<TargetGroup>], asg: &str) -> Result<Vec<String>, AwsError> {
+    resolve_all(links, ids, &format!("autoscaling group {asg}"))
 }

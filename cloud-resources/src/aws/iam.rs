@@ -9,16 +9,21 @@ use std::collections::{BTreeMap, BTreeSet};
 use aws_sdk_iam::types as iam_t;
 use serde_json::Value;
 
-use super::task::{joined, typed, Fields, Task};
+use serde_json::json;
+
+use super::task::{AwsFuture, AwsTask, Exec, Typed};
+use super::terraform::{tags_value, AwsTerraform};
 use super::{api, AwsError, AwsTarget, Discovered, Resolved};
-use crate::iam_policy::{assume_role_policy, policy};
+use crate::iam_policy::{policy, InstanceRolePolicy, PolicyInputs};
 use crate::model::ClusterModel;
-use crate::plan::{Action, Change, Kind, Resource};
+use crate::plan::{Action, Change, Kind};
+use crate::tasks::{joined, Fields, Link, Linked};
 use base::sha256_hex;
 
 /// A policy document in one canonical form (keys sorted, no whitespace), so equal documents compare equal.
 fn canonical(v: &Value) -> String {
-    serde_json::to_string(v).unwrap_or_default()
+    // A Value cannot fail to serialise: its Display is the compact JSON.
+    v.to_string()
 }
 
 /// IAM returns policy documents URL-encoded.
@@ -35,66 +40,317 @@ fn tags_of(tags: &[iam_t::Tag]) -> BTreeMap<String, String> {
     tags.iter().map(|t| (t.key().to_string(), t.value().to_string())).collect()
 }
 
-/// The inline policy document of a role, rendered for the resolved hosted zone.
-fn policy_document(model: &ClusterModel, resolved: &Resolved, name: &str) -> Option<Value> {
-    let role = model.iam_roles.iter().find(|r| r.name == name)?;
-    policy(role, &model.policy_inputs, resolved.zone.as_deref())
+/// A policy document as wanted, or as found (its hash).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Policy {
+    Document(Value),
+    /// sha256 of the canonical document; empty when there is none.
+    Sha256(String),
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+impl Policy {
+    pub fn sha256(&self) -> String {
+        match self {
+            Policy::Document(d) => sha256_hex(canonical(d).as_bytes()),
+            Policy::Sha256(s) => s.clone(),
+        }
+    }
+}
+
+/// A role's inline policy: generated (for the hosted zone the target resolves), or found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InlinePolicy {
+    Generated {
+        role: InstanceRolePolicy,
+        inputs: Box<PolicyInputs>,
+        /// The hosted zone protokube writes to, once the target has resolved it.
+        zone: Option<String>,
+    },
+    /// sha256 of the canonical document; empty when the role has none.
+    Found(String),
+}
+
+impl InlinePolicy {
+    /// The document for `zone` (`None` when the role gets no inline policy or it was found).
+    fn document(&self, zone: Option<&str>) -> Option<Value> {
+        match self {
+            InlinePolicy::Generated { role, inputs, .. } => policy(role, inputs, zone),
+            InlinePolicy::Found(_) => None,
+        }
+    }
+    /// The document for the resolved zone.
+    fn resolved(&self) -> Option<Value> {
+        match self {
+            InlinePolicy::Generated { zone, .. } => self.document(zone.as_deref()),
+            InlinePolicy::Found(_) => None,
+        }
+    }
+    fn sha256(&self) -> String {
+        match self {
+            InlinePolicy::Found(s) => s.clone(),
+            InlinePolicy::Generated { .. } => self.resolved().map(|d| sha256_hex(canonical(&d).as_bytes())).unwrap_or_default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
 pub struct IamRole {
     pub name: String,
-    /// sha256 of the canonical assume-role policy.
-    pub assume_role_sha256: String,
-    /// sha256 of the canonical inline policy; empty when the role has none.
-    pub policy_sha256: String,
+    pub assume_role: Policy,
+    pub policy: InlinePolicy,
     pub managed_policies: BTreeSet<String>,
     pub permissions_boundary: Option<String>,
     pub tags: BTreeMap<String, String>,
 }
 
-impl IamRole {
-    pub fn fields(&self, f: &mut Fields) {
-        f.set("assume_role.sha256", &self.assume_role_sha256).set("policy.sha256", &self.policy_sha256);
-        if !self.managed_policies.is_empty() {
-            f.set("managed_policies", joined(&self.managed_policies));
-        }
-        f.opt("permissions_boundary", self.permissions_boundary.as_ref());
-    }
+/// Policy documents hold no floating-point numbers: equality is an equivalence.
+impl Eq for IamRole {}
+
+impl Linked for IamRole {
+    const TF_TYPE: &'static str = "aws_iam_role";
+    const TF_ATTR: &'static str = "name";
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InstanceProfile {
     pub name: String,
     /// The role in it (`None` when it holds none).
-    pub role: Option<String>,
+    pub role: Option<Link<IamRole>>,
     pub tags: BTreeMap<String, String>,
 }
 
-impl InstanceProfile {
-    pub fn fields(&self, f: &mut Fields) {
-        f.set("role", self.role.clone().unwrap_or_default());
+impl Linked for InstanceProfile {
+    const TF_TYPE: &'static str = "aws_iam_instance_profile";
+    const TF_ATTR: &'static str = "id";
+}
+
+impl AwsTask for IamRole {
+    fn kind(&self) -> Kind {
+        Kind::IamRole
+    }
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+    fn tags(&self) -> BTreeMap<String, String> {
+        self.tags.clone()
+    }
+    fn fields(&self, f: &mut Fields) {
+        f.set("assume_role.sha256", self.assume_role.sha256()).set("policy.sha256", self.policy.sha256());
+        if !self.managed_policies.is_empty() {
+            f.set("managed_policies", joined(&self.managed_policies));
+        }
+        f.opt("permissions_boundary", self.permissions_boundary.as_ref());
+    }
+    fn resolve(&mut self, resolved: &Resolved) -> bool {
+        if let InlinePolicy::Generated { zone, .. } = &mut self.policy {
+            zone.clone_from(&resolved.zone);
+        }
+        true
+    }
+    fn find<'a>(t: &'a AwsTarget, model: &'a ClusterModel, _resolved: &'a Resolved, d: &'a mut Discovered) -> AwsFuture<'a> {
+        Box::pin(discover(t, model, d))
+    }
+    fn render_terraform(&self, t: &mut AwsTerraform) {
+        let assume = match &self.assume_role {
+            Policy::Document(d) => canonical(d),
+            Policy::Sha256(_) => String::new(),
+        };
+        let mut body = json!({"name": self.name, "assume_role_policy": assume, "tags": tags_value(&self.tags)});
+        if let Some(boundary) = &self.permissions_boundary {
+            body["permissions_boundary"] = json!(boundary);
+        }
+        t.blocks.add("aws_iam_role", &self.name, body);
+        let role = Link::<IamRole>::to(self.name.clone()).tf();
+        if let Some(doc) = self.policy.document(t.zone_id().as_deref()) {
+            t.blocks.add("aws_iam_role_policy", &self.name, json!({"name": self.name, "role": role, "policy": canonical(&doc)}));
+        }
+        for (i, arn) in self.managed_policies.iter().enumerate() {
+            t.blocks.add("aws_iam_role_policy_attachment", &format!("{}-{i}", self.name), json!({"role": role, "policy_arn": arn}));
+        }
+    }
+    fn render_aws<'a>(&'a self, cx: Exec<'a>, c: &'a Change) -> AwsFuture<'a> {
+        Box::pin(async move {
+            let c = Typed::<IamRole>::of(c);
+            let (t, name) = (cx.target, c.name);
+            match c.action {
+                Action::Create | Action::Update(_) => {
+                    let create = *c.action == Action::Create;
+                    let changed = |field: &str| create || c.changed(field);
+                    let want = c.want()?;
+                    let assume = match &want.assume_role {
+                        Policy::Document(d) => canonical(d),
+                        Policy::Sha256(_) => return Err(AwsError::Missing { kind: "IAMRole", name: name.into(), message: "no assume-role policy".into() }),
+                    };
+                    if create {
+                        t.iam
+                            .create_role()
+                            .role_name(name)
+                            .assume_role_policy_document(&assume)
+                            .description(format!("Keelson instance role of cluster {}", cx.model.cluster))
+                            .set_permissions_boundary(want.permissions_boundary.clone())
+                            .set_tags(Some(iam_tags(&want.tags)))
+                            .send()
+                            .await
+                            .map_err(|e| api("CreateRole", name, e))?;
+                    } else {
+                        if changed("assume_role.sha256") {
+                            t.iam
+                                .update_assume_role_policy()
+                                .role_name(name)
+                                .policy_document(&assume)
+                                .send()
+                                .await
+                                .map_err(|e| api("UpdateAssumeRolePolicy", name, e))?;
+                        }
+                        if changed("permissions_boundary") {
+                            match &want.permissions_boundary {
+                                Some(b) => {
+                                    t.iam
+                                        .put_role_permissions_boundary()
+                                        .role_name(name)
+                                        .permissions_boundary(b)
+                                        .send()
+                                        .await
+                                        .map_err(|e| api("PutRolePermissionsBoundary", name, e))?;
+                                }
+                                None => {
+                                    t.iam
+                                        .delete_role_permissions_boundary()
+                                        .role_name(name)
+                                        .send()
+                                        .await
+                                        .map_err(|e| api("DeleteRolePermissionsBoundary", name, e))?;
+                                }
+                            }
+                        }
+                        if c.tags_changed() {
+                            t.iam.tag_role().role_name(name).set_tags(Some(iam_tags(&want.tags))).send().await.map_err(|e| api("TagRole", name, e))?;
+                        }
+                    }
+                    if changed("policy.sha256") {
+                        match want.policy.resolved() {
+                            Some(doc) => {
+                                t.iam
+                                    .put_role_policy()
+                                    .role_name(name)
+                                    .policy_name(name)
+                                    .policy_document(canonical(&doc))
+                                    .send()
+                                    .await
+                                    .map_err(|e| api("PutRolePolicy", name, e))?;
+                            }
+                            None if !create => {
+                                t.iam.delete_role_policy().role_name(name).policy_name(name).send().await.map_err(|e| api("DeleteRolePolicy", name, e))?;
+                            }
+                            None => {}
+                        }
+                    }
+                    if changed("managed_policies") {
+                        let have = c.have_opt()?.map(|h| h.managed_policies.clone()).unwrap_or_default();
+                        for arn in want.managed_policies.difference(&have) {
+                            t.iam.attach_role_policy().role_name(name).policy_arn(arn).send().await.map_err(|e| api("AttachRolePolicy", name, e))?;
+                        }
+                        for arn in have.difference(&want.managed_policies) {
+                            t.iam.detach_role_policy().role_name(name).policy_arn(arn).send().await.map_err(|e| api("DetachRolePolicy", name, e))?;
+                        }
+                    }
+                }
+                Action::Delete => {
+                    for arn in &c.have()?.managed_policies {
+                        t.iam.detach_role_policy().role_name(name).policy_arn(arn).send().await.map_err(|e| api("DetachRolePolicy", name, e))?;
+                    }
+                    let inline = t.iam.list_role_policies().role_name(name).send().await.map_err(|e| api("ListRolePolicies", name, e))?;
+                    for p in inline.policy_names() {
+                        t.iam.delete_role_policy().role_name(name).policy_name(p).send().await.map_err(|e| api("DeleteRolePolicy", name, e))?;
+                    }
+                    let profiles =
+                        t.iam.list_instance_profiles_for_role().role_name(name).send().await.map_err(|e| api("ListInstanceProfilesForRole", name, e))?;
+                    for p in profiles.instance_profiles() {
+                        t.remove_role_from_profile(p.instance_profile_name(), name).await?;
+                    }
+                    t.iam.delete_role().role_name(name).send().await.map_err(|e| api("DeleteRole", name, e))?;
+                }
+            }
+            Ok(())
+        })
     }
 }
 
-super::task::picker!(pick_role, IamRole, IamRole);
-
-super::task::picker!(pick_profile, InstanceProfile, InstanceProfile);
-
-pub(super) fn desired(model: &ClusterModel, resolved: &Resolved, out: &mut Vec<Resource>) {
-    for role in &model.iam_roles {
-        let doc = policy_document(model, resolved, &role.name);
-        let task = IamRole {
-            name: role.name.clone(),
-            assume_role_sha256: sha256_hex(canonical(&assume_role_policy(&model.policy_inputs.partition)).as_bytes()),
-            policy_sha256: doc.map(|d| sha256_hex(canonical(&d).as_bytes())).unwrap_or_default(),
-            managed_policies: role.managed_policies.iter().cloned().collect(),
-            permissions_boundary: role.permissions_boundary.clone(),
-            tags: role.tags.clone(),
-        };
-        out.push(Task::IamRole(task).view(None));
-        let profile = InstanceProfile { name: role.name.clone(), role: Some(role.name.clone()), tags: role.tags.clone() };
-        out.push(Task::InstanceProfile(profile).view(None));
+impl AwsTask for InstanceProfile {
+    fn kind(&self) -> Kind {
+        Kind::IamInstanceProfile
+    }
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+    fn tags(&self) -> BTreeMap<String, String> {
+        self.tags.clone()
+    }
+    fn fields(&self, f: &mut Fields) {
+        f.set("role", self.role.as_ref().map(|r| r.name()).unwrap_or_default());
+    }
+    fn find<'a>(_t: &'a AwsTarget, _model: &'a ClusterModel, _resolved: &'a Resolved, _d: &'a mut Discovered) -> AwsFuture<'a> {
+        // Found with its role.
+        super::task::found_with_another()
+    }
+    fn render_terraform(&self, t: &mut AwsTerraform) {
+        t.blocks.add(
+            "aws_iam_instance_profile",
+            &self.name,
+            json!({"name": self.name, "role": self.role.as_ref().map(|r| r.tf()), "tags": tags_value(&self.tags)}),
+        );
+    }
+    fn render_aws<'a>(&'a self, cx: Exec<'a>, c: &'a Change) -> AwsFuture<'a> {
+        Box::pin(async move {
+            let c = Typed::<InstanceProfile>::of(c);
+            let (t, name) = (cx.target, c.name);
+            match c.action {
+                Action::Create => {
+                    let want = c.want()?;
+                    let role = want.role.as_ref().ok_or_else(|| AwsError::Missing {
+                        kind: "IAMInstanceProfile",
+                        name: name.into(),
+                        message: "no role to put in it".into(),
+                    })?;
+                    t.iam
+                        .create_instance_profile()
+                        .instance_profile_name(name)
+                        .set_tags(Some(iam_tags(&want.tags)))
+                        .send()
+                        .await
+                        .map_err(|e| api("CreateInstanceProfile", name, e))?;
+                    t.add_role_to_profile(name, role).await?;
+                }
+                Action::Update(_) => {
+                    let want = c.want()?;
+                    let have = c.have()?;
+                    if c.changed("role") {
+                        if let Some(old) = &have.role {
+                            t.remove_role_from_profile(name, old).await?;
+                        }
+                        if let Some(role) = &want.role {
+                            t.add_role_to_profile(name, role).await?;
+                        }
+                    }
+                    if c.tags_changed() {
+                        t.iam
+                            .tag_instance_profile()
+                            .instance_profile_name(name)
+                            .set_tags(Some(iam_tags(&want.tags)))
+                            .send()
+                            .await
+                            .map_err(|e| api("TagInstanceProfile", name, e))?;
+                    }
+                }
+                Action::Delete => {
+                    if let Some(role) = &c.have()?.role {
+                        t.remove_role_from_profile(name, role).await?;
+                    }
+                    t.iam.delete_instance_profile().instance_profile_name(name).send().await.map_err(|e| api("DeleteInstanceProfile", name, e))?;
+                }
+            }
+            Ok(())
+        })
     }
 }
 
@@ -104,8 +360,8 @@ fn not_found<E: aws_sdk_iam::error::ProvideErrorMetadata>(e: &aws_sdk_iam::error
 
 /// The roles and profiles of the model's names that are tagged for this cluster (apply never
 /// adopts, and delete never touches, someone else's role of the same name).
-pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
-    for role in &model.iam_roles {
+async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
+    for role in &model.tasks.iam_roles {
         let name = role.name.as_str();
         let ours = |tags: &BTreeMap<String, String>| tags.get("KubernetesCluster") == Some(&model.cluster);
         match t.iam.get_role().role_name(name).send().await {
@@ -123,13 +379,13 @@ pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discov
                     let managed: BTreeSet<String> = attached.attached_policies().iter().filter_map(|p| p.policy_arn().map(str::to_string)).collect();
                     let task = IamRole {
                         name: name.to_string(),
-                        assume_role_sha256: assume.unwrap_or_default(),
-                        policy_sha256: inline,
+                        assume_role: Policy::Sha256(assume.unwrap_or_default()),
+                        policy: InlinePolicy::Found(inline),
                         managed_policies: managed,
                         permissions_boundary: r.permissions_boundary().and_then(|b| b.permissions_boundary_arn()).map(str::to_string),
                         tags,
                     };
-                    d.resources.push(Task::IamRole(task).view(Some(r.arn().to_string())));
+                    d.found(task, r.arn().to_string());
                 }
             }
             Err(e) if not_found(&e) => {}
@@ -140,8 +396,8 @@ pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discov
                 let Some(p) = resp.instance_profile() else { continue };
                 let tags = tags_of(p.tags());
                 if ours(&tags) {
-                    let profile = InstanceProfile { name: name.to_string(), role: p.roles().first().map(|r| r.role_name().to_string()), tags };
-                    d.resources.push(Task::InstanceProfile(profile).view(Some(p.arn().to_string())));
+                    let profile = InstanceProfile { name: name.to_string(), role: p.roles().first().map(|r| Link::to(r.role_name())), tags };
+                    d.found(profile, p.arn().to_string());
                 }
             }
             Err(e) if not_found(&e) => {}
@@ -152,160 +408,6 @@ pub(super) async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discov
 }
 
 impl AwsTarget {
-    /// Create, update or delete one IAM resource.
-    pub(super) async fn execute_iam(&self, model: &ClusterModel, resolved: &Resolved, c: &Change) -> Result<(), AwsError> {
-        let name = c.name.as_str();
-        let (kind, desired, actual) = (c.kind, c.desired.as_ref(), c.actual.as_ref());
-        let changed = |field: &str| match &c.action {
-            Action::Create => true,
-            Action::Update(f) => f.iter().any(|f| f.field == field),
-            Action::Delete => false,
-        };
-        let tag_change = matches!(&c.action, Action::Update(f) if f.iter().any(|f| f.field.starts_with("tags[")));
-        match (c.kind, &c.action) {
-            (Kind::IamRole, Action::Create | Action::Update(_)) => {
-                let want = typed(desired, kind, name, "desired", pick_role)?;
-                let assume = canonical(&assume_role_policy(&model.policy_inputs.partition));
-                if c.action == Action::Create {
-                    self.iam
-                        .create_role()
-                        .role_name(name)
-                        .assume_role_policy_document(&assume)
-                        .description(format!("Keelson instance role of cluster {}", model.cluster))
-                        .set_permissions_boundary(want.permissions_boundary.clone())
-                        .set_tags(Some(iam_tags(&want.tags)))
-                        .send()
-                        .await
-                        .map_err(|e| api("CreateRole", name, e))?;
-                } else {
-                    if changed("assume_role.sha256") {
-                        self.iam
-                            .update_assume_role_policy()
-                            .role_name(name)
-                            .policy_document(&assume)
-                            .send()
-                            .await
-                            .map_err(|e| api("UpdateAssumeRolePolicy", name, e))?;
-                    }
-                    if changed("permissions_boundary") {
-                        match &want.permissions_boundary {
-                            Some(b) => {
-                                self.iam
-                                    .put_role_permissions_boundary()
-                                    .role_name(name)
-                                    .permissions_boundary(b)
-                                    .send()
-                                    .await
-                                    .map_err(|e| api("PutRolePermissionsBoundary", name, e))?;
-                            }
-                            None => {
-                                self.iam
-                                    .delete_role_permissions_boundary()
-                                    .role_name(name)
-                                    .send()
-                                    .await
-                                    .map_err(|e| api("DeleteRolePermissionsBoundary", name, e))?;
-                            }
-                        }
-                    }
-                    if tag_change {
-                        self.iam.tag_role().role_name(name).set_tags(Some(iam_tags(&want.tags))).send().await.map_err(|e| api("TagRole", name, e))?;
-                    }
-                }
-                if changed("policy.sha256") {
-                    match policy_document(model, resolved, name) {
-                        Some(doc) => {
-                            self.iam
-                                .put_role_policy()
-                                .role_name(name)
-                                .policy_name(name)
-                                .policy_document(canonical(&doc))
-                                .send()
-                                .await
-                                .map_err(|e| api("PutRolePolicy", name, e))?;
-                        }
-                        None if c.action != Action::Create => {
-                            self.iam.delete_role_policy().role_name(name).policy_name(name).send().await.map_err(|e| api("DeleteRolePolicy", name, e))?;
-                        }
-                        None => {}
-                    }
-                }
-                if changed("managed_policies") {
-                    let have = match actual {
-                        Some(_) => typed(actual, kind, name, "actual", pick_role)?.managed_policies.clone(),
-                        None => BTreeSet::new(),
-                    };
-                    for arn in want.managed_policies.difference(&have) {
-                        self.iam.attach_role_policy().role_name(name).policy_arn(arn).send().await.map_err(|e| api("AttachRolePolicy", name, e))?;
-                    }
-                    for arn in have.difference(&want.managed_policies) {
-                        self.iam.detach_role_policy().role_name(name).policy_arn(arn).send().await.map_err(|e| api("DetachRolePolicy", name, e))?;
-                    }
-                }
-            }
-            (Kind::IamRole, Action::Delete) => {
-                for arn in &typed(actual, kind, name, "actual", pick_role)?.managed_policies {
-                    self.iam.detach_role_policy().role_name(name).policy_arn(arn).send().await.map_err(|e| api("DetachRolePolicy", name, e))?;
-                }
-                let inline = self.iam.list_role_policies().role_name(name).send().await.map_err(|e| api("ListRolePolicies", name, e))?;
-                for p in inline.policy_names() {
-                    self.iam.delete_role_policy().role_name(name).policy_name(p).send().await.map_err(|e| api("DeleteRolePolicy", name, e))?;
-                }
-                let profiles =
-                    self.iam.list_instance_profiles_for_role().role_name(name).send().await.map_err(|e| api("ListInstanceProfilesForRole", name, e))?;
-                for p in profiles.instance_profiles() {
-                    self.remove_role_from_profile(p.instance_profile_name(), name).await?;
-                }
-                self.iam.delete_role().role_name(name).send().await.map_err(|e| api("DeleteRole", name, e))?;
-            }
-            (Kind::IamInstanceProfile, Action::Create) => {
-                let want = typed(desired, kind, name, "desired", pick_profile)?;
-                let role = want.role.as_deref().ok_or_else(|| AwsError::Missing {
-                    kind: "IAMInstanceProfile",
-                    name: name.into(),
-                    message: "no role to put in it".into(),
-                })?;
-                self.iam
-                    .create_instance_profile()
-                    .instance_profile_name(name)
-                    .set_tags(Some(iam_tags(&want.tags)))
-                    .send()
-                    .await
-                    .map_err(|e| api("CreateInstanceProfile", name, e))?;
-                self.add_role_to_profile(name, role).await?;
-            }
-            (Kind::IamInstanceProfile, Action::Update(_)) => {
-                let want = typed(desired, kind, name, "desired", pick_profile)?;
-                let have = typed(actual, kind, name, "actual", pick_profile)?;
-                if changed("role") {
-                    if let Some(old) = &have.role {
-                        self.remove_role_from_profile(name, old).await?;
-                    }
-                    if let Some(role) = &want.role {
-                        self.add_role_to_profile(name, role).await?;
-                    }
-                }
-                if tag_change {
-                    self.iam
-                        .tag_instance_profile()
-                        .instance_profile_name(name)
-                        .set_tags(Some(iam_tags(&want.tags)))
-                        .send()
-                        .await
-                        .map_err(|e| api("TagInstanceProfile", name, e))?;
-                }
-            }
-            (Kind::IamInstanceProfile, Action::Delete) => {
-                if let Some(role) = &typed(actual, kind, name, "actual", pick_profile)?.role {
-                    self.remove_role_from_profile(name, role).await?;
-                }
-                self.iam.delete_instance_profile().instance_profile_name(name).send().await.map_err(|e| api("DeleteInstanceProfile", name, e))?;
-            }
-            (kind, _) => return Err(AwsError::Missing { kind: "IAM", name: name.into(), message: format!("{} is not an IAM resource", kind.as_str()) }),
-        }
-        Ok(())
-    }
-
     async fn add_role_to_profile(&self, profile: &str, role: &str) -> Result<(), AwsError> {
         self.iam
             .add_role_to_instance_profile()

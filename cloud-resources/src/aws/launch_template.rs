@@ -1,15 +1,21 @@
 //! Launch templates: one per instance group; a change makes a new version (the default), which
 //! the group's autoscaling group then pins.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use aws_sdk_ec2::types as ec2_t;
 use base64::Engine as _;
+use serde_json::json;
 
-use super::task::{actual_id, joined, typed, Fields, Task};
+use super::iam::InstanceProfile;
+use super::security_group::SecurityGroup;
+use super::task::{AwsFuture, AwsTask, Exec, Typed};
+use super::terraform::{tags_value, AwsTerraform};
 use super::{api, cluster_filter, ec2_tags, required, tag_spec, tags_of, AwsError, AwsTarget, Discovered, Ids, Resolved};
 use crate::model::ClusterModel;
-use crate::plan::{Action, Change, Resource};
+use crate::plan::{Action, Change, Kind};
+use crate::tasks::{joined_links, Fields, Link, Linked};
+use crate::terraform_json::{r, tf_name};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RootVolume {
@@ -24,34 +30,66 @@ pub struct RootVolume {
 pub struct Spot {
     /// Empty: up to the on-demand price.
     pub max_price: String,
+    /// `terminate` (AWS default), `stop` or `hibernate`.
     pub interruption: String,
+}
+
+/// The image: as the spec names it (`ami-…` or `OWNER/NAME`), and the AMI id and root device
+/// name the direct target resolved it to (Terraform resolves it with a data source).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Image {
+    pub spec: String,
+    pub resolved: Option<(String, String)>,
+}
+
+impl Image {
+    /// The AMI id, once resolved (else as the spec names it).
+    pub fn id(&self) -> &str {
+        self.resolved.as_ref().map(|(id, _)| id.as_str()).unwrap_or(&self.spec)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchTemplate {
     pub name: String,
-    /// The AMI id.
-    pub image: String,
+    /// The instance group (not compared; empty when found).
+    pub group: String,
+    pub image: Image,
     pub instance_type: String,
     pub http_tokens: String,
     pub hop_limit: i64,
     pub root_volume: RootVolume,
-    /// Security group names (or ids the spec gives).
-    pub security_groups: BTreeSet<String>,
-    pub instance_profile: String,
-    /// sha256 of the user-data bytes.
-    pub user_data_sha256: String,
+    /// The role's group, then additional ones (ours, or ids the spec gives).
+    pub security_groups: Vec<Link<SecurityGroup>>,
+    pub instance_profile: Link<InstanceProfile>,
+    /// Exactly the bytes the instance gets (script, MIME message, or gzip of either); compared by sha256.
+    pub user_data: Vec<u8>,
     /// Only when the spec sets `associatePublicIp` (else the subnet decides).
     pub associate_public_ip: Option<bool>,
     pub spot: Option<Spot>,
+    /// `cpuCredits` for burstable types (`standard` / `unlimited`).
     pub cpu_credits: Option<String>,
     pub tags: BTreeMap<String, String>,
 }
 
-impl LaunchTemplate {
-    pub fn fields(&self, f: &mut Fields) {
+impl Linked for LaunchTemplate {
+    const TF_TYPE: &'static str = "aws_launch_template";
+    const TF_ATTR: &'static str = "id";
+}
+
+impl AwsTask for LaunchTemplate {
+    fn kind(&self) -> Kind {
+        Kind::LaunchTemplate
+    }
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+    fn tags(&self) -> BTreeMap<String, String> {
+        self.tags.clone()
+    }
+    fn fields(&self, f: &mut Fields) {
         let rv = &self.root_volume;
-        f.set("image", &self.image)
+        f.set("image", self.image.id())
             .set("instance_type", &self.instance_type)
             .set("metadata.http_tokens", &self.http_tokens)
             .set("metadata.hop_limit", self.hop_limit)
@@ -60,46 +98,147 @@ impl LaunchTemplate {
             .set("root_volume.encrypted", rv.encrypted)
             .opt("root_volume.iops", rv.iops)
             .opt("root_volume.throughput", rv.throughput)
-            .set("security_groups", joined(&self.security_groups))
+            .set("security_groups", joined_links(&self.security_groups))
             .set("instance_profile", &self.instance_profile)
-            .set("user_data.sha256", &self.user_data_sha256)
+            .set("user_data.sha256", base::sha256_hex(&self.user_data))
             .opt("associate_public_ip", self.associate_public_ip)
             .opt("cpu_credits", self.cpu_credits.as_ref());
         if let Some(spot) = &self.spot {
             f.set("spot.max_price", &spot.max_price).set("spot.interruption", &spot.interruption);
         }
     }
-}
-
-pub fn desired(model: &ClusterModel, resolved: &Resolved, out: &mut Vec<Resource>) {
-    for lt in &model.launch_templates {
-        let image = resolved.images.get(&lt.image).map(|(id, _)| id.clone()).unwrap_or_else(|| lt.image.clone());
-        let task = LaunchTemplate {
-            name: lt.name.clone(),
-            image,
-            instance_type: lt.machine_type.clone(),
-            http_tokens: lt.http_tokens.clone(),
-            hop_limit: lt.hop_limit,
-            root_volume: RootVolume {
-                size_gib: lt.root_volume_size,
-                volume_type: lt.root_volume_type.clone(),
-                encrypted: lt.root_volume_encrypted,
-                iops: lt.root_volume_iops,
-                throughput: lt.root_volume_throughput,
+    fn resolve(&mut self, resolved: &Resolved) -> bool {
+        self.image.resolved = resolved.images.get(&self.image.spec).cloned();
+        true
+    }
+    fn find<'a>(t: &'a AwsTarget, model: &'a ClusterModel, _resolved: &'a Resolved, d: &'a mut Discovered) -> AwsFuture<'a> {
+        Box::pin(discover(t, model, d))
+    }
+    fn render_terraform(&self, t: &mut AwsTerraform) {
+        let ami = t.image(&self.image.spec);
+        let rv = &self.root_volume;
+        let mut ebs = json!({
+            "volume_size": rv.size_gib,
+            "volume_type": rv.volume_type,
+            "encrypted": rv.encrypted,
+            "delete_on_termination": true,
+        });
+        if let Some(i) = rv.iops {
+            ebs["iops"] = json!(i);
+        }
+        if let Some(t) = rv.throughput {
+            ebs["throughput"] = json!(t);
+        }
+        let sgs: Vec<String> = self.security_groups.iter().map(|s| s.tf()).collect();
+        let user_data = t.blocks.data_file_base64(&format!("aws_launch_template_{}_user_data", tf_name(&self.name)), &self.user_data);
+        let mut body = json!({
+            "name": self.name,
+            "image_id": r(&ami, "id"),
+            "instance_type": self.instance_type,
+            "metadata_options": {
+                "http_endpoint": "enabled",
+                "http_tokens": self.http_tokens,
+                "http_put_response_hop_limit": self.hop_limit,
             },
-            security_groups: lt.security_groups.iter().chain(lt.additional_security_groups.iter()).cloned().collect(),
-            instance_profile: lt.instance_profile.clone(),
-            user_data_sha256: base::sha256_hex(&lt.user_data),
-            associate_public_ip: lt.associate_public_ip_explicit.then_some(lt.associate_public_ip),
-            spot: lt.spot.as_ref().map(|s| Spot { max_price: s.max_price.clone().unwrap_or_default(), interruption: s.interruption_behavior.clone() }),
-            cpu_credits: lt.cpu_credits.clone(),
-            tags: lt.tags.clone(),
-        };
-        out.push(Task::LaunchTemplate(task).view(None));
+            "block_device_mappings": [{"device_name": r(&ami, "root_device_name"), "ebs": ebs}],
+            "vpc_security_group_ids": sgs,
+            "iam_instance_profile": {"name": self.instance_profile.tf()},
+            "user_data": user_data,
+            "tag_specifications": [
+                {"resource_type": "instance", "tags": tags_value(&self.tags)},
+                {"resource_type": "volume", "tags": tags_value(&self.tags)},
+            ],
+            "tags": tags_value(&self.tags),
+            "lifecycle": {"create_before_destroy": true},
+        });
+        if let Some(spot) = &self.spot {
+            let mut options = json!({"instance_interruption_behavior": spot.interruption});
+            if !spot.max_price.is_empty() {
+                options["max_price"] = json!(spot.max_price);
+            }
+            body["instance_market_options"] = json!({"market_type": "spot", "spot_options": options});
+        }
+        if let Some(c) = &self.cpu_credits {
+            body["credit_specification"] = json!({"cpu_credits": c});
+        }
+        if let Some(public) = self.associate_public_ip {
+            // An explicit associatePublicIp needs the interface spelled out (its groups move onto it).
+            if let Some(obj) = body.as_object_mut() {
+                obj.remove("vpc_security_group_ids");
+            }
+            body["network_interfaces"] = json!([{
+                "device_index": 0,
+                "associate_public_ip_address": public,
+                "delete_on_termination": true,
+                "security_groups": sgs,
+            }]);
+        }
+        t.blocks.add("aws_launch_template", &self.name, body);
+    }
+    fn render_aws<'a>(&'a self, cx: Exec<'a>, c: &'a Change) -> AwsFuture<'a> {
+        Box::pin(async move {
+            let c = Typed::<LaunchTemplate>::of(c);
+            let (t, name) = (cx.target, c.name);
+            match c.action {
+                Action::Create => {
+                    let want = c.want()?;
+                    let data = launch_template_data(want, cx.ids, name)?;
+                    let resp = t
+                        .ec2
+                        .create_launch_template()
+                        .launch_template_name(name)
+                        .launch_template_data(data)
+                        .tag_specifications(tag_spec(ec2_t::ResourceType::LaunchTemplate, &want.tags))
+                        .send()
+                        .await
+                        .map_err(|e| api("CreateLaunchTemplate", name, e))?;
+                    let created = resp.launch_template();
+                    let id = required(created.and_then(|l| l.launch_template_id()), "LaunchTemplate", name, "LaunchTemplateId")?;
+                    cx.ids.launch_templates.insert(name.to_string(), id.to_string());
+                    cx.ids.lt_versions.insert(name.to_string(), created.and_then(|l| l.latest_version_number()).unwrap_or(1));
+                }
+                Action::Update(_) => {
+                    let want = c.want()?;
+                    let id = c.id()?;
+                    if c.attributes_changed() {
+                        let data = launch_template_data(want, cx.ids, name)?;
+                        let resp = t
+                            .ec2
+                            .create_launch_template_version()
+                            .launch_template_id(&id)
+                            .launch_template_data(data)
+                            .send()
+                            .await
+                            .map_err(|e| api("CreateLaunchTemplateVersion", name, e))?;
+                        let version = resp.launch_template_version().and_then(|v| v.version_number()).ok_or_else(|| AwsError::Missing {
+                            kind: "LaunchTemplate",
+                            name: name.into(),
+                            message: "the API returned no VersionNumber for the new version".into(),
+                        })?;
+                        cx.ids.lt_versions.insert(name.to_string(), version);
+                        t.ec2
+                            .modify_launch_template()
+                            .launch_template_id(&id)
+                            .default_version(version.to_string())
+                            .send()
+                            .await
+                            .map_err(|e| api("ModifyLaunchTemplate", name, e))?;
+                    }
+                    if c.tags_changed() {
+                        t.create_tags(&id, &want.tags).await?;
+                    }
+                }
+                Action::Delete => {
+                    let id = c.id()?;
+                    t.ec2.delete_launch_template().launch_template_id(id).send().await.map_err(|e| api("DeleteLaunchTemplate", name, e))?;
+                }
+            }
+            Ok(())
+        })
     }
 }
 
-pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
+async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
     let cluster = &model.cluster;
     let lts = t.ec2.describe_launch_templates().filters(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeLaunchTemplates", cluster, e))?;
     for lt in lts.launch_templates() {
@@ -133,7 +272,8 @@ pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -
             None => Vec::new(),
         };
         let task = LaunchTemplate {
-            image: data.image_id().unwrap_or_default().to_string(),
+            group: String::new(),
+            image: Image { spec: data.image_id().unwrap_or_default().to_string(), resolved: None },
             instance_type: data.instance_type().map(|t| t.as_str().to_string()).unwrap_or_default(),
             http_tokens: metadata.and_then(|m| m.http_tokens()).map(|t| t.as_str().to_string()).unwrap_or_default(),
             hop_limit: metadata.and_then(|m| m.http_put_response_hop_limit()).map(i64::from).unwrap_or(1),
@@ -148,10 +288,10 @@ pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -
                 .security_group_ids()
                 .iter()
                 .chain(data.network_interfaces().iter().flat_map(|n| n.groups()))
-                .map(|id| d.ids.sg_name(id))
+                .map(|id| Link::to(d.ids.sg_name(id)))
                 .collect(),
-            instance_profile: data.iam_instance_profile().and_then(|p| p.name()).unwrap_or_default().to_string(),
-            user_data_sha256: base::sha256_hex(&user_data),
+            instance_profile: Link::to(data.iam_instance_profile().and_then(|p| p.name()).unwrap_or_default()),
+            user_data,
             associate_public_ip: data.network_interfaces().first().and_then(|n| n.associate_public_ip_address()),
             spot: data.instance_market_options().and_then(|m| m.spot_options()).map(|s| Spot {
                 max_price: s.max_price().unwrap_or_default().to_string(),
@@ -161,108 +301,36 @@ pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -
             tags: tags_of(lt.tags()),
             name,
         };
-        d.resources.push(Task::LaunchTemplate(task).view(Some(id)));
+        d.found(task, id);
     }
     Ok(())
 }
 
-impl AwsTarget {
-    pub(super) async fn execute_launch_template(&self, model: &ClusterModel, resolved: &Resolved, c: &Change, ids: &mut Ids) -> Result<(), AwsError> {
-        let name = c.name.as_str();
-        let want = |r| typed(r, c.kind, name, "desired", |t| if let Task::LaunchTemplate(l) = t { Some(l) } else { None });
-        match &c.action {
-            Action::Create => {
-                let want = want(c.desired.as_ref())?;
-                let data = launch_template_data(model, resolved, ids, name)?;
-                let resp = self
-                    .ec2
-                    .create_launch_template()
-                    .launch_template_name(name)
-                    .launch_template_data(data)
-                    .tag_specifications(tag_spec(ec2_t::ResourceType::LaunchTemplate, &want.tags))
-                    .send()
-                    .await
-                    .map_err(|e| api("CreateLaunchTemplate", name, e))?;
-                let created = resp.launch_template();
-                let id = required(created.and_then(|l| l.launch_template_id()), "LaunchTemplate", name, "LaunchTemplateId")?;
-                ids.launch_templates.insert(name.to_string(), id.to_string());
-                ids.lt_versions.insert(name.to_string(), created.and_then(|l| l.latest_version_number()).unwrap_or(1));
-            }
-            Action::Update(fields) => {
-                let want = want(c.desired.as_ref())?;
-                let id = actual_id(c.actual.as_ref(), c.kind, name)?;
-                if fields.iter().any(|f| !f.field.starts_with("tags[")) {
-                    let data = launch_template_data(model, resolved, ids, name)?;
-                    let resp = self
-                        .ec2
-                        .create_launch_template_version()
-                        .launch_template_id(&id)
-                        .launch_template_data(data)
-                        .send()
-                        .await
-                        .map_err(|e| api("CreateLaunchTemplateVersion", name, e))?;
-                    let version = resp.launch_template_version().and_then(|v| v.version_number()).ok_or_else(|| AwsError::Missing {
-                        kind: "LaunchTemplate",
-                        name: name.into(),
-                        message: "the API returned no VersionNumber for the new version".into(),
-                    })?;
-                    ids.lt_versions.insert(name.to_string(), version);
-                    self.ec2
-                        .modify_launch_template()
-                        .launch_template_id(&id)
-                        .default_version(version.to_string())
-                        .send()
-                        .await
-                        .map_err(|e| api("ModifyLaunchTemplate", name, e))?;
-                }
-                if fields.iter().any(|f| f.field.starts_with("tags[")) {
-                    self.create_tags(&id, &want.tags).await?;
-                }
-            }
-            Action::Delete => {
-                let id = actual_id(c.actual.as_ref(), c.kind, name)?;
-                self.ec2.delete_launch_template().launch_template_id(id).send().await.map_err(|e| api("DeleteLaunchTemplate", name, e))?;
-            }
-        }
-        Ok(())
-    }
-}
-
 /// The launch template data of an instance group, with every name resolved to its id.
-fn launch_template_data(model: &ClusterModel, resolved: &Resolved, ids: &Ids, name: &str) -> Result<ec2_t::RequestLaunchTemplateData, AwsError> {
-    let lt = model.launch_templates.iter().find(|l| l.name == name).ok_or_else(|| AwsError::Missing {
-        kind: "LaunchTemplate",
-        name: name.into(),
-        message: "not in the model".into(),
-    })?;
-    let (image, root_device) =
-        resolved.images.get(&lt.image).cloned().ok_or_else(|| AwsError::Image { image: lt.image.clone(), message: "not resolved".into() })?;
+fn launch_template_data(lt: &LaunchTemplate, ids: &Ids, name: &str) -> Result<ec2_t::RequestLaunchTemplateData, AwsError> {
+    let (image, root_device) = lt.image.resolved.clone().ok_or_else(|| AwsError::Image { image: lt.image.spec.clone(), message: "not resolved".into() })?;
     let mut sg_ids = Vec::new();
-    for sg in lt.security_groups.iter().chain(lt.additional_security_groups.iter()) {
-        let id = ids.security_groups.get(sg).cloned().ok_or_else(|| AwsError::Missing {
-            kind: "SecurityGroup",
-            name: sg.clone(),
-            message: format!("needed by launch template {name}"),
-        })?;
-        sg_ids.push(id);
+    for sg in &lt.security_groups {
+        sg_ids.push(sg.resolve(ids, &format!("launch template {name}"))?);
     }
+    let rv = &lt.root_volume;
     let mut ebs = ec2_t::LaunchTemplateEbsBlockDeviceRequest::builder()
-        .volume_size(super::i32_of(lt.root_volume_size, "LaunchTemplate", name, "root volume size")?)
-        .volume_type(ec2_t::VolumeType::from(lt.root_volume_type.as_str()))
-        .encrypted(lt.root_volume_encrypted)
+        .volume_size(super::i32_of(rv.size_gib, "LaunchTemplate", name, "root volume size")?)
+        .volume_type(ec2_t::VolumeType::from(rv.volume_type.as_str()))
+        .encrypted(rv.encrypted)
         .delete_on_termination(true);
-    if let Some(i) = lt.root_volume_iops {
+    if let Some(i) = rv.iops {
         ebs = ebs.iops(super::i32_of(i, "LaunchTemplate", name, "root volume iops")?);
     }
-    if let Some(t) = lt.root_volume_throughput {
+    if let Some(t) = rv.throughput {
         ebs = ebs.throughput(super::i32_of(t, "LaunchTemplate", name, "root volume throughput")?);
     }
     let instance_tags: Vec<ec2_t::Tag> = ec2_tags(&lt.tags);
     // An explicit associatePublicIp needs the interface spelled out (its groups move onto it).
-    let (sg_ids, interfaces) = if lt.associate_public_ip_explicit {
+    let (sg_ids, interfaces) = if let Some(public) = lt.associate_public_ip {
         let nic = ec2_t::LaunchTemplateInstanceNetworkInterfaceSpecificationRequest::builder()
             .device_index(0)
-            .associate_public_ip_address(lt.associate_public_ip)
+            .associate_public_ip_address(public)
             .delete_on_termination(true)
             .set_groups(Some(sg_ids))
             .build();
@@ -272,7 +340,7 @@ fn launch_template_data(model: &ClusterModel, resolved: &Resolved, ids: &Ids, na
     };
     Ok(ec2_t::RequestLaunchTemplateData::builder()
         .image_id(image)
-        .instance_type(ec2_t::InstanceType::from(lt.machine_type.as_str()))
+        .instance_type(ec2_t::InstanceType::from(lt.instance_type.as_str()))
         .metadata_options(
             ec2_t::LaunchTemplateInstanceMetadataOptionsRequest::builder()
                 .http_tokens(ec2_t::LaunchTemplateHttpTokensState::from(lt.http_tokens.as_str()))
@@ -288,14 +356,14 @@ fn launch_template_data(model: &ClusterModel, resolved: &Resolved, ids: &Ids, na
                 .market_type(ec2_t::MarketType::Spot)
                 .spot_options(
                     ec2_t::LaunchTemplateSpotMarketOptionsRequest::builder()
-                        .set_max_price(spot.max_price.clone())
-                        .instance_interruption_behavior(ec2_t::InstanceInterruptionBehavior::from(spot.interruption_behavior.as_str()))
+                        .set_max_price(Some(spot.max_price.clone()).filter(|p| !p.is_empty()))
+                        .instance_interruption_behavior(ec2_t::InstanceInterruptionBehavior::from(spot.interruption.as_str()))
                         .build(),
                 )
                 .build()
         }))
         .set_credit_specification(lt.cpu_credits.as_ref().map(|c| ec2_t::CreditSpecificationRequest::builder().cpu_credits(c).build()))
-        .iam_instance_profile(ec2_t::LaunchTemplateIamInstanceProfileSpecificationRequest::builder().name(&lt.instance_profile).build())
+        .iam_instance_profile(ec2_t::LaunchTemplateIamInstanceProfileSpecificationRequest::builder().name(lt.instance_profile.name()).build())
         .user_data(base64::engine::general_purpose::STANDARD.encode(&lt.user_data))
         .tag_specifications(
             ec2_t::LaunchTemplateTagSpecificationRequest::builder().resource_type(ec2_t::ResourceType::Instance).set_tags(Some(instance_tags.clone())).build(),

@@ -1,6 +1,7 @@
-//! The direct AWS target: resolve (images, DNS zone), discover what exists by the cluster tag,
-//! turn the model into comparable resources, and execute a plan through aws-sdk-ec2,
-//! aws-sdk-autoscaling and aws-sdk-route53. Every create call tags the resource in the same call,
+//! The AWS tasks and their two targets. The direct target resolves (images, DNS zone), discovers
+//! what exists by the cluster tag, views the model's tasks as comparable resources, and executes a
+//! plan through aws-sdk-ec2, aws-sdk-autoscaling and aws-sdk-route53 ([`AwsTask::render_aws`]);
+//! [`terraform`] renders the same tasks as Terraform ([`AwsTask::render_terraform`]). Every create call tags the resource in the same call,
 //! so a run that fails half-way leaves only discoverable resources and the rerun adopts them.
 
 use std::collections::BTreeMap;
@@ -14,8 +15,9 @@ use cloud::dns::{Dns as _, Route53Dns};
 use cloud::AwsOptions;
 
 use super::model::ClusterModel;
-use super::plan::{Action, Change, Kind, Plan, Resource, Rolling};
+use super::plan::{Action, Kind, Plan, Resource, Rolling};
 use super::state::StateError;
+use crate::tasks::{Link, Linked};
 use base::StateStore;
 
 mod autoscaling;
@@ -27,17 +29,18 @@ mod network;
 mod routing;
 mod security_group;
 pub mod task;
+pub mod terraform;
 mod volume;
 
 pub use autoscaling::{AutoscalingGroup, Mixed};
-pub use dns_record::DnsRecord;
-pub use iam::{IamRole, InstanceProfile};
-pub use launch_template::{LaunchTemplate, RootVolume, Spot};
-pub use load_balancer::{AliasRecord, Listener, LoadBalancer, TargetGroup};
+pub use dns_record::{DnsRecord, RecordTarget};
+pub use iam::{IamRole, InlinePolicy, InstanceProfile, Policy};
+pub use launch_template::{Image, LaunchTemplate, RootVolume, Spot};
+pub use load_balancer::{Listener, LoadBalancer, TargetGroup, DEREGISTRATION_DELAY, HEALTH_CHECK};
 pub use network::{Subnet, Vpc};
-pub use routing::{ElasticIp, InternetGateway, NatGateway, RouteTable};
-pub use security_group::{SecurityGroup, SecurityGroupRule};
-pub use task::Task;
+pub use routing::{ElasticIp, InternetGateway, NatGateway, RouteTable, RouteTarget};
+pub use security_group::{protocol_has_ports, IngressRule, RuleSource, SecurityGroup, SecurityGroupRule};
+pub use task::{AwsTask, Task, Tasks};
 pub use volume::Volume;
 
 /// At most this many pages are read from any listing (1000 items a page at most).
@@ -164,26 +167,42 @@ pub(crate) fn name_of(map: &BTreeMap<String, String>, id: &str) -> String {
     map.iter().find(|(_, v)| v.as_str() == id).map(|(k, _)| k.clone()).unwrap_or_else(|| id.to_string())
 }
 
-/// Cloud ids for a comma-separated list of names; a value that is already an id given in the
-/// spec (`sg-<hex>`, `subnet-<hex>`, `arn:…`) is kept (cloud names always carry the cluster name).
-pub(crate) fn ids_for<S: AsRef<str>>(
-    map: &BTreeMap<String, String>,
-    names: impl IntoIterator<Item = S>,
-    kind: &'static str,
-    user: &str,
-) -> Result<Vec<String>, AwsError> {
-    names
-        .into_iter()
-        .filter(|s| !s.as_ref().is_empty())
-        .map(|n| {
-            let n = n.as_ref();
-            let aws_id = |p: &str| n.strip_prefix(p).is_some_and(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit()));
-            if aws_id("sg-") || aws_id("subnet-") || n.starts_with("arn:") {
-                return Ok(n.to_string());
-            }
-            map.get(n).cloned().ok_or_else(|| AwsError::Missing { kind, name: n.to_string(), message: format!("needed by {user}") })
+/// A name that is already an AWS id or ARN (`sg-…`, `subnet-…`, `arn:…`): used as it is.
+fn is_aws_id(n: &str) -> bool {
+    let aws_id = |p: &str| n.strip_prefix(p).is_some_and(|h| !h.is_empty() && h.bytes().all(|b| b.is_ascii_hexdigit()));
+    aws_id("sg-") || aws_id("subnet-") || n.starts_with("arn:")
+}
+
+/// A task type the direct target resolves links to: where its cloud ids are kept.
+pub trait AwsLinked: Linked {
+    const KIND: Kind;
+    fn lookup(ids: &Ids, name: &str) -> Option<String>;
+}
+
+impl<T: AwsLinked> Link<T> {
+    /// The cloud id: the spec's, or the one the task was found or created with (a name that is
+    /// already an id or ARN is kept); else an error naming the target and `user`.
+    pub fn resolve(&self, ids: &Ids, user: &str) -> Result<String, AwsError> {
+        if let Some(id) = self.id() {
+            return Ok(id.to_string());
+        }
+        if is_aws_id(self.name()) {
+            return Ok(self.name().to_string());
+        }
+        T::lookup(ids, self.name()).ok_or_else(|| AwsError::Missing {
+            kind: T::KIND.as_str(),
+            name: self.name().to_string(),
+            message: format!("needed by {user}"),
         })
-        .collect()
+    }
+}
+
+/// The cloud ids of some links, in the order of their names (empty names skipped).
+pub(crate) fn resolve_all<T: AwsLinked>(links: &[Link<T>], ids: &Ids, user: &str) -> Result<Vec<String>, AwsError> {
+    let mut sorted: Vec<&Link<T>> = links.iter().filter(|l| !l.is_empty()).collect();
+    sorted.sort();
+    sorted.dedup();
+    sorted.into_iter().map(|l| l.resolve(ids, user)).collect()
 }
 
 impl Ids {
@@ -202,6 +221,13 @@ pub struct Discovered {
     pub ids: Ids,
     /// ASG name → its instance ids.
     pub instances: BTreeMap<String, Vec<String>>,
+}
+
+impl Discovered {
+    /// A task found with its cloud id.
+    fn found(&mut self, task: impl Into<Task>, id: String) {
+        self.resources.push(task.into().view(Some(id)));
+    }
 }
 
 fn ec2_tags(tags: &BTreeMap<String, String>) -> Vec<ec2_t::Tag> {
@@ -249,7 +275,7 @@ pub fn pin_versions(desired: &mut [Resource], actual: &[Resource], ids: &Ids) {
         .collect();
     for r in desired.iter_mut() {
         if let Some(Task::AutoscalingGroup(g)) = r.task.as_deref() {
-            if let Some(v) = next.get(&g.launch_template) {
+            if let Some(v) = next.get(g.launch_template.name()) {
                 let mut g = g.clone();
                 g.launch_template_version = Some(*v);
                 *r = Task::AutoscalingGroup(g).view(r.id.clone());
@@ -258,27 +284,16 @@ pub fn pin_versions(desired: &mut [Resource], actual: &[Resource], ids: &Ids) {
     }
 }
 
-/// The model as typed tasks (AWS flavour), in their plan views. Needs resolved image ids.
+/// The model's tasks in their plan views on the direct target. Needs resolved image ids.
 pub fn desired(model: &ClusterModel, resolved: &Resolved) -> Vec<Resource> {
-    let mut out = Vec::new();
-    iam::desired(model, resolved, &mut out);
-    network::desired(model, &mut out);
-    routing::desired(model, &mut out);
-    security_group::desired(model, &mut out);
-    load_balancer::desired(model, &mut out);
-    launch_template::desired(model, resolved, &mut out);
-    autoscaling::desired(model, &mut out);
-    volume::desired(model, &mut out);
-    dns_record::desired(model, resolved, &mut out);
-    load_balancer::desired_aliases(model, resolved, &mut out);
-    out
+    task::desired(&model.tasks, resolved)
 }
 
 impl AwsTarget {
     /// Read-only lookups: AMI ids for the images, and the hosted zone.
     pub async fn resolve(&self, model: &ClusterModel) -> Result<Resolved, AwsError> {
         let mut r = Resolved::default();
-        let mut images: Vec<&String> = model.launch_templates.iter().map(|l| &l.image).collect();
+        let mut images: Vec<&String> = model.tasks.launch_templates.iter().map(|l| &l.image.spec).collect();
         images.sort();
         images.dedup();
         for image in images {
@@ -326,17 +341,8 @@ impl AwsTarget {
     /// Everything tagged for the cluster, as typed tasks in their plan views (reads only).
     pub async fn discover(&self, model: &ClusterModel, resolved: &Resolved) -> Result<Discovered, AwsError> {
         let mut d = Discovered::default();
-        iam::discover(self, model, &mut d).await?;
-        network::discover(self, model, &mut d).await?;
-        routing::discover(self, model, &mut d).await?;
-        security_group::discover(self, model, &mut d).await?;
-        load_balancer::discover(self, model, &mut d).await?;
-        launch_template::discover(self, model, &mut d).await?;
-        autoscaling::discover(self, model, &mut d).await?;
-        volume::discover(self, model, &mut d).await?;
-        if let Some(zone) = &resolved.zone {
-            dns_record::discover(self, model, zone, &mut d).await?;
-            load_balancer::discover_aliases(self, model, zone, &mut d).await?;
+        for find in task::finders() {
+            find(self, model, resolved, &mut d).await?;
         }
         Ok(d)
     }
@@ -408,15 +414,11 @@ impl AwsTarget {
         &self,
         model: &ClusterModel,
         resolved: &Resolved,
-        c: &Change,
+        c: &super::plan::Change,
         discovered: &mut Discovered,
         store: &StateStore,
     ) -> Result<(), AwsError> {
-        let ids = &mut discovered.ids;
         let name = c.name.as_str();
-        let alias = |r: Option<&Resource>| {
-            r.is_some_and(|r| matches!(r.task.as_deref(), Some(Task::AliasRecord(_))) || r.id.as_deref().is_some_and(|id| id.starts_with("alias|")))
-        };
         match (c.kind, &c.action) {
             (Kind::StateFile, Action::Create | Action::Update(_)) => {
                 let bytes = model.state.get(name).ok_or_else(|| AwsError::Missing {
@@ -431,25 +433,16 @@ impl AwsTarget {
                 super::state::ensure_pki(store, &model.etcd_clusters, model.encryption_config).await?;
             }
             (Kind::Keyset, _) => {}
-            (Kind::IamRole | Kind::IamInstanceProfile, _) => self.execute_iam(model, resolved, c).await?,
-            (Kind::Vpc | Kind::Subnet, _) => self.execute_network(model, c, ids).await?,
-            (Kind::InternetGateway | Kind::ElasticIp | Kind::NatGateway | Kind::RouteTable, _) => self.execute_routing(model, c, ids).await?,
-            (Kind::SecurityGroup | Kind::SecurityGroupRule, _) => self.execute_security_group(model, c, ids).await?,
-            (Kind::TargetGroup | Kind::LoadBalancer, _) => self.execute_load_balancer(model, c, ids).await?,
-            (Kind::LaunchTemplate, _) => self.execute_launch_template(model, resolved, c, ids).await?,
-            (Kind::AutoscalingGroup, _) => self.execute_autoscaling(c, ids).await?,
-            (Kind::Volume, _) => self.execute_volume(c, ids).await?,
-            (Kind::DnsRecord, _)
-                if alias(c.desired.as_ref()) || alias(c.actual.as_ref()) || model.dns.as_ref().is_some_and(|d| d.alias_records.contains(&c.name)) =>
-            {
-                let zone = resolved.zone.clone().ok_or_else(|| AwsError::Missing {
-                    kind: "DNSRecord",
+            // A cloud resource: its task renders the change (the desired side's type, else the actual's).
+            _ => {
+                let task = [&c.desired, &c.actual].into_iter().flatten().find_map(|r| r.task.as_deref()).ok_or_else(|| AwsError::Missing {
+                    kind: c.kind.as_str(),
                     name: name.into(),
-                    message: "no hosted zone was resolved".into(),
+                    message: "the plan holds no typed state for it".into(),
                 })?;
-                self.execute_alias(&zone, c, ids).await?;
+                let cx = task::Exec { target: self, model, resolved, ids: &mut discovered.ids };
+                task.task().render_aws(cx, c).await?;
             }
-            (Kind::DnsRecord, _) => self.execute_dns_record(resolved, c).await?,
         }
         Ok(())
     }

@@ -4,11 +4,14 @@
 use std::collections::BTreeMap;
 
 use aws_sdk_ec2::types as ec2_t;
+use serde_json::json;
 
-use super::task::{actual_id, typed, Fields, Task};
-use super::{api, cluster_filter, required, tag_spec, tags_of, AwsError, AwsTarget, Discovered, Ids};
-use crate::model::{cluster_tags, ClusterModel};
-use crate::plan::{Action, Change, Kind, Resource};
+use super::task::{AwsFuture, AwsTask, Exec, Typed};
+use super::terraform::{tags_value, AwsTerraform};
+use super::{api, cluster_filter, required, tag_spec, tags_of, AwsError, AwsLinked, AwsTarget, Discovered, Ids, Resolved};
+use crate::model::ClusterModel;
+use crate::plan::{Action, Change, Kind};
+use crate::tasks::{Fields, Link, Linked};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Vpc {
@@ -18,9 +21,83 @@ pub struct Vpc {
     pub tags: BTreeMap<String, String>,
 }
 
-impl Vpc {
-    pub fn fields(&self, f: &mut Fields) {
+impl Linked for Vpc {
+    const TF_TYPE: &'static str = "aws_vpc";
+    const TF_ATTR: &'static str = "id";
+}
+
+impl AwsLinked for Vpc {
+    const KIND: Kind = Kind::Vpc;
+    fn lookup(ids: &Ids, _name: &str) -> Option<String> {
+        ids.vpc.clone()
+    }
+}
+
+impl AwsTask for Vpc {
+    fn kind(&self) -> Kind {
+        Kind::Vpc
+    }
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+    fn tags(&self) -> BTreeMap<String, String> {
+        self.tags.clone()
+    }
+    fn fields(&self, f: &mut Fields) {
         f.set("cidr", &self.cidr).set("dns_hostnames", self.dns_hostnames);
+    }
+    fn find<'a>(t: &'a AwsTarget, model: &'a ClusterModel, _resolved: &'a Resolved, d: &'a mut Discovered) -> AwsFuture<'a> {
+        Box::pin(discover_vpcs(t, model, d))
+    }
+    fn render_terraform(&self, t: &mut AwsTerraform) {
+        t.blocks.add(
+            "aws_vpc",
+            &self.name,
+            json!({
+                "cidr_block": self.cidr,
+                "enable_dns_hostnames": self.dns_hostnames,
+                "enable_dns_support": true,
+                "tags": tags_value(&self.tags),
+            }),
+        );
+    }
+    fn render_aws<'a>(&'a self, cx: Exec<'a>, c: &'a Change) -> AwsFuture<'a> {
+        Box::pin(async move {
+            let c = Typed::<Vpc>::of(c);
+            let (t, name) = (cx.target, c.name);
+            match c.action {
+                Action::Create => {
+                    let want = c.want()?;
+                    let resp = t
+                        .ec2
+                        .create_vpc()
+                        .cidr_block(&want.cidr)
+                        .tag_specifications(tag_spec(ec2_t::ResourceType::Vpc, &want.tags))
+                        .send()
+                        .await
+                        .map_err(|e| api("CreateVpc", name, e))?;
+                    let id = required(resp.vpc().and_then(|v| v.vpc_id()), "VPC", name, "VpcId")?.to_string();
+                    cx.ids.vpc = Some(id.clone());
+                    t.enable_dns_hostnames(&id, name).await?;
+                }
+                Action::Update(_) => {
+                    let want = c.want()?;
+                    let id = c.id()?;
+                    if c.changed("dns_hostnames") {
+                        t.enable_dns_hostnames(&id, name).await?;
+                    }
+                    if c.tags_changed() {
+                        t.create_tags(&id, &want.tags).await?;
+                    }
+                }
+                Action::Delete => {
+                    let id = c.id()?;
+                    t.delete_with_retry(name, || async { t.ec2.delete_vpc().vpc_id(&id).send().await.map(|_| ()).map_err(|e| api("DeleteVpc", name, e)) })
+                        .await?;
+                }
+            }
+            Ok(())
+        })
     }
 }
 
@@ -30,68 +107,111 @@ pub struct Subnet {
     pub name: String,
     pub cidr: String,
     pub zone: String,
-    /// The VPC's name (or its id when the spec gives one).
-    pub vpc: String,
+    /// The VPC (named by its id when the spec gives one).
+    pub vpc: Link<Vpc>,
     pub map_public_ip: bool,
     pub tags: BTreeMap<String, String>,
 }
 
-impl Subnet {
-    pub fn fields(&self, f: &mut Fields) {
+impl Linked for Subnet {
+    const TF_TYPE: &'static str = "aws_subnet";
+    const TF_ATTR: &'static str = "id";
+}
+
+impl AwsLinked for Subnet {
+    const KIND: Kind = Kind::Subnet;
+    fn lookup(ids: &Ids, name: &str) -> Option<String> {
+        ids.subnets.get(name).cloned()
+    }
+}
+
+impl AwsTask for Subnet {
+    fn kind(&self) -> Kind {
+        Kind::Subnet
+    }
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+    fn tags(&self) -> BTreeMap<String, String> {
+        self.tags.clone()
+    }
+    fn fields(&self, f: &mut Fields) {
         f.set("cidr", &self.cidr).set("zone", &self.zone).set("vpc", &self.vpc).set("map_public_ip", self.map_public_ip);
     }
-}
-
-/// The name the VPC goes by in the plan: its id when the spec names an existing one.
-pub fn vpc_name(model: &ClusterModel) -> String {
-    model.network.existing_id.clone().unwrap_or_else(|| model.network.name.clone())
-}
-
-fn subnet_tags(model: &ClusterModel, name: &str, kind: &str) -> BTreeMap<String, String> {
-    let mut t = cluster_tags(&model.cluster, name);
-    t.insert("SubnetType".into(), kind.into());
-    match kind {
-        "Private" => t.insert("kubernetes.io/role/internal-elb".into(), "1".into()),
-        _ => t.insert("kubernetes.io/role/elb".into(), "1".into()),
-    };
-    t
-}
-
-pub fn desired(model: &ClusterModel, out: &mut Vec<Resource>) {
-    let net = &model.network;
-    if net.existing_id.is_none() {
-        let vpc =
-            Vpc { name: net.name.clone(), cidr: net.cidr.clone().unwrap_or_default(), dns_hostnames: true, tags: cluster_tags(&model.cluster, &net.name) };
-        out.push(Task::Vpc(vpc).view(None));
+    fn find<'a>(t: &'a AwsTarget, model: &'a ClusterModel, _resolved: &'a Resolved, d: &'a mut Discovered) -> AwsFuture<'a> {
+        Box::pin(discover_subnets(t, model, d))
     }
-    for s in net.subnets.iter().filter(|s| s.existing_id.is_none()) {
-        let subnet = Subnet {
-            name: s.cloud_name.clone(),
-            cidr: s.cidr.clone().unwrap_or_default(),
-            zone: s.zone.clone().unwrap_or_default(),
-            vpc: vpc_name(model),
-            map_public_ip: matches!(s.kind.as_str(), "Public" | "Utility"),
-            tags: subnet_tags(model, &s.cloud_name, &s.kind),
-        };
-        out.push(Task::Subnet(subnet).view(None));
+    fn render_terraform(&self, t: &mut AwsTerraform) {
+        t.blocks.add(
+            "aws_subnet",
+            &self.name,
+            json!({
+                "vpc_id": self.vpc.tf(),
+                "cidr_block": self.cidr,
+                "availability_zone": self.zone,
+                "map_public_ip_on_launch": self.map_public_ip,
+                "tags": tags_value(&self.tags),
+            }),
+        );
+    }
+    fn render_aws<'a>(&'a self, cx: Exec<'a>, c: &'a Change) -> AwsFuture<'a> {
+        Box::pin(async move {
+            let c = Typed::<Subnet>::of(c);
+            let (t, name) = (cx.target, c.name);
+            match c.action {
+                Action::Create => {
+                    let want = c.want()?;
+                    let vpc = want.vpc.resolve(cx.ids, &format!("subnet {name}"))?;
+                    let resp = t
+                        .ec2
+                        .create_subnet()
+                        .vpc_id(vpc)
+                        .cidr_block(&want.cidr)
+                        .availability_zone(&want.zone)
+                        .tag_specifications(tag_spec(ec2_t::ResourceType::Subnet, &want.tags))
+                        .send()
+                        .await
+                        .map_err(|e| api("CreateSubnet", name, e))?;
+                    let id = required(resp.subnet().and_then(|s| s.subnet_id()), "Subnet", name, "SubnetId")?.to_string();
+                    if want.map_public_ip {
+                        t.map_public_ip(&id, name, true).await?;
+                    }
+                    cx.ids.subnets.insert(name.to_string(), id);
+                }
+                Action::Update(_) => {
+                    let want = c.want()?;
+                    let id = c.id()?;
+                    if c.changed("map_public_ip") {
+                        t.map_public_ip(&id, name, want.map_public_ip).await?;
+                    }
+                    if c.tags_changed() {
+                        t.create_tags(&id, &want.tags).await?;
+                    }
+                }
+                Action::Delete => {
+                    let id = c.id()?;
+                    t.delete_with_retry(name, || async {
+                        t.ec2.delete_subnet().subnet_id(&id).send().await.map(|_| ()).map_err(|e| api("DeleteSubnet", name, e))
+                    })
+                    .await?;
+                }
+            }
+            Ok(())
+        })
     }
 }
 
-/// Discover the cluster's VPC and subnets (and the ids the spec gives).
-pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
+/// Discover the cluster's VPC (or take the id the spec gives).
+async fn discover_vpcs(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
     let cluster = &model.cluster;
-    d.ids.vpc = model.network.existing_id.clone();
-    for s in &model.network.subnets {
-        if let Some(id) = &s.existing_id {
-            d.ids.subnets.insert(s.cloud_name.clone(), id.clone());
-        }
-    }
+    let net = &model.network;
+    d.ids.vpc = net.vpc.id().map(str::to_string);
     let vpcs = t.ec2.describe_vpcs().filters(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeVpcs", cluster, e))?;
     for v in vpcs.vpcs() {
         let id = required(v.vpc_id(), "VPC", cluster, "VpcId")?.to_string();
         let tags = tags_of(v.tags());
         let name = tags.get("Name").cloned().unwrap_or_else(|| id.clone());
-        if model.network.existing_id.is_none() {
+        if net.vpc.id().is_none() {
             d.ids.vpc = Some(id.clone());
         }
         let dns_hostnames = t
@@ -106,7 +226,18 @@ pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -
             .and_then(|a| a.value())
             .unwrap_or(false);
         let cidr = required(v.cidr_block(), "VPC", &name, "CidrBlock")?.to_string();
-        d.resources.push(Task::Vpc(Vpc { name, cidr, dns_hostnames, tags }).view(Some(id)));
+        d.found(Vpc { name, cidr, dns_hostnames, tags }, id);
+    }
+    Ok(())
+}
+
+/// Discover the cluster's subnets (and the ids the spec gives).
+async fn discover_subnets(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
+    let cluster = &model.cluster;
+    for s in &model.network.subnets {
+        if let Some(id) = s.id() {
+            d.ids.subnets.insert(s.name().to_string(), id.to_string());
+        }
     }
     let subnets = t.ec2.describe_subnets().filters(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeSubnets", cluster, e))?;
     for s in subnets.subnets() {
@@ -118,103 +249,26 @@ pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -
         let subnet = Subnet {
             cidr: required(s.cidr_block(), "Subnet", &name, "CidrBlock")?.to_string(),
             zone: required(s.availability_zone(), "Subnet", &name, "AvailabilityZone")?.to_string(),
-            vpc: vpc_name_of(model, vpc_id),
+            vpc: vpc_link_of(model, vpc_id),
             map_public_ip: s.map_public_ip_on_launch().unwrap_or(false),
             name,
             tags,
         };
-        d.resources.push(Task::Subnet(subnet).view(Some(id)));
+        d.found(subnet, id);
     }
     Ok(())
 }
 
-/// The plan's name of a VPC id: the spec's id stays an id, the cluster's VPC is its name.
-pub fn vpc_name_of(model: &ClusterModel, id: &str) -> String {
-    if model.network.existing_id.as_deref() == Some(id) {
-        id.to_string()
+/// The link to a VPC found by id: the spec's id stays an id, the cluster's VPC is its name.
+pub fn vpc_link_of(model: &ClusterModel, id: &str) -> Link<Vpc> {
+    if model.network.vpc.id() == Some(id) {
+        model.network.vpc.clone()
     } else {
-        model.network.name.clone()
+        Link::to(model.network.name.clone())
     }
-}
-
-fn the_vpc(ids: &Ids, model: &ClusterModel, user: &str) -> Result<String, AwsError> {
-    ids.vpc.clone().ok_or_else(|| AwsError::Missing { kind: "VPC", name: model.network.name.clone(), message: format!("needed by {user}") })
 }
 
 impl AwsTarget {
-    pub(super) async fn execute_network(&self, model: &ClusterModel, c: &Change, ids: &mut Ids) -> Result<(), AwsError> {
-        let name = c.name.as_str();
-        match (c.kind, &c.action) {
-            (Kind::Vpc, Action::Create) => {
-                let want = typed(c.desired.as_ref(), c.kind, name, "desired", |t| if let Task::Vpc(v) = t { Some(v) } else { None })?;
-                let resp = self
-                    .ec2
-                    .create_vpc()
-                    .cidr_block(&want.cidr)
-                    .tag_specifications(tag_spec(ec2_t::ResourceType::Vpc, &want.tags))
-                    .send()
-                    .await
-                    .map_err(|e| api("CreateVpc", name, e))?;
-                let id = required(resp.vpc().and_then(|v| v.vpc_id()), "VPC", name, "VpcId")?.to_string();
-                ids.vpc = Some(id.clone());
-                self.enable_dns_hostnames(&id, name).await?;
-            }
-            (Kind::Vpc, Action::Update(fields)) => {
-                let want = typed(c.desired.as_ref(), c.kind, name, "desired", |t| if let Task::Vpc(v) = t { Some(v) } else { None })?;
-                let id = actual_id(c.actual.as_ref(), c.kind, name)?;
-                if fields.iter().any(|f| f.field == "dns_hostnames") {
-                    self.enable_dns_hostnames(&id, name).await?;
-                }
-                if fields.iter().any(|f| f.field.starts_with("tags[")) {
-                    self.create_tags(&id, &want.tags).await?;
-                }
-            }
-            (Kind::Vpc, Action::Delete) => {
-                let id = actual_id(c.actual.as_ref(), c.kind, name)?;
-                self.delete_with_retry(name, || async { self.ec2.delete_vpc().vpc_id(&id).send().await.map(|_| ()).map_err(|e| api("DeleteVpc", name, e)) })
-                    .await?;
-            }
-            (Kind::Subnet, Action::Create) => {
-                let want = typed(c.desired.as_ref(), c.kind, name, "desired", |t| if let Task::Subnet(s) = t { Some(s) } else { None })?;
-                let vpc = the_vpc(ids, model, &format!("subnet {name}"))?;
-                let resp = self
-                    .ec2
-                    .create_subnet()
-                    .vpc_id(vpc)
-                    .cidr_block(&want.cidr)
-                    .availability_zone(&want.zone)
-                    .tag_specifications(tag_spec(ec2_t::ResourceType::Subnet, &want.tags))
-                    .send()
-                    .await
-                    .map_err(|e| api("CreateSubnet", name, e))?;
-                let id = required(resp.subnet().and_then(|s| s.subnet_id()), "Subnet", name, "SubnetId")?.to_string();
-                if want.map_public_ip {
-                    self.map_public_ip(&id, name, true).await?;
-                }
-                ids.subnets.insert(name.to_string(), id);
-            }
-            (Kind::Subnet, Action::Update(fields)) => {
-                let want = typed(c.desired.as_ref(), c.kind, name, "desired", |t| if let Task::Subnet(s) = t { Some(s) } else { None })?;
-                let id = actual_id(c.actual.as_ref(), c.kind, name)?;
-                if fields.iter().any(|f| f.field == "map_public_ip") {
-                    self.map_public_ip(&id, name, want.map_public_ip).await?;
-                }
-                if fields.iter().any(|f| f.field.starts_with("tags[")) {
-                    self.create_tags(&id, &want.tags).await?;
-                }
-            }
-            (Kind::Subnet, Action::Delete) => {
-                let id = actual_id(c.actual.as_ref(), c.kind, name)?;
-                self.delete_with_retry(name, || async {
-                    self.ec2.delete_subnet().subnet_id(&id).send().await.map(|_| ()).map_err(|e| api("DeleteSubnet", name, e))
-                })
-                .await?;
-            }
-            (kind, _) => return Err(AwsError::Missing { kind: kind.as_str(), name: name.into(), message: "not a network resource".into() }),
-        }
-        Ok(())
-    }
-
     async fn map_public_ip(&self, id: &str, name: &str, on: bool) -> Result<(), AwsError> {
         self.ec2
             .modify_subnet_attribute()
@@ -235,5 +289,26 @@ impl AwsTarget {
             .await
             .map_err(|e| api("ModifyVpcAttribute", name, e))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aws::task::Task;
+    use crate::terraform_json::Blocks;
+
+    /// One value, two targets: Terraform references the VPC by its link; the plan shows its name.
+    #[test]
+    fn a_subnet_renders_to_terraform_and_to_the_plan_from_the_same_value() {
+        let subnet =
+            |vpc: Link<Vpc>| Subnet { name: "a.c".into(), cidr: "10.0.0.0/24".into(), zone: "z-1a".into(), vpc, map_public_ip: true, tags: BTreeMap::new() };
+        for (vpc, tf, plan) in [(Link::to("c"), "${aws_vpc.c.id}", "c"), (Link::existing("vpc-1", "vpc-1"), "vpc-1", "vpc-1")] {
+            let s = subnet(vpc);
+            let mut t = AwsTerraform { blocks: Blocks::default(), zone: None };
+            s.render_terraform(&mut t);
+            assert_eq!(t.blocks.resource["aws_subnet"]["a-c"]["vpc_id"], tf);
+            assert_eq!(Task::from(s).view(None).attrs["vpc"], plan);
+        }
     }
 }

@@ -3,25 +3,84 @@
 use std::collections::BTreeMap;
 
 use aws_sdk_ec2::types as ec2_t;
+use serde_json::json;
 
-use super::task::{actual_id, typed, Fields, Task};
-use super::{api, cluster_filter, required, tag_spec, tags_of, AwsError, AwsTarget, Discovered, Ids};
-use crate::model::{ClusterModel, IngressRule, RuleSource};
-use crate::plan::{Action, Change, Kind, Resource};
+use super::network::Vpc;
+use super::task::{AwsFuture, AwsTask, Exec, Task, Typed};
+use super::terraform::{tags_value, AwsTerraform};
+use super::{api, cluster_filter, required, tag_spec, tags_of, AwsError, AwsLinked, AwsTarget, Discovered, Ids, Resolved};
+use crate::model::ClusterModel;
+use crate::plan::{Action, Change, Kind};
+use crate::tasks::{Fields, Link, Linked};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SecurityGroup {
     pub name: String,
-    pub vpc: String,
+    pub vpc: Link<Vpc>,
     /// Set at creation (not compared: AWS cannot change it).
     pub description: String,
     pub tags: BTreeMap<String, String>,
 }
 
-impl SecurityGroup {
-    pub fn fields(&self, f: &mut Fields) {
-        f.set("vpc", &self.vpc);
+impl Linked for SecurityGroup {
+    const TF_TYPE: &'static str = "aws_security_group";
+    const TF_ATTR: &'static str = "id";
+}
+
+impl AwsLinked for SecurityGroup {
+    const KIND: Kind = Kind::SecurityGroup;
+    fn lookup(ids: &Ids, name: &str) -> Option<String> {
+        ids.security_groups.get(name).cloned()
     }
+}
+
+/// One ingress rule: `protocol` is `all` (every port) or `tcp`/`udp` with a port range.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct IngressRule {
+    /// The group it admits traffic into.
+    pub group: Link<SecurityGroup>,
+    pub protocol: String,
+    pub from_port: i32,
+    pub to_port: i32,
+    pub source: RuleSource,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum RuleSource {
+    Cidr(String),
+    Group(Link<SecurityGroup>),
+}
+
+impl IngressRule {
+    /// A stable name: `masters.c: tcp/443 from 0.0.0.0/0`, `nodes.c: all from masters.c`,
+    /// `masters.c: 4/all from nodes.c` (a protocol without ports).
+    pub fn name(&self) -> String {
+        let ports = if self.protocol == "all" {
+            "all".to_string()
+        } else if !self.has_ports() {
+            format!("{}/all", self.protocol)
+        } else if self.from_port == self.to_port {
+            format!("{}/{}", self.protocol, self.from_port)
+        } else {
+            format!("{}/{}-{}", self.protocol, self.from_port, self.to_port)
+        };
+        let src = match &self.source {
+            RuleSource::Cidr(c) => c.clone(),
+            RuleSource::Group(g) => g.to_string(),
+        };
+        format!("{}: {ports} from {src}", self.group)
+    }
+
+    /// Whether the protocol has ports (TCP, UDP, ICMP types): for `all` and the others (IP-in-IP
+    /// is `4`) AWS admits every port and the rule carries -1.
+    pub fn has_ports(&self) -> bool {
+        protocol_has_ports(&self.protocol)
+    }
+}
+
+/// TCP, UDP and ICMP (by name or number) have ports; other protocols do not.
+pub fn protocol_has_ports(protocol: &str) -> bool {
+    matches!(protocol, "tcp" | "udp" | "icmp" | "icmpv6" | "6" | "17" | "1" | "58")
 }
 
 /// One ingress rule of a group.
@@ -31,15 +90,6 @@ pub struct SecurityGroupRule {
 }
 
 impl SecurityGroupRule {
-    pub fn fields(&self, f: &mut Fields) {
-        let r = &self.rule;
-        f.set("group", &r.group).set("protocol", &r.protocol).set("from_port", r.from_port).set("to_port", r.to_port);
-        match &r.source {
-            RuleSource::Cidr(c) => f.set("source_cidr", c),
-            RuleSource::Group(g) => f.set("source_group", g),
-        };
-    }
-
     /// The IpPermission, with group names resolved to ids.
     fn ip_permission(&self, ids: &Ids) -> Result<ec2_t::IpPermission, AwsError> {
         let r = &self.rule;
@@ -55,11 +105,7 @@ impl SecurityGroupRule {
         match &r.source {
             RuleSource::Cidr(c) => p = p.ip_ranges(ec2_t::IpRange::builder().cidr_ip(c).build()),
             RuleSource::Group(g) => {
-                let id = ids.security_groups.get(g).cloned().ok_or_else(|| AwsError::Missing {
-                    kind: "SecurityGroup",
-                    name: g.clone(),
-                    message: format!("source of rule {}", r.name()),
-                })?;
+                let id = g.resolve(ids, &format!("source of rule {}", r.name()))?;
                 p = p.user_id_group_pairs(ec2_t::UserIdGroupPair::builder().group_id(id).build());
             }
         }
@@ -67,18 +113,150 @@ impl SecurityGroupRule {
     }
 }
 
-pub fn desired(model: &ClusterModel, out: &mut Vec<Resource>) {
-    let vpc = super::network::vpc_name(model);
-    for sg in &model.security_groups {
-        let group = SecurityGroup { name: sg.name.clone(), vpc: vpc.clone(), description: sg.description.clone(), tags: sg.tags.clone() };
-        out.push(Task::SecurityGroup(group).view(None));
-        for rule in &sg.ingress {
-            out.push(Task::SecurityGroupRule(SecurityGroupRule { rule: rule.clone() }).view(None));
-        }
+impl AwsTask for SecurityGroup {
+    fn kind(&self) -> Kind {
+        Kind::SecurityGroup
+    }
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+    fn tags(&self) -> BTreeMap<String, String> {
+        self.tags.clone()
+    }
+    fn fields(&self, f: &mut Fields) {
+        f.set("vpc", &self.vpc);
+    }
+    fn find<'a>(t: &'a AwsTarget, model: &'a ClusterModel, _resolved: &'a Resolved, d: &'a mut Discovered) -> AwsFuture<'a> {
+        Box::pin(discover(t, model, d))
+    }
+    fn render_terraform(&self, t: &mut AwsTerraform) {
+        t.blocks.add(
+            "aws_security_group",
+            &self.name,
+            json!({"name": self.name, "description": self.description, "vpc_id": self.vpc.tf(), "tags": tags_value(&self.tags)}),
+        );
+    }
+    fn render_aws<'a>(&'a self, cx: Exec<'a>, c: &'a Change) -> AwsFuture<'a> {
+        Box::pin(async move {
+            let c = Typed::<SecurityGroup>::of(c);
+            let (t, name) = (cx.target, c.name);
+            match c.action {
+                Action::Create => {
+                    let want = c.want()?;
+                    let vpc = cx.ids.vpc.clone().ok_or_else(|| AwsError::Missing {
+                        kind: "VPC",
+                        name: cx.model.network.name.clone(),
+                        message: format!("needed by security group {name}"),
+                    })?;
+                    let resp = t
+                        .ec2
+                        .create_security_group()
+                        .group_name(name)
+                        .description(if want.description.is_empty() { name } else { want.description.as_str() })
+                        .vpc_id(vpc)
+                        .tag_specifications(tag_spec(ec2_t::ResourceType::SecurityGroup, &want.tags))
+                        .send()
+                        .await
+                        .map_err(|e| api("CreateSecurityGroup", name, e))?;
+                    let id = required(resp.group_id(), "SecurityGroup", name, "GroupId")?;
+                    cx.ids.security_groups.insert(name.to_string(), id.to_string());
+                }
+                Action::Update(_) => {
+                    // Only tags can drift here.
+                    let want = c.want()?;
+                    t.create_tags(&c.id()?, &want.tags).await?;
+                }
+                Action::Delete => {
+                    let id = c.id()?;
+                    t.delete_with_retry(name, || async {
+                        t.ec2.delete_security_group().group_id(&id).send().await.map(|_| ()).map_err(|e| api("DeleteSecurityGroup", name, e))
+                    })
+                    .await?;
+                }
+            }
+            Ok(())
+        })
     }
 }
 
-pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
+impl AwsTask for SecurityGroupRule {
+    fn kind(&self) -> Kind {
+        Kind::SecurityGroupRule
+    }
+    fn name(&self) -> String {
+        self.rule.name()
+    }
+    fn fields(&self, f: &mut Fields) {
+        let r = &self.rule;
+        f.set("group", &r.group).set("protocol", &r.protocol).set("from_port", r.from_port).set("to_port", r.to_port);
+        match &r.source {
+            RuleSource::Cidr(c) => f.set("source_cidr", c),
+            RuleSource::Group(g) => f.set("source_group", g),
+        };
+    }
+    fn find<'a>(_t: &'a AwsTarget, _model: &'a ClusterModel, _resolved: &'a Resolved, _d: &'a mut Discovered) -> AwsFuture<'a> {
+        // Found with its group (the same listing).
+        super::task::found_with_another()
+    }
+    fn render_terraform(&self, t: &mut AwsTerraform) {
+        let rule = &self.rule;
+        let (protocol, from, to) = if rule.protocol == "all" {
+            ("-1".to_string(), 0, 0)
+        } else if !rule.has_ports() {
+            (rule.protocol.clone(), 0, 0)
+        } else {
+            (rule.protocol.clone(), rule.from_port, rule.to_port)
+        };
+        let mut body = json!({
+            "type": "ingress",
+            "security_group_id": rule.group.tf(),
+            "protocol": protocol,
+            "from_port": from,
+            "to_port": to,
+        });
+        match &rule.source {
+            RuleSource::Cidr(c) => body["cidr_blocks"] = json!([c]),
+            RuleSource::Group(g) => body["source_security_group_id"] = json!(g.tf()),
+        }
+        t.blocks.add("aws_security_group_rule", &rule.name().replace(": ", "-").replace(' ', "-"), body);
+    }
+    fn render_aws<'a>(&'a self, cx: Exec<'a>, c: &'a Change) -> AwsFuture<'a> {
+        Box::pin(async move {
+            let c = Typed::<SecurityGroupRule>::of(c);
+            let (t, name) = (cx.target, c.name);
+            match c.action {
+                Action::Create => {
+                    let want = c.want()?;
+                    let id = want.rule.group.resolve(cx.ids, &format!("rule {name}"))?;
+                    t.ec2
+                        .authorize_security_group_ingress()
+                        .group_id(id)
+                        .ip_permissions(want.ip_permission(cx.ids)?)
+                        .send()
+                        .await
+                        .map_err(|e| api("AuthorizeSecurityGroupIngress", name, e))?;
+                }
+                Action::Delete => {
+                    let have = c.have()?;
+                    if let Some(id) = cx.ids.security_groups.get(have.rule.group.name()).cloned() {
+                        t.ec2
+                            .revoke_security_group_ingress()
+                            .group_id(id)
+                            .ip_permissions(have.ip_permission(cx.ids)?)
+                            .send()
+                            .await
+                            .map_err(|e| api("RevokeSecurityGroupIngress", name, e))?;
+                    }
+                }
+                // A rule is its identity: any difference is another rule.
+                Action::Update(_) => {}
+            }
+            Ok(())
+        })
+    }
+}
+
+async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
     let cluster = &model.cluster;
     let sgs = t.ec2.describe_security_groups().filters(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeSecurityGroups", cluster, e))?;
     for g in sgs.security_groups() {
@@ -86,12 +264,12 @@ pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -
         let name = required(g.group_name(), "SecurityGroup", &id, "GroupName")?.to_string();
         d.ids.security_groups.insert(name.clone(), id.clone());
         let group = SecurityGroup {
-            vpc: super::network::vpc_name_of(model, required(g.vpc_id(), "SecurityGroup", &name, "VpcId")?),
+            vpc: super::network::vpc_link_of(model, required(g.vpc_id(), "SecurityGroup", &name, "VpcId")?),
             description: g.description().unwrap_or_default().to_string(),
             tags: tags_of(g.tags()),
             name,
         };
-        d.resources.push(Task::SecurityGroup(group).view(Some(id)));
+        d.found(group, id);
     }
     // Ingress rules, one task per (protocol, ports, source), once every group's name is known.
     for g in sgs.security_groups() {
@@ -102,7 +280,7 @@ pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -
                 other => other.to_string(),
             };
             // Protocols without ports (all, IP-in-IP) carry -1 whatever the API echoes back.
-            let (from_port, to_port) = if !crate::model::protocol_has_ports(&protocol) {
+            let (from_port, to_port) = if !protocol_has_ports(&protocol) {
                 (-1, -1)
             } else {
                 let port = |v: Option<i32>, what: &str| {
@@ -111,93 +289,20 @@ pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -
                 (port(p.from_port(), "FromPort")?, port(p.to_port(), "ToPort")?)
             };
             let mut sources: Vec<RuleSource> = p.ip_ranges().iter().filter_map(|r| r.cidr_ip().map(|c| RuleSource::Cidr(c.to_string()))).collect();
-            sources.extend(p.user_id_group_pairs().iter().filter_map(|u| u.group_id().map(|id| RuleSource::Group(d.ids.sg_name(id)))));
+            sources.extend(p.user_id_group_pairs().iter().filter_map(|u| u.group_id().map(|id| RuleSource::Group(Link::to(d.ids.sg_name(id))))));
             for source in sources {
-                let rule = IngressRule { group: group.clone(), protocol: protocol.clone(), from_port, to_port, source };
+                let rule = IngressRule { group: Link::to(group.clone()), protocol: protocol.clone(), from_port, to_port, source };
                 d.resources.push(Task::SecurityGroupRule(SecurityGroupRule { rule }).view(None));
             }
         }
     }
     // Additional security groups named by id in the spec map to themselves.
-    for lt in &model.launch_templates {
-        for sg in lt.additional_security_groups.iter().chain(lt.security_groups.iter()) {
+    for lt in &model.tasks.launch_templates {
+        for sg in &lt.security_groups {
             if sg.starts_with("sg-") {
-                d.ids.security_groups.entry(sg.clone()).or_insert_with(|| sg.clone());
+                d.ids.security_groups.entry(sg.to_string()).or_insert_with(|| sg.to_string());
             }
         }
     }
     Ok(())
-}
-
-impl AwsTarget {
-    pub(super) async fn execute_security_group(&self, model: &ClusterModel, c: &Change, ids: &mut Ids) -> Result<(), AwsError> {
-        let name = c.name.as_str();
-        let group = |r| typed(r, c.kind, name, "", |t| if let Task::SecurityGroup(g) = t { Some(g) } else { None });
-        let rule = |r| typed(r, c.kind, name, "", |t| if let Task::SecurityGroupRule(x) = t { Some(x) } else { None });
-        match (c.kind, &c.action) {
-            (Kind::SecurityGroup, Action::Create) => {
-                let want = group(c.desired.as_ref())?;
-                let vpc = ids.vpc.clone().ok_or_else(|| AwsError::Missing {
-                    kind: "VPC",
-                    name: model.network.name.clone(),
-                    message: format!("needed by security group {name}"),
-                })?;
-                let resp = self
-                    .ec2
-                    .create_security_group()
-                    .group_name(name)
-                    .description(if want.description.is_empty() { name } else { want.description.as_str() })
-                    .vpc_id(vpc)
-                    .tag_specifications(tag_spec(ec2_t::ResourceType::SecurityGroup, &want.tags))
-                    .send()
-                    .await
-                    .map_err(|e| api("CreateSecurityGroup", name, e))?;
-                let id = required(resp.group_id(), "SecurityGroup", name, "GroupId")?;
-                ids.security_groups.insert(name.to_string(), id.to_string());
-            }
-            (Kind::SecurityGroup, Action::Update(_)) => {
-                // Only tags can drift here.
-                let want = group(c.desired.as_ref())?;
-                self.create_tags(&actual_id(c.actual.as_ref(), c.kind, name)?, &want.tags).await?;
-            }
-            (Kind::SecurityGroup, Action::Delete) => {
-                let id = actual_id(c.actual.as_ref(), c.kind, name)?;
-                self.delete_with_retry(name, || async {
-                    self.ec2.delete_security_group().group_id(&id).send().await.map(|_| ()).map_err(|e| api("DeleteSecurityGroup", name, e))
-                })
-                .await?;
-            }
-            (Kind::SecurityGroupRule, Action::Create) => {
-                let want = rule(c.desired.as_ref())?;
-                let id = ids.security_groups.get(&want.rule.group).cloned().ok_or_else(|| AwsError::Missing {
-                    kind: "SecurityGroup",
-                    name: want.rule.group.clone(),
-                    message: format!("needed by rule {name}"),
-                })?;
-                self.ec2
-                    .authorize_security_group_ingress()
-                    .group_id(id)
-                    .ip_permissions(want.ip_permission(ids)?)
-                    .send()
-                    .await
-                    .map_err(|e| api("AuthorizeSecurityGroupIngress", name, e))?;
-            }
-            (Kind::SecurityGroupRule, Action::Delete) => {
-                let have = rule(c.actual.as_ref())?;
-                if let Some(id) = ids.security_groups.get(&have.rule.group).cloned() {
-                    self.ec2
-                        .revoke_security_group_ingress()
-                        .group_id(id)
-                        .ip_permissions(have.ip_permission(ids)?)
-                        .send()
-                        .await
-                        .map_err(|e| api("RevokeSecurityGroupIngress", name, e))?;
-                }
-            }
-            // A rule is its identity: any difference is another rule.
-            (Kind::SecurityGroupRule, Action::Update(_)) => {}
-            (kind, _) => return Err(AwsError::Missing { kind: kind.as_str(), name: name.into(), message: "not a security group resource".into() }),
-        }
-        Ok(())
-    }
 }

@@ -1,200 +1,195 @@
-//! The typed tasks of the AWS target: one type per resource kind, used for both the desired state
-//! (built from the model) and the actual state (read from the SDK). The plan compares their
-//! [`Task::view`]s field by field; execution reads the typed values, never strings.
+//! The typed tasks of the AWS target: one type per resource kind, used for the desired state (built
+//! by the model's builders) and the actual state (read from the SDK). Each type renders itself to
+//! the direct target ([`AwsTask::render_aws`]) and to Terraform ([`AwsTask::render_terraform`]); the
+//! plan compares their [`Task::view`]s field by field. [`crate::tasks!`] below is the one list of
+//! the types: it generates [`Task`], [`Tasks`] and every dispatch.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 
-use crate::plan::{Kind, Resource};
+use crate::model::ClusterModel;
+use crate::plan::{Action, Change, Kind, Resource};
+use crate::tasks::{Fields, Member};
 
 use super::autoscaling::AutoscalingGroup;
 use super::dns_record::DnsRecord;
 use super::iam::{IamRole, InstanceProfile};
 use super::launch_template::LaunchTemplate;
-use super::load_balancer::{AliasRecord, LoadBalancer, TargetGroup};
+use super::load_balancer::{LoadBalancer, TargetGroup};
 use super::network::{Subnet, Vpc};
 use super::routing::{ElasticIp, InternetGateway, NatGateway, RouteTable};
 use super::security_group::{SecurityGroup, SecurityGroupRule};
+use super::terraform::AwsTerraform;
 use super::volume::Volume;
+use super::{AwsError, AwsTarget, Discovered, Ids, Resolved};
 
-/// A typed resource of the AWS target.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Task {
-    IamRole(IamRole),
-    InstanceProfile(InstanceProfile),
-    Vpc(Vpc),
-    Subnet(Subnet),
-    InternetGateway(InternetGateway),
-    ElasticIp(ElasticIp),
-    NatGateway(NatGateway),
-    RouteTable(RouteTable),
-    SecurityGroup(SecurityGroup),
-    SecurityGroupRule(SecurityGroupRule),
-    TargetGroup(TargetGroup),
-    LoadBalancer(LoadBalancer),
-    LaunchTemplate(LaunchTemplate),
-    AutoscalingGroup(AutoscalingGroup),
-    Volume(Volume),
-    DnsRecord(DnsRecord),
-    AliasRecord(AliasRecord),
+crate::tasks! {
+    /// A typed resource of the AWS target.
+    pub enum Task, pub struct Tasks, dyn AwsTask, visit TaskTypes {
+        iam_roles: IamRole(IamRole),
+        instance_profiles: InstanceProfile(InstanceProfile),
+        vpcs: Vpc(Vpc),
+        subnets: Subnet(Subnet),
+        internet_gateways: InternetGateway(InternetGateway),
+        elastic_ips: ElasticIp(ElasticIp),
+        nat_gateways: NatGateway(NatGateway),
+        route_tables: RouteTable(RouteTable),
+        security_groups: SecurityGroup(SecurityGroup),
+        security_group_rules: SecurityGroupRule(SecurityGroupRule),
+        target_groups: TargetGroup(TargetGroup),
+        load_balancers: LoadBalancer(LoadBalancer),
+        launch_templates: LaunchTemplate(LaunchTemplate),
+        groups: AutoscalingGroup(AutoscalingGroup),
+        volumes: Volume(Volume),
+        dns_records: DnsRecord(DnsRecord),
+    }
 }
 
-/// The comparable attributes of a task, in the plan's vocabulary (names, not ids; hashes, not
-/// user-data).
-#[derive(Debug, Default)]
-pub struct Fields(BTreeMap<String, String>);
+/// What a task's direct rendering returns.
+pub type AwsFuture<'a> = Pin<Box<dyn Future<Output = Result<(), AwsError>> + Send + 'a>>;
 
-impl Fields {
-    pub fn set(&mut self, k: &str, v: impl ToString) -> &mut Fields {
-        self.0.insert(k.to_string(), v.to_string());
-        self
+/// What a task renders with on the direct target.
+pub struct Exec<'a> {
+    pub target: &'a AwsTarget,
+    pub model: &'a ClusterModel,
+    pub resolved: &'a Resolved,
+    /// Cloud ids known so far; a create adds the new id.
+    pub ids: &'a mut Ids,
+}
+
+/// One task type of the AWS target (kOps' `fi.Task` with `RenderAWS` and `RenderTerraform`).
+pub trait AwsTask: std::fmt::Debug + Send + Sync {
+    fn kind(&self) -> Kind;
+    /// The plan's name (the `Name` tag, or the cloud's name).
+    fn name(&self) -> String;
+    fn tags(&self) -> BTreeMap<String, String> {
+        BTreeMap::new()
     }
-    pub fn opt(&mut self, k: &str, v: Option<impl ToString>) -> &mut Fields {
-        if let Some(v) = v {
-            self.set(k, v);
+    /// The comparable attributes.
+    fn fields(&self, f: &mut Fields);
+    /// Fill in what the direct target resolved (image ids, the hosted zone); `false` when the task
+    /// has nothing to do on this target (DNS records without a hosted zone).
+    fn resolve(&mut self, _resolved: &Resolved) -> bool {
+        true
+    }
+    /// Terraform blocks for the task.
+    fn render_terraform(&self, t: &mut AwsTerraform);
+    /// Create, update or delete the resource for one change of the plan (the change's typed sides
+    /// are this type: read them with [`Typed::of`]).
+    fn render_aws<'a>(&'a self, cx: Exec<'a>, c: &'a Change) -> AwsFuture<'a>;
+    /// Find what exists of this type (tagged for the cluster, or named by the model), with the ids
+    /// of the types before it in the task list (reads only).
+    fn find<'a>(t: &'a AwsTarget, model: &'a ClusterModel, resolved: &'a Resolved, d: &'a mut Discovered) -> AwsFuture<'a>
+    where
+        Self: Sized;
+}
+
+/// A task type's [`AwsTask::find`].
+pub type FindFn = for<'a> fn(&'a AwsTarget, &'a ClusterModel, &'a Resolved, &'a mut Discovered) -> AwsFuture<'a>;
+
+/// Something done once per task type ([`Tasks::each_type`]).
+pub trait TaskTypes {
+    fn visit<T: AwsTask + 'static>(&mut self);
+}
+
+/// Every type's [`AwsTask::find`], in the order of the task list (later types read the ids
+/// earlier ones found).
+pub fn finders() -> Vec<FindFn> {
+    struct Finders(Vec<FindFn>);
+    impl TaskTypes for Finders {
+        fn visit<T: AwsTask + 'static>(&mut self) {
+            self.0.push(T::find);
         }
-        self
     }
+    let mut f = Finders(Vec::new());
+    Tasks::each_type(&mut f);
+    f.0
 }
 
-/// Sorted, comma-joined.
-pub fn joined(items: &BTreeSet<String>) -> String {
-    items.iter().cloned().collect::<Vec<_>>().join(",")
+/// A type found with another (its [`AwsTask::find`] does nothing).
+pub fn found_with_another<'a>() -> AwsFuture<'a> {
+    Box::pin(async { Ok(()) })
 }
 
 impl Task {
     pub fn kind(&self) -> Kind {
-        match self {
-            Task::IamRole(_) => Kind::IamRole,
-            Task::InstanceProfile(_) => Kind::IamInstanceProfile,
-            Task::Vpc(_) => Kind::Vpc,
-            Task::Subnet(_) => Kind::Subnet,
-            Task::InternetGateway(_) => Kind::InternetGateway,
-            Task::ElasticIp(_) => Kind::ElasticIp,
-            Task::NatGateway(_) => Kind::NatGateway,
-            Task::RouteTable(_) => Kind::RouteTable,
-            Task::SecurityGroup(_) => Kind::SecurityGroup,
-            Task::SecurityGroupRule(_) => Kind::SecurityGroupRule,
-            Task::TargetGroup(_) => Kind::TargetGroup,
-            Task::LoadBalancer(_) => Kind::LoadBalancer,
-            Task::LaunchTemplate(_) => Kind::LaunchTemplate,
-            Task::AutoscalingGroup(_) => Kind::AutoscalingGroup,
-            Task::Volume(_) => Kind::Volume,
-            Task::DnsRecord(_) | Task::AliasRecord(_) => Kind::DnsRecord,
-        }
-    }
-
-    fn name_and_fields(&self) -> (String, Fields, BTreeMap<String, String>) {
-        let mut f = Fields::default();
-        let (name, tags) = match self {
-            Task::IamRole(t) => {
-                t.fields(&mut f);
-                (t.name.clone(), t.tags.clone())
-            }
-            Task::InstanceProfile(t) => {
-                t.fields(&mut f);
-                (t.name.clone(), t.tags.clone())
-            }
-            Task::Vpc(t) => {
-                t.fields(&mut f);
-                (t.name.clone(), t.tags.clone())
-            }
-            Task::Subnet(t) => {
-                t.fields(&mut f);
-                (t.name.clone(), t.tags.clone())
-            }
-            Task::InternetGateway(t) => {
-                t.fields(&mut f);
-                (t.name.clone(), t.tags.clone())
-            }
-            Task::ElasticIp(t) => {
-                t.fields(&mut f);
-                (t.name.clone(), t.tags.clone())
-            }
-            Task::NatGateway(t) => {
-                t.fields(&mut f);
-                (t.name.clone(), t.tags.clone())
-            }
-            Task::RouteTable(t) => {
-                t.fields(&mut f);
-                (t.name.clone(), t.tags.clone())
-            }
-            Task::SecurityGroup(t) => {
-                t.fields(&mut f);
-                (t.name.clone(), t.tags.clone())
-            }
-            Task::SecurityGroupRule(t) => {
-                t.fields(&mut f);
-                (t.rule.name(), BTreeMap::new())
-            }
-            Task::LaunchTemplate(t) => {
-                t.fields(&mut f);
-                (t.name.clone(), t.tags.clone())
-            }
-            Task::AutoscalingGroup(t) => {
-                t.fields(&mut f);
-                (t.name.clone(), t.tags.clone())
-            }
-            Task::Volume(t) => {
-                t.fields(&mut f);
-                (t.name.clone(), t.tags.clone())
-            }
-            Task::DnsRecord(t) => {
-                t.fields(&mut f);
-                (t.name.clone(), BTreeMap::new())
-            }
-            Task::AliasRecord(t) => {
-                t.fields(&mut f);
-                (t.name.clone(), BTreeMap::new())
-            }
-            Task::TargetGroup(t) => {
-                t.fields(&mut f);
-                (t.name.clone(), t.tags.clone())
-            }
-            Task::LoadBalancer(t) => {
-                t.fields(&mut f);
-                (t.name.clone(), t.tags.clone())
-            }
-        };
-        (name, f, tags)
+        self.task().kind()
     }
 
     /// The plan's view of this task; `id` is the cloud id of an actual resource.
     pub fn view(self, id: Option<String>) -> Resource {
-        let (name, fields, tags) = self.name_and_fields();
-        Resource { kind: Some(self.kind()), name, attrs: fields.0, tags, id, task: Some(Box::new(self)) }
+        let t = self.task();
+        let mut f = Fields::default();
+        t.fields(&mut f);
+        Resource { kind: Some(t.kind()), name: t.name(), attrs: f.0, tags: t.tags(), id, task: Some(Box::new(self)) }
     }
 }
 
-/// `fn $name(t: &Task) -> Option<&$ty>`: the typed state of one variant (for [`typed`]).
-macro_rules! picker {
-    ($name:ident, $variant:ident, $ty:ty) => {
-        fn $name(t: &$crate::aws::task::Task) -> Option<&$ty> {
-            if let $crate::aws::task::Task::$variant(x) = t {
-                Some(x)
-            } else {
-                None
-            }
-        }
-    };
+/// One change with its sides as the task type `T`.
+pub struct Typed<'a, T> {
+    pub name: &'a str,
+    pub kind: Kind,
+    pub action: &'a Action,
+    desired: Option<&'a Resource>,
+    actual: Option<&'a Resource>,
+    _t: std::marker::PhantomData<T>,
 }
-pub(crate) use picker;
 
-/// The typed desired/actual state of a change, or an error naming what is missing.
-pub fn typed<'a, T>(r: Option<&'a Resource>, kind: Kind, name: &str, side: &str, pick: impl Fn(&'a Task) -> Option<&'a T>) -> Result<&'a T, super::AwsError> {
-    r.and_then(|r| r.task.as_deref()).and_then(pick).ok_or_else(|| super::AwsError::Missing {
-        kind: kind.as_str(),
-        name: name.to_string(),
-        message: format!("the plan holds no typed {side} state for it"),
-    })
+impl<'a, T: Member<Task>> Typed<'a, T> {
+    pub fn of(c: &'a Change) -> Typed<'a, T> {
+        Typed { name: &c.name, kind: c.kind, action: &c.action, desired: c.desired.as_ref(), actual: c.actual.as_ref(), _t: std::marker::PhantomData }
+    }
+    fn side(&self, r: Option<&'a Resource>, side: &str) -> Result<&'a T, AwsError> {
+        r.and_then(|r| r.task.as_deref()).and_then(T::of).ok_or_else(|| AwsError::Missing {
+            kind: self.kind.as_str(),
+            name: self.name.to_string(),
+            message: format!("the plan holds no typed {side} state for it"),
+        })
+    }
+    /// The desired state, or an error naming the resource.
+    pub fn want(&self) -> Result<&'a T, AwsError> {
+        self.side(self.desired, "desired")
+    }
+    /// The actual state, or an error naming the resource.
+    pub fn have(&self) -> Result<&'a T, AwsError> {
+        self.side(self.actual, "actual")
+    }
+    /// The actual state when the resource exists.
+    pub fn have_opt(&self) -> Result<Option<&'a T>, AwsError> {
+        self.actual.map(|_| self.have()).transpose()
+    }
+    /// The cloud id of the actual side.
+    pub fn id(&self) -> Result<String, AwsError> {
+        actual_id(self.actual, self.kind, self.name)
+    }
+    /// The fields an update changes (none for create and delete).
+    pub fn changed(&self, field: &str) -> bool {
+        matches!(self.action, Action::Update(f) if f.iter().any(|f| f.field == field))
+    }
+    /// An update changes tags.
+    pub fn tags_changed(&self) -> bool {
+        matches!(self.action, Action::Update(f) if f.iter().any(|f| f.field.starts_with("tags[")))
+    }
+    /// An update changes anything but tags.
+    pub fn attributes_changed(&self) -> bool {
+        matches!(self.action, Action::Update(f) if f.iter().any(|f| !f.field.starts_with("tags[")))
+    }
 }
 
 /// The cloud id of the actual side of a change.
-pub fn actual_id(r: Option<&Resource>, kind: Kind, name: &str) -> Result<String, super::AwsError> {
-    r.and_then(|r| r.id.clone()).ok_or_else(|| super::AwsError::Missing {
+pub fn actual_id(r: Option<&Resource>, kind: Kind, name: &str) -> Result<String, AwsError> {
+    r.and_then(|r| r.id.clone()).ok_or_else(|| AwsError::Missing {
         kind: kind.as_str(),
         name: name.to_string(),
         message: "no cloud id was discovered for it".into(),
     })
+}
+
+/// The desired views of the model's tasks on the direct target (resolved; tasks with nothing to do
+/// here left out).
+pub fn desired(tasks: &Tasks, resolved: &Resolved) -> Vec<Resource> {
+    tasks.to_vec().into_iter().filter_map(|mut t| if t.task_mut().resolve(resolved) { Some(t.view(None)) } else { None }).collect()
 }
 
 #[cfg(test)]
@@ -230,16 +225,20 @@ mod tests {
     #[test]
     fn missing_typed_state_or_id_is_an_error_naming_the_resource() {
         let untyped = Resource::new(Kind::Volume, "a.etcd-main.c");
-        fn pick(t: &Task) -> Option<&Volume> {
-            if let Task::Volume(v) = t {
-                Some(v)
-            } else {
-                None
-            }
-        }
-        let e = typed(Some(&untyped), Kind::Volume, "a.etcd-main.c", "desired", pick).expect_err("no task");
+        let c = Change { kind: Kind::Volume, name: "a.etcd-main.c".into(), action: Action::Create, desired: Some(untyped), actual: None };
+        let e = Typed::<Volume>::of(&c).want().expect_err("no task");
         assert!(e.to_string().contains("Volume a.etcd-main.c"), "{e}");
         let e = actual_id(Some(&Task::Volume(volume()).view(None)), Kind::Volume, "a.etcd-main.c").expect_err("no id");
         assert!(e.to_string().contains("Volume a.etcd-main.c") && e.to_string().contains("no cloud id"), "{e}");
+    }
+
+    #[test]
+    fn the_task_list_is_the_one_dispatch() {
+        let mut set = Tasks::default();
+        set.push(volume());
+        assert_eq!(set.volumes.len(), 1);
+        let all: Vec<Kind> = set.iter().map(|t| t.kind()).collect();
+        assert_eq!(all, [Kind::Volume]);
+        assert!(<Volume as Member<Task>>::of(&set.to_vec()[0]).is_some());
     }
 }

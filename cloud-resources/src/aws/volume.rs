@@ -5,10 +5,14 @@ use std::collections::BTreeMap;
 
 use aws_sdk_ec2::types as ec2_t;
 
-use super::task::{actual_id, typed, Fields, Task};
-use super::{api, cluster_filter, required, tag_spec, tags_of, AwsError, AwsTarget, Discovered, Ids, MAX_PAGES};
+use serde_json::json;
+
+use super::task::{AwsFuture, AwsTask, Exec, Typed};
+use super::terraform::{tags_value, AwsTerraform};
+use super::{api, cluster_filter, required, tag_spec, tags_of, AwsError, AwsTarget, Discovered, Resolved, MAX_PAGES};
 use crate::model::ClusterModel;
-use crate::plan::{Action, Change, Resource};
+use crate::plan::{Action, Change, Kind};
+use crate::tasks::Fields;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Volume {
@@ -24,8 +28,17 @@ pub struct Volume {
     pub tags: BTreeMap<String, String>,
 }
 
-impl Volume {
-    pub fn fields(&self, f: &mut Fields) {
+impl AwsTask for Volume {
+    fn kind(&self) -> Kind {
+        Kind::Volume
+    }
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+    fn tags(&self) -> BTreeMap<String, String> {
+        self.tags.clone()
+    }
+    fn fields(&self, f: &mut Fields) {
         f.set("zone", &self.zone)
             .set("size", self.size_gib)
             .set("type", &self.volume_type)
@@ -33,26 +46,84 @@ impl Volume {
             .opt("iops", self.iops)
             .opt("throughput", self.throughput);
     }
-}
-
-pub fn desired(model: &ClusterModel, out: &mut Vec<Resource>) {
-    for v in &model.volumes {
-        let task = Volume {
-            name: v.name.clone(),
-            zone: v.zone.clone(),
-            size_gib: v.size_gib,
-            volume_type: v.volume_type.clone(),
-            encrypted: v.encrypted,
-            iops: v.iops,
-            throughput: v.throughput,
-            kms_key_id: v.kms_key_id.clone(),
-            tags: v.tags.clone(),
-        };
-        out.push(Task::Volume(task).view(None));
+    fn find<'a>(t: &'a AwsTarget, model: &'a ClusterModel, _resolved: &'a Resolved, d: &'a mut Discovered) -> AwsFuture<'a> {
+        Box::pin(discover(t, model, d))
+    }
+    fn render_terraform(&self, t: &mut AwsTerraform) {
+        let mut body = json!({
+            "availability_zone": self.zone,
+            "size": self.size_gib,
+            "type": self.volume_type,
+            "encrypted": self.encrypted,
+            "tags": tags_value(&self.tags),
+        });
+        if let Some(i) = self.iops {
+            body["iops"] = json!(i);
+        }
+        if let Some(t) = self.throughput {
+            body["throughput"] = json!(t);
+        }
+        if let Some(k) = &self.kms_key_id {
+            body["kms_key_id"] = json!(k);
+        }
+        t.blocks.add("aws_ebs_volume", &self.name, body);
+    }
+    fn render_aws<'a>(&'a self, cx: Exec<'a>, c: &'a Change) -> AwsFuture<'a> {
+        Box::pin(async move {
+            let c = Typed::<Volume>::of(c);
+            let (t, name) = (cx.target, c.name);
+            match c.action {
+                Action::Create => {
+                    let want = c.want()?;
+                    let resp = t
+                        .ec2
+                        .create_volume()
+                        .availability_zone(&want.zone)
+                        .size(super::i32_of(want.size_gib, "Volume", name, "size")?)
+                        .volume_type(ec2_t::VolumeType::from(want.volume_type.as_str()))
+                        .set_iops(want.iops.map(|i| super::i32_of(i, "Volume", name, "iops")).transpose()?)
+                        .set_throughput(want.throughput.map(|t| super::i32_of(t, "Volume", name, "throughput")).transpose()?)
+                        .encrypted(want.encrypted)
+                        .set_kms_key_id(want.kms_key_id.clone())
+                        .tag_specifications(tag_spec(ec2_t::ResourceType::Volume, &want.tags))
+                        .send()
+                        .await
+                        .map_err(|e| api("CreateVolume", name, e))?;
+                    cx.ids.volumes.insert(name.to_string(), required(resp.volume_id(), "Volume", name, "VolumeId")?.to_string());
+                }
+                Action::Update(_) => {
+                    let want = c.want()?;
+                    let id = c.id()?;
+                    if c.attributes_changed() {
+                        t.ec2
+                            .modify_volume()
+                            .volume_id(&id)
+                            .size(super::i32_of(want.size_gib, "Volume", name, "size")?)
+                            .volume_type(ec2_t::VolumeType::from(want.volume_type.as_str()))
+                            .set_iops(want.iops.map(|i| super::i32_of(i, "Volume", name, "iops")).transpose()?)
+                            .set_throughput(want.throughput.map(|t| super::i32_of(t, "Volume", name, "throughput")).transpose()?)
+                            .send()
+                            .await
+                            .map_err(|e| api("ModifyVolume", name, e))?;
+                    }
+                    if c.tags_changed() {
+                        t.create_tags(&id, &want.tags).await?;
+                    }
+                }
+                Action::Delete => {
+                    let id = c.id()?;
+                    t.delete_with_retry(name, || async {
+                        t.ec2.delete_volume().volume_id(&id).send().await.map(|_| ()).map_err(|e| api("DeleteVolume", name, e))
+                    })
+                    .await?;
+                }
+            }
+            Ok(())
+        })
     }
 }
 
-pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
+async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
     let cluster = &model.cluster;
     let mut token: Option<String> = None;
     for _ in 0..MAX_PAGES {
@@ -74,7 +145,7 @@ pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -
             let name = tags.get("Name").cloned().unwrap_or_else(|| id.clone());
             d.ids.volumes.insert(name.clone(), id.clone());
             // iops/throughput are compared only where the spec sets them (gp3 always reports some).
-            let want = model.volumes.iter().find(|w| w.name == name);
+            let want = model.tasks.volumes.iter().find(|w| w.name == name);
             let task = Volume {
                 zone: required(v.availability_zone(), "Volume", &name, "AvailabilityZone")?.to_string(),
                 size_gib: v.size().map(i64::from).ok_or_else(|| AwsError::Missing {
@@ -90,7 +161,7 @@ pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -
                 tags,
                 name,
             };
-            d.resources.push(Task::Volume(task).view(Some(id)));
+            d.found(task, id);
         }
         token = resp.next_token().map(str::to_string);
         if token.is_none() {
@@ -98,58 +169,4 @@ pub async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -
         }
     }
     Ok(())
-}
-
-impl AwsTarget {
-    pub(super) async fn execute_volume(&self, c: &Change, ids: &mut Ids) -> Result<(), AwsError> {
-        let name = c.name.as_str();
-        super::task::picker!(pick, Volume, Volume);
-        match &c.action {
-            Action::Create => {
-                let want = typed(c.desired.as_ref(), c.kind, name, "desired", pick)?;
-                let resp = self
-                    .ec2
-                    .create_volume()
-                    .availability_zone(&want.zone)
-                    .size(super::i32_of(want.size_gib, "Volume", name, "size")?)
-                    .volume_type(ec2_t::VolumeType::from(want.volume_type.as_str()))
-                    .set_iops(want.iops.map(|i| super::i32_of(i, "Volume", name, "iops")).transpose()?)
-                    .set_throughput(want.throughput.map(|t| super::i32_of(t, "Volume", name, "throughput")).transpose()?)
-                    .encrypted(want.encrypted)
-                    .set_kms_key_id(want.kms_key_id.clone())
-                    .tag_specifications(tag_spec(ec2_t::ResourceType::Volume, &want.tags))
-                    .send()
-                    .await
-                    .map_err(|e| api("CreateVolume", name, e))?;
-                ids.volumes.insert(name.to_string(), required(resp.volume_id(), "Volume", name, "VolumeId")?.to_string());
-            }
-            Action::Update(fields) => {
-                let want = typed(c.desired.as_ref(), c.kind, name, "desired", pick)?;
-                let id = actual_id(c.actual.as_ref(), c.kind, name)?;
-                if fields.iter().any(|f| !f.field.starts_with("tags[")) {
-                    self.ec2
-                        .modify_volume()
-                        .volume_id(&id)
-                        .size(super::i32_of(want.size_gib, "Volume", name, "size")?)
-                        .volume_type(ec2_t::VolumeType::from(want.volume_type.as_str()))
-                        .set_iops(want.iops.map(|i| super::i32_of(i, "Volume", name, "iops")).transpose()?)
-                        .set_throughput(want.throughput.map(|t| super::i32_of(t, "Volume", name, "throughput")).transpose()?)
-                        .send()
-                        .await
-                        .map_err(|e| api("ModifyVolume", name, e))?;
-                }
-                if fields.iter().any(|f| f.field.starts_with("tags[")) {
-                    self.create_tags(&id, &want.tags).await?;
-                }
-            }
-            Action::Delete => {
-                let id = actual_id(c.actual.as_ref(), c.kind, name)?;
-                self.delete_with_retry(name, || async {
-                    self.ec2.delete_volume().volume_id(&id).send().await.map(|_| ()).map_err(|e| api("DeleteVolume", name, e))
-                })
-                .await?;
-            }
-        }
-        Ok(())
-    }
 }

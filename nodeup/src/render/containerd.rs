@@ -132,15 +132,14 @@ struct RuncOptions {
     systemd_cgroup: bool,
 }
 
-/// Config version for a containerd version: 4 from 2.3, otherwise 3 (kOps' rule).
-fn config_version(version: Option<&str>) -> i64 {
-    let v = version.unwrap_or("");
-    let mut parts = v.trim_start_matches('v').split('.').map(|p| p.parse::<u64>().unwrap_or(0));
-    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    if (major, minor) >= (2, 3) {
-        4
-    } else {
-        3
+/// Config version for a containerd version: 4 from 2.3, otherwise 3 (kOps' rule). The version is
+/// the NodeupConfig's (the compiler's versions table fills it); nodeup guesses none.
+fn config_version(version: Option<&str>) -> Result<i64, String> {
+    let v = version.ok_or("containerdConfig.version is not set (the NodeupConfig names the containerd version; recompile with keelson)")?;
+    let mut parts = v.trim_start_matches('v').split(['.', '-']).map(str::parse::<u64>);
+    match (parts.next(), parts.next()) {
+        (Some(Ok(major)), Some(Ok(minor))) => Ok(if (major, minor) >= (2, 3) { 4 } else { 3 }),
+        _ => Err(format!("containerdConfig.version {v:?}: expected MAJOR.MINOR.PATCH")),
     }
 }
 
@@ -158,7 +157,7 @@ pub fn config_toml(c: &ContainerdConfig, kubenet: bool) -> Result<String, String
         RuntimeEntry { runtime_type: "io.containerd.runc.v2".into(), options: RuncOptions { binary_name: paths::RUNC_BIN.into(), systemd_cgroup: true } },
     );
     let cfg = Config {
-        version: config_version(c.version.as_deref()),
+        version: config_version(c.version.as_deref())?,
         root: c.root.clone(),
         state: c.state.clone(),
         grpc: c.address.clone().map(|address| Grpc { address }),
@@ -242,7 +241,8 @@ mod tests {
         let rt = &v["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["runc"];
         assert_eq!(rt["options"]["SystemdCgroup"].as_bool(), Some(true));
         assert_eq!(v["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"].as_str(), Some("registry.k8s.io/pause:3.10.1"));
-        assert_eq!(config_version(Some("2.2.1")), 3);
+        assert_eq!(config_version(Some("2.2.1")), Ok(3));
+        assert!(config_version(None).is_err() && config_version(Some("two")).is_err());
     }
 
     #[test]

@@ -1,0 +1,314 @@
+//! The GCE tasks: network, subnetworks, instance templates, one managed instance group per
+//! (instance group × zone) and a persistent disk per etcd member, with kOps' names and labels.
+//! Each task renders itself to Terraform ([`GceTask::render_terraform`]); [`crate::tasks!`] below is
+//! the one list of the types, ready for a direct GCE target. No live GCE calls.
+
+use std::collections::BTreeMap;
+
+use keelson_api::Role;
+use serde_json::{json, Value};
+
+use crate::model::ClusterModel;
+use crate::tasks::{Link, Linked};
+use crate::terraform_json::{tf_name, Blocks};
+use base::Tree;
+
+/// Default etcd disk type on GCE (kOps: pd-ssd).
+pub const ETCD_DISK_TYPE: &str = "pd-ssd";
+pub const BOOT_DISK_TYPE: &str = "pd-balanced";
+
+/// GCE names: lower case, `[a-z0-9-]`, at most 63 characters, starting with a letter.
+pub fn gce_name(name: &str) -> String {
+    let mut s: String = name.to_ascii_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+    if !s.starts_with(|c: char| c.is_ascii_lowercase()) {
+        s.insert(0, 'k');
+    }
+    s.truncate(63);
+    s.trim_end_matches('-').to_string()
+}
+
+/// The longest GCE label value.
+pub const LABEL_VALUE_MAX: usize = 63;
+
+/// kOps' `EncodeGCELabel`, for values that carry arbitrary text (the etcd member tags): every byte
+/// but `[0-9a-z]` becomes `-` and two lower-case hex digits, so `-` itself is `-2d` and the value
+/// decodes back exactly (kOps' `DecodeGCELabel` reads `-` as `%`).
+pub fn encode_label(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for b in v.bytes() {
+        match b {
+            b'a'..=b'z' | b'0'..=b'9' => out.push(char::from(b)),
+            _ => out.push_str(&format!("-{b:02x}")),
+        }
+    }
+    out
+}
+
+/// A label value used as it is (kOps writes the cluster's safe name and the group's name plainly):
+/// `[a-z0-9_-]`, at most 63 characters, or an error saying which — never cut or rewritten.
+pub fn plain_label(v: &str) -> Result<String, String> {
+    if v.len() > LABEL_VALUE_MAX {
+        return Err(format!("{v:?} is {} characters; a GCE label value holds at most {LABEL_VALUE_MAX}", v.len()));
+    }
+    if let Some(c) = v.chars().find(|c| !matches!(c, 'a'..='z' | '0'..='9' | '_' | '-')) {
+        return Err(format!("{v:?}: {c:?} is not allowed in a GCE label value ([a-z0-9_-])"));
+    }
+    Ok(v.to_string())
+}
+
+/// kOps' `SafeClusterName`: the cluster name with its dots as dashes.
+pub fn safe_cluster_name(cluster: &str) -> String {
+    cluster.replace('.', "-")
+}
+
+pub fn role_label(role: Role) -> &'static str {
+    match role {
+        Role::ControlPlane => "master",
+        Role::Node => "node",
+        Role::ApiServer => "apiserver",
+        Role::Bastion => "bastion",
+    }
+}
+
+/// One task type of GCE.
+pub trait GceTask: std::fmt::Debug + Send + Sync {
+    fn name(&self) -> String;
+    /// Terraform blocks for the task.
+    fn render_terraform(&self, b: &mut Blocks);
+}
+
+crate::tasks! {
+    /// A typed resource of GCE.
+    pub enum Task, pub struct Tasks, dyn GceTask {
+        networks: Network(Network),
+        subnetworks: Subnetwork(Subnetwork),
+        instance_templates: InstanceTemplate(InstanceTemplate),
+        instance_group_managers: InstanceGroupManager(InstanceGroupManager),
+        disks: Disk(Disk),
+    }
+}
+
+/// The cluster's VPC network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Network {
+    /// The model's name (the cluster).
+    pub name: String,
+    /// The GCE name.
+    pub gce_name: String,
+}
+
+impl Linked for Network {
+    const TF_TYPE: &'static str = "google_compute_network";
+    const TF_ATTR: &'static str = "name";
+}
+
+impl GceTask for Network {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+    fn render_terraform(&self, b: &mut Blocks) {
+        b.add("google_compute_network", &self.name, json!({"name": self.gce_name, "auto_create_subnetworks": false}));
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subnetwork {
+    /// The cloud name (`<subnet>.<cluster>`).
+    pub name: String,
+    pub gce_name: String,
+    pub network: Link<Network>,
+    pub region: String,
+    pub cidr: String,
+}
+
+impl Linked for Subnetwork {
+    const TF_TYPE: &'static str = "google_compute_subnetwork";
+    const TF_ATTR: &'static str = "name";
+}
+
+impl GceTask for Subnetwork {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+    fn render_terraform(&self, b: &mut Blocks) {
+        b.add(
+            "google_compute_subnetwork",
+            &self.name,
+            json!({"name": self.gce_name, "network": self.network.tf(), "region": self.region, "ip_cidr_range": self.cidr}),
+        );
+    }
+}
+
+/// The instance template of an instance group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceTemplate {
+    pub name: String,
+    /// The instance group.
+    pub group: String,
+    pub role: Role,
+    pub cluster: String,
+    pub name_prefix: String,
+    pub machine_type: String,
+    pub disk_size_gb: i64,
+    pub disk_type: String,
+    pub image: String,
+    pub network: Link<Network>,
+    /// The first subnet of its group (none when no group uses it).
+    pub subnetwork: Option<Link<Subnetwork>>,
+    pub public_ip: bool,
+    /// The startup script (exactly the bytes the instance gets).
+    pub user_data: Vec<u8>,
+    pub labels: BTreeMap<String, String>,
+    pub tags: Vec<String>,
+}
+
+impl Linked for InstanceTemplate {
+    const TF_TYPE: &'static str = "google_compute_instance_template";
+    const TF_ATTR: &'static str = "self_link";
+}
+
+impl GceTask for InstanceTemplate {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+    fn render_terraform(&self, b: &mut Blocks) {
+        let startup = b.data_file(&format!("google_compute_instance_template_{}_metadata_startup-script", tf_name(&self.name)), &self.user_data);
+        b.add(
+            "google_compute_instance_template",
+            &self.name,
+            json!({
+                "name_prefix": self.name_prefix,
+                "machine_type": self.machine_type,
+                "can_ip_forward": true,
+                "disk": [{
+                    "auto_delete": true,
+                    "boot": true,
+                    "device_name": "persistent-disks-0",
+                    "disk_size_gb": self.disk_size_gb,
+                    "disk_type": self.disk_type,
+                    "source_image": self.image,
+                    "type": "PERSISTENT",
+                    "mode": "READ_WRITE",
+                }],
+                "network_interface": [{
+                    "network": self.network.tf(),
+                    "subnetwork": self.subnetwork.as_ref().map(|s| s.tf()).unwrap_or_default(),
+                    "access_config": if self.public_ip { json!([{}]) } else { json!([]) },
+                }],
+                "metadata": {
+                    "startup-script": startup,
+                    "cluster-name": self.cluster,
+                    "kops-k8s-io-instance-group-name": self.group,
+                },
+                "labels": labels_value(&self.labels),
+                "tags": self.tags,
+                "service_account": [{
+                    "email": "default",
+                    "scopes": ["https://www.googleapis.com/auth/cloud-platform"],
+                }],
+                "scheduling": {"automatic_restart": true, "on_host_maintenance": "MIGRATE", "preemptible": false},
+                "lifecycle": {"create_before_destroy": true},
+            }),
+        );
+    }
+}
+
+/// A managed instance group: one zone's share of an instance group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceGroupManager {
+    /// `<zone letter>-<group>.<cluster>`.
+    pub name: String,
+    pub gce_name: String,
+    pub zone: String,
+    pub base_instance_name: String,
+    pub target_size: i64,
+    pub template: Link<InstanceTemplate>,
+    /// Surge: the number of zones of the instance group.
+    pub max_surge: i64,
+}
+
+impl GceTask for InstanceGroupManager {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+    fn render_terraform(&self, b: &mut Blocks) {
+        b.add(
+            "google_compute_instance_group_manager",
+            &self.name,
+            json!({
+                "name": self.gce_name,
+                "zone": self.zone,
+                "base_instance_name": self.base_instance_name,
+                "target_size": self.target_size,
+                "version": [{"instance_template": self.template.tf()}],
+                "update_policy": {"type": "OPPORTUNISTIC", "minimal_action": "REPLACE", "max_surge_fixed": self.max_surge, "max_unavailable_fixed": 0},
+            }),
+        );
+    }
+}
+
+/// An etcd member's persistent disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Disk {
+    pub name: String,
+    pub gce_name: String,
+    pub zone: String,
+    pub size_gb: i64,
+    pub disk_type: String,
+    pub labels: BTreeMap<String, String>,
+}
+
+impl GceTask for Disk {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+    fn render_terraform(&self, b: &mut Blocks) {
+        b.add(
+            "google_compute_disk",
+            &self.name,
+            json!({"name": self.gce_name, "zone": self.zone, "size": self.size_gb, "type": self.disk_type, "labels": labels_value(&self.labels)}),
+        );
+    }
+}
+
+fn labels_value(labels: &BTreeMap<String, String>) -> Value {
+    Value::Object(labels.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect())
+}
+
+/// Render the model's GCE tasks.
+pub fn render(model: &ClusterModel) -> Tree {
+    let mut b = Blocks::default();
+    for task in model.gce.iter() {
+        task.render_terraform(&mut b);
+    }
+    b.output.insert("cluster_name".into(), json!({"value": model.cluster}));
+    b.output.insert("project".into(), json!({"value": model.project.clone().unwrap_or_default()}));
+    b.output.insert("region".into(), json!({"value": model.region}));
+    b.finish(json!({
+        "terraform": {
+            "required_version": ">= 1.3.0",
+            "required_providers": {"google": {"source": "hashicorp/google", "version": ">= 5.0.0"}},
+        },
+        "provider": {"google": [{"project": model.project.clone().unwrap_or_default(), "region": model.region}]},
+        "locals": {"cluster_name": model.cluster, "project": model.project.clone().unwrap_or_default(), "region": model.region},
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_labels_follow_gce_rules() {
+        assert_eq!(gce_name("A-nodes.gce.k8s.example.com"), "a-nodes-gce-k8s-example-com");
+        assert_eq!(gce_name("1x"), "k1x");
+        assert!(gce_name(&"x".repeat(100)).len() <= 63);
+        assert_eq!(encode_label("a/a,b"), "a-2fa-2cb");
+        // `-` and `_` are escaped too, or kOps would decode them as escapes.
+        assert_eq!(encode_label("us-c1-a/us-c1-a"), "us-2dc1-2da-2fus-2dc1-2da");
+        assert_eq!(encode_label("a_B"), "a-5f-42");
+        assert_eq!(plain_label("ha-k8s-example-com"), Ok("ha-k8s-example-com".into()));
+        assert!(plain_label(&"x".repeat(64)).is_err_and(|e| e.contains("at most 63")));
+        assert!(plain_label("a.b").is_err());
+    }
+}

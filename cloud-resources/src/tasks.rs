@@ -1,0 +1,293 @@
+//! What every cloud task shares, whatever the target: typed links between tasks, the comparable
+//! fields a task shows the plan, and [`tasks!`], the one list of a cloud's task types that
+//! generates its task enum, its task set and every dispatch (kOps' `fi.Task`: one value renders to
+//! the direct target and to Terraform).
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::marker::PhantomData;
+
+use crate::terraform_json::tf_name;
+
+/// A task type other tasks can link to: how Terraform names it.
+pub trait Linked {
+    /// The Terraform resource type (`aws_vpc`).
+    const TF_TYPE: &'static str;
+    /// The attribute a plain reference reads (`id`).
+    const TF_ATTR: &'static str;
+}
+
+/// A reference from one task to another (kOps' task links): the linked task's name, and its cloud
+/// id when it is not ours (the spec names an existing resource). Terraform renders it as a
+/// reference (`${aws_vpc.x.id}`) or the literal id; the direct target resolves it to the id the
+/// task was found or created with. Links compare by name (the plan's identity of the target).
+pub struct Link<T> {
+    name: String,
+    id: Option<String>,
+    _to: PhantomData<fn() -> T>,
+}
+
+impl<T> Link<T> {
+    /// A link to a task of the same run, by name.
+    pub fn to(name: impl Into<String>) -> Link<T> {
+        Link { name: name.into(), id: None, _to: PhantomData }
+    }
+    /// A link to a resource the spec names by id (`name` is what the plan calls it).
+    pub fn existing(name: impl Into<String>, id: impl Into<String>) -> Link<T> {
+        Link { name: name.into(), id: Some(id.into()), _to: PhantomData }
+    }
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn as_str(&self) -> &str {
+        &self.name
+    }
+    /// The cloud id of a resource that is not ours.
+    pub fn id(&self) -> Option<&str> {
+        self.id.as_deref()
+    }
+}
+
+impl<T: Linked> Link<T> {
+    /// The Terraform expression for the linked resource's [`Linked::TF_ATTR`].
+    pub fn tf(&self) -> String {
+        self.tf_attr(T::TF_ATTR)
+    }
+    /// The Terraform expression for one attribute (the literal id for a resource that is not ours).
+    pub fn tf_attr(&self, attr: &str) -> String {
+        match &self.id {
+            Some(id) => id.clone(),
+            None => format!("${{{}.{}.{attr}}}", T::TF_TYPE, tf_name(&self.name)),
+        }
+    }
+}
+
+impl<T> Clone for Link<T> {
+    fn clone(&self) -> Self {
+        Link { name: self.name.clone(), id: self.id.clone(), _to: PhantomData }
+    }
+}
+impl<T> Default for Link<T> {
+    fn default() -> Self {
+        Link::to(String::new())
+    }
+}
+impl<T> fmt::Debug for Link<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.id {
+            Some(id) => write!(f, "Link({:?} = {id:?})", self.name),
+            None => write!(f, "Link({:?})", self.name),
+        }
+    }
+}
+impl<T> fmt::Display for Link<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+impl<T> PartialEq for Link<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+impl<T> Eq for Link<T> {}
+impl<T> PartialOrd for Link<T> {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl<T> Ord for Link<T> {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.name.cmp(&other.name)
+    }
+}
+impl<T> std::hash::Hash for Link<T> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.hash(state)
+    }
+}
+impl<T> PartialEq<String> for Link<T> {
+    fn eq(&self, other: &String) -> bool {
+        &self.name == other
+    }
+}
+impl<T> PartialEq<str> for Link<T> {
+    fn eq(&self, other: &str) -> bool {
+        self.name == other
+    }
+}
+/// A link reads as the name it links to.
+impl<T> std::ops::Deref for Link<T> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.name
+    }
+}
+
+/// The names of some links, sorted and comma-joined (how the plan compares a set of links).
+pub fn joined_links<'a, T: 'a>(links: impl IntoIterator<Item = &'a Link<T>>) -> String {
+    joined(&links.into_iter().map(|l| l.name.clone()).collect())
+}
+
+/// Sorted, comma-joined.
+pub fn joined(items: &BTreeSet<String>) -> String {
+    items.iter().cloned().collect::<Vec<_>>().join(",")
+}
+
+/// The comparable attributes of a task, in the plan's vocabulary (names, not ids; hashes, not
+/// user-data).
+#[derive(Debug, Default)]
+pub struct Fields(pub(crate) std::collections::BTreeMap<String, String>);
+
+impl Fields {
+    pub fn set(&mut self, k: &str, v: impl ToString) -> &mut Fields {
+        self.0.insert(k.to_string(), v.to_string());
+        self
+    }
+    pub fn opt(&mut self, k: &str, v: Option<impl ToString>) -> &mut Fields {
+        if let Some(v) = v {
+            self.set(k, v);
+        }
+        self
+    }
+}
+
+/// A task type that is one variant of the task enum `E` (generated by [`tasks!`]).
+pub trait Member<E>: Sized {
+    fn of(task: &E) -> Option<&Self>;
+}
+
+/// The one list of a cloud's task types. From
+///
+/// ```ignore
+/// tasks! {
+///     /// docs
+///     pub enum Task, pub struct Tasks, dyn AwsTask {
+///         vpcs: Vpc(Vpc),
+///         subnets: Subnet(Subnet),
+///     }
+/// }
+/// ```
+///
+/// it generates the enum (`Task::Vpc(Vpc)`, …), `From<Vpc> for Task`, [`Member`] for each type,
+/// `Task::task()`/`task_mut()` (the value as the target trait object: every dispatch goes through
+/// it), and the task set `Tasks` with one `Vec` per type (`tasks.vpcs`), `push` and `iter` in list
+/// order. With `dyn AwsTask, visit TaskTypes`, `Tasks::each_type` calls `TaskTypes::visit::<T>()`
+/// for each type in list order (how a target reaches a type's static hooks, such as finding what
+/// exists).
+#[macro_export]
+macro_rules! tasks {
+    ($(#[$meta:meta])* $vis:vis enum $Enum:ident, $svis:vis struct $Set:ident, dyn $Trait:path, visit $Visitor:path {
+        $($field:ident: $Variant:ident($Ty:ty)),+ $(,)?
+    }) => {
+        $crate::tasks! {
+            $(#[$meta])* $vis enum $Enum, $svis struct $Set, dyn $Trait {
+                $($field: $Variant($Ty)),+
+            }
+        }
+
+        impl $Set {
+            /// `visitor.visit::<T>()` for each task type, in list order (a type's static hooks).
+            pub fn each_type(visitor: &mut impl $Visitor) {
+                $(visitor.visit::<$Ty>();)+
+            }
+        }
+    };
+    ($(#[$meta:meta])* $vis:vis enum $Enum:ident, $svis:vis struct $Set:ident, dyn $Trait:path {
+        $($field:ident: $Variant:ident($Ty:ty)),+ $(,)?
+    }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        $vis enum $Enum {
+            $($Variant($Ty)),+
+        }
+
+        $(
+            impl From<$Ty> for $Enum {
+                fn from(t: $Ty) -> $Enum {
+                    $Enum::$Variant(t)
+                }
+            }
+            impl $crate::tasks::Member<$Enum> for $Ty {
+                fn of(task: &$Enum) -> Option<&$Ty> {
+                    match task {
+                        $Enum::$Variant(t) => Some(t),
+                        #[allow(unreachable_patterns)]
+                        _ => None,
+                    }
+                }
+            }
+        )+
+
+        impl $Enum {
+            /// The task as its target's trait object (the one dispatch).
+            pub fn task(&self) -> &dyn $Trait {
+                match self {
+                    $($Enum::$Variant(t) => t),+
+                }
+            }
+            pub fn task_mut(&mut self) -> &mut dyn $Trait {
+                match self {
+                    $($Enum::$Variant(t) => t),+
+                }
+            }
+        }
+
+        /// Every task of a cluster, one list per type (in the order of the task list).
+        #[derive(Debug, Clone, PartialEq, Default)]
+        $svis struct $Set {
+            $(pub $field: Vec<$Ty>),+
+        }
+
+        impl $Set {
+            pub fn push(&mut self, task: impl Into<$Enum>) {
+                match task.into() {
+                    $($Enum::$Variant(t) => self.$field.push(t)),+
+                }
+            }
+            /// Every task, as the target's trait object.
+            pub fn iter(&self) -> impl Iterator<Item = &dyn $Trait> {
+                let it = std::iter::empty::<&dyn $Trait>();
+                $(let it = it.chain(self.$field.iter().map(|t| t as &dyn $Trait));)+
+                it
+            }
+            /// Every task, as enum values.
+            pub fn to_vec(&self) -> Vec<$Enum> {
+                let mut out = Vec::new();
+                $(out.extend(self.$field.iter().cloned().map($Enum::$Variant));)+
+                out
+            }
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Vpc;
+    impl Linked for Vpc {
+        const TF_TYPE: &'static str = "aws_vpc";
+        const TF_ATTR: &'static str = "id";
+    }
+
+    #[test]
+    fn a_link_is_a_terraform_reference_or_the_id_it_names() {
+        let ours = Link::<Vpc>::to("minimal.example.com");
+        assert_eq!(ours.tf(), "${aws_vpc.minimal-example-com.id}");
+        assert_eq!(ours.tf_attr("arn"), "${aws_vpc.minimal-example-com.arn}");
+        assert_eq!(ours.id(), None);
+        let theirs = Link::<Vpc>::existing("vpc-0abc", "vpc-0abc");
+        assert_eq!(theirs.tf(), "vpc-0abc");
+        assert_eq!(theirs.id(), Some("vpc-0abc"));
+    }
+
+    #[test]
+    fn links_compare_and_read_as_the_name_they_link_to() {
+        assert_eq!(Link::<Vpc>::to("a"), Link::<Vpc>::existing("a", "vpc-1"), "the id is how to reach it, not what it is");
+        assert!(Link::<Vpc>::to("a") < Link::<Vpc>::to("b"));
+        assert_eq!(Link::<Vpc>::to("a"), "a".to_string());
+        assert_eq!(&*Link::<Vpc>::to("a"), "a");
+        assert_eq!(joined_links(&[Link::<Vpc>::to("b"), Link::<Vpc>::to("a")]), "a,b");
+    }
+}
