@@ -111,41 +111,78 @@ pub struct DeleteArgs {
     pub delete_volumes: bool,
 }
 
-/// `keelson rolling-update`.
+/// `keelson rolling-update [cluster]` (kOps' `rolling-update cluster` flags and defaults).
 #[derive(Debug, clap::Args)]
 pub struct RollingUpdateArgs {
+    /// `cluster` (kOps' spelling: `keelson rolling-update cluster -f SPEC`); optional.
+    #[arg(value_parser = ["cluster"])]
+    pub what: Option<String>,
     #[command(flatten)]
     pub common: Common,
     /// Replace (without it, only the groups and what needs replacing are shown).
-    #[arg(long)]
+    #[arg(short = 'y', long)]
     pub yes: bool,
-    /// Only this instance group (repeatable).
-    #[arg(long = "instance-group")]
+    /// Only this instance group (repeatable, or comma-separated).
+    #[arg(long = "instance-group", value_delimiter = ',')]
     pub instance_groups: Vec<String>,
+    /// Only groups of these roles (ControlPlane (or Master), APIServer, Node, Bastion; comma-separated).
+    #[arg(long = "instance-group-roles", value_delimiter = ',', value_parser = parse_role)]
+    pub instance_group_roles: Vec<keelson_api::Role>,
     /// Replace every instance, outdated or not.
     #[arg(long)]
     pub force: bool,
-    /// Pause after each replacement is ready (Go duration).
-    #[arg(long, default_value = "15s", value_parser = go_duration)]
-    pub interval: std::time::Duration,
-    /// Longest wait for one replacement to be InService and validated.
+    /// Pause after each control-plane termination (Go duration).
+    #[arg(long = "control-plane-interval", alias = "master-interval", default_value = "15s", value_parser = go_duration)]
+    pub control_plane_interval: std::time::Duration,
+    /// Pause after each node or API server termination.
+    #[arg(long = "node-interval", default_value = "15s", value_parser = go_duration)]
+    pub node_interval: std::time::Duration,
+    /// Pause after each bastion termination.
+    #[arg(long = "bastion-interval", default_value = "15s", value_parser = go_duration)]
+    pub bastion_interval: std::time::Duration,
+    /// Longest drain of one node.
+    #[arg(long = "drain-timeout", default_value = "15m", value_parser = go_duration)]
+    pub drain_timeout: std::time::Duration,
+    /// Pause after each drain.
+    #[arg(long = "post-drain-delay", default_value = "5s", value_parser = go_duration)]
+    pub post_drain_delay: std::time::Duration,
+    /// Longest wait for the cluster to validate (and for a replacement to be InService).
     #[arg(long = "validation-timeout", default_value = "15m", value_parser = go_duration)]
     pub validation_timeout: std::time::Duration,
-    /// Poll period while waiting.
+    /// Consecutive validations needed after each replacement (0: none).
+    #[arg(long = "validate-count", default_value_t = 2)]
+    pub validate_count: u32,
+    /// Stop when a node cannot be drained (`--fail-on-drain-error=false` terminates it anyway).
+    #[arg(long = "fail-on-drain-error", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub fail_on_drain_error: bool,
+    /// Stop when the cluster does not validate (`=false` logs and goes on; never for control planes).
+    #[arg(long = "fail-on-validate-error", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub fail_on_validate_error: bool,
+    /// Poll period while waiting on the cloud.
     #[arg(long = "poll-interval", default_value = "10s", value_parser = go_duration)]
     pub poll_interval: std::time::Duration,
-    /// Instead of `keelson validate cluster` (the default), a command that must exit 0 after each
-    /// replacement before the next (e.g. a cluster health
-    /// check); split on whitespace.
+    /// Instead of `keelson validate cluster` (the default), a command that must exit 0 before each
+    /// group and after each replacement (e.g. a cluster health check); split on whitespace. Nodes
+    /// are not drained.
     #[arg(long = "validate-command", conflicts_with = "cloudonly")]
     pub validate_command: Option<String>,
-    /// Trust the cloud alone (InService) instead of validating the cluster after each replacement.
+    /// Trust the cloud alone (InService): no validation and no drain (will cause downtime).
     #[arg(long)]
     pub cloudonly: bool,
-    /// The kubeconfig `keelson validate cluster` semantics use after each replacement (default
-    /// $KUBECONFIG, then ~/.kube/config; its context named after the cluster when there is one).
+    /// The kubeconfig used to validate and drain (default $KUBECONFIG, then ~/.kube/config; its
+    /// context named after the cluster when there is one).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+}
+
+/// kOps' role names, case-insensitive (`Master` is the older `ControlPlane`).
+fn parse_role(s: &str) -> Result<keelson_api::Role, String> {
+    let known = ["ControlPlane", "Master", "APIServer", "Node", "Bastion"];
+    known
+        .iter()
+        .find(|k| k.eq_ignore_ascii_case(s.trim()))
+        .and_then(|k| keelson_api::Role::parse(k))
+        .ok_or_else(|| format!("invalid instance group role {s:?} (one of {})", known.join(", ")))
 }
 
 fn go_duration(s: &str) -> Result<std::time::Duration, String> {
@@ -351,29 +388,57 @@ async fn direct_apply(
 }
 
 pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
-    let model = match load_model(&args.common)? {
-        Ok(m) => m,
+    let (docs, options) = match load(&args.common)? {
+        Ok(x) => x,
         Err(code) => return Ok(code),
     };
     let file = args.common.file.display().to_string();
+    let (model, _) = prepare_with(&docs, &options, false).with_context(|| format!("{file}: building the cloud model"))?;
     if model.cloud != model::CloudKind::Aws {
         anyhow::bail!("{file}: rolling-update supports AWS clusters only");
     }
     let mut opts = rolling::RollingOptions {
         groups: args.instance_groups.clone(),
+        roles: args.instance_group_roles.clone(),
         force: args.force,
-        interval: args.interval,
-        timeout: args.validation_timeout,
+        control_plane_interval: args.control_plane_interval,
+        node_interval: args.node_interval,
+        bastion_interval: args.bastion_interval,
+        drain_timeout: args.drain_timeout,
+        post_drain_delay: args.post_drain_delay,
+        validation_timeout: args.validation_timeout,
+        validate_count: args.validate_count,
+        fail_on_drain_error: args.fail_on_drain_error,
+        fail_on_validate_error: args.fail_on_validate_error,
         poll: args.poll_interval,
+        // kOps' surge: spec.rollingUpdate (on AWS maxSurge defaults to 1).
+        surge: Some(ops::surge::SurgeSpec::from_documents(&docs)),
         validate: match &args.validate_command {
             Some(c) => rolling::Validation::Command(c.split_whitespace().map(str::to_string).collect()),
             None => rolling::Validation::CloudOnly,
         },
+        ..Default::default()
     };
     let rt = runtime()?;
     rt.block_on(async {
         let target = aws_target(&args.common, &model.region).await;
-        let groups = ops::instances::status(&target, &model, &opts.selection()).await?;
+        // By default the cluster is validated and nodes drained through the Kubernetes API (as kOps,
+        // which needs it even to show what would be replaced: annotated nodes count).
+        let kube = if args.validate_command.is_none() && !args.cloudonly {
+            Some(
+                ops::validate::kube_client(args.kubeconfig.as_deref(), &model.cluster)
+                    .await
+                    .context("rolling-update validates and drains through the Kubernetes API (give --cloudonly to trust the cloud alone)")?,
+            )
+        } else {
+            None
+        };
+        let mut groups = ops::instances::status(&target, &model, &opts.selection()).await?;
+        if let Some(kube) = &kube {
+            let nodes =
+                ops::drain::list_nodes(kube).await.context("cannot reach the Kubernetes API; use --cloudonly to roll without confirming progress with it")?;
+            ops::drain::adjust_need_update(&mut groups, &nodes);
+        }
         print!("{}", ops::instances::render(&groups));
         let pending: usize = groups.iter().map(|g| g.outdated().len()).sum();
         if pending == 0 {
@@ -384,11 +449,7 @@ pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
             println!("{pending} instance(s) need replacing. Run with --yes to replace them.");
             return Ok(ExitCode::SUCCESS);
         }
-        // By default each replacement must leave a valid cluster (`keelson validate cluster`).
-        if args.validate_command.is_none() && !args.cloudonly {
-            let kube = ops::validate::kube_client(args.kubeconfig.as_deref(), &model.cluster)
-                .await
-                .context("rolling-update validates the cluster after each replacement (give --cloudonly to trust the cloud alone)")?;
+        if let Some(kube) = kube {
             opts.validate = rolling::Validation::Cluster(kube);
         }
         let store = open_store(&model.config_base, Some(target.s3.clone()))?;
@@ -572,4 +633,73 @@ pub fn run_validate_cluster(args: ValidateClusterArgs) -> anyhow::Result<ExitCod
             tokio::time::sleep(std::time::Duration::from_secs(10)).await;
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: RollingUpdateArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<RollingUpdateArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("rolling-update").chain(args.iter().copied())).map(|c| c.args)
+    }
+
+    #[test]
+    fn rolling_update_takes_kops_flags_with_kops_defaults() {
+        let a = parse(&["-f", "c.yaml"]).expect("today's form");
+        assert_eq!(a.what, None);
+        let secs = std::time::Duration::from_secs;
+        assert_eq!((a.control_plane_interval, a.node_interval, a.bastion_interval), (secs(15), secs(15), secs(15)));
+        assert_eq!((a.drain_timeout, a.post_drain_delay, a.validation_timeout), (secs(900), secs(5), secs(900)));
+        assert_eq!(a.validate_count, 2);
+        assert!(a.fail_on_drain_error && a.fail_on_validate_error && !a.cloudonly && !a.force && !a.yes);
+        let a = parse(&[
+            "cluster",
+            "-f",
+            "c.yaml",
+            "--instance-group",
+            "nodes-a",
+            "--instance-group",
+            "nodes-b,nodes-c",
+            "--instance-group-roles",
+            "master,Node",
+            "--control-plane-interval",
+            "1m",
+            "--node-interval",
+            "2s",
+            "--bastion-interval",
+            "0s",
+            "--drain-timeout",
+            "5m",
+            "--post-drain-delay",
+            "90s",
+            "--validation-timeout",
+            "10m",
+            "--validate-count",
+            "3",
+            "--fail-on-drain-error=false",
+            "--fail-on-validate-error=false",
+            "--cloudonly",
+            "--force",
+            "--yes",
+        ])
+        .expect("kOps' form");
+        assert_eq!(a.what.as_deref(), Some("cluster"));
+        assert_eq!(a.instance_groups, ["nodes-a", "nodes-b", "nodes-c"]);
+        assert_eq!(a.instance_group_roles, [keelson_api::Role::ControlPlane, keelson_api::Role::Node]);
+        assert_eq!((a.control_plane_interval, a.node_interval, a.bastion_interval), (secs(60), secs(2), secs(0)));
+        assert_eq!((a.drain_timeout, a.post_drain_delay, a.validation_timeout, a.validate_count), (secs(300), secs(90), secs(600), 3));
+        assert!(!a.fail_on_drain_error && !a.fail_on_validate_error && a.cloudonly && a.force && a.yes);
+        assert!(parse(&["-f", "c.yaml", "--fail-on-drain-error"]).expect("bare flag").fail_on_drain_error);
+        assert_eq!(parse(&["-f", "c.yaml", "--master-interval", "3s"]).expect("kOps' old name").control_plane_interval, secs(3));
+        let err = parse(&["-f", "c.yaml", "--instance-group-roles", "worker"]).expect_err("unknown role").to_string();
+        assert!(err.contains("invalid instance group role \"worker\""), "{err}");
+        assert!(parse(&["nodes", "-f", "c.yaml"]).is_err(), "only `cluster` may come first");
+    }
 }

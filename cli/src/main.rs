@@ -77,8 +77,10 @@ enum Command {
     /// volumes, DNS); `--yes` applies them; `--target terraform --out DIR` writes Terraform JSON.
     Apply(commands::ApplyArgs),
     #[cfg(feature = "cloud")]
-    /// Replace instances that run an outdated launch template, one at a time per group, control
-    /// plane first; `--yes` replaces, otherwise the groups and what needs replacing are shown.
+    /// kOps' `rolling-update cluster`: replace the instances not on their group's launch-template
+    /// version (bastions, control planes one at a time, API servers, nodes), validating before each
+    /// group and after each replacement, draining each node first; `--yes` replaces, otherwise the
+    /// groups and what needs replacing are shown.
     RollingUpdate(commands::RollingUpdateArgs),
     #[cfg(feature = "cloud")]
     /// Plan deleting what apply created (found by the cluster tag); `--yes` deletes. etcd volumes

@@ -574,8 +574,7 @@ async fn spot_and_mixed_instance_groups_are_created_and_converge() {
     let p = cloud_resources::plan_apply(&t2, &m, &store(&t2, &m)).await.expect("plan");
     assert!(p.plan.is_empty(), "{}", p.plan.render(false));
 
-    // maxPrice alone: a spot request on the template (a fresh cluster: moto cannot relaunch from a
-    // template version that carries user-data, docs/design.md).
+    // maxPrice alone: a spot request on the template (on a fresh cluster).
     moto.reset();
     let ami = moto.fixtures().await;
     let (m2, _) = model_of(&moto::spec(&ami, |t| t.replace("  machineType: t3.medium\n", "  machineType: t3.medium\n  maxPrice: \"0.04\"\n")));

@@ -1,10 +1,13 @@
 //! Operations on a running cluster: `keelson rolling-update` ([`rolling`]) and `keelson validate
-//! cluster` ([`validate`]), both on top of the instances of the cluster's groups ([`instances`]).
+//! cluster` ([`validate`]), both on top of the instances of the cluster's groups ([`instances`]);
+//! nodes are drained before their instances go ([`drain`]); groups may surge ([`surge`]).
 //!
 //! Owns: talking to the cluster's Kubernetes API (kube-rs) and driving the cloud's groups through
 //! an operation. Must not: build cloud resources (that is `keelson-cloud-resources`), compile
 //! specs, or parse command lines.
 
+pub mod drain;
 pub mod instances;
 pub mod rolling;
+pub mod surge;
 pub mod validate;

@@ -1,19 +1,31 @@
-//! `keelson rolling-update`: replace the instances that run an outdated launch-template version,
-//! one at a time per group, control plane first (etcd keeps quorum: the next member goes only once
-//! the previous one's replacement is InService and, when given, the validation command passes).
+//! `keelson rolling-update`: replace the instances that run another launch-template version than
+//! their group is configured with (or whose Node is annotated `kops.k8s.io/needs-update`), as kOps'
+//! `rolling-update cluster` does: bastions first, then the control planes one at a time, API
+//! servers, nodes.
 //!
-//! An instance is replaced with TerminateInstanceInAutoScalingGroup without decrementing the
-//! desired capacity, so the group launches its replacement from the current version. Every wait is
-//! bounded; a timeout stops the run with the group and instance named, and a rerun continues from
-//! what is still outdated.
+//! For each group with something to replace: validate the cluster first (a rerun after a failed
+//! control-plane replacement stops here instead of taking a second member down); mark every node
+//! to be replaced (annotation, `PreferNoSchedule` taint); then per instance: drain its node
+//! ([`crate::drain`]), wait `--post-drain-delay`, terminate it inside its autoscaling group without
+//! lowering the desired capacity, wait (bounded) for the replacement to be InService, pause the
+//! role's interval and validate `--validate-count` times in a row. With a surge ([`crate::surge`])
+//! up to `maxSurge` instances are first detached (their replacements launch at once) and go last,
+//! terminated outside the group. A failure stops the run with the group and instance named; a rerun
+//! continues with what is still outdated (and the instances an interrupted surge detached).
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cloud_resources::aws::AwsTarget;
 use cloud_resources::model::ClusterModel;
+use keelson_api::Role;
 
-use crate::instances::{self, group_status, GroupStatus, InstanceStatus, Selection};
+use crate::drain::{self, DrainOptions};
+use crate::instances::{self, group_status, GroupStatus, InstanceStatus, Selection, DETACHED};
+use crate::surge::{SurgeSpec, DETACHED_TAG};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RollingError {
@@ -21,43 +33,44 @@ pub enum RollingError {
     Instances(#[from] instances::InstancesError),
     #[error(transparent)]
     Aws(#[from] cloud_resources::aws::AwsError),
+    #[error(transparent)]
+    Drain(#[from] drain::DrainError),
     #[error("autoscaling group {group}: {message}")]
     Timeout { group: String, message: String },
     #[error("validation after replacing {instance} in {group} failed: {message}")]
     Validation { group: String, instance: String, message: String },
+    #[error("instance group {group}: spec.rollingUpdate: {message}")]
+    Settings { group: String, message: String },
+    #[error("the cluster does not validate, so {group} is left untouched: {message} (fix the cluster, or give --cloudonly)")]
+    NotValidBefore { group: String, message: String },
 }
 
 fn api<E: std::error::Error + Send + Sync + 'static>(op: &'static str, target: &str, e: E) -> RollingError {
     cloud_resources::aws::api(op, target, e).into()
 }
 
-/// How a rolling update runs.
-#[derive(Debug, Clone)]
-pub struct RollingOptions {
-    /// Only these instance groups (spec names); empty = all.
-    pub groups: Vec<String>,
-    /// Replace every instance, outdated or not.
-    pub force: bool,
-    /// Pause after each replacement is ready (kOps: 15 s).
-    pub interval: Duration,
-    /// Longest wait for one replacement to be InService (kOps: 15 min).
-    pub timeout: Duration,
-    /// Poll period while waiting.
-    pub poll: Duration,
-    /// How each replacement is validated before the next (retried every `poll` until `timeout`).
-    pub validate: Validation,
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The cluster's health as a rolling update needs it: the problems that matter to a roll of
+/// `group` (kOps: of that group, of a control plane, or of the cluster as a whole). Empty = valid;
+/// `Err` = it could not be checked (counts as not valid).
+pub trait ClusterHealth: Send + Sync {
+    fn problems<'a>(&'a self, group: &'a GroupStatus) -> BoxFuture<'a, Result<Vec<String>, String>>;
 }
 
-/// How a rolling update decides a replacement is healthy.
+/// How a rolling update decides the cluster is healthy.
 #[derive(Clone, Default)]
 pub enum Validation {
-    /// Only the cloud's word (InService): `--cloudonly`.
+    /// Only the cloud's word (InService); no drain: `--cloudonly`.
     #[default]
     CloudOnly,
-    /// A command that must exit 0 (`--validate-command`).
+    /// A command that must exit 0 (`--validate-command`); no drain.
     Command(Vec<String>),
-    /// `keelson validate cluster` through this Kubernetes client (the default of the CLI).
+    /// `keelson validate cluster` through this Kubernetes client, which also drains (the default
+    /// of the CLI).
     Cluster(kube::Client),
+    /// Any other check (tests); no drain.
+    Custom(Arc<dyn ClusterHealth>),
 }
 
 impl std::fmt::Debug for Validation {
@@ -66,18 +79,73 @@ impl std::fmt::Debug for Validation {
             Validation::CloudOnly => f.write_str("CloudOnly"),
             Validation::Command(c) => f.debug_tuple("Command").field(c).finish(),
             Validation::Cluster(_) => f.write_str("Cluster"),
+            Validation::Custom(_) => f.write_str("Custom"),
         }
     }
+}
+
+/// How a rolling update runs; defaults are kOps'.
+#[derive(Debug, Clone)]
+pub struct RollingOptions {
+    /// Only these instance groups (spec names); empty = all.
+    pub groups: Vec<String>,
+    /// Only groups of these roles; empty = all.
+    pub roles: Vec<Role>,
+    /// Replace every instance, outdated or not.
+    pub force: bool,
+    /// Pause after each control-plane termination (15 s).
+    pub control_plane_interval: Duration,
+    /// Pause after each node / API server termination (15 s).
+    pub node_interval: Duration,
+    /// Pause after each bastion termination (15 s).
+    pub bastion_interval: Duration,
+    /// Longest drain of one node (15 min).
+    pub drain_timeout: Duration,
+    /// Pause after each drain (5 s).
+    pub post_drain_delay: Duration,
+    /// Longest wait for the cluster to validate, and for a replacement to be InService (15 min).
+    pub validation_timeout: Duration,
+    /// Consecutive validations needed after each replacement (2).
+    pub validate_count: u32,
+    /// A failed drain stops the run (true); otherwise the instance is terminated anyway.
+    pub fail_on_drain_error: bool,
+    /// A failed validation stops the run (true); otherwise it is logged and the run goes on.
+    /// Control planes always stop: a second member is never taken down while the cluster does not
+    /// validate.
+    pub fail_on_validate_error: bool,
+    /// Poll period while waiting on the cloud (10 s).
+    pub poll: Duration,
+    /// Pause between failed validations (kOps: 30 s).
+    pub validate_tick: Duration,
+    /// Pause between consecutive successful validations (kOps: 10 s).
+    pub validate_success_pause: Duration,
+    /// Pause between refused evictions (kOps: 5 s).
+    pub eviction_retry: Duration,
+    /// The spec's `rollingUpdate` (surge); `None`: no surge, one instance at a time.
+    pub surge: Option<SurgeSpec>,
+    pub validate: Validation,
 }
 
 impl Default for RollingOptions {
     fn default() -> Self {
         RollingOptions {
             groups: Vec::new(),
+            roles: Vec::new(),
             force: false,
-            interval: Duration::from_secs(15),
-            timeout: Duration::from_secs(15 * 60),
+            control_plane_interval: Duration::from_secs(15),
+            node_interval: Duration::from_secs(15),
+            bastion_interval: Duration::from_secs(15),
+            drain_timeout: Duration::from_secs(15 * 60),
+            post_drain_delay: Duration::from_secs(5),
+            validation_timeout: Duration::from_secs(15 * 60),
+            validate_count: 2,
+            fail_on_drain_error: true,
+            fail_on_validate_error: true,
             poll: Duration::from_secs(10),
+            validate_tick: Duration::from_secs(30),
+            validate_success_pause: Duration::from_secs(10),
+            eviction_retry: Duration::from_secs(5),
+            surge: None,
             validate: Validation::CloudOnly,
         }
     }
@@ -86,7 +154,16 @@ impl Default for RollingOptions {
 impl RollingOptions {
     /// The groups this run looks at.
     pub fn selection(&self) -> Selection {
-        Selection { groups: self.groups.clone(), force: self.force }
+        Selection { groups: self.groups.clone(), roles: self.roles.clone(), force: self.force }
+    }
+
+    /// The pause after a termination in a group of `role`.
+    pub fn interval(&self, role: Role) -> Duration {
+        match role {
+            Role::ControlPlane => self.control_plane_interval,
+            Role::Bastion => self.bastion_interval,
+            Role::Node | Role::ApiServer => self.node_interval,
+        }
     }
 }
 
@@ -97,33 +174,324 @@ pub struct RollReport {
     pub replaced: Vec<(String, String, String)>,
 }
 
+/// What a failed validation means for the run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Proceed,
+    /// Not valid, but `--fail-on-validate-error=false`: log it and go on.
+    Warn(String),
+    Stop(String),
+}
+
+/// The decision after a validation of a group of `role`: a control plane never proceeds on a
+/// failed validation (etcd keeps quorum only if one member at a time is out), other roles follow
+/// `--fail-on-validate-error`.
+pub fn verdict(role: Role, outcome: Result<(), String>, fail_on_validate_error: bool) -> Verdict {
+    match outcome {
+        Ok(()) => Verdict::Proceed,
+        Err(problem) if fail_on_validate_error || role == Role::ControlPlane => Verdict::Stop(problem),
+        Err(problem) => Verdict::Warn(problem),
+    }
+}
+
+/// kOps' validation: `count` consecutive passes (pausing `success_pause` between them), failures
+/// retried every `tick` until `timeout` (always at least one try). `count == 0` skips it.
+pub async fn validate_until(
+    health: &dyn ClusterHealth,
+    group: &GroupStatus,
+    count: u32,
+    opts: &RollingOptions,
+    log: &mut (dyn FnMut(&str) + Send),
+) -> Result<(), String> {
+    if count == 0 {
+        log(&format!("{}: not validating (--validate-count 0)", group.group));
+        return Ok(());
+    }
+    let deadline = Instant::now() + opts.validation_timeout;
+    let mut passes = 0;
+    loop {
+        let problem = match health.problems(group).await {
+            Ok(p) if p.is_empty() => {
+                passes += 1;
+                if passes >= count {
+                    log(&format!("{}: cluster validation passed", group.group));
+                    return Ok(());
+                }
+                log(&format!("{}: cluster validated; validating again in {:?} to make sure it does not flap", group.group, opts.validate_success_pause));
+                tokio::time::sleep(opts.validate_success_pause).await;
+                continue;
+            }
+            Ok(p) => p.join("; "),
+            Err(e) => e,
+        };
+        passes = 0;
+        if Instant::now() + opts.validate_tick > deadline {
+            return Err(format!("the cluster did not validate within {:?}: {problem}", opts.validation_timeout));
+        }
+        log(&format!("{}: waiting for the cluster to validate: {problem}", group.group));
+        tokio::time::sleep(opts.validate_tick).await;
+    }
+}
+
+/// `keelson validate cluster`, the failures relevant to the group.
+struct KubeHealth<'a> {
+    target: &'a AwsTarget,
+    model: &'a ClusterModel,
+    kube: &'a kube::Client,
+}
+
+impl ClusterHealth for KubeHealth<'_> {
+    fn problems<'a>(&'a self, group: &'a GroupStatus) -> BoxFuture<'a, Result<Vec<String>, String>> {
+        Box::pin(async move {
+            let report = crate::validate::validate(self.target, self.model, self.kube).await.map_err(|e| e.to_string())?;
+            Ok(report.failures.iter().filter(|f| f.relevant_to(&group.group)).map(|f| format!("{} {}: {}", f.kind, f.name, f.message)).collect())
+        })
+    }
+}
+
+/// A command that must exit 0.
+struct CommandHealth<'a>(&'a [String]);
+
+impl ClusterHealth for CommandHealth<'_> {
+    fn problems<'a>(&'a self, _group: &'a GroupStatus) -> BoxFuture<'a, Result<Vec<String>, String>> {
+        Box::pin(async move {
+            let (program, args) = self.0.split_first().ok_or_else(|| "empty --validate-command".to_string())?;
+            let out = tokio::process::Command::new(program).args(args).output().await.map_err(|e| format!("cannot run {program}: {e}"))?;
+            if out.status.success() {
+                return Ok(Vec::new());
+            }
+            Ok(vec![format!("`{}` failed ({}): {}", self.0.join(" "), out.status, String::from_utf8_lossy(&out.stderr).trim())])
+        })
+    }
+}
+
 /// Replace the outdated instances. `log` receives one line per step.
-pub async fn roll(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions, log: &mut dyn FnMut(&str)) -> Result<RollReport, RollingError> {
+pub async fn roll(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions, log: &mut (dyn FnMut(&str) + Send)) -> Result<RollReport, RollingError> {
+    let kube_health;
+    let command_health;
+    let (health, kube): (Option<&dyn ClusterHealth>, Option<&kube::Client>) = match &opts.validate {
+        Validation::CloudOnly => (None, None),
+        Validation::Command(cmd) => {
+            command_health = CommandHealth(cmd);
+            (Some(&command_health), None)
+        }
+        Validation::Cluster(kube) => {
+            kube_health = KubeHealth { target: t, model, kube };
+            (Some(&kube_health), Some(kube))
+        }
+        Validation::Custom(h) => (Some(h.as_ref()), None),
+    };
+    let mut groups = Box::pin(instances::status(t, model, &opts.selection())).await?;
+    if let Some(kube) = kube {
+        drain::adjust_need_update(&mut groups, &Box::pin(drain::list_nodes(kube)).await?);
+    }
+    // Members that serve the API (kOps: with only one, it is not taken out of the load balancer
+    // before its drain, or the drain could not reach the API).
+    let api_members: i64 = model.tasks.groups.iter().filter(|g| matches!(g.role, Role::ControlPlane | Role::ApiServer)).map(|g| g.min_size).sum();
     let mut report = RollReport::default();
-    for g in instances::status(t, model, &opts.selection()).await? {
+    for g in &groups {
+        let update: Vec<&InstanceStatus> = g.outdated();
+        if update.is_empty() {
+            continue;
+        }
         let lt = model.tasks.groups.iter().find(|m| m.name == g.name).map(|m| m.launch_template.clone()).unwrap_or_default();
-        for inst in g.outdated() {
-            log(&format!("{}: replacing {} (launch template version {} → {})", g.group, inst.id, inst.version.as_deref().unwrap_or("?"), g.latest_version));
+        // Validate before touching the group (bastions are not part of the cluster).
+        if let (Some(h), false) = (health, g.role == Role::Bastion) {
+            match verdict(g.role, Box::pin(validate_until(h, g, 1, opts, log)).await, opts.fail_on_validate_error) {
+                Verdict::Proceed => {}
+                Verdict::Warn(p) => log(&format!("{}: the cluster does not validate, going on (--fail-on-validate-error=false): {p}", g.group)),
+                Verdict::Stop(message) => return Err(RollingError::NotValidBefore { group: g.group.clone(), message }),
+            }
+        }
+        // Every node to be replaced: annotated and tainted PreferNoSchedule up front.
+        let mut node_of: BTreeMap<String, String> = BTreeMap::new();
+        if let (Some(kube), false) = (kube, g.role == Role::Bastion) {
+            let nodes = Box::pin(drain::list_nodes(kube)).await?;
+            let by_ip = drain::nodes_by_ip(&nodes);
+            for i in &update {
+                if let Some(name) = i.private_ip.as_ref().and_then(|ip| by_ip.get(ip)).and_then(|n| n.metadata.name.clone()) {
+                    node_of.insert(i.id.clone(), name);
+                }
+            }
+            if !node_of.is_empty() {
+                log(&format!("{}: tainting {} node(s) {}:PreferNoSchedule", g.group, node_of.len(), drain::TAINT_KEY));
+            }
+            for node in node_of.values() {
+                if let Err(e) = Box::pin(drain::mark_for_update(kube, node)).await {
+                    if opts.fail_on_drain_error {
+                        return Err(e.into());
+                    }
+                    log(&format!("{}: ignoring: {e}", g.group));
+                }
+            }
+        }
+        // Surge: detach up to maxSurge instances (the group launches their replacements at once),
+        // tag them so an interrupted run finds them, wait for the new capacity and validate.
+        let settings = match &opts.surge {
+            Some(spec) => spec.settings(&g.group, g.role, g.instances.len()).map_err(|message| RollingError::Settings { group: g.group.clone(), message })?,
+            None => Default::default(),
+        };
+        let surge = settings.max_surge.min(update.len());
+        let mut detached: Vec<String> = update.iter().filter(|i| i.lifecycle == DETACHED).map(|i| i.id.clone()).collect();
+        if surge > 0 && health.is_some() {
+            let fresh: Vec<&str> = update.iter().rev().take(surge).filter(|i| i.lifecycle != DETACHED).map(|i| i.id.as_str()).collect();
+            if !fresh.is_empty() {
+                for id in &fresh {
+                    log(&format!("{}: detaching {id} (surge; its replacement launches now)", g.group));
+                    Box::pin(t.ec2.create_tags().resources(*id).tags(aws_sdk_ec2::types::Tag::builder().key(DETACHED_TAG).value("").build()).send())
+                        .await
+                        .map_err(|e| api("CreateTags", id, e))?;
+                }
+                Box::pin(
+                    t.asg
+                        .detach_instances()
+                        .auto_scaling_group_name(&g.name)
+                        .set_instance_ids(Some(fresh.iter().map(|s| s.to_string()).collect()))
+                        .should_decrement_desired_capacity(false)
+                        .send(),
+                )
+                .await
+                .map_err(|e| api("DetachInstances", &g.name, e))?;
+                detached.extend(fresh.iter().map(|s| s.to_string()));
+                Box::pin(wait_for_capacity(t, g, &lt, opts)).await?;
+                tokio::time::sleep(opts.interval(g.role)).await;
+                Box::pin(validate_after(health, g, &fresh.join(","), opts, log)).await?;
+            }
+        }
+        if !settings.drain_and_terminate {
+            log(&format!("{}: rollingUpdate.drainAndTerminate is false: nothing drained or terminated", g.group));
+            continue;
+        }
+        for inst in update {
+            log(&format!("{}: replacing {} (launch template version {} → {})", g.group, inst.id, inst.version.as_deref().unwrap_or("?"), g.target_version));
+            // Out of the group's load-balancer target groups first (the API's, for control planes),
+            // waiting out the deregistration delay: a failure here always stops the run (kOps).
+            if health.is_some() && g.role != Role::Bastion && deregister_allowed(g.role, api_members) {
+                Box::pin(deregister(t, &g.name, &inst.id, opts, log)).await?;
+            }
+            if let (Some(kube), Some(node)) = (kube, node_of.get(&inst.id)) {
+                log(&format!("{}: draining node {node}", g.group));
+                let drained = Box::pin(drain::drain(kube, node, &DrainOptions { timeout: opts.drain_timeout, retry: opts.eviction_retry }, log)).await;
+                match drained {
+                    Ok(()) => {}
+                    Err(e) if opts.fail_on_drain_error => return Err(e.into()),
+                    Err(e) => log(&format!("{}: ignoring drain failure (--fail-on-drain-error=false): {e}", g.group)),
+                }
+                if !opts.post_drain_delay.is_zero() {
+                    log(&format!("{}: waiting {:?} for pods to settle after the drain", g.group, opts.post_drain_delay));
+                    tokio::time::sleep(opts.post_drain_delay).await;
+                }
+            } else if kube.is_some() && g.role != Role::Bastion {
+                log(&format!("{}: {} has not joined the cluster as a node; not draining", g.group, inst.id));
+            }
+            if detached.contains(&inst.id) {
+                // Its replacement is already in service: terminate it outside the group.
+                Box::pin(t.ec2.terminate_instances().instance_ids(&inst.id).send()).await.map_err(|e| api("TerminateInstances", &inst.id, e))?;
+                log(&format!("{}: terminated detached {}", g.group, inst.id));
+                tokio::time::sleep(opts.interval(g.role)).await;
+                Box::pin(validate_after(health, g, &inst.id, opts, log)).await?;
+                report.replaced.push((g.group.clone(), inst.id.clone(), String::new()));
+                continue;
+            }
             let before: Vec<String> = g.instances.iter().map(|i| i.id.clone()).collect();
-            t.asg
-                .terminate_instance_in_auto_scaling_group()
-                .instance_id(&inst.id)
-                .should_decrement_desired_capacity(false)
-                .send()
+            Box::pin(t.asg.terminate_instance_in_auto_scaling_group().instance_id(&inst.id).should_decrement_desired_capacity(false).send())
                 .await
                 .map_err(|e| api("TerminateInstanceInAutoScalingGroup", &inst.id, e))?;
-            let replacement = wait_for_replacement(t, &g, &lt, &inst.id, &before, opts).await?;
+            let replacement = Box::pin(wait_for_replacement(t, g, &lt, &inst.id, &before, opts)).await?;
             log(&format!("{}: {} is InService", g.group, replacement));
-            match &opts.validate {
-                Validation::CloudOnly => {}
-                Validation::Command(cmd) => validate(cmd, &g.name, &inst.id, opts, log).await?,
-                Validation::Cluster(kube) => validate_cluster(t, model, kube, &g.name, &inst.id, opts, log).await?,
-            }
+            tokio::time::sleep(opts.interval(g.role)).await;
+            Box::pin(validate_after(health, g, &inst.id, opts, log)).await?;
             report.replaced.push((g.group.clone(), inst.id.clone(), replacement));
-            tokio::time::sleep(opts.interval).await;
         }
     }
     Ok(report)
+}
+
+/// After a change to `g` (`instance` detached or replaced): validate `--validate-count` times and
+/// decide (bastions are not part of the cluster and are not validated).
+async fn validate_after(
+    health: Option<&dyn ClusterHealth>,
+    g: &GroupStatus,
+    instance: &str,
+    opts: &RollingOptions,
+    log: &mut (dyn FnMut(&str) + Send),
+) -> Result<(), RollingError> {
+    let Some(h) = health.filter(|_| g.role != Role::Bastion) else { return Ok(()) };
+    match verdict(g.role, validate_until(h, g, opts.validate_count, opts, log).await, opts.fail_on_validate_error) {
+        Verdict::Proceed => Ok(()),
+        Verdict::Warn(p) => {
+            log(&format!("{}: the cluster does not validate, going on (--fail-on-validate-error=false): {p}", g.group));
+            Ok(())
+        }
+        Verdict::Stop(message) => Err(RollingError::Validation { group: g.group.clone(), instance: instance.to_string(), message }),
+    }
+}
+
+/// Whether an instance of a group of `role` leaves its load balancers before its drain: always,
+/// except the only API server of a cluster (`api_members`: the control-plane and API-server groups'
+/// minimum sizes together), whose drain needs it.
+pub fn deregister_allowed(role: Role, api_members: i64) -> bool {
+    !matches!(role, Role::ControlPlane | Role::ApiServer) || api_members > 1
+}
+
+/// Whether a target in this state may still get traffic (everything but `unused`: not registered).
+pub fn still_serving(state: Option<&str>) -> bool {
+    !matches!(state, None | Some("unused"))
+}
+
+/// Deregister the instance from every target group of its autoscaling group and wait until each
+/// says it is unused (the deregistration delay served), bounded by `--drain-timeout`.
+async fn deregister(t: &AwsTarget, asg: &str, instance: &str, opts: &RollingOptions, log: &mut (dyn FnMut(&str) + Send)) -> Result<(), RollingError> {
+    let groups =
+        Box::pin(t.asg.describe_auto_scaling_groups().auto_scaling_group_names(asg).send()).await.map_err(|e| api("DescribeAutoScalingGroups", asg, e))?;
+    let arns: Vec<String> = groups.auto_scaling_groups().iter().flat_map(|g| g.target_group_arns().iter().cloned()).collect();
+    let deadline = Instant::now() + opts.drain_timeout;
+    let target = || aws_sdk_elasticloadbalancingv2::types::TargetDescription::builder().id(instance).build();
+    for arn in arns {
+        loop {
+            let health = Box::pin(t.elb.describe_target_health().target_group_arn(&arn).targets(target()).send())
+                .await
+                .map_err(|e| api("DescribeTargetHealth", &arn, e))?;
+            let state = health.target_health_descriptions().first().and_then(|d| d.target_health()).and_then(|h| h.state()).map(|s| s.as_str().to_string());
+            if !still_serving(state.as_deref()) {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(RollingError::Timeout {
+                    group: asg.to_string(),
+                    message: format!("{instance} still {} in target group {arn} after {:?}", state.unwrap_or_default(), opts.drain_timeout),
+                });
+            }
+            if state.as_deref() != Some("draining") {
+                log(&format!("{asg}: deregistering {instance} from target group {arn}"));
+                Box::pin(t.elb.deregister_targets().target_group_arn(&arn).targets(target()).send()).await.map_err(|e| api("DeregisterTargets", &arn, e))?;
+            }
+            tokio::time::sleep(opts.eviction_retry).await;
+        }
+    }
+    Ok(())
+}
+
+/// Wait (bounded) until the group has its desired number of InService, healthy instances.
+async fn wait_for_capacity(t: &AwsTarget, g: &GroupStatus, launch_template: &str, opts: &RollingOptions) -> Result<(), RollingError> {
+    let deadline = Instant::now() + opts.validation_timeout;
+    loop {
+        if let Some(now) = group_status(t, &g.name, &g.group, g.role, launch_template, false).await? {
+            if now.ready() as i32 >= now.desired {
+                return Ok(());
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(RollingError::Timeout {
+                group: g.name.clone(),
+                message: format!(
+                    "the surge's instances were not InService within {:?}; rerun rolling-update (it finds the detached instances)",
+                    opts.validation_timeout
+                ),
+            });
+        }
+        tokio::time::sleep(opts.poll).await;
+    }
 }
 
 /// Wait until the terminated instance is out of service and the group has its desired number of
@@ -136,7 +504,7 @@ async fn wait_for_replacement(
     before: &[String],
     opts: &RollingOptions,
 ) -> Result<String, RollingError> {
-    let deadline = Instant::now() + opts.timeout;
+    let deadline = Instant::now() + opts.validation_timeout;
     loop {
         if let Some(now) = group_status(t, &g.name, &g.group, g.role, launch_template, false).await? {
             let live: BTreeMap<&str, &InstanceStatus> = now.instances.iter().map(|i| (i.id.as_str(), i)).collect();
@@ -152,7 +520,7 @@ async fn wait_for_replacement(
                 group: g.name.clone(),
                 message: format!(
                     "the replacement of {terminated} was not InService within {:?}; investigate, then rerun rolling-update (it continues with what is still outdated)",
-                    opts.timeout
+                    opts.validation_timeout
                 ),
             });
         }
@@ -160,53 +528,116 @@ async fn wait_for_replacement(
     }
 }
 
-/// Wait (bounded by `timeout`) until the cluster validates ([`crate::validate`]).
-async fn validate_cluster(
-    t: &AwsTarget,
-    model: &ClusterModel,
-    kube: &kube::Client,
-    group: &str,
-    instance: &str,
-    opts: &RollingOptions,
-    log: &mut dyn FnMut(&str),
-) -> Result<(), RollingError> {
-    let deadline = Instant::now() + opts.timeout;
-    loop {
-        let problem = match crate::validate::validate(t, model, kube).await {
-            Ok(r) if r.valid() => {
-                log(&format!("{group}: cluster validation passed"));
-                return Ok(());
-            }
-            Ok(r) => r.failures.iter().map(|f| format!("{} {}: {}", f.kind, f.name, f.message)).collect::<Vec<_>>().join("; "),
-            Err(e) => e.to_string(),
-        };
-        if Instant::now() >= deadline {
-            return Err(RollingError::Validation {
-                group: group.to_string(),
-                instance: instance.to_string(),
-                message: format!("the cluster did not validate within {:?}: {problem}", opts.timeout),
-            });
-        }
-        log(&format!("{group}: waiting for the cluster to validate: {problem}"));
-        tokio::time::sleep(opts.poll).await;
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
 
-async fn validate(cmd: &[String], group: &str, instance: &str, opts: &RollingOptions, log: &mut dyn FnMut(&str)) -> Result<(), RollingError> {
-    let deadline = Instant::now() + opts.timeout;
-    let fail = |message: String| RollingError::Validation { group: group.to_string(), instance: instance.to_string(), message };
-    let (program, args) = cmd.split_first().ok_or_else(|| fail("empty --validate-command".into()))?;
-    loop {
-        let out = tokio::process::Command::new(program).args(args).output().await.map_err(|e| fail(format!("cannot run {program}: {e}")))?;
-        if out.status.success() {
-            log(&format!("{group}: validation passed"));
-            return Ok(());
+    /// A cluster whose health follows a script: one answer per call, the last repeated.
+    struct Scripted {
+        answers: Vec<Result<Vec<String>, String>>,
+        calls: Mutex<usize>,
+    }
+
+    impl Scripted {
+        fn new(answers: Vec<Result<Vec<String>, String>>) -> Scripted {
+            Scripted { answers, calls: Mutex::new(0) }
         }
-        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
-        if Instant::now() >= deadline {
-            return Err(fail(format!("`{}` still failing after {:?} ({}): {stderr}", cmd.join(" "), opts.timeout, out.status)));
+        fn calls(&self) -> usize {
+            *self.calls.lock().expect("lock")
         }
-        log(&format!("{group}: validation not passing yet ({}), retrying", out.status));
-        tokio::time::sleep(opts.poll).await;
+    }
+
+    impl ClusterHealth for Scripted {
+        fn problems<'a>(&'a self, _group: &'a GroupStatus) -> BoxFuture<'a, Result<Vec<String>, String>> {
+            let mut n = self.calls.lock().expect("lock");
+            let answer = self.answers[(*n).min(self.answers.len() - 1)].clone();
+            *n += 1;
+            Box::pin(async move { answer })
+        }
+    }
+
+    fn group(role: Role) -> GroupStatus {
+        GroupStatus { name: "g.c".into(), group: "g".into(), role, target_version: "2".into(), min: 1, max: 1, desired: 1, instances: Vec::new() }
+    }
+
+    fn fast() -> RollingOptions {
+        RollingOptions {
+            validation_timeout: Duration::from_millis(200),
+            validate_tick: Duration::from_millis(20),
+            validate_success_pause: Duration::ZERO,
+            ..Default::default()
+        }
+    }
+
+    fn ok() -> Result<Vec<String>, String> {
+        Ok(Vec::new())
+    }
+    fn bad(p: &str) -> Result<Vec<String>, String> {
+        Ok(vec![p.to_string()])
+    }
+
+    #[test]
+    fn the_only_api_server_stays_in_its_load_balancer() {
+        let cases = [
+            (Role::ControlPlane, 3, true),
+            (Role::ControlPlane, 1, false),
+            (Role::ApiServer, 1, false),
+            (Role::ApiServer, 2, true),
+            (Role::Node, 1, true),
+            (Role::Bastion, 1, true),
+        ];
+        for (role, members, want) in cases {
+            assert_eq!(deregister_allowed(role, members), want, "{role:?} with {members} API members");
+        }
+        assert!(still_serving(Some("healthy")) && still_serving(Some("draining")) && still_serving(Some("initial")));
+        assert!(!still_serving(Some("unused")) && !still_serving(None));
+    }
+
+    #[test]
+    fn a_control_plane_never_proceeds_on_a_failed_validation() {
+        let no = || Err("Node ip-1: node of control-plane-a is not ready".to_string());
+        let cases = [
+            (Role::ControlPlane, Ok(()), true, Verdict::Proceed),
+            (Role::ControlPlane, no(), true, Verdict::Stop(no().unwrap_err())),
+            (Role::ControlPlane, no(), false, Verdict::Stop(no().unwrap_err())),
+            (Role::Node, no(), true, Verdict::Stop(no().unwrap_err())),
+            (Role::Node, no(), false, Verdict::Warn(no().unwrap_err())),
+            (Role::ApiServer, no(), false, Verdict::Warn(no().unwrap_err())),
+            (Role::Node, Ok(()), false, Verdict::Proceed),
+        ];
+        for (role, outcome, fail_on_validate, want) in cases {
+            assert_eq!(verdict(role, outcome.clone(), fail_on_validate), want, "{role:?} {outcome:?} fail-on-validate-error={fail_on_validate}");
+        }
+    }
+
+    #[tokio::test]
+    async fn validation_needs_count_passes_in_a_row() {
+        let mut log = Vec::new();
+        let h = Scripted::new(vec![ok(), bad("flap"), ok(), ok()]);
+        validate_until(&h, &group(Role::Node), 2, &fast(), &mut |l| log.push(l.to_string())).await.expect("valid");
+        assert_eq!(h.calls(), 4, "a failure in between restarts the count: {log:?}");
+        let h = Scripted::new(vec![ok()]);
+        validate_until(&h, &group(Role::Node), 0, &fast(), &mut |_| {}).await.expect("skipped");
+        assert_eq!(h.calls(), 0, "--validate-count 0 does not validate");
+        let h = Scripted::new(vec![Err("connection refused".into())]);
+        let err = validate_until(&h, &group(Role::Node), 1, &fast(), &mut |_| {}).await.expect_err("times out");
+        assert!(err.contains("did not validate within") && err.contains("connection refused"), "{err}");
+        // At least one try even with no time at all.
+        let h = Scripted::new(vec![ok()]);
+        validate_until(&h, &group(Role::Node), 1, &RollingOptions { validation_timeout: Duration::ZERO, ..fast() }, &mut |_| {}).await.expect("valid");
+    }
+
+    /// The rerun after a failed control-plane replacement: the replaced member has not come back, so
+    /// the validation before the next control-plane group fails and that group is not touched, even
+    /// with `--fail-on-validate-error=false`.
+    #[tokio::test]
+    async fn a_rerun_after_a_failed_control_plane_replacement_touches_no_second_member() {
+        let down = Scripted::new(vec![bad("InstanceGroup control-plane-a: did not have enough ready nodes: 0 of at least 1")]);
+        for fail_on_validate_error in [true, false] {
+            let opts = RollingOptions { fail_on_validate_error, ..fast() };
+            let outcome = validate_until(&down, &group(Role::ControlPlane), 1, &opts, &mut |_| {}).await;
+            assert!(matches!(verdict(Role::ControlPlane, outcome, opts.fail_on_validate_error), Verdict::Stop(ref p) if p.contains("control-plane-a")));
+        }
     }
 }

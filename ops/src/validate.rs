@@ -65,6 +65,21 @@ pub struct Failure {
     pub kind: String,
     pub name: String,
     pub message: String,
+    /// The instance group the failure is about (`None`: the cluster as a whole, e.g. a system pod).
+    #[serde(skip)]
+    pub group: Option<String>,
+    /// The failure is about a control plane.
+    #[serde(skip)]
+    pub control_plane: bool,
+}
+
+impl Failure {
+    /// Whether the failure stops a rolling update of `group` (kOps' `hasFailureRelevantToGroup`):
+    /// failures of that group, of a control plane, or of the cluster as a whole; not, say, another
+    /// worker group below its minimum.
+    pub fn relevant_to(&self, group: &str) -> bool {
+        self.control_plane || self.group.as_deref().is_none_or(|g| g == group)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -181,7 +196,11 @@ pub async fn kube_client(path: Option<&std::path::Path>, context: &str) -> Resul
     .map_err(|e| ValidateError::Config { message: e.to_string() })?;
     let has_context = kubeconfig.contexts.iter().any(|c| c.name == context);
     let options = kube::config::KubeConfigOptions { context: has_context.then(|| context.to_string()), ..Default::default() };
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options).await.map_err(|e| ValidateError::Config { message: e.to_string() })?;
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &options).await.map_err(|e| ValidateError::Config { message: e.to_string() })?;
+    // No hidden retries of 429s: an eviction refused by a PodDisruptionBudget answers 429, and the
+    // default policy (15 tries, backoff up to 1000 s) would outlast `--drain-timeout`. Validation
+    // and the drain retry on their own schedules.
+    config.default_retry = false;
     kube::Client::try_from(config).map_err(|source| ValidateError::Kube { what: "client", source })
 }
 
@@ -207,7 +226,15 @@ pub async fn validate(target: &AwsTarget, model: &ClusterModel, kube: &kube::Cli
     let node_by_ip: BTreeMap<String, &Node> = nodes.items.iter().flat_map(|n| node_ips(n).into_iter().map(move |ip| (ip, n))).collect();
 
     let mut report = Report { cluster: model.cluster.clone(), groups: Vec::new(), nodes: Vec::new(), failures: Vec::new() };
-    let mut fail = |kind: &str, name: &str, message: String| report.failures.push(Failure { kind: kind.into(), name: name.into(), message });
+    let mut fail = |kind: &str, name: &str, message: String, of: Option<(&str, Role)>| {
+        report.failures.push(Failure {
+            kind: kind.into(),
+            name: name.into(),
+            message,
+            group: of.map(|(g, _)| g.to_string()),
+            control_plane: of.is_some_and(|(_, r)| r == Role::ControlPlane),
+        })
+    };
     let mut known_nodes = BTreeSet::new();
     let mut group_reports = Vec::new();
     let mut node_reports = Vec::new();
@@ -217,7 +244,7 @@ pub async fn validate(target: &AwsTarget, model: &ClusterModel, kube: &kube::Cli
         for i in &in_service {
             let node = ip_of.get(&i.id).and_then(|ip| node_by_ip.get(ip));
             match node {
-                None => fail("Machine", &i.id, format!("instance of {} has not yet joined the cluster", g.group)),
+                None => fail("Machine", &i.id, format!("instance of {} has not yet joined the cluster", g.group), Some((&g.group, g.role))),
                 Some(n) => {
                     let name = n.metadata.name.clone().unwrap_or_default();
                     known_nodes.insert(name.clone());
@@ -225,21 +252,21 @@ pub async fn validate(target: &AwsTarget, model: &ClusterModel, kube: &kube::Cli
                     if is_ready {
                         ready += 1;
                     } else {
-                        fail("Node", &name, format!("node of {} is not ready", g.group));
+                        fail("Node", &name, format!("node of {} is not ready", g.group), Some((&g.group, g.role)));
                     }
                     node_reports.push(NodeReport { name, group: g.group.clone(), role: role_name(g.role).into(), ready: is_ready });
                 }
             }
         }
         if (ready as i32) < g.min {
-            fail("InstanceGroup", &g.group, format!("did not have enough ready nodes: {ready} of at least {}", g.min));
+            fail("InstanceGroup", &g.group, format!("did not have enough ready nodes: {ready} of at least {}", g.min), Some((&g.group, g.role)));
         }
         group_reports.push(GroupReport { name: g.group.clone(), role: role_name(g.role).into(), min: g.min, max: g.max, instances: in_service.len(), ready });
     }
     for n in &nodes.items {
         let name = n.metadata.name.clone().unwrap_or_default();
         if !known_nodes.contains(&name) && !node_ready(n) {
-            fail("Node", &name, "node (of no instance group) is not ready".into());
+            fail("Node", &name, "node (of no instance group) is not ready".into(), None);
         }
     }
     let pods = kube::Api::<Pod>::namespaced(kube.clone(), "kube-system")
@@ -248,7 +275,7 @@ pub async fn validate(target: &AwsTarget, model: &ClusterModel, kube: &kube::Cli
         .map_err(|source| ValidateError::Kube { what: "list kube-system pods", source })?;
     for p in &pods.items {
         if let Some(problem) = pod_problem(p) {
-            fail("Pod", &format!("kube-system/{}", p.metadata.name.clone().unwrap_or_default()), format!("system pod {problem}"));
+            fail("Pod", &format!("kube-system/{}", p.metadata.name.clone().unwrap_or_default()), format!("system pod {problem}"), None);
         }
     }
     // Every control-plane node runs the control plane.
@@ -256,11 +283,16 @@ pub async fn validate(target: &AwsTarget, model: &ClusterModel, kube: &kube::Cli
         for component in ["kube-apiserver", "kube-controller-manager", "kube-scheduler"] {
             let want = format!("{component}-{}", n.name);
             if !pods.items.iter().any(|p| p.metadata.name.as_deref() == Some(want.as_str())) {
-                fail("Pod", &format!("kube-system/{want}"), format!("control-plane node {} runs no {component}", n.name));
+                fail("Pod", &format!("kube-system/{want}"), format!("control-plane node {} runs no {component}", n.name), Some((&n.group, Role::ControlPlane)));
             }
         }
         if !pods.items.iter().any(|p| p.metadata.name.as_deref().is_some_and(|m| m.starts_with("etcd-") && m.ends_with(&n.name))) {
-            fail("Pod", &format!("kube-system/etcd-*-{}", n.name), format!("control-plane node {} runs no etcd member", n.name));
+            fail(
+                "Pod",
+                &format!("kube-system/etcd-*-{}", n.name),
+                format!("control-plane node {} runs no etcd member", n.name),
+                Some((&n.group, Role::ControlPlane)),
+            );
         }
     }
     report.groups = group_reports;
@@ -282,12 +314,40 @@ mod tests {
         };
         assert!(r.valid());
         assert!(r.render().ends_with("Your cluster c.example.com is ready\n"), "{}", r.render());
-        r.failures.push(Failure { kind: "InstanceGroup".into(), name: "nodes".into(), message: "did not have enough ready nodes: 1 of at least 2".into() });
+        r.failures.push(Failure {
+            kind: "InstanceGroup".into(),
+            name: "nodes".into(),
+            message: "did not have enough ready nodes: 1 of at least 2".into(),
+            group: Some("nodes".into()),
+            control_plane: false,
+        });
         assert!(!r.valid());
         let text = r.render();
         assert!(text.contains("VALIDATION ERRORS\nKIND           NAME   MESSAGE\nInstanceGroup  nodes  did not have enough"), "{text}");
         assert!(text.contains("Validation Failed: 1 problem(s)"), "{text}");
         let json = serde_json::to_value(&r).expect("json");
         assert_eq!(json["failures"][0]["kind"], "InstanceGroup");
+        assert!(json["failures"][0].get("group").is_none(), "{json}");
+    }
+
+    #[test]
+    fn a_roll_of_a_group_stops_on_its_own_control_plane_and_cluster_wide_failures() {
+        let f = |group: Option<&str>, control_plane: bool| Failure {
+            kind: "K".into(),
+            name: "n".into(),
+            message: "m".into(),
+            group: group.map(str::to_string),
+            control_plane,
+        };
+        let cases = [
+            (f(Some("nodes-a"), false), "nodes-a", true),
+            (f(Some("nodes-b"), false), "nodes-a", false),
+            (f(Some("control-plane-a"), true), "nodes-a", true),
+            (f(Some("control-plane-a"), true), "control-plane-b", true),
+            (f(None, false), "nodes-a", true),
+        ];
+        for (failure, group, want) in cases {
+            assert_eq!(failure.relevant_to(group), want, "{failure:?} for {group}");
+        }
     }
 }

@@ -194,6 +194,7 @@ mod tests {
             query: String::new(),
             headers: headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             peer: "127.0.0.1:1".into(),
+            body: Vec::new(),
         }
     }
 

@@ -22,6 +22,8 @@ pub struct Request {
     pub headers: Vec<(String, String)>,
     /// The peer's address.
     pub peer: String,
+    /// The request body (up to 1 MiB).
+    pub body: Vec<u8>,
 }
 
 impl Request {
@@ -118,22 +120,23 @@ async fn connection(mut s: TcpStream, peer: String, h: Handler) -> std::io::Resu
     let method = parts.next().unwrap_or("").to_string();
     let target = parts.next().unwrap_or("/").to_string();
     let headers: Vec<(String, String)> = lines.filter_map(|l| l.split_once(':')).map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string())).collect();
-    // Discard a request body (IMDS token PUTs have none; be lenient).
+    // The request body (IMDS token PUTs have none; be lenient).
     let len: usize = headers.iter().find(|(n, _)| n == "content-length").and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
-    let mut have = buf.len() - (head_end + 4);
-    while have < len.min(MAX_BODY) {
+    let mut body = buf[head_end + 4..].to_vec();
+    while body.len() < len.min(MAX_BODY) {
         let mut chunk = [0u8; 4096];
         let n = tokio::time::timeout(IO_TIMEOUT, s.read(&mut chunk)).await.map_err(|_| std::io::Error::other("read timeout"))??;
         if n == 0 {
             break;
         }
-        have += n;
+        body.extend_from_slice(&chunk[..n]);
     }
+    body.truncate(len.min(MAX_BODY));
     let (path, query) = match target.split_once('?') {
         Some((p, q)) => (p.to_string(), q.to_string()),
         None => (target.clone(), String::new()),
     };
-    let req = Request { method: method.clone(), path, query, headers, peer };
+    let req = Request { method: method.clone(), path, query, headers, peer, body };
     let resp = h(&req);
     write_response(&mut s, &method, resp).await
 }

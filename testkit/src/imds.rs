@@ -349,6 +349,7 @@ mod tests {
             query: String::new(),
             headers: headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect(),
             peer: "x".into(),
+            body: Vec::new(),
         }
     }
 

@@ -8,10 +8,20 @@ has a test that fails without it.
    it, so instances show none. Test: protokube/tests/node_join.rs
    `moto_instances_of_a_launch_template_carry_its_instance_profile` (the node-join server checks
    that a joining instance carries its group's profile).
+
+2. A launch-template version created by CreateLaunchTemplateVersion keeps its `UserData` as moto's
+   base64 type. AWS: every version of a template may carry user-data and an Auto Scaling group launches
+   from whichever version it is configured with. moto 5.x wraps `UserData` only in CreateLaunchTemplate,
+   so version 2 and later hold a plain string and every launch from them fails moto's own type check
+   (an autoscaling group pinned to version 2 never gets an instance). Test:
+   ops/tests/rolling_moto.rs `moto_launches_from_a_launch_template_version_with_user_data`.
 """
 import sys
 
+from moto.core.types import Base64EncodedString
 from moto.ec2.models.instances import InstanceBackend
+from moto.ec2.models.launch_templates import LaunchTemplate
+from moto.ec2.utils import parse_user_data
 
 _run_instances = InstanceBackend.run_instances
 
@@ -33,6 +43,18 @@ def _run_instances_with_template_profile(self, image_id, count, user_data, secur
 
 
 InstanceBackend.run_instances = _run_instances_with_template_profile
+
+_create_version = LaunchTemplate.create_version
+
+
+def _create_version_with_user_data(self, data, description):
+    user_data = data.get("UserData")
+    if user_data is not None and not isinstance(user_data, Base64EncodedString):
+        data = dict(data, UserData=parse_user_data(user_data))
+    return _create_version(self, data, description)
+
+
+LaunchTemplate.create_version = _create_version_with_user_data
 
 if __name__ == "__main__":
     from moto.server import main
