@@ -3,24 +3,29 @@
 
 mod common;
 
-#[test]
-fn terraform_is_written_and_the_state_store_is_untouched_without_yes() {
-    let out = tempfile::tempdir().expect("tmp");
-    let example = common::example("minimal.yaml");
-    let result = common::keelson(&[
+/// `keelson apply --target terraform --out OUT` for `spec`, offline, with the test builds.
+fn apply_terraform(spec: &std::path::Path, out: &std::path::Path) -> std::process::Output {
+    common::keelson(&[
         "apply",
         "-f",
-        &example.display().to_string(),
+        &spec.display().to_string(),
         "--target",
         "terraform",
         "--out",
-        &out.path().display().to_string(),
+        &out.display().to_string(),
         "--offline",
         "--nodeup-asset",
         common::NODEUP_AMD64,
         "--protokube-asset",
         common::PROTOKUBE_AMD64,
-    ]);
+    ])
+}
+
+#[test]
+fn terraform_is_written_and_the_state_store_is_untouched_without_yes() {
+    let out = tempfile::tempdir().expect("tmp");
+    let example = common::example("minimal.yaml");
+    let result = apply_terraform(&example, out.path());
     let stdout = String::from_utf8_lossy(&result.stdout);
     assert!(result.status.success(), "{}", String::from_utf8_lossy(&result.stderr));
     assert!(stdout.contains("state store not written"), "no --yes: the state store is untouched: {stdout}");
@@ -35,20 +40,7 @@ fn an_internal_balancer_for_the_internal_api_is_refused_naming_the_field() {
     let spec = tempfile::NamedTempFile::new().expect("tmp");
     std::fs::write(spec.path(), bad).expect("write");
     let out = tempfile::tempdir().expect("tmp");
-    let result = common::keelson(&[
-        "apply",
-        "-f",
-        &spec.path().display().to_string(),
-        "--target",
-        "terraform",
-        "--out",
-        &out.path().display().to_string(),
-        "--offline",
-        "--nodeup-asset",
-        common::NODEUP_AMD64,
-        "--protokube-asset",
-        common::PROTOKUBE_AMD64,
-    ]);
+    let result = apply_terraform(spec.path(), out.path());
     assert!(!result.status.success());
     let stderr = String::from_utf8_lossy(&result.stderr);
     assert!(stderr.contains("spec.api.loadBalancer.useForInternalApi"), "{stderr}");

@@ -13,7 +13,7 @@ use base64::Engine as _;
 use cloud_resources::aws::{write_calls, AwsTarget};
 use cloud_resources::model::ClusterModel;
 use cloud_resources::plan::{Action, Kind};
-use moto::{Moto, BUCKET, CLUSTER};
+use moto::{apply_once, store, Moto, BUCKET, CLUSTER};
 
 fn cluster_filter() -> Filter {
     Filter::builder().name("tag:KubernetesCluster").values(CLUSTER).build()
@@ -31,19 +31,6 @@ async fn model_with_pinned_ca(docs: &keelson_api::Documents, s: &StateStore, m: 
     let mut options = moto::compile_options();
     options.cas.insert("kubernetes-ca".into(), base::pki::parse_keyset_cert("kubernetes-ca", &issued).expect("CA certificate"));
     moto::prepare(docs, &options, true)
-}
-
-fn store(t: &AwsTarget, m: &ClusterModel) -> StateStore {
-    StateStore::open_with_s3(&m.config_base.parse().expect("configBase"), Some(t.s3.clone()), std::time::Duration::from_secs(30)).expect("store")
-}
-
-/// Plan and apply; returns the plan's (create, change, delete) counts.
-async fn apply_once(t: &AwsTarget, m: &ClusterModel) -> Result<(usize, usize, usize), cloud_resources::ApplyError> {
-    let s = store(t, m);
-    let mut p = cloud_resources::plan_apply(t, m, &s).await?;
-    let counts = p.plan.counts();
-    cloud_resources::execute(t, m, &s, &mut p).await?;
-    Ok(counts)
 }
 
 /// Counts of what is tagged for the cluster: (vpcs, subnets, sgs, lts, asgs, volumes).

@@ -10,26 +10,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use aws_smithy_runtime_api::client::interceptors::SharedInterceptor;
 
 use aws_sdk_ec2::types::Filter;
-use base::StateStore;
 use cloud_resources::aws::{write_calls, AwsTarget};
-use cloud_resources::model::ClusterModel;
 use cloud_resources::plan::{Action, Kind};
-use moto::{Moto, HA_CLUSTER, ZONE};
+use moto::{apply_once, store, Moto, HA_CLUSTER, ZONE};
 
 fn cluster_filter() -> Filter {
     Filter::builder().name("tag:KubernetesCluster").values(HA_CLUSTER).build()
-}
-
-fn store(t: &AwsTarget, m: &ClusterModel) -> StateStore {
-    StateStore::open_with_s3(&m.config_base.parse().expect("configBase"), Some(t.s3.clone()), std::time::Duration::from_secs(30)).expect("store")
-}
-
-async fn apply_once(t: &AwsTarget, m: &ClusterModel) -> Result<(usize, usize, usize), cloud_resources::ApplyError> {
-    let s = store(t, m);
-    let mut p = cloud_resources::plan_apply(t, m, &s).await?;
-    let counts = p.plan.counts();
-    cloud_resources::execute(t, m, &s, &mut p).await?;
-    Ok(counts)
 }
 
 fn tag<'a>(tags: &'a [aws_sdk_ec2::types::Tag], key: &str) -> Option<&'a str> {

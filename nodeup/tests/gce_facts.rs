@@ -2,23 +2,13 @@
 //! client reads the same way) — node name, zone and region, internal IP — and the provider id the
 //! kubelet registers with, `gce://project/zone/name`. Flags still win.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use nodeup::model::{provider_id, Facts};
 use testkit::gce_metadata::{self, InstanceFacts};
 
 fn instance() -> InstanceFacts {
-    InstanceFacts {
-        project: "acme-prod".into(),
-        numeric_project: "123456789012".into(),
-        zone: "europe-west1-b".into(),
-        name: "nodes-europe-west1-b-x7k2".into(),
-        id: "4471938521837465123".into(),
-        internal_ip: "10.0.16.7".into(),
-        hostname: "nodes-europe-west1-b-x7k2.europe-west1-b.c.acme-prod.internal".into(),
-        attributes: BTreeMap::new(),
-    }
+    InstanceFacts::example()
 }
 
 #[tokio::test]

@@ -4,10 +4,9 @@
 #[path = "../../cloud-resources/tests/moto/mod.rs"]
 mod moto;
 
-use base::StateStore;
 use cloud_resources::aws::AwsTarget;
 use cloud_resources::model::ClusterModel;
-use moto::Moto;
+use moto::{apply_once, store, Moto};
 use ops::instances;
 use ops::rolling::{self, BoxFuture, ClusterHealth, RollingError, RollingOptions};
 use std::sync::{Arc, Mutex};
@@ -53,18 +52,6 @@ impl ClusterHealth for Scripted {
 
 fn model_of(docs: &keelson_api::Documents) -> (ClusterModel, spec_compiler::Compiled) {
     moto::prepare(docs, &moto::compile_options(), true)
-}
-
-fn store(t: &AwsTarget, m: &ClusterModel) -> StateStore {
-    StateStore::open_with_s3(&m.config_base.parse().expect("configBase"), Some(t.s3.clone()), std::time::Duration::from_secs(30)).expect("store")
-}
-
-async fn apply_once(t: &AwsTarget, m: &ClusterModel) -> Result<(usize, usize, usize), cloud_resources::ApplyError> {
-    let s = store(t, m);
-    let mut p = cloud_resources::plan_apply(t, m, &s).await?;
-    let counts = p.plan.counts();
-    cloud_resources::execute(t, m, &s, &mut p).await?;
-    Ok(counts)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::moto::{free_port, http};
+use crate::moto::{free_port, http, kill_group};
 
 /// The version `scripts/test` installs.
 pub const VERSION: &str = "v1.56.1";
@@ -102,12 +102,8 @@ wait "$pid"
     }
 
     pub fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            // The server runs in the watchdog's process group: take both.
-            let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", c.id())]).stderr(Stdio::null()).status();
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        // The server runs in the watchdog's process group: take both.
+        kill_group(self.child.take());
     }
 }
 

@@ -41,6 +41,16 @@ pub fn free_port() -> Result<u16, MotoError> {
     Ok(l.local_addr().map_err(MotoError::Port)?.port())
 }
 
+/// Kill a server started as the leader of its own process group (a watchdog shell and what it runs),
+/// and reap it.
+pub fn kill_group(child: Option<Child>) {
+    if let Some(mut c) = child {
+        let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", c.id())]).stderr(Stdio::null()).status();
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
 /// A raw HTTP exchange with 127.0.0.1:port (no client library needed for two calls).
 pub fn http(port: u16, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
@@ -123,12 +133,8 @@ wait "$pid"
     }
 
     pub fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            // moto runs in its own process group: take its workers with it.
-            let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", c.id())]).stderr(Stdio::null()).status();
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        // moto runs in its own process group: take its workers with it.
+        kill_group(self.child.take());
     }
 }
 

@@ -2,23 +2,13 @@
 //! them, signed RS256 like Google's, verified by `base::node_join_gce::verify`. Each check is shown
 //! refusing the token that would get past it if it were missing.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use base::node_join_gce::{audience, verify, IdentityError, JwkSet};
 use testkit::gce_metadata::{self, InstanceFacts, Signer};
 
 fn facts() -> InstanceFacts {
-    InstanceFacts {
-        project: "acme-prod".into(),
-        numeric_project: "123456789012".into(),
-        zone: "europe-west1-b".into(),
-        name: "nodes-europe-west1-b-x7k2".into(),
-        id: "4471938521837465123".into(),
-        internal_ip: "10.0.16.7".into(),
-        hostname: "nodes-europe-west1-b-x7k2.europe-west1-b.c.acme-prod.internal".into(),
-        attributes: BTreeMap::new(),
-    }
+    InstanceFacts::example()
 }
 
 const BODY: &[u8] = br#"{"csr":"-----BEGIN CERTIFICATE REQUEST-----"}"#;

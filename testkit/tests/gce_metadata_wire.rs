@@ -8,19 +8,7 @@ use std::process::Command;
 use testkit::gce_metadata::{self, InstanceFacts};
 
 fn facts() -> InstanceFacts {
-    InstanceFacts {
-        project: "acme-prod".into(),
-        numeric_project: "123456789012".into(),
-        zone: "europe-west1-b".into(),
-        name: "nodes-europe-west1-b-x7k2".into(),
-        id: "4471938521837465123".into(),
-        internal_ip: "10.0.16.7".into(),
-        hostname: "nodes-europe-west1-b-x7k2.europe-west1-b.c.acme-prod.internal".into(),
-        attributes: BTreeMap::from([
-            ("cluster-name".to_string(), "gce.k8s.example.com".to_string()),
-            ("kops-k8s-io-instance-group-name".to_string(), "nodes-europe-west1-b".to_string()),
-        ]),
-    }
+    InstanceFacts::example()
 }
 
 #[test]

@@ -122,6 +122,20 @@ pub fn prepare(
     (model, compiled)
 }
 
+/// The cluster's state store, through the target's S3 client.
+pub fn store(t: &AwsTarget, m: &cloud_resources::model::ClusterModel) -> base::StateStore {
+    base::StateStore::open_with_s3(&m.config_base.parse().expect("configBase"), Some(t.s3.clone()), Duration::from_secs(30)).expect("store")
+}
+
+/// Plan and apply; returns the plan's (create, change, delete) counts.
+pub async fn apply_once(t: &AwsTarget, m: &cloud_resources::model::ClusterModel) -> Result<(usize, usize, usize), cloud_resources::ApplyError> {
+    let s = store(t, m);
+    let mut p = cloud_resources::plan_apply(t, m, &s).await?;
+    let counts = p.plan.counts();
+    cloud_resources::execute(t, m, &s, &mut p).await?;
+    Ok(counts)
+}
+
 pub const HA_CLUSTER: &str = "ha.k8s.example.com";
 
 /// examples/ha.yaml (private topology, three zones, network load balancer) moved to us-east-1 and
