@@ -16,6 +16,7 @@ mod kubeconfig;
 mod pki_cmd;
 #[cfg(feature = "cloud")]
 mod prepare;
+mod upgrade;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -88,6 +89,10 @@ enum Command {
     Delete(commands::DeleteArgs),
     /// Cluster PKI in a file state store: `keelson pki init --state DIR`.
     Pki(pki_cmd::PkiArgs),
+    /// Upgrades: `keelson upgrade cluster -f SPEC [--to VERSION] [--yes]` moves the spec's Kubernetes
+    /// version to the next release the versions table recommends, one minor at a time.
+    #[command(subcommand)]
+    Upgrade(Upgrade),
     /// Export credentials: `keelson export kubeconfig -f SPEC --admin [--ttl 18h]`.
     #[cfg(feature = "cloud")]
     #[command(subcommand)]
@@ -104,6 +109,13 @@ enum Etcd {
     /// Backups of an etcd cluster in its backup store, and restoring one.
     #[command(subcommand)]
     Backup(etcd_backup::BackupAction),
+}
+
+#[derive(Subcommand)]
+enum Upgrade {
+    /// The newest patch of the current minor, else of the next minor; `--yes` rewrites the spec's
+    /// `kubernetesVersion:` (then apply and roll).
+    Cluster(upgrade::UpgradeArgs),
 }
 
 #[derive(Subcommand)]
@@ -147,6 +159,7 @@ fn report(errors: &LoadError) -> ExitCode {
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Pki(args) => pki_cmd::run(args),
+        Command::Upgrade(Upgrade::Cluster(args)) => upgrade::run(args),
         Command::Validate { what: Some(what), .. } => match what {
             #[cfg(feature = "cloud")]
             ValidateWhat::Cluster(args) => commands::run_validate_cluster(args),

@@ -33,6 +33,7 @@ mod fetch;
 mod hashes;
 mod mirror;
 mod table;
+pub mod upgrade;
 
 use std::fmt;
 use std::path::PathBuf;
