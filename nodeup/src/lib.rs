@@ -9,6 +9,7 @@
 
 pub mod assets;
 pub mod config;
+pub mod facts;
 pub mod flag_table;
 pub mod flags;
 pub mod host;

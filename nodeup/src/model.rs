@@ -8,6 +8,8 @@ use std::time::Duration;
 use keelson_api::nodeup::{BootConfig, NodeBootstrapMethod, NodeupConfig};
 use keelson_api::{Quantity, Role};
 
+pub use crate::facts::{provider_id, Facts};
+
 use crate::assets::{Asset, AssetError, AssetKind};
 use crate::config::{ConfigError, StateStore};
 use crate::flag_table;
@@ -37,37 +39,6 @@ pub enum ModelError {
     Missing { path: String, hint: String },
     #[error(transparent)]
     Encryption(#[from] base::encryption::EncryptionError),
-}
-
-/// What nodeup knows about the instance (flags on bare metal and in tests; IMDS on AWS).
-#[derive(Debug, Clone, Default)]
-pub struct Facts {
-    /// `amd64` or `arm64`.
-    pub arch: String,
-    /// The node name the kubelet registers.
-    pub hostname: String,
-    pub internal_ip: Option<IpAddr>,
-    pub instance_id: Option<String>,
-    pub zone: Option<String>,
-    pub region: Option<String>,
-    /// The IMDS base URL (instance-role credentials for the node join); `None` off AWS.
-    pub imds_url: Option<String>,
-    /// GCE: the project and the instance's name (its provider id is `gce://project/zone/name`).
-    pub project: Option<String>,
-    pub instance_name: Option<String>,
-}
-
-/// The Kubernetes provider id the kubelet registers with, from what nodeup learnt of the instance
-/// (`None` when the cloud is neither or a fact is missing: the cloud controller sets it then).
-pub fn provider_id(cloud: &str, facts: &Facts) -> Option<String> {
-    match (cloud, &facts.zone) {
-        ("aws", Some(zone)) => facts.instance_id.as_deref().map(|id| kubelet::aws_provider_id(zone, id)),
-        ("gce", Some(zone)) => match (&facts.project, &facts.instance_name) {
-            (Some(project), Some(name)) => Some(base::gce_metadata::provider_id(project, zone, name)),
-            _ => None,
-        },
-        _ => None,
-    }
 }
 
 /// Inputs of the model.

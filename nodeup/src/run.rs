@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use crate::assets::{FetchOptions, Fetcher};
 use crate::config::{self, StateStore};
+use crate::facts::{fill_facts, fill_gce_facts, Facts};
 use crate::host::Host;
-use crate::model::{self, Facts, Inputs};
+use crate::model::{self, Inputs};
 use crate::nodetasks::Ctx;
 use crate::tasks::{self, Report, Target};
 
@@ -148,44 +149,4 @@ pub fn run(opts: &Options) -> anyhow::Result<Outcome> {
     }
     let report = tasks::run(&model.tasks, &Ctx { host: &host, assets: &fetcher }, opts.target)?;
     Ok(Outcome { report, warnings: model.warnings, recorded_commands: host.recorded() })
-}
-
-/// Fill the facts the flags left unset from instance metadata.
-/// The facts no flag gave, from the GCE metadata server; the node name is the first label of the
-/// instance's hostname (as kOps names GCE nodes).
-pub async fn fill_gce_facts(md: &base::gce_metadata::GceMetadata, facts: &mut Facts) -> Result<(), base::gce_metadata::GceMetadataError> {
-    let i = md.instance().await?;
-    facts.zone.get_or_insert(i.zone.clone());
-    facts.region.get_or_insert_with(|| i.zone.rsplit_once('-').map(|(r, _)| r.to_string()).unwrap_or_else(|| i.zone.clone()));
-    facts.instance_id.get_or_insert(i.id);
-    facts.project.get_or_insert(i.project);
-    facts.instance_name.get_or_insert(i.name);
-    if facts.internal_ip.is_none() {
-        facts.internal_ip = i.internal_ip.parse().ok();
-    }
-    if facts.hostname.is_empty() {
-        facts.hostname = base::gce_metadata::node_name(&i.hostname).to_string();
-    }
-    Ok(())
-}
-
-async fn fill_facts(imds: &base::imds::Imds, facts: &mut Facts) -> Result<(), base::imds::ImdsError> {
-    use base::imds::InstanceMetadata as _;
-    let get = |path: &'static str| async move { imds.get(path).await.map(|v| v.map(|s| s.trim().to_string())) };
-    if facts.instance_id.is_none() {
-        facts.instance_id = get("instance-id").await?;
-    }
-    if facts.zone.is_none() {
-        facts.zone = get("placement/availability-zone").await?;
-    }
-    if facts.region.is_none() {
-        facts.region = get("placement/region").await?;
-    }
-    if facts.internal_ip.is_none() {
-        facts.internal_ip = get("local-ipv4").await?.and_then(|s| s.parse().ok());
-    }
-    if facts.hostname.is_empty() {
-        facts.hostname = get("local-hostname").await?.unwrap_or_default();
-    }
-    Ok(())
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use nodeup::model::{provider_id, Facts};
+use nodeup::facts::{fill_gce_facts, provider_id, Facts};
 use testkit::gce_metadata::{self, InstanceFacts};
 
 fn instance() -> InstanceFacts {
@@ -16,7 +16,7 @@ async fn facts_come_from_the_metadata_server_and_flags_win() {
     let server = gce_metadata::start(&instance());
     let md = base::gce_metadata::GceMetadata::new(Some(&server.addr().to_string()), Duration::from_secs(5)).expect("client");
     let mut facts = Facts { arch: "amd64".into(), ..Default::default() };
-    nodeup::run::fill_gce_facts(&md, &mut facts).await.expect("facts");
+    fill_gce_facts(&md, &mut facts).await.expect("facts");
     assert_eq!(facts.hostname, "nodes-europe-west1-b-x7k2", "the node name is the hostname's first label");
     assert_eq!(facts.zone.as_deref(), Some("europe-west1-b"));
     assert_eq!(facts.region.as_deref(), Some("europe-west1"));
@@ -25,7 +25,7 @@ async fn facts_come_from_the_metadata_server_and_flags_win() {
     assert_eq!(provider_id("aws", &facts).as_deref(), Some("aws:///europe-west1-b/4471938521837465123"), "each cloud its own shape");
 
     let mut flagged = Facts { hostname: "given".into(), zone: Some("europe-west1-c".into()), ..Default::default() };
-    nodeup::run::fill_gce_facts(&md, &mut flagged).await.expect("facts");
+    fill_gce_facts(&md, &mut flagged).await.expect("facts");
     assert_eq!((flagged.hostname.as_str(), flagged.zone.as_deref()), ("given", Some("europe-west1-c")));
 }
 

@@ -3,12 +3,11 @@
 //! stopped with the test (a watchdog shell owns it, as for moto). `scripts/test` installs the pinned
 //! version with `go install`; [`binary`] says where it is looked for.
 
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
-use crate::moto::{free_port, http, kill_group};
+use crate::moto::{free_port, http, kill_group, spawn_watched};
 
 /// The version `scripts/test` installs.
 pub const VERSION: &str = "v1.56.1";
@@ -54,24 +53,24 @@ impl FakeGcs {
             return Err(FakeGcsError::Missing { path });
         }
         let port = free_port()?;
-        let out = std::fs::File::create(log).map_err(|source| FakeGcsError::Spawn { path: path.clone(), source })?;
-        let err = out.try_clone().map_err(|source| FakeGcsError::Spawn { path: path.clone(), source })?;
-        let script = r#"
-"$0" -scheme http -host 127.0.0.1 -port "$1" -backend memory -external-url "http://127.0.0.1:$1" -log-level warn </dev/null & pid=$!
-cat >/dev/null
-kill "$pid" 2>/dev/null
-wait "$pid"
-"#;
-        let child = Command::new("sh")
-            .args(["-c", script])
-            .arg(&path)
-            .arg(port.to_string())
-            .stdin(Stdio::piped())
-            .stdout(out)
-            .stderr(err)
-            .process_group(0)
-            .spawn()
-            .map_err(|source| FakeGcsError::Spawn { path: path.clone(), source })?;
+        let port_arg = port.to_string();
+        let url = format!("http://127.0.0.1:{port}");
+        let args: [&std::ffi::OsStr; 13] = [
+            path.as_os_str(),
+            "-scheme".as_ref(),
+            "http".as_ref(),
+            "-host".as_ref(),
+            "127.0.0.1".as_ref(),
+            "-port".as_ref(),
+            port_arg.as_ref(),
+            "-backend".as_ref(),
+            "memory".as_ref(),
+            "-external-url".as_ref(),
+            url.as_ref(),
+            "-log-level".as_ref(),
+            "warn".as_ref(),
+        ];
+        let child = spawn_watched(&args, log).map_err(|source| FakeGcsError::Spawn { path: path.clone(), source })?;
         let mut s = FakeGcs { port, child: Some(child) };
         let deadline = Instant::now() + STARTUP_TIMEOUT;
         loop {

@@ -41,6 +41,21 @@ pub fn free_port() -> Result<u16, MotoError> {
     Ok(l.local_addr().map_err(MotoError::Port)?.port())
 }
 
+/// Start `command` (program and arguments) under a watchdog shell that leads its own process group,
+/// output to `log`. When this process ends (even killed), its end of the shell's stdin pipe closes and
+/// the shell kills the server, so no server outlives the tests that started it.
+pub fn spawn_watched(command: &[&std::ffi::OsStr], log: &Path) -> std::io::Result<Child> {
+    let out = std::fs::File::create(log)?;
+    let err = out.try_clone()?;
+    let script = r#"
+"$@" </dev/null & pid=$!
+cat >/dev/null
+kill "$pid" 2>/dev/null
+wait "$pid"
+"#;
+    Command::new("sh").args(["-c", script, "sh"]).args(command).stdin(Stdio::piped()).stdout(out).stderr(err).process_group(0).spawn()
+}
+
 /// Kill a server started as the leader of its own process group (a watchdog shell and what it runs),
 /// and reap it.
 pub fn kill_group(child: Option<Child>) {
@@ -78,27 +93,11 @@ impl Moto {
             return Err(MotoError::NoPython { python: py });
         }
         let port = free_port()?;
-        let out = std::fs::File::create(log).map_err(|source| MotoError::Spawn { python: py.clone(), source })?;
-        let err = out.try_clone().map_err(|source| MotoError::Spawn { python: py.clone(), source })?;
-        // A watchdog shell owns moto: when this process ends (even killed), its end of the stdin pipe
-        // closes and the shell kills moto, so no server outlives the tests that started it.
-        let script = r#"
-"$0" -c "$2" -H 127.0.0.1 -p "$1" </dev/null & pid=$!
-cat >/dev/null
-kill "$pid" 2>/dev/null
-wait "$pid"
-"#;
-        let child = Command::new("sh")
-            .args(["-c", script])
-            .arg(&py)
-            .arg(port.to_string())
-            .arg(SERVER_PY)
-            .stdin(Stdio::piped())
-            .stdout(out)
-            .stderr(err)
-            .process_group(0)
-            .spawn()
-            .map_err(|source| MotoError::Spawn { python: py.clone(), source })?;
+        let child = spawn_watched(
+            &[py.as_os_str(), "-c".as_ref(), SERVER_PY.as_ref(), "-H".as_ref(), "127.0.0.1".as_ref(), "-p".as_ref(), port.to_string().as_ref()],
+            log,
+        )
+        .map_err(|source| MotoError::Spawn { python: py.clone(), source })?;
         let mut m = Moto { port, child: Some(child) };
         let deadline = Instant::now() + STARTUP_TIMEOUT;
         loop {
