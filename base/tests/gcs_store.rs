@@ -41,7 +41,11 @@ fn metadata_server() -> (String, Arc<AtomicUsize>) {
             let (status, body) = if ok { ("200 OK", r#"{"access_token":"tok-1","expires_in":3599,"token_type":"Bearer"}"#) } else { ("403 Forbidden", "{}") };
             counted.fetch_add(usize::from(ok), Ordering::SeqCst);
             let mut s = stream;
-            let _ = write!(s, "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+            let _ = write!(
+                s,
+                "HTTP/1.1 {status}\r\nMetadata-Flavor: Google\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
         }
     });
     (format!("127.0.0.1:{}", addr.port()), hits)

@@ -16,11 +16,10 @@ use tokio::io::AsyncReadExt as _;
 use tokio::sync::Mutex;
 
 use super::{ConfigBase, StoreError};
+use crate::gce_metadata::GceMetadata;
 
 /// Cloud Storage's endpoint.
 pub const GCS_ENDPOINT: &str = "https://storage.googleapis.com";
-/// The metadata server's name on GCE.
-pub const METADATA_HOST: &str = "metadata.google.internal";
 /// Resumable uploads move in chunks that are a multiple of this (the service's rule).
 const CHUNK_QUANTUM: u64 = 256 << 10;
 
@@ -48,7 +47,10 @@ impl GcsEndpoints {
         let metadata_host = var("GCE_METADATA_HOST").map(with_scheme);
         match var("STORAGE_EMULATOR_HOST") {
             Some(emulator) => GcsEndpoints { storage: with_scheme(emulator), metadata: metadata_host },
-            None => GcsEndpoints { storage: GCS_ENDPOINT.to_string(), metadata: Some(metadata_host.unwrap_or_else(|| format!("http://{METADATA_HOST}"))) },
+            None => GcsEndpoints {
+                storage: GCS_ENDPOINT.to_string(),
+                metadata: Some(metadata_host.unwrap_or_else(|| format!("http://{}", crate::gce_metadata::DEFAULT_HOST))),
+            },
         }
     }
 }
@@ -66,6 +68,9 @@ pub(super) struct GcsStore {
     endpoints: GcsEndpoints,
     bucket: String,
     prefix: String,
+    /// Where tokens come from (the metadata client, which also refuses an answer that is not the
+    /// metadata server's); `None`: send no token.
+    metadata: Option<GceMetadata>,
     token: Arc<Mutex<Option<Token>>>,
 }
 
@@ -96,22 +101,15 @@ struct ObjectList {
     next_page_token: Option<String>,
 }
 
-/// Whether the service's report of an upload matches what was sent: same size, same MD5.
-pub(super) fn upload_matches(reported: &ObjectResourceView, size: u64, md5: &[u8]) -> Result<(), String> {
+/// Whether the service's report of an upload (its `md5Hash` and `size`) matches what was sent.
+pub(super) fn upload_matches(md5_hash: Option<&str>, reported_size: Option<&str>, size: u64, md5: &[u8]) -> Result<(), String> {
     let want = base64::engine::general_purpose::STANDARD.encode(md5);
-    match (&reported.md5_hash, &reported.size) {
-        (Some(h), _) if *h != want => Err(format!("the service stored MD5 {h}, sent {want}")),
+    match (md5_hash, reported_size) {
+        (Some(h), _) if h != want => Err(format!("the service stored MD5 {h}, sent {want}")),
         (_, Some(s)) if s.parse::<u64>().ok() != Some(size) => Err(format!("the service stored {s} bytes, sent {size}")),
         (None, _) => Err("the service reported no MD5 for the upload".to_string()),
         _ => Ok(()),
     }
-}
-
-/// The parts of an object resource an upload is checked by.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct ObjectResourceView {
-    pub md5_hash: Option<String>,
-    pub size: Option<String>,
 }
 
 impl GcsStore {
@@ -122,7 +120,16 @@ impl GcsStore {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|source| StoreError::Http { url: endpoints.storage.clone(), source })?;
-        Ok(GcsStore { client, endpoints, bucket: bucket.to_string(), prefix: prefix.to_string(), token: Arc::new(Mutex::new(None)) })
+        let metadata = match &endpoints.metadata {
+            Some(host) => Some(GceMetadata::new(Some(host), timeout).map_err(|e| StoreError::Gcs {
+                op: "token",
+                bucket: bucket.to_string(),
+                name: String::new(),
+                message: e.to_string(),
+            })?),
+            None => None,
+        };
+        Ok(GcsStore { client, endpoints, bucket: bucket.to_string(), prefix: prefix.to_string(), metadata, token: Arc::new(Mutex::new(None)) })
     }
 
     fn name(&self, rel: &str) -> String {
@@ -148,18 +155,18 @@ impl GcsStore {
 
     /// The service-account token, from the metadata server (cached until a minute before it expires).
     async fn auth(&self, req: reqwest::RequestBuilder) -> Result<reqwest::RequestBuilder, StoreError> {
-        let Some(metadata) = &self.endpoints.metadata else { return Ok(req) };
+        let Some(metadata) = &self.metadata else { return Ok(req) };
         let mut cached = self.token.lock().await;
         if let Some(t) = cached.as_ref().filter(|t| t.until > Instant::now()) {
             return Ok(req.bearer_auth(&t.value));
         }
-        let url = format!("{metadata}/computeMetadata/v1/instance/service-accounts/default/token");
-        let resp = self.client.get(&url).header("Metadata-Flavor", "Google").send().await.map_err(|source| StoreError::Http { url: url.clone(), source })?;
-        if !resp.status().is_success() {
-            return Err(StoreError::Status { url, status: resp.status().as_u16() });
-        }
-        let body = resp.bytes().await.map_err(|source| StoreError::Http { url: url.clone(), source })?;
-        let answer: TokenAnswer = serde_json::from_slice(&body).map_err(|e| self.err("token", "", format!("{url}: not a token answer: {e}")))?;
+        let path = "instance/service-accounts/default/token";
+        let body = metadata
+            .get(path)
+            .await
+            .map_err(|e| self.err("token", "", e.to_string()))?
+            .ok_or_else(|| self.err("token", "", format!("the metadata server has no {path}")))?;
+        let answer: TokenAnswer = serde_json::from_str(&body).map_err(|e| self.err("token", "", format!("{path}: not a token answer: {e}")))?;
         let until = Instant::now() + Duration::from_secs(answer.expires_in.saturating_sub(60));
         let req = req.bearer_auth(&answer.access_token);
         *cached = Some(Token { value: answer.access_token, until });
@@ -224,8 +231,7 @@ impl GcsStore {
         let body = resp.bytes().await.map_err(|e| self.err("put", name, e.to_string()))?;
         let object: ObjectResource =
             serde_json::from_slice(&body).map_err(|e| self.err("put", name, format!("the upload's answer is not an object resource: {e}")))?;
-        let view = ObjectResourceView { md5_hash: object.md5_hash, size: object.size };
-        upload_matches(&view, size, md5).map_err(|m| self.err("put", name, format!("upload check failed: {m}")))
+        upload_matches(object.md5_hash.as_deref(), object.size.as_deref(), size, md5).map_err(|m| self.err("put", name, format!("upload check failed: {m}")))
     }
 
     pub async fn put(&self, rel: &str, bytes: &[u8]) -> Result<(), StoreError> {
@@ -349,11 +355,10 @@ mod tests {
     fn an_upload_is_accepted_only_when_size_and_md5_match() {
         let md5 = md5::Md5::digest(b"hello");
         let good = base64::engine::general_purpose::STANDARD.encode(md5);
-        let view = |h: Option<&str>, s: Option<&str>| ObjectResourceView { md5_hash: h.map(str::to_string), size: s.map(str::to_string) };
-        assert_eq!(upload_matches(&view(Some(&good), Some("5")), 5, &md5), Ok(()));
-        assert!(upload_matches(&view(Some("AAAA"), Some("5")), 5, &md5).is_err_and(|e| e.contains("MD5")));
-        assert!(upload_matches(&view(Some(&good), Some("4")), 5, &md5).is_err_and(|e| e.contains("4 bytes")));
-        assert!(upload_matches(&view(None, Some("5")), 5, &md5).is_err());
+        assert_eq!(upload_matches(Some(&good), Some("5"), 5, &md5), Ok(()));
+        assert!(upload_matches(Some("AAAA"), Some("5"), 5, &md5).is_err_and(|e| e.contains("MD5")));
+        assert!(upload_matches(Some(&good), Some("4"), 5, &md5).is_err_and(|e| e.contains("4 bytes")));
+        assert!(upload_matches(None, Some("5"), 5, &md5).is_err());
     }
 
     #[test]
