@@ -1,4 +1,5 @@
-//! The harness's view of moto (EC2, Auto Scaling, Route53) through the real AWS SDK.
+//! The harness's view of moto (EC2, Auto Scaling, Elastic Load Balancing v2, Route53) through the
+//! real AWS SDK.
 
 use std::time::Duration;
 
@@ -35,6 +36,48 @@ pub struct Instance {
 
 /// A route of a VPC route table whose target is an instance (what the cloud-controller-manager's
 /// route controller writes: a node's pod CIDR via that node's instance).
+/// One listener of a network load balancer in moto with its target group: what the local cloud's
+/// load balancers play ([`crate::balancer`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NlbListener {
+    pub load_balancer: String,
+    pub load_balancer_arn: String,
+    pub dns_name: String,
+    /// The load balancer's tags (the cloud-controller-manager names a Service's with
+    /// `kubernetes.io/service-name`).
+    pub tags: Vec<(String, String)>,
+    pub port: i32,
+    pub target_group: String,
+    pub health: HealthCheck,
+    /// `deregistration_delay.timeout_seconds` of the target group.
+    pub deregistration_delay: Duration,
+    /// Registered targets: (instance id, port).
+    pub targets: Vec<(String, i32)>,
+}
+
+impl NlbListener {
+    pub fn tag(&self, k: &str) -> Option<&str> {
+        self.tags.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str())
+    }
+}
+
+/// A target group's health check, as the load balancer runs it (TCP connects).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthCheck {
+    pub interval: Duration,
+    pub healthy_threshold: u32,
+    pub unhealthy_threshold: u32,
+    /// `None` = the traffic port.
+    pub port: Option<i32>,
+}
+
+impl Default for HealthCheck {
+    /// The ELBv2 defaults of a TCP target group.
+    fn default() -> Self {
+        HealthCheck { interval: Duration::from_secs(30), healthy_threshold: 5, unhealthy_threshold: 2, port: None }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct InstanceRoute {
     pub route_table_id: String,
@@ -101,6 +144,7 @@ pub struct Cloud {
     rt: tokio::runtime::Runtime,
     ec2: aws_sdk_ec2::Client,
     asg: aws_sdk_autoscaling::Client,
+    elb: aws_sdk_elasticloadbalancingv2::Client,
     r53: aws_sdk_route53::Client,
     iam: aws_sdk_iam::Client,
     sts: aws_sdk_sts::Client,
@@ -133,6 +177,7 @@ impl Cloud {
             region: region.to_string(),
             ec2: aws_sdk_ec2::Client::new(&conf),
             asg: aws_sdk_autoscaling::Client::new(&conf),
+            elb: aws_sdk_elasticloadbalancingv2::Client::new(&conf),
             r53: aws_sdk_route53::Client::new(&conf),
             iam: aws_sdk_iam::Client::new(&conf),
             sts: aws_sdk_sts::Client::new(&conf),
@@ -365,6 +410,74 @@ impl Cloud {
                 )
             })
             .collect())
+    }
+
+    /// Every listener of every network load balancer, with its target group's registered targets
+    /// and settings (TCP listeners forwarding to one target group; other kinds are left out).
+    pub fn nlb_listeners(&self) -> Result<Vec<NlbListener>, CloudError> {
+        let lbs = self.rt.block_on(self.elb.describe_load_balancers().send()).map_err(|e| self.err("DescribeLoadBalancers", e))?;
+        let mut out = Vec::new();
+        for lb in lbs.load_balancers() {
+            if lb.r#type().map(|t| t.as_str()) != Some("network") {
+                continue;
+            }
+            let (Some(arn), Some(name)) = (lb.load_balancer_arn(), lb.load_balancer_name()) else { continue };
+            let tags = self.rt.block_on(self.elb.describe_tags().resource_arns(arn).send()).map_err(|e| self.err("DescribeTags", e))?;
+            let tags: Vec<(String, String)> = tags
+                .tag_descriptions()
+                .iter()
+                .flat_map(|d| d.tags())
+                .map(|t| (t.key().unwrap_or_default().to_string(), t.value().unwrap_or_default().to_string()))
+                .collect();
+            let listeners = self.rt.block_on(self.elb.describe_listeners().load_balancer_arn(arn).send()).map_err(|e| self.err("DescribeListeners", e))?;
+            for l in listeners.listeners() {
+                let Some(port) = l.port() else { continue };
+                let Some(tg_arn) = l.default_actions().iter().find_map(|a| a.target_group_arn()) else { continue };
+                let tgs = self.rt.block_on(self.elb.describe_target_groups().target_group_arns(tg_arn).send()).map_err(|e| self.err("DescribeTargetGroups", e))?;
+                let Some(tg) = tgs.target_groups().first() else { continue };
+                let attrs = self
+                    .rt
+                    .block_on(self.elb.describe_target_group_attributes().target_group_arn(tg_arn).send())
+                    .map_err(|e| self.err("DescribeTargetGroupAttributes", e))?;
+                let delay = attrs
+                    .attributes()
+                    .iter()
+                    .find(|a| a.key() == Some("deregistration_delay.timeout_seconds"))
+                    .and_then(|a| a.value())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(300);
+                let defaults = HealthCheck::default();
+                let health = HealthCheck {
+                    interval: tg.health_check_interval_seconds().map(|s| Duration::from_secs(s.max(1) as u64)).unwrap_or(defaults.interval),
+                    healthy_threshold: tg.healthy_threshold_count().map(|n| n.max(1) as u32).unwrap_or(defaults.healthy_threshold),
+                    unhealthy_threshold: tg.unhealthy_threshold_count().map(|n| n.max(1) as u32).unwrap_or(defaults.unhealthy_threshold),
+                    port: tg.health_check_port().and_then(|p| p.parse().ok()),
+                };
+                let health_out = self
+                    .rt
+                    .block_on(self.elb.describe_target_health().target_group_arn(tg_arn).send())
+                    .map_err(|e| self.err("DescribeTargetHealth", e))?;
+                let targets = health_out
+                    .target_health_descriptions()
+                    .iter()
+                    .filter_map(|d| d.target())
+                    .map(|t| (t.id().unwrap_or_default().to_string(), t.port().or(tg.port()).unwrap_or(0)))
+                    .collect();
+                out.push(NlbListener {
+                    load_balancer: name.to_string(),
+                    load_balancer_arn: arn.to_string(),
+                    dns_name: lb.dns_name().unwrap_or_default().to_string(),
+                    tags: tags.clone(),
+                    port,
+                    target_group: tg.target_group_name().unwrap_or_default().to_string(),
+                    health,
+                    deregistration_delay: Duration::from_secs(delay),
+                    targets,
+                });
+            }
+        }
+        out.sort_by(|a, b| (&a.load_balancer, a.port).cmp(&(&b.load_balancer, b.port)));
+        Ok(out)
     }
 
     /// Create a public hosted zone unless one with that name exists (the account's existing zone).

@@ -328,6 +328,24 @@ impl Machine {
 
     /// Stop the machine (power off: SIGKILL its init, as a terminated instance loses power), kill
     /// its IMDS, remove its namespace and its root.
+    /// Shut the machine down as EC2 does when it terminates an instance: an ACPI power-button event
+    /// (systemd's SIGRTMIN+4: poweroff, units stop in reverse order), and after at most `grace` it
+    /// is gone whatever it was doing. Returns how long the shutdown took and whether it finished
+    /// on its own.
+    pub fn poweroff(&mut self, grace: Duration) -> (Duration, bool) {
+        let t0 = Instant::now();
+        let mut clean = false;
+        if let Some(init) = self.init_pid() {
+            cmd::kill(init, "RTMIN+4");
+            while cmd::alive(init) && t0.elapsed() < grace {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            clean = !cmd::alive(init);
+        }
+        self.stop();
+        (t0.elapsed(), clean)
+    }
+
     pub fn stop(&mut self) {
         teardown(&self.info, &self.paths);
         if let Some(mut c) = self.nspawn.take() {

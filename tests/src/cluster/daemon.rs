@@ -12,7 +12,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{anyhow, bail, Context};
 
-use crate::cloud::Cloud;
+use crate::balancer::{Balancers, Desired};
+use crate::cloud::{Cloud, HealthCheck};
 use crate::imds::InstanceData;
 use crate::machine::{Environment, Machine, MachineInfo};
 use crate::net::{self, Segment};
@@ -29,6 +30,8 @@ pub const BOOTSTRAP_ADDON: &str = "bootstrap-rbac.keelson.io";
 
 /// Reconcile interval of the daemon.
 pub const TICK: Duration = Duration::from_millis(300);
+/// Longest an instance's machine may take to shut down after its termination (then it is killed).
+pub const POWEROFF_GRACE: Duration = Duration::from_secs(90);
 /// Device names of root volumes (moto attaches one per instance).
 const ROOT_DEVICES: &[&str] = &["/dev/sda1", "/dev/sda", "/dev/xvda", "/dev/xvda1"];
 
@@ -90,6 +93,9 @@ struct Daemon {
     cloud: Cloud,
     machines: Arc<Mutex<BTreeMap<String, Machine>>>,
     starting: Arc<Mutex<BTreeSet<String>>>,
+    /// Terminated instances whose machines are still shutting down: they keep their volumes until
+    /// they are gone, as EC2 keeps them attached to a `shutting-down` instance.
+    stopping: Arc<Mutex<BTreeSet<String>>>,
     failed: Arc<Mutex<BTreeMap<String, String>>>,
     events: Arc<Mutex<Vec<String>>>,
     backings: HashMap<String, volumes::Backing>,
@@ -97,8 +103,10 @@ struct Daemon {
     hosts_written: HashMap<String, String>,
     /// When the VPC route table was last mirrored into the host's routes ([`Daemon::sync_routes`]).
     routes_synced: Option<Instant>,
-    /// Where the API load balancer sends connections: every control plane's `ip:443`.
-    api_targets: Arc<Mutex<Vec<String>>>,
+    /// The network load balancers (the API's and the Services'), on the host.
+    balancers: Balancers,
+    /// When the load balancers last followed moto ([`Daemon::sync_balancers`]).
+    balancers_synced: Option<Instant>,
     cs: ClusterState,
 }
 
@@ -179,24 +187,23 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
     cs.api_port = api_l.local_addr()?.port();
     relay.set_nonblocking(true)?;
     mirror_l.set_nonblocking(true)?;
-    api_l.set_nonblocking(true)?;
-    let api_targets: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
     let mirror_root = state.mirror_dir();
     fs::create_dir_all(&mirror_root)?;
     let moto_target = format!("127.0.0.1:{}", cs.moto_port);
+    // The relay, the mirror and the load balancers run on one runtime that lives as long as the daemon.
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     {
-        let mirror_root = mirror_root.clone();
-        let api_targets = api_targets.clone();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-            rt.block_on(async move {
-                let r = tokio::net::TcpListener::from_std(relay).expect("relay listener");
-                let m = tokio::net::TcpListener::from_std(mirror_l).expect("mirror listener");
-                let a = tokio::net::TcpListener::from_std(api_l).expect("api listener");
-                tokio::join!(crate::relay::relay(r, moto_target), mirror::serve(m, mirror_root), crate::relay::relay_to_any(a, api_targets));
-            });
-        });
+        let _guard = rt.enter();
+        let r = tokio::net::TcpListener::from_std(relay)?;
+        let m = tokio::net::TcpListener::from_std(mirror_l)?;
+        rt.spawn(crate::relay::relay(r, moto_target));
+        rt.spawn(mirror::serve(m, mirror_root.clone()));
     }
+    let events: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
+    let balancers = {
+        let events = events.clone();
+        Balancers::new(rt.handle().clone(), api_l, Arc::new(move |m| event(&events, m)))?
+    };
     let gw = seg.gateway;
     let mirror_url = format!("http://{gw}:{}/", cs.mirror_port);
     cs.phase = "preparing the account (bucket, zone, image)".into();
@@ -332,7 +339,6 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
         .context("keelson export kubeconfig --admin")?;
     cs.kubeconfig = kubeconfig.display().to_string();
     cs.kubectl = local.kubernetes_bin.join("kubectl").display().to_string();
-    let events: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
     {
         // The product applies the bootstrap addons (protokube's addon controller); report when
         // it has, as an event of `up`.
@@ -375,13 +381,15 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
         cloud,
         machines: Arc::new(Mutex::new(BTreeMap::new())),
         starting: Arc::new(Mutex::new(BTreeSet::new())),
+        stopping: Arc::new(Mutex::new(BTreeSet::new())),
         failed: Arc::new(Mutex::new(BTreeMap::new())),
         events,
         backings: HashMap::new(),
         exposed: BTreeMap::new(),
         hosts_written: HashMap::new(),
         routes_synced: None,
-        api_targets,
+        balancers,
+        balancers_synced: None,
         cs: cs.clone(),
     };
     let mut errors = 0u32;
@@ -415,10 +423,18 @@ impl Daemon {
         for id in gone {
             let m = self.machines.lock().map_err(|_| anyhow!("lock"))?.remove(&id);
             if let Some(mut m) = m {
-                event(&self.events, format!("{id}: instance terminated; stopping its machine"));
-                self.exposed.retain(|_, (inst, _)| inst != &id);
+                event(&self.events, format!("{id}: instance terminated; shutting its machine down (ACPI poweroff)"));
                 self.hosts_written.remove(&id);
-                std::thread::spawn(move || m.stop());
+                self.stopping.lock().map_err(|_| anyhow!("lock"))?.insert(id.clone());
+                let (stopping, events) = (self.stopping.clone(), self.events.clone());
+                std::thread::spawn(move || {
+                    let (took, clean) = m.poweroff(POWEROFF_GRACE);
+                    let how = if clean { "powered off" } else { "did not power off in time; killed" };
+                    event(&events, format!("{id}: machine {how} after {:.1} s", took.as_secs_f64()));
+                    if let Ok(mut s) = stopping.lock() {
+                        s.remove(&id);
+                    }
+                });
             }
         }
         // Start machines for new instances.
@@ -487,6 +503,9 @@ impl Daemon {
     fn sync_volumes(&mut self) -> anyhow::Result<()> {
         let vols = self.cloud.volumes()?;
         let machines = self.machines.lock().map_err(|_| anyhow!("lock"))?;
+        let stopping = self.stopping.lock().map_err(|_| anyhow!("lock"))?.clone();
+        // Volumes of machines that have finished shutting down are free again.
+        self.exposed.retain(|_, (inst, _)| machines.contains_key(inst) || stopping.contains(inst));
         for v in &vols {
             // Root volumes are the machine's overlay root; only data volumes become loop devices.
             let attachment = v.attached_to().filter(|a| !ROOT_DEVICES.contains(&a.device.as_str()));
@@ -497,6 +516,10 @@ impl Daemon {
             let want = attachment.map(|a| a.instance_id.clone()).filter(|i| machines.get(i).is_some_and(|m| m.running()));
             let have = self.exposed.get(&v.id).cloned();
             if have.as_ref().map(|(i, _)| i) == want.as_ref() {
+                continue;
+            }
+            if have.as_ref().is_some_and(|(i, _)| stopping.contains(i)) {
+                // Still attached to a machine that is shutting down: not attachable elsewhere yet.
                 continue;
             }
             if let Some((inst, slot)) = have {
@@ -622,10 +645,7 @@ impl Daemon {
             Ok(m) => m.values().map(|m| m.info.clone()).collect(),
             Err(_) => return,
         };
-        let targets: Vec<String> = machines.iter().filter(|m: &&MachineInfo| m.role == "control-plane").map(|m| format!("{}:443", m.ip)).collect();
-        if let Ok(mut t) = self.api_targets.lock() {
-            *t = targets;
-        }
+        self.sync_balancers(instances, &machines);
         self.cs.machines = machines;
         self.cs.exposed = self.exposed.clone();
         self.cs.failed = self.failed.lock().map(|f| f.clone()).unwrap_or_default();
@@ -635,6 +655,63 @@ impl Daemon {
         }
         self.cs.instances = instances.iter().filter(|i| i.state == "running").count();
         self.cs.save(&self.state);
+    }
+
+    /// Play the network load balancers (every second): each NLB listener in moto follows its
+    /// target group's registered, running instances ([`crate::balancer`]). The API load balancer is
+    /// the one listener on 443 not made for a Service; a cluster without one (DNS-only API) gets a
+    /// stand-in over every control-plane machine, health-checked like the real one.
+    fn sync_balancers(&mut self, instances: &[crate::cloud::Instance], machines: &[MachineInfo]) {
+        if self.balancers_synced.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+            return;
+        }
+        self.balancers_synced = Some(Instant::now());
+        let listeners = match self.cloud.nlb_listeners() {
+            Ok(l) => l,
+            Err(e) => {
+                event(&self.events, format!("load balancers: {e}"));
+                return;
+            }
+        };
+        let ips: BTreeMap<&str, std::net::IpAddr> = instances
+            .iter()
+            .filter(|i| i.state == "running")
+            .filter_map(|i| Some((i.id.as_str(), i.private_ip.as_deref()?.parse().ok()?)))
+            .collect();
+        let mut api_seen = false;
+        let mut desired: Vec<Desired> = listeners
+            .iter()
+            .map(|l| {
+                let service = l.tag("kubernetes.io/service-name").map(str::to_string);
+                let api = service.is_none() && l.port == 443 && !api_seen;
+                api_seen |= api;
+                Desired {
+                    key: format!("{}:{}", l.load_balancer_arn, l.port),
+                    name: format!("{}:{}", l.load_balancer, l.port),
+                    service,
+                    api,
+                    targets: l
+                        .targets
+                        .iter()
+                        .filter_map(|(id, port)| Some(std::net::SocketAddr::new(*ips.get(id.as_str())?, u16::try_from(*port).ok()?)))
+                        .collect(),
+                    health: l.health,
+                    deregistration_delay: l.deregistration_delay,
+                }
+            })
+            .collect();
+        if !api_seen {
+            desired.push(Desired {
+                key: "keelson-local:api".into(),
+                name: "api (no load balancer in the spec: every control plane)".into(),
+                service: None,
+                api: true,
+                targets: machines.iter().filter(|m| m.role == "control-plane").filter_map(|m| format!("{}:443", m.ip).parse().ok()).collect(),
+                health: HealthCheck { interval: Duration::from_secs(10), healthy_threshold: 2, unhealthy_threshold: 2, port: None },
+                deregistration_delay: Duration::from_secs(30),
+            });
+        }
+        self.cs.services = self.balancers.sync(desired);
     }
 
     fn shutdown(&mut self) {

@@ -45,9 +45,14 @@ pub struct ClusterState {
     pub registry: String,
     #[serde(default)]
     pub registry_pid: i64,
-    /// The API "load balancer": 127.0.0.1:<api_port> relays to a live control plane's :443.
+    /// The API load balancer: 127.0.0.1:<api_port> plays the cluster's network load balancer
+    /// (its target group's members, health-checked; [`crate::balancer`]).
     #[serde(default)]
     pub api_port: u16,
+    /// Services of `type: LoadBalancer` (`namespace/name`) → the host URLs of their load
+    /// balancers' listeners (`keelson-local service-url`).
+    #[serde(default)]
+    pub services: BTreeMap<String, Vec<String>>,
     /// Admin kubeconfig (server https://127.0.0.1:<api_port>), written after apply.
     #[serde(default)]
     pub kubeconfig: String,
