@@ -47,6 +47,12 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// The URLs of a `type: LoadBalancer` Service's load balancer on this host (one per listener),
+    /// as the cloud-controller-manager made it in the local cloud: `keelson-local service-url default/echo`.
+    ServiceUrl {
+        /// `NAMESPACE/NAME`
+        service: String,
+    },
     /// Print `export` lines so that `keelson …` and `kubectl …` work against the local cluster as
     /// they would against AWS: `eval "$(keelson-local env)"`.
     Env,
@@ -104,6 +110,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Kubectl { args } => {
             let status = cluster::kubectl(&args)?;
             std::process::exit(status.code().unwrap_or(1));
+        }
+        Cmd::ServiceUrl { service } => {
+            for u in cluster::service_urls(&service)? {
+                println!("{u}");
+            }
         }
         Cmd::Env => print!("{}", cluster::env_exports()?),
         Cmd::Daemon { file } => cluster::run_daemon(&file)?,

@@ -70,6 +70,23 @@ pub fn kubectl(args: &[String]) -> anyhow::Result<std::process::ExitStatus> {
     Command::new(&cs.kubectl).arg("--kubeconfig").arg(&cs.kubeconfig).args(args).status().with_context(|| format!("running {}", cs.kubectl))
 }
 
+/// `keelson-local service-url NAMESPACE/NAME`: the host URLs of the Service's load balancer.
+pub fn service_urls(service: &str) -> anyhow::Result<Vec<String>> {
+    let Some((ns, name)) = service.split_once('/').filter(|(n, s)| !n.is_empty() && !s.is_empty() && !s.contains('/')) else {
+        bail!("service {service:?}: expected NAMESPACE/NAME");
+    };
+    let cs = running_cluster()?;
+    match cs.services.get(&format!("{ns}/{name}")) {
+        Some(urls) if !urls.is_empty() => Ok(urls.clone()),
+        _ => {
+            let known: Vec<&String> = cs.services.keys().collect();
+            bail!(
+                "service {ns}/{name} has no network load balancer in the local cloud (yet): the cloud-controller-manager makes one for a Service of type LoadBalancer annotated service.beta.kubernetes.io/aws-load-balancer-type: nlb (Classic ELBs are not played); load balancers of Services now: {known:?}"
+            )
+        }
+    }
+}
+
 /// Quote a value for a POSIX shell.
 fn sh_quote(v: &str) -> String {
     format!("'{}'", v.replace('\'', r"'\''"))

@@ -16,7 +16,7 @@ pub mod health;
 pub mod selfheal;
 pub mod state;
 
-pub use commands::{down, env_exports, kill, kubectl, ps, sweep, up};
+pub use commands::{down, env_exports, kill, kubectl, ps, service_urls, sweep, up};
 pub use daemon::{replace_block, run_daemon, write_in_place, ClusterVersions, ADDON_RECORD, BOOTSTRAP_ADDON, HOSTS_BEGIN, HOSTS_END, TICK};
 pub use diagnostics::{blocker, diagnose, diagnose_nodes};
 pub use health::{control_plane_pods, health, kube_problems, Health};
