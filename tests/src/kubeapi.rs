@@ -212,3 +212,52 @@ pub fn count_configmaps(kubeconfig: &Path, namespace: &str, prefix: &str, n: u64
             .count() as u64)
     })
 }
+
+/// Write one ConfigMap (create, or replace its data) through a new connection, as a client
+/// that writes once a second would: the probe of writes during a rolling update.
+pub fn write_configmap(kubeconfig: &Path, namespace: &str, name: &str, data: BTreeMap<String, String>) -> Result<(), KubeApiError> {
+    rt()?.block_on(async {
+        let c = client(kubeconfig, &Target::default()).await?;
+        let api = Api::<ConfigMap>::namespaced(c, namespace);
+        let cm = ConfigMap { metadata: kube::api::ObjectMeta { name: Some(name.to_string()), ..Default::default() }, data: Some(data), ..Default::default() };
+        let pp = kube::api::PatchParams::apply("keelson-local-probe").force();
+        let patch = kube::api::Patch::Apply(&cm);
+        let fut = api.patch(name, &pp, &patch);
+        match tokio::time::timeout(Duration::from_secs(10), fut).await {
+            Ok(r) => r.map(|_| ()).map_err(api_err(format!("writing ConfigMap {namespace}/{name}"))),
+            Err(_) => Err(KubeApiError::Timeout { what: format!("writing ConfigMap {namespace}/{name}"), secs: 10 }),
+        }
+    })
+}
+
+/// `status.readyReplicas` of a Deployment (0 when unset).
+pub fn deployment_ready(kubeconfig: &Path, namespace: &str, name: &str) -> Result<i32, KubeApiError> {
+    rt()?.block_on(async {
+        let c = client(kubeconfig, &Target::default()).await?;
+        let api = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(c, namespace);
+        let d = api.get(name).await.map_err(api_err(format!("get deployment {namespace}/{name}")))?;
+        Ok(d.status.and_then(|s| s.ready_replicas).unwrap_or(0))
+    })
+}
+
+/// The version an API server reports (`GET /version` `gitVersion`) through `target`.
+pub fn server_version(kubeconfig: &Path, target: &Target) -> Result<String, KubeApiError> {
+    rt()?.block_on(async {
+        let c = client(kubeconfig, target).await?;
+        let v = c.apiserver_version().await.map_err(api_err(format!("GET /version via {:?}", target.server)))?;
+        Ok(v.git_version)
+    })
+}
+
+/// Node name → `status.nodeInfo.kubeletVersion`.
+pub fn kubelet_versions(kubeconfig: &Path) -> Result<BTreeMap<String, String>, KubeApiError> {
+    rt()?.block_on(async {
+        let c = client(kubeconfig, &Target::default()).await?;
+        let list = Api::<Node>::all(c).list(&ListParams::default()).await.map_err(api_err("listing nodes"))?;
+        Ok(list
+            .items
+            .into_iter()
+            .map(|n| (n.metadata.name.unwrap_or_default(), n.status.and_then(|s| s.node_info).map(|i| i.kubelet_version).unwrap_or_default()))
+            .collect())
+    })
+}

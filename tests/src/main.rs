@@ -47,6 +47,10 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Make another Kubernetes version available to the running local cloud (built from source,
+    /// cached; images in the registry; assets in the mirror; hashes in `$KEELSON_ASSET_HASHES`),
+    /// so `keelson upgrade cluster` / `keelson reconcile cluster` work against it.
+    Prepare { version: String },
     /// The URLs of a `type: LoadBalancer` Service's load balancer on this host (one per listener),
     /// as the cloud-controller-manager made it in the local cloud: `keelson-local service-url default/echo`.
     ServiceUrl {
@@ -110,6 +114,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Kubectl { args } => {
             let status = cluster::kubectl(&args)?;
             std::process::exit(status.code().unwrap_or(1));
+        }
+        Cmd::Prepare { version } => {
+            let p = cluster::prepare(&version)?;
+            println!("keelson-local: Kubernetes v{} prepared ({} new asset(s) in the mirror)", p.version, p.assets.len());
         }
         Cmd::ServiceUrl { service } => {
             for u in cluster::service_urls(&service)? {

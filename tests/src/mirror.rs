@@ -254,6 +254,35 @@ pub fn write_overrides(path: &Path, hashes: &BTreeMap<String, String>) -> Result
     fs::write(path, s).map_err(io(path))
 }
 
+/// Read a `--asset-hashes` file [`write_overrides`] wrote (url → sha256).
+pub fn read_overrides(path: &Path) -> Result<BTreeMap<String, String>, MirrorError> {
+    let text = fs::read_to_string(path).map_err(io(path))?;
+    Ok(text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| l.split_once('\t'))
+        .map(|(u, h)| (u.trim().to_string(), h.trim().to_string()))
+        .collect())
+}
+
+/// The URLs of every amd64 asset the compiled nodeup configs under `compiled/nodeup` name that
+/// start with one of `prefixes` (what the local mirror must serve).
+pub fn compiled_asset_urls(compiled: &Path, prefixes: &[&str]) -> Result<Vec<String>, MirrorError> {
+    let dir = compiled.join("nodeup");
+    let mut urls = std::collections::BTreeSet::new();
+    for e in fs::read_dir(&dir).map_err(io(&dir))?.flatten() {
+        let path = e.path();
+        let text = fs::read_to_string(&path).map_err(io(&path))?;
+        let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).map_err(|e| MirrorError::Io { path: path.clone(), source: std::io::Error::other(e) })?;
+        for a in v.get("Assets").and_then(|a| a.get("amd64")).and_then(|a| a.as_sequence()).into_iter().flatten() {
+            if let Some((_, rest)) = a.as_str().and_then(|s| s.split_once('@')) {
+                urls.insert(rest.split(',').next().unwrap_or(rest).to_string());
+            }
+        }
+    }
+    Ok(urls.into_iter().filter(|u| prefixes.iter().any(|p| u.starts_with(p))).collect())
+}
+
 /// Serve `root` read-only over HTTP on `listener`.
 pub async fn serve(listener: tokio::net::TcpListener, root: PathBuf) {
     use crate::httpd::{Body, Request, Response};

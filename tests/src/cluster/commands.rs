@@ -53,7 +53,7 @@ fn require_root() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn running_cluster() -> anyhow::Result<ClusterState> {
+pub(super) fn running_cluster() -> anyhow::Result<ClusterState> {
     let cs = ClusterState::load(&state()).ok_or_else(|| anyhow!("no local cluster (keelson-local up -f SPEC)"))?;
     if !daemon_alive(&cs) {
         bail!("the local cluster's daemon is not running (keelson-local down, then up)");

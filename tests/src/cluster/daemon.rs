@@ -295,16 +295,7 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
 
     cs.phase = "building the asset mirror".into();
     cs.save(state);
-    let mut urls = BTreeSet::new();
-    for e in fs::read_dir(compiled.join("nodeup"))?.flatten() {
-        let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(&fs::read_to_string(e.path())?)?;
-        for a in v.get("Assets").and_then(|a| a.get("amd64")).and_then(|a| a.as_sequence()).into_iter().flatten() {
-            if let Some((_, rest)) = a.as_str().and_then(|s| s.split_once('@')) {
-                urls.insert(rest.split(',').next().unwrap_or(rest).to_string());
-            }
-        }
-    }
-    let urls: Vec<String> = urls.into_iter().filter(|u| u.starts_with(&mirror_url) || u.starts_with(&kops_base)).collect();
+    let urls = mirror::compiled_asset_urls(&compiled, &[&mirror_url, &kops_base])?;
     hashes.extend(mirror::build(&cache, &bins, Some(&local), &mirror_root, &urls)?);
     mirror::write_overrides(&overrides, &hashes)?;
     let nodeup_sha = hashes.get(&nodeup_url).cloned().unwrap_or_default();

@@ -4,7 +4,8 @@
 //!
 //! - [`state`]: the cluster state file both sides share;
 //! - [`daemon`]: the daemon and its reconcile loop;
-//! - [`commands`]: `up`, `ps`, `kill`, `down`, `kubectl`, `env` and the sweep of leftovers;
+//! - [`commands`]: `up`, `ps`, `kill`, `down`, `kubectl`, `env`, `service-url` and the sweep of leftovers;
+//! - [`prepare`]: `prepare VERSION`, another Kubernetes version in the mirror and registry;
 //! - [`health`]: what `up` waits for and `ps` shows;
 //! - [`diagnostics`]: what went wrong, when it did;
 //! - [`selfheal`]: the control-plane failover test.
@@ -13,11 +14,13 @@ pub mod commands;
 pub mod daemon;
 pub mod diagnostics;
 pub mod health;
+pub mod prepare;
 pub mod selfheal;
 pub mod state;
 
 pub use commands::{down, env_exports, kill, kubectl, ps, service_urls, sweep, up};
 pub use daemon::{replace_block, run_daemon, write_in_place, ClusterVersions, ADDON_RECORD, BOOTSTRAP_ADDON, HOSTS_BEGIN, HOSTS_END, TICK};
+pub use prepare::{prepare, Prepared};
 pub use diagnostics::{blocker, diagnose, diagnose_nodes};
 pub use health::{control_plane_pods, health, kube_problems, Health};
 pub use selfheal::{median, selfheal, SelfhealReport, KEY_PREFIX, OBJECT_NAMESPACE, OBJECT_PREFIX, PHASES};
