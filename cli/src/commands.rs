@@ -42,7 +42,8 @@ pub struct Common {
     #[arg(long = "asset-hashes", env = "KEELSON_ASSET_HASHES", value_name = "FILE")]
     pub asset_hashes: Option<PathBuf>,
     /// The nodeup binary user-data boots: `amd64=SHA256@URL[,MIRROR…]` (repeatable).
-    #[arg(long = "nodeup-asset", value_name = "ARCH=SHA256@URL")]
+    /// Defaults to $KEELSON_NODEUP_ASSET (space-separated).
+    #[arg(long = "nodeup-asset", value_name = "ARCH=SHA256@URL", env = "KEELSON_NODEUP_ASSET", value_delimiter = ' ')]
     pub nodeup_asset: Vec<String>,
     /// The protokube binary control planes install: `amd64=SHA256@URL[,MIRROR…]` (repeatable).
     #[arg(long = "protokube-asset", value_name = "ARCH=SHA256@URL")]

@@ -60,7 +60,8 @@ enum Command {
         #[arg(long = "asset-hashes", env = "KEELSON_ASSET_HASHES", value_name = "FILE")]
         asset_hashes: Option<PathBuf>,
         /// The nodeup binary user-data boots, per architecture: `amd64=SHA256@URL[,MIRROR…]` (repeatable).
-        #[arg(long = "nodeup-asset", value_name = "ARCH=SHA256@URL")]
+        /// Defaults to $KEELSON_NODEUP_ASSET (space-separated).
+        #[arg(long = "nodeup-asset", value_name = "ARCH=SHA256@URL", env = "KEELSON_NODEUP_ASSET", value_delimiter = ' ')]
         nodeup_asset: Vec<String>,
         /// The protokube binary control planes install, per architecture: `amd64=SHA256@URL[,MIRROR…]`.
         #[arg(long = "protokube-asset", value_name = "ARCH=SHA256@URL")]

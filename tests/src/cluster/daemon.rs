@@ -318,7 +318,8 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
             .env("AWS_REGION", &spec.region);
         c
     };
-    let applied = cmd::run(keelson_on_cloud(&["apply", "--yes"]).arg("--nodeup-asset").arg(format!("amd64={nodeup_sha}@{nodeup_url}")))
+    let nodeup_asset = format!("amd64={nodeup_sha}@{nodeup_url}");
+    let applied = cmd::run(keelson_on_cloud(&["apply", "--yes"]).arg("--nodeup-asset").arg(&nodeup_asset))
         .context("keelson apply --yes against moto")?;
     fs::write(state.root.join("apply.log"), &applied)?;
 
@@ -329,6 +330,7 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
     cmd::run(keelson_on_cloud(&["export", "kubeconfig", "--admin", "--ttl", "72h"]).arg("--kubeconfig").arg(&kubeconfig).arg("--server").arg(&api_url))
         .context("keelson export kubeconfig --admin")?;
     cs.kubeconfig = kubeconfig.display().to_string();
+    cs.nodeup_asset = nodeup_asset;
     cs.kubectl = local.kubernetes_bin.join("kubectl").display().to_string();
     {
         // The product applies the bootstrap addons (protokube's addon controller); report when

@@ -56,6 +56,10 @@ pub struct ClusterState {
     /// Admin kubeconfig (server https://127.0.0.1:<api_port>), written after apply.
     #[serde(default)]
     pub kubeconfig: String,
+    /// The nodeup binary `keelson apply` gave user-data (`ARCH=SHA256@URL`, the local build in the
+    /// mirror): `keelson-local env` exports it as `KEELSON_NODEUP_ASSET`.
+    #[serde(default)]
+    pub nodeup_asset: String,
     /// The kubectl built for the cluster's version.
     #[serde(default)]
     pub kubectl: String,
