@@ -11,10 +11,11 @@ pub fn parse_nodeup_assets(items: &[String]) -> anyhow::Result<BTreeMap<Arch, No
     parse_arch_assets("--nodeup-asset", items)
 }
 
-/// Parse repeated `ARCH=SHA256@URL[,MIRROR…]` values of the flag `flag`.
+/// Parse repeated `ARCH=SHA256@URL[,MIRROR…]` values of the flag `flag`. Empty values (an empty
+/// environment variable) say nothing.
 pub fn parse_arch_assets(flag: &str, items: &[String]) -> anyhow::Result<BTreeMap<Arch, NodeupAsset>> {
     let mut out = BTreeMap::new();
-    for item in items {
+    for item in items.iter().filter(|i| !i.trim().is_empty()) {
         let (arch, asset) = item.split_once('=').ok_or_else(|| anyhow::anyhow!("{flag} {item:?}: expected ARCH=SHA256@URL"))?;
         let arch = Arch::parse(arch).ok_or_else(|| anyhow::anyhow!("{flag} {item:?}: unknown architecture {arch:?} (amd64 or arm64)"))?;
         let asset = NodeupAsset::parse(asset).map_err(|e| anyhow::anyhow!("{flag}: {e}"))?;
@@ -36,4 +37,19 @@ pub fn asset_hashes(path: Option<&std::path::Path>) -> anyhow::Result<std::colle
 pub fn hash_fetcher(offline: bool, cache_dir: Option<std::path::PathBuf>) -> Option<spec_compiler::versions::Fetcher> {
     use spec_compiler::versions::{default_cache_dir, Fetcher, HttpFetcher};
     (!offline).then(|| Fetcher::new(HttpFetcher { cache_dir: cache_dir.or_else(default_cache_dir) }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_value_says_nothing_and_a_bad_one_is_named() {
+        assert!(parse_arch_assets("--nodeup-asset", &["".into(), " ".into()]).unwrap().is_empty());
+        let sha = "a".repeat(64);
+        let got = parse_arch_assets("--nodeup-asset", &[format!("amd64={sha}@http://m/nodeup")]).unwrap();
+        assert!(got.contains_key(&Arch::Amd64));
+        let e = parse_arch_assets("--nodeup-asset", &["nonsense".into()]).unwrap_err().to_string();
+        assert!(e.contains("--nodeup-asset") && e.contains("nonsense"), "{e}");
+    }
 }

@@ -112,7 +112,8 @@ pub fn env_exports() -> anyhow::Result<String> {
         ("KOPS_BASE_URL", format!("http://{}:{}/kops", cs.gateway, cs.mirror_port)),
         ("PATH", format!("{kubectl_dir}:{}", std::env::var("PATH").unwrap_or_default())),
     ];
-    Ok(vars.iter().map(|(k, v)| format!("export {k}={}\n", sh_quote(v))).collect())
+    // An unknown value is left out rather than exported empty.
+    Ok(vars.iter().filter(|(_, v)| !v.is_empty()).map(|(k, v)| format!("export {k}={}\n", sh_quote(v))).collect())
 }
 
 /// `up`: start the daemon and wait until the control plane is healthy.
