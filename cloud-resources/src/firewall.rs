@@ -40,6 +40,38 @@ pub fn group_name(role: Role, cluster: &str) -> String {
     format!("{}.{cluster}", keelson_api::names::role_plural(role))
 }
 
+/// The ports of the ingress rules `apply` removes from a group of ours when the spec no longer wants
+/// them (kOps' `RemoveExtraRules`: a rule whose from and to port are one of these). Any other rule
+/// that is not ours (the cloud-controller-manager's NodePort and health-check rules for a Service's
+/// load balancer, one an operator added) is left alone.
+pub fn removable_extra_ports(group: &str, cluster: &str) -> &'static [i32] {
+    if group == group_name(Role::ControlPlane, cluster) {
+        // SSH, the API, etcd main/events peer and client, VXLAN, Calico BGP.
+        &[22, 443, 2380, 2381, 4001, 4002, 4789, 179]
+    } else if group == group_name(Role::Node, cluster) || group == group_name(Role::Bastion, cluster) {
+        &[22]
+    } else if group == format!("api-elb.{cluster}") {
+        &[443]
+    } else {
+        &[]
+    }
+}
+
+/// Whether an ingress rule found on one of the cluster's groups is Keelson's to keep or remove: one
+/// the model wants, one between the cluster's own groups, or one on a port [`removable_extra_ports`]
+/// names. Everything else belongs to someone else and `apply` neither shows nor touches it.
+pub fn found_rule_is_ours(rule: &IngressRule, cluster: &str, wanted: &[IngressRule], our_groups: &std::collections::BTreeSet<String>) -> bool {
+    if wanted.contains(rule) {
+        return true;
+    }
+    if let RuleSource::Group(g) = &rule.source {
+        if our_groups.contains(&g.to_string()) {
+            return true;
+        }
+    }
+    rule.from_port == rule.to_port && removable_extra_ports(&rule.group.to_string(), cluster).contains(&rule.from_port)
+}
+
 /// Control planes and API servers: kOps puts both in the masters' group.
 fn control_plane_side(role: Role) -> bool {
     matches!(role, Role::ControlPlane | Role::ApiServer)
@@ -168,6 +200,34 @@ mod tests {
 
     fn has(rules: &BTreeMap<Role, Vec<IngressRule>>, line: &str) -> bool {
         table(rules).iter().any(|l| l == line)
+    }
+
+    #[test]
+    fn found_rules_on_our_groups_are_ours_only_when_kops_would_remove_them() {
+        let c = "c.example.com";
+        let rule = |group: &str, protocol: &str, from: i32, to: i32, source: RuleSource| IngressRule {
+            group: Link::to(format!("{group}.{c}")),
+            protocol: protocol.into(),
+            from_port: from,
+            to_port: to,
+            source,
+        };
+        let cidr = |c: &str| RuleSource::Cidr(c.into());
+        let ours: std::collections::BTreeSet<String> = ["masters", "nodes", "bastions", "api-elb"].iter().map(|g| format!("{g}.{c}")).collect();
+        let wanted = vec![rule("nodes", "tcp", 22, 22, cidr("10.0.0.0/8"))];
+        let is_ours = |r: &IngressRule| found_rule_is_ours(r, c, &wanted, &ours);
+        assert!(is_ours(&wanted[0]), "a wanted rule");
+        assert!(is_ours(&rule("nodes", "tcp", 22, 22, cidr("203.0.113.0/24"))), "a stale SSH rule (port=22)");
+        assert!(is_ours(&rule("masters", "tcp", 443, 443, cidr("198.51.100.0/24"))), "a stale API rule (port=443)");
+        assert!(is_ours(&rule("masters", "tcp", 4001, 4001, cidr("10.1.0.0/16"))), "etcd client (port=4001)");
+        assert!(is_ours(&rule("api-elb", "tcp", 443, 443, cidr("0.0.0.0/0"))));
+        assert!(is_ours(&rule("masters", "all", -1, -1, RuleSource::Group(Link::to(format!("bastions.{c}"))))), "between our own groups");
+        // The cloud-controller-manager's rules for a Service's load balancer, and anyone else's.
+        assert!(!is_ours(&rule("nodes", "tcp", 31487, 31487, cidr("0.0.0.0/0"))), "a NodePort rule");
+        assert!(!is_ours(&rule("nodes", "icmp", 3, 4, cidr("0.0.0.0/0"))), "path-MTU ICMP");
+        assert!(!is_ours(&rule("nodes", "tcp", 443, 443, cidr("0.0.0.0/0"))), "443 is only the control planes' and the API ELB's to remove");
+        assert!(!is_ours(&rule("nodes", "tcp", 1, 65535, RuleSource::Group(Link::to("sg-0123abcd".to_string())))), "from a group not ours");
+        assert!(!is_ours(&rule("masters", "tcp", 20, 30, cidr("10.0.0.0/8"))), "a range is never a port=N match");
     }
 
     #[test]

@@ -345,9 +345,29 @@ async fn security_groups_admit_only_what_each_role_needs() {
         .await
         .expect("authorize by hand");
     assert!(ingress_rules(&t).await.contains(&format!("{cp}: all from {bastions}")));
+    // So is an SSH rule the spec no longer names (kOps' RemoveExtraRules "port=22"); but the rules
+    // the cloud-controller-manager adds for a Service's network load balancer (its NodePort and
+    // path-MTU ICMP from the clients) are not Keelson's, and an apply must leave them alone: taking
+    // them away cuts the Service off.
+    let cidr_rule = |protocol: &str, from: i32, to: i32, cidr: &str| {
+        aws_sdk_ec2::types::IpPermission::builder()
+            .ip_protocol(protocol)
+            .from_port(from)
+            .to_port(to)
+            .ip_ranges(aws_sdk_ec2::types::IpRange::builder().cidr_ip(cidr).build())
+            .build()
+    };
+    for perm in [cidr_rule("tcp", 22, 22, "203.0.113.0/24"), cidr_rule("tcp", 31487, 31487, "0.0.0.0/0"), cidr_rule("icmp", 3, 4, "0.0.0.0/0")] {
+        t.ec2.authorize_security_group_ingress().group_id(id(&nodes)).ip_permissions(perm).send().await.expect("authorize by hand");
+    }
     let (create, change, delete) = apply_once(&t2, &m).await.expect("re-apply");
-    assert_eq!((create, change, delete), (0, 0, 1));
-    assert_eq!(ingress_rules(&t).await, want);
+    assert_eq!((create, change, delete), (0, 0, 2), "the bastion's rule and the stale SSH rule go, nothing else");
+    let mut with_foreign = want.clone();
+    with_foreign.extend([format!("{nodes}: tcp 31487-31487 from 0.0.0.0/0"), format!("{nodes}: icmp from 0.0.0.0/0")]);
+    with_foreign.sort();
+    assert_eq!(ingress_rules(&t).await, with_foreign);
+    let again = cloud_resources::plan_apply(&t2, &m, &s2).await.expect("plan again");
+    assert!(again.plan.is_empty(), "the foreign rules are not in the plan:\n{}", again.plan.render(false));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -271,7 +271,10 @@ async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Re
         };
         d.found(group, id);
     }
-    // Ingress rules, one task per (protocol, ports, source), once every group's name is known.
+    // Ingress rules, one task per (protocol, ports, source), once every group's name is known; only
+    // Keelson's own (see `firewall::found_rule_is_ours`).
+    let wanted: Vec<IngressRule> = model.tasks.security_group_rules.iter().map(|r| r.rule.clone()).collect();
+    let ours: std::collections::BTreeSet<String> = model.tasks.security_groups.iter().map(|g| g.name.clone()).collect();
     for g in sgs.security_groups() {
         let group = g.group_name().unwrap_or_default().to_string();
         for p in g.ip_permissions() {
@@ -292,6 +295,10 @@ async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Re
             sources.extend(p.user_id_group_pairs().iter().filter_map(|u| u.group_id().map(|id| RuleSource::Group(Link::to(d.ids.sg_name(id))))));
             for source in sources {
                 let rule = IngressRule { group: Link::to(group.clone()), protocol: protocol.clone(), from_port, to_port, source };
+                if !crate::firewall::found_rule_is_ours(&rule, cluster, &wanted, &ours) {
+                    tracing::debug!(group = %group, rule = %rule.name(), "left alone: not Keelson's rule");
+                    continue;
+                }
                 d.resources.push(Task::SecurityGroupRule(SecurityGroupRule { rule }).view(None));
             }
         }
