@@ -30,8 +30,12 @@ pub const BOOTSTRAP_ADDON: &str = "bootstrap-rbac.keelson.io";
 
 /// Reconcile interval of the daemon.
 pub const TICK: Duration = Duration::from_millis(300);
-/// Longest an instance's machine may take to shut down after its termination (then it is killed).
-pub const POWEROFF_GRACE: Duration = Duration::from_secs(90);
+/// Longest an instance's machine may take to shut down after its termination (then it is powered
+/// off hard). Units stop in order well within it (protokube, the kubelet, containerd, the
+/// containers); what it cuts short is an artefact of this host: on cgroup v1 inside a container,
+/// systemd never learns that a container scope's cgroup emptied, so it would wait out each
+/// scope's 90-s stop timeout, which an EC2 guest does not.
+pub const POWEROFF_GRACE: Duration = Duration::from_secs(30);
 /// Device names of root volumes (moto attaches one per instance).
 const ROOT_DEVICES: &[&str] = &["/dev/sda1", "/dev/sda", "/dev/xvda", "/dev/xvda1"];
 
