@@ -69,3 +69,29 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
         Ok(ExitCode::SUCCESS)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ReconcileArgs,
+    }
+
+    #[test]
+    fn reconcile_takes_the_rolling_update_flags() {
+        let parse = |args: &[&str]| Cli::try_parse_from(std::iter::once("reconcile").chain(args.iter().copied())).map(|c| c.args);
+        let a = parse(&["-f", "c.yaml"]).expect("plan");
+        assert!(!a.yes && !a.roll.cloudonly);
+        assert_eq!((a.roll.validate_count, a.roll.drain_timeout), (2, std::time::Duration::from_secs(900)), "rolling-update's defaults");
+        let a = parse(&["-f", "c.yaml", "-y", "--validate-count", "3", "--drain-timeout", "5m", "--node-interval", "1s", "--fail-on-drain-error=false"])
+            .expect("the shared flags");
+        assert!(a.yes && !a.roll.fail_on_drain_error);
+        assert_eq!((a.roll.validate_count, a.roll.drain_timeout, a.roll.node_interval), (3, std::time::Duration::from_secs(300), std::time::Duration::from_secs(1)));
+        assert!(parse(&["-f", "c.yaml", "--cloudonly", "--validate-command", "true"]).is_err(), "as in rolling-update");
+        assert!(parse(&["-f", "c.yaml", "--instance-group", "nodes"]).is_err(), "reconcile's phases choose the groups");
+    }
+}
