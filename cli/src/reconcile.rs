@@ -90,7 +90,10 @@ mod tests {
         let a = parse(&["-f", "c.yaml", "-y", "--validate-count", "3", "--drain-timeout", "5m", "--node-interval", "1s", "--fail-on-drain-error=false"])
             .expect("the shared flags");
         assert!(a.yes && !a.roll.fail_on_drain_error);
-        assert_eq!((a.roll.validate_count, a.roll.drain_timeout, a.roll.node_interval), (3, std::time::Duration::from_secs(300), std::time::Duration::from_secs(1)));
+        assert_eq!(
+            (a.roll.validate_count, a.roll.drain_timeout, a.roll.node_interval),
+            (3, std::time::Duration::from_secs(300), std::time::Duration::from_secs(1))
+        );
         assert!(parse(&["-f", "c.yaml", "--cloudonly", "--validate-command", "true"]).is_err(), "as in rolling-update");
         assert!(parse(&["-f", "c.yaml", "--instance-group", "nodes"]).is_err(), "reconcile's phases choose the groups");
     }

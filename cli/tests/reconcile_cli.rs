@@ -45,8 +45,11 @@ async fn reconcile_plans_each_phase_then_runs_them_and_then_has_nothing_to_do() 
     let t = moto.target(&[]).await;
     let versions = || async {
         let lts = t.ec2.describe_launch_templates().send().await.expect("templates");
-        let mut v: Vec<(String, i64)> =
-            lts.launch_templates().iter().map(|l| (l.launch_template_name().unwrap_or_default().to_string(), l.latest_version_number().unwrap_or_default())).collect();
+        let mut v: Vec<(String, i64)> = lts
+            .launch_templates()
+            .iter()
+            .map(|l| (l.launch_template_name().unwrap_or_default().to_string(), l.latest_version_number().unwrap_or_default()))
+            .collect();
         v.sort();
         v
     };
