@@ -62,7 +62,7 @@ pub struct Common {
 
 /// Run `work` holding the state-store lock (`--yes` runs only). The lock is released when the work
 /// ends, fails, or is interrupted with Ctrl-C.
-async fn with_lock<T>(
+pub(crate) async fn with_lock<T>(
     store: &StateStore,
     operation: &str,
     force_unlock: bool,
@@ -132,6 +132,14 @@ pub struct RollingUpdateArgs {
     /// Replace every instance, outdated or not.
     #[arg(long)]
     pub force: bool,
+    #[command(flatten)]
+    pub roll: RollArgs,
+}
+
+/// How instances are replaced: the flags `rolling-update` and `reconcile cluster` share (kOps'
+/// names and defaults).
+#[derive(Debug, Clone, clap::Args)]
+pub struct RollArgs {
     /// Pause after each control-plane termination (Go duration).
     #[arg(long = "control-plane-interval", alias = "master-interval", default_value = "15s", value_parser = go_duration)]
     pub control_plane_interval: std::time::Duration,
@@ -186,7 +194,7 @@ fn parse_role(s: &str) -> Result<keelson_api::Role, String> {
         .ok_or_else(|| format!("invalid instance group role {s:?} (one of {})", known.join(", ")))
 }
 
-fn go_duration(s: &str) -> Result<std::time::Duration, String> {
+pub(crate) fn go_duration(s: &str) -> Result<std::time::Duration, String> {
     let d: keelson_api::Duration = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
     u64::try_from(d.as_nanos()).map(std::time::Duration::from_nanos).map_err(|_| format!("{s:?}: must not be negative"))
 }
@@ -235,7 +243,7 @@ pub(crate) fn open_store(config_base: &str, s3: Option<aws_sdk_s3::Client>) -> a
     Ok(StateStore::open_with_s3(&base, s3, std::time::Duration::from_secs(30))?)
 }
 
-fn color() -> bool {
+pub(crate) fn color() -> bool {
     std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none()
 }
 
@@ -261,7 +269,7 @@ async fn pinned_cas(store: &StateStore) -> anyhow::Result<std::collections::BTre
 
 /// The model again, compiled with the CAs `store` holds pinned into every NodeupConfig.
 /// With `best_effort` (a plan that writes nothing), a store that cannot be read is a warning.
-async fn with_pinned_cas(
+pub(crate) async fn with_pinned_cas(
     docs: &keelson_api::Documents,
     options: &CompileOptions,
     store: &StateStore,
@@ -388,6 +396,43 @@ async fn direct_apply(
     Ok(ExitCode::SUCCESS)
 }
 
+impl RollArgs {
+    /// The rolling update's options from these flags and the spec's `rollingUpdate` blocks (surge);
+    /// validation is the cloud's alone until [`RollArgs::validation`] is asked for.
+    pub fn options(&self, docs: &keelson_api::Documents) -> rolling::RollingOptions {
+        rolling::RollingOptions {
+            control_plane_interval: self.control_plane_interval,
+            node_interval: self.node_interval,
+            bastion_interval: self.bastion_interval,
+            drain_timeout: self.drain_timeout,
+            post_drain_delay: self.post_drain_delay,
+            validation_timeout: self.validation_timeout,
+            validate_count: self.validate_count,
+            fail_on_drain_error: self.fail_on_drain_error,
+            fail_on_validate_error: self.fail_on_validate_error,
+            poll: self.poll_interval,
+            // kOps' surge: spec.rollingUpdate (on AWS maxSurge defaults to 1).
+            surge: Some(ops::surge::SurgeSpec::from_documents(docs)),
+            ..Default::default()
+        }
+    }
+
+    /// How the cluster is validated: by default (as kOps) through the Kubernetes API, which also
+    /// drains; `--validate-command`; or the cloud alone with `--cloudonly`.
+    pub async fn validation(&self, cluster: &str, command: &str) -> anyhow::Result<rolling::Validation> {
+        if let Some(c) = &self.validate_command {
+            return Ok(rolling::Validation::Command(c.split_whitespace().map(str::to_string).collect()));
+        }
+        if self.cloudonly {
+            return Ok(rolling::Validation::CloudOnly);
+        }
+        let kube = ops::validate::kube_client(self.kubeconfig.as_deref(), cluster)
+            .await
+            .with_context(|| format!("{command} validates and drains through the Kubernetes API (give --cloudonly to trust the cloud alone)"))?;
+        Ok(rolling::Validation::Cluster(kube))
+    }
+}
+
 pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
     let (docs, options) = match load(&args.common)? {
         Ok(x) => x,
@@ -402,40 +447,16 @@ pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
         groups: args.instance_groups.clone(),
         roles: args.instance_group_roles.clone(),
         force: args.force,
-        control_plane_interval: args.control_plane_interval,
-        node_interval: args.node_interval,
-        bastion_interval: args.bastion_interval,
-        drain_timeout: args.drain_timeout,
-        post_drain_delay: args.post_drain_delay,
-        validation_timeout: args.validation_timeout,
-        validate_count: args.validate_count,
-        fail_on_drain_error: args.fail_on_drain_error,
-        fail_on_validate_error: args.fail_on_validate_error,
-        poll: args.poll_interval,
-        // kOps' surge: spec.rollingUpdate (on AWS maxSurge defaults to 1).
-        surge: Some(ops::surge::SurgeSpec::from_documents(&docs)),
-        validate: match &args.validate_command {
-            Some(c) => rolling::Validation::Command(c.split_whitespace().map(str::to_string).collect()),
-            None => rolling::Validation::CloudOnly,
-        },
-        ..Default::default()
+        ..args.roll.options(&docs)
     };
     let rt = runtime()?;
     rt.block_on(async {
         let target = aws_target(&args.common, &model.region).await;
         // By default the cluster is validated and nodes drained through the Kubernetes API (as kOps,
         // which needs it even to show what would be replaced: annotated nodes count).
-        let kube = if args.validate_command.is_none() && !args.cloudonly {
-            Some(
-                ops::validate::kube_client(args.kubeconfig.as_deref(), &model.cluster)
-                    .await
-                    .context("rolling-update validates and drains through the Kubernetes API (give --cloudonly to trust the cloud alone)")?,
-            )
-        } else {
-            None
-        };
+        opts.validate = args.roll.validation(&model.cluster, "rolling-update").await?;
         let mut groups = ops::instances::status(&target, &model, &opts.selection()).await?;
-        if let Some(kube) = &kube {
+        if let rolling::Validation::Cluster(kube) = &opts.validate {
             let nodes =
                 ops::drain::list_nodes(kube).await.context("cannot reach the Kubernetes API; use --cloudonly to roll without confirming progress with it")?;
             ops::drain::adjust_need_update(&mut groups, &nodes);
@@ -449,9 +470,6 @@ pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
         if !args.yes {
             println!("{pending} instance(s) need replacing. Run with --yes to replace them.");
             return Ok(ExitCode::SUCCESS);
-        }
-        if let Some(kube) = kube {
-            opts.validate = rolling::Validation::Cluster(kube);
         }
         let store = open_store(&model.config_base, Some(target.s3.clone()))?;
         let report = with_lock(&store, "rolling-update", args.common.force_unlock, async {
@@ -656,10 +674,10 @@ mod tests {
         let a = parse(&["-f", "c.yaml"]).expect("today's form");
         assert_eq!(a.what, None);
         let secs = std::time::Duration::from_secs;
-        assert_eq!((a.control_plane_interval, a.node_interval, a.bastion_interval), (secs(15), secs(15), secs(15)));
-        assert_eq!((a.drain_timeout, a.post_drain_delay, a.validation_timeout), (secs(900), secs(5), secs(900)));
-        assert_eq!(a.validate_count, 2);
-        assert!(a.fail_on_drain_error && a.fail_on_validate_error && !a.cloudonly && !a.force && !a.yes);
+        assert_eq!((a.roll.control_plane_interval, a.roll.node_interval, a.roll.bastion_interval), (secs(15), secs(15), secs(15)));
+        assert_eq!((a.roll.drain_timeout, a.roll.post_drain_delay, a.roll.validation_timeout), (secs(900), secs(5), secs(900)));
+        assert_eq!(a.roll.validate_count, 2);
+        assert!(a.roll.fail_on_drain_error && a.roll.fail_on_validate_error && !a.roll.cloudonly && !a.force && !a.yes);
         let a = parse(&[
             "cluster",
             "-f",
@@ -694,11 +712,11 @@ mod tests {
         assert_eq!(a.what.as_deref(), Some("cluster"));
         assert_eq!(a.instance_groups, ["nodes-a", "nodes-b", "nodes-c"]);
         assert_eq!(a.instance_group_roles, [keelson_api::Role::ControlPlane, keelson_api::Role::Node]);
-        assert_eq!((a.control_plane_interval, a.node_interval, a.bastion_interval), (secs(60), secs(2), secs(0)));
-        assert_eq!((a.drain_timeout, a.post_drain_delay, a.validation_timeout, a.validate_count), (secs(300), secs(90), secs(600), 3));
-        assert!(!a.fail_on_drain_error && !a.fail_on_validate_error && a.cloudonly && a.force && a.yes);
-        assert!(parse(&["-f", "c.yaml", "--fail-on-drain-error"]).expect("bare flag").fail_on_drain_error);
-        assert_eq!(parse(&["-f", "c.yaml", "--master-interval", "3s"]).expect("kOps' old name").control_plane_interval, secs(3));
+        assert_eq!((a.roll.control_plane_interval, a.roll.node_interval, a.roll.bastion_interval), (secs(60), secs(2), secs(0)));
+        assert_eq!((a.roll.drain_timeout, a.roll.post_drain_delay, a.roll.validation_timeout, a.roll.validate_count), (secs(300), secs(90), secs(600), 3));
+        assert!(!a.roll.fail_on_drain_error && !a.roll.fail_on_validate_error && a.roll.cloudonly && a.force && a.yes);
+        assert!(parse(&["-f", "c.yaml", "--fail-on-drain-error"]).expect("bare flag").roll.fail_on_drain_error);
+        assert_eq!(parse(&["-f", "c.yaml", "--master-interval", "3s"]).expect("kOps' old name").roll.control_plane_interval, secs(3));
         let err = parse(&["-f", "c.yaml", "--instance-group-roles", "worker"]).expect_err("unknown role").to_string();
         assert!(err.contains("invalid instance group role \"worker\""), "{err}");
         assert!(parse(&["nodes", "-f", "c.yaml"]).is_err(), "only `cluster` may come first");

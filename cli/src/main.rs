@@ -16,6 +16,8 @@ mod kubeconfig;
 mod pki_cmd;
 #[cfg(feature = "cloud")]
 mod prepare;
+#[cfg(feature = "cloud")]
+mod reconcile;
 mod upgrade;
 
 use anyhow::Context as _;
@@ -85,6 +87,13 @@ enum Command {
     /// groups and what needs replacing are shown.
     RollingUpdate(commands::RollingUpdateArgs),
     #[cfg(feature = "cloud")]
+    /// kOps' `reconcile cluster -f SPEC`: apply and roll in phases so that no kubelet is newer than
+    /// an API server — control planes (API servers, bastions) applied and rolled first, then the
+    /// workers, then the prune, then the new addons; `--yes` runs them, otherwise each phase's plan
+    /// is shown.
+    #[command(subcommand)]
+    Reconcile(Reconcile),
+    #[cfg(feature = "cloud")]
     /// Plan deleting what apply created (found by the cluster tag); `--yes` deletes. etcd volumes
     /// are kept unless `--delete-volumes`.
     Delete(commands::DeleteArgs),
@@ -110,6 +119,13 @@ enum Etcd {
     /// Backups of an etcd cluster in its backup store, and restoring one.
     #[command(subcommand)]
     Backup(etcd_backup::BackupAction),
+}
+
+#[cfg(feature = "cloud")]
+#[derive(Subcommand)]
+enum Reconcile {
+    /// Apply and roll the cluster phase by phase (takes the `rolling-update` flags for its rolls).
+    Cluster(reconcile::ReconcileArgs),
 }
 
 #[derive(Subcommand)]
@@ -202,6 +218,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Apply(args) => commands::run_apply(args),
         #[cfg(feature = "cloud")]
         Command::RollingUpdate(args) => commands::run_rolling_update(args),
+        #[cfg(feature = "cloud")]
+        Command::Reconcile(Reconcile::Cluster(args)) => reconcile::run(args),
         #[cfg(feature = "cloud")]
         Command::Delete(args) => commands::run_delete(args),
         #[cfg(feature = "cloud")]

@@ -1,8 +1,8 @@
 //! `keelson upgrade cluster -f SPEC [--to VERSION] [--yes]`: move the spec's Kubernetes version to
 //! the next release the versions table recommends, one minor at a time. The spec lives in the
 //! user's repository, so `--yes` rewrites its `kubernetesVersion:` line in place (nothing else in
-//! the file changes); `keelson apply --yes` and `keelson rolling-update --yes` then roll it out,
-//! control planes first.
+//! the file changes); `keelson reconcile cluster --yes` then rolls it out, control
+//! planes first.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -66,7 +66,7 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<ExitCode> {
     println!("{file}: Kubernetes {current} → {target}");
     if !args.yes {
         println!(
-            "Run with --yes to write it into {file}; then keelson apply -f {file} --yes and keelson rolling-update -f {file} --yes (control planes first)."
+            "Run with --yes to write it into {file}; then keelson reconcile cluster -f {file} --yes (control planes first, then the workers, the addons last)."
         );
         return Ok(ExitCode::SUCCESS);
     }
@@ -82,7 +82,7 @@ pub fn run(args: UpgradeArgs) -> anyhow::Result<ExitCode> {
     }
     let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&args.file).with_context(|| format!("reading {file}"))?.permissions()) & 0o7777;
     base::fs::write_atomic(&args.file, new.as_bytes(), mode, None).with_context(|| format!("writing {file}"))?;
-    println!("{file}: written; now keelson apply -f {file} --yes, then keelson rolling-update -f {file} --yes");
+    println!("{file}: written; now keelson reconcile cluster -f {file} --yes");
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1,6 +1,8 @@
 //! Operations on a running cluster: `keelson rolling-update` ([`rolling`]) and `keelson validate
 //! cluster` ([`validate`]), both on top of the instances of the cluster's groups ([`instances`]);
-//! nodes are drained before their instances go ([`drain`]); groups may surge ([`surge`]).
+//! nodes are drained before their instances go ([`drain`]), several of a group at once, each
+//! instance's replacement its own task ([`replace`]); groups may surge ([`surge`]); `keelson
+//! reconcile cluster` applies and rolls in phases, control planes before workers ([`reconcile`]).
 //!
 //! Owns: talking to the cluster's Kubernetes API (kube-rs) and driving the cloud's groups through
 //! an operation. Must not: build cloud resources (that is `keelson-cloud-resources`), compile
@@ -8,6 +10,8 @@
 
 pub mod drain;
 pub mod instances;
+pub mod reconcile;
+pub mod replace;
 pub mod rolling;
 pub mod surge;
 pub mod validate;

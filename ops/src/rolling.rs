@@ -5,13 +5,17 @@
 //!
 //! For each group with something to replace: validate the cluster first (a rerun after a failed
 //! control-plane replacement stops here instead of taking a second member down); mark every node
-//! to be replaced (annotation, `PreferNoSchedule` taint); then per instance: drain its node
-//! ([`crate::drain`]), wait `--post-drain-delay`, terminate it inside its autoscaling group without
-//! lowering the desired capacity, wait (bounded) for the replacement to be InService, pause the
-//! role's interval and validate `--validate-count` times in a row. With a surge ([`crate::surge`])
-//! up to `maxSurge` instances are first detached (their replacements launch at once) and go last,
-//! terminated outside the group. A failure stops the run with the group and instance named; a rerun
-//! continues with what is still outdated (and the instances an interrupted surge detached).
+//! to be replaced (annotation, `PreferNoSchedule` taint); with a surge ([`crate::surge`]) first
+//! detach up to `maxSurge` instances (their replacements launch at once; they go last, terminated
+//! outside the group). Then the instances are replaced ([`crate::replace`]: drain, wait
+//! `--post-drain-delay`, terminate without lowering the desired capacity, wait (bounded) for the
+//! replacement, pause the role's interval), up to [`batch_size`] at once — `maxUnavailable` plus
+//! the surge's slots, control planes one at a time, and only one until an instance runs the new
+//! configuration — as kOps does: whenever no slot is free, wait for one replacement to finish,
+//! validate `--validate-count` times in a row, and collect the others that finished meanwhile; the
+//! last ones are validated together. A failure stops the run (after the replacements still running
+//! have finished) with the group and instance named; a rerun continues with what is still outdated
+//! (and the instances an interrupted surge detached).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -23,8 +27,10 @@ use cloud_resources::aws::AwsTarget;
 use cloud_resources::model::ClusterModel;
 use keelson_api::Role;
 
-use crate::drain::{self, DrainOptions};
+use crate::drain;
 use crate::instances::{self, group_status, GroupStatus, InstanceStatus, Selection, DETACHED};
+pub use crate::replace::{deregister_allowed, still_serving};
+use crate::replace::{Drainer, Replaced, Replacement};
 use crate::surge::{SurgeSpec, DETACHED_TAG};
 
 #[derive(Debug, thiserror::Error)]
@@ -43,9 +49,13 @@ pub enum RollingError {
     Settings { group: String, message: String },
     #[error("the cluster does not validate, so {group} is left untouched: {message} (fix the cluster, or give --cloudonly)")]
     NotValidBefore { group: String, message: String },
+    #[error("instance group {group}: draining {instance}: {message}")]
+    Drained { group: String, instance: String, message: String },
+    #[error("instance group {group}: the replacement of {instance} stopped: {message}")]
+    Task { group: String, instance: String, message: String },
 }
 
-fn api<E: std::error::Error + Send + Sync + 'static>(op: &'static str, target: &str, e: E) -> RollingError {
+pub(crate) fn api<E: std::error::Error + Send + Sync + 'static>(op: &'static str, target: &str, e: E) -> RollingError {
     cloud_resources::aws::api(op, target, e).into()
 }
 
@@ -56,6 +66,12 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// `Err` = it could not be checked (counts as not valid).
 pub trait ClusterHealth: Send + Sync {
     fn problems<'a>(&'a self, group: &'a GroupStatus) -> BoxFuture<'a, Result<Vec<String>, String>>;
+
+    /// Drain the node of `instance` before it goes, for a check of [`Validation::Custom`] (the
+    /// Kubernetes drain belongs to [`Validation::Cluster`]); by default there is nothing to drain.
+    fn drain<'a>(&'a self, _group: &'a GroupStatus, _instance: &'a InstanceStatus) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// How a rolling update decides the cluster is healthy.
@@ -362,49 +378,186 @@ pub async fn roll(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions, lo
             log(&format!("{}: rollingUpdate.drainAndTerminate is false: nothing drained or terminated", g.group));
             continue;
         }
-        for inst in update {
-            log(&format!("{}: replacing {} (launch template version {} → {})", g.group, inst.id, inst.version.as_deref().unwrap_or("?"), g.target_version));
+        // Up to maxUnavailable plus the surge's slots at once (kOps); control planes one at a time.
+        let concurrency = batch_size(g.role, settings, if health.is_some() { surge } else { 0 });
+        // With no instance on the new configuration yet, the first replacement must validate before
+        // any other starts (kOps: the new spec may not make working nodes).
+        let proven = !detached.is_empty() || g.instances.iter().any(|i| !i.outdated);
+        let claimed = Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
+        let replacement = |inst: &InstanceStatus| Replacement {
+            target: t.clone(),
+            group: g.clone(),
+            instance: inst.clone(),
+            launch_template: lt.to_string(),
+            detached: detached.contains(&inst.id),
             // Out of the group's load-balancer target groups first (the API's, for control planes),
             // waiting out the deregistration delay: a failure here always stops the run (kOps).
-            if health.is_some() && g.role != Role::Bastion && deregister_allowed(g.role, api_members) {
-                Box::pin(deregister(t, &g.name, &inst.id, opts, log)).await?;
-            }
-            if let (Some(kube), Some(node)) = (kube, node_of.get(&inst.id)) {
-                log(&format!("{}: draining node {node}", g.group));
-                let drained = Box::pin(drain::drain(kube, node, &DrainOptions { timeout: opts.drain_timeout, retry: opts.eviction_retry }, log)).await;
-                match drained {
-                    Ok(()) => {}
-                    Err(e) if opts.fail_on_drain_error => return Err(e.into()),
-                    Err(e) => log(&format!("{}: ignoring drain failure (--fail-on-drain-error=false): {e}", g.group)),
-                }
-                if !opts.post_drain_delay.is_zero() {
-                    log(&format!("{}: waiting {:?} for pods to settle after the drain", g.group, opts.post_drain_delay));
-                    tokio::time::sleep(opts.post_drain_delay).await;
-                }
-            } else if kube.is_some() && g.role != Role::Bastion {
-                log(&format!("{}: {} has not joined the cluster as a node; not draining", g.group, inst.id));
-            }
-            if detached.contains(&inst.id) {
-                // Its replacement is already in service: terminate it outside the group.
-                Box::pin(t.ec2.terminate_instances().instance_ids(&inst.id).send()).await.map_err(|e| api("TerminateInstances", &inst.id, e))?;
-                log(&format!("{}: terminated detached {}", g.group, inst.id));
-                tokio::time::sleep(opts.interval(g.role)).await;
-                Box::pin(validate_after(health, g, &inst.id, opts, log)).await?;
-                report.replaced.push((g.group.clone(), inst.id.clone(), String::new()));
+            deregister: health.is_some() && g.role != Role::Bastion && deregister_allowed(g.role, api_members),
+            drainer: match (&opts.validate, g.role) {
+                (_, Role::Bastion) => Drainer::None,
+                (Validation::Cluster(kube), _) => Drainer::Kube(kube.clone(), node_of.get(&inst.id).cloned()),
+                (Validation::Custom(h), _) => Drainer::Custom(h.clone()),
+                _ => Drainer::None,
+            },
+            opts: opts.clone(),
+            claimed: claimed.clone(),
+        };
+        let mut batch = Batch::new(log);
+        let mut unvalidated: Vec<String> = Vec::new();
+        for (n, inst) in update.iter().enumerate() {
+            batch.log(&format!(
+                "{}: replacing {} (launch template version {} → {})",
+                g.group,
+                inst.id,
+                inst.version.as_deref().unwrap_or("?"),
+                g.target_version
+            ));
+            batch.spawn(replacement(inst));
+            if batch.running() < concurrency && (proven || n > 0) {
                 continue;
             }
-            let before: Vec<String> = g.instances.iter().map(|i| i.id.clone()).collect();
-            Box::pin(t.asg.terminate_instance_in_auto_scaling_group().instance_id(&inst.id).should_decrement_desired_capacity(false).send())
-                .await
-                .map_err(|e| api("TerminateInstanceInAutoScalingGroup", &inst.id, e))?;
-            let replacement = Box::pin(wait_for_replacement(t, g, &lt, &inst.id, &before, opts)).await?;
-            log(&format!("{}: {} is InService", g.group, replacement));
-            tokio::time::sleep(opts.interval(g.role)).await;
-            Box::pin(validate_after(health, g, &inst.id, opts, log)).await?;
-            report.replaced.push((g.group.clone(), inst.id.clone(), replacement));
+            // A slot is needed (or the first must prove the new configuration): wait for one, validate.
+            let done = batch.next().await?;
+            report.replaced.push(done.clone());
+            unvalidated.push(done.1);
+            if let Err(e) = Box::pin(validate_after(health, g, &unvalidated.join(","), opts, batch.logger())).await {
+                return Err(batch.drain_then(e).await);
+            }
+            unvalidated.clear();
+            // Validation fails from the start of a drain until its replacement is ready: sweep up
+            // what finished meanwhile before starting the next.
+            while let Some(done) = batch.try_next().await {
+                let done = done?;
+                report.replaced.push(done.clone());
+                unvalidated.push(done.1);
+            }
+        }
+        while batch.running() > 0 {
+            let done = batch.next().await?;
+            report.replaced.push(done.clone());
+            unvalidated.push(done.1);
+        }
+        if !unvalidated.is_empty() {
+            Box::pin(validate_after(health, g, &unvalidated.join(","), opts, batch.logger())).await?;
         }
     }
     Ok(report)
+}
+
+/// How many instances of a group are replaced at once: control planes one at a time (etcd keeps
+/// quorum only with one member out); other groups `maxUnavailable` plus the slots of the surge this
+/// run made (each detached instance's replacement already runs), at least one.
+pub fn batch_size(role: Role, settings: crate::surge::Settings, surge_slots: usize) -> usize {
+    if role == Role::ControlPlane {
+        return 1;
+    }
+    (settings.max_unavailable + surge_slots).max(1)
+}
+
+/// The replacements of one group that run at once, each its own task; their log lines reach the
+/// run's log as they come. A failure waits for the others before it is returned (each is bounded
+/// by its own timeouts), so a run never stops with an instance half-replaced behind its back.
+struct Batch<'l> {
+    tasks: tokio::task::JoinSet<Result<Replaced, RollingError>>,
+    /// Which instance each task replaces (to name one that panicked).
+    instances: BTreeMap<tokio::task::Id, (String, String)>,
+    lines_tx: tokio::sync::mpsc::UnboundedSender<String>,
+    lines: tokio::sync::mpsc::UnboundedReceiver<String>,
+    log: &'l mut (dyn FnMut(&str) + Send),
+}
+
+impl<'l> Batch<'l> {
+    fn new(log: &'l mut (dyn FnMut(&str) + Send)) -> Batch<'l> {
+        let (lines_tx, lines) = tokio::sync::mpsc::unbounded_channel();
+        Batch { tasks: tokio::task::JoinSet::new(), instances: BTreeMap::new(), lines_tx, lines, log }
+    }
+
+    /// Forward what the tasks logged so far.
+    fn flush(&mut self) {
+        while let Ok(line) = self.lines.try_recv() {
+            (self.log)(&line);
+        }
+    }
+
+    fn log(&mut self, line: &str) {
+        self.flush();
+        (self.log)(line);
+    }
+
+    /// The run's log, for a step between replacements.
+    fn logger(&mut self) -> &mut (dyn FnMut(&str) + Send) {
+        self.flush();
+        &mut *self.log
+    }
+
+    fn spawn(&mut self, r: Replacement) {
+        let tx = self.lines_tx.clone();
+        let who = (r.group.group.clone(), r.instance.id.clone());
+        let handle = self.tasks.spawn(async move {
+            let mut say = move |line: &str| {
+                let _ = tx.send(line.to_string());
+            };
+            r.run(&mut say).await
+        });
+        self.instances.insert(handle.id(), who);
+    }
+
+    fn running(&self) -> usize {
+        self.tasks.len()
+    }
+
+    fn joined(&mut self, done: Result<(tokio::task::Id, Result<Replaced, RollingError>), tokio::task::JoinError>) -> Result<Replaced, RollingError> {
+        match done {
+            Ok((id, result)) => {
+                self.instances.remove(&id);
+                result
+            }
+            Err(e) => {
+                let (group, instance) = self.instances.remove(&e.id()).unwrap_or_default();
+                Err(RollingError::Task { group, instance, message: e.to_string() })
+            }
+        }
+    }
+
+    /// The next replacement to finish (forwarding log lines meanwhile); a failure after the others.
+    async fn next(&mut self) -> Result<Replaced, RollingError> {
+        let done = loop {
+            tokio::select! {
+                Some(line) = self.lines.recv() => (self.log)(&line),
+                done = self.tasks.join_next_with_id() => break done,
+            }
+        };
+        self.flush();
+        let Some(done) = done else {
+            return Err(RollingError::Task { group: String::new(), instance: String::new(), message: "no replacement was running".into() });
+        };
+        match self.joined(done) {
+            Ok(r) => Ok(r),
+            Err(e) => Err(self.drain_then(e).await),
+        }
+    }
+
+    /// A replacement that has already finished, if any (a failure after the others).
+    async fn try_next(&mut self) -> Option<Result<Replaced, RollingError>> {
+        self.flush();
+        let done = self.tasks.try_join_next_with_id()?;
+        Some(match self.joined(done) {
+            Ok(r) => Ok(r),
+            Err(e) => Err(self.drain_then(e).await),
+        })
+    }
+
+    /// Wait for every replacement still running, then give `e` back (later failures are logged).
+    async fn drain_then(&mut self, e: RollingError) -> RollingError {
+        while let Some(done) = self.tasks.join_next_with_id().await {
+            if let Err(other) = self.joined(done) {
+                self.flush();
+                (self.log)(&format!("also failed: {other}"));
+            }
+        }
+        self.flush();
+        e
+    }
 }
 
 /// After a change to `g` (`instance` detached or replaced): validate `--validate-count` times and
@@ -427,51 +580,6 @@ async fn validate_after(
     }
 }
 
-/// Whether an instance of a group of `role` leaves its load balancers before its drain: always,
-/// except the only API server of a cluster (`api_members`: the control-plane and API-server groups'
-/// minimum sizes together), whose drain needs it.
-pub fn deregister_allowed(role: Role, api_members: i64) -> bool {
-    !matches!(role, Role::ControlPlane | Role::ApiServer) || api_members > 1
-}
-
-/// Whether a target in this state may still get traffic (everything but `unused`: not registered).
-pub fn still_serving(state: Option<&str>) -> bool {
-    !matches!(state, None | Some("unused"))
-}
-
-/// Deregister the instance from every target group of its autoscaling group and wait until each
-/// says it is unused (the deregistration delay served), bounded by `--drain-timeout`.
-async fn deregister(t: &AwsTarget, asg: &str, instance: &str, opts: &RollingOptions, log: &mut (dyn FnMut(&str) + Send)) -> Result<(), RollingError> {
-    let groups =
-        Box::pin(t.asg.describe_auto_scaling_groups().auto_scaling_group_names(asg).send()).await.map_err(|e| api("DescribeAutoScalingGroups", asg, e))?;
-    let arns: Vec<String> = groups.auto_scaling_groups().iter().flat_map(|g| g.target_group_arns().iter().cloned()).collect();
-    let deadline = Instant::now() + opts.drain_timeout;
-    let target = || aws_sdk_elasticloadbalancingv2::types::TargetDescription::builder().id(instance).build();
-    for arn in arns {
-        loop {
-            let health = Box::pin(t.elb.describe_target_health().target_group_arn(&arn).targets(target()).send())
-                .await
-                .map_err(|e| api("DescribeTargetHealth", &arn, e))?;
-            let state = health.target_health_descriptions().first().and_then(|d| d.target_health()).and_then(|h| h.state()).map(|s| s.as_str().to_string());
-            if !still_serving(state.as_deref()) {
-                break;
-            }
-            if Instant::now() >= deadline {
-                return Err(RollingError::Timeout {
-                    group: asg.to_string(),
-                    message: format!("{instance} still {} in target group {arn} after {:?}", state.unwrap_or_default(), opts.drain_timeout),
-                });
-            }
-            if state.as_deref() != Some("draining") {
-                log(&format!("{asg}: deregistering {instance} from target group {arn}"));
-                Box::pin(t.elb.deregister_targets().target_group_arn(&arn).targets(target()).send()).await.map_err(|e| api("DeregisterTargets", &arn, e))?;
-            }
-            tokio::time::sleep(opts.eviction_retry).await;
-        }
-    }
-    Ok(())
-}
-
 /// Wait (bounded) until the group has its desired number of InService, healthy instances.
 async fn wait_for_capacity(t: &AwsTarget, g: &GroupStatus, launch_template: &str, opts: &RollingOptions) -> Result<(), RollingError> {
     let deadline = Instant::now() + opts.validation_timeout;
@@ -486,40 +594,6 @@ async fn wait_for_capacity(t: &AwsTarget, g: &GroupStatus, launch_template: &str
                 group: g.name.clone(),
                 message: format!(
                     "the surge's instances were not InService within {:?}; rerun rolling-update (it finds the detached instances)",
-                    opts.validation_timeout
-                ),
-            });
-        }
-        tokio::time::sleep(opts.poll).await;
-    }
-}
-
-/// Wait until the terminated instance is out of service and the group has its desired number of
-/// InService, healthy instances, one of them new. Returns the new instance.
-async fn wait_for_replacement(
-    t: &AwsTarget,
-    g: &GroupStatus,
-    launch_template: &str,
-    terminated: &str,
-    before: &[String],
-    opts: &RollingOptions,
-) -> Result<String, RollingError> {
-    let deadline = Instant::now() + opts.validation_timeout;
-    loop {
-        if let Some(now) = group_status(t, &g.name, &g.group, g.role, launch_template, false).await? {
-            let live: BTreeMap<&str, &InstanceStatus> = now.instances.iter().map(|i| (i.id.as_str(), i)).collect();
-            let gone = live.get(terminated).is_none_or(|i| i.lifecycle.starts_with("Terminat"));
-            let ready = now.ready() as i32 >= now.desired;
-            let new = now.instances.iter().find(|i| !before.contains(&i.id) && i.lifecycle == "InService" && i.healthy && !i.outdated).map(|i| i.id.clone());
-            if let (true, true, Some(new)) = (gone, ready, new) {
-                return Ok(new);
-            }
-        }
-        if Instant::now() >= deadline {
-            return Err(RollingError::Timeout {
-                group: g.name.clone(),
-                message: format!(
-                    "the replacement of {terminated} was not InService within {:?}; investigate, then rerun rolling-update (it continues with what is still outdated)",
                     opts.validation_timeout
                 ),
             });
@@ -592,6 +666,28 @@ mod tests {
         }
         assert!(still_serving(Some("healthy")) && still_serving(Some("draining")) && still_serving(Some("initial")));
         assert!(!still_serving(Some("unused")) && !still_serving(None));
+    }
+
+    #[test]
+    fn a_batch_is_max_unavailable_plus_the_surge_and_control_planes_go_alone() {
+        use crate::surge::Settings;
+        let s = |surge, unavailable| Settings { max_surge: surge, max_unavailable: unavailable, drain_and_terminate: true };
+        // (role, settings, surge slots used, batch)
+        let cases = [
+            (Role::Node, s(0, 1), 0, 1),
+            (Role::Node, s(0, 2), 0, 2),
+            (Role::Node, s(1, 0), 1, 1),
+            (Role::Node, s(2, 1), 2, 3),
+            // A surge not made (--cloudonly) gives no slot; nothing at all still means one.
+            (Role::Node, s(1, 0), 0, 1),
+            (Role::Node, s(0, 0), 0, 1),
+            (Role::ApiServer, s(0, 3), 0, 3),
+            (Role::Bastion, s(0, 2), 0, 2),
+            (Role::ControlPlane, s(0, 3), 0, 1),
+        ];
+        for (role, settings, slots, want) in cases {
+            assert_eq!(batch_size(role, settings, slots), want, "{role:?} {settings:?} surge slots {slots}");
+        }
     }
 
     #[test]

@@ -365,3 +365,116 @@ async fn surge_scenario() {
     assert_eq!(last[1].ready(), 2, "{}", instances::render(&last));
     assert!(last[1].instances.iter().all(|i| !after[1].instances.iter().any(|a| a.id == i.id)), "{}", instances::render(&last));
 }
+
+/// A cluster that is always valid and whose drains take `hold`, recording how many run at once and,
+/// in order, when each drain starts and ends and when the cluster is validated.
+struct Overlap {
+    hold: Duration,
+    active: std::sync::atomic::AtomicUsize,
+    peak: std::sync::atomic::AtomicUsize,
+    events: Mutex<Vec<String>>,
+}
+
+impl Overlap {
+    fn new(hold: Duration) -> Arc<Overlap> {
+        Arc::new(Overlap { hold, active: Default::default(), peak: Default::default(), events: Mutex::new(Vec::new()) })
+    }
+    fn peak(&self) -> usize {
+        self.peak.load(std::sync::atomic::Ordering::SeqCst)
+    }
+    fn events(&self) -> Vec<String> {
+        self.events.lock().expect("lock").clone()
+    }
+}
+
+impl ClusterHealth for Overlap {
+    fn problems<'a>(&'a self, _group: &'a instances::GroupStatus) -> BoxFuture<'a, Result<Vec<String>, String>> {
+        self.events.lock().expect("lock").push("validate".into());
+        Box::pin(async { Ok(Vec::new()) })
+    }
+    fn drain<'a>(&'a self, _group: &'a instances::GroupStatus, instance: &'a instances::InstanceStatus) -> BoxFuture<'a, Result<(), String>> {
+        use std::sync::atomic::Ordering::SeqCst;
+        Box::pin(async move {
+            self.events.lock().expect("lock").push(format!("drain {}", instance.id));
+            let now = self.active.fetch_add(1, SeqCst) + 1;
+            self.peak.fetch_max(now, SeqCst);
+            tokio::time::sleep(self.hold).await;
+            self.active.fetch_sub(1, SeqCst);
+            self.events.lock().expect("lock").push(format!("drained {}", instance.id));
+            Ok(())
+        })
+    }
+}
+
+/// kOps' concurrency: a worker group with maxUnavailable 2 drains and replaces two instances at a
+/// time — but only once a first replacement on the new configuration has validated — and never
+/// more; a surge adds its slots (detached instances' replacements already run); with maxSurge 1
+/// and nothing unavailable it goes one at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_drains_up_to_max_unavailable_plus_surge_instances_at_once() {
+    Box::pin(concurrent_drains()).await
+}
+
+async fn concurrent_drains() {
+    use keelson_api::generated::RollingUpdate;
+    use keelson_api::types::IntOrString::Int;
+    use ops::surge::SurgeSpec;
+    let moto = Moto::start();
+    let ami = moto.fixtures().await;
+    let three = |t: String| t.replace("  machineType: t3.medium\n  minSize: 2\n", "  machineType: t3.medium\n  minSize: 3\n");
+    let (m, _) = model_of(&moto::spec(&ami, three));
+    let t = moto.target(&[]).await;
+    apply_once(&t, &m).await.expect("apply");
+    let changed = moto::spec(&ami, |t| {
+        three(t).replace(
+            "  machineType: t3.medium\n  minSize: 3\n",
+            "  machineType: t3.medium\n  kubelet:\n    maxPods: 50\n  rollingUpdate:\n    maxSurge: 0\n    maxUnavailable: 2\n  minSize: 3\n",
+        )
+    });
+    let (m2, _) = model_of(&changed);
+    apply_once(&t, &m2).await.expect("apply change");
+    let nodes = || vec!["nodes-us-east-1a".to_string()];
+    let before = instances::status(&t, &m2, &fast().selection()).await.expect("status");
+    assert_eq!(before[1].outdated().len(), 3, "{}", instances::render(&before));
+
+    // maxUnavailable 2, nothing on the new configuration yet: one first, validated, then two at once.
+    let h = Overlap::new(Duration::from_millis(400));
+    let opts = RollingOptions { groups: nodes(), surge: Some(SurgeSpec::from_documents(&changed)), validate: rolling::Validation::Custom(h.clone()), ..fast() };
+    let mut log = Vec::new();
+    let report = rolling::roll(&t, &m2, &opts, &mut |l| log.push(l.to_string())).await.expect("roll");
+    assert_eq!(report.replaced.len(), 3, "{log:?}");
+    assert_eq!(h.peak(), 2, "two drains at once, never three: {:?}", h.events());
+    let events = h.events();
+    let first_drained = events.iter().position(|e| e.starts_with("drained")).expect("a drain");
+    let second_drain = events.iter().enumerate().filter(|(_, e)| e.starts_with("drain ")).nth(1).map(|(i, _)| i).expect("a second drain");
+    assert!(events[first_drained..second_drain].iter().any(|e| e == "validate"), "the first replacement validates before others start: {events:?}");
+    assert_eq!(events.last().map(String::as_str), Some("validate"), "the last batch is validated: {events:?}");
+    let after = instances::status(&t, &m2, &fast().selection()).await.expect("status");
+    assert!(after[1].instances.iter().all(|i| !i.outdated && i.lifecycle == "InService"), "{}", instances::render(&after));
+    let ids = |g: &instances::GroupStatus| g.instances.iter().map(|i| i.id.clone()).collect::<Vec<_>>();
+    assert!(ids(&after[1]).iter().all(|i| !ids(&before[1]).contains(i)), "{}", instances::render(&after));
+    let new: std::collections::BTreeSet<&str> = report.replaced.iter().map(|(_, _, n)| n.as_str()).collect();
+    assert_eq!(new.len(), 3, "each replacement reported once: {report:?}");
+
+    // maxSurge 1 + maxUnavailable 1 (the group already runs the new configuration): one detached,
+    // two at once.
+    let surge = |s: i64, u: i64| {
+        let mut spec = SurgeSpec::from_documents(&changed);
+        spec.groups.insert("nodes-us-east-1a".into(), RollingUpdate { max_surge: Some(Int(s)), max_unavailable: Some(Int(u)), ..Default::default() });
+        spec
+    };
+    let h = Overlap::new(Duration::from_millis(400));
+    let opts = RollingOptions { force: true, surge: Some(surge(1, 1)), validate: rolling::Validation::Custom(h.clone()), ..opts.clone() };
+    let mut log = Vec::new();
+    let report = rolling::roll(&t, &m2, &opts, &mut |l| log.push(l.to_string())).await.expect("surged roll");
+    assert_eq!(report.replaced.len(), 3, "{log:?}");
+    assert_eq!(log.iter().filter(|l| l.contains("detaching")).count(), 1, "{log:?}");
+    assert_eq!(h.peak(), 2, "{:?}", h.events());
+
+    // maxSurge 1, nothing unavailable: one replacement per surge slot, one at a time.
+    let h = Overlap::new(Duration::from_millis(200));
+    let opts = RollingOptions { surge: Some(surge(1, 0)), validate: rolling::Validation::Custom(h.clone()), ..opts.clone() };
+    let report = rolling::roll(&t, &m2, &opts, &mut |_| {}).await.expect("one at a time");
+    assert_eq!(report.replaced.len(), 3);
+    assert_eq!(h.peak(), 1, "{:?}", h.events());
+}
