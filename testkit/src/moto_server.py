@@ -15,12 +15,21 @@ has a test that fails without it.
    so version 2 and later hold a plain string and every launch from them fails moto's own type check
    (an autoscaling group pinned to version 2 never gets an instance). Test:
    ops/tests/rolling_moto.rs `moto_launches_from_a_launch_template_version_with_user_data`.
+
+3. A route whose target instance is gone is a blackhole. AWS: a route table entry whose target
+   instance has stopped or terminated reports `State: blackhole` (DescribeRouteTables); the AWS
+   cloud-controller-manager's route controller deletes blackhole routes and otherwise looks up the
+   Node of every instance a route points at. moto reports every route `active`, so after a node is
+   replaced the controller fails on the dead instance ("node with instanceID … not found") and never
+   writes the new nodes' pod-CIDR routes. Test: tests/tests/moto_routes.rs
+   `a_route_to_a_terminated_instance_is_a_blackhole`.
 """
 import sys
 
 from moto.core.types import Base64EncodedString
 from moto.ec2.models.instances import InstanceBackend
 from moto.ec2.models.launch_templates import LaunchTemplate
+from moto.ec2.models.route_tables import Route
 from moto.ec2.utils import parse_user_data
 
 _run_instances = InstanceBackend.run_instances
@@ -55,6 +64,16 @@ def _create_version_with_user_data(self, data, description):
 
 
 LaunchTemplate.create_version = _create_version_with_user_data
+
+
+def _route_state(self):
+    instance = self.instance
+    if instance is not None and instance.state in ("stopped", "terminated", "shutting-down", "stopping"):
+        return "blackhole"
+    return "active"
+
+
+Route.state = property(_route_state)
 
 if __name__ == "__main__":
     from moto.server import main

@@ -142,8 +142,7 @@ impl ListenerState {
     /// all registered targets when none is healthy (fail open); none when nothing is registered.
     pub fn choose(&mut self) -> Option<(SocketAddr, watch::Receiver<bool>)> {
         let healthy: Vec<(&SocketAddr, &Target)> = self.targets.iter().filter(|(_, t)| t.registered() && t.healthy).collect();
-        let pool: Vec<(&SocketAddr, &Target)> =
-            if healthy.is_empty() { self.targets.iter().filter(|(_, t)| t.registered()).collect() } else { healthy };
+        let pool: Vec<(&SocketAddr, &Target)> = if healthy.is_empty() { self.targets.iter().filter(|(_, t)| t.registered()).collect() } else { healthy };
         if pool.is_empty() {
             return None;
         }
@@ -252,7 +251,12 @@ impl Balancers {
             let taken = self.api_socket.lock().ok().and_then(|mut s| s.take());
             match taken {
                 Some(s) => s,
-                None => return Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, format!("the API port {} is served by another load balancer", self.api_addr))),
+                None => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::AddrInUse,
+                        format!("the API port {} is served by another load balancer", self.api_addr),
+                    ))
+                }
             }
         } else {
             let s = std::net::TcpListener::bind(("127.0.0.1", 0))?;

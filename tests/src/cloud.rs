@@ -433,7 +433,8 @@ impl Cloud {
             for l in listeners.listeners() {
                 let Some(port) = l.port() else { continue };
                 let Some(tg_arn) = l.default_actions().iter().find_map(|a| a.target_group_arn()) else { continue };
-                let tgs = self.rt.block_on(self.elb.describe_target_groups().target_group_arns(tg_arn).send()).map_err(|e| self.err("DescribeTargetGroups", e))?;
+                let tgs =
+                    self.rt.block_on(self.elb.describe_target_groups().target_group_arns(tg_arn).send()).map_err(|e| self.err("DescribeTargetGroups", e))?;
                 let Some(tg) = tgs.target_groups().first() else { continue };
                 let attrs = self
                     .rt
@@ -453,10 +454,8 @@ impl Cloud {
                     unhealthy_threshold: tg.unhealthy_threshold_count().map(|n| n.max(1) as u32).unwrap_or(defaults.unhealthy_threshold),
                     port: tg.health_check_port().and_then(|p| p.parse().ok()),
                 };
-                let health_out = self
-                    .rt
-                    .block_on(self.elb.describe_target_health().target_group_arn(tg_arn).send())
-                    .map_err(|e| self.err("DescribeTargetHealth", e))?;
+                let health_out =
+                    self.rt.block_on(self.elb.describe_target_health().target_group_arn(tg_arn).send()).map_err(|e| self.err("DescribeTargetHealth", e))?;
                 let targets = health_out
                     .target_health_descriptions()
                     .iter()

@@ -283,7 +283,10 @@ fn ha_upgrade_users_cannot_see() {
     let lowest = *lowest_ready.lock().unwrap();
     let replaced = rolled.lines().filter(|l| l.contains("replaced")).count().max(1);
     report.push_str(&format!("  lowest ready echo replicas: {lowest}\n"));
-    report.push_str(&format!("  prepare {to}: {prepare_s:.0} s; reconcile: {roll_s:.0} s for {replaced} replacement(s), {:.0} s each\n", roll_s / replaced as f64));
+    report.push_str(&format!(
+        "  prepare {to}: {prepare_s:.0} s; reconcile: {roll_s:.0} s for {replaced} replacement(s), {:.0} s each\n",
+        roll_s / replaced as f64
+    ));
     eprintln!("upgrade {from} -> {to}:\n{report}");
 
     // Every kubelet and API server on the new version; the data intact; the cluster valid.

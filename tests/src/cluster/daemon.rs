@@ -323,8 +323,7 @@ fn daemon_body(state: &State, spec: &Spec, spec_path: &Path, cs: &mut ClusterSta
         c
     };
     let nodeup_asset = format!("amd64={nodeup_sha}@{nodeup_url}");
-    let applied = cmd::run(keelson_on_cloud(&["apply", "--yes"]).arg("--nodeup-asset").arg(&nodeup_asset))
-        .context("keelson apply --yes against moto")?;
+    let applied = cmd::run(keelson_on_cloud(&["apply", "--yes"]).arg("--nodeup-asset").arg(&nodeup_asset)).context("keelson apply --yes against moto")?;
     fs::write(state.root.join("apply.log"), &applied)?;
 
     // An admin kubeconfig through the local API load balancer, as `keelson export kubeconfig`
@@ -670,11 +669,8 @@ impl Daemon {
                 return;
             }
         };
-        let ips: BTreeMap<&str, std::net::IpAddr> = instances
-            .iter()
-            .filter(|i| i.state == "running")
-            .filter_map(|i| Some((i.id.as_str(), i.private_ip.as_deref()?.parse().ok()?)))
-            .collect();
+        let ips: BTreeMap<&str, std::net::IpAddr> =
+            instances.iter().filter(|i| i.state == "running").filter_map(|i| Some((i.id.as_str(), i.private_ip.as_deref()?.parse().ok()?))).collect();
         let mut api_seen = false;
         let mut desired: Vec<Desired> = listeners
             .iter()

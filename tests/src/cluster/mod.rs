@@ -20,8 +20,8 @@ pub mod state;
 
 pub use commands::{down, env_exports, kill, kubectl, ps, service_urls, sweep, up};
 pub use daemon::{replace_block, run_daemon, write_in_place, ClusterVersions, ADDON_RECORD, BOOTSTRAP_ADDON, HOSTS_BEGIN, HOSTS_END, TICK};
-pub use prepare::{prepare, Prepared};
 pub use diagnostics::{blocker, diagnose, diagnose_nodes};
 pub use health::{control_plane_pods, health, kube_problems, Health};
+pub use prepare::{prepare, Prepared};
 pub use selfheal::{median, selfheal, SelfhealReport, KEY_PREFIX, OBJECT_NAMESPACE, OBJECT_PREFIX, PHASES};
 pub use state::ClusterState;
