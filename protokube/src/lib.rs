@@ -15,6 +15,7 @@ pub mod certs;
 pub mod config;
 pub mod disk;
 pub mod etcd;
+pub mod handover;
 pub mod hosts;
 pub mod manifest;
 pub mod metrics;
