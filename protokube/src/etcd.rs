@@ -101,6 +101,17 @@ fn text(v: &serde_json::Value) -> String {
     }
 }
 
+/// A request error with its causes (reqwest's own message stops at "error sending request").
+fn describe(e: &reqwest::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        out.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    out
+}
+
 fn b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
@@ -167,9 +178,9 @@ impl Client {
             .body(body.to_string())
             .send()
             .await
-            .map_err(|e| EtcdError::Http { url: url.clone(), message: e.to_string() })?;
+            .map_err(|e| EtcdError::Http { url: url.clone(), message: describe(&e) })?;
         let status = resp.status();
-        let text = resp.text().await.map_err(|e| EtcdError::Http { url: url.clone(), message: e.to_string() })?;
+        let text = resp.text().await.map_err(|e| EtcdError::Http { url: url.clone(), message: describe(&e) })?;
         if !status.is_success() {
             return Err(EtcdError::Http { url, message: format!("HTTP {status}: {text}") });
         }
