@@ -370,6 +370,9 @@ mod tests {
             .and_then(|v| v.trim_end_matches('s').parse().ok())
             .unwrap_or_else(|| panic!("protokube.service sets no TimeoutStopSec:\n{unit}"));
         // (with room for the process to exit after the bound runs out)
-        assert!(Duration::from_secs(stop) >= DEFAULT_BOUND + Duration::from_secs(5), "TimeoutStopSec={stop} is not above the hand-over bound {DEFAULT_BOUND:?}");
+        assert!(
+            Duration::from_secs(stop) >= DEFAULT_BOUND + Duration::from_secs(5),
+            "TimeoutStopSec={stop} is not above the hand-over bound {DEFAULT_BOUND:?}"
+        );
     }
 }

@@ -116,14 +116,15 @@ impl Writer {
 
 /// Assert no write failed and say what the writer saw; `marks` are named moments (since `started`).
 fn assert_no_failed_write(writes: &[Write], started: Instant, marks: &[(&str, Instant)], diag: &str) {
-    let failed: Vec<String> =
-        writes.iter().filter_map(|w| w.result.as_ref().err().map(|e| format!("at {:?} through {}: {e}", w.at, w.through))).collect();
-    let retried: Vec<String> =
-        writes.iter().filter_map(|w| w.first_attempt.as_ref().map(|e| format!("at {:?} through {}: {e}", w.at, w.through))).collect();
+    let failed: Vec<String> = writes.iter().filter_map(|w| w.result.as_ref().err().map(|e| format!("at {:?} through {}: {e}", w.at, w.through))).collect();
+    let retried: Vec<String> = writes.iter().filter_map(|w| w.first_attempt.as_ref().map(|e| format!("at {:?} through {}: {e}", w.at, w.through))).collect();
     let slowest = writes.iter().filter_map(|w| w.result.as_ref().ok()).max().copied().unwrap_or_default();
+    // The longest time between two writes' successes (the writer's view of an outage).
+    let done: Vec<Duration> = writes.iter().filter_map(|w| w.result.as_ref().ok().map(|d| w.at + *d)).collect();
+    let gap = done.windows(2).map(|p| p[1].saturating_sub(p[0])).max().unwrap_or_default();
     let marks: Vec<String> = marks.iter().map(|(m, t)| format!("{m} at {:?}", t.duration_since(started))).collect();
     eprintln!(
-        "writer: {} writes, {} failed, {} retried, slowest {slowest:?}; {}\n{}",
+        "writer: {} writes, {} failed, {} retried, slowest {slowest:?}, longest gap between successes {gap:?}; {}\n{}",
         writes.len(),
         failed.len(),
         retried.len(),
@@ -182,7 +183,8 @@ fn the_leader_hands_over_through_the_call_the_signal_path_makes() {
     // Before anything else: the old leader still runs and already follows another member.
     let seen = leader_seen_by(&f, l);
     assert_ne!(seen, lead_id, "the old leader still leads after the hand-over returned\n{}", f.diag());
-    let new = (0..3).find(|i| f.rt.block_on(f.client(*i, Duration::from_secs(2)).status()).is_ok_and(|s| s.member_id == seen)).expect("the new leader is a member");
+    let new =
+        (0..3).find(|i| f.rt.block_on(f.client(*i, Duration::from_secs(2)).status()).is_ok_and(|s| s.member_id == seen)).expect("the new leader is a member");
     assert!(others.contains(&new));
     assert_eq!(leader_seen_by(&f, new), seen, "the new leader knows it leads");
     assert_eq!(reports.len(), 1);
@@ -220,12 +222,8 @@ fn sigterm_to_protokube_hands_over_before_it_exits() {
     let t = Instant::now();
     let kill = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status().expect("kill");
     assert!(kill.success());
-    let status = wait_for(
-        "protokube to exit after SIGTERM",
-        handover::DEFAULT_BOUND + Duration::from_secs(5),
-        || protokube.try_wait().expect("try_wait"),
-        || f.diag(),
-    );
+    let status =
+        wait_for("protokube to exit after SIGTERM", handover::DEFAULT_BOUND + Duration::from_secs(5), || protokube.try_wait().expect("try_wait"), || f.diag());
     let took = t.elapsed();
     assert!(status.success(), "protokube exited with {status}\n{}", f.diag());
     // The old leader's etcd still runs (protokube stopped nothing) and follows another member.

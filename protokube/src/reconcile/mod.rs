@@ -199,8 +199,9 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         Ok(report)
     }
 
-    /// 1. One DescribeVolumes for every etcd volume of the cluster (all zones: peers are needed for
-    /// DNS). 2. One DescribeInstances for every holder, and this instance (its devices).
+    /// What the cloud says now: one DescribeVolumes for every etcd volume of the cluster (all zones:
+    /// peers are needed for DNS), then one DescribeInstances for every holder and this instance (its
+    /// devices).
     async fn observe(&self) -> Result<(Vec<Volume>, BTreeMap<String, Instance>), ReconcileError> {
         let vols = self.cloud.find_volumes(&self.filter()).await?;
         let mut ids: BTreeSet<String> = vols.iter().flat_map(|v| v.attachments.iter().map(|a| a.instance_id.clone())).collect();
