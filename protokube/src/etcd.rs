@@ -1,5 +1,6 @@
 //! etcd's v3 JSON gateway: the members API (add a fresh member to an existing cluster), status
-//! (version, leader, revision), streamed snapshots, and one compare-and-swap key (who takes a backup).
+//! (version, leader, revision, raft index), leadership transfer, streamed snapshots, and one
+//! compare-and-swap key (who takes a backup).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -62,6 +63,12 @@ pub struct Status {
     pub leader: String,
     pub revision: i64,
     pub db_size: i64,
+    /// The member's raft log index: how far it has caught up.
+    pub raft_index: u64,
+    pub raft_term: u64,
+    /// Alarms and errors the member reports (e.g. `NOSPACE`); empty when healthy.
+    pub errors: Vec<String>,
+    pub is_learner: bool,
 }
 
 impl Status {
@@ -78,12 +85,31 @@ fn num(v: &serde_json::Value) -> i64 {
     }
 }
 
+/// grpc-gateway writes uint64 as a JSON string.
+fn unum(v: &serde_json::Value) -> u64 {
+    match v {
+        serde_json::Value::String(s) => s.parse().unwrap_or(0),
+        other => other.as_u64().unwrap_or(0),
+    }
+}
+
 fn text(v: &serde_json::Value) -> String {
     match v {
         serde_json::Value::String(s) => s.clone(),
         serde_json::Value::Null => String::new(),
         other => other.to_string(),
     }
+}
+
+/// A request error with its causes (reqwest's own message stops at "error sending request").
+fn describe(e: &reqwest::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        out.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    out
 }
 
 fn b64(bytes: &[u8]) -> String {
@@ -98,6 +124,7 @@ struct MemberList {
 
 /// A client for one etcd endpoint reached at a known address (DNS may not be ready yet, so the
 /// member's DNS name is pinned to the address; TLS still verifies that name).
+#[derive(Clone)]
 pub struct Client {
     http: reqwest::Client,
     base: String,
@@ -151,9 +178,9 @@ impl Client {
             .body(body.to_string())
             .send()
             .await
-            .map_err(|e| EtcdError::Http { url: url.clone(), message: e.to_string() })?;
+            .map_err(|e| EtcdError::Http { url: url.clone(), message: describe(&e) })?;
         let status = resp.status();
-        let text = resp.text().await.map_err(|e| EtcdError::Http { url: url.clone(), message: e.to_string() })?;
+        let text = resp.text().await.map_err(|e| EtcdError::Http { url: url.clone(), message: describe(&e) })?;
         if !status.is_success() {
             return Err(EtcdError::Http { url, message: format!("HTTP {status}: {text}") });
         }
@@ -182,7 +209,23 @@ impl Client {
             leader: text(&v["leader"]),
             revision: num(&h["revision"]),
             db_size: num(&v["dbSize"]),
+            raft_index: unum(&v["raftIndex"]),
+            raft_term: unum(&v["raftTerm"]),
+            errors: v["errors"].as_array().map(|a| a.iter().map(text).collect()).unwrap_or_default(),
+            is_learner: v["isLearner"].as_bool().unwrap_or(false),
         })
+    }
+
+    /// Hand leadership to member `target_id` (etcd's MoveLeader). Only the leader accepts it; etcd
+    /// answers once `target_id` leads (or fails when `timeout` runs out first).
+    pub async fn move_leader(&self, target_id: &str, timeout: Duration) -> Result<(), EtcdError> {
+        self.post("/v3/maintenance/transfer-leadership", json!({ "targetID": target_id }), Some(timeout)).await.map(|_| ())
+    }
+
+    /// Set `key` to `value` (through raft).
+    pub async fn put(&self, key: &str, value: &str) -> Result<i64, EtcdError> {
+        let v = self.post("/v3/kv/put", json!({ "key": b64(key.as_bytes()), "value": b64(value.as_bytes()) }), None).await?;
+        Ok(num(&v["header"]["revision"]))
     }
 
     /// Stream a snapshot of this member's database to `dest` (never whole in memory): the bytes

@@ -7,7 +7,8 @@
 //! mount one attached elsewhere, or touch another instance's volume or records.
 //!
 //! The pass is level-triggered ([`reconcile::Agent::reconcile`]); [`run`] loops it with backoff and
-//! serves Prometheus metrics and health on a local port.
+//! serves Prometheus metrics and health on a local port; stopped, it hands etcd leadership over
+//! first ([`handover`]).
 
 pub mod addons;
 pub mod backup;
@@ -15,6 +16,7 @@ pub mod certs;
 pub mod config;
 pub mod disk;
 pub mod etcd;
+pub mod handover;
 pub mod hosts;
 pub mod manifest;
 pub mod metrics;

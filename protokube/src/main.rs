@@ -99,6 +99,11 @@ struct Args {
     /// check comes sooner when a renewal falls due sooner.
     #[arg(long, default_value_t = 300.0)]
     cert_check_interval: f64,
+    /// Longest time, in seconds, protokube spends handing etcd leadership over when it is stopped
+    /// (SIGTERM or SIGINT, loop mode) before it exits; protokube.service's TimeoutStopSec is above
+    /// the default.
+    #[arg(long, default_value_t = protokube::handover::DEFAULT_BOUND.as_secs_f64())]
+    handover_timeout: f64,
 }
 
 fn secs(s: f64) -> Duration {
@@ -284,7 +289,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let t = Instant::now();
         let calls_before = counter.total_calls();
         let attempts_before: u64 = counter.snapshot().values().map(|c| c.attempts).sum();
-        let result = agent.reconcile().await;
+        // A stop request does not wait for the pass to finish (it is level-triggered: the next
+        // pass, on this host or its replacement, continues from what is there).
+        let result = if args.once {
+            agent.reconcile().await
+        } else {
+            match tokio::select! { r = agent.reconcile() => Ok(r), why = stop_requested(&mut terminate) => Err(why) } {
+                Ok(r) => r,
+                Err(why) => return leave(&agent, why, secs(args.handover_timeout)).await,
+            }
+        };
         let calls = counter.total_calls() - calls_before;
         let attempts: u64 = counter.snapshot().values().map(|c| c.attempts).sum::<u64>() - attempts_before;
         let snapshot: Vec<(String, u64, u64)> = counter.snapshot().into_iter().map(|(k, c)| (k, c.calls, c.attempts)).collect();
@@ -348,10 +362,33 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let wait = if result.is_ok() { interval } else { backoff };
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            _ = tokio::signal::ctrl_c() => { tracing::info!("interrupted"); return Ok(()); }
-            _ = terminate.recv() => { tracing::info!("terminated"); return Ok(()); }
+            why = stop_requested(&mut terminate) => return leave(&agent, why, secs(args.handover_timeout)).await,
         }
     }
+}
+
+/// Resolves when protokube is asked to stop: SIGTERM (systemd, at poweroff or `systemctl stop`) or
+/// SIGINT.
+async fn stop_requested(terminate: &mut tokio::signal::unix::Signal) -> &'static str {
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => "interrupted",
+        _ = terminate.recv() => "terminated",
+    }
+}
+
+/// Stop gracefully: hand etcd leadership over (bounded), then exit. etcd, the manifests, volumes and
+/// records are left as they are.
+async fn leave<C, D>(agent: &Agent<C, D>, why: &str, bound: Duration) -> anyhow::Result<()>
+where
+    C: cloud::volumes::Volumes + cloud::volumes::Instances + Sync,
+    D: cloud::dns::Dns + Sync,
+{
+    tracing::info!(signal = why, bound_s = bound.as_secs_f64(), "stopping: handing etcd leadership over first");
+    let t = Instant::now();
+    let reports = agent.leave(bound).await;
+    let moved = reports.iter().filter(|r| matches!(r.result, Ok(protokube::handover::Outcome::Moved { .. }))).count();
+    tracing::info!(elapsed_ms = t.elapsed().as_millis() as u64, clusters = reports.len(), moved, "stopped");
+    Ok(())
 }
 
 /// The certificate renewal pass, at start and then whenever a renewal falls due (at most `max_wait`

@@ -20,6 +20,8 @@ pub struct ServiceSection {
     pub restart_sec: Option<String>,
     pub start_limit_interval: Option<String>,
     pub kill_mode: Option<String>,
+    /// How long systemd waits for the service to stop before it kills it.
+    pub timeout_stop_sec: Option<String>,
     pub delegate: Option<bool>,
     pub user: Option<String>,
     pub limits: Vec<(String, String)>,
@@ -97,6 +99,7 @@ impl Unit {
         o.opt("StartLimitInterval", &s.start_limit_interval);
         o.opt("Delegate", &yes_no(&s.delegate));
         o.opt("KillMode", &s.kill_mode);
+        o.opt("TimeoutStopSec", &s.timeout_stop_sec);
         o.opt("User", &s.user);
         for (k, v) in &s.limits {
             o.kv(k, v);
@@ -225,12 +228,17 @@ pub fn kubelet() -> Unit {
 }
 
 /// protokube.service (control-plane hosts): claims etcd volumes, writes etcd manifests, DNS.
+///
+/// Stopped before the kubelet, containerd and the network (systemd stops units in the reverse order
+/// of `After=`): when it stops, protokube hands etcd leadership over while etcd and its peers still
+/// serve (up to 20 s; `TimeoutStopSec` leaves room above that). `KillMode=mixed`: SIGTERM goes to
+/// protokube alone, which decides when it is done; whatever it started is killed after it exits.
 pub fn protokube(boot_config_path: &str) -> Unit {
     Unit {
         unit: UnitSection {
             description: "Keelson protokube: etcd volumes, etcd manifests and DNS for the control plane".into(),
             documentation: Some("https://github.com/kubernetes/kops".into()),
-            after: vec!["network-online.target".into(), "containerd.service".into()],
+            after: vec!["network-online.target".into(), "containerd.service".into(), "kubelet.service".into()],
             wants: vec!["network-online.target".into()],
         },
         service: ServiceSection {
@@ -238,6 +246,8 @@ pub fn protokube(boot_config_path: &str) -> Unit {
             restart: Some("always".into()),
             restart_sec: Some("3s".into()),
             start_limit_interval: Some("0".into()),
+            kill_mode: Some("mixed".into()),
+            timeout_stop_sec: Some("30s".into()),
             // The node join server holds a connection per joining node (and turns floods away only
             // after accepting them): never run out of descriptors at the default 1024.
             limits: vec![("LimitNOFILE".into(), "65536".into())],
@@ -255,6 +265,18 @@ mod tests {
         assert!(s.starts_with("[Unit]\nDescription=Kubernetes Kubelet Server\n"), "{s}");
         assert!(s.contains("\n[Service]\nEnvironmentFile=/etc/sysconfig/kubelet\nExecStart=/usr/local/bin/kubelet \"$DAEMON_ARGS\"\n"), "{s}");
         assert!(s.ends_with("[Install]\nWantedBy=multi-user.target\n"), "{s}");
+    }
+
+    #[test]
+    fn protokube_stops_first_and_has_time_to_hand_etcd_leadership_over() {
+        let s = super::protokube("/etc/keelson/bootconfig.yaml").render();
+        // Stopped before what etcd needs (reverse order of After=), and not killed mid-hand-over.
+        assert!(s.contains("\nAfter=network-online.target containerd.service kubelet.service\n"), "{s}");
+        assert!(s.contains("\nKillMode=mixed\nTimeoutStopSec=30s\n"), "{s}");
+        // The kubelet and containerd are not ordered after protokube (that would stop them first).
+        for unit in [super::kubelet().render(), super::containerd().render()] {
+            assert!(!unit.contains("protokube"), "{unit}");
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! step asks (the live peers, a client for one) is here, with the pass.
 
 mod dns;
+mod leave;
 mod membership;
 mod version;
 mod volumes;
@@ -109,11 +110,21 @@ pub struct Agent<C, D> {
     zone_id: Option<String>,
     /// Since when each etcd cluster's member here has waited on a blank volume for a peer.
     blank_since: std::sync::Mutex<BTreeMap<String, Instant>>,
+    /// Per etcd cluster, what the last pass saw: the member this host holds and its live peers
+    /// (member, private IP) — what a hand-over at shutdown needs without asking the cloud again.
+    seen: BTreeMap<String, Seen>,
+}
+
+/// The local member of one etcd cluster and its live peers (member, private IP), as a pass saw them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Seen {
+    member: String,
+    peers: Vec<(String, String)>,
 }
 
 impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
     pub fn new(plan: Plan, me: Identity, opts: Options, cloud: C, dns: Option<D>) -> Self {
-        Agent { plan, me, opts, cloud, dns, zone_id: None, blank_since: Default::default() }
+        Agent { plan, me, opts, cloud, dns, zone_id: None, blank_since: Default::default(), seen: BTreeMap::new() }
     }
 
     /// Take a re-read plan (the spec changed); the zone is looked up again if the DNS settings changed.
@@ -135,13 +146,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
     /// One full pass.
     pub async fn reconcile(&mut self) -> Result<Report, ReconcileError> {
         let mut report = Report::default();
-        // 1. One DescribeVolumes for every etcd volume of the cluster (all zones: peers are needed for DNS).
-        let mut vols = self.cloud.find_volumes(&self.filter()).await?;
-        // 2. One DescribeInstances for every holder, and this instance (its devices).
-        let mut ids: BTreeSet<String> = vols.iter().flat_map(|v| v.attachments.iter().map(|a| a.instance_id.clone())).collect();
-        ids.insert(self.me.instance_id.clone());
-        let instances: BTreeMap<String, Instance> =
-            self.cloud.describe_instances(&ids.into_iter().collect::<Vec<_>>()).await?.into_iter().map(|i| (i.id.clone(), i)).collect();
+        let (mut vols, instances) = self.observe().await?;
 
         // 3. Per etcd cluster: keep or claim a volume, then mount it and write the manifest.
         let clusters = self.plan.etcd_clusters.clone();
@@ -153,6 +158,8 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
             let Some(claim) = self.claim(ec, &mut vols, &instances, preferred.as_deref(), &mut report).await? else { continue };
             preferred.get_or_insert(claim.member.clone());
             let volumes::Claim { volume: vol_id, member } = claim;
+            let peers = self.peers(ec, &vols, &instances);
+            self.seen.insert(ec.name.clone(), Seen { member: member.clone(), peers });
             let Some(device) = self.wait_attached_device(&vol_id, &mut vols, &mut report).await? else { continue };
             let vol = vols.iter().find(|v| v.id == vol_id).cloned();
             let Some(vol) = vol else { continue };
@@ -190,6 +197,18 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         // 4. DNS from what the cloud says now.
         report.dns_records = self.sync_dns(&vols, &instances, &mut report).await?;
         Ok(report)
+    }
+
+    /// What the cloud says now: one DescribeVolumes for every etcd volume of the cluster (all zones:
+    /// peers are needed for DNS), then one DescribeInstances for every holder and this instance (its
+    /// devices).
+    async fn observe(&self) -> Result<(Vec<Volume>, BTreeMap<String, Instance>), ReconcileError> {
+        let vols = self.cloud.find_volumes(&self.filter()).await?;
+        let mut ids: BTreeSet<String> = vols.iter().flat_map(|v| v.attachments.iter().map(|a| a.instance_id.clone())).collect();
+        ids.insert(self.me.instance_id.clone());
+        let instances: BTreeMap<String, Instance> =
+            self.cloud.describe_instances(&ids.into_iter().collect::<Vec<_>>()).await?.into_iter().map(|i| (i.id.clone(), i)).collect();
+        Ok((vols, instances))
     }
 
     /// Live peers of `ec` other than me: (member, private IP).

@@ -1,7 +1,8 @@
 //! A 3-member etcd cluster run the way a control plane runs it: each member in its own network
 //! namespace with a stand-in kubelet ([`Kubelet`]) starting etcd from the manifest protokube
 //! writes, protokube in loop mode for each, moto for EC2 and S3 (the backup store), plain HTTP
-//! (kOps' Legacy provider) so the test reaches every member's JSON gateway from the host.
+//! (kOps' Legacy provider) so the test reaches every member's JSON gateway from the host — or TLS
+//! ([`Fixture::start_tls`]: certificates protokube issues, reached with [`Fixture::client`]).
 
 #![allow(dead_code)]
 
@@ -21,6 +22,8 @@ use crate::moto;
 pub const BUCKET: &str = "keelson-etcd-backups";
 
 pub struct Member {
+    /// `a`, `b`, `c`: the etcd member is `etcd-<tag>`.
+    pub tag: String,
     pub ns: String,
     pub ip: String,
     pub host: Host,
@@ -99,6 +102,7 @@ pub struct Fixture {
     pub vols: Vec<String>,
     etcdctl_path: String,
     devs: Vec<LoopDev>,
+    tls: bool,
     // (last: the namespaces go after the processes in them)
     pub net: Net,
 }
@@ -108,6 +112,16 @@ impl Fixture {
     /// `binaries` the etcd builds by version ([`Kubelet::with_binaries`]), `env` test hooks for
     /// every protokube.
     pub fn start(moto_url: &str, variant: u8, name: &str, etcd_spec: &str, binaries: BTreeMap<String, PathBuf>, env: &[(&str, String)]) -> Fixture {
+        Fixture::launch(moto_url, variant, name, etcd_spec, binaries, env, false)
+    }
+
+    /// The same with TLS (kOps' default Manager provider): protokube issues every certificate
+    /// from the state store's CAs; reach a member with [`Fixture::client`].
+    pub fn start_tls(moto_url: &str, variant: u8, name: &str, env: &[(&str, String)]) -> Fixture {
+        Fixture::launch(moto_url, variant, name, "", BTreeMap::new(), env, true)
+    }
+
+    fn launch(moto_url: &str, variant: u8, name: &str, etcd_spec: &str, binaries: BTreeMap<String, PathBuf>, env: &[(&str, String)], tls: bool) -> Fixture {
         let logdir = tempfile::tempdir().expect("log dir");
         let net = Net::new(variant);
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
@@ -123,7 +137,10 @@ impl Fixture {
         let text = std::fs::read_to_string(&spec).expect("spec");
         std::fs::write(
             &spec,
-            text.replace("  - name: main\n", &format!("  - name: main\n    provider: Legacy\n    backups:\n      backupStore: {backup_url}\n{etcd_spec}")),
+            text.replace(
+                "  - name: main\n",
+                &format!("  - name: main\n{}    backups:\n      backupStore: {backup_url}\n{etcd_spec}", if tls { "" } else { "    provider: Legacy\n" }),
+            ),
         )
         .expect("spec");
         *TLS_DIR.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -139,7 +156,8 @@ impl Fixture {
         let devs: Vec<LoopDev> = (0..3).map(|_| LoopDev::new(512)).collect();
         let vols: Vec<String> = all.iter().map(|mbr| rt.block_on(create_volume(&ec2, "us-east-1a", &etcd_tags(name, "main", mbr, &all)))).collect();
         let etcdctl_path = String::from_utf8_lossy(&host::sh("command -v etcdctl").stdout).trim().to_string();
-        let mut f = Fixture { rt, moto_url: moto_url.to_string(), ec2, s3, backup_url, store, c, logdir, members: Vec::new(), vols, etcdctl_path, devs, net };
+        let mut f =
+            Fixture { rt, moto_url: moto_url.to_string(), ec2, s3, backup_url, store, c, logdir, members: Vec::new(), vols, etcdctl_path, devs, net, tls };
         for (i, (tag, group)) in [("a", "cp-a"), ("b", "cp-b"), ("c", "cp-c")].into_iter().enumerate() {
             let (ns, ip) = f.net.namespace(tag, 21 + i as u8);
             let (instance_id, got) = f.rt.block_on(host::run_instance(&f.ec2, "us-east-1a", Some(&subnet_id), Some(&ip)));
@@ -157,12 +175,30 @@ impl Fixture {
                 h.link(v, &d.dev);
             }
             let kubelet = Kubelet::with_binaries(&ns, h.root.path(), &f.logdir.path().join(format!("etcd-{tag}.log")), binaries.clone());
-            f.members.push(Member { ns, ip, host: h, kubelet: Some(kubelet), protokube: None });
+            f.members.push(Member { tag: tag.to_string(), ns, ip, host: h, kubelet: Some(kubelet), protokube: None });
             f.members[i].protokube = Some(f.protokube(i, tag, env));
         }
-        let health = etcdctl(&f.members[0].ns, &format!("http://{}:4001", f.members[0].ip), &["endpoint", "health"], Duration::from_secs(90));
+        let scheme = if tls { "https" } else { "http" };
+        // (etcdctl authenticates with the client certificate protokube issues on member a)
+        *TLS_DIR.lock().unwrap_or_else(|p| p.into_inner()) = tls.then(|| f.pki_dir(0).display().to_string());
+        let health = etcdctl(&f.members[0].ns, &format!("{scheme}://{}:4001", f.members[0].ip), &["endpoint", "health"], Duration::from_secs(90));
         assert!(health.contains("is healthy"), "{health}\n{}", f.diag());
         f
+    }
+
+    /// Member `i`'s etcd TLS material (`ca.crt`, `client.crt`, `client.key`, written by protokube).
+    pub fn pki_dir(&self, i: usize) -> PathBuf {
+        self.members[i].host.root.path().join("etc/kubernetes/pki/etcd/main")
+    }
+
+    /// A client for member `i`'s etcd (its name pinned to its address; with TLS, protokube's client
+    /// certificate on that member), each request bounded by `timeout`.
+    pub fn client(&self, i: usize, timeout: Duration) -> protokube::etcd::Client {
+        let mb = &self.members[i];
+        let host = format!("etcd-{}.internal.{}", mb.tag, self.c.name);
+        let addr = std::net::SocketAddr::new(mb.ip.parse().expect("member ip"), 4001);
+        let (scheme, pki) = if self.tls { ("https", Some(self.pki_dir(i))) } else { ("http", None) };
+        protokube::etcd::Client::new(scheme, &host, addr, pki.as_deref(), timeout).expect("etcd client")
     }
 
     /// Start protokube in loop mode (1 s passes) for member `i`; `env` adds test hooks.
