@@ -143,8 +143,12 @@ fn route(st: &mut DnsState, req: &Request) -> Result<Value, ApiError> {
             if kind.is_some() && name.is_none() {
                 return Err(ApiError::invalid("Invalid value for 'parameters.type': a type filter needs a name filter"));
             }
-            let sets: Vec<Value> =
-                zone.rrsets.values().filter(|r| name.is_none_or(|n| r["name"] == n.as_str()) && kind.is_none_or(|t| r["type"] == t.as_str())).cloned().collect();
+            let sets: Vec<Value> = zone
+                .rrsets
+                .values()
+                .filter(|r| name.is_none_or(|n| r["name"] == n.as_str()) && kind.is_none_or(|t| r["type"] == t.as_str()))
+                .cloned()
+                .collect();
             let (page, next) = paginate(sets, &q, 1000)?;
             Ok(with_token(json!({"kind": "dns#resourceRecordSetsListResponse", "rrsets": page}), next))
         }
@@ -157,11 +161,7 @@ fn route(st: &mut DnsState, req: &Request) -> Result<Value, ApiError> {
         }
         ("GET", ["managedZones", z, "changes", id]) => {
             let zone = zone(st, z)?;
-            zone.changes
-                .iter()
-                .find(|c| c.body["id"] == *id)
-                .map(render_change)
-                .ok_or_else(|| not_found_named("parameters.changeId", id))
+            zone.changes.iter().find(|c| c.body["id"] == *id).map(render_change).ok_or_else(|| not_found_named("parameters.changeId", id))
         }
         _ => Err(ApiError::not_found(&req.path)),
     }
@@ -191,7 +191,10 @@ fn render_change(c: &Change) -> Value {
 
 fn zone_create(st: &mut DnsState, body: Map<String, Value>) -> Result<Value, ApiError> {
     let name = body.get("name").and_then(Value::as_str).ok_or_else(|| ApiError::required("entity.managedZone.name"))?.to_string();
-    let ok = !name.is_empty() && name.len() <= 63 && name.as_bytes()[0].is_ascii_alphabetic() && name.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-');
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.as_bytes()[0].is_ascii_alphabetic()
+        && name.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-');
     if !ok {
         return Err(ApiError::invalid(format!("Invalid value for 'entity.managedZone.name': '{name}'")));
     }
@@ -343,18 +346,25 @@ mod tests {
         let (s, c) = call(&d, "POST", &changes, json!({"additions": [a("api.example.com.", "10.0.0.1", 60)]}));
         assert_eq!((s, c["status"].as_str()), (200, Some("done")), "{c}");
         // A deletion that does not match exactly (another TTL) is refused, and nothing else happens.
-        let (s, e) = call(&d, "POST", &changes, json!({"deletions": [a("api.example.com.", "10.0.0.1", 300)], "additions": [a("etcd.example.com.", "10.0.0.2", 60)]}));
+        let (s, e) =
+            call(&d, "POST", &changes, json!({"deletions": [a("api.example.com.", "10.0.0.1", 300)], "additions": [a("etcd.example.com.", "10.0.0.2", 60)]}));
         assert_eq!((s, e["error"]["errors"][0]["reason"].as_str()), (412, Some("conditionNotMet")), "{e}");
         assert_eq!(d.a_records(), BTreeMap::from([("api.example.com.".to_string(), vec!["10.0.0.1".to_string()])]));
         // An addition that exists is 409, and the deletion before it in the same change is undone.
-        let (s, e) = call(&d, "POST", &changes, json!({"deletions": [a("api.example.com.", "10.0.0.1", 60)], "additions": [a("api.example.com.", "10.0.0.3", 60), a("api.example.com.", "10.0.0.4", 60)]}));
+        let (s, e) = call(
+            &d,
+            "POST",
+            &changes,
+            json!({"deletions": [a("api.example.com.", "10.0.0.1", 60)], "additions": [a("api.example.com.", "10.0.0.3", 60), a("api.example.com.", "10.0.0.4", 60)]}),
+        );
         assert_eq!((s, e["error"]["errors"][0]["reason"].as_str()), (409, Some("alreadyExists")), "{e}");
         assert_eq!(d.a_records()["api.example.com."], vec!["10.0.0.1"]);
         // A deletion of nothing is 404.
         let (s, _) = call(&d, "POST", &changes, json!({"deletions": [a("nope.example.com.", "10.0.0.1", 60)]}));
         assert_eq!(s, 404);
         // Replace: exact deletion plus addition in one change.
-        let (s, _) = call(&d, "POST", &changes, json!({"deletions": [a("api.example.com.", "10.0.0.1", 60)], "additions": [a("api.example.com.", "10.0.0.9", 60)]}));
+        let (s, _) =
+            call(&d, "POST", &changes, json!({"deletions": [a("api.example.com.", "10.0.0.1", 60)], "additions": [a("api.example.com.", "10.0.0.9", 60)]}));
         assert_eq!(s, 200);
         assert_eq!(d.a_records()["api.example.com."], vec!["10.0.0.9"]);
         // Outside the zone, or not a name with a final dot: 400.
@@ -381,7 +391,12 @@ mod tests {
     fn changes_are_pending_then_done_and_auth_is_required() {
         let d = CloudDns::new(DnsConfig { project: "p".into(), change_delay: Duration::from_millis(150) });
         call(&d, "POST", "/dns/v1/projects/p/managedZones", json!({"name": "z", "dnsName": "example.com."}));
-        let (_, c) = call(&d, "POST", "/dns/v1/projects/p/managedZones/z/changes", json!({"additions": [{"name": "a.example.com.", "type": "A", "ttl": 1, "rrdatas": ["10.1.1.1"]}]}));
+        let (_, c) = call(
+            &d,
+            "POST",
+            "/dns/v1/projects/p/managedZones/z/changes",
+            json!({"additions": [{"name": "a.example.com.", "type": "A", "ttl": 1, "rrdatas": ["10.1.1.1"]}]}),
+        );
         assert_eq!(c["status"], "pending");
         std::thread::sleep(Duration::from_millis(200));
         let (_, c) = call(&d, "GET", &format!("/dns/v1/projects/p/managedZones/z/changes/{}", c["id"].as_str().unwrap()), Value::Null);

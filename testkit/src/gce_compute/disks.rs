@@ -82,7 +82,10 @@ pub fn render(st: &State, d: &Disk) -> Value {
 
 pub fn get(st: &State, zone: &str, name: &str) -> Result<Value, ApiError> {
     st.check_zone(zone)?;
-    st.disks.get(&(zone.to_string(), name.to_string())).map(|d| render(st, d)).ok_or_else(|| ApiError::not_found(&st.rel(&format!("zones/{zone}/disks/{name}"))))
+    st.disks
+        .get(&(zone.to_string(), name.to_string()))
+        .map(|d| render(st, d))
+        .ok_or_else(|| ApiError::not_found(&st.rel(&format!("zones/{zone}/disks/{name}"))))
 }
 
 pub fn list(st: &State, zone: &str) -> Result<Vec<Value>, ApiError> {
@@ -138,7 +141,10 @@ pub fn resolve(st: &State, zone: &str, source: &str) -> Result<(String, String),
         return Err(ApiError::not_found(&st.rel(&format!("zones/{z}/disks/{name}"))));
     }
     if z != zone {
-        return Err(ApiError::invalid(format!("Invalid value for field 'resource.source': '{}'. Disk must be in the instance's zone '{zone}'.", strip_base(source))));
+        return Err(ApiError::invalid(format!(
+            "Invalid value for field 'resource.source': '{}'. Disk must be in the instance's zone '{zone}'.",
+            strip_base(source)
+        )));
     }
     Ok((z.to_string(), name.to_string()))
 }

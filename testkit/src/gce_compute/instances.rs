@@ -244,7 +244,9 @@ pub fn set_metadata(st: &mut State, zone: &str, name: &str, body: Map<String, Va
     let sent = body.get("fingerprint").and_then(Value::as_str).unwrap_or("");
     let current = str_of(&i.body["metadata"], "fingerprint").to_string();
     if sent != current {
-        return Err(ApiError::condition_not_met(format!("Supplied fingerprint does not match current metadata fingerprint (sent '{sent}', current '{current}').")));
+        return Err(ApiError::condition_not_met(format!(
+            "Supplied fingerprint does not match current metadata fingerprint (sent '{sent}', current '{current}')."
+        )));
     }
     let items = body.get("items").cloned().unwrap_or(json!([]));
     let mut keys = std::collections::BTreeSet::new();
@@ -282,7 +284,9 @@ pub fn attach_disk(st: &mut State, zone: &str, name: &str, body: Map<String, Val
     let index = list.iter().filter_map(|d| d["index"].as_u64()).max().map_or(0, |m| m + 1);
     let device = body.get("deviceName").and_then(Value::as_str).map(str::to_string).unwrap_or_else(|| format!("persistent-disk-{index}"));
     if list.iter().any(|d| str_of(d, "deviceName") == device) {
-        return Err(ApiError::invalid(format!("Invalid value for field 'resource.deviceName': '{device}'. The device name is already in use on this instance.")));
+        return Err(ApiError::invalid(format!(
+            "Invalid value for field 'resource.deviceName': '{device}'. The device name is already in use on this instance."
+        )));
     }
     let mut a = Value::Object(body);
     a["kind"] = json!("compute#attachedDisk");

@@ -133,12 +133,8 @@ pub fn networks(st: &State) -> Vec<Value> {
 pub fn network_delete(st: &mut State, name: &str) -> Result<Value, ApiError> {
     let rel = format!("global/networks/{name}");
     let id = network_get(st, name)?["id"].as_str().unwrap_or_default().to_string();
-    let user = st
-        .subnetworks
-        .values()
-        .chain(st.firewalls.values())
-        .find(|r| last_segment(str_of(r, "network")) == name)
-        .map(|r| str_of(r, "selfLink").to_string());
+    let user =
+        st.subnetworks.values().chain(st.firewalls.values()).find(|r| last_segment(str_of(r, "network")) == name).map(|r| str_of(r, "selfLink").to_string());
     if let Some(user) = user {
         let e = in_use("network", &st.rel(&rel), &user);
         return Ok(st.operation(Scope::Global, "delete", &rel, Some(&id), Some(e)));
@@ -186,7 +182,8 @@ pub fn subnetwork_insert(st: &mut State, region: &str, body: Map<String, Value>)
     }
     let network = network_ref(st, body.get("network").and_then(Value::as_str).ok_or_else(|| ApiError::required("resource.network"))?)?;
     let cidr = body.get("ipCidrRange").and_then(Value::as_str).ok_or_else(|| ApiError::required("resource.ipCidrRange"))?;
-    let (net, len) = parse_cidr(cidr).ok_or_else(|| ApiError::invalid(format!("Invalid value for field 'resource.ipCidrRange': '{cidr}'. Invalid IPv4 CIDR range.")))?;
+    let (net, len) =
+        parse_cidr(cidr).ok_or_else(|| ApiError::invalid(format!("Invalid value for field 'resource.ipCidrRange': '{cidr}'. Invalid IPv4 CIDR range.")))?;
     if len > 29 {
         return Err(ApiError::invalid(format!("Invalid value for field 'resource.ipCidrRange': '{cidr}'. The prefix length must be at most 29.")));
     }
@@ -218,7 +215,10 @@ fn overlaps(existing: &str, (net, len): (Ipv4Addr, u8)) -> bool {
 
 pub fn subnetwork_get(st: &State, region: &str, name: &str) -> Result<Value, ApiError> {
     st.check_region(region)?;
-    st.subnetworks.get(&(region.to_string(), name.to_string())).cloned().ok_or_else(|| ApiError::not_found(&st.rel(&format!("regions/{region}/subnetworks/{name}"))))
+    st.subnetworks
+        .get(&(region.to_string(), name.to_string()))
+        .cloned()
+        .ok_or_else(|| ApiError::not_found(&st.rel(&format!("regions/{region}/subnetworks/{name}"))))
 }
 
 pub fn subnetworks(st: &State, region: &str) -> Result<Vec<Value>, ApiError> {
@@ -249,17 +249,16 @@ fn interfaces(instance: &Value) -> impl Iterator<Item = &Value> {
 pub fn resolve_subnetwork(st: &State, zone: &str, nic: &Value) -> Result<(String, String), ApiError> {
     let region = st.zone_region(zone).unwrap_or_default().to_string();
     let sub = str_of(nic, "subnetwork");
-    let s = if !sub.is_empty() {
-        let r = segment_after(sub, "regions").unwrap_or(&region);
-        subnetwork_get(st, r, last_segment(sub))?
-    } else {
-        let network = network_ref(st, if str_of(nic, "network").is_empty() { "default" } else { str_of(nic, "network") })?;
-        st.subnetworks
-            .iter()
-            .find(|((r, _), s)| *r == region && last_segment(str_of(s, "network")) == network)
-            .map(|(_, s)| s.clone())
-            .ok_or_else(|| ApiError::invalid(format!("Network '{}' has no subnetwork in region '{region}'.", st.rel(&format!("global/networks/{network}")))))?
-    };
+    let s =
+        if !sub.is_empty() {
+            let r = segment_after(sub, "regions").unwrap_or(&region);
+            subnetwork_get(st, r, last_segment(sub))?
+        } else {
+            let network = network_ref(st, if str_of(nic, "network").is_empty() { "default" } else { str_of(nic, "network") })?;
+            st.subnetworks.iter().find(|((r, _), s)| *r == region && last_segment(str_of(s, "network")) == network).map(|(_, s)| s.clone()).ok_or_else(
+                || ApiError::invalid(format!("Network '{}' has no subnetwork in region '{region}'.", st.rel(&format!("global/networks/{network}")))),
+            )?
+        };
     Ok((str_of(&s, "selfLink").to_string(), str_of(&s, "network").to_string()))
 }
 
@@ -269,7 +268,8 @@ pub fn allocate_ip(st: &State, subnet_link: &str) -> Result<String, ApiError> {
     let s = st.subnetworks.values().find(|s| str_of(s, "selfLink") == subnet_link).ok_or_else(|| ApiError::not_found(strip_base(subnet_link)))?;
     let (net, len) = parse_cidr(str_of(s, "ipCidrRange")).ok_or_else(|| ApiError::invalid("subnetwork without a valid ipCidrRange"))?;
     let size = 1u64 << (32 - u32::from(len));
-    let used: std::collections::BTreeSet<String> = st.instances.values().flat_map(|i| interfaces(&i.body)).map(|n| str_of(n, "networkIP").to_string()).collect();
+    let used: std::collections::BTreeSet<String> =
+        st.instances.values().flat_map(|i| interfaces(&i.body)).map(|n| str_of(n, "networkIP").to_string()).collect();
     (2..size.saturating_sub(2))
         .map(|i| Ipv4Addr::from(u32::from(net) + i as u32).to_string())
         .find(|ip| !used.contains(ip))

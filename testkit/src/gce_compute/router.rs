@@ -130,9 +130,7 @@ pub fn route(st: &mut State, req: &Request, q: &BTreeMap<String, String>) -> Res
         ("POST", ["zones", z, "instances", n, "setLabels"]) => j(instances::set_labels(st, z, n, body()?)),
         ("POST", ["zones", z, "instances", n, "setMetadata"]) => j(instances::set_metadata(st, z, n, body()?)),
         ("POST", ["zones", z, "instances", n, "attachDisk"]) => j(instances::attach_disk(st, z, n, body()?)),
-        ("POST", ["zones", z, "instances", n, "detachDisk"]) => {
-            j(instances::detach_disk(st, z, n, q.get("deviceName").map(String::as_str).unwrap_or("")))
-        }
+        ("POST", ["zones", z, "instances", n, "detachDisk"]) => j(instances::detach_disk(st, z, n, q.get("deviceName").map(String::as_str).unwrap_or(""))),
         // disks
         ("POST", ["zones", z, "disks"]) => j(disks::insert(st, z, body()?)),
         ("GET", ["zones", z, "disks"]) => {

@@ -297,7 +297,9 @@ pub fn check_labels(labels: &Value) -> Result<(), ApiError> {
             return Err(ApiError::invalid(format!("Invalid value for field 'labels': '{k}'. Label keys must start with a lowercase letter and contain only lowercase letters, digits, '_' and '-' (at most 63)")));
         }
         if v.len() > 63 || !chars(v) {
-            return Err(ApiError::invalid(format!("Invalid value for field 'labels.{k}': '{v}'. Label values contain only lowercase letters, digits, '_' and '-' (at most 63)")));
+            return Err(ApiError::invalid(format!(
+                "Invalid value for field 'labels.{k}': '{v}'. Label values contain only lowercase letters, digits, '_' and '-' (at most 63)"
+            )));
         }
     }
     Ok(())
