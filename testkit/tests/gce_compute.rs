@@ -390,3 +390,28 @@ fn errors_auth_and_validation() {
     assert_eq!(api.ok("GET", "", Value::Null)["name"], "acme-prod");
     assert_eq!(api.ok("GET", "/zones", Value::Null)["items"].as_array().unwrap().len(), 3);
 }
+
+#[test]
+fn a_mig_retries_an_instance_it_cannot_make_yet() {
+    let api = Api::new(Duration::ZERO, Some(Duration::ZERO));
+    // A network without a subnetwork in the zone's region: the group is made, its instance is not.
+    api.ok("POST", "/global/networks", json!({"name": "net"}));
+    api.template("t1");
+    api.ok(
+        "POST",
+        &format!("/zones/{Z}/instanceGroupManagers"),
+        json!({"name": "nodes", "baseInstanceName": "nodes", "instanceTemplate": "global/instanceTemplates/t1", "targetSize": 1}),
+    );
+    let m = api.managed();
+    assert_eq!(m.len(), 1);
+    assert!(m[0].get("instance").is_none(), "{}", m[0]);
+    assert_eq!(m[0]["currentAction"], "CREATING");
+    assert!(m[0]["lastAttempt"]["errors"]["errors"][0]["message"].as_str().unwrap().contains("subnetwork"), "{}", m[0]);
+    assert_eq!(api.ok("GET", &format!("/zones/{Z}/instanceGroupManagers/nodes"), Value::Null)["status"]["isStable"], false);
+    // Once the subnetwork exists, the next look finds the instance made, under the name it was given.
+    api.ok("POST", "/regions/europe-west1/subnetworks", json!({"name": "sub", "network": "global/networks/net", "ipCidrRange": "10.0.16.0/20"}));
+    let m2 = api.managed();
+    assert_eq!(last(m2[0]["instance"].as_str().unwrap()), m[0]["name"].as_str().unwrap());
+    assert!(m2[0].get("lastAttempt").is_none());
+    assert_eq!(api.ok("GET", &format!("/zones/{Z}/instanceGroupManagers/nodes"), Value::Null)["status"]["isStable"], true);
+}
