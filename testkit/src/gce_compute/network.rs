@@ -14,7 +14,7 @@ pub fn project(st: &State) -> Value {
         "id": st.cfg.project_number,
         "name": st.cfg.project,
         "selfLink": st.link(""),
-        "creationTimestamp": "2020-01-01T00:00:00.000-07:00",
+        "creationTimestamp": st.started,
         "commonInstanceMetadata": {"kind": "compute#metadata", "fingerprint": fingerprint(&items), "items": items},
         "defaultServiceAccount": format!("{}-compute@developer.gserviceaccount.com", st.cfg.project_number),
         "defaultNetworkTier": "PREMIUM",
@@ -51,7 +51,7 @@ pub fn zone(st: &State, zone: &str) -> Result<Value, ApiError> {
         "status": "UP",
         "region": st.link(&format!("regions/{region}")),
         "selfLink": st.link(&format!("zones/{zone}")),
-        "creationTimestamp": "2020-01-01T00:00:00.000-07:00",
+        "creationTimestamp": st.started,
         "supportsPzs": false,
     }))
 }
@@ -71,7 +71,7 @@ pub fn region(st: &State, region: &str) -> Result<Value, ApiError> {
         "status": "UP",
         "zones": zones,
         "selfLink": st.link(&format!("regions/{region}")),
-        "creationTimestamp": "2020-01-01T00:00:00.000-07:00",
+        "creationTimestamp": st.started,
         "supportsPzs": false,
     }))
 }

@@ -52,7 +52,6 @@ pub fn route(st: &mut State, req: &Request, q: &BTreeMap<String, String>) -> Res
     let m = req.method.as_str();
     let body = || body_object(req);
     let j = |r: Result<Value, ApiError>| r.map(Reply::Json);
-    let op_name = |s: &str| s.to_string();
     match (m, segs) {
         ("GET", []) => Ok(Reply::Json(network::project(st))),
         ("GET", ["zones"]) => {
@@ -144,9 +143,9 @@ pub fn route(st: &mut State, req: &Request, q: &BTreeMap<String, String>) -> Res
         ("GET", ["zones", z, "operations", o]) => j(operation(st, Scope::Zone(z.to_string()), o)),
         ("GET", ["regions", r, "operations", o]) => j(operation(st, Scope::Region(r.to_string()), o)),
         ("GET", ["global", "operations", o]) => j(operation(st, Scope::Global, o)),
-        ("POST", ["zones", z, "operations", o, "wait"]) => wait(st, Scope::Zone(z.to_string()), op_name(o)),
-        ("POST", ["regions", r, "operations", o, "wait"]) => wait(st, Scope::Region(r.to_string()), op_name(o)),
-        ("POST", ["global", "operations", o, "wait"]) => wait(st, Scope::Global, op_name(o)),
+        ("POST", ["zones", z, "operations", o, "wait"]) => wait(st, Scope::Zone(z.to_string()), o.to_string()),
+        ("POST", ["regions", r, "operations", o, "wait"]) => wait(st, Scope::Region(r.to_string()), o.to_string()),
+        ("POST", ["global", "operations", o, "wait"]) => wait(st, Scope::Global, o.to_string()),
         _ => Err(ApiError::not_found(&req.path)),
     }
 }

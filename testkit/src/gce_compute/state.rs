@@ -87,6 +87,8 @@ pub struct State {
     pub disks: BTreeMap<(String, String), Disk>,
     pub migs: BTreeMap<(String, String), Mig>,
     pub operations: BTreeMap<String, Operation>,
+    /// When the emulator started: the creation time of the project, zones and regions.
+    pub started: String,
     op_counter: u64,
 }
 
@@ -103,6 +105,7 @@ impl State {
             disks: BTreeMap::new(),
             migs: BTreeMap::new(),
             operations: BTreeMap::new(),
+            started: crate::google_api::now_rfc3339(),
             op_counter: 0,
         }
     }
