@@ -73,6 +73,8 @@ fn reason(status: u16) -> &'static str {
         403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        409 => "Conflict",
+        412 => "Precondition Failed",
         500 => "Internal Server Error",
         _ => "Status",
     }
