@@ -70,7 +70,9 @@ fn probe(name: &'static str, period: Duration, stop: Arc<AtomicBool>, t0: Instan
         while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
             let next = Instant::now() + period;
             let result = f();
-            r.lock().unwrap().note(t0, result);
+            if let Ok(mut r) = r.lock() {
+                r.note(t0, result);
+            }
             std::thread::sleep(next.saturating_duration_since(Instant::now()));
         }
     });
@@ -161,12 +163,12 @@ spec:
 
 /// `examples/ha.yaml` at `version`, in `dir`.
 fn spec_at(dir: &Path, version: &str) -> PathBuf {
-    let text = std::fs::read_to_string(support::repo().join("examples/ha.yaml")).unwrap();
+    let text = std::fs::read_to_string(support::repo().join("examples/ha.yaml")).expect("examples/ha.yaml");
     let line = text.lines().find(|l| l.trim_start().starts_with("kubernetesVersion:")).expect("examples/ha.yaml has a kubernetesVersion");
     let indent = &line[..line.len() - line.trim_start().len()];
     let out = text.replacen(line, &format!("{indent}kubernetesVersion: {version}"), 1);
     let path = dir.join("ha.yaml");
-    std::fs::write(&path, out).unwrap();
+    std::fs::write(&path, out).expect("writing the spec");
     path
 }
 
