@@ -225,6 +225,31 @@ pub(crate) fn load(common: &Common) -> anyhow::Result<Result<(keelson_api::Docum
     Ok(Ok((docs, options)))
 }
 
+/// A spec loaded for a command that changes the cloud: its documents and compile options, its cloud
+/// model (the compiler's warnings already printed).
+pub(crate) struct Loaded {
+    pub docs: keelson_api::Documents,
+    pub options: CompileOptions,
+    pub model: model::ClusterModel,
+    /// The spec file, as errors name it.
+    pub file: String,
+}
+
+/// Load the spec and build its cloud model with user-data; `Err(code)` when the spec is unreadable
+/// or invalid (its problems already printed).
+pub(crate) fn load_for_cloud(common: &Common) -> anyhow::Result<Result<Loaded, ExitCode>> {
+    let (docs, options) = match load(common)? {
+        Ok(x) => x,
+        Err(code) => return Ok(Err(code)),
+    };
+    let file = common.file.display().to_string();
+    let (model, compiled) = prepare(&docs, &options).with_context(|| format!("{file}: building the cloud model"))?;
+    for w in &compiled.warnings {
+        eprintln!("keelson: warning: {file}: {w}");
+    }
+    Ok(Ok(Loaded { docs, options, model, file }))
+}
+
 /// Load the spec and build its cloud model (user-data not needed); `Err(code)` when the spec is
 /// unreadable or invalid (its problems already printed).
 fn load_model(common: &Common) -> anyhow::Result<Result<model::ClusterModel, ExitCode>> {
@@ -295,15 +320,10 @@ pub(crate) async fn with_pinned_cas(
 }
 
 pub fn run_apply(args: ApplyArgs) -> anyhow::Result<ExitCode> {
-    let (docs, options) = match load(&args.common)? {
-        Ok(x) => x,
+    let Loaded { docs, options, model, file } = match load_for_cloud(&args.common)? {
+        Ok(l) => l,
         Err(code) => return Ok(code),
     };
-    let file = args.common.file.display().to_string();
-    let (model, compiled) = prepare(&docs, &options).with_context(|| format!("{file}: building the cloud model"))?;
-    for w in &compiled.warnings {
-        eprintln!("keelson: warning: {file}: {w}");
-    }
     let rt = runtime()?;
     match args.target {
         Target::Terraform => {

@@ -10,8 +10,7 @@ use anyhow::Context as _;
 use cloud_resources::{model, state};
 use ops::reconcile::{self, Phase, ReconcileOptions};
 
-use crate::commands::{aws_target, color, load, open_store, runtime, with_lock, with_pinned_cas, Common, RollArgs};
-use crate::prepare::prepare;
+use crate::commands::{aws_target, color, load_for_cloud, open_store, runtime, with_lock, with_pinned_cas, Common, Loaded, RollArgs};
 
 /// `keelson reconcile cluster`.
 #[derive(Debug, clap::Args)]
@@ -26,15 +25,10 @@ pub struct ReconcileArgs {
 }
 
 pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
-    let (docs, options) = match load(&args.common)? {
-        Ok(x) => x,
+    let Loaded { docs, options, model, file } = match load_for_cloud(&args.common)? {
+        Ok(l) => l,
         Err(code) => return Ok(code),
     };
-    let file = args.common.file.display().to_string();
-    let (model, compiled) = prepare(&docs, &options).with_context(|| format!("{file}: building the cloud model"))?;
-    for w in &compiled.warnings {
-        eprintln!("keelson: warning: {file}: {w}");
-    }
     if model.cloud != model::CloudKind::Aws {
         anyhow::bail!("{file}: reconcile supports AWS clusters only (it applies through the AWS SDK and rolls autoscaling groups)");
     }

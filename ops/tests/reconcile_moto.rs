@@ -6,6 +6,7 @@
 
 #[path = "../../cloud-resources/tests/moto/mod.rs"]
 mod moto;
+mod support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,6 +15,7 @@ use base::StateStore;
 use cloud_resources::aws::AwsTarget;
 use keelson_api::addons::ADDON_CHANNEL;
 use moto::{apply_once, store, Moto};
+use support::fast;
 use ops::instances::{self, GroupStatus};
 use ops::reconcile::{self, Phase, PhasePlan, ReconcileError, ReconcileOptions};
 use ops::rolling::{self, BoxFuture, ClusterHealth, RollingOptions};
@@ -23,20 +25,6 @@ const NODES: &str = "nodes-us-east-1a";
 const WORKER_CONFIG: &str = "igconfig/node/nodes-us-east-1a/nodeupconfig.yaml";
 const CP_CONFIG: &str = "igconfig/control-plane/control-plane-us-east-1a/nodeupconfig.yaml";
 
-fn fast() -> RollingOptions {
-    RollingOptions {
-        control_plane_interval: Duration::ZERO,
-        node_interval: Duration::ZERO,
-        bastion_interval: Duration::ZERO,
-        post_drain_delay: Duration::ZERO,
-        poll: Duration::from_millis(50),
-        validate_tick: Duration::from_millis(50),
-        validate_success_pause: Duration::ZERO,
-        validation_timeout: Duration::from_secs(20),
-        eviction_retry: Duration::from_millis(20),
-        ..Default::default()
-    }
-}
 
 /// What the cloud and the state store looked like at one validation of the rolling update.
 #[derive(Debug, Clone)]

@@ -3,30 +3,17 @@
 
 #[path = "../../cloud-resources/tests/moto/mod.rs"]
 mod moto;
+mod support;
 
 use cloud_resources::aws::AwsTarget;
 use cloud_resources::model::ClusterModel;
 use moto::{apply_once, store, Moto};
+use support::fast;
 use ops::instances;
 use ops::rolling::{self, BoxFuture, ClusterHealth, RollingError, RollingOptions};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Fast waits for moto (whose state changes are instantaneous).
-fn fast() -> RollingOptions {
-    RollingOptions {
-        control_plane_interval: Duration::ZERO,
-        node_interval: Duration::ZERO,
-        bastion_interval: Duration::ZERO,
-        post_drain_delay: Duration::ZERO,
-        poll: Duration::from_millis(50),
-        validate_tick: Duration::from_millis(50),
-        validate_success_pause: Duration::ZERO,
-        validation_timeout: Duration::from_secs(20),
-        eviction_retry: Duration::from_millis(20),
-        ..Default::default()
-    }
-}
 
 /// A cluster whose validity follows a script, one answer per validation (the last repeated).
 struct Scripted {
