@@ -283,7 +283,9 @@ fn ha_upgrade_users_cannot_see() {
         }
     }
     let lowest = *lowest_ready.lock().unwrap();
-    let replaced = rolled.lines().filter(|l| l.contains("replaced")).count().max(1);
+    // The roll prints `<group>: replacing <instance> (launch template version a → b)` per instance.
+    let replaced = rolled.lines().filter(|l| l.contains(": replacing i-")).count();
+    assert_eq!(replaced, 6, "reconcile replaced {replaced} instances, want the 3 control planes and the 3 workers:\n{rolled}");
     report.push_str(&format!("  lowest ready echo replicas: {lowest}\n"));
     report.push_str(&format!(
         "  prepare {to}: {prepare_s:.0} s; reconcile: {roll_s:.0} s for {replaced} replacement(s), {:.0} s each\n",
