@@ -15,16 +15,15 @@ use base::StateStore;
 use cloud_resources::aws::AwsTarget;
 use keelson_api::addons::ADDON_CHANNEL;
 use moto::{apply_once, store, Moto};
-use support::fast;
 use ops::instances::{self, GroupStatus};
 use ops::reconcile::{self, Phase, PhasePlan, ReconcileError, ReconcileOptions};
 use ops::rolling::{self, BoxFuture, ClusterHealth, RollingOptions};
+use support::fast;
 
 const CP: &str = "control-plane-us-east-1a";
 const NODES: &str = "nodes-us-east-1a";
 const WORKER_CONFIG: &str = "igconfig/node/nodes-us-east-1a/nodeupconfig.yaml";
 const CP_CONFIG: &str = "igconfig/control-plane/control-plane-us-east-1a/nodeupconfig.yaml";
-
 
 /// What the cloud and the state store looked like at one validation of the rolling update.
 #[derive(Debug, Clone)]

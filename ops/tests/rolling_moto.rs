@@ -8,12 +8,11 @@ mod support;
 use cloud_resources::aws::AwsTarget;
 use cloud_resources::model::ClusterModel;
 use moto::{apply_once, store, Moto};
-use support::fast;
 use ops::instances;
 use ops::rolling::{self, BoxFuture, ClusterHealth, RollingError, RollingOptions};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
+use support::fast;
 
 /// A cluster whose validity follows a script, one answer per validation (the last repeated).
 struct Scripted {
