@@ -587,11 +587,17 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         assert!(std::time::Instant::now() < deadline, "the restored ConfigMaps are not served within 180 s");
         std::thread::sleep(Duration::from_secs(2));
     }
-    assert_eq!(
-        secret_token(&["-n", "restore-test", "restore-secret"]).as_deref(),
-        Some(backed_up.as_str()),
-        "the Secret of the backup does not decrypt after the restore"
-    );
+    // The first reads after a restore may time out while an API server catches up with the
+    // restored revision (its watch cache starts again); the Secret must come back, and decrypt.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let token = loop {
+        let t = secret_token(&["-n", "restore-test", "restore-secret"]);
+        if t.is_some() || std::time::Instant::now() > deadline {
+            break t;
+        }
+        std::thread::sleep(Duration::from_secs(3));
+    };
+    assert_eq!(token.as_deref(), Some(backed_up.as_str()), "the Secret of the backup does not decrypt after the restore");
     for m in &cps {
         let raw = raw_secret(m, "restore-test", "restore-secret");
         assert!(
