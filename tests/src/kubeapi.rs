@@ -93,6 +93,8 @@ pub struct NodeState {
     /// The field managers that own `spec.providerID` (`kubelet` when the kubelet registered the
     /// Node with it).
     pub provider_id_managers: Vec<String>,
+    /// `status.nodeInfo.kubeletVersion`.
+    pub kubelet_version: String,
 }
 
 /// Node name → state.
@@ -113,6 +115,7 @@ pub fn nodes(kubeconfig: &Path) -> Result<BTreeMap<String, NodeState>, KubeApiEr
                     .filter_map(|f| f.manager.clone())
                     .collect();
                 let status = n.status.unwrap_or_default();
+                let kubelet_version = status.node_info.as_ref().map(|i| i.kubelet_version.clone()).unwrap_or_default();
                 let ready = status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True");
                 let internal_ip = status.addresses.unwrap_or_default().into_iter().find(|a| a.type_ == "InternalIP").map(|a| a.address);
                 let spec = n.spec.unwrap_or_default();
@@ -125,6 +128,7 @@ pub fn nodes(kubeconfig: &Path) -> Result<BTreeMap<String, NodeState>, KubeApiEr
                     taints,
                     labels: n.metadata.labels.unwrap_or_default(),
                     provider_id_managers,
+                    kubelet_version,
                 };
                 (n.metadata.name.unwrap_or_default(), state)
             })
@@ -246,18 +250,5 @@ pub fn server_version(kubeconfig: &Path, target: &Target) -> Result<String, Kube
         let c = client(kubeconfig, target).await?;
         let v = c.apiserver_version().await.map_err(api_err(format!("GET /version via {:?}", target.server)))?;
         Ok(v.git_version)
-    })
-}
-
-/// Node name → `status.nodeInfo.kubeletVersion`.
-pub fn kubelet_versions(kubeconfig: &Path) -> Result<BTreeMap<String, String>, KubeApiError> {
-    rt()?.block_on(async {
-        let c = client(kubeconfig, &Target::default()).await?;
-        let list = Api::<Node>::all(c).list(&ListParams::default()).await.map_err(api_err("listing nodes"))?;
-        Ok(list
-            .items
-            .into_iter()
-            .map(|n| (n.metadata.name.unwrap_or_default(), n.status.and_then(|s| s.node_info).map(|i| i.kubelet_version).unwrap_or_default()))
-            .collect())
     })
 }

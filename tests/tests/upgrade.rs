@@ -295,7 +295,7 @@ fn ha_upgrade_users_cannot_see() {
 
     // Every kubelet and API server on the new version; the data intact; the cluster valid.
     let cs = ClusterState::load(&State::new(paths::state_dir())).expect("cluster.json");
-    let kubelets = kubeapi::kubelet_versions(&kc).expect("nodes");
+    let kubelets: BTreeMap<String, String> = kubeapi::nodes(&kc).expect("nodes").into_iter().map(|(n, s)| (n, s.kubelet_version)).collect();
     assert!(kubelets.len() == 6 && kubelets.values().all(|v| v.trim_start_matches('v') == to), "kubelets: {kubelets:?}");
     for m in cs.machines.iter().filter(|m| m.role == "control-plane") {
         let target = Target { server: Some(format!("https://{}:443", m.ip)), tls_server_name: Some("kubernetes.default".into()) };
