@@ -42,3 +42,10 @@ pub fn iam_role_name(role: Role, cluster: &str) -> String {
 pub fn autoscaling_group_name(group: &str, cluster: &str) -> String {
     format!("{group}.{cluster}")
 }
+
+/// The API load balancer's target group: `tcp-<cluster with dashes>`, 32 characters with kOps' hash
+/// suffix. The compiler creates it; each control plane's protokube registers its own instance in it
+/// once the local API server is ready, and the rolling update deregisters it.
+pub fn api_target_group_name(cluster: &str) -> String {
+    truncate_name(&format!("tcp-{}", cluster.replace('.', "-")), 32, true)
+}

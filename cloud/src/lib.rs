@@ -9,6 +9,7 @@
 //!   policy. Every AWS client of the project is built from it.
 //! * `imds` (from `keelson-base`) is the IMDSv2 client (tokens only; 404 → `None`; 401 → refresh; bounded jittered retries).
 //! * Small traits per need — [`volumes::Volumes`], [`volumes::Instances`], [`dns::Dns`],
+//!   [`targets::TargetGroups`],
 //!   [`imds::InstanceMetadata`] — with AWS implementations on `aws-sdk-ec2` / `aws-sdk-route53`.
 //! * [`calls::CallCounter`] counts API calls (for metrics); [`fault::Throttle`] injects throttling
 //!   responses (for tests and drills).
@@ -16,10 +17,12 @@
 pub mod calls;
 pub mod dns;
 pub mod fault;
+pub mod targets;
 pub mod volumes;
 
 pub use base::aws::{sdk_config, AwsOptions};
 pub use base::imds::{Identity, Imds, ImdsError, InstanceMetadata};
 pub use base::{aws, imds};
 pub use dns::{Dns, DnsError, Record, RecordChange, Route53Dns};
+pub use targets::{Elbv2, TargetGroups, TargetState, TargetsError};
 pub use volumes::{Ec2, Instance, InstanceState, Instances, Volume, VolumeError, VolumeFilter, Volumes};

@@ -11,6 +11,7 @@
 //! first ([`handover`]).
 
 pub mod addons;
+pub mod api_target;
 pub mod backup;
 pub mod certs;
 pub mod config;

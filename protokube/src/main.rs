@@ -8,7 +8,9 @@ use anyhow::Context;
 use clap::Parser;
 
 use cloud::calls::CallCounter;
+use cloud::Elbv2;
 use cloud::{AwsOptions, Ec2, Identity, Imds, Route53Dns};
+use protokube::api_target::{ApiTarget, LocalReadyz};
 use protokube::config::{self, DnsMode};
 use protokube::metrics::{self, Metrics};
 use protokube::paths;
@@ -209,6 +211,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
         };
         tokio::spawn(certificate_loop(renewer, metrics.clone(), secs(args.cert_check_interval)));
     }
+    // This control plane behind the API load balancer only while its API server is ready.
+    let api_port = cluster.spec.kube_api_server.as_ref().and_then(|a| a.secure_port).unwrap_or(443);
+    let api_lb = cluster.spec.api.as_ref().is_some_and(|a| a.load_balancer.is_some());
+    let api_target = (!args.once && boot.cloud_provider == "aws" && api_lb).then(|| {
+        let elb =
+            aws_sdk_elasticloadbalancingv2::Client::from_conf(aws_sdk_elasticloadbalancingv2::config::Builder::from(&aws).interceptor(counter.clone()).build());
+        let target = ApiTarget::new(Elbv2::new(elb), keelson_api::names::api_target_group_name(&plan.cluster_name), me.instance_id.clone());
+        let readyz = LocalReadyz::new(spec_store.clone(), format!("https://127.0.0.1:{api_port}"));
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        (stop, tokio::spawn(target.run(readyz, stopped)))
+    });
     let mut agent = Agent::new(plan, me, opts, Ec2::new(ec2), dns);
     let mut spec_read_at = Instant::now();
 
@@ -220,8 +233,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
     // The addon controller (its own loop): the local API server, on the spec's secure port.
     if !args.once && !args.no_addons {
-        let port = cluster.spec.kube_api_server.as_ref().and_then(|a| a.secure_port).unwrap_or(443);
-        let server = format!("https://127.0.0.1:{port}");
+        let server = format!("https://127.0.0.1:{api_port}");
         let node = match args.node_name.clone() {
             Some(n) => Some(n),
             None => match base::imds::InstanceMetadata::get(&imds, "local-hostname").await {
@@ -296,7 +308,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         } else {
             match tokio::select! { r = agent.reconcile() => Ok(r), why = stop_requested(&mut terminate) => Err(why) } {
                 Ok(r) => r,
-                Err(why) => return leave(&agent, why, secs(args.handover_timeout)).await,
+                Err(why) => return leave(&agent, api_target, why, secs(args.handover_timeout)).await,
             }
         };
         let calls = counter.total_calls() - calls_before;
@@ -362,10 +374,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let wait = if result.is_ok() { interval } else { backoff };
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            why = stop_requested(&mut terminate) => return leave(&agent, why, secs(args.handover_timeout)).await,
+            why = stop_requested(&mut terminate) => return leave(&agent, api_target, why, secs(args.handover_timeout)).await,
         }
     }
 }
+
+/// The API target group task: its stop switch and its handle.
+type ApiTargetTask = (tokio::sync::watch::Sender<bool>, tokio::task::JoinHandle<()>);
 
 /// Resolves when protokube is asked to stop: SIGTERM (systemd, at poweroff or `systemctl stop`) or
 /// SIGINT.
@@ -376,15 +391,20 @@ async fn stop_requested(terminate: &mut tokio::signal::unix::Signal) -> &'static
     }
 }
 
-/// Stop gracefully: hand etcd leadership over (bounded), then exit. etcd, the manifests, volumes and
-/// records are left as they are.
-async fn leave<C, D>(agent: &Agent<C, D>, why: &str, bound: Duration) -> anyhow::Result<()>
+/// Stop gracefully: leave the API target group, hand etcd leadership over (bounded), then exit.
+/// etcd, the manifests, volumes and records are left as they are.
+async fn leave<C, D>(agent: &Agent<C, D>, api_target: Option<ApiTargetTask>, why: &str, bound: Duration) -> anyhow::Result<()>
 where
     C: cloud::volumes::Volumes + cloud::volumes::Instances + Sync,
     D: cloud::dns::Dns + Sync,
 {
-    tracing::info!(signal = why, bound_s = bound.as_secs_f64(), "stopping: handing etcd leadership over first");
     let t = Instant::now();
+    if let Some((stop, task)) = api_target {
+        // The task leaves the target group itself (bounded by 5 s) once told to stop.
+        let _ = stop.send(true);
+        let _ = tokio::time::timeout(Duration::from_secs(6), task).await;
+    }
+    tracing::info!(signal = why, bound_s = bound.as_secs_f64(), "stopping: handing etcd leadership over first");
     let reports = agent.leave(bound).await;
     let moved = reports.iter().filter(|r| matches!(r.result, Ok(protokube::handover::Outcome::Moved { .. }))).count();
     tracing::info!(elapsed_ms = t.elapsed().as_millis() as u64, clusters = reports.len(), moved, "stopped");

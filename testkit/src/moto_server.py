@@ -23,9 +23,20 @@ has a test that fails without it.
    replaced the controller fails on the dead instance ("node with instanceID … not found") and never
    writes the new nodes' pod-CIDR routes. Test: tests/tests/moto_routes.rs
    `a_route_to_a_terminated_instance_is_a_blackhole`.
+
+4. An Auto Scaling group registers an instance in its target groups once, when the instance enters
+   service (or when the target group is attached), and detaching a target group deregisters only the
+   instances still registered. AWS: the group adds a *new* instance to its target groups; a target
+   deregistered since (by DeregisterTargets: Keelson's protokube takes its control plane out of the API
+   target group until the local API server is ready) stays out when the group launches or terminates
+   another instance. moto re-registers every instance of the group on every change of the group, so a
+   control plane that took itself out is put back behind the load balancer by its neighbour's
+   replacement, and DetachLoadBalancerTargetGroups fails (InvalidTarget) on a target already gone.
+   Test: tests/tests/moto_target_groups.rs `an_instance_out_of_its_target_group_stays_out`.
 """
 import sys
 
+from moto.autoscaling.models import AutoScalingBackend
 from moto.core.types import Base64EncodedString
 from moto.ec2.models.instances import InstanceBackend
 from moto.ec2.models.launch_templates import LaunchTemplate
@@ -74,6 +85,37 @@ def _route_state(self):
 
 
 Route.state = property(_route_state)
+
+
+
+def _register_new_instances(self, group_name):
+    group = self.autoscaling_groups[group_name]
+    if not group.target_group_arns:
+        return
+    done = getattr(group, "keelson_registered", set())
+    ids = {state.instance.id for state in group.instance_states}
+    for tg in self.elbv2_backend.describe_target_groups(target_group_arns=group.target_group_arns, load_balancer_arn=None, names=None):
+        new = sorted(i for i in ids if (tg.arn, i) not in done)
+        if new:
+            self.elbv2_backend.register_targets(tg.arn, [{"Id": i, "Port": tg.port} for i in new])
+        done = {(arn, i) for (arn, i) in done if arn != tg.arn or i in ids} | {(tg.arn, i) for i in ids}
+    group.keelson_registered = done
+
+
+def _detach_target_groups(self, group_name, target_group_arns):
+    group = self.autoscaling_groups[group_name]
+    group.target_group_arns = [x for x in group.target_group_arns if x not in target_group_arns]
+    ids = {state.instance.id for state in group.instance_states}
+    for arn in target_group_arns:
+        tg = self.elbv2_backend.target_groups.get(arn)
+        registered = [{"Id": i} for i in ids if tg is not None and i in tg.targets]
+        if registered:
+            self.elbv2_backend.deregister_targets(arn, registered)
+    group.keelson_registered = {(a, i) for (a, i) in getattr(group, "keelson_registered", set()) if a not in target_group_arns}
+
+
+AutoScalingBackend.update_attached_target_groups = _register_new_instances
+AutoScalingBackend.detach_load_balancer_target_groups = _detach_target_groups
 
 if __name__ == "__main__":
     from moto.server import main

@@ -85,7 +85,8 @@ impl ListenerState {
     }
 
     /// Follow the target group: new members are added (unhealthy until checked), members that
-    /// left start draining, a member that comes back stops draining, and drained targets whose
+    /// left start draining, a member that comes back stops draining and is checked again from
+    /// the start (`initial`), and drained targets whose
     /// delay has passed are cut and forgotten.
     pub fn set_members(&mut self, members: &BTreeSet<SocketAddr>, now: Instant) -> Changes {
         let mut c = Changes::default();
@@ -95,6 +96,8 @@ impl ListenerState {
                 Target::new()
             });
             if t.deregistered_at.take().is_some() {
+                // Registered again: `initial` again, as on an NLB (checked before it gets clients).
+                (t.healthy, t.ok, t.failed) = (false, 0, 0);
                 c.registered.push(*m);
             }
         }
@@ -400,6 +403,23 @@ mod tests {
         assert_eq!(c.drained, vec![two]);
         assert!(*open.borrow(), "the draining target's connections are closed when the delay is over");
         assert!(!st.targets.contains_key(&two));
+    }
+
+    #[test]
+    fn a_target_registered_again_is_checked_again_before_it_gets_clients() {
+        let mut st = ListenerState::new(hc(), Duration::from_secs(30));
+        let t0 = Instant::now();
+        let (one, two) = (a("10.0.0.1:443"), a("10.0.0.2:443"));
+        st.set_members(&BTreeSet::from([one, two]), t0);
+        for t in [one, two] {
+            st.record_check(t, true);
+            st.record_check(t, true);
+        }
+        st.set_members(&BTreeSet::from([one]), t0 + Duration::from_secs(1));
+        st.set_members(&BTreeSet::from([one, two]), t0 + Duration::from_secs(2));
+        assert!((0..4).all(|_| st.choose().map(|(t, _)| t) == Some(one)), "back in, but `initial` until it passes its checks again");
+        st.record_check(two, true);
+        assert_eq!(st.record_check(two, true), Some(true));
     }
 
     #[test]

@@ -25,10 +25,7 @@ pub fn spec<'a>(cx: &Context<'a>) -> Option<&'a LoadBalancerAccessSpec> {
     cx.spec.api.as_ref().and_then(|a| a.load_balancer.as_ref()).filter(|_| cx.cloud == CloudKind::Aws)
 }
 
-/// The target group's name: `tcp-<cluster with dashes>`, 32 characters with kOps' hash suffix.
-pub fn target_group_name(cluster: &str) -> String {
-    truncate_name(&format!("tcp-{}", cluster.replace('.', "-")), 32, true)
-}
+pub use keelson_api::names::api_target_group_name as target_group_name;
 
 /// The load balancer and its target group (the control-plane groups link to it).
 pub fn build(cx: &Context<'_>, lb: &LoadBalancerAccessSpec, names: &Names, tasks: &mut aws::Tasks) -> Result<ApiLoadBalancer, ModelError> {

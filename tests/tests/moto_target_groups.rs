@@ -1,0 +1,68 @@
+//! The local cloud's moto registers an Auto Scaling group's instances in its target groups as AWS
+//! does: once, when each instance enters service (fix 4 of `testkit/src/moto_server.py`). Without
+//! it, a control plane whose protokube took it out of the API target group (its API server not yet
+//! ready) is put back behind the load balancer whenever the group launches another instance.
+
+use aws_config::{BehaviorVersion, Region};
+use aws_sdk_autoscaling::types::LaunchTemplateSpecification;
+use aws_sdk_ec2::types::{InstanceType, RequestLaunchTemplateData};
+use aws_sdk_elasticloadbalancingv2::types::{ProtocolEnum, TargetDescription};
+
+#[test]
+fn an_instance_out_of_its_target_group_stays_out() {
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let moto = keelson_local::moto::Moto::start(log.path()).expect("moto (scripts/test creates the venv; or set KEELSON_PYTHON)");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let conf = aws_config::defaults(BehaviorVersion::latest())
+            .http_client(aws_smithy_http_client::Builder::new().build_http())
+            .region(Region::new("eu-west-1"))
+            .endpoint_url(moto.endpoint())
+            .credentials_provider(aws_sdk_ec2::config::Credentials::new("k", "s", None, None, "test"))
+            .load()
+            .await;
+        let (ec2, asg, elb) = (aws_sdk_ec2::Client::new(&conf), aws_sdk_autoscaling::Client::new(&conf), aws_sdk_elasticloadbalancingv2::Client::new(&conf));
+        let vpc = ec2.create_vpc().cidr_block("10.0.0.0/16").send().await.unwrap().vpc.unwrap().vpc_id.unwrap();
+        let subnet =
+            ec2.create_subnet().vpc_id(&vpc).cidr_block("10.0.1.0/24").availability_zone("eu-west-1a").send().await.unwrap().subnet.unwrap().subnet_id.unwrap();
+        let image = ec2.describe_images().send().await.unwrap().images()[0].image_id().unwrap().to_string();
+        let data = RequestLaunchTemplateData::builder().image_id(&image).instance_type(InstanceType::T3Medium).build();
+        ec2.create_launch_template().launch_template_name("cp").launch_template_data(data).send().await.unwrap();
+        let tg = elb.create_target_group().name("tcp-api").protocol(ProtocolEnum::Tcp).port(443).vpc_id(&vpc).send().await.unwrap();
+        let tg = tg.target_groups()[0].target_group_arn().unwrap().to_string();
+        let template = LaunchTemplateSpecification::builder().launch_template_name("cp").version("$Latest").build();
+        asg.create_auto_scaling_group()
+            .auto_scaling_group_name("cp")
+            .launch_template(template)
+            .min_size(0)
+            .max_size(3)
+            .desired_capacity(1)
+            .vpc_zone_identifier(&subnet)
+            .target_group_arns(&tg)
+            .send()
+            .await
+            .unwrap();
+        let registered = || async {
+            let out = elb.describe_target_health().target_group_arn(&tg).send().await.unwrap();
+            let mut ids: Vec<String> = out.target_health_descriptions().iter().filter_map(|d| d.target()?.id().map(str::to_string)).collect();
+            ids.sort();
+            ids
+        };
+        let first = registered().await;
+        assert_eq!(first.len(), 1, "the group's first instance is registered when it enters service");
+        let out_of_service = first[0].clone();
+        elb.deregister_targets().target_group_arn(&tg).targets(TargetDescription::builder().id(&out_of_service).build()).send().await.unwrap();
+
+        asg.set_desired_capacity().auto_scaling_group_name("cp").desired_capacity(2).send().await.unwrap();
+        let now = registered().await;
+        assert_eq!(now.len(), 1, "only the new instance is registered: {now:?}");
+        assert_ne!(now[0], out_of_service, "the instance that left its target group was put back by its neighbour's launch");
+
+        // Detaching the target group deregisters what is still registered, and does not fail on the rest.
+        asg.detach_load_balancer_target_groups().auto_scaling_group_name("cp").target_group_arns(&tg).send().await.unwrap();
+        assert!(registered().await.is_empty());
+        // Attaching it again registers every instance of the group, as AWS does.
+        asg.attach_load_balancer_target_groups().auto_scaling_group_name("cp").target_group_arns(&tg).send().await.unwrap();
+        assert_eq!(registered().await.len(), 2);
+    });
+}
