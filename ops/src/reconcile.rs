@@ -244,7 +244,9 @@ pub async fn reconcile(
 ) -> Result<BTreeMap<Phase, PhaseReport>, ReconcileError> {
     let mut out = BTreeMap::new();
     for phase in Phase::ALL {
+        let started = std::time::Instant::now();
         out.insert(phase, Box::pin(run_phase(t, model, store, phase, opts, log)).await?);
+        log(&format!("{phase}: done in {:.1} s", started.elapsed().as_secs_f64()));
     }
     Ok(out)
 }

@@ -401,6 +401,10 @@ async fn a_group_drains_up_to_max_unavailable_plus_surge_instances_at_once() {
     Box::pin(concurrent_drains()).await
 }
 
+/// How long each drain takes: long enough that drains meant to run together overlap even on a
+/// loaded 2-core machine (a short hold made the peak-of-2 checks flaky under load).
+const DRAIN_HOLD: Duration = Duration::from_millis(1500);
+
 async fn concurrent_drains() {
     use keelson_api::generated::RollingUpdate;
     use keelson_api::types::IntOrString::Int;
@@ -424,7 +428,7 @@ async fn concurrent_drains() {
     assert_eq!(before[1].outdated().len(), 3, "{}", instances::render(&before));
 
     // maxUnavailable 2, nothing on the new configuration yet: one first, validated, then two at once.
-    let h = Overlap::new(Duration::from_millis(400));
+    let h = Overlap::new(DRAIN_HOLD);
     let opts = RollingOptions { groups: nodes(), surge: Some(SurgeSpec::from_documents(&changed)), validate: rolling::Validation::Custom(h.clone()), ..fast() };
     let mut log = Vec::new();
     let report = rolling::roll(&t, &m2, &opts, &mut |l| log.push(l.to_string())).await.expect("roll");
@@ -449,7 +453,7 @@ async fn concurrent_drains() {
         spec.groups.insert("nodes-us-east-1a".into(), RollingUpdate { max_surge: Some(Int(s)), max_unavailable: Some(Int(u)), ..Default::default() });
         spec
     };
-    let h = Overlap::new(Duration::from_millis(400));
+    let h = Overlap::new(DRAIN_HOLD);
     let opts = RollingOptions { force: true, surge: Some(surge(1, 1)), validate: rolling::Validation::Custom(h.clone()), ..opts.clone() };
     let mut log = Vec::new();
     let report = rolling::roll(&t, &m2, &opts, &mut |l| log.push(l.to_string())).await.expect("surged roll");

@@ -178,7 +178,7 @@ impl<T: TargetGroups + Sync> ApiTarget<T> {
     pub async fn pass(&mut self, ready: bool) -> Result<Pass, TargetsError> {
         self.gate.observe(ready);
         self.checks = self.checks.wrapping_add(1);
-        if self.gate.released || (self.gate.settled() && self.checks % MEMBERSHIP_EVERY != 0) {
+        if self.gate.released || (self.gate.settled() && !self.checks.is_multiple_of(MEMBERSHIP_EVERY)) {
             return Ok(Pass::Skipped);
         }
         let Some(arn) = self.arn().await? else { return Ok(Pass::NoTargetGroup) };

@@ -167,6 +167,9 @@ fn spec_at(dir: &Path, version: &str) -> PathBuf {
     let line = text.lines().find(|l| l.trim_start().starts_with("kubernetesVersion:")).expect("examples/ha.yaml has a kubernetesVersion");
     let indent = &line[..line.len() - line.trim_start().len()];
     let out = text.replacen(line, &format!("{indent}kubernetesVersion: {version}"), 1);
+    // The worker group surges one instance at a time (AWS's default, written out).
+    let out = out.replacen("spec:\n  role: Node\n", "spec:\n  role: Node\n  rollingUpdate:\n    maxSurge: 1\n", 1);
+    assert!(out.contains("maxSurge: 1"), "examples/ha.yaml has no `role: Node` group to surge");
     let path = dir.join("ha.yaml");
     std::fs::write(&path, out).expect("writing the spec");
     path
@@ -287,6 +290,10 @@ fn ha_upgrade_users_cannot_see() {
     let replaced = rolled.lines().filter(|l| l.contains(": replacing i-")).count();
     assert_eq!(replaced, 6, "reconcile replaced {replaced} instances, want the 3 control planes and the 3 workers:\n{rolled}");
     report.push_str(&format!("  lowest ready echo replicas: {lowest}\n"));
+    // `phase N/6 (…): done in S s`, per phase.
+    for l in rolled.lines().filter(|l| l.starts_with("phase ") && l.contains(": done in ")) {
+        report.push_str(&format!("  {l}\n"));
+    }
     report.push_str(&format!(
         "  prepare {to}: {prepare_s:.0} s; reconcile: {roll_s:.0} s for {replaced} replacement(s), {:.0} s each\n",
         roll_s / replaced as f64
