@@ -10,13 +10,17 @@
 //! * `imds` (from `keelson-base`) is the IMDSv2 client (tokens only; 404 → `None`; 401 → refresh; bounded jittered retries).
 //! * Small traits per need — [`volumes::Volumes`], [`volumes::Instances`], [`dns::Dns`],
 //!   [`targets::TargetGroups`],
-//!   [`imds::InstanceMetadata`] — with AWS implementations on `aws-sdk-ec2` / `aws-sdk-route53`.
+//!   [`imds::InstanceMetadata`] — with AWS implementations on `aws-sdk-ec2` / `aws-sdk-route53`
+//!   and GCE ones ([`gce`]: persistent disks on Compute v1, Cloud DNS v1); [`provider`] holds
+//!   whichever the node runs on.
 //! * [`calls::CallCounter`] counts API calls (for metrics); [`fault::Throttle`] injects throttling
 //!   responses (for tests and drills).
 
 pub mod calls;
 pub mod dns;
 pub mod fault;
+pub mod gce;
+pub mod provider;
 pub mod targets;
 pub mod volumes;
 

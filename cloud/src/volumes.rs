@@ -1,6 +1,7 @@
 //! Block volumes and the instances they are attached to (EC2 implementation on `aws-sdk-ec2`).
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use aws_sdk_ec2::error::ProvideErrorMetadata;
 use aws_sdk_ec2::types::{Filter, Tag};
@@ -158,6 +159,21 @@ pub trait Volumes {
     /// Detach (force) a volume from an instance that is gone.
     fn detach_volume(&self, volume: &str, instance: &str) -> impl std::future::Future<Output = Result<(), VolumeError>> + Send;
     fn tag_volume(&self, volume: &str, tags: &[(String, String)]) -> impl std::future::Future<Output = Result<(), VolumeError>> + Send;
+    /// Where the device of `volume`, attached under the name `attached_as`, shows up on the
+    /// instance, in the order to look (default: EBS's, [`ebs_device_paths`]).
+    fn device_paths(&self, by_id_dir: &Path, volume: &str, attached_as: &str) -> Vec<PathBuf> {
+        ebs_device_paths(by_id_dir, volume, attached_as)
+    }
+}
+
+/// Where an EBS volume `vid` attached as `attached_as` shows up: its NVMe by-id link, then the
+/// name it was attached under (with its `xvd` twin for an `sd` name).
+pub fn ebs_device_paths(by_id_dir: &Path, vid: &str, attached_as: &str) -> Vec<PathBuf> {
+    let mut out = vec![by_id_dir.join(format!("nvme-Amazon_Elastic_Block_Store_{}", vid.replace('-', ""))), PathBuf::from(attached_as)];
+    if let Some(letter) = attached_as.strip_prefix("/dev/sd") {
+        out.push(PathBuf::from(format!("/dev/xvd{letter}")));
+    }
+    out
 }
 
 /// Instance lookups.
@@ -311,5 +327,19 @@ impl Instances for Ec2 {
         }
         out.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ebs_device_paths_nvme_then_the_attached_names() {
+        assert_eq!(
+            ebs_device_paths(Path::new("/dev/disk/by-id"), "vol-0abc", "/dev/sdu"),
+            vec![PathBuf::from("/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol0abc"), PathBuf::from("/dev/sdu"), PathBuf::from("/dev/xvdu")]
+        );
+        assert_eq!(ebs_device_paths(Path::new("/d"), "vol-1", "/dev/xvdv")[1..], [PathBuf::from("/dev/xvdv")]);
     }
 }

@@ -17,6 +17,7 @@ pub mod certs;
 pub mod config;
 pub mod disk;
 pub mod etcd;
+pub mod gce;
 pub mod handover;
 pub mod hosts;
 pub mod manifest;

@@ -108,6 +108,21 @@ struct Args {
     handover_timeout: f64,
 }
 
+/// The GCE side of the flags: `--imds-url` names the metadata server, `--endpoint-url` the base of
+/// Compute and Cloud DNS.
+fn gce_flags(args: &Args) -> protokube::gce::GceFlags {
+    protokube::gce::GceFlags {
+        metadata: args.imds_url.clone(),
+        endpoint: args.endpoint_url.clone(),
+        instance_name: args.instance_id.clone(),
+        zone: args.zone.clone(),
+        region: args.region.clone(),
+        internal_ip: args.internal_ip.clone(),
+        node_name: args.node_name.clone(),
+        operation_bound: secs(args.attach_timeout),
+    }
+}
+
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s.max(0.0))
 }
@@ -126,9 +141,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     let boot = config::read_boot_config(&args.conf)?;
     let imds = Imds::new(args.imds_url.as_deref())?;
-    let me = Identity::resolve(&imds, args.instance_id, args.zone, args.region, args.internal_ip)
-        .await
-        .context("instance identity (pass --instance-id --zone --region --internal-ip off AWS)")?;
+    // GCE: identity from its metadata server (--imds-url points at it), disks and Cloud DNS.
+    let gce = match boot.cloud_provider.as_str() {
+        "gce" => Some(protokube::gce::connect(gce_flags(&args)).await?),
+        _ => None,
+    };
+    let me = match &gce {
+        Some(g) => g.identity.clone(),
+        None => Identity::resolve(&imds, args.instance_id, args.zone, args.region, args.internal_ip)
+            .await
+            .context("instance identity (pass --instance-id --zone --region --internal-ip off AWS)")?,
+    };
+    let gce_node_name = gce.as_ref().map(|g| g.node_name.clone());
     let aws = cloud::sdk_config(&AwsOptions {
         region: Some(me.region.clone()),
         endpoint_url: args.endpoint_url.clone(),
@@ -222,7 +246,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let (stop, stopped) = tokio::sync::watch::channel(false);
         (stop, tokio::spawn(target.run(readyz, stopped)))
     });
-    let mut agent = Agent::new(plan, me, opts, Ec2::new(ec2), dns);
+    let (volumes, dns) = protokube::gce::providers(gce, Ec2::new(ec2), dns);
+    let mut agent = Agent::new(plan, me, opts, volumes, dns);
     let mut spec_read_at = Instant::now();
 
     if !args.once && args.metrics_addr != "off" {
@@ -234,7 +259,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     // The addon controller (its own loop): the local API server, on the spec's secure port.
     if !args.once && !args.no_addons {
         let server = format!("https://127.0.0.1:{api_port}");
-        let node = match args.node_name.clone() {
+        let node = match args.node_name.clone().or(gce_node_name) {
             Some(n) => Some(n),
             None => match base::imds::InstanceMetadata::get(&imds, "local-hostname").await {
                 Ok(n) => n.filter(|n| !n.is_empty()),

@@ -27,22 +27,9 @@ pub fn gce_name(name: &str) -> String {
     s.trim_end_matches('-').to_string()
 }
 
-/// The longest GCE label value.
-pub const LABEL_VALUE_MAX: usize = 63;
-
-/// kOps' `EncodeGCELabel`, for values that carry arbitrary text (the etcd member tags): every byte
-/// but `[0-9a-z]` becomes `-` and two lower-case hex digits, so `-` itself is `-2d` and the value
-/// decodes back exactly (kOps' `DecodeGCELabel` reads `-` as `%`).
-pub fn encode_label(v: &str) -> String {
-    let mut out = String::with_capacity(v.len());
-    for b in v.bytes() {
-        match b {
-            b'a'..=b'z' | b'0'..=b'9' => out.push(char::from(b)),
-            _ => out.push_str(&format!("-{b:02x}")),
-        }
-    }
-    out
-}
+/// The longest GCE label value; kOps' label encoding and the safe cluster name live with the
+/// node agents' GCE code (one encoder for the disks written here and the labels protokube reads).
+pub use cloud::gce::labels::{encode_label, safe_cluster_name, LABEL_MAX as LABEL_VALUE_MAX};
 
 /// A label value used as it is (kOps writes the cluster's safe name and the group's name plainly):
 /// `[a-z0-9_-]`, at most 63 characters, or an error saying which — never cut or rewritten.
@@ -54,11 +41,6 @@ pub fn plain_label(v: &str) -> Result<String, String> {
         return Err(format!("{v:?}: {c:?} is not allowed in a GCE label value ([a-z0-9_-])"));
     }
     Ok(v.to_string())
-}
-
-/// kOps' `SafeClusterName`: the cluster name with its dots as dashes.
-pub fn safe_cluster_name(cluster: &str) -> String {
-    cluster.replace('.', "-")
 }
 
 pub fn role_label(role: Role) -> &'static str {
@@ -303,10 +285,10 @@ mod tests {
         assert_eq!(gce_name("A-nodes.gce.k8s.example.com"), "a-nodes-gce-k8s-example-com");
         assert_eq!(gce_name("1x"), "k1x");
         assert!(gce_name(&"x".repeat(100)).len() <= 63);
-        assert_eq!(encode_label("a/a,b"), "a-2fa-2cb");
+        assert_eq!(encode_label("a/a,b").as_deref(), Ok("a-2fa-2cb"));
         // `-` and `_` are escaped too, or kOps would decode them as escapes.
-        assert_eq!(encode_label("us-c1-a/us-c1-a"), "us-2dc1-2da-2fus-2dc1-2da");
-        assert_eq!(encode_label("a_B"), "a-5f-42");
+        assert_eq!(encode_label("us-c1-a/us-c1-a").as_deref(), Ok("us-2dc1-2da-2fus-2dc1-2da"));
+        assert!(encode_label(&"a/".repeat(30)).is_err(), "over 63 characters encoded: an error, never cut");
         assert_eq!(plain_label("ha-k8s-example-com"), Ok("ha-k8s-example-com".into()));
         assert!(plain_label(&"x".repeat(64)).is_err_and(|e| e.contains("at most 63")));
         assert!(plain_label("a.b").is_err());

@@ -3,7 +3,7 @@
 
 use super::{Context, ModelError, DEFAULT_ETCD_VOLUME_SIZE_GIB, DEFAULT_ETCD_VOLUME_TYPE};
 use crate::aws::{self, Volume};
-use crate::gce::{self, encode_label, gce_name, plain_label, safe_cluster_name, ETCD_DISK_TYPE, LABEL_VALUE_MAX};
+use crate::gce::{self, encode_label, gce_name, plain_label, safe_cluster_name, ETCD_DISK_TYPE};
 
 /// One etcd member's volume, as the spec asks for it.
 struct Member {
@@ -83,17 +83,12 @@ pub fn build_gce(cx: &Context<'_>, tasks: &mut gce::Tasks) -> Result<Vec<String>
     let label_err = |field: &str, message: String| ModelError::Field { cluster: cx.cluster.to_string(), field: field.to_string(), message };
     let cluster_label = plain_label(&safe_cluster_name(cx.cluster)).map_err(|m| label_err("metadata.name", format!("the label k8s-io-cluster-name: {m}")))?;
     for m in members {
-        let etcd_label = encode_label(&m.members_tag);
-        if etcd_label.len() > LABEL_VALUE_MAX {
-            return Err(label_err(
+        let etcd_label = encode_label(&m.members_tag).map_err(|e| {
+            label_err(
                 &format!("spec.etcdClusters[{}].etcdMembers", m.etcd_cluster),
-                format!(
-                    "the disk label k8s-io-etcd-{} ({etcd_label:?}) is {} characters encoded; GCE allows {LABEL_VALUE_MAX}: use shorter member names",
-                    m.etcd_cluster,
-                    etcd_label.len()
-                ),
-            ));
-        }
+                format!("the disk label k8s-io-etcd-{}: {e}: use shorter member names", m.etcd_cluster),
+            )
+        })?;
         let volume_type = m.spec.volume_type.clone().unwrap_or_else(|| DEFAULT_ETCD_VOLUME_TYPE.into());
         tasks.push(gce::Disk {
             gce_name: gce_name(&format!("{}-etcd-{}-{}", m.member, m.etcd_cluster, cx.cluster)),

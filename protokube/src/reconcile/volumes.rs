@@ -69,17 +69,6 @@ pub(super) fn free_device(used: &BTreeSet<String>) -> Option<String> {
     (b'u'..=b'z').map(|c| format!("/dev/xvd{}", c as char)).find(|d| !used.contains(d) && !used.contains(&d.replace("/dev/xvd", "/dev/sd")))
 }
 
-/// Where the device of volume `vid` attached as `attached_as` shows up: its NVMe by-id link, and
-/// the name it was attached under (with its `xvd` twin for an `sd` name).
-pub(super) fn device_paths(by_id_dir: &Path, vid: &str, attached_as: &str) -> (PathBuf, Vec<PathBuf>) {
-    let nvme = by_id_dir.join(format!("nvme-Amazon_Elastic_Block_Store_{}", vid.replace('-', "")));
-    let mut xvd = vec![PathBuf::from(attached_as)];
-    if let Some(letter) = attached_as.strip_prefix("/dev/sd") {
-        xvd.push(PathBuf::from(format!("/dev/xvd{letter}")));
-    }
-    (nvme, xvd)
-}
-
 /// What to do with a probed device before mounting it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Prepare {
@@ -203,23 +192,17 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                 }
             }
         };
-        let (nvme, xvd) = device_paths(&self.opts.by_id_dir, vid, &attachment.device);
+        let paths = self.cloud.device_paths(&self.opts.by_id_dir, vid, &attachment.device);
         let deadline = Instant::now() + self.opts.device_timeout;
         let mut delay = Duration::from_millis(20);
         loop {
-            if nvme.exists() {
-                return Ok(Some(nvme));
-            }
-            if let Some(p) = xvd.iter().find(|p| p.exists()) {
+            if let Some(p) = paths.iter().find(|p| p.exists()) {
                 return Ok(Some(p.clone()));
             }
             if Instant::now() + delay > deadline {
                 report.waiting.push(format!(
-                    "volume {vid}: attached as {} but no device at {} or {:?} after {:?}",
-                    attachment.device,
-                    nvme.display(),
-                    xvd,
-                    self.opts.device_timeout
+                    "volume {vid}: attached as {} but no device at any of {:?} after {:?}",
+                    attachment.device, paths, self.opts.device_timeout
                 ));
                 return Ok(None);
             }
@@ -383,14 +366,6 @@ mod tests {
         assert_eq!(free_device(&used).as_deref(), Some("/dev/xvdw"));
         let all: BTreeSet<String> = (b'u'..=b'z').map(|c| format!("/dev/sd{}", c as char)).collect();
         assert_eq!(free_device(&all), None);
-    }
-
-    #[test]
-    fn device_paths_nvme_then_the_attached_names() {
-        let (nvme, xvd) = device_paths(Path::new("/dev/disk/by-id"), "vol-0abc", "/dev/sdu");
-        assert_eq!(nvme, PathBuf::from("/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_vol0abc"));
-        assert_eq!(xvd, vec![PathBuf::from("/dev/sdu"), PathBuf::from("/dev/xvdu")]);
-        assert_eq!(device_paths(Path::new("/d"), "vol-1", "/dev/xvdv").1, vec![PathBuf::from("/dev/xvdv")]);
     }
 
     #[test]

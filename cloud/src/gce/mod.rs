@@ -1,0 +1,52 @@
+//! Google Compute Engine: persistent disks and instances ([`disks::GceVolumes`], behind
+//! [`crate::volumes::Volumes`] and [`crate::volumes::Instances`]) and Cloud DNS
+//! ([`dns::CloudDns`], behind [`crate::dns::Dns`]), on the REST APIs with reqwest and the
+//! service-account token of the metadata server ([`auth::TokenSource`]).
+//!
+//! * `labels` — kOps' GCE label encoding and the tag ↔ label names.
+//! * `api` — the HTTP client (tokens, Google's errors, bounded retries of reads, pagination).
+//! * `operations` — waiting for zone operations within a bound.
+
+pub mod api;
+pub mod auth;
+pub mod disks;
+pub mod dns;
+pub mod labels;
+pub mod operations;
+
+pub use api::{GoogleApi, GoogleApiError};
+pub use auth::TokenSource;
+pub use disks::GceVolumes;
+pub use dns::CloudDns;
+
+/// Where Google's APIs are (the real ones, or one emulator serving both).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GceEndpoints {
+    /// The Compute v1 base (`https://compute.googleapis.com/compute/v1`).
+    pub compute: String,
+    /// The Cloud DNS v1 base (`https://dns.googleapis.com/dns/v1`).
+    pub dns: String,
+}
+
+impl GceEndpoints {
+    pub fn google() -> GceEndpoints {
+        GceEndpoints { compute: "https://compute.googleapis.com/compute/v1".into(), dns: "https://dns.googleapis.com/dns/v1".into() }
+    }
+
+    /// Both APIs under one base URL, at their usual paths (`<base>/compute/v1`, `<base>/dns/v1`):
+    /// what the harness's emulators serve.
+    pub fn at(base: &str) -> GceEndpoints {
+        let base = base.trim_end_matches('/');
+        GceEndpoints { compute: format!("{base}/compute/v1"), dns: format!("{base}/dns/v1") }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_base_serves_both_apis() {
+        assert_eq!(GceEndpoints::at("http://127.0.0.1:9/"), GceEndpoints { compute: "http://127.0.0.1:9/compute/v1".into(), dns: "http://127.0.0.1:9/dns/v1".into() });
+    }
+}
