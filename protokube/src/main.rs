@@ -40,10 +40,12 @@ struct Args {
     /// This control plane's Node name (default: IMDS `local-hostname`, the kubelet's name).
     #[arg(long)]
     node_name: Option<String>,
-    /// IMDS base URL (default http://169.254.169.254 or AWS_EC2_METADATA_SERVICE_ENDPOINT).
+    /// IMDS base URL (default http://169.254.169.254 or AWS_EC2_METADATA_SERVICE_ENDPOINT); on GCE
+    /// the metadata server (default GCE_METADATA_HOST, else metadata.google.internal).
     #[arg(long)]
     imds_url: Option<String>,
-    /// AWS endpoint (e.g. a local moto server); AWS_ENDPOINT_URL is honoured too.
+    /// AWS endpoint (e.g. a local moto server); AWS_ENDPOINT_URL is honoured too. On GCE the base
+    /// URL of Compute (`<url>/compute/v1`) and Cloud DNS (`<url>/dns/v1`), e.g. the emulators'.
     #[arg(long)]
     endpoint_url: Option<String>,
     /// Where volume device links appear (NVMe names).

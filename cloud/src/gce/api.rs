@@ -163,9 +163,12 @@ fn backoff(attempt: u32) -> Duration {
     base::imds::jittered(Duration::from_millis(200), attempt.saturating_sub(1), Duration::from_secs(3))
 }
 
-/// Percent-encode a query value.
+/// Everything but RFC 3986's unreserved characters is escaped.
+const ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+
+/// Percent-encode a path segment or query value.
 pub fn enc(s: &str) -> String {
-    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+    percent_encoding::utf8_percent_encode(s, ESCAPED).to_string()
 }
 
 #[cfg(test)]
