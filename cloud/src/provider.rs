@@ -10,7 +10,7 @@ use crate::volumes::{Ec2, Instance, Instances, Volume, VolumeError, VolumeFilter
 #[derive(Debug)]
 pub enum AnyVolumes {
     Ec2(Ec2),
-    Gce(GceVolumes),
+    Gce(Box<GceVolumes>),
 }
 
 impl Volumes for AnyVolumes {

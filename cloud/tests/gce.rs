@@ -67,7 +67,12 @@ fn instances(c: &GceCompute) -> Vec<String> {
             "networkInterfaces": [{"network": "global/networks/net", "subnetwork": "regions/europe-west1/subnetworks/sub"}],
         }}),
     );
-    compute_ok(c, "POST", &format!("/zones/{ZB}/instanceGroupManagers"), json!({"name": "cp", "baseInstanceName": "cp", "instanceTemplate": "global/instanceTemplates/cp", "targetSize": 2}));
+    compute_ok(
+        c,
+        "POST",
+        &format!("/zones/{ZB}/instanceGroupManagers"),
+        json!({"name": "cp", "baseInstanceName": "cp", "instanceTemplate": "global/instanceTemplates/cp", "targetSize": 2}),
+    );
     let names: Vec<String> = c.instances().into_iter().map(|i| i.name).collect();
     assert_eq!(names.len(), 2, "the MIG made its instances");
     names
@@ -82,7 +87,7 @@ fn etcd_disk(c: &GceCompute, zone: &str, name: &str, cluster_label: &str, member
         json!({"name": name, "sizeGb": "20", "type": "pd-ssd", "labels": {
             "k8s-io-cluster-name": cluster_label,
             "k8s-io-role-master": "master",
-            "k8s-io-etcd-main": encode_label(&format!("{member}/b,c,d")).unwrap(),
+            "k8s-io-etcd-main": encode_label(&format!("{member}/b,c,d")).expect("label fits"),
         }}),
     );
 }
@@ -91,7 +96,8 @@ fn etcd_disk(c: &GceCompute, zone: &str, name: &str, cluster_label: &str, member
 fn metadata(token: &str, expires_in: u64) -> (Server, Arc<AtomicUsize>) {
     let facts = testkit::gce_metadata::InstanceFacts { zone: ZB.into(), ..testkit::gce_metadata::InstanceFacts::example() };
     let mut values = facts.values();
-    values.insert("instance/service-accounts/default/token".into(), json!({"access_token": token, "expires_in": expires_in, "token_type": "Bearer"}).to_string());
+    values
+        .insert("instance/service-accounts/default/token".into(), json!({"access_token": token, "expires_in": expires_in, "token_type": "Bearer"}).to_string());
     let count = Arc::new(AtomicUsize::new(0));
     let seen = count.clone();
     let server = Server::start(Arc::new(move |req: &Request| {
@@ -102,6 +108,9 @@ fn metadata(token: &str, expires_in: u64) -> (Server, Arc<AtomicUsize>) {
     }));
     (server, count)
 }
+
+/// Answers a request before the emulators do (`None`: let them), to play another writer.
+type Intercept = Arc<dyn Fn(&GceCompute, &Request) -> Option<Response> + Send + Sync>;
 
 struct World {
     compute: GceCompute,
@@ -118,13 +127,13 @@ struct World {
 
 /// The emulators behind one address; `intercept` may answer a request first (to play another
 /// writer).
-fn world_with(op_delay: Duration, intercept: Option<Arc<dyn Fn(&GceCompute, &Request) -> Option<Response> + Send + Sync>>) -> World {
+fn world_with(op_delay: Duration, intercept: Option<Intercept>) -> World {
     let compute = GceCompute::new(Config { operation_delay: op_delay, boot_delay: Some(Duration::from_millis(10)), ..Config::example() });
     let dns = DnsEmulator::new(DnsConfig { change_delay: Duration::from_millis(10), ..DnsConfig::example() });
     let auth = Arc::new(Mutex::new(Vec::new()));
     let (c, d, a) = (compute.clone(), dns.clone(), auth.clone());
     let server = Server::start(Arc::new(move |req: &Request| {
-        a.lock().unwrap().push(req.header("authorization").unwrap_or_default().to_string());
+        a.lock().expect("auth log").push(req.header("authorization").unwrap_or_default().to_string());
         if let Some(r) = intercept.as_ref().and_then(|f| f(&c, req)) {
             return r;
         }
@@ -137,8 +146,8 @@ fn world_with(op_delay: Duration, intercept: Option<Arc<dyn Fn(&GceCompute, &Req
     // Self links name a server that serves them.
     let links = compute.start_with(None);
     let (meta, token_requests) = metadata("tok-1", 3599);
-    let md = base::gce_metadata::GceMetadata::new(Some(&meta.url("")), Duration::from_secs(5)).unwrap();
-    let api = GoogleApi::new(TokenSource::new(md), Duration::from_secs(30)).unwrap();
+    let md = base::gce_metadata::GceMetadata::new(Some(&meta.url("")), Duration::from_secs(5)).expect("metadata client");
+    let api = GoogleApi::new(TokenSource::new(md), Duration::from_secs(30)).expect("API client");
     World { compute, dns, server, _links: links, _meta: meta, token_requests, auth, api }
 }
 
@@ -156,7 +165,7 @@ impl World {
 }
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
 }
 
 /// What the reconcile loop asks for: the cluster's etcd volumes.
@@ -170,12 +179,21 @@ fn disks_are_found_by_kops_labels_in_every_zone_of_the_region() {
     etcd_disk(&w.compute, ZB, "b-etcd-main-gce", "gce-k8s-example-com", "b");
     etcd_disk(&w.compute, ZC, "c-etcd-main-gce", "gce-k8s-example-com", "c");
     etcd_disk(&w.compute, ZB, "b-etcd-main-other", "other-k8s-example-com", "b");
-    compute_ok(&w.compute, "POST", &format!("/zones/{ZB}/disks"), json!({"name": "scratch", "sizeGb": "10", "labels": {"k8s-io-cluster-name": "gce-k8s-example-com"}}));
+    compute_ok(
+        &w.compute,
+        "POST",
+        &format!("/zones/{ZB}/disks"),
+        json!({"name": "scratch", "sizeGb": "10", "labels": {"k8s-io-cluster-name": "gce-k8s-example-com"}}),
+    );
     let v = w.volumes(Duration::from_secs(10));
     rt().block_on(async {
         let found = v.find_volumes(&cluster_filter()).await.expect("find");
         let names: Vec<(&str, &str)> = found.iter().map(|v| (v.id.as_str(), v.zone.as_str())).collect();
-        assert_eq!(names, vec![("b-etcd-main-gce", ZB), ("c-etcd-main-gce", ZC)], "this cluster's etcd disks, both zones; not another cluster's, not unlabelled ones");
+        assert_eq!(
+            names,
+            vec![("b-etcd-main-gce", ZB), ("c-etcd-main-gce", ZC)],
+            "this cluster's etcd disks, both zones; not another cluster's, not unlabelled ones"
+        );
         assert_eq!(found[0].tags.get("k8s.io/etcd/main").map(String::as_str), Some("b/b,c,d"), "the member label decoded as kOps encodes it");
         assert!(found.iter().all(|v| v.attachments.is_empty()));
         let zone_c = v.find_volumes(&VolumeFilter { zone: Some(ZC.into()), ..cluster_filter() }).await.expect("find in c");
@@ -196,7 +214,7 @@ fn attach_read_write_a_second_writer_is_refused_detach_frees_it() {
         let inst = w.compute.instance(ZB, me).expect("instance");
         let d = inst.disks.iter().find(|d| d.disk == "b-etcd-main-gce").expect("attached disk");
         assert_eq!((d.device_name.as_str(), d.mode.as_str()), ("b-etcd-main-gce", "READ_WRITE"), "device named by the disk, so /dev/disk/by-id/google-<name>");
-        assert_eq!(w.compute.disk(ZB, "b-etcd-main-gce").unwrap().users, vec![me.clone()]);
+        assert_eq!(w.compute.disk(ZB, "b-etcd-main-gce").expect("disk").users, vec![me.clone()]);
 
         let seen = v.find_volumes(&cluster_filter()).await.expect("find");
         assert_eq!(seen[0].attachments.len(), 1);
@@ -208,7 +226,7 @@ fn attach_read_write_a_second_writer_is_refused_detach_frees_it() {
             Err(VolumeError::InUse { volume }) => assert_eq!(volume, "b-etcd-main-gce"),
             r => panic!("a second READ_WRITE attachment must be refused as InUse, got {r:?}"),
         }
-        assert_eq!(w.compute.disk(ZB, "b-etcd-main-gce").unwrap().users, vec![me.clone()], "the holder keeps it");
+        assert_eq!(w.compute.disk(ZB, "b-etcd-main-gce").expect("disk").users, vec![me.clone()], "the holder keeps it");
 
         let found = v.describe_instances(&[me.clone(), "gone-instance".to_string()]).await.expect("describe");
         assert_eq!(found.len(), 1, "an instance Compute does not know is absent");
@@ -216,10 +234,10 @@ fn attach_read_write_a_second_writer_is_refused_detach_frees_it() {
         assert!(found[0].devices.contains(&"b-etcd-main-gce".to_string()));
 
         v.detach_volume("b-etcd-main-gce", me).await.expect("detach");
-        assert!(w.compute.disk(ZB, "b-etcd-main-gce").unwrap().users.is_empty());
+        assert!(w.compute.disk(ZB, "b-etcd-main-gce").expect("disk").users.is_empty());
         v.detach_volume("b-etcd-main-gce", me).await.expect("detaching a detached disk is done already");
         v.attach_volume("b-etcd-main-gce", other, "/dev/xvdu").await.expect("free again: the other instance claims it");
-        assert_eq!(w.compute.disk(ZB, "b-etcd-main-gce").unwrap().users, vec![other.clone()]);
+        assert_eq!(w.compute.disk(ZB, "b-etcd-main-gce").expect("disk").users, vec![other.clone()]);
     });
 }
 
@@ -229,7 +247,7 @@ fn labels_are_set_with_the_fingerprint_and_a_stale_one_is_read_again() {
     let raced = Arc::new(AtomicUsize::new(0));
     let sets = Arc::new(AtomicUsize::new(0));
     let (r, s) = (raced.clone(), sets.clone());
-    let intercept: Arc<dyn Fn(&GceCompute, &Request) -> Option<Response> + Send + Sync> = Arc::new(move |c: &GceCompute, req: &Request| {
+    let intercept: Intercept = Arc::new(move |c: &GceCompute, req: &Request| {
         if req.method == "POST" && req.path.ends_with("/setLabels") {
             s.fetch_add(1, Ordering::SeqCst);
             if r.fetch_add(1, Ordering::SeqCst) == 0 {
@@ -248,7 +266,7 @@ fn labels_are_set_with_the_fingerprint_and_a_stale_one_is_read_again() {
     let v = w.volumes(Duration::from_secs(10));
     rt().block_on(async {
         v.tag_volume("b-etcd-main-gce", &[("keelson.io/etcd-formatted".into(), "ext4".into())]).await.expect("label");
-        let labels = w.compute.disk(ZB, "b-etcd-main-gce").unwrap().labels;
+        let labels = w.compute.disk(ZB, "b-etcd-main-gce").expect("disk").labels;
         assert_eq!(labels.get("keelson-io-etcd-formatted").map(String::as_str), Some("ext4"));
         assert_eq!(labels.get("backup-owner").map(String::as_str), Some("ops"), "the other writer's label is kept (read again, merged)");
         assert_eq!(labels.get("k8s-io-etcd-main").map(String::as_str), Some("b-2fb-2cc-2cd"));
@@ -303,12 +321,18 @@ fn cloud_dns_upserts_replace_exactly_what_is_there_and_deletes_match_exactly() {
         assert_eq!(d.find_zone(Some("example.com"), CLUSTER).await.expect("by DNS name"), "example-com");
 
         let calls = d
-            .apply_changes(&zone, &[RecordChange::Upsert(rec("api.gce.k8s.example.com", &["10.0.16.3"])), RecordChange::Upsert(rec("etcd-b.internal.gce.k8s.example.com", &["10.0.16.3"]))])
+            .apply_changes(
+                &zone,
+                &[
+                    RecordChange::Upsert(rec("api.gce.k8s.example.com", &["10.0.16.3"])),
+                    RecordChange::Upsert(rec("etcd-b.internal.gce.k8s.example.com", &["10.0.16.3"])),
+                ],
+            )
             .await
             .expect("upsert");
         assert_eq!(calls, 1, "one atomic change");
         let sets: BTreeMap<String, (i64, Vec<String>)> =
-            w.dns.record_sets("k8s-example-com").unwrap().into_iter().filter(|r| r.kind == "A").map(|r| (r.name, (r.ttl, r.rrdatas))).collect();
+            w.dns.record_sets("k8s-example-com").expect("zone").into_iter().filter(|r| r.kind == "A").map(|r| (r.name, (r.ttl, r.rrdatas))).collect();
         assert_eq!(sets.get("api.gce.k8s.example.com."), Some(&(60, vec!["10.0.16.3".to_string()])));
         assert_eq!(sets.get("etcd-b.internal.gce.k8s.example.com."), Some(&(60, vec!["10.0.16.3".to_string()])));
         let listed = d.list_records(&zone, CLUSTER).await.expect("list");
@@ -336,7 +360,7 @@ fn the_service_account_token_comes_from_the_metadata_server_once() {
             v.find_volumes(&cluster_filter()).await.expect("find");
         }
     });
-    let auth = w.auth.lock().unwrap().clone();
+    let auth = w.auth.lock().expect("auth log").clone();
     assert!(auth.len() >= 3 * 3, "three zones, three times: {auth:?}");
     assert!(auth.iter().all(|a| a == "Bearer tok-1"), "{auth:?}");
     assert_eq!(w.token_requests.load(Ordering::SeqCst), 1, "cached until shortly before it expires");

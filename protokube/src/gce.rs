@@ -76,7 +76,7 @@ pub async fn connect(flags: GceFlags) -> Result<Gce, GceSetupError> {
 /// The volume and DNS clients of the agent: GCE's when `gce` is given, else AWS's.
 pub fn providers(gce: Option<Gce>, ec2: Ec2, route53: Option<Route53Dns>) -> (AnyVolumes, Option<AnyDns>) {
     match gce {
-        Some(g) => (AnyVolumes::Gce(g.volumes), Some(AnyDns::Cloud(g.dns))),
+        Some(g) => (AnyVolumes::Gce(Box::new(g.volumes)), Some(AnyDns::Cloud(g.dns))),
         None => (AnyVolumes::Ec2(ec2), route53.map(AnyDns::Route53)),
     }
 }

@@ -68,11 +68,21 @@ fn one_pass_claims_its_disk_by_labels_never_formats_a_non_block_device_and_keeps
             "disks": [{"boot": true, "autoDelete": true, "initializeParams": {"diskSizeGb": "20"}}],
             "networkInterfaces": [{"network": "global/networks/net", "subnetwork": "regions/europe-west1/subnetworks/sub"}]}}),
     );
-    compute(&c, "POST", &format!("/zones/{ZB}/instanceGroupManagers"), json!({"name": "cp-b", "baseInstanceName": "cp-b", "instanceTemplate": "global/instanceTemplates/cp-b", "targetSize": 1}));
+    compute(
+        &c,
+        "POST",
+        &format!("/zones/{ZB}/instanceGroupManagers"),
+        json!({"name": "cp-b", "baseInstanceName": "cp-b", "instanceTemplate": "global/instanceTemplates/cp-b", "targetSize": 1}),
+    );
     let me = c.instances().into_iter().next().expect("the MIG's instance");
     let disk_b = etcd_disk(&c, ZB, "b");
     let disk_c = etcd_disk(&c, ZC, "c");
-    call(|r| dns.answer(r), "POST", &format!("/dns/v1/projects/{PROJECT}/managedZones"), json!({"name": "k8s-example-com", "dnsName": "k8s.example.com.", "description": ""}));
+    call(
+        |r| dns.answer(r),
+        "POST",
+        &format!("/dns/v1/projects/{PROJECT}/managedZones"),
+        json!({"name": "k8s-example-com", "dnsName": "k8s.example.com.", "description": ""}),
+    );
 
     // The instance's metadata server, with the service account's token.
     let facts = InstanceFacts {

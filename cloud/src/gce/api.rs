@@ -75,9 +75,11 @@ pub struct GoogleApi {
 impl GoogleApi {
     /// `timeout`: the longest one request may take unless a call gives its own.
     pub fn new(tokens: TokenSource, timeout: Duration) -> Result<GoogleApi, GoogleApiError> {
-        let client = reqwest::Client::builder().connect_timeout(timeout.min(Duration::from_secs(10))).timeout(timeout).build().map_err(|e| {
-            GoogleApiError::Transport { method: Method::GET, url: String::new(), message: e.to_string(), timed_out: false }
-        })?;
+        let client = reqwest::Client::builder()
+            .connect_timeout(timeout.min(Duration::from_secs(10)))
+            .timeout(timeout)
+            .build()
+            .map_err(|e| GoogleApiError::Transport { method: Method::GET, url: String::new(), message: e.to_string(), timed_out: false })?;
         Ok(GoogleApi { client, tokens })
     }
 
@@ -103,7 +105,12 @@ impl GoogleApi {
             if let Some(t) = timeout {
                 req = req.timeout(t);
             }
-            let transport = |e: reqwest::Error| GoogleApiError::Transport { method: method.clone(), url: url.to_string(), timed_out: e.is_timeout(), message: e.to_string() };
+            let transport = |e: reqwest::Error| GoogleApiError::Transport {
+                method: method.clone(),
+                url: url.to_string(),
+                timed_out: e.is_timeout(),
+                message: e.to_string(),
+            };
             let resp = match req.send().await {
                 Ok(r) => r,
                 Err(e) if method == Method::GET && attempt < READ_ATTEMPTS && !e.is_timeout() => {
@@ -119,7 +126,11 @@ impl GoogleApi {
                 if text.trim().is_empty() {
                     return Ok(Value::Null);
                 }
-                return serde_json::from_str(&text).map_err(|e| GoogleApiError::Decode { method: method.clone(), url: url.to_string(), message: e.to_string() });
+                return serde_json::from_str(&text).map_err(|e| GoogleApiError::Decode {
+                    method: method.clone(),
+                    url: url.to_string(),
+                    message: e.to_string(),
+                });
             }
             if status == 401 && !refreshed {
                 // The token was revoked or expired early: one fresh token, once.

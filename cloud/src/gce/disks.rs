@@ -221,8 +221,10 @@ impl Volumes for GceVolumes {
             Some(z) => vec![z.clone()],
             None => self.region_zones().await?,
         };
-        let wanted: Vec<(String, String)> = f.tags.iter().map(|(k, v)| tag_to_label(k, v)).collect::<Result<_, _>>().map_err(|e| label_err("VolumeFilter", e))?;
-        let wanted_keys: Vec<String> = f.tag_keys.iter().map(|k| tag_key_to_label_key(k)).collect::<Result<_, _>>().map_err(|e| label_err("VolumeFilter", e))?;
+        let wanted: Vec<(String, String)> =
+            f.tags.iter().map(|(k, v)| tag_to_label(k, v)).collect::<Result<_, _>>().map_err(|e| label_err("VolumeFilter", e))?;
+        let wanted_keys: Vec<String> =
+            f.tag_keys.iter().map(|k| tag_key_to_label_key(k)).collect::<Result<_, _>>().map_err(|e| label_err("VolumeFilter", e))?;
         let mut out = Vec::new();
         for z in zones {
             let mut url = format!("{}/disks", self.zone_url(&z));

@@ -23,7 +23,12 @@ fn api_err(op: &'static str, target: &str, e: GoogleApiError) -> DnsError {
 pub fn record_from(v: &Value) -> Record {
     let mut values: Vec<String> = v["rrdatas"].as_array().into_iter().flatten().filter_map(Value::as_str).map(str::to_string).collect();
     values.sort();
-    Record { name: normalize_name(v["name"].as_str().unwrap_or_default()), rtype: v["type"].as_str().unwrap_or_default().to_string(), ttl: v["ttl"].as_i64().unwrap_or(0), values }
+    Record {
+        name: normalize_name(v["name"].as_str().unwrap_or_default()),
+        rtype: v["type"].as_str().unwrap_or_default().to_string(),
+        ttl: v["ttl"].as_i64().unwrap_or(0),
+        values,
+    }
 }
 
 /// A [`Record`] as a record set resource (absolute name).
@@ -95,7 +100,11 @@ impl Dns for CloudDns {
     /// `id_or_name`: a managed zone's name or id, or a DNS name (`example.com`); `None`: the zone
     /// whose DNS name is the longest suffix of `fqdn`. The answer is the managed zone's name.
     async fn find_zone_with(&self, id_or_name: Option<&str>, fqdn: &str, private: Option<bool>) -> Result<String, DnsError> {
-        let zones = self.api.list_all(&format!("{}/managedZones", self.project_url), "managedZones", MAX_PAGES).await.map_err(|e| api_err("managedZones.list", fqdn, e))?;
+        let zones = self
+            .api
+            .list_all(&format!("{}/managedZones", self.project_url), "managedZones", MAX_PAGES)
+            .await
+            .map_err(|e| api_err("managedZones.list", fqdn, e))?;
         let is_private = |z: &Value| z["visibility"].as_str() == Some("private");
         let prefer = |matching: Vec<&Value>| -> Option<String> {
             let pick = match private {
@@ -129,7 +138,11 @@ impl Dns for CloudDns {
     async fn list_records(&self, zone: &str, suffix: &str) -> Result<Vec<Record>, DnsError> {
         let suffix = normalize_name(suffix);
         let dotted = format!(".{suffix}");
-        let sets = self.api.list_all(&format!("{}/rrsets", self.zone_url(zone)), "rrsets", MAX_PAGES).await.map_err(|e| api_err("resourceRecordSets.list", zone, e))?;
+        let sets = self
+            .api
+            .list_all(&format!("{}/rrsets", self.zone_url(zone)), "rrsets", MAX_PAGES)
+            .await
+            .map_err(|e| api_err("resourceRecordSets.list", zone, e))?;
         let mut out: Vec<Record> = sets.iter().map(record_from).filter(|r| r.name == suffix || r.name.ends_with(&dotted)).collect();
         out.sort();
         Ok(out)
@@ -144,9 +157,9 @@ impl Dns for CloudDns {
                     RecordChange::Upsert(r) | RecordChange::Delete(r) => r,
                 };
                 let key = (r.name.clone(), r.rtype.clone());
-                if !current.contains_key(&key) {
+                if let std::collections::btree_map::Entry::Vacant(slot) = current.entry(key) {
                     if let Some(have) = self.current(zone, &r.name, &r.rtype).await? {
-                        current.insert(key, have);
+                        slot.insert(have);
                     }
                 }
             }

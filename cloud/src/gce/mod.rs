@@ -47,6 +47,9 @@ mod tests {
 
     #[test]
     fn one_base_serves_both_apis() {
-        assert_eq!(GceEndpoints::at("http://127.0.0.1:9/"), GceEndpoints { compute: "http://127.0.0.1:9/compute/v1".into(), dns: "http://127.0.0.1:9/dns/v1".into() });
+        assert_eq!(
+            GceEndpoints::at("http://127.0.0.1:9/"),
+            GceEndpoints { compute: "http://127.0.0.1:9/compute/v1".into(), dns: "http://127.0.0.1:9/dns/v1".into() }
+        );
     }
 }

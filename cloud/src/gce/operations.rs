@@ -44,7 +44,9 @@ pub enum OpState {
 pub fn op_state(op: &Value) -> OpState {
     match op["status"].as_str().unwrap_or_default() {
         "DONE" => match op["error"]["errors"].as_array().and_then(|e| e.first()) {
-            Some(e) => OpState::Failed { code: e["code"].as_str().unwrap_or("UNKNOWN").to_string(), message: e["message"].as_str().unwrap_or_default().to_string() },
+            Some(e) => {
+                OpState::Failed { code: e["code"].as_str().unwrap_or("UNKNOWN").to_string(), message: e["message"].as_str().unwrap_or_default().to_string() }
+            }
             None => OpState::Done,
         },
         other => OpState::Running(other.to_string()),
@@ -59,7 +61,8 @@ pub async fn wait(api: &GoogleApi, scope_url: &str, op: Value, bound: Duration) 
     let deadline = started + bound;
     let name = op["name"].as_str().unwrap_or_default().to_string();
     let kind = op["operationType"].as_str().unwrap_or_default().to_string();
-    let target = op["targetLink"].as_str().map(|t| t.rsplit('/').take(2).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("/")).unwrap_or_default();
+    let target =
+        op["targetLink"].as_str().map(|t| t.rsplit('/').take(2).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("/")).unwrap_or_default();
     let mut op = op;
     loop {
         match op_state(&op) {

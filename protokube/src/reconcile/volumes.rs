@@ -200,10 +200,9 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                 return Ok(Some(p.clone()));
             }
             if Instant::now() + delay > deadline {
-                report.waiting.push(format!(
-                    "volume {vid}: attached as {} but no device at any of {:?} after {:?}",
-                    attachment.device, paths, self.opts.device_timeout
-                ));
+                report
+                    .waiting
+                    .push(format!("volume {vid}: attached as {} but no device at any of {:?} after {:?}", attachment.device, paths, self.opts.device_timeout));
                 return Ok(None);
             }
             tokio::time::sleep(delay).await;
