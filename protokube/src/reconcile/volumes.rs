@@ -200,9 +200,12 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                 return Ok(Some(p.clone()));
             }
             if Instant::now() + delay > deadline {
-                report
-                    .waiting
-                    .push(format!("volume {vid}: attached as {} but no device at any of {:?} after {:?}", attachment.device, paths, self.opts.device_timeout));
+                report.waiting.push(format!(
+                    "volume {vid}: attached as {} but no device at {} after {:?}",
+                    attachment.device,
+                    paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" or "),
+                    self.opts.device_timeout
+                ));
                 return Ok(None);
             }
             tokio::time::sleep(delay).await;
