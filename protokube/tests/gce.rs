@@ -67,7 +67,7 @@ struct Gce {
     me: InstanceView,
     disk_b: String,
     disk_c: String,
-    state: tempfile::TempDir,
+    _state: tempfile::TempDir,
     boot: PathBuf,
 }
 
@@ -132,7 +132,7 @@ impl Gce {
             ),
         )
         .expect("boot config");
-        Gce { meta_url: meta.url(""), c, dns, server, _meta: meta, me, disk_b, disk_c, state, boot }
+        Gce { meta_url: meta.url(""), c, dns, server, _meta: meta, me, disk_b, disk_c, _state: state, boot }
     }
 
     /// One `--once` pass with this root and by-id directory.
