@@ -39,6 +39,11 @@ impl CallCounter {
     pub fn total_calls(&self) -> u64 {
         self.snapshot().values().map(|c| c.calls).sum()
     }
+    /// Count one operation `key` (`service/operation`) that took `attempts` attempts (clients
+    /// that are not on the AWS SDK: Google's APIs).
+    pub fn record(&self, key: &str, attempts: u64) {
+        self.bump(key.to_string(), 1, attempts);
+    }
     fn bump(&self, k: String, calls: u64, attempts: u64) {
         if let Ok(mut m) = self.inner.lock() {
             let e = m.entry(k).or_default();

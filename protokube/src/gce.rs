@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use base::gce_metadata::GceMetadata;
+use cloud::calls::CallCounter;
 use cloud::gce::{disks::region_of, CloudDns, GceEndpoints, GceVolumes, GoogleApi, TokenSource};
 use cloud::provider::{AnyDns, AnyVolumes};
 use cloud::{Ec2, Identity, Route53Dns};
@@ -51,6 +52,8 @@ pub struct Gce {
     pub node_name: String,
     pub volumes: GceVolumes,
     pub dns: CloudDns,
+    /// Every Compute and Cloud DNS call, by operation.
+    pub calls: CallCounter,
 }
 
 /// Resolve this instance from the metadata server and make the Compute and Cloud DNS clients.
@@ -66,11 +69,12 @@ pub async fn connect(flags: GceFlags) -> Result<Gce, GceSetupError> {
     };
     let node_name = flags.node_name.unwrap_or_else(|| base::gce_metadata::node_name(&me.hostname).to_string());
     let endpoints = flags.endpoint.as_deref().map(GceEndpoints::at).unwrap_or_else(GceEndpoints::google);
-    let api = GoogleApi::new(TokenSource::new(metadata), REQUEST_TIMEOUT)?;
+    let calls = CallCounter::default();
+    let api = GoogleApi::new(TokenSource::new(metadata), REQUEST_TIMEOUT)?.with_counter(calls.clone());
     let volumes = GceVolumes::new(api.clone(), &endpoints.compute, &me.project, &identity.zone, flags.operation_bound);
     let dns = CloudDns::new(api, &endpoints.dns, &me.project);
     tracing::info!(project = %me.project, instance = %identity.instance_id, zone = %identity.zone, compute = %endpoints.compute, "GCE");
-    Ok(Gce { identity, project: me.project, node_name, volumes, dns })
+    Ok(Gce { identity, project: me.project, node_name, volumes, dns, calls })
 }
 
 /// The volume and DNS clients of the agent: GCE's when `gce` is given, else AWS's.

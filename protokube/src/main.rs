@@ -162,7 +162,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         ..Default::default()
     })
     .await;
-    let counter = CallCounter::default();
+    let counter = gce.as_ref().map(|g| g.calls.clone()).unwrap_or_else(CallCounter::default);
     let config_base: base::ConfigBase = boot.config_base.parse()?;
     let s3_client = aws_sdk_s3::Client::from_conf(base::aws::s3_config(&aws, args.endpoint_url.is_some()).interceptor(counter.clone()).build());
     let s3 = matches!(config_base, base::ConfigBase::S3 { .. }).then(|| s3_client.clone());

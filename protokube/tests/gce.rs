@@ -192,6 +192,10 @@ fn one_pass_claims_its_disk_by_labels_never_formats_a_non_block_device_and_keeps
     assert!(!stderr2.contains("attaching"), "held already: no attach\n{stderr2}");
     g.assert_claimed(&stderr2);
     assert!(stderr2.contains(" 0 dns records"), "converged DNS\n{stderr2}");
+    // Google API calls are counted like the AWS SDK's.
+    let calls: u64 = stderr2.split("cloud_calls=").nth(1).and_then(|r| r.split_whitespace().next()).and_then(|n| n.parse().ok()).unwrap_or(0);
+    assert!(calls > 0, "the pass reports its Compute and Cloud DNS calls\n{stderr2}");
+    eprintln!("converged GCE pass: {calls} API calls");
 }
 
 fn sh(cmd: &str) -> String {

@@ -8,6 +8,7 @@ use reqwest::Method;
 use serde_json::Value;
 
 use super::auth::{TokenError, TokenSource};
+use crate::calls::CallCounter;
 
 /// Attempts of a read (GET) that meets 429 or 5xx.
 const READ_ATTEMPTS: u32 = 4;
@@ -70,6 +71,31 @@ pub fn parse_error(body: &str) -> (String, String) {
 pub struct GoogleApi {
     client: reqwest::Client,
     tokens: TokenSource,
+    counter: Option<CallCounter>,
+}
+
+/// The operation a request is, for counting: `compute/disks.list`, `compute/instances.attachDisk`,
+/// `compute/operations.wait`, `dns/managedZones.changes`, … (the scope — zone, region, global —
+/// left out).
+pub fn op_key(method: &Method, url: &str) -> String {
+    let path = url.split('?').next().unwrap_or(url);
+    let service = if path.contains("/dns/v1/") { "dns" } else { "compute" };
+    let mut segs: Vec<&str> = path.split("/projects/").nth(1).unwrap_or("").split('/').skip(1).filter(|s| !s.is_empty()).collect();
+    if segs.len() > 2 && matches!(segs[0], "zones" | "regions") {
+        segs.drain(..2);
+    } else if segs.first() == Some(&"global") {
+        segs.remove(0);
+    }
+    let op = match (segs.as_slice(), method.as_str()) {
+        ([c], "GET") => format!("{c}.list"),
+        ([c], _) => format!("{c}.insert"),
+        ([c, _], "GET") => format!("{c}.get"),
+        ([c, _], "DELETE") => format!("{c}.delete"),
+        ([c, _], _) => format!("{c}.update"),
+        ([c, _, action, ..], _) => format!("{c}.{action}"),
+        _ => "unknown".to_string(),
+    };
+    format!("{service}/{op}")
 }
 
 impl GoogleApi {
@@ -80,7 +106,13 @@ impl GoogleApi {
             .timeout(timeout)
             .build()
             .map_err(|e| GoogleApiError::Transport { method: Method::GET, url: String::new(), message: e.to_string(), timed_out: false })?;
-        Ok(GoogleApi { client, tokens })
+        Ok(GoogleApi { client, tokens, counter: None })
+    }
+
+    /// Count every call (and its attempts) in `counter`.
+    pub fn with_counter(mut self, counter: CallCounter) -> GoogleApi {
+        self.counter = Some(counter);
+        self
     }
 
     pub async fn get(&self, url: &str) -> Result<Value, GoogleApiError> {
@@ -93,10 +125,20 @@ impl GoogleApi {
 
     /// One call; `timeout` overrides the client's for this request.
     pub async fn call(&self, method: Method, url: &str, body: Option<&Value>, timeout: Option<Duration>) -> Result<Value, GoogleApiError> {
+        let mut attempts = 0;
+        let result = self.attempt(method.clone(), url, body, timeout, &mut attempts).await;
+        if let Some(c) = &self.counter {
+            c.record(&op_key(&method, url), attempts);
+        }
+        result
+    }
+
+    async fn attempt(&self, method: Method, url: &str, body: Option<&Value>, timeout: Option<Duration>, attempts: &mut u64) -> Result<Value, GoogleApiError> {
         let mut attempt = 0;
         let mut refreshed = false;
         loop {
             attempt += 1;
+            *attempts += 1;
             let token = self.tokens.token().await?;
             let mut req = self.client.request(method.clone(), url).bearer_auth(token);
             if let Some(b) = body {
@@ -192,5 +234,18 @@ mod tests {
         assert_eq!(parse_error(body), ("resourceInUseByAnotherResource".into(), "The disk resource 'x' is already being used by 'y'".into()));
         assert_eq!(parse_error(r#"{"error":{"code":403,"message":"no","status":"PERMISSION_DENIED"}}"#).0, "PERMISSION_DENIED");
         assert_eq!(parse_error("<html>bad gateway</html>"), (String::new(), "<html>bad gateway</html>".into()));
+    }
+
+    #[test]
+    fn requests_are_counted_by_operation() {
+        let c = "https://compute.googleapis.com/compute/v1/projects/p";
+        assert_eq!(op_key(&Method::GET, &format!("{c}/zones/z/disks?filter=x")), "compute/disks.list");
+        assert_eq!(op_key(&Method::GET, &format!("{c}/zones/z/disks/d")), "compute/disks.get");
+        assert_eq!(op_key(&Method::POST, &format!("{c}/zones/z/instances/i/attachDisk")), "compute/instances.attachDisk");
+        assert_eq!(op_key(&Method::POST, &format!("{c}/zones/z/operations/o/wait")), "compute/operations.wait");
+        assert_eq!(op_key(&Method::GET, &format!("{c}/regions/r")), "compute/regions.get");
+        let d = "https://dns.googleapis.com/dns/v1/projects/p";
+        assert_eq!(op_key(&Method::GET, &format!("{d}/managedZones")), "dns/managedZones.list");
+        assert_eq!(op_key(&Method::POST, &format!("{d}/managedZones/z/changes")), "dns/managedZones.changes");
     }
 }
