@@ -242,7 +242,11 @@ macro_rules! cni_not_rendered {
 
 macro_rules! addon_not_rendered {
     ($ty:literal, $key:literal, $when:expr, $what:literal) => {
-        f($ty, $key, NotRendered { when: $when, reason: concat!("Keelson does not render ", $what, " yet (the spec compiles as kOps would, but nothing runs it)") })
+        f(
+            $ty,
+            $key,
+            NotRendered { when: $when, reason: concat!("Keelson does not render ", $what, " yet (the spec compiles as kOps would, but nothing runs it)") },
+        )
     };
 }
 

@@ -130,10 +130,15 @@ fn with_kubelet(fixture: String, fields: &[(&str, &str, &str)]) -> String {
 
 fn render(fields: &[(&str, &str, &str)]) -> (Scenario, tempfile::TempDir, Output) {
     let owned: Vec<(String, String, String)> = fields.iter().map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string())).collect();
-    let s = Scenario::edited(Group::ControlPlane, 64, |m, a| vec![m.url(&a.path)], move |text| {
-        let f: Vec<(&str, &str, &str)> = owned.iter().map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str())).collect();
-        with_kubelet(text, &f)
-    });
+    let s = Scenario::edited(
+        Group::ControlPlane,
+        64,
+        |m, a| vec![m.url(&a.path)],
+        move |text| {
+            let f: Vec<(&str, &str, &str)> = owned.iter().map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str())).collect();
+            with_kubelet(text, &f)
+        },
+    );
     let out = tempfile::tempdir().expect("out");
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_nodeup"))
         .args(["render", "--conf"])
@@ -219,7 +224,8 @@ fn render_refuses_a_non_empty_directory_and_a_refused_field() {
     let s = Scenario::new(Group::Worker, 64, |m, a| vec![m.url(&a.path)]);
     let out = tempfile::tempdir().expect("out");
     std::fs::write(out.path().join("x"), "").expect("write");
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_nodeup")).args(["render", "--conf"]).arg(&s.boot).arg("--out").arg(out.path()).output().expect("run");
+    let o =
+        std::process::Command::new(env!("CARGO_BIN_EXE_nodeup")).args(["render", "--conf"]).arg(&s.boot).arg("--out").arg(out.path()).output().expect("run");
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("not empty"), "{}", String::from_utf8_lossy(&o.stderr));
 

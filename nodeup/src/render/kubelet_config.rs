@@ -426,7 +426,9 @@ pub fn split(spec: &KubeletConfigSpec, node: &NodeSettings) -> Result<Split, Kub
     let feature_gates = feature_gates
         .iter()
         .flatten()
-        .map(|(k, v)| go_bool(v).map(|b| (k.clone(), b)).ok_or_else(|| KubeletFieldError { field: "featureGates", message: format!("{k}={v:?}: not a boolean") }))
+        .map(|(k, v)| {
+            go_bool(v).map(|b| (k.clone(), b)).ok_or_else(|| KubeletFieldError { field: "featureGates", message: format!("{k}={v:?}: not a boolean") })
+        })
         .collect::<Result<BTreeMap<_, _>, _>>()?;
     let unsafe_sysctls: Vec<String> = experimental_allowed_unsafe_sysctls.into_iter().flatten().chain(allowed_unsafe_sysctls.into_iter().flatten()).collect();
     let config = KubeletConfiguration {
