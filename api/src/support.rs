@@ -220,9 +220,6 @@ pub static KUBELET: &[Field] = &[
     f("KubeletConfigSpec", "nodeLeaseDurationSeconds", Conf("nodeLeaseDurationSeconds")),
 ];
 
-/// The networking providers Keelson renders (or, for `cni`/`external`, has nothing to render for).
-pub const SUPPORTED_NETWORKING: &str = "calico, cilium, kubenet, gce (GCE IP aliases), cni and external (you install the CNI)";
-
 macro_rules! cni_not_rendered {
     ($key:literal) => {
         f(

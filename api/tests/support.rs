@@ -36,7 +36,7 @@ fn generated_structs() -> BTreeMap<String, Vec<(String, Option<String>)>> {
     let names: BTreeSet<String> = structs.keys().cloned().collect();
     for fields in structs.values_mut() {
         for (_, ty) in fields.iter_mut() {
-            let inner = ty.as_deref().map(|t| t.split(|c: char| !(c.is_alphanumeric() || c == '_')).filter(|w| names.contains(*w)).last().map(str::to_string));
+            let inner = ty.as_deref().map(|t| t.split(|c: char| !(c.is_alphanumeric() || c == '_')).rfind(|w| names.contains(*w)).map(str::to_string));
             *ty = inner.flatten();
         }
     }
