@@ -75,21 +75,19 @@ pub struct Field {
 
 /// The types whose every field (walked recursively into generated types not consumed whole) the
 /// classification test requires to be classified.
-pub const COVERED_ROOTS: &[&str] = &["KubeletConfigSpec", "NetworkingSpec"];
+pub const COVERED_ROOTS: &[&str] = &["KubeletConfigSpec", "NetworkingSpec", "KubeDNSConfig", "ExternalDNSConfig", "ServiceAccountIssuerDiscoveryConfig"];
 
-/// The addon-bearing fields of `ClusterSpec` (and `InstanceGroupSpec.warmPool`), classified too.
+/// The addon-bearing fields of `ClusterSpec` (and `InstanceGroupSpec.warmPool`), classified too
+/// (`kubeDNS`, `externalDns` and `serviceAccountIssuerDiscovery` field by field: covered roots).
 pub const COVERED_FIELDS: &[(&str, &str)] = &[
     ("ClusterSpec", "clusterAutoscaler"),
     ("ClusterSpec", "nodeTerminationHandler"),
     ("ClusterSpec", "metricsServer"),
-    ("ClusterSpec", "kubeDNS"),
     ("ClusterSpec", "awsLoadBalancerController"),
     ("ClusterSpec", "certManager"),
     ("ClusterSpec", "snapshotController"),
     ("ClusterSpec", "nodeProblemDetector"),
-    ("ClusterSpec", "externalDns"),
     ("ClusterSpec", "podIdentityWebhook"),
-    ("ClusterSpec", "serviceAccountIssuerDiscovery"),
     ("ClusterSpec", "karpenter"),
     ("ClusterSpec", "warmPool"),
     ("InstanceGroupSpec", "warmPool"),
@@ -272,30 +270,101 @@ pub static ADDONS: &[Field] = &[
     addon_not_rendered!("ClusterSpec", "clusterAutoscaler", When::Enabled, "the cluster-autoscaler addon"),
     addon_not_rendered!("ClusterSpec", "nodeTerminationHandler", When::NotDisabled, "the aws-node-termination-handler addon"),
     addon_not_rendered!("ClusterSpec", "metricsServer", When::Enabled, "the metrics-server addon"),
-    f("ClusterSpec", "kubeDNS", By("the coredns addon (spec-compiler/src/addons/coredns.rs) and the kubelet's clusterDNS; see KubeDNSConfig.nodeLocalDNS")),
     addon_not_rendered!("KubeDNSConfig", "nodeLocalDNS", When::Enabled, "the node-local-dns addon"),
     addon_not_rendered!("ClusterSpec", "awsLoadBalancerController", When::Enabled, "the aws-load-balancer-controller addon"),
     addon_not_rendered!("ClusterSpec", "certManager", When::Enabled, "the cert-manager addon"),
     addon_not_rendered!("ClusterSpec", "snapshotController", When::Enabled, "the snapshot-controller addon"),
     addon_not_rendered!("ClusterSpec", "nodeProblemDetector", When::Enabled, "the node-problem-detector addon"),
-    f("ClusterSpec", "externalDns", By("protokube keeps the API's DNS records (Keelson's dns-controller); see ExternalDNSConfig.provider")),
     addon_not_rendered!("ExternalDNSConfig", "provider", When::Equals("external-dns"), "the external-dns addon"),
     addon_not_rendered!("ClusterSpec", "podIdentityWebhook", When::Enabled, "the pod-identity-webhook addon"),
-    f("ClusterSpec", "serviceAccountIssuerDiscovery", By("the compiler: kube-apiserver's service-account issuer; see its enableAWSOIDCProvider")),
+    addon_not_rendered!("ClusterSpec", "karpenter", When::Enabled, "the karpenter addon"),
+    addon_not_rendered!("ClusterSpec", "warmPool", When::Present, "Auto Scaling warm pools"),
+    addon_not_rendered!("InstanceGroupSpec", "warmPool", When::Present, "Auto Scaling warm pools"),
+];
+
+const COREDNS: &str = "the coredns addon (spec-compiler/src/addons/coredns.rs)";
+
+/// `KubeDNSConfig` (spec.kubeDNS): the CoreDNS addon, the kubelet's cluster DNS.
+pub static KUBE_DNS: &[Field] = &[
+    f(
+        "KubeDNSConfig",
+        "cacheMaxSize",
+        NotRendered {
+            when: When::Present,
+            reason: "a dnsmasq setting of the kube-dns provider: CoreDNS caches with `cache 30` (kOps ignores it too); remove it",
+        },
+    ),
+    f(
+        "KubeDNSConfig",
+        "cacheMaxConcurrent",
+        NotRendered {
+            when: When::Present,
+            reason: "a dnsmasq setting of the kube-dns provider: CoreDNS forwards with `max_concurrent 1000` (kOps ignores it too); remove it",
+        },
+    ),
+    f("KubeDNSConfig", "tolerations", By(COREDNS)),
+    f("KubeDNSConfig", "affinity", By(COREDNS)),
+    f("KubeDNSConfig", "coreDNSImage", By(COREDNS)),
+    f(
+        "KubeDNSConfig",
+        "cpaImage",
+        NotRendered { when: When::Present, reason: "Keelson runs no cluster-proportional-autoscaler (CoreDNS runs two replicas); remove it" },
+    ),
+    f("KubeDNSConfig", "domain", By(COREDNS)),
+    f("KubeDNSConfig", "externalCoreFile", By(COREDNS)),
+    f("KubeDNSConfig", "image", NotRendered { when: When::Present, reason: "unused (kOps' API says so; the CoreDNS image is coreDNSImage); remove it" }),
+    f("KubeDNSConfig", "replicas", NotRendered { when: When::Present, reason: "unused (kOps' API says so; CoreDNS runs two replicas); remove it" }),
+    f(
+        "KubeDNSConfig",
+        "provider",
+        NotRendered { when: When::Equals("KubeDNS"), reason: "Keelson does not render kube-dns: use provider CoreDNS (the default)" },
+    ),
+    f("KubeDNSConfig", "serverIP", By("the coredns addon's Service and the kubelet's clusterDNS (the compiler)")),
+    f("KubeDNSConfig", "stubDomains", By(COREDNS)),
+    f("KubeDNSConfig", "upstreamNameservers", By(COREDNS)),
+    f("KubeDNSConfig", "memoryRequest", By(COREDNS)),
+    f("KubeDNSConfig", "cpuRequest", By(COREDNS)),
+    f("KubeDNSConfig", "memoryLimit", By(COREDNS)),
+    f("KubeDNSConfig", "podAnnotations", By(COREDNS)),
+];
+
+const DNS_CONTROLLER: &str = "Keelson has no dns-controller: protokube on the control planes keeps the API's DNS records";
+
+/// `ExternalDNSConfig` (spec.externalDns): kOps' dns-controller or external-dns.
+pub static EXTERNAL_DNS: &[Field] = &[
+    f("ExternalDNSConfig", "disable", NotRendered { when: When::True, reason: "protokube keeps the API's DNS records and cannot be turned off; remove it" }),
+    f("ExternalDNSConfig", "watchIngress", NotRendered { when: When::True, reason: DNS_CONTROLLER }),
+    f("ExternalDNSConfig", "watchNamespace", NotRendered { when: When::Present, reason: DNS_CONTROLLER }),
+    f("ExternalDNSConfig", "priorityClassName", NotRendered { when: When::Present, reason: DNS_CONTROLLER }),
+];
+
+/// `ServiceAccountIssuerDiscoveryConfig` (spec.serviceAccountIssuerDiscovery).
+pub static DISCOVERY: &[Field] = &[
+    f(
+        "ServiceAccountIssuerDiscoveryConfig",
+        "discoveryStore",
+        NotRendered {
+            when: When::Present,
+            reason: "Keelson does not publish the discovery documents (OpenID configuration, JWKS) to the store yet (the API server's issuer is set from it)",
+        },
+    ),
+    f("ServiceAccountIssuerDiscoveryConfig", "discoveryService", By("the compiler: kube-apiserver's --service-account-issuer")),
     addon_not_rendered!(
         "ServiceAccountIssuerDiscoveryConfig",
         "enableAWSOIDCProvider",
         When::True,
         "the IAM OIDC provider and the published discovery documents (IRSA)"
     ),
-    addon_not_rendered!("ClusterSpec", "karpenter", When::Enabled, "the karpenter addon"),
-    addon_not_rendered!("ClusterSpec", "warmPool", When::Present, "Auto Scaling warm pools"),
-    addon_not_rendered!("InstanceGroupSpec", "warmPool", When::Present, "Auto Scaling warm pools"),
+    f(
+        "ServiceAccountIssuerDiscoveryConfig",
+        "additionalAudiences",
+        NotRendered { when: When::Present, reason: "Keelson does not add them to kube-apiserver's --api-audiences yet" },
+    ),
 ];
 
 /// Every classified field.
 pub fn all() -> impl Iterator<Item = &'static Field> {
-    KUBELET.iter().chain(NETWORKING).chain(ADDONS)
+    KUBELET.iter().chain(NETWORKING).chain(ADDONS).chain(KUBE_DNS).chain(EXTERNAL_DNS).chain(DISCOVERY)
 }
 
 /// How the field `key` of the generated type `ty` is used, if classified.
