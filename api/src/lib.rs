@@ -11,6 +11,7 @@ pub mod merge;
 pub mod names;
 pub mod nodeup;
 pub mod ports;
+pub mod support;
 pub mod types;
 pub mod validate;
 pub use validate::{aws_region_of_zone, validate, ValidationError};

@@ -274,6 +274,8 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
             }
         }
     }
+    // Fields no supported component has (kubelet flags removed upstream): refused by every command.
+    r.errors.extend(crate::support::refusals(docs).into_iter().filter(|x| !x.not_rendered).map(|x| x.error));
     r.errors
 }
 

@@ -243,6 +243,14 @@ pub(crate) fn load_for_cloud(common: &Common) -> anyhow::Result<Result<Loaded, E
         Err(code) => return Ok(Err(code)),
     };
     let file = common.file.display().to_string();
+    // A cluster is built only from what Keelson runs: no silently missing addon or CNI.
+    let refused = keelson_api::support::not_rendered(&docs);
+    for e in &refused {
+        eprintln!("{file}: {e}");
+    }
+    if !refused.is_empty() {
+        return Ok(Err(ExitCode::from(1)));
+    }
     let (model, compiled) = prepare(&docs, &options).with_context(|| format!("{file}: building the cloud model"))?;
     for w in &compiled.warnings {
         eprintln!("keelson: warning: {file}: {w}");

@@ -185,6 +185,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let file = file.context("keelson validate: give -f SPEC (or `validate cluster -f SPEC`)")?;
             match load_spec(&file) {
                 Ok(docs) => {
+                    // What Keelson would not run: refused here (`compile` only warns).
+                    let refused = keelson_api::support::not_rendered(&docs);
+                    for e in &refused {
+                        eprintln!("{}: {e}", file.display());
+                    }
+                    if !refused.is_empty() {
+                        return Ok(ExitCode::from(1));
+                    }
                     println!("{}: valid ({} instance groups)", file.display(), docs.instance_groups.len());
                     Ok(ExitCode::SUCCESS)
                 }
@@ -207,6 +215,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 cas: Default::default(),
             };
             let compiled = spec_compiler::compile(&docs, &options).with_context(|| format!("compiling {}", file.display()))?;
+            for w in keelson_api::support::not_rendered(&docs) {
+                eprintln!("keelson: warning: {}: {w} (`keelson validate` and `apply` refuse it)", file.display());
+            }
             for w in &compiled.warnings {
                 eprintln!("keelson: warning: {}: {w}", file.display());
             }

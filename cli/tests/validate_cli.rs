@@ -181,3 +181,27 @@ fn all_errors_are_reported_together() {
     assert_eq!(code, 1);
     assert_eq!(stderr.lines().count(), 3, "one line per error:\n{stderr}");
 }
+
+/// A CNI Keelson does not render: `validate` refuses it with its path, `compile` still writes
+/// kOps' output and warns; a kubelet flag no kubelet has is refused by both.
+#[test]
+fn unrendered_and_refused_fields_are_named_with_their_path() {
+    let flannel = minimal().replace("  networking:\n    cni: {}\n", "  networking:\n    flannel: {}\n");
+    assert_ne!(flannel, minimal(), "the example uses networking.cni");
+    expect(flannel.as_bytes(), 1, &["spec.networking.flannel: Keelson does not render flannel yet", "supported: calico, cilium"]);
+    let mut f = tempfile::NamedTempFile::new().expect("temp file");
+    f.write_all(flannel.as_bytes()).expect("write");
+    let out_dir = tempfile::tempdir().expect("out");
+    let out = keelson(&["compile", "-f", f.path().to_str().expect("utf-8"), "--out", out_dir.path().to_str().expect("utf-8"), "--offline"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "compile keeps kOps' output: {stderr}");
+    assert!(stderr.contains("warning") && stderr.contains("spec.networking.flannel"), "{stderr}");
+
+    let dockershim = minimal().replace("  kubelet:\n    anonymousAuth: false\n", "  kubelet:\n    anonymousAuth: false\n    networkPluginName: cni\n");
+    assert_ne!(dockershim, minimal(), "the example sets spec.kubelet");
+    expect(dockershim.as_bytes(), 1, &["spec.kubelet.networkPluginName: a dockershim setting"]);
+    let mut f = tempfile::NamedTempFile::new().expect("temp file");
+    f.write_all(dockershim.as_bytes()).expect("write");
+    let out = keelson(&["compile", "-f", f.path().to_str().expect("utf-8"), "--out", out_dir.path().to_str().expect("utf-8"), "--offline"]);
+    assert_eq!(out.status.code(), Some(1), "compile refuses it too: {}", String::from_utf8_lossy(&out.stderr));
+}

@@ -1,11 +1,12 @@
-//! `nodeup --conf BOOTCONFIG [--root DIR] [--target direct|dryrun] [--cache-dir DIR]`
+//! `nodeup --conf BOOTCONFIG [--root DIR] [--target direct|dryrun] [--cache-dir DIR]`,
+//! `nodeup render --conf BOOTCONFIG --out DIR`
 
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use nodeup::run::{run, Options};
 use nodeup::tasks::Target;
 
@@ -16,11 +17,19 @@ enum TargetArg {
 }
 
 #[derive(Parser)]
-#[command(name = "nodeup", version, args_override_self = true, about = "Configure this host as a Kubernetes node from its BootConfig")]
+#[command(
+    name = "nodeup",
+    version,
+    args_override_self = true,
+    args_conflicts_with_subcommands = true,
+    about = "Configure this host as a Kubernetes node from its BootConfig"
+)]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Sub>,
     /// The BootConfig (from user-data).
     #[arg(long)]
-    conf: PathBuf,
+    conf: Option<PathBuf>,
     /// Make every path relative to DIR; services are then enabled but not started.
     #[arg(long, default_value = "/")]
     root: PathBuf,
@@ -30,6 +39,42 @@ struct Cli {
     /// Download cache, keyed by sha256 (default: ROOT/var/cache/nodeup).
     #[arg(long = "cache-dir")]
     cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    facts: FactArgs,
+    /// Per-request connect and read-inactivity timeout, seconds.
+    #[arg(long = "http-timeout", default_value_t = 30.0)]
+    http_timeout: f64,
+    /// Rounds over an asset's URLs before giving up.
+    #[arg(long = "retry-rounds", default_value_t = 3)]
+    retry_rounds: u32,
+    /// Backoff before the second round, milliseconds (doubles each round).
+    #[arg(long = "retry-backoff-ms", default_value_t = 500)]
+    retry_backoff_ms: u64,
+}
+
+#[derive(Subcommand)]
+enum Sub {
+    /// Write what nodeup would write for this BootConfig — files, units, static pod manifests,
+    /// kubelet.conf and the kubelet's flags, certificates — into an empty directory DIR, without
+    /// downloading, installing or starting anything (those are listed instead).
+    Render {
+        /// The BootConfig (from user-data).
+        #[arg(long)]
+        conf: PathBuf,
+        /// The directory to write into, as if it were the host's `/` (created; must be empty).
+        #[arg(long)]
+        out: PathBuf,
+        #[command(flatten)]
+        facts: FactArgs,
+        /// State-store timeout, seconds.
+        #[arg(long = "http-timeout", default_value_t = 30.0)]
+        http_timeout: f64,
+    },
+}
+
+/// The instance's facts: flags win over the metadata services.
+#[derive(Args, Clone)]
+struct FactArgs {
     /// Asset architecture (amd64, arm64); default: this machine's.
     #[arg(long)]
     arch: Option<String>,
@@ -45,15 +90,6 @@ struct Cli {
     zone: Option<String>,
     #[arg(long)]
     region: Option<String>,
-    /// Per-request connect and read-inactivity timeout, seconds.
-    #[arg(long = "http-timeout", default_value_t = 30.0)]
-    http_timeout: f64,
-    /// Rounds over an asset's URLs before giving up.
-    #[arg(long = "retry-rounds", default_value_t = 3)]
-    retry_rounds: u32,
-    /// Backoff before the second round, milliseconds (doubles each round).
-    #[arg(long = "retry-backoff-ms", default_value_t = 500)]
-    retry_backoff_ms: u64,
     /// Instance metadata (IMDSv2) base URL; default: asked only on a live AWS host
     /// (http://169.254.169.254), for the facts no flag gave.
     #[arg(long = "imds-url")]
@@ -62,6 +98,19 @@ struct Cli {
     /// (metadata.google.internal, or $GCE_METADATA_HOST), for the facts no flag gave.
     #[arg(long = "gce-metadata")]
     gce_metadata: Option<String>,
+}
+
+/// `DIR` for `nodeup render`: never the live root, and empty (so it shows exactly one render).
+fn render_dir(out: &Path) -> Result<PathBuf, String> {
+    std::fs::create_dir_all(out).map_err(|e| format!("creating {}: {e}", out.display()))?;
+    let dir = out.canonicalize().map_err(|e| format!("{}: {e}", out.display()))?;
+    if dir == Path::new("/") {
+        return Err("render --out /: refusing to write into the live root (use `nodeup --conf` to configure this host)".into());
+    }
+    if std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?.next().is_some() {
+        return Err(format!("render --out {}: the directory is not empty", out.display()));
+    }
+    Ok(dir)
 }
 
 fn main() -> ExitCode {
@@ -86,27 +135,64 @@ fn main() -> ExitCode {
             }
         }
     }
-    let target = match cli.target {
-        TargetArg::Direct => Target::Direct,
-        TargetArg::Dryrun => Target::DryRun,
-    };
-    let opts = Options {
-        conf: cli.conf,
-        root: cli.root,
-        target,
-        cache_dir: cli.cache_dir,
-        arch: cli.arch,
-        hostname: cli.hostname,
-        internal_ip: cli.internal_ip,
-        instance_id: cli.instance_id,
-        zone: cli.zone,
-        region: cli.region,
-        http_timeout: Duration::from_secs_f64(cli.http_timeout.clamp(0.1, 600.0)),
-        retry_rounds: cli.retry_rounds.clamp(1, 20),
-        retry_backoff: Duration::from_millis(cli.retry_backoff_ms.min(60_000)),
-        imds_url: cli.imds_url,
-        gce_metadata: cli.gce_metadata,
-        renewal_interval,
+    let (opts, target) = match cli.command {
+        Some(Sub::Render { conf, out, facts, http_timeout }) => {
+            let root = match render_dir(&out) {
+                Ok(d) => d,
+                Err(e) => {
+                    eprintln!("nodeup: error: {e}");
+                    return ExitCode::from(1);
+                }
+            };
+            let opts = Options {
+                conf,
+                cache_dir: Some(root.join(".nodeup-render-cache")),
+                root,
+                target: Target::Render,
+                arch: facts.arch,
+                hostname: facts.hostname,
+                internal_ip: facts.internal_ip,
+                instance_id: facts.instance_id,
+                zone: facts.zone,
+                region: facts.region,
+                http_timeout: Duration::from_secs_f64(http_timeout.clamp(0.1, 600.0)),
+                retry_rounds: 1,
+                retry_backoff: Duration::ZERO,
+                imds_url: facts.imds_url,
+                gce_metadata: facts.gce_metadata,
+                renewal_interval,
+            };
+            (opts, Target::Render)
+        }
+        None => {
+            let Some(conf) = cli.conf else {
+                eprintln!("nodeup: error: give --conf BOOTCONFIG (or `nodeup render --conf BOOTCONFIG --out DIR`)");
+                return ExitCode::from(2);
+            };
+            let target = match cli.target {
+                TargetArg::Direct => Target::Direct,
+                TargetArg::Dryrun => Target::DryRun,
+            };
+            let opts = Options {
+                conf,
+                root: cli.root,
+                target,
+                cache_dir: cli.cache_dir,
+                arch: cli.facts.arch,
+                hostname: cli.facts.hostname,
+                internal_ip: cli.facts.internal_ip,
+                instance_id: cli.facts.instance_id,
+                zone: cli.facts.zone,
+                region: cli.facts.region,
+                http_timeout: Duration::from_secs_f64(cli.http_timeout.clamp(0.1, 600.0)),
+                retry_rounds: cli.retry_rounds.clamp(1, 20),
+                retry_backoff: Duration::from_millis(cli.retry_backoff_ms.min(60_000)),
+                imds_url: cli.facts.imds_url,
+                gce_metadata: cli.facts.gce_metadata,
+                renewal_interval,
+            };
+            (opts, target)
+        }
     };
     let outcome = match run(&opts) {
         Ok(o) => o,
@@ -118,14 +204,25 @@ fn main() -> ExitCode {
     for w in &outcome.warnings {
         eprintln!("nodeup: warning: {w}");
     }
-    let dry = target == Target::DryRun;
-    for r in &outcome.report.results {
-        for c in &r.changes {
-            println!("{}{}: {c}", if dry { "would: " } else { "" }, r.name);
+    if target == Target::Render {
+        for r in outcome.report.results.iter().filter(|r| !r.applied) {
+            for c in &r.changes {
+                println!("not rendered: {}: {c}", r.name);
+            }
         }
-    }
-    for c in &outcome.recorded_commands {
-        println!("not run (root {}): {c}", opts.root.display());
+        for c in &outcome.recorded_commands {
+            println!("not run: {c}");
+        }
+    } else {
+        let dry = target == Target::DryRun;
+        for r in &outcome.report.results {
+            for c in &r.changes {
+                println!("{}{}: {c}", if dry { "would: " } else { "" }, r.name);
+            }
+        }
+        for c in &outcome.recorded_commands {
+            println!("not run (root {}): {c}", opts.root.display());
+        }
     }
     let failed = outcome.report.failed();
     for f in &failed {
@@ -133,7 +230,14 @@ fn main() -> ExitCode {
     }
     let n = outcome.report.results.len();
     let m = outcome.report.changed();
-    println!("nodeup: {n} tasks, {m} {}", if dry { "would change" } else { "changed" });
+    match target {
+        Target::Render => {
+            let written = outcome.report.results.iter().filter(|r| r.applied).count();
+            println!("nodeup: {n} tasks, {written} rendered into {}, {} not rendered", opts.root.display(), m - written);
+        }
+        Target::DryRun => println!("nodeup: {n} tasks, {m} would change"),
+        Target::Direct => println!("nodeup: {n} tasks, {m} changed"),
+    }
     if failed.is_empty() {
         ExitCode::SUCCESS
     } else {

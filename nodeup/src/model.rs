@@ -227,10 +227,15 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         kubelet_spec.bootstrap_kubeconfig = Some(paths::KUBELET_BOOTSTRAP_KUBECONFIG.into());
     }
     let provider_id = provider_id(&inp.boot.cloud_provider, inp.facts);
-    let kc = kubelet::configuration(&kubelet_spec, cc.address.as_deref(), runs_api, provider_id).map_err(render_err(paths::KUBELET_CONFIG))?;
+    let kc =
+        kubelet::configuration(&kubelet_spec, cc.address.as_deref(), runs_api, provider_id).map_err(|e| render_err(paths::KUBELET_CONFIG)(e.to_string()))?;
     let kc_yaml = serde_yaml_ng::to_string(&kc).map_err(|e| render_err(paths::KUBELET_CONFIG)(e.to_string()))?;
     tasks.push(Box::new(FileTask::new(paths::KUBELET_CONFIG, kc_yaml, 0o644)));
-    tasks.push(Box::new(FileTask::new(paths::KUBELET_SYSCONFIG, kubelet::sysconfig(&kubelet_spec, node_ip.as_deref(), has_ecr), 0o644)));
+    tasks.push(Box::new(FileTask::new(
+        paths::KUBELET_SYSCONFIG,
+        kubelet::sysconfig(&kubelet_spec, node_ip.as_deref(), has_ecr).map_err(|e| render_err(paths::KUBELET_SYSCONFIG)(e.to_string()))?,
+        0o644,
+    )));
     if has_ecr {
         tasks.push(Box::new(FileTask::new(
             paths::KUBELET_CREDENTIAL_PROVIDER_CONFIG,

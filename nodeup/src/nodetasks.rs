@@ -148,6 +148,9 @@ pub struct DownloadTask {
 }
 
 impl Task<Ctx<'_>> for DownloadTask {
+    fn renders(&self) -> bool {
+        false
+    }
     fn name(&self) -> String {
         download_task_name(&self.asset)
     }
@@ -179,6 +182,9 @@ impl InstallTask {
 }
 
 impl Task<Ctx<'_>> for InstallTask {
+    fn renders(&self) -> bool {
+        false
+    }
     fn name(&self) -> String {
         format!("install:{}", self.dest)
     }
@@ -244,6 +250,9 @@ impl InstallArchiveTask {
 }
 
 impl Task<Ctx<'_>> for InstallArchiveTask {
+    fn renders(&self) -> bool {
+        false
+    }
     fn name(&self) -> String {
         format!("install:{}", self.asset.name())
     }

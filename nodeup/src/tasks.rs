@@ -34,11 +34,14 @@ impl TaskError {
     }
 }
 
-/// Where changes go: applied to the host, or only reported.
+/// Where changes go: applied to the host, only reported, or rendered: the tasks that only write
+/// files from what the model holds are applied (under a root that is not `/`), the others
+/// (downloads, installs from the cache, the network join) only reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
     Direct,
     DryRun,
+    Render,
 }
 
 /// One unit of desired state, checked and applied with the context `C` (everything a task may use).
@@ -57,6 +60,11 @@ pub trait Task<C: ?Sized>: Send + Sync {
     fn paths(&self) -> Vec<String> {
         Vec::new()
     }
+    /// Whether [`Target::Render`] applies this task: it writes only what the model holds (no
+    /// download, no network, no process; commands are recorded under a root other than `/`).
+    fn renders(&self) -> bool {
+        true
+    }
 }
 
 /// What one task did.
@@ -65,6 +73,8 @@ pub struct TaskResult {
     pub name: String,
     pub changes: Vec<String>,
     pub error: Option<String>,
+    /// The changes were applied (not only reported).
+    pub applied: bool,
 }
 
 /// The result of a run.
@@ -166,13 +176,13 @@ pub fn run<C: Sync + ?Sized, T: Task<C> + ?Sized>(tasks: &[Box<T>], ctx: &C, tar
                     run_one(task.as_ref(), ctx, target, deps_changed)
                 };
                 let (state, result) = match outcome {
-                    Ok(changes) => {
+                    Ok((changes, applied)) => {
                         for c in &changes {
                             tracing::info!("{name}: {c}");
                         }
-                        (State::Done { changed: !changes.is_empty() }, TaskResult { name, changes, error: None })
+                        (State::Done { changed: !changes.is_empty() }, TaskResult { name, changes, error: None, applied })
                     }
-                    Err(e) => (State::Failed, TaskResult { name, changes: Vec::new(), error: Some(error_chain(&e)) }),
+                    Err(e) => (State::Failed, TaskResult { name, changes: Vec::new(), error: Some(error_chain(&e)), applied: false }),
                 };
                 results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(result);
                 states.lock().unwrap_or_else(|e| e.into_inner())[i] = state;
@@ -184,16 +194,21 @@ pub fn run<C: Sync + ?Sized, T: Task<C> + ?Sized>(tasks: &[Box<T>], ctx: &C, tar
     Ok(Report { results: results.into_iter().flatten().collect() })
 }
 
-fn run_one<C: ?Sized, T: Task<C> + ?Sized>(task: &T, ctx: &C, target: Target, deps_changed: bool) -> Result<Vec<String>, TaskError> {
+/// The changes found, and whether they were applied.
+fn run_one<C: ?Sized, T: Task<C> + ?Sized>(task: &T, ctx: &C, target: Target, deps_changed: bool) -> Result<(Vec<String>, bool), TaskError> {
     let changes = task.check(ctx, deps_changed)?;
     if changes.is_empty() {
-        return Ok(changes);
+        return Ok((changes, false));
     }
-    match target {
-        Target::DryRun => {}
-        Target::Direct => task.apply(ctx, deps_changed)?,
+    let apply = match target {
+        Target::DryRun => false,
+        Target::Direct => true,
+        Target::Render => task.renders(),
+    };
+    if apply {
+        task.apply(ctx, deps_changed)?;
     }
-    Ok(changes)
+    Ok((changes, apply))
 }
 
 /// `error: cause: cause` on one line.
@@ -281,6 +296,34 @@ mod tests {
         let r = ctx_run(&tasks, Target::DryRun);
         assert_eq!(r.changed(), 1);
         assert_eq!(applied.load(Ordering::SeqCst), 0, "dry run applies nothing");
+    }
+
+    #[test]
+    fn render_applies_only_the_tasks_that_render() {
+        struct Remote(Arc<AtomicUsize>);
+        impl Task<()> for Remote {
+            fn name(&self) -> String {
+                "remote".into()
+            }
+            fn check(&self, _: &(), _: bool) -> Result<Vec<String>, TaskError> {
+                Ok(vec!["download".into()])
+            }
+            fn apply(&self, _: &(), _: bool) -> Result<(), TaskError> {
+                self.0.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+            fn renders(&self) -> bool {
+                false
+            }
+        }
+        let (mut tasks, _, applied) = mk(&[("file", &["remote"], true, false)]);
+        let remote = Arc::new(AtomicUsize::new(0));
+        tasks.push(Box::new(Remote(remote.clone())));
+        let r = ctx_run(&tasks, Target::Render);
+        assert_eq!(applied.load(Ordering::SeqCst), 1, "the file task is written");
+        assert_eq!(remote.load(Ordering::SeqCst), 0, "the download is only reported");
+        let applied: Vec<_> = r.results.iter().map(|t| (t.name.as_str(), t.applied)).collect();
+        assert_eq!(applied, [("file", true), ("remote", false)]);
     }
 
     #[test]

@@ -160,6 +160,10 @@ impl JoinTask {
 }
 
 impl Task<Ctx<'_>> for JoinTask {
+    /// The join talks to the join server: a render only reports it.
+    fn renders(&self) -> bool {
+        false
+    }
     fn name(&self) -> String {
         TASK_NAME.into()
     }

@@ -3,6 +3,7 @@
 pub mod containerd;
 pub mod hooks;
 pub mod kubelet;
+pub mod kubelet_config;
 pub mod manifests;
 pub mod systemd;
 

@@ -1,0 +1,222 @@
+//! Every field is consumed or refused: the classification table (`keelson_api::support`) against
+//! the generated types themselves. The field list is read from `api/src/generated.rs`, which
+//! `tools/gen_api_types.py` writes in one regular shape (`#[serde(rename = "key", …)]` over
+//! `pub field: Option<Type>,`), so a field the generator adds is seen here without any list to
+//! keep by hand.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use keelson_api::support::{self, Use, COVERED_FIELDS, COVERED_ROOTS};
+use keelson_api::{parse_documents, validate};
+
+const GENERATED: &str = include_str!("../src/generated.rs");
+
+/// struct name → [(json key, the generated type named in the field's type, if any)].
+fn generated_structs() -> BTreeMap<String, Vec<(String, Option<String>)>> {
+    let mut structs: BTreeMap<String, Vec<(String, Option<String>)>> = BTreeMap::new();
+    let mut current: Option<String> = None;
+    let mut key: Option<String> = None;
+    for line in GENERATED.lines() {
+        let t = line.trim();
+        if let Some(rest) = t.strip_prefix("pub struct ") {
+            let name = rest.trim_end_matches(" {").trim().to_string();
+            structs.entry(name.clone()).or_default();
+            current = Some(name);
+        } else if t == "}" {
+            current = None;
+        } else if let Some(rest) = t.strip_prefix("#[serde(rename = \"") {
+            key = rest.split('"').next().map(str::to_string);
+        } else if let (Some(s), Some(k), Some(rest)) = (&current, &key, t.strip_prefix("pub ")) {
+            let ty = rest.split_once(':').map(|(_, ty)| ty.trim().trim_end_matches(',')).unwrap_or_default();
+            structs.get_mut(s).expect("struct").push((k.clone(), Some(ty.to_string())));
+            key = None;
+        }
+    }
+    // Keep only type names that are generated structs (the innermost identifier of the type).
+    let names: BTreeSet<String> = structs.keys().cloned().collect();
+    for fields in structs.values_mut() {
+        for (_, ty) in fields.iter_mut() {
+            let inner = ty.as_deref().map(|t| t.split(|c: char| !(c.is_alphanumeric() || c == '_')).rfind(|w| names.contains(*w)).map(str::to_string));
+            *ty = inner.flatten();
+        }
+    }
+    structs
+}
+
+/// Leaves under `ty` (path from `path`) that the table does not classify. A classified field
+/// ends the walk (its use covers its sub-fields); an unclassified struct is walked into.
+fn unclassified(structs: &BTreeMap<String, Vec<(String, Option<String>)>>, ty: &str, path: &str, seen: &mut BTreeSet<String>, out: &mut Vec<String>) {
+    if !seen.insert(ty.to_string()) {
+        return;
+    }
+    let Some(fields) = structs.get(ty) else {
+        out.push(format!("{path}: type {ty} is not in generated.rs"));
+        return;
+    };
+    for (key, inner) in fields {
+        let p = format!("{path}.{key}");
+        if support::classify(ty, key).is_some() {
+            continue;
+        }
+        match inner {
+            Some(inner) => unclassified(structs, inner, &p, seen, out),
+            None => out.push(format!("{p} ({ty}.{key})")),
+        }
+    }
+    seen.remove(ty);
+}
+
+#[test]
+fn every_covered_field_is_consumed_or_refused() {
+    let structs = generated_structs();
+    assert!(structs.get("KubeletConfigSpec").is_some_and(|f| f.len() > 90), "the generated.rs reader found KubeletConfigSpec's fields");
+    let mut missing = Vec::new();
+    for root in COVERED_ROOTS {
+        unclassified(&structs, root, root, &mut BTreeSet::new(), &mut missing);
+        // Every field of a covered root is in the table itself (not only reached through it).
+        for (key, _) in &structs[*root] {
+            if support::classify(root, key).is_none() {
+                missing.push(format!("{root}.{key}: not in the table"));
+            }
+        }
+    }
+    for (ty, key) in COVERED_FIELDS {
+        let exists = structs.get(*ty).is_some_and(|f| f.iter().any(|(k, _)| k == key));
+        assert!(exists, "{ty}.{key} is not a field of the generated types");
+        if support::classify(ty, key).is_none() {
+            missing.push(format!("{ty}.{key}: not in the table"));
+        }
+    }
+    missing.sort();
+    missing.dedup();
+    assert!(missing.is_empty(), "fields neither consumed nor refused ({}):\n{}", missing.len(), missing.join("\n"));
+}
+
+#[test]
+fn every_table_entry_is_a_generated_field_once() {
+    let structs = generated_structs();
+    let mut seen = BTreeSet::new();
+    for f in support::all() {
+        assert!(structs.get(f.ty).is_some_and(|fs| fs.iter().any(|(k, _)| k == f.key)), "{}.{} is not a generated field", f.ty, f.key);
+        assert!(seen.insert((f.ty, f.key)), "{}.{} is classified twice", f.ty, f.key);
+    }
+}
+
+/// The rest of the spec, not yet classified: counted, so the report can say what remains.
+#[test]
+fn what_remains_unclassified_outside_the_covered_roots_is_counted() {
+    let structs = generated_structs();
+    let mut rest = Vec::new();
+    for root in ["ClusterSpec", "InstanceGroupSpec"] {
+        unclassified(&structs, root, root, &mut BTreeSet::new(), &mut rest);
+    }
+    rest.sort();
+    rest.dedup();
+    let mut by_field: BTreeMap<String, usize> = BTreeMap::new();
+    for p in &rest {
+        let top: Vec<&str> = p.split(' ').next().unwrap_or_default().split('.').take(2).collect();
+        *by_field.entry(top.join(".")).or_default() += 1;
+    }
+    eprintln!("unclassified leaves outside the covered roots: {}", rest.len());
+    for (field, n) in &by_field {
+        eprintln!("  {field}: {n}");
+    }
+    // The covered roots contribute none.
+    for root in COVERED_ROOTS {
+        assert!(!rest.iter().any(|p| p.contains(&format!("({root}."))), "{root} has an unclassified field");
+    }
+}
+
+const CLUSTER: &str = "apiVersion: kops.k8s.io/v1alpha2
+kind: Cluster
+metadata:
+  name: t.example.com
+spec:
+  cloudProvider: aws
+  kubernetesVersion: 1.34.2
+  networkCIDR: 10.0.0.0/16
+  subnets:
+  - {name: a, zone: eu-west-1a, cidr: 10.0.1.0/24, type: Public}
+";
+
+fn spec_with(extra: &str) -> keelson_api::Documents {
+    let text = format!("{CLUSTER}{extra}");
+    parse_documents(text.as_bytes()).unwrap_or_else(|e| panic!("parse {extra}: {e:?}"))
+}
+
+/// The Rust type of the generated field `ty.key`, as written in generated.rs.
+fn field_type(ty: &str, key: &str) -> Option<String> {
+    let body = GENERATED.split(&format!("pub struct {ty} {{")).nth(1)?.split("\n}").next()?;
+    let after = body.split(&format!("rename = \"{key}\"")).nth(1)?;
+    let line = after.lines().find(|l| l.trim().starts_with("pub "))?;
+    Some(line.split_once(':')?.1.trim().trim_end_matches(',').to_string())
+}
+
+/// A value of the field's type (YAML): enough for the field to be set.
+fn sample(ty: &str, key: &str) -> Option<String> {
+    Some(match field_type(ty, key)?.as_str() {
+        t if t.contains("bool") => "true".into(),
+        t if t.contains("i64") => "1".into(),
+        t if t.contains("Duration") => "1m0s".into(),
+        t if t.contains("Cidr") => "10.9.0.0/16".into(),
+        t if t.contains("Vec<") => "[x]".into(),
+        _ => "x".into(),
+    })
+}
+
+#[test]
+fn every_refused_kubelet_field_is_refused_by_validation_with_its_path() {
+    for f in support::KUBELET {
+        let Use::Refused(reason) = f.used else { continue };
+        let value = sample(f.ty, f.key).expect("field type");
+        let docs = spec_with(&format!("  kubelet:\n    {}: {value}\n", f.key));
+        let errors = validate(&docs);
+        let path = format!("spec.kubelet.{}", f.key);
+        assert!(errors.iter().any(|e| e.path == path && e.message == reason), "{path}: not refused: {errors:?}");
+    }
+    // The version-bound one: a flag before 1.34, refused from 1.34 on.
+    let docs = spec_with("  kubelet:\n    registerSchedulable: false\n");
+    assert!(validate(&docs).iter().any(|e| e.path == "spec.kubelet.registerSchedulable"));
+    let older = parse_documents(format!("{CLUSTER}  kubelet:\n    registerSchedulable: false\n").replace("1.34.2", "1.33.5").as_bytes()).expect("parse");
+    assert!(!validate(&older).iter().any(|e| e.path == "spec.kubelet.registerSchedulable"));
+}
+
+#[test]
+fn unrendered_networking_and_addons_are_refused_with_their_path_and_only_when_on() {
+    let cases = [
+        ("  networking:\n    flannel: {}\n", "spec.networking.flannel", true),
+        ("  networking:\n    amazonvpc: {}\n", "spec.networking.amazonvpc", true),
+        ("  networking:\n    calico: {}\n", "spec.networking.calico", false),
+        ("  networking:\n    cni: {}\n", "spec.networking.cni", false),
+        ("  clusterAutoscaler:\n    enabled: true\n", "spec.clusterAutoscaler", true),
+        ("  clusterAutoscaler:\n    enabled: false\n", "spec.clusterAutoscaler", false),
+        ("  nodeTerminationHandler:\n    enableSQSTerminationDraining: false\n", "spec.nodeTerminationHandler", true),
+        ("  nodeTerminationHandler:\n    enabled: false\n", "spec.nodeTerminationHandler", false),
+        ("  metricsServer:\n    enabled: true\n", "spec.metricsServer", true),
+        ("  kubeDNS:\n    nodeLocalDNS:\n      enabled: true\n", "spec.kubeDNS.nodeLocalDNS", true),
+        ("  kubeDNS:\n    provider: CoreDNS\n", "spec.kubeDNS.nodeLocalDNS", false),
+        ("  externalDns:\n    provider: external-dns\n", "spec.externalDns.provider", true),
+        ("  externalDns:\n    provider: dns-controller\n", "spec.externalDns.provider", false),
+        ("  serviceAccountIssuerDiscovery:\n    enableAWSOIDCProvider: true\n", "spec.serviceAccountIssuerDiscovery.enableAWSOIDCProvider", true),
+        ("  karpenter:\n    enabled: true\n", "spec.karpenter", true),
+        ("  certManager:\n    enabled: true\n", "spec.certManager", true),
+        ("  warmPool:\n    minSize: 1\n", "spec.warmPool", true),
+        ("  kubeDNS:\n    provider: KubeDNS\n", "spec.kubeDNS.provider", true),
+        ("  kubeDNS:\n    replicas: 3\n", "spec.kubeDNS.replicas", true),
+        ("  kubeDNS:\n    serverIP: 100.64.0.10\n", "spec.kubeDNS.serverIP", false),
+        ("  serviceAccountIssuerDiscovery:\n    additionalAudiences: [sts.amazonaws.com]\n", "spec.serviceAccountIssuerDiscovery.additionalAudiences", true),
+    ];
+    for (extra, path, refused) in cases {
+        let docs = spec_with(extra);
+        assert!(validate(&docs).is_empty(), "{path}: compile accepts it (kOps' output): {:?}", validate(&docs));
+        let errors = support::not_rendered(&docs);
+        let hit = errors.iter().find(|e| e.path == path);
+        assert_eq!(hit.is_some(), refused, "{path}: {errors:?}");
+        if let Some(e) = hit {
+            assert!(e.message.contains("Keelson") || e.message.contains("unused"), "{e}");
+            assert_eq!(e.document, "Cluster/t.example.com");
+        }
+    }
+    let flannel = support::not_rendered(&spec_with("  networking:\n    flannel: {}\n"));
+    assert!(flannel[0].to_string().contains("supported: calico, cilium, kubenet"), "{}", flannel[0]);
+}
