@@ -302,8 +302,18 @@ fn ha_upgrade_users_cannot_see() {
 
     // Every kubelet and API server on the new version; the data intact; the cluster valid.
     let cs = ClusterState::load(&State::new(paths::state_dir())).expect("cluster.json");
-    let kubelets: BTreeMap<String, String> = kubeapi::nodes(&kc).expect("nodes").into_iter().map(|(n, s)| (n, s.kubelet_version)).collect();
-    assert!(kubelets.len() == 6 && kubelets.values().all(|v| v.trim_start_matches('v') == to), "kubelets: {kubelets:?}");
+    // A terminated instance's Node object goes when the cloud-controller-manager's node lifecycle
+    // controller sees the instance gone (after the Node's status goes stale): wait for it, bounded.
+    let t_nodes = Instant::now();
+    let kubelets = loop {
+        let kubelets: BTreeMap<String, String> = kubeapi::nodes(&kc).expect("nodes").into_iter().map(|(n, s)| (n, s.kubelet_version)).collect();
+        if kubelets.len() == 6 && kubelets.values().all(|v| v.trim_start_matches('v') == to) {
+            break kubelets;
+        }
+        assert!(t_nodes.elapsed() < Duration::from_secs(300), "kubelets 300 s after the reconcile: {kubelets:?}");
+        std::thread::sleep(Duration::from_secs(5));
+    };
+    eprintln!("every Node on {to} {:.0} s after the reconcile ended (old Nodes removed by the CCM): {:?}", t_nodes.elapsed().as_secs_f64(), kubelets.keys());
     for m in cs.machines.iter().filter(|m| m.role == "control-plane") {
         let target = Target { server: Some(format!("https://{}:443", m.ip)), tls_server_name: Some("kubernetes.default".into()) };
         let v = kubeapi::server_version(&kc, &target).unwrap_or_else(|e| panic!("{}: {e}", m.instance_id));
