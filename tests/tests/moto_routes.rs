@@ -2,7 +2,8 @@
 //! that has terminated is a blackhole (fix 3 of `testkit/src/moto_server.py`; without it the AWS
 //! cloud-controller-manager's route controller stops writing routes once a node is replaced).
 
-use aws_config::{BehaviorVersion, Region};
+mod support;
+
 use aws_sdk_ec2::types::{InstanceType, RouteState};
 
 #[test]
@@ -11,13 +12,7 @@ fn a_route_to_a_terminated_instance_is_a_blackhole() {
     let moto = keelson_local::moto::Moto::start(log.path()).expect("moto (scripts/test creates the venv; or set KEELSON_PYTHON)");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let conf = aws_config::defaults(BehaviorVersion::latest())
-            .http_client(aws_smithy_http_client::Builder::new().build_http())
-            .region(Region::new("eu-west-1"))
-            .endpoint_url(moto.endpoint())
-            .credentials_provider(aws_sdk_ec2::config::Credentials::new("k", "s", None, None, "test"))
-            .load()
-            .await;
+        let conf = support::moto_sdk(&moto.endpoint()).await;
         let ec2 = aws_sdk_ec2::Client::new(&conf);
         let vpc = ec2.create_vpc().cidr_block("10.0.0.0/16").send().await.unwrap().vpc.unwrap().vpc_id.unwrap();
         let subnet = ec2.create_subnet().vpc_id(&vpc).cidr_block("10.0.1.0/24").send().await.unwrap().subnet.unwrap().subnet_id.unwrap();

@@ -3,7 +3,8 @@
 //! it, a control plane whose protokube took it out of the API target group (its API server not yet
 //! ready) is put back behind the load balancer whenever the group launches another instance.
 
-use aws_config::{BehaviorVersion, Region};
+mod support;
+
 use aws_sdk_autoscaling::types::LaunchTemplateSpecification;
 use aws_sdk_ec2::types::{InstanceType, RequestLaunchTemplateData};
 use aws_sdk_elasticloadbalancingv2::types::{ProtocolEnum, TargetDescription};
@@ -14,13 +15,7 @@ fn an_instance_out_of_its_target_group_stays_out() {
     let moto = keelson_local::moto::Moto::start(log.path()).expect("moto (scripts/test creates the venv; or set KEELSON_PYTHON)");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let conf = aws_config::defaults(BehaviorVersion::latest())
-            .http_client(aws_smithy_http_client::Builder::new().build_http())
-            .region(Region::new("eu-west-1"))
-            .endpoint_url(moto.endpoint())
-            .credentials_provider(aws_sdk_ec2::config::Credentials::new("k", "s", None, None, "test"))
-            .load()
-            .await;
+        let conf = support::moto_sdk(&moto.endpoint()).await;
         let (ec2, asg, elb) = (aws_sdk_ec2::Client::new(&conf), aws_sdk_autoscaling::Client::new(&conf), aws_sdk_elasticloadbalancingv2::Client::new(&conf));
         let vpc = ec2.create_vpc().cidr_block("10.0.0.0/16").send().await.unwrap().vpc.unwrap().vpc_id.unwrap();
         let subnet =

@@ -1,9 +1,10 @@
-//! End to end, opt-in (about 40 minutes on 2 cores, so not in CI's run):
-//! `cargo test --workspace --test upgrade -- --ignored --nocapture` (as root, after scripts/test
-//! has installed what the local cloud needs).
+//! End to end, opt-in (about 17 minutes with release builds on 2 cores, 40 in debug; not in CI's
+//! run): `cargo build --release --workspace --bins && cargo test --release --workspace --test
+//! upgrade -- --ignored --nocapture` (as root, after scripts/test has installed what the local cloud
+//! needs; the machines run the binaries next to the test's).
 //!
 //! A Kubernetes upgrade of an HA cluster that its users cannot see. `examples/ha.yaml` comes up at
-//! `KEELSON_UPGRADE_FROM` (default 1.34.3) with 1,000 ConfigMaps and the echo Deployment (3
+//! `KEELSON_UPGRADE_FROM` (default 1.34.3; the worker group with `maxSurge: 1`) with 1,000 ConfigMaps and the echo Deployment (3
 //! replicas spread over the 3 workers, a PodDisruptionBudget `minAvailable: 2`, a readiness probe,
 //! a `type: LoadBalancer` Service the cloud-controller-manager puts behind a network load
 //! balancer). Probes run all along: `/readyz` through the API load balancer 4 times a second, a

@@ -96,3 +96,14 @@ pub fn keelson_in_local_env(args: &[&str]) -> Output {
     eprintln!("$ keelson {}\n{}{}", args.join(" "), String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     out
 }
+
+/// SDK configuration for a moto server at `endpoint` (region eu-west-1, static test credentials).
+pub async fn moto_sdk(endpoint: &str) -> aws_config::SdkConfig {
+    aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .http_client(aws_smithy_http_client::Builder::new().build_http())
+        .region(aws_config::Region::new("eu-west-1"))
+        .endpoint_url(endpoint)
+        .credentials_provider(aws_sdk_ec2::config::Credentials::new("k", "s", None, None, "test"))
+        .load()
+        .await
+}
