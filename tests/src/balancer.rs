@@ -273,13 +273,22 @@ impl Balancers {
         let (stop, stop_rx) = watch::channel(false);
         let _guard = self.rt.enter();
         let listener = TcpListener::from_std(std_listener)?;
-        self.rt.spawn(accept_loop(listener, state.clone(), stop_rx.clone()));
+        self.rt.spawn(accept_loop(d.name.clone(), listener, state.clone(), stop_rx.clone(), self.events.clone()));
         self.rt.spawn(health_loop(d.name.clone(), state.clone(), stop_rx, self.events.clone()));
         Ok(Running { desired: d.clone(), addr, state, stop })
     }
 }
 
-async fn accept_loop(listener: TcpListener, state: Arc<Mutex<ListenerState>>, mut stop: watch::Receiver<bool>) {
+/// How long a connection to a target may take to open (as an NLB, the client sees the wait).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+async fn accept_loop(
+    name: String,
+    listener: TcpListener,
+    state: Arc<Mutex<ListenerState>>,
+    mut stop: watch::Receiver<bool>,
+    events: Arc<dyn Fn(String) + Send + Sync>,
+) {
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -290,9 +299,17 @@ async fn accept_loop(listener: TcpListener, state: Arc<Mutex<ListenerState>>, mu
             continue;
         };
         let chosen = state.lock().ok().and_then(|mut s| s.choose());
+        // Nothing registered: the connection is refused (dropped here).
         let Some((target, mut cut)) = chosen else { continue };
+        let (name, events) = (name.clone(), events.clone());
         tokio::spawn(async move {
-            let Ok(Ok(mut out)) = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(target)).await else { return };
+            // A failed connection is an event (the client sees it): which target, and why.
+            let started = Instant::now();
+            let mut out = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(target)).await {
+                Ok(Ok(out)) => out,
+                Ok(Err(e)) => return events(format!("load balancer {name}: connection to target {target} failed after {:?}: {e}", started.elapsed())),
+                Err(_) => return events(format!("load balancer {name}: connection to target {target} not open after {CONNECT_TIMEOUT:?}")),
+            };
             tokio::select! {
                 _ = tokio::io::copy_bidirectional(&mut inbound, &mut out) => {}
                 _ = cut.wait_for(|c| *c) => {}

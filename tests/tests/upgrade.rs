@@ -323,5 +323,11 @@ fn ha_upgrade_users_cannot_see() {
     assert_eq!(kubeapi::count_configmaps(&kc, NAMESPACE, "upgrade", CONFIGMAPS).unwrap(), CONFIGMAPS);
     keelson_ok(&["validate", "cluster", "-f", &local_spec, "--wait", "5m"]);
     assert!(lowest >= 2, "the echo Deployment fell to {lowest} ready replicas (PDB minAvailable 2)");
+    if !failures.is_empty() {
+        // What the local load balancers saw (the state directory goes with `down`).
+        let daemon_log = std::fs::read_to_string(State::new(paths::state_dir()).daemon_log()).unwrap_or_default();
+        let lines: Vec<&str> = daemon_log.lines().filter(|l| l.contains("load balancer")).collect();
+        eprintln!("the local load balancers' events (last 200):\n{}", lines[lines.len().saturating_sub(200)..].join("\n"));
+    }
     assert!(failures.is_empty(), "probes failed during the upgrade: {failures:?}\n{report}");
 }
