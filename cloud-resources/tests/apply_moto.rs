@@ -635,3 +635,37 @@ async fn additional_and_compressed_user_data_reach_the_launch_templates() {
     let t2 = moto.target(&[]).await;
     assert!(cloud_resources::plan_apply(&t2, &m, &store(&t2, &m)).await.expect("plan").plan.is_empty());
 }
+
+/// The cloud-controller-manager writes a route per node's pod CIDR into the cluster's route table
+/// (kubenet). apply manages only the routes its model declares: a re-apply neither plans nor makes a
+/// change to them (it used to replace the table's routes with its own, cutting the pod network on
+/// every `apply`/`reconcile` until the route controller wrote them again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_leaves_routes_it_does_not_declare() {
+    let moto = Moto::start();
+    let ami = moto.fixtures().await;
+    let (m, _) = model_of(&moto::spec(&ami, |t| t));
+    let t = moto.target(&[]).await;
+    apply_once(&t, &m).await.expect("apply");
+    let tables = t.ec2.describe_route_tables().filters(cluster_filter()).send().await.expect("route tables");
+    let table = tables.route_tables().first().expect("the cluster's route table");
+    let table_id = table.route_table_id().expect("id").to_string();
+    let subnets = t.ec2.describe_subnets().filters(cluster_filter()).send().await.expect("subnets");
+    let subnet = subnets.subnets()[0].subnet_id().expect("subnet").to_string();
+    let run = t.ec2.run_instances().image_id(&ami).min_count(1).max_count(1).subnet_id(&subnet).send().await.expect("an instance");
+    let node = run.instances()[0].instance_id().expect("id").to_string();
+    t.ec2.create_route().route_table_id(&table_id).destination_cidr_block("100.96.7.0/24").instance_id(&node).send().await.expect("the CCM's route");
+
+    let s = store(&t, &m);
+    let plan = cloud_resources::plan_apply(&t, &m, &s).await.expect("plan");
+    assert!(plan.plan.changes.iter().all(|c| c.kind != Kind::RouteTable), "the pod-CIDR route is not in the plan:\n{}", plan.plan.render(false));
+    apply_once(&t, &m).await.expect("re-apply");
+    let after = t.ec2.describe_route_tables().route_table_ids(&table_id).send().await.expect("route table");
+    let routes: Vec<(String, String)> = after.route_tables()[0]
+        .routes()
+        .iter()
+        .filter_map(|r| Some((r.destination_cidr_block()?.to_string(), r.instance_id().or(r.gateway_id())?.to_string())))
+        .collect();
+    assert!(routes.contains(&("100.96.7.0/24".to_string(), node.clone())), "the route survives a re-apply: {routes:?}");
+    assert!(routes.iter().any(|(cidr, _)| cidr == "0.0.0.0/0"), "apply's own route is there: {routes:?}");
+}

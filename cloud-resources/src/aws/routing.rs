@@ -470,6 +470,15 @@ async fn discover_nat_gateways(t: &AwsTarget, model: &ClusterModel, d: &mut Disc
 }
 
 /// The route tables tagged for the cluster (needs the VPC, subnet, gateway ids).
+/// Whether a route found in one of the cluster's route tables is apply's to manage: only the
+/// destinations the model routes in that table (as kOps, whose routes are each a task of their own).
+/// Every other route is someone else's and left as it is — above all the cloud-controller-manager's
+/// pod-CIDR routes to instances (kubenet), which a replace-everything apply would delete on every
+/// run, cutting the pod network until the route controller writes them again; or a user's.
+pub fn route_is_ours(declared: Option<&BTreeMap<String, RouteTarget>>, cidr: &str) -> bool {
+    declared.is_some_and(|routes| routes.contains_key(cidr))
+}
+
 async fn discover_route_tables(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
     let cluster = &model.cluster;
     let vpc_link = |ids: &Ids, id: &str| -> Link<Vpc> {
@@ -479,6 +488,7 @@ async fn discover_route_tables(t: &AwsTarget, model: &ClusterModel, d: &mut Disc
             Link::to(id)
         }
     };
+    let declared: BTreeMap<&str, &BTreeMap<String, RouteTarget>> = model.tasks.route_tables.iter().map(|r| (r.name.as_str(), &r.routes)).collect();
     let rts = t.ec2.describe_route_tables().filters(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeRouteTables", cluster, e))?;
     for rt in rts.route_tables() {
         let id = required(rt.route_table_id(), "RouteTable", cluster, "RouteTableId")?.to_string();
@@ -487,6 +497,9 @@ async fn discover_route_tables(t: &AwsTarget, model: &ClusterModel, d: &mut Disc
         let mut routes = BTreeMap::new();
         for r in rt.routes() {
             let Some(cidr) = r.destination_cidr_block() else { continue };
+            if !route_is_ours(declared.get(name.as_str()).copied(), cidr) {
+                continue;
+            }
             let target = if let Some(g) = r.gateway_id() {
                 if g == "local" {
                     continue;
