@@ -223,6 +223,15 @@ pub fn ps() -> anyhow::Result<()> {
 
 pub fn kill(instance: &str) -> anyhow::Result<()> {
     let cs = ClusterState::load(&state()).ok_or_else(|| anyhow!("no local cluster is up"))?;
+    if !cs.gce_api.is_empty() {
+        let path = crate::gce::daemon::instance_path(&cs, instance).ok_or_else(|| anyhow!("no machine named {instance} (by name or numeric id)"))?;
+        let (status, body) = crate::gce::cloud::rest(&cs.gce_api, "DELETE", &path)?;
+        if status != 200 {
+            bail!("instances.delete {path}: HTTP {status}: {body}");
+        }
+        println!("keelson-local: deleted {instance} in the local Compute (its MIG recreates it)");
+        return Ok(());
+    }
     let cloud = Cloud::new(&cs.endpoint(), &cs.region);
     cloud.terminate(instance)?;
     println!("keelson-local: terminated {instance} in moto");
