@@ -68,6 +68,11 @@ pub struct ClusterState {
     pub gce_api: String,
     #[serde(default)]
     pub gce_project: String,
+    /// GCE: `STORAGE_EMULATOR_HOST` and `GCE_METADATA_HOST` for `keelson` on the host.
+    #[serde(default)]
+    pub gce_storage: String,
+    #[serde(default)]
+    pub gce_metadata_host: String,
 }
 
 impl ClusterState {
@@ -81,6 +86,10 @@ impl ClusterState {
                 eprintln!("keelson-local: saving the cluster state: {e}");
             }
         }
+    }
+    /// Whether the local cloud plays GCE (else AWS, on moto).
+    pub fn is_gce(&self) -> bool {
+        !self.gce_api.is_empty()
     }
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.moto_port)

@@ -101,6 +101,8 @@ pub fn run(state: &State, spec: &Spec, project: &str, cs: &mut ClusterState, sto
     let gce = LocalGce::start(&state.root, gw, project, &spec.region, &zones, gcs_port)?;
     cs.gce_api = gce.api_url.clone();
     cs.gce_project = project.to_string();
+    cs.gce_storage = gce.gcs_url.clone();
+    cs.gce_metadata_host = gce.host_metadata.clone();
     // The mirror, the Cloud Storage relay and the load balancers run on one runtime that lives as
     // long as the daemon.
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
