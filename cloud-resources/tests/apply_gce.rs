@@ -117,6 +117,11 @@ impl World {
         n
     }
 
+    /// The disks with a cluster label (the instances' boot disks have none).
+    fn labelled_disks(&self) -> Vec<testkit::gce_compute::DiskView> {
+        self.compute.disks().into_iter().filter(|d| d.labels.contains_key("k8s-io-cluster-name")).collect()
+    }
+
     fn zonal(&self, collection: &str) -> Vec<Value> {
         ["b", "c", "d"].iter().flat_map(|z| self.items(&format!("zones/europe-west1-{z}/{collection}"))).collect()
     }
@@ -207,7 +212,7 @@ async fn apply_creates_what_the_model_says_and_a_second_apply_plans_nothing() {
     assert_eq!(w.compute.instances().len() as i64, total);
 
     // The etcd disks: one per member and etcd cluster, in the member's zone, with kOps' labels.
-    let disks = w.compute.disks();
+    let disks = w.labelled_disks();
     assert_eq!(disks.len(), 6, "{disks:?}");
     for d in &model.gce.disks {
         let found = disks.iter().find(|x| x.name == d.gce_name).unwrap_or_else(|| panic!("disk {}", d.gce_name));
@@ -269,12 +274,13 @@ async fn delete_removes_this_cluster_and_nothing_of_another() {
     let other = model_of(&text.replace(CLUSTER, "other.k8s.example.com"));
     w.apply(&model).await;
     w.apply(&other).await;
-    let before = (w.names("global/networks").len(), w.names("global/firewalls").len(), w.names("global/instanceTemplates").len(), w.compute.disks().len());
+    let before = (w.names("global/networks").len(), w.names("global/firewalls").len(), w.names("global/instanceTemplates").len(), w.labelled_disks().len());
     assert_eq!(before.0, 2);
+    assert_eq!(before.3, 12);
 
     let plan = w.delete(&model, false).await;
     assert!(plan.notes.iter().any(|n| n.contains("etcd disks are kept")), "{}", plan.render(false));
-    assert_eq!(w.compute.disks().len(), 12, "without --delete-volumes the disks stay");
+    assert_eq!(w.labelled_disks().len(), 12, "without --delete-volumes the disks stay");
     let plan = w.delete(&model, true).await;
     assert_eq!(plan.changes.iter().filter(|c| c.kind == Kind::GceDisk).count(), 6, "{}", plan.render(false));
 
@@ -286,7 +292,7 @@ async fn delete_removes_this_cluster_and_nothing_of_another() {
     assert!(w.items("global/instanceTemplates").iter().all(|t| metadata(t)["cluster-name"] == "other.k8s.example.com"));
     assert!(w.zonal("instanceGroupManagers").iter().all(|m| m["name"].as_str().unwrap_or_default().ends_with("-other-k8s-example-com")));
     assert_eq!(w.zonal("instanceGroupManagers").len(), other.gce.instance_group_managers.len());
-    let disks = w.compute.disks();
+    let disks = w.labelled_disks();
     assert_eq!(disks.len(), 6);
     assert!(disks.iter().all(|d| d.labels["k8s-io-cluster-name"] == "other-k8s-example-com"), "{disks:?}");
     assert!(w.compute.instances().iter().all(|i| i.metadata.get("cluster-name").map(String::as_str) == Some("other.k8s.example.com")));
