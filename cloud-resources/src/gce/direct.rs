@@ -28,15 +28,27 @@ use crate::state::{self, StateError};
 #[derive(Debug, thiserror::Error)]
 pub enum GceError {
     #[error(transparent)]
-    Compute(#[from] ComputeError),
+    Compute(Box<ComputeError>),
     #[error("the Compute API client: {0}")]
-    Client(#[from] GoogleApiError),
+    Client(Box<GoogleApiError>),
     #[error("state store: {0}")]
     Store(#[from] StateError),
     #[error("{kind} {name}: {message}")]
     Resource { kind: &'static str, name: String, message: String },
     #[error("spec.project: required for the direct target on GCE")]
     NoProject,
+}
+
+impl From<ComputeError> for GceError {
+    fn from(e: ComputeError) -> Self {
+        GceError::Compute(Box::new(e))
+    }
+}
+
+impl From<GoogleApiError> for GceError {
+    fn from(e: GoogleApiError) -> Self {
+        GceError::Client(Box::new(e))
+    }
 }
 
 /// The Compute API of the cluster's project.
@@ -64,7 +76,12 @@ impl GceTarget {
     pub fn new(endpoints: &GceEndpoints, project: &str, tokens: TokenSource, op_bound: Duration) -> Result<GceTarget, GceError> {
         let counter = CallCounter::default();
         let api = GoogleApi::new(tokens, Duration::from_secs(60))?.with_counter(counter.clone());
-        Ok(GceTarget { compute: Compute::new(api, &endpoints.compute, project, op_bound), counter, dependency_retries: 60, dependency_delay: Duration::from_secs(5) })
+        Ok(GceTarget {
+            compute: Compute::new(api, &endpoints.compute, project, op_bound),
+            counter,
+            dependency_retries: 60,
+            dependency_delay: Duration::from_secs(5),
+        })
     }
 
     /// The GCE names of the model's tasks.
@@ -174,7 +191,8 @@ impl GceTarget {
     async fn execute_one(&self, names: &Names, c: &Change) -> Result<(), GceError> {
         let want = c.desired.as_ref().and_then(|r| r.gce.as_deref());
         let have = c.actual.as_ref().and_then(|r| r.gce.as_deref());
-        let missing = |side: &str| GceError::Resource { kind: c.kind.as_str(), name: c.name.clone(), message: format!("the plan holds no typed {side} state for it") };
+        let missing =
+            |side: &str| GceError::Resource { kind: c.kind.as_str(), name: c.name.clone(), message: format!("the plan holds no typed {side} state for it") };
         let cx = &self.compute;
         match &c.action {
             Action::Create => {
@@ -258,24 +276,20 @@ impl GceTarget {
         Fut: std::future::Future<Output = Result<(), ComputeError>>,
     {
         let tries = self.dependency_retries.max(1);
-        for attempt in 1..=tries {
+        let mut attempt = 1;
+        loop {
             match f().await {
                 Ok(()) => return Ok(()),
                 Err(e) if e.is_not_found() => return Ok(()),
                 Err(e) if e.is_in_use() && attempt < tries => {
                     tracing::info!(what, attempt, error = %e, "still in use; waiting");
                     tokio::time::sleep(self.dependency_delay).await;
+                    attempt += 1;
                 }
                 Err(e) => return Err(e.into()),
             }
         }
-        unreachable_retry(what)
     }
-}
-
-/// The loop above returns on its last attempt; this names the resource should it not.
-fn unreachable_retry(what: &str) -> Result<(), GceError> {
-    Err(GceError::Resource { kind: "delete", name: what.to_string(), message: "gave up".into() })
 }
 
 fn name_of(v: &Value) -> &str {

@@ -85,6 +85,7 @@ pub trait GceTask: std::fmt::Debug + Send + Sync {
 
 crate::tasks! {
     /// A typed resource of GCE.
+    #[allow(clippy::large_enum_variant)]
     pub enum Task, pub struct Tasks, dyn GceTask {
         networks: Network(Network),
         subnetworks: Subnetwork(Subnetwork),

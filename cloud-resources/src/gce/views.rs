@@ -214,14 +214,20 @@ pub fn from_firewall(v: &Value) -> Firewall {
         source_ranges: strings(&v["sourceRanges"]),
         source_tags: strings(&v["sourceTags"]),
         target_tags: strings(&v["targetTags"]),
-        allowed: v["allowed"].as_array().into_iter().flatten().map(|a| Allowed { protocol: str_of(a, "IPProtocol").to_string(), ports: strings(&a["ports"]) }).collect(),
+        allowed: v["allowed"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|a| Allowed { protocol: str_of(a, "IPProtocol").to_string(), ports: strings(&a["ports"]) })
+            .collect(),
     }
 }
 
 /// A template read back (its name is its GCE name).
 pub fn from_template(v: &Value) -> InstanceTemplate {
     let p = &v["properties"];
-    let meta: BTreeMap<String, String> = p["metadata"]["items"].as_array().into_iter().flatten().map(|i| (str_of(i, "key").to_string(), str_of(i, "value").to_string())).collect();
+    let meta: BTreeMap<String, String> =
+        p["metadata"]["items"].as_array().into_iter().flatten().map(|i| (str_of(i, "key").to_string(), str_of(i, "value").to_string())).collect();
     let (user_data_key, user_data) = [super::USER_DATA_KEY, super::STARTUP_SCRIPT_KEY]
         .iter()
         .find_map(|k| meta.get(*k).map(|d| (k.to_string(), d.clone().into_bytes())))
@@ -343,7 +349,10 @@ pub fn view(task: Task, id: Option<String>, names: &Names) -> Resource {
             tags = t.labels.clone();
         }
         Task::InstanceGroupManager(m) => {
-            f.set("zone", &m.zone).set("base_instance_name", &m.base_instance_name).set("target_size", m.target_size).set("template", names.template(&m.template));
+            f.set("zone", &m.zone)
+                .set("base_instance_name", &m.base_instance_name)
+                .set("target_size", m.target_size)
+                .set("template", names.template(&m.template));
         }
         Task::Disk(d) => {
             f.set("zone", &d.zone).set("size", d.size_gb).set("type", &d.disk_type);

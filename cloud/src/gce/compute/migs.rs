@@ -49,12 +49,11 @@ impl Compute {
                 _ => return Ok(out),
             }
         }
-        Err(err("instanceGroupManagers.listManagedInstances", name, super::super::api::GoogleApiError::Decode {
-            method: Method::POST,
-            url,
-            message: format!("more than {MAX_PAGES} pages"),
-        }
-        .into()))
+        Err(err(
+            "instanceGroupManagers.listManagedInstances",
+            name,
+            super::super::api::GoogleApiError::Decode { method: Method::POST, url, message: format!("more than {MAX_PAGES} pages") }.into(),
+        ))
     }
     pub async fn delete_instance_group_manager(&self, zone: &str, name: &str) -> Result<(), ComputeError> {
         let scope = self.zone(zone);
