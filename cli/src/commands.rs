@@ -17,7 +17,7 @@ use spec_compiler::load::load_spec;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Target {
-    /// Call the cloud APIs (AWS).
+    /// Call the cloud APIs (AWS through the SDK, GCE through the Compute API).
     Direct,
     /// Write Terraform JSON to --out.
     Terraform,
@@ -30,6 +30,8 @@ pub struct Common {
     #[arg(short = 'f', long = "file")]
     pub file: PathBuf,
     /// AWS endpoint (e.g. a local moto server); defaults to $AWS_ENDPOINT_URL, then AWS itself.
+    /// On GCE: one base for `<url>/compute/v1` (an emulator); defaults to $KEELSON_GCE_ENDPOINT,
+    /// then Google.
     #[arg(long = "endpoint-url")]
     pub endpoint_url: Option<String>,
     /// Never fetch asset hashes over the network.
@@ -385,6 +387,73 @@ pub fn run_delete(args: DeleteArgs) -> anyhow::Result<ExitCode> {
     rt.block_on(direct_delete(&args, &model))
 }
 
+/// The GCE target of a cluster: the Compute API at `--endpoint-url`, `$KEELSON_GCE_ENDPOINT` or
+/// Google's, with tokens from the metadata server (`$GCE_METADATA_HOST`).
+pub(crate) fn gce_target(common: &Common, model: &model::ClusterModel) -> anyhow::Result<cloud_resources::gce::GceTarget> {
+    let endpoint = common.endpoint_url.clone().or_else(|| std::env::var("KEELSON_GCE_ENDPOINT").ok()).filter(|e| !e.trim().is_empty());
+    let endpoints = endpoint.as_deref().map(cloud::gce::GceEndpoints::at).unwrap_or_else(cloud::gce::GceEndpoints::google);
+    let project = model.project.clone().ok_or_else(|| anyhow::anyhow!("Cluster/{}: spec.project: required on GCE", model.cluster))?;
+    let metadata = base::gce_metadata::GceMetadata::new(None, std::time::Duration::from_secs(10))?;
+    let tokens = cloud::gce::TokenSource::new(metadata);
+    Ok(cloud_resources::gce::GceTarget::new(&endpoints, &project, tokens, std::time::Duration::from_secs(600))?)
+}
+
+async fn gce_apply(
+    args: &ApplyArgs,
+    docs: &keelson_api::Documents,
+    options: &CompileOptions,
+    model: &model::ClusterModel,
+    file: &str,
+) -> anyhow::Result<ExitCode> {
+    let target = gce_target(&args.common, model)?;
+    let store = open_store(&model.config_base, None)?;
+    if !args.yes {
+        let (model, _) = with_pinned_cas(docs, options, &store, file, false).await?;
+        let planned = cloud_resources::plan_apply_gce(&target, &model, &store).await?;
+        print!("{}", planned.plan.render(color()));
+        if !planned.plan.is_empty() {
+            println!("Run with --yes to apply.");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    with_lock(&store, "apply", args.common.force_unlock, async {
+        state::ensure_pki(&store, &model.etcd_clusters, model.encryption_config).await?;
+        let (model, _) = with_pinned_cas(docs, options, &store, file, false).await?;
+        let planned = cloud_resources::plan_apply_gce(&target, &model, &store).await?;
+        print!("{}", planned.plan.render(color()));
+        if planned.plan.is_empty() {
+            return Ok(());
+        }
+        let n = cloud_resources::execute_gce(&target, &model, &store, &planned).await?;
+        println!("applied {n} changes to cluster {}", model.cluster);
+        Ok(())
+    })
+    .await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn gce_delete(args: &DeleteArgs, model: &model::ClusterModel) -> anyhow::Result<ExitCode> {
+    let target = gce_target(&args.common, model)?;
+    let store = open_store(&model.config_base, None)?;
+    if !args.yes {
+        let planned = cloud_resources::plan_delete_gce(&target, model, &store, args.delete_volumes).await?;
+        print!("{}", planned.plan.render(color()));
+        if !planned.plan.is_empty() {
+            println!("Run with --yes to delete.");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    with_lock(&store, "delete", args.common.force_unlock, async {
+        let planned = cloud_resources::plan_delete_gce(&target, model, &store, args.delete_volumes).await?;
+        print!("{}", planned.plan.render(color()));
+        let n = cloud_resources::execute_gce(&target, model, &store, &planned).await?;
+        println!("deleted {n} resources of cluster {}", model.cluster);
+        Ok(())
+    })
+    .await?;
+    Ok(ExitCode::SUCCESS)
+}
+
 async fn direct_apply(
     args: &ApplyArgs,
     docs: &keelson_api::Documents,
@@ -392,6 +461,9 @@ async fn direct_apply(
     model: &model::ClusterModel,
     file: &str,
 ) -> anyhow::Result<ExitCode> {
+    if model.cloud == model::CloudKind::Gce {
+        return gce_apply(args, docs, options, model, file).await;
+    }
     let target = aws_target(&args.common, &model.region).await;
     let store = open_store(&model.config_base, Some(target.s3.clone()))?;
     if !args.yes {
@@ -510,6 +582,9 @@ pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn direct_delete(args: &DeleteArgs, model: &model::ClusterModel) -> anyhow::Result<ExitCode> {
+    if model.cloud == model::CloudKind::Gce {
+        return gce_delete(args, model).await;
+    }
     let target = aws_target(&args.common, &model.region).await;
     let store = open_store(&model.config_base, Some(target.s3.clone()))?;
     if !args.yes {

@@ -6,7 +6,7 @@
 //! list of task types that generates every dispatch), the desired-vs-actual diff and its rendering
 //! ([`plan`]), the AWS tasks ([`aws`]: one typed task per resource kind that renders itself to the
 //! direct target — discovery, field-by-field comparison, create/update/delete through the SDK — and
-//! to Terraform), the GCE tasks ([`gce`], Terraform), the Terraform document ([`terraform`],
+//! to Terraform), the GCE tasks ([`gce`]: Terraform, and the direct target on the Compute API), the Terraform document ([`terraform`],
 //! [`terraform_json`]), the IAM policies ([`iam_policy`]), the state a
 //! cluster keeps in its store ([`state`]). Must not: compile specs (it takes the compiler's typed
 //! output), operate a running cluster (rolling updates and validation are `keelson-ops`), talk to
@@ -34,10 +34,12 @@ pub enum ApplyError {
     Model(#[from] model::ModelError),
     #[error(transparent)]
     Aws(#[from] aws::AwsError),
+    #[error(transparent)]
+    Gce(#[from] gce::GceError),
     #[error("state store: {0}")]
     Store(#[from] state::StateError),
-    #[error("the direct target supports AWS only (this cluster is on {0}); use --target terraform")]
-    DirectUnsupported(String),
+    #[error("this target is for {want} clusters; this cluster is on {have}")]
+    WrongCloud { want: &'static str, have: String },
 }
 
 /// A computed plan and what it needs to be executed.
@@ -50,9 +52,57 @@ pub struct AwsPlan {
 
 fn ensure_aws(model: &ClusterModel) -> Result<(), ApplyError> {
     if model.cloud != model::CloudKind::Aws {
-        return Err(ApplyError::DirectUnsupported("gce".into()));
+        return Err(ApplyError::WrongCloud { want: "AWS", have: format!("{:?}", model.cloud).to_lowercase() });
     }
     Ok(())
+}
+
+fn ensure_gce(model: &ClusterModel) -> Result<(), ApplyError> {
+    if model.cloud != model::CloudKind::Gce {
+        return Err(ApplyError::WrongCloud { want: "GCE", have: format!("{:?}", model.cloud).to_lowercase() });
+    }
+    Ok(())
+}
+
+/// A computed GCE plan and what it needs to be executed.
+#[derive(Debug)]
+pub struct GcePlan {
+    pub plan: Plan,
+    pub names: gce::views::Names,
+    pub discovered: gce::GceDiscovered,
+}
+
+/// Plan an apply on GCE: reads only.
+pub async fn plan_apply_gce(target: &gce::GceTarget, model: &ClusterModel, store: &StateStore) -> Result<GcePlan, ApplyError> {
+    ensure_gce(model)?;
+    let names = target.names(model);
+    let discovered = target.discover(model, &names).await?;
+    let mut desired = state::desired(&model.state, model.encryption_config);
+    desired.extend(gce::direct::desired(model, &names));
+    let mut actual = state::discover(store, &model.state, &model.etcd_clusters, model.encryption_config).await?;
+    actual.extend(discovered.resources.iter().cloned());
+    let mut plan = plan::diff(&desired, &actual, Scope::Apply);
+    plan.rolling = target.rolling(&plan).await?;
+    Ok(GcePlan { plan, names, discovered })
+}
+
+/// Plan a delete on GCE: reads only.
+pub async fn plan_delete_gce(target: &gce::GceTarget, model: &ClusterModel, store: &StateStore, volumes: bool) -> Result<GcePlan, ApplyError> {
+    ensure_gce(model)?;
+    let names = target.names(model);
+    let discovered = target.discover(model, &names).await?;
+    let mut actual = state::discover_for_delete(store).await?;
+    actual.extend(discovered.resources.iter().cloned());
+    let mut plan = plan::diff(&[], &actual, Scope::Delete { volumes });
+    if !volumes && discovered.resources.iter().any(|r| r.kind() == plan::Kind::GceDisk) {
+        plan.notes.push("etcd disks are kept (give --delete-volumes to delete them)".into());
+    }
+    Ok(GcePlan { plan, names, discovered })
+}
+
+/// Execute a plan computed by [`plan_apply_gce`] or [`plan_delete_gce`].
+pub async fn execute_gce(target: &gce::GceTarget, model: &ClusterModel, store: &StateStore, planned: &GcePlan) -> Result<usize, ApplyError> {
+    Ok(target.execute(model, &planned.names, &planned.plan, store).await?)
 }
 
 /// Plan an apply: reads only.

@@ -25,6 +25,13 @@ pub enum Kind {
     AutoscalingGroup,
     Volume,
     DnsRecord,
+    // GCE, in creation order.
+    GceNetwork,
+    GceSubnetwork,
+    GceFirewall,
+    GceInstanceTemplate,
+    GceInstanceGroupManager,
+    GceDisk,
 }
 
 impl Kind {
@@ -48,6 +55,12 @@ impl Kind {
             Kind::AutoscalingGroup => "AutoscalingGroup",
             Kind::Volume => "Volume",
             Kind::DnsRecord => "DNSRecord",
+            Kind::GceNetwork => "Network",
+            Kind::GceSubnetwork => "Subnetwork",
+            Kind::GceFirewall => "Firewall",
+            Kind::GceInstanceTemplate => "InstanceTemplate",
+            Kind::GceInstanceGroupManager => "InstanceGroupManager",
+            Kind::GceDisk => "Disk",
         }
     }
 }
@@ -66,6 +79,8 @@ pub struct Resource {
     pub id: Option<String>,
     /// The typed state this view was made from.
     pub task: Option<Box<crate::aws::Task>>,
+    /// The typed state of a GCE resource.
+    pub gce: Option<Box<crate::gce::Task>>,
 }
 
 impl Resource {
@@ -131,7 +146,8 @@ pub struct Plan {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
     /// `apply`: delete only the kinds listed (a removed instance group's ASG and launch template,
-    /// rules and groups no longer wanted, the API load balancer once the spec drops it); volumes, DNS records,
+    /// rules and groups no longer wanted, the API load balancer once the spec drops it; on GCE a
+    /// removed group's MIGs, templates no MIG uses, firewall rules no longer wanted); volumes, disks, DNS records,
     /// keysets and the network are never deleted by apply.
     Apply,
     /// `delete`: delete everything discovered (volumes only when asked).
@@ -145,6 +161,8 @@ fn immutable_ignored(kind: Kind, field: &str) -> bool {
         Kind::DnsRecord => field == "value",
         // Volumes keep zone/encryption for life; only size/type/iops are modified.
         Kind::Volume => matches!(field, "zone" | "encrypted" | "kms_key_id"),
+        // A GCE etcd disk keeps its zone, size and type (only its labels are set again).
+        Kind::GceDisk => matches!(field, "zone" | "size" | "type"),
         _ => false,
     }
 }
@@ -156,6 +174,11 @@ pub fn attributes_differ(desired: &Resource, actual: &Resource) -> bool {
 
 fn field_changes(kind: Kind, desired: &Resource, actual: &Resource) -> Vec<FieldChange> {
     let mut out = Vec::new();
+    // A GCE instance template is named by a hash of its content and never changes: the same name
+    // is the same template (a changed one is a new name).
+    if kind == Kind::GceInstanceTemplate {
+        return out;
+    }
     let keys: std::collections::BTreeSet<&String> = desired.attrs.keys().chain(actual.attrs.keys()).collect();
     for k in keys {
         let (d, a) = (desired.attrs.get(k), actual.attrs.get(k));
@@ -202,11 +225,19 @@ pub fn diff(desired: &[Resource], actual: &[Resource], scope: Scope) -> Plan {
                 !desired_by_key.contains_key(&a.key())
                     && matches!(
                         a.kind(),
-                        Kind::AutoscalingGroup | Kind::LaunchTemplate | Kind::SecurityGroupRule | Kind::SecurityGroup | Kind::LoadBalancer | Kind::TargetGroup
+                        Kind::AutoscalingGroup
+                            | Kind::LaunchTemplate
+                            | Kind::SecurityGroupRule
+                            | Kind::SecurityGroup
+                            | Kind::LoadBalancer
+                            | Kind::TargetGroup
+                            | Kind::GceInstanceGroupManager
+                            | Kind::GceInstanceTemplate
+                            | Kind::GceFirewall
                     )
             }
             Scope::Delete { volumes } => match a.kind() {
-                Kind::Volume => volumes,
+                Kind::Volume | Kind::GceDisk => volumes,
                 Kind::Keyset => false,
                 _ => true,
             },

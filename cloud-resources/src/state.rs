@@ -23,6 +23,33 @@ pub enum StateError {
     Pki(#[from] base::pki::PkiError),
     #[error("creating the encryption configuration: {0}")]
     Encryption(#[from] base::encryption::EncryptionError),
+    #[error("StateFile {0}: not in the compiled state")]
+    NotCompiled(String),
+}
+
+/// Execute one change of the state store (a compiled file, the PKI); `Ok(false)` when `c` is a
+/// cloud resource's change (the target's to execute).
+pub async fn execute_change(
+    store: &StateStore,
+    state: &BTreeMap<String, Vec<u8>>,
+    etcd_clusters: &[String],
+    encryption: bool,
+    c: &super::plan::Change,
+) -> Result<bool, StateError> {
+    use super::plan::Action;
+    match (c.kind, &c.action) {
+        (Kind::StateFile, Action::Create | Action::Update(_)) => {
+            let bytes = state.get(&c.name).ok_or_else(|| StateError::NotCompiled(c.name.clone()))?;
+            store.put(&c.name, bytes).await?;
+        }
+        (Kind::StateFile, Action::Delete) => store.delete(&c.name).await?,
+        (Kind::Keyset, Action::Create) => {
+            ensure_pki(store, etcd_clusters, encryption).await?;
+        }
+        (Kind::Keyset, _) => {}
+        _ => return Ok(false),
+    }
+    Ok(true)
 }
 
 /// The keysets whose presence marks "the cluster's PKI exists".

@@ -122,7 +122,7 @@ impl Task {
         let t = self.task();
         let mut f = Fields::default();
         t.fields(&mut f);
-        Resource { kind: Some(t.kind()), name: t.name(), attrs: f.0, tags: t.tags(), id, task: Some(Box::new(self)) }
+        Resource { kind: Some(t.kind()), name: t.name(), attrs: f.0, tags: t.tags(), id, task: Some(Box::new(self)), gce: None }
     }
 }
 

@@ -1,7 +1,15 @@
-//! The GCE tasks: network, subnetworks, instance templates, one managed instance group per
-//! (instance group × zone) and a persistent disk per etcd member, with kOps' names and labels.
-//! Each task renders itself to Terraform ([`GceTask::render_terraform`]); [`crate::tasks!`] below is
-//! the one list of the types, ready for a direct GCE target. No live GCE calls.
+//! The GCE tasks: network, subnetworks, firewall rules, instance templates, one managed instance
+//! group per (instance group × zone) and a persistent disk per etcd member, with kOps' names and
+//! labels. Each task renders itself to Terraform ([`GceTask::render_terraform`]) and, through
+//! [`direct`], to the Compute API (`keelson apply --target direct`); [`crate::tasks!`] below is the
+//! one list of the types.
+
+pub mod direct;
+mod firewall;
+pub mod views;
+
+pub use direct::{GceDiscovered, GceError, GceTarget};
+pub use firewall::{Allowed, Firewall};
 
 use std::collections::BTreeMap;
 
@@ -43,6 +51,22 @@ pub fn plain_label(v: &str) -> Result<String, String> {
     Ok(v.to_string())
 }
 
+/// The network tag of a role's instances (`<cluster>-k8s-io-role-master`): what firewall rules
+/// target.
+pub fn role_tag(cluster: &str, role: Role) -> String {
+    format!("{}-k8s-io-role-{}", gce_name(cluster), role_label(role))
+}
+
+/// The metadata key of the boot script: kOps' `user-data`, or `startup-script` with
+/// `cloudConfig.gceUseStartupScript`.
+pub const USER_DATA_KEY: &str = "user-data";
+pub const STARTUP_SCRIPT_KEY: &str = "startup-script";
+
+/// The service account instances run as (`cloudConfig.gceServiceAccount`, kOps' default
+/// `default`) and its scope.
+pub const DEFAULT_SERVICE_ACCOUNT: &str = "default";
+pub const SCOPE_CLOUD_PLATFORM: &str = "https://www.googleapis.com/auth/cloud-platform";
+
 pub fn role_label(role: Role) -> &'static str {
     match role {
         Role::ControlPlane => "master",
@@ -61,9 +85,11 @@ pub trait GceTask: std::fmt::Debug + Send + Sync {
 
 crate::tasks! {
     /// A typed resource of GCE.
+    #[allow(clippy::large_enum_variant)]
     pub enum Task, pub struct Tasks, dyn GceTask {
         networks: Network(Network),
         subnetworks: Subnetwork(Subnetwork),
+        firewalls: Firewall(Firewall),
         instance_templates: InstanceTemplate(InstanceTemplate),
         instance_group_managers: InstanceGroupManager(InstanceGroupManager),
         disks: Disk(Disk),
@@ -138,8 +164,12 @@ pub struct InstanceTemplate {
     /// The first subnet of its group (none when no group uses it).
     pub subnetwork: Option<Link<Subnetwork>>,
     pub public_ip: bool,
-    /// The startup script (exactly the bytes the instance gets).
+    /// The boot script (exactly the bytes the instance gets).
     pub user_data: Vec<u8>,
+    /// Its metadata key ([`USER_DATA_KEY`] or [`STARTUP_SCRIPT_KEY`]).
+    pub user_data_key: String,
+    /// The service account's email (`default`: the project's default compute account).
+    pub service_account: String,
     pub labels: BTreeMap<String, String>,
     pub tags: Vec<String>,
 }
@@ -154,7 +184,7 @@ impl GceTask for InstanceTemplate {
         self.name.clone()
     }
     fn render_terraform(&self, b: &mut Blocks) {
-        let startup = b.data_file(&format!("google_compute_instance_template_{}_metadata_startup-script", tf_name(&self.name)), &self.user_data);
+        let startup = b.data_file(&format!("google_compute_instance_template_{}_metadata_{}", tf_name(&self.name), self.user_data_key), &self.user_data);
         b.add(
             "google_compute_instance_template",
             &self.name,
@@ -178,15 +208,15 @@ impl GceTask for InstanceTemplate {
                     "access_config": if self.public_ip { json!([{}]) } else { json!([]) },
                 }],
                 "metadata": {
-                    "startup-script": startup,
+                    self.user_data_key.as_str(): startup,
                     "cluster-name": self.cluster,
                     "kops-k8s-io-instance-group-name": self.group,
                 },
                 "labels": labels_value(&self.labels),
                 "tags": self.tags,
                 "service_account": [{
-                    "email": "default",
-                    "scopes": ["https://www.googleapis.com/auth/cloud-platform"],
+                    "email": self.service_account,
+                    "scopes": [SCOPE_CLOUD_PLATFORM],
                 }],
                 "scheduling": {"automatic_restart": true, "on_host_maintenance": "MIGRATE", "preemptible": false},
                 "lifecycle": {"create_before_destroy": true},

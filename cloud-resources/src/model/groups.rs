@@ -214,13 +214,19 @@ impl Group<'_> {
             subnetwork: self.subnets.first().map(|s| s.link()),
             public_ip: self.public_ip(),
             user_data: self.user_data.clone(),
+            user_data_key: if cx.spec.cloud_config.as_ref().and_then(|c| c.gce_use_startup_script) == Some(true) {
+                gce::STARTUP_SCRIPT_KEY.to_string()
+            } else {
+                gce::USER_DATA_KEY.to_string()
+            },
+            service_account: cx.spec.cloud_config.as_ref().and_then(|c| c.gce_service_account.clone()).unwrap_or_else(|| gce::DEFAULT_SERVICE_ACCOUNT.into()),
             labels: BTreeMap::from([
                 // Checked when the disks are built (every cluster has them): a plain label, as kOps writes it.
                 ("k8s-io-cluster-name".to_string(), safe_cluster_name(cluster)),
                 ("k8s-io-instance-group".to_string(), self.group.clone()),
                 (format!("k8s-io-role-{role}"), role.to_string()),
             ]),
-            tags: vec![format!("{}-k8s-io-role-{role}", gce_name(cluster))],
+            tags: vec![gce::role_tag(cluster, self.role)],
         });
         let zones = if self.zones.is_empty() { vec![format!("{}-b", cx.region)] } else { self.zones.clone() };
         let n = zones.len() as i64;

@@ -16,6 +16,7 @@ use crate::iam_policy::PolicyInputs;
 use crate::tasks::Link;
 
 mod dns;
+mod gce_firewall;
 mod groups;
 mod iam;
 mod load_balancer;
@@ -203,7 +204,10 @@ pub fn build_with(docs: &Documents, compiled: &Compiled, require_user_data: bool
     let mut gce_tasks = gce::Tasks::default();
     match cloud {
         CloudKind::Aws => network::build(&cx, &mut tasks)?,
-        _ => network::build_gce(&cx, &mut gce_tasks),
+        _ => {
+            network::build_gce(&cx, &mut gce_tasks);
+            gce_firewall::build_gce(&cx, &mut gce_tasks);
+        }
     }
     let lb_spec = load_balancer::spec(&cx);
     let target_group = lb_spec.map(|_| Link::to(load_balancer::target_group_name(&cluster)));

@@ -6,9 +6,11 @@
 //! * `labels` — kOps' GCE label encoding and the tag ↔ label names.
 //! * `api` — the HTTP client (tokens, Google's errors, bounded retries of reads, pagination).
 //! * `operations` — waiting for zone operations within a bound.
+//! * `compute` — the Compute resources `keelson apply` manages (one module per kind).
 
 pub mod api;
 pub mod auth;
+pub mod compute;
 pub mod disks;
 pub mod dns;
 pub mod labels;
@@ -16,6 +18,7 @@ pub mod operations;
 
 pub use api::{GoogleApi, GoogleApiError};
 pub use auth::TokenSource;
+pub use compute::{Compute, ComputeError};
 pub use disks::GceVolumes;
 pub use dns::CloudDns;
 

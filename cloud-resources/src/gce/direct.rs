@@ -1,0 +1,312 @@
+//! The direct GCE target: what exists of a cluster on Compute (found by name, network and label,
+//! read as typed tasks in their plan views), and a plan executed through the Compute API in the
+//! plan's order (creates and updates in dependency order, deletes reversed), every operation
+//! waited for within a bound ([`cloud::gce::Compute`]).
+//!
+//! What is the cluster's: its network (by name) and every subnetwork on it (or, on a network the
+//! spec names, the subnetworks the model names); firewall rules on that network named
+//! `…-<cluster>`; instance templates whose metadata `cluster-name` is the cluster and whose label
+//! `k8s-io-cluster-name` its safe name; MIGs in the region's zones that run one of those templates
+//! (or that the model names); disks labelled `k8s-io-cluster-name` = the safe name and
+//! `k8s-io-etcd-*` (the etcd members'). Nothing else is read, changed or deleted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use base::StateStore;
+use cloud::calls::CallCounter;
+use cloud::gce::compute::name_of_link;
+use cloud::gce::{Compute, ComputeError, GceEndpoints, GoogleApi, GoogleApiError, TokenSource};
+use serde_json::Value;
+
+use super::views::{self, Names};
+use super::{gce_name, safe_cluster_name, Task};
+use crate::model::ClusterModel;
+use crate::plan::{Action, Change, Kind, Plan, Resource, Rolling};
+use crate::state::{self, StateError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum GceError {
+    #[error(transparent)]
+    Compute(Box<ComputeError>),
+    #[error("the Compute API client: {0}")]
+    Client(Box<GoogleApiError>),
+    #[error("state store: {0}")]
+    Store(#[from] StateError),
+    #[error("{kind} {name}: {message}")]
+    Resource { kind: &'static str, name: String, message: String },
+    #[error("spec.project: required for the direct target on GCE")]
+    NoProject,
+}
+
+impl From<ComputeError> for GceError {
+    fn from(e: ComputeError) -> Self {
+        GceError::Compute(Box::new(e))
+    }
+}
+
+impl From<GoogleApiError> for GceError {
+    fn from(e: GoogleApiError) -> Self {
+        GceError::Client(Box::new(e))
+    }
+}
+
+/// The Compute API of the cluster's project.
+#[derive(Debug, Clone)]
+pub struct GceTarget {
+    pub compute: Compute,
+    pub counter: CallCounter,
+    /// Deletes of a resource still used by another (a disk its instance is leaving) are retried
+    /// this many times, this far apart.
+    pub dependency_retries: u32,
+    pub dependency_delay: Duration,
+}
+
+/// What exists of the cluster.
+#[derive(Debug, Clone, Default)]
+pub struct GceDiscovered {
+    pub resources: Vec<Resource>,
+    /// The region's zones.
+    pub zones: Vec<String>,
+}
+
+impl GceTarget {
+    /// `endpoints`: Google's or an emulator's; tokens from the metadata server `tokens` reads;
+    /// `op_bound`: the longest one operation is waited for.
+    pub fn new(endpoints: &GceEndpoints, project: &str, tokens: TokenSource, op_bound: Duration) -> Result<GceTarget, GceError> {
+        let counter = CallCounter::default();
+        let api = GoogleApi::new(tokens, Duration::from_secs(60))?.with_counter(counter.clone());
+        Ok(GceTarget {
+            compute: Compute::new(api, &endpoints.compute, project, op_bound),
+            counter,
+            dependency_retries: 60,
+            dependency_delay: Duration::from_secs(5),
+        })
+    }
+
+    /// The GCE names of the model's tasks.
+    pub fn names(&self, model: &ClusterModel) -> Names {
+        Names::of(&model.gce, self.compute.project(), &model.region)
+    }
+
+    /// Everything of the cluster that exists, as typed tasks in their plan views (reads only).
+    pub async fn discover(&self, model: &ClusterModel, names: &Names) -> Result<GceDiscovered, GceError> {
+        let c = &self.compute;
+        let mut d = GceDiscovered { zones: c.zones_of_region(&model.region).await?, ..Default::default() };
+        let cluster_suffix = format!("-{}", gce_name(&model.cluster));
+        let ours: BTreeSet<String> = model.gce.networks.iter().map(|n| n.gce_name.clone()).collect();
+        // The network the cluster's tasks use (ours, or the spec's).
+        let used: BTreeSet<String> = model
+            .gce
+            .subnetworks
+            .iter()
+            .map(|s| names.network(&s.network))
+            .chain(model.gce.firewalls.iter().map(|f| names.network(&f.network)))
+            .chain(ours.iter().cloned())
+            .collect();
+        for n in c.networks().await? {
+            if ours.contains(views::from_network(&n).gce_name.as_str()) {
+                self.found(&mut d, views::from_network(&n), c.global_link("networks", name_of(&n)), names);
+            }
+        }
+        let wanted_subnets: BTreeSet<String> = model.gce.subnetworks.iter().map(|s| s.gce_name.clone()).collect();
+        for s in c.subnetworks(&model.region).await? {
+            let on = name_of_link(s["network"].as_str().unwrap_or_default()).to_string();
+            if ours.contains(&on) || (used.contains(&on) && wanted_subnets.contains(name_of(&s))) {
+                self.found(&mut d, views::from_subnetwork(&s), c.region_link(&model.region, "subnetworks", name_of(&s)), names);
+            }
+        }
+        for f in c.firewalls().await? {
+            let on = name_of_link(f["network"].as_str().unwrap_or_default()).to_string();
+            if used.contains(&on) && name_of(&f).ends_with(&cluster_suffix) {
+                self.found(&mut d, views::from_firewall(&f), c.global_link("firewalls", name_of(&f)), names);
+            }
+        }
+        let safe = safe_cluster_name(&model.cluster);
+        let mut templates = BTreeSet::new();
+        for t in c.instance_templates().await? {
+            let typed = views::from_template(&t);
+            if typed.cluster == model.cluster && typed.labels.get(cloud::gce::labels::CLUSTER_LABEL) == Some(&safe) {
+                templates.insert(typed.name.clone());
+                self.found(&mut d, typed, c.global_link("instanceTemplates", name_of(&t)), names);
+            }
+        }
+        let wanted_migs: BTreeSet<String> = model.gce.instance_group_managers.iter().map(|m| m.gce_name.clone()).collect();
+        let filter = format!("(labels.{} = \"{safe}\")", cloud::gce::labels::CLUSTER_LABEL);
+        for zone in d.zones.clone() {
+            for m in c.instance_group_managers(&zone).await? {
+                let typed = views::from_mig(&m);
+                if templates.contains(typed.template.name()) || wanted_migs.contains(&typed.gce_name) {
+                    self.found(&mut d, typed, c.zone_link(&zone, "instanceGroupManagers", name_of(&m)), names);
+                }
+            }
+            for disk in c.disks(&zone, &filter).await? {
+                let typed = views::from_disk(&disk);
+                // The filter, checked again on our side; and only etcd members' disks.
+                if typed.labels.get(cloud::gce::labels::CLUSTER_LABEL) == Some(&safe)
+                    && typed.labels.keys().any(|k| k.starts_with(cloud::gce::labels::ETCD_LABEL_PREFIX))
+                {
+                    self.found(&mut d, typed, c.zone_link(&zone, "disks", name_of(&disk)), names);
+                }
+            }
+        }
+        Ok(d)
+    }
+
+    fn found(&self, d: &mut GceDiscovered, task: impl Into<Task>, id: String, names: &Names) {
+        d.resources.push(views::view(task.into(), Some(id), names));
+    }
+
+    /// The instances a plan's template changes leave on the old template (a rolling update
+    /// replaces them).
+    pub async fn rolling(&self, plan: &Plan) -> Result<Vec<Rolling>, GceError> {
+        let mut out = Vec::new();
+        for c in &plan.changes {
+            let Action::Update(fields) = &c.action else { continue };
+            if c.kind != Kind::GceInstanceGroupManager || !fields.iter().any(|f| f.field == "template") {
+                continue;
+            }
+            let Some(Task::InstanceGroupManager(m)) = c.actual.as_ref().and_then(|a| a.gce.as_deref()) else { continue };
+            let managed = self.compute.list_managed_instances(&m.zone, &m.gce_name).await?;
+            let instances: Vec<String> = managed.iter().filter_map(|i| i["instance"].as_str()).map(|i| name_of_link(i).to_string()).collect();
+            if !instances.is_empty() {
+                out.push(Rolling { group: c.name.clone(), instances, reason: "new instance template".into() });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Execute a plan's changes in order; returns how many were applied.
+    pub async fn execute(&self, model: &ClusterModel, names: &Names, plan: &Plan, store: &StateStore) -> Result<usize, GceError> {
+        let mut applied = 0;
+        for c in &plan.changes {
+            if !state::execute_change(store, &model.state, &model.etcd_clusters, model.encryption_config, c).await? {
+                self.execute_one(names, c).await?;
+            }
+            applied += 1;
+        }
+        Ok(applied)
+    }
+
+    async fn execute_one(&self, names: &Names, c: &Change) -> Result<(), GceError> {
+        let want = c.desired.as_ref().and_then(|r| r.gce.as_deref());
+        let have = c.actual.as_ref().and_then(|r| r.gce.as_deref());
+        let missing =
+            |side: &str| GceError::Resource { kind: c.kind.as_str(), name: c.name.clone(), message: format!("the plan holds no typed {side} state for it") };
+        let cx = &self.compute;
+        match &c.action {
+            Action::Create => {
+                let task = want.ok_or_else(|| missing("desired"))?;
+                let body = views::body(task, names);
+                tracing::info!(kind = c.kind.as_str(), name = %c.name, "creating");
+                match task {
+                    Task::Network(_) => cx.insert_network(&body).await?,
+                    Task::Subnetwork(s) => cx.insert_subnetwork(&s.region, &body).await?,
+                    Task::Firewall(_) => cx.insert_firewall(&body).await?,
+                    Task::InstanceTemplate(_) => cx.insert_instance_template(&body).await?,
+                    Task::InstanceGroupManager(m) => cx.insert_instance_group_manager(&m.zone, &body).await?,
+                    Task::Disk(d) => cx.insert_disk(&d.zone, &body).await?,
+                }
+            }
+            Action::Update(fields) => {
+                let (task, old) = (want.ok_or_else(|| missing("desired"))?, have.ok_or_else(|| missing("actual"))?);
+                let changed = |f: &str| fields.iter().any(|x| x.field == f);
+                let refuse = |what: &str| GceError::Resource {
+                    kind: c.kind.as_str(),
+                    name: c.name.clone(),
+                    message: format!("{what} cannot be changed in place on GCE (delete and re-create it)"),
+                };
+                tracing::info!(kind = c.kind.as_str(), name = %c.name, "updating");
+                match (task, old) {
+                    (Task::Firewall(_), _) => cx.patch_firewall(&c.name, &views::body(task, names)).await?,
+                    (Task::InstanceGroupManager(m), Task::InstanceGroupManager(a)) => {
+                        if changed("zone") || changed("base_instance_name") {
+                            return Err(refuse("its zone or base instance name"));
+                        }
+                        if changed("template") {
+                            cx.set_instance_template(&a.zone, &a.gce_name, &names.template_link(&m.template)).await?;
+                        }
+                        if changed("target_size") {
+                            cx.resize_instance_group_manager(&a.zone, &a.gce_name, m.target_size).await?;
+                        }
+                    }
+                    (Task::Disk(want), Task::Disk(have)) => {
+                        // Only labels (zone, size and type are kept for life): set ours, keep others'.
+                        let now = cx.disk(&have.zone, &have.gce_name).await?.ok_or_else(|| GceError::Resource {
+                            kind: c.kind.as_str(),
+                            name: c.name.clone(),
+                            message: "gone since it was planned".into(),
+                        })?;
+                        let mut labels = have.labels.clone();
+                        labels.extend(want.labels.clone());
+                        let fingerprint = now["labelFingerprint"].as_str().unwrap_or_default();
+                        cx.set_disk_labels(&have.zone, &have.gce_name, &serde_json::to_value(&labels).unwrap_or_default(), fingerprint).await?;
+                    }
+                    (Task::Network(_), _) => return Err(refuse("a network")),
+                    (Task::Subnetwork(_), _) => return Err(refuse("a subnetwork's network, region or range")),
+                    // Never planned: templates are named by their content.
+                    (Task::InstanceTemplate(_), _) => return Err(refuse("an instance template")),
+                    _ => return Err(missing("actual")),
+                }
+            }
+            Action::Delete => {
+                let task = have.ok_or_else(|| missing("actual"))?;
+                tracing::info!(kind = c.kind.as_str(), name = %c.name, "deleting");
+                self.delete_with_retry(&c.name, || async move {
+                    match task {
+                        Task::Network(n) => cx.delete_network(&n.gce_name).await,
+                        Task::Subnetwork(s) => cx.delete_subnetwork(&s.region, &s.gce_name).await,
+                        Task::Firewall(f) => cx.delete_firewall(&f.name).await,
+                        Task::InstanceTemplate(t) => cx.delete_instance_template(&t.name).await,
+                        Task::InstanceGroupManager(m) => cx.delete_instance_group_manager(&m.zone, &m.gce_name).await,
+                        Task::Disk(d) => cx.delete_disk(&d.zone, &d.gce_name).await,
+                    }
+                })
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A delete, retried (bounded) while the resource is still used by another; one already gone
+    /// is done.
+    async fn delete_with_retry<F, Fut>(&self, what: &str, mut f: F) -> Result<(), GceError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<(), ComputeError>>,
+    {
+        let tries = self.dependency_retries.max(1);
+        let mut attempt = 1;
+        loop {
+            match f().await {
+                Ok(()) => return Ok(()),
+                Err(e) if e.is_not_found() => return Ok(()),
+                Err(e) if e.is_in_use() && attempt < tries => {
+                    tracing::info!(what, attempt, error = %e, "still in use; waiting");
+                    tokio::time::sleep(self.dependency_delay).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+fn name_of(v: &Value) -> &str {
+    v["name"].as_str().unwrap_or_default()
+}
+
+/// The model's GCE tasks in their plan views.
+pub fn desired(model: &ClusterModel, names: &Names) -> Vec<Resource> {
+    model.gce.to_vec().into_iter().map(|t| views::view(t, None, names)).collect()
+}
+
+/// Write calls made so far, per `compute/<collection>.<method>`.
+pub fn write_calls(counter: &CallCounter) -> BTreeMap<String, u64> {
+    counter
+        .snapshot()
+        .into_iter()
+        .filter(|(k, _)| !(k.ends_with(".list") || k.ends_with(".get") || k.ends_with("operations.wait") || k.ends_with(".listManagedInstances")))
+        .map(|(k, c)| (k, c.calls))
+        .collect()
+}

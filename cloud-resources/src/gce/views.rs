@@ -1,0 +1,376 @@
+//! The GCE tasks as the Compute API sees them and as the plan compares them: each task's request
+//! body ([`body`]), the typed task read back from a Compute resource ([`from_network`], …), and
+//! the plan view of either ([`view`]): kind, GCE name, comparable fields (names, never URLs; a
+//! hash, never the boot script), labels as tags.
+//!
+//! An instance template is immutable: its GCE name is its group's prefix and a hash of its body
+//! ([`template_name`]), so a changed template is a new name (created, the MIGs moved to it, the old
+//! one deleted), and two templates of the same name are the same template.
+
+use std::collections::BTreeMap;
+
+use cloud::gce::compute::name_of_link;
+use keelson_api::Role;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use super::{Allowed, Disk, Firewall, InstanceGroupManager, InstanceTemplate, Network, Subnetwork, Task, SCOPE_CLOUD_PLATFORM};
+use crate::plan::{Kind, Resource};
+use crate::tasks::{Fields, Link};
+
+/// How the links of the model's tasks are named on GCE, and the project they live in.
+#[derive(Debug, Clone, Default)]
+pub struct Names {
+    pub project: String,
+    /// The cluster's region (its subnetworks').
+    pub region: String,
+    /// Model name → GCE name.
+    pub networks: BTreeMap<String, String>,
+    pub subnetworks: BTreeMap<String, String>,
+    /// Template model name → GCE name (prefix and hash).
+    pub templates: BTreeMap<String, String>,
+}
+
+impl Names {
+    /// The names of the model's tasks (template names hashed from their bodies).
+    pub fn of(tasks: &super::Tasks, project: &str, region: &str) -> Names {
+        let mut n = Names { project: project.to_string(), region: region.to_string(), ..Default::default() };
+        n.networks = tasks.networks.iter().map(|t| (t.name.clone(), t.gce_name.clone())).collect();
+        n.subnetworks = tasks.subnetworks.iter().map(|t| (t.name.clone(), t.gce_name.clone())).collect();
+        let templates: BTreeMap<String, String> = tasks.instance_templates.iter().map(|t| (t.name.clone(), template_name(t, &n))).collect();
+        n.templates = templates;
+        n
+    }
+
+    /// The GCE name a link to a network stands for (the spec's id as it is, ours by the model).
+    pub fn network(&self, l: &Link<Network>) -> String {
+        l.id().map(|id| name_of_link(id).to_string()).or_else(|| self.networks.get(l.name()).cloned()).unwrap_or_else(|| l.name().to_string())
+    }
+    pub fn subnetwork(&self, l: &Link<Subnetwork>) -> String {
+        l.id().map(|id| name_of_link(id).to_string()).or_else(|| self.subnetworks.get(l.name()).cloned()).unwrap_or_else(|| l.name().to_string())
+    }
+    pub fn template(&self, l: &Link<InstanceTemplate>) -> String {
+        self.templates.get(l.name()).cloned().unwrap_or_else(|| l.name().to_string())
+    }
+    fn network_link(&self, l: &Link<Network>) -> String {
+        match l.id() {
+            Some(id) if id.contains('/') => id.to_string(),
+            _ => format!("projects/{}/global/networks/{}", self.project, self.network(l)),
+        }
+    }
+    fn subnetwork_link(&self, l: &Link<Subnetwork>, region: &str) -> String {
+        match l.id() {
+            Some(id) if id.contains('/') => id.to_string(),
+            _ => format!("projects/{}/regions/{region}/subnetworks/{}", self.project, self.subnetwork(l)),
+        }
+    }
+    pub fn template_link(&self, l: &Link<InstanceTemplate>) -> String {
+        format!("projects/{}/global/instanceTemplates/{}", self.project, self.template(l))
+    }
+}
+
+/// The image as Compute wants it: `PROJECT/NAME` → `projects/PROJECT/global/images/NAME`; a URL
+/// or partial URL as it is.
+pub fn image_link(image: &str) -> String {
+    match image.split_once('/') {
+        Some((project, name)) if !name.contains('/') && project != "global" => format!("projects/{project}/global/images/{name}"),
+        _ => image.to_string(),
+    }
+}
+
+/// [`image_link`] read back: `…/projects/P/global/images/N` → `P/N`.
+fn image_of(link: &str) -> String {
+    let segs: Vec<&str> = link.split('/').collect();
+    match segs.iter().rposition(|s| *s == "projects") {
+        Some(i) if segs.len() == i + 5 && segs[i + 2] == "global" && segs[i + 3] == "images" => format!("{}/{}", segs[i + 1], segs[i + 4]),
+        _ => link.to_string(),
+    }
+}
+
+/// The `properties` of a template's body (everything but its name).
+fn template_properties(t: &InstanceTemplate, names: &Names) -> Value {
+    let mut nic = json!({"network": names.network_link(&t.network)});
+    if let Some(s) = &t.subnetwork {
+        nic["subnetwork"] = json!(names.subnetwork_link(s, &names.region));
+    }
+    if t.public_ip {
+        nic["accessConfigs"] = json!([{"name": "external-nat", "type": "ONE_TO_ONE_NAT"}]);
+    }
+    let metadata = [
+        (t.user_data_key.as_str(), String::from_utf8_lossy(&t.user_data).into_owned()),
+        ("cluster-name", t.cluster.clone()),
+        ("kops-k8s-io-instance-group-name", t.group.clone()),
+    ];
+    json!({
+        "machineType": t.machine_type,
+        "canIpForward": true,
+        "disks": [{
+            "boot": true,
+            "autoDelete": true,
+            "deviceName": "persistent-disks-0",
+            "type": "PERSISTENT",
+            "mode": "READ_WRITE",
+            "initializeParams": {"diskSizeGb": t.disk_size_gb.to_string(), "diskType": t.disk_type, "sourceImage": image_link(&t.image)},
+        }],
+        "networkInterfaces": [nic],
+        "metadata": {"items": metadata.iter().map(|(k, v)| json!({"key": k, "value": v})).collect::<Vec<_>>()},
+        "labels": t.labels,
+        "tags": {"items": t.tags},
+        "serviceAccounts": [{"email": t.service_account, "scopes": [SCOPE_CLOUD_PLATFORM]}],
+        "scheduling": {"automaticRestart": true, "onHostMaintenance": "MIGRATE", "preemptible": false},
+    })
+}
+
+/// A template's GCE name: its group's prefix and the first 12 hex digits of the sha256 of its
+/// properties (serde_json orders object keys, so the hash is stable).
+pub fn template_name(t: &InstanceTemplate, names: &Names) -> String {
+    let props = template_properties(t, names);
+    let hash = hex::encode(Sha256::digest(props.to_string().as_bytes()));
+    format!("{}{}", t.name_prefix, &hash[..12])
+}
+
+/// The Compute request body that creates the task.
+pub fn body(task: &Task, names: &Names) -> Value {
+    match task {
+        Task::Network(n) => json!({"name": n.gce_name, "autoCreateSubnetworks": false, "routingConfig": {"routingMode": "REGIONAL"}}),
+        Task::Subnetwork(s) => json!({"name": s.gce_name, "network": names.network_link(&s.network), "ipCidrRange": s.cidr, "region": s.region}),
+        Task::Firewall(f) => {
+            let mut v = json!({
+                "name": f.name,
+                "network": names.network_link(&f.network),
+                "direction": "INGRESS",
+                "priority": 1000,
+                "targetTags": f.target_tags,
+                "allowed": f.allowed.iter().map(|a| {
+                    let mut r = json!({"IPProtocol": a.protocol});
+                    if !a.ports.is_empty() {
+                        r["ports"] = json!(a.ports);
+                    }
+                    r
+                }).collect::<Vec<_>>(),
+            });
+            // A patch replaces what it sends: both lists always sent (empty clears).
+            v["sourceRanges"] = json!(f.source_ranges);
+            v["sourceTags"] = json!(f.source_tags);
+            v
+        }
+        Task::InstanceTemplate(t) => json!({
+            "name": template_name(t, names),
+            "description": format!("keelson: instance group {} of {}", t.group, t.cluster),
+            "properties": template_properties(t, names),
+        }),
+        Task::InstanceGroupManager(m) => json!({
+            "name": m.gce_name,
+            "baseInstanceName": m.base_instance_name,
+            "instanceTemplate": names.template_link(&m.template),
+            "targetSize": m.target_size,
+            "updatePolicy": {"type": "OPPORTUNISTIC", "minimalAction": "REPLACE", "maxSurge": {"fixed": m.max_surge}, "maxUnavailable": {"fixed": 0}},
+        }),
+        Task::Disk(d) => json!({
+            "name": d.gce_name,
+            "sizeGb": d.size_gb.to_string(),
+            "type": format!("projects/{}/zones/{}/diskTypes/{}", names.project, d.zone, d.disk_type),
+            "labels": d.labels,
+        }),
+    }
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array().into_iter().flatten().filter_map(Value::as_str).map(str::to_string).collect()
+}
+
+fn string_map(v: &Value) -> BTreeMap<String, String> {
+    v.as_object().map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string())).collect()).unwrap_or_default()
+}
+
+fn str_of<'a>(v: &'a Value, k: &str) -> &'a str {
+    v[k].as_str().unwrap_or_default()
+}
+
+fn int_of(v: &Value) -> i64 {
+    v.as_i64().or_else(|| v.as_str().and_then(|s| s.parse().ok())).unwrap_or(0)
+}
+
+pub fn from_network(v: &Value) -> Network {
+    let n = str_of(v, "name").to_string();
+    Network { name: n.clone(), gce_name: n }
+}
+
+pub fn from_subnetwork(v: &Value) -> Subnetwork {
+    let n = str_of(v, "name").to_string();
+    Subnetwork {
+        name: n.clone(),
+        gce_name: n,
+        network: Link::to(name_of_link(str_of(v, "network"))),
+        region: name_of_link(str_of(v, "region")).to_string(),
+        cidr: str_of(v, "ipCidrRange").to_string(),
+    }
+}
+
+pub fn from_firewall(v: &Value) -> Firewall {
+    Firewall {
+        name: str_of(v, "name").to_string(),
+        network: Link::to(name_of_link(str_of(v, "network"))),
+        source_ranges: strings(&v["sourceRanges"]),
+        source_tags: strings(&v["sourceTags"]),
+        target_tags: strings(&v["targetTags"]),
+        allowed: v["allowed"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|a| Allowed { protocol: str_of(a, "IPProtocol").to_string(), ports: strings(&a["ports"]) })
+            .collect(),
+    }
+}
+
+/// A template read back (its name is its GCE name).
+pub fn from_template(v: &Value) -> InstanceTemplate {
+    let p = &v["properties"];
+    let meta: BTreeMap<String, String> =
+        p["metadata"]["items"].as_array().into_iter().flatten().map(|i| (str_of(i, "key").to_string(), str_of(i, "value").to_string())).collect();
+    let (user_data_key, user_data) = [super::USER_DATA_KEY, super::STARTUP_SCRIPT_KEY]
+        .iter()
+        .find_map(|k| meta.get(*k).map(|d| (k.to_string(), d.clone().into_bytes())))
+        .unwrap_or_default();
+    let labels = string_map(&p["labels"]);
+    let role = match labels.iter().find(|(k, _)| k.starts_with("k8s-io-role-")).map(|(_, v)| v.as_str()) {
+        Some("master") => Role::ControlPlane,
+        Some("apiserver") => Role::ApiServer,
+        Some("bastion") => Role::Bastion,
+        _ => Role::Node,
+    };
+    let disk = &p["disks"][0];
+    let nic = &p["networkInterfaces"][0];
+    let name = str_of(v, "name").to_string();
+    InstanceTemplate {
+        name_prefix: name.get(..name.len().saturating_sub(12)).unwrap_or_default().to_string(),
+        name,
+        group: meta.get("kops-k8s-io-instance-group-name").cloned().unwrap_or_default(),
+        role,
+        cluster: meta.get("cluster-name").cloned().unwrap_or_default(),
+        machine_type: name_of_link(str_of(p, "machineType")).to_string(),
+        disk_size_gb: int_of(&disk["initializeParams"]["diskSizeGb"]),
+        disk_type: name_of_link(str_of(&disk["initializeParams"], "diskType")).to_string(),
+        image: image_of(str_of(&disk["initializeParams"], "sourceImage")),
+        network: Link::to(name_of_link(str_of(nic, "network"))),
+        subnetwork: Some(str_of(nic, "subnetwork")).filter(|s| !s.is_empty()).map(|s| Link::to(name_of_link(s))),
+        public_ip: nic["accessConfigs"].as_array().is_some_and(|a| !a.is_empty()),
+        user_data,
+        user_data_key,
+        service_account: str_of(&p["serviceAccounts"][0], "email").to_string(),
+        labels,
+        tags: strings(&p["tags"]["items"]),
+    }
+}
+
+pub fn from_mig(v: &Value) -> InstanceGroupManager {
+    let n = str_of(v, "name").to_string();
+    InstanceGroupManager {
+        name: n.clone(),
+        gce_name: n,
+        zone: name_of_link(str_of(v, "zone")).to_string(),
+        base_instance_name: str_of(v, "baseInstanceName").to_string(),
+        target_size: int_of(&v["targetSize"]),
+        template: Link::to(name_of_link(str_of(v, "instanceTemplate"))),
+        max_surge: int_of(&v["updatePolicy"]["maxSurge"]["fixed"]),
+    }
+}
+
+pub fn from_disk(v: &Value) -> Disk {
+    let n = str_of(v, "name").to_string();
+    Disk {
+        name: n.clone(),
+        gce_name: n,
+        zone: name_of_link(str_of(v, "zone")).to_string(),
+        size_gb: int_of(&v["sizeGb"]),
+        disk_type: name_of_link(str_of(v, "type")).to_string(),
+        labels: string_map(&v["labels"]),
+    }
+}
+
+pub fn kind_of(task: &Task) -> Kind {
+    match task {
+        Task::Network(_) => Kind::GceNetwork,
+        Task::Subnetwork(_) => Kind::GceSubnetwork,
+        Task::Firewall(_) => Kind::GceFirewall,
+        Task::InstanceTemplate(_) => Kind::GceInstanceTemplate,
+        Task::InstanceGroupManager(_) => Kind::GceInstanceGroupManager,
+        Task::Disk(_) => Kind::GceDisk,
+    }
+}
+
+/// The plan's name of a task: its GCE name.
+pub fn gce_name_of(task: &Task, names: &Names) -> String {
+    match task {
+        Task::Network(n) => n.gce_name.clone(),
+        Task::Subnetwork(s) => s.gce_name.clone(),
+        Task::Firewall(f) => f.name.clone(),
+        Task::InstanceTemplate(t) => names.templates.get(&t.name).cloned().unwrap_or_else(|| t.name.clone()),
+        Task::InstanceGroupManager(m) => m.gce_name.clone(),
+        Task::Disk(d) => d.gce_name.clone(),
+    }
+}
+
+fn sorted_joined(v: &[String]) -> String {
+    let mut v = v.to_vec();
+    v.sort();
+    v.dedup();
+    v.join(",")
+}
+
+/// The plan view of a task; `id`: the partial URL of an actual resource.
+pub fn view(task: Task, id: Option<String>, names: &Names) -> Resource {
+    let mut f = Fields::default();
+    let mut tags = BTreeMap::new();
+    match &task {
+        Task::Network(_) => {
+            f.set("auto_create_subnetworks", false);
+        }
+        Task::Subnetwork(s) => {
+            f.set("network", names.network(&s.network)).set("region", &s.region).set("cidr", &s.cidr);
+        }
+        Task::Firewall(fw) => {
+            let mut allowed: Vec<String> = fw.allowed.iter().map(Allowed::label).collect();
+            allowed.sort();
+            f.set("network", names.network(&fw.network))
+                .set("allowed", allowed.join(" "))
+                .set("source_ranges", sorted_joined(&fw.source_ranges))
+                .set("source_tags", sorted_joined(&fw.source_tags))
+                .set("target_tags", sorted_joined(&fw.target_tags));
+        }
+        Task::InstanceTemplate(t) => {
+            f.set("group", &t.group)
+                .set("machine_type", &t.machine_type)
+                .set("image", &t.image)
+                .set("disk", format!("{} GB {}", t.disk_size_gb, t.disk_type))
+                .set("metadata", format!("{} (sha256 {}), cluster-name, kops-k8s-io-instance-group-name", t.user_data_key, base::sha256_hex(&t.user_data)))
+                .set("service_account", &t.service_account)
+                .set("tags", sorted_joined(&t.tags));
+            tags = t.labels.clone();
+        }
+        Task::InstanceGroupManager(m) => {
+            f.set("zone", &m.zone)
+                .set("base_instance_name", &m.base_instance_name)
+                .set("target_size", m.target_size)
+                .set("template", names.template(&m.template));
+        }
+        Task::Disk(d) => {
+            f.set("zone", &d.zone).set("size", d.size_gb).set("type", &d.disk_type);
+            tags = d.labels.clone();
+        }
+    }
+    Resource { kind: Some(kind_of(&task)), name: gce_name_of(&task, names), attrs: f.0, tags, id, task: None, gce: Some(Box::new(task)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn images_are_compute_links_and_read_back() {
+        let l = image_link("ubuntu-os-cloud/ubuntu-2404-noble-amd64-v20250606");
+        assert_eq!(l, "projects/ubuntu-os-cloud/global/images/ubuntu-2404-noble-amd64-v20250606");
+        assert_eq!(image_of(&format!("https://compute.googleapis.com/compute/v1/{l}")), "ubuntu-os-cloud/ubuntu-2404-noble-amd64-v20250606");
+        assert_eq!(image_link("projects/p/global/images/i"), "projects/p/global/images/i");
+    }
+}

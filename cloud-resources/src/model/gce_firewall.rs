@@ -1,0 +1,70 @@
+//! GCE firewall rules, as kOps' GCE model makes them (`pkg/model/gcemodel/firewall.go`,
+//! `external_access.go`): instances are reached by their role's network tag.
+//!
+//! * nodes ↔ nodes, control planes ↔ control planes and control planes → nodes: everything
+//!   (tcp, udp, icmp, esp, ah, sctp);
+//! * nodes → control planes: the API (tcp 443) and kops-controller (tcp 3988) only;
+//! * the pod network (`spec.podCIDR`, else `nonMasqueradeCIDR`) → every instance: everything;
+//! * `spec.sshAccess` → control planes and nodes on tcp 22; `spec.kubernetesApiAccess` → control
+//!   planes on tcp 443. IPv6 sources get their own rule (`…-ipv6`), as GCE wants one family a rule.
+//!
+//! Names are `<rule>-<cluster>` in GCE's alphabet. Pure: no I/O.
+
+use keelson_api::Role;
+
+use super::Context;
+use crate::gce::{self, gce_name, role_tag, Allowed, Firewall};
+use crate::tasks::Link;
+
+const ALL: [&str; 6] = ["tcp", "udp", "icmp", "esp", "ah", "sctp"];
+/// kops-controller's port (nodes fetch their configuration from it).
+pub const KOPS_CONTROLLER_PORT: &str = "3988";
+
+fn all() -> Vec<Allowed> {
+    ALL.iter().map(|p| Allowed::new(p, &[])).collect()
+}
+
+/// The firewall rules of the cluster's network.
+pub fn build_gce(cx: &Context<'_>, tasks: &mut gce::Tasks) {
+    let cluster = cx.cluster;
+    let network: Link<gce::Network> = match cx.vpc.id() {
+        Some(id) => Link::existing(id, id),
+        None => Link::to(cluster),
+    };
+    let (master, node) = (role_tag(cluster, Role::ControlPlane), role_tag(cluster, Role::Node));
+    let rule = |name: &str, ranges: Vec<String>, sources: Vec<String>, targets: Vec<String>, allowed: Vec<Allowed>| Firewall {
+        name: gce_name(&format!("{name}-{cluster}")),
+        network: network.clone(),
+        source_ranges: ranges,
+        source_tags: sources,
+        target_tags: targets,
+        allowed,
+    };
+    let mut rules = vec![
+        rule("node-to-node", vec![], vec![node.clone()], vec![node.clone()], all()),
+        rule("master-to-master", vec![], vec![master.clone()], vec![master.clone()], all()),
+        rule("master-to-node", vec![], vec![master.clone()], vec![node.clone()], all()),
+        rule("node-to-master", vec![], vec![node.clone()], vec![master.clone()], vec![Allowed::new("tcp", &["443", KOPS_CONTROLLER_PORT])]),
+    ];
+    let pods = cx.spec.pod_cidr.as_ref().or(cx.spec.non_masquerade_cidr.as_ref()).map(|c| c.to_string());
+    if let Some(pods) = pods {
+        rules.push(rule("pod-cidrs-to-node", vec![pods], vec![], vec![master.clone(), node.clone()], all()));
+    }
+    // External access: one rule per address family.
+    let mut external = |name: &str, cidrs: &[String], targets: Vec<String>, port: &str| {
+        let (v6, v4): (Vec<String>, Vec<String>) = cidrs.iter().cloned().partition(|c| c.contains(':'));
+        if !v4.is_empty() {
+            rules.push(rule(name, v4, vec![], targets.clone(), vec![Allowed::new("tcp", &[port])]));
+        }
+        if !v6.is_empty() {
+            rules.push(rule(&format!("{name}-ipv6"), v6, vec![], targets, vec![Allowed::new("tcp", &[port])]));
+        }
+    };
+    let ssh = cx.spec.ssh_access.clone().unwrap_or_default();
+    external("ssh-external-to-master", &ssh, vec![master.clone()], "22");
+    external("ssh-external-to-node", &ssh, vec![node.clone()], "22");
+    external("kubernetes-master-https", &cx.spec.kubernetes_api_access.clone().unwrap_or_default(), vec![master], "443");
+    for r in rules {
+        tasks.push(r);
+    }
+}

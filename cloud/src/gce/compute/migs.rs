@@ -1,0 +1,62 @@
+//! Zonal managed instance groups: insert, resize, setInstanceTemplate, listManagedInstances,
+//! recreateInstances, delete (with their instances).
+
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use super::{err, Compute, ComputeError, MAX_PAGES};
+
+impl Compute {
+    pub async fn instance_group_managers(&self, zone: &str) -> Result<Vec<Value>, ComputeError> {
+        self.list("instanceGroupManagers.list", &format!("{}/instanceGroupManagers", self.zone(zone))).await
+    }
+    pub async fn insert_instance_group_manager(&self, zone: &str, body: &Value) -> Result<(), ComputeError> {
+        let name = body["name"].as_str().unwrap_or_default();
+        let scope = self.zone(zone);
+        self.change("instanceGroupManagers.insert", name, Method::POST, &scope, &format!("{scope}/instanceGroupManagers"), Some(body)).await
+    }
+    pub async fn resize_instance_group_manager(&self, zone: &str, name: &str, size: i64) -> Result<(), ComputeError> {
+        let scope = self.zone(zone);
+        let url = format!("{scope}/instanceGroupManagers/{name}/resize?size={size}");
+        self.change("instanceGroupManagers.resize", name, Method::POST, &scope, &url, None).await
+    }
+    /// New and recreated instances come from `template` (a link); running ones are left alone.
+    pub async fn set_instance_template(&self, zone: &str, name: &str, template: &str) -> Result<(), ComputeError> {
+        let scope = self.zone(zone);
+        let url = format!("{scope}/instanceGroupManagers/{name}/setInstanceTemplate");
+        self.change("instanceGroupManagers.setInstanceTemplate", name, Method::POST, &scope, &url, Some(&json!({"instanceTemplate": template}))).await
+    }
+    /// Recreate the named instances (links) from the group's current template.
+    pub async fn recreate_instances(&self, zone: &str, name: &str, instances: &[String]) -> Result<(), ComputeError> {
+        let scope = self.zone(zone);
+        let url = format!("{scope}/instanceGroupManagers/{name}/recreateInstances");
+        self.change("instanceGroupManagers.recreateInstances", name, Method::POST, &scope, &url, Some(&json!({"instances": instances}))).await
+    }
+    /// The group's instances (`managedInstances[]`: `instance`, `instanceStatus`, `currentAction`).
+    pub async fn list_managed_instances(&self, zone: &str, name: &str) -> Result<Vec<Value>, ComputeError> {
+        let url = format!("{}/instanceGroupManagers/{name}/listManagedInstances", self.zone(zone));
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        for _ in 0..MAX_PAGES {
+            let page = match &token {
+                Some(t) => format!("{url}?pageToken={}", super::super::api::enc(t)),
+                None => url.clone(),
+            };
+            let v = self.api.call(Method::POST, &page, None, None).await.map_err(|e| err("instanceGroupManagers.listManagedInstances", name, e.into()))?;
+            out.extend(v["managedInstances"].as_array().cloned().unwrap_or_default());
+            match v["nextPageToken"].as_str() {
+                Some(t) if !t.is_empty() => token = Some(t.to_string()),
+                _ => return Ok(out),
+            }
+        }
+        Err(err(
+            "instanceGroupManagers.listManagedInstances",
+            name,
+            super::super::api::GoogleApiError::Decode { method: Method::POST, url, message: format!("more than {MAX_PAGES} pages") }.into(),
+        ))
+    }
+    pub async fn delete_instance_group_manager(&self, zone: &str, name: &str) -> Result<(), ComputeError> {
+        let scope = self.zone(zone);
+        self.change("instanceGroupManagers.delete", name, Method::DELETE, &scope, &format!("{scope}/instanceGroupManagers/{name}"), None).await
+    }
+}
