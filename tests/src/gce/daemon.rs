@@ -39,7 +39,7 @@ use crate::{cmd, kubernetes, mirror};
 
 /// The variable that points the product's Compute and Cloud DNS clients at another base URL
 /// (`<url>/compute/v1/`, `<url>/dns/v1/`): the machines get the local one.
-pub const GCE_ENDPOINT_ENV: &str = "KEELSON_GCE_ENDPOINT";
+pub const GCE_ENDPOINT_ENV: &str = cloud::gce::ENDPOINT_ENV;
 /// The variable that points the join server at another JWK set than Google's.
 pub const GCE_JWKS_ENV: &str = "KEELSON_GCE_JWKS_URL";
 
