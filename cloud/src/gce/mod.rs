@@ -6,18 +6,23 @@
 //! * `labels` — kOps' GCE label encoding and the tag ↔ label names.
 //! * `api` — the HTTP client (tokens, Google's errors, bounded retries of reads, pagination).
 //! * `operations` — waiting for zone operations within a bound.
+//! * `instances`, `migs` — reading instances, templates and managed instance groups
+//!   ([`ComputeReader`]: what the node join server checks).
 
 pub mod api;
 pub mod auth;
 pub mod disks;
 pub mod dns;
+pub mod instances;
 pub mod labels;
+pub mod migs;
 pub mod operations;
 
 pub use api::{GoogleApi, GoogleApiError};
 pub use auth::TokenSource;
 pub use disks::GceVolumes;
 pub use dns::CloudDns;
+pub use instances::ComputeReader;
 
 /// Where Google's APIs are (the real ones, or one emulator serving both).
 #[derive(Debug, Clone, PartialEq, Eq)]
