@@ -92,6 +92,6 @@ mod tests {
         assert_eq!((m.name(), m.id.as_str(), m.status.as_str()), ("nodes-x7k2", "99", "RUNNING"));
         assert_eq!(m.template.as_deref().map(last), Some("nodes-t"));
         let creating = managed_instance(&json!({"name": "nodes-abcd", "currentAction": "CREATING"}));
-        assert_eq!((creating.name(), creating.template), ("", None));
+        assert_eq!((creating.name(), creating.template.as_deref()), ("", None));
     }
 }
