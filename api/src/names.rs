@@ -75,7 +75,10 @@ mod tests {
 
     #[test]
     fn gce_migs_are_named_for_zone_group_and_cluster() {
-        assert_eq!(gce_instance_group_manager_name("europe-west1-b", "nodes-europe-west1-b", "gce.k8s.example.com"), "b-nodes-europe-west1-b-gce-k8s-example-com");
+        assert_eq!(
+            gce_instance_group_manager_name("europe-west1-b", "nodes-europe-west1-b", "gce.k8s.example.com"),
+            "b-nodes-europe-west1-b-gce-k8s-example-com"
+        );
         assert_eq!(gce_instance_group_manager_name("europe-west1-c", "control-plane-c", "gce.k8s.example.com"), "c-control-plane-c-gce-k8s-example-com");
         assert_eq!(gce_name("9Lives.example"), "k9lives-example");
         assert_eq!(gce_name(&"a".repeat(80)).len(), 63);

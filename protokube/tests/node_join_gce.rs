@@ -287,7 +287,12 @@ async fn a_recreated_instances_old_token_and_a_stopped_instance_are_refused() {
     let (body, keys) = w.request_for(&old, &old.name);
     let stale_auth = w.token(&old, &body);
     let mig = gce_instance_group_manager_name(ZB, "nodes", CLUSTER);
-    call(&w.c, "POST", &format!("/zones/{ZB}/instanceGroupManagers/{mig}/recreateInstances"), json!({"instances": [format!("zones/{ZB}/instances/{}", node.name)]}));
+    call(
+        &w.c,
+        "POST",
+        &format!("/zones/{ZB}/instanceGroupManagers/{mig}/recreateInstances"),
+        json!({"instances": [format!("zones/{ZB}/instances/{}", node.name)]}),
+    );
     let new = w.running(&node.name);
     assert_ne!(new.id, node.id, "recreated under its name with a new id");
     let answering = w.answering(&keys, &body);
@@ -347,7 +352,12 @@ async fn the_group_is_the_templates_not_what_the_instance_writes_of_itself() {
     // A MIG of group `nodes` whose template names another group is refused.
     let mig = gce_instance_group_manager_name(ZB, "nodes", CLUSTER);
     call(&w.c, "POST", &format!("/zones/{ZB}/instanceGroupManagers/{mig}/setInstanceTemplate"), json!({"instanceTemplate": "global/instanceTemplates/cp-b-t"}));
-    call(&w.c, "POST", &format!("/zones/{ZB}/instanceGroupManagers/{mig}/recreateInstances"), json!({"instances": [format!("zones/{ZB}/instances/{}", node.name)]}));
+    call(
+        &w.c,
+        "POST",
+        &format!("/zones/{ZB}/instanceGroupManagers/{mig}/recreateInstances"),
+        json!({"instances": [format!("zones/{ZB}/instances/{}", node.name)]}),
+    );
     let remade = w.running(&node.name);
     assert_eq!(reason(w.join(&a, &w.facts(&remade)).await), "template");
 }

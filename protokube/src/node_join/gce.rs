@@ -140,16 +140,12 @@ pub fn parse_created_by(value: &str) -> Option<(&str, &str, &str)> {
 /// The instance group whose MIG made the instance, from its `created-by` metadata and the names of
 /// the cluster's instance groups (the MIG names are [`names::gce_instance_group_manager_name`]):
 /// (zone, MIG, group). Role checks come when the group is read ([`node_group`]).
-pub fn cluster_mig<'g>(
-    id: &InstanceIdentity,
-    instance: &InstanceFacts,
-    cluster: &str,
-    groups: &'g [String],
-) -> Result<(String, String, &'g str), Refusal> {
+pub fn cluster_mig<'g>(id: &InstanceIdentity, instance: &InstanceFacts, cluster: &str, groups: &'g [String]) -> Result<(String, String, &'g str), Refusal> {
     let name = &instance.name;
-    let created_by = instance.metadata.get(CREATED_BY_KEY).ok_or_else(|| forbidden("mig", format!("instance {name} was not created by a managed instance group")))?;
-    let (number, zone, mig) =
-        parse_created_by(created_by).ok_or_else(|| forbidden("mig", format!("instance {name}: created-by {created_by:?} is not a zonal managed instance group")))?;
+    let created_by =
+        instance.metadata.get(CREATED_BY_KEY).ok_or_else(|| forbidden("mig", format!("instance {name} was not created by a managed instance group")))?;
+    let (number, zone, mig) = parse_created_by(created_by)
+        .ok_or_else(|| forbidden("mig", format!("instance {name}: created-by {created_by:?} is not a zonal managed instance group")))?;
     if (!id.project_number.is_empty() && number != id.project_number) || zone != id.zone {
         return Err(forbidden("mig", format!("instance {name}: created-by {created_by:?} is not of its own project and zone")));
     }
@@ -167,7 +163,10 @@ pub fn node_group(ig: &InstanceGroup, mig: &str) -> Result<(), Refusal> {
         Some(Role::ControlPlane) => {
             Err(forbidden("control-plane", format!("{mig} is a control-plane instance group's managed instance group; only workers join this way")))
         }
-        other => Err(forbidden("group", format!("{mig} is of instance group {} (role {other:?}), not a Node group", ig.metadata.name.as_deref().unwrap_or_default()))),
+        other => Err(forbidden(
+            "group",
+            format!("{mig} is of instance group {} (role {other:?}), not a Node group", ig.metadata.name.as_deref().unwrap_or_default()),
+        )),
     }
 }
 
@@ -278,7 +277,12 @@ impl GceAuthority {
 
     async fn read_group(&self, group: &str) -> Result<InstanceGroup, Refusal> {
         let rel = format!("instancegroup/{group}");
-        let bytes = self.store.get(&rel).await.map_err(|e| upstream(e.to_string()))?.ok_or_else(|| forbidden("group", format!("instance group {group} is not in this cluster's state store")))?;
+        let bytes = self
+            .store
+            .get(&rel)
+            .await
+            .map_err(|e| upstream(e.to_string()))?
+            .ok_or_else(|| forbidden("group", format!("instance group {group} is not in this cluster's state store")))?;
         serde_yaml_ng::from_slice(&bytes).map_err(|e| upstream(format!("{}: {e}", self.store.url(&rel))))
     }
 }

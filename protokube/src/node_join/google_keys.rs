@@ -44,10 +44,7 @@ pub fn needs_fetch(cached: Option<(&JwkSet, Duration)>, kid: Option<&str>) -> bo
 
 impl GoogleKeys {
     pub fn new(url: &str) -> Result<GoogleKeys, KeysError> {
-        let http = reqwest::Client::builder()
-            .timeout(FETCH_TIMEOUT)
-            .build()
-            .map_err(|e| KeysError::Fetch { url: url.to_string(), message: e.to_string() })?;
+        let http = reqwest::Client::builder().timeout(FETCH_TIMEOUT).build().map_err(|e| KeysError::Fetch { url: url.to_string(), message: e.to_string() })?;
         Ok(GoogleKeys { url: url.to_string(), http, cached: tokio::sync::Mutex::new(None) })
     }
 

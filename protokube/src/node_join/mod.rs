@@ -155,7 +155,8 @@ pub(crate) fn sign_node_certs(ca: &Keypair, request: &JoinRequest, node_name: &s
             CERT_KUBELET => CertSpec::client(&format!("system:node:{node_name}"), &["system:nodes"]),
             _ => CertSpec::client("system:kube-proxy", &[]),
         };
-        let cert = pki::sign_csr(CA, ca, csr, &spec, NODE_CERT_VALIDITY).map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad-request", format!("csrs.{name}: {e}")))?;
+        let cert =
+            pki::sign_csr(CA, ca, csr, &spec, NODE_CERT_VALIDITY).map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad-request", format!("csrs.{name}: {e}")))?;
         certs.insert(name.clone(), cert);
     }
     Ok(certs)
