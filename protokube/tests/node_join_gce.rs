@@ -58,7 +58,7 @@ struct World {
     jwks_url: String,
     _own_meta: Server,
     own_meta: String,
-    _state: tempfile::TempDir,
+    state: tempfile::TempDir,
     store: base::StateStore,
     ca: pki::Keypair,
     challenge_port: u16,
@@ -124,7 +124,7 @@ impl World {
             google,
             _jwks: jwks,
             _own_meta: own_meta,
-            _state: state,
+            state,
             store,
             ca: pki::create_ca("kubernetes-ca").expect("ca"),
             challenge_port: free_port(),
@@ -424,4 +424,112 @@ async fn nodeup_joins_through_the_https_server_with_its_identity_token() {
     assert_eq!(s.node_joins_admitted, 1);
     assert!(s.node_join_refusals.get("control-plane").is_some_and(|n| *n >= 1), "{:?}", s.node_join_refusals);
     server.abort();
+}
+
+/// The real binary on a GCE control plane (loop mode) serves GCE joins with what its flags and
+/// BootConfig give it: Google's keys from `--gce-jwks-url`, Compute at `--endpoint-url`, its project
+/// and region from its metadata server, the instance groups from the state store. Shown by
+/// refusals that come after the token, Compute and state-store checks (a join that passes them all
+/// would be called back on the instance's address, which is not on this machine).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_protokube_binary_serves_gce_joins_from_its_flags() {
+    let w = World::new();
+    let state = w.state.path();
+    std::fs::write(
+        state.join("cluster-completed.spec"),
+        format!(
+            "apiVersion: kops.k8s.io/v1alpha2\nkind: Cluster\nmetadata:\n  name: {CLUSTER}\nspec:\n  cloudProvider: gce\n  configBase: file://{0}\n  dnsZone: k8s.example.com\n  etcdClusters:\n  - name: main\n    version: 3.5.21\n    etcdMembers:\n    - name: b\n      instanceGroup: control-plane-b\n",
+            state.display()
+        ),
+    )
+    .expect("spec");
+    base::pki::init_pki(state, &["main".to_string()]).expect("CAs");
+    let keyset = std::fs::read(state.join("pki/private/kubernetes-ca/keyset.yaml")).expect("CA keyset");
+    let ca = pki::parse_private_keyset("kubernetes-ca", &keyset).expect("CA");
+    let boot = state.join("bootconfig.yaml");
+    std::fs::write(
+        &boot,
+        format!("CloudProvider: gce\nConfigBase: file://{}\nClusterName: {CLUSTER}\nInstanceGroupName: control-plane-b\nInstanceGroupRole: ControlPlane\nNodeupConfigHash: x\n", state.display()),
+    )
+    .expect("boot config");
+    // The control plane's own metadata server (identity, service-account token).
+    let cp = w.mig_instance("control-plane-b", CLUSTER);
+    let mut values = w.facts(&cp).values();
+    values.insert("instance/service-accounts/default/token".into(), json!({"access_token": "tok", "expires_in": 3599, "token_type": "Bearer"}).to_string());
+    let meta = Server::start(Arc::new(move |req: &Request| gce_metadata::answer(&values, req)));
+
+    let root = tempfile::tempdir().expect("root");
+    let port = free_port();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_protokube"))
+        .args(["--conf", &boot.display().to_string(), "--root", &root.path().display().to_string(), "--by-id-dir", &root.path().display().to_string()])
+        .args(["--imds-url", &meta.url(""), "--endpoint-url", &w.compute_url.replace("/compute/v1", ""), "--gce-jwks-url", &w.jwks_url])
+        .args(["--join-listen", &format!("127.0.0.1:{port}"), "--metrics-addr", "off", "--no-addons", "--no-backups", "--interval", "30"])
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env_remove("GCE_METADATA_HOST")
+        .env("PROTOKUBE_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run protokube");
+
+    let host = format!("kops-controller.internal.{CLUSTER}");
+    let client = reqwest::Client::builder()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(ca.cert_pem.as_bytes()).expect("ca"))
+        .resolve(&host, std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+        .timeout(Duration::from_secs(20))
+        .build()
+        .expect("client");
+    let url = format!("https://{host}:{port}{}", node_join::PATH);
+    let post = |facts: InstanceFacts| {
+        let (client, url) = (client.clone(), url.clone());
+        let (body, _) = w.request_for(&facts, &facts.name);
+        let auth = w.token(&facts, &body);
+        async move {
+            let r = client.post(&url).header("authorization", auth).body(body).send().await?;
+            Ok::<_, reqwest::Error>((r.status().as_u16(), r.text().await.unwrap_or_default()))
+        }
+    };
+    // Bounded wait for the server to listen.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let first = loop {
+        match post(w.facts(&cp)).await {
+            Ok(answer) => break answer,
+            Err(e) => {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!("protokube exited ({status}) before serving joins");
+                }
+                assert!(Instant::now() < deadline, "the join server does not answer: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    // The control plane's own token: refused for its group's role (the token verified against the
+    // keys at --gce-jwks-url, the instance found RUNNING with its id through Compute, the group
+    // read from the state store).
+    assert_eq!(first.0, 403, "{first:?}");
+    assert!(first.1.contains("control-plane instance group"), "{first:?}");
+    // A node whose MIG now makes it from the control plane's template: refused on the template
+    // (listManagedInstances and instanceTemplates.get answered).
+    let mig = gce_instance_group_manager_name(ZB, "nodes", CLUSTER);
+    let node = w.mig_instance("nodes", CLUSTER);
+    call(&w.c, "POST", &format!("/zones/{ZB}/instanceGroupManagers/{mig}/setInstanceTemplate"), json!({"instanceTemplate": "global/instanceTemplates/cp-b-t"}));
+    call(
+        &w.c,
+        "POST",
+        &format!("/zones/{ZB}/instanceGroupManagers/{mig}/recreateInstances"),
+        json!({"instances": [format!("zones/{ZB}/instances/{}", node.name)]}),
+    );
+    let remade = w.running(&node.name);
+    let second = post(w.facts(&remade)).await.expect("answer");
+    assert_eq!(second.0, 403, "{second:?}");
+    assert!(second.1.contains("instance template cp-b-t is of instance group \"control-plane-b\", not nodes"), "{second:?}");
+    // Another project's token: refused before any Compute call.
+    let third = post(InstanceFacts { project: "evil-prod".into(), ..w.facts(&remade) }).await.expect("answer");
+    assert!(third.0 == 403 && third.1.contains("not this cluster's acme-prod"), "{third:?}");
+
+    child.kill().expect("stop protokube");
+    let out = child.wait_with_output().expect("protokube output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("serving node joins (GCE identity)"), "{stderr}");
 }
