@@ -1,8 +1,8 @@
 //! The Compute emulator's behaviour, request by request (no network: `GceCompute::answer`):
 //! fingerprints, disk users and the second writer refused, MIGs that remake instances with the
 //! same name and a new id, listManagedInstances, label filters, operations that progress,
-//! pagination, errors in Google's format, instances.insert outside any MIG, and the data plane's side (status, kill,
-//! addresses).
+//! pagination, errors in Google's format, instances.insert outside any MIG, and the data plane's
+//! side (status, kill, addresses).
 
 use std::time::Duration;
 
