@@ -43,9 +43,44 @@ pub fn autoscaling_group_name(group: &str, cluster: &str) -> String {
     format!("{group}.{cluster}")
 }
 
+/// A GCE resource name: lower case `[a-z0-9-]`, starting with a letter, at most 63 characters
+/// (every other character becomes `-`; a name that starts otherwise gets a `k` in front).
+pub fn gce_name(name: &str) -> String {
+    let mut s: String = name.to_ascii_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+    if !s.starts_with(|c: char| c.is_ascii_lowercase()) {
+        s.insert(0, 'k');
+    }
+    s.truncate(63);
+    s.trim_end_matches('-').to_string()
+}
+
+/// The zonal managed instance group of instance group `group` in `zone`:
+/// `<zone letter>-<group>-<cluster>` as a GCE name. The compiler names the MIGs so; the node join
+/// server recognises a cluster's MIG (an instance's `created-by`) by it.
+pub fn gce_instance_group_manager_name(zone: &str, group: &str, cluster: &str) -> String {
+    let letter = zone.rsplit('-').next().unwrap_or(zone);
+    gce_name(&format!("{letter}-{group}-{cluster}"))
+}
+
 /// The API load balancer's target group: `tcp-<cluster with dashes>`, 32 characters with kOps' hash
 /// suffix. The compiler creates it; each control plane's protokube registers its own instance in it
 /// once the local API server is ready, and the rolling update deregisters it.
 pub fn api_target_group_name(cluster: &str) -> String {
     truncate_name(&format!("tcp-{}", cluster.replace('.', "-")), 32, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gce_migs_are_named_for_zone_group_and_cluster() {
+        assert_eq!(
+            gce_instance_group_manager_name("europe-west1-b", "nodes-europe-west1-b", "gce.k8s.example.com"),
+            "b-nodes-europe-west1-b-gce-k8s-example-com"
+        );
+        assert_eq!(gce_instance_group_manager_name("europe-west1-c", "control-plane-c", "gce.k8s.example.com"), "c-control-plane-c-gce-k8s-example-com");
+        assert_eq!(gce_name("9Lives.example"), "k9lives-example");
+        assert_eq!(gce_name(&"a".repeat(80)).len(), 63);
+    }
 }

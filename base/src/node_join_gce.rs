@@ -14,6 +14,15 @@ pub const ISSUERS: [&str; 2] = ["https://accounts.google.com", "accounts.google.
 pub const AUDIENCE_PREFIX: &str = "keelson-node-join:";
 /// Clock skew allowed on `iat`/`exp`.
 pub const SKEW_SECS: u64 = 60;
+/// `Authorization: <scheme> <token>` of a join by GCE identity (next to the AWS one,
+/// [`crate::node_join::AUTH_SCHEME`]).
+pub const AUTH_SCHEME: &str = "x-gce-identity";
+/// The metadata path a node asks its identity token from (under `/computeMetadata/v1/`).
+pub const IDENTITY_PATH: &str = "instance/service-accounts/default/identity";
+/// Where Google publishes the keys it signs identity tokens with (a JWK set).
+pub const GOOGLE_JWKS_URL: &str = "https://www.googleapis.com/oauth2/v3/certs";
+/// How old a token the join server accepts (the node asks for a fresh one per request).
+pub const MAX_AGE_SECS: u64 = 300;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum IdentityError {
@@ -106,6 +115,22 @@ pub fn audience(body: &[u8]) -> String {
     format!("{AUDIENCE_PREFIX}{}", hex::encode(sha2::Sha256::digest(body)))
 }
 
+/// The metadata request (relative to `/computeMetadata/v1/`) for the token of a join request whose
+/// body is `body`: `format=full`, so the token names the instance.
+pub fn identity_request(body: &[u8]) -> String {
+    format!("{IDENTITY_PATH}?audience={}&format=full", audience(body).replace(':', "%3A"))
+}
+
+/// The `Authorization` header value carrying `token`.
+pub fn authorization(token: &str) -> String {
+    format!("{AUTH_SCHEME} {}", token.trim())
+}
+
+/// The token of an `Authorization` header value of scheme [`AUTH_SCHEME`]; `None` for another scheme.
+pub fn parse_authorization(value: &str) -> Option<&str> {
+    value.strip_prefix(AUTH_SCHEME).and_then(|t| t.strip_prefix(' ')).map(str::trim).filter(|t| !t.is_empty())
+}
+
 fn b64(part: &str, what: &str) -> Result<Vec<u8>, IdentityError> {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(part.trim_end_matches('=')).map_err(|e| IdentityError::Malformed(format!("{what}: {e}")))
 }
@@ -151,4 +176,19 @@ pub fn verify(token: &str, keys: &JwkSet, body: &[u8], now: u64, max_age: u64) -
         instance_name: ce.instance_name,
         issued_at: claims.iat,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_header_carries_the_token_under_its_own_scheme_and_the_request_binds_the_body() {
+        assert_eq!(parse_authorization(&authorization("a.b.c")), Some("a.b.c"));
+        assert_eq!(parse_authorization("x-aws-sts abc"), None);
+        assert_eq!(parse_authorization("x-gce-identity "), None);
+        let r = identity_request(b"{}");
+        assert!(r.starts_with("instance/service-accounts/default/identity?audience=keelson-node-join%3A"), "{r}");
+        assert!(r.ends_with(&format!("{}&format=full", &audience(b"{}")[AUDIENCE_PREFIX.len()..])), "{r}");
+    }
 }

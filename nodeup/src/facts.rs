@@ -18,6 +18,8 @@ pub struct Facts {
     pub region: Option<String>,
     /// The IMDS base URL (instance-role credentials for the node join); `None` off AWS.
     pub imds_url: Option<String>,
+    /// The GCE metadata server asked (identity tokens for the node join); `None` off GCE.
+    pub gce_metadata: Option<String>,
     /// GCE: the project and the instance's name (its provider id is `gce://project/zone/name`).
     pub project: Option<String>,
     pub instance_name: Option<String>,

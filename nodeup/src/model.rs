@@ -202,6 +202,10 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
             ca_pem: ca_cert_pem.clone(),
             node_name: Some(inp.facts.hostname.clone()).filter(|h| !h.is_empty()).ok_or_else(|| need("hostname"))?,
             instance_id: inp.facts.instance_id.clone().ok_or_else(|| need("instance-id"))?,
+            cloud: match inp.boot.cloud_provider.as_str() {
+                "gce" => join::JoinCloud::Gce { metadata: inp.facts.gce_metadata.clone() },
+                _ => join::JoinCloud::Aws,
+            },
             sts_url: base::node_join::sts_endpoint(region.as_deref().unwrap_or_default()),
             region: region.ok_or_else(|| need("region"))?,
             imds_url: inp.facts.imds_url.clone(),

@@ -83,6 +83,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Outcome> {
         zone: opts.zone.clone(),
         region: opts.region.clone(),
         imds_url: None,
+        gce_metadata: None,
         project: None,
         instance_name: None,
     };
@@ -91,6 +92,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Outcome> {
     // On GCE: the metadata server (flags still win).
     let gce_metadata =
         opts.gce_metadata.clone().or_else(|| (host.is_live() && boot.cloud_provider == "gce").then(|| base::gce_metadata::DEFAULT_HOST.to_string()));
+    facts.gce_metadata = gce_metadata.clone();
     if let Some(host) = &gce_metadata {
         let md = base::gce_metadata::GceMetadata::new(Some(host), opts.http_timeout)?;
         runtime

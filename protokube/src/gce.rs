@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use base::gce_metadata::GceMetadata;
 use cloud::calls::CallCounter;
-use cloud::gce::{disks::region_of, CloudDns, GceEndpoints, GceVolumes, GoogleApi, TokenSource};
+use cloud::gce::{disks::region_of, CloudDns, ComputeReader, GceEndpoints, GceVolumes, GoogleApi, TokenSource};
 use cloud::provider::{AnyDns, AnyVolumes};
 use cloud::{Ec2, Identity, Route53Dns};
 
@@ -52,6 +52,8 @@ pub struct Gce {
     pub node_name: String,
     pub volumes: GceVolumes,
     pub dns: CloudDns,
+    /// Reads of instances, templates and MIGs (the node join server's checks).
+    pub compute: ComputeReader,
     /// Every Compute and Cloud DNS call, by operation.
     pub calls: CallCounter,
 }
@@ -72,9 +74,10 @@ pub async fn connect(flags: GceFlags) -> Result<Gce, GceSetupError> {
     let calls = CallCounter::default();
     let api = GoogleApi::new(TokenSource::new(metadata), REQUEST_TIMEOUT)?.with_counter(calls.clone());
     let volumes = GceVolumes::new(api.clone(), &endpoints.compute, &me.project, &identity.zone, flags.operation_bound);
+    let compute = ComputeReader::new(api.clone(), &endpoints.compute, &me.project);
     let dns = CloudDns::new(api, &endpoints.dns, &me.project);
     tracing::info!(project = %me.project, instance = %identity.instance_id, zone = %identity.zone, compute = %endpoints.compute, "GCE");
-    Ok(Gce { identity, project: me.project, node_name, volumes, dns, calls })
+    Ok(Gce { identity, project: me.project, node_name, volumes, dns, compute, calls })
 }
 
 /// The volume and DNS clients of the agent: GCE's when `gce` is given, else AWS's.

@@ -79,9 +79,12 @@ struct Args {
     #[arg(long)]
     no_addons: bool,
     /// Where the node join server listens (workers prove their instance identity and get their
-    /// kubelet and kube-proxy certificates); `off` disables it. AWS only.
+    /// kubelet and kube-proxy certificates); `off` disables it.
     #[arg(long, default_value = "0.0.0.0:3988")]
     join_listen: String,
+    /// GCE: where the join server reads Google's token-signing keys (a JWK set, cached).
+    #[arg(long, default_value = base::node_join_gce::GOOGLE_JWKS_URL)]
+    gce_jwks_url: String,
     /// Seconds between checks of the etcd backup schedule and of backup requests (loop mode).
     #[arg(long, default_value_t = 10.0)]
     backup_poll: f64,
@@ -123,6 +126,14 @@ fn gce_flags(args: &Args) -> protokube::gce::GceFlags {
         node_name: args.node_name.clone(),
         operation_bound: secs(args.attach_timeout),
     }
+}
+
+/// The cluster CA (its key) and the bound listener of the node join server.
+async fn join_ca_and_listener(store: &base::StateStore, listen: &str) -> anyhow::Result<(base::pki::Keypair, std::net::TcpListener)> {
+    let keyset = store.get_required("pki/private/kubernetes-ca/keyset.yaml").await.context("node join server: the cluster CA")?;
+    let ca = base::pki::parse_private_keyset("kubernetes-ca", &keyset).context("node join server: the cluster CA")?;
+    let listener = std::net::TcpListener::bind(listen).with_context(|| format!("node join address {listen}"))?;
+    Ok((ca, listener))
 }
 
 fn secs(s: f64) -> Duration {
@@ -248,6 +259,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let (stop, stopped) = tokio::sync::watch::channel(false);
         (stop, tokio::spawn(target.run(readyz, stopped)))
     });
+    let gce_join = gce.as_ref().map(|g| (g.compute.clone(), g.project.clone()));
     let (volumes, dns) = protokube::gce::providers(gce, Ec2::new(ec2), dns);
     let mut agent = Agent::new(plan, me, opts, volumes, dns);
     let mut spec_read_at = Instant::now();
@@ -274,13 +286,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
         tokio::spawn(protokube::addons::run(spec_store.clone(), server, secs(args.addons_interval), metrics.clone(), node));
     }
 
-    // The node join server: needs the cluster CA's key (control planes only) and AWS.
+    // The node join server: needs the cluster CA's key (control planes only) and AWS or GCE.
     if !args.once && args.join_listen != "off" && boot.cloud_provider == "aws" {
-        let keyset = spec_store.get_required("pki/private/kubernetes-ca/keyset.yaml").await.context("node join server: the cluster CA")?;
-        let ca = base::pki::parse_private_keyset("kubernetes-ca", &keyset).context("node join server: the cluster CA")?;
-        let listener = std::net::TcpListener::bind(&args.join_listen).with_context(|| format!("node join address {}", args.join_listen))?;
+        let (ca, listener) = join_ca_and_listener(&spec_store, &args.join_listen).await?;
         let config = protokube::node_join::AuthorityConfig {
-            cluster: join_cluster,
+            cluster: join_cluster.clone(),
             ca,
             sts_url: base::node_join::sts_endpoint(&region),
             sts: aws_sdk_sts::Client::new(&aws),
@@ -306,6 +316,22 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 tracing::error!(error = %e, "node join server did not start");
             }
         });
+    }
+
+    if let (false, false, Some((compute, project))) = (args.once, args.join_listen == "off", gce_join) {
+        let (ca, listener) = join_ca_and_listener(&spec_store, &args.join_listen).await?;
+        let authority = protokube::node_join::gce::GceAuthority::new(protokube::node_join::gce::GceAuthorityConfig {
+            cluster: join_cluster,
+            ca,
+            project,
+            region,
+            compute,
+            store: spec_store.clone(),
+            jwks_url: args.gce_jwks_url.clone(),
+            challenge_addr: protokube::node_join::challenge_at_instance(),
+        })?;
+        tracing::info!(jwks = %authority.jwks_url(), "serving node joins (GCE identity)");
+        protokube::node_join::spawn(listener, authority, metrics.clone(), Default::default())?;
     }
 
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("SIGTERM handler")?;

@@ -369,6 +369,7 @@ async fn nodeup_joins_through_the_server_with_its_instance_role_on(url: String) 
         ca_pem: ca_pem.clone(),
         node_name: node_name.into(),
         instance_id: id2.clone(),
+        cloud: nodeup::join::JoinCloud::Aws,
         region: moto::REGION.into(),
         sts_url: sts_url.clone(),
         imds_url: Some(imds_url.clone()),

@@ -198,9 +198,14 @@ pub fn start_with_identity(facts: &InstanceFacts, signer: Arc<Signer>) -> Server
 pub fn start_on(addr: std::net::SocketAddr, facts: &InstanceFacts, signer: Arc<Signer>) -> std::io::Result<Server> {
     let values = facts.values();
     let facts = facts.clone();
+    let jwks = signer.jwks_json();
     Server::start_on(
         addr,
         Arc::new(move |req: &Request| {
+            if req.path == JWKS_PATH && req.method == "GET" {
+                // Google's key set is public: no flavor header needed (it is not a metadata value).
+                return Response::text(200, jwks.clone()).header("Content-Type", "application/json");
+            }
             if req.path == format!("{PREFIX}{IDENTITY_PATH}") && req.header("metadata-flavor") == Some("Google") && req.header("x-forwarded-for").is_none() {
                 let q = query(&req.query);
                 let Some(audience) = q.get("audience").filter(|a| !a.is_empty()) else {
@@ -214,6 +219,10 @@ pub fn start_on(addr: std::net::SocketAddr, facts: &InstanceFacts, signer: Arc<S
         }),
     )
 }
+
+/// Where [`start_with_identity`]'s server publishes its signer's key set, as Google publishes its
+/// own at `https://www.googleapis.com/oauth2/v3/certs` (the join server's JWKS URL in tests).
+pub const JWKS_PATH: &str = "/oauth2/v3/certs";
 
 /// The identity endpoint under `/computeMetadata/v1/`.
 pub const IDENTITY_PATH: &str = "instance/service-accounts/default/identity";
@@ -264,8 +273,7 @@ impl Signer {
 
     /// The JWK set with this key (what `https://www.googleapis.com/oauth2/v3/certs` serves).
     pub fn jwks_json(&self) -> String {
-        let k = self.jwk();
-        serde_json::json!({"keys": [{"kty": "RSA", "alg": "RS256", "use": "sig", "kid": k.kid, "n": k.n, "e": k.e}]}).to_string()
+        serde_json::json!({"keys": [self.jwk_json()]}).to_string()
     }
 
     /// This key as a JWK (what Google publishes for its keys).
@@ -273,6 +281,12 @@ impl Signer {
         let c: ring::rsa::PublicKeyComponents<Vec<u8>> = self.key.public().into();
         let b = |v: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
         base::node_join_gce::Jwk { kid: self.kid.clone(), n: b(&c.n), e: b(&c.e) }
+    }
+
+    /// This key as Google lists it in its key set (`kty`, `alg`, `use` with `kid`, `n`, `e`).
+    pub fn jwk_json(&self) -> serde_json::Value {
+        let k = self.jwk();
+        serde_json::json!({"kty": "RSA", "alg": "RS256", "use": "sig", "kid": k.kid, "n": k.n, "e": k.e})
     }
 
     /// A JWT for `claims` signed with this key.

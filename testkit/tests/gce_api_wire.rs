@@ -1,8 +1,9 @@
 //! The harness's Compute Engine and Cloud DNS emulators against Google's own Go clients
 //! (`google.golang.org/api/compute/v1` and `dns/v1`, from the Go module proxy): a kOps-like
-//! sequence — network, subnetwork, firewall, template, MIG, managed instances, a labelled disk found
-//! by filter, attached, refused to a second writer, labels and metadata by fingerprint, recreate,
-//! resize, operations waited on, a DNS change and its record sets — must parse and check out on the
+//! sequence — network, subnetwork, firewall, template, MIG, managed instances, an instance of no MIG
+//! (`instances.insert` from the template), a labelled disk found by filter, attached, refused to a
+//! second writer, labels and metadata by fingerprint, recreate, resize, operations waited on, a DNS
+//! change and its record sets — must parse and check out on the
 //! Go side, and what the Go program did must show on the emulators' Rust side. Needs Go.
 //!
 //! The Go program is built once per source (a hash of its files names the binary under

@@ -1,7 +1,8 @@
 //! The Compute emulator's behaviour, request by request (no network: `GceCompute::answer`):
 //! fingerprints, disk users and the second writer refused, MIGs that remake instances with the
 //! same name and a new id, listManagedInstances, label filters, operations that progress,
-//! pagination, errors in Google's format, and the data plane's side (status, kill, addresses).
+//! pagination, errors in Google's format, instances.insert outside any MIG, and the data plane's
+//! side (status, kill, addresses).
 
 use std::time::Duration;
 
@@ -414,4 +415,43 @@ fn a_mig_retries_an_instance_it_cannot_make_yet() {
     assert_eq!(last(m2[0]["instance"].as_str().unwrap()), m[0]["name"].as_str().unwrap());
     assert!(m2[0].get("lastAttempt").is_none());
     assert_eq!(api.ok("GET", &format!("/zones/{Z}/instanceGroupManagers/nodes"), Value::Null)["status"]["isStable"], true);
+}
+
+#[test]
+fn instances_insert_makes_an_instance_of_no_mig_from_its_body_or_a_template() {
+    let api = Api::new(Duration::from_millis(10), Some(Duration::from_millis(10)));
+    api.mig(1);
+    // From a template, the body's fields over the template's properties.
+    let op = api.ok(
+        "POST",
+        &format!("/zones/{Z}/instances?sourceInstanceTemplate=global/instanceTemplates/t1"),
+        json!({"name": "bare-1", "labels": {"k8s-io-instance-group": "other"}}),
+    );
+    assert_eq!((op["kind"].as_str(), op["operationType"].as_str()), (Some("compute#operation"), Some("insert")));
+    assert!(op["targetLink"].as_str().is_some_and(|l| l.ends_with(&format!("/zones/{Z}/instances/bare-1"))), "{op}");
+    let i = api.ok("GET", &format!("/zones/{Z}/instances/bare-1"), Value::Null);
+    assert_eq!(op["targetId"], i["id"]);
+    let items: Vec<&str> = i["metadata"]["items"].as_array().into_iter().flatten().filter_map(|it| it["key"].as_str()).collect();
+    assert_eq!(items, vec!["user-data"], "the template's metadata, and no created-by: {i}");
+    assert_eq!(i["labels"]["k8s-io-instance-group"], "other");
+    assert_eq!(last(i["disks"][0]["source"].as_str().expect("boot disk")), "bare-1");
+    assert!(i["networkInterfaces"][0]["networkIP"].as_str().is_some_and(|ip| ip.starts_with("10.0.16.")), "{i}");
+    // The MIG does not list it, and does not touch it.
+    assert!(api.managed().iter().all(|m| last(m["instance"].as_str().unwrap_or_default()) != "bare-1"));
+    let view = api.0.instance(Z, "bare-1").expect("seen by the data plane");
+    assert_eq!(view.mig, None);
+    // From its body alone.
+    api.ok(
+        "POST",
+        &format!("/zones/{Z}/instances"),
+        json!({"name": "bare-2", "machineType": format!("zones/{Z}/machineTypes/e2-small"),
+               "disks": [{"boot": true, "autoDelete": true, "initializeParams": {"diskSizeGb": "10"}}],
+               "networkInterfaces": [{"network": "global/networks/net", "subnetwork": "regions/europe-west1/subnetworks/sub"}]}),
+    );
+    assert_eq!(api.0.instance(Z, "bare-2").expect("bare-2").machine_type, "e2-small");
+    // Google's refusals: the name taken, no machine type, no boot disk, an unknown template.
+    api.err("POST", &format!("/zones/{Z}/instances?sourceInstanceTemplate=global/instanceTemplates/t1"), json!({"name": "bare-1"}), 409, "alreadyExists");
+    api.err("POST", &format!("/zones/{Z}/instances"), json!({"name": "bare-3", "disks": [{"boot": true}]}), 400, "required");
+    api.err("POST", &format!("/zones/{Z}/instances"), json!({"name": "bare-3", "machineType": "zones/z/machineTypes/e2-small"}), 400, "invalid");
+    api.err("POST", &format!("/zones/{Z}/instances?sourceInstanceTemplate=global/instanceTemplates/nope"), json!({"name": "bare-3"}), 404, "notFound");
 }

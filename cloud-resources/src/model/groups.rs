@@ -235,7 +235,7 @@ impl Group<'_> {
             let letter = zone.rsplit('-').next().unwrap_or(zone);
             tasks.push(gce::InstanceGroupManager {
                 name: format!("{letter}-{}", self.name),
-                gce_name: gce_name(&format!("{letter}-{}-{cluster}", self.group)),
+                gce_name: keelson_api::names::gce_instance_group_manager_name(zone, &self.group, cluster),
                 zone: zone.clone(),
                 base_instance_name: gce_name(&self.group),
                 target_size: min_size / n + i64::from((i as i64) < min_size % n),

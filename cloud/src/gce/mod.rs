@@ -7,13 +7,17 @@
 //! * `api` — the HTTP client (tokens, Google's errors, bounded retries of reads, pagination).
 //! * `operations` — waiting for zone operations within a bound.
 //! * `compute` — the Compute resources `keelson apply` manages (one module per kind).
+//! * `instances`, `migs` — reading instances, templates and managed instance groups
+//!   ([`ComputeReader`]: what the node join server checks).
 
 pub mod api;
 pub mod auth;
 pub mod compute;
 pub mod disks;
 pub mod dns;
+pub mod instances;
 pub mod labels;
+pub mod migs;
 pub mod operations;
 
 pub use api::{GoogleApi, GoogleApiError};
@@ -21,6 +25,7 @@ pub use auth::TokenSource;
 pub use compute::{Compute, ComputeError};
 pub use disks::GceVolumes;
 pub use dns::CloudDns;
+pub use instances::ComputeReader;
 
 /// Where Google's APIs are (the real ones, or one emulator serving both).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,6 +1,7 @@
 //! Node join by cloud identity, the worker's side ([`base::node_join`] has the protocol): make a key
 //! and CSR per certificate, sign `sts:GetCallerIdentity` with the instance role's credentials from
-//! IMDS, ask the join server on the control planes, and write the kubelet's and kube-proxy's
+//! IMDS (AWS) or ask the metadata server for an identity token bound to the request body (GCE),
+//! ask the join server on the control planes, and write the kubelet's and kube-proxy's
 //! kubeconfigs (0600) with the certificates it returns. No shared secret ever reaches the worker.
 //!
 //! Converged while both kubeconfigs hold a certificate for the right name, from the cluster CA, for
@@ -38,6 +39,17 @@ impl From<JoinError> for TaskError {
     }
 }
 
+/// How the node proves which instance it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JoinCloud {
+    /// A signed `sts:GetCallerIdentity` with the instance role's credentials (IMDS).
+    Aws,
+    /// A metadata identity token whose audience binds the request body
+    /// ([`base::node_join_gce`]); `metadata`: the metadata server (`host[:port]`; `None`:
+    /// `$GCE_METADATA_HOST`, else GCE's own).
+    Gce { metadata: Option<String> },
+}
+
 pub struct JoinTask {
     /// `https://kops-controller.internal.<cluster>:3988`.
     pub server: String,
@@ -47,6 +59,9 @@ pub struct JoinTask {
     pub ca_pem: String,
     pub node_name: String,
     pub instance_id: String,
+    /// The cloud identity the node joins with.
+    pub cloud: JoinCloud,
+    /// AWS: the region of the STS endpoint.
     pub region: String,
     /// The STS endpoint the identity is signed for ([`node_join::sts_endpoint`]).
     pub sts_url: String,
@@ -126,8 +141,21 @@ impl JoinTask {
         let body = serde_json::to_vec(&JoinRequest { node_name: self.node_name.clone(), instance_id: self.instance_id.clone(), csrs })
             .map_err(|e| JoinError::Identity(e.to_string()))?;
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| JoinError::Identity(format!("runtime: {e}")))?;
-        let creds = runtime.block_on(base::aws::instance_role_credentials(self.imds_url.as_deref())).map_err(JoinError::Identity)?;
-        let signed = node_join::sign(&creds, &self.region, &self.sts_url, &body, SystemTime::now())?;
+        let authorization = match &self.cloud {
+            JoinCloud::Aws => {
+                let creds = runtime.block_on(base::aws::instance_role_credentials(self.imds_url.as_deref())).map_err(JoinError::Identity)?;
+                node_join::authorization(&node_join::sign(&creds, &self.region, &self.sts_url, &body, SystemTime::now())?)?
+            }
+            JoinCloud::Gce { metadata } => {
+                let md = base::gce_metadata::GceMetadata::new(metadata.as_deref(), Duration::from_secs(10)).map_err(|e| JoinError::Identity(e.to_string()))?;
+                let token = runtime
+                    .block_on(md.get(&base::node_join_gce::identity_request(&body)))
+                    .map_err(|e| JoinError::Identity(e.to_string()))?
+                    .filter(|t| !t.trim().is_empty())
+                    .ok_or_else(|| JoinError::Identity(format!("the metadata server has no {} (no service account?)", base::node_join_gce::IDENTITY_PATH)))?;
+                base::node_join_gce::authorization(&token)
+            }
+        };
         let server_err = |message: String| JoinError::Server { server: self.server.clone(), message };
         // Answer the server's call back for as long as this request is pending.
         let kubelet_key = keys.iter().find(|(n, _)| *n == CERT_KUBELET).map(|(_, k)| k.as_str()).unwrap_or_default();
@@ -140,7 +168,7 @@ impl JoinTask {
             .build()
             .map_err(|e| server_err(format!("HTTP client: {e}")))?;
         let url = format!("{}{}", self.server.trim_end_matches('/'), node_join::PATH);
-        let answer = client.post(&url).header("authorization", node_join::authorization(&signed)?).body(body).send().map_err(|e| server_err(e.to_string()))?;
+        let answer = client.post(&url).header("authorization", authorization).body(body).send().map_err(|e| server_err(e.to_string()))?;
         let status = answer.status();
         let text = answer.text().map_err(|e| server_err(e.to_string()))?;
         if !status.is_success() {

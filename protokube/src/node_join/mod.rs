@@ -1,6 +1,7 @@
 //! The node join server (kops-controller's bootstrap job): on every control plane, HTTPS on
 //! [`PORT`](base::node_join::PORT), it admits a worker that proves with a signed
-//! `sts:GetCallerIdentity` which instance it is, and signs that node's kubelet and kube-proxy CSRs.
+//! `sts:GetCallerIdentity` (AWS) or a metadata identity token ([`gce`], GCE) which instance it is,
+//! and signs that node's kubelet and kube-proxy CSRs. What follows is the AWS side.
 //! The protocol and its cloud-free checks live in [`base::node_join`]; this module adds what needs
 //! the cloud and the CA:
 //! - STS, through the node's own signed request (forwarded unchanged to this cluster's STS endpoint,
@@ -19,6 +20,8 @@
 //! token bucket per source ([`limits`]), so a flood never stalls etcd, backups or DNS.
 
 pub mod challenge;
+pub mod gce;
+pub mod google_keys;
 pub mod limits;
 pub mod server;
 
@@ -54,15 +57,15 @@ pub struct Refusal {
     pub message: String,
 }
 
-fn refuse(status: StatusCode, reason: &'static str, message: impl Into<String>) -> Refusal {
+pub(crate) fn refuse(status: StatusCode, reason: &'static str, message: impl Into<String>) -> Refusal {
     Refusal { status, reason, message: message.into() }
 }
 
-fn forbidden(reason: &'static str, message: impl Into<String>) -> Refusal {
+pub(crate) fn forbidden(reason: &'static str, message: impl Into<String>) -> Refusal {
     refuse(StatusCode::FORBIDDEN, reason, message)
 }
 
-fn upstream(message: impl Into<String>) -> Refusal {
+pub(crate) fn upstream(message: impl Into<String>) -> Refusal {
     refuse(StatusCode::BAD_GATEWAY, "upstream", message)
 }
 
@@ -126,6 +129,82 @@ fn instance_profile_name(arn: &str) -> Option<&str> {
     rest.rsplit('/').next().filter(|n| !n.is_empty())
 }
 
+/// The join request in `body`, checked before any cloud call: only kubelet and kube-proxy CSRs,
+/// the kubelet's required; with the kubelet key (DER SPKI) the node must answer the call back with.
+pub(crate) fn parse_request(body: &[u8]) -> Result<(JoinRequest, Vec<u8>), Refusal> {
+    let request: JoinRequest =
+        serde_json::from_slice(body).map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad-request", format!("request body is not a join request: {e}")))?;
+    for name in request.csrs.keys() {
+        if name != CERT_KUBELET && name != CERT_KUBE_PROXY {
+            return Err(refuse(StatusCode::BAD_REQUEST, "bad-request", format!("csrs.{name}: only {CERT_KUBELET} and {CERT_KUBE_PROXY} are issued")));
+        }
+    }
+    let kubelet_csr = request.csrs.get(CERT_KUBELET).ok_or_else(|| {
+        refuse(StatusCode::BAD_REQUEST, "bad-request", format!("csrs.{CERT_KUBELET}: required (the join challenge is answered with its key)"))
+    })?;
+    let kubelet_key = pki::csr_public_key(kubelet_csr).map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad-request", format!("csrs.{CERT_KUBELET}: {e}")))?;
+    Ok((request, kubelet_key))
+}
+
+/// Sign the request's CSRs: the kubelet's for `node_name` only (whatever the CSR asks), kube-proxy's
+/// as `system:kube-proxy`.
+pub(crate) fn sign_node_certs(ca: &Keypair, request: &JoinRequest, node_name: &str) -> Result<BTreeMap<String, String>, Refusal> {
+    let mut certs = BTreeMap::new();
+    for (name, csr) in &request.csrs {
+        let spec = match name.as_str() {
+            CERT_KUBELET => CertSpec::client(&format!("system:node:{node_name}"), &["system:nodes"]),
+            _ => CertSpec::client("system:kube-proxy", &[]),
+        };
+        let cert =
+            pki::sign_csr(CA, ca, csr, &spec, NODE_CERT_VALIDITY).map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad-request", format!("csrs.{name}: {e}")))?;
+        certs.insert(name.clone(), cert);
+    }
+    Ok(certs)
+}
+
+/// The join server's authority on this cloud: AWS identities ([`Authority`]) or GCE identity tokens
+/// ([`gce::GceAuthority`]); each admits its own cloud's proof only.
+pub enum AnyAuthority {
+    Aws(Box<Authority>),
+    Gce(Box<gce::GceAuthority>),
+}
+
+impl From<Authority> for AnyAuthority {
+    fn from(a: Authority) -> AnyAuthority {
+        AnyAuthority::Aws(Box::new(a))
+    }
+}
+
+impl From<gce::GceAuthority> for AnyAuthority {
+    fn from(a: gce::GceAuthority) -> AnyAuthority {
+        AnyAuthority::Gce(Box::new(a))
+    }
+}
+
+impl AnyAuthority {
+    pub fn cluster(&self) -> &str {
+        match self {
+            AnyAuthority::Aws(a) => &a.cluster,
+            AnyAuthority::Gce(g) => &g.cluster,
+        }
+    }
+
+    pub fn ca(&self) -> &Keypair {
+        match self {
+            AnyAuthority::Aws(a) => &a.ca,
+            AnyAuthority::Gce(g) => &g.ca,
+        }
+    }
+
+    /// Decide one join: `authorization` is the request's `Authorization` header, `body` its bytes.
+    pub async fn admit(&self, authorization: &str, body: &[u8]) -> Result<JoinResponse, Refusal> {
+        match self {
+            AnyAuthority::Aws(a) => a.admit(authorization, body).await,
+            AnyAuthority::Gce(g) => g.admit(authorization, body).await.map(|a| a.response),
+        }
+    }
+}
+
 impl Authority {
     /// Learn the server's own account and partition (its own `GetCallerIdentity`), once.
     pub async fn new(c: AuthorityConfig) -> Result<Authority, StartError> {
@@ -161,17 +240,7 @@ impl Authority {
     pub async fn admit(&self, authorization: &str, body: &[u8]) -> Result<JoinResponse, Refusal> {
         let signed = node_join::parse_authorization(authorization).map_err(|e| refuse(StatusCode::UNAUTHORIZED, "unauthenticated", e.to_string()))?;
         node_join::check_signed(&signed, &self.sts_url, body, SystemTime::now()).map_err(|e| forbidden("signature", e.to_string()))?;
-        let request: JoinRequest =
-            serde_json::from_slice(body).map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad-request", format!("request body is not a join request: {e}")))?;
-        for name in request.csrs.keys() {
-            if name != CERT_KUBELET && name != CERT_KUBE_PROXY {
-                return Err(refuse(StatusCode::BAD_REQUEST, "bad-request", format!("csrs.{name}: only {CERT_KUBELET} and {CERT_KUBE_PROXY} are issued")));
-            }
-        }
-        let kubelet_csr = request.csrs.get(CERT_KUBELET).ok_or_else(|| {
-            refuse(StatusCode::BAD_REQUEST, "bad-request", format!("csrs.{CERT_KUBELET}: required (the join challenge is answered with its key)"))
-        })?;
-        let kubelet_key = pki::csr_public_key(kubelet_csr).map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad-request", format!("csrs.{CERT_KUBELET}: {e}")))?;
+        let (request, kubelet_key) = parse_request(body)?;
 
         // Who signed, according to STS.
         let mut forward = self.http.post(&self.sts_url).body(signed.body.clone());
@@ -255,16 +324,7 @@ impl Authority {
             .ok_or_else(|| forbidden("instance", format!("instance {} has no private IP to call back", session.session)))?;
         challenge::call_back((self.challenge_addr)(ip), kubelet_key, &base::sha256_hex(body)).await.map_err(|e| forbidden("challenge", e.to_string()))?;
 
-        let mut certs = BTreeMap::new();
-        for (name, csr) in &request.csrs {
-            let spec = match name.as_str() {
-                CERT_KUBELET => CertSpec::client(&format!("system:node:{node_name}"), &["system:nodes"]),
-                _ => CertSpec::client("system:kube-proxy", &[]),
-            };
-            let cert = pki::sign_csr(CA, &self.ca, csr, &spec, NODE_CERT_VALIDITY)
-                .map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad-request", format!("csrs.{name}: {e}")))?;
-            certs.insert(name.clone(), cert);
-        }
+        let certs = sign_node_certs(&self.ca, &request, node_name)?;
         tracing::info!(instance = %session.session, node = %node_name, group, "node join admitted");
         Ok(JoinResponse { node_name: node_name.to_string(), certs })
     }

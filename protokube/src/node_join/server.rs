@@ -13,7 +13,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};
 
 use super::limits::{Admission, Limits};
-use super::Authority;
+use super::AnyAuthority;
 use crate::metrics::Metrics;
 
 /// The join server's own certificate: issued at start, reissued when half used.
@@ -75,7 +75,7 @@ fn count_refusal(metrics: &Metrics, reason: &str) {
     });
 }
 
-async fn handle(authority: Arc<Authority>, metrics: Metrics, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn handle(authority: Arc<AnyAuthority>, metrics: Metrics, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     if req.method() != hyper::Method::POST || req.uri().path() != node_join::PATH {
         count_refusal(&metrics, "not-found");
         return Ok(response(StatusCode::NOT_FOUND, format!("POST {} only\n", node_join::PATH), false));
@@ -111,9 +111,10 @@ async fn handle(authority: Arc<Authority>, metrics: Metrics, req: Request<Incomi
 /// Serve joins on `listener` until the task is dropped. The certificate names [`server_names`]
 /// and, when the listener is bound to one address, that address. Connections beyond `limits` are
 /// closed at once, unread, and counted.
-pub async fn serve(listener: tokio::net::TcpListener, authority: Authority, metrics: Metrics, limits: Limits) {
+pub async fn serve(listener: tokio::net::TcpListener, authority: impl Into<AnyAuthority>, metrics: Metrics, limits: Limits) {
+    let authority: AnyAuthority = authority.into();
     let ips = listener.local_addr().map(|a| a.ip()).into_iter().filter(|ip| !ip.is_unspecified()).collect();
-    let tls = Arc::new(Tls { names: server_names(&authority.cluster), ips, ca: authority.ca.clone(), current: Mutex::new(None) });
+    let tls = Arc::new(Tls { names: server_names(authority.cluster()), ips, ca: authority.ca().clone(), current: Mutex::new(None) });
     let authority = Arc::new(authority);
     let admission = Admission::new(limits);
     loop {
@@ -176,7 +177,13 @@ pub enum SpawnError {
 /// Run [`serve`] on a thread with a runtime of its own (two workers): however busy the join server
 /// is, the caller's runtime (etcd reconcile, backups, DNS) never waits for it. `listener` is a
 /// std listener so that it is registered with the server's own runtime.
-pub fn spawn(listener: std::net::TcpListener, authority: Authority, metrics: Metrics, limits: Limits) -> Result<std::thread::JoinHandle<()>, SpawnError> {
+pub fn spawn(
+    listener: std::net::TcpListener,
+    authority: impl Into<AnyAuthority>,
+    metrics: Metrics,
+    limits: Limits,
+) -> Result<std::thread::JoinHandle<()>, SpawnError> {
+    let authority: AnyAuthority = authority.into();
     listener.set_nonblocking(true)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name("node-join").enable_all().build()?;
     let handle = std::thread::Builder::new().name("node-join".into()).spawn(move || {

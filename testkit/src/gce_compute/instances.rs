@@ -1,5 +1,5 @@
 //! Instance templates (global) and instances (zonal): an instance is made from a template by its
-//! MIG; get/list/delete, setLabels and setMetadata with fingerprints, attachDisk/detachDisk with
+//! MIG, or by `instances.insert` (from its body or a `sourceInstanceTemplate`); get/list/delete, setLabels and setMetadata with fingerprints, attachDisk/detachDisk with
 //! GCE's refusal of a second writer.
 
 use serde_json::{json, Map, Value};
@@ -186,6 +186,33 @@ pub fn create_from_template(st: &mut State, zone: &str, name: &str, template: &V
     let boots_at = st.boot_time();
     st.instances.insert((zone.to_string(), name.to_string()), Instance { body: v, status: "PROVISIONING".into(), boots_at, mig: mig.map(str::to_string) });
     Ok(())
+}
+
+/// `instances.insert`: an instance of no MIG, made from the request body (an Instance resource) or,
+/// with `sourceInstanceTemplate`, from that template's properties with the body's fields over them.
+pub fn insert(st: &mut State, zone: &str, body: Map<String, Value>, source_template: Option<&str>) -> Result<Value, ApiError> {
+    st.check_zone(zone)?;
+    let name = body.get("name").and_then(Value::as_str).ok_or_else(|| ApiError::required("resource.name"))?.to_string();
+    let (template_name, mut props) = match source_template.filter(|t| !t.is_empty()) {
+        Some(t) => {
+            let t = template_get(st, last_segment(t))?;
+            (str_of(&t, "name").to_string(), t["properties"].clone())
+        }
+        None => (String::new(), json!({})),
+    };
+    for (k, v) in body.iter().filter(|(k, _)| k.as_str() != "name") {
+        props[k.as_str()] = v.clone();
+    }
+    if str_of(&props, "machineType").is_empty() {
+        return Err(ApiError::required("resource.machineType"));
+    }
+    if !props["disks"].as_array().into_iter().flatten().any(|d| d["boot"].as_bool() == Some(true)) {
+        return Err(ApiError::invalid("Invalid value for field 'resource.disks': ''. Boot disk must be specified."));
+    }
+    check_labels(&props["labels"])?;
+    create_from_template(st, zone, &name, &json!({"name": template_name, "properties": props}), None)?;
+    let id = st.instances.get(&(zone.to_string(), name.clone())).map(|i| str_of(&i.body, "id").to_string());
+    Ok(st.operation(Scope::Zone(zone.into()), "insert", &format!("zones/{zone}/instances/{name}"), id.as_deref(), None))
 }
 
 pub fn render(i: &Instance) -> Value {

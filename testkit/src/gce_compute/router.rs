@@ -124,6 +124,7 @@ pub fn route(st: &mut State, req: &Request, q: &BTreeMap<String, String>) -> Res
             let l = instances::list(st, z)?;
             list(st, "compute#instanceList", &format!("zones/{z}/instances"), l, q)
         }
+        ("POST", ["zones", z, "instances"]) => j(instances::insert(st, z, body()?, q.get("sourceInstanceTemplate").map(String::as_str))),
         ("GET", ["zones", z, "instances", n]) => j(instances::get(st, z, n)),
         ("DELETE", ["zones", z, "instances", n]) => j(instances::delete(st, z, n)),
         ("POST", ["zones", z, "instances", n, "setLabels"]) => j(instances::set_labels(st, z, n, body()?)),

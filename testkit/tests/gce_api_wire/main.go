@@ -223,6 +223,19 @@ func main() {
 	if len(il.Items) != 2 {
 		fail("instances with the group label: %d", len(il.Items))
 	}
+	// An instance of no MIG, from the template (instances.insert with sourceInstanceTemplate).
+	insertOp := must(c.Instances.Insert(project, zone, &compute.Instance{Name: "bare-1"}).SourceInstanceTemplate("global/instanceTemplates/nodes-gce-k8s-1").Do())("instances.insert")
+	w.wait("instances.insert", insertOp)
+	bare := must(c.Instances.Get(project, zone, "bare-1").Do())("instances.get bare-1")
+	for _, it := range bare.Metadata.Items {
+		if it.Key == "created-by" {
+			fail("an instance of no MIG has created-by %q", *it.Value)
+		}
+	}
+	if bare.Id == 0 || bare.Id != insertOp.TargetId || len(bare.Disks) == 0 || !bare.Disks[0].Boot {
+		fail("inserted instance: %+v (operation target %d)", bare, insertOp.TargetId)
+	}
+	w.wait("instances.delete", must(c.Instances.Delete(project, zone, "bare-1").Do())("instances.delete"))
 
 	// A labelled disk, found by label filter, attached, refused to a second writer.
 	w.wait("disks.insert", must(c.Disks.Insert(project, zone, &compute.Disk{Name: "a-etcd-main-gce-k8s", SizeGb: 20, Type: "zones/" + zone + "/diskTypes/pd-ssd",
