@@ -712,16 +712,26 @@ pub fn run_validate_cluster(args: ValidateClusterArgs) -> anyhow::Result<ExitCod
         Ok(m) => m,
         Err(code) => return Ok(code),
     };
-    if model.cloud != model::CloudKind::Aws {
-        anyhow::bail!("validate cluster supports AWS clusters (this one is on {:?})", model.cloud);
-    }
+    let gce = match model.cloud {
+        model::CloudKind::Gce => Some(gce_target(&args.common, &model)?),
+        model::CloudKind::Aws => None,
+        other => anyhow::bail!("validate cluster supports AWS and GCE clusters (this one is on {other:?})"),
+    };
     runtime()?.block_on(async {
-        let target = aws_target(&args.common, &model.region).await;
+        let aws = match gce {
+            Some(_) => None,
+            None => Some(aws_target(&args.common, &model.region).await),
+        };
         let kube = ops::validate::kube_client(args.kubeconfig.as_deref(), &model.cluster).await?;
         let deadline = args.wait.map(|w| std::time::Instant::now() + w);
         let mut passes = 0;
         loop {
-            let report = match ops::validate::validate(&target, &model, &kube).await {
+            let result = match (&gce, &aws) {
+                (Some(g), _) => ops::validate::validate_gce(g, &model, &kube).await,
+                (None, Some(a)) => ops::validate::validate(a, &model, &kube).await,
+                (None, None) => anyhow::bail!("no cloud target"),
+            };
+            let report = match result {
                 Ok(r) => Some(r),
                 // While waiting, an API that is not up yet is one more reason to wait.
                 Err(e) if deadline.is_some() => {
