@@ -1,0 +1,107 @@
+//! `validate cluster` on GCE, the cloud half: `examples/gce.yaml` applied to the harness's Compute
+//! emulator (in process, 127.0.0.1), each instance group's MIGs read back (`listManagedInstances`,
+//! RUNNING only, addresses from `instances.list`) and judged against Nodes matched by InternalIP.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base::StateStore;
+use cloud::gce::{GceEndpoints, TokenSource};
+use cloud_resources::gce::GceTarget;
+use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeStatus, Pod, PodCondition, PodStatus};
+use keelson_api::Role;
+use ops::validate::{report, CloudGroup};
+use serde_json::json;
+use testkit::gce_compute::{Config, GceCompute};
+use testkit::httpd::{Request, Server};
+
+const PROJECT: &str = "acme-platform";
+
+fn model() -> cloud_resources::model::ClusterModel {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/gce.yaml");
+    let docs = spec_compiler::load::load_spec(&path).unwrap_or_else(|e| panic!("{e}"));
+    let asset = |a: &str| spec_compiler::userdata::NodeupAsset::parse(a).expect("asset");
+    let amd64 = spec_compiler::versions::Arch::parse("amd64").expect("arch");
+    let options = spec_compiler::CompileOptions {
+        nodeup_assets: [(amd64, asset("8b1a9953c4611296a827abf8c47804d7e6c49c6b8f0b8c1f4ee3a5e6a1b1c2d3@https://nodeup.mirror.test/amd64/nodeup"))].into(),
+        protokube_assets: [(amd64, asset("5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8@https://nodeup.mirror.test/amd64/protokube"))]
+            .into(),
+        ..Default::default()
+    };
+    let compiled = spec_compiler::compile(&docs, &options).unwrap_or_else(|e| panic!("{e}"));
+    cloud_resources::model::build(&docs, &compiled).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn node(name: &str, ip: &str, ready: bool) -> Node {
+    Node {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta { name: Some(name.into()), ..Default::default() },
+        status: Some(NodeStatus {
+            addresses: Some(vec![NodeAddress { type_: "InternalIP".into(), address: ip.into() }]),
+            conditions: Some(vec![NodeCondition { type_: "Ready".into(), status: if ready { "True" } else { "False" }.into(), ..Default::default() }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn ready_pod(name: &str) -> Pod {
+    Pod {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta { name: Some(name.into()), ..Default::default() },
+        status: Some(PodStatus {
+            phase: Some("Running".into()),
+            conditions: Some(vec![PodCondition { type_: "Ready".into(), status: "True".into(), ..Default::default() }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_mig_instance_must_be_a_ready_node() {
+    let compute = GceCompute::new(Config { project: PROJECT.into(), operation_delay: Duration::from_millis(20), boot_delay: None, ..Config::example() });
+    let server = compute.start();
+    let mut values = testkit::gce_metadata::InstanceFacts::example().values();
+    values.insert("instance/service-accounts/default/token".into(), json!({"access_token": "tok", "expires_in": 3599}).to_string());
+    let meta = Server::start(Arc::new(move |req: &Request| testkit::gce_metadata::answer(&values, req)));
+    let md = base::gce_metadata::GceMetadata::new(Some(&meta.url("")), Duration::from_secs(5)).expect("metadata");
+    let target = GceTarget::new(&GceEndpoints::at(&server.url("")), PROJECT, TokenSource::new(md), Duration::from_secs(30)).expect("target");
+    let model = model();
+    let store_dir = tempfile::tempdir().expect("tmp");
+    let store = StateStore::dir(store_dir.path());
+    let planned = cloud_resources::plan_apply_gce(&target, &model, &store).await.expect("plan");
+    cloud_resources::execute_gce(&target, &model, &store, &planned).await.expect("apply");
+
+    // Still PROVISIONING: no group has a running instance yet.
+    let groups = ops::gce_instances::groups(&target, &model).await.expect("groups");
+    assert!(groups.iter().all(|g| g.instances.is_empty()), "{groups:?}");
+    for i in compute.instances() {
+        compute.set_instance_status(&i.zone, &i.name, "RUNNING").expect("boot");
+    }
+    let groups = ops::gce_instances::groups(&target, &model).await.expect("groups");
+    let by_group = |g: &str| groups.iter().find(|x| x.group == g).unwrap_or_else(|| panic!("group {g}: {groups:?}"));
+    let (cp, nodes) = (by_group("control-plane-europe-west1-b"), by_group("nodes-europe-west1-b"));
+    assert_eq!((cp.role, cp.target, cp.instances.len()), (Role::ControlPlane, 1, 1));
+    assert_eq!((nodes.role, nodes.target, nodes.instances.len()), (Role::Node, 2, 2));
+    for i in compute.instances() {
+        let g = groups.iter().find(|g| g.instances.iter().any(|(n, _)| *n == i.name)).unwrap_or_else(|| panic!("{} in no group", i.name));
+        assert_eq!(g.instances.iter().find(|(n, _)| *n == i.name).and_then(|(_, ip)| ip.clone()), Some(i.network_ip.clone()), "{}", i.name);
+    }
+
+    let cloud: Vec<CloudGroup> =
+        groups.iter().map(|g| CloudGroup { group: g.group.clone(), role: g.role, min: g.target, max: g.target, instances: g.instances.clone() }).collect();
+    let cp_ip = cp.instances[0].1.clone().expect("cp address");
+    let (n1, n2) = (nodes.instances[0].clone(), nodes.instances[1].clone());
+    let pods: Vec<Pod> =
+        ["kube-apiserver-cp", "kube-controller-manager-cp", "kube-scheduler-cp", "etcd-manager-main-cp"].iter().map(|p| ready_pod(p)).collect();
+    // One node has not joined: the machine and its group fail.
+    let one_missing = vec![node("cp", &cp_ip, true), node("n1", n1.1.as_deref().expect("ip"), true)];
+    let r = report("gce.k8s.example.com", &cloud, &one_missing, &pods);
+    let text = r.render();
+    assert!(!r.valid(), "{text}");
+    assert!(r.failures.iter().any(|f| f.kind == "Machine" && f.name == n2.0), "{text}");
+    assert!(r.failures.iter().any(|f| f.kind == "InstanceGroup" && f.name == "nodes-europe-west1-b" && f.message.contains("1 of at least 2")), "{text}");
+    // Every MIG instance a Ready node: valid.
+    let all = vec![node("cp", &cp_ip, true), node("n1", n1.1.as_deref().expect("ip"), true), node("n2", n2.1.as_deref().expect("ip"), true)];
+    let r = report("gce.k8s.example.com", &cloud, &all, &pods);
+    assert!(r.valid(), "{}", r.render());
+}
