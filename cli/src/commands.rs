@@ -540,9 +540,6 @@ pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
     };
     let file = args.common.file.display().to_string();
     let (model, _) = prepare_with(&docs, &options, false).with_context(|| format!("{file}: building the cloud model"))?;
-    if model.cloud != model::CloudKind::Aws {
-        anyhow::bail!("{file}: rolling-update supports AWS clusters only");
-    }
     let mut opts = rolling::RollingOptions {
         groups: args.instance_groups.clone(),
         roles: args.instance_group_roles.clone(),
@@ -550,6 +547,11 @@ pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
         ..args.roll.options(&docs)
     };
     let rt = runtime()?;
+    match model.cloud {
+        model::CloudKind::Aws => {}
+        model::CloudKind::Gce => return rt.block_on(gce_rolling_update(&args, &model, opts)),
+        other => anyhow::bail!("{file}: rolling-update supports AWS and GCE clusters (this one is on {other:?})"),
+    }
     rt.block_on(async {
         let target = aws_target(&args.common, &model.region).await;
         // By default the cluster is validated and nodes drained through the Kubernetes API (as kOps,
@@ -579,6 +581,30 @@ pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
         println!("rolling update of cluster {} done: {} instance(s) replaced", model.cluster, report.replaced.len());
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// `keelson rolling-update` on GCE: the MIGs' instances on an old template, recreated one at a time.
+async fn gce_rolling_update(args: &RollingUpdateArgs, model: &model::ClusterModel, mut opts: rolling::RollingOptions) -> anyhow::Result<ExitCode> {
+    let target = gce_target(&args.common, model)?;
+    opts.validate = args.roll.validation(&model.cluster, "rolling-update").await?;
+    let groups = ops::gce_rolling::status(&target, model, &opts.selection()).await?;
+    print!("{}", ops::instances::render(&groups));
+    let pending: usize = groups.iter().map(|g| g.outdated().len()).sum();
+    if pending == 0 {
+        println!("No rolling update required.");
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !args.yes {
+        println!("{pending} instance(s) need replacing. Run with --yes to replace them.");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let store = open_store(&model.config_base, None)?;
+    let report = with_lock(&store, "rolling-update", args.common.force_unlock, async {
+        Ok(ops::gce_rolling::roll(&target, model, &opts, &mut |line| println!("{line}")).await?)
+    })
+    .await?;
+    println!("rolling update of cluster {} done: {} instance(s) replaced", model.cluster, report.replaced.len());
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn direct_delete(args: &DeleteArgs, model: &model::ClusterModel) -> anyhow::Result<ExitCode> {

@@ -1,6 +1,8 @@
-//! `validate cluster` on GCE, the cloud half: `examples/gce.yaml` applied to the harness's Compute
-//! emulator (in process, 127.0.0.1), each instance group's MIGs read back (`listManagedInstances`,
-//! RUNNING only, addresses from `instances.list`) and judged against Nodes matched by InternalIP.
+//! `validate cluster` and `rolling-update` on GCE against the harness's Compute emulator (in process,
+//! 127.0.0.1) with `examples/gce.yaml` applied: each instance group's MIGs read back
+//! (`listManagedInstances`, RUNNING only, addresses from `instances.list`) and judged against Nodes
+//! matched by InternalIP; after a changed machine type, the instances on the old template recreated
+//! one at a time onto the new one, and nothing else.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,8 +19,14 @@ use testkit::httpd::{Request, Server};
 
 const PROJECT: &str = "acme-platform";
 
-fn model() -> cloud_resources::model::ClusterModel {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/gce.yaml");
+fn spec() -> String {
+    std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/gce.yaml")).expect("example")
+}
+
+fn model(text: &str) -> cloud_resources::model::ClusterModel {
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("cluster.yaml");
+    std::fs::write(&path, text).expect("write spec");
     let docs = spec_compiler::load::load_spec(&path).unwrap_or_else(|e| panic!("{e}"));
     let asset = |a: &str| spec_compiler::userdata::NodeupAsset::parse(a).expect("asset");
     let amd64 = spec_compiler::versions::Arch::parse("amd64").expect("arch");
@@ -56,28 +64,49 @@ fn ready_pod(name: &str) -> Pod {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_mig_instance_must_be_a_ready_node() {
-    let compute = GceCompute::new(Config { project: PROJECT.into(), operation_delay: Duration::from_millis(20), boot_delay: None, ..Config::example() });
+struct World {
+    compute: GceCompute,
+    _server: Server,
+    _meta: Server,
+    target: GceTarget,
+    _store_dir: tempfile::TempDir,
+    store: StateStore,
+}
+
+fn world(boot_delay: Option<Duration>) -> World {
+    let compute = GceCompute::new(Config { project: PROJECT.into(), operation_delay: Duration::from_millis(20), boot_delay, ..Config::example() });
     let server = compute.start();
     let mut values = testkit::gce_metadata::InstanceFacts::example().values();
     values.insert("instance/service-accounts/default/token".into(), json!({"access_token": "tok", "expires_in": 3599}).to_string());
     let meta = Server::start(Arc::new(move |req: &Request| testkit::gce_metadata::answer(&values, req)));
     let md = base::gce_metadata::GceMetadata::new(Some(&meta.url("")), Duration::from_secs(5)).expect("metadata");
     let target = GceTarget::new(&GceEndpoints::at(&server.url("")), PROJECT, TokenSource::new(md), Duration::from_secs(30)).expect("target");
-    let model = model();
     let store_dir = tempfile::tempdir().expect("tmp");
     let store = StateStore::dir(store_dir.path());
-    let planned = cloud_resources::plan_apply_gce(&target, &model, &store).await.expect("plan");
-    cloud_resources::execute_gce(&target, &model, &store, &planned).await.expect("apply");
+    World { compute, _server: server, _meta: meta, target, _store_dir: store_dir, store }
+}
+
+impl World {
+    async fn apply(&self, model: &cloud_resources::model::ClusterModel) {
+        let planned = cloud_resources::plan_apply_gce(&self.target, model, &self.store).await.expect("plan");
+        cloud_resources::execute_gce(&self.target, model, &self.store, &planned).await.expect("apply");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_mig_instance_must_be_a_ready_node() {
+    let w = world(None);
+    let (compute, target) = (&w.compute, &w.target);
+    let model = model(&spec());
+    w.apply(&model).await;
 
     // Still PROVISIONING: no group has a running instance yet.
-    let groups = ops::gce_instances::groups(&target, &model).await.expect("groups");
+    let groups = ops::gce_instances::groups(target, &model).await.expect("groups");
     assert!(groups.iter().all(|g| g.instances.is_empty()), "{groups:?}");
     for i in compute.instances() {
         compute.set_instance_status(&i.zone, &i.name, "RUNNING").expect("boot");
     }
-    let groups = ops::gce_instances::groups(&target, &model).await.expect("groups");
+    let groups = ops::gce_instances::groups(target, &model).await.expect("groups");
     let by_group = |g: &str| groups.iter().find(|x| x.group == g).unwrap_or_else(|| panic!("group {g}: {groups:?}"));
     let (cp, nodes) = (by_group("control-plane-europe-west1-b"), by_group("nodes-europe-west1-b"));
     assert_eq!((cp.role, cp.target, cp.instances.len()), (Role::ControlPlane, 1, 1));
@@ -104,4 +133,47 @@ async fn each_mig_instance_must_be_a_ready_node() {
     let all = vec![node("cp", &cp_ip, true), node("n1", n1.1.as_deref().expect("ip"), true), node("n2", n2.1.as_deref().expect("ip"), true)];
     let r = report("gce.k8s.example.com", &cloud, &all, &pods);
     assert!(r.valid(), "{}", r.render());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_update_recreates_the_instances_on_an_old_template_one_at_a_time() {
+    let w = world(Some(Duration::from_millis(10)));
+    let text = spec();
+    w.apply(&model(&text)).await;
+    let opts = ops::rolling::RollingOptions {
+        poll: Duration::from_millis(20),
+        control_plane_interval: Duration::ZERO,
+        node_interval: Duration::ZERO,
+        validation_timeout: Duration::from_secs(20),
+        ..Default::default()
+    };
+    let sel = opts.selection();
+    let model1 = model(&text);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let groups = ops::gce_rolling::status(&w.target, &model1, &sel).await.expect("status");
+    assert!(groups.iter().all(|g| g.outdated().is_empty()), "{groups:?}");
+
+    let model2 = model(&text.replacen("machineType: e2-standard-4", "machineType: e2-standard-8", 1));
+    w.apply(&model2).await;
+    let before: Vec<_> = w.compute.instances();
+    let groups = ops::gce_rolling::status(&w.target, &model2, &sel).await.expect("status");
+    let outdated: Vec<&str> = groups.iter().flat_map(|g| g.outdated()).map(|i| i.id.as_str()).collect();
+    assert_eq!(outdated.len(), 2, "the two nodes run the old template: {groups:?}");
+    assert!(ops::instances::render(&groups).contains("NeedsUpdate"));
+
+    let mut lines = Vec::new();
+    let report = ops::gce_rolling::roll(&w.target, &model2, &opts, &mut |l| lines.push(l.to_string())).await.expect("roll");
+    assert_eq!(report.replaced.len(), 2, "{lines:#?}");
+    let after = w.compute.instances();
+    for b in &before {
+        let a = after.iter().find(|a| a.name == b.name).unwrap_or_else(|| panic!("{} is back", b.name));
+        if outdated.contains(&b.name.as_str()) {
+            assert_ne!(a.id, b.id, "{} recreated", b.name);
+            assert_eq!(a.machine_type, "e2-standard-8", "{} on the new template", b.name);
+        } else {
+            assert_eq!(a.id, b.id, "{} (up to date) untouched", b.name);
+        }
+    }
+    let groups = ops::gce_rolling::status(&w.target, &model2, &sel).await.expect("status");
+    assert!(groups.iter().all(|g| g.outdated().is_empty()), "nothing left to roll: {groups:?}");
 }
