@@ -390,8 +390,7 @@ pub fn run_delete(args: DeleteArgs) -> anyhow::Result<ExitCode> {
 /// The GCE target of a cluster: the Compute API at `--endpoint-url`, `$KEELSON_GCE_ENDPOINT` or
 /// Google's, with tokens from the metadata server (`$GCE_METADATA_HOST`).
 pub(crate) fn gce_target(common: &Common, model: &model::ClusterModel) -> anyhow::Result<cloud_resources::gce::GceTarget> {
-    let endpoint = common.endpoint_url.clone().or_else(|| std::env::var("KEELSON_GCE_ENDPOINT").ok()).filter(|e| !e.trim().is_empty());
-    let endpoints = endpoint.as_deref().map(cloud::gce::GceEndpoints::at).unwrap_or_else(cloud::gce::GceEndpoints::google);
+    let endpoints = cloud::gce::GceEndpoints::resolve(common.endpoint_url.as_deref());
     let project = model.project.clone().ok_or_else(|| anyhow::anyhow!("Cluster/{}: spec.project: required on GCE", model.cluster))?;
     let metadata = base::gce_metadata::GceMetadata::new(None, std::time::Duration::from_secs(10))?;
     let tokens = cloud::gce::TokenSource::new(metadata);

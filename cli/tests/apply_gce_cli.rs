@@ -68,7 +68,7 @@ fn apply_plans_applies_with_yes_has_no_changes_then_and_delete_removes_it() {
     let (ok, out) = w.run("apply", true, &["--yes"]);
     assert!(ok, "{out}");
     assert!(out.contains("applied"), "{out}");
-    assert_eq!(w.compute.instances().len(), 3, "1 control plane and 2 nodes: {out}");
+    assert_eq!(w.compute.instances().len(), 5, "3 control planes and 2 nodes: {out}");
     assert!(w.state.path().join("pki/private/kubernetes-ca/keyset.yaml").exists(), "the PKI is in the state store");
 
     let (ok, out) = w.run("apply", false, &[]);

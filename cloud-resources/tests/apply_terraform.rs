@@ -138,15 +138,20 @@ fn ha_terraform() {
 #[test]
 fn gce_terraform() {
     let root = check("gce.yaml");
-    assert_eq!(resources(&root, "google_compute_instance_template").len(), 2);
+    // Three control planes in three zones, one worker group: a template and a MIG each.
+    assert_eq!(resources(&root, "google_compute_instance_template").len(), 4);
     let migs = resources(&root, "google_compute_instance_group_manager");
-    assert_eq!(migs.len(), 2);
+    assert_eq!(migs.len(), 4);
     let nodes = migs["b-nodes-europe-west1-b-gce-k8s-example-com"];
     assert_eq!(nodes["zone"], "europe-west1-b");
     assert_eq!(nodes["target_size"], 2);
+    assert_eq!(migs["c-control-plane-europe-west1-c-gce-k8s-example-com"]["zone"], "europe-west1-c");
+    // One disk per member of each etcd cluster, in its member's zone, labelled as kOps labels it.
     let disks = resources(&root, "google_compute_disk");
-    assert_eq!(disks.len(), 2);
-    assert_eq!(disks["a-etcd-main-gce-k8s-example-com"]["labels"]["k8s-io-etcd-main"], "a-2fa");
+    assert_eq!(disks.len(), 6);
+    let c = disks["c-etcd-main-gce-k8s-example-com"];
+    assert_eq!(c["zone"], "europe-west1-c");
+    assert_eq!(c["labels"]["k8s-io-etcd-main"], "c-2fb-2cc-2cd");
     assert!(resources(&root, "aws_vpc").is_empty());
 }
 
@@ -202,16 +207,16 @@ fn load_balancer_aliases_the_api_names_it_serves() {
 fn gce_etcd_labels_are_kops_encoded_and_a_label_too_long_is_refused_not_cut() {
     let text = std::fs::read_to_string(example("gce.yaml")).expect("example");
     // A member name with a dash: kOps escapes it (`-2d`), or its decoder would read an escape there.
-    let dashed = text.replace("    etcdMembers:\n    - name: a\n", "    etcdMembers:\n    - name: a-1\n");
+    let dashed = text.replace("    etcdMembers:\n    - name: b\n", "    etcdMembers:\n    - name: a-1\n");
     let spec = tempfile::NamedTempFile::new().expect("tmp");
     std::fs::write(spec.path(), &dashed).expect("write");
     let root: Value = serde_json::from_slice(&render(spec.path()).files[MAIN_FILE]).expect("json");
     let disks = resources(&root, "google_compute_disk");
-    assert!(disks.values().any(|d| d["labels"]["k8s-io-etcd-main"] == "a-2d1-2fa-2d1"), "{disks:?}");
-    // `<member>/<members>` encoded: 30 + 3 + 30 characters fit exactly; one more does not, and is an
-    // error naming the field, not a label cut short.
-    for (len, fits) in [(30, true), (31, false)] {
-        let long = text.replace("    etcdMembers:\n    - name: a\n", &format!("    etcdMembers:\n    - name: {}\n", "m".repeat(len)));
+    assert!(disks.values().any(|d| d["labels"]["k8s-io-etcd-main"] == "a-2d1-2fa-2d1-2cc-2cd"), "{disks:?}");
+    // `<member>/<members>` encoded: 26 + 3 + 26 + 8 (`-2cc-2cd`) characters fit exactly; one more
+    // does not, and is an error naming the field, not a label cut short.
+    for (len, fits) in [(26, true), (27, false)] {
+        let long = text.replace("    etcdMembers:\n    - name: b\n", &format!("    etcdMembers:\n    - name: {}\n", "m".repeat(len)));
         std::fs::write(spec.path(), long).expect("write");
         assert_eq!(try_render(spec.path()).is_ok(), fits, "member name of {len} characters");
     }

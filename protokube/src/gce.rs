@@ -68,7 +68,7 @@ pub async fn connect(flags: GceFlags) -> Result<Gce, GceSetupError> {
         zone,
     };
     let node_name = flags.node_name.unwrap_or_else(|| base::gce_metadata::node_name(&me.hostname).to_string());
-    let endpoints = flags.endpoint.as_deref().map(GceEndpoints::at).unwrap_or_else(GceEndpoints::google);
+    let endpoints = GceEndpoints::resolve(flags.endpoint.as_deref());
     let calls = CallCounter::default();
     let api = GoogleApi::new(TokenSource::new(metadata), REQUEST_TIMEOUT)?.with_counter(calls.clone());
     let volumes = GceVolumes::new(api.clone(), &endpoints.compute, &me.project, &identity.zone, flags.operation_bound);

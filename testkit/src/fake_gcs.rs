@@ -48,13 +48,19 @@ pub struct FakeGcs {
 
 impl FakeGcs {
     pub fn start(log: &Path) -> Result<FakeGcs, FakeGcsError> {
+        FakeGcs::start_with(log, None)
+    }
+
+    /// Start with `external_url` as the address its answers name (resumable-upload sessions):
+    /// where clients reach it when that is not 127.0.0.1 (the local cloud's relay on its bridge).
+    pub fn start_with(log: &Path, external_url: Option<&str>) -> Result<FakeGcs, FakeGcsError> {
         let path = binary();
         if !path.is_file() {
             return Err(FakeGcsError::Missing { path });
         }
         let port = free_port()?;
         let port_arg = port.to_string();
-        let url = format!("http://127.0.0.1:{port}");
+        let url = external_url.map(str::to_string).unwrap_or_else(|| format!("http://127.0.0.1:{port}"));
         let args: [&std::ffi::OsStr; 13] = [
             path.as_os_str(),
             "-scheme".as_ref(),

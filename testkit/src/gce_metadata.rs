@@ -16,7 +16,7 @@ use crate::httpd::{Request, Response, Server};
 const PREFIX: &str = "/computeMetadata/v1/";
 
 /// The instance a server describes.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct InstanceFacts {
     pub project: String,
     pub numeric_project: String,
@@ -26,6 +26,11 @@ pub struct InstanceFacts {
     pub internal_ip: String,
     pub hostname: String,
     pub attributes: BTreeMap<String, String>,
+    /// The default service account's email (none: the instance has no service account, and no
+    /// `instance/service-accounts/` entries).
+    pub service_account: Option<String>,
+    /// The OAuth scopes the instance was given.
+    pub scopes: Vec<String>,
 }
 
 impl InstanceFacts {
@@ -43,6 +48,8 @@ impl InstanceFacts {
                 ("cluster-name".to_string(), "gce.k8s.example.com".to_string()),
                 ("kops-k8s-io-instance-group-name".to_string(), "nodes-europe-west1-b".to_string()),
             ]),
+            service_account: Some("123456789012-compute@developer.gserviceaccount.com".into()),
+            scopes: vec!["https://www.googleapis.com/auth/cloud-platform".into()],
         }
     }
 
@@ -59,6 +66,19 @@ impl InstanceFacts {
         ]);
         for (k, val) in &self.attributes {
             v.insert(format!("instance/attributes/{k}"), val.clone());
+        }
+        if let Some(email) = &self.service_account {
+            for account in ["default", email.as_str()] {
+                let dir = format!("instance/service-accounts/{account}");
+                v.insert(format!("{dir}/email"), email.clone());
+                v.insert(format!("{dir}/aliases"), "default".into());
+                v.insert(format!("{dir}/scopes"), self.scopes.iter().map(|s| format!("{s}\n")).collect());
+                // Any bearer token passes the local cloud's emulators; the shape is the server's.
+                v.insert(
+                    format!("{dir}/token"),
+                    serde_json::json!({"access_token": format!("local-{}", self.id), "expires_in": 3599, "token_type": "Bearer"}).to_string(),
+                );
+            }
         }
         v
     }
@@ -82,6 +102,13 @@ pub fn answer(values: &BTreeMap<String, String>, req: &Request) -> Response {
     if let Some(v) = values.get(path) {
         return flavored(Response::text(200, v.clone()));
     }
+    if query_has(&req.query, "recursive", "true") {
+        let dir = if path.is_empty() || path.ends_with('/') { path.to_string() } else { format!("{path}/") };
+        return match recursive(values, &dir) {
+            Some(tree) => flavored(Response::text(200, tree.to_string()).header("Content-Type", "application/json")),
+            None => flavored(Response::text(404, "Not found.")),
+        };
+    }
     // A directory: its direct entries.
     let dir = if path.is_empty() || path.ends_with('/') { path.to_string() } else { format!("{path}/") };
     let entries: BTreeSet<String> = values
@@ -98,6 +125,64 @@ pub fn answer(values: &BTreeMap<String, String>, req: &Request) -> Response {
     flavored(Response::text(200, entries.into_iter().map(|e| e + "\n").collect::<String>()))
 }
 
+fn query_has(q: &str, key: &str, value: &str) -> bool {
+    q.split('&').filter_map(|kv| kv.split_once('=')).any(|(k, v)| k == key && v == value)
+}
+
+/// `?recursive=true` of the directory `dir` (ending in `/`, or empty for the root): a JSON object of
+/// its tree. As the server does, directory names are camelCased (`network-interfaces` →
+/// `networkInterfaces`), numbered entries (`network-interfaces/0/`) become arrays, and the keys of
+/// `attributes/` (the user's own) are kept as written.
+fn recursive(values: &BTreeMap<String, String>, dir: &str) -> Option<serde_json::Value> {
+    use serde_json::{Map, Value};
+    let mut root = Map::new();
+    let mut any = false;
+    for (k, v) in values.iter().filter_map(|(k, v)| k.strip_prefix(dir).map(|r| (r, v))) {
+        any = true;
+        let parts: Vec<&str> = k.split('/').collect();
+        let mut cur = &mut root;
+        let mut in_attributes = dir.ends_with("attributes/");
+        for (i, p) in parts.iter().enumerate() {
+            let key = if in_attributes { p.to_string() } else { camel(p) };
+            if i + 1 == parts.len() {
+                cur.insert(key, Value::String(v.clone()));
+            } else {
+                in_attributes = *p == "attributes";
+                cur = cur.entry(key).or_insert_with(|| Value::Object(Map::new())).as_object_mut()?;
+            }
+        }
+    }
+    fn arrays(v: Value) -> Value {
+        match v {
+            Value::Object(m) if !m.is_empty() && m.keys().all(|k| k.parse::<usize>().is_ok()) => {
+                let mut items: Vec<(usize, Value)> = m.into_iter().filter_map(|(k, v)| k.parse().ok().map(|i| (i, arrays(v)))).collect();
+                items.sort_by_key(|(i, _)| *i);
+                Value::Array(items.into_iter().map(|(_, v)| v).collect())
+            }
+            Value::Object(m) => Value::Object(m.into_iter().map(|(k, v)| (k, arrays(v))).collect()),
+            other => other,
+        }
+    }
+    any.then(|| arrays(Value::Object(root)))
+}
+
+/// `network-interfaces` → `networkInterfaces`.
+fn camel(s: &str) -> String {
+    let mut out = String::new();
+    let mut up = false;
+    for c in s.chars() {
+        if c == '-' {
+            up = true;
+        } else if up {
+            out.extend(c.to_uppercase());
+            up = false;
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Serve `facts` on 127.0.0.1 (what `GCE_METADATA_HOST` takes: [`Server::addr`]).
 pub fn start(facts: &InstanceFacts) -> Server {
     let values = facts.values();
@@ -106,20 +191,28 @@ pub fn start(facts: &InstanceFacts) -> Server {
 
 /// Serve `facts` and identity tokens signed by `signer` (what Google signs on GCE).
 pub fn start_with_identity(facts: &InstanceFacts, signer: Arc<Signer>) -> Server {
+    start_on("127.0.0.1:0".parse().expect("loopback address"), facts, signer).expect("bind 127.0.0.1")
+}
+
+/// [`start_with_identity`] on `addr` (a machine's 169.254.169.254:80 in the local cloud).
+pub fn start_on(addr: std::net::SocketAddr, facts: &InstanceFacts, signer: Arc<Signer>) -> std::io::Result<Server> {
     let values = facts.values();
     let facts = facts.clone();
-    Server::start(Arc::new(move |req: &Request| {
-        if req.path == format!("{PREFIX}{IDENTITY_PATH}") && req.header("metadata-flavor") == Some("Google") && req.header("x-forwarded-for").is_none() {
-            let q = query(&req.query);
-            let Some(audience) = q.get("audience").filter(|a| !a.is_empty()) else {
-                return Response::text(400, "non-empty audience parameter required").header("Metadata-Flavor", "Google");
-            };
-            let full = q.get("format").map(String::as_str) == Some("full");
-            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-            return Response::text(200, signer.identity_token(&facts, audience, full, now)).header("Metadata-Flavor", "Google");
-        }
-        answer(&values, req)
-    }))
+    Server::start_on(
+        addr,
+        Arc::new(move |req: &Request| {
+            if req.path == format!("{PREFIX}{IDENTITY_PATH}") && req.header("metadata-flavor") == Some("Google") && req.header("x-forwarded-for").is_none() {
+                let q = query(&req.query);
+                let Some(audience) = q.get("audience").filter(|a| !a.is_empty()) else {
+                    return Response::text(400, "non-empty audience parameter required").header("Metadata-Flavor", "Google");
+                };
+                let full = q.get("format").map(String::as_str) == Some("full");
+                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+                return Response::text(200, signer.identity_token(&facts, audience, full, now)).header("Metadata-Flavor", "Google");
+            }
+            answer(&values, req)
+        }),
+    )
 }
 
 /// The identity endpoint under `/computeMetadata/v1/`.
@@ -142,18 +235,37 @@ pub struct Signer {
 impl Signer {
     pub fn generate(kid: &str) -> std::io::Result<Signer> {
         let dir = tempfile::tempdir()?;
-        let der = dir.path().join("key.der");
+        Signer::generate_to(&dir.path().join("key.der"), kid)
+    }
+
+    /// Make a key and keep it (PKCS#1 DER, mode 0600) at `der`, for [`Signer::load`] elsewhere: the
+    /// local cloud's metadata servers, one per machine, all sign with the one key whose JWKS it serves.
+    pub fn generate_to(der: &std::path::Path, kid: &str) -> std::io::Result<Signer> {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        // The file exists with mode 0600 before openssl writes the key into it.
+        std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(der)?;
         let out = std::process::Command::new("openssl")
             .args(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-outform", "DER", "-out"])
-            .arg(&der)
+            .arg(der)
             .output()
             .map_err(|e| std::io::Error::other(format!("openssl (needed to make a test RSA key): {e}")))?;
         if !out.status.success() {
             return Err(std::io::Error::other(format!("openssl genpkey: {}", String::from_utf8_lossy(&out.stderr))));
         }
+        Signer::load(der, kid)
+    }
+
+    /// The key [`Signer::generate_to`] kept.
+    pub fn load(der: &std::path::Path, kid: &str) -> std::io::Result<Signer> {
         // `genpkey -outform DER` writes an RSAPrivateKey (PKCS#1).
-        let key = ring::signature::RsaKeyPair::from_der(&std::fs::read(&der)?).map_err(|e| std::io::Error::other(format!("RSA key: {e}")))?;
+        let key = ring::signature::RsaKeyPair::from_der(&std::fs::read(der)?).map_err(|e| std::io::Error::other(format!("RSA key {}: {e}", der.display())))?;
         Ok(Signer { key, kid: kid.to_string() })
+    }
+
+    /// The JWK set with this key (what `https://www.googleapis.com/oauth2/v3/certs` serves).
+    pub fn jwks_json(&self) -> String {
+        let k = self.jwk();
+        serde_json::json!({"keys": [{"kty": "RSA", "alg": "RS256", "use": "sig", "kid": k.kid, "n": k.n, "e": k.e}]}).to_string()
     }
 
     /// This key as a JWK (what Google publishes for its keys).
@@ -231,5 +343,27 @@ mod tests {
             crate::httpd::Body::Bytes(b) => assert!(String::from_utf8_lossy(&b).contains("network-interfaces/\n"), "{b:?}"),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn service_account_token_and_recursive_directories_as_the_server_answers() {
+        let v = InstanceFacts::example().values();
+        let google = [("metadata-flavor", "Google")];
+        let body = |r: Response| match r.body {
+            crate::httpd::Body::Bytes(b) => String::from_utf8_lossy(&b).into_owned(),
+            other => panic!("{other:?}"),
+        };
+        let token: serde_json::Value =
+            serde_json::from_str(&body(answer(&v, &req("/computeMetadata/v1/instance/service-accounts/default/token", &google)))).expect("token JSON");
+        assert_eq!(token["token_type"], "Bearer");
+        assert!(token["expires_in"].as_u64().is_some_and(|s| s > 60), "{token}");
+        let mut r = req("/computeMetadata/v1/instance/", &google);
+        r.query = "recursive=true".into();
+        let tree: serde_json::Value = serde_json::from_str(&body(answer(&v, &r))).expect("recursive JSON");
+        assert_eq!(tree["networkInterfaces"][0]["ip"], "10.0.16.7", "camelCased directories, numbered entries as arrays: {tree}");
+        assert_eq!(tree["attributes"]["kops-k8s-io-instance-group-name"], "nodes-europe-west1-b", "attribute keys as written: {tree}");
+        assert_eq!(tree["serviceAccounts"]["default"]["email"], "123456789012-compute@developer.gserviceaccount.com");
+        let none = InstanceFacts { service_account: None, ..InstanceFacts::example() }.values();
+        assert_eq!(answer(&none, &req("/computeMetadata/v1/instance/service-accounts/default/token", &google)).status, 404, "no service account, no token");
     }
 }

@@ -191,9 +191,15 @@ pub struct Server {
 impl Server {
     /// Start serving `handler`. Panics if 127.0.0.1 cannot be bound (a test fixture).
     pub fn start(handler: Handler) -> Server {
-        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
-        std_listener.set_nonblocking(true).expect("nonblocking listener");
-        let addr = std_listener.local_addr().expect("local addr");
+        Server::start_on("127.0.0.1:0".parse().expect("loopback address"), handler).expect("bind 127.0.0.1")
+    }
+
+    /// Start serving `handler` on `addr` (port 0: a free one), e.g. the local cloud's bridge
+    /// address, where its machines reach it.
+    pub fn start_on(addr: std::net::SocketAddr, handler: Handler) -> std::io::Result<Server> {
+        let std_listener = std::net::TcpListener::bind(addr)?;
+        std_listener.set_nonblocking(true)?;
+        let addr = std_listener.local_addr()?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("test server runtime");
@@ -206,7 +212,7 @@ impl Server {
             });
             rt.shutdown_timeout(Duration::from_millis(200));
         });
-        Server { addr, stop: Some(stop) }
+        Ok(Server { addr, stop: Some(stop) })
     }
 
     pub fn addr(&self) -> std::net::SocketAddr {

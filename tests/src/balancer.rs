@@ -41,6 +41,20 @@ pub struct Desired {
     pub deregistration_delay: Duration,
 }
 
+/// The API's load balancer when the spec has none (a DNS-only API): every control-plane machine
+/// on 443, health-checked like the real one.
+pub fn api_stand_in(machines: &[crate::machine::MachineInfo]) -> Desired {
+    Desired {
+        key: "keelson-local:api".into(),
+        name: "api (no load balancer in the spec: every control plane)".into(),
+        service: None,
+        api: true,
+        targets: machines.iter().filter(|m| m.role == "control-plane").filter_map(|m| format!("{}:443", m.ip).parse().ok()).collect(),
+        health: HealthCheck { interval: Duration::from_secs(10), healthy_threshold: 2, unhealthy_threshold: 2, port: None },
+        deregistration_delay: Duration::from_secs(30),
+    }
+}
+
 /// One target as the load balancer sees it.
 #[derive(Debug)]
 pub struct Target {

@@ -19,6 +19,7 @@ pub mod cloud;
 pub mod cluster;
 pub mod cmd;
 pub mod etcd;
+pub mod gce;
 pub mod kubeapi;
 pub mod kubernetes;
 pub mod machine;

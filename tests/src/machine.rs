@@ -59,6 +59,55 @@ pub struct Environment {
     pub test_cert_validity_seconds: Option<u64>,
 }
 
+/// What a machine's metadata service serves, by cloud: EC2's IMDSv2, or the GCE metadata server.
+#[derive(Debug, Clone)]
+pub enum MachineData {
+    Aws(Box<InstanceData>),
+    Gce(Box<crate::gce::metadata::GceMachine>),
+}
+
+impl MachineData {
+    /// What names the machine (its directory, namespace and nspawn name): the EC2 instance id, or
+    /// the GCE instance's numeric id (a recreated instance keeps its name, never its id).
+    pub fn key(&self) -> &str {
+        match self {
+            MachineData::Aws(d) => &d.instance_id,
+            MachineData::Gce(g) => &g.facts.id,
+        }
+    }
+    pub fn name(&self) -> &str {
+        match self {
+            MachineData::Aws(d) => &d.instance_id,
+            MachineData::Gce(g) => &g.facts.name,
+        }
+    }
+    pub fn private_ip(&self) -> &str {
+        match self {
+            MachineData::Aws(d) => &d.private_ip,
+            MachineData::Gce(g) => &g.facts.internal_ip,
+        }
+    }
+    pub fn zone(&self) -> &str {
+        match self {
+            MachineData::Aws(d) => &d.zone,
+            MachineData::Gce(g) => &g.facts.zone,
+        }
+    }
+    /// The `keelson-local` subcommand that serves this data in the machine's namespace.
+    fn server_command(&self) -> &'static str {
+        match self {
+            MachineData::Aws(_) => "imds",
+            MachineData::Gce(_) => "gce-metadata",
+        }
+    }
+    fn json(&self) -> String {
+        match self {
+            MachineData::Aws(d) => serde_json::to_string_pretty(d).unwrap_or_default(),
+            MachineData::Gce(g) => serde_json::to_string_pretty(g).unwrap_or_default(),
+        }
+    }
+}
+
 /// What is persisted about a running machine (`machine.json`), enough for `ps` and `down`.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct MachineInfo {
@@ -77,6 +126,9 @@ pub struct MachineInfo {
     pub role: String,
     #[serde(default)]
     pub group: String,
+    /// The instance's name (GCE: what a recreated instance keeps; AWS: its id).
+    #[serde(default)]
+    pub name: String,
 }
 
 pub struct Machine {
@@ -132,19 +184,19 @@ impl Machine {
         bridge: &str,
         seg: &Segment,
         env: &Environment,
-        data: &InstanceData,
+        data: &MachineData,
         role: &str,
         group: &str,
     ) -> Result<Machine, MachineError> {
-        let id = data.instance_id.clone();
-        let ip: Ipv4Addr = data.private_ip.parse().map_err(|_| MachineError::OffSegment {
+        let id = data.key().to_string();
+        let ip: Ipv4Addr = data.private_ip().parse().map_err(|_| MachineError::OffSegment {
             instance: id.clone(),
-            ip: data.private_ip.clone(),
+            ip: data.private_ip().to_string(),
             network: seg.network,
             prefix: seg.prefix,
         })?;
         if !seg.contains(ip) || ip == seg.gateway {
-            return Err(MachineError::OffSegment { instance: id, ip: data.private_ip.clone(), network: seg.network, prefix: seg.prefix });
+            return Err(MachineError::OffSegment { instance: id, ip: data.private_ip().to_string(), network: seg.network, prefix: seg.prefix });
         }
         let mp = MachinePaths { dir };
         fs::create_dir_all(&mp.dir).map_err(io_err(&id, &mp.dir))?;
@@ -153,8 +205,8 @@ impl Machine {
         let mut m = Machine {
             info: MachineInfo {
                 instance_id: id.clone(),
-                ip: data.private_ip.clone(),
-                zone: data.zone.clone(),
+                ip: data.private_ip().to_string(),
+                zone: data.zone().to_string(),
                 netns: paths::netns_name(&id),
                 veth: paths::veth_name(&id),
                 root: mp.root(),
@@ -164,6 +216,7 @@ impl Machine {
                 init_pid: None,
                 role: role.to_string(),
                 group: group.to_string(),
+                name: data.name().to_string(),
             },
             paths: mp,
             nspawn: None,
@@ -179,22 +232,22 @@ impl Machine {
         }
     }
 
-    fn boot(&mut self, self_exe: &Path, bridge: &str, seg: &Segment, env: &Environment, data: &InstanceData, ip: Ipv4Addr) -> Result<(), MachineError> {
+    fn boot(&mut self, self_exe: &Path, bridge: &str, seg: &Segment, env: &Environment, data: &MachineData, ip: Ipv4Addr) -> Result<(), MachineError> {
         let id = self.info.instance_id.clone();
         self.personalise(env, data)?;
         let cmd_err = |source| MachineError::Cmd { instance: id.clone(), source };
         net::create_namespace(&self.info.netns, &self.info.veth, bridge, ip, seg).map_err(cmd_err)?;
 
-        // IMDS inside the namespace.
+        // The metadata service (IMDS, or GCE's metadata server) inside the namespace. Its data
+        // file may hold a signing key's path and the user-data: the machine's directory only.
         let imds_file = self.paths.imds_file();
-        let json = serde_json::to_string_pretty(data).unwrap_or_default();
-        write_file(&id, &imds_file, &json)?;
+        write_file(&id, &imds_file, &data.json())?;
         let log = fs::File::create(self.paths.imds_log()).map_err(io_err(&id, &self.paths.imds_log()))?;
         let log2 = log.try_clone().map_err(io_err(&id, &self.paths.imds_log()))?;
         let imds = Command::new("ip")
             .args(["netns", "exec", &self.info.netns])
             .arg(self_exe)
-            .arg("imds")
+            .arg(data.server_command())
             .arg("--data")
             .arg(&imds_file)
             .stdin(Stdio::null())
@@ -203,7 +256,7 @@ impl Machine {
             .spawn()
             .map_err(|source| MachineError::Cmd {
                 instance: id.clone(),
-                source: CmdError::Spawn { program: "ip netns exec … keelson-local imds".into(), source },
+                source: CmdError::Spawn { program: format!("ip netns exec … keelson-local {}", data.server_command()), source },
             })?;
         self.info.imds_pid = imds.id() as i64;
         self.imds = Some(imds);
@@ -278,7 +331,49 @@ impl Machine {
     }
 
     /// Files that make this rootfs this instance (written into the overlay before boot).
-    fn personalise(&self, env: &Environment, data: &InstanceData) -> Result<(), MachineError> {
+    fn personalise(&self, env: &Environment, data: &MachineData) -> Result<(), MachineError> {
+        match data {
+            MachineData::Aws(d) => self.personalise_aws(env, d),
+            MachineData::Gce(g) => self.personalise_gce(env, g),
+        }
+    }
+
+    /// On GCE: the hostname is the instance's name (its internal DNS name's first label), the
+    /// metadata server answers as `metadata.google.internal`, the user-data runner reads it there,
+    /// and every service sees the local cloud's Google endpoints.
+    fn personalise_gce(&self, env: &Environment, g: &crate::gce::metadata::GceMachine) -> Result<(), MachineError> {
+        let id = &self.info.instance_id;
+        let root = self.paths.root();
+        let f = &g.facts;
+        write_file(id, &root.join("etc/hostname"), &format!("{}\n", f.name))?;
+        let mut hosts = format!(
+            "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n{} {} {}\n{} metadata.google.internal metadata\n",
+            f.internal_ip,
+            f.hostname,
+            f.name,
+            paths::IMDS_ADDR
+        );
+        for h in &env.hosts {
+            hosts.push_str(h);
+            hosts.push('\n');
+        }
+        write_file(id, &root.join("etc/hosts"), &hosts)?;
+        write_file(id, &root.join("etc/resolv.conf"), "# keelson-local: no DNS resolver; names come from /etc/hosts\noptions timeout:1 attempts:1\n")?;
+        let mut vars: Vec<String> = g.env.iter().map(|(k, v)| format!("\"{k}={v}\"")).collect();
+        if let Some(s) = env.test_cert_validity_seconds {
+            vars.push(format!("\"{}={s}\"", base::pki::TEST_VALIDITY_ENV));
+        }
+        write_file(id, &root.join("etc/systemd/system.conf.d/keelson-local.conf"), &format!("[Manager]\nDefaultEnvironment={}\n", vars.join(" ")))?;
+        let profile: String = g.env.iter().map(|(k, v)| format!("export {k}={v}\n")).collect();
+        write_file(id, &root.join("etc/profile.d/keelson-local.sh"), &profile)?;
+        let runner = root.join(rootfs::USER_DATA_RUNNER);
+        write_file(id, &runner, rootfs::RUN_USER_DATA_GCE)?;
+        use std::os::unix::fs::PermissionsExt as _;
+        fs::set_permissions(&runner, fs::Permissions::from_mode(0o755)).map_err(io_err(id, &runner))?;
+        Ok(())
+    }
+
+    fn personalise_aws(&self, env: &Environment, data: &InstanceData) -> Result<(), MachineError> {
         let id = &self.info.instance_id;
         let root = self.paths.root();
         let short = format!("ip-{}", data.private_ip.replace('.', "-"));

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "keelson-local", about = "Run a Keelson cluster on your machine (moto + systemd-nspawn machines)")]
+#[command(name = "keelson-local", about = "Run a Keelson cluster on your machine (moto or a local GCE + systemd-nspawn machines)")]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -24,7 +24,8 @@ enum Cmd {
     },
     /// Machines, IPs, roles, volumes, containerd and etcd health.
     Ps,
-    /// Terminate an instance in moto (its autoscaling group replaces it).
+    /// Terminate an instance (AWS: in moto, its autoscaling group replaces it; GCE: `instances.delete`
+    /// by name or numeric id, its MIG recreates it under the same name).
     Kill { instance: String },
     /// up, write keys, N cycles of "terminate a random control plane, wait until healed", down.
     Selfheal {
@@ -68,6 +69,14 @@ enum Cmd {
     },
     /// Build (or find) the cached Debian rootfs and print its path.
     Rootfs,
+    /// Serve the GCE metadata server for one instance on 169.254.169.254:80 (run inside its namespace).
+    #[command(hide = true)]
+    GceMetadata {
+        #[arg(long)]
+        data: PathBuf,
+        #[arg(long, default_value = "169.254.169.254:80")]
+        listen: String,
+    },
     /// Serve IMDSv2 for one instance on 169.254.169.254:80 (run inside its namespace).
     #[command(hide = true)]
     Imds {
@@ -130,6 +139,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let p = keelson_local::rootfs::ensure(&keelson_local::paths::cache_dir())?;
             println!("{}", p.display());
         }
+        Cmd::GceMetadata { data, listen } => keelson_local::gce::metadata::serve(&keelson_local::gce::metadata::GceMachine::read(&data)?, &listen)?,
         Cmd::Imds { data, listen } => {
             let text = std::fs::read_to_string(&data)?;
             let d: keelson_local::imds::InstanceData = serde_json::from_str(&text)?;

@@ -93,6 +93,32 @@ fi
 exec /bin/sh "$dir/user-data.txt"
 "#;
 
+/// The same on GCE: the user-data is the instance attribute `user-data` on the metadata server
+/// (`Metadata-Flavor: Google`), as Google's guest agent and cloud-init read it. A GCE machine gets
+/// this runner in its own layer, in place of the IMDS one.
+pub const RUN_USER_DATA_GCE: &str = r#"#!/bin/sh
+# keelson-local: fetch this instance's user-data from the GCE metadata server and run it (what cloud-init does on GCE).
+set -u
+md=http://metadata.google.internal/computeMetadata/v1
+dir=/var/lib/cloud/instance
+i=0
+while ! curl -fsS -m 2 -H 'Metadata-Flavor: Google' -o /dev/null "$md/instance/id"; do
+  i=$((i + 1))
+  if [ "$i" -ge 100 ]; then echo "run-user-data: the metadata server at $md is unreachable" >&2; exit 1; fi
+  sleep 0.1
+done
+mkdir -p "$dir"
+code=$(curl -sS -m 10 -o "$dir/user-data.txt" -w '%{http_code}' -H 'Metadata-Flavor: Google' "$md/instance/attributes/user-data")
+if [ "$code" = 404 ]; then echo "run-user-data: no user-data"; exit 0; fi
+if [ "$code" != 200 ]; then echo "run-user-data: metadata user-data: HTTP $code" >&2; exit 1; fi
+chmod 0700 "$dir/user-data.txt"
+echo "run-user-data: running user-data ($(wc -c < "$dir/user-data.txt") bytes)"
+if head -c 2 "$dir/user-data.txt" | grep -q '#!'; then
+  exec "$dir/user-data.txt"
+fi
+exec /bin/sh "$dir/user-data.txt"
+"#;
+
 const USER_DATA_UNIT_TEXT: &str = "[Unit]
 Description=Run the instance user-data (keelson-local stand-in for cloud-init)
 After=local-fs.target network.target
@@ -328,7 +354,7 @@ mod tests {
     fn runner_is_valid_sh() {
         let dir = std::env::temp_dir().join(format!("kl-runner-{}", std::process::id()));
         fs::create_dir_all(&dir).unwrap();
-        for (name, text) in [("r.sh", RUN_USER_DATA), ("init.sh", INIT_TEXT)] {
+        for (name, text) in [("r.sh", RUN_USER_DATA), ("r-gce.sh", RUN_USER_DATA_GCE), ("init.sh", INIT_TEXT)] {
             let f = dir.join(name);
             fs::write(&f, text).unwrap();
             let st = Command::new("sh").arg("-n").arg(&f).status().unwrap();

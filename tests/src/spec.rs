@@ -30,9 +30,19 @@ pub struct LocalCloud {
     pub dns_upstream: String,
 }
 
+/// The cloud a spec's cluster runs on, as the local cloud plays it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Provider {
+    /// moto plays EC2, Auto Scaling, ELBv2, Route53 and S3.
+    Aws,
+    /// testkit's Compute and Cloud DNS emulators and fake-gcs-server play GCE (`spec.project`).
+    Gce { project: String },
+}
+
 #[derive(Debug, Clone)]
 pub struct Spec {
     pub path: String,
+    pub provider: Provider,
     pub docs: Vec<Value>,
     pub name: String,
     pub region: String,
@@ -69,8 +79,18 @@ impl Spec {
         let name = s(cluster, &["metadata", "name"]).ok_or_else(|| bad("Cluster metadata.name missing".into()))?.to_string();
         let spec = cluster.get("spec").ok_or_else(|| bad("Cluster spec missing".into()))?;
         let subnets = spec.get("subnets").and_then(|x| x.as_sequence()).cloned().unwrap_or_default();
-        let zone = subnets.iter().find_map(|sn| s(sn, &["zone"])).ok_or_else(|| bad("spec.subnets[].zone missing".into()))?;
-        let region = keelson_api::aws_region_of_zone(zone).ok_or_else(|| bad(format!("spec.subnets[].zone {zone:?}: not an AWS zone")))?.to_string();
+        let (provider, region) = if s(spec, &["cloudProvider"]) == Some("gce") {
+            let project = s(spec, &["project"]).ok_or_else(|| bad("spec.project missing (a GCE cluster names its project)".into()))?.to_string();
+            let region = subnets
+                .iter()
+                .find_map(|sn| s(sn, &["region"]))
+                .ok_or_else(|| bad("spec.subnets[].region missing (GCE subnets are regional)".into()))?
+                .to_string();
+            (Provider::Gce { project }, region)
+        } else {
+            let zone = subnets.iter().find_map(|sn| s(sn, &["zone"])).ok_or_else(|| bad("spec.subnets[].zone missing".into()))?;
+            (Provider::Aws, keelson_api::aws_region_of_zone(zone).ok_or_else(|| bad(format!("spec.subnets[].zone {zone:?}: not an AWS zone")))?.to_string())
+        };
         let network_cidr = s(spec, &["networkCIDR"]).unwrap_or("172.20.0.0/16").to_string();
         let config_base = s(spec, &["configBase"]).ok_or_else(|| bad("spec.configBase missing".into()))?.to_string();
         let dns_type = s(spec, &["topology", "dns", "type"]).unwrap_or("");
@@ -83,6 +103,7 @@ impl Spec {
         let subnet_cidrs = subnets.iter().filter_map(|sn| s(sn, &["cidr"]).map(str::to_string)).collect();
         Ok(Spec {
             path: p,
+            provider,
             dns_zone: s(spec, &["dnsZone"]).map(str::to_string),
             docs,
             name,
@@ -107,10 +128,33 @@ impl Spec {
         self.name.split_once('.').map(|(_, parent)| parent.to_string())
     }
 
-    /// `s3://bucket/prefix` → bucket.
+    /// `s3://bucket/prefix` or `gs://bucket/prefix` → bucket.
     pub fn bucket(&self) -> Option<String> {
-        let rest = self.config_base.strip_prefix("s3://")?;
+        let rest = self.config_base.strip_prefix("s3://").or_else(|| self.config_base.strip_prefix("gs://"))?;
         Some(rest.split('/').next().unwrap_or(rest).to_string())
+    }
+
+    /// The zones of the instance groups (`spec.zones`), in order, each once.
+    pub fn group_zones(&self) -> Vec<String> {
+        let mut zones: Vec<String> = Vec::new();
+        for d in self.docs.iter().filter(|d| s(d, &["kind"]) == Some("InstanceGroup")) {
+            for z in d.get("spec").and_then(|x| x.get("zones")).and_then(|x| x.as_sequence()).into_iter().flatten().filter_map(|z| z.as_str()) {
+                if !zones.iter().any(|have| have == z) {
+                    zones.push(z.to_string());
+                }
+            }
+        }
+        zones
+    }
+
+    /// `Master`/`ControlPlane` groups' names (the rest are workers, bastions aside).
+    pub fn control_plane_groups(&self) -> Vec<String> {
+        self.docs
+            .iter()
+            .filter(|d| s(d, &["kind"]) == Some("InstanceGroup"))
+            .filter(|d| matches!(s(d, &["spec", "role"]), Some("Master") | Some("ControlPlane")))
+            .filter_map(|d| s(d, &["metadata", "name"]).map(str::to_string))
+            .collect()
     }
 
     /// The spec as the local cloud applies it: assets from the local mirror and registry (the
@@ -127,7 +171,8 @@ impl Spec {
             let mut d = d.clone();
             match s(&d, &["kind"]) {
                 Some("Cluster") => {
-                    if let Some(meta) = d.get_mut("metadata").and_then(|x| x.as_mapping_mut()) {
+                    let aws = self.provider == Provider::Aws;
+                    if let Some(meta) = d.get_mut("metadata").and_then(|x| x.as_mapping_mut()).filter(|_| aws) {
                         let annotations = meta.entry(Value::from("annotations")).or_insert_with(|| Value::Mapping(Default::default()));
                         if let Some(a) = annotations.as_mapping_mut() {
                             let endpoints = keelson_api::aws_endpoints::SERVICES
@@ -139,9 +184,11 @@ impl Spec {
                         }
                     }
                     if let Some(spec) = d.get_mut("spec").and_then(|x| x.as_mapping_mut()) {
-                        let ccm = spec.entry(Value::from("cloudControllerManager")).or_insert_with(|| Value::Mapping(Default::default()));
-                        if let Some(c) = ccm.as_mapping_mut() {
-                            c.insert(Value::from("image"), Value::from(local.ccm_image.as_str()));
+                        if aws {
+                            let ccm = spec.entry(Value::from("cloudControllerManager")).or_insert_with(|| Value::Mapping(Default::default()));
+                            if let Some(c) = ccm.as_mapping_mut() {
+                                c.insert(Value::from("image"), Value::from(local.ccm_image.as_str()));
+                            }
                         }
                         let dns = spec.entry(Value::from("kubeDNS")).or_insert_with(|| Value::Mapping(Default::default()));
                         if let Some(d) = dns.as_mapping_mut() {
@@ -163,7 +210,7 @@ impl Spec {
                         // The EBS CSI driver and its six sidecar images are not built here (and moto
                         // attaches no devices of its own): the local cluster runs without the addon.
                         let cloud_config = spec.entry(Value::from("cloudConfig")).or_insert_with(|| Value::Mapping(Default::default()));
-                        if let Some(c) = cloud_config.as_mapping_mut() {
+                        if let Some(c) = cloud_config.as_mapping_mut().filter(|_| aws) {
                             let ebs = c.entry(Value::from("awsEBSCSIDriver")).or_insert_with(|| Value::Mapping(Default::default()));
                             if let Some(e) = ebs.as_mapping_mut() {
                                 e.insert(Value::from("managed"), Value::from(false));

@@ -96,27 +96,63 @@ pub fn nvme_name(n: u32) -> String {
     format!("nvme{n}n1")
 }
 
-/// Make the volume appear in the machine whose init is `init_pid`.
+/// How a cloud's volume appears in an instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bus {
+    /// EBS on Nitro: `/dev/nvme<N>n1`, by-id `nvme-Amazon_Elastic_Block_Store_vol…`.
+    Ebs { volume_id: String },
+    /// A GCE persistent disk attached with `deviceName`: `/dev/sd<letter>` (SCSI; the boot disk is
+    /// `sda`), by-id `google-<deviceName>` and `scsi-0Google_PersistentDisk_<deviceName>`, as GCE's
+    /// udev rules name them.
+    GcePd { device_name: String },
+}
+
+impl Bus {
+    /// The device node's name for attachment slot `slot` (1 = the first data volume).
+    pub fn node(&self, slot: u32) -> String {
+        match self {
+            Bus::Ebs { .. } => nvme_name(slot),
+            Bus::GcePd { .. } => format!("sd{}", char::from(b'a' + (slot.min(25) as u8))),
+        }
+    }
+
+    /// Its names under `/dev/disk/by-id/`.
+    pub fn by_id(&self) -> Vec<String> {
+        match self {
+            Bus::Ebs { volume_id } => vec![paths::ebs_by_id_name(volume_id)],
+            Bus::GcePd { device_name } => vec![format!("google-{device_name}"), format!("scsi-0Google_PersistentDisk_{device_name}")],
+        }
+    }
+}
+
+/// Make the EBS volume appear in the machine whose init is `init_pid`.
 pub fn expose(init_pid: i64, b: &Backing, slot: u32) -> Result<(), VolumeError> {
-    let node = format!("/dev/{}", nvme_name(slot));
-    let link = format!("/dev/disk/by-id/{}", paths::ebs_by_id_name(&b.volume_id));
-    let script = format!(
-        "set -e; [ -b {node} ] || mknod {node} b {ma} {mi}; chmod 0660 {node}; mkdir -p /dev/disk/by-id; ln -sfn ../../{name} {link}",
-        ma = b.major,
-        mi = b.minor,
-        name = nvme_name(slot),
-    );
+    expose_as(init_pid, b, &Bus::Ebs { volume_id: b.volume_id.clone() }, slot)
+}
+
+/// Make the volume appear in the machine whose init is `init_pid`, as `bus` names it.
+pub fn expose_as(init_pid: i64, b: &Backing, bus: &Bus, slot: u32) -> Result<(), VolumeError> {
+    let name = bus.node(slot);
+    let node = format!("/dev/{name}");
+    let links: String = bus.by_id().iter().map(|l| format!("; ln -sfn ../../{name} /dev/disk/by-id/{l}")).collect();
+    let script = format!("set -e; [ -b {node} ] || mknod {node} b {ma} {mi}; chmod 0660 {node}; mkdir -p /dev/disk/by-id{links}", ma = b.major, mi = b.minor);
     cmd::run(Command::new("nsenter").args(["-t", &init_pid.to_string(), "-m", "--", "sh", "-c", &script]))
         .map(|_| ())
         .map_err(|source| VolumeError::Cmd { volume: b.volume_id.clone(), source })
 }
 
-/// Remove the device from the machine (detach). A machine that is gone needs nothing.
+/// Remove the EBS volume's device from the machine (detach). A machine that is gone needs nothing.
 pub fn unexpose(init_pid: i64, volume_id: &str, slot: u32) {
+    unexpose_as(init_pid, &Bus::Ebs { volume_id: volume_id.to_string() }, slot)
+}
+
+/// Remove the device from the machine (detach), as `bus` named it.
+pub fn unexpose_as(init_pid: i64, bus: &Bus, slot: u32) {
     if !cmd::alive(init_pid) {
         return;
     }
-    let script = format!("rm -f /dev/disk/by-id/{} /dev/{}", paths::ebs_by_id_name(volume_id), nvme_name(slot));
+    let links: String = bus.by_id().iter().map(|l| format!(" /dev/disk/by-id/{l}")).collect();
+    let script = format!("rm -f{links} /dev/{}", bus.node(slot));
     let _ = machine::exec_in(init_pid, &["sh", "-c", &script]);
 }
 
@@ -139,5 +175,13 @@ mod tests {
     #[test]
     fn nvme_names() {
         assert_eq!(super::nvme_name(1), "nvme1n1");
+    }
+
+    #[test]
+    fn persistent_disks_as_gce_names_them() {
+        let pd = super::Bus::GcePd { device_name: "a-etcd-main-gce-k8s-example-com".into() };
+        assert_eq!(pd.node(1), "sdb", "sda is the boot disk");
+        assert_eq!(pd.by_id(), ["google-a-etcd-main-gce-k8s-example-com", "scsi-0Google_PersistentDisk_a-etcd-main-gce-k8s-example-com"]);
+        assert_eq!(super::Bus::Ebs { volume_id: "vol-0ab".into() }.by_id(), ["nvme-Amazon_Elastic_Block_Store_vol0ab"]);
     }
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use keelson_local::imds::InstanceData;
-use keelson_local::machine::{self, Environment, Machine};
+use keelson_local::machine::{self, Environment, Machine, MachineData};
 use keelson_local::net::{self, Segment};
 use keelson_local::{cmd, paths, rootfs, volumes};
 
@@ -78,7 +78,8 @@ fn machine_layers_end_to_end() {
     let env = Environment { aws_endpoint: format!("http://{}:1", seg.gateway), region: "eu-west-1".into(), hosts: vec![], test_cert_validity_seconds: None };
     let exe = PathBuf::from(env!("CARGO_BIN_EXE_keelson-local"));
     let started = Instant::now();
-    let m = Machine::start(&exe, &lower, dir.join(INSTANCE), BRIDGE, &seg, &env, &data, "control-plane", "test").expect("machine starts");
+    let m = Machine::start(&exe, &lower, dir.join(INSTANCE), BRIDGE, &seg, &env, &MachineData::Aws(Box::new(data)), "control-plane", "test")
+        .expect("machine starts");
     g.machine = Some(m);
     let m = g.machine.as_ref().unwrap();
     let state = m.wait_booted(Duration::from_secs(60)).expect("systemd boots");

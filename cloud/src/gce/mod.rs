@@ -31,7 +31,17 @@ pub struct GceEndpoints {
     pub dns: String,
 }
 
+/// The variable that points every GCE client of Keelson (the CLI, protokube, the join server) at
+/// one other base URL for Compute and Cloud DNS, as [`GceEndpoints::at`] reads it (an emulator).
+pub const ENDPOINT_ENV: &str = "KEELSON_GCE_ENDPOINT";
+
 impl GceEndpoints {
+    /// `flag` (`--endpoint-url`), else `$KEELSON_GCE_ENDPOINT`, else Google's.
+    pub fn resolve(flag: Option<&str>) -> GceEndpoints {
+        let env = std::env::var(ENDPOINT_ENV).ok();
+        flag.or(env.as_deref()).map(str::trim).filter(|e| !e.is_empty()).map(GceEndpoints::at).unwrap_or_else(GceEndpoints::google)
+    }
+
     pub fn google() -> GceEndpoints {
         GceEndpoints { compute: "https://compute.googleapis.com/compute/v1".into(), dns: "https://dns.googleapis.com/dns/v1".into() }
     }

@@ -93,6 +93,8 @@ pub struct InstanceView {
     pub metadata: BTreeMap<String, String>,
     pub labels: BTreeMap<String, String>,
     pub disks: Vec<AttachedDiskView>,
+    /// The service accounts the instance runs as (from its template): email → scopes.
+    pub service_accounts: Vec<(String, Vec<String>)>,
 }
 
 impl InstanceView {
@@ -146,17 +148,26 @@ impl GceCompute {
 
     /// Serve Compute and, on the same address, Cloud DNS (`/dns/v1/…`).
     pub fn start_with(&self, dns: Option<crate::cloud_dns::CloudDns>) -> Server {
+        self.start_on("127.0.0.1:0".parse().expect("loopback address"), dns).expect("bind 127.0.0.1")
+    }
+
+    /// Serve Compute (and Cloud DNS) on `addr` (port 0: a free one): the local cloud serves it on
+    /// its bridge address, where the machines reach it; self links name that address.
+    pub fn start_on(&self, addr: std::net::SocketAddr, dns: Option<crate::cloud_dns::CloudDns>) -> std::io::Result<Server> {
         let me = self.clone();
-        let server = Server::start(Arc::new(move |req: &Request| {
-            if req.path.starts_with("/dns/") {
-                if let Some(d) = &dns {
-                    return d.answer(req);
+        let server = Server::start_on(
+            addr,
+            Arc::new(move |req: &Request| {
+                if req.path.starts_with("/dns/") {
+                    if let Some(d) = &dns {
+                        return d.answer(req);
+                    }
                 }
-            }
-            me.answer(req)
-        }));
+                me.answer(req)
+            }),
+        )?;
         self.lock().base_url = server.url("compute/v1/");
-        server
+        Ok(server)
     }
 
     /// The answer to one request.
@@ -227,6 +238,12 @@ impl GceCompute {
         Ok(())
     }
 
+    /// Every zonal MIG: (zone, name, target size).
+    pub fn migs(&self) -> Vec<(String, String, u64)> {
+        let st = self.lock();
+        st.migs.iter().map(|((zone, name), m)| (zone.clone(), name.clone(), m.body["targetSize"].as_u64().unwrap_or(0))).collect()
+    }
+
     pub fn disks(&self) -> Vec<DiskView> {
         let mut st = self.lock();
         st.advance(Instant::now());
@@ -268,6 +285,12 @@ fn instance_view(i: &state::Instance) -> InstanceView {
         metadata,
         labels: string_map(&b["labels"]),
         disks,
+        service_accounts: b["serviceAccounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|a| (str_of(a, "email").to_string(), a["scopes"].as_array().into_iter().flatten().filter_map(|s| s.as_str().map(str::to_string)).collect()))
+            .collect(),
     }
 }
 

@@ -97,12 +97,22 @@ pub fn env_exports() -> anyhow::Result<String> {
     let cs = running_cluster()?;
     let st = state();
     let kubectl_dir = Path::new(&cs.kubectl).parent().map(|p| p.display().to_string()).unwrap_or_default();
+    let cloud = if cs.is_gce() {
+        vec![
+            (crate::gce::daemon::GCE_ENDPOINT_ENV, cs.gce_api.clone()),
+            ("STORAGE_EMULATOR_HOST", cs.gce_storage.clone()),
+            ("GCE_METADATA_HOST", cs.gce_metadata_host.clone()),
+        ]
+    } else {
+        vec![
+            ("AWS_ENDPOINT_URL", cs.endpoint()),
+            ("AWS_ACCESS_KEY_ID", "keelson-local".to_string()),
+            ("AWS_SECRET_ACCESS_KEY", "keelson-local".to_string()),
+            ("AWS_REGION", cs.region.clone()),
+            ("AWS_DEFAULT_REGION", cs.region.clone()),
+        ]
+    };
     let vars = [
-        ("AWS_ENDPOINT_URL", cs.endpoint()),
-        ("AWS_ACCESS_KEY_ID", "keelson-local".to_string()),
-        ("AWS_SECRET_ACCESS_KEY", "keelson-local".to_string()),
-        ("AWS_REGION", cs.region.clone()),
-        ("AWS_DEFAULT_REGION", cs.region.clone()),
         ("KUBECONFIG", cs.kubeconfig.clone()),
         ("KEELSON_LOCAL_REGISTRY", cs.registry.clone()),
         // The spec as applied (local mirror, registry and image): `keelson … -f "$KEELSON_LOCAL_SPEC"`.
@@ -113,7 +123,7 @@ pub fn env_exports() -> anyhow::Result<String> {
         ("PATH", format!("{kubectl_dir}:{}", std::env::var("PATH").unwrap_or_default())),
     ];
     // An unknown value is left out rather than exported empty.
-    Ok(vars.iter().filter(|(_, v)| !v.is_empty()).map(|(k, v)| format!("export {k}={}\n", sh_quote(v))).collect())
+    Ok(cloud.iter().chain(vars.iter()).filter(|(_, v)| !v.is_empty()).map(|(k, v)| format!("export {k}={}\n", sh_quote(v))).collect())
 }
 
 /// `up`: start the daemon and wait until the control plane is healthy.
@@ -223,6 +233,15 @@ pub fn ps() -> anyhow::Result<()> {
 
 pub fn kill(instance: &str) -> anyhow::Result<()> {
     let cs = ClusterState::load(&state()).ok_or_else(|| anyhow!("no local cluster is up"))?;
+    if !cs.gce_api.is_empty() {
+        let path = crate::gce::daemon::instance_path(&cs, instance).ok_or_else(|| anyhow!("no machine named {instance} (by name or numeric id)"))?;
+        let (status, body) = crate::gce::cloud::rest(&cs.gce_api, "DELETE", &path)?;
+        if status != 200 {
+            bail!("instances.delete {path}: HTTP {status}: {body}");
+        }
+        println!("keelson-local: deleted {instance} in the local Compute (its MIG recreates it)");
+        return Ok(());
+    }
     let cloud = Cloud::new(&cs.endpoint(), &cs.region);
     cloud.terminate(instance)?;
     println!("keelson-local: terminated {instance} in moto");

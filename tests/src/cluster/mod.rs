@@ -3,24 +3,29 @@
 //! through the state directory (`up`, `ps`, `kill`, `down`, `selfheal`).
 //!
 //! - [`state`]: the cluster state file both sides share;
-//! - [`daemon`]: the daemon and its reconcile loop;
+//! - [`assets`]: the rootfs, the asset mirror and the registry every local cloud serves;
+//! - [`daemon`]: the daemon and its reconcile loop (AWS, on moto);
+//! - [`fleet`]: the machines, their volumes and hosts files, whatever cloud plays the control plane;
 //! - [`commands`]: `up`, `ps`, `kill`, `down`, `kubectl`, `env`, `service-url` and the sweep of leftovers;
 //! - [`prepare`]: `prepare VERSION`, another Kubernetes version in the mirror and registry;
 //! - [`health`]: what `up` waits for and `ps` shows;
 //! - [`diagnostics`]: what went wrong, when it did;
 //! - [`selfheal`]: the control-plane failover test.
 
+pub mod assets;
 pub mod commands;
 pub mod daemon;
 pub mod diagnostics;
+pub mod fleet;
 pub mod health;
 pub mod prepare;
 pub mod selfheal;
 pub mod state;
 
 pub use commands::{down, env_exports, kill, kubectl, ps, service_urls, sweep, up};
-pub use daemon::{replace_block, run_daemon, write_in_place, ClusterVersions, ADDON_RECORD, BOOTSTRAP_ADDON, HOSTS_BEGIN, HOSTS_END, TICK};
+pub use daemon::{run_daemon, ClusterVersions, ADDON_RECORD, BOOTSTRAP_ADDON, TICK};
 pub use diagnostics::{blocker, diagnose, diagnose_nodes};
+pub use fleet::{replace_block, write_in_place, HOSTS_BEGIN, HOSTS_END, POWEROFF_GRACE};
 pub use health::{control_plane_pods, health, kube_problems, Health};
 pub use prepare::{prepare, Prepared};
 pub use selfheal::{median, selfheal, SelfhealReport, KEY_PREFIX, OBJECT_NAMESPACE, OBJECT_PREFIX, PHASES};

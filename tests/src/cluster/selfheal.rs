@@ -80,12 +80,26 @@ pub const OBJECT_NAMESPACE: &str = "default";
 pub const OBJECT_PREFIX: &str = "keelson-selfheal";
 
 /// How far the replacement of `group`'s killed instance has come: the number of [`PHASES`] done.
-fn failover_phase(cloud: &Cloud, cs: &ClusterState, victim: &MachineInfo) -> (usize, Option<MachineInfo>) {
-    let replaced = cloud
-        .instances()
-        .map(|is| is.iter().any(|i| i.group() == victim.group && i.id != victim.instance_id && (i.state == "running" || i.state == "pending")))
-        .unwrap_or(false);
-    if !replaced {
+/// Whether the cloud has made the victim's replacement: another running (or starting) instance
+/// in its autoscaling group (AWS), or its instance made again under its name with a new id by
+/// its MIG (GCE).
+fn replaced(cloud: &Option<Cloud>, cs: &ClusterState, victim: &MachineInfo) -> bool {
+    match cloud {
+        Some(cloud) => cloud
+            .instances()
+            .map(|is| is.iter().any(|i| i.group() == victim.group && i.id != victim.instance_id && (i.state == "running" || i.state == "pending")))
+            .unwrap_or(false),
+        None => {
+            let path = format!("/compute/v1/projects/{}/zones/{}/instances/{}", cs.gce_project, victim.zone, victim.name);
+            let Ok((200, body)) = crate::gce::cloud::rest(&cs.gce_api, "GET", &path) else { return false };
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            v["id"].as_str().is_some_and(|id| id != victim.instance_id) && matches!(v["status"].as_str(), Some("PROVISIONING" | "STAGING" | "RUNNING"))
+        }
+    }
+}
+
+fn failover_phase(cloud: &Option<Cloud>, cs: &ClusterState, victim: &MachineInfo) -> (usize, Option<MachineInfo>) {
+    if !replaced(cloud, cs, victim) {
         return (0, None);
     }
     let Some(new) = cs
@@ -218,7 +232,7 @@ pub fn selfheal(spec_path: &Path, cycles: u32, keys: u64, cycle_timeout: Duratio
         t.elapsed().as_secs_f64(),
         baseline.iter().map(|(c, m)| format!("{c}=[{}]", m.join(","))).collect::<Vec<_>>().join(" ")
     );
-    let cloud = Cloud::new(&cs.endpoint(), &cs.region);
+    let cloud = (!cs.is_gce()).then(|| Cloud::new(&cs.endpoint(), &cs.region));
     let mut report =
         SelfhealReport { cycles: 0, healed: 0, keys, intact: 0, objects: keys, objects_intact: 0, failovers: vec![], phases: vec![], validated: false };
     for n in 1..=cycles {
@@ -232,7 +246,7 @@ pub fn selfheal(spec_path: &Path, cycles: u32, keys: u64, cycle_timeout: Duratio
         let victim = cps[random_index(cps.len())].clone();
         let probe = ApiProbe::start(kubeconfig.clone());
         let t0 = Instant::now();
-        cloud.terminate(&victim.instance_id)?;
+        super::commands::kill(&victim.instance_id)?;
         let deadline = t0 + cycle_timeout;
         let mut reached: Vec<Option<f64>> = vec![None; PHASES.len()];
         let mut status = String::from("waiting for a replacement instance");

@@ -63,6 +63,16 @@ pub struct ClusterState {
     /// The kubectl built for the cluster's version.
     #[serde(default)]
     pub kubectl: String,
+    /// GCE: the local Compute/Cloud DNS base URL (`http://<bridge>:<port>`) and the project.
+    #[serde(default)]
+    pub gce_api: String,
+    #[serde(default)]
+    pub gce_project: String,
+    /// GCE: `STORAGE_EMULATOR_HOST` and `GCE_METADATA_HOST` for `keelson` on the host.
+    #[serde(default)]
+    pub gce_storage: String,
+    #[serde(default)]
+    pub gce_metadata_host: String,
 }
 
 impl ClusterState {
@@ -70,12 +80,16 @@ impl ClusterState {
         let text = fs::read_to_string(state.cluster_file()).ok()?;
         serde_json::from_str(&text).ok()
     }
-    pub(super) fn save(&self, state: &State) {
+    pub(crate) fn save(&self, state: &State) {
         if let Ok(text) = serde_json::to_string_pretty(self) {
             if let Err(e) = base::fs::write_atomic(&state.cluster_file(), text.as_bytes(), 0o600, None) {
                 eprintln!("keelson-local: saving the cluster state: {e}");
             }
         }
+    }
+    /// Whether the local cloud plays GCE (else AWS, on moto).
+    pub fn is_gce(&self) -> bool {
+        !self.gce_api.is_empty()
     }
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.moto_port)

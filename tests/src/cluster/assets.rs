@@ -1,0 +1,128 @@
+//! What every local cloud serves its machines before anything boots: the rootfs, the asset mirror
+//! (this workspace's nodeup and protokube, Kubernetes and containerd built from source), and the
+//! images in the local registry — driven by a first `keelson compile` of the local spec, which
+//! names every asset and version the cluster needs.
+
+use std::fs;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{bail, Context};
+
+use crate::paths::{self, State};
+use crate::{cmd, kubernetes, mirror, rootfs};
+
+use super::daemon::ClusterVersions;
+use super::state::ClusterState;
+
+/// What the daemon keeps of the assets phase.
+pub struct Assets {
+    /// The rootfs every machine's overlay sits on.
+    pub lower: PathBuf,
+    /// This workspace's `keelson`.
+    pub keelson: PathBuf,
+    /// The local spec (`spec.yaml` in the state directory): the user's, pointed at the mirror and
+    /// the registry.
+    pub local_spec: PathBuf,
+    /// `keelson compile` of it.
+    pub compiled: PathBuf,
+    /// The asset hashes of the mirror's files (`--asset-hashes`).
+    pub overrides: PathBuf,
+    /// `KOPS_BASE_URL`: protokube and the kOps assets in the mirror.
+    pub kops_base: String,
+    /// `--nodeup-asset`: `amd64=SHA256@URL` of this workspace's nodeup in the mirror.
+    pub nodeup_asset: String,
+    pub versions: ClusterVersions,
+    /// kubectl and the other Kubernetes binaries built for the cluster's version.
+    pub kubernetes_bin: PathBuf,
+    /// Runs as long as this is kept.
+    pub registry: kubernetes::Registry,
+}
+
+/// Build the rootfs, the mirror and the registry for the spec `spec_text(mirror URL, registry)`
+/// writes, the mirror being served on the bridge address `gw` at `cs.mirror_port`.
+pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, spec_text: &dyn Fn(&str, &str) -> String) -> anyhow::Result<Assets> {
+    let mirror_root = state.mirror_dir();
+    let mirror_url = format!("http://{gw}:{}/", cs.mirror_port);
+    cs.phase = "building the rootfs".into();
+    cs.save(state);
+    let lower = rootfs::ensure(&paths::cache_dir())?;
+
+    cs.phase = "building the asset mirror".into();
+    cs.save(state);
+    let bins = mirror::bin_dir();
+    for b in ["keelson", "nodeup", "protokube"] {
+        if !bins.join(b).is_file() {
+            bail!("{b} binary not found in {} (build the workspace first: cargo build --workspace; or set KEELSON_BIN_DIR)", bins.display());
+        }
+    }
+    let registry_addr = format!("{gw}:{}", kubernetes::REGISTRY_PORT);
+    let local_spec = state.root.join("spec.yaml");
+    fs::write(&local_spec, spec_text(&mirror_url, &registry_addr))?;
+    let kops_base = format!("http://{gw}:{}/kops", cs.mirror_port);
+    let nodeup_url = format!("http://{gw}:{}/keelson/nodeup", cs.mirror_port);
+    let protokube_urls = ["amd64", "arm64"].map(|a| format!("{kops_base}/linux/{a}/protokube"));
+    let cache = paths::cache_dir();
+    let mut first = vec![nodeup_url.clone()];
+    first.extend(protokube_urls);
+    let keelson = bins.join("keelson");
+    let compiled = state.compiled_dir();
+    let overrides = state.root.join("asset-hashes.tsv");
+    // A first compile (nodeup and protokube from this workspace, the rest with the table's
+    // hashes) names every asset and version the cluster needs; apply compiles again with them all.
+    let mut hashes = mirror::build(&cache, &bins, None, &mirror_root, &first)?;
+    mirror::write_overrides(&overrides, &hashes)?;
+    let _ = fs::remove_dir_all(&compiled);
+    cmd::run(
+        Command::new(&keelson)
+            .args(["compile", "--offline", "-f"])
+            .arg(&local_spec)
+            .arg("--out")
+            .arg(&compiled)
+            .arg("--asset-hashes")
+            .arg(&overrides)
+            .env("KOPS_BASE_URL", &kops_base),
+    )
+    .context("keelson compile of the local spec (to learn the asset URLs and versions)")?;
+    let versions = ClusterVersions::read(&compiled.join("cluster-completed.yaml"))?;
+
+    cs.phase = format!("building Kubernetes v{} from source (cached after the first run)", versions.kubernetes);
+    cs.save(state);
+    let local = mirror::LocalBuilds {
+        kubernetes_bin: kubernetes::kubernetes_binaries(&versions.kubernetes)?,
+        containerd_archive: kubernetes::containerd_archive(&versions.containerd)?,
+    };
+    cs.phase = "building the images".into();
+    cs.save(state);
+    let layout = kubernetes::images(&versions.kubernetes, &versions.etcd, &versions.pause)?;
+    let ccm_layout = kubernetes::ccm_image(kubernetes::AWS_CCM_VERSION)?;
+    let coredns_layout = kubernetes::coredns_image(kubernetes::COREDNS_VERSION)?;
+    cs.phase = format!("pushing the images to the registry at {registry_addr}");
+    cs.save(state);
+    let registry = kubernetes::Registry::start(&gw.to_string(), kubernetes::REGISTRY_PORT, &cache.join("registry"), &state.root.join("registry.log"))?;
+    cs.registry = registry_addr.clone();
+    cs.registry_pid = registry.pid() as i64;
+    kubernetes::push(&layout, &registry_addr)?;
+    kubernetes::push(&ccm_layout, &registry_addr)?;
+    kubernetes::push(&coredns_layout, &registry_addr)?;
+
+    cs.phase = "building the asset mirror".into();
+    cs.save(state);
+    let urls = mirror::compiled_asset_urls(&compiled, &[&mirror_url, &kops_base])?;
+    hashes.extend(mirror::build(&cache, &bins, Some(&local), &mirror_root, &urls)?);
+    mirror::write_overrides(&overrides, &hashes)?;
+    let nodeup_sha = hashes.get(&nodeup_url).cloned().unwrap_or_default();
+    Ok(Assets {
+        lower,
+        keelson,
+        local_spec,
+        compiled,
+        overrides,
+        kops_base,
+        nodeup_asset: format!("amd64={nodeup_sha}@{nodeup_url}"),
+        versions,
+        kubernetes_bin: local.kubernetes_bin,
+        registry,
+    })
+}

@@ -1,0 +1,314 @@
+//! The machines of the local cloud, whatever cloud plays the control plane: one machine per running
+//! instance (booted on a thread of its own, powered off when its instance is gone), the instances'
+//! data volumes as loop devices inside the machine they are attached to, and the cloud's DNS
+//! records in every machine's hosts file. The AWS daemon ([`super::daemon`]) and the GCE one
+//! ([`crate::gce::daemon`]) tell it what their cloud says; it does the rest the same way.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::anyhow;
+
+use crate::machine::{Environment, Machine, MachineData, MachineInfo};
+use crate::net::{self, Segment};
+use crate::paths::State;
+use crate::volumes::{self, Bus};
+
+/// Longest an instance's machine may take to shut down after its termination (then it is powered
+/// off hard). Units stop in order well within it (protokube, the kubelet, containerd, the
+/// containers); what it cuts short is an artefact of this host: on cgroup v1 inside a container,
+/// systemd never learns that a container scope's cgroup emptied, so it would wait out each
+/// scope's 90-s stop timeout, which a cloud guest does not.
+pub const POWEROFF_GRACE: Duration = Duration::from_secs(30);
+
+pub const HOSTS_BEGIN: &str = "# Begin keelson-local VPC resolver (Route53 records of the local cloud)";
+pub const HOSTS_END: &str = "# End keelson-local VPC resolver";
+
+fn now_s() -> f64 {
+    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+/// Log `msg` and keep it (the last 200) for `ps` and `up`.
+pub fn event(events: &Mutex<Vec<String>>, msg: String) {
+    eprintln!("keelson-local: {msg}");
+    if let Ok(mut e) = events.lock() {
+        e.push(format!("{:.1} {msg}", now_s()));
+        let n = e.len();
+        if n > 200 {
+            e.drain(..n - 200);
+        }
+    }
+}
+
+/// One data volume as the cloud has it.
+#[derive(Debug, Clone)]
+pub struct Volume {
+    /// The cloud's id (EBS) or `zone/name` (a persistent disk): the backing file's name.
+    pub id: String,
+    /// For events.
+    pub name: String,
+    pub size_gib: u64,
+    /// The machine (its key) the cloud says it is attached to, if any.
+    pub attached_to: Option<String>,
+    /// How it appears in the machine.
+    pub bus: Bus,
+}
+
+/// Where the machines live and what they are booted from.
+pub struct Place {
+    pub state: State,
+    pub seg: Segment,
+    pub bridge: String,
+    pub lower: PathBuf,
+    pub self_exe: PathBuf,
+    pub env: Environment,
+}
+
+pub struct Fleet {
+    pub place: Place,
+    pub machines: Arc<Mutex<BTreeMap<String, Machine>>>,
+    starting: Arc<Mutex<BTreeSet<String>>>,
+    /// Terminated instances whose machines are still shutting down: they keep their volumes until
+    /// they are gone, as a cloud keeps them attached to an instance that is stopping.
+    stopping: Arc<Mutex<BTreeSet<String>>>,
+    pub failed: Arc<Mutex<BTreeMap<String, String>>>,
+    pub events: Arc<Mutex<Vec<String>>>,
+    backings: HashMap<String, volumes::Backing>,
+    /// volume id → (machine, slot) currently exposed.
+    pub exposed: BTreeMap<String, (String, u32)>,
+    hosts_written: HashMap<String, String>,
+}
+
+impl Fleet {
+    pub fn new(place: Place, events: Arc<Mutex<Vec<String>>>) -> Fleet {
+        Fleet {
+            place,
+            machines: Arc::new(Mutex::new(BTreeMap::new())),
+            starting: Arc::new(Mutex::new(BTreeSet::new())),
+            stopping: Arc::new(Mutex::new(BTreeSet::new())),
+            failed: Arc::new(Mutex::new(BTreeMap::new())),
+            events,
+            backings: HashMap::new(),
+            exposed: BTreeMap::new(),
+            hosts_written: HashMap::new(),
+        }
+    }
+
+    pub fn event(&self, msg: String) {
+        event(&self.events, msg);
+    }
+
+    /// Whether the machine `key` runs, boots, or failed to (then it is not tried again).
+    pub fn knows(&self, key: &str) -> anyhow::Result<bool> {
+        Ok(self.machines.lock().map_err(|_| anyhow!("lock"))?.contains_key(key)
+            || self.starting.lock().map_err(|_| anyhow!("lock"))?.contains(key)
+            || self.failed.lock().map_err(|_| anyhow!("lock"))?.contains_key(key))
+    }
+
+    /// Power off (on threads of their own) the machines whose instance is no longer live.
+    pub fn stop_gone(&mut self, live: impl Fn(&str) -> bool) -> anyhow::Result<()> {
+        let gone: Vec<String> = {
+            let m = self.machines.lock().map_err(|_| anyhow!("lock"))?;
+            m.keys().filter(|id| !live(id)).cloned().collect()
+        };
+        for id in gone {
+            let m = self.machines.lock().map_err(|_| anyhow!("lock"))?.remove(&id);
+            if let Some(mut m) = m {
+                self.event(format!("{id}: instance terminated; shutting its machine down (ACPI poweroff)"));
+                self.hosts_written.remove(&id);
+                self.stopping.lock().map_err(|_| anyhow!("lock"))?.insert(id.clone());
+                let (stopping, events) = (self.stopping.clone(), self.events.clone());
+                std::thread::spawn(move || {
+                    let (took, clean) = m.poweroff(POWEROFF_GRACE);
+                    let how = if clean { "powered off" } else { "did not power off in time; killed" };
+                    event(&events, format!("{id}: machine {how} after {:.1} s", took.as_secs_f64()));
+                    if let Ok(mut s) = stopping.lock() {
+                        s.remove(&id);
+                    }
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Boot a machine for `data` on a thread of its own; `on_up` runs once it is up (the cloud's
+    /// instance becomes RUNNING, where the cloud waits for that).
+    pub fn boot(&self, data: MachineData, role: String, group: String, on_up: Box<dyn FnOnce() + Send>) -> anyhow::Result<()> {
+        let id = data.key().to_string();
+        self.starting.lock().map_err(|_| anyhow!("lock"))?.insert(id.clone());
+        let (machines, starting, failed, events) = (self.machines.clone(), self.starting.clone(), self.failed.clone(), self.events.clone());
+        let p = &self.place;
+        let (exe, lower, dir, bridge, seg, env) = (p.self_exe.clone(), p.lower.clone(), p.state.machine_dir(&id), p.bridge.clone(), p.seg, p.env.clone());
+        self.event(format!("{id}: instance running ({} {group} in {}); booting its machine", data.private_ip(), data.zone()));
+        std::thread::spawn(move || {
+            let t0 = Instant::now();
+            match Machine::start(&exe, &lower, dir, &bridge, &seg, &env, &data, &role, &group) {
+                Ok(m) => {
+                    event(&events, format!("{id}: machine up in {:.1} s (init pid {})", t0.elapsed().as_secs_f64(), m.info.init_pid.unwrap_or(0)));
+                    if let Ok(mut ms) = machines.lock() {
+                        ms.insert(id.clone(), m);
+                    }
+                    on_up();
+                }
+                Err(e) => {
+                    event(&events, format!("{id}: machine failed to start: {e}"));
+                    if let Ok(mut f) = failed.lock() {
+                        f.insert(id.clone(), e.to_string());
+                    }
+                }
+            }
+            if let Ok(mut s) = starting.lock() {
+                s.remove(&id);
+            }
+        });
+        Ok(())
+    }
+
+    /// Follow the cloud's attachments: a volume attached to a running machine appears in it (a
+    /// loop device under the names the cloud gives it); one detached, or whose machine is gone,
+    /// disappears. A volume stays with a machine that is shutting down until it is gone.
+    pub fn sync_volumes(&mut self, vols: &[Volume]) -> anyhow::Result<()> {
+        let machines = self.machines.lock().map_err(|_| anyhow!("lock"))?;
+        let stopping = self.stopping.lock().map_err(|_| anyhow!("lock"))?.clone();
+        // Volumes of machines that have finished shutting down are free again.
+        self.exposed.retain(|_, (inst, _)| machines.contains_key(inst) || stopping.contains(inst));
+        for v in vols {
+            if v.attached_to.is_some() && !self.backings.contains_key(&v.id) {
+                let b = volumes::ensure_backing(&self.place.state.volumes_dir(), &v.id.replace('/', "_"), v.size_gib)?;
+                self.backings.insert(v.id.clone(), b);
+            }
+            let want = v.attached_to.clone().filter(|i| machines.get(i).is_some_and(|m| m.running()));
+            let have = self.exposed.get(&v.id).cloned();
+            if have.as_ref().map(|(i, _)| i) == want.as_ref() {
+                continue;
+            }
+            if have.as_ref().is_some_and(|(i, _)| stopping.contains(i)) {
+                // Still attached to a machine that is shutting down: not attachable elsewhere yet.
+                continue;
+            }
+            if let Some((inst, slot)) = have {
+                if let Some(m) = machines.get(&inst) {
+                    if let Some(p) = m.init_pid() {
+                        volumes::unexpose_as(p, &v.bus, slot);
+                    }
+                }
+                self.exposed.remove(&v.id);
+                event(&self.events, format!("{}: detached from {inst}", v.id));
+            }
+            if let Some(inst) = want {
+                let used: BTreeSet<u32> = self.exposed.values().filter(|(i, _)| *i == inst).map(|(_, s)| *s).collect();
+                let slot = (1..).find(|s| !used.contains(s)).unwrap_or(1);
+                if let (Some(m), Some(b)) = (machines.get(&inst), self.backings.get(&v.id)) {
+                    if let Some(p) = m.init_pid() {
+                        volumes::expose_as(p, b, &v.bus, slot)?;
+                        self.exposed.insert(v.id.clone(), (inst.clone(), slot));
+                        event(&self.events, format!("{} ({}): attached to {inst} as /dev/{}", v.id, v.name, v.bus.node(slot)));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Play the VPC resolver: every A record (name, address) goes into a guarded block of every
+    /// machine's /etc/hosts (and of the kubelet's per-pod copies of it), rewritten in place when it
+    /// changes.
+    pub fn sync_hosts(&mut self, records: &[(String, String)]) {
+        let mut block = format!("{HOSTS_BEGIN}\n");
+        for (name, ip) in records {
+            block.push_str(&format!("{ip}\t{name}\n"));
+        }
+        block.push_str(HOSTS_END);
+        block.push('\n');
+        let Ok(machines) = self.machines.lock() else { return };
+        for (id, m) in machines.iter() {
+            if self.hosts_written.get(id) == Some(&block) {
+                continue;
+            }
+            let path = m.info.root.join("etc/hosts");
+            let text = fs::read_to_string(&path).unwrap_or_default();
+            let new = replace_block(&text, &block);
+            if new != text && write_in_place(&path, &new).is_err() {
+                continue;
+            }
+            // The kubelet gives each host-network pod (etcd, the API server) a copy of /etc/hosts
+            // taken when the pod starts; a resolver answers with live records, so the copies follow.
+            let pods = m.info.root.join("var/lib/kubelet/pods");
+            for pod in fs::read_dir(&pods).into_iter().flatten().flatten() {
+                let copy = pod.path().join("etc-hosts");
+                if let Ok(text) = fs::read_to_string(&copy) {
+                    let new = replace_block(&text, &block);
+                    if new != text {
+                        let _ = write_in_place(&copy, &new);
+                    }
+                }
+            }
+            self.hosts_written.insert(id.clone(), block.clone());
+        }
+    }
+
+    pub fn infos(&self) -> Vec<MachineInfo> {
+        self.machines.lock().map(|m| m.values().map(|m| m.info.clone()).collect()).unwrap_or_default()
+    }
+
+    /// Stop every machine (in parallel, after the ones booting have finished, bounded), free the
+    /// volumes and remove the bridge.
+    pub fn shutdown(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.starting.lock().map(|s| !s.is_empty()).unwrap_or(false) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let all: Vec<Machine> = self.machines.lock().map(|mut m| std::mem::take(&mut *m).into_values().collect()).unwrap_or_default();
+        let handles: Vec<_> = all.into_iter().map(|mut m| std::thread::spawn(move || m.stop())).collect();
+        for h in handles {
+            let _ = h.join();
+        }
+        for b in self.backings.values() {
+            volumes::destroy_backing(&b.file);
+        }
+        net::delete_vpc_router(&self.place.bridge);
+        net::delete_bridge(&self.place.bridge);
+    }
+}
+
+/// Replace (or append) the guarded block.
+pub fn replace_block(text: &str, block: &str) -> String {
+    if let (Some(b), Some(e)) = (text.find(HOSTS_BEGIN), text.find(HOSTS_END)) {
+        if e > b {
+            let after = text[e + HOSTS_END.len()..].trim_start_matches('\n');
+            return format!("{}{}{}", &text[..b], block, after);
+        }
+    }
+    let mut t = text.to_string();
+    if !t.is_empty() && !t.ends_with('\n') {
+        t.push('\n');
+    }
+    t.push_str(block);
+    t
+}
+
+/// Rewrite a file without replacing its inode (it may be bind-mounted elsewhere).
+pub fn write_in_place(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = fs::OpenOptions::new().write(true).truncate(true).open(path)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_block_replaced_in_place() {
+        let block = format!("{HOSTS_BEGIN}\n1.2.3.4\tapi.c\n{HOSTS_END}\n");
+        let t = replace_block("127.0.0.1 localhost\n", &block);
+        assert_eq!(t, format!("127.0.0.1 localhost\n{block}"));
+        let block2 = format!("{HOSTS_BEGIN}\n5.6.7.8\tapi.c\n{HOSTS_END}\n");
+        let t2 = replace_block(&format!("{t}# other\n"), &block2);
+        assert_eq!(t2, format!("127.0.0.1 localhost\n{block2}# other\n"));
+    }
+}
