@@ -118,21 +118,27 @@ async fn each_mig_instance_must_be_a_ready_node() {
 
     let cloud: Vec<CloudGroup> =
         groups.iter().map(|g| CloudGroup { group: g.group.clone(), role: g.role, min: g.target, max: g.target, instances: g.instances.clone() }).collect();
-    let cp_ip = cp.instances[0].1.clone().expect("cp address");
-    let (n1, n2) = (nodes.instances[0].clone(), nodes.instances[1].clone());
-    let pods: Vec<Pod> =
-        ["kube-apiserver-cp", "kube-controller-manager-cp", "kube-scheduler-cp", "etcd-manager-main-cp"].iter().map(|p| ready_pod(p)).collect();
+    // A Node per instance (named after it, at its address); the control plane's static pods on
+    // every control-plane node.
+    let all: Vec<Node> = groups.iter().flat_map(|g| g.instances.iter()).map(|(name, ip)| node(name, ip.as_deref().expect("address"), true)).collect();
+    let pods: Vec<Pod> = groups
+        .iter()
+        .filter(|g| g.role == Role::ControlPlane)
+        .flat_map(|g| g.instances.iter())
+        .flat_map(|(n, _)| ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd-manager-main"].map(|c| ready_pod(&format!("{c}-{n}"))))
+        .collect();
+    // Every MIG instance a Ready node: valid.
+    let r = report("gce.k8s.example.com", &cloud, &all, &pods);
+    assert!(r.valid(), "{}", r.render());
     // One node has not joined: the machine and its group fail.
-    let one_missing = vec![node("cp", &cp_ip, true), node("n1", n1.1.as_deref().expect("ip"), true)];
+    let missing = nodes.instances[1].0.clone();
+    let one_missing: Vec<Node> = all.iter().filter(|n| n.metadata.name.as_deref() != Some(missing.as_str())).cloned().collect();
     let r = report("gce.k8s.example.com", &cloud, &one_missing, &pods);
     let text = r.render();
     assert!(!r.valid(), "{text}");
-    assert!(r.failures.iter().any(|f| f.kind == "Machine" && f.name == n2.0), "{text}");
+    assert!(r.failures.iter().any(|f| f.kind == "Machine" && f.name == missing), "{text}");
     assert!(r.failures.iter().any(|f| f.kind == "InstanceGroup" && f.name == "nodes-europe-west1-b" && f.message.contains("1 of at least 2")), "{text}");
-    // Every MIG instance a Ready node: valid.
-    let all = vec![node("cp", &cp_ip, true), node("n1", n1.1.as_deref().expect("ip"), true), node("n2", n2.1.as_deref().expect("ip"), true)];
-    let r = report("gce.k8s.example.com", &cloud, &all, &pods);
-    assert!(r.valid(), "{}", r.render());
+    assert_eq!(r.failures.len(), 2, "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
