@@ -387,72 +387,6 @@ pub fn run_delete(args: DeleteArgs) -> anyhow::Result<ExitCode> {
     rt.block_on(direct_delete(&args, &model))
 }
 
-/// The GCE target of a cluster: the Compute API at `--endpoint-url`, `$KEELSON_GCE_ENDPOINT` or
-/// Google's, with tokens from the metadata server (`$GCE_METADATA_HOST`).
-pub(crate) fn gce_target(common: &Common, model: &model::ClusterModel) -> anyhow::Result<cloud_resources::gce::GceTarget> {
-    let endpoints = cloud::gce::GceEndpoints::resolve(common.endpoint_url.as_deref());
-    let project = model.project.clone().ok_or_else(|| anyhow::anyhow!("Cluster/{}: spec.project: required on GCE", model.cluster))?;
-    let metadata = base::gce_metadata::GceMetadata::new(None, std::time::Duration::from_secs(10))?;
-    let tokens = cloud::gce::TokenSource::new(metadata);
-    Ok(cloud_resources::gce::GceTarget::new(&endpoints, &project, tokens, std::time::Duration::from_secs(600))?)
-}
-
-async fn gce_apply(
-    args: &ApplyArgs,
-    docs: &keelson_api::Documents,
-    options: &CompileOptions,
-    model: &model::ClusterModel,
-    file: &str,
-) -> anyhow::Result<ExitCode> {
-    let target = gce_target(&args.common, model)?;
-    let store = open_store(&model.config_base, None)?;
-    if !args.yes {
-        let (model, _) = with_pinned_cas(docs, options, &store, file, false).await?;
-        let planned = cloud_resources::plan_apply_gce(&target, &model, &store).await?;
-        print!("{}", planned.plan.render(color()));
-        if !planned.plan.is_empty() {
-            println!("Run with --yes to apply.");
-        }
-        return Ok(ExitCode::SUCCESS);
-    }
-    with_lock(&store, "apply", args.common.force_unlock, async {
-        state::ensure_pki(&store, &model.etcd_clusters, model.encryption_config).await?;
-        let (model, _) = with_pinned_cas(docs, options, &store, file, false).await?;
-        let planned = cloud_resources::plan_apply_gce(&target, &model, &store).await?;
-        print!("{}", planned.plan.render(color()));
-        if planned.plan.is_empty() {
-            return Ok(());
-        }
-        let n = cloud_resources::execute_gce(&target, &model, &store, &planned).await?;
-        println!("applied {n} changes to cluster {}", model.cluster);
-        Ok(())
-    })
-    .await?;
-    Ok(ExitCode::SUCCESS)
-}
-
-async fn gce_delete(args: &DeleteArgs, model: &model::ClusterModel) -> anyhow::Result<ExitCode> {
-    let target = gce_target(&args.common, model)?;
-    let store = open_store(&model.config_base, None)?;
-    if !args.yes {
-        let planned = cloud_resources::plan_delete_gce(&target, model, &store, args.delete_volumes).await?;
-        print!("{}", planned.plan.render(color()));
-        if !planned.plan.is_empty() {
-            println!("Run with --yes to delete.");
-        }
-        return Ok(ExitCode::SUCCESS);
-    }
-    with_lock(&store, "delete", args.common.force_unlock, async {
-        let planned = cloud_resources::plan_delete_gce(&target, model, &store, args.delete_volumes).await?;
-        print!("{}", planned.plan.render(color()));
-        let n = cloud_resources::execute_gce(&target, model, &store, &planned).await?;
-        println!("deleted {n} resources of cluster {}", model.cluster);
-        Ok(())
-    })
-    .await?;
-    Ok(ExitCode::SUCCESS)
-}
-
 async fn direct_apply(
     args: &ApplyArgs,
     docs: &keelson_api::Documents,
@@ -461,7 +395,7 @@ async fn direct_apply(
     file: &str,
 ) -> anyhow::Result<ExitCode> {
     if model.cloud == model::CloudKind::Gce {
-        return gce_apply(args, docs, options, model, file).await;
+        return crate::gce_commands::apply(args, docs, options, model, file).await;
     }
     let target = aws_target(&args.common, &model.region).await;
     let store = open_store(&model.config_base, Some(target.s3.clone()))?;
@@ -539,9 +473,6 @@ pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
     };
     let file = args.common.file.display().to_string();
     let (model, _) = prepare_with(&docs, &options, false).with_context(|| format!("{file}: building the cloud model"))?;
-    if model.cloud != model::CloudKind::Aws {
-        anyhow::bail!("{file}: rolling-update supports AWS clusters only");
-    }
     let mut opts = rolling::RollingOptions {
         groups: args.instance_groups.clone(),
         roles: args.instance_group_roles.clone(),
@@ -549,6 +480,11 @@ pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
         ..args.roll.options(&docs)
     };
     let rt = runtime()?;
+    match model.cloud {
+        model::CloudKind::Aws => {}
+        model::CloudKind::Gce => return rt.block_on(crate::gce_commands::rolling_update(&args, &model, opts)),
+        other => anyhow::bail!("{file}: rolling-update supports AWS and GCE clusters (this one is on {other:?})"),
+    }
     rt.block_on(async {
         let target = aws_target(&args.common, &model.region).await;
         // By default the cluster is validated and nodes drained through the Kubernetes API (as kOps,
@@ -582,7 +518,7 @@ pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
 
 async fn direct_delete(args: &DeleteArgs, model: &model::ClusterModel) -> anyhow::Result<ExitCode> {
     if model.cloud == model::CloudKind::Gce {
-        return gce_delete(args, model).await;
+        return crate::gce_commands::delete(args, model).await;
     }
     let target = aws_target(&args.common, &model.region).await;
     let store = open_store(&model.config_base, Some(target.s3.clone()))?;
@@ -711,16 +647,26 @@ pub fn run_validate_cluster(args: ValidateClusterArgs) -> anyhow::Result<ExitCod
         Ok(m) => m,
         Err(code) => return Ok(code),
     };
-    if model.cloud != model::CloudKind::Aws {
-        anyhow::bail!("validate cluster supports AWS clusters (this one is on {:?})", model.cloud);
-    }
+    let gce = match model.cloud {
+        model::CloudKind::Gce => Some(crate::gce_commands::target(&args.common, &model)?),
+        model::CloudKind::Aws => None,
+        other => anyhow::bail!("validate cluster supports AWS and GCE clusters (this one is on {other:?})"),
+    };
     runtime()?.block_on(async {
-        let target = aws_target(&args.common, &model.region).await;
+        let aws = match gce {
+            Some(_) => None,
+            None => Some(aws_target(&args.common, &model.region).await),
+        };
         let kube = ops::validate::kube_client(args.kubeconfig.as_deref(), &model.cluster).await?;
         let deadline = args.wait.map(|w| std::time::Instant::now() + w);
         let mut passes = 0;
         loop {
-            let report = match ops::validate::validate(&target, &model, &kube).await {
+            let result = match (&gce, &aws) {
+                (Some(g), _) => ops::validate::validate_gce(g, &model, &kube).await,
+                (None, Some(a)) => ops::validate::validate(a, &model, &kube).await,
+                (None, None) => anyhow::bail!("no cloud target"),
+            };
+            let report = match result {
                 Ok(r) => Some(r),
                 // While waiting, an API that is not up yet is one more reason to wait.
                 Err(e) if deadline.is_some() => {

@@ -12,6 +12,8 @@ mod commands;
 #[cfg(feature = "cloud")]
 mod etcd_backup;
 #[cfg(feature = "cloud")]
+mod gce_commands;
+#[cfg(feature = "cloud")]
 mod kubeconfig;
 mod pki_cmd;
 #[cfg(feature = "cloud")]

@@ -1,8 +1,9 @@
 //! `keelson apply` / `keelson delete` (the commands) on GCE, against the harness's Compute emulator
 //! and a metadata server handing out the token (127.0.0.1 only): `--endpoint-url` (or
 //! `$KEELSON_GCE_ENDPOINT`) points them at the emulator and `$GCE_METADATA_HOST` at the metadata
-//! server; the plan is printed by default, `--yes` applies, a second run has no changes, and delete
-//! removes the cluster. The direct target itself is tested in keelson-cloud-resources' `apply_gce`.
+//! server; the plan is printed by default, `--yes` applies, a second run has no changes,
+//! `rolling-update` recreates the instances a changed template left behind, and delete removes the
+//! cluster. The direct target itself is tested in keelson-cloud-resources' `apply_gce`.
 
 use std::sync::Arc;
 
@@ -41,7 +42,7 @@ impl World {
     fn run(&self, cmd: &str, endpoint_flag: bool, extra: &[&str]) -> (bool, String) {
         let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_keelson"));
         c.args([cmd, "-f", &self.spec.path().display().to_string(), "--offline"]);
-        if cmd == "apply" {
+        if cmd != "delete" {
             c.args(["--nodeup-asset", NODEUP_AMD64, "--protokube-asset", PROTOKUBE_AMD64]);
         }
         let base = self.server.url("");
@@ -73,6 +74,22 @@ fn apply_plans_applies_with_yes_has_no_changes_then_and_delete_removes_it() {
     let (ok, out) = w.run("apply", false, &[]);
     assert!(ok, "{out}");
     assert!(out.contains("No changes."), "{out}");
+
+    // A changed machine type: apply moves the MIG to a new template, rolling-update recreates the
+    // nodes on it (--cloudonly: no Kubernetes API here).
+    let text = std::fs::read_to_string(w.spec.path()).expect("spec");
+    std::fs::write(w.spec.path(), text.replacen("machineType: e2-standard-4", "machineType: e2-standard-8", 1)).expect("write spec");
+    let (ok, out) = w.run("apply", true, &["--yes"]);
+    assert!(ok && out.contains("rolling replacement needed"), "{out}");
+    let roll = ["--cloudonly", "--node-interval", "0s", "--control-plane-interval", "0s", "--poll-interval", "100ms"];
+    let (ok, out) = w.run("rolling-update", true, &roll);
+    assert!(ok && out.contains("2 instance(s) need replacing"), "{out}");
+    let (ok, out) = w.run("rolling-update", true, &[&roll[..], &["--yes"]].concat());
+    assert!(ok && out.contains("2 instance(s) replaced"), "{out}");
+    let nodes: Vec<_> = w.compute.instances().into_iter().filter(|i| i.name.starts_with("nodes-")).collect();
+    assert!(nodes.len() == 2 && nodes.iter().all(|i| i.machine_type == "e2-standard-8"), "{nodes:?}");
+    let (ok, out) = w.run("rolling-update", false, &roll);
+    assert!(ok && out.contains("No rolling update required."), "{out}");
 
     let (ok, out) = w.run("delete", false, &["--yes", "--delete-volumes"]);
     assert!(ok, "{out}");

@@ -1,5 +1,5 @@
 //! Operations on a running cluster: `keelson rolling-update` ([`rolling`]) and `keelson validate
-//! cluster` ([`validate`]), both on top of the instances of the cluster's groups ([`instances`]);
+//! cluster` ([`validate`]; on GCE through the MIGs, [`gce_instances`], [`gce_rolling`]), both on top of the instances of the cluster's groups ([`instances`]);
 //! nodes are drained before their instances go ([`drain`]), several of a group at once, each
 //! instance's replacement its own task ([`replace`]); groups may surge ([`surge`]); `keelson
 //! reconcile cluster` applies and rolls in phases, control planes before workers ([`reconcile`]).
@@ -9,6 +9,8 @@
 //! specs, or parse command lines.
 
 pub mod drain;
+pub mod gce_instances;
+pub mod gce_rolling;
 pub mod instances;
 pub mod reconcile;
 pub mod replace;

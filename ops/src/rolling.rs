@@ -41,6 +41,8 @@ pub enum RollingError {
     Aws(#[from] cloud_resources::aws::AwsError),
     #[error(transparent)]
     Drain(#[from] drain::DrainError),
+    #[error("Compute: {0}")]
+    Gce(Box<cloud_resources::gce::ComputeError>),
     #[error("autoscaling group {group}: {message}")]
     Timeout { group: String, message: String },
     #[error("validation after replacing {instance} in {group} failed: {message}")]
@@ -53,6 +55,12 @@ pub enum RollingError {
     Drained { group: String, instance: String, message: String },
     #[error("instance group {group}: the replacement of {instance} stopped: {message}")]
     Task { group: String, instance: String, message: String },
+}
+
+impl From<cloud_resources::gce::ComputeError> for RollingError {
+    fn from(e: cloud_resources::gce::ComputeError) -> Self {
+        RollingError::Gce(Box::new(e))
+    }
 }
 
 pub(crate) fn api<E: std::error::Error + Send + Sync + 'static>(op: &'static str, target: &str, e: E) -> RollingError {
@@ -266,7 +274,7 @@ impl ClusterHealth for KubeHealth<'_> {
 }
 
 /// A command that must exit 0.
-struct CommandHealth<'a>(&'a [String]);
+pub(crate) struct CommandHealth<'a>(pub(crate) &'a [String]);
 
 impl ClusterHealth for CommandHealth<'_> {
     fn problems<'a>(&'a self, _group: &'a GroupStatus) -> BoxFuture<'a, Result<Vec<String>, String>> {

@@ -28,6 +28,8 @@ pub enum ValidateError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    #[error("Compute: {0}")]
+    Gce(Box<cloud_resources::gce::ComputeError>),
     #[error("kubeconfig: {message} (run `keelson export kubeconfig -f SPEC --admin`, or give --kubeconfig)")]
     Config { message: String },
     #[error("Kubernetes API: {what}: {source}")]
@@ -36,6 +38,22 @@ pub enum ValidateError {
         #[source]
         source: kube::Error,
     },
+}
+
+impl From<cloud_resources::gce::ComputeError> for ValidateError {
+    fn from(e: cloud_resources::gce::ComputeError) -> Self {
+        ValidateError::Gce(Box::new(e))
+    }
+}
+
+/// One instance group as the cloud sees it: its in-service instances (id, private address).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloudGroup {
+    pub group: String,
+    pub role: Role,
+    pub min: i32,
+    pub max: i32,
+    pub instances: Vec<(String, Option<String>)>,
 }
 
 /// One instance group as validation sees it.
@@ -222,10 +240,44 @@ pub async fn validate(target: &AwsTarget, model: &ClusterModel, kube: &kube::Cli
             }
         }
     }
-    let nodes = kube::Api::<Node>::all(kube.clone()).list(&ListParams::default()).await.map_err(|source| ValidateError::Kube { what: "list nodes", source })?;
-    let node_by_ip: BTreeMap<String, &Node> = nodes.items.iter().flat_map(|n| node_ips(n).into_iter().map(move |ip| (ip, n))).collect();
+    let cloud: Vec<CloudGroup> = groups
+        .iter()
+        .map(|g| CloudGroup {
+            group: g.group.clone(),
+            role: g.role,
+            min: g.min,
+            max: g.max,
+            instances: g.instances.iter().filter(|i| i.lifecycle == "InService").map(|i| (i.id.clone(), ip_of.get(&i.id).cloned())).collect(),
+        })
+        .collect();
+    judge(&model.cluster, &cloud, kube).await
+}
 
-    let mut report = Report { cluster: model.cluster.clone(), groups: Vec::new(), nodes: Vec::new(), failures: Vec::new() };
+/// Validate a GCE cluster once: each instance group's MIGs (`listManagedInstances`, RUNNING) against
+/// the Nodes, and the system pods, as on AWS.
+pub async fn validate_gce(target: &cloud_resources::gce::GceTarget, model: &ClusterModel, kube: &kube::Client) -> Result<Report, ValidateError> {
+    let groups = crate::gce_instances::groups(target, model).await?;
+    let cloud: Vec<CloudGroup> =
+        groups.into_iter().map(|g| CloudGroup { group: g.group, role: g.role, min: g.target, max: g.target, instances: g.instances }).collect();
+    judge(&model.cluster, &cloud, kube).await
+}
+
+/// The Nodes and system pods, judged against the cloud's groups.
+async fn judge(cluster: &str, groups: &[CloudGroup], kube: &kube::Client) -> Result<Report, ValidateError> {
+    let nodes = kube::Api::<Node>::all(kube.clone()).list(&ListParams::default()).await.map_err(|source| ValidateError::Kube { what: "list nodes", source })?;
+    let pods = kube::Api::<Pod>::namespaced(kube.clone(), "kube-system")
+        .list(&ListParams::default())
+        .await
+        .map_err(|source| ValidateError::Kube { what: "list kube-system pods", source })?;
+    Ok(report(cluster, groups, &nodes.items, &pods.items))
+}
+
+/// The report (pure): every in-service instance joined as a Ready Node (matched by private
+/// address), every group at its minimum, every Node Ready, every system pod Ready, every
+/// control-plane Node running the control plane.
+pub fn report(cluster: &str, groups: &[CloudGroup], nodes: &[Node], pods: &[Pod]) -> Report {
+    let node_by_ip: BTreeMap<String, &Node> = nodes.iter().flat_map(|n| node_ips(n).into_iter().map(move |ip| (ip, n))).collect();
+    let mut report = Report { cluster: cluster.to_string(), groups: Vec::new(), nodes: Vec::new(), failures: Vec::new() };
     let mut fail = |kind: &str, name: &str, message: String, of: Option<(&str, Role)>| {
         report.failures.push(Failure {
             kind: kind.into(),
@@ -238,13 +290,12 @@ pub async fn validate(target: &AwsTarget, model: &ClusterModel, kube: &kube::Cli
     let mut known_nodes = BTreeSet::new();
     let mut group_reports = Vec::new();
     let mut node_reports = Vec::new();
-    for g in &groups {
+    for g in groups {
         let mut ready = 0;
-        let in_service: Vec<_> = g.instances.iter().filter(|i| i.lifecycle == "InService").collect();
-        for i in &in_service {
-            let node = ip_of.get(&i.id).and_then(|ip| node_by_ip.get(ip));
+        for (id, ip) in &g.instances {
+            let node = ip.as_ref().and_then(|ip| node_by_ip.get(ip));
             match node {
-                None => fail("Machine", &i.id, format!("instance of {} has not yet joined the cluster", g.group), Some((&g.group, g.role))),
+                None => fail("Machine", id, format!("instance of {} has not yet joined the cluster", g.group), Some((&g.group, g.role))),
                 Some(n) => {
                     let name = n.metadata.name.clone().unwrap_or_default();
                     known_nodes.insert(name.clone());
@@ -261,19 +312,15 @@ pub async fn validate(target: &AwsTarget, model: &ClusterModel, kube: &kube::Cli
         if (ready as i32) < g.min {
             fail("InstanceGroup", &g.group, format!("did not have enough ready nodes: {ready} of at least {}", g.min), Some((&g.group, g.role)));
         }
-        group_reports.push(GroupReport { name: g.group.clone(), role: role_name(g.role).into(), min: g.min, max: g.max, instances: in_service.len(), ready });
+        group_reports.push(GroupReport { name: g.group.clone(), role: role_name(g.role).into(), min: g.min, max: g.max, instances: g.instances.len(), ready });
     }
-    for n in &nodes.items {
+    for n in nodes {
         let name = n.metadata.name.clone().unwrap_or_default();
         if !known_nodes.contains(&name) && !node_ready(n) {
             fail("Node", &name, "node (of no instance group) is not ready".into(), None);
         }
     }
-    let pods = kube::Api::<Pod>::namespaced(kube.clone(), "kube-system")
-        .list(&ListParams::default())
-        .await
-        .map_err(|source| ValidateError::Kube { what: "list kube-system pods", source })?;
-    for p in &pods.items {
+    for p in pods {
         if let Some(problem) = pod_problem(p) {
             fail("Pod", &format!("kube-system/{}", p.metadata.name.clone().unwrap_or_default()), format!("system pod {problem}"), None);
         }
@@ -282,11 +329,11 @@ pub async fn validate(target: &AwsTarget, model: &ClusterModel, kube: &kube::Cli
     for n in node_reports.iter().filter(|n| n.role == "ControlPlane") {
         for component in ["kube-apiserver", "kube-controller-manager", "kube-scheduler"] {
             let want = format!("{component}-{}", n.name);
-            if !pods.items.iter().any(|p| p.metadata.name.as_deref() == Some(want.as_str())) {
+            if !pods.iter().any(|p| p.metadata.name.as_deref() == Some(want.as_str())) {
                 fail("Pod", &format!("kube-system/{want}"), format!("control-plane node {} runs no {component}", n.name), Some((&n.group, Role::ControlPlane)));
             }
         }
-        if !pods.items.iter().any(|p| p.metadata.name.as_deref().is_some_and(|m| m.starts_with("etcd-") && m.ends_with(&n.name))) {
+        if !pods.iter().any(|p| p.metadata.name.as_deref().is_some_and(|m| m.starts_with("etcd-") && m.ends_with(&n.name))) {
             fail(
                 "Pod",
                 &format!("kube-system/etcd-*-{}", n.name),
@@ -297,7 +344,7 @@ pub async fn validate(target: &AwsTarget, model: &ClusterModel, kube: &kube::Cli
     }
     report.groups = group_reports;
     report.nodes = node_reports;
-    Ok(report)
+    report
 }
 
 #[cfg(test)]

@@ -197,6 +197,14 @@ impl GceTarget {
         match &c.action {
             Action::Create => {
                 let task = want.ok_or_else(|| missing("desired"))?;
+                if let Task::InstanceTemplate(t) = task {
+                    // GCE metadata holds text: a compressed boot script would arrive corrupted.
+                    std::str::from_utf8(&t.user_data).map_err(|_| GceError::Resource {
+                        kind: c.kind.as_str(),
+                        name: c.name.clone(),
+                        message: format!("the {} of instance group {} is not text (compressUserData?); GCE metadata holds text", t.user_data_key, t.group),
+                    })?;
+                }
                 let body = views::body(task, names);
                 tracing::info!(kind = c.kind.as_str(), name = %c.name, "creating");
                 match task {

@@ -8,6 +8,7 @@ pub mod direct;
 mod firewall;
 pub mod views;
 
+pub use cloud::gce::compute::{name_of_link, ComputeError};
 pub use direct::{GceDiscovered, GceError, GceTarget};
 pub use firewall::{Allowed, Firewall};
 

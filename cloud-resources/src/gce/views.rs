@@ -133,7 +133,8 @@ pub fn template_name(t: &InstanceTemplate, names: &Names) -> String {
 pub fn body(task: &Task, names: &Names) -> Value {
     match task {
         Task::Network(n) => json!({"name": n.gce_name, "autoCreateSubnetworks": false, "routingConfig": {"routingMode": "REGIONAL"}}),
-        Task::Subnetwork(s) => json!({"name": s.gce_name, "network": names.network_link(&s.network), "ipCidrRange": s.cidr, "region": s.region}),
+        // The region is the request's path (the body's `region` is a URL GCE fills in).
+        Task::Subnetwork(s) => json!({"name": s.gce_name, "network": names.network_link(&s.network), "ipCidrRange": s.cidr}),
         Task::Firewall(f) => {
             let mut v = json!({
                 "name": f.name,
@@ -365,6 +366,64 @@ pub fn view(task: Task, id: Option<String>, names: &Names) -> Resource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn template() -> InstanceTemplate {
+        InstanceTemplate {
+            name: "nodes.c".into(),
+            group: "nodes".into(),
+            role: Role::Node,
+            cluster: "c".into(),
+            name_prefix: "nodes-c-".into(),
+            machine_type: "e2-standard-4".into(),
+            disk_size_gb: 64,
+            disk_type: "pd-balanced".into(),
+            image: "ubuntu-os-cloud/ubuntu-2404".into(),
+            network: Link::to("c"),
+            subnetwork: Some(Link::to("europe-west1.c")),
+            public_ip: true,
+            user_data: b"#!/bin/bash\n".to_vec(),
+            user_data_key: super::super::USER_DATA_KEY.into(),
+            service_account: "default".into(),
+            labels: BTreeMap::from([("k8s-io-cluster-name".to_string(), "c".to_string())]),
+            tags: vec!["c-k8s-io-role-node".into()],
+        }
+    }
+
+    /// A template is named by its content: the same content the same name, any change a new one;
+    /// and it reads back as the same typed template.
+    #[test]
+    fn templates_are_named_by_their_content_and_read_back() {
+        let names = Names { project: "p".into(), region: "europe-west1".into(), ..Default::default() };
+        let t = template();
+        let name = template_name(&t, &names);
+        assert!(name.starts_with("nodes-c-") && name.len() == "nodes-c-".len() + 12, "{name}");
+        assert_eq!(template_name(&template(), &names), name, "stable");
+        let bigger = InstanceTemplate { machine_type: "e2-standard-8".into(), ..template() };
+        assert_ne!(template_name(&bigger, &names), name);
+        let other_script = InstanceTemplate { user_data: b"#!/bin/sh\n".to_vec(), ..template() };
+        assert_ne!(template_name(&other_script, &names), name);
+        let body = body(&Task::InstanceTemplate(t.clone()), &names);
+        assert_eq!(body["properties"]["networkInterfaces"][0]["subnetwork"], "projects/p/regions/europe-west1/subnetworks/europe-west1.c");
+        let back = from_template(&body);
+        assert_eq!(InstanceTemplate { name: t.name.clone(), subnetwork: Some(Link::to("europe-west1.c")), ..back }, t);
+    }
+
+    #[test]
+    fn firewall_bodies_send_ports_only_where_given_and_both_source_lists() {
+        let f = Firewall {
+            name: "ssh-c".into(),
+            network: Link::to("c"),
+            source_ranges: vec!["10.0.0.0/8".into()],
+            source_tags: vec![],
+            target_tags: vec!["t".into()],
+            allowed: vec![Allowed::new("tcp", &["22"]), Allowed::new("icmp", &[])],
+        };
+        let b = body(&Task::Firewall(f.clone()), &Names { project: "p".into(), ..Default::default() });
+        assert_eq!(b["allowed"], json!([{"IPProtocol": "tcp", "ports": ["22"]}, {"IPProtocol": "icmp"}]));
+        assert_eq!(b["sourceTags"], json!([]), "a patch clears what the rule no longer has");
+        assert_eq!(b["network"], "projects/p/global/networks/c");
+        assert_eq!(from_firewall(&b), f);
+    }
 
     #[test]
     fn images_are_compute_links_and_read_back() {

@@ -1,5 +1,6 @@
 //! The Compute v1 resources `keelson apply` manages on GCE, on the one [`GoogleApi`] client: one
-//! module per resource kind (`networks`, `subnetworks`, `firewalls`, `templates`, `migs`, `disks`),
+//! module per resource kind (`networks`, `subnetworks`, `firewalls`, `templates`, `migs`, `disks`,
+//! `instances`),
 //! each a few methods of [`Compute`]. Every change is an operation waited for
 //! ([`super::operations::wait`]) within the bound the caller gives; reads are the API's own
 //! (bounded retries, pagination with a page limit). Resources are named, and linked, by their
@@ -7,6 +8,7 @@
 
 mod disks;
 mod firewalls;
+mod instances;
 mod migs;
 mod networks;
 mod subnetworks;

@@ -1,0 +1,185 @@
+//! `validate cluster` and `rolling-update` on GCE against the harness's Compute emulator (in process,
+//! 127.0.0.1) with `examples/gce.yaml` applied: each instance group's MIGs read back
+//! (`listManagedInstances`, RUNNING only, addresses from `instances.list`) and judged against Nodes
+//! matched by InternalIP; after a changed machine type, the instances on the old template recreated
+//! one at a time onto the new one, and nothing else.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base::StateStore;
+use cloud::gce::{GceEndpoints, TokenSource};
+use cloud_resources::gce::GceTarget;
+use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeStatus, Pod, PodCondition, PodStatus};
+use keelson_api::Role;
+use ops::validate::{report, CloudGroup};
+use serde_json::json;
+use testkit::gce_compute::{Config, GceCompute};
+use testkit::httpd::{Request, Server};
+
+const PROJECT: &str = "acme-platform";
+
+fn spec() -> String {
+    std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/gce.yaml")).expect("example")
+}
+
+fn model(text: &str) -> cloud_resources::model::ClusterModel {
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("cluster.yaml");
+    std::fs::write(&path, text).expect("write spec");
+    let docs = spec_compiler::load::load_spec(&path).unwrap_or_else(|e| panic!("{e}"));
+    let asset = |a: &str| spec_compiler::userdata::NodeupAsset::parse(a).expect("asset");
+    let amd64 = spec_compiler::versions::Arch::parse("amd64").expect("arch");
+    let options = spec_compiler::CompileOptions {
+        nodeup_assets: [(amd64, asset("8b1a9953c4611296a827abf8c47804d7e6c49c6b8f0b8c1f4ee3a5e6a1b1c2d3@https://nodeup.mirror.test/amd64/nodeup"))].into(),
+        protokube_assets: [(amd64, asset("5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8@https://nodeup.mirror.test/amd64/protokube"))]
+            .into(),
+        ..Default::default()
+    };
+    let compiled = spec_compiler::compile(&docs, &options).unwrap_or_else(|e| panic!("{e}"));
+    cloud_resources::model::build(&docs, &compiled).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn node(name: &str, ip: &str, ready: bool) -> Node {
+    Node {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta { name: Some(name.into()), ..Default::default() },
+        status: Some(NodeStatus {
+            addresses: Some(vec![NodeAddress { type_: "InternalIP".into(), address: ip.into() }]),
+            conditions: Some(vec![NodeCondition { type_: "Ready".into(), status: if ready { "True" } else { "False" }.into(), ..Default::default() }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn ready_pod(name: &str) -> Pod {
+    Pod {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta { name: Some(name.into()), ..Default::default() },
+        status: Some(PodStatus {
+            phase: Some("Running".into()),
+            conditions: Some(vec![PodCondition { type_: "Ready".into(), status: "True".into(), ..Default::default() }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+struct World {
+    compute: GceCompute,
+    _server: Server,
+    _meta: Server,
+    target: GceTarget,
+    _store_dir: tempfile::TempDir,
+    store: StateStore,
+}
+
+fn world(boot_delay: Option<Duration>) -> World {
+    let compute = GceCompute::new(Config { project: PROJECT.into(), operation_delay: Duration::from_millis(20), boot_delay, ..Config::example() });
+    let server = compute.start();
+    let mut values = testkit::gce_metadata::InstanceFacts::example().values();
+    values.insert("instance/service-accounts/default/token".into(), json!({"access_token": "tok", "expires_in": 3599}).to_string());
+    let meta = Server::start(Arc::new(move |req: &Request| testkit::gce_metadata::answer(&values, req)));
+    let md = base::gce_metadata::GceMetadata::new(Some(&meta.url("")), Duration::from_secs(5)).expect("metadata");
+    let target = GceTarget::new(&GceEndpoints::at(&server.url("")), PROJECT, TokenSource::new(md), Duration::from_secs(30)).expect("target");
+    let store_dir = tempfile::tempdir().expect("tmp");
+    let store = StateStore::dir(store_dir.path());
+    World { compute, _server: server, _meta: meta, target, _store_dir: store_dir, store }
+}
+
+impl World {
+    async fn apply(&self, model: &cloud_resources::model::ClusterModel) {
+        let planned = cloud_resources::plan_apply_gce(&self.target, model, &self.store).await.expect("plan");
+        cloud_resources::execute_gce(&self.target, model, &self.store, &planned).await.expect("apply");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_mig_instance_must_be_a_ready_node() {
+    let w = world(None);
+    let (compute, target) = (&w.compute, &w.target);
+    let model = model(&spec());
+    w.apply(&model).await;
+
+    // Still PROVISIONING: no group has a running instance yet.
+    let groups = ops::gce_instances::groups(target, &model).await.expect("groups");
+    assert!(groups.iter().all(|g| g.instances.is_empty()), "{groups:?}");
+    for i in compute.instances() {
+        compute.set_instance_status(&i.zone, &i.name, "RUNNING").expect("boot");
+    }
+    let groups = ops::gce_instances::groups(target, &model).await.expect("groups");
+    let by_group = |g: &str| groups.iter().find(|x| x.group == g).unwrap_or_else(|| panic!("group {g}: {groups:?}"));
+    let (cp, nodes) = (by_group("control-plane-europe-west1-b"), by_group("nodes-europe-west1-b"));
+    assert_eq!((cp.role, cp.target, cp.instances.len()), (Role::ControlPlane, 1, 1));
+    assert_eq!((nodes.role, nodes.target, nodes.instances.len()), (Role::Node, 2, 2));
+    for i in compute.instances() {
+        let g = groups.iter().find(|g| g.instances.iter().any(|(n, _)| *n == i.name)).unwrap_or_else(|| panic!("{} in no group", i.name));
+        assert_eq!(g.instances.iter().find(|(n, _)| *n == i.name).and_then(|(_, ip)| ip.clone()), Some(i.network_ip.clone()), "{}", i.name);
+    }
+
+    let cloud: Vec<CloudGroup> =
+        groups.iter().map(|g| CloudGroup { group: g.group.clone(), role: g.role, min: g.target, max: g.target, instances: g.instances.clone() }).collect();
+    // A Node per instance (named after it, at its address); the control plane's static pods on
+    // every control-plane node.
+    let all: Vec<Node> = groups.iter().flat_map(|g| g.instances.iter()).map(|(name, ip)| node(name, ip.as_deref().expect("address"), true)).collect();
+    let pods: Vec<Pod> = groups
+        .iter()
+        .filter(|g| g.role == Role::ControlPlane)
+        .flat_map(|g| g.instances.iter())
+        .flat_map(|(n, _)| ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd-manager-main"].map(|c| ready_pod(&format!("{c}-{n}"))))
+        .collect();
+    // Every MIG instance a Ready node: valid.
+    let r = report("gce.k8s.example.com", &cloud, &all, &pods);
+    assert!(r.valid(), "{}", r.render());
+    // One node has not joined: the machine and its group fail.
+    let missing = nodes.instances[1].0.clone();
+    let one_missing: Vec<Node> = all.iter().filter(|n| n.metadata.name.as_deref() != Some(missing.as_str())).cloned().collect();
+    let r = report("gce.k8s.example.com", &cloud, &one_missing, &pods);
+    let text = r.render();
+    assert!(!r.valid(), "{text}");
+    assert!(r.failures.iter().any(|f| f.kind == "Machine" && f.name == missing), "{text}");
+    assert!(r.failures.iter().any(|f| f.kind == "InstanceGroup" && f.name == "nodes-europe-west1-b" && f.message.contains("1 of at least 2")), "{text}");
+    assert_eq!(r.failures.len(), 2, "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_update_recreates_the_instances_on_an_old_template_one_at_a_time() {
+    let w = world(Some(Duration::from_millis(10)));
+    let text = spec();
+    w.apply(&model(&text)).await;
+    let opts = ops::rolling::RollingOptions {
+        poll: Duration::from_millis(20),
+        control_plane_interval: Duration::ZERO,
+        node_interval: Duration::ZERO,
+        validation_timeout: Duration::from_secs(20),
+        ..Default::default()
+    };
+    let sel = opts.selection();
+    let model1 = model(&text);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let groups = ops::gce_rolling::status(&w.target, &model1, &sel).await.expect("status");
+    assert!(groups.iter().all(|g| g.outdated().is_empty()), "{groups:?}");
+
+    let model2 = model(&text.replacen("machineType: e2-standard-4", "machineType: e2-standard-8", 1));
+    w.apply(&model2).await;
+    let before: Vec<_> = w.compute.instances();
+    let groups = ops::gce_rolling::status(&w.target, &model2, &sel).await.expect("status");
+    let outdated: Vec<&str> = groups.iter().flat_map(|g| g.outdated()).map(|i| i.id.as_str()).collect();
+    assert_eq!(outdated.len(), 2, "the two nodes run the old template: {groups:?}");
+    assert!(ops::instances::render(&groups).contains("NeedsUpdate"));
+
+    let mut lines = Vec::new();
+    let report = ops::gce_rolling::roll(&w.target, &model2, &opts, &mut |l| lines.push(l.to_string())).await.expect("roll");
+    assert_eq!(report.replaced.len(), 2, "{lines:#?}");
+    let after = w.compute.instances();
+    for b in &before {
+        let a = after.iter().find(|a| a.name == b.name).unwrap_or_else(|| panic!("{} is back", b.name));
+        if outdated.contains(&b.name.as_str()) {
+            assert_ne!(a.id, b.id, "{} recreated", b.name);
+            assert_eq!(a.machine_type, "e2-standard-8", "{} on the new template", b.name);
+        } else {
+            assert_eq!(a.id, b.id, "{} (up to date) untouched", b.name);
+        }
+    }
+    let groups = ops::gce_rolling::status(&w.target, &model2, &sel).await.expect("status");
+    assert!(groups.iter().all(|g| g.outdated().is_empty()), "nothing left to roll: {groups:?}");
+}
