@@ -21,6 +21,8 @@ pub const AUTH_SCHEME: &str = "x-gce-identity";
 pub const IDENTITY_PATH: &str = "instance/service-accounts/default/identity";
 /// Where Google publishes the keys it signs identity tokens with (a JWK set).
 pub const GOOGLE_JWKS_URL: &str = "https://www.googleapis.com/oauth2/v3/certs";
+/// The variable that names another key set than Google's (the join server's `--gce-jwks-url`).
+pub const JWKS_URL_ENV: &str = "KEELSON_GCE_JWKS_URL";
 /// How old a token the join server accepts (the node asks for a fresh one per request).
 pub const MAX_AGE_SECS: u64 = 300;
 

@@ -82,8 +82,9 @@ struct Args {
     /// kubelet and kube-proxy certificates); `off` disables it.
     #[arg(long, default_value = "0.0.0.0:3988")]
     join_listen: String,
-    /// GCE: where the join server reads Google's token-signing keys (a JWK set, cached).
-    #[arg(long, default_value = base::node_join_gce::GOOGLE_JWKS_URL)]
+    /// GCE: where the join server reads Google's token-signing keys (a JWK set, cached); `$KEELSON_GCE_JWKS_URL`
+    /// names another (an emulator's).
+    #[arg(long, env = base::node_join_gce::JWKS_URL_ENV, default_value = base::node_join_gce::GOOGLE_JWKS_URL)]
     gce_jwks_url: String,
     /// Seconds between checks of the etcd backup schedule and of backup requests (loop mode).
     #[arg(long, default_value_t = 10.0)]

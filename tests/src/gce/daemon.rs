@@ -41,7 +41,7 @@ use crate::{cmd, kubernetes, mirror};
 /// (`<url>/compute/v1/`, `<url>/dns/v1/`): the machines get the local one.
 pub const GCE_ENDPOINT_ENV: &str = cloud::gce::ENDPOINT_ENV;
 /// The variable that points the join server at another JWK set than Google's.
-pub const GCE_JWKS_ENV: &str = "KEELSON_GCE_JWKS_URL";
+pub const GCE_JWKS_ENV: &str = base::node_join_gce::JWKS_URL_ENV;
 
 /// The CIDR `keelson compile` gives the spec's first subnet (GCE subnets are regional; kOps
 /// allocates a /20 of 10.0.0.0/8 when the spec names none): the machines' segment.
