@@ -58,7 +58,7 @@ ClusterName: gce.k8s.example.com
 ConfigBase: gs://acme-keelson-state/gce.k8s.example.com
 InstanceGroupName: control-plane-europe-west1-b
 InstanceGroupRole: ControlPlane
-NodeupConfigHash: KvFZSl0hAjktoj7nrsD3T9G7VTU6mOH4Mc8WbtZpIvc=
+NodeupConfigHash: bC0EFOHCRzxzjS/re0ov1RyIBKGLmqb9oX76QXTLVaA=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then

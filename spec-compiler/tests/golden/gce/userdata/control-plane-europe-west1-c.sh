@@ -58,7 +58,7 @@ ClusterName: gce.k8s.example.com
 ConfigBase: gs://acme-keelson-state/gce.k8s.example.com
 InstanceGroupName: control-plane-europe-west1-c
 InstanceGroupRole: ControlPlane
-NodeupConfigHash: rObOckjH2Bb4A1NxC+G+2uDS2LEM17cOZMvtLpEvu+c=
+NodeupConfigHash: sA9psjJ/up+7ccZlkhxm5Ga+39cZlQ/NsiyMAXrmApw=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then

@@ -58,7 +58,7 @@ ClusterName: gce.k8s.example.com
 ConfigBase: gs://acme-keelson-state/gce.k8s.example.com
 InstanceGroupName: control-plane-europe-west1-d
 InstanceGroupRole: ControlPlane
-NodeupConfigHash: Ljk+h+criU9qEOxTgiwneNzf+FFPRB/Ibx6Lwxl07B4=
+NodeupConfigHash: du0i3DWQfAK14Imzz+VbAOGlsvKBzUgiDXAUiILbHwo=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then
