@@ -92,15 +92,22 @@ pub const NODE_BOOTSTRAP_ANNOTATION: &str = "keelson.io/node-bootstrap";
 /// Where the join server listens on every control plane.
 pub const NODE_JOIN_PORT: u16 = 3988;
 
-/// How a cluster's workers join: by cloud identity on AWS unless the annotation
-/// [`NODE_BOOTSTRAP_ANNOTATION`] says `token`; the token elsewhere. `Err(value)` for a value that is
-/// not `token` or `cloud-identity` (or `cloud-identity` off AWS).
-pub fn node_bootstrap_method(annotations: Option<&BTreeMap<String, String>>, aws: bool) -> Result<NodeBootstrapMethod, String> {
+/// The clouds whose instances can prove who they are to the join server: AWS (a signed
+/// `sts:GetCallerIdentity`) and GCE (a metadata identity token).
+pub fn joins_by_cloud_identity(cloud_provider: Option<&str>) -> bool {
+    matches!(cloud_provider, Some("aws") | Some("gce"))
+}
+
+/// How a cluster's workers join: by cloud identity on AWS and GCE (`identity_cloud`, see
+/// [`joins_by_cloud_identity`]) unless the annotation [`NODE_BOOTSTRAP_ANNOTATION`] says `token`; the
+/// token elsewhere. `Err(value)` for a value that is not `token` or `cloud-identity` (or
+/// `cloud-identity` on another cloud).
+pub fn node_bootstrap_method(annotations: Option<&BTreeMap<String, String>>, identity_cloud: bool) -> Result<NodeBootstrapMethod, String> {
     match annotations.and_then(|a| a.get(NODE_BOOTSTRAP_ANNOTATION)).map(String::as_str) {
-        None if aws => Ok(NodeBootstrapMethod::CloudIdentity),
+        None if identity_cloud => Ok(NodeBootstrapMethod::CloudIdentity),
         None | Some("token") => Ok(NodeBootstrapMethod::Token),
-        Some("cloud-identity") if aws => Ok(NodeBootstrapMethod::CloudIdentity),
-        Some("cloud-identity") => Err("cloud-identity (only on AWS)".into()),
+        Some("cloud-identity") if identity_cloud => Ok(NodeBootstrapMethod::CloudIdentity),
+        Some("cloud-identity") => Err("cloud-identity (only on AWS and GCE)".into()),
         Some(v) => Err(v.to_string()),
     }
 }

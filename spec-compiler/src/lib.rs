@@ -103,11 +103,11 @@ pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, C
             "spec.networking.kubenet with Private subnets: the cloud-controller-manager writes pod routes into one route table per cluster, and private topology has one per zone, so pods on different nodes will not reach each other (kOps: private topology needs a CNI such as Calico or Cilium)".to_string(),
         );
     }
-    if spec.cloud_provider.as_deref() == Some("aws") {
+    if keelson_api::nodeup::joins_by_cloud_identity(spec.cloud_provider.as_deref()) {
         let annotations = completed.metadata.annotations.as_ref();
         if keelson_api::nodeup::node_bootstrap_method(annotations, true) == Ok(keelson_api::nodeup::NodeBootstrapMethod::Token) {
             warnings.push(format!(
-                "metadata.annotations[{}]: token: every worker joins with ONE static bootstrap token kept in the state store and readable by every node; anyone who reads it (any node, any pod that reaches IMDS credentials of a node) can register as a node forever. On AWS, remove the annotation: workers then join by their instance identity",
+                "metadata.annotations[{}]: token: every worker joins with ONE static bootstrap token kept in the state store and readable by every node; anyone who reads it (any node, any pod that reaches a node's metadata credentials) can register as a node forever. Remove the annotation: workers then join by their instance identity",
                 keelson_api::nodeup::NODE_BOOTSTRAP_ANNOTATION
             ));
         }

@@ -47,12 +47,12 @@ pub enum NodeupConfigError {
     NodeBootstrap { annotation: &'static str, value: String },
 }
 
-/// How the cluster's workers join: by cloud identity on AWS (the join server on the control planes),
-/// unless the cluster annotation asks for the static bootstrap token; the token elsewhere.
+/// How the cluster's workers join: by cloud identity on AWS and GCE (the join server on the control
+/// planes), unless the cluster annotation asks for the static bootstrap token; the token elsewhere.
 pub fn node_bootstrap(cluster: &Cluster) -> Result<NodeBootstrap, NodeupConfigError> {
     let annotation = keelson_api::nodeup::NODE_BOOTSTRAP_ANNOTATION;
-    let aws = cluster.spec.cloud_provider.as_deref() == Some("aws");
-    let method = keelson_api::nodeup::node_bootstrap_method(cluster.metadata.annotations.as_ref(), aws)
+    let identity = keelson_api::nodeup::joins_by_cloud_identity(cluster.spec.cloud_provider.as_deref());
+    let method = keelson_api::nodeup::node_bootstrap_method(cluster.metadata.annotations.as_ref(), identity)
         .map_err(|value| NodeupConfigError::NodeBootstrap { annotation, value })?;
     let server = (method == NodeBootstrapMethod::CloudIdentity)
         .then(|| format!("https://kops-controller.internal.{}:{}", cluster.name(), keelson_api::nodeup::NODE_JOIN_PORT));

@@ -58,7 +58,7 @@ ClusterName: gce.k8s.example.com
 ConfigBase: gs://acme-keelson-state/gce.k8s.example.com
 InstanceGroupName: control-plane-europe-west1-b
 InstanceGroupRole: ControlPlane
-NodeupConfigHash: bC0EFOHCRzxzjS/re0ov1RyIBKGLmqb9oX76QXTLVaA=
+NodeupConfigHash: nQ4gfcgwJm0DwmGEJFJ3ZanW1bEOoPFmlWbek9MI1kA=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then

@@ -58,7 +58,7 @@ ClusterName: gce.k8s.example.com
 ConfigBase: gs://acme-keelson-state/gce.k8s.example.com
 InstanceGroupName: control-plane-europe-west1-d
 InstanceGroupRole: ControlPlane
-NodeupConfigHash: du0i3DWQfAK14Imzz+VbAOGlsvKBzUgiDXAUiILbHwo=
+NodeupConfigHash: 8LQVN40q4vFKhGAlI5Jq+bPObGb0qoxu9xqyeW3UEHY=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then
