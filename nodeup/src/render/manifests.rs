@@ -121,6 +121,8 @@ pub struct Component<'a> {
     pub flags: Vec<String>,
     pub cpu_request: Option<String>,
     pub memory_request: Option<String>,
+    pub cpu_limit: Option<String>,
+    pub memory_limit: Option<String>,
     /// `(name, host path, read-write)`
     pub host_paths: Vec<(&'a str, String, bool)>,
     pub ports: Vec<(&'a str, i64)>,
@@ -147,6 +149,13 @@ pub fn render(c: &Component) -> Result<String, String> {
     if let Some(m) = &c.memory_request {
         requests.insert("memory".to_string(), m.clone());
     }
+    let mut limits = BTreeMap::new();
+    if let Some(cpu) = &c.cpu_limit {
+        limits.insert("cpu".to_string(), cpu.clone());
+    }
+    if let Some(m) = &c.memory_limit {
+        limits.insert("memory".to_string(), m.clone());
+    }
     let pod = Pod {
         api_version: "v1",
         kind: "Pod",
@@ -166,7 +175,7 @@ pub fn render(c: &Component) -> Result<String, String> {
                     timeout_seconds: 15,
                 }),
                 ports: c.ports.iter().map(|(n, p)| Port { container_port: *p, host_port: *p, name: n.to_string() }).collect(),
-                resources: Resources { requests, limits: BTreeMap::new() },
+                resources: Resources { requests, limits },
                 security_context: c.privileged.then_some(SecurityContext { privileged: true }),
                 volume_mounts: mounts,
             }],
