@@ -77,6 +77,25 @@ fn collect(value: &Value, table: &[FlagSpec], out: &mut Vec<String>) {
     }
 }
 
+/// kube-apiserver's OIDC flags from the v1alpha2 `oidc*` fields (kOps moves them to
+/// `authentication.oidc` and renders the same flags; they carry no `flag:` tag in v1alpha2).
+pub fn oidc(api: &keelson_api::KubeAPIServerConfig) -> Vec<String> {
+    let mut flags: Vec<String> = [
+        ("oidc-client-id", &api.oidc_client_id),
+        ("oidc-groups-claim", &api.oidc_groups_claim),
+        ("oidc-groups-prefix", &api.oidc_groups_prefix),
+        ("oidc-issuer-url", &api.oidc_issuer_url),
+        ("oidc-username-claim", &api.oidc_username_claim),
+        ("oidc-username-prefix", &api.oidc_username_prefix),
+    ]
+    .into_iter()
+    .filter_map(|(flag, v)| v.as_ref().map(|v| format!("--{flag}={v}")))
+    .collect();
+    // A `key=value` pair per claim: the flag repeats.
+    flags.extend(api.oidc_required_claim.iter().flatten().map(|c| format!("--oidc-required-claim={c}")));
+    flags
+}
+
 fn zero(kind: FlagKind) -> Value {
     match kind {
         FlagKind::Bool => Value::Bool(false),

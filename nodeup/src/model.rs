@@ -491,10 +491,12 @@ fn control_plane(
         binary: "/usr/local/bin/kube-apiserver".into(),
         flags: {
             let mut flags = crate::flags::build(&api, flag_table::KUBE_APISERVER_CONFIG);
+            flags.extend(crate::flags::oidc(&api));
             flags.extend(extra_flags);
             flags.sort();
             flags
         },
+        env: api.env.clone().unwrap_or_default(),
         cpu_request: quantity(api.cpu_request.as_ref()).or(Some("150m".into())),
         memory_request: quantity(api.memory_request.as_ref()),
         cpu_limit: quantity(api.cpu_limit.as_ref()),
@@ -539,6 +541,7 @@ fn control_plane(
         image: kcm.image.clone().unwrap_or_default(),
         binary: "/usr/local/bin/kube-controller-manager".into(),
         flags,
+        env: Vec::new(),
         cpu_request: quantity(kcm.cpu_request.as_ref()).or(Some("100m".into())),
         memory_request: quantity(kcm.memory_request.as_ref()),
         cpu_limit: quantity(kcm.cpu_limit.as_ref()),
@@ -575,6 +578,7 @@ fn control_plane(
         image: sched.image.clone().unwrap_or_default(),
         binary: "/usr/local/bin/kube-scheduler".into(),
         flags,
+        env: Vec::new(),
         cpu_request: quantity(sched.cpu_request.as_ref()).or(Some("100m".into())),
         memory_request: quantity(sched.memory_request.as_ref()),
         cpu_limit: quantity(sched.cpu_limit.as_ref()),
@@ -613,6 +617,7 @@ fn kube_proxy(inp: &Inputs, proxy: &keelson_api::KubeProxyConfig, manifest_dir: 
         image: p.image.clone().unwrap_or_default(),
         binary: "/usr/local/bin/kube-proxy".into(),
         flags,
+        env: Vec::new(),
         cpu_request: quantity(p.cpu_request.as_ref()),
         memory_request: quantity(p.memory_request.as_ref()),
         cpu_limit: quantity(p.cpu_limit.as_ref()),

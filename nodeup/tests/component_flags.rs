@@ -2,7 +2,8 @@
 //! kube-apiserver's, kube-controller-manager's, kube-scheduler's and kube-proxy's spec that has a
 //! flag in kOps' `flag:` tags (`keelson_api::flag_table`, which `keelson_api::support` counts as
 //! consumed), set to a non-default value in the NodeupConfig, appears as that flag in the static
-//! pod `nodeup render` writes. So does every resource request and limit.
+//! pod `nodeup render` writes. So do kube-apiserver's OIDC settings and env, and every resource
+//! request and limit.
 
 mod common;
 
@@ -105,6 +106,18 @@ fn cases(ty: &'static str, table: &'static [FlagSpec], outer: &[&'static str], o
     }
 }
 
+/// kube-apiserver's fields without a `flag:` tag in v1alpha2 that nodeup renders as flags anyway
+/// (kOps moves them to `authentication.oidc`): (json key, value, expected flags).
+const OIDC: &[(&str, &str, &[&str])] = &[
+    ("oidcUsernameClaim", "\"email\"", &["--oidc-username-claim=email"]),
+    ("oidcUsernamePrefix", "\"oidc:\"", &["--oidc-username-prefix=oidc:"]),
+    ("oidcGroupsClaim", "\"groups\"", &["--oidc-groups-claim=groups"]),
+    ("oidcGroupsPrefix", "\"oidcg:\"", &["--oidc-groups-prefix=oidcg:"]),
+    ("oidcIssuerURL", "\"https://issuer.example.com\"", &["--oidc-issuer-url=https://issuer.example.com"]),
+    ("oidcClientID", "\"kubernetes\"", &["--oidc-client-id=kubernetes"]),
+    ("oidcRequiredClaim", "[\"hd=example.com\", \"org=x\"]", &["--oidc-required-claim=hd=example.com", "--oidc-required-claim=org=x"]),
+];
+
 /// Flags nodeup sets itself whatever the spec says (the file it writes is the one the flag must
 /// name): (type, json key, why).
 const OWNED_BY_NODEUP: &[(&str, &str, &str)] = &[("KubeAPIServerConfig", "etcdCaFile", "nodeup writes the etcd CA to /srv/kubernetes/kube-apiserver/etcd-ca.crt")];
@@ -119,14 +132,15 @@ fn set(doc: &mut serde_yaml_ng::Value, path: &[&str], value: &Value) {
     here.as_mapping_mut().expect("mapping").insert(serde_yaml_ng::Value::from(path[path.len() - 1]), v);
 }
 
-/// The container command and resources of a rendered static pod.
-fn pod(dir: &Path, name: &str) -> (BTreeSet<String>, serde_yaml_ng::Value) {
+/// The container command, resources and env of a rendered static pod.
+fn pod(dir: &Path, name: &str) -> (BTreeSet<String>, serde_yaml_ng::Value, Value) {
     let path = dir.join(format!("etc/kubernetes/manifests/{name}.manifest"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let pod: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("manifest yaml");
     let container = &pod["spec"]["containers"][0];
     let command = container["command"].as_sequence().expect("command").iter().filter_map(|a| a.as_str().map(str::to_string)).collect();
-    (command, container["resources"].clone())
+    let env = serde_json::to_value(&container["env"]).expect("env");
+    (command, container["resources"].clone(), env)
 }
 
 #[test]
@@ -136,6 +150,16 @@ fn every_flag_tagged_component_field_reaches_its_static_pod() {
         cases(ty, table, &[], &mut all);
     }
     assert!(all.len() > 150, "only {} flag-tagged fields found", all.len());
+    for (key, value, want) in OIDC {
+        assert!(matches!(support::classify("KubeAPIServerConfig", key), Some(Use::By(_))), "{key}");
+        let value: Value = serde_json::from_str(value).expect("json");
+        all.push(Case { ty: "KubeAPIServerConfig", path: vec![*key], value, want: want.iter().map(|w| w.to_string()).collect() });
+    }
+    // Every kube-apiserver field consumed as an --oidc-* flag is checked here.
+    for f in support::all().filter(|f| f.ty == "KubeAPIServerConfig" && matches!(f.used, Use::By(w) if w.contains("--oidc"))) {
+        assert!(OIDC.iter().any(|(k, _, _)| *k == f.key), "{}: not checked", f.key);
+    }
+    all.push(Case { ty: "KubeAPIServerConfig", path: vec!["env"], value: json!([{"name": "GOMEMLIMIT", "value": "1GiB"}]), want: Vec::new() });
     let resources = ["cpuRequest", "memoryRequest", "cpuLimit", "memoryLimit"];
     let edit = {
         let cases: Vec<(String, Vec<String>, Value)> =
@@ -173,7 +197,10 @@ fn every_flag_tagged_component_field_reaches_its_static_pod() {
 
     let mut lost = Vec::new();
     for (i, (_, ty, name)) in COMPONENTS.iter().enumerate() {
-        let (command, res) = pod(out.path(), name);
+        let (command, res, env) = pod(out.path(), name);
+        if *name == "kube-apiserver" {
+            assert_eq!(env, json!([{"name": "GOMEMLIMIT", "value": "1GiB"}]), "kube-apiserver's env");
+        }
         for c in all.iter().filter(|c| c.ty == *ty) {
             if OWNED_BY_NODEUP.iter().any(|(t, k, _)| t == ty && c.path == [*k]) {
                 continue;

@@ -1,6 +1,6 @@
 //! The control-plane components beyond their flags (those are [`crate::flag_table`]'s): images,
 //! resources, the flags no supported component has any more, and what kOps renders elsewhere
-//! (kube-apiserver's OIDC settings, the scheduler's configuration file); the cloud controller
+//! (kube-apiserver's OIDC flags and env); the cloud controller
 //! manager; the etcd clusters.
 
 use super::{f, nr, Field, Use};
@@ -11,7 +11,7 @@ const KCM_GONE: &str = "kube-controller-manager has no such flag in the Kubernet
 const IMAGE: &str = "nodeup: the component's static pod image";
 const REQUEST: &str = "nodeup: the component's static pod resources.requests";
 const LIMIT: &str = "nodeup: the component's static pod resources.limits";
-const OIDC: &str = "Keelson does not pass kube-apiserver's --oidc-* flags yet (kOps moves these v1alpha2 fields to spec.authentication.oidc)";
+const OIDC: &str = "nodeup: kube-apiserver's --oidc-* flags (kOps moves these v1alpha2 fields to authentication.oidc and renders the same flags)";
 const CCM: &str = "the cloud-controller-manager addon (spec-compiler/src/addons/aws_ccm.rs; the GCE one from the same spec)";
 const ETCD: &str = "protokube: it runs the etcd members (version, image, TLS, timing) and their backups";
 const ETCD_VOLUME: &str = "the cloud model: the etcd member's volume (cloud-resources/src/model/volumes.rs)";
@@ -37,15 +37,15 @@ pub static COMPONENTS: &[Field] = &[
     f("KubeAPIServerConfig", "memoryRequest", By(REQUEST)),
     f("KubeAPIServerConfig", "cpuLimit", By(LIMIT)),
     f("KubeAPIServerConfig", "memoryLimit", By(LIMIT)),
-    nr("KubeAPIServerConfig", "env", "Keelson does not set environment variables on the kube-apiserver pod yet"),
+    f("KubeAPIServerConfig", "env", By("nodeup: the kube-apiserver container's env")),
     f("KubeAPIServerConfig", "appendAdmissionPlugins", By("the compiler: appended to enableAdmissionPlugins (--enable-admission-plugins)")),
-    nr("KubeAPIServerConfig", "oidcUsernameClaim", OIDC),
-    nr("KubeAPIServerConfig", "oidcUsernamePrefix", OIDC),
-    nr("KubeAPIServerConfig", "oidcGroupsClaim", OIDC),
-    nr("KubeAPIServerConfig", "oidcGroupsPrefix", OIDC),
-    nr("KubeAPIServerConfig", "oidcIssuerURL", OIDC),
-    nr("KubeAPIServerConfig", "oidcClientID", OIDC),
-    nr("KubeAPIServerConfig", "oidcRequiredClaim", OIDC),
+    f("KubeAPIServerConfig", "oidcUsernameClaim", By(OIDC)),
+    f("KubeAPIServerConfig", "oidcUsernamePrefix", By(OIDC)),
+    f("KubeAPIServerConfig", "oidcGroupsClaim", By(OIDC)),
+    f("KubeAPIServerConfig", "oidcGroupsPrefix", By(OIDC)),
+    f("KubeAPIServerConfig", "oidcIssuerURL", By(OIDC)),
+    f("KubeAPIServerConfig", "oidcClientID", By(OIDC)),
+    f("KubeAPIServerConfig", "oidcRequiredClaim", By(OIDC)),
     nr(
         "KubeAPIServerConfig",
         "additionalServiceAccountIssuers",

@@ -43,6 +43,9 @@ pub struct Container {
     pub name: String,
     pub image: String,
     pub command: Vec<String>,
+    /// `EnvVar`s as the spec gives them (kube-apiserver's `env`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<serde_json::Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub liveness_probe: Option<Probe>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -119,6 +122,7 @@ pub struct Component<'a> {
     /// The binary in the image (`/usr/local/bin/kube-apiserver`).
     pub binary: String,
     pub flags: Vec<String>,
+    pub env: Vec<serde_json::Value>,
     pub cpu_request: Option<String>,
     pub memory_request: Option<String>,
     pub cpu_limit: Option<String>,
@@ -169,6 +173,7 @@ pub fn render(c: &Component) -> Result<String, String> {
                 name: c.name.into(),
                 image: c.image.clone(),
                 command,
+                env: c.env.clone(),
                 liveness_probe: c.probe.as_ref().map(|(path, port, scheme)| Probe {
                     http_get: HttpGet { host: "127.0.0.1".into(), path: path.clone(), port: *port, scheme: scheme.to_string() },
                     initial_delay_seconds: 15,
