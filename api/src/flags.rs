@@ -34,4 +34,3 @@ pub struct FlagSpec {
     pub pointer: bool,
     pub kind: FlagKind,
 }
-

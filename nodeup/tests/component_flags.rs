@@ -120,7 +120,8 @@ const OIDC: &[(&str, &str, &[&str])] = &[
 
 /// Flags nodeup sets itself whatever the spec says (the file it writes is the one the flag must
 /// name): (type, json key, why).
-const OWNED_BY_NODEUP: &[(&str, &str, &str)] = &[("KubeAPIServerConfig", "etcdCaFile", "nodeup writes the etcd CA to /srv/kubernetes/kube-apiserver/etcd-ca.crt")];
+const OWNED_BY_NODEUP: &[(&str, &str, &str)] =
+    &[("KubeAPIServerConfig", "etcdCaFile", "nodeup writes the etcd CA to /srv/kubernetes/kube-apiserver/etcd-ca.crt")];
 
 fn set(doc: &mut serde_yaml_ng::Value, path: &[&str], value: &Value) {
     let mut here = doc;

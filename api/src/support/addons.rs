@@ -147,4 +147,3 @@ pub static DISCOVERY: &[Field] = &[
         NotRendered { when: When::Present, reason: "Keelson does not add them to kube-apiserver's --api-audiences yet" },
     ),
 ];
-

@@ -31,7 +31,11 @@ pub static COMPONENTS: &[Field] = &[
     f("KubeAPIServerConfig", "experimentalEncryptionProviderConfig", Refused(APISERVER_GONE)),
     f("KubeAPIServerConfig", "etcdQuorumRead", Refused(APISERVER_GONE)),
     f("KubeAPIServerConfig", "auditDynamicConfiguration", Refused(APISERVER_GONE)),
-    f("KubeAPIServerConfig", "disableBasicAuth", Refused("basic authentication was removed from kube-apiserver (Kubernetes 1.19); kOps ignores this field too; remove it")),
+    f(
+        "KubeAPIServerConfig",
+        "disableBasicAuth",
+        Refused("basic authentication was removed from kube-apiserver (Kubernetes 1.19); kOps ignores this field too; remove it"),
+    ),
     f("KubeAPIServerConfig", "image", By(IMAGE)),
     f("KubeAPIServerConfig", "cpuRequest", By(REQUEST)),
     f("KubeAPIServerConfig", "memoryRequest", By(REQUEST)),
@@ -46,11 +50,7 @@ pub static COMPONENTS: &[Field] = &[
     f("KubeAPIServerConfig", "oidcIssuerURL", By(OIDC)),
     f("KubeAPIServerConfig", "oidcClientID", By(OIDC)),
     f("KubeAPIServerConfig", "oidcRequiredClaim", By(OIDC)),
-    nr(
-        "KubeAPIServerConfig",
-        "additionalServiceAccountIssuers",
-        "Keelson does not pass additional --service-account-issuer flags to kube-apiserver yet",
-    ),
+    nr("KubeAPIServerConfig", "additionalServiceAccountIssuers", "Keelson does not pass additional --service-account-issuer flags to kube-apiserver yet"),
     // kube-controller-manager
     f("KubeControllerManagerConfig", "podEvictionTimeout", Refused(KCM_GONE)),
     f("KubeControllerManagerConfig", "horizontalPodAutoscalerDownscaleDelay", Refused(KCM_GONE)),

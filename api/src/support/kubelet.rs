@@ -121,4 +121,3 @@ pub static KUBELET: &[Field] = &[
     f("KubeletConfigSpec", "eventRecordQPS", Conf("eventRecordQPS")),
     f("KubeletConfigSpec", "nodeLeaseDurationSeconds", Conf("nodeLeaseDurationSeconds")),
 ];
-

@@ -125,7 +125,18 @@ const fn nr_if(ty: &'static str, key: &'static str, when: When, reason: &'static
 /// Every field classified by a table (the flag-tagged fields of the control-plane components are
 /// classified by [`flag_table`] instead: [`classify`]).
 pub fn all() -> impl Iterator<Item = &'static Field> {
-    KUBELET.iter().chain(NETWORKING).chain(ADDONS).chain(KUBE_DNS).chain(EXTERNAL_DNS).chain(DISCOVERY).chain(COMPONENTS).chain(RUNTIME).chain(CLUSTER).chain(CLOUD).chain(GROUPS)
+    KUBELET
+        .iter()
+        .chain(NETWORKING)
+        .chain(ADDONS)
+        .chain(KUBE_DNS)
+        .chain(EXTERNAL_DNS)
+        .chain(DISCOVERY)
+        .chain(COMPONENTS)
+        .chain(RUNTIME)
+        .chain(CLUSTER)
+        .chain(CLOUD)
+        .chain(GROUPS)
 }
 
 /// The control-plane component specs nodeup renders flags for: (type, component, flag table).

@@ -12,7 +12,11 @@ const PACKAGES: &str = "Keelson downloads containerd and runc from the versions 
 /// `ContainerdConfig` (spec.containerd, an InstanceGroup's spec.containerd) and its parts.
 pub static RUNTIME: &[Field] = &[
     f("ContainerdConfig", "address", By("nodeup: containerd's socket in config.toml and the kubelet's container runtime endpoint")),
-    nr("ContainerdConfig", "configAdditions", "Keelson does not merge configAdditions into containerd's config.toml yet (configOverride replaces the whole file)"),
+    nr(
+        "ContainerdConfig",
+        "configAdditions",
+        "Keelson does not merge configAdditions into containerd's config.toml yet (configOverride replaces the whole file)",
+    ),
     f("ContainerdConfig", "configOverride", By(CONFIG)),
     f("ContainerdConfig", "logLevel", By(CONFIG)),
     nr("ContainerdConfig", "packages", PACKAGES),
