@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate nodeup/src/flag_table.rs: the command-line flag each component-config field maps to.
+"""Generate api/src/flag_table.rs: the command-line flag each component-config field maps to.
 
 kOps names component flags with `flag:"…"` struct tags on its internal API types
 (`pkg/apis/kops/componentconfig.go`) and sorts the rendered flags. This tool reads those *facts*
@@ -12,7 +12,7 @@ v1alpha2 `etcdCaFile`). So each row's key is the v1alpha2 json key of the same G
 (`pkg/apis/kops/v1alpha2/componentconfig.go`), falling back to the internal key.
 nodeup/tests/flag_table.rs checks every key is a field of the api type it is applied to.
 
-usage: gen_flag_table.py KOPS_GIT_DIR > nodeup/src/flag_table.rs
+usage: gen_flag_table.py KOPS_GIT_DIR > api/src/flag_table.rs
 """
 import re
 import subprocess

@@ -6,6 +6,8 @@
 pub mod addons;
 pub mod aws_endpoints;
 pub mod documents;
+pub mod flag_table;
+pub mod flags;
 pub mod generated;
 pub mod merge;
 pub mod names;

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use keelson_api::support::{self, Use, COVERED_FIELDS, COVERED_ROOTS};
+use keelson_api::support::{self, Use, COVERED_ROOTS, PLACES};
 use keelson_api::{parse_documents, validate};
 
 const GENERATED: &str = include_str!("../src/generated.rs");
@@ -67,29 +67,74 @@ fn unclassified(structs: &BTreeMap<String, Vec<(String, Option<String>)>>, ty: &
 }
 
 #[test]
-fn every_covered_field_is_consumed_or_refused() {
+fn every_field_of_the_spec_is_consumed_or_refused() {
     let structs = generated_structs();
     assert!(structs.get("KubeletConfigSpec").is_some_and(|f| f.len() > 90), "the generated.rs reader found KubeletConfigSpec's fields");
+    assert_eq!(COVERED_ROOTS, ["ClusterSpec", "InstanceGroupSpec"], "the whole Cluster and InstanceGroup specs");
     let mut missing = Vec::new();
     for root in COVERED_ROOTS {
         unclassified(&structs, root, root, &mut BTreeSet::new(), &mut missing);
-        // Every field of a covered root is in the table itself (not only reached through it).
-        for (key, _) in &structs[*root] {
-            if support::classify(root, key).is_none() {
-                missing.push(format!("{root}.{key}: not in the table"));
-            }
-        }
-    }
-    for (ty, key) in COVERED_FIELDS {
-        let exists = structs.get(*ty).is_some_and(|f| f.iter().any(|(k, _)| k == key));
-        assert!(exists, "{ty}.{key} is not a field of the generated types");
-        if support::classify(ty, key).is_none() {
-            missing.push(format!("{ty}.{key}: not in the table"));
-        }
     }
     missing.sort();
     missing.dedup();
     assert!(missing.is_empty(), "fields neither consumed nor refused ({}):\n{}", missing.len(), missing.join("\n"));
+}
+
+/// Every place the walk reaches a type through unclassified fields: (document kind, json path from
+/// the spec, type).
+fn places(structs: &BTreeMap<String, Vec<(String, Option<String>)>>, ty: &str, path: &str, seen: &mut BTreeSet<String>, out: &mut Vec<(String, String)>) {
+    if !seen.insert(ty.to_string()) {
+        return;
+    }
+    out.push((path.to_string(), ty.to_string()));
+    for (key, inner) in &structs[ty] {
+        if let (None, Some(inner)) = (support::classify(ty, key), inner) {
+            let p = if path.is_empty() { key.clone() } else { format!("{path}.{key}") };
+            places(structs, inner, &p, seen, out);
+        }
+    }
+    seen.remove(ty);
+}
+
+/// `support::refusals` finds a type's fields where `PLACES` says the type sits: every place a type
+/// with a refusal can sit is listed.
+#[test]
+fn every_type_with_a_refusal_is_found_wherever_the_spec_holds_it() {
+    let structs = generated_structs();
+    let refusing: BTreeSet<&str> = support::all()
+        .filter(|f| matches!(f.used, Use::Refused(_) | Use::NotRendered { .. }))
+        .map(|f| f.ty)
+        .chain(support::VERSION_BOUND.iter().map(|(ty, _, _, _)| *ty))
+        .collect();
+    let mut missing = Vec::new();
+    let mut all_found = BTreeSet::new();
+    for (kind, root) in [("Cluster", "ClusterSpec"), ("InstanceGroup", "InstanceGroupSpec")] {
+        let mut found = Vec::new();
+        places(&structs, root, "", &mut BTreeSet::new(), &mut found);
+        for (path, ty) in &found {
+            if refusing.contains(ty.as_str()) && !PLACES.contains(&(kind, path.as_str(), ty.as_str())) {
+                missing.push(format!("(\"{kind}\", \"{path}\", \"{ty}\")"));
+            }
+            all_found.insert((kind.to_string(), path.clone(), ty.clone()));
+        }
+    }
+    assert!(missing.is_empty(), "places of types with refusals missing from support::PLACES:\n{}", missing.join("\n"));
+    for (kind, path, ty) in PLACES {
+        assert!(all_found.contains(&(kind.to_string(), path.to_string(), ty.to_string())), "PLACES: {kind} {path:?} {ty}: not a place the walk reaches");
+        assert!(refusing.contains(ty), "PLACES: {ty} has no refusal: its place is not needed");
+    }
+}
+
+/// A classified field is either a table's or a control-plane flag from kOps' tags; none is both
+/// unless the table refuses it (a flag the components no longer have).
+#[test]
+fn table_entries_of_flag_tagged_fields_only_refuse_or_render_elsewhere() {
+    for (ty, _, table) in support::FLAG_TABLES {
+        for spec in table.iter() {
+            let Some(f) = support::all().find(|f| f.ty == *ty && f.key == spec.key) else { continue };
+            assert!(matches!(f.used, Use::Refused(_)), "{ty}.{}: a flag (--{}) and a table entry {:?}", spec.key, spec.flag, f.used);
+        }
+    }
 }
 
 #[test]
@@ -99,31 +144,6 @@ fn every_table_entry_is_a_generated_field_once() {
     for f in support::all() {
         assert!(structs.get(f.ty).is_some_and(|fs| fs.iter().any(|(k, _)| k == f.key)), "{}.{} is not a generated field", f.ty, f.key);
         assert!(seen.insert((f.ty, f.key)), "{}.{} is classified twice", f.ty, f.key);
-    }
-}
-
-/// The rest of the spec, not yet classified: counted, so the report can say what remains.
-#[test]
-fn what_remains_unclassified_outside_the_covered_roots_is_counted() {
-    let structs = generated_structs();
-    let mut rest = Vec::new();
-    for root in ["ClusterSpec", "InstanceGroupSpec"] {
-        unclassified(&structs, root, root, &mut BTreeSet::new(), &mut rest);
-    }
-    rest.sort();
-    rest.dedup();
-    let mut by_field: BTreeMap<String, usize> = BTreeMap::new();
-    for p in &rest {
-        let top: Vec<&str> = p.split(' ').next().unwrap_or_default().split('.').take(2).collect();
-        *by_field.entry(top.join(".")).or_default() += 1;
-    }
-    eprintln!("unclassified leaves outside the covered roots: {}", rest.len());
-    for (field, n) in &by_field {
-        eprintln!("  {field}: {n}");
-    }
-    // The covered roots contribute none.
-    for root in COVERED_ROOTS {
-        assert!(!rest.iter().any(|p| p.contains(&format!("({root}."))), "{root} has an unclassified field");
     }
 }
 
@@ -219,4 +239,39 @@ fn unrendered_networking_and_addons_are_refused_with_their_path_and_only_when_on
     }
     let flannel = support::not_rendered(&spec_with("  networking:\n    flannel: {}\n"));
     assert!(flannel[0].to_string().contains("supported: calico, cilium, kubenet"), "{}", flannel[0]);
+}
+
+#[test]
+fn refusals_name_nested_paths_and_gone_component_flags() {
+    // A refusal deep in a list names the item.
+    let docs = spec_with(
+        "  etcdClusters:\n  - name: main\n    etcdMembers:\n    - {name: a, instanceGroup: cp}\n    manager:\n      image: x\n      backupRetentionDays: 7\n",
+    );
+    let nr = support::not_rendered(&docs);
+    assert!(nr.iter().any(|e| e.path == "spec.etcdClusters[main].manager.image"), "{nr:?}");
+    assert!(!nr.iter().any(|e| e.path.ends_with("backupRetentionDays")), "protokube keeps backups: {nr:?}");
+    assert!(!validate(&docs).iter().any(|e| e.path.contains("manager")), "compile accepts it: {:?}", validate(&docs));
+
+    // A flag kube-apiserver no longer has: refused by every command.
+    let docs = spec_with("  kubeAPIServer:\n    insecurePort: 8080\n");
+    assert!(validate(&docs).iter().any(|e| e.path == "spec.kubeAPIServer.insecurePort"), "{:?}", validate(&docs));
+    // A flag it has: consumed.
+    let docs = spec_with("  kubeAPIServer:\n    auditWebhookBatchThrottleQps: 5\n");
+    assert!(validate(&docs).is_empty() && support::not_rendered(&docs).is_empty());
+    assert!(matches!(support::classify("KubeAPIServerConfig", "auditWebhookBatchThrottleQps"), Some(Use::ComponentFlag { component: "kube-apiserver", .. })));
+
+    // --cloud-provider: kube-apiserver's up to 1.32, gone from 1.33.
+    let gone = spec_with("  kubeAPIServer:\n    cloudProvider: external\n");
+    assert!(validate(&gone).iter().any(|e| e.path == "spec.kubeAPIServer.cloudProvider"));
+    let older = parse_documents(format!("{CLUSTER}  kubeAPIServer:\n    cloudProvider: external\n").replace("1.34.2", "1.32.0").as_bytes()).expect("parse");
+    assert!(validate(&older).is_empty(), "{:?}", validate(&older));
+
+    // An instance group's field.
+    let text = format!(
+        "{CLUSTER}---\napiVersion: kops.k8s.io/v1alpha2\nkind: InstanceGroup\nmetadata:\n  name: nodes\nspec:\n  role: Node\n  subnets: [a]\n  rootVolume:\n    size: 30\n  tenancy: default\n"
+    );
+    let docs = parse_documents(text.as_bytes()).expect("parse");
+    let nr = support::not_rendered(&docs);
+    assert!(nr.iter().any(|e| e.path == "spec.rootVolume" && e.document == "InstanceGroup/nodes"), "{nr:?}");
+    assert!(!nr.iter().any(|e| e.path == "spec.tenancy"), "default tenancy is what Keelson does: {nr:?}");
 }

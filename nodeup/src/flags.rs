@@ -1,41 +1,11 @@
 //! Component command-line flags from the completed spec, the way kOps' flag builder renders
 //! them: every field that has a flag name (table generated from kOps' struct tags in
-//! [`crate::flag_table`]) becomes `--name=value`; lists join with commas (or repeat), maps
+//! [`keelson_api::flag_table`]) becomes `--name=value`; lists join with commas (or repeat), maps
 //! become sorted `k=v` lists, quantities are plain decimals, and the result is sorted.
 
 use serde_json::Value;
 
-/// How a field's value is rendered.
-#[derive(Debug, Clone, Copy)]
-pub enum FlagKind {
-    Str,
-    Bool,
-    Int,
-    Float,
-    Duration,
-    Quantity,
-    StrList,
-    StrMap,
-    /// A nested struct whose own fields carry flags.
-    Nested(&'static [FlagSpec]),
-}
-
-/// One field → flag mapping.
-#[derive(Debug, Clone, Copy)]
-pub struct FlagSpec {
-    /// JSON key in the spec.
-    pub key: &'static str,
-    pub flag: &'static str,
-    /// Repeat the flag per list item instead of joining with commas.
-    pub repeat: bool,
-    /// The value meaning "unset" (no flag written).
-    pub empty: Option<&'static str>,
-    /// Write the flag even for an empty string.
-    pub include_empty: bool,
-    /// Optional in kOps' type: absent means no flag (otherwise absent means the zero value).
-    pub pointer: bool,
-    pub kind: FlagKind,
-}
+pub use keelson_api::flags::{FlagKind, FlagSpec};
 
 /// Build the sorted flag list of a serialisable component config.
 pub fn build<T: serde::Serialize>(config: &T, table: &[FlagSpec]) -> Vec<String> {
@@ -105,6 +75,25 @@ fn collect(value: &Value, table: &[FlagSpec], out: &mut Vec<String>) {
             FlagKind::Nested(_) => {}
         }
     }
+}
+
+/// kube-apiserver's OIDC flags from the v1alpha2 `oidc*` fields (kOps moves them to
+/// `authentication.oidc` and renders the same flags; they carry no `flag:` tag in v1alpha2).
+pub fn oidc(api: &keelson_api::KubeAPIServerConfig) -> Vec<String> {
+    let mut flags: Vec<String> = [
+        ("oidc-client-id", &api.oidc_client_id),
+        ("oidc-groups-claim", &api.oidc_groups_claim),
+        ("oidc-groups-prefix", &api.oidc_groups_prefix),
+        ("oidc-issuer-url", &api.oidc_issuer_url),
+        ("oidc-username-claim", &api.oidc_username_claim),
+        ("oidc-username-prefix", &api.oidc_username_prefix),
+    ]
+    .into_iter()
+    .filter_map(|(flag, v)| v.as_ref().map(|v| format!("--{flag}={v}")))
+    .collect();
+    // A `key=value` pair per claim: the flag repeats.
+    flags.extend(api.oidc_required_claim.iter().flatten().map(|c| format!("--oidc-required-claim={c}")));
+    flags
 }
 
 fn zero(kind: FlagKind) -> Value {

@@ -10,7 +10,7 @@
 pub mod assets;
 pub mod config;
 pub mod facts;
-pub mod flag_table;
+pub use keelson_api::flag_table;
 pub mod flags;
 pub mod host;
 pub mod join;

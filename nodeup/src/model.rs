@@ -495,12 +495,16 @@ fn control_plane(
         binary: "/usr/local/bin/kube-apiserver".into(),
         flags: {
             let mut flags = crate::flags::build(&api, flag_table::KUBE_APISERVER_CONFIG);
+            flags.extend(crate::flags::oidc(&api));
             flags.extend(extra_flags);
             flags.sort();
             flags
         },
+        env: api.env.clone().unwrap_or_default(),
         cpu_request: quantity(api.cpu_request.as_ref()).or(Some("150m".into())),
         memory_request: quantity(api.memory_request.as_ref()),
+        cpu_limit: quantity(api.cpu_limit.as_ref()),
+        memory_limit: quantity(api.memory_limit.as_ref()),
         host_paths,
         ports: vec![("https", secure_port)],
         probe: has_healthcheck.then(|| ("/livez".to_string(), 3990, "HTTP")),
@@ -541,8 +545,11 @@ fn control_plane(
         image: kcm.image.clone().unwrap_or_default(),
         binary: "/usr/local/bin/kube-controller-manager".into(),
         flags,
+        env: Vec::new(),
         cpu_request: quantity(kcm.cpu_request.as_ref()).or(Some("100m".into())),
         memory_request: quantity(kcm.memory_request.as_ref()),
+        cpu_limit: quantity(kcm.cpu_limit.as_ref()),
+        memory_limit: quantity(kcm.memory_limit.as_ref()),
         host_paths: vec![
             ("etcssl", "/etc/ssl".into(), false),
             ("etcpkitls", "/etc/pki/tls".into(), false),
@@ -575,8 +582,11 @@ fn control_plane(
         image: sched.image.clone().unwrap_or_default(),
         binary: "/usr/local/bin/kube-scheduler".into(),
         flags,
+        env: Vec::new(),
         cpu_request: quantity(sched.cpu_request.as_ref()).or(Some("100m".into())),
         memory_request: quantity(sched.memory_request.as_ref()),
+        cpu_limit: quantity(sched.cpu_limit.as_ref()),
+        memory_limit: quantity(sched.memory_limit.as_ref()),
         host_paths: vec![("varlibkubescheduler", "/var/lib/kube-scheduler".into(), false)],
         ports: vec![],
         probe: Some(("/healthz".into(), 10259, "HTTPS")),
@@ -611,8 +621,11 @@ fn kube_proxy(inp: &Inputs, proxy: &keelson_api::KubeProxyConfig, manifest_dir: 
         image: p.image.clone().unwrap_or_default(),
         binary: "/usr/local/bin/kube-proxy".into(),
         flags,
+        env: Vec::new(),
         cpu_request: quantity(p.cpu_request.as_ref()),
         memory_request: quantity(p.memory_request.as_ref()),
+        cpu_limit: quantity(p.cpu_limit.as_ref()),
+        memory_limit: quantity(p.memory_limit.as_ref()),
         host_paths: vec![
             ("kubeconfig", paths::KUBE_PROXY_KUBECONFIG.into(), false),
             ("modules", "/lib/modules".into(), false),

@@ -1,4 +1,4 @@
-//! Every key of the generated flag tables (`src/flag_table.rs`) is a field of the api type the table
+//! Every key of the generated flag tables (`api/src/flag_table.rs`) is a field of the api type the table
 //! is applied to: `flags::build` looks keys up in the serialised config, so a key the type does not
 //! have silently drops the setting.
 //!
@@ -73,7 +73,7 @@ fn every_flag_table_is_paired_with_an_api_type() {
         // Nested: `leaderElection` of the controller-manager and scheduler configs.
         "LEADER_ELECTION_CONFIGURATION",
     ];
-    let source = include_str!("../src/flag_table.rs");
+    let source = include_str!("../../api/src/flag_table.rs");
     let tables: Vec<&str> = source.lines().filter_map(|l| l.strip_prefix("pub static ")).filter_map(|l| l.split(':').next()).collect();
     assert!(!tables.is_empty(), "no tables found in flag_table.rs");
     for t in &tables {

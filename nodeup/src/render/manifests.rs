@@ -43,6 +43,9 @@ pub struct Container {
     pub name: String,
     pub image: String,
     pub command: Vec<String>,
+    /// `EnvVar`s as the spec gives them (kube-apiserver's `env`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<serde_json::Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub liveness_probe: Option<Probe>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -119,8 +122,11 @@ pub struct Component<'a> {
     /// The binary in the image (`/usr/local/bin/kube-apiserver`).
     pub binary: String,
     pub flags: Vec<String>,
+    pub env: Vec<serde_json::Value>,
     pub cpu_request: Option<String>,
     pub memory_request: Option<String>,
+    pub cpu_limit: Option<String>,
+    pub memory_limit: Option<String>,
     /// `(name, host path, read-write)`
     pub host_paths: Vec<(&'a str, String, bool)>,
     pub ports: Vec<(&'a str, i64)>,
@@ -147,6 +153,13 @@ pub fn render(c: &Component) -> Result<String, String> {
     if let Some(m) = &c.memory_request {
         requests.insert("memory".to_string(), m.clone());
     }
+    let mut limits = BTreeMap::new();
+    if let Some(cpu) = &c.cpu_limit {
+        limits.insert("cpu".to_string(), cpu.clone());
+    }
+    if let Some(m) = &c.memory_limit {
+        limits.insert("memory".to_string(), m.clone());
+    }
     let pod = Pod {
         api_version: "v1",
         kind: "Pod",
@@ -160,13 +173,14 @@ pub fn render(c: &Component) -> Result<String, String> {
                 name: c.name.into(),
                 image: c.image.clone(),
                 command,
+                env: c.env.clone(),
                 liveness_probe: c.probe.as_ref().map(|(path, port, scheme)| Probe {
                     http_get: HttpGet { host: "127.0.0.1".into(), path: path.clone(), port: *port, scheme: scheme.to_string() },
                     initial_delay_seconds: 15,
                     timeout_seconds: 15,
                 }),
                 ports: c.ports.iter().map(|(n, p)| Port { container_port: *p, host_port: *p, name: n.to_string() }).collect(),
-                resources: Resources { requests, limits: BTreeMap::new() },
+                resources: Resources { requests, limits },
                 security_context: c.privileged.then_some(SecurityContext { privileged: true }),
                 volume_mounts: mounts,
             }],
