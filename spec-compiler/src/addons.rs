@@ -99,8 +99,8 @@ pub struct Addon {
 /// The addons the completed spec asks for, in apply order (the additional objects come last).
 pub fn addons(cluster: &Cluster, versions: &Versions) -> Result<Vec<Addon>, AddonError> {
     let identity = keelson_api::nodeup::joins_by_cloud_identity(cluster.spec.cloud_provider.as_deref());
-    let token =
-        keelson_api::nodeup::node_bootstrap_method(cluster.metadata.annotations.as_ref(), identity) != Ok(keelson_api::nodeup::NodeBootstrapMethod::CloudIdentity);
+    let token = keelson_api::nodeup::node_bootstrap_method(cluster.metadata.annotations.as_ref(), identity)
+        != Ok(keelson_api::nodeup::NodeBootstrapMethod::CloudIdentity);
     let mut addons = vec![Addon { name: "bootstrap-rbac.keelson.io", version: "1.0.0", docs: bootstrap_rbac(token) }];
     if let Some(docs) = cilium::docs(cluster, versions)? {
         addons.push(Addon { name: cilium::NAME, version: "1.0.0", docs });

@@ -40,6 +40,9 @@ enum Cmd {
         cycle_timeout: u64,
         #[arg(long, default_value_t = 900)]
         up_timeout: u64,
+        /// Seconds `keelson validate cluster` may wait for the cluster to be valid after the last cycle.
+        #[arg(long, default_value_t = 300)]
+        validate_wait: u64,
     },
     /// Stop everything and remove every trace (mounts, loop devices, namespaces, processes).
     Down,
@@ -107,8 +110,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Up { file, timeout } => cluster::up(&file, Duration::from_secs(timeout))?,
         Cmd::Ps => cluster::ps()?,
         Cmd::Kill { instance } => cluster::kill(&instance)?,
-        Cmd::Selfheal { file, cycles, keys, cycle_timeout, up_timeout } => {
-            let r = cluster::selfheal(&file, cycles, keys, Duration::from_secs(cycle_timeout), Duration::from_secs(up_timeout))?;
+        Cmd::Selfheal { file, cycles, keys, cycle_timeout, up_timeout, validate_wait } => {
+            let r = cluster::selfheal(
+                &file,
+                cycles,
+                keys,
+                Duration::from_secs(cycle_timeout),
+                Duration::from_secs(up_timeout),
+                Duration::from_secs(validate_wait),
+            )?;
             if r.healed < cycles || r.intact != r.keys || r.objects_intact != r.objects || !r.validated {
                 std::process::exit(1);
             }

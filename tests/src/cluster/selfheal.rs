@@ -98,6 +98,18 @@ fn replaced(cloud: &Option<Cloud>, cs: &ClusterState, victim: &MachineInfo) -> b
     }
 }
 
+/// How many workers the control planes' join servers admitted (protokube's
+/// `protokube_node_joins_admitted_total`, summed).
+fn joins_admitted(cps: &[MachineInfo]) -> u64 {
+    cps.iter()
+        .filter_map(|m| machine::exec_in(m.init_pid?, &["curl", "-fsS", "-m", "5", "http://127.0.0.1:3998/metrics"]).ok())
+        .flat_map(|text| {
+            text.lines().filter_map(|l| l.strip_prefix("protokube_node_joins_admitted_total ").and_then(|v| v.trim().parse::<f64>().ok())).collect::<Vec<_>>()
+        })
+        .map(|v| v as u64)
+        .sum()
+}
+
 fn failover_phase(cloud: &Option<Cloud>, cs: &ClusterState, victim: &MachineInfo) -> (usize, Option<MachineInfo>) {
     if !replaced(cloud, cs, victim) {
         return (0, None);
@@ -203,7 +215,14 @@ fn addon_applies_after_pass(m: &Option<MachineInfo>, timeout: Duration) -> Resul
     }
 }
 
-pub fn selfheal(spec_path: &Path, cycles: u32, keys: u64, cycle_timeout: Duration, up_timeout: Duration) -> anyhow::Result<SelfhealReport> {
+pub fn selfheal(
+    spec_path: &Path,
+    cycles: u32,
+    keys: u64,
+    cycle_timeout: Duration,
+    up_timeout: Duration,
+    validate_wait: Duration,
+) -> anyhow::Result<SelfhealReport> {
     struct Down;
     impl Drop for Down {
         fn drop(&mut self) {
@@ -220,6 +239,8 @@ pub fn selfheal(spec_path: &Path, cycles: u32, keys: u64, cycle_timeout: Duratio
     let cs = load()?;
     let kubeconfig = PathBuf::from(&cs.kubeconfig);
     let cps = control_planes(&cs);
+    let workers = cs.machines.iter().filter(|m| m.role == "node").count();
+    println!("selfheal: {} of {workers} workers joined by cloud identity (the join servers' admissions)", joins_admitted(&cps));
     let first = cps.first().ok_or_else(|| anyhow!("no control-plane machine"))?;
     let main = cs.etcd_clusters.first().cloned().ok_or_else(|| anyhow!("the spec has no etcd clusters"))?;
     let ep = etcd::endpoint(&first.root, &main).ok_or_else(|| anyhow!("no etcd-{main} manifest on {}", first.instance_id))?;
@@ -356,7 +377,7 @@ pub fn selfheal(spec_path: &Path, cycles: u32, keys: u64, cycle_timeout: Duratio
         .arg(&keelson)
         .args(["validate", "cluster", "-f"])
         .arg(&spec_file)
-        .args(["--wait", "5m"])
+        .args(["--wait", &format!("{}s", validate_wait.as_secs())])
         .output()
         .with_context(|| format!("running {}", keelson.display()))?;
     report.validated = v.status.success();
