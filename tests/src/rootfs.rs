@@ -69,8 +69,23 @@ exec /lib/systemd/systemd "$@"
 pub const USER_DATA_UNIT: &str = "keelson-user-data.service";
 pub const USER_DATA_RUNNER: &str = "usr/local/lib/keelson-local/run-user-data";
 
+/// What both runners do once the user-data is in `$dir/user-data.txt`: run it (a script with `#!`
+/// as itself, anything else with sh), as cloud-init does. A macro, so each runner is one literal.
+macro_rules! run_fetched_user_data {
+    () => {
+        r#"chmod 0700 "$dir/user-data.txt"
+echo "run-user-data: running user-data ($(wc -c < "$dir/user-data.txt") bytes)"
+if head -c 2 "$dir/user-data.txt" | grep -q '#!'; then
+  exec "$dir/user-data.txt"
+fi
+exec /bin/sh "$dir/user-data.txt"
+"#
+    };
+}
+
 /// Fetches this instance's user-data over IMDSv2 and runs it, as cloud-init does.
-const RUN_USER_DATA: &str = r#"#!/bin/sh
+const RUN_USER_DATA: &str = concat!(
+    r#"#!/bin/sh
 # keelson-local: fetch this instance's user-data from IMDSv2 and run it (what cloud-init does on EC2).
 set -u
 imds=http://169.254.169.254
@@ -85,18 +100,15 @@ mkdir -p "$dir"
 code=$(curl -sS -m 10 -o "$dir/user-data.txt" -w '%{http_code}' -H "X-aws-ec2-metadata-token: $token" "$imds/latest/user-data")
 if [ "$code" = 404 ]; then echo "run-user-data: no user-data"; exit 0; fi
 if [ "$code" != 200 ]; then echo "run-user-data: IMDS user-data: HTTP $code" >&2; exit 1; fi
-chmod 0700 "$dir/user-data.txt"
-echo "run-user-data: running user-data ($(wc -c < "$dir/user-data.txt") bytes)"
-if head -c 2 "$dir/user-data.txt" | grep -q '#!'; then
-  exec "$dir/user-data.txt"
-fi
-exec /bin/sh "$dir/user-data.txt"
-"#;
+"#,
+    run_fetched_user_data!()
+);
 
 /// The same on GCE: the user-data is the instance attribute `user-data` on the metadata server
 /// (`Metadata-Flavor: Google`), as Google's guest agent and cloud-init read it. A GCE machine gets
 /// this runner in its own layer, in place of the IMDS one.
-pub const RUN_USER_DATA_GCE: &str = r#"#!/bin/sh
+pub const RUN_USER_DATA_GCE: &str = concat!(
+    r#"#!/bin/sh
 # keelson-local: fetch this instance's user-data from the GCE metadata server and run it (what cloud-init does on GCE).
 set -u
 md=http://metadata.google.internal/computeMetadata/v1
@@ -111,13 +123,9 @@ mkdir -p "$dir"
 code=$(curl -sS -m 10 -o "$dir/user-data.txt" -w '%{http_code}' -H 'Metadata-Flavor: Google' "$md/instance/attributes/user-data")
 if [ "$code" = 404 ]; then echo "run-user-data: no user-data"; exit 0; fi
 if [ "$code" != 200 ]; then echo "run-user-data: metadata user-data: HTTP $code" >&2; exit 1; fi
-chmod 0700 "$dir/user-data.txt"
-echo "run-user-data: running user-data ($(wc -c < "$dir/user-data.txt") bytes)"
-if head -c 2 "$dir/user-data.txt" | grep -q '#!'; then
-  exec "$dir/user-data.txt"
-fi
-exec /bin/sh "$dir/user-data.txt"
-"#;
+"#,
+    run_fetched_user_data!()
+);
 
 const USER_DATA_UNIT_TEXT: &str = "[Unit]
 Description=Run the instance user-data (keelson-local stand-in for cloud-init)

@@ -7,9 +7,11 @@
 //!
 //! Needs root, debootstrap and systemd-nspawn (scripts/test installs them).
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use keelson_local::gce::metadata::{GceMachine, KEY_ID};
 use keelson_local::machine::{Environment, Machine, MachineData};
@@ -23,52 +25,13 @@ const ID: &str = "5213498711093412001";
 const NAME: &str = "nodes-europe-west1-b-k3x9";
 const DISK: &str = "b-etcd-main-gce-k8s-example-com";
 
-fn require_root() {
-    let uid = std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
-        .unwrap_or_default();
-    assert_eq!(uid, "0", "this test needs root (network namespaces, loop devices, systemd-nspawn); run scripts/test as root");
-    assert!(cmd::which("systemd-nspawn").is_some(), "systemd-nspawn is missing: apt-get install systemd-container (scripts/test does)");
-}
-
-/// Tears everything down even when an assertion fails.
-struct Guard {
-    machine: Option<Machine>,
-    dir: PathBuf,
-    backing: Option<PathBuf>,
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        if let Some(m) = self.machine.as_mut() {
-            m.stop();
-        }
-        if let Some(b) = &self.backing {
-            volumes::destroy_backing(b);
-        }
-        net::delete_bridge(BRIDGE);
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn wait(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out after {secs} s waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 #[test]
 fn gce_machine_metadata_user_data_identity_and_persistent_disk() {
-    require_root();
+    support::require_machine_root();
     let lower = rootfs::ensure(&paths::cache_dir()).expect("rootfs");
     let dir = std::env::temp_dir().join(format!("kl-gce-machine-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
-    let mut g = Guard { machine: None, dir: dir.clone(), backing: None };
+    let mut g = support::MachineGuard { machine: None, dir: dir.clone(), backing: None, bridge: BRIDGE };
     let seg = Segment::from_cidr("10.214.16.0/20").unwrap();
     net::ensure_bridge(BRIDGE, &seg).expect("bridge");
 
@@ -116,7 +79,7 @@ fn gce_machine_metadata_user_data_identity_and_persistent_disk() {
     assert!(get("instance/service-accounts/default/token").contains("access_token"));
 
     // The user-data ran at boot, as root, and could read the metadata server.
-    wait("user-data to run", 30, || m.exec(&["cat", "/root/user-data-marker"]).is_ok());
+    support::wait("user-data to run", 30, || m.exec(&["cat", "/root/user-data-marker"]).is_ok());
     assert_eq!(m.exec(&["cat", "/root/user-data-marker"]).unwrap().trim(), format!("user-data ran as 0 on {NAME}"));
 
     // An identity token from inside verifies against the local cloud's JWK set for its audience,

@@ -7,6 +7,8 @@
 //! Needs root, debootstrap and systemd-nspawn (scripts/test installs them). The first run builds
 //! the rootfs (a few minutes); later runs reuse the cache.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -18,51 +20,12 @@ use keelson_local::{cmd, paths, rootfs, volumes};
 const BRIDGE: &str = "klbrt0";
 const INSTANCE: &str = "i-0000000000test01";
 
-fn require_root() {
-    let uid = std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
-        .unwrap_or_default();
-    assert_eq!(uid, "0", "this test needs root (network namespaces, loop devices, systemd-nspawn); run scripts/test as root");
-    assert!(cmd::which("systemd-nspawn").is_some(), "systemd-nspawn is missing: apt-get install systemd-container (scripts/test does)");
-}
-
-/// Tears everything down even when an assertion fails.
-struct Guard {
-    machine: Option<Machine>,
-    dir: PathBuf,
-    backing: Option<PathBuf>,
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        if let Some(m) = self.machine.as_mut() {
-            m.stop();
-        }
-        if let Some(b) = &self.backing {
-            volumes::destroy_backing(b);
-        }
-        net::delete_bridge(BRIDGE);
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn wait(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out after {secs} s waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 #[test]
 fn machine_layers_end_to_end() {
-    require_root();
+    support::require_machine_root();
     let lower = rootfs::ensure(&paths::cache_dir()).expect("rootfs");
     let dir = std::env::temp_dir().join(format!("kl-machine-test-{}", std::process::id()));
-    let mut g = Guard { machine: None, dir: dir.clone(), backing: None };
+    let mut g = support::MachineGuard { machine: None, dir: dir.clone(), backing: None, bridge: BRIDGE };
     let seg = Segment::from_cidr("10.213.0.0/24").unwrap();
     net::ensure_bridge(BRIDGE, &seg).expect("bridge");
 
@@ -108,7 +71,7 @@ fn machine_layers_end_to_end() {
     assert!(get("user-data").starts_with("#!/bin/bash"));
 
     // The user-data unit ran the user-data at boot (as root).
-    wait("user-data to run", 30, || m.exec(&["cat", "/root/user-data-marker"]).is_ok());
+    support::wait("user-data to run", 30, || m.exec(&["cat", "/root/user-data-marker"]).is_ok());
     assert_eq!(m.exec(&["cat", "/root/user-data-marker"]).unwrap().trim(), "user-data ran as 0");
     // Services see the local cloud's AWS endpoint.
     let env_out = m.exec(&["systemctl", "show-environment"]).unwrap();

@@ -26,15 +26,9 @@ use base::Tree;
 pub const ETCD_DISK_TYPE: &str = "pd-ssd";
 pub const BOOT_DISK_TYPE: &str = "pd-balanced";
 
-/// GCE names: lower case, `[a-z0-9-]`, at most 63 characters, starting with a letter.
-pub fn gce_name(name: &str) -> String {
-    let mut s: String = name.to_ascii_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
-    if !s.starts_with(|c: char| c.is_ascii_lowercase()) {
-        s.insert(0, 'k');
-    }
-    s.truncate(63);
-    s.trim_end_matches('-').to_string()
-}
+/// GCE names: lower case, `[a-z0-9-]`, at most 63 characters, starting with a letter (one rule,
+/// in `keelson_api::names`, which the join server reads MIG names by too).
+pub use keelson_api::names::gce_name;
 
 /// The longest GCE label value; kOps' label encoding and the safe cluster name live with the
 /// node agents' GCE code (one encoder for the disks written here and the labels protokube reads).

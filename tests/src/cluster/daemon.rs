@@ -264,19 +264,7 @@ fn daemon_body(state: &State, spec: &Spec, cs: &mut ClusterState, stop: &AtomicB
         balancers_synced: None,
         cs: cs.clone(),
     };
-    let mut errors = 0u32;
-    while !stop.load(Ordering::SeqCst) && !state.stop_file().exists() {
-        match d.reconcile() {
-            Ok(()) => errors = 0,
-            Err(e) => {
-                errors += 1;
-                if errors % 20 == 1 {
-                    d.fleet.event(format!("reconcile error: {e:#}"));
-                }
-            }
-        }
-        std::thread::sleep(TICK);
-    }
+    run_until_stopped(state, stop, |d: &mut Daemon, m| d.fleet.event(m), |d: &mut Daemon| d.reconcile(), &mut d);
     d.shutdown();
     *cs = d.cs.clone();
     Ok(())
@@ -489,4 +477,22 @@ pub(crate) fn watch_bootstrap_addons(kubeconfig: PathBuf, events: Arc<Mutex<Vec<
         }
         event(&events, format!("bootstrap addons not applied within 30 min: {last}"));
     });
+}
+
+/// Reconcile every [`TICK`] until the stop file appears or `stop` is set; a failing pass is
+/// reported (the first of every 20 in a row) and the next one tried.
+pub(crate) fn run_until_stopped<D>(state: &State, stop: &AtomicBool, report: impl Fn(&mut D, String), pass: impl Fn(&mut D) -> anyhow::Result<()>, d: &mut D) {
+    let mut errors = 0u32;
+    while !stop.load(Ordering::SeqCst) && !state.stop_file().exists() {
+        match pass(d) {
+            Ok(()) => errors = 0,
+            Err(e) => {
+                errors += 1;
+                if errors % 20 == 1 {
+                    report(d, format!("reconcile error: {e:#}"));
+                }
+            }
+        }
+        std::thread::sleep(TICK);
+    }
 }

@@ -1,6 +1,6 @@
 //! The daemon on GCE (`keelson-local daemon` when the spec says `cloudProvider: gce`): Google's
 //! side ([`super::cloud`]), the mirror and registry ([`crate::cluster::assets`]), `keelson apply
-//! --yes` against them, then every [`TICK`]:
+//! --yes` against them, then every [`TICK`](crate::cluster::TICK):
 //! - **the MIG controller's data plane**: every instance a MIG made (PROVISIONING, STAGING or
 //!   RUNNING) gets a machine with its own metadata server; the instance is RUNNING once the
 //!   machine is up. The machine is named by the instance's numeric id, so an instance the MIG
@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,7 +27,7 @@ use super::cloud::{LocalGce, PROJECT_NUMBER};
 use super::metadata::GceMachine;
 use crate::balancer::{self, Balancers};
 use crate::cluster::assets;
-use crate::cluster::daemon::{watch_bootstrap_addons, TICK};
+use crate::cluster::daemon::{run_until_stopped, watch_bootstrap_addons};
 use crate::cluster::fleet::{event, Fleet, Place, Volume};
 use crate::cluster::ClusterState;
 use crate::machine::{Environment, MachineData};
@@ -191,19 +191,7 @@ pub fn run(state: &State, spec: &Spec, project: &str, cs: &mut ClusterState, sto
         balancers_synced: None,
         cs: cs.clone(),
     };
-    let mut errors = 0u32;
-    while !stop.load(Ordering::SeqCst) && !state.stop_file().exists() {
-        match d.reconcile() {
-            Ok(()) => errors = 0,
-            Err(e) => {
-                errors += 1;
-                if errors % 20 == 1 {
-                    d.fleet.event(format!("reconcile error: {e:#}"));
-                }
-            }
-        }
-        std::thread::sleep(TICK);
-    }
+    run_until_stopped(state, stop, |d: &mut GceDaemon, m| d.fleet.event(m), |d: &mut GceDaemon| d.reconcile(), &mut d);
     d.cs.phase = "stopping".into();
     d.cs.save(&d.state);
     d.fleet.shutdown();

@@ -107,3 +107,46 @@ pub async fn moto_sdk(endpoint: &str) -> aws_config::SdkConfig {
         .load()
         .await
 }
+
+/// What a machine test needs: root, and systemd-nspawn.
+pub fn require_machine_root() {
+    let uid = std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
+        .unwrap_or_default();
+    assert_eq!(uid, "0", "this test needs root (network namespaces, loop devices, systemd-nspawn); run scripts/test as root");
+    assert!(keelson_local::cmd::which("systemd-nspawn").is_some(), "systemd-nspawn is missing: apt-get install systemd-container (scripts/test does)");
+}
+
+/// A machine test's leftovers, torn down even when an assertion fails: the machine, a volume's
+/// backing file, the bridge and the test's directory.
+pub struct MachineGuard {
+    pub machine: Option<keelson_local::machine::Machine>,
+    pub dir: PathBuf,
+    pub backing: Option<PathBuf>,
+    pub bridge: &'static str,
+}
+
+impl Drop for MachineGuard {
+    fn drop(&mut self) {
+        if let Some(m) = self.machine.as_mut() {
+            m.stop();
+        }
+        if let Some(b) = &self.backing {
+            keelson_local::volumes::destroy_backing(b);
+        }
+        keelson_local::net::delete_bridge(self.bridge);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Poll `f` every 200 ms until it holds; fail after `secs`.
+pub fn wait(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !f() {
+        assert!(std::time::Instant::now() < deadline, "timed out after {secs} s waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
