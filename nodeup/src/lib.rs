@@ -8,6 +8,7 @@
 //! on the environment it runs in, or leave a half-written file behind when killed.
 
 pub mod assets;
+pub mod cert_tasks;
 pub mod config;
 pub mod facts;
 pub use keelson_api::flag_table;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use keelson_api::nodeup::{BootConfig, NodeBootstrapMethod, NodeupConfig};
 use keelson_api::{Quantity, Role};
 
+pub use crate::cert_tasks::{CertTask, KubeconfigTask};
 pub use crate::facts::{provider_id, Facts};
 
 use crate::assets::{Asset, AssetError, AssetKind};
@@ -15,11 +16,11 @@ use crate::config::{ConfigError, StateStore};
 use crate::flag_table;
 use crate::join::{self, JoinTask};
 use crate::nodetasks::{
-    file_task_name, Ctx, DirTask, DownloadTask, FileTask, InstallArchiveTask, InstallTask, NodeTask, PodManifestTask, ServiceOffTask, ServiceTask, SwapOffTask,
+    file_task_name, DirTask, DownloadTask, FileTask, InstallArchiveTask, InstallTask, NodeTask, PodManifestTask, ServiceOffTask, ServiceTask, SwapOffTask,
 };
 use crate::paths;
 use crate::render::{self, containerd, kubelet, manifests, systemd};
-use crate::tasks::{Task, TaskError};
+use crate::tasks::Task;
 use base::pki::{self, CertSpec, Keypair, PkiError, Usage};
 
 /// Why the task list could not be built.
@@ -643,165 +644,8 @@ fn kube_proxy(inp: &Inputs, proxy: &keelson_api::KubeProxyConfig, manifest_dir: 
     Ok(t)
 }
 
-/// A certificate and key (`<base>.crt`, `<base>.key` 0600) issued on the host from a CA.
-/// Converged when both exist with the right modes and the CA did not change.
-pub struct CertTask {
-    pub base: String,
-    pub ca_name: String,
-    pub ca: Arc<Keypair>,
-    pub spec: CertSpec,
-    pub deps: Vec<String>,
-}
-
-impl CertTask {
-    pub fn new(base: &str, ca_name: &str, ca: Arc<Keypair>, spec: CertSpec, ca_dep: &str) -> CertTask {
-        CertTask { base: base.into(), ca_name: ca_name.into(), ca, spec, deps: vec![ca_dep.to_string()] }
-    }
-}
-
-impl Task<Ctx<'_>> for CertTask {
-    fn name(&self) -> String {
-        format!("cert:{}.crt", self.base)
-    }
-    fn paths(&self) -> Vec<String> {
-        vec![format!("{}.crt", self.base)]
-    }
-    fn deps(&self) -> Vec<String> {
-        self.deps.clone()
-    }
-    fn check(&self, ctx: &Ctx, deps_changed: bool) -> Result<Vec<String>, TaskError> {
-        let crt = ctx.host.path(format!("{}.crt", self.base));
-        let key = ctx.host.path(format!("{}.key", self.base));
-        if !crt.is_file() || !key.is_file() {
-            return Ok(vec![format!("issue certificate CN={} from {}", self.spec.cn, self.ca_name)]);
-        }
-        if deps_changed {
-            return Ok(vec![format!("reissue certificate CN={} (CA changed)", self.spec.cn)]);
-        }
-        let pem = std::fs::read_to_string(&crt).map_err(base::fs::fs_err(&crt))?;
-        if let Some(why) = due(&self.base, &pem) {
-            return Ok(vec![format!("reissue certificate CN={} ({why})", self.spec.cn)]);
-        }
-        if base::fs::mode_of(&key) != Some(0o600) {
-            return Ok(vec!["key mode -> 0600".into()]);
-        }
-        Ok(vec![])
-    }
-    fn apply(&self, ctx: &Ctx, _: bool) -> Result<(), TaskError> {
-        let kp = pki::issue(&self.ca_name, &self.ca, &self.spec)?;
-        // Key first: a crash leaves a key without a certificate (reissued next run), never a
-        // certificate for a key that is not there.
-        base::fs::write_atomic(&ctx.host.path(format!("{}.key", self.base)), kp.key_pem.as_bytes(), 0o600, None)?;
-        base::fs::write_atomic(&ctx.host.path(format!("{}.crt", self.base)), kp.cert_pem.as_bytes(), 0o644, None)?;
-        Ok(())
-    }
-}
-
-/// Why a certificate must be reissued now, if it must: unreadable, or due for renewal
-/// ([`base::renewal::needs_renewal`], skewed by its path and serial — stable for this
-/// certificate, different on every host).
-fn due(path: &str, cert_pem: &str) -> Option<String> {
-    let info = match pki::describe_cert(cert_pem) {
-        Ok(i) => i,
-        Err(e) => return Some(format!("unreadable: {e}")),
-    };
-    let lifetime = info.not_after.duration_since(info.not_before).unwrap_or_default();
-    let skew = base::renewal::skew(&format!("{path}/{}", info.serial), lifetime);
-    base::renewal::needs_renewal(info.not_before, info.not_after, std::time::SystemTime::now(), skew).then(|| {
-        let left = info.not_after.duration_since(std::time::SystemTime::now()).unwrap_or_default();
-        format!("renewal due: expires in {} s", left.as_secs())
-    })
-}
-
-/// The client certificate (PEM) embedded in a kubeconfig's first user.
-fn kubeconfig_cert(text: &str) -> Option<String> {
-    use base64::Engine as _;
-    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).ok()?;
-    let data = doc.get("users")?.get(0)?.get("user")?.get("client-certificate-data")?.as_str()?;
-    String::from_utf8(base64::engine::general_purpose::STANDARD.decode(data.trim()).ok()?).ok()
-}
-
-/// A kubeconfig (0400) with an embedded client certificate issued on the host.
-pub struct KubeconfigTask {
-    pub path: String,
-    pub server: String,
-    pub ca_name: String,
-    pub ca: Arc<Keypair>,
-    pub spec: CertSpec,
-    pub deps: Vec<String>,
-}
-
-impl KubeconfigTask {
-    fn local(path: &str, ca: Arc<Keypair>, spec: CertSpec, ca_dep: &str) -> KubeconfigTask {
-        KubeconfigTask { path: path.into(), server: "https://127.0.0.1".into(), ca_name: "kubernetes-ca".into(), ca, spec, deps: vec![ca_dep.to_string()] }
-    }
-}
-
-impl Task<Ctx<'_>> for KubeconfigTask {
-    fn name(&self) -> String {
-        format!("kubeconfig:{}", self.path)
-    }
-    fn paths(&self) -> Vec<String> {
-        vec![self.path.clone()]
-    }
-    fn deps(&self) -> Vec<String> {
-        self.deps.clone()
-    }
-    fn check(&self, ctx: &Ctx, deps_changed: bool) -> Result<Vec<String>, TaskError> {
-        let p = ctx.host.path(&self.path);
-        if !p.is_file() {
-            return Ok(vec![format!("write kubeconfig for {}", self.spec.cn)]);
-        }
-        if deps_changed {
-            return Ok(vec![format!("rewrite kubeconfig for {} (CA changed)", self.spec.cn)]);
-        }
-        let text = std::fs::read_to_string(&p).map_err(base::fs::fs_err(&p))?;
-        match kubeconfig_cert(&text) {
-            Some(pem) => {
-                if let Some(why) = due(&self.path, &pem) {
-                    return Ok(vec![format!("rewrite kubeconfig for {} ({why})", self.spec.cn)]);
-                }
-            }
-            None => return Ok(vec![format!("rewrite kubeconfig for {} (no readable client certificate)", self.spec.cn)]),
-        }
-        if base::fs::mode_of(&p) != Some(0o400) {
-            return Ok(vec!["mode -> 0400".into()]);
-        }
-        Ok(vec![])
-    }
-    fn apply(&self, ctx: &Ctx, _: bool) -> Result<(), TaskError> {
-        let kp = pki::issue(&self.ca_name, &self.ca, &self.spec)?;
-        let user = kubelet::UserEntry { client_certificate_data: Some(kp.cert_pem), client_key_data: Some(kp.key_pem), token: None };
-        let body = kubelet::kubeconfig(&self.server, &self.ca.cert_pem, &self.spec.cn, user).map_err(TaskError::failed)?;
-        Ok(base::fs::write_atomic(&ctx.host.path(&self.path), body.as_bytes(), 0o400, None)?)
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn certificates_are_due_in_the_last_third_of_their_life_or_when_unreadable() {
-        use base::pki::{self, CertSpec};
-        let ca = pki::create_ca("kubernetes-ca").expect("ca");
-        let spec = CertSpec::client("system:kube-scheduler", &[]);
-        let fresh = pki::issue("kubernetes-ca", &ca, &spec).expect("fresh");
-        assert_eq!(super::due("/var/lib/kube-scheduler/kubeconfig", &fresh.cert_pem), None);
-        // A certificate that has expired is due.
-        let short = pki::issue_for("kubernetes-ca", &ca, &spec, std::time::Duration::from_secs(1)).expect("short");
-        std::thread::sleep(std::time::Duration::from_millis(1100));
-        assert!(super::due("/var/lib/kube-scheduler/kubeconfig", &short.cert_pem).is_some_and(|w| w.contains("renewal due")));
-        assert!(super::due("/x", "not a certificate").is_some_and(|w| w.contains("unreadable")));
-        let kc = crate::render::kubelet::kubeconfig(
-            "https://127.0.0.1",
-            &ca.cert_pem,
-            "system:kube-scheduler",
-            crate::render::kubelet::UserEntry { client_certificate_data: Some(fresh.cert_pem.clone()), client_key_data: Some(fresh.key_pem), token: None },
-        )
-        .expect("kubeconfig");
-        assert_eq!(super::kubeconfig_cert(&kc).as_deref(), Some(fresh.cert_pem.as_str()));
-        assert_eq!(super::kubeconfig_cert("users: []"), None);
-    }
-
     #[test]
     fn first_ips() {
         assert_eq!(super::first_ip("100.64.0.0/13").map(|i| i.to_string()).as_deref(), Some("100.64.0.1"));
