@@ -194,6 +194,12 @@ impl GoogleApi {
     /// Every item of a paginated list (`items_key`: `items`, `managedZones`, `rrsets`), following
     /// `nextPageToken` (at most `max_pages` pages: a server that never ends is an error).
     pub async fn list_all(&self, url: &str, items_key: &str, max_pages: usize) -> Result<Vec<Value>, GoogleApiError> {
+        self.pages(Method::GET, url, items_key, max_pages).await
+    }
+
+    /// [`GoogleApi::list_all`] for a list read with `method`: Compute's
+    /// `instanceGroupManagers.listManagedInstances` is a POST (an empty body) that pages the same way.
+    pub async fn pages(&self, method: Method, url: &str, items_key: &str, max_pages: usize) -> Result<Vec<Value>, GoogleApiError> {
         let mut out = Vec::new();
         let mut token: Option<String> = None;
         for _ in 0..max_pages {
@@ -201,14 +207,18 @@ impl GoogleApi {
                 Some(t) => format!("{url}{}pageToken={}", if url.contains('?') { '&' } else { '?' }, enc(t)),
                 None => url.to_string(),
             };
-            let v = self.get(&page_url).await?;
+            let v = if method == Method::GET {
+                self.get(&page_url).await?
+            } else {
+                self.call(method.clone(), &page_url, Some(&serde_json::json!({})), None).await?
+            };
             out.extend(v[items_key].as_array().cloned().unwrap_or_default());
             match v["nextPageToken"].as_str() {
                 Some(t) if !t.is_empty() => token = Some(t.to_string()),
                 _ => return Ok(out),
             }
         }
-        Err(GoogleApiError::Decode { method: Method::GET, url: url.to_string(), message: format!("more than {max_pages} pages") })
+        Err(GoogleApiError::Decode { method, url: url.to_string(), message: format!("more than {max_pages} pages") })
     }
 }
 

@@ -1,7 +1,7 @@
 //! Zonal managed instance groups (Compute v1 `instanceGroupManagers.get` and
 //! `instanceGroupManagers.listManagedInstances`), read through [`ComputeReader`].
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::api::{enc, GoogleApiError};
 use super::instances::{last, ComputeReader};
@@ -55,32 +55,19 @@ impl ComputeReader {
     /// Every instance the MIG manages (`listManagedInstances`, a POST, every page); `Ok(None)` when
     /// there is no such MIG.
     pub async fn managed_instances(&self, zone: &str, name: &str) -> Result<Option<Vec<ManagedInstance>>, GoogleApiError> {
-        let base = format!("{}/listManagedInstances", self.mig_url(zone, name));
-        let mut out = Vec::new();
-        let mut token: Option<String> = None;
-        for _ in 0..MAX_PAGES {
-            let url = match &token {
-                Some(t) => format!("{base}?pageToken={}", enc(t)),
-                None => base.clone(),
-            };
-            let v = match self.api.post(&url, &json!({})).await {
-                Ok(v) => v,
-                Err(e) if e.is_not_found() => return Ok(None),
-                Err(e) => return Err(e),
-            };
-            out.extend(v["managedInstances"].as_array().into_iter().flatten().map(managed_instance));
-            match v["nextPageToken"].as_str() {
-                Some(t) if !t.is_empty() => token = Some(t.to_string()),
-                _ => return Ok(Some(out)),
-            }
+        let url = format!("{}/listManagedInstances", self.mig_url(zone, name));
+        match self.api.pages(reqwest::Method::POST, &url, "managedInstances", MAX_PAGES).await {
+            Ok(items) => Ok(Some(items.iter().map(managed_instance).collect())),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
         }
-        Err(GoogleApiError::Decode { method: reqwest::Method::POST, url: base, message: format!("more than {MAX_PAGES} pages") })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn managed_instances_read_as_google_lists_them() {

@@ -35,25 +35,7 @@ impl Compute {
     /// The group's instances (`managedInstances[]`: `instance`, `instanceStatus`, `currentAction`).
     pub async fn list_managed_instances(&self, zone: &str, name: &str) -> Result<Vec<Value>, ComputeError> {
         let url = format!("{}/instanceGroupManagers/{name}/listManagedInstances", self.zone(zone));
-        let mut out = Vec::new();
-        let mut token: Option<String> = None;
-        for _ in 0..MAX_PAGES {
-            let page = match &token {
-                Some(t) => format!("{url}?pageToken={}", super::super::api::enc(t)),
-                None => url.clone(),
-            };
-            let v = self.api.call(Method::POST, &page, None, None).await.map_err(|e| err("instanceGroupManagers.listManagedInstances", name, e.into()))?;
-            out.extend(v["managedInstances"].as_array().cloned().unwrap_or_default());
-            match v["nextPageToken"].as_str() {
-                Some(t) if !t.is_empty() => token = Some(t.to_string()),
-                _ => return Ok(out),
-            }
-        }
-        Err(err(
-            "instanceGroupManagers.listManagedInstances",
-            name,
-            super::super::api::GoogleApiError::Decode { method: Method::POST, url, message: format!("more than {MAX_PAGES} pages") }.into(),
-        ))
+        self.api.pages(Method::POST, &url, "managedInstances", MAX_PAGES).await.map_err(|e| err("instanceGroupManagers.listManagedInstances", name, e.into()))
     }
     pub async fn delete_instance_group_manager(&self, zone: &str, name: &str) -> Result<(), ComputeError> {
         let scope = self.zone(zone);
