@@ -8,6 +8,7 @@ pub mod aws_endpoints;
 pub mod documents;
 pub mod flag_table;
 pub mod flags;
+pub mod gce_endpoints;
 pub mod generated;
 pub mod merge;
 pub mod names;

@@ -76,6 +76,9 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
     if let Err(e) = crate::aws_endpoints::service_endpoints(cluster) {
         r.add(&cdoc, format!("metadata.annotations[{}]", crate::aws_endpoints::ANNOTATION), e);
     }
+    if let Err(e) = crate::gce_endpoints::compute_base(cluster) {
+        r.add(&cdoc, format!("metadata.annotations[{}]", crate::gce_endpoints::ANNOTATION), e);
+    }
     if let Some(zone) = spec.dns_zone.as_deref() {
         let is_id = zone.chars().all(|c| c.is_ascii_alphanumeric()) && zone.chars().any(|c| c.is_ascii_uppercase());
         if !is_id && zone.trim_end_matches('.').parse::<DnsName>().is_err() {

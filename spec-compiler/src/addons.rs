@@ -7,7 +7,8 @@
 //! for the `system:bootstrappers` group, automatic approval of node client certificates and their
 //! rotation, and the API server's kubelet client (`kubelet-api`); the CNI the spec names
 //! ([`cilium`], `networking.cilium.io`, or [`calico`], `networking.projectcalico.org`); on AWS the cloud-controller-manager
-//! ([`aws_ccm`], `aws-cloud-controller.addons.k8s.io`); the cluster DNS ([`coredns`],
+//! ([`aws_ccm`], `aws-cloud-controller.addons.k8s.io`), on GCE its own ([`gce_ccm`],
+//! `gcp-cloud-controller.addons.k8s.io`); the cluster DNS ([`coredns`],
 //! `coredns.addons.k8s.io`), whose pods need initialised nodes; and the spec file's additional
 //! objects (`additional-objects.keelson.io`), except component configurations, which are merged
 //! into their component's configuration file instead.
@@ -17,8 +18,10 @@ use serde_json::json;
 mod aws_ccm;
 mod aws_ebs_csi;
 mod calico;
+mod ccm;
 mod cilium;
 mod coredns;
+mod gce_ccm;
 
 pub use calico::CalicoError;
 pub use cilium::CiliumError;
@@ -110,6 +113,9 @@ pub fn addons(cluster: &Cluster, versions: &Versions) -> Result<Vec<Addon>, Addo
     }
     if let Some(docs) = aws_ccm::docs(cluster) {
         addons.push(Addon { name: aws_ccm::NAME, version: "1.0.0", docs });
+    }
+    if let Some(docs) = gce_ccm::docs(cluster) {
+        addons.push(Addon { name: gce_ccm::NAME, version: "1.0.0", docs });
     }
     if let Some(docs) = coredns::docs(cluster, versions)? {
         addons.push(Addon { name: coredns::NAME, version: "1.0.0", docs });

@@ -24,6 +24,10 @@ pub struct InstanceFacts {
     pub name: String,
     pub id: String,
     pub internal_ip: String,
+    /// The first interface's network (its name; none: not served).
+    pub network: String,
+    /// The machine type (its name; none: not served).
+    pub machine_type: String,
     pub hostname: String,
     pub attributes: BTreeMap<String, String>,
     /// The default service account's email (none: the instance has no service account, and no
@@ -43,6 +47,8 @@ impl InstanceFacts {
             name: "nodes-europe-west1-b-x7k2".into(),
             id: "4471938521837465123".into(),
             internal_ip: "10.0.16.7".into(),
+            network: "default".into(),
+            machine_type: "e2-standard-2".into(),
             hostname: "nodes-europe-west1-b-x7k2.europe-west1-b.c.acme-prod.internal".into(),
             attributes: BTreeMap::from([
                 ("cluster-name".to_string(), "gce.k8s.example.com".to_string()),
@@ -64,6 +70,12 @@ impl InstanceFacts {
             ("instance/hostname".to_string(), self.hostname.clone()),
             ("instance/network-interfaces/0/ip".to_string(), self.internal_ip.clone()),
         ]);
+        if !self.network.is_empty() {
+            v.insert("instance/network-interfaces/0/network".into(), format!("projects/{}/networks/{}", self.numeric_project, self.network));
+        }
+        if !self.machine_type.is_empty() {
+            v.insert("instance/machine-type".into(), format!("projects/{}/machineTypes/{}", self.numeric_project, self.machine_type));
+        }
         for (k, val) in &self.attributes {
             v.insert(format!("instance/attributes/{k}"), val.clone());
         }

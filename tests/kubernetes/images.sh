@@ -456,6 +456,46 @@ if [ "${1:-}" = build-ccm ]; then
 fi
 # --- END aws-cloud-controller-manager image ----------------------------------------------------------------
 
+# --- BEGIN gcp-cloud-controller-manager image (self-contained block) ---------------------------------------
+#   tests/kubernetes/images.sh build-gce-ccm PROVIDERS_VERSION CLOUD_PROVIDER_VERSION   # e.g. 0.28.2 0.34.4
+#       Prints an OCI layout holding gcp-cloud-controller-manager:vPROVIDERS_VERSION: the static binary from
+#       tests/kubernetes/build-gce-ccm.sh at /usr/local/bin/gcp-cloud-controller-manager on the same static
+#       base as kube-controller-manager (/etc/passwd+group, /tmp, CA bundle), entrypoint the binary, user 0.
+#       Cached as $KEELSON_LOCAL_CACHE/images/gce-ccm-KEY (KEY: versions, binary sha256, this block); push it
+#       with `images.sh push LAYOUT REGISTRY` like the main layout.
+GCE_CCM_BINARY=gcp-cloud-controller-manager
+
+cmd_build_gce_ccm() {
+  [ $# -eq 2 ] || usage
+  local providers=${1#v} cloudprovider=${2#v} bin key out tmp stage layers start
+  bin=$("$here/build-gce-ccm.sh" "$providers" "$cloudprovider" | tail -n1) ||
+    die "building the GCE CCM (tests/kubernetes/build-gce-ccm.sh $providers $cloudprovider) failed"
+  [ -x "$bin/$GCE_CCM_BINARY" ] || die "tests/kubernetes/build-gce-ccm.sh printed '$bin', which has no $GCE_CCM_BINARY"
+  key=$({ echo "gce-ccm $providers $cloudprovider"; sha256sum <"$bin/$GCE_CCM_BINARY"; sed -n '/^# --- BEGIN gcp-cloud-controller-manager/,/^# --- END gcp-cloud-controller-manager/p' "$self"; declare -f claim_cache_entry stage_static_base finish_layout; } |
+    sha256sum | cut -c1-16)
+  WHY="build the GCE CCM image" need go umoci jq tar flock find
+  claim_cache_entry gce-ccm "$key" || { echo "$out/oci"; return; }
+  arch=$(go env GOARCH)
+  layout="$tmp/oci"
+  layers="$tmp/work/layers"
+  stage="$tmp/work/stage"
+  mkdir -p "$layers" "$stage/ccm/usr/local/bin"
+  stage_static_base "$stage/static-base"
+  owned_layer_tar "$stage/static-base" "$layers/static-base.tar"
+  install -m 755 "$bin/$GCE_CCM_BINARY" "$stage/ccm/usr/local/bin/$GCE_CCM_BINARY"
+  owned_layer_tar "$stage/ccm" "$layers/ccm.tar"
+  umoci init --layout "$layout"
+  image "gcp-cloud-controller-manager:v$providers" "/usr/local/bin/$GCE_CCM_BINARY" "" static-base ccm
+  finish_layout "$tmp" "$out" "GCE CCM image" "$start"
+}
+
+if [ "${1:-}" = build-gce-ccm ]; then
+  shift
+  cmd_build_gce_ccm "$@"
+  exit 0
+fi
+# --- END gcp-cloud-controller-manager image ----------------------------------------------------------------
+
 # --- BEGIN coredns image (keelson coredns branch; self-contained block) ------------------------------------
 #   tests/kubernetes/images.sh build-coredns COREDNS_VERSION   # e.g. build-coredns 1.14.2
 #       Prints an OCI layout holding coredns-coredns:vCOREDNS_VERSION — the name the compiler gives

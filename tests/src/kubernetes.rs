@@ -99,6 +99,39 @@ pub fn ccm_image(version: &str) -> Result<PathBuf, BuildError> {
     run_script("images.sh", &["build-ccm", version])
 }
 
+/// The GCE cloud-controller-manager the local cloud runs on GCE clusters: k8s.io/cloud-provider's
+/// generic command with the GCE provider of `k8s.io/cloud-provider-gcp/providers` at this version
+/// (tests/kubernetes/gce-ccm/main.go; the module with cloud-provider-gcp's own command is not on the
+/// Go module proxy), built against k8s.io/cloud-provider at [`GCE_CCM_CLOUD_PROVIDER_VERSION`] (the
+/// Kubernetes 1.34 libraries, like the API server it talks to). Set as `spec.cloudControllerManager.image`.
+pub const GCE_CCM_PROVIDERS_VERSION: &str = "0.28.2";
+pub const GCE_CCM_CLOUD_PROVIDER_VERSION: &str = "0.34.4";
+
+/// The cloud-controller-manager image a local cluster runs, by cloud.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ccm {
+    Aws,
+    Gce,
+}
+
+impl Ccm {
+    /// The OCI layout holding the image (built once).
+    pub fn layout(self) -> Result<PathBuf, BuildError> {
+        match self {
+            Ccm::Aws => ccm_image(AWS_CCM_VERSION),
+            Ccm::Gce => run_script("images.sh", &["build-gce-ccm", GCE_CCM_PROVIDERS_VERSION, GCE_CCM_CLOUD_PROVIDER_VERSION]),
+        }
+    }
+
+    /// Its name in `registry` once pushed.
+    pub fn reference(self, registry: &str) -> String {
+        match self {
+            Ccm::Aws => format!("{registry}/provider-aws-cloud-controller-manager:v{AWS_CCM_VERSION}"),
+            Ccm::Gce => format!("{registry}/gcp-cloud-controller-manager:v{GCE_CCM_PROVIDERS_VERSION}"),
+        }
+    }
+}
+
 /// The CoreDNS the local cloud runs: the versions table's (kOps') pin, `registry.k8s.io/coredns/coredns:v1.14.2`,
 /// built from its Go module by `images.sh build-coredns` under the name the compiler remaps it to
 /// (`coredns-coredns`). The harness sets it as `spec.kubeDNS.coreDNSImage`, as it does the CCM's, so the

@@ -43,6 +43,9 @@ enum Cmd {
         /// Seconds `keelson validate cluster` may wait for the cluster to be valid after the last cycle.
         #[arg(long, default_value_t = 300)]
         validate_wait: u64,
+        /// Leave the cluster up after the cycles (for further checks); `keelson-local down` removes it.
+        #[arg(long)]
+        keep_up: bool,
     },
     /// Stop everything and remove every trace (mounts, loop devices, namespaces, processes).
     Down,
@@ -110,7 +113,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Up { file, timeout } => cluster::up(&file, Duration::from_secs(timeout))?,
         Cmd::Ps => cluster::ps()?,
         Cmd::Kill { instance } => cluster::kill(&instance)?,
-        Cmd::Selfheal { file, cycles, keys, cycle_timeout, up_timeout, validate_wait } => {
+        Cmd::Selfheal { file, cycles, keys, cycle_timeout, up_timeout, validate_wait, keep_up } => {
             let r = cluster::selfheal(
                 &file,
                 cycles,
@@ -118,6 +121,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Duration::from_secs(cycle_timeout),
                 Duration::from_secs(up_timeout),
                 Duration::from_secs(validate_wait),
+                keep_up,
             )?;
             if r.healed < cycles || r.intact != r.keys || r.objects_intact != r.objects || !r.validated {
                 std::process::exit(1);

@@ -25,6 +25,8 @@ pub struct LocalCloud {
     pub ccm_image: String,
     pub coredns_image: String,
     pub aws_endpoint: String,
+    /// The local Compute API's base (`keelson.io/gce-api-endpoint` on GCE clusters).
+    pub gce_endpoint: String,
     /// The machines' resolv.conf names no server, and CoreDNS refuses to start forwarding to a
     /// resolv.conf without one: the spec's `kubeDNS.upstreamNameservers` (unless it sets its own).
     pub dns_upstream: String,
@@ -183,8 +185,14 @@ impl Spec {
                             a.insert(Value::from(keelson_api::aws_endpoints::ANNOTATION), Value::from(endpoints));
                         }
                     }
+                    if let Some(meta) = d.get_mut("metadata").and_then(|x| x.as_mapping_mut()).filter(|_| !aws) {
+                        let annotations = meta.entry(Value::from("annotations")).or_insert_with(|| Value::Mapping(Default::default()));
+                        if let Some(a) = annotations.as_mapping_mut() {
+                            a.insert(Value::from(keelson_api::gce_endpoints::ANNOTATION), Value::from(local.gce_endpoint.as_str()));
+                        }
+                    }
                     if let Some(spec) = d.get_mut("spec").and_then(|x| x.as_mapping_mut()) {
-                        if aws {
+                        {
                             let ccm = spec.entry(Value::from("cloudControllerManager")).or_insert_with(|| Value::Mapping(Default::default()));
                             if let Some(c) = ccm.as_mapping_mut() {
                                 c.insert(Value::from("image"), Value::from(local.ccm_image.as_str()));
@@ -266,6 +274,7 @@ mod tests {
             ccm_image: "172.20.255.254:5000/provider-aws-cloud-controller-manager:v1.34.4".into(),
             coredns_image: "172.20.255.254:5000/coredns-coredns:v1.14.2".into(),
             aws_endpoint: "http://172.20.255.254:4566".into(),
+            gce_endpoint: String::new(),
             dns_upstream: "172.20.255.254".into(),
         });
         assert!(t.contains("keelson.io/aws-service-endpoints: ec2=http://172.20.255.254:4566,elasticloadbalancing=http://172.20.255.254:4566,kms=http://172.20.255.254:4566"), "{t}");
@@ -282,5 +291,25 @@ mod tests {
         // Cluster, 4 instance groups, 2 additional objects (passed through unchanged).
         assert_eq!(t.matches("---\n").count(), 7);
         assert!(t.contains("percentageOfNodesToScore: 50") && t.contains("name: cluster-owner"), "{t}");
+    }
+
+    #[test]
+    fn gce_example_points_the_ccm_at_the_local_compute() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/gce.yaml");
+        let s = Spec::load(&p).unwrap();
+        let t = s.local_text(&LocalCloud {
+            file_repository: "http://10.80.0.1:8080/".into(),
+            registry: "10.80.0.1:5000".into(),
+            image: String::new(),
+            ccm_image: "10.80.0.1:5000/gcp-cloud-controller-manager:v0.28.2".into(),
+            coredns_image: "10.80.0.1:5000/coredns-coredns:v1.14.2".into(),
+            aws_endpoint: String::new(),
+            gce_endpoint: "http://10.80.0.1:4000".into(),
+            dns_upstream: "10.80.0.1".into(),
+        });
+        assert!(t.contains("keelson.io/gce-api-endpoint: http://10.80.0.1:4000"), "{t}");
+        assert!(!t.contains("aws-service-endpoints"), "{t}");
+        assert!(t.contains("image: 10.80.0.1:5000/gcp-cloud-controller-manager:v0.28.2"), "{t}");
+        assert!(!t.contains("awsEBSCSIDriver"), "{t}");
     }
 }

@@ -306,57 +306,9 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     let worker_nodes: Vec<String> =
         nodes_now.iter().filter(|(_, n)| nodes.iter().any(|m| n.internal_ip.as_deref() == Some(m.ip.as_str()))).map(|(k, _)| k.clone()).collect();
     assert!(worker_nodes.len() >= 2, "{worker_nodes:?}");
+    support::pod_to_pod(&cs.registry, &worker_nodes[0], &worker_nodes[1]);
     let echo = format!("{}/keelson-test/echo:1", cs.registry);
     let on = |node: &str| format!("--overrides={{\"apiVersion\":\"v1\",\"spec\":{{\"nodeName\":\"{node}\"}}}}");
-    let server = support::run(&["kubectl", "run", "echo-server", &format!("--image={echo}"), "--restart=Never", &on(&worker_nodes[0]), "--", "serve", ":8080"]);
-    assert!(server.status.success());
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    let server_ip = loop {
-        let o = support::run(&["kubectl", "get", "pod", "echo-server", "-o", "jsonpath={.status.phase} {.status.podIP}"]);
-        let text = String::from_utf8_lossy(&o.stdout).to_string();
-        if let Some(ip) = text.strip_prefix("Running ").filter(|ip| !ip.trim().is_empty()) {
-            break ip.trim().to_string();
-        }
-        if text.starts_with("Failed") {
-            let why = support::run(&["kubectl", "get", "pod", "echo-server", "-o", "jsonpath={.status.message}"]);
-            panic!("echo-server failed: {}", String::from_utf8_lossy(&why.stdout));
-        }
-        assert!(std::time::Instant::now() < deadline, "echo-server not Running within 120 s: {text}");
-        std::thread::sleep(Duration::from_secs(2));
-    };
-    let client = support::run(&[
-        "kubectl",
-        "run",
-        "echo-client",
-        &format!("--image={echo}"),
-        "--restart=Never",
-        &on(&worker_nodes[1]),
-        "--",
-        "get",
-        &format!("http://{server_ip}:8080/"),
-    ]);
-    assert!(client.status.success());
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        let o = support::run(&["kubectl", "get", "pod", "echo-client", "-o", "jsonpath={.status.phase}"]);
-        let phase = String::from_utf8_lossy(&o.stdout).trim().to_string();
-        if phase == "Succeeded" || phase == "Failed" {
-            let logs = support::run(&["kubectl", "logs", "echo-client"]);
-            let text = String::from_utf8_lossy(&logs.stdout).to_string();
-            assert!(
-                phase == "Succeeded" && text.contains("echo-server"),
-                "pod on {} could not reach the pod on {} ({server_ip}): {phase}: {text}",
-                worker_nodes[1],
-                worker_nodes[0]
-            );
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "echo-client did not finish within 120 s: {phase}");
-        std::thread::sleep(Duration::from_secs(2));
-    }
-    for p in ["echo-client", "echo-server"] {
-        let _ = support::run(&["kubectl", "delete", "pod", p, "--wait=false"]);
-    }
 
     // 7b. Workers joined by cloud identity: no bootstrap token on them or accepted by the API
     //     servers; the kubelet and kube-proxy hold certificates the join server issued for their own

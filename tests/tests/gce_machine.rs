@@ -45,6 +45,8 @@ fn gce_machine_metadata_user_data_identity_and_persistent_disk() {
         name: NAME.into(),
         id: ID.into(),
         internal_ip: "10.214.16.2".into(),
+        network: "gce-k8s-example-com".into(),
+        machine_type: "e2-medium".into(),
         hostname: format!("{NAME}.europe-west1-b.c.acme-platform.internal"),
         attributes: BTreeMap::from([
             ("user-data".to_string(), user_data.to_string()),

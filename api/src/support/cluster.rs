@@ -13,6 +13,7 @@ const GOSSIP: &str = "Keelson runs no gossip mesh (kOps' gossip DNS): this setti
 const NO_CLOUD: &str = "Keelson runs on AWS and GCE only: this cloud's settings have no effect; remove them";
 const AWS_CLOUD_CONFIG: &str = "Keelson does not write the AWS cloud provider's cloud.config yet: this setting has no effect";
 const GCE_NODE_CONFIG: &str = "nodeup does not write GCE's cloud.config yet: this setting has no effect";
+const GCE_CCM_CONFIG: &str = "the GCE cloud-controller-manager's cloud config (spec-compiler/src/addons/gce_ccm.rs)";
 
 /// `ClusterSpec` fields not covered by the other tables, and the types under them.
 pub static CLUSTER: &[Field] = &[
@@ -112,9 +113,9 @@ pub static CLUSTER: &[Field] = &[
 /// `CloudConfiguration` (spec.cloudConfig).
 pub static CLOUD: &[Field] = &[
     f("CloudConfiguration", "manageStorageClasses", By("the aws-ebs-csi-driver addon's storage classes (spec-compiler/src/addons/aws_ebs_csi.rs)")),
-    nr("CloudConfiguration", "multizone", GCE_NODE_CONFIG),
-    nr("CloudConfiguration", "nodeTags", GCE_NODE_CONFIG),
-    nr("CloudConfiguration", "nodeInstancePrefix", GCE_NODE_CONFIG),
+    f("CloudConfiguration", "multizone", By(GCE_CCM_CONFIG)),
+    f("CloudConfiguration", "nodeTags", By(GCE_CCM_CONFIG)),
+    f("CloudConfiguration", "nodeInstancePrefix", By(GCE_CCM_CONFIG)),
     nr("CloudConfiguration", "nodeIPFamilies", GCE_NODE_CONFIG),
     nr_if(
         "CloudConfiguration",
@@ -122,7 +123,11 @@ pub static CLOUD: &[Field] = &[
         When::NotEquals("default"),
         "Keelson's GCE instances run as the project's default service account: another one is not used yet",
     ),
-    nr_if("CloudConfiguration", "gceUseStartupScript", When::False, "Keelson always boots GCE instances from the startup-script metadata"),
+    f(
+        "CloudConfiguration",
+        "gceUseStartupScript",
+        By("the GCE instance templates: the boot script under `startup-script` instead of `user-data` (cloud-resources/src/gce/)"),
+    ),
     nr("CloudConfiguration", "disableSecurityGroupIngress", AWS_CLOUD_CONFIG),
     nr("CloudConfiguration", "elbSecurityGroup", AWS_CLOUD_CONFIG),
     nr("CloudConfiguration", "nlbSecurityGroupMode", AWS_CLOUD_CONFIG),

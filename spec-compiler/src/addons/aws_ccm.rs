@@ -14,7 +14,9 @@ use std::fmt::Write as _;
 use serde_json::{json, Value};
 
 use keelson_api::aws_endpoints::{self, SERVICES};
-use keelson_api::{CloudControllerManagerConfig, Cluster};
+use keelson_api::Cluster;
+
+use super::ccm;
 
 /// The addon's name (kOps' name for it).
 pub const NAME: &str = "aws-cloud-controller.addons.k8s.io";
@@ -22,93 +24,6 @@ pub const NAME: &str = "aws-cloud-controller.addons.k8s.io";
 pub const CLOUD_CONFIG_PATH: &str = "/etc/kubernetes/cloud.config";
 const APP: &str = "aws-cloud-controller-manager";
 const NAMESPACE: &str = "kube-system";
-/// The label the DaemonSet selects control-plane nodes by. The kubelet may not set it itself
-/// (NodeRestriction); protokube, which runs only on control planes, labels its own node.
-pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
-
-/// The CCM's flags, as kOps' `CloudControllerConfigArgv` builds them: the spec's flags sorted, then
-/// the defaults for what the spec leaves unset, then the cloud config.
-pub fn args(c: &CloudControllerManagerConfig, cloud_provider: &str) -> Vec<String> {
-    let mut flags: Vec<String> = Vec::new();
-    let mut flag = |name: &str, value: String| flags.push(format!("--{name}={value}"));
-    if let Some(v) = &c.master {
-        flag("master", v.clone());
-    }
-    if let Some(v) = c.log_level.filter(|l| *l != 0) {
-        flag("v", v.to_string());
-    }
-    if let Some(v) = &c.cloud_provider {
-        flag("cloud-provider", v.clone());
-    }
-    if let Some(v) = &c.cluster_name {
-        flag("cluster-name", v.clone());
-    }
-    if let Some(v) = c.allow_untagged_cloud {
-        flag("allow-untagged-cloud", v.to_string());
-    }
-    if let Some(v) = &c.cluster_cidr {
-        flag("cluster-cidr", v.to_string());
-    }
-    if let Some(v) = c.allocate_node_cidrs {
-        flag("allocate-node-cidrs", v.to_string());
-    }
-    if let Some(v) = c.configure_cloud_routes {
-        flag("configure-cloud-routes", v.to_string());
-    }
-    if let Some(v) = c.controllers.as_ref().filter(|v| !v.is_empty()) {
-        flag("controllers", v.join(","));
-    }
-    if let Some(v) = &c.cidr_allocator_type {
-        flag("cidr-allocator-type", v.clone());
-    }
-    if let Some(le) = &c.leader_election {
-        if let Some(v) = le.leader_elect {
-            flag("leader-elect", v.to_string());
-        }
-        if let Some(v) = &le.leader_elect_lease_duration {
-            flag("leader-elect-lease-duration", v.to_string());
-        }
-        if let Some(v) = &le.leader_elect_renew_deadline_duration {
-            flag("leader-elect-renew-deadline", v.to_string());
-        }
-        if let Some(v) = &le.leader_elect_resource_lock {
-            flag("leader-elect-resource-lock", v.clone());
-        }
-        if let Some(v) = &le.leader_elect_resource_name {
-            flag("leader-elect-resource-name", v.clone());
-        }
-        if let Some(v) = &le.leader_elect_resource_namespace {
-            flag("leader-elect-resource-namespace", v.clone());
-        }
-        if let Some(v) = &le.leader_elect_retry_period {
-            flag("leader-elect-retry-period", v.to_string());
-        }
-    }
-    if let Some(v) = c.use_service_account_credentials {
-        flag("use-service-account-credentials", v.to_string());
-    }
-    if let Some(v) = c.enable_leader_migration {
-        flag("enable-leader-migration", v.to_string());
-    }
-    if let Some(v) = &c.node_status_update_frequency {
-        flag("node-status-update-frequency", v.to_string());
-    }
-    if let Some(v) = c.concurrent_node_syncs {
-        flag("concurrent-node-syncs", v.to_string());
-    }
-    flags.sort();
-    if c.log_level.unwrap_or(0) == 0 {
-        flags.push("--v=2".into());
-    }
-    if c.cloud_provider.is_none() {
-        flags.push(format!("--cloud-provider={cloud_provider}"));
-    }
-    if c.use_service_account_credentials.is_none() {
-        flags.push("--use-service-account-credentials=true".into());
-    }
-    flags.push(format!("--cloud-config={CLOUD_CONFIG_PATH}"));
-    flags
-}
 
 /// The cloud config (gcfg): the cluster id its resources are tagged with, and one
 /// `[ServiceOverride]` per service id of each endpoint override.
@@ -124,48 +39,6 @@ pub fn cloud_config(cluster_id: &str, region: Option<&str>, endpoints: &std::col
         }
     }
     out
-}
-
-fn rbac() -> Vec<Value> {
-    let rule = |group: &str, resources: &[&str], verbs: &[&str]| json!({"apiGroups": [group], "resources": resources, "verbs": verbs});
-    let sa_subject = json!([{"apiGroup": "", "kind": "ServiceAccount", "name": APP, "namespace": NAMESPACE}]);
-    let mut token_rule = rule("", &["serviceaccounts/token"], &["create"]);
-    token_rule["resourceNames"] = json!(["node-controller", "service-controller", "route-controller"]);
-    vec![
-        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": APP, "namespace": NAMESPACE}}),
-        json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": "cloud-controller-manager:apiserver-authentication-reader", "namespace": NAMESPACE},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "extension-apiserver-authentication-reader"},
-            "subjects": sa_subject,
-        }),
-        json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": {"name": "system:cloud-controller-manager"},
-            "rules": [
-                rule("", &["events"], &["create", "patch", "update"]),
-                rule("", &["nodes"], &["*"]),
-                rule("", &["nodes/status"], &["patch"]),
-                rule("", &["services"], &["list", "patch", "update", "watch"]),
-                rule("", &["services/status"], &["list", "patch", "update", "watch"]),
-                rule("", &["serviceaccounts"], &["create", "get"]),
-                rule("", &["persistentvolumes"], &["get", "list", "update", "watch"]),
-                rule("", &["endpoints"], &["create", "get", "list", "watch", "update"]),
-                rule("coordination.k8s.io", &["leases"], &["create", "get", "list", "watch", "update"]),
-                rule("", &["secrets"], &["list", "watch"]),
-                token_rule,
-            ],
-        }),
-        json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": "system:cloud-controller-manager"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:cloud-controller-manager"},
-            "subjects": sa_subject,
-        }),
-    ]
 }
 
 /// The addon's documents, or `None` when the cluster does not run the AWS CCM (another cloud, or no
@@ -185,7 +58,7 @@ pub fn docs(cluster: &Cluster) -> Option<Vec<Value>> {
     let config_hash = base::sha256_hex(config.as_bytes());
     let cpu = c.cpu_request.as_ref().map(|q| q.to_string()).unwrap_or_else(|| "200m".into());
     let labels = json!({"k8s-app": APP});
-    let mut docs = rbac();
+    let mut docs = ccm::rbac(APP);
     docs.push(json!({
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -203,7 +76,7 @@ pub fn docs(cluster: &Cluster) -> Option<Vec<Value>> {
                 "metadata": {"labels": labels, "annotations": {"keelson.io/cloud-config-sha256": config_hash}},
                 "spec": {
                     "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                        {"matchExpressions": [{"key": CONTROL_PLANE_LABEL, "operator": "Exists"}]}
+                        {"matchExpressions": [{"key": ccm::CONTROL_PLANE_LABEL, "operator": "Exists"}]}
                     ]}}},
                     "tolerations": [{"operator": "Exists"}],
                     "serviceAccountName": APP,
@@ -213,7 +86,7 @@ pub fn docs(cluster: &Cluster) -> Option<Vec<Value>> {
                         "name": APP,
                         "image": image,
                         "imagePullPolicy": "IfNotPresent",
-                        "args": args(c, "aws"),
+                        "args": ccm::args(c, "aws", CLOUD_CONFIG_PATH),
                         // The local API server: the CCM is what makes the service network usable.
                         "env": [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}],
                         "resources": {"requests": {"cpu": cpu}},

@@ -38,6 +38,11 @@ pub fn build(ctx: &Context, d: &Derived, spec: &mut ClusterSpec) {
             let controllers = if external_ipam { strings(&["*", "-node-ipam-controller", "-node-route-controller"]) } else { strings(&["*"]) };
             default(&mut c.controllers, controllers);
             default(&mut c.image, ctx.versions.cloud_controller_manager_image_gcp());
+            // The GCE provider's cloud config (kOps sets these with the kubelet's GCE defaults): every
+            // zone of the region is managed, and nodes carry the node role's network tag.
+            let cc = spec.cloud_config.get_or_insert_with(Default::default);
+            default(&mut cc.multizone, true);
+            default(&mut cc.node_tags, format!("{}-k8s-io-role-node", keelson_api::names::gce_name(&ctx.name)));
         }
         Cloud::Hetzner => {
             let c = spec.cloud_controller_manager.get_or_insert_with(Default::default);

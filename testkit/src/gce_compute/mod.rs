@@ -88,6 +88,10 @@ pub struct InstanceView {
     pub mig: Option<String>,
     /// The first interface's address, from its subnetwork's range.
     pub network_ip: String,
+    /// The first interface's network (its name).
+    pub network: String,
+    /// Whether the VM may send and receive packets for addresses not its own (routes through it).
+    pub can_ip_forward: bool,
     pub machine_type: String,
     /// Metadata items (`user-data`, `created-by`, …).
     pub metadata: BTreeMap<String, String>,
@@ -110,6 +114,15 @@ pub struct AttachedDiskView {
     pub disk: String,
     pub mode: String,
     pub boot: bool,
+}
+
+/// A route whose next hop is an instance (what the cloud-controller-manager writes per Node).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteView {
+    pub name: String,
+    pub dest_range: String,
+    /// (zone, instance name)
+    pub next_hop_instance: (String, String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -244,6 +257,20 @@ impl GceCompute {
         st.migs.iter().map(|((zone, name), m)| (zone.clone(), name.clone(), m.body["targetSize"].as_u64().unwrap_or(0))).collect()
     }
 
+    /// The routes through an instance, by name.
+    pub fn instance_routes(&self) -> Vec<RouteView> {
+        let st = self.lock();
+        st.routes
+            .values()
+            .filter_map(|r| {
+                let hop = r["nextHopInstance"].as_str()?;
+                let mut it = hop.rsplit('/');
+                let (name, _, zone) = (it.next()?, it.next()?, it.next()?);
+                Some(RouteView { name: str_of(r, "name").into(), dest_range: str_of(r, "destRange").into(), next_hop_instance: (zone.into(), name.into()) })
+            })
+            .collect()
+    }
+
     pub fn disks(&self) -> Vec<DiskView> {
         let mut st = self.lock();
         st.advance(Instant::now());
@@ -281,6 +308,8 @@ fn instance_view(i: &state::Instance) -> InstanceView {
         status: i.status.clone(),
         mig: i.mig.clone(),
         network_ip: str_of(&b["networkInterfaces"][0], "networkIP").into(),
+        network: state::last_segment(str_of(&b["networkInterfaces"][0], "network")).into(),
+        can_ip_forward: b["canIpForward"].as_bool() == Some(true),
         machine_type: state::last_segment(str_of(b, "machineType")).into(),
         metadata,
         labels: string_map(&b["labels"]),

@@ -320,3 +320,61 @@ pub fn firewall_delete(st: &mut State, name: &str) -> Result<Value, ApiError> {
     st.firewalls.remove(name);
     Ok(st.operation(Scope::Global, "delete", &format!("global/firewalls/{name}"), Some(&id), None))
 }
+
+// ---- routes
+
+/// `zones/Z/instances/N` out of a partial or full instance URL.
+fn instance_key(reference: &str) -> Option<(String, String)> {
+    let at = reference.rfind("zones/")?;
+    let mut parts = reference[at..].split('/');
+    match (parts.next(), parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some("zones"), Some(z), Some("instances"), Some(n), None) if !z.is_empty() && !n.is_empty() => Some((z.to_string(), n.to_string())),
+        _ => None,
+    }
+}
+
+/// routes.insert: a name, a network, a `destRange` CIDR and exactly one next hop; a
+/// `nextHopInstance` must name an instance that exists, and is stored as its full URL (as Compute
+/// returns it); `priority` defaults to 1000.
+pub fn route_insert(st: &mut State, body: Map<String, Value>) -> Result<Value, ApiError> {
+    let name = name_of(&body)?;
+    let rel = format!("global/routes/{name}");
+    if st.routes.contains_key(&name) {
+        return Err(ApiError::already_exists(&st.rel(&rel)));
+    }
+    let network = body.get("network").and_then(Value::as_str).ok_or_else(|| ApiError::required("resource.network"))?;
+    let network = network_ref(st, network)?;
+    let dest = body.get("destRange").and_then(Value::as_str).ok_or_else(|| ApiError::required("resource.destRange"))?;
+    if parse_cidr(dest).is_none() {
+        return Err(ApiError::invalid(format!("Invalid value for field 'resource.destRange': '{dest}'. Must be a CIDR range.")));
+    }
+    const HOPS: [&str; 6] = ["nextHopInstance", "nextHopGateway", "nextHopIp", "nextHopIlb", "nextHopVpnTunnel", "nextHopNetwork"];
+    let hops: Vec<&str> = HOPS.iter().copied().filter(|h| body.get(*h).and_then(Value::as_str).is_some_and(|v| !v.is_empty())).collect();
+    if hops.len() != 1 {
+        return Err(ApiError::invalid(format!("Invalid value for field 'resource': the route must have exactly one next hop, it has {}.", hops.len())));
+    }
+    let mut v = stamp(body, "compute#route", st.link(&rel));
+    v["network"] = json!(st.link(&format!("global/networks/{network}")));
+    v["priority"] = v.get("priority").cloned().unwrap_or(json!(1000));
+    if let Some(hop) = v.get("nextHopInstance").and_then(Value::as_str).map(str::to_string) {
+        let (zone, instance) = instance_key(&hop)
+            .ok_or_else(|| ApiError::invalid(format!("Invalid value for field 'resource.nextHopInstance': '{hop}'. The URL is malformed.")))?;
+        if !st.instances.contains_key(&(zone.clone(), instance.clone())) {
+            return Err(ApiError::not_found(&st.rel(&format!("zones/{zone}/instances/{instance}"))));
+        }
+        v["nextHopInstance"] = json!(st.link(&format!("zones/{zone}/instances/{instance}")));
+    }
+    let id = str_of(&v, "id").to_string();
+    st.routes.insert(name, v);
+    Ok(st.operation(Scope::Global, "insert", &rel, Some(&id), None))
+}
+
+pub fn route_get(st: &State, name: &str) -> Result<Value, ApiError> {
+    st.routes.get(name).cloned().ok_or_else(|| ApiError::not_found(&st.rel(&format!("global/routes/{name}"))))
+}
+
+pub fn route_delete(st: &mut State, name: &str) -> Result<Value, ApiError> {
+    let id = str_of(&route_get(st, name)?, "id").to_string();
+    st.routes.remove(name);
+    Ok(st.operation(Scope::Global, "delete", &format!("global/routes/{name}"), Some(&id), None))
+}

@@ -85,6 +85,14 @@ pub fn route(st: &mut State, req: &Request, q: &BTreeMap<String, String>) -> Res
         ("GET", ["global", "firewalls", n]) => j(network::firewall_get(st, n)),
         ("PATCH", ["global", "firewalls", n]) => j(network::firewall_patch(st, n, body()?)),
         ("DELETE", ["global", "firewalls", n]) => j(network::firewall_delete(st, n)),
+        // routes
+        ("POST", ["global", "routes"]) => j(network::route_insert(st, body()?)),
+        ("GET", ["global", "routes"]) => {
+            let r: Vec<Value> = st.routes.values().cloned().collect();
+            list(st, "compute#routeList", "global/routes", r, q)
+        }
+        ("GET", ["global", "routes", n]) => j(network::route_get(st, n)),
+        ("DELETE", ["global", "routes", n]) => j(network::route_delete(st, n)),
         // instance templates
         ("POST", ["global", "instanceTemplates"]) => j(instances::template_insert(st, body()?)),
         ("GET", ["global", "instanceTemplates"]) => {

@@ -81,6 +81,7 @@ pub struct State {
     /// (region, name)
     pub subnetworks: BTreeMap<(String, String), Value>,
     pub firewalls: BTreeMap<String, Value>,
+    pub routes: BTreeMap<String, Value>,
     pub templates: BTreeMap<String, Value>,
     /// (zone, name)
     pub instances: BTreeMap<(String, String), Instance>,
@@ -100,6 +101,7 @@ impl State {
             networks: BTreeMap::new(),
             subnetworks: BTreeMap::new(),
             firewalls: BTreeMap::new(),
+            routes: BTreeMap::new(),
             templates: BTreeMap::new(),
             instances: BTreeMap::new(),
             disks: BTreeMap::new(),

@@ -269,6 +269,28 @@ func main() {
 	apiErr("setMetadata with the old fingerprint", err, 412, "conditionNotMet")
 	w.wait("instances.detachDisk", must(c.Instances.DetachDisk(project, zone, first, "etcd-main").Do())("detachDisk"))
 
+	// Routes as the GCE cloud-controller-manager's route controller writes and lists them: the
+	// network as a full URL, the next hop as a partial instance URL (stored in full), the
+	// description as its tag, and the regexp filter k8s-cloud-provider renders.
+	networkURL := c.BasePath + "projects/" + project + "/global/networks/gce-k8s"
+	route := &compute.Route{Name: "gce-k8s-0f6a", DestRange: "100.96.3.0/24", NextHopInstance: "zones/" + zone + "/instances/" + first,
+		Network: networkURL, Priority: 1000, Description: "k8s-node-route"}
+	w.wait("routes.insert", must(c.Routes.Insert(project, route).Do())("routes.insert"))
+	_, err = c.Routes.Insert(project, route).Do()
+	apiErr("second routes.insert", err, 409, "alreadyExists")
+	_, err = c.Routes.Insert(project, &compute.Route{Name: "gce-k8s-dead", DestRange: "100.96.4.0/24", NextHopInstance: "zones/" + zone + "/instances/no-such-instance", Network: networkURL}).Do()
+	apiErr("routes.insert via a missing instance", err, 404, "notFound")
+	rl := must(c.Routes.List(project).Filter("(name eq gce-k8s-.*) (network eq " + networkURL + ") (description eq k8s-node-route)").Do())("routes.list")
+	if len(rl.Items) != 1 || rl.Items[0].DestRange != "100.96.3.0/24" || rl.Items[0].NextHopInstance != c.BasePath+"projects/"+project+"/zones/"+zone+"/instances/"+first {
+		fail("routes by filter: %+v", rl.Items)
+	}
+	if rl2 := must(c.Routes.List(project).Filter("(name eq other-.*)").Do())("routes.list other"); len(rl2.Items) != 0 {
+		fail("routes of another cluster: %d", len(rl2.Items))
+	}
+	w.wait("routes.delete", must(c.Routes.Delete(project, "gce-k8s-0f6a").Do())("routes.delete"))
+	_, err = c.Routes.Get(project, "gce-k8s-0f6a").Do()
+	apiErr("routes.get after delete", err, 404, "notFound")
+
 	// Recreate keeps the name, gives a new id.
 	w.wait("recreateInstances", must(c.InstanceGroupManagers.RecreateInstances(project, zone, "nodes", &compute.InstanceGroupManagersRecreateInstancesRequest{Instances: []string{mis[0].Instance}}).Do())("recreateInstances"))
 	after := must(c.Instances.Get(project, zone, first).Do())("instances.get after recreate")

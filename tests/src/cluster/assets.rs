@@ -42,7 +42,7 @@ pub struct Assets {
 
 /// Build the rootfs, the mirror and the registry for the spec `spec_text(mirror URL, registry)`
 /// writes, the mirror being served on the bridge address `gw` at `cs.mirror_port`.
-pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, spec_text: &dyn Fn(&str, &str) -> String) -> anyhow::Result<Assets> {
+pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes::Ccm, spec_text: &dyn Fn(&str, &str) -> String) -> anyhow::Result<Assets> {
     let mirror_root = state.mirror_dir();
     let mirror_url = format!("http://{gw}:{}/", cs.mirror_port);
     cs.phase = "building the rootfs".into();
@@ -96,7 +96,7 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, spec_text: &dyn
     cs.phase = "building the images".into();
     cs.save(state);
     let layout = kubernetes::images(&versions.kubernetes, &versions.etcd, &versions.pause)?;
-    let ccm_layout = kubernetes::ccm_image(kubernetes::AWS_CCM_VERSION)?;
+    let ccm_layout = ccm.layout()?;
     let coredns_layout = kubernetes::coredns_image(kubernetes::COREDNS_VERSION)?;
     cs.phase = format!("pushing the images to the registry at {registry_addr}");
     cs.save(state);

@@ -199,12 +199,13 @@ fn daemon_body(state: &State, spec: &Spec, cs: &mut ClusterState, stop: &AtomicB
     let image = cloud.some_image()?;
 
     let cs_relay_port = cs.relay_port;
-    let assets = assets::build(state, cs, gw, &|mirror_url, registry| {
+    let assets = assets::build(state, cs, gw, kubernetes::Ccm::Aws, &|mirror_url, registry| {
         spec.local_text(&crate::spec::LocalCloud {
             file_repository: mirror_url.to_string(),
             registry: registry.to_string(),
             image: image.clone(),
-            ccm_image: format!("{registry}/provider-aws-cloud-controller-manager:v{}", kubernetes::AWS_CCM_VERSION),
+            ccm_image: kubernetes::Ccm::Aws.reference(registry),
+            gce_endpoint: String::new(),
             coredns_image: format!("{registry}/coredns-coredns:v{}", kubernetes::COREDNS_VERSION),
             aws_endpoint: format!("http://{gw}:{}", cs_relay_port),
             // Nothing answers DNS there: names outside the cluster fail fast, as they do on the machines.
@@ -367,25 +368,7 @@ impl Daemon {
             // Several route tables (one per zone) carry the same route; one host route serves all.
             want.insert(r.destination.clone(), ip.clone());
         }
-        let have = match net::bridge_routes(&self.fleet.place.bridge) {
-            Ok(h) => h,
-            Err(e) => {
-                self.fleet.event(format!("routes: {e}"));
-                return;
-            }
-        };
-        for (dest, via) in &want {
-            if have.get(dest) != Some(via) {
-                match net::set_bridge_route(&self.fleet.place.bridge, dest, via) {
-                    Ok(()) => self.fleet.event(format!("route {dest} via {via} (VPC route table)")),
-                    Err(e) => self.fleet.event(format!("routes: {e}")),
-                }
-            }
-        }
-        for dest in have.keys().filter(|d| !want.contains_key(*d)) {
-            net::delete_bridge_route(&self.fleet.place.bridge, dest);
-            self.fleet.event(format!("route {dest} removed (gone from the VPC route table)"));
-        }
+        self.fleet.sync_routes(&want, "VPC route table");
     }
 
     fn publish(&mut self, instances: &[crate::cloud::Instance]) {

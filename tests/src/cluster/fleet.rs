@@ -250,6 +250,31 @@ impl Fleet {
         }
     }
 
+    /// Play the network's router: every wanted route (destination → the private address of the
+    /// instance it goes through) becomes a host route on the bridge, and host routes no longer
+    /// wanted go. `source` names the cloud's route table in the events.
+    pub fn sync_routes(&self, want: &BTreeMap<String, String>, source: &str) {
+        let have = match net::bridge_routes(&self.place.bridge) {
+            Ok(h) => h,
+            Err(e) => {
+                self.event(format!("routes: {e}"));
+                return;
+            }
+        };
+        for (dest, via) in want {
+            if have.get(dest) != Some(via) {
+                match net::set_bridge_route(&self.place.bridge, dest, via) {
+                    Ok(()) => self.event(format!("route {dest} via {via} ({source})")),
+                    Err(e) => self.event(format!("routes: {e}")),
+                }
+            }
+        }
+        for dest in have.keys().filter(|d| !want.contains_key(*d)) {
+            net::delete_bridge_route(&self.place.bridge, dest);
+            self.event(format!("route {dest} removed (gone from the {source})"));
+        }
+    }
+
     pub fn infos(&self) -> Vec<MachineInfo> {
         self.machines.lock().map(|m| m.values().map(|m| m.info.clone()).collect()).unwrap_or_default()
     }

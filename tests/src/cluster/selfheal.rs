@@ -222,6 +222,7 @@ pub fn selfheal(
     cycle_timeout: Duration,
     up_timeout: Duration,
     validate_wait: Duration,
+    keep_up: bool,
 ) -> anyhow::Result<SelfhealReport> {
     struct Down;
     impl Drop for Down {
@@ -233,7 +234,8 @@ pub fn selfheal(
         }
     }
     up(spec_path, up_timeout)?;
-    let _down = Down;
+    // Not `then_some(Down)`: that makes the guard (and drops it, running `down`) either way.
+    let _down = if keep_up { None } else { Some(Down) };
     let st = state();
     let load = || ClusterState::load(&st).ok_or_else(|| anyhow!("cluster state vanished"));
     let cs = load()?;

@@ -69,6 +69,7 @@ struct GceDaemon {
     machine_env: Vec<(String, String)>,
     balancers: Balancers,
     balancers_synced: Option<Instant>,
+    routes_synced: Option<Instant>,
     cs: ClusterState,
 }
 
@@ -123,13 +124,14 @@ pub fn run(state: &State, spec: &Spec, project: &str, cs: &mut ClusterState, sto
         gce.ensure_dns_zone(&zone)?;
     }
 
-    let assets = assets::build(state, cs, gw, &|mirror_url, registry| {
+    let assets = assets::build(state, cs, gw, kubernetes::Ccm::Gce, &|mirror_url, registry| {
         spec.local_text(&LocalCloud {
             file_repository: mirror_url.to_string(),
             registry: registry.to_string(),
             // The emulator keeps a template's image as a name: the spec's stays.
             image: String::new(),
-            ccm_image: String::new(),
+            ccm_image: kubernetes::Ccm::Gce.reference(registry),
+            gce_endpoint: gce.api_url.clone(),
             coredns_image: format!("{registry}/coredns-coredns:v{}", kubernetes::COREDNS_VERSION),
             aws_endpoint: String::new(),
             // Nothing answers DNS there: names outside the cluster fail fast, as they do on the machines.
@@ -189,6 +191,7 @@ pub fn run(state: &State, spec: &Spec, project: &str, cs: &mut ClusterState, sto
         machine_env,
         balancers,
         balancers_synced: None,
+        routes_synced: None,
         cs: cs.clone(),
     };
     run_until_stopped(state, stop, |d: &mut GceDaemon, m| d.fleet.event(m), |d: &mut GceDaemon| d.reconcile(), &mut d);
@@ -230,6 +233,7 @@ impl GceDaemon {
             self.fleet.boot(MachineData::Gce(Box::new(data)), role.to_string(), inst.mig.clone().unwrap_or(group), running)?;
         }
         self.sync_disks(&instances)?;
+        self.sync_routes(&instances);
         let records = self.gce.a_records();
         self.fleet.sync_hosts(&records);
         self.publish(&instances);
@@ -247,6 +251,8 @@ impl GceDaemon {
                 name: inst.name.clone(),
                 id: inst.id.clone(),
                 internal_ip: inst.network_ip.clone(),
+                network: inst.network.clone(),
+                machine_type: inst.machine_type.clone(),
                 hostname: format!("{}.{}.c.{project}.internal", inst.name, inst.zone),
                 attributes: inst.metadata.clone(),
                 service_account,
@@ -276,6 +282,25 @@ impl GceDaemon {
             });
         }
         self.fleet.sync_volumes(&vols)
+    }
+
+    /// Play the VPC's routing: every route whose next hop is an instance (the cloud-controller-
+    /// manager's route controller writes one per Node's pod CIDR) becomes a host route on the bridge
+    /// via that instance's address, while the instance runs and may forward (`canIpForward`: GCE
+    /// drops packets for other addresses otherwise). Every second.
+    fn sync_routes(&mut self, instances: &[InstanceView]) {
+        if self.routes_synced.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+            return;
+        }
+        self.routes_synced = Some(Instant::now());
+        let mut want = BTreeMap::new();
+        for r in self.gce.compute.instance_routes() {
+            let (zone, name) = &r.next_hop_instance;
+            if let Some(i) = instances.iter().find(|i| &i.zone == zone && &i.name == name && i.status == "RUNNING" && i.can_ip_forward) {
+                want.insert(r.dest_range.clone(), i.network_ip.clone());
+            }
+        }
+        self.fleet.sync_routes(&want, "VPC routes");
     }
 
     fn publish(&mut self, instances: &[InstanceView]) {

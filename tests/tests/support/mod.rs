@@ -150,3 +150,60 @@ pub fn wait(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
 }
+
+/// A pod on `client_node` reaches a pod on `server_node` by its pod IP (the pod network across
+/// nodes: the CNI, and on routed networking the cloud's routes). Both pods are deleted after.
+pub fn pod_to_pod(registry: &str, server_node: &str, client_node: &str) {
+    use std::time::{Duration, Instant};
+    let echo = format!("{registry}/keelson-test/echo:1");
+    let on = |node: &str| format!("--overrides={{\"apiVersion\":\"v1\",\"spec\":{{\"nodeName\":\"{node}\"}}}}");
+    let server = run(&["kubectl", "run", "echo-server", &format!("--image={echo}"), "--restart=Never", &on(server_node), "--", "serve", ":8080"]);
+    assert!(server.status.success());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let server_ip = loop {
+        let o = run(&["kubectl", "get", "pod", "echo-server", "-o", "jsonpath={.status.phase} {.status.podIP}"]);
+        let text = String::from_utf8_lossy(&o.stdout).to_string();
+        if let Some(ip) = text.strip_prefix("Running ").filter(|ip| !ip.trim().is_empty()) {
+            break ip.trim().to_string();
+        }
+        if text.starts_with("Failed") {
+            let why = run(&["kubectl", "get", "pod", "echo-server", "-o", "jsonpath={.status.message}"]);
+            panic!("echo-server failed: {}", String::from_utf8_lossy(&why.stdout));
+        }
+        assert!(Instant::now() < deadline, "echo-server not Running within 120 s: {text}");
+        std::thread::sleep(Duration::from_secs(2));
+    };
+    let client = run(&[
+        "kubectl",
+        "run",
+        "echo-client",
+        &format!("--image={echo}"),
+        "--restart=Never",
+        &on(client_node),
+        "--",
+        "get",
+        &format!("http://{server_ip}:8080/"),
+    ]);
+    assert!(client.status.success());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let o = run(&["kubectl", "get", "pod", "echo-client", "-o", "jsonpath={.status.phase}"]);
+        let phase = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        if phase == "Succeeded" || phase == "Failed" {
+            let logs = run(&["kubectl", "logs", "echo-client"]);
+            let text = String::from_utf8_lossy(&logs.stdout).to_string();
+            assert!(
+                phase == "Succeeded" && text.contains("echo-server"),
+                "pod on {} could not reach the pod on {} ({server_ip}): {phase}: {text}",
+                client_node,
+                server_node
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "echo-client did not finish within 120 s: {phase}");
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    for p in ["echo-client", "echo-server"] {
+        let _ = run(&["kubectl", "delete", "pod", p, "--wait=false"]);
+    }
+}

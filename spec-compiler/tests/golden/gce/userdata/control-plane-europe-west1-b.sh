@@ -58,7 +58,7 @@ ClusterName: gce.k8s.example.com
 ConfigBase: gs://acme-keelson-state/gce.k8s.example.com
 InstanceGroupName: control-plane-europe-west1-b
 InstanceGroupRole: ControlPlane
-NodeupConfigHash: nQ4gfcgwJm0DwmGEJFJ3ZanW1bEOoPFmlWbek9MI1kA=
+NodeupConfigHash: kfH9AAgh4QoLQ46xiK7zpCv5wauhC1JAQQD2j4NjUqI=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then

@@ -58,7 +58,7 @@ ClusterName: gce.k8s.example.com
 ConfigBase: gs://acme-keelson-state/gce.k8s.example.com
 InstanceGroupName: control-plane-europe-west1-c
 InstanceGroupRole: ControlPlane
-NodeupConfigHash: whvb55cZ7xgTEORLyK5RNJ30G7kUtydSyZK+dbnU3Fc=
+NodeupConfigHash: tMpjIwoCbQ3dBZN0NADrPlbyt1Bm/c59u/Ce/HnlYaI=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then

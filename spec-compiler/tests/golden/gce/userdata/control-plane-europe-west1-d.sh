@@ -58,7 +58,7 @@ ClusterName: gce.k8s.example.com
 ConfigBase: gs://acme-keelson-state/gce.k8s.example.com
 InstanceGroupName: control-plane-europe-west1-d
 InstanceGroupRole: ControlPlane
-NodeupConfigHash: 8LQVN40q4vFKhGAlI5Jq+bPObGb0qoxu9xqyeW3UEHY=
+NodeupConfigHash: riOslrVcFFXI5xg9bfXTF1iktyLm2p4+AVR1DTL4bVU=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then

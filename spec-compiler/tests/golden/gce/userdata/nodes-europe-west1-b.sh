@@ -58,7 +58,7 @@ ClusterName: gce.k8s.example.com
 ConfigBase: gs://acme-keelson-state/gce.k8s.example.com
 InstanceGroupName: nodes-europe-west1-b
 InstanceGroupRole: Node
-NodeupConfigHash: G8DHZR97HtoMGWOyqTm3cUFnGY5kZtXQzUdAzGZxBu0=
+NodeupConfigHash: Jg1zeVXntu4SgSPJqC5ECZfugnhtFwAVe5mHJG4TVlo=
 __KEELSON_BOOTCONFIG_EOF__
 
 if ! download_verified "${urls}" "${INSTALL_DIR}/bin/nodeup" "${want}"; then

@@ -1,0 +1,139 @@
+//! What the clouds' cloud-controller-manager addons share: the flags kOps builds from
+//! `spec.cloudControllerManager` (`CloudControllerConfigArgv`), and the RBAC of the CCM's own
+//! service account (its controllers run as their own service accounts, `--use-service-account-credentials`,
+//! whose roles the API server's bootstrap policy holds).
+
+use serde_json::{json, Value};
+
+use keelson_api::CloudControllerManagerConfig;
+
+const NAMESPACE: &str = "kube-system";
+/// The label the DaemonSets select control-plane nodes by. The kubelet may not set it itself
+/// (NodeRestriction); protokube, which runs only on control planes, labels its own node.
+pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
+
+/// The CCM's flags, as kOps' `CloudControllerConfigArgv` builds them: the spec's flags sorted, then
+/// the defaults for what the spec leaves unset, then the cloud config.
+pub fn args(c: &CloudControllerManagerConfig, cloud_provider: &str, cloud_config: &str) -> Vec<String> {
+    let mut flags: Vec<String> = Vec::new();
+    let mut flag = |name: &str, value: String| flags.push(format!("--{name}={value}"));
+    if let Some(v) = &c.master {
+        flag("master", v.clone());
+    }
+    if let Some(v) = c.log_level.filter(|l| *l != 0) {
+        flag("v", v.to_string());
+    }
+    if let Some(v) = &c.cloud_provider {
+        flag("cloud-provider", v.clone());
+    }
+    if let Some(v) = &c.cluster_name {
+        flag("cluster-name", v.clone());
+    }
+    if let Some(v) = c.allow_untagged_cloud {
+        flag("allow-untagged-cloud", v.to_string());
+    }
+    if let Some(v) = &c.cluster_cidr {
+        flag("cluster-cidr", v.to_string());
+    }
+    if let Some(v) = c.allocate_node_cidrs {
+        flag("allocate-node-cidrs", v.to_string());
+    }
+    if let Some(v) = c.configure_cloud_routes {
+        flag("configure-cloud-routes", v.to_string());
+    }
+    if let Some(v) = c.controllers.as_ref().filter(|v| !v.is_empty()) {
+        flag("controllers", v.join(","));
+    }
+    if let Some(v) = &c.cidr_allocator_type {
+        flag("cidr-allocator-type", v.clone());
+    }
+    if let Some(le) = &c.leader_election {
+        if let Some(v) = le.leader_elect {
+            flag("leader-elect", v.to_string());
+        }
+        if let Some(v) = &le.leader_elect_lease_duration {
+            flag("leader-elect-lease-duration", v.to_string());
+        }
+        if let Some(v) = &le.leader_elect_renew_deadline_duration {
+            flag("leader-elect-renew-deadline", v.to_string());
+        }
+        if let Some(v) = &le.leader_elect_resource_lock {
+            flag("leader-elect-resource-lock", v.clone());
+        }
+        if let Some(v) = &le.leader_elect_resource_name {
+            flag("leader-elect-resource-name", v.clone());
+        }
+        if let Some(v) = &le.leader_elect_resource_namespace {
+            flag("leader-elect-resource-namespace", v.clone());
+        }
+        if let Some(v) = &le.leader_elect_retry_period {
+            flag("leader-elect-retry-period", v.to_string());
+        }
+    }
+    if let Some(v) = c.use_service_account_credentials {
+        flag("use-service-account-credentials", v.to_string());
+    }
+    if let Some(v) = c.enable_leader_migration {
+        flag("enable-leader-migration", v.to_string());
+    }
+    if let Some(v) = &c.node_status_update_frequency {
+        flag("node-status-update-frequency", v.to_string());
+    }
+    if let Some(v) = c.concurrent_node_syncs {
+        flag("concurrent-node-syncs", v.to_string());
+    }
+    flags.sort();
+    if c.log_level.unwrap_or(0) == 0 {
+        flags.push("--v=2".into());
+    }
+    if c.cloud_provider.is_none() {
+        flags.push(format!("--cloud-provider={cloud_provider}"));
+    }
+    if c.use_service_account_credentials.is_none() {
+        flags.push("--use-service-account-credentials=true".into());
+    }
+    flags.push(format!("--cloud-config={cloud_config}"));
+    flags
+}
+
+pub fn rbac(app: &str) -> Vec<Value> {
+    let rule = |group: &str, resources: &[&str], verbs: &[&str]| json!({"apiGroups": [group], "resources": resources, "verbs": verbs});
+    let sa_subject = json!([{"apiGroup": "", "kind": "ServiceAccount", "name": app, "namespace": NAMESPACE}]);
+    let mut token_rule = rule("", &["serviceaccounts/token"], &["create"]);
+    token_rule["resourceNames"] = json!(["node-controller", "service-controller", "route-controller"]);
+    vec![
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": app, "namespace": NAMESPACE}}),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "cloud-controller-manager:apiserver-authentication-reader", "namespace": NAMESPACE},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "extension-apiserver-authentication-reader"},
+            "subjects": sa_subject,
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": "system:cloud-controller-manager"},
+            "rules": [
+                rule("", &["events"], &["create", "patch", "update"]),
+                rule("", &["nodes"], &["*"]),
+                rule("", &["nodes/status"], &["patch"]),
+                rule("", &["services"], &["list", "patch", "update", "watch"]),
+                rule("", &["services/status"], &["list", "patch", "update", "watch"]),
+                rule("", &["serviceaccounts"], &["create", "get"]),
+                rule("", &["persistentvolumes"], &["get", "list", "update", "watch"]),
+                rule("", &["endpoints"], &["create", "get", "list", "watch", "update"]),
+                rule("coordination.k8s.io", &["leases"], &["create", "get", "list", "watch", "update"]),
+                rule("", &["secrets"], &["list", "watch"]),
+                token_rule,
+            ],
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "system:cloud-controller-manager"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:cloud-controller-manager"},
+            "subjects": sa_subject,
+        }),
+    ]
+}
