@@ -95,6 +95,8 @@ pub struct NodeState {
     pub provider_id_managers: Vec<String>,
     /// `status.nodeInfo.kubeletVersion`.
     pub kubelet_version: String,
+    /// When the Ready condition last changed (unix seconds).
+    pub ready_since: Option<i64>,
 }
 
 /// Node name → state.
@@ -116,7 +118,10 @@ pub fn nodes(kubeconfig: &Path) -> Result<BTreeMap<String, NodeState>, KubeApiEr
                     .collect();
                 let status = n.status.unwrap_or_default();
                 let kubelet_version = status.node_info.as_ref().map(|i| i.kubelet_version.clone()).unwrap_or_default();
-                let ready = status.conditions.unwrap_or_default().iter().any(|c| c.type_ == "Ready" && c.status == "True");
+                let conditions = status.conditions.unwrap_or_default();
+                let ready_condition = conditions.iter().find(|c| c.type_ == "Ready");
+                let ready = ready_condition.is_some_and(|c| c.status == "True");
+                let ready_since = ready_condition.and_then(|c| c.last_transition_time.as_ref()).map(|t| t.0.as_second());
                 let internal_ip = status.addresses.unwrap_or_default().into_iter().find(|a| a.type_ == "InternalIP").map(|a| a.address);
                 let spec = n.spec.unwrap_or_default();
                 let taints = spec.taints.unwrap_or_default().into_iter().map(|t| format!("{}:{}", t.key, t.effect)).collect();
@@ -129,6 +134,7 @@ pub fn nodes(kubeconfig: &Path) -> Result<BTreeMap<String, NodeState>, KubeApiEr
                     labels: n.metadata.labels.unwrap_or_default(),
                     provider_id_managers,
                     kubelet_version,
+                    ready_since,
                 };
                 (n.metadata.name.unwrap_or_default(), state)
             })

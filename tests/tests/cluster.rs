@@ -36,6 +36,9 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         &["up", "-f", &spec_path.to_string_lossy(), "--timeout", "600"],
     );
     assert!(out.status.success(), "keelson-local up failed (output above)");
+    // Printed, not bounded: how long each worker takes from its user-data starting to a Ready Node.
+    let boots = String::from_utf8_lossy(&out.stdout).lines().find(|l| l.starts_with("keelson-local: worker boot (")).map(str::to_string);
+    assert!(boots.as_deref().is_some_and(|l| l.matches(" s,").count() == 2), "one boot time per worker: {boots:?}");
 
     let spec = Spec::load(&spec_path).unwrap();
     let cs = ClusterState::load(&State::new(paths::state_dir())).expect("cluster.json");

@@ -13,6 +13,7 @@
 //! - [`selfheal`]: the control-plane failover test.
 
 pub mod assets;
+pub mod boot_times;
 pub mod commands;
 pub mod daemon;
 pub mod diagnostics;
