@@ -65,6 +65,8 @@ pub enum DnsError {
     NoZone(String),
     #[error("record {name}: {message}")]
     Invalid { name: String, message: String },
+    #[error("{op} {target}: still {status} after {waited:?}")]
+    NotDone { op: &'static str, target: String, status: String, waited: std::time::Duration },
 }
 
 fn api_err<E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static>(op: &'static str, target: &str, e: E) -> DnsError {

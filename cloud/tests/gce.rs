@@ -128,8 +128,12 @@ struct World {
 /// The emulators behind one address; `intercept` may answer a request first (to play another
 /// writer).
 fn world_with(op_delay: Duration, intercept: Option<Intercept>) -> World {
+    world_full(op_delay, Duration::from_millis(10), intercept)
+}
+
+fn world_full(op_delay: Duration, change_delay: Duration, intercept: Option<Intercept>) -> World {
     let compute = GceCompute::new(Config { operation_delay: op_delay, boot_delay: Some(Duration::from_millis(10)), ..Config::example() });
-    let dns = DnsEmulator::new(DnsConfig { change_delay: Duration::from_millis(10), ..DnsConfig::example() });
+    let dns = DnsEmulator::new(DnsConfig { change_delay, ..DnsConfig::example() });
     let auth = Arc::new(Mutex::new(Vec::new()));
     let (c, d, a) = (compute.clone(), dns.clone(), auth.clone());
     let server = Server::start(Arc::new(move |req: &Request| {
@@ -347,6 +351,28 @@ fn cloud_dns_upserts_replace_exactly_what_is_there_and_deletes_match_exactly() {
         d.apply_changes(&zone, &[RecordChange::Delete(rec("api.gce.k8s.example.com", &["10.0.16.3"]))]).await.expect("delete");
         assert!(!w.dns.a_records().contains_key("api.gce.k8s.example.com."));
         assert!(w.dns.a_records().contains_key("etcd-b.internal.gce.k8s.example.com."), "only that one");
+    });
+}
+
+#[test]
+fn a_cloud_dns_write_returns_once_its_change_is_done_and_gives_up_at_the_bound() {
+    let w = world_full(Duration::from_millis(20), Duration::from_millis(600), None);
+    dns_ok(&w.dns, "POST", "/managedZones", json!({"name": "k8s-example-com", "dnsName": "k8s.example.com.", "description": ""}));
+    let rec = |ip: &str| Record { name: "api.gce.k8s.example.com".into(), rtype: "A".into(), ttl: 60, values: vec![ip.to_string()] };
+    rt().block_on(async {
+        let d = w.cloud_dns();
+        let start = std::time::Instant::now();
+        d.apply_changes("k8s-example-com", &[RecordChange::Upsert(rec("10.0.16.3"))]).await.expect("upsert");
+        assert!(start.elapsed() >= Duration::from_millis(600), "returned after {:?}, before the change was done", start.elapsed());
+        let changes = dns_ok(&w.dns, "GET", "/managedZones/k8s-example-com/changes", json!({}));
+        assert!(changes["changes"].as_array().expect("changes").iter().all(|c| c["status"] == "done"), "{changes}");
+        // The next write reads back what the first one made, and replaces it exactly.
+        d.apply_changes("k8s-example-com", &[RecordChange::Upsert(rec("10.0.16.4"))]).await.expect("second upsert");
+        assert_eq!(w.dns.a_records().get("api.gce.k8s.example.com."), Some(&vec!["10.0.16.4".to_string()]));
+        // A change that stays pending longer than the bound is an error naming it.
+        let impatient = w.cloud_dns().with_change_bound(Duration::from_millis(200));
+        let err = impatient.apply_changes("k8s-example-com", &[RecordChange::Upsert(rec("10.0.16.5"))]).await.expect_err("pending past the bound");
+        assert!(err.to_string().contains("still pending"), "{err}");
     });
 }
 

@@ -4,6 +4,7 @@
 //! in one atomic change.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
@@ -14,6 +15,9 @@ use crate::dns::{normalize_name, Dns, DnsError, Record, RecordChange};
 /// addition; Cloud DNS takes at most 1000 of each per change).
 pub const MAX_CHANGES_PER_CALL: usize = 500;
 const MAX_PAGES: usize = 200;
+/// How long a change may stay `pending` before the write counts as failed (Cloud DNS applies a
+/// change in seconds; the next write reads the record sets back, so it must wait for `done`).
+pub const CHANGE_DONE_BOUND: Duration = Duration::from_secs(120);
 
 fn api_err(op: &'static str, target: &str, e: GoogleApiError) -> DnsError {
     DnsError::Api { op, target: target.to_string(), code: e.code(), message: e.to_string(), source: Box::new(e) }
@@ -76,16 +80,45 @@ pub struct CloudDns {
     api: GoogleApi,
     /// `…/dns/v1/projects/<project>`.
     project_url: String,
+    /// How long a change may stay `pending` ([`CHANGE_DONE_BOUND`] unless set).
+    change_bound: Duration,
 }
 
 impl CloudDns {
     /// `dns`: the Cloud DNS v1 base (`https://dns.googleapis.com/dns/v1`, or an emulator's).
     pub fn new(api: GoogleApi, dns: &str, project: &str) -> CloudDns {
-        CloudDns { api, project_url: format!("{}/projects/{project}", dns.trim_end_matches('/')) }
+        CloudDns { api, project_url: format!("{}/projects/{project}", dns.trim_end_matches('/')), change_bound: CHANGE_DONE_BOUND }
+    }
+
+    /// Another bound for a change to be `done`.
+    pub fn with_change_bound(mut self, bound: Duration) -> CloudDns {
+        self.change_bound = bound;
+        self
     }
 
     fn zone_url(&self, zone: &str) -> String {
         format!("{}/managedZones/{}", self.project_url, enc(zone))
+    }
+
+    /// Poll `changes.get` until the change is `done` (bounded): the zone's record sets show it only
+    /// then, and the next change must delete exactly what is there.
+    async fn wait_done(&self, zone: &str, change: &Value) -> Result<(), DnsError> {
+        let bound = self.change_bound;
+        let id = change["id"].as_str().unwrap_or_default().to_string();
+        let start = Instant::now();
+        let mut status = change["status"].as_str().unwrap_or("done").to_string();
+        let mut delay = Duration::from_millis(100);
+        while status != "done" {
+            if start.elapsed() + delay > bound {
+                return Err(DnsError::NotDone { op: "changes.get", target: format!("{zone}/{id}"), status, waited: start.elapsed() });
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(1));
+            let url = format!("{}/changes/{}", self.zone_url(zone), enc(&id));
+            let v = self.api.get(&url).await.map_err(|e| api_err("changes.get", &id, e))?;
+            status = v["status"].as_str().unwrap_or_default().to_string();
+        }
+        Ok(())
     }
 
     /// The record set `name`/`rtype` as served, if there is one.
@@ -167,7 +200,8 @@ impl Dns for CloudDns {
             if body["deletions"].as_array().is_some_and(Vec::is_empty) && body["additions"].as_array().is_some_and(Vec::is_empty) {
                 continue;
             }
-            self.api.post(&format!("{}/changes", self.zone_url(zone)), &body).await.map_err(|e| api_err("changes.create", zone, e))?;
+            let change = self.api.post(&format!("{}/changes", self.zone_url(zone)), &body).await.map_err(|e| api_err("changes.create", zone, e))?;
+            self.wait_done(zone, &change).await?;
             calls += 1;
         }
         Ok(calls)
