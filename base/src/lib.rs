@@ -14,6 +14,7 @@ pub mod aws;
 pub mod encryption;
 pub mod etcd_backup;
 pub mod fs;
+pub mod gce_adc;
 pub mod gce_metadata;
 pub mod imds;
 #[cfg(feature = "aws")]

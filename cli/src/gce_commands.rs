@@ -10,12 +10,18 @@ use spec_compiler::complete::CompileOptions;
 use crate::commands::{color, open_store, with_lock, with_pinned_cas, ApplyArgs, Common, DeleteArgs, RollingUpdateArgs};
 
 /// The GCE target of a cluster: the Compute API at `--endpoint-url`, `$KEELSON_GCE_ENDPOINT` or
-/// Google's, with tokens from the metadata server (`$GCE_METADATA_HOST`).
+/// Google's, with tokens from Application Default Credentials (`$GOOGLE_APPLICATION_CREDENTIALS`,
+/// gcloud's `application_default_credentials.json`) or else the metadata server (`$GCE_METADATA_HOST`).
 pub(crate) fn target(common: &Common, model: &model::ClusterModel) -> anyhow::Result<cloud_resources::gce::GceTarget> {
     let endpoints = cloud::gce::GceEndpoints::resolve(common.endpoint_url.as_deref());
     let project = model.project.clone().ok_or_else(|| anyhow::anyhow!("Cluster/{}: spec.project: required on GCE", model.cluster))?;
-    let metadata = base::gce_metadata::GceMetadata::new(None, std::time::Duration::from_secs(10))?;
-    let tokens = cloud::gce::TokenSource::new(metadata);
+    let tokens = match cloud::gce::adc::from_environment()? {
+        Some((file, creds)) => {
+            tracing::info!(file = %file.display(), token_uri = creds.token_uri(), "Google credentials: application default credentials");
+            cloud::gce::TokenSource::from_credentials(creds, std::time::Duration::from_secs(30))?
+        }
+        None => cloud::gce::TokenSource::new(base::gce_metadata::GceMetadata::new(None, std::time::Duration::from_secs(10))?),
+    };
     Ok(cloud_resources::gce::GceTarget::new(&endpoints, &project, tokens, std::time::Duration::from_secs(600))?)
 }
 

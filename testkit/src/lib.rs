@@ -12,6 +12,7 @@ pub mod gce_compute;
 pub mod gce_metadata;
 pub mod golden;
 pub mod google_api;
+pub mod google_oauth;
 pub mod httpd;
 pub mod imds;
 pub mod mirror;

@@ -18,8 +18,14 @@ use testkit::gce_compute::{Config, GceCompute};
 
 const SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/gce_api_wire");
 
-/// Build the Go program (or reuse the binary built from the same sources).
+/// Build the Go program (or reuse the binary built from the same sources); once per process, as
+/// the tests run in parallel.
 fn go_binary() -> PathBuf {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(build_go_binary).clone()
+}
+
+fn build_go_binary() -> PathBuf {
     let go = which("go").unwrap_or_else(|| panic!("this test needs Go (Google's Compute and DNS clients are Go); go not found on PATH"));
     let files = ["main.go", "go.mod.in", "go.sum.in"];
     let mut h = sha2::Sha256::new();
@@ -69,6 +75,35 @@ fn googles_go_clients_drive_the_compute_and_dns_emulators() {
     assert_eq!(got["api_record"], "10.0.16.4");
     assert_eq!(got["rrset_count"], 3);
     assert_eq!(dns.a_records().get("api.internal.gce.k8s.example.com.").cloned(), Some(vec!["10.0.16.4".to_string()]));
+}
+
+/// Google's own OAuth client (`golang.org/x/oauth2/google`, `CredentialsFromJSON`) trades a
+/// service-account key and a gcloud user login at the local token endpoint: what the endpoint
+/// checks is what Google's client sends, so Keelson's ADC client is checked against the same
+/// endpoint (cloud/tests/gce_adc.rs) and not against a dialect of our own.
+#[test]
+fn googles_go_oauth2_client_trades_credentials_at_the_local_token_endpoint() {
+    use testkit::google_oauth::{self, Accepts, TokenEndpoint};
+    let bin = go_binary();
+    let dir = tempfile::tempdir().expect("tmp");
+    let email = "keelson-ci@acme-prod.iam.gserviceaccount.com";
+    let endpoint = TokenEndpoint::start(Accepts::default());
+    let sa = google_oauth::service_account_file(dir.path(), "sa.json", email, &endpoint.url()).expect("key file");
+    let base::gce_adc::Credentials::ServiceAccount(parsed) = base::gce_adc::parse(&sa, &std::fs::read_to_string(&sa).expect("read")).expect("parse") else {
+        panic!("a service account")
+    };
+    endpoint.accept(Accepts {
+        service_account: Some((email.to_string(), parsed.public_key_der())),
+        user: Some(("client-1.apps.googleusercontent.com".into(), "s3cr3t".into(), "1//r3fr3sh".into())),
+    });
+    let user = google_oauth::user_file(dir.path(), "client-1.apps.googleusercontent.com", "s3cr3t", "1//r3fr3sh", &endpoint.url()).expect("user file");
+    for (file, want) in [(&sa, "ya29.local-1"), (&user, "ya29.local-2")] {
+        let out = Command::new(&bin).arg("oauth").arg(file).output().expect("run the Go client");
+        assert!(out.status.success(), "Google's Go client against the token endpoint ({}):\n{}", file.display(), String::from_utf8_lossy(&out.stderr));
+        let got: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON from the Go program");
+        assert_eq!(got["access_token"], want, "{got}");
+    }
+    assert_eq!(endpoint.issued().len(), 2);
 }
 
 fn which(name: &str) -> Option<PathBuf> {

@@ -1,6 +1,7 @@
-//! The `gs://bucket/prefix` backend: the Cloud Storage JSON API over HTTPS. Credentials are the
-//! instance's service-account token from the GCE metadata server (`Metadata-Flavor: Google`), cached
-//! until shortly before it expires; every upload is checked against the MD5 the service reports;
+//! The `gs://bucket/prefix` backend: the Cloud Storage JSON API over HTTPS. Credentials are
+//! Application Default Credentials when the environment names them ([`crate::gce_adc`]: a
+//! service-account key or gcloud's user login, off GCE), else the instance's service-account token
+//! from the GCE metadata server (`Metadata-Flavor: Google`), cached until shortly before it expires; every upload is checked against the MD5 the service reports;
 //! the lock is a create with `ifGenerationMatch=0` (the service refuses it with 412 when the object
 //! exists). `STORAGE_EMULATOR_HOST` points the store at an emulator (then no token is sent unless
 //! `GCE_METADATA_HOST` is set too), `GCE_METADATA_HOST` at another metadata server — the variables
@@ -34,6 +35,8 @@ pub struct GcsEndpoints {
     pub storage: String,
     /// The metadata server to take tokens from (`http://host[:port]`), `None`: send no token.
     pub metadata: Option<String>,
+    /// Application Default Credentials to take tokens from instead (Google's service only).
+    pub credentials_file: Option<std::path::PathBuf>,
 }
 
 impl GcsEndpoints {
@@ -46,10 +49,15 @@ impl GcsEndpoints {
         let with_scheme = |h: String| if h.contains("://") { h.trim_end_matches('/').to_string() } else { format!("http://{}", h.trim_end_matches('/')) };
         let metadata_host = var("GCE_METADATA_HOST").map(with_scheme);
         match var("STORAGE_EMULATOR_HOST") {
-            Some(emulator) => GcsEndpoints { storage: with_scheme(emulator), metadata: metadata_host },
+            Some(emulator) => GcsEndpoints { storage: with_scheme(emulator), metadata: metadata_host, credentials_file: None },
             None => GcsEndpoints {
                 storage: GCS_ENDPOINT.to_string(),
                 metadata: Some(metadata_host.unwrap_or_else(|| format!("http://{}", crate::gce_metadata::DEFAULT_HOST))),
+                credentials_file: crate::gce_adc::locate(
+                    var(crate::gce_adc::ENV).map(Into::into),
+                    var(crate::gce_adc::CLOUDSDK_CONFIG_ENV).map(Into::into),
+                    var("HOME").map(Into::into),
+                ),
             },
         }
     }
@@ -71,6 +79,8 @@ pub(super) struct GcsStore {
     /// Where tokens come from (the metadata client, which also refuses an answer that is not the
     /// metadata server's); `None`: send no token.
     metadata: Option<GceMetadata>,
+    /// Application Default Credentials, which win over the metadata server.
+    credentials: Option<crate::gce_adc::Credentials>,
     token: Arc<Mutex<Option<Token>>>,
 }
 
@@ -129,7 +139,15 @@ impl GcsStore {
             })?),
             None => None,
         };
-        Ok(GcsStore { client, endpoints, bucket: bucket.to_string(), prefix: prefix.to_string(), metadata, token: Arc::new(Mutex::new(None)) })
+        let credentials = match &endpoints.credentials_file {
+            Some(path) => {
+                let adc = |message: String| StoreError::Gcs { op: "token", bucket: bucket.to_string(), name: String::new(), message };
+                let text = std::fs::read_to_string(path).map_err(|e| adc(format!("{}: {e}", path.display())))?;
+                Some(crate::gce_adc::parse(path, &text).map_err(|e| adc(e.to_string()))?)
+            }
+            None => None,
+        };
+        Ok(GcsStore { client, endpoints, bucket: bucket.to_string(), prefix: prefix.to_string(), metadata, credentials, token: Arc::new(Mutex::new(None)) })
     }
 
     fn name(&self, rel: &str) -> String {
@@ -155,11 +173,21 @@ impl GcsStore {
 
     /// The service-account token, from the metadata server (cached until a minute before it expires).
     async fn auth(&self, req: reqwest::RequestBuilder) -> Result<reqwest::RequestBuilder, StoreError> {
-        let Some(metadata) = &self.metadata else { return Ok(req) };
+        if self.metadata.is_none() && self.credentials.is_none() {
+            return Ok(req);
+        }
         let mut cached = self.token.lock().await;
         if let Some(t) = cached.as_ref().filter(|t| t.until > Instant::now()) {
             return Ok(req.bearer_auth(&t.value));
         }
+        if let Some(creds) = &self.credentials {
+            let (value, expires_in) = crate::gce_adc::fetch(&self.client, creds).await.map_err(|e| self.err("token", "", e.to_string()))?;
+            let until = Instant::now() + Duration::from_secs(expires_in.saturating_sub(60));
+            let req = req.bearer_auth(&value);
+            *cached = Some(Token { value, until });
+            return Ok(req);
+        }
+        let Some(metadata) = &self.metadata else { return Ok(req) };
         let path = "instance/service-accounts/default/token";
         let body = metadata
             .get(path)
@@ -340,14 +368,17 @@ mod tests {
     #[test]
     fn endpoints_follow_the_variables_google_clients_read() {
         let vars = |pairs: &'static [(&'static str, &'static str)]| move |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
-        assert_eq!(GcsEndpoints::from_vars(vars(&[])), GcsEndpoints { storage: GCS_ENDPOINT.into(), metadata: Some("http://metadata.google.internal".into()) });
+        assert_eq!(
+            GcsEndpoints::from_vars(vars(&[])),
+            GcsEndpoints { storage: GCS_ENDPOINT.into(), metadata: Some("http://metadata.google.internal".into()), credentials_file: None }
+        );
         assert_eq!(
             GcsEndpoints::from_vars(vars(&[("STORAGE_EMULATOR_HOST", "127.0.0.1:4443")])),
-            GcsEndpoints { storage: "http://127.0.0.1:4443".into(), metadata: None }
+            GcsEndpoints { storage: "http://127.0.0.1:4443".into(), metadata: None, credentials_file: None }
         );
         assert_eq!(
             GcsEndpoints::from_vars(vars(&[("STORAGE_EMULATOR_HOST", "https://e:1/"), ("GCE_METADATA_HOST", "127.0.0.1:8080")])),
-            GcsEndpoints { storage: "https://e:1".into(), metadata: Some("http://127.0.0.1:8080".into()) }
+            GcsEndpoints { storage: "https://e:1".into(), metadata: Some("http://127.0.0.1:8080".into()), credentials_file: None }
         );
     }
 
@@ -363,7 +394,8 @@ mod tests {
 
     #[test]
     fn object_names_are_escaped_in_paths_and_queries() {
-        let s = GcsStore::new("b", "c/x", GcsEndpoints { storage: "http://e".into(), metadata: None }, Duration::from_secs(1)).expect("store");
+        let s = GcsStore::new("b", "c/x", GcsEndpoints { storage: "http://e".into(), metadata: None, credentials_file: None }, Duration::from_secs(1))
+            .expect("store");
         let name = s.name("pki/issued/a b+c");
         assert_eq!(name, "c/x/pki/issued/a b+c");
         assert_eq!(s.object_url(&name), "http://e/storage/v1/b/b/o/c%2Fx%2Fpki%2Fissued%2Fa%20b%2Bc");

@@ -1,5 +1,6 @@
-//! OAuth access tokens for Google's APIs from the metadata server
-//! (`instance/service-accounts/default/token`), cached until shortly before they expire.
+//! OAuth access tokens for Google's APIs, cached until shortly before they expire: from the
+//! metadata server (`instance/service-accounts/default/token`) on GCE, or from Application Default
+//! Credentials ([`super::adc`]) off it.
 
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,8 @@ pub enum TokenError {
     Missing,
     #[error("service-account token: {TOKEN_PATH}: not a token answer: {0}")]
     Parse(String),
+    #[error("application default credentials: {0}")]
+    Adc(#[from] super::adc::AdcError),
 }
 
 #[derive(serde::Deserialize)]
@@ -31,16 +34,33 @@ pub fn use_until(now: Instant, expires_in: u64) -> Instant {
     now + Duration::from_secs(expires_in).saturating_sub(REFRESH_MARGIN)
 }
 
-/// The token source: one metadata client, one cached token (shared by clones).
+#[derive(Debug, Clone)]
+enum Source {
+    Metadata(GceMetadata),
+    Credentials { creds: super::adc::Credentials, http: reqwest::Client },
+}
+
+/// The token source: where tokens come from, one cached token (shared by clones).
 #[derive(Debug, Clone)]
 pub struct TokenSource {
-    metadata: GceMetadata,
+    source: Source,
     cached: std::sync::Arc<tokio::sync::Mutex<Option<(String, Instant)>>>,
 }
 
 impl TokenSource {
+    /// Tokens of the instance's service account, from the metadata server.
     pub fn new(metadata: GceMetadata) -> TokenSource {
-        TokenSource { metadata, cached: Default::default() }
+        TokenSource { source: Source::Metadata(metadata), cached: Default::default() }
+    }
+
+    /// Tokens traded for Application Default Credentials at their token endpoint.
+    pub fn from_credentials(creds: super::adc::Credentials, timeout: Duration) -> Result<TokenSource, TokenError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(timeout.min(Duration::from_secs(10)))
+            .timeout(timeout)
+            .build()
+            .map_err(|e| super::adc::AdcError::Token { url: creds.token_uri().to_string(), message: e.to_string() })?;
+        Ok(TokenSource { source: Source::Credentials { creds, http }, cached: Default::default() })
     }
 
     /// A valid access token (from the cache while it has more than [`REFRESH_MARGIN`] left).
@@ -49,13 +69,19 @@ impl TokenSource {
         if let Some((t, _)) = cached.as_ref().filter(|(_, until)| *until > Instant::now()) {
             return Ok(t.clone());
         }
-        let body = self.metadata.get(TOKEN_PATH).await?.ok_or(TokenError::Missing)?;
-        let a: Answer = serde_json::from_str(&body).map_err(|e| TokenError::Parse(e.to_string()))?;
-        if a.access_token.is_empty() {
-            return Err(TokenError::Parse("empty access_token".into()));
-        }
-        *cached = Some((a.access_token.clone(), use_until(Instant::now(), a.expires_in)));
-        Ok(a.access_token)
+        let (token, expires_in) = match &self.source {
+            Source::Metadata(metadata) => {
+                let body = metadata.get(TOKEN_PATH).await?.ok_or(TokenError::Missing)?;
+                let a: Answer = serde_json::from_str(&body).map_err(|e| TokenError::Parse(e.to_string()))?;
+                if a.access_token.is_empty() {
+                    return Err(TokenError::Parse("empty access_token".into()));
+                }
+                (a.access_token, a.expires_in)
+            }
+            Source::Credentials { creds, http } => super::adc::fetch(http, creds).await?,
+        };
+        *cached = Some((token.clone(), use_until(Instant::now(), expires_in)));
+        Ok(token)
     }
 
     /// Forget the cached token (after a 401).

@@ -1,7 +1,8 @@
 //! Google Compute Engine: persistent disks and instances ([`disks::GceVolumes`], behind
 //! [`crate::volumes::Volumes`] and [`crate::volumes::Instances`]) and Cloud DNS
 //! ([`dns::CloudDns`], behind [`crate::dns::Dns`]), on the REST APIs with reqwest and the
-//! service-account token of the metadata server ([`auth::TokenSource`]).
+//! service-account token of the metadata server, or Application Default Credentials off GCE
+//! ([`auth::TokenSource`], [`adc`]).
 //!
 //! * `labels` — kOps' GCE label encoding and the tag ↔ label names.
 //! * `api` — the HTTP client (tokens, Google's errors, bounded retries of reads, pagination).
@@ -10,6 +11,7 @@
 //! * `instances`, `migs` — reading instances, templates and managed instance groups
 //!   ([`ComputeReader`]: what the node join server checks).
 
+pub use base::gce_adc as adc;
 pub mod api;
 pub mod auth;
 pub mod compute;

@@ -2,6 +2,9 @@
 // (google.golang.org/api/compute/v1 and dns/v1) the way a kOps-style tool does, checks what comes
 // back, and prints a JSON summary for the Rust side: the wire-format check of the emulators.
 // Usage: gce-api-wire http://127.0.0.1:PORT/
+//
+//	gce-api-wire oauth CREDENTIALS.json   # Application Default Credentials through golang.org/x/oauth2/google:
+//	                                      # trade the file for a token at its token_uri and print it as JSON
 package main
 
 import (
@@ -15,6 +18,7 @@ import (
 	"time"
 
 	"golang.org/x/oauth2"
+	"golang.org/x/oauth2/google"
 	compute "google.golang.org/api/compute/v1"
 	dns "google.golang.org/api/dns/v1"
 	"google.golang.org/api/googleapi"
@@ -100,7 +104,20 @@ func managed(c *compute.Service, mig string) []*compute.ManagedInstance {
 	return all
 }
 
+// oauthToken: what Google's own client sends to a token endpoint for a credentials file.
+func oauthToken(file string) {
+	data := must(os.ReadFile(file))("read " + file)
+	creds := must(google.CredentialsFromJSON(ctx, data, "https://www.googleapis.com/auth/cloud-platform"))("credentials")
+	tok := must(creds.TokenSource.Token())("token")
+	b, _ := json.Marshal(map[string]any{"access_token": tok.AccessToken, "valid": tok.Valid()})
+	fmt.Println(string(b))
+}
+
 func main() {
+	if len(os.Args) == 3 && os.Args[1] == "oauth" {
+		oauthToken(os.Args[2])
+		return
+	}
 	if len(os.Args) != 2 {
 		fail("usage: gce-api-wire http://127.0.0.1:PORT/")
 	}
