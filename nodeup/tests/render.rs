@@ -1,8 +1,10 @@
 //! `nodeup render --conf BOOTCONFIG --out DIR`: what nodeup would write, and nothing else — no
 //! download, no install, no process. And the kubelet's last mile: every field of
 //! `KubeletConfigSpec` that Keelson supports (`keelson_api::support::KUBELET`), set to a
-//! non-default value in the NodeupConfig, appears in the rendered `kubelet.conf` at its
-//! `KubeletConfiguration` key or among the kubelet's flags.
+//! non-default value in the NodeupConfig (`testkit::kubelet_fields`), appears in the rendered
+//! `kubelet.conf` at its `KubeletConfiguration` key or among the kubelet's flags. That the key names
+//! and value shapes are the kubelet's own is keelson-local's `tests/tests/kubelet.rs`: the real
+//! kubelet, run on the same render.
 
 mod common;
 
