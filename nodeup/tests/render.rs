@@ -1,8 +1,10 @@
 //! `nodeup render --conf BOOTCONFIG --out DIR`: what nodeup would write, and nothing else — no
 //! download, no install, no process. And the kubelet's last mile: every field of
 //! `KubeletConfigSpec` that Keelson supports (`keelson_api::support::KUBELET`), set to a
-//! non-default value in the NodeupConfig, appears in the rendered `kubelet.conf` at its
-//! `KubeletConfiguration` key or among the kubelet's flags.
+//! non-default value in the NodeupConfig (`testkit::kubelet_fields`), appears in the rendered
+//! `kubelet.conf` at its `KubeletConfiguration` key or among the kubelet's flags. That the key names
+//! and value shapes are the kubelet's own is keelson-local's `tests/tests/kubelet.rs`: the real
+//! kubelet, run on the same render.
 
 mod common;
 
@@ -13,132 +15,10 @@ use std::process::Output;
 use common::*;
 use keelson_api::support::{Use, KUBELET};
 use serde_yaml_ng::Value;
+use testkit::kubelet_fields::{unlisted, with_kubelet, KubeletField, FIELDS, SHADOWING};
 
-/// (json key, value in the NodeupConfig, expected rendering: the kubelet.conf value (YAML) or the
-/// flag's value). Every supported field is here (checked below), none at its default.
-const FIELDS: &[(&str, &str, &str)] = &[
-    ("anonymousAuth", "true", "true"),
-    ("authorizationMode", "AlwaysAllow", "AlwaysAllow"),
-    ("bootstrapKubeconfig", "/var/lib/kubelet/other-bootstrap", "/var/lib/kubelet/other-bootstrap"),
-    ("clientCaFile", "/srv/kubernetes/other-ca.crt", "/srv/kubernetes/other-ca.crt"),
-    ("tlsCipherSuites", "[TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256]", "[TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256]"),
-    ("tlsMinVersion", "VersionTLS13", "VersionTLS13"),
-    ("kubeconfigPath", "/var/lib/kubelet/kubeconfig2", "/var/lib/kubelet/kubeconfig2"),
-    ("logFormat", "json", "json"),
-    ("logLevel", "4", "4"),
-    ("podManifestPath", "/etc/kubernetes/static", "/etc/kubernetes/static"),
-    ("hostnameOverride", "node-x.example.com", "node-x.example.com"),
-    ("seccompDefault", "true", "true"),
-    ("enableDebuggingHandlers", "false", "false"),
-    ("registerNode", "false", "false"),
-    ("nodeStatusUpdateFrequency", "20s", "20s"),
-    ("clusterDomain", "example.local", "example.local"),
-    ("clusterDNS", "10.0.0.53", "[10.0.0.53]"),
-    ("cloudProvider", "external", "external"),
-    ("kubeletCgroups", "/kubelet.slice", "/kubelet.slice"),
-    ("runtimeCgroups", "/system.slice/containerd.service", "/system.slice/containerd.service"),
-    ("readOnlyPort", "10255", "10255"),
-    ("systemCgroups", "/system.slice", "/system.slice"),
-    ("cgroupRoot", "/pods", "/pods"),
-    ("hairpinMode", "hairpin-veth", "hairpin-veth"),
-    ("maxPods", "55", "55"),
-    ("podCIDR", "10.200.0.0/24", "10.200.0.0/24"),
-    ("resolvConf", "/run/systemd/resolve/resolv.conf", "/run/systemd/resolve/resolv.conf"),
-    ("registerSchedulable", "false", "false"),
-    ("serializeImagePulls", "false", "false"),
-    ("nodeLabels", "{example.com/role: web}", "example.com/role=web"),
-    ("imageMinimumGCAge", "3m", "3m0s"),
-    ("imageMaximumGCAge", "168h", "168h0m0s"),
-    ("maxParallelImagePulls", "3", "3"),
-    ("imageGCHighThresholdPercent", "80", "80"),
-    ("imageGCLowThresholdPercent", "70", "70"),
-    ("evictionHard", "memory.available<200Mi,nodefs.available<5%", "{memory.available: 200Mi, nodefs.available: 5%}"),
-    ("evictionSoft", "memory.available<300Mi", "{memory.available: 300Mi}"),
-    ("evictionSoftGracePeriod", "memory.available=30s", "{memory.available: 30s}"),
-    ("evictionPressureTransitionPeriod", "45s", "45s"),
-    ("evictionMaxPodGracePeriod", "60", "60"),
-    ("evictionMinimumReclaim", "memory.available=100Mi", "{memory.available: 100Mi}"),
-    ("volumePluginDirectory", "/usr/libexec/kubernetes/plugins", "/usr/libexec/kubernetes/plugins"),
-    ("taints", "['example.com/t=v:NoSchedule']", "[{key: example.com/t, value: v, effect: NoSchedule}]"),
-    ("featureGates", "{ImageVolume: 'false'}", "{ImageVolume: false}"),
-    ("kernelMemcgNotification", "true", "true"),
-    ("kubeReserved", "{cpu: 100m}", "{cpu: 100m}"),
-    ("kubeReservedCgroup", "/kube-reserved", "/kube-reserved"),
-    ("systemReserved", "{memory: 100Mi}", "{memory: 100Mi}"),
-    ("systemReservedCgroup", "/system-reserved", "/system-reserved"),
-    ("enforceNodeAllocatable", "pods,system-reserved", "[pods, system-reserved]"),
-    ("runtimeRequestTimeout", "3m", "3m0s"),
-    ("volumeStatsAggPeriod", "2m", "2m0s"),
-    ("failSwapOn", "false", "false"),
-    ("experimentalAllowedUnsafeSysctls", "[net.core.a]", "[net.core.a, net.core.b]"),
-    ("allowedUnsafeSysctls", "[net.core.b]", "[net.core.a, net.core.b]"),
-    ("streamingConnectionIdleTimeout", "5m", "5m0s"),
-    ("rootDir", "/var/lib/kubelet2", "/var/lib/kubelet2"),
-    ("authenticationTokenWebhook", "true", "true"),
-    ("authenticationTokenWebhookCacheTtl", "30s", "30s"),
-    ("cpuCFSQuota", "false", "false"),
-    ("cpuCFSQuotaPeriod", "50ms", "50ms"),
-    ("cpuManagerPolicy", "static", "static"),
-    ("registryPullQPS", "7", "7"),
-    ("registryBurst", "20", "20"),
-    ("topologyManagerPolicy", "best-effort", "best-effort"),
-    ("rotateCertificates", "true", "true"),
-    ("protectKernelDefaults", "false", "false"),
-    ("cgroupDriver", "cgroupfs", "cgroupfs"),
-    ("housekeepingInterval", "20s", "20s"),
-    ("eventBurst", "30", "30"),
-    ("containerLogMaxSize", "20Mi", "20Mi"),
-    ("containerLogMaxFiles", "4", "4"),
-    ("podPidsLimit", "1000", "1000"),
-    ("experimentalAllocatableIgnoreEviction", "true", "true"),
-    ("shutdownGracePeriod", "45s", "45s"),
-    ("shutdownGracePeriodCriticalPods", "15s", "15s"),
-    ("memorySwapBehavior", "LimitedSwap", "LimitedSwap"),
-    ("crashLoopBackOffMaxContainerRestartPeriod", "1m", "1m0s"),
-    ("kubeAPIQPS", "60", "60"),
-    ("eventRecordQPS", "9", "9"),
-    ("nodeLeaseDurationSeconds", "50", "50"),
-];
-
-/// Fields that map to the same place as another one and are checked in a second render:
-/// kOps' `eventQPS` is the older name of `eventRecordQPS` and wins over it.
-const SHADOWING: &[(&str, &str, &str)] = &[("eventQPS", "7", "7")];
-
-/// The fixture NodeupConfig with its `KubeletConfig` section replaced by `fields`.
-fn with_kubelet(fixture: String, fields: &[(&str, &str, &str)]) -> String {
-    let mut out = String::new();
-    let mut replacing = false;
-    for line in fixture.lines() {
-        if line == "KubeletConfig:" {
-            out.push_str("KubeletConfig:\n");
-            for (key, value, _) in fields {
-                out.push_str(&format!("  {key}: {value}\n"));
-            }
-            replacing = true;
-            continue;
-        }
-        if replacing && line.starts_with(' ') {
-            continue;
-        }
-        replacing = false;
-        out.push_str(line);
-        out.push('\n');
-    }
-    assert!(out.contains(&format!("  {}: ", fields[0].0)), "the fixture has a KubeletConfig section");
-    out
-}
-
-fn render(fields: &[(&str, &str, &str)]) -> (Scenario, tempfile::TempDir, Output) {
-    let owned: Vec<(String, String, String)> = fields.iter().map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string())).collect();
-    let s = Scenario::edited(
-        Group::ControlPlane,
-        64,
-        |m, a| vec![m.url(&a.path)],
-        move |text| {
-            let f: Vec<(&str, &str, &str)> = owned.iter().map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str())).collect();
-            with_kubelet(text, &f)
-        },
-    );
+fn render(fields: &'static [KubeletField]) -> (Scenario, tempfile::TempDir, Output) {
+    let s = Scenario::edited(Group::ControlPlane, 64, |m, a| vec![m.url(&a.path)], |text| with_kubelet(&text, fields));
     let out = tempfile::tempdir().expect("out");
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_nodeup"))
         .args(["render", "--conf"])
@@ -166,12 +46,12 @@ fn flags(dir: &Path) -> BTreeMap<String, String> {
     args.split(' ').filter_map(|a| a.strip_prefix("--")?.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
 
-fn check(dir: &Path, fields: &[(&str, &str, &str)]) -> Vec<String> {
+fn check(dir: &Path, fields: &[KubeletField]) -> Vec<String> {
     let conf: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(dir.join("var/lib/kubelet/kubelet.conf")).expect("kubelet.conf")).expect("yaml");
     let flags = flags(dir);
     let mut bad = Vec::new();
-    for (key, _, want) in fields {
-        let used = KUBELET.iter().find(|f| f.key == *key).map(|f| f.used);
+    for &KubeletField { key, rendered: want, .. } in fields {
+        let used = KUBELET.iter().find(|f| f.key == key).map(|f| f.used);
         match used {
             Some(Use::KubeletConfig(path)) => {
                 let want: Value = serde_yaml_ng::from_str(want).expect("expected value");
@@ -181,7 +61,7 @@ fn check(dir: &Path, fields: &[(&str, &str, &str)]) -> Vec<String> {
                 }
             }
             Some(Use::KubeletFlag(flag)) => {
-                if flags.get(flag).map(String::as_str) != Some(*want) {
+                if flags.get(flag).map(String::as_str) != Some(want) {
                     bad.push(format!("{key}: --{flag}={:?}, want {want:?}", flags.get(flag)));
                 }
             }
@@ -193,13 +73,8 @@ fn check(dir: &Path, fields: &[(&str, &str, &str)]) -> Vec<String> {
 
 #[test]
 fn every_supported_kubelet_field_reaches_kubelet_conf_or_a_flag() {
-    // The list above covers every field the table places in kubelet.conf or on the command line.
-    let listed: Vec<&str> = FIELDS.iter().chain(SHADOWING).map(|(k, _, _)| *k).collect();
-    for f in KUBELET {
-        if matches!(f.used, Use::KubeletConfig(_) | Use::KubeletFlag(_)) {
-            assert!(listed.contains(&f.key), "{}: supported, but not set by this test", f.key);
-        }
-    }
+    // The shared list covers every field the table places in kubelet.conf or on the command line.
+    assert!(unlisted().is_empty(), "supported, but not set by this test: {:?}", unlisted());
     let (s, out, o) = render(FIELDS);
     let bad = check(out.path(), FIELDS);
     assert!(bad.is_empty(), "{} fields lost on the way to the kubelet:\n{}", bad.len(), bad.join("\n"));
@@ -229,7 +104,12 @@ fn render_refuses_a_non_empty_directory_and_a_refused_field() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("not empty"), "{}", String::from_utf8_lossy(&o.stderr));
 
-    let s = Scenario::edited(Group::ControlPlane, 64, |m, a| vec![m.url(&a.path)], |t| with_kubelet(t, &[("networkPluginName", "cni", "")]));
+    let s = Scenario::edited(
+        Group::ControlPlane,
+        64,
+        |m, a| vec![m.url(&a.path)],
+        |t| with_kubelet(&t, &[KubeletField { key: "networkPluginName", value: "cni", rendered: "" }]),
+    );
     let out = tempfile::tempdir().expect("out");
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_nodeup"))
         .args(["render", "--conf"])

@@ -14,13 +14,18 @@ pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-pub fn require_root() {
-    let uid = std::fs::read_to_string("/proc/self/status")
+/// This process's real user id, as `/proc/self/status` says.
+fn uid() -> String {
+    std::fs::read_to_string("/proc/self/status")
         .unwrap_or_default()
         .lines()
         .find(|l| l.starts_with("Uid:"))
         .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+pub fn require_root() {
+    let uid = uid();
     assert_eq!(uid, "0", "the local cloud needs root (network namespaces, loop devices, systemd-nspawn); run scripts/test as root");
     let py = keelson_local::moto::python();
     assert!(py.exists(), "moto is needed: {} is missing (scripts/test creates the venv; or set KEELSON_PYTHON)", py.display());
@@ -110,14 +115,15 @@ pub async fn moto_sdk(endpoint: &str) -> aws_config::SdkConfig {
 
 /// What a machine test needs: root, and systemd-nspawn.
 pub fn require_machine_root() {
-    let uid = std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
-        .unwrap_or_default();
+    let uid = uid();
     assert_eq!(uid, "0", "this test needs root (network namespaces, loop devices, systemd-nspawn); run scripts/test as root");
     assert!(keelson_local::cmd::which("systemd-nspawn").is_some(), "systemd-nspawn is missing: apt-get install systemd-container (scripts/test does)");
+}
+
+/// What a test that runs a process in its own namespaces and chroot needs: root, and `unshare`.
+pub fn require_namespace_root() {
+    assert_eq!(uid(), "0", "this test needs root (mount, PID and network namespaces, chroot); run scripts/test as root");
+    assert!(keelson_local::cmd::which("unshare").is_some(), "unshare is missing: apt-get install util-linux (scripts/test does)");
 }
 
 /// A machine test's leftovers, torn down even when an assertion fails: the machine, a volume's
