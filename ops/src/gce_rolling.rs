@@ -4,6 +4,14 @@
 //! recreated by its MIG (`recreateInstances`: same name, the current template), waited for (bounded)
 //! until RUNNING on the current template, then the cluster validated as on AWS
 //! ([`crate::validate::validate_gce`]).
+//!
+//! Surge (`spec.rollingUpdate.maxSurge`, [`crate::surge`]; 0 by default on GCE, as in kOps, and never
+//! for control planes): kOps cannot surge on GCE (its detach is not implemented); here the MIG is
+//! resized up by the surge first, so that many instances on the current template start at once
+//! and are validated, and then that many outdated instances are drained and *deleted*
+//! (`deleteInstances`, which lowers the target size back) instead of recreated: the group never
+//! runs below its size for them. The surge is read from the MIG's live target size against the
+//! spec's, so a run that was interrupted after the resize picks up where it stopped.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -121,29 +129,46 @@ pub async fn roll(t: &GceTarget, model: &ClusterModel, opts: &RollingOptions, lo
         if outdated.is_empty() {
             continue;
         }
-        let zone = model.gce.instance_group_managers.iter().find(|m| m.gce_name == g.name).map(|m| m.zone.clone()).unwrap_or_default();
+        let Some(m) = model.gce.instance_group_managers.iter().find(|m| m.gce_name == g.name) else { continue };
+        let zone = m.zone.clone();
         if let Some(h) = health {
             validate_until(h, &g, 1, opts, log).await.map_err(|message| RollingError::NotValidBefore { group: g.group.clone(), message })?;
         }
-        for i in outdated {
-            if let (Some(kube), Some(ip)) = (kube, i.private_ip.as_deref()) {
-                let nodes = drain::list_nodes(kube).await?;
-                if let Some(node) = drain::nodes_by_ip(&nodes).get(ip).and_then(|n| n.metadata.name.clone()) {
-                    log(&format!("{}: draining node {node} (instance {})", g.group, i.id));
-                    let d = drain::DrainOptions { timeout: opts.drain_timeout, retry: opts.eviction_retry };
-                    match drain::drain(kube, &node, &d, log).await {
-                        Ok(()) => tokio::time::sleep(opts.post_drain_delay).await,
-                        Err(e) if opts.fail_on_drain_error => {
-                            return Err(RollingError::Drained { group: g.group.clone(), instance: i.id.clone(), message: e.to_string() })
-                        }
-                        Err(e) => log(&format!("{}: draining {node} failed, replacing it anyway: {e}", g.group)),
-                    }
-                }
+        let settings = match &opts.surge {
+            Some(spec) => spec.settings(&g.group, g.role, g.instances.len()).map_err(|message| RollingError::Settings { group: g.group.clone(), message })?,
+            None => Default::default(),
+        };
+        // The surge still in place (a resize an interrupted run made) counts toward this one.
+        let live_size = i64::from(g.desired);
+        let surge = i64::try_from(settings.max_surge.min(outdated.len())).unwrap_or(0);
+        let surged = (live_size - m.target_size).max(0);
+        if surge > surged {
+            let size = m.target_size + surge;
+            log(&format!("{}: surge: resizing {} from {live_size} to {size} (maxSurge {surge})", g.group, g.name));
+            t.compute.resize_instance_group_manager(&zone, &g.name, size).await?;
+            wait_current(t, &zone, &g, usize::try_from(size).unwrap_or(0).saturating_sub(outdated.len()), opts).await?;
+            if let Some(h) = health {
+                validate_after_surge(h, &g, opts, log).await?;
             }
-            log(&format!("{}: recreating instance {} from template {}", g.group, i.id, g.target_version));
-            t.compute.recreate_instances(&zone, &g.name, &[t.compute.zone_link(&zone, "instances", &i.id)]).await?;
-            wait_running(t, &zone, &g, &i.id, opts).await?;
-            log(&format!("{}: instance {} runs template {}", g.group, i.id, g.target_version));
+        }
+        if !settings.drain_and_terminate {
+            log(&format!("{}: rollingUpdate.drainAndTerminate is false: nothing drained or replaced", g.group));
+            continue;
+        }
+        let mut extra = surge.max(surged);
+        for i in outdated {
+            drain_instance(kube, &g, &i, opts, log).await?;
+            if extra > 0 {
+                log(&format!("{}: deleting instance {} (surged: its replacement already runs template {})", g.group, i.id, g.target_version));
+                t.compute.delete_managed_instances(&zone, &g.name, &[t.compute.zone_link(&zone, "instances", &i.id)]).await?;
+                wait_gone(t, &zone, &g, &i.id, opts).await?;
+                extra -= 1;
+            } else {
+                log(&format!("{}: recreating instance {} from template {}", g.group, i.id, g.target_version));
+                t.compute.recreate_instances(&zone, &g.name, &[t.compute.zone_link(&zone, "instances", &i.id)]).await?;
+                wait_running(t, &zone, &g, &i.id, opts).await?;
+                log(&format!("{}: instance {} runs template {}", g.group, i.id, g.target_version));
+            }
             report.replaced.push((g.group.clone(), i.id.clone(), i.id.clone()));
             if let Some(h) = health {
                 match verdict(g.role, validate_until(h, &g, opts.validate_count, opts, log).await, opts.fail_on_validate_error) {
@@ -156,6 +181,80 @@ pub async fn roll(t: &GceTarget, model: &ClusterModel, opts: &RollingOptions, lo
         }
     }
     Ok(report)
+}
+
+/// Drain the instance's node (matched by address) when there is a Kubernetes API to drain with.
+async fn drain_instance(
+    kube: Option<&kube::Client>,
+    g: &GroupStatus,
+    i: &InstanceStatus,
+    opts: &RollingOptions,
+    log: &mut (dyn FnMut(&str) + Send),
+) -> Result<(), RollingError> {
+    let (Some(kube), Some(ip)) = (kube, i.private_ip.as_deref()) else { return Ok(()) };
+    let nodes = drain::list_nodes(kube).await?;
+    let Some(node) = drain::nodes_by_ip(&nodes).get(ip).and_then(|n| n.metadata.name.clone()) else { return Ok(()) };
+    log(&format!("{}: draining node {node} (instance {})", g.group, i.id));
+    let d = drain::DrainOptions { timeout: opts.drain_timeout, retry: opts.eviction_retry };
+    match drain::drain(kube, &node, &d, log).await {
+        Ok(()) => tokio::time::sleep(opts.post_drain_delay).await,
+        Err(e) if opts.fail_on_drain_error => return Err(RollingError::Drained { group: g.group.clone(), instance: i.id.clone(), message: e.to_string() }),
+        Err(e) => log(&format!("{}: draining {node} failed, replacing it anyway: {e}", g.group)),
+    }
+    Ok(())
+}
+
+/// After a surge: the cluster must validate before any outdated instance goes (a failure stops the
+/// run: the new template may not make working nodes).
+async fn validate_after_surge(h: &dyn ClusterHealth, g: &GroupStatus, opts: &RollingOptions, log: &mut (dyn FnMut(&str) + Send)) -> Result<(), RollingError> {
+    validate_until(h, g, opts.validate_count, opts, log).await.map_err(|message| RollingError::Validation {
+        group: g.group.clone(),
+        instance: "(surge)".into(),
+        message,
+    })
+}
+
+/// Until at least `want` of the MIG's instances are RUNNING with nothing to do on the group's
+/// current template; at most `--validation-timeout`.
+async fn wait_current(t: &GceTarget, zone: &str, g: &GroupStatus, want: usize, opts: &RollingOptions) -> Result<(), RollingError> {
+    let deadline = Instant::now() + opts.validation_timeout;
+    loop {
+        let managed = t.compute.list_managed_instances(zone, &g.name).await?;
+        let seen = seen_in(t, zone).await?;
+        let current = managed
+            .iter()
+            .filter(|mi| str_of(mi, "instanceStatus") == "RUNNING" && str_of(mi, "currentAction") == "NONE")
+            .filter(|mi| seen.get(name_of_link(str_of(mi, "instance"))).is_some_and(|(_, _, tpl)| *tpl == g.target_version))
+            .count();
+        if current >= want {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(RollingError::Timeout {
+                group: g.name.clone(),
+                message: format!("{current} of {want} instances RUNNING on template {} after {:?} (surge)", g.target_version, opts.validation_timeout),
+            });
+        }
+        tokio::time::sleep(opts.poll).await;
+    }
+}
+
+/// Until the MIG no longer lists the instance; at most `--validation-timeout`.
+async fn wait_gone(t: &GceTarget, zone: &str, g: &GroupStatus, name: &str, opts: &RollingOptions) -> Result<(), RollingError> {
+    let deadline = Instant::now() + opts.validation_timeout;
+    loop {
+        let managed = t.compute.list_managed_instances(zone, &g.name).await?;
+        if !managed.iter().any(|mi| name_of_link(str_of(mi, "instance")) == name) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(RollingError::Timeout {
+                group: g.name.clone(),
+                message: format!("instance {name} still in the group after {:?}", opts.validation_timeout),
+            });
+        }
+        tokio::time::sleep(opts.poll).await;
+    }
 }
 
 /// Until the MIG says the instance is RUNNING with nothing to do, on the group's template; at most

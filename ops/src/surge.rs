@@ -39,6 +39,8 @@ pub struct SurgeSpec {
     pub cluster: Option<RollingUpdate>,
     /// By instance-group name.
     pub groups: BTreeMap<String, RollingUpdate>,
+    /// `maxSurge` when neither sets it: kOps' 1 on AWS, 0 elsewhere (GCE).
+    pub default_surge: usize,
 }
 
 impl SurgeSpec {
@@ -46,12 +48,13 @@ impl SurgeSpec {
         SurgeSpec {
             cluster: docs.cluster.spec.rolling_update.clone(),
             groups: docs.instance_groups.iter().filter_map(|g| Some((g.metadata.name.clone()?, g.spec.rolling_update.clone()?))).collect(),
+            default_surge: usize::from(docs.cluster.spec.cloud_provider.as_deref() == Some("aws")),
         }
     }
 
     /// The settings of instance group `group` with `instances` instances.
     pub fn settings(&self, group: &str, role: Role, instances: usize) -> Result<Settings, String> {
-        resolve(self.cluster.as_ref(), self.groups.get(group), role, instances)
+        resolve(self.cluster.as_ref(), self.groups.get(group), role, instances, self.default_surge)
     }
 }
 
@@ -67,16 +70,16 @@ fn scaled(v: &IntOrString, total: usize, round_up: bool) -> Result<usize, String
     }
 }
 
-/// kOps' `resolveSettings`: the group's values win over the cluster's; on AWS `maxSurge` defaults
-/// to 1, and `maxUnavailable` to 1 when there is no surge, else 0 (a percentage never resolves
-/// below 1). Control planes never surge (a new member can only join through its own etcd): their
+/// kOps' `resolveSettings`: the group's values win over the cluster's; `maxSurge` defaults to
+/// `default_surge` (kOps: 1 on AWS, 0 elsewhere), and `maxUnavailable` to 1 when there is no surge,
+/// else 0 (a percentage never resolves below 1). Control planes never surge (a new member can only join through its own etcd): their
 /// `maxSurge` is 0 and `maxUnavailable` at least 1. `instances`: the group's instance count.
-pub fn resolve(cluster: Option<&RollingUpdate>, group: Option<&RollingUpdate>, role: Role, instances: usize) -> Result<Settings, String> {
+pub fn resolve(cluster: Option<&RollingUpdate>, group: Option<&RollingUpdate>, role: Role, instances: usize, default_surge: usize) -> Result<Settings, String> {
     let pick = |f: fn(&RollingUpdate) -> Option<IntOrString>| group.and_then(f).or_else(|| cluster.and_then(f));
     let drain_and_terminate = group.and_then(|g| g.drain_and_terminate).or_else(|| cluster.and_then(|c| c.drain_and_terminate)).unwrap_or(true);
     let max_surge = match pick(|r| r.max_surge.clone()) {
         Some(v) => scaled(&v, instances, true).map_err(|e| format!("maxSurge: {e}"))?,
-        None => 1,
+        None => default_surge,
     };
     let max_unavailable = match pick(|r| r.max_unavailable.clone()) {
         Some(v @ IntOrString::String(_)) => scaled(&v, instances, false).map_err(|e| format!("maxUnavailable: {e}"))?.max(1),
@@ -120,11 +123,14 @@ mod tests {
             (Some(ru(Some(Int(2)), Some(Int(0)), None)), None, Role::ControlPlane, 3, s(0, 1)),
         ];
         for (i, (cluster, group, role, n, want)) in cases.iter().enumerate() {
-            assert_eq!(resolve(cluster.as_ref(), group.as_ref(), *role, *n), Ok(*want), "case {i}");
+            assert_eq!(resolve(cluster.as_ref(), group.as_ref(), *role, *n, 1), Ok(*want), "case {i}");
         }
-        let off = resolve(Some(&ru(None, None, Some(false))), None, Role::Node, 2).expect("settings");
+        let off = resolve(Some(&ru(None, None, Some(false))), None, Role::Node, 2, 1).expect("settings");
+        // Elsewhere than AWS nothing surges unless asked to: one at a time.
+        assert_eq!(resolve(None, None, Role::Node, 3, 0), Ok(s(0, 1)));
+        assert_eq!(resolve(None, Some(&ru(Some(Int(2)), None, None)), Role::Node, 3, 0), Ok(s(2, 0)));
         assert!(!off.drain_and_terminate);
-        assert!(resolve(None, Some(&ru(pct("lots"), None, None)), Role::Node, 2).expect_err("bad").contains("maxSurge"));
-        assert!(resolve(None, Some(&ru(None, Some(Int(-1)), None)), Role::Node, 2).expect_err("bad").contains("maxUnavailable"));
+        assert!(resolve(None, Some(&ru(pct("lots"), None, None)), Role::Node, 2, 1).expect_err("bad").contains("maxSurge"));
+        assert!(resolve(None, Some(&ru(None, Some(Int(-1)), None)), Role::Node, 2, 1).expect_err("bad").contains("maxUnavailable"));
     }
 }

@@ -183,3 +183,56 @@ async fn rolling_update_recreates_the_instances_on_an_old_template_one_at_a_time
     let groups = ops::gce_rolling::status(&w.target, &model2, &sel).await.expect("status");
     assert!(groups.iter().all(|g| g.outdated().is_empty()), "nothing left to roll: {groups:?}");
 }
+
+/// With `rollingUpdate.maxSurge: 1` on the workers' group: the MIG is resized up first (a worker on
+/// the new template starts before any old one goes), then one outdated worker is drained and
+/// deleted — the group back at its size — and the other recreated; kOps cannot surge on GCE. The
+/// control planes, whose group sets nothing, do not surge (0 is GCE's default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_surge_starts_the_new_worker_first_and_deletes_an_old_one_instead_of_recreating_it() {
+    let w = world(Some(Duration::from_millis(10)));
+    let text = spec().replacen("  minSize: 2\n  maxSize: 4\n", "  minSize: 2\n  maxSize: 4\n  rollingUpdate:\n    maxSurge: 1\n", 1);
+    assert!(text.contains("maxSurge: 1"), "the workers' group");
+    w.apply(&model(&text)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let changed = text.replacen("machineType: e2-standard-4", "machineType: e2-standard-8", 1);
+    let model2 = model(&changed);
+    w.apply(&model2).await;
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("cluster.yaml");
+    std::fs::write(&path, &changed).expect("write spec");
+    let docs = spec_compiler::load::load_spec(&path).unwrap_or_else(|e| panic!("{e}"));
+    let opts = ops::rolling::RollingOptions {
+        poll: Duration::from_millis(20),
+        control_plane_interval: Duration::ZERO,
+        node_interval: Duration::ZERO,
+        validation_timeout: Duration::from_secs(20),
+        surge: Some(ops::surge::SurgeSpec::from_documents(&docs)),
+        ..Default::default()
+    };
+    let before = w.compute.instances();
+    let groups = ops::gce_rolling::status(&w.target, &model2, &opts.selection()).await.expect("status");
+    let outdated: Vec<String> = groups.iter().flat_map(|g| g.outdated()).map(|i| i.id.clone()).collect();
+    assert_eq!(outdated.len(), 2, "{groups:?}");
+
+    let mut lines = Vec::new();
+    let report = ops::gce_rolling::roll(&w.target, &model2, &opts, &mut |l| lines.push(l.to_string())).await.expect("roll");
+    assert_eq!(report.replaced.len(), 2, "{lines:#?}");
+    let step = |needle: &str| lines.iter().position(|l| l.contains(needle)).unwrap_or_else(|| panic!("no {needle:?} in {lines:#?}"));
+    assert!(lines[step("surge: resizing")].contains("from 2 to 3"), "{lines:#?}");
+    assert!(step("surge: resizing") < step("deleting instance") && step("deleting instance") < step("recreating instance"), "{lines:#?}");
+    assert_eq!(lines.iter().filter(|l| l.contains("surge: resizing")).count(), 1, "only the workers surge: {lines:#?}");
+
+    let after = w.compute.instances();
+    let workers: Vec<_> = after.iter().filter(|i| i.mig.as_deref().is_some_and(|m| m.contains("nodes"))).collect();
+    assert_eq!(workers.len(), 2, "back at the group's size: {workers:?}");
+    assert!(workers.iter().all(|i| i.machine_type == "e2-standard-8"), "{workers:?}");
+    let kept: Vec<&str> = outdated.iter().filter(|n| workers.iter().any(|i| &&i.name == n)).map(String::as_str).collect();
+    assert_eq!(kept.len(), 1, "one old name recreated, one deleted for the surged instance: {kept:?} of {outdated:?}");
+    let deleted = outdated.iter().find(|n| !kept.contains(&n.as_str())).expect("the deleted one");
+    assert!(before.iter().any(|i| &i.name == deleted), "it was there before");
+    let groups = ops::gce_rolling::status(&w.target, &model2, &opts.selection()).await.expect("status");
+    assert!(groups.iter().all(|g| g.outdated().is_empty()), "nothing left to roll: {groups:?}");
+    let sizes: Vec<i32> = groups.iter().filter(|g| g.group.starts_with("nodes")).map(|g| g.desired).collect();
+    assert_eq!(sizes, vec![2], "target size restored");
+}

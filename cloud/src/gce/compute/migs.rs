@@ -32,6 +32,12 @@ impl Compute {
         let url = format!("{scope}/instanceGroupManagers/{name}/recreateInstances");
         self.change("instanceGroupManagers.recreateInstances", name, Method::POST, &scope, &url, Some(&json!({"instances": instances}))).await
     }
+    /// Delete the named instances (links) and lower the group's target size by as many.
+    pub async fn delete_managed_instances(&self, zone: &str, name: &str, instances: &[String]) -> Result<(), ComputeError> {
+        let scope = self.zone(zone);
+        let url = format!("{scope}/instanceGroupManagers/{name}/deleteInstances");
+        self.change("instanceGroupManagers.deleteInstances", name, Method::POST, &scope, &url, Some(&json!({"instances": instances}))).await
+    }
     /// The group's instances (`managedInstances[]`: `instance`, `instanceStatus`, `currentAction`).
     pub async fn list_managed_instances(&self, zone: &str, name: &str) -> Result<Vec<Value>, ComputeError> {
         let url = format!("{}/instanceGroupManagers/{name}/listManagedInstances", self.zone(zone));
