@@ -273,10 +273,13 @@ fn daemon_body(state: &State, spec: &Spec, cs: &mut ClusterState, stop: &AtomicB
 
 impl Daemon {
     fn reconcile(&mut self) -> anyhow::Result<()> {
+        let mut step = fleet::StepTimer::start(&self.fleet.events);
         let instances = self.cloud.instances()?;
+        step.done("listing instances");
         let live: BTreeMap<String, &crate::cloud::Instance> =
             instances.iter().filter(|i| i.state == "running" || i.state == "pending").map(|i| (i.id.clone(), i)).collect();
         self.fleet.stop_gone(|id| live.contains_key(id))?;
+        step.done("stopping machines of instances that are gone");
         // Start machines for new instances.
         for (id, inst) in &live {
             if self.fleet.knows(id)? {
@@ -304,10 +307,15 @@ impl Daemon {
             };
             self.fleet.boot(MachineData::Aws(Box::new(data)), inst.role(), inst.group(), Box::new(|| {}))?;
         }
+        step.done("starting machines");
         self.sync_volumes()?;
+        step.done("volumes");
         self.sync_dns();
+        step.done("DNS");
         self.sync_routes(&instances);
+        step.done("routes");
         self.publish(&instances);
+        step.done("load balancers and state");
         Ok(())
     }
 

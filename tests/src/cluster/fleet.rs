@@ -31,6 +31,31 @@ fn now_s() -> f64 {
     SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
 
+/// A reconcile step slower than this is reported: the local cloud's data planes (disks, routes,
+/// hosts files) must keep up with the machines, or they inflate every measured failover.
+pub const SLOW_STEP: Duration = Duration::from_secs(2);
+
+/// Times the steps of one reconcile pass; a step over [`SLOW_STEP`] becomes an event naming it.
+pub struct StepTimer {
+    events: Arc<Mutex<Vec<String>>>,
+    last: Instant,
+}
+
+impl StepTimer {
+    pub fn start(events: &Arc<Mutex<Vec<String>>>) -> StepTimer {
+        StepTimer { events: events.clone(), last: Instant::now() }
+    }
+
+    /// `step` just finished.
+    pub fn done(&mut self, step: &str) {
+        let took = self.last.elapsed();
+        if took > SLOW_STEP {
+            event(&self.events, format!("slow reconcile step: {step} took {:.1} s", took.as_secs_f64()));
+        }
+        self.last = Instant::now();
+    }
+}
+
 /// Log `msg` and keep it (the last 200) for `ps` and `up`.
 pub fn event(events: &Mutex<Vec<String>>, msg: String) {
     eprintln!("keelson-local: {msg}");

@@ -28,7 +28,7 @@ use super::metadata::GceMachine;
 use crate::balancer::{self, Balancers};
 use crate::cluster::assets;
 use crate::cluster::daemon::{run_until_stopped, watch_bootstrap_addons};
-use crate::cluster::fleet::{event, Fleet, Place, Volume};
+use crate::cluster::fleet::{event, Fleet, Place, StepTimer, Volume};
 use crate::cluster::ClusterState;
 use crate::machine::{Environment, MachineData};
 use crate::net::{self, Segment};
@@ -213,9 +213,12 @@ fn live(i: &InstanceView) -> bool {
 
 impl GceDaemon {
     fn reconcile(&mut self) -> anyhow::Result<()> {
+        let mut step = StepTimer::start(&self.fleet.events);
         let instances = self.gce.compute.instances();
         let live: BTreeMap<&str, &InstanceView> = instances.iter().filter(|i| live(i)).map(|i| (i.id.as_str(), i)).collect();
+        step.done("listing instances");
         self.fleet.stop_gone(|id| live.contains_key(id))?;
+        step.done("stopping machines of instances that are gone");
         for (id, inst) in &live {
             if self.fleet.knows(id)? {
                 continue;
@@ -232,11 +235,16 @@ impl GceDaemon {
             });
             self.fleet.boot(MachineData::Gce(Box::new(data)), role.to_string(), inst.mig.clone().unwrap_or(group), running)?;
         }
+        step.done("starting machines");
         self.sync_disks(&instances)?;
+        step.done("disks");
         self.sync_routes(&instances);
+        step.done("routes");
         let records = self.gce.a_records();
         self.fleet.sync_hosts(&records);
+        step.done("DNS");
         self.publish(&instances);
+        step.done("load balancers and state");
         Ok(())
     }
 
