@@ -61,10 +61,7 @@ impl PolicyInputs {
     ) -> PolicyInputs {
         let partition = partition_of(region);
         PolicyInputs {
-            hosts_dns: keelson_api::nodeup::uses_hosts_dns(
-                cluster,
-                spec.topology.as_ref().and_then(|t| t.dns.as_ref()).and_then(|d| d.type_.as_deref()),
-            ),
+            hosts_dns: keelson_api::nodeup::uses_hosts_dns(cluster, spec.topology.as_ref().and_then(|t| t.dns.as_ref()).and_then(|d| d.type_.as_deref())),
             node_instance_profiles: node_instance_profiles(cluster, partition, groups),
             cluster: cluster.to_string(),
             partition: partition.to_string(),
@@ -269,7 +266,8 @@ fn control_plane(p: &PolicyInputs, zone_id: Option<&str>) -> Vec<Value> {
         // The one object of the state store a control plane writes: where workers learn the live
         // API servers' addresses (they may read igconfig/node/*, nothing else of the cloud).
         let prefix = key.trim_end_matches('/');
-        let object = if prefix.is_empty() { keelson_api::nodeup::API_SERVERS_KEY.to_string() } else { format!("{prefix}/{}", keelson_api::nodeup::API_SERVERS_KEY) };
+        let object =
+            if prefix.is_empty() { keelson_api::nodeup::API_SERVERS_KEY.to_string() } else { format!("{prefix}/{}", keelson_api::nodeup::API_SERVERS_KEY) };
         out.push(statement(&["s3:PutObject"], json!([format!("arn:{part}:s3:::{bucket}/{object}")]), None));
     }
     if let Some(zone) = zone_id {
@@ -429,11 +427,7 @@ mod tests {
             readable.iter().flat_map(|s| s["Resource"].as_array().cloned().unwrap_or_default()).any(|r| r.as_str().is_some_and(covers)),
             "a worker reads {object} with its existing permission: {readable:?}"
         );
-        assert_eq!(
-            policy(&role(Role::Node), &gossip, None),
-            policy(&role(Role::Node), &inputs(), None),
-            "hosts DNS gives workers nothing more"
-        );
+        assert_eq!(policy(&role(Role::Node), &gossip, None), policy(&role(Role::Node), &inputs(), None), "hosts DNS gives workers nothing more");
     }
 
     fn statements(doc: &Value) -> Vec<Value> {

@@ -28,6 +28,7 @@ fn gossip_cluster_workers_follow_the_control_planes() {
     assert!(out.status.success(), "selfheal exited {:?}", out.status);
     let resolve = "selfheal: 2/2 workers resolve api.internal.gossip.k8s.local and kops-controller.internal.gossip.k8s.local to the 3 live control planes";
     assert!(has(resolve), "workers follow the replaced control plane through the product's hosts entries (output above)");
+    assert!(!stdout.contains("(0 host-network pods' copies"), "kube-proxy's copy of the hosts file checked on every worker (output above)");
     let ready = stdout.lines().find(|l| l.ends_with("machines are Ready Nodes")).expect("a Ready-Nodes line");
     assert_eq!(ready, "selfheal: 5/5 machines are Ready Nodes");
     assert!(stdout.lines().any(|l| l == "selfheal: keelson validate cluster after the replacements: valid"), "validate cluster (output above)");

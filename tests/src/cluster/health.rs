@@ -161,7 +161,7 @@ pub fn workers_resolve_api(cs: &ClusterState) -> Result<String, Vec<String>> {
     live.sort();
     let names = keelson_api::nodeup::api_server_names(&cs.name);
     let workers: Vec<&MachineInfo> = cs.machines.iter().filter(|m| m.role == "node" && m.init_pid.is_some_and(cmd::alive)).collect();
-    let mut wrong = Vec::new();
+    let (mut wrong, mut copies) = (Vec::new(), 0);
     if workers.is_empty() {
         wrong.push("no running worker".to_string());
     }
@@ -178,6 +178,7 @@ pub fn workers_resolve_api(cs: &ClusterState) -> Result<String, Vec<String>> {
             let copy = pod.path().join(base::hosts::KUBELET_POD_HOSTS_FILE);
             if std::fs::read_to_string(&copy).is_ok_and(|t| t.starts_with(base::hosts::KUBELET_HOST_NETWORK_HEADER)) {
                 files.push(copy);
+                copies += 1;
             }
         }
         for name in &names {
@@ -201,7 +202,7 @@ pub fn workers_resolve_api(cs: &ClusterState) -> Result<String, Vec<String>> {
         return Err(wrong);
     }
     Ok(format!(
-        "{n}/{n} workers resolve {} and {} to the {} live control planes through nodeup's entries in their hosts files (and kube-proxy's copies)",
+        "{n}/{n} workers resolve {} and {} to the {} live control planes through nodeup's entries in their hosts files ({copies} host-network pods' copies too)",
         names[0],
         names[1],
         live.len(),
