@@ -112,6 +112,36 @@ pub fn node_bootstrap_method(annotations: Option<&BTreeMap<String, String>>, ide
     }
 }
 
+/// Whether a cluster has no DNS records for its own names (`topology.dns.type: None`, or a gossip
+/// `.k8s.local` name): the control planes' names (`api.internal.<cluster>`, the join server's
+/// `kops-controller.internal.<cluster>`, the etcd members) then live in hosts files.
+pub fn uses_hosts_dns(cluster_name: &str, dns_type: Option<&str>) -> bool {
+    dns_type.is_some_and(|t| t.eq_ignore_ascii_case("none")) || cluster_name.trim_end_matches('.').ends_with(".k8s.local")
+}
+
+/// Where, in a hosts-DNS cluster ([`uses_hosts_dns`]), the control planes publish the private
+/// addresses of the live API servers for the workers (relative to `ConfigBase`). Under
+/// `igconfig/node/`, which every worker may already read (its own NodeupConfig is there); the `_`
+/// keeps it clear of instance-group names, which cannot contain one.
+pub const API_SERVERS_KEY: &str = "igconfig/node/_api-servers.yaml";
+
+/// The document at [`API_SERVERS_KEY`]: protokube on every control plane keeps it at the private
+/// addresses of the instances that hold a `main` etcd member's volume (the live control planes);
+/// workers put them in their hosts file as `api.internal.<cluster>` and
+/// `kops-controller.internal.<cluster>`. Integrity needs no signature: a worker trusts the API and
+/// join servers only through the cluster CA and their names, never through these addresses.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiServers {
+    /// Sorted, each once.
+    pub addresses: Vec<String>,
+}
+
+/// The names a worker of a hosts-DNS cluster resolves to [`ApiServers::addresses`]: the API
+/// server's internal name and the join server's.
+pub fn api_server_names(cluster_name: &str) -> [String; 2] {
+    [format!("api.internal.{cluster_name}"), format!("kops-controller.internal.{cluster_name}")]
+}
+
 /// How workers join.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeBootstrap {
@@ -227,4 +257,30 @@ pub struct BootConfig {
     /// Base64 (standard alphabet) of the sha256 of the NodeupConfig file's bytes.
     #[serde(rename = "NodeupConfigHash")]
     pub nodeup_config_hash: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_dns_for_gossip_names_and_dns_none() {
+        assert!(uses_hosts_dns("x.k8s.local", None));
+        assert!(uses_hosts_dns("x.k8s.local.", Some("Public")), "a gossip name never has a zone");
+        assert!(uses_hosts_dns("x.example.com", Some("None")));
+        assert!(uses_hosts_dns("x.example.com", Some("none")));
+        assert!(!uses_hosts_dns("x.example.com", None));
+        assert!(!uses_hosts_dns("x.example.com", Some("Private")));
+        assert!(!uses_hosts_dns("k8s.local.example.com", None));
+    }
+
+    #[test]
+    fn api_servers_document_round_trips() {
+        let doc = ApiServers { addresses: vec!["172.20.32.10".into(), "172.20.64.11".into()] };
+        let text = serde_yaml_ng::to_string(&doc).expect("yaml");
+        assert_eq!(text, "addresses:\n- 172.20.32.10\n- 172.20.64.11\n");
+        assert_eq!(serde_yaml_ng::from_str::<ApiServers>(&text).expect("parse"), doc);
+        assert!(API_SERVERS_KEY.starts_with("igconfig/node/"), "workers may read igconfig/node/*");
+        assert_eq!(api_server_names("c.k8s.local"), ["api.internal.c.k8s.local".to_string(), "kops-controller.internal.c.k8s.local".to_string()]);
+    }
 }

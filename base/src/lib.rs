@@ -2,7 +2,7 @@
 //!
 //! Owns: the state store at `ConfigBase` ([`store`]: `file://`, `http(s)://`, `s3://`), the pin that
 //! ties a BootConfig to its NodeupConfig ([`nodeup_config_hash`]), the cluster PKI ([`pki`]) and when its certificates are renewed ([`renewal`]), the encryption-at-rest configuration ([`encryption`]), atomic
-//! file writes ([`fs`]) and file trees ([`Tree`]), the etcd backup store's layout, retention and
+//! file writes ([`fs`]), the managed block of the hosts file ([`hosts`]) and file trees ([`Tree`]), the etcd backup store's layout, retention and
 //! restore protocol ([`etcd_backup`]), asset references `sha256@url` ([`asset`]), the one IMDSv2 client ([`imds`]) and,
 //! with feature `aws`, the one AWS SDK configuration ([`aws`]). Must not: know about instance groups,
 //! Kubernetes components or cloud resources — those belong to the compiler, nodeup, protokube and
@@ -16,6 +16,7 @@ pub mod etcd_backup;
 pub mod fs;
 pub mod gce_adc;
 pub mod gce_metadata;
+pub mod hosts;
 pub mod imds;
 #[cfg(feature = "aws")]
 pub mod node_join;

@@ -45,6 +45,9 @@ pub struct PolicyInputs {
     /// ARNs of the instance profiles of the Node instance groups (the default
     /// `…:instance-profile/nodes.<cluster>` and every custom `spec.iam.profile`), sorted, once each.
     pub node_instance_profiles: Vec<String>,
+    /// No DNS records ([`keelson_api::nodeup::uses_hosts_dns`]): control planes publish the API
+    /// servers' addresses for the workers at [`keelson_api::nodeup::API_SERVERS_KEY`].
+    pub hosts_dns: bool,
 }
 
 impl PolicyInputs {
@@ -58,6 +61,7 @@ impl PolicyInputs {
     ) -> PolicyInputs {
         let partition = partition_of(region);
         PolicyInputs {
+            hosts_dns: keelson_api::nodeup::uses_hosts_dns(cluster, spec.topology.as_ref().and_then(|t| t.dns.as_ref()).and_then(|d| d.type_.as_deref())),
             node_instance_profiles: node_instance_profiles(cluster, partition, groups),
             cluster: cluster.to_string(),
             partition: partition.to_string(),
@@ -258,6 +262,14 @@ fn control_plane(p: &PolicyInputs, zone_id: Option<&str>) -> Vec<Value> {
         Some(json!({"StringEquals": {"aws:ResourceTag/KubernetesCluster": c, "aws:ResourceTag/k8s.io/role/master": "1"}})),
     )];
     out.extend(state_store_statements(p, true));
+    if let Some((bucket, key)) = p.state_store.as_ref().filter(|_| p.hosts_dns) {
+        // The one object of the state store a control plane writes: where workers learn the live
+        // API servers' addresses (they may read igconfig/node/*, nothing else of the cloud).
+        let prefix = key.trim_end_matches('/');
+        let object =
+            if prefix.is_empty() { keelson_api::nodeup::API_SERVERS_KEY.to_string() } else { format!("{prefix}/{}", keelson_api::nodeup::API_SERVERS_KEY) };
+        out.push(statement(&["s3:PutObject"], json!([format!("arn:{part}:s3:::{bucket}/{object}")]), None));
+    }
     if let Some(zone) = zone_id {
         let zone = zone.trim_start_matches('/').trim_start_matches("hostedzone/");
         out.push(statement(
@@ -393,7 +405,29 @@ mod tests {
             bootstrap_token: false,
             backup_stores: vec![("bucket".into(), "c.example.com/backups/etcd/main".into()), ("other".into(), "b/events".into())],
             node_instance_profiles: vec!["arn:aws:iam::*:instance-profile/nodes.c.example.com".into()],
+            hosts_dns: false,
         }
+    }
+
+    /// A hosts-DNS cluster: control planes may write the one object where workers learn the API
+    /// servers' addresses, and workers read it with the permission they already have.
+    #[test]
+    fn hosts_dns_control_planes_publish_the_api_servers_workers_already_read_them() {
+        let key = keelson_api::nodeup::API_SERVERS_KEY;
+        let object = format!("arn:aws:s3:::bucket/c.example.com/{key}");
+        let writes = |doc: &Value| granting(doc, "s3:PutObject").iter().any(|s| s["Resource"] == json!([object.clone()]));
+        let gossip = PolicyInputs { hosts_dns: true, ..inputs() };
+        assert!(writes(&policy(&role(Role::ControlPlane), &gossip, None).expect("policy")));
+        assert!(!writes(&policy(&role(Role::ControlPlane), &inputs(), Some("Z1")).expect("policy")), "with DNS records: not needed");
+        let node = policy(&role(Role::Node), &gossip, None).expect("policy");
+        assert!(granting(&node, "s3:PutObject").is_empty());
+        let readable = granting(&node, "s3:GetObject");
+        let covers = |pattern: &str| object.starts_with(pattern.trim_end_matches('*')) && pattern.ends_with('*');
+        assert!(
+            readable.iter().flat_map(|s| s["Resource"].as_array().cloned().unwrap_or_default()).any(|r| r.as_str().is_some_and(covers)),
+            "a worker reads {object} with its existing permission: {readable:?}"
+        );
+        assert_eq!(policy(&role(Role::Node), &gossip, None), policy(&role(Role::Node), &inputs(), None), "hosts DNS gives workers nothing more");
     }
 
     fn statements(doc: &Value) -> Vec<Value> {

@@ -7,6 +7,7 @@
 //! decide anything the compiler decides (versions, flags, defaults come from the NodeupConfig), branch
 //! on the environment it runs in, or leave a half-written file behind when killed.
 
+pub mod api_hosts;
 pub mod assets;
 pub mod cert_tasks;
 pub mod config;

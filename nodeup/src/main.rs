@@ -1,5 +1,5 @@
 //! `nodeup --conf BOOTCONFIG [--root DIR] [--target direct|dryrun] [--cache-dir DIR]`,
-//! `nodeup render --conf BOOTCONFIG --out DIR`
+//! `nodeup render --conf BOOTCONFIG --out DIR`, `nodeup api-hosts --conf BOOTCONFIG [--root DIR]`
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -64,6 +64,22 @@ enum Sub {
         /// The directory to write into, as if it were the host's `/` (created; must be empty).
         #[arg(long)]
         out: PathBuf,
+        #[command(flatten)]
+        facts: FactArgs,
+        /// State-store timeout, seconds.
+        #[arg(long = "http-timeout", default_value_t = 30.0)]
+        http_timeout: f64,
+    },
+    /// A worker of a cluster without DNS records: set `api.internal.<cluster>` and the join
+    /// server's name in the hosts file (and in host-network pods' copies of it) to the API servers
+    /// the control planes publish in the state store, once (`keelson-api-hosts.timer` runs it).
+    ApiHosts {
+        /// The BootConfig (from user-data).
+        #[arg(long)]
+        conf: PathBuf,
+        /// Make every path relative to DIR.
+        #[arg(long, default_value = "/")]
+        root: PathBuf,
         #[command(flatten)]
         facts: FactArgs,
         /// State-store timeout, seconds.
@@ -135,7 +151,30 @@ fn main() -> ExitCode {
             }
         }
     }
+    let mut only_api_hosts = false;
     let (opts, target) = match cli.command {
+        Some(Sub::ApiHosts { conf, root, facts, http_timeout }) => {
+            only_api_hosts = true;
+            let opts = Options {
+                conf,
+                cache_dir: None,
+                root,
+                target: Target::Direct,
+                arch: facts.arch,
+                hostname: facts.hostname,
+                internal_ip: facts.internal_ip,
+                instance_id: facts.instance_id,
+                zone: facts.zone,
+                region: facts.region,
+                http_timeout: Duration::from_secs_f64(http_timeout.clamp(0.1, 600.0)),
+                retry_rounds: 1,
+                retry_backoff: Duration::ZERO,
+                imds_url: facts.imds_url,
+                gce_metadata: facts.gce_metadata,
+                renewal_interval,
+            };
+            (opts, Target::Direct)
+        }
         Some(Sub::Render { conf, out, facts, http_timeout }) => {
             let root = match render_dir(&out) {
                 Ok(d) => d,
@@ -194,7 +233,7 @@ fn main() -> ExitCode {
             (opts, target)
         }
     };
-    let outcome = match run(&opts) {
+    let outcome = match if only_api_hosts { nodeup::run::api_hosts(&opts) } else { run(&opts) } {
         Ok(o) => o,
         Err(e) => {
             eprintln!("nodeup: error: {e:#}");

@@ -11,6 +11,7 @@ use keelson_api::{Quantity, Role};
 pub use crate::cert_tasks::{CertTask, KubeconfigTask};
 pub use crate::facts::{provider_id, Facts};
 
+use crate::api_hosts::{self, ApiHostsTask};
 use crate::assets::{Asset, AssetError, AssetKind};
 use crate::config::{ConfigError, StateStore};
 use crate::flag_table;
@@ -49,7 +50,8 @@ pub struct Inputs<'a> {
     pub role: Role,
     pub config: &'a NodeupConfig,
     pub facts: &'a Facts,
-    pub store: &'a StateStore,
+    /// Shared with the tasks that read it while they run ([`api_hosts::ApiHostsTask`]).
+    pub store: &'a Arc<StateStore>,
     /// How often a worker runs nodeup again (`keelson-nodeup.timer`), which joins again for new
     /// certificates once less than a third of their life is left.
     pub renewal_interval: Duration,
@@ -175,6 +177,19 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         kubelet_spec.hostname_override = Some(inp.facts.hostname.clone());
     }
     let cluster = &cfg.cluster_name;
+    // A worker of a cluster without DNS records: api.internal and the join server's name in the
+    // hosts file, at the addresses the control planes publish (before the join and the kubelet,
+    // which reach them by those names), then kept current by a timer.
+    let hosts_dns_worker = !runs_api && keelson_api::nodeup::uses_hosts_dns(cluster, cfg.uses_none_dns.then_some("None"));
+    if hosts_dns_worker {
+        tasks.push(Box::new(ApiHostsTask { store: inp.store.clone(), cluster: cluster.clone(), wait: Duration::from_secs(30 * 60) }));
+        kubelet_inputs.push(api_hosts::TASK_NAME.to_string());
+        let (service, timer) = (unit_path("keelson-api-hosts.service"), unit_path("keelson-api-hosts.timer"));
+        tasks.push(Box::new(FileTask::new(&service, systemd::api_hosts(paths::BOOT_CONFIG_COPY).render(), 0o644)));
+        tasks.push(Box::new(FileTask::new(&timer, systemd::api_hosts_timer().render(), 0o644)));
+        let inputs = vec![file_task_name(&service), file_task_name(&timer), file_task_name(paths::BOOT_CONFIG_COPY), api_hosts::TASK_NAME.to_string()];
+        tasks.push(Box::new(ServiceTask::daemon("keelson-api-hosts.timer", inputs)));
+    }
     let mut joined = false;
     if runs_api {
         let ca = Arc::new(load_ca(inp.store, "kubernetes-ca")?);
@@ -212,7 +227,7 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
             imds_url: inp.facts.imds_url.clone(),
             wait: Duration::from_secs(30 * 60),
             challenge_listen: std::net::SocketAddr::from(([0, 0, 0, 0], base::node_join::CHALLENGE_PORT)),
-            deps: vec![ca_dep.clone()],
+            deps: std::iter::once(ca_dep.clone()).chain(hosts_dns_worker.then(|| api_hosts::TASK_NAME.to_string())).collect(),
         }));
         kubelet_inputs.push(join::TASK_NAME.to_string());
         joined = true;

@@ -27,6 +27,12 @@ pub const KUBELET_CREDENTIAL_PROVIDER_CONFIG: &str = "/var/lib/kubelet/credentia
 pub const SYSTEMD_DIR: &str = "/etc/systemd/system";
 pub const MULTI_USER_WANTS: &str = "/etc/systemd/system/multi-user.target.wants";
 
+/// The hosts file: a worker of a cluster without DNS records finds the control plane there
+/// ([`crate::api_hosts`]).
+pub const HOSTS_FILE: &str = "/etc/hosts";
+/// The kubelet's pod directories (each host-network pod's copy of the hosts file is `<uid>/etc-hosts`).
+pub const KUBELET_PODS_DIR: &str = "/var/lib/kubelet/pods";
+
 pub const SYSCTL_CONF: &str = "/etc/sysctl.d/99-k8s-general.conf";
 pub const MODULES_CONF: &str = "/etc/modules-load.d/k8s.conf";
 pub const FSTAB: &str = "/etc/fstab";

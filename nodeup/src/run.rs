@@ -3,8 +3,10 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::api_hosts::ApiHostsTask;
 use crate::assets::{FetchOptions, Fetcher};
 use crate::config::{self, StateStore};
 use crate::facts::{fill_facts, fill_gce_facts, Facts};
@@ -57,24 +59,24 @@ fn hostname(root: &Path) -> String {
     }
 }
 
-/// Everything up to (not including) running the tasks; errors here mean nothing was touched.
-pub fn run(opts: &Options) -> anyhow::Result<Outcome> {
+/// What every run starts from: the BootConfig, the instance's facts and the state store.
+struct Prepared {
+    boot_bytes: Vec<u8>,
+    boot: keelson_api::nodeup::BootConfig,
+    role: keelson_api::Role,
+    host: Host,
+    facts: Facts,
+    store: Arc<StateStore>,
+}
+
+/// Read the BootConfig, the instance's facts (flags, then the metadata service) and open the
+/// state store; nothing on the host is touched.
+fn prepare(opts: &Options) -> anyhow::Result<Prepared> {
     use anyhow::Context as _;
     let boot_bytes = std::fs::read(&opts.conf).with_context(|| format!("reading BootConfig {}", opts.conf.display()))?;
     let boot = config::load_boot_config(&opts.conf)?;
     let role = config::boot_role(&boot, &opts.conf)?;
     let host = Host::new(&opts.root);
-    let cache = opts.cache_dir.clone().unwrap_or_else(|| host.path(crate::paths::CACHE_DIR));
-    let fetcher = Fetcher::new(
-        FetchOptions {
-            connect_timeout: opts.http_timeout,
-            read_timeout: opts.http_timeout,
-            rounds: opts.retry_rounds,
-            backoff: opts.retry_backoff,
-            ..Default::default()
-        },
-        cache,
-    )?;
     let mut facts = Facts {
         arch: opts.arch.clone().unwrap_or_else(|| crate::assets::host_arch().to_string()),
         hostname: opts.hostname.clone().unwrap_or_default(),
@@ -120,11 +122,28 @@ pub fn run(opts: &Options) -> anyhow::Result<Outcome> {
         }
         _ => base::StateStore::open(&config_base, opts.http_timeout)?,
     };
-    let store = StateStore::with_runtime(store, runtime);
-    let cfg = config::fetch_nodeup_config(&boot, role, &store)?;
+    let store = Arc::new(StateStore::with_runtime(store, runtime));
     if facts.hostname.is_empty() {
         facts.hostname = hostname(&opts.root);
     }
+    Ok(Prepared { boot_bytes, boot, role, host, facts, store })
+}
+
+/// Everything up to (not including) running the tasks; errors here mean nothing was touched.
+pub fn run(opts: &Options) -> anyhow::Result<Outcome> {
+    let Prepared { boot_bytes, boot, role, host, facts, store } = prepare(opts)?;
+    let cache = opts.cache_dir.clone().unwrap_or_else(|| host.path(crate::paths::CACHE_DIR));
+    let fetcher = Fetcher::new(
+        FetchOptions {
+            connect_timeout: opts.http_timeout,
+            read_timeout: opts.http_timeout,
+            rounds: opts.retry_rounds,
+            backoff: opts.retry_backoff,
+            ..Default::default()
+        },
+        cache,
+    )?;
+    let cfg = config::fetch_nodeup_config(&boot, role, &store)?;
     let model = model::build(&Inputs {
         boot: &boot,
         boot_bytes: &boot_bytes,
@@ -151,4 +170,17 @@ pub fn run(opts: &Options) -> anyhow::Result<Outcome> {
     }
     let report = tasks::run(&model.tasks, &Ctx { host: &host, assets: &fetcher }, opts.target)?;
     Ok(Outcome { report, warnings: model.warnings, recorded_commands: host.recorded() })
+}
+
+/// `nodeup api-hosts`: only the worker's hosts entries for the control plane
+/// ([`crate::api_hosts`]), asked once: what `keelson-api-hosts.timer` runs between full runs.
+pub fn api_hosts(opts: &Options) -> anyhow::Result<Outcome> {
+    let Prepared { boot, role, host, store, .. } = prepare(opts)?;
+    if role != keelson_api::Role::Node {
+        anyhow::bail!("{}: api-hosts is for workers (this BootConfig is for role {})", opts.conf.display(), boot.instance_group_role);
+    }
+    let fetcher = Fetcher::new(FetchOptions::default(), opts.cache_dir.clone().unwrap_or_else(|| host.path(crate::paths::CACHE_DIR)))?;
+    let task: Box<crate::nodetasks::NodeTask> = Box::new(ApiHostsTask { store, cluster: boot.cluster_name.clone(), wait: Duration::ZERO });
+    let report = tasks::run(&[task], &Ctx { host: &host, assets: &fetcher }, opts.target)?;
+    Ok(Outcome { report, warnings: Vec::new(), recorded_commands: host.recorded() })
 }

@@ -221,7 +221,7 @@ pub fn plan(boot: &BootConfig, cluster: &Cluster) -> Result<Plan, ConfigError> {
         });
     }
     let dns_type = spec.topology.as_ref().and_then(|t| t.dns.as_ref()).and_then(|d| d.type_.clone());
-    let dns = if cluster_name.ends_with(".k8s.local") || dns_type.as_deref().is_some_and(|t| t.eq_ignore_ascii_case("none")) {
+    let dns = if keelson_api::nodeup::uses_hosts_dns(&cluster_name, dns_type.as_deref()) {
         DnsMode::Hosts
     } else {
         DnsMode::Route53 { zone: spec.dns_zone.clone(), private: dns_type.as_deref().is_some_and(|t| t.eq_ignore_ascii_case("private")) }

@@ -19,7 +19,7 @@ pub mod disk;
 pub mod etcd;
 pub mod gce;
 pub mod handover;
-pub mod hosts;
+pub use base::hosts;
 pub mod manifest;
 pub mod metrics;
 pub mod node_join;

@@ -4,6 +4,9 @@ use std::path::{Path, PathBuf};
 
 pub const MANIFESTS_DIR: &str = "etc/kubernetes/manifests";
 pub const HOSTS_FILE: &str = "etc/hosts";
+/// The kubelet's pod directories: each host-network pod's copy of the hosts file is
+/// `<uid>/etc-hosts` there ([`base::hosts::update_pod_copies`]).
+pub const KUBELET_PODS_DIR: &str = "var/lib/kubelet/pods";
 pub const DEFAULT_BY_ID_DIR: &str = "/dev/disk/by-id";
 /// Where etcd snapshots are staged on their way to the backup store: a directory only root may
 /// enter ([`base::fs::PRIVATE_DIR_MODE`]), files only root may read (snapshots hold every secret).

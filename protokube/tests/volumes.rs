@@ -183,6 +183,9 @@ fn volume_with_data_is_mounted_never_formatted() {
             "{hosts}"
         );
         assert!(!hosts.contains("api.data.k8s.local"), "{hosts}");
+        // … and the live API servers published where the workers read them.
+        let published = std::fs::read_to_string(c.state.path().join(keelson_api::nodeup::API_SERVERS_KEY)).expect("published for the workers");
+        assert_eq!(published, format!("addresses:\n- {}\n", h.ip));
     });
 }
 
@@ -335,6 +338,12 @@ fn two_control_planes_in_one_zone_get_their_own_members_volumes() {
             hosts.contains(&format!("{}\tapi.internal.two.k8s.local etcd-a1.internal.two.k8s.local kops-controller.internal.two.k8s.local\n", h1.ip)),
             "{hosts}"
         );
+        // Whichever control plane passes last, the workers' document lists both.
+        let published = std::fs::read_to_string(c.state.path().join(keelson_api::nodeup::API_SERVERS_KEY)).expect("published");
+        let doc: keelson_api::nodeup::ApiServers = serde_yaml_ng::from_str(&published).expect("an API servers document");
+        let mut both = vec![h1.ip.clone(), h2.ip.clone()];
+        both.sort();
+        assert_eq!(doc.addresses, both);
     });
 }
 

@@ -120,6 +120,8 @@ pub struct Timer {
     pub unit: UnitSection,
     pub every: std::time::Duration,
     pub jitter: std::time::Duration,
+    /// `AccuracySec` (systemd's default, a minute, would stretch a short period).
+    pub accuracy: Option<std::time::Duration>,
     pub install: InstallSection,
 }
 
@@ -131,6 +133,9 @@ impl Timer {
         o.kv("OnActiveSec", format!("{}s", self.every.as_secs()));
         o.kv("OnUnitActiveSec", format!("{}s", self.every.as_secs()));
         o.kv("RandomizedDelaySec", format!("{}s", self.jitter.as_secs()));
+        if let Some(a) = self.accuracy {
+            o.kv("AccuracySec", format!("{}s", a.as_secs().max(1)));
+        }
         o.section("Install");
         o.list("WantedBy", &self.install.wanted_by);
         o.0
@@ -163,6 +168,42 @@ pub fn nodeup_again_timer(every: std::time::Duration) -> Timer {
         unit: UnitSection { description: "Run keelson-nodeup.service periodically (certificate renewal)".into(), ..Default::default() },
         every,
         jitter: every / 4,
+        accuracy: None,
+        install: multi_user(),
+    }
+}
+
+/// `keelson-api-hosts.service` (workers of a cluster without DNS records): `nodeup api-hosts`,
+/// which sets `api.internal` and the join server's name in the hosts file to the API servers the
+/// control planes publish ([`crate::api_hosts`]).
+pub fn api_hosts(boot_config_path: &str) -> Unit {
+    Unit {
+        unit: UnitSection {
+            description: "Keelson: api.internal and the join server's name follow the live API servers (hosts file)".into(),
+            documentation: None,
+            after: vec!["network-online.target".into()],
+            wants: vec!["network-online.target".into()],
+        },
+        service: ServiceSection {
+            type_: Some("oneshot".into()),
+            exec_start: format!("{} api-hosts --conf {boot_config_path}", crate::paths::NODEUP_BIN),
+            ..Default::default()
+        },
+        install: InstallSection::default(),
+    }
+}
+
+/// How often a worker of a cluster without DNS records reads the API servers' addresses again:
+/// a replaced control plane is in its hosts file within this (plus protokube's pass).
+pub const API_HOSTS_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// `keelson-api-hosts.timer`: runs [`api_hosts`] every [`API_HOSTS_INTERVAL`] (a few seconds of jitter).
+pub fn api_hosts_timer() -> Timer {
+    Timer {
+        unit: UnitSection { description: "Run keelson-api-hosts.service periodically".into(), ..Default::default() },
+        every: API_HOSTS_INTERVAL,
+        jitter: API_HOSTS_INTERVAL / 6,
+        accuracy: Some(std::time::Duration::from_secs(1)),
         install: multi_user(),
     }
 }

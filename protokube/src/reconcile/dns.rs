@@ -9,6 +9,8 @@ use cloud::volumes::{Instance, Instances, Volume, Volumes};
 
 use super::volumes::{etcd_role, live_holder};
 use super::{Agent, ReconcileError, Report, PLACEHOLDER, TTL};
+use keelson_api::nodeup::{ApiServers, API_SERVERS_KEY};
+
 use crate::config::DnsMode;
 use crate::hosts;
 
@@ -51,11 +53,25 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         let desired = self.desired_records(vols, instances);
         match &self.plan.dns {
             DnsMode::Hosts => {
+                let api_servers = desired.get(&self.plan.kops_controller_internal()).cloned().flatten();
                 let entries: hosts::Entries = desired.into_iter().filter_map(|(n, ips)| Some((n, ips?))).collect();
-                let path = self.opts.hosts_file.clone();
-                let changed = tokio::task::spawn_blocking(move || hosts::update(&path, &entries))
-                    .await
-                    .map_err(|e| ReconcileError::Io { path: "hosts".into(), source: std::io::Error::other(e) })??;
+                let (path, pods) = (self.opts.hosts_file.clone(), self.opts.root.join(crate::paths::KUBELET_PODS_DIR));
+                let (changed, copies) = tokio::task::spawn_blocking(move || {
+                    let changed = hosts::update(&path, &entries)?;
+                    Ok::<_, hosts::HostsError>((changed, hosts::update_pod_copies(&pods, &entries)))
+                })
+                .await
+                .map_err(|e| ReconcileError::Io { path: "hosts".into(), source: std::io::Error::other(e) })??;
+                let (copies_changed, copy_errors) = copies;
+                for c in &copies_changed {
+                    tracing::info!(copy = %c.display(), "a host-network pod's hosts file follows the managed block");
+                }
+                for e in copy_errors {
+                    report.waiting.push(format!("a pod's copy of the hosts file: {e}"));
+                }
+                if let Some(addresses) = api_servers {
+                    self.publish_api_servers(addresses, report).await;
+                }
                 Ok(changed.len())
             }
             DnsMode::Route53 { zone, private } => {
@@ -94,6 +110,38 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                     Err(e) => Err(e.into()),
                 }
             }
+        }
+    }
+}
+
+impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
+    /// Keep [`API_SERVERS_KEY`] at the live API servers' private addresses (hosts DNS only): how
+    /// workers, which have no DNS records to ask and may read `igconfig/node/` but not the cloud,
+    /// find `api.internal` and the join server after control planes are replaced. Written only
+    /// when it differs (every control plane compares what it sees with what is stored, so the
+    /// object follows the cloud whichever of them writes); never with no address at all.
+    async fn publish_api_servers(&self, addresses: Vec<String>, report: &mut Report) {
+        let want = ApiServers { addresses };
+        let stored = match self.opts.store.get(API_SERVERS_KEY).await {
+            Ok(bytes) => bytes.and_then(|b| serde_yaml_ng::from_slice::<ApiServers>(&b).ok()),
+            Err(e) => {
+                report.waiting.push(format!("reading {API_SERVERS_KEY}: {e}"));
+                return;
+            }
+        };
+        if stored.as_ref() == Some(&want) {
+            return;
+        }
+        let text = match serde_yaml_ng::to_string(&want) {
+            Ok(t) => t,
+            Err(e) => {
+                report.waiting.push(format!("{API_SERVERS_KEY}: {e}"));
+                return;
+            }
+        };
+        match self.opts.store.put(API_SERVERS_KEY, text.as_bytes()).await {
+            Ok(()) => tracing::info!(key = API_SERVERS_KEY, addresses = ?want.addresses, "published the API servers' addresses for the workers"),
+            Err(e) => report.waiting.push(format!("writing {API_SERVERS_KEY}: {e}")),
         }
     }
 }

@@ -149,3 +149,63 @@ pub fn kube_problems(cs: &ClusterState, lines: &mut [String]) -> Vec<String> {
 pub(super) fn control_planes(cs: &ClusterState) -> Vec<MachineInfo> {
     cs.machines.iter().filter(|m| m.role == "control-plane" && m.init_pid.is_some_and(cmd::alive)).cloned().collect()
 }
+
+/// A cluster without DNS records: how every worker resolves `api.internal.<cluster>` and the join
+/// server's name. The harness plays no resolver for them (its VPC-resolver block holds Route53
+/// records only, and there are none), so they must come from the product — nodeup's managed block
+/// of the worker's own hosts file — and name exactly the live control planes, in the worker's
+/// `/etc/hosts`, in every host-network pod's copy of it (kube-proxy's), and as `getent` answers
+/// inside the machine. `Ok(summary)` when every worker does, else what is wrong.
+pub fn workers_resolve_api(cs: &ClusterState) -> Result<String, Vec<String>> {
+    let mut live: Vec<String> = control_planes(cs).iter().map(|m| m.ip.clone()).collect();
+    live.sort();
+    let names = keelson_api::nodeup::api_server_names(&cs.name);
+    let workers: Vec<&MachineInfo> = cs.machines.iter().filter(|m| m.role == "node" && m.init_pid.is_some_and(cmd::alive)).collect();
+    let (mut wrong, mut copies) = (Vec::new(), 0);
+    if workers.is_empty() {
+        wrong.push("no running worker".to_string());
+    }
+    for m in &workers {
+        let hosts = m.root.join("etc/hosts");
+        let text = std::fs::read_to_string(&hosts).unwrap_or_default();
+        let resolver_block = match (text.find(super::fleet::HOSTS_BEGIN), text.find(super::fleet::HOSTS_END)) {
+            (Some(b), Some(e)) if e > b => &text[b..e],
+            _ => "",
+        };
+        let mut files = vec![hosts.clone()];
+        let pods = m.root.join("var/lib/kubelet/pods");
+        for pod in std::fs::read_dir(&pods).into_iter().flatten().flatten() {
+            let copy = pod.path().join(base::hosts::KUBELET_POD_HOSTS_FILE);
+            if std::fs::read_to_string(&copy).is_ok_and(|t| t.starts_with(base::hosts::KUBELET_HOST_NETWORK_HEADER)) {
+                files.push(copy);
+                copies += 1;
+            }
+        }
+        for name in &names {
+            if resolver_block.contains(name.as_str()) {
+                wrong.push(format!("{}: the harness's resolver block names {name}", m.instance_id));
+            }
+            for f in &files {
+                match base::hosts::read(f) {
+                    Ok(e) if e.get(name) == Some(&live) => {}
+                    Ok(e) => wrong.push(format!("{}: {}: {name} = {:?}, want the live control planes {live:?}", m.instance_id, f.display(), e.get(name))),
+                    Err(e) => wrong.push(format!("{}: {e}", m.instance_id)),
+                }
+            }
+            let answer = m.init_pid.map(|pid| machine::exec_in(pid, &["getent", "hosts", name]).unwrap_or_default()).unwrap_or_default();
+            if !answer.split_whitespace().next().is_some_and(|ip| live.iter().any(|l| l == ip)) {
+                wrong.push(format!("{}: getent hosts {name} = {:?}, want one of {live:?}", m.instance_id, answer.trim()));
+            }
+        }
+    }
+    if !wrong.is_empty() {
+        return Err(wrong);
+    }
+    Ok(format!(
+        "{n}/{n} workers resolve {} and {} to the {} live control planes through nodeup's entries in their hosts files ({copies} host-network pods' copies too)",
+        names[0],
+        names[1],
+        live.len(),
+        n = workers.len()
+    ))
+}

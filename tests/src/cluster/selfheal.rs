@@ -353,6 +353,23 @@ pub fn selfheal(
             }
         }
     }
+    // Without DNS records, workers find the (replaced) control planes through the product alone:
+    // each must resolve the API and join names to the live ones (bounded: a protokube pass and the
+    // workers' 30-s refresh).
+    if crate::spec::Spec::load(spec_path).is_ok_and(|s| s.gossip) && report.healed == report.cycles {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let verdict = loop {
+            let Ok(cs) = load() else { break Err(vec!["cluster state vanished".to_string()]) };
+            match super::health::workers_resolve_api(&cs) {
+                Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_secs(2)),
+                v => break v,
+            }
+        };
+        match verdict {
+            Ok(line) => println!("selfheal: {line}"),
+            Err(wrong) => println!("selfheal: workers do NOT resolve the live control planes:\n  {}", wrong.join("\n  ")),
+        }
+    }
     // Final check: every member holds every key, and the API every object.
     if let Ok(cs) = load() {
         let mut min = u64::MAX;

@@ -1,6 +1,10 @@
 //! The hosts-file DNS provider: a guarded block in `/etc/hosts`, rewritten *in place* under a lock
-//! and verified by re-reading. In place matters: the file is bind-mounted into host-network pods and
-//! network namespaces, which keep seeing the old inode if the file were replaced by a rename.
+//! and verified by re-reading. In place matters: the file is bind-mounted into network namespaces,
+//! which keep seeing the old inode if the file were replaced by a rename.
+//!
+//! The kubelet gives every host-network pod (etcd, the API server, kube-proxy) its own *copy* of
+//! `/etc/hosts`, taken when the pod starts and bind-mounted over the container's: a name kept here
+//! would stay frozen in those copies, so [`update_pod_copies`] keeps the same block in them.
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
@@ -106,6 +110,45 @@ pub fn update(path: &Path, entries: &Entries) -> Result<Vec<String>, HostsError>
     Ok(changed)
 }
 
+/// The entries of the managed block of `path` (empty when the file or the block is missing).
+pub fn read(path: &Path) -> Result<Entries, HostsError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(split(&text, path)?.1),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Entries::new()),
+        Err(source) => Err(HostsError::Io { path: path.display().to_string(), source }),
+    }
+}
+
+/// The first line of the hosts file the kubelet writes for a host-network pod
+/// (`pkg/kubelet/kubelet_pods.go`, `managedHostsHeaderWithHostNetwork`): a copy of the node's.
+pub const KUBELET_HOST_NETWORK_HEADER: &str = "# Kubernetes-managed hosts file (host network).";
+
+/// Where the kubelet keeps a pod's hosts file: `<pods dir>/<pod uid>/etc-hosts`.
+pub const KUBELET_POD_HOSTS_FILE: &str = "etc-hosts";
+
+/// Make the managed block of every host-network pod's copy of the hosts file under `pods_dir`
+/// (the kubelet's `/var/lib/kubelet/pods`) hold exactly `entries`, as a resolver would answer the
+/// pod with live records. Other pods' hosts files (their own address, not the node's file) are
+/// left alone. Returns the copies changed; one copy that cannot be written does not stop the others.
+pub fn update_pod_copies(pods_dir: &Path, entries: &Entries) -> (Vec<std::path::PathBuf>, Vec<HostsError>) {
+    let (mut changed, mut errors) = (Vec::new(), Vec::new());
+    let Ok(dir) = std::fs::read_dir(pods_dir) else { return (changed, errors) };
+    let mut copies: Vec<std::path::PathBuf> = dir.flatten().map(|e| e.path().join(KUBELET_POD_HOSTS_FILE)).collect();
+    copies.sort();
+    for copy in copies {
+        let Ok(text) = std::fs::read_to_string(&copy) else { continue };
+        if !text.starts_with(KUBELET_HOST_NETWORK_HEADER) {
+            continue;
+        }
+        match update(&copy, entries) {
+            Ok(names) if names.is_empty() => {}
+            Ok(_) => changed.push(copy),
+            Err(e) => errors.push(e),
+        }
+    }
+    (changed, errors)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,5 +174,34 @@ mod tests {
         let text = std::fs::read_to_string(&p).expect("read");
         assert_eq!(text.matches(BEGIN).count(), 1);
         assert!(!text.contains("10.0.0.1\tapi.internal.x.k8s.local etcd-a"));
+        assert_eq!(read(&p).expect("read"), e);
+        assert!(read(&dir.path().join("missing")).expect("missing file").is_empty());
+    }
+
+    #[test]
+    fn host_network_pod_copies_follow_and_other_pods_are_left_alone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pods = dir.path().join("pods");
+        let host_net = pods.join("uid-1");
+        let own = pods.join("uid-2");
+        std::fs::create_dir_all(&host_net).expect("mkdir");
+        std::fs::create_dir_all(&own).expect("mkdir");
+        std::fs::create_dir_all(pods.join("uid-3")).expect("mkdir (a pod without a hosts file)");
+        let copy = host_net.join(KUBELET_POD_HOSTS_FILE);
+        std::fs::write(&copy, format!("{KUBELET_HOST_NETWORK_HEADER}\n127.0.0.1 localhost\n{BEGIN}\n10.0.0.1\tapi.internal.c\n{END}\n")).expect("write");
+        let pod_own = "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n100.96.1.5\tweb-0\n";
+        std::fs::write(own.join(KUBELET_POD_HOSTS_FILE), pod_own).expect("write");
+        let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&copy).expect("meta"));
+        let mut e = Entries::new();
+        e.insert("api.internal.c".into(), vec!["10.0.0.2".into()]);
+        let (changed, errors) = update_pod_copies(&pods, &e);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(changed, vec![copy.clone()]);
+        let text = std::fs::read_to_string(&copy).expect("read");
+        assert!(text.starts_with(KUBELET_HOST_NETWORK_HEADER) && text.contains("10.0.0.2\tapi.internal.c\n") && !text.contains("10.0.0.1"), "{text}");
+        assert_eq!(std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&copy).expect("meta")), ino, "same inode: the container's bind mount sees it");
+        assert_eq!(std::fs::read_to_string(own.join(KUBELET_POD_HOSTS_FILE)).expect("read"), pod_own, "a pod's own hosts file is not the node's");
+        assert!(update_pod_copies(&pods, &e).0.is_empty(), "converged");
+        assert!(update_pod_copies(&dir.path().join("none"), &e).0.is_empty(), "no pods directory: nothing to do");
     }
 }

@@ -1,0 +1,38 @@
+//! End to end, a cluster without a DNS zone: `keelson-local selfheal -f examples/gossip.yaml
+//! --cycles 1` (a `.k8s.local` name with `topology.dns.type: None`; 3 control planes, 2 workers;
+//! no Route53 zone exists and the harness writes no hosts entry for the cluster's names). The
+//! workers must join by cloud identity through `kops-controller.internal.<cluster>` and run with
+//! `api.internal.<cluster>`, both from the product alone (protokube publishes the live API
+//! servers in the state store, nodeup keeps them in each worker's hosts file); after a control
+//! plane is killed and replaced, every worker must resolve both names to exactly the live control
+//! planes (hosts file, kube-proxy's copy, `getent`), every machine be a Ready Node, etcd keep every
+//! key and `keelson validate cluster` pass. The test's wall time is printed.
+
+mod support;
+
+#[test]
+fn gossip_cluster_workers_follow_the_control_planes() {
+    support::require_root();
+    let _down = support::Down;
+    let t0 = std::time::Instant::now();
+    let spec = support::repo().join("examples/gossip.yaml");
+    let out = support::run(&["selfheal", "-f", &spec.to_string_lossy(), "--cycles", "1", "--cycle-timeout", "240"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let has = |prefix: &str| stdout.lines().any(|l| l.starts_with(prefix));
+    assert!(has("selfheal: 2 of 2 workers joined by cloud identity"), "both workers joined through the join server's name (output above)");
+    let last = stdout.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("selfheal: 1 cycles, 1000/1000 keys intact, 1000/1000 ConfigMaps intact, median failover ") && last.ends_with(" s"),
+        "unexpected summary {last:?} (output above)"
+    );
+    assert!(out.status.success(), "selfheal exited {:?}", out.status);
+    let resolve = "selfheal: 2/2 workers resolve api.internal.gossip.k8s.local and kops-controller.internal.gossip.k8s.local to the 3 live control planes";
+    assert!(has(resolve), "workers follow the replaced control plane through the product's hosts entries (output above)");
+    assert!(!stdout.contains("(0 host-network pods' copies"), "kube-proxy's copy of the hosts file checked on every worker (output above)");
+    let ready = stdout.lines().find(|l| l.ends_with("machines are Ready Nodes")).expect("a Ready-Nodes line");
+    assert_eq!(ready, "selfheal: 5/5 machines are Ready Nodes");
+    assert!(stdout.lines().any(|l| l == "selfheal: keelson validate cluster after the replacements: valid"), "validate cluster (output above)");
+    eprintln!("gossip cluster: up, 1 control-plane replacement, checks and down in {:.0} s", t0.elapsed().as_secs_f64());
+    drop(_down);
+    support::assert_nothing_left();
+}
