@@ -212,7 +212,12 @@ fn unrendered_networking_and_addons_are_refused_with_their_path_and_only_when_on
         ("  clusterAutoscaler:\n    enabled: false\n", "spec.clusterAutoscaler", false),
         ("  nodeTerminationHandler:\n    enableSQSTerminationDraining: false\n", "spec.nodeTerminationHandler", true),
         ("  nodeTerminationHandler:\n    enabled: false\n", "spec.nodeTerminationHandler", false),
-        ("  metricsServer:\n    enabled: true\n", "spec.metricsServer", true),
+        // metrics-server renders (insecure, as kOps' template does unless `insecure: false`) ...
+        ("  metricsServer:\n    enabled: true\n    insecure: true\n", "spec.metricsServer", false),
+        ("  metricsServer:\n    enabled: true\n    insecure: true\n", "spec.metricsServer.insecure", false),
+        // ... but not its secure form, which needs cert-manager (kOps' validation requires it on).
+        ("  certManager:\n    enabled: true\n  metricsServer:\n    enabled: true\n    insecure: false\n", "spec.metricsServer.insecure", true),
+        ("  certManager:\n    enabled: true\n  metricsServer:\n    enabled: true\n", "spec.metricsServer.insecure", false),
         ("  kubeDNS:\n    nodeLocalDNS:\n      enabled: true\n", "spec.kubeDNS.nodeLocalDNS", true),
         ("  kubeDNS:\n    provider: CoreDNS\n", "spec.kubeDNS.nodeLocalDNS", false),
         ("  externalDns:\n    provider: external-dns\n", "spec.externalDns.provider", true),
