@@ -101,32 +101,32 @@ fn selector() -> Value {
     json!({"matchLabels": {"k8s-app": APP}})
 }
 
-/// The metrics-server container's arguments: upstream's, with kOps' address type and TLS settings.
+/// The metrics-server container's arguments, in kOps' order: upstream's other arguments, then the
+/// address type, the serving certificate (self-signed in `/tmp`, or cert-manager's in `/srv`), and
+/// `--kubelet-insecure-tls` when insecure.
 fn args(upstream: &[Value], s: &Settings) -> Result<Vec<Value>, MetricsServerError> {
     let mut out = Vec::new();
-    let (mut cert_dir, mut address_types) = (false, false);
+    let (mut cert_dir, mut address_types) = (None, false);
     for a in upstream {
         let a = a.as_str().ok_or_else(|| release_error("the metrics-server container's args are not strings"))?;
         if a.starts_with("--cert-dir=") {
-            cert_dir = true;
-            if s.insecure {
-                out.push(json!(a));
-            } else {
-                out.push(json!(format!("--tls-cert-file={TLS_DIR}/tls.crt")));
-                out.push(json!(format!("--tls-private-key-file={TLS_DIR}/tls.key")));
-            }
+            cert_dir = Some(a);
         } else if a.starts_with("--kubelet-preferred-address-types=") {
             address_types = true;
-            out.push(json!(format!("--kubelet-preferred-address-types={}", s.address_type)));
         } else {
             out.push(json!(a));
         }
     }
-    if !cert_dir || !address_types {
+    let Some(cert_dir) = cert_dir.filter(|_| address_types) else {
         return Err(release_error("the metrics-server container has no --cert-dir or no --kubelet-preferred-address-types argument"));
-    }
+    };
+    out.push(json!(format!("--kubelet-preferred-address-types={}", s.address_type)));
     if s.insecure {
+        out.push(json!(cert_dir));
         out.push(json!("--kubelet-insecure-tls"));
+    } else {
+        out.push(json!(format!("--tls-cert-file={TLS_DIR}/tls.crt")));
+        out.push(json!(format!("--tls-private-key-file={TLS_DIR}/tls.key")));
     }
     Ok(out)
 }
@@ -248,11 +248,11 @@ mod tests {
         assert_eq!(
             strings(&container(&d)["args"]),
             [
-                "--cert-dir=/tmp",
                 "--secure-port=10250",
-                "--kubelet-preferred-address-types=Hostname",
                 "--kubelet-use-node-status-port",
                 "--metric-resolution=15s",
+                "--kubelet-preferred-address-types=Hostname",
+                "--cert-dir=/tmp",
                 "--kubelet-insecure-tls"
             ]
         );
