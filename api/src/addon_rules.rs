@@ -25,7 +25,8 @@ pub fn metrics_server(spec: &ClusterSpec) -> Vec<(String, String)> {
     if ms.enabled == Some(true) && ms.insecure != Some(true) && !cert_manager_enabled(spec) {
         out.push((
             "spec.metricsServer.insecure".to_string(),
-            "a secure metrics-server (insecure unset or false) needs cert-manager (spec.certManager.enabled: true), as kOps requires; set insecure: true".to_string(),
+            "a secure metrics-server (insecure unset or false) needs cert-manager (spec.certManager.enabled: true), as kOps requires; set insecure: true"
+                .to_string(),
         ));
     }
     out

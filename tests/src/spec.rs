@@ -301,7 +301,10 @@ mod tests {
         assert!(t.contains("conntrackMaxPerCore: 0"));
         assert!(t.contains(LOCAL_EVICTION_HARD));
         assert!(t.contains("managed: false"), "{t}");
-        assert!(t.contains("metricsServer:\n    enabled: true\n    insecure: true\n    image: 172.20.255.254:5000/metrics-server-metrics-server:v0.8.0\n"), "{t}");
+        assert!(
+            t.contains("metricsServer:\n    enabled: true\n    insecure: true\n    image: 172.20.255.254:5000/metrics-server-metrics-server:v0.8.0\n"),
+            "{t}"
+        );
         assert!(t.contains("172.20.255.254:5000:\n      - http://172.20.255.254:5000"), "{t}");
         assert_eq!(t.matches("image: ami-123").count(), 4);
         // Cluster, 4 instance groups, 2 additional objects (passed through unchanged).

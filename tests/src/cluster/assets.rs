@@ -102,11 +102,8 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
     let ccm_layout = ccm.layout()?;
     let coredns_layout = kubernetes::coredns_image(kubernetes::COREDNS_VERSION)?;
     // metrics-server only when the spec enables it (the first compile rendered its addon).
-    let metrics_server_layout = if compiled.join(METRICS_SERVER_ADDON).is_dir() {
-        Some(kubernetes::metrics_server_image(kubernetes::METRICS_SERVER_VERSION)?)
-    } else {
-        None
-    };
+    let metrics_server_layout =
+        if compiled.join(METRICS_SERVER_ADDON).is_dir() { Some(kubernetes::metrics_server_image(kubernetes::METRICS_SERVER_VERSION)?) } else { None };
     cs.phase = format!("pushing the images to the registry at {registry_addr}");
     cs.save(state);
     let registry = kubernetes::Registry::start(&gw.to_string(), kubernetes::REGISTRY_PORT, &cache.join("registry"), &state.root.join("registry.log"))?;
