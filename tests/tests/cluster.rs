@@ -15,6 +15,7 @@
 //! the kubelet's and kube-proxy's on every worker (nodeup's timer, joining again) — while the API
 //! answers through the load balancer and no Node goes NotReady.
 
+#[path = "cluster/metrics.rs"]
 mod metrics;
 mod support;
 
