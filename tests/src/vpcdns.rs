@@ -88,7 +88,11 @@ pub fn answer(query: &[u8]) -> Option<Vec<u8>> {
 pub async fn serve(socket: tokio::net::UdpSocket) {
     let mut buf = [0u8; 1500];
     loop {
-        let Ok((n, from)) = socket.recv_from(&mut buf).await else { continue };
+        let Ok((n, from)) = socket.recv_from(&mut buf).await else {
+            // (a client gone before its answer: an ICMP error surfaces here once) — never spin
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            continue;
+        };
         if let Some(reply) = answer(&buf[..n]) {
             let _ = socket.send_to(&reply, from).await;
         }
