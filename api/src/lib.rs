@@ -3,6 +3,7 @@
 //!
 //! This crate does no I/O: it turns bytes into typed documents and typed documents into bytes.
 
+pub mod addon_rules;
 pub mod addons;
 pub mod aws_endpoints;
 pub mod documents;
@@ -10,6 +11,7 @@ pub mod flag_table;
 pub mod flags;
 pub mod gce_endpoints;
 pub mod generated;
+pub mod image;
 pub mod merge;
 pub mod names;
 pub mod nodeup;
@@ -21,5 +23,6 @@ pub use validate::{aws_region_of_zone, validate, ValidationError};
 
 pub use documents::{parse_documents, Cluster, Documents, InstanceGroup, ObjectMeta, ParseError, Role};
 pub use generated::*;
+pub use image::{ImageReference, ImageReferenceError};
 pub use merge::Merge;
 pub use types::{Cidr, CloudProvider, DnsName, Duration, IntOrString, KubernetesVersion, Quantity};

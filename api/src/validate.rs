@@ -163,6 +163,11 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
         }
     }
 
+    // Addons (kOps' rules for their fields).
+    for (path, message) in crate::addon_rules::check(spec) {
+        r.add(&cdoc, path, message);
+    }
+
     // Instance groups.
     let mut groups: BTreeMap<&str, &InstanceGroup> = BTreeMap::new();
     for ig in &docs.instance_groups {

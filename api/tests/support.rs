@@ -212,7 +212,12 @@ fn unrendered_networking_and_addons_are_refused_with_their_path_and_only_when_on
         ("  clusterAutoscaler:\n    enabled: false\n", "spec.clusterAutoscaler", false),
         ("  nodeTerminationHandler:\n    enableSQSTerminationDraining: false\n", "spec.nodeTerminationHandler", true),
         ("  nodeTerminationHandler:\n    enabled: false\n", "spec.nodeTerminationHandler", false),
-        ("  metricsServer:\n    enabled: true\n", "spec.metricsServer", true),
+        // metrics-server renders (insecure, as kOps' template does unless `insecure: false`) ...
+        ("  metricsServer:\n    enabled: true\n    insecure: true\n", "spec.metricsServer", false),
+        ("  metricsServer:\n    enabled: true\n    insecure: true\n", "spec.metricsServer.insecure", false),
+        // ... but not its secure form, which needs cert-manager (kOps' validation requires it on).
+        ("  certManager:\n    enabled: true\n  metricsServer:\n    enabled: true\n    insecure: false\n", "spec.metricsServer.insecure", true),
+        ("  certManager:\n    enabled: true\n  metricsServer:\n    enabled: true\n", "spec.metricsServer.insecure", false),
         ("  kubeDNS:\n    nodeLocalDNS:\n      enabled: true\n", "spec.kubeDNS.nodeLocalDNS", true),
         ("  kubeDNS:\n    provider: CoreDNS\n", "spec.kubeDNS.nodeLocalDNS", false),
         ("  externalDns:\n    provider: external-dns\n", "spec.externalDns.provider", true),
@@ -274,4 +279,19 @@ fn refusals_name_nested_paths_and_gone_component_flags() {
     let nr = support::not_rendered(&docs);
     assert!(nr.iter().any(|e| e.path == "spec.rootVolume" && e.document == "InstanceGroup/nodes"), "{nr:?}");
     assert!(!nr.iter().any(|e| e.path == "spec.tenancy"), "default tenancy is what Keelson does: {nr:?}");
+}
+
+#[test]
+fn metrics_server_values_are_validated_with_their_paths() {
+    // kOps' rule: an enabled metrics-server that is not `insecure: true` needs cert-manager.
+    let errors = validate(&spec_with("  metricsServer:\n    enabled: true\n"));
+    let e = errors.iter().find(|e| e.path == "spec.metricsServer.insecure").unwrap_or_else(|| panic!("{errors:?}"));
+    assert_eq!(e.document, "Cluster/t.example.com");
+    assert!(e.message.contains("cert-manager"), "{e}");
+    // A bad image is named with its path, on or off.
+    let errors = validate(&spec_with("  metricsServer:\n    image: \"ms:v 1\"\n"));
+    assert_eq!(errors.iter().map(|e| e.path.as_str()).collect::<Vec<_>>(), ["spec.metricsServer.image"], "{errors:?}");
+    // The local cloud's form is valid, consumed and not refused.
+    let docs = spec_with("  metricsServer:\n    enabled: true\n    insecure: true\n    image: 172.20.255.254:5000/metrics-server-metrics-server:v0.8.0\n");
+    assert!(validate(&docs).is_empty() && support::not_rendered(&docs).is_empty(), "{:?}", validate(&docs));
 }

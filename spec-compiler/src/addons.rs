@@ -9,7 +9,9 @@
 //! ([`cilium`], `networking.cilium.io`, or [`calico`], `networking.projectcalico.org`); on AWS the cloud-controller-manager
 //! ([`aws_ccm`], `aws-cloud-controller.addons.k8s.io`), on GCE its own ([`gce_ccm`],
 //! `gcp-cloud-controller.addons.k8s.io`); the cluster DNS ([`coredns`],
-//! `coredns.addons.k8s.io`), whose pods need initialised nodes; and the spec file's additional
+//! `coredns.addons.k8s.io`), whose pods need initialised nodes; the EBS CSI driver on AWS
+//! ([`aws_ebs_csi`]); metrics-server when enabled ([`metrics_server`], `metrics-server.addons.k8s.io`,
+//! upstream's release manifest with kOps' settings over it); and the spec file's additional
 //! objects (`additional-objects.keelson.io`), except component configurations, which are merged
 //! into their component's configuration file instead.
 
@@ -22,10 +24,12 @@ mod ccm;
 mod cilium;
 mod coredns;
 mod gce_ccm;
+mod metrics_server;
 
 pub use calico::CalicoError;
 pub use cilium::CiliumError;
 pub use coredns::CoreDnsError;
+pub use metrics_server::MetricsServerError;
 
 use keelson_api::Cluster;
 
@@ -90,6 +94,8 @@ pub enum AddonError {
     Cilium(#[from] CiliumError),
     #[error("addon aws-ebs-csi-driver.addons.k8s.io: {0}")]
     AwsEbsCsi(#[from] aws_ebs_csi::AwsEbsCsiError),
+    #[error("addon metrics-server.addons.k8s.io: {0}")]
+    MetricsServer(#[from] MetricsServerError),
 }
 
 /// One addon: its name, version and documents, in apply order.
@@ -122,6 +128,9 @@ pub fn addons(cluster: &Cluster, versions: &Versions) -> Result<Vec<Addon>, Addo
     }
     if let Some(docs) = aws_ebs_csi::docs(cluster, versions)? {
         addons.push(Addon { name: aws_ebs_csi::NAME, version: "1.0.0", docs });
+    }
+    if let Some(docs) = metrics_server::docs(cluster, versions)? {
+        addons.push(Addon { name: metrics_server::NAME, version: "1.0.0", docs });
     }
     Ok(addons)
 }

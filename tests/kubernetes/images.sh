@@ -553,6 +553,66 @@ if [ "${1:-}" = build-coredns ]; then
 fi
 # --- END coredns image -------------------------------------------------------------------------------------
 
+# --- BEGIN metrics-server image (keelson metrics branch; self-contained block) -----------------------------
+#   tests/kubernetes/images.sh build-metrics-server VERSION   # e.g. build-metrics-server 0.8.0
+#       Prints an OCI layout holding metrics-server-metrics-server:vVERSION — the name the compiler gives
+#       registry.k8s.io/metrics-server/metrics-server:vVERSION under assets.containerRegistry — with the
+#       metrics-server binary built from the Go module sigs.k8s.io/metrics-server@vVERSION (static,
+#       CGO_ENABLED=0, its own go.sum, the version stamped as its Makefile does) at /metrics-server on the
+#       same static base as kube-controller-manager (/etc/passwd+group, /tmp, CA bundle); entrypoint
+#       /metrics-server, user 65534 as upstream's image (the addon runs it as 1000, read-only, no
+#       capabilities). Cached as $KEELSON_LOCAL_CACHE/images/metrics-server-KEY (KEY: version, arch, this
+#       block); push it with `images.sh push LAYOUT REGISTRY` like the main layout.
+METRICS_SERVER_MODULE=sigs.k8s.io/metrics-server
+METRICS_SERVER_REF=metrics-server-metrics-server
+
+cmd_build_metrics_server() {
+  [ $# -eq 1 ] || usage
+  local version=${1#v} key out tmp stage layers start dir commit
+  [[ $version =~ ^0\.[0-9]+\.[0-9]+$ ]] || die "'$1' is not a metrics-server version (0.MINOR.PATCH)"
+  WHY="build the metrics-server image" need go umoci jq tar flock find
+  arch=$(go env GOARCH)
+  key=$({ echo "metrics-server $version $arch"; sed -n '/^# --- BEGIN metrics-server image/,/^# --- END metrics-server image/p' "$self"; declare -f claim_cache_entry stage_static_base finish_layout; } |
+    sha256sum | cut -c1-16)
+  claim_cache_entry metrics-server "$key" || { echo "$out/oci"; return; }
+  layout="$tmp/oci"
+  layers="$tmp/work/layers"
+  stage="$tmp/work/stage"
+  mkdir -p "$layers" "$stage/metrics-server" "$tmp/work/download"
+
+  log "building metrics-server v$version from the Go module $METRICS_SERVER_MODULE"
+  # `go mod download` needs a module context only for its cache; a throw-away one is enough.
+  printf 'module keelson.local/metrics-server-download\n\ngo 1.24\n' >"$tmp/work/download/go.mod"
+  (cd "$tmp/work/download" && go mod download -json "$METRICS_SERVER_MODULE@v$version") >"$tmp/work/download.json" ||
+    die "the Go module proxy does not serve $METRICS_SERVER_MODULE@v$version"
+  dir=$(jq -r '.Dir // empty' "$tmp/work/download.json")
+  commit=$(jq -r '.Origin.Hash // empty' "$tmp/work/download.json") # the proxy does not always record it
+  [ -f "$dir/go.mod" ] || die "go mod download gave no source tree for $METRICS_SERVER_MODULE@v$version"
+  # Built inside a copy of its own tree (with its go.sum), with the version variables its Makefile sets
+  # (no build date: the image stays reproducible).
+  cp -r "$dir" "$tmp/work/src"
+  chmod -R u+w "$tmp/work/src"
+  (cd "$tmp/work/src" && CGO_ENABLED=0 GOOS=linux GOARCH="$arch" GOFLAGS="${GOFLAGS:-} -mod=mod -buildvcs=false" \
+    go build -trimpath -ldflags "-s -w -X k8s.io/client-go/pkg/version.gitVersion=v$version -X k8s.io/client-go/pkg/version.gitCommit=$commit" \
+    -o "$stage/metrics-server/metrics-server" ./cmd/metrics-server) || die "building $METRICS_SERVER_MODULE@v$version failed"
+  "$stage/metrics-server/metrics-server" --version 2>&1 | grep -qF "v$version" ||
+    die "the metrics-server v$version just built does not run or does not say its version (--version)"
+
+  stage_static_base "$stage/static-base"
+  owned_layer_tar "$stage/static-base" "$layers/static-base.tar"
+  owned_layer_tar "$stage/metrics-server" "$layers/metrics-server.tar"
+  umoci init --layout "$layout"
+  image "$METRICS_SERVER_REF:v$version" /metrics-server 65534:65534 static-base metrics-server
+  finish_layout "$tmp" "$out" "metrics-server image" "$start"
+}
+
+if [ "${1:-}" = build-metrics-server ]; then
+  shift
+  cmd_build_metrics_server "$@"
+  exit 0
+fi
+# --- END metrics-server image ------------------------------------------------------------------------------
+
 case ${1:-} in
   build) shift; cmd_build "$@" ;;
   etcd) shift; [ $# -eq 1 ] || usage; arch=$(go env GOARCH); ensure_etcd "${1#v}" ;;

@@ -258,3 +258,53 @@ pub fn server_version(kubeconfig: &Path, target: &Target) -> Result<String, Kube
         Ok(v.git_version)
     })
 }
+
+/// An APIService as the local cloud checks it: its `Available` condition and when it was created.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiServiceState {
+    /// `Available` is `True`.
+    pub available: bool,
+    /// The `Available` condition as `status reason: message` (for failure messages).
+    pub condition: String,
+    /// `metadata.creationTimestamp`, Unix seconds.
+    pub created_unix: Option<i64>,
+    /// When the `Available` condition last changed, Unix seconds.
+    pub available_since_unix: Option<i64>,
+}
+
+/// The APIService `name`, or `None` when there is none.
+pub fn api_service(kubeconfig: &Path, name: &str) -> Result<Option<ApiServiceState>, KubeApiError> {
+    use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+    rt()?.block_on(async {
+        let c = client(kubeconfig, &Target::default()).await?;
+        let Some(s) = Api::<APIService>::all(c).get_opt(name).await.map_err(api_err(format!("get apiservice {name}")))? else { return Ok(None) };
+        let cond = s.status.and_then(|st| st.conditions).unwrap_or_default().into_iter().find(|c| c.type_ == "Available");
+        Ok(Some(ApiServiceState {
+            available: cond.as_ref().is_some_and(|c| c.status == "True"),
+            available_since_unix: cond.as_ref().and_then(|c| c.last_transition_time.as_ref()).map(|t| t.0.as_second()),
+            condition: cond
+                .map(|c| format!("{} {}: {}", c.status, c.reason.unwrap_or_default(), c.message.unwrap_or_default()))
+                .unwrap_or_else(|| "no Available condition".into()),
+            created_unix: s.metadata.creation_timestamp.map(|t| t.0.as_second()),
+        }))
+    })
+}
+
+/// Node usage from the resource metrics API (`GET /apis/metrics.k8s.io/v1beta1/nodes`): node name →
+/// (cpu, memory) as metrics-server reports them.
+pub fn node_metrics(kubeconfig: &Path) -> Result<BTreeMap<String, (String, String)>, KubeApiError> {
+    const PATH: &str = "/apis/metrics.k8s.io/v1beta1/nodes";
+    rt()?.block_on(async {
+        let c = client(kubeconfig, &Target::default()).await?;
+        let req = http::Request::get(PATH).body(Vec::new()).map_err(|e| KubeApiError::Manifest(e.to_string()))?;
+        let text = c.request_text(req).await.map_err(api_err(format!("GET {PATH}")))?;
+        let list: serde_json::Value = serde_json::from_str(&text).map_err(|e| KubeApiError::Manifest(format!("GET {PATH}: {e}: {text}")))?;
+        let field = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+        Ok(list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|n| (field(&n["metadata"]["name"]), (field(&n["usage"]["cpu"]), field(&n["usage"]["memory"]))))
+            .collect())
+    })
+}

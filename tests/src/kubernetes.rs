@@ -143,6 +143,22 @@ pub fn coredns_image(version: &str) -> Result<PathBuf, BuildError> {
     run_script("images.sh", &["build-coredns", version])
 }
 
+/// The metrics-server the local cloud runs when the spec enables it: the versions table's (kOps')
+/// pin, `registry.k8s.io/metrics-server/metrics-server:v0.8.0`, built from its Go module by
+/// `images.sh build-metrics-server` under the name the compiler remaps it to (`metrics-server-metrics-server`).
+pub const METRICS_SERVER_VERSION: &str = "0.8.0";
+
+/// `metrics-server-metrics-server:v<version>` in `registry` (what the local spec sets as
+/// `spec.metricsServer.image`).
+pub fn metrics_server_ref(registry: &str) -> String {
+    format!("{registry}/metrics-server-metrics-server:v{METRICS_SERVER_VERSION}")
+}
+
+/// The OCI layout holding `metrics-server-metrics-server:v<version>` (built once).
+pub fn metrics_server_image(version: &str) -> Result<PathBuf, BuildError> {
+    run_script("images.sh", &["build-metrics-server", version])
+}
+
 /// Copy every image of `layout` to `registry` (`host:port`); blobs already there are skipped.
 pub fn push(layout: &Path, registry: &str) -> Result<(), BuildError> {
     let script = scripts_dir().join("images.sh");

@@ -30,6 +30,7 @@ pub mod relay;
 pub mod rootfs;
 pub mod spec;
 pub mod volumes;
+pub mod vpcdns;
 
 // The fixtures every test shares (moto, IMDS, HTTP server) live in `keelson-testkit`.
 pub use testkit::{httpd, imds, moto};

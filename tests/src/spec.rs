@@ -165,7 +165,8 @@ impl Spec {
     /// and the local image for every instance group; the cloud-controller-manager built for the
     /// cluster's Kubernetes minor (`cloudControllerManager.image`), and its AWS endpoints pointed at
     /// the local cloud (the `keelson.io/aws-service-endpoints` annotation, the product's way to
-    /// name VPC or partition endpoints).
+    /// name VPC or partition endpoints); on AWS, kOps' metrics-server addon (`metricsServer`, unless
+    /// the spec has its own) with the image built from its Go module.
     pub fn local_text(&self, local: &LocalCloud) -> String {
         let (file_repository, registry, image) = (local.file_repository.as_str(), local.registry.as_str(), local.image.as_str());
         let mut out = String::new();
@@ -196,6 +197,20 @@ impl Spec {
                             let ccm = spec.entry(Value::from("cloudControllerManager")).or_insert_with(|| Value::Mapping(Default::default()));
                             if let Some(c) = ccm.as_mapping_mut() {
                                 c.insert(Value::from("image"), Value::from(local.ccm_image.as_str()));
+                            }
+                        }
+                        // kOps' metrics-server addon (insecure: the API server does not verify its
+                        // self-signed certificate, as kOps' default), its image from the local registry;
+                        // a spec that sets its own metricsServer keeps its switches.
+                        if aws {
+                            let ms = spec.entry(Value::from("metricsServer")).or_insert_with(|| {
+                                let mut m = serde_yaml_ng::Mapping::new();
+                                m.insert(Value::from("enabled"), Value::from(true));
+                                m.insert(Value::from("insecure"), Value::from(true));
+                                Value::Mapping(m)
+                            });
+                            if let Some(m) = ms.as_mapping_mut() {
+                                m.insert(Value::from("image"), Value::from(crate::kubernetes::metrics_server_ref(registry)));
                             }
                         }
                         let dns = spec.entry(Value::from("kubeDNS")).or_insert_with(|| Value::Mapping(Default::default()));
@@ -286,6 +301,10 @@ mod tests {
         assert!(t.contains("conntrackMaxPerCore: 0"));
         assert!(t.contains(LOCAL_EVICTION_HARD));
         assert!(t.contains("managed: false"), "{t}");
+        assert!(
+            t.contains("metricsServer:\n    enabled: true\n    insecure: true\n    image: 172.20.255.254:5000/metrics-server-metrics-server:v0.8.0\n"),
+            "{t}"
+        );
         assert!(t.contains("172.20.255.254:5000:\n      - http://172.20.255.254:5000"), "{t}");
         assert_eq!(t.matches("image: ami-123").count(), 4);
         // Cluster, 4 instance groups, 2 additional objects (passed through unchanged).

@@ -7,13 +7,16 @@
 //! each control plane's address, through every address of `api.internal.<cluster>` (verified
 //! against that name) and through the local API load balancer, every machine is a Ready Node and
 //! every control-plane static pod runs; `keelson-local kubectl` and `env` work, and with that
-//! environment `keelson validate cluster --wait` reports the cluster ready.
+//! environment `keelson validate cluster --wait` reports the cluster ready; kOps' metrics-server addon
+//! serves node metrics (`kubectl top nodes`).
 //! `kill` of a node gets it replaced and Ready again; `down` then leaves nothing behind.
 //! Certificates live 10 minutes here (test-only `KEELSON_TEST_CERT_VALIDITY_SECONDS`): they roll
 //! over on the running cluster — etcd's and the API server's on every control plane (protokube),
 //! the kubelet's and kube-proxy's on every worker (nodeup's timer, joining again) — while the API
 //! answers through the load balancer and no Node goes NotReady.
 
+#[path = "cluster/metrics.rs"]
+mod metrics;
 mod support;
 
 use std::collections::BTreeMap;
@@ -433,6 +436,10 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         a.extend_from_slice(args);
         let _ = support::run(&a);
     }
+
+    // 7c'. metrics-server (kOps' addon, enabled by the local spec): `kubectl top nodes` answers.
+    let node_names: Vec<String> = kubeapi::nodes(&kc).unwrap().into_keys().collect();
+    metrics::check(&kc, &node_names);
 
     // 7d. Certificates roll over on the running cluster: on every control plane etcd's peer and
     //     serving certificates and the API server's (protokube's renewal pass), on every worker the

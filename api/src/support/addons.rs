@@ -55,7 +55,6 @@ pub static NETWORKING: &[Field] = &[
 pub static ADDONS: &[Field] = &[
     addon_not_rendered!("ClusterSpec", "clusterAutoscaler", When::Enabled, "the cluster-autoscaler addon"),
     addon_not_rendered!("ClusterSpec", "nodeTerminationHandler", When::NotDisabled, "the aws-node-termination-handler addon"),
-    addon_not_rendered!("ClusterSpec", "metricsServer", When::Enabled, "the metrics-server addon"),
     addon_not_rendered!("KubeDNSConfig", "nodeLocalDNS", When::Enabled, "the node-local-dns addon"),
     addon_not_rendered!("ClusterSpec", "awsLoadBalancerController", When::Enabled, "the aws-load-balancer-controller addon"),
     addon_not_rendered!("ClusterSpec", "certManager", When::Enabled, "the cert-manager addon"),
@@ -66,6 +65,22 @@ pub static ADDONS: &[Field] = &[
     addon_not_rendered!("ClusterSpec", "karpenter", When::Enabled, "the karpenter addon"),
     addon_not_rendered!("ClusterSpec", "warmPool", When::Present, "Auto Scaling warm pools"),
     addon_not_rendered!("InstanceGroupSpec", "warmPool", When::Present, "Auto Scaling warm pools"),
+];
+
+const METRICS_SERVER_ADDON: &str = "the metrics-server addon (spec-compiler/src/addons/metrics_server.rs)";
+
+/// `MetricsServerConfig` (spec.metricsServer): kOps' metrics-server addon.
+pub static METRICS_SERVER: &[Field] = &[
+    f("MetricsServerConfig", "enabled", By(METRICS_SERVER_ADDON)),
+    f("MetricsServerConfig", "image", By(METRICS_SERVER_ADDON)),
+    f(
+        "MetricsServerConfig",
+        "insecure",
+        NotRendered {
+            when: When::False,
+            reason: "Keelson does not render a secure metrics-server: it needs cert-manager and kOps' addon PKI issuer for its serving certificate (the spec compiles as kOps would); set insecure: true",
+        },
+    ),
 ];
 
 const COREDNS: &str = "the coredns addon (spec-compiler/src/addons/coredns.rs)";

@@ -35,7 +35,7 @@ mod groups;
 mod kubelet;
 mod runtime;
 
-pub use addons::{ADDONS, DISCOVERY, EXTERNAL_DNS, KUBE_DNS, NETWORKING};
+pub use addons::{ADDONS, DISCOVERY, EXTERNAL_DNS, KUBE_DNS, METRICS_SERVER, NETWORKING};
 pub use cluster::{CLOUD, CLUSTER};
 pub use components::COMPONENTS;
 pub use groups::GROUPS;
@@ -129,6 +129,7 @@ pub fn all() -> impl Iterator<Item = &'static Field> {
         .iter()
         .chain(NETWORKING)
         .chain(ADDONS)
+        .chain(METRICS_SERVER)
         .chain(KUBE_DNS)
         .chain(EXTERNAL_DNS)
         .chain(DISCOVERY)
@@ -189,6 +190,7 @@ pub const PLACES: &[(&str, &str, &str)] = &[
     ("Cluster", "masterKubelet", "KubeletConfigSpec"),
     ("Cluster", "networking", "NetworkingSpec"),
     ("Cluster", "kubeDNS", "KubeDNSConfig"),
+    ("Cluster", "metricsServer", "MetricsServerConfig"),
     ("Cluster", "externalDns", "ExternalDNSConfig"),
     ("Cluster", "serviceAccountIssuerDiscovery", "ServiceAccountIssuerDiscoveryConfig"),
     ("Cluster", "kubeAPIServer", "KubeAPIServerConfig"),

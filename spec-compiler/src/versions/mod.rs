@@ -11,6 +11,7 @@
 //! * ecr-credential-provider / auth-provider-gcp locations: `pkg/nodemodel/fileassets.go`
 //! * AWS CCM image: `pkg/model/components/awscloudcontrollermanager.go`
 //! * CoreDNS image: `upup/models/cloudup/resources/addons/coredns.addons.k8s.io/k8s-1.12.yaml.template`
+//! * metrics-server version and image: `upup/models/cloudup/resources/addons/metrics-server.addons.k8s.io/k8s-1.11.yaml.template`
 //! * Cilium default version: `pkg/model/components/cilium.go`; agent/operator image names:
 //!   `upup/models/cloudup/resources/addons/networking.cilium.io/k8s-1.16-v1.15.yaml.template`
 //! * Calico default version and image names (`calico/{node,cni,kube-controllers,typha}` under
@@ -318,6 +319,11 @@ impl Versions {
     /// The CoreDNS image after registry rewriting (`spec.kubeDNS.coreDNSImage` wins over it).
     pub fn coredns_image(&self) -> String {
         self.remap_image(COREDNS_IMAGE)
+    }
+
+    /// The metrics-server image after registry rewriting (`spec.metricsServer.image` wins over it).
+    pub fn metrics_server_image(&self) -> String {
+        self.remap_image(METRICS_SERVER_IMAGE)
     }
 
     /// The Cilium agent and operator images for `spec.networking.cilium.{registry,version}`
@@ -640,6 +646,8 @@ mod tests {
         assert_eq!(v.pause_image(), "registry.example.com/pause:3.10.1");
         assert_eq!(v.cloud_controller_manager_image_aws(), "registry.example.com/provider-aws-cloud-controller-manager:v1.36.1");
         assert_eq!(v.coredns_image(), "registry.example.com/coredns-coredns:v1.14.2");
+        // The name images.sh build-metrics-server gives the image keelson-local serves.
+        assert_eq!(v.metrics_server_image(), "registry.example.com/metrics-server-metrics-server:v0.8.0");
         assert_eq!(v.etcd_manager_image(), "registry.example.com/etcd-manager-etcd-manager-slim:v3.0.20260707");
         // idempotent
         assert_eq!(remap_image("registry.example.com/kube-apiserver:v1", Some("registry.example.com"), None), "registry.example.com/kube-apiserver:v1");

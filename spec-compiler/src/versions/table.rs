@@ -22,6 +22,11 @@ pub const ETCD_MANAGER_IMAGE: &str = "registry.k8s.io/etcd-manager/etcd-manager-
 pub const AWS_CLOUD_CONTROLLER_MANAGER_IMAGE: &str = "registry.k8s.io/provider-aws/cloud-controller-manager:v1.36.1";
 /// CoreDNS image (the cluster DNS addon); kOps pins one for every Kubernetes minor at this commit.
 pub const COREDNS_IMAGE: &str = "registry.k8s.io/coredns/coredns:v1.14.2";
+/// The metrics-server release kOps pins (`metrics-server.addons.k8s.io/k8s-1.11.yaml.template`);
+/// the addon's base manifest, `addons/metrics_server/release-v<version>.yaml`, is that release's.
+pub const METRICS_SERVER_VERSION: &str = "0.8.0";
+/// The metrics-server image (`spec.metricsServer.image` wins over it).
+pub const METRICS_SERVER_IMAGE: &str = "registry.k8s.io/metrics-server/metrics-server:v0.8.0";
 /// Default `spec.networking.cilium.version` (kOps `CiliumOptionsBuilder`); kOps supports only 1.18.
 pub const DEFAULT_CILIUM_VERSION: &str = "v1.18.12";
 /// The only Cilium minor the networking.cilium.io manifest is written for.

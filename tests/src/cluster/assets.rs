@@ -16,6 +16,9 @@ use crate::{cmd, kubernetes, mirror, rootfs};
 use super::daemon::ClusterVersions;
 use super::state::ClusterState;
 
+/// Where `keelson compile` puts the metrics-server addon's manifests (present when the spec enables it).
+const METRICS_SERVER_ADDON: &str = "state/addons/metrics-server.addons.k8s.io";
+
 /// What the daemon keeps of the assets phase.
 pub struct Assets {
     /// The rootfs every machine's overlay sits on.
@@ -98,6 +101,9 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
     let layout = kubernetes::images(&versions.kubernetes, &versions.etcd, &versions.pause)?;
     let ccm_layout = ccm.layout()?;
     let coredns_layout = kubernetes::coredns_image(kubernetes::COREDNS_VERSION)?;
+    // metrics-server only when the spec enables it (the first compile rendered its addon).
+    let metrics_server_layout =
+        if compiled.join(METRICS_SERVER_ADDON).is_dir() { Some(kubernetes::metrics_server_image(kubernetes::METRICS_SERVER_VERSION)?) } else { None };
     cs.phase = format!("pushing the images to the registry at {registry_addr}");
     cs.save(state);
     let registry = kubernetes::Registry::start(&gw.to_string(), kubernetes::REGISTRY_PORT, &cache.join("registry"), &state.root.join("registry.log"))?;
@@ -106,6 +112,9 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
     kubernetes::push(&layout, &registry_addr)?;
     kubernetes::push(&ccm_layout, &registry_addr)?;
     kubernetes::push(&coredns_layout, &registry_addr)?;
+    if let Some(layout) = &metrics_server_layout {
+        kubernetes::push(layout, &registry_addr)?;
+    }
 
     cs.phase = "building the asset mirror".into();
     cs.save(state);

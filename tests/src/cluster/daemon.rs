@@ -165,6 +165,9 @@ fn daemon_body(state: &State, spec: &Spec, cs: &mut ClusterState, stop: &AtomicB
     cs.api_port = api_l.local_addr()?.port();
     relay.set_nonblocking(true)?;
     mirror_l.set_nonblocking(true)?;
+    // The VPC resolver for the EC2 private DNS names, where the cluster's CoreDNS forwards.
+    let vpc_dns = std::net::UdpSocket::bind((seg.gateway, 53)).with_context(|| format!("the VPC resolver on {}:53/udp", seg.gateway))?;
+    vpc_dns.set_nonblocking(true)?;
     let mirror_root = state.mirror_dir();
     fs::create_dir_all(&mirror_root)?;
     let moto_target = format!("127.0.0.1:{}", cs.moto_port);
@@ -176,6 +179,7 @@ fn daemon_body(state: &State, spec: &Spec, cs: &mut ClusterState, stop: &AtomicB
         let m = tokio::net::TcpListener::from_std(mirror_l)?;
         rt.spawn(crate::relay::relay(r, moto_target));
         rt.spawn(mirror::serve(m, mirror_root.clone()));
+        rt.spawn(crate::vpcdns::serve(tokio::net::UdpSocket::from_std(vpc_dns)?));
     }
     let events: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
     let balancers = {
@@ -208,7 +212,7 @@ fn daemon_body(state: &State, spec: &Spec, cs: &mut ClusterState, stop: &AtomicB
             gce_endpoint: String::new(),
             coredns_image: format!("{registry}/coredns-coredns:v{}", kubernetes::COREDNS_VERSION),
             aws_endpoint: format!("http://{gw}:{}", cs_relay_port),
-            // Nothing answers DNS there: names outside the cluster fail fast, as they do on the machines.
+            // The VPC resolver ([`crate::vpcdns`]): EC2 private names resolve, the rest fail fast.
             dns_upstream: gw.to_string(),
         })
     })?;
