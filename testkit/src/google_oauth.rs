@@ -151,7 +151,7 @@ pub fn check_assertion(jwt: &str, email: &str, public_key_der: &[u8], own_url: &
     if claims["aud"] != own_url {
         return Err(format!("Invalid JWT: Failed audience check ({} is not {own_url})", claims["aud"]));
     }
-    if !claims["scope"].as_str().is_some_and(|s| !s.trim().is_empty()) {
+    if claims["scope"].as_str().is_none_or(|s| s.trim().is_empty()) {
         return Err("Invalid JWT: no scope".into());
     }
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);

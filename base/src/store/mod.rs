@@ -81,7 +81,7 @@ enum Backend {
     Http(http::HttpStore),
     #[cfg(feature = "aws")]
     S3(s3::S3Store),
-    Gcs(gcs::GcsStore),
+    Gcs(Box<gcs::GcsStore>),
 }
 
 /// The part size of S3 uploads from files: a file larger than one part goes up as a multipart
@@ -104,7 +104,7 @@ impl StateStore {
             ConfigBase::File(p) => Backend::File(file::FileStore::new(p.clone())),
             ConfigBase::Http(url) => Backend::Http(http::HttpStore::new(url, timeout)?),
             ConfigBase::S3 { .. } => return Err(StoreError::NoS3 { base: base.to_string() }),
-            ConfigBase::Gcs { bucket, prefix } => Backend::Gcs(gcs::GcsStore::new(bucket, prefix, GcsEndpoints::from_env(), timeout)?),
+            ConfigBase::Gcs { bucket, prefix } => Backend::Gcs(Box::new(gcs::GcsStore::new(bucket, prefix, GcsEndpoints::from_env(), timeout)?)),
         };
         Ok(StateStore { base: base.clone(), backend, part_size: DEFAULT_PART_SIZE })
     }
