@@ -116,6 +116,37 @@ struct FactArgs {
     gce_metadata: Option<String>,
 }
 
+/// The options of a one-shot subcommand (`render`, `api-hosts`): the host's facts from its flags,
+/// one try per fetch.
+fn one_shot(
+    conf: PathBuf,
+    root: PathBuf,
+    cache_dir: Option<PathBuf>,
+    target: Target,
+    facts: FactArgs,
+    http_timeout: f64,
+    renewal_interval: Duration,
+) -> Options {
+    Options {
+        conf,
+        cache_dir,
+        root,
+        target,
+        arch: facts.arch,
+        hostname: facts.hostname,
+        internal_ip: facts.internal_ip,
+        instance_id: facts.instance_id,
+        zone: facts.zone,
+        region: facts.region,
+        http_timeout: Duration::from_secs_f64(http_timeout.clamp(0.1, 600.0)),
+        retry_rounds: 1,
+        retry_backoff: Duration::ZERO,
+        imds_url: facts.imds_url,
+        gce_metadata: facts.gce_metadata,
+        renewal_interval,
+    }
+}
+
 /// `DIR` for `nodeup render`: never the live root, and empty (so it shows exactly one render).
 fn render_dir(out: &Path) -> Result<PathBuf, String> {
     std::fs::create_dir_all(out).map_err(|e| format!("creating {}: {e}", out.display()))?;
@@ -155,25 +186,7 @@ fn main() -> ExitCode {
     let (opts, target) = match cli.command {
         Some(Sub::ApiHosts { conf, root, facts, http_timeout }) => {
             only_api_hosts = true;
-            let opts = Options {
-                conf,
-                cache_dir: None,
-                root,
-                target: Target::Direct,
-                arch: facts.arch,
-                hostname: facts.hostname,
-                internal_ip: facts.internal_ip,
-                instance_id: facts.instance_id,
-                zone: facts.zone,
-                region: facts.region,
-                http_timeout: Duration::from_secs_f64(http_timeout.clamp(0.1, 600.0)),
-                retry_rounds: 1,
-                retry_backoff: Duration::ZERO,
-                imds_url: facts.imds_url,
-                gce_metadata: facts.gce_metadata,
-                renewal_interval,
-            };
-            (opts, Target::Direct)
+            (one_shot(conf, root, None, Target::Direct, facts, http_timeout, renewal_interval), Target::Direct)
         }
         Some(Sub::Render { conf, out, facts, http_timeout }) => {
             let root = match render_dir(&out) {
@@ -183,25 +196,8 @@ fn main() -> ExitCode {
                     return ExitCode::from(1);
                 }
             };
-            let opts = Options {
-                conf,
-                cache_dir: Some(root.join(".nodeup-render-cache")),
-                root,
-                target: Target::Render,
-                arch: facts.arch,
-                hostname: facts.hostname,
-                internal_ip: facts.internal_ip,
-                instance_id: facts.instance_id,
-                zone: facts.zone,
-                region: facts.region,
-                http_timeout: Duration::from_secs_f64(http_timeout.clamp(0.1, 600.0)),
-                retry_rounds: 1,
-                retry_backoff: Duration::ZERO,
-                imds_url: facts.imds_url,
-                gce_metadata: facts.gce_metadata,
-                renewal_interval,
-            };
-            (opts, Target::Render)
+            let cache = root.join(".nodeup-render-cache");
+            (one_shot(conf, root, Some(cache), Target::Render, facts, http_timeout, renewal_interval), Target::Render)
         }
         None => {
             let Some(conf) = cli.conf else {

@@ -65,37 +65,17 @@ pub fn docs(cluster: &Cluster) -> Option<Vec<Value>> {
         "metadata": {"name": APP, "namespace": NAMESPACE},
         "data": {"cloud.config": config},
     }));
-    docs.push(json!({
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {"name": APP, "namespace": NAMESPACE, "labels": labels},
-        "spec": {
-            "selector": {"matchLabels": labels},
-            "updateStrategy": {"type": "RollingUpdate"},
-            "template": {
-                "metadata": {"labels": labels, "annotations": {"keelson.io/cloud-config-sha256": config_hash}},
-                "spec": {
-                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                        {"matchExpressions": [{"key": ccm::CONTROL_PLANE_LABEL, "operator": "Exists"}]}
-                    ]}}},
-                    "tolerations": [{"operator": "Exists"}],
-                    "serviceAccountName": APP,
-                    "hostNetwork": true,
-                    "priorityClassName": "system-cluster-critical",
-                    "containers": [{
-                        "name": APP,
-                        "image": image,
-                        "imagePullPolicy": "IfNotPresent",
-                        "args": ccm::args(c, "aws", CLOUD_CONFIG_PATH),
-                        // The local API server: the CCM is what makes the service network usable.
-                        "env": [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}],
-                        "resources": {"requests": {"cpu": cpu}},
-                        "volumeMounts": [{"name": "cloudconfig", "mountPath": CLOUD_CONFIG_PATH, "subPath": "cloud.config", "readOnly": true}],
-                    }],
-                    "volumes": [{"name": "cloudconfig", "configMap": {"name": APP}}],
-                },
-            },
-        },
+    docs.push(ccm::daemonset(ccm::Pod {
+        app: APP,
+        labels: labels.clone(),
+        pod_labels: labels,
+        config_hash,
+        control_plane_labels: &[ccm::CONTROL_PLANE_LABEL],
+        image,
+        args: ccm::args(c, "aws", CLOUD_CONFIG_PATH),
+        cpu,
+        config_path: CLOUD_CONFIG_PATH,
+        liveness: None,
     }));
     Some(docs)
 }

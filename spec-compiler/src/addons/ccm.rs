@@ -137,3 +137,63 @@ pub fn rbac(app: &str) -> Vec<Value> {
         }),
     ]
 }
+
+/// One cloud's CCM DaemonSet: what differs between the clouds' addons.
+pub struct Pod<'a> {
+    /// The DaemonSet's, container's, service account's and ConfigMap's name.
+    pub app: &'a str,
+    /// The DaemonSet's labels (and its selector).
+    pub labels: Value,
+    /// The pod template's labels (a superset of `labels`).
+    pub pod_labels: Value,
+    /// The cloud config's sha256 (a changed config rolls the pods).
+    pub config_hash: String,
+    /// Node labels that make a control plane, any one of them.
+    pub control_plane_labels: &'a [&'a str],
+    pub image: &'a str,
+    pub args: Vec<String>,
+    pub cpu: String,
+    /// Where the container reads its cloud config (a ConfigMap key `cloud.config`).
+    pub config_path: &'a str,
+    pub liveness: Option<Value>,
+}
+
+/// The DaemonSet: on the control planes (host network, every taint tolerated: it is what removes
+/// `node.cloudprovider.kubernetes.io/uninitialized`), talking to the local API server.
+pub fn daemonset(p: Pod) -> Value {
+    let terms: Vec<Value> = p.control_plane_labels.iter().map(|k| json!({"matchExpressions": [{"key": k, "operator": "Exists"}]})).collect();
+    let mut container = json!({
+        "name": p.app,
+        "image": p.image,
+        "imagePullPolicy": "IfNotPresent",
+        "args": p.args,
+        // The local API server: the CCM is what makes the service network usable.
+        "env": [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}],
+        "resources": {"requests": {"cpu": p.cpu}},
+        "volumeMounts": [{"name": "cloudconfig", "mountPath": p.config_path, "subPath": "cloud.config", "readOnly": true}],
+    });
+    if let Some(l) = p.liveness {
+        container["livenessProbe"] = l;
+    }
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": p.app, "namespace": NAMESPACE, "labels": p.labels},
+        "spec": {
+            "selector": {"matchLabels": p.labels},
+            "updateStrategy": {"type": "RollingUpdate"},
+            "template": {
+                "metadata": {"labels": p.pod_labels, "annotations": {"keelson.io/cloud-config-sha256": p.config_hash}},
+                "spec": {
+                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}},
+                    "tolerations": [{"operator": "Exists"}],
+                    "serviceAccountName": p.app,
+                    "hostNetwork": true,
+                    "priorityClassName": "system-cluster-critical",
+                    "containers": [container],
+                    "volumes": [{"name": "cloudconfig", "configMap": {"name": p.app}}],
+                },
+            },
+        },
+    })
+}

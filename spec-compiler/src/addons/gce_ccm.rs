@@ -116,50 +116,24 @@ pub fn docs(cluster: &Cluster) -> Option<Vec<Value>> {
         "metadata": {"name": APP, "namespace": NAMESPACE},
         "data": {"cloud.config": config},
     }));
-    let control_plane = |key: &str| json!({"matchExpressions": [{"key": key, "operator": "Exists"}]});
-    docs.push(json!({
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {"name": APP, "namespace": NAMESPACE, "labels": labels},
-        "spec": {
-            "selector": {"matchLabels": labels},
-            "updateStrategy": {"type": "RollingUpdate"},
-            "template": {
-                "metadata": {
-                    "labels": {"component": APP, "tier": "control-plane"},
-                    "annotations": {"keelson.io/cloud-config-sha256": config_hash},
-                },
-                "spec": {
-                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                        control_plane(ccm::CONTROL_PLANE_LABEL),
-                        control_plane("node-role.kubernetes.io/master"),
-                    ]}}},
-                    "tolerations": [{"operator": "Exists"}],
-                    "serviceAccountName": APP,
-                    "hostNetwork": true,
-                    "priorityClassName": "system-cluster-critical",
-                    "containers": [{
-                        "name": APP,
-                        "image": image,
-                        "imagePullPolicy": "IfNotPresent",
-                        "args": ccm::args(c, "gce", CLOUD_CONFIG_PATH),
-                        // The local API server: the CCM is what makes the service network usable.
-                        "env": [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}],
-                        "livenessProbe": {
-                            "failureThreshold": 3,
-                            "httpGet": {"host": "127.0.0.1", "path": "/healthz", "port": SECURE_PORT, "scheme": "HTTPS"},
-                            "initialDelaySeconds": 15,
-                            "periodSeconds": 10,
-                            "successThreshold": 1,
-                            "timeoutSeconds": 15,
-                        },
-                        "resources": {"requests": {"cpu": cpu}},
-                        "volumeMounts": [{"name": "cloudconfig", "mountPath": CLOUD_CONFIG_PATH, "subPath": "cloud.config", "readOnly": true}],
-                    }],
-                    "volumes": [{"name": "cloudconfig", "configMap": {"name": APP}}],
-                },
-            },
-        },
+    docs.push(ccm::daemonset(ccm::Pod {
+        app: APP,
+        labels,
+        pod_labels: json!({"component": APP, "tier": "control-plane"}),
+        config_hash,
+        control_plane_labels: &[ccm::CONTROL_PLANE_LABEL, "node-role.kubernetes.io/master"],
+        image,
+        args: ccm::args(c, "gce", CLOUD_CONFIG_PATH),
+        cpu,
+        config_path: CLOUD_CONFIG_PATH,
+        liveness: Some(json!({
+            "failureThreshold": 3,
+            "httpGet": {"host": "127.0.0.1", "path": "/healthz", "port": SECURE_PORT, "scheme": "HTTPS"},
+            "initialDelaySeconds": 15,
+            "periodSeconds": 10,
+            "successThreshold": 1,
+            "timeoutSeconds": 15,
+        })),
     }));
     Some(docs)
 }

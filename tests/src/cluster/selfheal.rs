@@ -380,11 +380,6 @@ pub fn selfheal(
         }
         report.intact = if min == u64::MAX { 0 } else { min };
         report.objects_intact = crate::kubeapi::count_configmaps(&kubeconfig, OBJECT_NAMESPACE, OBJECT_PREFIX, keys).unwrap_or(0);
-        if let Ok(nodes) = crate::kubeapi::nodes(&kubeconfig) {
-            let live: BTreeSet<&str> = cs.machines.iter().map(|m| m.ip.as_str()).collect();
-            let ready = nodes.values().filter(|n| n.ready && n.internal_ip.as_deref().is_some_and(|ip| live.contains(ip))).count();
-            println!("selfheal: {ready}/{} machines are Ready Nodes", live.len());
-        }
     }
     // The product's own verdict after the replacements: `keelson validate cluster` as an operator
     // runs it (in `keelson-local env`).
@@ -412,6 +407,13 @@ pub fn selfheal(
         if let Ok(cs) = load() {
             eprint!("{}", diagnose_nodes(&cs, &kubeconfig));
         }
+    }
+    // After the verdict, which waits for the cluster to settle: right after a replacement, a node
+    // whose kubelet was connected to the killed API server may be NotReady for a while.
+    if let (Ok(cs), Ok(nodes)) = (load(), crate::kubeapi::nodes(&kubeconfig)) {
+        let live: BTreeSet<&str> = cs.machines.iter().map(|m| m.ip.as_str()).collect();
+        let ready = nodes.values().filter(|n| n.ready && n.internal_ip.as_deref().is_some_and(|ip| live.contains(ip))).count();
+        println!("selfheal: {ready}/{} machines are Ready Nodes", live.len());
     }
     if !report.phases.is_empty() {
         let medians: Vec<String> =
