@@ -23,7 +23,6 @@ pub const NAME: &str = "aws-cloud-controller.addons.k8s.io";
 /// Where the container reads its cloud config (kOps' path).
 pub const CLOUD_CONFIG_PATH: &str = "/etc/kubernetes/cloud.config";
 const APP: &str = "aws-cloud-controller-manager";
-const NAMESPACE: &str = "kube-system";
 
 /// The cloud config (gcfg): the cluster id its resources are tagged with, and one
 /// `[ServiceOverride]` per service id of each endpoint override.
@@ -55,25 +54,18 @@ pub fn docs(cluster: &Cluster) -> Option<Vec<Value>> {
     // Validation reported a bad annotation already; a spec that got here has none or a good one.
     let endpoints = aws_endpoints::service_endpoints(cluster).unwrap_or_default();
     let config = cloud_config(&cluster_id, region, &endpoints);
-    let config_hash = base::sha256_hex(config.as_bytes());
-    let cpu = c.cpu_request.as_ref().map(|q| q.to_string()).unwrap_or_else(|| "200m".into());
     let labels = json!({"k8s-app": APP});
     let mut docs = ccm::rbac(APP);
-    docs.push(json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": APP, "namespace": NAMESPACE},
-        "data": {"cloud.config": config},
-    }));
+    docs.push(ccm::config_map(APP, &config));
     docs.push(ccm::daemonset(ccm::Pod {
         app: APP,
         labels: labels.clone(),
         pod_labels: labels,
-        config_hash,
+        config: &config,
         control_plane_labels: &[ccm::CONTROL_PLANE_LABEL],
         image,
         args: ccm::args(c, "aws", CLOUD_CONFIG_PATH),
-        cpu,
+        cpu: c.cpu_request.as_ref().map(|q| q.to_string()),
         config_path: CLOUD_CONFIG_PATH,
         liveness: None,
     }));

@@ -146,16 +146,22 @@ pub struct Pod<'a> {
     pub labels: Value,
     /// The pod template's labels (a superset of `labels`).
     pub pod_labels: Value,
-    /// The cloud config's sha256 (a changed config rolls the pods).
-    pub config_hash: String,
+    /// The cloud config (its sha256 goes on the pod template: a changed config rolls the pods).
+    pub config: &'a str,
     /// Node labels that make a control plane, any one of them.
     pub control_plane_labels: &'a [&'a str],
     pub image: &'a str,
     pub args: Vec<String>,
-    pub cpu: String,
+    /// The CPU request (`None`: kOps' 200m).
+    pub cpu: Option<String>,
     /// Where the container reads its cloud config (a ConfigMap key `cloud.config`).
     pub config_path: &'a str,
     pub liveness: Option<Value>,
+}
+
+/// The ConfigMap holding the cloud config under `cloud.config` (what [`daemonset`] mounts).
+pub fn config_map(app: &str, config: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": app, "namespace": NAMESPACE}, "data": {"cloud.config": config}})
 }
 
 /// The DaemonSet: on the control planes (host network, every taint tolerated: it is what removes
@@ -169,7 +175,7 @@ pub fn daemonset(p: Pod) -> Value {
         "args": p.args,
         // The local API server: the CCM is what makes the service network usable.
         "env": [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}],
-        "resources": {"requests": {"cpu": p.cpu}},
+        "resources": {"requests": {"cpu": p.cpu.unwrap_or_else(|| "200m".into())}},
         "volumeMounts": [{"name": "cloudconfig", "mountPath": p.config_path, "subPath": "cloud.config", "readOnly": true}],
     });
     if let Some(l) = p.liveness {
@@ -183,7 +189,7 @@ pub fn daemonset(p: Pod) -> Value {
             "selector": {"matchLabels": p.labels},
             "updateStrategy": {"type": "RollingUpdate"},
             "template": {
-                "metadata": {"labels": p.pod_labels, "annotations": {"keelson.io/cloud-config-sha256": p.config_hash}},
+                "metadata": {"labels": p.pod_labels, "annotations": {"keelson.io/cloud-config-sha256": base::sha256_hex(p.config.as_bytes())}},
                 "spec": {
                     "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}},
                     "tolerations": [{"operator": "Exists"}],

@@ -105,26 +105,19 @@ pub fn docs(cluster: &Cluster) -> Option<Vec<Value>> {
     // Validation reported a bad annotation already; a spec that got here has none or a good one.
     let endpoint = gce_endpoints::compute_base(cluster).ok().flatten();
     let config = cloud_config(cluster, endpoint.as_deref());
-    let config_hash = base::sha256_hex(config.as_bytes());
-    let cpu = c.cpu_request.as_ref().map(|q| q.to_string()).unwrap_or_else(|| "200m".into());
     let labels = json!({"component": APP});
     let mut docs = ccm::rbac(APP);
     docs.extend(provider_rbac());
-    docs.push(json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": APP, "namespace": NAMESPACE},
-        "data": {"cloud.config": config},
-    }));
+    docs.push(ccm::config_map(APP, &config));
     docs.push(ccm::daemonset(ccm::Pod {
         app: APP,
         labels,
         pod_labels: json!({"component": APP, "tier": "control-plane"}),
-        config_hash,
+        config: &config,
         control_plane_labels: &[ccm::CONTROL_PLANE_LABEL, "node-role.kubernetes.io/master"],
         image,
         args: ccm::args(c, "gce", CLOUD_CONFIG_PATH),
-        cpu,
+        cpu: c.cpu_request.as_ref().map(|q| q.to_string()),
         config_path: CLOUD_CONFIG_PATH,
         liveness: Some(json!({
             "failureThreshold": 3,
