@@ -32,15 +32,64 @@ pub fn metrics_server(spec: &ClusterSpec) -> Vec<(String, String)> {
     out
 }
 
+/// `spec.kubeDNS.nodeLocalDNS`: kOps' rules (a `localIP` that is an IP address; with IPVS
+/// kube-proxy or Cilium, a `kubelet.clusterDNS` the user set must be that IP, since node-local-dns
+/// sets up no iptables interception) and two of Keelson's: a set image must be an image reference,
+/// and `additionalConfig` beside `externalCoreFile` is refused, because kOps' template drops it
+/// without a word.
+pub fn node_local_dns(spec: &ClusterSpec) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let Some(nl) = spec.kube_dns.as_ref().and_then(|k| k.node_local_dns.as_ref()) else { return out };
+    let path = |leaf: &str| format!("spec.kubeDNS.nodeLocalDNS.{leaf}");
+    if let Some(image) = nl.image.as_deref() {
+        if let Err(e) = image.parse::<ImageReference>() {
+            out.push((path("image"), e.to_string()));
+        }
+    }
+    let local_ip = nl.local_ip.as_deref().filter(|ip| !ip.is_empty());
+    if let Some(ip) = local_ip {
+        if ip.parse::<std::net::IpAddr>().is_err() {
+            out.push((path("localIP"), format!("{ip:?} is not an IP address (expected e.g. 169.254.20.10, a link-local address no node or pod uses)")));
+        }
+    }
+    let has_external = nl.external_core_file.as_deref().is_some_and(|c| !c.trim().is_empty());
+    if has_external && nl.additional_config.as_deref().is_some_and(|c| !c.trim().is_empty()) {
+        out.push((
+            path("additionalConfig"),
+            "is ignored when externalCoreFile is set (the external Corefile replaces the whole Corefile): put it in externalCoreFile".to_string(),
+        ));
+    }
+    let ipvs = spec.kube_proxy.as_ref().and_then(|k| k.proxy_mode.as_deref()) == Some("ipvs");
+    let cilium = spec.networking.as_ref().is_some_and(|n| n.cilium.is_some());
+    if nl.enabled == Some(true) && (ipvs || cilium) {
+        for (field, kubelet) in [("kubelet", &spec.kubelet), ("controlPlaneKubelet", &spec.master_kubelet)] {
+            let dns = kubelet.as_ref().and_then(|k| k.cluster_dns.as_deref()).filter(|d| !d.is_empty());
+            if let Some(dns) = dns.filter(|d| Some(*d) != local_ip) {
+                out.push((
+                    format!("spec.{field}.clusterDNS"),
+                    format!(
+                        "is {dns}, but with node-local-dns under {} the kubelets must name its local IP {} (leave clusterDNS unset)",
+                        if ipvs { "IPVS kube-proxy" } else { "Cilium" },
+                        local_ip.unwrap_or("169.254.20.10")
+                    ),
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// Every problem of the addon-bearing fields: (field path, message).
 pub fn check(spec: &ClusterSpec) -> Vec<(String, String)> {
-    metrics_server(spec)
+    let mut out = metrics_server(spec);
+    out.extend(node_local_dns(spec));
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::generated::{CertManagerConfig, MetricsServerConfig};
+    use crate::generated::{CertManagerConfig, KubeDNSConfig, KubeProxyConfig, KubeletConfigSpec, MetricsServerConfig, NodeLocalDNSConfig};
 
     fn spec(ms: MetricsServerConfig, cert_manager: bool) -> ClusterSpec {
         ClusterSpec {
@@ -73,5 +122,37 @@ mod tests {
         assert!(errors[0].1.contains("\"Registry/ms:v 1\" is not an image reference"), "{}", errors[0].1);
         let good = MetricsServerConfig { image: Some("172.20.255.254:5000/metrics-server-metrics-server:v0.8.0".into()), ..on(Some(true)) };
         assert!(check(&spec(good, false)).is_empty());
+    }
+
+    fn node_local(nl: NodeLocalDNSConfig) -> ClusterSpec {
+        ClusterSpec { kube_dns: Some(KubeDNSConfig { node_local_dns: Some(nl), ..Default::default() }), ..Default::default() }
+    }
+
+    #[test]
+    fn node_local_dns_follows_kops_rules() {
+        let on = NodeLocalDNSConfig { enabled: Some(true), local_ip: Some("169.254.20.10".into()), ..Default::default() };
+        assert!(check(&node_local(on.clone())).is_empty());
+        let bad_ip = NodeLocalDNSConfig { local_ip: Some("169.254.20".into()), ..on.clone() };
+        let errors = check(&node_local(bad_ip));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].0, "spec.kubeDNS.nodeLocalDNS.localIP");
+        assert!(errors[0].1.contains("\"169.254.20\" is not an IP address"), "{}", errors[0].1);
+        let both = NodeLocalDNSConfig { external_core_file: Some(".:53 {}".into()), additional_config: Some("x:53 {}".into()), ..on.clone() };
+        assert_eq!(paths(&node_local(both)), ["spec.kubeDNS.nodeLocalDNS.additionalConfig"]);
+        let image = NodeLocalDNSConfig { image: Some("Bad Image".into()), ..on.clone() };
+        assert_eq!(paths(&node_local(image)), ["spec.kubeDNS.nodeLocalDNS.image"]);
+        // IPVS: a cluster DNS server other than the local IP is refused; the local IP or unset is fine.
+        let mut spec = node_local(on.clone());
+        spec.kube_proxy = Some(KubeProxyConfig { proxy_mode: Some("ipvs".into()), ..Default::default() });
+        spec.kubelet = Some(KubeletConfigSpec { cluster_dns: Some("100.64.0.10".into()), ..Default::default() });
+        spec.master_kubelet = Some(KubeletConfigSpec { cluster_dns: Some("169.254.20.10".into()), ..Default::default() });
+        assert_eq!(paths(&spec), ["spec.kubelet.clusterDNS"]);
+        // iptables kube-proxy: kOps does not check it.
+        spec.kube_proxy = None;
+        assert!(paths(&spec).is_empty());
+        // Off: only the shapes of the values are checked.
+        spec.kube_dns.as_mut().unwrap().node_local_dns.as_mut().unwrap().enabled = Some(false);
+        spec.kube_proxy = Some(KubeProxyConfig { proxy_mode: Some("ipvs".into()), ..Default::default() });
+        assert!(paths(&spec).is_empty());
     }
 }

@@ -218,8 +218,10 @@ fn unrendered_networking_and_addons_are_refused_with_their_path_and_only_when_on
         // ... but not its secure form, which needs cert-manager (kOps' validation requires it on).
         ("  certManager:\n    enabled: true\n  metricsServer:\n    enabled: true\n    insecure: false\n", "spec.metricsServer.insecure", true),
         ("  certManager:\n    enabled: true\n  metricsServer:\n    enabled: true\n", "spec.metricsServer.insecure", false),
-        ("  kubeDNS:\n    nodeLocalDNS:\n      enabled: true\n", "spec.kubeDNS.nodeLocalDNS", true),
+        // node-local-dns renders (spec-compiler/src/addons/node_local_dns.rs).
+        ("  kubeDNS:\n    nodeLocalDNS:\n      enabled: true\n", "spec.kubeDNS.nodeLocalDNS", false),
         ("  kubeDNS:\n    provider: CoreDNS\n", "spec.kubeDNS.nodeLocalDNS", false),
+        ("  nodeProblemDetector:\n    enabled: true\n", "spec.nodeProblemDetector", false),
         ("  externalDns:\n    provider: external-dns\n", "spec.externalDns.provider", true),
         ("  externalDns:\n    provider: dns-controller\n", "spec.externalDns.provider", false),
         ("  serviceAccountIssuerDiscovery:\n    enableAWSOIDCProvider: true\n", "spec.serviceAccountIssuerDiscovery.enableAWSOIDCProvider", true),

@@ -9,9 +9,11 @@
 //! ([`cilium`], `networking.cilium.io`, or [`calico`], `networking.projectcalico.org`); on AWS the cloud-controller-manager
 //! ([`aws_ccm`], `aws-cloud-controller.addons.k8s.io`), on GCE its own ([`gce_ccm`],
 //! `gcp-cloud-controller.addons.k8s.io`); the cluster DNS ([`coredns`],
-//! `coredns.addons.k8s.io`), whose pods need initialised nodes; the EBS CSI driver on AWS
+//! `coredns.addons.k8s.io`), whose pods need initialised nodes; NodeLocal DNSCache when enabled
+//! ([`node_local_dns`], `nodelocaldns.addons.k8s.io`, upstream's manifest with kOps' edits); the EBS CSI driver on AWS
 //! ([`aws_ebs_csi`]); metrics-server when enabled ([`metrics_server`], `metrics-server.addons.k8s.io`,
-//! upstream's release manifest with kOps' settings over it); and the spec file's additional
+//! upstream's release manifest with kOps' settings over it); node-problem-detector when enabled
+//! ([`node_problem_detector`]); and the spec file's additional
 //! objects (`additional-objects.keelson.io`), except component configurations, which are merged
 //! into their component's configuration file instead.
 
@@ -25,11 +27,16 @@ mod cilium;
 mod coredns;
 mod gce_ccm;
 mod metrics_server;
+mod node_local_dns;
+mod node_problem_detector;
+mod upstream;
 
 pub use calico::CalicoError;
 pub use cilium::CiliumError;
 pub use coredns::CoreDnsError;
 pub use metrics_server::MetricsServerError;
+pub use node_local_dns::NodeLocalDnsError;
+pub use node_problem_detector::NodeProblemDetectorError;
 
 use keelson_api::Cluster;
 
@@ -96,6 +103,10 @@ pub enum AddonError {
     AwsEbsCsi(#[from] aws_ebs_csi::AwsEbsCsiError),
     #[error("addon metrics-server.addons.k8s.io: {0}")]
     MetricsServer(#[from] MetricsServerError),
+    #[error("addon nodelocaldns.addons.k8s.io: {0}")]
+    NodeLocalDns(#[from] NodeLocalDnsError),
+    #[error("addon node-problem-detector.addons.k8s.io: {0}")]
+    NodeProblemDetector(#[from] NodeProblemDetectorError),
 }
 
 /// One addon: its name, version and documents, in apply order.
@@ -126,11 +137,17 @@ pub fn addons(cluster: &Cluster, versions: &Versions) -> Result<Vec<Addon>, Addo
     if let Some(docs) = coredns::docs(cluster, versions)? {
         addons.push(Addon { name: coredns::NAME, version: "1.0.0", docs });
     }
+    if let Some(docs) = node_local_dns::docs(cluster)? {
+        addons.push(Addon { name: node_local_dns::NAME, version: "1.0.0", docs });
+    }
     if let Some(docs) = aws_ebs_csi::docs(cluster, versions)? {
         addons.push(Addon { name: aws_ebs_csi::NAME, version: "1.0.0", docs });
     }
     if let Some(docs) = metrics_server::docs(cluster, versions)? {
         addons.push(Addon { name: metrics_server::NAME, version: "1.0.0", docs });
+    }
+    if let Some(docs) = node_problem_detector::docs(cluster)? {
+        addons.push(Addon { name: node_problem_detector::NAME, version: "1.0.0", docs });
     }
     Ok(addons)
 }

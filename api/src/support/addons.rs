@@ -55,11 +55,14 @@ pub static NETWORKING: &[Field] = &[
 pub static ADDONS: &[Field] = &[
     addon_not_rendered!("ClusterSpec", "clusterAutoscaler", When::Enabled, "the cluster-autoscaler addon"),
     addon_not_rendered!("ClusterSpec", "nodeTerminationHandler", When::NotDisabled, "the aws-node-termination-handler addon"),
-    addon_not_rendered!("KubeDNSConfig", "nodeLocalDNS", When::Enabled, "the node-local-dns addon"),
     addon_not_rendered!("ClusterSpec", "awsLoadBalancerController", When::Enabled, "the aws-load-balancer-controller addon"),
     addon_not_rendered!("ClusterSpec", "certManager", When::Enabled, "the cert-manager addon"),
     addon_not_rendered!("ClusterSpec", "snapshotController", When::Enabled, "the snapshot-controller addon"),
-    addon_not_rendered!("ClusterSpec", "nodeProblemDetector", When::Enabled, "the node-problem-detector addon"),
+    f(
+        "ClusterSpec",
+        "nodeProblemDetector",
+        By("the node-problem-detector addon (spec-compiler/src/addons/node_problem_detector.rs); its defaults by the compiler as kOps'"),
+    ),
     addon_not_rendered!("ExternalDNSConfig", "provider", When::Equals("external-dns"), "the external-dns addon"),
     addon_not_rendered!("ClusterSpec", "podIdentityWebhook", When::Enabled, "the pod-identity-webhook addon"),
     addon_not_rendered!("ClusterSpec", "karpenter", When::Enabled, "the karpenter addon"),
@@ -127,6 +130,11 @@ pub static KUBE_DNS: &[Field] = &[
     f("KubeDNSConfig", "cpuRequest", By(COREDNS)),
     f("KubeDNSConfig", "memoryLimit", By(COREDNS)),
     f("KubeDNSConfig", "podAnnotations", By(COREDNS)),
+    f(
+        "KubeDNSConfig",
+        "nodeLocalDNS",
+        By("the node-local-dns addon (spec-compiler/src/addons/node_local_dns.rs), checked by keelson_api::addon_rules, and the kubelets' clusterDNS (the compiler)"),
+    ),
 ];
 
 const DNS_CONTROLLER: &str = "Keelson has no dns-controller: protokube on the control planes keeps the API's DNS records";
