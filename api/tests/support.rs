@@ -222,8 +222,13 @@ fn unrendered_networking_and_addons_are_refused_with_their_path_and_only_when_on
         ("  kubeDNS:\n    nodeLocalDNS:\n      enabled: true\n", "spec.kubeDNS.nodeLocalDNS", false),
         ("  kubeDNS:\n    provider: CoreDNS\n", "spec.kubeDNS.nodeLocalDNS", false),
         ("  nodeProblemDetector:\n    enabled: true\n", "spec.nodeProblemDetector", false),
-        ("  externalDns:\n    provider: external-dns\n", "spec.externalDns.provider", true),
+        // external-dns renders; dns-controller's own settings are refused, external-dns takes them.
+        ("  externalDns:\n    provider: external-dns\n", "spec.externalDns.provider", false),
         ("  externalDns:\n    provider: dns-controller\n", "spec.externalDns.provider", false),
+        ("  externalDns:\n    watchIngress: true\n", "spec.externalDns.watchIngress", true),
+        ("  externalDns:\n    provider: dns-controller\n    watchNamespace: web\n", "spec.externalDns.watchNamespace", true),
+        ("  externalDns:\n    provider: external-dns\n    watchIngress: true\n    watchNamespace: web\n", "spec.externalDns.watchIngress", false),
+        ("  externalDns:\n    provider: external-dns\n    priorityClassName: high\n", "spec.externalDns.priorityClassName", false),
         ("  serviceAccountIssuerDiscovery:\n    enableAWSOIDCProvider: true\n", "spec.serviceAccountIssuerDiscovery.enableAWSOIDCProvider", true),
         ("  karpenter:\n    enabled: true\n", "spec.karpenter", true),
         ("  certManager:\n    enabled: true\n", "spec.certManager", true),
@@ -296,4 +301,16 @@ fn metrics_server_values_are_validated_with_their_paths() {
     // The local cloud's form is valid, consumed and not refused.
     let docs = spec_with("  metricsServer:\n    enabled: true\n    insecure: true\n    image: 172.20.255.254:5000/metrics-server-metrics-server:v0.8.0\n");
     assert!(validate(&docs).is_empty() && support::not_rendered(&docs).is_empty(), "{:?}", validate(&docs));
+}
+
+#[test]
+fn external_dns_needs_a_hosted_zone() {
+    let extra = "  externalDns:\n    provider: external-dns\n";
+    assert!(validate(&spec_with(extra)).is_empty());
+    let text = format!("{CLUSTER}{extra}").replace("name: t.example.com", "name: t.k8s.local");
+    let docs = parse_documents(text.as_bytes()).expect("parse");
+    let errors = validate(&docs);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].path, "spec.externalDns.provider");
+    assert!(errors[0].message.contains("gossip"), "{}", errors[0].message);
 }

@@ -13,7 +13,8 @@
 //! ([`node_local_dns`], `nodelocaldns.addons.k8s.io`, upstream's manifest with kOps' edits); the EBS CSI driver on AWS
 //! ([`aws_ebs_csi`]); metrics-server when enabled ([`metrics_server`], `metrics-server.addons.k8s.io`,
 //! upstream's release manifest with kOps' settings over it); node-problem-detector when enabled
-//! ([`node_problem_detector`]); and the spec file's additional
+//! ([`node_problem_detector`]); external-dns with `externalDns.provider: external-dns`
+//! ([`external_dns`]); and the spec file's additional
 //! objects (`additional-objects.keelson.io`), except component configurations, which are merged
 //! into their component's configuration file instead.
 
@@ -25,6 +26,7 @@ mod calico;
 mod ccm;
 mod cilium;
 mod coredns;
+mod external_dns;
 mod gce_ccm;
 mod metrics_server;
 mod node_local_dns;
@@ -34,6 +36,7 @@ mod upstream;
 pub use calico::CalicoError;
 pub use cilium::CiliumError;
 pub use coredns::CoreDnsError;
+pub use external_dns::ExternalDnsError;
 pub use metrics_server::MetricsServerError;
 pub use node_local_dns::NodeLocalDnsError;
 pub use node_problem_detector::NodeProblemDetectorError;
@@ -103,6 +106,8 @@ pub enum AddonError {
     AwsEbsCsi(#[from] aws_ebs_csi::AwsEbsCsiError),
     #[error("addon metrics-server.addons.k8s.io: {0}")]
     MetricsServer(#[from] MetricsServerError),
+    #[error("addon external-dns.addons.k8s.io: {0}")]
+    ExternalDns(#[from] ExternalDnsError),
     #[error("addon nodelocaldns.addons.k8s.io: {0}")]
     NodeLocalDns(#[from] NodeLocalDnsError),
     #[error("addon node-problem-detector.addons.k8s.io: {0}")]
@@ -145,6 +150,9 @@ pub fn addons(cluster: &Cluster, versions: &Versions) -> Result<Vec<Addon>, Addo
     }
     if let Some(docs) = metrics_server::docs(cluster, versions)? {
         addons.push(Addon { name: metrics_server::NAME, version: "1.0.0", docs });
+    }
+    if let Some(docs) = external_dns::docs(cluster)? {
+        addons.push(Addon { name: external_dns::NAME, version: "1.0.0", docs });
     }
     if let Some(docs) = node_problem_detector::docs(cluster)? {
         addons.push(Addon { name: node_problem_detector::NAME, version: "1.0.0", docs });

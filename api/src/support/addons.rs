@@ -63,7 +63,6 @@ pub static ADDONS: &[Field] = &[
         "nodeProblemDetector",
         By("the node-problem-detector addon (spec-compiler/src/addons/node_problem_detector.rs); its defaults by the compiler as kOps'"),
     ),
-    addon_not_rendered!("ExternalDNSConfig", "provider", When::Equals("external-dns"), "the external-dns addon"),
     addon_not_rendered!("ClusterSpec", "podIdentityWebhook", When::Enabled, "the pod-identity-webhook addon"),
     addon_not_rendered!("ClusterSpec", "karpenter", When::Enabled, "the karpenter addon"),
     addon_not_rendered!("ClusterSpec", "warmPool", When::Present, "Auto Scaling warm pools"),
@@ -137,14 +136,25 @@ pub static KUBE_DNS: &[Field] = &[
     ),
 ];
 
-const DNS_CONTROLLER: &str = "Keelson has no dns-controller: protokube on the control planes keeps the API's DNS records";
+const DNS_CONTROLLER: &str =
+    "Keelson has no dns-controller: protokube on the control planes keeps the API's DNS records (with provider: external-dns the external-dns addon takes this setting)";
+
+/// Set only for dns-controller (the default provider), which Keelson does not run.
+const fn dns_controller_only(key: &'static str, then: &'static When) -> Field {
+    f("ExternalDNSConfig", key, NotRendered { when: When::UnlessSibling { key: "provider", value: "external-dns", then }, reason: DNS_CONTROLLER })
+}
 
 /// `ExternalDNSConfig` (spec.externalDns): kOps' dns-controller or external-dns.
 pub static EXTERNAL_DNS: &[Field] = &[
     f("ExternalDNSConfig", "disable", NotRendered { when: When::True, reason: "protokube keeps the API's DNS records and cannot be turned off; remove it" }),
-    f("ExternalDNSConfig", "watchIngress", NotRendered { when: When::True, reason: DNS_CONTROLLER }),
-    f("ExternalDNSConfig", "watchNamespace", NotRendered { when: When::Present, reason: DNS_CONTROLLER }),
-    f("ExternalDNSConfig", "priorityClassName", NotRendered { when: When::Present, reason: DNS_CONTROLLER }),
+    f(
+        "ExternalDNSConfig",
+        "provider",
+        By("external-dns: the external-dns addon (spec-compiler/src/addons/external_dns.rs); dns-controller and none: nothing, protokube keeps the API's records"),
+    ),
+    dns_controller_only("watchIngress", &When::True),
+    dns_controller_only("watchNamespace", &When::Present),
+    dns_controller_only("priorityClassName", &When::Present),
 ];
 
 /// `ServiceAccountIssuerDiscoveryConfig` (spec.serviceAccountIssuerDiscovery).

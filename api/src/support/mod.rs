@@ -79,11 +79,15 @@ pub enum When {
     Equals(&'static str),
     /// When it is a string other than this one.
     NotEquals(&'static str),
+    /// When `then` holds and the sibling field `key` is not the string `value` (a setting only
+    /// one of several providers renders).
+    UnlessSibling { key: &'static str, value: &'static str, then: &'static When },
 }
 
 impl When {
-    fn holds(self, v: &Value) -> bool {
+    fn holds(self, v: &Value, parent: &serde_json::Map<String, Value>) -> bool {
         match self {
+            When::UnlessSibling { key, value, then } => parent.get(key).and_then(Value::as_str) != Some(value) && then.holds(v, parent),
             When::Present => !v.is_null(),
             When::Enabled => v.get("enabled").and_then(Value::as_bool) == Some(true),
             When::NotDisabled => !v.is_null() && v.get("enabled").and_then(Value::as_bool) != Some(false),
@@ -282,7 +286,7 @@ pub fn refusals(docs: &Documents) -> Vec<Refusal> {
             let (message, not_rendered) = match (gone, classify(ty, key)) {
                 (Some((_, _, _, message)), _) => (message.to_string(), false),
                 (None, Some(Use::Refused(reason))) => (reason.to_string(), false),
-                (None, Some(Use::NotRendered { when, reason })) if when.holds(v) => (reason.to_string(), true),
+                (None, Some(Use::NotRendered { when, reason })) if when.holds(v, object) => (reason.to_string(), true),
                 _ => continue,
             };
             out.push(Refusal { error: ValidationError { document: doc.clone(), path, message }, not_rendered });
