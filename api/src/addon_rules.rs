@@ -79,17 +79,35 @@ pub fn node_local_dns(spec: &ClusterSpec) -> Vec<(String, String)> {
     out
 }
 
+/// `spec.snapshotController`: the default snapshot class it installs is the EBS CSI driver's, which
+/// runs only on AWS (kOps renders it on any cloud). kOps also requires cert-manager for its
+/// validation webhook; the external-snapshotter release Keelson renders has none.
+pub fn snapshot_controller(spec: &ClusterSpec) -> Vec<(String, String)> {
+    let Some(sc) = spec.snapshot_controller.as_ref() else { return Vec::new() };
+    let cloud = spec.cloud_provider.as_deref().unwrap_or("");
+    if sc.enabled == Some(true) && sc.install_default_class == Some(true) && cloud != "aws" {
+        return vec![(
+            "spec.snapshotController.installDefaultClass".to_string(),
+            format!("the default snapshot class is the EBS CSI driver's, which runs only on AWS, not on {cloud:?}: leave it unset"),
+        )];
+    }
+    Vec::new()
+}
+
 /// Every problem of the addon-bearing fields: (field path, message).
 pub fn check(spec: &ClusterSpec) -> Vec<(String, String)> {
     let mut out = metrics_server(spec);
     out.extend(node_local_dns(spec));
+    out.extend(snapshot_controller(spec));
     out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::generated::{CertManagerConfig, KubeDNSConfig, KubeProxyConfig, KubeletConfigSpec, MetricsServerConfig, NodeLocalDNSConfig};
+    use crate::generated::{
+        CertManagerConfig, KubeDNSConfig, KubeProxyConfig, KubeletConfigSpec, MetricsServerConfig, NodeLocalDNSConfig, SnapshotControllerConfig,
+    };
 
     fn spec(ms: MetricsServerConfig, cert_manager: bool) -> ClusterSpec {
         ClusterSpec {
@@ -154,5 +172,16 @@ mod tests {
         spec.kube_dns.as_mut().unwrap().node_local_dns.as_mut().unwrap().enabled = Some(false);
         spec.kube_proxy = Some(KubeProxyConfig { proxy_mode: Some("ipvs".into()), ..Default::default() });
         assert!(paths(&spec).is_empty());
+    }
+
+    #[test]
+    fn the_default_snapshot_class_only_on_aws() {
+        let on = |cloud: &str| ClusterSpec {
+            cloud_provider: Some(cloud.into()),
+            snapshot_controller: Some(SnapshotControllerConfig { enabled: Some(true), install_default_class: Some(true) }),
+            ..Default::default()
+        };
+        assert!(check(&on("aws")).is_empty());
+        assert_eq!(paths(&on("gce")), ["spec.snapshotController.installDefaultClass"]);
     }
 }

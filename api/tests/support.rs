@@ -222,6 +222,7 @@ fn unrendered_networking_and_addons_are_refused_with_their_path_and_only_when_on
         ("  kubeDNS:\n    nodeLocalDNS:\n      enabled: true\n", "spec.kubeDNS.nodeLocalDNS", false),
         ("  kubeDNS:\n    provider: CoreDNS\n", "spec.kubeDNS.nodeLocalDNS", false),
         ("  nodeProblemDetector:\n    enabled: true\n", "spec.nodeProblemDetector", false),
+        ("  snapshotController:\n    enabled: true\n", "spec.snapshotController", false),
         // external-dns renders; dns-controller's own settings are refused, external-dns takes them.
         ("  externalDns:\n    provider: external-dns\n", "spec.externalDns.provider", false),
         ("  externalDns:\n    provider: dns-controller\n", "spec.externalDns.provider", false),

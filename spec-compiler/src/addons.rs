@@ -14,7 +14,8 @@
 //! ([`aws_ebs_csi`]); metrics-server when enabled ([`metrics_server`], `metrics-server.addons.k8s.io`,
 //! upstream's release manifest with kOps' settings over it); node-problem-detector when enabled
 //! ([`node_problem_detector`]); external-dns with `externalDns.provider: external-dns`
-//! ([`external_dns`]); and the spec file's additional
+//! ([`external_dns`]); the CSI snapshot controller when enabled ([`snapshot_controller`]); and
+//! the spec file's additional
 //! objects (`additional-objects.keelson.io`), except component configurations, which are merged
 //! into their component's configuration file instead.
 
@@ -31,6 +32,7 @@ mod gce_ccm;
 mod metrics_server;
 mod node_local_dns;
 mod node_problem_detector;
+mod snapshot_controller;
 mod upstream;
 
 pub use calico::CalicoError;
@@ -40,6 +42,7 @@ pub use external_dns::ExternalDnsError;
 pub use metrics_server::MetricsServerError;
 pub use node_local_dns::NodeLocalDnsError;
 pub use node_problem_detector::NodeProblemDetectorError;
+pub use snapshot_controller::SnapshotControllerError;
 
 use keelson_api::Cluster;
 
@@ -110,6 +113,8 @@ pub enum AddonError {
     ExternalDns(#[from] ExternalDnsError),
     #[error("addon nodelocaldns.addons.k8s.io: {0}")]
     NodeLocalDns(#[from] NodeLocalDnsError),
+    #[error("addon snapshot-controller.addons.k8s.io: {0}")]
+    SnapshotController(#[from] SnapshotControllerError),
     #[error("addon node-problem-detector.addons.k8s.io: {0}")]
     NodeProblemDetector(#[from] NodeProblemDetectorError),
 }
@@ -150,6 +155,9 @@ pub fn addons(cluster: &Cluster, versions: &Versions) -> Result<Vec<Addon>, Addo
     }
     if let Some(docs) = metrics_server::docs(cluster, versions)? {
         addons.push(Addon { name: metrics_server::NAME, version: "1.0.0", docs });
+    }
+    if let Some(docs) = snapshot_controller::docs(cluster)? {
+        addons.push(Addon { name: snapshot_controller::NAME, version: "1.0.0", docs });
     }
     if let Some(docs) = external_dns::docs(cluster)? {
         addons.push(Addon { name: external_dns::NAME, version: "1.0.0", docs });

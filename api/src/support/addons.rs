@@ -57,7 +57,11 @@ pub static ADDONS: &[Field] = &[
     addon_not_rendered!("ClusterSpec", "nodeTerminationHandler", When::NotDisabled, "the aws-node-termination-handler addon"),
     addon_not_rendered!("ClusterSpec", "awsLoadBalancerController", When::Enabled, "the aws-load-balancer-controller addon"),
     addon_not_rendered!("ClusterSpec", "certManager", When::Enabled, "the cert-manager addon"),
-    addon_not_rendered!("ClusterSpec", "snapshotController", When::Enabled, "the snapshot-controller addon"),
+    f(
+        "ClusterSpec",
+        "snapshotController",
+        By("the snapshot-controller addon (spec-compiler/src/addons/snapshot_controller.rs), checked by keelson_api::addon_rules"),
+    ),
     f(
         "ClusterSpec",
         "nodeProblemDetector",

@@ -41,6 +41,22 @@ impl Upstream {
         docs.iter_mut().find(|d| d["kind"] == kind && d["metadata"]["name"] == name).ok_or_else(|| self.error(format!("no {kind} {name}")))
     }
 
+    /// A kustomize base's objects as `kubectl kustomize` lists them (with no transformers): this
+    /// file is the `kustomization.yaml`, `files` its resources; each resource named in
+    /// `resources`, in that order, must be one of `files` (matched by file name).
+    pub fn kustomize(&self, files: &[Upstream]) -> Result<Vec<Value>, UpstreamError> {
+        let k = self.docs()?;
+        let resources = k.first().and_then(|k| k["resources"].as_array()).ok_or_else(|| self.error("no resources list"))?;
+        let mut out = Vec::new();
+        for r in resources {
+            let name = r.as_str().ok_or_else(|| self.error("a resource is not a string"))?.trim_start_matches("./");
+            let file =
+                files.iter().find(|f| f.file.rsplit('/').next() == Some(name)).ok_or_else(|| self.error(format!("resource {name} is not kept beside it")))?;
+            out.extend(file.docs()?);
+        }
+        Ok(out)
+    }
+
     /// The container `name` of a workload's pod template.
     pub fn container<'a>(&self, workload: &'a mut Value, name: &str) -> Result<&'a mut Value, UpstreamError> {
         let containers = workload["spec"]["template"]["spec"]["containers"].as_array_mut().ok_or_else(|| self.error("a pod template has no containers"))?;
@@ -60,6 +76,10 @@ mod tests {
         assert!(u.find(&mut docs, "ConfigMap", "a").is_ok());
         assert_eq!(u.find(&mut docs, "Secret", "a").unwrap_err().to_string(), "addons/x/y.yaml: no Secret a");
         assert!(u.container(&mut docs[0], "c").unwrap_err().to_string().contains("no containers"));
+        let k = Upstream { file: "addons/x/kustomization.yaml", text: "resources:\n- ./y.yaml\n- y.yaml\n" };
+        assert_eq!(k.kustomize(&[u]).unwrap().len(), 2);
+        let missing = Upstream { file: "addons/x/kustomization.yaml", text: "resources: [z.yaml]" };
+        assert!(missing.kustomize(&[u]).unwrap_err().to_string().contains("z.yaml is not kept"));
         let bad = Upstream { file: "addons/x/z.yaml", text: "a: [" };
         assert!(bad.docs().unwrap_err().to_string().starts_with("addons/x/z.yaml: not YAML"));
     }
