@@ -232,7 +232,7 @@ fn unrendered_networking_and_addons_are_refused_with_their_path_and_only_when_on
         ("  externalDns:\n    provider: external-dns\n    priorityClassName: high\n", "spec.externalDns.priorityClassName", false),
         ("  serviceAccountIssuerDiscovery:\n    enableAWSOIDCProvider: true\n", "spec.serviceAccountIssuerDiscovery.enableAWSOIDCProvider", true),
         ("  karpenter:\n    enabled: true\n", "spec.karpenter", true),
-        ("  certManager:\n    enabled: true\n", "spec.certManager", true),
+        ("  certManager:\n    enabled: true\n", "spec.certManager", false),
         ("  warmPool:\n    minSize: 1\n", "spec.warmPool", true),
         ("  kubeDNS:\n    provider: KubeDNS\n", "spec.kubeDNS.provider", true),
         ("  kubeDNS:\n    replicas: 3\n", "spec.kubeDNS.replicas", true),

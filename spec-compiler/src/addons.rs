@@ -14,7 +14,8 @@
 //! ([`aws_ebs_csi`]); metrics-server when enabled ([`metrics_server`], `metrics-server.addons.k8s.io`,
 //! upstream's release manifest with kOps' settings over it); node-problem-detector when enabled
 //! ([`node_problem_detector`]); external-dns with `externalDns.provider: external-dns`
-//! ([`external_dns`]); the CSI snapshot controller when enabled ([`snapshot_controller`]); and
+//! ([`external_dns`]); cert-manager when enabled and managed ([`cert_manager`]); the CSI snapshot
+//! controller when enabled ([`snapshot_controller`]); and
 //! the spec file's additional
 //! objects (`additional-objects.keelson.io`), except component configurations, which are merged
 //! into their component's configuration file instead.
@@ -25,6 +26,7 @@ mod aws_ccm;
 mod aws_ebs_csi;
 mod calico;
 mod ccm;
+mod cert_manager;
 mod cilium;
 mod coredns;
 mod external_dns;
@@ -36,6 +38,7 @@ mod snapshot_controller;
 mod upstream;
 
 pub use calico::CalicoError;
+pub use cert_manager::CertManagerError;
 pub use cilium::CiliumError;
 pub use coredns::CoreDnsError;
 pub use external_dns::ExternalDnsError;
@@ -82,6 +85,15 @@ fn bootstrap_rbac(token: bool) -> Vec<serde_json::Value> {
     docs
 }
 
+/// The AWS region: the first subnet's `region`, else the region of the first subnet zone.
+pub(crate) fn aws_region(spec: &keelson_api::ClusterSpec) -> Option<String> {
+    let subnets = spec.subnets.iter().flatten();
+    subnets
+        .clone()
+        .find_map(|s| s.region.clone())
+        .or_else(|| subnets.clone().find_map(|s| s.zone.as_deref().and_then(keelson_api::aws_region_of_zone).map(str::to_string)))
+}
+
 /// A multi-document manifest (documents as kOps writes them: keys sorted).
 fn manifest(name: &str, docs: &[serde_json::Value]) -> Result<String, OutputError> {
     let mut out = String::new();
@@ -113,6 +125,8 @@ pub enum AddonError {
     ExternalDns(#[from] ExternalDnsError),
     #[error("addon nodelocaldns.addons.k8s.io: {0}")]
     NodeLocalDns(#[from] NodeLocalDnsError),
+    #[error("addon certmanager.io: {0}")]
+    CertManager(#[from] CertManagerError),
     #[error("addon snapshot-controller.addons.k8s.io: {0}")]
     SnapshotController(#[from] SnapshotControllerError),
     #[error("addon node-problem-detector.addons.k8s.io: {0}")]
@@ -155,6 +169,9 @@ pub fn addons(cluster: &Cluster, versions: &Versions) -> Result<Vec<Addon>, Addo
     }
     if let Some(docs) = metrics_server::docs(cluster, versions)? {
         addons.push(Addon { name: metrics_server::NAME, version: "1.0.0", docs });
+    }
+    if let Some(docs) = cert_manager::docs(cluster)? {
+        addons.push(Addon { name: cert_manager::NAME, version: "1.0.0", docs });
     }
     if let Some(docs) = snapshot_controller::docs(cluster)? {
         addons.push(Addon { name: snapshot_controller::NAME, version: "1.0.0", docs });

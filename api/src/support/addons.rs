@@ -56,7 +56,11 @@ pub static ADDONS: &[Field] = &[
     addon_not_rendered!("ClusterSpec", "clusterAutoscaler", When::Enabled, "the cluster-autoscaler addon"),
     addon_not_rendered!("ClusterSpec", "nodeTerminationHandler", When::NotDisabled, "the aws-node-termination-handler addon"),
     addon_not_rendered!("ClusterSpec", "awsLoadBalancerController", When::Enabled, "the aws-load-balancer-controller addon"),
-    addon_not_rendered!("ClusterSpec", "certManager", When::Enabled, "the cert-manager addon"),
+    f(
+        "ClusterSpec",
+        "certManager",
+        By("the cert-manager addon (spec-compiler/src/addons/cert_manager.rs; managed: false renders nothing); hostedZoneIDs: the control planes' IAM policy (cloud-resources/src/iam_policy.rs)"),
+    ),
     f(
         "ClusterSpec",
         "snapshotController",
@@ -84,7 +88,7 @@ pub static METRICS_SERVER: &[Field] = &[
         "insecure",
         NotRendered {
             when: When::False,
-            reason: "Keelson does not render a secure metrics-server: it needs cert-manager and kOps' addon PKI issuer for its serving certificate (the spec compiles as kOps would); set insecure: true",
+            reason: "Keelson does not render a secure metrics-server: its serving certificate comes from kOps' per-addon PKI issuer, which Keelson does not create yet (cert-manager itself renders) (the spec compiles as kOps would); set insecure: true",
         },
     ),
 ];
