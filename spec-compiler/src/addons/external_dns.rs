@@ -26,7 +26,6 @@ use super::upstream::{Upstream, UpstreamError};
 
 /// The addon's name (kOps' name for it).
 pub const NAME: &str = "external-dns.addons.k8s.io";
-const DIR: &str = "addons/external_dns";
 const DEPLOYMENT: Upstream =
     Upstream { file: "addons/external_dns/external-dns-deployment.yaml", text: include_str!("external_dns/external-dns-deployment.yaml") };
 const SERVICE_ACCOUNT: Upstream =
@@ -145,9 +144,7 @@ fn control_plane_placement() -> Value {
     })
 }
 
-fn deployment(s: &Settings) -> Result<Value, UpstreamError> {
-    let mut d = one(DEPLOYMENT)?;
-    d["metadata"]["namespace"] = json!(NAMESPACE);
+fn deployment(d: &mut Value, s: &Settings) -> Result<(), UpstreamError> {
     d["spec"]["replicas"] = json!(1);
     let pod = d["spec"]["template"]["spec"].as_object_mut().ok_or_else(|| DEPLOYMENT.error("no pod spec"))?;
     if let Some(placement) = control_plane_placement().as_object() {
@@ -157,7 +154,7 @@ fn deployment(s: &Settings) -> Result<Value, UpstreamError> {
     pod.insert("hostNetwork".into(), json!(true));
     pod.insert("dnsPolicy".into(), json!("Default"));
     pod.insert("securityContext".into(), json!({"fsGroup": 65534}));
-    let c = DEPLOYMENT.container(&mut d, APP)?;
+    let c = DEPLOYMENT.container(d, APP)?;
     let name = c["image"].as_str().ok_or_else(|| DEPLOYMENT.error("the container has no image"))?.to_string();
     c["image"] = json!(image(&name)?);
     c["args"] = json!(s.args());
@@ -168,38 +165,23 @@ fn deployment(s: &Settings) -> Result<Value, UpstreamError> {
     c["livenessProbe"] = probe(2, 10);
     c["readinessProbe"] = probe(6, 5);
     c["resources"] = json!({"requests": {"cpu": "50m", "memory": "50Mi"}});
-    Ok(d)
+    Ok(())
 }
 
-/// The addon's objects for `s`: upstream's, in the kustomization's order, overlaid, then kOps'
-/// metrics Service.
+/// The addon's objects for `s`: upstream's, in the kustomization's order, in `kube-system`,
+/// overlaid, then kOps' metrics Service.
 pub fn render(s: &Settings) -> Result<Vec<Value>, UpstreamError> {
-    let kustomization = one(KUSTOMIZATION)?;
-    let order: Vec<&str> = kustomization["resources"].as_array().map(|r| r.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
-    let mut docs = Vec::new();
-    for file in order {
-        let file = file.trim_start_matches("./");
-        let mut d = match file {
-            "external-dns-deployment.yaml" => deployment(s)?,
-            "external-dns-serviceaccount.yaml" => one(SERVICE_ACCOUNT)?,
-            "external-dns-clusterrole.yaml" => one(CLUSTER_ROLE)?,
-            "external-dns-clusterrolebinding.yaml" => {
-                let mut b = one(CLUSTER_ROLE_BINDING)?;
-                for subject in b["subjects"].as_array_mut().into_iter().flatten() {
-                    subject["namespace"] = json!(NAMESPACE);
-                }
-                b
-            }
-            other => return Err(KUSTOMIZATION.error(format!("resource {other} is not one of {DIR}'s files"))),
-        };
+    let mut docs = KUSTOMIZATION.kustomize(&[DEPLOYMENT, SERVICE_ACCOUNT, CLUSTER_ROLE, CLUSTER_ROLE_BINDING])?;
+    for d in &mut docs {
         if d["kind"] != "ClusterRole" && d["kind"] != "ClusterRoleBinding" {
             d["metadata"]["namespace"] = json!(NAMESPACE);
         }
-        docs.push(d);
     }
-    if docs.len() != 4 {
-        return Err(KUSTOMIZATION.error(format!("{} resources, expected the deployment, service account, cluster role and binding", docs.len())));
+    let binding = CLUSTER_ROLE_BINDING.find(&mut docs, "ClusterRoleBinding", "external-dns-viewer")?;
+    for subject in binding["subjects"].as_array_mut().into_iter().flatten() {
+        subject["namespace"] = json!(NAMESPACE);
     }
+    deployment(DEPLOYMENT.find(&mut docs, "Deployment", APP)?, s)?;
     docs.push(json!({
         "apiVersion": "v1",
         "kind": "Service",
