@@ -152,7 +152,7 @@ fn servers(corefile: &str) -> Result<Vec<Server>, NodeLocalDnsError> {
             depth = 1;
             continue;
         }
-        depth = depth + line.matches('{').count();
+        depth += line.matches('{').count();
         depth = depth.checked_sub(line.matches('}').count()).ok_or_else(|| upstream_error("the Corefile closes more blocks than it opens"))?;
         if depth > 0 {
             out.last_mut().expect("a server block is open").lines.push(line.to_string());
