@@ -32,9 +32,27 @@ pub fn metrics_server(spec: &ClusterSpec) -> Vec<(String, String)> {
     out
 }
 
+/// `spec.networking.flannel` (kOps' `validateNetworkingFlannel`): no IPv6-only cluster, and a
+/// backend, `udp` or `vxlan`, must be named (kOps' template would fall back to `udp`).
+pub fn flannel(spec: &ClusterSpec) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let Some(f) = spec.networking.as_ref().and_then(|n| n.flannel.as_ref()) else { return out };
+    if spec.non_masquerade_cidr.is_some_and(|c| c.is_ipv6()) {
+        out.push(("spec.networking.flannel".to_string(), "Flannel does not support IPv6 (kOps refuses it too)".to_string()));
+    }
+    match f.backend.as_deref() {
+        None | Some("") => out.push(("spec.networking.flannel.backend".to_string(), "Flannel backend must be specified (vxlan or udp)".to_string())),
+        Some("udp" | "vxlan") => {}
+        Some(other) => out.push(("spec.networking.flannel.backend".to_string(), format!("unsupported value {other:?}: supported values: \"udp\", \"vxlan\""))),
+    }
+    out
+}
+
 /// Every problem of the addon-bearing fields: (field path, message).
 pub fn check(spec: &ClusterSpec) -> Vec<(String, String)> {
-    metrics_server(spec)
+    let mut out = metrics_server(spec);
+    out.extend(flannel(spec));
+    out
 }
 
 #[cfg(test)]
@@ -73,5 +91,21 @@ mod tests {
         assert!(errors[0].1.contains("\"Registry/ms:v 1\" is not an image reference"), "{}", errors[0].1);
         let good = MetricsServerConfig { image: Some("172.20.255.254:5000/metrics-server-metrics-server:v0.8.0".into()), ..on(Some(true)) };
         assert!(check(&spec(good, false)).is_empty());
+    }
+
+    #[test]
+    fn flannel_follows_kops_rules() {
+        use crate::generated::{FlannelNetworkingSpec, NetworkingSpec};
+        let with = |backend: Option<&str>, cidr: &str| ClusterSpec {
+            networking: Some(NetworkingSpec { flannel: Some(FlannelNetworkingSpec { backend: backend.map(str::to_string), ..Default::default() }), ..Default::default() }),
+            non_masquerade_cidr: Some(cidr.parse().unwrap()),
+            ..Default::default()
+        };
+        assert!(paths(&with(Some("vxlan"), "100.64.0.0/10")).is_empty());
+        assert!(paths(&with(Some("udp"), "100.64.0.0/10")).is_empty());
+        assert_eq!(paths(&with(None, "100.64.0.0/10")), ["spec.networking.flannel.backend"]);
+        assert_eq!(paths(&with(Some("host-gw"), "100.64.0.0/10")), ["spec.networking.flannel.backend"]);
+        assert_eq!(paths(&with(Some("vxlan"), "fd00:10:96::/64")), ["spec.networking.flannel"]);
+        assert!(paths(&ClusterSpec::default()).is_empty());
     }
 }
