@@ -97,7 +97,10 @@ mod tests {
     fn flannel_follows_kops_rules() {
         use crate::generated::{FlannelNetworkingSpec, NetworkingSpec};
         let with = |backend: Option<&str>, cidr: &str| ClusterSpec {
-            networking: Some(NetworkingSpec { flannel: Some(FlannelNetworkingSpec { backend: backend.map(str::to_string), ..Default::default() }), ..Default::default() }),
+            networking: Some(NetworkingSpec {
+                flannel: Some(FlannelNetworkingSpec { backend: backend.map(str::to_string), ..Default::default() }),
+                ..Default::default()
+            }),
             non_masquerade_cidr: Some(cidr.parse().unwrap()),
             ..Default::default()
         };

@@ -170,10 +170,7 @@ pub const FLANNEL_CNI_PLUGIN_TAG: &str = "1.9.1-flannel1";
 
 /// flanneld's and the CNI plugin's images in `registry`.
 pub fn flannel_refs(registry: &str) -> [String; 2] {
-    [
-        format!("{registry}/ghcr.io-flannel-io-flannel:v{FLANNEL_VERSION}"),
-        format!("{registry}/ghcr.io-flannel-io-flannel-cni-plugin:v{FLANNEL_CNI_PLUGIN_TAG}"),
-    ]
+    [format!("{registry}/ghcr.io-flannel-io-flannel:v{FLANNEL_VERSION}"), format!("{registry}/ghcr.io-flannel-io-flannel-cni-plugin:v{FLANNEL_CNI_PLUGIN_TAG}")]
 }
 
 /// The OCI layout holding both flannel images (built once).

@@ -102,7 +102,7 @@ fn container<'a>(list: &'a mut Value, name: &str) -> Result<&'a mut Value, Flann
 fn net_conf(upstream: &str, s: &Settings) -> Result<String, FlannelError> {
     let mut conf: Value = serde_json::from_str(upstream).map_err(|e| release_error(format!("net-conf.json is not JSON: {e}")))?;
     let obj = conf.as_object_mut().ok_or_else(|| release_error("net-conf.json is not an object"))?;
-    if !obj.contains_key("Network") || !obj.get("Backend").is_some_and(|b| b.get("Type").is_some()) {
+    if !obj.contains_key("Network") || obj.get("Backend").is_none_or(|b| b.get("Type").is_none()) {
         return Err(release_error("net-conf.json has no Network or no Backend.Type"));
     }
     obj.insert("Network".into(), json!(s.network));
@@ -137,10 +137,7 @@ fn daemon_set(d: &mut Value, s: &Settings) -> Result<(), FlannelError> {
     args.push(json!(format!("--healthz-port={HEALTHZ_PORT}")));
     let obj = c.as_object_mut().ok_or_else(|| release_error("the kube-flannel container is not a mapping"))?;
     obj.insert("ports".into(), json!([{"name": "healthz", "containerPort": HEALTHZ_PORT, "protocol": "TCP"}]));
-    obj.insert(
-        "livenessProbe".into(),
-        json!({"httpGet": {"path": "/healthz", "port": "healthz"}, "initialDelaySeconds": 10, "periodSeconds": 30}),
-    );
+    obj.insert("livenessProbe".into(), json!({"httpGet": {"path": "/healthz", "port": "healthz"}, "initialDelaySeconds": 10, "periodSeconds": 30}));
     Ok(())
 }
 
@@ -148,7 +145,10 @@ fn daemon_set(d: &mut Value, s: &Settings) -> Result<(), FlannelError> {
 /// table entry).
 fn check_image(c: &Value, want: &str) -> Result<(), FlannelError> {
     if c["image"] != want {
-        return Err(release_error(format!("the {} container's image {} is not the versions table's {want} (flannel v{FLANNEL_VERSION})", c["name"], c["image"])));
+        return Err(release_error(format!(
+            "the {} container's image {} is not the versions table's {want} (flannel v{FLANNEL_VERSION})",
+            c["name"], c["image"]
+        )));
     }
     Ok(())
 }

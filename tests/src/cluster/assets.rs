@@ -111,7 +111,10 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
         Ok(manifest) => {
             for image in kubernetes::flannel_refs(&registry_addr) {
                 if !manifest.contains(&format!("image: {image}\n")) {
-                    bail!("{}: the flannel addon does not run {image}, the image keelson-local builds (tests/src/kubernetes.rs FLANNEL_*)", compiled.join(FLANNEL_ADDON).display());
+                    bail!(
+                        "{}: the flannel addon does not run {image}, the image keelson-local builds (tests/src/kubernetes.rs FLANNEL_*)",
+                        compiled.join(FLANNEL_ADDON).display()
+                    );
                 }
             }
             Some(kubernetes::flannel_images()?)
