@@ -94,11 +94,28 @@ pub fn snapshot_controller(spec: &ClusterSpec) -> Vec<(String, String)> {
     Vec::new()
 }
 
+/// `spec.networking.flannel` (kOps' `validateNetworkingFlannel`): no IPv6-only cluster, and a
+/// backend, `udp` or `vxlan`, must be named (kOps' template would fall back to `udp`).
+pub fn flannel(spec: &ClusterSpec) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let Some(f) = spec.networking.as_ref().and_then(|n| n.flannel.as_ref()) else { return out };
+    if spec.non_masquerade_cidr.is_some_and(|c| c.is_ipv6()) {
+        out.push(("spec.networking.flannel".to_string(), "Flannel does not support IPv6 (kOps refuses it too)".to_string()));
+    }
+    match f.backend.as_deref() {
+        None | Some("") => out.push(("spec.networking.flannel.backend".to_string(), "Flannel backend must be specified (vxlan or udp)".to_string())),
+        Some("udp" | "vxlan") => {}
+        Some(other) => out.push(("spec.networking.flannel.backend".to_string(), format!("unsupported value {other:?}: supported values: \"udp\", \"vxlan\""))),
+    }
+    out
+}
+
 /// Every problem of the addon-bearing fields: (field path, message).
 pub fn check(spec: &ClusterSpec) -> Vec<(String, String)> {
     let mut out = metrics_server(spec);
     out.extend(node_local_dns(spec));
     out.extend(snapshot_controller(spec));
+    out.extend(flannel(spec));
     out
 }
 
@@ -183,5 +200,24 @@ mod tests {
         };
         assert!(check(&on("aws")).is_empty());
         assert_eq!(paths(&on("gce")), ["spec.snapshotController.installDefaultClass"]);
+    }
+
+    #[test]
+    fn flannel_follows_kops_rules() {
+        use crate::generated::{FlannelNetworkingSpec, NetworkingSpec};
+        let with = |backend: Option<&str>, cidr: &str| ClusterSpec {
+            networking: Some(NetworkingSpec {
+                flannel: Some(FlannelNetworkingSpec { backend: backend.map(str::to_string), ..Default::default() }),
+                ..Default::default()
+            }),
+            non_masquerade_cidr: Some(cidr.parse().unwrap()),
+            ..Default::default()
+        };
+        assert!(paths(&with(Some("vxlan"), "100.64.0.0/10")).is_empty());
+        assert!(paths(&with(Some("udp"), "100.64.0.0/10")).is_empty());
+        assert_eq!(paths(&with(None, "100.64.0.0/10")), ["spec.networking.flannel.backend"]);
+        assert_eq!(paths(&with(Some("host-gw"), "100.64.0.0/10")), ["spec.networking.flannel.backend"]);
+        assert_eq!(paths(&with(Some("vxlan"), "fd00:10:96::/64")), ["spec.networking.flannel"]);
+        assert!(paths(&ClusterSpec::default()).is_empty());
     }
 }

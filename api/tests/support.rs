@@ -204,7 +204,8 @@ fn every_refused_kubelet_field_is_refused_by_validation_with_its_path() {
 #[test]
 fn unrendered_networking_and_addons_are_refused_with_their_path_and_only_when_on() {
     let cases = [
-        ("  networking:\n    flannel: {}\n", "spec.networking.flannel", true),
+        ("  networking:\n    canal: {}\n", "spec.networking.canal", true),
+        ("  networking:\n    flannel:\n      backend: vxlan\n", "spec.networking.flannel", false),
         ("  networking:\n    amazonvpc: {}\n", "spec.networking.amazonvpc", true),
         ("  networking:\n    calico: {}\n", "spec.networking.calico", false),
         ("  networking:\n    cni: {}\n", "spec.networking.cni", false),
@@ -250,8 +251,16 @@ fn unrendered_networking_and_addons_are_refused_with_their_path_and_only_when_on
             assert_eq!(e.document, "Cluster/t.example.com");
         }
     }
-    let flannel = support::not_rendered(&spec_with("  networking:\n    flannel: {}\n"));
-    assert!(flannel[0].to_string().contains("supported: calico, cilium, kubenet"), "{}", flannel[0]);
+    let canal = support::not_rendered(&spec_with("  networking:\n    canal: {}\n"));
+    assert!(canal[0].to_string().contains("supported: calico, cilium, flannel, kubenet"), "{}", canal[0]);
+    // flannel renders with vxlan; udp, which kOps also accepts, is not rendered; the unused
+    // disableTxChecksumOffloading is refused; iptablesResyncSeconds is consumed.
+    let flannel = |body: &str| support::not_rendered(&spec_with(&format!("  networking:\n    flannel:\n{body}")));
+    assert!(flannel("      backend: vxlan\n      iptablesResyncSeconds: 9\n").is_empty());
+    let udp = flannel("      backend: udp\n");
+    assert_eq!(udp.iter().map(|e| e.path.as_str()).collect::<Vec<_>>(), ["spec.networking.flannel.backend"], "{udp:?}");
+    let unused = flannel("      backend: vxlan\n      disableTxChecksumOffloading: true\n");
+    assert_eq!(unused.iter().map(|e| e.path.as_str()).collect::<Vec<_>>(), ["spec.networking.flannel.disableTxChecksumOffloading"], "{unused:?}");
 }
 
 #[test]

@@ -6,7 +6,8 @@
 //! Rendered today: the RBAC a joining node needs (`bootstrap-rbac.keelson.io`): TLS bootstrapping
 //! for the `system:bootstrappers` group, automatic approval of node client certificates and their
 //! rotation, and the API server's kubelet client (`kubelet-api`); the CNI the spec names
-//! ([`cilium`], `networking.cilium.io`, or [`calico`], `networking.projectcalico.org`); on AWS the cloud-controller-manager
+//! ([`cilium`], `networking.cilium.io`, [`calico`], `networking.projectcalico.org`, or [`flannel`], `networking.flannel`,
+//! upstream's manifest with kOps' settings over it); on AWS the cloud-controller-manager
 //! ([`aws_ccm`], `aws-cloud-controller.addons.k8s.io`), on GCE its own ([`gce_ccm`],
 //! `gcp-cloud-controller.addons.k8s.io`); the cluster DNS ([`coredns`],
 //! `coredns.addons.k8s.io`), whose pods need initialised nodes; NodeLocal DNSCache when enabled
@@ -30,6 +31,7 @@ mod cert_manager;
 mod cilium;
 mod coredns;
 mod external_dns;
+mod flannel;
 mod gce_ccm;
 mod metrics_server;
 mod node_local_dns;
@@ -42,6 +44,7 @@ pub use cert_manager::CertManagerError;
 pub use cilium::CiliumError;
 pub use coredns::CoreDnsError;
 pub use external_dns::ExternalDnsError;
+pub use flannel::FlannelError;
 pub use metrics_server::MetricsServerError;
 pub use node_local_dns::NodeLocalDnsError;
 pub use node_problem_detector::NodeProblemDetectorError;
@@ -119,6 +122,8 @@ pub enum AddonError {
     Cilium(#[from] CiliumError),
     #[error("addon aws-ebs-csi-driver.addons.k8s.io: {0}")]
     AwsEbsCsi(#[from] aws_ebs_csi::AwsEbsCsiError),
+    #[error("addon networking.flannel: {0}")]
+    Flannel(#[from] FlannelError),
     #[error("addon metrics-server.addons.k8s.io: {0}")]
     MetricsServer(#[from] MetricsServerError),
     #[error("addon external-dns.addons.k8s.io: {0}")]
@@ -151,6 +156,9 @@ pub fn addons(cluster: &Cluster, versions: &Versions) -> Result<Vec<Addon>, Addo
     }
     if let Some(docs) = calico::docs(cluster, versions)? {
         addons.push(Addon { name: calico::NAME, version: "1.0.0", docs });
+    }
+    if let Some(docs) = flannel::docs(cluster, versions)? {
+        addons.push(Addon { name: flannel::NAME, version: "1.0.0", docs });
     }
     if let Some(docs) = aws_ccm::docs(cluster) {
         addons.push(Addon { name: aws_ccm::NAME, version: "1.0.0", docs });

@@ -14,7 +14,23 @@ macro_rules! cni_not_rendered {
                 reason: concat!(
                     "Keelson does not render ",
                     $key,
-                    " yet (the spec compiles as kOps would, but no CNI is installed); supported: calico, cilium, kubenet, gce, cni and external"
+                    " yet (the spec compiles as kOps would, but no CNI is installed); supported: calico, cilium, flannel, kubenet, gce, cni and external"
+                ),
+            },
+        )
+    };
+    ($key:literal, $why:literal) => {
+        f(
+            "NetworkingSpec",
+            $key,
+            NotRendered {
+                when: When::Present,
+                reason: concat!(
+                    "Keelson does not render ",
+                    $key,
+                    ": ",
+                    $why,
+                    " (the spec compiles as kOps would, but no CNI is installed); supported: calico, cilium, flannel, kubenet, gce, cni and external"
                 ),
             },
         )
@@ -39,12 +55,17 @@ pub static NETWORKING: &[Field] = &[
     f("NetworkingSpec", "cni", By("the compiler: nothing to install (the user installs the CNI, as with kOps)")),
     cni_not_rendered!("kopeio"),
     cni_not_rendered!("weave"),
-    cni_not_rendered!("flannel"),
     f("NetworkingSpec", "calico", By("the calico addon (spec-compiler/src/addons/calico.rs)")),
-    cni_not_rendered!("canal"),
+    cni_not_rendered!(
+        "canal",
+        "it is Calico's calico/node for policy with flannel for the overlay, and Keelson neither renders Calico's policy-only mode nor has run calico/node (no version of github.com/projectcalico/calico is served by the Go module proxy to build it from); use flannel, or calico"
+    ),
     cni_not_rendered!("kuberouter"),
     cni_not_rendered!("romana"),
-    cni_not_rendered!("amazonvpc"),
+    cni_not_rendered!(
+        "amazonvpc",
+        "the amazon-vpc-cni gives each pod a secondary address of an ENI attached to its instance, which Keelson has never run (keelson-local's EC2 plays no ENI secondary addresses); use flannel, calico or cilium"
+    ),
     f("NetworkingSpec", "cilium", By("the cilium addon (spec-compiler/src/addons/cilium.rs) and nodeup's sysctls")),
     cni_not_rendered!("lyftvpc"),
     f("NetworkingSpec", "gce", By("the compiler and cloud model: GCE IP-alias subnets, routes by the cloud-controller-manager")),
@@ -186,5 +207,26 @@ pub static DISCOVERY: &[Field] = &[
         "ServiceAccountIssuerDiscoveryConfig",
         "additionalAudiences",
         NotRendered { when: When::Present, reason: "Keelson does not add them to kube-apiserver's --api-audiences yet" },
+    ),
+];
+
+const FLANNEL_ADDON: &str = "the flannel addon (spec-compiler/src/addons/flannel.rs)";
+
+/// `FlannelNetworkingSpec` (spec.networking.flannel): upstream's kube-flannel manifest with kOps'
+/// settings (`networking.flannel`).
+pub static FLANNEL: &[Field] = &[
+    f(
+        "FlannelNetworkingSpec",
+        "backend",
+        NotRendered {
+            when: When::NotEquals("vxlan"),
+            reason: "Keelson runs flannel with the vxlan backend only (kOps also accepts udp, which flannel itself deprecates and Keelson has never run); set backend: vxlan",
+        },
+    ),
+    f("FlannelNetworkingSpec", "iptablesResyncSeconds", By(FLANNEL_ADDON)),
+    f(
+        "FlannelNetworkingSpec",
+        "disableTxChecksumOffloading",
+        NotRendered { when: When::Present, reason: "unused (kOps' API says so; kOps renders nothing for it); remove it" },
     ),
 ];

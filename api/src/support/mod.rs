@@ -35,7 +35,7 @@ mod groups;
 mod kubelet;
 mod runtime;
 
-pub use addons::{ADDONS, DISCOVERY, EXTERNAL_DNS, KUBE_DNS, METRICS_SERVER, NETWORKING};
+pub use addons::{ADDONS, DISCOVERY, EXTERNAL_DNS, FLANNEL, KUBE_DNS, METRICS_SERVER, NETWORKING};
 pub use cluster::{CLOUD, CLUSTER};
 pub use components::COMPONENTS;
 pub use groups::GROUPS;
@@ -132,6 +132,7 @@ pub fn all() -> impl Iterator<Item = &'static Field> {
     KUBELET
         .iter()
         .chain(NETWORKING)
+        .chain(FLANNEL)
         .chain(ADDONS)
         .chain(METRICS_SERVER)
         .chain(KUBE_DNS)
@@ -193,6 +194,7 @@ pub const PLACES: &[(&str, &str, &str)] = &[
     ("Cluster", "kubelet", "KubeletConfigSpec"),
     ("Cluster", "masterKubelet", "KubeletConfigSpec"),
     ("Cluster", "networking", "NetworkingSpec"),
+    ("Cluster", "networking.flannel", "FlannelNetworkingSpec"),
     ("Cluster", "kubeDNS", "KubeDNSConfig"),
     ("Cluster", "metricsServer", "MetricsServerConfig"),
     ("Cluster", "externalDns", "ExternalDNSConfig"),
