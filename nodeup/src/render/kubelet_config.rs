@@ -437,11 +437,13 @@ pub fn split(spec: &KubeletConfigSpec, node: &NodeSettings) -> Result<Split, Kub
         allowed_unsafe_sysctls: (!unsafe_sysctls.is_empty()).then_some(unsafe_sysctls),
         authentication: Authentication {
             anonymous: Enabled { enabled: anonymous_auth },
-            webhook: Webhook { enabled: authentication_token_webhook },
+            // Written out, not left to the configuration file's defaults: a kubelet whose API
+            // authenticates bearer tokens with the API server and asks it to authorize every call.
+            webhook: Webhook { enabled: Some(authentication_token_webhook.unwrap_or(true)) },
             // The cluster CA nodeup writes, unless the spec names another file.
             x509: X509 { client_ca_file: Some(client_ca_file.unwrap_or_else(|| paths::CA_CRT.into())) },
         },
-        authorization: Authorization { mode: authorization_mode },
+        authorization: Authorization { mode: Some(authorization_mode.unwrap_or_else(|| "Webhook".into())) },
         cgroup_driver,
         cgroup_root,
         cluster_dns: cluster_dns.into_iter().collect(),
