@@ -3,6 +3,7 @@
 //! builder) left unset, so user values always win; the builders run until nothing changes.
 
 mod cloud_config;
+mod cluster_autoscaler;
 mod cloud_controller;
 mod control_plane;
 mod etcd;
@@ -176,6 +177,7 @@ const BUILDERS: &[Builder] = &[
     node::containerd,
     node::kube_dns,
     node::addons,
+    cluster_autoscaler::build,
 ];
 
 /// Look up the versions table for a spec.
