@@ -37,8 +37,6 @@ pub const NAME: &str = "cluster-autoscaler.addons.k8s.io";
 /// The base manifest, relative to this module's directory.
 pub const BASE_FILE: &str = "addons/cluster_autoscaler/cluster-autoscaler-autodiscover.yaml";
 const BASE: &str = include_str!("cluster_autoscaler/cluster-autoscaler-autodiscover.yaml");
-/// The base's provenance (source URL, tag, commit, sha256).
-pub const SOURCE: &str = include_str!("cluster_autoscaler/SOURCE");
 const NAMESPACE: &str = "kube-system";
 const APP: &str = "cluster-autoscaler";
 const PRIORITY_CONFIG_MAP: &str = "cluster-autoscaler-priority-expander";
@@ -163,7 +161,7 @@ fn priorities(cfg: &ClusterAutoscalerConfig, cluster: &Cluster, groups: &[Instan
         None => {
             let mut map: BTreeMap<String, Vec<String>> = BTreeMap::new();
             let mut nodes: Vec<&InstanceGroup> = groups.iter().filter(|g| g.role() == Some(Role::Node) && g.spec.autoscale.is_some()).collect();
-            nodes.sort_by_key(|g| g.name());
+            nodes.sort_by(|a, b| a.name().cmp(b.name()));
             for g in nodes {
                 map.entry(g.spec.autoscale_priority.unwrap_or(0).to_string()).or_default().push(format!("{}.{}", g.name(), cluster.name()));
             }

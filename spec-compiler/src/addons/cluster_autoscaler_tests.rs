@@ -23,6 +23,9 @@ fn case(name: &str) -> (Cluster, Vec<InstanceGroup>, Versions) {
     load(&format!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/conformance/cases/{}/input.yaml"), name), |t| t)
 }
 
+/// The base's provenance (source URL, tag, commit, sha256).
+const SOURCE: &str = include_str!("cluster_autoscaler/SOURCE");
+
 const ENABLED: &str = "  clusterAutoscaler:\n    enabled: true\n";
 
 fn container(docs: &[Value]) -> &Value {
