@@ -112,7 +112,8 @@ mod tests {
 
     #[test]
     fn cluster_autoscaler_follows_kops_rules_and_its_flags_parse() {
-        let ca = |c: ClusterAutoscalerConfig, cloud: &str| ClusterSpec { cluster_autoscaler: Some(c), cloud_provider: Some(cloud.into()), ..Default::default() };
+        let ca =
+            |c: ClusterAutoscalerConfig, cloud: &str| ClusterSpec { cluster_autoscaler: Some(c), cloud_provider: Some(cloud.into()), ..Default::default() };
         let on = ClusterAutoscalerConfig { enabled: Some(true), ..Default::default() };
         assert!(paths(&ca(on.clone(), "aws")).is_empty());
         for e in CLUSTER_AUTOSCALER_EXPANDERS.iter().filter(|e| **e != "price") {

@@ -22,12 +22,8 @@ pub const ANNOTATION: &str = "keelson.io/aws-service-endpoints";
 /// cloud config names in its `[ServiceOverride]` sections (aws-sdk-go-v2 `ServiceID`s). The
 /// cluster-autoscaler's cloud config names the prefixes themselves (aws-sdk-go v1 endpoint ids) of
 /// `autoscaling` and `ec2`; the CCM does not call Auto Scaling (no ids).
-pub const SERVICES: &[(&str, &[&str])] = &[
-    ("autoscaling", &[]),
-    ("ec2", &["EC2"]),
-    ("elasticloadbalancing", &["Elastic Load Balancing", "Elastic Load Balancing v2"]),
-    ("kms", &["KMS"]),
-];
+pub const SERVICES: &[(&str, &[&str])] =
+    &[("autoscaling", &[]), ("ec2", &["EC2"]), ("elasticloadbalancing", &["Elastic Load Balancing", "Elastic Load Balancing v2"]), ("kms", &["KMS"])];
 
 /// One override: the endpoint prefix and its URL.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -210,7 +210,11 @@ fn unrendered_networking_and_addons_are_refused_with_their_path_and_only_when_on
         ("  networking:\n    cni: {}\n", "spec.networking.cni", false),
         // The cluster-autoscaler renders (kOps' addon), every field of it.
         ("  clusterAutoscaler:\n    enabled: true\n", "spec.clusterAutoscaler", false),
-        ("  clusterAutoscaler:\n    enabled: true\n    expander: priority\n    customPriorityExpanderConfig:\n      \"10\": [\".*\"]\n", "spec.clusterAutoscaler.customPriorityExpanderConfig", false),
+        (
+            "  clusterAutoscaler:\n    enabled: true\n    expander: priority\n    customPriorityExpanderConfig:\n      \"10\": [\".*\"]\n",
+            "spec.clusterAutoscaler.customPriorityExpanderConfig",
+            false,
+        ),
         ("  clusterAutoscaler:\n    enabled: false\n", "spec.clusterAutoscaler", false),
         ("  nodeTerminationHandler:\n    enableSQSTerminationDraining: false\n", "spec.nodeTerminationHandler", true),
         ("  nodeTerminationHandler:\n    enabled: false\n", "spec.nodeTerminationHandler", false),

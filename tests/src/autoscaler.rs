@@ -70,8 +70,16 @@ pub fn push_image(image: &str, registry: &str) -> anyhow::Result<()> {
         return kubernetes::push(path, registry).map_err(Into::into);
     }
     let src = if path.is_file() { format!("oci-archive:{source}") } else { format!("docker://{source}") };
-    cmd::run(Command::new("skopeo").args(["--insecure-policy", "copy", "--quiet", "--src-tls-verify=false", "--dest-tls-verify=false", &src, &format!("docker://{image}")]))
-        .with_context(|| format!("copying {src} to {image}"))?;
+    cmd::run(Command::new("skopeo").args([
+        "--insecure-policy",
+        "copy",
+        "--quiet",
+        "--src-tls-verify=false",
+        "--dest-tls-verify=false",
+        &src,
+        &format!("docker://{image}"),
+    ]))
+    .with_context(|| format!("copying {src} to {image}"))?;
     Ok(())
 }
 

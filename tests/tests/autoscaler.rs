@@ -49,7 +49,10 @@ fn workers() -> Vec<(String, bool)> {
 /// The load's pods: (name, phase).
 fn pods() -> Vec<(String, String)> {
     let jsonpath = r#"jsonpath={range .items[*]}{.metadata.name} {.status.phase}{"\n"}{end}"#;
-    kubectl(&["get", "pods", "-l", &format!("app={APP}"), "-o", jsonpath]).lines().filter_map(|l| l.split_once(' ').map(|(n, p)| (n.to_string(), p.to_string()))).collect()
+    kubectl(&["get", "pods", "-l", &format!("app={APP}"), "-o", jsonpath])
+        .lines()
+        .filter_map(|l| l.split_once(' ').map(|(n, p)| (n.to_string(), p.to_string())))
+        .collect()
 }
 
 /// The group's desired capacity and instances, as moto says.
@@ -90,7 +93,8 @@ fn cluster_autoscaler_scales_a_group_up_and_down() {
     let down = support::Down;
     let dir = tempfile::tempdir().unwrap();
     let text = std::fs::read_to_string(support::repo().join("examples/ha.yaml")).unwrap();
-    let autoscaler = "  clusterAutoscaler:\n    enabled: true\n    scaleDownUnneededTime: 1m0s\n    scaleDownDelayAfterAdd: 1m0s\n  metricsServer:\n    enabled: false\n";
+    let autoscaler =
+        "  clusterAutoscaler:\n    enabled: true\n    scaleDownUnneededTime: 1m0s\n    scaleDownDelayAfterAdd: 1m0s\n  metricsServer:\n    enabled: false\n";
     let spec_text = text.replacen("spec:\n", &format!("spec:\n{autoscaler}"), 1).replacen("  minSize: 3\n  maxSize: 9\n", "  minSize: 1\n  maxSize: 3\n", 1);
     assert!(spec_text.contains("  minSize: 1\n  maxSize: 3\n") && spec_text.contains("clusterAutoscaler"), "the spec edits apply to examples/ha.yaml");
     let spec_path = dir.path().join("ha-autoscaler.yaml");
@@ -123,9 +127,8 @@ fn cluster_autoscaler_scales_a_group_up_and_down() {
     let t_desired = wait_for("the group's desired capacity to rise", 300, || (group(&cloud).0 >= 2).then(Instant::now));
     let (desired, _) = group(&cloud);
     assert_eq!(desired, 2, "one more instance is enough for one pod");
-    let (t_ready, new_node) = wait_for("a second Ready worker", 600, || {
-        workers().into_iter().find(|(n, r)| *r && *n != first).map(|(n, _)| (Instant::now(), n))
-    });
+    let (t_ready, new_node) =
+        wait_for("a second Ready worker", 600, || workers().into_iter().find(|(n, r)| *r && *n != first).map(|(n, _)| (Instant::now(), n)));
     let t_running = wait_for("both pods Running", 300, || {
         let p = pods();
         (p.len() == 2 && p.iter().all(|(_, phase)| phase == "Running")).then(Instant::now)

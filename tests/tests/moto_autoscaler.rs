@@ -53,7 +53,15 @@ fn moto_answers_the_calls_cluster_autoscaler_makes() {
             .await
             .unwrap();
         let other = LaunchTemplateSpecification::builder().launch_template_name(GROUP).version("1").build();
-        asg.create_auto_scaling_group().auto_scaling_group_name("other").launch_template(other).min_size(0).max_size(1).vpc_zone_identifier(&subnet).send().await.unwrap();
+        asg.create_auto_scaling_group()
+            .auto_scaling_group_name("other")
+            .launch_template(other)
+            .min_size(0)
+            .max_size(1)
+            .vpc_zone_identifier(&subnet)
+            .send()
+            .await
+            .unwrap();
 
         // getAutoscalingGroupsByNames (kOps' --nodes) and getAutoscalingGroupsByTags (auto-discovery).
         let by_name = asg.describe_auto_scaling_groups().auto_scaling_group_names(GROUP).max_records(100).send().await.unwrap();
@@ -61,7 +69,10 @@ fn moto_answers_the_calls_cluster_autoscaler_makes() {
         assert_eq!((g.min_size(), g.max_size(), g.desired_capacity(), g.instances().len()), (Some(1), Some(3), Some(1), 1));
         let lt = g.launch_template().expect("the group's launch template");
         assert_eq!((lt.launch_template_name(), lt.version()), (Some(GROUP), Some("2")));
-        for filter in [Filter::builder().name("tag-key").values(CLUSTER_TAG).build(), Filter::builder().name(format!("tag:{CLUSTER_TAG}")).values("ca.example.com").build()] {
+        for filter in [
+            Filter::builder().name("tag-key").values(CLUSTER_TAG).build(),
+            Filter::builder().name(format!("tag:{CLUSTER_TAG}")).values("ca.example.com").build(),
+        ] {
             let found = asg.describe_auto_scaling_groups().filters(filter.clone()).max_records(100).send().await.unwrap();
             let names: Vec<&str> = found.auto_scaling_groups().iter().filter_map(|g| g.auto_scaling_group_name()).collect();
             assert_eq!(names, [GROUP], "{filter:?}");
@@ -87,7 +98,8 @@ fn moto_answers_the_calls_cluster_autoscaler_makes() {
         }
         let activities = asg.describe_scaling_activities().auto_scaling_group_name(GROUP).send().await.unwrap();
         let newest = activities.activities().first().expect("moto lists the group's scaling activities (fix 6)");
-        let launched = newest.description().and_then(|d| d.strip_prefix("Launching a new EC2 instance: ")).expect("the newest activity is the launch").to_string();
+        let launched =
+            newest.description().and_then(|d| d.strip_prefix("Launching a new EC2 instance: ")).expect("the newest activity is the launch").to_string();
         assert!(ids.contains(&launched), "{launched} not in {ids:?}");
         assert_eq!(newest.status_code().map(|s| s.as_str()), Some("Successful"));
         assert!(newest.start_time().is_some());

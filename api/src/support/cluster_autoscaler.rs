@@ -15,7 +15,11 @@ pub static CLUSTER_AUTOSCALER: &[Field] = &[
     f("ClusterAutoscalerConfig", "expander", By(FLAG)),
     f("ClusterAutoscalerConfig", "balanceSimilarNodeGroups", By(FLAG)),
     f("ClusterAutoscalerConfig", "emitPerNodegroupMetrics", By(FLAG)),
-    f("ClusterAutoscalerConfig", "awsUseStaticInstanceList", By("a cluster-autoscaler flag on AWS (the IAM policy keeps ec2:DescribeInstanceTypes: nodeup and the CCM call it too)")),
+    f(
+        "ClusterAutoscalerConfig",
+        "awsUseStaticInstanceList",
+        By("a cluster-autoscaler flag on AWS (the IAM policy keeps ec2:DescribeInstanceTypes: nodeup and the CCM call it too)"),
+    ),
     f("ClusterAutoscalerConfig", "ignoreDaemonSetsUtilization", By(FLAG)),
     f("ClusterAutoscalerConfig", "scaleDownUtilizationThreshold", By(FLAG)),
     f("ClusterAutoscalerConfig", "skipNodesWithCustomControllerPods", By(FLAG)),

@@ -64,7 +64,9 @@ fn base_error(message: impl Into<String>) -> ClusterAutoscalerError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Provider {
     /// AWS, in this region.
-    Aws { region: String },
+    Aws {
+        region: String,
+    },
     Gce,
 }
 
@@ -184,7 +186,10 @@ pub fn cloud_config(region: &str, endpoints: &BTreeMap<String, String>) -> Optio
     for service in AWS_SERVICES {
         let Some(url) = endpoints.get(*service) else { continue };
         n += 1;
-        let _ = write!(out, "[ServiceOverride \"{n}\"]\nService = {service}\nRegion = {region}\nURL = {url}\nSigningRegion = {region}\nSigningName = {service}\n\n");
+        let _ = write!(
+            out,
+            "[ServiceOverride \"{n}\"]\nService = {service}\nRegion = {region}\nURL = {url}\nSigningRegion = {region}\nSigningName = {service}\n\n"
+        );
     }
     (n > 0).then(|| out.trim_end().to_string() + "\n")
 }
@@ -313,10 +318,8 @@ fn cluster_role(mut d: Value) -> Result<Value, ClusterAutoscalerError> {
 
 /// kOps' Role: create configmaps; only the status ConfigMap may be read, updated, deleted.
 fn role(mut d: Value) -> Value {
-    d["rules"] = json!([
-        rule(&[""], &["configmaps"], &[], &["create"]),
-        rule(&[""], &["configmaps"], &["cluster-autoscaler-status"], &["delete", "get", "update"]),
-    ]);
+    d["rules"] =
+        json!([rule(&[""], &["configmaps"], &[], &["create"]), rule(&[""], &["configmaps"], &["cluster-autoscaler-status"], &["delete", "get", "update"]),]);
     labelled(d)
 }
 
@@ -386,7 +389,10 @@ fn deployment(mut d: Value, s: &Settings) -> Result<Value, ClusterAutoscalerErro
         c.insert("env".into(), json!([{"name": "AWS_REGION", "value": region}]));
     }
     if s.cloud_config.is_some() {
-        c.insert("volumeMounts".into(), json!([{"name": "cloud-config", "mountPath": CLOUD_CONFIG_PATH.rsplit_once('/').map_or("/", |(dir, _)| dir), "readOnly": true}]));
+        c.insert(
+            "volumeMounts".into(),
+            json!([{"name": "cloud-config", "mountPath": CLOUD_CONFIG_PATH.rsplit_once('/').map_or("/", |(dir, _)| dir), "readOnly": true}]),
+        );
     }
     c.insert(
         "livenessProbe".into(),

@@ -126,7 +126,10 @@ fn ha_renders_kops_command_and_placement() {
     let pod = &dep["spec"]["template"]["spec"];
     assert_eq!(pod["hostNetwork"], true);
     assert!(pod.get("volumes").is_none() && pod.get("securityContext").is_none(), "{pod}");
-    assert_eq!(pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"][0]["key"], "node-role.kubernetes.io/control-plane");
+    assert_eq!(
+        pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"][0]["key"],
+        "node-role.kubernetes.io/control-plane"
+    );
     assert_eq!(pod["tolerations"].as_array().map(Vec::len), Some(2));
     assert_eq!(pod["priorityClassName"], "system-cluster-critical");
     assert_eq!(dep["spec"]["template"]["metadata"]["annotations"], json!({"prometheus.io/port": "8085", "prometheus.io/scrape": "true"}));
@@ -256,7 +259,10 @@ fn gce_names_each_zonal_mig() {
     let cmd = command(&d);
     assert!(cmd.contains(&"--cloud-provider=gce") && !cmd.iter().any(|a| a.starts_with("--aws-")), "{cmd:?}");
     let mig = keelson_api::names::gce_instance_group_manager_name("us-test1-a", "nodes", "minimal.example.com");
-    assert!(cmd.contains(&format!("--nodes=1:1:https://www.googleapis.com/compute/v1/projects/testproject/zones/us-test1-a/instanceGroups/{mig}").as_str()), "{cmd:?}");
+    assert!(
+        cmd.contains(&format!("--nodes=1:1:https://www.googleapis.com/compute/v1/projects/testproject/zones/us-test1-a/instanceGroups/{mig}").as_str()),
+        "{cmd:?}"
+    );
     assert!(container(&d).get("env").is_none());
     // Spread over three zones: a zone whose max is 0 is left out.
     let (cluster, mut groups, versions) = case("many-addons-gce");
@@ -264,6 +270,10 @@ fn gce_names_each_zonal_mig() {
     g.spec.zones = Some(vec!["us-test1-a".into(), "us-test1-b".into(), "us-test1-c".into()]);
     g.spec.max_size = Some(2);
     let d = docs(&cluster, &groups, &versions).unwrap().expect("enabled");
-    let nodes: Vec<String> = command(&d).into_iter().filter(|a| a.starts_with("--nodes=")).map(|a| a.split("/zones/").next().unwrap_or_default().to_string()).collect();
-    assert_eq!(nodes, ["--nodes=1:1:https://www.googleapis.com/compute/v1/projects/testproject", "--nodes=0:1:https://www.googleapis.com/compute/v1/projects/testproject"]);
+    let nodes: Vec<String> =
+        command(&d).into_iter().filter(|a| a.starts_with("--nodes=")).map(|a| a.split("/zones/").next().unwrap_or_default().to_string()).collect();
+    assert_eq!(
+        nodes,
+        ["--nodes=1:1:https://www.googleapis.com/compute/v1/projects/testproject", "--nodes=0:1:https://www.googleapis.com/compute/v1/projects/testproject"]
+    );
 }

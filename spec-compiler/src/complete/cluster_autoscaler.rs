@@ -43,7 +43,8 @@ mod tests {
 
     fn complete(yaml_extra: &str, version: &str) -> Option<ClusterAutoscalerConfig> {
         let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/ha.yaml")).expect("examples/ha.yaml");
-        let text = text.replacen("kubernetesVersion: 1.34.4", &format!("kubernetesVersion: {version}"), 1).replacen("spec:\n", &format!("spec:\n{yaml_extra}"), 1);
+        let text =
+            text.replacen("kubernetesVersion: 1.34.4", &format!("kubernetesVersion: {version}"), 1).replacen("spec:\n", &format!("spec:\n{yaml_extra}"), 1);
         let docs = keelson_api::parse_documents(text.as_bytes()).expect("parse");
         crate::complete::complete(&docs, &crate::CompileOptions::default()).expect("complete").spec.cluster_autoscaler
     }
@@ -59,7 +60,10 @@ mod tests {
             (Some("10m0s"), Some("10m0s"), Some("20m0s"))
         );
         assert_eq!((c.new_pod_scale_up_delay.as_deref(), c.max_node_provision_time.as_deref()), (Some("0s"), Some("15m0s")));
-        assert_eq!((c.skip_nodes_with_system_pods, c.skip_nodes_with_local_storage, c.skip_nodes_with_custom_controller_pods), (Some(true), Some(true), Some(true)));
+        assert_eq!(
+            (c.skip_nodes_with_system_pods, c.skip_nodes_with_local_storage, c.skip_nodes_with_custom_controller_pods),
+            (Some(true), Some(true), Some(true))
+        );
         assert_eq!((c.balance_similar_node_groups, c.emit_per_nodegroup_metrics, c.aws_use_static_instance_list), (Some(false), Some(false), Some(false)));
         assert_eq!(c.create_priority_expander_config, None, "only with the priority expander");
         assert_eq!(c.cordon_node_before_terminating, None, "kOps leaves it unset (the template reads unset as true)");

@@ -3,8 +3,8 @@
 //! builder) left unset, so user values always win; the builders run until nothing changes.
 
 mod cloud_config;
-mod cluster_autoscaler;
 mod cloud_controller;
+mod cluster_autoscaler;
 mod control_plane;
 mod etcd;
 pub mod network;
