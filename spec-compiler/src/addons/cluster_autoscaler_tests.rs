@@ -56,7 +56,10 @@ fn grants(role: &Value) -> BTreeSet<(String, String, String, String)> {
     out
 }
 
-fn triples(rules: &[(&[&str], &[&str], &[&str], &[&str])]) -> BTreeSet<(String, String, String, String)> {
+/// A role rule as (apiGroups, resources, resourceNames, verbs).
+type Rule<'a> = (&'a [&'a str], &'a [&'a str], &'a [&'a str], &'a [&'a str]);
+
+fn triples(rules: &[Rule]) -> BTreeSet<(String, String, String, String)> {
     let v = json!({"rules": rules.iter().map(|(g, r, n, v)| rule(g, r, n, v)).collect::<Vec<_>>()});
     grants(&v)
 }
@@ -144,7 +147,7 @@ fn rbac_grants_exactly_what_kops_grants() {
     let (cluster, groups, versions) = ha_with(ENABLED);
     let d = docs(&cluster, &groups, &versions).unwrap().expect("enabled");
     // kOps' k8s-1.15 template, rule by rule.
-    let kops: &[(&[&str], &[&str], &[&str], &[&str])] = &[
+    let kops: &[Rule] = &[
         (&[""], &["events", "endpoints"], &[], &["create", "patch"]),
         (&[""], &["pods/eviction"], &[], &["create"]),
         (&[""], &["pods/status"], &[], &["update"]),
@@ -163,7 +166,7 @@ fn rbac_grants_exactly_what_kops_grants() {
         (&["coordination.k8s.io"], &["leases"], &["cluster-autoscaler"], &["get", "update"]),
     ];
     assert_eq!(grants(kind(&d, "ClusterRole")), triples(kops));
-    let kops_role: &[(&[&str], &[&str], &[&str], &[&str])] =
+    let kops_role: &[Rule] =
         &[(&[""], &["configmaps"], &[], &["create"]), (&[""], &["configmaps"], &["cluster-autoscaler-status"], &["delete", "get", "update"])];
     assert_eq!(grants(kind(&d, "Role")), triples(kops_role));
 }
