@@ -40,7 +40,8 @@ fn kubectl(args: &[&str]) -> String {
 /// The worker Nodes: (name, Ready).
 fn workers() -> Vec<(String, bool)> {
     let jsonpath = r#"jsonpath={range .items[*]}{.metadata.name} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}"#;
-    kubectl(&["get", "nodes", "-l", "node-role.kubernetes.io/node", "-o", jsonpath])
+    // Workers carry no node-role label here (the kubelet may not set it and nothing else does): not a control plane.
+    kubectl(&["get", "nodes", "-l", "!node-role.kubernetes.io/control-plane", "-o", jsonpath])
         .lines()
         .filter_map(|l| l.split_once(' ').map(|(n, r)| (n.to_string(), r == "True")))
         .collect()
