@@ -167,6 +167,14 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
     for (path, message) in crate::addon_rules::check(spec) {
         r.add(&cdoc, path, message);
     }
+    let dns_type = spec.topology.as_ref().and_then(|t| t.dns.as_ref()).and_then(|d| d.type_.as_deref());
+    if spec.external_dns.as_ref().and_then(|e| e.provider.as_deref()) == Some("external-dns") && crate::nodeup::uses_hosts_dns(docs.cluster.name(), dns_type) {
+        r.add(
+            &cdoc,
+            "spec.externalDns.provider",
+            "external-dns writes records into the cluster's hosted zone, and a gossip cluster (a .k8s.local name or topology.dns.type None) has none: use dns-controller (the default) or none",
+        );
+    }
 
     // Instance groups.
     let mut groups: BTreeMap<&str, &InstanceGroup> = BTreeMap::new();

@@ -204,7 +204,8 @@ fn every_refused_kubelet_field_is_refused_by_validation_with_its_path() {
 #[test]
 fn unrendered_networking_and_addons_are_refused_with_their_path_and_only_when_on() {
     let cases = [
-        ("  networking:\n    flannel: {}\n", "spec.networking.flannel", true),
+        ("  networking:\n    canal: {}\n", "spec.networking.canal", true),
+        ("  networking:\n    flannel:\n      backend: vxlan\n", "spec.networking.flannel", false),
         ("  networking:\n    amazonvpc: {}\n", "spec.networking.amazonvpc", true),
         ("  networking:\n    calico: {}\n", "spec.networking.calico", false),
         ("  networking:\n    cni: {}\n", "spec.networking.cni", false),
@@ -224,13 +225,21 @@ fn unrendered_networking_and_addons_are_refused_with_their_path_and_only_when_on
         // ... but not its secure form, which needs cert-manager (kOps' validation requires it on).
         ("  certManager:\n    enabled: true\n  metricsServer:\n    enabled: true\n    insecure: false\n", "spec.metricsServer.insecure", true),
         ("  certManager:\n    enabled: true\n  metricsServer:\n    enabled: true\n", "spec.metricsServer.insecure", false),
-        ("  kubeDNS:\n    nodeLocalDNS:\n      enabled: true\n", "spec.kubeDNS.nodeLocalDNS", true),
+        // node-local-dns renders (spec-compiler/src/addons/node_local_dns.rs).
+        ("  kubeDNS:\n    nodeLocalDNS:\n      enabled: true\n", "spec.kubeDNS.nodeLocalDNS", false),
         ("  kubeDNS:\n    provider: CoreDNS\n", "spec.kubeDNS.nodeLocalDNS", false),
-        ("  externalDns:\n    provider: external-dns\n", "spec.externalDns.provider", true),
+        ("  nodeProblemDetector:\n    enabled: true\n", "spec.nodeProblemDetector", false),
+        ("  snapshotController:\n    enabled: true\n", "spec.snapshotController", false),
+        // external-dns renders; dns-controller's own settings are refused, external-dns takes them.
+        ("  externalDns:\n    provider: external-dns\n", "spec.externalDns.provider", false),
         ("  externalDns:\n    provider: dns-controller\n", "spec.externalDns.provider", false),
+        ("  externalDns:\n    watchIngress: true\n", "spec.externalDns.watchIngress", true),
+        ("  externalDns:\n    provider: dns-controller\n    watchNamespace: web\n", "spec.externalDns.watchNamespace", true),
+        ("  externalDns:\n    provider: external-dns\n    watchIngress: true\n    watchNamespace: web\n", "spec.externalDns.watchIngress", false),
+        ("  externalDns:\n    provider: external-dns\n    priorityClassName: high\n", "spec.externalDns.priorityClassName", false),
         ("  serviceAccountIssuerDiscovery:\n    enableAWSOIDCProvider: true\n", "spec.serviceAccountIssuerDiscovery.enableAWSOIDCProvider", true),
         ("  karpenter:\n    enabled: true\n", "spec.karpenter", true),
-        ("  certManager:\n    enabled: true\n", "spec.certManager", true),
+        ("  certManager:\n    enabled: true\n", "spec.certManager", false),
         ("  warmPool:\n    minSize: 1\n", "spec.warmPool", true),
         ("  kubeDNS:\n    provider: KubeDNS\n", "spec.kubeDNS.provider", true),
         ("  kubeDNS:\n    replicas: 3\n", "spec.kubeDNS.replicas", true),
@@ -248,8 +257,16 @@ fn unrendered_networking_and_addons_are_refused_with_their_path_and_only_when_on
             assert_eq!(e.document, "Cluster/t.example.com");
         }
     }
-    let flannel = support::not_rendered(&spec_with("  networking:\n    flannel: {}\n"));
-    assert!(flannel[0].to_string().contains("supported: calico, cilium, kubenet"), "{}", flannel[0]);
+    let canal = support::not_rendered(&spec_with("  networking:\n    canal: {}\n"));
+    assert!(canal[0].to_string().contains("supported: calico, cilium, flannel, kubenet"), "{}", canal[0]);
+    // flannel renders with vxlan; udp, which kOps also accepts, is not rendered; the unused
+    // disableTxChecksumOffloading is refused; iptablesResyncSeconds is consumed.
+    let flannel = |body: &str| support::not_rendered(&spec_with(&format!("  networking:\n    flannel:\n{body}")));
+    assert!(flannel("      backend: vxlan\n      iptablesResyncSeconds: 9\n").is_empty());
+    let udp = flannel("      backend: udp\n");
+    assert_eq!(udp.iter().map(|e| e.path.as_str()).collect::<Vec<_>>(), ["spec.networking.flannel.backend"], "{udp:?}");
+    let unused = flannel("      backend: vxlan\n      disableTxChecksumOffloading: true\n");
+    assert_eq!(unused.iter().map(|e| e.path.as_str()).collect::<Vec<_>>(), ["spec.networking.flannel.disableTxChecksumOffloading"], "{unused:?}");
 }
 
 #[test]
@@ -312,4 +329,16 @@ fn cluster_autoscaler_values_are_validated_with_their_paths() {
     // The e2e test's form is valid, consumed and not refused.
     let docs = spec_with("  clusterAutoscaler:\n    enabled: true\n    scaleDownUnneededTime: 1m0s\n    scaleDownDelayAfterAdd: 1m0s\n");
     assert!(validate(&docs).is_empty() && support::not_rendered(&docs).is_empty(), "{:?}", validate(&docs));
+}
+
+#[test]
+fn external_dns_needs_a_hosted_zone() {
+    let extra = "  externalDns:\n    provider: external-dns\n";
+    assert!(validate(&spec_with(extra)).is_empty());
+    let text = format!("{CLUSTER}{extra}").replace("name: t.example.com", "name: t.k8s.local");
+    let docs = parse_documents(text.as_bytes()).expect("parse");
+    let errors = validate(&docs);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].path, "spec.externalDns.provider");
+    assert!(errors[0].message.contains("gossip"), "{}", errors[0].message);
 }

@@ -80,6 +80,7 @@ pub fn sync_dir(dir: &Path) -> Result<(), FsError> {
 /// Atomically replace `path` with `contents` at `mode`, durably: the file and its directory are
 /// synced before this returns.
 pub fn write_atomic(path: &Path, contents: &[u8], mode: u32, owner: Owner) -> Result<(), FsError> {
+    ensure_dir(parent_of(path))?;
     replace(path, contents, mode, owner, true)?;
     sync_dir(parent_of(path))
 }
@@ -88,12 +89,16 @@ pub fn write_atomic(path: &Path, contents: &[u8], mode: u32, owner: Owner) -> Re
 /// never half of it — without syncing: for output that is rebuilt on demand, where the caller syncs
 /// once at the end if at all ([`crate::Tree::write_to`]).
 pub fn write_atomic_unsynced(path: &Path, contents: &[u8], mode: u32) -> Result<(), FsError> {
+    ensure_dir(parent_of(path))?;
+    replace(path, contents, mode, None, false)
+}
+
+/// [`write_atomic_unsynced`] into a directory the caller has made sure exists (no check per file).
+pub fn write_atomic_unsynced_in_dir(path: &Path, contents: &[u8], mode: u32) -> Result<(), FsError> {
     replace(path, contents, mode, None, false)
 }
 
 fn replace(path: &Path, contents: &[u8], mode: u32, owner: Owner, sync: bool) -> Result<(), FsError> {
-    let dir = parent_of(path);
-    ensure_dir(dir)?;
     let tmp = temp_path_for(path);
     let result = (|| {
         let mut f = OpenOptions::new().write(true).create_new(true).mode(mode).open(&tmp).map_err(fs_err(&tmp))?;

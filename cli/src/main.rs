@@ -223,8 +223,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             for w in &compiled.warnings {
                 eprintln!("keelson: warning: {}: {w}", file.display());
             }
-            compiled.tree.write_to(&out).with_context(|| format!("writing {}", out.display()))?;
-            println!("{}: wrote {} files to {}", file.display(), compiled.tree.files.len(), out.display());
+            let written = compiled.tree.write_to(&out).with_context(|| format!("writing {}", out.display()))?;
+            let unchanged = compiled.tree.files.len() - written;
+            let unchanged = if unchanged > 0 { format!(" ({unchanged} more unchanged)") } else { String::new() };
+            println!("{}: wrote {written} files to {}{unchanged}", file.display(), out.display());
             Ok(ExitCode::SUCCESS)
         }
         #[cfg(feature = "cloud")]

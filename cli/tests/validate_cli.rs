@@ -29,7 +29,7 @@ fn expect(bytes: &[u8], code: i32, fragments: &[&str]) {
 
 #[test]
 fn valid_examples_pass() {
-    for name in ["minimal.yaml", "ha.yaml", "gce.yaml"] {
+    for name in ["minimal.yaml", "ha.yaml", "gce.yaml", "gossip.yaml", "private.yaml"] {
         let out = keelson(&["validate", "-f", example(name).to_str().expect("utf-8")]);
         assert_eq!(out.status.code(), Some(0), "{name}: {}", String::from_utf8_lossy(&out.stderr));
     }
@@ -186,16 +186,24 @@ fn all_errors_are_reported_together() {
 /// kOps' output and warns; a kubelet flag no kubelet has is refused by both.
 #[test]
 fn unrendered_and_refused_fields_are_named_with_their_path() {
-    let flannel = minimal().replace("  networking:\n    cni: {}\n", "  networking:\n    flannel: {}\n");
-    assert_ne!(flannel, minimal(), "the example uses networking.cni");
-    expect(flannel.as_bytes(), 1, &["spec.networking.flannel: Keelson does not render flannel yet", "supported: calico, cilium"]);
+    let canal = minimal().replace("  networking:\n    cni: {}\n", "  networking:\n    canal: {}\n");
+    assert_ne!(canal, minimal(), "the example uses networking.cni");
+    expect(canal.as_bytes(), 1, &["spec.networking.canal: Keelson does not render canal: it is Calico's calico/node", "supported: calico, cilium, flannel"]);
     let mut f = tempfile::NamedTempFile::new().expect("temp file");
-    f.write_all(flannel.as_bytes()).expect("write");
+    f.write_all(canal.as_bytes()).expect("write");
     let out_dir = tempfile::tempdir().expect("out");
     let out = keelson(&["compile", "-f", f.path().to_str().expect("utf-8"), "--out", out_dir.path().to_str().expect("utf-8"), "--offline"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "compile keeps kOps' output: {stderr}");
-    assert!(stderr.contains("warning") && stderr.contains("spec.networking.flannel"), "{stderr}");
+    assert!(stderr.contains("warning") && stderr.contains("spec.networking.canal"), "{stderr}");
+
+    // flannel renders with vxlan; udp (kOps accepts it) is not rendered, and kOps' own rules hold:
+    // a backend must be named, and only udp or vxlan.
+    let flannel = |backend: &str| minimal().replace("  networking:\n    cni: {}\n", &format!("  networking:\n    flannel:\n{backend}"));
+    assert_eq!(run_on(flannel("      backend: vxlan\n").as_bytes()).0, 0, "flannel vxlan validates");
+    expect(flannel("      backend: udp\n").as_bytes(), 1, &["spec.networking.flannel.backend: Keelson runs flannel with the vxlan backend only"]);
+    expect(flannel("      iptablesResyncSeconds: 10\n").as_bytes(), 1, &["spec.networking.flannel.backend: Flannel backend must be specified"]);
+    expect(flannel("      backend: host-gw\n").as_bytes(), 1, &["spec.networking.flannel.backend: unsupported value \"host-gw\""]);
 
     let dockershim = minimal().replace("  kubelet:\n    anonymousAuth: false\n", "  kubelet:\n    anonymousAuth: false\n    networkPluginName: cni\n");
     assert_ne!(dockershim, minimal(), "the example sets spec.kubelet");

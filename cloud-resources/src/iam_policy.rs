@@ -48,6 +48,9 @@ pub struct PolicyInputs {
     /// No DNS records ([`keelson_api::nodeup::uses_hosts_dns`]): control planes publish the API
     /// servers' addresses for the workers at [`keelson_api::nodeup::API_SERVERS_KEY`].
     pub hosts_dns: bool,
+    /// `spec.certManager.hostedZoneIDs` of a cert-manager Keelson renders: control planes (where
+    /// it runs) may write its DNS-01 challenge records (TXT `_acme-challenge.*`) there, nothing else.
+    pub cert_manager_zones: Vec<String>,
 }
 
 impl PolicyInputs {
@@ -71,6 +74,12 @@ impl PolicyInputs {
                 _ => None,
             },
             kubenet: spec.networking.as_ref().is_some_and(|n| n.kubenet.is_some()),
+            cert_manager_zones: spec
+                .cert_manager
+                .as_ref()
+                .filter(|c| c.enabled == Some(true) && c.managed != Some(false))
+                .and_then(|c| c.hosted_zone_ids.clone())
+                .unwrap_or_default(),
             allow_container_registry: spec.iam.as_ref().and_then(|i| i.allow_container_registry).unwrap_or(false),
             bootstrap_token,
             backup_stores: {
@@ -280,6 +289,27 @@ fn control_plane(p: &PolicyInputs, zone_id: Option<&str>) -> Vec<Value> {
         out.push(statement(&["route53:GetChange"], json!([format!("arn:{part}:route53:::change/*")]), None));
         out.push(statement(&["route53:ListHostedZones", "route53:ListTagsForResource"], json!(["*"]), None));
     }
+    if !p.cert_manager_zones.is_empty() {
+        // kOps' cert-manager permissions (addonmanifests/certmanager/iam.go), on the control planes.
+        let zones: Vec<String> = p
+            .cert_manager_zones
+            .iter()
+            .map(|z| format!("arn:{part}:route53:::hostedzone/{}", z.trim_start_matches('/').trim_start_matches("hostedzone/")))
+            .collect();
+        out.push(statement(&["route53:ListResourceRecordSets"], json!(zones), None));
+        out.push(statement(
+            &["route53:ChangeResourceRecordSets"],
+            json!(zones),
+            Some(json!({
+                "ForAllValues:StringLike": {"route53:ChangeResourceRecordSetsNormalizedRecordNames": ["_acme-challenge.*"]},
+                "ForAllValues:StringEquals": {"route53:ChangeResourceRecordSetsRecordTypes": ["TXT"]},
+            })),
+        ));
+        if zone_id.is_none() {
+            out.push(statement(&["route53:GetChange"], json!([format!("arn:{part}:route53:::change/*")]), None));
+        }
+        out.push(statement(&["route53:ListHostedZonesByName"], json!(["*"]), None));
+    }
     let volumes = json!([format!("arn:{part}:ec2:*:*:snapshot/*"), format!("arn:{part}:ec2:*:*:volume/*")]);
     let groups = json!([format!("arn:{part}:ec2:*:*:security-group/*")]);
     let tag_on_create = |actions: &[&str]| json!({"StringEquals": {"aws:RequestTag/KubernetesCluster": c, "ec2:CreateAction": actions}});
@@ -406,7 +436,24 @@ mod tests {
             backup_stores: vec![("bucket".into(), "c.example.com/backups/etcd/main".into()), ("other".into(), "b/events".into())],
             node_instance_profiles: vec!["arn:aws:iam::*:instance-profile/nodes.c.example.com".into()],
             hosts_dns: false,
+            cert_manager_zones: Vec::new(),
         }
+    }
+
+    /// cert-manager's DNS-01 solver may write TXT `_acme-challenge.*` records in the zones it is
+    /// given, and nothing else in them.
+    #[test]
+    fn cert_manager_writes_only_acme_challenges_in_its_zones() {
+        let p = PolicyInputs { cert_manager_zones: vec!["ZCERT1".into()], ..inputs() };
+        let doc = policy(&role(Role::ControlPlane), &p, None).expect("policy");
+        let change = granting(&doc, "route53:ChangeResourceRecordSets");
+        assert_eq!(change.len(), 1, "{change:?}");
+        assert_eq!(change[0]["Resource"], json!(["arn:aws:route53:::hostedzone/ZCERT1"]));
+        assert_eq!(change[0]["Condition"]["ForAllValues:StringEquals"]["route53:ChangeResourceRecordSetsRecordTypes"], json!(["TXT"]));
+        assert_eq!(change[0]["Condition"]["ForAllValues:StringLike"]["route53:ChangeResourceRecordSetsNormalizedRecordNames"], json!(["_acme-challenge.*"]));
+        assert_eq!(granting(&doc, "route53:GetChange").len(), 1);
+        assert!(granting(&policy(&role(Role::ControlPlane), &inputs(), None).expect("policy"), "route53:ListHostedZonesByName").is_empty());
+        assert!(granting(&policy(&role(Role::Node), &p, None).expect("policy"), "route53:ChangeResourceRecordSets").is_empty());
     }
 
     /// A hosts-DNS cluster: control planes may write the one object where workers learn the API

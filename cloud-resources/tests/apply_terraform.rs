@@ -135,6 +135,30 @@ fn ha_terraform() {
     assert_eq!(lt["iam_instance_profile"]["name"], "${aws_iam_instance_profile.nodes-ha-k8s-example-com.id}");
 }
 
+/// Private topology: the machines' subnets route out through a NAT gateway in their zone's Utility
+/// subnet, the Utility subnets through the internet gateway, and the API load balancer sits in the
+/// Utility subnets.
+#[test]
+fn private_terraform() {
+    let root = check("private.yaml");
+    let subnets = resources(&root, "aws_subnet");
+    assert_eq!(subnets.len(), 4, "{:?}", subnets.keys());
+    let nats = resources(&root, "aws_nat_gateway");
+    assert_eq!(nats.len(), 2, "one NAT gateway per zone: {:?}", nats.keys());
+    for nat in nats.values() {
+        let subnet = nat["subnet_id"].as_str().unwrap_or_default();
+        assert!(subnet.contains("utility-eu-west-1"), "a NAT gateway lives in a Utility subnet: {subnet}");
+    }
+    let lb = resources(&root, "aws_lb")["api-private-k8s-example-com"];
+    let lb_subnets: Vec<&str> = lb["subnets"].as_array().map(|m| m.iter().filter_map(|s| s.as_str()).collect()).unwrap_or_default();
+    assert_eq!(lb_subnets.len(), 2, "{lb}");
+    assert!(lb_subnets.iter().all(|s| s.contains("utility-eu-west-1")), "{lb_subnets:?}");
+    let nodes = resources(&root, "aws_autoscaling_group")["nodes-private-k8s-example-com"];
+    let zones: Vec<&str> = nodes["vpc_zone_identifier"].as_array().map(|z| z.iter().filter_map(|s| s.as_str()).collect()).unwrap_or_default();
+    assert_eq!(zones.len(), 2, "{nodes}");
+    assert!(zones.iter().all(|s| !s.contains("utility")), "workers in the Private subnets: {zones:?}");
+}
+
 #[test]
 fn gce_terraform() {
     let root = check("gce.yaml");

@@ -340,6 +340,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let max_backoff = secs(args.max_backoff);
     let mut backoff = interval;
     let mut first = true;
+    // A restore in flight: every phase waits on this member's next pass, so passes follow each
+    // other at RESTORE_PASS_INTERVAL and failures do not back off past it until it is done.
+    let mut restoring = false;
     loop {
         if !args.once && spec_read_at.elapsed() >= secs(args.spec_interval) {
             // Level-triggered on the spec too: membership or DNS changes apply without a restart.
@@ -400,6 +403,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     s.cloud_calls = snapshot;
                 });
                 backoff = interval;
+                restoring = r.restoring;
                 if !args.once && (first || r.volumes_mounted + r.manifests_written + r.dns_records > 0) {
                     println!("{}", summary(r));
                 }
@@ -425,11 +429,25 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
             return Ok(());
         }
-        let wait = if result.is_ok() { interval } else { backoff };
+        let wait = pass_wait(result.is_ok(), restoring, interval, backoff);
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             why = stop_requested(&mut terminate) => return leave(&agent, api_target, why, secs(args.handover_timeout)).await,
         }
+    }
+}
+
+/// How soon protokube passes again while a restore is in flight.
+const RESTORE_PASS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The wait before the next pass: the converged interval, or the failure backoff; while a restore
+/// is in flight, never more than [`RESTORE_PASS_INTERVAL`] (each of its phases waits on a pass).
+fn pass_wait(ok: bool, restoring: bool, interval: Duration, backoff: Duration) -> Duration {
+    let wait = if ok { interval } else { backoff };
+    if restoring {
+        wait.min(RESTORE_PASS_INTERVAL)
+    } else {
+        wait
     }
 }
 
@@ -525,5 +543,21 @@ fn main() -> ExitCode {
             eprintln!("protokube: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restore_in_flight_passes_every_second_even_after_failures() {
+        let (interval, backoff) = (Duration::from_secs(5), Duration::from_secs(40));
+        assert_eq!(pass_wait(true, false, interval, backoff), interval);
+        assert_eq!(pass_wait(false, false, interval, backoff), backoff);
+        assert_eq!(pass_wait(true, true, interval, backoff), RESTORE_PASS_INTERVAL);
+        assert_eq!(pass_wait(false, true, interval, backoff), RESTORE_PASS_INTERVAL);
+        // A faster configured interval stays.
+        assert_eq!(pass_wait(true, true, Duration::from_millis(200), backoff), Duration::from_millis(200));
     }
 }

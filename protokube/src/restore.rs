@@ -40,8 +40,19 @@ pub enum RestoreError {
 pub enum Gate {
     /// Write the manifest as usual.
     Proceed,
+    /// Write the manifest as usual; this member's restore is done but the request is not (the
+    /// member reports its health, then cleans up once the request completes).
+    ProceedRestoring,
     /// Leave the manifest alone (absent); the reason is reported as waiting.
     Hold(String),
+}
+
+impl Gate {
+    /// Whether a restore request involving this member is in flight (the agent then passes again
+    /// at once rather than after its converged interval: every phase waits on the next pass).
+    pub fn restoring(&self) -> bool {
+        !matches!(self, Gate::Proceed)
+    }
 }
 
 /// Progress kept on the volume, one file per request.
@@ -203,7 +214,7 @@ impl MemberRestore<'_> {
         }
         if p.restored {
             self.report_health(&req, &mut p).await?;
-            return Ok(Gate::Proceed);
+            return Ok(Gate::ProceedRestoring);
         }
 
         // 1. Stop serving.
@@ -256,7 +267,7 @@ impl MemberRestore<'_> {
         let _ = std::fs::remove_file(crate::paths::restore_download(&self.mount, &req.id));
         tracing::warn!(etcd = %self.ec.name, request = %req.id, backup = %req.backup, "restore: snapshot restored; member starting");
         self.report(&req, &mut p, MemberState::Restored, format!("restored from {}", req.backup), None).await?;
-        Ok(Gate::Proceed)
+        Ok(Gate::ProceedRestoring)
     }
 
     /// Bounded wait until nothing accepts connections on the member's client port.

@@ -6,14 +6,20 @@
 //! Rendered today: the RBAC a joining node needs (`bootstrap-rbac.keelson.io`): TLS bootstrapping
 //! for the `system:bootstrappers` group, automatic approval of node client certificates and their
 //! rotation, and the API server's kubelet client (`kubelet-api`); the CNI the spec names
-//! ([`cilium`], `networking.cilium.io`, or [`calico`], `networking.projectcalico.org`); on AWS the cloud-controller-manager
+//! ([`cilium`], `networking.cilium.io`, [`calico`], `networking.projectcalico.org`, or [`flannel`], `networking.flannel`,
+//! upstream's manifest with kOps' settings over it); on AWS the cloud-controller-manager
 //! ([`aws_ccm`], `aws-cloud-controller.addons.k8s.io`), on GCE its own ([`gce_ccm`],
 //! `gcp-cloud-controller.addons.k8s.io`); the cluster DNS ([`coredns`],
-//! `coredns.addons.k8s.io`), whose pods need initialised nodes; the EBS CSI driver on AWS
+//! `coredns.addons.k8s.io`), whose pods need initialised nodes; NodeLocal DNSCache when enabled
+//! ([`node_local_dns`], `nodelocaldns.addons.k8s.io`, upstream's manifest with kOps' edits); the EBS CSI driver on AWS
 //! ([`aws_ebs_csi`]); metrics-server when enabled ([`metrics_server`], `metrics-server.addons.k8s.io`,
-//! upstream's release manifest with kOps' settings over it); the cluster-autoscaler when enabled
+//! upstream's release manifest with kOps' settings over it); node-problem-detector when enabled
+//! ([`node_problem_detector`]); external-dns with `externalDns.provider: external-dns`
+//! ([`external_dns`]); cert-manager when enabled and managed ([`cert_manager`]); the CSI snapshot
+//! controller when enabled ([`snapshot_controller`]); the cluster-autoscaler when enabled
 //! ([`cluster_autoscaler`], `cluster-autoscaler.addons.k8s.io`, upstream's AWS example with kOps'
-//! settings over it; it reads the instance groups); and the spec file's additional
+//! settings over it; it reads the instance groups); and
+//! the spec file's additional
 //! objects (`additional-objects.keelson.io`), except component configurations, which are merged
 //! into their component's configuration file instead.
 
@@ -23,17 +29,30 @@ mod aws_ccm;
 mod aws_ebs_csi;
 mod calico;
 mod ccm;
+mod cert_manager;
 mod cilium;
 mod cluster_autoscaler;
 mod coredns;
+mod external_dns;
+mod flannel;
 mod gce_ccm;
 mod metrics_server;
+mod node_local_dns;
+mod node_problem_detector;
+mod snapshot_controller;
+mod upstream;
 
 pub use calico::CalicoError;
+pub use cert_manager::CertManagerError;
 pub use cilium::CiliumError;
 pub use cluster_autoscaler::ClusterAutoscalerError;
 pub use coredns::CoreDnsError;
+pub use external_dns::ExternalDnsError;
+pub use flannel::FlannelError;
 pub use metrics_server::MetricsServerError;
+pub use node_local_dns::NodeLocalDnsError;
+pub use node_problem_detector::NodeProblemDetectorError;
+pub use snapshot_controller::SnapshotControllerError;
 
 use keelson_api::Cluster;
 
@@ -73,6 +92,15 @@ fn bootstrap_rbac(token: bool) -> Vec<serde_json::Value> {
     docs
 }
 
+/// The AWS region: the first subnet's `region`, else the region of the first subnet zone.
+pub(crate) fn aws_region(spec: &keelson_api::ClusterSpec) -> Option<String> {
+    let subnets = spec.subnets.iter().flatten();
+    subnets
+        .clone()
+        .find_map(|s| s.region.clone())
+        .or_else(|| subnets.clone().find_map(|s| s.zone.as_deref().and_then(keelson_api::aws_region_of_zone).map(str::to_string)))
+}
+
 /// A multi-document manifest (documents as kOps writes them: keys sorted).
 fn manifest(name: &str, docs: &[serde_json::Value]) -> Result<String, OutputError> {
     let mut out = String::new();
@@ -98,8 +126,20 @@ pub enum AddonError {
     Cilium(#[from] CiliumError),
     #[error("addon aws-ebs-csi-driver.addons.k8s.io: {0}")]
     AwsEbsCsi(#[from] aws_ebs_csi::AwsEbsCsiError),
+    #[error("addon networking.flannel: {0}")]
+    Flannel(#[from] FlannelError),
     #[error("addon metrics-server.addons.k8s.io: {0}")]
     MetricsServer(#[from] MetricsServerError),
+    #[error("addon external-dns.addons.k8s.io: {0}")]
+    ExternalDns(#[from] ExternalDnsError),
+    #[error("addon nodelocaldns.addons.k8s.io: {0}")]
+    NodeLocalDns(#[from] NodeLocalDnsError),
+    #[error("addon certmanager.io: {0}")]
+    CertManager(#[from] CertManagerError),
+    #[error("addon snapshot-controller.addons.k8s.io: {0}")]
+    SnapshotController(#[from] SnapshotControllerError),
+    #[error("addon node-problem-detector.addons.k8s.io: {0}")]
+    NodeProblemDetector(#[from] NodeProblemDetectorError),
     #[error("addon cluster-autoscaler.addons.k8s.io: {0}")]
     ClusterAutoscaler(#[from] ClusterAutoscalerError),
 }
@@ -123,6 +163,9 @@ pub fn addons(cluster: &Cluster, versions: &Versions) -> Result<Vec<Addon>, Addo
     if let Some(docs) = calico::docs(cluster, versions)? {
         addons.push(Addon { name: calico::NAME, version: "1.0.0", docs });
     }
+    if let Some(docs) = flannel::docs(cluster, versions)? {
+        addons.push(Addon { name: flannel::NAME, version: "1.0.0", docs });
+    }
     if let Some(docs) = aws_ccm::docs(cluster) {
         addons.push(Addon { name: aws_ccm::NAME, version: "1.0.0", docs });
     }
@@ -132,11 +175,26 @@ pub fn addons(cluster: &Cluster, versions: &Versions) -> Result<Vec<Addon>, Addo
     if let Some(docs) = coredns::docs(cluster, versions)? {
         addons.push(Addon { name: coredns::NAME, version: "1.0.0", docs });
     }
+    if let Some(docs) = node_local_dns::docs(cluster)? {
+        addons.push(Addon { name: node_local_dns::NAME, version: "1.0.0", docs });
+    }
     if let Some(docs) = aws_ebs_csi::docs(cluster, versions)? {
         addons.push(Addon { name: aws_ebs_csi::NAME, version: "1.0.0", docs });
     }
     if let Some(docs) = metrics_server::docs(cluster, versions)? {
         addons.push(Addon { name: metrics_server::NAME, version: "1.0.0", docs });
+    }
+    if let Some(docs) = cert_manager::docs(cluster)? {
+        addons.push(Addon { name: cert_manager::NAME, version: "1.0.0", docs });
+    }
+    if let Some(docs) = snapshot_controller::docs(cluster)? {
+        addons.push(Addon { name: snapshot_controller::NAME, version: "1.0.0", docs });
+    }
+    if let Some(docs) = external_dns::docs(cluster)? {
+        addons.push(Addon { name: external_dns::NAME, version: "1.0.0", docs });
+    }
+    if let Some(docs) = node_problem_detector::docs(cluster)? {
+        addons.push(Addon { name: node_problem_detector::NAME, version: "1.0.0", docs });
     }
     Ok(addons)
 }

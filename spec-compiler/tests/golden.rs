@@ -27,9 +27,15 @@ fn gce_example() {
     check("gce.yaml");
 }
 
+/// Private topology with flannel: its addon is upstream's manifest with kOps' settings.
+#[test]
+fn private_example() {
+    check("private.yaml");
+}
+
 #[test]
 fn user_data_is_valid_bash_and_passes_shellcheck() {
-    for example in ["minimal.yaml", "ha.yaml", "gce.yaml"] {
+    for example in ["minimal.yaml", "ha.yaml", "gce.yaml", "private.yaml"] {
         let out = common::compile(&common::example(example));
         for entry in std::fs::read_dir(out.path().join("userdata")).expect("userdata dir") {
             let path = entry.expect("entry").path();

@@ -613,6 +613,106 @@ if [ "${1:-}" = build-metrics-server ]; then
 fi
 # --- END metrics-server image ------------------------------------------------------------------------------
 
+# --- BEGIN flannel images (keelson flannel branch; self-contained block) -----------------------------------
+#   tests/kubernetes/images.sh build-flannel FLANNEL_VERSION CNI_PLUGIN_TAG   # e.g. build-flannel 0.28.4 1.9.1-flannel1
+#       Prints an OCI layout holding the two images of upstream's kube-flannel.yml under the names the
+#       compiler gives them under assets.containerRegistry:
+#       ghcr.io-flannel-io-flannel:vFLANNEL_VERSION — flanneld built from the Go module
+#           github.com/flannel-io/flannel@vFLANNEL_VERSION (its main package and its own go.sum, static with
+#           CGO as its Makefile builds it, the version stamped as it does) at /opt/bin/flanneld, on
+#           kube-proxy's Debian root (iptables with the nft backend, cp for the install-cni init
+#           container); entrypoint /opt/bin/flanneld, user 0. The tencentvpc backend is left out of the
+#           build: its SDK module (tencentcloud-sdk-go/tencentcloud/common v1.3.79) is not served.
+#       ghcr.io-flannel-io-flannel-cni-plugin:vCNI_PLUGIN_TAG — the `flannel` CNI plugin at /flannel on
+#           the same Debian root (cp for the install-cni-plugin init container). github.com/flannel-io/
+#           cni-plugin, which upstream's image is built from, is not served by the Go module proxy; the
+#           plugin is github.com/containernetworking/plugins@v0.9.1's plugins/meta/flannel, the last
+#           release that has it (the code flannel-io/cni-plugin was split from). The tag is the name the
+#           manifest uses, not that module's version.
+#       Each module's h1: hash from the proxy is checked against the one pinned here (the checksum
+#       database checks the same). Cached as $KEELSON_LOCAL_CACHE/images/flannel-KEY (KEY: versions,
+#       arch, this block, the Debian root's recipe); push it with `images.sh push LAYOUT REGISTRY`.
+FLANNEL_MODULE=github.com/flannel-io/flannel
+FLANNEL_CNI_MODULE=github.com/containernetworking/plugins
+FLANNEL_CNI_MODULE_VERSION=0.9.1
+# go mod download's .Sum for each module version this block builds.
+declare -A FLANNEL_MODULE_SUMS=(
+  ["$FLANNEL_MODULE@v0.28.4"]="h1:6O4wGCrCTl0Gf5BBpxfOJgOstkxZhEx3ZXzcKRopH8Q="
+  ["$FLANNEL_CNI_MODULE@v0.9.1"]="h1:FD1tADPls2EEi3flPc2OegIY1M9pUa9r2Quag7HMLV8="
+)
+
+# flannel_module MODULE VERSION DIR: the module's source tree copied (writable) to DIR, its sum checked.
+flannel_module() {
+  local module=$1 version=$2 dest=$3 json want got dir
+  json="$dest.download.json"
+  mkdir -p "$dest.download"
+  printf 'module keelson.local/flannel-download\n\ngo 1.24\n' >"$dest.download/go.mod"
+  (cd "$dest.download" && go mod download -json "$module@v$version") >"$json" || die "the Go module proxy does not serve $module@v$version"
+  want=${FLANNEL_MODULE_SUMS["$module@v$version"]:-}
+  [ -n "$want" ] || die "no pinned h1: sum for $module@v$version in images.sh (add it to FLANNEL_MODULE_SUMS)"
+  got=$(jq -r '.Sum // empty' "$json")
+  [ "$got" = "$want" ] || die "$module@v$version: the proxy's sum $got is not the pinned $want"
+  dir=$(jq -r '.Dir // empty' "$json")
+  [ -f "$dir/go.mod" ] || die "go mod download gave no source tree for $module@v$version"
+  cp -r "$dir" "$dest"
+  chmod -R u+w "$dest"
+}
+
+cmd_build_flannel() {
+  [ $# -eq 2 ] || usage
+  local version=${1#v} plugin_tag=${2#v} key out tmp stage layers start base_root src_dir
+  [[ $version =~ ^0\.[0-9]+\.[0-9]+$ ]] || die "'$1' is not a flannel version (0.MINOR.PATCH)"
+  [[ $plugin_tag =~ ^[0-9]+\.[0-9]+\.[0-9]+-flannel[0-9]+$ ]] || die "'$2' is not a flannel-cni-plugin tag (e.g. 1.9.1-flannel1)"
+  WHY="build the flannel images" need go gcc umoci jq tar flock find
+  arch=$(go env GOARCH)
+  base_root=$(ensure_debian_base)
+  key=$({ echo "flannel $version $plugin_tag $arch"; echo "$base_root"; sed -n '/^# --- BEGIN flannel images/,/^# --- END flannel images/p' "$self"; declare -f claim_cache_entry finish_layout; } |
+    sha256sum | cut -c1-16)
+  claim_cache_entry flannel "$key" || { echo "$out/oci"; return; }
+  layout="$tmp/oci"
+  layers="$tmp/work/layers"
+  stage="$tmp/work/stage"
+  mkdir -p "$layers" "$stage/flanneld/opt/bin" "$stage/cni-plugin"
+
+  log "building flanneld v$version from the Go module $FLANNEL_MODULE"
+  src_dir="$tmp/work/flannel"
+  flannel_module "$FLANNEL_MODULE" "$version" "$src_dir"
+  grep -q '"github.com/flannel-io/flannel/pkg/backend/tencentvpc"' "$src_dir/main.go" ||
+    die "$FLANNEL_MODULE@v$version's main.go does not import the tencentvpc backend this block leaves out"
+  sed -i '\#_ "github.com/flannel-io/flannel/pkg/backend/tencentvpc"#d' "$src_dir/main.go"
+  # CGO for the udp backend's proxy, linked statically as its Makefile does; Go's own resolver and
+  # user lookup (netgo, osusergo), so the static binary never loads glibc's NSS modules.
+  (cd "$src_dir" && CGO_ENABLED=1 GOOS=linux GOARCH="$arch" GOFLAGS="${GOFLAGS:-} -mod=mod -buildvcs=false" \
+    go build -tags netgo,osusergo -trimpath -ldflags "-s -w -X $FLANNEL_MODULE/pkg/version.Version=v$version -extldflags -static" \
+    -o "$stage/flanneld/opt/bin/flanneld" .) || die "building $FLANNEL_MODULE@v$version failed"
+  "$stage/flanneld/opt/bin/flanneld" --version 2>&1 | grep -qxF "v$version" ||
+    die "the flanneld v$version just built does not run or does not say its version (--version)"
+
+  log "building the flannel CNI plugin from $FLANNEL_CNI_MODULE@v$FLANNEL_CNI_MODULE_VERSION (plugins/meta/flannel)"
+  src_dir="$tmp/work/cni-plugins"
+  flannel_module "$FLANNEL_CNI_MODULE" "$FLANNEL_CNI_MODULE_VERSION" "$src_dir"
+  rm -rf "$src_dir/vendor" # the module zip keeps only vendor/modules.txt
+  (cd "$src_dir" && CGO_ENABLED=0 GOOS=linux GOARCH="$arch" GOFLAGS="${GOFLAGS:-} -mod=mod -buildvcs=false" \
+    go build -trimpath -ldflags "-s -w" -o "$stage/cni-plugin/flannel" ./plugins/meta/flannel) ||
+    die "building $FLANNEL_CNI_MODULE@v$FLANNEL_CNI_MODULE_VERSION plugins/meta/flannel failed"
+  "$stage/cni-plugin/flannel" 2>&1 | grep -q '^CNI flannel plugin' || die "the flannel CNI plugin just built does not run"
+
+  layer_tar "$base_root" "$layers/debian-$DEBIAN_SUITE.tar"
+  owned_layer_tar "$stage/flanneld" "$layers/flanneld.tar"
+  owned_layer_tar "$stage/cni-plugin" "$layers/cni-plugin.tar"
+  umoci init --layout "$layout"
+  image "ghcr.io-flannel-io-flannel:v$version" /opt/bin/flanneld "" "debian-$DEBIAN_SUITE" flanneld
+  image "ghcr.io-flannel-io-flannel-cni-plugin:v$plugin_tag" /flannel "" "debian-$DEBIAN_SUITE" cni-plugin
+  finish_layout "$tmp" "$out" "flannel images" "$start"
+}
+
+if [ "${1:-}" = build-flannel ]; then
+  shift
+  cmd_build_flannel "$@"
+  exit 0
+fi
+# --- END flannel images ------------------------------------------------------------------------------------
+
 # --- BEGIN cluster-autoscaler image (keelson autoscaler branch; self-contained block) ----------------------
 #   tests/kubernetes/images.sh package-cluster-autoscaler BINARY VERSION   # e.g. ... /tmp/ca/cluster-autoscaler 1.34.4
 #       Prints an OCI layout holding autoscaling-cluster-autoscaler:vVERSION — the name the compiler gives

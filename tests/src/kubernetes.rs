@@ -159,6 +159,25 @@ pub fn metrics_server_image(version: &str) -> Result<PathBuf, BuildError> {
     run_script("images.sh", &["build-metrics-server", version])
 }
 
+/// The flannel the local cloud runs when the spec sets `networking.flannel`: the compiler's base
+/// manifest's release (the versions table's `FLANNEL_VERSION`), its flanneld and CNI plugin built
+/// from Go modules by `images.sh build-flannel` under the names the compiler remaps upstream's
+/// `ghcr.io/flannel-io/...` images to. [`flannel_refs`] names them so the harness can check the
+/// compiled addon asks for exactly these.
+pub const FLANNEL_VERSION: &str = "0.28.4";
+/// The tag of upstream's `flannel-cni-plugin` image in that release's manifest.
+pub const FLANNEL_CNI_PLUGIN_TAG: &str = "1.9.1-flannel1";
+
+/// flanneld's and the CNI plugin's images in `registry`.
+pub fn flannel_refs(registry: &str) -> [String; 2] {
+    [format!("{registry}/ghcr.io-flannel-io-flannel:v{FLANNEL_VERSION}"), format!("{registry}/ghcr.io-flannel-io-flannel-cni-plugin:v{FLANNEL_CNI_PLUGIN_TAG}")]
+}
+
+/// The OCI layout holding both flannel images (built once).
+pub fn flannel_images() -> Result<PathBuf, BuildError> {
+    run_script("images.sh", &["build-flannel", FLANNEL_VERSION, FLANNEL_CNI_PLUGIN_TAG])
+}
+
 /// Copy every image of `layout` to `registry` (`host:port`); blobs already there are skipped.
 pub fn push(layout: &Path, registry: &str) -> Result<(), BuildError> {
     let script = scripts_dir().join("images.sh");

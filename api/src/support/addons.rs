@@ -14,7 +14,23 @@ macro_rules! cni_not_rendered {
                 reason: concat!(
                     "Keelson does not render ",
                     $key,
-                    " yet (the spec compiles as kOps would, but no CNI is installed); supported: calico, cilium, kubenet, gce, cni and external"
+                    " yet (the spec compiles as kOps would, but no CNI is installed); supported: calico, cilium, flannel, kubenet, gce, cni and external"
+                ),
+            },
+        )
+    };
+    ($key:literal, $why:literal) => {
+        f(
+            "NetworkingSpec",
+            $key,
+            NotRendered {
+                when: When::Present,
+                reason: concat!(
+                    "Keelson does not render ",
+                    $key,
+                    ": ",
+                    $why,
+                    " (the spec compiles as kOps would, but no CNI is installed); supported: calico, cilium, flannel, kubenet, gce, cni and external"
                 ),
             },
         )
@@ -39,12 +55,17 @@ pub static NETWORKING: &[Field] = &[
     f("NetworkingSpec", "cni", By("the compiler: nothing to install (the user installs the CNI, as with kOps)")),
     cni_not_rendered!("kopeio"),
     cni_not_rendered!("weave"),
-    cni_not_rendered!("flannel"),
     f("NetworkingSpec", "calico", By("the calico addon (spec-compiler/src/addons/calico.rs)")),
-    cni_not_rendered!("canal"),
+    cni_not_rendered!(
+        "canal",
+        "it is Calico's calico/node for policy with flannel for the overlay, and Keelson neither renders Calico's policy-only mode nor has run calico/node (no version of github.com/projectcalico/calico is served by the Go module proxy to build it from); use flannel, or calico"
+    ),
     cni_not_rendered!("kuberouter"),
     cni_not_rendered!("romana"),
-    cni_not_rendered!("amazonvpc"),
+    cni_not_rendered!(
+        "amazonvpc",
+        "the amazon-vpc-cni gives each pod a secondary address of an ENI attached to its instance, which Keelson has never run (keelson-local's EC2 plays no ENI secondary addresses); use flannel, calico or cilium"
+    ),
     f("NetworkingSpec", "cilium", By("the cilium addon (spec-compiler/src/addons/cilium.rs) and nodeup's sysctls")),
     cni_not_rendered!("lyftvpc"),
     f("NetworkingSpec", "gce", By("the compiler and cloud model: GCE IP-alias subnets, routes by the cloud-controller-manager")),
@@ -54,12 +75,22 @@ pub static NETWORKING: &[Field] = &[
 /// The addon-bearing fields kOps turns into addons or AWS resources.
 pub static ADDONS: &[Field] = &[
     addon_not_rendered!("ClusterSpec", "nodeTerminationHandler", When::NotDisabled, "the aws-node-termination-handler addon"),
-    addon_not_rendered!("KubeDNSConfig", "nodeLocalDNS", When::Enabled, "the node-local-dns addon"),
     addon_not_rendered!("ClusterSpec", "awsLoadBalancerController", When::Enabled, "the aws-load-balancer-controller addon"),
-    addon_not_rendered!("ClusterSpec", "certManager", When::Enabled, "the cert-manager addon"),
-    addon_not_rendered!("ClusterSpec", "snapshotController", When::Enabled, "the snapshot-controller addon"),
-    addon_not_rendered!("ClusterSpec", "nodeProblemDetector", When::Enabled, "the node-problem-detector addon"),
-    addon_not_rendered!("ExternalDNSConfig", "provider", When::Equals("external-dns"), "the external-dns addon"),
+    f(
+        "ClusterSpec",
+        "certManager",
+        By("the cert-manager addon (spec-compiler/src/addons/cert_manager.rs; managed: false renders nothing); hostedZoneIDs: the control planes' IAM policy (cloud-resources/src/iam_policy.rs)"),
+    ),
+    f(
+        "ClusterSpec",
+        "snapshotController",
+        By("the snapshot-controller addon (spec-compiler/src/addons/snapshot_controller.rs), checked by keelson_api::addon_rules"),
+    ),
+    f(
+        "ClusterSpec",
+        "nodeProblemDetector",
+        By("the node-problem-detector addon (spec-compiler/src/addons/node_problem_detector.rs); its defaults by the compiler as kOps'"),
+    ),
     addon_not_rendered!("ClusterSpec", "podIdentityWebhook", When::Enabled, "the pod-identity-webhook addon"),
     addon_not_rendered!("ClusterSpec", "karpenter", When::Enabled, "the karpenter addon"),
     addon_not_rendered!("ClusterSpec", "warmPool", When::Present, "Auto Scaling warm pools"),
@@ -77,7 +108,7 @@ pub static METRICS_SERVER: &[Field] = &[
         "insecure",
         NotRendered {
             when: When::False,
-            reason: "Keelson does not render a secure metrics-server: it needs cert-manager and kOps' addon PKI issuer for its serving certificate (the spec compiles as kOps would); set insecure: true",
+            reason: "Keelson does not render a secure metrics-server: its serving certificate comes from kOps' per-addon PKI issuer, which Keelson does not create yet (cert-manager itself renders) (the spec compiles as kOps would); set insecure: true",
         },
     ),
 ];
@@ -126,16 +157,32 @@ pub static KUBE_DNS: &[Field] = &[
     f("KubeDNSConfig", "cpuRequest", By(COREDNS)),
     f("KubeDNSConfig", "memoryLimit", By(COREDNS)),
     f("KubeDNSConfig", "podAnnotations", By(COREDNS)),
+    f(
+        "KubeDNSConfig",
+        "nodeLocalDNS",
+        By("the node-local-dns addon (spec-compiler/src/addons/node_local_dns.rs), checked by keelson_api::addon_rules, and the kubelets' clusterDNS (the compiler)"),
+    ),
 ];
 
-const DNS_CONTROLLER: &str = "Keelson has no dns-controller: protokube on the control planes keeps the API's DNS records";
+const DNS_CONTROLLER: &str =
+    "Keelson has no dns-controller: protokube on the control planes keeps the API's DNS records (with provider: external-dns the external-dns addon takes this setting)";
+
+/// Set only for dns-controller (the default provider), which Keelson does not run.
+const fn dns_controller_only(key: &'static str, then: &'static When) -> Field {
+    f("ExternalDNSConfig", key, NotRendered { when: When::UnlessSibling { key: "provider", value: "external-dns", then }, reason: DNS_CONTROLLER })
+}
 
 /// `ExternalDNSConfig` (spec.externalDns): kOps' dns-controller or external-dns.
 pub static EXTERNAL_DNS: &[Field] = &[
     f("ExternalDNSConfig", "disable", NotRendered { when: When::True, reason: "protokube keeps the API's DNS records and cannot be turned off; remove it" }),
-    f("ExternalDNSConfig", "watchIngress", NotRendered { when: When::True, reason: DNS_CONTROLLER }),
-    f("ExternalDNSConfig", "watchNamespace", NotRendered { when: When::Present, reason: DNS_CONTROLLER }),
-    f("ExternalDNSConfig", "priorityClassName", NotRendered { when: When::Present, reason: DNS_CONTROLLER }),
+    f(
+        "ExternalDNSConfig",
+        "provider",
+        By("external-dns: the external-dns addon (spec-compiler/src/addons/external_dns.rs); dns-controller and none: nothing, protokube keeps the API's records"),
+    ),
+    dns_controller_only("watchIngress", &When::True),
+    dns_controller_only("watchNamespace", &When::Present),
+    dns_controller_only("priorityClassName", &When::Present),
 ];
 
 /// `ServiceAccountIssuerDiscoveryConfig` (spec.serviceAccountIssuerDiscovery).
@@ -159,5 +206,26 @@ pub static DISCOVERY: &[Field] = &[
         "ServiceAccountIssuerDiscoveryConfig",
         "additionalAudiences",
         NotRendered { when: When::Present, reason: "Keelson does not add them to kube-apiserver's --api-audiences yet" },
+    ),
+];
+
+const FLANNEL_ADDON: &str = "the flannel addon (spec-compiler/src/addons/flannel.rs)";
+
+/// `FlannelNetworkingSpec` (spec.networking.flannel): upstream's kube-flannel manifest with kOps'
+/// settings (`networking.flannel`).
+pub static FLANNEL: &[Field] = &[
+    f(
+        "FlannelNetworkingSpec",
+        "backend",
+        NotRendered {
+            when: When::NotEquals("vxlan"),
+            reason: "Keelson runs flannel with the vxlan backend only (kOps also accepts udp, which flannel itself deprecates and Keelson has never run); set backend: vxlan",
+        },
+    ),
+    f("FlannelNetworkingSpec", "iptablesResyncSeconds", By(FLANNEL_ADDON)),
+    f(
+        "FlannelNetworkingSpec",
+        "disableTxChecksumOffloading",
+        NotRendered { when: When::Present, reason: "unused (kOps' API says so; kOps renders nothing for it); remove it" },
     ),
 ];

@@ -36,7 +36,7 @@ mod groups;
 mod kubelet;
 mod runtime;
 
-pub use addons::{ADDONS, DISCOVERY, EXTERNAL_DNS, KUBE_DNS, METRICS_SERVER, NETWORKING};
+pub use addons::{ADDONS, DISCOVERY, EXTERNAL_DNS, FLANNEL, KUBE_DNS, METRICS_SERVER, NETWORKING};
 pub use cluster::{CLOUD, CLUSTER};
 pub use cluster_autoscaler::CLUSTER_AUTOSCALER;
 pub use components::COMPONENTS;
@@ -81,11 +81,15 @@ pub enum When {
     Equals(&'static str),
     /// When it is a string other than this one.
     NotEquals(&'static str),
+    /// When `then` holds and the sibling field `key` is not the string `value` (a setting only
+    /// one of several providers renders).
+    UnlessSibling { key: &'static str, value: &'static str, then: &'static When },
 }
 
 impl When {
-    fn holds(self, v: &Value) -> bool {
+    fn holds(self, v: &Value, parent: &serde_json::Map<String, Value>) -> bool {
         match self {
+            When::UnlessSibling { key, value, then } => parent.get(key).and_then(Value::as_str) != Some(value) && then.holds(v, parent),
             When::Present => !v.is_null(),
             When::Enabled => v.get("enabled").and_then(Value::as_bool) == Some(true),
             When::NotDisabled => !v.is_null() && v.get("enabled").and_then(Value::as_bool) != Some(false),
@@ -130,6 +134,7 @@ pub fn all() -> impl Iterator<Item = &'static Field> {
     KUBELET
         .iter()
         .chain(NETWORKING)
+        .chain(FLANNEL)
         .chain(ADDONS)
         .chain(METRICS_SERVER)
         .chain(CLUSTER_AUTOSCALER)
@@ -192,6 +197,7 @@ pub const PLACES: &[(&str, &str, &str)] = &[
     ("Cluster", "kubelet", "KubeletConfigSpec"),
     ("Cluster", "masterKubelet", "KubeletConfigSpec"),
     ("Cluster", "networking", "NetworkingSpec"),
+    ("Cluster", "networking.flannel", "FlannelNetworkingSpec"),
     ("Cluster", "kubeDNS", "KubeDNSConfig"),
     ("Cluster", "metricsServer", "MetricsServerConfig"),
     ("Cluster", "externalDns", "ExternalDNSConfig"),
@@ -285,7 +291,7 @@ pub fn refusals(docs: &Documents) -> Vec<Refusal> {
             let (message, not_rendered) = match (gone, classify(ty, key)) {
                 (Some((_, _, _, message)), _) => (message.to_string(), false),
                 (None, Some(Use::Refused(reason))) => (reason.to_string(), false),
-                (None, Some(Use::NotRendered { when, reason })) if when.holds(v) => (reason.to_string(), true),
+                (None, Some(Use::NotRendered { when, reason })) if when.holds(v, object) => (reason.to_string(), true),
                 _ => continue,
             };
             out.push(Refusal { error: ValidationError { document: doc.clone(), path, message }, not_rendered });

@@ -135,6 +135,11 @@ pub struct Component<'a> {
     pub priority_class: &'a str,
 }
 
+/// Host paths that are files shared with other pods, mounted `FileOrCreate` as kOps mounts them:
+/// without a type the container runtime creates a missing source as a directory, and every later
+/// `FileOrCreate` mount of it (flannel's, Calico's, Cilium's `xtables-lock`) then fails.
+const FILE_OR_CREATE: &[&str] = &["/run/xtables.lock"];
+
 /// Render a component as a Pod manifest (YAML), logging to `/var/log/<name>.log` like kOps.
 pub fn render(c: &Component) -> Result<String, String> {
     let log = format!("/var/log/{}.log", c.name);
@@ -143,7 +148,8 @@ pub fn render(c: &Component) -> Result<String, String> {
     let mut volumes = vec![Volume { host_path: HostPath { path: log.clone(), type_: Some("FileOrCreate".into()) }, name: "logfile".into() }];
     let mut mounts = vec![VolumeMount { mount_path: log, name: "logfile".into(), read_only: false }];
     for (name, path, rw) in &c.host_paths {
-        volumes.push(Volume { host_path: HostPath { path: path.clone(), type_: None }, name: name.to_string() });
+        let type_ = FILE_OR_CREATE.contains(&path.as_str()).then(|| "FileOrCreate".to_string());
+        volumes.push(Volume { host_path: HostPath { path: path.clone(), type_ }, name: name.to_string() });
         mounts.push(VolumeMount { mount_path: path.clone(), name: name.to_string(), read_only: !rw });
     }
     let mut requests = BTreeMap::new();

@@ -98,6 +98,8 @@ pub struct Report {
     pub waiting: Vec<String>,
     /// Devices refused (foreign data, failed probe, wrong mount): never formatted, never mounted.
     pub refused: Vec<String>,
+    /// A restore request involving a member here is in flight ([`restore::Gate::restoring`]).
+    pub restoring: bool,
 }
 
 pub struct Agent<C, D> {
@@ -175,13 +177,15 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
             }
             report.mounted.insert(ec.name.clone(), vol.id.clone());
             match self.restore_step(ec, &member, &vol).await {
-                Ok(restore::Gate::Proceed) => {}
+                Ok(gate @ (restore::Gate::Proceed | restore::Gate::ProceedRestoring)) => report.restoring |= gate.restoring(),
                 Ok(restore::Gate::Hold(why)) => {
+                    report.restoring = true;
                     report.waiting.push(why);
                     continue;
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "etcd restore step failed");
+                    report.restoring = true;
                     report.waiting.push(e.to_string());
                     continue;
                 }

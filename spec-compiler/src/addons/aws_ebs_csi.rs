@@ -120,12 +120,7 @@ impl<'a> Inputs<'a> {
             tags.push(format!("{key}={value}"));
         }
         tags.sort();
-        let subnets = spec.subnets.iter().flatten();
-        let region = subnets
-            .clone()
-            .find_map(|s| s.region.clone())
-            .or_else(|| subnets.clone().find_map(|s| s.zone.as_deref().and_then(keelson_api::aws_region_of_zone).map(str::to_string)))
-            .ok_or(AwsEbsCsiError::NoRegion)?;
+        let region = super::aws_region(spec).ok_or(AwsEbsCsiError::NoRegion)?;
         // The control planes are the instance groups the main etcd cluster's members live on.
         let control_planes: std::collections::BTreeSet<&str> = spec
             .etcd_clusters

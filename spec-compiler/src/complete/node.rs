@@ -11,6 +11,7 @@ use super::{default, Cloud, Context, Derived, Plugin};
 /// Hard eviction thresholds kOps sets on every kubelet.
 pub const EVICTION_HARD: &str = "memory.available<100Mi,nodefs.available<10%,nodefs.inodesFree<5%,imagefs.available<10%,imagefs.inodesFree<5%";
 const NODE_LOCAL_DNS_IMAGE: &str = "registry.k8s.io/dns/k8s-dns-node-cache:1.26.0";
+const NODE_PROBLEM_DETECTOR_IMAGE: &str = "registry.k8s.io/node-problem-detector/node-problem-detector:v0.8.18";
 const NVIDIA_DRIVER_PACKAGE: &str = "nvidia-driver-535-server";
 const NVIDIA_DEVICE_PLUGIN_IMAGE: &str = "nvcr.io/nvidia/k8s-device-plugin:v0.17.3";
 
@@ -131,5 +132,14 @@ pub fn kube_dns(ctx: &Context, d: &Derived, spec: &mut ClusterSpec) {
     default(&mut kd.provider, "CoreDNS".to_string());
 }
 
-/// Add-ons with defaults that show in the completed spec.
-pub fn addons(_ctx: &Context, _d: &Derived, _spec: &mut ClusterSpec) {}
+/// Add-ons with defaults that show in the completed spec: node-problem-detector's, once its section
+/// is present (kOps' `components/nodeproblemdetector.go`).
+pub fn addons(ctx: &Context, _d: &Derived, spec: &mut ClusterSpec) {
+    if let Some(npd) = spec.node_problem_detector.as_mut() {
+        default(&mut npd.enabled, false);
+        default(&mut npd.cpu_request, quantity("20m"));
+        default(&mut npd.memory_request, quantity("100Mi"));
+        default(&mut npd.memory_limit, quantity("100Mi"));
+        default(&mut npd.image, ctx.versions.remap_image(NODE_PROBLEM_DETECTOR_IMAGE));
+    }
+}

@@ -322,6 +322,16 @@ impl Versions {
         self.remap_image(COREDNS_IMAGE)
     }
 
+    /// flanneld's image after registry rewriting.
+    pub fn flannel_image(&self) -> String {
+        self.remap_image(FLANNEL_IMAGE)
+    }
+
+    /// The flannel CNI plugin's image after registry rewriting.
+    pub fn flannel_cni_plugin_image(&self) -> String {
+        self.remap_image(FLANNEL_CNI_PLUGIN_IMAGE)
+    }
+
     /// The metrics-server image after registry rewriting (`spec.metricsServer.image` wins over it).
     pub fn metrics_server_image(&self) -> String {
         self.remap_image(METRICS_SERVER_IMAGE)
@@ -649,6 +659,9 @@ mod tests {
         assert_eq!(v.coredns_image(), "registry.example.com/coredns-coredns:v1.14.2");
         // The name images.sh build-metrics-server gives the image keelson-local serves.
         assert_eq!(v.metrics_server_image(), "registry.example.com/metrics-server-metrics-server:v0.8.0");
+        // The names images.sh build-flannel gives the images keelson-local serves.
+        assert_eq!(v.flannel_image(), "registry.example.com/ghcr.io-flannel-io-flannel:v0.28.4");
+        assert_eq!(v.flannel_cni_plugin_image(), "registry.example.com/ghcr.io-flannel-io-flannel-cni-plugin:v1.9.1-flannel1");
         assert_eq!(v.etcd_manager_image(), "registry.example.com/etcd-manager-etcd-manager-slim:v3.0.20260707");
         // idempotent
         assert_eq!(remap_image("registry.example.com/kube-apiserver:v1", Some("registry.example.com"), None), "registry.example.com/kube-apiserver:v1");

@@ -41,6 +41,14 @@ pub const CLUSTER_AUTOSCALER_NEWEST_IMAGE: &str = "registry.k8s.io/autoscaling/c
 /// (`addons/cluster_autoscaler/cluster-autoscaler-autodiscover.yaml`; its sibling `SOURCE` names
 /// the tag, commit and sha256).
 pub const CLUSTER_AUTOSCALER_MANIFEST_RELEASE: &str = "cluster-autoscaler-1.34.4";
+/// The flannel release the `networking.flannel` addon's base manifest is
+/// (`addons/flannel/kube-flannel-v<version>.yml`, upstream's `Documentation/kube-flannel.yml`). kOps
+/// pins v0.28.9, which the Go module proxy does not serve; keelson-local builds this one.
+pub const FLANNEL_VERSION: &str = "0.28.4";
+/// flanneld's image (the manifest's `install-cni` and `kube-flannel` containers).
+pub const FLANNEL_IMAGE: &str = "ghcr.io/flannel-io/flannel:v0.28.4";
+/// The image whose `/flannel` is the flannel CNI plugin (the manifest's `install-cni-plugin`).
+pub const FLANNEL_CNI_PLUGIN_IMAGE: &str = "ghcr.io/flannel-io/flannel-cni-plugin:v1.9.1-flannel1";
 /// Default `spec.networking.cilium.version` (kOps `CiliumOptionsBuilder`); kOps supports only 1.18.
 pub const DEFAULT_CILIUM_VERSION: &str = "v1.18.12";
 /// The only Cilium minor the networking.cilium.io manifest is written for.

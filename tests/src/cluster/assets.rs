@@ -18,6 +18,8 @@ use super::state::ClusterState;
 
 /// Where `keelson compile` puts the metrics-server addon's manifests (present when the spec enables it).
 const METRICS_SERVER_ADDON: &str = "state/addons/metrics-server.addons.k8s.io";
+/// Where it puts the flannel addon's manifest (present when the spec sets `networking.flannel`).
+const FLANNEL_ADDON: &str = "state/addons/networking.flannel/v1.0.0.yaml";
 
 /// What the daemon keeps of the assets phase.
 pub struct Assets {
@@ -106,6 +108,22 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
         if compiled.join(METRICS_SERVER_ADDON).is_dir() { Some(kubernetes::metrics_server_image(kubernetes::METRICS_SERVER_VERSION)?) } else { None };
     // The cluster-autoscaler only when the spec enables it; its image is the caller's (not buildable here).
     let cluster_autoscaler_image = crate::autoscaler::addon_image(&compiled)?;
+    // flannel only when the spec sets it; the addon must name the images built here.
+    let flannel_layout = match fs::read_to_string(compiled.join(FLANNEL_ADDON)) {
+        Ok(manifest) => {
+            for image in kubernetes::flannel_refs(&registry_addr) {
+                if !manifest.contains(&format!("image: {image}\n")) {
+                    bail!(
+                        "{}: the flannel addon does not run {image}, the image keelson-local builds (tests/src/kubernetes.rs FLANNEL_*)",
+                        compiled.join(FLANNEL_ADDON).display()
+                    );
+                }
+            }
+            Some(kubernetes::flannel_images()?)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| compiled.join(FLANNEL_ADDON).display().to_string()),
+    };
     cs.phase = format!("pushing the images to the registry at {registry_addr}");
     cs.save(state);
     let registry = kubernetes::Registry::start(&gw.to_string(), kubernetes::REGISTRY_PORT, &cache.join("registry"), &state.root.join("registry.log"))?;
@@ -114,7 +132,7 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
     kubernetes::push(&layout, &registry_addr)?;
     kubernetes::push(&ccm_layout, &registry_addr)?;
     kubernetes::push(&coredns_layout, &registry_addr)?;
-    if let Some(layout) = &metrics_server_layout {
+    for layout in metrics_server_layout.iter().chain(&flannel_layout) {
         kubernetes::push(layout, &registry_addr)?;
     }
     if let Some(image) = &cluster_autoscaler_image {
