@@ -19,9 +19,11 @@ use crate::documents::Cluster;
 pub const ANNOTATION: &str = "keelson.io/aws-service-endpoints";
 
 /// Endpoint prefix (= SigV4 signing name) → the service ids the AWS cloud-controller-manager's
-/// cloud config names in its `[ServiceOverride]` sections (aws-sdk-go-v2 `ServiceID`s).
+/// cloud config names in its `[ServiceOverride]` sections (aws-sdk-go-v2 `ServiceID`s). The
+/// cluster-autoscaler's cloud config names the prefixes themselves (aws-sdk-go v1 endpoint ids) of
+/// `autoscaling` and `ec2`; the CCM does not call Auto Scaling (no ids).
 pub const SERVICES: &[(&str, &[&str])] =
-    &[("ec2", &["EC2"]), ("elasticloadbalancing", &["Elastic Load Balancing", "Elastic Load Balancing v2"]), ("kms", &["KMS"])];
+    &[("autoscaling", &[]), ("ec2", &["EC2"]), ("elasticloadbalancing", &["Elastic Load Balancing", "Elastic Load Balancing v2"]), ("kms", &["KMS"])];
 
 /// One override: the endpoint prefix and its URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,7 +73,8 @@ mod tests {
 
     #[test]
     fn good_and_bad_values() {
-        let m = parse("ec2=http://172.20.255.254:4566, kms=https://kms.example").expect("valid");
+        let m = parse("ec2=http://172.20.255.254:4566, kms=https://kms.example,autoscaling=http://a").expect("valid");
+        assert_eq!(m["autoscaling"], "http://a");
         assert_eq!(m["ec2"], "http://172.20.255.254:4566");
         assert_eq!(m["kms"], "https://kms.example");
         for bad in ["", "ec2", "s3=https://x", "ec2=ftp://x", "ec2=https://", "ec2=https://a,ec2=https://b"] {

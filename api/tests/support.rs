@@ -209,7 +209,13 @@ fn unrendered_networking_and_addons_are_refused_with_their_path_and_only_when_on
         ("  networking:\n    amazonvpc: {}\n", "spec.networking.amazonvpc", true),
         ("  networking:\n    calico: {}\n", "spec.networking.calico", false),
         ("  networking:\n    cni: {}\n", "spec.networking.cni", false),
-        ("  clusterAutoscaler:\n    enabled: true\n", "spec.clusterAutoscaler", true),
+        // The cluster-autoscaler renders (kOps' addon), every field of it.
+        ("  clusterAutoscaler:\n    enabled: true\n", "spec.clusterAutoscaler", false),
+        (
+            "  clusterAutoscaler:\n    enabled: true\n    expander: priority\n    customPriorityExpanderConfig:\n      \"10\": [\".*\"]\n",
+            "spec.clusterAutoscaler.customPriorityExpanderConfig",
+            false,
+        ),
         ("  clusterAutoscaler:\n    enabled: false\n", "spec.clusterAutoscaler", false),
         ("  nodeTerminationHandler:\n    enableSQSTerminationDraining: false\n", "spec.nodeTerminationHandler", true),
         ("  nodeTerminationHandler:\n    enabled: false\n", "spec.nodeTerminationHandler", false),
@@ -310,6 +316,18 @@ fn metrics_server_values_are_validated_with_their_paths() {
     assert_eq!(errors.iter().map(|e| e.path.as_str()).collect::<Vec<_>>(), ["spec.metricsServer.image"], "{errors:?}");
     // The local cloud's form is valid, consumed and not refused.
     let docs = spec_with("  metricsServer:\n    enabled: true\n    insecure: true\n    image: 172.20.255.254:5000/metrics-server-metrics-server:v0.8.0\n");
+    assert!(validate(&docs).is_empty() && support::not_rendered(&docs).is_empty(), "{:?}", validate(&docs));
+}
+
+#[test]
+fn cluster_autoscaler_values_are_validated_with_their_paths() {
+    let errors = validate(&spec_with("  clusterAutoscaler:\n    enabled: true\n    expander: price\n    scaleDownUnneededTime: soon\n"));
+    let paths: Vec<&str> = errors.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(paths, ["spec.clusterAutoscaler.expander", "spec.clusterAutoscaler.scaleDownUnneededTime"], "{errors:?}");
+    assert!(errors.iter().all(|e| e.document == "Cluster/t.example.com"));
+    assert!(errors[0].message.contains("only supported on GCE"), "{}", errors[0]);
+    // The e2e test's form is valid, consumed and not refused.
+    let docs = spec_with("  clusterAutoscaler:\n    enabled: true\n    scaleDownUnneededTime: 1m0s\n    scaleDownDelayAfterAdd: 1m0s\n");
     assert!(validate(&docs).is_empty() && support::not_rendered(&docs).is_empty(), "{:?}", validate(&docs));
 }
 

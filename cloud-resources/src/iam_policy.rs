@@ -511,6 +511,32 @@ mod tests {
     }
 
     /// Control planes write etcd backups (kOps' statement), API servers and nodes do not.
+    /// kOps' `AddClusterAutoscalerPermissions`: the cluster-autoscaler (on the control planes, with
+    /// their role) may change only the cluster's groups; it may read every group, template and type.
+    #[test]
+    fn control_planes_may_scale_only_the_clusters_groups() {
+        let doc = policy(&role(Role::ControlPlane), &inputs(), None).expect("policy");
+        for write in ["autoscaling:SetDesiredCapacity", "autoscaling:TerminateInstanceInAutoScalingGroup"] {
+            let s = granting(&doc, write);
+            assert_eq!(s.len(), 1, "{write}: {s:?}");
+            assert_eq!(s[0]["Condition"], json!({"StringEquals": {"aws:ResourceTag/KubernetesCluster": "c.example.com"}}), "{write}");
+        }
+        for read in [
+            "autoscaling:DescribeAutoScalingGroups",
+            "autoscaling:DescribeAutoScalingInstances",
+            "autoscaling:DescribeLaunchConfigurations",
+            "autoscaling:DescribeScalingActivities",
+            "ec2:DescribeImages",
+            "ec2:DescribeInstanceTypes",
+            "ec2:DescribeLaunchTemplateVersions",
+            "ec2:GetInstanceTypesFromInstanceRequirements",
+        ] {
+            assert!(granting(&doc, read).iter().any(|s| s.get("Condition").is_none()), "{read} missing");
+        }
+        let node = policy(&role(Role::Node), &inputs(), None).expect("policy");
+        assert!(granting(&node, "autoscaling:SetDesiredCapacity").is_empty(), "workers do not scale groups");
+    }
+
     #[test]
     fn control_planes_write_the_etcd_backup_stores() {
         let doc = policy(&role(Role::ControlPlane), &inputs(), None).expect("policy");

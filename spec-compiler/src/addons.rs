@@ -16,7 +16,9 @@
 //! upstream's release manifest with kOps' settings over it); node-problem-detector when enabled
 //! ([`node_problem_detector`]); external-dns with `externalDns.provider: external-dns`
 //! ([`external_dns`]); cert-manager when enabled and managed ([`cert_manager`]); the CSI snapshot
-//! controller when enabled ([`snapshot_controller`]); and
+//! controller when enabled ([`snapshot_controller`]); the cluster-autoscaler when enabled
+//! ([`cluster_autoscaler`], `cluster-autoscaler.addons.k8s.io`, upstream's AWS example with kOps'
+//! settings over it; it reads the instance groups); and
 //! the spec file's additional
 //! objects (`additional-objects.keelson.io`), except component configurations, which are merged
 //! into their component's configuration file instead.
@@ -29,6 +31,7 @@ mod calico;
 mod ccm;
 mod cert_manager;
 mod cilium;
+mod cluster_autoscaler;
 mod coredns;
 mod external_dns;
 mod flannel;
@@ -42,6 +45,7 @@ mod upstream;
 pub use calico::CalicoError;
 pub use cert_manager::CertManagerError;
 pub use cilium::CiliumError;
+pub use cluster_autoscaler::ClusterAutoscalerError;
 pub use coredns::CoreDnsError;
 pub use external_dns::ExternalDnsError;
 pub use flannel::FlannelError;
@@ -136,6 +140,8 @@ pub enum AddonError {
     SnapshotController(#[from] SnapshotControllerError),
     #[error("addon node-problem-detector.addons.k8s.io: {0}")]
     NodeProblemDetector(#[from] NodeProblemDetectorError),
+    #[error("addon cluster-autoscaler.addons.k8s.io: {0}")]
+    ClusterAutoscaler(#[from] ClusterAutoscalerError),
 }
 
 /// One addon: its name, version and documents, in apply order.
@@ -221,8 +227,17 @@ impl RenderedAddons {
 }
 
 /// Render the addons and their index.
-pub fn render(cluster: &Cluster, versions: &Versions, additional_objects: &[serde_json::Value]) -> Result<RenderedAddons, AddonError> {
+pub fn render(
+    cluster: &Cluster,
+    groups: &[keelson_api::InstanceGroup],
+    versions: &Versions,
+    additional_objects: &[serde_json::Value],
+) -> Result<RenderedAddons, AddonError> {
     let mut addons = addons(cluster, versions)?;
+    // The addons that read the instance groups.
+    if let Some(docs) = cluster_autoscaler::docs(cluster, groups, versions)? {
+        addons.push(Addon { name: cluster_autoscaler::NAME, version: "1.0.0", docs });
+    }
     let objects: Vec<serde_json::Value> =
         additional_objects.iter().filter(|o| !o.get("kind").and_then(|k| k.as_str()).is_some_and(|k| k.ends_with("Configuration"))).cloned().collect();
     if !objects.is_empty() {
@@ -281,7 +296,7 @@ mod tests {
             json!({"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration", "percentageOfNodesToScore": 50}),
         ];
         let (cluster, versions) = ha();
-        render(&cluster, &versions, &extra).expect("render").insert_into(&mut tree);
+        render(&cluster, &[], &versions, &extra).expect("render").insert_into(&mut tree);
         let objects = String::from_utf8_lossy(&tree.files["state/addons/additional-objects.keelson.io/v1.0.0.yaml"]).to_string();
         assert!(objects.contains("kind: ConfigMap") && !objects.contains("KubeSchedulerConfiguration"), "{objects}");
         let index = String::from_utf8(tree.files[&format!("state/{CHANNEL}")].clone()).expect("utf-8");
@@ -298,7 +313,7 @@ mod tests {
         let (mut cluster, versions) = ha();
         cluster.metadata.annotations.get_or_insert_with(Default::default).insert(keelson_api::nodeup::NODE_BOOTSTRAP_ANNOTATION.into(), "token".into());
         let mut tree = Tree::default();
-        render(&cluster, &versions, &[]).expect("render").insert_into(&mut tree);
+        render(&cluster, &[], &versions, &[]).expect("render").insert_into(&mut tree);
         let text = String::from_utf8_lossy(&tree.files["state/addons/bootstrap-rbac.keelson.io/v1.0.0.yaml"]).to_string();
         assert_eq!(text.matches("kind: ClusterRoleBinding").count(), 4, "{text}");
         assert!(text.contains("certificatesigningrequests:nodeclient") && text.contains("system:bootstrappers"), "{text}");

@@ -86,7 +86,7 @@ pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, C
     let completed_yaml = output::to_yaml("cluster-completed.yaml", &completed)?;
     tree.insert("cluster-completed.yaml", completed_yaml.clone());
     tree.insert("state/cluster-completed.spec", completed_yaml);
-    let addons = addons::render(&completed, &versions, &docs.additional_objects)?;
+    let addons = addons::render(&completed, &docs.instance_groups, &versions, &docs.additional_objects)?;
     addons.insert_into(&mut tree);
     let scheduler_config = nodeup_config::scheduler_config(&docs.additional_objects)?;
 

@@ -118,8 +118,9 @@ fn nvidia_enabled(cfg: Option<&NvidiaGPUConfig>) -> bool {
     cfg.and_then(|g| g.enabled) == Some(true)
 }
 
-/// Node labels for a group (kOps `nodelabels.BuildNodeLabels`).
-fn node_labels(spec: &ClusterSpec, ig: &InstanceGroup, role: Role, flags: &CompileOptions) -> Option<BTreeMap<String, String>> {
+/// Node labels for a group (kOps `nodelabels.BuildNodeLabels`); the cloud model tags autoscaling
+/// groups with them for the cluster-autoscaler.
+pub fn node_labels(spec: &ClusterSpec, ig: &InstanceGroup, role: Role, flags: &CompileOptions) -> Option<BTreeMap<String, String>> {
     if role == Role::Bastion {
         return None;
     }

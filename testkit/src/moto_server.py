@@ -33,10 +33,30 @@ has a test that fails without it.
    control plane that took itself out is put back behind the load balancer by its neighbour's
    replacement, and DetachLoadBalancerTargetGroups fails (InvalidTarget) on a target already gone.
    Test: tests/tests/moto_target_groups.rs `an_instance_out_of_its_target_group_stays_out`.
+
+5. SetDesiredCapacity keeps the group within its sizes, and TerminateInstanceInAutoScalingGroup with
+   ShouldDecrementDesiredCapacity does not take a group below its minimum. AWS refuses both with a
+   ValidationError ("New SetDesiredCapacity value 4 is above max value 3 for the AutoScalingGroup.";
+   "Currently, desiredSize equals minSize (1). Terminating instance without replacement will violate
+   group's min size constraint. ..."). moto accepts them and launches or removes instances beyond the
+   group's sizes, so a cluster-autoscaler bug (or a wrong --nodes range) would pass unnoticed here.
+   Test: tests/tests/moto_autoscaler.rs `moto_answers_the_calls_cluster_autoscaler_makes`.
+
+6. DescribeScalingActivities lists the group's activities. AWS: every launch and termination of a
+   group's instances is an activity (newest first, with its StatusCode); cluster-autoscaler's AWS
+   provider reads them after a scale-up to learn whether the launch failed. moto answers an empty
+   list always. Here a launch made by a capacity change is a "Launching a new EC2 instance: <id>"
+   activity and a termination a "Terminating EC2 instance: <id>" one, both Successful (moto's
+   launches and terminations complete at once). Test: tests/tests/moto_autoscaler.rs
+   `moto_answers_the_calls_cluster_autoscaler_makes`.
 """
 import sys
 
-from moto.autoscaling.models import AutoScalingBackend
+from moto.autoscaling.exceptions import ValidationError
+from moto.autoscaling.models import Activity, AutoScalingBackend, FakeAutoScalingGroup
+from moto.autoscaling.responses import AutoScalingResponse
+from moto.core.responses import ActionResult
+from moto.core.utils import utcnow
 from moto.core.types import Base64EncodedString
 from moto.ec2.models.instances import InstanceBackend
 from moto.ec2.models.launch_templates import LaunchTemplate
@@ -116,6 +136,81 @@ def _detach_target_groups(self, group_name, target_group_arns):
 
 AutoScalingBackend.update_attached_target_groups = _register_new_instances
 AutoScalingBackend.detach_load_balancer_target_groups = _detach_target_groups
+
+def _record(group, activity):
+    activity.status_code = "Successful"
+    activity.progress = 100
+    group.keelson_activities = [activity] + getattr(group, "keelson_activities", [])
+
+
+_group_set_desired = FakeAutoScalingGroup.set_desired_capacity
+
+
+def _set_desired_recording(self, new_capacity):
+    before = {s.instance.id for s in getattr(self, "instance_states", [])}
+    old = getattr(self, "desired_capacity", 0)
+    _group_set_desired(self, new_capacity)
+    after = {s.instance.id for s in self.instance_states}
+    now = utcnow()
+    for instance_id in sorted(after - before):
+        cause = (f"At {now} an instance was started in response to a difference between desired and actual capacity, "
+                 f"increasing the capacity from {old} to {self.desired_capacity}.")
+        _record(self, Activity(f"Launching a new EC2 instance: {instance_id}", cause, self, start_time=now))
+    for instance_id in sorted(before - after):
+        cause = f"At {now} an instance was taken out of service in response to a difference between desired and actual capacity, shrinking the capacity from {old} to {self.desired_capacity}."
+        _record(self, Activity(f"Terminating EC2 instance: {instance_id}", cause, self, start_time=now))
+
+
+FakeAutoScalingGroup.set_desired_capacity = _set_desired_recording
+
+_terminate_instance = AutoScalingBackend.terminate_instance
+
+
+def _terminate_within_min(self, instance_id, should_decrement):
+    for group in self.autoscaling_groups.values():
+        if should_decrement and any(s.instance.id == instance_id for s in group.instance_states) and group.desired_capacity <= group.min_size:
+            raise ValidationError(
+                f"Currently, desiredSize equals minSize ({group.min_size}). Terminating instance without replacement will violate "
+                "group's min size constraint. Either set shouldDecrementDesiredCapacity flag to false or lower group's min size."
+            )
+    activity = _terminate_instance(self, instance_id, should_decrement)
+    _record(activity.auto_scaling_group, activity)
+    return activity
+
+
+AutoScalingBackend.terminate_instance = _terminate_within_min
+
+
+def _set_desired_within_sizes(self):
+    name = self._get_param("AutoScalingGroupName")
+    desired = self._get_int_param("DesiredCapacity")
+    group = self.autoscaling_backend.autoscaling_groups.get(name)
+    if group is not None and desired is not None:
+        if desired > group.max_size:
+            raise ValidationError(f"New SetDesiredCapacity value {desired} is above max value {group.max_size} for the AutoScalingGroup.")
+        if desired < group.min_size:
+            raise ValidationError(f"New SetDesiredCapacity value {desired} is below min value {group.min_size} for the AutoScalingGroup.")
+    return _response_set_desired(self)
+
+
+_response_set_desired = AutoScalingResponse.set_desired_capacity
+AutoScalingResponse.set_desired_capacity = _set_desired_within_sizes
+
+
+def _describe_scaling_activities(self):
+    name = self._get_param("AutoScalingGroupName")
+    ids = set(self._get_param("ActivityIds", []) or [])
+    activities = []
+    for group in self.autoscaling_backend.autoscaling_groups.values():
+        if name and group.name != name:
+            continue
+        activities.extend(a for a in getattr(group, "keelson_activities", []) if not ids or a.activity_id in ids)
+    activities.sort(key=lambda a: a.start_time, reverse=True)
+    return ActionResult({"Activities": activities})
+
+
+AutoScalingResponse.describe_scaling_activities = _describe_scaling_activities
+
 
 if __name__ == "__main__":
     from moto.server import main

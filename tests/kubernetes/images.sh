@@ -713,6 +713,55 @@ if [ "${1:-}" = build-flannel ]; then
 fi
 # --- END flannel images ------------------------------------------------------------------------------------
 
+# --- BEGIN cluster-autoscaler image (keelson autoscaler branch; self-contained block) ----------------------
+#   tests/kubernetes/images.sh package-cluster-autoscaler BINARY VERSION   # e.g. ... /tmp/ca/cluster-autoscaler 1.34.4
+#       Prints an OCI layout holding autoscaling-cluster-autoscaler:vVERSION — the name the compiler gives
+#       registry.k8s.io/autoscaling/cluster-autoscaler:vVERSION under assets.containerRegistry — with the
+#       GIVEN static cluster-autoscaler binary at /cluster-autoscaler (the addon runs ./cluster-autoscaler
+#       from the working directory /, as upstream's image) on the same static base as
+#       kube-controller-manager (/etc/passwd+group, /tmp, CA bundle), user 65534 as upstream's image.
+#       This script does not fetch or build the autoscaler: the Go module proxy does not serve
+#       k8s.io/autoscaler/cluster-autoscaler, so the binary comes from the caller (docs/local-cluster.md
+#       says how it was built here). Cached as $KEELSON_LOCAL_CACHE/images/cluster-autoscaler-KEY (KEY:
+#       version, the binary's sha256, this block); push it with `images.sh push LAYOUT REGISTRY`.
+CLUSTER_AUTOSCALER_REF=autoscaling-cluster-autoscaler
+
+cmd_package_cluster_autoscaler() {
+  [ $# -eq 2 ] || usage
+  local bin=$1 version=${2#v} key out tmp stage layers start help
+  [[ $version =~ ^1\.[0-9]+\.[0-9]+$ ]] || die "'$2' is not a cluster-autoscaler version (1.MINOR.PATCH)"
+  [ -f "$bin" ] && [ -x "$bin" ] || die "'$bin' is not an executable file"
+  WHY="package the cluster-autoscaler image" need go umoci jq tar flock find sha256sum
+  arch=$(go env GOARCH)
+  # A static binary only: the image has no C library.
+  if LC_ALL=C od -An -c -N 4096 "$bin" | tr -d ' \n' | grep -q 'ld-linux'; then
+    die "'$bin' is dynamically linked (build it with CGO_ENABLED=0)"
+  fi
+  help=$("$bin" --help 2>&1 || true) # its --help exits 2
+  [[ $help == *--node-group-auto-discovery* ]] || die "'$bin' does not run or is not cluster-autoscaler (--help)"
+  key=$({ echo "cluster-autoscaler $version $arch"; sha256sum <"$bin"; sed -n '/^# --- BEGIN cluster-autoscaler image/,/^# --- END cluster-autoscaler image/p' "$self"; declare -f claim_cache_entry stage_static_base finish_layout; } |
+    sha256sum | cut -c1-16)
+  claim_cache_entry cluster-autoscaler "$key" || { echo "$out/oci"; return; }
+  layout="$tmp/oci"
+  layers="$tmp/work/layers"
+  stage="$tmp/work/stage"
+  mkdir -p "$layers" "$stage/cluster-autoscaler"
+  install -m 755 "$bin" "$stage/cluster-autoscaler/cluster-autoscaler"
+  stage_static_base "$stage/static-base"
+  owned_layer_tar "$stage/static-base" "$layers/static-base.tar"
+  owned_layer_tar "$stage/cluster-autoscaler" "$layers/cluster-autoscaler.tar"
+  umoci init --layout "$layout"
+  image "$CLUSTER_AUTOSCALER_REF:v$version" /cluster-autoscaler 65534:65534 static-base cluster-autoscaler
+  finish_layout "$tmp" "$out" "cluster-autoscaler image" "$start"
+}
+
+if [ "${1:-}" = package-cluster-autoscaler ]; then
+  shift
+  cmd_package_cluster_autoscaler "$@"
+  exit 0
+fi
+# --- END cluster-autoscaler image --------------------------------------------------------------------------
+
 case ${1:-} in
   build) shift; cmd_build "$@" ;;
   etcd) shift; [ $# -eq 1 ] || usage; arch=$(go env GOARCH); ensure_etcd "${1#v}" ;;

@@ -74,7 +74,6 @@ pub static NETWORKING: &[Field] = &[
 
 /// The addon-bearing fields kOps turns into addons or AWS resources.
 pub static ADDONS: &[Field] = &[
-    addon_not_rendered!("ClusterSpec", "clusterAutoscaler", When::Enabled, "the cluster-autoscaler addon"),
     addon_not_rendered!("ClusterSpec", "nodeTerminationHandler", When::NotDisabled, "the aws-node-termination-handler addon"),
     addon_not_rendered!("ClusterSpec", "awsLoadBalancerController", When::Enabled, "the aws-load-balancer-controller addon"),
     f(

@@ -6,7 +6,6 @@ use Use::By;
 
 const GROUP: &str = "the cloud model: the launch template and autoscaling group (cloud-resources/src/model/groups.rs)";
 const MIXED: &str = "the cloud model: the autoscaling group's mixed instances policy";
-const CA_ONLY: &str = "only the cluster-autoscaler reads it, and Keelson does not render the cluster-autoscaler yet";
 const ROOT_VOLUME: &str =
     "Keelson reads the root volume from rootVolumeSize, rootVolumeType, rootVolumeIops, rootVolumeThroughput and rootVolumeEncryption: set those instead";
 
@@ -17,8 +16,6 @@ pub static GROUPS: &[Field] = &[
     f("InstanceGroupSpec", "image", By(GROUP)),
     f("InstanceGroupSpec", "minSize", By(GROUP)),
     f("InstanceGroupSpec", "maxSize", By(GROUP)),
-    nr("InstanceGroupSpec", "autoscale", CA_ONLY),
-    nr("InstanceGroupSpec", "autoscalePriority", CA_ONLY),
     f("InstanceGroupSpec", "machineType", By(GROUP)),
     f("InstanceGroupSpec", "rootVolumeSize", By(GROUP)),
     f("InstanceGroupSpec", "rootVolumeType", By(GROUP)),

@@ -30,6 +30,7 @@ use crate::flags::{FlagKind, FlagSpec};
 
 mod addons;
 mod cluster;
+mod cluster_autoscaler;
 mod components;
 mod groups;
 mod kubelet;
@@ -37,6 +38,7 @@ mod runtime;
 
 pub use addons::{ADDONS, DISCOVERY, EXTERNAL_DNS, FLANNEL, KUBE_DNS, METRICS_SERVER, NETWORKING};
 pub use cluster::{CLOUD, CLUSTER};
+pub use cluster_autoscaler::CLUSTER_AUTOSCALER;
 pub use components::COMPONENTS;
 pub use groups::GROUPS;
 pub use kubelet::KUBELET;
@@ -135,6 +137,7 @@ pub fn all() -> impl Iterator<Item = &'static Field> {
         .chain(FLANNEL)
         .chain(ADDONS)
         .chain(METRICS_SERVER)
+        .chain(CLUSTER_AUTOSCALER)
         .chain(KUBE_DNS)
         .chain(EXTERNAL_DNS)
         .chain(DISCOVERY)

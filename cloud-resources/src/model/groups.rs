@@ -29,6 +29,29 @@ pub struct Group<'a> {
     mixed: Option<Mixed>,
 }
 
+/// The cluster-autoscaler's node template of a group (kOps' `CloudTagsForInstanceGroup`): each node
+/// label its nodes get (`nodelabels.BuildNodeLabels`: the kubelet's and the group's labels and the
+/// role's) as `k8s.io/cluster-autoscaler/node-template/label/<key>`, each taint with an effect as
+/// `k8s.io/cluster-autoscaler/node-template/taint/<key>` = `<value>:<effect>`. The autoscaler reads
+/// them to build a node it has not seen (a group scaled from zero). The `APIServerNodes` feature
+/// flag's label is not known here (it is a compile option), as kOps' own note says of its code.
+fn node_template_tags(cx: &Context<'_>, ig: &InstanceGroup, role: Role) -> BTreeMap<String, String> {
+    let mut tags = BTreeMap::new();
+    let labels = spec_compiler::nodeup_config::node_labels(cx.spec, ig, role, &Default::default());
+    for (k, v) in labels.into_iter().flatten() {
+        tags.insert(format!("k8s.io/cluster-autoscaler/node-template/label/{k}"), v);
+    }
+    for taint in ig.spec.taints.iter().flatten() {
+        let (key_value, effect) = taint.rsplit_once(':').unwrap_or((taint.as_str(), ""));
+        if effect.is_empty() {
+            continue;
+        }
+        let (key, value) = key_value.split_once('=').unwrap_or((key_value, ""));
+        tags.insert(format!("k8s.io/cluster-autoscaler/node-template/taint/{key}"), format!("{value}:{effect}"));
+    }
+    tags
+}
+
 /// The instance groups, in the spec's order (each checked: role, image, machine type, user-data,
 /// subnets, and what apply does not support).
 pub fn groups<'a>(cx: &'a Context<'a>, user_data: &dyn Fn(&str) -> Option<Vec<u8>>, require_user_data: bool) -> Result<Vec<Group<'a>>, ModelError> {
@@ -59,9 +82,7 @@ pub fn groups<'a>(cx: &'a Context<'a>, user_data: &dyn Fn(&str) -> Option<Vec<u8
         tags.extend(cluster_tags(cluster, &name));
         tags.extend(role_tags(role));
         tags.insert("kops.k8s.io/instancegroup".into(), group.clone());
-        for (k, v) in g.node_labels.iter().flatten() {
-            tags.insert(format!("k8s.io/cluster-autoscaler/node-template/label/{k}"), v.clone());
-        }
+        tags.extend(node_template_tags(cx, ig, role));
         let mut subnets = Vec::new();
         let mut zones: Vec<String> = g.zones.clone().unwrap_or_default();
         for s in g.subnets.iter().flatten() {

@@ -319,6 +319,38 @@ spec:
         assert_eq!(m.network.vpc.tf(), "${aws_vpc.c-example-com.id}");
     }
 
+    /// kOps' `CloudTagsForInstanceGroup`: the cluster-autoscaler's node template of each group, every
+    /// node label (the kubelet's, the group's, the role's) and each taint with an effect.
+    #[test]
+    fn groups_carry_the_autoscalers_node_template() {
+        let mut cluster: keelson_api::Cluster = serde_yaml_ng::from_str(CLUSTER).expect("cluster");
+        cluster.spec.kubelet =
+            Some(keelson_api::KubeletConfigSpec { node_labels: Some([("tier".to_string(), "web".to_string())].into()), ..Default::default() });
+        let instance_groups = vec![
+            group("cp", "{role: ControlPlane, image: ami-1, machineType: t3.medium, subnets: [a]}"),
+            group(
+                "gpu",
+                "{role: Node, image: ami-1, machineType: t3.medium, subnets: [a], nodeLabels: {accel: nvidia}, taints: ['dedicated=gpu:NoSchedule', 'spot:PreferNoSchedule', 'noeffect']}",
+            ),
+        ];
+        let docs = Documents { cluster: cluster.clone(), instance_groups, additional_objects: Vec::new() };
+        let compiled = Compiled { completed: cluster, groups: Default::default(), addons: Default::default(), tree: Default::default(), warnings: Vec::new() };
+        let m = build_with(&docs, &compiled, false).expect("model");
+        let tags = |g: &str| m.tasks.groups.iter().find(|x| x.group == g).expect("group").tags.clone();
+        let prefixed =
+            |g: &str, p: &str| -> Vec<(String, String)> { tags(g).into_iter().filter_map(|(k, v)| k.strip_prefix(p).map(|k| (k.to_string(), v))).collect() };
+        const LABEL: &str = "k8s.io/cluster-autoscaler/node-template/label/";
+        const TAINT: &str = "k8s.io/cluster-autoscaler/node-template/taint/";
+        let s = |a: &str, b: &str| (a.to_string(), b.to_string());
+        assert_eq!(prefixed("gpu", LABEL), [s("accel", "nvidia"), s("node-role.kubernetes.io/node", ""), s("tier", "web")]);
+        assert_eq!(prefixed("gpu", TAINT), [s("dedicated", "gpu:NoSchedule"), s("spot", ":PreferNoSchedule")]);
+        let cp = prefixed("cp", LABEL);
+        assert!(
+            cp.contains(&s("node-role.kubernetes.io/control-plane", "")) && !cp.iter().any(|(k, _)| k == "tier"),
+            "the control planes' kubelet is masterKubelet: {cp:?}"
+        );
+    }
+
     #[test]
     fn names_are_truncated_with_kops_hash() {
         assert_eq!(truncate_name("foo", 64, false), "foo");

@@ -4,6 +4,7 @@
 
 mod cloud_config;
 mod cloud_controller;
+mod cluster_autoscaler;
 mod control_plane;
 mod etcd;
 pub mod network;
@@ -176,6 +177,7 @@ const BUILDERS: &[Builder] = &[
     node::containerd,
     node::kube_dns,
     node::addons,
+    cluster_autoscaler::build,
 ];
 
 /// Look up the versions table for a spec.

@@ -12,6 +12,7 @@
 //! * AWS CCM image: `pkg/model/components/awscloudcontrollermanager.go`
 //! * CoreDNS image: `upup/models/cloudup/resources/addons/coredns.addons.k8s.io/k8s-1.12.yaml.template`
 //! * metrics-server version and image: `upup/models/cloudup/resources/addons/metrics-server.addons.k8s.io/k8s-1.11.yaml.template`
+//! * cluster-autoscaler image per minor: `pkg/model/components/clusterautoscaler.go`
 //! * Cilium default version: `pkg/model/components/cilium.go`; agent/operator image names:
 //!   `upup/models/cloudup/resources/addons/networking.cilium.io/k8s-1.16-v1.15.yaml.template`
 //! * Calico default version and image names (`calico/{node,cni,kube-controllers,typha}` under

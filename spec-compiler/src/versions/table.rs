@@ -27,6 +27,20 @@ pub const COREDNS_IMAGE: &str = "registry.k8s.io/coredns/coredns:v1.14.2";
 pub const METRICS_SERVER_VERSION: &str = "0.8.0";
 /// The metrics-server image (`spec.metricsServer.image` wins over it).
 pub const METRICS_SERVER_IMAGE: &str = "registry.k8s.io/metrics-server/metrics-server:v0.8.0";
+/// The cluster-autoscaler image kOps completes `spec.clusterAutoscaler.image` with, per Kubernetes
+/// minor (kOps `pkg/model/components/clusterautoscaler.go`; later minors get the newest).
+pub const CLUSTER_AUTOSCALER_IMAGES: &[((u64, u64), &str)] = &[
+    ((1, 32), "registry.k8s.io/autoscaling/cluster-autoscaler:v1.32.7"),
+    ((1, 33), "registry.k8s.io/autoscaling/cluster-autoscaler:v1.33.5"),
+    ((1, 34), "registry.k8s.io/autoscaling/cluster-autoscaler:v1.34.4"),
+    ((1, 35), "registry.k8s.io/autoscaling/cluster-autoscaler:v1.35.1"),
+];
+/// The cluster-autoscaler image for a minor [`CLUSTER_AUTOSCALER_IMAGES`] does not list.
+pub const CLUSTER_AUTOSCALER_NEWEST_IMAGE: &str = "registry.k8s.io/autoscaling/cluster-autoscaler:v1.36.0";
+/// The cluster-autoscaler release whose example manifest is the addon's base
+/// (`addons/cluster_autoscaler/cluster-autoscaler-autodiscover.yaml`; its sibling `SOURCE` names
+/// the tag, commit and sha256).
+pub const CLUSTER_AUTOSCALER_MANIFEST_RELEASE: &str = "cluster-autoscaler-1.34.4";
 /// The flannel release the `networking.flannel` addon's base manifest is
 /// (`addons/flannel/kube-flannel-v<version>.yml`, upstream's `Documentation/kube-flannel.yml`). kOps
 /// pins v0.28.9, which the Go module proxy does not serve; keelson-local builds this one.
@@ -140,6 +154,11 @@ pub fn default_cni_version(v: &KubernetesVersion) -> Option<&'static str> {
         c if c >= (1, 32, 0) => Some("1.6.2"),
         _ => None,
     }
+}
+
+/// kOps' default `spec.clusterAutoscaler.image` for a Kubernetes version (before registry rewriting).
+pub fn cluster_autoscaler_image(v: &KubernetesVersion) -> &'static str {
+    CLUSTER_AUTOSCALER_IMAGES.iter().find(|((major, minor), _)| (v.major, v.minor) == (*major, *minor)).map_or(CLUSTER_AUTOSCALER_NEWEST_IMAGE, |(_, i)| *i)
 }
 
 /// The canonical URL of a Kubernetes release binary.

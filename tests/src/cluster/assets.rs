@@ -106,6 +106,8 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
     // metrics-server only when the spec enables it (the first compile rendered its addon).
     let metrics_server_layout =
         if compiled.join(METRICS_SERVER_ADDON).is_dir() { Some(kubernetes::metrics_server_image(kubernetes::METRICS_SERVER_VERSION)?) } else { None };
+    // The cluster-autoscaler only when the spec enables it; its image is the caller's (not buildable here).
+    let cluster_autoscaler_image = crate::autoscaler::addon_image(&compiled)?;
     // flannel only when the spec sets it; the addon must name the images built here.
     let flannel_layout = match fs::read_to_string(compiled.join(FLANNEL_ADDON)) {
         Ok(manifest) => {
@@ -132,6 +134,9 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
     kubernetes::push(&coredns_layout, &registry_addr)?;
     for layout in metrics_server_layout.iter().chain(&flannel_layout) {
         kubernetes::push(layout, &registry_addr)?;
+    }
+    if let Some(image) = &cluster_autoscaler_image {
+        crate::autoscaler::push_image(image, &registry_addr)?;
     }
 
     cs.phase = "building the asset mirror".into();
