@@ -28,6 +28,8 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 
+use super::upstream::Upstream;
+
 use keelson_api::{aws_endpoints, Cluster, ClusterAutoscalerConfig, InstanceGroup, Role};
 
 use crate::versions::Versions;
@@ -37,6 +39,7 @@ pub const NAME: &str = "cluster-autoscaler.addons.k8s.io";
 /// The base manifest, relative to this module's directory.
 pub const BASE_FILE: &str = "addons/cluster_autoscaler/cluster-autoscaler-autodiscover.yaml";
 const BASE: &str = include_str!("cluster_autoscaler/cluster-autoscaler-autodiscover.yaml");
+const UPSTREAM: Upstream = Upstream { file: BASE_FILE, text: BASE };
 const NAMESPACE: &str = "kube-system";
 const APP: &str = "cluster-autoscaler";
 const PRIORITY_CONFIG_MAP: &str = "cluster-autoscaler-priority-expander";
@@ -268,14 +271,7 @@ impl Settings {
 
 /// The base's objects, in its order.
 fn base() -> Result<Vec<Value>, ClusterAutoscalerError> {
-    let mut docs = Vec::new();
-    for d in serde_yaml_ng::Deserializer::from_str(BASE) {
-        let v = <Value as serde::Deserialize>::deserialize(d).map_err(|e| base_error(format!("not YAML: {e}")))?;
-        if !v.is_null() {
-            docs.push(v);
-        }
-    }
-    Ok(docs)
+    UPSTREAM.docs().map_err(|e| base_error(e.message))
 }
 
 fn take(docs: &mut Vec<Value>, kind: &str) -> Result<Value, ClusterAutoscalerError> {

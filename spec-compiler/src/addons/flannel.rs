@@ -19,6 +19,8 @@
 
 use serde_json::{json, Value};
 
+use super::upstream::Upstream;
+
 use keelson_api::Cluster;
 
 use crate::versions::{Versions, FLANNEL_CNI_PLUGIN_IMAGE, FLANNEL_IMAGE, FLANNEL_VERSION};
@@ -28,6 +30,7 @@ pub const NAME: &str = "networking.flannel";
 /// The base manifest, relative to `spec-compiler/src/`.
 pub const RELEASE_FILE: &str = "addons/flannel/kube-flannel-v0.28.4.yml";
 const RELEASE: &str = include_str!("flannel/kube-flannel-v0.28.4.yml");
+const UPSTREAM: Upstream = Upstream { file: RELEASE_FILE, text: RELEASE };
 const DAEMONSET: &str = "kube-flannel-ds";
 const CONFIG_MAP: &str = "kube-flannel-cfg";
 /// flanneld's health port (kOps' `--healthz-port`).
@@ -78,18 +81,11 @@ impl Settings {
 
 /// The release's objects, in its order.
 fn release() -> Result<Vec<Value>, FlannelError> {
-    let mut docs = Vec::new();
-    for d in serde_yaml_ng::Deserializer::from_str(RELEASE) {
-        let v = <Value as serde::Deserialize>::deserialize(d).map_err(|e| release_error(format!("not YAML: {e}")))?;
-        if !v.is_null() {
-            docs.push(v);
-        }
-    }
-    Ok(docs)
+    UPSTREAM.docs().map_err(|e| release_error(e.message))
 }
 
 fn find<'a>(docs: &'a mut [Value], kind: &str, name: &str) -> Result<&'a mut Value, FlannelError> {
-    docs.iter_mut().find(|d| d["kind"] == kind && d["metadata"]["name"] == name).ok_or_else(|| release_error(format!("no {kind} {name}")))
+    UPSTREAM.find(docs, kind, name).map_err(|e| release_error(e.message))
 }
 
 fn container<'a>(list: &'a mut Value, name: &str) -> Result<&'a mut Value, FlannelError> {

@@ -19,6 +19,8 @@
 
 use serde_json::{json, Value};
 
+use super::upstream::Upstream;
+
 use keelson_api::{Cluster, MetricsServerConfig};
 
 use crate::versions::{Versions, METRICS_SERVER_IMAGE, METRICS_SERVER_VERSION};
@@ -28,6 +30,7 @@ pub const NAME: &str = "metrics-server.addons.k8s.io";
 /// The base manifest, relative to this module's directory.
 pub const RELEASE_FILE: &str = "addons/metrics_server/release-v0.8.0.yaml";
 const RELEASE: &str = include_str!("metrics_server/release-v0.8.0.yaml");
+const UPSTREAM: Upstream = Upstream { file: RELEASE_FILE, text: RELEASE };
 const NAMESPACE: &str = "kube-system";
 const APP: &str = "metrics-server";
 /// Where the secure form mounts its certificate, and the Secret cert-manager writes it to.
@@ -72,18 +75,11 @@ impl Settings {
 
 /// The release's objects, in its order.
 fn release() -> Result<Vec<Value>, MetricsServerError> {
-    let mut docs = Vec::new();
-    for d in serde_yaml_ng::Deserializer::from_str(RELEASE) {
-        let v = <Value as serde::Deserialize>::deserialize(d).map_err(|e| release_error(format!("not YAML: {e}")))?;
-        if !v.is_null() {
-            docs.push(v);
-        }
-    }
-    Ok(docs)
+    UPSTREAM.docs().map_err(|e| release_error(e.message))
 }
 
 fn find<'a>(docs: &'a mut [Value], kind: &str, name: &str) -> Result<&'a mut Value, MetricsServerError> {
-    docs.iter_mut().find(|d| d["kind"] == kind && d["metadata"]["name"] == name).ok_or_else(|| release_error(format!("no {kind} {name}")))
+    UPSTREAM.find(docs, kind, name).map_err(|e| release_error(e.message))
 }
 
 fn object<'a>(v: &'a mut Value, what: &str) -> Result<&'a mut serde_json::Map<String, Value>, MetricsServerError> {
