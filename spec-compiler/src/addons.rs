@@ -92,6 +92,15 @@ fn bootstrap_rbac(token: bool) -> Vec<serde_json::Value> {
     docs
 }
 
+/// kOps' spread for an addon's replicas: over zones where it can (`ScheduleAnyway`), over hosts
+/// always (`DoNotSchedule`), counting the pods `selector` matches.
+pub(crate) fn spread_over_zones_and_hosts(selector: &serde_json::Value) -> serde_json::Value {
+    json!([
+        {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": selector},
+        {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule", "labelSelector": selector},
+    ])
+}
+
 /// The AWS region: the first subnet's `region`, else the region of the first subnet zone.
 pub(crate) fn aws_region(spec: &keelson_api::ClusterSpec) -> Option<String> {
     let subnets = spec.subnets.iter().flatten();

@@ -361,13 +361,7 @@ fn deployment(mut d: Value, s: &Settings) -> Result<Value, ClusterAutoscalerErro
             {"operator": "Exists", "key": "node-role.kubernetes.io/master"},
         ]),
     );
-    pod.insert(
-        "topologySpreadConstraints".into(),
-        json!([
-            {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": selector},
-            {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule", "labelSelector": selector},
-        ]),
-    );
+    pod.insert("topologySpreadConstraints".into(), super::spread_over_zones_and_hosts(&selector));
     if s.cloud_config.is_some() {
         pod.insert("volumes".into(), json!([{"name": "cloud-config", "configMap": {"name": CLOUD_CONFIG_MAP}}]));
     }

@@ -132,13 +132,7 @@ fn deployment(d: &mut Value, s: &Settings) -> Result<(), MetricsServerError> {
     spec.insert("replicas".into(), json!(2));
     spec.remove("strategy");
     let pod = object(&mut d["spec"]["template"]["spec"], "Deployment pod spec")?;
-    pod.insert(
-        "topologySpreadConstraints".into(),
-        json!([
-            {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": selector()},
-            {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule", "labelSelector": selector()},
-        ]),
-    );
+    pod.insert("topologySpreadConstraints".into(), super::spread_over_zones_and_hosts(&selector()));
     if !s.insecure {
         array(&mut d["spec"]["template"]["spec"]["volumes"], "the pod's volumes")?.insert(0, json!({"name": "certs", "secret": {"secretName": TLS_SECRET}}));
     }

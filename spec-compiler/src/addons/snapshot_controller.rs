@@ -74,13 +74,6 @@ impl Settings {
     }
 }
 
-fn spread(selector: &Value) -> Value {
-    json!([
-        {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": selector},
-        {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule", "labelSelector": selector},
-    ])
-}
-
 /// The addon's objects for `s`: the CRDs, the controller, and the default class if asked for.
 pub fn render(s: &Settings) -> Result<Vec<Value>, UpstreamError> {
     let mut docs = CRD_KUSTOMIZATION.kustomize(&CRDS)?;
@@ -93,7 +86,7 @@ pub fn render(s: &Settings) -> Result<Vec<Value>, UpstreamError> {
     }
     d["spec"]["replicas"] = json!(2);
     let pod = d["spec"]["template"]["spec"].as_object_mut().ok_or_else(|| setup.error("the Deployment has no pod spec"))?;
-    pod.insert("topologySpreadConstraints".into(), spread(&selector));
+    pod.insert("topologySpreadConstraints".into(), super::spread_over_zones_and_hosts(&selector));
     docs.extend(controller);
     if s.install_default_class {
         docs.push(json!({
