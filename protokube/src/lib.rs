@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod node_join;
 pub mod paths;
 pub mod pki;
+pub mod poweroff;
 pub mod reconcile;
 pub mod restore;
 pub mod upgrade;

@@ -1,6 +1,6 @@
 //! `protokube --conf BOOTCONFIG [--root DIR] [--once] …`
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -340,9 +340,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let max_backoff = secs(args.max_backoff);
     let mut backoff = interval;
     let mut first = true;
-    // A restore in flight: every phase waits on this member's next pass, so passes follow each
-    // other at RESTORE_PASS_INTERVAL and failures do not back off past it until it is done.
-    let mut restoring = false;
+    // Not settled (a restore in flight: every phase waits on this member's next pass; or a member
+    // here whose volume is not mounted yet): passes follow each other at EAGER_PASS_INTERVAL and
+    // failures do not back off past it until it is settled.
+    let mut eager = false;
     loop {
         if !args.once && spec_read_at.elapsed() >= secs(args.spec_interval) {
             // Level-triggered on the spec too: membership or DNS changes apply without a restart.
@@ -365,7 +366,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         } else {
             match tokio::select! { r = agent.reconcile() => Ok(r), why = stop_requested(&mut terminate) => Err(why) } {
                 Ok(r) => r,
-                Err(why) => return leave(&agent, api_target, why, secs(args.handover_timeout)).await,
+                Err(why) => return leave(&agent, api_target, why, secs(args.handover_timeout), args.root == Path::new("/")).await,
             }
         };
         let calls = counter.total_calls() - calls_before;
@@ -395,6 +396,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     s.last_success_unix = metrics::now_unix();
                     s.last_error = None;
                     s.waiting = r.waiting.clone();
+                    s.unmounted = r.unmounted;
                     s.volumes_mounted += r.volumes_mounted as u64;
                     s.volumes_formatted += r.volumes_formatted as u64;
                     s.manifests_written += r.manifests_written as u64;
@@ -403,7 +405,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     s.cloud_calls = snapshot;
                 });
                 backoff = interval;
-                restoring = r.restoring;
+                eager = r.restoring || r.unmounted;
                 if !args.once && (first || r.volumes_mounted + r.manifests_written + r.dns_records > 0) {
                     println!("{}", summary(r));
                 }
@@ -429,23 +431,25 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
             return Ok(());
         }
-        let wait = pass_wait(result.is_ok(), restoring, interval, backoff);
+        let wait = pass_wait(result.is_ok(), eager, interval, backoff);
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            why = stop_requested(&mut terminate) => return leave(&agent, api_target, why, secs(args.handover_timeout)).await,
+            why = stop_requested(&mut terminate) => return leave(&agent, api_target, why, secs(args.handover_timeout), args.root == Path::new("/")).await,
         }
     }
 }
 
-/// How soon protokube passes again while a restore is in flight.
-const RESTORE_PASS_INTERVAL: Duration = Duration::from_secs(1);
+/// How soon protokube passes again while it is not settled: a restore in flight (each of its
+/// phases waits on a pass), or an etcd member here whose volume is not mounted yet (a replacement
+/// control plane waiting for the old instance to let go of it: every second counts).
+const EAGER_PASS_INTERVAL: Duration = Duration::from_secs(1);
 
-/// The wait before the next pass: the converged interval, or the failure backoff; while a restore
-/// is in flight, never more than [`RESTORE_PASS_INTERVAL`] (each of its phases waits on a pass).
-fn pass_wait(ok: bool, restoring: bool, interval: Duration, backoff: Duration) -> Duration {
+/// The wait before the next pass: the converged interval, or the failure backoff; while not
+/// settled (`eager`), never more than [`EAGER_PASS_INTERVAL`].
+fn pass_wait(ok: bool, eager: bool, interval: Duration, backoff: Duration) -> Duration {
     let wait = if ok { interval } else { backoff };
-    if restoring {
-        wait.min(RESTORE_PASS_INTERVAL)
+    if eager {
+        wait.min(EAGER_PASS_INTERVAL)
     } else {
         wait
     }
@@ -464,8 +468,9 @@ async fn stop_requested(terminate: &mut tokio::signal::unix::Signal) -> &'static
 }
 
 /// Stop gracefully: leave the API target group, hand etcd leadership over (bounded), then exit.
-/// etcd, the manifests, volumes and records are left as they are.
-async fn leave<C, D>(agent: &Agent<C, D>, api_target: Option<ApiTargetTask>, why: &str, bound: Duration) -> anyhow::Result<()>
+/// The manifests, volumes and records are left as they are; on a live host (`live`: root `/`) that
+/// is powering off, kube-apiserver and etcd are ended too ([`protokube::poweroff`]).
+async fn leave<C, D>(agent: &Agent<C, D>, api_target: Option<ApiTargetTask>, why: &str, bound: Duration, live: bool) -> anyhow::Result<()>
 where
     C: cloud::volumes::Volumes + cloud::volumes::Instances + Sync,
     D: cloud::dns::Dns + Sync,
@@ -479,6 +484,11 @@ where
     tracing::info!(signal = why, bound_s = bound.as_secs_f64(), "stopping: handing etcd leadership over first");
     let reports = agent.leave(bound).await;
     let moved = reports.iter().filter(|r| matches!(r.result, Ok(protokube::handover::Outcome::Moved { .. }))).count();
+    // At poweroff, end what would only hold the machine (and its etcd volumes) up.
+    if live && protokube::poweroff::system_stopping().await {
+        let ended = protokube::poweroff::end(Path::new("/proc")).await;
+        tracing::info!(api_servers = ?ended.api_servers, etcd = ?ended.etcds, "system stopping: ended kube-apiserver and etcd (leadership handed over)");
+    }
     tracing::info!(elapsed_ms = t.elapsed().as_millis() as u64, clusters = reports.len(), moved, "stopped");
     Ok(())
 }
@@ -551,12 +561,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_restore_in_flight_passes_every_second_even_after_failures() {
+    fn an_unsettled_host_passes_every_second_even_after_failures() {
         let (interval, backoff) = (Duration::from_secs(5), Duration::from_secs(40));
         assert_eq!(pass_wait(true, false, interval, backoff), interval);
         assert_eq!(pass_wait(false, false, interval, backoff), backoff);
-        assert_eq!(pass_wait(true, true, interval, backoff), RESTORE_PASS_INTERVAL);
-        assert_eq!(pass_wait(false, true, interval, backoff), RESTORE_PASS_INTERVAL);
+        assert_eq!(pass_wait(true, true, interval, backoff), EAGER_PASS_INTERVAL);
+        assert_eq!(pass_wait(false, true, interval, backoff), EAGER_PASS_INTERVAL);
         // A faster configured interval stays.
         assert_eq!(pass_wait(true, true, Duration::from_millis(200), backoff), Duration::from_millis(200));
     }

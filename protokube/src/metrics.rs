@@ -15,6 +15,8 @@ pub struct State {
     pub last_success_unix: f64,
     pub last_error: Option<String>,
     pub waiting: Vec<String>,
+    /// The last pass found an etcd member here without its volume mounted.
+    pub unmounted: bool,
     pub volumes_mounted: u64,
     pub volumes_formatted: u64,
     pub manifests_written: u64,
@@ -101,6 +103,12 @@ impl Metrics {
             vec![(String::new(), format!("{:.3}", s.last_success_unix))],
         );
         metric("protokube_waiting", "gauge", "Things the last pass is waiting for.", vec![(String::new(), s.waiting.len().to_string())]);
+        metric(
+            "protokube_members_unmounted",
+            "gauge",
+            "1 while an etcd member on this host has no volume mounted (passes come every second then).",
+            vec![(String::new(), u8::from(s.unmounted).to_string())],
+        );
         metric("protokube_volumes_mounted", "gauge", "etcd volumes held and mounted now.", vec![(String::new(), s.mounted_now.to_string())]);
         metric("protokube_volume_mounts_total", "counter", "Mounts performed.", vec![(String::new(), s.volumes_mounted.to_string())]);
         metric("protokube_volume_formats_total", "counter", "Blank volumes formatted.", vec![(String::new(), s.volumes_formatted.to_string())]);

@@ -470,10 +470,14 @@ fn loop_converges_when_the_device_appears() {
             }
         };
         wait_for("a pass waiting for the device", &|m| m.contains("\nprotokube_waiting 1\n") && m.contains("protokube_reconcile_total{result=\"ok\"}"));
+        // A member here without its volume: the passes come every second until it is mounted.
+        wait_for("the member reported unmounted", &|m| m.contains("\nprotokube_members_unmounted 1\n"));
         let d = LoopDev::new(64);
         h.link(&vid, &d.dev);
         let m = wait_for("the volume mounted", &|m| m.contains("\nprotokube_volumes_mounted 1\n"));
         assert!(m.contains("\nprotokube_waiting 0\n") && m.contains("\nprotokube_volume_formats_total 1\n"), "{m}");
+        let m = wait_for("the member reported mounted", &|m| m.contains("\nprotokube_members_unmounted 0\n"));
+        assert!(m.contains("\nprotokube_volumes_mounted 1\n"), "{m}");
         assert!(h.is_mounted(&vid));
         assert!(h.manifest("main").is_some());
     });

@@ -427,15 +427,33 @@ impl Machine {
     /// (systemd's SIGRTMIN+4: poweroff, units stop in reverse order), and after at most `grace` it
     /// is gone whatever it was doing. Returns how long the shutdown took and whether it finished
     /// on its own.
+    ///
+    /// One thing a real machine's kernel does is played here: telling systemd that a container's
+    /// scope has no process left. systemd learns it from cgroup2 `cgroup.events` or, on cgroup v1,
+    /// from the kernel's release agent — and systemd inside an nspawn container on this cgroup-v1
+    /// host gets neither, so its stop job for a container scope whose processes have all exited
+    /// waits out the scope's 90-s stop timeout (measured: every poweroff of a control plane took
+    /// the whole 30-s grace with 8–12 scope stop jobs pending and no container process left). So
+    /// once systemd waits on nothing but such empty scopes (see [`shutdown_waits_only_on_empty_scopes`]),
+    /// the machine is done, as it would be a moment later on a real host: it is powered off then
+    /// (and counted as a clean poweroff).
     pub fn poweroff(&mut self, grace: Duration) -> (Duration, bool) {
         let t0 = Instant::now();
         let mut clean = false;
         if let Some(init) = self.init_pid() {
             cmd::kill(init, "RTMIN+4");
+            let mut next_check = t0 + Duration::from_millis(500);
             while cmd::alive(init) && t0.elapsed() < grace {
                 std::thread::sleep(Duration::from_millis(100));
+                if Instant::now() >= next_check {
+                    next_check = Instant::now() + Duration::from_millis(500);
+                    if shutdown_waits_only_on_empty_scopes(init) {
+                        clean = true;
+                        break;
+                    }
+                }
             }
-            clean = !cmd::alive(init);
+            clean |= !cmd::alive(init);
         }
         self.stop();
         (t0.elapsed(), clean)
@@ -457,6 +475,56 @@ impl Machine {
 /// `nsenter -t PID -a -- argv…`
 pub fn exec_in(init_pid: i64, argv: &[&str]) -> Result<String, CmdError> {
     cmd::run(Command::new("nsenter").args(["-t", &init_pid.to_string(), "-a", "--"]).args(argv))
+}
+
+/// The units of systemd's pending stop jobs, from `systemctl list-jobs --no-legend --plain`
+/// (`JOB UNIT TYPE STATE` per line).
+pub fn stop_job_units(list_jobs: &str) -> Vec<&str> {
+    list_jobs
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() >= 4 && f[2] == "stop").then(|| f[1])
+        })
+        .collect()
+}
+
+/// Whether a shutdown is held up only by the kernel's missing empty-cgroup notification: at least
+/// one stop job is pending, none is for a service (systemd tracks its services' processes itself),
+/// and every scope it stops has no process left in its cgroup (the container's `name=systemd`
+/// hierarchy, read from the host through the machine's root).
+pub fn shutdown_waits_only_on_empty_scopes(init: i64) -> bool {
+    let Ok(jobs) = exec_in(init, &["systemctl", "list-jobs", "--no-legend", "--plain"]) else { return false };
+    let units = stop_job_units(&jobs);
+    if units.is_empty() || units.iter().any(|u| u.ends_with(".service")) {
+        return false;
+    }
+    let scopes: Vec<&str> = units.iter().copied().filter(|u| u.ends_with(".scope")).collect();
+    let hierarchy = PathBuf::from(format!("/proc/{init}/root/sys/fs/cgroup/systemd"));
+    scopes.iter().all(|scope| match find_dir(&hierarchy, scope, 6) {
+        Some(dir) => fs::read_to_string(dir.join("cgroup.procs")).map(|p| p.trim().is_empty()).unwrap_or(false),
+        // Gone from the hierarchy: nothing left in it.
+        None => true,
+    })
+}
+
+/// The directory named `name` under `root`, at most `depth` levels down.
+fn find_dir(root: &Path, name: &str, depth: usize) -> Option<PathBuf> {
+    let entries = fs::read_dir(root).ok()?;
+    let mut subdirs = Vec::new();
+    for e in entries.flatten() {
+        if !e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            continue;
+        }
+        if e.file_name() == name {
+            return Some(e.path());
+        }
+        subdirs.push(e.path());
+    }
+    if depth == 0 {
+        return None;
+    }
+    subdirs.iter().find_map(|d| find_dir(d, name, depth - 1))
 }
 
 /// Tear down from persisted info only (used by `stop` and by `down` after a crash).
@@ -535,5 +603,32 @@ impl From<u64> for WaitSecs {
 impl From<Duration> for WaitSecs {
     fn from(d: Duration) -> Self {
         WaitSecs(d.as_secs().max(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_jobs_are_read_from_list_jobs() {
+        let out = "1203 cri-containerd-8fa4d1b.scope stop running\n\
+                   1190 kubepods-burstable.slice stop waiting\n\
+                   1 poweroff.target start waiting\n\
+                   1188 containerd.service stop running\n";
+        assert_eq!(stop_job_units(out), vec!["cri-containerd-8fa4d1b.scope", "kubepods-burstable.slice", "containerd.service"]);
+        assert!(stop_job_units("").is_empty());
+        assert!(stop_job_units("garbage\n").is_empty());
+    }
+
+    #[test]
+    fn scope_directories_are_found_below_their_slices() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let scope = d.path().join("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice/cri-containerd-ab.scope");
+        fs::create_dir_all(&scope).expect("mkdir");
+        fs::create_dir_all(d.path().join("system.slice/containerd.service")).expect("mkdir");
+        assert_eq!(find_dir(d.path(), "cri-containerd-ab.scope", 6), Some(scope));
+        assert_eq!(find_dir(d.path(), "cri-containerd-ab.scope", 2), None, "deeper than allowed");
+        assert_eq!(find_dir(d.path(), "cri-containerd-zz.scope", 6), None);
     }
 }

@@ -100,6 +100,9 @@ pub struct Report {
     pub refused: Vec<String>,
     /// A restore request involving a member here is in flight ([`restore::Gate::restoring`]).
     pub restoring: bool,
+    /// An etcd cluster with a member on this host has no volume mounted here yet (claimed but
+    /// still held by a terminating instance, attaching, or refused): the pass should come again soon.
+    pub unmounted: bool,
 }
 
 pub struct Agent<C, D> {
@@ -197,6 +200,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                 self.mark_started(ec, &member, &vol).await;
             }
         }
+        report.unmounted = clusters.iter().any(|ec| !self.plan.my_members(ec).is_empty() && !report.mounted.contains_key(&ec.name));
 
         // 4. DNS from what the cloud says now.
         report.dns_records = self.sync_dns(&vols, &instances, &mut report).await?;
