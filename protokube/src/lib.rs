@@ -19,6 +19,7 @@ pub mod disk;
 pub mod etcd;
 pub mod gce;
 pub mod handover;
+pub mod images;
 pub use base::hosts;
 pub mod manifest;
 pub mod metrics;

@@ -223,6 +223,23 @@ async fn run(args: Args) -> anyhow::Result<()> {
         Some(t) => tracing::info!(tool = %t.describe(), "etcd restores use"),
         None => tracing::warn!("no etcdutl, ctr or etcdctl on PATH: this instance cannot take part in an etcd restore (--etcd-restore-tool)"),
     }
+    // The etcd images first, while the volumes are still being claimed ([`protokube::images`]).
+    if args.root == Path::new("/") && !args.once {
+        match protokube::images::find_ctr() {
+            Some(ctr) => {
+                let mine = plan.etcd_clusters.iter().filter(|ec| !plan.my_members(ec).is_empty());
+                let etcd = protokube::images::distinct_images(mine.map(|ec| ec.image.as_str()));
+                tokio::spawn(async move {
+                    protokube::images::prepull(&ctr, &etcd).await;
+                    let manifest = Path::new("/").join(paths::MANIFESTS_DIR).join("kube-apiserver.manifest");
+                    if let Some(image) = protokube::images::api_server_image(&manifest, Duration::from_secs(5)).await {
+                        protokube::images::prepull(&ctr, &[image]).await;
+                    }
+                });
+            }
+            None => tracing::warn!("no ctr on PATH: the kubelet pulls the etcd images when it starts etcd"),
+        }
+    }
     let spec_store = opts.store.clone();
     let (join_cluster, join_ec2, region) = (plan.cluster_name.clone(), ec2.clone(), me.region.clone());
     let (plan_tx, plan_rx) = tokio::sync::watch::channel(plan.clone());

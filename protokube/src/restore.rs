@@ -334,11 +334,11 @@ impl MemberRestore<'_> {
                 let id = format!("keelson-etcd-restore-{}-{}", self.ec.name, req.id);
                 // A run killed earlier may have left its container behind.
                 for args in [vec!["tasks", "kill", "-s", "SIGKILL", &id], vec!["tasks", "rm", "-f", &id], vec!["containers", "rm", &id]] {
-                    let _ = ctr_command(ctr).args(&args).output().await;
+                    let _ = crate::images::ctr_command(ctr).args(&args).output().await;
                 }
-                ensure_image(ctr, &self.ec.image).await.map_err(tool_err)?;
+                crate::images::ensure_image(ctr, &self.ec.image).await.map_err(tool_err)?;
                 let mount = self.mount.display().to_string();
-                let mut cmd = ctr_command(ctr);
+                let mut cmd = crate::images::ctr_command(ctr);
                 cmd.args(["run", "--rm", "--mount"])
                     .arg(format!("type=bind,src={mount},dst={mount},options=rbind:rw"))
                     .arg(&self.ec.image)
@@ -390,37 +390,6 @@ async fn supports_bump(tool: &Path) -> bool {
 }
 
 /// `ctr` in the kubelet's containerd namespace (`k8s.io`), where the etcd image lives.
-fn ctr_command(ctr: &Path) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(ctr);
-    cmd.args(["-n", "k8s.io"]).kill_on_drop(true);
-    cmd
-}
-
-/// Make sure containerd holds `image`: an instance that never ran etcd (or whose image was garbage
-/// collected) has none. It is pulled through the registry hosts nodeup configured for containerd,
-/// so mirrors and plain-HTTP registries work as they do for the kubelet.
-async fn ensure_image(ctr: &Path, image: &str) -> Result<(), String> {
-    let listed = ctr_command(ctr)
-        .args(["images", "ls", "-q", &format!("name=={image}")])
-        .output()
-        .await
-        .map_err(|e| format!("running {} images ls: {e}", ctr.display()))?;
-    if listed.status.success() && String::from_utf8_lossy(&listed.stdout).lines().any(|l| l.trim() == image) {
-        return Ok(());
-    }
-    tracing::info!(%image, "the etcd image is not in containerd; pulling it for the restore");
-    let mut pull = ctr_command(ctr);
-    pull.args(["images", "pull"]);
-    if Path::new(crate::paths::CONTAINERD_HOSTS_DIR).is_dir() {
-        pull.args(["--hosts-dir", crate::paths::CONTAINERD_HOSTS_DIR]);
-    }
-    let pulled = pull.arg(image).output().await.map_err(|e| format!("running {} images pull: {e}", ctr.display()))?;
-    if !pulled.status.success() {
-        return Err(format!("pulling {image} (to run etcdutl from it) failed: {}", String::from_utf8_lossy(&pulled.stderr).trim()));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
