@@ -69,8 +69,11 @@ async fn group_instance(conf: &cloud::aws::SdkConfig, group: &str, n: u8) -> (St
     (id, dns)
 }
 
+/// A group of the state store: name, role, the node labels of its NodeupConfig.
+type Group<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
+
 /// The state store as `keelson apply` leaves it: each group and its NodeupConfig.
-async fn store_with(dir: &std::path::Path, groups: &[(&str, &str, &[(&str, &str)])]) -> base::StateStore {
+async fn store_with(dir: &std::path::Path, groups: &[Group<'_>]) -> base::StateStore {
     let store = base::StateStore::dir(dir);
     for (name, role, labels) in groups {
         let ig =
@@ -94,6 +97,8 @@ struct World {
     store: base::StateStore,
     worker: (String, String),
     worker2: (String, String),
+    /// A worker of `nodes-b` whose kubelet will claim to be the control plane's instance.
+    impostor: (String, String),
     cp: (String, String),
 }
 
@@ -102,6 +107,7 @@ async fn world(url: &str) -> World {
     let worker = group_instance(&conf, "nodes", 1).await;
     let worker2 = group_instance(&conf, "spot-nodes", 2).await;
     let cp = group_instance(&conf, "control-plane-a", 3).await;
+    let impostor = group_instance(&conf, "nodes-b", 4).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let cp_labels: Vec<(&str, &str)> = CP_LABELS.iter().map(|k| (*k, "")).collect();
     let store = store_with(
@@ -110,10 +116,11 @@ async fn world(url: &str) -> World {
             ("nodes", "Node", &[("node-role.kubernetes.io/node", ""), ("team", "blue")]),
             ("spot-nodes", "Node", &[("node-role.kubernetes.io/node", ""), ("node-role.kubernetes.io/spot-worker", "true")]),
             ("control-plane-a", "ControlPlane", &cp_labels),
+            ("nodes-b", "Node", &[("node-role.kubernetes.io/node", "")]),
         ],
     )
     .await;
-    World { conf, _dir: dir, store, worker, worker2, cp }
+    World { conf, _dir: dir, store, worker, worker2, impostor, cp }
 }
 
 fn facts(name: &str, provider_id: Option<String>) -> NodeFacts {
@@ -240,8 +247,8 @@ fn nodes_listed_and_watched_get_their_groups_labels_and_only_those() {
                 node(&w.worker.1, "u1", pid(&w.worker.0), labels(&[("kubernetes.io/hostname", w.worker.1.as_str())])),
                 // The control plane, its role label already there (protokube's own), and an admin's label.
                 node(&w.cp.1, "u2", pid(&w.cp.0), labels(&[(CP_LABELS[0], ""), ("owner", "ops")])),
-                // A Node claiming the control plane's instance (its kubelet chose the providerID).
-                node("ip-172-20-9-9.ec2.internal", "u3", pid(&w.cp.0), labels(&[])),
+                // A worker's Node claiming the control plane's instance (its kubelet chose the providerID).
+                node(&w.impostor.1, "u3", pid(&w.cp.0), labels(&[])),
             ];
             // A worker registering after the list.
             a.watch_events = vec![json!({"type": "ADDED", "object": node(&w.worker2.1, "u4", pid(&w.worker2.0), labels(&[]))})];

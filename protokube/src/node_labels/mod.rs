@@ -224,12 +224,16 @@ pub struct LabelReport {
     pub failed: Vec<(String, &'static str, String)>,
 }
 
+/// What a Node is cached by: its name, uid and providerID (a new registration, or a new providerID,
+/// is asked about afresh).
+type NodeKey = (String, String, Option<String>);
+
 /// The labeller's caches around the cloud and the state store.
 pub struct Labeller {
     store: StateStore,
     cloud: NodeCloud,
     /// (name, uid, providerID) → what the cloud said, and until when it holds.
-    identities: HashMap<(String, String, Option<String>), (Instant, Result<Identity, Unidentified>)>,
+    identities: HashMap<NodeKey, (Instant, Result<Identity, Unidentified>)>,
     groups: HashMap<String, (Instant, BTreeMap<String, String>)>,
 }
 
@@ -238,7 +242,7 @@ impl Labeller {
         Labeller { store, cloud, identities: HashMap::new(), groups: HashMap::new() }
     }
 
-    fn key(n: &NodeFacts) -> (String, String, Option<String>) {
+    fn key(n: &NodeFacts) -> NodeKey {
         (n.name.clone(), n.uid.clone(), n.provider_id.clone())
     }
 
