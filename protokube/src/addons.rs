@@ -70,10 +70,16 @@ fn kube_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> AddonError {
 
 /// A client for the local API server as `keelson:addons` in `system:masters`.
 pub async fn client(store: &StateStore, server: &str) -> Result<kube::Client, AddonError> {
+    client_as(store, server, "keelson:addons", &["system:masters"]).await
+}
+
+/// A client for the local API server as `user` in `groups`, with a 24 h certificate issued from the
+/// cluster CA in the state store.
+pub async fn client_as(store: &StateStore, server: &str, user: &str, groups: &[&str]) -> Result<kube::Client, AddonError> {
     let ca_name = "kubernetes-ca";
     let keyset = store.get_required(&format!("pki/private/{ca_name}/keyset.yaml")).await?;
     let ca = pki::parse_private_keyset(ca_name, &keyset)?;
-    let leaf = pki::issue_for(ca_name, &ca, &CertSpec::client("keelson:addons", &["system:masters"]), Duration::from_secs(24 * 3600))?;
+    let leaf = pki::issue_for(ca_name, &ca, &CertSpec::client(user, groups), Duration::from_secs(24 * 3600))?;
     let b64 = |s: &str| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, s.as_bytes());
     let kubeconfig = format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {server}\n    certificate-authority-data: {}\nusers:\n- name: addons\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\ncontexts:\n- name: local\n  context: {{cluster: local, user: addons}}\ncurrent-context: local\n",

@@ -78,6 +78,9 @@ struct Args {
     /// Do not run the addon controller.
     #[arg(long)]
     no_addons: bool,
+    /// Do not label Nodes with their instance group's labels (loop mode; AWS and GCE).
+    #[arg(long)]
+    no_node_labels: bool,
     /// Where the node join server listens (workers prove their instance identity and get their
     /// kubelet and kube-proxy certificates); `off` disables it.
     #[arg(long, default_value = "0.0.0.0:3988")]
@@ -242,6 +245,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     let spec_store = opts.store.clone();
     let (join_cluster, join_ec2, region) = (plan.cluster_name.clone(), ec2.clone(), me.region.clone());
+    let label_ec2 = ec2.clone();
     let (plan_tx, plan_rx) = tokio::sync::watch::channel(plan.clone());
     let metrics = Metrics::default();
     if !args.once && !args.no_backups {
@@ -302,6 +306,25 @@ async fn run(args: Args) -> anyhow::Result<()> {
             },
         };
         tokio::spawn(protokube::addons::run(spec_store.clone(), server, secs(args.addons_interval), metrics.clone(), node));
+    }
+
+    // The node labeller (its own task, following the Nodes): each Node gets its instance group's
+    // labels, the group found from the cloud by the Node's name.
+    if !args.once && !args.no_node_labels {
+        use protokube::node_labels::{aws::AwsNodes, gce::GceNodes, NodeCloud};
+        let cloud = match (&gce_join, boot.cloud_provider.as_str()) {
+            (Some((compute, project)), _) => {
+                Some(NodeCloud::Gce(Box::new(GceNodes::new(compute.clone(), project.clone(), join_cluster.clone(), spec_store.clone()))))
+            }
+            (None, "aws") => Some(NodeCloud::Aws(AwsNodes::new(label_ec2, join_cluster.clone()))),
+            (None, other) => {
+                tracing::warn!(cloud = other, "node labels: no instance lookup on this cloud; Nodes are not labelled with their groups' labels");
+                None
+            }
+        };
+        if let Some(cloud) = cloud {
+            tokio::spawn(protokube::node_labels::run(spec_store.clone(), format!("https://127.0.0.1:{api_port}"), cloud, metrics.clone()));
+        }
     }
 
     // The node join server: needs the cluster CA's key (control planes only) and AWS or GCE.

@@ -45,6 +45,10 @@ pub struct State {
     /// Certificate bundles renewed, and renewal attempts that failed.
     pub certificate_renewals: u64,
     pub certificate_renewal_failures: u64,
+    /// Nodes patched with their instance group's labels, and Nodes not labelled, by reason
+    /// (`no-instance`, `group`, `provider-id`, `cloud`, `patch`, …).
+    pub nodes_labelled: u64,
+    pub node_label_failures: std::collections::BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -151,6 +155,18 @@ impl Metrics {
             "counter",
             "Node join requests refused and connections turned away, by reason.",
             s.node_join_refusals.iter().map(|(r, n)| (format!("{{reason=\"{r}\"}}"), n.to_string())).collect(),
+        );
+        metric(
+            "protokube_nodes_labelled_total",
+            "counter",
+            "Nodes patched with their instance group's labels.",
+            vec![(String::new(), s.nodes_labelled.to_string())],
+        );
+        metric(
+            "protokube_node_label_failures_total",
+            "counter",
+            "Nodes not labelled (the cloud did not vouch for their group, or the patch failed), by reason.",
+            s.node_label_failures.iter().map(|(r, n)| (format!("{{reason=\"{r}\"}}"), n.to_string())).collect(),
         );
         let per_cluster = |f: &dyn Fn(&BackupStats) -> String| -> Vec<(String, String)> {
             s.backups.iter().map(|(c, b)| (format!("{{etcd_cluster=\"{c}\"}}"), f(b))).collect()

@@ -6,7 +6,8 @@
 //! real Kubernetes (built from source, images from the local registry): `/readyz` is ok through
 //! each control plane's address, through every address of `api.internal.<cluster>` (verified
 //! against that name) and through the local API load balancer, every machine is a Ready Node and
-//! every control-plane static pod runs; `keelson-local kubectl` and `env` work, and with that
+//! every control-plane static pod runs; every Node carries its instance group's labels (protokube's
+//! node labeller), a replacement's within seconds; `keelson-local kubectl` and `env` work, and with that
 //! environment `keelson validate cluster --wait` reports the cluster ready; kOps' metrics-server addon
 //! serves node metrics (`kubectl top nodes`).
 //! `kill` of a node gets it replaced and Ready again; `down` then leaves nothing behind.
@@ -279,7 +280,19 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         assert!(std::time::Instant::now() < deadline, "nodes not initialised by the CCM within 300 s:\n{}", wrong.join("\n"));
         std::thread::sleep(Duration::from_secs(2));
     }
-    // Only control planes carry the control-plane role label (protokube puts it on its own node).
+    // 6b. Every Node carries its instance group's labels (protokube's node labeller on the control
+    //     planes; the kubelet may not set them): workers `node-role.kubernetes.io/node`, control
+    //     planes their three labels, every Node `kops.k8s.io/instancegroup=<its group>`; only
+    //     control planes carry the control-plane role label.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let problems = keelson_local::cluster::group_label_problems(&cs.name, &cs.machines, &kubeapi::nodes(&kc).unwrap_or_default());
+        if problems.is_empty() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "Nodes without their groups' labels within 60 s:\n{}", problems.join("\n"));
+        std::thread::sleep(Duration::from_secs(1));
+    }
     let nodes_now = kubeapi::nodes(&kc).unwrap();
     for (name, n) in &nodes_now {
         let is_cp = cps.iter().any(|m| n.internal_ip.as_deref() == Some(m.ip.as_str()));
@@ -632,6 +645,9 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         std::thread::sleep(Duration::from_millis(200));
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    // The next replacement's Node: when it was first seen, and when it carried its group's labels.
+    let mut replacement_seen: Option<(String, std::time::Instant)> = None;
+    let mut labelled_after: Option<Duration> = None;
     loop {
         let cs = ClusterState::load(&State::new(paths::state_dir())).expect("cluster.json");
         let gone = [&victim.instance_id, &early].iter().all(|id| !cs.machines.iter().any(|m| &&m.instance_id == id))
@@ -646,12 +662,28 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
             .count()
             == 3;
         let nodes_deleted = !still_there(&nodes_now, &victim_node, &victim.instance_id) && !still_there(&nodes_now, &early_node, &early);
-        if gone && replaced && nodes_deleted {
+        let next = cs.machines.iter().find(|m| !originals.contains(&m.instance_id) && m.instance_id != early);
+        if let (None, Some(m)) = (&replacement_seen, next) {
+            if let Some((name, _)) = node_named(&nodes_now, &m.ip) {
+                replacement_seen = Some((name, std::time::Instant::now()));
+            }
+        }
+        if let (Some((name, seen)), None, Some(m)) = (&replacement_seen, labelled_after, next) {
+            if keelson_local::cluster::group_label_problems(&cs.name, std::slice::from_ref(m), &nodes_now).is_empty() {
+                labelled_after = Some(seen.elapsed());
+                eprintln!(
+                    "step 10: the replacement's Node {name} carried its group's labels {:.1} s after it was first seen (0.0: already when first seen; the harness polls every 0.5 s)",
+                    seen.elapsed().as_secs_f64()
+                );
+            }
+        }
+        if gone && replaced && nodes_deleted && labelled_after.is_some() {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "nodes {} and {early} not replaced within 300 s (machines gone={gone}, replaced={replaced}, their Nodes deleted={nodes_deleted})",
+            "nodes {} and {early} not replaced within 300 s (machines gone={gone}, replaced={replaced}, their Nodes deleted={nodes_deleted}, \
+             the replacement's Node {replacement_seen:?} labelled after {labelled_after:?})",
             victim.instance_id
         );
         std::thread::sleep(Duration::from_millis(500));

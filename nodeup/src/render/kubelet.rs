@@ -28,8 +28,10 @@ pub fn aws_provider_id(zone: &str, instance_id: &str) -> String {
 
 /// Labels in the `kubernetes.io` / `k8s.io` namespaces a kubelet may set on its own Node: the
 /// kubelet refuses to start with any other (and the NodeRestriction admission plugin would reject
-/// them). The rest (`node-role.kubernetes.io/…`, `kops.k8s.io/…`) are applied by a controller
-/// on the control plane, as kOps' kops-controller does.
+/// them). The rest (`node-role.kubernetes.io/…`, `kops.k8s.io/…`) are applied by protokube's node
+/// labeller on the control planes (`protokube/src/node_labels/`, as kOps' kops-controller does),
+/// from the group's completed labels in this same NodeupConfig, with the group found from the cloud
+/// by the Node's name.
 const SELF_LABELS: &[&str] = &[
     "beta.kubernetes.io/arch",
     "beta.kubernetes.io/instance-type",

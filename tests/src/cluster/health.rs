@@ -1,8 +1,10 @@
 //! The health of the whole cluster, as `up` waits for it and `ps` shows it: machines, containerd,
 //! etcd members, and what the Kubernetes API says.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
+use crate::kubeapi::NodeState;
 use crate::machine::{self, MachineInfo};
 use crate::{cmd, etcd};
 
@@ -145,6 +147,46 @@ pub fn kube_problems(cs: &ClusterState, lines: &mut [String]) -> Vec<String> {
     p
 }
 
+/// The labels of a Node's instance group, as protokube's node labeller puts them (the kubelet may
+/// not): `node-role.kubernetes.io/node` on workers; `node-role.kubernetes.io/control-plane`,
+/// `kops.k8s.io/kops-controller-pki` and `node.kubernetes.io/exclude-from-external-load-balancers`
+/// on control planes; `kops.k8s.io/instancegroup=<group>` on every Node. A worker with a
+/// control-plane label is wrong too. `machines`' groups are their autoscaling groups'
+/// (`<group>.<cluster>`); Nodes are found by InternalIP. Empty when every machine's Node is right.
+pub fn group_label_problems(cluster: &str, machines: &[MachineInfo], nodes: &BTreeMap<String, NodeState>) -> Vec<String> {
+    const CONTROL_PLANE: [&str; 3] =
+        ["node-role.kubernetes.io/control-plane", "kops.k8s.io/kops-controller-pki", "node.kubernetes.io/exclude-from-external-load-balancers"];
+    const WORKER: &str = "node-role.kubernetes.io/node";
+    let mut p = Vec::new();
+    for m in machines {
+        let Some((name, n)) = nodes.iter().find(|(_, n)| n.internal_ip.as_deref() == Some(m.ip.as_str())) else {
+            p.push(format!("{}: no Node with InternalIP {}", m.instance_id, m.ip));
+            continue;
+        };
+        let group = m.group.strip_suffix(&format!(".{cluster}")).unwrap_or(&m.group);
+        let mut want: Vec<(&str, &str)> = vec![("kops.k8s.io/instancegroup", group)];
+        let mut never: Vec<&str> = Vec::new();
+        if m.role == "control-plane" {
+            want.extend(CONTROL_PLANE.map(|k| (k, "")));
+            never.push(WORKER);
+        } else {
+            want.push((WORKER, ""));
+            never.extend(CONTROL_PLANE);
+        }
+        for (k, v) in want {
+            if n.labels.get(k).map(String::as_str) != Some(v) {
+                p.push(format!("{name} ({} of {group}): label {k}={:?}, want {v:?}", m.role, n.labels.get(k)));
+            }
+        }
+        for k in never {
+            if n.labels.contains_key(k) {
+                p.push(format!("{name} ({} of {group}): carries {k}", m.role));
+            }
+        }
+    }
+    p
+}
+
 /// The control-plane machines that are running.
 pub(super) fn control_planes(cs: &ClusterState) -> Vec<MachineInfo> {
     cs.machines.iter().filter(|m| m.role == "control-plane" && m.init_pid.is_some_and(cmd::alive)).cloned().collect()
@@ -208,4 +250,71 @@ pub fn workers_resolve_api(cs: &ClusterState) -> Result<String, Vec<String>> {
         live.len(),
         n = workers.len()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn machine(id: &str, ip: &str, role: &str, group: &str) -> MachineInfo {
+        MachineInfo {
+            instance_id: id.into(),
+            ip: ip.into(),
+            zone: String::new(),
+            netns: String::new(),
+            veth: String::new(),
+            root: Default::default(),
+            overlay: false,
+            nspawn_pid: 0,
+            imds_pid: 0,
+            init_pid: None,
+            role: role.into(),
+            group: group.into(),
+            name: String::new(),
+        }
+    }
+
+    fn node(ip: &str, labels: &[(&str, &str)]) -> NodeState {
+        NodeState {
+            ready: true,
+            internal_ip: Some(ip.into()),
+            provider_id: None,
+            pod_cidr: None,
+            taints: vec![],
+            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            provider_id_managers: vec![],
+            kubelet_version: String::new(),
+            ready_since: None,
+        }
+    }
+
+    #[test]
+    fn group_labels_are_checked_per_role_and_group() {
+        let machines = [machine("i-1", "10.0.0.1", "node", "nodes.c.example.com"), machine("i-2", "10.0.0.2", "control-plane", "cp-a.c.example.com")];
+        let good = BTreeMap::from([
+            ("w".to_string(), node("10.0.0.1", &[("node-role.kubernetes.io/node", ""), ("kops.k8s.io/instancegroup", "nodes")])),
+            (
+                "cp".to_string(),
+                node(
+                    "10.0.0.2",
+                    &[
+                        ("node-role.kubernetes.io/control-plane", ""),
+                        ("kops.k8s.io/kops-controller-pki", ""),
+                        ("node.kubernetes.io/exclude-from-external-load-balancers", ""),
+                        ("kops.k8s.io/instancegroup", "cp-a"),
+                    ],
+                ),
+            ),
+        ]);
+        assert_eq!(group_label_problems("c.example.com", &machines, &good), Vec::<String>::new());
+        let mut bad = good.clone();
+        bad.insert(
+            "w".into(),
+            node("10.0.0.1", &[("node-role.kubernetes.io/node", ""), ("kops.k8s.io/instancegroup", "cp-a"), ("node-role.kubernetes.io/control-plane", "")]),
+        );
+        let p = group_label_problems("c.example.com", &machines, &bad);
+        assert_eq!(p.len(), 2, "{p:?}");
+        bad.remove("cp");
+        assert_eq!(group_label_problems("c.example.com", &machines, &bad).len(), 3);
+    }
 }

@@ -27,7 +27,7 @@ pub use commands::{down, env_exports, kill, kubectl, ps, service_urls, sweep, up
 pub use daemon::{run_daemon, ClusterVersions, ADDON_RECORD, BOOTSTRAP_ADDON, TICK};
 pub use diagnostics::{blocker, diagnose, diagnose_nodes};
 pub use fleet::{replace_block, write_in_place, HOSTS_BEGIN, HOSTS_END, POWEROFF_GRACE};
-pub use health::{control_plane_pods, health, kube_problems, Health};
+pub use health::{control_plane_pods, group_label_problems, health, kube_problems, Health};
 pub use prepare::{prepare, Prepared};
 pub use selfheal::{median, selfheal, SelfhealReport, KEY_PREFIX, OBJECT_NAMESPACE, OBJECT_PREFIX, PHASES};
 pub use state::ClusterState;
