@@ -89,10 +89,8 @@ pub async fn api_server_image(path: &Path, wait: std::time::Duration) -> Option<
 /// apart, doubling to 2 s, at most 8 times).
 pub async fn prepull(ctr: &Path, images: &[String]) {
     use backon::{ExponentialBuilder, Retryable as _};
-    let policy = ExponentialBuilder::default()
-        .with_min_delay(std::time::Duration::from_millis(200))
-        .with_max_delay(std::time::Duration::from_secs(2))
-        .with_max_times(8);
+    let policy =
+        ExponentialBuilder::default().with_min_delay(std::time::Duration::from_millis(200)).with_max_delay(std::time::Duration::from_secs(2)).with_max_times(8);
     for image in images {
         let t = std::time::Instant::now();
         match (|| ensure_image(ctr, image)).retry(policy).await {

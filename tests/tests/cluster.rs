@@ -688,6 +688,12 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+    // A worker booting into a running cluster (what an autoscaled group's new instance does): its
+    // user-data start to its Ready Node, the join by cloud identity included.
+    let cs = ClusterState::load(&State::new(paths::state_dir())).expect("cluster.json");
+    let fresh: Vec<_> = cs.machines.iter().filter(|m| !originals.contains(&m.instance_id) && m.instance_id != early).cloned().collect();
+    let boots = keelson_local::cluster::boot_times::worker_boots(&fresh, &kubeapi::nodes(&kc).unwrap_or_default());
+    eprintln!("step 10: {}", keelson_local::cluster::boot_times::summary(&boots).unwrap_or_else(|| "no worker boot time (no timestamps)".into()));
 
     drop(down);
     support::assert_nothing_left();

@@ -341,8 +341,7 @@ impl Daemon {
         // list above may already show a volume detached from an instance terminated since the
         // instance list at the start of this pass: power that machine off first, so the volume
         // stays with it until it is gone (and never shows up in two machines at once).
-        let live: BTreeSet<String> =
-            self.cloud.instances()?.into_iter().filter(|i| i.state == "running" || i.state == "pending").map(|i| i.id).collect();
+        let live: BTreeSet<String> = self.cloud.instances()?.into_iter().filter(|i| i.state == "running" || i.state == "pending").map(|i| i.id).collect();
         self.fleet.stop_gone(|id| live.contains(id))?;
         self.fleet.sync_volumes(&vols)
     }

@@ -58,6 +58,17 @@ pub struct SelfhealReport {
     pub validated: bool,
 }
 
+/// (min, median, max) of `v`; zeros when empty.
+pub fn spread(v: &[f64]) -> (f64, f64, f64) {
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if v.is_empty() {
+        (0.0, 0.0, 0.0)
+    } else {
+        (lo, median(v), hi)
+    }
+}
+
 pub fn median(v: &[f64]) -> f64 {
     if v.is_empty() {
         return 0.0;
@@ -419,6 +430,13 @@ pub fn selfheal(
         let medians: Vec<String> =
             PHASES.iter().enumerate().map(|(i, p)| format!("{p} {:.1}", median(&report.phases.iter().map(|v| v[i]).collect::<Vec<_>>()))).collect();
         println!("selfheal: median phase times (s after the kill): {}", medians.join(" → "));
+        println!("selfheal: phase distribution over {} cycles (s after the kill: min / median / max):", report.phases.len());
+        for (i, p) in PHASES.iter().enumerate() {
+            let (lo, med, hi) = spread(&report.phases.iter().map(|v| v[i]).collect::<Vec<_>>());
+            println!("  {p:<24} {lo:>5.1} / {med:>5.1} / {hi:>5.1}");
+        }
+        let (lo, med, hi) = spread(&report.failovers);
+        println!("  {:<24} {lo:>5.1} / {med:>5.1} / {hi:>5.1}", "failover (all checks)");
     }
     println!(
         "selfheal: {} cycles, {}/{} keys intact, {}/{} ConfigMaps intact, median failover {:.1} s",
@@ -441,5 +459,7 @@ mod tests {
         assert_eq!(median(&[]), 0.0);
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(spread(&[]), (0.0, 0.0, 0.0));
+        assert_eq!(spread(&[12.6, 27.4, 19.7]), (12.6, 19.7, 27.4));
     }
 }
