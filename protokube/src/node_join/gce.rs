@@ -172,6 +172,30 @@ pub fn node_group(ig: &InstanceGroup, mig: &str) -> Result<(), Refusal> {
 
 /// The MIG must list the instance, same id (not only claim it in its metadata). Returns the
 /// template it was made from, when the list says.
+/// Why [`listed_template`] found no template.
+pub enum MigLookup {
+    /// A Compute call failed (the call's name, its error).
+    Compute(&'static str, cloud::gce::GoogleApiError),
+    /// The managed instance group does not exist (the message says which, where).
+    NoMig(String),
+    /// The group does not vouch for the instance ([`check_listed`]).
+    Refused(Refusal),
+}
+
+/// The instance template the managed instance group `mig` (in `zone`) made `instance` from: the
+/// one its managed-instance listing names for it, or the group's own while it is still creating it
+/// ([`check_listed`]). Shared by the join server and the node labeller: both trust a node's group
+/// only as far as its MIG vouches for it.
+pub async fn listed_template(compute: &ComputeReader, zone: &str, mig: &str, instance: &InstanceFacts) -> Result<String, MigLookup> {
+    let no_mig = || MigLookup::NoMig(format!("managed instance group {mig} does not exist in zone {zone}"));
+    let managed =
+        compute.managed_instances(zone, mig).await.map_err(|e| MigLookup::Compute("instanceGroupManagers.listManagedInstances", e))?.ok_or_else(no_mig)?;
+    match check_listed(&managed, instance, mig).map_err(MigLookup::Refused)? {
+        Some(t) => Ok(t),
+        None => compute.mig_template(zone, mig).await.map_err(|e| MigLookup::Compute("instanceGroupManagers.get", e))?.ok_or_else(no_mig),
+    }
+}
+
 pub fn check_listed(managed: &[ManagedInstance], instance: &InstanceFacts, mig: &str) -> Result<Option<String>, Refusal> {
     let entry = managed
         .iter()
@@ -234,21 +258,11 @@ impl GceAuthority {
         let (zone, mig, group) = cluster_mig(&id, &instance, &self.cluster, &groups)?;
         let ig = self.read_group(group).await?;
         node_group(&ig, &mig)?;
-        let managed = self
-            .compute
-            .managed_instances(&zone, &mig)
-            .await
-            .map_err(|e| compute("instanceGroupManagers.listManagedInstances", e))?
-            .ok_or_else(|| forbidden("managed", format!("managed instance group {mig} does not exist in zone {zone}")))?;
-        let template = match check_listed(&managed, &instance, &mig)? {
-            Some(t) => t,
-            None => self
-                .compute
-                .mig_template(&zone, &mig)
-                .await
-                .map_err(|e| compute("instanceGroupManagers.get", e))?
-                .ok_or_else(|| forbidden("managed", format!("managed instance group {mig} does not exist in zone {zone}")))?,
-        };
+        let template = listed_template(&self.compute, &zone, &mig, &instance).await.map_err(|e| match e {
+            MigLookup::Compute(call, e) => compute(call, e),
+            MigLookup::NoMig(message) => forbidden("managed", message),
+            MigLookup::Refused(r) => r,
+        })?;
         let template = self
             .compute
             .template(&template)

@@ -24,7 +24,7 @@ use cloud::gce::ComputeReader;
 use keelson_api::names;
 
 use super::{unidentified, Identity, NodeFacts, Unidentified, GROUP_TTL};
-use crate::node_join::gce::{check_listed, cluster_mig, template_group};
+use crate::node_join::gce::{cluster_mig, listed_template, template_group, MigLookup};
 
 /// `gce://<project>/<zone>/<name>` → (project, zone, name).
 pub fn provider_place(provider_id: &str) -> Option<(&str, &str, &str)> {
@@ -128,21 +128,11 @@ impl GceNodes {
         };
         let (zone, mig, group) = cluster_mig(&id, &instance, &self.cluster, groups)?;
         unique_base_name(group, groups)?;
-        let managed = self
-            .compute
-            .managed_instances(&zone, &mig)
-            .await
-            .map_err(compute_err("instanceGroupManagers.listManagedInstances"))?
-            .ok_or_else(|| unidentified("managed", format!("managed instance group {mig} does not exist in zone {zone}")))?;
-        let template = match check_listed(&managed, &instance, &mig)? {
-            Some(t) => t,
-            None => self
-                .compute
-                .mig_template(&zone, &mig)
-                .await
-                .map_err(compute_err("instanceGroupManagers.get"))?
-                .ok_or_else(|| unidentified("managed", format!("managed instance group {mig} does not exist in zone {zone}")))?,
-        };
+        let template = listed_template(&self.compute, &zone, &mig, &instance).await.map_err(|e| match e {
+            MigLookup::Compute(call, e) => compute_err(call)(e),
+            MigLookup::NoMig(message) => unidentified("managed", message),
+            MigLookup::Refused(r) => r.into(),
+        })?;
         let template = self
             .compute
             .template(&template)
