@@ -20,10 +20,10 @@ pub fn ctr_command(ctr: &Path) -> tokio::process::Command {
     cmd
 }
 
-/// `ctr` on `PATH` (containerd's client, which nodeup installs beside containerd).
-pub fn find_ctr() -> Option<PathBuf> {
+/// The program `name` on `PATH` (`ctr`: containerd's client, which nodeup installs beside containerd).
+pub fn on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join("ctr")).find(|p| p.is_file())
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
 }
 
 /// Make sure containerd holds `image`: an instance that never ran etcd (or whose image was garbage

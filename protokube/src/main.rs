@@ -228,7 +228,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     // The etcd images first, while the volumes are still being claimed ([`protokube::images`]).
     if args.root == Path::new("/") && !args.once {
-        match protokube::images::find_ctr() {
+        match protokube::images::on_path("ctr") {
             Some(ctr) => {
                 let mine = plan.etcd_clusters.iter().filter(|ec| !plan.my_members(ec).is_empty());
                 let etcd = protokube::images::distinct_images(mine.map(|ec| ec.image.as_str()));

@@ -85,8 +85,7 @@ impl RestoreTool {
             }
             return Some(RestoreTool::Binary { path: p.to_path_buf(), etcdutl: name.starts_with("etcdutl") });
         }
-        let path = std::env::var_os("PATH")?;
-        let on_path = |name: &str| std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file());
+        let on_path = crate::images::on_path;
         if let Some(p) = on_path("etcdutl") {
             return Some(RestoreTool::Binary { path: p, etcdutl: true });
         }

@@ -278,6 +278,13 @@ fn daemon_body(state: &State, spec: &Spec, cs: &mut ClusterState, stop: &AtomicB
 impl Daemon {
     fn reconcile(&mut self) -> anyhow::Result<()> {
         let mut step = fleet::StepTimer::start(&self.fleet.events);
+        // Volumes before instances: EC2 keeps a terminated instance's volumes attached until it has
+        // shut down, but moto detaches them at termination. Listed first, a volume shown detached
+        // belongs to an instance the list below already shows gone, so its machine is powering off
+        // (and keeps the volume until it is off) before the volumes are synced: a volume never shows
+        // up in two machines at once.
+        let volumes = self.volume_list()?;
+        step.done("listing volumes");
         let instances = self.cloud.instances()?;
         step.done("listing instances");
         let live: BTreeMap<String, &crate::cloud::Instance> =
@@ -312,7 +319,7 @@ impl Daemon {
             self.fleet.boot(MachineData::Aws(Box::new(data)), inst.role(), inst.group(), Box::new(|| {}))?;
         }
         step.done("starting machines");
-        self.sync_volumes()?;
+        self.fleet.sync_volumes(&volumes)?;
         step.done("volumes");
         self.sync_dns();
         step.done("DNS");
@@ -323,8 +330,9 @@ impl Daemon {
         Ok(())
     }
 
-    fn sync_volumes(&mut self) -> anyhow::Result<()> {
-        let vols: Vec<fleet::Volume> = self
+    /// The cloud's data volumes, and which instance each is attached to.
+    fn volume_list(&self) -> anyhow::Result<Vec<fleet::Volume>> {
+        Ok(self
             .cloud
             .volumes()?
             .into_iter()
@@ -336,14 +344,7 @@ impl Daemon {
                 bus: Bus::Ebs { volume_id: v.id.clone() },
                 id: v.id,
             })
-            .collect();
-        // EC2 keeps a terminated instance's volumes attached until it has shut down. The volume
-        // list above may already show a volume detached from an instance terminated since the
-        // instance list at the start of this pass: power that machine off first, so the volume
-        // stays with it until it is gone (and never shows up in two machines at once).
-        let live: BTreeSet<String> = self.cloud.instances()?.into_iter().filter(|i| i.state == "running" || i.state == "pending").map(|i| i.id).collect();
-        self.fleet.stop_gone(|id| live.contains(id))?;
-        self.fleet.sync_volumes(&vols)
+            .collect())
     }
 
     /// Play the VPC resolver: the A records of the local Route53 zones in every machine's hosts file.
