@@ -17,7 +17,7 @@ use crate::config::{ConfigError, StateStore};
 use crate::flag_table;
 use crate::join::{self, JoinTask};
 use crate::nodetasks::{
-    file_task_name, DirTask, DownloadTask, FileTask, InstallArchiveTask, InstallTask, NodeTask, PodManifestTask, ServiceOffTask, ServiceTask, SwapOffTask,
+    download_task_name, file_task_name, DirTask, DownloadTask, FileTask, InstallArchiveTask, InstallTask, NodeTask, PodManifestTask, ServiceOffTask, ServiceTask, SwapOffTask,
 };
 use crate::paths;
 use crate::render::{self, containerd, kubelet, manifests, systemd};
@@ -77,24 +77,38 @@ pub fn first_ip(cidr: &str) -> Option<IpAddr> {
 }
 
 /// Build every task.
+/// Whether an asset is on the boot's critical path: what the kubelet and containerd need to start
+/// (kubelet, containerd, runc) and protokube, which claims the etcd volumes while the rest installs.
+/// kubectl, the CNI plugins and credential providers come after.
+pub fn boot_critical(asset: &Asset) -> bool {
+    match &asset.kind {
+        AssetKind::Binary { dest } => [paths::KUBELET_BIN, paths::RUNC_BIN, paths::PROTOKUBE_BIN].contains(&dest.as_str()),
+        AssetKind::Archive { .. } => asset.file_name.starts_with("containerd-"),
+        AssetKind::Other => false,
+    }
+}
+
 pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
     let mut tasks: Vec<Box<NodeTask>> = Vec::new();
     let mut warnings = Vec::new();
     let cfg = inp.config;
     let aws = inp.boot.cloud_provider == "aws";
 
-    // Assets first: downloads start at once, concurrently.
+    // Assets first: the boot-critical downloads start at once, concurrently, and the rest once
+    // they are in (on a busy host they would otherwise share the network and the hashing CPU).
     let list = cfg
         .assets
         .get(&inp.facts.arch)
         .ok_or_else(|| ModelError::NoAssets { arch: inp.facts.arch.clone(), have: cfg.assets.keys().cloned().collect::<Vec<_>>().join(", ") })?;
+    let assets = list.iter().map(|spec| Asset::parse(spec).map(Arc::new)).collect::<Result<Vec<_>, _>>()?;
+    let critical: Vec<String> = assets.iter().filter(|a| boot_critical(a)).map(|a| download_task_name(a)).collect();
     let mut installed: Vec<String> = Vec::new(); // install task names, by binary
     let mut containerd_inputs = Vec::new();
     let mut kubelet_inputs = Vec::new();
     let mut has_ecr = false;
-    for spec in list {
-        let asset = Arc::new(Asset::parse(spec)?);
-        tasks.push(Box::new(DownloadTask { asset: asset.clone() }));
+    for asset in assets {
+        let after = if boot_critical(&asset) { Vec::new() } else { critical.clone() };
+        tasks.push(Box::new(DownloadTask { asset: asset.clone(), after }));
         match &asset.kind {
             AssetKind::Binary { dest } => {
                 let t = InstallTask { asset: asset.clone(), member: None, dest: dest.clone(), mode: 0o755 };
@@ -665,5 +679,26 @@ mod tests {
     fn first_ips() {
         assert_eq!(super::first_ip("100.64.0.0/13").map(|i| i.to_string()).as_deref(), Some("100.64.0.1"));
         assert_eq!(super::first_ip("fd00::/108").map(|i| i.to_string()).as_deref(), Some("fd00::1"));
+    }
+
+    #[test]
+    fn the_boot_critical_assets_are_the_kubelets_containerds_and_protokube() {
+        let h = "a".repeat(64);
+        let critical = |url: &str| super::boot_critical(&crate::assets::Asset::parse(&format!("{h}@{url}")).expect("asset"));
+        for url in [
+            "https://dl.k8s.io/release/v1.34.4/bin/linux/amd64/kubelet",
+            "https://github.com/containerd/containerd/releases/download/v2.1.4/containerd-2.1.4-linux-amd64.tar.gz",
+            "https://github.com/opencontainers/runc/releases/download/v1.3.0/runc.amd64",
+            "https://artifacts.k8s.io/binaries/kops/1.34.0/linux/amd64/protokube",
+        ] {
+            assert!(critical(url), "{url} is on the boot's critical path");
+        }
+        for url in [
+            "https://dl.k8s.io/release/v1.34.4/bin/linux/amd64/kubectl",
+            "https://github.com/containernetworking/plugins/releases/download/v1.7.1/cni-plugins-linux-amd64-v1.7.1.tgz",
+            "https://artifacts.k8s.io/binaries/cloud-provider-aws/v1.31.7/linux/amd64/ecr-credential-provider-linux-amd64",
+        ] {
+            assert!(!critical(url), "{url} waits for the critical downloads");
+        }
     }
 }

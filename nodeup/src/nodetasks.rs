@@ -145,6 +145,9 @@ pub fn download_task_name(asset: &Asset) -> String {
 /// Fetch an asset into the hash-keyed cache.
 pub struct DownloadTask {
     pub asset: Arc<Asset>,
+    /// Downloads that go first (the boot's critical path: see `model::boot_critical`); empty for
+    /// those.
+    pub after: Vec<String>,
 }
 
 impl Task<Ctx<'_>> for DownloadTask {
@@ -153,6 +156,9 @@ impl Task<Ctx<'_>> for DownloadTask {
     }
     fn name(&self) -> String {
         download_task_name(&self.asset)
+    }
+    fn deps(&self) -> Vec<String> {
+        self.after.clone()
     }
     fn check(&self, ctx: &Ctx, _: bool) -> Result<Vec<String>, TaskError> {
         Ok(if ctx.assets.is_cached(&self.asset) { vec![] } else { vec![format!("download {} (sha256 {})", self.asset.urls[0], &self.asset.sha256[..12])] })

@@ -217,14 +217,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
         device_timeout: secs(args.device_timeout),
         etcd_timeout: Duration::from_secs(2),
         s3: backup_s3.clone(),
-        restore_tool: protokube::restore::RestoreTool::find(args.etcd_restore_tool.as_deref()),
+        restore_tool: args.etcd_restore_tool.clone(),
         stop_timeout: secs(args.stop_timeout),
         quorum_loss_wait: secs(args.quorum_loss_wait),
         clock,
     };
     match &opts.restore_tool {
-        Some(t) => tracing::info!(tool = %t.describe(), "etcd restores use"),
-        None => tracing::warn!("no etcdutl, ctr or etcdctl on PATH: this instance cannot take part in an etcd restore (--etcd-restore-tool)"),
+        Some(t) => tracing::info!(tool = %t.display(), "etcd restores use"),
+        None => tracing::info!("etcd restores use the etcd image's etcdutl through ctr, else etcdutl on PATH, else etcdctl (etcd before 3.6), looked up when a restore runs"),
     }
     // The etcd images first, while the volumes are still being claimed ([`protokube::images`]).
     if args.root == Path::new("/") && !args.once {

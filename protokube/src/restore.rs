@@ -76,23 +76,17 @@ pub enum RestoreTool {
 }
 
 impl RestoreTool {
-    /// `explicit`, else `etcdutl` on `PATH`, else `ctr` (the member's image), else `etcdctl`.
-    pub fn find(explicit: Option<&Path>) -> Option<RestoreTool> {
-        if let Some(p) = explicit {
-            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            if name == "ctr" {
-                return Some(RestoreTool::Image { ctr: p.to_path_buf() });
-            }
-            return Some(RestoreTool::Binary { path: p.to_path_buf(), etcdutl: name.starts_with("etcdutl") });
-        }
+    /// The tool for restoring a snapshot of an etcd at `version`, looked up when a restore runs
+    /// (at protokube's start nodeup may still be installing containerd): `explicit` if given; else
+    /// `etcdutl` from the member's own image through `ctr` (always the server's version); else
+    /// `etcdutl` on `PATH`; else `etcdctl` (3.4's `snapshot restore`), but only for etcd before
+    /// 3.6. etcd 3.6 reads its membership from the v3 store and finds none in what etcdctl 3.4
+    /// writes: such a member panics ("failed to update; member unknown") as soon as the others
+    /// publish their attributes, and the restore never completes (seen on a member whose protokube
+    /// started before containerd was installed and so chose a host `etcdctl`).
+    pub fn find(explicit: Option<&Path>, version: &str) -> Result<RestoreTool, String> {
         let on_path = crate::images::on_path;
-        if let Some(p) = on_path("etcdutl") {
-            return Some(RestoreTool::Binary { path: p, etcdutl: true });
-        }
-        if let Some(p) = on_path("ctr") {
-            return Some(RestoreTool::Image { ctr: p });
-        }
-        on_path("etcdctl").map(|p| RestoreTool::Binary { path: p, etcdutl: false })
+        pick(explicit, on_path("ctr"), on_path("etcdutl"), on_path("etcdctl"), version)
     }
 
     pub fn describe(&self) -> String {
@@ -101,6 +95,37 @@ impl RestoreTool {
             RestoreTool::Image { ctr } => format!("etcdutl in the etcd image (through {})", ctr.display()),
         }
     }
+}
+
+/// [`RestoreTool::find`] over what was found on `PATH`.
+fn pick(explicit: Option<&Path>, ctr: Option<PathBuf>, etcdutl: Option<PathBuf>, etcdctl: Option<PathBuf>, version: &str) -> Result<RestoreTool, String> {
+    if let Some(p) = explicit {
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if name == "ctr" {
+            return Ok(RestoreTool::Image { ctr: p.to_path_buf() });
+        }
+        return Ok(RestoreTool::Binary { path: p.to_path_buf(), etcdutl: name.starts_with("etcdutl") });
+    }
+    if let Some(ctr) = ctr {
+        return Ok(RestoreTool::Image { ctr });
+    }
+    if let Some(path) = etcdutl {
+        return Ok(RestoreTool::Binary { path, etcdutl: true });
+    }
+    match etcdctl {
+        Some(path) if version_before(version, (3, 6, 0)) => Ok(RestoreTool::Binary { path, etcdutl: false }),
+        Some(path) => Err(format!(
+            "no ctr or etcdutl on PATH, and {} (etcdctl's snapshot restore) writes data etcd {version} cannot start from (--etcd-restore-tool)",
+            path.display()
+        )),
+        None => Err("no ctr, etcdutl or etcdctl on PATH (--etcd-restore-tool)".into()),
+    }
+}
+
+/// Whether etcd `version` (`3.5.21`, `v3.6.12`) comes before `than`.
+fn version_before(version: &str, than: (u64, u64, u64)) -> bool {
+    let mut parts = version.trim_start_matches('v').split('.').map(|p| p.parse::<u64>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0), parts.next().unwrap_or(0)) < than
 }
 
 /// etcdutl learnt `--bump-revision`/`--mark-compacted` in 3.5.13.
@@ -120,7 +145,9 @@ pub struct MemberRestore<'a> {
     /// The etcd manifest (host path, under `--root`).
     pub manifest: PathBuf,
     pub store: BackupStore,
-    pub tool: Option<RestoreTool>,
+    /// `--etcd-restore-tool`; without it the tool is looked up when the restore runs
+    /// ([`RestoreTool::find`]).
+    pub tool: Option<PathBuf>,
     /// The local member, once restored (made only then: it reads the TLS files).
     pub local: Box<dyn Fn() -> Option<crate::etcd::Client> + Send + Sync + 'a>,
     /// Where the member's client port answers (to see it stopped).
@@ -286,9 +313,8 @@ impl MemberRestore<'_> {
 
     async fn restore_into(&self, req: &RestoreRequest, data: &Path) -> Result<(), RestoreError> {
         let tool_err = |message: String| RestoreError::Tool { request: req.id.clone(), cluster: self.ec.name.clone(), message };
-        let Some(tool) = &self.tool else {
-            return Err(tool_err("nothing to restore the snapshot with: no etcdutl, ctr or etcdctl on PATH (or --etcd-restore-tool)".into()));
-        };
+        let tool = &RestoreTool::find(self.tool.as_deref(), &self.ec.version).map_err(|why| tool_err(format!("nothing to restore the snapshot with: {why}")))?;
+        tracing::info!(etcd = %self.ec.name, request = %req.id, tool = %tool.describe(), "restore: restoring the snapshot");
         let id = BackupId::parse(&req.backup).ok_or_else(|| tool_err(format!("{:?} is not a backup id", req.backup)))?;
         // Downloaded 0600 into a directory only root may enter (a snapshot holds every secret).
         let db = crate::paths::restore_download(&self.mount, &req.id);
@@ -402,8 +428,22 @@ mod tests {
 
     #[test]
     fn explicit_tools() {
-        assert_eq!(RestoreTool::find(Some(Path::new("/usr/bin/ctr"))), Some(RestoreTool::Image { ctr: "/usr/bin/ctr".into() }));
-        assert_eq!(RestoreTool::find(Some(Path::new("/x/etcdutl"))), Some(RestoreTool::Binary { path: "/x/etcdutl".into(), etcdutl: true }));
-        assert_eq!(RestoreTool::find(Some(Path::new("/x/etcdctl"))), Some(RestoreTool::Binary { path: "/x/etcdctl".into(), etcdutl: false }));
+        assert_eq!(RestoreTool::find(Some(Path::new("/usr/bin/ctr")), "3.6.12"), Ok(RestoreTool::Image { ctr: "/usr/bin/ctr".into() }));
+        assert_eq!(RestoreTool::find(Some(Path::new("/x/etcdutl")), "3.6.12"), Ok(RestoreTool::Binary { path: "/x/etcdutl".into(), etcdutl: true }));
+        assert_eq!(RestoreTool::find(Some(Path::new("/x/etcdctl")), "3.4.30"), Ok(RestoreTool::Binary { path: "/x/etcdctl".into(), etcdutl: false }));
+    }
+
+    #[test]
+    fn the_members_own_image_first_and_etcdctl_never_for_etcd_3_6() {
+        let p = |s: &str| Some(PathBuf::from(s));
+        let image = RestoreTool::Image { ctr: "/usr/local/bin/ctr".into() };
+        assert_eq!(pick(None, p("/usr/local/bin/ctr"), p("/usr/bin/etcdutl"), p("/usr/bin/etcdctl"), "3.6.12"), Ok(image));
+        assert_eq!(pick(None, None, p("/usr/bin/etcdutl"), p("/usr/bin/etcdctl"), "3.6.12"), Ok(RestoreTool::Binary { path: "/usr/bin/etcdutl".into(), etcdutl: true }));
+        assert_eq!(pick(None, None, None, p("/usr/bin/etcdctl"), "3.5.21"), Ok(RestoreTool::Binary { path: "/usr/bin/etcdctl".into(), etcdutl: false }));
+        // What a control plane whose protokube started before containerd was installed chose, and
+        // whose member then panicked after every restore.
+        let refused = pick(None, None, None, p("/usr/bin/etcdctl"), "v3.6.12").expect_err("etcdctl 3.4 for etcd 3.6");
+        assert!(refused.contains("/usr/bin/etcdctl") && refused.contains("3.6.12"), "{refused}");
+        assert!(pick(None, None, None, None, "3.6.12").is_err());
     }
 }

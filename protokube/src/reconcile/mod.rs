@@ -77,7 +77,8 @@ pub struct Options {
     /// The S3 client for `s3://` backup stores.
     pub s3: Option<aws_sdk_s3::Client>,
     /// What restores etcd snapshots (`etcdutl`, or etcdctl 3.4).
-    pub restore_tool: Option<crate::restore::RestoreTool>,
+    /// `--etcd-restore-tool` (else chosen when a restore runs: [`crate::restore::RestoreTool::find`]).
+    pub restore_tool: Option<std::path::PathBuf>,
     /// How long one pass waits for a member to stop before a restore.
     pub stop_timeout: Duration,
     /// Time for backup ids (tests move it).
@@ -154,17 +155,24 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         let (mut vols, instances) = self.observe().await?;
 
         // 3. Per etcd cluster: keep or claim a volume, then mount it and write the manifest.
+        // Every cluster's volume is claimed (attached) before any is waited for, so the attachments
+        // (and, on a replacement, the old instance's release of them) overlap instead of queueing
+        // one cluster behind the other's mount and manifest.
         let clusters = self.plan.etcd_clusters.clone();
         let mut preferred: Option<String> = None;
+        let mut claims = Vec::new();
         for ec in &clusters {
             if self.plan.my_members(ec).is_empty() {
                 continue;
             }
             let Some(claim) = self.claim(ec, &mut vols, &instances, preferred.as_deref(), &mut report).await? else { continue };
             preferred.get_or_insert(claim.member.clone());
-            let volumes::Claim { volume: vol_id, member } = claim;
             let peers = self.peers(ec, &vols, &instances);
-            self.seen.insert(ec.name.clone(), Seen { member: member.clone(), peers });
+            self.seen.insert(ec.name.clone(), Seen { member: claim.member.clone(), peers });
+            claims.push((ec, claim));
+        }
+        for (ec, claim) in claims {
+            let volumes::Claim { volume: vol_id, member } = claim;
             let Some(device) = self.wait_attached_device(&vol_id, &mut vols, &mut report).await? else { continue };
             let vol = vols.iter().find(|v| v.id == vol_id).cloned();
             let Some(vol) = vol else { continue };

@@ -15,6 +15,14 @@ use crate::config::EtcdCluster;
 use crate::disk::{self, DiskError, Probe};
 use crate::paths;
 
+/// The longest wait between two looks at a volume's detach or attach (`DescribeVolumes`). The old
+/// instance's shutdown decides when its volumes are free; every second between that moment and our
+/// next look is a second of failover, so the back-off stops at half a second (a few calls a second
+/// from one instance for the few seconds it takes, far below EC2's request limits).
+const ATTACH_POLL_MAX: Duration = Duration::from_millis(500);
+/// The longest wait between two looks for the attached volume's device node (a `stat`).
+const DEVICE_POLL_MAX: Duration = Duration::from_millis(100);
+
 /// The volume this instance holds (or has just claimed) for one of its etcd members.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Claim {
@@ -165,7 +173,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                 return Ok(false);
             }
             tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(2));
+            delay = (delay * 2).min(ATTACH_POLL_MAX);
         }
     }
 
@@ -184,7 +192,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                 return Ok(None);
             }
             tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(2));
+            delay = (delay * 2).min(ATTACH_POLL_MAX);
             let f = VolumeFilter { ids: vec![vid.to_string()], ..Default::default() };
             if let Some(fresh) = self.cloud.find_volumes(&f).await?.into_iter().next() {
                 if let Some(slot) = vols.iter_mut().find(|v| v.id == vid) {
@@ -209,7 +217,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                 return Ok(None);
             }
             tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_millis(500));
+            delay = (delay * 2).min(DEVICE_POLL_MAX);
         }
     }
 

@@ -162,6 +162,13 @@ fn failover_phase(cloud: &Option<Cloud>, cs: &ClusterState, victim: &MachineInfo
     (7, Some(new))
 }
 
+/// `HH:MM:SS.mmm` UTC: the kill's moment, to line the phases up with the machines' journals.
+fn utc_millis(t: std::time::SystemTime) -> String {
+    let ms = t.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
+    let day_ms = ms % 86_400_000;
+    format!("{:02}:{:02}:{:02}.{:03} UTC", day_ms / 3_600_000, day_ms / 60_000 % 60, day_ms / 1000 % 60, day_ms % 1000)
+}
+
 /// Probes `/readyz` through the API load balancer every 250 ms while a cycle runs.
 struct ApiProbe {
     stop: Arc<AtomicBool>,
@@ -280,10 +287,14 @@ pub fn selfheal(
         let victim = cps[random_index(cps.len())].clone();
         let probe = ApiProbe::start(kubeconfig.clone());
         let t0 = Instant::now();
+        let killed_at = std::time::SystemTime::now();
         super::commands::kill(&victim.instance_id)?;
         let deadline = t0 + cycle_timeout;
         let mut reached: Vec<Option<f64>> = vec![None; PHASES.len()];
         let mut status = String::from("waiting for a replacement instance");
+        // A phase is timed when a poll first sees it: the true moment lies up to one poll gap
+        // earlier. The longest gap is printed with the cycle, as the phases' resolution.
+        let (mut last_poll, mut widest_gap) = (t0, Duration::ZERO);
         let healed = loop {
             if Instant::now() > deadline {
                 break None;
@@ -291,6 +302,9 @@ pub fn selfheal(
             std::thread::sleep(Duration::from_millis(200));
             let Ok(cs) = load() else { continue };
             let (phase, new) = failover_phase(&cloud, &cs, &victim);
+            let polled = Instant::now();
+            widest_gap = widest_gap.max(polled - last_poll);
+            last_poll = polled;
             let now = t0.elapsed().as_secs_f64();
             for r in reached.iter_mut().take(phase) {
                 r.get_or_insert(now);
@@ -346,7 +360,8 @@ pub fn selfheal(
                 let breakdown = PHASES.iter().zip(&phases).map(|(p, t)| format!("{p} {t:.1}")).collect::<Vec<_>>().join(" → ");
                 report.phases.push(phases);
                 println!("cycle {n}/{cycles}: killed {} ({}) -> {new} healthy with {count}/{keys} keys and {objects}/{keys} ConfigMaps, same members, failover {secs:.1} s", victim.instance_id, victim.group);
-                println!("  phases (s after the kill): {breakdown}");
+                println!("  phases (s after the kill at {}): {breakdown}", utc_millis(killed_at));
+                println!("  each phase seen by a poll at most {:.1} s after it happened (the widest gap between polls)", widest_gap.as_secs_f64());
                 println!("  {api}");
                 println!("  addons: the new control plane's controller passed and applied 0 (every hash recorded)");
             }
@@ -453,6 +468,12 @@ pub fn selfheal(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kill_times_print_as_utc_clock_times() {
+        let t = std::time::UNIX_EPOCH + Duration::from_millis(1_795_710_701_637);
+        assert_eq!(utc_millis(t), "16:31:41.637 UTC");
+    }
 
     #[test]
     fn medians() {
