@@ -17,7 +17,8 @@ use crate::config::{ConfigError, StateStore};
 use crate::flag_table;
 use crate::join::{self, JoinTask};
 use crate::nodetasks::{
-    download_task_name, file_task_name, DirTask, DownloadTask, FileTask, InstallArchiveTask, InstallTask, NodeTask, PodManifestTask, ServiceOffTask, ServiceTask, SwapOffTask,
+    download_task_name, file_task_name, DirTask, DownloadTask, FileTask, InstallArchiveTask, InstallTask, NodeTask, PodManifestTask, ServiceOffTask,
+    ServiceTask, SwapOffTask,
 };
 use crate::paths;
 use crate::render::{self, containerd, kubelet, manifests, systemd};

@@ -224,7 +224,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     match &opts.restore_tool {
         Some(t) => tracing::info!(tool = %t.display(), "etcd restores use"),
-        None => tracing::info!("etcd restores use the etcd image's etcdutl through ctr, else etcdutl on PATH, else etcdctl (etcd before 3.6), looked up when a restore runs"),
+        None => tracing::info!(
+            "etcd restores use the etcd image's etcdutl through ctr, else etcdutl on PATH, else etcdctl (etcd before 3.6), looked up when a restore runs"
+        ),
     }
     // The etcd images first, while the volumes are still being claimed ([`protokube::images`]).
     if args.root == Path::new("/") && !args.once {

@@ -313,7 +313,8 @@ impl MemberRestore<'_> {
 
     async fn restore_into(&self, req: &RestoreRequest, data: &Path) -> Result<(), RestoreError> {
         let tool_err = |message: String| RestoreError::Tool { request: req.id.clone(), cluster: self.ec.name.clone(), message };
-        let tool = &RestoreTool::find(self.tool.as_deref(), &self.ec.version).map_err(|why| tool_err(format!("nothing to restore the snapshot with: {why}")))?;
+        let tool =
+            &RestoreTool::find(self.tool.as_deref(), &self.ec.version).map_err(|why| tool_err(format!("nothing to restore the snapshot with: {why}")))?;
         tracing::info!(etcd = %self.ec.name, request = %req.id, tool = %tool.describe(), "restore: restoring the snapshot");
         let id = BackupId::parse(&req.backup).ok_or_else(|| tool_err(format!("{:?} is not a backup id", req.backup)))?;
         // Downloaded 0600 into a directory only root may enter (a snapshot holds every secret).
@@ -438,7 +439,10 @@ mod tests {
         let p = |s: &str| Some(PathBuf::from(s));
         let image = RestoreTool::Image { ctr: "/usr/local/bin/ctr".into() };
         assert_eq!(pick(None, p("/usr/local/bin/ctr"), p("/usr/bin/etcdutl"), p("/usr/bin/etcdctl"), "3.6.12"), Ok(image));
-        assert_eq!(pick(None, None, p("/usr/bin/etcdutl"), p("/usr/bin/etcdctl"), "3.6.12"), Ok(RestoreTool::Binary { path: "/usr/bin/etcdutl".into(), etcdutl: true }));
+        assert_eq!(
+            pick(None, None, p("/usr/bin/etcdutl"), p("/usr/bin/etcdctl"), "3.6.12"),
+            Ok(RestoreTool::Binary { path: "/usr/bin/etcdutl".into(), etcdutl: true })
+        );
         assert_eq!(pick(None, None, None, p("/usr/bin/etcdctl"), "3.5.21"), Ok(RestoreTool::Binary { path: "/usr/bin/etcdctl".into(), etcdutl: false }));
         // What a control plane whose protokube started before containerd was installed chose, and
         // whose member then panicked after every restore.

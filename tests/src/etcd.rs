@@ -78,6 +78,12 @@ pub fn healthy(init_pid: i64, ep: &Endpoint) -> bool {
     etcdctl(init_pid, ep, &["endpoint", "health"]).is_ok()
 }
 
+/// [`healthy`], giving up after about a second (a member that is not there yet must not hold a
+/// timing poll up for etcdctl's 2-s dial and 4-s command timeouts; the later flags win).
+pub fn healthy_quickly(init_pid: i64, ep: &Endpoint) -> bool {
+    etcdctl(init_pid, ep, &["endpoint", "health", "--dial-timeout=500ms", "--command-timeout=1s"]).is_ok()
+}
+
 /// Number of keys under `prefix`, read from this member alone (serializable).
 pub fn count(init_pid: i64, ep: &Endpoint, prefix: &str) -> Option<u64> {
     let out = etcdctl(init_pid, ep, &["get", prefix, "--prefix", "--keys-only", "--limit=1", "--consistency=s", "-w", "json"]).ok()?;

@@ -67,13 +67,18 @@ fn api_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> KubeApiError 
 
 /// `GET /readyz` through `target`: the body (`ok`) or the error.
 pub fn readyz(kubeconfig: &Path, target: &Target) -> Result<String, KubeApiError> {
+    readyz_within(kubeconfig, target, Duration::from_secs(10))
+}
+
+/// [`readyz`], answered within `limit` or a timeout error.
+pub fn readyz_within(kubeconfig: &Path, target: &Target, limit: Duration) -> Result<String, KubeApiError> {
     rt()?.block_on(async {
         let c = client(kubeconfig, target).await?;
         let req = http::Request::get("/readyz").body(Vec::new()).map_err(|e| KubeApiError::Manifest(e.to_string()))?;
         let fut = c.request_text(req);
-        match tokio::time::timeout(Duration::from_secs(10), fut).await {
+        match tokio::time::timeout(limit, fut).await {
             Ok(r) => r.map_err(api_err(format!("GET /readyz via {:?}", target.server))),
-            Err(_) => Err(KubeApiError::Timeout { what: format!("GET /readyz via {:?}", target.server), secs: 10 }),
+            Err(_) => Err(KubeApiError::Timeout { what: format!("GET /readyz via {:?}", target.server), secs: limit.as_secs() }),
         }
     })
 }

@@ -146,13 +146,14 @@ fn failover_phase(cloud: &Option<Cloud>, cs: &ClusterState, victim: &MachineInfo
     }
     for c in &cs.etcd_clusters {
         match etcd::endpoint(&new.root, c) {
-            Some(ep) if etcd::healthy(pid, &ep) => {}
+            Some(ep) if etcd::healthy_quickly(pid, &ep) => {}
             _ => return (4, Some(new)),
         }
     }
     let kc = Path::new(&cs.kubeconfig);
     let target = crate::kubeapi::Target { server: Some(format!("https://{}", new.ip)), tls_server_name: None };
-    if crate::kubeapi::readyz(kc, &target).map(|b| b.trim() != "ok").unwrap_or(true) {
+    // A second at most: an API server still starting must not hold the poll up for 10 s.
+    if crate::kubeapi::readyz_within(kc, &target, Duration::from_secs(1)).map(|b| b.trim() != "ok").unwrap_or(true) {
         return (5, Some(new));
     }
     let ready = crate::kubeapi::nodes(kc).map(|n| n.values().any(|n| n.ready && n.internal_ip.as_deref() == Some(new.ip.as_str()))).unwrap_or(false);
