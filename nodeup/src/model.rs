@@ -77,7 +77,6 @@ pub fn first_ip(cidr: &str) -> Option<IpAddr> {
     }
 }
 
-/// Build every task.
 /// Whether an asset is on the boot's critical path: what the kubelet and containerd need to start
 /// (kubelet, containerd, runc) and protokube, which claims the etcd volumes while the rest installs.
 /// kubectl, the CNI plugins and credential providers come after.
@@ -89,6 +88,7 @@ pub fn boot_critical(asset: &Asset) -> bool {
     }
 }
 
+/// Build every task.
 pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
     let mut tasks: Vec<Box<NodeTask>> = Vec::new();
     let mut warnings = Vec::new();

@@ -130,9 +130,7 @@ fn version_before(version: &str, than: (u64, u64, u64)) -> bool {
 
 /// etcdutl learnt `--bump-revision`/`--mark-compacted` in 3.5.13.
 fn version_bumps_revisions(version: &str) -> bool {
-    let mut parts = version.trim_start_matches('v').split('.').map(|p| p.parse::<u64>().unwrap_or(0));
-    let (major, minor, patch) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    (major, minor, patch) >= (3, 5, 13)
+    !version_before(version, (3, 5, 13))
 }
 
 /// Everything one member's restore needs from the reconcile pass.

@@ -76,8 +76,7 @@ pub struct Options {
     pub etcd_timeout: Duration,
     /// The S3 client for `s3://` backup stores.
     pub s3: Option<aws_sdk_s3::Client>,
-    /// What restores etcd snapshots (`etcdutl`, or etcdctl 3.4).
-    /// `--etcd-restore-tool` (else chosen when a restore runs: [`crate::restore::RestoreTool::find`]).
+    /// What restores etcd snapshots: `--etcd-restore-tool` (else chosen when a restore runs: [`crate::restore::RestoreTool::find`]).
     pub restore_tool: Option<std::path::PathBuf>,
     /// How long one pass waits for a member to stop before a restore.
     pub stop_timeout: Duration,
