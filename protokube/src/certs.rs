@@ -161,6 +161,9 @@ pub struct Renewer {
     pub bundles: Vec<Bundle>,
     /// The kubelet's static pod manifest directory (host path).
     pub manifests_dir: String,
+    /// Restarts of the API server take the cluster's turn ([`crate::apiserver_turn`]); `None`
+    /// restarts at once (a root that is not live, a control plane without etcd main).
+    pub api_server_restart: Option<crate::apiserver_turn::Coordinator>,
 }
 
 /// A certificate read from its file.
@@ -258,7 +261,9 @@ impl Renewer {
             report.certs.insert(format!("{}/{}", bundle.name, f.name), self.status(&bundle.name, &renewed));
         }
         report.renewed.push(bundle.name.clone());
-        self.reload(&bundle.reload, &first_serial, report).await
+        // What the component still serves until it reloads: the earliest of the replaced certificates.
+        let left = due.iter().map(|f| f.info.not_after.duration_since(now).unwrap_or_default()).min().unwrap_or_default();
+        self.reload(&bundle.reload, &first_serial, left, report).await
     }
 
     fn material_path(&self, m: &Material) -> PathBuf {
@@ -305,21 +310,35 @@ impl Renewer {
         Ok(())
     }
 
-    async fn reload(&self, reload: &Reload, serial: &str, report: &mut PassReport) -> Result<(), CertError> {
+    /// Annotate static pod `name`'s manifest with `serial`, so the kubelet restarts it; `false`:
+    /// no manifest (the component does not run here).
+    fn annotate_static_pod(&self, name: &str, serial: &str) -> Result<bool, CertError> {
+        let host_path = format!("{}/{name}.manifest", self.manifests_dir.trim_end_matches('/'));
+        let path = self.path(&host_path);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(source) => return Err(CertError::Read { path, source }),
+        };
+        let body = annotate(&text, RENEWED_ANNOTATION, serial).map_err(|message| CertError::Parse { path: path.clone(), message })?;
+        base::fs::write_atomic(&path, body.as_bytes(), base::fs::mode_of(&path).unwrap_or(0o644), None)?;
+        tracing::info!(pod = name, "static pod manifest annotated: the kubelet restarts it with the new certificates");
+        Ok(true)
+    }
+
+    async fn reload(&self, reload: &Reload, serial: &str, left: Duration, report: &mut PassReport) -> Result<(), CertError> {
         match reload {
             Reload::Itself => Ok(()),
             Reload::StaticPod(name) => {
-                let host_path = format!("{}/{name}.manifest", self.manifests_dir.trim_end_matches('/'));
-                let path = self.path(&host_path);
-                let text = match std::fs::read_to_string(&path) {
-                    Ok(t) => t,
-                    // No manifest (the component does not run here): nothing to restart.
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-                    Err(source) => return Err(CertError::Read { path, source }),
-                };
-                let body = annotate(&text, RENEWED_ANNOTATION, serial).map_err(|message| CertError::Parse { path: path.clone(), message })?;
-                base::fs::write_atomic(&path, body.as_bytes(), base::fs::mode_of(&path).unwrap_or(0o644), None)?;
-                tracing::info!(pod = name, "static pod manifest annotated: the kubelet restarts it with the new certificates");
+                let manifest = self.path(&format!("{}/{name}.manifest", self.manifests_dir.trim_end_matches('/')));
+                match &self.api_server_restart {
+                    Some(turns) if *name == crate::poweroff::API_SERVER && manifest.exists() => {
+                        turns.restart(left, || self.annotate_static_pod(name, serial).map(|_| ())).await?;
+                    }
+                    _ => {
+                        self.annotate_static_pod(name, serial)?;
+                    }
+                }
                 Ok(())
             }
             Reload::Kubelet => {

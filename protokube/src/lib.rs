@@ -13,6 +13,7 @@
 
 pub mod addons;
 pub mod api_target;
+pub mod apiserver_turn;
 pub mod backup;
 pub mod certs;
 pub mod config;

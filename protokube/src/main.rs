@@ -262,18 +262,32 @@ async fn run(args: Args) -> anyhow::Result<()> {
             }
         });
     }
+    let api_port = cluster.spec.kube_api_server.as_ref().and_then(|a| a.secure_port).unwrap_or(443);
     if !args.once {
+        // API server restarts for new certificates take turns in etcd main (one at a time).
+        let api_server_restart = plan.etcd_clusters.iter().find(|c| c.name == "main").and_then(|main| {
+            let member = plan.my_members(main).first()?.name.clone();
+            Some(protokube::apiserver_turn::Coordinator {
+                root: args.root.clone(),
+                cluster_name: plan.cluster_name.clone(),
+                internal_ip: me.internal_ip.clone(),
+                etcd: main.clone(),
+                member,
+                host: me.instance_id.clone(),
+                readyz: tokio::sync::Mutex::new(LocalReadyz::new(spec_store.clone(), format!("https://127.0.0.1:{api_port}"))),
+            })
+        });
         let renewer = protokube::certs::Renewer {
             root: args.root.clone(),
             store: spec_store.clone(),
             host: me.instance_id.clone(),
             bundles: protokube::certs::control_plane_bundles(&plan.etcd_clusters.iter().map(|c| c.name.clone()).collect::<Vec<_>>()),
             manifests_dir: format!("/{}", paths::MANIFESTS_DIR),
+            api_server_restart,
         };
         tokio::spawn(certificate_loop(renewer, metrics.clone(), secs(args.cert_check_interval)));
     }
     // This control plane behind the API load balancer only while its API server is ready.
-    let api_port = cluster.spec.kube_api_server.as_ref().and_then(|a| a.secure_port).unwrap_or(443);
     let api_lb = cluster.spec.api.as_ref().is_some_and(|a| a.load_balancer.is_some());
     let api_target = (!args.once && boot.cloud_provider == "aws" && api_lb).then(|| {
         let elb =

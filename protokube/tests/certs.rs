@@ -103,6 +103,7 @@ async fn renews_what_is_due_keeps_what_is_fresh_and_tells_the_component() {
         host: "i-0123456789abcdef0".into(),
         bundles: certs::control_plane_bundles(&["main".into()]),
         manifests_dir: "/etc/kubernetes/manifests".into(),
+        api_server_restart: None,
     };
 
     // Now: everything fresh, nothing renewed, every present certificate reported.
@@ -199,6 +200,7 @@ async fn a_missing_ca_fails_its_bundle_only_and_changes_nothing() {
             },
         ],
         manifests_dir: "/etc/kubernetes/manifests".into(),
+        api_server_restart: None,
     };
     let r = renewer.pass(SystemTime::now() + 400 * DAY).await;
     assert_eq!(r.renewed, ["kube-apiserver"], "the other bundle still renews");
