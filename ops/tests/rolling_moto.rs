@@ -441,6 +441,7 @@ async fn concurrent_drains() {
     assert_eq!(events.last().map(String::as_str), Some("validate"), "the last batch is validated: {events:?}");
     let after = instances::status(&t, &m2, &fast().selection()).await.expect("status");
     assert!(after[1].instances.iter().all(|i| !i.outdated && i.lifecycle == "InService"), "{}", instances::render(&after));
+    assert_eq!(after[1].instances.len(), 3, "one replacement per instance, none extra: {}", instances::render(&after));
     let ids = |g: &instances::GroupStatus| g.instances.iter().map(|i| i.id.clone()).collect::<Vec<_>>();
     assert!(ids(&after[1]).iter().all(|i| !ids(&before[1]).contains(i)), "{}", instances::render(&after));
     let new: std::collections::BTreeSet<&str> = report.replaced.iter().map(|(_, _, n)| n.as_str()).collect();
