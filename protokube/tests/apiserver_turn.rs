@@ -73,13 +73,13 @@ struct FakeApiServer {
 
 impl FakeApiServer {
     fn restart_for(&self, d: Duration) {
-        *self.down_until.lock().unwrap() = Some(Instant::now() + d);
+        *self.down_until.lock().expect("lock") = Some(Instant::now() + d);
     }
 }
 
 impl Readiness for FakeApiServer {
     async fn ready(&mut self) -> bool {
-        self.down_until.lock().unwrap().is_none_or(|t| Instant::now() >= t)
+        self.down_until.lock().expect("lock").is_none_or(|t| Instant::now() >= t)
     }
 }
 
@@ -101,7 +101,7 @@ async fn restart(turn: &EtcdTurn, host: &str, max_wait: Duration, log: Arc<Mutex
     if matches!(outcome, Outcome::InTurn { .. }) {
         assert!(api.ready().await, "{host}: gave the turn back before its API server was ready again");
     }
-    log.lock().unwrap().push((host.to_string(), began.expect("restarted"), Instant::now()));
+    log.lock().expect("lock").push((host.to_string(), began.expect("restarted"), Instant::now()));
     outcome
 }
 
@@ -123,7 +123,7 @@ fn api_server_restarts_take_turns_in_etcd() {
         for o in &outcomes {
             assert!(matches!(o, Outcome::InTurn { .. }), "every restart in turn: {outcomes:?}");
         }
-        let mut windows = log.lock().unwrap().clone();
+        let mut windows = log.lock().expect("lock").clone();
         windows.sort_by_key(|w| w.1);
         for pair in windows.windows(2) {
             let ((a, _, a_end), (b, b_start, _)) = (&pair[0], &pair[1]);
@@ -134,7 +134,7 @@ fn api_server_restarts_take_turns_in_etcd() {
         assert_eq!(value, "", "the last holder gave the turn back");
 
         // 2. A holder that died: its turn is taken over once stale, not before.
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs() as i64;
         let c = etcd.client();
         c.put(TURN_KEY, &turn_value("i-dead", now - TURN_TTL.as_secs() as i64 - 1)).await.expect("put");
         let o = restart(&turns[0], "i-a", Duration::from_secs(5), log.clone()).await;
