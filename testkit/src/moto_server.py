@@ -50,16 +50,17 @@ has a test that fails without it.
    launches and terminations complete at once). Test: tests/tests/moto_autoscaler.rs
    `moto_answers_the_calls_cluster_autoscaler_makes`.
 
-7. Requests are handled one at a time. AWS acts on an Auto Scaling group's instances atomically: each
-   instance terminated by TerminateInstanceInAutoScalingGroup without decrement gets exactly one
-   replacement, however many terminations arrive together. moto's server runs every request on its
-   own thread over models that are not thread-safe: two terminations in one group each rebuild the
-   group's instance list from the same snapshot (one undoes the other), count the group short, and
-   either launch an extra instance (a group of 3 ends with 4) or fail with HTTP 500. The rolling
-   update terminates up to maxUnavailable instances at once, so its test saw a fourth instance in a
-   group of three. One lock around the whole application makes each request atomic, as AWS's are
-   (the models are CPU-bound under the GIL anyway). Test: tests/tests/moto_concurrent_terminations.rs
-   `concurrent_terminations_replace_each_instance_once`.
+7. Auto Scaling requests are handled one at a time. AWS acts on an Auto Scaling group's instances
+   atomically: each instance terminated by TerminateInstanceInAutoScalingGroup without decrement gets
+   exactly one replacement, however many terminations arrive together. moto's server runs every request
+   on its own thread over models that are not thread-safe: two terminations in one group each rebuild
+   the group's instance list from the same snapshot (one undoes the other), count the group short, and
+   either launch an extra instance (a group of 3 ends with 4) or fail with HTTP 500. The rolling update
+   terminates up to maxUnavailable instances at once, so its test saw a fourth instance in a group of
+   three. A lock around every Auto Scaling action makes each one atomic, as AWS's are. Only Auto
+   Scaling: one lock around the whole server made every request wait behind every other, and a
+   control plane's volume attach (EC2 calls, polled) took 9-11 s instead of 2-5 s in selfheal.
+   Test: tests/tests/moto_concurrent_terminations.rs `concurrent_terminations_replace_each_instance_once`.
 """
 import sys
 import threading
@@ -74,25 +75,6 @@ from moto.ec2.models.instances import InstanceBackend
 from moto.ec2.models.launch_templates import LaunchTemplate
 from moto.ec2.models.route_tables import Route
 from moto.ec2.utils import parse_user_data
-from moto.moto_server.werkzeug_app import DomainDispatcherApplication
-
-_dispatch = DomainDispatcherApplication.__call__
-_one_request_at_a_time = threading.Lock()
-
-
-def _serialized(self, environ, start_response):
-    with _one_request_at_a_time:
-        # The whole body is produced under the lock: nothing of the request runs after it.
-        body = _dispatch(self, environ, start_response)
-        try:
-            return list(body)
-        finally:
-            close = getattr(body, "close", None)
-            if close is not None:
-                close()
-
-
-DomainDispatcherApplication.__call__ = _serialized
 
 _run_instances = InstanceBackend.run_instances
 
@@ -241,6 +223,18 @@ def _describe_scaling_activities(self):
 
 
 AutoScalingResponse.describe_scaling_activities = _describe_scaling_activities
+
+
+_autoscaling_action = AutoScalingResponse.call_action
+_one_autoscaling_action_at_a_time = threading.Lock()
+
+
+def _autoscaling_serialized(self):
+    with _one_autoscaling_action_at_a_time:
+        return _autoscaling_action(self)
+
+
+AutoScalingResponse.call_action = _autoscaling_serialized
 
 
 if __name__ == "__main__":
