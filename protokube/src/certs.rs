@@ -310,34 +310,35 @@ impl Renewer {
         Ok(())
     }
 
-    /// Annotate static pod `name`'s manifest with `serial`, so the kubelet restarts it; `false`:
-    /// no manifest (the component does not run here).
-    fn annotate_static_pod(&self, name: &str, serial: &str) -> Result<bool, CertError> {
-        let host_path = format!("{}/{name}.manifest", self.manifests_dir.trim_end_matches('/'));
-        let path = self.path(&host_path);
+    /// Static pod `name`'s manifest (under the root).
+    fn manifest_path(&self, name: &str) -> PathBuf {
+        self.path(&format!("{}/{name}.manifest", self.manifests_dir.trim_end_matches('/')))
+    }
+
+    /// Annotate static pod `name`'s manifest with `serial`, so the kubelet restarts it. No manifest
+    /// (the component does not run here): nothing to restart.
+    fn annotate_static_pod(&self, name: &str, serial: &str) -> Result<(), CertError> {
+        let path = self.manifest_path(name);
         let text = match std::fs::read_to_string(&path) {
             Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(source) => return Err(CertError::Read { path, source }),
         };
         let body = annotate(&text, RENEWED_ANNOTATION, serial).map_err(|message| CertError::Parse { path: path.clone(), message })?;
         base::fs::write_atomic(&path, body.as_bytes(), base::fs::mode_of(&path).unwrap_or(0o644), None)?;
         tracing::info!(pod = name, "static pod manifest annotated: the kubelet restarts it with the new certificates");
-        Ok(true)
+        Ok(())
     }
 
     async fn reload(&self, reload: &Reload, serial: &str, left: Duration, report: &mut PassReport) -> Result<(), CertError> {
         match reload {
             Reload::Itself => Ok(()),
             Reload::StaticPod(name) => {
-                let manifest = self.path(&format!("{}/{name}.manifest", self.manifests_dir.trim_end_matches('/')));
                 match &self.api_server_restart {
-                    Some(turns) if *name == crate::poweroff::API_SERVER && manifest.exists() => {
-                        turns.restart(left, || self.annotate_static_pod(name, serial).map(|_| ())).await?;
+                    Some(turns) if *name == crate::poweroff::API_SERVER && self.manifest_path(name).exists() => {
+                        turns.restart(left, || self.annotate_static_pod(name, serial)).await?;
                     }
-                    _ => {
-                        self.annotate_static_pod(name, serial)?;
-                    }
+                    _ => self.annotate_static_pod(name, serial)?,
                 }
                 Ok(())
             }
