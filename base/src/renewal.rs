@@ -1,6 +1,8 @@
 //! When a certificate is renewed: once less than a third of its life is left, less a per-host,
 //! per-certificate skew (up to a tenth of its life), so the certificates of one cluster, issued
 //! together at its birth, are not all reissued — and never all expire — at the same moment.
+//! A certificate whose holder re-reads it by itself on a period (the kubelet's client certificate)
+//! is renewed early enough for the holder to pick it up before the old one expires.
 //! Pure: the caller reads the certificate and the clock.
 
 use std::time::{Duration, SystemTime};
@@ -26,6 +28,18 @@ pub fn skew(seed: &str, lifetime: Duration) -> Duration {
 /// that is not valid yet (a clock behind the issuer's) or has no lifetime at all is due only
 /// once expired.
 pub fn needs_renewal(not_before: SystemTime, not_after: SystemTime, now: SystemTime, skew: Duration) -> bool {
+    needs_renewal_with_floor(not_before, not_after, now, skew, Duration::ZERO)
+}
+
+/// How long before its expiry a certificate of `lifetime` is renewed: a third of its life less
+/// `skew`, but never less than `floor` — the time its holder needs to pick up a new certificate
+/// by itself ([`KUBELET_CLIENT_LEAD`]) — unless that is more than half its life.
+pub fn lead(lifetime: Duration, skew: Duration, floor: Duration) -> Duration {
+    (lifetime / 3).saturating_sub(skew).max(floor.min(lifetime / 2))
+}
+
+/// [`needs_renewal`] for a certificate renewed at least `floor` before it expires ([`lead`]).
+pub fn needs_renewal_with_floor(not_before: SystemTime, not_after: SystemTime, now: SystemTime, skew: Duration, floor: Duration) -> bool {
     let Ok(left) = not_after.duration_since(now) else { return true };
     if left.is_zero() {
         return true;
@@ -34,14 +48,39 @@ pub fn needs_renewal(not_before: SystemTime, not_after: SystemTime, now: SystemT
     if now < not_before {
         return false;
     }
-    left < (lifetime / 3).saturating_sub(skew)
+    left < lead(lifetime, skew, floor)
 }
 
 /// When, at the earliest, [`needs_renewal`] turns true: the instant a periodic check should not
 /// sleep past.
 pub fn renewal_due_at(not_before: SystemTime, not_after: SystemTime, skew: Duration) -> SystemTime {
+    renewal_due_at_with_floor(not_before, not_after, skew, Duration::ZERO)
+}
+
+/// [`renewal_due_at`] for a certificate renewed at least `floor` before it expires.
+pub fn renewal_due_at_with_floor(not_before: SystemTime, not_after: SystemTime, skew: Duration, floor: Duration) -> SystemTime {
     let lifetime = not_after.duration_since(not_before).unwrap_or_default();
-    not_after.checked_sub((lifetime / 3).saturating_sub(skew)).unwrap_or(not_before)
+    not_after.checked_sub(lead(lifetime, skew, floor)).unwrap_or(not_before)
+}
+
+/// How often, at the longest, the kubelet reads again the client certificate its kubeconfig names
+/// by file (`client-certificate`, `client-key`): client-go's `CertCallbackRefreshDuration`. It
+/// also reads it on every new connection, and closes its connections once it has changed, so a
+/// renewed certificate is in use within this long without restarting the kubelet.
+pub const KUBELET_CLIENT_RELOAD: Duration = Duration::from_secs(300);
+
+/// The kubelet's client certificate is renewed at least this long before it expires
+/// ([`lead`]'s floor): [`KUBELET_CLIENT_RELOAD`], 15 s to spare, and 75 s for the interval of the
+/// check that renews it.
+pub const KUBELET_CLIENT_LEAD: Duration = Duration::from_secs(390);
+
+/// Whether a kubelet whose client certificate was renewed while the old one had `left` to live
+/// must be restarted to use the new one: when its next reload could come after the old one
+/// expired (15 s to spare). Never, for a certificate of 13 minutes' life or more renewed at its
+/// lead ([`KUBELET_CLIENT_LEAD`]) by a check at most 75 s late. Restarting is what this avoids: a
+/// restarted kubelet can report its Node NotReady until it has checked its runtime and PLEG.
+pub fn kubelet_must_restart(left: Duration) -> bool {
+    left < KUBELET_CLIENT_RELOAD + Duration::from_secs(15)
 }
 
 #[cfg(test)]
@@ -97,6 +136,31 @@ mod tests {
         assert!(needs_renewal(nb, na, at(660 - 219), Duration::ZERO));
         assert_eq!(renewal_due_at(nb, na, Duration::ZERO), at(440));
         assert_eq!(renewal_due_at(nb, na, Duration::from_secs(40)), at(480));
+    }
+
+    #[test]
+    fn a_floor_renews_early_enough_for_the_holder_to_pick_it_up() {
+        let year = Duration::from_secs(365 * DAY);
+        // Long lives: the third wins, the floor changes nothing.
+        assert_eq!(lead(year, Duration::ZERO, KUBELET_CLIENT_LEAD), year / 3);
+        // A 13-minute certificate: a third (4m20s) is less than the kubelet's 6m30s floor.
+        let life = Duration::from_secs(13 * 60);
+        assert_eq!(lead(life, Duration::ZERO, KUBELET_CLIENT_LEAD), KUBELET_CLIENT_LEAD);
+        assert_eq!(lead(life, Duration::from_secs(60), Duration::ZERO), Duration::from_secs(200));
+        let (nb, na) = (at(0), at(13 * 60));
+        assert!(!needs_renewal_with_floor(nb, na, at(13 * 60 - 391), Duration::ZERO, KUBELET_CLIENT_LEAD));
+        assert!(needs_renewal_with_floor(nb, na, at(13 * 60 - 389), Duration::ZERO, KUBELET_CLIENT_LEAD));
+        assert_eq!(renewal_due_at_with_floor(nb, na, Duration::ZERO, KUBELET_CLIENT_LEAD), at(13 * 60 - 390));
+        // Renewed at its floor by a check up to 75 s late, the kubelet has time to pick it up.
+        assert!(!kubelet_must_restart(KUBELET_CLIENT_LEAD - Duration::from_secs(75)));
+        assert!(kubelet_must_restart(KUBELET_CLIENT_LEAD - Duration::from_secs(76)));
+        // A 10-minute certificate: the floor is capped at half its life (never renewed at once,
+        // never in a loop), and the kubelet would have to be restarted.
+        let ten = Duration::from_secs(600);
+        assert_eq!(lead(ten, Duration::ZERO, KUBELET_CLIENT_LEAD), ten / 2);
+        assert!(!needs_renewal_with_floor(at(0), at(600), at(1), Duration::ZERO, KUBELET_CLIENT_LEAD));
+        assert!(kubelet_must_restart(ten / 2 - Duration::from_secs(30)));
+        assert!(kubelet_must_restart(Duration::ZERO));
     }
 
     #[test]

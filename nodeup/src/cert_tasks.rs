@@ -1,6 +1,8 @@
 //! The host's own certificates: a certificate and key issued on the host from a cluster CA
-//! ([`CertTask`]), and a kubeconfig with an embedded client certificate ([`KubeconfigTask`]); both
-//! renewed when less than a third of their life is left, or when unreadable.
+//! ([`CertTask`]), a kubeconfig with an embedded client certificate ([`KubeconfigTask`]), and the
+//! kubelet's client certificate and key in one PEM file ([`KubeletClientTask`]); all renewed when
+//! less than a third of their life is left, or when unreadable — the kubelet's early enough for it
+//! to pick the new one up by itself ([`base::renewal::KUBELET_CLIENT_LEAD`]).
 
 use std::sync::Arc;
 
@@ -80,6 +82,88 @@ fn due(path: &str, cert_pem: &str) -> Option<String> {
     })
 }
 
+/// The kubelet's client certificate and key, one PEM file (0600) issued on the host: its
+/// kubeconfig names the file, and the kubelet reads it again by itself. Renewed at least
+/// [`base::renewal::KUBELET_CLIENT_LEAD`] before it expires; when the old one would expire before
+/// the kubelet's next read ([`base::renewal::kubelet_must_restart`]), a running kubelet is
+/// restarted.
+pub struct KubeletClientTask {
+    pub path: String,
+    pub ca_name: String,
+    pub ca: Arc<Keypair>,
+    pub spec: CertSpec,
+    pub deps: Vec<String>,
+}
+
+impl Task<Ctx<'_>> for KubeletClientTask {
+    fn name(&self) -> String {
+        format!("pem:{}", self.path)
+    }
+    fn paths(&self) -> Vec<String> {
+        vec![self.path.clone()]
+    }
+    fn deps(&self) -> Vec<String> {
+        self.deps.clone()
+    }
+    fn check(&self, ctx: &Ctx, deps_changed: bool) -> Result<Vec<String>, TaskError> {
+        let p = ctx.host.path(&self.path);
+        let Ok(pem) = std::fs::read_to_string(&p) else {
+            return Ok(vec![format!("issue client certificate CN={} from {}", self.spec.cn, self.ca_name)]);
+        };
+        if deps_changed {
+            return Ok(vec![format!("reissue client certificate CN={} (CA changed)", self.spec.cn)]);
+        }
+        if let Some(why) = kubelet_client_due(&pem) {
+            return Ok(vec![format!("reissue client certificate CN={} ({why})", self.spec.cn)]);
+        }
+        if base::fs::mode_of(&p) != Some(0o600) {
+            return Ok(vec!["mode -> 0600".into()]);
+        }
+        Ok(vec![])
+    }
+    fn apply(&self, ctx: &Ctx, _: bool) -> Result<(), TaskError> {
+        let p = ctx.host.path(&self.path);
+        let old_left = std::fs::read_to_string(&p).ok().and_then(|pem| pki::describe_cert(&pem).ok()).map(|c| left(c.not_after));
+        let kp = pki::issue(&self.ca_name, &self.ca, &self.spec)?;
+        base::fs::write_atomic(&p, client_pem(&kp).as_bytes(), 0o600, None)?;
+        restart_kubelet_if_late(ctx, old_left)?;
+        Ok(())
+    }
+}
+
+/// One PEM file with a certificate and then its key: one rename replaces both, so a reader never
+/// sees a certificate with another's key.
+pub fn client_pem(kp: &Keypair) -> String {
+    format!("{}\n{}", kp.cert_pem.trim_end(), kp.key_pem)
+}
+
+fn left(not_after: std::time::SystemTime) -> std::time::Duration {
+    not_after.duration_since(std::time::SystemTime::now()).unwrap_or_default()
+}
+
+/// Why the kubelet's client certificate (the PEM of [`KubeletClientTask`] or the join) must be
+/// reissued now, if it must: unreadable, or due ([`base::renewal::KUBELET_CLIENT_LEAD`]).
+pub fn kubelet_client_due(pem: &str) -> Option<String> {
+    let info = match pki::describe_cert(pem) {
+        Ok(i) => i,
+        Err(e) => return Some(format!("unreadable: {e}")),
+    };
+    let floor = base::renewal::KUBELET_CLIENT_LEAD;
+    base::renewal::needs_renewal_with_floor(info.not_before, info.not_after, std::time::SystemTime::now(), std::time::Duration::ZERO, floor)
+        .then(|| format!("renewal due: expires in {} s", left(info.not_after).as_secs()))
+}
+
+/// After the kubelet's client certificate was replaced while the old one had `old_left` to live:
+/// restart a running kubelet if it might not read the new one before the old one expires. A
+/// kubelet that is not running starts with the new one.
+pub fn restart_kubelet_if_late(ctx: &Ctx, old_left: Option<std::time::Duration>) -> Result<(), TaskError> {
+    if let Some(left) = old_left.filter(|l| base::renewal::kubelet_must_restart(*l)) {
+        tracing::warn!(old_expires_in = ?left, "the kubelet may not read its new client certificate before the old one expires: restarting it");
+        ctx.host.run(&["systemctl", "try-restart", "kubelet.service"])?;
+    }
+    Ok(())
+}
+
 /// The client certificate (PEM) embedded in a kubeconfig's first user.
 fn kubeconfig_cert(text: &str) -> Option<String> {
     use base64::Engine as _;
@@ -138,7 +222,7 @@ impl Task<Ctx<'_>> for KubeconfigTask {
     }
     fn apply(&self, ctx: &Ctx, _: bool) -> Result<(), TaskError> {
         let kp = pki::issue(&self.ca_name, &self.ca, &self.spec)?;
-        let user = kubelet::UserEntry { client_certificate_data: Some(kp.cert_pem), client_key_data: Some(kp.key_pem), token: None };
+        let user = kubelet::UserEntry { client_certificate_data: Some(kp.cert_pem), client_key_data: Some(kp.key_pem), ..Default::default() };
         let body = kubelet::kubeconfig(&self.server, &self.ca.cert_pem, &self.spec.cn, user).map_err(TaskError::failed)?;
         Ok(base::fs::write_atomic(&ctx.host.path(&self.path), body.as_bytes(), 0o400, None)?)
     }
@@ -162,7 +246,7 @@ mod tests {
             "https://127.0.0.1",
             &ca.cert_pem,
             "system:kube-scheduler",
-            crate::render::kubelet::UserEntry { client_certificate_data: Some(fresh.cert_pem.clone()), client_key_data: Some(fresh.key_pem), token: None },
+            crate::render::kubelet::UserEntry { client_certificate_data: Some(fresh.cert_pem.clone()), client_key_data: Some(fresh.key_pem), ..Default::default() },
         )
         .expect("kubeconfig");
         assert_eq!(super::kubeconfig_cert(&kc).as_deref(), Some(fresh.cert_pem.as_str()));

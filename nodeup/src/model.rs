@@ -8,7 +8,7 @@ use std::time::Duration;
 use keelson_api::nodeup::{BootConfig, NodeBootstrapMethod, NodeupConfig};
 use keelson_api::{Quantity, Role};
 
-pub use crate::cert_tasks::{CertTask, KubeconfigTask};
+pub use crate::cert_tasks::{CertTask, KubeconfigTask, KubeletClientTask};
 pub use crate::facts::{provider_id, Facts};
 
 use crate::api_hosts::{self, ApiHostsTask};
@@ -209,15 +209,21 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
     if runs_api {
         let ca = Arc::new(load_ca(inp.store, "kubernetes-ca")?);
         let node = format!("system:node:{}", inp.facts.hostname);
-        tasks.push(Box::new(KubeconfigTask {
-            path: paths::KUBELET_KUBECONFIG.into(),
-            server: "https://127.0.0.1".into(),
+        // The kubelet's client certificate in a file its kubeconfig names: renewing it changes
+        // the file, not the kubeconfig, so the kubelet is not restarted (it reads it again).
+        let client = KubeletClientTask {
+            path: paths::KUBELET_CLIENT_PEM.into(),
             ca_name: "kubernetes-ca".into(),
             ca: ca.clone(),
             spec: CertSpec::client(&node, &["system:nodes"]),
             deps: vec![ca_dep.clone()],
-        }));
-        kubelet_inputs.push(format!("kubeconfig:{}", paths::KUBELET_KUBECONFIG));
+        };
+        let client_task = client.name();
+        tasks.push(Box::new(client));
+        let body = kubelet::kubeconfig("https://127.0.0.1", &ca.cert_pem, &node, kubelet::UserEntry::from_pem_file(paths::KUBELET_CLIENT_PEM))
+            .map_err(|e| render_err(paths::KUBELET_KUBECONFIG)(e.to_string()))?;
+        tasks.push(Box::new(FileTask { deps: vec![client_task], ..FileTask::new(paths::KUBELET_KUBECONFIG, body, 0o400) }));
+        kubelet_inputs.push(file_task_name(paths::KUBELET_KUBECONFIG));
         let mut server = CertSpec { cn: node, orgs: vec![], dns: vec![inp.facts.hostname.clone()], ips: vec![], usage: Usage::Server };
         server.ips.extend(inp.facts.internal_ip);
         tasks.push(Box::new(CertTask::new(&format!("{}/kubelet-server", paths::SRV_KUBERNETES), "kubernetes-ca", ca, server, &ca_dep)));
@@ -244,7 +250,14 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
             challenge_listen: std::net::SocketAddr::from(([0, 0, 0, 0], base::node_join::CHALLENGE_PORT)),
             deps: std::iter::once(ca_dep.clone()).chain(hosts_dns_worker.then(|| api_hosts::TASK_NAME.to_string())).collect(),
         }));
-        kubelet_inputs.push(join::TASK_NAME.to_string());
+        // The join writes the kubelet's certificate to the file its kubeconfig names; the
+        // kubeconfig (the API server, the CA, that file) is the kubelet's input: a renewal by a
+        // later join does not restart the kubelet (it reads the file again).
+        let body =
+            kubelet::kubeconfig(&format!("https://api.internal.{cluster}"), &ca_cert_pem, "kubelet", kubelet::UserEntry::from_pem_file(paths::KUBELET_CLIENT_PEM))
+                .map_err(|e| render_err(paths::KUBELET_KUBECONFIG)(e.to_string()))?;
+        tasks.push(Box::new(FileTask { deps: vec![join::TASK_NAME.to_string()], ..FileTask::new(paths::KUBELET_KUBECONFIG, body, 0o600) }));
+        kubelet_inputs.push(file_task_name(paths::KUBELET_KUBECONFIG));
         joined = true;
     } else {
         let rel = format!("secrets/{}", pki::BOOTSTRAP_TOKEN_SECRET);

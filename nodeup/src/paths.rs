@@ -21,6 +21,9 @@ pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
 pub const KUBELET_CONFIG: &str = "/var/lib/kubelet/kubelet.conf";
 pub const KUBELET_SYSCONFIG: &str = "/etc/sysconfig/kubelet";
 pub const KUBELET_KUBECONFIG: &str = "/var/lib/kubelet/kubeconfig";
+/// The kubelet's client certificate and key, one PEM file (0600) its kubeconfig names: the kubelet
+/// reads it again by itself, so a renewal needs no restart ([`base::renewal::KUBELET_CLIENT_RELOAD`]).
+pub const KUBELET_CLIENT_PEM: &str = "/var/lib/kubelet/kubelet-client.pem";
 pub const KUBELET_BOOTSTRAP_KUBECONFIG: &str = "/var/lib/kubelet/bootstrap-kubeconfig";
 pub const KUBELET_CREDENTIAL_PROVIDER_CONFIG: &str = "/var/lib/kubelet/credential-provider.conf";
 

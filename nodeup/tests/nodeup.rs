@@ -252,6 +252,7 @@ fn control_plane_host() {
         "/srv/kubernetes/kube-apiserver/service-account.key",
         "/srv/kubernetes/kube-controller-manager/ca.key",
         "/srv/kubernetes/kubelet-server.key",
+        "/var/lib/kubelet/kubelet-client.pem",
     ] {
         assert_eq!(mode(&s.path(key)), 0o600, "{key}");
         assert!(std::fs::read_to_string(s.path(key)).expect(key).contains("PRIVATE KEY"), "{key}");
@@ -265,6 +266,15 @@ fn control_plane_host() {
     {
         assert_eq!(mode(&s.path(kc)), 0o400, "{kc}");
     }
+    // The kubelet's kubeconfig names its certificate file (which the kubelet reads again by
+    // itself: a renewal needs no restart); the file holds the node's certificate, then its key.
+    let kubelet_kc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(s.path("/var/lib/kubelet/kubeconfig")).expect("kc")).expect("yaml");
+    assert_eq!(kubelet_kc["users"][0]["user"]["client-certificate"].as_str(), Some("/var/lib/kubelet/kubelet-client.pem"));
+    assert_eq!(kubelet_kc["users"][0]["user"]["client-key"].as_str(), Some("/var/lib/kubelet/kubelet-client.pem"));
+    assert!(kubelet_kc["users"][0]["user"].get("client-certificate-data").is_none());
+    let client = std::fs::read_to_string(s.path("/var/lib/kubelet/kubelet-client.pem")).expect("pem");
+    assert!(client.starts_with("-----BEGIN CERTIFICATE-----"), "{}", &client[..40]);
+    assert!(base::pki::describe_cert(&client).expect("cert").cn.starts_with("system:node:"));
     assert!(std::fs::read_to_string(s.path("/var/lib/kube-scheduler/config.yaml")).expect("scheduler config").contains("KubeSchedulerConfiguration"));
     for unit in ["containerd.service", "kubelet.service", "protokube.service"] {
         assert!(s.path(&format!("/etc/systemd/system/multi-user.target.wants/{unit}")).is_symlink(), "{unit}");

@@ -13,8 +13,15 @@
 //!   the static pod manifest gets a new `keelson.io/certificates-renewed` annotation, so the kubelet
 //!   restarts that pod. Each protokube does only its own host, so API servers restart one host at a
 //!   time, at different moments (the skew is per host).
-//! - the kubelet's client certificate is embedded in its kubeconfig: `systemctl restart kubelet`
-//!   (pods keep running; the Node stays Ready).
+//! - the kubelet reads its client certificate (one PEM file with the key, which its kubeconfig
+//!   names) again by itself, on every new connection and at least every 5 minutes, and its serving
+//!   certificate (Kubernetes 1.31+, `ReloadKubeletServerCertificateFile`): nothing to do. Its
+//!   certificates are renewed early enough for that ([`base::renewal::KUBELET_CLIENT_LEAD`]). It
+//!   is restarted (`systemctl restart kubelet`) only when it could not pick them up in time: a
+//!   kubeconfig that embeds the certificate (written by an older nodeup), a kubelet that does not
+//!   reload its serving certificate, an old certificate about to expire. A restarted kubelet can
+//!   report its Node NotReady on a loaded host until it has checked its runtime, which takes the
+//!   node's pods out of their Services.
 //!
 //! The join server's certificate and the addon controller's client certificate are not files: they
 //! are reissued in memory by their owners ([`crate::node_join`], [`crate::addons`]).
@@ -60,8 +67,11 @@ pub enum CertError {
 pub enum Material {
     /// `<base>.crt` and `<base>.key` (host path without the extension).
     Pair(String),
-    /// A kubeconfig whose first user has `client-certificate-data` and `client-key-data`.
+    /// A kubeconfig whose first user has `client-certificate-data` and `client-key-data` (one that
+    /// names files instead holds none: the files are their own material).
     Kubeconfig(String),
+    /// One PEM file with a certificate and then its key (the kubelet's client certificate).
+    Pem(String),
 }
 
 /// How the component holding a bundle picks up new certificates.
@@ -71,8 +81,46 @@ pub enum Reload {
     Itself,
     /// Restart its static pod (manifest `<name>.manifest` in the kubelet's manifest directory).
     StaticPod(&'static str),
-    /// Restart the kubelet (systemd).
-    Kubelet,
+    /// The kubelet: it reads them again by itself, unless [`kubelet_restart_reason`] says it must
+    /// be restarted (systemd). `reloads_serving_cert`: the kubelet reloads `tlsCertFile` (1.31+,
+    /// the `ReloadKubeletServerCertificateFile` gate not turned off).
+    Kubelet { reloads_serving_cert: bool },
+}
+
+impl Reload {
+    /// What a renewal leaves the holder at least, to pick up the new certificates by itself.
+    fn floor(&self) -> Duration {
+        match self {
+            Reload::Kubelet { .. } => renewal::KUBELET_CLIENT_LEAD,
+            _ => Duration::ZERO,
+        }
+    }
+}
+
+/// Whether this cluster's control-plane kubelets reload their serving certificate file by
+/// themselves: Kubernetes 1.31 or later (`ReloadKubeletServerCertificateFile`, beta and on), unless
+/// the control planes' kubelet spec turns that gate off.
+pub fn kubelet_reloads_serving_cert(spec: &keelson_api::ClusterSpec) -> bool {
+    let version_has_it = spec.kubernetes_version.as_ref().is_some_and(|v| v.at_least(1, 31));
+    let kubelet = spec.master_kubelet.as_ref().or(spec.kubelet.as_ref());
+    let gate_off = kubelet
+        .and_then(|k| k.feature_gates.as_ref())
+        .and_then(|g| g.get("ReloadKubeletServerCertificateFile"))
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("false"));
+    version_has_it && !gate_off
+}
+
+/// Why the kubelet must be restarted to use the certificates just renewed, if it must: `renewed`
+/// holds each replaced certificate's material and what the old one had left.
+pub fn kubelet_restart_reason(renewed: &[(&Material, Duration)], reloads_serving_cert: bool) -> Option<String> {
+    renewed.iter().find_map(|(material, left)| match material {
+        Material::Kubeconfig(p) => Some(format!("{p} embeds the client certificate")),
+        Material::Pair(p) if !reloads_serving_cert => Some(format!("it does not reload {p}.crt (Kubernetes before 1.31, or ReloadKubeletServerCertificateFile off)")),
+        Material::Pem(p) if renewal::kubelet_must_restart(*left) => {
+            Some(format!("the certificate it holds from {p} expires in {} s, before it reads the file again", left.as_secs()))
+        }
+        _ => None,
+    })
 }
 
 /// The certificates one component holds.
@@ -86,7 +134,7 @@ pub struct Bundle {
 
 /// Every certificate a control plane holds (host paths as nodeup and [`crate::pki`] write them);
 /// files that are not there (e.g. no kube-proxy) are skipped by the pass.
-pub fn control_plane_bundles(etcd_clusters: &[String]) -> Vec<Bundle> {
+pub fn control_plane_bundles(etcd_clusters: &[String], kubelet_reloads_serving_cert: bool) -> Vec<Bundle> {
     let pair = |p: String| Material::Pair(p);
     let mut out: Vec<Bundle> = etcd_clusters
         .iter()
@@ -117,8 +165,12 @@ pub fn control_plane_bundles(etcd_clusters: &[String]) -> Vec<Bundle> {
     }
     out.push(Bundle {
         name: "kubelet".into(),
-        certs: vec![("kubeconfig", Material::Kubeconfig(paths::KUBELET_KUBECONFIG.into())), ("server", pair(paths::KUBELET_SERVER_CERT.into()))],
-        reload: Reload::Kubelet,
+        certs: vec![
+            ("client", Material::Pem(paths::KUBELET_CLIENT_PEM.into())),
+            ("kubeconfig", Material::Kubeconfig(paths::KUBELET_KUBECONFIG.into())),
+            ("server", pair(paths::KUBELET_SERVER_CERT.into())),
+        ],
+        reload: Reload::Kubelet { reloads_serving_cert: kubelet_reloads_serving_cert },
     });
     out
 }
@@ -199,7 +251,7 @@ impl Renewer {
     fn read(&self, material: &Material) -> Result<Option<String>, CertError> {
         let host_path = match material {
             Material::Pair(base) => format!("{base}.crt"),
-            Material::Kubeconfig(p) => p.clone(),
+            Material::Kubeconfig(p) | Material::Pem(p) => p.clone(),
         };
         let path = self.path(&host_path);
         let text = match std::fs::read_to_string(&path) {
@@ -208,14 +260,16 @@ impl Renewer {
             Err(source) => return Err(CertError::Read { path, source }),
         };
         match material {
-            Material::Pair(_) => Ok(Some(text)),
+            Material::Pair(_) | Material::Pem(_) => Ok(Some(text)),
+            Material::Kubeconfig(_) if names_cert_file(&text) => Ok(None),
             Material::Kubeconfig(_) => kubeconfig_cert(&text).map(Some).map_err(|message| CertError::Parse { path, message }),
         }
     }
 
-    fn status(&self, bundle: &str, f: &Found) -> CertStatus {
-        let skew = self.skew(bundle, f.name, &f.info);
-        CertStatus { not_after: f.info.not_after, due_at: renewal::renewal_due_at(f.info.not_before, f.info.not_after, skew), serial: f.info.serial.clone() }
+    fn status(&self, bundle: &Bundle, f: &Found) -> CertStatus {
+        let skew = self.skew(&bundle.name, f.name, &f.info);
+        let due_at = renewal::renewal_due_at_with_floor(f.info.not_before, f.info.not_after, skew, bundle.reload.floor());
+        CertStatus { not_after: f.info.not_after, due_at, serial: f.info.serial.clone() }
     }
 
     fn skew(&self, bundle: &str, name: &str, info: &pki::CertInfo) -> Duration {
@@ -230,11 +284,14 @@ impl Renewer {
             let info = pki::describe_cert(&cert_pem).map_err(|source| CertError::Pki { path: self.material_path(material), source })?;
             found.push(Found { name, material: material.clone(), cert_pem, info });
         }
-        let due: Vec<&Found> =
-            found.iter().filter(|f| renewal::needs_renewal(f.info.not_before, f.info.not_after, now, self.skew(&bundle.name, f.name, &f.info))).collect();
+        let floor = bundle.reload.floor();
+        let due: Vec<&Found> = found
+            .iter()
+            .filter(|f| renewal::needs_renewal_with_floor(f.info.not_before, f.info.not_after, now, self.skew(&bundle.name, f.name, &f.info), floor))
+            .collect();
         if due.is_empty() {
             for f in &found {
-                report.certs.insert(format!("{}/{}", bundle.name, f.name), self.status(&bundle.name, f));
+                report.certs.insert(format!("{}/{}", bundle.name, f.name), self.status(bundle, f));
             }
             return Ok(());
         }
@@ -258,18 +315,28 @@ impl Renewer {
             }
             tracing::info!(bundle = %bundle.name, cert = f.name, serial = %info.serial, not_after = %when(info.not_after), "certificate renewed");
             let renewed = Found { name: f.name, material: f.material.clone(), cert_pem: kp.cert_pem.clone(), info };
-            report.certs.insert(format!("{}/{}", bundle.name, f.name), self.status(&bundle.name, &renewed));
+            report.certs.insert(format!("{}/{}", bundle.name, f.name), self.status(bundle, &renewed));
         }
         report.renewed.push(bundle.name.clone());
         // What the component still serves until it reloads: the earliest of the replaced certificates.
         let left = due.iter().map(|f| f.info.not_after.duration_since(now).unwrap_or_default()).min().unwrap_or_default();
+        if let Reload::Kubelet { reloads_serving_cert } = bundle.reload {
+            let replaced: Vec<(&Material, Duration)> = found.iter().map(|f| (&f.material, f.info.not_after.duration_since(now).unwrap_or_default())).collect();
+            return match kubelet_restart_reason(&replaced, reloads_serving_cert) {
+                Some(why) => self.restart_kubelet(&why, report).await,
+                None => {
+                    tracing::info!("the kubelet reads its renewed certificates by itself: not restarted");
+                    Ok(())
+                }
+            };
+        }
         self.reload(&bundle.reload, &first_serial, left, report).await
     }
 
     fn material_path(&self, m: &Material) -> PathBuf {
         match m {
             Material::Pair(base) => self.path(&format!("{base}.crt")),
-            Material::Kubeconfig(p) => self.path(p),
+            Material::Kubeconfig(p) | Material::Pem(p) => self.path(p),
         }
     }
 
@@ -298,6 +365,12 @@ impl Renewer {
                 let key_mode = base::fs::mode_of(&key).map(|m| m & 0o600).unwrap_or(0o600);
                 base::fs::write_atomic(&key, kp.key_pem.as_bytes(), key_mode, None)?;
                 base::fs::write_atomic(&crt, kp.cert_pem.as_bytes(), base::fs::mode_of(&crt).unwrap_or(0o644), None)?;
+            }
+            Material::Pem(p) => {
+                // Certificate and key in one file: one rename replaces both.
+                let path = self.path(p);
+                let mode = base::fs::mode_of(&path).map(|m| m & 0o600).unwrap_or(0o600);
+                base::fs::write_atomic(&path, format!("{}\n{}", kp.cert_pem.trim_end(), kp.key_pem).as_bytes(), mode, None)?;
             }
             Material::Kubeconfig(p) => {
                 let path = self.path(p);
@@ -342,24 +415,28 @@ impl Renewer {
                 }
                 Ok(())
             }
-            Reload::Kubelet => {
-                let cmd = ["systemctl", "restart", "kubelet.service"];
-                if self.root != Path::new("/") {
-                    report.recorded.push(cmd.join(" "));
-                    return Ok(());
-                }
-                let restart = |message: String| CertError::Restart { what: "kubelet.service".into(), message };
-                let out = tokio::time::timeout(Duration::from_secs(60), tokio::process::Command::new(cmd[0]).args(&cmd[1..]).output())
-                    .await
-                    .map_err(|_| restart("systemctl did not answer in 60 s".into()))?
-                    .map_err(|e| restart(e.to_string()))?;
-                if !out.status.success() {
-                    return Err(restart(format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim())));
-                }
-                tracing::info!("kubelet restarted with its new certificates");
-                Ok(())
-            }
+            Reload::Kubelet { .. } => self.restart_kubelet("asked", report).await,
         }
+    }
+
+    /// `systemctl restart kubelet` (recorded off a live root), saying why.
+    async fn restart_kubelet(&self, why: &str, report: &mut PassReport) -> Result<(), CertError> {
+        let cmd = ["systemctl", "restart", "kubelet.service"];
+        if self.root != Path::new("/") {
+            report.recorded.push(cmd.join(" "));
+            return Ok(());
+        }
+        tracing::warn!(why, "restarting the kubelet for its new certificates");
+        let restart = |message: String| CertError::Restart { what: "kubelet.service".into(), message };
+        let out = tokio::time::timeout(Duration::from_secs(60), tokio::process::Command::new(cmd[0]).args(&cmd[1..]).output())
+            .await
+            .map_err(|_| restart("systemctl did not answer in 60 s".into()))?
+            .map_err(|e| restart(e.to_string()))?;
+        if !out.status.success() {
+            return Err(restart(format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim())));
+        }
+        tracing::info!("kubelet restarted with its new certificates");
+        Ok(())
     }
 }
 
@@ -379,6 +456,13 @@ fn b64_decode(s: &str) -> Result<String, String> {
 
 fn first_user(doc: &mut serde_yaml_ng::Value) -> Option<&mut serde_yaml_ng::Mapping> {
     doc.get_mut("users")?.get_mut(0)?.get_mut("user")?.as_mapping_mut()
+}
+
+/// Whether a kubeconfig's first user names a certificate file (`client-certificate`) instead of
+/// embedding one.
+pub fn names_cert_file(text: &str) -> bool {
+    let Ok(mut doc) = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(text) else { return false };
+    first_user(&mut doc).is_some_and(|u| u.contains_key("client-certificate") && !u.contains_key("client-certificate-data"))
 }
 
 /// The client certificate (PEM) of a kubeconfig's first user.
@@ -413,6 +497,31 @@ pub fn annotate(text: &str, key: &str, value: &str) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_kubelet_is_restarted_only_for_what_it_cannot_read_again_in_time() {
+        let pem = Material::Pem("/var/lib/kubelet/kubelet-client.pem".into());
+        let server = Material::Pair("/srv/kubernetes/kubelet-server".into());
+        let legacy = Material::Kubeconfig("/var/lib/kubelet/kubeconfig".into());
+        let (plenty, short) = (Duration::from_secs(100 * 86400), Duration::from_secs(200));
+        assert_eq!(kubelet_restart_reason(&[(&pem, plenty), (&server, plenty)], true), None);
+        assert!(kubelet_restart_reason(&[(&pem, plenty), (&server, plenty)], false).is_some_and(|w| w.contains("kubelet-server.crt")));
+        assert!(kubelet_restart_reason(&[(&pem, short)], true).is_some_and(|w| w.contains("expires in 200 s")));
+        assert!(kubelet_restart_reason(&[(&legacy, plenty)], true).is_some_and(|w| w.contains("embeds")));
+    }
+
+    #[test]
+    fn serving_certificates_are_reloaded_from_1_31_unless_the_gate_is_off() {
+        let spec = |yaml: &str| -> keelson_api::ClusterSpec { serde_yaml_ng::from_str(yaml).expect("spec") };
+        assert!(kubelet_reloads_serving_cert(&spec("kubernetesVersion: 1.34.4\n")));
+        assert!(kubelet_reloads_serving_cert(&spec("kubernetesVersion: 1.31.0\n")));
+        assert!(!kubelet_reloads_serving_cert(&spec("kubernetesVersion: 1.30.9\n")));
+        assert!(!kubelet_reloads_serving_cert(&spec("{}")));
+        let off = "kubernetesVersion: 1.34.4\nmasterKubelet:\n  featureGates:\n    ReloadKubeletServerCertificateFile: \"false\"\n";
+        assert!(!kubelet_reloads_serving_cert(&spec(off)));
+        let on_for_workers_only = "kubernetesVersion: 1.34.4\nkubelet:\n  featureGates:\n    ReloadKubeletServerCertificateFile: \"false\"\nmasterKubelet: {}\n";
+        assert!(kubelet_reloads_serving_cert(&spec(on_for_workers_only)));
+    }
 
     #[test]
     fn annotate_keeps_the_pod_and_replaces_the_value() {

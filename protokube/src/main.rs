@@ -281,7 +281,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
             root: args.root.clone(),
             store: spec_store.clone(),
             host: me.instance_id.clone(),
-            bundles: protokube::certs::control_plane_bundles(&plan.etcd_clusters.iter().map(|c| c.name.clone()).collect::<Vec<_>>()),
+            bundles: protokube::certs::control_plane_bundles(
+                &plan.etcd_clusters.iter().map(|c| c.name.clone()).collect::<Vec<_>>(),
+                protokube::certs::kubelet_reloads_serving_cert(&cluster.spec),
+            ),
             manifests_dir: format!("/{}", paths::MANIFESTS_DIR),
             api_server_restart,
         };

@@ -34,6 +34,8 @@ pub const KCM_KUBECONFIG: &str = "/var/lib/kube-controller-manager/kubeconfig";
 pub const SCHEDULER_KUBECONFIG: &str = "/var/lib/kube-scheduler/kubeconfig";
 pub const KUBE_PROXY_KUBECONFIG: &str = "/var/lib/kube-proxy/kubeconfig";
 pub const KUBELET_KUBECONFIG: &str = "/var/lib/kubelet/kubeconfig";
+/// The kubelet's client certificate and key (nodeup's `KUBELET_CLIENT_PEM`), which its kubeconfig names.
+pub const KUBELET_CLIENT_PEM: &str = "/var/lib/kubelet/kubelet-client.pem";
 /// Without the extension: `kubelet-server.crt` and `.key`.
 pub const KUBELET_SERVER_CERT: &str = "/srv/kubernetes/kubelet-server";
 

@@ -71,7 +71,7 @@ async fn renews_what_is_due_keeps_what_is_fresh_and_tells_the_component() {
         "https://127.0.0.1",
         &kube.cert_pem,
         "system:kube-scheduler",
-        nodeup::render::kubelet::UserEntry { client_certificate_data: Some(sched.cert_pem.clone()), client_key_data: Some(sched.key_pem.clone()), token: None },
+        nodeup::render::kubelet::UserEntry { client_certificate_data: Some(sched.cert_pem.clone()), client_key_data: Some(sched.key_pem.clone()), ..Default::default() },
     )
     .expect("kubeconfig");
     write(root, "/var/lib/kube-scheduler/kubeconfig", &kc, 0o400);
@@ -82,7 +82,7 @@ async fn renews_what_is_due_keeps_what_is_fresh_and_tells_the_component() {
         "https://127.0.0.1",
         &kube.cert_pem,
         "system:kube-controller-manager",
-        nodeup::render::kubelet::UserEntry { client_certificate_data: Some(kcm.cert_pem.clone()), client_key_data: Some(kcm.key_pem.clone()), token: None },
+        nodeup::render::kubelet::UserEntry { client_certificate_data: Some(kcm.cert_pem.clone()), client_key_data: Some(kcm.key_pem.clone()), ..Default::default() },
     )
     .expect("kubeconfig");
     write(root, "/var/lib/kube-controller-manager/kubeconfig", &kcm_kc, 0o400);
@@ -90,7 +90,8 @@ async fn renews_what_is_due_keeps_what_is_fresh_and_tells_the_component() {
     write(root, "/etc/kubernetes/manifests/kube-controller-manager.manifest", manifest, 0o644);
     let sched_manifest = manifest.replace("kube-controller-manager", "kube-scheduler");
     write(root, "/etc/kubernetes/manifests/kube-scheduler.manifest", &sched_manifest, 0o644);
-    // The kubelet's serving certificate: due; the kubelet restart is only recorded (not a live root).
+    // The kubelet's serving certificate: due; this kubelet does not reload it (before 1.31), so it
+    // is restarted — only recorded (not a live root).
     let kubelet_spec = CertSpec { cn: "system:node:ip-10-0-1-5".into(), orgs: vec![], dns: vec!["ip-10-0-1-5".into()], ips: vec![], usage: Usage::Server };
     let kubelet = pki::issue("kubernetes-ca", &kube, &kubelet_spec).expect("kubelet");
     write(root, "/srv/kubernetes/kubelet-server.crt", &kubelet.cert_pem, 0o644);
@@ -101,7 +102,7 @@ async fn renews_what_is_due_keeps_what_is_fresh_and_tells_the_component() {
         root: root.to_path_buf(),
         store,
         host: "i-0123456789abcdef0".into(),
-        bundles: certs::control_plane_bundles(&["main".into()]),
+        bundles: certs::control_plane_bundles(&["main".into()], false),
         manifests_dir: "/etc/kubernetes/manifests".into(),
         api_server_restart: None,
     };
@@ -210,4 +211,115 @@ async fn a_missing_ca_fails_its_bundle_only_and_changes_nothing() {
     assert!(err.to_string().contains("etcd-peers-ca-gone") && err.to_string().contains("missing"), "{err}");
     assert_eq!(read(root, "/etc/kubernetes/pki/etcd/main/peer.crt"), peer.cert_pem, "nothing written for the failed bundle");
     assert_eq!(read(root, "/etc/kubernetes/pki/etcd/main/peer.key"), peer.key_pem);
+}
+
+/// The kubelet's certificates as nodeup writes them: the client certificate and key in one PEM
+/// file that its kubeconfig names, and the serving pair. Returns the kubeconfig's text.
+fn kubelet_files(root: &Path, kube: &Keypair, life: Duration) -> String {
+    let client = pki::issue_for("kubernetes-ca", kube, &CertSpec::client("system:node:ip-10-0-1-5", &["system:nodes"]), life).expect("client");
+    write(root, "/var/lib/kubelet/kubelet-client.pem", &format!("{}\n{}", client.cert_pem.trim_end(), client.key_pem), 0o600);
+    let kc = nodeup::render::kubelet::kubeconfig(
+        "https://127.0.0.1",
+        &kube.cert_pem,
+        "system:node:ip-10-0-1-5",
+        nodeup::render::kubelet::UserEntry::from_pem_file("/var/lib/kubelet/kubelet-client.pem"),
+    )
+    .expect("kubeconfig");
+    write(root, "/var/lib/kubelet/kubeconfig", &kc, 0o400);
+    let spec = CertSpec { cn: "system:node:ip-10-0-1-5".into(), orgs: vec![], dns: vec!["ip-10-0-1-5".into()], ips: vec![], usage: Usage::Server };
+    let server = pki::issue_for("kubernetes-ca", kube, &spec, life).expect("server");
+    write(root, "/srv/kubernetes/kubelet-server.crt", &server.cert_pem, 0o644);
+    write(root, "/srv/kubernetes/kubelet-server.key", &server.key_pem, 0o600);
+    kc
+}
+
+fn kubelet_renewer(state: &Path, root: &Path, reloads_serving_cert: bool) -> Renewer {
+    let store = base::StateStore::open(&format!("file://{}", state.display()).parse().expect("base"), Duration::from_secs(5)).expect("store");
+    let bundles = certs::control_plane_bundles(&[], reloads_serving_cert).into_iter().filter(|b| b.name == "kubelet").collect();
+    Renewer { root: root.to_path_buf(), store, host: "i-1".into(), bundles, manifests_dir: "/etc/kubernetes/manifests".into(), api_server_restart: None }
+}
+
+#[tokio::test]
+async fn the_kubelet_reads_its_renewed_certificates_without_a_restart() {
+    let state = tempfile::tempdir().expect("state");
+    let root = tempfile::tempdir().expect("root");
+    let (state, root) = (state.path(), root.path());
+    pki::init_pki(state, &[]).expect("pki");
+    let kube = ca(state, "kubernetes-ca");
+    let kc = kubelet_files(root, &kube, 365 * DAY);
+    let old = read(root, "/var/lib/kubelet/kubelet-client.pem");
+    let renewer = kubelet_renewer(state, root, true);
+
+    let fresh = renewer.pass(SystemTime::now()).await;
+    assert!(fresh.renewed.is_empty() && fresh.failed.is_empty(), "{:?} {:?}", fresh.renewed, fresh.failed);
+    let names: Vec<&str> = fresh.certs.keys().map(String::as_str).collect();
+    assert_eq!(names, ["kubelet/client", "kubelet/server"], "a kubeconfig that names the file holds no certificate of its own");
+
+    // 300 days on: both due and renewed; the kubelet reads them again by itself — no restart.
+    let r = renewer.pass(SystemTime::now() + 300 * DAY).await;
+    assert!(r.failed.is_empty(), "{:?}", r.failed);
+    assert_eq!(r.renewed, ["kubelet"]);
+    assert!(r.recorded.is_empty(), "the kubelet was restarted: {:?}", r.recorded);
+    let pem = read(root, "/var/lib/kubelet/kubelet-client.pem");
+    assert_ne!(pem, old);
+    let blocks = pem::parse_many(&pem).expect("pem");
+    assert_eq!(blocks.iter().map(|b| b.tag()).collect::<Vec<_>>(), ["CERTIFICATE", "PRIVATE KEY"], "a certificate, then its key");
+    let (cert_pem, key_pem) = (pem::encode(&blocks[0]), pem::encode(&blocks[1]));
+    assert_eq!(pki::spec_of(&cert_pem).expect("spec"), CertSpec::client("system:node:ip-10-0-1-5", &["system:nodes"]));
+    assert_eq!(cert_key(&cert_pem), private_key(&key_pem), "the file's key is its certificate's");
+    assert_eq!(mode(root, "/var/lib/kubelet/kubelet-client.pem"), 0o600);
+    assert_eq!(read(root, "/var/lib/kubelet/kubeconfig"), kc, "the kubeconfig is not rewritten");
+
+    // A kubelet that does not reload its serving certificate is restarted for it.
+    let r = kubelet_renewer(state, root, false).pass(SystemTime::now() + 600 * DAY).await;
+    assert_eq!((r.renewed.as_slice(), r.recorded.as_slice()), (&["kubelet".to_string()][..], &["systemctl restart kubelet.service".to_string()][..]));
+}
+
+#[tokio::test]
+async fn the_kubelet_is_restarted_only_when_it_could_not_pick_its_certificate_up_in_time() {
+    let state = tempfile::tempdir().expect("state");
+    let root = tempfile::tempdir().expect("root");
+    let (state, root) = (state.path(), root.path());
+    pki::init_pki(state, &[]).expect("pki");
+    let kube = ca(state, "kubernetes-ca");
+
+    // 13-minute certificates: renewed 6m30s before expiry, enough for the kubelet's 5-minute read.
+    kubelet_files(root, &kube, Duration::from_secs(13 * 60));
+    let renewer = kubelet_renewer(state, root, true);
+    let early = renewer.pass(SystemTime::now() + Duration::from_secs(6 * 60)).await;
+    assert!(early.renewed.is_empty(), "renewed with 7 minutes left: {:?}", early.renewed);
+    let due = renewer.pass(SystemTime::now() + Duration::from_secs(7 * 60)).await;
+    assert_eq!((due.renewed.as_slice(), due.recorded.len()), (&["kubelet".to_string()][..], 0), "{:?}", due.recorded);
+
+    // 8-minute certificates: renewed at half their life, 4 minutes before expiry — the kubelet
+    // might read the file too late, so it is restarted.
+    kubelet_files(root, &kube, Duration::from_secs(8 * 60));
+    let early = renewer.pass(SystemTime::now() + Duration::from_secs(3 * 60)).await;
+    assert!(early.renewed.is_empty(), "renewed with 5 minutes left: {:?}", early.renewed);
+    let late = renewer.pass(SystemTime::now() + Duration::from_secs(4 * 60 + 10)).await;
+    assert_eq!(late.recorded, ["systemctl restart kubelet.service"]);
+
+    // A kubeconfig that embeds the certificate (an older nodeup's): renewed in place, restarted.
+    let client = pki::issue("kubernetes-ca", &kube, &CertSpec::client("system:node:ip-10-0-1-5", &["system:nodes"])).expect("client");
+    let kc = nodeup::render::kubelet::kubeconfig(
+        "https://127.0.0.1",
+        &kube.cert_pem,
+        "system:node:ip-10-0-1-5",
+        nodeup::render::kubelet::UserEntry { client_certificate_data: Some(client.cert_pem.clone()), client_key_data: Some(client.key_pem), ..Default::default() },
+    )
+    .expect("kubeconfig");
+    std::fs::remove_file(root.join("var/lib/kubelet/kubelet-client.pem")).expect("rm");
+    write(root, "/var/lib/kubelet/kubeconfig", &kc, 0o400);
+    kubelet_files_server_only(root, &kube);
+    let r = renewer.pass(SystemTime::now() + 400 * DAY).await;
+    assert!(r.failed.is_empty(), "{:?}", r.failed);
+    assert_eq!(r.recorded, ["systemctl restart kubelet.service"]);
+    assert_ne!(certs::kubeconfig_cert(&read(root, "/var/lib/kubelet/kubeconfig")).expect("cert"), client.cert_pem);
+}
+
+fn kubelet_files_server_only(root: &Path, kube: &Keypair) {
+    let spec = CertSpec { cn: "system:node:ip-10-0-1-5".into(), orgs: vec![], dns: vec!["ip-10-0-1-5".into()], ips: vec![], usage: Usage::Server };
+    let server = pki::issue("kubernetes-ca", kube, &spec).expect("server");
+    write(root, "/srv/kubernetes/kubelet-server.crt", &server.cert_pem, 0o644);
+    write(root, "/srv/kubernetes/kubelet-server.key", &server.key_pem, 0o600);
 }

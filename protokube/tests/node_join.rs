@@ -396,14 +396,20 @@ async fn nodeup_joins_through_the_server_with_its_instance_role_on(url: String) 
     assert!(first[0].contains("missing"), "{first:?}");
     applied.expect("nodeup joins");
     assert!(converged.is_empty(), "a second run changes nothing: {converged:?}");
-    for (path, cn) in [("var/lib/kubelet/kubeconfig", format!("system:node:{dns}")), ("var/lib/kube-proxy/kubeconfig", "system:kube-proxy".to_string())] {
+    // The kubelet's certificate and key in the file its kubeconfig names; kube-proxy's kubeconfig.
+    for (path, cn) in [("var/lib/kubelet/kubelet-client.pem", format!("system:node:{dns}")), ("var/lib/kube-proxy/kubeconfig", "system:kube-proxy".to_string())] {
         let p = root.path().join(path);
         let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&p).expect("kubeconfig").permissions()) & 0o777;
         assert_eq!(mode, 0o600, "{path}");
         let text = std::fs::read_to_string(&p).expect("read");
-        let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("yaml");
-        let cert_b64 = v["users"][0]["user"]["client-certificate-data"].as_str().expect("cert");
-        let cert = String::from_utf8(base64::Engine::decode(&base64::engine::general_purpose::STANDARD, cert_b64).expect("b64")).expect("pem");
+        let cert = if path.ends_with(".pem") {
+            assert!(text.contains("PRIVATE KEY"), "{path}: no key");
+            text
+        } else {
+            let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("yaml");
+            let cert_b64 = v["users"][0]["user"]["client-certificate-data"].as_str().expect("cert");
+            String::from_utf8(base64::Engine::decode(&base64::engine::general_purpose::STANDARD, cert_b64).expect("b64")).expect("pem")
+        };
         assert_eq!(pki::describe_cert(&cert).expect("cert").cn, cn, "{path}");
     }
     let liar = liar.expect_err("a host claiming another node name");

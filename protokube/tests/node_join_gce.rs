@@ -414,10 +414,7 @@ async fn nodeup_joins_through_the_https_server_with_its_identity_token() {
     .expect("join task");
     applied.expect("nodeup joins by GCE identity");
     assert!(converged.is_empty(), "a second run changes nothing: {converged:?}");
-    let text = std::fs::read_to_string(root.path().join("var/lib/kubelet/kubeconfig")).expect("kubeconfig");
-    let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("yaml");
-    let cert_b64 = v["users"][0]["user"]["client-certificate-data"].as_str().expect("cert");
-    let cert = String::from_utf8(base64::Engine::decode(&base64::engine::general_purpose::STANDARD, cert_b64).expect("b64")).expect("pem");
+    let cert = std::fs::read_to_string(root.path().join("var/lib/kubelet/kubelet-client.pem")).expect("the kubelet's certificate");
     assert_eq!(pki::describe_cert(&cert).expect("cert").cn, format!("system:node:{}", node.name));
     let refused = control_plane.expect_err("a control-plane instance does not join this way");
     assert!(refused.contains("403") && refused.contains("control-plane"), "{refused}");

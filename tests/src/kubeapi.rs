@@ -102,6 +102,8 @@ pub struct NodeState {
     pub kubelet_version: String,
     /// When the Ready condition last changed (unix seconds).
     pub ready_since: Option<i64>,
+    /// The Ready condition's `reason: message` (why a Node is not Ready).
+    pub ready_reason: String,
 }
 
 /// Node name → state.
@@ -127,6 +129,9 @@ pub fn nodes(kubeconfig: &Path) -> Result<BTreeMap<String, NodeState>, KubeApiEr
                 let ready_condition = conditions.iter().find(|c| c.type_ == "Ready");
                 let ready = ready_condition.is_some_and(|c| c.status == "True");
                 let ready_since = ready_condition.and_then(|c| c.last_transition_time.as_ref()).map(|t| t.0.as_second());
+                let ready_reason = ready_condition
+                    .map(|c| format!("{}: {}", c.reason.as_deref().unwrap_or_default(), c.message.as_deref().unwrap_or_default()))
+                    .unwrap_or_else(|| "no Ready condition".into());
                 let internal_ip = status.addresses.unwrap_or_default().into_iter().find(|a| a.type_ == "InternalIP").map(|a| a.address);
                 let spec = n.spec.unwrap_or_default();
                 let taints = spec.taints.unwrap_or_default().into_iter().map(|t| format!("{}:{}", t.key, t.effect)).collect();
@@ -140,6 +145,7 @@ pub fn nodes(kubeconfig: &Path) -> Result<BTreeMap<String, NodeState>, KubeApiEr
                     provider_id_managers,
                     kubelet_version,
                     ready_since,
+                    ready_reason,
                 };
                 (n.metadata.name.unwrap_or_default(), state)
             })

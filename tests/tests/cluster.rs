@@ -337,12 +337,20 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         let pid = m.init_pid.expect("worker running");
         let name = nodes_now.iter().find(|(_, n)| n.internal_ip.as_deref() == Some(m.ip.as_str())).map(|(k, _)| k.clone()).expect("worker Node");
         let absent = machine::exec_in(pid, &["sh", "-c", "test ! -e /var/lib/kubelet/bootstrap-kubeconfig && ! grep -rqs -e 'token:' /var/lib/kubelet/kubeconfig /var/lib/kube-proxy/kubeconfig && echo none"]).unwrap_or_default();
+        // The kubelet's kubeconfig names its certificate file (the kubelet reads a renewed one
+        // by itself, 7d), which holds the certificate the join server issued.
         assert_eq!(absent.trim(), "none", "{}: a bootstrap kubeconfig or token is on the worker", m.instance_id);
         let user_data = std::fs::read_to_string(std::path::Path::new(&m.root).join("var/lib/cloud/instance/user-data.txt")).expect("the worker's user-data");
         assert!(user_data.contains("nodeup") && !user_data.to_lowercase().contains("token"), "{}: user-data mentions a token", m.instance_id);
-        for (file, cn) in [("var/lib/kubelet/kubeconfig", format!("system:node:{name}")), ("var/lib/kube-proxy/kubeconfig", "system:kube-proxy".to_string())] {
+        let kubelet_kc = std::fs::read_to_string(std::path::Path::new(&m.root).join("var/lib/kubelet/kubeconfig")).expect("the kubelet's kubeconfig");
+        assert!(kubelet_kc.contains("client-certificate: /var/lib/kubelet/kubelet-client.pem"), "{}: {kubelet_kc}", m.instance_id);
+        for (file, cn) in [("var/lib/kubelet/kubelet-client.pem", format!("system:node:{name}")), ("var/lib/kube-proxy/kubeconfig", "system:kube-proxy".to_string())] {
             let path = std::path::Path::new(&m.root).join(file);
-            let cmd = format!("sed -n 's/^ *client-certificate-data: //p' '{}' | base64 -d | openssl x509 -noout -subject -issuer", path.display());
+            let cmd = if file.ends_with(".pem") {
+                format!("openssl x509 -noout -subject -issuer -in '{}'", path.display())
+            } else {
+                format!("sed -n 's/^ *client-certificate-data: //p' '{}' | base64 -d | openssl x509 -noout -subject -issuer", path.display())
+            };
             let out = std::process::Command::new("sh").args(["-c", &cmd]).output().expect("openssl");
             let subject = String::from_utf8_lossy(&out.stdout).to_string();
             assert!(subject.contains(&format!("CN = {cn}")) && subject.contains("CN = kubernetes-ca"), "{}: /{file}: {subject}", m.instance_id);
@@ -476,7 +484,7 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
             let prefix = format!("keelson_certificate_expiry_seconds{{cert=\"{cert}\"}} ");
             metrics.lines().find_map(|l| l.strip_prefix(&prefix)?.trim().parse().ok())
         };
-        for cert in ["etcd-main/peer", "etcd-main/server", "kube-apiserver/server", "kube-controller-manager/kubeconfig", "kubelet/kubeconfig"] {
+        for cert in ["etcd-main/peer", "etcd-main/server", "kube-apiserver/server", "kube-controller-manager/kubeconfig", "kubelet/client"] {
             let left = gauge(cert).unwrap_or_else(|| panic!("{}: no expiry gauge for {cert}:\n{metrics}", m.instance_id));
             assert!(left > 0.0 && left <= CERT_LIFETIME.as_secs_f64(), "{}: {cert} expires in {left} s", m.instance_id);
         }
@@ -710,8 +718,11 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
 }
 
 /// What the certificates are short-lived to (test only): long enough for the cluster to come up,
-/// short enough that every one of them is renewed during the test.
-const CERT_LIFETIME: Duration = Duration::from_secs(600);
+/// short enough that every one of them is renewed during the test — and long enough that the
+/// kubelet's is renewed with more than its 5-minute reload period left (it is renewed at
+/// `KUBELET_CLIENT_LEAD`, at most half its life), so the kubelet reads the new one without a
+/// restart, as it does with real lifetimes.
+const CERT_LIFETIME: Duration = Duration::from_secs(780);
 
 /// `(instance, file)` → serial of the certificates the test watches roll over.
 fn watched_certs(machines: &[machine::MachineInfo]) -> BTreeMap<(String, &'static str), String> {
@@ -724,7 +735,7 @@ fn watched_certs(machines: &[machine::MachineInfo]) -> BTreeMap<(String, &'stati
                 "srv/kubernetes/kube-apiserver/server.crt",
                 "var/lib/kube-controller-manager/kubeconfig",
             ],
-            _ => &["var/lib/kubelet/kubeconfig", "var/lib/kube-proxy/kubeconfig"],
+            _ => &["var/lib/kubelet/kubelet-client.pem", "var/lib/kube-proxy/kubeconfig"],
         };
         for f in files {
             let Ok(text) = std::fs::read_to_string(m.root.join(f)) else { continue };
@@ -756,7 +767,8 @@ struct Seen {
     probes: u64,
     longest_gap: Duration,
     failures: Vec<String>,
-    not_ready: std::collections::BTreeSet<String>,
+    /// Node → when (since the watch began) and why it was first seen NotReady.
+    not_ready: BTreeMap<String, String>,
 }
 
 impl Watch {
@@ -767,6 +779,7 @@ impl Watch {
             let mut seen = Seen::default();
             let mut last_ok = std::time::Instant::now();
             let mut nodes_at = std::time::Instant::now();
+            let began = std::time::Instant::now();
             while !flag.load(std::sync::atomic::Ordering::Relaxed) {
                 seen.probes += 1;
                 match kubeapi::readyz(&kubeconfig, &Target::default()) {
@@ -781,7 +794,9 @@ impl Watch {
                 if nodes_at.elapsed() >= Duration::from_secs(3) {
                     nodes_at = std::time::Instant::now();
                     if let Ok(nodes) = kubeapi::nodes(&kubeconfig) {
-                        seen.not_ready.extend(nodes.iter().filter(|(_, n)| !n.ready).map(|(k, _)| k.clone()));
+                        for (name, n) in nodes.iter().filter(|(_, n)| !n.ready) {
+                            seen.not_ready.entry(name.clone()).or_insert_with(|| format!("at +{} s: {}", began.elapsed().as_secs(), n.ready_reason));
+                        }
                     }
                 }
                 std::thread::sleep(Duration::from_millis(500));

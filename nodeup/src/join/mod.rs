@@ -1,11 +1,13 @@
 //! Node join by cloud identity, the worker's side ([`base::node_join`] has the protocol): make a key
 //! and CSR per certificate, sign `sts:GetCallerIdentity` with the instance role's credentials from
 //! IMDS (AWS) or ask the metadata server for an identity token bound to the request body (GCE),
-//! ask the join server on the control planes, and write the kubelet's and kube-proxy's
-//! kubeconfigs (0600) with the certificates it returns. No shared secret ever reaches the worker.
+//! ask the join server on the control planes, and write the certificates it returns: the kubelet's
+//! (with its key, one PEM file, 0600, which the kubelet's kubeconfig names and the kubelet reads
+//! again by itself) and kube-proxy's (a kubeconfig, 0600). No shared secret ever reaches the worker.
 //!
-//! Converged while both kubeconfigs hold a certificate for the right name, from the cluster CA, for
-//! the right API server, with more than a third of its life left.
+//! Converged while both hold a certificate for the right name, from the cluster CA (kube-proxy's
+//! for the right API server), with more than a third of its life left — the kubelet's with
+//! enough left for the kubelet to read the next one in time ([`base::renewal::KUBELET_CLIENT_LEAD`]).
 
 use std::time::{Duration, SystemTime};
 
@@ -78,17 +80,25 @@ pub struct JoinTask {
 impl JoinTask {
     fn wanted(&self) -> [(&'static str, &'static str, String); 2] {
         [
-            (CERT_KUBELET, paths::KUBELET_KUBECONFIG, format!("system:node:{}", self.node_name)),
+            (CERT_KUBELET, paths::KUBELET_CLIENT_PEM, format!("system:node:{}", self.node_name)),
             (CERT_KUBE_PROXY, paths::KUBE_PROXY_KUBECONFIG, "system:kube-proxy".to_string()),
         ]
     }
 
-    /// What is wrong with one kubeconfig, if anything.
+    /// What is wrong with one kubeconfig (or the kubelet's certificate file), if anything.
     fn problem(&self, ctx: &Ctx, path: &str, cn: &str) -> Option<String> {
         let p = ctx.host.path(path);
         let Ok(text) = std::fs::read_to_string(&p) else { return Some(format!("{path}: missing")) };
         if base::fs::mode_of(&p) != Some(0o600) {
             return Some(format!("{path}: mode is not 0600"));
+        }
+        if path == paths::KUBELET_CLIENT_PEM {
+            return match pki::describe_cert(&text) {
+                Ok(c) if c.cn != cn => Some(format!("{path}: certificate is for {}, not {cn}", c.cn)),
+                Ok(c) if c.issuer_cn != "kubernetes-ca" => Some(format!("{path}: certificate is from {}", c.issuer_cn)),
+                Ok(_) => crate::cert_tasks::kubelet_client_due(&text).map(|why| format!("{path}: {why}")),
+                Err(e) => Some(format!("{path}: {e}")),
+            };
         }
         let value: serde_yaml_ng::Value = match serde_yaml_ng::from_str(&text) {
             Ok(v) => v,
@@ -199,7 +209,7 @@ impl Task<Ctx<'_>> for JoinTask {
         self.deps.clone()
     }
     fn paths(&self) -> Vec<String> {
-        vec![paths::KUBELET_KUBECONFIG.into(), paths::KUBE_PROXY_KUBECONFIG.into()]
+        vec![paths::KUBELET_CLIENT_PEM.into(), paths::KUBE_PROXY_KUBECONFIG.into()]
     }
     fn check(&self, ctx: &Ctx, deps_changed: bool) -> Result<Vec<String>, TaskError> {
         let problems: Vec<String> = self.wanted().iter().filter_map(|(_, path, cn)| self.problem(ctx, path, cn)).collect();
@@ -218,13 +228,22 @@ impl Task<Ctx<'_>> for JoinTask {
             .with_jitter();
         let issued = (|| self.join()).retry(policy).notify(|e, wait| tracing::warn!(error = %e, retry_in = ?wait, "node join failed; retrying")).call()?;
         let wanted = self.wanted();
+        let pem_path = ctx.host.path(paths::KUBELET_CLIENT_PEM);
+        let old_left = std::fs::read_to_string(&pem_path)
+            .ok()
+            .and_then(|pem| pki::describe_cert(&pem).ok())
+            .map(|c| c.not_after.duration_since(SystemTime::now()).unwrap_or_default());
         for (name, cert, key) in issued {
             let Some((_, path, _)) = wanted.iter().find(|(n, _, _)| *n == name) else { continue };
-            let user = kubelet::UserEntry { client_certificate_data: Some(cert), client_key_data: Some(key), token: None };
-            let body = kubelet::kubeconfig(&self.api_server, &self.ca_pem, name, user).map_err(TaskError::failed)?;
+            let body = if *path == paths::KUBELET_CLIENT_PEM {
+                crate::cert_tasks::client_pem(&pki::Keypair { cert_pem: cert, key_pem: key })
+            } else {
+                let user = kubelet::UserEntry { client_certificate_data: Some(cert), client_key_data: Some(key), ..Default::default() };
+                kubelet::kubeconfig(&self.api_server, &self.ca_pem, name, user).map_err(TaskError::failed)?
+            };
             base::fs::write_atomic(&ctx.host.path(path), body.as_bytes(), 0o600, None)?;
         }
         tracing::info!(node = %self.node_name, server = %self.server, "joined by cloud identity");
-        Ok(())
+        crate::cert_tasks::restart_kubelet_if_late(ctx, old_left)
     }
 }

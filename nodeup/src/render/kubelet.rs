@@ -143,8 +143,21 @@ pub struct UserEntry {
     pub client_certificate_data: Option<String>,
     #[serde(rename = "client-key-data", skip_serializing_if = "Option::is_none")]
     pub client_key_data: Option<String>,
+    /// A file with the client certificate (client-go reads it again, and on every new connection).
+    #[serde(rename = "client-certificate", skip_serializing_if = "Option::is_none")]
+    pub client_certificate: Option<String>,
+    /// A file with the client key (may be the certificate's file: one PEM with both).
+    #[serde(rename = "client-key", skip_serializing_if = "Option::is_none")]
+    pub client_key: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+}
+
+impl UserEntry {
+    /// A user whose certificate and key are in one PEM file on the host.
+    pub fn from_pem_file(path: &str) -> UserEntry {
+        UserEntry { client_certificate: Some(path.into()), client_key: Some(path.into()), ..Default::default() }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -172,6 +185,8 @@ pub fn kubeconfig(server: &str, ca_pem: &str, user_name: &str, user: UserEntry) 
             user: UserEntry {
                 client_certificate_data: user.client_certificate_data.as_deref().map(b64),
                 client_key_data: user.client_key_data.as_deref().map(b64),
+                client_certificate: user.client_certificate,
+                client_key: user.client_key,
                 token: user.token,
             },
         }],

@@ -77,6 +77,7 @@ mod tests {
             provider_id_managers: vec![],
             kubelet_version: String::new(),
             ready_since: since,
+            ready_reason: String::new(),
         }
     }
 

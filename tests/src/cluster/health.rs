@@ -285,6 +285,7 @@ mod tests {
             provider_id_managers: vec![],
             kubelet_version: String::new(),
             ready_since: None,
+            ready_reason: String::new(),
         }
     }
 
