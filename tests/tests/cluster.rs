@@ -507,6 +507,16 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         seen.longest_gap.as_secs_f64(),
         seen.not_ready
     );
+    if !seen.not_ready.is_empty() {
+        // What the kubelets of those Nodes said meanwhile (lease, status and certificate lines).
+        let now_nodes = kubeapi::nodes(&kc).unwrap_or_default();
+        for name in seen.not_ready.keys() {
+            let Some(m) = now_nodes.get(name).and_then(|n| cs.machines.iter().find(|m| n.internal_ip.as_deref() == Some(m.ip.as_str()))) else { continue };
+            let journal = m.init_pid.and_then(|pid| machine::exec_in(pid, &["journalctl", "-u", "kubelet.service", "--no-pager", "-o", "short-precise"]).ok()).unwrap_or_default();
+            let lines: Vec<&str> = journal.lines().filter(|l| ["lease", "status", "Certificate", "Starting", "Stopped", "rror"].iter().any(|k| l.contains(k))).collect();
+            eprintln!("{name} ({}): kubelet journal, last lines of interest:\n{}", m.instance_id, lines[lines.len().saturating_sub(40)..].join("\n"));
+        }
+    }
     assert!(seen.not_ready.is_empty(), "Nodes went NotReady while certificates rolled over: {:?}", seen.not_ready);
     // The API servers restart for their new certificates, each when its own renewal falls due; with
     // the test's 10-minute certificates the per-host skew spreads them over at most a minute, so
