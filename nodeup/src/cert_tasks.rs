@@ -246,7 +246,11 @@ mod tests {
             "https://127.0.0.1",
             &ca.cert_pem,
             "system:kube-scheduler",
-            crate::render::kubelet::UserEntry { client_certificate_data: Some(fresh.cert_pem.clone()), client_key_data: Some(fresh.key_pem), ..Default::default() },
+            crate::render::kubelet::UserEntry {
+                client_certificate_data: Some(fresh.cert_pem.clone()),
+                client_key_data: Some(fresh.key_pem),
+                ..Default::default()
+            },
         )
         .expect("kubeconfig");
         assert_eq!(super::kubeconfig_cert(&kc).as_deref(), Some(fresh.cert_pem.as_str()));

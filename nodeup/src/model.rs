@@ -253,9 +253,13 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         // The join writes the kubelet's certificate to the file its kubeconfig names; the
         // kubeconfig (the API server, the CA, that file) is the kubelet's input: a renewal by a
         // later join does not restart the kubelet (it reads the file again).
-        let body =
-            kubelet::kubeconfig(&format!("https://api.internal.{cluster}"), &ca_cert_pem, "kubelet", kubelet::UserEntry::from_pem_file(paths::KUBELET_CLIENT_PEM))
-                .map_err(|e| render_err(paths::KUBELET_KUBECONFIG)(e.to_string()))?;
+        let body = kubelet::kubeconfig(
+            &format!("https://api.internal.{cluster}"),
+            &ca_cert_pem,
+            "kubelet",
+            kubelet::UserEntry::from_pem_file(paths::KUBELET_CLIENT_PEM),
+        )
+        .map_err(|e| render_err(paths::KUBELET_KUBECONFIG)(e.to_string()))?;
         tasks.push(Box::new(FileTask { deps: vec![join::TASK_NAME.to_string()], ..FileTask::new(paths::KUBELET_KUBECONFIG, body, 0o600) }));
         kubelet_inputs.push(file_task_name(paths::KUBELET_KUBECONFIG));
         joined = true;

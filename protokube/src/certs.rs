@@ -115,7 +115,9 @@ pub fn kubelet_reloads_serving_cert(spec: &keelson_api::ClusterSpec) -> bool {
 pub fn kubelet_restart_reason(renewed: &[(&Material, Duration)], reloads_serving_cert: bool) -> Option<String> {
     renewed.iter().find_map(|(material, left)| match material {
         Material::Kubeconfig(p) => Some(format!("{p} embeds the client certificate")),
-        Material::Pair(p) if !reloads_serving_cert => Some(format!("it does not reload {p}.crt (Kubernetes before 1.31, or ReloadKubeletServerCertificateFile off)")),
+        Material::Pair(p) if !reloads_serving_cert => {
+            Some(format!("it does not reload {p}.crt (Kubernetes before 1.31, or ReloadKubeletServerCertificateFile off)"))
+        }
         Material::Pem(p) if renewal::kubelet_must_restart(*left) => {
             Some(format!("the certificate it holds from {p} expires in {} s, before it reads the file again", left.as_secs()))
         }
@@ -519,7 +521,8 @@ mod tests {
         assert!(!kubelet_reloads_serving_cert(&spec("{}")));
         let off = "kubernetesVersion: 1.34.4\nmasterKubelet:\n  featureGates:\n    ReloadKubeletServerCertificateFile: \"false\"\n";
         assert!(!kubelet_reloads_serving_cert(&spec(off)));
-        let on_for_workers_only = "kubernetesVersion: 1.34.4\nkubelet:\n  featureGates:\n    ReloadKubeletServerCertificateFile: \"false\"\nmasterKubelet: {}\n";
+        let on_for_workers_only =
+            "kubernetesVersion: 1.34.4\nkubelet:\n  featureGates:\n    ReloadKubeletServerCertificateFile: \"false\"\nmasterKubelet: {}\n";
         assert!(kubelet_reloads_serving_cert(&spec(on_for_workers_only)));
     }
 

@@ -71,7 +71,11 @@ async fn renews_what_is_due_keeps_what_is_fresh_and_tells_the_component() {
         "https://127.0.0.1",
         &kube.cert_pem,
         "system:kube-scheduler",
-        nodeup::render::kubelet::UserEntry { client_certificate_data: Some(sched.cert_pem.clone()), client_key_data: Some(sched.key_pem.clone()), ..Default::default() },
+        nodeup::render::kubelet::UserEntry {
+            client_certificate_data: Some(sched.cert_pem.clone()),
+            client_key_data: Some(sched.key_pem.clone()),
+            ..Default::default()
+        },
     )
     .expect("kubeconfig");
     write(root, "/var/lib/kube-scheduler/kubeconfig", &kc, 0o400);
@@ -82,7 +86,11 @@ async fn renews_what_is_due_keeps_what_is_fresh_and_tells_the_component() {
         "https://127.0.0.1",
         &kube.cert_pem,
         "system:kube-controller-manager",
-        nodeup::render::kubelet::UserEntry { client_certificate_data: Some(kcm.cert_pem.clone()), client_key_data: Some(kcm.key_pem.clone()), ..Default::default() },
+        nodeup::render::kubelet::UserEntry {
+            client_certificate_data: Some(kcm.cert_pem.clone()),
+            client_key_data: Some(kcm.key_pem.clone()),
+            ..Default::default()
+        },
     )
     .expect("kubeconfig");
     write(root, "/var/lib/kube-controller-manager/kubeconfig", &kcm_kc, 0o400);
@@ -305,7 +313,11 @@ async fn the_kubelet_is_restarted_only_when_it_could_not_pick_its_certificate_up
         "https://127.0.0.1",
         &kube.cert_pem,
         "system:node:ip-10-0-1-5",
-        nodeup::render::kubelet::UserEntry { client_certificate_data: Some(client.cert_pem.clone()), client_key_data: Some(client.key_pem), ..Default::default() },
+        nodeup::render::kubelet::UserEntry {
+            client_certificate_data: Some(client.cert_pem.clone()),
+            client_key_data: Some(client.key_pem),
+            ..Default::default()
+        },
     )
     .expect("kubeconfig");
     std::fs::remove_file(root.join("var/lib/kubelet/kubelet-client.pem")).expect("rm");

@@ -397,7 +397,8 @@ async fn nodeup_joins_through_the_server_with_its_instance_role_on(url: String) 
     applied.expect("nodeup joins");
     assert!(converged.is_empty(), "a second run changes nothing: {converged:?}");
     // The kubelet's certificate and key in the file its kubeconfig names; kube-proxy's kubeconfig.
-    for (path, cn) in [("var/lib/kubelet/kubelet-client.pem", format!("system:node:{dns}")), ("var/lib/kube-proxy/kubeconfig", "system:kube-proxy".to_string())] {
+    for (path, cn) in [("var/lib/kubelet/kubelet-client.pem", format!("system:node:{dns}")), ("var/lib/kube-proxy/kubeconfig", "system:kube-proxy".to_string())]
+    {
         let p = root.path().join(path);
         let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&p).expect("kubeconfig").permissions()) & 0o777;
         assert_eq!(mode, 0o600, "{path}");

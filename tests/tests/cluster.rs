@@ -55,6 +55,7 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     // The certificates as the cluster came up; from now until the restore (step 8) the API must
     // answer and every Node stay Ready while they roll over (checked in step 7d).
     let certs_at_start: BTreeMap<(String, &str), String> = watched_certs(&cs.machines);
+    let kubelet_starts_at_start = kubelet_journal_count(&cs.machines, "Started kubelet");
     let watch = Watch::start(std::path::PathBuf::from(&cs.kubeconfig));
 
     // Member → instance group, from the spec.
@@ -344,7 +345,9 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         assert!(user_data.contains("nodeup") && !user_data.to_lowercase().contains("token"), "{}: user-data mentions a token", m.instance_id);
         let kubelet_kc = std::fs::read_to_string(std::path::Path::new(&m.root).join("var/lib/kubelet/kubeconfig")).expect("the kubelet's kubeconfig");
         assert!(kubelet_kc.contains("client-certificate: /var/lib/kubelet/kubelet-client.pem"), "{}: {kubelet_kc}", m.instance_id);
-        for (file, cn) in [("var/lib/kubelet/kubelet-client.pem", format!("system:node:{name}")), ("var/lib/kube-proxy/kubeconfig", "system:kube-proxy".to_string())] {
+        for (file, cn) in
+            [("var/lib/kubelet/kubelet-client.pem", format!("system:node:{name}")), ("var/lib/kube-proxy/kubeconfig", "system:kube-proxy".to_string())]
+        {
             let path = std::path::Path::new(&m.root).join(file);
             let cmd = if file.ends_with(".pem") {
                 format!("openssl x509 -noout -subject -issuer -in '{}'", path.display())
@@ -500,6 +503,20 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         }
         eprintln!("{}: {}", m.instance_id, restarts.join(" | "));
     }
+    // The kubelets were not restarted for their certificates (a restart can post a Node NotReady):
+    // each read its renewed client certificate by itself — client-go logs the rotation — within
+    // its 5-minute reload period (bounded wait).
+    assert_eq!(kubelet_journal_count(&cs.machines, "Started kubelet"), kubelet_starts_at_start, "a kubelet was restarted while certificates rolled over");
+    let deadline = std::time::Instant::now() + Duration::from_secs(330);
+    loop {
+        let picked_up = kubelet_journal_count(&cs.machines, "Certificate rotation detected");
+        let missing: Vec<&String> = picked_up.iter().filter(|(_, n)| **n == 0).map(|(id, _)| id).collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "kubelets that never read their renewed client certificate: {missing:?}");
+        std::thread::sleep(Duration::from_secs(5));
+    }
     let seen = watch.stop();
     eprintln!(
         "CERTIFICATES: rolled over; {} API probes, longest gap between answers {:.1}s, NotReady seen: {:?}",
@@ -512,8 +529,12 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         let now_nodes = kubeapi::nodes(&kc).unwrap_or_default();
         for name in seen.not_ready.keys() {
             let Some(m) = now_nodes.get(name).and_then(|n| cs.machines.iter().find(|m| n.internal_ip.as_deref() == Some(m.ip.as_str()))) else { continue };
-            let journal = m.init_pid.and_then(|pid| machine::exec_in(pid, &["journalctl", "-u", "kubelet.service", "--no-pager", "-o", "short-precise"]).ok()).unwrap_or_default();
-            let lines: Vec<&str> = journal.lines().filter(|l| ["lease", "status", "Certificate", "Starting", "Stopped", "rror"].iter().any(|k| l.contains(k))).collect();
+            let journal = m
+                .init_pid
+                .and_then(|pid| machine::exec_in(pid, &["journalctl", "-u", "kubelet.service", "--no-pager", "-o", "short-precise"]).ok())
+                .unwrap_or_default();
+            let lines: Vec<&str> =
+                journal.lines().filter(|l| ["lease", "status", "Certificate", "Starting", "Stopped", "rror"].iter().any(|k| l.contains(k))).collect();
             eprintln!("{name} ({}): kubelet journal, last lines of interest:\n{}", m.instance_id, lines[lines.len().saturating_sub(40)..].join("\n"));
         }
     }
@@ -733,6 +754,17 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
 /// `KUBELET_CLIENT_LEAD`, at most half its life), so the kubelet reads the new one without a
 /// restart, as it does with real lifetimes.
 const CERT_LIFETIME: Duration = Duration::from_secs(780);
+
+/// instance → how many lines of its kubelet's journal contain `needle`.
+fn kubelet_journal_count(machines: &[machine::MachineInfo], needle: &str) -> BTreeMap<String, usize> {
+    machines
+        .iter()
+        .filter_map(|m| {
+            let journal = machine::exec_in(m.init_pid?, &["journalctl", "-u", "kubelet.service", "-o", "cat", "--no-pager"]).ok()?;
+            Some((m.instance_id.clone(), journal.lines().filter(|l| l.contains(needle)).count()))
+        })
+        .collect()
+}
 
 /// `(instance, file)` → serial of the certificates the test watches roll over.
 fn watched_certs(machines: &[machine::MachineInfo]) -> BTreeMap<(String, &'static str), String> {
