@@ -11,10 +11,11 @@
 //! environment `keelson validate cluster --wait` reports the cluster ready; kOps' metrics-server addon
 //! serves node metrics (`kubectl top nodes`).
 //! `kill` of a node gets it replaced and Ready again; `down` then leaves nothing behind.
-//! Certificates live 10 minutes here (test-only `KEELSON_TEST_CERT_VALIDITY_SECONDS`): they roll
+//! Certificates live 13 minutes here (test-only `KEELSON_TEST_CERT_VALIDITY_SECONDS`): they roll
 //! over on the running cluster — etcd's and the API server's on every control plane (protokube),
 //! the kubelet's and kube-proxy's on every worker (nodeup's timer, joining again) — while the API
-//! answers through the load balancer and no Node goes NotReady.
+//! answers through the load balancer, no Node goes NotReady and no kubelet is restarted (each
+//! reads its renewed client certificate by itself).
 
 #[path = "cluster/metrics.rs"]
 mod metrics;
@@ -540,7 +541,7 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     }
     assert!(seen.not_ready.is_empty(), "Nodes went NotReady while certificates rolled over: {:?}", seen.not_ready);
     // The API servers restart for their new certificates, each when its own renewal falls due; with
-    // the test's 10-minute certificates the per-host skew spreads them over at most a minute, so
+    // the test's 13-minute certificates the per-host skew spreads them over at most 80 s, so
     // they would overlap, but they take turns (protokube's `apiserver_turn`: one at a time, the next
     // only once the last is ready again), so the load balancer always has a ready API server.
     // Measured on keelson-local (2 cores): a 30-s bound failed in CI with overlapping restarts;
