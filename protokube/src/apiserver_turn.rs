@@ -13,6 +13,14 @@
 //! [`RESTART_TIMEOUT`]), then gives it back. A holder that dies leaves a turn that anyone may take
 //! once it is [`TURN_TTL`] old.
 //!
+//! The old kube-apiserver stops listening at once on SIGTERM but its process does not exit until
+//! the kubelet kills it after the pod's 30-s grace period (kubernetes/kubernetes#131052); the new
+//! one starts only after that. Meanwhile this host's kubelet, which reaches its own API server,
+//! renews no lease: on a loaded host the whole restart took 45–50 s, against the node controller's
+//! 50-s grace, and the control plane's Node went NotReady. So once the old process has stopped
+//! answering for [`LINGER`] (its in-flight requests done), the holder ends it (SIGKILL), as the
+//! kubelet would 25 s later.
+//!
 //! Waiting never puts expiry at risk: a restart waits for the turn at most [`MAX_WAIT`], and never
 //! more than half of what is left of the certificate the API server still serves
 //! ([`wait_bound`]); then it restarts without the turn and says so. An API server that is not
@@ -42,6 +50,8 @@ pub const RESTART_TIMEOUT: Duration = Duration::from_secs(150);
 pub const READY_AFTER: u32 = 2;
 /// Time between tries for a taken turn, and between checks of the restarting API server.
 pub const POLL: Duration = Duration::from_secs(1);
+/// How long an old API server that no longer answers `/readyz` may linger before it is ended.
+pub const LINGER: Duration = Duration::from_secs(5);
 
 /// The value a holder writes: `<host>@<unix seconds>`.
 pub fn turn_value(host: &str, now_unix: i64) -> String {
@@ -119,7 +129,10 @@ fn any_alive(proc_root: &Path, pids: &[u32]) -> bool {
 /// Restart this host's API server (`restart`: annotate its static pod) in turn: take the turn
 /// (waiting at most `max_wait`), restart, wait until the old process under `proc_root` is gone (or,
 /// when none was seen, `/readyz` failed once) and `/readyz` answers [`READY_AFTER`] times in a row,
-/// give the turn back. See the module documentation for when it goes ahead without the turn.
+/// give the turn back. An old process that has not answered for [`LINGER`] but is still there is
+/// ended with `end_lingering` (its pids). See the module documentation for when it goes ahead
+/// without the turn.
+#[allow(clippy::too_many_arguments)]
 pub async fn take_turn_and_restart<T: Turn, R: Readiness, E>(
     turn: Option<&T>,
     readyz: &mut R,
@@ -127,6 +140,7 @@ pub async fn take_turn_and_restart<T: Turn, R: Readiness, E>(
     me: &str,
     max_wait: Duration,
     restart: impl FnOnce() -> Result<(), E>,
+    end_lingering: impl Fn(&[u32]),
 ) -> Result<Outcome, E> {
     let Some(turn) = turn else {
         restart()?;
@@ -173,11 +187,18 @@ pub async fn take_turn_and_restart<T: Turn, R: Readiness, E>(
     }
     let restarted = Instant::now();
     let (mut saw_not_ready, mut in_a_row) = (false, 0u32);
+    let (mut silent_since, mut ended) = (None::<Instant>, false);
     let outcome = loop {
         tokio::time::sleep(POLL).await;
         let ready = readyz.ready().await;
         saw_not_ready |= !ready;
+        silent_since = if ready { None } else { silent_since.or(Some(Instant::now())) };
         let old_gone = if old.is_empty() { saw_not_ready } else { !any_alive(proc_root, &old) };
+        if !ended && !old_gone && silent_since.is_some_and(|t| t.elapsed() >= LINGER) {
+            tracing::info!(pids = ?old, "API server restart: the old kube-apiserver stopped serving but has not exited; ending it");
+            end_lingering(&old);
+            ended = true;
+        }
         in_a_row = if ready && old_gone { in_a_row + 1 } else { 0 };
         if in_a_row >= READY_AFTER {
             break Outcome::InTurn { waited, ready_after: restarted.elapsed() };
@@ -218,8 +239,15 @@ impl Coordinator {
         let client = crate::backup::local_client(&self.root, &self.cluster_name, &self.internal_ip, &self.etcd, &self.member, Duration::from_secs(5));
         let turn = client.map(|client| EtcdTurn { client });
         let mut readyz = self.readyz.lock().await;
-        let outcome =
-            take_turn_and_restart(turn.as_ref(), &mut *readyz, &crate::paths::under(&self.root, "/proc"), &self.host, wait_bound(left), restart).await?;
+        let proc_root = crate::paths::under(&self.root, "/proc");
+        let live = proc_root == Path::new("/proc");
+        let end_lingering = |pids: &[u32]| {
+            // Only this host's own processes: never pids read from another root.
+            if live {
+                crate::poweroff::kill_now(pids);
+            }
+        };
+        let outcome = take_turn_and_restart(turn.as_ref(), &mut *readyz, &proc_root, &self.host, wait_bound(left), restart, end_lingering).await?;
         tracing::info!(outcome = ?outcome, "API server restarted for its new certificates");
         Ok(outcome)
     }

@@ -65,6 +65,16 @@ pub struct Ended {
     pub etcds: Vec<u32>,
 }
 
+/// SIGKILL `pids` now (a blocking `kill -KILL`; failures are logged).
+pub fn kill_now(pids: &[u32]) {
+    if pids.is_empty() {
+        return;
+    }
+    if let Err(e) = std::process::Command::new("kill").arg("-KILL").args(pids.iter().map(u32::to_string)).output() {
+        tracing::warn!(error = %e, ?pids, "kill -KILL failed");
+    }
+}
+
 async fn kill(pids: &[u32]) {
     if pids.is_empty() {
         return;

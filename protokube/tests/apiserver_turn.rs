@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use protokube::api_target::Readiness;
-use protokube::apiserver_turn::{take_turn_and_restart, turn_value, EtcdTurn, Outcome, TURN_KEY, TURN_TTL};
+use protokube::apiserver_turn::{take_turn_and_restart, turn_value, EtcdTurn, Outcome, LINGER, TURN_KEY, TURN_TTL};
 use protokube::etcd;
 
 fn free_port() -> u16 {
@@ -90,11 +90,19 @@ async fn restart(turn: &EtcdTurn, host: &str, max_wait: Duration, log: Arc<Mutex
     let mut api = FakeApiServer::default();
     let no_proc = tempfile::tempdir().expect("proc");
     let mut began = None;
-    let outcome = take_turn_and_restart(Some(turn), &mut api.clone(), no_proc.path(), host, max_wait, || {
-        began = Some(Instant::now());
-        api.restart_for(DOWN);
-        Ok::<(), ()>(())
-    })
+    let outcome = take_turn_and_restart(
+        Some(turn),
+        &mut api.clone(),
+        no_proc.path(),
+        host,
+        max_wait,
+        || {
+            began = Some(Instant::now());
+            api.restart_for(DOWN);
+            Ok::<(), ()>(())
+        },
+        |_| {},
+    )
     .await
     .expect("restart");
     // In turn, the stand-in answers again by now (the holder waited for it before giving the turn back).
@@ -154,8 +162,48 @@ fn api_server_restarts_take_turns_in_etcd() {
         down.restart_for(Duration::from_secs(60));
         let no_proc = tempfile::tempdir().expect("proc");
         let t = Instant::now();
-        let o = take_turn_and_restart(Some(&turns[2]), &mut down, no_proc.path(), "i-c", Duration::from_secs(30), || Ok::<(), ()>(())).await.expect("restart");
+        let o = take_turn_and_restart(Some(&turns[2]), &mut down, no_proc.path(), "i-c", Duration::from_secs(30), || Ok::<(), ()>(()), |_| {})
+            .await
+            .expect("restart");
         assert!(matches!(o, Outcome::WithoutTurn(_)), "{o:?}");
         assert!(t.elapsed() < Duration::from_secs(5), "no wait for a turn");
+
+        // 5. An old API server that stopped answering but lingers (kubernetes#131052) is ended
+        //    after LINGER, not left to the kubelet's 30-s grace; the new one then comes up.
+        c.put(TURN_KEY, "").await.expect("put");
+        let proc = tempfile::tempdir().expect("proc");
+        std::fs::create_dir(proc.path().join("4242")).expect("pid dir");
+        std::fs::write(proc.path().join("4242/comm"), "kube-apiserver\n").expect("comm");
+        let api = FakeApiServer::default();
+        let ended = Arc::new(Mutex::new(Vec::<Vec<u32>>::new()));
+        let end = {
+            let (api, ended, pid_dir) = (api.clone(), ended.clone(), proc.path().join("4242"));
+            move |pids: &[u32]| {
+                ended.lock().expect("lock").push(pids.to_vec());
+                let _ = std::fs::remove_dir_all(&pid_dir);
+                api.restart_for(Duration::from_millis(500));
+            }
+        };
+        let o = take_turn_and_restart(
+            Some(&turns[0]),
+            &mut api.clone(),
+            proc.path(),
+            "i-a",
+            Duration::from_secs(5),
+            || {
+                api.restart_for(Duration::from_secs(600));
+                Ok::<(), ()>(())
+            },
+            end,
+        )
+        .await
+        .expect("restart");
+        assert_eq!(*ended.lock().expect("lock"), vec![vec![4242u32]], "the lingering old process was ended, once");
+        match o {
+            Outcome::InTurn { ready_after, .. } => {
+                assert!(ready_after >= LINGER && ready_after < LINGER + Duration::from_secs(6), "ended after LINGER, then ready: {ready_after:?}")
+            }
+            other => panic!("{other:?}"),
+        }
     });
 }
