@@ -48,6 +48,14 @@ pub struct Keypair {
     pub key_pem: String,
 }
 
+impl Keypair {
+    /// The certificate and then its key, one PEM text: a file of it is replaced with one rename, so a
+    /// reader never sees a certificate with another's key (the kubelet's client certificate file).
+    pub fn combined_pem(&self) -> String {
+        format!("{}\n{}", self.cert_pem.trim_end(), self.key_pem)
+    }
+}
+
 impl std::fmt::Debug for Keypair {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Keypair").field("cert_pem", &self.cert_pem.len()).field("key_pem", &"<redacted>").finish()

@@ -70,16 +70,19 @@ impl Task<Ctx<'_>> for CertTask {
 /// ([`base::renewal::needs_renewal`], skewed by its path and serial — stable for this
 /// certificate, different on every host).
 fn due(path: &str, cert_pem: &str) -> Option<String> {
+    due_with(cert_pem, Some(path), std::time::Duration::ZERO)
+}
+
+/// [`due`]'s rule: skewed when `skew_seed` is given, renewed at least `floor` before expiry.
+fn due_with(cert_pem: &str, skew_seed: Option<&str>, floor: std::time::Duration) -> Option<String> {
     let info = match pki::describe_cert(cert_pem) {
         Ok(i) => i,
         Err(e) => return Some(format!("unreadable: {e}")),
     };
     let lifetime = info.not_after.duration_since(info.not_before).unwrap_or_default();
-    let skew = base::renewal::skew(&format!("{path}/{}", info.serial), lifetime);
-    base::renewal::needs_renewal(info.not_before, info.not_after, std::time::SystemTime::now(), skew).then(|| {
-        let left = info.not_after.duration_since(std::time::SystemTime::now()).unwrap_or_default();
-        format!("renewal due: expires in {} s", left.as_secs())
-    })
+    let skew = skew_seed.map(|seed| base::renewal::skew(&format!("{seed}/{}", info.serial), lifetime)).unwrap_or_default();
+    base::renewal::needs_renewal_with_floor(info.not_before, info.not_after, std::time::SystemTime::now(), skew, floor)
+        .then(|| format!("renewal due: expires in {} s", left(info.not_after).as_secs()))
 }
 
 /// The kubelet's client certificate and key, one PEM file (0600) issued on the host: its
@@ -123,34 +126,26 @@ impl Task<Ctx<'_>> for KubeletClientTask {
     }
     fn apply(&self, ctx: &Ctx, _: bool) -> Result<(), TaskError> {
         let p = ctx.host.path(&self.path);
-        let old_left = std::fs::read_to_string(&p).ok().and_then(|pem| pki::describe_cert(&pem).ok()).map(|c| left(c.not_after));
+        let old_left = left_in_file(&p);
         let kp = pki::issue(&self.ca_name, &self.ca, &self.spec)?;
-        base::fs::write_atomic(&p, client_pem(&kp).as_bytes(), 0o600, None)?;
-        restart_kubelet_if_late(ctx, old_left)?;
-        Ok(())
+        base::fs::write_atomic(&p, kp.combined_pem().as_bytes(), 0o600, None)?;
+        restart_kubelet_if_late(ctx, old_left)
     }
-}
-
-/// One PEM file with a certificate and then its key: one rename replaces both, so a reader never
-/// sees a certificate with another's key.
-pub fn client_pem(kp: &Keypair) -> String {
-    format!("{}\n{}", kp.cert_pem.trim_end(), kp.key_pem)
 }
 
 fn left(not_after: std::time::SystemTime) -> std::time::Duration {
     not_after.duration_since(std::time::SystemTime::now()).unwrap_or_default()
 }
 
+/// What the certificate in the PEM file at `path` has left, if there is a readable one.
+pub fn left_in_file(path: &std::path::Path) -> Option<std::time::Duration> {
+    std::fs::read_to_string(path).ok().and_then(|pem| pki::describe_cert(&pem).ok()).map(|c| left(c.not_after))
+}
+
 /// Why the kubelet's client certificate (the PEM of [`KubeletClientTask`] or the join) must be
 /// reissued now, if it must: unreadable, or due ([`base::renewal::KUBELET_CLIENT_LEAD`]).
 pub fn kubelet_client_due(pem: &str) -> Option<String> {
-    let info = match pki::describe_cert(pem) {
-        Ok(i) => i,
-        Err(e) => return Some(format!("unreadable: {e}")),
-    };
-    let floor = base::renewal::KUBELET_CLIENT_LEAD;
-    base::renewal::needs_renewal_with_floor(info.not_before, info.not_after, std::time::SystemTime::now(), std::time::Duration::ZERO, floor)
-        .then(|| format!("renewal due: expires in {} s", left(info.not_after).as_secs()))
+    due_with(pem, None, base::renewal::KUBELET_CLIENT_LEAD)
 }
 
 /// After the kubelet's client certificate was replaced while the old one had `old_left` to live:

@@ -372,7 +372,7 @@ impl Renewer {
                 // Certificate and key in one file: one rename replaces both.
                 let path = self.path(p);
                 let mode = base::fs::mode_of(&path).map(|m| m & 0o600).unwrap_or(0o600);
-                base::fs::write_atomic(&path, format!("{}\n{}", kp.cert_pem.trim_end(), kp.key_pem).as_bytes(), mode, None)?;
+                base::fs::write_atomic(&path, kp.combined_pem().as_bytes(), mode, None)?;
             }
             Material::Kubeconfig(p) => {
                 let path = self.path(p);

@@ -225,7 +225,7 @@ async fn a_missing_ca_fails_its_bundle_only_and_changes_nothing() {
 /// file that its kubeconfig names, and the serving pair. Returns the kubeconfig's text.
 fn kubelet_files(root: &Path, kube: &Keypair, life: Duration) -> String {
     let client = pki::issue_for("kubernetes-ca", kube, &CertSpec::client("system:node:ip-10-0-1-5", &["system:nodes"]), life).expect("client");
-    write(root, "/var/lib/kubelet/kubelet-client.pem", &format!("{}\n{}", client.cert_pem.trim_end(), client.key_pem), 0o600);
+    write(root, "/var/lib/kubelet/kubelet-client.pem", &client.combined_pem(), 0o600);
     let kc = nodeup::render::kubelet::kubeconfig(
         "https://127.0.0.1",
         &kube.cert_pem,

@@ -228,15 +228,11 @@ impl Task<Ctx<'_>> for JoinTask {
             .with_jitter();
         let issued = (|| self.join()).retry(policy).notify(|e, wait| tracing::warn!(error = %e, retry_in = ?wait, "node join failed; retrying")).call()?;
         let wanted = self.wanted();
-        let pem_path = ctx.host.path(paths::KUBELET_CLIENT_PEM);
-        let old_left = std::fs::read_to_string(&pem_path)
-            .ok()
-            .and_then(|pem| pki::describe_cert(&pem).ok())
-            .map(|c| c.not_after.duration_since(SystemTime::now()).unwrap_or_default());
+        let old_left = crate::cert_tasks::left_in_file(&ctx.host.path(paths::KUBELET_CLIENT_PEM));
         for (name, cert, key) in issued {
             let Some((_, path, _)) = wanted.iter().find(|(n, _, _)| *n == name) else { continue };
             let body = if *path == paths::KUBELET_CLIENT_PEM {
-                crate::cert_tasks::client_pem(&pki::Keypair { cert_pem: cert, key_pem: key })
+                pki::Keypair { cert_pem: cert, key_pem: key }.combined_pem()
             } else {
                 let user = kubelet::UserEntry { client_certificate_data: Some(cert), client_key_data: Some(key), ..Default::default() };
                 kubelet::kubeconfig(&self.api_server, &self.ca_pem, name, user).map_err(TaskError::failed)?
