@@ -351,7 +351,11 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
     }
     if is_cp {
         tasks.push(Box::new(FileTask::new(&unit_path("protokube.service"), systemd::protokube(paths::BOOT_CONFIG_COPY).render(), 0o644)));
-        let mut inputs = vec![file_task_name(&unit_path("protokube.service")), file_task_name(paths::BOOT_CONFIG_COPY)];
+        // protokube's start reloads systemd, so the scopes of the containers created after it (and
+        // those already there) read the drop-in.
+        tasks.push(Box::new(FileTask::new(paths::CONTAINER_SCOPES_DROP_IN, systemd::containers_after_protokube(), 0o644)));
+        let mut inputs =
+            vec![file_task_name(&unit_path("protokube.service")), file_task_name(paths::BOOT_CONFIG_COPY), file_task_name(paths::CONTAINER_SCOPES_DROP_IN)];
         inputs.extend(installed.iter().filter(|n| n.ends_with(paths::PROTOKUBE_BIN)).cloned());
         tasks.push(Box::new(ServiceTask::daemon("protokube.service", inputs)));
     }

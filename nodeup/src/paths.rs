@@ -29,6 +29,10 @@ pub const KUBELET_CREDENTIAL_PROVIDER_CONFIG: &str = "/var/lib/kubelet/credentia
 
 pub const SYSTEMD_DIR: &str = "/etc/systemd/system";
 pub const MULTI_USER_WANTS: &str = "/etc/systemd/system/multi-user.target.wants";
+/// Control planes: the drop-in every container scope (`cri-containerd-<id>.scope`) reads (systemd
+/// applies `<prefix>-.scope.d/` to every scope named `<prefix>-…`, transient ones included):
+/// containers stop after protokube ([`crate::render::systemd::containers_after_protokube`]).
+pub const CONTAINER_SCOPES_DROP_IN: &str = "/etc/systemd/system/cri-containerd-.scope.d/50-keelson-stop-after-protokube.conf";
 
 /// The hosts file: a worker of a cluster without DNS records finds the control plane there
 /// ([`crate::api_hosts`]).

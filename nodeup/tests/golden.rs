@@ -13,6 +13,7 @@ const RENDERED: &[&str] = &[
     "etc/systemd/system/containerd.service",
     "etc/systemd/system/kubelet.service",
     "etc/systemd/system/protokube.service",
+    "etc/systemd/system/cri-containerd-.scope.d/50-keelson-stop-after-protokube.conf",
     "var/lib/kubelet/kubelet.conf",
     "var/lib/kubelet/credential-provider.conf",
     "etc/sysconfig/kubelet",

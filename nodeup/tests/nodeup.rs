@@ -76,6 +76,7 @@ fn worker_converges_then_reruns_with_no_change() {
         assert!(s.path(&format!("/etc/systemd/system/{unit}")).is_file());
     }
     assert!(!s.path("/etc/systemd/system/protokube.service").exists(), "protokube only on control-plane hosts");
+    assert!(!s.path("/etc/systemd/system/cri-containerd-.scope.d").exists(), "containers wait for protokube only on control-plane hosts");
     assert!(stdout(&o).contains("not run (root"), "systemctl recorded, not run: {}", stdout(&o));
 
     // No temp files left anywhere.
@@ -279,6 +280,9 @@ fn control_plane_host() {
     for unit in ["containerd.service", "kubelet.service", "protokube.service"] {
         assert!(s.path(&format!("/etc/systemd/system/multi-user.target.wants/{unit}")).is_symlink(), "{unit}");
     }
+    // At shutdown the containers (etcd, kube-apiserver) stop after protokube, which ends them in order.
+    let drop_in = std::fs::read_to_string(s.path("/etc/systemd/system/cri-containerd-.scope.d/50-keelson-stop-after-protokube.conf")).expect("scope drop-in");
+    assert!(drop_in.contains("\n[Unit]\nBefore=protokube.service\n"), "{drop_in}");
     // No key material in the output.
     assert!(!stdout(&o).contains("PRIVATE KEY") && !stderr(&o).contains("PRIVATE KEY"));
     // Certificates verify against the CAs in the state store (openssl is installed by scripts/test).

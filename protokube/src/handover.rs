@@ -7,8 +7,8 @@
 //!
 //! etcd itself also moves leadership when it gets SIGTERM, but at poweroff it gets that signal only
 //! in systemd's final kill, after the network is gone (or SIGKILL from a runtime's grace period):
-//! too late to reach a peer. protokube.service is ordered after kubelet and containerd, so systemd
-//! stops it first, and this runs while etcd still serves.
+//! too late to reach a peer. Every container scope is ordered before protokube.service (nodeup's
+//! drop-in), so systemd stops protokube first, and this runs while etcd still serves.
 //!
 //! Nothing else is stopped or changed here: no member is removed (the replacement instance takes
 //! the same member and volume), no manifest, record or volume is touched. The whole hand-over is
@@ -235,7 +235,7 @@ pub struct Report {
 pub async fn hand_over_all(handovers: Vec<Handover>, bound: Duration) -> Vec<Report> {
     let mut tasks = tokio::task::JoinSet::new();
     for h in handovers {
-        tracing::info!(etcd = %h.etcd, member = %h.member, "etcd member leaving: protokube stops (etcd keeps running until the kubelet and containerd stop)");
+        tracing::info!(etcd = %h.etcd, member = %h.member, "etcd member leaving: protokube stops (etcd keeps running: at poweroff its container stops after protokube)");
         tasks.spawn(async move {
             let result = match tokio::time::timeout(bound, hand_over(&h)).await {
                 Ok(r) => r,

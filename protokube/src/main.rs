@@ -115,6 +115,11 @@ struct Args {
     /// the default.
     #[arg(long, default_value_t = protokube::handover::DEFAULT_BOUND.as_secs_f64())]
     handover_timeout: f64,
+    /// Seconds the API server keeps serving at poweroff after this control plane left the API
+    /// target group, for the load balancer to stop sending it new connections (overlaps the etcd
+    /// hand-over; see protokube's README).
+    #[arg(long, default_value_t = protokube::poweroff::API_DRAIN.as_secs_f64())]
+    api_drain_seconds: f64,
 }
 
 /// The GCE side of the flags: `--imds-url` names the metadata server, `--endpoint-url` the base of
@@ -425,7 +430,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
         } else {
             match tokio::select! { r = agent.reconcile() => Ok(r), why = stop_requested(&mut terminate) => Err(why) } {
                 Ok(r) => r,
-                Err(why) => return leave(&agent, api_target, why, secs(args.handover_timeout), args.root == Path::new("/")).await,
+                Err(why) => {
+                    return leave(
+                        &agent,
+                        api_target,
+                        why,
+                        Bounds { handover: secs(args.handover_timeout), api_drain: secs(args.api_drain_seconds) },
+                        args.root == Path::new("/"),
+                    )
+                    .await
+                }
             }
         };
         let calls = counter.total_calls() - calls_before;
@@ -493,7 +507,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let wait = pass_wait(result.is_ok(), eager, interval, backoff);
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            why = stop_requested(&mut terminate) => return leave(&agent, api_target, why, secs(args.handover_timeout), args.root == Path::new("/")).await,
+            why = stop_requested(&mut terminate) => return leave(&agent, api_target, why, Bounds { handover: secs(args.handover_timeout), api_drain: secs(args.api_drain_seconds) }, args.root == Path::new("/")).await,
         }
     }
 }
@@ -526,27 +540,41 @@ async fn stop_requested(terminate: &mut tokio::signal::unix::Signal) -> &'static
     }
 }
 
+/// How long [`leave`] may take over each of its steps.
+struct Bounds {
+    handover: Duration,
+    api_drain: Duration,
+}
+
 /// Stop gracefully: leave the API target group, hand etcd leadership over (bounded), then exit.
-/// The manifests, volumes and records are left as they are; on a live host (`live`: root `/`) that
-/// is powering off, kube-apiserver and etcd are ended too ([`protokube::poweroff`]).
-async fn leave<C, D>(agent: &Agent<C, D>, api_target: Option<ApiTargetTask>, why: &str, bound: Duration, live: bool) -> anyhow::Result<()>
+/// The manifests, volumes and records are left as they are. On a live host (`live`: root `/`)
+/// that is powering off, the API server keeps serving for `api_drain` after leaving the target
+/// group (while leadership moves), and then kube-apiserver and etcd are ended
+/// ([`protokube::poweroff`]); the containers' scopes stop only after protokube (nodeup's drop-in).
+async fn leave<C, D>(agent: &Agent<C, D>, api_target: Option<ApiTargetTask>, why: &str, bounds: Bounds, live: bool) -> anyhow::Result<()>
 where
     C: cloud::volumes::Volumes + cloud::volumes::Instances + Sync,
     D: cloud::dns::Dns + Sync,
 {
     let t = Instant::now();
+    let powering_off = live && protokube::poweroff::system_stopping().await;
+    // Behind the API load balancer: whoever takes this instance out of its target group (protokube
+    // here, or the cloud, which deregisters a terminated instance itself), the balancer takes a
+    // moment to stop sending it new connections, and the API server serves them meanwhile.
+    let behind_balancer = api_target.is_some();
     if let Some((stop, task)) = api_target {
         // The task leaves the target group itself (bounded by 5 s) once told to stop.
         let _ = stop.send(true);
         let _ = tokio::time::timeout(Duration::from_secs(6), task).await;
     }
-    tracing::info!(signal = why, bound_s = bound.as_secs_f64(), "stopping: handing etcd leadership over first");
-    let reports = agent.leave(bound).await;
+    let drain = if powering_off && behind_balancer { bounds.api_drain } else { Duration::ZERO };
+    tracing::info!(signal = why, bound_s = bounds.handover.as_secs_f64(), api_drain_s = drain.as_secs_f64(), "stopping: handing etcd leadership over first");
+    let (reports, ()) = tokio::join!(agent.leave(bounds.handover), tokio::time::sleep(drain));
     let moved = reports.iter().filter(|r| matches!(r.result, Ok(protokube::handover::Outcome::Moved { .. }))).count();
     // At poweroff, end what would only hold the machine (and its etcd volumes) up.
-    if live && protokube::poweroff::system_stopping().await {
+    if powering_off {
         let ended = protokube::poweroff::end(Path::new("/proc")).await;
-        tracing::info!(api_servers = ?ended.api_servers, etcd = ?ended.etcds, "system stopping: ended kube-apiserver and etcd (leadership handed over)");
+        tracing::info!(api_servers = ?ended.api_servers, etcd = ?ended.etcds, killed = ?ended.killed, "system stopping: ended kube-apiserver and etcd (leadership handed over)");
     }
     tracing::info!(elapsed_ms = t.elapsed().as_millis() as u64, clusters = reports.len(), moved, "stopped");
     Ok(())

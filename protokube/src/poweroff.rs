@@ -1,21 +1,29 @@
-//! Ending the control plane quickly when the machine powers off, so its etcd volumes are free for
-//! the replacement sooner.
+//! Ending the control plane quickly and cleanly when the machine powers off, so that clients of
+//! the API load balancer see no refused connection and the etcd volumes are free for the
+//! replacement soon.
 //!
 //! A cloud keeps a terminated instance's volumes attached until its operating system has shut
 //! down, and the replacement control plane cannot mount its etcd volumes before that: every second
-//! the old machine takes to power off is a second of failover. At poweroff systemd sends SIGTERM to
-//! every container at once, so the local etcd stops serving while kube-apiserver is still draining:
-//! kube-apiserver's pre-shutdown hooks (removing its address from the `kubernetes` Service's
-//! endpoints) and its in-flight requests then wait on an etcd that is gone, and it stays up for 20 s
-//! or more (measured: still running 20 s into a poweroff, with its etcd client retrying
-//! `127.0.0.1:4001`), and etcd itself took 8–12 s to exit. Nothing waits for that work: the
-//! endpoint lease expires on its own, and clients retry through the load balancer.
+//! the old machine takes to power off is a second of failover. Left to systemd, every container
+//! gets SIGTERM at the moment protokube does: kube-apiserver stopped listening while the load
+//! balancer still sent it new connections (refused: measured 1–4 failed `/readyz` probes through
+//! the load balancer, outages up to 4.5 s per unplanned loss), etcd stopped serving while
+//! kube-apiserver drained (its shutdown hooks and in-flight requests then waited on an etcd that
+//! was gone: still running 20 s into a poweroff), and protokube handed leadership over from a
+//! member already stopping.
 //!
-//! So once protokube has left the API target group and handed etcd leadership over (see
-//! [`crate::handover`]), and only when the whole system is stopping (never on a plain `systemctl
-//! stop protokube` or restart), it ends what is left: kube-apiserver at once (SIGKILL), and etcd
-//! after [`ETCD_GRACE`] more (SIGKILL: etcd's data is durable by design, every committed entry is in
-//! its fsynced WAL, and leadership has moved, so this is the power loss etcd is built for).
+//! So the containers stop only after protokube (nodeup's drop-in for every container scope), and
+//! protokube, only when the whole system is stopping (never on a plain `systemctl stop protokube`
+//! or restart), does it in order:
+//!
+//! 1. it leaves the API target group (see [`crate::api_target`]; the cloud may have taken a
+//!    terminated instance out already);
+//! 2. for [`API_DRAIN`] it lets the load balancer stop sending new connections — the API server
+//!    keeps serving meanwhile — while etcd leadership is handed over ([`crate::handover`]);
+//! 3. it ends kube-apiserver (SIGTERM, SIGKILL after [`API_SERVER_GRACE`]), then etcd (SIGTERM,
+//!    SIGKILL after [`ETCD_GRACE`]: its data is durable by design, every committed entry is in
+//!    its fsynced WAL, and leadership has moved, so even the SIGKILL is the power loss etcd is
+//!    built for).
 //!
 //! [`processes_named`] is pure over a `/proc`-like directory; [`system_stopping`] and [`end`] are
 //! the thin I/O around it.
@@ -23,7 +31,17 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// How long etcd gets, after protokube's own hand-over, to finish its SIGTERM on its own.
+/// How long the API server keeps serving after this control plane left the API target group (or
+/// the cloud took it out, as it does for a terminated instance), for the load balancer to stop
+/// sending it new connections: the local cloud's balancer follows the target group every second.
+/// It overlaps the etcd hand-over, and it lengthens the poweroff, which holds the etcd volumes
+/// from the replacement: raise it (protokube's `--api-drain-seconds`) where the load balancer
+/// takes longer to apply a deregistration.
+pub const API_DRAIN: Duration = Duration::from_secs(2);
+/// How long kube-apiserver gets after SIGTERM (its in-flight requests; HTTP/2 clients are told to
+/// go away) before SIGKILL. Measured on keelson-local: it had not exited 2 s after SIGTERM.
+pub const API_SERVER_GRACE: Duration = Duration::from_secs(1);
+/// How long etcd gets after SIGTERM, its leadership handed over, before SIGKILL.
 pub const ETCD_GRACE: Duration = Duration::from_secs(2);
 /// The API server's process name.
 pub const API_SERVER: &str = "kube-apiserver";
@@ -63,6 +81,8 @@ pub async fn system_stopping() -> bool {
 pub struct Ended {
     pub api_servers: Vec<u32>,
     pub etcds: Vec<u32>,
+    /// Those still there when their grace ran out (SIGKILLed).
+    pub killed: Vec<u32>,
 }
 
 /// SIGKILL `pids` now (a blocking `kill -KILL`; failures are logged).
@@ -75,31 +95,49 @@ pub fn kill_now(pids: &[u32]) {
     }
 }
 
-async fn kill(pids: &[u32]) {
+async fn signal(sig: &str, pids: &[u32]) {
     if pids.is_empty() {
         return;
     }
     let mut cmd = tokio::process::Command::new("kill");
-    cmd.arg("-KILL").args(pids.iter().map(u32::to_string));
+    cmd.arg(format!("-{sig}")).args(pids.iter().map(u32::to_string));
     if let Err(e) = cmd.output().await {
-        tracing::warn!(error = %e, ?pids, "kill -KILL failed");
+        tracing::warn!(error = %e, ?pids, signal = sig, "kill failed");
     }
 }
 
-/// End kube-apiserver now and etcd after [`ETCD_GRACE`] (if it has not exited by then). Call only
-/// when [`system_stopping`] says so.
-pub async fn end(proc_root: &Path) -> Ended {
-    let t = Instant::now();
-    let api_servers = processes_named(proc_root, &[API_SERVER]);
-    kill(&api_servers).await;
-    let deadline = t + ETCD_GRACE;
-    let mut etcds = processes_named(proc_root, &[ETCD]);
-    while !etcds.is_empty() && Instant::now() < deadline {
+/// Whether `pid` under `proc_root` is a process that has not exited (an exited one waiting for its
+/// parent to reap it is state `Z`).
+pub fn running(proc_root: &Path, pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")) else { return false };
+    // `pid (comm) state …`: the state follows the last ')' (comm may hold one).
+    stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()).is_some_and(|state| state != "Z" && state != "X")
+}
+
+/// SIGTERM `pids`, wait up to `grace` for them to exit, SIGKILL those left; returns those.
+pub async fn terminate(proc_root: &Path, pids: &[u32], grace: Duration) -> Vec<u32> {
+    signal("TERM", pids).await;
+    let deadline = Instant::now() + grace;
+    let mut left: Vec<u32> = pids.to_vec();
+    loop {
+        left.retain(|p| running(proc_root, *p));
+        if left.is_empty() || Instant::now() >= deadline {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
-        etcds = processes_named(proc_root, &[ETCD]);
     }
-    kill(&etcds).await;
-    Ended { api_servers, etcds }
+    signal("KILL", &left).await;
+    left
+}
+
+/// End kube-apiserver (SIGTERM; SIGKILL after [`API_SERVER_GRACE`]), then etcd (the same, after
+/// [`ETCD_GRACE`]). Call only when [`system_stopping`] says so, after the hand-over.
+pub async fn end(proc_root: &Path) -> Ended {
+    let api_servers = processes_named(proc_root, &[API_SERVER]);
+    let mut killed = terminate(proc_root, &api_servers, API_SERVER_GRACE).await;
+    let etcds = processes_named(proc_root, &[ETCD]);
+    killed.extend(terminate(proc_root, &etcds, ETCD_GRACE).await);
+    Ended { api_servers, etcds, killed }
 }
 
 #[cfg(test)]
@@ -126,6 +164,28 @@ mod tests {
         assert_eq!(processes_named(d.path(), &[ETCD, API_SERVER]), vec![3, 12, 40]);
         assert!(processes_named(d.path(), &["kubelet"]).is_empty());
         assert!(processes_named(&d.path().join("missing"), &[ETCD]).is_empty());
+    }
+
+    #[tokio::test]
+    async fn terminate_waits_for_an_exit_and_kills_what_ignores_sigterm() {
+        let proc_root = Path::new("/proc");
+        // One child exits on SIGTERM; the other ignores it and is SIGKILLed after the grace.
+        let mut polite = std::process::Command::new("sleep").arg("30").spawn().expect("spawn sleep");
+        let mut stubborn = std::process::Command::new("sh").args(["-c", "trap '' TERM; while :; do sleep 1; done"]).spawn().expect("spawn sh");
+        std::thread::sleep(Duration::from_millis(200));
+        let (a, b) = (polite.id(), stubborn.id());
+        assert!(running(proc_root, a) && running(proc_root, b));
+        let t = Instant::now();
+        assert_eq!(terminate(proc_root, &[a], Duration::from_secs(5)).await, Vec::<u32>::new(), "exited on SIGTERM: not killed");
+        assert!(t.elapsed() < Duration::from_secs(4), "returned as soon as it exited, not after the grace: {:?}", t.elapsed());
+        let t = Instant::now();
+        assert_eq!(terminate(proc_root, &[b], Duration::from_millis(600)).await, vec![b], "ignored SIGTERM: killed");
+        assert!(t.elapsed() >= Duration::from_millis(600), "waited its grace first");
+        let status = stubborn.wait().expect("wait");
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(9), "SIGKILLed: {status:?}");
+        let status = polite.wait().expect("wait");
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&status), Some(15), "ended by SIGTERM: {status:?}");
+        assert!(!running(proc_root, a) && !running(proc_root, b));
     }
 
     #[tokio::test]

@@ -279,7 +279,10 @@ pub fn protokube(boot_config_path: &str) -> Unit {
         unit: UnitSection {
             description: "Keelson protokube: etcd volumes, etcd manifests and DNS for the control plane".into(),
             documentation: Some("https://github.com/kubernetes/kops".into()),
-            after: vec!["network-online.target".into(), "containerd.service".into(), "kubelet.service".into()],
+            // Not after containerd or the kubelet: protokube claims the etcd volumes while they
+            // start (its image pulls retry until containerd answers). At shutdown the containers
+            // wait for it instead ([`containers_after_protokube`]).
+            after: vec!["network-online.target".into()],
             wants: vec!["network-online.target".into()],
         },
         service: ServiceSection {
@@ -298,6 +301,25 @@ pub fn protokube(boot_config_path: &str) -> Unit {
     }
 }
 
+/// A drop-in for every container scope (`cri-containerd-<id>.scope`, the systemd cgroup driver's
+/// unit for each container): at shutdown, the containers stop only once protokube has.
+///
+/// At poweroff systemd stops every unit at once unless they are ordered. Without this, etcd and
+/// kube-apiserver got SIGTERM at the same moment as protokube, so the API server refused
+/// connections while the load balancer still sent clients to it, and protokube handed etcd
+/// leadership over from a member already stopping. With it, protokube leaves the API target
+/// group, waits for the load balancer to stop sending new connections, hands leadership over and
+/// ends the API server and etcd itself (protokube's `poweroff` module); only then are the scopes
+/// stopped. `Before=`, because systemd stops units in the reverse of their start order (a scope
+/// `After=` protokube would stop first, and protokube would wait for it). A stopped or restarted
+/// protokube alone orders nothing: ordering applies only to jobs present at the same time.
+pub fn containers_after_protokube() -> String {
+    "# Written by nodeup (Keelson). Containers stop after protokube at shutdown: it takes this control\n\
+     # plane out of the API load balancer and hands etcd leadership over first.\n\
+     [Unit]\nBefore=protokube.service\n"
+        .to_string()
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -309,12 +331,16 @@ mod tests {
     }
 
     #[test]
-    fn protokube_stops_first_and_has_time_to_hand_etcd_leadership_over() {
+    fn protokube_starts_at_once_and_the_containers_stop_after_it() {
         let s = super::protokube("/etc/keelson/bootconfig.yaml").render();
-        // Stopped before what etcd needs (reverse order of After=), and not killed mid-hand-over.
-        assert!(s.contains("\nAfter=network-online.target containerd.service kubelet.service\n"), "{s}");
+        // Not held behind containerd's or the kubelet's start, and not killed mid-hand-over.
+        assert!(s.contains("\nAfter=network-online.target\n"), "{s}");
         assert!(s.contains("\nKillMode=mixed\nTimeoutStopSec=30s\n"), "{s}");
-        // The kubelet and containerd are not ordered after protokube (that would stop them first).
+        // The containers (etcd, kube-apiserver) stop after protokube (stop order is the reverse of Before=).
+        let d = super::containers_after_protokube();
+        assert!(d.contains("\n[Unit]\nBefore=protokube.service\n"), "{d}");
+        // The kubelet and containerd are not ordered after protokube: they stop with it, so the
+        // kubelet cannot restart what protokube ends.
         for unit in [super::kubelet().render(), super::containerd().render()] {
             assert!(!unit.contains("protokube"), "{unit}");
         }

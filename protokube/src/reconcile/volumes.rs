@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use cloud::dns::Dns;
-use cloud::volumes::{Attachment, AttachmentState, Instance, Instances, Volume, VolumeFilter, VolumeState, Volumes};
+use cloud::volumes::{Attachment, AttachmentState, Instance, InstanceState, Instances, Volume, VolumeFilter, VolumeState, Volumes};
 use cloud::VolumeError;
 
 use super::{Agent, ReconcileError, Report, FORMATTED_TAG};
@@ -41,6 +41,15 @@ pub(super) fn live_holder<'a>(v: &Volume, instances: &'a BTreeMap<String, Instan
         let i = instances.get(&a.instance_id)?;
         i.state.is_alive().then_some(i)
     })
+}
+
+/// The state of instance `me` when it is on its way down (shutting down, terminated, stopping or
+/// stopped): it must not claim a volume then. The cloud detaches a terminated instance's volumes
+/// (EC2 once its operating system is down; moto at once), and an attach to it fails on AWS
+/// (`IncorrectInstanceState`) or, where a cloud accepts it, leaves the replacement a detach to do.
+pub(super) fn going_down(instances: &BTreeMap<String, Instance>, me: &str) -> Option<InstanceState> {
+    let state = instances.get(me)?.state;
+    matches!(state, InstanceState::ShuttingDown | InstanceState::Terminated | InstanceState::Stopping | InstanceState::Stopped).then_some(state)
 }
 
 /// The volume of `ec` already attached to instance `me` (and not on its way off).
@@ -111,6 +120,10 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         let me = &self.me.instance_id;
         if let Some(held) = held_here(vols, ec, me) {
             return Ok(Some(held));
+        }
+        if let Some(state) = going_down(instances, me) {
+            report.waiting.push(format!("etcd {}: this instance is {state:?}: not claiming a volume", ec.name));
+            return Ok(None);
         }
         let mine: Vec<String> = self.plan.my_members(ec).iter().map(|m| m.name.clone()).collect();
         let cands = candidates(vols, ec, &self.me.zone, &mine, preferred);
@@ -275,7 +288,6 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
 mod tests {
     use super::*;
     use crate::config::{EtcdMember, Ports};
-    use cloud::volumes::InstanceState;
 
     fn ec() -> EtcdCluster {
         EtcdCluster {
@@ -362,6 +374,18 @@ mod tests {
         let stopped: BTreeMap<String, Instance> = [instance("i-old", InstanceState::Stopped, &[])].into_iter().collect();
         assert_eq!(live_holder(&vols[0], &stopped).map(|i| i.id.as_str()), Some("i-old"));
         assert!(live_holder(&vols[0], &BTreeMap::new()).is_none(), "an instance the cloud no longer knows");
+    }
+
+    #[test]
+    fn an_instance_going_down_claims_nothing() {
+        let with = |state| -> BTreeMap<String, Instance> { [instance("i-me", state, &[])].into_iter().collect() };
+        for state in [InstanceState::ShuttingDown, InstanceState::Terminated, InstanceState::Stopping, InstanceState::Stopped] {
+            assert_eq!(going_down(&with(state), "i-me"), Some(state));
+        }
+        for state in [InstanceState::Pending, InstanceState::Running, InstanceState::Unknown] {
+            assert_eq!(going_down(&with(state), "i-me"), None, "{state:?}");
+        }
+        assert_eq!(going_down(&BTreeMap::new(), "i-me"), None, "not listed (yet): claims as before");
     }
 
     #[test]
