@@ -111,6 +111,11 @@ impl InstanceState {
     pub fn is_alive(self) -> bool {
         !matches!(self, InstanceState::Terminated)
     }
+
+    /// An instance on its way down or down (shutting down, terminated, stopping, stopped).
+    pub fn is_going_down(self) -> bool {
+        matches!(self, InstanceState::ShuttingDown | InstanceState::Terminated | InstanceState::Stopping | InstanceState::Stopped)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

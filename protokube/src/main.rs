@@ -309,6 +309,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let (volumes, dns) = protokube::gce::providers(gce, Ec2::new(ec2), dns);
     let mut agent = Agent::new(plan, me, opts, volumes, dns);
     let mut spec_read_at = Instant::now();
+    // How protokube leaves when it is stopped ([`leave`]).
+    let bounds = Bounds { handover: secs(args.handover_timeout), api_drain: secs(args.api_drain_seconds) };
+    let live = args.root == Path::new("/");
 
     if !args.once && args.metrics_addr != "off" {
         let listener = tokio::net::TcpListener::bind(&args.metrics_addr).await.with_context(|| format!("metrics address {}", args.metrics_addr))?;
@@ -430,16 +433,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         } else {
             match tokio::select! { r = agent.reconcile() => Ok(r), why = stop_requested(&mut terminate) => Err(why) } {
                 Ok(r) => r,
-                Err(why) => {
-                    return leave(
-                        &agent,
-                        api_target,
-                        why,
-                        Bounds { handover: secs(args.handover_timeout), api_drain: secs(args.api_drain_seconds) },
-                        args.root == Path::new("/"),
-                    )
-                    .await
-                }
+                Err(why) => return leave(&agent, api_target, why, bounds, live).await,
             }
         };
         let calls = counter.total_calls() - calls_before;
@@ -507,7 +501,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let wait = pass_wait(result.is_ok(), eager, interval, backoff);
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            why = stop_requested(&mut terminate) => return leave(&agent, api_target, why, Bounds { handover: secs(args.handover_timeout), api_drain: secs(args.api_drain_seconds) }, args.root == Path::new("/")).await,
+            why = stop_requested(&mut terminate) => return leave(&agent, api_target, why, bounds, live).await,
         }
     }
 }
@@ -541,6 +535,7 @@ async fn stop_requested(terminate: &mut tokio::signal::unix::Signal) -> &'static
 }
 
 /// How long [`leave`] may take over each of its steps.
+#[derive(Clone, Copy)]
 struct Bounds {
     handover: Duration,
     api_drain: Duration,

@@ -85,23 +85,17 @@ pub struct Ended {
     pub killed: Vec<u32>,
 }
 
-/// SIGKILL `pids` now (a blocking `kill -KILL`; failures are logged).
+/// SIGKILL `pids` now (failures are logged).
 pub fn kill_now(pids: &[u32]) {
-    if pids.is_empty() {
-        return;
-    }
-    if let Err(e) = std::process::Command::new("kill").arg("-KILL").args(pids.iter().map(u32::to_string)).output() {
-        tracing::warn!(error = %e, ?pids, "kill -KILL failed");
-    }
+    signal("KILL", pids);
 }
 
-async fn signal(sig: &str, pids: &[u32]) {
+/// Send `sig` to `pids` with `kill` (a blocking call of a few milliseconds; failures are logged).
+fn signal(sig: &str, pids: &[u32]) {
     if pids.is_empty() {
         return;
     }
-    let mut cmd = tokio::process::Command::new("kill");
-    cmd.arg(format!("-{sig}")).args(pids.iter().map(u32::to_string));
-    if let Err(e) = cmd.output().await {
+    if let Err(e) = std::process::Command::new("kill").arg(format!("-{sig}")).args(pids.iter().map(u32::to_string)).output() {
         tracing::warn!(error = %e, ?pids, signal = sig, "kill failed");
     }
 }
@@ -116,7 +110,7 @@ pub fn running(proc_root: &Path, pid: u32) -> bool {
 
 /// SIGTERM `pids`, wait up to `grace` for them to exit, SIGKILL those left; returns those.
 pub async fn terminate(proc_root: &Path, pids: &[u32], grace: Duration) -> Vec<u32> {
-    signal("TERM", pids).await;
+    signal("TERM", pids);
     let deadline = Instant::now() + grace;
     let mut left: Vec<u32> = pids.to_vec();
     loop {
@@ -126,7 +120,7 @@ pub async fn terminate(proc_root: &Path, pids: &[u32], grace: Duration) -> Vec<u
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    signal("KILL", &left).await;
+    signal("KILL", &left);
     left
 }
 

@@ -48,8 +48,7 @@ pub(super) fn live_holder<'a>(v: &Volume, instances: &'a BTreeMap<String, Instan
 /// (EC2 once its operating system is down; moto at once), and an attach to it fails on AWS
 /// (`IncorrectInstanceState`) or, where a cloud accepts it, leaves the replacement a detach to do.
 pub(super) fn going_down(instances: &BTreeMap<String, Instance>, me: &str) -> Option<InstanceState> {
-    let state = instances.get(me)?.state;
-    matches!(state, InstanceState::ShuttingDown | InstanceState::Terminated | InstanceState::Stopping | InstanceState::Stopped).then_some(state)
+    instances.get(me).map(|i| i.state).filter(|s| s.is_going_down())
 }
 
 /// The volume of `ec` already attached to instance `me` (and not on its way off).
