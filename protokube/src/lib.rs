@@ -22,6 +22,7 @@ pub mod etcd;
 pub mod gce;
 pub mod handover;
 pub mod images;
+pub mod leadership;
 pub use base::hosts;
 pub mod manifest;
 pub mod metrics;

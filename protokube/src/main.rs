@@ -312,6 +312,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     // How protokube leaves when it is stopped ([`leave`]).
     let bounds = Bounds { handover: secs(args.handover_timeout), api_drain: secs(args.api_drain_seconds) };
     let live = args.root == Path::new("/");
+    let local_api = LocalApi { store: spec_store.clone(), server: format!("https://127.0.0.1:{api_port}") };
 
     if !args.once && args.metrics_addr != "off" {
         let listener = tokio::net::TcpListener::bind(&args.metrics_addr).await.with_context(|| format!("metrics address {}", args.metrics_addr))?;
@@ -433,7 +434,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         } else {
             match tokio::select! { r = agent.reconcile() => Ok(r), why = stop_requested(&mut terminate) => Err(why) } {
                 Ok(r) => r,
-                Err(why) => return leave(&agent, api_target, why, bounds, live).await,
+                Err(why) => return leave(&agent, api_target, why, bounds, live, &local_api).await,
             }
         };
         let calls = counter.total_calls() - calls_before;
@@ -501,7 +502,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let wait = pass_wait(result.is_ok(), eager, interval, backoff);
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            why = stop_requested(&mut terminate) => return leave(&agent, api_target, why, bounds, live).await,
+            why = stop_requested(&mut terminate) => return leave(&agent, api_target, why, bounds, live, &local_api).await,
         }
     }
 }
@@ -541,12 +542,47 @@ struct Bounds {
     api_drain: Duration,
 }
 
+/// The upper bound on handing the controllers' leadership over at poweroff
+/// ([`protokube::leadership`]); it runs alongside the drain and the etcd hand-over.
+const LEADERSHIP_BOUND: Duration = Duration::from_secs(3);
+
+/// Where the local API server is, and the state store that holds the CA to talk to it.
+struct LocalApi {
+    store: base::StateStore,
+    server: String,
+}
+
+/// At poweroff: end the controllers that lead from this host and release their Leases, while the
+/// local API server still serves ([`protokube::leadership`]). Bounded by [`LEADERSHIP_BOUND`].
+async fn hand_leadership_over(local: &LocalApi) {
+    let t = Instant::now();
+    let work = async {
+        let client = protokube::leadership::client(&local.store, &local.server).await?;
+        Ok::<_, String>(protokube::leadership::release_here(&client, Path::new("/proc"), &protokube::leadership::hostname()).await)
+    };
+    match tokio::time::timeout(LEADERSHIP_BOUND, work).await {
+        Ok(Ok(outcomes)) => {
+            for (lease, outcome) in outcomes {
+                match outcome {
+                    protokube::leadership::Outcome::NotHere => {}
+                    protokube::leadership::Outcome::Failed { holder, error } => {
+                        tracing::warn!(lease, ?holder, %error, "controller leadership not released; it expires by itself")
+                    }
+                    other => tracing::info!(lease, outcome = ?other, elapsed_ms = t.elapsed().as_millis() as u64, "controller leadership handed over"),
+                }
+            }
+        }
+        Ok(Err(e)) => tracing::warn!(error = %e, "controller leadership: no API client; the Leases held here expire by themselves"),
+        Err(_) => tracing::warn!(bound_s = LEADERSHIP_BOUND.as_secs_f64(), "controller leadership: not done in time; the Leases held here expire by themselves"),
+    }
+}
+
 /// Stop gracefully: leave the API target group, hand etcd leadership over (bounded), then exit.
 /// The manifests, volumes and records are left as they are. On a live host (`live`: root `/`)
 /// that is powering off, the API server keeps serving for `api_drain` after leaving the target
 /// group (while leadership moves), and then kube-apiserver and etcd are ended
 /// ([`protokube::poweroff`]); the containers' scopes stop only after protokube (nodeup's drop-in).
-async fn leave<C, D>(agent: &Agent<C, D>, api_target: Option<ApiTargetTask>, why: &str, bounds: Bounds, live: bool) -> anyhow::Result<()>
+async fn leave<C, D>(agent: &Agent<C, D>, api_target: Option<ApiTargetTask>, why: &str, bounds: Bounds, live: bool, local: &LocalApi) -> anyhow::Result<()>
 where
     C: cloud::volumes::Volumes + cloud::volumes::Instances + Sync,
     D: cloud::dns::Dns + Sync,
@@ -564,7 +600,12 @@ where
     }
     let drain = if powering_off && behind_balancer { bounds.api_drain } else { Duration::ZERO };
     tracing::info!(signal = why, bound_s = bounds.handover.as_secs_f64(), api_drain_s = drain.as_secs_f64(), "stopping: handing etcd leadership over first");
-    let (reports, ()) = tokio::join!(agent.leave(bounds.handover), tokio::time::sleep(drain));
+    let leadership = async {
+        if powering_off {
+            hand_leadership_over(local).await
+        }
+    };
+    let (reports, (), ()) = tokio::join!(agent.leave(bounds.handover), tokio::time::sleep(drain), leadership);
     let moved = reports.iter().filter(|r| matches!(r.result, Ok(protokube::handover::Outcome::Moved { .. }))).count();
     // At poweroff, end what would only hold the machine (and its etcd volumes) up.
     if powering_off {
