@@ -10,6 +10,11 @@
 //! starts, while the volumes are still being claimed: when the manifest lands, the image is there.
 //! Then the API server's (from the static pod nodeup wrote), which the kubelet would otherwise pull
 //! only after kube-proxy's and the scheduler's (measured: 6.4 s after its first pull began).
+//!
+//! Before both, the sandbox (pause) image that containerd's configuration pins: no pod starts
+//! without it, and the kubelet asks for it only when it creates its first pod sandbox. Measured on
+//! keelson-local (release, 2026-11-27): all six static pods' sandboxes waited for that one pull,
+//! which finished 2.4 s after the kubelet started, behind protokube's etcd and API-server pulls.
 
 use std::path::{Path, PathBuf};
 
@@ -68,6 +73,32 @@ pub fn manifest_image(text: &str) -> Option<String> {
     pod.pointer("/spec/containers/0/image")?.as_str().filter(|s| !s.is_empty()).map(str::to_string)
 }
 
+/// The sandbox (pause) image containerd's configuration `text` pins: `pinned_images.sandbox` of
+/// `io.containerd.cri.v1.images` (containerd 2, configuration versions 3 and 4), else
+/// `sandbox_image` of `io.containerd.grpc.v1.cri` (containerd 1.x, version 2).
+pub fn sandbox_image(text: &str) -> Option<String> {
+    let config: toml::Table = toml::from_str(text).ok()?;
+    let plugins = config.get("plugins")?.as_table()?;
+    let pinned = plugins.get("io.containerd.cri.v1.images").and_then(|i| i.get("pinned_images")).and_then(|p| p.get("sandbox"));
+    let legacy = || plugins.get("io.containerd.grpc.v1.cri").and_then(|c| c.get("sandbox_image"));
+    pinned.or_else(legacy)?.as_str().filter(|s| !s.is_empty()).map(str::to_string)
+}
+
+/// The sandbox image of containerd's configuration at `path`, waiting up to `wait` for nodeup to
+/// write it.
+pub async fn configured_sandbox_image(path: &Path, wait: std::time::Duration) -> Option<String> {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        if let Some(image) = tokio::fs::read_to_string(path).await.ok().as_deref().and_then(sandbox_image) {
+            return Some(image);
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
 /// The image of the kube-apiserver static pod at `path`, waiting up to `wait` for nodeup to write
 /// it (protokube and the static pods are written by the same nodeup run).
 pub async fn api_server_image(path: &Path, wait: std::time::Duration) -> Option<String> {
@@ -103,6 +134,17 @@ pub async fn prepull(ctr: &Path, images: &[String]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sandbox_image_is_the_one_containerd_pins() {
+        let v4 = "version = 4\n[plugins.\"io.containerd.cri.v1.images\".pinned_images]\nsandbox = \"r:5000/pause:3.10.1\"\n[plugins.\"io.containerd.cri.v1.images\".registry]\nconfig_path = \"/etc/containerd/certs.d\"\n";
+        assert_eq!(sandbox_image(v4).as_deref(), Some("r:5000/pause:3.10.1"));
+        let v2 = "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\"]\nsandbox_image = \"registry.k8s.io/pause:3.9\"\n";
+        assert_eq!(sandbox_image(v2).as_deref(), Some("registry.k8s.io/pause:3.9"));
+        assert_eq!(sandbox_image("version = 4\n"), None, "none pinned: containerd's own default, which the kubelet pulls");
+        assert_eq!(sandbox_image("version = 4\n[plugins.\"io.containerd.cri.v1.images\".pinned_images]\nsandbox = \"\"\n"), None);
+        assert_eq!(sandbox_image("not toml ["), None);
+    }
 
     #[test]
     fn each_image_once_in_order() {

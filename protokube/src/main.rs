@@ -233,13 +233,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
             "etcd restores use the etcd image's etcdutl through ctr, else etcdutl on PATH, else etcdctl (etcd before 3.6), looked up when a restore runs"
         ),
     }
-    // The etcd images first, while the volumes are still being claimed ([`protokube::images`]).
+    // The sandbox image, then the etcd images, while the volumes are still being claimed
+    // ([`protokube::images`]).
     if args.root == Path::new("/") && !args.once {
         match protokube::images::on_path("ctr") {
             Some(ctr) => {
                 let mine = plan.etcd_clusters.iter().filter(|ec| !plan.my_members(ec).is_empty());
                 let etcd = protokube::images::distinct_images(mine.map(|ec| ec.image.as_str()));
                 tokio::spawn(async move {
+                    let containerd_config = Path::new("/").join(paths::CONTAINERD_CONFIG);
+                    if let Some(sandbox) = protokube::images::configured_sandbox_image(&containerd_config, Duration::from_secs(5)).await {
+                        protokube::images::prepull(&ctr, &[sandbox]).await;
+                    }
                     protokube::images::prepull(&ctr, &etcd).await;
                     let manifest = Path::new("/").join(paths::MANIFESTS_DIR).join("kube-apiserver.manifest");
                     if let Some(image) = protokube::images::api_server_image(&manifest, Duration::from_secs(5)).await {

@@ -22,6 +22,8 @@ pub fn restore_download(mount: &Path, request: &str) -> PathBuf {
 /// containerd's per-registry `hosts.toml` files (written by nodeup), read by the host's `ctr` when
 /// it pulls (an absolute host path, as `ctr` talks to the host's containerd).
 pub const CONTAINERD_HOSTS_DIR: &str = "/etc/containerd/certs.d";
+/// containerd's configuration (nodeup writes it; it pins the sandbox image).
+pub const CONTAINERD_CONFIG: &str = "/etc/containerd/config.toml";
 /// The etcd TLS material of etcd cluster `<name>`, issued by protokube from the state store's CAs:
 /// `ca.crt` (etcd-clients-ca), `peer-ca.crt` (etcd-peers-ca-<name>), `server.crt|key` (client port),
 /// `peer.crt|key`, `client.crt|key` (protokube's own client for the members API).
