@@ -10,14 +10,15 @@ use crate::paths;
 pub use super::kubelet_config::{parse_taint, KubeletConfiguration, KubeletFieldError, NodeSettings, Taint};
 
 /// The `KubeletConfiguration` for a kubelet spec ([`super::kubelet_config::split`]), with the
-/// node's cloud provider id when it is known.
+/// node's cloud provider id when it is known. `control_plane`: the host runs the API server (its
+/// kubelet gets a serving certificate and pulls images in parallel by default).
 pub fn configuration(
     spec: &KubeletConfigSpec,
     containerd_address: Option<&str>,
-    serving_cert: bool,
+    control_plane: bool,
     provider_id: Option<String>,
 ) -> Result<KubeletConfiguration, KubeletFieldError> {
-    Ok(super::kubelet_config::split(spec, &NodeSettings { containerd_address, serving_cert, provider_id })?.config)
+    Ok(super::kubelet_config::split(spec, &NodeSettings { containerd_address, serving_cert: control_plane, control_plane, provider_id })?.config)
 }
 
 /// The provider id of an AWS instance, as the cloud-controller-manager writes it:

@@ -232,6 +232,19 @@ fn kv_list(field: &'static str, s: Option<&str>, sep: char) -> Result<BTreeMap<S
     Ok(out)
 }
 
+/// The kubelet's `serializeImagePulls`: the spec's when set; otherwise `false` on a control plane.
+///
+/// The kubelet's default (`true`) pulls one image at a time, in the order its pods ask. A
+/// replacement control plane's static pods all ask at once as the kubelet starts, and kube-proxy's,
+/// the scheduler's and the controller manager's pulls then stand before the API server's: measured
+/// on keelson-local (release, 2026-11-27), the kubelet asked for the API server's image at once,
+/// protokube had pulled it into containerd 7.7 s before the kubelet's serial queue reached it, and the
+/// API server started 21.3 s after the kill. In parallel each static pod waits for its own image
+/// only. Workers keep the kubelet's default (many images, pulled as pods are scheduled).
+pub fn serialize_image_pulls(spec: Option<bool>, control_plane: bool) -> Option<bool> {
+    spec.or(control_plane.then_some(false))
+}
+
 /// Go's `strconv.ParseBool`, as kOps parses feature-gate values.
 fn go_bool(s: &str) -> Option<bool> {
     match s.trim() {
@@ -248,6 +261,9 @@ pub struct NodeSettings<'a> {
     pub containerd_address: Option<&'a str>,
     /// This host issues the kubelet's serving certificate (control planes).
     pub serving_cert: bool,
+    /// A control plane: its kubelet pulls images in parallel unless the spec sets
+    /// `serializeImagePulls` (see [`serialize_image_pulls`]).
+    pub control_plane: bool,
     pub provider_id: Option<String>,
 }
 
@@ -314,7 +330,7 @@ pub fn split(spec: &KubeletConfigSpec, node: &NodeSettings) -> Result<Split, Kub
         resolv_conf,
         reconcile_cidr,
         register_schedulable,
-        serialize_image_pulls,
+        serialize_image_pulls: serialize_image_pulls_spec,
         node_labels,
         non_masquerade_cidr,
         enable_custom_metrics,
@@ -492,7 +508,7 @@ pub fn split(spec: &KubeletConfigSpec, node: &NodeSettings) -> Result<Split, Kub
         resolv_conf,
         rotate_certificates,
         seccomp_default,
-        serialize_image_pulls,
+        serialize_image_pulls: serialize_image_pulls(serialize_image_pulls_spec, node.control_plane),
         shutdown_grace_period: dur(&shutdown_grace_period),
         shutdown_grace_period_critical_pods: dur(&shutdown_grace_period_critical_pods),
         static_pod_path: pod_manifest_path,
@@ -546,5 +562,18 @@ mod tests {
         assert_eq!(s.config.allowed_unsafe_sysctls, Some(vec!["net.a".to_string(), "net.b".to_string()]));
         assert_eq!(s.config.image_minimum_gc_age.as_deref(), Some("3m0s"));
         assert_eq!(s.flags, KubeletConfigSpec::default(), "config fields are not flags");
+    }
+
+    #[test]
+    fn control_planes_pull_in_parallel_unless_the_spec_says_otherwise() {
+        assert_eq!(serialize_image_pulls(None, true), Some(false));
+        assert_eq!(serialize_image_pulls(None, false), None, "workers keep the kubelet's default");
+        assert_eq!(serialize_image_pulls(Some(true), true), Some(true), "the spec wins");
+        assert_eq!(serialize_image_pulls(Some(false), false), Some(false));
+        let control_plane = NodeSettings { control_plane: true, ..Default::default() };
+        assert_eq!(split(&KubeletConfigSpec::default(), &control_plane).expect("split").config.serialize_image_pulls, Some(false));
+        assert_eq!(split(&KubeletConfigSpec::default(), &NodeSettings::default()).expect("split").config.serialize_image_pulls, None);
+        let serial: KubeletConfigSpec = serde_yaml_ng::from_str("serializeImagePulls: true\n").expect("yaml");
+        assert_eq!(split(&serial, &control_plane).expect("split").config.serialize_image_pulls, Some(true));
     }
 }
