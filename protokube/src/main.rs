@@ -578,7 +578,9 @@ async fn hand_leadership_over(local: &LocalApi) {
             }
         }
         Ok(Err(e)) => tracing::warn!(error = %e, "controller leadership: no API client; the Leases held here expire by themselves"),
-        Err(_) => tracing::warn!(bound_s = LEADERSHIP_BOUND.as_secs_f64(), "controller leadership: not done in time; the Leases held here expire by themselves"),
+        Err(_) => {
+            tracing::warn!(bound_s = LEADERSHIP_BOUND.as_secs_f64(), "controller leadership: not done in time; the Leases held here expire by themselves")
+        }
     }
 }
 
