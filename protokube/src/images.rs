@@ -87,24 +87,21 @@ pub fn sandbox_image(text: &str) -> Option<String> {
 /// The sandbox image of containerd's configuration at `path`, waiting up to `wait` for nodeup to
 /// write it.
 pub async fn configured_sandbox_image(path: &Path, wait: std::time::Duration) -> Option<String> {
-    let deadline = std::time::Instant::now() + wait;
-    loop {
-        if let Some(image) = tokio::fs::read_to_string(path).await.ok().as_deref().and_then(sandbox_image) {
-            return Some(image);
-        }
-        if std::time::Instant::now() >= deadline {
-            return None;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    image_in_file(path, wait, sandbox_image).await
 }
 
 /// The image of the kube-apiserver static pod at `path`, waiting up to `wait` for nodeup to write
 /// it (protokube and the static pods are written by the same nodeup run).
 pub async fn api_server_image(path: &Path, wait: std::time::Duration) -> Option<String> {
+    image_in_file(path, wait, manifest_image).await
+}
+
+/// The image `read` finds in the file at `path`, read every 200 ms until it finds one or `wait`
+/// has passed (nodeup writes the file while protokube starts).
+async fn image_in_file(path: &Path, wait: std::time::Duration, read: fn(&str) -> Option<String>) -> Option<String> {
     let deadline = std::time::Instant::now() + wait;
     loop {
-        if let Some(image) = tokio::fs::read_to_string(path).await.ok().as_deref().and_then(manifest_image) {
+        if let Some(image) = tokio::fs::read_to_string(path).await.ok().as_deref().and_then(read) {
             return Some(image);
         }
         if std::time::Instant::now() >= deadline {
