@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::api::{Api, ListParams, PostParams};
@@ -80,6 +81,37 @@ pub fn readyz_within(kubeconfig: &Path, target: &Target, limit: Duration) -> Res
             Ok(r) => r.map_err(api_err(format!("GET /readyz via {:?}", target.server))),
             Err(_) => Err(KubeApiError::Timeout { what: format!("GET /readyz via {:?}", target.server), secs: limit.as_secs() }),
         }
+    })
+}
+
+/// A leader-election Lease: its holder, and its renew and acquire times (unix milliseconds).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseState {
+    pub holder: String,
+    pub renewed_ms: Option<i64>,
+    pub acquired_ms: Option<i64>,
+    pub duration_s: Option<i32>,
+}
+
+/// The Leases `names` in `namespace` (a missing one is left out).
+pub fn leases(kubeconfig: &Path, namespace: &str, names: &[&str]) -> Result<BTreeMap<String, LeaseState>, KubeApiError> {
+    rt()?.block_on(async {
+        let api: Api<Lease> = Api::namespaced(client(kubeconfig, &Target::default()).await?, namespace);
+        let mut out = BTreeMap::new();
+        for name in names {
+            let Some(l) = api.get_opt(name).await.map_err(api_err(format!("get Lease {namespace}/{name}")))? else { continue };
+            let spec = l.spec.unwrap_or_default();
+            out.insert(
+                name.to_string(),
+                LeaseState {
+                    holder: spec.holder_identity.unwrap_or_default(),
+                    renewed_ms: spec.renew_time.map(|t| t.0.as_millisecond()),
+                    acquired_ms: spec.acquire_time.map(|t| t.0.as_millisecond()),
+                    duration_s: spec.lease_duration_seconds,
+                },
+            );
+        }
+        Ok(out)
     })
 }
 

@@ -19,6 +19,7 @@ pub mod daemon;
 pub mod diagnostics;
 pub mod fleet;
 pub mod health;
+pub mod leadership;
 pub mod prepare;
 pub mod selfheal;
 pub mod state;

@@ -18,6 +18,7 @@ use crate::{cmd, etcd, mirror};
 use super::commands::{down, env_exports, state, up};
 use super::diagnostics::{diagnose, diagnose_nodes};
 use super::health::control_planes;
+use super::leadership;
 use super::state::ClusterState;
 
 pub const KEY_PREFIX: &str = "/keelson-local/selfheal/";
@@ -286,6 +287,9 @@ pub fn selfheal(
             break;
         }
         let victim = cps[random_index(cps.len())].clone();
+        // The controllers' Leases and the victim's host name, to see how leadership leaves it.
+        let victim_host = fs::read_to_string(victim.root.join("etc/hostname")).map(|h| h.trim().to_string()).unwrap_or_default();
+        let leases_before = crate::kubeapi::leases(&kubeconfig, leadership::NAMESPACE, leadership::LEASES);
         let probe = ApiProbe::start(kubeconfig.clone());
         let t0 = Instant::now();
         let killed_at = std::time::SystemTime::now();
@@ -348,6 +352,36 @@ pub fn selfheal(
             }
             (h, _) => h,
         };
+        // Every controller Lease the victim held must have been handed over, not left to expire.
+        let mut leadership_lines = Vec::new();
+        let healed = match (healed, &leases_before) {
+            (Some(h), Ok(before)) => {
+                let killed_ms = killed_at.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
+                let after = crate::kubeapi::leases(&kubeconfig, leadership::NAMESPACE, leadership::LEASES).unwrap_or_default();
+                let mut failed = Vec::new();
+                for (name, b) in before {
+                    let a = after.get(name).cloned().unwrap_or_default();
+                    match leadership::moved(b, &a, &victim_host, killed_ms) {
+                        leadership::Moved::NotHeld => {}
+                        leadership::Moved::HandedOver { to, after_kill_s } => {
+                            leadership_lines.push(format!("{name}: handed over to {to} {after_kill_s:.1} s after the kill"))
+                        }
+                        other => failed.push(format!("{name} held by the killed {victim_host}: {other:?}")),
+                    }
+                }
+                if failed.is_empty() {
+                    Some(h)
+                } else {
+                    status = format!("controller leadership not handed over: {}", failed.join("; "));
+                    None
+                }
+            }
+            (h, Err(e)) => {
+                leadership_lines.push(format!("Leases not read before the kill ({e}); not checked"));
+                h
+            }
+            (None, _) => None,
+        };
         let (answered, failed, outage) = probe.finish();
         let api = format!("API through the load balancer: {answered}/{} probes answered, longest outage {outage:.1} s", answered + failed);
         match healed {
@@ -365,6 +399,9 @@ pub fn selfheal(
                 println!("  each phase seen by a poll at most {:.1} s after it happened (the widest gap between polls)", widest_gap.as_secs_f64());
                 println!("  {api}");
                 println!("  addons: the new control plane's controller passed and applied 0 (every hash recorded)");
+                for l in &leadership_lines {
+                    println!("  leadership: {l}");
+                }
             }
             None => {
                 println!(
