@@ -18,6 +18,7 @@ pub mod gce_adc;
 pub mod gce_metadata;
 pub mod hosts;
 pub mod imds;
+pub mod leader_election;
 #[cfg(feature = "aws")]
 pub mod node_join;
 pub mod node_join_gce;

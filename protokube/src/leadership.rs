@@ -20,7 +20,7 @@
 //! (every 2 s by default).
 //!
 //! It talks to the API as [`USER`], whose Role allows `get` and `update` of these Leases only.
-//! [`released`], [`held_by_host`], [`role`] and [`role_binding`] are pure; [`release_here`] is the
+//! [`released`], [`held_by_host`] (in `base::leader_election`), [`role`] and [`role_binding`] are pure; [`release_here`] is the
 //! thin I/O around them.
 
 use std::path::Path;
@@ -32,8 +32,8 @@ use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Patch, PatchParams, PostParams};
 
-/// The namespace of the control plane's Leases.
-pub const NAMESPACE: &str = "kube-system";
+pub use base::leader_election::{held_by_host, NAMESPACE};
+use base::leader_election::{CLOUD_CONTROLLER_MANAGER, CONTROLLER_MANAGER, SCHEDULER};
 /// The identity protokube releases Leases as, and the name of its Role and RoleBinding.
 pub const USER: &str = "keelson:leadership";
 /// How long a leader gets after SIGTERM before SIGKILL.
@@ -50,10 +50,10 @@ pub struct Elected {
 
 /// The control plane's elected components.
 pub const ELECTED: &[Elected] = &[
-    Elected { lease: "kube-controller-manager", processes: &["kube-controller"] },
-    Elected { lease: "kube-scheduler", processes: &["kube-scheduler"] },
+    Elected { lease: CONTROLLER_MANAGER, processes: &["kube-controller"] },
+    Elected { lease: SCHEDULER, processes: &["kube-scheduler"] },
     // The AWS and the GCE cloud controller managers.
-    Elected { lease: "cloud-controller-manager", processes: &["aws-cloud-contr", "cloud-controlle"] },
+    Elected { lease: CLOUD_CONTROLLER_MANAGER, processes: &["aws-cloud-contr", "cloud-controlle"] },
 ];
 
 /// What happened to one Lease.
@@ -67,13 +67,6 @@ pub enum Outcome {
     Released { holder: String, ended: Vec<u32> },
     /// Held here, and not released (the error says why); the Lease expires by itself.
     Failed { holder: Option<String>, error: String },
-}
-
-/// Whether a Lease holder identity is this host's: client-go's leader election uses
-/// `<hostname>_<uuid>` (and some components the bare hostname).
-pub fn held_by_host(holder: Option<&str>, hostname: &str) -> bool {
-    let Some(holder) = holder else { return false };
-    !hostname.is_empty() && (holder == hostname || holder.strip_prefix(hostname).is_some_and(|rest| rest.starts_with('_')))
 }
 
 /// `lease` released as client-go releases it: no holder, a 1-s duration renewed and acquired
@@ -177,18 +170,6 @@ async fn release_one(leases: &kube::Api<Lease>, e: &Elected, proc_root: &Path, h
 mod tests {
     use super::*;
     use k8s_openapi::api::coordination::v1::LeaseSpec;
-
-    #[test]
-    fn a_holder_is_this_host_only_by_its_exact_name_before_the_underscore() {
-        let host = "ip-172-20-32-4";
-        assert!(held_by_host(Some("ip-172-20-32-4_a04812be-ac1a-4960-a000-000000000000"), host));
-        assert!(held_by_host(Some("ip-172-20-32-4"), host));
-        assert!(!held_by_host(Some("ip-172-20-32-40_a04812be"), host), "another host whose name starts with this one");
-        assert!(!held_by_host(Some("ip-172-20-64-5_a04812be"), host));
-        assert!(!held_by_host(Some(""), host), "released");
-        assert!(!held_by_host(None, host));
-        assert!(!held_by_host(Some("_a04812be"), ""), "no hostname: nothing is ours");
-    }
 
     #[test]
     fn a_released_lease_has_no_holder_a_one_second_duration_and_keeps_its_version_and_transitions() {

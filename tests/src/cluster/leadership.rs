@@ -10,9 +10,8 @@
 
 use crate::kubeapi::LeaseState;
 
-/// The namespace and the Leases checked.
-pub const NAMESPACE: &str = "kube-system";
-pub const LEASES: &[&str] = &["kube-controller-manager", "kube-scheduler", "cloud-controller-manager"];
+use base::leader_election::held_by_host;
+pub use base::leader_election::{LEASES, NAMESPACE};
 
 /// How a Lease moved off the killed host.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,17 +26,12 @@ pub enum Moved {
     NotMoved { holder: String },
 }
 
-/// Whether `holder` (client-go: `<hostname>_<uuid>`) is the host `hostname`.
-pub fn held_by(holder: &str, hostname: &str) -> bool {
-    !hostname.is_empty() && (holder == hostname || holder.strip_prefix(hostname).is_some_and(|r| r.starts_with('_')))
-}
-
 /// How the Lease read `before` the kill (at `killed_ms`) moved, read again `after` the failover.
 pub fn moved(before: &LeaseState, after: &LeaseState, hostname: &str, killed_ms: i64) -> Moved {
-    if !held_by(&before.holder, hostname) {
+    if !held_by_host(Some(&before.holder), hostname) {
         return Moved::NotHeld;
     }
-    if after.holder.is_empty() || held_by(&after.holder, hostname) {
+    if after.holder.is_empty() || held_by_host(Some(&after.holder), hostname) {
         return Moved::NotMoved { holder: after.holder.clone() };
     }
     let acquired = after.acquired_ms.unwrap_or(i64::MAX);
