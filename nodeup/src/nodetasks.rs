@@ -350,10 +350,10 @@ impl Task<Ctx<'_>> for ServiceTask {
             base::fs::symlink_atomic(Path::new(&self.unit_path()), &link)?;
         }
         if deps_changed {
-            ctx.host.run(&["systemctl", "daemon-reload"])?;
+            ctx.host.reload_units()?;
             ctx.host.run(&["systemctl", "restart", &self.unit])?;
         } else if ctx.host.is_live() {
-            ctx.host.run(&["systemctl", "daemon-reload"])?;
+            ctx.host.reload_units()?;
             ctx.host.run(&["systemctl", "start", &self.unit])?;
         }
         Ok(())

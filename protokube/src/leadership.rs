@@ -13,17 +13,23 @@
 //! The scheduler releases its Lease on SIGTERM, the controller managers do not, and at poweroff
 //! neither can: the API server on 127.0.0.1 they talk to is gone by the time systemd stops them.
 //! So protokube, at poweroff and while the local API server still serves (the drain), for each
-//! Lease held by this host (its holder identity is `<hostname>_<uuid>`): ends the local process
-//! (SIGTERM, SIGKILL after [`GRACE`]) so it cannot renew, then releases the Lease the way client-go
-//! does (`holderIdentity` empty, `leaseDurationSeconds` 1), with the Lease's `resourceVersion`,
-//! so a Lease another host took meanwhile is left alone. The others take it on their next retry
-//! (every 2 s by default).
+//! Lease held by this host (its holder identity is `<hostname>_<uuid>`): freezes the local process
+//! (SIGSTOP) so it cannot renew, then releases the Lease the way client-go does
+//! (`holderIdentity` empty, `leaseDurationSeconds` 1), with the Lease's `resourceVersion`, so a
+//! Lease another host took meanwhile is left alone. The others take it on their next retry (every
+//! 2 s by default).
 //!
+//! Frozen, not ended: an ended controller's container exits, the kubelet (still running until the
+//! containers stop) starts it again at once, and the new process can take the Lease just released
+//! and hold it into the poweroff — the Lease then expires as if nothing had been done. A frozen
+//! process stays in its running container; systemd's SIGTERM at poweroff comes with a SIGCONT.
+
 //! It talks to the API as [`USER`], whose Role allows `get` and `update` of these Leases only.
 //! [`released`], [`held_by_host`] (in `base::leader_election`), [`role`] and [`role_binding`] are pure; [`release_here`] is the
 //! thin I/O around them.
 
 use std::path::Path;
+
 use std::time::Duration;
 
 use base::StateStore;
@@ -36,8 +42,6 @@ pub use base::leader_election::{held_by_host, NAMESPACE};
 use base::leader_election::{CLOUD_CONTROLLER_MANAGER, CONTROLLER_MANAGER, SCHEDULER};
 /// The identity protokube releases Leases as, and the name of its Role and RoleBinding.
 pub const USER: &str = "keelson:leadership";
-/// How long a leader gets after SIGTERM before SIGKILL.
-pub const GRACE: Duration = Duration::from_secs(1);
 
 /// A component that elects a leader through a Lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,10 +65,11 @@ pub const ELECTED: &[Elected] = &[
 pub enum Outcome {
     /// Not held by this host (or no such Lease).
     NotHere,
-    /// Held here; its process released it when it ended.
-    ReleasedByItself { holder: String },
-    /// Held here; protokube released it once its process had ended.
-    Released { holder: String, ended: Vec<u32> },
+    /// Held here, and no longer by the time its process was frozen (it released it, or another
+    /// host took it).
+    NoLongerHeld { holder: String },
+    /// Held here; protokube released it once its process was frozen.
+    Released { holder: String, frozen: Vec<u32> },
     /// Held here, and not released (the error says why); the Lease expires by itself.
     Failed { holder: Option<String>, error: String },
 }
@@ -125,8 +130,54 @@ pub async fn client(store: &StateStore, server: &str) -> Result<kube::Client, St
     crate::addons::client_as(store, server, USER, &[]).await.map_err(|e| e.to_string())
 }
 
-/// For every [`ELECTED`] component at once: if this host holds its Lease, end its local processes
-/// (SIGTERM, SIGKILL after [`GRACE`]) and release the Lease unless the process did.
+/// How long a client made by [`client`] is used: half its certificate's 24-h life.
+pub const CLIENT_REUSE: std::time::Duration = Duration::from_secs(12 * 3600);
+
+/// A client as [`USER`] made ahead of the poweroff, so that the hand-over at poweroff is the Lease
+/// calls alone: making one reads the CA from the state store, issues a certificate and applies the
+/// Role, and the hand-over has a few seconds while the local API server still serves.
+#[derive(Default)]
+pub struct Prepared {
+    made: tokio::sync::Mutex<Option<(std::time::Instant, kube::Client)>>,
+}
+
+impl Prepared {
+    /// The prepared client if it is younger than [`CLIENT_REUSE`], else a new one (kept).
+    pub async fn get(&self, store: &StateStore, server: &str) -> Result<kube::Client, String> {
+        let mut made = self.made.lock().await;
+        if let Some((at, c)) = made.as_ref().filter(|(at, _)| at.elapsed() < CLIENT_REUSE) {
+            tracing::debug!(age_s = at.elapsed().as_secs(), "controller leadership: the prepared client");
+            return Ok(c.clone());
+        }
+        let c = client(store, server).await?;
+        *made = Some((std::time::Instant::now(), c.clone()));
+        Ok(c)
+    }
+
+    /// Keep a client ready: make one as soon as the local API server takes it (every `retry` until
+    /// then; nothing is read or issued while its port is closed), and a new one every
+    /// [`CLIENT_REUSE`]. Runs until dropped.
+    pub async fn keep_ready(&self, store: &StateStore, server: &str, retry: std::time::Duration) {
+        let addr = server.trim_start_matches("https://").trim_end_matches('/').to_string();
+        loop {
+            if tokio::net::TcpStream::connect(&addr).await.is_err() {
+                tokio::time::sleep(retry).await;
+                continue;
+            }
+            let wait = match self.get(store, server).await {
+                Ok(_) => CLIENT_REUSE,
+                Err(e) => {
+                    tracing::debug!(error = %e, "controller leadership: no client yet");
+                    retry
+                }
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// For every [`ELECTED`] component at once: if this host holds its Lease, freeze its local
+/// processes (SIGSTOP) and release the Lease.
 pub async fn release_here(client: &kube::Client, proc_root: &Path, hostname: &str) -> Vec<(&'static str, Outcome)> {
     let leases = kube::Api::<Lease>::namespaced(client.clone(), NAMESPACE);
     let one = |e: &'static Elected| {
@@ -149,20 +200,38 @@ async fn release_one(leases: &kube::Api<Lease>, e: &Elected, proc_root: &Path, h
     }
     let holder = holder.unwrap_or_default();
     let pids = crate::poweroff::processes_named(proc_root, e.processes);
-    crate::poweroff::terminate(proc_root, &pids, GRACE).await;
-    // Read it again: a component that releases on exit (the scheduler) has, and a Lease changed
-    // since is not this host's to release.
-    let lease = match leases.get_opt(e.lease).await {
-        Ok(Some(l)) => l,
-        Ok(None) => return Outcome::NotHere,
-        Err(err) => return Outcome::Failed { holder: Some(holder), error: format!("get Lease {NAMESPACE}/{}: {err}", e.lease) },
-    };
-    if holder_of(&lease).as_deref() != Some(holder.as_str()) {
-        return Outcome::ReleasedByItself { holder };
+    crate::poweroff::freeze(&pids);
+    // Read it again (for the version its holder last renewed) and release it; a Lease that changed
+    // hands since is not this host's to release. Retried on what passes: the etcd hand-over, which
+    // runs alongside, makes etcd drop proposals for a moment (measured: "raft proposal dropped", a
+    // 500, 80 ms into the poweroff), and a renewal in flight as the holder froze is a conflict.
+    use backon::{ExponentialBuilder, Retryable as _};
+    let policy = ExponentialBuilder::default().with_min_delay(Duration::from_millis(50)).with_max_delay(Duration::from_millis(400)).with_max_times(10);
+    let once = || release_if_held(leases, e.lease, &holder);
+    match once.retry(policy).when(|err: &kube::Error| retryable(err)).await {
+        Ok(true) => Outcome::Released { holder, frozen: pids },
+        Ok(false) => Outcome::NoLongerHeld { holder },
+        Err(err) => Outcome::Failed { holder: Some(holder), error: format!("release Lease {NAMESPACE}/{}: {err}", e.lease) },
     }
-    match leases.replace(e.lease, &PostParams::default(), &released(&lease, k8s_openapi::jiff::Timestamp::now())).await {
-        Ok(_) => Outcome::Released { holder, ended: pids },
-        Err(err) => Outcome::Failed { holder: Some(holder), error: format!("update Lease {NAMESPACE}/{}: {err}", e.lease) },
+}
+
+/// Release the Lease `name` if `holder` still holds it; whether it did.
+async fn release_if_held(leases: &kube::Api<Lease>, name: &str, holder: &str) -> Result<bool, kube::Error> {
+    let Some(lease) = leases.get_opt(name).await? else { return Ok(false) };
+    if lease.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) != Some(holder) {
+        return Ok(false);
+    }
+    leases.replace(name, &PostParams::default(), &released(&lease, k8s_openapi::jiff::Timestamp::now())).await?;
+    Ok(true)
+}
+
+/// Whether a failed Lease call is worth another try: the API server or etcd failing for a moment
+/// (5xx, 429), a conflict with a write in flight (409: read again), or no answer at all. Not a
+/// refusal (401, 403) or a bad request.
+pub fn retryable(err: &kube::Error) -> bool {
+    match err {
+        kube::Error::Api(status) => status.code >= 500 || status.code == 409 || status.code == 429,
+        _ => true,
     }
 }
 
@@ -199,6 +268,18 @@ mod tests {
         assert_eq!(spec.renew_time, Some(MicroTime(now)));
         assert_eq!(spec.acquire_time, Some(MicroTime(now)));
         assert_eq!(r.metadata.resource_version.as_deref(), Some("4711"), "the update is conditional on the version read");
+    }
+
+    #[test]
+    fn passing_failures_are_retried_refusals_are_not() {
+        let api = |code: u16, message: &str| kube::Error::Api(Box::new(kube::core::Status { code, message: message.into(), ..Default::default() }));
+        assert!(retryable(&api(500, "rpc error: code = Unknown desc = raft proposal dropped")), "etcd mid-hand-over");
+        assert!(retryable(&api(409, "the object has been modified")), "a renewal in flight");
+        assert!(retryable(&api(429, "too many requests")));
+        assert!(retryable(&api(503, "unavailable")));
+        assert!(!retryable(&api(403, "forbidden")));
+        assert!(!retryable(&api(404, "not found")));
+        assert!(!retryable(&api(422, "invalid")));
     }
 
     #[test]

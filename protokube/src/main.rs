@@ -317,7 +317,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
     // How protokube leaves when it is stopped ([`leave`]).
     let bounds = Bounds { handover: secs(args.handover_timeout), api_drain: secs(args.api_drain_seconds) };
     let live = args.root == Path::new("/");
-    let local_api = LocalApi { store: spec_store.clone(), server: format!("https://127.0.0.1:{api_port}") };
+    let local_api = LocalApi {
+        store: spec_store.clone(),
+        server: format!("https://127.0.0.1:{api_port}"),
+        leadership: std::sync::Arc::new(protokube::leadership::Prepared::default()),
+    };
+    if !args.once && live {
+        let (prepared, store, server) = (local_api.leadership.clone(), local_api.store.clone(), local_api.server.clone());
+        tokio::spawn(async move { prepared.keep_ready(&store, &server, Duration::from_secs(5)).await });
+    }
 
     if !args.once && args.metrics_addr != "off" {
         let listener = tokio::net::TcpListener::bind(&args.metrics_addr).await.with_context(|| format!("metrics address {}", args.metrics_addr))?;
@@ -551,18 +559,20 @@ struct Bounds {
 /// ([`protokube::leadership`]); it runs alongside the drain and the etcd hand-over.
 const LEADERSHIP_BOUND: Duration = Duration::from_secs(3);
 
-/// Where the local API server is, and the state store that holds the CA to talk to it.
+/// Where the local API server is, the state store that holds the CA to talk to it, and the
+/// client the controllers' leadership is handed over with, made ahead.
 struct LocalApi {
     store: base::StateStore,
     server: String,
+    leadership: std::sync::Arc<protokube::leadership::Prepared>,
 }
 
-/// At poweroff: end the controllers that lead from this host and release their Leases, while the
+/// At poweroff: freeze the controllers that lead from this host and release their Leases, while the
 /// local API server still serves ([`protokube::leadership`]). Bounded by [`LEADERSHIP_BOUND`].
 async fn hand_leadership_over(local: &LocalApi) {
     let t = Instant::now();
     let work = async {
-        let client = protokube::leadership::client(&local.store, &local.server).await?;
+        let client = local.leadership.get(&local.store, &local.server).await?;
         Ok::<_, String>(protokube::leadership::release_here(&client, Path::new("/proc"), &protokube::leadership::hostname()).await)
     };
     match tokio::time::timeout(LEADERSHIP_BOUND, work).await {
@@ -600,19 +610,24 @@ where
     // here, or the cloud, which deregisters a terminated instance itself), the balancer takes a
     // moment to stop sending it new connections, and the API server serves them meanwhile.
     let behind_balancer = api_target.is_some();
-    if let Some((stop, task)) = api_target {
-        // The task leaves the target group itself (bounded by 5 s) once told to stop.
-        let _ = stop.send(true);
-        let _ = tokio::time::timeout(Duration::from_secs(6), task).await;
-    }
     let drain = if powering_off && behind_balancer { bounds.api_drain } else { Duration::ZERO };
     tracing::info!(signal = why, bound_s = bounds.handover.as_secs_f64(), api_drain_s = drain.as_secs_f64(), "stopping: handing etcd leadership over first");
+    // Leaving the target group and then the drain, alongside both hand-overs: the drain counts from
+    // the deregistration, the hand-overs need not wait for it.
+    let drained = async {
+        if let Some((stop, task)) = api_target {
+            // The task leaves the target group itself (bounded by 5 s) once told to stop.
+            let _ = stop.send(true);
+            let _ = tokio::time::timeout(Duration::from_secs(6), task).await;
+        }
+        tokio::time::sleep(drain).await
+    };
     let leadership = async {
         if powering_off {
             hand_leadership_over(local).await
         }
     };
-    let (reports, (), ()) = tokio::join!(agent.leave(bounds.handover), tokio::time::sleep(drain), leadership);
+    let (reports, (), ()) = tokio::join!(agent.leave(bounds.handover), drained, leadership);
     let moved = reports.iter().filter(|r| matches!(r.result, Ok(protokube::handover::Outcome::Moved { .. }))).count();
     // At poweroff, end what would only hold the machine (and its etcd volumes) up.
     if powering_off {

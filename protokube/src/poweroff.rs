@@ -90,6 +90,12 @@ pub fn kill_now(pids: &[u32]) {
     signal("KILL", pids);
 }
 
+/// SIGSTOP `pids` now: they stay (their container keeps running, so the kubelet does not start
+/// them again) but do nothing more; systemd's SIGTERM at poweroff comes with a SIGCONT.
+pub fn freeze(pids: &[u32]) {
+    signal("STOP", pids);
+}
+
 /// Send `sig` to `pids` with `kill` (a blocking call of a few milliseconds; failures are logged).
 fn signal(sig: &str, pids: &[u32]) {
     if pids.is_empty() {

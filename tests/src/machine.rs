@@ -454,6 +454,7 @@ impl Machine {
                 }
             }
             clean |= !cmd::alive(init);
+            keep_journal(init, &self.paths.poweroff_journal());
         }
         self.stop();
         (t0.elapsed(), clean)
@@ -525,6 +526,21 @@ fn find_dir(root: &Path, name: &str, depth: usize) -> Option<PathBuf> {
         return None;
     }
     subdirs.iter().find_map(|d| find_dir(d, name, depth - 1))
+}
+
+/// Copy the journal of the machine whose init is `init` (in memory: `/run/log/journal`, reached
+/// through `/proc/<init>/root`) to `dest`, replacing what is there, for reading after the machine
+/// is gone (`journalctl -D dest`). Nothing is copied once init has exited. A copy of at most
+/// journald's 16-MB runtime limit, done after the shutdown and before the teardown.
+pub fn keep_journal(init: i64, dest: &Path) {
+    let src = PathBuf::from(format!("/proc/{init}/root/run/log/journal"));
+    if !cmd::alive(init) || !src.is_dir() {
+        return;
+    }
+    let _ = fs::remove_dir_all(dest);
+    if let Err(e) = cmd::sh(&["cp", "-r", &src.to_string_lossy(), &dest.to_string_lossy()]) {
+        eprintln!("keelson-local: keeping the journal of a machine that powers off: {e}");
+    }
 }
 
 /// Tear down from persisted info only (used by `stop` and by `down` after a crash).

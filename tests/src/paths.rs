@@ -96,6 +96,11 @@ impl MachinePaths {
     pub fn console_log(&self) -> PathBuf {
         self.dir.join("console.log")
     }
+    /// The machine's journal as it was when it powered off (its journal is in memory and goes
+    /// with it): read it with `journalctl -D`.
+    pub fn poweroff_journal(&self) -> PathBuf {
+        self.dir.join("journal-at-poweroff")
+    }
     pub fn imds_file(&self) -> PathBuf {
         self.dir.join("imds.json")
     }

@@ -44,6 +44,20 @@ pub fn moved(before: &LeaseState, after: &LeaseState, hostname: &str, killed_ms:
     }
 }
 
+/// What the killed machine's journal (kept at its poweroff in `journal`, a journal directory) says
+/// about the hand-over: protokube's last 40 lines (its stop is at the end); a line saying why when
+/// there are none.
+pub fn poweroff_log(journal: &std::path::Path) -> Vec<String> {
+    let out = std::process::Command::new("journalctl").arg("-D").arg(journal).args(["--no-pager", "-o", "short-precise", "-u", "protokube.service"]).output();
+    let text = match out {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
+        Ok(o) => return vec![format!("journalctl -D {}: {}", journal.display(), String::from_utf8_lossy(&o.stderr).trim())],
+        Err(e) => return vec![format!("journalctl -D {}: {e}", journal.display())],
+    };
+    let lines: Vec<String> = text.lines().map(str::to_string).collect();
+    lines[lines.len().saturating_sub(40)..].to_vec()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

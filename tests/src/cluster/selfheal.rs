@@ -352,9 +352,10 @@ pub fn selfheal(
             }
             (h, _) => h,
         };
-        // How every controller Lease the victim held left it: handed over, or left to expire. Reported,
-        // not (yet) a failure: one debug-build e2e run saw a Lease expire whose cause is not known.
+        // How every controller Lease the victim held left it: each must have been handed over
+        // (protokube releases them at poweroff), not left to expire.
         let mut leadership_lines = Vec::new();
+        let mut leadership_failed = false;
         match (&healed, &leases_before) {
             (Some(_), Ok(before)) => {
                 let killed_ms = killed_at.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
@@ -366,7 +367,10 @@ pub fn selfheal(
                         leadership::Moved::HandedOver { to, after_kill_s } => {
                             leadership_lines.push(format!("{name}: handed over to {to} {after_kill_s:.1} s after the kill"))
                         }
-                        other => leadership_lines.push(format!("{name}: NOT handed over by the killed {victim_host}: {other:?}")),
+                        other => {
+                            leadership_failed = true;
+                            leadership_lines.push(format!("{name}: NOT handed over by the killed {victim_host}: {other:?}"))
+                        }
                     }
                 }
             }
@@ -392,6 +396,14 @@ pub fn selfheal(
                 println!("  addons: the new control plane's controller passed and applied 0 (every hash recorded)");
                 for l in &leadership_lines {
                     println!("  leadership: {l}");
+                }
+                if leadership_failed {
+                    let journal = victim.root.parent().map(|d| d.join("journal-at-poweroff")).unwrap_or_default();
+                    println!("cycle {n}/{cycles}: FAILED: the killed control plane's controller leadership was not handed over; its protokube at poweroff:");
+                    for l in leadership::poweroff_log(&journal) {
+                        println!("  {l}");
+                    }
+                    break;
                 }
             }
             None => {
