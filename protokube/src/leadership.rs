@@ -23,13 +23,12 @@
 //! containers stop) starts it again at once, and the new process can take the Lease just released
 //! and hold it into the poweroff — the Lease then expires as if nothing had been done. A frozen
 //! process stays in its running container; systemd's SIGTERM at poweroff comes with a SIGCONT.
-
+//!
 //! It talks to the API as [`USER`], whose Role allows `get` and `update` of these Leases only.
 //! [`released`], [`held_by_host`] (in `base::leader_election`), [`role`] and [`role_binding`] are pure; [`release_here`] is the
 //! thin I/O around them.
 
 use std::path::Path;
-
 use std::time::Duration;
 
 use base::StateStore;
@@ -131,7 +130,7 @@ pub async fn client(store: &StateStore, server: &str) -> Result<kube::Client, St
 }
 
 /// How long a client made by [`client`] is used: half its certificate's 24-h life.
-pub const CLIENT_REUSE: std::time::Duration = Duration::from_secs(12 * 3600);
+pub const CLIENT_REUSE: Duration = Duration::from_secs(12 * 3600);
 
 /// A client as [`USER`] made ahead of the poweroff, so that the hand-over at poweroff is the Lease
 /// calls alone: making one reads the CA from the state store, issues a certificate and applies the
@@ -157,7 +156,7 @@ impl Prepared {
     /// Keep a client ready: make one as soon as the local API server takes it (every `retry` until
     /// then; nothing is read or issued while its port is closed), and a new one every
     /// [`CLIENT_REUSE`]. Runs until dropped.
-    pub async fn keep_ready(&self, store: &StateStore, server: &str, retry: std::time::Duration) {
+    pub async fn keep_ready(&self, store: &StateStore, server: &str, retry: Duration) {
         let addr = server.trim_start_matches("https://").trim_end_matches('/').to_string();
         loop {
             if tokio::net::TcpStream::connect(&addr).await.is_err() {
@@ -188,8 +187,13 @@ pub async fn release_here(client: &kube::Client, proc_root: &Path, hostname: &st
 }
 
 async fn release_one(leases: &kube::Api<Lease>, e: &Elected, proc_root: &Path, hostname: &str) -> Outcome {
+    use backon::{ExponentialBuilder, Retryable as _};
+    // Every call is retried on what passes (see [`retryable`]): the etcd hand-over, which runs
+    // alongside, makes etcd drop proposals for a moment (measured: "raft proposal dropped", a 500,
+    // 80 ms into the poweroff). The caller bounds the whole.
+    let policy = ExponentialBuilder::default().with_min_delay(Duration::from_millis(50)).with_max_delay(Duration::from_millis(400)).with_max_times(10);
     let holder_of = |l: &Lease| l.spec.as_ref().and_then(|s| s.holder_identity.clone());
-    let lease = match leases.get_opt(e.lease).await {
+    let lease = match (|| leases.get_opt(e.lease)).retry(policy).when(retryable).await {
         Ok(Some(l)) => l,
         Ok(None) => return Outcome::NotHere,
         Err(err) => return Outcome::Failed { holder: None, error: format!("get Lease {NAMESPACE}/{}: {err}", e.lease) },
@@ -202,13 +206,10 @@ async fn release_one(leases: &kube::Api<Lease>, e: &Elected, proc_root: &Path, h
     let pids = crate::poweroff::processes_named(proc_root, e.processes);
     crate::poweroff::freeze(&pids);
     // Read it again (for the version its holder last renewed) and release it; a Lease that changed
-    // hands since is not this host's to release. Retried on what passes: the etcd hand-over, which
-    // runs alongside, makes etcd drop proposals for a moment (measured: "raft proposal dropped", a
-    // 500, 80 ms into the poweroff), and a renewal in flight as the holder froze is a conflict.
-    use backon::{ExponentialBuilder, Retryable as _};
-    let policy = ExponentialBuilder::default().with_min_delay(Duration::from_millis(50)).with_max_delay(Duration::from_millis(400)).with_max_times(10);
+    // hands since is not this host's to release. A renewal in flight as the holder froze is a
+    // conflict: retried too.
     let once = || release_if_held(leases, e.lease, &holder);
-    match once.retry(policy).when(|err: &kube::Error| retryable(err)).await {
+    match once.retry(policy).when(retryable).await {
         Ok(true) => Outcome::Released { holder, frozen: pids },
         Ok(false) => Outcome::NoLongerHeld { holder },
         Err(err) => Outcome::Failed { holder: Some(holder), error: format!("release Lease {NAMESPACE}/{}: {err}", e.lease) },
