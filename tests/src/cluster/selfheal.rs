@@ -352,14 +352,15 @@ pub fn selfheal(
             }
             (h, _) => h,
         };
-        // How every controller Lease the victim held left it: each must have been handed over
-        // (protokube releases them at poweroff), not left to expire.
+        // Every controller Lease the victim held must have been handed over (protokube releases
+        // them at poweroff), not left to expire.
         let mut leadership_lines = Vec::new();
         let mut leadership_failed = false;
-        match (&healed, &leases_before) {
-            (Some(_), Ok(before)) => {
+        let healed = match (healed, &leases_before) {
+            (Some(h), Ok(before)) => {
                 let killed_ms = killed_at.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0);
                 let after = crate::kubeapi::leases(&kubeconfig, leadership::NAMESPACE, leadership::LEASES).unwrap_or_default();
+                let mut failed = Vec::new();
                 for (name, b) in before {
                     let a = after.get(name).cloned().unwrap_or_default();
                     match leadership::moved(b, &a, &victim_host, killed_ms) {
@@ -367,16 +368,23 @@ pub fn selfheal(
                         leadership::Moved::HandedOver { to, after_kill_s } => {
                             leadership_lines.push(format!("{name}: handed over to {to} {after_kill_s:.1} s after the kill"))
                         }
-                        other => {
-                            leadership_failed = true;
-                            leadership_lines.push(format!("{name}: NOT handed over by the killed {victim_host}: {other:?}"))
-                        }
+                        other => failed.push(format!("{name} held by the killed {victim_host}: {other:?}")),
                     }
                 }
+                if failed.is_empty() {
+                    Some(h)
+                } else {
+                    leadership_failed = true;
+                    status = format!("controller leadership not handed over: {}", failed.join("; "));
+                    None
+                }
             }
-            (Some(_), Err(e)) => leadership_lines.push(format!("Leases not read before the kill ({e}); not checked")),
-            (None, _) => {}
-        }
+            (h, Err(e)) => {
+                leadership_lines.push(format!("Leases not read before the kill ({e}); not checked"));
+                h
+            }
+            (None, _) => None,
+        };
         let (answered, failed, outage) = probe.finish();
         let api = format!("API through the load balancer: {answered}/{} probes answered, longest outage {outage:.1} s", answered + failed);
         match healed {
@@ -397,14 +405,15 @@ pub fn selfheal(
                 for l in &leadership_lines {
                     println!("  leadership: {l}");
                 }
-                if leadership_failed {
-                    let journal = victim.root.parent().map(|d| d.join("journal-at-poweroff")).unwrap_or_default();
-                    println!("cycle {n}/{cycles}: FAILED: the killed control plane's controller leadership was not handed over; its protokube at poweroff:");
-                    for l in leadership::poweroff_log(&journal) {
-                        println!("  {l}");
-                    }
-                    break;
+            }
+            None if leadership_failed => {
+                println!("cycle {n}/{cycles}: FAILED: killed {} ({}); {status}; {api}", victim.instance_id, victim.group);
+                println!("  the killed machine's protokube at poweroff:");
+                let journal = crate::paths::MachinePaths { dir: st.machine_dir(&victim.instance_id) }.poweroff_journal();
+                for l in leadership::poweroff_log(&journal) {
+                    println!("  {l}");
                 }
+                break;
             }
             None => {
                 println!(
