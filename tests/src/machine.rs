@@ -421,8 +421,6 @@ impl Machine {
         exec_in(self.info.init_pid.unwrap_or(0), argv)
     }
 
-    /// Stop the machine (power off: SIGKILL its init, as a terminated instance loses power), kill
-    /// its IMDS, remove its namespace and its root.
     /// Shut the machine down as EC2 does when it terminates an instance: an ACPI power-button event
     /// (systemd's SIGRTMIN+4: poweroff, units stop in reverse order), and after at most `grace` it
     /// is gone whatever it was doing. Returns how long the shutdown took and whether it finished
@@ -437,16 +435,22 @@ impl Machine {
     /// once systemd waits on nothing but such empty scopes (see [`shutdown_waits_only_on_empty_scopes`]),
     /// the machine is done, as it would be a moment later on a real host: it is powered off then
     /// (and counted as a clean poweroff).
-    pub fn poweroff(&mut self, grace: Duration) -> (Duration, bool) {
+    ///
+    /// `on_off` runs the moment the machine is off (its init and `systemd-nspawn` gone, so its
+    /// mount namespace and every mount in it are gone too), before the rest of the teardown (its
+    /// root's unmount, its namespace, removing the overlay's upper directory: seconds for a control
+    /// plane on a busy host). A cloud frees a terminated instance's volumes when it is off, not
+    /// when its disk has been scrubbed.
+    pub fn poweroff(&mut self, grace: Duration, on_off: impl FnOnce()) -> (Duration, bool) {
         let t0 = Instant::now();
         let mut clean = false;
         if let Some(init) = self.init_pid() {
             cmd::kill(init, "RTMIN+4");
-            let mut next_check = t0 + Duration::from_millis(500);
+            let mut next_check = t0 + EMPTY_SCOPES_CHECK;
             while cmd::alive(init) && t0.elapsed() < grace {
-                std::thread::sleep(Duration::from_millis(100));
+                std::thread::sleep(Duration::from_millis(50));
                 if Instant::now() >= next_check {
-                    next_check = Instant::now() + Duration::from_millis(500);
+                    next_check = Instant::now() + EMPTY_SCOPES_CHECK;
                     if shutdown_waits_only_on_empty_scopes(init) {
                         clean = true;
                         break;
@@ -456,10 +460,14 @@ impl Machine {
             clean |= !cmd::alive(init);
             keep_journal(init, &self.paths.poweroff_journal());
         }
+        halt(&self.info);
+        on_off();
         self.stop();
         (t0.elapsed(), clean)
     }
 
+    /// Stop the machine (power off: SIGKILL its init, as a terminated instance loses power), kill
+    /// its IMDS, remove its namespace and its root.
     pub fn stop(&mut self) {
         teardown(&self.info, &self.paths);
         if let Some(mut c) = self.nspawn.take() {
@@ -489,6 +497,10 @@ pub fn stop_job_units(list_jobs: &str) -> Vec<&str> {
         })
         .collect()
 }
+
+/// How often a powering-off machine is asked whether it waits only on empty scopes (each ask is an
+/// `nsenter` and a `systemctl list-jobs`).
+const EMPTY_SCOPES_CHECK: Duration = Duration::from_millis(250);
 
 /// Whether a shutdown is held up only by the kernel's missing empty-cgroup notification: at least
 /// one stop job is pending, none is for a service (systemd tracks its services' processes itself),
@@ -543,8 +555,10 @@ pub fn keep_journal(init: i64, dest: &Path) {
     }
 }
 
-/// Tear down from persisted info only (used by `stop` and by `down` after a crash).
-pub fn teardown(info: &MachineInfo, mp: &MachinePaths) {
+/// Power the machine off for good: SIGKILL its init (and with it every process of its PID
+/// namespace), and wait (at most 10 s) for its `systemd-nspawn` to exit. Its mount namespace, and
+/// every volume mounted in it, is gone with them.
+pub fn halt(info: &MachineInfo) {
     if let Some(init) = info.init_pid {
         if cmd::alive(init) {
             cmd::kill(init, "KILL");
@@ -559,6 +573,11 @@ pub fn teardown(info: &MachineInfo, mp: &MachinePaths) {
             cmd::kill(info.nspawn_pid, "KILL");
         }
     }
+}
+
+/// Tear down from persisted info only (used by `stop` and by `down` after a crash).
+pub fn teardown(info: &MachineInfo, mp: &MachinePaths) {
+    halt(info);
     if info.imds_pid > 0 && cmd::alive(info.imds_pid) {
         cmd::kill(info.imds_pid, "KILL");
     }

@@ -156,6 +156,17 @@ pub fn unexpose_as(init_pid: i64, bus: &Bus, slot: u32) {
     let _ = machine::exec_in(init_pid, &["sh", "-c", &script]);
 }
 
+/// Whether a filesystem on `device` (`/dev/loopN`) is mounted in any mount namespace of the host:
+/// the kernel keeps `/sys/fs/<type>/<name>` while the filesystem's superblock is alive.
+pub fn mounted_anywhere(device: &str) -> bool {
+    mounted_under(Path::new("/sys/fs"), device)
+}
+
+fn mounted_under(sys_fs: &Path, device: &str) -> bool {
+    let name = device.rsplit('/').next().unwrap_or(device);
+    !name.is_empty() && ["ext4", "xfs"].iter().any(|t| sys_fs.join(t).join(name).exists())
+}
+
 /// Every loop device whose backing file lives under `dir` (for `down`).
 pub fn loops_under(dir: &Path) -> Vec<(String, PathBuf)> {
     let out = cmd::sh(&["losetup", "-n", "-O", "NAME,BACK-FILE", "-l"]).unwrap_or_default();
@@ -172,6 +183,18 @@ pub fn loops_under(dir: &Path) -> Vec<(String, PathBuf)> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_device_is_mounted_while_its_superblock_is_in_sysfs() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!super::mounted_under(dir.path(), "/dev/loop7"));
+        std::fs::create_dir_all(dir.path().join("ext4/loop7")).unwrap();
+        assert!(super::mounted_under(dir.path(), "/dev/loop7"));
+        assert!(!super::mounted_under(dir.path(), "/dev/loop70"));
+        std::fs::create_dir_all(dir.path().join("xfs/loop3")).unwrap();
+        assert!(super::mounted_under(dir.path(), "/dev/loop3"));
+        assert!(!super::mounted_under(dir.path(), ""));
+    }
+
     #[test]
     fn nvme_names() {
         assert_eq!(super::nvme_name(1), "nvme1n1");

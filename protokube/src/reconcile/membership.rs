@@ -197,18 +197,8 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         instances: &BTreeMap<String, Instance>,
         report: &mut Report,
     ) -> Result<bool, ReconcileError> {
+        // The member's certificates were made before its volume was mounted (`Agent::stage`).
         let mount = paths::under(&self.opts.root, &paths::mount_point(&vol.id));
-        if ec.tls {
-            crate::pki::ensure(
-                &self.opts.root,
-                &self.opts.store,
-                ec,
-                &ec.member_id(member),
-                &ec.member_dns(member, &self.plan.cluster_name),
-                &self.me.internal_ip,
-            )
-            .await?;
-        }
         let Some(boot) = self.bootstrap(ec, member, &mount, vols, instances).await? else {
             let waited = {
                 let mut since = self.blank_since.lock().unwrap_or_else(|p| p.into_inner());

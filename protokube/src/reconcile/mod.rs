@@ -105,6 +105,28 @@ pub struct Report {
     pub unmounted: bool,
 }
 
+impl Report {
+    /// Take in what one claim's staging reported (its counts and what it waits on).
+    fn merge(&mut self, other: Report) {
+        self.volumes_mounted += other.volumes_mounted;
+        self.volumes_formatted += other.volumes_formatted;
+        self.manifests_written += other.manifests_written;
+        self.dns_records += other.dns_records;
+        self.mounted.extend(other.mounted);
+        self.waiting.extend(other.waiting);
+        self.refused.extend(other.refused);
+        self.restoring |= other.restoring;
+        self.unmounted |= other.unmounted;
+    }
+}
+
+/// One claim staged by [`Agent::stage`].
+struct Staged {
+    report: Report,
+    fresh: Option<Volume>,
+    mounted: Result<Option<Volume>, ReconcileError>,
+}
+
 pub struct Agent<C, D> {
     pub plan: Plan,
     pub me: Identity,
@@ -170,13 +192,21 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
             self.seen.insert(ec.name.clone(), Seen { member: claim.member.clone(), peers });
             claims.push((ec, claim));
         }
-        for (ec, claim) in claims {
-            let volumes::Claim { volume: vol_id, member } = claim;
-            let Some(device) = self.wait_attached_device(&vol_id, &mut vols, &mut report).await? else { continue };
-            let vol = vols.iter().find(|v| v.id == vol_id).cloned();
-            let Some(vol) = vol else { continue };
-            match self.mount(&vol, &device, &mut report).await {
-                Ok(()) => {}
+        // Each claim's member certificates, device and mount at once: on a replacement the volumes
+        // come free together when the old instance is off, and the certificates (a state-store
+        // read and a key per member) are issued while the old instance still holds them.
+        let staged = futures_util::future::join_all(claims.iter().map(|(ec, claim)| self.stage(ec, claim, vols.clone()))).await;
+        for ((ec, claim), staged) in claims.into_iter().zip(staged) {
+            let volumes::Claim { member, .. } = claim;
+            report.merge(staged.report);
+            if let Some(fresh) = staged.fresh {
+                if let Some(slot) = vols.iter_mut().find(|v| v.id == fresh.id) {
+                    *slot = fresh;
+                }
+            }
+            let vol = match staged.mounted {
+                Ok(Some(vol)) => vol,
+                Ok(None) => continue,
                 Err(e @ ReconcileError::Disk { .. }) => {
                     // A refused device blocks only this volume; say so loudly and go on.
                     tracing::error!(error = %e, "not mounting");
@@ -184,7 +214,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                     continue;
                 }
                 Err(e) => return Err(e),
-            }
+            };
             report.mounted.insert(ec.name.clone(), vol.id.clone());
             match self.restore_step(ec, &member, &vol).await {
                 Ok(gate @ (restore::Gate::Proceed | restore::Gate::ProceedRestoring)) => report.restoring |= gate.restoring(),
@@ -212,6 +242,34 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         // 4. DNS from what the cloud says now.
         report.dns_records = self.sync_dns(&vols, &instances, &mut report).await?;
         Ok(report)
+    }
+
+    /// One claimed volume made ready for its member's manifest: the member's certificates, the
+    /// attachment and its device, then the mount. `vols` is this claim's own copy of the pass's
+    /// view; the claim's volume, as last read from the cloud, comes back in [`Staged::fresh`].
+    async fn stage(&self, ec: &EtcdCluster, claim: &volumes::Claim, mut vols: Vec<Volume>) -> Staged {
+        let mut report = Report::default();
+        let mounted = self.stage_into(ec, claim, &mut vols, &mut report).await;
+        let fresh = vols.into_iter().find(|v| v.id == claim.volume);
+        Staged { report, fresh, mounted }
+    }
+
+    async fn stage_into(&self, ec: &EtcdCluster, claim: &volumes::Claim, vols: &mut [Volume], report: &mut Report) -> Result<Option<Volume>, ReconcileError> {
+        if ec.tls {
+            crate::pki::ensure(
+                &self.opts.root,
+                &self.opts.store,
+                ec,
+                &ec.member_id(&claim.member),
+                &ec.member_dns(&claim.member, &self.plan.cluster_name),
+                &self.me.internal_ip,
+            )
+            .await?;
+        }
+        let Some(device) = self.wait_attached_device(&claim.volume, vols, report).await? else { return Ok(None) };
+        let Some(vol) = vols.iter().find(|v| v.id == claim.volume).cloned() else { return Ok(None) };
+        self.mount(&vol, &device, report).await?;
+        Ok(Some(vol))
     }
 
     /// What the cloud says now: one DescribeVolumes for every etcd volume of the cluster (all zones:

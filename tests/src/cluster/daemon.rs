@@ -269,7 +269,8 @@ fn daemon_body(state: &State, spec: &Spec, cs: &mut ClusterState, stop: &AtomicB
         balancers_synced: None,
         cs: cs.clone(),
     };
-    run_until_stopped(state, stop, |d: &mut Daemon, m| d.fleet.event(m), |d: &mut Daemon| d.reconcile(), &mut d);
+    let nudge = d.fleet.nudge.clone();
+    run_until_stopped(state, stop, &nudge, |d: &mut Daemon, m| d.fleet.event(m), |d: &mut Daemon| d.reconcile(), &mut d);
     d.shutdown();
     *cs = d.cs.clone();
     Ok(())
@@ -481,9 +482,16 @@ pub(crate) fn watch_bootstrap_addons(kubeconfig: PathBuf, events: Arc<Mutex<Vec<
     });
 }
 
-/// Reconcile every [`TICK`] until the stop file appears or `stop` is set; a failing pass is
+/// Reconcile every [`TICK`] (sooner when nudged) until the stop file appears or `stop` is set; a failing pass is
 /// reported (the first of every 20 in a row) and the next one tried.
-pub(crate) fn run_until_stopped<D>(state: &State, stop: &AtomicBool, report: impl Fn(&mut D, String), pass: impl Fn(&mut D) -> anyhow::Result<()>, d: &mut D) {
+pub(crate) fn run_until_stopped<D>(
+    state: &State,
+    stop: &AtomicBool,
+    nudge: &fleet::Nudge,
+    report: impl Fn(&mut D, String),
+    pass: impl Fn(&mut D) -> anyhow::Result<()>,
+    d: &mut D,
+) {
     let mut errors = 0u32;
     while !stop.load(Ordering::SeqCst) && !state.stop_file().exists() {
         match pass(d) {
@@ -495,6 +503,6 @@ pub(crate) fn run_until_stopped<D>(state: &State, stop: &AtomicBool, report: imp
                 }
             }
         }
-        std::thread::sleep(TICK);
+        nudge.wait(TICK);
     }
 }

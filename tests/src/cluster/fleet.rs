@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::anyhow;
@@ -105,6 +105,32 @@ pub struct Fleet {
     /// volume id → (machine, slot) currently exposed.
     pub exposed: BTreeMap<String, (String, u32)>,
     hosts_written: HashMap<String, String>,
+    /// Wakes the reconcile loop before its next tick (a machine went off and freed its volumes).
+    pub nudge: Nudge,
+}
+
+/// Wakes a loop that sleeps between passes before its sleep is over.
+#[derive(Clone, Default)]
+pub struct Nudge(Arc<(Mutex<bool>, Condvar)>);
+
+impl Nudge {
+    pub fn nudge(&self) {
+        let (flag, cv) = &*self.0;
+        if let Ok(mut f) = flag.lock() {
+            *f = true;
+            cv.notify_all();
+        }
+    }
+
+    /// Sleep for `d`, or until nudged if that comes first (a nudge since the last wait counts).
+    pub fn wait(&self, d: Duration) {
+        let (flag, cv) = &*self.0;
+        if let Ok(f) = flag.lock() {
+            if let Ok((mut f, _)) = cv.wait_timeout_while(f, d, |nudged| !*nudged) {
+                *f = false;
+            }
+        }
+    }
 }
 
 impl Fleet {
@@ -119,6 +145,7 @@ impl Fleet {
             backings: HashMap::new(),
             exposed: BTreeMap::new(),
             hosts_written: HashMap::new(),
+            nudge: Nudge::default(),
         }
     }
 
@@ -145,14 +172,20 @@ impl Fleet {
                 self.event(format!("{id}: instance terminated; shutting its machine down (ACPI poweroff)"));
                 self.hosts_written.remove(&id);
                 self.stopping.lock().map_err(|_| anyhow!("lock"))?.insert(id.clone());
-                let (stopping, events) = (self.stopping.clone(), self.events.clone());
+                let (stopping, events, nudge) = (self.stopping.clone(), self.events.clone(), self.nudge.clone());
                 std::thread::spawn(move || {
-                    let (took, clean) = m.poweroff(POWEROFF_GRACE);
+                    let t0 = Instant::now();
+                    // Off: its volumes are free; the reconcile loop hands them on at once.
+                    let off = || {
+                        event(&events, format!("{id}: machine off after {:.1} s; its volumes are free", t0.elapsed().as_secs_f64()));
+                        if let Ok(mut s) = stopping.lock() {
+                            s.remove(&id);
+                        }
+                        nudge.nudge();
+                    };
+                    let (took, clean) = m.poweroff(POWEROFF_GRACE, off);
                     let how = if clean { "powered off" } else { "did not power off in time; killed" };
-                    event(&events, format!("{id}: machine {how} after {:.1} s", took.as_secs_f64()));
-                    if let Ok(mut s) = stopping.lock() {
-                        s.remove(&id);
-                    }
+                    event(&events, format!("{id}: machine {how}; torn down after {:.1} s", took.as_secs_f64()));
                 });
             }
         }
@@ -212,6 +245,11 @@ impl Fleet {
             }
             if have.as_ref().is_some_and(|(i, _)| stopping.contains(i)) {
                 // Still attached to a machine that is shutting down: not attachable elsewhere yet.
+                continue;
+            }
+            // Freed by a machine that went off a moment ago: the kernel may still be dropping its
+            // namespace's mount of the volume. Attach it on a later pass.
+            if want.is_some() && have.is_none() && self.backings.get(&v.id).is_some_and(|b| volumes::mounted_anywhere(&b.device)) {
                 continue;
             }
             if let Some((inst, slot)) = have {
@@ -351,6 +389,31 @@ pub fn write_in_place(path: &Path, text: &str) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nudge_ends_the_wait_and_counts_once() {
+        let nudge = Nudge::default();
+        let long = Duration::from_secs(60);
+        // A nudge that came before the wait still ends it (it is not lost between passes).
+        nudge.nudge();
+        let t = Instant::now();
+        nudge.wait(long);
+        assert!(t.elapsed() < long / 2);
+        // From another thread while waiting.
+        let other = nudge.clone();
+        let h = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            other.nudge();
+        });
+        let t = Instant::now();
+        nudge.wait(long);
+        assert!(t.elapsed() < long / 2);
+        h.join().unwrap();
+        // Used up: the next wait sleeps its full time.
+        let t = Instant::now();
+        nudge.wait(Duration::from_millis(200));
+        assert!(t.elapsed() >= Duration::from_millis(200));
+    }
 
     #[test]
     fn hosts_block_replaced_in_place() {

@@ -194,7 +194,8 @@ pub fn run(state: &State, spec: &Spec, project: &str, cs: &mut ClusterState, sto
         routes_synced: None,
         cs: cs.clone(),
     };
-    run_until_stopped(state, stop, |d: &mut GceDaemon, m| d.fleet.event(m), |d: &mut GceDaemon| d.reconcile(), &mut d);
+    let nudge = d.fleet.nudge.clone();
+    run_until_stopped(state, stop, &nudge, |d: &mut GceDaemon, m| d.fleet.event(m), |d: &mut GceDaemon| d.reconcile(), &mut d);
     d.cs.phase = "stopping".into();
     d.cs.save(&d.state);
     d.fleet.shutdown();
