@@ -15,6 +15,7 @@
 pub mod assets;
 pub mod boot_times;
 pub mod commands;
+pub mod cpu;
 pub mod daemon;
 pub mod diagnostics;
 pub mod fleet;

@@ -16,6 +16,7 @@ use crate::machine::{self, MachineInfo};
 use crate::{cmd, etcd, mirror};
 
 use super::commands::{down, env_exports, state, up};
+use super::cpu;
 use super::diagnostics::{diagnose, diagnose_nodes};
 use super::health::control_planes;
 use super::leadership;
@@ -57,6 +58,17 @@ pub struct SelfhealReport {
     pub phases: Vec<Vec<f64>>,
     /// `keelson validate cluster` passed after the last cycle.
     pub validated: bool,
+    /// Per healed cycle: what its failover cost in CPU.
+    pub cpu: Vec<FailoverCpu>,
+}
+
+/// What one failover cost in CPU (see [`cpu`]).
+pub struct FailoverCpu {
+    /// CPU-seconds the new control plane's machine used from its boot to the failover's end.
+    pub new_machine_s: f64,
+    /// The share of the host's cores that was busy from the kill to the failover's end.
+    pub host_busy: f64,
+    pub cores: usize,
 }
 
 /// (min, median, max) of `v`; zeros when empty.
@@ -141,8 +153,8 @@ fn failover_phase(cloud: &Option<Cloud>, cs: &ClusterState, victim: &MachineInfo
     let pid = new.init_pid.unwrap_or(0);
     let done = from >= 3
         || machine::exec_in(pid, &["systemctl", "show", "-p", "ActiveState", "--value", crate::rootfs::USER_DATA_UNIT])
-        .map(|s| s.trim() == "active")
-        .unwrap_or(false);
+            .map(|s| s.trim() == "active")
+            .unwrap_or(false);
     if !done {
         return (2, Some(new));
     }
@@ -161,8 +173,7 @@ fn failover_phase(cloud: &Option<Cloud>, cs: &ClusterState, victim: &MachineInfo
     let kc = Path::new(&cs.kubeconfig);
     let target = crate::kubeapi::Target { server: Some(format!("https://{}", new.ip)), tls_server_name: None };
     // A second at most: an API server still starting must not hold the poll up for 10 s.
-    if from < 6
-        && crate::kubeapi::readyz_within(kc, &target, Duration::from_secs(1)).map(|b| b.trim() != "ok").unwrap_or(true) {
+    if from < 6 && crate::kubeapi::readyz_within(kc, &target, Duration::from_secs(1)).map(|b| b.trim() != "ok").unwrap_or(true) {
         return (5, Some(new));
     }
     let ready = crate::kubeapi::nodes(kc).map(|n| n.values().any(|n| n.ready && n.internal_ip.as_deref() == Some(new.ip.as_str()))).unwrap_or(false);
@@ -284,8 +295,18 @@ pub fn selfheal(
         baseline.iter().map(|(c, m)| format!("{c}=[{}]", m.join(","))).collect::<Vec<_>>().join(" ")
     );
     let cloud = (!cs.is_gce()).then(|| Cloud::new(&cs.endpoint(), &cs.region));
-    let mut report =
-        SelfhealReport { cycles: 0, healed: 0, keys, intact: 0, objects: keys, objects_intact: 0, failovers: vec![], phases: vec![], validated: false };
+    let mut report = SelfhealReport {
+        cycles: 0,
+        healed: 0,
+        keys,
+        intact: 0,
+        objects: keys,
+        objects_intact: 0,
+        failovers: vec![],
+        phases: vec![],
+        validated: false,
+        cpu: vec![],
+    };
     for n in 1..=cycles {
         report.cycles = n;
         let cs = load()?;
@@ -301,6 +322,7 @@ pub fn selfheal(
         let probe = ApiProbe::start(kubeconfig.clone());
         let t0 = Instant::now();
         let killed_at = std::time::SystemTime::now();
+        let host_at_kill = cpu::host_now();
         super::commands::kill(&victim.instance_id)?;
         let deadline = t0 + cycle_timeout;
         let mut reached: Vec<Option<f64>> = vec![None; PHASES.len()];
@@ -348,6 +370,10 @@ pub fn selfheal(
         // The failover ends here; then the new control plane's addon controller must find every addon
         // recorded and apply nothing (its first pass may come a little later: not part of the failover).
         let healed_secs = t0.elapsed().as_secs_f64();
+        // What the failover cost in CPU: the host's busy share since the kill, and the new
+        // machine's CPU-seconds since it booted (read now, before the checks below add to it).
+        let host_busy = host_at_kill.zip(cpu::host_now()).and_then(|(a, b)| cpu::busy_between(&a, &b).map(|busy| (busy, b.cores)));
+        let new_cpu = healed.as_ref().and_then(|(new, _, _)| cs_of(&load, new)?.init_pid).map(cpu::machine_seconds);
         let addons = healed.as_ref().map(|(new, _, _)| addon_applies_after_pass(&cs_of(&load, new), Duration::from_secs(90)));
         let healed = match (healed, &addons) {
             (Some(h), Some(Ok(0))) => Some(h),
@@ -409,6 +435,17 @@ pub fn selfheal(
                 println!("cycle {n}/{cycles}: killed {} ({}) -> {new} healthy with {count}/{keys} keys and {objects}/{keys} ConfigMaps, same members, failover {secs:.1} s", victim.instance_id, victim.group);
                 println!("  phases (s after the kill at {}): {breakdown}", utc_millis(killed_at));
                 println!("  each phase seen by a poll at most {:.1} s after it happened (the widest gap between polls)", widest_gap.as_secs_f64());
+                if let (Some((used, by_name)), Some((busy, cores))) = (&new_cpu, host_busy) {
+                    let used = *used;
+                    report.cpu.push(FailoverCpu { new_machine_s: used, host_busy: busy, cores });
+                    println!(
+                        "  CPU: the host's {cores} cores were {:.0} % busy from the kill to here; the new machine used {used:.1} CPU-s (alone on every core: {:.1} s)",
+                        busy * 100.0,
+                        used / cores as f64
+                    );
+                    let top: Vec<String> = by_name.iter().take(8).map(|(n, s)| format!("{n} {s:.1}")).collect();
+                    println!("  CPU-s by command on the new machine: {}", top.join(", "));
+                }
                 println!("  {api}");
                 println!("  addons: the new control plane's controller passed and applied 0 (every hash recorded)");
                 for l in &leadership_lines {
@@ -511,6 +548,14 @@ pub fn selfheal(
         }
         let (lo, med, hi) = spread(&report.failovers);
         println!("  {:<24} {lo:>5.1} / {med:>5.1} / {hi:>5.1}", "failover (all checks)");
+        if let Some(cores) = report.cpu.first().map(|c| c.cores) {
+            let (lo, med, hi) = spread(&report.cpu.iter().map(|c| c.new_machine_s).collect::<Vec<_>>());
+            println!("  {:<24} {lo:>5.1} / {med:>5.1} / {hi:>5.1}", "new machine's CPU-s");
+            let (lo, med, hi) = spread(&report.cpu.iter().map(|c| c.new_machine_s / c.cores as f64).collect::<Vec<_>>());
+            println!("  {:<24} {lo:>5.1} / {med:>5.1} / {hi:>5.1}", format!("same, alone on {cores} cores"));
+            let (lo, med, hi) = spread(&report.cpu.iter().map(|c| c.host_busy * 100.0).collect::<Vec<_>>());
+            println!("  {:<24} {lo:>5.0} / {med:>5.0} / {hi:>5.0}", "host busy (%)");
+        }
     }
     println!(
         "selfheal: {} cycles, {}/{} keys intact, {}/{} ConfigMaps intact, median failover {:.1} s",
