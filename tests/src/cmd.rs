@@ -44,6 +44,13 @@ pub fn sh(args: &[&str]) -> Result<String, CmdError> {
     run(Command::new(prog).args(rest))
 }
 
+/// Like [`sh`], but the command is killed (SIGKILL, through coreutils' `timeout`) if it has not
+/// finished within `limit`: a failure then.
+pub fn run_within(args: &[&str], limit: std::time::Duration) -> Result<String, CmdError> {
+    let secs = format!("{:.3}", limit.as_secs_f64());
+    run(Command::new("timeout").args(["-s", "KILL", &secs]).args(args))
+}
+
 /// Like [`sh`] but ignores failure (cleanup paths, where "already gone" is success).
 pub fn sh_quiet(args: &[&str]) {
     let _ = sh(args);
@@ -70,4 +77,19 @@ pub fn alive(pid: i64) -> bool {
 pub fn which(prog: &str) -> Option<std::path::PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path).map(|d| d.join(prog)).find(|p| p.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_command_that_overruns_its_limit_is_killed() {
+        assert_eq!(super::run_within(&["echo", "hi"], Duration::from_secs(10)).unwrap(), "hi\n");
+        let t = Instant::now();
+        // A stopped process (what nsenter becomes when its child is stopped) is killed as well.
+        let r = super::run_within(&["sh", "-c", "kill -STOP $$"], Duration::from_millis(300));
+        assert!(r.is_err(), "{r:?}");
+        assert!(t.elapsed() < Duration::from_secs(20));
+    }
 }

@@ -486,6 +486,15 @@ pub fn exec_in(init_pid: i64, argv: &[&str]) -> Result<String, CmdError> {
     cmd::run(Command::new("nsenter").args(["-t", &init_pid.to_string(), "-a", "--"]).args(argv))
 }
 
+/// [`exec_in`], killed (SIGKILL) if it has not finished within `limit`. For a machine that is
+/// shutting down: its final `systemd-shutdown` stops every process of its PID namespace (SIGSTOP,
+/// then SIGTERM/SIGKILL), and when that catches the command nsenter started there, nsenter (which
+/// forwards a stopped child's stop to itself) stops too and never returns on its own.
+pub fn exec_in_within(init_pid: i64, argv: &[&str], limit: Duration) -> Result<String, CmdError> {
+    let pid = init_pid.to_string();
+    cmd::run_within(&[&["nsenter", "-t", &pid, "-a", "--"], argv].concat(), limit)
+}
+
 /// The units of systemd's pending stop jobs, from `systemctl list-jobs --no-legend --plain`
 /// (`JOB UNIT TYPE STATE` per line).
 pub fn stop_job_units(list_jobs: &str) -> Vec<&str> {
@@ -507,7 +516,7 @@ const EMPTY_SCOPES_CHECK: Duration = Duration::from_millis(250);
 /// and every scope it stops has no process left in its cgroup (the container's `name=systemd`
 /// hierarchy, read from the host through the machine's root).
 pub fn shutdown_waits_only_on_empty_scopes(init: i64) -> bool {
-    let Ok(jobs) = exec_in(init, &["systemctl", "list-jobs", "--no-legend", "--plain"]) else { return false };
+    let Ok(jobs) = exec_in_within(init, &["systemctl", "list-jobs", "--no-legend", "--plain"], Duration::from_secs(3)) else { return false };
     let units = stop_job_units(&jobs);
     if units.is_empty() || units.iter().any(|u| u.ends_with(".service")) {
         return false;
