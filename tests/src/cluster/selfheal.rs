@@ -164,10 +164,12 @@ fn failover_phase(cloud: &Option<Cloud>, cs: &ClusterState, victim: &MachineInfo
             return (3, Some(new));
         }
     }
-    for c in cs.etcd_clusters.iter().filter(|_| from < 5) {
-        match etcd::endpoint(&new.root, c) {
-            Some(ep) if etcd::healthy_quickly(pid, &ep) => {}
-            _ => return (4, Some(new)),
+    if from < 5 {
+        for c in &cs.etcd_clusters {
+            match etcd::endpoint(&new.root, c) {
+                Some(ep) if etcd::healthy_quickly(pid, &ep) => {}
+                _ => return (4, Some(new)),
+            }
         }
     }
     let kc = Path::new(&cs.kubeconfig);
@@ -373,8 +375,9 @@ pub fn selfheal(
         // What the failover cost in CPU: the host's busy share since the kill, and the new
         // machine's CPU-seconds since it booted (read now, before the checks below add to it).
         let host_busy = host_at_kill.zip(cpu::host_now()).and_then(|(a, b)| cpu::busy_between(&a, &b).map(|busy| (busy, b.cores)));
-        let new_cpu = healed.as_ref().and_then(|(new, _, _)| cs_of(&load, new)?.init_pid).map(cpu::machine_seconds);
-        let addons = healed.as_ref().map(|(new, _, _)| addon_applies_after_pass(&cs_of(&load, new), Duration::from_secs(90)));
+        let new_machine = healed.as_ref().and_then(|(new, _, _)| cs_of(&load, new));
+        let new_cpu = new_machine.as_ref().and_then(|m| m.init_pid).map(cpu::machine_seconds);
+        let addons = healed.as_ref().map(|_| addon_applies_after_pass(&new_machine, Duration::from_secs(90)));
         let healed = match (healed, &addons) {
             (Some(h), Some(Ok(0))) => Some(h),
             (Some(_), Some(Ok(n))) => {
@@ -435,8 +438,7 @@ pub fn selfheal(
                 println!("cycle {n}/{cycles}: killed {} ({}) -> {new} healthy with {count}/{keys} keys and {objects}/{keys} ConfigMaps, same members, failover {secs:.1} s", victim.instance_id, victim.group);
                 println!("  phases (s after the kill at {}): {breakdown}", utc_millis(killed_at));
                 println!("  each phase seen by a poll at most {:.1} s after it happened (the widest gap between polls)", widest_gap.as_secs_f64());
-                if let (Some((used, by_name)), Some((busy, cores))) = (&new_cpu, host_busy) {
-                    let used = *used;
+                if let (Some((used, by_name)), Some((busy, cores))) = (new_cpu, host_busy) {
                     report.cpu.push(FailoverCpu { new_machine_s: used, host_busy: busy, cores });
                     println!(
                         "  CPU: the host's {cores} cores were {:.0} % busy from the kill to here; the new machine used {used:.1} CPU-s (alone on every core: {:.1} s)",
