@@ -7,6 +7,7 @@
 //! ([`kubelet_fields`]). Must not: be a dependency of a product crate, or reach anything but 127.0.0.0/8 and
 //! the network namespaces the tests create.
 
+pub mod aws_calls;
 pub mod cloud_dns;
 pub mod fake_gcs;
 pub mod gce_compute;
@@ -15,6 +16,7 @@ pub mod golden;
 pub mod google_api;
 pub mod google_oauth;
 pub mod httpd;
+pub mod iam_oracle;
 pub mod imds;
 pub mod kubelet_fields;
 pub mod mirror;

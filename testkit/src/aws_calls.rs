@@ -1,0 +1,308 @@
+//! Recording the AWS calls a client makes (an SDK interceptor, added to the clients of a moto
+//! test) and turning each into the IAM authorisations AWS would make for it — action, resource
+//! ARN from the request, condition keys — for the [`crate::iam_oracle`] to check against the
+//! policy rendered for the identity that makes them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use aws_smithy_runtime_api::box_error::BoxError;
+use aws_smithy_runtime_api::client::interceptors::context::FinalizerInterceptorContextRef;
+use aws_smithy_runtime_api::client::interceptors::Intercept;
+use aws_smithy_runtime_api::client::orchestrator::Metadata;
+use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+use aws_smithy_types::config_bag::ConfigBag;
+use serde_json::Value;
+
+use crate::iam_oracle::{evaluate, Denied, Request};
+
+/// One SDK operation as it went out (its last attempt).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    /// The SDK's service name, lower case without spaces (`route53`, `s3`, `ec2`, …).
+    pub service: String,
+    /// The operation (`ListHostedZonesByName`).
+    pub operation: String,
+    pub method: String,
+    pub uri: String,
+    /// The request body when it was in memory (query-protocol parameters), else empty.
+    pub body: String,
+}
+
+impl fmt::Display for Call {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{} ({} {})", self.service, self.operation, self.method, self.uri)
+    }
+}
+
+/// The interceptor: cheap to clone, clones share the log.
+#[derive(Debug, Default, Clone)]
+pub struct CallLog {
+    inner: Arc<Mutex<Vec<Call>>>,
+}
+
+impl CallLog {
+    pub fn calls(&self) -> Vec<Call> {
+        self.inner.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+    pub fn clear(&self) {
+        if let Ok(mut c) = self.inner.lock() {
+            c.clear();
+        }
+    }
+}
+
+impl Intercept for CallLog {
+    fn name(&self) -> &'static str {
+        "keelson.testkit.CallLog"
+    }
+    fn read_after_execution(&self, ctx: &FinalizerInterceptorContextRef<'_>, _rc: &RuntimeComponents, cfg: &mut ConfigBag) -> Result<(), BoxError> {
+        let (service, operation) = match cfg.load::<Metadata>() {
+            Some(m) => (m.service().to_ascii_lowercase().replace(' ', ""), m.name().to_string()),
+            None => ("unknown".into(), "unknown".into()),
+        };
+        let (method, uri, body) = match ctx.request() {
+            Some(r) => (r.method().to_string(), r.uri().to_string(), r.body().bytes().map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default()),
+            None => Default::default(),
+        };
+        if let Ok(mut c) = self.inner.lock() {
+            c.push(Call { service, operation, method, uri, body });
+        }
+        Ok(())
+    }
+}
+
+/// Where the calls are made: the parts of an ARN the request does not carry.
+#[derive(Debug, Clone)]
+pub struct Account {
+    pub partition: String,
+    pub region: String,
+    pub account: String,
+}
+
+impl Default for Account {
+    fn default() -> Self {
+        Account { partition: "aws".into(), region: "us-east-1".into(), account: "123456789012".into() }
+    }
+}
+
+fn decode(s: &str) -> String {
+    percent_encoding::percent_decode_str(&s.replace('+', " ")).decode_utf8_lossy().into_owned()
+}
+
+/// `application/x-www-form-urlencoded` parameters (EC2, ELB, IAM, Auto Scaling queries).
+fn form(body: &str) -> Vec<(String, String)> {
+    body.split('&').filter(|p| !p.is_empty()).map(|p| p.split_once('=').unwrap_or((p, ""))).map(|(k, v)| (decode(k), decode(v))).collect()
+}
+
+/// The URI's path (decoded) and query.
+fn path_and_query(uri: &str) -> (String, String) {
+    let rest = uri.split_once("://").map(|(_, r)| r).unwrap_or(uri);
+    let path = rest.find('/').map(|i| &rest[i..]).unwrap_or("/");
+    let (p, q) = path.split_once('?').unwrap_or((path, ""));
+    (decode(p), q.to_string())
+}
+
+/// The IAM action of an SDK operation (`None`: AWS authorises nothing for it).
+pub fn iam_action(service: &str, operation: &str) -> Option<String> {
+    let prefix = match service {
+        "elasticloadbalancingv2" | "elasticloadbalancing" => "elasticloadbalancing",
+        "sts" if operation == "GetCallerIdentity" => return None,
+        s => s,
+    };
+    let action = match (prefix, operation) {
+        ("s3", "CreateMultipartUpload" | "UploadPart" | "CompleteMultipartUpload" | "PutObject" | "CopyObject") => "PutObject",
+        ("s3", "HeadObject" | "GetObject") => "GetObject",
+        ("s3", "ListObjectsV2" | "ListObjects") => "ListBucket",
+        ("s3", "ListObjectVersions") => "ListBucketVersions",
+        ("s3", "DeleteObjects") => "DeleteObject",
+        ("s3", "HeadBucket") => "ListBucket",
+        ("s3", "ListParts") => "ListMultipartUploadParts",
+        ("s3", "GetBucketEncryption") => "GetEncryptionConfiguration",
+        (_, op) => op,
+    };
+    Some(format!("{prefix}:{action}"))
+}
+
+fn ec2_arn(a: &Account, id: &str) -> String {
+    let kind = match id.split_once('-').map(|(k, _)| k) {
+        Some("vol") => "volume",
+        Some("i") => "instance",
+        Some("sg") => "security-group",
+        Some("snap") => "snapshot",
+        Some("subnet") => "subnet",
+        Some("vpc") => "vpc",
+        _ => "unknown",
+    };
+    format!("arn:{}:ec2:{}:{}:{kind}/{id}", a.partition, a.region, a.account)
+}
+
+/// The authorisations AWS makes for a call: one per resource it acts on, each with the condition
+/// keys the request and the resource's tags (`tags(arn)`) give.
+pub fn authorizations(call: &Call, a: &Account, tags: &dyn Fn(&str) -> BTreeMap<String, String>) -> Vec<Request> {
+    let Some(action) = iam_action(&call.service, &call.operation) else { return Vec::new() };
+    let params = form(&call.body);
+    let param = |name: &str| params.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    let (path, _query) = path_and_query(&call.uri);
+    let mut resources: Vec<String> = Vec::new();
+    let mut request_tags: BTreeMap<String, String> = BTreeMap::new();
+    match call.service.as_str() {
+        "s3" => {
+            let mut parts = path.trim_start_matches('/').splitn(2, '/');
+            let bucket = parts.next().unwrap_or_default();
+            let key = parts.next().unwrap_or_default();
+            let bucket_level = matches!(action.as_str(), "s3:ListBucket" | "s3:ListBucketVersions" | "s3:GetBucketLocation" | "s3:GetEncryptionConfiguration");
+            resources.push(if bucket_level || key.is_empty() {
+                format!("arn:{}:s3:::{bucket}", a.partition)
+            } else {
+                format!("arn:{}:s3:::{bucket}/{key}", a.partition)
+            });
+        }
+        "route53" => {
+            let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+            resources.push(match segs.as_slice() {
+                [_, "hostedzone", id, ..] => format!("arn:{}:route53:::hostedzone/{id}", a.partition),
+                [_, "change", id, ..] => format!("arn:{}:route53:::change/{id}", a.partition),
+                [_, "tags", "hostedzone", id, ..] => format!("arn:{}:route53:::hostedzone/{id}", a.partition),
+                _ => "*".to_string(),
+            });
+        }
+        "ec2" => {
+            for (k, v) in &params {
+                if k == "VolumeId" || k == "InstanceId" || k.starts_with("ResourceId.") || k == "GroupId" {
+                    resources.push(ec2_arn(a, v));
+                }
+            }
+            for (k, v) in &params {
+                if let Some(n) = k.strip_prefix("Tag.").and_then(|r| r.strip_suffix(".Key")) {
+                    request_tags.insert(v.clone(), param(&format!("Tag.{n}.Value")).unwrap_or_default());
+                }
+            }
+            if call.operation.starts_with("Describe") {
+                resources.clear();
+            }
+        }
+        "elasticloadbalancingv2" | "elasticloadbalancing" => {
+            if let Some(arn) = param("TargetGroupArn").or_else(|| param("LoadBalancerArn")) {
+                resources.push(arn);
+            }
+            if call.operation.starts_with("Describe") {
+                resources.clear();
+            }
+        }
+        "iam" => {
+            if let Some(name) = param("InstanceProfileName") {
+                resources.push(format!("arn:{}:iam::{}:instance-profile/{name}", a.partition, a.account));
+            } else if let Some(name) = param("RoleName") {
+                resources.push(format!("arn:{}:iam::{}:role/{name}", a.partition, a.account));
+            }
+        }
+        _ => {}
+    }
+    if resources.is_empty() {
+        resources.push("*".to_string());
+    }
+    resources
+        .into_iter()
+        .map(|resource| {
+            let mut r = Request::new(&action, &resource);
+            for (k, v) in tags(&resource) {
+                r = r.with(&format!("aws:ResourceTag/{k}"), &[&v]);
+                if call.service == "ec2" {
+                    r = r.with(&format!("ec2:ResourceTag/{k}"), &[&v]);
+                }
+            }
+            for (k, v) in &request_tags {
+                r = r.with(&format!("aws:RequestTag/{k}"), &[v]);
+            }
+            if !request_tags.is_empty() {
+                let keys: Vec<&str> = request_tags.keys().map(String::as_str).collect();
+                r = r.with("aws:TagKeys", &keys);
+            }
+            r
+        })
+        .collect()
+}
+
+/// A call the identity's policy does not allow.
+#[derive(Debug, thiserror::Error)]
+#[error("{call}: {denied}")]
+pub struct DeniedCall {
+    pub call: Call,
+    pub denied: Denied,
+}
+
+/// Check every call against the identity's policy (`None`: it has none, so every call that needs
+/// authorisation is denied); returns the authorisations checked, or every denial.
+pub fn check(
+    identity: &str,
+    policy: Option<&Value>,
+    calls: &[Call],
+    a: &Account,
+    tags: &dyn Fn(&str) -> BTreeMap<String, String>,
+) -> Result<usize, Vec<DeniedCall>> {
+    let empty = serde_json::json!({"Statement": []});
+    let policy = policy.unwrap_or(&empty);
+    let mut checked = 0;
+    let mut denied = Vec::new();
+    for call in calls {
+        for r in authorizations(call, a, tags) {
+            checked += 1;
+            if let Err(d) = evaluate(identity, policy, &r) {
+                denied.push(DeniedCall { call: call.clone(), denied: d });
+            }
+        }
+    }
+    if denied.is_empty() {
+        Ok(checked)
+    } else {
+        Err(denied)
+    }
+}
+
+/// [`check`], panicking with every denial, one a line.
+pub fn assert_allowed(identity: &str, policy: Option<&Value>, calls: &[Call], a: &Account, tags: &dyn Fn(&str) -> BTreeMap<String, String>) -> usize {
+    match check(identity, policy, calls, a, tags) {
+        Ok(n) => n,
+        Err(denied) => {
+            let lines: Vec<String> = denied.iter().map(|d| format!("  {d}")).collect();
+            panic!("{} call(s) the IAM policy of {identity} does not allow:\n{}", denied.len(), lines.join("\n"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(service: &str, operation: &str, uri: &str, body: &str) -> Call {
+        Call { service: service.into(), operation: operation.into(), method: "POST".into(), uri: uri.into(), body: body.into() }
+    }
+
+    #[test]
+    fn calls_become_actions_on_resources() {
+        let a = Account::default();
+        let none = |_: &str| BTreeMap::new();
+        let r = authorizations(&call("route53", "ListHostedZonesByName", "http://127.0.0.1:5000/2013-04-01/hostedzonesbyname?dnsname=x.", ""), &a, &none);
+        assert_eq!(r, [Request::new("route53:ListHostedZonesByName", "*")]);
+        let r = authorizations(&call("route53", "ChangeResourceRecordSets", "http://h/2013-04-01/hostedzone/Z1/rrset/", ""), &a, &none);
+        assert_eq!(r, [Request::new("route53:ChangeResourceRecordSets", "arn:aws:route53:::hostedzone/Z1")]);
+        let r = authorizations(&call("s3", "UploadPart", "http://h:1/bucket/c/backups/a%20b?partNumber=1&uploadId=u", ""), &a, &none);
+        assert_eq!(r, [Request::new("s3:PutObject", "arn:aws:s3:::bucket/c/backups/a b")]);
+        let r = authorizations(&call("s3", "ListObjectsV2", "http://h:1/bucket?list-type=2&prefix=c/", ""), &a, &none);
+        assert_eq!(r, [Request::new("s3:ListBucket", "arn:aws:s3:::bucket")]);
+        let tags = |arn: &str| if arn.ends_with("vol-1") { BTreeMap::from([("KubernetesCluster".to_string(), "c".to_string())]) } else { BTreeMap::new() };
+        let r = authorizations(&call("ec2", "AttachVolume", "http://h/", "Action=AttachVolume&VolumeId=vol-1&InstanceId=i-2&Device=%2Fdev%2Fxvdu"), &a, &tags);
+        assert_eq!(
+            r,
+            [
+                Request::new("ec2:AttachVolume", "arn:aws:ec2:us-east-1:123456789012:volume/vol-1")
+                    .with("aws:ResourceTag/KubernetesCluster", &["c"])
+                    .with("ec2:ResourceTag/KubernetesCluster", &["c"]),
+                Request::new("ec2:AttachVolume", "arn:aws:ec2:us-east-1:123456789012:instance/i-2"),
+            ]
+        );
+        assert!(authorizations(&call("sts", "GetCallerIdentity", "http://h/", ""), &a, &none).is_empty());
+    }
+}
