@@ -2,8 +2,15 @@
 //! agents read). No I/O: the AWS target and Terraform render the same documents.
 //!
 //! * Control plane: etcd volume attach/tag (protokube), the state store (nodeup, protokube),
-//!   Route53 on the cluster's zone (protokube), and what the AWS cloud-controller-manager and the
-//!   EBS CSI driver need — kOps' statement list, tag-conditioned the same way.
+//!   the etcd backup stores (protokube's multipart uploads, aborted on failure), Route53 on the
+//!   cluster's zone (protokube: found by name with `ListHostedZonesByName` unless `spec.dnsZone`
+//!   is an id; external-dns's zone listing only when it is rendered), and what the AWS
+//!   cloud-controller-manager and the EBS CSI driver need — kOps' statement list, tag-conditioned
+//!   the same way.
+//!
+//! The documents depend on the spec alone (and, for a `spec.dnsZone` given by name, on the zone's
+//! id as the target knows it: the direct target's lookup, Terraform's `data.aws_route53_zone`), so
+//! both targets render the same policy from [`policy`].
 //!   `iam:CreateServiceLinkedRole` only for Elastic Load Balancing (the one service-linked role the
 //!   cloud-controller-manager can cause to be created); `iam:GetInstanceProfile` only on the Node
 //!   groups' instance profiles (the join server learns a custom profile's role from it).
@@ -51,6 +58,39 @@ pub struct PolicyInputs {
     /// `spec.certManager.hostedZoneIDs` of a cert-manager Keelson renders: control planes (where
     /// it runs) may write its DNS-01 challenge records (TXT `_acme-challenge.*`) there, nothing else.
     pub cert_manager_zones: Vec<String>,
+    /// The hosted zone protokube keeps the cluster's records in, as the spec gives it.
+    pub dns_zone: DnsZone,
+    /// external-dns is rendered (`spec.externalDns.provider: external-dns`): it runs on the control
+    /// planes with their role and lists the account's zones and their tags.
+    pub external_dns: bool,
+}
+
+/// The cluster's hosted zone as the spec gives it: what protokube calls to find it follows.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum DnsZone {
+    /// No DNS records (`.k8s.local`, `topology.dns.type: None`).
+    #[default]
+    None,
+    /// `spec.dnsZone` unset: protokube finds the zone whose name is the longest suffix of the
+    /// cluster name (`ListHostedZonesByName`); which zone that is is not known from the spec.
+    Unset,
+    /// `spec.dnsZone` is a zone id: protokube reads it (`GetHostedZone`).
+    Id(String),
+    /// `spec.dnsZone` is a name: protokube finds its id (`ListHostedZonesByName`).
+    Name(String),
+}
+
+impl DnsZone {
+    /// From `spec.dnsZone` of a cluster that has DNS records (kept in step with
+    /// `cloud::dns::Route53Dns::find_zone`, which decides id or name the same way).
+    pub fn of(hosts_dns: bool, dns_zone: Option<&str>) -> DnsZone {
+        match dns_zone {
+            _ if hosts_dns => DnsZone::None,
+            None => DnsZone::Unset,
+            Some(z) if cloud::dns::looks_like_zone_id(z) => DnsZone::Id(z.trim_start_matches('/').trim_start_matches("hostedzone/").to_string()),
+            Some(z) => DnsZone::Name(z.to_string()),
+        }
+    }
 }
 
 impl PolicyInputs {
@@ -63,8 +103,11 @@ impl PolicyInputs {
         bootstrap_token: bool,
     ) -> PolicyInputs {
         let partition = partition_of(region);
+        let hosts_dns = keelson_api::nodeup::uses_hosts_dns(cluster, spec.topology.as_ref().and_then(|t| t.dns.as_ref()).and_then(|d| d.type_.as_deref()));
         PolicyInputs {
-            hosts_dns: keelson_api::nodeup::uses_hosts_dns(cluster, spec.topology.as_ref().and_then(|t| t.dns.as_ref()).and_then(|d| d.type_.as_deref())),
+            hosts_dns,
+            dns_zone: DnsZone::of(hosts_dns, spec.dns_zone.as_deref()),
+            external_dns: spec.external_dns.as_ref().and_then(|e| e.provider.as_deref()) == Some("external-dns"),
             node_instance_profiles: node_instance_profiles(cluster, partition, groups),
             cluster: cluster.to_string(),
             partition: partition.to_string(),
@@ -144,8 +187,13 @@ fn statement(actions: &[&str], resources: Value, condition: Option<Value>) -> Va
     s
 }
 
-/// The role's inline policy; `None` when it has no statements (then none is attached).
-/// `zone_id` is the hosted zone protokube writes to (control plane only).
+/// The role's inline policy; `None` when it has no statements (then none is attached). The one
+/// function both targets render the policy with.
+///
+/// `zone_id` is the id of a zone the spec names ([`DnsZone::Name`]) as the target knows it (the
+/// direct target's lookup, Terraform's data source); it is not used otherwise: a zone the spec
+/// gives by id is used as given, and without `spec.dnsZone` the zone is found by protokube at boot
+/// and is not known here (`hostedzone/*`: set `spec.dnsZone` to scope it).
 pub fn policy(role: &InstanceRolePolicy, p: &PolicyInputs, zone_id: Option<&str>) -> Option<Value> {
     let mut statements = match role.role {
         Role::ControlPlane => control_plane(p, zone_id),
@@ -227,8 +275,9 @@ fn state_store_statements(p: &PolicyInputs, etcd: bool) -> Vec<Value> {
         buckets.push(bucket);
     }
     if etcd {
+        // PutObject covers a multipart upload's Create/UploadPart/Complete; a failed one is aborted.
         for (bucket, key) in &p.backup_stores {
-            out.push(statement(&["s3:GetObject", "s3:DeleteObject", "s3:PutObject"], json!(s3_arn(p, bucket, key)), None));
+            out.push(statement(&["s3:AbortMultipartUpload", "s3:GetObject", "s3:DeleteObject", "s3:PutObject"], json!(s3_arn(p, bucket, key)), None));
             buckets.push(bucket);
         }
     }
@@ -279,15 +328,31 @@ fn control_plane(p: &PolicyInputs, zone_id: Option<&str>) -> Vec<Value> {
             if prefix.is_empty() { keelson_api::nodeup::API_SERVERS_KEY.to_string() } else { format!("{prefix}/{}", keelson_api::nodeup::API_SERVERS_KEY) };
         out.push(statement(&["s3:PutObject"], json!([format!("arn:{part}:s3:::{bucket}/{object}")]), None));
     }
-    if let Some(zone) = zone_id {
-        let zone = zone.trim_start_matches('/').trim_start_matches("hostedzone/");
-        out.push(statement(
-            &["route53:ChangeResourceRecordSets", "route53:GetHostedZone", "route53:ListResourceRecordSets"],
-            json!([format!("arn:{part}:route53:::hostedzone/{zone}")]),
-            None,
-        ));
-        out.push(statement(&["route53:GetChange"], json!([format!("arn:{part}:route53:::change/*")]), None));
-        out.push(statement(&["route53:ListHostedZones", "route53:ListTagsForResource"], json!(["*"]), None));
+    // protokube (cloud::dns::Route53Dns): find the zone, list and change its records. It never
+    // waits on a change (no GetChange).
+    let zone_arn = |zone: &str| format!("arn:{part}:route53:::hostedzone/{}", zone.trim_start_matches('/').trim_start_matches("hostedzone/"));
+    let records = match &p.dns_zone {
+        DnsZone::None => None,
+        DnsZone::Id(id) => Some((zone_arn(id), "route53:GetHostedZone")),
+        DnsZone::Name(_) => Some((zone_arn(zone_id.unwrap_or("*")), "route53:ListHostedZonesByName")),
+        DnsZone::Unset => Some((zone_arn("*"), "route53:ListHostedZonesByName")),
+    };
+    let mut by_name = false;
+    if let Some((zone, find)) = records {
+        let mut on_zone = vec!["route53:ChangeResourceRecordSets", "route53:ListResourceRecordSets"];
+        if find == "route53:GetHostedZone" {
+            on_zone.push(find);
+        }
+        out.push(statement(&on_zone, json!([zone]), None));
+        if find == "route53:ListHostedZonesByName" {
+            // The action supports no resource but `*`.
+            out.push(statement(&[find], json!(["*"]), None));
+            by_name = true;
+        }
+        if p.external_dns {
+            // external-dns's AWS provider lists the zones and their tags to pick the ones it owns.
+            out.push(statement(&["route53:ListHostedZones", "route53:ListTagsForResource"], json!(["*"]), None));
+        }
     }
     if !p.cert_manager_zones.is_empty() {
         // kOps' cert-manager permissions (addonmanifests/certmanager/iam.go), on the control planes.
@@ -305,10 +370,10 @@ fn control_plane(p: &PolicyInputs, zone_id: Option<&str>) -> Vec<Value> {
                 "ForAllValues:StringEquals": {"route53:ChangeResourceRecordSetsRecordTypes": ["TXT"]},
             })),
         ));
-        if zone_id.is_none() {
-            out.push(statement(&["route53:GetChange"], json!([format!("arn:{part}:route53:::change/*")]), None));
+        out.push(statement(&["route53:GetChange"], json!([format!("arn:{part}:route53:::change/*")]), None));
+        if !by_name {
+            out.push(statement(&["route53:ListHostedZonesByName"], json!(["*"]), None));
         }
-        out.push(statement(&["route53:ListHostedZonesByName"], json!(["*"]), None));
     }
     let volumes = json!([format!("arn:{part}:ec2:*:*:snapshot/*"), format!("arn:{part}:ec2:*:*:volume/*")]);
     let groups = json!([format!("arn:{part}:ec2:*:*:security-group/*")]);
@@ -437,6 +502,8 @@ mod tests {
             node_instance_profiles: vec!["arn:aws:iam::*:instance-profile/nodes.c.example.com".into()],
             hosts_dns: false,
             cert_manager_zones: Vec::new(),
+            dns_zone: DnsZone::Id("Z123".into()),
+            external_dns: false,
         }
     }
 
@@ -444,7 +511,7 @@ mod tests {
     /// given, and nothing else in them.
     #[test]
     fn cert_manager_writes_only_acme_challenges_in_its_zones() {
-        let p = PolicyInputs { cert_manager_zones: vec!["ZCERT1".into()], ..inputs() };
+        let p = PolicyInputs { cert_manager_zones: vec!["ZCERT1".into()], dns_zone: DnsZone::None, ..inputs() };
         let doc = policy(&role(Role::ControlPlane), &p, None).expect("policy");
         let change = granting(&doc, "route53:ChangeResourceRecordSets");
         assert_eq!(change.len(), 1, "{change:?}");
@@ -452,7 +519,12 @@ mod tests {
         assert_eq!(change[0]["Condition"]["ForAllValues:StringEquals"]["route53:ChangeResourceRecordSetsRecordTypes"], json!(["TXT"]));
         assert_eq!(change[0]["Condition"]["ForAllValues:StringLike"]["route53:ChangeResourceRecordSetsNormalizedRecordNames"], json!(["_acme-challenge.*"]));
         assert_eq!(granting(&doc, "route53:GetChange").len(), 1);
-        assert!(granting(&policy(&role(Role::ControlPlane), &inputs(), None).expect("policy"), "route53:ListHostedZonesByName").is_empty());
+        assert_eq!(granting(&doc, "route53:ListHostedZonesByName").len(), 1, "once, for cert-manager");
+        let found_by_name = PolicyInputs { dns_zone: DnsZone::Unset, ..p.clone() };
+        assert_eq!(granting(&policy(&role(Role::ControlPlane), &found_by_name, None).expect("policy"), "route53:ListHostedZonesByName").len(), 1, "once");
+        let no_cert_manager = policy(&role(Role::ControlPlane), &inputs(), None).expect("policy");
+        assert!(granting(&no_cert_manager, "route53:ListHostedZonesByName").is_empty(), "the zone is given by id");
+        assert!(granting(&no_cert_manager, "route53:GetChange").is_empty(), "protokube never waits on a change");
         assert!(granting(&policy(&role(Role::Node), &p, None).expect("policy"), "route53:ChangeResourceRecordSets").is_empty());
     }
 
@@ -463,7 +535,7 @@ mod tests {
         let key = keelson_api::nodeup::API_SERVERS_KEY;
         let object = format!("arn:aws:s3:::bucket/c.example.com/{key}");
         let writes = |doc: &Value| granting(doc, "s3:PutObject").iter().any(|s| s["Resource"] == json!([object.clone()]));
-        let gossip = PolicyInputs { hosts_dns: true, ..inputs() };
+        let gossip = PolicyInputs { hosts_dns: true, dns_zone: DnsZone::None, ..inputs() };
         assert!(writes(&policy(&role(Role::ControlPlane), &gossip, None).expect("policy")));
         assert!(!writes(&policy(&role(Role::ControlPlane), &inputs(), Some("Z1")).expect("policy")), "with DNS records: not needed");
         let node = policy(&role(Role::Node), &gossip, None).expect("policy");
@@ -507,7 +579,39 @@ mod tests {
         assert!(text.contains("arn:aws:route53:::hostedzone/Z123\""), "{text}");
         assert!(text.contains("arn:aws:s3:::bucket/c.example.com/*"), "{text}");
         assert!(!a.iter().any(|x| x == "ec2:CreateRoute"), "no route management without kubenet");
-        assert!(policy(&role(Role::ControlPlane), &inputs(), None).expect("p").to_string().find("route53:Change").is_none());
+        let gossip = PolicyInputs { hosts_dns: true, dns_zone: DnsZone::None, ..inputs() };
+        assert!(policy(&role(Role::ControlPlane), &gossip, None).expect("p").to_string().find("route53").is_none(), "no records, no Route53");
+    }
+
+    /// What `cloud::dns::Route53Dns` calls, on the resources AWS authorises them on: the zone
+    /// found by name (`ListHostedZonesByName`, which takes only `*`) or read by id (`GetHostedZone`
+    /// on it), then its records.
+    #[test]
+    fn control_planes_may_find_their_zone_the_way_protokube_does() {
+        let on = |doc: &Value, action: &str| -> Vec<Value> { granting(doc, action).into_iter().map(|s| s["Resource"].clone()).collect() };
+        let by_id = policy(&role(Role::ControlPlane), &inputs(), Some("ZIGNORED")).expect("policy");
+        assert_eq!(on(&by_id, "route53:GetHostedZone"), [json!(["arn:aws:route53:::hostedzone/Z123"])]);
+        assert_eq!(on(&by_id, "route53:ChangeResourceRecordSets"), [json!(["arn:aws:route53:::hostedzone/Z123"])]);
+        assert!(on(&by_id, "route53:ListHostedZonesByName").is_empty());
+        let by_name = PolicyInputs { dns_zone: DnsZone::Name("example.com".into()), ..inputs() };
+        let doc = policy(&role(Role::ControlPlane), &by_name, Some("/hostedzone/ZFOUND")).expect("policy");
+        assert_eq!(on(&doc, "route53:ListHostedZonesByName"), [json!(["*"])]);
+        assert_eq!(on(&doc, "route53:ListResourceRecordSets"), [json!(["arn:aws:route53:::hostedzone/ZFOUND"])]);
+        assert!(on(&doc, "route53:GetHostedZone").is_empty(), "not called for a zone found by name");
+        let unset = PolicyInputs { dns_zone: DnsZone::Unset, ..inputs() };
+        let doc = policy(&role(Role::ControlPlane), &unset, Some("ZFOUND")).expect("policy");
+        assert_eq!(on(&doc, "route53:ListHostedZonesByName"), [json!(["*"])]);
+        assert_eq!(on(&doc, "route53:ChangeResourceRecordSets"), [json!(["arn:aws:route53:::hostedzone/*"])], "unknown from the spec");
+        assert_eq!(doc, policy(&role(Role::ControlPlane), &unset, None).expect("policy"), "the same whatever the target resolved");
+        for a in ["route53:ListHostedZones", "route53:ListTagsForResource", "route53:GetChange"] {
+            assert!(on(&doc, a).is_empty(), "{a}: nothing of protokube calls it");
+        }
+        let external = PolicyInputs { external_dns: true, ..unset };
+        let doc = policy(&role(Role::ControlPlane), &external, None).expect("policy");
+        assert_eq!(on(&doc, "route53:ListHostedZones"), [json!(["*"])], "external-dns lists the zones");
+        assert_eq!(DnsZone::of(false, Some("/hostedzone/Z0123456789")), DnsZone::Id("Z0123456789".into()));
+        assert_eq!(DnsZone::of(false, Some("example.com")), DnsZone::Name("example.com".into()));
+        assert_eq!(DnsZone::of(true, Some("Z0123456789")), DnsZone::None);
     }
 
     /// Control planes write etcd backups (kOps' statement), API servers and nodes do not.
@@ -545,7 +649,11 @@ mod tests {
             .iter()
             .find(|s| s["Resource"] == json!("arn:aws:s3:::bucket/c.example.com/backups/etcd/main/*"))
             .expect("a statement on the main backup store");
-        assert_eq!(write["Action"], json!(["s3:DeleteObject", "s3:GetObject", "s3:PutObject"]));
+        assert_eq!(
+            write["Action"],
+            json!(["s3:AbortMultipartUpload", "s3:DeleteObject", "s3:GetObject", "s3:PutObject"]),
+            "a failed multipart upload is aborted"
+        );
         assert!(granting(&doc, "s3:DeleteObjectVersion").is_empty(), "old backup versions stay recoverable: {doc}");
         assert!(doc.to_string().contains("arn:aws:s3:::other/b/events/*"));
         let buckets: Vec<&Value> = statements.iter().filter(|s| s["Action"].as_array().is_some_and(|a| a.contains(&json!("s3:ListBucket")))).collect();

@@ -258,3 +258,61 @@ fn an_additional_security_group_must_be_an_id_and_the_error_names_the_field() {
     let e = try_render(spec.path()).map(|_| ()).expect_err("a name is not an id");
     assert!(e.contains("spec.additionalSecurityGroups[1]") && e.contains("\"web\""), "{e}");
 }
+
+/// The model of a spec (as `try_render` builds it).
+fn model_of(spec: &Path) -> cloud_resources::model::ClusterModel {
+    let docs = spec_compiler::load::load_spec(spec).expect("spec");
+    let compiled = spec_compiler::compile(&docs, &options()).expect("compile");
+    cloud_resources::model::build(&docs, &compiled).expect("model")
+}
+
+/// Every IAM role's inline policy as Terraform puts it (the data source's zone id replaced by
+/// `zone`, as Terraform evaluates it) and as the direct target puts it once it resolved `zone`:
+/// the same documents, so `keelson apply` after a Terraform apply changes no policy.
+fn terraform_and_direct_policies(spec: &Path, zone: &str) -> Vec<(String, Value, Value)> {
+    use cloud_resources::aws::AwsTask;
+    let model = model_of(spec);
+    let root: Value = serde_json::from_slice(&render(spec).files[MAIN_FILE]).expect("json");
+    let terraform = resources(&root, "aws_iam_role_policy");
+    let mut out = Vec::new();
+    for role in &model.tasks.iam_roles {
+        let mut direct = role.clone();
+        direct.resolve(&cloud_resources::aws::Resolved { zone: Some(zone.to_string()), ..Default::default() });
+        let direct = direct.policy.resolved().unwrap_or(Value::Null);
+        let tf = terraform
+            .iter()
+            .find(|(_, b)| b["name"] == role.name.as_str())
+            .map(|(_, b)| {
+                let text = b["policy"].as_str().expect("policy string").replace("${data.aws_route53_zone.dns-zone.zone_id}", zone);
+                serde_json::from_str(&text).expect("policy JSON")
+            })
+            .unwrap_or(Value::Null);
+        out.push((role.name.clone(), tf, direct));
+    }
+    out
+}
+
+#[test]
+fn terraform_and_direct_put_the_same_policies() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let named = dir.path().join("named-zone.yaml");
+    let text = std::fs::read_to_string(example("minimal.yaml")).expect("example");
+    assert!(text.contains("  configBase:"), "examples/minimal.yaml changed shape: update this test");
+    std::fs::write(&named, text.replacen("  configBase:", "  dnsZone: example.com\n  configBase:", 1)).expect("write");
+    let by_id = dir.path().join("zone-id.yaml");
+    std::fs::write(&by_id, text.replacen("  configBase:", "  dnsZone: Z0RESOLVED0ZONE\n  configBase:", 1)).expect("write");
+    for spec in [example("minimal.yaml"), example("ha.yaml"), example("gossip.yaml"), named, by_id] {
+        let policies = terraform_and_direct_policies(&spec, "Z0RESOLVED0ZONE");
+        assert!(policies.len() >= 2, "{}: {policies:?}", spec.display());
+        for (role, tf, direct) in policies {
+            assert_eq!(tf, direct, "{}: {role}: Terraform's policy is not the direct target's", spec.display());
+            let text = direct.to_string();
+            if role.starts_with("masters.") {
+                let gossip = spec.ends_with("gossip.yaml");
+                assert_eq!(text.contains("route53:ChangeResourceRecordSets"), !gossip, "{}: {text}", spec.display());
+                assert_eq!(text.contains("route53:ListHostedZonesByName"), !gossip && !spec.ends_with("zone-id.yaml"), "{}: {text}", spec.display());
+                assert!(text.contains("s3:AbortMultipartUpload"), "{}: {text}", spec.display());
+            }
+        }
+    }
+}

@@ -115,7 +115,9 @@ impl Route53Dns {
     }
 }
 
-fn looks_like_zone_id(s: &str) -> bool {
+/// Whether `spec.dnsZone` names the zone by id (then [`Dns::find_zone`] reads it with
+/// `GetHostedZone`) rather than by name (`ListHostedZonesByName`).
+pub fn looks_like_zone_id(s: &str) -> bool {
     // Zone ids are upper-case alphanumerics (`Z0123…` on AWS); zone names have dots or lower case.
     let s = s.trim_start_matches("/hostedzone/");
     s.len() >= 8 && s.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())

@@ -8,11 +8,11 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use aws_smithy_runtime_api::box_error::BoxError;
-use aws_smithy_runtime_api::client::interceptors::context::FinalizerInterceptorContextRef;
+use aws_smithy_runtime_api::client::interceptors::context::{BeforeTransmitInterceptorContextRef, FinalizerInterceptorContextRef};
 use aws_smithy_runtime_api::client::interceptors::Intercept;
 use aws_smithy_runtime_api::client::orchestrator::Metadata;
 use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
-use aws_smithy_types::config_bag::ConfigBag;
+use aws_smithy_types::config_bag::{ConfigBag, Storable, StoreReplace};
 use serde_json::Value;
 
 use crate::iam_oracle::{evaluate, Denied, Request};
@@ -53,9 +53,28 @@ impl CallLog {
     }
 }
 
+/// The last attempt's request, kept in the operation's config bag until it finishes (the
+/// finaliser no longer has it).
+#[derive(Debug, Clone)]
+struct Sent {
+    method: String,
+    uri: String,
+    body: String,
+}
+
+impl Storable for Sent {
+    type Storer = StoreReplace<Self>;
+}
+
 impl Intercept for CallLog {
     fn name(&self) -> &'static str {
         "keelson.testkit.CallLog"
+    }
+    fn read_before_transmit(&self, ctx: &BeforeTransmitInterceptorContextRef<'_>, _rc: &RuntimeComponents, cfg: &mut ConfigBag) -> Result<(), BoxError> {
+        let r = ctx.request();
+        let body = r.body().bytes().map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default();
+        cfg.interceptor_state().store_put(Sent { method: r.method().to_string(), uri: r.uri().to_string(), body });
+        Ok(())
     }
     fn read_after_execution(&self, ctx: &FinalizerInterceptorContextRef<'_>, _rc: &RuntimeComponents, cfg: &mut ConfigBag) -> Result<(), BoxError> {
         let (service, operation) = match cfg.load::<Metadata>() {
@@ -64,7 +83,7 @@ impl Intercept for CallLog {
         };
         let (method, uri, body) = match ctx.request() {
             Some(r) => (r.method().to_string(), r.uri().to_string(), r.body().bytes().map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default()),
-            None => Default::default(),
+            None => cfg.load::<Sent>().map(|s| (s.method.clone(), s.uri.clone(), s.body.clone())).unwrap_or_default(),
         };
         if let Ok(mut c) = self.inner.lock() {
             c.push(Call { service, operation, method, uri, body });

@@ -78,8 +78,8 @@ impl InlinePolicy {
             InlinePolicy::Found(_) => None,
         }
     }
-    /// The document for the resolved zone.
-    fn resolved(&self) -> Option<Value> {
+    /// The document for the resolved zone: what the direct target puts.
+    pub fn resolved(&self) -> Option<Value> {
         match self {
             InlinePolicy::Generated { zone, .. } => self.document(zone.as_deref()),
             InlinePolicy::Found(_) => None,
