@@ -61,6 +61,22 @@ has a test that fails without it.
    Scaling: one lock around the whole server made every request wait behind every other, and a
    control plane's volume attach (EC2 calls, polled) took 9-11 s instead of 2-5 s in selfheal.
    Test: tests/tests/moto_concurrent_terminations.rs `concurrent_terminations_replace_each_instance_once`.
+
+8. A launch template's own tags stay out of its launch-template data. AWS: CreateLaunchTemplate's
+   top-level `TagSpecifications` (ResourceType `launch-template`) tag the template itself;
+   DescribeLaunchTemplateVersions returns in `LaunchTemplateData.TagSpecifications` only the
+   specifications given in `LaunchTemplateData` (instance, volume, ...), the types a launch applies.
+   moto appends the top-level ones to the version's data as well, so Terraform's AWS provider reads
+   back a `tag_specifications { resource_type = "launch-template" }` block it never wrote and plans
+   a new version of every launch template right after `terraform apply`. Test:
+   cli/tests/terraform_moto.rs `moto_keeps_a_launch_templates_own_tags_out_of_its_data`.
+
+9. A load balancer created without a `Scheme` is internet-facing. AWS: `Scheme` is optional in
+   CreateLoadBalancer (ELBv2) and defaults to `internet-facing`; Terraform's AWS provider sends it only
+   for `internal = true`. moto's handler passes the absent parameter on as `None`, over its own
+   default, so DescribeLoadBalancers shows no scheme and `keelson apply` plans `scheme: -> internet-facing`
+   on the API load balancer Terraform created. Test: cli/tests/terraform_moto.rs
+   `moto_makes_a_load_balancer_without_a_scheme_internet_facing`.
 """
 import sys
 import threading
@@ -72,9 +88,10 @@ from moto.core.responses import ActionResult
 from moto.core.utils import utcnow
 from moto.core.types import Base64EncodedString
 from moto.ec2.models.instances import InstanceBackend
-from moto.ec2.models.launch_templates import LaunchTemplate
+from moto.ec2.models.launch_templates import LaunchTemplate, LaunchTemplateBackend
 from moto.ec2.models.route_tables import Route
 from moto.ec2.utils import parse_user_data
+from moto.elbv2.models import ELBv2Backend
 
 _run_instances = InstanceBackend.run_instances
 
@@ -108,6 +125,32 @@ def _create_version_with_user_data(self, data, description):
 
 
 LaunchTemplate.create_version = _create_version_with_user_data
+
+_create_launch_template = LaunchTemplateBackend.create_launch_template
+
+
+def _create_launch_template_data_without_its_own_tags(self, name, description, template_data, tag_spec):
+    specs = template_data.get("TagSpecifications")
+    if specs:
+        kept = [s for s in specs if s.get("ResourceType") != "launch-template"]
+        template_data = dict(template_data, TagSpecifications=kept)
+        if not kept:
+            del template_data["TagSpecifications"]
+    return _create_launch_template(self, name, description, template_data, tag_spec)
+
+
+LaunchTemplateBackend.create_launch_template = _create_launch_template_data_without_its_own_tags
+
+_create_load_balancer = ELBv2Backend.create_load_balancer
+
+
+def _create_load_balancer_internet_facing_by_default(self, *args, **kwargs):
+    if kwargs.get("scheme") is None:
+        kwargs["scheme"] = "internet-facing"
+    return _create_load_balancer(self, *args, **kwargs)
+
+
+ELBv2Backend.create_load_balancer = _create_load_balancer_internet_facing_by_default
 
 
 def _route_state(self):

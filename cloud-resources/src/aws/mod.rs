@@ -39,7 +39,7 @@ pub use launch_template::{Image, LaunchTemplate, RootVolume, Spot};
 pub use load_balancer::{Listener, LoadBalancer, TargetGroup, DEREGISTRATION_DELAY, HEALTH_CHECK};
 pub use network::{Subnet, Vpc};
 pub use routing::{ElasticIp, InternetGateway, NatGateway, RouteTable, RouteTarget};
-pub use security_group::{protocol_has_ports, IngressRule, RuleSource, SecurityGroup, SecurityGroupRule};
+pub use security_group::{protocol_has_ports, IngressRule, RuleSource, SecurityGroup, SecurityGroupRule, EGRESS_ALL};
 pub use task::{AwsTask, Task, Tasks};
 pub use volume::Volume;
 

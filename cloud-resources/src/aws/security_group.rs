@@ -1,4 +1,7 @@
-//! Security groups and their ingress rules (one task per rule: protocol, ports, source).
+//! Security groups and their ingress rules (one task per rule: protocol, ports, source). A group's
+//! egress is the every-protocol rule to `0.0.0.0/0` that AWS gives every new VPC group: the direct
+//! target finds it and restores it if it is gone; Terraform, whose `aws_security_group` deletes that
+//! default rule, writes it as an `egress` rule of its own.
 
 use std::collections::BTreeMap;
 
@@ -20,7 +23,13 @@ pub struct SecurityGroup {
     /// Set at creation (not compared: AWS cannot change it).
     pub description: String,
     pub tags: BTreeMap<String, String>,
+    /// CIDRs the group lets every protocol out to (kOps' `egress` rules; AWS' default for a new group
+    /// is `0.0.0.0/0`). Found: those of them the group allows, other egress rules being left alone.
+    pub egress: Vec<String>,
 }
+
+/// The egress every group of Keelson's allows: all traffic, anywhere (IPv4), as AWS' default.
+pub const EGRESS_ALL: &str = "0.0.0.0/0";
 
 impl Linked for SecurityGroup {
     const TF_TYPE: &'static str = "aws_security_group";
@@ -124,7 +133,7 @@ impl AwsTask for SecurityGroup {
         self.tags.clone()
     }
     fn fields(&self, f: &mut Fields) {
-        f.set("vpc", &self.vpc);
+        f.set("vpc", &self.vpc).set("egress", egress_field(&self.egress));
     }
     fn find<'a>(t: &'a AwsTarget, model: &'a ClusterModel, _resolved: &'a Resolved, d: &'a mut Discovered) -> AwsFuture<'a> {
         Box::pin(discover(t, model, d))
@@ -135,6 +144,21 @@ impl AwsTask for SecurityGroup {
             &self.name,
             json!({"name": self.name, "description": self.description, "vpc_id": self.vpc.tf(), "tags": tags_value(&self.tags)}),
         );
+        // Terraform removes the default egress rule from a group it creates: write it back.
+        for cidr in &self.egress {
+            t.blocks.add(
+                "aws_security_group_rule",
+                &format!("{}-all-to-{cidr}", self.name),
+                json!({
+                    "type": "egress",
+                    "security_group_id": Link::<SecurityGroup>::to(self.name.clone()).tf(),
+                    "protocol": "-1",
+                    "from_port": 0,
+                    "to_port": 0,
+                    "cidr_blocks": [cidr],
+                }),
+            );
+        }
     }
     fn render_aws<'a>(&'a self, cx: Exec<'a>, c: &'a Change) -> AwsFuture<'a> {
         Box::pin(async move {
@@ -162,9 +186,24 @@ impl AwsTask for SecurityGroup {
                     cx.ids.security_groups.insert(name.to_string(), id.to_string());
                 }
                 Action::Update(_) => {
-                    // Only tags can drift here.
-                    let want = c.want()?;
-                    t.create_tags(&c.id()?, &want.tags).await?;
+                    // Tags, and an egress rule gone (AWS' default removed by hand, or a group
+                    // Terraform made without it).
+                    let (want, have, id) = (c.want()?, c.have()?, c.id()?);
+                    t.create_tags(&id, &want.tags).await?;
+                    let missing: Vec<&String> = want.egress.iter().filter(|cidr| !have.egress.contains(cidr)).collect();
+                    if !missing.is_empty() {
+                        let mut all = ec2_t::IpPermission::builder().ip_protocol("-1");
+                        for cidr in missing {
+                            all = all.ip_ranges(ec2_t::IpRange::builder().cidr_ip(cidr).build());
+                        }
+                        t.ec2
+                            .authorize_security_group_egress()
+                            .group_id(&id)
+                            .ip_permissions(all.build())
+                            .send()
+                            .await
+                            .map_err(|e| api("AuthorizeSecurityGroupEgress", name, e))?;
+                    }
                 }
                 Action::Delete => {
                     let id = c.id()?;
@@ -263,10 +302,12 @@ async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Re
         let id = required(g.group_id(), "SecurityGroup", cluster, "GroupId")?.to_string();
         let name = required(g.group_name(), "SecurityGroup", &id, "GroupName")?.to_string();
         d.ids.security_groups.insert(name.clone(), id.clone());
+        let wanted_egress = model.tasks.security_groups.iter().find(|w| w.name == name).map(|w| w.egress.as_slice()).unwrap_or_default();
         let group = SecurityGroup {
             vpc: super::network::vpc_link_of(model, required(g.vpc_id(), "SecurityGroup", &name, "VpcId")?),
             description: g.description().unwrap_or_default().to_string(),
             tags: tags_of(g.tags()),
+            egress: found_egress(g.ip_permissions_egress(), wanted_egress),
             name,
         };
         d.found(group, id);
@@ -312,4 +353,48 @@ async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Re
         }
     }
     Ok(())
+}
+
+/// The `egress` field: the CIDRs, in order, or `none`.
+fn egress_field(cidrs: &[String]) -> String {
+    if cidrs.is_empty() {
+        "none".into()
+    } else {
+        cidrs.join(",")
+    }
+}
+
+/// Which of the `wanted` every-protocol egress CIDRs the group's egress permissions allow, in the
+/// wanted order (other egress rules are not Keelson's and are left alone).
+fn found_egress(permissions: &[ec2_t::IpPermission], wanted: &[String]) -> Vec<String> {
+    let allowed: Vec<&str> =
+        permissions.iter().filter(|p| p.ip_protocol() == Some("-1")).flat_map(|p| p.ip_ranges().iter().filter_map(|r| r.cidr_ip())).collect();
+    wanted.iter().filter(|cidr| allowed.contains(&cidr.as_str())).cloned().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn found_egress_is_the_wanted_all_traffic_cidrs_the_group_allows() {
+        let all = |cidrs: &[&str]| {
+            let mut p = ec2_t::IpPermission::builder().ip_protocol("-1");
+            for c in cidrs {
+                p = p.ip_ranges(ec2_t::IpRange::builder().cidr_ip(*c).build());
+            }
+            p.build()
+        };
+        let https = ec2_t::IpPermission::builder()
+            .ip_protocol("tcp")
+            .from_port(443)
+            .to_port(443)
+            .ip_ranges(ec2_t::IpRange::builder().cidr_ip(EGRESS_ALL).build())
+            .build();
+        let wanted = vec![EGRESS_ALL.to_string()];
+        assert_eq!(found_egress(&[all(&[EGRESS_ALL, "10.0.0.0/8"])], &wanted), wanted, "a user's extra rule is left out");
+        assert!(found_egress(&[https], &wanted).is_empty(), "443 only is not all traffic");
+        assert!(found_egress(&[], &wanted).is_empty(), "Terraform's group without its egress rule");
+        assert_eq!(egress_field(&[]), "none");
+    }
 }

@@ -57,7 +57,7 @@ pub fn build(cx: &Context<'_>, lb: Option<&LoadBalancerAccessSpec>, tasks: &mut 
     let roles = roles(cx);
     let mut ingress = firewall::role_ingress(cluster, cx.spec, &roles, &api_access);
     let mut push = |name: String, description: String, rules: Vec<IngressRule>| {
-        tasks.push(SecurityGroup { tags: cx.tags(&name), name, vpc: cx.vpc.clone(), description });
+        tasks.push(SecurityGroup { tags: cx.tags(&name), name, vpc: cx.vpc.clone(), description, egress: vec![aws::EGRESS_ALL.to_string()] });
         for rule in rules {
             tasks.push(SecurityGroupRule { rule });
         }
