@@ -669,3 +669,32 @@ async fn apply_leaves_routes_it_does_not_declare() {
     assert!(routes.contains(&("100.96.7.0/24".to_string(), node.clone())), "the route survives a re-apply: {routes:?}");
     assert!(routes.iter().any(|(cidr, _)| cidr == "0.0.0.0/0"), "apply's own route is there: {routes:?}");
 }
+
+/// A group's egress (AWS' default all-traffic rule to 0.0.0.0/0, which Terraform's
+/// `aws_security_group` deletes) is part of the plan: a group without it is planned `~ egress`,
+/// and apply restores it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_restores_a_groups_egress_rule() {
+    let moto = Moto::start();
+    let ami = moto.fixtures().await;
+    let (m, _) = model_of(&moto::spec(&ami, |t| t));
+    let t = moto.target(&[]).await;
+    apply_once(&t, &m).await.expect("apply");
+    let name = format!("nodes.{CLUSTER}");
+    let groups = t.ec2.describe_security_groups().filters(Filter::builder().name("group-name").values(&name).build()).send().await.expect("groups");
+    let id = groups.security_groups()[0].group_id().expect("id").to_string();
+    let all =
+        aws_sdk_ec2::types::IpPermission::builder().ip_protocol("-1").ip_ranges(aws_sdk_ec2::types::IpRange::builder().cidr_ip("0.0.0.0/0").build()).build();
+    t.ec2.revoke_security_group_egress().group_id(&id).ip_permissions(all).send().await.expect("revoke the default egress");
+
+    let s = store(&t, &m);
+    let plan = cloud_resources::plan_apply(&t, &m, &s).await.expect("plan");
+    let text = plan.plan.render(false);
+    assert!(text.contains(&format!("~ SecurityGroup {name}\n    egress: none → 0.0.0.0/0")), "{text}");
+    assert_eq!(plan.plan.counts(), (0, 1, 0), "{text}");
+    apply_once(&t, &m).await.expect("re-apply");
+    let after = t.ec2.describe_security_groups().group_ids(&id).send().await.expect("group");
+    let egress = after.security_groups()[0].ip_permissions_egress();
+    assert!(egress.iter().any(|p| p.ip_protocol() == Some("-1") && p.ip_ranges().iter().any(|r| r.cidr_ip() == Some("0.0.0.0/0"))), "{egress:?}");
+    assert_eq!(apply_once(&t, &m).await.expect("third apply"), (0, 0, 0));
+}
