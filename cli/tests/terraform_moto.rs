@@ -157,8 +157,8 @@ fn tail(log: &Path) -> String {
     lines[lines.len().saturating_sub(200)..].join("\n")
 }
 
-/// An example pointed at the test bucket, zone and image (and, for ha.yaml, moved to us-east-1 as the
-/// other moto tests do), in `dir/cluster.yaml`.
+/// An example pointed at the test bucket, zone and image (and, for ha.yaml and private.yaml, moved to
+/// us-east-1 as the other moto tests do), in `dir/cluster.yaml`.
 fn spec_file(dir: &Path, example: &str, ami: &str) -> PathBuf {
     let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(example)).expect("example");
     let text = text
@@ -232,6 +232,13 @@ fn terraform_on_moto_then_keelson_plans_no_change_minimal() {
 #[test]
 fn terraform_on_moto_then_keelson_plans_no_change_ha() {
     terraform_then_keelson_plans_nothing("ha.yaml");
+}
+
+/// Private topology: NAT gateways and their elastic IPs, a private route table per zone, an internal
+/// API load balancer.
+#[test]
+fn terraform_on_moto_then_keelson_plans_no_change_private() {
+    terraform_then_keelson_plans_nothing("private.yaml");
 }
 
 /// Fix 8 of `testkit/src/moto_server.py`: CreateLaunchTemplate's top-level tags (the template's own)
