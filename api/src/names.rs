@@ -54,6 +54,24 @@ pub fn gce_name(name: &str) -> String {
     s.trim_end_matches('-').to_string()
 }
 
+/// The GCE service account of a role's instances (kOps' `gce.ServiceAccountName`): `control-plane`,
+/// `node` or `bastion`, `-`, then the cluster's name with dots as dashes, cut to 30 characters in
+/// all (an account id's limit) with kOps' hash suffix. API servers share the control plane's.
+pub fn gce_service_account_id(role: Role, cluster: &str) -> String {
+    let prefix = match role {
+        Role::ControlPlane | Role::ApiServer => "control-plane",
+        Role::Node => "node",
+        Role::Bastion => "bastion",
+    };
+    let suffix = truncate_name(&cluster.replace('.', "-"), 30 - prefix.len() - 1, false);
+    format!("{prefix}-{suffix}")
+}
+
+/// The email of a project's service account `account_id`.
+pub fn gce_service_account_email(account_id: &str, project: &str) -> String {
+    format!("{account_id}@{project}.iam.gserviceaccount.com")
+}
+
 /// The zonal managed instance group of instance group `group` in `zone`:
 /// `<zone letter>-<group>-<cluster>` as a GCE name. The compiler names the MIGs so; the node join
 /// server recognises a cluster's MIG (an instance's `created-by`) by it.
@@ -72,6 +90,21 @@ pub fn api_target_group_name(cluster: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gce_service_accounts_are_named_per_role_within_30_characters() {
+        assert_eq!(gce_service_account_id(Role::Node, "c.example.com"), "node-c-example-com");
+        assert_eq!(gce_service_account_id(Role::ApiServer, "c.example.com"), gce_service_account_id(Role::ControlPlane, "c.example.com"));
+        let long = gce_service_account_id(Role::ControlPlane, "gce.k8s.example.com");
+        assert_eq!(long.len(), 30, "{long}");
+        assert!(long.starts_with("control-plane-gce-k8s-e-"), "{long}");
+        assert_ne!(long, gce_service_account_id(Role::ControlPlane, "gce.k8s.example.org"), "the hash tells clusters apart");
+        for role in [Role::ControlPlane, Role::Node, Role::Bastion] {
+            let id = gce_service_account_id(role, "a-very-long-cluster-name.with.many.labels.example.com");
+            assert!((6..=30).contains(&id.len()) && id.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'), "{id}");
+        }
+        assert_eq!(gce_service_account_email("node-c", "p"), "node-c@p.iam.gserviceaccount.com");
+    }
 
     #[test]
     fn gce_migs_are_named_for_zone_group_and_cluster() {

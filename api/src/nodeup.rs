@@ -125,6 +125,12 @@ pub fn uses_hosts_dns(cluster_name: &str, dns_type: Option<&str>) -> bool {
 /// keeps it clear of instance-group names, which cannot contain one.
 pub const API_SERVERS_KEY: &str = "igconfig/node/_api-servers.yaml";
 
+/// What of the state store (relative to `ConfigBase`) a worker reads, on every cloud: its
+/// NodeupConfig and the live API servers under `igconfig/node/`, and the cluster CA's certificate.
+/// A prefix ends in `/`. In token mode a worker also reads the bootstrap token (`secrets/` +
+/// `keelson_base::pki::BOOTSTRAP_TOKEN_SECRET`), that one object and nothing else of `secrets/`.
+pub const NODE_READABLE_PREFIXES: &[&str] = &["igconfig/node/", "pki/issued/kubernetes-ca/"];
+
 /// The document at [`API_SERVERS_KEY`]: protokube on every control plane keeps it at the private
 /// addresses of the instances that hold a `main` etcd member's volume (the live control planes);
 /// workers put them in their hosts file as `api.internal.<cluster>` and

@@ -22,7 +22,9 @@ pub(crate) fn target(common: &Common, model: &model::ClusterModel) -> anyhow::Re
         }
         None => cloud::gce::TokenSource::new(base::gce_metadata::GceMetadata::new(None, std::time::Duration::from_secs(10))?),
     };
-    Ok(cloud_resources::gce::GceTarget::new(&endpoints, &project, tokens, std::time::Duration::from_secs(600))?)
+    // Bucket policies are Cloud Storage's: where the state store is (`$STORAGE_EMULATOR_HOST` or Google's).
+    let storage = base::store::GcsEndpoints::from_env().storage;
+    Ok(cloud_resources::gce::GceTarget::new(&endpoints, &storage, &project, tokens, std::time::Duration::from_secs(600))?)
 }
 
 pub(crate) async fn apply(

@@ -29,6 +29,9 @@ pub enum Kind {
     GceNetwork,
     GceSubnetwork,
     GceFirewall,
+    GceServiceAccount,
+    GceProjectIamMember,
+    GceBucketIamMember,
     GceInstanceTemplate,
     GceInstanceGroupManager,
     GceDisk,
@@ -58,6 +61,9 @@ impl Kind {
             Kind::GceNetwork => "Network",
             Kind::GceSubnetwork => "Subnetwork",
             Kind::GceFirewall => "Firewall",
+            Kind::GceServiceAccount => "ServiceAccount",
+            Kind::GceProjectIamMember => "ProjectIAMMember",
+            Kind::GceBucketIamMember => "BucketIAMMember",
             Kind::GceInstanceTemplate => "InstanceTemplate",
             Kind::GceInstanceGroupManager => "InstanceGroupManager",
             Kind::GceDisk => "Disk",
@@ -234,6 +240,8 @@ pub fn diff(desired: &[Resource], actual: &[Resource], scope: Scope) -> Plan {
                             | Kind::GceInstanceGroupManager
                             | Kind::GceInstanceTemplate
                             | Kind::GceFirewall
+                            | Kind::GceProjectIamMember
+                            | Kind::GceBucketIamMember
                     )
             }
             Scope::Delete { volumes } => match a.kind() {

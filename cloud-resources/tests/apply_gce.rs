@@ -84,7 +84,9 @@ fn world() -> World {
     values.insert("instance/service-accounts/default/token".into(), json!({"access_token": "tok", "expires_in": 3599, "token_type": "Bearer"}).to_string());
     let meta = Server::start(Arc::new(move |req: &Request| testkit::gce_metadata::answer(&values, req)));
     let md = base::gce_metadata::GceMetadata::new(Some(&meta.url("")), Duration::from_secs(5)).expect("metadata client");
-    let mut target = GceTarget::new(&GceEndpoints::at(&server.url("")), PROJECT, TokenSource::new(md), Duration::from_secs(30)).expect("target");
+    let mut target =
+        GceTarget::new(&GceEndpoints::at(&server.url("")), server.url("").trim_end_matches('/'), PROJECT, TokenSource::new(md), Duration::from_secs(30))
+            .expect("target");
     target.dependency_delay = Duration::from_millis(50);
     World { compute, _server: server, _meta: meta, target, store_dir: tempfile::tempdir().expect("tempdir") }
 }
@@ -199,8 +201,42 @@ async fn apply_creates_what_the_model_says_and_a_second_apply_plans_nothing() {
         assert_eq!(md["kops-k8s-io-instance-group-name"], t.group);
         assert_eq!(found["properties"]["machineType"], json!(t.machine_type));
         assert_eq!(labels(&found["properties"]["labels"]), t.labels);
-        assert_eq!(found["properties"]["serviceAccounts"][0]["email"], json!("default"));
+        // Each role its own service account and scopes: nodes never get cloud-platform.
+        let account = found["properties"]["serviceAccounts"][0].clone();
+        let prefix = if t.group.starts_with("control-plane") { "control-plane-gce-k8s-e-" } else { "node-gce-k8s-example-com@" };
+        assert!(account["email"].as_str().is_some_and(|e| e.starts_with(prefix) && e.ends_with("@acme-platform.iam.gserviceaccount.com")), "{name}: {account}");
+        let cloud_platform = account["scopes"].as_array().is_some_and(|s| s.contains(&json!("https://www.googleapis.com/auth/cloud-platform")));
+        assert_eq!(cloud_platform, t.group.starts_with("control-plane"), "{name}: {account}");
     }
+
+    // The accounts exist; the control plane holds its one project role, the node none; the
+    // state store bucket grants each role its prefix under a condition.
+    let iam = w.compute.iam();
+    let mut accounts = iam.account_emails();
+    accounts.sort();
+    let node = "node-gce-k8s-example-com@acme-platform.iam.gserviceaccount.com";
+    assert_eq!(accounts.len(), 2, "{accounts:?}");
+    assert!(accounts.iter().any(|a| a == node), "{accounts:?}");
+    let cp = accounts.iter().find(|a| a.starts_with("control-plane-")).cloned().expect("control-plane account");
+    let project = iam.project_policy().to_string();
+    assert!(project.contains(&format!("serviceAccount:{cp}")) && project.contains("roles/container.serviceAgent"), "{project}");
+    assert!(!project.contains(node), "nodes get no project role: {project}");
+    let bucket = iam.bucket_policy("acme-keelson-state");
+    let caller = |email: &str, scopes: &[&str]| testkit::gce_iam::Caller {
+        member: format!("serviceAccount:{email}"),
+        scopes: scopes.iter().map(|s| s.to_string()).collect(),
+    };
+    let node_caller = caller(node, &["https://www.googleapis.com/auth/devstorage.read_only"]);
+    let cp_caller = caller(&cp, &["https://www.googleapis.com/auth/cloud-platform"]);
+    let object = |k: &str| format!("projects/_/buckets/acme-keelson-state/objects/{CLUSTER}/{k}");
+    let decide = |c: &testkit::gce_iam::Caller, perm: &str, k: &str| testkit::gce_iam::authorize(&json!({}), &bucket, c, perm, &object(k)).is_ok();
+    assert!(decide(&node_caller, "storage.objects.get", "igconfig/node/nodes-europe-west1-b/nodeupconfig.yaml"), "{bucket}");
+    for secret in ["pki/private/kubernetes-ca/keyset.yaml", "secrets/encryptionconfig", "backups/etcd/main/x", "addons/bootstrap-channel.yaml"] {
+        assert!(!decide(&node_caller, "storage.objects.get", secret), "a node reads {secret}: {bucket}");
+    }
+    assert!(!decide(&node_caller, "storage.objects.create", "igconfig/node/_api-servers.yaml"));
+    assert!(decide(&cp_caller, "storage.objects.get", "pki/private/kubernetes-ca/keyset.yaml"));
+    assert!(decide(&cp_caller, "storage.objects.create", "backups/etcd/main/x"));
 
     // One MIG per group and zone, at the model's size, on its group's template; the instances run.
     let migs = w.zonal("instanceGroupManagers");
@@ -305,6 +341,14 @@ async fn delete_removes_this_cluster_and_nothing_of_another() {
     assert!(disks.iter().all(|d| d.labels["k8s-io-cluster-name"] == "other-k8s-example-com"), "{disks:?}");
     assert!(w.compute.instances().iter().all(|i| i.metadata.get("cluster-name").map(String::as_str) == Some("other.k8s.example.com")));
     assert!(w.plan(&other).await.is_empty(), "the other cluster is untouched");
+    // Its accounts and grants are gone; the other cluster's are kept.
+    let iam = w.compute.iam();
+    assert!(iam.account_emails().iter().all(|a| a.contains("-other-k8s-")), "{:?}", iam.account_emails());
+    assert_eq!(iam.account_emails().len(), 2);
+    let bucket = iam.bucket_policy("acme-keelson-state").to_string();
+    assert!(!bucket.contains("gce-k8s-"), "{bucket}");
+    assert!(bucket.contains("node-other-k8s-example-com@"), "{bucket}");
+    assert!(!iam.project_policy().to_string().contains("gce-k8s-"), "{}", iam.project_policy());
     let empty = cloud_resources::plan_delete_gce(&w.target, &model, &w.store(&model.cluster), true).await.expect("plan");
     assert!(empty.plan.changes.iter().all(|c| c.kind == Kind::StateFile || c.kind == Kind::Keyset), "{}", empty.plan.render(false));
 }

@@ -205,6 +205,21 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         let inputs = vec![file_task_name(&service), file_task_name(&timer), file_task_name(paths::BOOT_CONFIG_COPY), api_hosts::TASK_NAME.to_string()];
         tasks.push(Box::new(ServiceTask::daemon("keelson-api-hosts.timer", inputs)));
     }
+    // GCE has no hop limit: pods are kept from the metadata server (its tokens are the instance's
+    // service account) by a rule on the pod network, installed before the kubelet starts pods.
+    if inp.boot.cloud_provider == "gce" {
+        let net = &cfg.networking;
+        let pod_cidr = net.pod_cidr.clone().or_else(|| net.non_masquerade_cidr.clone()).ok_or_else(|| {
+            render_err("NodeupConfig: networking")("GCE needs podCIDR or nonMasqueradeCIDR (the pod network kept from the metadata server)".to_string())
+        })?;
+        let (service, timer) = (unit_path("keelson-metadata-concealment.service"), unit_path("keelson-metadata-concealment.timer"));
+        tasks.push(Box::new(FileTask::new(&service, systemd::metadata_concealment(&pod_cidr).render(), 0o644)));
+        tasks.push(Box::new(FileTask::new(&timer, systemd::metadata_concealment_timer().render(), 0o644)));
+        let once = ServiceTask { unit: "keelson-metadata-concealment.service".into(), inputs: vec![file_task_name(&service)], once: true };
+        kubelet_inputs.push(once.name());
+        tasks.push(Box::new(once));
+        tasks.push(Box::new(ServiceTask::daemon("keelson-metadata-concealment.timer", vec![file_task_name(&service), file_task_name(&timer)])));
+    }
     let mut joined = false;
     if runs_api {
         let ca = Arc::new(load_ca(inp.store, "kubernetes-ca")?);

@@ -80,7 +80,9 @@ fn world(boot_delay: Option<Duration>) -> World {
     values.insert("instance/service-accounts/default/token".into(), json!({"access_token": "tok", "expires_in": 3599}).to_string());
     let meta = Server::start(Arc::new(move |req: &Request| testkit::gce_metadata::answer(&values, req)));
     let md = base::gce_metadata::GceMetadata::new(Some(&meta.url("")), Duration::from_secs(5)).expect("metadata");
-    let target = GceTarget::new(&GceEndpoints::at(&server.url("")), PROJECT, TokenSource::new(md), Duration::from_secs(30)).expect("target");
+    let target =
+        GceTarget::new(&GceEndpoints::at(&server.url("")), server.url("").trim_end_matches('/'), PROJECT, TokenSource::new(md), Duration::from_secs(30))
+            .expect("target");
     let store_dir = tempfile::tempdir().expect("tmp");
     let store = StateStore::dir(store_dir.path());
     World { compute, _server: server, _meta: meta, target, _store_dir: store_dir, store }

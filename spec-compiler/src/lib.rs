@@ -112,6 +112,13 @@ pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, C
             ));
         }
     }
+    if spec.cloud_provider.as_deref() == Some("gce") {
+        if let Some(account) = spec.cloud_config.as_ref().and_then(|c| c.gce_service_account.as_deref()).filter(|a| !a.is_empty()) {
+            warnings.push(format!(
+                "spec.cloudConfig.gceServiceAccount: {account:?} is the control planes' (and API servers') account only; nodes and bastions run as their own per-role accounts, which keelson apply creates (kOps shared it with every role: a pod on any node could then act as the control plane). Grant {account:?} what the control planes need yourself; keelson grants it nothing"
+            ));
+        }
+    }
     if options.nodeup_assets.is_empty() {
         warnings.push("no nodeup build given (--nodeup-asset ARCH=SHA256@URL): userdata/ was not written".to_string());
     }

@@ -13,6 +13,12 @@
 //! routed to it (the CCM's route controller wrote a Compute route per Node, the replaced control
 //! plane's included, and the harness plays the VPC's routing), and a pod on one worker reaches a
 //! pod on the other by its pod IP.
+//!
+//! Then the attack of issue 40 (a pod on a worker reads the node's token from the metadata server
+//! and the cluster CA's key from the state store) fails twice over: a pod gets no answer from the
+//! metadata server (a host-network pod on the same worker does: the server is there), and with the
+//! node's own token the CA key is 403 while the node's NodeupConfig reads (the local Cloud Storage
+//! enforces the bucket's conditional grants on the node's service account).
 
 mod support;
 
@@ -65,8 +71,54 @@ fn gce_cluster_up_joins_by_identity_and_heals_from_its_migs() {
     assert_eq!(workers.len(), 2, "{nodes:?}");
     let cs = ClusterState::load(&State::new(paths::state_dir())).expect("cluster state");
     support::pod_to_pod(&cs.registry, workers[0], workers[1]);
+    pods_cannot_become_the_control_plane(&cs, workers[0]);
     drop(_down);
     support::assert_nothing_left();
+}
+
+const TOKEN_URL: &str = "http://169.254.169.254/computeMetadata/v1/instance/service-accounts/default/token";
+
+/// `echo ARGS` in a pod on `node` (its pod network, or the host's); its phase and output.
+fn pod(registry: &str, name: &str, node: &str, host_network: bool, args: &[&str]) -> (String, String) {
+    let overrides = format!("--overrides={{\"apiVersion\":\"v1\",\"spec\":{{\"nodeName\":\"{node}\",\"hostNetwork\":{host_network}}}}}");
+    let mut cmd = vec!["kubectl", "run", name, "--restart=Never", &overrides];
+    let image = format!("--image={registry}/keelson-test/echo:1");
+    cmd.push(&image);
+    cmd.push("--");
+    cmd.extend_from_slice(args);
+    assert!(support::run(&cmd).status.success(), "kubectl run {name}");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let phase = loop {
+        let o = support::run(&["kubectl", "get", "pod", name, "-o", "jsonpath={.status.phase}"]);
+        let phase = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        if phase == "Succeeded" || phase == "Failed" {
+            break phase;
+        }
+        assert!(Instant::now() < deadline, "{name} did not finish within 120 s: {phase}");
+        std::thread::sleep(Duration::from_secs(2));
+    };
+    let logs = support::run(&["kubectl", "logs", name]);
+    let _ = support::run(&["kubectl", "delete", "pod", name, "--wait=false"]);
+    (phase, String::from_utf8_lossy(&logs.stdout).to_string() + &String::from_utf8_lossy(&logs.stderr))
+}
+
+fn pods_cannot_become_the_control_plane(cs: &ClusterState, worker: &str) {
+    let object = |rel: &str| {
+        let name: String = format!("gce.k8s.example.com/{rel}").replace('/', "%2F");
+        format!("{}/storage/v1/b/acme-keelson-state/o/{name}?alt=media", cs.gce_storage.trim_end_matches('/'))
+    };
+    // The metadata server: there for the host, not for pods.
+    let (phase, out) = pod(&cs.registry, "metadata-host", worker, true, &["get", TOKEN_URL, "Metadata-Flavor:Google"]);
+    assert_eq!(phase, "Succeeded", "a host-network pod reads the node's token (the test's control): {out}");
+    let (phase, out) = pod(&cs.registry, "metadata-pod", worker, false, &["get", TOKEN_URL, "Metadata-Flavor:Google"]);
+    assert_eq!(phase, "Failed", "a pod on {worker} read the metadata server's token: {out}");
+    // The node's own token (what a worker's root, or a host-network pod, holds).
+    let (phase, out) =
+        pod(&cs.registry, "store-config", worker, true, &["token-get", TOKEN_URL, &object("igconfig/node/nodes-europe-west1-b/nodeupconfig.yaml")]);
+    assert_eq!(phase, "Succeeded", "the node reads its NodeupConfig (the test's control): {out}");
+    let (phase, out) = pod(&cs.registry, "store-ca-key", worker, true, &["token-get", TOKEN_URL, &object("pki/private/kubernetes-ca/keyset.yaml")]);
+    assert!(phase == "Failed" && out.contains("403"), "the node's token read the CA key: {phase}: {out}");
+    println!("gce_cluster: a pod gets no metadata token; the node's token reads its config and is refused the CA key (403)");
 }
 
 #[derive(Debug)]

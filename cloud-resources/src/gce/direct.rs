@@ -16,11 +16,12 @@ use std::time::Duration;
 use base::StateStore;
 use cloud::calls::CallCounter;
 use cloud::gce::compute::name_of_link;
+use cloud::gce::iam::{self as gce_iam, Iam};
 use cloud::gce::{Compute, ComputeError, GceEndpoints, GoogleApi, GoogleApiError, TokenSource};
 use serde_json::Value;
 
 use super::views::{self, Names};
-use super::{gce_name, safe_cluster_name, Task};
+use super::{gce_name, identity, safe_cluster_name, Task};
 use crate::model::ClusterModel;
 use crate::plan::{Action, Change, Kind, Plan, Resource, Rolling};
 use crate::state::{self, StateError};
@@ -55,6 +56,8 @@ impl From<GoogleApiError> for GceError {
 #[derive(Debug, Clone)]
 pub struct GceTarget {
     pub compute: Compute,
+    /// Service accounts, the project's and the state store bucket's IAM policies.
+    pub iam: Iam,
     pub counter: CallCounter,
     /// Deletes of a resource still used by another (a disk its instance is leaving) are retried
     /// this many times, this far apart.
@@ -71,12 +74,14 @@ pub struct GceDiscovered {
 }
 
 impl GceTarget {
-    /// `endpoints`: Google's or an emulator's; tokens from the metadata server `tokens` reads;
-    /// `op_bound`: the longest one operation is waited for.
-    pub fn new(endpoints: &GceEndpoints, project: &str, tokens: TokenSource, op_bound: Duration) -> Result<GceTarget, GceError> {
+    /// `endpoints`: Google's or an emulator's; `storage`: Cloud Storage's base URL (bucket
+    /// policies); tokens from the metadata server `tokens` reads; `op_bound`: the longest one
+    /// operation is waited for.
+    pub fn new(endpoints: &GceEndpoints, storage: &str, project: &str, tokens: TokenSource, op_bound: Duration) -> Result<GceTarget, GceError> {
         let counter = CallCounter::default();
         let api = GoogleApi::new(tokens, Duration::from_secs(60))?.with_counter(counter.clone());
         Ok(GceTarget {
+            iam: Iam::new(api.clone(), endpoints, storage, project),
             compute: Compute::new(api, &endpoints.compute, project, op_bound),
             counter,
             dependency_retries: 60,
@@ -122,6 +127,7 @@ impl GceTarget {
                 self.found(&mut d, views::from_firewall(&f), c.global_link("firewalls", name_of(&f)), names);
             }
         }
+        self.discover_identities(model, &mut d, names).await?;
         let safe = safe_cluster_name(&model.cluster);
         let mut templates = BTreeSet::new();
         for t in c.instance_templates().await? {
@@ -151,6 +157,51 @@ impl GceTarget {
             }
         }
         Ok(d)
+    }
+
+    /// The cluster's service accounts (the model's, and any role's account of this cluster that
+    /// exists), and the grants those accounts hold on the project and on the buckets the model
+    /// grants on (the state store's).
+    async fn discover_identities(&self, model: &ClusterModel, d: &mut GceDiscovered, names: &Names) -> Result<(), GceError> {
+        let project = self.compute.project().to_string();
+        let role_ids: BTreeSet<String> = [keelson_api::Role::ControlPlane, keelson_api::Role::Node, keelson_api::Role::Bastion]
+            .into_iter()
+            .map(|r| keelson_api::names::gce_service_account_id(r, &model.cluster))
+            .collect();
+        let mut ours: BTreeSet<String> = BTreeSet::new();
+        for a in self.iam.service_accounts().await? {
+            let email = a["email"].as_str().unwrap_or_default().to_string();
+            let id = email.split('@').next().unwrap_or_default().to_string();
+            let wanted = model.gce.service_accounts.iter().any(|s| s.email == email);
+            if wanted || (role_ids.contains(&id) && email == keelson_api::names::gce_service_account_email(&id, &project)) {
+                ours.insert(email.clone());
+                let typed = views::from_service_account(&a, &project);
+                self.found(d, typed, format!("projects/{project}/serviceAccounts/{email}"), names);
+            }
+        }
+        let member_of = |m: &str| m.strip_prefix("serviceAccount:").filter(|e| ours.contains(*e)).map(str::to_string);
+        let policy = self.iam.project_policy().await?;
+        for b in gce_iam::bindings(&policy) {
+            for email in b.members.iter().filter_map(|m| member_of(m)) {
+                let typed = views::project_member(&project, &b.role, &email);
+                self.found(d, typed, format!("projects/{project}"), names);
+            }
+        }
+        let buckets: BTreeSet<String> = model.gce.bucket_iam_members.iter().map(|m| m.bucket.clone()).chain(state_bucket(model)).collect();
+        for bucket in buckets {
+            let policy = match self.iam.bucket_policy(&bucket).await {
+                Ok(p) => p,
+                Err(e) if e.is_not_found() => continue,
+                Err(e) => return Err(e.into()),
+            };
+            for b in gce_iam::bindings(&policy) {
+                for email in b.members.iter().filter_map(|m| member_of(m)) {
+                    let typed = views::bucket_member(&bucket, &b.role, &email, b.condition.as_ref());
+                    self.found(d, typed, format!("projects/_/buckets/{bucket}"), names);
+                }
+            }
+        }
+        Ok(())
     }
 
     fn found(&self, d: &mut GceDiscovered, task: impl Into<Task>, id: String, names: &Names) {
@@ -214,6 +265,14 @@ impl GceTarget {
                     Task::InstanceTemplate(_) => cx.insert_instance_template(&body).await?,
                     Task::InstanceGroupManager(m) => cx.insert_instance_group_manager(&m.zone, &body).await?,
                     Task::Disk(d) => cx.insert_disk(&d.zone, &body).await?,
+                    Task::ServiceAccount(a) => {
+                        self.iam.create_service_account(&a.account_id, &a.display_name, &a.description).await?;
+                    }
+                    Task::ProjectIamMember(m) => self.change_project_policy(|p| gce_iam::with_member(p, &m.role, &identity::member_of(&m.email), None)).await?,
+                    Task::BucketIamMember(m) => {
+                        let condition = condition_value(m);
+                        self.change_bucket_policy(&m.bucket, |p| gce_iam::with_member(p, &m.role, &identity::member_of(&m.email), condition.as_ref())).await?
+                    }
                 }
             }
             Action::Update(fields) => {
@@ -250,6 +309,9 @@ impl GceTarget {
                         let fingerprint = now["labelFingerprint"].as_str().unwrap_or_default();
                         cx.set_disk_labels(&have.zone, &have.gce_name, &serde_json::to_value(&labels).unwrap_or_default(), fingerprint).await?;
                     }
+                    (Task::ServiceAccount(a), _) => {
+                        self.iam.patch_service_account(&a.email, &a.display_name, &a.description).await?;
+                    }
                     (Task::Network(_), _) => return Err(refuse("a network")),
                     (Task::Subnetwork(_), _) => return Err(refuse("a subnetwork's network, region or range")),
                     // Never planned: templates are named by their content.
@@ -260,6 +322,25 @@ impl GceTarget {
             Action::Delete => {
                 let task = have.ok_or_else(|| missing("actual"))?;
                 tracing::info!(kind = c.kind.as_str(), name = %c.name, "deleting");
+                match task {
+                    Task::ServiceAccount(a) => {
+                        match self.iam.delete_service_account(&a.email).await {
+                            Err(e) if !e.is_not_found() => return Err(e.into()),
+                            _ => {}
+                        }
+                        return Ok(());
+                    }
+                    Task::ProjectIamMember(m) => {
+                        return self.change_project_policy(|p| gce_iam::without_member(p, &m.role, &identity::member_of(&m.email), None)).await;
+                    }
+                    Task::BucketIamMember(m) => {
+                        let condition = condition_value(m);
+                        return self
+                            .change_bucket_policy(&m.bucket, |p| gce_iam::without_member(p, &m.role, &identity::member_of(&m.email), condition.as_ref()))
+                            .await;
+                    }
+                    _ => {}
+                }
                 self.delete_with_retry(&c.name, || async move {
                     match task {
                         Task::Network(n) => cx.delete_network(&n.gce_name).await,
@@ -268,9 +349,36 @@ impl GceTarget {
                         Task::InstanceTemplate(t) => cx.delete_instance_template(&t.name).await,
                         Task::InstanceGroupManager(m) => cx.delete_instance_group_manager(&m.zone, &m.gce_name).await,
                         Task::Disk(d) => cx.delete_disk(&d.zone, &d.gce_name).await,
+                        Task::ServiceAccount(_) | Task::ProjectIamMember(_) | Task::BucketIamMember(_) => Ok(()),
                     }
                 })
                 .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Read the project's policy, change it, write it back with its etag (a concurrent change:
+    /// read again, a bounded number of times).
+    async fn change_project_policy(&self, f: impl Fn(&Value) -> Value) -> Result<(), GceError> {
+        for attempt in 1..=POLICY_ATTEMPTS {
+            let policy = self.iam.project_policy().await?;
+            match self.iam.set_project_policy(&f(&policy)).await {
+                Err(e) if e.status() == Some(409) && attempt < POLICY_ATTEMPTS => tracing::info!(attempt, "project policy changed meanwhile; again"),
+                r => return r.map(|_| ()).map_err(Into::into),
+            }
+        }
+        Ok(())
+    }
+
+    async fn change_bucket_policy(&self, bucket: &str, f: impl Fn(&Value) -> Value) -> Result<(), GceError> {
+        for attempt in 1..=POLICY_ATTEMPTS {
+            let policy = self.iam.bucket_policy(bucket).await?;
+            match self.iam.set_bucket_policy(bucket, &f(&policy)).await {
+                Err(e) if (e.status() == Some(409) || e.status() == Some(412)) && attempt < POLICY_ATTEMPTS => {
+                    tracing::info!(attempt, bucket, "bucket policy changed meanwhile; again")
+                }
+                r => return r.map(|_| ()).map_err(Into::into),
             }
         }
         Ok(())
@@ -300,6 +408,21 @@ impl GceTarget {
     }
 }
 
+/// Read-modify-write rounds of an IAM policy before a concurrent writer wins.
+const POLICY_ATTEMPTS: u32 = 5;
+
+fn condition_value(m: &super::BucketIamMember) -> Option<Value> {
+    m.condition.as_ref().map(|c| serde_json::json!({"title": c.title, "description": c.description, "expression": c.expression}))
+}
+
+/// The state store's bucket, when it is Cloud Storage.
+fn state_bucket(model: &ClusterModel) -> Option<String> {
+    match model.config_base.parse::<base::ConfigBase>() {
+        Ok(base::ConfigBase::Gcs { bucket, .. }) => Some(bucket),
+        _ => None,
+    }
+}
+
 fn name_of(v: &Value) -> &str {
     v["name"].as_str().unwrap_or_default()
 }
@@ -314,7 +437,13 @@ pub fn write_calls(counter: &CallCounter) -> BTreeMap<String, u64> {
     counter
         .snapshot()
         .into_iter()
-        .filter(|(k, _)| !(k.ends_with(".list") || k.ends_with(".get") || k.ends_with("operations.wait") || k.ends_with(".listManagedInstances")))
+        .filter(|(k, _)| {
+            !(k.ends_with(".list")
+                || k.ends_with(".get")
+                || k.ends_with("operations.wait")
+                || k.ends_with(".listManagedInstances")
+                || k.ends_with("getIamPolicy"))
+        })
         .map(|(k, c)| (k, c.calls))
         .collect()
 }

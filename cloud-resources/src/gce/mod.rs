@@ -6,11 +6,13 @@
 
 pub mod direct;
 mod firewall;
+pub mod identity;
 pub mod views;
 
 pub use cloud::gce::compute::{name_of_link, ComputeError};
 pub use direct::{GceDiscovered, GceError, GceTarget};
 pub use firewall::{Allowed, Firewall};
+pub use identity::{BucketIamMember, Condition, ProjectIamMember, ServiceAccount};
 
 use std::collections::BTreeMap;
 
@@ -57,10 +59,23 @@ pub fn role_tag(cluster: &str, role: Role) -> String {
 pub const USER_DATA_KEY: &str = "user-data";
 pub const STARTUP_SCRIPT_KEY: &str = "startup-script";
 
-/// The service account instances run as (`cloudConfig.gceServiceAccount`, kOps' default
-/// `default`) and its scope.
-pub const DEFAULT_SERVICE_ACCOUNT: &str = "default";
+/// OAuth scopes of the instances' service accounts. Control planes keep `cloud-platform` (their
+/// account's roles limit them); every other role gets only what it uses: nodes read the state
+/// store and write logs and metrics, bastions write logs and metrics.
 pub const SCOPE_CLOUD_PLATFORM: &str = "https://www.googleapis.com/auth/cloud-platform";
+pub const SCOPE_STORAGE_READ_ONLY: &str = "https://www.googleapis.com/auth/devstorage.read_only";
+pub const SCOPE_LOGGING_WRITE: &str = "https://www.googleapis.com/auth/logging.write";
+pub const SCOPE_MONITORING: &str = "https://www.googleapis.com/auth/monitoring";
+
+/// The scopes a role's instances get.
+pub fn scopes(role: Role) -> Vec<String> {
+    let s: &[&str] = match role {
+        Role::ControlPlane | Role::ApiServer => &[SCOPE_CLOUD_PLATFORM],
+        Role::Node => &[SCOPE_STORAGE_READ_ONLY, SCOPE_LOGGING_WRITE, SCOPE_MONITORING],
+        Role::Bastion => &[SCOPE_LOGGING_WRITE, SCOPE_MONITORING],
+    };
+    s.iter().map(|s| s.to_string()).collect()
+}
 
 pub fn role_label(role: Role) -> &'static str {
     match role {
@@ -85,6 +100,9 @@ crate::tasks! {
         networks: Network(Network),
         subnetworks: Subnetwork(Subnetwork),
         firewalls: Firewall(Firewall),
+        service_accounts: ServiceAccount(ServiceAccount),
+        project_iam_members: ProjectIamMember(ProjectIamMember),
+        bucket_iam_members: BucketIamMember(BucketIamMember),
         instance_templates: InstanceTemplate(InstanceTemplate),
         instance_group_managers: InstanceGroupManager(InstanceGroupManager),
         disks: Disk(Disk),
@@ -165,6 +183,11 @@ pub struct InstanceTemplate {
     pub user_data_key: String,
     /// The service account's email (`default`: the project's default compute account).
     pub service_account: String,
+    /// The cluster's own account for the role (Terraform references it, so it exists first);
+    /// `None` for an account the spec names.
+    pub service_account_task: Option<Link<ServiceAccount>>,
+    /// The account's OAuth scopes ([`scopes`]).
+    pub scopes: Vec<String>,
     pub labels: BTreeMap<String, String>,
     pub tags: Vec<String>,
 }
@@ -210,8 +233,8 @@ impl GceTask for InstanceTemplate {
                 "labels": labels_value(&self.labels),
                 "tags": self.tags,
                 "service_account": [{
-                    "email": self.service_account,
-                    "scopes": [SCOPE_CLOUD_PLATFORM],
+                    "email": self.service_account_task.as_ref().map(|l| l.tf()).unwrap_or_else(|| self.service_account.clone()),
+                    "scopes": self.scopes,
                 }],
                 "scheduling": {"automatic_restart": true, "on_host_maintenance": "MIGRATE", "preemptible": false},
                 "lifecycle": {"create_before_destroy": true},

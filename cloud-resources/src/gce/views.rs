@@ -14,7 +14,7 @@ use keelson_api::Role;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use super::{Allowed, Disk, Firewall, InstanceGroupManager, InstanceTemplate, Network, Subnetwork, Task, SCOPE_CLOUD_PLATFORM};
+use super::{Allowed, BucketIamMember, Disk, Firewall, InstanceGroupManager, InstanceTemplate, Network, ProjectIamMember, ServiceAccount, Subnetwork, Task};
 use crate::plan::{Kind, Resource};
 use crate::tasks::{Fields, Link};
 
@@ -116,7 +116,7 @@ fn template_properties(t: &InstanceTemplate, names: &Names) -> Value {
         "metadata": {"items": metadata.iter().map(|(k, v)| json!({"key": k, "value": v})).collect::<Vec<_>>()},
         "labels": t.labels,
         "tags": {"items": t.tags},
-        "serviceAccounts": [{"email": t.service_account, "scopes": [SCOPE_CLOUD_PLATFORM]}],
+        "serviceAccounts": [{"email": t.service_account, "scopes": t.scopes}],
         "scheduling": {"automaticRestart": true, "onHostMaintenance": "MIGRATE", "preemptible": false},
     })
 }
@@ -167,6 +167,18 @@ pub fn body(task: &Task, names: &Names) -> Value {
             "targetSize": m.target_size,
             "updatePolicy": {"type": "OPPORTUNISTIC", "minimalAction": "REPLACE", "maxSurge": {"fixed": m.max_surge}, "maxUnavailable": {"fixed": 0}},
         }),
+        Task::ServiceAccount(a) => json!({
+            "accountId": a.account_id,
+            "serviceAccount": {"displayName": a.display_name, "description": a.description},
+        }),
+        Task::ProjectIamMember(m) => json!({"role": m.role, "members": [super::identity::member_of(&m.email)]}),
+        Task::BucketIamMember(m) => {
+            let mut v = json!({"role": m.role, "members": [super::identity::member_of(&m.email)]});
+            if let Some(c) = &m.condition {
+                v["condition"] = json!({"title": c.title, "description": c.description, "expression": c.expression});
+            }
+            v
+        }
         Task::Disk(d) => json!({
             "name": d.gce_name,
             "sizeGb": d.size_gb.to_string(),
@@ -259,8 +271,54 @@ pub fn from_template(v: &Value) -> InstanceTemplate {
         user_data,
         user_data_key,
         service_account: str_of(&p["serviceAccounts"][0], "email").to_string(),
+        service_account_task: None,
+        scopes: strings(&p["serviceAccounts"][0]["scopes"]),
         labels,
         tags: strings(&p["tags"]["items"]),
+    }
+}
+
+/// A service account read back (IAM's `serviceAccounts` resource).
+pub fn from_service_account(v: &Value, project: &str) -> ServiceAccount {
+    let email = str_of(v, "email").to_string();
+    let id = email.split('@').next().unwrap_or_default().to_string();
+    ServiceAccount {
+        name: id.clone(),
+        project: project.to_string(),
+        account_id: id,
+        email,
+        display_name: str_of(v, "displayName").to_string(),
+        description: str_of(v, "description").to_string(),
+    }
+}
+
+/// One member of one role of the project's policy.
+pub fn project_member(project: &str, role: &str, email: &str) -> ProjectIamMember {
+    let id = email.split('@').next().unwrap_or_default();
+    ProjectIamMember {
+        name: format!("{role} {}", super::identity::member_of(email)),
+        project: project.to_string(),
+        role: role.to_string(),
+        email: email.to_string(),
+        account: Link::to(id),
+    }
+}
+
+/// One member of one (conditional) binding of a bucket's policy.
+pub fn bucket_member(bucket: &str, role: &str, email: &str, condition: Option<&Value>) -> BucketIamMember {
+    let id = email.split('@').next().unwrap_or_default();
+    let condition = condition.map(|c| super::Condition {
+        title: str_of(c, "title").to_string(),
+        description: str_of(c, "description").to_string(),
+        expression: str_of(c, "expression").to_string(),
+    });
+    BucketIamMember {
+        name: super::identity::bucket_member_name(bucket, role, &super::identity::member_of(email), condition.as_ref().map(|c| c.expression.as_str())),
+        bucket: bucket.to_string(),
+        role: role.to_string(),
+        email: email.to_string(),
+        account: Link::to(id),
+        condition,
     }
 }
 
@@ -297,6 +355,9 @@ pub fn kind_of(task: &Task) -> Kind {
         Task::InstanceTemplate(_) => Kind::GceInstanceTemplate,
         Task::InstanceGroupManager(_) => Kind::GceInstanceGroupManager,
         Task::Disk(_) => Kind::GceDisk,
+        Task::ServiceAccount(_) => Kind::GceServiceAccount,
+        Task::ProjectIamMember(_) => Kind::GceProjectIamMember,
+        Task::BucketIamMember(_) => Kind::GceBucketIamMember,
     }
 }
 
@@ -309,6 +370,9 @@ pub fn gce_name_of(task: &Task, names: &Names) -> String {
         Task::InstanceTemplate(t) => names.templates.get(&t.name).cloned().unwrap_or_else(|| t.name.clone()),
         Task::InstanceGroupManager(m) => m.gce_name.clone(),
         Task::Disk(d) => d.gce_name.clone(),
+        Task::ServiceAccount(a) => a.email.clone(),
+        Task::ProjectIamMember(m) => m.name.clone(),
+        Task::BucketIamMember(m) => m.name.clone(),
     }
 }
 
@@ -346,6 +410,7 @@ pub fn view(task: Task, id: Option<String>, names: &Names) -> Resource {
                 .set("disk", format!("{} GB {}", t.disk_size_gb, t.disk_type))
                 .set("metadata", format!("{} (sha256 {}), cluster-name, kops-k8s-io-instance-group-name", t.user_data_key, base::sha256_hex(&t.user_data)))
                 .set("service_account", &t.service_account)
+                .set("scopes", sorted_joined(&t.scopes))
                 .set("tags", sorted_joined(&t.tags));
             tags = t.labels.clone();
         }
@@ -358,6 +423,18 @@ pub fn view(task: Task, id: Option<String>, names: &Names) -> Resource {
         Task::Disk(d) => {
             f.set("zone", &d.zone).set("size", d.size_gb).set("type", &d.disk_type);
             tags = d.labels.clone();
+        }
+        Task::ServiceAccount(a) => {
+            f.set("project", &a.project).set("display_name", &a.display_name).set("description", &a.description);
+        }
+        Task::ProjectIamMember(m) => {
+            f.set("project", &m.project).set("role", &m.role).set("member", super::identity::member_of(&m.email));
+        }
+        Task::BucketIamMember(m) => {
+            f.set("bucket", &m.bucket)
+                .set("role", &m.role)
+                .set("member", super::identity::member_of(&m.email))
+                .set("condition", m.condition.as_ref().map(|c| c.expression.as_str()).unwrap_or(""));
         }
     }
     Resource { kind: Some(kind_of(&task)), name: gce_name_of(&task, names), attrs: f.0, tags, id, task: None, gce: Some(Box::new(task)) }
@@ -384,6 +461,8 @@ mod tests {
             user_data: b"#!/bin/bash\n".to_vec(),
             user_data_key: super::super::USER_DATA_KEY.into(),
             service_account: "default".into(),
+            service_account_task: None,
+            scopes: super::super::scopes(Role::Node),
             labels: BTreeMap::from([("k8s-io-cluster-name".to_string(), "c".to_string())]),
             tags: vec!["c-k8s-io-role-node".into()],
         }
@@ -406,6 +485,8 @@ mod tests {
         assert_eq!(body["properties"]["networkInterfaces"][0]["subnetwork"], "projects/p/regions/europe-west1/subnetworks/europe-west1.c");
         let back = from_template(&body);
         assert_eq!(InstanceTemplate { name: t.name.clone(), subnetwork: Some(Link::to("europe-west1.c")), ..back }, t);
+        let other_scopes = InstanceTemplate { scopes: super::super::scopes(Role::ControlPlane), ..template() };
+        assert_ne!(template_name(&other_scopes, &names), name, "scopes are part of the template");
     }
 
     #[test]

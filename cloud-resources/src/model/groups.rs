@@ -19,7 +19,7 @@ pub struct Group<'a> {
     /// The cloud name of its launch template and autoscaling group: `<group>.<cluster>`.
     name: String,
     group: String,
-    role: Role,
+    pub(super) role: Role,
     image: String,
     machine_type: String,
     user_data: Vec<u8>,
@@ -213,7 +213,7 @@ impl Group<'_> {
 
     /// GCE: the instance template, and a managed instance group per zone (kOps spreads the group's
     /// size over its zones, the first zones getting the remainder).
-    pub fn build_gce(self, cx: &Context<'_>, tasks: &mut gce::Tasks) {
+    pub fn build_gce(self, cx: &Context<'_>, account: &super::gce_identity::RoleAccount, tasks: &mut gce::Tasks) {
         let cluster = cx.cluster;
         let role = role_label(self.role);
         let network: Link<gce::Network> = match cx.vpc.id() {
@@ -240,7 +240,9 @@ impl Group<'_> {
             } else {
                 gce::USER_DATA_KEY.to_string()
             },
-            service_account: cx.spec.cloud_config.as_ref().and_then(|c| c.gce_service_account.clone()).unwrap_or_else(|| gce::DEFAULT_SERVICE_ACCOUNT.into()),
+            service_account: account.email.clone(),
+            service_account_task: account.task.clone(),
+            scopes: gce::scopes(self.role),
             labels: BTreeMap::from([
                 // Checked when the disks are built (every cluster has them): a plain label, as kOps writes it.
                 ("k8s-io-cluster-name".to_string(), safe_cluster_name(cluster)),

@@ -17,6 +17,7 @@ use crate::tasks::Link;
 
 mod dns;
 mod gce_firewall;
+mod gce_identity;
 mod groups;
 mod iam;
 mod load_balancer;
@@ -217,10 +218,14 @@ pub fn build_with(docs: &Documents, compiled: &Compiled, require_user_data: bool
         security_groups::build(&cx, lb_spec, &mut tasks);
     }
     let user_data = |group: &str| compiled.groups.get(group).and_then(|g| g.user_data.clone());
+    let gce_accounts = if cloud == CloudKind::Gce { gce_identity::accounts(&cx)? } else { BTreeMap::new() };
     for g in groups::groups(&cx, &user_data, require_user_data)? {
         match cloud {
             CloudKind::Aws => g.build(&cx, &security_groups, &instance_profiles, target_group.as_ref(), &mut tasks),
-            _ => g.build_gce(&cx, &mut gce_tasks),
+            _ => {
+                let account = gce_accounts.get(&g.role).cloned().ok_or_else(|| cx.missing("spec.project"))?;
+                g.build_gce(&cx, &account, &mut gce_tasks)
+            }
         }
     }
     let etcd_clusters = match cloud {
@@ -234,6 +239,9 @@ pub fn build_with(docs: &Documents, compiled: &Compiled, require_user_data: bool
     let bootstrap = keelson_api::nodeup::node_bootstrap_method(completed.metadata.annotations.as_ref(), true);
     let bootstrap_token = bootstrap.as_ref().is_ok_and(|m| *m == keelson_api::nodeup::NodeBootstrapMethod::Token);
     let policy_inputs = PolicyInputs::new(&cluster, &region, &config_base, spec, &docs.instance_groups, bootstrap_token);
+    if cloud == CloudKind::Gce {
+        gce_identity::build_gce(&cx, &config_base, bootstrap_token, &mut gce_tasks)?;
+    }
     // IAM is validated for every cloud; its tasks are AWS's.
     let mut iam_tasks = aws::Tasks::default();
     iam::build(&cx, &policy_inputs, if cloud == CloudKind::Aws { &mut tasks } else { &mut iam_tasks })?;

@@ -17,6 +17,7 @@ pub mod auth;
 pub mod compute;
 pub mod disks;
 pub mod dns;
+pub mod iam;
 pub mod instances;
 pub mod labels;
 pub mod migs;
@@ -36,6 +37,11 @@ pub struct GceEndpoints {
     pub compute: String,
     /// The Cloud DNS v1 base (`https://dns.googleapis.com/dns/v1`).
     pub dns: String,
+    /// The IAM v1 base (`https://iam.googleapis.com/v1`): service accounts.
+    pub iam: String,
+    /// The Resource Manager v1 base (`https://cloudresourcemanager.googleapis.com/v1`): the
+    /// project's IAM policy.
+    pub resource_manager: String,
 }
 
 /// The variable that points every GCE client of Keelson (the CLI, protokube, the join server) at
@@ -50,14 +56,24 @@ impl GceEndpoints {
     }
 
     pub fn google() -> GceEndpoints {
-        GceEndpoints { compute: "https://compute.googleapis.com/compute/v1".into(), dns: "https://dns.googleapis.com/dns/v1".into() }
+        GceEndpoints {
+            compute: "https://compute.googleapis.com/compute/v1".into(),
+            dns: "https://dns.googleapis.com/dns/v1".into(),
+            iam: "https://iam.googleapis.com/v1".into(),
+            resource_manager: "https://cloudresourcemanager.googleapis.com/v1".into(),
+        }
     }
 
-    /// Both APIs under one base URL, at their usual paths (`<base>/compute/v1`, `<base>/dns/v1`):
-    /// what the harness's emulators serve.
+    /// Every API under one base URL, at its usual path (`<base>/compute/v1`, `<base>/dns/v1`,
+    /// `<base>/iam/v1`, `<base>/cloudresourcemanager/v1`): what the harness's emulators serve.
     pub fn at(base: &str) -> GceEndpoints {
         let base = base.trim_end_matches('/');
-        GceEndpoints { compute: format!("{base}/compute/v1"), dns: format!("{base}/dns/v1") }
+        GceEndpoints {
+            compute: format!("{base}/compute/v1"),
+            dns: format!("{base}/dns/v1"),
+            iam: format!("{base}/iam/v1"),
+            resource_manager: format!("{base}/cloudresourcemanager/v1"),
+        }
     }
 }
 
@@ -69,7 +85,12 @@ mod tests {
     fn one_base_serves_both_apis() {
         assert_eq!(
             GceEndpoints::at("http://127.0.0.1:9/"),
-            GceEndpoints { compute: "http://127.0.0.1:9/compute/v1".into(), dns: "http://127.0.0.1:9/dns/v1".into() }
+            GceEndpoints {
+                compute: "http://127.0.0.1:9/compute/v1".into(),
+                dns: "http://127.0.0.1:9/dns/v1".into(),
+                iam: "http://127.0.0.1:9/iam/v1".into(),
+                resource_manager: "http://127.0.0.1:9/cloudresourcemanager/v1".into(),
+            }
         );
     }
 }

@@ -208,6 +208,56 @@ pub fn api_hosts_timer() -> Timer {
     }
 }
 
+/// The metadata server's address on GCE (and AWS): `metadata.google.internal`.
+pub const METADATA_ADDRESS: &str = "169.254.169.254/32";
+
+/// The `iptables` arguments of the metadata concealment rule: packets from the pod network
+/// (`pod_cidr`) to the metadata server are dropped in `mangle PREROUTING`, before routing, so
+/// whether the server is on the host or beyond it, and whatever the CNI accepts later in
+/// `filter`, pods never reach it. Host processes (the kubelet, nodeup, protokube, host-network
+/// pods) send from the host and never pass PREROUTING: they keep it. GKE's metadata concealment
+/// has the same effect.
+pub fn metadata_concealment_rule(pod_cidr: &str) -> String {
+    format!("-t mangle PREROUTING -s {pod_cidr} -d {METADATA_ADDRESS} -j DROP")
+}
+
+/// `keelson-metadata-concealment.service`: puts [`metadata_concealment_rule`] first in its chain
+/// unless it is there (a CNI that inserts its own rules later cannot move ahead of a DROP that
+/// ends the packet, and the timer checks again).
+pub fn metadata_concealment(pod_cidr: &str) -> Unit {
+    let rule = metadata_concealment_rule(pod_cidr);
+    let (table_chain, matches) = rule.split_at(rule.find(" -s ").unwrap_or(rule.len()));
+    Unit {
+        unit: UnitSection {
+            description: "Keelson: pods may not reach the instance metadata server (metadata concealment)".into(),
+            documentation: None,
+            after: vec!["network-pre.target".into()],
+            wants: vec![],
+        },
+        service: ServiceSection {
+            type_: Some("oneshot".into()),
+            exec_start: format!(
+                "/bin/sh -c 'iptables -w 5 {table} -C {chain}{matches} 2>/dev/null || iptables -w 5 {table} -I {chain} 1{matches}'",
+                table = &table_chain[..table_chain.rfind(' ').unwrap_or(0)],
+                chain = table_chain.rsplit(' ').next().unwrap_or("PREROUTING"),
+            ),
+            ..Default::default()
+        },
+        install: InstallSection::default(),
+    }
+}
+
+/// `keelson-metadata-concealment.timer`: checks the rule again every minute.
+pub fn metadata_concealment_timer() -> Timer {
+    Timer {
+        unit: UnitSection { description: "Check the metadata concealment rule periodically".into(), ..Default::default() },
+        every: std::time::Duration::from_secs(60),
+        jitter: std::time::Duration::from_secs(5),
+        accuracy: Some(std::time::Duration::from_secs(1)),
+        install: multi_user(),
+    }
+}
+
 fn multi_user() -> InstallSection {
     InstallSection { wanted_by: vec!["multi-user.target".into()] }
 }
@@ -350,6 +400,18 @@ mod tests {
     fn protokube_may_hold_many_connections() {
         let s = super::protokube("/etc/keelson/bootconfig.yaml").render();
         assert!(s.contains("\nLimitNOFILE=65536\n"), "{s}");
+    }
+
+    #[test]
+    fn metadata_concealment_drops_the_pod_network_first_once() {
+        let unit = super::metadata_concealment("100.96.0.0/11").render();
+        let exec = unit.lines().find(|l| l.starts_with("ExecStart=")).expect("ExecStart");
+        assert_eq!(
+            exec,
+            "ExecStart=/bin/sh -c 'iptables -w 5 -t mangle -C PREROUTING -s 100.96.0.0/11 -d 169.254.169.254/32 -j DROP 2>/dev/null || iptables -w 5 -t mangle -I PREROUTING 1 -s 100.96.0.0/11 -d 169.254.169.254/32 -j DROP'"
+        );
+        assert!(unit.contains("Type=oneshot"), "{unit}");
+        assert!(super::metadata_concealment_timer().render().contains("OnUnitActiveSec=60"), "{}", super::metadata_concealment_timer().render());
     }
 
     #[test]

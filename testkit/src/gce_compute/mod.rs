@@ -141,11 +141,20 @@ pub struct DiskView {
 #[derive(Clone)]
 pub struct GceCompute {
     state: Arc<Mutex<State>>,
+    /// IAM, Resource Manager and bucket policies, served on the same address.
+    iam: crate::gce_iam::GceIam,
 }
 
 impl GceCompute {
     pub fn new(cfg: Config) -> GceCompute {
-        GceCompute { state: Arc::new(Mutex::new(State::new(cfg))) }
+        let iam = crate::gce_iam::GceIam::new(&cfg.project, &cfg.project_number);
+        GceCompute { state: Arc::new(Mutex::new(State::new(cfg))), iam }
+    }
+
+    /// The project's identities and policies (served under `/iam/v1/`, `/cloudresourcemanager/v1/`
+    /// and `/storage/v1/b/{bucket}/iam`).
+    pub fn iam(&self) -> crate::gce_iam::GceIam {
+        self.iam.clone()
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -175,6 +184,9 @@ impl GceCompute {
                     if let Some(d) = &dns {
                         return d.answer(req);
                     }
+                }
+                if crate::gce_iam::GceIam::serves(&req.path) {
+                    return me.iam.answer(req);
                 }
                 me.answer(req)
             }),

@@ -24,6 +24,7 @@ use super::metadata::KEY_ID;
 pub const PROJECT_NUMBER: &str = "123456789012";
 /// Where the JWK set is served (Google's is `https://www.googleapis.com/oauth2/v3/certs`).
 pub const JWKS_PATH: &str = "/oauth2/v3/certs";
+const CLOUD_PLATFORM: &str = "https://www.googleapis.com/auth/cloud-platform";
 
 #[derive(Debug, thiserror::Error)]
 pub enum GceLocalError {
@@ -100,7 +101,7 @@ impl LocalGce {
             project: project.to_string(),
             numeric_project: PROJECT_NUMBER.to_string(),
             service_account: Some(format!("{PROJECT_NUMBER}-compute@developer.gserviceaccount.com")),
-            scopes: vec!["https://www.googleapis.com/auth/cloud-platform".into()],
+            scopes: vec![CLOUD_PLATFORM.into()],
             id: "0".into(),
             ..Default::default()
         };
@@ -118,6 +119,24 @@ impl LocalGce {
             signing_key,
             host_metadata: host_metadata.addr().to_string(),
             _host_metadata: host_metadata,
+        })
+    }
+
+    /// Who holds a token of the local cloud: `local-<instance id>` is that instance's service
+    /// account with its scopes (as its metadata server hands it out); the host's (`local-0`) is
+    /// the project's default Compute account with `cloud-platform`.
+    pub fn callers(&self) -> testkit::gcs_gate::Callers {
+        let compute = self.compute.clone();
+        let default = testkit::gce_iam::compute_default_account(PROJECT_NUMBER);
+        std::sync::Arc::new(move |token: &str| {
+            let id = token.strip_prefix("local-")?;
+            let member = |email: &str| format!("serviceAccount:{}", if email == "default" { default.as_str() } else { email });
+            if id == "0" {
+                return Some(testkit::gce_iam::Caller { member: member("default"), scopes: vec![CLOUD_PLATFORM.to_string()] });
+            }
+            let inst = compute.instances().into_iter().find(|i| i.id == id)?;
+            let (email, scopes) = inst.service_accounts.first()?.clone();
+            Some(testkit::gce_iam::Caller { member: member(&email), scopes })
         })
     }
 

@@ -110,7 +110,9 @@ pub fn run(state: &State, spec: &Spec, project: &str, cs: &mut ClusterState, sto
     {
         let _guard = rt.enter();
         rt.spawn(mirror::serve(tokio::net::TcpListener::from_std(mirror_l)?, mirror_root));
-        rt.spawn(crate::relay::relay(tokio::net::TcpListener::from_std(gcs_l)?, gce.gcs_target()));
+        // Cloud Storage with its access control: the caller of a token is the instance's service
+        // account and scopes (the host's token is the project's default account's).
+        rt.spawn(testkit::gcs_gate::serve(tokio::net::TcpListener::from_std(gcs_l)?, gce.gcs_target(), gce.compute.iam(), gce.callers()));
     }
     let events: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
     let balancers = {
@@ -179,6 +181,9 @@ pub fn run(state: &State, spec: &Spec, project: &str, cs: &mut ClusterState, sto
     };
     let machine_env = vec![
         ("STORAGE_EMULATOR_HOST".to_string(), gce.gcs_url.clone()),
+        // With an emulator host, Cloud Storage clients send a token only from a metadata server
+        // named to them: the machine's own, so the storage gate sees the instance's identity.
+        ("GCE_METADATA_HOST".to_string(), "169.254.169.254".to_string()),
         (GCE_ENDPOINT_ENV.to_string(), gce.api_url.clone()),
         (GCE_JWKS_ENV.to_string(), gce.jwks_url.clone()),
     ];
