@@ -316,19 +316,8 @@ fn change_create(st: &mut DnsState, zone_name: &str, body: Map<String, Value>) -
 mod tests {
     use super::*;
 
-    fn req(method: &str, path: &str, body: Value) -> Request {
-        Request {
-            method: method.into(),
-            path: path.into(),
-            query: String::new(),
-            headers: vec![("authorization".into(), "Bearer t".into())],
-            peer: "127.0.0.1:1".into(),
-            body: if body.is_null() { vec![] } else { body.to_string().into_bytes() },
-        }
-    }
-
     fn call(d: &CloudDns, method: &str, path: &str, body: Value) -> (u16, Value) {
-        let r = d.answer(&req(method, path, body));
+        let r = d.answer(&crate::google_api::bearer_request(method, path, &body));
         let v = match r.body {
             crate::httpd::Body::Bytes(b) => serde_json::from_slice(&b).unwrap_or(Value::Null),
             _ => Value::Null,
@@ -374,7 +363,7 @@ mod tests {
         let (_, l) = call(&d, "GET", &format!("{base}/z/rrsets"), Value::Null);
         let types: Vec<&str> = l["rrsets"].as_array().unwrap().iter().filter_map(|r| r["type"].as_str()).collect();
         assert_eq!(types, ["A", "NS", "SOA"]);
-        let mut r = req("GET", &format!("{base}/z/rrsets"), Value::Null);
+        let mut r = crate::google_api::bearer_request("GET", &format!("{base}/z/rrsets"), &Value::Null);
         r.query = "name=api.example.com.&type=A".into();
         let filtered: Value = match d.answer(&r).body {
             crate::httpd::Body::Bytes(b) => serde_json::from_slice(&b).unwrap(),
@@ -401,7 +390,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(200));
         let (_, c) = call(&d, "GET", &format!("/dns/v1/projects/p/managedZones/z/changes/{}", c["id"].as_str().unwrap()), Value::Null);
         assert_eq!(c["status"], "done");
-        let mut r = req("GET", "/dns/v1/projects/p/managedZones", Value::Null);
+        let mut r = crate::google_api::bearer_request("GET", "/dns/v1/projects/p/managedZones", &Value::Null);
         r.headers.clear();
         assert_eq!(d.answer(&r).status, 401);
     }

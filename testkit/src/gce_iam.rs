@@ -401,19 +401,8 @@ mod tests {
         assert!(!condition_holds(&json!({"expression": "resource.type == \"x\""}), "anything"), "never granted on what it cannot read");
     }
 
-    fn req(method: &str, path: &str, body: Value) -> Request {
-        Request {
-            method: method.into(),
-            path: path.into(),
-            query: String::new(),
-            headers: vec![("authorization".into(), "Bearer t".into())],
-            peer: "127.0.0.1:1".into(),
-            body: if body.is_null() { vec![] } else { body.to_string().into_bytes() },
-        }
-    }
-
     fn call(iam: &GceIam, method: &str, path: &str, body: Value) -> (u16, Value) {
-        let r = iam.answer(&req(method, path, body));
+        let r = iam.answer(&crate::google_api::bearer_request(method, path, &body));
         let crate::httpd::Body::Bytes(b) = r.body else { panic!("bytes") };
         (r.status, serde_json::from_slice(&b).unwrap_or(Value::Null))
     }

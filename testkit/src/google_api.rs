@@ -83,6 +83,19 @@ pub fn json_response(status: u16, body: &Value) -> Response {
     }
 }
 
+/// A request as an authenticated client sends it (tests of the emulators): a bearer token and the
+/// JSON body, if any.
+pub fn bearer_request(method: &str, path: &str, body: &Value) -> Request {
+    Request {
+        method: method.into(),
+        path: path.into(),
+        query: String::new(),
+        headers: vec![("authorization".into(), "Bearer t".into())],
+        peer: "127.0.0.1:1".into(),
+        body: if body.is_null() { vec![] } else { body.to_string().into_bytes() },
+    }
+}
+
 /// Any non-empty `Authorization: Bearer <token>` passes (the emulator checks that a client
 /// authenticates, not who it is); anything else is 401 as Google answers it.
 pub fn require_bearer(req: &Request) -> Result<(), ApiError> {
