@@ -246,7 +246,8 @@ fn node(p: &PolicyInputs) -> Vec<Value> {
                 format!("arn:{}:s3:::{bucket}/{prefix}/{rel}", p.partition)
             }
         };
-        let mut readable = vec![object("igconfig/node/*"), object("pki/issued/kubernetes-ca/*")];
+        // What a worker reads on every cloud (GCE grants the same prefixes on its bucket).
+        let mut readable: Vec<String> = keelson_api::nodeup::NODE_READABLE_PREFIXES.iter().map(|p| object(&format!("{p}*"))).collect();
         if p.bootstrap_token {
             readable.push(object("secrets/node-bootstrap-token"));
         }
