@@ -6,11 +6,14 @@
 //! not allow fails the test, naming the call, the identity and the nearest statement.
 //! Needs moto; fails with a message saying so.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use support::options;
 
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef;
@@ -43,29 +46,6 @@ impl Intercept for FailOperation {
             return Err(format!("injected failure of {}", self.operation).into());
         }
         Ok(())
-    }
-}
-
-/// The builds user-data boots, as the tests of `keelson compile` give them.
-fn options() -> spec_compiler::CompileOptions {
-    let assets = |items: &[(&str, &str)]| {
-        items
-            .iter()
-            .map(|(arch, asset)| {
-                (spec_compiler::versions::Arch::parse(arch).expect("arch"), spec_compiler::userdata::NodeupAsset::parse(asset).expect("asset"))
-            })
-            .collect()
-    };
-    spec_compiler::CompileOptions {
-        nodeup_assets: assets(&[
-            ("amd64", "8b1a9953c4611296a827abf8c47804d7e6c49c6b8f0b8c1f4ee3a5e6a1b1c2d3@https://nodeup.mirror.test/amd64/nodeup,https://backup.mirror.test/amd64/nodeup"),
-            ("arm64", "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0@https://nodeup.mirror.test/arm64/nodeup"),
-        ]),
-        protokube_assets: assets(&[
-            ("amd64", "5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8@https://nodeup.mirror.test/amd64/protokube"),
-            ("arm64", "6b86b273ff34fce19d6b804eff5a3f5747ada4eaa22f1d49c01e52ddb7875b4b@https://nodeup.mirror.test/arm64/protokube"),
-        ]),
-        ..Default::default()
     }
 }
 
