@@ -89,8 +89,12 @@ pub struct NodeupConfig {
 /// the join by cloud identity (`keelson.io/node-bootstrap: token`).
 pub const NODE_BOOTSTRAP_ANNOTATION: &str = "keelson.io/node-bootstrap";
 
+/// Where the kubelet reads static pods unless `kubelet.podManifestPath` / `masterKubelet.podManifestPath`
+/// says otherwise (the compiler fills that default; nodeup and protokube write there).
+pub const STATIC_POD_DIR: &str = "/etc/kubernetes/manifests";
+
 /// Where the join server listens on every control plane.
-pub const NODE_JOIN_PORT: u16 = 3988;
+pub const NODE_JOIN_PORT: u16 = crate::ports::NODE_JOIN;
 
 /// The clouds whose instances can prove who they are to the join server: AWS (a signed
 /// `sts:GetCallerIdentity`) and GCE (a metadata identity token).
@@ -116,7 +120,7 @@ pub fn node_bootstrap_method(annotations: Option<&BTreeMap<String, String>>, ide
 /// `.k8s.local` name): the control planes' names (`api.internal.<cluster>`, the join server's
 /// `kops-controller.internal.<cluster>`, the etcd members) then live in hosts files.
 pub fn uses_hosts_dns(cluster_name: &str, dns_type: Option<&str>) -> bool {
-    dns_type.is_some_and(|t| t.eq_ignore_ascii_case("none")) || cluster_name.trim_end_matches('.').ends_with(".k8s.local")
+    dns_type == Some("None") || crate::plan::is_gossip_name(cluster_name)
 }
 
 /// Where, in a hosts-DNS cluster ([`uses_hosts_dns`]), the control planes publish the private
@@ -146,6 +150,13 @@ pub struct ApiServers {
 /// server's internal name and the join server's.
 pub fn api_server_names(cluster_name: &str) -> [String; 2] {
     [format!("api.internal.{cluster_name}"), format!("kops-controller.internal.{cluster_name}")]
+}
+
+/// The pod network of a cluster: `podCIDR`, else `nonMasqueradeCIDR` (the range pods' addresses
+/// come from when the CNI gives pods their own). What nodeup keeps from the metadata server and
+/// what the join server holds to a share of its capacity.
+pub fn pod_network<'a>(pod_cidr: Option<&'a str>, non_masquerade_cidr: Option<&'a str>) -> Option<&'a str> {
+    pod_cidr.filter(|c| !c.is_empty()).or(non_masquerade_cidr.filter(|c| !c.is_empty()))
 }
 
 /// How workers join.
@@ -274,7 +285,7 @@ mod tests {
         assert!(uses_hosts_dns("x.k8s.local", None));
         assert!(uses_hosts_dns("x.k8s.local.", Some("Public")), "a gossip name never has a zone");
         assert!(uses_hosts_dns("x.example.com", Some("None")));
-        assert!(uses_hosts_dns("x.example.com", Some("none")));
+        assert!(!uses_hosts_dns("x.example.com", Some("none")), "not a kOps value: validation refuses it");
         assert!(!uses_hosts_dns("x.example.com", None));
         assert!(!uses_hosts_dns("x.example.com", Some("Private")));
         assert!(!uses_hosts_dns("k8s.local.example.com", None));

@@ -42,7 +42,7 @@ pub const STS_BODY: &str = "Action=GetCallerIdentity&Version=2011-06-15";
 /// How old a signed request may be (STS itself allows 15 minutes of skew).
 pub const MAX_AGE: Duration = Duration::from_secs(15 * 60);
 /// Where a joining node answers the server's challenge while it joins (kOps' nodeup challenge port).
-pub const CHALLENGE_PORT: u16 = 3989;
+pub const CHALLENGE_PORT: u16 = keelson_api::ports::NODEUP_CHALLENGE;
 /// The first word of the server's challenge line.
 pub const CHALLENGE_GREETING: &str = "KEELSON-JOIN-CHALLENGE";
 /// Longest line either side of the challenge reads.

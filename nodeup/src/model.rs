@@ -5,6 +5,10 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How long a boot waits for what the control planes provide (the join server's certificates, the
+/// API servers' addresses): a fresh cluster's control planes may take this long to come up.
+pub const BOOT_WAIT: Duration = Duration::from_secs(30 * 60);
+
 use keelson_api::nodeup::{BootConfig, NodeBootstrapMethod, NodeupConfig};
 use keelson_api::{Quantity, Role};
 
@@ -197,7 +201,7 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
     // which reach them by those names), then kept current by a timer.
     let hosts_dns_worker = !runs_api && keelson_api::nodeup::uses_hosts_dns(cluster, cfg.uses_none_dns.then_some("None"));
     if hosts_dns_worker {
-        tasks.push(Box::new(ApiHostsTask { store: inp.store.clone(), cluster: cluster.clone(), wait: Duration::from_secs(30 * 60) }));
+        tasks.push(Box::new(ApiHostsTask { store: inp.store.clone(), cluster: cluster.clone(), wait: BOOT_WAIT }));
         kubelet_inputs.push(api_hosts::TASK_NAME.to_string());
         let (service, timer) = (unit_path("keelson-api-hosts.service"), unit_path("keelson-api-hosts.timer"));
         tasks.push(Box::new(FileTask::new(&service, systemd::api_hosts(paths::BOOT_CONFIG_COPY).render(), 0o644)));
@@ -209,7 +213,7 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
     // service account) by a rule on the pod network, installed before the kubelet starts pods.
     if inp.boot.cloud_provider == "gce" {
         let net = &cfg.networking;
-        let pod_cidr = net.pod_cidr.clone().or_else(|| net.non_masquerade_cidr.clone()).ok_or_else(|| {
+        let pod_cidr = keelson_api::nodeup::pod_network(net.pod_cidr.as_deref(), net.non_masquerade_cidr.as_deref()).map(str::to_string).ok_or_else(|| {
             render_err("NodeupConfig: networking")("GCE needs podCIDR or nonMasqueradeCIDR (the pod network kept from the metadata server)".to_string())
         })?;
         let (service, timer) = (unit_path("keelson-metadata-concealment.service"), unit_path("keelson-metadata-concealment.timer"));
@@ -261,7 +265,7 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
             sts_url: base::node_join::sts_endpoint(region.as_deref().unwrap_or_default()),
             region: region.ok_or_else(|| need("region"))?,
             imds_url: inp.facts.imds_url.clone(),
-            wait: Duration::from_secs(30 * 60),
+            wait: BOOT_WAIT,
             challenge_listen: std::net::SocketAddr::from(([0, 0, 0, 0], base::node_join::CHALLENGE_PORT)),
             deps: std::iter::once(ca_dep.clone()).chain(hosts_dns_worker.then(|| api_hosts::TASK_NAME.to_string())).collect(),
         }));
@@ -574,7 +578,7 @@ fn control_plane(
         memory_limit: quantity(api.memory_limit.as_ref()),
         host_paths,
         ports: vec![("https", secure_port)],
-        probe: has_healthcheck.then(|| ("/livez".to_string(), 3990, "HTTP")),
+        probe: has_healthcheck.then(|| ("/livez".to_string(), i64::from(keelson_api::ports::KUBE_API_HEALTH), "HTTP")),
         privileged: false,
         priority_class: "system-cluster-critical",
     };
@@ -626,7 +630,7 @@ fn control_plane(
             ("volplugins", "/usr/libexec/kubernetes/kubelet-plugins/volume/exec/".into(), true),
         ],
         ports: vec![],
-        probe: Some(("/healthz".into(), 10257, "HTTPS")),
+        probe: Some(("/healthz".into(), i64::from(keelson_api::ports::KUBE_CONTROLLER_MANAGER), "HTTPS")),
         privileged: false,
         priority_class: "system-cluster-critical",
     };
@@ -656,7 +660,7 @@ fn control_plane(
         memory_limit: quantity(sched.memory_limit.as_ref()),
         host_paths: vec![("varlibkubescheduler", "/var/lib/kube-scheduler".into(), false)],
         ports: vec![],
-        probe: Some(("/healthz".into(), 10259, "HTTPS")),
+        probe: Some(("/healthz".into(), i64::from(keelson_api::ports::KUBE_SCHEDULER), "HTTPS")),
         privileged: false,
         priority_class: "system-cluster-critical",
     };

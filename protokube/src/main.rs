@@ -70,7 +70,7 @@ struct Args {
     #[arg(long, default_value_t = 60.0)]
     spec_interval: f64,
     /// Metrics and health address (loop mode); `off` disables.
-    #[arg(long, default_value = "127.0.0.1:3998")]
+    #[arg(long, default_value_t = format!("127.0.0.1:{}", keelson_api::ports::PROTOKUBE_METRICS))]
     metrics_addr: String,
     /// Seconds between addon-controller passes (loop mode).
     #[arg(long, default_value_t = 20.0)]
@@ -83,7 +83,7 @@ struct Args {
     no_node_labels: bool,
     /// Where the node join server listens (workers prove their instance identity and get their
     /// kubelet and kube-proxy certificates); `off` disables it.
-    #[arg(long, default_value = "0.0.0.0:3988")]
+    #[arg(long, default_value_t = format!("0.0.0.0:{}", keelson_api::ports::NODE_JOIN))]
     join_listen: String,
     /// GCE: where the join server reads Google's token-signing keys (a JWK set, cached); `$KEELSON_GCE_JWKS_URL`
     /// names another (an emulator's).
@@ -106,6 +106,10 @@ struct Args {
     /// points at `keelson etcd backup restore`).
     #[arg(long, default_value_t = 300.0)]
     quorum_loss_wait: f64,
+    /// Seconds one reconcile pass may take before it is abandoned (it is level-triggered: the next
+    /// pass continues from what is there).
+    #[arg(long, default_value_t = 600.0)]
+    pass_timeout: f64,
     /// Longest wait, in seconds, between checks of this host's certificates (loop mode); the next
     /// check comes sooner when a renewal falls due sooner.
     #[arg(long, default_value_t = 300.0)]
@@ -143,6 +147,15 @@ async fn join_ca_and_listener(store: &base::StateStore, listen: &str) -> anyhow:
     let ca = base::pki::parse_private_keyset("kubernetes-ca", &keyset).context("node join server: the cluster CA")?;
     let listener = std::net::TcpListener::bind(listen).with_context(|| format!("node join address {listen}"))?;
     Ok((ca, listener))
+}
+
+/// The join server's admission: its default limits, the cluster's pod network held to the slots
+/// not reserved for instances.
+fn join_admission(cluster: &keelson_api::Cluster) -> protokube::node_join::limits::Admission {
+    let spec = &cluster.spec;
+    let (pod, non_masq) = (spec.pod_cidr.as_ref().map(|c| c.to_string()), spec.non_masquerade_cidr.as_ref().map(|c| c.to_string()));
+    let nets = keelson_api::nodeup::pod_network(pod.as_deref(), non_masq.as_deref()).and_then(|n| n.parse().ok()).into_iter().collect();
+    protokube::node_join::limits::Admission::with_pod_networks(Default::default(), nets)
 }
 
 fn secs(s: f64) -> Duration {
@@ -225,6 +238,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         restore_tool: args.etcd_restore_tool.clone(),
         stop_timeout: secs(args.stop_timeout),
         quorum_loss_wait: secs(args.quorum_loss_wait),
+        pass_timeout: secs(args.pass_timeout),
         clock,
     };
     match &opts.restore_tool {
@@ -240,13 +254,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
             Some(ctr) => {
                 let mine = plan.etcd_clusters.iter().filter(|ec| !plan.my_members(ec).is_empty());
                 let etcd = protokube::images::distinct_images(mine.map(|ec| ec.image.as_str()));
+                let manifest = Path::new(&plan.static_pod_dir).join("kube-apiserver.manifest");
                 tokio::spawn(async move {
                     let containerd_config = Path::new("/").join(paths::CONTAINERD_CONFIG);
                     if let Some(sandbox) = protokube::images::configured_sandbox_image(&containerd_config, Duration::from_secs(5)).await {
                         protokube::images::prepull(&ctr, &[sandbox]).await;
                     }
                     protokube::images::prepull(&ctr, &etcd).await;
-                    let manifest = Path::new("/").join(paths::MANIFESTS_DIR).join("kube-apiserver.manifest");
                     if let Some(image) = protokube::images::api_server_image(&manifest, Duration::from_secs(5)).await {
                         protokube::images::prepull(&ctr, &[image]).await;
                     }
@@ -295,7 +309,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 &plan.etcd_clusters.iter().map(|c| c.name.clone()).collect::<Vec<_>>(),
                 protokube::certs::kubelet_reloads_serving_cert(&cluster.spec),
             ),
-            manifests_dir: format!("/{}", paths::MANIFESTS_DIR),
+            manifests_dir: plan.static_pod_dir.clone(),
             api_server_restart,
         };
         tokio::spawn(certificate_loop(renewer, metrics.clone(), secs(args.cert_check_interval)));
@@ -383,7 +397,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         };
         // The server learns its own account before it admits anyone; until STS answers, workers
         // wait (they retry) while etcd, backups and DNS go on.
-        let join_metrics = metrics.clone();
+        let (join_metrics, join_admission) = (metrics.clone(), join_admission(&cluster));
         tokio::spawn(async move {
             use backon::{ExponentialBuilder, Retryable as _};
             let policy =
@@ -394,7 +408,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 .await;
             let Ok(authority) = authority else { return };
             tracing::info!(sts = %authority.sts_url, "serving node joins");
-            if let Err(e) = protokube::node_join::spawn(listener, authority, join_metrics, Default::default()) {
+            if let Err(e) = protokube::node_join::spawn(listener, authority, join_metrics, join_admission) {
                 tracing::error!(error = %e, "node join server did not start");
             }
         });
@@ -413,7 +427,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             challenge_addr: protokube::node_join::challenge_at_instance(),
         })?;
         tracing::info!(jwks = %authority.jwks_url(), "serving node joins (GCE identity)");
-        protokube::node_join::spawn(listener, authority, metrics.clone(), Default::default())?;
+        protokube::node_join::spawn(listener, authority, metrics.clone(), join_admission(&cluster))?;
     }
 
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("SIGTERM handler")?;

@@ -26,7 +26,7 @@ struct World {
     node_role_arn: String,
     master_role_arn: String,
     custom_role_arn: String,
-    /// Where the authority calls every instance back (the test's stand-in for `<private IP>:3989`).
+    /// Where the authority calls every instance back (the test's stand-in for `<private IP>:3987`).
     challenge_port: u16,
 }
 
@@ -530,7 +530,8 @@ async fn a_flood_of_slow_connections_neither_stops_a_join_nor_stalls_protokube_o
     let port = listener.local_addr().expect("addr").port();
     let metrics = protokube::metrics::Metrics::default();
     let limits = protokube::node_join::limits::Limits::default();
-    protokube::node_join::spawn(listener, w.authority().await, metrics.clone(), limits).expect("join server thread");
+    protokube::node_join::spawn(listener, w.authority().await, metrics.clone(), protokube::node_join::limits::Admission::new(limits))
+        .expect("join server thread");
 
     // "Reconcile": a 100 ms ticker on this runtime, its largest gap recorded.
     let ticking = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));

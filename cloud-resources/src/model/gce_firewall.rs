@@ -17,8 +17,6 @@ use crate::gce::{self, gce_name, role_tag, Allowed, Firewall};
 use crate::tasks::Link;
 
 const ALL: [&str; 6] = ["tcp", "udp", "icmp", "esp", "ah", "sctp"];
-/// kops-controller's port (nodes fetch their configuration from it).
-pub const KOPS_CONTROLLER_PORT: &str = "3988";
 
 fn all() -> Vec<Allowed> {
     ALL.iter().map(|p| Allowed::new(p, &[])).collect()
@@ -44,7 +42,13 @@ pub fn build_gce(cx: &Context<'_>, tasks: &mut gce::Tasks) {
         rule("node-to-node", vec![], vec![node.clone()], vec![node.clone()], all()),
         rule("master-to-master", vec![], vec![master.clone()], vec![master.clone()], all()),
         rule("master-to-node", vec![], vec![master.clone()], vec![node.clone()], all()),
-        rule("node-to-master", vec![], vec![node.clone()], vec![master.clone()], vec![Allowed::new("tcp", &["443", KOPS_CONTROLLER_PORT])]),
+        rule(
+            "node-to-master",
+            vec![],
+            vec![node.clone()],
+            vec![master.clone()],
+            vec![Allowed::new("tcp", &[&keelson_api::ports::KUBE_API.to_string(), &keelson_api::ports::NODE_JOIN.to_string()])],
+        ),
     ];
     let pods = cx.spec.pod_cidr.as_ref().or(cx.spec.non_masquerade_cidr.as_ref()).map(|c| c.to_string());
     if let Some(pods) = pods {

@@ -20,6 +20,8 @@ pub struct ServiceSection {
     pub restart_sec: Option<String>,
     pub start_limit_interval: Option<String>,
     pub kill_mode: Option<String>,
+    /// How long a start may take (for a oneshot: the whole run) before systemd kills it.
+    pub timeout_start_sec: Option<String>,
     /// How long systemd waits for the service to stop before it kills it.
     pub timeout_stop_sec: Option<String>,
     pub delegate: Option<bool>,
@@ -99,6 +101,7 @@ impl Unit {
         o.opt("StartLimitInterval", &s.start_limit_interval);
         o.opt("Delegate", &yes_no(&s.delegate));
         o.opt("KillMode", &s.kill_mode);
+        o.opt("TimeoutStartSec", &s.timeout_start_sec);
         o.opt("TimeoutStopSec", &s.timeout_stop_sec);
         o.opt("User", &s.user);
         for (k, v) in &s.limits {
@@ -156,6 +159,9 @@ pub fn nodeup_again(boot_config_path: &str) -> Unit {
         service: ServiceSection {
             type_: Some("oneshot".into()),
             exec_start: format!("{} --conf {boot_config_path}", crate::paths::NODEUP_BIN),
+            // A run that hangs would hold the timer's next run off forever: bounded by the
+            // longest wait of a boot plus its downloads.
+            timeout_start_sec: Some(format!("{}s", (crate::model::BOOT_WAIT + std::time::Duration::from_secs(15 * 60)).as_secs())),
             ..Default::default()
         },
         install: InstallSection::default(),
@@ -187,11 +193,17 @@ pub fn api_hosts(boot_config_path: &str) -> Unit {
         service: ServiceSection {
             type_: Some("oneshot".into()),
             exec_start: format!("{} api-hosts --conf {boot_config_path}", crate::paths::NODEUP_BIN),
+            // One read of the state store and one write of the hosts files: a few seconds.
+            timeout_start_sec: Some(format!("{}s", API_HOSTS_RUN_BOUND.as_secs())),
             ..Default::default()
         },
         install: InstallSection::default(),
     }
 }
+
+/// The bound of one `nodeup api-hosts` run (systemd kills a run that takes longer; the timer
+/// starts the next).
+pub const API_HOSTS_RUN_BOUND: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// How often a worker of a cluster without DNS records reads the API servers' addresses again:
 /// a replaced control plane is in its hosts file within this (plus protokube's pass).
@@ -241,6 +253,8 @@ pub fn metadata_concealment(pod_cidr: &str) -> Unit {
                 table = &table_chain[..table_chain.rfind(' ').unwrap_or(0)],
                 chain = table_chain.rsplit(' ').next().unwrap_or("PREROUTING"),
             ),
+            // Two iptables calls that wait for the xtables lock 5 s each.
+            timeout_start_sec: Some("60s".into()),
             ..Default::default()
         },
         install: InstallSection::default(),
@@ -421,5 +435,19 @@ mod tests {
         assert!(t.ends_with("[Install]\nWantedBy=multi-user.target\n"), "{t}");
         let s = super::nodeup_again("/etc/keelson/bootconfig.yaml").render();
         assert!(s.contains("Type=oneshot\nExecStart=/opt/keelson/bin/nodeup --conf /etc/keelson/bootconfig.yaml\n"), "{s}");
+    }
+
+    #[test]
+    fn every_service_a_timer_starts_has_a_bound() {
+        // A oneshot run that never ends holds its timer's next run off for good (a renewal that
+        // never comes): each one's whole run is bounded.
+        for unit in [super::nodeup_again("/b"), super::api_hosts("/b"), super::metadata_concealment("100.96.0.0/11")] {
+            let text = unit.render();
+            let bound = text.lines().find_map(|l| l.strip_prefix("TimeoutStartSec=")).unwrap_or_else(|| panic!("no TimeoutStartSec: {text}"));
+            let secs: u64 = bound.strip_suffix('s').and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{bound}"));
+            assert!(secs > 0 && secs <= 3 * 3600, "{text}");
+        }
+        let renewal = super::nodeup_again("/b").render();
+        assert!(renewal.contains(&format!("TimeoutStartSec={}s", crate::model::BOOT_WAIT.as_secs() + 900)), "longer than the join's own wait: {renewal}");
     }
 }

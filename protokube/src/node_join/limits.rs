@@ -1,7 +1,10 @@
 //! Who may open a connection to the join server, and how many: a global cap on connections in
 //! flight, a cap per source address, and a token bucket per source address for new connections.
 //! A flood from a few addresses (any pod can reach :3988) is refused at accept time, before TLS,
-//! and never holds more than its share of the server.
+//! and never holds more than its share of the server. Sources in the pod network (pods with
+//! addresses of their own; a node never joins from one) share the server less
+//! [`Limits::reserved_for_instances`]: however many pods connect, that many slots stay for the
+//! instances' own addresses.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -14,6 +17,8 @@ use std::time::{Duration, Instant};
 pub struct Limits {
     /// Connections in flight, all sources together.
     pub max_connections: usize,
+    /// Of [`Self::max_connections`], how many sources in the pod network may never hold.
+    pub reserved_for_instances: usize,
     /// Connections in flight from one source address.
     pub per_source_connections: usize,
     /// New connections per second one source address may open, sustained…
@@ -29,6 +34,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_connections: 512,
+            reserved_for_instances: 128,
             per_source_connections: 8,
             per_source_rate: 2.0,
             per_source_burst: 16.0,
@@ -43,6 +49,8 @@ impl Default for Limits {
 pub enum Turnaway {
     /// The server holds `max_connections` already.
     Overloaded,
+    /// A source in the pod network, and pods hold all the slots not reserved for instances.
+    PodNetworkFull,
     /// This source holds `per_source_connections` already.
     SourceBusy,
     /// This source opened connections faster than its bucket refills.
@@ -54,6 +62,7 @@ impl Turnaway {
     pub fn reason(self) -> &'static str {
         match self {
             Turnaway::Overloaded => "overloaded",
+            Turnaway::PodNetworkFull => "pod-network-full",
             Turnaway::SourceBusy => "source-busy",
             Turnaway::RateLimited => "rate-limited",
         }
@@ -70,6 +79,8 @@ struct Source {
 #[derive(Debug)]
 struct State {
     in_flight: usize,
+    /// Of `in_flight`, from sources in the pod network.
+    pod_in_flight: usize,
     sources: HashMap<IpAddr, Source>,
 }
 
@@ -77,7 +88,14 @@ struct State {
 #[derive(Debug, Clone)]
 pub struct Admission {
     limits: Limits,
+    pod_networks: Arc<[ipnet::IpNet]>,
     state: Arc<Mutex<State>>,
+}
+
+impl Default for Admission {
+    fn default() -> Self {
+        Admission::new(Limits::default())
+    }
 }
 
 /// Held for as long as an admitted connection lives; gives its slot back when dropped.
@@ -85,14 +103,22 @@ pub struct Admission {
 pub struct Slot {
     admission: Admission,
     source: IpAddr,
+    pod: bool,
 }
 
 /// Sources remembered at most (idle ones with a full bucket are forgotten first).
 const MAX_SOURCES: usize = 65_536;
 
 impl Admission {
+    /// Admission under `limits`, with no pod network known (every source is an instance's).
     pub fn new(limits: Limits) -> Admission {
-        Admission { limits, state: Arc::new(Mutex::new(State { in_flight: 0, sources: HashMap::new() })) }
+        Admission::with_pod_networks(limits, Vec::new())
+    }
+
+    /// Admission under `limits`, sources in `pod_networks` held to the unreserved slots.
+    pub fn with_pod_networks(limits: Limits, pod_networks: Vec<ipnet::IpNet>) -> Admission {
+        let state = State { in_flight: 0, pod_in_flight: 0, sources: HashMap::new() };
+        Admission { limits, pod_networks: pod_networks.into(), state: Arc::new(Mutex::new(state)) }
     }
 
     pub fn limits(&self) -> Limits {
@@ -109,6 +135,10 @@ impl Admission {
         if st.in_flight >= l.max_connections {
             return Err(Turnaway::Overloaded);
         }
+        let pod = self.pod_networks.iter().any(|n| n.contains(&source));
+        if pod && st.pod_in_flight >= l.max_connections.saturating_sub(l.reserved_for_instances) {
+            return Err(Turnaway::PodNetworkFull);
+        }
         let s = st.sources.entry(source).or_insert(Source { tokens: l.per_source_burst, refilled: now, in_flight: 0 });
         s.tokens = (s.tokens + now.saturating_duration_since(s.refilled).as_secs_f64() * l.per_source_rate).min(l.per_source_burst);
         s.refilled = now;
@@ -121,7 +151,8 @@ impl Admission {
         s.tokens -= 1.0;
         s.in_flight += 1;
         st.in_flight += 1;
-        Ok(Slot { admission: self.clone(), source })
+        st.pod_in_flight += usize::from(pod);
+        Ok(Slot { admission: self.clone(), source, pod })
     }
 
     /// Connections in flight now.
@@ -134,6 +165,9 @@ impl Drop for Slot {
     fn drop(&mut self) {
         let mut st = self.admission.state.lock().unwrap_or_else(|p| p.into_inner());
         st.in_flight = st.in_flight.saturating_sub(1);
+        if self.pod {
+            st.pod_in_flight = st.pod_in_flight.saturating_sub(1);
+        }
         if let Some(s) = st.sources.get_mut(&self.source) {
             s.in_flight = s.in_flight.saturating_sub(1);
         }
@@ -176,5 +210,27 @@ mod tests {
         let _s1 = a.admit(ip(1), now).expect("1");
         let _s2 = a.admit(ip(2), now).expect("2");
         assert_eq!(a.admit(ip(3), now).map(|_| ()), Err(Turnaway::Overloaded));
+    }
+
+    #[test]
+    fn pods_never_hold_the_slots_reserved_for_instances() {
+        let limits = Limits { max_connections: 16, reserved_for_instances: 4, per_source_connections: 8, per_source_burst: 16.0, ..Limits::default() };
+        let a = Admission::with_pod_networks(limits, vec!["100.96.0.0/11".parse().expect("cidr")]);
+        let now = Instant::now();
+        // Two pods, eight connections each as their per-source cap allows: twelve are let in.
+        let pod = |last: u8| IpAddr::from([100, 96, 1, last]);
+        let mut held: Vec<Slot> = Vec::new();
+        for p in [pod(1), pod(2)] {
+            held.extend((0..8).filter_map(|_| a.admit(p, now).ok()));
+        }
+        assert_eq!(held.len(), 12, "the unreserved slots");
+        assert_eq!(a.admit(pod(3), now).map(|_| ()), Err(Turnaway::PodNetworkFull));
+        // A node still joins: the reserved four are its own.
+        let nodes: Vec<Slot> = (1..=4).map(|i| a.admit(ip(i), now).expect("a node's join")).collect();
+        assert_eq!(a.admit(ip(9), now).map(|_| ()), Err(Turnaway::Overloaded));
+        drop(nodes);
+        drop(held);
+        assert_eq!(a.in_flight(), 0);
+        assert!(a.admit(pod(3), now).is_ok(), "pods are let in again once the slots are free");
     }
 }

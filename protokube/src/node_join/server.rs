@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};
 
-use super::limits::{Admission, Limits};
+use super::limits::Admission;
 use super::AnyAuthority;
 use crate::metrics::Metrics;
 
@@ -111,12 +111,12 @@ async fn handle(authority: Arc<AnyAuthority>, metrics: Metrics, req: Request<Inc
 /// Serve joins on `listener` until the task is dropped. The certificate names [`server_names`]
 /// and, when the listener is bound to one address, that address. Connections beyond `limits` are
 /// closed at once, unread, and counted.
-pub async fn serve(listener: tokio::net::TcpListener, authority: impl Into<AnyAuthority>, metrics: Metrics, limits: Limits) {
+pub async fn serve(listener: tokio::net::TcpListener, authority: impl Into<AnyAuthority>, metrics: Metrics, admission: Admission) {
+    let limits = admission.limits();
     let authority: AnyAuthority = authority.into();
     let ips = listener.local_addr().map(|a| a.ip()).into_iter().filter(|ip| !ip.is_unspecified()).collect();
     let tls = Arc::new(Tls { names: server_names(authority.cluster()), ips, ca: authority.ca().clone(), current: Mutex::new(None) });
     let authority = Arc::new(authority);
-    let admission = Admission::new(limits);
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(s) => s,
@@ -181,7 +181,7 @@ pub fn spawn(
     listener: std::net::TcpListener,
     authority: impl Into<AnyAuthority>,
     metrics: Metrics,
-    limits: Limits,
+    admission: Admission,
 ) -> Result<std::thread::JoinHandle<()>, SpawnError> {
     let authority: AnyAuthority = authority.into();
     listener.set_nonblocking(true)?;
@@ -189,7 +189,7 @@ pub fn spawn(
     let handle = std::thread::Builder::new().name("node-join".into()).spawn(move || {
         runtime.block_on(async move {
             match tokio::net::TcpListener::from_std(listener) {
-                Ok(l) => serve(l, authority, metrics, limits).await,
+                Ok(l) => serve(l, authority, metrics, admission).await,
                 Err(e) => tracing::error!(error = %e, "node join: listener"),
             }
         })

@@ -58,6 +58,15 @@ pub enum ReconcileError {
     Pki(#[from] crate::pki::PkiError),
     #[error(transparent)]
     Restore(Box<restore::RestoreError>),
+    #[error("the pass did not finish within its bound of {} s (--pass-timeout); the next pass continues from what is there", bound.as_secs())]
+    PassBound { bound: Duration },
+}
+
+/// `pass` within `bound`: a pass that hangs (a cloud call, a file a pod keeps locked) ends with
+/// [`ReconcileError::PassBound`] and the loop goes on; every step is level-triggered, so the next
+/// pass starts from what is there.
+pub async fn bounded<T>(bound: Duration, pass: impl std::future::Future<Output = Result<T, ReconcileError>>) -> Result<T, ReconcileError> {
+    tokio::time::timeout(bound, pass).await.unwrap_or(Err(ReconcileError::PassBound { bound }))
 }
 
 #[derive(Debug, Clone)]
@@ -84,6 +93,8 @@ pub struct Options {
     pub clock: crate::backup::Clock,
     /// How long a member on a blank volume waits for a peer before it says the cluster lost quorum.
     pub quorum_loss_wait: Duration,
+    /// How long one whole pass may take ([`bounded`]).
+    pub pass_timeout: Duration,
 }
 
 /// What one pass did; `waiting` says what it could not finish and why.
@@ -170,8 +181,13 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         }
     }
 
-    /// One full pass.
+    /// One full pass, within [`Options::pass_timeout`].
     pub async fn reconcile(&mut self) -> Result<Report, ReconcileError> {
+        let bound = self.opts.pass_timeout;
+        bounded(bound, self.pass()).await
+    }
+
+    async fn pass(&mut self) -> Result<Report, ReconcileError> {
         let mut report = Report::default();
         let (mut vols, instances) = self.observe().await?;
 
@@ -311,5 +327,17 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                 None
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_pass_that_hangs_ends_at_its_bound() {
+        let hung = bounded(Duration::from_millis(50), std::future::pending::<Result<(), ReconcileError>>()).await;
+        assert!(matches!(hung, Err(ReconcileError::PassBound { bound }) if bound == Duration::from_millis(50)), "{hung:?}");
+        assert!(bounded(Duration::from_secs(1), async { Ok::<_, ReconcileError>(7) }).await.is_ok_and(|v| v == 7));
     }
 }

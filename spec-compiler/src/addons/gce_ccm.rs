@@ -33,7 +33,7 @@ const NAMESPACE: &str = "kube-system";
 /// The service account the GCE provider's own client runs as (`ClientOrDie("cloud-provider")`).
 const PROVIDER_SA: &str = "cloud-provider";
 /// The CCM's secure port (its liveness probe's target, as kOps probes it).
-const SECURE_PORT: u16 = 10258;
+const SECURE_PORT: u16 = keelson_api::ports::CLOUD_CONTROLLER_MANAGER;
 
 /// The cloud config (gcfg) the GCE provider reads: kOps' keys from `spec.cloudConfig`, and the
 /// Compute endpoint when the annotation names one. Project, zone and network come from the

@@ -32,7 +32,7 @@ pub const NAME: &str = "nodelocaldns.addons.k8s.io";
 pub const UPSTREAM_FILE: &str = "addons/node_local_dns/nodelocaldns-kubernetes-v1.34.4.yaml";
 const UPSTREAM: Upstream = Upstream { file: UPSTREAM_FILE, text: include_str!("node_local_dns/nodelocaldns-kubernetes-v1.34.4.yaml") };
 /// kOps' well-known port of node-local-dns' health check (`wellknownports.NodeLocalDNSHealthCheck`).
-pub const HEALTH_PORT: u16 = 3989;
+pub const HEALTH_PORT: u16 = keelson_api::ports::NODE_LOCAL_DNS_HEALTH;
 const APP: &str = "node-local-dns";
 const CONTAINER: &str = "node-cache";
 /// The upstream placeholders the overlay must fill; node-cache fills the others

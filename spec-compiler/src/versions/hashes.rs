@@ -146,8 +146,11 @@ pub fn hash_override(canonical_url: &str, download_url: &str, opts: &LookupOptio
 }
 
 /// Find the sha256 of an asset, kOps-style: [`hash_override`], then the well-known table keyed by
-/// canonical URL, otherwise the published `<download url>.sha256` / `.sha256sum` through the
+/// canonical URL, otherwise the published `<canonical url>.sha256` / `.sha256sum` through the
 /// options' [`Fetcher`](super::Fetcher) — none given, an unknown hash is an error and nothing is fetched.
+/// Never from the file repository (`download_url`): a hash that comes from the mirror that serves
+/// the file would only prove that the mirror agrees with itself. An air-gapped site gives the
+/// hashes it trusts with `--asset-hashes`.
 pub fn lookup_sha256(name: &str, version: &str, canonical_url: &str, download_url: &str, opts: &LookupOptions) -> Result<String, VersionsError> {
     if let Some(h) = hash_override(canonical_url, download_url, opts) {
         return Ok(h);
@@ -156,7 +159,7 @@ pub fn lookup_sha256(name: &str, version: &str, canonical_url: &str, download_ur
         return Ok(h.to_string());
     }
     match &opts.fetcher {
-        Some(fetcher) => fetcher.0.fetch_sha256(name, version, download_url),
-        None => Err(VersionsError::HashUnknownOffline { file: name.to_string(), version: version.to_string(), url: download_url.to_string() }),
+        Some(fetcher) => fetcher.0.fetch_sha256(name, version, canonical_url),
+        None => Err(VersionsError::HashUnknownOffline { file: name.to_string(), version: version.to_string(), url: canonical_url.to_string() }),
     }
 }

@@ -610,23 +610,40 @@ mod tests {
         let _ = std::fs::remove_dir_all(dir);
     }
 
+    /// Answers every hash with `"cd" * 32` and remembers which URLs it was asked for.
+    #[derive(Default)]
+    struct Recording(std::sync::Mutex<Vec<String>>);
+
+    impl HashFetcher for std::sync::Arc<Recording> {
+        fn fetch_sha256(&self, _name: &str, _version: &str, url: &str) -> Result<String, VersionsError> {
+            self.0.lock().unwrap().push(url.to_string());
+            Ok("cd".repeat(32))
+        }
+    }
+
     #[test]
-    fn file_url_fetch_and_mirror_hash() {
-        // A file:// repository: hashes of unknown files are read next to the mirrored file.
-        let dir = std::env::temp_dir().join(format!("keelson-versions-mirror-{}", std::process::id()));
-        let f = dir.join("release/v1.97.0/bin/linux/amd64");
+    fn unknown_hashes_come_from_the_canonical_url_never_from_the_mirror() {
+        // A file:// repository that also serves a `.sha256` next to the file: whoever controls the
+        // mirror controls that file too, so it is never read.
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("release/v1.97.0/bin/linux/amd64");
         std::fs::create_dir_all(&f).unwrap();
-        std::fs::write(f.join("kubelet.sha256"), format!("{}  kubelet\n", "CD".repeat(32))).unwrap();
+        std::fs::write(f.join("kubelet.sha256"), format!("{}  kubelet\n", "ee".repeat(32))).unwrap();
+        let asked = std::sync::Arc::new(Recording::default());
         let o = LookupOptions {
-            fetcher: Some(Fetcher::new(HttpFetcher { cache_dir: Some(dir.join("cache")) })),
-            file_repository: Some(format!("file://{}", dir.display())),
+            fetcher: Some(Fetcher::new(asked.clone())),
+            file_repository: Some(format!("file://{}", dir.path().display())),
             ..Default::default()
         };
         let v = Versions::for_kubernetes(&k("1.97.0"), &o).unwrap();
         let a = v.assets(Arch::Amd64, &["kubelet"]).unwrap();
+        assert_eq!(a[0].url, format!("file://{}/release/v1.97.0/bin/linux/amd64/kubelet", dir.path().display()));
+        assert_eq!(*asked.0.lock().unwrap(), vec!["https://dl.k8s.io/release/v1.97.0/bin/linux/amd64/kubelet".to_string()]);
         assert_eq!(a[0].sha256, "cd".repeat(32));
-        assert_eq!(a[0].url, format!("file://{}/release/v1.97.0/bin/linux/amd64/kubelet", dir.display()));
-        let _ = std::fs::remove_dir_all(dir);
+        // Offline, the error names the canonical URL the hash would come from.
+        let o = LookupOptions { file_repository: Some(format!("file://{}", dir.path().display())), ..offline() };
+        let e = Versions::for_kubernetes(&k("1.97.0"), &o).unwrap().assets(Arch::Amd64, &["kubelet"]).unwrap_err().to_string();
+        assert!(e.contains("https://dl.k8s.io/release/v1.97.0/bin/linux/amd64/kubelet.sha256") && !e.contains("file://"), "{e}");
     }
 
     #[test]

@@ -126,7 +126,9 @@ fn replaced(cloud: &Option<Cloud>, cs: &ClusterState, victim: &MachineInfo) -> b
 /// `protokube_node_joins_admitted_total`, summed).
 fn joins_admitted(cps: &[MachineInfo]) -> u64 {
     cps.iter()
-        .filter_map(|m| machine::exec_in(m.init_pid?, &["curl", "-fsS", "-m", "5", "http://127.0.0.1:3998/metrics"]).ok())
+        .filter_map(|m| {
+            machine::exec_in(m.init_pid?, &["curl", "-fsS", "-m", "5", &format!("http://127.0.0.1:{}/metrics", keelson_api::ports::PROTOKUBE_METRICS)]).ok()
+        })
         .flat_map(|text| {
             text.lines().filter_map(|l| l.strip_prefix("protokube_node_joins_admitted_total ").and_then(|v| v.trim().parse::<f64>().ok())).collect::<Vec<_>>()
         })
@@ -245,7 +247,11 @@ fn addon_applies_after_pass(m: &Option<MachineInfo>, timeout: Duration) -> Resul
     let deadline = Instant::now() + timeout;
     let metric = |text: &str, name: &str| text.lines().find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok());
     loop {
-        let text = machine::exec_in(m.init_pid.unwrap_or(0), &["curl", "-fsS", "-m", "5", "http://127.0.0.1:3998/metrics"]).unwrap_or_default();
+        let text = machine::exec_in(
+            m.init_pid.unwrap_or(0),
+            &["curl", "-fsS", "-m", "5", &format!("http://127.0.0.1:{}/metrics", keelson_api::ports::PROTOKUBE_METRICS)],
+        )
+        .unwrap_or_default();
         if metric(&text, "protokube_addon_passes_total ").unwrap_or(0) >= 1 {
             return metric(&text, "protokube_addon_applies_total ").ok_or_else(|| "no protokube_addon_applies_total".to_string());
         }
