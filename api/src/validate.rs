@@ -167,7 +167,10 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
     for (path, message) in crate::addon_rules::check(spec) {
         r.add(&cdoc, path, message);
     }
-    let dns_type = spec.topology.as_ref().and_then(|t| t.dns.as_ref()).and_then(|d| d.type_.as_deref());
+    let dns_type = crate::plan::dns_type(spec);
+    if let Some(t) = dns_type.filter(|t| !crate::plan::DNS_TYPES.contains(t)) {
+        r.add(&cdoc, "spec.topology.dns.type", format!("unknown DNS type {t:?}: expected one of {} (spelt so)", crate::plan::DNS_TYPES.join(", ")));
+    }
     if spec.external_dns.as_ref().and_then(|e| e.provider.as_deref()) == Some("external-dns") && crate::nodeup::uses_hosts_dns(docs.cluster.name(), dns_type) {
         r.add(
             &cdoc,
@@ -320,6 +323,18 @@ mod tests {
         let text = spec("", "").replace("zone: us-test-1a", "zone: \"us-test-1\u{e9}\"");
         let e = errors(&text);
         assert!(e.iter().any(|e| e.contains("spec.subnets[a].zone") && e.contains("not an AWS availability zone")), "{e:?}");
+    }
+
+    #[test]
+    fn dns_type_is_one_of_kops_values_spelt_so() {
+        let with = |t: &str| spec(&format!("  topology:\n    dns:\n      type: {t}\n"), "");
+        for ok in ["Public", "Private", "None"] {
+            assert_eq!(errors(&with(ok)), Vec::<String>::new(), "{ok}");
+        }
+        for bad in ["none", "public", "Gossip"] {
+            let e = errors(&with(bad));
+            assert!(e.iter().any(|e| e.contains("spec.topology.dns.type") && e.contains("Public, Private, None")), "{bad}: {e:?}");
+        }
     }
 
     #[test]

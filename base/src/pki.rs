@@ -134,6 +134,15 @@ fn parse_keyset(name: &str, bytes: &[u8]) -> Result<(String, Option<String>), Pk
 }
 
 /// Parse a private keyset document (certificate and key).
+/// The CAs whose certificates are pinned into every NodeupConfig (by `keelson apply`, or
+/// `keelson compile --state`): nodeup trusts the API and join servers through these only.
+pub const PINNED_CAS: &[&str] = &["kubernetes-ca"];
+
+/// Where a CA's certificate (no private material) is in the state store, relative to `ConfigBase`.
+pub fn issued_keyset_key(name: &str) -> String {
+    format!("pki/issued/{name}/keyset.yaml")
+}
+
 pub fn parse_private_keyset(name: &str, bytes: &[u8]) -> Result<Keypair, PkiError> {
     let (cert_pem, key) = parse_keyset(name, bytes)?;
     let key_pem = key.ok_or_else(|| PkiError::Keyset { name: name.into(), message: "no privateMaterial".into() })?;

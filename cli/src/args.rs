@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use anyhow::Context as _;
 use spec_compiler::userdata::NodeupAsset;
 use spec_compiler::versions::Arch;
 
@@ -37,6 +38,26 @@ pub fn asset_hashes(path: Option<&std::path::Path>) -> anyhow::Result<std::colle
 pub fn hash_fetcher(offline: bool, cache_dir: Option<std::path::PathBuf>) -> Option<spec_compiler::versions::Fetcher> {
     use spec_compiler::versions::{default_cache_dir, Fetcher, HttpFetcher};
     (!offline).then(|| Fetcher::new(HttpFetcher { cache_dir: cache_dir.or_else(default_cache_dir) }))
+}
+
+/// The certificates of [`base::pki::PINNED_CAS`] in a local state store (`DIR` or `file://DIR`), to
+/// pin into the NodeupConfigs; every one must be there.
+pub fn local_pinned_cas(state: &str) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    let dir = match state.split_once("://") {
+        None => std::path::PathBuf::from(state),
+        Some(("file", path)) => std::path::PathBuf::from(path),
+        Some((scheme, _)) => anyhow::bail!(
+            "--state {state}: compile reads a local state store only (a directory or file://); `keelson apply` pins the CA of a {scheme}:// store"
+        ),
+    };
+    let mut out = std::collections::BTreeMap::new();
+    for name in base::pki::PINNED_CAS {
+        let path = dir.join(base::pki::issued_keyset_key(name));
+        let bytes = std::fs::read(&path)
+            .with_context(|| format!("--state {state}: {} (create the CAs with `keelson pki init --state {}`)", path.display(), dir.display()))?;
+        out.insert(name.to_string(), base::pki::parse_keyset_cert(name, &bytes).with_context(|| path.display().to_string())?);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

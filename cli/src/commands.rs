@@ -294,10 +294,11 @@ pub(crate) async fn aws_target(common: &Common, region: &str) -> aws::AwsTarget 
 /// The cluster CAs' certificates in the state store (name → PEM), to pin into the NodeupConfigs.
 async fn pinned_cas(store: &StateStore) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
     let mut out = std::collections::BTreeMap::new();
-    let name = "kubernetes-ca";
-    let rel = format!("pki/issued/{name}/keyset.yaml");
-    if let Some(bytes) = store.get(&rel).await? {
-        out.insert(name.to_string(), base::pki::parse_keyset_cert(name, &bytes).with_context(|| store.url(&rel))?);
+    for name in base::pki::PINNED_CAS {
+        let rel = base::pki::issued_keyset_key(name);
+        if let Some(bytes) = store.get(&rel).await? {
+            out.insert(name.to_string(), base::pki::parse_keyset_cert(name, &bytes).with_context(|| store.url(&rel))?);
+        }
     }
     Ok(out)
 }

@@ -77,6 +77,11 @@ enum Command {
         /// kOps-style feature flags (`+APIServerNodes,…`); defaults to $KOPS_FEATURE_FLAGS.
         #[arg(long = "feature-flags", env = "KOPS_FEATURE_FLAGS", default_value = "")]
         feature_flags: String,
+        /// A local state store (a directory or `file://` URL, as `keelson pki init --state` made it)
+        /// whose cluster CA is pinned into every NodeupConfig, as `keelson apply` pins the real
+        /// store's; without it the NodeupConfigs pin no CA and nodeup refuses them.
+        #[arg(long = "state", value_name = "DIR")]
+        state: Option<String>,
     },
     #[cfg(feature = "cloud")]
     /// Plan the cloud resources of a spec (state store, launch templates, autoscaling groups, etcd
@@ -201,7 +206,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Err(e) => Ok(report(&e)),
             }
         }
-        Command::Compile { file, out, offline, cache_dir, asset_hashes, nodeup_asset, protokube_asset, kops_base_url, feature_flags } => {
+        Command::Compile { file, out, offline, cache_dir, asset_hashes, nodeup_asset, protokube_asset, kops_base_url, feature_flags, state } => {
             let nodeup_assets = args::parse_arch_assets("--nodeup-asset", &nodeup_asset)?;
             let docs = match load_spec(&file) {
                 Ok(d) => d,
@@ -214,7 +219,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 feature_flags: CompileOptions::parse_feature_flags(&feature_flags),
                 nodeup_assets,
                 asset_hashes: args::asset_hashes(asset_hashes.as_deref())?,
-                cas: Default::default(),
+                cas: match &state {
+                    Some(s) => args::local_pinned_cas(s)?,
+                    None => Default::default(),
+                },
             };
             let compiled = spec_compiler::compile(&docs, &options).with_context(|| format!("compiling {}", file.display()))?;
             for w in keelson_api::support::not_rendered(&docs) {

@@ -103,7 +103,7 @@ impl PolicyInputs {
         bootstrap_token: bool,
     ) -> PolicyInputs {
         let partition = partition_of(region);
-        let hosts_dns = keelson_api::nodeup::uses_hosts_dns(cluster, spec.topology.as_ref().and_then(|t| t.dns.as_ref()).and_then(|d| d.type_.as_deref()));
+        let hosts_dns = keelson_api::plan::cluster_dns(cluster, spec) == keelson_api::plan::ClusterDns::Hosts;
         PolicyInputs {
             hosts_dns,
             dns_zone: DnsZone::of(hosts_dns, spec.dns_zone.as_deref()),

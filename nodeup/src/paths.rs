@@ -44,7 +44,7 @@ pub const SYSCTL_CONF: &str = "/etc/sysctl.d/99-k8s-general.conf";
 pub const MODULES_CONF: &str = "/etc/modules-load.d/k8s.conf";
 pub const FSTAB: &str = "/etc/fstab";
 
-pub const MANIFESTS_DIR: &str = "/etc/kubernetes/manifests";
+pub const MANIFESTS_DIR: &str = keelson_api::nodeup::STATIC_POD_DIR;
 pub const SRV_KUBERNETES: &str = "/srv/kubernetes";
 pub const SRV_KAPI: &str = "/srv/kubernetes/kube-apiserver";
 pub const CA_CRT: &str = "/srv/kubernetes/ca.crt";

@@ -111,6 +111,9 @@ pub struct Plan {
     /// `api.internal.<cluster>` is protokube's to keep (not an alias to the load balancer, which
     /// `loadBalancer.useForInternalApi` makes it; the hosts file always carries it).
     pub manage_internal_api: bool,
+    /// Where the kubelet of this control plane reads static pods (`masterKubelet.podManifestPath`,
+    /// else [`keelson_api::nodeup::STATIC_POD_DIR`]): etcd's manifests go there.
+    pub static_pod_dir: String,
 }
 
 impl Plan {
@@ -162,16 +165,6 @@ pub fn plan(boot: &BootConfig, cluster: &Cluster) -> Result<Plan, ConfigError> {
     }
     let spec = &cluster.spec;
     let mut etcd_clusters = Vec::new();
-    /// kOps' etcd image, `registry.k8s.io/etcd:v<version>`, moved to `assets.containerRegistry`
-    /// (or `containerProxy`) when the spec names a mirror, as the compiler rewrites every image.
-    fn default_etcd_image(version: &str, assets: Option<&keelson_api::AssetsSpec>) -> String {
-        let tag = format!("etcd:v{}", version.trim_start_matches('v'));
-        let registry = assets.and_then(|a| a.container_registry.clone().or_else(|| a.container_proxy.clone()));
-        match registry {
-            Some(r) => format!("{}/{tag}", r.trim_end_matches('/')),
-            None => format!("registry.k8s.io/{tag}"),
-        }
-    }
     for (i, ec) in spec.etcd_clusters.iter().flatten().enumerate() {
         let name = ec.name.clone().ok_or_else(|| ConfigError::Spec { field: format!("spec.etcdClusters[{i}].name"), message: "missing".into() })?;
         let ports = ports_for(&name).ok_or_else(|| ConfigError::Spec {
@@ -191,8 +184,21 @@ pub fn plan(boot: &BootConfig, cluster: &Cluster) -> Result<Plan, ConfigError> {
         let legacy = ec.provider.as_deref().is_some_and(|p| p.eq_ignore_ascii_case("legacy"));
         let tls = !legacy || ec.enable_etcd_tls.unwrap_or(false) || ec.enable_tls_auth.unwrap_or(false);
         let client_cert_auth = !legacy || ec.enable_tls_auth.unwrap_or(false);
-        let version = ec.version.clone().unwrap_or_else(|| "3.5.21".to_string());
-        let image = ec.image.clone().unwrap_or_else(|| default_etcd_image(&version, spec.assets.as_ref()));
+        // The compiler completes every etcd cluster's version from the versions table; protokube
+        // keeps no default of its own (it would drift from the table).
+        let version = ec.version.clone().filter(|v| !v.is_empty()).ok_or_else(|| ConfigError::Spec {
+            field: format!("spec.etcdClusters[{name}].version"),
+            message: "missing from the completed spec (keelson compile fills it from its versions table: run keelson apply again)".into(),
+        })?;
+        // The image as the compiler rewrites every image for the spec's mirrors (one function).
+        let assets = spec.assets.as_ref();
+        let image = ec.image.clone().unwrap_or_else(|| {
+            keelson_api::image::remap_image(
+                &keelson_api::image::etcd_image(&version),
+                assets.and_then(|a| a.container_registry.as_deref()),
+                assets.and_then(|a| a.container_proxy.as_deref()),
+            )
+        });
         let backup_store = base::etcd_backup::cluster_dir(ec.backups.as_ref().and_then(|b| b.backup_store.as_deref()), &boot.config_base, &name);
         let manager = ec.manager.as_ref();
         let backup_interval = match manager.and_then(|m| m.backup_interval.as_ref()) {
@@ -220,16 +226,20 @@ pub fn plan(boot: &BootConfig, cluster: &Cluster) -> Result<Plan, ConfigError> {
             election_ms: millis(&ec.leader_election_timeout),
         });
     }
-    let dns_type = spec.topology.as_ref().and_then(|t| t.dns.as_ref()).and_then(|d| d.type_.clone());
-    let dns = if keelson_api::nodeup::uses_hosts_dns(&cluster_name, dns_type.as_deref()) {
-        DnsMode::Hosts
-    } else {
-        DnsMode::Route53 { zone: spec.dns_zone.clone(), private: dns_type.as_deref().is_some_and(|t| t.eq_ignore_ascii_case("private")) }
+    let dns = match keelson_api::plan::cluster_dns(&cluster_name, spec) {
+        keelson_api::plan::ClusterDns::Hosts => DnsMode::Hosts,
+        keelson_api::plan::ClusterDns::Zone { private } => DnsMode::Route53 { zone: spec.dns_zone.clone(), private },
     };
     let lb = spec.api.as_ref().and_then(|a| a.load_balancer.as_ref());
     let manage_public_api = lb.is_none();
     let manage_internal_api = dns == DnsMode::Hosts || lb.is_none_or(|l| l.use_for_internal_api != Some(true));
-    Ok(Plan { cluster_name, instance_group: boot.instance_group_name.clone(), etcd_clusters, dns, manage_public_api, manage_internal_api })
+    let static_pod_dir = spec
+        .master_kubelet
+        .as_ref()
+        .and_then(|k| k.pod_manifest_path.clone())
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| keelson_api::nodeup::STATIC_POD_DIR.to_string());
+    Ok(Plan { cluster_name, instance_group: boot.instance_group_name.clone(), etcd_clusters, dns, manage_public_api, manage_internal_api, static_pod_dir })
 }
 
 #[cfg(test)]
@@ -251,7 +261,17 @@ mod tests {
         keelson_api::parse_documents(yaml.as_bytes()).expect("parse").cluster
     }
 
-    const HEAD: &str = "apiVersion: kops.k8s.io/v1alpha2\nkind: Cluster\nmetadata:\n  name: NAME\nspec:\n  etcdClusters:\n  - name: main\n    enableEtcdTLS: true\n    version: 3.6.12\n    heartbeatInterval: 250ms\n    leaderElectionTimeout: 2500ms\n    etcdMembers:\n    - name: a\n      instanceGroup: cp-a\n    - name: b\n      instanceGroup: cp-b\n  - name: events\n    etcdMembers:\n    - name: a\n      instanceGroup: cp-a\n";
+    const HEAD: &str = "apiVersion: kops.k8s.io/v1alpha2\nkind: Cluster\nmetadata:\n  name: NAME\nspec:\n  etcdClusters:\n  - name: main\n    enableEtcdTLS: true\n    version: 3.6.12\n    heartbeatInterval: 250ms\n    leaderElectionTimeout: 2500ms\n    etcdMembers:\n    - name: a\n      instanceGroup: cp-a\n    - name: b\n      instanceGroup: cp-b\n  - name: events\n    version: 3.6.12\n    etcdMembers:\n    - name: a\n      instanceGroup: cp-a\n";
+
+    #[test]
+    fn etcd_manifests_go_where_the_control_planes_kubelet_reads_static_pods() {
+        let c = cluster(&HEAD.replace("NAME", "x.example.com"));
+        assert_eq!(plan(&boot("x.example.com"), &c).expect("plan").static_pod_dir, "/etc/kubernetes/manifests");
+        let c = cluster(&format!("{}  masterKubelet:\n    podManifestPath: /var/lib/static-pods\n", HEAD.replace("NAME", "x.example.com")));
+        let p = plan(&boot("x.example.com"), &c).expect("plan");
+        assert_eq!(p.static_pod_dir, "/var/lib/static-pods");
+        assert_eq!(crate::paths::manifest_path(&p.static_pod_dir, "main"), "/var/lib/static-pods/etcd-main.manifest");
+    }
 
     #[test]
     fn plan_from_spec() {
@@ -297,6 +317,21 @@ mod tests {
         let p = plan(&boot("x.k8s.local"), &cluster(&y)).expect("plan");
         assert!(!p.etcd_clusters[1].tls && !p.etcd_clusters[1].client_cert_auth);
         assert_eq!(p.etcd_clusters[1].peer_url("a", "x.k8s.local"), "http://etcd-events-a.internal.x.k8s.local:2381");
+    }
+
+    #[test]
+    fn etcd_version_and_image_come_from_the_completed_spec_and_the_one_rewrite() {
+        let c = cluster(&HEAD.replace("NAME", "x.k8s.local").replace("    version: 3.6.12\n    etcdMembers", "    etcdMembers"));
+        let e = plan(&boot("x.k8s.local"), &c).expect_err("no version");
+        assert!(e.to_string().starts_with("spec.etcdClusters[events].version:"), "{e}");
+        // Both a proxy and a registry: the compiler's rewrite (proxy, then registry), not a second one.
+        let both = cluster(&format!(
+            "{}  assets:\n    containerProxy: proxy.example.com\n    containerRegistry: 10.0.0.1:5000\n",
+            HEAD.replace("NAME", "x.example.com")
+        ));
+        let image = plan(&boot("x.example.com"), &both).expect("plan").etcd_clusters[0].image.clone();
+        assert_eq!(image, keelson_api::image::remap_image("registry.k8s.io/etcd:v3.6.12", Some("10.0.0.1:5000"), Some("proxy.example.com")));
+        assert_eq!(image, "10.0.0.1:5000/proxy.example.com-etcd:v3.6.12");
     }
 
     #[test]

@@ -2,7 +2,6 @@
 
 use std::path::{Path, PathBuf};
 
-pub const MANIFESTS_DIR: &str = "etc/kubernetes/manifests";
 pub const HOSTS_FILE: &str = "etc/hosts";
 /// The kubelet's pod directories: each host-network pod's copy of the hosts file is
 /// `<uid>/etc-hosts` there ([`base::hosts::update_pod_copies`]).
@@ -46,9 +45,10 @@ pub fn mount_point(volume_id: &str) -> String {
     format!("/mnt/master-{volume_id}")
 }
 
-/// Host path of one etcd cluster's manifest (without `--root`).
-pub fn manifest_path(etcd_cluster: &str) -> String {
-    format!("/{MANIFESTS_DIR}/etcd-{etcd_cluster}.manifest")
+/// Host path of one etcd cluster's manifest (without `--root`) in the static-pod directory
+/// `static_pod_dir` ([`crate::config::Plan::static_pod_dir`]).
+pub fn manifest_path(static_pod_dir: &str, etcd_cluster: &str) -> String {
+    format!("{}/etcd-{etcd_cluster}.manifest", static_pod_dir.trim_end_matches('/'))
 }
 
 pub fn etcd_pki_dir(etcd_cluster: &str) -> String {

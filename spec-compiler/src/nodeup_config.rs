@@ -388,7 +388,7 @@ pub fn build(
         config_store: runs_api.then(|| ConfigStore { keypairs: spec.key_store.clone(), secrets: spec.secret_store.clone() }),
         etcd_manifests,
         packages,
-        uses_none_dns: spec.topology.as_ref().and_then(|t| t.dns.as_ref()).and_then(|d| d.type_.as_deref()) == Some("None"),
+        uses_none_dns: keelson_api::plan::uses_none_dns(spec),
         node_bootstrap: Some(node_bootstrap(cluster)?).filter(|b| b.method == NodeBootstrapMethod::CloudIdentity),
     })
 }

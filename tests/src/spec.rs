@@ -95,8 +95,7 @@ impl Spec {
         };
         let network_cidr = s(spec, &["networkCIDR"]).unwrap_or("172.20.0.0/16").to_string();
         let config_base = s(spec, &["configBase"]).ok_or_else(|| bad("spec.configBase missing".into()))?.to_string();
-        let dns_type = s(spec, &["topology", "dns", "type"]).unwrap_or("");
-        let gossip = dns_type.eq_ignore_ascii_case("none") || name.ends_with(".k8s.local");
+        let gossip = keelson_api::nodeup::uses_hosts_dns(&name, s(spec, &["topology", "dns", "type"]));
         let etcd_clusters = spec
             .get("etcdClusters")
             .and_then(|x| x.as_sequence())

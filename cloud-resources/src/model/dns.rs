@@ -9,10 +9,9 @@ use crate::aws::{self, DnsRecord, RecordTarget};
 /// go to `tasks` (AWS).
 pub fn build(cx: &Context<'_>, lb: Option<&ApiLoadBalancer>, tasks: Option<&mut aws::Tasks>) -> Option<Dns> {
     let (cluster, spec) = (cx.cluster, cx.spec);
-    let dns_type = spec.topology.as_ref().and_then(|t| t.dns.as_ref()).and_then(|d| d.type_.clone());
-    if dns_type.as_deref() == Some("None") || cluster.ends_with(".k8s.local") {
+    let keelson_api::plan::ClusterDns::Zone { private } = keelson_api::plan::cluster_dns(cluster, spec) else {
         return None;
-    }
+    };
     // kops-controller.internal: where workers join (protokube keeps it at the control planes'
     // addresses, even when api.internal is an alias to the load balancer).
     let mut records = vec![format!("api.{cluster}"), format!("api.internal.{cluster}"), format!("kops-controller.internal.{cluster}")];
@@ -52,5 +51,5 @@ pub fn build(cx: &Context<'_>, lb: Option<&ApiLoadBalancer>, tasks: Option<&mut 
             }
         }
     }
-    Some(Dns { zone: spec.dns_zone.clone(), private: dns_type.as_deref() == Some("Private") })
+    Some(Dns { zone: spec.dns_zone.clone(), private })
 }

@@ -132,7 +132,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
             cluster_name: &self.plan.cluster_name,
             member,
             mount: paths::under(&self.opts.root, &paths::mount_point(&vol.id)),
-            manifest: paths::under(&self.opts.root, &paths::manifest_path(&ec.name)),
+            manifest: paths::under(&self.opts.root, &paths::manifest_path(&self.plan.static_pod_dir, &ec.name)),
             store,
             tool: self.opts.restore_tool.clone(),
             local: Box::new(move || backup::local_client(&self.opts.root, &self.plan.cluster_name, &self.me.internal_ip, ec, member, self.opts.etcd_timeout)),
@@ -223,8 +223,9 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
         };
         self.blank_since.lock().unwrap_or_else(|p| p.into_inner()).remove(&ec.name);
         let pod = manifest::render(ec, &self.plan.cluster_name, member, &vol.id, &boot);
-        let text = manifest::to_yaml(&pod).map_err(|e| ReconcileError::Io { path: paths::manifest_path(&ec.name), source: std::io::Error::other(e) })?;
-        let path = paths::under(&self.opts.root, &paths::manifest_path(&ec.name));
+        let host_path = paths::manifest_path(&self.plan.static_pod_dir, &ec.name);
+        let text = manifest::to_yaml(&pod).map_err(|e| ReconcileError::Io { path: host_path.clone(), source: std::io::Error::other(e) })?;
+        let path = paths::under(&self.opts.root, &host_path);
         let current = std::fs::read_to_string(&path).ok();
         if current.as_deref() == Some(text.as_str()) {
             return Ok(false);

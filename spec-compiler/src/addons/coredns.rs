@@ -145,7 +145,7 @@ impl CorefileInputs {
             stub_domains.push((d, parsed));
         }
         stub_domains.sort_by(|a, b| a.0.cmp(&b.0));
-        let none_dns = spec.topology.as_ref().and_then(|t| t.dns.as_ref()).and_then(|d| d.type_.as_deref()) == Some("None");
+        let none_dns = keelson_api::plan::uses_none_dns(spec);
         Ok(CorefileInputs {
             domain,
             upstreams,

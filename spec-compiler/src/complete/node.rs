@@ -31,7 +31,7 @@ fn dns_server_ip(spec: &ClusterSpec) -> Option<String> {
 
 fn configure_kubelet(ctx: &Context, d: &Derived, k: &mut KubeletConfigSpec, domain: &str, dns: Option<&String>) {
     default(&mut k.enable_debugging_handlers, true);
-    default(&mut k.pod_manifest_path, "/etc/kubernetes/manifests".to_string());
+    default(&mut k.pod_manifest_path, keelson_api::nodeup::STATIC_POD_DIR.to_string());
     default(&mut k.log_level, 2);
     default(&mut k.cluster_domain, domain.to_string());
     if let Some(ip) = dns {

@@ -37,35 +37,7 @@ pub fn remap_file_url(canonical_url: &str, file_repository: Option<&str>) -> Res
     Ok(remapped.to_string())
 }
 
-/// Rewrite an image for `assets.containerProxy` then `assets.containerRegistry`
-/// (kOps `NormalizeImage`):
-/// * proxy: a Docker-Hub style name (`foo` or `org/foo` without a registry host) gets
-///   `<proxy>/` prepended; otherwise the registry host is replaced by the proxy.
-/// * registry: strip `registry.k8s.io/`, replace remaining `/` with `-`, prepend `<registry>/`
-///   (unless already prefixed by it). E.g. `registry.k8s.io/provider-aws/cloud-controller-manager:v1`
-///   → `<registry>/provider-aws-cloud-controller-manager:v1`.
-pub fn remap_image(image: &str, container_registry: Option<&str>, container_proxy: Option<&str>) -> String {
-    let mut image = image.to_string();
-    if let Some(proxy) = container_proxy {
-        let proxy = proxy.strip_suffix('/').unwrap_or(proxy);
-        let first = image.split('/').next().unwrap_or("");
-        if image.matches('/').count() <= 1 && !first.contains(['.', ':']) {
-            image = format!("{proxy}/{image}");
-        } else {
-            let rest = image.find('/').map(|i| &image[i..]).unwrap_or("");
-            image = format!("{proxy}{rest}");
-        }
-    }
-    if let Some(registry) = container_registry {
-        let normalized = image.strip_prefix("registry.k8s.io/").unwrap_or(&image);
-        if !normalized.starts_with(&format!("{registry}/")) {
-            image = format!("{registry}/{}", normalized.replace('/', "-"));
-        } else {
-            image = normalized.to_string();
-        }
-    }
-    image
-}
+pub use keelson_api::image::remap_image;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct SimpleUrl {

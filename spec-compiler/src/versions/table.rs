@@ -138,11 +138,7 @@ pub fn etcd_version_is_supported(version: &str) -> bool {
             .any(|l| l.major == v.major && l.minor == v.minor && v.patch <= l.patch)
 }
 
-/// The etcd image bundled for a (supported) etcd version, before registry rewriting.
-pub fn etcd_image(etcd_version: &str) -> String {
-    let v = etcd_version.trim();
-    format!("registry.k8s.io/etcd:v{}", v.strip_prefix('v').unwrap_or(v))
-}
+pub use keelson_api::image::etcd_image;
 
 /// Default CNI plugins version for a Kubernetes version (kOps `FindCNIAssets`);
 /// `None` below 1.32, where kOps has no default.
