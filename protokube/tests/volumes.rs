@@ -341,7 +341,7 @@ fn two_control_planes_in_one_zone_get_their_own_members_volumes() {
         // Whichever control plane passes last, the workers' document lists both.
         let published = std::fs::read_to_string(c.state.path().join(keelson_api::nodeup::API_SERVERS_KEY)).expect("published");
         let doc: keelson_api::nodeup::ApiServers = serde_yaml_ng::from_str(&published).expect("an API servers document");
-        let mut both = vec![h1.ip.clone(), h2.ip.clone()];
+        let mut both: Vec<std::net::IpAddr> = [&h1.ip, &h2.ip].iter().map(|ip| ip.parse().expect("an IP")).collect();
         both.sort();
         assert_eq!(doc.addresses, both);
     });

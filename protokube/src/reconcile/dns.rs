@@ -121,7 +121,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
     /// when it differs (every control plane compares what it sees with what is stored, so the
     /// object follows the cloud whichever of them writes); never with no address at all.
     async fn publish_api_servers(&self, addresses: Vec<String>, report: &mut Report) {
-        let want = ApiServers { addresses };
+        let Some(want) = api_servers_document(&addresses, report) else { return };
         let stored = match self.opts.store.get(API_SERVERS_KEY).await {
             Ok(bytes) => bytes.and_then(|b| serde_yaml_ng::from_slice::<ApiServers>(&b).ok()),
             Err(e) => {
@@ -144,6 +144,24 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
             Err(e) => report.waiting.push(format!("writing {API_SERVERS_KEY}: {e}")),
         }
     }
+}
+
+/// The document workers read from what the cloud says the live control planes' private addresses
+/// are: IP addresses only, sorted, each once (workers put them into their hosts file). An address
+/// that is not an IP is left out and reported; `None` when none is left.
+fn api_servers_document(addresses: &[String], report: &mut Report) -> Option<ApiServers> {
+    let mut ips = Vec::new();
+    for a in addresses {
+        match a.parse::<std::net::IpAddr>() {
+            Ok(ip) => ips.push(ip),
+            Err(_) => report
+                .waiting
+                .push(format!("{API_SERVERS_KEY}: {a:?}, a control plane's private address as the cloud reports it, is not an IP address: left out")),
+        }
+    }
+    ips.sort();
+    ips.dedup();
+    (!ips.is_empty()).then_some(ApiServers { addresses: ips })
 }
 
 /// The UPSERTs that make Route53 match `desired`: real addresses replace whatever is there (including
@@ -170,6 +188,20 @@ mod tests {
 
     fn rec(name: &str, values: &[&str], ttl: i64) -> Record {
         Record { name: name.into(), rtype: "A".into(), ttl, values: values.iter().map(|s| s.to_string()).collect() }
+    }
+
+    #[test]
+    fn only_ip_addresses_are_published_for_the_workers() {
+        let mut report = Report::default();
+        let got = api_servers_document(
+            &["172.20.64.5".into(), "10.0.0.1\n10.6.6.6 kubernetes.default".into(), "172.20.32.4".into(), "172.20.64.5".into()],
+            &mut report,
+        );
+        let want: Vec<std::net::IpAddr> = ["172.20.32.4", "172.20.64.5"].iter().map(|a| a.parse().expect("ip")).collect();
+        assert_eq!(got, Some(ApiServers { addresses: want }));
+        assert_eq!(report.waiting.len(), 1, "{:?}", report.waiting);
+        assert!(report.waiting[0].contains("kubernetes.default") && report.waiting[0].contains(API_SERVERS_KEY), "{:?}", report.waiting);
+        assert_eq!(api_servers_document(&["ip-10-0-0-1.internal".into()], &mut Report::default()), None, "nothing left: nothing published");
     }
 
     #[test]
