@@ -147,7 +147,7 @@ pub struct ApiServers {
 /// The names a worker of a hosts-DNS cluster resolves to [`ApiServers::addresses`]: the API
 /// server's internal name and the join server's.
 pub fn api_server_names(cluster_name: &str) -> [String; 2] {
-    [format!("api.internal.{cluster_name}"), format!("kops-controller.internal.{cluster_name}")]
+    [crate::names::api_internal_dns(cluster_name), crate::names::kops_controller_internal_dns(cluster_name)]
 }
 
 /// How workers join.
