@@ -119,6 +119,16 @@ impl Plan {
     pub fn api_public(&self) -> String {
         names::api_public_dns(&self.cluster_name)
     }
+    /// Whether `instance` was made by the cloud for instance group `group` of this cluster (its
+    /// autoscaling group `<group>.<cluster>` on AWS, its managed instance group in its zone on GCE;
+    /// the two forms cannot be confused: an autoscaling group's name holds the cluster's dots, a
+    /// GCE name none). Only such an instance of an etcd member's group is a control plane.
+    pub fn made_for_group(&self, group: &str, instance: &cloud::volumes::Instance) -> bool {
+        let Some(made_by) = instance.group.as_deref() else { return false };
+        made_by == names::autoscaling_group_name(group, &self.cluster_name)
+            || instance.zone.as_deref().is_some_and(|zone| made_by == names::gce_instance_group_manager_name(zone, group, &self.cluster_name))
+    }
+
     /// Members of `cluster` bound to this instance's group, in name order.
     pub fn my_members<'a>(&self, cluster: &'a EtcdCluster) -> Vec<&'a EtcdMember> {
         let mut v: Vec<&EtcdMember> = cluster.members.iter().filter(|m| m.instance_group == self.instance_group).collect();

@@ -233,7 +233,9 @@ fn volume_in_other_zone_or_held_by_live_instance_is_left_alone() {
         let d = LoopDev::new(64);
         let other_zone = create_volume(&ec2, "us-east-1b", &etcd_tags(name, "main", "a", &["a"])).await;
         let held = create_volume(&ec2, "us-east-1a", &etcd_tags(name, "events", "a", &["a"])).await;
+        // Another control plane of the member's group (its autoscaling group made it).
         let (live, _) = host::run_instance(&ec2, "us-east-1a", None, None).await;
+        host::tag_made_for_group(&m.url, &live, &keelson_api::names::autoscaling_group_name("cp-a", name));
         ec2.attach_volume().volume_id(&held).instance_id(&live).device("/dev/xvdu").send().await.expect("attach to live");
         h.link(&other_zone, &d.dev);
         h.link(&held, &d.dev);

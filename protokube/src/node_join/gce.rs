@@ -126,16 +126,7 @@ pub fn check_instance(id: &InstanceIdentity, instance: Option<&InstanceFacts>) -
     i.network_ip.as_deref().and_then(|ip| ip.parse().ok()).ok_or_else(|| forbidden("instance", format!("instance {name} has no internal IP to call back")))
 }
 
-/// `projects/<number>/zones/<zone>/instanceGroupManagers/<name>` → (number, zone, name).
-pub fn parse_created_by(value: &str) -> Option<(&str, &str, &str)> {
-    let p: Vec<&str> = value.trim().split('/').collect();
-    match p.as_slice() {
-        ["projects", number, "zones", zone, "instanceGroupManagers", name] if !number.is_empty() && !zone.is_empty() && !name.is_empty() => {
-            Some((number, zone, name))
-        }
-        _ => None,
-    }
-}
+pub use cloud::gce::migs::parse_created_by;
 
 /// The instance group whose MIG made the instance, from its `created-by` metadata and the names of
 /// the cluster's instance groups (the MIG names are [`names::gce_instance_group_manager_name`]):

@@ -293,7 +293,7 @@ impl Authority {
             return Err(forbidden("group", format!("instance {} is not tagged KubernetesCluster={}", session.session, self.cluster)));
         }
         let group = tags.get("kops.k8s.io/instancegroup").copied().unwrap_or_default();
-        let asg = tags.get("aws:autoscaling:groupName").copied().unwrap_or_default();
+        let asg = tags.get(cloud::volumes::ASG_TAG).copied().unwrap_or_default();
         if group.is_empty() || asg != names::autoscaling_group_name(group, &self.cluster) {
             return Err(forbidden("group", format!("instance {} is not in an autoscaling group of this cluster (group {asg:?})", session.session)));
         }
