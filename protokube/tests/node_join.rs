@@ -347,10 +347,11 @@ async fn a_name_a_stale_control_plane_node_holds_is_refused_on(url: String) {
     }
     // Once the stale Node is deleted, or when the Node of the name is a worker's, the worker joins.
     for have in [None, Some(node(&dns, &[("node-role.kubernetes.io/node", "")]))] {
-        let mut nodes = w.nodes.lock().expect("nodes");
-        nodes.remove(&dns);
-        nodes.extend(have.map(|n| (dns.clone(), n)));
-        drop(nodes);
+        {
+            let mut nodes = w.nodes.lock().expect("nodes");
+            nodes.remove(&dns);
+            nodes.extend(have.map(|n| (dns.clone(), n)));
+        }
         let (body, auth, keys) = w.request(&creds, &dns, &id);
         let answering = w.answering(&keys, &body);
         let r = authority.admit(&auth, &body).await.expect("no control plane's Node of the name");

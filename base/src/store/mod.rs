@@ -325,7 +325,9 @@ mod tests {
     /// host allowed in `KEELSON_ALLOW_PLAIN_HTTP`, which this test does not set).
     #[test]
     fn a_plain_http_store_off_loopback_is_refused() {
-        let e = StateStore::open(&"http://state.example.com/c".parse().expect("base"), Duration::from_secs(1)).err().expect("plain http to another host");
+        let Err(e) = StateStore::open(&"http://state.example.com/c".parse().expect("base"), Duration::from_secs(1)) else {
+            panic!("plain http to another host opened");
+        };
         assert!(matches!(e, StoreError::PlainHttp(_)), "{e}");
         assert!(e.to_string().contains("ConfigBase http://state.example.com/c") && e.to_string().contains(crate::plain_http::ALLOW_ENV), "{e}");
         assert!(StateStore::open(&"https://state.example.com/c".parse().expect("base"), Duration::from_secs(1)).is_ok());
