@@ -87,6 +87,45 @@ pub fn api_target_group_name(cluster: &str) -> String {
     truncate_name(&format!("tcp-{}", cluster.replace('.', "-")), 32, true)
 }
 
+/// The API server's public name, `api.<cluster>` (protokube keeps it without a load balancer).
+pub fn api_public_dns(cluster: &str) -> String {
+    format!("api.{cluster}")
+}
+
+/// The API server's internal name, `api.internal.<cluster>`.
+pub fn api_internal_dns(cluster: &str) -> String {
+    format!("api.internal.{cluster}")
+}
+
+/// The node join server's name, `kops-controller.internal.<cluster>` (kOps' kops-controller's).
+pub fn kops_controller_internal_dns(cluster: &str) -> String {
+    format!("kops-controller.internal.{cluster}")
+}
+
+/// An etcd member's name, also the first label of its DNS name: `etcd-<member>` for etcd cluster
+/// `main`, `etcd-<etcd cluster>-<member>` otherwise (`etcd-a`, `etcd-events-a`; kOps' names).
+pub fn etcd_member_id(etcd_cluster: &str, member: &str) -> String {
+    if etcd_cluster == "main" {
+        format!("etcd-{member}")
+    } else {
+        format!("etcd-{etcd_cluster}-{member}")
+    }
+}
+
+/// An etcd member's DNS name, `<member id>.internal.<cluster>` ([`etcd_member_id`]).
+pub fn etcd_member_dns(etcd_cluster: &str, member: &str, cluster: &str) -> String {
+    format!("{}.internal.{cluster}", etcd_member_id(etcd_cluster, member))
+}
+
+/// Every DNS record name protokube writes for `cluster`, as IAM `StringLike` patterns of Route53's
+/// normalised record names (lower case, no trailing dot): the API names, the join server's, and
+/// every etcd member of every etcd cluster (`etcd-*.internal.<cluster>`). The control planes'
+/// `route53:ChangeResourceRecordSets` is conditioned on them.
+pub fn protokube_record_patterns(cluster: &str) -> Vec<String> {
+    let c = cluster.trim_end_matches('.').to_ascii_lowercase();
+    vec![api_public_dns(&c), api_internal_dns(&c), kops_controller_internal_dns(&c), etcd_member_dns("main", "*", &c)]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,6 +143,16 @@ mod tests {
             assert!((6..=30).contains(&id.len()) && id.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'), "{id}");
         }
         assert_eq!(gce_service_account_email("node-c", "p"), "node-c@p.iam.gserviceaccount.com");
+    }
+
+    #[test]
+    fn protokube_records_are_named_once() {
+        assert_eq!(etcd_member_dns("main", "a", "c.example.com"), "etcd-a.internal.c.example.com");
+        assert_eq!(etcd_member_dns("events", "a", "c.example.com"), "etcd-events-a.internal.c.example.com");
+        assert_eq!(
+            protokube_record_patterns("C.Example.com."),
+            ["api.c.example.com", "api.internal.c.example.com", "kops-controller.internal.c.example.com", "etcd-*.internal.c.example.com"]
+        );
     }
 
     #[test]

@@ -140,16 +140,18 @@ pub const NODE_READABLE_PREFIXES: &[&str] = &["igconfig/node/", "pki/issued/kube
 /// workers put them in their hosts file as `api.internal.<cluster>` and
 /// `kops-controller.internal.<cluster>`. Integrity needs no signature: a worker trusts the API and
 /// join servers only through the cluster CA and their names, never through these addresses.
+/// Each address is an IP address (parsed when the document is read: anything else, such as a
+/// line break and another name for the hosts file, refuses the whole document).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApiServers {
     /// Sorted, each once.
-    pub addresses: Vec<String>,
+    pub addresses: Vec<std::net::IpAddr>,
 }
 
 /// The names a worker of a hosts-DNS cluster resolves to [`ApiServers::addresses`]: the API
 /// server's internal name and the join server's.
 pub fn api_server_names(cluster_name: &str) -> [String; 2] {
-    [format!("api.internal.{cluster_name}"), format!("kops-controller.internal.{cluster_name}")]
+    [crate::names::api_internal_dns(cluster_name), crate::names::kops_controller_internal_dns(cluster_name)]
 }
 
 /// The pod network of a cluster: `podCIDR`, else `nonMasqueradeCIDR` (the range pods' addresses
@@ -293,10 +295,17 @@ mod tests {
 
     #[test]
     fn api_servers_document_round_trips() {
-        let doc = ApiServers { addresses: vec!["172.20.32.10".into(), "172.20.64.11".into()] };
+        let doc = ApiServers { addresses: vec!["172.20.32.10".parse().expect("ip"), "172.20.64.11".parse().expect("ip")] };
         let text = serde_yaml_ng::to_string(&doc).expect("yaml");
         assert_eq!(text, "addresses:\n- 172.20.32.10\n- 172.20.64.11\n");
         assert_eq!(serde_yaml_ng::from_str::<ApiServers>(&text).expect("parse"), doc);
+        let v6: ApiServers = serde_yaml_ng::from_str("addresses:\n- fd00::a\n").expect("an IPv6 address");
+        assert_eq!(v6.addresses, vec!["fd00::a".parse::<std::net::IpAddr>().expect("ip")]);
+        // What anyone who may write the object could put into every worker's hosts file.
+        for bad in ["\"10.0.0.1\\n10.6.6.6 kubernetes.default\"", "evil.example.com", "10.0.0.1 x", "\"\"", "10.0.0.256"] {
+            let text = format!("addresses:\n- 172.20.32.10\n- {bad}\n");
+            assert!(serde_yaml_ng::from_str::<ApiServers>(&text).is_err(), "{text}");
+        }
         assert!(API_SERVERS_KEY.starts_with("igconfig/node/"), "workers may read igconfig/node/*");
         assert_eq!(api_server_names("c.k8s.local"), ["api.internal.c.k8s.local".to_string(), "kops-controller.internal.c.k8s.local".to_string()]);
     }

@@ -200,7 +200,7 @@ pub fn latest_restorable(ids: &[BackupId], now: OffsetDateTime) -> Option<Backup
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RestoreRequest {
-    pub id: String,
+    pub id: RestoreId,
     pub backup: String,
     pub phase: RestorePhase,
     /// The member names that must take part (the spec's).
@@ -274,6 +274,64 @@ pub struct BackupRequestDone {
 /// rerun of the same command resumes the stored request rather than making a new one).
 pub fn request_id(now: OffsetDateTime) -> String {
     format!("{}-{}", now.unix_timestamp(), std::process::id())
+}
+
+/// The longest [`RestoreId`] accepted.
+pub const RESTORE_ID_MAX_LEN: usize = 64;
+
+/// A restore request's `id`, which every member puts into host paths on its etcd volume
+/// (`data-before-restore-<id>`, `keelson-restore-<id>.json`, …) and into a container name, as
+/// root. Anyone who can write `control/restore.json` chooses it, so it can only hold what
+/// [`request_id`] makes: 1 to [`RESTORE_ID_MAX_LEN`] ASCII letters, digits and `-` — never `/`,
+/// `.` or `..`. A request file with any other `id` is refused when it is read.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct RestoreId(String);
+
+impl RestoreId {
+    pub fn parse(text: &str) -> Result<RestoreId, String> {
+        if text.is_empty() || text.len() > RESTORE_ID_MAX_LEN {
+            return Err(format!("restore request id {text:?}: must be 1 to {RESTORE_ID_MAX_LEN} characters"));
+        }
+        if let Some(c) = text.chars().find(|c| !(c.is_ascii_alphanumeric() || *c == '-')) {
+            return Err(format!("restore request id {text:?}: {c:?} is not allowed (only ASCII letters, digits and '-')"));
+        }
+        Ok(RestoreId(text.to_string()))
+    }
+
+    /// A fresh id ([`request_id`]).
+    pub fn new(now: OffsetDateTime) -> RestoreId {
+        RestoreId(request_id(now))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for RestoreId {
+    type Error = String;
+    fn try_from(text: String) -> Result<RestoreId, String> {
+        RestoreId::parse(&text)
+    }
+}
+
+impl From<RestoreId> for String {
+    fn from(id: RestoreId) -> String {
+        id.0
+    }
+}
+
+impl std::fmt::Display for RestoreId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl PartialEq<RestoreId> for String {
+    fn eq(&self, other: &RestoreId) -> bool {
+        *self == other.0
+    }
 }
 
 /// One etcd cluster's backup store.
@@ -484,6 +542,23 @@ mod tests {
         }
         let a = BackupId::parse("2026-11-24T09:00:00Z-000009").expect("a");
         assert!(a < id);
+    }
+
+    #[test]
+    fn restore_ids_are_single_path_components() {
+        let fresh = RestoreId::new(at("2026-12-02T05:00:00Z"));
+        assert_eq!(RestoreId::parse(fresh.as_str()), Ok(fresh.clone()));
+        for good in ["1764651600-4242", "a", "restore-B-7"] {
+            assert!(RestoreId::parse(good).is_ok(), "{good}");
+        }
+        let long = "1".repeat(RESTORE_ID_MAX_LEN + 1);
+        for bad in ["", ".", "..", "x/../../etc", "/etc", "a.b", "a b", "a\\b", "a\0b", "é", long.as_str()] {
+            let err = RestoreId::parse(bad).expect_err(bad);
+            assert!(err.contains("restore request id"), "{err}");
+        }
+        let text = r#"{"id":"../x","backup":"b","phase":"Stop","members":[],"requestedAt":"","requestedBy":""}"#;
+        let err = serde_json::from_str::<RestoreRequest>(text).expect_err("refused when read");
+        assert!(err.to_string().contains("\"../x\""), "{err}");
     }
 
     /// A backup every 15 minutes for 120 days, pruned once at the end: what survives is every

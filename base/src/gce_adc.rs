@@ -131,6 +131,8 @@ pub fn parse(path: &Path, text: &str) -> Result<Credentials, AdcError> {
     if !(token_uri.starts_with("https://") || token_uri.starts_with("http://")) {
         return Err(AdcError::Parse { path: p, message: format!("token_uri {token_uri:?} is not an http(s) URL") });
     }
+    // The key's signed assertion or the refresh token goes there.
+    crate::plain_http::check("token_uri", &token_uri).map_err(|e| AdcError::Parse { path: p.clone(), message: e.to_string() })?;
     match f.kind.as_deref() {
         Some("service_account") => {
             let pem_text = need(f.private_key, "private_key")?;
@@ -293,5 +295,19 @@ mod tests {
         let shown = format!("{u:?}");
         assert!(!shown.contains("s3cr3t") && !shown.contains("r3fr3sh"), "{shown}");
         assert_eq!(u.token_uri(), DEFAULT_TOKEN_URI);
+    }
+
+    /// The refresh token (or a key's signed assertion) never goes over plain HTTP off loopback.
+    #[test]
+    fn a_plain_http_token_uri_off_loopback_is_refused() {
+        let p = Path::new("/home/ops/user.json");
+        let user = |uri: &str| format!(r#"{{"type": "authorized_user", "client_id": "c", "client_secret": "s", "refresh_token": "r", "token_uri": "{uri}"}}"#);
+        let e = parse(p, &user("http://oauth2.example.com/token")).expect_err("plain http to another host");
+        assert!(
+            e.to_string().contains("/home/ops/user.json") && e.to_string().contains("token_uri") && e.to_string().contains(crate::plain_http::ALLOW_ENV),
+            "{e}"
+        );
+        assert_eq!(parse(p, &user("http://127.0.0.1:8081/token")).expect("loopback").token_uri(), "http://127.0.0.1:8081/token");
+        assert!(parse(p, &user("https://oauth2.example.com/token")).is_ok());
     }
 }

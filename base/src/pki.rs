@@ -191,7 +191,9 @@ fn ca_params(name: &str) -> CertificateParams {
 pub fn create_ca(name: &str) -> Result<Keypair, PkiError> {
     let err = |source: rcgen::Error| PkiError::Issue { cn: name.into(), source };
     let key = KeyPair::generate().map_err(err)?;
-    let cert = ca_params(name).self_signed(&key).map_err(err)?;
+    let mut params = ca_params(name);
+    params.serial_number = Some(random_serial()?);
+    let cert = params.self_signed(&key).map_err(err)?;
     Ok(Keypair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
 }
 
@@ -290,6 +292,7 @@ pub fn self_signed(key_pem: &str, cn: &str) -> Result<String, PkiError> {
     p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     p.not_before = now() - time::Duration::minutes(5);
     p.not_after = now() + time::Duration::hours(1);
+    p.serial_number = Some(random_serial()?);
     Ok(p.self_signed(&key).map_err(err)?.pem())
 }
 
@@ -351,9 +354,23 @@ fn leaf_params(spec: &CertSpec, valid_for: std::time::Duration) -> Result<Certif
         Usage::ClientServer => vec![ExtendedKeyUsagePurpose::ClientAuth, ExtendedKeyUsagePurpose::ServerAuth],
     };
     p.use_authority_key_identifier_extension = true;
+    p.serial_number = Some(random_serial().map_err(|e| PkiError::Store(format!("certificate {}: {e}", spec.cn)))?);
     p.not_before = now() - backdate(valid_for);
     p.not_after = now() + time::Duration::seconds(i64::try_from(valid_for.as_secs()).unwrap_or(i64::MAX / 2));
     Ok(p)
+}
+
+/// Length of a certificate serial number: 128 random bits (RFC 5280 allows up to 20 octets).
+const SERIAL_LEN: usize = 16;
+
+/// A fresh random serial number, positive. Never left to rcgen, which derives an unset serial from
+/// the public key: two certificates of one key (a CSR signed again, a renewal that keeps its key)
+/// would share it, and a serial must name one certificate of an issuer.
+fn random_serial() -> Result<rcgen::SerialNumber, PkiError> {
+    let mut bytes = random_bytes(SERIAL_LEN)?;
+    // Positive (top bit clear) and of full length (second bit set).
+    bytes[0] = (bytes[0] & 0x7f) | 0x40;
+    Ok(rcgen::SerialNumber::from_slice(&bytes))
 }
 
 /// How far before now a leaf's validity starts (against clock skew between hosts): an hour, or a
@@ -626,5 +643,25 @@ mod tests {
         der[n] ^= 1;
         let broken = ::pem::encode(&::pem::Pem::new("CERTIFICATE REQUEST", der));
         assert!(sign_csr("kubernetes-ca", &ca, &broken, &spec, std::time::Duration::from_secs(3600)).is_err());
+    }
+
+    /// A serial names one certificate of its issuer: two certificates of one key (a CSR signed
+    /// again, the node join's kubelet certificate and its renewal) get two serials, random, positive.
+    #[test]
+    fn two_certificates_of_one_key_have_distinct_serials() {
+        let ca = create_ca("kubernetes-ca").expect("ca");
+        let (key_pem, csr_pem) = csr("n").expect("csr");
+        let spec = CertSpec::client("system:node:n", &["system:nodes"]);
+        let valid = std::time::Duration::from_secs(3600);
+        let serials: Vec<String> = (0..3)
+            .map(|_| describe_cert(&sign_csr("kubernetes-ca", &ca, &csr_pem, &spec, valid).expect("sign")).expect("describe").serial)
+            .chain([self_signed(&key_pem, "n").expect("a"), self_signed(&key_pem, "n").expect("b")].iter().map(|c| describe_cert(c).expect("d").serial))
+            .collect();
+        let distinct: std::collections::BTreeSet<&String> = serials.iter().collect();
+        assert_eq!(distinct.len(), serials.len(), "{serials:?}");
+        for s in &serials {
+            assert_eq!(s.len(), 2 * SERIAL_LEN, "{s}");
+            assert!(u8::from_str_radix(&s[..2], 16).expect("hex") < 0x80, "positive: {s}");
+        }
     }
 }

@@ -250,7 +250,7 @@ async fn restore(t: &Target, backup: Option<&str>, latest: bool, yes: bool, time
             }
             let now = time::OffsetDateTime::now_utc();
             let r = RestoreRequest {
-                id: etcd_backup::request_id(now),
+                id: etcd_backup::RestoreId::new(now),
                 backup: meta.id.clone(),
                 phase: RestorePhase::Stop,
                 members: t.members.clone(),

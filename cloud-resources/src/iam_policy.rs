@@ -247,12 +247,22 @@ fn node(p: &PolicyInputs) -> Vec<Value> {
             }
         };
         // What a worker reads on every cloud (GCE grants the same prefixes on its bucket).
+        let key = |rel: &str| if prefix.is_empty() { rel.to_string() } else { format!("{prefix}/{rel}") };
+        let token = format!("secrets/{}", base::pki::BOOTSTRAP_TOKEN_SECRET);
         let mut readable: Vec<String> = keelson_api::nodeup::NODE_READABLE_PREFIXES.iter().map(|p| object(&format!("{p}*"))).collect();
         if p.bootstrap_token {
-            readable.push(object("secrets/node-bootstrap-token"));
+            readable.push(object(&token));
         }
         out.push(statement(&["s3:GetObject"], json!(readable), None));
-        out.push(bucket_statement(p, bucket));
+        // A worker lists nothing; the listing it may make is of what it may read (the bucket's
+        // ListBucket is also what turns a missing object into 404 rather than 403).
+        let bucket_arn = json!([format!("arn:{}:s3:::{bucket}", p.partition)]);
+        out.push(statement(&["s3:GetBucketLocation", "s3:GetEncryptionConfiguration"], bucket_arn.clone(), None));
+        let mut listable: Vec<String> = keelson_api::nodeup::NODE_READABLE_PREFIXES.iter().map(|p| key(&format!("{p}*"))).collect();
+        if p.bootstrap_token {
+            listable.push(key(&token));
+        }
+        out.push(statement(&["s3:ListBucket"], bucket_arn, Some(json!({"StringLike": {"s3:prefix": listable}}))));
     }
     if p.allow_container_registry {
         out.push(statement(ECR_READ, json!("*"), None));
@@ -340,11 +350,17 @@ fn control_plane(p: &PolicyInputs, zone_id: Option<&str>) -> Vec<Value> {
     };
     let mut by_name = false;
     if let Some((zone, find)) = records {
-        let mut on_zone = vec!["route53:ChangeResourceRecordSets", "route53:ListResourceRecordSets"];
+        let mut on_zone = vec!["route53:ListResourceRecordSets"];
         if find == "route53:GetHostedZone" {
             on_zone.push(find);
         }
         out.push(statement(&on_zone, json!([zone]), None));
+        // Writes only to the names protokube keeps; external-dns (with the same role) writes
+        // whatever its Services and Ingresses name, in the same zone.
+        let names = (!p.external_dns).then(
+            || json!({"ForAllValues:StringLike": {"route53:ChangeResourceRecordSetsNormalizedRecordNames": keelson_api::names::protokube_record_patterns(c)}}),
+        );
+        out.push(statement(&["route53:ChangeResourceRecordSets"], json!([zone]), names));
         if find == "route53:ListHostedZonesByName" {
             // The action supports no resource but `*`.
             out.push(statement(&[find], json!(["*"]), None));
@@ -679,6 +695,62 @@ mod tests {
         assert_eq!(policy(&role(Role::Node), &no_store, None), None, "nothing to allow → no policy");
         let ecr = PolicyInputs { allow_container_registry: true, ..no_store };
         assert!(actions(&policy(&role(Role::Node), &ecr, None).expect("p")).contains(&"ecr:BatchGetImage".to_string()));
+    }
+
+    /// A worker may list only under what it may read (`NODE_READABLE_PREFIXES`, the token in
+    /// token mode): never `secrets/`, `pki/private/` or the whole store.
+    #[test]
+    fn nodes_list_only_what_they_may_read() {
+        use testkit::iam_oracle::{evaluate, Request};
+        let list = |prefix: Option<&str>| {
+            let r = Request::new("s3:ListBucket", "arn:aws:s3:::bucket");
+            match prefix {
+                Some(p) => r.with("s3:prefix", &[p]),
+                None => r,
+            }
+        };
+        let doc = policy(&role(Role::Node), &inputs(), None).expect("policy");
+        for ok in ["c.example.com/igconfig/node/", "c.example.com/igconfig/node/nodes-a/nodeupconfig.yaml", "c.example.com/pki/issued/kubernetes-ca/"] {
+            assert!(evaluate("nodes", &doc, &list(Some(ok))).is_ok(), "{ok}");
+        }
+        for denied in
+            [None, Some(""), Some("c.example.com/"), Some("c.example.com/secrets/"), Some("c.example.com/pki/private/"), Some("c.example.com/igconfig/")]
+        {
+            assert!(evaluate("nodes", &doc, &list(denied)).is_err(), "{denied:?}");
+        }
+        assert!(evaluate("nodes", &doc, &list(Some("c.example.com/secrets/node-bootstrap-token"))).is_err(), "not the token by cloud identity");
+        assert!(granting(&doc, "s3:ListBucketVersions").is_empty(), "no versions");
+        let token = policy(&role(Role::Node), &PolicyInputs { bootstrap_token: true, ..inputs() }, None).expect("policy");
+        assert!(evaluate("nodes", &token, &list(Some("c.example.com/secrets/node-bootstrap-token"))).is_ok());
+        assert!(evaluate("nodes", &token, &list(Some("c.example.com/secrets/"))).is_err());
+        let top = policy(&role(Role::Node), &PolicyInputs { state_store: Some(("bucket".into(), String::new())), ..inputs() }, None).expect("policy");
+        assert!(evaluate("nodes", &top, &list(Some("igconfig/node/"))).is_ok(), "a store at the bucket's top");
+        assert!(evaluate("nodes", &top, &list(Some("secrets/"))).is_err());
+    }
+
+    /// protokube's records, and only them: a write of any other name in the zone is denied (with
+    /// external-dns, which writes its Services' names with the same role, the zone is open).
+    #[test]
+    fn control_planes_write_only_the_clusters_record_names() {
+        use testkit::iam_oracle::{evaluate, Request};
+        let change = |names: &[&str]| {
+            Request::new("route53:ChangeResourceRecordSets", "arn:aws:route53:::hostedzone/Z123")
+                .with("route53:ChangeResourceRecordSetsNormalizedRecordNames", names)
+        };
+        let doc = policy(&role(Role::ControlPlane), &inputs(), None).expect("policy");
+        let ours = [
+            "api.c.example.com",
+            "api.internal.c.example.com",
+            "kops-controller.internal.c.example.com",
+            "etcd-a.internal.c.example.com",
+            "etcd-events-b.internal.c.example.com",
+        ];
+        assert!(evaluate("masters", &doc, &change(&ours)).is_ok());
+        for outside in [&["www.example.com"][..], &["api.internal.c.example.com", "www.example.com"], &["c.example.com"], &["api.other.example.com"]] {
+            assert!(evaluate("masters", &doc, &change(outside)).is_err(), "{outside:?}");
+        }
+        let external = policy(&role(Role::ControlPlane), &PolicyInputs { external_dns: true, ..inputs() }, None).expect("policy");
+        assert!(evaluate("masters", &external, &change(&["www.example.com"])).is_ok(), "external-dns");
     }
 
     /// kOps' NodeRoleAPIServer: the state store, KMS and (when allowed) ECR — nothing of the

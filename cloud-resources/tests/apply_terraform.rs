@@ -157,6 +157,33 @@ fn gce_terraform() {
     assert_eq!(c["zone"], "europe-west1-c");
     assert_eq!(c["labels"]["k8s-io-etcd-main"], "c-2fb-2cc-2cd");
     assert!(resources(&root, "aws_vpc").is_empty());
+    // Pods reach nodes on everything, control planes on everything but etcd's ports (as nodes do).
+    let fw = resources(&root, "google_compute_firewall");
+    let (master, node) = ("gce-k8s-example-com-k8s-io-role-master", "gce-k8s-example-com-k8s-io-role-node");
+    let from_pods: Vec<&Value> = fw.values().copied().filter(|r| r["source_ranges"] == serde_json::json!(["100.96.0.0/11"])).collect();
+    assert_eq!(from_pods.len(), 2, "{from_pods:#?}");
+    for r in &from_pods {
+        let targets = r["target_tags"].as_array().cloned().unwrap_or_default();
+        assert_eq!(targets.len(), 1, "one role a rule: {r:#}");
+        let tcp = r["allow"].as_array().into_iter().flatten().find(|a| a["protocol"] == "tcp").expect("tcp");
+        let ports: Vec<&str> = tcp["ports"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        if targets[0] == master {
+            assert_eq!(ports, ["1-2379", "2382-4000", "4003-65535"], "{r:#}");
+        } else {
+            assert_eq!(targets[0], node);
+            assert!(ports.is_empty(), "every port of a node: {r:#}");
+        }
+        let protocols: Vec<&str> = r["allow"].as_array().into_iter().flatten().filter_map(|a| a["protocol"].as_str()).collect();
+        assert_eq!(protocols, ["tcp", "udp", "icmp", "esp", "ah", "sctp"]);
+    }
+    for r in fw.values() {
+        let to_master = r["target_tags"].as_array().is_some_and(|t| t.iter().any(|t| t == master));
+        let unrestricted_tcp =
+            r["allow"].as_array().into_iter().flatten().any(|a| a["protocol"] == "tcp" && a["ports"].as_array().is_none_or(|p| p.is_empty()));
+        if to_master && unrestricted_tcp {
+            assert_eq!(r["source_tags"], serde_json::json!([master]), "only control planes reach a control plane's etcd: {r:#}");
+        }
+    }
 }
 
 #[test]

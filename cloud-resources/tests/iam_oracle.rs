@@ -164,6 +164,19 @@ fn protokube_calls_are_allowed_by_the_control_plane_policy() {
     let checked = assert_allowed(&identity, policy.as_ref(), &calls, &Account::default(), &|_| BTreeMap::new());
     assert!(checked >= calls.len(), "{checked} authorisations for {} calls", calls.len());
 
+    // Nor every write to the zone: a record outside the cluster's names, through the same client,
+    // is refused (the call log gives the oracle the change batch's names).
+    log.clear();
+    rt.block_on(async {
+        let outside = Record { name: "www.example.com".into(), rtype: "A".into(), ttl: 60, values: vec!["10.0.0.66".into()] };
+        dns.apply_changes(&zone, &[RecordChange::Upsert(outside)]).await.expect("moto enforces no IAM");
+    });
+    let outside = log.calls();
+    let denied = testkit::aws_calls::check(&identity, policy.as_ref(), &outside, &Account::default(), &|_| BTreeMap::new())
+        .expect_err("a record outside the cluster's names");
+    let text: Vec<String> = denied.iter().map(|d| d.to_string()).collect();
+    assert!(text.iter().any(|t| t.contains("route53:ChangeResourceRecordSets") && t.contains("www.example.com")), "{text:#?}");
+
     // The oracle is not a rubber stamp: the same calls are not the workers'.
     let (node, node_policy) = direct_policy(&model, Role::Node, &zone);
     let denied = testkit::aws_calls::check(&node, node_policy.as_ref(), &calls, &Account::default(), &|_| BTreeMap::new()).expect_err("workers may not");

@@ -127,6 +127,11 @@ pub struct Instance {
     pub public_ip: Option<String>,
     /// Device names in use on the instance (block device mappings).
     pub devices: Vec<String>,
+    /// The instance group the cloud made it for: on AWS its autoscaling group (the
+    /// `aws:autoscaling:groupName` tag, which only Auto Scaling writes), on GCE its managed
+    /// instance group (`created-by` metadata, which a worker's service account cannot set);
+    /// `None` for an instance made otherwise.
+    pub group: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -186,6 +191,9 @@ pub trait Instances {
     /// The given instances (those the cloud no longer knows are simply absent from the result).
     fn describe_instances(&self, ids: &[String]) -> impl std::future::Future<Output = Result<Vec<Instance>, VolumeError>> + Send;
 }
+
+/// The tag Auto Scaling puts on the instances it launches (users may not write `aws:` tags).
+pub const ASG_TAG: &str = "aws:autoscaling:groupName";
 
 /// EC2 implementation.
 #[derive(Debug, Clone)]
@@ -322,6 +330,7 @@ impl Instances for Ec2 {
                         private_ip: i.private_ip_address().map(str::to_string),
                         public_ip: i.public_ip_address().map(str::to_string),
                         devices: i.block_device_mappings().iter().filter_map(|b| b.device_name().map(str::to_string)).collect(),
+                        group: i.tags().iter().find(|t| t.key() == Some(ASG_TAG)).and_then(|t| t.value()).map(str::to_string),
                     });
                 }
             }

@@ -46,7 +46,7 @@ impl From<ApiHostsError> for TaskError {
 
 /// The managed block a worker wants: both names at every published address.
 pub fn desired(cluster: &str, servers: &ApiServers) -> Entries {
-    let mut addresses = servers.addresses.clone();
+    let mut addresses: Vec<String> = servers.addresses.iter().map(|a| a.to_string()).collect();
     addresses.sort();
     addresses.dedup();
     api_server_names(cluster).into_iter().map(|n| (n, addresses.clone())).collect()
@@ -144,7 +144,7 @@ mod tests {
 
     #[test]
     fn both_names_at_every_address_and_the_differences_named() {
-        let doc = ApiServers { addresses: vec!["172.20.64.5".into(), "172.20.32.4".into(), "172.20.64.5".into()] };
+        let doc = ApiServers { addresses: ["172.20.64.5", "172.20.32.4", "172.20.64.5"].iter().map(|a| a.parse().expect("ip")).collect() };
         let want = desired("g.k8s.local", &doc);
         let both = vec!["172.20.32.4".to_string(), "172.20.64.5".to_string()];
         assert_eq!(want.get("api.internal.g.k8s.local"), Some(&both));

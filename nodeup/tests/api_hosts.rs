@@ -13,7 +13,7 @@ use common::*;
 const CLUSTER: &str = "ha.k8s.example.com";
 
 fn publish(state: &Path, addresses: &[&str]) {
-    let doc = keelson_api::nodeup::ApiServers { addresses: addresses.iter().map(|a| a.to_string()).collect() };
+    let doc = keelson_api::nodeup::ApiServers { addresses: addresses.iter().map(|a| a.parse().expect("an IP")).collect() };
     let p = state.join(keelson_api::nodeup::API_SERVERS_KEY);
     std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
     std::fs::write(p, serde_yaml_ng::to_string(&doc).expect("yaml")).expect("write");
@@ -96,4 +96,26 @@ fn workers_with_dns_records_get_no_hosts_entries() {
     assert_ok(&s.run(&[]));
     assert!(entries(&s.path("/etc/hosts")).is_empty(), "the names are in DNS");
     assert!(!s.path("/etc/systemd/system/keelson-api-hosts.timer").exists());
+}
+
+/// Whoever may write `igconfig/node/` could put a line break into an address: each address is
+/// parsed as an IP before anything reaches the hosts file, and the managed block stays as it was.
+#[test]
+fn an_address_that_is_not_an_ip_never_reaches_the_hosts_file() {
+    let s = Scenario::edited(Group::Worker, 1024, |m, a| vec![m.url(&a.path)], |c| c.replace("usesNoneDNS: false", "usesNoneDNS: true"));
+    let state = s.dir.path().join("state");
+    publish(&state, &["172.20.32.10"]);
+    std::fs::create_dir_all(s.path("/etc")).expect("mkdir");
+    std::fs::write(s.path("/etc/hosts"), "127.0.0.1 localhost\n").expect("hosts");
+    assert_ok(&s.run(&[]));
+    let before = std::fs::read_to_string(s.path("/etc/hosts")).expect("hosts");
+
+    let p = state.join(keelson_api::nodeup::API_SERVERS_KEY);
+    std::fs::write(&p, "addresses:\n- \"172.20.32.10\\n10.6.6.6 kubernetes.default.svc.cluster.local\"\n").expect("write");
+    let out = api_hosts(&s);
+    assert!(!out.status.success(), "refused: {}", stdout(&out));
+    assert!(stderr(&out).contains(keelson_api::nodeup::API_SERVERS_KEY), "names the object: {}", stderr(&out));
+    let after = std::fs::read_to_string(s.path("/etc/hosts")).expect("hosts");
+    assert_eq!(after, before, "the hosts file is left as it was");
+    assert!(!after.contains("10.6.6.6"), "{after}");
 }

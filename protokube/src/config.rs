@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
+use keelson_api::names;
 use keelson_api::nodeup::BootConfig;
 use keelson_api::Cluster;
 
@@ -57,20 +58,13 @@ pub struct EtcdCluster {
 }
 
 impl EtcdCluster {
-    /// DNS label prefix: `etcd` for main, `etcd-<name>` otherwise (kOps names).
-    pub fn dns_prefix(&self) -> String {
-        if self.name == "main" {
-            "etcd".to_string()
-        } else {
-            format!("etcd-{}", self.name)
-        }
-    }
-    /// etcd member name, also the first label of its DNS name: `etcd-a`, `etcd-events-a`.
+    /// etcd member name, also the first label of its DNS name: `etcd-a`, `etcd-events-a`
+    /// ([`names::etcd_member_id`]).
     pub fn member_id(&self, member: &str) -> String {
-        format!("{}-{member}", self.dns_prefix())
+        names::etcd_member_id(&self.name, member)
     }
     pub fn member_dns(&self, member: &str, cluster: &str) -> String {
-        format!("{}.internal.{cluster}", self.member_id(member))
+        names::etcd_member_dns(&self.name, member, cluster)
     }
     pub fn scheme(&self) -> &'static str {
         if self.tls {
@@ -118,16 +112,26 @@ pub struct Plan {
 
 impl Plan {
     pub fn api_internal(&self) -> String {
-        format!("api.internal.{}", self.cluster_name)
+        names::api_internal_dns(&self.cluster_name)
     }
     /// Where workers reach the node join server: the control planes' own addresses, always
     /// protokube's to keep (the name kOps gives kops-controller).
     pub fn kops_controller_internal(&self) -> String {
-        format!("kops-controller.internal.{}", self.cluster_name)
+        names::kops_controller_internal_dns(&self.cluster_name)
     }
     pub fn api_public(&self) -> String {
-        format!("api.{}", self.cluster_name)
+        names::api_public_dns(&self.cluster_name)
     }
+    /// Whether `instance` was made by the cloud for instance group `group` of this cluster (its
+    /// autoscaling group `<group>.<cluster>` on AWS, its managed instance group in its zone on GCE;
+    /// the two forms cannot be confused: an autoscaling group's name holds the cluster's dots, a
+    /// GCE name none). Only such an instance of an etcd member's group is a control plane.
+    pub fn made_for_group(&self, group: &str, instance: &cloud::volumes::Instance) -> bool {
+        let Some(made_by) = instance.group.as_deref() else { return false };
+        made_by == names::autoscaling_group_name(group, &self.cluster_name)
+            || instance.zone.as_deref().is_some_and(|zone| made_by == names::gce_instance_group_manager_name(zone, group, &self.cluster_name))
+    }
+
     /// Members of `cluster` bound to this instance's group, in name order.
     pub fn my_members<'a>(&self, cluster: &'a EtcdCluster) -> Vec<&'a EtcdMember> {
         let mut v: Vec<&EtcdMember> = cluster.members.iter().filter(|m| m.instance_group == self.instance_group).collect();

@@ -393,6 +393,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             ec2: join_ec2,
             iam: aws_sdk_iam::Client::new(&aws),
             store: spec_store.clone(),
+            nodes: protokube::node_join::NodeNames::local(spec_store.clone(), format!("https://127.0.0.1:{api_port}")),
             challenge_addr: protokube::node_join::challenge_at_instance(),
         };
         // The server learns its own account before it admits anyone; until STS answers, workers
@@ -424,6 +425,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             compute,
             store: spec_store.clone(),
             jwks_url: args.gce_jwks_url.clone(),
+            nodes: protokube::node_join::NodeNames::local(spec_store.clone(), format!("https://127.0.0.1:{api_port}")),
             challenge_addr: protokube::node_join::challenge_at_instance(),
         })?;
         tracing::info!(jwks = %authority.jwks_url(), "serving node joins (GCE identity)");

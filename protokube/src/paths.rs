@@ -14,8 +14,9 @@ pub const BACKUP_STAGING_DIR: &str = "var/lib/protokube/etcd-backups";
 /// replaces): private like [`BACKUP_STAGING_DIR`].
 pub const RESTORE_DOWNLOAD_DIR: &str = "keelson-restore";
 
-/// The file a member downloads the backup of restore `request` to, under its volume's `mount`.
-pub fn restore_download(mount: &Path, request: &str) -> PathBuf {
+/// The file a member downloads the backup of restore `request` to, under its volume's `mount`
+/// (a [`base::etcd_backup::RestoreId`] holds no `/` or `.`: the file stays in that directory).
+pub fn restore_download(mount: &Path, request: &base::etcd_backup::RestoreId) -> PathBuf {
     mount.join(RESTORE_DOWNLOAD_DIR).join(format!("restore-{request}.db"))
 }
 /// containerd's per-registry `hosts.toml` files (written by nodeup), read by the host's `ctr` when

@@ -156,12 +156,12 @@ pub struct MemberRestore<'a> {
 
 impl MemberRestore<'_> {
     fn io(&self, req: &RestoreRequest, path: &Path) -> impl Fn(std::io::Error) -> RestoreError + '_ {
-        let (request, cluster, path) = (req.id.clone(), self.ec.name.clone(), path.display().to_string());
+        let (request, cluster, path) = (req.id.to_string(), self.ec.name.clone(), path.display().to_string());
         move |source| RestoreError::Io { request: request.clone(), cluster: cluster.clone(), path: path.clone(), source }
     }
 
     fn store_err(&self, req: &RestoreRequest) -> impl Fn(base::etcd_backup::BackupError) -> RestoreError + '_ {
-        let (request, cluster) = (req.id.clone(), self.ec.name.clone());
+        let (request, cluster) = (req.id.to_string(), self.ec.name.clone());
         move |source| RestoreError::Store { request: request.clone(), cluster: cluster.clone(), source: Box::new(source) }
     }
 
@@ -195,7 +195,7 @@ impl MemberRestore<'_> {
             return Ok(());
         }
         let status = MemberStatus {
-            request: req.id.clone(),
+            request: req.id.to_string(),
             member: self.member.to_string(),
             state,
             at: base::etcd_backup::rfc3339(time::OffsetDateTime::now_utc()),
@@ -310,7 +310,7 @@ impl MemberRestore<'_> {
     }
 
     async fn restore_into(&self, req: &RestoreRequest, data: &Path) -> Result<(), RestoreError> {
-        let tool_err = |message: String| RestoreError::Tool { request: req.id.clone(), cluster: self.ec.name.clone(), message };
+        let tool_err = |message: String| RestoreError::Tool { request: req.id.to_string(), cluster: self.ec.name.clone(), message };
         let tool =
             &RestoreTool::find(self.tool.as_deref(), &self.ec.version).map_err(|why| tool_err(format!("nothing to restore the snapshot with: {why}")))?;
         tracing::info!(etcd = %self.ec.name, request = %req.id, tool = %tool.describe(), "restore: restoring the snapshot");
@@ -413,10 +413,69 @@ async fn supports_bump(tool: &Path) -> bool {
     }
 }
 
-/// `ctr` in the kubelet's containerd namespace (`k8s.io`), where the etcd image lives.
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{EtcdMember, Ports};
+    use base::store::StateStore;
+
+    fn ec() -> EtcdCluster {
+        EtcdCluster {
+            name: "main".into(),
+            members: vec![EtcdMember { name: "a".into(), instance_group: "cp-a".into() }],
+            ports: Ports { peer: 2380, client: 4001 },
+            image: "registry.k8s.io/etcd:3.5.21-0".into(),
+            tls: true,
+            client_cert_auth: true,
+            cpu_request: None,
+            memory_request: None,
+            heartbeat_ms: None,
+            election_ms: None,
+            version: "3.5.21".into(),
+            backup_store: String::new(),
+            backup_interval: Duration::from_secs(900),
+            backup_retention_days: 90,
+        }
+    }
+
+    /// Whoever can write `control/restore.json` chooses the request id, which the member puts into
+    /// host paths as root. An earlier restore `x` left `data-before-restore-x` on the volume; a
+    /// request with id `x/../../escape` would move the member's data out of its volume (and in the
+    /// Complete phase delete any directory). The request is refused when read, and nothing moves.
+    #[tokio::test]
+    async fn a_request_id_that_leaves_the_volume_is_refused() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let mount = d.path().join("vol").join("mnt");
+        std::fs::create_dir_all(mount.join("data")).expect("data");
+        std::fs::create_dir_all(mount.join("data-before-restore-x")).expect("an earlier restore's");
+        let store_dir = d.path().join("backups");
+        std::fs::create_dir_all(store_dir.join("control")).expect("control");
+        let evil = serde_json::json!({
+            "id": "x/../../escape", "backup": "2026-11-24T10:41:18Z-000042", "phase": "Stop", "members": ["a"],
+            "requestedAt": "2026-12-02T00:00:00Z", "requestedBy": "mallory",
+        });
+        std::fs::write(store_dir.join(base::etcd_backup::RESTORE_REQUEST), evil.to_string()).expect("request");
+        // A port nothing listens on: the member reads as stopped at once.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr");
+        let ec = ec();
+        let r = MemberRestore {
+            ec: &ec,
+            cluster_name: "c.example.com",
+            member: "a",
+            mount: mount.clone(),
+            manifest: d.path().join("etcd-main.manifest"),
+            store: BackupStore::new(StateStore::dir(&store_dir)),
+            tool: None,
+            local: Box::new(|| None),
+            client_addr: closed,
+            stop_timeout: Duration::from_secs(1),
+        };
+        let err = r.step().await.expect_err("a request id with '/' is refused");
+        let text = err.to_string();
+        assert!(text.contains("restore.json") && text.contains("x/../../escape"), "{text}");
+        assert!(mount.join("data").is_dir(), "the member's data stays where it is");
+        assert!(!d.path().join("vol").join("escape").exists(), "nothing is written outside the volume");
+    }
 
     #[test]
     fn revision_bumps_from_3_5_13() {

@@ -90,7 +90,10 @@ impl Gce {
             &c,
             "POST",
             &format!("/zones/{ZB}/instanceGroupManagers"),
-            json!({"name": "cp-b", "baseInstanceName": "cp-b", "instanceTemplate": "global/instanceTemplates/cp-b", "targetSize": 1}),
+            // Named as the compiler names group cp-b's MIG: protokube names in DNS only an
+            // instance its member's group's MIG made.
+            json!({"name": keelson_api::names::gce_instance_group_manager_name(ZB, "cp-b", CLUSTER), "baseInstanceName": "cp-b",
+                "instanceTemplate": "global/instanceTemplates/cp-b", "targetSize": 1}),
         );
         let me = c.instances().into_iter().next().expect("the MIG's instance");
         let disk_b = etcd_disk(&c, ZB, "b");

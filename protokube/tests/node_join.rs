@@ -28,6 +28,33 @@ struct World {
     custom_role_arn: String,
     /// Where the authority calls every instance back (the test's stand-in for `<private IP>:3987`).
     challenge_port: u16,
+    /// The Nodes the stand-in Kubernetes API has (name → Node), which the authority reads.
+    nodes: Nodes,
+    nodes_api: testkit::httpd::Server,
+}
+
+type Nodes = std::sync::Arc<std::sync::Mutex<BTreeMap<String, serde_json::Value>>>;
+
+/// The Kubernetes API's `GET /api/v1/nodes/<name>` over `nodes` (404 for any other Node).
+fn nodes_api(nodes: Nodes) -> testkit::httpd::Server {
+    testkit::httpd::Server::start(std::sync::Arc::new(move |req: &testkit::httpd::Request| {
+        let json = |status: u16, v: serde_json::Value| testkit::httpd::Response::text(status, v.to_string()).header("Content-Type", "application/json");
+        let name = req.path.strip_prefix("/api/v1/nodes/").filter(|_| req.method == "GET").unwrap_or_default();
+        match nodes.lock().unwrap_or_else(|p| p.into_inner()).get(name) {
+            Some(node) => json(200, node.clone()),
+            None => json(
+                404,
+                serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404,
+                    "message": format!("nodes \"{name}\" not found")}),
+            ),
+        }
+    }))
+}
+
+/// A Node as the API holds it, with `labels`.
+fn node(name: &str, labels: &[(&str, &str)]) -> serde_json::Value {
+    let labels: serde_json::Map<String, serde_json::Value> = labels.iter().map(|(k, v)| (k.to_string(), serde_json::Value::from(*v))).collect();
+    serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}})
 }
 
 /// A free port on 127.0.0.1.
@@ -65,6 +92,7 @@ async fn world(url: &str) -> World {
         let ig = format!("apiVersion: kops.k8s.io/v1alpha2\nkind: InstanceGroup\nmetadata:\n  name: {name}\n  labels:\n    kops.k8s.io/cluster: {CLUSTER}\nspec:\n  role: {role}\n  minSize: 1\n  maxSize: 1\n  machineType: t3.medium\n  image: ami-12c6146b\n  subnets: [a]\n{extra}");
         std::fs::write(path, ig).expect("write ig");
     }
+    let nodes = Nodes::default();
     let base: base::ConfigBase = format!("file://{}", dir.path().display()).parse().expect("config base");
     let store = base::StateStore::open(&base, std::time::Duration::from_secs(10)).expect("store");
     World {
@@ -77,6 +105,8 @@ async fn world(url: &str) -> World {
         master_role_arn: arns[1].clone(),
         custom_role_arn: arns[2].clone(),
         challenge_port: free_port(),
+        nodes_api: nodes_api(nodes.clone()),
+        nodes,
     }
 }
 
@@ -91,10 +121,17 @@ impl World {
             ec2: aws_sdk_ec2::Client::new(&self.conf),
             iam: aws_sdk_iam::Client::new(&self.conf),
             store: self.store.clone(),
+            nodes: self.node_names(),
             challenge_addr: std::sync::Arc::new(move |_ip| std::net::SocketAddr::from(([127, 0, 0, 1], port))),
         })
         .await
         .expect("the authority learns its own account")
+    }
+
+    /// The authority's view of the Nodes: the stand-in API.
+    fn node_names(&self) -> protokube::node_join::NodeNames {
+        let config = kube::Config::new(format!("http://{}", self.nodes_api.addr()).parse().expect("url"));
+        protokube::node_join::NodeNames::with_client(kube::Client::try_from(config).expect("client"))
     }
 
     /// The node's side of the call back, for a request made with `keys` and `body`, at the address
@@ -283,6 +320,44 @@ async fn only_a_running_worker_of_the_cluster_gets_certificates_for_its_own_name
     let (body, auth, _) = w.request(&creds, &dns, &id);
     let e = authority.admit(&auth, &body).await.expect_err("terminated");
     assert!(e.message.contains("not running"), "{e}");
+}
+
+/// A control plane's Node that outlived its instance keeps its name (the instance's private DNS
+/// name): a worker given that address gets no certificate for it — its kubelet would take over a
+/// Node with the control-plane labels. A worker's Node of the name, or none, is no obstacle.
+#[test]
+fn a_name_a_stale_control_plane_node_holds_is_refused() {
+    let (_g, m) = moto::lock();
+    runtime().block_on(a_name_a_stale_control_plane_node_holds_is_refused_on(m.url.clone()));
+}
+
+async fn a_name_a_stale_control_plane_node_holds_is_refused_on(url: String) {
+    let w = world(&url).await;
+    let authority = w.authority().await;
+    let (id, dns) = w.group_instance("nodes", CLUSTER).await;
+    let creds = w.session(&w.node_role_arn, &id).await;
+    for label in [protokube::addons::CONTROL_PLANE_LABEL, protokube::node_join::node_names::LEGACY_CONTROL_PLANE_LABEL] {
+        w.nodes.lock().expect("nodes").insert(dns.clone(), node(&dns, &[(label, ""), ("kops.k8s.io/instancegroup", "control-plane-a")]));
+        let (body, auth, keys) = w.request(&creds, &dns, &id);
+        let answering = w.answering(&keys, &body);
+        let e = authority.admit(&auth, &body).await.expect_err("the name of a control plane's Node");
+        drop(answering);
+        assert_eq!((e.status.as_u16(), e.reason), (403, "stale-node"), "{label}: {e}");
+        assert!(e.message.contains(&dns), "{e}");
+    }
+    // Once the stale Node is deleted, or when the Node of the name is a worker's, the worker joins.
+    for have in [None, Some(node(&dns, &[("node-role.kubernetes.io/node", "")]))] {
+        {
+            let mut nodes = w.nodes.lock().expect("nodes");
+            nodes.remove(&dns);
+            nodes.extend(have.map(|n| (dns.clone(), n)));
+        }
+        let (body, auth, keys) = w.request(&creds, &dns, &id);
+        let answering = w.answering(&keys, &body);
+        let r = authority.admit(&auth, &body).await.expect("no control plane's Node of the name");
+        drop(answering);
+        assert_eq!(r.node_name, dns);
+    }
 }
 
 #[test]

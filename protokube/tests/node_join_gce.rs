@@ -62,6 +62,7 @@ struct World {
     store: base::StateStore,
     ca: pki::Keypair,
     challenge_port: u16,
+    nodes_api: Server,
 }
 
 fn template(c: &GceCompute, name: &str, group: &str) {
@@ -128,6 +129,11 @@ impl World {
             store,
             ca: pki::create_ca("kubernetes-ca").expect("ca"),
             challenge_port: free_port(),
+            // The Kubernetes API of a cluster with no Node of a joining worker's name.
+            nodes_api: Server::start(Arc::new(|_: &Request| {
+                testkit::httpd::Response::text(404, r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#)
+                    .header("Content-Type", "application/json")
+            })),
         }
     }
 
@@ -143,6 +149,10 @@ impl World {
             compute: cloud::gce::ComputeReader::new(api, &self.compute_url, PROJECT),
             store: self.store.clone(),
             jwks_url: self.jwks_url.clone(),
+            nodes: {
+                let config = kube::Config::new(format!("http://{}", self.nodes_api.addr()).parse().expect("url"));
+                protokube::node_join::NodeNames::with_client(kube::Client::try_from(config).expect("client"))
+            },
             challenge_addr: Arc::new(move |_ip| std::net::SocketAddr::from(([127, 0, 0, 1], port))),
         })
         .expect("authority")

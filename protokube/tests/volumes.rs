@@ -233,7 +233,9 @@ fn volume_in_other_zone_or_held_by_live_instance_is_left_alone() {
         let d = LoopDev::new(64);
         let other_zone = create_volume(&ec2, "us-east-1b", &etcd_tags(name, "main", "a", &["a"])).await;
         let held = create_volume(&ec2, "us-east-1a", &etcd_tags(name, "events", "a", &["a"])).await;
+        // Another control plane of the member's group (its autoscaling group made it).
         let (live, _) = host::run_instance(&ec2, "us-east-1a", None, None).await;
+        host::tag_made_for_group(&m.url, &live, &keelson_api::names::autoscaling_group_name("cp-a", name));
         ec2.attach_volume().volume_id(&held).instance_id(&live).device("/dev/xvdu").send().await.expect("attach to live");
         h.link(&other_zone, &d.dev);
         h.link(&held, &d.dev);
@@ -341,7 +343,7 @@ fn two_control_planes_in_one_zone_get_their_own_members_volumes() {
         // Whichever control plane passes last, the workers' document lists both.
         let published = std::fs::read_to_string(c.state.path().join(keelson_api::nodeup::API_SERVERS_KEY)).expect("published");
         let doc: keelson_api::nodeup::ApiServers = serde_yaml_ng::from_str(&published).expect("an API servers document");
-        let mut both = vec![h1.ip.clone(), h2.ip.clone()];
+        let mut both: Vec<std::net::IpAddr> = [&h1.ip, &h2.ip].iter().map(|ip| ip.parse().expect("an IP")).collect();
         both.sort();
         assert_eq!(doc.addresses, both);
     });

@@ -115,6 +115,22 @@ fn form(body: &str) -> Vec<(String, String)> {
     body.split('&').filter(|p| !p.is_empty()).map(|p| p.split_once('=').unwrap_or((p, ""))).map(|(k, v)| (decode(k), decode(v))).collect()
 }
 
+/// The text of every `<tag>…</tag>` element of an XML body, in order, entities decoded (the
+/// Route53 change batch has no nested elements of these names).
+fn xml_texts(body: &str, tag: &str) -> Vec<String> {
+    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+    let mut out = Vec::new();
+    let mut rest = body;
+    while let Some(i) = rest.find(&open) {
+        let after = &rest[i + open.len()..];
+        let Some(j) = after.find(&close) else { break };
+        let text = &after[..j];
+        out.push(text.replace("&lt;", "<").replace("&gt;", ">").replace("&quot;", "\"").replace("&apos;", "'").replace("&amp;", "&"));
+        rest = &after[j + close.len()..];
+    }
+    out
+}
+
 /// The URI's path (decoded) and query.
 fn path_and_query(uri: &str) -> (String, String) {
     let rest = uri.split_once("://").map(|(_, r)| r).unwrap_or(uri);
@@ -163,9 +179,11 @@ pub fn authorizations(call: &Call, a: &Account, tags: &dyn Fn(&str) -> BTreeMap<
     let Some(action) = iam_action(&call.service, &call.operation) else { return Vec::new() };
     let params = form(&call.body);
     let param = |name: &str| params.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
-    let (path, _query) = path_and_query(&call.uri);
+    let (path, query) = path_and_query(&call.uri);
     let mut resources: Vec<String> = Vec::new();
     let mut request_tags: BTreeMap<String, String> = BTreeMap::new();
+    // Condition keys the request itself carries (beyond tags).
+    let mut keys: Vec<(&str, Vec<String>)> = Vec::new();
     match call.service.as_str() {
         "s3" => {
             let mut parts = path.trim_start_matches('/').splitn(2, '/');
@@ -177,6 +195,12 @@ pub fn authorizations(call: &Call, a: &Account, tags: &dyn Fn(&str) -> BTreeMap<
             } else {
                 format!("arn:{}:s3:::{bucket}/{key}", a.partition)
             });
+            if matches!(action.as_str(), "s3:ListBucket" | "s3:ListBucketVersions") {
+                // `s3:prefix`: the listing's `prefix` parameter (absent when it names none).
+                if let Some((_, prefix)) = form(&query).into_iter().find(|(k, _)| k == "prefix") {
+                    keys.push(("s3:prefix", vec![prefix]));
+                }
+            }
         }
         "route53" => {
             let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
@@ -186,6 +210,14 @@ pub fn authorizations(call: &Call, a: &Account, tags: &dyn Fn(&str) -> BTreeMap<
                 [_, "tags", "hostedzone", id, ..] => format!("arn:{}:route53:::hostedzone/{id}", a.partition),
                 _ => "*".to_string(),
             });
+            if call.operation == "ChangeResourceRecordSets" {
+                // The change batch's names (normalised as Route53 does: lower case, no trailing
+                // dot), types and actions.
+                let names = xml_texts(&call.body, "Name").into_iter().map(|n| n.trim_end_matches('.').to_ascii_lowercase()).collect();
+                keys.push(("route53:ChangeResourceRecordSetsNormalizedRecordNames", names));
+                keys.push(("route53:ChangeResourceRecordSetsRecordTypes", xml_texts(&call.body, "Type")));
+                keys.push(("route53:ChangeResourceRecordSetsActions", xml_texts(&call.body, "Action")));
+            }
         }
         "ec2" => {
             for (k, v) in &params {
@@ -238,6 +270,10 @@ pub fn authorizations(call: &Call, a: &Account, tags: &dyn Fn(&str) -> BTreeMap<
             if !request_tags.is_empty() {
                 let keys: Vec<&str> = request_tags.keys().map(String::as_str).collect();
                 r = r.with("aws:TagKeys", &keys);
+            }
+            for (k, values) in keys.iter().filter(|(_, v)| !v.is_empty()) {
+                let values: Vec<&str> = values.iter().map(String::as_str).collect();
+                r = r.with(k, &values);
             }
             r
         })
@@ -309,8 +345,23 @@ mod tests {
         assert_eq!(r, [Request::new("route53:ChangeResourceRecordSets", "arn:aws:route53:::hostedzone/Z1")]);
         let r = authorizations(&call("s3", "UploadPart", "http://h:1/bucket/c/backups/a%20b?partNumber=1&uploadId=u", ""), &a, &none);
         assert_eq!(r, [Request::new("s3:PutObject", "arn:aws:s3:::bucket/c/backups/a b")]);
-        let r = authorizations(&call("s3", "ListObjectsV2", "http://h:1/bucket?list-type=2&prefix=c/", ""), &a, &none);
-        assert_eq!(r, [Request::new("s3:ListBucket", "arn:aws:s3:::bucket")]);
+        let r = authorizations(&call("s3", "ListObjectsV2", "http://h:1/bucket?list-type=2&prefix=c%2Figconfig%2F", ""), &a, &none);
+        assert_eq!(r, [Request::new("s3:ListBucket", "arn:aws:s3:::bucket").with("s3:prefix", &["c/igconfig/"])]);
+        let r = authorizations(&call("s3", "ListObjectsV2", "http://h:1/bucket?list-type=2", ""), &a, &none);
+        assert_eq!(r, [Request::new("s3:ListBucket", "arn:aws:s3:::bucket")], "no prefix, no key");
+        let batch = "<ChangeResourceRecordSetsRequest xmlns=\"https://route53.amazonaws.com/doc/2013-04-01/\"><ChangeBatch><Changes>\
+            <Change><Action>UPSERT</Action><ResourceRecordSet><Name>API.internal.c.example.com.</Name><Type>A</Type><TTL>60</TTL>\
+            <ResourceRecords><ResourceRecord><Value>10.0.0.1</Value></ResourceRecord></ResourceRecords></ResourceRecordSet></Change>\
+            <Change><Action>DELETE</Action><ResourceRecordSet><Name>www.example.com</Name><Type>TXT</Type></ResourceRecordSet></Change>\
+            </Changes></ChangeBatch></ChangeResourceRecordSetsRequest>";
+        let r = authorizations(&call("route53", "ChangeResourceRecordSets", "http://h/2013-04-01/hostedzone/Z1/rrset/", batch), &a, &none);
+        assert_eq!(
+            r,
+            [Request::new("route53:ChangeResourceRecordSets", "arn:aws:route53:::hostedzone/Z1")
+                .with("route53:ChangeResourceRecordSetsNormalizedRecordNames", &["api.internal.c.example.com", "www.example.com"])
+                .with("route53:ChangeResourceRecordSetsRecordTypes", &["A", "TXT"])
+                .with("route53:ChangeResourceRecordSetsActions", &["UPSERT", "DELETE"])]
+        );
         let tags = |arn: &str| if arn.ends_with("vol-1") { BTreeMap::from([("KubernetesCluster".to_string(), "c".to_string())]) } else { BTreeMap::new() };
         let r = authorizations(&call("ec2", "AttachVolume", "http://h/", "Action=AttachVolume&VolumeId=vol-1&InstanceId=i-2&Device=%2Fdev%2Fxvdu"), &a, &tags);
         assert_eq!(

@@ -33,6 +33,8 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub enum StoreError {
     #[error("ConfigBase {base:?}: unsupported scheme (file://, http://, https://, s3://, gs://)")]
     Scheme { base: String },
+    #[error(transparent)]
+    PlainHttp(#[from] crate::plain_http::PlainHttpRefused),
     #[error("ConfigBase {base}: s3:// needs the AWS SDK (this build has no S3 client)")]
     NoS3 { base: String },
     #[error("ConfigBase {base}: {op} is not possible on a read-only http(s) store")]
@@ -102,9 +104,16 @@ impl StateStore {
     pub fn open(base: &ConfigBase, timeout: Duration) -> Result<StateStore, StoreError> {
         let backend = match base {
             ConfigBase::File(p) => Backend::File(file::FileStore::new(p.clone())),
-            ConfigBase::Http(url) => Backend::Http(http::HttpStore::new(url, timeout)?),
+            ConfigBase::Http(url) => {
+                crate::plain_http::check("ConfigBase", url)?;
+                Backend::Http(http::HttpStore::new(url, timeout)?)
+            }
             ConfigBase::S3 { .. } => return Err(StoreError::NoS3 { base: base.to_string() }),
-            ConfigBase::Gcs { bucket, prefix } => Backend::Gcs(Box::new(gcs::GcsStore::new(bucket, prefix, GcsEndpoints::from_env(), timeout)?)),
+            ConfigBase::Gcs { bucket, prefix } => {
+                let endpoints = GcsEndpoints::from_env();
+                crate::plain_http::check(&format!("ConfigBase {base}: Cloud Storage endpoint (STORAGE_EMULATOR_HOST)"), &endpoints.storage)?;
+                Backend::Gcs(Box::new(gcs::GcsStore::new(bucket, prefix, endpoints, timeout)?))
+            }
         };
         Ok(StateStore { base: base.clone(), backend, part_size: DEFAULT_PART_SIZE })
     }
@@ -310,5 +319,17 @@ mod tests {
         assert!(matches!(store.put("x", b"y").await, Err(StoreError::ReadOnly { op: "write", .. })));
         assert!(matches!(store.lock("apply").await, Err(StoreError::ReadOnly { .. })));
         assert!(matches!(StateStore::open(&"s3://b/p".parse().expect("base"), Duration::from_secs(1)), Err(StoreError::NoS3 { .. })));
+    }
+
+    /// The state store holds every CA key: it is read over plain HTTP only from loopback (or a
+    /// host allowed in `KEELSON_ALLOW_PLAIN_HTTP`, which this test does not set).
+    #[test]
+    fn a_plain_http_store_off_loopback_is_refused() {
+        let Err(e) = StateStore::open(&"http://state.example.com/c".parse().expect("base"), Duration::from_secs(1)) else {
+            panic!("plain http to another host opened");
+        };
+        assert!(matches!(e, StoreError::PlainHttp(_)), "{e}");
+        assert!(e.to_string().contains("ConfigBase http://state.example.com/c") && e.to_string().contains(crate::plain_http::ALLOW_ENV), "{e}");
+        assert!(StateStore::open(&"https://state.example.com/c".parse().expect("base"), Duration::from_secs(1)).is_ok());
     }
 }

@@ -4,7 +4,9 @@
 //! * nodes ↔ nodes, control planes ↔ control planes and control planes → nodes: everything
 //!   (tcp, udp, icmp, esp, ah, sctp);
 //! * nodes → control planes: the API (tcp 443) and kops-controller (tcp 3988) only;
-//! * the pod network (`spec.podCIDR`, else `nonMasqueradeCIDR`) → every instance: everything;
+//! * the pod network (`spec.podCIDR`, else `nonMasqueradeCIDR`) → nodes: everything; → control
+//!   planes: everything but etcd's TCP ports (the ports nodes may not reach either,
+//!   [`crate::firewall::etcd_blocked_ports`]): a pod reaches the API and the join server, never etcd;
 //! * `spec.sshAccess` → control planes and nodes on tcp 22; `spec.kubernetesApiAccess` → control
 //!   planes on tcp 443. IPv6 sources get their own rule (`…-ipv6`), as GCE wants one family a rule.
 //!
@@ -20,6 +22,17 @@ const ALL: [&str; 6] = ["tcp", "udp", "icmp", "esp", "ah", "sctp"];
 
 fn all() -> Vec<Allowed> {
     ALL.iter().map(|p| Allowed::new(p, &[])).collect()
+}
+
+/// Every protocol, TCP only in the ranges around etcd's ports (the one list of them AWS's
+/// security groups cut out too).
+fn all_but_etcd(cx: &Context<'_>) -> Vec<Allowed> {
+    let tcp: Vec<String> = crate::firewall::open_ranges(&crate::firewall::etcd_blocked_ports(cx.spec))
+        .into_iter()
+        .map(|(from, to)| if from == to { from.to_string() } else { format!("{from}-{to}") })
+        .collect();
+    let tcp: Vec<&str> = tcp.iter().map(String::as_str).collect();
+    ALL.iter().map(|p| if *p == "tcp" { Allowed::new(p, &tcp) } else { Allowed::new(p, &[]) }).collect()
 }
 
 /// The firewall rules of the cluster's network.
@@ -52,7 +65,8 @@ pub fn build_gce(cx: &Context<'_>, tasks: &mut gce::Tasks) {
     ];
     let pods = cx.spec.pod_cidr.as_ref().or(cx.spec.non_masquerade_cidr.as_ref()).map(|c| c.to_string());
     if let Some(pods) = pods {
-        rules.push(rule("pod-cidrs-to-node", vec![pods], vec![], vec![master.clone(), node.clone()], all()));
+        rules.push(rule("pod-cidrs-to-node", vec![pods.clone()], vec![], vec![node.clone()], all()));
+        rules.push(rule("pod-cidrs-to-master", vec![pods], vec![], vec![master.clone()], all_but_etcd(cx)));
     }
     // External access: one rule per address family.
     let mut external = |name: &str, cidrs: &[String], targets: Vec<String>, port: &str| {

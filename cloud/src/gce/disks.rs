@@ -104,6 +104,10 @@ pub fn instance_from(i: &Value) -> Instance {
         private_ip: nic["networkIP"].as_str().map(str::to_string),
         public_ip: nic["accessConfigs"].as_array().into_iter().flatten().find_map(|a| a["natIP"].as_str()).map(str::to_string),
         devices: i["disks"].as_array().into_iter().flatten().filter_map(|d| d["deviceName"].as_str()).map(str::to_string).collect(),
+        group: super::instances::metadata_items(&i["metadata"])
+            .get("created-by")
+            .and_then(|c| super::migs::parse_created_by(c))
+            .map(|(_, _, mig)| mig.to_string()),
     }
 }
 
@@ -407,6 +411,10 @@ mod tests {
         assert_eq!(i.state, InstanceState::Stopped, "TERMINATED is a stopped VM that keeps its disks");
         assert!(i.state.is_alive());
         assert_eq!((i.private_ip.as_deref(), i.public_ip.as_deref()), (Some("10.0.16.3"), Some("34.1.2.3")));
+        assert_eq!(i.group, None, "made by no MIG");
+        let made = instance_from(&json!({"name": "cp-b-1", "status": "RUNNING", "zone": "zones/europe-west1-b",
+            "metadata": {"items": [{"key": "created-by", "value": "projects/1/zones/europe-west1-b/instanceGroupManagers/b-cp-b-c"}]}}));
+        assert_eq!(made.group.as_deref(), Some("b-cp-b-c"));
         assert_eq!(region_of("europe-west1-b"), "europe-west1");
         assert_eq!(after("projects/p/zones/z1/instances/n", "zones"), Some("z1"));
     }

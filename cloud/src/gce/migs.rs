@@ -28,6 +28,18 @@ impl ManagedInstance {
     }
 }
 
+/// An instance's `created-by` metadata (set by the MIG that made it),
+/// `projects/<number>/zones/<zone>/instanceGroupManagers/<name>` → (number, zone, name).
+pub fn parse_created_by(value: &str) -> Option<(&str, &str, &str)> {
+    let p: Vec<&str> = value.trim().split('/').collect();
+    match p.as_slice() {
+        ["projects", number, "zones", zone, "instanceGroupManagers", name] if !number.is_empty() && !zone.is_empty() && !name.is_empty() => {
+            Some((number, zone, name))
+        }
+        _ => None,
+    }
+}
+
 /// One `managedInstances[]` entry.
 pub fn managed_instance(v: &Value) -> ManagedInstance {
     ManagedInstance {

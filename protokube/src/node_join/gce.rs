@@ -35,6 +35,7 @@ use keelson_api::names;
 use keelson_api::{InstanceGroup, Role};
 
 use super::google_keys::{token_kid, GoogleKeys};
+use super::node_names::NodeNames;
 use super::{challenge, forbidden, parse_request, refuse, sign_node_certs, upstream, ChallengeAddr, Refusal};
 
 pub use base::node_join_gce::MAX_AGE_SECS;
@@ -57,6 +58,8 @@ pub struct GceAuthorityConfig {
     pub store: StateStore,
     /// Google's key set ([`base::node_join_gce::GOOGLE_JWKS_URL`] in production).
     pub jwks_url: String,
+    /// Node names a control plane's Node holds are refused ([`NodeNames::local`] in production).
+    pub nodes: NodeNames,
     /// [`super::challenge_at_instance`] in production.
     pub challenge_addr: ChallengeAddr,
 }
@@ -70,6 +73,7 @@ pub struct GceAuthority {
     compute: ComputeReader,
     store: StateStore,
     keys: GoogleKeys,
+    nodes: NodeNames,
     challenge_addr: ChallengeAddr,
     /// The oldest token accepted, in seconds.
     pub max_age: u64,
@@ -126,16 +130,7 @@ pub fn check_instance(id: &InstanceIdentity, instance: Option<&InstanceFacts>) -
     i.network_ip.as_deref().and_then(|ip| ip.parse().ok()).ok_or_else(|| forbidden("instance", format!("instance {name} has no internal IP to call back")))
 }
 
-/// `projects/<number>/zones/<zone>/instanceGroupManagers/<name>` → (number, zone, name).
-pub fn parse_created_by(value: &str) -> Option<(&str, &str, &str)> {
-    let p: Vec<&str> = value.trim().split('/').collect();
-    match p.as_slice() {
-        ["projects", number, "zones", zone, "instanceGroupManagers", name] if !number.is_empty() && !zone.is_empty() && !name.is_empty() => {
-            Some((number, zone, name))
-        }
-        _ => None,
-    }
-}
+pub use cloud::gce::migs::parse_created_by;
 
 /// The instance group whose MIG made the instance, from its `created-by` metadata and the names of
 /// the cluster's instance groups (the MIG names are [`names::gce_instance_group_manager_name`]):
@@ -231,6 +226,7 @@ impl GceAuthority {
             compute: c.compute,
             store: c.store,
             keys,
+            nodes: c.nodes,
             challenge_addr: c.challenge_addr,
             max_age: MAX_AGE_SECS,
         })
@@ -278,6 +274,7 @@ impl GceAuthority {
         if request.node_name != node_name {
             tracing::info!(asked = %request.node_name, node = %node_name, "node join: certificates are for the instance's name, not the name asked");
         }
+        self.nodes.check(&node_name).await?;
         let certs = sign_node_certs(&self.ca, &request, &node_name)?;
         tracing::info!(instance = %node_name, id = %instance.id, %zone, %mig, group, "node join admitted (GCE identity)");
         Ok(Admitted { response: JoinResponse { node_name, certs }, group: group.to_string(), mig: (zone, mig) })

@@ -14,6 +14,7 @@
 //!   role IAM names);
 //! - the node answers a call back on the instance's private IP with the key of its CSR
 //!   ([`challenge`]): credentials lifted from IMDS and replayed from elsewhere fail;
+//! - no control plane's Node holds the name ([`node_names`]: a stale one is never taken over);
 //! - the certificates are for that instance's private DNS name only, whatever the request asks.
 //!
 //! The server ([`server`]) runs on a thread and runtime of its own, with bounded connections and a
@@ -23,6 +24,7 @@ pub mod challenge;
 pub mod gce;
 pub mod google_keys;
 pub mod limits;
+pub mod node_names;
 pub mod server;
 
 use std::collections::BTreeMap;
@@ -38,6 +40,7 @@ use hyper::StatusCode;
 use keelson_api::names;
 use keelson_api::{InstanceGroup, Role};
 
+pub use node_names::NodeNames;
 pub use server::{serve, spawn};
 
 /// How long the node certificates are valid (the kubelet renews its own through CSRs; nodeup asks
@@ -104,6 +107,8 @@ pub struct AuthorityConfig {
     pub ec2: aws_sdk_ec2::Client,
     pub iam: aws_sdk_iam::Client,
     pub store: StateStore,
+    /// Node names a control plane's Node holds are refused ([`NodeNames::local`] in production).
+    pub nodes: NodeNames,
     /// [`challenge_at_instance`] in production.
     pub challenge_addr: ChallengeAddr,
 }
@@ -118,6 +123,7 @@ pub struct Authority {
     ec2: aws_sdk_ec2::Client,
     iam: aws_sdk_iam::Client,
     store: StateStore,
+    nodes: NodeNames,
     challenge_addr: ChallengeAddr,
     profile_roles: Mutex<HashMap<String, (String, Instant)>>,
 }
@@ -231,6 +237,7 @@ impl Authority {
             ec2: c.ec2,
             iam: c.iam,
             store: c.store,
+            nodes: c.nodes,
             challenge_addr: c.challenge_addr,
             profile_roles: Mutex::new(HashMap::new()),
         })
@@ -293,7 +300,7 @@ impl Authority {
             return Err(forbidden("group", format!("instance {} is not tagged KubernetesCluster={}", session.session, self.cluster)));
         }
         let group = tags.get("kops.k8s.io/instancegroup").copied().unwrap_or_default();
-        let asg = tags.get("aws:autoscaling:groupName").copied().unwrap_or_default();
+        let asg = tags.get(cloud::volumes::ASG_TAG).copied().unwrap_or_default();
         if group.is_empty() || asg != names::autoscaling_group_name(group, &self.cluster) {
             return Err(forbidden("group", format!("instance {} is not in an autoscaling group of this cluster (group {asg:?})", session.session)));
         }
@@ -324,6 +331,7 @@ impl Authority {
             .ok_or_else(|| forbidden("instance", format!("instance {} has no private IP to call back", session.session)))?;
         challenge::call_back((self.challenge_addr)(ip), kubelet_key, &base::sha256_hex(body)).await.map_err(|e| forbidden("challenge", e.to_string()))?;
 
+        self.nodes.check(node_name).await?;
         let certs = sign_node_certs(&self.ca, &request, node_name)?;
         tracing::info!(instance = %session.session, node = %node_name, group, "node join admitted");
         Ok(JoinResponse { node_name: node_name.to_string(), certs })

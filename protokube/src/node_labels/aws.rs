@@ -22,7 +22,7 @@ use super::{unidentified, Identity, NodeFacts, Unidentified, INSTANCE_GROUP_LABE
 /// kOps' label on Nodes of spot instances (`node-role.kubernetes.io/<lifecycle>-worker=true`).
 pub const SPOT_LABEL: &str = "node-role.kubernetes.io/spot-worker";
 const CLUSTER_TAG: &str = "KubernetesCluster";
-const ASG_TAG: &str = "aws:autoscaling:groupName";
+use cloud::volumes::ASG_TAG;
 /// Private DNS names per `DescribeInstances` call (a filter takes at most 200 values).
 const NAMES_PER_CALL: usize = 100;
 

@@ -326,6 +326,7 @@ mod tests {
             private_ip: Some("10.0.0.1".into()),
             public_ip: None,
             devices: devices.iter().map(|d| d.to_string()).collect(),
+            group: None,
         };
         (id.to_string(), i)
     }

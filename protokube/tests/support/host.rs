@@ -159,6 +159,9 @@ impl Cluster {
     }
 
     pub fn command(&self, host: &Host, extra: &[&str]) -> Command {
+        // What Auto Scaling would have written: protokube names in DNS only an instance made for
+        // its member's control-plane group.
+        tag_made_for_group(&self.moto_url, &host.instance_id, &keelson_api::names::autoscaling_group_name(&host.group, &self.name));
         let mut c = Command::new(env!("CARGO_BIN_EXE_protokube"));
         c.arg("--conf")
             .arg(self.boot_config(&host.group))
@@ -215,6 +218,30 @@ pub async fn create_volume(ec2: &aws_sdk_ec2::Client, zone: &str, tags: &[(Strin
 pub async fn public_ip(ec2: &aws_sdk_ec2::Client, id: &str) -> String {
     let r = ec2.describe_instances().instance_ids(id).send().await.expect("DescribeInstances");
     r.reservations()[0].instances()[0].public_ip_address().unwrap_or_default().to_string()
+}
+
+/// Tag instance `id` with Auto Scaling's `aws:autoscaling:groupName` (which AWS lets only Auto
+/// Scaling write; moto lets the test). A plain blocking request: callers may be inside a runtime.
+pub fn tag_made_for_group(moto_url: &str, id: &str, asg: &str) {
+    use std::io::{Read as _, Write as _};
+    let addr = moto_url.trim_start_matches("http://").trim_end_matches('/');
+    let enc = |v: &str| -> String {
+        v.bytes().map(|b| if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect()
+    };
+    let body = format!("Action=CreateTags&Version=2016-11-15&ResourceId.1={}&Tag.1.Key={}&Tag.1.Value={}", enc(id), enc(cloud::volumes::ASG_TAG), enc(asg));
+    let mut s = std::net::TcpStream::connect(addr).expect("moto");
+    write!(
+        s,
+        "POST / HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-www-form-urlencoded; charset=utf-8\r\n\
+         Authorization: AWS4-HMAC-SHA256 Credential=test/20260101/{}/ec2/aws4_request, SignedHeaders=host, Signature=0\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        crate::moto::REGION,
+        body.len()
+    )
+    .expect("CreateTags request");
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).expect("CreateTags answer");
+    assert!(answer.starts_with("HTTP/1.1 200") && answer.contains("CreateTagsResponse"), "CreateTags {id} {asg}: {answer}");
 }
 
 /// Launch an instance in `zone` (optionally in `subnet` with a fixed private IP); returns (id, ip).

@@ -101,6 +101,8 @@ pub fn env_exports() -> anyhow::Result<String> {
         vec![
             (crate::gce::daemon::GCE_ENDPOINT_ENV, cs.gce_api.clone()),
             ("STORAGE_EMULATOR_HOST", cs.gce_storage.clone()),
+            // The local Cloud Storage answers plain HTTP on the bridge: allowed explicitly.
+            (base::plain_http::ALLOW_ENV, cs.gateway.to_string()),
             ("GCE_METADATA_HOST", cs.gce_metadata_host.clone()),
         ]
     } else {

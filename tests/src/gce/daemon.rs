@@ -155,6 +155,8 @@ pub fn run(state: &State, spec: &Spec, project: &str, cs: &mut ClusterState, sto
             .arg(&assets.overrides)
             .env("KOPS_BASE_URL", &assets.kops_base)
             .env("STORAGE_EMULATOR_HOST", &gce.gcs_url)
+            // The local cloud serves plain HTTP on the bridge: allowed explicitly.
+            .env(base::plain_http::ALLOW_ENV, gw.to_string())
             .env("GCE_METADATA_HOST", &gce.host_metadata)
             .env(GCE_ENDPOINT_ENV, &gce.api_url);
         c
@@ -181,6 +183,8 @@ pub fn run(state: &State, spec: &Spec, project: &str, cs: &mut ClusterState, sto
     };
     let machine_env = vec![
         ("STORAGE_EMULATOR_HOST".to_string(), gce.gcs_url.clone()),
+        // Cloud Storage (the state store) over plain HTTP on the bridge: allowed explicitly.
+        (base::plain_http::ALLOW_ENV.to_string(), gw.to_string()),
         // With an emulator host, Cloud Storage clients send a token only from a metadata server
         // named to them: the machine's own, so the storage gate sees the instance's identity.
         ("GCE_METADATA_HOST".to_string(), "169.254.169.254".to_string()),
