@@ -294,6 +294,33 @@ pub fn csr_public_key(csr_pem: &str) -> Result<Vec<u8>, PkiError> {
     Ok(req.certification_request_info.subject_pki.raw.to_vec())
 }
 
+/// What a certificate signing request asks to be named: its subject's common names and
+/// organisations, and whether it asks for any subject alternative name or other extension
+/// Kubernetes' kubelet client signer would not issue.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CsrSubject {
+    pub common_names: Vec<String>,
+    pub organizations: Vec<String>,
+    pub alt_names: bool,
+}
+
+/// The subject of a PEM certificate signing request (see [`CsrSubject`]).
+pub fn csr_subject(csr_pem: &str) -> Result<CsrSubject, PkiError> {
+    let bad = |m: String| PkiError::Keyset { name: "certificate signing request".into(), message: m };
+    let block = ::pem::parse(csr_pem).map_err(|e| bad(format!("not PEM: {e}")))?;
+    use x509_parser::prelude::FromDer as _;
+    let (_, req) =
+        x509_parser::certification_request::X509CertificationRequest::from_der(block.contents()).map_err(|e| bad(format!("not a PKCS#10 request: {e}")))?;
+    let subject = &req.certification_request_info.subject;
+    let text = |a: &x509_parser::x509::AttributeTypeAndValue| a.as_str().map(str::to_string).map_err(|e| bad(format!("subject: {e}")));
+    let common_names = subject.iter_common_name().map(text).collect::<Result<Vec<_>, _>>()?;
+    let organizations = subject.iter_organization().map(text).collect::<Result<Vec<_>, _>>()?;
+    let alt_names = req
+        .requested_extensions()
+        .is_some_and(|mut e| e.any(|x| matches!(x, x509_parser::extensions::ParsedExtension::SubjectAlternativeName(san) if !san.general_names.is_empty())));
+    Ok(CsrSubject { common_names, organizations, alt_names })
+}
+
 /// The SubjectPublicKeyInfo (DER) of a DER certificate.
 pub fn cert_public_key_der(cert_der: &[u8]) -> Result<Vec<u8>, PkiError> {
     let (_, cert) =
@@ -550,6 +577,19 @@ mod tests {
         let token = parse_secret("t", &std::fs::read(d.path().join("secrets/node-bootstrap-token")).expect("tok")).expect("secret");
         let (id, secret) = token.split_once('.').expect("id.secret");
         assert_eq!((id.len(), secret.len()), (6, 16));
+    }
+
+    #[test]
+    fn a_csrs_subject_is_read_as_asked() {
+        let key = KeyPair::generate().expect("key");
+        let mut p = CertificateParams::default();
+        p.distinguished_name = dn("system:node:ip-10-0-1-5", &["system:nodes".to_string()]);
+        let pem = p.serialize_request(&key).expect("csr").pem().expect("pem");
+        let s = csr_subject(&pem).expect("subject");
+        assert_eq!(s, CsrSubject { common_names: vec!["system:node:ip-10-0-1-5".into()], organizations: vec!["system:nodes".into()], alt_names: false });
+        p.subject_alt_names = vec![rcgen::SanType::DnsName("api.internal.c".try_into().expect("name"))];
+        assert!(csr_subject(&p.serialize_request(&key).expect("csr").pem().expect("pem")).expect("subject").alt_names);
+        assert!(csr_subject("not a csr").is_err());
     }
 
     #[test]
