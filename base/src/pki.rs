@@ -6,8 +6,9 @@
 //!   base64 of PEM). Holds the private key: readable by control-plane hosts only.
 //! - `pki/issued/<name>/keyset.yaml` — the same keyset without `privateMaterial` (CA
 //!   certificates workers may read).
-//! - `secrets/<name>` — kOps secret JSON `{"Data": "<base64>"}`; `secrets/node-bootstrap-token`
-//!   holds the TLS-bootstrap token (`<id>.<secret>`) worker kubelets join with.
+//! - `secrets/<name>` — kOps secret JSON `{"Data": "<base64>"}`; in token mode
+//!   `secrets/node-bootstrap-token` holds the current bootstrap token, which protokube mints and
+//!   rotates ([`crate::bootstrap_token`]).
 //!
 //! Keysets created by [`init_pki`]: `kubernetes-ca`, `apiserver-aggregator-ca`,
 //! `etcd-clients-ca`, `etcd-manager-ca-<etcd>`, `etcd-peers-ca-<etcd>` (per etcd cluster) and
@@ -477,13 +478,6 @@ pub(crate) fn create_new(path: &Path, bytes: &[u8], mode: u32) -> Result<bool, P
     }
 }
 
-fn random_token(len: usize, alphabet: &[u8]) -> Result<String, PkiError> {
-    use rand_core_shim::fill;
-    let mut bytes = vec![0u8; len];
-    fill(&mut bytes).map_err(|e| PkiError::Store(format!("random: {e}")))?;
-    Ok(bytes.iter().map(|b| alphabet[*b as usize % alphabet.len()] as char).collect())
-}
-
 /// Random bytes from the kernel (no extra dependency).
 pub(crate) mod rand_core_shim {
     pub fn fill(buf: &mut [u8]) -> std::io::Result<()> {
@@ -492,7 +486,8 @@ pub(crate) mod rand_core_shim {
     }
 }
 
-/// Name of the secret holding the node TLS-bootstrap token.
+/// Name of the secret holding the current node bootstrap token (token mode; see
+/// [`crate::bootstrap_token`]).
 pub const BOOTSTRAP_TOKEN_SECRET: &str = "node-bootstrap-token";
 
 /// Encode a kOps secret document.
@@ -511,9 +506,9 @@ pub fn parse_secret(name: &str, bytes: &[u8]) -> Result<String, PkiError> {
     unb64(name, &s.data)
 }
 
-/// Create the cluster's CAs, service-account key and bootstrap token in a file state store
-/// (`state_dir` is the `ConfigBase` directory). Idempotent: an existing keyset or secret is
-/// never replaced. Returns the names created.
+/// Create the cluster's CAs and service-account key in a file state store (`state_dir` is the
+/// `ConfigBase` directory). Idempotent: an existing keyset is never replaced. Returns the names
+/// created. (Bootstrap tokens are not made here: protokube mints them, [`crate::bootstrap_token`].)
 pub fn init_pki(state_dir: &Path, etcd_clusters: &[String]) -> Result<Vec<String>, PkiError> {
     let mut created = Vec::new();
     let mut names = ca_names(etcd_clusters);
@@ -536,14 +531,6 @@ pub fn init_pki(state_dir: &Path, etcd_clusters: &[String]) -> Result<Vec<String
         if create_new(&private, keyset_yaml(&name, &id, &kp, true)?.as_bytes(), 0o600)? {
             create_new(&issued, keyset_yaml(&name, &id, &kp, false)?.as_bytes(), 0o644)?;
             created.push(name);
-        }
-    }
-    let token_path = state_dir.join(format!("secrets/{BOOTSTRAP_TOKEN_SECRET}"));
-    if !token_path.exists() {
-        let alphabet = b"abcdefghijklmnopqrstuvwxyz0123456789";
-        let token = format!("{}.{}", random_token(6, alphabet)?, random_token(16, alphabet)?);
-        if create_new(&token_path, secret_json(&token).as_bytes(), 0o600)? {
-            created.push(format!("secrets/{BOOTSTRAP_TOKEN_SECRET}"));
         }
     }
     Ok(created)
@@ -574,9 +561,7 @@ mod tests {
         let issued = std::fs::read(d.path().join("pki/issued/kubernetes-ca/keyset.yaml")).expect("issued");
         assert_eq!(parse_keyset_cert("kubernetes-ca", &issued).expect("cert"), kp.cert_pem);
         assert!(!String::from_utf8_lossy(&issued).contains("privateMaterial"));
-        let token = parse_secret("t", &std::fs::read(d.path().join("secrets/node-bootstrap-token")).expect("tok")).expect("secret");
-        let (id, secret) = token.split_once('.').expect("id.secret");
-        assert_eq!((id.len(), secret.len()), (6, 16));
+        assert!(!d.path().join("secrets/node-bootstrap-token").exists(), "no static bootstrap token");
     }
 
     #[test]
