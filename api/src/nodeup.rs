@@ -317,7 +317,8 @@ mod tests {
         use NodeBootstrapMethod::{CloudIdentity, Token};
         let ann = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>();
         let (method, allow) = (NODE_BOOTSTRAP_ANNOTATION, ALLOW_BOOTSTRAP_TOKEN_ANNOTATION);
-        let cases: &[(&[(&str, &str)], bool, Result<NodeBootstrapMethod, E>)] = &[
+        type Case<'a> = (&'a [(&'a str, &'a str)], bool, Result<NodeBootstrapMethod, E>);
+        let cases: &[Case] = &[
             (&[], true, Ok(CloudIdentity)),
             (&[], false, Ok(Token)),
             (&[(method, "token")], true, Err(E::TokenNotAllowed)),
