@@ -80,18 +80,52 @@ pub struct NodeupConfig {
     pub packages: Vec<String>,
     #[serde(rename = "usesNoneDNS")]
     pub uses_none_dns: bool,
-    /// How workers get their kubelet and kube-proxy credentials; absent: the static bootstrap token.
+    /// How workers get their kubelet and kube-proxy credentials; absent: a bootstrap token.
     #[serde(rename = "NodeBootstrap", default, skip_serializing_if = "Option::is_none")]
     pub node_bootstrap: Option<NodeBootstrap>,
 }
 
-/// Cluster annotation that keeps the static, cluster-wide bootstrap token for workers instead of
-/// the join by cloud identity (`keelson.io/node-bootstrap: token`).
+/// Cluster annotation that chooses how workers join: `cloud-identity` (the join server, AWS and
+/// GCE only) or `token` (Kubernetes bootstrap tokens, rotated by protokube on the control planes).
 pub const NODE_BOOTSTRAP_ANNOTATION: &str = "keelson.io/node-bootstrap";
 
 /// Where the kubelet reads static pods unless `kubelet.podManifestPath` / `masterKubelet.podManifestPath`
 /// says otherwise (the compiler fills that default; nodeup and protokube write there).
 pub const STATIC_POD_DIR: &str = "/etc/kubernetes/manifests";
+
+/// Cluster annotation, `"true"`, without which [`NODE_BOOTSTRAP_ANNOTATION`]`: token` is refused
+/// on AWS and GCE, where workers can join by their instance identity instead.
+pub const ALLOW_BOOTSTRAP_TOKEN_ANNOTATION: &str = "keelson.io/allow-bootstrap-token";
+
+/// Why the cluster's annotations name no way for workers to join; [`NodeBootstrapError::field`]
+/// names the annotation at fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeBootstrapError {
+    #[error("{0:?}: expected \"token\" or \"cloud-identity\"")]
+    Method(String),
+    #[error("cloud-identity: only on AWS and GCE")]
+    NoCloudIdentity,
+    #[error(
+        "token: refused on AWS and GCE unless metadata.annotations[{ALLOW_BOOTSTRAP_TOKEN_ANNOTATION}] is \"true\". \
+         Here workers join by their instance identity: the join server checks which instance asks and issues a certificate for that instance's name only, \
+         with no secret to steal. A bootstrap token is a bearer secret: whoever reads it from the state store (any node) can register a new node while it lives (24 h). \
+         Remove the annotation, or set both annotations to keep tokens anyway"
+    )]
+    TokenNotAllowed,
+    #[error("{0:?}: expected \"true\" or \"false\"")]
+    Allow(String),
+}
+
+impl NodeBootstrapError {
+    /// The field at fault: `metadata.annotations[<annotation>]`.
+    pub fn field(&self) -> String {
+        let annotation = match self {
+            NodeBootstrapError::Allow(_) => ALLOW_BOOTSTRAP_TOKEN_ANNOTATION,
+            _ => NODE_BOOTSTRAP_ANNOTATION,
+        };
+        format!("metadata.annotations[{annotation}]")
+    }
+}
 
 /// Where the join server listens on every control plane.
 pub const NODE_JOIN_PORT: u16 = crate::ports::NODE_JOIN;
@@ -103,16 +137,23 @@ pub fn joins_by_cloud_identity(cloud_provider: Option<&str>) -> bool {
 }
 
 /// How a cluster's workers join: by cloud identity on AWS and GCE (`identity_cloud`, see
-/// [`joins_by_cloud_identity`]) unless the annotation [`NODE_BOOTSTRAP_ANNOTATION`] says `token`; the
-/// token elsewhere. `Err(value)` for a value that is not `token` or `cloud-identity` (or
-/// `cloud-identity` on another cloud).
-pub fn node_bootstrap_method(annotations: Option<&BTreeMap<String, String>>, identity_cloud: bool) -> Result<NodeBootstrapMethod, String> {
-    match annotations.and_then(|a| a.get(NODE_BOOTSTRAP_ANNOTATION)).map(String::as_str) {
+/// [`joins_by_cloud_identity`]) unless the annotation [`NODE_BOOTSTRAP_ANNOTATION`] says `token` and
+/// [`ALLOW_BOOTSTRAP_TOKEN_ANNOTATION`] opts in to it; by token elsewhere. The one rule every command
+/// that builds a cluster (validate, compile, apply) goes through.
+pub fn node_bootstrap_method(annotations: Option<&BTreeMap<String, String>>, identity_cloud: bool) -> Result<NodeBootstrapMethod, NodeBootstrapError> {
+    let get = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
+    let allowed = match get(ALLOW_BOOTSTRAP_TOKEN_ANNOTATION) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(v) => return Err(NodeBootstrapError::Allow(v.to_string())),
+    };
+    match get(NODE_BOOTSTRAP_ANNOTATION) {
         None if identity_cloud => Ok(NodeBootstrapMethod::CloudIdentity),
+        Some("token") if identity_cloud && !allowed => Err(NodeBootstrapError::TokenNotAllowed),
         None | Some("token") => Ok(NodeBootstrapMethod::Token),
         Some("cloud-identity") if identity_cloud => Ok(NodeBootstrapMethod::CloudIdentity),
-        Some("cloud-identity") => Err("cloud-identity (only on AWS and GCE)".into()),
-        Some(v) => Err(v.to_string()),
+        Some("cloud-identity") => Err(NodeBootstrapError::NoCloudIdentity),
+        Some(v) => Err(NodeBootstrapError::Method(v.to_string())),
     }
 }
 
@@ -176,7 +217,8 @@ pub enum NodeBootstrapMethod {
     /// The worker proves its instance identity (AWS: a signed `sts:GetCallerIdentity`) to the join
     /// server on the control planes, which signs its kubelet and kube-proxy CSRs. No shared secret.
     CloudIdentity,
-    /// The static bootstrap token from the state store (TLS bootstrapping); explicit option only.
+    /// A Kubernetes bootstrap token from the state store (TLS bootstrapping), which protokube
+    /// mints, expires and rotates; on AWS and GCE an explicit opt-in only.
     Token,
 }
 
@@ -281,6 +323,38 @@ pub struct BootConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn token_mode_needs_an_explicit_opt_in_where_cloud_identity_exists() {
+        use NodeBootstrapError as E;
+        use NodeBootstrapMethod::{CloudIdentity, Token};
+        let ann = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>();
+        let (method, allow) = (NODE_BOOTSTRAP_ANNOTATION, ALLOW_BOOTSTRAP_TOKEN_ANNOTATION);
+        type Case<'a> = (&'a [(&'a str, &'a str)], bool, Result<NodeBootstrapMethod, E>);
+        let cases: &[Case] = &[
+            (&[], true, Ok(CloudIdentity)),
+            (&[], false, Ok(Token)),
+            (&[(method, "token")], true, Err(E::TokenNotAllowed)),
+            (&[(method, "token"), (allow, "false")], true, Err(E::TokenNotAllowed)),
+            (&[(method, "token"), (allow, "true")], true, Ok(Token)),
+            (&[(method, "token"), (allow, "yes")], true, Err(E::Allow("yes".into()))),
+            (&[(method, "token")], false, Ok(Token)),
+            (&[(method, "cloud-identity")], true, Ok(CloudIdentity)),
+            (&[(method, "cloud-identity"), (allow, "true")], true, Ok(CloudIdentity)),
+            (&[(method, "cloud-identity")], false, Err(E::NoCloudIdentity)),
+            (&[(method, "static")], true, Err(E::Method("static".into()))),
+        ];
+        for (pairs, identity_cloud, want) in cases {
+            let a = ann(pairs);
+            assert_eq!(&node_bootstrap_method(Some(&a), *identity_cloud), want, "{pairs:?} identity_cloud={identity_cloud}");
+        }
+        assert_eq!(node_bootstrap_method(None, true), Ok(CloudIdentity));
+        // The refusal names both annotations and says why cloud identity is better.
+        let text = format!("{}: {}", E::TokenNotAllowed.field(), E::TokenNotAllowed);
+        for part in [method, allow, "\"true\"", "instance identity", "bearer secret"] {
+            assert!(text.contains(part), "{part}: {text}");
+        }
+    }
 
     #[test]
     fn hosts_dns_for_gossip_names_and_dns_none() {

@@ -73,6 +73,12 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
         }
         Some(_) => {}
     }
+    // How workers join (token mode on AWS and GCE only with its opt-in): one rule, here for
+    // validate, compile and apply alike.
+    let identity_cloud = crate::nodeup::joins_by_cloud_identity(spec.cloud_provider.as_deref());
+    if let Err(e) = crate::nodeup::node_bootstrap_method(cluster.metadata.annotations.as_ref(), identity_cloud) {
+        r.add(&cdoc, e.field(), e.to_string());
+    }
     if let Err(e) = crate::aws_endpoints::service_endpoints(cluster) {
         r.add(&cdoc, format!("metadata.annotations[{}]", crate::aws_endpoints::ANNOTATION), e);
     }
@@ -335,6 +341,18 @@ mod tests {
             let e = errors(&with(bad));
             assert!(e.iter().any(|e| e.contains("spec.topology.dns.type") && e.contains("Public, Private, None")), "{bad}: {e:?}");
         }
+    }
+
+    #[test]
+    fn token_mode_on_aws_is_refused_without_its_opt_in() {
+        let annotate = |pairs: &str| spec("", "").replace("  name: t.example.com\n", &format!("  name: t.example.com\n  annotations:\n{pairs}"));
+        let token = annotate("    keelson.io/node-bootstrap: token\n");
+        let e = errors(&token);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(e[0].contains("metadata.annotations[keelson.io/node-bootstrap]") && e[0].contains("keelson.io/allow-bootstrap-token"), "{e:?}");
+        assert!(errors(&annotate("    keelson.io/node-bootstrap: token\n    keelson.io/allow-bootstrap-token: \"true\"\n")).is_empty());
+        // Off AWS and GCE the token is the only way and needs no opt-in.
+        assert!(errors(&token.replace("cloudProvider: aws", "cloudProvider: openstack")).iter().all(|e| !e.contains("node-bootstrap")));
     }
 
     #[test]

@@ -11,6 +11,7 @@
 pub mod asset;
 #[cfg(feature = "aws")]
 pub mod aws;
+pub mod bootstrap_token;
 pub mod encryption;
 pub mod etcd_backup;
 pub mod fs;

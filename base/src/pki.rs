@@ -6,8 +6,9 @@
 //!   base64 of PEM). Holds the private key: readable by control-plane hosts only.
 //! - `pki/issued/<name>/keyset.yaml` — the same keyset without `privateMaterial` (CA
 //!   certificates workers may read).
-//! - `secrets/<name>` — kOps secret JSON `{"Data": "<base64>"}`; `secrets/node-bootstrap-token`
-//!   holds the TLS-bootstrap token (`<id>.<secret>`) worker kubelets join with.
+//! - `secrets/<name>` — kOps secret JSON `{"Data": "<base64>"}`; in token mode
+//!   `secrets/node-bootstrap-token` holds the current bootstrap token, which protokube mints and
+//!   rotates ([`crate::bootstrap_token`]).
 //!
 //! Keysets created by [`init_pki`]: `kubernetes-ca`, `apiserver-aggregator-ca`,
 //! `etcd-clients-ca`, `etcd-manager-ca-<etcd>`, `etcd-peers-ca-<etcd>` (per etcd cluster) and
@@ -306,6 +307,33 @@ pub fn csr_public_key(csr_pem: &str) -> Result<Vec<u8>, PkiError> {
     Ok(req.certification_request_info.subject_pki.raw.to_vec())
 }
 
+/// What a certificate signing request asks to be named: its subject's common names and
+/// organisations, and whether it asks for any subject alternative name or other extension
+/// Kubernetes' kubelet client signer would not issue.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CsrSubject {
+    pub common_names: Vec<String>,
+    pub organizations: Vec<String>,
+    pub alt_names: bool,
+}
+
+/// The subject of a PEM certificate signing request (see [`CsrSubject`]).
+pub fn csr_subject(csr_pem: &str) -> Result<CsrSubject, PkiError> {
+    let bad = |m: String| PkiError::Keyset { name: "certificate signing request".into(), message: m };
+    let block = ::pem::parse(csr_pem).map_err(|e| bad(format!("not PEM: {e}")))?;
+    use x509_parser::prelude::FromDer as _;
+    let (_, req) =
+        x509_parser::certification_request::X509CertificationRequest::from_der(block.contents()).map_err(|e| bad(format!("not a PKCS#10 request: {e}")))?;
+    let subject = &req.certification_request_info.subject;
+    let text = |a: &x509_parser::x509::AttributeTypeAndValue| a.as_str().map(str::to_string).map_err(|e| bad(format!("subject: {e}")));
+    let common_names = subject.iter_common_name().map(text).collect::<Result<Vec<_>, _>>()?;
+    let organizations = subject.iter_organization().map(text).collect::<Result<Vec<_>, _>>()?;
+    let alt_names = req
+        .requested_extensions()
+        .is_some_and(|mut e| e.any(|x| matches!(x, x509_parser::extensions::ParsedExtension::SubjectAlternativeName(san) if !san.general_names.is_empty())));
+    Ok(CsrSubject { common_names, organizations, alt_names })
+}
+
 /// The SubjectPublicKeyInfo (DER) of a DER certificate.
 pub fn cert_public_key_der(cert_der: &[u8]) -> Result<Vec<u8>, PkiError> {
     let (_, cert) =
@@ -476,13 +504,6 @@ pub(crate) fn create_new(path: &Path, bytes: &[u8], mode: u32) -> Result<bool, P
     }
 }
 
-fn random_token(len: usize, alphabet: &[u8]) -> Result<String, PkiError> {
-    use rand_core_shim::fill;
-    let mut bytes = vec![0u8; len];
-    fill(&mut bytes).map_err(|e| PkiError::Store(format!("random: {e}")))?;
-    Ok(bytes.iter().map(|b| alphabet[*b as usize % alphabet.len()] as char).collect())
-}
-
 /// Random bytes from the kernel (no extra dependency).
 pub(crate) mod rand_core_shim {
     pub fn fill(buf: &mut [u8]) -> std::io::Result<()> {
@@ -491,7 +512,8 @@ pub(crate) mod rand_core_shim {
     }
 }
 
-/// Name of the secret holding the node TLS-bootstrap token.
+/// Name of the secret holding the current node bootstrap token (token mode; see
+/// [`crate::bootstrap_token`]).
 pub const BOOTSTRAP_TOKEN_SECRET: &str = "node-bootstrap-token";
 
 /// Encode a kOps secret document.
@@ -510,9 +532,9 @@ pub fn parse_secret(name: &str, bytes: &[u8]) -> Result<String, PkiError> {
     unb64(name, &s.data)
 }
 
-/// Create the cluster's CAs, service-account key and bootstrap token in a file state store
-/// (`state_dir` is the `ConfigBase` directory). Idempotent: an existing keyset or secret is
-/// never replaced. Returns the names created.
+/// Create the cluster's CAs and service-account key in a file state store (`state_dir` is the
+/// `ConfigBase` directory). Idempotent: an existing keyset is never replaced. Returns the names
+/// created. (Bootstrap tokens are not made here: protokube mints them, [`crate::bootstrap_token`].)
 pub fn init_pki(state_dir: &Path, etcd_clusters: &[String]) -> Result<Vec<String>, PkiError> {
     let mut created = Vec::new();
     let mut names = ca_names(etcd_clusters);
@@ -535,14 +557,6 @@ pub fn init_pki(state_dir: &Path, etcd_clusters: &[String]) -> Result<Vec<String
         if create_new(&private, keyset_yaml(&name, &id, &kp, true)?.as_bytes(), 0o600)? {
             create_new(&issued, keyset_yaml(&name, &id, &kp, false)?.as_bytes(), 0o644)?;
             created.push(name);
-        }
-    }
-    let token_path = state_dir.join(format!("secrets/{BOOTSTRAP_TOKEN_SECRET}"));
-    if !token_path.exists() {
-        let alphabet = b"abcdefghijklmnopqrstuvwxyz0123456789";
-        let token = format!("{}.{}", random_token(6, alphabet)?, random_token(16, alphabet)?);
-        if create_new(&token_path, secret_json(&token).as_bytes(), 0o600)? {
-            created.push(format!("secrets/{BOOTSTRAP_TOKEN_SECRET}"));
         }
     }
     Ok(created)
@@ -573,9 +587,20 @@ mod tests {
         let issued = std::fs::read(d.path().join("pki/issued/kubernetes-ca/keyset.yaml")).expect("issued");
         assert_eq!(parse_keyset_cert("kubernetes-ca", &issued).expect("cert"), kp.cert_pem);
         assert!(!String::from_utf8_lossy(&issued).contains("privateMaterial"));
-        let token = parse_secret("t", &std::fs::read(d.path().join("secrets/node-bootstrap-token")).expect("tok")).expect("secret");
-        let (id, secret) = token.split_once('.').expect("id.secret");
-        assert_eq!((id.len(), secret.len()), (6, 16));
+        assert!(!d.path().join("secrets/node-bootstrap-token").exists(), "no static bootstrap token");
+    }
+
+    #[test]
+    fn a_csrs_subject_is_read_as_asked() {
+        let key = KeyPair::generate().expect("key");
+        let mut p = CertificateParams::default();
+        p.distinguished_name = dn("system:node:ip-10-0-1-5", &["system:nodes".to_string()]);
+        let pem = p.serialize_request(&key).expect("csr").pem().expect("pem");
+        let s = csr_subject(&pem).expect("subject");
+        assert_eq!(s, CsrSubject { common_names: vec!["system:node:ip-10-0-1-5".into()], organizations: vec!["system:nodes".into()], alt_names: false });
+        p.subject_alt_names = vec![rcgen::SanType::DnsName("api.internal.c".try_into().expect("name"))];
+        assert!(csr_subject(&p.serialize_request(&key).expect("csr").pem().expect("pem")).expect("subject").alt_names);
+        assert!(csr_subject("not a csr").is_err());
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! `keelson pki init --state DIR`: create the cluster CAs, service-account key and node
-//! bootstrap token in a file state store — and, when the compiled spec there has
+//! `keelson pki init --state DIR`: create the cluster CAs and service-account key in a file state
+//! store — and, when the compiled spec there has
 //! `encryptionConfig: true`, the API servers' `secrets/encryptionconfig` — once (an existing
 //! keyset or secret is never replaced). The layout is documented in `base::pki`.
 
@@ -17,8 +17,8 @@ pub struct PkiArgs {
 
 #[derive(clap::Subcommand)]
 enum PkiCommand {
-    /// Create the CAs (kubernetes-ca, apiserver-aggregator-ca, etcd-*), the service-account key
-    /// and secrets/node-bootstrap-token under DIR/pki and DIR/secrets; idempotent.
+    /// Create the CAs (kubernetes-ca, apiserver-aggregator-ca, etcd-*) and the service-account key
+    /// under DIR/pki; idempotent. (Bootstrap tokens, in token mode, are minted by protokube.)
     Init {
         /// The state-store directory (the `ConfigBase` of the cluster, e.g. `OUT/state`).
         #[arg(long)]

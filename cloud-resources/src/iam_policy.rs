@@ -248,7 +248,7 @@ fn node(p: &PolicyInputs) -> Vec<Value> {
         };
         // What a worker reads on every cloud (GCE grants the same prefixes on its bucket).
         let key = |rel: &str| if prefix.is_empty() { rel.to_string() } else { format!("{prefix}/{rel}") };
-        let token = format!("secrets/{}", base::pki::BOOTSTRAP_TOKEN_SECRET);
+        let token = base::bootstrap_token::state_key();
         let mut readable: Vec<String> = keelson_api::nodeup::NODE_READABLE_PREFIXES.iter().map(|p| object(&format!("{p}*"))).collect();
         if p.bootstrap_token {
             readable.push(object(&token));
@@ -331,13 +331,22 @@ fn control_plane(p: &PolicyInputs, zone_id: Option<&str>) -> Vec<Value> {
         Some(json!({"StringEquals": {"aws:ResourceTag/KubernetesCluster": c, "aws:ResourceTag/k8s.io/role/master": "1"}})),
     )];
     out.extend(state_store_statements(p, true));
-    if let Some((bucket, key)) = p.state_store.as_ref().filter(|_| p.hosts_dns) {
-        // The one object of the state store a control plane writes: where workers learn the live
-        // API servers' addresses (they may read igconfig/node/*, nothing else of the cloud).
+    if let Some((bucket, key)) = &p.state_store {
+        // The objects of the state store a control plane writes: where workers learn the live API
+        // servers' addresses (they may read igconfig/node/*, nothing else of the cloud), and in
+        // token mode the bootstrap token protokube rotates.
         let prefix = key.trim_end_matches('/');
-        let object =
-            if prefix.is_empty() { keelson_api::nodeup::API_SERVERS_KEY.to_string() } else { format!("{prefix}/{}", keelson_api::nodeup::API_SERVERS_KEY) };
-        out.push(statement(&["s3:PutObject"], json!([format!("arn:{part}:s3:::{bucket}/{object}")]), None));
+        let object = |rel: &str| format!("arn:{part}:s3:::{bucket}/{}", if prefix.is_empty() { rel.to_string() } else { format!("{prefix}/{rel}") });
+        let mut writes = Vec::new();
+        if p.hosts_dns {
+            writes.push(object(keelson_api::nodeup::API_SERVERS_KEY));
+        }
+        if p.bootstrap_token {
+            writes.push(object(&base::bootstrap_token::state_key()));
+        }
+        if !writes.is_empty() {
+            out.push(statement(&["s3:PutObject"], json!(writes), None));
+        }
     }
     // protokube (cloud::dns::Route53Dns): find the zone, list and change its records. It never
     // waits on a change (no GetChange).
@@ -690,7 +699,15 @@ mod tests {
         assert!(!text.contains("route53"), "{text}");
         assert!(!text.contains("node-bootstrap-token"), "joining by cloud identity, nodes may not read the token: {text}");
         let token = PolicyInputs { bootstrap_token: true, ..inputs() };
-        assert!(policy(&role(Role::Node), &token, Some("Z1")).expect("policy").to_string().contains("secrets/node-bootstrap-token"));
+        let node = policy(&role(Role::Node), &token, Some("Z1")).expect("policy");
+        assert!(node.to_string().contains("secrets/node-bootstrap-token"));
+        assert!(granting(&node, "s3:PutObject").is_empty(), "nodes only read the token");
+        // Token mode: control planes publish the token protokube rotates, and only that object of secrets/.
+        let object = json!(["arn:aws:s3:::bucket/c.example.com/secrets/node-bootstrap-token"]);
+        let cp = policy(&role(Role::ControlPlane), &token, Some("Z1")).expect("policy");
+        assert!(granting(&cp, "s3:PutObject").iter().any(|s| s["Resource"] == object), "{cp}");
+        let cp = policy(&role(Role::ControlPlane), &inputs(), Some("Z1")).expect("policy");
+        assert!(!cp.to_string().contains("secrets/node-bootstrap-token"), "by cloud identity: no token to publish: {cp}");
         let no_store = PolicyInputs { state_store: None, ..inputs() };
         assert_eq!(policy(&role(Role::Node), &no_store, None), None, "nothing to allow → no policy");
         let ecr = PolicyInputs { allow_container_registry: true, ..no_store };

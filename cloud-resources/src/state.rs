@@ -98,9 +98,7 @@ pub async fn discover(store: &StateStore, state: &BTreeMap<String, Vec<u8>>, etc
 pub fn pki_files(etcd_clusters: &[String]) -> Vec<String> {
     let mut names = base::pki::ca_names(etcd_clusters);
     names.push("service-account".into());
-    let mut out: Vec<String> = names.iter().flat_map(|n| [format!("pki/private/{n}/keyset.yaml"), format!("pki/issued/{n}/keyset.yaml")]).collect();
-    out.push("secrets/node-bootstrap-token".into());
-    out
+    names.iter().flat_map(|n| [format!("pki/private/{n}/keyset.yaml"), format!("pki/issued/{n}/keyset.yaml")]).collect()
 }
 
 /// Everything apply wrote (for `keelson delete`): the compiled files, not the PKI.

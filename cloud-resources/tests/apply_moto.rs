@@ -238,7 +238,7 @@ async fn apply_from_nothing_creates_what_the_spec_needs_and_reapply_changes_noth
     }
 
     // State store: completed spec, node configs, CAs.
-    for key in ["cluster-completed.spec", "pki/private/kubernetes-ca/keyset.yaml", "secrets/node-bootstrap-token"] {
+    for key in ["cluster-completed.spec", "pki/private/kubernetes-ca/keyset.yaml"] {
         t.s3.head_object().bucket(BUCKET).key(format!("{CLUSTER}/{key}")).send().await.unwrap_or_else(|e| panic!("{key}: {e:?}"));
     }
 

@@ -47,6 +47,10 @@ struct Cli {
     /// Rounds over an asset's URLs before giving up.
     #[arg(long = "retry-rounds", default_value_t = 3)]
     retry_rounds: u32,
+    /// Token mode: seconds a worker waits for the control planes to publish a valid bootstrap
+    /// token before it fails.
+    #[arg(long = "bootstrap-token-wait", default_value_t = nodeup::run::BOOTSTRAP_TOKEN_WAIT.as_secs_f64())]
+    bootstrap_token_wait: f64,
     /// Backoff before the second round, milliseconds (doubles each round).
     #[arg(long = "retry-backoff-ms", default_value_t = 500)]
     retry_backoff_ms: u64,
@@ -144,6 +148,8 @@ fn one_shot(
         imds_url: facts.imds_url,
         gce_metadata: facts.gce_metadata,
         renewal_interval,
+        // Rendering or setting hosts waits for nothing: no token yet is an error at once.
+        bootstrap_token_wait: Duration::ZERO,
     }
 }
 
@@ -225,6 +231,7 @@ fn main() -> ExitCode {
                 imds_url: cli.facts.imds_url,
                 gce_metadata: cli.facts.gce_metadata,
                 renewal_interval,
+                bootstrap_token_wait: Duration::from_secs_f64(cli.bootstrap_token_wait.clamp(0.0, 24.0 * 3600.0)),
             };
             (opts, target)
         }

@@ -46,6 +46,39 @@ pub enum ModelError {
     Missing { path: String, hint: String },
     #[error(transparent)]
     Encryption(#[from] base::encryption::EncryptionError),
+    #[error(
+        "{path}: no valid bootstrap token after waiting {}s ({why}); the control planes' protokube publishes one once their API servers are up: check it there (`journalctl -u protokube`, `protokube_bootstrap_token_*` metrics)",
+        waited.as_secs()
+    )]
+    NoBootstrapToken { path: String, why: String, waited: Duration },
+}
+
+/// A token this close to its expiry is not taken: the kubelet may need a while to use it.
+pub const BOOTSTRAP_TOKEN_MIN_LEFT: Duration = Duration::from_secs(10 * 60);
+
+/// Token mode: the bootstrap token the control planes published, once it is valid for at least
+/// [`BOOTSTRAP_TOKEN_MIN_LEFT`]; waits for one up to `wait` (none yet: a new cluster whose
+/// control planes are still starting; an older release's static token; one about to expire), then
+/// fails saying why.
+pub fn wait_for_bootstrap_token(store: &StateStore, wait: Duration) -> Result<base::bootstrap_token::BootstrapToken, ModelError> {
+    let rel = base::bootstrap_token::state_key();
+    let started = std::time::Instant::now();
+    loop {
+        let why = match store.read(&rel)? {
+            None => "none published yet".to_string(),
+            Some(bytes) => match base::bootstrap_token::Published::parse(&bytes) {
+                Ok(p) if p.valid_for(std::time::SystemTime::now(), BOOTSTRAP_TOKEN_MIN_LEFT) => return Ok(p.token),
+                Ok(p) => format!("the published token expires at {}", base::bootstrap_token::rfc3339(p.expires)),
+                Err(e) => e.to_string(),
+            },
+        };
+        let waited = started.elapsed();
+        if waited >= wait {
+            return Err(ModelError::NoBootstrapToken { path: store.url(&rel), why, waited });
+        }
+        tracing::warn!(path = %store.url(&rel), "waiting for a bootstrap token: {why}");
+        std::thread::sleep((wait - waited).min(Duration::from_secs(5)));
+    }
 }
 
 /// Inputs of the model.
@@ -60,6 +93,8 @@ pub struct Inputs<'a> {
     /// How often a worker runs nodeup again (`keelson-nodeup.timer`), which joins again for new
     /// certificates once less than a third of their life is left.
     pub renewal_interval: Duration,
+    /// Token mode: how long a worker waits for a valid bootstrap token in the state store.
+    pub bootstrap_token_wait: Duration,
 }
 
 /// The tasks for this host, plus warnings about things skipped.
@@ -283,14 +318,15 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         kubelet_inputs.push(file_task_name(paths::KUBELET_KUBECONFIG));
         joined = true;
     } else {
-        let rel = format!("secrets/{}", pki::BOOTSTRAP_TOKEN_SECRET);
-        let bytes = inp.store.read(&rel)?.ok_or_else(|| missing(&rel))?;
-        let token = pki::parse_secret(pki::BOOTSTRAP_TOKEN_SECRET, &bytes)?;
+        // Token mode: a bootstrap token the control planes minted (it expires; protokube rotates it
+        // and approves this node's first certificate only for a name that is no control plane's
+        // and no existing Node's).
+        let token = wait_for_bootstrap_token(inp.store, inp.bootstrap_token_wait)?;
         let body = kubelet::kubeconfig(
             &format!("https://api.internal.{cluster}"),
             &ca_cert_pem,
             "kubelet-bootstrap",
-            kubelet::UserEntry { token: Some(token), ..Default::default() },
+            kubelet::UserEntry { token: Some(token.to_string()), ..Default::default() },
         )
         .map_err(|e| render_err(paths::KUBELET_BOOTSTRAP_KUBECONFIG)(e.to_string()))?;
         tasks.push(Box::new(FileTask::new(paths::KUBELET_BOOTSTRAP_KUBECONFIG, body, 0o400)));
@@ -441,23 +477,10 @@ fn control_plane(
     file(tasks, format!("{kapi}/apiserver-aggregator-ca.crt"), agg_ca.cert_pem.clone(), 0o644);
     file(tasks, format!("{kapi}/service-account.pub"), pki::public_key_pem(&sa.key_pem)?, 0o644);
     file(tasks, format!("{kapi}/service-account.key"), sa.key_pem.clone(), 0o600);
-    // With the static bootstrap token (an explicit option), worker kubelets authenticate with the
-    // token from the state store: the API server knows it from a token file (user
-    // kubelet-bootstrap, group system:bootstrappers). Joining by cloud identity, no token is accepted.
+    // Token mode: worker kubelets authenticate with a Kubernetes bootstrap token (Secrets in
+    // kube-system that protokube mints and rotates, each with an expiration); no token file.
+    // Joining by cloud identity, no token is accepted.
     let by_identity = cfg.node_bootstrap.as_ref().is_some_and(|b| b.method == NodeBootstrapMethod::CloudIdentity);
-    let token_rel = format!("secrets/{}", pki::BOOTSTRAP_TOKEN_SECRET);
-    let token_file = match (by_identity, inp.store.read(&token_rel)?) {
-        (true, _) => None,
-        (false, Some(bytes)) => {
-            let token = pki::parse_secret(pki::BOOTSTRAP_TOKEN_SECRET, &bytes)?;
-            file(tasks, format!("{kapi}/known_tokens.csv"), format!("{token},kubelet-bootstrap,10001,\"system:bootstrappers\"\n"), 0o600);
-            Some(format!("{kapi}/known_tokens.csv"))
-        }
-        (false, None) => {
-            warnings.push(format!("{}: no bootstrap token; workers cannot join", inp.store.url(&token_rel)));
-            None
-        }
-    };
     if is_cp {
         let kcm = format!("{}/kube-controller-manager", paths::SRV_KUBERNETES);
         file(tasks, format!("{kcm}/ca.crt"), ca.cert_pem.clone(), 0o644);
@@ -516,9 +539,6 @@ fn control_plane(
     }
     if let Some(ip) = inp.facts.internal_ip {
         default(&mut api.advertise_address, ip.to_string());
-    }
-    if let Some(f) = token_file {
-        default(&mut api.token_auth_file, f);
     }
     // Encryption at rest (spec.encryptionConfig): the state store's secret, 0600, where the
     // flag says. The default path is inside the read-only `srvkapi` mount, a directory mount, so
@@ -604,6 +624,12 @@ fn control_plane(
     default(&mut kcm.service_account_private_key_file, format!("{kcm_dir}/service-account.key"));
     default(&mut kcm.authentication_kubeconfig, paths::KCM_KUBECONFIG);
     default(&mut kcm.authorization_kubeconfig, paths::KCM_KUBECONFIG);
+    // Token mode: the default controllers plus `tokencleaner` (off by default upstream), which
+    // deletes expired bootstrap token Secrets. The API server refuses an expired token either way.
+    let by_identity = cfg.node_bootstrap.as_ref().is_some_and(|b| b.method == NodeBootstrapMethod::CloudIdentity);
+    if !by_identity {
+        default(&mut kcm.controllers, vec!["*".to_string(), "tokencleaner".to_string()]);
+    }
     let mut flags = crate::flags::build(&kcm, flag_table::KUBE_CONTROLLER_MANAGER_CONFIG);
     flags.extend([
         format!("--kubeconfig={}", paths::KCM_KUBECONFIG),

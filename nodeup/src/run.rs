@@ -37,7 +37,15 @@ pub struct Options {
     pub gce_metadata: Option<String>,
     /// How often a worker runs nodeup again to renew its certificates ([`RENEWAL_INTERVAL`]).
     pub renewal_interval: Duration,
+    /// Token mode: how long a worker waits for the control planes to publish a valid bootstrap
+    /// token ([`BOOTSTRAP_TOKEN_WAIT`]).
+    pub bootstrap_token_wait: Duration,
 }
+
+/// How long a worker of a token-mode cluster waits for a bootstrap token: the control planes
+/// publish the first within a minute of their API servers coming up, which on a new cluster can
+/// take a while after the workers boot.
+pub const BOOTSTRAP_TOKEN_WAIT: Duration = Duration::from_secs(20 * 60);
 
 /// How often workers run nodeup again (certificate renewal): hourly; a year-long certificate is
 /// renewed with four months to spare, so an hour's delay (or a day of failed runs) is nothing.
@@ -152,6 +160,7 @@ pub fn run(opts: &Options) -> anyhow::Result<Outcome> {
         facts: &facts,
         store: &store,
         renewal_interval: opts.renewal_interval,
+        bootstrap_token_wait: opts.bootstrap_token_wait,
     })?;
     if opts.target == Target::Direct {
         // A killed earlier run may have left temp files next to its targets.

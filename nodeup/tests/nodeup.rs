@@ -217,6 +217,47 @@ fn control_planes_of_a_cloud_identity_cluster_accept_no_bootstrap_token() {
     assert!(!s.path("/srv/kubernetes/kube-apiserver/known_tokens.csv").exists());
 }
 
+/// Token mode: a worker takes only a bootstrap token the control planes minted (it carries its
+/// expiration) and still valid; before one is published it waits, within a bound, then fails
+/// saying why and where to look.
+#[test]
+fn workers_wait_for_a_valid_bootstrap_token_then_fail_clearly() {
+    let s = Scenario::new(Group::Worker, PAD, direct);
+    let key = s.dir.path().join("state/secrets/node-bootstrap-token");
+    let token = "abcdef.0123456789abcdef";
+    let expired =
+        base::bootstrap_token::Published { token: token.parse().expect("token"), expires: std::time::SystemTime::now() - std::time::Duration::from_secs(60) };
+    for (what, doc, why) in [
+        ("an older release's static token", Some(base::pki::secret_json(token)), "no Expiration"),
+        ("an expired token", Some(expired.to_json()), "expires at"),
+        ("no token yet", None, "none published yet"),
+    ] {
+        match &doc {
+            Some(d) => std::fs::write(&key, d).expect("write token"),
+            None => std::fs::remove_file(&key).expect("remove token"),
+        }
+        let t = std::time::Instant::now();
+        let o = s.run(&["--bootstrap-token-wait", "2"]);
+        assert!(!o.status.success(), "{what}: nodeup succeeded");
+        let err = stderr(&o);
+        assert!(err.contains("no valid bootstrap token after waiting 2s") && err.contains(why) && err.contains("protokube"), "{what}: {err}");
+        assert!(t.elapsed() >= std::time::Duration::from_secs(2) && t.elapsed() < std::time::Duration::from_secs(60), "{what}: waited {:?}", t.elapsed());
+        assert!(!s.path("/var/lib/kubelet/bootstrap-kubeconfig").exists(), "{what}: a bootstrap kubeconfig was written");
+    }
+    // Published while the worker waits: it takes it.
+    let valid = base::bootstrap_token::Published {
+        token: token.parse().expect("token"),
+        expires: std::time::SystemTime::now() + std::time::Duration::from_secs(24 * 3600),
+    };
+    let child = s.command(&["--bootstrap-token-wait", "60"]).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("spawn");
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    std::fs::write(&key, valid.to_json()).expect("publish");
+    let o = child.wait_with_output().expect("nodeup");
+    assert_ok(&o);
+    let kc = std::fs::read_to_string(s.path("/var/lib/kubelet/bootstrap-kubeconfig")).expect("bootstrap kubeconfig");
+    assert!(kc.contains(&format!("token: {token}")), "{kc}");
+}
+
 #[test]
 fn control_plane_host() {
     let s = Scenario::new(Group::ControlPlane, PAD, direct);
@@ -240,7 +281,6 @@ fn control_plane_host() {
         "--advertise-address=172.20.33.10",
         "--secure-port=443",
         "--enable-bootstrap-token-auth=true",
-        "--token-auth-file=/srv/kubernetes/kube-apiserver/known_tokens.csv",
         "--v=2",
     ] {
         assert!(api.contains(f), "{f} missing from kube-apiserver manifest");
@@ -258,10 +298,12 @@ fn control_plane_host() {
         assert_eq!(mode(&s.path(key)), 0o600, "{key}");
         assert!(std::fs::read_to_string(s.path(key)).expect(key).contains("PRIVATE KEY"), "{key}");
     }
-    let tokens = s.path("/srv/kubernetes/kube-apiserver/known_tokens.csv");
-    assert_eq!(mode(&tokens), 0o600);
-    let token = base::pki::parse_secret("t", &std::fs::read(s.dir.path().join("state/secrets/node-bootstrap-token")).expect("token")).expect("token");
-    assert_eq!(std::fs::read_to_string(&tokens).expect("tokens"), format!("{token},kubelet-bootstrap,10001,\"system:bootstrappers\"\n"));
+    // Token mode: bootstrap tokens are Secrets that expire (protokube rotates them), never a
+    // static token file; kube-controller-manager deletes the expired ones.
+    assert!(!api.contains("--token-auth-file"), "{api}");
+    assert!(!s.path("/srv/kubernetes/kube-apiserver/known_tokens.csv").exists());
+    let kcm = std::fs::read_to_string(s.path("/etc/kubernetes/manifests/kube-controller-manager.manifest")).expect("kcm");
+    assert!(kcm.contains("--controllers=*,tokencleaner"), "{kcm}");
     for kc in
         ["/var/lib/kubelet/kubeconfig", "/var/lib/kube-controller-manager/kubeconfig", "/var/lib/kube-scheduler/kubeconfig", "/var/lib/kube-proxy/kubeconfig"]
     {

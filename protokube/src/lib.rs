@@ -1,7 +1,8 @@
 //! protokube: claims and mounts this control-plane instance's etcd volumes, writes the etcd static-pod
 //! manifests, keeps the control plane's DNS names pointing at live members, and applies the
 //! cluster's bootstrap addons ([`addons`]) and
-//! labels every Node with its instance group's labels ([`node_labels`]).
+//! labels every Node with its instance group's labels ([`node_labels`]); in token mode it keeps
+//! workers' bootstrap tokens rotating and approves their first certificates ([`node_bootstrap`]).
 //!
 //! Owns: this instance's etcd volumes (claim, attach, format only when blank, mount), the etcd
 //! manifests and the control plane's DNS records. Must not: format a volume that holds a file system,
@@ -26,6 +27,7 @@ pub mod leadership;
 pub use base::hosts;
 pub mod manifest;
 pub mod metrics;
+pub mod node_bootstrap;
 pub mod node_join;
 pub mod node_labels;
 pub mod paths;

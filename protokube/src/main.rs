@@ -272,6 +272,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let spec_store = opts.store.clone();
     let (join_cluster, join_ec2, region) = (plan.cluster_name.clone(), ec2.clone(), me.region.clone());
     let label_ec2 = ec2.clone();
+    let bootstrap_ec2 = ec2.clone();
     let (plan_tx, plan_rx) = tokio::sync::watch::channel(plan.clone());
     let metrics = Metrics::default();
     if !args.once && !args.no_backups {
@@ -347,20 +348,42 @@ async fn run(args: Args) -> anyhow::Result<()> {
         tokio::spawn(metrics::serve(listener, metrics.clone(), secs(args.interval * 3.0 + args.attach_timeout)));
     }
 
+    // This control plane's Node name (the kubelet's), known before its Node registers.
+    let own_node = match (args.once, args.node_name.clone().or(gce_node_name)) {
+        (true, _) => None,
+        (false, Some(n)) => Some(n),
+        (false, None) => match base::imds::InstanceMetadata::get(&imds, "local-hostname").await {
+            Ok(n) => n.filter(|n| !n.is_empty()),
+            Err(e) => {
+                tracing::warn!(error = %e, "no local-hostname from IMDS: this node will not be labelled as a control plane");
+                None
+            }
+        },
+    };
     // The addon controller (its own loop): the local API server, on the spec's secure port.
     if !args.once && !args.no_addons {
         let server = format!("https://127.0.0.1:{api_port}");
-        let node = match args.node_name.clone().or(gce_node_name) {
-            Some(n) => Some(n),
-            None => match base::imds::InstanceMetadata::get(&imds, "local-hostname").await {
-                Ok(n) => n.filter(|n| !n.is_empty()),
-                Err(e) => {
-                    tracing::warn!(error = %e, "no local-hostname from IMDS: this node will not be labelled as a control plane");
-                    None
-                }
-            },
+        tokio::spawn(protokube::addons::run(spec_store.clone(), server, secs(args.addons_interval), metrics.clone(), own_node.clone()));
+    }
+
+    // Token mode (`keelson.io/node-bootstrap: token`): bootstrap tokens that expire and rotate, and
+    // each worker's first certificate approved by name ([`protokube::node_bootstrap`]), on every
+    // control plane. On AWS and GCE the cloud says which group an instance name belongs to.
+    let identity_cloud = keelson_api::nodeup::joins_by_cloud_identity(Some(boot.cloud_provider.as_str()));
+    let token_mode = keelson_api::nodeup::node_bootstrap_method(cluster.metadata.annotations.as_ref(), identity_cloud)
+        == Ok(keelson_api::nodeup::NodeBootstrapMethod::Token);
+    if !args.once && token_mode {
+        use protokube::node_labels::{aws::AwsNodes, gce::GceNodes, NodeCloud};
+        let cloud = match (&gce_join, boot.cloud_provider.as_str()) {
+            (Some((compute, project)), _) => {
+                Some(NodeCloud::Gce(Box::new(GceNodes::new(compute.clone(), project.clone(), join_cluster.clone(), spec_store.clone()))))
+            }
+            (None, "aws") => Some(NodeCloud::Aws(AwsNodes::new(bootstrap_ec2, join_cluster.clone()))),
+            (None, _) => None,
         };
-        tokio::spawn(protokube::addons::run(spec_store.clone(), server, secs(args.addons_interval), metrics.clone(), node));
+        let server = format!("https://127.0.0.1:{api_port}");
+        tracing::info!(cloud_lookup = cloud.is_some(), "workers join by bootstrap token: rotating tokens and approving first certificates");
+        tokio::spawn(protokube::node_bootstrap::run(spec_store.clone(), server, cloud, own_node.clone(), metrics.clone()));
     }
 
     // The node labeller (its own task, following the Nodes): each Node gets its instance group's

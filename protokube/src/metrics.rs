@@ -49,6 +49,15 @@ pub struct State {
     /// (`no-instance`, `group`, `provider-id`, `cloud`, `patch`, …).
     pub nodes_labelled: u64,
     pub node_label_failures: std::collections::BTreeMap<String, u64>,
+    /// Token mode: bootstrap tokens minted here, token passes that failed, and the current token's
+    /// expiry (Unix seconds; 0 before the first pass).
+    pub bootstrap_token_rotations: u64,
+    pub bootstrap_token_failures: u64,
+    pub bootstrap_token_expiry_unix: f64,
+    /// Token mode: bootstrap CSRs approved here, and denied, by reason (`control-plane`,
+    /// `node-exists`, `instance`, `subject`, `usages`, `request`).
+    pub bootstrap_csrs_approved: u64,
+    pub bootstrap_csrs_denied: std::collections::BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -167,6 +176,36 @@ impl Metrics {
             "counter",
             "Nodes not labelled (the cloud did not vouch for their group, or the patch failed), by reason.",
             s.node_label_failures.iter().map(|(r, n)| (format!("{{reason=\"{r}\"}}"), n.to_string())).collect(),
+        );
+        metric(
+            "protokube_bootstrap_token_rotations_total",
+            "counter",
+            "Bootstrap tokens minted and published by this instance (token mode).",
+            vec![(String::new(), s.bootstrap_token_rotations.to_string())],
+        );
+        metric(
+            "protokube_bootstrap_token_failures_total",
+            "counter",
+            "Bootstrap token passes that failed (token mode).",
+            vec![(String::new(), s.bootstrap_token_failures.to_string())],
+        );
+        metric(
+            "protokube_bootstrap_token_expiry_timestamp_seconds",
+            "gauge",
+            "When the published bootstrap token expires (token mode).",
+            vec![(String::new(), s.bootstrap_token_expiry_unix.to_string())],
+        );
+        metric(
+            "protokube_bootstrap_csrs_approved_total",
+            "counter",
+            "Workers' first client certificates approved (token mode).",
+            vec![(String::new(), s.bootstrap_csrs_approved.to_string())],
+        );
+        metric(
+            "protokube_bootstrap_csrs_denied_total",
+            "counter",
+            "Bootstrap CSRs denied, by reason (token mode).",
+            s.bootstrap_csrs_denied.iter().map(|(r, n)| (format!("{{reason=\"{r}\"}}"), n.to_string())).collect(),
         );
         let per_cluster = |f: &dyn Fn(&BackupStats) -> String| -> Vec<(String, String)> {
             s.backups.iter().map(|(c, b)| (format!("{{etcd_cluster=\"{c}\"}}"), f(b))).collect()

@@ -71,19 +71,16 @@ fn crb(name: &str, role: &str, subject_kind: &str, subject: &str) -> serde_json:
     })
 }
 
-/// The bootstrap RBAC. The `system:bootstrappers` bindings (create and auto-approve node client
-/// CSRs) only when workers join with the static token: joining by cloud identity, no bootstrap
-/// token is accepted, and nothing may be approved on its behalf.
+/// The bootstrap RBAC. With bootstrap tokens, `system:bootstrappers` may create CSRs
+/// (`system:node-bootstrapper`) and nothing more: none is approved automatically. protokube's
+/// approver on the control planes approves a worker's first client certificate only for a name that
+/// is neither a control plane's nor an existing Node's (`protokube::node_bootstrap`). Joining by
+/// cloud identity, no bootstrap token is accepted and the group is bound to nothing. A kubelet
+/// renews its own certificate (`selfnodeclient`) either way.
 fn bootstrap_rbac(token: bool) -> Vec<serde_json::Value> {
     let mut docs = Vec::new();
     if token {
         docs.push(crb("keelson:node-bootstrapper", "system:node-bootstrapper", "Group", "system:bootstrappers"));
-        docs.push(crb(
-            "keelson:node-autoapprove-bootstrap",
-            "system:certificates.k8s.io:certificatesigningrequests:nodeclient",
-            "Group",
-            "system:bootstrappers",
-        ));
     }
     docs.extend([
         crb("keelson:node-autoapprove-certificate-rotation", "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient", "Group", "system:nodes"),
@@ -162,9 +159,7 @@ pub struct Addon {
 
 /// The addons the completed spec asks for, in apply order (the additional objects come last).
 pub fn addons(cluster: &Cluster, versions: &Versions) -> Result<Vec<Addon>, AddonError> {
-    let identity = keelson_api::nodeup::joins_by_cloud_identity(cluster.spec.cloud_provider.as_deref());
-    let token = keelson_api::nodeup::node_bootstrap_method(cluster.metadata.annotations.as_ref(), identity)
-        != Ok(keelson_api::nodeup::NodeBootstrapMethod::CloudIdentity);
+    let token = crate::nodeup_config::node_bootstrap(cluster).is_ok_and(|b| b.method == keelson_api::nodeup::NodeBootstrapMethod::Token);
     let mut addons = vec![Addon { name: "bootstrap-rbac.keelson.io", version: "1.0.0", docs: bootstrap_rbac(token) }];
     if let Some(docs) = cilium::docs(cluster, versions)? {
         addons.push(Addon { name: cilium::NAME, version: "1.0.0", docs });
@@ -320,11 +315,15 @@ mod tests {
     #[test]
     fn only_token_clusters_bind_the_bootstrappers() {
         let (mut cluster, versions) = ha();
-        cluster.metadata.annotations.get_or_insert_with(Default::default).insert(keelson_api::nodeup::NODE_BOOTSTRAP_ANNOTATION.into(), "token".into());
+        let annotations = cluster.metadata.annotations.get_or_insert_with(Default::default);
+        annotations.insert(keelson_api::nodeup::NODE_BOOTSTRAP_ANNOTATION.into(), "token".into());
+        annotations.insert(keelson_api::nodeup::ALLOW_BOOTSTRAP_TOKEN_ANNOTATION.into(), "true".into());
         let mut tree = Tree::default();
         render(&cluster, &[], &versions, &[]).expect("render").insert_into(&mut tree);
         let text = String::from_utf8_lossy(&tree.files["state/addons/bootstrap-rbac.keelson.io/v1.0.0.yaml"]).to_string();
-        assert_eq!(text.matches("kind: ClusterRoleBinding").count(), 4, "{text}");
-        assert!(text.contains("certificatesigningrequests:nodeclient") && text.contains("system:bootstrappers"), "{text}");
+        assert_eq!(text.matches("kind: ClusterRoleBinding").count(), 3, "{text}");
+        // Bootstrappers may ask; nothing approves them automatically (protokube decides per name).
+        assert!(text.contains("system:node-bootstrapper") && text.contains("system:bootstrappers"), "{text}");
+        assert!(!text.contains("certificatesigningrequests:nodeclient"), "a bootstrap token must not get any node's certificate approved: {text}");
     }
 }

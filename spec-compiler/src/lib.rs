@@ -86,6 +86,8 @@ pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, C
     let completed_yaml = output::to_yaml("cluster-completed.yaml", &completed)?;
     tree.insert("cluster-completed.yaml", completed_yaml.clone());
     tree.insert("state/cluster-completed.spec", completed_yaml);
+    // How workers join, decided once (validation already refused a spec that names no way).
+    let bootstrap = nodeup_config::node_bootstrap(&completed)?;
     let addons = addons::render(&completed, &docs.instance_groups, &versions, &docs.additional_objects)?;
     addons.insert_into(&mut tree);
     let scheduler_config = nodeup_config::scheduler_config(&docs.additional_objects)?;
@@ -103,14 +105,12 @@ pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, C
             "spec.networking.kubenet with Private subnets: the cloud-controller-manager writes pod routes into one route table per cluster, and private topology has one per zone, so pods on different nodes will not reach each other (kOps: private topology needs a CNI such as Calico or Cilium)".to_string(),
         );
     }
-    if keelson_api::nodeup::joins_by_cloud_identity(spec.cloud_provider.as_deref()) {
-        let annotations = completed.metadata.annotations.as_ref();
-        if keelson_api::nodeup::node_bootstrap_method(annotations, true) == Ok(keelson_api::nodeup::NodeBootstrapMethod::Token) {
-            warnings.push(format!(
-                "metadata.annotations[{}]: token: every worker joins with ONE static bootstrap token kept in the state store and readable by every node; anyone who reads it (any node, any pod that reaches a node's metadata credentials) can register as a node forever. Remove the annotation: workers then join by their instance identity",
-                keelson_api::nodeup::NODE_BOOTSTRAP_ANNOTATION
-            ));
-        }
+    if bootstrap.method == keelson_api::nodeup::NodeBootstrapMethod::Token && keelson_api::nodeup::joins_by_cloud_identity(spec.cloud_provider.as_deref()) {
+        warnings.push(format!(
+            "metadata.annotations[{}]: token (opted in with {}): workers join with a bootstrap token from the state store, readable by every node; while it lives (24 h, rotated every 12 h) anyone who reads it can register a new worker under any name that is not a control plane's or an existing Node's. Remove both annotations: workers then join by their instance identity",
+            keelson_api::nodeup::NODE_BOOTSTRAP_ANNOTATION,
+            keelson_api::nodeup::ALLOW_BOOTSTRAP_TOKEN_ANNOTATION,
+        ));
     }
     if spec.cloud_provider.as_deref() == Some("gce") {
         if let Some(account) = spec.cloud_config.as_ref().and_then(|c| c.gce_service_account.as_deref()).filter(|a| !a.is_empty()) {

@@ -43,17 +43,15 @@ pub enum NodeupConfigError {
     Assets { group: String, source: Box<VersionsError> },
     #[error("InstanceGroup/{group}: spec.role: {role:?} is not a role nodeup serves")]
     Role { group: String, role: String },
-    #[error("Cluster: metadata.annotations[{annotation}]: {value:?}: expected \"token\" or \"cloud-identity\"")]
-    NodeBootstrap { annotation: &'static str, value: String },
+    #[error("Cluster: {field}: {source}", field = .0.field(), source = .0)]
+    NodeBootstrap(#[from] keelson_api::nodeup::NodeBootstrapError),
 }
 
 /// How the cluster's workers join: by cloud identity on AWS and GCE (the join server on the control
-/// planes), unless the cluster annotation asks for the static bootstrap token; the token elsewhere.
+/// planes), unless the cluster annotations ask for bootstrap tokens and opt in to them; tokens elsewhere.
 pub fn node_bootstrap(cluster: &Cluster) -> Result<NodeBootstrap, NodeupConfigError> {
-    let annotation = keelson_api::nodeup::NODE_BOOTSTRAP_ANNOTATION;
     let identity = keelson_api::nodeup::joins_by_cloud_identity(cluster.spec.cloud_provider.as_deref());
-    let method = keelson_api::nodeup::node_bootstrap_method(cluster.metadata.annotations.as_ref(), identity)
-        .map_err(|value| NodeupConfigError::NodeBootstrap { annotation, value })?;
+    let method = keelson_api::nodeup::node_bootstrap_method(cluster.metadata.annotations.as_ref(), identity)?;
     let server = (method == NodeBootstrapMethod::CloudIdentity)
         .then(|| format!("https://kops-controller.internal.{}:{}", cluster.name(), keelson_api::nodeup::NODE_JOIN_PORT));
     Ok(NodeBootstrap { method, server })

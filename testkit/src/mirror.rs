@@ -176,13 +176,21 @@ pub fn standard_assets(pad: usize) -> Vec<FakeAsset> {
 }
 
 /// Write a state store at `dir`: the NodeupConfig (with `assets` as its amd64 list) for
-/// `role_dir/ig`, the PKI, and a BootConfig (returned path) pinning the config's hash.
+/// `role_dir/ig`, the PKI, a bootstrap token valid for a day as the control planes' protokube
+/// publishes it, and a BootConfig (returned path) pinning the config's hash.
 pub fn write_state(dir: &Path, nodeup_yaml: &str, boot_yaml: &str, assets: Vec<String>, role_dir: &str) -> std::path::PathBuf {
     let mut cfg: keelson_api::nodeup::NodeupConfig = serde_yaml_ng::from_str(nodeup_yaml).expect("nodeup yaml");
     cfg.assets = BTreeMap::from([("amd64".to_string(), assets)]);
     let state = dir.join("state");
     // The PKI first: `keelson apply` pins the cluster CA into every NodeupConfig.
     base::pki::init_pki(&state, &cfg.etcd_cluster_names).expect("pki");
+    let token = base::bootstrap_token::Published {
+        token: base::bootstrap_token::BootstrapToken::generate().expect("token"),
+        expires: std::time::SystemTime::now() + std::time::Duration::from_secs(24 * 3600),
+    };
+    let token_path = state.join(base::bootstrap_token::state_key());
+    std::fs::create_dir_all(token_path.parent().expect("parent")).expect("mkdir secrets");
+    std::fs::write(&token_path, token.to_json()).expect("publish the bootstrap token");
     let issued = std::fs::read(state.join("pki/issued/kubernetes-ca/keyset.yaml")).expect("issued CA");
     cfg.cas.insert("kubernetes-ca".into(), base::pki::parse_keyset_cert("kubernetes-ca", &issued).expect("CA certificate"));
     let bytes = serde_yaml_ng::to_string(&cfg).expect("yaml");

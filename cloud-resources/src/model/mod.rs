@@ -245,11 +245,7 @@ pub fn build_with(docs: &Documents, compiled: &Compiled, require_user_data: bool
     // IAM is validated for every cloud; its tasks are AWS's.
     let mut iam_tasks = aws::Tasks::default();
     iam::build(&cx, &policy_inputs, if cloud == CloudKind::Aws { &mut tasks } else { &mut iam_tasks })?;
-    bootstrap.map_err(|v| ModelError::Field {
-        cluster: cluster.clone(),
-        field: format!("metadata.annotations[{}]", keelson_api::nodeup::NODE_BOOTSTRAP_ANNOTATION),
-        message: format!("{v:?}: expected \"token\" or \"cloud-identity\""),
-    })?;
+    bootstrap.map_err(|e| ModelError::Field { cluster: cluster.clone(), field: e.field(), message: e.to_string() })?;
     let dns = dns::build(&cx, lb.as_ref(), if cloud == CloudKind::Aws { Some(&mut tasks) } else { None });
 
     let state = compiled.state_files().map(|(rel, v)| (rel.to_string(), v.clone())).collect();

@@ -173,24 +173,27 @@ pub fn group_labels(nodeup: &NodeupConfig) -> BTreeMap<String, String> {
     nodeup.kubelet_config.node_labels.clone().unwrap_or_default()
 }
 
-/// Read a group's completed node labels from the state store: `instancegroup/<group>` for its role,
-/// then `igconfig/<role>/<group>/nodeupconfig.yaml`.
-pub async fn read_group_labels(store: &StateStore, group: &str) -> Result<BTreeMap<String, String>, NodeLabelError> {
+/// Read a group's role from the state store (`instancegroup/<group>`); a role that runs no kubelet
+/// is refused.
+pub async fn read_group_role(store: &StateStore, group: &str) -> Result<Role, NodeLabelError> {
     if !valid_group_name(group) {
         return Err(NodeLabelError::Group { group: group.into(), message: "not a valid instance group name".into() });
     }
     let rel = format!("instancegroup/{group}");
     let bytes = store.get(&rel).await?.ok_or_else(|| NodeLabelError::Group { group: group.into(), message: format!("{} does not exist", store.url(&rel)) })?;
     let ig: InstanceGroup = serde_yaml_ng::from_slice(&bytes).map_err(|source| NodeLabelError::Yaml { what: store.url(&rel), source })?;
-    let role = match ig.role() {
+    match ig.role() {
         None | Some(Role::Bastion) => {
-            return Err(NodeLabelError::Group {
-                group: group.into(),
-                message: format!("role {:?} runs no kubelet", ig.spec.role.as_deref().unwrap_or_default()),
-            })
+            Err(NodeLabelError::Group { group: group.into(), message: format!("role {:?} runs no kubelet", ig.spec.role.as_deref().unwrap_or_default()) })
         }
-        Some(r) => r,
-    };
+        Some(r) => Ok(r),
+    }
+}
+
+/// Read a group's completed node labels from the state store: `instancegroup/<group>` for its role,
+/// then `igconfig/<role>/<group>/nodeupconfig.yaml`.
+pub async fn read_group_labels(store: &StateStore, group: &str) -> Result<BTreeMap<String, String>, NodeLabelError> {
+    let role = read_group_role(store, group).await?;
     let rel = format!("igconfig/{}/{group}/nodeupconfig.yaml", role.state_dir());
     let bytes = store.get_required(&rel).await?;
     let nodeup: NodeupConfig = serde_yaml_ng::from_slice(&bytes).map_err(|source| NodeLabelError::Yaml { what: store.url(&rel), source })?;

@@ -233,6 +233,7 @@ mod tests {
             dns: DnsMode::Route53 { zone: None, private: false },
             manage_public_api: true,
             manage_internal_api: true,
+            static_pod_dir: keelson_api::nodeup::STATIC_POD_DIR.into(),
         }
     }
 
