@@ -193,7 +193,13 @@ pub fn call(r: &Recorded, signer: &Signer) -> Result<Call, String> {
             s => return Err(format!("{r}: a {s} request with neither Action nor X-Amz-Target")),
         }
     };
-    Ok(Call { service: signer.service.clone(), operation, method: r.method.clone(), uri: r.url.clone(), body: if form { r.body.clone() } else { String::new() } })
+    Ok(Call {
+        service: signer.service.clone(),
+        operation,
+        method: r.method.clone(),
+        uri: r.url.clone(),
+        body: if form { r.body.clone() } else { String::new() },
+    })
 }
 
 /// What the oracle checks a record against.

@@ -1,6 +1,6 @@
 //! The IAM oracle's record of moto's requests (`moto_server.py` fix 10) and its parse, over real
 //! recorded requests: `fixtures/moto_calls/boto3.jsonl` (botocore's S3, Route53, EC2 and STS
-//! calls) and `fixtures/moto_calls/keelson_local.jsonl` (calls of protokube, nodeup and the AWS
+//! calls) and `fixtures/moto_calls/keelson_local/calls.jsonl` (calls of protokube, nodeup and the AWS
 //! cloud-controller-manager on keelson-local machines, recorded by an e2e run; keys and
 //! signatures are the run's). Needs moto for the recording test; fails with a message saying so.
 
@@ -84,10 +84,19 @@ fn a_missing_grant_is_a_finding_naming_call_identity_and_nearest_statement() {
 
 #[test]
 fn keelson_local_requests_map_to_their_operations() {
-    let records = fixture("keelson_local.jsonl");
+    let records = fixture("keelson_local/calls.jsonl");
     let ops = operations(&records);
     assert!(ops.iter().all(|o| !o.starts_with("unmapped")), "{ops:#?}");
-    for want in ["route53:ListHostedZonesByName", "route53:ChangeResourceRecordSets", "ec2:AttachVolume", "s3:GetObject", "ec2:DescribeInstances"] {
+    for want in [
+        "route53:ListHostedZonesByName",
+        "route53:ChangeResourceRecordSets",
+        "ec2:AttachVolume",
+        "ec2:CreateTags",
+        "s3:GetObject",
+        "s3:PutObject",
+        "ec2:DescribeInstances",
+        "elasticloadbalancing:RegisterTargets",
+    ] {
         assert!(ops.iter().any(|o| o == want), "{want} in {ops:#?}");
     }
 }
@@ -105,8 +114,11 @@ fn moto_records_every_request_with_its_signer() {
         s.read_to_string(&mut out).expect("answer");
         out
     };
-    let auth = |service: &str| format!("Authorization: AWS4-HMAC-SHA256 Credential=ASIAX/20261202/eu-west-1/{service}/aws4_request, SignedHeaders=host, Signature=0\r\n");
-    let out = send(&format!("POST / HTTP/1.1\r\n{}Content-Type: application/x-www-form-urlencoded\r\n", auth("ec2")), "Action=DescribeVolumes&Version=2016-11-15");
+    let auth = |service: &str| {
+        format!("Authorization: AWS4-HMAC-SHA256 Credential=ASIAX/20261202/eu-west-1/{service}/aws4_request, SignedHeaders=host, Signature=0\r\n")
+    };
+    let out =
+        send(&format!("POST / HTTP/1.1\r\n{}Content-Type: application/x-www-form-urlencoded\r\n", auth("ec2")), "Action=DescribeVolumes&Version=2016-11-15");
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
     send(&format!("PUT /bucket-recorded HTTP/1.1\r\n{}", auth("s3")), "");
     let secret = "the object's bytes stay out of the record";
