@@ -508,8 +508,7 @@ impl Cloud {
             let p = self.rt.block_on(self.iam.get_role_policy().role_name(role).policy_name(name).send()).map_err(|e| self.err("GetRolePolicy", e))?;
             out.push(doc("GetRolePolicy", p.policy_document())?);
         }
-        let attached =
-            self.rt.block_on(self.iam.list_attached_role_policies().role_name(role).send()).map_err(|e| self.err("ListAttachedRolePolicies", e))?;
+        let attached = self.rt.block_on(self.iam.list_attached_role_policies().role_name(role).send()).map_err(|e| self.err("ListAttachedRolePolicies", e))?;
         for arn in attached.attached_policies().iter().filter_map(|p| p.policy_arn()) {
             let p = self.rt.block_on(self.iam.get_policy().policy_arn(arn).send()).map_err(|e| self.err("GetPolicy", e))?;
             let version = p.policy().and_then(|p| p.default_version_id()).unwrap_or("v1").to_string();
