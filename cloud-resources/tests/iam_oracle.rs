@@ -4,6 +4,9 @@
 //! recorded ([`testkit::aws_calls::CallLog`]) and checked against the control-plane policy the direct
 //! target puts for `examples/minimal.yaml` (moto itself enforces no IAM). A call the policy does
 //! not allow fails the test, naming the call, the identity and the nearest statement.
+//! And the oracle at moto's door on a real run (`recorded_cluster_calls_are_allowed_by_the_rendered_policies`):
+//! the requests a keelson-local `examples/ha.yaml` cluster's machines made, checked against the
+//! policies this tree renders.
 //! Needs moto; fails with a message saying so.
 
 mod support;
@@ -51,7 +54,12 @@ impl Intercept for FailOperation {
 
 /// The cloud model of `examples/minimal.yaml`, as `keelson apply` builds it.
 fn minimal() -> cloud_resources::model::ClusterModel {
-    let spec = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/minimal.yaml");
+    model_of("minimal.yaml")
+}
+
+/// The cloud model of `examples/<name>`, as `keelson apply` builds it.
+fn model_of(name: &str) -> cloud_resources::model::ClusterModel {
+    let spec = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name);
     let docs = spec_compiler::load::load_spec(&spec).expect("spec");
     let compiled = spec_compiler::compile(&docs, &options()).expect("compile");
     cloud_resources::model::build(&docs, &compiled).expect("model")
@@ -182,4 +190,60 @@ fn protokube_calls_are_allowed_by_the_control_plane_policy() {
     let denied = testkit::aws_calls::check(&node, node_policy.as_ref(), &calls, &Account::default(), &|_| BTreeMap::new()).expect_err("workers may not");
     let text: Vec<String> = denied.iter().map(|d| d.to_string()).collect();
     assert!(text.iter().any(|t| t.contains("route53:ListHostedZonesByName on * to nodes.")), "{text:#?}");
+}
+
+/// Every request the machines of a keelson-local `examples/ha.yaml` cluster signed with their
+/// instance roles' credentials during a selfheal run (protokube, nodeup, the AWS
+/// cloud-controller-manager; recorded at moto's door, `testkit/tests/fixtures/moto_calls/keelson_local/`:
+/// the requests, the role each key was issued for, the resources' tags) is allowed by the policies
+/// the direct target renders from this tree — so a grant removed from `iam_policy.rs` that an
+/// agent needs fails here. And the oracle flags the control plane's zone lookup once
+/// `route53:ListHostedZonesByName` is taken out of its policy.
+#[test]
+fn recorded_cluster_calls_are_allowed_by_the_rendered_policies() {
+    use testkit::moto_calls::{check, read, Identities};
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testkit/tests/fixtures/moto_calls/keelson_local");
+    let records = read(&dir.join("calls.jsonl")).expect("the recorded requests");
+    let evidence: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("evidence.json")).expect("evidence.json")).expect("evidence.json is JSON");
+    let roles: BTreeMap<String, String> = serde_json::from_value(evidence["roles"].clone()).expect("roles");
+    let tags: BTreeMap<String, BTreeMap<String, String>> = serde_json::from_value(evidence["tags"].clone()).expect("tags");
+    let lookup = |arn: &str| tags.get(arn).or_else(|| arn.rsplit('/').next().and_then(|id| tags.get(id))).cloned().unwrap_or_default();
+    let model = model_of("ha.yaml");
+    let mut policies: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for role in [Role::ControlPlane, Role::Node] {
+        // spec.dnsZone is unset in ha.yaml: the zone is only known at boot, whatever id it gets.
+        let (name, policy) = direct_policy(&model, role, "ZUNKNOWN");
+        policies.insert(name, policy.into_iter().collect());
+    }
+    for role in roles.values() {
+        assert!(policies.contains_key(role), "the recorded key's role {role} is none of ha.yaml's roles {:?}", policies.keys());
+    }
+    let ids = Identities { roles: &roles, policies: &policies, account: "123456789012", tags: &lookup };
+    let report = check(&records, &ids);
+    assert!(report.clean(), "{report}");
+    let masters = keelson_api::names::iam_role_name(Role::ControlPlane, &model.cluster);
+    let nodes = keelson_api::names::iam_role_name(Role::Node, &model.cluster);
+    assert!(report.per_role.get(&masters).is_some_and(|n| *n > 0) && report.per_role.get(&nodes).is_some_and(|n| *n > 0), "{report}");
+
+    // Without the control plane's ListHostedZonesByName, protokube's zone lookup is a finding.
+    let strip = |doc: &Value, action: &str| -> Value {
+        let mut doc = doc.clone();
+        if let Some(statements) = doc["Statement"].as_array_mut() {
+            for s in statements.iter_mut() {
+                if let Some(a) = s["Action"].as_array_mut() {
+                    a.retain(|x| x.as_str() != Some(action));
+                }
+            }
+            statements.retain(|s| s["Action"].as_array().is_none_or(|a| !a.is_empty()));
+        }
+        doc
+    };
+    let mut without = policies.clone();
+    for doc in without.get_mut(&masters).expect("the control plane's policy") {
+        *doc = strip(doc, "route53:ListHostedZonesByName");
+    }
+    let report = check(&records, &Identities { policies: &without, ..ids });
+    let text = report.to_string();
+    assert!(text.contains(&format!("IAM denies route53:ListHostedZonesByName on * to {masters}")), "{text}");
+    assert!(text.contains("route53/ListHostedZonesByName (GET "), "the call: {text}");
 }

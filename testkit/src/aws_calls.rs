@@ -155,9 +155,27 @@ pub fn iam_action(service: &str, operation: &str) -> Option<String> {
         ("s3", "HeadBucket") => "ListBucket",
         ("s3", "ListParts") => "ListMultipartUploadParts",
         ("s3", "GetBucketEncryption") => "GetEncryptionConfiguration",
+        ("s3", "PutBucketEncryption") => "PutEncryptionConfiguration",
+        ("s3", "ListMultipartUploads") => "ListBucketMultipartUploads",
+        ("s3", "PutPublicAccessBlock") => "PutBucketPublicAccessBlock",
         (_, op) => op,
     };
     Some(format!("{prefix}:{action}"))
+}
+
+/// The tags a request puts on what it creates or tags: every `…Tag….N.Key` parameter with its
+/// `….N.Value` (EC2's `Tag.N` and `TagSpecification.M.Tag.N`, ELB's `Tags.member.N`).
+fn tags_in(params: &[(String, String)]) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for (k, v) in params {
+        let Some(stem) = k.strip_suffix(".Key") else { continue };
+        if !stem.contains("Tag") {
+            continue;
+        }
+        let value = format!("{stem}.Value");
+        out.insert(v.clone(), params.iter().find(|(k, _)| *k == value).map(|(_, v)| v.clone()).unwrap_or_default());
+    }
+    out
 }
 
 fn ec2_arn(a: &Account, id: &str) -> String {
@@ -168,6 +186,7 @@ fn ec2_arn(a: &Account, id: &str) -> String {
         Some("snap") => "snapshot",
         Some("subnet") => "subnet",
         Some("vpc") => "vpc",
+        Some("rtb") => "route-table",
         _ => "unknown",
     };
     format!("arn:{}:ec2:{}:{}:{kind}/{id}", a.partition, a.region, a.account)
@@ -189,7 +208,10 @@ pub fn authorizations(call: &Call, a: &Account, tags: &dyn Fn(&str) -> BTreeMap<
             let mut parts = path.trim_start_matches('/').splitn(2, '/');
             let bucket = parts.next().unwrap_or_default();
             let key = parts.next().unwrap_or_default();
-            let bucket_level = matches!(action.as_str(), "s3:ListBucket" | "s3:ListBucketVersions" | "s3:GetBucketLocation" | "s3:GetEncryptionConfiguration");
+            let bucket_level = matches!(
+                action.as_str(),
+                "s3:ListBucket" | "s3:ListBucketVersions" | "s3:GetBucketLocation" | "s3:GetEncryptionConfiguration" | "s3:ListBucketMultipartUploads"
+            );
             resources.push(if bucket_level || key.is_empty() {
                 format!("arn:{}:s3:::{bucket}", a.partition)
             } else {
@@ -221,15 +243,11 @@ pub fn authorizations(call: &Call, a: &Account, tags: &dyn Fn(&str) -> BTreeMap<
         }
         "ec2" => {
             for (k, v) in &params {
-                if k == "VolumeId" || k == "InstanceId" || k.starts_with("ResourceId.") || k == "GroupId" {
+                if k == "VolumeId" || k == "InstanceId" || k.starts_with("ResourceId.") || k == "GroupId" || k == "RouteTableId" {
                     resources.push(ec2_arn(a, v));
                 }
             }
-            for (k, v) in &params {
-                if let Some(n) = k.strip_prefix("Tag.").and_then(|r| r.strip_suffix(".Key")) {
-                    request_tags.insert(v.clone(), param(&format!("Tag.{n}.Value")).unwrap_or_default());
-                }
-            }
+            request_tags = tags_in(&params);
             if call.operation.starts_with("Describe") {
                 resources.clear();
             }
@@ -238,6 +256,7 @@ pub fn authorizations(call: &Call, a: &Account, tags: &dyn Fn(&str) -> BTreeMap<
             if let Some(arn) = param("TargetGroupArn").or_else(|| param("LoadBalancerArn")) {
                 resources.push(arn);
             }
+            request_tags = tags_in(&params);
             if call.operation.starts_with("Describe") {
                 resources.clear();
             }

@@ -23,3 +23,4 @@ pub mod imds;
 pub mod kubelet_fields;
 pub mod mirror;
 pub mod moto;
+pub mod moto_calls;

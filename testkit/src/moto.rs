@@ -45,6 +45,11 @@ pub fn free_port() -> Result<u16, MotoError> {
 /// output to `log`. When this process ends (even killed), its end of the shell's stdin pipe closes and
 /// the shell kills the server, so no server outlives the tests that started it.
 pub fn spawn_watched(command: &[&std::ffi::OsStr], log: &Path) -> std::io::Result<Child> {
+    spawn_watched_env(command, &[], log)
+}
+
+/// [`spawn_watched`] with extra environment variables for the command.
+pub fn spawn_watched_env(command: &[&std::ffi::OsStr], env: &[(&str, &std::ffi::OsStr)], log: &Path) -> std::io::Result<Child> {
     let out = std::fs::File::create(log)?;
     let err = out.try_clone()?;
     let script = r#"
@@ -53,7 +58,7 @@ cat >/dev/null
 kill "$pid" 2>/dev/null
 wait "$pid"
 "#;
-    Command::new("sh").args(["-c", script, "sh"]).args(command).stdin(Stdio::piped()).stdout(out).stderr(err).process_group(0).spawn()
+    Command::new("sh").args(["-c", script, "sh"]).args(command).envs(env.iter().copied()).stdin(Stdio::piped()).stdout(out).stderr(err).process_group(0).spawn()
 }
 
 /// Kill a server started as the leader of its own process group (a watchdog shell and what it runs),
@@ -88,13 +93,25 @@ pub struct Moto {
 
 impl Moto {
     pub fn start(log: &Path) -> Result<Moto, MotoError> {
+        Moto::launch(log, None)
+    }
+
+    /// [`Moto::start`], recording every request it serves into `calls` (one JSON object a line,
+    /// `moto_server.py` fix 10) for the IAM oracle ([`crate::moto_calls`]).
+    pub fn start_recording(log: &Path, calls: &Path) -> Result<Moto, MotoError> {
+        Moto::launch(log, Some(calls))
+    }
+
+    fn launch(log: &Path, calls: Option<&Path>) -> Result<Moto, MotoError> {
         let py = python();
         if !py.exists() {
             return Err(MotoError::NoPython { python: py });
         }
         let port = free_port()?;
-        let child = spawn_watched(
+        let env: Vec<(&str, &std::ffi::OsStr)> = calls.map(|c| (crate::moto_calls::CALLS_ENV, c.as_os_str())).into_iter().collect();
+        let child = spawn_watched_env(
             &[py.as_os_str(), "-c".as_ref(), SERVER_PY.as_ref(), "-H".as_ref(), "127.0.0.1".as_ref(), "-p".as_ref(), port.to_string().as_ref()],
+            &env,
             log,
         )
         .map_err(|source| MotoError::Spawn { python: py.clone(), source })?;

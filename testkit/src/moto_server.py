@@ -77,7 +77,20 @@ has a test that fails without it.
    default, so DescribeLoadBalancers shows no scheme and `keelson apply` plans `scheme: -> internet-facing`
    on the API load balancer Terraform created. Test: cli/tests/terraform_moto.rs
    `moto_makes_a_load_balancer_without_a_scheme_internet_facing`.
+
+10. Not a fix but a record: moto enforces no IAM, so when `KEELSON_MOTO_CALLS` names a file, every
+   request moto serves is appended to it, one JSON object a line: `method`, `url` (raw, as sent),
+   `headers` (the ones that say who signed the request and what it asks: `Authorization`,
+   `X-Amz-Target`, `Content-Type`, `Host`) and `body` (only a form or JSON body of at most 1 MiB —
+   the Query and JSON protocols carry their action and parameters there; S3 objects are never
+   kept). The IAM oracle (`testkit/src/moto_calls.rs`) checks each against the policy of the role
+   whose credentials signed it. Through moto's own recording hook (`Recorder._record_request`,
+   called for every request of every service before it is handled), under a lock, so lines of
+   concurrent requests never interleave. Test: testkit/tests/moto_calls.rs.
 """
+import io
+import json
+import os
 import sys
 import threading
 
@@ -92,6 +105,7 @@ from moto.ec2.models.launch_templates import LaunchTemplate, LaunchTemplateBacke
 from moto.ec2.models.route_tables import Route
 from moto.ec2.utils import parse_user_data
 from moto.elbv2.models import ELBv2Backend
+from moto.moto_api._internal.recorder.models import Recorder
 
 _run_instances = InstanceBackend.run_instances
 
@@ -278,6 +292,36 @@ def _autoscaling_serialized(self):
 
 
 AutoScalingResponse.call_action = _autoscaling_serialized
+
+
+_calls_file = os.environ.get("KEELSON_MOTO_CALLS")
+_calls_lock = threading.Lock()
+_CALL_HEADERS = ("authorization", "x-amz-target", "content-type", "host")
+_MAX_CALL_BODY = 1 << 20
+
+
+def _record_call(self, request, body=None):
+    if not _calls_file or request.path.startswith("/moto-api/"):
+        return
+    headers = {k.lower(): v for k, v in request.headers.items() if k.lower() in _CALL_HEADERS}
+    kind = headers.get("content-type", "")
+    text = ""
+    if "x-www-form-urlencoded" in kind or "json" in kind:
+        try:
+            size = int(request.headers.get("Content-Length", "0"))
+        except ValueError:
+            size = 0
+        if 0 < size <= _MAX_CALL_BODY:
+            raw = request.environ["wsgi.input"].read(size)
+            request.environ["wsgi.input"] = io.BytesIO(raw)
+            text = raw.decode("utf-8", "replace")
+    line = json.dumps({"method": request.method, "url": request.raw_url, "headers": headers, "body": text})
+    with _calls_lock:
+        with open(_calls_file, "a") as f:
+            f.write(line + "\n")
+
+
+Recorder._record_request = _record_call
 
 
 if __name__ == "__main__":

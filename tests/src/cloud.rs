@@ -1,6 +1,7 @@
 //! The harness's view of moto (EC2, Auto Scaling, Elastic Load Balancing v2, Route53) through the
 //! real AWS SDK.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use aws_config::{BehaviorVersion, Region};
@@ -491,6 +492,70 @@ impl Cloud {
             .block_on(self.r53.create_hosted_zone().name(name).caller_reference(format!("keelson-local-{name}")).send())
             .map_err(|e| self.err("CreateHostedZone", e))?;
         Ok(out.hosted_zone().map(|z| z.id().to_string()).unwrap_or_default())
+    }
+
+    /// Every policy document of an IAM role as IAM holds it: its inline policies, then the default
+    /// version of each attached managed policy (all of them apply to the role's calls).
+    pub fn role_policies(&self, role: &str) -> Result<Vec<serde_json::Value>, CloudError> {
+        let doc = |op: &'static str, text: &str| -> Result<serde_json::Value, CloudError> {
+            // IAM answers documents URL-encoded (moto as AWS does, or already decoded).
+            let decoded = percent_encoding::percent_decode_str(text).decode_utf8_lossy().into_owned();
+            serde_json::from_str(text).or_else(|_| serde_json::from_str(&decoded)).map_err(|e| self.err(op, format!("{role}: policy document: {e}")))
+        };
+        let mut out = Vec::new();
+        let names = self.rt.block_on(self.iam.list_role_policies().role_name(role).send()).map_err(|e| self.err("ListRolePolicies", e))?;
+        for name in names.policy_names() {
+            let p = self.rt.block_on(self.iam.get_role_policy().role_name(role).policy_name(name).send()).map_err(|e| self.err("GetRolePolicy", e))?;
+            out.push(doc("GetRolePolicy", p.policy_document())?);
+        }
+        let attached = self.rt.block_on(self.iam.list_attached_role_policies().role_name(role).send()).map_err(|e| self.err("ListAttachedRolePolicies", e))?;
+        for arn in attached.attached_policies().iter().filter_map(|p| p.policy_arn()) {
+            let p = self.rt.block_on(self.iam.get_policy().policy_arn(arn).send()).map_err(|e| self.err("GetPolicy", e))?;
+            let version = p.policy().and_then(|p| p.default_version_id()).unwrap_or("v1").to_string();
+            let v = self.rt.block_on(self.iam.get_policy_version().policy_arn(arn).version_id(&version).send()).map_err(|e| self.err("GetPolicyVersion", e))?;
+            out.push(doc("GetPolicyVersion", v.policy_version().and_then(|v| v.document()).unwrap_or("{}"))?);
+        }
+        Ok(out)
+    }
+
+    /// The tags of every EC2 resource (by id) and of every ELBv2 load balancer and target group (by
+    /// ARN), for the `aws:ResourceTag/…` condition keys.
+    pub fn resource_tags(&self) -> Result<BTreeMap<String, BTreeMap<String, String>>, CloudError> {
+        let mut out: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+        let mut token: Option<String> = None;
+        for _page in 0..1000 {
+            let out_page =
+                self.rt.block_on(self.ec2.describe_tags().set_next_token(token.clone()).max_results(1000).send()).map_err(|e| self.err("DescribeTags", e))?;
+            for t in out_page.tags() {
+                if let (Some(id), Some(k)) = (t.resource_id(), t.key()) {
+                    out.entry(id.to_string()).or_default().insert(k.to_string(), t.value().unwrap_or_default().to_string());
+                }
+            }
+            token = out_page.next_token().filter(|t| !t.is_empty()).map(str::to_string);
+            if token.is_none() {
+                break;
+            }
+        }
+        let lbs = self.rt.block_on(self.elb.describe_load_balancers().send()).map_err(|e| self.err("DescribeLoadBalancers", e))?;
+        let tgs = self.rt.block_on(self.elb.describe_target_groups().send()).map_err(|e| self.err("DescribeTargetGroups", e))?;
+        let arns: Vec<String> = lbs
+            .load_balancers()
+            .iter()
+            .filter_map(|l| l.load_balancer_arn())
+            .chain(tgs.target_groups().iter().filter_map(|t| t.target_group_arn()))
+            .map(str::to_string)
+            .collect();
+        for chunk in arns.chunks(20) {
+            let d = self.rt.block_on(self.elb.describe_tags().set_resource_arns(Some(chunk.to_vec())).send()).map_err(|e| self.err("DescribeTags", e))?;
+            for desc in d.tag_descriptions() {
+                let Some(arn) = desc.resource_arn() else { continue };
+                let tags = out.entry(arn.to_string()).or_default();
+                for t in desc.tags() {
+                    tags.insert(t.key().unwrap_or_default().to_string(), t.value().unwrap_or_default().to_string());
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// An AMI moto knows (the local cloud boots its Debian rootfs whatever the image).

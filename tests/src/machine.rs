@@ -386,9 +386,11 @@ impl Machine {
         write_file(id, &root.join("etc/hosts"), &hosts)?;
         // No resolver in the local VPC: name lookups fail at once instead of timing out.
         write_file(id, &root.join("etc/resolv.conf"), "# keelson-local: no DNS resolver; names come from /etc/hosts\noptions timeout:1 attempts:1\n")?;
-        // Every service sees the local cloud's AWS endpoint and (fake) credentials.
+        // Every service sees the local cloud's AWS endpoint, and no credentials: as on EC2, the
+        // agents take their instance role's from IMDS, so the IAM oracle checks their calls
+        // against that role's policy (static keys here made every call the operator's, unchecked).
         let conf = format!(
-            "[Manager]\nDefaultEnvironment=\"AWS_ENDPOINT_URL={}\" \"AWS_REGION={}\" \"AWS_DEFAULT_REGION={}\" \"AWS_ACCESS_KEY_ID=keelson-local\" \"AWS_SECRET_ACCESS_KEY=keelson-local\"{}\n",
+            "[Manager]\nDefaultEnvironment=\"AWS_ENDPOINT_URL={}\" \"AWS_REGION={}\" \"AWS_DEFAULT_REGION={}\"{}\n",
             env.aws_endpoint,
             env.region,
             env.region,

@@ -47,6 +47,13 @@ enum Cmd {
         #[arg(long)]
         keep_up: bool,
     },
+    /// The IAM oracle (AWS): check every request moto has served against the policies of the
+    /// instance role whose credentials signed it; exits 1 on a denied or unmappable call.
+    IamCheck {
+        /// Also write what it decided from (`calls.jsonl`, `evidence.json`) to this directory.
+        #[arg(long)]
+        save: Option<PathBuf>,
+    },
     /// Stop everything and remove every trace (mounts, loop devices, namespaces, processes).
     Down,
     /// Run the cluster's kubectl with the admin kubeconfig: `keelson-local kubectl get nodes`.
@@ -123,7 +130,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Duration::from_secs(validate_wait),
                 keep_up,
             )?;
-            if r.healed < cycles || r.intact != r.keys || r.objects_intact != r.objects || !r.validated {
+            if r.healed < cycles || r.intact != r.keys || r.objects_intact != r.objects || !r.validated || r.iam.as_ref().is_some_and(|c| !c) {
+                std::process::exit(1);
+            }
+        }
+        Cmd::IamCheck { save } => {
+            let evidence = cluster::iam::Evidence::gather()?;
+            if let Some(dir) = save {
+                evidence.save(&dir)?;
+            }
+            let report = evidence.check();
+            print!("{report}");
+            if !report.clean() {
                 std::process::exit(1);
             }
         }

@@ -49,6 +49,15 @@ impl State {
     pub fn moto_log(&self) -> PathBuf {
         self.root.join("moto.log")
     }
+    /// Every request moto served (`testkit::moto_calls`), for the IAM oracle.
+    pub fn moto_calls(&self) -> PathBuf {
+        self.root.join("moto-calls.jsonl")
+    }
+    /// Every instance-role credential the daemon handed to a machine's IMDS: one
+    /// [`crate::cluster::iam::Issued`] a line.
+    pub fn issued_credentials(&self) -> PathBuf {
+        self.root.join("issued-credentials.jsonl")
+    }
     pub fn mirror_dir(&self) -> PathBuf {
         self.root.join("mirror")
     }

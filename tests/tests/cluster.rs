@@ -16,6 +16,8 @@
 //! the kubelet's and kube-proxy's on every worker (nodeup's timer, joining again) — while the API
 //! answers through the load balancer, no Node goes NotReady and no kubelet is restarted (each
 //! reads its renewed client certificate by itself).
+//! Last, the IAM oracle (`keelson-local iam-check`): every request the machines signed with their
+//! instance roles' credentials is allowed by the policy IAM holds for that role.
 
 #[path = "cluster/metrics.rs"]
 mod metrics;
@@ -744,6 +746,11 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     let fresh: Vec<_> = cs.machines.iter().filter(|m| !originals.contains(&m.instance_id) && m.instance_id != early).cloned().collect();
     let boots = keelson_local::cluster::boot_times::worker_boots(&fresh, &kubeapi::nodes(&kc).unwrap_or_default());
     eprintln!("step 10: {}", keelson_local::cluster::boot_times::summary(&boots).unwrap_or_else(|| "no worker boot time (no timestamps)".into()));
+
+    // Step 11: the IAM oracle over every call the machines made to moto in all of the above.
+    let iam = support::run(&["iam-check"]);
+    support::assert_iam_clean(&String::from_utf8_lossy(&iam.stdout));
+    assert!(iam.status.success(), "keelson-local iam-check exited {:?}", iam.status);
 
     drop(down);
     support::assert_nothing_left();

@@ -25,6 +25,7 @@ fn gossip_cluster_workers_follow_the_control_planes() {
         last.starts_with("selfheal: 1 cycles, 1000/1000 keys intact, 1000/1000 ConfigMaps intact, median failover ") && last.ends_with(" s"),
         "unexpected summary {last:?} (output above)"
     );
+    support::assert_iam_clean(&stdout);
     assert!(out.status.success(), "selfheal exited {:?}", out.status);
     let resolve = "selfheal: 2/2 workers resolve api.internal.gossip.k8s.local and kops-controller.internal.gossip.k8s.local to the 3 live control planes";
     assert!(has(resolve), "workers follow the replaced control plane through the product's hosts entries (output above)");

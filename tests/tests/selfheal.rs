@@ -22,6 +22,7 @@ fn selfheal_cycles_keep_every_key() {
     assert!(last.starts_with(&prefix) && last.ends_with(" s"), "unexpected summary {last:?} (output above)");
     let median: f64 = last[prefix.len()..last.len() - 2].parse().expect("median is a number");
     assert!(stdout.lines().filter(|l| l.starts_with("cycle ")).count() == cycles as usize);
+    support::assert_iam_clean(&stdout);
     assert!(out.status.success(), "selfheal exited {:?}", out.status);
     assert!(
         stdout.lines().any(|l| l == "selfheal: keelson validate cluster after the replacements: valid"),

@@ -126,7 +126,7 @@ pub fn run_daemon(spec_path: &Path) -> anyhow::Result<()> {
     let mut moto = None;
     let result = match &spec.provider {
         Provider::Aws => {
-            let m = moto::Moto::start(&state.moto_log())?;
+            let m = moto::Moto::start_recording(&state.moto_log(), &state.moto_calls())?;
             cs.moto_port = m.port;
             cs.moto_pid = m.pid().unwrap_or(0) as i64;
             moto = Some(m);
@@ -313,7 +313,7 @@ impl Daemon {
                 security_groups: inst.security_groups.clone(),
                 user_data,
                 tags: inst.tags.clone(),
-                iam: self.cloud.instance_role_credentials(inst)?,
+                iam: super::iam::issued(&self.state, id, self.cloud.instance_role_credentials(inst)?)?,
                 local_hostname: inst.private_dns_name.clone(),
                 extra: Default::default(),
             };

@@ -10,6 +10,7 @@
 //! - [`prepare`]: `prepare VERSION`, another Kubernetes version in the mirror and registry;
 //! - [`health`]: what `up` waits for and `ps` shows;
 //! - [`diagnostics`]: what went wrong, when it did;
+//! - [`iam`]: the IAM oracle over every call the machines made to moto;
 //! - [`selfheal`]: the control-plane failover test.
 
 pub mod assets;
@@ -20,6 +21,7 @@ pub mod daemon;
 pub mod diagnostics;
 pub mod fleet;
 pub mod health;
+pub mod iam;
 pub mod leadership;
 pub mod prepare;
 pub mod selfheal;

@@ -60,6 +60,9 @@ pub struct SelfhealReport {
     pub validated: bool,
     /// Per healed cycle: what its failover cost in CPU.
     pub cpu: Vec<FailoverCpu>,
+    /// AWS: whether the IAM oracle found every call the machines made allowed (checked at the end,
+    /// before `down`; `None` on GCE or with `--keep-up`, where `keelson-local iam-check` does it).
+    pub iam: Option<bool>,
 }
 
 /// What one failover cost in CPU (see [`cpu`]).
@@ -314,6 +317,7 @@ pub fn selfheal(
         phases: vec![],
         validated: false,
         cpu: vec![],
+        iam: None,
     };
     for n in 1..=cycles {
         report.cycles = n;
@@ -564,6 +568,13 @@ pub fn selfheal(
             let (lo, med, hi) = spread(&report.cpu.iter().map(|c| c.host_busy * 100.0).collect::<Vec<_>>());
             println!("  {:<24} {lo:>5.0} / {med:>5.0} / {hi:>5.0}", "host busy (%)");
         }
+    }
+    if !keep_up && cloud.is_some() {
+        let iam = super::iam::check().context("the IAM oracle")?;
+        for line in iam.to_string().lines() {
+            println!("selfheal: {line}");
+        }
+        report.iam = Some(iam.clean());
     }
     println!(
         "selfheal: {} cycles, {}/{} keys intact, {}/{} ConfigMaps intact, median failover {:.1} s",

@@ -68,6 +68,16 @@ pub fn run(args: &[&str]) -> Output {
     out
 }
 
+/// The IAM oracle's verdict in `output` (`keelson-local iam-check`, or selfheal's `selfheal: IAM
+/// oracle: …` lines): it checked requests signed by the control planes' and the nodes' roles and
+/// every one was allowed by the policies IAM holds for them.
+pub fn assert_iam_clean(output: &str) {
+    let line = output.lines().find(|l| l.contains("IAM oracle: ")).unwrap_or_else(|| panic!("no IAM oracle line in the output (above)"));
+    assert!(line.ends_with(" 0 denied, 0 unmapped"), "the IAM oracle found calls the instance roles' policies do not allow (output above): {line}");
+    assert!(!line.contains("IAM oracle: 0 of"), "the IAM oracle checked no request of an instance role: {line}");
+    assert!(line.contains("(masters.") && line.contains(" nodes."), "requests of the control-plane and node roles checked: {line}");
+}
+
 /// After `down`: no namespaces, links, loop devices, mounts or processes of the local cloud.
 pub fn assert_nothing_left() {
     let ns = keelson_local::net::our_namespaces();
