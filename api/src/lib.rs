@@ -15,6 +15,7 @@ pub mod image;
 pub mod merge;
 pub mod names;
 pub mod nodeup;
+pub mod plain_http;
 pub mod plan;
 pub mod ports;
 pub mod support;

@@ -79,11 +79,28 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
     if let Err(e) = crate::nodeup::node_bootstrap_method(cluster.metadata.annotations.as_ref(), identity_cloud) {
         r.add(&cdoc, e.field(), e.to_string());
     }
-    if let Err(e) = crate::aws_endpoints::service_endpoints(cluster) {
-        r.add(&cdoc, format!("metadata.annotations[{}]", crate::aws_endpoints::ANNOTATION), e);
+    // The in-cluster cloud clients' endpoints carry their credentials: plain http:// only to
+    // loopback or to hosts the operator allows (`KEELSON_ALLOW_PLAIN_HTTP`, a local cloud).
+    let aws_field = format!("metadata.annotations[{}]", crate::aws_endpoints::ANNOTATION);
+    match crate::aws_endpoints::service_endpoints(cluster) {
+        Err(e) => r.add(&cdoc, aws_field, e),
+        Ok(endpoints) => {
+            for (service, url) in endpoints {
+                if let Err(e) = crate::plain_http::check(&service, &url) {
+                    r.add(&cdoc, aws_field.clone(), e.to_string());
+                }
+            }
+        }
     }
-    if let Err(e) = crate::gce_endpoints::compute_base(cluster) {
-        r.add(&cdoc, format!("metadata.annotations[{}]", crate::gce_endpoints::ANNOTATION), e);
+    let gce_field = format!("metadata.annotations[{}]", crate::gce_endpoints::ANNOTATION);
+    match crate::gce_endpoints::compute_base(cluster) {
+        Err(e) => r.add(&cdoc, gce_field, e),
+        Ok(Some(base)) => {
+            if let Err(e) = crate::plain_http::check("Compute endpoint", &base) {
+                r.add(&cdoc, gce_field, e.to_string());
+            }
+        }
+        Ok(None) => {}
     }
     if let Some(zone) = spec.dns_zone.as_deref() {
         let is_id = zone.chars().all(|c| c.is_ascii_alphanumeric()) && zone.chars().any(|c| c.is_ascii_uppercase());

@@ -65,7 +65,7 @@ pub fn retry_config(opts: &AwsOptions) -> RetryConfig {
 
 /// Build the shared SDK configuration. HTTPS uses rustls with ring (no aws-lc build).
 pub async fn sdk_config(opts: &AwsOptions) -> SdkConfig {
-    let http = http_client();
+    let http = guarded_http_client();
     let timeouts = aws_config::timeout::TimeoutConfig::builder()
         .connect_timeout(Duration::from_secs(5))
         .operation_attempt_timeout(opts.attempt_timeout)
@@ -95,6 +95,92 @@ pub async fn sdk_config(opts: &AwsOptions) -> SdkConfig {
 /// The HTTP client of every AWS call: HTTPS with rustls and ring.
 fn http_client() -> aws_smithy_runtime_api::client::http::SharedHttpClient {
     aws_smithy_http_client::Builder::new().tls_provider(Provider::Rustls(CryptoMode::Ring)).build_https()
+}
+
+/// [`http_client`] that refuses a request over plain `http://` to a host that is neither loopback
+/// nor allowed ([`crate::plain_http`]) before it is sent: a signed AWS call (and, for S3, the
+/// state store's secrets) never crosses a network in clear, whichever way its endpoint was set
+/// (`endpoint_url`, `AWS_ENDPOINT_URL[_<SERVICE>]`, a profile). The instance metadata and container
+/// credential services are link-local and plain HTTP by design; they pass.
+fn guarded_http_client() -> aws_smithy_runtime_api::client::http::SharedHttpClient {
+    aws_smithy_runtime_api::client::http::SharedHttpClient::new(plain_http_guard::Guard(http_client()))
+}
+
+mod plain_http_guard {
+    use aws_smithy_runtime_api::client::http::{HttpClient, HttpConnector, HttpConnectorFuture, HttpConnectorSettings, SharedHttpClient, SharedHttpConnector};
+    use aws_smithy_runtime_api::client::orchestrator::HttpRequest;
+    use aws_smithy_runtime_api::client::result::ConnectorError;
+    use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
+
+    #[derive(Debug)]
+    pub(super) struct Guard(pub(super) SharedHttpClient);
+
+    impl HttpClient for Guard {
+        fn http_connector(&self, settings: &HttpConnectorSettings, components: &RuntimeComponents) -> SharedHttpConnector {
+            SharedHttpConnector::new(GuardConnector(self.0.http_connector(settings, components)))
+        }
+    }
+
+    #[derive(Debug)]
+    struct GuardConnector(SharedHttpConnector);
+
+    impl HttpConnector for GuardConnector {
+        fn call(&self, request: HttpRequest) -> HttpConnectorFuture {
+            match refused(request.uri()) {
+                Some(e) => HttpConnectorFuture::ready(Err(ConnectorError::user(Box::new(e)))),
+                None => self.0.call(request),
+            }
+        }
+    }
+
+    /// Why `uri` may not be called, if it may not.
+    pub(super) fn refused(uri: &str) -> Option<crate::plain_http::PlainHttpRefused> {
+        let e = crate::plain_http::check("AWS endpoint", uri).err()?;
+        let metadata = match e.host.parse::<std::net::IpAddr>() {
+            Ok(std::net::IpAddr::V4(ip)) => ip.is_link_local(),
+            Ok(std::net::IpAddr::V6(ip)) => ip == std::net::Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254),
+            Err(_) => false,
+        };
+        (!metadata).then_some(e)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn plain_http_passes_only_to_loopback_and_the_metadata_services() {
+            for ok in [
+                "https://ec2.eu-west-1.amazonaws.com/",
+                "http://127.0.0.1:5000/",
+                "http://169.254.169.254/latest/api/token",
+                "http://169.254.170.2/v2/credentials",
+                "http://[fd00:ec2::254]/",
+            ] {
+                assert!(super::refused(ok).is_none(), "{ok} refused");
+            }
+            let e = super::refused("http://10.0.0.5:4566/?Action=DescribeInstances").expect("refused");
+            assert!(e.to_string().contains("10.0.0.5") && e.to_string().contains(crate::plain_http::ALLOW_ENV), "{e}");
+        }
+
+        /// Through the SDK: a call to a plain-http endpoint off loopback fails before a connection
+        /// (`0.0.0.0` is this host to the kernel, so an open hole only meets a refused connection
+        /// here, and the test sees the wrong error).
+        #[tokio::test]
+        async fn every_sdk_call_goes_through_the_guard() {
+            let opts = crate::aws::AwsOptions {
+                region: Some("eu-west-1".into()),
+                endpoint_url: Some("http://0.0.0.0:9/".into()),
+                max_attempts: 1,
+                ..Default::default()
+            };
+            let conf = crate::aws::sdk_config(&opts).await;
+            let s3 = aws_sdk_s3::Client::from_conf(
+                crate::aws::s3_config(&conf, true).credentials_provider(aws_credential_types::Credentials::new("test", "test", None, None, "test")).build(),
+            );
+            let err = s3.list_buckets().send().await.expect_err("refused");
+            let text = format!("{}", aws_smithy_types::error::display::DisplayErrorContext(&err));
+            assert!(text.contains(crate::plain_http::ALLOW_ENV) && text.contains("0.0.0.0"), "{text}");
+        }
+    }
 }
 
 /// The S3 client configuration every component uses: path-style addressing when the endpoint is

@@ -24,7 +24,7 @@ pub mod leader_election;
 pub mod node_join;
 pub mod node_join_gce;
 pub mod pki;
-pub mod plain_http;
+pub use keelson_api::plain_http;
 pub mod renewal;
 pub mod store;
 pub mod tree;

@@ -13,6 +13,16 @@
 //! Keysets created by [`init_pki`]: `kubernetes-ca`, `apiserver-aggregator-ca`,
 //! `etcd-clients-ca`, `etcd-manager-ca-<etcd>`, `etcd-peers-ca-<etcd>` (per etcd cluster) and
 //! `service-account` (the token-signing key, a self-signed keypair). Keys are ECDSA P-256.
+//!
+//! # etcd client trust, one CA per etcd cluster
+//! `etcd-clients-ca` is kOps' one root for every etcd cluster's client port. Under it Keelson keeps
+//! intermediates ([`ETCD_CLIENT_INTERMEDIATES`]): `etcd-clients-ca-<etcd>` signs that cluster's
+//! serving certificate and its own clients (protokube, etcd's gateway), and
+//! `etcd-clients-ca-kube-apiserver` signs the API server's client certificate. A member trusts
+//! only its own intermediate and the API server's as clients ([`etcd_client_trust`]), so a key of
+//! one etcd cluster opens no other; clients still verify servers against the root. A leaf issued
+//! from an intermediate carries it (the PEM holds leaf then intermediate), so members that trust
+//! only the root (an older Keelson, mid-roll) accept it.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -155,13 +165,36 @@ pub fn parse_keyset_cert(name: &str, bytes: &[u8]) -> Result<String, PkiError> {
     Ok(parse_keyset(name, bytes)?.0)
 }
 
-/// The CA keysets a cluster needs.
+/// The root of every etcd cluster's client trust (kOps' name).
+pub const ETCD_CLIENTS_CA: &str = "etcd-clients-ca";
+/// The intermediate under [`ETCD_CLIENTS_CA`] that signs the API server's etcd client certificate.
+pub const ETCD_APISERVER_CLIENTS_CA: &str = "etcd-clients-ca-kube-apiserver";
+
+/// The intermediate under [`ETCD_CLIENTS_CA`] of one etcd cluster: its serving certificate and its
+/// own clients.
+pub fn etcd_clients_ca(etcd_cluster: &str) -> String {
+    format!("{ETCD_CLIENTS_CA}-{etcd_cluster}")
+}
+
+/// The CAs a member of `etcd_cluster` accepts client certificates from: its own intermediate and
+/// the API server's, never the root (which would accept every cluster's).
+pub fn etcd_client_trust(etcd_cluster: &str) -> [String; 2] {
+    [etcd_clients_ca(etcd_cluster), ETCD_APISERVER_CLIENTS_CA.to_string()]
+}
+
+/// The intermediates [`init_pki`] signs with their root: `(name, root)`.
+pub fn intermediates(etcd_clusters: &[String]) -> Vec<(String, &'static str)> {
+    std::iter::once(ETCD_APISERVER_CLIENTS_CA.to_string()).chain(etcd_clusters.iter().map(|e| etcd_clients_ca(e))).map(|n| (n, ETCD_CLIENTS_CA)).collect()
+}
+
+/// The CA keysets a cluster needs (roots before the intermediates they sign).
 pub fn ca_names(etcd_clusters: &[String]) -> Vec<String> {
-    let mut names = vec!["kubernetes-ca".to_string(), "apiserver-aggregator-ca".into(), "etcd-clients-ca".into()];
+    let mut names = vec!["kubernetes-ca".to_string(), "apiserver-aggregator-ca".into(), ETCD_CLIENTS_CA.into()];
     for e in etcd_clusters {
         names.push(format!("etcd-manager-ca-{e}"));
         names.push(format!("etcd-peers-ca-{e}"));
     }
+    names.extend(intermediates(etcd_clusters).into_iter().map(|(n, _)| n));
     names
 }
 
@@ -196,6 +229,30 @@ pub fn create_ca(name: &str) -> Result<Keypair, PkiError> {
     params.serial_number = Some(random_serial()?);
     let cert = params.self_signed(&key).map_err(err)?;
     Ok(Keypair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+}
+
+/// Create a CA `name` signed by the CA `root_name` (an intermediate, no deeper CAs under it). Its
+/// certificate is only its own; leaves [`issue`]d from it carry it.
+pub fn create_intermediate(name: &str, root_name: &str, root: &Keypair) -> Result<Keypair, PkiError> {
+    let err = |source: rcgen::Error| PkiError::Issue { cn: name.into(), source };
+    let (root_cert, root_key) = issuer(root_name, root, name)?;
+    let key = KeyPair::generate().map_err(err)?;
+    let mut params = ca_params(name);
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.use_authority_key_identifier_extension = true;
+    params.serial_number = Some(random_serial()?);
+    let cert = params.signed_by(&key, &root_cert, &root_key).map_err(err)?;
+    Ok(Keypair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+}
+
+/// The PEM a leaf issued by `ca` is written as: the leaf, then `ca`'s certificate when `ca` is an
+/// intermediate (so a peer that trusts only the root can build the chain).
+fn with_chain(leaf_pem: String, ca_name: &str, ca: &Keypair) -> Result<String, PkiError> {
+    let info = describe_cert(&ca.cert_pem).map_err(|e| PkiError::Keyset { name: ca_name.into(), message: e.to_string() })?;
+    if info.issuer_cn == info.cn {
+        return Ok(leaf_pem);
+    }
+    Ok(format!("{}\n{}", leaf_pem.trim_end(), ca.cert_pem))
 }
 
 /// What a leaf certificate is for.
@@ -267,7 +324,7 @@ pub fn issue_for(ca_name: &str, ca: &Keypair, spec: &CertSpec, valid_for: std::t
     let (issuer, ca_key) = issuer(ca_name, ca, &spec.cn)?;
     let key = KeyPair::generate().map_err(err)?;
     let cert = leaf_params(spec, valid_for)?.signed_by(&key, &issuer, &ca_key).map_err(err)?;
-    Ok(Keypair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+    Ok(Keypair { cert_pem: with_chain(cert.pem(), ca_name, ca)?, key_pem: key.serialize_pem() })
 }
 
 /// A new private key (PEM) and a certificate signing request (PEM) for it, subject `CN=<cn>`.
@@ -539,6 +596,7 @@ pub fn init_pki(state_dir: &Path, etcd_clusters: &[String]) -> Result<Vec<String
     let mut created = Vec::new();
     let mut names = ca_names(etcd_clusters);
     names.push("service-account".into());
+    let intermediates = intermediates(etcd_clusters);
     for name in names {
         let private = state_dir.join(format!("pki/private/{name}/keyset.yaml"));
         let issued = state_dir.join(format!("pki/issued/{name}/keyset.yaml"));
@@ -552,7 +610,14 @@ pub fn init_pki(state_dir: &Path, etcd_clusters: &[String]) -> Result<Vec<String
             }
             continue;
         }
-        let kp = create_ca(&name)?;
+        let kp = match intermediates.iter().find(|(n, _)| *n == name) {
+            Some((_, root)) => {
+                let rel = state_dir.join(format!("pki/private/{root}/keyset.yaml"));
+                let bytes = std::fs::read(&rel).map_err(|source| PkiError::Io { path: rel.clone(), source })?;
+                create_intermediate(&name, root, &parse_private_keyset(root, &bytes)?)?
+            }
+            None => create_ca(&name)?,
+        };
         let id = serial_id();
         if create_new(&private, keyset_yaml(&name, &id, &kp, true)?.as_bytes(), 0o600)? {
             create_new(&issued, keyset_yaml(&name, &id, &kp, false)?.as_bytes(), 0o644)?;
@@ -588,6 +653,29 @@ mod tests {
         assert_eq!(parse_keyset_cert("kubernetes-ca", &issued).expect("cert"), kp.cert_pem);
         assert!(!String::from_utf8_lossy(&issued).contains("privateMaterial"));
         assert!(!d.path().join("secrets/node-bootstrap-token").exists(), "no static bootstrap token");
+    }
+
+    #[test]
+    fn each_etcd_cluster_has_its_own_client_intermediate_and_leaves_carry_it() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let created = init_pki(d.path(), &["main".into(), "events".into()]).expect("init");
+        for name in ["etcd-clients-ca-main", "etcd-clients-ca-events", ETCD_APISERVER_CLIENTS_CA] {
+            assert!(created.contains(&name.to_string()), "{name} not created: {created:?}");
+            let kp = parse_private_keyset(name, &std::fs::read(d.path().join(format!("pki/private/{name}/keyset.yaml"))).expect("read")).expect("parse");
+            let info = describe_cert(&kp.cert_pem).expect("describe");
+            assert_eq!((info.cn.as_str(), info.issuer_cn.as_str()), (name, ETCD_CLIENTS_CA));
+        }
+        let main = parse_private_keyset("etcd-clients-ca-main", &std::fs::read(d.path().join("pki/private/etcd-clients-ca-main/keyset.yaml")).expect("read"))
+            .expect("parse");
+        let leaf = issue("etcd-clients-ca-main", &main, &CertSpec::client("protokube", &[])).expect("leaf");
+        let blocks = ::pem::parse_many(&leaf.cert_pem).expect("pem");
+        assert_eq!(blocks.len(), 2, "leaf then its intermediate");
+        assert_eq!(blocks[1].contents(), ::pem::parse(&main.cert_pem).expect("pem").contents());
+        assert_eq!(describe_cert(&leaf.cert_pem).expect("leaf").issuer_cn, "etcd-clients-ca-main");
+        // A root's leaves stay one certificate.
+        let root = create_ca("kubernetes-ca").expect("root");
+        assert_eq!(::pem::parse_many(&issue("kubernetes-ca", &root, &CertSpec::client("x", &[])).expect("leaf").cert_pem).expect("pem").len(), 1);
+        assert_eq!(etcd_client_trust("events"), ["etcd-clients-ca-events".to_string(), ETCD_APISERVER_CLIENTS_CA.to_string()]);
     }
 
     #[test]

@@ -433,6 +433,13 @@ fn missing(rel: &str) -> ModelError {
     ModelError::Missing { path: rel.to_string(), hint: "create the cluster PKI first (`keelson pki init --state DIR`)".into() }
 }
 
+/// A CA's certificate only (its public keyset): for what only verifies with it.
+fn load_ca_cert(store: &StateStore, name: &str) -> Result<String, ModelError> {
+    let rel = pki::issued_keyset_key(name);
+    let bytes = store.read(&rel)?.ok_or_else(|| missing(&rel))?;
+    Ok(pki::parse_keyset_cert(name, &bytes)?)
+}
+
 fn load_ca(store: &StateStore, name: &str) -> Result<Keypair, ModelError> {
     let rel = format!("pki/private/{name}/keyset.yaml");
     let bytes = store.read(&rel)?.ok_or_else(|| missing(&rel))?;
@@ -464,7 +471,10 @@ fn control_plane(
     let cluster = &cfg.cluster_name;
     let kapi = paths::SRV_KAPI;
     let ca = Arc::new(load_ca(inp.store, "kubernetes-ca")?);
-    let etcd_ca = Arc::new(load_ca(inp.store, "etcd-clients-ca")?);
+    // The root verifies every etcd cluster's server; the API server's client certificate comes from
+    // its own intermediate, which every member trusts (and no member's key can sign).
+    let etcd_root = load_ca_cert(inp.store, pki::ETCD_CLIENTS_CA)?;
+    let etcd_ca = Arc::new(load_ca(inp.store, pki::ETCD_APISERVER_CLIENTS_CA)?);
     let agg_ca = Arc::new(load_ca(inp.store, "apiserver-aggregator-ca")?);
     let sa = load_ca(inp.store, "service-account")?;
     let mut deps = vec![ca_dep.to_string()];
@@ -473,7 +483,7 @@ fn control_plane(
         deps.push(file_task_name(&path));
         tasks.push(Box::new(FileTask::new(&path, body, mode)));
     };
-    file(tasks, format!("{kapi}/etcd-ca.crt"), etcd_ca.cert_pem.clone(), 0o644);
+    file(tasks, format!("{kapi}/etcd-ca.crt"), etcd_root, 0o644);
     file(tasks, format!("{kapi}/apiserver-aggregator-ca.crt"), agg_ca.cert_pem.clone(), 0o644);
     file(tasks, format!("{kapi}/service-account.pub"), pki::public_key_pem(&sa.key_pem)?, 0o644);
     file(tasks, format!("{kapi}/service-account.key"), sa.key_pem.clone(), 0o600);
@@ -507,7 +517,7 @@ fn control_plane(
     let certs = [
         ("server", "kubernetes-ca", ca.clone(), CertSpec { cn: "kubernetes-master".into(), orgs: vec![], dns, ips, usage: Usage::Server }),
         ("kubelet-api", "kubernetes-ca", ca.clone(), CertSpec::client("kubelet-api", &[])),
-        ("etcd-client", "etcd-clients-ca", etcd_ca, CertSpec::client("kube-apiserver", &[])),
+        ("etcd-client", pki::ETCD_APISERVER_CLIENTS_CA, etcd_ca, CertSpec::client("kube-apiserver", &[])),
         ("apiserver-aggregator", "apiserver-aggregator-ca", agg_ca, CertSpec::client("aggregator", &[])),
     ];
     for (base, ca_name, ca_kp, spec) in certs {

@@ -134,7 +134,8 @@ pub fn render(ec: &EtcdCluster, cluster_name: &str, member: &str, volume_id: &st
         args.extend([
             format!("--cert-file={pki}/server.crt"),
             format!("--key-file={pki}/server.key"),
-            format!("--trusted-ca-file={pki}/ca.crt"),
+            // Clients of this cluster and the API server, never another etcd cluster's.
+            format!("--trusted-ca-file={pki}/clients-ca.crt"),
             format!("--client-cert-auth={}", ec.client_cert_auth),
             format!("--peer-cert-file={pki}/peer.crt"),
             format!("--peer-key-file={pki}/peer.key"),
@@ -218,6 +219,7 @@ mod tests {
             "--listen-client-urls=https://0.0.0.0:4001",
             "--cert-file=/etc/kubernetes/pki/etcd/main/server.crt",
             "--peer-trusted-ca-file=/etc/kubernetes/pki/etcd/main/peer-ca.crt",
+            "--trusted-ca-file=/etc/kubernetes/pki/etcd/main/clients-ca.crt",
             "--client-cert-auth=true",
             "--peer-client-cert-auth=true",
             "--data-dir=/mnt/master-vol-1/data",

@@ -25,7 +25,9 @@ pub const CONTAINERD_HOSTS_DIR: &str = "/etc/containerd/certs.d";
 /// containerd's configuration (nodeup writes it; it pins the sandbox image).
 pub const CONTAINERD_CONFIG: &str = "/etc/containerd/config.toml";
 /// The etcd TLS material of etcd cluster `<name>`, issued by protokube from the state store's CAs:
-/// `ca.crt` (etcd-clients-ca), `peer-ca.crt` (etcd-peers-ca-<name>), `server.crt|key` (client port),
+/// `ca.crt` (etcd-clients-ca, the root clients verify servers with), `clients-ca.crt` (the client
+/// CAs the member accepts: etcd-clients-ca-<name> and etcd-clients-ca-kube-apiserver),
+/// `peer-ca.crt` (etcd-peers-ca-<name>), `server.crt|key` (client port, with its intermediate),
 /// `peer.crt|key`, `client.crt|key` (protokube's own client for the members API).
 pub const ETCD_PKI_DIR: &str = "etc/kubernetes/pki/etcd";
 /// What nodeup writes on a control plane (nodeup/src/paths.rs) and the certificate renewal pass

@@ -1,7 +1,10 @@
-//! etcd TLS material for this member, issued from the cluster CAs in the state store (kOps' names):
-//! `etcd-clients-ca` signs the client-port serving certificate and client certificates (the API
-//! server's `etcd-client` certificate from nodeup is trusted through it), `etcd-peers-ca-<cluster>`
-//! signs the peer certificate. Re-issued only when the member name, the address or a CA changes.
+//! etcd TLS material for this member, issued from the cluster CAs in the state store (kOps' names,
+//! and one client CA per etcd cluster: [`base::pki`]'s "etcd client trust"):
+//! `etcd-clients-ca-<cluster>` (an intermediate under `etcd-clients-ca`) signs the client-port
+//! serving certificate and protokube's client certificate; the member accepts clients of that
+//! intermediate and the API server's (`clients-ca.crt`), never another cluster's; clients verify
+//! servers against the root (`ca.crt`). `etcd-peers-ca-<cluster>` signs the peer certificate.
+//! Re-issued only when the member name, the address or a CA changes.
 
 use std::path::{Path, PathBuf};
 
@@ -31,7 +34,7 @@ pub enum PkiError {
     },
 }
 
-const FILES: [&str; 8] = ["ca.crt", "peer-ca.crt", "server.crt", "server.key", "peer.crt", "peer.key", "client.crt", "client.key"];
+const FILES: [&str; 9] = ["ca.crt", "clients-ca.crt", "peer-ca.crt", "server.crt", "server.key", "peer.crt", "peer.key", "client.crt", "client.key"];
 const STAMP: &str = "issued-for";
 
 fn write(path: &Path, body: &str, mode: u32) -> Result<(), PkiError> {
@@ -53,25 +56,24 @@ async fn ca(store: &base::StateStore, name: &str) -> Result<Option<Keypair>, Pki
 pub async fn ensure(root: &Path, store: &base::StateStore, ec: &EtcdCluster, member_id: &str, member_dns: &str, ip: &str) -> Result<(PathBuf, bool), PkiError> {
     let dir = paths::under(root, &paths::etcd_pki_dir(&ec.name));
     let have_all = FILES.iter().all(|f| dir.join(f).exists());
-    let clients_name = "etcd-clients-ca".to_string();
+    let root_name = pki::ETCD_CLIENTS_CA.to_string();
+    let clients_name = pki::etcd_clients_ca(&ec.name);
     let peers_name = format!("etcd-peers-ca-{}", ec.name);
-    let (clients, peers) = (ca(store, &clients_name).await?, ca(store, &peers_name).await?);
-    let (Some(clients), Some(peers)) = (clients, peers) else {
+    let [_, apiserver_name] = pki::etcd_client_trust(&ec.name);
+    let cas = (ca(store, &root_name).await?, ca(store, &clients_name).await?, ca(store, &apiserver_name).await?, ca(store, &peers_name).await?);
+    let (Some(root), Some(clients), Some(apiserver), Some(peers)) = cas else {
         if have_all {
             // Provisioned by other means (e.g. baked into the image): use what is there.
             return Ok((dir, false));
         }
         return Err(PkiError::MissingCa {
             cluster: ec.name.clone(),
-            keyset: format!("pki/private/{clients_name} or pki/private/{peers_name}"),
+            keyset: [&root_name, &clients_name, &apiserver_name, &peers_name].map(|n| format!("pki/private/{n}")).join(", "),
             dir: dir.display().to_string(),
         });
     };
-    let stamp = format!(
-        "{member_dns} {ip} {} {}\n",
-        hex::encode(sha2::Sha256::digest(clients.cert_pem.as_bytes())),
-        hex::encode(sha2::Sha256::digest(peers.cert_pem.as_bytes()))
-    );
+    let digest = |kp: &Keypair| hex::encode(sha2::Sha256::digest(kp.cert_pem.as_bytes()));
+    let stamp = format!("{member_dns} {ip} {} {} {} {}\n", digest(&root), digest(&clients), digest(&apiserver), digest(&peers));
     if have_all && std::fs::read_to_string(dir.join(STAMP)).ok().as_deref() == Some(stamp.as_str()) {
         return Ok((dir, false));
     }
@@ -104,7 +106,8 @@ pub async fn ensure(root: &Path, store: &base::StateStore, ec: &EtcdCluster, mem
     )
     .map_err(err)?;
     let client = pki::issue(&clients_name, &clients, &CertSpec::client("protokube", &[])).map_err(err)?;
-    write(&dir.join("ca.crt"), &clients.cert_pem, 0o644)?;
+    write(&dir.join("ca.crt"), &root.cert_pem, 0o644)?;
+    write(&dir.join("clients-ca.crt"), &format!("{}\n{}", clients.cert_pem.trim_end(), apiserver.cert_pem), 0o644)?;
     write(&dir.join("peer-ca.crt"), &peers.cert_pem, 0o644)?;
     for (name, kp) in [("server", &server), ("peer", &peer), ("client", &client)] {
         write(&dir.join(format!("{name}.key")), &kp.key_pem, 0o600)?;

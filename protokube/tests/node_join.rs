@@ -325,6 +325,33 @@ async fn only_a_running_worker_of_the_cluster_gets_certificates_for_its_own_name
 /// A control plane's Node that outlived its instance keeps its name (the instance's private DNS
 /// name): a worker given that address gets no certificate for it — its kubelet would take over a
 /// Node with the control-plane labels. A worker's Node of the name, or none, is no obstacle.
+/// The join server forwards each node's signed request to STS and believes its answer: an STS
+/// endpoint over plain http:// off loopback (anyone on the path could answer) stops it at start,
+/// before it asks anything. (`0.0.0.0` is this host to the kernel: an open hole only meets a
+/// refused connection, and the test sees the wrong error.)
+#[test]
+fn a_plain_http_sts_endpoint_off_loopback_is_refused() {
+    let (_guard, local) = moto::lock();
+    runtime().block_on(async {
+        let w = world(&local.url).await;
+        let port = w.challenge_port;
+        let refused = Authority::new(AuthorityConfig {
+            cluster: CLUSTER.into(),
+            ca: w.ca.clone(),
+            sts_url: "http://0.0.0.0:9/".into(),
+            sts: aws_sdk_sts::Client::new(&w.conf),
+            ec2: aws_sdk_ec2::Client::new(&w.conf),
+            iam: aws_sdk_iam::Client::new(&w.conf),
+            store: w.store.clone(),
+            nodes: w.node_names(),
+            challenge_addr: std::sync::Arc::new(move |_ip| std::net::SocketAddr::from(([127, 0, 0, 1], port))),
+        })
+        .await;
+        let err = refused.err().expect("refused").to_string();
+        assert!(err.contains("STS endpoint") && err.contains(base::plain_http::ALLOW_ENV), "{err}");
+    });
+}
+
 #[test]
 fn a_name_a_stale_control_plane_node_holds_is_refused() {
     let (_g, m) = moto::lock();

@@ -389,17 +389,23 @@ impl Machine {
         // Every service sees the local cloud's AWS endpoint, and no credentials: as on EC2, the
         // agents take their instance role's from IMDS, so the IAM oracle checks their calls
         // against that role's policy (static keys here made every call the operator's, unchecked).
+        // The local cloud answers plain http:// on the gateway, which the product refuses off
+        // loopback unless allowed (`base::plain_http`): allowed for that one host.
+        let gateway = env.aws_endpoint.trim_start_matches("http://").split([':', '/']).next().unwrap_or_default();
         let conf = format!(
-            "[Manager]\nDefaultEnvironment=\"AWS_ENDPOINT_URL={}\" \"AWS_REGION={}\" \"AWS_DEFAULT_REGION={}\"{}\n",
+            "[Manager]\nDefaultEnvironment=\"AWS_ENDPOINT_URL={}\" \"AWS_REGION={}\" \"AWS_DEFAULT_REGION={}\" \"{}={gateway}\"{}\n",
             env.aws_endpoint,
             env.region,
             env.region,
+            base::plain_http::ALLOW_ENV,
             env.test_cert_validity_seconds.map(|s| format!(" \"{}={s}\"", base::pki::TEST_VALIDITY_ENV)).unwrap_or_default()
         );
         write_file(id, &root.join("etc/systemd/system.conf.d/keelson-local.conf"), &conf)?;
         let profile = format!(
-            "export AWS_ENDPOINT_URL={}\nexport AWS_REGION={}\nexport AWS_ACCESS_KEY_ID=keelson-local\nexport AWS_SECRET_ACCESS_KEY=keelson-local\n",
-            env.aws_endpoint, env.region
+            "export AWS_ENDPOINT_URL={}\nexport AWS_REGION={}\nexport AWS_ACCESS_KEY_ID=keelson-local\nexport AWS_SECRET_ACCESS_KEY=keelson-local\nexport {}={gateway}\n",
+            env.aws_endpoint,
+            env.region,
+            base::plain_http::ALLOW_ENV
         );
         write_file(id, &root.join("etc/profile.d/keelson-local.sh"), &profile)?;
         Ok(())

@@ -23,6 +23,9 @@ pub enum GoogleApiError {
     Decode { method: Method, url: String, message: String },
     #[error(transparent)]
     Token(#[from] TokenError),
+    /// The call would send the access token over plain `http://` off loopback.
+    #[error(transparent)]
+    PlainHttp(#[from] base::plain_http::PlainHttpRefused),
 }
 
 impl GoogleApiError {
@@ -51,6 +54,7 @@ impl GoogleApiError {
             GoogleApiError::Transport { .. } => "transport".into(),
             GoogleApiError::Decode { .. } => "decode".into(),
             GoogleApiError::Token(_) => "token".into(),
+            GoogleApiError::PlainHttp(_) => "plain-http".into(),
         }
     }
 }
@@ -134,6 +138,8 @@ impl GoogleApi {
     }
 
     async fn attempt(&self, method: Method, url: &str, body: Option<&Value>, timeout: Option<Duration>, attempts: &mut u64) -> Result<Value, GoogleApiError> {
+        // Every call carries the service account's token: never in clear off loopback.
+        base::plain_http::check("Google API", url)?;
         let mut attempt = 0;
         let mut refreshed = false;
         loop {
@@ -257,5 +263,18 @@ mod tests {
         let d = "https://dns.googleapis.com/dns/v1/projects/p";
         assert_eq!(op_key(&Method::GET, &format!("{d}/managedZones")), "dns/managedZones.list");
         assert_eq!(op_key(&Method::POST, &format!("{d}/managedZones/z/changes")), "dns/managedZones.changes");
+    }
+
+    /// Every call carries the service account's token: to a plain-http endpoint off loopback it is
+    /// refused before a token is asked for or a byte is sent (the metadata server here is a closed
+    /// loopback port, and `0.0.0.0` is this host to the kernel: an open hole only meets refused
+    /// connections, and the test sees the wrong error).
+    #[tokio::test]
+    async fn no_token_goes_over_plain_http_off_loopback() {
+        let md = base::gce_metadata::GceMetadata::new(Some("127.0.0.1:9"), Duration::from_secs(2)).expect("metadata");
+        let api = GoogleApi::new(TokenSource::new(md), Duration::from_secs(2)).expect("client");
+        let err = api.get("http://0.0.0.0:9/compute/v1/projects/p/zones").await.expect_err("refused");
+        assert!(matches!(err, GoogleApiError::PlainHttp(_)), "{err}");
+        assert!(err.to_string().contains(base::plain_http::ALLOW_ENV), "{err}");
     }
 }

@@ -94,6 +94,8 @@ pub enum StartError {
     OwnIdentity(String),
     #[error("node join server: HTTP client: {0}")]
     Http(String),
+    #[error("node join server: {0}")]
+    PlainHttp(#[from] base::plain_http::PlainHttpRefused),
 }
 
 /// What [`Authority::new`] needs.
@@ -214,6 +216,9 @@ impl AnyAuthority {
 impl Authority {
     /// Learn the server's own account and partition (its own `GetCallerIdentity`), once.
     pub async fn new(c: AuthorityConfig) -> Result<Authority, StartError> {
+        // The nodes' signed requests are forwarded to STS, whose answer decides who a node is:
+        // never over plain http:// off loopback, where anyone on the path could answer.
+        base::plain_http::check("node join STS endpoint", &c.sts_url)?;
         let me = c.sts.get_caller_identity().send().await.map_err(|e| StartError::OwnIdentity(aws_sdk_sts::error::DisplayErrorContext(e).to_string()))?;
         let account = me.account().unwrap_or_default().to_string();
         let arn = me.arn().unwrap_or_default().to_string();
