@@ -14,13 +14,13 @@ use crate::commands::{aws_target, open_store, Common};
 /// A cluster's cloud target.
 pub(crate) enum CloudTarget {
     Aws(aws::AwsTarget),
-    Gce(gce::GceTarget),
+    Gce(Box<gce::GceTarget>),
 }
 
 /// A plan computed on a [`CloudTarget`], with what executing it needs.
 pub(crate) enum Planned {
-    Aws(AwsPlan),
-    Gce(GcePlan),
+    Aws(Box<AwsPlan>),
+    Gce(Box<GcePlan>),
 }
 
 impl Planned {
@@ -37,7 +37,7 @@ impl CloudTarget {
     pub(crate) async fn of(common: &Common, model: &model::ClusterModel, command: &str) -> anyhow::Result<CloudTarget> {
         match model.cloud {
             model::CloudKind::Aws => Ok(CloudTarget::Aws(aws_target(common, &model.region).await)),
-            model::CloudKind::Gce => Ok(CloudTarget::Gce(gce_target(common, model)?)),
+            model::CloudKind::Gce => Ok(CloudTarget::Gce(Box::new(gce_target(common, model)?))),
             other => anyhow::bail!("{command} supports AWS and GCE clusters (this one is on {other:?})"),
         }
     }
@@ -53,16 +53,16 @@ impl CloudTarget {
     /// Plan an apply (reads only).
     pub(crate) async fn plan_apply(&self, model: &model::ClusterModel, store: &StateStore) -> anyhow::Result<Planned> {
         Ok(match self {
-            CloudTarget::Aws(t) => Planned::Aws(cloud_resources::plan_apply(t, model, store).await?),
-            CloudTarget::Gce(t) => Planned::Gce(cloud_resources::plan_apply_gce(t, model, store).await?),
+            CloudTarget::Aws(t) => Planned::Aws(Box::new(cloud_resources::plan_apply(t, model, store).await?)),
+            CloudTarget::Gce(t) => Planned::Gce(Box::new(cloud_resources::plan_apply_gce(t, model, store).await?)),
         })
     }
 
     /// Plan a delete (reads only).
     pub(crate) async fn plan_delete(&self, model: &model::ClusterModel, store: &StateStore, volumes: bool) -> anyhow::Result<Planned> {
         Ok(match self {
-            CloudTarget::Aws(t) => Planned::Aws(cloud_resources::plan_delete(t, model, store, volumes).await?),
-            CloudTarget::Gce(t) => Planned::Gce(cloud_resources::plan_delete_gce(t, model, store, volumes).await?),
+            CloudTarget::Aws(t) => Planned::Aws(Box::new(cloud_resources::plan_delete(t, model, store, volumes).await?)),
+            CloudTarget::Gce(t) => Planned::Gce(Box::new(cloud_resources::plan_delete_gce(t, model, store, volumes).await?)),
         })
     }
 

@@ -120,7 +120,16 @@ async fn mig_status(t: &GceTarget, m: &InstanceGroupManager, group: &str, role: 
         });
     }
     let size = i32::try_from(live["targetSize"].as_i64().unwrap_or_default()).unwrap_or(i32::MAX);
-    Ok(Some(GroupStatus { name: m.gce_name.clone(), group: group.to_string(), role, target_version: current, min: size, max: size, desired: size, instances: list }))
+    Ok(Some(GroupStatus {
+        name: m.gce_name.clone(),
+        group: group.to_string(),
+        role,
+        target_version: current,
+        min: size,
+        max: size,
+        desired: size,
+        instances: list,
+    }))
 }
 
 /// The MIGs of the selected groups (replacement order) with their instances.
@@ -154,10 +163,12 @@ impl RollingTarget for GceTarget {
 impl GceGroups {
     /// The model's MIG behind a status.
     fn mig(&self, g: &GroupStatus) -> Result<&InstanceGroupManager, RollingError> {
-        self.model.gce.instance_group_managers.iter().find(|m| m.gce_name == g.name).ok_or_else(|| RollingError::Timeout {
-            group: g.name.clone(),
-            message: "no such managed instance group in the spec".into(),
-        })
+        self.model
+            .gce
+            .instance_group_managers
+            .iter()
+            .find(|m| m.gce_name == g.name)
+            .ok_or_else(|| RollingError::Timeout { group: g.name.clone(), message: "no such managed instance group in the spec".into() })
     }
 
     /// Poll the MIG until `done` says so; at most `--validation-timeout`, then `what` names the wait.
@@ -219,7 +230,13 @@ impl InstanceGroups for GceGroups {
         })
     }
 
-    fn deregister<'a>(&'a self, _g: &'a GroupStatus, _instance: &'a InstanceStatus, _opts: &'a RollingOptions, _log: Log<'a>) -> BoxFuture<'a, Result<(), RollingError>> {
+    fn deregister<'a>(
+        &'a self,
+        _g: &'a GroupStatus,
+        _instance: &'a InstanceStatus,
+        _opts: &'a RollingOptions,
+        _log: Log<'a>,
+    ) -> BoxFuture<'a, Result<(), RollingError>> {
         Box::pin(async { Ok(()) })
     }
 

@@ -168,7 +168,13 @@ pub trait InstanceGroups: Send + Sync {
 
     /// Take the instance out of the group's load balancers and wait out the deregistration
     /// (bounded by `--drain-timeout`).
-    fn deregister<'a>(&'a self, g: &'a GroupStatus, instance: &'a InstanceStatus, opts: &'a RollingOptions, log: Log<'a>) -> BoxFuture<'a, Result<(), RollingError>>;
+    fn deregister<'a>(
+        &'a self,
+        g: &'a GroupStatus,
+        instance: &'a InstanceStatus,
+        opts: &'a RollingOptions,
+        log: Log<'a>,
+    ) -> BoxFuture<'a, Result<(), RollingError>>;
 
     /// Remove the (drained) instance. `surplus`: its replacement already runs, it goes for good;
     /// otherwise the group replaces it, waited for (bounded): returns the replacement (one not in

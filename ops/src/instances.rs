@@ -14,8 +14,8 @@ use cloud_resources::aws::AwsTarget;
 use cloud_resources::model::ClusterModel;
 use keelson_api::Role;
 
-pub use crate::groups::{render, role_rank, select, GroupStatus, InstanceStatus, Selection, DETACHED};
 use crate::groups::{pick_replacement, BoxFuture, InstanceGroups, Log, RollingTarget};
+pub use crate::groups::{render, role_rank, select, GroupStatus, InstanceStatus, Selection, DETACHED};
 use crate::rolling::{RollingError, RollingOptions};
 use crate::surge::DETACHED_TAG;
 
@@ -305,7 +305,12 @@ impl InstanceGroups for AwsGroups {
                     .map_err(|e| rolling_api("CreateTags", id, e))?;
             }
             Box::pin(
-                t.asg.detach_instances().auto_scaling_group_name(&g.name).set_instance_ids(Some(instances.to_vec())).should_decrement_desired_capacity(false).send(),
+                t.asg
+                    .detach_instances()
+                    .auto_scaling_group_name(&g.name)
+                    .set_instance_ids(Some(instances.to_vec()))
+                    .should_decrement_desired_capacity(false)
+                    .send(),
             )
             .await
             .map_err(|e| rolling_api("DetachInstances", &g.name, e))?;
@@ -315,7 +320,13 @@ impl InstanceGroups for AwsGroups {
 
     /// Deregister the instance from every target group of its autoscaling group and wait until
     /// each says it is unused (the deregistration delay served), bounded by `--drain-timeout`.
-    fn deregister<'a>(&'a self, g: &'a GroupStatus, instance: &'a InstanceStatus, opts: &'a RollingOptions, log: Log<'a>) -> BoxFuture<'a, Result<(), RollingError>> {
+    fn deregister<'a>(
+        &'a self,
+        g: &'a GroupStatus,
+        instance: &'a InstanceStatus,
+        opts: &'a RollingOptions,
+        log: Log<'a>,
+    ) -> BoxFuture<'a, Result<(), RollingError>> {
         Box::pin(async move {
             let (t, asg, instance) = (&self.target, g.name.as_str(), instance.id.as_str());
             let groups = Box::pin(t.asg.describe_auto_scaling_groups().auto_scaling_group_names(asg).send())

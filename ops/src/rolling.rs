@@ -66,7 +66,6 @@ impl From<cloud_resources::gce::ComputeError> for RollingError {
     }
 }
 
-
 /// The cluster's health as a rolling update needs it: the problems that matter to a roll of
 /// `group` (kOps: of that group, of a control plane, or of the cluster as a whole). Empty = valid;
 /// `Err` = it could not be checked (counts as not valid).
@@ -288,7 +287,12 @@ impl ClusterHealth for CommandHealth<'_> {
 
 /// Replace the outdated instances of the model's groups on `target` (AWS or GCE). `log` receives
 /// one line per step.
-pub async fn roll(target: &impl RollingTarget, model: &ClusterModel, opts: &RollingOptions, log: &mut (dyn FnMut(&str) + Send)) -> Result<RollReport, RollingError> {
+pub async fn roll(
+    target: &impl RollingTarget,
+    model: &ClusterModel,
+    opts: &RollingOptions,
+    log: &mut (dyn FnMut(&str) + Send),
+) -> Result<RollReport, RollingError> {
     Box::pin(roll_groups(target.instance_groups(model), opts, log)).await
 }
 

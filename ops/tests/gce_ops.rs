@@ -324,7 +324,9 @@ fn merge(target: &mut serde_json::Value, patch: &serde_json::Value) {
 }
 
 fn kube_api(compute: GceCompute, kubelets: Arc<std::sync::Mutex<Kubelets>>) -> Server {
-    let reply = |status: u16, v: &serde_json::Value| testkit::httpd::Response::bytes(status, serde_json::to_vec(v).expect("json")).header("Content-Type", "application/json");
+    let reply = |status: u16, v: &serde_json::Value| {
+        testkit::httpd::Response::bytes(status, serde_json::to_vec(v).expect("json")).header("Content-Type", "application/json")
+    };
     Server::start(Arc::new(move |req: &Request| {
         let mut k = kubelets.lock().expect("lock");
         let running: Vec<_> = compute.instances().into_iter().filter(|i| i.status == "RUNNING").collect();
@@ -374,7 +376,10 @@ fn kube_api(compute: GceCompute, kubelets: Arc<std::sync::Mutex<Kubelets>>) -> S
                 }
                 reply(200, &node_of(i, &k))
             }
-            (method, path) => reply(404, &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": format!("{method} {path}"), "code": 404})),
+            (method, path) => reply(
+                404,
+                &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": format!("{method} {path}"), "code": 404}),
+            ),
         }
     }))
 }

@@ -159,7 +159,13 @@ mod tests {
 
     #[test]
     fn missing_typed_state_is_an_error_naming_the_resource() {
-        let c = Change { kind: Kind::GceDisk, name: "a-etcd-main-c".into(), action: Action::Delete, desired: None, actual: Some(Resource::new(Kind::GceDisk, "x")) };
+        let c = Change {
+            kind: Kind::GceDisk,
+            name: "a-etcd-main-c".into(),
+            action: Action::Delete,
+            desired: None,
+            actual: Some(Resource::new(Kind::GceDisk, "x")),
+        };
         let e = Typed::<Disk>::of(&c).have().expect_err("untyped");
         assert!(e.to_string().contains("Disk a-etcd-main-c") && e.to_string().contains("no typed actual state"), "{e}");
     }
