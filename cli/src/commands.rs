@@ -11,6 +11,7 @@ use base::StateStore;
 use cloud_resources::{aws, model, state, terraform};
 use ops::rolling;
 
+use crate::cloud_target::CloudTarget;
 use crate::prepare::{prepare, prepare_with};
 use spec_compiler::complete::CompileOptions;
 use spec_compiler::load::load_spec;
@@ -395,16 +396,13 @@ async fn direct_apply(
     model: &model::ClusterModel,
     file: &str,
 ) -> anyhow::Result<ExitCode> {
-    if model.cloud == model::CloudKind::Gce {
-        return crate::gce_commands::apply(args, docs, options, model, file).await;
-    }
-    let target = aws_target(&args.common, &model.region).await;
-    let store = open_store(&model.config_base, Some(target.s3.clone()))?;
+    let target = CloudTarget::of(&args.common, model, "apply").await?;
+    let store = target.store(&model.config_base)?;
     if !args.yes {
         let (model, _) = with_pinned_cas(docs, options, &store, file, false).await?;
-        let planned = cloud_resources::plan_apply(&target, &model, &store).await?;
-        print!("{}", planned.plan.render(color()));
-        if !planned.plan.is_empty() {
+        let planned = target.plan_apply(&model, &store).await?;
+        print!("{}", planned.plan().render(color()));
+        if !planned.plan().is_empty() {
             println!("Run with --yes to apply.");
         }
         return Ok(ExitCode::SUCCESS);
@@ -414,14 +412,14 @@ async fn direct_apply(
     with_lock(&store, "apply", args.common.force_unlock, async {
         state::ensure_pki(&store, &model.etcd_clusters, model.encryption_config).await?;
         let (model, _) = with_pinned_cas(docs, options, &store, file, false).await?;
-        let mut planned = cloud_resources::plan_apply(&target, &model, &store).await?;
-        print!("{}", planned.plan.render(color()));
-        if planned.plan.is_empty() {
+        let mut planned = target.plan_apply(&model, &store).await?;
+        print!("{}", planned.plan().render(color()));
+        if planned.plan().is_empty() {
             return Ok(());
         }
-        let n = cloud_resources::execute(&target, &model, &store, &mut planned).await?;
+        let n = target.execute(&model, &store, &mut planned).await?;
         println!("applied {n} changes to cluster {}", model.cluster);
-        if !planned.plan.rolling.is_empty() {
+        if !planned.plan().rolling.is_empty() {
             println!("Run `keelson rolling-update -f {} --yes` to replace the instances listed above.", args.common.file.display());
         }
         Ok(())
@@ -480,25 +478,20 @@ pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
         force: args.force,
         ..args.roll.options(&docs)
     };
-    let rt = runtime()?;
-    match model.cloud {
-        model::CloudKind::Aws => {}
-        model::CloudKind::Gce => return rt.block_on(crate::gce_commands::rolling_update(&args, &model, opts)),
-        other => anyhow::bail!("{file}: rolling-update supports AWS and GCE clusters (this one is on {other:?})"),
-    }
-    rt.block_on(async {
-        let target = aws_target(&args.common, &model.region).await;
+    runtime()?.block_on(async {
+        let target = CloudTarget::of(&args.common, &model, "rolling-update").await.with_context(|| file.clone())?;
+        let groups = target.instance_groups(&model);
         // By default the cluster is validated and nodes drained through the Kubernetes API (as kOps,
         // which needs it even to show what would be replaced: annotated nodes count).
         opts.validate = args.roll.validation(&model.cluster, "rolling-update").await?;
-        let mut groups = ops::instances::status(&target, &model, &opts.selection()).await?;
-        if let rolling::Validation::Cluster(kube) = &opts.validate {
-            let nodes =
-                ops::drain::list_nodes(kube).await.context("cannot reach the Kubernetes API; use --cloudonly to roll without confirming progress with it")?;
-            ops::drain::adjust_need_update(&mut groups, &nodes);
-        }
-        print!("{}", ops::instances::render(&groups));
-        let pending: usize = groups.iter().map(|g| g.outdated().len()).sum();
+        let status = rolling::status(groups.as_ref(), &opts).await.map_err(|e| match e {
+            e @ rolling::RollingError::Drain(_) => {
+                anyhow::Error::new(e).context("cannot reach the Kubernetes API; use --cloudonly to roll without confirming progress with it")
+            }
+            e => e.into(),
+        })?;
+        print!("{}", ops::groups::render(&status));
+        let pending: usize = status.iter().map(|g| g.outdated().len()).sum();
         if pending == 0 {
             println!("No rolling update required.");
             return Ok(ExitCode::SUCCESS);
@@ -507,9 +500,9 @@ pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
             println!("{pending} instance(s) need replacing. Run with --yes to replace them.");
             return Ok(ExitCode::SUCCESS);
         }
-        let store = open_store(&model.config_base, Some(target.s3.clone()))?;
+        let store = target.store(&model.config_base)?;
         let report = with_lock(&store, "rolling-update", args.common.force_unlock, async {
-            Ok(rolling::roll(&target, &model, &opts, &mut |line| println!("{line}")).await?)
+            Ok(rolling::roll_groups(groups.clone(), &opts, &mut |line| println!("{line}")).await?)
         })
         .await?;
         println!("rolling update of cluster {} done: {} instance(s) replaced", model.cluster, report.replaced.len());
@@ -518,23 +511,20 @@ pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn direct_delete(args: &DeleteArgs, model: &model::ClusterModel) -> anyhow::Result<ExitCode> {
-    if model.cloud == model::CloudKind::Gce {
-        return crate::gce_commands::delete(args, model).await;
-    }
-    let target = aws_target(&args.common, &model.region).await;
-    let store = open_store(&model.config_base, Some(target.s3.clone()))?;
+    let target = CloudTarget::of(&args.common, model, "delete").await?;
+    let store = target.store(&model.config_base)?;
     if !args.yes {
-        let planned = cloud_resources::plan_delete(&target, model, &store, args.delete_volumes).await?;
-        print!("{}", planned.plan.render(color()));
-        if !planned.plan.is_empty() {
+        let planned = target.plan_delete(model, &store, args.delete_volumes).await?;
+        print!("{}", planned.plan().render(color()));
+        if !planned.plan().is_empty() {
             println!("Run with --yes to delete.");
         }
         return Ok(ExitCode::SUCCESS);
     }
     with_lock(&store, "delete", args.common.force_unlock, async {
-        let mut planned = cloud_resources::plan_delete(&target, model, &store, args.delete_volumes).await?;
-        print!("{}", planned.plan.render(color()));
-        let n = cloud_resources::execute(&target, model, &store, &mut planned).await?;
+        let mut planned = target.plan_delete(model, &store, args.delete_volumes).await?;
+        print!("{}", planned.plan().render(color()));
+        let n = target.execute(model, &store, &mut planned).await?;
         println!("deleted {n} resources of cluster {}", model.cluster);
         Ok(())
     })
@@ -648,25 +638,13 @@ pub fn run_validate_cluster(args: ValidateClusterArgs) -> anyhow::Result<ExitCod
         Ok(m) => m,
         Err(code) => return Ok(code),
     };
-    let gce = match model.cloud {
-        model::CloudKind::Gce => Some(crate::gce_commands::target(&args.common, &model)?),
-        model::CloudKind::Aws => None,
-        other => anyhow::bail!("validate cluster supports AWS and GCE clusters (this one is on {other:?})"),
-    };
     runtime()?.block_on(async {
-        let aws = match gce {
-            Some(_) => None,
-            None => Some(aws_target(&args.common, &model.region).await),
-        };
+        let groups = CloudTarget::of(&args.common, &model, "validate cluster").await?.instance_groups(&model);
         let kube = ops::validate::kube_client(args.kubeconfig.as_deref(), &model.cluster).await?;
         let deadline = args.wait.map(|w| std::time::Instant::now() + w);
         let mut passes = 0;
         loop {
-            let result = match (&gce, &aws) {
-                (Some(g), _) => ops::validate::validate_gce(g, &model, &kube).await,
-                (None, Some(a)) => ops::validate::validate(a, &model, &kube).await,
-                (None, None) => anyhow::bail!("no cloud target"),
-            };
+            let result = groups.validate(&kube).await;
             let report = match result {
                 Ok(r) => Some(r),
                 // While waiting, an API that is not up yet is one more reason to wait.

@@ -8,11 +8,11 @@ use std::process::ExitCode;
 
 mod args;
 #[cfg(feature = "cloud")]
+mod cloud_target;
+#[cfg(feature = "cloud")]
 mod commands;
 #[cfg(feature = "cloud")]
 mod etcd_backup;
-#[cfg(feature = "cloud")]
-mod gce_commands;
 #[cfg(feature = "cloud")]
 mod kubeconfig;
 mod pki_cmd;

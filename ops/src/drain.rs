@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::api::{EvictParams, ListParams, Patch, PatchParams};
 
-use crate::instances::GroupStatus;
+use crate::groups::GroupStatus;
 
 /// The taint kOps puts on every node a rolling update will replace.
 pub const TAINT_KEY: &str = "kops.k8s.io/scheduled-for-update";
@@ -330,7 +330,7 @@ mod tests {
 
     #[test]
     fn annotated_nodes_need_update_whatever_their_version() {
-        use crate::instances::InstanceStatus;
+        use crate::groups::InstanceStatus;
         use k8s_openapi::api::core::v1::{NodeAddress, NodeStatus};
         let node = |name: &str, ip: &str, annotated: bool| {
             let mut n = Node::default();

@@ -1,13 +1,23 @@
-//! The instances of a cluster's autoscaling groups as `rolling-update` and `validate cluster` see
-//! them: which launch-template version each runs, whether it is in service and healthy, and which
-//! are outdated.
+//! AWS's autoscaling groups as `rolling-update` and `validate cluster` see them — which
+//! launch-template version each instance runs, whether it is in service and healthy, which are
+//! outdated — and [`AwsGroups`], the AWS implementation of [`InstanceGroups`]: a surge detaches
+//! instances (tagged [`DETACHED_TAG`], the desired capacity kept, so their replacements launch at
+//! once), an instance leaves the group's load-balancer target groups before its drain, and goes by
+//! `TerminateInstanceInAutoScalingGroup` without lowering the desired capacity (a detached one by
+//! `TerminateInstances`).
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use cloud_resources::aws::AwsTarget;
 use cloud_resources::model::ClusterModel;
 use keelson_api::Role;
+
+use crate::groups::{pick_replacement, BoxFuture, InstanceGroups, Log, RollingTarget};
+pub use crate::groups::{render, role_rank, select, GroupStatus, InstanceStatus, Selection, DETACHED};
+use crate::rolling::{RollingError, RollingOptions};
+use crate::surge::DETACHED_TAG;
 
 #[derive(Debug, thiserror::Error)]
 pub enum InstancesError {
@@ -19,83 +29,6 @@ pub enum InstancesError {
 
 fn api<E: std::error::Error + Send + Sync + 'static>(op: &'static str, target: &str, e: E) -> InstancesError {
     cloud_resources::aws::api(op, target, e).into()
-}
-
-/// Which groups to look at, and whether every instance counts as outdated.
-#[derive(Debug, Clone, Default)]
-pub struct Selection {
-    /// Only these instance groups (spec names); empty = all.
-    pub groups: Vec<String>,
-    /// Only groups of these roles; empty = all.
-    pub roles: Vec<Role>,
-    /// Every instance is outdated (`--force`).
-    pub force: bool,
-}
-
-/// The lifecycle of an instance a surge detached from its group.
-pub const DETACHED: &str = "Detached";
-
-/// One instance of a group as the rolling update sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InstanceStatus {
-    pub id: String,
-    /// Launch-template version the instance was launched from (`None`: unknown / other template).
-    pub version: Option<String>,
-    pub lifecycle: String,
-    pub healthy: bool,
-    /// The private IP (how the instance is matched to its Node, as `validate cluster` does).
-    pub private_ip: Option<String>,
-    pub outdated: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GroupStatus {
-    pub name: String,
-    /// The spec's instance-group name.
-    pub group: String,
-    pub role: Role,
-    /// The launch-template version the group is configured with (resolved; empty when unknown).
-    pub target_version: String,
-    pub min: i32,
-    pub max: i32,
-    pub desired: i32,
-    pub instances: Vec<InstanceStatus>,
-}
-
-impl GroupStatus {
-    pub fn outdated(&self) -> Vec<&InstanceStatus> {
-        self.instances.iter().filter(|i| i.outdated).collect()
-    }
-    pub fn ready(&self) -> usize {
-        self.instances.iter().filter(|i| i.lifecycle == "InService" && i.healthy).count()
-    }
-}
-
-/// Replacement order (kOps'): bastions first (if they go down nothing can be seen), then the
-/// control planes one at a time, API servers, nodes; by name within a role.
-pub fn role_rank(r: Role) -> u8 {
-    match r {
-        Role::Bastion => 0,
-        Role::ControlPlane => 1,
-        Role::ApiServer => 2,
-        Role::Node => 3,
-    }
-}
-
-/// The spec's groups a run looks at, in replacement order: `(cloud name, spec name, role)`.
-pub fn select<'a>(groups: impl IntoIterator<Item = (&'a str, &'a str, Role)>, opts: &Selection) -> Result<Vec<(&'a str, &'a str, Role)>, InstancesError> {
-    let all: Vec<_> = groups.into_iter().collect();
-    for g in &opts.groups {
-        if !all.iter().any(|(_, name, _)| name == g) {
-            return Err(InstancesError::UnknownGroup(g.clone()));
-        }
-    }
-    let mut wanted: Vec<_> = all
-        .into_iter()
-        .filter(|(_, name, role)| (opts.groups.is_empty() || opts.groups.iter().any(|g| g == name)) && (opts.roles.is_empty() || opts.roles.contains(role)))
-        .collect();
-    wanted.sort_by_key(|(cloud, _, role)| (role_rank(*role), cloud.to_string()));
-    Ok(wanted)
 }
 
 /// The cluster's groups (those in the spec, in replacement order) with their instances.
@@ -215,7 +148,7 @@ pub async fn group_status(
     let detached = t
         .ec2
         .describe_instances()
-        .filters(aws_sdk_ec2::types::Filter::builder().name("tag-key").values(crate::surge::DETACHED_TAG).build())
+        .filters(aws_sdk_ec2::types::Filter::builder().name("tag-key").values(DETACHED_TAG).build())
         .filters(aws_sdk_ec2::types::Filter::builder().name("tag:kops.k8s.io/instancegroup").values(group).build())
         .filters(aws_sdk_ec2::types::Filter::builder().name("tag:Name").values(name).build())
         .filters(aws_sdk_ec2::types::Filter::builder().name("instance-state-name").values("pending").values("running").build())
@@ -249,43 +182,221 @@ pub async fn group_status(
     }))
 }
 
-/// kOps-style table: NAME STATUS NEEDUPDATE READY MIN TARGET MAX.
-pub fn render(groups: &[GroupStatus]) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "{:<48} {:<12} {:>10} {:>5} {:>3} {:>6} {:>3}", "NAME", "STATUS", "NEEDUPDATE", "READY", "MIN", "TARGET", "MAX");
-    for g in groups {
-        let need = g.outdated().len();
-        let status = if need > 0 { "NeedsUpdate" } else { "Ready" };
-        let _ = writeln!(out, "{:<48} {:<12} {:>10} {:>5} {:>3} {:>6} {:>3}", g.group, status, need, g.ready(), g.min, g.desired, g.max);
+/// The AWS implementation of [`InstanceGroups`]: the model's autoscaling groups on this target.
+#[derive(Clone)]
+pub struct AwsGroups {
+    pub target: AwsTarget,
+    pub model: Arc<ClusterModel>,
+}
+
+impl RollingTarget for AwsTarget {
+    fn instance_groups(&self, model: &ClusterModel) -> Arc<dyn InstanceGroups> {
+        Arc::new(AwsGroups { target: self.clone(), model: Arc::new(model.clone()) })
     }
-    out
+}
+
+fn rolling_api<E: std::error::Error + Send + Sync + 'static>(op: &'static str, target: &str, e: E) -> RollingError {
+    cloud_resources::aws::api(op, target, e).into()
+}
+
+/// Whether a target in this state may still get traffic (everything but `unused`: not registered).
+pub fn still_serving(state: Option<&str>) -> bool {
+    !matches!(state, None | Some("unused"))
+}
+
+impl AwsGroups {
+    /// The launch template of the autoscaling group `asg`.
+    fn launch_template(&self, asg: &str) -> String {
+        self.model.tasks.groups.iter().find(|m| m.name == asg).map(|m| m.launch_template.to_string()).unwrap_or_default()
+    }
+
+    /// The group as it is now.
+    async fn now(&self, g: &GroupStatus) -> Result<Option<GroupStatus>, RollingError> {
+        Ok(group_status(&self.target, &g.name, &g.group, g.role, &self.launch_template(&g.name), false).await?)
+    }
+
+    /// Wait (bounded) until the group has its desired number of InService, healthy instances.
+    async fn wait_for_capacity(&self, g: &GroupStatus, opts: &RollingOptions) -> Result<(), RollingError> {
+        let deadline = Instant::now() + opts.validation_timeout;
+        loop {
+            if let Some(now) = self.now(g).await? {
+                if now.ready() as i32 >= now.desired {
+                    return Ok(());
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(RollingError::Timeout {
+                    group: g.name.clone(),
+                    message: format!(
+                        "the surge's instances were not InService within {:?}; rerun rolling-update (it finds the detached instances)",
+                        opts.validation_timeout
+                    ),
+                });
+            }
+            tokio::time::sleep(opts.poll).await;
+        }
+    }
+
+    /// Wait until the terminated instance is out of service and the group has its desired number
+    /// of InService, healthy instances, one of them new and not yet claimed. Returns (and claims) it.
+    async fn wait_for_replacement(
+        &self,
+        g: &GroupStatus,
+        terminated: &str,
+        before: &[String],
+        claimed: &Mutex<BTreeSet<String>>,
+        opts: &RollingOptions,
+    ) -> Result<String, RollingError> {
+        let deadline = Instant::now() + opts.validation_timeout;
+        loop {
+            if let Some(now) = self.now(g).await? {
+                let live: BTreeMap<&str, &InstanceStatus> = now.instances.iter().map(|i| (i.id.as_str(), i)).collect();
+                let gone = live.get(terminated).is_none_or(|i| i.lifecycle.starts_with("Terminat"));
+                let ready = now.ready() as i32 >= now.desired;
+                if gone && ready {
+                    let mut claimed = claimed.lock().map_err(|_| RollingError::Timeout { group: g.name.clone(), message: "a replacement panicked".into() })?;
+                    if let Some(new) = pick_replacement(&now, before, &claimed).map(str::to_string) {
+                        claimed.insert(new.clone());
+                        return Ok(new);
+                    }
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(RollingError::Timeout {
+                    group: g.name.clone(),
+                    message: format!(
+                        "the replacement of {terminated} was not InService within {:?}; investigate, then rerun rolling-update (it continues with what is still outdated)",
+                        opts.validation_timeout
+                    ),
+                });
+            }
+            tokio::time::sleep(opts.poll).await;
+        }
+    }
+}
+
+impl InstanceGroups for AwsGroups {
+    fn status<'a>(&'a self, sel: &'a Selection) -> BoxFuture<'a, Result<Vec<GroupStatus>, RollingError>> {
+        Box::pin(async move { Ok(status(&self.target, &self.model, sel).await?) })
+    }
+
+    fn validate<'a>(&'a self, kube: &'a kube::Client) -> BoxFuture<'a, Result<crate::validate::Report, crate::validate::ValidateError>> {
+        Box::pin(crate::validate::validate(&self.target, &self.model, kube))
+    }
+
+    fn api_members(&self) -> i64 {
+        self.model.tasks.groups.iter().filter(|g| matches!(g.role, Role::ControlPlane | Role::ApiServer)).map(|g| g.min_size).sum()
+    }
+
+    /// The instances a surge detached (found by their tag, listed last).
+    fn surged(&self, g: &GroupStatus) -> usize {
+        g.instances.iter().filter(|i| i.lifecycle == DETACHED).count()
+    }
+
+    /// Tag the instances (so an interrupted run finds them), detach them keeping the desired
+    /// capacity (the group launches their replacements at once), wait for the new capacity.
+    fn surge<'a>(&'a self, g: &'a GroupStatus, instances: &'a [String], opts: &'a RollingOptions, log: Log<'a>) -> BoxFuture<'a, Result<(), RollingError>> {
+        Box::pin(async move {
+            let t = &self.target;
+            for id in instances {
+                log(&format!("{}: detaching {id} (surge; its replacement launches now)", g.group));
+                Box::pin(t.ec2.create_tags().resources(id).tags(aws_sdk_ec2::types::Tag::builder().key(DETACHED_TAG).value("").build()).send())
+                    .await
+                    .map_err(|e| rolling_api("CreateTags", id, e))?;
+            }
+            Box::pin(
+                t.asg
+                    .detach_instances()
+                    .auto_scaling_group_name(&g.name)
+                    .set_instance_ids(Some(instances.to_vec()))
+                    .should_decrement_desired_capacity(false)
+                    .send(),
+            )
+            .await
+            .map_err(|e| rolling_api("DetachInstances", &g.name, e))?;
+            Box::pin(self.wait_for_capacity(g, opts)).await
+        })
+    }
+
+    /// Deregister the instance from every target group of its autoscaling group and wait until
+    /// each says it is unused (the deregistration delay served), bounded by `--drain-timeout`.
+    fn deregister<'a>(
+        &'a self,
+        g: &'a GroupStatus,
+        instance: &'a InstanceStatus,
+        opts: &'a RollingOptions,
+        log: Log<'a>,
+    ) -> BoxFuture<'a, Result<(), RollingError>> {
+        Box::pin(async move {
+            let (t, asg, instance) = (&self.target, g.name.as_str(), instance.id.as_str());
+            let groups = Box::pin(t.asg.describe_auto_scaling_groups().auto_scaling_group_names(asg).send())
+                .await
+                .map_err(|e| rolling_api("DescribeAutoScalingGroups", asg, e))?;
+            let arns: Vec<String> = groups.auto_scaling_groups().iter().flat_map(|g| g.target_group_arns().iter().cloned()).collect();
+            let deadline = Instant::now() + opts.drain_timeout;
+            let target = || aws_sdk_elasticloadbalancingv2::types::TargetDescription::builder().id(instance).build();
+            for arn in arns {
+                loop {
+                    let health = Box::pin(t.elb.describe_target_health().target_group_arn(&arn).targets(target()).send())
+                        .await
+                        .map_err(|e| rolling_api("DescribeTargetHealth", &arn, e))?;
+                    let state =
+                        health.target_health_descriptions().first().and_then(|d| d.target_health()).and_then(|h| h.state()).map(|s| s.as_str().to_string());
+                    if !still_serving(state.as_deref()) {
+                        break;
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(RollingError::Timeout {
+                            group: asg.to_string(),
+                            message: format!("{instance} still {} in target group {arn} after {:?}", state.unwrap_or_default(), opts.drain_timeout),
+                        });
+                    }
+                    if state.as_deref() != Some("draining") {
+                        log(&format!("{asg}: deregistering {instance} from target group {arn}"));
+                        Box::pin(t.elb.deregister_targets().target_group_arn(&arn).targets(target()).send())
+                            .await
+                            .map_err(|e| rolling_api("DeregisterTargets", &arn, e))?;
+                    }
+                    tokio::time::sleep(opts.eviction_retry).await;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// A detached instance is terminated outside the group (its replacement is already in
+    /// service); any other inside it without lowering the desired capacity, and its replacement
+    /// waited for.
+    fn replace<'a>(
+        &'a self,
+        g: &'a GroupStatus,
+        inst: &'a InstanceStatus,
+        surplus: bool,
+        claimed: &'a Mutex<BTreeSet<String>>,
+        opts: &'a RollingOptions,
+        log: Log<'a>,
+    ) -> BoxFuture<'a, Result<String, RollingError>> {
+        Box::pin(async move {
+            let t = &self.target;
+            if surplus {
+                Box::pin(t.ec2.terminate_instances().instance_ids(&inst.id).send()).await.map_err(|e| rolling_api("TerminateInstances", &inst.id, e))?;
+                log(&format!("{}: terminated detached {}", g.group, inst.id));
+                return Ok(String::new());
+            }
+            let before: Vec<String> = g.instances.iter().map(|i| i.id.clone()).collect();
+            Box::pin(t.asg.terminate_instance_in_auto_scaling_group().instance_id(&inst.id).should_decrement_desired_capacity(false).send())
+                .await
+                .map_err(|e| rolling_api("TerminateInstanceInAutoScalingGroup", &inst.id, e))?;
+            let replacement = Box::pin(self.wait_for_replacement(g, &inst.id, &before, claimed, opts)).await?;
+            log(&format!("{}: {} is InService", g.group, replacement));
+            Ok(replacement)
+        })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn groups_roll_bastions_first_then_control_planes_api_servers_nodes() {
-        let groups = [
-            ("nodes-b.c", "nodes-b", Role::Node),
-            ("nodes-a.c", "nodes-a", Role::Node),
-            ("apiserver.c", "apiserver", Role::ApiServer),
-            ("control-plane-b.c", "control-plane-b", Role::ControlPlane),
-            ("bastions.c", "bastions", Role::Bastion),
-            ("control-plane-a.c", "control-plane-a", Role::ControlPlane),
-        ];
-        let names = |opts: &Selection| select(groups, opts).expect("select").into_iter().map(|(_, n, _)| n).collect::<Vec<_>>();
-        assert_eq!(names(&Selection::default()), ["bastions", "control-plane-a", "control-plane-b", "apiserver", "nodes-a", "nodes-b"]);
-        let only = Selection { groups: vec!["nodes-b".into(), "control-plane-b".into()], ..Default::default() };
-        assert_eq!(names(&only), ["control-plane-b", "nodes-b"], "--instance-group keeps the order");
-        let roles = Selection { roles: vec![Role::Node, Role::Bastion], ..Default::default() };
-        assert_eq!(names(&roles), ["bastions", "nodes-a", "nodes-b"]);
-        let both = Selection { groups: vec!["nodes-a".into(), "control-plane-a".into()], roles: vec![Role::Node], ..Default::default() };
-        assert_eq!(names(&both), ["nodes-a"]);
-        let err = select(groups, &Selection { groups: vec!["nope".into()], ..Default::default() }).expect_err("unknown");
-        assert!(err.to_string().contains("\"nope\""), "{err}");
-    }
 
     #[test]
     fn a_groups_configured_version_resolves_latest_and_default() {

@@ -1,8 +1,10 @@
-//! Operations on a running cluster: `keelson rolling-update` ([`rolling`]) and `keelson validate
-//! cluster` ([`validate`]; on GCE through the MIGs, [`gce_instances`], [`gce_rolling`]), both on top of the instances of the cluster's groups ([`instances`]);
-//! nodes are drained before their instances go ([`drain`]), several of a group at once, each
-//! instance's replacement its own task ([`replace`]); groups may surge ([`surge`]); `keelson
-//! reconcile cluster` applies and rolls in phases, control planes before workers ([`reconcile`]).
+//! Operations on a running cluster: `keelson rolling-update` ([`rolling`]: one algorithm over the
+//! cloud-neutral groups of [`groups`], with one implementation per cloud — AWS's autoscaling groups
+//! in [`instances`], GCE's managed instance groups in [`gce_instances`]) and `keelson validate
+//! cluster` ([`validate`]); nodes are drained before their instances go ([`drain`]), several of a
+//! group at once, each instance's replacement its own task ([`replace`]); groups may surge
+//! ([`surge`]); `keelson reconcile cluster` applies and rolls in phases, control planes before
+//! workers ([`reconcile`]).
 //!
 //! Owns: talking to the cluster's Kubernetes API (kube-rs) and driving the cloud's groups through
 //! an operation. Must not: build cloud resources (that is `keelson-cloud-resources`), compile
@@ -10,7 +12,7 @@
 
 pub mod drain;
 pub mod gce_instances;
-pub mod gce_rolling;
+pub mod groups;
 pub mod instances;
 pub mod reconcile;
 pub mod replace;

@@ -1,37 +1,40 @@
-//! `keelson rolling-update`: replace the instances that run another launch-template version than
-//! their group is configured with (or whose Node is annotated `kops.k8s.io/needs-update`), as kOps'
-//! `rolling-update cluster` does: bastions first, then the control planes one at a time, API
-//! servers, nodes.
+//! `keelson rolling-update`: replace the instances that run another configuration than their group
+//! launches now (AWS: launch-template version; GCE: instance template) or whose Node is annotated
+//! `kops.k8s.io/needs-update`, as kOps' `rolling-update cluster` does: bastions first, then the
+//! control planes one at a time, API servers, nodes. One algorithm ([`roll_groups`]) over any
+//! cloud's [`InstanceGroups`] (kOps' `pkg/instancegroups` over its `CloudInstanceGroup`).
 //!
 //! For each group with something to replace: validate the cluster first (a rerun after a failed
 //! control-plane replacement stops here instead of taking a second member down); mark every node
 //! to be replaced (annotation, `PreferNoSchedule` taint); with a surge ([`crate::surge`]) first
-//! detach up to `maxSurge` instances (their replacements launch at once; they go last, terminated
-//! outside the group). Then the instances are replaced ([`crate::replace`]: drain, wait
-//! `--post-drain-delay`, terminate without lowering the desired capacity, wait (bounded) for the
-//! replacement, pause the role's interval), up to [`batch_size`] at once — `maxUnavailable` plus
-//! the surge's slots, control planes one at a time, and only one until an instance runs the new
-//! configuration — as kOps does: whenever no slot is free, wait for one replacement to finish,
-//! validate `--validate-count` times in a row, and collect the others that finished meanwhile; the
-//! last ones are validated together. A failure stops the run (after the replacements still running
-//! have finished) with the group and instance named; a rerun continues with what is still outdated
-//! (and the instances an interrupted surge detached).
+//! start the replacements of up to `maxSurge` instances ([`InstanceGroups::surge`]: AWS detaches
+//! them, GCE resizes the group up; they go last, without a replacement). Then the instances are
+//! replaced ([`crate::replace`]: out of the load balancers, drain, wait `--post-drain-delay`,
+//! remove through the cloud and wait (bounded) for the replacement, pause the role's interval), up
+//! to [`batch_size`] at once — `maxUnavailable` plus the surge's slots, control planes one at a
+//! time, and only one until an instance runs the new configuration — as kOps does: whenever no slot
+//! is free, wait for one replacement to finish, validate `--validate-count` times in a row, and
+//! collect the others that finished meanwhile; the last ones are validated together. A failed
+//! validation stops the run unless `--fail-on-validate-error=false` (never for control planes); any
+//! other failure stops it (after the replacements still running have finished) with the group and
+//! instance named; a rerun continues with what is still outdated (and what an interrupted surge
+//! left).
 
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cloud_resources::aws::AwsTarget;
 use cloud_resources::model::ClusterModel;
 use keelson_api::Role;
 
 use crate::drain;
-use crate::instances::{self, group_status, GroupStatus, InstanceStatus, Selection, DETACHED};
-pub use crate::replace::{deregister_allowed, still_serving};
+pub use crate::groups::BoxFuture;
+use crate::groups::{prioritize, surplus, GroupStatus, InstanceGroups, InstanceStatus, RollingTarget, Selection};
+use crate::instances;
+pub use crate::instances::still_serving;
+pub use crate::replace::deregister_allowed;
 use crate::replace::{Drainer, Replaced, Replacement};
-use crate::surge::{SurgeSpec, DETACHED_TAG};
+use crate::surge::SurgeSpec;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RollingError {
@@ -62,12 +65,6 @@ impl From<cloud_resources::gce::ComputeError> for RollingError {
         RollingError::Gce(Box::new(e))
     }
 }
-
-pub(crate) fn api<E: std::error::Error + Send + Sync + 'static>(op: &'static str, target: &str, e: E) -> RollingError {
-    cloud_resources::aws::api(op, target, e).into()
-}
-
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The cluster's health as a rolling update needs it: the problems that matter to a roll of
 /// `group` (kOps: of that group, of a control plane, or of the cluster as a whole). Empty = valid;
@@ -257,17 +254,16 @@ pub async fn validate_until(
     }
 }
 
-/// `keelson validate cluster`, the failures relevant to the group.
+/// `keelson validate cluster` through the cloud's groups, the failures relevant to the group.
 struct KubeHealth<'a> {
-    target: &'a AwsTarget,
-    model: &'a ClusterModel,
+    groups: &'a dyn InstanceGroups,
     kube: &'a kube::Client,
 }
 
 impl ClusterHealth for KubeHealth<'_> {
     fn problems<'a>(&'a self, group: &'a GroupStatus) -> BoxFuture<'a, Result<Vec<String>, String>> {
         Box::pin(async move {
-            let report = crate::validate::validate(self.target, self.model, self.kube).await.map_err(|e| e.to_string())?;
+            let report = self.groups.validate(self.kube).await.map_err(|e| e.to_string())?;
             Ok(report.failures.iter().filter(|f| f.relevant_to(&group.group)).map(|f| format!("{} {}: {}", f.kind, f.name, f.message)).collect())
         })
     }
@@ -289,8 +285,30 @@ impl ClusterHealth for CommandHealth<'_> {
     }
 }
 
-/// Replace the outdated instances. `log` receives one line per step.
-pub async fn roll(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions, log: &mut (dyn FnMut(&str) + Send)) -> Result<RollReport, RollingError> {
+/// Replace the outdated instances of the model's groups on `target` (AWS or GCE). `log` receives
+/// one line per step.
+pub async fn roll(
+    target: &impl RollingTarget,
+    model: &ClusterModel,
+    opts: &RollingOptions,
+    log: &mut (dyn FnMut(&str) + Send),
+) -> Result<RollReport, RollingError> {
+    Box::pin(roll_groups(target.instance_groups(model), opts, log)).await
+}
+
+/// The groups to roll as a run sees them before it starts: the cloud's view, and — with a
+/// Kubernetes API — every instance whose Node is annotated `kops.k8s.io/needs-update` outdated too
+/// (kOps' `AdjustNeedUpdate`).
+pub async fn status(groups: &dyn InstanceGroups, opts: &RollingOptions) -> Result<Vec<GroupStatus>, RollingError> {
+    let mut status = Box::pin(groups.status(&opts.selection())).await?;
+    if let Validation::Cluster(kube) = &opts.validate {
+        drain::adjust_need_update(&mut status, &Box::pin(drain::list_nodes(kube)).await?);
+    }
+    Ok(status)
+}
+
+/// The one rolling-update algorithm, over any cloud's [`InstanceGroups`].
+pub async fn roll_groups(groups: Arc<dyn InstanceGroups>, opts: &RollingOptions, log: &mut (dyn FnMut(&str) + Send)) -> Result<RollReport, RollingError> {
     let kube_health;
     let command_health;
     let (health, kube): (Option<&dyn ClusterHealth>, Option<&kube::Client>) = match &opts.validate {
@@ -300,25 +318,22 @@ pub async fn roll(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions, lo
             (Some(&command_health), None)
         }
         Validation::Cluster(kube) => {
-            kube_health = KubeHealth { target: t, model, kube };
+            kube_health = KubeHealth { groups: groups.as_ref(), kube };
             (Some(&kube_health), Some(kube))
         }
         Validation::Custom(h) => (Some(h.as_ref()), None),
     };
-    let mut groups = Box::pin(instances::status(t, model, &opts.selection())).await?;
-    if let Some(kube) = kube {
-        drain::adjust_need_update(&mut groups, &Box::pin(drain::list_nodes(kube)).await?);
-    }
+    let status = Box::pin(status(groups.as_ref(), opts)).await?;
     // Members that serve the API (kOps: with only one, it is not taken out of the load balancer
     // before its drain, or the drain could not reach the API).
-    let api_members: i64 = model.tasks.groups.iter().filter(|g| matches!(g.role, Role::ControlPlane | Role::ApiServer)).map(|g| g.min_size).sum();
+    let api_members = groups.api_members();
     let mut report = RollReport::default();
-    for g in &groups {
-        let update: Vec<&InstanceStatus> = g.outdated();
+    for g in &status {
+        let mut update: Vec<&InstanceStatus> = g.outdated();
         if update.is_empty() {
             continue;
         }
-        let lt = model.tasks.groups.iter().find(|m| m.name == g.name).map(|m| m.launch_template.clone()).unwrap_or_default();
+        prioritize(&mut update);
         // Validate before touching the group (bastions are not part of the cluster).
         if let (Some(h), false) = (health, g.role == Role::Bastion) {
             match verdict(g.role, Box::pin(validate_until(h, g, 1, opts, log)).await, opts.fail_on_validate_error) {
@@ -349,38 +364,20 @@ pub async fn roll(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions, lo
                 }
             }
         }
-        // Surge: detach up to maxSurge instances (the group launches their replacements at once),
-        // tag them so an interrupted run finds them, wait for the new capacity and validate.
+        // Surge: up to maxSurge outdated instances get their replacements first (the cloud starts
+        // them at once), and go last without one; an interrupted run's surge counts.
         let settings = match &opts.surge {
             Some(spec) => spec.settings(&g.group, g.role, g.instances.len()).map_err(|message| RollingError::Settings { group: g.group.clone(), message })?,
             None => Default::default(),
         };
         let surge = settings.max_surge.min(update.len());
-        let mut detached: Vec<String> = update.iter().filter(|i| i.lifecycle == DETACHED).map(|i| i.id.clone()).collect();
-        if surge > 0 && health.is_some() {
-            let fresh: Vec<&str> = update.iter().rev().take(surge).filter(|i| i.lifecycle != DETACHED).map(|i| i.id.as_str()).collect();
-            if !fresh.is_empty() {
-                for id in &fresh {
-                    log(&format!("{}: detaching {id} (surge; its replacement launches now)", g.group));
-                    Box::pin(t.ec2.create_tags().resources(*id).tags(aws_sdk_ec2::types::Tag::builder().key(DETACHED_TAG).value("").build()).send())
-                        .await
-                        .map_err(|e| api("CreateTags", id, e))?;
-                }
-                Box::pin(
-                    t.asg
-                        .detach_instances()
-                        .auto_scaling_group_name(&g.name)
-                        .set_instance_ids(Some(fresh.iter().map(|s| s.to_string()).collect()))
-                        .should_decrement_desired_capacity(false)
-                        .send(),
-                )
-                .await
-                .map_err(|e| api("DetachInstances", &g.name, e))?;
-                detached.extend(fresh.iter().map(|s| s.to_string()));
-                Box::pin(wait_for_capacity(t, g, &lt, opts)).await?;
-                tokio::time::sleep(opts.interval(g.role)).await;
-                Box::pin(validate_after(health, g, &fresh.join(","), opts, log)).await?;
-            }
+        let (mut surplus, fresh) = surplus(&update, groups.surged(g), settings.max_surge);
+        // kOps: no surge without a way to validate it (`--cloudonly`).
+        if !fresh.is_empty() && health.is_some() {
+            Box::pin(groups.surge(g, &fresh, opts, log)).await?;
+            tokio::time::sleep(opts.interval(g.role)).await;
+            Box::pin(validate_after(health, g, &fresh.join(","), opts, log)).await?;
+            surplus.extend(fresh);
         }
         if !settings.drain_and_terminate {
             log(&format!("{}: rollingUpdate.drainAndTerminate is false: nothing drained or terminated", g.group));
@@ -390,16 +387,15 @@ pub async fn roll(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions, lo
         let concurrency = batch_size(g.role, settings, if health.is_some() { surge } else { 0 });
         // With no instance on the new configuration yet, the first replacement must validate before
         // any other starts (kOps: the new spec may not make working nodes).
-        let proven = !detached.is_empty() || g.instances.iter().any(|i| !i.outdated);
+        let proven = !surplus.is_empty() || g.instances.iter().any(|i| !i.outdated);
         let claimed = Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
         let replacement = |inst: &InstanceStatus| Replacement {
-            target: t.clone(),
+            groups: groups.clone(),
             group: g.clone(),
             instance: inst.clone(),
-            launch_template: lt.to_string(),
-            detached: detached.contains(&inst.id),
-            // Out of the group's load-balancer target groups first (the API's, for control planes),
-            // waiting out the deregistration delay: a failure here always stops the run (kOps).
+            surplus: surplus.contains(&inst.id),
+            // Out of the group's load balancers first (the API's, for control planes), waiting out
+            // the deregistration delay: a failure here always stops the run (kOps).
             deregister: health.is_some() && g.role != Role::Bastion && deregister_allowed(g.role, api_members),
             drainer: match (&opts.validate, g.role) {
                 (_, Role::Bastion) => Drainer::None,
@@ -413,13 +409,7 @@ pub async fn roll(t: &AwsTarget, model: &ClusterModel, opts: &RollingOptions, lo
         let mut batch = Batch::new(log);
         let mut unvalidated: Vec<String> = Vec::new();
         for (n, inst) in update.iter().enumerate() {
-            batch.log(&format!(
-                "{}: replacing {} (launch template version {} → {})",
-                g.group,
-                inst.id,
-                inst.version.as_deref().unwrap_or("?"),
-                g.target_version
-            ));
+            batch.log(&format!("{}: replacing {} ({} → {})", g.group, inst.id, inst.version.as_deref().unwrap_or("?"), g.target_version));
             batch.spawn(replacement(inst));
             if batch.running() < concurrency && (proven || n > 0) {
                 continue;
@@ -585,28 +575,6 @@ async fn validate_after(
             Ok(())
         }
         Verdict::Stop(message) => Err(RollingError::Validation { group: g.group.clone(), instance: instance.to_string(), message }),
-    }
-}
-
-/// Wait (bounded) until the group has its desired number of InService, healthy instances.
-async fn wait_for_capacity(t: &AwsTarget, g: &GroupStatus, launch_template: &str, opts: &RollingOptions) -> Result<(), RollingError> {
-    let deadline = Instant::now() + opts.validation_timeout;
-    loop {
-        if let Some(now) = group_status(t, &g.name, &g.group, g.role, launch_template, false).await? {
-            if now.ready() as i32 >= now.desired {
-                return Ok(());
-            }
-        }
-        if Instant::now() >= deadline {
-            return Err(RollingError::Timeout {
-                group: g.name.clone(),
-                message: format!(
-                    "the surge's instances were not InService within {:?}; rerun rolling-update (it finds the detached instances)",
-                    opts.validation_timeout
-                ),
-            });
-        }
-        tokio::time::sleep(opts.poll).await;
     }
 }
 

@@ -158,19 +158,19 @@ async fn rolling_update_recreates_the_instances_on_an_old_template_one_at_a_time
     let sel = opts.selection();
     let model1 = model(&text);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let groups = ops::gce_rolling::status(&w.target, &model1, &sel).await.expect("status");
+    let groups = ops::gce_instances::status(&w.target, &model1, &sel).await.expect("status");
     assert!(groups.iter().all(|g| g.outdated().is_empty()), "{groups:?}");
 
     let model2 = model(&text.replacen("machineType: e2-standard-4", "machineType: e2-standard-8", 1));
     w.apply(&model2).await;
     let before: Vec<_> = w.compute.instances();
-    let groups = ops::gce_rolling::status(&w.target, &model2, &sel).await.expect("status");
+    let groups = ops::gce_instances::status(&w.target, &model2, &sel).await.expect("status");
     let outdated: Vec<&str> = groups.iter().flat_map(|g| g.outdated()).map(|i| i.id.as_str()).collect();
     assert_eq!(outdated.len(), 2, "the two nodes run the old template: {groups:?}");
     assert!(ops::instances::render(&groups).contains("NeedsUpdate"));
 
     let mut lines = Vec::new();
-    let report = ops::gce_rolling::roll(&w.target, &model2, &opts, &mut |l| lines.push(l.to_string())).await.expect("roll");
+    let report = ops::rolling::roll(&w.target, &model2, &opts, &mut |l| lines.push(l.to_string())).await.expect("roll");
     assert_eq!(report.replaced.len(), 2, "{lines:#?}");
     let after = w.compute.instances();
     for b in &before {
@@ -182,13 +182,13 @@ async fn rolling_update_recreates_the_instances_on_an_old_template_one_at_a_time
             assert_eq!(a.id, b.id, "{} (up to date) untouched", b.name);
         }
     }
-    let groups = ops::gce_rolling::status(&w.target, &model2, &sel).await.expect("status");
+    let groups = ops::gce_instances::status(&w.target, &model2, &sel).await.expect("status");
     assert!(groups.iter().all(|g| g.outdated().is_empty()), "nothing left to roll: {groups:?}");
 }
 
 /// With `rollingUpdate.maxSurge: 1` on the workers' group: the MIG is resized up first (a worker on
-/// the new template starts before any old one goes), then one outdated worker is drained and
-/// deleted — the group back at its size — and the other recreated; kOps cannot surge on GCE. The
+/// the new template starts before any old one goes), then one outdated worker is recreated and the
+/// other drained and deleted — the group back at its size; kOps cannot surge on GCE. The
 /// control planes, whose group sets nothing, do not surge (0 is GCE's default).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_surge_starts_the_new_worker_first_and_deletes_an_old_one_instead_of_recreating_it() {
@@ -210,19 +210,23 @@ async fn a_surge_starts_the_new_worker_first_and_deletes_an_old_one_instead_of_r
         node_interval: Duration::ZERO,
         validation_timeout: Duration::from_secs(20),
         surge: Some(ops::surge::SurgeSpec::from_documents(&docs)),
+        // A surge is validated before anything goes (as on AWS; kOps: no surge with --cloudonly).
+        validate: ops::rolling::Validation::Custom(Arc::new(Scripted(|_: &str| Vec::new()))),
+        validate_success_pause: Duration::ZERO,
         ..Default::default()
     };
     let before = w.compute.instances();
-    let groups = ops::gce_rolling::status(&w.target, &model2, &opts.selection()).await.expect("status");
+    let groups = ops::gce_instances::status(&w.target, &model2, &opts.selection()).await.expect("status");
     let outdated: Vec<String> = groups.iter().flat_map(|g| g.outdated()).map(|i| i.id.clone()).collect();
     assert_eq!(outdated.len(), 2, "{groups:?}");
 
     let mut lines = Vec::new();
-    let report = ops::gce_rolling::roll(&w.target, &model2, &opts, &mut |l| lines.push(l.to_string())).await.expect("roll");
+    let report = ops::rolling::roll(&w.target, &model2, &opts, &mut |l| lines.push(l.to_string())).await.expect("roll");
     assert_eq!(report.replaced.len(), 2, "{lines:#?}");
     let step = |needle: &str| lines.iter().position(|l| l.contains(needle)).unwrap_or_else(|| panic!("no {needle:?} in {lines:#?}"));
     assert!(lines[step("surge: resizing")].contains("from 2 to 3"), "{lines:#?}");
-    assert!(step("surge: resizing") < step("deleting instance") && step("deleting instance") < step("recreating instance"), "{lines:#?}");
+    // kOps' order: the attached instances first, the surged one (its replacement already runs) last.
+    assert!(step("surge: resizing") < step("recreating instance") && step("recreating instance") < step("deleting instance"), "{lines:#?}");
     assert_eq!(lines.iter().filter(|l| l.contains("surge: resizing")).count(), 1, "only the workers surge: {lines:#?}");
 
     let after = w.compute.instances();
@@ -233,8 +237,201 @@ async fn a_surge_starts_the_new_worker_first_and_deletes_an_old_one_instead_of_r
     assert_eq!(kept.len(), 1, "one old name recreated, one deleted for the surged instance: {kept:?} of {outdated:?}");
     let deleted = outdated.iter().find(|n| !kept.contains(&n.as_str())).expect("the deleted one");
     assert!(before.iter().any(|i| &i.name == deleted), "it was there before");
-    let groups = ops::gce_rolling::status(&w.target, &model2, &opts.selection()).await.expect("status");
+    let groups = ops::gce_instances::status(&w.target, &model2, &opts.selection()).await.expect("status");
     assert!(groups.iter().all(|g| g.outdated().is_empty()), "nothing left to roll: {groups:?}");
     let sizes: Vec<i32> = groups.iter().filter(|g| g.group.starts_with("nodes")).map(|g| g.desired).collect();
     assert_eq!(sizes, vec![2], "target size restored");
+}
+
+/// A cluster whose health is a function of the group rolled: its problems, none = valid.
+struct Scripted<F>(F);
+
+impl<F: Fn(&str) -> Vec<String> + Send + Sync> ops::rolling::ClusterHealth for Scripted<F> {
+    fn problems<'a>(&'a self, group: &'a ops::groups::GroupStatus) -> ops::rolling::BoxFuture<'a, Result<Vec<String>, String>> {
+        let problems = (self.0)(&group.group);
+        Box::pin(async move { Ok(problems) })
+    }
+}
+
+/// After a changed machine type, with the workers' group never validating:
+/// `--fail-on-validate-error=false` logs it and replaces both workers (before the group and after
+/// each replacement), as on AWS; the default stops before the group with nothing touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_validation_stops_the_roll_only_with_fail_on_validate_error() {
+    let w = world(Some(Duration::from_millis(10)));
+    let text = spec();
+    w.apply(&model(&text)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let model2 = model(&text.replacen("machineType: e2-standard-4", "machineType: e2-standard-8", 1));
+    w.apply(&model2).await;
+    let not_valid = |group: &str| vec![format!("InstanceGroup {group}: did not have enough ready nodes: 1 of at least 2")];
+    let opts = ops::rolling::RollingOptions {
+        poll: Duration::from_millis(20),
+        control_plane_interval: Duration::ZERO,
+        node_interval: Duration::ZERO,
+        post_drain_delay: Duration::ZERO,
+        validation_timeout: Duration::from_secs(20),
+        validate: ops::rolling::Validation::Custom(Arc::new(Scripted(not_valid))),
+        ..Default::default()
+    };
+    let before = w.compute.instances();
+
+    let mut lines = Vec::new();
+    let err = ops::rolling::roll(&w.target, &model2, &opts, &mut |l| lines.push(l.to_string())).await.expect_err("the default stops");
+    assert!(matches!(&err, ops::rolling::RollingError::NotValidBefore { group, .. } if group == "nodes-europe-west1-b"), "{err}");
+    let ids = |v: &[testkit::gce_compute::InstanceView]| v.iter().map(|i| (i.name.clone(), i.id.clone())).collect::<Vec<_>>();
+    assert_eq!(ids(&w.compute.instances()), ids(&before), "nothing touched: {lines:#?}");
+
+    let mut lines = Vec::new();
+    let go_on = ops::rolling::RollingOptions { fail_on_validate_error: false, ..opts.clone() };
+    let report = ops::rolling::roll(&w.target, &model2, &go_on, &mut |l| lines.push(l.to_string())).await.expect("goes on");
+    assert_eq!(report.replaced.len(), 2, "{lines:#?}");
+    let warned = lines.iter().filter(|l| l.contains("going on (--fail-on-validate-error=false)")).count();
+    assert_eq!(warned, 3, "before the group and after each replacement: {lines:#?}");
+    let workers: Vec<_> = w.compute.instances().into_iter().filter(|i| i.mig.as_deref().is_some_and(|m| m.contains("nodes"))).collect();
+    assert!(workers.len() == 2 && workers.iter().all(|i| i.machine_type == "e2-standard-8"), "{workers:?}");
+}
+
+/// A Kubernetes API over the emulator's instances: every RUNNING instance is a Ready Node named
+/// after it at its address (a new Node when the instance is recreated: metadata patches are kept
+/// per instance id), each control-plane Node runs its static pods; no workload pods. Node patches
+/// are recorded.
+#[derive(Default)]
+struct Kubelets {
+    /// Instance id → the merge patches applied to its Node.
+    patched: std::collections::BTreeMap<String, serde_json::Value>,
+    /// (node, patch) in order.
+    patches: Vec<(String, serde_json::Value)>,
+}
+
+fn merge(target: &mut serde_json::Value, patch: &serde_json::Value) {
+    match patch {
+        serde_json::Value::Object(p) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            let t = target.as_object_mut().expect("object");
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(serde_json::Value::Null), v);
+                }
+            }
+        }
+        _ => *target = patch.clone(),
+    }
+}
+
+fn kube_api(compute: GceCompute, kubelets: Arc<std::sync::Mutex<Kubelets>>) -> Server {
+    let reply = |status: u16, v: &serde_json::Value| {
+        testkit::httpd::Response::bytes(status, serde_json::to_vec(v).expect("json")).header("Content-Type", "application/json")
+    };
+    Server::start(Arc::new(move |req: &Request| {
+        let mut k = kubelets.lock().expect("lock");
+        let running: Vec<_> = compute.instances().into_iter().filter(|i| i.status == "RUNNING").collect();
+        let node_of = |i: &testkit::gce_compute::InstanceView, k: &Kubelets| {
+            let mut n = json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": i.name, "resourceVersion": "1"},
+                "status": {
+                    "addresses": [{"type": "InternalIP", "address": i.network_ip}],
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                },
+            });
+            if let Some(p) = k.patched.get(&i.id) {
+                merge(&mut n, p);
+            }
+            n
+        };
+        let control_plane = |i: &&testkit::gce_compute::InstanceView| i.mig.as_deref().is_some_and(|m| m.contains("control-plane"));
+        match (req.method.as_str(), req.path.as_str()) {
+            ("GET", "/api/v1/nodes") => {
+                let items: Vec<_> = running.iter().map(|i| node_of(i, &k)).collect();
+                reply(200, &json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": items}))
+            }
+            ("GET", "/api/v1/namespaces/kube-system/pods") => {
+                let items: Vec<_> = running
+                    .iter()
+                    .filter(control_plane)
+                    .flat_map(|i| ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd-manager-main"].map(|c| format!("{c}-{}", i.name)))
+                    .map(|name| {
+                        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "kube-system"},
+                               "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
+                    })
+                    .collect();
+                reply(200, &json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items}))
+            }
+            // The pods on a node being drained: none but the static ones (left alone anyway).
+            ("GET", "/api/v1/pods") => reply(200, &json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": []})),
+            (method, path) if path.starts_with("/api/v1/nodes/") => {
+                let name = path.trim_start_matches("/api/v1/nodes/");
+                let Some(i) = running.iter().find(|i| i.name == name) else {
+                    return reply(404, &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "reason": "NotFound", "code": 404}));
+                };
+                if method == "PATCH" {
+                    let patch: serde_json::Value = serde_json::from_slice(&req.body).expect("patch body");
+                    k.patches.push((name.to_string(), patch.clone()));
+                    merge(k.patched.entry(i.id.clone()).or_insert_with(|| json!({})), &patch);
+                }
+                reply(200, &node_of(i, &k))
+            }
+            (method, path) => reply(
+                404,
+                &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": format!("{method} {path}"), "code": 404}),
+            ),
+        }
+    }))
+}
+
+/// kOps' `AdjustNeedUpdate` on GCE: no instance runs an old template, but one worker's Node is
+/// annotated `kops.k8s.io/needs-update`; the roll (validating and draining through the Kubernetes
+/// API) counts it outdated, taints and drains its Node, recreates exactly that instance, and leaves
+/// nothing to roll afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_annotated_needs_update_is_replaced_though_its_template_is_current() {
+    let w = world(Some(Duration::from_millis(10)));
+    let m = model(&spec());
+    w.apply(&m).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let kubelets = Arc::new(std::sync::Mutex::new(Kubelets::default()));
+    let api = kube_api(w.compute.clone(), kubelets.clone());
+    let mut config = kube::Config::new(api.url("").parse().expect("url"));
+    config.default_retry = false;
+    let kube = kube::Client::try_from(config).expect("client");
+    let opts = ops::rolling::RollingOptions {
+        poll: Duration::from_millis(20),
+        control_plane_interval: Duration::ZERO,
+        node_interval: Duration::ZERO,
+        post_drain_delay: Duration::ZERO,
+        validate_tick: Duration::from_millis(50),
+        validate_success_pause: Duration::ZERO,
+        validation_timeout: Duration::from_secs(20),
+        eviction_retry: Duration::from_millis(20),
+        validate: ops::rolling::Validation::Cluster(kube.clone()),
+        ..Default::default()
+    };
+    let groups = ops::groups::RollingTarget::instance_groups(&w.target, &m);
+    let status = ops::rolling::status(groups.as_ref(), &opts).await.expect("status");
+    assert!(status.iter().all(|g| g.outdated().is_empty()), "every instance on its MIG's template: {}", ops::groups::render(&status));
+
+    let before = w.compute.instances();
+    let marked = before.iter().find(|i| i.mig.as_deref().is_some_and(|m| m.contains("nodes"))).expect("a worker").clone();
+    kubelets.lock().expect("lock").patched.insert(marked.id.clone(), json!({"metadata": {"annotations": {ops::drain::NEEDS_UPDATE: ""}}}));
+    let status = ops::rolling::status(groups.as_ref(), &opts).await.expect("status");
+    let outdated: Vec<&str> = status.iter().flat_map(|g| g.outdated()).map(|i| i.id.as_str()).collect();
+    assert_eq!(outdated, [marked.name.as_str()], "{}", ops::groups::render(&status));
+
+    let mut lines = Vec::new();
+    let report = ops::rolling::roll(&w.target, &m, &opts, &mut |l| lines.push(l.to_string())).await.expect("roll");
+    assert_eq!(report.replaced, [("nodes-europe-west1-b".to_string(), marked.name.clone(), marked.name.clone())], "{lines:#?}");
+    for b in &before {
+        let a = w.compute.instance(&b.zone, &b.name).unwrap_or_else(|| panic!("{} is back", b.name));
+        assert_eq!(a.id != b.id, b.name == marked.name, "only {} recreated ({})", marked.name, b.name);
+    }
+    let patches: Vec<String> = kubelets.lock().expect("lock").patches.iter().filter(|(n, _)| *n == marked.name).map(|(_, p)| p.to_string()).collect();
+    assert!(patches.iter().any(|p| p.contains(ops::drain::TAINT_KEY)), "tainted: {patches:?}");
+    assert!(patches.iter().any(|p| p.contains("\"unschedulable\":true")), "drained: {patches:?}");
+    let status = ops::rolling::status(groups.as_ref(), &opts).await.expect("status");
+    assert!(status.iter().all(|g| g.outdated().is_empty()), "the new Node is not annotated: {}", ops::groups::render(&status));
 }

@@ -21,7 +21,7 @@ use cloud::gce::{Compute, ComputeError, GceEndpoints, GoogleApi, GoogleApiError,
 use serde_json::Value;
 
 use super::views::{self, Names};
-use super::{gce_name, identity, safe_cluster_name, Task};
+use super::{gce_name, safe_cluster_name, Exec, Task};
 use crate::model::ClusterModel;
 use crate::plan::{Action, Change, Kind, Plan, Resource, Rolling};
 use crate::state::{self, StateError};
@@ -205,7 +205,7 @@ impl GceTarget {
     }
 
     fn found(&self, d: &mut GceDiscovered, task: impl Into<Task>, id: String, names: &Names) {
-        d.resources.push(views::view(task.into(), Some(id), names));
+        d.resources.push(task.into().view(Some(id), names));
     }
 
     /// The instances a plan's template changes leave on the old template (a rolling update
@@ -239,128 +239,25 @@ impl GceTarget {
         Ok(applied)
     }
 
+    /// One change: its task renders it (the desired side's type, else the actual's).
     async fn execute_one(&self, names: &Names, c: &Change) -> Result<(), GceError> {
-        let want = c.desired.as_ref().and_then(|r| r.gce.as_deref());
-        let have = c.actual.as_ref().and_then(|r| r.gce.as_deref());
-        let missing =
-            |side: &str| GceError::Resource { kind: c.kind.as_str(), name: c.name.clone(), message: format!("the plan holds no typed {side} state for it") };
-        let cx = &self.compute;
-        match &c.action {
-            Action::Create => {
-                let task = want.ok_or_else(|| missing("desired"))?;
-                if let Task::InstanceTemplate(t) = task {
-                    // GCE metadata holds text: a compressed boot script would arrive corrupted.
-                    std::str::from_utf8(&t.user_data).map_err(|_| GceError::Resource {
-                        kind: c.kind.as_str(),
-                        name: c.name.clone(),
-                        message: format!("the {} of instance group {} is not text (compressUserData?); GCE metadata holds text", t.user_data_key, t.group),
-                    })?;
-                }
-                let body = views::body(task, names);
-                tracing::info!(kind = c.kind.as_str(), name = %c.name, "creating");
-                match task {
-                    Task::Network(_) => cx.insert_network(&body).await?,
-                    Task::Subnetwork(s) => cx.insert_subnetwork(&s.region, &body).await?,
-                    Task::Firewall(_) => cx.insert_firewall(&body).await?,
-                    Task::InstanceTemplate(_) => cx.insert_instance_template(&body).await?,
-                    Task::InstanceGroupManager(m) => cx.insert_instance_group_manager(&m.zone, &body).await?,
-                    Task::Disk(d) => cx.insert_disk(&d.zone, &body).await?,
-                    Task::ServiceAccount(a) => {
-                        self.iam.create_service_account(&a.account_id, &a.display_name, &a.description).await?;
-                    }
-                    Task::ProjectIamMember(m) => self.change_project_policy(|p| gce_iam::with_member(p, &m.role, &identity::member_of(&m.email), None)).await?,
-                    Task::BucketIamMember(m) => {
-                        let condition = condition_value(m);
-                        self.change_bucket_policy(&m.bucket, |p| gce_iam::with_member(p, &m.role, &identity::member_of(&m.email), condition.as_ref())).await?
-                    }
-                }
-            }
-            Action::Update(fields) => {
-                let (task, old) = (want.ok_or_else(|| missing("desired"))?, have.ok_or_else(|| missing("actual"))?);
-                let changed = |f: &str| fields.iter().any(|x| x.field == f);
-                let refuse = |what: &str| GceError::Resource {
-                    kind: c.kind.as_str(),
-                    name: c.name.clone(),
-                    message: format!("{what} cannot be changed in place on GCE (delete and re-create it)"),
-                };
-                tracing::info!(kind = c.kind.as_str(), name = %c.name, "updating");
-                match (task, old) {
-                    (Task::Firewall(_), _) => cx.patch_firewall(&c.name, &views::body(task, names)).await?,
-                    (Task::InstanceGroupManager(m), Task::InstanceGroupManager(a)) => {
-                        if changed("zone") || changed("base_instance_name") {
-                            return Err(refuse("its zone or base instance name"));
-                        }
-                        if changed("template") {
-                            cx.set_instance_template(&a.zone, &a.gce_name, &names.template_link(&m.template)).await?;
-                        }
-                        if changed("target_size") {
-                            cx.resize_instance_group_manager(&a.zone, &a.gce_name, m.target_size).await?;
-                        }
-                    }
-                    (Task::Disk(want), Task::Disk(have)) => {
-                        // Only labels (zone, size and type are kept for life): set ours, keep others'.
-                        let now = cx.disk(&have.zone, &have.gce_name).await?.ok_or_else(|| GceError::Resource {
-                            kind: c.kind.as_str(),
-                            name: c.name.clone(),
-                            message: "gone since it was planned".into(),
-                        })?;
-                        let mut labels = have.labels.clone();
-                        labels.extend(want.labels.clone());
-                        let fingerprint = now["labelFingerprint"].as_str().unwrap_or_default();
-                        cx.set_disk_labels(&have.zone, &have.gce_name, &serde_json::to_value(&labels).unwrap_or_default(), fingerprint).await?;
-                    }
-                    (Task::ServiceAccount(a), _) => {
-                        self.iam.patch_service_account(&a.email, &a.display_name, &a.description).await?;
-                    }
-                    (Task::Network(_), _) => return Err(refuse("a network")),
-                    (Task::Subnetwork(_), _) => return Err(refuse("a subnetwork's network, region or range")),
-                    // Never planned: templates are named by their content.
-                    (Task::InstanceTemplate(_), _) => return Err(refuse("an instance template")),
-                    _ => return Err(missing("actual")),
-                }
-            }
-            Action::Delete => {
-                let task = have.ok_or_else(|| missing("actual"))?;
-                tracing::info!(kind = c.kind.as_str(), name = %c.name, "deleting");
-                match task {
-                    Task::ServiceAccount(a) => {
-                        match self.iam.delete_service_account(&a.email).await {
-                            Err(e) if !e.is_not_found() => return Err(e.into()),
-                            _ => {}
-                        }
-                        return Ok(());
-                    }
-                    Task::ProjectIamMember(m) => {
-                        return self.change_project_policy(|p| gce_iam::without_member(p, &m.role, &identity::member_of(&m.email), None)).await;
-                    }
-                    Task::BucketIamMember(m) => {
-                        let condition = condition_value(m);
-                        return self
-                            .change_bucket_policy(&m.bucket, |p| gce_iam::without_member(p, &m.role, &identity::member_of(&m.email), condition.as_ref()))
-                            .await;
-                    }
-                    _ => {}
-                }
-                self.delete_with_retry(&c.name, || async move {
-                    match task {
-                        Task::Network(n) => cx.delete_network(&n.gce_name).await,
-                        Task::Subnetwork(s) => cx.delete_subnetwork(&s.region, &s.gce_name).await,
-                        Task::Firewall(f) => cx.delete_firewall(&f.name).await,
-                        Task::InstanceTemplate(t) => cx.delete_instance_template(&t.name).await,
-                        Task::InstanceGroupManager(m) => cx.delete_instance_group_manager(&m.zone, &m.gce_name).await,
-                        Task::Disk(d) => cx.delete_disk(&d.zone, &d.gce_name).await,
-                        Task::ServiceAccount(_) | Task::ProjectIamMember(_) | Task::BucketIamMember(_) => Ok(()),
-                    }
-                })
-                .await?;
-            }
-        }
-        Ok(())
+        let task = [&c.desired, &c.actual].into_iter().flatten().find_map(|r| r.gce.as_deref()).ok_or_else(|| GceError::Resource {
+            kind: c.kind.as_str(),
+            name: c.name.clone(),
+            message: "the plan holds no typed state for it".into(),
+        })?;
+        let doing = match c.action {
+            Action::Create => "creating",
+            Action::Update(_) => "updating",
+            Action::Delete => "deleting",
+        };
+        tracing::info!(kind = c.kind.as_str(), name = %c.name, "{doing}");
+        task.task().render_gce(Exec { target: self, names }, c).await
     }
 
     /// Read the project's policy, change it, write it back with its etag (a concurrent change:
     /// read again, a bounded number of times).
-    async fn change_project_policy(&self, f: impl Fn(&Value) -> Value) -> Result<(), GceError> {
+    pub(crate) async fn change_project_policy(&self, f: impl Fn(&Value) -> Value) -> Result<(), GceError> {
         for attempt in 1..=POLICY_ATTEMPTS {
             let policy = self.iam.project_policy().await?;
             match self.iam.set_project_policy(&f(&policy)).await {
@@ -371,7 +268,7 @@ impl GceTarget {
         Ok(())
     }
 
-    async fn change_bucket_policy(&self, bucket: &str, f: impl Fn(&Value) -> Value) -> Result<(), GceError> {
+    pub(crate) async fn change_bucket_policy(&self, bucket: &str, f: impl Fn(&Value) -> Value) -> Result<(), GceError> {
         for attempt in 1..=POLICY_ATTEMPTS {
             let policy = self.iam.bucket_policy(bucket).await?;
             match self.iam.set_bucket_policy(bucket, &f(&policy)).await {
@@ -386,7 +283,7 @@ impl GceTarget {
 
     /// A delete, retried (bounded) while the resource is still used by another; one already gone
     /// is done.
-    async fn delete_with_retry<F, Fut>(&self, what: &str, mut f: F) -> Result<(), GceError>
+    pub(crate) async fn delete_with_retry<F, Fut>(&self, what: &str, mut f: F) -> Result<(), GceError>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<(), ComputeError>>,
@@ -411,10 +308,6 @@ impl GceTarget {
 /// Read-modify-write rounds of an IAM policy before a concurrent writer wins.
 const POLICY_ATTEMPTS: u32 = 5;
 
-fn condition_value(m: &super::BucketIamMember) -> Option<Value> {
-    m.condition.as_ref().map(|c| serde_json::json!({"title": c.title, "description": c.description, "expression": c.expression}))
-}
-
 /// The state store's bucket, when it is Cloud Storage.
 fn state_bucket(model: &ClusterModel) -> Option<String> {
     match model.config_base.parse::<base::ConfigBase>() {
@@ -427,10 +320,7 @@ fn name_of(v: &Value) -> &str {
     v["name"].as_str().unwrap_or_default()
 }
 
-/// The model's GCE tasks in their plan views.
-pub fn desired(model: &ClusterModel, names: &Names) -> Vec<Resource> {
-    model.gce.to_vec().into_iter().map(|t| views::view(t, None, names)).collect()
-}
+pub use super::task::desired;
 
 /// Write calls made so far, per `compute/<collection>.<method>`.
 pub fn write_calls(counter: &CallCounter) -> BTreeMap<String, u64> {

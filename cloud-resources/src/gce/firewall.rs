@@ -1,10 +1,12 @@
 //! A GCE firewall rule (ingress, on the cluster's network): who may reach which instances (by their
 //! network tags) on which protocols and ports.
 
-use serde_json::json;
+use serde_json::{json, Value};
 
-use super::{GceTask, Network};
-use crate::tasks::Link;
+use super::views::{sorted_joined, Names};
+use super::{Exec, GceFuture, GceTask, Network, Typed};
+use crate::plan::{Action, Change, Kind};
+use crate::tasks::{Fields, Link};
 use crate::terraform_json::Blocks;
 
 /// One protocol and its ports (`tcp` + `["22"]`; no ports: all of them).
@@ -40,8 +42,56 @@ pub struct Firewall {
 }
 
 impl GceTask for Firewall {
+    fn kind(&self) -> Kind {
+        Kind::GceFirewall
+    }
     fn name(&self) -> String {
         self.name.clone()
+    }
+    fn gce_name(&self, _names: &Names) -> String {
+        self.name.clone()
+    }
+    fn fields(&self, f: &mut Fields, names: &Names) {
+        let mut allowed: Vec<String> = self.allowed.iter().map(Allowed::label).collect();
+        allowed.sort();
+        f.set("network", names.network(&self.network))
+            .set("allowed", allowed.join(" "))
+            .set("source_ranges", sorted_joined(&self.source_ranges))
+            .set("source_tags", sorted_joined(&self.source_tags))
+            .set("target_tags", sorted_joined(&self.target_tags));
+    }
+    fn body(&self, names: &Names) -> Value {
+        let mut v = json!({
+            "name": self.name,
+            "network": names.network_link(&self.network),
+            "direction": "INGRESS",
+            "priority": 1000,
+            "targetTags": self.target_tags,
+            "allowed": self.allowed.iter().map(|a| {
+                let mut r = json!({"IPProtocol": a.protocol});
+                if !a.ports.is_empty() {
+                    r["ports"] = json!(a.ports);
+                }
+                r
+            }).collect::<Vec<_>>(),
+        });
+        // A patch replaces what it sends: both lists always sent (empty clears).
+        v["sourceRanges"] = json!(self.source_ranges);
+        v["sourceTags"] = json!(self.source_tags);
+        v
+    }
+    /// Changed in place (a patch of the whole rule).
+    fn render_gce<'a>(&'a self, cx: Exec<'a>, c: &'a Change) -> GceFuture<'a> {
+        Box::pin(async move {
+            let c = Typed::<Firewall>::of(c);
+            let compute = &cx.target.compute;
+            match c.action {
+                Action::Create => compute.insert_firewall(&self.body(cx.names)).await?,
+                Action::Update(_) => compute.patch_firewall(c.name, &self.body(cx.names)).await?,
+                Action::Delete => cx.target.delete_with_retry(c.name, || compute.delete_firewall(&self.name)).await?,
+            }
+            Ok(())
+        })
     }
     fn render_terraform(&self, b: &mut Blocks) {
         let allow: Vec<_> = self.allowed.iter().map(|a| json!({"protocol": a.protocol, "ports": a.ports})).collect();

@@ -5,12 +5,15 @@
 //! and read only what a worker needs; nothing of a node's identity reaches `pki/private/`,
 //! `secrets/`, `backups/` or `addons/`.
 
-use serde_json::json;
+use cloud::gce::iam as gce_iam;
+use serde_json::{json, Value};
 
-use crate::tasks::{Link, Linked};
+use crate::plan::{Action, Change, Kind};
+use crate::tasks::{Fields, Link, Linked};
 use crate::terraform_json::Blocks;
 
-use super::GceTask;
+use super::views::Names;
+use super::{Exec, GceFuture, GceTask, Typed};
 
 /// A service account the cluster owns (`keelson delete` deletes it).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,8 +33,42 @@ impl Linked for ServiceAccount {
 }
 
 impl GceTask for ServiceAccount {
+    fn kind(&self) -> Kind {
+        Kind::GceServiceAccount
+    }
     fn name(&self) -> String {
         self.name.clone()
+    }
+    fn gce_name(&self, _names: &Names) -> String {
+        self.email.clone()
+    }
+    fn fields(&self, f: &mut Fields, _names: &Names) {
+        f.set("project", &self.project).set("display_name", &self.display_name).set("description", &self.description);
+    }
+    fn body(&self, _names: &Names) -> Value {
+        json!({
+            "accountId": self.account_id,
+            "serviceAccount": {"displayName": self.display_name, "description": self.description},
+        })
+    }
+    /// Its display name and description change in place; one already gone is deleted.
+    fn render_gce<'a>(&'a self, cx: Exec<'a>, c: &'a Change) -> GceFuture<'a> {
+        Box::pin(async move {
+            let iam = &cx.target.iam;
+            match &c.action {
+                Action::Create => {
+                    iam.create_service_account(&self.account_id, &self.display_name, &self.description).await?;
+                }
+                Action::Update(_) => {
+                    iam.patch_service_account(&self.email, &self.display_name, &self.description).await?;
+                }
+                Action::Delete => match iam.delete_service_account(&self.email).await {
+                    Err(e) if !e.is_not_found() => return Err(e.into()),
+                    _ => {}
+                },
+            }
+            Ok(())
+        })
     }
     fn render_terraform(&self, b: &mut Blocks) {
         b.add(
@@ -60,8 +97,32 @@ pub struct ProjectIamMember {
 }
 
 impl GceTask for ProjectIamMember {
+    fn kind(&self) -> Kind {
+        Kind::GceProjectIamMember
+    }
     fn name(&self) -> String {
         self.name.clone()
+    }
+    fn gce_name(&self, _names: &Names) -> String {
+        self.name.clone()
+    }
+    fn fields(&self, f: &mut Fields, _names: &Names) {
+        f.set("project", &self.project).set("role", &self.role).set("member", member_of(&self.email));
+    }
+    fn body(&self, _names: &Names) -> Value {
+        json!({"role": self.role, "members": [member_of(&self.email)]})
+    }
+    /// The project's policy read, the member added to or removed from the role, written back.
+    fn render_gce<'a>(&'a self, cx: Exec<'a>, c: &'a Change) -> GceFuture<'a> {
+        Box::pin(async move {
+            let c = Typed::<ProjectIamMember>::of(c);
+            let member = member_of(&self.email);
+            match c.action {
+                Action::Create => cx.target.change_project_policy(|p| gce_iam::with_member(p, &self.role, &member, None)).await,
+                Action::Update(_) => Err(c.refuse("a project grant")),
+                Action::Delete => cx.target.change_project_policy(|p| gce_iam::without_member(p, &self.role, &member, None)).await,
+            }
+        })
     }
     fn render_terraform(&self, b: &mut Blocks) {
         b.add(
@@ -101,9 +162,48 @@ pub struct BucketIamMember {
     pub condition: Option<Condition>,
 }
 
+impl BucketIamMember {
+    /// The condition as IAM policies carry it.
+    fn condition_value(&self) -> Option<Value> {
+        self.condition.as_ref().map(|c| json!({"title": c.title, "description": c.description, "expression": c.expression}))
+    }
+}
+
 impl GceTask for BucketIamMember {
+    fn kind(&self) -> Kind {
+        Kind::GceBucketIamMember
+    }
     fn name(&self) -> String {
         self.name.clone()
+    }
+    fn gce_name(&self, _names: &Names) -> String {
+        self.name.clone()
+    }
+    fn fields(&self, f: &mut Fields, _names: &Names) {
+        f.set("bucket", &self.bucket)
+            .set("role", &self.role)
+            .set("member", member_of(&self.email))
+            .set("condition", self.condition.as_ref().map(|c| c.expression.as_str()).unwrap_or(""));
+    }
+    fn body(&self, _names: &Names) -> Value {
+        let mut v = json!({"role": self.role, "members": [member_of(&self.email)]});
+        if let Some(c) = self.condition_value() {
+            v["condition"] = c;
+        }
+        v
+    }
+    /// The bucket's policy read, the member added to or removed from the (conditional) binding,
+    /// written back.
+    fn render_gce<'a>(&'a self, cx: Exec<'a>, c: &'a Change) -> GceFuture<'a> {
+        Box::pin(async move {
+            let c = Typed::<BucketIamMember>::of(c);
+            let (member, condition) = (member_of(&self.email), self.condition_value());
+            match c.action {
+                Action::Create => cx.target.change_bucket_policy(&self.bucket, |p| gce_iam::with_member(p, &self.role, &member, condition.as_ref())).await,
+                Action::Update(_) => Err(c.refuse("a bucket grant")),
+                Action::Delete => cx.target.change_bucket_policy(&self.bucket, |p| gce_iam::without_member(p, &self.role, &member, condition.as_ref())).await,
+            }
+        })
     }
     fn render_terraform(&self, b: &mut Blocks) {
         let mut v = json!({"bucket": self.bucket, "role": self.role, "member": format!("serviceAccount:{}", self.account.tf())});

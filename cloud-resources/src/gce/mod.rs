@@ -7,12 +7,14 @@
 pub mod direct;
 mod firewall;
 pub mod identity;
+pub mod task;
 pub mod views;
 
 pub use cloud::gce::compute::{name_of_link, ComputeError};
 pub use direct::{GceDiscovered, GceError, GceTarget};
 pub use firewall::{Allowed, Firewall};
 pub use identity::{BucketIamMember, Condition, ProjectIamMember, ServiceAccount};
+pub use task::{Exec, GceFuture, GceTask, Task, Tasks, Typed};
 
 use std::collections::BTreeMap;
 
@@ -20,9 +22,11 @@ use keelson_api::Role;
 use serde_json::{json, Value};
 
 use crate::model::ClusterModel;
-use crate::tasks::{Link, Linked};
+use crate::plan::{Action, Change, Kind};
+use crate::tasks::{Fields, Link, Linked};
 use crate::terraform_json::{tf_name, Blocks};
 use base::Tree;
+use views::Names;
 
 /// Default etcd disk type on GCE (kOps: pd-ssd).
 pub const ETCD_DISK_TYPE: &str = "pd-ssd";
@@ -86,29 +90,6 @@ pub fn role_label(role: Role) -> &'static str {
     }
 }
 
-/// One task type of GCE.
-pub trait GceTask: std::fmt::Debug + Send + Sync {
-    fn name(&self) -> String;
-    /// Terraform blocks for the task.
-    fn render_terraform(&self, b: &mut Blocks);
-}
-
-crate::tasks! {
-    /// A typed resource of GCE.
-    #[allow(clippy::large_enum_variant)]
-    pub enum Task, pub struct Tasks, dyn GceTask {
-        networks: Network(Network),
-        subnetworks: Subnetwork(Subnetwork),
-        firewalls: Firewall(Firewall),
-        service_accounts: ServiceAccount(ServiceAccount),
-        project_iam_members: ProjectIamMember(ProjectIamMember),
-        bucket_iam_members: BucketIamMember(BucketIamMember),
-        instance_templates: InstanceTemplate(InstanceTemplate),
-        instance_group_managers: InstanceGroupManager(InstanceGroupManager),
-        disks: Disk(Disk),
-    }
-}
-
 /// The cluster's VPC network.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Network {
@@ -124,8 +105,32 @@ impl Linked for Network {
 }
 
 impl GceTask for Network {
+    fn kind(&self) -> Kind {
+        Kind::GceNetwork
+    }
     fn name(&self) -> String {
         self.name.clone()
+    }
+    fn gce_name(&self, _names: &Names) -> String {
+        self.gce_name.clone()
+    }
+    fn fields(&self, f: &mut Fields, _names: &Names) {
+        f.set("auto_create_subnetworks", false);
+    }
+    fn body(&self, _names: &Names) -> Value {
+        json!({"name": self.gce_name, "autoCreateSubnetworks": false, "routingConfig": {"routingMode": "REGIONAL"}})
+    }
+    fn render_gce<'a>(&'a self, cx: Exec<'a>, c: &'a Change) -> GceFuture<'a> {
+        Box::pin(async move {
+            let c = Typed::<Network>::of(c);
+            let compute = &cx.target.compute;
+            match c.action {
+                Action::Create => compute.insert_network(&self.body(cx.names)).await?,
+                Action::Update(_) => return Err(c.refuse("a network")),
+                Action::Delete => cx.target.delete_with_retry(c.name, || compute.delete_network(&self.gce_name)).await?,
+            }
+            Ok(())
+        })
     }
     fn render_terraform(&self, b: &mut Blocks) {
         b.add("google_compute_network", &self.name, json!({"name": self.gce_name, "auto_create_subnetworks": false}));
@@ -148,8 +153,33 @@ impl Linked for Subnetwork {
 }
 
 impl GceTask for Subnetwork {
+    fn kind(&self) -> Kind {
+        Kind::GceSubnetwork
+    }
     fn name(&self) -> String {
         self.name.clone()
+    }
+    fn gce_name(&self, _names: &Names) -> String {
+        self.gce_name.clone()
+    }
+    fn fields(&self, f: &mut Fields, names: &Names) {
+        f.set("network", names.network(&self.network)).set("region", &self.region).set("cidr", &self.cidr);
+    }
+    /// The region is the request's path (the body's `region` is a URL GCE fills in).
+    fn body(&self, names: &Names) -> Value {
+        json!({"name": self.gce_name, "network": names.network_link(&self.network), "ipCidrRange": self.cidr})
+    }
+    fn render_gce<'a>(&'a self, cx: Exec<'a>, c: &'a Change) -> GceFuture<'a> {
+        Box::pin(async move {
+            let c = Typed::<Subnetwork>::of(c);
+            let compute = &cx.target.compute;
+            match c.action {
+                Action::Create => compute.insert_subnetwork(&self.region, &self.body(cx.names)).await?,
+                Action::Update(_) => return Err(c.refuse("a subnetwork's network, region or range")),
+                Action::Delete => cx.target.delete_with_retry(c.name, || compute.delete_subnetwork(&self.region, &self.gce_name)).await?,
+            }
+            Ok(())
+        })
     }
     fn render_terraform(&self, b: &mut Blocks) {
         b.add(
@@ -198,8 +228,55 @@ impl Linked for InstanceTemplate {
 }
 
 impl GceTask for InstanceTemplate {
+    fn kind(&self) -> Kind {
+        Kind::GceInstanceTemplate
+    }
     fn name(&self) -> String {
         self.name.clone()
+    }
+    /// Its prefix and a hash of its body ([`views::template_name`]).
+    fn gce_name(&self, names: &Names) -> String {
+        names.templates.get(&self.name).cloned().unwrap_or_else(|| self.name.clone())
+    }
+    fn fields(&self, f: &mut Fields, _names: &Names) {
+        f.set("group", &self.group)
+            .set("machine_type", &self.machine_type)
+            .set("image", &self.image)
+            .set("disk", format!("{} GB {}", self.disk_size_gb, self.disk_type))
+            .set("metadata", format!("{} (sha256 {}), cluster-name, kops-k8s-io-instance-group-name", self.user_data_key, base::sha256_hex(&self.user_data)))
+            .set("service_account", &self.service_account)
+            .set("scopes", views::sorted_joined(&self.scopes))
+            .set("tags", views::sorted_joined(&self.tags));
+    }
+    fn labels(&self) -> BTreeMap<String, String> {
+        self.labels.clone()
+    }
+    fn body(&self, names: &Names) -> Value {
+        json!({
+            "name": views::template_name(self, names),
+            "description": format!("keelson: instance group {} of {}", self.group, self.cluster),
+            "properties": views::template_properties(self, names),
+        })
+    }
+    /// Created once, never changed: templates are named by their content, so a changed one is a
+    /// new name.
+    fn render_gce<'a>(&'a self, cx: Exec<'a>, c: &'a Change) -> GceFuture<'a> {
+        Box::pin(async move {
+            let c = Typed::<InstanceTemplate>::of(c);
+            let compute = &cx.target.compute;
+            match c.action {
+                Action::Create => {
+                    // GCE metadata holds text: a compressed boot script would arrive corrupted.
+                    std::str::from_utf8(&self.user_data).map_err(|_| {
+                        c.error(format!("the {} of instance group {} is not text (compressUserData?); GCE metadata holds text", self.user_data_key, self.group))
+                    })?;
+                    compute.insert_instance_template(&self.body(cx.names)).await?
+                }
+                Action::Update(_) => return Err(c.refuse("an instance template")),
+                Action::Delete => cx.target.delete_with_retry(c.name, || compute.delete_instance_template(&self.name)).await?,
+            }
+            Ok(())
+        })
     }
     fn render_terraform(&self, b: &mut Blocks) {
         let startup = b.data_file(&format!("google_compute_instance_template_{}_metadata_{}", tf_name(&self.name), self.user_data_key), &self.user_data);
@@ -258,8 +335,54 @@ pub struct InstanceGroupManager {
 }
 
 impl GceTask for InstanceGroupManager {
+    fn kind(&self) -> Kind {
+        Kind::GceInstanceGroupManager
+    }
     fn name(&self) -> String {
         self.name.clone()
+    }
+    fn gce_name(&self, _names: &Names) -> String {
+        self.gce_name.clone()
+    }
+    fn fields(&self, f: &mut Fields, names: &Names) {
+        f.set("zone", &self.zone)
+            .set("base_instance_name", &self.base_instance_name)
+            .set("target_size", self.target_size)
+            .set("template", names.template(&self.template));
+    }
+    fn body(&self, names: &Names) -> Value {
+        json!({
+            "name": self.gce_name,
+            "baseInstanceName": self.base_instance_name,
+            "instanceTemplate": names.template_link(&self.template),
+            "targetSize": self.target_size,
+            "updatePolicy": {"type": "OPPORTUNISTIC", "minimalAction": "REPLACE", "maxSurge": {"fixed": self.max_surge}, "maxUnavailable": {"fixed": 0}},
+        })
+    }
+    /// An update moves the group to another template (its instances are left to a rolling update)
+    /// or resizes it; its zone and base instance name are for life.
+    fn render_gce<'a>(&'a self, cx: Exec<'a>, c: &'a Change) -> GceFuture<'a> {
+        Box::pin(async move {
+            let c = Typed::<InstanceGroupManager>::of(c);
+            let compute = &cx.target.compute;
+            match c.action {
+                Action::Create => compute.insert_instance_group_manager(&self.zone, &self.body(cx.names)).await?,
+                Action::Update(_) => {
+                    let have = c.have()?;
+                    if c.changed("zone") || c.changed("base_instance_name") {
+                        return Err(c.refuse("its zone or base instance name"));
+                    }
+                    if c.changed("template") {
+                        compute.set_instance_template(&have.zone, &have.gce_name, &cx.names.template_link(&self.template)).await?;
+                    }
+                    if c.changed("target_size") {
+                        compute.resize_instance_group_manager(&have.zone, &have.gce_name, self.target_size).await?;
+                    }
+                }
+                Action::Delete => cx.target.delete_with_retry(c.name, || compute.delete_instance_group_manager(&self.zone, &self.gce_name)).await?,
+            }
+            Ok(())
+        })
     }
     fn render_terraform(&self, b: &mut Blocks) {
         b.add(
@@ -289,8 +412,48 @@ pub struct Disk {
 }
 
 impl GceTask for Disk {
+    fn kind(&self) -> Kind {
+        Kind::GceDisk
+    }
     fn name(&self) -> String {
         self.name.clone()
+    }
+    fn gce_name(&self, _names: &Names) -> String {
+        self.gce_name.clone()
+    }
+    fn fields(&self, f: &mut Fields, _names: &Names) {
+        f.set("zone", &self.zone).set("size", self.size_gb).set("type", &self.disk_type);
+    }
+    fn labels(&self) -> BTreeMap<String, String> {
+        self.labels.clone()
+    }
+    fn body(&self, names: &Names) -> Value {
+        json!({
+            "name": self.gce_name,
+            "sizeGb": self.size_gb.to_string(),
+            "type": format!("projects/{}/zones/{}/diskTypes/{}", names.project, self.zone, self.disk_type),
+            "labels": self.labels,
+        })
+    }
+    /// An update sets labels only (zone, size and type are kept for life): ours set, others' kept.
+    fn render_gce<'a>(&'a self, cx: Exec<'a>, c: &'a Change) -> GceFuture<'a> {
+        Box::pin(async move {
+            let c = Typed::<Disk>::of(c);
+            let compute = &cx.target.compute;
+            match c.action {
+                Action::Create => compute.insert_disk(&self.zone, &self.body(cx.names)).await?,
+                Action::Update(_) => {
+                    let have = c.have()?;
+                    let now = compute.disk(&have.zone, &have.gce_name).await?.ok_or_else(|| c.error("gone since it was planned"))?;
+                    let mut labels = have.labels.clone();
+                    labels.extend(self.labels.clone());
+                    let fingerprint = now["labelFingerprint"].as_str().unwrap_or_default();
+                    compute.set_disk_labels(&have.zone, &have.gce_name, &serde_json::to_value(&labels).unwrap_or_default(), fingerprint).await?;
+                }
+                Action::Delete => cx.target.delete_with_retry(c.name, || compute.delete_disk(&self.zone, &self.gce_name)).await?,
+            }
+            Ok(())
+        })
     }
     fn render_terraform(&self, b: &mut Blocks) {
         b.add(
@@ -301,7 +464,7 @@ impl GceTask for Disk {
     }
 }
 
-fn labels_value(labels: &BTreeMap<String, String>) -> Value {
+pub(crate) fn labels_value(labels: &BTreeMap<String, String>) -> Value {
     Value::Object(labels.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect())
 }
 

@@ -1,7 +1,6 @@
-//! The GCE tasks as the Compute API sees them and as the plan compares them: each task's request
-//! body ([`body`]), the typed task read back from a Compute resource ([`from_network`], …), and
-//! the plan view of either ([`view`]): kind, GCE name, comparable fields (names, never URLs; a
-//! hash, never the boot script), labels as tags.
+//! The GCE tasks as the Compute API names them ([`Names`]: links to names and URLs) and the typed
+//! task read back from a Compute or IAM resource ([`from_network`], …); what each type sends and
+//! how the plan compares it is the type's own ([`super::GceTask`]).
 //!
 //! An instance template is immutable: its GCE name is its group's prefix and a hash of its body
 //! ([`template_name`]), so a changed template is a new name (created, the MIGs moved to it, the old
@@ -14,9 +13,8 @@ use keelson_api::Role;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use super::{Allowed, BucketIamMember, Disk, Firewall, InstanceGroupManager, InstanceTemplate, Network, ProjectIamMember, ServiceAccount, Subnetwork, Task};
-use crate::plan::{Kind, Resource};
-use crate::tasks::{Fields, Link};
+use super::{Allowed, BucketIamMember, Disk, Firewall, InstanceGroupManager, InstanceTemplate, Network, ProjectIamMember, ServiceAccount, Subnetwork};
+use crate::tasks::Link;
 
 /// How the links of the model's tasks are named on GCE, and the project they live in.
 #[derive(Debug, Clone, Default)]
@@ -52,7 +50,7 @@ impl Names {
     pub fn template(&self, l: &Link<InstanceTemplate>) -> String {
         self.templates.get(l.name()).cloned().unwrap_or_else(|| l.name().to_string())
     }
-    fn network_link(&self, l: &Link<Network>) -> String {
+    pub(crate) fn network_link(&self, l: &Link<Network>) -> String {
         match l.id() {
             Some(id) if id.contains('/') => id.to_string(),
             _ => format!("projects/{}/global/networks/{}", self.project, self.network(l)),
@@ -88,7 +86,7 @@ fn image_of(link: &str) -> String {
 }
 
 /// The `properties` of a template's body (everything but its name).
-fn template_properties(t: &InstanceTemplate, names: &Names) -> Value {
+pub(crate) fn template_properties(t: &InstanceTemplate, names: &Names) -> Value {
     let mut nic = json!({"network": names.network_link(&t.network)});
     if let Some(s) = &t.subnetwork {
         nic["subnetwork"] = json!(names.subnetwork_link(s, &names.region));
@@ -127,65 +125,6 @@ pub fn template_name(t: &InstanceTemplate, names: &Names) -> String {
     let props = template_properties(t, names);
     let hash = hex::encode(Sha256::digest(props.to_string().as_bytes()));
     format!("{}{}", t.name_prefix, &hash[..12])
-}
-
-/// The Compute request body that creates the task.
-pub fn body(task: &Task, names: &Names) -> Value {
-    match task {
-        Task::Network(n) => json!({"name": n.gce_name, "autoCreateSubnetworks": false, "routingConfig": {"routingMode": "REGIONAL"}}),
-        // The region is the request's path (the body's `region` is a URL GCE fills in).
-        Task::Subnetwork(s) => json!({"name": s.gce_name, "network": names.network_link(&s.network), "ipCidrRange": s.cidr}),
-        Task::Firewall(f) => {
-            let mut v = json!({
-                "name": f.name,
-                "network": names.network_link(&f.network),
-                "direction": "INGRESS",
-                "priority": 1000,
-                "targetTags": f.target_tags,
-                "allowed": f.allowed.iter().map(|a| {
-                    let mut r = json!({"IPProtocol": a.protocol});
-                    if !a.ports.is_empty() {
-                        r["ports"] = json!(a.ports);
-                    }
-                    r
-                }).collect::<Vec<_>>(),
-            });
-            // A patch replaces what it sends: both lists always sent (empty clears).
-            v["sourceRanges"] = json!(f.source_ranges);
-            v["sourceTags"] = json!(f.source_tags);
-            v
-        }
-        Task::InstanceTemplate(t) => json!({
-            "name": template_name(t, names),
-            "description": format!("keelson: instance group {} of {}", t.group, t.cluster),
-            "properties": template_properties(t, names),
-        }),
-        Task::InstanceGroupManager(m) => json!({
-            "name": m.gce_name,
-            "baseInstanceName": m.base_instance_name,
-            "instanceTemplate": names.template_link(&m.template),
-            "targetSize": m.target_size,
-            "updatePolicy": {"type": "OPPORTUNISTIC", "minimalAction": "REPLACE", "maxSurge": {"fixed": m.max_surge}, "maxUnavailable": {"fixed": 0}},
-        }),
-        Task::ServiceAccount(a) => json!({
-            "accountId": a.account_id,
-            "serviceAccount": {"displayName": a.display_name, "description": a.description},
-        }),
-        Task::ProjectIamMember(m) => json!({"role": m.role, "members": [super::identity::member_of(&m.email)]}),
-        Task::BucketIamMember(m) => {
-            let mut v = json!({"role": m.role, "members": [super::identity::member_of(&m.email)]});
-            if let Some(c) = &m.condition {
-                v["condition"] = json!({"title": c.title, "description": c.description, "expression": c.expression});
-            }
-            v
-        }
-        Task::Disk(d) => json!({
-            "name": d.gce_name,
-            "sizeGb": d.size_gb.to_string(),
-            "type": format!("projects/{}/zones/{}/diskTypes/{}", names.project, d.zone, d.disk_type),
-            "labels": d.labels,
-        }),
-    }
 }
 
 fn strings(v: &Value) -> Vec<String> {
@@ -347,97 +286,12 @@ pub fn from_disk(v: &Value) -> Disk {
     }
 }
 
-pub fn kind_of(task: &Task) -> Kind {
-    match task {
-        Task::Network(_) => Kind::GceNetwork,
-        Task::Subnetwork(_) => Kind::GceSubnetwork,
-        Task::Firewall(_) => Kind::GceFirewall,
-        Task::InstanceTemplate(_) => Kind::GceInstanceTemplate,
-        Task::InstanceGroupManager(_) => Kind::GceInstanceGroupManager,
-        Task::Disk(_) => Kind::GceDisk,
-        Task::ServiceAccount(_) => Kind::GceServiceAccount,
-        Task::ProjectIamMember(_) => Kind::GceProjectIamMember,
-        Task::BucketIamMember(_) => Kind::GceBucketIamMember,
-    }
-}
-
-/// The plan's name of a task: its GCE name.
-pub fn gce_name_of(task: &Task, names: &Names) -> String {
-    match task {
-        Task::Network(n) => n.gce_name.clone(),
-        Task::Subnetwork(s) => s.gce_name.clone(),
-        Task::Firewall(f) => f.name.clone(),
-        Task::InstanceTemplate(t) => names.templates.get(&t.name).cloned().unwrap_or_else(|| t.name.clone()),
-        Task::InstanceGroupManager(m) => m.gce_name.clone(),
-        Task::Disk(d) => d.gce_name.clone(),
-        Task::ServiceAccount(a) => a.email.clone(),
-        Task::ProjectIamMember(m) => m.name.clone(),
-        Task::BucketIamMember(m) => m.name.clone(),
-    }
-}
-
-fn sorted_joined(v: &[String]) -> String {
+/// Sorted, deduplicated, comma-joined (how the plan compares a list).
+pub(crate) fn sorted_joined(v: &[String]) -> String {
     let mut v = v.to_vec();
     v.sort();
     v.dedup();
     v.join(",")
-}
-
-/// The plan view of a task; `id`: the partial URL of an actual resource.
-pub fn view(task: Task, id: Option<String>, names: &Names) -> Resource {
-    let mut f = Fields::default();
-    let mut tags = BTreeMap::new();
-    match &task {
-        Task::Network(_) => {
-            f.set("auto_create_subnetworks", false);
-        }
-        Task::Subnetwork(s) => {
-            f.set("network", names.network(&s.network)).set("region", &s.region).set("cidr", &s.cidr);
-        }
-        Task::Firewall(fw) => {
-            let mut allowed: Vec<String> = fw.allowed.iter().map(Allowed::label).collect();
-            allowed.sort();
-            f.set("network", names.network(&fw.network))
-                .set("allowed", allowed.join(" "))
-                .set("source_ranges", sorted_joined(&fw.source_ranges))
-                .set("source_tags", sorted_joined(&fw.source_tags))
-                .set("target_tags", sorted_joined(&fw.target_tags));
-        }
-        Task::InstanceTemplate(t) => {
-            f.set("group", &t.group)
-                .set("machine_type", &t.machine_type)
-                .set("image", &t.image)
-                .set("disk", format!("{} GB {}", t.disk_size_gb, t.disk_type))
-                .set("metadata", format!("{} (sha256 {}), cluster-name, kops-k8s-io-instance-group-name", t.user_data_key, base::sha256_hex(&t.user_data)))
-                .set("service_account", &t.service_account)
-                .set("scopes", sorted_joined(&t.scopes))
-                .set("tags", sorted_joined(&t.tags));
-            tags = t.labels.clone();
-        }
-        Task::InstanceGroupManager(m) => {
-            f.set("zone", &m.zone)
-                .set("base_instance_name", &m.base_instance_name)
-                .set("target_size", m.target_size)
-                .set("template", names.template(&m.template));
-        }
-        Task::Disk(d) => {
-            f.set("zone", &d.zone).set("size", d.size_gb).set("type", &d.disk_type);
-            tags = d.labels.clone();
-        }
-        Task::ServiceAccount(a) => {
-            f.set("project", &a.project).set("display_name", &a.display_name).set("description", &a.description);
-        }
-        Task::ProjectIamMember(m) => {
-            f.set("project", &m.project).set("role", &m.role).set("member", super::identity::member_of(&m.email));
-        }
-        Task::BucketIamMember(m) => {
-            f.set("bucket", &m.bucket)
-                .set("role", &m.role)
-                .set("member", super::identity::member_of(&m.email))
-                .set("condition", m.condition.as_ref().map(|c| c.expression.as_str()).unwrap_or(""));
-        }
-    }
-    Resource { kind: Some(kind_of(&task)), name: gce_name_of(&task, names), attrs: f.0, tags, id, task: None, gce: Some(Box::new(task)) }
 }
 
 #[cfg(test)]
@@ -481,7 +335,7 @@ mod tests {
         assert_ne!(template_name(&bigger, &names), name);
         let other_script = InstanceTemplate { user_data: b"#!/bin/sh\n".to_vec(), ..template() };
         assert_ne!(template_name(&other_script, &names), name);
-        let body = body(&Task::InstanceTemplate(t.clone()), &names);
+        let body = super::super::Task::InstanceTemplate(t.clone()).body(&names);
         assert_eq!(body["properties"]["networkInterfaces"][0]["subnetwork"], "projects/p/regions/europe-west1/subnetworks/europe-west1.c");
         let back = from_template(&body);
         assert_eq!(InstanceTemplate { name: t.name.clone(), subnetwork: Some(Link::to("europe-west1.c")), ..back }, t);
@@ -499,7 +353,7 @@ mod tests {
             target_tags: vec!["t".into()],
             allowed: vec![Allowed::new("tcp", &["22"]), Allowed::new("icmp", &[])],
         };
-        let b = body(&Task::Firewall(f.clone()), &Names { project: "p".into(), ..Default::default() });
+        let b = super::super::Task::Firewall(f.clone()).body(&Names { project: "p".into(), ..Default::default() });
         assert_eq!(b["allowed"], json!([{"IPProtocol": "tcp", "ports": ["22"]}, {"IPProtocol": "icmp"}]));
         assert_eq!(b["sourceTags"], json!([]), "a patch clears what the rule no longer has");
         assert_eq!(b["network"], "projects/p/global/networks/c");
