@@ -4,6 +4,29 @@
 
 use crate::ClusterSpec;
 
+/// The cluster's region, the one rule every part uses: a subnet's `region` (GCE specs name it),
+/// else the region of the first subnet zone ([`region_of_zone`]). `None` when no subnet says.
+pub fn region(spec: &ClusterSpec) -> Option<String> {
+    let subnets = spec.subnets.iter().flatten();
+    subnets
+        .clone()
+        .find_map(|s| s.region.clone().filter(|r| !r.is_empty()))
+        .or_else(|| subnets.clone().find_map(|s| s.zone.as_deref().and_then(region_of_zone)).map(str::to_string))
+}
+
+/// The region of a zone: AWS' rule (`us-east-1a` → `us-east-1`, [`crate::aws_region_of_zone`]), else
+/// Google's (`europe-west1-b` → `europe-west1`: the region, a dash, one letter). `None` for neither.
+pub fn region_of_zone(zone: &str) -> Option<&str> {
+    crate::aws_region_of_zone(zone).or_else(|| {
+        let (region, letter) = zone.rsplit_once('-')?;
+        let one_letter = letter.len() == 1 && letter.chars().all(|c| c.is_ascii_lowercase());
+        let well_formed = region.contains('-')
+            && region.ends_with(|c: char| c.is_ascii_digit())
+            && region.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+        (one_letter && well_formed).then_some(region)
+    })
+}
+
 /// The values of `spec.topology.dns.type`, spelt as kOps spells them (kOps' `DNSType`).
 pub const DNS_TYPES: [&str; 3] = ["Public", "Private", "None"];
 
@@ -48,6 +71,24 @@ pub fn cluster_dns(cluster_name: &str, spec: &ClusterSpec) -> ClusterDns {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_region_rule_for_both_clouds() {
+        for (zone, region) in [
+            ("us-east-1a", Some("us-east-1")),
+            ("us-west-2-lax-1b", Some("us-west-2-lax-1")),
+            ("europe-west1-b", Some("europe-west1")),
+            ("us-central1-a", Some("us-central1")),
+            ("nowhere", None),
+            ("us-east-1", None),
+        ] {
+            assert_eq!(region_of_zone(zone), region, "{zone}");
+        }
+        let spec = |yaml: &str| -> ClusterSpec { serde_yaml_ng::from_str(yaml).expect("spec") };
+        assert_eq!(region(&spec("subnets: [{name: a, zone: eu-west-1b}]")).as_deref(), Some("eu-west-1"));
+        assert_eq!(region(&spec("subnets: [{name: a, zone: us-central1-a}, {name: b, region: us-central1}]")).as_deref(), Some("us-central1"));
+        assert_eq!(region(&spec("subnets: []")), None);
+    }
     use crate::{DNSSpec, TopologySpec};
 
     fn spec(t: Option<&str>) -> ClusterSpec {

@@ -64,7 +64,7 @@ impl Identity {
             None => match imds.get("placement/region").await? {
                 Some(r) => r.trim().to_string(),
                 // Older IMDS lacks placement/region: the region of the zone.
-                None => keelson_api::aws_region_of_zone(&zone).unwrap_or(&zone).to_string(),
+                None => keelson_api::plan::region_of_zone(&zone).unwrap_or(&zone).to_string(),
             },
         };
         let internal_ip = need(imds, internal_ip, "local-ipv4").await?;

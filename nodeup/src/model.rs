@@ -286,7 +286,7 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         // Join by cloud identity: the join server signs this node's kubelet and kube-proxy CSRs.
         let server = server.ok_or_else(|| render_err("NodeupConfig: NodeBootstrap")("method CloudIdentity needs a Server".to_string()))?;
         let need = |what: &str| render_err("node join")(format!("no {what} (from IMDS, or --{what})"));
-        let region = inp.facts.region.clone().or_else(|| inp.facts.zone.as_deref().and_then(keelson_api::aws_region_of_zone).map(str::to_string));
+        let region = inp.facts.region.clone().or_else(|| inp.facts.zone.as_deref().and_then(keelson_api::plan::region_of_zone).map(str::to_string));
         tasks.push(Box::new(JoinTask {
             server,
             api_server: format!("https://api.internal.{cluster}"),

@@ -120,7 +120,7 @@ fn prepare(opts: &Options) -> anyhow::Result<Prepared> {
     let config_base: base::ConfigBase = boot.config_base.parse()?;
     let store = match &config_base {
         base::ConfigBase::S3 { .. } => {
-            let region = facts.region.clone().or_else(|| facts.zone.as_deref().and_then(keelson_api::aws_region_of_zone).map(str::to_string));
+            let region = facts.region.clone().or_else(|| facts.zone.as_deref().and_then(keelson_api::plan::region_of_zone).map(str::to_string));
             let aws_opts = base::aws::AwsOptions { region, imds_endpoint: imds_url.clone(), ..Default::default() };
             let s3 = runtime.block_on(async {
                 let conf = base::aws::sdk_config(&aws_opts).await;

@@ -92,7 +92,7 @@ fn blank_volumes_formatted_mounted_tagged_dns_then_second_pass_changes_nothing()
             "memory: 100Mi",
             "image: registry.k8s.io/etcd:v3.5.21",
             "--client-cert-auth=true",
-            "--trusted-ca-file=/etc/kubernetes/pki/etcd/main/ca.crt",
+            "--trusted-ca-file=/etc/kubernetes/pki/etcd/main/clients-ca.crt",
             "--peer-trusted-ca-file=/etc/kubernetes/pki/etcd/main/peer-ca.crt",
         ] {
             assert!(main.contains(want), "main manifest lacks {want}:\n{main}");

@@ -98,13 +98,9 @@ pub(crate) fn spread_over_zones_and_hosts(selector: &serde_json::Value) -> serde
     ])
 }
 
-/// The AWS region: the first subnet's `region`, else the region of the first subnet zone.
+/// The region ([`keelson_api::plan::region`], the one rule).
 pub(crate) fn aws_region(spec: &keelson_api::ClusterSpec) -> Option<String> {
-    let subnets = spec.subnets.iter().flatten();
-    subnets
-        .clone()
-        .find_map(|s| s.region.clone())
-        .or_else(|| subnets.clone().find_map(|s| s.zone.as_deref().and_then(keelson_api::aws_region_of_zone).map(str::to_string)))
+    keelson_api::plan::region(spec)
 }
 
 /// A multi-document manifest (documents as kOps writes them: keys sorted).

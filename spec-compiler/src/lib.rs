@@ -76,8 +76,7 @@ pub use base::nodeup_config_hash;
 
 /// Compile validated documents.
 pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, CompileError> {
-    let completed = complete::complete(docs, options)?;
-    let versions = complete::versions_for(&completed.spec, options)?;
+    let (completed, versions) = complete::complete_with_versions(docs, options)?;
     let spec = &completed.spec;
     let name = completed.name().to_string();
     let mut tree = Tree::default();
@@ -94,8 +93,8 @@ pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, C
 
     let mut environment = BTreeMap::new();
     if spec.cloud_provider.as_deref() == Some("aws") {
-        if let Some(region) = spec.subnets.iter().flatten().find_map(|s| s.zone.as_deref().and_then(keelson_api::aws_region_of_zone)) {
-            environment.insert("AWS_REGION".to_string(), region.to_string());
+        if let Some(region) = keelson_api::plan::region(spec) {
+            environment.insert("AWS_REGION".to_string(), region);
         }
     }
     let kubenet = spec.networking.as_ref().is_some_and(|n| n.kubenet.is_some());

@@ -157,12 +157,6 @@ pub(crate) fn role_tags(role: Role) -> Vec<(String, String)> {
     }
 }
 
-/// The region of an AWS zone (`us-east-1a` → `us-east-1`): [`keelson_api::aws_region_of_zone`];
-/// validation has refused zones it does not understand.
-pub fn region_of_zone(zone: &str) -> String {
-    keelson_api::aws_region_of_zone(zone).unwrap_or(zone).to_string()
-}
-
 /// Build the model of a compiled cluster.
 pub fn build(docs: &Documents, compiled: &Compiled) -> Result<ClusterModel, ModelError> {
     build_with(docs, compiled, true)
@@ -180,12 +174,7 @@ pub fn build_with(docs: &Documents, compiled: &Compiled, require_user_data: bool
         _ => return Err(ModelError::UnsupportedCloud { cluster, cloud: spec.cloud_provider.clone().unwrap_or_default() }),
     };
     let config_base = spec.config_base.clone().ok_or_else(|| missing("spec.configBase"))?;
-    let region = spec
-        .subnets
-        .iter()
-        .flatten()
-        .find_map(|s| s.region.clone().or_else(|| s.zone.as_deref().map(region_of_zone)))
-        .ok_or_else(|| missing("spec.subnets[].zone"))?;
+    let region = keelson_api::plan::region(spec).ok_or_else(|| missing("spec.subnets[].zone"))?;
     let subnets = network::spec_subnets(&cluster, spec, cloud)?;
     let vpc = match &spec.network_id {
         Some(id) => Link::existing(id.clone(), id.clone()),

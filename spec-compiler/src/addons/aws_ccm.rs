@@ -50,10 +50,10 @@ pub fn docs(cluster: &Cluster) -> Option<Vec<Value>> {
     let c = spec.cloud_controller_manager.as_ref()?;
     let image = c.image.as_deref()?;
     let cluster_id = c.cluster_name.clone().unwrap_or_else(|| cluster.name().to_string());
-    let region = spec.subnets.iter().flatten().find_map(|s| s.zone.as_deref().and_then(keelson_api::aws_region_of_zone));
+    let region = keelson_api::plan::region(spec);
     // Validation reported a bad annotation already; a spec that got here has none or a good one.
     let endpoints = aws_endpoints::service_endpoints(cluster).unwrap_or_default();
-    let config = cloud_config(&cluster_id, region, &endpoints);
+    let config = cloud_config(&cluster_id, region.as_deref(), &endpoints);
     let labels = json!({"k8s-app": APP});
     let mut docs = ccm::rbac(APP);
     docs.push(ccm::config_map(APP, &config));

@@ -203,9 +203,7 @@ impl Settings {
         let spec = &cluster.spec;
         let Some(cfg) = spec.cluster_autoscaler.as_ref().filter(|c| c.enabled == Some(true)) else { return Ok(None) };
         let provider = match spec.cloud_provider.as_deref() {
-            Some("aws") => Provider::Aws {
-                region: spec.subnets.iter().flatten().find_map(|s| s.zone.as_deref().and_then(keelson_api::aws_region_of_zone)).unwrap_or_default().to_string(),
-            },
+            Some("aws") => Provider::Aws { region: keelson_api::plan::region(spec).unwrap_or_default() },
             Some("gce") => Provider::Gce,
             _ => return Ok(None),
         };

@@ -40,9 +40,13 @@ fn service_account_issuer(ctx: &Context, spec: &ClusterSpec) -> Option<String> {
         }
         if let Some(rest) = store.strip_prefix("s3://") {
             let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
-            let region = ctx.region().unwrap_or_else(|| "us-east-1".to_string());
             let key = if key.is_empty() { String::new() } else { format!("/{key}") };
-            return Some(format!("https://{bucket}.s3.{region}.amazonaws.com{key}"));
+            // No region known (validation makes AWS specs name zones): S3's global name, never a
+            // guessed region.
+            return Some(match ctx.region() {
+                Some(region) => format!("https://{bucket}.s3.{region}.amazonaws.com{key}"),
+                None => format!("https://{bucket}.s3.amazonaws.com{key}"),
+            });
         }
         return Some(store.to_string());
     }

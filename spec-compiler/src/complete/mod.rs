@@ -132,14 +132,9 @@ impl Context<'_> {
     pub fn flag(&self, name: &str) -> bool {
         self.options.feature_flags.contains(name)
     }
-    /// The cloud region, from the first subnet's region or zone (`us-east-1a` → `us-east-1`).
+    /// The cloud region ([`keelson_api::plan::region`], the one rule).
     pub fn region(&self) -> Option<String> {
-        let subnet = self.user.subnets.as_ref()?.first()?;
-        if let Some(r) = &subnet.region {
-            return Some(r.clone());
-        }
-        let zone = subnet.zone.as_deref()?;
-        Some(zone.trim_end_matches(|c: char| c.is_ascii_lowercase()).to_string())
+        keelson_api::plan::region(self.user)
     }
     /// kOps version gates ignore pre-release suffixes.
     pub fn at_least(&self, major: u64, minor: u64) -> bool {
@@ -199,6 +194,12 @@ pub fn versions_for(spec: &ClusterSpec, options: &CompileOptions) -> Result<Vers
 
 /// Complete a parsed (and validated) spec.
 pub fn complete(docs: &Documents, options: &CompileOptions) -> Result<Cluster, CompleteError> {
+    complete_with_versions(docs, options).map(|(cluster, _)| cluster)
+}
+
+/// [`complete`], and the versions table it completed the spec with (looked up once: the lookup
+/// may fetch asset hashes).
+pub fn complete_with_versions(docs: &Documents, options: &CompileOptions) -> Result<(Cluster, Versions), CompleteError> {
     let user = &docs.cluster.spec;
     let version = user.kubernetes_version.clone().ok_or(CompleteError::MissingVersion)?;
     let cloud = Cloud::parse(user.cloud_provider.as_deref().ok_or(CompleteError::MissingCloud)?);
@@ -214,7 +215,7 @@ pub fn complete(docs: &Documents, options: &CompileOptions) -> Result<Cluster, C
         if spec == before {
             let mut cluster = docs.cluster.clone();
             cluster.spec = spec;
-            return Ok(cluster);
+            return Ok((cluster, ctx.versions));
         }
     }
     Err(CompleteError::NoFixedPoint(format!("Cluster/{}", ctx.name)))

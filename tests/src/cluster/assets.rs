@@ -87,7 +87,9 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
             .arg(&compiled)
             .arg("--asset-hashes")
             .arg(&overrides)
-            .env("KOPS_BASE_URL", &kops_base),
+            .env("KOPS_BASE_URL", &kops_base)
+            // The local cloud answers plain http:// on the gateway (the spec's endpoint annotations).
+            .env(base::plain_http::ALLOW_ENV, gw.to_string()),
     )
     .context("keelson compile of the local spec (to learn the asset URLs and versions)")?;
     let versions = ClusterVersions::read(&compiled.join("cluster-completed.yaml"))?;

@@ -108,6 +108,8 @@ pub fn env_exports() -> anyhow::Result<String> {
     } else {
         vec![
             ("AWS_ENDPOINT_URL", cs.endpoint()),
+            // The spec's endpoint annotations name the local cloud's gateway, plain http://.
+            (base::plain_http::ALLOW_ENV, cs.gateway.to_string()),
             ("AWS_ACCESS_KEY_ID", "keelson-local".to_string()),
             ("AWS_SECRET_ACCESS_KEY", "keelson-local".to_string()),
             ("AWS_REGION", cs.region.clone()),

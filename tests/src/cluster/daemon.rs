@@ -231,6 +231,8 @@ fn daemon_body(state: &State, spec: &Spec, cs: &mut ClusterState, stop: &AtomicB
             .arg("--asset-hashes")
             .arg(&overrides)
             .env("KOPS_BASE_URL", &kops_base)
+            // The local cloud answers plain http:// on the gateway (the spec's endpoint annotations).
+            .env(base::plain_http::ALLOW_ENV, gw.to_string())
             .env("AWS_ACCESS_KEY_ID", "keelson-local")
             .env("AWS_SECRET_ACCESS_KEY", "keelson-local")
             .env("AWS_REGION", &spec.region);
