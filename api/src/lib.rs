@@ -17,6 +17,7 @@ pub mod names;
 pub mod nodeup;
 pub mod plan;
 pub mod ports;
+pub mod protokube;
 pub mod support;
 pub mod types;
 pub mod validate;
