@@ -28,7 +28,12 @@ pub const FILE_NAME: &str = "protokube.yaml";
 /// Where a control-plane group's protokube config lives in the state store:
 /// `igconfig/control-plane/<group>/protokube.yaml`.
 pub fn state_key(group: &str) -> String {
-    format!("igconfig/{}/{group}/{FILE_NAME}", Role::ControlPlane.state_dir())
+    format!("{}{group}/{FILE_NAME}", state_prefix())
+}
+
+/// Where every control-plane group's directory is in the state store: `igconfig/control-plane/`.
+pub fn state_prefix() -> String {
+    format!("igconfig/{}/", Role::ControlPlane.state_dir())
 }
 
 /// What the protokube of one control-plane group does (the compiler's plan for it).
