@@ -18,6 +18,7 @@ pub mod nodeup;
 pub mod plain_http;
 pub mod plan;
 pub mod ports;
+pub mod protokube;
 pub mod support;
 pub mod types;
 pub mod validate;

@@ -174,6 +174,9 @@ impl Duration {
     pub fn from_secs(secs: i64) -> Self {
         Duration { nanos: i128::from(secs) * 1_000_000_000 }
     }
+    pub fn from_nanos(nanos: u128) -> Self {
+        Duration { nanos: i128::try_from(nanos).unwrap_or(i128::MAX) }
+    }
     pub fn as_nanos(&self) -> i128 {
         self.nanos
     }

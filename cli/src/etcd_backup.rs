@@ -72,8 +72,10 @@ fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
     u64::try_from(d.as_nanos()).map(Duration::from_nanos).map_err(|_| anyhow::anyhow!("{flag} {text:?}: must not be negative"))
 }
 
-/// Find the backup store from the cluster's completed spec in the state store (what the control
-/// planes run), with the spec file only naming the cluster and its state store.
+/// Find the backup store and the members of the etcd cluster as the control planes run it: from a
+/// control-plane group's protokube config in the state store (the compiler's derivation, which every
+/// group's holds for every etcd cluster), with the spec file only naming the cluster and its state
+/// store.
 async fn target(args: &BackupCommon) -> anyhow::Result<Result<Target, ExitCode>> {
     let (docs, options) = match load(&args.common)? {
         Ok(x) => x,
@@ -83,18 +85,22 @@ async fn target(args: &BackupCommon) -> anyhow::Result<Result<Target, ExitCode>>
     let (model, _) = prepare_with(&docs, &options, false).with_context(|| format!("{file}: completing the spec"))?;
     let s3 = aws_target(&args.common, &model.region).await.s3;
     let state = open_store(&model.config_base, Some(s3.clone()))?;
-    let bytes = state.get_required("cluster-completed.spec").await.context("the cluster's completed spec (has `keelson apply --yes` run?)")?;
-    let completed = keelson_api::parse_documents(&bytes)
-        .map_err(|errs| anyhow::anyhow!("{}: {}", state.url("cluster-completed.spec"), errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ")))?
-        .cluster;
-    let clusters = completed.spec.etcd_clusters.clone().unwrap_or_default();
-    let Some(ec) = clusters.iter().find(|c| c.name.as_deref() == Some(args.etcd_cluster.as_str())) else {
-        let names: Vec<String> = clusters.iter().filter_map(|c| c.name.clone()).collect();
+    let prefix = keelson_api::protokube::state_prefix();
+    let suffix = format!("/{}", keelson_api::protokube::FILE_NAME);
+    let Some(rel) = state.list(&prefix).await.with_context(|| state.url(&prefix))?.into_iter().find(|k| k.ends_with(&suffix)) else {
+        bail!(
+            "{}: no control-plane group has a protokube config (*{suffix}): has `keelson apply -f {file} --yes` run with this keelson? (an older keelson did not write it: apply again)",
+            state.url(&prefix)
+        );
+    };
+    let bytes = state.get_required(&rel).await.with_context(|| state.url(&rel))?;
+    let plan = keelson_api::protokube::ProtokubeConfig::parse(&bytes).with_context(|| state.url(&rel))?;
+    let Some(ec) = plan.etcd_clusters.iter().find(|c| c.name == args.etcd_cluster) else {
+        let names: Vec<&str> = plan.etcd_clusters.iter().map(|c| c.name.as_str()).collect();
         bail!("--etcd-cluster {}: the cluster has no such etcd cluster (it has {})", args.etcd_cluster, names.join(", "));
     };
-    let url = etcd_backup::cluster_dir(ec.backups.as_ref().and_then(|b| b.backup_store.as_deref()), &model.config_base, &args.etcd_cluster);
-    let store = open_store(&url, Some(s3))?;
-    let members = ec.etcd_members.iter().flatten().filter_map(|m| m.name.clone()).collect();
+    let store = open_store(&ec.backup_store, Some(s3))?;
+    let members = ec.members.iter().map(|m| m.name.clone()).collect();
     Ok(Ok(Target { store: BackupStore::new(store), etcd_cluster: args.etcd_cluster.clone(), members }))
 }
 

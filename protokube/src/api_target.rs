@@ -255,6 +255,21 @@ pub trait Readiness {
     fn ready(&mut self) -> impl Future<Output = bool> + Send;
 }
 
+/// Keep this instance in the API target group of `plan`'s cluster while its local API server is
+/// ready, on a task of its own; the returned switch tells it to leave and end
+/// ([`crate::shutdown::leave`]).
+pub fn start<T: TargetGroups + Sync + Send + 'static>(
+    targets: T,
+    plan: &crate::config::Plan,
+    instance: &str,
+    store: StateStore,
+) -> crate::shutdown::ApiTargetTask {
+    let target = ApiTarget::new(targets, keelson_api::names::api_target_group_name(&plan.cluster_name), instance.to_string());
+    let readyz = LocalReadyz::new(store, plan.local_api_server());
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    (stop, tokio::spawn(target.run(readyz, stopped)))
+}
+
 /// The local API server's `/readyz`, asked as `keelson:addons` (see [`crate::addons::client`]),
 /// bounded by [`READYZ_TIMEOUT`].
 pub struct LocalReadyz {

@@ -234,6 +234,22 @@ pub struct Coordinator {
 }
 
 impl Coordinator {
+    /// API server restarts for new certificates take turns in etcd main (one at a time): the
+    /// coordinator of this host's member of etcd main, `None` without one (restarts at once).
+    pub fn for_plan(plan: &crate::config::Plan, root: PathBuf, store: base::StateStore, me: &cloud::Identity) -> Option<Coordinator> {
+        let main = plan.etcd_clusters.iter().find(|c| c.name == "main")?;
+        let member = plan.my_members(main).first()?.name.clone();
+        Some(Coordinator {
+            root,
+            cluster_name: plan.cluster_name.clone(),
+            internal_ip: me.internal_ip.clone(),
+            etcd: main.clone(),
+            member,
+            host: me.instance_id.clone(),
+            readyz: tokio::sync::Mutex::new(LocalReadyz::new(store, plan.local_api_server())),
+        })
+    }
+
     /// Restart in turn; `left` is what the served certificate has before it expires.
     pub async fn restart<E>(&self, left: Duration, restart: impl FnOnce() -> Result<(), E>) -> Result<Outcome, E> {
         let client = crate::backup::local_client(&self.root, &self.cluster_name, &self.internal_ip, &self.etcd, &self.member, Duration::from_secs(5));

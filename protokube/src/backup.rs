@@ -70,6 +70,16 @@ impl Clock {
     pub fn now(&self) -> OffsetDateTime {
         OffsetDateTime::now_utc() + self.offset
     }
+    /// The clock for backup ids: real, or (feature `test-hooks`) starting at `PROTOKUBE_TEST_NOW`
+    /// (RFC 3339), so tests see schedules and retention without waiting for them.
+    pub fn from_env() -> Clock {
+        #[cfg(feature = "test-hooks")]
+        if let Some(start) = std::env::var("PROTOKUBE_TEST_NOW").ok().and_then(|v| base::etcd_backup::parse_rfc3339(&v)) {
+            tracing::warn!(now = %base::etcd_backup::rfc3339(start), "test clock");
+            return Clock::starting_at(start);
+        }
+        Clock::real()
+    }
 }
 
 /// Open the backup store at `url` (`s3://` with `s3`, else `file://`).
@@ -170,6 +180,15 @@ impl BackupLoop {
     /// The local member of `ec` (this instance's), reached at its address with its name pinned.
     pub fn local_client(&self, ec: &EtcdCluster, member: &str) -> Option<etcd::Client> {
         local_client(&self.root, &self.cluster_name, &self.internal_ip, ec, member, self.etcd_timeout)
+    }
+
+    /// Check the schedule and the backup requests every `poll`, with the latest plan, for ever.
+    pub async fn run(mut self, plans: tokio::sync::watch::Receiver<Plan>, poll: Duration) {
+        loop {
+            let plan = plans.borrow().clone();
+            self.tick(&plan).await;
+            tokio::time::sleep(poll).await;
+        }
     }
 
     /// One pass over every etcd cluster with a member here.

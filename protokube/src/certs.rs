@@ -97,19 +97,6 @@ impl Reload {
     }
 }
 
-/// Whether this cluster's control-plane kubelets reload their serving certificate file by
-/// themselves: Kubernetes 1.31 or later (`ReloadKubeletServerCertificateFile`, beta and on), unless
-/// the control planes' kubelet spec turns that gate off.
-pub fn kubelet_reloads_serving_cert(spec: &keelson_api::ClusterSpec) -> bool {
-    let version_has_it = spec.kubernetes_version.as_ref().is_some_and(|v| v.at_least(1, 31));
-    let kubelet = spec.master_kubelet.as_ref().or(spec.kubelet.as_ref());
-    let gate_off = kubelet
-        .and_then(|k| k.feature_gates.as_ref())
-        .and_then(|g| g.get("ReloadKubeletServerCertificateFile"))
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("false"));
-    version_has_it && !gate_off
-}
-
 /// Why the kubelet must be restarted to use the certificates just renewed, if it must: `renewed`
 /// holds each replaced certificate's material and what the old one had left.
 pub fn kubelet_restart_reason(renewed: &[(&Material, Duration)], reloads_serving_cert: bool) -> Option<String> {
@@ -218,6 +205,44 @@ pub struct Renewer {
     /// Restarts of the API server take the cluster's turn ([`crate::apiserver_turn`]); `None`
     /// restarts at once (a root that is not live, a control plane without etcd main).
     pub api_server_restart: Option<crate::apiserver_turn::Coordinator>,
+}
+
+impl Renewer {
+    /// The renewer of a control plane: its etcd clusters' certificates, the API server's and the
+    /// kubelet's, in the static-pod directory of `plan`; the API server restarts in turn with the
+    /// other control planes' ([`crate::apiserver_turn::Coordinator::for_plan`]).
+    pub fn for_control_plane(plan: &crate::config::Plan, root: PathBuf, store: base::StateStore, me: &cloud::Identity) -> Renewer {
+        let etcd: Vec<String> = plan.etcd_clusters.iter().map(|c| c.name.clone()).collect();
+        Renewer {
+            api_server_restart: crate::apiserver_turn::Coordinator::for_plan(plan, root.clone(), store.clone(), me),
+            root,
+            store,
+            host: me.instance_id.clone(),
+            bundles: control_plane_bundles(&etcd, plan.kubelet_reloads_serving_cert),
+            manifests_dir: plan.static_pod_dir.clone(),
+        }
+    }
+}
+
+/// The certificate renewal pass, at start and then whenever a renewal falls due (at most `max_wait`
+/// apart; a minute after a failure).
+pub async fn run(renewer: Renewer, metrics: crate::metrics::Metrics, max_wait: Duration) {
+    loop {
+        let report = renewer.pass(std::time::SystemTime::now()).await;
+        for r in &report.recorded {
+            tracing::info!(command = %r, "not run (not a live root)");
+        }
+        let failed = report.failed.len() as u64;
+        metrics.update(|s| {
+            s.certificates = report.certs.iter().map(|(k, c)| (k.clone(), c.not_after)).collect();
+            s.certificate_renewals += report.renewed.len() as u64;
+            s.certificate_renewal_failures += failed;
+        });
+        let until_due = report.next_due().and_then(|t| t.duration_since(std::time::SystemTime::now()).ok()).unwrap_or_default();
+        let wait =
+            if failed > 0 { max_wait.min(Duration::from_secs(60)) } else { until_due.clamp(Duration::from_secs(5), max_wait.max(Duration::from_secs(5))) };
+        tokio::time::sleep(wait).await;
+    }
 }
 
 /// A certificate read from its file.
@@ -510,20 +535,6 @@ mod tests {
         assert!(kubelet_restart_reason(&[(&pem, plenty), (&server, plenty)], false).is_some_and(|w| w.contains("kubelet-server.crt")));
         assert!(kubelet_restart_reason(&[(&pem, short)], true).is_some_and(|w| w.contains("expires in 200 s")));
         assert!(kubelet_restart_reason(&[(&legacy, plenty)], true).is_some_and(|w| w.contains("embeds")));
-    }
-
-    #[test]
-    fn serving_certificates_are_reloaded_from_1_31_unless_the_gate_is_off() {
-        let spec = |yaml: &str| -> keelson_api::ClusterSpec { serde_yaml_ng::from_str(yaml).expect("spec") };
-        assert!(kubelet_reloads_serving_cert(&spec("kubernetesVersion: 1.34.4\n")));
-        assert!(kubelet_reloads_serving_cert(&spec("kubernetesVersion: 1.31.0\n")));
-        assert!(!kubelet_reloads_serving_cert(&spec("kubernetesVersion: 1.30.9\n")));
-        assert!(!kubelet_reloads_serving_cert(&spec("{}")));
-        let off = "kubernetesVersion: 1.34.4\nmasterKubelet:\n  featureGates:\n    ReloadKubeletServerCertificateFile: \"false\"\n";
-        assert!(!kubelet_reloads_serving_cert(&spec(off)));
-        let on_for_workers_only =
-            "kubernetesVersion: 1.34.4\nkubelet:\n  featureGates:\n    ReloadKubeletServerCertificateFile: \"false\"\nmasterKubelet: {}\n";
-        assert!(kubelet_reloads_serving_cert(&spec(on_for_workers_only)));
     }
 
     #[test]

@@ -128,6 +128,29 @@ pub async fn prepull(ctr: &Path, images: &[String]) {
     }
 }
 
+/// On a live host, in the background: the sandbox image, then the etcd images of this host's
+/// members (`plan`), then the API server's (from its static pod in the plan's static-pod
+/// directory). Nothing when `ctr` is not on PATH (the kubelet pulls them itself, later).
+pub fn prepull_at_start(plan: &crate::config::Plan) {
+    let Some(ctr) = on_path("ctr") else {
+        tracing::warn!("no ctr on PATH: the kubelet pulls the etcd images when it starts etcd");
+        return;
+    };
+    let mine = plan.etcd_clusters.iter().filter(|ec| !plan.my_members(ec).is_empty());
+    let etcd = distinct_images(mine.map(|ec| ec.image.as_str()));
+    let manifest = Path::new(&plan.static_pod_dir).join("kube-apiserver.manifest");
+    tokio::spawn(async move {
+        let containerd_config = Path::new("/").join(crate::paths::CONTAINERD_CONFIG);
+        if let Some(sandbox) = configured_sandbox_image(&containerd_config, std::time::Duration::from_secs(5)).await {
+            prepull(&ctr, &[sandbox]).await;
+        }
+        prepull(&ctr, &etcd).await;
+        if let Some(image) = api_server_image(&manifest, std::time::Duration::from_secs(5)).await {
+            prepull(&ctr, &[image]).await;
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,15 +8,23 @@
 //! manifests and the control plane's DNS records. Must not: format a volume that holds a file system,
 //! mount one attached elsewhere, or touch another instance's volume or records.
 //!
-//! The pass is level-triggered ([`reconcile::Agent::reconcile`]); [`run`] loops it with backoff and
-//! serves Prometheus metrics and health on a local port; stopped, it hands etcd leadership over
-//! first ([`handover`]).
+//! Everything it acts on comes from the compiler's plan for its group ([`config`]: the
+//! `ProtokubeConfig` in the state store), never from the cluster spec.
+//!
+//! The binary only wires the controllers, each a module that owns its loop and metrics: etcd
+//! volumes, manifests and DNS ([`reconcile::run`], a level-triggered pass with backoff), backups
+//! ([`backup`]), certificates ([`certs::run`]), the API target group ([`api_target`]), addons
+//! ([`addons`]), node labels ([`node_labels`]), bootstrap tokens ([`node_bootstrap`]), the join
+//! server ([`node_join::start`]) and, when stopped, the hand-over and poweroff ([`shutdown`]).
+//! Prometheus metrics and health are served on a local port ([`metrics`]).
 
 pub mod addons;
 pub mod api_target;
 pub mod apiserver_turn;
+pub mod args;
 pub mod backup;
 pub mod certs;
+pub mod clients;
 pub mod config;
 pub mod disk;
 pub mod etcd;
@@ -35,4 +43,5 @@ pub mod pki;
 pub mod poweroff;
 pub mod reconcile;
 pub mod restore;
+pub mod shutdown;
 pub mod upgrade;

@@ -64,9 +64,7 @@ fn scenario(tls: bool) {
     let c = Cluster::new(&m.url, NAME, &[("main", &[("a", "cp-a"), ("b", "cp-b"), ("c", "cp-c")])], "");
     if !tls {
         // Plain HTTP only with kOps' Legacy provider (the default Manager provider is always TLS).
-        let spec = c.state.path().join("cluster-completed.spec");
-        let text = std::fs::read_to_string(&spec).expect("spec");
-        std::fs::write(&spec, text.replace("  - name: main\n", "  - name: main\n    provider: Legacy\n")).expect("spec");
+        c.edit_spec(|text| text.replace("  - name: main\n", "  - name: main\n    provider: Legacy\n"));
     }
     let all = ["a", "b", "c"];
     let subnet_id = rt.block_on(async {

@@ -5,6 +5,9 @@
 //! never-reformat rules: the first test needs no root (its "device" is not a block device and is
 //! refused); the second formats and mounts a real loop device and needs root.
 
+#[path = "support/state.rs"]
+mod state;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Arc;
@@ -118,13 +121,13 @@ impl Gce {
         values.insert("instance/service-accounts/default/token".into(), json!({"access_token": "tok", "expires_in": 3599, "token_type": "Bearer"}).to_string());
         let meta = Server::start(Arc::new(move |req: &Request| testkit::gce_metadata::answer(&values, req)));
 
-        // The state store: the completed spec and the cluster CAs.
+        // The state store: the protokube configs compiled from the completed spec, and the cluster CAs.
         let state = tempfile::tempdir().expect("state");
         let spec = format!(
             "apiVersion: kops.k8s.io/v1alpha2\nkind: Cluster\nmetadata:\n  name: {CLUSTER}\nspec:\n  cloudProvider: gce\n  configBase: file://{0}\n  dnsZone: k8s.example.com\n  etcdClusters:\n  - name: main\n    version: 3.5.21\n    etcdMembers:\n    - name: b\n      instanceGroup: cp-b\n    - name: c\n      instanceGroup: cp-c\n",
             state.path().display()
         );
-        std::fs::write(state.path().join("cluster-completed.spec"), spec).expect("spec");
+        state::write_protokube_configs(state.path(), &spec, &[]);
         base::pki::init_pki(state.path(), &["main".to_string()]).expect("CAs");
         let boot = state.path().join("bootconfig.yaml");
         std::fs::write(

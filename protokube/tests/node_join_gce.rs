@@ -3,6 +3,9 @@
 //! node MIG gets certificates for its instance name; every refusal is shown on the forgery it
 //! exists for, with its own reason. No root, no cloud.
 
+#[path = "support/state.rs"]
+mod state;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -443,14 +446,11 @@ async fn nodeup_joins_through_the_https_server_with_its_identity_token() {
 async fn the_protokube_binary_serves_gce_joins_from_its_flags() {
     let w = World::new();
     let state = w.state.path();
-    std::fs::write(
-        state.join("cluster-completed.spec"),
-        format!(
+    let spec = format!(
             "apiVersion: kops.k8s.io/v1alpha2\nkind: Cluster\nmetadata:\n  name: {CLUSTER}\nspec:\n  cloudProvider: gce\n  configBase: file://{0}\n  dnsZone: k8s.example.com\n  etcdClusters:\n  - name: main\n    version: 3.5.21\n    etcdMembers:\n    - name: b\n      instanceGroup: control-plane-b\n",
             state.display()
-        ),
-    )
-    .expect("spec");
+        );
+    state::write_protokube_configs(state, &spec, &[]);
     base::pki::init_pki(state, &["main".to_string()]).expect("CAs");
     let keyset = std::fs::read(state.join("pki/private/kubernetes-ca/keyset.yaml")).expect("CA keyset");
     let ca = pki::parse_private_keyset("kubernetes-ca", &keyset).expect("CA");

@@ -377,7 +377,7 @@ fn missing_device_is_reported_then_the_attached_volume_is_kept() {
 }
 
 #[test]
-fn config_base_on_s3_is_read_spec_and_cas() {
+fn config_base_on_s3_is_read_config_and_cas() {
     need_root();
     let (_g, m) = moto::lock();
     rt().block_on(async {
@@ -413,8 +413,7 @@ fn config_base_on_s3_is_read_spec_and_cas() {
         )
         .expect("boot config");
         // The file state store is gone: everything must come from S3.
-        let spec = c.state.path().join("cluster-completed.spec");
-        std::fs::remove_file(&spec).expect("rm spec");
+        std::fs::remove_file(c.protokube_config("cp-a")).expect("rm protokube config");
         let out = c.command(&h, &["--once", "--conf", &boot.display().to_string()]).output().expect("run");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{stderr}");

@@ -12,12 +12,14 @@ pub mod complete;
 pub mod load;
 pub mod nodeup_config;
 pub mod output;
+pub mod protokube_config;
 pub mod userdata;
 pub mod versions;
 
 use std::collections::BTreeMap;
 
 use keelson_api::nodeup::{BootConfig, NodeupConfig};
+use keelson_api::protokube::ProtokubeConfig;
 use keelson_api::{Cluster, Documents, Role};
 
 pub use complete::{CompileOptions, CompleteError};
@@ -38,6 +40,8 @@ pub enum CompileError {
     Output(#[from] OutputError),
     #[error(transparent)]
     Addons(#[from] addons::AddonError),
+    #[error(transparent)]
+    Protokube(#[from] protokube_config::ProtokubeConfigError),
     #[error("InstanceGroup/{group}: a control plane booted by this user-data ({arch}) would have no protokube (etcd volumes, etcd, DNS): give --protokube-asset {arch}=SHA256@URL or --kops-base-url")]
     NoProtokube { group: String, arch: String },
 }
@@ -48,6 +52,8 @@ pub struct CompiledGroup {
     pub role: Role,
     pub nodeup: Option<NodeupConfig>,
     pub boot: Option<BootConfig>,
+    /// What the group's protokube does (control planes only).
+    pub protokube: Option<ProtokubeConfig>,
     /// The user-data script (possibly gzip-packaged); `None` when no nodeup build was given.
     pub user_data: Option<Vec<u8>>,
 }
@@ -128,7 +134,7 @@ pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, C
         let Some(role) = ig.role() else { continue };
         if role == Role::Bastion {
             // Bastions run no nodeup.
-            groups.insert(group.to_string(), CompiledGroup { role, nodeup: None, boot: None, user_data: None });
+            groups.insert(group.to_string(), CompiledGroup { role, nodeup: None, boot: None, protokube: None, user_data: None });
             continue;
         }
         let nodeup = nodeup_config::build(&completed, ig, &versions, options, &scheduler_config)?;
@@ -161,9 +167,19 @@ pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, C
             user_data = Some(packaged);
         }
         tree.insert(format!("state/igconfig/{}/{group}/nodeupconfig.yaml", role.state_dir()), nodeup_yaml.clone());
+        // protokube runs on control planes only, and reads its own slice of the plan, not the spec.
+        let protokube = match role {
+            Role::ControlPlane => {
+                let config = protokube_config::build(&completed, group)?;
+                let rel = keelson_api::protokube::state_key(group);
+                tree.insert(format!("state/{rel}"), output::to_yaml(&rel, &config)?);
+                Some(config)
+            }
+            _ => None,
+        };
         tree.insert(format!("nodeup/{group}.yaml"), nodeup_yaml);
         tree.insert(format!("bootconfig/{group}.yaml"), boot_yaml);
-        groups.insert(group.to_string(), CompiledGroup { role, nodeup: Some(nodeup), boot: Some(boot), user_data });
+        groups.insert(group.to_string(), CompiledGroup { role, nodeup: Some(nodeup), boot: Some(boot), protokube, user_data });
     }
     Ok(Compiled { completed, groups, addons, tree, warnings })
 }

@@ -72,6 +72,35 @@ fn user_data_pins_its_own_nodeup_config() {
     }
 }
 
+/// Every control plane's protokube has its own config beside its nodeup config, for its group and
+/// cluster, which protokube accepts as it is; no other group has one.
+#[test]
+fn every_control_plane_gets_a_protokube_config_protokube_accepts() {
+    for example in ["minimal.yaml", "ha.yaml", "gce.yaml", "private.yaml"] {
+        let out = common::compile(&common::example(example));
+        let mut control_planes = 0;
+        for entry in std::fs::read_dir(out.path().join("bootconfig")).expect("bootconfig dir") {
+            let path = entry.expect("entry").path();
+            let boot: keelson_api::nodeup::BootConfig = serde_yaml_ng::from_slice(&std::fs::read(&path).expect("read")).expect("BootConfig parses");
+            let rel = keelson_api::protokube::state_key(&boot.instance_group_name);
+            let file = out.path().join("state").join(&rel);
+            if boot.instance_group_role != "ControlPlane" {
+                assert!(!file.exists(), "{example}: {rel}");
+                continue;
+            }
+            control_planes += 1;
+            let config = keelson_api::protokube::ProtokubeConfig::parse(&std::fs::read(&file).expect("protokube config")).expect("protokube accepts it");
+            assert_eq!(
+                (config.cluster_name.as_str(), config.instance_group.as_str()),
+                (boot.cluster_name.as_str(), boot.instance_group_name.as_str()),
+                "{example}"
+            );
+            assert!(config.etcd_clusters.iter().any(|ec| !config.my_members(ec).is_empty()), "{example}: {rel} runs no etcd member");
+        }
+        assert!(control_planes > 0, "{example}");
+    }
+}
+
 /// What `kops create cluster` writes on AWS, and what keeps the instances' credentials off the pod
 /// network: every AWS example encrypts its etcd volumes, and every instance group asks for IMDSv2
 /// with hop limit 1 (the cloud-controller-manager and the EBS CSI controller run on the host

@@ -26,6 +26,7 @@ pub mod google_keys;
 pub mod limits;
 pub mod node_names;
 pub mod server;
+pub mod start;
 
 use std::collections::BTreeMap;
 use std::collections::HashMap;

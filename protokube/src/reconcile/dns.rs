@@ -16,7 +16,7 @@ use crate::hosts;
 
 /// name → addresses (`None`: no live owner known). A member's owner is the live instance holding
 /// its volume, and only when the cloud made that instance for the member's own (control-plane)
-/// instance group ([`Plan::made_for_group`]): a volume attached to a worker, or to any instance made
+/// instance group ([`crate::config::made_for_group`]): a volume attached to a worker, or to any instance made
 /// otherwise, names nobody, so neither the member's name nor the API's ever points at it.
 pub fn desired_records(plan: &Plan, vols: &[Volume], instances: &BTreeMap<String, Instance>) -> BTreeMap<String, Option<Vec<String>>> {
     let cluster = &plan.cluster_name;
@@ -27,7 +27,7 @@ pub fn desired_records(plan: &Plan, vols: &[Volume], instances: &BTreeMap<String
         for m in &ec.members {
             let holder = vols.iter().filter(|v| etcd_role(v, ec).as_deref() == Some(m.name.as_str())).find_map(|v| live_holder(v, instances));
             let holder = match holder {
-                Some(i) if !plan.made_for_group(&m.instance_group, i) => {
+                Some(i) if !crate::config::made_for_group(plan, &m.instance_group, i) => {
                     tracing::warn!(
                         etcd = %ec.name, member = %m.name, instance = %i.id, made_for = ?i.group, group = %m.instance_group,
                         "an etcd volume is held by an instance not of its member's control-plane group: no DNS record names it"
@@ -92,7 +92,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
                 }
                 Ok(changed.len())
             }
-            DnsMode::Route53 { zone, private } => {
+            DnsMode::Zone { zone, private } => {
                 let Some(dns) = &self.dns else {
                     report.waiting.push("Route53 provider not configured".into());
                     return Ok(0);
@@ -208,33 +208,21 @@ mod tests {
         Record { name: name.into(), rtype: "A".into(), ttl, values: values.iter().map(|s| s.to_string()).collect() }
     }
 
+    /// The compiler's plan for cp-a of a three-member cluster with a DNS zone and no API load balancer.
     fn plan() -> Plan {
-        use crate::config::{EtcdCluster, EtcdMember, Ports};
-        let etcd = |name: &str, ports: Ports| EtcdCluster {
-            name: name.into(),
-            members: ["a", "b", "c"].iter().map(|m| EtcdMember { name: m.to_string(), instance_group: format!("cp-{m}") }).collect(),
-            ports,
-            image: "registry.k8s.io/etcd:3.5.21-0".into(),
-            tls: true,
-            client_cert_auth: true,
-            cpu_request: None,
-            memory_request: None,
-            heartbeat_ms: None,
-            election_ms: None,
-            version: "3.5.21".into(),
-            backup_store: String::new(),
-            backup_interval: std::time::Duration::from_secs(900),
-            backup_retention_days: 90,
-        };
-        Plan {
-            cluster_name: "c.example.com".into(),
-            instance_group: "cp-a".into(),
-            etcd_clusters: vec![etcd("main", Ports { peer: 2380, client: 4001 }), etcd("events", Ports { peer: 2381, client: 4002 })],
-            dns: DnsMode::Route53 { zone: None, private: false },
-            manage_public_api: true,
-            manage_internal_api: true,
-            static_pod_dir: keelson_api::nodeup::STATIC_POD_DIR.into(),
+        let mut spec = String::from(
+            "apiVersion: kops.k8s.io/v1alpha2\nkind: Cluster\nmetadata:\n  name: c.example.com\nspec:\n  configBase: s3://b/c.example.com\n  etcdClusters:\n",
+        );
+        for name in ["main", "events"] {
+            spec.push_str(&format!("  - name: {name}\n    version: 3.5.21\n    etcdMembers:\n"));
+            for m in ["a", "b", "c"] {
+                spec.push_str(&format!("    - name: {m}\n      instanceGroup: cp-{m}\n"));
+            }
         }
+        let cluster = keelson_api::parse_documents(spec.as_bytes()).expect("spec").cluster;
+        let plan = spec_compiler::protokube_config::build(&cluster, "cp-a").expect("plan");
+        assert_eq!((plan.dns.clone(), plan.manage_public_api, plan.manage_internal_api), (DnsMode::Zone { zone: None, private: false }, true, true));
+        plan
     }
 
     fn held(etcd: &str, member: &str, instance: &str) -> Volume {

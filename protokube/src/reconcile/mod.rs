@@ -10,6 +10,7 @@
 mod dns;
 mod leave;
 mod membership;
+pub mod run;
 mod version;
 mod volumes;
 

@@ -133,16 +133,12 @@ impl Fixture {
         let store =
             BackupStore::new(base::StateStore::open_with_s3(&backup_url.parse().expect("url"), Some(s3.clone()), Duration::from_secs(10)).expect("store"));
         let c = Cluster::new(moto_url, name, &[("main", &[("a", "cp-a"), ("b", "cp-b"), ("c", "cp-c")])], "");
-        let spec = c.state.path().join("cluster-completed.spec");
-        let text = std::fs::read_to_string(&spec).expect("spec");
-        std::fs::write(
-            &spec,
+        c.edit_spec(|text| {
             text.replace(
                 "  - name: main\n",
                 &format!("  - name: main\n{}    backups:\n      backupStore: {backup_url}\n{etcd_spec}", if tls { "" } else { "    provider: Legacy\n" }),
-            ),
-        )
-        .expect("spec");
+            )
+        });
         *TLS_DIR.lock().unwrap_or_else(|p| p.into_inner()) = None;
         let all = ["a", "b", "c"];
         let subnet_id = rt.block_on(async {
@@ -243,11 +239,10 @@ impl Fixture {
         self.members[i].protokube = Some(self.protokube(i, tag, env));
     }
 
-    /// Rewrite the completed spec in the state store (protokube re-reads it every second).
+    /// Edit the completed spec and compile it into the protokube configs in the state store again
+    /// (protokube re-reads them every second).
     pub fn edit_spec(&self, f: impl FnOnce(String) -> String) {
-        let spec = self.c.state.path().join("cluster-completed.spec");
-        let text = std::fs::read_to_string(&spec).expect("spec");
-        std::fs::write(&spec, f(text)).expect("spec");
+        self.c.edit_spec(f);
     }
 
     /// The last lines of every etcd and protokube log.

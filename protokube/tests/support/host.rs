@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
 
+#[path = "state.rs"]
+pub mod state;
+
 pub const AMI: &str = "ami-12345678";
 
 pub fn need_root() {
@@ -120,10 +123,15 @@ pub struct Cluster {
     pub name: String,
     pub state: tempfile::TempDir,
     pub moto_url: String,
+    /// The completed spec the protokube configs in the state store are compiled from.
+    spec: std::sync::Mutex<String>,
+    /// Every group with a protokube config in the state store.
+    groups: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl Cluster {
-    /// Write the completed spec; `extra` is appended under `spec:` (indented by two spaces).
+    /// Compile the completed spec into the protokube configs of its control-plane groups in the
+    /// state store; `extra` is appended under `spec:` (indented by two spaces).
     pub fn new(moto_url: &str, name: &str, etcd: &[(&str, &[(&str, &str)])], extra: &str) -> Cluster {
         let state = tempfile::tempdir().expect("state dir");
         let mut y = format!(
@@ -137,14 +145,45 @@ impl Cluster {
             }
         }
         y.push_str(extra);
-        std::fs::write(state.path().join("cluster-completed.spec"), y).expect("write spec");
         // The cluster CAs (as `keelson pki init` makes them): protokube issues etcd certificates from them.
         let names: Vec<String> = etcd.iter().map(|(e, _)| e.to_string()).collect();
         base::pki::init_pki(state.path(), &names).expect("init cluster CAs");
-        Cluster { name: name.to_string(), state, moto_url: moto_url.to_string() }
+        let c = Cluster { name: name.to_string(), state, moto_url: moto_url.to_string(), spec: Default::default(), groups: Default::default() };
+        c.set_spec(y);
+        c
+    }
+
+    /// The completed spec the configs are compiled from.
+    pub fn spec(&self) -> String {
+        self.spec.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Compile `spec` into the protokube configs in the state store (what `keelson update cluster`
+    /// writes; a running protokube re-reads them every `--spec-interval`).
+    pub fn set_spec(&self, spec: String) {
+        let known: Vec<String> = self.groups.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect();
+        let written = state::write_protokube_configs(self.state.path(), &spec, &known);
+        *self.groups.lock().unwrap_or_else(|p| p.into_inner()) = written;
+        *self.spec.lock().unwrap_or_else(|p| p.into_inner()) = spec;
+    }
+
+    /// Edit the completed spec and compile it again.
+    pub fn edit_spec(&self, f: impl FnOnce(String) -> String) {
+        self.set_spec(f(self.spec()));
+    }
+
+    /// The file holding `group`'s protokube config.
+    pub fn protokube_config(&self, group: &str) -> PathBuf {
+        self.state.path().join(keelson_api::protokube::state_key(group))
     }
 
     pub fn boot_config(&self, group: &str) -> PathBuf {
+        // A group without an etcd member has its config too (the compiler writes one for every
+        // control-plane group).
+        if !self.groups.lock().unwrap_or_else(|p| p.into_inner()).contains(group) {
+            self.groups.lock().unwrap_or_else(|p| p.into_inner()).insert(group.to_string());
+            self.set_spec(self.spec());
+        }
         let p = self.state.path().join(format!("bootconfig-{group}.yaml"));
         std::fs::write(
             &p,

@@ -5,9 +5,6 @@ use keelson_api::{ClusterSpec, EtcdBackupSpec, EtcdManagerSpec};
 use super::network::join_path;
 use super::{default, Context, Derived};
 
-/// Days of etcd backups kept by etcd-manager.
-const BACKUP_RETENTION_DAYS: u64 = 90;
-
 pub fn build(ctx: &Context, _d: &Derived, spec: &mut ClusterSpec) {
     let config_base = spec.config_base.clone();
     for etcd in spec.etcd_clusters.iter_mut().flatten() {
@@ -18,7 +15,7 @@ pub fn build(ctx: &Context, _d: &Derived, spec: &mut ClusterSpec) {
         etcd.type_ = None;
         default(&mut etcd.version, ctx.versions.etcd_version().to_string());
         let manager = etcd.manager.get_or_insert_with(EtcdManagerSpec::default);
-        default(&mut manager.backup_retention_days, BACKUP_RETENTION_DAYS);
+        default(&mut manager.backup_retention_days, base::etcd_backup::DEFAULT_RETENTION_DAYS);
         if let (Some(base), Some(name)) = (config_base.as_deref(), etcd.name.as_deref()) {
             let backups = etcd.backups.get_or_insert_with(EtcdBackupSpec::default);
             default(&mut backups.backup_store, join_path(base, &["backups", "etcd", name]));
