@@ -33,11 +33,11 @@ impl Planned {
 }
 
 impl CloudTarget {
-    /// The target of the model's cloud; `command` names what refuses another cloud.
-    pub(crate) async fn of(common: &Common, model: &model::ClusterModel, command: &str) -> anyhow::Result<CloudTarget> {
-        match model.cloud {
-            model::CloudKind::Aws => Ok(CloudTarget::Aws(aws_target(common, &model.region).await)),
-            model::CloudKind::Gce => Ok(CloudTarget::Gce(Box::new(gce_target(common, model)?))),
+    /// The target of the cluster's cloud; `command` names what refuses another cloud.
+    pub(crate) async fn of(common: &Common, at: &model::Location, command: &str) -> anyhow::Result<CloudTarget> {
+        match at.cloud {
+            model::CloudKind::Aws => Ok(CloudTarget::Aws(aws_target(common, &at.region).await)),
+            model::CloudKind::Gce => Ok(CloudTarget::Gce(Box::new(gce_target(common, at)?))),
             other => anyhow::bail!("{command} supports AWS and GCE clusters (this one is on {other:?})"),
         }
     }
@@ -87,9 +87,9 @@ impl CloudTarget {
 /// The GCE target of a cluster: the Compute API at `--endpoint-url`, `$KEELSON_GCE_ENDPOINT` or
 /// Google's, with tokens from Application Default Credentials (`$GOOGLE_APPLICATION_CREDENTIALS`,
 /// gcloud's `application_default_credentials.json`) or else the metadata server (`$GCE_METADATA_HOST`).
-fn gce_target(common: &Common, model: &model::ClusterModel) -> anyhow::Result<gce::GceTarget> {
+fn gce_target(common: &Common, at: &model::Location) -> anyhow::Result<gce::GceTarget> {
     let endpoints = cloud::gce::GceEndpoints::resolve(common.endpoint_url.as_deref());
-    let project = model.project.clone().ok_or_else(|| anyhow::anyhow!("Cluster/{}: spec.project: required on GCE", model.cluster))?;
+    let project = at.project.clone().ok_or_else(|| anyhow::anyhow!("Cluster/{}: spec.project: required on GCE", at.cluster))?;
     let tokens = match cloud::gce::adc::from_environment()? {
         Some((file, creds)) => {
             tracing::info!(file = %file.display(), token_uri = creds.token_uri(), "Google credentials: application default credentials");

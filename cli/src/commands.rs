@@ -228,19 +228,20 @@ pub(crate) fn load(common: &Common) -> anyhow::Result<Result<(keelson_api::Docum
     Ok(Ok((docs, options)))
 }
 
-/// A spec loaded for a command that changes the cloud: its documents and compile options, its cloud
-/// model (the compiler's warnings already printed).
-pub(crate) struct Loaded {
+/// A spec loaded for a command that changes the cloud, not yet compiled: its documents and compile
+/// options, and where the cluster lives (enough to open the state store and pin its CAs; the
+/// command then compiles once, [`with_pinned_cas`]).
+pub(crate) struct Located {
     pub docs: keelson_api::Documents,
     pub options: CompileOptions,
-    pub model: model::ClusterModel,
+    pub at: model::Location,
     /// The spec file, as errors name it.
     pub file: String,
 }
 
-/// Load the spec and build its cloud model with user-data; `Err(code)` when the spec is unreadable
-/// or invalid (its problems already printed).
-pub(crate) fn load_for_cloud(common: &Common) -> anyhow::Result<Result<Loaded, ExitCode>> {
+/// Load the spec and find where its cluster lives; `Err(code)` when the spec is unreadable,
+/// invalid or names what Keelson does not build (its problems already printed).
+pub(crate) fn load_for_cloud(common: &Common) -> anyhow::Result<Result<Located, ExitCode>> {
     let (docs, options) = match load(common)? {
         Ok(x) => x,
         Err(code) => return Ok(Err(code)),
@@ -254,11 +255,24 @@ pub(crate) fn load_for_cloud(common: &Common) -> anyhow::Result<Result<Loaded, E
     if !refused.is_empty() {
         return Ok(Err(ExitCode::from(1)));
     }
-    let (model, compiled) = prepare(&docs, &options).with_context(|| format!("{file}: building the cloud model"))?;
+    let at = model::locate(&docs.cluster).with_context(|| format!("{file}: where the cluster lives"))?;
+    Ok(Ok(Located { docs, options, at, file }))
+}
+
+/// Compile the spec with `cas` pinned and build its cloud model, printing the compiler's warnings:
+/// the one compile of a command that changes the cloud.
+fn compile_model(
+    docs: &keelson_api::Documents,
+    options: &CompileOptions,
+    cas: std::collections::BTreeMap<String, String>,
+    file: &str,
+) -> anyhow::Result<(model::ClusterModel, spec_compiler::Compiled)> {
+    let options = CompileOptions { cas, ..options.clone() };
+    let (model, compiled) = prepare(docs, &options).with_context(|| format!("{file}: building the cloud model"))?;
     for w in &compiled.warnings {
         eprintln!("keelson: warning: {file}: {w}");
     }
-    Ok(Ok(Loaded { docs, options, model, file }))
+    Ok((model, compiled))
 }
 
 /// Load the spec and build its cloud model (user-data not needed); `Err(code)` when the spec is
@@ -313,8 +327,7 @@ pub(crate) async fn with_pinned_cas(
     file: &str,
     best_effort: bool,
 ) -> anyhow::Result<(model::ClusterModel, spec_compiler::Compiled)> {
-    let mut options = options.clone();
-    options.cas = match pinned_cas(store).await {
+    let cas = match pinned_cas(store).await {
         Ok(cas) => cas,
         Err(e) if best_effort => {
             eprintln!("keelson: warning: {file}: reading the cluster CA from {}: {e:#}", store.base());
@@ -322,17 +335,17 @@ pub(crate) async fn with_pinned_cas(
         }
         Err(e) => return Err(e),
     };
-    if options.cas.is_empty() {
+    if cas.is_empty() {
         eprintln!(
             "keelson: warning: {file}: no cluster CA in {} yet: the plan shows user-data without it (`--yes` creates the CA first and pins it)",
             store.base()
         );
     }
-    prepare(docs, &options).with_context(|| format!("{file}: building the cloud model"))
+    compile_model(docs, options, cas, file)
 }
 
 pub fn run_apply(args: ApplyArgs) -> anyhow::Result<ExitCode> {
-    let Loaded { docs, options, model, file } = match load_for_cloud(&args.common)? {
+    let Located { docs, options, at, file } = match load_for_cloud(&args.common)? {
         Ok(l) => l,
         Err(code) => return Ok(code),
     };
@@ -341,12 +354,13 @@ pub fn run_apply(args: ApplyArgs) -> anyhow::Result<ExitCode> {
         Target::Terraform => {
             let out = args.out.clone().ok_or_else(|| anyhow::anyhow!("--target terraform needs --out DIR"))?;
             let model = rt.block_on(async {
-                let s3 = if model.config_base.starts_with("s3://") { Some(aws_target(&args.common, &model.region).await.s3) } else { None };
-                let store = match open_store(&model.config_base, s3) {
+                let s3 = if at.config_base.starts_with("s3://") { Some(aws_target(&args.common, &at.region).await.s3) } else { None };
+                let store = match open_store(&at.config_base, s3) {
                     Ok(store) => store,
                     Err(e) if !args.yes => {
-                        eprintln!("keelson: warning: {file}: the state store {}: {e:#}: the user-data pins no cluster CA", model.config_base);
-                        println!("state store not written (give --yes to write {})", model.config_base);
+                        eprintln!("keelson: warning: {file}: the state store {}: {e:#}: the user-data pins no cluster CA", at.config_base);
+                        let (model, _) = compile_model(&docs, &options, Default::default(), &file)?;
+                        println!("state store not written (give --yes to write {})", at.config_base);
                         return Ok(model);
                     }
                     Err(e) => return Err(e),
@@ -359,7 +373,7 @@ pub fn run_apply(args: ApplyArgs) -> anyhow::Result<ExitCode> {
                 // Terraform manages the cloud; the state store is written here, as kOps does: the CA
                 // first, so that it is pinned into the NodeupConfigs the user-data boots.
                 with_lock(&store, "apply --target terraform", args.common.force_unlock, async {
-                    let created = state::ensure_pki(&store, &model.etcd_clusters, model.encryption_config).await?;
+                    let created = state::ensure_pki(&store, &at.etcd_clusters, at.encryption_config).await?;
                     let (model, _) = with_pinned_cas(&docs, &options, &store, &file, false).await?;
                     for (rel, bytes) in &model.state {
                         if store.get(rel).await?.as_deref() != Some(bytes.as_slice()) {
@@ -376,7 +390,7 @@ pub fn run_apply(args: ApplyArgs) -> anyhow::Result<ExitCode> {
             println!("{file}: wrote {} and {} data files to {}", terraform::MAIN_FILE, tree.files.len() - 1, out.display());
             Ok(ExitCode::SUCCESS)
         }
-        Target::Direct => rt.block_on(direct_apply(&args, &docs, &options, &model, &file)),
+        Target::Direct => rt.block_on(direct_apply(&args, &docs, &options, &at, &file)),
     }
 }
 
@@ -389,15 +403,9 @@ pub fn run_delete(args: DeleteArgs) -> anyhow::Result<ExitCode> {
     rt.block_on(direct_delete(&args, &model))
 }
 
-async fn direct_apply(
-    args: &ApplyArgs,
-    docs: &keelson_api::Documents,
-    options: &CompileOptions,
-    model: &model::ClusterModel,
-    file: &str,
-) -> anyhow::Result<ExitCode> {
-    let target = CloudTarget::of(&args.common, model, "apply").await?;
-    let store = target.store(&model.config_base)?;
+async fn direct_apply(args: &ApplyArgs, docs: &keelson_api::Documents, options: &CompileOptions, at: &model::Location, file: &str) -> anyhow::Result<ExitCode> {
+    let target = CloudTarget::of(&args.common, at, "apply").await?;
+    let store = target.store(&at.config_base)?;
     if !args.yes {
         let (model, _) = with_pinned_cas(docs, options, &store, file, false).await?;
         let planned = target.plan_apply(&model, &store).await?;
@@ -410,7 +418,7 @@ async fn direct_apply(
     // Plan under the lock, so the plan executed is the one computed against the current state;
     // the CA first, pinned into the NodeupConfigs (and so into the user-data's BootConfig hash).
     with_lock(&store, "apply", args.common.force_unlock, async {
-        state::ensure_pki(&store, &model.etcd_clusters, model.encryption_config).await?;
+        state::ensure_pki(&store, &at.etcd_clusters, at.encryption_config).await?;
         let (model, _) = with_pinned_cas(docs, options, &store, file, false).await?;
         let mut planned = target.plan_apply(&model, &store).await?;
         print!("{}", planned.plan().render(color()));
@@ -479,7 +487,7 @@ pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
         ..args.roll.options(&docs)
     };
     runtime()?.block_on(async {
-        let target = CloudTarget::of(&args.common, &model, "rolling-update").await.with_context(|| file.clone())?;
+        let target = CloudTarget::of(&args.common, &model.location(), "rolling-update").await.with_context(|| file.clone())?;
         let groups = target.instance_groups(&model);
         // By default the cluster is validated and nodes drained through the Kubernetes API (as kOps,
         // which needs it even to show what would be replaced: annotated nodes count).
@@ -511,7 +519,7 @@ pub fn run_rolling_update(args: RollingUpdateArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn direct_delete(args: &DeleteArgs, model: &model::ClusterModel) -> anyhow::Result<ExitCode> {
-    let target = CloudTarget::of(&args.common, model, "delete").await?;
+    let target = CloudTarget::of(&args.common, &model.location(), "delete").await?;
     let store = target.store(&model.config_base)?;
     if !args.yes {
         let planned = target.plan_delete(model, &store, args.delete_volumes).await?;
@@ -639,7 +647,7 @@ pub fn run_validate_cluster(args: ValidateClusterArgs) -> anyhow::Result<ExitCod
         Err(code) => return Ok(code),
     };
     runtime()?.block_on(async {
-        let groups = CloudTarget::of(&args.common, &model, "validate cluster").await?.instance_groups(&model);
+        let groups = CloudTarget::of(&args.common, &model.location(), "validate cluster").await?.instance_groups(&model);
         let kube = ops::validate::kube_client(args.kubeconfig.as_deref(), &model.cluster).await?;
         let deadline = args.wait.map(|w| std::time::Instant::now() + w);
         let mut passes = 0;

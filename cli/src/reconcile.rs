@@ -10,7 +10,7 @@ use anyhow::Context as _;
 use cloud_resources::{model, state};
 use ops::reconcile::{self, Phase, ReconcileOptions};
 
-use crate::commands::{aws_target, color, load_for_cloud, open_store, runtime, with_lock, with_pinned_cas, Common, Loaded, RollArgs};
+use crate::commands::{aws_target, color, load_for_cloud, open_store, runtime, with_lock, with_pinned_cas, Common, Located, RollArgs};
 
 /// `keelson reconcile cluster`.
 #[derive(Debug, clap::Args)]
@@ -25,17 +25,17 @@ pub struct ReconcileArgs {
 }
 
 pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
-    let Loaded { docs, options, model, file } = match load_for_cloud(&args.common)? {
+    let Located { docs, options, at, file } = match load_for_cloud(&args.common)? {
         Ok(l) => l,
         Err(code) => return Ok(code),
     };
-    if model.cloud != model::CloudKind::Aws {
+    if at.cloud != model::CloudKind::Aws {
         anyhow::bail!("{file}: reconcile supports AWS clusters only (it applies through the AWS SDK and rolls autoscaling groups)");
     }
     let mut rolling = args.roll.options(&docs);
     runtime()?.block_on(async {
-        let target = aws_target(&args.common, &model.region).await;
-        let store = open_store(&model.config_base, Some(target.s3.clone()))?;
+        let target = aws_target(&args.common, &at.region).await;
+        let store = open_store(&at.config_base, Some(target.s3.clone()))?;
         if !args.yes {
             let (model, _) = with_pinned_cas(&docs, &options, &store, &file, false).await?;
             let phases = reconcile::plan(&target, &model, &store, &rolling).await?;
@@ -45,10 +45,10 @@ pub fn run(args: ReconcileArgs) -> anyhow::Result<ExitCode> {
             }
             return Ok(ExitCode::SUCCESS);
         }
-        rolling.validate = args.roll.validation(&model.cluster, "reconcile").await?;
+        rolling.validate = args.roll.validation(&at.cluster, "reconcile").await?;
         with_lock(&store, "reconcile", args.common.force_unlock, async {
             // The CA first, pinned into the NodeupConfigs (and so into the user-data), as apply does.
-            state::ensure_pki(&store, &model.etcd_clusters, model.encryption_config)
+            state::ensure_pki(&store, &at.etcd_clusters, at.encryption_config)
                 .await
                 .with_context(|| format!("{}: the cluster's PKI", Phase::ControlPlaneApply))?;
             let (model, _) = with_pinned_cas(&docs, &options, &store, &file, false).await?;

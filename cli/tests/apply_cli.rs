@@ -28,10 +28,16 @@ fn apply(spec: &tempfile::NamedTempFile, moto: &Moto, extra: &[&str]) -> std::pr
             .args(["--nodeup-asset", moto::NODEUP_AMD64, "--protokube-asset", moto::PROTOKUBE_AMD64])
             .args(extra)
             .env_remove("KOPS_FEATURE_FLAGS")
+            .env("KEELSON_LOG", "spec_compiler=info")
             .output()
             .expect("run keelson")
     };
-    tokio::task::block_in_place(run)
+    let out = tokio::task::block_in_place(run);
+    // Every apply that runs compiles the spec once: where the cluster lives comes from the spec,
+    // and the one compile has the state store's CA pinned.
+    let compiles = String::from_utf8_lossy(&out.stderr).lines().filter(|l| l.contains("compiling")).count();
+    assert!(!out.status.success() || compiles == 1, "apply {extra:?} compiled {compiles} times:\n{}", String::from_utf8_lossy(&out.stderr));
+    out
 }
 
 async fn vpcs(moto: &Moto) -> usize {

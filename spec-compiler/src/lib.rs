@@ -82,6 +82,8 @@ pub use base::nodeup_config_hash;
 
 /// Compile validated documents.
 pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, CompileError> {
+    // One line per compile (`KEELSON_LOG=spec_compiler=info`): a command compiles once.
+    tracing::info!(cluster = docs.cluster.name(), "compiling");
     let (completed, versions) = complete::complete_with_versions(docs, options)?;
     let spec = &completed.spec;
     let name = completed.name().to_string();

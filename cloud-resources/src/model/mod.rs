@@ -157,6 +157,58 @@ pub(crate) fn role_tags(role: Role) -> Vec<(String, String)> {
     }
 }
 
+/// Where a cluster lives and what its state store must hold: what a command needs before it
+/// compiles (the cloud target, the state store, the keysets to create, then the CAs to pin),
+/// read from the spec the one way [`build_with`] reads it. Compiling does not change any of it,
+/// so the user's spec gives the same answer as the completed one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    pub cluster: String,
+    pub cloud: CloudKind,
+    pub region: String,
+    pub project: Option<String>,
+    pub config_base: String,
+    /// etcd cluster names, in the spec's order (their CA keysets).
+    pub etcd_clusters: Vec<String>,
+    /// `spec.encryptionConfig: true` (the state store's `secrets/encryptionconfig`).
+    pub encryption_config: bool,
+}
+
+/// The [`Location`] of a (validated) cluster.
+pub fn locate(cluster: &keelson_api::Cluster) -> Result<Location, ModelError> {
+    let name = cluster.name().to_string();
+    let spec = &cluster.spec;
+    let missing = |field: &str| ModelError::Missing { cluster: name.clone(), field: field.to_string() };
+    let cloud = match spec.cloud_provider.as_deref().map(CloudKind::parse) {
+        Some(c @ (CloudKind::Aws | CloudKind::Gce)) => c,
+        _ => return Err(ModelError::UnsupportedCloud { cluster: name, cloud: spec.cloud_provider.clone().unwrap_or_default() }),
+    };
+    Ok(Location {
+        cloud,
+        config_base: spec.config_base.clone().ok_or_else(|| missing("spec.configBase"))?,
+        region: keelson_api::plan::region(spec).ok_or_else(|| missing("spec.subnets[].zone"))?,
+        project: spec.project.clone(),
+        etcd_clusters: spec.etcd_clusters.iter().flatten().filter_map(|e| e.name.clone()).collect(),
+        encryption_config: spec.encryption_config == Some(true),
+        cluster: name,
+    })
+}
+
+impl ClusterModel {
+    /// The model's [`Location`] (the facts it was built from).
+    pub fn location(&self) -> Location {
+        Location {
+            cluster: self.cluster.clone(),
+            cloud: self.cloud,
+            region: self.region.clone(),
+            project: self.project.clone(),
+            config_base: self.config_base.clone(),
+            etcd_clusters: self.etcd_clusters.clone(),
+            encryption_config: self.encryption_config,
+        }
+    }
+}
+
 /// Build the model of a compiled cluster.
 pub fn build(docs: &Documents, compiled: &Compiled) -> Result<ClusterModel, ModelError> {
     build_with(docs, compiled, true)
@@ -168,13 +220,7 @@ pub fn build_with(docs: &Documents, compiled: &Compiled, require_user_data: bool
     let completed = &compiled.completed;
     let cluster = completed.name().to_string();
     let spec = &completed.spec;
-    let missing = |field: &str| ModelError::Missing { cluster: cluster.clone(), field: field.to_string() };
-    let cloud = match spec.cloud_provider.as_deref().map(CloudKind::parse) {
-        Some(c @ (CloudKind::Aws | CloudKind::Gce)) => c,
-        _ => return Err(ModelError::UnsupportedCloud { cluster, cloud: spec.cloud_provider.clone().unwrap_or_default() }),
-    };
-    let config_base = spec.config_base.clone().ok_or_else(|| missing("spec.configBase"))?;
-    let region = keelson_api::plan::region(spec).ok_or_else(|| missing("spec.subnets[].zone"))?;
+    let Location { cloud, config_base, region, encryption_config, .. } = locate(completed)?;
     let subnets = network::spec_subnets(&cluster, spec, cloud)?;
     let vpc = match &spec.network_id {
         Some(id) => Link::existing(id.clone(), id.clone()),
@@ -249,7 +295,7 @@ pub fn build_with(docs: &Documents, compiled: &Compiled, require_user_data: bool
         dns,
         policy_inputs,
         etcd_clusters,
-        encryption_config: spec.encryption_config == Some(true),
+        encryption_config,
         state,
         cloud,
         cluster,
