@@ -76,7 +76,7 @@ pub fn prepare(version: &str) -> anyhow::Result<Prepared> {
             .arg(&overrides)
             .env("KOPS_BASE_URL", &kops_base)
             // The local cloud answers plain http:// on the gateway (the spec's endpoint annotations).
-            .env(base::plain_http::ALLOW_ENV, cs.gateway.to_string()),
+            .env(base::plain_http::ALLOW_ENV, &cs.gateway),
     )
     .with_context(|| format!("keelson compile of the local spec at v{version} (does the versions table know it?)"))?;
     let versions = ClusterVersions::read(&compiled.join("cluster-completed.yaml"))?;
