@@ -24,6 +24,12 @@ impl ImageReference {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The digest the reference pins (`sha256:…` after `@`), if any: the one part of a reference
+    /// that says exactly which content is pulled.
+    pub fn digest(&self) -> Option<&str> {
+        self.0.split_once('@').map(|(_, d)| d)
+    }
 }
 
 impl fmt::Display for ImageReference {
@@ -189,6 +195,9 @@ mod tests {
         ] {
             assert_eq!(r.parse::<ImageReference>().map(|i| i.to_string()), Ok(r.to_string()), "{r}");
         }
+        let pinned: ImageReference = "quay.io/cilium/cilium:v1.18.12@sha256:0123456789abcdef0123456789abcdef".parse().expect("valid");
+        assert_eq!(pinned.digest(), Some("sha256:0123456789abcdef0123456789abcdef"));
+        assert_eq!("localhost:5000/x:1".parse::<ImageReference>().expect("valid").digest(), None, "a port is no digest");
     }
 
     #[test]

@@ -4,8 +4,53 @@
 use std::collections::BTreeMap;
 
 use anyhow::Context as _;
+use spec_compiler::complete::CompileOptions;
 use spec_compiler::userdata::NodeupAsset;
 use spec_compiler::versions::Arch;
+
+/// The flags that decide what a compile makes of a spec (`keelson compile`, `keelson get assets`).
+#[derive(Debug, clap::Args)]
+pub struct CompileFlags {
+    /// Never fetch asset hashes over the network; fail if one is not in the versions table.
+    #[arg(long)]
+    pub offline: bool,
+    /// Where fetched asset hashes are cached.
+    #[arg(long = "cache-dir")]
+    pub cache_dir: Option<std::path::PathBuf>,
+    /// A file of `<url> <sha256>` lines: hashes of assets a mirror serves that win over the
+    /// versions table (for assets built locally); defaults to $KEELSON_ASSET_HASHES.
+    #[arg(long = "asset-hashes", env = "KEELSON_ASSET_HASHES", value_name = "FILE")]
+    pub asset_hashes: Option<std::path::PathBuf>,
+    /// The nodeup binary user-data boots, per architecture: `amd64=SHA256@URL[,MIRROR…]` (repeatable).
+    /// Defaults to $KEELSON_NODEUP_ASSET (space-separated).
+    #[arg(long = "nodeup-asset", value_name = "ARCH=SHA256@URL", env = "KEELSON_NODEUP_ASSET", value_delimiter = ' ')]
+    pub nodeup_asset: Vec<String>,
+    /// The protokube binary control planes install, per architecture: `amd64=SHA256@URL[,MIRROR…]`.
+    #[arg(long = "protokube-asset", value_name = "ARCH=SHA256@URL")]
+    pub protokube_asset: Vec<String>,
+    /// kOps-style base URL of the binaries (`<base>/linux/<arch>/protokube`) for an architecture
+    /// without --protokube-asset; defaults to $KOPS_BASE_URL.
+    #[arg(long = "kops-base-url", env = "KOPS_BASE_URL", value_name = "URL")]
+    pub kops_base_url: Option<String>,
+    /// kOps-style feature flags (`+APIServerNodes,…`); defaults to $KOPS_FEATURE_FLAGS.
+    #[arg(long = "feature-flags", env = "KOPS_FEATURE_FLAGS", default_value = "")]
+    pub feature_flags: String,
+}
+
+impl CompileFlags {
+    /// The compile options these flags say, with the CAs to pin (`--state`).
+    pub fn options(&self, cas: BTreeMap<String, String>) -> anyhow::Result<CompileOptions> {
+        Ok(CompileOptions {
+            hash_fetcher: hash_fetcher(self.offline, self.cache_dir.clone()),
+            protokube_assets: parse_arch_assets("--protokube-asset", &self.protokube_asset)?,
+            kops_base_url: self.kops_base_url.clone().filter(|b| !b.is_empty()),
+            feature_flags: CompileOptions::parse_feature_flags(&self.feature_flags),
+            nodeup_assets: parse_arch_assets("--nodeup-asset", &self.nodeup_asset)?,
+            asset_hashes: asset_hashes(self.asset_hashes.as_deref())?,
+            cas,
+        })
+    }
+}
 
 #[cfg(feature = "cloud")]
 pub fn parse_nodeup_assets(items: &[String]) -> anyhow::Result<BTreeMap<Arch, NodeupAsset>> {

@@ -13,6 +13,7 @@ mod cloud_target;
 mod commands;
 #[cfg(feature = "cloud")]
 mod etcd_backup;
+mod get_assets;
 #[cfg(feature = "cloud")]
 mod kubeconfig;
 mod pki_cmd;
@@ -24,7 +25,6 @@ mod upgrade;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use spec_compiler::complete::CompileOptions;
 use spec_compiler::load::{load_spec, LoadError};
 
 #[derive(Parser)]
@@ -53,36 +53,17 @@ enum Command {
         /// Output directory (created if missing).
         #[arg(long = "out")]
         out: PathBuf,
-        /// Never fetch asset hashes over the network; fail if one is not in the versions table.
-        #[arg(long)]
-        offline: bool,
-        /// Where fetched asset hashes are cached.
-        #[arg(long = "cache-dir")]
-        cache_dir: Option<PathBuf>,
-        /// A file of `<url> <sha256>` lines: hashes of assets a mirror serves that win over the
-        /// versions table (for assets built locally); defaults to $KEELSON_ASSET_HASHES.
-        #[arg(long = "asset-hashes", env = "KEELSON_ASSET_HASHES", value_name = "FILE")]
-        asset_hashes: Option<PathBuf>,
-        /// The nodeup binary user-data boots, per architecture: `amd64=SHA256@URL[,MIRROR…]` (repeatable).
-        /// Defaults to $KEELSON_NODEUP_ASSET (space-separated).
-        #[arg(long = "nodeup-asset", value_name = "ARCH=SHA256@URL", env = "KEELSON_NODEUP_ASSET", value_delimiter = ' ')]
-        nodeup_asset: Vec<String>,
-        /// The protokube binary control planes install, per architecture: `amd64=SHA256@URL[,MIRROR…]`.
-        #[arg(long = "protokube-asset", value_name = "ARCH=SHA256@URL")]
-        protokube_asset: Vec<String>,
-        /// kOps-style base URL of the binaries (`<base>/linux/<arch>/protokube`) for an architecture
-        /// without --protokube-asset; defaults to $KOPS_BASE_URL.
-        #[arg(long = "kops-base-url", env = "KOPS_BASE_URL", value_name = "URL")]
-        kops_base_url: Option<String>,
-        /// kOps-style feature flags (`+APIServerNodes,…`); defaults to $KOPS_FEATURE_FLAGS.
-        #[arg(long = "feature-flags", env = "KOPS_FEATURE_FLAGS", default_value = "")]
-        feature_flags: String,
+        #[command(flatten)]
+        compile: args::CompileFlags,
         /// A local state store (a directory or `file://` URL, as `keelson pki init --state` made it)
         /// whose cluster CA is pinned into every NodeupConfig, as `keelson apply` pins the real
         /// store's; without it the NodeupConfigs pin no CA and nodeup refuses them.
         #[arg(long = "state", value_name = "DIR")]
         state: Option<String>,
     },
+    /// kOps' `get`: `keelson get assets -f SPEC` lists every file and image the cluster uses.
+    #[command(subcommand)]
+    Get(Get),
     #[cfg(feature = "cloud")]
     /// Plan the cloud resources of a spec (state store, launch templates, autoscaling groups, etcd
     /// volumes, DNS); `--yes` applies them; `--target terraform --out DIR` writes Terraform JSON.
@@ -136,6 +117,13 @@ enum Reconcile {
 }
 
 #[derive(Subcommand)]
+enum Get {
+    /// Every file (URL, sha256, architecture) and container image the compiled spec uses: the
+    /// NodeupConfigs' assets, the nodeup build, every image of every addon and node config.
+    Assets(get_assets::GetAssetsArgs),
+}
+
+#[derive(Subcommand)]
 enum Upgrade {
     /// The newest patch of the current minor, else of the next minor; `--yes` rewrites the spec's
     /// `kubernetesVersion:` (then apply and roll).
@@ -180,6 +168,16 @@ fn report(errors: &LoadError) -> ExitCode {
     ExitCode::from(if errors.is_unreadable() { 2 } else { 1 })
 }
 
+/// What a compile of `file` warns about, on stderr.
+fn print_warnings(file: &std::path::Path, docs: &keelson_api::Documents, compiled: &spec_compiler::Compiled) {
+    for w in keelson_api::support::not_rendered(docs) {
+        eprintln!("keelson: warning: {}: {w} (`keelson validate` and `apply` refuse it)", file.display());
+    }
+    for w in &compiled.warnings {
+        eprintln!("keelson: warning: {}: {w}", file.display());
+    }
+}
+
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Pki(args) => pki_cmd::run(args),
@@ -206,37 +204,28 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Err(e) => Ok(report(&e)),
             }
         }
-        Command::Compile { file, out, offline, cache_dir, asset_hashes, nodeup_asset, protokube_asset, kops_base_url, feature_flags, state } => {
-            let nodeup_assets = args::parse_arch_assets("--nodeup-asset", &nodeup_asset)?;
+        Command::Compile { file, out, compile, state } => {
+            let cas = match &state {
+                Some(s) => args::local_pinned_cas(s)?,
+                None => Default::default(),
+            };
+            let options = compile.options(cas)?;
             let docs = match load_spec(&file) {
                 Ok(d) => d,
                 Err(e) => return Ok(report(&e)),
             };
-            let options = CompileOptions {
-                hash_fetcher: args::hash_fetcher(offline, cache_dir),
-                protokube_assets: args::parse_arch_assets("--protokube-asset", &protokube_asset)?,
-                kops_base_url: kops_base_url.filter(|b| !b.is_empty()),
-                feature_flags: CompileOptions::parse_feature_flags(&feature_flags),
-                nodeup_assets,
-                asset_hashes: args::asset_hashes(asset_hashes.as_deref())?,
-                cas: match &state {
-                    Some(s) => args::local_pinned_cas(s)?,
-                    None => Default::default(),
-                },
-            };
             let compiled = spec_compiler::compile(&docs, &options).with_context(|| format!("compiling {}", file.display()))?;
-            for w in keelson_api::support::not_rendered(&docs) {
-                eprintln!("keelson: warning: {}: {w} (`keelson validate` and `apply` refuse it)", file.display());
-            }
-            for w in &compiled.warnings {
-                eprintln!("keelson: warning: {}: {w}", file.display());
-            }
+            print_warnings(&file, &docs, &compiled);
             let written = compiled.tree.write_to(&out).with_context(|| format!("writing {}", out.display()))?;
             let unchanged = compiled.tree.files.len() - written;
             let unchanged = if unchanged > 0 { format!(" ({unchanged} more unchanged)") } else { String::new() };
             println!("{}: wrote {written} files to {}{unchanged}", file.display(), out.display());
             Ok(ExitCode::SUCCESS)
         }
+        Command::Get(Get::Assets(args)) => match load_spec(&args.file) {
+            Ok(docs) => get_assets::run(&args, &docs),
+            Err(e) => Ok(report(&e)),
+        },
         #[cfg(feature = "cloud")]
         Command::Apply(args) => commands::run_apply(args),
         #[cfg(feature = "cloud")]

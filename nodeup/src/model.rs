@@ -21,8 +21,8 @@ use crate::config::{ConfigError, StateStore};
 use crate::flag_table;
 use crate::join::{self, JoinTask};
 use crate::nodetasks::{
-    download_task_name, file_task_name, DirTask, DownloadTask, FileTask, InstallArchiveTask, InstallTask, NodeTask, PodManifestTask, ServiceOffTask,
-    ServiceTask, SwapOffTask,
+    download_task_name, file_task_name, DirTask, DownloadTask, FileTask, InstallArchiveTask, InstallTask, NodeTask, PodManifestTask, ServiceInput,
+    ServiceOffTask, ServiceTask, SwapOffTask,
 };
 use crate::paths;
 use crate::render::{self, containerd, kubelet, manifests, systemd};
@@ -142,7 +142,7 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         .ok_or_else(|| ModelError::NoAssets { arch: inp.facts.arch.clone(), have: cfg.assets.keys().cloned().collect::<Vec<_>>().join(", ") })?;
     let assets = list.iter().map(|spec| Asset::parse(spec).map(Arc::new)).collect::<Result<Vec<_>, _>>()?;
     let critical: Vec<String> = assets.iter().filter(|a| boot_critical(a)).map(|a| download_task_name(a)).collect();
-    let mut installed: Vec<String> = Vec::new(); // install task names, by binary
+    let mut protokube_bin = Vec::new();
     let mut containerd_inputs = Vec::new();
     let mut kubelet_inputs = Vec::new();
     let mut has_ecr = false;
@@ -152,22 +152,21 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         match &asset.kind {
             AssetKind::Binary { dest } => {
                 let t = InstallTask { asset: asset.clone(), member: None, dest: dest.clone(), mode: 0o755 };
-                let name = t.name();
+                let input = ServiceInput::installed(t.name(), &asset);
                 match dest.as_str() {
-                    paths::KUBELET_BIN => kubelet_inputs.push(name.clone()),
-                    paths::RUNC_BIN => containerd_inputs.push(name.clone()),
+                    paths::KUBELET_BIN => kubelet_inputs.push(input),
+                    paths::RUNC_BIN => containerd_inputs.push(input),
+                    paths::PROTOKUBE_BIN => protokube_bin.push(input),
                     paths::ECR_CREDENTIAL_PROVIDER_BIN => has_ecr = true,
                     _ => {}
                 }
-                installed.push(name);
                 tasks.push(Box::new(t));
             }
             AssetKind::Archive { .. } => {
                 let t = InstallArchiveTask { asset: asset.clone() };
                 if asset.file_name.starts_with("containerd-") {
-                    containerd_inputs.push(t.name());
+                    containerd_inputs.push(ServiceInput::installed(t.name(), &asset));
                 }
-                installed.push(t.name());
                 tasks.push(Box::new(t));
             }
             AssetKind::Other => warnings.push(format!("asset {}: not recognised; downloaded to the cache only", asset.name())),
@@ -190,21 +189,21 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
     let kubenet = cfg.networking.plugin.kubenet.is_some();
     let toml = containerd::config_toml(cc, kubenet).map_err(render_err(paths::CONTAINERD_CONFIG))?;
     tasks.push(Box::new(FileTask::new(paths::CONTAINERD_CONFIG, toml, 0o644)));
-    containerd_inputs.push(file_task_name(paths::CONTAINERD_CONFIG));
+    containerd_inputs.push(ServiceInput::file(paths::CONTAINERD_CONFIG));
     if kubenet {
         let template = containerd::KUBENET_CNI_TEMPLATE_PATH;
         tasks.push(Box::new(FileTask::new(template, containerd::KUBENET_CNI_TEMPLATE, 0o644)));
-        containerd_inputs.push(file_task_name(template));
+        containerd_inputs.push(ServiceInput::file(template));
     }
     for (path, body) in containerd::mirror_files(cc).map_err(render_err("registry mirrors"))? {
-        containerd_inputs.push(file_task_name(&path));
+        containerd_inputs.push(ServiceInput::file(&path));
         tasks.push(Box::new(FileTask::new(&path, body, 0o644)));
     }
     let unit_path = |u: &str| format!("{}/{u}", paths::SYSTEMD_DIR);
     tasks.push(Box::new(FileTask::new(&unit_path("containerd.service"), systemd::containerd().render(), 0o644)));
-    containerd_inputs.push(file_task_name(&unit_path("containerd.service")));
+    containerd_inputs.push(ServiceInput::file(&unit_path("containerd.service")));
     let containerd_svc = ServiceTask::daemon("containerd.service", containerd_inputs);
-    let containerd_svc_name = containerd_svc.name();
+    let containerd_input = ServiceInput::service(&containerd_svc);
     tasks.push(Box::new(containerd_svc));
     tasks.push(Box::new(DirTask { path: paths::CNI_CONF_DIR.into(), mode: 0o755 }));
 
@@ -237,11 +236,16 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
     let hosts_dns_worker = !runs_api && keelson_api::nodeup::uses_hosts_dns(cluster, cfg.uses_none_dns.then_some("None"));
     if hosts_dns_worker {
         tasks.push(Box::new(ApiHostsTask { store: inp.store.clone(), cluster: cluster.clone(), wait: BOOT_WAIT }));
-        kubelet_inputs.push(api_hosts::TASK_NAME.to_string());
+        kubelet_inputs.push(ServiceInput::after(api_hosts::TASK_NAME));
         let (service, timer) = (unit_path("keelson-api-hosts.service"), unit_path("keelson-api-hosts.timer"));
         tasks.push(Box::new(FileTask::new(&service, systemd::api_hosts(paths::BOOT_CONFIG_COPY).render(), 0o644)));
         tasks.push(Box::new(FileTask::new(&timer, systemd::api_hosts_timer().render(), 0o644)));
-        let inputs = vec![file_task_name(&service), file_task_name(&timer), file_task_name(paths::BOOT_CONFIG_COPY), api_hosts::TASK_NAME.to_string()];
+        let inputs = vec![
+            ServiceInput::file(&service),
+            ServiceInput::file(&timer),
+            ServiceInput::file(paths::BOOT_CONFIG_COPY),
+            ServiceInput::after(api_hosts::TASK_NAME),
+        ];
         tasks.push(Box::new(ServiceTask::daemon("keelson-api-hosts.timer", inputs)));
     }
     // GCE has no hop limit: pods are kept from the metadata server (its tokens are the instance's
@@ -254,10 +258,10 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         let (service, timer) = (unit_path("keelson-metadata-concealment.service"), unit_path("keelson-metadata-concealment.timer"));
         tasks.push(Box::new(FileTask::new(&service, systemd::metadata_concealment(&pod_cidr).render(), 0o644)));
         tasks.push(Box::new(FileTask::new(&timer, systemd::metadata_concealment_timer().render(), 0o644)));
-        let once = ServiceTask { unit: "keelson-metadata-concealment.service".into(), inputs: vec![file_task_name(&service)], once: true };
-        kubelet_inputs.push(once.name());
+        let once = ServiceTask { unit: "keelson-metadata-concealment.service".into(), inputs: vec![ServiceInput::file(&service)], once: true };
+        kubelet_inputs.push(ServiceInput::service(&once));
         tasks.push(Box::new(once));
-        tasks.push(Box::new(ServiceTask::daemon("keelson-metadata-concealment.timer", vec![file_task_name(&service), file_task_name(&timer)])));
+        tasks.push(Box::new(ServiceTask::daemon("keelson-metadata-concealment.timer", vec![ServiceInput::file(&service), ServiceInput::file(&timer)])));
     }
     let mut joined = false;
     if runs_api {
@@ -277,11 +281,12 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         let body = kubelet::kubeconfig("https://127.0.0.1", &ca.cert_pem, &node, kubelet::UserEntry::from_pem_file(paths::KUBELET_CLIENT_PEM))
             .map_err(|e| render_err(paths::KUBELET_KUBECONFIG)(e.to_string()))?;
         tasks.push(Box::new(FileTask { deps: vec![client_task], ..FileTask::new(paths::KUBELET_KUBECONFIG, body, 0o400) }));
-        kubelet_inputs.push(file_task_name(paths::KUBELET_KUBECONFIG));
+        kubelet_inputs.push(ServiceInput::file(paths::KUBELET_KUBECONFIG));
         let mut server = CertSpec { cn: node, orgs: vec![], dns: vec![inp.facts.hostname.clone()], ips: vec![], usage: Usage::Server };
         server.ips.extend(inp.facts.internal_ip);
         tasks.push(Box::new(CertTask::new(&format!("{}/kubelet-server", paths::SRV_KUBERNETES), "kubernetes-ca", ca, server, &ca_dep)));
-        kubelet_inputs.push(format!("cert:{}/kubelet-server.crt", paths::SRV_KUBERNETES));
+        let server_crt = format!("{}/kubelet-server.crt", paths::SRV_KUBERNETES);
+        kubelet_inputs.push(ServiceInput::file_of(format!("cert:{server_crt}"), &server_crt));
     } else if let Some(server) = cfg.node_bootstrap.as_ref().filter(|b| b.method == NodeBootstrapMethod::CloudIdentity).map(|b| b.server.clone()) {
         // Join by cloud identity: the join server signs this node's kubelet and kube-proxy CSRs.
         let server = server.ok_or_else(|| render_err("NodeupConfig: NodeBootstrap")("method CloudIdentity needs a Server".to_string()))?;
@@ -315,7 +320,7 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         )
         .map_err(|e| render_err(paths::KUBELET_KUBECONFIG)(e.to_string()))?;
         tasks.push(Box::new(FileTask { deps: vec![join::TASK_NAME.to_string()], ..FileTask::new(paths::KUBELET_KUBECONFIG, body, 0o600) }));
-        kubelet_inputs.push(file_task_name(paths::KUBELET_KUBECONFIG));
+        kubelet_inputs.push(ServiceInput::file(paths::KUBELET_KUBECONFIG));
         joined = true;
     } else {
         // Token mode: a bootstrap token the control planes minted (it expires; protokube rotates it
@@ -330,7 +335,7 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         )
         .map_err(|e| render_err(paths::KUBELET_BOOTSTRAP_KUBECONFIG)(e.to_string()))?;
         tasks.push(Box::new(FileTask::new(paths::KUBELET_BOOTSTRAP_KUBECONFIG, body, 0o400)));
-        kubelet_inputs.push(file_task_name(paths::KUBELET_BOOTSTRAP_KUBECONFIG));
+        kubelet_inputs.push(ServiceInput::file(paths::KUBELET_BOOTSTRAP_KUBECONFIG));
         kubelet_spec.bootstrap_kubeconfig = Some(paths::KUBELET_BOOTSTRAP_KUBECONFIG.into());
     }
     let provider_id = provider_id(&inp.boot.cloud_provider, inp.facts);
@@ -338,9 +343,16 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         kubelet::configuration(&kubelet_spec, cc.address.as_deref(), runs_api, provider_id).map_err(|e| render_err(paths::KUBELET_CONFIG)(e.to_string()))?;
     let kc_yaml = serde_yaml_ng::to_string(&kc).map_err(|e| render_err(paths::KUBELET_CONFIG)(e.to_string()))?;
     tasks.push(Box::new(FileTask::new(paths::KUBELET_CONFIG, kc_yaml, 0o644)));
+    // The site's KubeletConfiguration fragments (`--config-dir`), for kubelets that read them: nodeup
+    // creates the directory and never writes into it.
+    let version = cfg.kubernetes_version.parse::<keelson_api::KubernetesVersion>().map_err(|e| render_err("NodeupConfig: KubernetesVersion")(e.to_string()))?;
+    let config_dir = kubelet::has_config_dir(&version).then_some(paths::KUBELET_CONFIG_DIR);
+    if let Some(dir) = config_dir {
+        tasks.push(Box::new(DirTask { path: dir.into(), mode: 0o755 }));
+    }
     tasks.push(Box::new(FileTask::new(
         paths::KUBELET_SYSCONFIG,
-        kubelet::sysconfig(&kubelet_spec, node_ip.as_deref(), has_ecr).map_err(|e| render_err(paths::KUBELET_SYSCONFIG)(e.to_string()))?,
+        kubelet::sysconfig(&kubelet_spec, node_ip.as_deref(), has_ecr, config_dir).map_err(|e| render_err(paths::KUBELET_SYSCONFIG)(e.to_string()))?,
         0o644,
     )));
     if has_ecr {
@@ -349,17 +361,21 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
             kubelet::ecr_credential_provider_config().map_err(|e| render_err(paths::KUBELET_CREDENTIAL_PROVIDER_CONFIG)(e.to_string()))?,
             0o644,
         )));
-        kubelet_inputs.push(file_task_name(paths::KUBELET_CREDENTIAL_PROVIDER_CONFIG));
+        kubelet_inputs.push(ServiceInput::file(paths::KUBELET_CREDENTIAL_PROVIDER_CONFIG));
     }
     let manifest_dir = kubelet_spec.pod_manifest_path.clone().unwrap_or_else(|| paths::MANIFESTS_DIR.into());
     tasks.push(Box::new(DirTask { path: manifest_dir.clone(), mode: 0o755 }));
     tasks.push(Box::new(FileTask::new(&unit_path("kubelet.service"), systemd::kubelet().render(), 0o644)));
+    tasks.push(Box::new(FileTask::new(paths::KUBELET_DROP_IN, systemd::kubelet_drop_in().render(), 0o644)));
+    // The site's environment file is read at each start but is the site's: a change to it takes effect
+    // with the kubelet's next restart, which nodeup does not cause.
     kubelet_inputs.extend([
-        file_task_name(paths::KUBELET_CONFIG),
-        file_task_name(paths::KUBELET_SYSCONFIG),
-        file_task_name(&unit_path("kubelet.service")),
-        ca_dep.clone(),
-        containerd_svc_name.clone(),
+        ServiceInput::file(paths::KUBELET_CONFIG),
+        ServiceInput::file(paths::KUBELET_SYSCONFIG),
+        ServiceInput::file(&unit_path("kubelet.service")),
+        ServiceInput::file(paths::KUBELET_DROP_IN),
+        ServiceInput::file(paths::CA_CRT),
+        containerd_input.clone(),
     ]);
 
     // File assets of the group (e.g. the kube-scheduler configuration).
@@ -382,9 +398,9 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         match hook.unit {
             Some(text) => {
                 tasks.push(Box::new(FileTask::new(&unit_path(&unit), text, 0o644)));
-                let mut inputs = vec![file_task_name(&unit_path(&unit))];
+                let mut inputs = vec![ServiceInput::file(&unit_path(&unit))];
                 if hook.uses_containerd {
-                    inputs.push(containerd_svc_name.clone());
+                    inputs.push(containerd_input.clone());
                 }
                 tasks.push(Box::new(ServiceTask { unit, inputs, once: true }));
             }
@@ -409,12 +425,17 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         // protokube's start reloads systemd, so the scopes of the containers created after it (and
         // those already there) read the drop-in.
         tasks.push(Box::new(FileTask::new(paths::CONTAINER_SCOPES_DROP_IN, systemd::containers_after_protokube(), 0o644)));
-        let mut inputs =
-            vec![file_task_name(&unit_path("protokube.service")), file_task_name(paths::BOOT_CONFIG_COPY), file_task_name(paths::CONTAINER_SCOPES_DROP_IN)];
-        inputs.extend(installed.iter().filter(|n| n.ends_with(paths::PROTOKUBE_BIN)).cloned());
+        let mut inputs = vec![
+            ServiceInput::file(&unit_path("protokube.service")),
+            ServiceInput::file(paths::BOOT_CONFIG_COPY),
+            ServiceInput::file(paths::CONTAINER_SCOPES_DROP_IN),
+        ];
+        inputs.extend(protokube_bin);
         tasks.push(Box::new(ServiceTask::daemon("protokube.service", inputs)));
     }
-    tasks.push(Box::new(ServiceTask::daemon("kubelet.service", kubelet_inputs)));
+    let kubelet_svc = ServiceTask::daemon("kubelet.service", kubelet_inputs);
+    let kubelet_started = ServiceInput::after(kubelet_svc.name());
+    tasks.push(Box::new(kubelet_svc));
     if joined {
         // Certificate renewal on workers: nodeup again, periodically; its join task asks for new
         // certificates once less than a third of their life is left (the join protocol is the only
@@ -423,7 +444,7 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         let (service, timer) = (unit_path("keelson-nodeup.service"), unit_path("keelson-nodeup.timer"));
         tasks.push(Box::new(FileTask::new(&service, systemd::nodeup_again(paths::BOOT_CONFIG_COPY).render(), 0o644)));
         tasks.push(Box::new(FileTask::new(&timer, systemd::nodeup_again_timer(inp.renewal_interval).render(), 0o644)));
-        let inputs = vec![file_task_name(&service), file_task_name(&timer), "service:kubelet.service".to_string()];
+        let inputs = vec![ServiceInput::file(&service), ServiceInput::file(&timer), kubelet_started];
         tasks.push(Box::new(ServiceTask::daemon("keelson-nodeup.timer", inputs)));
     }
     Ok(Model { tasks, warnings })

@@ -292,30 +292,138 @@ impl Task<Ctx<'_>> for InstallArchiveTask {
     }
 }
 
-/// A systemd unit enabled in `multi-user.target.wants` and (on a live host) restarted when
-/// any of its inputs changed.
+/// One dependency of a [`ServiceTask`], and what of it goes into the service's input hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServiceInput {
+    /// A file the service reads (unit file, drop-in, environment file, configuration, certificate,
+    /// kubeconfig), written by the task `task`: its contents.
+    File { task: String, path: String },
+    /// An installed asset (a binary, or an archive's files): the sha256 it is installed from (the
+    /// install task makes the installed files that asset's).
+    Installed { task: String, sha256: String },
+    /// Another service, restarted with it (the kubelet with containerd): the input hash that
+    /// service last (re)started with.
+    Service { task: String, unit: String },
+    /// Only ordering: `task` runs first, and a change it makes in the same run restarts the service,
+    /// but it is no part of the hash (the hosts entries the kubelet resolves; the kubelet a timer
+    /// starts after).
+    After { task: String },
+}
+
+impl ServiceInput {
+    /// A file written by its own [`FileTask`].
+    pub fn file(path: &str) -> ServiceInput {
+        ServiceInput::File { task: file_task_name(path), path: path.to_string() }
+    }
+    /// A file written by the task `task` (a certificate, a kubeconfig with its key).
+    pub fn file_of(task: impl Into<String>, path: &str) -> ServiceInput {
+        ServiceInput::File { task: task.into(), path: path.to_string() }
+    }
+    pub fn installed(task: impl Into<String>, asset: &Asset) -> ServiceInput {
+        ServiceInput::Installed { task: task.into(), sha256: asset.sha256.clone() }
+    }
+    pub fn service(s: &ServiceTask) -> ServiceInput {
+        ServiceInput::Service { task: s.name(), unit: s.unit.clone() }
+    }
+    pub fn after(task: impl Into<String>) -> ServiceInput {
+        ServiceInput::After { task: task.into() }
+    }
+    fn task(&self) -> &str {
+        match self {
+            ServiceInput::File { task, .. } | ServiceInput::Installed { task, .. } | ServiceInput::Service { task, .. } | ServiceInput::After { task } => task,
+        }
+    }
+}
+
+/// Where the input hash a unit last (re)started with is kept (see [`ServiceTask`]).
+pub fn service_hash_path(unit: &str) -> String {
+    format!("{}/{unit}.hash", paths::SERVICE_HASH_DIR)
+}
+
+/// The input hash a unit last (re)started with; `None` when none is recorded.
+fn stored_hash(ctx: &Ctx, unit: &str) -> Result<Option<String>, TaskError> {
+    let p = ctx.host.path(service_hash_path(unit));
+    match fs::read_to_string(&p) {
+        Ok(text) => Ok(Some(text.trim().to_string())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(fs_err(&p)(e).into()),
+    }
+}
+
+/// A systemd unit enabled in `multi-user.target.wants` and restarted when its inputs differ from
+/// those it last (re)started with.
+///
+/// The task hashes its inputs (each file's contents, each installed asset's sha256, each service
+/// input's own recorded hash: [`ServiceInput`]) and keeps the hash it restarted the unit with under
+/// [`paths::SERVICE_HASH_DIR`], written only once the restart succeeded. It restarts the unit when
+/// the hash differs from the recorded one (or none is recorded), or when an input changed in this
+/// run (a dry run reports the restart a change would cause). So a run killed between writing the
+/// kubelet's configuration and restarting it, or whose restart failed, restarts it on the next run,
+/// which finds the files already right. On a live host a long-running unit found down is started.
 pub struct ServiceTask {
     /// `kubelet.service`
     pub unit: String,
-    /// Task names whose change means a restart (unit file, config, env file, binaries).
-    pub inputs: Vec<String>,
+    /// Its dependencies (unit file, configuration, environment files, binaries, services).
+    pub inputs: Vec<ServiceInput>,
     /// Runs to completion (hooks): started when its inputs change, not kept running.
     pub once: bool,
 }
 
 impl ServiceTask {
     /// A long-running service, restarted when an input changes and started when found down.
-    pub fn daemon(unit: &str, inputs: Vec<String>) -> ServiceTask {
+    pub fn daemon(unit: &str, inputs: Vec<ServiceInput>) -> ServiceTask {
         ServiceTask { unit: unit.to_string(), inputs, once: false }
     }
-}
 
-impl ServiceTask {
     fn link(&self) -> String {
         format!("{}/{}", paths::MULTI_USER_WANTS, self.unit)
     }
     fn unit_path(&self) -> String {
         format!("{}/{}", paths::SYSTEMD_DIR, self.unit)
+    }
+
+    /// The sha256 (hex) of what the unit runs with now, as found on the host.
+    pub fn input_hash(&self, ctx: &Ctx) -> Result<String, TaskError> {
+        use sha2::Digest as _;
+        let mut h = sha2::Sha256::new();
+        for input in &self.inputs {
+            let line = match input {
+                ServiceInput::File { path, .. } => {
+                    let p = ctx.host.path(path);
+                    match fs::read(&p) {
+                        Ok(bytes) => format!("file {path} {}\n", hex::encode(sha2::Sha256::digest(&bytes))),
+                        // Not written yet (a dry run): hashed as missing.
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => format!("file {path} missing\n"),
+                        Err(e) => return Err(fs_err(&p)(e).into()),
+                    }
+                }
+                ServiceInput::Installed { task, sha256 } => format!("asset {task} {sha256}\n"),
+                ServiceInput::Service { unit, .. } => format!("service {unit} {}\n", stored_hash(ctx, unit)?.unwrap_or_else(|| "none".into())),
+                ServiceInput::After { .. } => continue,
+            };
+            h.update(line.as_bytes());
+        }
+        Ok(hex::encode(h.finalize()))
+    }
+
+    /// Whether the unit is to be restarted, and why.
+    fn restart_reason(&self, ctx: &Ctx, deps_changed: bool) -> Result<Option<&'static str>, TaskError> {
+        let stored = stored_hash(ctx, &self.unit)?;
+        Ok(if deps_changed {
+            Some("an input changed")
+        } else if stored.is_none() {
+            Some("no input hash recorded")
+        } else if stored.as_deref() != Some(self.input_hash(ctx)?.as_str()) {
+            Some("its inputs differ from those it last started with")
+        } else {
+            None
+        })
+    }
+
+    fn record_hash(&self, ctx: &Ctx) -> Result<(), TaskError> {
+        let hash = self.input_hash(ctx)?;
+        base::fs::write_atomic(&ctx.host.path(service_hash_path(&self.unit)), format!("{hash}\n").as_bytes(), 0o644, None)?;
+        Ok(())
     }
 }
 
@@ -324,10 +432,10 @@ impl Task<Ctx<'_>> for ServiceTask {
         format!("service:{}", self.unit)
     }
     fn paths(&self) -> Vec<String> {
-        vec![self.link()]
+        vec![self.link(), service_hash_path(&self.unit)]
     }
     fn deps(&self) -> Vec<String> {
-        self.inputs.clone()
+        self.inputs.iter().map(|i| i.task().to_string()).collect()
     }
     fn check(&self, ctx: &Ctx, deps_changed: bool) -> Result<Vec<String>, TaskError> {
         let mut changes = Vec::new();
@@ -335,11 +443,9 @@ impl Task<Ctx<'_>> for ServiceTask {
         if fs::read_link(&link).ok().as_deref() != Some(Path::new(&self.unit_path())) {
             changes.push("enable (multi-user.target.wants)".to_string());
         }
-        if deps_changed {
-            changes.push(if ctx.host.is_live() { "restart".to_string() } else { "restart (recorded: not a live root)".to_string() });
+        if let Some(why) = self.restart_reason(ctx, deps_changed)? {
+            changes.push(if ctx.host.is_live() { format!("restart ({why})") } else { format!("restart ({why}; recorded: not a live root)") });
         } else if !self.once && ctx.host.query(&["systemctl", "is-active", "--quiet", &self.unit]) == Some(false) {
-            // A run killed between writing an input and restarting leaves the service down:
-            // a live host converges to "running", not just "configured".
             changes.push("start (not running)".to_string());
         }
         Ok(changes)
@@ -349,9 +455,11 @@ impl Task<Ctx<'_>> for ServiceTask {
         if fs::read_link(&link).ok().as_deref() != Some(Path::new(&self.unit_path())) {
             base::fs::symlink_atomic(Path::new(&self.unit_path()), &link)?;
         }
-        if deps_changed {
+        if self.restart_reason(ctx, deps_changed)?.is_some() {
             ctx.host.reload_units()?;
             ctx.host.run(&["systemctl", "restart", &self.unit])?;
+            // Only now: a failed or interrupted restart leaves the old hash, and the next run restarts.
+            self.record_hash(ctx)?;
         } else if ctx.host.is_live() {
             ctx.host.reload_units()?;
             ctx.host.run(&["systemctl", "start", &self.unit])?;

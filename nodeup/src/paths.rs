@@ -19,7 +19,17 @@ pub const CONTAINERD_CERTS_DIR: &str = "/etc/containerd/certs.d";
 pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
 
 pub const KUBELET_CONFIG: &str = "/var/lib/kubelet/kubelet.conf";
+/// The kubelet's flags (`DAEMON_ARGS`), written by nodeup (the environment file of [`KUBELET_DROP_IN`]).
 pub const KUBELET_SYSCONFIG: &str = "/etc/sysconfig/kubelet";
+/// The drop-in with the kubelet's command line (kubeadm's `10-kubeadm.conf`): `$DAEMON_ARGS` from
+/// [`KUBELET_SYSCONFIG`], then `$KUBELET_EXTRA_ARGS` from [`KUBELET_SITE_ENV`].
+pub const KUBELET_DROP_IN: &str = "/etc/systemd/system/kubelet.service.d/10-keelson.conf";
+/// The site's own kubelet flags (`KUBELET_EXTRA_ARGS="…"`), as kubeadm and EKS read them: nodeup
+/// never writes it, so they survive every run.
+pub const KUBELET_SITE_ENV: &str = "/etc/default/kubelet";
+/// The kubelet's drop-in configuration directory (`--config-dir`): `KubeletConfiguration` fragments
+/// of the site, merged over `kubelet.conf` in file-name order. nodeup creates it, never writes into it.
+pub const KUBELET_CONFIG_DIR: &str = "/etc/kubernetes/kubelet.conf.d";
 pub const KUBELET_KUBECONFIG: &str = "/var/lib/kubelet/kubeconfig";
 /// The kubelet's client certificate and key, one PEM file (0600) its kubeconfig names: the kubelet
 /// reads it again by itself, so a renewal needs no restart ([`base::renewal::KUBELET_CLIENT_RELOAD`]).
@@ -28,6 +38,8 @@ pub const KUBELET_BOOTSTRAP_KUBECONFIG: &str = "/var/lib/kubelet/bootstrap-kubec
 pub const KUBELET_CREDENTIAL_PROVIDER_CONFIG: &str = "/var/lib/kubelet/credential-provider.conf";
 
 pub const SYSTEMD_DIR: &str = "/etc/systemd/system";
+/// The input hash each unit last (re)started with, `<unit>.hash` (`nodetasks::ServiceTask`).
+pub const SERVICE_HASH_DIR: &str = "/var/lib/keelson/nodeup/units";
 pub const MULTI_USER_WANTS: &str = "/etc/systemd/system/multi-user.target.wants";
 /// Control planes: the drop-in every container scope (`cri-containerd-<id>.scope`) reads (systemd
 /// applies `<prefix>-.scope.d/` to every scope named `<prefix>-…`, transient ones included):

@@ -39,7 +39,9 @@ fn sigkill_at_many_moments_leaves_only_complete_files_and_rerun_converges() {
     }
     // The state store (and so the bootstrap token) differs between the two scenarios: compare
     // files that depend on it by presence only.
-    let state_dependent = ["var/lib/kubelet/bootstrap-kubeconfig", "etc/keelson/bootconfig.yaml", "srv/kubernetes/ca.crt"];
+    // The kubelet's input hash covers two of them (its bootstrap kubeconfig and the CA).
+    let state_dependent =
+        ["var/lib/kubelet/bootstrap-kubeconfig", "etc/keelson/bootconfig.yaml", "srv/kubernetes/ca.crt", "var/lib/keelson/nodeup/units/kubelet.service.hash"];
     let mut reference = reference.clone();
     for p in state_dependent {
         reference.remove(p);

@@ -12,6 +12,7 @@ const RENDERED: &[&str] = &[
     "etc/containerd/config.toml",
     "etc/systemd/system/containerd.service",
     "etc/systemd/system/kubelet.service",
+    "etc/systemd/system/kubelet.service.d/10-keelson.conf",
     "etc/systemd/system/protokube.service",
     "etc/systemd/system/cri-containerd-.scope.d/50-keelson-stop-after-protokube.conf",
     "var/lib/kubelet/kubelet.conf",

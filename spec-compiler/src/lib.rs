@@ -8,6 +8,7 @@
 //! table or `asset_hashes` are fetched only when not offline.
 
 pub mod addons;
+pub mod assets;
 pub mod complete;
 pub mod load;
 pub mod nodeup_config;

@@ -57,9 +57,16 @@ pub fn kubelet_may_set_label(key: &str) -> bool {
     under("kubelet.kubernetes.io") || under("node.kubernetes.io") || SELF_LABELS.contains(&key)
 }
 
-/// `/etc/sysconfig/kubelet`: the flags kOps still passes on the command line. Only the node labels
-/// the kubelet may set itself are passed ([`kubelet_may_set_label`]).
-pub fn sysconfig(spec: &KubeletConfigSpec, node_ip: Option<&str>, credential_provider: bool) -> Result<String, KubeletFieldError> {
+/// Whether the kubelet of `version` reads a drop-in configuration directory (`--config-dir`): the
+/// `KubeletConfigDropInDir` feature, alpha in 1.28 (behind a gate), beta and on by default from 1.30.
+pub fn has_config_dir(version: &keelson_api::KubernetesVersion) -> bool {
+    version.at_least(1, 30)
+}
+
+/// `/etc/sysconfig/kubelet`: the flags kOps still passes on the command line, and `--config-dir`
+/// when given ([`has_config_dir`]). Only the node labels the kubelet may set itself are passed
+/// ([`kubelet_may_set_label`]).
+pub fn sysconfig(spec: &KubeletConfigSpec, node_ip: Option<&str>, credential_provider: bool, config_dir: Option<&str>) -> Result<String, KubeletFieldError> {
     let mut spec = super::kubelet_config::split(spec, &NodeSettings::default())?.flags;
     if let Some(labels) = spec.node_labels.as_mut() {
         labels.retain(|k, _| kubelet_may_set_label(k));
@@ -69,6 +76,9 @@ pub fn sysconfig(spec: &KubeletConfigSpec, node_ip: Option<&str>, credential_pro
         flags.push(format!("--node-ip={ip}"));
     }
     flags.push(format!("--config={}", paths::KUBELET_CONFIG));
+    if let Some(dir) = config_dir {
+        flags.push(format!("--config-dir={dir}"));
+    }
     if credential_provider {
         flags.push(format!("--image-credential-provider-config={}", paths::KUBELET_CREDENTIAL_PROVIDER_CONFIG));
         flags.push(format!("--image-credential-provider-bin-dir={}", paths::BIN_DIR));
@@ -207,7 +217,12 @@ mod tests {
             "logLevel: 2\nkubeconfigPath: /var/lib/kubelet/kubeconfig\ncloudProvider: external\nnodeLabels:\n  b: ''\n  a: x\n  node-role.kubernetes.io/control-plane: ''\n  kops.k8s.io/kops-controller-pki: ''\nanonymousAuth: false\n",
         )
         .expect("yaml");
-        let s = sysconfig(&spec, Some("10.0.0.5"), true).expect("sysconfig");
+        let s = sysconfig(&spec, Some("10.0.0.5"), true, None).expect("sysconfig");
+        assert!(!s.contains("--config-dir"), "{s}");
+        let with_dir = sysconfig(&spec, Some("10.0.0.5"), true, Some("/etc/kubernetes/kubelet.conf.d")).expect("sysconfig");
+        assert!(with_dir.contains(" --config=/var/lib/kubelet/kubelet.conf --config-dir=/etc/kubernetes/kubelet.conf.d "), "{with_dir}");
+        let v = |s: &str| s.parse::<keelson_api::KubernetesVersion>().expect("version");
+        assert!(!has_config_dir(&v("1.29.9")) && has_config_dir(&v("1.30.0-alpha.1")) && has_config_dir(&v("1.35.7")));
         assert!(kubelet_may_set_label("node.kubernetes.io/exclude-from-external-load-balancers") && kubelet_may_set_label("example.com/x"));
         assert!(!kubelet_may_set_label("node-role.kubernetes.io/node") && !kubelet_may_set_label("kops.k8s.io/instancegroup"));
         assert!(kubelet_may_set_label("topology.kubernetes.io/zone") && !kubelet_may_set_label("kubernetes.io/role"));

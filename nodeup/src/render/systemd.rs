@@ -307,7 +307,8 @@ pub fn containerd() -> Unit {
     }
 }
 
-/// kubelet.service
+/// `kubelet.service`, the base unit (kubeadm's): how the kubelet runs, not with what; its command
+/// line is [`kubelet_drop_in`]'s.
 pub fn kubelet() -> Unit {
     Unit {
         unit: UnitSection {
@@ -317,8 +318,7 @@ pub fn kubelet() -> Unit {
             wants: vec![],
         },
         service: ServiceSection {
-            environment_files: vec![crate::paths::KUBELET_SYSCONFIG.into()],
-            exec_start: format!("{} \"$DAEMON_ARGS\"", crate::paths::KUBELET_BIN),
+            exec_start: crate::paths::KUBELET_BIN.into(),
             restart: Some("always".into()),
             restart_sec: Some("2s".into()),
             start_limit_interval: Some("0".into()),
@@ -329,6 +329,46 @@ pub fn kubelet() -> Unit {
             ..Default::default()
         },
         install: multi_user(),
+    }
+}
+
+/// A drop-in (`<unit>.d/<name>.conf`) that sets a service's command line: `ExecStart=` empties the
+/// list the unit and earlier drop-ins set, the next line is the command. Environment files are
+/// read in order, a later one's variable winning; a `-` prefix: the file may be absent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExecDropIn {
+    /// Comment lines at the top (without `# `).
+    pub comment: Vec<String>,
+    pub environment_files: Vec<String>,
+    pub exec_start: String,
+}
+
+impl ExecDropIn {
+    pub fn render(&self) -> String {
+        let mut o = Ini(self.comment.iter().map(|c| format!("# {c}\n")).collect());
+        o.0.push_str("[Service]\n");
+        for f in &self.environment_files {
+            o.kv("EnvironmentFile", f);
+        }
+        o.kv("ExecStart", "");
+        o.kv("ExecStart", &self.exec_start);
+        o.0
+    }
+}
+
+/// `kubelet.service.d/10-keelson.conf`: the kubelet's command line, as kubeadm's `10-kubeadm.conf` and
+/// EKS' nodeadm write it: nodeup's flags (`$DAEMON_ARGS`, [`crate::paths::KUBELET_SYSCONFIG`]) then the
+/// site's (`$KUBELET_EXTRA_ARGS`, [`crate::paths::KUBELET_SITE_ENV`], which nodeup never writes:
+/// they survive every run, and a later flag of the same name wins).
+pub fn kubelet_drop_in() -> ExecDropIn {
+    use crate::paths::{KUBELET_BIN, KUBELET_SITE_ENV, KUBELET_SYSCONFIG};
+    ExecDropIn {
+        comment: vec![
+            "Written by nodeup (Keelson), rewritten on every run. Site flags: KUBELET_EXTRA_ARGS=\"...\" in".into(),
+            format!("{KUBELET_SITE_ENV}; site KubeletConfiguration fragments: {}/*.conf.", crate::paths::KUBELET_CONFIG_DIR),
+        ],
+        environment_files: vec![KUBELET_SYSCONFIG.into(), format!("-{KUBELET_SITE_ENV}")],
+        exec_start: format!("{KUBELET_BIN} $DAEMON_ARGS $KUBELET_EXTRA_ARGS"),
     }
 }
 
@@ -390,8 +430,14 @@ mod tests {
     fn renders_sections_in_order() {
         let s = super::kubelet().render();
         assert!(s.starts_with("[Unit]\nDescription=Kubernetes Kubelet Server\n"), "{s}");
-        assert!(s.contains("\n[Service]\nEnvironmentFile=/etc/sysconfig/kubelet\nExecStart=/usr/local/bin/kubelet \"$DAEMON_ARGS\"\n"), "{s}");
+        assert!(s.contains("\n[Service]\nExecStart=/usr/local/bin/kubelet\nRestart=always\n"), "{s}");
         assert!(s.ends_with("[Install]\nWantedBy=multi-user.target\n"), "{s}");
+        let d = super::kubelet_drop_in().render();
+        assert!(
+            d.ends_with("\n[Service]\nEnvironmentFile=/etc/sysconfig/kubelet\nEnvironmentFile=-/etc/default/kubelet\nExecStart=\nExecStart=/usr/local/bin/kubelet $DAEMON_ARGS $KUBELET_EXTRA_ARGS\n"),
+            "{d}"
+        );
+        assert!(d.lines().take_while(|l| !l.starts_with('[')).all(|l| l.starts_with("# ")), "{d}");
     }
 
     #[test]

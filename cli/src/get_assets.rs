@@ -1,0 +1,105 @@
+//! `keelson get assets -f SPEC [--arch amd64,arm64] [-o table|yaml|json]` (kOps' `get assets`): the
+//! spec compiled as `keelson compile` compiles it, and the files and images of the compiled output
+//! (`spec_compiler::assets::list`) printed.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use spec_compiler::assets::AssetList;
+use spec_compiler::versions::Arch;
+
+/// How the list is printed (kOps' `-o`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    Table,
+    Yaml,
+    Json,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct GetAssetsArgs {
+    /// The spec file (one Cluster and its InstanceGroups).
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// Only the files of these architectures (comma-separated; default: every one the NodeupConfigs
+    /// name). Images are the same reference for every architecture.
+    #[arg(long = "arch", value_delimiter = ',', value_name = "ARCH,…")]
+    pub arch: Vec<String>,
+    #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
+    pub output: Output,
+    #[command(flatten)]
+    pub compile: crate::args::CompileFlags,
+}
+
+pub fn run(args: &GetAssetsArgs, docs: &keelson_api::Documents) -> anyhow::Result<ExitCode> {
+    let arches = args
+        .arch
+        .iter()
+        .filter(|a| !a.trim().is_empty())
+        .map(|a| Arch::parse(a).ok_or_else(|| anyhow::anyhow!("--arch {a:?}: unknown architecture (amd64 or arm64)")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let options = args.compile.options(Default::default())?;
+    let compiled = spec_compiler::compile(docs, &options).with_context(|| format!("compiling {}", args.file.display()))?;
+    crate::print_warnings(&args.file, docs, &compiled);
+    let mut list = spec_compiler::assets::list(&compiled, &options).with_context(|| format!("listing the assets of {}", args.file.display()))?;
+    if !arches.is_empty() {
+        list = list.for_arches(&arches);
+    }
+    let text = match args.output {
+        Output::Table => table(&list),
+        Output::Yaml => serde_yaml_ng::to_string(&list).context("rendering YAML")?,
+        Output::Json => serde_json::to_string_pretty(&list).context("rendering JSON")? + "\n",
+    };
+    print!("{text}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Columns padded to their widest cell, two spaces apart (the last one unpadded).
+fn columns(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let last = cells.len() - 1;
+        let mut s = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i == last {
+                s.push_str(cell);
+            } else {
+                s.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        s.trim_end().to_string() + "\n"
+    };
+    let mut out = line(header.to_vec());
+    for row in rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+/// The images, then the files, each a table.
+pub fn table(list: &AssetList) -> String {
+    let images: Vec<Vec<String>> = list
+        .images
+        .iter()
+        .map(|i| vec![i.reference.clone(), i.digest.clone().unwrap_or_else(|| "-".into()), i.arch.to_string(), i.used_by.join(",")])
+        .collect();
+    let files: Vec<Vec<String>> = list.files.iter().map(|f| vec![f.url.clone(), f.sha256.clone(), f.arch.to_string(), f.used_by.join(",")]).collect();
+    columns(&["IMAGE", "DIGEST", "ARCH", "USED BY"], &images) + "\n" + &columns(&["FILE", "SHA256", "ARCH", "USED BY"], &files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_line_up() {
+        let t = columns(&["A", "LONGER"], &[vec!["xyz".into(), "1".into()], vec!["w".into(), "22".into()]]);
+        assert_eq!(t, "A    LONGER\nxyz  1\nw    22\n");
+    }
+}
