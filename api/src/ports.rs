@@ -94,13 +94,25 @@ pub struct EtcdPorts {
     pub client: u16,
 }
 
+/// etcd `main` (kOps' assignment, as every etcd cluster's below).
+pub const ETCD_MAIN: EtcdPorts = EtcdPorts { peer: 2380, client: 4001 };
+pub const ETCD_EVENTS: EtcdPorts = EtcdPorts { peer: 2381, client: 4002 };
+pub const ETCD_CILIUM: EtcdPorts = EtcdPorts { peer: 2382, client: 4003 };
+pub const ETCD_LEASES: EtcdPorts = EtcdPorts { peer: 2383, client: 4004 };
+
+/// Ports of what is not Keelson's own listener but its firewalls open: SSH, VXLAN (flannel, Cilium,
+/// Calico's VXLAN mode), BGP (Calico, kube-router).
+pub const SSH: u16 = 22;
+pub const VXLAN: u16 = 4789;
+pub const BGP: u16 = 179;
+
 /// kOps' port assignment for an etcd cluster by name; `None` for a name kOps does not know.
 pub fn etcd_ports(etcd_cluster: &str) -> Option<EtcdPorts> {
     match etcd_cluster {
-        "main" => Some(EtcdPorts { peer: 2380, client: 4001 }),
-        "events" => Some(EtcdPorts { peer: 2381, client: 4002 }),
-        "cilium" => Some(EtcdPorts { peer: 2382, client: 4003 }),
-        "leases" => Some(EtcdPorts { peer: 2383, client: 4004 }),
+        "main" => Some(ETCD_MAIN),
+        "events" => Some(ETCD_EVENTS),
+        "cilium" => Some(ETCD_CILIUM),
+        "leases" => Some(ETCD_LEASES),
         _ => None,
     }
 }

@@ -32,8 +32,8 @@ pub enum ApiAccess {
 
 /// The protocol of IP-in-IP, as AWS names it.
 pub const PROTOCOL_IPIP: &str = "4";
-pub const SSH_PORT: i32 = 22;
-pub const API_PORT: i32 = 443;
+pub const SSH_PORT: i32 = keelson_api::ports::SSH as i32;
+pub const API_PORT: i32 = keelson_api::ports::KUBE_API as i32;
 
 /// The security group of a role: `masters.<cluster>`, `nodes.<cluster>`, …
 pub fn group_name(role: Role, cluster: &str) -> String {
@@ -46,12 +46,23 @@ pub fn group_name(role: Role, cluster: &str) -> String {
 /// load balancer, one an operator added) is left alone.
 pub fn removable_extra_ports(group: &str, cluster: &str) -> &'static [i32] {
     if group == group_name(Role::ControlPlane, cluster) {
+        use keelson_api::ports::{BGP, ETCD_EVENTS, ETCD_MAIN, KUBE_API, SSH, VXLAN};
         // SSH, the API, etcd main/events peer and client, VXLAN, Calico BGP.
-        &[22, 443, 2380, 2381, 4001, 4002, 4789, 179]
+        const PORTS: [i32; 8] = [
+            SSH as i32,
+            KUBE_API as i32,
+            ETCD_MAIN.peer as i32,
+            ETCD_EVENTS.peer as i32,
+            ETCD_MAIN.client as i32,
+            ETCD_EVENTS.client as i32,
+            VXLAN as i32,
+            BGP as i32,
+        ];
+        &PORTS
     } else if group == group_name(Role::Node, cluster) || group == group_name(Role::Bastion, cluster) {
-        &[22]
+        &[keelson_api::ports::SSH as i32]
     } else if group == format!("api-elb.{cluster}") {
-        &[443]
+        &[keelson_api::ports::KUBE_API as i32]
     } else {
         &[]
     }

@@ -79,9 +79,10 @@ pub fn build_gce(cx: &Context<'_>, tasks: &mut gce::Tasks) {
         }
     };
     let ssh = cx.spec.ssh_access.clone().unwrap_or_default();
-    external("ssh-external-to-master", &ssh, vec![master.clone()], "22");
-    external("ssh-external-to-node", &ssh, vec![node.clone()], "22");
-    external("kubernetes-master-https", &cx.spec.kubernetes_api_access.clone().unwrap_or_default(), vec![master], "443");
+    let (ssh_port, api_port) = (keelson_api::ports::SSH.to_string(), keelson_api::ports::KUBE_API.to_string());
+    external("ssh-external-to-master", &ssh, vec![master.clone()], &ssh_port);
+    external("ssh-external-to-node", &ssh, vec![node.clone()], &ssh_port);
+    external("kubernetes-master-https", &cx.spec.kubernetes_api_access.clone().unwrap_or_default(), vec![master], &api_port);
     for r in rules {
         tasks.push(r);
     }

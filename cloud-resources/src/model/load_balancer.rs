@@ -94,7 +94,7 @@ pub fn build(cx: &Context<'_>, lb: &LoadBalancerAccessSpec, names: &Names, tasks
     tasks.push(TargetGroup {
         name: target_group.clone(),
         protocol: "TCP".into(),
-        port: 443,
+        port: keelson_api::ports::KUBE_API.into(),
         vpc: cx.vpc.clone(),
         health_check: HEALTH_CHECK.into(),
         deregistration_delay: DEREGISTRATION_DELAY.into(),
@@ -108,7 +108,7 @@ pub fn build(cx: &Context<'_>, lb: &LoadBalancerAccessSpec, names: &Names, tasks
         subnets,
         security_groups: security_groups.iter().map(|s| names.link(s)).collect(),
         cross_zone: lb.cross_zone_load_balancing.unwrap_or(false),
-        listeners: BTreeSet::from([Listener { port: 443, protocol: "TCP".into(), target_group: Link::to(target_group) }]),
+        listeners: BTreeSet::from([Listener { port: keelson_api::ports::KUBE_API.into(), protocol: "TCP".into(), target_group: Link::to(target_group) }]),
         tags: cx.tags(&name),
     });
     Ok(ApiLoadBalancer { link: Link::to(name), use_for_internal_api: lb.use_for_internal_api == Some(true) })

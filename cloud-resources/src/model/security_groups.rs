@@ -74,8 +74,8 @@ pub fn build(cx: &Context<'_>, lb: Option<&LoadBalancerAccessSpec>, tasks: &mut 
             .map(|c| IngressRule {
                 group: Link::to(lb_name.clone()),
                 protocol: "tcp".into(),
-                from_port: 443,
-                to_port: 443,
+                from_port: crate::firewall::API_PORT,
+                to_port: crate::firewall::API_PORT,
                 source: RuleSource::Cidr(c.clone()),
             })
             .collect();
