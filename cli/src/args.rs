@@ -52,11 +52,6 @@ impl CompileFlags {
     }
 }
 
-#[cfg(feature = "cloud")]
-pub fn parse_nodeup_assets(items: &[String]) -> anyhow::Result<BTreeMap<Arch, NodeupAsset>> {
-    parse_arch_assets("--nodeup-asset", items)
-}
-
 /// Parse repeated `ARCH=SHA256@URL[,MIRROR…]` values of the flag `flag`. Empty values (an empty
 /// environment variable) say nothing.
 pub fn parse_arch_assets(flag: &str, items: &[String]) -> anyhow::Result<BTreeMap<Arch, NodeupAsset>> {

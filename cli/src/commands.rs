@@ -35,29 +35,9 @@ pub struct Common {
     /// then Google.
     #[arg(long = "endpoint-url")]
     pub endpoint_url: Option<String>,
-    /// Never fetch asset hashes over the network.
-    #[arg(long)]
-    pub offline: bool,
-    #[arg(long = "cache-dir")]
-    pub cache_dir: Option<PathBuf>,
-    /// A file of `<url> <sha256>` lines: hashes of assets a mirror serves that win over the versions
-    /// table (for assets built locally); defaults to $KEELSON_ASSET_HASHES.
-    #[arg(long = "asset-hashes", env = "KEELSON_ASSET_HASHES", value_name = "FILE")]
-    pub asset_hashes: Option<PathBuf>,
-    /// The nodeup binary user-data boots: `amd64=SHA256@URL[,MIRROR…]` (repeatable).
-    /// Defaults to $KEELSON_NODEUP_ASSET (space-separated).
-    #[arg(long = "nodeup-asset", value_name = "ARCH=SHA256@URL", env = "KEELSON_NODEUP_ASSET", value_delimiter = ' ')]
-    pub nodeup_asset: Vec<String>,
-    /// The protokube binary control planes install: `amd64=SHA256@URL[,MIRROR…]` (repeatable).
-    #[arg(long = "protokube-asset", value_name = "ARCH=SHA256@URL")]
-    pub protokube_asset: Vec<String>,
-    /// kOps-style base URL of the binaries (`<base>/linux/<arch>/protokube`) for an architecture
-    /// without --protokube-asset; defaults to $KOPS_BASE_URL.
-    #[arg(long = "kops-base-url", env = "KOPS_BASE_URL", value_name = "URL")]
-    pub kops_base_url: Option<String>,
-    /// kOps-style feature flags; defaults to $KOPS_FEATURE_FLAGS.
-    #[arg(long = "feature-flags", env = "KOPS_FEATURE_FLAGS", default_value = "")]
-    pub feature_flags: String,
+    /// What a compile makes of the spec (the same flags as `keelson compile`).
+    #[command(flatten)]
+    pub compile: crate::args::CompileFlags,
     /// Remove the state-store lock a dead run left behind before taking it.
     #[arg(long = "force-unlock")]
     pub force_unlock: bool,
@@ -202,11 +182,8 @@ pub(crate) fn go_duration(s: &str) -> Result<std::time::Duration, String> {
     u64::try_from(d.as_nanos()).map(std::time::Duration::from_nanos).map_err(|_| format!("{s:?}: must not be negative"))
 }
 
-/// Parse `ARCH=SHA256@URL[,…]` items.
-pub use crate::args::{asset_hashes, parse_arch_assets, parse_nodeup_assets};
-
 pub(crate) fn load(common: &Common) -> anyhow::Result<Result<(keelson_api::Documents, CompileOptions), ExitCode>> {
-    let nodeup_assets = parse_nodeup_assets(&common.nodeup_asset)?;
+    let options = common.compile.options(Default::default())?;
     let docs = match load_spec(&common.file) {
         Ok(d) => d,
         Err(e) => {
@@ -215,15 +192,6 @@ pub(crate) fn load(common: &Common) -> anyhow::Result<Result<(keelson_api::Docum
             }
             return Ok(Err(ExitCode::from(if e.is_unreadable() { 2 } else { 1 })));
         }
-    };
-    let options = CompileOptions {
-        hash_fetcher: crate::args::hash_fetcher(common.offline, common.cache_dir.clone()),
-        protokube_assets: parse_arch_assets("--protokube-asset", &common.protokube_asset)?,
-        kops_base_url: common.kops_base_url.clone().filter(|b| !b.is_empty()),
-        feature_flags: CompileOptions::parse_feature_flags(&common.feature_flags),
-        nodeup_assets,
-        asset_hashes: asset_hashes(common.asset_hashes.as_deref())?,
-        cas: Default::default(),
     };
     Ok(Ok((docs, options)))
 }
