@@ -86,18 +86,22 @@ fn user_values_survive_in_every_conformance_input_and_example() {
         let path = common::example(example);
         assert_user_values_survive(example, &std::fs::read(&path).expect("example"));
     }
-    assert!(n >= 40, "only {n} conformance inputs");
+    assert!(n >= 46, "only {n} conformance inputs (46 today)");
 }
 
 #[test]
 fn every_conformance_input_compiles_offline() {
+    let mut n = 0;
     for entry in std::fs::read_dir(common::conformance_cases()).expect("cases") {
         let case = entry.expect("entry").path();
         let Ok(bytes) = std::fs::read(case.join("input.yaml")) else { continue };
         let docs = load_bytes(&case, &bytes).unwrap_or_else(|e| panic!("{}: {:?}", case.display(), e.lines()));
         let compiled = spec_compiler::compile(&docs, &offline()).unwrap_or_else(|e| panic!("{}: {e}", case.display()));
         assert!(compiled.tree.files.contains_key("cluster-completed.yaml"));
+        n += 1;
     }
+    // Guard: a moved or emptied cases directory must not pass by compiling nothing (46 inputs today).
+    assert!(n >= 46, "only {n} conformance inputs under {}", common::conformance_cases().display());
 }
 
 fn minimal() -> String {
@@ -124,7 +128,10 @@ proptest! {
                 "  kubelet:\n    anonymousAuth: false\n    maxPods: {max_pods}\n    featureGates:\n      {gate}: \"false\"\n  kubeAPIServer:\n    logLevel: {log_level}\n  kubeProxy:\n    cpuRequest: {proxy_millis}m\n  containerd:\n    logLevel: {containerd_log}\n  kubeDNS:\n    serverIP: 100.64.0.{dns_ip_octet}\n"
             ),
         ).replacen("  - name: main\n", &format!("  - name: main\n    version: {etcd}\n"), 1);
-        // (The etcd version line is inserted only if the layout matches; the survive check covers it either way.)
+        // Guard: `replace` is a silent no-op when examples/minimal.yaml's layout moves away from the
+        // anchors, and the test would then check the example's own values only.
+        assert!(spec.contains(&format!("    maxPods: {max_pods}\n")), "the kubelet anchor is gone from examples/minimal.yaml: nothing was set");
+        assert!(spec.contains(&format!("  - name: main\n    version: {etcd}\n")), "the etcd `- name: main` anchor is gone from examples/minimal.yaml: no version was set");
         assert_user_values_survive("generated", spec.as_bytes());
     }
 
@@ -221,6 +228,7 @@ fn air_gapped_mirrors_rewrite_assets_and_images_including_pause() {
         "  cloudProvider: aws\n",
         "  cloudProvider: aws\n  assets:\n    containerRegistry: registry.corp.example\n    fileRepository: https://files.corp.example/k8s\n",
     );
+    assert!(spec.contains("containerRegistry: registry.corp.example"), "the `cloudProvider: aws` anchor is gone from examples/minimal.yaml: no mirror was set");
     let docs = load_bytes(Path::new("mirrored.yaml"), spec.as_bytes()).expect("valid");
     let compiled = spec_compiler::compile(&docs, &offline()).expect("compiles");
     let completed = String::from_utf8(compiled.tree.files["cluster-completed.yaml"].clone()).expect("utf-8");

@@ -1,6 +1,6 @@
 //! End to end, opt-in (about 17 minutes with release builds on 2 cores, 40 in debug; not in CI's
-//! run): `cargo build --release --workspace --bins && cargo test --release --workspace --test
-//! upgrade -- --ignored --nocapture` (as root, after scripts/test has installed what the local cloud
+//! run): `cargo build --release --workspace --bins --features tier-cluster && cargo test --release --workspace
+//! --features tier-cluster --test upgrade -- --ignored --nocapture` (as root, after scripts/test has installed what the local cloud
 //! needs; the machines run the binaries next to the test's).
 //!
 //! A Kubernetes upgrade of an HA cluster that its users cannot see. `examples/ha.yaml` comes up at
@@ -183,7 +183,7 @@ fn keelson_ok(args: &[&str]) -> String {
 }
 
 #[test]
-#[ignore = "opt-in (about 17 min on release builds, over CI budget with the release build): cargo build --release --workspace --bins && cargo test --release --workspace --test upgrade -- --ignored --nocapture"]
+#[ignore = "opt-in (about 17 min on release builds, over CI budget with the release build): cargo build --release --workspace --bins --features tier-cluster && cargo test --release --workspace --features tier-cluster --test upgrade -- --ignored --nocapture"]
 fn ha_upgrade_users_cannot_see() {
     support::require_root();
     let from = std::env::var("KEELSON_UPGRADE_FROM").unwrap_or_else(|_| "1.34.3".into());
