@@ -2,6 +2,8 @@
 //! moto: the membership protokube reads and writes is Elastic Load Balancing's own (DescribeTargetHealth,
 //! RegisterTargets, DeregisterTargets). Needs moto; fails with a message saying so.
 
+#[path = "support/iam.rs"]
+mod iam;
 #[path = "../../cloud/tests/support/moto.rs"]
 mod moto;
 
@@ -10,12 +12,17 @@ use aws_sdk_elasticloadbalancingv2::types::{ProtocolEnum, TargetDescription};
 use cloud::{Elbv2, TargetGroups};
 use protokube::api_target::{Action, ApiTarget, Membership, Pass};
 
+const CLUSTER: &str = "c.example.com";
+
 #[test]
 fn a_control_plane_serves_behind_the_load_balancer_only_while_ready() {
     let (_guard, m) = moto::lock();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     rt.block_on(async {
         let conf = moto::sdk(&m.url).await;
+        let mark = iam::Mark::now();
+        // protokube's client signs as the control plane: its calls are held against that policy.
+        let protokube_elb = aws_sdk_elasticloadbalancingv2::Client::new(&iam::as_control_plane(&conf));
         let (ec2, elb) = (aws_sdk_ec2::Client::new(&conf), aws_sdk_elasticloadbalancingv2::Client::new(&conf));
         let vpc = ec2.create_vpc().cidr_block("10.0.0.0/16").send().await.unwrap().vpc.unwrap().vpc_id.unwrap();
         let subnet = ec2.create_subnet().vpc_id(&vpc).cidr_block("10.0.1.0/24").send().await.unwrap().subnet.unwrap().subnet_id.unwrap();
@@ -27,8 +34,18 @@ fn a_control_plane_serves_behind_the_load_balancer_only_while_ready() {
             ids.push(out.instances()[0].instance_id().unwrap().to_string());
         }
         let (me, peer) = (ids[0].clone(), ids[1].clone());
-        let name = keelson_api::names::api_target_group_name("c.example.com");
-        let tg = elb.create_target_group().name(&name).protocol(ProtocolEnum::Tcp).port(443).vpc_id(&vpc).send().await.unwrap();
+        let name = keelson_api::names::api_target_group_name(CLUSTER);
+        // Tagged for the cluster, as `keelson apply` makes it (the policy's condition).
+        let tg = elb
+            .create_target_group()
+            .name(&name)
+            .protocol(ProtocolEnum::Tcp)
+            .port(443)
+            .vpc_id(&vpc)
+            .tags(aws_sdk_elasticloadbalancingv2::types::Tag::builder().key("KubernetesCluster").value(CLUSTER).build())
+            .send()
+            .await
+            .unwrap();
         let arn = tg.target_groups()[0].target_group_arn().unwrap().to_string();
         let register = |id: &str| elb.register_targets().target_group_arn(&arn).targets(TargetDescription::builder().id(id).build()).send();
         let members = || async {
@@ -40,7 +57,7 @@ fn a_control_plane_serves_behind_the_load_balancer_only_while_ready() {
         register(&me).await.unwrap();
         register(&peer).await.unwrap();
 
-        let mut t = ApiTarget::new(Elbv2::new(elb.clone()), name.clone(), me.clone());
+        let mut t = ApiTarget::new(Elbv2::new(protokube_elb.clone()), name.clone(), me.clone());
         assert_eq!(t.pass(false).await.unwrap(), Pass::Did(Action::Deregister, Membership::Registered), "not ready: out");
         assert_eq!(members().await, vec![peer.clone()]);
         assert_eq!(t.pass(false).await.unwrap(), Pass::Did(Action::Nothing, Membership::Absent));
@@ -64,12 +81,15 @@ fn a_control_plane_serves_behind_the_load_balancer_only_while_ready() {
         assert_eq!(members().await, vec![peer.clone()], "and not undone");
 
         // Stopping: a registered instance leaves; one that is not is left alone (no error).
-        let mut t = ApiTarget::new(Elbv2::new(elb.clone()), name.clone(), peer.clone());
+        let mut t = ApiTarget::new(Elbv2::new(protokube_elb.clone()), name.clone(), peer.clone());
         assert!(t.leave().await.unwrap());
         assert!(members().await.is_empty());
         assert!(!t.leave().await.unwrap());
         // No target group of that name: nothing to do.
-        let mut t = ApiTarget::new(Elbv2::new(elb.clone()), "tcp-other".into(), me.clone());
+        let mut t = ApiTarget::new(Elbv2::new(protokube_elb.clone()), "tcp-other".into(), me.clone());
         assert_eq!(t.pass(true).await.unwrap(), Pass::NoTargetGroup);
+
+        let spec = format!("apiVersion: kops.k8s.io/v1alpha2\nkind: Cluster\nmetadata:\n  name: {CLUSTER}\nspec:\n  cloudProvider: aws\n");
+        mark.assert_allowed(&m.url, &spec, moto::REGION);
     });
 }

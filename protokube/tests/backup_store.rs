@@ -3,6 +3,8 @@
 //! upload's read-back check passes, the object downloads whole, and no upload is left open.
 //! Needs moto; fails with a message saying so.
 
+#[path = "support/iam.rs"]
+mod iam;
 #[path = "../../cloud/tests/support/moto.rs"]
 mod moto;
 
@@ -13,6 +15,15 @@ use sha2::Digest as _;
 
 const MIB: u64 = 1 << 20;
 
+/// The cluster whose backup store these tests use: protokube's calls on it are held against the
+/// control-plane policy rendered for it ([`iam`]).
+const SPEC: &str = "apiVersion: kops.k8s.io/v1alpha2\nkind: Cluster\nmetadata:\n  name: c.example.com\nspec:\n  cloudProvider: aws\n  configBase: s3://keelson-state/c.example.com\n  etcdClusters:\n  - name: main\n    backups:\n      backupStore: s3://keelson-backups/c.example.com/backups/etcd/main\n";
+
+/// An S3 client signing as the control plane (protokube's), path style as moto serves.
+fn protokube_s3(conf: &cloud::aws::SdkConfig) -> aws_sdk_s3::Client {
+    aws_sdk_s3::Client::from_conf(aws_sdk_s3::config::Builder::from(&iam::as_control_plane(conf)).force_path_style(true).build())
+}
+
 #[test]
 fn a_snapshot_larger_than_a_part_goes_up_in_parts() {
     let (_guard, m) = moto::lock();
@@ -20,10 +31,12 @@ fn a_snapshot_larger_than_a_part_goes_up_in_parts() {
     let conf = rt.block_on(moto::sdk(&m.url));
     let s3 = aws_sdk_s3::Client::from_conf(aws_sdk_s3::config::Builder::from(&conf).force_path_style(true).build());
     rt.block_on(s3.create_bucket().bucket("keelson-backups").send()).expect("CreateBucket");
+    let mark = iam::Mark::now();
     let url = "s3://keelson-backups/c.example.com/backups/etcd/main";
+    let cp = protokube_s3(&conf);
     let open = |part: u64| {
         BackupStore::new(
-            base::StateStore::open_with_s3(&url.parse().expect("url"), Some(s3.clone()), Duration::from_secs(10)).expect("store").with_part_size(part),
+            base::StateStore::open_with_s3(&url.parse().expect("url"), Some(cp.clone()), Duration::from_secs(10)).expect("store").with_part_size(part),
         )
     };
 
@@ -68,6 +81,7 @@ fn a_snapshot_larger_than_a_part_goes_up_in_parts() {
     }
     let open_uploads = rt.block_on(s3.list_multipart_uploads().bucket("keelson-backups").send()).expect("ListMultipartUploads");
     assert!(open_uploads.uploads().is_empty(), "uploads left open: {:?}", open_uploads.uploads());
+    mark.assert_allowed(&m.url, SPEC, moto::REGION);
 }
 
 /// Retention on S3 trusts a backup's name-time only while the object's `LastModified` agrees: with
@@ -81,8 +95,10 @@ fn prune_on_s3_keeps_the_newest_and_stops_at_a_clock_jump() {
     let conf = rt.block_on(moto::sdk(&m.url));
     let s3 = aws_sdk_s3::Client::from_conf(aws_sdk_s3::config::Builder::from(&conf).force_path_style(true).build());
     rt.block_on(s3.create_bucket().bucket("keelson-backups").send()).expect("CreateBucket");
+    let mark = iam::Mark::now();
     let url = "s3://keelson-backups/c.example.com/backups/etcd/main";
-    let store = BackupStore::new(base::StateStore::open_with_s3(&url.parse().expect("url"), Some(s3.clone()), Duration::from_secs(10)).expect("store"));
+    let store =
+        BackupStore::new(base::StateStore::open_with_s3(&url.parse().expect("url"), Some(protokube_s3(&conf)), Duration::from_secs(10)).expect("store"));
     let d = tempfile::tempdir().expect("tempdir");
     let snap = d.path().join("snapshot.db");
     std::fs::write(&snap, b"snapshot bytes").expect("write snapshot");
@@ -119,4 +135,5 @@ fn prune_on_s3_keeps_the_newest_and_stops_at_a_clock_jump() {
     let gone = rt.block_on(store.prune(now, &Retention::default())).expect("prune");
     assert_eq!(gone, vec![], "a clock jumped: nothing deleted");
     assert_eq!(rt.block_on(store.ids()).expect("ids"), before);
+    mark.assert_allowed(&m.url, SPEC, moto::REGION);
 }

@@ -3,6 +3,8 @@
 //! only; every other claim is refused. One request goes through the real HTTPS server.
 //! Needs moto (scripts/test installs it); fails loudly without it.
 
+#[path = "support/iam.rs"]
+mod iam;
 #[path = "../../cloud/tests/support/moto.rs"]
 mod moto;
 
@@ -31,6 +33,26 @@ struct World {
     /// The Nodes the stand-in Kubernetes API has (name → Node), which the authority reads.
     nodes: Nodes,
     nodes_api: testkit::httpd::Server,
+    /// The cluster and its instance groups as the state store holds them: the control-plane policy
+    /// the authority's calls are held against is rendered from them ([`iam`], on drop).
+    spec: String,
+    iam: iam::Mark,
+    /// An authority was made (so the oracle must have seen the control plane's calls).
+    authority_made: std::sync::atomic::AtomicBool,
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        if self.authority_made.load(std::sync::atomic::Ordering::SeqCst) {
+            self.iam.assert_allowed(&self.url, &self.spec, moto::REGION);
+        } else {
+            let report = self.iam.check(&self.url, &self.spec, moto::REGION);
+            assert!(report.clean(), "{report}");
+        }
+    }
 }
 
 type Nodes = std::sync::Arc<std::sync::Mutex<BTreeMap<String, serde_json::Value>>>;
@@ -81,6 +103,10 @@ async fn world(url: &str) -> World {
     }
     // The state store holds the instance groups (what `keelson apply` writes).
     let dir = tempfile::tempdir().expect("tempdir");
+    let mut spec = format!(
+        "apiVersion: kops.k8s.io/v1alpha2\nkind: Cluster\nmetadata:\n  name: {CLUSTER}\nspec:\n  cloudProvider: aws\n  configBase: file://{}\n",
+        dir.path().display()
+    );
     for (name, role, extra) in [
         ("nodes", "Node", ""),
         ("control-plane-a", "ControlPlane", ""),
@@ -90,7 +116,8 @@ async fn world(url: &str) -> World {
         let path = dir.path().join(format!("instancegroup/{name}"));
         std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
         let ig = format!("apiVersion: kops.k8s.io/v1alpha2\nkind: InstanceGroup\nmetadata:\n  name: {name}\n  labels:\n    kops.k8s.io/cluster: {CLUSTER}\nspec:\n  role: {role}\n  minSize: 1\n  maxSize: 1\n  machineType: t3.medium\n  image: ami-12c6146b\n  subnets: [a]\n{extra}");
-        std::fs::write(path, ig).expect("write ig");
+        std::fs::write(path, &ig).expect("write ig");
+        spec.push_str(&format!("---\n{ig}"));
     }
     let nodes = Nodes::default();
     let base: base::ConfigBase = format!("file://{}", dir.path().display()).parse().expect("config base");
@@ -107,19 +134,24 @@ async fn world(url: &str) -> World {
         challenge_port: free_port(),
         nodes_api: nodes_api(nodes.clone()),
         nodes,
+        spec,
+        iam: iam::Mark::now(),
+        authority_made: Default::default(),
     }
 }
 
 impl World {
     async fn authority(&self) -> Authority {
+        self.authority_made.store(true, std::sync::atomic::Ordering::SeqCst);
         let port = self.challenge_port;
         Authority::new(AuthorityConfig {
             cluster: CLUSTER.into(),
             ca: self.ca.clone(),
             sts_url: format!("{}/", self.url),
-            sts: aws_sdk_sts::Client::new(&self.conf),
-            ec2: aws_sdk_ec2::Client::new(&self.conf),
-            iam: aws_sdk_iam::Client::new(&self.conf),
+            // protokube's clients sign as the control plane (checked by the IAM oracle on drop).
+            sts: aws_sdk_sts::Client::new(&iam::as_control_plane(&self.conf)),
+            ec2: aws_sdk_ec2::Client::new(&iam::as_control_plane(&self.conf)),
+            iam: aws_sdk_iam::Client::new(&iam::as_control_plane(&self.conf)),
             store: self.store.clone(),
             nodes: self.node_names(),
             challenge_addr: std::sync::Arc::new(move |_ip| std::net::SocketAddr::from(([127, 0, 0, 1], port))),

@@ -5,6 +5,8 @@
 //! instance, or whose instance was retagged into the control-plane group, gets nothing.
 //! Needs moto (scripts/test installs it); fails loudly without it.
 
+#[path = "support/iam.rs"]
+mod iam;
 #[path = "../../cloud/tests/support/moto.rs"]
 mod moto;
 
@@ -100,6 +102,21 @@ struct World {
     /// A worker of `nodes-b` whose kubelet will claim to be the control plane's instance.
     impostor: (String, String),
     cp: (String, String),
+    url: String,
+    /// The labeller's EC2 calls (as the control plane) are held against its policy on drop.
+    iam: iam::Mark,
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let spec = format!(
+                "apiVersion: kops.k8s.io/v1alpha2\nkind: Cluster\nmetadata:\n  name: {CLUSTER}\nspec:\n  cloudProvider: aws\n  configBase: file://{}\n",
+                self._dir.path().display()
+            );
+            self.iam.assert_allowed(&self.url, &spec, moto::REGION);
+        }
+    }
 }
 
 async fn world(url: &str) -> World {
@@ -120,7 +137,7 @@ async fn world(url: &str) -> World {
         ],
     )
     .await;
-    World { conf, _dir: dir, store, worker, worker2, impostor, cp }
+    World { conf, _dir: dir, store, worker, worker2, impostor, cp, url: url.to_string(), iam: iam::Mark::now() }
 }
 
 fn facts(name: &str, provider_id: Option<String>) -> NodeFacts {
@@ -136,7 +153,7 @@ fn ec2_vouches_for_the_group_of_the_instance_of_the_nodes_name() {
     let (_guard, local) = moto::lock();
     runtime().block_on(async {
         let w = world(&local.url).await;
-        let aws = AwsNodes::new(aws_sdk_ec2::Client::new(&w.conf), CLUSTER);
+        let aws = AwsNodes::new(aws_sdk_ec2::Client::new(&iam::as_control_plane(&w.conf)), CLUSTER);
         let nodes = [
             facts(&w.worker.1, pid(&w.worker.0)),
             facts(&w.cp.1, pid(&w.cp.0)),
@@ -256,7 +273,7 @@ fn nodes_listed_and_watched_get_their_groups_labels_and_only_those() {
         let client = serve(api.clone()).await;
         let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
         let metrics = Metrics::default();
-        let labeller = Labeller::new(w.store.clone(), NodeCloud::Aws(AwsNodes::new(aws_sdk_ec2::Client::new(&w.conf), CLUSTER)));
+        let labeller = Labeller::new(w.store.clone(), NodeCloud::Aws(AwsNodes::new(aws_sdk_ec2::Client::new(&iam::as_control_plane(&w.conf)), CLUSTER)));
         let started = Instant::now();
         let task = tokio::spawn({
             let (nodes, metrics) = (nodes.clone(), metrics.clone());
@@ -307,7 +324,7 @@ fn labelled_nodes_are_left_alone() {
         let api: Shared = Default::default();
         let client = serve(api.clone()).await;
         let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
-        let mut labeller = Labeller::new(w.store.clone(), NodeCloud::Aws(AwsNodes::new(aws_sdk_ec2::Client::new(&w.conf), CLUSTER)));
+        let mut labeller = Labeller::new(w.store.clone(), NodeCloud::Aws(AwsNodes::new(aws_sdk_ec2::Client::new(&iam::as_control_plane(&w.conf)), CLUSTER)));
         let fresh: k8s_openapi::api::core::v1::Node = serde_json::from_value(node(&w.worker.1, "u1", pid(&w.worker.0), labels(&[]))).expect("node");
         let first = labeller.label(&nodes, std::slice::from_ref(&fresh)).await;
         assert_eq!(first.labelled.len(), 1, "{first:?}");

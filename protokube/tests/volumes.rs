@@ -235,7 +235,7 @@ fn volume_in_other_zone_or_held_by_live_instance_is_left_alone() {
         let held = create_volume(&ec2, "us-east-1a", &etcd_tags(name, "events", "a", &["a"])).await;
         // Another control plane of the member's group (its autoscaling group made it).
         let (live, _) = host::run_instance(&ec2, "us-east-1a", None, None).await;
-        host::tag_made_for_group(&m.url, &live, &keelson_api::names::autoscaling_group_name("cp-a", name));
+        host::tag_made_for_group(&m.url, &live, name, "cp-a");
         ec2.attach_volume().volume_id(&held).instance_id(&live).device("/dev/xvdu").send().await.expect("attach to live");
         h.link(&other_zone, &d.dev);
         h.link(&held, &d.dev);
@@ -414,6 +414,7 @@ fn config_base_on_s3_is_read_config_and_cas() {
         .expect("boot config");
         // The file state store is gone: everything must come from S3.
         std::fs::remove_file(c.protokube_config("cp-a")).expect("rm protokube config");
+        c.stored_in(&format!("s3://state/clusters/{name}"));
         let out = c.command(&h, &["--once", "--conf", &boot.display().to_string()]).output().expect("run");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{stderr}");

@@ -89,6 +89,8 @@ const SERVER_PY: &str = include_str!("moto_server.py");
 pub struct Moto {
     pub port: u16,
     child: Option<Child>,
+    /// Where every request it serves is recorded, when it records ([`Moto::start_recording`]).
+    calls: Option<PathBuf>,
 }
 
 impl Moto {
@@ -115,7 +117,7 @@ impl Moto {
             log,
         )
         .map_err(|source| MotoError::Spawn { python: py.clone(), source })?;
-        let mut m = Moto { port, child: Some(child) };
+        let mut m = Moto { port, child: Some(child), calls: calls.map(Path::to_path_buf) };
         let deadline = Instant::now() + STARTUP_TIMEOUT;
         loop {
             if let Ok((200, _)) = http(port, "GET", "/moto-api/data.json", "") {
@@ -134,6 +136,11 @@ impl Moto {
 
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The file its requests are recorded in (`None` unless started with [`Moto::start_recording`]).
+    pub fn calls(&self) -> Option<&Path> {
+        self.calls.as_deref()
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -165,12 +172,16 @@ static SHARED_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The process's moto server (started on first use), reset, and held until the guard drops: tests
 /// of one binary that use it run one at a time. Panics with the reason when moto cannot start (a
-/// test that needs moto fails, never skips).
+/// test that needs moto fails, never skips). It records every request it serves ([`Moto::calls`]),
+/// so a test can hold what its agents did against their roles' policies ([`crate::moto_calls`]).
 pub fn shared() -> (std::sync::MutexGuard<'static, ()>, &'static Moto) {
     let guard = SHARED_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let moto = SHARED.get_or_init(|| {
         let log = std::env::temp_dir().join(format!("keelson-moto-{}.log", std::process::id()));
-        Moto::start(&log).map_err(|e| e.to_string())
+        let calls = std::env::temp_dir().join(format!("keelson-moto-{}.calls.jsonl", std::process::id()));
+        // A file left by an earlier process of the same id is not this server's record.
+        let _ = std::fs::remove_file(&calls);
+        Moto::start_recording(&log, &calls).map_err(|e| e.to_string())
     });
     match moto {
         Ok(m) => {
@@ -181,4 +192,10 @@ pub fn shared() -> (std::sync::MutexGuard<'static, ()>, &'static Moto) {
         }
         Err(e) => panic!("this test needs a moto server: {e}"),
     }
+}
+
+/// The process's moto server if [`shared`] has started it (no lock taken, nothing reset): for a
+/// test that holds [`shared`]'s guard and wants its record ([`Moto::calls`]).
+pub fn shared_started() -> Option<&'static Moto> {
+    SHARED.get().and_then(|m| m.as_ref().ok())
 }

@@ -77,6 +77,21 @@ pub fn read(path: &Path) -> Result<Vec<Recorded>, MotoCallsError> {
     parse(&text).map_err(|(line, source)| MotoCallsError::Parse { path: path.to_path_buf(), line, source })
 }
 
+/// Where a record ends now (its length; 0 when not yet written): [`read_since`] it later to get
+/// the requests served in between.
+pub fn mark(path: &Path) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+/// The requests recorded after `mark` ([`mark`]): whole lines only (moto may be writing one now).
+pub fn read_since(path: &Path, mark: u64) -> Result<Vec<Recorded>, MotoCallsError> {
+    let bytes = std::fs::read(path).map_err(|source| MotoCallsError::Read { path: path.to_path_buf(), source })?;
+    let from = usize::try_from(mark).unwrap_or(usize::MAX).min(bytes.len());
+    let tail = &bytes[from..];
+    let whole = tail.iter().rposition(|b| *b == b'\n').map(|i| &tail[..=i]).unwrap_or(&[]);
+    parse(&String::from_utf8_lossy(whole)).map_err(|(line, source)| MotoCallsError::Parse { path: path.to_path_buf(), line, source })
+}
+
 /// The requests of a record (`Err`: the 1-based line that is not one).
 pub fn parse(text: &str) -> Result<Vec<Recorded>, (usize, serde_json::Error)> {
     text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()).map(|(i, l)| serde_json::from_str(l).map_err(|e| (i + 1, e))).collect()
@@ -114,7 +129,8 @@ pub fn signer(r: &Recorded) -> Option<Signer> {
 
 /// S3's REST operation from method, path (`/bucket[/key]`, path style) and query.
 fn s3_operation(method: &str, path: &str, query: &str) -> Result<&'static str, String> {
-    let q: Vec<String> = query_pairs(query).into_iter().map(|(k, _)| k).collect();
+    // `x-id` is the SDK's name of the operation (a hint to proxies), not a sub-resource.
+    let q: Vec<String> = query_pairs(query).into_iter().map(|(k, _)| k).filter(|k| k != "x-id").collect();
     let has = |k: &str| q.iter().any(|x| x == k);
     let object = path.trim_start_matches('/').split_once('/').is_some_and(|(_, key)| !key.is_empty());
     let op = match (method, object) {
@@ -376,6 +392,8 @@ mod tests {
             (rec("POST", "http://h/bucket/c/k?uploadId=u", "s3", &[], ""), "CompleteMultipartUpload"),
             (rec("DELETE", "http://h/bucket/c/k?uploadId=u", "s3", &[], ""), "AbortMultipartUpload"),
             (rec("DELETE", "http://h/bucket/c/k", "s3", &[], ""), "DeleteObject"),
+            (rec("DELETE", "http://h/bucket/c/k?x-id=DeleteObject", "s3", &[], ""), "DeleteObject"),
+            (rec("GET", "http://h/bucket/c/k?x-id=GetObject", "s3", &[], ""), "GetObject"),
             (rec("POST", "http://h/bucket?delete", "s3", &[], ""), "DeleteObjects"),
             (rec("GET", "http://h/2013-04-01/hostedzonesbyname?dnsname=x.", "route53", &[], ""), "ListHostedZonesByName"),
             (rec("GET", "http://h/2013-04-01/hostedzone/Z1", "route53", &[], ""), "GetHostedZone"),
@@ -396,5 +414,20 @@ mod tests {
     fn record_lines() {
         assert_eq!(parse("\n{\"method\":\"GET\",\"url\":\"http://h/\"}\n").map(|v| v.len()).ok(), Some(1));
         assert_eq!(parse("{\"method\":\"GET\",\"url\":\"http://h/\"}\nnot json\n").err().map(|(l, _)| l), Some(2));
+    }
+
+    #[test]
+    fn a_mark_reads_only_what_came_after_it_and_only_whole_lines() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("calls.jsonl");
+        assert_eq!(mark(&path), 0, "no record yet");
+        let line = |u: &str| format!("{{\"method\":\"GET\",\"url\":\"http://h/{u}\"}}\n");
+        std::fs::write(&path, line("before")).expect("write");
+        let m = mark(&path);
+        std::fs::write(&path, format!("{}{}{{\"method\":\"GE", line("before"), line("after"))).expect("write");
+        let got: Vec<String> = read_since(&path, m).expect("read").into_iter().map(|r| r.url).collect();
+        assert_eq!(got, ["http://h/after"], "the half-written last line waits for its end");
+        assert_eq!(read_since(&path, 0).expect("read").len(), 2);
+        assert!(read_since(&dir.path().join("none"), 0).is_err(), "a missing record is an error");
     }
 }

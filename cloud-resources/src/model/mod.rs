@@ -140,7 +140,8 @@ pub fn cluster_tags(cluster: &str, name: &str) -> BTreeMap<String, String> {
     ])
 }
 
-pub(crate) fn role_tags(role: Role) -> Vec<(String, String)> {
+/// The tags of a role's resources (instances inherit them from their group).
+pub fn role_tags(role: Role) -> Vec<(String, String)> {
     match role {
         Role::ControlPlane => vec![
             ("k8s.io/role/master".into(), "1".into()),

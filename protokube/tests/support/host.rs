@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
 
+#[path = "iam.rs"]
+pub mod iam;
 #[path = "state.rs"]
 pub mod state;
 
@@ -127,6 +129,13 @@ pub struct Cluster {
     spec: std::sync::Mutex<String>,
     /// Every group with a protokube config in the state store.
     groups: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// Where moto's record stood when the cluster was made: protokube's calls since are held
+    /// against the control-plane policy when the cluster goes away ([`iam`]).
+    iam_mark: iam::Mark,
+    /// protokube was run (so the oracle must have seen calls of its role).
+    ran: std::sync::atomic::AtomicBool,
+    /// The state store protokube was pointed at instead of the spec's ([`Cluster::stored_in`]).
+    stored_in: std::sync::Mutex<Option<String>>,
 }
 
 impl Cluster {
@@ -148,7 +157,16 @@ impl Cluster {
         // The cluster CAs (as `keelson pki init` makes them): protokube issues etcd certificates from them.
         let names: Vec<String> = etcd.iter().map(|(e, _)| e.to_string()).collect();
         base::pki::init_pki(state.path(), &names).expect("init cluster CAs");
-        let c = Cluster { name: name.to_string(), state, moto_url: moto_url.to_string(), spec: Default::default(), groups: Default::default() };
+        let c = Cluster {
+            name: name.to_string(),
+            state,
+            moto_url: moto_url.to_string(),
+            spec: Default::default(),
+            groups: Default::default(),
+            iam_mark: iam::Mark::now(),
+            ran: Default::default(),
+            stored_in: Default::default(),
+        };
         c.set_spec(y);
         c
     }
@@ -200,7 +218,7 @@ impl Cluster {
     pub fn command(&self, host: &Host, extra: &[&str]) -> Command {
         // What Auto Scaling would have written: protokube names in DNS only an instance made for
         // its member's control-plane group.
-        tag_made_for_group(&self.moto_url, &host.instance_id, &keelson_api::names::autoscaling_group_name(&host.group, &self.name));
+        tag_made_for_group(&self.moto_url, &host.instance_id, &self.name, &host.group);
         let mut c = Command::new(env!("CARGO_BIN_EXE_protokube"));
         c.arg("--conf")
             .arg(self.boot_config(&host.group))
@@ -209,16 +227,30 @@ impl Cluster {
             .arg("--by-id-dir")
             .arg(host.by_id.path())
             .args(["--endpoint-url", &self.moto_url, "--attach-timeout", "10", "--device-timeout", "5"])
-            .env("AWS_ACCESS_KEY_ID", "test")
+            // The control plane's role (its calls are checked against that role's policy on drop).
+            .env("AWS_ACCESS_KEY_ID", iam::CONTROL_PLANE_KEY)
             .env("AWS_SECRET_ACCESS_KEY", "test")
             .env("AWS_EC2_METADATA_DISABLED", "true")
             .env_remove("AWS_ENDPOINT_URL")
             .env("PROTOKUBE_LOG", "info");
+        self.ran.store(true, std::sync::atomic::Ordering::SeqCst);
         if !extra.contains(&"--imds-url") {
             c.args(["--instance-id", &host.instance_id, "--zone", &host.zone, "--region", crate::moto::REGION, "--internal-ip", &host.ip]);
         }
         c.args(extra);
         c
+    }
+
+    /// The IAM oracle over every AWS call protokube made for this cluster so far.
+    pub fn iam_report(&self) -> testkit::moto_calls::Report {
+        let stored_in = self.stored_in.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        self.iam_mark.check_stored_in(&self.moto_url, &self.spec(), crate::moto::REGION, stored_in.as_deref())
+    }
+
+    /// Say that protokube runs with its state store at `config_base` (a copy of the file store the
+    /// test made): the control-plane policy the oracle holds its calls against is rendered for it.
+    pub fn stored_in(&self, config_base: &str) {
+        *self.stored_in.lock().unwrap_or_else(|p| p.into_inner()) = Some(config_base.to_string());
     }
 
     pub fn run(&self, host: &Host, extra: &[&str]) -> Run {
@@ -229,6 +261,22 @@ impl Cluster {
             stdout: String::from_utf8_lossy(&out.stdout).to_string(),
             stderr: String::from_utf8_lossy(&out.stderr).to_string(),
             elapsed: t.elapsed(),
+        }
+    }
+}
+
+/// The IAM oracle's verdict when the cluster goes away (unless the test already failed): every call
+/// protokube made must be allowed by the control-plane policy, and a run must have made some.
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        let report = self.iam_report();
+        eprintln!("{}", report.summary());
+        assert!(report.clean(), "{report}");
+        if self.ran.load(std::sync::atomic::Ordering::SeqCst) {
+            assert!(report.by_roles > 0, "protokube ran but moto recorded no request signed by its role: the IAM oracle checked nothing\n{report}");
         }
     }
 }
@@ -259,15 +307,24 @@ pub async fn public_ip(ec2: &aws_sdk_ec2::Client, id: &str) -> String {
     r.reservations()[0].instances()[0].public_ip_address().unwrap_or_default().to_string()
 }
 
-/// Tag instance `id` with Auto Scaling's `aws:autoscaling:groupName` (which AWS lets only Auto
-/// Scaling write; moto lets the test). A plain blocking request: callers may be inside a runtime.
-pub fn tag_made_for_group(moto_url: &str, id: &str, asg: &str) {
+/// Tag instance `id` as an instance of the control-plane group `group` of `cluster` is: Auto
+/// Scaling's `aws:autoscaling:groupName` (which AWS lets only Auto Scaling write; moto lets the test)
+/// and the tags `keelson apply` puts on the group and Auto Scaling propagates (the cluster's and the
+/// role's, from the product's own lists). A plain blocking request: callers may be inside a runtime.
+pub fn tag_made_for_group(moto_url: &str, id: &str, cluster: &str, group: &str) {
     use std::io::{Read as _, Write as _};
+    let asg = keelson_api::names::autoscaling_group_name(group, cluster);
+    let mut tags: Vec<(String, String)> = vec![(cloud::volumes::ASG_TAG.to_string(), asg.clone())];
+    tags.extend(cloud_resources::model::cluster_tags(cluster, &asg));
+    tags.extend(cloud_resources::model::role_tags(keelson_api::Role::ControlPlane));
     let addr = moto_url.trim_start_matches("http://").trim_end_matches('/');
     let enc = |v: &str| -> String {
         v.bytes().map(|b| if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") }).collect()
     };
-    let body = format!("Action=CreateTags&Version=2016-11-15&ResourceId.1={}&Tag.1.Key={}&Tag.1.Value={}", enc(id), enc(cloud::volumes::ASG_TAG), enc(asg));
+    let mut body = format!("Action=CreateTags&Version=2016-11-15&ResourceId.1={}", enc(id));
+    for (i, (k, v)) in tags.iter().enumerate() {
+        body.push_str(&format!("&Tag.{n}.Key={}&Tag.{n}.Value={}", enc(k), enc(v), n = i + 1));
+    }
     let mut s = std::net::TcpStream::connect(addr).expect("moto");
     write!(
         s,
