@@ -34,11 +34,11 @@ use crate::registry::{self, ANONYMOUS, MANIFEST_TYPES};
 #[derive(Debug, thiserror::Error)]
 pub enum CreateError {
     #[error("compiling the spec: {0}")]
-    Compile(#[from] spec_compiler::CompileError),
+    Compile(Box<spec_compiler::CompileError>),
     #[error("listing the spec's assets: {0}")]
-    Assets(#[from] spec_compiler::assets::AssetsError),
+    Assets(Box<spec_compiler::assets::AssetsError>),
     #[error("the spec's versions: {0}")]
-    Versions(#[from] spec_compiler::CompleteError),
+    Versions(Box<spec_compiler::CompleteError>),
     #[error(transparent)]
     Path(#[from] PathError),
     #[error(transparent)]
@@ -63,7 +63,7 @@ pub enum CreateError {
         op: &'static str,
         from: String,
         #[source]
-        source: oci_client::errors::OciDistributionError,
+        source: Box<oci_client::errors::OciDistributionError>,
     },
     #[error("image {reference}: {from} has digest {served}, the spec pins {pinned}: refused")]
     ImageDigest { reference: String, from: String, pinned: String, served: String },
@@ -73,6 +73,24 @@ pub enum CreateError {
     Manifest { reference: String, digest: String, message: String },
     #[error("starting the async runtime: {0}")]
     Runtime(std::io::Error),
+}
+
+impl From<spec_compiler::CompileError> for CreateError {
+    fn from(e: spec_compiler::CompileError) -> CreateError {
+        CreateError::Compile(Box::new(e))
+    }
+}
+
+impl From<spec_compiler::assets::AssetsError> for CreateError {
+    fn from(e: spec_compiler::assets::AssetsError) -> CreateError {
+        CreateError::Assets(Box::new(e))
+    }
+}
+
+impl From<spec_compiler::CompleteError> for CreateError {
+    fn from(e: spec_compiler::CompleteError) -> CreateError {
+        CreateError::Versions(Box::new(e))
+    }
 }
 
 /// What a bundle of a spec holds: its canonical files (of the bundle's architectures) and images.
@@ -318,7 +336,7 @@ impl ImageCopier<'_> {
         })?;
         let registry_err = |op: &'static str| {
             let (reference, from) = (reference.clone(), from.clone());
-            move |source| CreateError::Registry { reference, op, from, source }
+            move |source| CreateError::Registry { reference, op, from, source: Box::new(source) }
         };
         let (bytes, served) = self.client.pull_manifest_raw(&src, &ANONYMOUS, MANIFEST_TYPES).await.map_err(registry_err("fetching the manifest of"))?;
         if let Some(pinned) = &image.digest {
@@ -377,7 +395,7 @@ impl ImageCopier<'_> {
         } else {
             self.copy_blobs(&src, &served, &bytes, &reference).await?;
             let m: ImageManifest = serde_json::from_slice(&bytes).map_err(|e| manifest_err(&served, e.to_string()))?;
-            let config = self.layout.read_blob(&m.config().digest().to_string())?;
+            let config = self.layout.read_blob(m.config().digest().as_ref())?;
             let arch = serde_json::from_slice::<serde_json::Value>(&config)
                 .ok()
                 .and_then(|c| c.get("architecture").and_then(|a| a.as_str()).map(str::to_string))
@@ -422,7 +440,7 @@ impl ImageCopier<'_> {
                 reference: reference.to_string(),
                 op: "fetching blob of",
                 from: format!("{}@{blob}", src.whole()),
-                source,
+                source: Box::new(source),
             })?;
             file.flush().await.map_err(io_err(&temp))?;
             file.sync_all().await.map_err(io_err(&temp))?;

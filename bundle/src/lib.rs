@@ -13,7 +13,7 @@
 //! * [`push`]: files into a `file://` or `gs://` repository, images into a registry through the
 //!   OCI distribution API, skipping what is already there by digest.
 //!
-//! Progress goes to `tracing` at info level (`KEELSON_LOG=info`).
+//! Progress goes to `tracing` at info level, target `bundle` (the `keelson` CLI shows it by default).
 
 pub mod create;
 pub mod layout;

@@ -17,7 +17,7 @@ pub enum PathError {
     Rewrite {
         url: String,
         #[source]
-        source: spec_compiler::versions::VersionsError,
+        source: Box<spec_compiler::versions::VersionsError>,
     },
     #[error("{url}: the repository {repository} has the URL's own host, so the compiler keeps the URL unchanged: use a repository on another host")]
     SameHost { url: String, repository: String },
@@ -47,13 +47,14 @@ pub fn is_bundle_file_path(path: &str) -> bool {
 /// Where `create` downloads a file from: under `from_mirror` as the compiler's rewrite places it,
 /// else its canonical URL.
 pub fn source_url(canonical_url: &str, from_mirror: Option<&str>) -> Result<String, PathError> {
-    remap_file_url(canonical_url, from_mirror).map_err(|source| PathError::Rewrite { url: canonical_url.to_string(), source })
+    remap_file_url(canonical_url, from_mirror).map_err(|source| PathError::Rewrite { url: canonical_url.to_string(), source: Box::new(source) })
 }
 
 /// The key of a file in the repository `repository` (`file:///srv/assets`, `gs://bucket/prefix`):
 /// the compiler's rewrite of the canonical URL under it, relative to it.
 pub fn repository_key(canonical_url: &str, repository: &str) -> Result<String, PathError> {
-    let remapped = remap_file_url(canonical_url, Some(repository)).map_err(|source| PathError::Rewrite { url: canonical_url.to_string(), source })?;
+    let remapped =
+        remap_file_url(canonical_url, Some(repository)).map_err(|source| PathError::Rewrite { url: canonical_url.to_string(), source: Box::new(source) })?;
     let base = repository.trim_end_matches('/');
     match remapped.strip_prefix(base) {
         Some(rest) if rest.starts_with('/') && rest.len() > 1 => Ok(rest.trim_start_matches('/').to_string()),

@@ -25,7 +25,7 @@ pub enum PushError {
     #[error("--file-repository {url}: {reason}")]
     Scheme { url: String, reason: &'static str },
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(Box<StoreError>),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -56,12 +56,18 @@ pub enum PushError {
         op: &'static str,
         target: String,
         #[source]
-        source: oci_client::errors::OciDistributionError,
+        source: Box<oci_client::errors::OciDistributionError>,
     },
     #[error("image {reference}: manifest {digest}: {message}")]
     BadManifest { reference: String, digest: String, message: String },
     #[error("starting the async runtime: {0}")]
     Runtime(std::io::Error),
+}
+
+impl From<StoreError> for PushError {
+    fn from(e: StoreError) -> PushError {
+        PushError::Store(Box::new(e))
+    }
 }
 
 /// Where a bundle goes.
@@ -185,7 +191,7 @@ struct ImagePusher<'a> {
 
 impl ImagePusher<'_> {
     fn registry_err(&self, op: &'static str) -> impl FnOnce(oci_client::errors::OciDistributionError) -> PushError + '_ {
-        move |source| PushError::Registry { reference: self.image.reference.clone(), op, target: self.target.clone(), source }
+        move |source| PushError::Registry { reference: self.image.reference.clone(), op, target: self.target.clone(), source: Box::new(source) }
     }
 
     fn layout_err(&self) -> impl FnOnce(LayoutError) -> PushError + '_ {
