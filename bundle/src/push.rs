@@ -211,7 +211,9 @@ impl ImagePusher<'_> {
         })?;
         let digest = &self.image.digest;
         let by_digest = registry::by_digest(&dest, digest);
-        let tag = dest.tag().map(|t| Reference::with_tag(dest.registry().to_string(), dest.repository().to_string(), t.to_string()));
+        // A reference with neither tag nor digest means `latest`, as nodes resolve it.
+        let tag = dest.tag().or(dest.digest().is_none().then_some("latest"));
+        let tag = tag.map(|t| Reference::with_tag(dest.registry().to_string(), dest.repository().to_string(), t.to_string()));
         let check = tag.as_ref().unwrap_or(&by_digest);
         if registry::manifest_digest(self.client, check).await.map_err(self.registry_err("checking"))?.as_ref() == Some(digest) {
             return Ok((false, 0, 0, 0));
