@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod args;
+mod bundle_cmd;
 #[cfg(feature = "cloud")]
 mod cloud_target;
 #[cfg(feature = "cloud")]
@@ -85,6 +86,10 @@ enum Command {
     /// Plan deleting what apply created (found by the cluster tag); `--yes` deletes. etcd volumes
     /// are kept unless `--delete-volumes`.
     Delete(commands::DeleteArgs),
+    /// Air-gapped bundles: `keelson bundle create -f SPEC -o FILE`, `keelson bundle push FILE
+    /// --file-repository URL --registry HOST[:PORT]` (docs/bundles.md).
+    #[command(subcommand)]
+    Bundle(bundle_cmd::BundleCommand),
     /// Cluster PKI in a file state store: `keelson pki init --state DIR`.
     Pki(pki_cmd::PkiArgs),
     /// Upgrades: `keelson upgrade cluster -f SPEC [--to VERSION] [--yes]` moves the spec's Kubernetes
@@ -147,11 +152,14 @@ enum Export {
 }
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // `bundle create | push` are long: their progress (each file and image) shows by default.
+    let default_filter = if matches!(cli.command, Command::Bundle(_)) { "warn,bundle=info" } else { "warn" };
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("KEELSON_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("KEELSON_LOG").unwrap_or_else(|_| default_filter.into()))
         .with_writer(std::io::stderr)
         .init();
-    match run(Cli::parse()) {
+    match run(cli) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("keelson: {e:#}");
@@ -181,6 +189,7 @@ fn print_warnings(file: &std::path::Path, docs: &keelson_api::Documents, compile
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Pki(args) => pki_cmd::run(args),
+        Command::Bundle(command) => bundle_cmd::run(command),
         Command::Upgrade(Upgrade::Cluster(args)) => upgrade::run(args),
         Command::Validate { what: Some(what), .. } => match what {
             #[cfg(feature = "cloud")]

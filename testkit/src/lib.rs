@@ -3,7 +3,8 @@
 //! Owns: the one moto launcher ([`moto`]), the one fake IMDSv2 ([`imds`]), the one HTTP test server
 //! ([`httpd`]) and the asset mirror with fault injection plus fake assets and state stores
 //! ([`mirror`]), and the GCE emulators: metadata ([`gce_metadata`]), Compute ([`gce_compute`]) and
-//! Cloud DNS ([`cloud_dns`]), and the all-fields kubelet configuration two tests render
+//! Cloud DNS ([`cloud_dns`]), a `docker-registry` with a small multi-architecture image
+//! ([`registry`]), and the all-fields kubelet configuration two tests render
 //! ([`kubelet_fields`]). Must not: be a dependency of a product crate, or reach anything but 127.0.0.0/8 and
 //! the network namespaces the tests create.
 
@@ -24,3 +25,4 @@ pub mod kubelet_fields;
 pub mod mirror;
 pub mod moto;
 pub mod moto_calls;
+pub mod registry;

@@ -1,0 +1,153 @@
+//! `keelson bundle create | push`: air-gapped bundles (docs/bundles.md). Parses the flags and calls
+//! `keelson-bundle`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use spec_compiler::versions::Arch;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum BundleCommand {
+    /// Every file and image the spec uses, verified, in one archive (`-o FILE`); run it again to
+    /// resume a failed run.
+    Create(CreateArgs),
+    /// A bundle's files into a file repository and its images into a registry, skipping what is
+    /// there; then set the spec's `assets.fileRepository` / `assets.containerRegistry` to them.
+    Push(PushArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CreateArgs {
+    /// The spec file (one Cluster and its InstanceGroups).
+    #[arg(short = 'f', long = "file")]
+    pub file: PathBuf,
+    /// The architectures whose files and image manifests the bundle holds (comma-separated).
+    #[arg(long = "arch", value_delimiter = ',', value_name = "ARCH,…", default_value = "amd64,arm64")]
+    pub arch: Vec<String>,
+    /// The archive to write.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: PathBuf,
+    /// Download the files from this mirror (laid out as `assets.fileRepository` expects) instead
+    /// of their upstream URLs.
+    #[arg(long = "from-mirror", value_name = "URL")]
+    pub from_mirror: Option<String>,
+    /// Copy the images from this registry (laid out as `assets.containerRegistry` expects)
+    /// instead of their own registries.
+    #[arg(long = "from-registry", value_name = "HOST[:PORT]")]
+    pub from_registry: Option<String>,
+    #[command(flatten)]
+    pub compile: crate::args::CompileFlags,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PushArgs {
+    /// The bundle `keelson bundle create` wrote.
+    pub bundle: PathBuf,
+    /// Where the files go: the target spec's `assets.fileRepository` (`file:///DIR`, `gs://BUCKET/PREFIX`).
+    #[arg(long = "file-repository", value_name = "URL")]
+    pub file_repository: String,
+    /// Where the images go: the target spec's `assets.containerRegistry`.
+    #[arg(long = "registry", value_name = "HOST[:PORT]")]
+    pub registry: String,
+    /// Speak plain http to the registry although it is not on loopback.
+    #[arg(long = "plain-http")]
+    pub plain_http: bool,
+}
+
+pub fn run(command: BundleCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        BundleCommand::Create(args) => create(&args),
+        BundleCommand::Push(args) => push(&args),
+    }
+}
+
+fn create(args: &CreateArgs) -> anyhow::Result<ExitCode> {
+    let arches = args
+        .arch
+        .iter()
+        .filter(|a| !a.trim().is_empty())
+        .map(|a| Arch::parse(a).ok_or_else(|| anyhow::anyhow!("--arch {a:?}: unknown architecture (amd64 or arm64)")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let docs = match spec_compiler::load::load_spec(&args.file) {
+        Ok(d) => d,
+        Err(e) => return Ok(crate::report(&e)),
+    };
+    let options = args.compile.options(Default::default())?;
+    let plan = bundle::plan(&docs, &options, &arches).with_context(|| format!("{}", args.file.display()))?;
+    let opts = bundle::CreateOptions { output: args.output.clone(), from_mirror: args.from_mirror.clone(), from_registry: args.from_registry.clone() };
+    let report = bundle::create(&plan, &opts).with_context(|| format!("creating {}", args.output.display()))?;
+    println!(
+        "{}: {} files, {} images ({} blobs), {} bytes ({} downloaded, {} reused)",
+        args.output.display(),
+        report.files,
+        report.images,
+        report.blobs,
+        report.archive_bytes,
+        report.downloaded_bytes,
+        report.reused_bytes
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn push(args: &PushArgs) -> anyhow::Result<ExitCode> {
+    let store = bundle::open_repository(&args.file_repository)?;
+    let opts = bundle::PushOptions { file_repository: args.file_repository.clone(), registry: args.registry.clone(), plain_http: args.plain_http };
+    let report = bundle::push(&args.bundle, &store, &opts).with_context(|| format!("pushing {}", args.bundle.display()))?;
+    for f in &report.files_pushed {
+        println!("pushed   {f}");
+    }
+    for f in &report.files_skipped {
+        println!("skipped  {f} (already there)");
+    }
+    for i in &report.images_pushed {
+        println!("pushed   {i}");
+    }
+    for i in &report.images_skipped {
+        println!("skipped  {i} (already there)");
+    }
+    println!(
+        "files: {} pushed, {} already there; images: {} pushed, {} already there; blobs: {} pushed, {} already there; {} bytes sent",
+        report.files_pushed.len(),
+        report.files_skipped.len(),
+        report.images_pushed.len(),
+        report.images_skipped.len(),
+        report.blobs_pushed,
+        report.blobs_skipped,
+        report.bytes_pushed
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: BundleCommand,
+    }
+
+    /// The commands docs/bundles.md shows parse as written.
+    #[test]
+    fn the_documented_commands_parse() {
+        let create = Cli::try_parse_from("keelson-bundle create -f examples/minimal.yaml --arch amd64,arm64 -o minimal-bundle.tar".split(' ')).expect("create");
+        let BundleCommand::Create(c) = create.command else { panic!("not create") };
+        assert_eq!((c.arch.as_slice(), c.output.to_str()), (["amd64".to_string(), "arm64".to_string()].as_slice(), Some("minimal-bundle.tar")));
+        let push = Cli::try_parse_from(
+            "keelson-bundle push minimal-bundle.tar --file-repository file:///srv/keelson-assets --registry registry.internal.example.com:5000".split(' '),
+        )
+        .expect("push");
+        let BundleCommand::Push(p) = push.command else { panic!("not push") };
+        assert_eq!(
+            (p.file_repository.as_str(), p.registry.as_str(), p.plain_http),
+            ("file:///srv/keelson-assets", "registry.internal.example.com:5000", false)
+        );
+        let default_arches = Cli::try_parse_from(["k", "create", "-f", "s.yaml", "-o", "b.tar"]).expect("create");
+        let BundleCommand::Create(c) = default_arches.command else { panic!("not create") };
+        assert_eq!(c.arch, ["amd64", "arm64"]);
+        assert!(Cli::try_parse_from(["k", "push", "b.tar", "--registry", "r:5000"]).is_err(), "--file-repository is required");
+    }
+}
