@@ -11,6 +11,7 @@ pub mod flag_table;
 pub mod flags;
 pub mod gce_endpoints;
 pub mod generated;
+pub mod host_paths;
 pub mod image;
 pub mod merge;
 pub mod names;

@@ -89,10 +89,6 @@ pub struct NodeupConfig {
 /// GCE only) or `token` (Kubernetes bootstrap tokens, rotated by protokube on the control planes).
 pub const NODE_BOOTSTRAP_ANNOTATION: &str = "keelson.io/node-bootstrap";
 
-/// Where the kubelet reads static pods unless `kubelet.podManifestPath` / `masterKubelet.podManifestPath`
-/// says otherwise (the compiler fills that default; nodeup and protokube write there).
-pub const STATIC_POD_DIR: &str = "/etc/kubernetes/manifests";
-
 /// Cluster annotation, `"true"`, without which [`NODE_BOOTSTRAP_ANNOTATION`]`: token` is refused
 /// on AWS and GCE, where workers can join by their instance identity instead.
 pub const ALLOW_BOOTSTRAP_TOKEN_ANNOTATION: &str = "keelson.io/allow-bootstrap-token";
@@ -255,14 +251,11 @@ pub struct ApiServerNodeConfig {
     pub service_account_public_keys: Option<String>,
     /// `spec.encryptionConfig: true`: nodeup writes the state store's secret `encryptionconfig`
     /// (0600) to the file `KubeAPIServer.encryptionProviderConfig` names (default
-    /// [`ENCRYPTION_CONFIG_PATH`]). kOps carries the secret's hash here instead; the compiler is
+    /// [`crate::host_paths::ENCRYPTION_CONFIG_PATH`]). kOps carries the secret's hash here instead; the compiler is
     /// offline and never sees the secret, so only the switch is carried.
     #[serde(rename = "EncryptionConfig", default, skip_serializing_if = "is_false")]
     pub encryption_config: bool,
 }
-
-/// Where the API server's encryption configuration is written on control planes (kOps' path).
-pub const ENCRYPTION_CONFIG_PATH: &str = "/srv/kubernetes/kube-apiserver/encryptionconfig.yaml";
 
 /// The `api` block with the public name folded in, as nodeup reads it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

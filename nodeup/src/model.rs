@@ -284,8 +284,8 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         kubelet_inputs.push(ServiceInput::file(paths::KUBELET_KUBECONFIG));
         let mut server = CertSpec { cn: node, orgs: vec![], dns: vec![inp.facts.hostname.clone()], ips: vec![], usage: Usage::Server };
         server.ips.extend(inp.facts.internal_ip);
-        tasks.push(Box::new(CertTask::new(&format!("{}/kubelet-server", paths::SRV_KUBERNETES), "kubernetes-ca", ca, server, &ca_dep)));
-        let server_crt = format!("{}/kubelet-server.crt", paths::SRV_KUBERNETES);
+        tasks.push(Box::new(CertTask::new(paths::KUBELET_SERVER_CERT, "kubernetes-ca", ca, server, &ca_dep)));
+        let server_crt = format!("{}.crt", paths::KUBELET_SERVER_CERT);
         kubelet_inputs.push(ServiceInput::file_of(format!("cert:{server_crt}"), &server_crt));
     } else if let Some(server) = cfg.node_bootstrap.as_ref().filter(|b| b.method == NodeBootstrapMethod::CloudIdentity).map(|b| b.server.clone()) {
         // Join by cloud identity: the join server signs this node's kubelet and kube-proxy CSRs.
@@ -490,7 +490,7 @@ fn control_plane(
 ) -> Result<(), ModelError> {
     let cfg = inp.config;
     let cluster = &cfg.cluster_name;
-    let kapi = paths::SRV_KAPI;
+    let kapi = paths::KUBE_APISERVER_PKI_DIR;
     let ca = Arc::new(load_ca(inp.store, "kubernetes-ca")?);
     // The root verifies every etcd cluster's server; the API server's client certificate comes from
     // its own intermediate, which every member trusts (and no member's key can sign).
@@ -585,7 +585,7 @@ fn control_plane(
     let mut extra_flags = Vec::new();
     if api_cfg.encryption_config {
         use base::encryption;
-        default(&mut api.encryption_provider_config, keelson_api::nodeup::ENCRYPTION_CONFIG_PATH);
+        default(&mut api.encryption_provider_config, keelson_api::host_paths::ENCRYPTION_CONFIG_PATH);
         let path = api.encryption_provider_config.clone().unwrap_or_default();
         let bytes = inp.store.read(encryption::SECRET_PATH)?.ok_or_else(|| ModelError::Missing {
             path: inp.store.url(encryption::SECRET_PATH),
@@ -703,7 +703,7 @@ fn control_plane(
     default(&mut sched.authentication_kubeconfig, paths::SCHEDULER_KUBECONFIG);
     default(&mut sched.authorization_kubeconfig, paths::SCHEDULER_KUBECONFIG);
     let mut flags = crate::flags::build(&sched, flag_table::KUBE_SCHEDULER_CONFIG);
-    flags.push("--config=/var/lib/kube-scheduler/config.yaml".into());
+    flags.push(format!("--config={}", paths::SCHEDULER_CONFIG));
     flags.sort();
     let pod = manifests::Component {
         name: "kube-scheduler",
