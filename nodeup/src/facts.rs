@@ -27,10 +27,11 @@ pub struct Facts {
 
 /// The Kubernetes provider id the kubelet registers with, from what nodeup learnt of the instance
 /// (`None` when the cloud is neither or a fact is missing: the cloud controller sets it then).
-pub fn provider_id(cloud: &str, facts: &Facts) -> Option<String> {
+pub fn provider_id(cloud: keelson_api::CloudProvider, facts: &Facts) -> Option<String> {
+    use keelson_api::CloudProvider;
     match (cloud, &facts.zone) {
-        ("aws", Some(zone)) => facts.instance_id.as_deref().map(|id| kubelet::aws_provider_id(zone, id)),
-        ("gce", Some(zone)) => match (&facts.project, &facts.instance_name) {
+        (CloudProvider::Aws, Some(zone)) => facts.instance_id.as_deref().map(|id| kubelet::aws_provider_id(zone, id)),
+        (CloudProvider::Gce, Some(zone)) => match (&facts.project, &facts.instance_name) {
             (Some(project), Some(name)) => Some(base::gce_metadata::provider_id(project, zone, name)),
             _ => None,
         },

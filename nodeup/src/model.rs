@@ -10,7 +10,7 @@ use std::time::Duration;
 pub const BOOT_WAIT: Duration = Duration::from_secs(30 * 60);
 
 use keelson_api::nodeup::{BootConfig, NodeBootstrapMethod, NodeupConfig};
-use keelson_api::{Quantity, Role};
+use keelson_api::{CloudProvider, Quantity, Role};
 
 pub use crate::cert_tasks::{CertTask, KubeconfigTask, KubeletClientTask};
 pub use crate::facts::{provider_id, Facts};
@@ -132,7 +132,7 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
     let mut tasks: Vec<Box<NodeTask>> = Vec::new();
     let mut warnings = Vec::new();
     let cfg = inp.config;
-    let aws = inp.boot.cloud_provider == "aws";
+    let aws = inp.boot.cloud_provider == CloudProvider::Aws;
 
     // Assets first: the boot-critical downloads start at once, concurrently, and the rest once
     // they are in (on a busy host they would otherwise share the network and the hashing CPU).
@@ -250,7 +250,7 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
     }
     // GCE has no hop limit: pods are kept from the metadata server (its tokens are the instance's
     // service account) by a rule on the pod network, installed before the kubelet starts pods.
-    if inp.boot.cloud_provider == "gce" {
+    if inp.boot.cloud_provider == CloudProvider::Gce {
         let net = &cfg.networking;
         let pod_cidr = keelson_api::nodeup::pod_network(net.pod_cidr.as_deref(), net.non_masquerade_cidr.as_deref()).map(str::to_string).ok_or_else(|| {
             render_err("NodeupConfig: networking")("GCE needs podCIDR or nonMasqueradeCIDR (the pod network kept from the metadata server)".to_string())
@@ -298,8 +298,8 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
             ca_pem: ca_cert_pem.clone(),
             node_name: Some(inp.facts.hostname.clone()).filter(|h| !h.is_empty()).ok_or_else(|| need("hostname"))?,
             instance_id: inp.facts.instance_id.clone().ok_or_else(|| need("instance-id"))?,
-            cloud: match inp.boot.cloud_provider.as_str() {
-                "gce" => join::JoinCloud::Gce { metadata: inp.facts.gce_metadata.clone() },
+            cloud: match inp.boot.cloud_provider {
+                CloudProvider::Gce => join::JoinCloud::Gce { metadata: inp.facts.gce_metadata.clone() },
                 _ => join::JoinCloud::Aws,
             },
             sts_url: base::node_join::sts_endpoint(region.as_deref().unwrap_or_default()),
@@ -338,7 +338,7 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         kubelet_inputs.push(ServiceInput::file(paths::KUBELET_BOOTSTRAP_KUBECONFIG));
         kubelet_spec.bootstrap_kubeconfig = Some(paths::KUBELET_BOOTSTRAP_KUBECONFIG.into());
     }
-    let provider_id = provider_id(&inp.boot.cloud_provider, inp.facts);
+    let provider_id = provider_id(inp.boot.cloud_provider, inp.facts);
     let kc =
         kubelet::configuration(&kubelet_spec, cc.address.as_deref(), runs_api, provider_id).map_err(|e| render_err(paths::KUBELET_CONFIG)(e.to_string()))?;
     let kc_yaml = serde_yaml_ng::to_string(&kc).map_err(|e| render_err(paths::KUBELET_CONFIG)(e.to_string()))?;

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use keelson_api::CloudProvider;
 use nodeup::facts::{fill_gce_facts, provider_id, Facts};
 use testkit::gce_metadata::{self, InstanceFacts};
 
@@ -21,8 +22,8 @@ async fn facts_come_from_the_metadata_server_and_flags_win() {
     assert_eq!(facts.zone.as_deref(), Some("europe-west1-b"));
     assert_eq!(facts.region.as_deref(), Some("europe-west1"));
     assert_eq!(facts.internal_ip.map(|i| i.to_string()).as_deref(), Some("10.0.16.7"));
-    assert_eq!(provider_id("gce", &facts).as_deref(), Some("gce://acme-prod/europe-west1-b/nodes-europe-west1-b-x7k2"));
-    assert_eq!(provider_id("aws", &facts).as_deref(), Some("aws:///europe-west1-b/4471938521837465123"), "each cloud its own shape");
+    assert_eq!(provider_id(CloudProvider::Gce, &facts).as_deref(), Some("gce://acme-prod/europe-west1-b/nodes-europe-west1-b-x7k2"));
+    assert_eq!(provider_id(CloudProvider::Aws, &facts).as_deref(), Some("aws:///europe-west1-b/4471938521837465123"), "each cloud its own shape");
 
     let mut flagged = Facts { hostname: "given".into(), zone: Some("europe-west1-c".into()), ..Default::default() };
     fill_gce_facts(&md, &mut flagged).await.expect("facts");
@@ -32,6 +33,6 @@ async fn facts_come_from_the_metadata_server_and_flags_win() {
 #[test]
 fn without_the_facts_no_provider_id_is_made_up() {
     let facts = Facts { zone: Some("europe-west1-b".into()), ..Default::default() };
-    assert_eq!(provider_id("gce", &facts), None);
-    assert_eq!(provider_id("openstack", &facts), None);
+    assert_eq!(provider_id(CloudProvider::Gce, &facts), None);
+    assert_eq!(provider_id(CloudProvider::OpenStack, &facts), None);
 }

@@ -52,8 +52,8 @@ pub struct Clients {
 pub async fn connect(args: &Args, boot: &BootConfig) -> Result<Clients, ConnectError> {
     let imds = Imds::new(args.imds_url.as_deref())?;
     // GCE: identity from its metadata server (--imds-url points at it), disks and Cloud DNS.
-    let gce = match boot.cloud_provider.as_str() {
-        "gce" => Some(crate::gce::connect(args.gce_flags()).await?),
+    let gce = match boot.cloud_provider {
+        keelson_api::CloudProvider::Gce => Some(crate::gce::connect(args.gce_flags()).await?),
         _ => None,
     };
     let me = match &gce {
@@ -70,11 +70,11 @@ pub async fn connect(args: &Args, boot: &BootConfig) -> Result<Clients, ConnectE
     })
     .await;
     let calls = gce.as_ref().map(|g| g.calls.clone()).unwrap_or_default();
-    let store_err = |source| ConnectError::Store { url: boot.config_base.clone(), source };
-    let config_base: base::ConfigBase = boot.config_base.parse().map_err(store_err)?;
+    let store_err = |source| ConnectError::Store { url: boot.config_base.to_string(), source };
+    let config_base = &boot.config_base;
     let s3 = aws_sdk_s3::Client::from_conf(base::aws::s3_config(&aws, args.endpoint_url.is_some()).interceptor(calls.clone()).build());
     let store_s3 = matches!(config_base, base::ConfigBase::S3 { .. }).then(|| s3.clone());
-    let store = StateStore::open_with_s3(&config_base, store_s3, STORE_TIMEOUT).map_err(store_err)?;
+    let store = StateStore::open_with_s3(config_base, store_s3, STORE_TIMEOUT).map_err(store_err)?;
     let ec2 = ec2_client(&aws, &calls);
     Ok(Clients { me, imds, gce, aws, calls, s3, ec2, store })
 }

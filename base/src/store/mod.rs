@@ -22,7 +22,7 @@ mod s3_parts;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use config_base::ConfigBase;
+pub use config_base::{ConfigBase, ConfigBaseError};
 pub use gcs::GcsEndpoints;
 pub use lock::StoreLock;
 
