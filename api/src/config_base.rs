@@ -22,7 +22,16 @@ pub enum ConfigBase {
         bucket: String,
         prefix: String,
     },
+    /// Another of kOps' VFS schemes ([`KOPS_VFS_SCHEMES`]: `memfs://` in kOps' own tests, Swift,
+    /// Azure Blob, DigitalOcean Spaces, Scaleway): carried as written, never opened by Keelson.
+    Vfs {
+        scheme: String,
+        path: String,
+    },
 }
+
+/// kOps' VFS schemes a `ConfigBase` may name that Keelson carries but does not read.
+pub const KOPS_VFS_SCHEMES: &[&str] = &["memfs", "swift", "azureblob", "do", "scw"];
 
 /// The schemes a [`ConfigBase`] may have, for messages.
 pub const CONFIG_BASE_SCHEMES: &str = "file://, http://, https://, s3://, gs://";
@@ -60,6 +69,11 @@ impl FromStr for ConfigBase {
                 return Ok(ConfigBase::Gcs { bucket: bucket.to_string(), prefix: prefix.trim_matches('/').to_string() });
             }
         }
+        for scheme in KOPS_VFS_SCHEMES {
+            if let Some(path) = base.strip_prefix(scheme).and_then(|r| r.strip_prefix("://")).filter(|p| !p.is_empty()) {
+                return Ok(ConfigBase::Vfs { scheme: scheme.to_string(), path: path.to_string() });
+            }
+        }
         Err(ConfigBaseError { base: text.to_string() })
     }
 }
@@ -73,6 +87,7 @@ impl fmt::Display for ConfigBase {
             ConfigBase::S3 { bucket, prefix } => write!(f, "s3://{bucket}/{prefix}"),
             ConfigBase::Gcs { bucket, prefix } if prefix.is_empty() => write!(f, "gs://{bucket}"),
             ConfigBase::Gcs { bucket, prefix } => write!(f, "gs://{bucket}/{prefix}"),
+            ConfigBase::Vfs { scheme, path } => write!(f, "{scheme}://{path}"),
         }
     }
 }
@@ -109,6 +124,11 @@ mod tests {
             ("file:///srv/state/", ConfigBase::File("/srv/state".into()), "file:///srv/state"),
             ("/srv/state", ConfigBase::File("/srv/state".into()), "file:///srv/state"),
             ("https://h/c/", ConfigBase::Http("https://h/c".into()), "https://h/c"),
+            (
+                "memfs://clusters.example.com/c",
+                ConfigBase::Vfs { scheme: "memfs".into(), path: "clusters.example.com/c".into() },
+                "memfs://clusters.example.com/c",
+            ),
         ];
         for (text, want, shown) in cases {
             let got: ConfigBase = text.parse().expect(text);
@@ -117,7 +137,7 @@ mod tests {
         }
         assert_eq!("gs://b/c/x/".parse::<ConfigBase>().expect("gs"), ConfigBase::Gcs { bucket: "b".into(), prefix: "c/x".into() });
         assert_eq!("gs://b/c".parse::<ConfigBase>().expect("gs").to_string(), "gs://b/c");
-        for bad in ["gs://", "gs:///x", "s3://", "relative/dir", ""] {
+        for bad in ["gs://", "gs:///x", "s3://", "relative/dir", "", "ftp://h/c", "memfs://"] {
             assert_eq!(bad.parse::<ConfigBase>(), Err(ConfigBaseError { base: bad.into() }), "{bad}");
         }
         assert_eq!(ConfigBase::S3 { bucket: "b".into(), prefix: "p".into() }.url("/x"), "s3://b/p/x");
