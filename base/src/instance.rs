@@ -215,14 +215,14 @@ mod tests {
     #[test]
     fn imds_answers_fill_only_what_the_flags_left_unset() {
         let imds = |p: &str| {
-            Some(match p {
+            let v = match p {
                 "instance-id" => "i-0abc\n",
                 "placement/availability-zone" => "eu-west-1b",
                 "local-ipv4" => "172.20.64.10",
                 "local-hostname" => "ip-172-20-64-10.eu-west-1.compute.internal",
                 _ => return None,
-            })
-            .map(str::to_string)
+            };
+            Some(v.to_string())
         };
         let mut f = InstanceFacts::from_flags(&Overrides::default());
         assert_eq!(f.aws_paths_needed(), ["instance-id", "placement/availability-zone", "placement/region", "local-ipv4", "local-hostname"]);
