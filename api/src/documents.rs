@@ -113,6 +113,39 @@ impl Role {
     }
 }
 
+/// An instance group role kOps does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown instance group role {value:?}: expected one of ControlPlane, Node, APIServer, Bastion (or kOps' legacy Master)")]
+pub struct UnknownRole {
+    pub value: String,
+}
+
+impl std::str::FromStr for Role {
+    type Err = UnknownRole;
+    fn from_str(s: &str) -> Result<Role, UnknownRole> {
+        Role::parse(s).ok_or_else(|| UnknownRole { value: s.to_string() })
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.boot_name())
+    }
+}
+
+/// As the BootConfig spells it ([`Role::boot_name`]); `Master` is read as [`Role::ControlPlane`].
+impl Serialize for Role {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.boot_name())
+    }
+}
+
+impl<'de> Deserialize<'de> for Role {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// A parsed spec file: one Cluster and its InstanceGroups, in file order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Documents {

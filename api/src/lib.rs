@@ -6,11 +6,13 @@
 pub mod addon_rules;
 pub mod addons;
 pub mod aws_endpoints;
+pub mod config_base;
 pub mod documents;
 pub mod flag_table;
 pub mod flags;
 pub mod gce_endpoints;
 pub mod generated;
+pub mod host_paths;
 pub mod image;
 pub mod merge;
 pub mod names;
@@ -24,8 +26,9 @@ pub mod types;
 pub mod validate;
 pub use validate::{aws_region_of_zone, validate, ValidationError};
 
-pub use documents::{parse_documents, Cluster, Documents, InstanceGroup, ObjectMeta, ParseError, Role};
+pub use config_base::{ConfigBase, ConfigBaseError};
+pub use documents::{parse_documents, Cluster, Documents, InstanceGroup, ObjectMeta, ParseError, Role, UnknownRole};
 pub use generated::*;
 pub use image::{ImageReference, ImageReferenceError};
 pub use merge::Merge;
-pub use types::{Cidr, CloudProvider, DnsName, Duration, IntOrString, KubernetesVersion, Quantity};
+pub use types::{Cidr, CloudProvider, DnsName, Duration, IntOrString, KubernetesVersion, Quantity, UnknownCloudProvider};

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::{CloudProvider, ConfigBase, Role};
+
 use crate::generated::{
     APISpec, ContainerdConfig, FileAssetSpec, HookSpec, KubeAPIServerConfig, KubeControllerManagerConfig, KubeProxyConfig, KubeSchedulerConfig,
     KubeletConfigSpec, NetworkingSpec, NvidiaGPUConfig,
@@ -88,10 +90,6 @@ pub struct NodeupConfig {
 /// Cluster annotation that chooses how workers join: `cloud-identity` (the join server, AWS and
 /// GCE only) or `token` (Kubernetes bootstrap tokens, rotated by protokube on the control planes).
 pub const NODE_BOOTSTRAP_ANNOTATION: &str = "keelson.io/node-bootstrap";
-
-/// Where the kubelet reads static pods unless `kubelet.podManifestPath` / `masterKubelet.podManifestPath`
-/// says otherwise (the compiler fills that default; nodeup and protokube write there).
-pub const STATIC_POD_DIR: &str = "/etc/kubernetes/manifests";
 
 /// Cluster annotation, `"true"`, without which [`NODE_BOOTSTRAP_ANNOTATION`]`: token` is refused
 /// on AWS and GCE, where workers can join by their instance identity instead.
@@ -255,14 +253,11 @@ pub struct ApiServerNodeConfig {
     pub service_account_public_keys: Option<String>,
     /// `spec.encryptionConfig: true`: nodeup writes the state store's secret `encryptionconfig`
     /// (0600) to the file `KubeAPIServer.encryptionProviderConfig` names (default
-    /// [`ENCRYPTION_CONFIG_PATH`]). kOps carries the secret's hash here instead; the compiler is
+    /// [`crate::host_paths::ENCRYPTION_CONFIG_PATH`]). kOps carries the secret's hash here instead; the compiler is
     /// offline and never sees the secret, so only the switch is carried.
     #[serde(rename = "EncryptionConfig", default, skip_serializing_if = "is_false")]
     pub encryption_config: bool,
 }
-
-/// Where the API server's encryption configuration is written on control planes (kOps' path).
-pub const ENCRYPTION_CONFIG_PATH: &str = "/srv/kubernetes/kube-apiserver/encryptionconfig.yaml";
 
 /// The `api` block with the public name folded in, as nodeup reads it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -301,28 +296,97 @@ pub struct StaticManifest {
 }
 
 /// The boot configuration written by user-data; pins the NodeupConfig by hash.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BootConfig {
-    #[serde(rename = "CloudProvider")]
-    pub cloud_provider: String,
-    #[serde(rename = "ConfigBase")]
-    pub config_base: String,
+    #[serde(rename = "CloudProvider", deserialize_with = "boot_field::cloud_provider")]
+    pub cloud_provider: CloudProvider,
+    #[serde(rename = "ConfigBase", deserialize_with = "boot_field::config_base")]
+    pub config_base: ConfigBase,
     #[serde(rename = "ClusterName")]
     pub cluster_name: String,
     #[serde(rename = "InstanceGroupName")]
     pub instance_group_name: String,
-    /// `ControlPlane`, `Node`, `APIServer` or `Bastion`.
-    #[serde(rename = "InstanceGroupRole")]
-    pub instance_group_role: String,
+    /// `ControlPlane`, `Node`, `APIServer` or `Bastion` (kOps' legacy `Master` reads as `ControlPlane`).
+    #[serde(rename = "InstanceGroupRole", deserialize_with = "boot_field::role")]
+    pub instance_group_role: Role,
     /// Base64 (standard alphabet) of the sha256 of the NodeupConfig file's bytes.
     #[serde(rename = "NodeupConfigHash")]
     pub nodeup_config_hash: String,
 }
 
+/// The BootConfig's typed fields, read so that a bad value names its field and what it accepts.
+mod boot_field {
+    use std::fmt::Display;
+    use std::str::FromStr;
+
+    use serde::{de::Error as _, Deserialize, Deserializer};
+
+    use crate::{CloudProvider, ConfigBase, Role};
+
+    fn named<'de, D: Deserializer<'de>, T: FromStr>(d: D, field: &str) -> Result<T, D::Error>
+    where
+        T::Err: Display,
+    {
+        let text = String::deserialize(d).map_err(|e| D::Error::custom(format!("{field}: {e}")))?;
+        // `ConfigBase "…": …` already names its field.
+        text.parse().map_err(|e: T::Err| {
+            let e = e.to_string();
+            D::Error::custom(if e.starts_with(field) { e } else { format!("{field}: {e}") })
+        })
+    }
+
+    pub fn cloud_provider<'de, D: Deserializer<'de>>(d: D) -> Result<CloudProvider, D::Error> {
+        named(d, "CloudProvider")
+    }
+    pub fn config_base<'de, D: Deserializer<'de>>(d: D) -> Result<ConfigBase, D::Error> {
+        named(d, "ConfigBase")
+    }
+    pub fn role<'de, D: Deserializer<'de>>(d: D) -> Result<Role, D::Error> {
+        named(d, "InstanceGroupRole")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const BOOT: &str = "CloudProvider: aws\nConfigBase: s3://b/c.example.com\nClusterName: c.example.com\nInstanceGroupName: cp-a\nInstanceGroupRole: ControlPlane\nNodeupConfigHash: x\n";
+
+    #[test]
+    fn a_boot_config_round_trips_in_kops_spelling() {
+        let boot: BootConfig = serde_yaml_ng::from_str(BOOT).expect("boot");
+        assert_eq!(boot.cloud_provider, CloudProvider::Aws);
+        assert_eq!(boot.config_base, ConfigBase::S3 { bucket: "b".into(), prefix: "c.example.com".into() });
+        assert_eq!(boot.instance_group_role, Role::ControlPlane);
+        assert_eq!(serde_yaml_ng::to_string(&boot).expect("yaml"), BOOT);
+        let legacy: BootConfig = serde_yaml_ng::from_str(&BOOT.replace("ControlPlane", "Master")).expect("legacy role");
+        assert_eq!(legacy.instance_group_role, Role::ControlPlane);
+        for (role, want) in [("Node", Role::Node), ("APIServer", Role::ApiServer), ("Bastion", Role::Bastion)] {
+            let b: BootConfig = serde_yaml_ng::from_str(&BOOT.replace("ControlPlane", role)).expect(role);
+            assert_eq!(b.instance_group_role, want);
+        }
+        let gce: BootConfig = serde_yaml_ng::from_str(&BOOT.replace("aws", "gce").replace("s3://", "gs://")).expect("gce");
+        assert_eq!((gce.cloud_provider, gce.config_base.to_string()), (CloudProvider::Gce, "gs://b/c.example.com".to_string()));
+    }
+
+    #[test]
+    fn a_bad_boot_config_value_names_its_field_and_the_accepted_values() {
+        let cases = [
+            (BOOT.replace("aws", "ec2"), &["CloudProvider", "\"ec2\"", "aws, gce, hetzner"][..]),
+            (BOOT.replace("aws", "AWS"), &["CloudProvider", "expected one of aws"][..]),
+            (BOOT.replace("s3://b/c.example.com", "ftp://b/c"), &["ConfigBase", "\"ftp://b/c\"", "file://, http://, https://, s3://, gs://"][..]),
+            (BOOT.replace("s3://b/c.example.com", "relative/dir"), &["ConfigBase", "unsupported scheme"][..]),
+            (BOOT.replace("ControlPlane", "Worker"), &["InstanceGroupRole", "\"Worker\"", "ControlPlane, Node, APIServer, Bastion"][..]),
+            (BOOT.replace("ControlPlane", "controlplane"), &["InstanceGroupRole", "Master"][..]),
+        ];
+        for (text, wants) in cases {
+            let e = serde_yaml_ng::from_str::<BootConfig>(&text).expect_err(&text).to_string();
+            for want in wants {
+                assert!(e.contains(want), "{text}: {e} lacks {want}");
+            }
+        }
+    }
 
     #[test]
     fn token_mode_needs_an_explicit_opt_in_where_cloud_identity_exists() {

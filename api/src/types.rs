@@ -511,23 +511,101 @@ mod tests {
     }
 }
 
-/// `spec.cloudProvider`: the clouds Keelson knows by name (completion and apply branch on it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// `spec.cloudProvider` (and the BootConfig's `CloudProvider`): every cloud the spec accepts, by
+/// kOps' name (completion and apply branch on it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum CloudProvider {
     Aws,
     Gce,
     Hetzner,
-    /// Any other provider name kOps accepts (Azure, OpenStack, …): completed generically.
-    Other,
+    OpenStack,
+    DigitalOcean,
+    Azure,
+    Scaleway,
+    Metal,
+}
+
+/// A cloud provider name the spec does not accept.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown cloud provider {value:?}: expected one of {}", CloudProvider::names().join(", "))]
+pub struct UnknownCloudProvider {
+    pub value: String,
 }
 
 impl CloudProvider {
-    pub fn parse(s: &str) -> CloudProvider {
-        match s {
-            "aws" => CloudProvider::Aws,
-            "gce" => CloudProvider::Gce,
-            "hetzner" => CloudProvider::Hetzner,
-            _ => CloudProvider::Other,
+    /// Every provider, in the order messages list them.
+    pub const ALL: [CloudProvider; 8] = [
+        CloudProvider::Aws,
+        CloudProvider::Gce,
+        CloudProvider::Hetzner,
+        CloudProvider::OpenStack,
+        CloudProvider::DigitalOcean,
+        CloudProvider::Azure,
+        CloudProvider::Scaleway,
+        CloudProvider::Metal,
+    ];
+
+    /// kOps' spelling (`spec.cloudProvider`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            CloudProvider::Aws => "aws",
+            CloudProvider::Gce => "gce",
+            CloudProvider::Hetzner => "hetzner",
+            CloudProvider::OpenStack => "openstack",
+            CloudProvider::DigitalOcean => "digitalocean",
+            CloudProvider::Azure => "azure",
+            CloudProvider::Scaleway => "scaleway",
+            CloudProvider::Metal => "metal",
         }
+    }
+
+    /// The accepted names, for messages.
+    pub fn names() -> Vec<&'static str> {
+        CloudProvider::ALL.iter().map(|c| c.as_str()).collect()
+    }
+
+    /// `None` for a name the spec does not accept.
+    pub fn parse(s: &str) -> Option<CloudProvider> {
+        CloudProvider::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+}
+
+impl FromStr for CloudProvider {
+    type Err = UnknownCloudProvider;
+    fn from_str(s: &str) -> Result<CloudProvider, UnknownCloudProvider> {
+        CloudProvider::parse(s).ok_or_else(|| UnknownCloudProvider { value: s.to_string() })
+    }
+}
+
+impl fmt::Display for CloudProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for CloudProvider {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for CloudProvider {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod cloud_provider_tests {
+    use super::*;
+
+    #[test]
+    fn every_provider_prints_and_parses_back() {
+        for c in CloudProvider::ALL {
+            assert_eq!(c.as_str().parse::<CloudProvider>(), Ok(c));
+            assert_eq!(c.to_string(), c.as_str());
+        }
+        let e = "AWS".parse::<CloudProvider>().expect_err("case matters, as in kOps");
+        assert_eq!(e.to_string(), "unknown cloud provider \"AWS\": expected one of aws, gce, hetzner, openstack, digitalocean, azure, scaleway, metal");
     }
 }

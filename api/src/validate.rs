@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use crate::documents::{Documents, InstanceGroup, Role};
-use crate::types::{Cidr, DnsName};
+use crate::types::{Cidr, CloudProvider, DnsName};
 
 /// One problem in a spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,7 +35,16 @@ pub fn aws_region_of_zone(zone: &str) -> Option<&str> {
 }
 
 /// Cloud providers kOps knows.
-pub const CLOUD_PROVIDERS: &[&str] = &["aws", "gce", "hetzner", "openstack", "digitalocean", "azure", "scaleway", "metal"];
+pub const CLOUD_PROVIDERS: &[&str] = &[
+    CloudProvider::Aws.as_str(),
+    CloudProvider::Gce.as_str(),
+    CloudProvider::Hetzner.as_str(),
+    CloudProvider::OpenStack.as_str(),
+    CloudProvider::DigitalOcean.as_str(),
+    CloudProvider::Azure.as_str(),
+    CloudProvider::Scaleway.as_str(),
+    CloudProvider::Metal.as_str(),
+];
 
 struct Report {
     errors: Vec<ValidationError>,

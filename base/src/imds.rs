@@ -33,43 +33,13 @@ pub trait InstanceMetadata {
     fn get(&self, path: &str) -> impl std::future::Future<Output = Result<Option<String>, ImdsError>> + Send;
 }
 
-/// The identity facts the node agents need.
+/// The identity facts protokube needs (all known): [`crate::instance::InstanceFacts::identity`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
     pub instance_id: String,
     pub zone: String,
     pub region: String,
     pub internal_ip: String,
-}
-
-impl Identity {
-    /// Fetch every fact from metadata; each `Some` in `overrides` wins and is not fetched.
-    pub async fn resolve<M: InstanceMetadata>(
-        imds: &M,
-        instance_id: Option<String>,
-        zone: Option<String>,
-        region: Option<String>,
-        internal_ip: Option<String>,
-    ) -> Result<Identity, ImdsError> {
-        async fn need<M: InstanceMetadata>(imds: &M, v: Option<String>, path: &str) -> Result<String, ImdsError> {
-            match v {
-                Some(v) => Ok(v),
-                None => imds.get(path).await?.map(|s| s.trim().to_string()).ok_or_else(|| ImdsError::Missing { url: format!("/latest/meta-data/{path}") }),
-            }
-        }
-        let instance_id = need(imds, instance_id, "instance-id").await?;
-        let zone = need(imds, zone, "placement/availability-zone").await?;
-        let region = match region {
-            Some(r) => r,
-            None => match imds.get("placement/region").await? {
-                Some(r) => r.trim().to_string(),
-                // Older IMDS lacks placement/region: the region of the zone.
-                None => keelson_api::plan::region_of_zone(&zone).unwrap_or(&zone).to_string(),
-            },
-        };
-        let internal_ip = need(imds, internal_ip, "local-ipv4").await?;
-        Ok(Identity { instance_id, zone, region, internal_ip })
-    }
 }
 
 /// IMDSv2 over HTTP.

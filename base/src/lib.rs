@@ -19,6 +19,7 @@ pub mod gce_adc;
 pub mod gce_metadata;
 pub mod hosts;
 pub mod imds;
+pub mod instance;
 pub mod leader_election;
 #[cfg(feature = "aws")]
 pub mod node_join;

@@ -167,7 +167,7 @@ async fn apply_from_nothing_creates_what_the_spec_needs_and_reapply_changes_noth
         let boot: keelson_api::nodeup::BootConfig = serde_yaml_ng::from_str(boot_yaml).expect("BootConfig parses");
         assert_eq!(boot.instance_group_name, lt.group);
         assert_eq!(boot.cluster_name, CLUSTER);
-        assert_eq!(boot.config_base, m.config_base);
+        assert_eq!(boot.config_base.to_string(), m.config_base);
         let role_dir = if lt.group.starts_with("control-plane") { "control-plane" } else { "node" };
         let nodeup =
             t.s3.get_object()

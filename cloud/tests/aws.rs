@@ -119,11 +119,15 @@ fn imds_identity_with_tokens() {
     ]);
     rt().block_on(async {
         let imds = Imds::new(Some(&srv.url)).expect("client");
-        let id = Identity::resolve(&imds, None, None, None, None).await.expect("identity");
+        let resolve = |flags: base::instance::Overrides| {
+            let imds = &imds;
+            async move { base::instance::resolve(&flags, base::instance::Source::Aws(imds)).await.expect("facts").identity().expect("identity") }
+        };
+        let id = resolve(Default::default()).await;
         assert_eq!(id, Identity { instance_id: "i-0abc".into(), zone: "eu-west-1b".into(), region: "eu-west-1".into(), internal_ip: "172.20.64.10".into() });
         assert_eq!(srv.faults().tokens_issued, 1, "token reused");
         // Overrides are not fetched.
-        let id = Identity::resolve(&imds, Some("i-x".into()), None, None, Some("10.0.0.1".into())).await.expect("identity");
+        let id = resolve(base::instance::Overrides { instance_id: Some("i-x".into()), internal_ip: Some("10.0.0.1".into()), ..Default::default() }).await;
         assert_eq!(id.instance_id, "i-x");
         assert_eq!(id.internal_ip, "10.0.0.1");
         assert_eq!(imds.get("no/such/path").await.expect("404 is not an error"), None);

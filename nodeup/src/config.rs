@@ -37,9 +37,9 @@ pub fn load_boot_config(path: &Path) -> Result<BootConfig, ConfigError> {
 
 /// Role of the group a BootConfig is for.
 pub fn boot_role(boot: &BootConfig, path: &Path) -> Result<Role, ConfigError> {
-    match Role::parse(&boot.instance_group_role) {
-        Some(r) if r != Role::Bastion => Ok(r),
-        _ => Err(ConfigError::Role { path: path.to_path_buf(), role: boot.instance_group_role.clone() }),
+    match boot.instance_group_role {
+        Role::Bastion => Err(ConfigError::Role { path: path.to_path_buf(), role: boot.instance_group_role.to_string() }),
+        r => Ok(r),
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 pub const BOOT_WAIT: Duration = Duration::from_secs(30 * 60);
 
 use keelson_api::nodeup::{BootConfig, NodeBootstrapMethod, NodeupConfig};
-use keelson_api::{Quantity, Role};
+use keelson_api::{CloudProvider, Quantity, Role};
 
 pub use crate::cert_tasks::{CertTask, KubeconfigTask, KubeletClientTask};
 pub use crate::facts::{provider_id, Facts};
@@ -132,7 +132,7 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
     let mut tasks: Vec<Box<NodeTask>> = Vec::new();
     let mut warnings = Vec::new();
     let cfg = inp.config;
-    let aws = inp.boot.cloud_provider == "aws";
+    let aws = inp.boot.cloud_provider == CloudProvider::Aws;
 
     // Assets first: the boot-critical downloads start at once, concurrently, and the rest once
     // they are in (on a busy host they would otherwise share the network and the hashing CPU).
@@ -250,7 +250,7 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
     }
     // GCE has no hop limit: pods are kept from the metadata server (its tokens are the instance's
     // service account) by a rule on the pod network, installed before the kubelet starts pods.
-    if inp.boot.cloud_provider == "gce" {
+    if inp.boot.cloud_provider == CloudProvider::Gce {
         let net = &cfg.networking;
         let pod_cidr = keelson_api::nodeup::pod_network(net.pod_cidr.as_deref(), net.non_masquerade_cidr.as_deref()).map(str::to_string).ok_or_else(|| {
             render_err("NodeupConfig: networking")("GCE needs podCIDR or nonMasqueradeCIDR (the pod network kept from the metadata server)".to_string())
@@ -284,8 +284,8 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         kubelet_inputs.push(ServiceInput::file(paths::KUBELET_KUBECONFIG));
         let mut server = CertSpec { cn: node, orgs: vec![], dns: vec![inp.facts.hostname.clone()], ips: vec![], usage: Usage::Server };
         server.ips.extend(inp.facts.internal_ip);
-        tasks.push(Box::new(CertTask::new(&format!("{}/kubelet-server", paths::SRV_KUBERNETES), "kubernetes-ca", ca, server, &ca_dep)));
-        let server_crt = format!("{}/kubelet-server.crt", paths::SRV_KUBERNETES);
+        tasks.push(Box::new(CertTask::new(paths::KUBELET_SERVER_CERT, "kubernetes-ca", ca, server, &ca_dep)));
+        let server_crt = format!("{}.crt", paths::KUBELET_SERVER_CERT);
         kubelet_inputs.push(ServiceInput::file_of(format!("cert:{server_crt}"), &server_crt));
     } else if let Some(server) = cfg.node_bootstrap.as_ref().filter(|b| b.method == NodeBootstrapMethod::CloudIdentity).map(|b| b.server.clone()) {
         // Join by cloud identity: the join server signs this node's kubelet and kube-proxy CSRs.
@@ -298,8 +298,8 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
             ca_pem: ca_cert_pem.clone(),
             node_name: Some(inp.facts.hostname.clone()).filter(|h| !h.is_empty()).ok_or_else(|| need("hostname"))?,
             instance_id: inp.facts.instance_id.clone().ok_or_else(|| need("instance-id"))?,
-            cloud: match inp.boot.cloud_provider.as_str() {
-                "gce" => join::JoinCloud::Gce { metadata: inp.facts.gce_metadata.clone() },
+            cloud: match inp.boot.cloud_provider {
+                CloudProvider::Gce => join::JoinCloud::Gce { metadata: inp.facts.gce_metadata.clone() },
                 _ => join::JoinCloud::Aws,
             },
             sts_url: base::node_join::sts_endpoint(region.as_deref().unwrap_or_default()),
@@ -338,7 +338,7 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         kubelet_inputs.push(ServiceInput::file(paths::KUBELET_BOOTSTRAP_KUBECONFIG));
         kubelet_spec.bootstrap_kubeconfig = Some(paths::KUBELET_BOOTSTRAP_KUBECONFIG.into());
     }
-    let provider_id = provider_id(&inp.boot.cloud_provider, inp.facts);
+    let provider_id = provider_id(inp.boot.cloud_provider, inp.facts);
     let kc =
         kubelet::configuration(&kubelet_spec, cc.address.as_deref(), runs_api, provider_id).map_err(|e| render_err(paths::KUBELET_CONFIG)(e.to_string()))?;
     let kc_yaml = serde_yaml_ng::to_string(&kc).map_err(|e| render_err(paths::KUBELET_CONFIG)(e.to_string()))?;
@@ -490,7 +490,7 @@ fn control_plane(
 ) -> Result<(), ModelError> {
     let cfg = inp.config;
     let cluster = &cfg.cluster_name;
-    let kapi = paths::SRV_KAPI;
+    let kapi = paths::KUBE_APISERVER_PKI_DIR;
     let ca = Arc::new(load_ca(inp.store, "kubernetes-ca")?);
     // The root verifies every etcd cluster's server; the API server's client certificate comes from
     // its own intermediate, which every member trusts (and no member's key can sign).
@@ -585,7 +585,7 @@ fn control_plane(
     let mut extra_flags = Vec::new();
     if api_cfg.encryption_config {
         use base::encryption;
-        default(&mut api.encryption_provider_config, keelson_api::nodeup::ENCRYPTION_CONFIG_PATH);
+        default(&mut api.encryption_provider_config, keelson_api::host_paths::ENCRYPTION_CONFIG_PATH);
         let path = api.encryption_provider_config.clone().unwrap_or_default();
         let bytes = inp.store.read(encryption::SECRET_PATH)?.ok_or_else(|| ModelError::Missing {
             path: inp.store.url(encryption::SECRET_PATH),
@@ -703,7 +703,7 @@ fn control_plane(
     default(&mut sched.authentication_kubeconfig, paths::SCHEDULER_KUBECONFIG);
     default(&mut sched.authorization_kubeconfig, paths::SCHEDULER_KUBECONFIG);
     let mut flags = crate::flags::build(&sched, flag_table::KUBE_SCHEDULER_CONFIG);
-    flags.push("--config=/var/lib/kube-scheduler/config.yaml".into());
+    flags.push(format!("--config={}", paths::SCHEDULER_CONFIG));
     flags.sort();
     let pod = manifests::Component {
         name: "kube-scheduler",

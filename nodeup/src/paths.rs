@@ -1,21 +1,24 @@
 //! Every host path nodeup writes, in one place (kOps conventions; see docs/design.md "Host layout").
 //!
-//! Paths are absolute host paths; [`crate::host::Host::path`] maps them under `--root`.
+//! Paths are absolute host paths; [`crate::host::Host::path`] maps them under `--root`. The paths
+//! another part of Keelson also reads or writes are defined in [`keelson_api::host_paths`] and
+//! re-exported here; the rest are nodeup's own.
+
+pub use keelson_api::host_paths::{
+    CONTAINERD_CERTS_DIR, CONTAINERD_CONFIG, HOSTS_FILE, KCM_KUBECONFIG, KUBELET_CLIENT_PEM, KUBELET_KUBECONFIG, KUBELET_PODS_DIR, KUBELET_SERVER_CERT,
+    KUBE_APISERVER_PKI_DIR, KUBE_PROXY_KUBECONFIG, NODEUP_BIN, SCHEDULER_CONFIG, SCHEDULER_KUBECONFIG, SRV_KUBERNETES, STATIC_POD_DIR as MANIFESTS_DIR,
+};
 
 pub const BIN_DIR: &str = "/usr/local/bin";
 pub const KUBELET_BIN: &str = "/usr/local/bin/kubelet";
 pub const KUBECTL_BIN: &str = "/usr/local/bin/kubectl";
 pub const CONTAINERD_BIN: &str = "/usr/local/bin/containerd";
 pub const PROTOKUBE_BIN: &str = "/usr/local/bin/protokube";
-/// Where user-data installs the verified nodeup binary (`keelson compile`'s `INSTALL_DIR`).
-pub const NODEUP_BIN: &str = "/opt/keelson/bin/nodeup";
 pub const ECR_CREDENTIAL_PROVIDER_BIN: &str = "/usr/local/bin/ecr-credential-provider";
 pub const RUNC_BIN: &str = "/usr/local/sbin/runc";
 pub const CNI_BIN_DIR: &str = "/opt/cni/bin";
 pub const CNI_CONF_DIR: &str = "/etc/cni/net.d";
 
-pub const CONTAINERD_CONFIG: &str = "/etc/containerd/config.toml";
-pub const CONTAINERD_CERTS_DIR: &str = "/etc/containerd/certs.d";
 pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
 
 pub const KUBELET_CONFIG: &str = "/var/lib/kubelet/kubelet.conf";
@@ -30,10 +33,6 @@ pub const KUBELET_SITE_ENV: &str = "/etc/default/kubelet";
 /// The kubelet's drop-in configuration directory (`--config-dir`): `KubeletConfiguration` fragments
 /// of the site, merged over `kubelet.conf` in file-name order. nodeup creates it, never writes into it.
 pub const KUBELET_CONFIG_DIR: &str = "/etc/kubernetes/kubelet.conf.d";
-pub const KUBELET_KUBECONFIG: &str = "/var/lib/kubelet/kubeconfig";
-/// The kubelet's client certificate and key, one PEM file (0600) its kubeconfig names: the kubelet
-/// reads it again by itself, so a renewal needs no restart ([`base::renewal::KUBELET_CLIENT_RELOAD`]).
-pub const KUBELET_CLIENT_PEM: &str = "/var/lib/kubelet/kubelet-client.pem";
 pub const KUBELET_BOOTSTRAP_KUBECONFIG: &str = "/var/lib/kubelet/bootstrap-kubeconfig";
 pub const KUBELET_CREDENTIAL_PROVIDER_CONFIG: &str = "/var/lib/kubelet/credential-provider.conf";
 
@@ -46,23 +45,11 @@ pub const MULTI_USER_WANTS: &str = "/etc/systemd/system/multi-user.target.wants"
 /// containers stop after protokube ([`crate::render::systemd::containers_after_protokube`]).
 pub const CONTAINER_SCOPES_DROP_IN: &str = "/etc/systemd/system/cri-containerd-.scope.d/50-keelson-stop-after-protokube.conf";
 
-/// The hosts file: a worker of a cluster without DNS records finds the control plane there
-/// ([`crate::api_hosts`]).
-pub const HOSTS_FILE: &str = "/etc/hosts";
-/// The kubelet's pod directories (each host-network pod's copy of the hosts file is `<uid>/etc-hosts`).
-pub const KUBELET_PODS_DIR: &str = "/var/lib/kubelet/pods";
-
 pub const SYSCTL_CONF: &str = "/etc/sysctl.d/99-k8s-general.conf";
 pub const MODULES_CONF: &str = "/etc/modules-load.d/k8s.conf";
 pub const FSTAB: &str = "/etc/fstab";
 
-pub const MANIFESTS_DIR: &str = keelson_api::nodeup::STATIC_POD_DIR;
-pub const SRV_KUBERNETES: &str = "/srv/kubernetes";
-pub const SRV_KAPI: &str = "/srv/kubernetes/kube-apiserver";
 pub const CA_CRT: &str = "/srv/kubernetes/ca.crt";
-pub const KCM_KUBECONFIG: &str = "/var/lib/kube-controller-manager/kubeconfig";
-pub const SCHEDULER_KUBECONFIG: &str = "/var/lib/kube-scheduler/kubeconfig";
-pub const KUBE_PROXY_KUBECONFIG: &str = "/var/lib/kube-proxy/kubeconfig";
 
 /// Default download cache (keyed by sha256), under the root.
 pub const CACHE_DIR: &str = "/var/cache/nodeup";

@@ -9,7 +9,9 @@ use std::time::Duration;
 use crate::api_hosts::ApiHostsTask;
 use crate::assets::{FetchOptions, Fetcher};
 use crate::config::{self, StateStore};
-use crate::facts::{fill_facts, fill_gce_facts, Facts};
+use base::instance::{resolve, Source};
+
+use crate::facts::Facts;
 use crate::host::Host;
 use crate::model::{self, Inputs};
 use crate::nodetasks::Ctx;
@@ -85,40 +87,42 @@ fn prepare(opts: &Options) -> anyhow::Result<Prepared> {
     let boot = config::load_boot_config(&opts.conf)?;
     let role = config::boot_role(&boot, &opts.conf)?;
     let host = Host::new(&opts.root);
-    let mut facts = Facts {
-        arch: opts.arch.clone().unwrap_or_else(|| crate::assets::host_arch().to_string()),
-        hostname: opts.hostname.clone().unwrap_or_default(),
-        internal_ip: opts.internal_ip,
+    let flags = base::instance::Overrides {
         instance_id: opts.instance_id.clone(),
         zone: opts.zone.clone(),
         region: opts.region.clone(),
-        imds_url: None,
-        gce_metadata: None,
-        project: None,
+        internal_ip: opts.internal_ip.map(|ip| ip.to_string()),
+        hostname: opts.hostname.clone().filter(|h| !h.is_empty()),
         instance_name: None,
     };
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("starting the I/O runtime")?;
     // Instance facts: flags win; then IMDSv2 on a live AWS host (or when --imds-url is given).
     // On GCE: the metadata server (flags still win).
-    let gce_metadata =
-        opts.gce_metadata.clone().or_else(|| (host.is_live() && boot.cloud_provider == "gce").then(|| base::gce_metadata::DEFAULT_HOST.to_string()));
-    facts.gce_metadata = gce_metadata.clone();
-    if let Some(host) = &gce_metadata {
+    let gce_metadata = opts
+        .gce_metadata
+        .clone()
+        .or_else(|| (host.is_live() && boot.cloud_provider == keelson_api::CloudProvider::Gce).then(|| base::gce_metadata::DEFAULT_HOST.to_string()));
+    let imds_url = opts
+        .imds_url
+        .clone()
+        .or_else(|| (host.is_live() && boot.cloud_provider == keelson_api::CloudProvider::Aws).then(|| base::imds::DEFAULT_BASE_URL.to_string()));
+    let instance = if let Some(host) = &gce_metadata {
         let md = base::gce_metadata::GceMetadata::new(Some(host), opts.http_timeout)?;
         runtime
-            .block_on(fill_gce_facts(&md, &mut facts))
-            .context("reading instance facts from the GCE metadata server (override with --hostname, --internal-ip, --zone)")?;
-    }
-    let imds_url = opts.imds_url.clone().or_else(|| (host.is_live() && boot.cloud_provider == "aws").then(|| base::imds::DEFAULT_BASE_URL.to_string()));
-    facts.imds_url = imds_url.clone();
-    if let Some(url) = &imds_url {
+            .block_on(resolve::<base::imds::Imds>(&flags, Source::Gce(&md)))
+            .context("reading instance facts from the GCE metadata server (override with --hostname, --internal-ip, --zone)")?
+    } else if let Some(url) = &imds_url {
         let imds = base::imds::Imds::new(Some(url))?;
         runtime
-            .block_on(fill_facts(&imds, &mut facts))
-            .context("reading instance facts from IMDS (override with --hostname, --internal-ip, --instance-id, --zone, --region)")?;
-    }
-    let config_base: base::ConfigBase = boot.config_base.parse()?;
-    let store = match &config_base {
+            .block_on(resolve(&flags, Source::Aws(&imds)))
+            .context("reading instance facts from IMDS (override with --hostname, --internal-ip, --instance-id, --zone, --region)")?
+    } else {
+        base::instance::InstanceFacts::from_flags(&flags)
+    };
+    let arch = opts.arch.clone().unwrap_or_else(|| crate::assets::host_arch().to_string());
+    let mut facts = Facts { imds_url: imds_url.clone(), gce_metadata, ..Facts::from_instance(arch, instance) };
+    let config_base = &boot.config_base;
+    let store = match config_base {
         base::ConfigBase::S3 { .. } => {
             let region = facts.region.clone().or_else(|| facts.zone.as_deref().and_then(keelson_api::plan::region_of_zone).map(str::to_string));
             let aws_opts = base::aws::AwsOptions { region, imds_endpoint: imds_url.clone(), ..Default::default() };
@@ -126,9 +130,9 @@ fn prepare(opts: &Options) -> anyhow::Result<Prepared> {
                 let conf = base::aws::sdk_config(&aws_opts).await;
                 aws_sdk_s3::Client::from_conf(base::aws::s3_config(&conf, false).build())
             });
-            base::StateStore::open_with_s3(&config_base, Some(s3), opts.http_timeout)?
+            base::StateStore::open_with_s3(config_base, Some(s3), opts.http_timeout)?
         }
-        _ => base::StateStore::open(&config_base, opts.http_timeout)?,
+        _ => base::StateStore::open(config_base, opts.http_timeout)?,
     };
     let store = Arc::new(StateStore::with_runtime(store, runtime));
     if facts.hostname.is_empty() {

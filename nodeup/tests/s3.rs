@@ -65,7 +65,7 @@ fn s3_config_base_against_moto() {
     upload_dir(&client, port, "keelson-state", "ha.k8s.example.com", &s.dir.path().join("state"));
     // Point the BootConfig at s3:// (the NodeupConfig bytes, and so the hash, are unchanged).
     let mut boot: keelson_api::nodeup::BootConfig = serde_yaml_ng::from_str(&std::fs::read_to_string(&s.boot).expect("boot")).expect("yaml");
-    boot.config_base = "s3://keelson-state/ha.k8s.example.com".into();
+    boot.config_base = "s3://keelson-state/ha.k8s.example.com".parse().expect("config base");
     std::fs::write(&s.boot, serde_yaml_ng::to_string(&boot).expect("yaml")).expect("write boot");
     std::fs::remove_dir_all(s.dir.path().join("state")).expect("the file store is gone: only S3 remains");
 

@@ -144,7 +144,7 @@ impl Args {
 
     /// The hosts file for the hosts-file DNS provider: `--hosts-file`, else `<root>/etc/hosts`.
     pub fn hosts_file(&self) -> PathBuf {
-        self.hosts_file.clone().unwrap_or_else(|| crate::paths::under(&self.root, &format!("/{}", crate::paths::HOSTS_FILE)))
+        self.hosts_file.clone().unwrap_or_else(|| crate::paths::under(&self.root, crate::paths::HOSTS_FILE))
     }
 }
 

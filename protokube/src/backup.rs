@@ -85,7 +85,7 @@ impl Clock {
 /// Open the backup store at `url` (`s3://` with `s3`, else `file://`).
 pub fn open_store(ec: &EtcdCluster, s3: Option<&aws_sdk_s3::Client>) -> Result<BackupStore, BackupRunError> {
     let open = |source| BackupRunError::Open { cluster: ec.name.clone(), url: ec.backup_store.clone(), source: Box::new(source) };
-    let base: base::ConfigBase = ec.backup_store.parse().map_err(open)?;
+    let base: base::ConfigBase = ec.backup_store.parse().map_err(|e: base::store::ConfigBaseError| open(e.into()))?;
     let store = base::StateStore::open_with_s3(&base, s3.cloned(), Duration::from_secs(30)).map_err(open)?;
     Ok(BackupStore::new(store))
 }

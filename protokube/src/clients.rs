@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use base::instance::{Overrides, Source};
 use base::StateStore;
 use cloud::calls::CallCounter;
 use cloud::{AwsOptions, Identity, Imds};
@@ -21,7 +22,7 @@ pub enum ConnectError {
     #[error("instance metadata: {0}")]
     Imds(#[from] cloud::ImdsError),
     #[error("instance identity (pass --instance-id --zone --region --internal-ip off AWS): {0}")]
-    Identity(#[source] cloud::ImdsError),
+    Identity(#[source] base::instance::InstanceError),
     #[error(transparent)]
     Gce(#[from] crate::gce::GceSetupError),
     #[error("state store {url}: {source}")]
@@ -35,6 +36,9 @@ pub enum ConnectError {
 /// This instance and its cloud's clients.
 pub struct Clients {
     pub me: Identity,
+    /// This instance's Node name (the kubelet's): `--node-name`, else GCE's hostname label, else
+    /// IMDS `local-hostname`; `None` when none answered.
+    pub node_name: Option<String>,
     pub imds: Imds,
     /// GCE's clients when the BootConfig's cloud is `gce`.
     pub gce: Option<Gce>,
@@ -52,15 +56,24 @@ pub struct Clients {
 pub async fn connect(args: &Args, boot: &BootConfig) -> Result<Clients, ConnectError> {
     let imds = Imds::new(args.imds_url.as_deref())?;
     // GCE: identity from its metadata server (--imds-url points at it), disks and Cloud DNS.
-    let gce = match boot.cloud_provider.as_str() {
-        "gce" => Some(crate::gce::connect(args.gce_flags()).await?),
+    let gce = match boot.cloud_provider {
+        keelson_api::CloudProvider::Gce => Some(crate::gce::connect(args.gce_flags()).await?),
         _ => None,
     };
-    let me = match &gce {
-        Some(g) => g.identity.clone(),
-        None => Identity::resolve(&imds, args.instance_id.clone(), args.zone.clone(), args.region.clone(), args.internal_ip.clone())
-            .await
-            .map_err(ConnectError::Identity)?,
+    let (me, node_name) = match &gce {
+        Some(g) => (g.identity.clone(), Some(g.node_name.clone())),
+        None => {
+            let flags = Overrides {
+                instance_id: args.instance_id.clone(),
+                zone: args.zone.clone(),
+                region: args.region.clone(),
+                internal_ip: args.internal_ip.clone(),
+                hostname: args.node_name.clone(),
+                instance_name: None,
+            };
+            let facts = base::instance::resolve(&flags, Source::Aws(&imds)).await.map_err(ConnectError::Identity)?;
+            (facts.identity().map_err(ConnectError::Identity)?, facts.hostname)
+        }
     };
     let aws = cloud::sdk_config(&AwsOptions {
         region: Some(me.region.clone()),
@@ -70,13 +83,13 @@ pub async fn connect(args: &Args, boot: &BootConfig) -> Result<Clients, ConnectE
     })
     .await;
     let calls = gce.as_ref().map(|g| g.calls.clone()).unwrap_or_default();
-    let store_err = |source| ConnectError::Store { url: boot.config_base.clone(), source };
-    let config_base: base::ConfigBase = boot.config_base.parse().map_err(store_err)?;
+    let store_err = |source| ConnectError::Store { url: boot.config_base.to_string(), source };
+    let config_base = &boot.config_base;
     let s3 = aws_sdk_s3::Client::from_conf(base::aws::s3_config(&aws, args.endpoint_url.is_some()).interceptor(calls.clone()).build());
     let store_s3 = matches!(config_base, base::ConfigBase::S3 { .. }).then(|| s3.clone());
-    let store = StateStore::open_with_s3(&config_base, store_s3, STORE_TIMEOUT).map_err(store_err)?;
+    let store = StateStore::open_with_s3(config_base, store_s3, STORE_TIMEOUT).map_err(store_err)?;
     let ec2 = ec2_client(&aws, &calls);
-    Ok(Clients { me, imds, gce, aws, calls, s3, ec2, store })
+    Ok(Clients { me, node_name, imds, gce, aws, calls, s3, ec2, store })
 }
 
 fn ec2_client(aws: &base::aws::SdkConfig, calls: &CallCounter) -> aws_sdk_ec2::Client {
@@ -112,17 +125,12 @@ impl Clients {
     }
 
     /// This control plane's Node name (the kubelet's), known before its Node registers: `flag`, else
-    /// GCE's hostname label, else IMDS `local-hostname`; `None` (logged) when none answers.
+    /// what [`connect`] learnt ([`Clients::node_name`]); `None` (logged) when none answered.
     pub async fn own_node_name(&self, flag: Option<String>) -> Option<String> {
-        if let Some(n) = flag.or_else(|| self.gce.as_ref().map(|g| g.node_name.clone())) {
-            return Some(n);
+        let name = flag.or_else(|| self.node_name.clone()).filter(|n| !n.is_empty());
+        if name.is_none() {
+            tracing::warn!("no node name (--node-name, the metadata service's hostname): this node will not be labelled as a control plane");
         }
-        match base::imds::InstanceMetadata::get(&self.imds, "local-hostname").await {
-            Ok(n) => n.filter(|n| !n.is_empty()),
-            Err(e) => {
-                tracing::warn!(error = %e, "no local-hostname from IMDS: this node will not be labelled as a control plane");
-                None
-            }
-        }
+        name
     }
 }

@@ -118,11 +118,11 @@ mod tests {
 
     fn boot(name: &str, group: &str) -> BootConfig {
         BootConfig {
-            cloud_provider: "aws".into(),
-            config_base: "file:///x".into(),
+            cloud_provider: keelson_api::CloudProvider::Aws,
+            config_base: "file:///x".parse().expect("config base"),
             cluster_name: name.into(),
             instance_group_name: group.into(),
-            instance_group_role: "ControlPlane".into(),
+            instance_group_role: keelson_api::Role::ControlPlane,
             nodeup_config_hash: "x".into(),
         }
     }

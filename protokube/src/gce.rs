@@ -9,8 +9,9 @@
 use std::time::Duration;
 
 use base::gce_metadata::GceMetadata;
+use base::instance::{InstanceFacts, Overrides};
 use cloud::calls::CallCounter;
-use cloud::gce::{disks::region_of, CloudDns, ComputeReader, GceEndpoints, GceVolumes, GoogleApi, TokenSource};
+use cloud::gce::{CloudDns, ComputeReader, GceEndpoints, GceVolumes, GoogleApi, TokenSource};
 use cloud::provider::{AnyDns, AnyVolumes};
 use cloud::{Ec2, Identity, Route53Dns};
 
@@ -62,14 +63,24 @@ pub struct Gce {
 pub async fn connect(flags: GceFlags) -> Result<Gce, GceSetupError> {
     let metadata = GceMetadata::new(flags.metadata.as_deref(), METADATA_TIMEOUT)?;
     let me = metadata.instance().await?;
-    let zone = flags.zone.unwrap_or(me.zone);
-    let identity = Identity {
-        instance_id: flags.instance_name.unwrap_or(me.name),
-        region: flags.region.unwrap_or_else(|| region_of(&zone).to_string()),
-        internal_ip: flags.internal_ip.unwrap_or(me.internal_ip),
-        zone,
+    // On GCE `--instance-id` names the instance (see the module doc).
+    let overrides = Overrides {
+        zone: flags.zone,
+        region: flags.region,
+        internal_ip: flags.internal_ip,
+        hostname: flags.node_name,
+        instance_name: flags.instance_name,
+        instance_id: None,
     };
-    let node_name = flags.node_name.unwrap_or_else(|| base::gce_metadata::node_name(&me.hostname).to_string());
+    let mut facts = InstanceFacts::from_flags(&overrides);
+    facts.fill_from_gce(&me);
+    let identity = Identity {
+        instance_id: facts.instance_name.unwrap_or_default(),
+        zone: facts.zone.unwrap_or_default(),
+        region: facts.region.unwrap_or_default(),
+        internal_ip: facts.internal_ip.unwrap_or_default(),
+    };
+    let node_name = facts.hostname.unwrap_or_default();
     let endpoints = GceEndpoints::resolve(flags.endpoint.as_deref());
     let calls = CallCounter::default();
     let api = GoogleApi::new(TokenSource::new(metadata), REQUEST_TIMEOUT)?.with_counter(calls.clone());

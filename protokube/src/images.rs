@@ -46,8 +46,8 @@ pub async fn ensure_image(ctr: &Path, image: &str) -> Result<(), String> {
     tracing::info!(%image, "pulling the image into containerd");
     let mut pull = ctr_command(ctr);
     pull.args(["images", "pull"]);
-    if Path::new(crate::paths::CONTAINERD_HOSTS_DIR).is_dir() {
-        pull.args(["--hosts-dir", crate::paths::CONTAINERD_HOSTS_DIR]);
+    if Path::new(crate::paths::CONTAINERD_CERTS_DIR).is_dir() {
+        pull.args(["--hosts-dir", crate::paths::CONTAINERD_CERTS_DIR]);
     }
     let pulled = pull.arg(image).output().await.map_err(|e| format!("running {} images pull: {e}", ctr.display()))?;
     if !pulled.status.success() {
@@ -140,8 +140,8 @@ pub fn prepull_at_start(plan: &crate::config::Plan) {
     let etcd = distinct_images(mine.map(|ec| ec.image.as_str()));
     let manifest = Path::new(&plan.static_pod_dir).join("kube-apiserver.manifest");
     tokio::spawn(async move {
-        let containerd_config = Path::new("/").join(crate::paths::CONTAINERD_CONFIG);
-        if let Some(sandbox) = configured_sandbox_image(&containerd_config, std::time::Duration::from_secs(5)).await {
+        let containerd_config = Path::new(crate::paths::CONTAINERD_CONFIG);
+        if let Some(sandbox) = configured_sandbox_image(containerd_config, std::time::Duration::from_secs(5)).await {
             prepull(&ctr, &[sandbox]).await;
         }
         prepull(&ctr, &etcd).await;

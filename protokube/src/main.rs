@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::Parser;
 
 use keelson_api::nodeup::NodeBootstrapMethod;
+use keelson_api::CloudProvider;
 use protokube::args::{secs, Args};
 use protokube::config::{self, DnsMode};
 use protokube::metrics::Metrics;
@@ -76,7 +77,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         tokio::spawn(protokube::certs::run(renewer, metrics.clone(), secs(args.cert_check_interval)));
     }
     // This control plane behind the API load balancer only while its API server is ready.
-    let api_target = (!once && boot.cloud_provider == "aws" && plan.api_load_balancer)
+    let api_target = (!once && boot.cloud_provider == CloudProvider::Aws && plan.api_load_balancer)
         .then(|| protokube::api_target::start(clients.elbv2(), &plan, &me.instance_id, store.clone()));
 
     let route53 = matches!(plan.dns, DnsMode::Zone { .. }).then(|| clients.route53());
@@ -125,7 +126,7 @@ async fn start_cluster_controllers(
         tokio::spawn(protokube::addons::run(store.clone(), server.clone(), secs(args.addons_interval), metrics.clone(), own_node.clone()));
     }
     // The cloud that says which group an instance name belongs to (AWS and GCE).
-    let node_cloud = || protokube::node_labels::node_cloud(gce_compute.clone(), &boot.cloud_provider, &clients.ec2, &plan.cluster_name, store);
+    let node_cloud = || protokube::node_labels::node_cloud(gce_compute.clone(), boot.cloud_provider, &clients.ec2, &plan.cluster_name, store);
     // Token mode: bootstrap tokens that expire and rotate, and each worker's first certificate
     // approved by name ([`protokube::node_bootstrap`]), on every control plane.
     if plan.node_bootstrap == NodeBootstrapMethod::Token {
@@ -140,18 +141,18 @@ async fn start_cluster_controllers(
                 tokio::spawn(protokube::node_labels::run(store.clone(), server, cloud, metrics.clone()));
             }
             None => {
-                tracing::warn!(cloud = boot.cloud_provider, "node labels: no instance lookup on this cloud; Nodes are not labelled with their groups' labels")
+                tracing::warn!(cloud = %boot.cloud_provider, "node labels: no instance lookup on this cloud; Nodes are not labelled with their groups' labels")
             }
         }
     }
     // The node join server: needs the cluster CA's key (control planes only) and AWS or GCE.
     if args.join_listen != "off" {
         let common = Common { plan, store: store.clone(), listen: &args.join_listen, metrics: metrics.clone() };
-        match (gce_compute, boot.cloud_provider.as_str()) {
+        match (gce_compute, boot.cloud_provider) {
             (Some((compute, project)), _) => {
                 protokube::node_join::start::start_gce(common, compute, project, clients.me.region.clone(), args.gce_jwks_url.clone()).await?
             }
-            (None, "aws") => protokube::node_join::start::start_aws(common, &clients.aws, clients.ec2.clone(), &clients.me.region).await?,
+            (None, CloudProvider::Aws) => protokube::node_join::start::start_aws(common, &clients.aws, clients.ec2.clone(), &clients.me.region).await?,
             (None, _) => {}
         }
     }

@@ -43,6 +43,12 @@ pub enum CompileError {
     Addons(#[from] addons::AddonError),
     #[error(transparent)]
     Protokube(#[from] protokube_config::ProtokubeConfigError),
+    #[error("spec.cloudProvider: {0}")]
+    CloudProvider(#[from] keelson_api::UnknownCloudProvider),
+    #[error("spec.configBase: required (where the cluster's state lives: s3://, gs://, file://, http(s)://)")]
+    MissingConfigBase,
+    #[error("spec.configBase: {0}")]
+    ConfigBase(#[from] keelson_api::ConfigBaseError),
     #[error("InstanceGroup/{group}: a control plane booted by this user-data ({arch}) would have no protokube (etcd volumes, etcd, DNS): give --protokube-asset {arch}=SHA256@URL or --kops-base-url")]
     NoProtokube { group: String, arch: String },
 }
@@ -143,11 +149,11 @@ pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, C
         let nodeup = nodeup_config::build(&completed, ig, &versions, options, &scheduler_config)?;
         let nodeup_yaml = output::to_yaml(&format!("nodeup/{group}.yaml"), &nodeup)?;
         let boot = BootConfig {
-            cloud_provider: spec.cloud_provider.clone().unwrap_or_default(),
-            config_base: spec.config_base.clone().unwrap_or_default(),
+            cloud_provider: spec.cloud_provider.as_deref().unwrap_or_default().parse()?,
+            config_base: spec.config_base.as_deref().ok_or(CompileError::MissingConfigBase)?.parse()?,
             cluster_name: name.clone(),
             instance_group_name: group.to_string(),
-            instance_group_role: role.boot_name().to_string(),
+            instance_group_role: role,
             nodeup_config_hash: nodeup_config_hash(nodeup_yaml.as_bytes()),
         };
         let boot_yaml = output::to_yaml(&format!("bootconfig/{group}.yaml"), &boot)?;

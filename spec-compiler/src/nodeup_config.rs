@@ -13,10 +13,12 @@ use keelson_api::{
 
 use crate::complete::CompileOptions;
 use crate::versions::{Arch, Versions, VersionsError};
+use keelson_api::host_paths::SCHEDULER_KUBECONFIG;
 
 /// The kube-scheduler configuration file every API-server host gets.
-const KUBE_SCHEDULER_CONFIG: &str =
-    "apiVersion: kubescheduler.config.k8s.io/v1\nclientConnection:\n  kubeconfig: /var/lib/kube-scheduler/kubeconfig\nkind: KubeSchedulerConfiguration\n";
+fn default_scheduler_config() -> String {
+    format!("apiVersion: kubescheduler.config.k8s.io/v1\nclientConnection:\n  kubeconfig: {SCHEDULER_KUBECONFIG}\nkind: KubeSchedulerConfiguration\n")
+}
 
 /// The kube-scheduler configuration file: the spec's `KubeSchedulerConfiguration` additional object
 /// when there is one (as kOps merges it), with the kubeconfig path nodeup writes; else the default.
@@ -25,12 +27,12 @@ pub fn scheduler_config(additional: &[serde_json::Value]) -> Result<String, crat
         o.get("kind").and_then(|k| k.as_str()) == Some("KubeSchedulerConfiguration")
             && o.get("apiVersion").and_then(|v| v.as_str()).is_some_and(|v| v.starts_with("kubescheduler.config.k8s.io/"))
     };
-    let Some(user) = additional.iter().find(is_config) else { return Ok(KUBE_SCHEDULER_CONFIG.to_string()) };
+    let Some(user) = additional.iter().find(is_config) else { return Ok(default_scheduler_config()) };
     let mut config = user.clone();
     if let Some(map) = config.as_object_mut() {
         let conn = map.entry("clientConnection").or_insert_with(|| serde_json::json!({}));
         if let Some(conn) = conn.as_object_mut() {
-            conn.insert("kubeconfig".into(), "/var/lib/kube-scheduler/kubeconfig".into());
+            conn.insert("kubeconfig".into(), SCHEDULER_KUBECONFIG.into());
         }
     }
     crate::output::to_yaml("KubeSchedulerConfiguration", &config)
@@ -306,7 +308,7 @@ pub fn build(
     if runs_api {
         file_assets.push(FileAssetSpec {
             content: Some(scheduler_config.to_string()),
-            path: Some("/var/lib/kube-scheduler/config.yaml".to_string()),
+            path: Some(keelson_api::host_paths::SCHEDULER_CONFIG.to_string()),
             ..Default::default()
         });
     }
@@ -425,7 +427,7 @@ mod tests {
 
     #[test]
     fn a_kube_scheduler_configuration_object_becomes_the_scheduler_config() {
-        assert_eq!(scheduler_config(&[]).expect("default"), KUBE_SCHEDULER_CONFIG);
+        assert_eq!(scheduler_config(&[]).expect("default"), "apiVersion: kubescheduler.config.k8s.io/v1\nclientConnection:\n  kubeconfig: /var/lib/kube-scheduler/kubeconfig\nkind: KubeSchedulerConfiguration\n");
         let user = serde_json::json!({
             "apiVersion": "kubescheduler.config.k8s.io/v1",
             "kind": "KubeSchedulerConfiguration",

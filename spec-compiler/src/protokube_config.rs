@@ -2,7 +2,7 @@
 //! everything protokube acts on, derived here once from the completed spec, so protokube never reads
 //! the spec and keeps no default of its own.
 
-use keelson_api::nodeup::STATIC_POD_DIR;
+use keelson_api::host_paths::STATIC_POD_DIR;
 use keelson_api::plan::ClusterDns;
 use keelson_api::protokube::{DnsMode, EtcdCluster, EtcdMember, ProtokubeConfig, API_VERSION, KIND};
 use keelson_api::{Cluster, ClusterSpec};

@@ -10,7 +10,7 @@ use crate::versions::Arch;
 /// EC2's user-data limit.
 pub const MAX_USER_DATA_BYTES: usize = 16 * 1024;
 /// Where the boot files live on the instance.
-pub const INSTALL_DIR: &str = "/opt/keelson";
+pub use keelson_api::host_paths::INSTALL_DIR;
 /// Attempts over the whole mirror list before giving up (the instance then reports failure).
 pub const DOWNLOAD_ROUNDS: u32 = 5;
 

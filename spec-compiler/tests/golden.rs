@@ -84,7 +84,7 @@ fn every_control_plane_gets_a_protokube_config_protokube_accepts() {
             let boot: keelson_api::nodeup::BootConfig = serde_yaml_ng::from_slice(&std::fs::read(&path).expect("read")).expect("BootConfig parses");
             let rel = keelson_api::protokube::state_key(&boot.instance_group_name);
             let file = out.path().join("state").join(&rel);
-            if boot.instance_group_role != "ControlPlane" {
+            if boot.instance_group_role != keelson_api::Role::ControlPlane {
                 assert!(!file.exists(), "{example}: {rel}");
                 continue;
             }

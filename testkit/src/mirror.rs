@@ -198,7 +198,7 @@ pub fn write_state(dir: &Path, nodeup_yaml: &str, boot_yaml: &str, assets: Vec<S
     std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
     std::fs::write(&p, &bytes).expect("write nodeupconfig");
     let mut boot: keelson_api::nodeup::BootConfig = serde_yaml_ng::from_str(boot_yaml).expect("boot yaml");
-    boot.config_base = format!("file://{}", state.display());
+    boot.config_base = keelson_api::ConfigBase::File(state.to_path_buf());
     boot.nodeup_config_hash = base::nodeup_config_hash(bytes.as_bytes());
     let bp = dir.join("bootconfig.yaml");
     std::fs::write(&bp, serde_yaml_ng::to_string(&boot).expect("yaml")).expect("write boot");

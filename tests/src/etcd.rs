@@ -21,7 +21,7 @@ pub struct Endpoint {
 
 /// Read `/etc/kubernetes/manifests/etcd-<cluster>.manifest` from a machine's root.
 pub fn endpoint(root: &Path, cluster: &str) -> Option<Endpoint> {
-    let text = std::fs::read_to_string(root.join(format!("etc/kubernetes/manifests/etcd-{cluster}.manifest"))).ok()?;
+    let text = std::fs::read_to_string(crate::paths::in_root(root, &format!("{}/etcd-{cluster}.manifest", keelson_api::host_paths::STATIC_POD_DIR))).ok()?;
     let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).ok()?;
     let c = v.get("spec")?.get("containers")?.as_sequence()?.first()?;
     let mut args: Vec<String> = Vec::new();

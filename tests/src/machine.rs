@@ -357,7 +357,7 @@ impl Machine {
             hosts.push_str(h);
             hosts.push('\n');
         }
-        write_file(id, &root.join("etc/hosts"), &hosts)?;
+        write_file(id, &crate::paths::in_root(&root, keelson_api::host_paths::HOSTS_FILE), &hosts)?;
         write_file(id, &root.join("etc/resolv.conf"), "# keelson-local: no DNS resolver; names come from /etc/hosts\noptions timeout:1 attempts:1\n")?;
         let mut vars: Vec<String> = g.env.iter().map(|(k, v)| format!("\"{k}={v}\"")).collect();
         if let Some(s) = env.test_cert_validity_seconds {
@@ -383,7 +383,7 @@ impl Machine {
             hosts.push_str(h);
             hosts.push('\n');
         }
-        write_file(id, &root.join("etc/hosts"), &hosts)?;
+        write_file(id, &crate::paths::in_root(&root, keelson_api::host_paths::HOSTS_FILE), &hosts)?;
         // No resolver in the local VPC: name lookups fail at once instead of timing out.
         write_file(id, &root.join("etc/resolv.conf"), "# keelson-local: no DNS resolver; names come from /etc/hosts\noptions timeout:1 attempts:1\n")?;
         // Every service sees the local cloud's AWS endpoint, and no credentials: as on EC2, the

@@ -5,7 +5,12 @@
 //! directory (`$KEELSON_LOCAL_STATE`, default `/var/lib/keelson-local`) holds one running cluster
 //! and is removed by `down`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// A machine's host path (absolute, as [`keelson_api::host_paths`] names it) under its root directory.
+pub fn in_root(root: &Path, host_path: &str) -> PathBuf {
+    root.join(host_path.trim_start_matches('/'))
+}
 
 /// Kernel names created on the host are prefixed with this, so `down` can find every leftover.
 pub const NAME_PREFIX: &str = "kl";

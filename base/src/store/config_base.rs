@@ -1,85 +1,24 @@
-//! `ConfigBase`: where a cluster's state lives, parsed from `spec.configBase`.
+//! `ConfigBase`: where a cluster's state lives, parsed from `spec.configBase`. The type is
+//! [`keelson_api::ConfigBase`] (pure, so the BootConfig can carry it typed); the store's view of
+//! it is here.
 
-use std::fmt;
-use std::path::PathBuf;
-use std::str::FromStr;
+pub use keelson_api::config_base::{ConfigBase, ConfigBaseError};
 
 use super::StoreError;
 
-/// Where a cluster's state lives (`spec.configBase`), parsed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ConfigBase {
-    File(PathBuf),
-    /// `http://…` or `https://…`, without a trailing slash.
-    Http(String),
-    S3 {
-        bucket: String,
-        prefix: String,
-    },
-    /// `gs://bucket/prefix`: Cloud Storage.
-    Gcs {
-        bucket: String,
-        prefix: String,
-    },
-}
-
-impl FromStr for ConfigBase {
-    type Err = StoreError;
-
-    fn from_str(text: &str) -> Result<ConfigBase, StoreError> {
-        let base = text.trim_end_matches('/');
-        if let Some(p) = base.strip_prefix("file://") {
-            return Ok(ConfigBase::File(PathBuf::from(if p.is_empty() { "/" } else { p })));
-        }
-        if base.starts_with('/') {
-            return Ok(ConfigBase::File(PathBuf::from(base)));
-        }
-        if base.starts_with("http://") || base.starts_with("https://") {
-            return Ok(ConfigBase::Http(base.to_string()));
-        }
-        if let Some(rest) = base.strip_prefix("s3://") {
-            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-            if !bucket.is_empty() {
-                return Ok(ConfigBase::S3 { bucket: bucket.to_string(), prefix: prefix.trim_matches('/').to_string() });
-            }
-        }
-        if let Some(rest) = base.strip_prefix("gs://") {
-            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-            if !bucket.is_empty() {
-                return Ok(ConfigBase::Gcs { bucket: bucket.to_string(), prefix: prefix.trim_matches('/').to_string() });
-            }
-        }
-        Err(StoreError::Scheme { base: text.to_string() })
+impl From<ConfigBaseError> for StoreError {
+    fn from(e: ConfigBaseError) -> StoreError {
+        StoreError::Scheme { base: e.base }
     }
 }
 
-impl fmt::Display for ConfigBase {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ConfigBase::File(p) => write!(f, "file://{}", p.display()),
-            ConfigBase::Http(u) => f.write_str(u),
-            ConfigBase::S3 { bucket, prefix } if prefix.is_empty() => write!(f, "s3://{bucket}"),
-            ConfigBase::S3 { bucket, prefix } => write!(f, "s3://{bucket}/{prefix}"),
-            ConfigBase::Gcs { bucket, prefix } if prefix.is_empty() => write!(f, "gs://{bucket}"),
-            ConfigBase::Gcs { bucket, prefix } => write!(f, "gs://{bucket}/{prefix}"),
-        }
-    }
-}
-
-impl ConfigBase {
-    /// The URL of one key (for messages).
-    pub fn url(&self, rel: &str) -> String {
-        format!("{self}/{}", rel.trim_start_matches('/'))
-    }
-
-    /// The object key of `rel` under a bucket prefix (S3, Cloud Storage).
-    pub(super) fn s3_key(prefix: &str, rel: &str) -> String {
-        let rel = rel.trim_start_matches('/');
-        if prefix.is_empty() {
-            rel.to_string()
-        } else {
-            format!("{prefix}/{rel}")
-        }
+/// The object key of `rel` under a bucket prefix (S3, Cloud Storage).
+pub(super) fn s3_key(prefix: &str, rel: &str) -> String {
+    let rel = rel.trim_start_matches('/');
+    if prefix.is_empty() {
+        rel.to_string()
+    } else {
+        format!("{prefix}/{rel}")
     }
 }
 
@@ -88,25 +27,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn config_bases_parse_and_print() {
-        let cases = [
-            ("s3://b/x/y/", ConfigBase::S3 { bucket: "b".into(), prefix: "x/y".into() }, "s3://b/x/y"),
-            ("s3://b", ConfigBase::S3 { bucket: "b".into(), prefix: String::new() }, "s3://b"),
-            ("file:///srv/state/", ConfigBase::File("/srv/state".into()), "file:///srv/state"),
-            ("/srv/state", ConfigBase::File("/srv/state".into()), "file:///srv/state"),
-            ("https://h/c/", ConfigBase::Http("https://h/c".into()), "https://h/c"),
-        ];
-        for (text, want, shown) in cases {
-            let got: ConfigBase = text.parse().expect(text);
-            assert_eq!(got, want, "{text}");
-            assert_eq!(got.to_string(), shown);
-        }
-        assert_eq!("gs://b/c/x/".parse::<ConfigBase>().expect("gs"), ConfigBase::Gcs { bucket: "b".into(), prefix: "c/x".into() });
-        assert_eq!("gs://b/c".parse::<ConfigBase>().expect("gs").to_string(), "gs://b/c");
-        for bad in ["gs://", "gs:///x", "s3://", "relative/dir", ""] {
-            assert!(matches!(bad.parse::<ConfigBase>(), Err(StoreError::Scheme { .. })), "{bad}");
-        }
-        assert_eq!(ConfigBase::s3_key("p", "/a/b"), "p/a/b");
-        assert_eq!(ConfigBase::s3_key("", "a"), "a");
+    fn a_bad_config_base_is_a_store_error_and_keys_join_prefixes() {
+        let e: StoreError = "relative/dir".parse::<ConfigBase>().expect_err("no scheme").into();
+        assert!(matches!(&e, StoreError::Scheme { base } if base == "relative/dir"), "{e}");
+        assert_eq!(s3_key("p", "/a/b"), "p/a/b");
+        assert_eq!(s3_key("", "a"), "a");
     }
 }

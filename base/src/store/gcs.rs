@@ -16,7 +16,7 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use tokio::io::AsyncReadExt as _;
 use tokio::sync::Mutex;
 
-use super::{ConfigBase, StoreError};
+use super::StoreError;
 use crate::gce_metadata::GceMetadata;
 
 /// Cloud Storage's endpoint.
@@ -151,7 +151,7 @@ impl GcsStore {
     }
 
     fn name(&self, rel: &str) -> String {
-        ConfigBase::s3_key(&self.prefix, rel)
+        super::config_base::s3_key(&self.prefix, rel)
     }
 
     fn err(&self, op: &'static str, name: &str, message: impl Into<String>) -> StoreError {

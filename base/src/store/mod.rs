@@ -22,7 +22,7 @@ mod s3_parts;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use config_base::ConfigBase;
+pub use config_base::{ConfigBase, ConfigBaseError};
 pub use gcs::GcsEndpoints;
 pub use lock::StoreLock;
 
@@ -109,6 +109,7 @@ impl StateStore {
                 Backend::Http(http::HttpStore::new(url, timeout)?)
             }
             ConfigBase::S3 { .. } => return Err(StoreError::NoS3 { base: base.to_string() }),
+            ConfigBase::Vfs { .. } => return Err(StoreError::Scheme { base: base.to_string() }),
             ConfigBase::Gcs { bucket, prefix } => {
                 let endpoints = GcsEndpoints::from_env();
                 crate::plain_http::check(&format!("ConfigBase {base}: Cloud Storage endpoint (STORAGE_EMULATOR_HOST)"), &endpoints.storage)?;

@@ -6,7 +6,7 @@ use aws_sdk_s3::error::ProvideErrorMetadata;
 use aws_sdk_s3::operation::get_object::GetObjectOutput;
 use aws_sdk_s3::primitives::ByteStream;
 
-use super::{ConfigBase, StoreError};
+use super::StoreError;
 
 /// A bucket and the prefix the store's keys live under.
 #[derive(Debug, Clone)]
@@ -22,7 +22,7 @@ impl S3Store {
     }
 
     fn key(&self, rel: &str) -> String {
-        ConfigBase::s3_key(&self.prefix, rel)
+        super::config_base::s3_key(&self.prefix, rel)
     }
 
     pub async fn get(&self, rel: &str) -> Result<Option<Vec<u8>>, StoreError> {
@@ -213,7 +213,7 @@ async fn list_modified(
     prefix: &str,
     rel_prefix: &str,
 ) -> Result<Vec<(String, Option<time::OffsetDateTime>)>, StoreError> {
-    let full = ConfigBase::s3_key(prefix, rel_prefix);
+    let full = super::config_base::s3_key(prefix, rel_prefix);
     let mut out = Vec::new();
     let mut token: Option<String> = None;
     // Bounded: 1000 pages of 1000 keys.

@@ -180,7 +180,7 @@ pub fn locate(cluster: &keelson_api::Cluster) -> Result<Location, ModelError> {
     let name = cluster.name().to_string();
     let spec = &cluster.spec;
     let missing = |field: &str| ModelError::Missing { cluster: name.clone(), field: field.to_string() };
-    let cloud = match spec.cloud_provider.as_deref().map(CloudKind::parse) {
+    let cloud = match spec.cloud_provider.as_deref().and_then(CloudKind::parse) {
         Some(c @ (CloudKind::Aws | CloudKind::Gce)) => c,
         _ => return Err(ModelError::UnsupportedCloud { cluster: name, cloud: spec.cloud_provider.clone().unwrap_or_default() }),
     };

@@ -204,14 +204,14 @@ pub async fn read_group_labels(store: &StateStore, group: &str) -> Result<BTreeM
 /// on GCE (`gce`: its reader and project), EC2 on AWS; `None` on any other cloud.
 pub fn node_cloud(
     gce: Option<(cloud::gce::ComputeReader, String)>,
-    cloud_provider: &str,
+    cloud_provider: keelson_api::CloudProvider,
     ec2: &aws_sdk_ec2::Client,
     cluster: &str,
     store: &StateStore,
 ) -> Option<NodeCloud> {
     match (gce, cloud_provider) {
         (Some((compute, project)), _) => Some(NodeCloud::Gce(Box::new(gce::GceNodes::new(compute, project, cluster, store.clone())))),
-        (None, "aws") => Some(NodeCloud::Aws(aws::AwsNodes::new(ec2.clone(), cluster))),
+        (None, keelson_api::CloudProvider::Aws) => Some(NodeCloud::Aws(aws::AwsNodes::new(ec2.clone(), cluster))),
         (None, _) => None,
     }
 }

@@ -73,7 +73,7 @@ impl<C: Volumes + Instances + Sync, D: Dns + Sync> Agent<C, D> {
             DnsMode::Hosts => {
                 let api_servers = desired.get(&self.plan.kops_controller_internal()).cloned().flatten();
                 let entries: hosts::Entries = desired.into_iter().filter_map(|(n, ips)| Some((n, ips?))).collect();
-                let (path, pods) = (self.opts.hosts_file.clone(), self.opts.root.join(crate::paths::KUBELET_PODS_DIR));
+                let (path, pods) = (self.opts.hosts_file.clone(), crate::paths::under(&self.opts.root, crate::paths::KUBELET_PODS_DIR));
                 let (changed, copies) = tokio::task::spawn_blocking(move || {
                     let changed = hosts::update(&path, &entries)?;
                     Ok::<_, hosts::HostsError>((changed, hosts::update_pod_copies(&pods, &entries)))

@@ -274,7 +274,7 @@ fn deployment(cluster: &Cluster, kd: &KubeDNSConfig, image: &str, hosts: bool) -
     let mut volumes = vec![json!({"name": "config-volume", "configMap": {"name": "coredns"}})];
     if hosts {
         mounts.push(json!({"name": "etc-hosts", "mountPath": HOST_HOSTS, "readOnly": true}));
-        volumes.push(json!({"name": "etc-hosts", "hostPath": {"path": "/etc/hosts", "type": "File"}}));
+        volumes.push(json!({"name": "etc-hosts", "hostPath": {"path": keelson_api::host_paths::HOSTS_FILE, "type": "File"}}));
     }
     let mut pod_meta = json!({"labels": labels()});
     if let Some(a) = kd.pod_annotations.as_ref().filter(|a| !a.is_empty()) {

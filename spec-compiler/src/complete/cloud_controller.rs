@@ -56,6 +56,6 @@ pub fn build(ctx: &Context, d: &Derived, spec: &mut ClusterSpec) {
             default(&mut c.configure_cloud_routes, false);
             default(&mut c.image, ctx.versions.remap_image("hetznercloud/hcloud-cloud-controller-manager:v1.31.0"));
         }
-        Cloud::Other => {}
+        Cloud::OpenStack | Cloud::DigitalOcean | Cloud::Azure | Cloud::Scaleway | Cloud::Metal => {}
     }
 }

@@ -131,7 +131,7 @@ pub fn api_server(ctx: &Context, d: &Derived, spec: &mut ClusterSpec) {
     // Encryption at rest: the file nodeup writes from the state store's `encryptionconfig`
     // secret (kOps sets the same path in nodeup).
     if encryption {
-        default(&mut a.encryption_provider_config, keelson_api::nodeup::ENCRYPTION_CONFIG_PATH.to_string());
+        default(&mut a.encryption_provider_config, keelson_api::host_paths::ENCRYPTION_CONFIG_PATH.to_string());
     }
 }
 

@@ -26,6 +26,8 @@ pub enum CompleteError {
     MissingVersion,
     #[error("spec.cloudProvider: required")]
     MissingCloud,
+    #[error("spec.cloudProvider: {0}")]
+    UnknownCloud(#[from] keelson_api::UnknownCloudProvider),
     #[error("versions table: {0}")]
     Versions(#[from] VersionsError),
     #[error("completion did not converge after {MAX_PASSES} passes (builders disagree on {0})")]
@@ -202,7 +204,7 @@ pub fn complete(docs: &Documents, options: &CompileOptions) -> Result<Cluster, C
 pub fn complete_with_versions(docs: &Documents, options: &CompileOptions) -> Result<(Cluster, Versions), CompleteError> {
     let user = &docs.cluster.spec;
     let version = user.kubernetes_version.clone().ok_or(CompleteError::MissingVersion)?;
-    let cloud = Cloud::parse(user.cloud_provider.as_deref().ok_or(CompleteError::MissingCloud)?);
+    let cloud: Cloud = user.cloud_provider.as_deref().ok_or(CompleteError::MissingCloud)?.parse()?;
     let ctx =
         Context { name: docs.cluster.name().to_string(), cloud, version, versions: versions_for(user, options)?, groups: &docs.instance_groups, user, options };
     let mut spec = user.clone();

@@ -81,7 +81,7 @@ pub fn build(ctx: &Context, d: &Derived, spec: &mut ClusterSpec) {
     }
     match ctx.cloud {
         Cloud::Aws => default(&mut spec.network_cidr, cidr(DEFAULT_AWS_NETWORK)),
-        Cloud::Other if spec.cloud_provider.as_deref() == Some("azure") => default(&mut spec.network_cidr, cidr(DEFAULT_AZURE_NETWORK)),
+        Cloud::Azure => default(&mut spec.network_cidr, cidr(DEFAULT_AZURE_NETWORK)),
         Cloud::Gce => assign_gce_subnets(spec),
         _ => {}
     }

@@ -31,14 +31,14 @@ fn dns_server_ip(spec: &ClusterSpec) -> Option<String> {
 
 fn configure_kubelet(ctx: &Context, d: &Derived, k: &mut KubeletConfigSpec, domain: &str, dns: Option<&String>) {
     default(&mut k.enable_debugging_handlers, true);
-    default(&mut k.pod_manifest_path, keelson_api::nodeup::STATIC_POD_DIR.to_string());
+    default(&mut k.pod_manifest_path, keelson_api::host_paths::STATIC_POD_DIR.to_string());
     default(&mut k.log_level, 2);
     default(&mut k.cluster_domain, domain.to_string());
     if let Some(ip) = dns {
         default(&mut k.cluster_dns, ip.clone());
     }
     default(&mut k.eviction_hard, EVICTION_HARD.to_string());
-    default(&mut k.kubeconfig_path, "/var/lib/kubelet/kubeconfig".to_string());
+    default(&mut k.kubeconfig_path, keelson_api::host_paths::KUBELET_KUBECONFIG.to_string());
     default(&mut k.cgroup_root, "/".to_string());
     if ctx.user.cloud_provider.as_deref() != Some("metal") {
         default(&mut k.cloud_provider, "external".to_string());

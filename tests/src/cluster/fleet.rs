@@ -291,7 +291,7 @@ impl Fleet {
             if self.hosts_written.get(id) == Some(&block) {
                 continue;
             }
-            let path = m.info.root.join("etc/hosts");
+            let path = crate::paths::in_root(&m.info.root, keelson_api::host_paths::HOSTS_FILE);
             let text = fs::read_to_string(&path).unwrap_or_default();
             let new = replace_block(&text, &block);
             if new != text && write_in_place(&path, &new).is_err() {
@@ -299,9 +299,9 @@ impl Fleet {
             }
             // The kubelet gives each host-network pod (etcd, the API server) a copy of /etc/hosts
             // taken when the pod starts; a resolver answers with live records, so the copies follow.
-            let pods = m.info.root.join("var/lib/kubelet/pods");
+            let pods = crate::paths::in_root(&m.info.root, keelson_api::host_paths::KUBELET_PODS_DIR);
             for pod in fs::read_dir(&pods).into_iter().flatten().flatten() {
-                let copy = pod.path().join("etc-hosts");
+                let copy = pod.path().join(base::hosts::KUBELET_POD_HOSTS_FILE);
                 if let Ok(text) = fs::read_to_string(&copy) {
                     let new = replace_block(&text, &block);
                     if new != text {

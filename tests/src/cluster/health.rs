@@ -208,14 +208,14 @@ pub fn workers_resolve_api(cs: &ClusterState) -> Result<String, Vec<String>> {
         wrong.push("no running worker".to_string());
     }
     for m in &workers {
-        let hosts = m.root.join("etc/hosts");
+        let hosts = crate::paths::in_root(&m.root, keelson_api::host_paths::HOSTS_FILE);
         let text = std::fs::read_to_string(&hosts).unwrap_or_default();
         let resolver_block = match (text.find(super::fleet::HOSTS_BEGIN), text.find(super::fleet::HOSTS_END)) {
             (Some(b), Some(e)) if e > b => &text[b..e],
             _ => "",
         };
         let mut files = vec![hosts.clone()];
-        let pods = m.root.join("var/lib/kubelet/pods");
+        let pods = crate::paths::in_root(&m.root, keelson_api::host_paths::KUBELET_PODS_DIR);
         for pod in std::fs::read_dir(&pods).into_iter().flatten().flatten() {
             let copy = pod.path().join(base::hosts::KUBELET_POD_HOSTS_FILE);
             if std::fs::read_to_string(&copy).is_ok_and(|t| t.starts_with(base::hosts::KUBELET_HOST_NETWORK_HEADER)) {
