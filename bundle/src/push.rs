@@ -24,6 +24,12 @@ use crate::registry;
 pub enum PushError {
     #[error("--file-repository {url}: {reason}")]
     Scheme { url: String, reason: &'static str },
+    #[error("--file-repository {url}: {source}")]
+    Url {
+        url: String,
+        #[source]
+        source: base::store::ConfigBaseError,
+    },
     #[error(transparent)]
     Store(Box<StoreError>),
     #[error("{path}: {source}")]
@@ -95,7 +101,7 @@ pub struct PushReport {
 
 /// The store behind a `--file-repository` URL.
 pub fn open_repository(url: &str) -> Result<StateStore, PushError> {
-    let base: ConfigBase = url.parse()?;
+    let base: ConfigBase = url.parse().map_err(|source| PushError::Url { url: url.to_string(), source })?;
     match base {
         ConfigBase::Http(_) => Err(PushError::Scheme {
             url: url.to_string(),
