@@ -150,6 +150,17 @@ pub struct CreateReport {
     pub manifest: Option<BundleManifest>,
 }
 
+impl std::fmt::Display for CreateReport {
+    /// The one-line summary (without the output's name).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} files, {} images ({} blobs), {} bytes ({} downloaded, {} reused)",
+            self.files, self.images, self.blobs, self.archive_bytes, self.downloaded_bytes, self.reused_bytes
+        )
+    }
+}
+
 /// The work directory of an output: `<output>.partial`.
 pub fn work_dir(output: &Path) -> PathBuf {
     let mut name = output.file_name().map(|n| n.to_os_string()).unwrap_or_default();
@@ -237,16 +248,7 @@ async fn create_async(plan: &Plan, opts: &CreateOptions) -> Result<CreateReport,
     std::fs::write(&manifest_path, manifest.to_json()).map_err(io_err(&manifest_path))?;
     report.archive_bytes = write_archive(&work, &opts.output)?;
     std::fs::remove_dir_all(&work).map_err(io_err(&work))?;
-    tracing::info!(
-        "{}: {} files, {} images ({} blobs), {} bytes; {} bytes downloaded, {} reused",
-        opts.output.display(),
-        report.files,
-        report.images,
-        report.blobs,
-        report.archive_bytes,
-        report.downloaded_bytes,
-        report.reused_bytes
-    );
+    tracing::info!("{}: {report}", opts.output.display());
     report.manifest = Some(manifest);
     Ok(report)
 }

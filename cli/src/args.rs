@@ -54,6 +54,15 @@ impl CompileFlags {
 
 /// Parse repeated `ARCH=SHA256@URL[,MIRROR…]` values of the flag `flag`. Empty values (an empty
 /// environment variable) say nothing.
+/// `--arch amd64,arm64` (empty items ignored): an unknown name is an error naming it.
+pub fn parse_arches(items: &[String]) -> anyhow::Result<Vec<Arch>> {
+    items
+        .iter()
+        .filter(|a| !a.trim().is_empty())
+        .map(|a| Arch::parse(a).ok_or_else(|| anyhow::anyhow!("--arch {a:?}: unknown architecture (amd64 or arm64)")))
+        .collect()
+}
+
 pub fn parse_arch_assets(flag: &str, items: &[String]) -> anyhow::Result<BTreeMap<Arch, NodeupAsset>> {
     let mut out = BTreeMap::new();
     for item in items.iter().filter(|i| !i.trim().is_empty()) {

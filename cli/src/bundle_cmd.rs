@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use spec_compiler::versions::Arch;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum BundleCommand {
@@ -63,12 +62,7 @@ pub fn run(command: BundleCommand) -> anyhow::Result<ExitCode> {
 }
 
 fn create(args: &CreateArgs) -> anyhow::Result<ExitCode> {
-    let arches = args
-        .arch
-        .iter()
-        .filter(|a| !a.trim().is_empty())
-        .map(|a| Arch::parse(a).ok_or_else(|| anyhow::anyhow!("--arch {a:?}: unknown architecture (amd64 or arm64)")))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let arches = crate::args::parse_arches(&args.arch)?;
     let docs = match spec_compiler::load::load_spec(&args.file) {
         Ok(d) => d,
         Err(e) => return Ok(crate::report(&e)),
@@ -77,16 +71,7 @@ fn create(args: &CreateArgs) -> anyhow::Result<ExitCode> {
     let plan = bundle::plan(&docs, &options, &arches).with_context(|| format!("{}", args.file.display()))?;
     let opts = bundle::CreateOptions { output: args.output.clone(), from_mirror: args.from_mirror.clone(), from_registry: args.from_registry.clone() };
     let report = bundle::create(&plan, &opts).with_context(|| format!("creating {}", args.output.display()))?;
-    println!(
-        "{}: {} files, {} images ({} blobs), {} bytes ({} downloaded, {} reused)",
-        args.output.display(),
-        report.files,
-        report.images,
-        report.blobs,
-        report.archive_bytes,
-        report.downloaded_bytes,
-        report.reused_bytes
-    );
+    println!("{}: {report}", args.output.display());
     Ok(ExitCode::SUCCESS)
 }
 

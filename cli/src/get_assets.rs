@@ -7,7 +7,6 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use spec_compiler::assets::AssetList;
-use spec_compiler::versions::Arch;
 
 /// How the list is printed (kOps' `-o`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -33,12 +32,7 @@ pub struct GetAssetsArgs {
 }
 
 pub fn run(args: &GetAssetsArgs, docs: &keelson_api::Documents) -> anyhow::Result<ExitCode> {
-    let arches = args
-        .arch
-        .iter()
-        .filter(|a| !a.trim().is_empty())
-        .map(|a| Arch::parse(a).ok_or_else(|| anyhow::anyhow!("--arch {a:?}: unknown architecture (amd64 or arm64)")))
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let arches = crate::args::parse_arches(&args.arch)?;
     let options = args.compile.options(Default::default())?;
     let compiled = spec_compiler::compile(docs, &options).with_context(|| format!("compiling {}", args.file.display()))?;
     crate::print_warnings(&args.file, docs, &compiled);
