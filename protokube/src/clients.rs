@@ -71,7 +71,11 @@ pub async fn connect(args: &Args, boot: &BootConfig) -> Result<Clients, ConnectE
                 hostname: args.node_name.clone(),
                 instance_name: None,
             };
-            let facts = base::instance::resolve(&flags, Source::Aws(&imds)).await.map_err(ConnectError::Identity)?;
+            // Every identity fact given (off AWS, tests): IMDS is not asked; the node name, if not
+            // given either, is looked up later and only warned about (`own_node_name`).
+            let given = flags.instance_id.is_some() && flags.zone.is_some() && flags.region.is_some() && flags.internal_ip.is_some();
+            let source = if given { Source::<Imds>::Flags } else { Source::Aws(&imds) };
+            let facts = base::instance::resolve(&flags, source).await.map_err(ConnectError::Identity)?;
             (facts.identity().map_err(ConnectError::Identity)?, facts.hostname)
         }
     };
