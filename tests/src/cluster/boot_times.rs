@@ -20,35 +20,62 @@ pub fn parse_unix(value: &str) -> Option<i64> {
     value.trim().strip_prefix('@')?.parse().ok().filter(|s| *s > 0)
 }
 
-/// Pair each worker's user-data start with its Node (by internal IP) and that Node's Ready time.
-pub fn pair(starts: &[(String, i64)], nodes: &BTreeMap<String, NodeState>) -> Vec<WorkerBoot> {
-    let mut out: Vec<WorkerBoot> = starts
-        .iter()
-        .filter_map(|(ip, start)| {
-            let (name, n) = nodes.iter().find(|(_, n)| n.internal_ip.as_deref() == Some(ip.as_str()))?;
-            let ready = n.ready_since.filter(|_| n.ready)?;
-            Some(WorkerBoot { node: name.clone(), seconds: ready - start })
-        })
-        .collect();
+/// Pair each worker's user-data start with its Node (by internal IP) and that Node's Ready time;
+/// a worker with no Ready Node at its address is named in the second list.
+pub fn pair(starts: &[(String, i64)], nodes: &BTreeMap<String, NodeState>) -> (Vec<WorkerBoot>, Vec<String>) {
+    let mut out = Vec::new();
+    let mut unpaired = Vec::new();
+    for (ip, start) in starts {
+        let found = nodes.iter().find(|(_, n)| n.internal_ip.as_deref() == Some(ip.as_str()));
+        match found.and_then(|(name, n)| Some((name, n.ready_since.filter(|_| n.ready)?))) {
+            Some((name, ready)) => out.push(WorkerBoot { node: name.clone(), seconds: ready - start }),
+            None => unpaired.push(match found {
+                Some((name, _)) => format!("{ip}: Node {name} not Ready"),
+                None => format!("{ip}: no Node with this InternalIP"),
+            }),
+        }
+    }
     out.sort_by(|a, b| a.node.cmp(&b.node));
-    out
+    (out, unpaired)
 }
 
-/// The workers' boots (machines of role `node` that run).
-pub fn worker_boots(machines: &[MachineInfo], nodes: &BTreeMap<String, NodeState>) -> Vec<WorkerBoot> {
-    let starts: Vec<(String, i64)> = machines
-        .iter()
-        .filter(|m| m.role == "node")
-        .filter_map(|m| {
-            let out = machine::exec_in(
-                m.init_pid?,
-                &["systemctl", "show", "-p", "InactiveExitTimestamp", "--timestamp=unix", "--value", crate::rootfs::USER_DATA_UNIT],
-            )
-            .ok()?;
-            Some((m.ip.clone(), parse_unix(&out)?))
-        })
-        .collect();
-    pair(&starts, nodes)
+/// How often a worker's user-data start is asked for before it is reported as not measured (a
+/// loaded host's systemd can be slow to answer on its bus).
+const START_READS: u32 = 5;
+
+/// One worker's user-data start (unix seconds), or why it could not be read.
+fn user_data_start(m: &MachineInfo) -> Result<i64, String> {
+    let init = m.init_pid.ok_or_else(|| format!("{}: not running", m.ip))?;
+    let argv = ["systemctl", "show", "-p", "InactiveExitTimestamp", "--timestamp=unix", "--value", crate::rootfs::USER_DATA_UNIT];
+    let mut last = String::new();
+    for attempt in 0..START_READS {
+        if attempt > 0 {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+        }
+        match machine::exec_in(init, &argv) {
+            Ok(out) => match parse_unix(&out) {
+                Some(t) => return Ok(t),
+                None => last = format!("{} InactiveExitTimestamp is {:?}", crate::rootfs::USER_DATA_UNIT, out.trim()),
+            },
+            Err(e) => last = e.to_string(),
+        }
+    }
+    Err(format!("{}: {last}", m.ip))
+}
+
+/// The workers' boots (machines of role `node` that run), and for each worker not measured, why.
+pub fn worker_boots(machines: &[MachineInfo], nodes: &BTreeMap<String, NodeState>) -> (Vec<WorkerBoot>, Vec<String>) {
+    let mut starts = Vec::new();
+    let mut problems = Vec::new();
+    for m in machines.iter().filter(|m| m.role == "node") {
+        match user_data_start(m) {
+            Ok(t) => starts.push((m.ip.clone(), t)),
+            Err(e) => problems.push(e),
+        }
+    }
+    let (boots, unpaired) = pair(&starts, nodes);
+    problems.extend(unpaired);
+    (boots, problems)
 }
 
 /// `worker boot (user-data start → Ready Node): a 14 s, b 15 s; median 14 s`, or `None` without workers.
@@ -60,6 +87,34 @@ pub fn summary(boots: &[WorkerBoot]) -> Option<String> {
     secs.sort();
     let each: Vec<String> = boots.iter().map(|b| format!("{} {} s", b.node, b.seconds)).collect();
     Some(format!("worker boot (user-data start → Ready Node, ±1 s): {}; median {} s", each.join(", "), secs[secs.len() / 2]))
+}
+
+/// How often the Nodes are listed for [`report`] before it gives up (one second apart).
+const NODE_LISTS: u32 = 5;
+
+/// The line `up` prints once the cluster is healthy: [`summary`] of every worker's boot, or why a
+/// worker's boot was not measured (never silently nothing: the e2e tests check this line).
+pub fn report(cs: &super::ClusterState) -> String {
+    let mut listed = Err(String::new());
+    for attempt in 0..NODE_LISTS {
+        if attempt > 0 {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+        }
+        listed = crate::kubeapi::nodes(std::path::Path::new(&cs.kubeconfig)).map_err(|e| e.to_string());
+        if listed.is_ok() {
+            break;
+        }
+    }
+    let nodes = match listed {
+        Ok(n) => n,
+        Err(e) => return format!("worker boot not measured: listing the Nodes failed {NODE_LISTS} times: {e}"),
+    };
+    let (boots, problems) = worker_boots(&cs.machines, &nodes);
+    match (summary(&boots), problems.is_empty()) {
+        (Some(line), true) => line,
+        (line, _) if problems.is_empty() => line.unwrap_or_else(|| "worker boot not measured: no workers".into()),
+        (line, _) => format!("{}worker boot not measured for {}", line.map(|l| format!("{l}; ")).unwrap_or_default(), problems.join("; ")),
+    }
 }
 
 #[cfg(test)]
@@ -92,7 +147,9 @@ mod tests {
             ("w-c".to_string(), node("10.0.0.4", false, Some(1_000_009))),
         ]);
         let starts = vec![("10.0.0.2".to_string(), 1_000_000), ("10.0.0.3".to_string(), 1_000_001), ("10.0.0.4".to_string(), 1_000_000)];
-        let boots = pair(&starts, &nodes);
+        let (boots, unpaired) = pair(&starts, &nodes);
+        assert_eq!(unpaired, vec!["10.0.0.4: Node w-c not Ready".to_string()]);
+        assert_eq!(pair(&[("10.0.0.9".to_string(), 1)], &nodes).1, vec!["10.0.0.9: no Node with this InternalIP".to_string()]);
         assert_eq!(boots, vec![WorkerBoot { node: "w-a".into(), seconds: 12 }, WorkerBoot { node: "w-b".into(), seconds: 14 }]);
         assert_eq!(summary(&boots).expect("line"), "worker boot (user-data start → Ready Node, ±1 s): w-a 12 s, w-b 14 s; median 14 s");
         assert_eq!(summary(&[]), None);

@@ -201,11 +201,7 @@ pub fn up(spec_path: &Path, timeout: Duration) -> anyhow::Result<()> {
                         cs.machines.len(),
                         t0.elapsed().as_secs_f64()
                     );
-                    if let Ok(nodes) = crate::kubeapi::nodes(Path::new(&cs.kubeconfig)) {
-                        if let Some(line) = super::boot_times::summary(&super::boot_times::worker_boots(&cs.machines, &nodes)) {
-                            println!("keelson-local: {line}");
-                        }
-                    }
+                    println!("keelson-local: {}", super::boot_times::report(&cs));
                     return Ok(());
                 }
                 if let Some(blocker) = blocker(&cs) {
