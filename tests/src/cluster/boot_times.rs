@@ -39,28 +39,22 @@ pub fn pair(starts: &[(String, i64)], nodes: &BTreeMap<String, NodeState>) -> (V
     (out, unpaired)
 }
 
-/// How often a worker's user-data start is asked for before it is reported as not measured (a
-/// loaded host's systemd can be slow to answer on its bus).
-const START_READS: u32 = 5;
+/// How the harness re-asks a loaded host before reporting a worker as not measured: its systemd
+/// can be slow to answer on its bus, the API server to list Nodes. Five tries, one second apart.
+fn retries() -> backon::ConstantBuilder {
+    backon::ConstantBuilder::default().with_delay(std::time::Duration::from_secs(1)).with_max_times(4)
+}
 
 /// One worker's user-data start (unix seconds), or why it could not be read.
 fn user_data_start(m: &MachineInfo) -> Result<i64, String> {
+    use backon::BlockingRetryable as _;
     let init = m.init_pid.ok_or_else(|| format!("{}: not running", m.ip))?;
     let argv = ["systemctl", "show", "-p", "InactiveExitTimestamp", "--timestamp=unix", "--value", crate::rootfs::USER_DATA_UNIT];
-    let mut last = String::new();
-    for attempt in 0..START_READS {
-        if attempt > 0 {
-            std::thread::sleep(std::time::Duration::from_secs(1));
-        }
-        match machine::exec_in(init, &argv) {
-            Ok(out) => match parse_unix(&out) {
-                Some(t) => return Ok(t),
-                None => last = format!("{} InactiveExitTimestamp is {:?}", crate::rootfs::USER_DATA_UNIT, out.trim()),
-            },
-            Err(e) => last = e.to_string(),
-        }
-    }
-    Err(format!("{}: {last}", m.ip))
+    let read = || {
+        let out = machine::exec_in(init, &argv).map_err(|e| e.to_string())?;
+        parse_unix(&out).ok_or_else(|| format!("{} InactiveExitTimestamp is {:?}", crate::rootfs::USER_DATA_UNIT, out.trim()))
+    };
+    read.retry(retries()).call().map_err(|e| format!("{}: {e}", m.ip))
 }
 
 /// The workers' boots (machines of role `node` that run), and for each worker not measured, why.
@@ -89,32 +83,22 @@ pub fn summary(boots: &[WorkerBoot]) -> Option<String> {
     Some(format!("worker boot (user-data start → Ready Node, ±1 s): {}; median {} s", each.join(", "), secs[secs.len() / 2]))
 }
 
-/// How often the Nodes are listed for [`report`] before it gives up (one second apart).
-const NODE_LISTS: u32 = 5;
-
 /// The line `up` prints once the cluster is healthy: [`summary`] of every worker's boot, or why a
 /// worker's boot was not measured (never silently nothing: the e2e tests check this line).
 pub fn report(cs: &super::ClusterState) -> String {
-    let mut listed = Err(String::new());
-    for attempt in 0..NODE_LISTS {
-        if attempt > 0 {
-            std::thread::sleep(std::time::Duration::from_secs(1));
-        }
-        listed = crate::kubeapi::nodes(std::path::Path::new(&cs.kubeconfig)).map_err(|e| e.to_string());
-        if listed.is_ok() {
-            break;
-        }
-    }
-    let nodes = match listed {
+    use backon::BlockingRetryable as _;
+    let list = || crate::kubeapi::nodes(std::path::Path::new(&cs.kubeconfig));
+    let nodes = match list.retry(retries()).call() {
         Ok(n) => n,
-        Err(e) => return format!("worker boot not measured: listing the Nodes failed {NODE_LISTS} times: {e}"),
+        Err(e) => return format!("worker boot not measured: listing the Nodes failed: {e}"),
     };
     let (boots, problems) = worker_boots(&cs.machines, &nodes);
-    match (summary(&boots), problems.is_empty()) {
-        (Some(line), true) => line,
-        (line, _) if problems.is_empty() => line.unwrap_or_else(|| "worker boot not measured: no workers".into()),
-        (line, _) => format!("{}worker boot not measured for {}", line.map(|l| format!("{l}; ")).unwrap_or_default(), problems.join("; ")),
+    let line = summary(&boots);
+    if problems.is_empty() {
+        return line.unwrap_or_else(|| "worker boot not measured: no workers".into());
     }
+    let measured = line.map(|l| format!("{l}; ")).unwrap_or_default();
+    format!("{measured}worker boot not measured for {}", problems.join("; "))
 }
 
 #[cfg(test)]
