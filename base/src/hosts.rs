@@ -55,6 +55,37 @@ pub const POD_COPIES_PASS: Duration = Duration::from_secs(10);
 /// name → sorted addresses.
 pub type Entries = BTreeMap<String, Vec<String>>;
 
+/// The entries of the managed block of a hosts file's `text` (`path` names it in errors): empty
+/// when there is no block, an error when the block has no end marker.
+pub fn parse(text: &str, path: &Path) -> Result<Entries, HostsError> {
+    Ok(split(text, path)?.1)
+}
+
+/// The text `update` writes: `text` with its managed block made to hold exactly `entries` (added
+/// at the end when there is none), and the names whose addresses changed; `None` when the block
+/// already holds them.
+pub fn rewrite(text: &str, entries: &Entries, path: &Path) -> Result<Option<(String, Vec<String>)>, HostsError> {
+    let (before, old, after) = split(text, path)?;
+    let mut changed: Vec<String> = entries
+        .iter()
+        .filter(|(n, ips)| old.get(*n) != Some(*ips))
+        .map(|(n, _)| n.clone())
+        .chain(old.keys().filter(|n| !entries.contains_key(*n)).cloned())
+        .collect();
+    changed.sort();
+    changed.dedup();
+    if changed.is_empty() && text.contains(BEGIN) {
+        return Ok(None);
+    }
+    let mut new = before;
+    if !new.is_empty() && !new.ends_with('\n') {
+        new.push('\n');
+    }
+    new.push_str(&render_block(entries));
+    new.push_str(&after);
+    Ok(Some((new, changed)))
+}
+
 fn split(text: &str, path: &Path) -> Result<(String, Entries, String), HostsError> {
     let Some(b) = text.find(BEGIN) else {
         return Ok((text.to_string(), Entries::new(), String::new()));
@@ -142,24 +173,9 @@ fn update_with(path: &Path, entries: &Entries, lock_wait: Duration, create: bool
     let mut f = OpenOptions::new().read(true).write(true).create(create).truncate(false).open(path).map_err(err)?;
     try_lock_for(&f, path, lock_wait)?;
     let text = read_capped(&mut f, path)?;
-    let (before, old, after) = split(&text, path)?;
-    let mut changed: Vec<String> = entries
-        .iter()
-        .filter(|(n, ips)| old.get(*n) != Some(*ips))
-        .map(|(n, _)| n.clone())
-        .chain(old.keys().filter(|n| !entries.contains_key(*n)).cloned())
-        .collect();
-    changed.sort();
-    changed.dedup();
-    if changed.is_empty() && text.contains(BEGIN) {
-        return Ok(changed);
-    }
-    let mut new = before;
-    if !new.is_empty() && !new.ends_with('\n') {
-        new.push('\n');
-    }
-    new.push_str(&render_block(entries));
-    new.push_str(&after);
+    let Some((new, changed)) = rewrite(&text, entries, path)? else {
+        return Ok(Vec::new());
+    };
     f.seek(SeekFrom::Start(0)).map_err(err)?;
     f.write_all(new.as_bytes()).map_err(err)?;
     f.set_len(new.len() as u64).map_err(err)?;
@@ -176,7 +192,7 @@ fn update_with(path: &Path, entries: &Entries, lock_wait: Duration, create: bool
 /// The entries of the managed block of `path` (empty when the file or the block is missing).
 pub fn read(path: &Path) -> Result<Entries, HostsError> {
     match File::open(path) {
-        Ok(mut f) => Ok(split(&read_capped(&mut f, path)?, path)?.1),
+        Ok(mut f) => parse(&read_capped(&mut f, path)?, path),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Entries::new()),
         Err(source) => Err(HostsError::Io { path: path.display().to_string(), source }),
     }

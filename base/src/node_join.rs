@@ -96,6 +96,8 @@ pub enum JoinError {
     Sts(String),
     #[error("join challenge: {0}")]
     Challenge(String),
+    #[error("join request: {0}")]
+    Request(String),
 }
 
 /// The STS endpoint both sides use: `AWS_ENDPOINT_URL_STS`, then `AWS_ENDPOINT_URL` (the variables the
@@ -159,6 +161,22 @@ pub fn parse_authorization(value: &str) -> Result<SignedRequest, JoinError> {
         value.strip_prefix(AUTH_SCHEME).and_then(|t| t.strip_prefix(' ')).ok_or_else(|| JoinError::Authorization(format!("expected scheme {AUTH_SCHEME}")))?;
     let json = base64::engine::general_purpose::STANDARD.decode(token.trim()).map_err(|e| JoinError::Authorization(format!("not base64: {e}")))?;
     serde_json::from_slice(&json).map_err(|e| JoinError::Authorization(format!("not a signed request: {e}")))
+}
+
+/// Server side, before any cloud call: the join request in `body` — only kubelet and kube-proxy
+/// CSRs, the kubelet's required — with the kubelet key (DER SPKI) the node must answer the join
+/// challenge with. Every refusal names the field.
+pub fn parse_join_request(body: &[u8]) -> Result<(JoinRequest, Vec<u8>), JoinError> {
+    let request: JoinRequest = serde_json::from_slice(body).map_err(|e| JoinError::Request(format!("the body is not a join request: {e}")))?;
+    if let Some(name) = request.csrs.keys().find(|n| *n != CERT_KUBELET && *n != CERT_KUBE_PROXY) {
+        return Err(JoinError::Request(format!("csrs.{name}: only {CERT_KUBELET} and {CERT_KUBE_PROXY} are issued")));
+    }
+    let kubelet_csr = request
+        .csrs
+        .get(CERT_KUBELET)
+        .ok_or_else(|| JoinError::Request(format!("csrs.{CERT_KUBELET}: required (the join challenge is answered with its key)")))?;
+    let kubelet_key = crate::pki::csr_public_key(kubelet_csr).map_err(|e| JoinError::Request(format!("csrs.{CERT_KUBELET}: {e}")))?;
+    Ok((request, kubelet_key))
 }
 
 impl SignedRequest {

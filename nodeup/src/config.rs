@@ -29,10 +29,25 @@ pub enum ConfigError {
     HashMismatch { url: String, expected: String, actual: String },
 }
 
-/// Read and parse a BootConfig file.
+/// Read and parse a BootConfig file ([`parse_boot_config`]).
 pub fn load_boot_config(path: &Path) -> Result<BootConfig, ConfigError> {
     let bytes = std::fs::read(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
-    serde_yaml_ng::from_slice(&bytes).map_err(|source| ConfigError::Parse { what: path.display().to_string(), source })
+    parse_boot_config(&path.display().to_string(), &bytes)
+}
+
+/// Parse a BootConfig; `what` (its file) names it in errors.
+pub fn parse_boot_config(what: &str, bytes: &[u8]) -> Result<BootConfig, ConfigError> {
+    serde_yaml_ng::from_slice(bytes).map_err(|source| ConfigError::Parse { what: what.to_string(), source })
+}
+
+/// Accept a NodeupConfig only if its sha256 is `pinned` (the BootConfig's `NodeupConfigHash`), then
+/// parse it; `url` names it in errors.
+pub fn parse_nodeup_config(url: &str, pinned: &str, bytes: &[u8]) -> Result<NodeupConfig, ConfigError> {
+    let actual = base::nodeup_config_hash(bytes);
+    if actual != pinned {
+        return Err(ConfigError::HashMismatch { url: url.to_string(), expected: pinned.to_string(), actual });
+    }
+    serde_yaml_ng::from_slice(bytes).map_err(|source| ConfigError::Parse { what: url.to_string(), source })
 }
 
 /// Role of the group a BootConfig is for.
@@ -76,9 +91,5 @@ impl StateStore {
 pub fn fetch_nodeup_config(boot: &BootConfig, role: Role, store: &StateStore) -> Result<NodeupConfig, ConfigError> {
     let rel = format!("igconfig/{}/{}/nodeupconfig.yaml", role.state_dir(), boot.instance_group_name);
     let bytes = store.read_required(&rel)?;
-    let actual = base::nodeup_config_hash(&bytes);
-    if actual != boot.nodeup_config_hash {
-        return Err(ConfigError::HashMismatch { url: store.url(&rel), expected: boot.nodeup_config_hash.clone(), actual });
-    }
-    serde_yaml_ng::from_slice(&bytes).map_err(|source| ConfigError::Parse { what: store.url(&rel), source })
+    parse_nodeup_config(&store.url(&rel), &boot.nodeup_config_hash, &bytes)
 }

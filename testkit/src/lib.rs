@@ -6,11 +6,12 @@
 //! Cloud DNS ([`cloud_dns`]), a `docker-registry` with a small multi-architecture image
 //! ([`registry`]), and the all-fields kubelet configuration two tests render
 //! ([`kubelet_fields`]). Must not: be a dependency of a product crate, or reach anything but 127.0.0.0/8 and
-//! the network namespaces the tests create.
+//! the network namespaces the tests create. The fuzz tests share one engine ([`fuzz`]).
 
 pub mod aws_calls;
 pub mod cloud_dns;
 pub mod fake_gcs;
+pub mod fuzz;
 pub mod gce_compute;
 pub mod gce_iam;
 pub mod gce_metadata;

@@ -34,7 +34,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use base::node_join::{self, JoinRequest, JoinResponse, CERT_KUBELET, CERT_KUBE_PROXY};
+use base::node_join::{self, JoinRequest, JoinResponse, CERT_KUBELET};
 use base::pki::{self, CertSpec, Keypair};
 use base::StateStore;
 use hyper::StatusCode;
@@ -138,21 +138,9 @@ fn instance_profile_name(arn: &str) -> Option<&str> {
     rest.rsplit('/').next().filter(|n| !n.is_empty())
 }
 
-/// The join request in `body`, checked before any cloud call: only kubelet and kube-proxy CSRs,
-/// the kubelet's required; with the kubelet key (DER SPKI) the node must answer the call back with.
+/// The join request in `body`, checked before any cloud call ([`node_join::parse_join_request`]).
 pub(crate) fn parse_request(body: &[u8]) -> Result<(JoinRequest, Vec<u8>), Refusal> {
-    let request: JoinRequest =
-        serde_json::from_slice(body).map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad-request", format!("request body is not a join request: {e}")))?;
-    for name in request.csrs.keys() {
-        if name != CERT_KUBELET && name != CERT_KUBE_PROXY {
-            return Err(refuse(StatusCode::BAD_REQUEST, "bad-request", format!("csrs.{name}: only {CERT_KUBELET} and {CERT_KUBE_PROXY} are issued")));
-        }
-    }
-    let kubelet_csr = request.csrs.get(CERT_KUBELET).ok_or_else(|| {
-        refuse(StatusCode::BAD_REQUEST, "bad-request", format!("csrs.{CERT_KUBELET}: required (the join challenge is answered with its key)"))
-    })?;
-    let kubelet_key = pki::csr_public_key(kubelet_csr).map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad-request", format!("csrs.{CERT_KUBELET}: {e}")))?;
-    Ok((request, kubelet_key))
+    node_join::parse_join_request(body).map_err(|e| refuse(StatusCode::BAD_REQUEST, "bad-request", e.to_string()))
 }
 
 /// Sign the request's CSRs: the kubelet's for `node_name` only (whatever the CSR asks), kube-proxy's

@@ -1,5 +1,5 @@
 //! Helpers shared by the spec-compiler integration tests (the library, as `keelson compile` calls it).
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::path::{Path, PathBuf};
 
