@@ -160,10 +160,11 @@ pub fn verify(token: &str, keys: &JwkSet, body: &[u8], now: u64, max_age: u64) -
     if claims.aud != want {
         return Err(IdentityError::Audience { got: claims.aud, want });
     }
-    if claims.exp + SKEW_SECS <= now {
+    // Claims are numbers anyone signing may choose: no arithmetic on them may overflow.
+    if claims.exp.saturating_add(SKEW_SECS) <= now {
         return Err(IdentityError::Time(format!("expired at {} (now {now})", claims.exp)));
     }
-    if claims.iat > now + SKEW_SECS {
+    if claims.iat > now.saturating_add(SKEW_SECS) {
         return Err(IdentityError::Time(format!("issued in the future ({} > {now})", claims.iat)));
     }
     if now.saturating_sub(claims.iat) > max_age {

@@ -366,6 +366,13 @@ impl Corpus {
             }
             _ => seed.bytes.clone(),
         };
+        // A text seed has no tree: its tree edits become the byte edits nearest to them, so no
+        // input of a text target is its seed unchanged for want of a tree.
+        if seed.docs.is_none() {
+            for e in tree {
+                self.apply_bytes(&mut out, &text_edit(e));
+            }
+        }
         for e in edits {
             self.apply_bytes(&mut out, e);
         }
@@ -517,6 +524,17 @@ impl Corpus {
                 }
             }),
         }
+    }
+}
+
+/// The byte edit standing in for a tree edit on a seed without a tree.
+fn text_edit(e: &TreeEdit) -> ByteEdit {
+    match e {
+        TreeEdit::Replace { node, text, .. } => ByteEdit::Insert { at: *node, bytes: text.as_bytes().to_vec() },
+        TreeEdit::Graft { node, seed, from } => ByteEdit::Splice { seed: *seed, from: *from, len: 64, at: *node },
+        TreeEdit::Remove { node } => ByteEdit::Delete { at: *node, len: 16 },
+        TreeEdit::RenameKey { node, key, .. } => ByteEdit::Word { at: *node, word: *key },
+        TreeEdit::Duplicate { node } => ByteEdit::DuplicateLine { line: *node, to: *node },
     }
 }
 
