@@ -18,16 +18,21 @@ const CI_CASES: u32 = 200;
 /// The compiled examples' boot and node configs (`bootconfig/*.yaml`, `nodeup/*.yaml`).
 fn compiled(prefix: &str) -> Vec<Vec<u8>> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let asset =
+        |arch: &str, a: &str| (spec_compiler::versions::Arch::parse(arch).expect("arch"), spec_compiler::userdata::NodeupAsset::parse(a).expect("asset"));
     let options = spec_compiler::CompileOptions {
-        nodeup_assets: [(
-            spec_compiler::versions::Arch::parse("amd64").expect("arch"),
-            spec_compiler::userdata::NodeupAsset::parse(
-                "8b1a9953c4611296a827abf8c47804d7e6c49c6b8f0b8c1f4ee3a5e6a1b1c2d3@https://nodeup.mirror.test/amd64/nodeup",
-            )
-            .expect("asset"),
-        )]
-        .into(),
-        kops_base_url: Some("https://artifacts.k8s.io/binaries/kops/1.34.0".into()),
+        nodeup_assets: [
+            asset("amd64", "8b1a9953c4611296a827abf8c47804d7e6c49c6b8f0b8c1f4ee3a5e6a1b1c2d3@https://nodeup.mirror.test/amd64/nodeup"),
+            asset("arm64", "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0@https://nodeup.mirror.test/arm64/nodeup"),
+        ]
+        .into_iter()
+        .collect(),
+        protokube_assets: [
+            asset("amd64", "5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8@https://nodeup.mirror.test/amd64/protokube"),
+            asset("arm64", "6b86b273ff34fce19d6b804eff5a3f5747ada4eaa22f1d49c01e52ddb7875b4b@https://nodeup.mirror.test/arm64/protokube"),
+        ]
+        .into_iter()
+        .collect(),
         ..Default::default()
     };
     let mut out = Vec::new();
