@@ -56,6 +56,20 @@ fn boot_config() {
     });
 }
 
+/// The compiled node configs with the cluster CA pinned, as `keelson apply` pins it (a worker's
+/// configuration is refused without it).
+fn pinned_node_configs() -> Vec<Vec<u8>> {
+    let ca = base::pki::create_ca("kubernetes-ca").expect("CA");
+    compiled("nodeup/")
+        .into_iter()
+        .map(|bytes| {
+            let mut cfg: keelson_api::nodeup::NodeupConfig = serde_yaml_ng::from_slice(&bytes).expect("a compiled NodeupConfig");
+            cfg.cas.insert("kubernetes-ca".into(), ca.cert_pem.clone());
+            serde_yaml_ng::to_string(&cfg).expect("yaml").into_bytes()
+        })
+        .collect()
+}
+
 /// A NodeupConfig whose hash the BootConfig pins (so parsing is reached), built into a worker's
 /// tasks; the same bytes against another pin must be refused.
 #[test]
@@ -76,7 +90,7 @@ fn nodeup_config() {
     let dir = tempfile::tempdir().expect("tempdir");
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let store = Arc::new(StateStore::with_runtime(base::StateStore::dir(dir.path()), runtime));
-    fuzz::run("nodeup-config", compiled("nodeup/"), fuzz::cases(CI_CASES), |b| {
+    fuzz::run("nodeup-config", pinned_node_configs(), fuzz::cases(CI_CASES), |b| {
         let pin = base::nodeup_config_hash(b);
         assert!(config::parse_nodeup_config("fuzz.yaml", &format!("{pin}0"), b).is_err(), "accepted against another pin");
         let Ok(cfg) = config::parse_nodeup_config("fuzz.yaml", &pin, b) else { return "refused" };
