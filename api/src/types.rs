@@ -564,6 +564,18 @@ impl CloudProvider {
         CloudProvider::ALL.iter().map(|c| c.as_str()).collect()
     }
 
+    /// Whether Keelson builds clusters on this cloud (`apply`, `rolling-update`, `reconcile` and
+    /// `validate` all ask here): the clouds `cloud-resources` has tasks for. The others' specs
+    /// still load and compile as kOps' do.
+    pub const fn served(self) -> bool {
+        matches!(self, CloudProvider::Aws | CloudProvider::Gce)
+    }
+
+    /// The clouds Keelson builds clusters on, for messages.
+    pub fn served_names() -> Vec<&'static str> {
+        CloudProvider::ALL.iter().filter(|c| c.served()).map(|c| c.as_str()).collect()
+    }
+
     /// `None` for a name the spec does not accept.
     pub fn parse(s: &str) -> Option<CloudProvider> {
         CloudProvider::ALL.into_iter().find(|c| c.as_str() == s)

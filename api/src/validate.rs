@@ -46,6 +46,18 @@ pub const CLOUD_PROVIDERS: &[&str] = &[
     CloudProvider::Metal.as_str(),
 ];
 
+/// Whether `arn` is a target group's ARN (kOps' check: an ELB ARN whose resource is
+/// `targetgroup/NAME/ID`, the name at most 32 characters).
+fn is_target_group_arn(arn: &str) -> bool {
+    let parts: Vec<&str> = arn.splitn(6, ':').collect();
+    let [prefix, partition, service, _region, _account, resource] = parts[..] else { return false };
+    let resource: Vec<&str> = resource.split('/').collect();
+    prefix == "arn"
+        && !partition.is_empty()
+        && service == "elasticloadbalancing"
+        && matches!(resource[..], ["targetgroup", name, id] if !name.is_empty() && name.len() <= 32 && !id.is_empty())
+}
+
 struct Report {
     errors: Vec<ValidationError>,
 }
@@ -246,6 +258,25 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
         if let (Some(a), Some(b)) = (min, max) {
             if a > b {
                 r.add(&doc, "spec.minSize", format!("minSize {a} is larger than maxSize {b}"));
+            }
+        }
+        if ig.spec.root_volume_encryption_key.as_deref().is_some_and(|k| !k.is_empty()) && ig.spec.root_volume_encryption == Some(false) {
+            r.add(&doc, "spec.rootVolumeEncryptionKey", "a KMS key for a root volume that rootVolumeEncryption: false leaves unencrypted: remove one of them");
+        }
+        for (i, lb) in ig.spec.external_load_balancers.iter().flatten().enumerate() {
+            let path = format!("spec.externalLoadBalancers[{i}]");
+            match (lb.load_balancer_name.as_deref(), lb.target_group_arn.as_deref()) {
+                (Some(_), Some(_)) => r.add(&doc, path, "set loadBalancerName (a classic load balancer) or targetGroupArn (a target group), not both"),
+                (None, None) => r.add(&doc, path, "expected loadBalancerName (a classic load balancer) or targetGroupArn (a target group)"),
+                (Some(n), None) if n.is_empty() || n.len() > 32 => {
+                    r.add(&doc, format!("{path}.loadBalancerName"), format!("{n:?}: expected a classic load balancer's name, 1 to 32 characters"))
+                }
+                (None, Some(arn)) if !is_target_group_arn(arn) => r.add(
+                    &doc,
+                    format!("{path}.targetGroupArn"),
+                    format!("{arn:?}: expected a target group's ARN, arn:PARTITION:elasticloadbalancing:REGION:ACCOUNT:targetgroup/NAME/ID"),
+                ),
+                _ => {}
             }
         }
         for (i, s) in ig.spec.subnets.iter().flatten().enumerate() {
@@ -451,6 +482,35 @@ mod tests {
         let errs = errors(&text);
         assert!(errs.iter().any(|e| e.contains("spec.nonMasqueradeCIDR: 172.16.0.0/12 overlaps networkCIDR")), "{errs:#?}");
         assert!(errs.iter().any(|e| e.contains("spec.serviceClusterIPRange: 172.20.0.0/24 overlaps the network")), "{errs:#?}");
+    }
+
+    #[test]
+    fn external_load_balancers_name_one_balancer_each() {
+        let with = |items: &str| errors(&spec("", &format!("  externalLoadBalancers:\n{items}")));
+        let good = "  - loadBalancerName: my-elb\n  - targetGroupArn: arn:aws:elasticloadbalancing:us-east-1:123456789012:targetgroup/my-tg/50dc6c495c0c9188\n";
+        assert_eq!(with(good), Vec::<String>::new());
+        for (items, want) in [
+            (
+                "  - loadBalancerName: a\n    targetGroupArn: arn:aws:elasticloadbalancing:r:1:targetgroup/t/1\n",
+                "spec.externalLoadBalancers[0]: set loadBalancerName",
+            ),
+            ("  - {}\n", "spec.externalLoadBalancers[0]: expected loadBalancerName"),
+            ("  - loadBalancerName: a-name-longer-than-thirty-two-chars\n", "spec.externalLoadBalancers[0].loadBalancerName: \"a-name-longer"),
+            ("  - targetGroupArn: arn:aws:elasticloadbalancing:r:1:loadbalancer/app/x/1\n", "spec.externalLoadBalancers[0].targetGroupArn: \"arn:aws:"),
+            ("  - targetGroupArn: my-tg\n", "expected a target group's ARN"),
+        ] {
+            let e = with(items);
+            assert!(e.iter().any(|e| e.starts_with("InstanceGroup/cp: ") && e.contains(want)), "{items}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn a_root_volume_key_needs_encryption() {
+        let key = "  rootVolumeEncryptionKey: arn:aws:kms:us-test-1:1:key/k\n";
+        assert_eq!(errors(&spec("", key)), Vec::<String>::new());
+        assert_eq!(errors(&spec("", &format!("{key}  rootVolumeEncryption: true\n"))), Vec::<String>::new());
+        let e = errors(&spec("", &format!("{key}  rootVolumeEncryption: false\n")));
+        assert!(e.iter().any(|e| e.starts_with("InstanceGroup/cp: spec.rootVolumeEncryptionKey: a KMS key")), "{e:?}");
     }
 
     #[test]

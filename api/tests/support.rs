@@ -342,3 +342,34 @@ fn external_dns_needs_a_hosted_zone() {
     assert_eq!(errors[0].path, "spec.externalDns.provider");
     assert!(errors[0].message.contains("gossip"), "{}", errors[0].message);
 }
+
+#[test]
+fn a_cloud_keelson_does_not_build_on_is_refused_by_the_rule_apply_uses() {
+    for cloud in keelson_api::CloudProvider::ALL {
+        let docs = parse_documents(CLUSTER.replace("cloudProvider: aws", &format!("cloudProvider: {cloud}")).as_bytes()).expect("parse");
+        let errors = support::not_rendered(&docs);
+        let hit = errors.iter().find(|e| e.path == "spec.cloudProvider");
+        assert_eq!(hit.is_none(), cloud.served(), "{cloud}: {errors:?}");
+        if let Some(e) = hit {
+            assert!(e.message.contains("aws and gce only"), "{e}");
+        }
+    }
+}
+
+#[test]
+fn ssh_key_root_volume_key_and_external_load_balancers_are_consumed() {
+    let group = "---\napiVersion: kops.k8s.io/v1alpha2\nkind: InstanceGroup\nmetadata:\n  name: nodes\nspec:\n  role: Node\n  subnets: [a]\n  rootVolumeEncryption: true\n  rootVolumeEncryptionKey: arn:aws:kms:eu-west-1:123456789012:key/1234\n  externalLoadBalancers:\n  - loadBalancerName: my-elb\n  - targetGroupArn: arn:aws:elasticloadbalancing:eu-west-1:123456789012:targetgroup/tg/1\n";
+    for key in ["\"\"", "my-key"] {
+        let docs = spec_with(&format!("  sshKeyName: {key}\n{group}"));
+        assert_eq!(validate(&docs), Vec::new(), "{key}");
+        assert_eq!(support::not_rendered(&docs), Vec::new(), "{key}");
+    }
+}
+
+#[test]
+fn master_internal_name_is_accepted_only_as_the_name_keelson_uses() {
+    let refused =
+        |name: &str| support::not_rendered(&spec_with(&format!("  masterInternalName: {name}\n"))).into_iter().any(|e| e.path == "spec.masterInternalName");
+    assert!(!refused("api.internal.t.example.com"));
+    assert!(refused("api.inside.t.example.com"));
+}

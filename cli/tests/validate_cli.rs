@@ -213,3 +213,37 @@ fn unrendered_and_refused_fields_are_named_with_their_path() {
     let out = keelson(&["compile", "-f", f.path().to_str().expect("utf-8"), "--out", out_dir.path().to_str().expect("utf-8"), "--offline"]);
     assert_eq!(out.status.code(), Some(1), "compile refuses it too: {}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// How many of the public kOps conformance cases `keelson validate` accepts, at least (issue 44:
+/// 24 before, this many after). Every case it refuses names each refused field with its reason
+/// (README, "What Keelson refuses"); raise the number when more pass, never lower it.
+const PUBLIC_KOPS_CASES_VALID: usize = 28;
+
+#[test]
+fn public_kops_cases_pass_validate_no_fewer_than_before() {
+    let dir = common::repo_root().join("../shared/conformance");
+    let list = std::fs::read_to_string(dir.join("PUBLIC.txt"))
+        .unwrap_or_else(|e| panic!("this test needs the shared kOps conformance cases beside the repository, at {}: {e}", dir.join("PUBLIC.txt").display()));
+    let (mut valid, mut refused) = (Vec::new(), Vec::new());
+    for name in list.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let input = dir.join("cases").join(name).join("input.yaml");
+        let out = keelson(&["validate", "-f", input.to_str().expect("utf-8 path")]);
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(!stderr.contains("panicked"), "{name}: keelson panicked: {stderr}");
+        match out.status.code() {
+            Some(0) => valid.push(name.to_string()),
+            Some(1) => {
+                // Every refusal names its field's path and why (a `Keelson …`/`nodeup …` reason).
+                assert!(stderr.lines().all(|l| l.contains(": spec.") || l.contains(": metadata.")), "{name}: a refusal without a path:\n{stderr}");
+                refused.push(format!("{name}:\n{stderr}"));
+            }
+            other => panic!("{name}: exit {other:?} (unreadable?): {stderr}"),
+        }
+    }
+    assert!(
+        valid.len() >= PUBLIC_KOPS_CASES_VALID,
+        "{} public kOps cases pass `keelson validate`, fewer than {PUBLIC_KOPS_CASES_VALID}; refused:\n{}",
+        valid.len(),
+        refused.join("\n")
+    );
+}

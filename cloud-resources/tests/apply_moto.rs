@@ -698,3 +698,74 @@ async fn apply_restores_a_groups_egress_rule() {
     assert!(egress.iter().any(|p| p.ip_protocol() == Some("-1") && p.ip_ranges().iter().any(|r| r.cidr_ip() == Some("0.0.0.0/0"))), "{egress:?}");
     assert_eq!(apply_once(&t, &m).await.expect("third apply"), (0, 0, 0));
 }
+
+/// A classic load balancer made with boto3 from moto's own Python (the workspace has no SDK crate
+/// for classic ELB: Keelson only attaches existing ones).
+fn classic_load_balancer(moto: &Moto, name: &str) {
+    let script = format!(
+        "import boto3\nboto3.client('elb', region_name='us-east-1', endpoint_url='{}').create_load_balancer(LoadBalancerName='{name}', Listeners=[{{'Protocol': 'TCP', 'LoadBalancerPort': 80, 'InstancePort': 80}}], AvailabilityZones=['us-east-1a'])\n",
+        moto.url
+    );
+    let out = std::process::Command::new(testkit::moto::python()).args(["-c", &script]).output().expect("run moto's python");
+    assert!(out.status.success(), "create classic load balancer {name}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// kOps' `sshKeyName` (an existing key pair), `rootVolumeEncryptionKey`, `externalLoadBalancers`
+/// (a target group by ARN, a classic load balancer by name) and `instanceProtection` reach the
+/// launch template and the autoscaling group, a re-apply changes nothing, and dropping the
+/// external load balancers detaches them in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_pair_kms_key_external_load_balancers_and_protection_reach_the_group() {
+    let moto = Moto::start();
+    let ami = moto.fixtures().await;
+    let t = moto.target(&[]).await;
+    t.ec2.create_key_pair().key_name("ops-key").send().await.expect("key pair");
+    let vpc = t.ec2.describe_vpcs().send().await.expect("vpcs").vpcs()[0].vpc_id().expect("vpc id").to_string();
+    let tg = t.elb.create_target_group().name("web").protocol(aws_sdk_elasticloadbalancingv2::types::ProtocolEnum::Tcp).port(80).vpc_id(vpc).send().await;
+    let tg_arn = tg.expect("target group").target_groups()[0].target_group_arn().expect("arn").to_string();
+    classic_load_balancer(&moto, "legacy-web");
+    let key = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab";
+    let nodes = |lbs: &str| {
+        let lbs = lbs.to_string();
+        moto::spec(&ami, move |t| {
+            t.replace("  cloudProvider: aws\n", "  cloudProvider: aws\n  sshKeyName: ops-key\n").replace(
+                "  machineType: t3.medium\n",
+                &format!("  machineType: t3.medium\n  rootVolumeEncryption: true\n  rootVolumeEncryptionKey: {key}\n  instanceProtection: true\n{lbs}"),
+            )
+        })
+    };
+    let with_lbs = format!("  externalLoadBalancers:\n  - targetGroupArn: {tg_arn}\n  - loadBalancerName: legacy-web\n");
+    let (m, _) = model_of(&nodes(&with_lbs));
+    apply_once(&t, &m).await.expect("apply");
+    let name = "nodes-us-east-1a.minimal.k8s.example.com";
+    let data = latest_lt_data(&t, name).await;
+    assert_eq!(data.key_name(), Some("ops-key"));
+    let ebs = data.block_device_mappings()[0].ebs().expect("ebs");
+    assert_eq!((ebs.encrypted(), ebs.kms_key_id()), (Some(true), Some(key)));
+    let cp = latest_lt_data(&t, "control-plane-us-east-1a.minimal.k8s.example.com").await;
+    assert_eq!(cp.key_name(), Some("ops-key"), "the key pair is the cluster's");
+    assert_eq!(cp.block_device_mappings()[0].ebs().and_then(|e| e.kms_key_id()), None, "the key is the group's");
+    let asg = |t: &AwsTarget| {
+        let asg = t.asg.clone();
+        async move {
+            let g = asg.describe_auto_scaling_groups().auto_scaling_group_names(name).send().await.expect("asg");
+            g.auto_scaling_groups()[0].clone()
+        }
+    };
+    let g = asg(&t).await;
+    assert_eq!(g.target_group_arns(), [tg_arn.clone()]);
+    assert_eq!(g.load_balancer_names(), ["legacy-web".to_string()]);
+    assert_eq!(g.new_instances_protected_from_scale_in(), Some(true));
+    let t2 = moto.target(&[]).await;
+    let p = cloud_resources::plan_apply(&t2, &m, &store(&t2, &m)).await.expect("plan");
+    assert!(p.plan.is_empty(), "{}", p.plan.render(false));
+
+    // Without them: detached, the group kept.
+    let (m2, _) = model_of(&nodes(""));
+    apply_once(&t2, &m2).await.expect("apply without the load balancers");
+    let g = asg(&t2).await;
+    assert!(g.target_group_arns().is_empty() && g.load_balancer_names().is_empty(), "{g:?}");
+    let t3 = moto.target(&[]).await;
+    let p = cloud_resources::plan_apply(&t3, &m2, &store(&t3, &m2)).await.expect("plan");
+    assert!(p.plan.is_empty(), "{}", p.plan.render(false));
+}

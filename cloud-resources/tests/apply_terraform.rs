@@ -323,3 +323,45 @@ fn terraform_and_direct_put_the_same_policies() {
         }
     }
 }
+
+/// `sshKeyName`, `rootVolumeEncryptionKey`, `externalLoadBalancers` and `instanceProtection` render
+/// to the same task fields Terraform and the direct target read: the launch template's `key_name`
+/// and root volume `kms_key_id`, the group's `target_group_arns` (the API's own and the given
+/// ARN), `load_balancers` and `protect_from_scale_in`. An empty `sshKeyName` is no key pair.
+#[test]
+fn key_pair_kms_key_external_load_balancers_and_protection_render() {
+    let text = std::fs::read_to_string(example("minimal.yaml")).expect("example");
+    let arn = "arn:aws:elasticloadbalancing:us-east-1:123456789012:targetgroup/web/0123456789abcdef";
+    let key = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab";
+    let edited = |ssh: &str| {
+        text.replace("  cloudProvider: aws\n", &format!("  cloudProvider: aws\n  sshKeyName: {ssh}\n")).replacen(
+            "  machineType: t3.medium\n",
+            &format!("  machineType: t3.medium\n  rootVolumeEncryptionKey: {key}\n  instanceProtection: true\n  externalLoadBalancers:\n  - targetGroupArn: {arn}\n  - loadBalancerName: legacy-web\n"),
+            1,
+        )
+    };
+    let spec = tempfile::NamedTempFile::new().expect("tmp");
+    std::fs::write(spec.path(), edited("ops-key")).expect("write");
+    let tree = render(spec.path());
+    assert!(structural_problems(&tree).is_empty(), "{:#?}", structural_problems(&tree));
+    let root: Value = serde_json::from_slice(&tree.files[MAIN_FILE]).expect("json");
+    let lts = resources(&root, "aws_launch_template");
+    let nodes = lts.iter().find(|(k, _)| k.starts_with("nodes")).map(|(_, v)| *v).expect("nodes' template");
+    assert_eq!(nodes["key_name"], "ops-key");
+    assert_eq!(nodes["block_device_mappings"][0]["ebs"]["kms_key_id"], key);
+    assert_eq!(nodes["block_device_mappings"][0]["ebs"]["encrypted"], true);
+    let cp = lts.iter().find(|(k, _)| k.starts_with("control")).map(|(_, v)| *v).expect("control plane's template");
+    assert_eq!(cp["key_name"], "ops-key");
+    assert!(cp["block_device_mappings"][0]["ebs"].get("kms_key_id").is_none());
+    let asgs = resources(&root, "aws_autoscaling_group");
+    let g = asgs.iter().find(|(k, _)| k.starts_with("nodes")).map(|(_, v)| *v).expect("nodes' group");
+    assert_eq!(g["target_group_arns"], serde_json::json!([arn]));
+    assert_eq!(g["load_balancers"], serde_json::json!(["legacy-web"]));
+    assert_eq!(g["protect_from_scale_in"], true);
+    let cp = asgs.iter().find(|(k, _)| k.starts_with("control")).map(|(_, v)| *v).expect("control plane's group");
+    assert!(cp.get("load_balancers").is_none() && cp.get("protect_from_scale_in").is_none());
+
+    std::fs::write(spec.path(), edited("\"\"")).expect("write");
+    let root: Value = serde_json::from_slice(&render(spec.path()).files[MAIN_FILE]).expect("json");
+    assert!(resources(&root, "aws_launch_template").values().all(|lt| lt.get("key_name").is_none()), "an empty sshKeyName is no key pair");
+}

@@ -20,13 +20,27 @@ pub static CLUSTER: &[Field] = &[
     f("ClusterSpec", "channel", By("nothing to render: kOps reads the channel only to recommend versions (`kops upgrade`); Keelson's versions table decides")),
     f("ClusterSpec", "addons", By("the compiler: the addon channels are rendered with the cluster's addons (spec-compiler/src/addons.rs)")),
     f("ClusterSpec", "configBase", By("the compiler, nodeup, protokube and the CLI: the state store")),
-    f("ClusterSpec", "cloudProvider", By(COMPILER)),
+    // Consumed by the compiler on every cloud; the clouds without cloud tasks are refused by the
+    // rule `apply` uses (CloudProvider::served).
+    nr_if(
+        "ClusterSpec",
+        "cloudProvider",
+        When::UnservedCloud,
+        "Keelson builds clusters on aws and gce only (cloud-resources has no tasks for this cloud); the spec compiles as kOps would",
+    ),
     nr("ClusterSpec", "gossipConfig", GOSSIP),
     nr_if("ClusterSpec", "containerRuntime", When::NotEquals("containerd"), "Keelson runs containerd only; remove it or set containerd"),
     f("ClusterSpec", "kubernetesVersion", By("the compiler: the versions table")),
     f("ClusterSpec", "project", By("the GCE cloud model, nodeup and protokube: the GCP project")),
     f("ClusterSpec", "masterPublicName", By("the API's DNS record and the API server certificate's names")),
-    nr("ClusterSpec", "masterInternalName", "Keelson always uses api.internal.<cluster> (kOps' default): another internal name is not used; remove it"),
+    // kOps too leaves it unused (v1alpha2: "MasterInternalName is unused"): its default, the name
+    // Keelson uses, is accepted.
+    nr_if(
+        "ClusterSpec",
+        "masterInternalName",
+        When::NotApiInternalName,
+        "Keelson always uses api.internal.<cluster> (kOps' default): another internal name is not used; remove it",
+    ),
     f("ClusterSpec", "networkCIDR", By(NETWORK)),
     nr("ClusterSpec", "additionalNetworkCIDRs", "Keelson does not associate additional CIDR blocks with the VPC yet"),
     f("ClusterSpec", "networkID", By(NETWORK)),
@@ -43,7 +57,7 @@ pub static CLUSTER: &[Field] = &[
     f("ClusterSpec", "sshAccess", By(FIREWALL)),
     nr("ClusterSpec", "nodePortAccess", "Keelson does not open the NodePort range to these CIDRs yet"),
     nr("ClusterSpec", "egressProxy", "Keelson does not configure nodes for an egress proxy yet"),
-    nr("ClusterSpec", "sshKeyName", "Keelson does not set an EC2 key pair on the launch templates yet"),
+    f("ClusterSpec", "sshKeyName", By("the cloud model: the launch templates' EC2 key pair (an existing one; empty: none)")),
     f("ClusterSpec", "kubernetesApiAccess", By(FIREWALL)),
     f("ClusterSpec", "isolateMasters", By("the compiler: no kube-proxy on control planes")),
     nr_if("ClusterSpec", "updatePolicy", When::NotEquals("external"), "nodeup does not install automatic OS updates (it behaves as `external`)"),

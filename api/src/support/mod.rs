@@ -84,12 +84,20 @@ pub enum When {
     /// When `then` holds and the sibling field `key` is not the string `value` (a setting only
     /// one of several providers renders).
     UnlessSibling { key: &'static str, value: &'static str, then: &'static When },
+    /// When it names a cloud provider Keelson does not build clusters on
+    /// ([`crate::CloudProvider::served`], the rule `apply` uses too).
+    UnservedCloud,
+    /// When it is a name other than the API server's internal name, `api.internal.<cluster>`
+    /// ([`crate::names::api_internal_dns`]), the one Keelson uses.
+    NotApiInternalName,
 }
 
 impl When {
-    fn holds(self, v: &Value, parent: &serde_json::Map<String, Value>) -> bool {
+    /// Whether it holds for the value `v` of a field of `parent`, in the cluster named `cluster`.
+    fn holds(self, v: &Value, parent: &serde_json::Map<String, Value>, cluster: &str) -> bool {
         match self {
-            When::UnlessSibling { key, value, then } => parent.get(key).and_then(Value::as_str) != Some(value) && then.holds(v, parent),
+            When::UnlessSibling { key, value, then } => parent.get(key).and_then(Value::as_str) != Some(value) && then.holds(v, parent, cluster),
+            When::NotApiInternalName => v.as_str().is_some_and(|v| v != crate::names::api_internal_dns(cluster)),
             When::Present => !v.is_null(),
             When::Enabled => v.get("enabled").and_then(Value::as_bool) == Some(true),
             When::NotDisabled => !v.is_null() && v.get("enabled").and_then(Value::as_bool) != Some(false),
@@ -97,6 +105,7 @@ impl When {
             When::False => v.as_bool() == Some(false),
             When::Equals(s) => v.as_str() == Some(s),
             When::NotEquals(s) => v.as_str().is_some_and(|v| v != s),
+            When::UnservedCloud => v.as_str().and_then(crate::CloudProvider::parse).is_some_and(|c| !c.served()),
         }
     }
 }
@@ -291,7 +300,7 @@ pub fn refusals(docs: &Documents) -> Vec<Refusal> {
             let (message, not_rendered) = match (gone, classify(ty, key)) {
                 (Some((_, _, _, message)), _) => (message.to_string(), false),
                 (None, Some(Use::Refused(reason))) => (reason.to_string(), false),
-                (None, Some(Use::NotRendered { when, reason })) if when.holds(v, object) => (reason.to_string(), true),
+                (None, Some(Use::NotRendered { when, reason })) if when.holds(v, object, docs.cluster.name()) => (reason.to_string(), true),
                 _ => continue,
             };
             out.push(Refusal { error: ValidationError { document: doc.clone(), path, message }, not_rendered });

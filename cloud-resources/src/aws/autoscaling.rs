@@ -45,9 +45,14 @@ pub struct AutoscalingGroup {
     pub launch_template_version: Option<i64>,
     /// Its subnets (in the spec's order).
     pub subnets: Vec<Link<Subnet>>,
-    /// Target groups the group's instances register with (the API load balancer's for
-    /// control-plane groups).
+    /// Target groups the group's instances register with: the API load balancer's for
+    /// control-plane groups, and the spec's `externalLoadBalancers[].targetGroupArn` (by ARN).
     pub target_groups: Vec<Link<TargetGroup>>,
+    /// Classic load balancers the group's instances register with, by name (the spec's
+    /// `externalLoadBalancers[].loadBalancerName`; Keelson makes none of its own).
+    pub load_balancers: Vec<String>,
+    /// `instanceProtection`: new instances are protected from scale-in.
+    pub protect_from_scale_in: bool,
     pub mixed: Option<Mixed>,
     /// Tags propagated at launch.
     pub tags: BTreeMap<String, String>,
@@ -71,6 +76,12 @@ impl AwsTask for AutoscalingGroup {
             .set("subnets", joined_links(&self.subnets));
         if !self.target_groups.is_empty() {
             f.set("target_groups", joined_links(&self.target_groups));
+        }
+        if !self.load_balancers.is_empty() {
+            f.set("load_balancers", sorted_names(&self.load_balancers).join(","));
+        }
+        if self.protect_from_scale_in {
+            f.set("protect_from_scale_in", true);
         }
         if let Some(m) = &self.mixed {
             f.set("mixed.instance_types", m.instance_types.join(","))
@@ -123,6 +134,12 @@ impl AwsTask for AutoscalingGroup {
         if !self.target_groups.is_empty() {
             body["target_group_arns"] = json!(self.target_groups.iter().map(|tg| tg.tf()).collect::<Vec<_>>());
         }
+        if !self.load_balancers.is_empty() {
+            body["load_balancers"] = json!(sorted_names(&self.load_balancers));
+        }
+        if self.protect_from_scale_in {
+            body["protect_from_scale_in"] = json!(true);
+        }
         t.blocks.add("aws_autoscaling_group", &self.name, body);
     }
     fn render_aws<'a>(&'a self, cx: Exec<'a>, c: &'a Change) -> AwsFuture<'a> {
@@ -140,8 +157,10 @@ impl AwsTask for AutoscalingGroup {
                         .max_size(super::i32_of(want.max_size, "AutoscalingGroup", name, "max size")?)
                         .set_launch_template(lt)
                         .set_mixed_instances_policy(mixed)
+                        .new_instances_protected_from_scale_in(want.protect_from_scale_in)
                         .vpc_zone_identifier(t.subnet_ids(ids, want)?)
                         .set_target_group_arns(Some(target_group_arns(ids, &want.target_groups, name)?))
+                        .set_load_balancer_names(Some(sorted_names(&want.load_balancers)))
                         .set_tags(Some(tags_for(name, &want.tags)))
                         .send()
                         .await
@@ -174,7 +193,30 @@ impl AwsTask for AutoscalingGroup {
                                 .map_err(|e| api("DetachLoadBalancerTargetGroups", name, e))?;
                         }
                     }
-                    if !fields.iter().all(|f| f.field.starts_with("tags[") || f.field == "target_groups") {
+                    if c.changed("load_balancers") {
+                        let (want_lbs, have_lbs) = (sorted_names(&want.load_balancers), sorted_names(&have.load_balancers));
+                        let attach: Vec<String> = want_lbs.iter().filter(|n| !have_lbs.contains(n)).cloned().collect();
+                        let detach: Vec<String> = have_lbs.iter().filter(|n| !want_lbs.contains(n)).cloned().collect();
+                        if !attach.is_empty() {
+                            t.asg
+                                .attach_load_balancers()
+                                .auto_scaling_group_name(name)
+                                .set_load_balancer_names(Some(attach))
+                                .send()
+                                .await
+                                .map_err(|e| api("AttachLoadBalancers", name, e))?;
+                        }
+                        if !detach.is_empty() {
+                            t.asg
+                                .detach_load_balancers()
+                                .auto_scaling_group_name(name)
+                                .set_load_balancer_names(Some(detach))
+                                .send()
+                                .await
+                                .map_err(|e| api("DetachLoadBalancers", name, e))?;
+                        }
+                    }
+                    if !fields.iter().all(|f| f.field.starts_with("tags[") || f.field == "target_groups" || f.field == "load_balancers") {
                         let (lt, mixed) = t.launch_spec(ids, want)?;
                         t.asg
                             .update_auto_scaling_group()
@@ -183,6 +225,7 @@ impl AwsTask for AutoscalingGroup {
                             .max_size(super::i32_of(want.max_size, "AutoscalingGroup", name, "max size")?)
                             .set_launch_template(lt)
                             .set_mixed_instances_policy(mixed)
+                            .new_instances_protected_from_scale_in(want.protect_from_scale_in)
                             .vpc_zone_identifier(t.subnet_ids(ids, want)?)
                             .send()
                             .await
@@ -254,6 +297,8 @@ async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Re
                     .map(|id| Link::to(d.ids.subnet_name(id)))
                     .collect(),
                 target_groups: g.target_group_arns().iter().map(|arn| Link::to(name_of(&d.ids.target_groups, arn))).collect(),
+                load_balancers: g.load_balancer_names().to_vec(),
+                protect_from_scale_in: g.new_instances_protected_from_scale_in().unwrap_or(false),
                 mixed: mixed.map(|m| {
                     let dist = m.instances_distribution();
                     Mixed {
@@ -350,6 +395,14 @@ impl AwsTarget {
         }
         Err(AwsError::Missing { kind: "AutoscalingGroup", name: name.into(), message: "still deleting; rerun delete later".into() })
     }
+}
+
+/// Classic load balancer names, sorted and once each (the API keeps no order).
+fn sorted_names(names: &[String]) -> Vec<String> {
+    let mut names = names.to_vec();
+    names.sort();
+    names.dedup();
+    names
 }
 
 /// Target-group ARNs for links (an ARN given directly is kept).

@@ -24,6 +24,8 @@ pub struct RootVolume {
     pub encrypted: bool,
     pub iops: Option<i64>,
     pub throughput: Option<i64>,
+    /// The KMS key that encrypts it (`rootVolumeEncryptionKey`); `None`: the account's default EBS key.
+    pub kms_key_id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +71,8 @@ pub struct LaunchTemplate {
     pub spot: Option<Spot>,
     /// `cpuCredits` for burstable types (`standard` / `unlimited`).
     pub cpu_credits: Option<String>,
+    /// The EC2 key pair the instances get (`sshKeyName`, an existing pair); `None`: no key pair.
+    pub key_name: Option<String>,
     pub tags: BTreeMap<String, String>,
 }
 
@@ -98,11 +102,13 @@ impl AwsTask for LaunchTemplate {
             .set("root_volume.encrypted", rv.encrypted)
             .opt("root_volume.iops", rv.iops)
             .opt("root_volume.throughput", rv.throughput)
+            .opt("root_volume.kms_key_id", rv.kms_key_id.as_ref())
             .set("security_groups", joined_links(&self.security_groups))
             .set("instance_profile", &self.instance_profile)
             .set("user_data.sha256", base::sha256_hex(&self.user_data))
             .opt("associate_public_ip", self.associate_public_ip)
-            .opt("cpu_credits", self.cpu_credits.as_ref());
+            .opt("cpu_credits", self.cpu_credits.as_ref())
+            .opt("key_name", self.key_name.as_ref());
         if let Some(spot) = &self.spot {
             f.set("spot.max_price", &spot.max_price).set("spot.interruption", &spot.interruption);
         }
@@ -128,6 +134,9 @@ impl AwsTask for LaunchTemplate {
         }
         if let Some(t) = rv.throughput {
             ebs["throughput"] = json!(t);
+        }
+        if let Some(k) = &rv.kms_key_id {
+            ebs["kms_key_id"] = json!(k);
         }
         let sgs: Vec<String> = self.security_groups.iter().map(|s| s.tf()).collect();
         let user_data = t.blocks.data_file_base64(&format!("aws_launch_template_{}_user_data", tf_name(&self.name)), &self.user_data);
@@ -160,6 +169,9 @@ impl AwsTask for LaunchTemplate {
         }
         if let Some(c) = &self.cpu_credits {
             body["credit_specification"] = json!({"cpu_credits": c});
+        }
+        if let Some(k) = &self.key_name {
+            body["key_name"] = json!(k);
         }
         if let Some(public) = self.associate_public_ip {
             // An explicit associatePublicIp needs the interface spelled out (its groups move onto it).
@@ -283,6 +295,7 @@ async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Re
                 encrypted: ebs.and_then(|e| e.encrypted()).unwrap_or(false),
                 iops: ebs.and_then(|e| e.iops()).map(i64::from),
                 throughput: ebs.and_then(|e| e.throughput()).map(i64::from),
+                kms_key_id: ebs.and_then(|e| e.kms_key_id()).map(str::to_string),
             },
             security_groups: data
                 .security_group_ids()
@@ -298,6 +311,7 @@ async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Re
                 interruption: s.instance_interruption_behavior().map(|b| b.as_str()).unwrap_or("terminate").to_string(),
             }),
             cpu_credits: data.credit_specification().and_then(|c| c.cpu_credits()).map(str::to_string),
+            key_name: data.key_name().map(str::to_string),
             tags: tags_of(lt.tags()),
             name,
         };
@@ -318,6 +332,7 @@ fn launch_template_data(lt: &LaunchTemplate, ids: &Ids, name: &str) -> Result<ec
         .volume_size(super::i32_of(rv.size_gib, "LaunchTemplate", name, "root volume size")?)
         .volume_type(ec2_t::VolumeType::from(rv.volume_type.as_str()))
         .encrypted(rv.encrypted)
+        .set_kms_key_id(rv.kms_key_id.clone())
         .delete_on_termination(true);
     if let Some(i) = rv.iops {
         ebs = ebs.iops(super::i32_of(i, "LaunchTemplate", name, "root volume iops")?);
@@ -362,6 +377,7 @@ fn launch_template_data(lt: &LaunchTemplate, ids: &Ids, name: &str) -> Result<ec
                 )
                 .build()
         }))
+        .set_key_name(lt.key_name.clone())
         .set_credit_specification(lt.cpu_credits.as_ref().map(|c| ec2_t::CreditSpecificationRequest::builder().cpu_credits(c).build()))
         .iam_instance_profile(ec2_t::LaunchTemplateIamInstanceProfileSpecificationRequest::builder().name(lt.instance_profile.name()).build())
         .user_data(base64::engine::general_purpose::STANDARD.encode(&lt.user_data))

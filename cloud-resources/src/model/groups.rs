@@ -162,6 +162,7 @@ impl Group<'_> {
         let metadata = g.instance_metadata.clone().unwrap_or_default();
         let mut sgs = vec![g.security_group_override.clone().unwrap_or_else(|| format!("{}.{cluster}", role_plural(self.role)))];
         sgs.extend(g.additional_security_groups.clone().unwrap_or_default());
+        let encrypted = g.root_volume_encryption.unwrap_or(true);
         let profile = g.iam.as_ref().and_then(|i| i.profile.clone()).unwrap_or_else(|| format!("{}.{cluster}", role_plural(self.role)));
         tasks.push(LaunchTemplate {
             name: self.name.clone(),
@@ -173,9 +174,11 @@ impl Group<'_> {
             root_volume: RootVolume {
                 size_gib: self.root_volume_size(),
                 volume_type: self.root_volume_type(),
-                encrypted: g.root_volume_encryption.unwrap_or(true),
+                encrypted,
                 iops: g.root_volume_iops,
                 throughput: g.root_volume_throughput,
+                // kOps uses the key only for an encrypted volume.
+                kms_key_id: g.root_volume_encryption_key.clone().filter(|k| encrypted && !k.is_empty()),
             },
             security_groups: sgs.iter().map(|s| security_groups.link(s)).collect(),
             instance_profile: super::iam::profile_link(instance_profiles, &profile),
@@ -188,14 +191,21 @@ impl Group<'_> {
                 _ => None,
             },
             cpu_credits: g.cpu_credits.clone(),
+            // kOps: an empty sshKeyName means no key pair. Unset, kOps would make one from the SSH
+            // public key in its state store; Keelson keeps no SSH key there, so no key pair either.
+            key_name: cx.spec.ssh_key_name.clone().filter(|k| !k.is_empty()),
             user_data: self.user_data.clone(),
             tags: self.tags.clone(),
         });
         let min_size = self.min_size();
-        let target_groups = match (self.role, target_group) {
+        let mut target_groups = match (self.role, target_group) {
             (Role::ControlPlane | Role::ApiServer, Some(tg)) => vec![tg.clone()],
             _ => Vec::new(),
         };
+        // The spec's external load balancers (kOps: each names one, checked by keelson_api::validate).
+        let external = g.external_load_balancers.iter().flatten();
+        target_groups.extend(external.clone().filter_map(|lb| lb.target_group_arn.clone()).map(|arn| Link::existing(arn.clone(), arn)));
+        let load_balancers = external.filter_map(|lb| lb.load_balancer_name.clone()).collect();
         tasks.push(AutoscalingGroup {
             name: self.name.clone(),
             group: self.group,
@@ -206,6 +216,8 @@ impl Group<'_> {
             launch_template_version: None,
             subnets: self.subnets.iter().map(|s| s.link()).collect(),
             target_groups,
+            load_balancers,
+            protect_from_scale_in: g.instance_protection == Some(true),
             mixed: self.mixed,
             tags: self.tags,
         });

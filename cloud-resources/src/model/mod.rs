@@ -180,8 +180,9 @@ pub fn locate(cluster: &keelson_api::Cluster) -> Result<Location, ModelError> {
     let name = cluster.name().to_string();
     let spec = &cluster.spec;
     let missing = |field: &str| ModelError::Missing { cluster: name.clone(), field: field.to_string() };
+    // The one rule, shared with `keelson validate` (keelson_api::support: spec.cloudProvider).
     let cloud = match spec.cloud_provider.as_deref().and_then(CloudKind::parse) {
-        Some(c @ (CloudKind::Aws | CloudKind::Gce)) => c,
+        Some(c) if c.served() => c,
         _ => return Err(ModelError::UnsupportedCloud { cluster: name, cloud: spec.cloud_provider.clone().unwrap_or_default() }),
     };
     Ok(Location {
