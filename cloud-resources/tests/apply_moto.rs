@@ -753,7 +753,7 @@ async fn key_pair_kms_key_external_load_balancers_and_protection_reach_the_group
         }
     };
     let g = asg(&t).await;
-    assert_eq!(g.target_group_arns(), [tg_arn.clone()]);
+    assert_eq!(g.target_group_arns(), std::slice::from_ref(&tg_arn));
     assert_eq!(g.load_balancer_names(), ["legacy-web".to_string()]);
     assert_eq!(g.new_instances_protected_from_scale_in(), Some(true));
     let t2 = moto.target(&[]).await;
