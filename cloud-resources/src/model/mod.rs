@@ -40,7 +40,7 @@ pub const PLACEHOLDER_IP: &str = "203.0.113.123";
 /// Why a model could not be built from a spec.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("Cluster/{cluster}: spec.cloudProvider {cloud:?}: keelson apply supports aws and gce")]
+    #[error("Cluster/{cluster}: spec.cloudProvider {cloud:?}: keelson apply supports {}", keelson_api::CloudProvider::served_names().join(" and "))]
     UnsupportedCloud { cluster: String, cloud: String },
     #[error("Cluster/{cluster}: {field}: required for apply")]
     Missing { cluster: String, field: String },
