@@ -11,15 +11,10 @@
 # Nothing prebuilt is downloaded: only Go modules, through the Go module proxy.
 set -euo pipefail
 
-version=${1:?usage: build.sh KUBERNETES_VERSION (e.g. 1.34.4)}
-version=${version#v}
-if ! [[ $version =~ ^1\.([0-9]+)\.([0-9]+)$ ]]; then
-  echo "build.sh: '$version' is not a Kubernetes release version (1.MINOR.PATCH)" >&2
-  exit 2
-fi
-minor=${BASH_REMATCH[1]}
-patch=${BASH_REMATCH[2]}
-staging_version="v0.${minor}.${patch}"
+# shellcheck source=tests/kubernetes/k8s-module.sh
+. "$(dirname "${BASH_SOURCE[0]}")/k8s-module.sh"
+k8s_parse_version build.sh "${1:?usage: build.sh KUBERNETES_VERSION (e.g. 1.34.4)}"
+version=$k8s_version
 
 command -v go >/dev/null || { echo "build.sh: Go is not installed (needed to build Kubernetes from source)" >&2; exit 1; }
 
@@ -37,43 +32,13 @@ rm -rf "${work:?}" "${out:?}/bin.tmp"
 mkdir -p "$work" "$out/bin.tmp"
 cd "$work"
 
-export GOFLAGS="${GOFLAGS:-} -mod=mod"
-export CGO_ENABLED=0
 start=$(date +%s)
 echo "build.sh: building Kubernetes v$version (${COMPONENTS[*]}) from the Go module; once per version" >&2
 
-cat > go.mod <<MOD
-module keelson.local/kubernetes-build
-
-go 1.24
-MOD
-# The kubernetes module's own go.mod lists the staging modules it replaces with local paths.
-go mod download -json "k8s.io/kubernetes@v$version" > download.json
-gomod=$(sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p' download.json)
-[ -f "$gomod" ] || { echo "build.sh: go mod download gave no go.mod for k8s.io/kubernetes@v$version" >&2; exit 1; }
-staging=$(sed -n 's#^[[:space:]]*\(k8s\.io/[a-z0-9-]*\) => \./staging/src/k8s\.io/.*#\1#p' "$gomod")
-[ -n "$staging" ] || { echo "build.sh: no staging replace lines in $gomod" >&2; exit 1; }
-{
-  echo "require k8s.io/kubernetes v$version"
-  for m in $staging; do echo "replace $m => $m $staging_version"; done
-} >> go.mod
-# A package importing each component pins its dependencies in go.sum.
-{
-  echo "package tools"
-  echo "import ("
-  for c in "${COMPONENTS[@]}"; do echo "  _ \"k8s.io/kubernetes/cmd/$c/app\""; done
-  echo ")"
-} > tools.go
-go mod tidy -e >/dev/null 2>tidy.log || { cat tidy.log >&2; exit 1; }
-
-pkg=k8s.io/component-base/version
-commit=$(sed -n 's/^[[:space:]]*"Hash": "\(.*\)",\{0,1\}$/\1/p' download.json | head -n1)
-ldflags="-s -w"
-for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  ldflags+=" -X $p.gitVersion=v$version -X $p.gitMajor=1 -X $p.gitMinor=$minor"
-  ldflags+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z -X $p.gitCommit=${commit:-unknown}"
-done
-: "$pkg"
+components=()
+for c in "${COMPONENTS[@]}"; do components+=("k8s.io/kubernetes/cmd/$c/app"); done
+k8s_module_init build.sh "${components[@]}"
+ldflags=$(k8s_ldflags)
 targets=()
 for c in "${COMPONENTS[@]}"; do targets+=("k8s.io/kubernetes/cmd/$c"); done
 go build -trimpath -ldflags "$ldflags" -o "$out/bin.tmp/" "${targets[@]}"
