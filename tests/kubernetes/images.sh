@@ -762,6 +762,180 @@ if [ "${1:-}" = package-cluster-autoscaler ]; then
 fi
 # --- END cluster-autoscaler image --------------------------------------------------------------------------
 
+# --- BEGIN conformance images (self-contained block) -------------------------------------------------------
+#   tests/kubernetes/images.sh conformance-images K8S_VERSION [REGISTRY]   # e.g. conformance-images 1.34.4 10.80.0.1:5000
+#       Prints an OCI layout holding the images of the upstream e2e suite that keelson-local's conformance run
+#       uses, under the names `conformance-repo-list REGISTRY` makes the suite ask for; pushes them to REGISTRY
+#       when given. Names and tags are read from the kubernetes module's test/utils/image/manifest.go:
+#         e2e-test-images/agnhost   agnhost from tests/kubernetes/build-e2e.sh at /agnhost (entrypoint, default
+#                                   argument `pause`), /uploads, on a Debian root with sh, bash, dig, curl, nc,
+#                                   ip, iptables (upstream's is Alpine with the same tools)
+#         e2e-test-images/jessie-dnsutils   the same Debian root (dig), command /bin/sh
+#         e2e-test-images/busybox   Debian's busybox-static with a link per applet in /bin; command sh
+#         e2e-test-images/httpd (both tags), e2e-test-images/nginx (both tags)   stand-ins: busybox's httpd
+#                                   serving /usr/local/apache2/htdocs (httpd) or /usr/share/nginx/html (nginx)
+#                                   on port 80, an index.html in each
+#         pause                     tests/kubernetes/images/pause at the manifest's pause tag
+#       The busybox binary is Debian's package (apt-get download busybox-static), as the Debian roots come from
+#       Debian's archive. Cached as $KEELSON_LOCAL_CACHE/images/conformance-KEY (KEY: the versions, agnhost's
+#       sha256, the Debian root's recipe, this block).
+#   tests/kubernetes/images.sh conformance-repo-list REGISTRY FILE           # e.g. ... 10.80.0.1:5000 repo-list.yaml
+#       Writes FILE, the registry list for the suite's KUBE_TEST_REPO_LIST: every registry of the suite's
+#       manifest moved into REGISTRY (promoterE2eRegistry → REGISTRY/e2e-test-images, gcRegistry → REGISTRY,
+#       …), except invalidRegistry and the two authenticated ones, which tests expect to fail; prints FILE.
+CONFORMANCE_DEBIAN_EXTRA=bind9-dnsutils,curl,netcat-openbsd,procps,bash
+# The manifest's (test/utils/image/manifest.go) registry keys and where each lives in the local registry.
+CONFORMANCE_REGISTRIES=(
+  "promoterE2eRegistry e2e-test-images"
+  "gcRegistry ."
+  "gcEtcdRegistry ."
+  "buildImageRegistry build-image"
+  "sigStorageRegistry sig-storage"
+  "dockerLibraryRegistry library"
+  "cloudProviderGcpRegistry cloud-provider-gcp"
+)
+# The images built: manifest ImageID and the recipe below.
+CONFORMANCE_IMAGES=(Agnhost JessieDnsutils BusyBox Httpd HttpdNew Nginx NginxNew Pause)
+
+# conformance_manifest MANIFEST_GO ID: prints "REGISTRY_KEY NAME TAG" of ImageID ID.
+conformance_manifest() {
+  local line
+  line=$(sed -n "s/^[[:space:]]*configs\[$2\] = Config{list\.\([A-Za-z0-9]*\), \"\([^\"]*\)\", \"\([^\"]*\)\"}.*/\1 \2 \3/p" "$1")
+  [ -n "$line" ] || die "$1 has no configs[$2] = Config{list.…, \"NAME\", \"TAG\"} line"
+  echo "${line,}" # the Go field name, as the YAML key (PromoterE2eRegistry → promoterE2eRegistry)
+}
+
+# conformance_prefix KEY: KEY's path in the local registry ("" for the root).
+conformance_prefix() {
+  local entry
+  for entry in "${CONFORMANCE_REGISTRIES[@]}"; do
+    if [ "${entry%% *}" = "$1" ]; then
+      [ "${entry#* }" = . ] && echo "" || echo "${entry#* }/"
+      return
+    fi
+  done
+  die "no local place for the suite's registry $1 (CONFORMANCE_REGISTRIES)"
+}
+
+# conformance_image REF USER ENTRYPOINT CMD LAYER...: ENTRYPOINT and CMD are space-separated words ("" for none).
+conformance_image() {
+  local ref=$1 user=$2 entrypoint=$3 cmd=$4 layer word
+  shift 4
+  log "assembling $ref"
+  umoci new --image "$layout:$ref"
+  for layer in "$@"; do
+    umoci raw add-layer --image "$layout:$ref" --history.created "$CREATED" \
+      --history.created_by "keelson images.sh: $layer" "$layers/$layer.tar"
+  done
+  local -a opts=(--config.env "$IMAGE_PATH_ENV" --config.workingdir /)
+  [ -z "$user" ] || opts+=(--config.user "$user")
+  for word in $entrypoint; do opts+=(--config.entrypoint "$word"); done
+  for word in $cmd; do opts+=(--config.cmd "$word"); done
+  umoci config --image "$layout:$ref" --no-history --created "$CREATED" --architecture "$arch" --os linux \
+    --author keelson "${opts[@]}"
+}
+
+cmd_conformance_images() {
+  if [ $# -lt 1 ] || [ $# -gt 2 ]; then usage; fi
+  local k8s=${1#v} registry=${2:-} e2e_bin manifest base_root key out tmp stage layers start id
+  [[ $k8s =~ ^1\.[0-9]+\.[0-9]+$ ]] || die "'$1' is not a Kubernetes version (1.MINOR.PATCH)"
+  WHY="build the conformance images" need go umoci jq tar flock find apt-get dpkg-deb
+  arch=$(go env GOARCH)
+  manifest=$(cd / && go mod download -json "k8s.io/kubernetes@v$k8s" | jq -r '.Dir // empty')/test/utils/image/manifest.go
+  [ -f "$manifest" ] || die "the kubernetes module v$k8s has no test/utils/image/manifest.go"
+  local -A spec=()
+  for id in "${CONFORMANCE_IMAGES[@]}"; do spec[$id]=$(conformance_manifest "$manifest" "$id"); done
+  base_root=$(DEBIAN_PACKAGES="$DEBIAN_PACKAGES,$CONFORMANCE_DEBIAN_EXTRA" ensure_debian_base)
+  e2e_bin=$("$here/build-e2e.sh" "$k8s" | tail -n1) || die "building the e2e suite of v$k8s (tests/kubernetes/build-e2e.sh) failed"
+  [ -x "$e2e_bin/agnhost" ] || die "tests/kubernetes/build-e2e.sh printed '$e2e_bin', which has no agnhost"
+  key=$({ echo "conformance $k8s $arch"; for id in "${CONFORMANCE_IMAGES[@]}"; do echo "$id ${spec[$id]}"; done
+    sha256sum <"$e2e_bin/agnhost"; echo "$base_root"
+    sed -n '/^# --- BEGIN conformance images/,/^# --- END conformance images/p' "$self"
+    declare -f claim_cache_entry stage_static_base finish_layout build_go_program; } | sha256sum | cut -c1-16)
+  if claim_cache_entry conformance "$key"; then
+    layout="$tmp/oci"
+    layers="$tmp/work/layers"
+    stage="$tmp/work/stage"
+    mkdir -p "$layers" "$stage/agnhost/uploads" "$stage/busybox/bin" "$stage/pause" "$tmp/work/deb"
+    log "conformance images of Kubernetes v$k8s: ${CONFORMANCE_IMAGES[*]}"
+
+    stage_static_base "$stage/static-base"
+    owned_layer_tar "$stage/static-base" "$layers/static-base.tar"
+    install -m 755 "$e2e_bin/agnhost" "$stage/agnhost/agnhost"
+    ln -s agnhost "$stage/agnhost/agnhost-2"
+    owned_layer_tar "$stage/agnhost" "$layers/agnhost.tar"
+    layer_tar "$base_root" "$layers/debian-conformance.tar"
+
+    log "busybox: apt-get download busybox-static"
+    (cd "$tmp/work/deb" && apt-get download -q busybox-static >&2) || die "apt-get download busybox-static failed"
+    dpkg-deb -x "$tmp/work/deb"/busybox-static_*.deb "$tmp/work/deb/x" || die "unpacking busybox-static failed"
+    install -m 755 "$tmp/work/deb/x/bin/busybox" "$stage/busybox/bin/busybox"
+    local applet
+    for applet in $("$stage/busybox/bin/busybox" --list); do
+      [ "$applet" = busybox ] || ln -s busybox "$stage/busybox/bin/$applet"
+    done
+    if ! [ -L "$stage/busybox/bin/sh" ] || ! [ -L "$stage/busybox/bin/httpd" ]; then die "busybox-static has no sh or httpd applet"; fi
+    owned_layer_tar "$stage/busybox" "$layers/busybox.tar"
+    mkdir -p "$stage/httpd/usr/local/apache2/htdocs" "$stage/nginx/usr/share/nginx/html"
+    echo '<html><body><h1>It works!</h1></body></html>' >"$stage/httpd/usr/local/apache2/htdocs/index.html"
+    echo '<html><body><h1>Welcome to nginx!</h1></body></html>' >"$stage/nginx/usr/share/nginx/html/index.html"
+    owned_layer_tar "$stage/httpd" "$layers/httpd.tar"
+    owned_layer_tar "$stage/nginx" "$layers/nginx.tar"
+
+    local pause_tag
+    read -r _ _ pause_tag <<<"${spec[Pause]}"
+    build_go_program pause "$stage/pause/pause" "-X main.version=$pause_tag"
+    owned_layer_tar "$stage/pause" "$layers/pause.tar"
+
+    umoci init --layout "$layout"
+    local ref rkey name tag
+    for id in "${CONFORMANCE_IMAGES[@]}"; do
+      read -r rkey name tag <<<"${spec[$id]}"
+      ref="$(conformance_prefix "$rkey")$name:$tag"
+      case $id in
+        Agnhost) conformance_image "$ref" "" /agnhost pause debian-conformance agnhost ;;
+        JessieDnsutils) conformance_image "$ref" "" "" /bin/sh debian-conformance ;;
+        BusyBox) conformance_image "$ref" "" "" sh static-base busybox ;;
+        Httpd | HttpdNew) conformance_image "$ref" "" "" "/bin/httpd -f -p 80 -h /usr/local/apache2/htdocs" static-base busybox httpd ;;
+        Nginx | NginxNew) conformance_image "$ref" "" "" "/bin/httpd -f -p 80 -h /usr/share/nginx/html" static-base busybox nginx ;;
+        Pause) conformance_image "$ref" 65535:65535 /pause "" pause ;;
+        *) die "no recipe for the conformance image $id" ;;
+      esac
+    done
+    finish_layout "$tmp" "$out" "conformance images" "$start" >/dev/null
+  fi
+  [ -z "$registry" ] || cmd_push "$out/oci" "$registry"
+  echo "$out/oci"
+}
+
+cmd_conformance_repo_list() {
+  [ $# -eq 2 ] || usage
+  local registry=${1%/} file=$2 entry prefix
+  [[ $registry =~ ^[^/[:space:]]+(/[^[:space:]]+)?$ ]] || die "'$1' is not a registry address (HOST[:PORT][/NAMESPACE])"
+  {
+    echo "# KUBE_TEST_REPO_LIST for the e2e suite: its images from the local registry (tests/kubernetes/images.sh)"
+    for entry in "${CONFORMANCE_REGISTRIES[@]}"; do
+      prefix=${entry#* }
+      [ "$prefix" = . ] && prefix="" || prefix="/$prefix"
+      echo "${entry%% *}: $registry$prefix"
+    done
+  } >"$file.tmp"
+  mv "$file.tmp" "$file"
+  echo "$file"
+}
+
+if [ "${1:-}" = conformance-images ]; then
+  shift
+  cmd_conformance_images "$@"
+  exit 0
+fi
+if [ "${1:-}" = conformance-repo-list ]; then
+  shift
+  cmd_conformance_repo_list "$@"
+  exit 0
+fi
+# --- END conformance images --------------------------------------------------------------------------------
+
 case ${1:-} in
   build) shift; cmd_build "$@" ;;
   etcd) shift; [ $# -eq 1 ] || usage; arch=$(go env GOARCH); ensure_etcd "${1#v}" ;;
