@@ -88,6 +88,23 @@ pub fn images(kubernetes: &str, etcd: &str, pause: &str) -> Result<PathBuf, Buil
     run_script("images.sh", &["build", kubernetes, etcd, pause])
 }
 
+/// The directory holding the upstream e2e suite of `version` (`e2e.test`, `ginkgo`, `agnhost`,
+/// `conformance.yaml`; built once by `build-e2e.sh`).
+pub fn e2e_suite(version: &str) -> Result<PathBuf, BuildError> {
+    run_script("build-e2e.sh", &[version])
+}
+
+/// Build (once) the images the e2e suite of `version` runs and push them to `registry`; the OCI
+/// layout holding them.
+pub fn conformance_images(version: &str, registry: &str) -> Result<PathBuf, BuildError> {
+    run_script("images.sh", &["conformance-images", version, registry])
+}
+
+/// Write `file`, the suite's `KUBE_TEST_REPO_LIST` naming `registry` for every image it pulls.
+pub fn conformance_repo_list(registry: &str, file: &Path) -> Result<PathBuf, BuildError> {
+    run_script("images.sh", &["conformance-repo-list", registry, &file.to_string_lossy()])
+}
+
 /// The AWS cloud-controller-manager the local cloud runs: cloud-provider-aws releases follow
 /// Kubernetes minors, and this one is built for (and tested against) Kubernetes 1.34 — the versions
 /// table's default image (v1.36.1, kOps' choice for every minor) is newer than the 1.34 API server the

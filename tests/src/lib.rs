@@ -19,6 +19,7 @@ pub mod balancer;
 pub mod cloud;
 pub mod cluster;
 pub mod cmd;
+pub mod conformance;
 pub mod etcd;
 pub mod gce;
 pub mod kubeapi;

@@ -47,6 +47,38 @@ enum Cmd {
         #[arg(long)]
         keep_up: bool,
     },
+    /// Run the upstream Kubernetes e2e suite's [Conformance] tests against the local cluster
+    /// (docs/conformance.md): by default a focused set of what Keelson sets up; `--full` runs all.
+    /// Builds the suite and its images on first use (cached). Exits 1 when a test failed.
+    Conformance {
+        /// Bring this spec up first (and down afterwards unless --keep-up); else the running cluster.
+        #[arg(short = 'f', long = "file")]
+        file: Option<PathBuf>,
+        /// Ginkgo focus regex instead of the focused set.
+        #[arg(long, conflicts_with = "full")]
+        focus: Option<String>,
+        /// Ginkgo skip regex (added to the default skip of [Disruptive], [Flaky] and [Feature:…]).
+        #[arg(long)]
+        skip: Option<String>,
+        /// Every [Conformance] test (hours on a small machine).
+        #[arg(long)]
+        full: bool,
+        /// Parallel ginkgo processes ([Serial] tests still run alone, at the end).
+        #[arg(long, default_value_t = 2)]
+        nodes: u32,
+        /// Seconds the suite may take (ginkgo's --timeout).
+        #[arg(long, default_value_t = keelson_local::conformance::DEFAULT_TIMEOUT_SECS)]
+        timeout: u64,
+        /// Seconds `up` may take with -f.
+        #[arg(long, default_value_t = 900)]
+        up_timeout: u64,
+        /// Where the JUnit report and ginkgo's log go (default: the state directory's conformance/).
+        #[arg(long)]
+        report_dir: Option<PathBuf>,
+        /// With -f: leave the cluster up afterwards.
+        #[arg(long)]
+        keep_up: bool,
+    },
     /// The IAM oracle (AWS): check every request moto has served against the policies of the
     /// instance role whose credentials signed it; exits 1 on a denied or unmappable call.
     IamCheck {
@@ -131,6 +163,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 keep_up,
             )?;
             if r.healed < cycles || r.intact != r.keys || r.objects_intact != r.objects || !r.validated || r.iam.as_ref().is_some_and(|c| !c) {
+                std::process::exit(1);
+            }
+        }
+        Cmd::Conformance { file, focus, skip, full, nodes, timeout, up_timeout, report_dir, keep_up } => {
+            use keelson_local::conformance;
+            let opts = conformance::Options {
+                spec: file,
+                focus,
+                skip,
+                full,
+                nodes,
+                timeout: Duration::from_secs(timeout),
+                up_timeout: Duration::from_secs(up_timeout),
+                report_dir,
+                keep_up,
+            };
+            let outcome = conformance::run(&opts)?;
+            print!("{}", conformance::render(&outcome));
+            if !outcome.summary.ok() {
                 std::process::exit(1);
             }
         }

@@ -20,7 +20,7 @@ use super::diagnostics::{blocker, diagnose, tail};
 use super::health::health;
 use super::state::ClusterState;
 
-pub(super) fn state() -> State {
+pub(crate) fn state() -> State {
     State::new(paths::state_dir())
 }
 
@@ -53,7 +53,7 @@ fn require_root() -> anyhow::Result<()> {
     Ok(())
 }
 
-pub(super) fn running_cluster() -> anyhow::Result<ClusterState> {
+pub(crate) fn running_cluster() -> anyhow::Result<ClusterState> {
     let cs = ClusterState::load(&state()).ok_or_else(|| anyhow!("no local cluster (keelson-local up -f SPEC)"))?;
     if !daemon_alive(&cs) {
         bail!("the local cluster's daemon is not running (keelson-local down, then up)");
