@@ -20,6 +20,7 @@ pub mod cloud;
 pub mod cluster;
 pub mod cmd;
 pub mod conformance;
+pub mod disk;
 pub mod etcd;
 pub mod gce;
 pub mod kubeapi;

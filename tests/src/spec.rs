@@ -5,9 +5,6 @@ use std::path::Path;
 
 use serde_yaml_ng::Value;
 
-/// The kubelets' hard eviction thresholds in keelson-local (absolute; see [`Spec::local_text`]).
-pub const LOCAL_EVICTION_HARD: &str = "memory.available<100Mi,nodefs.available<2Gi,nodefs.inodesFree<5%,imagefs.available<2Gi,imagefs.inodesFree<5%";
-
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
     #[error("{path}: {message}")]
@@ -238,11 +235,10 @@ impl Spec {
                                 e.insert(Value::from("managed"), Value::from(false));
                             }
                         }
-                        // Every machine's root lives on the one host disk: a percentage of that disk says
-                        // nothing about one machine, so the kubelets evict on absolute free space.
+                        // Every machine's root lives on the one host disk: absolute free space (crate::disk).
                         let kubelet = spec.entry(Value::from("kubelet")).or_insert_with(|| Value::Mapping(Default::default()));
                         if let Some(k) = kubelet.as_mapping_mut() {
-                            k.insert(Value::from("evictionHard"), Value::from(LOCAL_EVICTION_HARD));
+                            k.insert(Value::from("evictionHard"), Value::from(crate::disk::eviction_hard()));
                         }
                         let containerd = spec.entry(Value::from("containerd")).or_insert_with(|| Value::Mapping(Default::default()));
                         if let Some(c) = containerd.as_mapping_mut() {
@@ -298,7 +294,7 @@ mod tests {
         assert!(t.contains("fileRepository: http://172.20.255.254:8080/"));
         assert!(t.contains("containerRegistry: 172.20.255.254:5000"));
         assert!(t.contains("conntrackMaxPerCore: 0"));
-        assert!(t.contains(LOCAL_EVICTION_HARD));
+        assert!(t.contains(&crate::disk::eviction_hard()));
         assert!(t.contains("managed: false"), "{t}");
         assert!(
             t.contains("metricsServer:\n    enabled: true\n    insecure: true\n    image: 172.20.255.254:5000/metrics-server-metrics-server:v0.8.0\n"),

@@ -142,6 +142,7 @@ pub fn up(spec_path: &Path, timeout: Duration) -> anyhow::Result<()> {
     // Leftovers of a crashed run go first.
     down_quiet();
     fs::create_dir_all(&st.root)?;
+    crate::disk::require_room_for_cluster(&st.root)?;
     let spec_abs = fs::canonicalize(spec_path).with_context(|| format!("{}", spec_path.display()))?;
     Spec::load(&spec_abs)?;
     let log = fs::File::create(st.daemon_log())?;

@@ -37,7 +37,7 @@ pub fn blocker(cs: &ClusterState) -> Option<String> {
 
 /// What went wrong inside the machines: failed units and the tail of the boot journal.
 pub fn diagnose(cs: &ClusterState) -> String {
-    let mut s = String::new();
+    let mut s = format!("{}\n", crate::disk::report(&crate::paths::state_dir()));
     for m in &cs.machines {
         let Some(pid) = m.init_pid.filter(|p| cmd::alive(*p)) else { continue };
         let failed = machine::exec_in(pid, &["systemctl", "--failed", "--no-legend", "--plain"]).unwrap_or_default();

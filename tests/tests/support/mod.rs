@@ -184,7 +184,7 @@ pub fn pod_to_pod(registry: &str, server_node: &str, client_node: &str) {
         }
         if text.starts_with("Failed") {
             let why = run(&["kubectl", "get", "pod", "echo-server", "-o", "jsonpath={.status.message}"]);
-            panic!("echo-server failed: {}", String::from_utf8_lossy(&why.stdout));
+            panic!("echo-server failed: {} ({})", String::from_utf8_lossy(&why.stdout).trim(), keelson_local::disk::report(&keelson_local::paths::state_dir()));
         }
         assert!(Instant::now() < deadline, "echo-server not Running within 120 s: {text}");
         std::thread::sleep(Duration::from_secs(2));
