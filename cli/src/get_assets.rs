@@ -8,13 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use spec_compiler::assets::AssetList;
 
-/// How the list is printed (kOps' `-o`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Output {
-    Table,
-    Yaml,
-    Json,
-}
+use crate::table::Output;
 
 #[derive(Debug, clap::Args)]
 pub struct GetAssetsArgs {
@@ -49,33 +43,6 @@ pub fn run(args: &GetAssetsArgs, docs: &keelson_api::Documents) -> anyhow::Resul
     Ok(ExitCode::SUCCESS)
 }
 
-/// Columns padded to their widest cell, two spaces apart (the last one unpadded).
-fn columns(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let last = cells.len() - 1;
-        let mut s = String::new();
-        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
-            if i == last {
-                s.push_str(cell);
-            } else {
-                s.push_str(&format!("{cell:<w$}  "));
-            }
-        }
-        s.trim_end().to_string() + "\n"
-    };
-    let mut out = line(header.to_vec());
-    for row in rows {
-        out.push_str(&line(row.iter().map(String::as_str).collect()));
-    }
-    out
-}
-
 /// The images, then the files, each a table.
 pub fn table(list: &AssetList) -> String {
     let images: Vec<Vec<String>> = list
@@ -84,16 +51,5 @@ pub fn table(list: &AssetList) -> String {
         .map(|i| vec![i.reference.clone(), i.digest.clone().unwrap_or_else(|| "-".into()), i.arch.to_string(), i.used_by.join(",")])
         .collect();
     let files: Vec<Vec<String>> = list.files.iter().map(|f| vec![f.url.clone(), f.sha256.clone(), f.arch.to_string(), f.used_by.join(",")]).collect();
-    columns(&["IMAGE", "DIGEST", "ARCH", "USED BY"], &images) + "\n" + &columns(&["FILE", "SHA256", "ARCH", "USED BY"], &files)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn columns_line_up() {
-        let t = columns(&["A", "LONGER"], &[vec!["xyz".into(), "1".into()], vec!["w".into(), "22".into()]]);
-        assert_eq!(t, "A    LONGER\nxyz  1\nw    22\n");
-    }
+    crate::table::columns(&["IMAGE", "DIGEST", "ARCH", "USED BY"], &images) + "\n" + &crate::table::columns(&["FILE", "SHA256", "ARCH", "USED BY"], &files)
 }

@@ -16,12 +16,15 @@ mod commands;
 mod etcd_backup;
 mod get_assets;
 #[cfg(feature = "cloud")]
+mod get_instances;
+#[cfg(feature = "cloud")]
 mod kubeconfig;
 mod pki_cmd;
 #[cfg(feature = "cloud")]
 mod prepare;
 #[cfg(feature = "cloud")]
 mod reconcile;
+mod table;
 mod upgrade;
 
 use anyhow::Context as _;
@@ -62,7 +65,8 @@ enum Command {
         #[arg(long = "state", value_name = "DIR")]
         state: Option<String>,
     },
-    /// kOps' `get`: `keelson get assets -f SPEC` lists every file and image the cluster uses.
+    /// kOps' `get`: `keelson get assets -f SPEC` lists every file and image the cluster uses, `keelson
+    /// get instances -f SPEC` every instance of its groups.
     #[command(subcommand)]
     Get(Get),
     #[cfg(feature = "cloud")]
@@ -126,6 +130,10 @@ enum Get {
     /// Every file (URL, sha256, architecture) and container image the compiled spec uses: the
     /// NodeupConfigs' assets, the nodeup build, every image of every addon and node config.
     Assets(get_assets::GetAssetsArgs),
+    /// kOps' `get instances`: every instance of the cluster's groups (ID, Node name, UpToDate or
+    /// NeedsUpdate, role, addresses, group, machine type, state).
+    #[cfg(feature = "cloud")]
+    Instances(get_instances::GetInstancesArgs),
 }
 
 #[derive(Subcommand)]
@@ -235,6 +243,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(docs) => get_assets::run(&args, &docs),
             Err(e) => Ok(report(&e)),
         },
+        #[cfg(feature = "cloud")]
+        Command::Get(Get::Instances(args)) => get_instances::run(args),
         #[cfg(feature = "cloud")]
         Command::Apply(args) => commands::run_apply(args),
         #[cfg(feature = "cloud")]

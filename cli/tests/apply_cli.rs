@@ -96,3 +96,69 @@ async fn a_held_lock_stops_apply_until_force_unlock_takes_it_over() {
     let again = apply(&spec, &moto, &["--yes"]);
     assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
 }
+
+/// `keelson get instances -o json` against moto, the Kubernetes API unreachable.
+fn get_instances(spec: &tempfile::NamedTempFile, moto: &Moto) -> (Vec<serde_json::Value>, String) {
+    let run = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_keelson"))
+            .args(["get", "instances", "-f", &spec.path().display().to_string(), "--offline", "--endpoint-url", &moto.url, "-o", "json"])
+            .args(["--nodeup-asset", moto::NODEUP_AMD64, "--protokube-asset", moto::PROTOKUBE_AMD64])
+            .env("KUBECONFIG", "/nonexistent/kubeconfig")
+            .env_remove("KOPS_FEATURE_FLAGS")
+            .output()
+            .expect("run keelson")
+    };
+    let out = tokio::task::block_in_place(run);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "get instances: {stderr}");
+    (serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("get instances -o json: {e}: {}", String::from_utf8_lossy(&out.stdout))), stderr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_instances_lists_the_groups_instances_and_which_need_an_update() {
+    let moto = Moto::start();
+    let ami = moto.fixtures().await;
+    let spec = spec_file(&ami);
+    assert!(apply(&spec, &moto, &["--yes"]).status.success());
+
+    let (rows, stderr) = get_instances(&spec, &moto);
+    assert!(stderr.contains("cannot list node names"), "the unreachable API is a warning, not an error: {stderr}");
+    let brief = |rows: &[serde_json::Value]| {
+        let mut b: Vec<(String, String, String, String)> = rows
+            .iter()
+            .map(|r| {
+                let s = |k: &str| r[k].as_str().unwrap_or_else(|| panic!("{k} in {r}")).to_string();
+                (s("instanceGroup"), r["roles"][0].as_str().unwrap_or_default().to_string(), s("machineType"), s("status"))
+            })
+            .collect();
+        b.sort();
+        b
+    };
+    let node = |status: &str| ("nodes-us-east-1a".to_string(), "node".to_string(), "t3.medium".to_string(), status.to_string());
+    let cp = ("control-plane-us-east-1a".to_string(), "control-plane".to_string(), "m6i.large".to_string(), "UpToDate".to_string());
+    assert_eq!(brief(&rows), [cp.clone(), node("UpToDate"), node("UpToDate")], "{rows:#?}");
+    // What moto launched, by id and address.
+    let t = moto.target(&[]).await;
+    let filter = Filter::builder().name("tag:KubernetesCluster").values(CLUSTER).build();
+    let described = t.ec2.describe_instances().filters(filter).send().await.expect("instances");
+    let mut ids: Vec<(String, String)> = described
+        .reservations()
+        .iter()
+        .flat_map(|r| r.instances())
+        .filter(|i| i.state().and_then(|s| s.name()).is_some_and(|n| n.as_str() == "running"))
+        .map(|i| (i.instance_id().unwrap_or_default().to_string(), i.private_ip_address().unwrap_or_default().to_string()))
+        .collect();
+    ids.sort();
+    let mut listed: Vec<(String, String)> =
+        rows.iter().map(|r| (r["id"].as_str().unwrap().to_string(), r["internalIP"].as_str().unwrap().to_string())).collect();
+    listed.sort();
+    assert_eq!(listed, ids);
+    assert!(rows.iter().all(|r| r.get("nodeName").is_none()), "no Node names without the API: {rows:#?}");
+
+    // A new machine type for the nodes: their template changes, their instances need an update.
+    let text = std::fs::read_to_string(spec.path()).expect("spec").replace("machineType: t3.medium", "machineType: t3.large");
+    std::fs::write(spec.path(), text).expect("write spec");
+    assert!(apply(&spec, &moto, &["--yes"]).status.success());
+    let (rows, _) = get_instances(&spec, &moto);
+    assert_eq!(brief(&rows), [cp, node("NeedsUpdate"), node("NeedsUpdate")], "{rows:#?}");
+}

@@ -347,6 +347,8 @@ mod tests {
             lifecycle: "InService".into(),
             healthy: true,
             private_ip: Some(ip.into()),
+            external_ip: None,
+            machine_type: None,
             outdated: false,
         };
         let mut groups = vec![GroupStatus {

@@ -72,8 +72,18 @@ pub async fn groups(target: &GceTarget, model: &ClusterModel) -> Result<Vec<GceG
     Ok(out)
 }
 
-/// An instance as `instances.list` shows it: (status, address, its template's name).
-type Seen = (String, Option<String>, String);
+/// An instance as `instances.list` shows it.
+#[derive(Debug, Clone, Default)]
+struct Seen {
+    status: String,
+    ip: Option<String>,
+    /// Its instance template's name.
+    template: String,
+    /// The first interface's first access config's address.
+    external_ip: Option<String>,
+    /// The machine type's name (the last segment of its link).
+    machine_type: Option<String>,
+}
 
 async fn seen_in(t: &GceTarget, zone: &str) -> Result<BTreeMap<String, Seen>, ComputeError> {
     let mut out = BTreeMap::new();
@@ -86,8 +96,15 @@ async fn seen_in(t: &GceTarget, zone: &str) -> Result<BTreeMap<String, Seen>, Co
             .and_then(|m| m["value"].as_str())
             .map(|v| name_of_link(v).to_string())
             .unwrap_or_default();
-        let ip = i["networkInterfaces"][0]["networkIP"].as_str().map(str::to_string);
-        out.insert(str_of(&i, "name").to_string(), (str_of(&i, "status").to_string(), ip, template));
+        let nic = &i["networkInterfaces"][0];
+        let seen = Seen {
+            status: str_of(&i, "status").to_string(),
+            ip: nic["networkIP"].as_str().map(str::to_string),
+            template,
+            external_ip: nic["accessConfigs"][0]["natIP"].as_str().map(str::to_string),
+            machine_type: i["machineType"].as_str().map(|m| name_of_link(m).to_string()),
+        };
+        out.insert(str_of(&i, "name").to_string(), seen);
     }
     Ok(out)
 }
@@ -109,13 +126,15 @@ async fn mig_status(t: &GceTarget, m: &InstanceGroupManager, group: &str, role: 
         if name.is_empty() {
             continue;
         }
-        let (status, ip, template) = seen.get(&name).cloned().unwrap_or_default();
+        let Seen { status, ip, template, external_ip, machine_type } = seen.get(&name).cloned().unwrap_or_default();
         list.push(InstanceStatus {
             outdated: force || template != current,
             version: Some(template).filter(|v| !v.is_empty()),
             lifecycle: if status == "RUNNING" { "InService".into() } else { status },
             healthy: str_of(&mi, "instanceStatus") == "RUNNING" && str_of(&mi, "currentAction") == "NONE",
             private_ip: ip,
+            external_ip,
+            machine_type,
             id: name,
         });
     }

@@ -50,6 +50,10 @@ pub struct InstanceStatus {
     pub healthy: bool,
     /// The private IP (how the instance is matched to its Node, as `validate cluster` does).
     pub private_ip: Option<String>,
+    /// The public IP, when it has one.
+    pub external_ip: Option<String>,
+    /// The machine type it runs as (AWS instance type, GCE machine type), as the cloud reports it.
+    pub machine_type: Option<String>,
     /// Needs replacing (kOps' NeedUpdate).
     pub outdated: bool,
 }
@@ -200,7 +204,16 @@ mod tests {
     use super::*;
 
     fn inst(id: &str, lifecycle: &str) -> InstanceStatus {
-        InstanceStatus { id: id.into(), version: Some("1".into()), lifecycle: lifecycle.into(), healthy: true, private_ip: None, outdated: true }
+        InstanceStatus {
+            id: id.into(),
+            version: Some("1".into()),
+            lifecycle: lifecycle.into(),
+            healthy: true,
+            private_ip: None,
+            external_ip: None,
+            machine_type: None,
+            outdated: true,
+        }
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! cluster` ([`validate`]); nodes are drained before their instances go ([`drain`]), several of a
 //! group at once, each instance's replacement its own task ([`replace`]); groups may surge
 //! ([`surge`]); `keelson reconcile cluster` applies and rolls in phases, control planes before
-//! workers ([`reconcile`]).
+//! workers ([`reconcile`]); `keelson get instances` lists the groups' instances ([`listing`]).
 //!
 //! Owns: talking to the cluster's Kubernetes API (kube-rs) and driving the cloud's groups through
 //! an operation. Must not: build cloud resources (that is `keelson-cloud-resources`), compile
@@ -14,6 +14,7 @@ pub mod drain;
 pub mod gce_instances;
 pub mod groups;
 pub mod instances;
+pub mod listing;
 pub mod reconcile;
 pub mod replace;
 pub mod rolling;

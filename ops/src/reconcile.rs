@@ -449,6 +449,8 @@ mod tests {
             lifecycle: "InService".into(),
             healthy: true,
             private_ip: None,
+            external_ip: None,
+            machine_type: None,
             outdated: false,
         };
         let status = |g: &GroupRef, ids: &[&str]| GroupStatus {

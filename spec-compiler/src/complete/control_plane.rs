@@ -1,7 +1,7 @@
 //! kube-apiserver, kube-controller-manager, kube-scheduler and kube-proxy defaults
 //! (kOps `pkg/model/components/{apiserver,kubecontrollermanager,kubescheduler,kubeproxy,discovery}.go`).
 
-use keelson_api::{ClusterSpec, Duration, LeaderElectionConfiguration, Quantity};
+use keelson_api::{ports, ClusterSpec, Duration, LeaderElectionConfiguration, Quantity};
 
 use super::{default, strings, Context, Derived, Plugin};
 
@@ -67,9 +67,9 @@ pub fn api_server(ctx: &Context, d: &Derived, spec: &mut ClusterSpec) {
     let mut overrides = Vec::new();
     for etcd in spec.etcd_clusters.iter().flatten() {
         match etcd.name.as_deref() {
-            Some("main") => servers.push("https://127.0.0.1:4001".to_string()),
-            Some("events") => overrides.push(format!("/events#{scheme}://127.0.0.1:4002")),
-            Some("leases") => overrides.push(format!("coordination.k8s.io/leases#{scheme}://127.0.0.1:4004")),
+            Some("main") => servers.push(format!("https://127.0.0.1:{}", ports::ETCD_MAIN.client)),
+            Some("events") => overrides.push(format!("/events#{scheme}://127.0.0.1:{}", ports::ETCD_EVENTS.client)),
+            Some("leases") => overrides.push(format!("coordination.k8s.io/leases#{scheme}://127.0.0.1:{}", ports::ETCD_LEASES.client)),
             _ => {}
         }
     }
