@@ -85,14 +85,28 @@ pub struct ApplyArgs {
 /// `keelson delete`.
 #[derive(Debug, clap::Args)]
 pub struct DeleteArgs {
+    /// `cluster` (the default: everything apply created) or `instance` (kOps' `delete instance`:
+    /// one instance drained and replaced).
+    #[arg(value_parser = ["cluster", "instance"])]
+    pub what: Option<String>,
+    /// With `instance`: the instance's cloud ID or its Node's name.
+    #[arg(requires = "what")]
+    pub name: Option<String>,
     #[command(flatten)]
     pub common: Common,
     /// Delete (without it, only the plan is printed).
-    #[arg(long)]
+    #[arg(short = 'y', long)]
     pub yes: bool,
     /// Also delete the etcd volumes (the cluster's data).
     #[arg(long = "delete-volumes")]
     pub delete_volumes: bool,
+    /// `delete instance`: start the replacement before the instance goes, as the group's
+    /// `rollingUpdate.maxSurge` allows (kOps' `--surge`, default true; control planes never surge).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub surge: bool,
+    /// `delete instance`: how the instance is drained and replaced (the `rolling-update` flags).
+    #[command(flatten)]
+    pub roll: RollArgs,
 }
 
 /// `keelson rolling-update [cluster]` (kOps' `rolling-update cluster` flags and defaults).
@@ -363,6 +377,12 @@ pub fn run_apply(args: ApplyArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub fn run_delete(args: DeleteArgs) -> anyhow::Result<ExitCode> {
+    match (args.what.as_deref(), args.name.as_deref()) {
+        (Some("instance"), Some(name)) => return crate::delete_instance::run(&args, name),
+        (Some("instance"), None) => anyhow::bail!("keelson delete instance: name the instance (its ID or its Node's name)"),
+        (_, Some(name)) => anyhow::bail!("keelson delete cluster takes no name ({name:?}): the cluster is the spec's (-f)"),
+        _ => {}
+    }
     let model = match load_model(&args.common)? {
         Ok(m) => m,
         Err(code) => return Ok(code),

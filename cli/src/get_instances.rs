@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
+use ops::groups::GroupStatus;
 use ops::listing::InstanceRow;
 
 use crate::cloud_target::CloudTarget;
@@ -26,25 +27,11 @@ pub struct GetInstancesArgs {
 }
 
 pub fn run(args: GetInstancesArgs) -> anyhow::Result<ExitCode> {
-    let (docs, options) = match load(&args.common)? {
+    let (status, nodes) = match gather(&args.common, args.kubeconfig.as_deref(), "get instances")? {
         Ok(x) => x,
         Err(code) => return Ok(code),
     };
-    let file = args.common.file.display().to_string();
-    let (model, _) = prepare_with(&docs, &options, false).with_context(|| format!("{file}: building the cloud model"))?;
-    let rows = runtime()?.block_on(async {
-        let target = CloudTarget::of(&args.common, &model.location(), "get instances").await.with_context(|| file.clone())?;
-        let groups = target.instance_groups(&model);
-        let status = groups.status(&Default::default()).await.with_context(|| format!("listing the instances of cluster {}", model.cluster))?;
-        let nodes = match nodes(args.kubeconfig.as_deref(), &model.cluster).await {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::warn!("cannot list node names, the Kubernetes API is unavailable: {e:#}");
-                Vec::new()
-            }
-        };
-        anyhow::Ok(ops::listing::rows(&status, &nodes))
-    })?;
+    let rows = ops::listing::rows(&status, &nodes);
     let text = match args.output {
         Output::Table => table(&rows),
         Output::Yaml => serde_yaml_ng::to_string(&rows).context("rendering YAML")?,
@@ -52,6 +39,33 @@ pub fn run(args: GetInstancesArgs) -> anyhow::Result<ExitCode> {
     };
     print!("{text}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The cluster's groups with their instances, and its Nodes.
+pub(crate) type Gathered = (Vec<GroupStatus>, Vec<ops::listing::Node>);
+
+/// The cluster's groups with their instances, as the rolling update sees them, and its Nodes
+/// (none, with a warning, when the Kubernetes API does not answer).
+pub(crate) fn gather(common: &Common, kubeconfig: Option<&std::path::Path>, command: &str) -> anyhow::Result<Result<Gathered, ExitCode>> {
+    let (docs, options) = match load(common)? {
+        Ok(x) => x,
+        Err(code) => return Ok(Err(code)),
+    };
+    let file = common.file.display().to_string();
+    let (model, _) = prepare_with(&docs, &options, false).with_context(|| format!("{file}: building the cloud model"))?;
+    runtime()?.block_on(async {
+        let target = CloudTarget::of(common, &model.location(), command).await.with_context(|| file.clone())?;
+        let groups = target.instance_groups(&model);
+        let status = groups.status(&Default::default()).await.with_context(|| format!("listing the instances of cluster {}", model.cluster))?;
+        let nodes = match nodes(kubeconfig, &model.cluster).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!("cannot list node names, the Kubernetes API is unavailable: {e:#}");
+                Vec::new()
+            }
+        };
+        Ok(Ok((status, nodes)))
+    })
 }
 
 /// The cluster's Nodes, the API asked once with a bound (an unreachable API must not hang a listing).

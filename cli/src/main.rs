@@ -13,6 +13,8 @@ mod cloud_target;
 #[cfg(feature = "cloud")]
 mod commands;
 #[cfg(feature = "cloud")]
+mod delete_instance;
+#[cfg(feature = "cloud")]
 mod etcd_backup;
 mod get_assets;
 #[cfg(feature = "cloud")]
@@ -25,6 +27,8 @@ mod prepare;
 #[cfg(feature = "cloud")]
 mod reconcile;
 mod table;
+#[cfg(feature = "cloud")]
+mod toolbox;
 mod upgrade;
 
 use anyhow::Context as _;
@@ -87,8 +91,9 @@ enum Command {
     #[command(subcommand)]
     Reconcile(Reconcile),
     #[cfg(feature = "cloud")]
-    /// Plan deleting what apply created (found by the cluster tag); `--yes` deletes. etcd volumes
-    /// are kept unless `--delete-volumes`.
+    /// `keelson delete [cluster] -f SPEC`: plan deleting what apply created (found by the cluster
+    /// tag); `--yes` deletes; etcd volumes are kept unless `--delete-volumes`. `keelson delete
+    /// instance ID|NODE -f SPEC` (kOps' `delete instance`): drain that one instance and replace it.
     Delete(commands::DeleteArgs),
     /// Air-gapped bundles: `keelson bundle create -f SPEC -o FILE`, `keelson bundle push FILE
     /// --file-repository URL --registry HOST[:PORT]` (docs/bundles.md).
@@ -108,6 +113,19 @@ enum Command {
     #[cfg(feature = "cloud")]
     #[command(subcommand)]
     Etcd(Etcd),
+    /// kOps' `toolbox`: `keelson toolbox dump -f SPEC [-o yaml|json]` prints every instance with its
+    /// zone, configurations, volumes and Node readiness.
+    #[cfg(feature = "cloud")]
+    #[command(subcommand)]
+    Toolbox(Toolbox),
+}
+
+#[cfg(feature = "cloud")]
+#[derive(Subcommand)]
+enum Toolbox {
+    /// Every instance of the cluster (as `get instances`) with its zone, the configuration it was
+    /// launched from and its group's, its volumes and its Node's readiness.
+    Dump(toolbox::ToolboxDumpArgs),
 }
 
 #[cfg(feature = "cloud")]
@@ -257,5 +275,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Export(Export::Kubeconfig(args)) => commands::run_export_kubeconfig(args),
         #[cfg(feature = "cloud")]
         Command::Etcd(Etcd::Backup(action)) => etcd_backup::run(action),
+        #[cfg(feature = "cloud")]
+        Command::Toolbox(Toolbox::Dump(args)) => toolbox::run(args),
     }
 }

@@ -161,4 +161,87 @@ async fn get_instances_lists_the_groups_instances_and_which_need_an_update() {
     assert!(apply(&spec, &moto, &["--yes"]).status.success());
     let (rows, _) = get_instances(&spec, &moto);
     assert_eq!(brief(&rows), [cp, node("NeedsUpdate"), node("NeedsUpdate")], "{rows:#?}");
+
+    // `toolbox dump`: the same instances with zone, configurations and volumes (EC2's own).
+    let out = tokio::task::block_in_place(|| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_keelson"))
+            .args(["toolbox", "dump", "-f", &spec.path().display().to_string(), "--offline", "--endpoint-url", &moto.url, "-o", "json"])
+            .args(["--nodeup-asset", moto::NODEUP_AMD64, "--protokube-asset", moto::PROTOKUBE_AMD64])
+            .env("KUBECONFIG", "/nonexistent/kubeconfig")
+            .env_remove("KOPS_FEATURE_FLAGS")
+            .output()
+            .expect("run keelson")
+    });
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let dump: serde_json::Value = serde_json::from_slice(&out.stdout).expect("toolbox dump -o json");
+    let instances = dump["instances"].as_array().expect("instances");
+    assert_eq!(instances.len(), 3, "{dump:#}");
+    let described =
+        t.ec2.describe_instances().filters(Filter::builder().name("tag:KubernetesCluster").values(CLUSTER).build()).send().await.expect("instances");
+    for i in instances {
+        assert_eq!(i["zone"], "us-east-1a", "{i}");
+        let node = i["instanceGroup"] == "nodes-us-east-1a";
+        assert_eq!((i["launchedFrom"] == "1", i["groupLaunches"] == if node { "2" } else { "1" }), (true, true), "{i}");
+        let ec2 = described.reservations().iter().flat_map(|r| r.instances()).find(|x| x.instance_id() == i["id"].as_str()).expect("in EC2");
+        let volumes: Vec<&str> = ec2.block_device_mappings().iter().filter_map(|b| b.ebs().and_then(|e| e.volume_id())).collect();
+        assert_eq!(i["volumes"], serde_json::json!(volumes), "{i}");
+    }
+}
+
+/// `keelson delete instance NAME` with fast pauses, a validation command that passes, and `extra`.
+fn delete_instance(spec: &tempfile::NamedTempFile, moto: &Moto, name: &str, extra: &[&str]) -> std::process::Output {
+    let run = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_keelson"))
+            .args(["delete", "instance", name, "-f", &spec.path().display().to_string(), "--offline", "--endpoint-url", &moto.url])
+            .args(["--nodeup-asset", moto::NODEUP_AMD64, "--protokube-asset", moto::PROTOKUBE_AMD64])
+            .args(["--validate-command", "true", "--validate-count", "1", "--node-interval", "0s", "--post-drain-delay", "0s"])
+            .args(["--poll-interval", "1s", "--validation-timeout", "90s"])
+            .args(extra)
+            .env_remove("KOPS_FEATURE_FLAGS")
+            .output()
+            .expect("run keelson")
+    };
+    tokio::task::block_in_place(run)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_instance_replaces_that_instance_and_no_other() {
+    let moto = Moto::start();
+    let ami = moto.fixtures().await;
+    let spec = spec_file(&ami);
+    assert!(apply(&spec, &moto, &["--yes"]).status.success());
+    let (rows, _) = get_instances(&spec, &moto);
+    let ids_of = |rows: &[serde_json::Value], group: &str| -> Vec<String> {
+        let mut v: Vec<String> = rows.iter().filter(|r| r["instanceGroup"] == group).map(|r| r["id"].as_str().unwrap().to_string()).collect();
+        v.sort();
+        v
+    };
+    let (nodes, cps) = (ids_of(&rows, "nodes-us-east-1a"), ids_of(&rows, "control-plane-us-east-1a"));
+    assert_eq!((nodes.len(), cps.len()), (2, 1), "{rows:#?}");
+
+    // Unknown names are refused with what exists; a plan changes nothing.
+    let out = delete_instance(&spec, &moto, "i-00000000000000000", &["--yes"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("no instance or node named \"i-00000000000000000\"") && stderr.contains(&nodes[0]), "{stderr}");
+    let out = delete_instance(&spec, &moto, &nodes[0], &[]);
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("Run with --yes"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(ids_of(&get_instances(&spec, &moto).0, "nodes-us-east-1a"), nodes, "a plan replaces nothing");
+
+    // The node group surges (maxSurge 1 on AWS): the replacement starts first, then the instance goes.
+    let out = delete_instance(&spec, &moto, &nodes[0], &["--yes"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains(&format!("instance {} deleted", nodes[0])), "{stdout}");
+    let (after, _) = get_instances(&spec, &moto);
+    let now = ids_of(&after, "nodes-us-east-1a");
+    assert!(!now.contains(&nodes[0]) && now.contains(&nodes[1]) && now.len() == 2, "{nodes:?} → {now:?}\n{stdout}");
+    assert_eq!(ids_of(&after, "control-plane-us-east-1a"), cps, "the control plane is untouched");
+
+    // Without surge the group replaces it after it is gone.
+    let out = delete_instance(&spec, &moto, &nodes[1], &["--yes", "--surge=false"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("its replacement is i-"), "{stdout}");
+    let last = ids_of(&get_instances(&spec, &moto).0, "nodes-us-east-1a");
+    assert!(!last.contains(&nodes[1]) && last.len() == 2 && now.iter().filter(|i| last.contains(i)).count() == 1, "{now:?} → {last:?}\n{stdout}");
 }

@@ -41,7 +41,7 @@ impl World {
     /// `$KEELSON_GCE_ENDPOINT`.
     fn run(&self, cmd: &str, endpoint_flag: bool, extra: &[&str]) -> (bool, String) {
         let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_keelson"));
-        c.args([cmd, "-f", &self.spec.path().display().to_string(), "--offline"]);
+        c.args(cmd.split(' ')).args(["-f", &self.spec.path().display().to_string(), "--offline"]);
         if cmd != "delete" {
             c.args(["--nodeup-asset", NODEUP_AMD64, "--protokube-asset", PROTOKUBE_AMD64]);
         }
@@ -84,12 +84,39 @@ fn apply_plans_applies_with_yes_has_no_changes_then_and_delete_removes_it() {
     let roll = ["--cloudonly", "--node-interval", "0s", "--control-plane-interval", "0s", "--poll-interval", "100ms"];
     let (ok, out) = w.run("rolling-update", true, &roll);
     assert!(ok && out.contains("2 instance(s) need replacing"), "{out}");
+    // `get instances` agrees, from the same status (no Kubernetes API here: no Node names).
+    let listed = |w: &World| -> Vec<(String, String, String, String)> {
+        let (ok, out) = w.run("get instances", true, &["-o", "json", "--kubeconfig", "/nonexistent/kubeconfig"]);
+        assert!(ok, "{out}");
+        let json = &out[out.find('[').unwrap_or_else(|| panic!("no JSON in {out}"))..out.rfind(']').expect("JSON end") + 1];
+        let rows: Vec<serde_json::Value> = serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {out}"));
+        let mut v: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                let s = |k: &str| r[k].as_str().unwrap_or_else(|| panic!("{k} in {r}")).to_string();
+                (s("instanceGroup"), r["roles"][0].as_str().unwrap_or_default().to_string(), s("machineType"), s("status"))
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let row = |g: &str, role: &str, m: &str, st: &str| (g.to_string(), role.to_string(), m.to_string(), st.to_string());
+    let before = listed(&w);
+    assert_eq!(before.len(), 5, "{before:?}");
+    assert_eq!(before.iter().filter(|r| r.3 == "NeedsUpdate").count(), 2, "{before:?}");
+    assert!(
+        before.iter().filter(|r| r.0.starts_with("nodes")).all(|r| *r == row("nodes-europe-west1-b", "node", "e2-standard-4", "NeedsUpdate")),
+        "{before:?}"
+    );
     let (ok, out) = w.run("rolling-update", true, &[&roll[..], &["--yes"]].concat());
     assert!(ok && out.contains("2 instance(s) replaced"), "{out}");
     let nodes: Vec<_> = w.compute.instances().into_iter().filter(|i| i.name.starts_with("nodes-")).collect();
     assert!(nodes.len() == 2 && nodes.iter().all(|i| i.machine_type == "e2-standard-8"), "{nodes:?}");
     let (ok, out) = w.run("rolling-update", false, &roll);
     assert!(ok && out.contains("No rolling update required."), "{out}");
+    let after = listed(&w);
+    assert!(after.iter().all(|r| r.3 == "UpToDate"), "{after:?}");
+    assert_eq!(after.iter().filter(|r| **r == row("nodes-europe-west1-b", "node", "e2-standard-8", "UpToDate")).count(), 2, "{after:?}");
 
     let (ok, out) = w.run("delete", false, &["--yes", "--delete-volumes"]);
     assert!(ok, "{out}");

@@ -349,6 +349,8 @@ mod tests {
             private_ip: Some(ip.into()),
             external_ip: None,
             machine_type: None,
+            zone: None,
+            volumes: Vec::new(),
             outdated: false,
         };
         let mut groups = vec![GroupStatus {

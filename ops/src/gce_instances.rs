@@ -83,6 +83,8 @@ struct Seen {
     external_ip: Option<String>,
     /// The machine type's name (the last segment of its link).
     machine_type: Option<String>,
+    /// Its attached disks' names (the last segments of their links).
+    disks: Vec<String>,
 }
 
 async fn seen_in(t: &GceTarget, zone: &str) -> Result<BTreeMap<String, Seen>, ComputeError> {
@@ -103,6 +105,7 @@ async fn seen_in(t: &GceTarget, zone: &str) -> Result<BTreeMap<String, Seen>, Co
             template,
             external_ip: nic["accessConfigs"][0]["natIP"].as_str().map(str::to_string),
             machine_type: i["machineType"].as_str().map(|m| name_of_link(m).to_string()),
+            disks: i["disks"].as_array().into_iter().flatten().filter_map(|d| d["source"].as_str()).map(|s| name_of_link(s).to_string()).collect(),
         };
         out.insert(str_of(&i, "name").to_string(), seen);
     }
@@ -126,7 +129,7 @@ async fn mig_status(t: &GceTarget, m: &InstanceGroupManager, group: &str, role: 
         if name.is_empty() {
             continue;
         }
-        let Seen { status, ip, template, external_ip, machine_type } = seen.get(&name).cloned().unwrap_or_default();
+        let Seen { status, ip, template, external_ip, machine_type, disks } = seen.get(&name).cloned().unwrap_or_default();
         list.push(InstanceStatus {
             outdated: force || template != current,
             version: Some(template).filter(|v| !v.is_empty()),
@@ -135,6 +138,8 @@ async fn mig_status(t: &GceTarget, m: &InstanceGroupManager, group: &str, role: 
             private_ip: ip,
             external_ip,
             machine_type,
+            zone: Some(m.zone.clone()),
+            volumes: disks,
             id: name,
         });
     }

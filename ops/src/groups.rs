@@ -54,6 +54,10 @@ pub struct InstanceStatus {
     pub external_ip: Option<String>,
     /// The machine type it runs as (AWS instance type, GCE machine type), as the cloud reports it.
     pub machine_type: Option<String>,
+    /// Its zone.
+    pub zone: Option<String>,
+    /// The volumes attached to it (AWS volume IDs, GCE disk names), root included.
+    pub volumes: Vec<String>,
     /// Needs replacing (kOps' NeedUpdate).
     pub outdated: bool,
 }
@@ -212,6 +216,8 @@ mod tests {
             private_ip: None,
             external_ip: None,
             machine_type: None,
+            zone: None,
+            volumes: Vec::new(),
             outdated: true,
         }
     }

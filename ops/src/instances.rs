@@ -76,6 +76,26 @@ pub fn is_outdated(launched: Option<&TemplateVersion>, configured: Option<&Templ
     }
 }
 
+/// What DescribeInstances says of an instance beyond its group's view.
+#[derive(Debug, Clone, Default)]
+struct Described {
+    external_ip: Option<String>,
+    machine_type: Option<String>,
+    zone: Option<String>,
+    volumes: Vec<String>,
+}
+
+impl Described {
+    fn of(i: &aws_sdk_ec2::types::Instance) -> Described {
+        Described {
+            external_ip: i.public_ip_address().map(str::to_string),
+            machine_type: i.instance_type().map(|t| t.as_str().to_string()),
+            zone: i.placement().and_then(|p| p.availability_zone()).map(str::to_string),
+            volumes: i.block_device_mappings().iter().filter_map(|b| b.ebs().and_then(|e| e.volume_id())).map(str::to_string).collect(),
+        }
+    }
+}
+
 pub async fn group_status(
     t: &AwsTarget,
     name: &str,
@@ -108,7 +128,7 @@ pub async fn group_status(
     let ids: Vec<String> = g.instances().iter().filter_map(|i| i.instance_id().map(str::to_string)).collect();
     let mut launched_from: BTreeMap<String, TemplateVersion> = BTreeMap::new();
     let mut private_ip: BTreeMap<String, String> = BTreeMap::new();
-    let mut described: BTreeMap<String, (Option<String>, Option<String>)> = BTreeMap::new();
+    let mut described: BTreeMap<String, Described> = BTreeMap::new();
     for chunk in ids.chunks(500) {
         let resp = t.ec2.describe_instances().set_instance_ids(Some(chunk.to_vec())).send().await.map_err(|e| api("DescribeInstances", name, e))?;
         for i in resp.reservations().iter().flat_map(|r| r.instances()) {
@@ -117,7 +137,7 @@ pub async fn group_status(
                 private_ip.insert(id.to_string(), ip.to_string());
             }
             if let Some(id) = i.instance_id() {
-                described.insert(id.to_string(), (i.public_ip_address().map(str::to_string), i.instance_type().map(|t| t.as_str().to_string())));
+                described.insert(id.to_string(), Described::of(i));
             }
             if let (Some(id), Some(template_id), Some(version)) = (i.instance_id(), tag("aws:ec2launchtemplate:id"), tag("aws:ec2launchtemplate:version")) {
                 launched_from.insert(id.to_string(), TemplateVersion { template_id, version });
@@ -137,12 +157,14 @@ pub async fn group_status(
                 Some(TemplateVersion { template_id: if same { template_id.clone() } else { lt.launch_template_id().unwrap_or_default().to_string() }, version })
             });
             let lifecycle = i.lifecycle_state().map(|s| s.as_str().to_string()).unwrap_or_default();
-            let (external_ip, machine_type) = described.get(&id).cloned().unwrap_or_default();
+            let Described { external_ip, machine_type, zone, volumes } = described.get(&id).cloned().unwrap_or_default();
             InstanceStatus {
                 outdated: (force || is_outdated(launched.as_ref(), configured.as_ref())) && !lifecycle.starts_with("Terminat"),
                 private_ip: private_ip.get(&id).cloned(),
                 external_ip,
                 machine_type: machine_type.or_else(|| i.instance_type().map(str::to_string)),
+                zone: zone.or_else(|| i.availability_zone().map(str::to_string)),
+                volumes,
                 id,
                 version: launched.map(|l| l.version),
                 healthy: i.health_status().unwrap_or("Healthy") == "Healthy",
@@ -176,6 +198,8 @@ pub async fn group_status(
             private_ip: i.private_ip_address().map(str::to_string),
             external_ip: i.public_ip_address().map(str::to_string),
             machine_type: i.instance_type().map(|t| t.as_str().to_string()),
+            zone: Described::of(i).zone,
+            volumes: Described::of(i).volumes,
             outdated: true,
         });
     }

@@ -69,6 +69,47 @@ pub fn rows(groups: &[GroupStatus], nodes: &[Node]) -> Vec<InstanceRow> {
         .collect()
 }
 
+/// One instance as `keelson toolbox dump` shows it: its `get instances` row and what an operator
+/// debugging the cluster asks next.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DumpInstance {
+    #[serde(flatten)]
+    pub instance: InstanceRow,
+    pub zone: String,
+    /// The configuration it was launched from (AWS: the launch-template version; GCE: the
+    /// instance template), and the one its group launches now.
+    pub launched_from: String,
+    pub group_launches: String,
+    /// Its volumes (root included): AWS volume IDs, GCE disk names.
+    pub volumes: Vec<String>,
+    /// Its Node's `Ready` condition (`True`, `False`, `Unknown`); absent without a Node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_ready: Option<String>,
+}
+
+/// [`rows`] with each instance's zone, configurations, volumes and Node readiness.
+pub fn dump(groups: &[GroupStatus], nodes: &[Node]) -> Vec<DumpInstance> {
+    let ready = |name: &str| {
+        let node = nodes.iter().find(|n| n.metadata.name.as_deref() == Some(name))?;
+        let conditions = node.status.as_ref()?.conditions.as_ref()?;
+        Some(conditions.iter().find(|c| c.type_ == "Ready").map_or_else(|| "Unknown".to_string(), |c| c.status.clone()))
+    };
+    let instances = groups.iter().flat_map(|g| g.instances.iter().map(move |i| (g, i)));
+    rows(groups, nodes)
+        .into_iter()
+        .zip(instances)
+        .map(|(row, (g, i))| DumpInstance {
+            node_ready: row.node_name.as_deref().and_then(ready),
+            instance: row,
+            zone: i.zone.clone().unwrap_or_default(),
+            launched_from: i.version.clone().unwrap_or_default(),
+            group_launches: g.target_version.clone(),
+            volumes: i.volumes.clone(),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,6 +136,8 @@ mod tests {
             private_ip: ip.map(Into::into),
             external_ip: None,
             machine_type: Some("t3.medium".into()),
+            zone: Some("us-east-1a".into()),
+            volumes: vec!["vol-1".into()],
             outdated,
         }
     }
@@ -143,6 +186,21 @@ mod tests {
         let groups = [group("nodes", Role::Node, vec![inst("i-1", Some("10.0.0.2"), "InService", true)])];
         let got = rows(&groups, &[]);
         assert_eq!((got[0].node_name.as_deref(), got[0].status.as_str()), (None, NEEDS_UPDATE));
+    }
+
+    #[test]
+    fn dump_adds_zone_configurations_volumes_and_readiness() {
+        let groups = [group("nodes", Role::Node, vec![inst("i-1", Some("10.0.0.2"), "InService", true), inst("i-2", Some("10.0.0.3"), "InService", false)])];
+        let mut ready = node("n1", "10.0.0.2", false);
+        ready.status.as_mut().unwrap().conditions =
+            Some(vec![k8s_openapi::api::core::v1::NodeCondition { type_: "Ready".into(), status: "False".into(), ..Default::default() }]);
+        let d = dump(&groups, &[ready]);
+        assert_eq!(d.len(), 2);
+        assert_eq!((d[0].instance.id.as_str(), d[0].node_ready.as_deref(), d[0].zone.as_str()), ("i-1", Some("False"), "us-east-1a"));
+        assert_eq!((d[0].launched_from.as_str(), d[0].group_launches.as_str(), d[0].volumes.clone()), ("1", "1", vec!["vol-1".to_string()]));
+        assert_eq!((d[1].instance.id.as_str(), d[1].node_ready.as_deref()), ("i-2", None), "no Node, no readiness");
+        let v = serde_json::to_value(&d[0]).unwrap();
+        assert!(v["id"] == "i-1" && v["nodeReady"] == "False" && v["launchedFrom"] == "1", "flattened with camelCase names: {v}");
     }
 
     #[test]

@@ -451,6 +451,8 @@ mod tests {
             private_ip: None,
             external_ip: None,
             machine_type: None,
+            zone: None,
+            volumes: Vec::new(),
             outdated: false,
         };
         let status = |g: &GroupRef, ids: &[&str]| GroupStatus {

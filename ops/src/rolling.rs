@@ -114,6 +114,9 @@ pub struct RollingOptions {
     pub roles: Vec<Role>,
     /// Replace every instance, outdated or not.
     pub force: bool,
+    /// Only these instances (cloud IDs), each replaced whether outdated or not, every other one
+    /// left alone (kOps' `delete instance`); empty = every outdated instance.
+    pub instances: Vec<String>,
     /// Pause after each control-plane termination (15 s).
     pub control_plane_interval: Duration,
     /// Pause after each node / API server termination (15 s).
@@ -153,6 +156,7 @@ impl Default for RollingOptions {
             groups: Vec::new(),
             roles: Vec::new(),
             force: false,
+            instances: Vec::new(),
             control_plane_interval: Duration::from_secs(15),
             node_interval: Duration::from_secs(15),
             bastion_interval: Duration::from_secs(15),
@@ -304,7 +308,21 @@ pub async fn status(groups: &dyn InstanceGroups, opts: &RollingOptions) -> Resul
     if let Validation::Cluster(kube) = &opts.validate {
         drain::adjust_need_update(&mut status, &Box::pin(drain::list_nodes(kube)).await?);
     }
+    if !opts.instances.is_empty() {
+        only_instances(&mut status, &opts.instances);
+    }
     Ok(status)
+}
+
+/// Keep `ids` outdated (unless already terminating) and nothing else, and only the groups that
+/// hold one of them: a run that replaces exactly these instances.
+pub fn only_instances(status: &mut Vec<GroupStatus>, ids: &[String]) {
+    for g in status.iter_mut() {
+        for i in &mut g.instances {
+            i.outdated = ids.contains(&i.id) && !i.lifecycle.starts_with("Terminat");
+        }
+    }
+    status.retain(|g| g.instances.iter().any(|i| i.outdated));
 }
 
 /// The one rolling-update algorithm, over any cloud's [`InstanceGroups`].
@@ -642,6 +660,32 @@ mod tests {
         }
         assert!(still_serving(Some("healthy")) && still_serving(Some("draining")) && still_serving(Some("initial")));
         assert!(!still_serving(Some("unused")) && !still_serving(None));
+    }
+
+    #[test]
+    fn only_the_named_instances_are_replaced_outdated_or_not() {
+        let inst = |id: &str, lifecycle: &str, outdated: bool| InstanceStatus {
+            id: id.into(),
+            version: Some("1".into()),
+            lifecycle: lifecycle.into(),
+            healthy: true,
+            private_ip: None,
+            external_ip: None,
+            machine_type: None,
+            zone: None,
+            volumes: Vec::new(),
+            outdated,
+        };
+        let mut nodes = group(Role::Node);
+        nodes.instances = vec![inst("i-a", "InService", true), inst("i-b", "InService", false), inst("i-dying", "Terminating", false)];
+        let mut cps = group(Role::ControlPlane);
+        cps.group = "cp".into();
+        cps.instances = vec![inst("i-cp", "InService", true)];
+        let mut status = vec![cps, nodes];
+        only_instances(&mut status, &["i-b".to_string(), "i-dying".to_string()]);
+        assert_eq!(status.len(), 1, "the control-plane group holds none of them");
+        let outdated: Vec<&str> = status[0].outdated().iter().map(|i| i.id.as_str()).collect();
+        assert_eq!(outdated, ["i-b"], "up to date i-b is named; outdated i-a is not; a terminating instance is not replaced");
     }
 
     #[test]

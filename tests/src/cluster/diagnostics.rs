@@ -47,11 +47,22 @@ pub fn diagnose(cs: &ClusterState) -> String {
         )
         .unwrap_or_default();
         s.push_str(&format!("--- {} ({} {}): failed units: {}\n{}\n", m.instance_id, m.role, m.ip, failed.trim(), ud.trim()));
+        // Each failed unit's own last lines: in the journal above they drown among the
+        // agents' retries.
+        for unit in failed_units(&failed) {
+            let own = machine::exec_in(pid, &["journalctl", "-b", "--no-pager", "-n", "25", "-o", "cat", "-u", unit]).unwrap_or_default();
+            s.push_str(&format!("--- {} {unit}, its last lines:\n{}\n", m.instance_id, own.trim()));
+        }
     }
     for (id, e) in &cs.failed {
         s.push_str(&format!("--- {id}: machine failed to start: {e}\n"));
     }
     s
+}
+
+/// The unit names of `systemctl --failed --no-legend --plain`'s lines.
+fn failed_units(listing: &str) -> impl Iterator<Item = &str> {
+    listing.lines().filter_map(|l| l.split_whitespace().next()).filter(|u| u.contains('.'))
 }
 
 /// What decides whether Nodes come and go: every Node the API holds (ready, provider id, taints)
@@ -104,4 +115,15 @@ pub fn diagnose_nodes(cs: &ClusterState, kubeconfig: &Path) -> String {
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_units_are_the_first_column() {
+        let listing = "keelson-user-data.service loaded failed failed Run the instance user-data\nkubelet.service loaded failed failed kubelet\n\n";
+        assert_eq!(failed_units(listing).collect::<Vec<_>>(), ["keelson-user-data.service", "kubelet.service"]);
+    }
 }
