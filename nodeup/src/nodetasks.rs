@@ -457,15 +457,33 @@ impl Task<Ctx<'_>> for ServiceTask {
         }
         if self.restart_reason(ctx, deps_changed)?.is_some() {
             ctx.host.reload_units()?;
-            ctx.host.run(&["systemctl", "restart", &self.unit])?;
+            with_unit_retries(&self.unit, unit_retries(), || ctx.host.run(&["systemctl", "restart", &self.unit]))?;
             // Only now: a failed or interrupted restart leaves the old hash, and the next run restarts.
             self.record_hash(ctx)?;
         } else if ctx.host.is_live() {
             ctx.host.reload_units()?;
-            ctx.host.run(&["systemctl", "start", &self.unit])?;
+            with_unit_retries(&self.unit, unit_retries(), || ctx.host.run(&["systemctl", "start", &self.unit]))?;
         }
         Ok(())
     }
+}
+
+/// How a unit's start or restart is retried before its task fails: a unit can fail once for a
+/// reason outside it and start the next time (seen in keelson-local: systemd could not set up the
+/// unit's cgroup, `status=219/CGROUP`, and the whole boot failed on it); kOps' nodeup retries its
+/// tasks too. Three more tries, 1 s, 2 s, 4 s apart.
+fn unit_retries() -> backon::ExponentialBuilder {
+    backon::ExponentialBuilder::default().with_min_delay(std::time::Duration::from_secs(1)).with_max_delay(std::time::Duration::from_secs(4)).with_max_times(3)
+}
+
+/// `start` (a `systemctl start|restart`) under `policy`, each failure logged with the unit's name.
+fn with_unit_retries(
+    unit: &str,
+    policy: backon::ExponentialBuilder,
+    start: impl FnMut() -> Result<(), crate::host::CommandError>,
+) -> Result<(), crate::host::CommandError> {
+    use backon::BlockingRetryable as _;
+    start.retry(policy).notify(|e, wait| tracing::warn!(unit, error = %e, retry_in = ?wait, "starting the unit failed; retrying")).call()
 }
 
 /// A unit switched off (a disabled hook): not enabled, and stopped on a live host.
@@ -625,6 +643,28 @@ impl Task<Ctx<'_>> for PodManifestTask {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_unit_that_fails_once_is_started_again_and_one_that_keeps_failing_fails_its_task() {
+        let quick = || unit_retries().with_min_delay(std::time::Duration::ZERO).with_max_delay(std::time::Duration::ZERO);
+        let fail = || Err(crate::host::CommandError { argv: "systemctl start x.service".into(), message: "exit status: 1".into() });
+        let mut calls = 0;
+        let once = with_unit_retries("x.service", quick(), || {
+            calls += 1;
+            if calls == 1 {
+                fail()
+            } else {
+                Ok(())
+            }
+        });
+        assert!(once.is_ok() && calls == 2, "{once:?} after {calls} calls");
+        let mut calls = 0;
+        let always = with_unit_retries("x.service", quick(), || {
+            calls += 1;
+            fail()
+        });
+        assert!(always.is_err() && calls == 4, "{always:?} after {calls} calls: one try and three retries");
+    }
 
     #[test]
     fn finds_swap_entries() {
