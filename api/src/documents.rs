@@ -228,6 +228,39 @@ fn too_deep_text(text: &str) -> Option<Location> {
 }
 
 /// Depth of the deepest collection in the text, counted on the YAML value tree iteratively.
+/// Whether `c` is a Unicode noncharacter (U+FDD0–U+FDEF, U+nFFFE, U+nFFFF): reserved for a
+/// program's internal use, never text (the Terraform renderer marks its expressions with them).
+pub fn is_noncharacter(c: char) -> bool {
+    let n = u32::from(c);
+    (0xFDD0..=0xFDEF).contains(&n) || n & 0xFFFE == 0xFFFE
+}
+
+/// The path of the first string (key or value) of `value` holding a noncharacter, and the character.
+fn noncharacter_in(value: &serde_yaml_ng::Value) -> Option<(String, char)> {
+    let mut stack = vec![(value, String::new())];
+    while let Some((v, path)) = stack.pop() {
+        match v {
+            serde_yaml_ng::Value::String(s) => {
+                if let Some(c) = s.chars().find(|c| is_noncharacter(*c)) {
+                    return Some((if path.is_empty() { "(document)".into() } else { path }, c));
+                }
+            }
+            serde_yaml_ng::Value::Sequence(items) => stack.extend(items.iter().enumerate().map(|(i, x)| (x, format!("{path}[{i}]")))),
+            serde_yaml_ng::Value::Mapping(m) => {
+                for (k, x) in m {
+                    let key = k.as_str().map_or_else(|| format!("{k:?}"), str::to_string);
+                    let here = if path.is_empty() { key } else { format!("{path}.{key}") };
+                    stack.push((k, here.clone()));
+                    stack.push((x, here));
+                }
+            }
+            serde_yaml_ng::Value::Tagged(t) => stack.push((&t.value, path)),
+            _ => {}
+        }
+    }
+    None
+}
+
 fn depth(value: &serde_yaml_ng::Value) -> usize {
     let mut max = 0;
     let mut stack = vec![(value, 1usize)];
@@ -299,6 +332,11 @@ pub fn parse_documents(bytes: &[u8]) -> Result<Documents, Vec<ParseError>> {
                 message: format!("nested more than {MAX_DEPTH} levels deep"),
                 location: None,
             });
+            continue;
+        }
+        if let Some((path, c)) = noncharacter_in(value) {
+            let message = format!("holds the Unicode noncharacter U+{:04X}: not text (reserved for programs' internal use)", u32::from(c));
+            errors.push(schema(&label, &path, &message));
             continue;
         }
         let Some(map) = value.as_mapping() else {
@@ -449,6 +487,21 @@ mod tests {
         let msg = errs[0].to_string();
         assert!(msg.contains("Cluster/a.example.com: spec.kubelet"), "{msg}");
         assert!(msg.contains("bogusField"), "{msg}");
+    }
+
+    /// A noncharacter (written raw or as a YAML escape) is refused with its path, in a key or a value.
+    #[test]
+    fn noncharacters_are_refused_with_their_path() {
+        for (text, path) in [
+            (MINIMAL.replace("v1.32.0", "\"v1.32.0\\uFDD0\""), "spec.kubernetesVersion"),
+            (MINIMAL.replace("role: Node", "role: Node\n  cloudLabels:\n    \u{FDD1}team: a"), "spec.cloudLabels.\u{FDD1}team"),
+            (MINIMAL.replace("role: Node", "role: Node\n  cloudLabels:\n    team: [\"\u{10FFFF}\"]"), "spec.cloudLabels.team[0]"),
+        ] {
+            let errs = parse_documents(text.as_bytes()).unwrap_err();
+            let msg = errs[0].to_string();
+            assert!(msg.contains(&format!("{path}: holds the Unicode noncharacter U+")), "{msg}");
+        }
+        assert!(!is_noncharacter('\u{FDCF}') && !is_noncharacter('\u{FFFD}') && is_noncharacter('\u{1FFFE}'));
     }
 
     #[test]

@@ -157,15 +157,27 @@ fn tail(log: &Path) -> String {
     lines[lines.len().saturating_sub(200)..].join("\n")
 }
 
+/// Text from the spec that Terraform would read as a template if it were not escaped: a cloud label
+/// that calls a function, holds an escape and a directive, and an IAM policy variable (AWS's own
+/// `${aws:username}`). Terraform must store them as written, so its tags and policy equal what
+/// the direct target plans (`keelson apply` sees no change).
+const TEMPLATE_TEXT: &str = r#"  cloudLabels:
+    team: '${file("/etc/hostname")} $${x} %{ if true }y%{ endif }'
+  additionalPolicies:
+    node: '[{"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": ["arn:aws:s3:::keelson-user-data/${aws:username}/*"]}]'
+"#;
+
 /// An example pointed at the test bucket, zone and image (and, for ha.yaml and private.yaml, moved to
-/// us-east-1 as the other moto tests do), in `dir/cluster.yaml`.
+/// us-east-1 as the other moto tests do), in `dir/cluster.yaml`; minimal.yaml also carries
+/// [`TEMPLATE_TEXT`].
 fn spec_file(dir: &Path, example: &str, ami: &str) -> PathBuf {
     let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(example)).expect("example");
+    let extra = if example == "minimal.yaml" { TEMPLATE_TEXT } else { "" };
     let text = text
         .replace("eu-west-1", "us-east-1")
         .replace("s3://acme-keelson-state/", &format!("s3://{BUCKET}/"))
         .replace("099720109477/ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-20250610", ami)
-        .replace("  cloudProvider: aws\n", &format!("  cloudProvider: aws\n  dnsZone: {ZONE}\n"));
+        .replace("  cloudProvider: aws\n", &format!("  cloudProvider: aws\n  dnsZone: {ZONE}\n{extra}"));
     let path = dir.join("cluster.yaml");
     std::fs::write(&path, text).expect("write spec");
     path

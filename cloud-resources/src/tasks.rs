@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::marker::PhantomData;
 
-use crate::terraform_json::tf_name;
+use crate::terraform_json::{expr, tf_name};
 
 /// A task type other tasks can link to: how Terraform names it.
 pub trait Linked {
@@ -57,7 +57,7 @@ impl<T: Linked> Link<T> {
     pub fn tf_attr(&self, attr: &str) -> String {
         match &self.id {
             Some(id) => id.clone(),
-            None => format!("${{{}.{}.{attr}}}", T::TF_TYPE, tf_name(&self.name)),
+            None => expr(&format!("{}.{}.{attr}", T::TF_TYPE, tf_name(&self.name))),
         }
     }
 }
@@ -274,8 +274,8 @@ mod tests {
     #[test]
     fn a_link_is_a_terraform_reference_or_the_id_it_names() {
         let ours = Link::<Vpc>::to("minimal.example.com");
-        assert_eq!(ours.tf(), "${aws_vpc.minimal-example-com.id}");
-        assert_eq!(ours.tf_attr("arn"), "${aws_vpc.minimal-example-com.arn}");
+        assert_eq!(crate::terraform_json::terraform_string(&ours.tf()), "${aws_vpc.minimal-example-com.id}");
+        assert_eq!(crate::terraform_json::terraform_string(&ours.tf_attr("arn")), "${aws_vpc.minimal-example-com.arn}");
         assert_eq!(ours.id(), None);
         let theirs = Link::<Vpc>::existing("vpc-0abc", "vpc-0abc");
         assert_eq!(theirs.tf(), "vpc-0abc");

@@ -307,7 +307,7 @@ mod tests {
             let s = subnet(vpc);
             let mut t = AwsTerraform { blocks: Blocks::default(), zone: None };
             s.render_terraform(&mut t);
-            assert_eq!(t.blocks.resource["aws_subnet"]["a-c"]["vpc_id"], tf);
+            assert_eq!(crate::terraform_json::terraform_string(t.blocks.resource["aws_subnet"]["a-c"]["vpc_id"].as_str().unwrap_or_default()), tf);
             assert_eq!(Task::from(s).view(None).attrs["vpc"], plan);
         }
     }

@@ -345,19 +345,23 @@ spec:
         let m = model();
         let lt = |group: &str| m.tasks.launch_templates.iter().find(|l| l.group == group).expect("launch template");
         let (cp, nodes) = (lt("cp"), lt("nodes"));
-        assert_eq!(cp.instance_profile.tf(), "${aws_iam_instance_profile.masters-c-example-com.id}", "ours: a reference");
+        assert_eq!(
+            crate::terraform_json::terraform_string(&cp.instance_profile.tf()),
+            "${aws_iam_instance_profile.masters-c-example-com.id}",
+            "ours: a reference"
+        );
         assert_eq!(nodes.instance_profile.tf(), "custom", "the spec's: as named");
-        let sgs: Vec<String> = nodes.security_groups.iter().map(|s| s.tf()).collect();
+        let sgs: Vec<String> = nodes.security_groups.iter().map(|s| crate::terraform_json::terraform_string(&s.tf())).collect();
         assert_eq!(sgs, ["${aws_security_group.nodes-c-example-com.id}", "sg-0abc"]);
         let asg = m.tasks.groups.iter().find(|g| g.group == "cp").expect("control-plane group");
         assert_eq!(asg.launch_template.name(), cp.name);
         assert_eq!(asg.target_groups.iter().map(|t| t.to_string()).collect::<Vec<_>>(), [m.tasks.target_groups[0].name.clone()]);
         assert!(m.tasks.groups.iter().find(|g| g.group == "nodes").is_some_and(|g| g.target_groups.is_empty()));
-        assert_eq!(asg.subnets[0].tf(), "${aws_subnet.a-c-example-com.id}");
+        assert_eq!(crate::terraform_json::terraform_string(&asg.subnets[0].tf()), "${aws_subnet.a-c-example-com.id}");
         let api = m.tasks.dns_records.iter().find(|r| r.name == "api.c.example.com").expect("api record");
         assert!(matches!(&api.target, RecordTarget::Alias(lb) if lb.name() == m.tasks.load_balancers[0].name), "{api:?}");
         assert_eq!(m.tasks.volumes[0].zone, "eu-west-1a");
-        assert_eq!(m.network.vpc.tf(), "${aws_vpc.c-example-com.id}");
+        assert_eq!(crate::terraform_json::terraform_string(&m.network.vpc.tf()), "${aws_vpc.c-example-com.id}");
     }
 
     /// kOps' `CloudTagsForInstanceGroup`: the cluster-autoscaler's node template of each group, every
