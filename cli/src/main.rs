@@ -12,6 +12,7 @@ mod bundle_cmd;
 mod cloud_target;
 #[cfg(feature = "cloud")]
 mod commands;
+mod create_cluster;
 #[cfg(feature = "cloud")]
 mod delete_instance;
 #[cfg(feature = "cloud")]
@@ -69,6 +70,11 @@ enum Command {
         #[arg(long = "state", value_name = "DIR")]
         state: Option<String>,
     },
+    /// kOps' `create cluster`: a new cluster's spec from kOps' flags (`keelson create cluster NAME
+    /// --zones Z1,Z2 --state s3://BUCKET`), written to NAME.yaml for git, or printed with
+    /// `--dry-run -o yaml`.
+    #[command(subcommand)]
+    Create(Create),
     /// kOps' `get`: `keelson get assets -f SPEC` lists every file and image the cluster uses, `keelson
     /// get instances -f SPEC` every instance of its groups.
     #[command(subcommand)]
@@ -141,6 +147,13 @@ enum Etcd {
 enum Reconcile {
     /// Apply and roll the cluster phase by phase (takes the `rolling-update` flags for its rolls).
     Cluster(reconcile::ReconcileArgs),
+}
+
+#[derive(Subcommand)]
+enum Create {
+    /// Write a new cluster's spec: the Cluster and its InstanceGroups as kOps' `create cluster`
+    /// makes them, checked as `keelson validate` checks a spec.
+    Cluster(Box<create_cluster::CreateClusterArgs>),
 }
 
 #[derive(Subcommand)]
@@ -217,6 +230,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Pki(args) => pki_cmd::run(args),
         Command::Bundle(command) => bundle_cmd::run(command),
         Command::Upgrade(Upgrade::Cluster(args)) => upgrade::run(args),
+        Command::Create(Create::Cluster(args)) => create_cluster::run(*args),
         Command::Validate { what: Some(what), .. } => match what {
             #[cfg(feature = "cloud")]
             ValidateWhat::Cluster(args) => commands::run_validate_cluster(args),

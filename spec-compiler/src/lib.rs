@@ -11,6 +11,7 @@ pub mod addons;
 pub mod assets;
 pub mod complete;
 pub mod load;
+pub mod new_cluster;
 pub mod nodeup_config;
 pub mod output;
 pub mod protokube_config;

@@ -8,10 +8,10 @@ use keelson_api::{APISpec, Cidr, ClusterSpec, DNSAccessSpec, DNSSpec, ExternalDN
 use super::{default, Cloud, Context, Derived, Plugin};
 
 /// Default pod + service supernet.
-const DEFAULT_NON_MASQUERADE: &str = "100.64.0.0/10";
+pub const DEFAULT_NON_MASQUERADE: &str = "100.64.0.0/10";
 const DEFAULT_SERVICE_RANGE_V4: &str = "100.64.0.0/13";
 const DEFAULT_SERVICE_RANGE_V6: &str = "fd00:5e4f:ce::/108";
-const DEFAULT_AWS_NETWORK: &str = "172.20.0.0/16";
+pub const DEFAULT_AWS_NETWORK: &str = "172.20.0.0/16";
 const DEFAULT_AZURE_NETWORK: &str = "10.0.0.0/16";
 
 fn cidr(s: &str) -> Cidr {
@@ -80,7 +80,12 @@ pub fn build(ctx: &Context, d: &Derived, spec: &mut ClusterSpec) {
         default(&mut spec.service_cluster_ip_range, cidr(svc));
     }
     match ctx.cloud {
-        Cloud::Aws => default(&mut spec.network_cidr, cidr(DEFAULT_AWS_NETWORK)),
+        Cloud::Aws => {
+            default(&mut spec.network_cidr, cidr(DEFAULT_AWS_NETWORK));
+            if let (Some(network), Some(subnets)) = (spec.network_cidr, spec.subnets.as_mut()) {
+                assign_aws_subnets(network, subnets);
+            }
+        }
         Cloud::Azure => default(&mut spec.network_cidr, cidr(DEFAULT_AZURE_NETWORK)),
         Cloud::Gce => assign_gce_subnets(spec),
         _ => {}
@@ -157,6 +162,58 @@ fn allocate(used: &mut Vec<Cidr>, within: ipnet::Ipv4Net, prefix: u8) -> Option<
         next += step;
     }
     None
+}
+
+/// AWS subnets without a CIDR (and without an existing subnet's id) get one from the network CIDR,
+/// as kOps' `assignCIDRsToSubnets` does: the network is split into 1, 2, 4 or 8 equal blocks (one
+/// per Public/Private/DualStack subnet, plus one shared by the Utility subnets), blocks that overlap
+/// a subnet's given CIDR are skipped, each Utility subnet gets an eighth of the first free block and
+/// the other subnets the following blocks, in zone order. Leaves a subnet without a CIDR when the
+/// network has no room (validation then names it).
+pub fn assign_aws_subnets(network: Cidr, subnets: &mut [keelson_api::ClusterSubnetSpec]) {
+    let ipnet::IpNet::V4(network) = network.net() else { return };
+    if subnets.iter().all(|s| s.cidr.is_some() || s.id.is_some()) {
+        return;
+    }
+    let parsed = |s: &keelson_api::ClusterSubnetSpec| s.cidr.as_deref().and_then(|c| c.parse::<ipnet::Ipv4Net>().ok());
+    let reserved: Vec<ipnet::Ipv4Net> = subnets.iter().filter_map(parsed).filter(|c| network.contains(&c.network())).collect();
+    // A subnet whose given CIDR lies outside the network (an additional network CIDR) is left out.
+    let mut order: Vec<usize> = (0..subnets.len()).filter(|&i| parsed(&subnets[i]).is_none_or(|c| network.contains(&c.network()))).collect();
+    order.sort_by(|&a, &b| subnets[a].zone.cmp(&subnets[b].zone));
+    let utility = |s: &keelson_api::ClusterSubnetSpec| s.type_.as_deref() == Some("Utility");
+    let (little, big): (Vec<usize>, Vec<usize>) = order.into_iter().partition(|&i| utility(&subnets[i]));
+    let count = big.len() + usize::from(!little.is_empty());
+    let bits = match count {
+        0 | 1 => 0,
+        2 => 1,
+        3 | 4 => 2,
+        _ => 3,
+    };
+    let split =
+        |parent: ipnet::Ipv4Net, bits: u8| -> Vec<ipnet::Ipv4Net> { parent.subnets(parent.prefix_len() + bits).map(|i| i.collect()).unwrap_or_default() };
+    let mut blocks: Vec<ipnet::Ipv4Net> =
+        split(network, bits).into_iter().filter(|b| !reserved.iter().any(|r| r.contains(&b.network()) || b.contains(&r.network()))).collect();
+    if blocks.is_empty() {
+        return;
+    }
+    if !little.is_empty() {
+        let mut eighths = split(blocks.remove(0), 3).into_iter();
+        for i in little {
+            if subnets[i].cidr.is_some() {
+                continue;
+            }
+            let Some(c) = eighths.next() else { break };
+            subnets[i].cidr = Some(c.to_string());
+        }
+    }
+    let mut blocks = blocks.into_iter();
+    for i in big {
+        if subnets[i].cidr.is_some() || subnets[i].id.is_some() {
+            continue;
+        }
+        let Some(c) = blocks.next() else { break };
+        subnets[i].cidr = Some(c.to_string());
+    }
 }
 
 fn gce_network() -> ipnet::Ipv4Net {
@@ -279,6 +336,38 @@ mod tests {
         assert_eq!(allocate(&mut used, gce_network(), 19).map(|c| c.to_string()), Some("10.0.32.0/19".into()));
         let mut fresh = Vec::new();
         assert_eq!(allocate(&mut fresh, gce_network(), 20).map(|c| c.to_string()), Some("10.0.16.0/20".into()));
+    }
+
+    /// kOps' split: three zones, private with utility subnets → a /18 each for the private subnets
+    /// after the first /18, whose eighths (/21) go to the utility subnets; a given CIDR is kept and
+    /// its block skipped; an existing subnet (id) is left alone.
+    #[test]
+    fn aws_subnets_get_kops_blocks() {
+        let subnet = |name: &str, zone: &str, ty: &str| keelson_api::ClusterSubnetSpec {
+            name: Some(name.into()),
+            zone: Some(zone.into()),
+            type_: Some(ty.into()),
+            ..Default::default()
+        };
+        let mut s = vec![
+            subnet("b", "z-1b", "Private"),
+            subnet("a", "z-1a", "Private"),
+            subnet("c", "z-1c", "Private"),
+            subnet("utility-a", "z-1a", "Utility"),
+            subnet("utility-b", "z-1b", "Utility"),
+        ];
+        assign_aws_subnets(cidr("172.20.0.0/16"), &mut s);
+        let got: Vec<_> = s.iter().map(|s| s.cidr.clone().unwrap_or_default()).collect();
+        assert_eq!(got, ["172.20.128.0/18", "172.20.64.0/18", "172.20.192.0/18", "172.20.0.0/21", "172.20.8.0/21"]);
+
+        let mut s = vec![subnet("a", "z-1a", "Public"), subnet("b", "z-1b", "Public"), subnet("old", "z-1c", "Public")];
+        s[2].cidr = Some("172.20.0.0/24".into());
+        let mut existing = subnet("shared", "z-1a", "Public");
+        existing.id = Some("subnet-1".into());
+        s.push(existing);
+        assign_aws_subnets(cidr("172.20.0.0/16"), &mut s);
+        let got: Vec<_> = s.iter().map(|s| s.cidr.clone().unwrap_or_default()).collect();
+        assert_eq!(got, ["172.20.64.0/18", "172.20.128.0/18", "172.20.0.0/24", ""]);
     }
 
     #[test]

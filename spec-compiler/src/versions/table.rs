@@ -87,6 +87,26 @@ pub const OLDEST_SUPPORTED_KUBERNETES_VERSION: (u64, u64, u64) = (1, 32, 0);
 /// kOps warns (deprecated) for Kubernetes older than this.
 pub const OLDEST_RECOMMENDED_KUBERNETES_VERSION: (u64, u64, u64) = (1, 34, 0);
 
+/// The Kubernetes version `keelson create cluster` writes when `--kubernetes-version` is not given:
+/// the release Keelson's own clusters are built and tested with (keelson-local builds it; the
+/// examples use it — a test holds them to it).
+pub const RECOMMENDED_KUBERNETES_VERSION: &str = "1.34.4";
+
+/// The machine images of kOps' stable channel for Kubernetes ≥ 1.32 (`channels/stable`, `images`),
+/// per cloud and architecture: what `create cluster` writes when no `--image` is given.
+pub const CHANNEL_IMAGES: &[(&str, Arch, &str)] = &[
+    ("aws", Arch::Amd64, "099720109477/ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-20260714"),
+    ("aws", Arch::Arm64, "099720109477/ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-arm64-server-20260714"),
+    ("gce", Arch::Amd64, "ubuntu-os-cloud/ubuntu-2404-noble-amd64-v20260615"),
+    ("gce", Arch::Arm64, "ubuntu-os-cloud/ubuntu-2404-noble-arm64-v20260615"),
+];
+
+/// The channel's image for a cloud and architecture ([`CHANNEL_IMAGES`]; empty for a cloud it
+/// does not list).
+pub fn default_image(cloud: &str, arch: Arch) -> &'static str {
+    CHANNEL_IMAGES.iter().find(|(c, a, _)| *c == cloud && *a == arch).map_or("", |(_, _, image)| image)
+}
+
 /// Asset names understood by [`Versions::assets`].
 pub const ASSET_NAMES: &[&str] =
     &["kubelet", "kubectl", "ecr-credential-provider", "auth-provider-gcp", "cni-plugins", "containerd", "runc", "crictl", "nerdctl"];
