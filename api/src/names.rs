@@ -54,6 +54,18 @@ pub fn gce_name(name: &str) -> String {
     s.trim_end_matches('-').to_string()
 }
 
+/// The longest GCE label key or value.
+pub const GCE_LABEL_MAX: usize = 63;
+/// kOps' cluster label on GCE resources (value: [`gce_safe_cluster_name`]).
+pub const GCE_CLUSTER_LABEL: &str = "k8s-io-cluster-name";
+
+/// kOps' `SafeClusterName`: the cluster name with its dots as dashes — the value of the cluster
+/// label on every GCE disk and instance template, never cut (a name too long for a label value is
+/// refused by `validate`: [`crate::support::refusals`]).
+pub fn gce_safe_cluster_name(cluster: &str) -> String {
+    cluster.replace('.', "-")
+}
+
 /// The GCE service account of a role's instances (kOps' `gce.ServiceAccountName`): `control-plane`,
 /// `node` or `bastion`, `-`, then the cluster's name with dots as dashes, cut to 30 characters in
 /// all (an account id's limit) with kOps' hash suffix. API servers share the control plane's.

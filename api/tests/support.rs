@@ -373,3 +373,23 @@ fn master_internal_name_is_accepted_only_as_the_name_keelson_uses() {
     assert!(!refused("api.internal.t.example.com"));
     assert!(refused("api.inside.t.example.com"));
 }
+
+/// A GCE cluster whose name (dots as dashes) is longer than a label value: refused by validate
+/// (and so apply), a warning for compile — as long as the cluster is on GCE; the same name on AWS
+/// is fine.
+#[test]
+fn a_gce_cluster_name_too_long_for_its_label_is_refused() {
+    let long = "minimal-gce-with-a-very-very-very-very-very-long-name.example.com";
+    let text = |cloud: &str| {
+        format!("apiVersion: kops.k8s.io/v1alpha2\nkind: Cluster\nmetadata:\n  name: {long}\nspec:\n  cloudProvider: {cloud}\n  kubernetesVersion: 1.34.4\n")
+    };
+    let gce = parse_documents(text("gce").as_bytes()).expect("parse");
+    let refused = support::not_rendered(&gce);
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].path, "metadata.name");
+    assert!(refused[0].message.contains("65 characters, GCE allows 63"), "{}", refused[0].message);
+    let aws = parse_documents(text("aws").as_bytes()).expect("parse");
+    assert!(support::not_rendered(&aws).is_empty());
+    let short = parse_documents(text("gce").replace(long, "c.example.com").as_bytes()).expect("parse");
+    assert!(support::not_rendered(&short).is_empty());
+}

@@ -216,8 +216,10 @@ fn unrendered_and_refused_fields_are_named_with_their_path() {
 
 /// How many of the public kOps conformance cases `keelson validate` accepts, at least (issue 44:
 /// 24 before, this many after). Every case it refuses names each refused field with its reason
-/// (README, "What Keelson refuses"); raise the number when more pass, never lower it.
-const PUBLIC_KOPS_CASES_VALID: usize = 28;
+/// (README, "What Keelson refuses"); raise the number when more pass, never lower it without a
+/// reason a user can check. 28 passed until `minimal_gce_longclustername` was refused (2026-12-03):
+/// its 65-character cluster label value passes kOps' mock GCE, and real GCE refuses it (at most 63).
+const PUBLIC_KOPS_CASES_VALID: usize = 27;
 
 #[test]
 fn public_kops_cases_pass_validate_no_fewer_than_before() {

@@ -306,6 +306,18 @@ pub fn refusals(docs: &Documents) -> Vec<Refusal> {
             out.push(Refusal { error: ValidationError { document: doc.clone(), path, message }, not_rendered });
         }
     }
+    // Facts of the whole cluster that no one field carries.
+    let name = docs.cluster.name();
+    let label = crate::names::gce_safe_cluster_name(name);
+    if docs.cluster.spec.cloud_provider.as_deref() == Some("gce") && label.len() > crate::names::GCE_LABEL_MAX {
+        let message = format!(
+            "on GCE the cluster's name, dots as dashes, is the value of its disks' and templates' {} label: {} characters, GCE allows {} (kOps writes it uncut too; real GCE refuses it)",
+            crate::names::GCE_CLUSTER_LABEL,
+            label.len(),
+            crate::names::GCE_LABEL_MAX
+        );
+        out.push(Refusal { error: ValidationError { document: format!("Cluster/{name}"), path: "metadata.name".into(), message }, not_rendered: true });
+    }
     out
 }
 

@@ -8,10 +8,10 @@
 //! digits, so kOps' `DecodeGCELabel` (which reads `-` as `%`) gets the text back exactly. A value
 //! that would not fit is an error, never cut.
 
-/// The longest GCE label key or value.
-pub const LABEL_MAX: usize = 63;
-/// kOps' cluster label (value: the cluster name with its dots as dashes, [`safe_cluster_name`]).
-pub const CLUSTER_LABEL: &str = "k8s-io-cluster-name";
+/// The longest GCE label key or value; kOps' cluster label (value: the cluster name with its dots
+/// as dashes, [`safe_cluster_name`]) — one definition, in `keelson_api::names`, which `validate`
+/// reads too.
+pub use keelson_api::names::{gce_safe_cluster_name as safe_cluster_name, GCE_CLUSTER_LABEL as CLUSTER_LABEL, GCE_LABEL_MAX as LABEL_MAX};
 /// kOps' role label prefix (`k8s-io-role-master=master` on etcd disks).
 pub const ROLE_LABEL_PREFIX: &str = "k8s-io-role-";
 /// kOps' etcd label prefix (`k8s-io-etcd-<etcd cluster>=<encoded member/members>`).
@@ -65,11 +65,6 @@ pub fn decode_label(value: &str) -> Result<String, LabelError> {
         }
     }
     String::from_utf8(out).map_err(|e| bad(e.to_string()))
-}
-
-/// kOps' `SafeClusterName`: the cluster name with its dots as dashes.
-pub fn safe_cluster_name(cluster: &str) -> String {
-    cluster.replace('.', "-")
 }
 
 /// A label key from free text: lower case, every character outside `[a-z0-9_-]` as `-`.
