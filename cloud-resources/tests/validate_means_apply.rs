@@ -19,7 +19,11 @@ fn specs() -> Vec<(String, Vec<u8>)> {
         out.push((p.display().to_string(), std::fs::read(&p).expect("example")));
     }
     let cases = std::env::var_os("KEELSON_CONFORMANCE_CASES").map(PathBuf::from).unwrap_or_else(|| root.join("../shared/conformance/cases"));
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&cases).unwrap_or_else(|e| panic!("{}: {e} (set KEELSON_CONFORMANCE_CASES)", cases.display())).filter_map(Result::ok).map(|e| e.path()).collect();
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&cases)
+        .unwrap_or_else(|e| panic!("{}: {e} (set KEELSON_CONFORMANCE_CASES)", cases.display()))
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .collect();
     dirs.sort();
     let n = dirs.len();
     assert!(n >= 46, "{}: {n} cases, expected at least kOps' 46 public ones", cases.display());
