@@ -665,7 +665,8 @@ mod tests {
 
     #[test]
     fn bad_flags_are_named() {
-        let cases: Vec<(Box<dyn Fn(&mut NewClusterOptions)>, &str)> = vec![
+        type Change = Box<dyn Fn(&mut NewClusterOptions)>;
+        let cases: Vec<(Change, &str)> = vec![
             (Box::new(|o| o.name.clear()), "--name"),
             (Box::new(|o| o.zones.clear()), "--zones"),
             (Box::new(|o| o.state = Some("/tmp/x".into())), "--cloud"),
