@@ -12,6 +12,8 @@ use std::collections::BTreeMap;
 use serde_json::{json, Value};
 
 use crate::complete::network::{assign_aws_subnets, DEFAULT_AWS_NETWORK, DEFAULT_NON_MASQUERADE};
+use keelson_api::CloudProvider;
+
 use crate::versions::{default_image, Arch, RECOMMENDED_KUBERNETES_VERSION};
 
 /// kOps' `create cluster` options Keelson takes (kOps' flag in each field's doc).
@@ -96,6 +98,8 @@ fn flag(flag: &'static str, message: impl Into<String>) -> NewClusterError {
     NewClusterError::Flag { flag, message: message.into() }
 }
 
+/// The clouds `create cluster` lays out: those Keelson builds on ([`CloudProvider::served`], the
+/// rule `validate` and `apply` use).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum CloudKind {
     Aws,
@@ -105,18 +109,21 @@ enum CloudKind {
 impl CloudKind {
     fn as_str(self) -> &'static str {
         match self {
-            CloudKind::Aws => "aws",
-            CloudKind::Gce => "gce",
+            CloudKind::Aws => CloudProvider::Aws.as_str(),
+            CloudKind::Gce => CloudProvider::Gce.as_str(),
         }
     }
 }
 
 /// The cloud of `--cloud`, else of the state store's scheme (kOps' `GuessCloudForPath`).
 fn cloud_of(o: &NewClusterOptions) -> Result<CloudKind, NewClusterError> {
-    match o.cloud.as_deref().map(str::to_ascii_lowercase).as_deref() {
-        Some("aws") => Ok(CloudKind::Aws),
-        Some("gce") => Ok(CloudKind::Gce),
-        Some(other) => Err(flag("cloud", format!("{other:?}: Keelson builds clusters on aws and gce"))),
+    let unserved = |c: &str| flag("cloud", format!("{c:?}: Keelson builds clusters on {}", CloudProvider::served_names().join(" and ")));
+    match o.cloud.as_deref() {
+        Some(c) => match CloudProvider::parse(&c.to_ascii_lowercase()) {
+            Some(CloudProvider::Aws) => Ok(CloudKind::Aws),
+            Some(CloudProvider::Gce) => Ok(CloudKind::Gce),
+            _ => Err(unserved(c)),
+        },
         None => match o.state.as_deref() {
             Some(s) if s.starts_with("s3://") => Ok(CloudKind::Aws),
             Some(s) if s.starts_with("gs://") => Ok(CloudKind::Gce),
@@ -125,12 +132,10 @@ fn cloud_of(o: &NewClusterOptions) -> Result<CloudKind, NewClusterError> {
     }
 }
 
-/// A GCE zone's region (`europe-west1-b` → `europe-west1`).
+/// A GCE zone's region (`europe-west1-b` → `europe-west1`; the rule every part uses,
+/// [`keelson_api::plan::region_of_zone`]).
 fn gce_region(zone: &str) -> Result<&str, NewClusterError> {
-    match zone.rsplit_once('-') {
-        Some((region, z)) if !region.is_empty() && z.len() == 1 => Ok(region),
-        _ => Err(flag("zones", format!("{zone:?} is not a GCE zone (expected REGION-X, such as europe-west1-b)"))),
-    }
+    keelson_api::plan::region_of_zone(zone).ok_or_else(|| flag("zones", format!("{zone:?} is not a GCE zone (expected REGION-X, such as europe-west1-b)")))
 }
 
 /// The architecture a machine type runs (AWS Graviton families have a `g` after the generation:
