@@ -341,18 +341,8 @@ mod tests {
             n.status = Some(NodeStatus { addresses: Some(vec![NodeAddress { type_: "InternalIP".into(), address: ip.into() }]), ..Default::default() });
             n
         };
-        let inst = |id: &str, ip: &str| InstanceStatus {
-            id: id.into(),
-            version: Some("2".into()),
-            lifecycle: "InService".into(),
-            healthy: true,
-            private_ip: Some(ip.into()),
-            external_ip: None,
-            machine_type: None,
-            zone: None,
-            volumes: Vec::new(),
-            outdated: false,
-        };
+        let inst =
+            |id: &str, ip: &str| InstanceStatus { version: Some("2".into()), private_ip: Some(ip.into()), ..InstanceStatus::for_test(id, "InService", false) };
         let mut groups = vec![GroupStatus {
             name: "nodes.c".into(),
             group: "nodes".into(),

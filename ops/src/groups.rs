@@ -62,6 +62,26 @@ pub struct InstanceStatus {
     pub outdated: bool,
 }
 
+#[cfg(test)]
+impl InstanceStatus {
+    /// The tests' instance: healthy, launched from version `1`, nothing else known (change the
+    /// rest with struct update syntax).
+    pub(crate) fn for_test(id: &str, lifecycle: &str, outdated: bool) -> InstanceStatus {
+        InstanceStatus {
+            id: id.into(),
+            version: Some("1".into()),
+            lifecycle: lifecycle.into(),
+            healthy: true,
+            private_ip: None,
+            external_ip: None,
+            machine_type: None,
+            zone: None,
+            volumes: Vec::new(),
+            outdated,
+        }
+    }
+}
+
 /// One cloud group (an autoscaling group, a zone's managed instance group) of an instance group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupStatus {
@@ -208,18 +228,7 @@ mod tests {
     use super::*;
 
     fn inst(id: &str, lifecycle: &str) -> InstanceStatus {
-        InstanceStatus {
-            id: id.into(),
-            version: Some("1".into()),
-            lifecycle: lifecycle.into(),
-            healthy: true,
-            private_ip: None,
-            external_ip: None,
-            machine_type: None,
-            zone: None,
-            volumes: Vec::new(),
-            outdated: true,
-        }
+        InstanceStatus::for_test(id, lifecycle, true)
     }
 
     #[test]

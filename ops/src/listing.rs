@@ -129,16 +129,11 @@ mod tests {
 
     fn inst(id: &str, ip: Option<&str>, lifecycle: &str, outdated: bool) -> InstanceStatus {
         InstanceStatus {
-            id: id.into(),
-            version: Some("1".into()),
-            lifecycle: lifecycle.into(),
-            healthy: true,
             private_ip: ip.map(Into::into),
-            external_ip: None,
             machine_type: Some("t3.medium".into()),
             zone: Some("us-east-1a".into()),
             volumes: vec!["vol-1".into()],
-            outdated,
+            ..InstanceStatus::for_test(id, lifecycle, outdated)
         }
     }
 

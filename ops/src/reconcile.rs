@@ -443,18 +443,7 @@ mod tests {
         assert!(parts[&Phase::Prune].notes.is_empty());
 
         // What the rolling phases show in a plan: the instances the templates leave behind.
-        let inst = |id: &str| instances::InstanceStatus {
-            id: id.into(),
-            version: Some("1".into()),
-            lifecycle: "InService".into(),
-            healthy: true,
-            private_ip: None,
-            external_ip: None,
-            machine_type: None,
-            zone: None,
-            volumes: Vec::new(),
-            outdated: false,
-        };
+        let inst = |id: &str| instances::InstanceStatus::for_test(id, "InService", false);
         let status = |g: &GroupRef, ids: &[&str]| GroupStatus {
             name: g.cloud_name.clone(),
             group: g.group.clone(),

@@ -664,18 +664,7 @@ mod tests {
 
     #[test]
     fn only_the_named_instances_are_replaced_outdated_or_not() {
-        let inst = |id: &str, lifecycle: &str, outdated: bool| InstanceStatus {
-            id: id.into(),
-            version: Some("1".into()),
-            lifecycle: lifecycle.into(),
-            healthy: true,
-            private_ip: None,
-            external_ip: None,
-            machine_type: None,
-            zone: None,
-            volumes: Vec::new(),
-            outdated,
-        };
+        let inst = |id: &str, lifecycle: &str, outdated: bool| InstanceStatus::for_test(id, lifecycle, outdated);
         let mut nodes = group(Role::Node);
         nodes.instances = vec![inst("i-a", "InService", true), inst("i-b", "InService", false), inst("i-dying", "Terminating", false)];
         let mut cps = group(Role::ControlPlane);
