@@ -21,6 +21,10 @@ pub const CONTAINERD_CONFIG: &str = "/etc/containerd/config.toml";
 /// containerd's per-registry `hosts.toml` files (`<registry>/hosts.toml`): nodeup writes them,
 /// containerd's CRI and protokube's `ctr --hosts-dir` read them.
 pub const CONTAINERD_CERTS_DIR: &str = "/etc/containerd/certs.d";
+/// containerd's store (its own default `root`; nodeup sets `root` only when the spec's
+/// `containerd.root` does): `keelson bundle bake` imports images there, keelson-local binds a
+/// host directory there.
+pub const CONTAINERD_ROOT: &str = "/var/lib/containerd";
 
 /// The cluster's PKI on the host (kOps' `/srv/kubernetes`).
 pub const SRV_KUBERNETES: &str = "/srv/kubernetes";

@@ -11,10 +11,13 @@
 //!   sha256 while streaming, each image copied with oci-client; resumable (a re-run reuses the
 //!   verified files and blobs of its work directory);
 //! * [`push`]: files into a `file://` or `gs://` repository, images into a registry through the
-//!   OCI distribution API, skipping what is already there by digest.
+//!   OCI distribution API, skipping what is already there by digest;
+//! * [`bake`]: files into nodeup's hash-keyed cache and images into containerd's store of a machine
+//!   image's root filesystem (pinned), so a machine booted from it downloads nothing.
 //!
 //! Progress goes to `tracing` at info level, target `bundle` (the `keelson` CLI shows it by default).
 
+pub mod bake;
 pub mod create;
 pub mod layout;
 pub mod manifest;
@@ -22,6 +25,7 @@ pub mod paths;
 pub mod push;
 mod registry;
 
+pub use bake::{bake, BakeError, BakeOptions, BakeReport};
 pub use create::{create, plan, CreateError, CreateOptions, CreateReport, Plan};
 pub use manifest::{BundleFile, BundleImage, BundleManifest, ManifestError};
 pub use push::{open_repository, push, PushError, PushOptions, PushReport};

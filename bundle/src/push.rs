@@ -125,17 +125,18 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> PushError + '_ {
     move |source| PushError::Io { path: path.to_path_buf(), source }
 }
 
-/// Unpack `bundle` into a temp directory beside it (removed when dropped).
-fn unpack(bundle: &Path) -> Result<tempfile::TempDir, PushError> {
+/// Unpack `bundle` into a temp directory beside it (removed when dropped); an error names the path
+/// it is about.
+pub(crate) fn unpack_bundle(bundle: &Path) -> Result<tempfile::TempDir, (PathBuf, std::io::Error)> {
     let parent = bundle.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let dir = tempfile::Builder::new().prefix(".keelson-bundle-").tempdir_in(parent).map_err(io_err(parent))?;
-    let file = std::fs::File::open(bundle).map_err(io_err(bundle))?;
-    tar::Archive::new(std::io::BufReader::new(file)).unpack(dir.path()).map_err(io_err(bundle))?;
+    let dir = tempfile::Builder::new().prefix(".keelson-bundle-").tempdir_in(parent).map_err(|e| (parent.to_path_buf(), e))?;
+    let file = std::fs::File::open(bundle).map_err(|e| (bundle.to_path_buf(), e))?;
+    tar::Archive::new(std::io::BufReader::new(file)).unpack(dir.path()).map_err(|e| (bundle.to_path_buf(), e))?;
     Ok(dir)
 }
 
 async fn push_async(bundle: &Path, store: &StateStore, opts: &PushOptions) -> Result<PushReport, PushError> {
-    let dir = unpack(bundle)?;
+    let dir = unpack_bundle(bundle).map_err(|(path, source)| PushError::Io { path, source })?;
     let manifest_path = dir.path().join(MANIFEST_FILE);
     let bytes = std::fs::read(&manifest_path).map_err(io_err(&manifest_path))?;
     let manifest = BundleManifest::parse(&bytes).map_err(|source| PushError::Manifest { bundle: bundle.to_path_buf(), source })?;

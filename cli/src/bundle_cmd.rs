@@ -1,4 +1,4 @@
-//! `keelson bundle create | push`: air-gapped bundles (docs/bundles.md). Parses the flags and calls
+//! `keelson bundle create | push | bake`: air-gapped bundles (docs/bundles.md). Parses the flags and calls
 //! `keelson-bundle`.
 
 use std::path::PathBuf;
@@ -14,6 +14,10 @@ pub enum BundleCommand {
     /// A bundle's files into a file repository and its images into a registry, skipping what is
     /// there; then set the spec's `assets.fileRepository` / `assets.containerRegistry` to them.
     Push(PushArgs),
+    /// A bundle's files and images into a machine image's root filesystem (the AMI build step):
+    /// nodeup's cache and containerd's store, images pinned, so machines booted from it download
+    /// nothing. Needs root (containerd's snapshotter mounts).
+    Bake(BakeArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -54,11 +58,49 @@ pub struct PushArgs {
     pub plain_http: bool,
 }
 
+#[derive(Debug, clap::Args)]
+pub struct BakeArgs {
+    /// The bundle `keelson bundle create` wrote.
+    pub bundle: PathBuf,
+    /// The machine image's root filesystem (a mounted image, or a directory a build packs).
+    #[arg(long = "root", value_name = "DIR")]
+    pub root: PathBuf,
+    /// The cluster's `assets.containerRegistry`: images are named as its nodes ask for them (the
+    /// names `keelson bundle push --registry` gives them). Without it, their upstream names.
+    #[arg(long = "registry", value_name = "HOST[:PORT]")]
+    pub registry: Option<String>,
+    /// The architecture to bake (default: this machine's).
+    #[arg(long = "arch", value_name = "ARCH")]
+    pub arch: Option<String>,
+    /// containerd's root inside the image (the spec's `containerd.root`, if it sets one).
+    #[arg(long = "containerd-root", value_name = "PATH", default_value = bundle::bake::DEFAULT_CONTAINERD_ROOT)]
+    pub containerd_root: String,
+}
+
 pub fn run(command: BundleCommand) -> anyhow::Result<ExitCode> {
     match command {
         BundleCommand::Create(args) => create(&args),
         BundleCommand::Push(args) => push(&args),
+        BundleCommand::Bake(args) => bake(&args),
     }
+}
+
+fn bake(args: &BakeArgs) -> anyhow::Result<ExitCode> {
+    if let Some(arch) = &args.arch {
+        crate::args::parse_arches(std::slice::from_ref(arch))?;
+    }
+    let opts = bundle::BakeOptions {
+        root: args.root.clone(),
+        registry: args.registry.clone(),
+        arch: args.arch.clone(),
+        containerd_root: args.containerd_root.clone(),
+    };
+    let report = bundle::bake(&args.bundle, &opts).with_context(|| format!("baking {} into {}", args.bundle.display(), args.root.display()))?;
+    for i in &report.images {
+        println!("image    {i}");
+    }
+    println!("{}: {report}", args.root.display());
+    Ok(ExitCode::SUCCESS)
 }
 
 fn create(args: &CreateArgs) -> anyhow::Result<ExitCode> {
@@ -134,5 +176,13 @@ mod tests {
         let BundleCommand::Create(c) = default_arches.command else { panic!("not create") };
         assert_eq!(c.arch, ["amd64", "arm64"]);
         assert!(Cli::try_parse_from(["k", "push", "b.tar", "--registry", "r:5000"]).is_err(), "--file-repository is required");
+        let bake = Cli::try_parse_from("keelson-bundle bake minimal-bundle.tar --root /mnt/image --registry registry.internal.example.com:5000".split(' '))
+            .expect("bake");
+        let BundleCommand::Bake(b) = bake.command else { panic!("not bake") };
+        assert_eq!(
+            (b.root.to_str(), b.registry.as_deref(), b.containerd_root.as_str()),
+            (Some("/mnt/image"), Some("registry.internal.example.com:5000"), "/var/lib/containerd")
+        );
+        assert!(Cli::try_parse_from(["k", "bake", "b.tar"]).is_err(), "--root is required");
     }
 }

@@ -179,7 +179,7 @@ impl Machine {
     #[allow(clippy::too_many_arguments)]
     pub fn start(
         self_exe: &Path,
-        lower: &Path,
+        lower: &rootfs::Lower,
         dir: PathBuf,
         bridge: &str,
         seg: &Segment,
@@ -202,6 +202,11 @@ impl Machine {
         fs::create_dir_all(&mp.dir).map_err(io_err(&id, &mp.dir))?;
         let overlay =
             rootfs::instantiate(lower, &mp.upper(), &mp.work(), &mp.root()).map_err(|source| MachineError::Rootfs { instance: id.clone(), source })?;
+        if let Some(baked) = &lower.baked {
+            // The baked image's containerd store: the machine's own copy (its /var/lib/containerd is a host directory).
+            let dir = mp.containerd_dir();
+            crate::cluster::baked::seed_containerd(&crate::cluster::baked::containerd_store(baked), &dir).map_err(io_err(&id, &dir))?;
+        }
         let mut m = Machine {
             info: MachineInfo {
                 instance_id: id.clone(),
@@ -289,7 +294,7 @@ impl Machine {
                 "--system-call-filter=@keyring",
                 "--bind=/dev/kmsg",
             ])
-            .arg(format!("--bind={}:/var/lib/containerd", containerd_dir.display()))
+            .arg(format!("--bind={}:{}", containerd_dir.display(), keelson_api::host_paths::CONTAINERD_ROOT))
             .arg(format!("--network-namespace-path=/run/netns/{}", self.info.netns))
             .arg(format!("--machine={id}"))
             .arg("--directory")

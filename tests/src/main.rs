@@ -21,6 +21,10 @@ enum Cmd {
         /// Seconds to wait for a healthy control plane.
         #[arg(long, default_value_t = 900)]
         timeout: u64,
+        /// Boot the machines from a baked image (`keelson bundle create` of the mirror and the
+        /// registry, then `keelson bundle bake`): nothing downloaded or unpacked at boot.
+        #[arg(long)]
+        baked: bool,
     },
     /// Machines, IPs, roles, volumes, containerd and etcd health.
     Ps,
@@ -46,6 +50,9 @@ enum Cmd {
         /// Leave the cluster up after the cycles (for further checks); `keelson-local down` removes it.
         #[arg(long)]
         keep_up: bool,
+        /// Boot every machine, replacements included, from a baked image (see `up --baked`).
+        #[arg(long)]
+        baked: bool,
     },
     /// Run the upstream Kubernetes e2e suite's [Conformance] tests against the local cluster
     /// (docs/conformance.md): by default a focused set of what Keelson sets up; `--full` runs all.
@@ -111,6 +118,8 @@ enum Cmd {
     Daemon {
         #[arg(short = 'f', long = "file")]
         file: PathBuf,
+        #[arg(long)]
+        baked: bool,
     },
     /// Build (or find) the cached Debian rootfs and print its path.
     Rootfs,
@@ -149,12 +158,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     use keelson_local::cluster;
     use std::time::Duration;
     match cli.command {
-        Cmd::Up { file, timeout } => cluster::up(&file, Duration::from_secs(timeout))?,
+        Cmd::Up { file, timeout, baked } => cluster::up_with(&file, Duration::from_secs(timeout), cluster::Boot::from_flag(baked))?,
         Cmd::Ps => cluster::ps()?,
         Cmd::Kill { instance } => cluster::kill(&instance)?,
-        Cmd::Selfheal { file, cycles, keys, cycle_timeout, up_timeout, validate_wait, keep_up } => {
+        Cmd::Selfheal { file, cycles, keys, cycle_timeout, up_timeout, validate_wait, keep_up, baked } => {
             let r = cluster::selfheal(
                 &file,
+                cluster::Boot::from_flag(baked),
                 cycles,
                 keys,
                 Duration::from_secs(cycle_timeout),
@@ -217,7 +227,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Cmd::Env => print!("{}", cluster::env_exports()?),
-        Cmd::Daemon { file } => cluster::run_daemon(&file)?,
+        Cmd::Daemon { file, baked } => cluster::run_daemon(&file, cluster::Boot::from_flag(baked))?,
         Cmd::Rootfs => {
             let p = keelson_local::rootfs::ensure(&keelson_local::paths::cache_dir())?;
             println!("{}", p.display());

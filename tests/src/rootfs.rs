@@ -334,22 +334,57 @@ fn customise(root: &Path) -> Result<(), RootfsError> {
 
 /// A machine's root: an overlay of the cached rootfs (upper/work dirs under `machine_dir`), or a
 /// full copy when overlayfs cannot be mounted. Returns true when an overlay was mounted.
-pub fn instantiate(lower: &Path, upper: &Path, work: &Path, merged: &Path) -> Result<bool, RootfsError> {
+pub fn instantiate(lower: &Lower, upper: &Path, work: &Path, merged: &Path) -> Result<bool, RootfsError> {
     for d in [upper, work, merged] {
         fs::create_dir_all(d).map_err(io(d))?;
     }
-    let opts = format!("lowerdir={},upperdir={},workdir={}", lower.display(), upper.display(), work.display());
+    let opts = format!("lowerdir={},upperdir={},workdir={}", lower.lowerdir(), upper.display(), work.display());
     let overlay = cmd::run(Command::new("mount").args(["-t", "overlay", "overlay", "-o", &opts]).arg(merged));
     if overlay.is_ok() {
         return Ok(true);
     }
-    cmd::run(Command::new("cp").args(["-a", "--reflink=auto"]).arg(format!("{}/.", lower.display())).arg(merged))?;
+    for layer in lower.layers().iter().rev() {
+        cmd::run(Command::new("cp").args(["-a", "--reflink=auto"]).arg(format!("{}/.", layer.display())).arg(merged))?;
+    }
     Ok(false)
+}
+
+/// What a machine boots from: the rootfs and, for `--baked`, a baked image on top of it
+/// (`keelson bundle bake`'s root: nodeup's cache, the nodeup build, containerd's store).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lower {
+    pub rootfs: PathBuf,
+    pub baked: Option<PathBuf>,
+}
+
+impl From<PathBuf> for Lower {
+    fn from(rootfs: PathBuf) -> Lower {
+        Lower { rootfs, baked: None }
+    }
+}
+
+impl Lower {
+    /// The layers, top first.
+    pub fn layers(&self) -> Vec<&Path> {
+        self.baked.iter().map(PathBuf::as_path).chain([self.rootfs.as_path()]).collect()
+    }
+
+    /// overlayfs' `lowerdir=` value (top first, `:`-separated).
+    pub fn lowerdir(&self) -> String {
+        self.layers().iter().map(|l| l.display().to_string()).collect::<Vec<_>>().join(":")
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_baked_image_is_the_top_layer() {
+        assert_eq!(Lower::from(PathBuf::from("/c/rootfs")).lowerdir(), "/c/rootfs");
+        let baked = Lower { rootfs: "/c/rootfs".into(), baked: Some("/s/baked".into()) };
+        assert_eq!(baked.lowerdir(), "/s/baked:/c/rootfs");
+    }
 
     #[test]
     fn key_is_stable_and_short() {

@@ -28,7 +28,7 @@ const DISK: &str = "b-etcd-main-gce-k8s-example-com";
 #[test]
 fn gce_machine_metadata_user_data_identity_and_persistent_disk() {
     support::require_machine_root();
-    let lower = rootfs::ensure(&paths::cache_dir()).expect("rootfs");
+    let lower = rootfs::Lower::from(rootfs::ensure(&paths::cache_dir()).expect("rootfs"));
     let dir = std::env::temp_dir().join(format!("kl-gce-machine-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
     let mut g = support::MachineGuard { machine: None, dir: dir.clone(), backing: None, bridge: BRIDGE };

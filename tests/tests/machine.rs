@@ -23,7 +23,7 @@ const INSTANCE: &str = "i-0000000000test01";
 #[test]
 fn machine_layers_end_to_end() {
     support::require_machine_root();
-    let lower = rootfs::ensure(&paths::cache_dir()).expect("rootfs");
+    let lower = rootfs::Lower::from(rootfs::ensure(&paths::cache_dir()).expect("rootfs"));
     let dir = std::env::temp_dir().join(format!("kl-machine-test-{}", std::process::id()));
     let mut g = support::MachineGuard { machine: None, dir: dir.clone(), backing: None, bridge: BRIDGE };
     let seg = Segment::from_cidr("10.213.0.0/24").unwrap();

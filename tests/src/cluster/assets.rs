@@ -23,8 +23,8 @@ const FLANNEL_ADDON: &str = "state/addons/networking.flannel/v1.0.0.yaml";
 
 /// What the daemon keeps of the assets phase.
 pub struct Assets {
-    /// The rootfs every machine's overlay sits on.
-    pub lower: PathBuf,
+    /// The rootfs every machine's overlay sits on (with the baked image on top for `--baked`).
+    pub lower: rootfs::Lower,
     /// This workspace's `keelson`.
     pub keelson: PathBuf,
     /// The local spec (`spec.yaml` in the state directory): the user's, pointed at the mirror and
@@ -147,16 +147,22 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
     hashes.extend(mirror::build(&cache, &bins, Some(&local), &mirror_root, &urls)?);
     mirror::write_overrides(&overrides, &hashes)?;
     let nodeup_sha = hashes.get(&nodeup_url).cloned().unwrap_or_default();
-    Ok(Assets {
-        lower,
-        keelson,
-        local_spec,
-        compiled,
-        overrides,
-        kops_base,
-        nodeup_asset: format!("amd64={nodeup_sha}@{nodeup_url}"),
-        versions,
-        kubernetes_bin: local.kubernetes_bin,
-        registry,
-    })
+    let nodeup_asset = format!("amd64={nodeup_sha}@{nodeup_url}");
+    let mut lower = rootfs::Lower::from(lower);
+    if cs.baked {
+        cs.phase = "baking the machine image (keelson bundle create of the mirror and the registry, keelson bundle bake)".into();
+        cs.save(state);
+        let inputs = super::baked::BakeInputs {
+            keelson: &keelson,
+            local_spec: &local_spec,
+            overrides: &overrides,
+            kops_base: &kops_base,
+            nodeup_asset: &nodeup_asset,
+            mirror_root: &mirror_root,
+            registry: &registry_addr,
+            gw,
+        };
+        lower.baked = Some(super::baked::make(&state.root, &inputs)?);
+    }
+    Ok(Assets { lower, keelson, local_spec, compiled, overrides, kops_base, nodeup_asset, versions, kubernetes_bin: local.kubernetes_bin, registry })
 }

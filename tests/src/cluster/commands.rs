@@ -132,6 +132,11 @@ pub fn env_exports() -> anyhow::Result<String> {
 
 /// `up`: start the daemon and wait until the control plane is healthy.
 pub fn up(spec_path: &Path, timeout: Duration) -> anyhow::Result<()> {
+    up_with(spec_path, timeout, super::Boot::Plain)
+}
+
+/// `up`, the machines booted as `boot` says.
+pub fn up_with(spec_path: &Path, timeout: Duration, boot: super::Boot) -> anyhow::Result<()> {
     require_root()?;
     let st = state();
     if let Some(cs) = ClusterState::load(&st) {
@@ -147,7 +152,12 @@ pub fn up(spec_path: &Path, timeout: Duration) -> anyhow::Result<()> {
     Spec::load(&spec_abs)?;
     let log = fs::File::create(st.daemon_log())?;
     let exe = std::env::current_exe()?;
-    let child = Command::new(&exe).arg("daemon").arg("-f").arg(&spec_abs).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).process_group(0).spawn()?;
+    let mut daemon = Command::new(&exe);
+    daemon.arg("daemon").arg("-f").arg(&spec_abs);
+    if boot == super::Boot::Baked {
+        daemon.arg("--baked");
+    }
+    let child = daemon.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).process_group(0).spawn()?;
     let pid = child.id();
     // The daemon outlives us; a thread reaps it if it exits while we wait.
     std::thread::spawn(move || {

@@ -91,7 +91,7 @@ struct Daemon {
 }
 
 /// Run the daemon in this process until SIGTERM/SIGINT or the stop file; tears everything down.
-pub fn run_daemon(spec_path: &Path) -> anyhow::Result<()> {
+pub fn run_daemon(spec_path: &Path, boot: super::Boot) -> anyhow::Result<()> {
     let state = State::new(paths::state_dir());
     fs::create_dir_all(&state.root)?;
     let _ = fs::remove_file(state.stop_file());
@@ -120,6 +120,7 @@ pub fn run_daemon(spec_path: &Path) -> anyhow::Result<()> {
         daemon_pid: std::process::id() as i64,
         bridge: paths::DEFAULT_BRIDGE.into(),
         etcd_clusters: spec.etcd_clusters.clone(),
+        baked: boot == super::Boot::Baked,
         ..Default::default()
     };
     cs.save(&state);

@@ -87,7 +87,7 @@ pub struct Place {
     pub state: State,
     pub seg: Segment,
     pub bridge: String,
-    pub lower: PathBuf,
+    pub lower: crate::rootfs::Lower,
     pub self_exe: PathBuf,
     pub env: Environment,
 }

@@ -14,6 +14,7 @@
 //! - [`selfheal`]: the control-plane failover test.
 
 pub mod assets;
+pub mod baked;
 pub mod boot_times;
 pub mod commands;
 pub mod cpu;
@@ -27,7 +28,8 @@ pub mod prepare;
 pub mod selfheal;
 pub mod state;
 
-pub use commands::{down, env_exports, kill, kubectl, ps, service_urls, sweep, up};
+pub use baked::Boot;
+pub use commands::{down, env_exports, kill, kubectl, ps, service_urls, sweep, up, up_with};
 pub use daemon::{run_daemon, ClusterVersions, ADDON_RECORD, BOOTSTRAP_ADDON, TICK};
 pub use diagnostics::{blocker, diagnose, diagnose_nodes};
 pub use fleet::{replace_block, write_in_place, HOSTS_BEGIN, HOSTS_END, POWEROFF_GRACE};

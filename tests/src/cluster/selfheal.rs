@@ -15,7 +15,7 @@ use crate::cloud::Cloud;
 use crate::machine::{self, MachineInfo};
 use crate::{cmd, etcd, mirror};
 
-use super::commands::{down, env_exports, state, up};
+use super::commands::{down, env_exports, state};
 use super::cpu;
 use super::diagnostics::{diagnose, diagnose_nodes};
 use super::health::control_planes;
@@ -267,6 +267,7 @@ fn addon_applies_after_pass(m: &Option<MachineInfo>, timeout: Duration) -> Resul
 
 pub fn selfheal(
     spec_path: &Path,
+    boot: super::Boot,
     cycles: u32,
     keys: u64,
     cycle_timeout: Duration,
@@ -283,7 +284,7 @@ pub fn selfheal(
             }
         }
     }
-    up(spec_path, up_timeout)?;
+    super::commands::up_with(spec_path, up_timeout, boot)?;
     // Not `then_some(Down)`: that makes the guard (and drops it, running `down`) either way.
     let _down = if keep_up { None } else { Some(Down) };
     let st = state();

@@ -45,6 +45,10 @@ pub struct ClusterState {
     pub registry: String,
     #[serde(default)]
     pub registry_pid: i64,
+    /// The machines boot from a baked image (`--baked`): the bundle's files in nodeup's cache and
+    /// its images in containerd's store ([`super::baked`]).
+    #[serde(default)]
+    pub baked: bool,
     /// The API load balancer: 127.0.0.1:<api_port> plays the cluster's network load balancer
     /// (its target group's members, health-checked; [`crate::balancer`]).
     #[serde(default)]
