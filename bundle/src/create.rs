@@ -105,12 +105,23 @@ pub struct Plan {
 
 /// Compile `docs` without its mirrors (`assets.*` cleared) and list what a bundle of it holds for
 /// `arches` (empty: every architecture).
+///
+/// A file's sha256 is the one the spec's own nodes verify: `options.asset_hashes` may name it by its
+/// canonical URL or, as for a mirror serving local builds under upstream names, by the URL the spec's
+/// `assets.fileRepository` rewrites it to (the key `keelson compile --asset-hashes` reads either way).
 pub fn plan(docs: &Documents, options: &CompileOptions, arches: &[Arch]) -> Result<Plan, CreateError> {
     let arches = if arches.is_empty() { Arch::ALL.to_vec() } else { arches.to_vec() };
     let mut canonical = docs.clone();
     canonical.cluster.spec.assets = None;
     let compiled = spec_compiler::compile(&canonical, options)?;
-    let list = spec_compiler::assets::list(&compiled, options)?.for_arches(&arches);
+    let mut list = spec_compiler::assets::list(&compiled, options)?.for_arches(&arches);
+    let repository = docs.cluster.spec.assets.as_ref().and_then(|a| a.file_repository.as_deref());
+    for f in list.files.iter_mut().filter(|f| !options.asset_hashes.contains_key(&f.url)) {
+        let mirrored = repository.and_then(|r| spec_compiler::versions::remap_file_url(&f.url, Some(r)).ok());
+        if let Some(sha) = mirrored.and_then(|m| options.asset_hashes.get(&m)) {
+            f.sha256 = sha.clone();
+        }
+    }
     let v = spec_compiler::complete::versions_for(&compiled.completed.spec, options)?;
     let mut versions = BTreeMap::from([
         ("kubernetes".to_string(), v.kubernetes_version().to_string()),
@@ -560,5 +571,19 @@ mod tests {
         assert!(plain.files.iter().all(|f| f.arch == "amd64") && plain.files.iter().any(|f| f.url.starts_with("https://dl.k8s.io/")));
         assert!(plain.images.iter().any(|i| i.reference.starts_with("registry.k8s.io/kube-apiserver:")));
         assert_eq!(plain.versions["kubernetes"], "1.34.4");
+
+        // A hash given for the spec's mirror URL (a mirror of local builds) is the one its nodes
+        // verify, and so the bundle's; one given for the canonical URL wins over it.
+        let kubelet = plain.files.iter().find(|f| f.url.ends_with("/kubelet")).expect("kubelet").url.clone();
+        let crictl = plain.files.iter().find(|f| f.url.contains("crictl") || f.url.contains("runc")).expect("another file").url.clone();
+        let at_mirror = |u: &str| spec_compiler::versions::remap_file_url(u, Some("https://mirror.example.com/files")).expect("remap");
+        let (a, b, c) = ("a".repeat(64), "b".repeat(64), "c".repeat(64));
+        let options = CompileOptions {
+            asset_hashes: BTreeMap::from([(at_mirror(&kubelet), a.clone()), (at_mirror(&crictl), b), (crictl.clone(), c.clone())]),
+            ..Default::default()
+        };
+        let local = plan(&docs, &options, &[Arch::Amd64]).expect("plan");
+        let sha = |u: &str| local.files.iter().find(|f| f.url == u).expect("listed").sha256.clone();
+        assert_eq!((sha(&kubelet), sha(&crictl)), (a, c));
     }
 }
