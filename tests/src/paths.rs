@@ -48,6 +48,11 @@ impl State {
     pub fn cluster_file(&self) -> PathBuf {
         self.root.join("cluster.json")
     }
+    /// The local registry's access log: every request with the client's address first.
+    pub fn registry_log(&self) -> PathBuf {
+        self.root.join("registry.log")
+    }
+
     pub fn daemon_log(&self) -> PathBuf {
         self.root.join("daemon.log")
     }

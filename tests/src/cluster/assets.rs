@@ -128,7 +128,7 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
     };
     cs.phase = format!("pushing the images to the registry at {registry_addr}");
     cs.save(state);
-    let registry = kubernetes::Registry::start(&gw.to_string(), kubernetes::REGISTRY_PORT, &cache.join("registry"), &state.root.join("registry.log"))?;
+    let registry = kubernetes::Registry::start(&gw.to_string(), kubernetes::REGISTRY_PORT, &cache.join("registry"), &state.registry_log())?;
     cs.registry = registry_addr.clone();
     cs.registry_pid = registry.pid() as i64;
     kubernetes::push(&layout, &registry_addr)?;

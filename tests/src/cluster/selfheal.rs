@@ -60,6 +60,8 @@ pub struct SelfhealReport {
     pub validated: bool,
     /// Per healed cycle: what its failover cost in CPU.
     pub cpu: Vec<FailoverCpu>,
+    /// Per healed cycle: the image manifests and blobs the new machine fetched from the registry.
+    pub fetched: Vec<RegistryFetches>,
     /// AWS: whether the IAM oracle found every call the machines made allowed (checked at the end,
     /// before `down`; `None` on GCE or with `--keep-up`, where `keelson-local iam-check` does it).
     pub iam: Option<bool>,
@@ -72,6 +74,30 @@ pub struct FailoverCpu {
     /// The share of the host's cores that was busy from the kill to the failover's end.
     pub host_busy: f64,
     pub cores: usize,
+}
+
+/// What one machine fetched from the registry (image pulls), read from its access log.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RegistryFetches {
+    pub manifests: usize,
+    pub blobs: usize,
+}
+
+/// The manifests and blobs the client `ip` fetched, in the registry's access log `log` (one
+/// request per line, the client's address first, as the CNCF registry writes it).
+pub fn registry_fetches(log: &str, ip: &str) -> RegistryFetches {
+    let mut f = RegistryFetches::default();
+    for line in log.lines().filter(|l| l.split_whitespace().next() == Some(ip)) {
+        let Some(request) = line.split('"').nth(1) else { continue };
+        let mut parts = request.split_whitespace();
+        let (Some("GET"), Some(path)) = (parts.next(), parts.next()) else { continue };
+        if path.starts_with("/v2/") && path.contains("/manifests/") {
+            f.manifests += 1;
+        } else if path.starts_with("/v2/") && path.contains("/blobs/") {
+            f.blobs += 1;
+        }
+    }
+    f
 }
 
 /// (min, median, max) of `v`; zeros when empty.
@@ -318,6 +344,7 @@ pub fn selfheal(
         phases: vec![],
         validated: false,
         cpu: vec![],
+        fetched: vec![],
         iam: None,
     };
     for n in 1..=cycles {
@@ -388,6 +415,7 @@ pub fn selfheal(
         let host_busy = host_at_kill.zip(cpu::host_now()).and_then(|(a, b)| cpu::busy_between(&a, &b).map(|busy| (busy, b.cores)));
         let new_machine = healed.as_ref().and_then(|(new, _, _)| cs_of(&load, new));
         let new_cpu = new_machine.as_ref().and_then(|m| m.init_pid).map(cpu::machine_seconds);
+        let fetched = new_machine.as_ref().map(|m| registry_fetches(&std::fs::read_to_string(st.registry_log()).unwrap_or_default(), &m.ip));
         let addons = healed.as_ref().map(|_| addon_applies_after_pass(&new_machine, Duration::from_secs(90)));
         let healed = match (healed, &addons) {
             (Some(h), Some(Ok(0))) => Some(h),
@@ -458,6 +486,10 @@ pub fn selfheal(
                     );
                     let top: Vec<String> = by_name.iter().take(8).map(|(n, s)| format!("{n} {s:.1}")).collect();
                     println!("  CPU-s by command on the new machine: {}", top.join(", "));
+                }
+                if let Some(f) = fetched {
+                    report.fetched.push(f);
+                    println!("  registry: the new machine fetched {} image manifests and {} blobs", f.manifests, f.blobs);
                 }
                 println!("  {api}");
                 println!("  addons: the new control plane's controller passed and applied 0 (every hash recorded)");
@@ -570,6 +602,15 @@ pub fn selfheal(
             println!("  {:<24} {lo:>5.0} / {med:>5.0} / {hi:>5.0}", "host busy (%)");
         }
     }
+    if !report.fetched.is_empty() {
+        let blobs: usize = report.fetched.iter().map(|f| f.blobs).sum();
+        let manifests: usize = report.fetched.iter().map(|f| f.manifests).sum();
+        println!(
+            "selfheal: the {} new control planes fetched {blobs} image blobs and {manifests} manifests from the registry ({})",
+            report.fetched.len(),
+            if boot == super::Boot::Baked { "baked image" } else { "plain image" }
+        );
+    }
     if !keep_up && cloud.is_some() {
         let iam = super::iam::check().context("the IAM oracle")?;
         for line in iam.to_string().lines() {
@@ -592,6 +633,21 @@ pub fn selfheal(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn registry_fetches_are_counted_per_client() {
+        let log = "\
+172.20.32.4 - - [03/Dec/2026:12:24:31 +0000] \"GET /v2/ HTTP/1.1\" 200 2 \"\" \"containerd/v2.3.4\"
+172.20.32.4 - - [03/Dec/2026:12:24:31 +0000] \"GET /v2/kube-proxy/manifests/v1.34.4 HTTP/1.1\" 200 666 \"\" \"containerd/v2.3.4\"
+172.20.32.4 - - [03/Dec/2026:12:24:31 +0000] \"GET /v2/kube-proxy/blobs/sha256:6003 HTTP/1.1\" 200 740 \"\" \"containerd/v2.3.4\"
+172.20.32.4 - - [03/Dec/2026:12:24:31 +0000] \"HEAD /v2/kube-proxy/blobs/sha256:6004 HTTP/1.1\" 200 0 \"\" \"containerd/v2.3.4\"
+172.20.32.40 - - [03/Dec/2026:12:24:31 +0000] \"GET /v2/pause/blobs/sha256:1 HTTP/1.1\" 200 440 \"\" \"containerd/v2.3.4\"
+time=\"2026-12-03T12:24:31Z\" level=info msg=\"response completed\"
+";
+        assert_eq!(registry_fetches(log, "172.20.32.4"), RegistryFetches { manifests: 1, blobs: 1 });
+        assert_eq!(registry_fetches(log, "172.20.32.40"), RegistryFetches { manifests: 0, blobs: 1 });
+        assert_eq!(registry_fetches(log, "172.20.32.5"), RegistryFetches::default());
+    }
 
     #[test]
     fn kill_times_print_as_utc_clock_times() {
