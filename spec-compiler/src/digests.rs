@@ -43,12 +43,12 @@ pub struct Unpinned {
 
 fn unpinned_message(all: &[Unpinned]) -> String {
     let each: Vec<String> = all.iter().map(|u| format!("{}: {}: image {} has no digest", u.file, u.field, u.image)).collect();
+    let images = all.iter().map(|u| u.image.as_str()).collect::<std::collections::BTreeSet<_>>().len();
     format!(
-        "{}; the image digests given (--image-digests) do not name {} image{}, and with digests given no image is written by its tag alone (add {} to the bundle, or set the image by digest in the spec)",
+        "{}; the image digests given (--image-digests) do not name {images} image{}, and with digests given no image is written by its tag alone (add {} to the bundle, or set the image by digest in the spec)",
         each.join("; "),
-        all.len(),
-        if all.len() == 1 { "" } else { "s" },
-        if all.len() == 1 { "it" } else { "them" },
+        if images == 1 { "" } else { "s" },
+        if images == 1 { "it" } else { "them" },
     )
 }
 

@@ -117,3 +117,30 @@ fn an_image_the_spec_sets_is_pinned_when_its_digest_is_known() {
     let pinned = assets(&docs, &with_digests(&digests));
     assert!(pinned.images.iter().any(|i| i.reference == own), "{:?}", pinned.images);
 }
+
+/// The bundle's way for every example and every conformance case that compiles: the digests of
+/// the images the spec lists compiled without its mirrors (as `bundle create` lists them), then the
+/// spec as it is (mirrors and all) compiled with them — every image of the output is pinned.
+#[test]
+fn every_example_and_case_compiles_pinned_with_the_digests_of_its_bundle() {
+    let mut specs: Vec<std::path::PathBuf> =
+        ["minimal.yaml", "ha.yaml", "private.yaml", "gossip.yaml", "gce.yaml"].iter().map(|e| common::example(e)).collect();
+    let cases = common::conformance_cases();
+    let mut names: Vec<_> = std::fs::read_dir(&cases).expect("cases").map(|e| e.expect("entry").path().join("input.yaml")).filter(|p| p.is_file()).collect();
+    names.sort();
+    specs.extend(names);
+    let mut pinned_specs = 0;
+    for spec in &specs {
+        let Ok(docs) = spec_compiler::load::load_spec(spec) else { continue };
+        let mut canonical = docs.clone();
+        canonical.cluster.spec.assets = None;
+        let Ok(compiled) = spec_compiler::compile(&canonical, &common::options()) else { continue };
+        let digests = digests_of(&list(&compiled, &common::options()).expect("list"));
+        let pinned = assets(&docs, &with_digests(&digests));
+        for i in &pinned.images {
+            assert!(i.digest.is_some(), "{}: {} has no digest", spec.display(), i.reference);
+        }
+        pinned_specs += 1;
+    }
+    assert!(pinned_specs >= 40, "only {pinned_specs} of {} specs compiled", specs.len());
+}
