@@ -23,5 +23,5 @@ pub mod push;
 mod registry;
 
 pub use create::{create, plan, CreateError, CreateOptions, CreateReport, Plan};
-pub use manifest::{BundleFile, BundleImage, BundleManifest, ManifestError};
+pub use manifest::{BundleFile, BundleImage, BundleManifest, ManifestError, ReadError};
 pub use push::{open_repository, push, PushError, PushOptions, PushReport};
