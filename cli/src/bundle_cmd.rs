@@ -43,9 +43,14 @@ pub struct CreateArgs {
 pub struct PushArgs {
     /// The bundle `keelson bundle create` wrote.
     pub bundle: PathBuf,
-    /// Where the files go: the target spec's `assets.fileRepository` (`file:///DIR`, `gs://BUCKET/PREFIX`).
+    /// Where the files go: the target spec's `assets.fileRepository` (`file:///DIR`,
+    /// `s3://BUCKET/PREFIX`, `gs://BUCKET/PREFIX`).
     #[arg(long = "file-repository", value_name = "URL")]
     pub file_repository: String,
+    /// The S3 endpoint of an `s3://` file repository (e.g. a local moto); defaults to
+    /// $AWS_ENDPOINT_URL, then AWS itself. Credentials and region come from the standard AWS chain.
+    #[arg(long = "endpoint-url", value_name = "URL")]
+    pub endpoint_url: Option<String>,
     /// Where the images go: the target spec's `assets.containerRegistry`.
     #[arg(long = "registry", value_name = "HOST[:PORT]")]
     pub registry: String,
@@ -76,7 +81,7 @@ fn create(args: &CreateArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn push(args: &PushArgs) -> anyhow::Result<ExitCode> {
-    let store = bundle::open_repository(&args.file_repository)?;
+    let store = bundle::open_repository(&args.file_repository, args.endpoint_url.as_deref())?;
     let opts = bundle::PushOptions { file_repository: args.file_repository.clone(), registry: args.registry.clone(), plain_http: args.plain_http };
     let report = bundle::push(&args.bundle, &store, &opts).with_context(|| format!("pushing {}", args.bundle.display()))?;
     for f in &report.files_pushed {
