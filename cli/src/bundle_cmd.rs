@@ -67,6 +67,14 @@ pub fn run(command: BundleCommand) -> anyhow::Result<ExitCode> {
 }
 
 fn create(args: &CreateArgs) -> anyhow::Result<ExitCode> {
+    if let Some(file) = &args.compile.image_digests {
+        // bundle.json records each image by the reference the spec names it with: a bundle made
+        // from pinned references would record those, and no compile would find its digests.
+        anyhow::bail!(
+            "--image-digests {}: a bundle is made from the images' tags (it records the digests it copies); give the digests to the commands that compile against a pushed bundle (compile, apply, get assets)",
+            file.display()
+        );
+    }
     let arches = crate::args::parse_arches(&args.arch)?;
     let docs = match spec_compiler::load::load_spec(&args.file) {
         Ok(d) => d,
@@ -139,5 +147,13 @@ mod tests {
         let BundleCommand::Create(c) = default_arches.command else { panic!("not create") };
         assert_eq!(c.arch, ["amd64", "arm64"]);
         assert!(Cli::try_parse_from(["k", "push", "b.tar", "--registry", "r:5000"]).is_err(), "--file-repository is required");
+    }
+
+    #[test]
+    fn create_refuses_image_digests_naming_the_file() {
+        let cli = Cli::try_parse_from(["k", "create", "-f", "s.yaml", "-o", "b.tar", "--image-digests", "old-bundle.tar"]).expect("parses");
+        let BundleCommand::Create(c) = cli.command else { panic!("not create") };
+        let e = create(&c).expect_err("refused").to_string();
+        assert!(e.contains("--image-digests old-bundle.tar") && e.contains("compile, apply, get assets"), "{e}");
     }
 }
