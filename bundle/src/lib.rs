@@ -27,5 +27,5 @@ mod registry;
 
 pub use bake::{bake, BakeError, BakeOptions, BakeReport};
 pub use create::{create, plan, CreateError, CreateOptions, CreateReport, Plan};
-pub use manifest::{BundleFile, BundleImage, BundleManifest, ManifestError};
+pub use manifest::{BundleFile, BundleImage, BundleManifest, ManifestError, ReadError};
 pub use push::{open_repository, push, PushError, PushOptions, PushReport};

@@ -2,6 +2,8 @@
 //! is pushed. Deterministic: sorted lists, no timestamps.
 
 use std::collections::BTreeMap;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -27,6 +29,25 @@ pub enum ManifestError {
     FilePath { url: String, path: String },
     #[error("{MANIFEST_FILE}: image {reference}: digest {digest:?} is not sha256:<64 hex>; an image without a known digest is never pushed by its tag alone")]
     ImageDigest { reference: String, digest: String },
+}
+
+/// Why a bundle's manifest could not be read from a file.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: neither a bundle archive with a {MANIFEST_FILE} entry (`keelson bundle create`) nor a {MANIFEST_FILE}")]
+    NoManifest { path: PathBuf },
+    #[error("{path}: {source}")]
+    Manifest {
+        path: PathBuf,
+        #[source]
+        source: ManifestError,
+    },
 }
 
 /// Everything in a bundle.
@@ -134,6 +155,42 @@ impl BundleManifest {
     }
 }
 
+impl BundleManifest {
+    /// The manifest of a bundle archive (its [`MANIFEST_FILE`] entry, read without unpacking the
+    /// rest) or of a `bundle.json` file (JSON: its first non-blank byte is `{`), checked as
+    /// [`BundleManifest::parse`] checks it.
+    pub fn read(path: &Path) -> Result<BundleManifest, ReadError> {
+        let io = |source| ReadError::Io { path: path.to_path_buf(), source };
+        let mut file = std::io::BufReader::new(std::fs::File::open(path).map_err(io)?);
+        let mut head = Vec::new();
+        (&mut file).take(512).read_to_end(&mut head).map_err(io)?;
+        let bytes = if head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{') {
+            std::fs::read(path).map_err(io)?
+        } else {
+            let file = std::fs::File::open(path).map_err(io)?;
+            let mut archive = tar::Archive::new(std::io::BufReader::new(file));
+            let mut found = None;
+            for entry in archive.entries().map_err(|_| ReadError::NoManifest { path: path.to_path_buf() })? {
+                let mut entry = entry.map_err(|_| ReadError::NoManifest { path: path.to_path_buf() })?;
+                if entry.path().is_ok_and(|p| p.as_ref() == Path::new(MANIFEST_FILE)) {
+                    let mut bytes = Vec::new();
+                    entry.read_to_end(&mut bytes).map_err(io)?;
+                    found = Some(bytes);
+                    break;
+                }
+            }
+            found.ok_or_else(|| ReadError::NoManifest { path: path.to_path_buf() })?
+        };
+        BundleManifest::parse(&bytes).map_err(|source| ReadError::Manifest { path: path.to_path_buf(), source })
+    }
+
+    /// Each image's digest by the reference the spec names it with, before registry rewriting
+    /// (what `keelson compile --image-digests` pins: `spec_compiler::digests`).
+    pub fn image_digests(&self) -> BTreeMap<String, String> {
+        self.images.iter().map(|i| (i.reference.clone(), i.digest.clone())).collect()
+    }
+}
+
 /// sha256 of the built-in hash table (see [`BundleManifest::versions_table_sha256`]).
 pub fn versions_table_sha256() -> String {
     use sha2::Digest as _;
@@ -184,6 +241,39 @@ mod tests {
         let text = String::from_utf8(json).expect("utf-8");
         assert!(text.contains("\"kubernetesVersion\": \"1.34.4\"") && text.contains("\"versionsTableSha256\""), "{text}");
         assert!(!text.contains("sourceDigest"), "absent when the source's own digest is kept");
+    }
+
+    #[test]
+    fn the_manifest_is_read_from_an_archive_or_a_bundle_json_and_gives_the_image_digests() {
+        let m = sample();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let json = dir.path().join(MANIFEST_FILE);
+        std::fs::write(&json, m.to_json()).expect("write");
+        let archive = dir.path().join("b.tar");
+        let mut tar = tar::Builder::new(std::fs::File::create(&archive).expect("create"));
+        for (name, bytes) in [(MANIFEST_FILE, m.to_json()), ("files/x", b"x".to_vec())] {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(bytes.len() as u64);
+            header.set_mode(0o644);
+            tar.append_data(&mut header, name, bytes.as_slice()).expect("append");
+        }
+        tar.finish().expect("finish");
+        drop(tar);
+        for path in [&json, &archive] {
+            let read = BundleManifest::read(path).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(read.image_digests(), BTreeMap::from([("registry.k8s.io/pause:3.10.1".to_string(), format!("sha256:{}", "c".repeat(64)))]));
+        }
+        let not_a_bundle = dir.path().join("x.txt");
+        std::fs::write(&not_a_bundle, "registry.k8s.io/pause:3.10.1 sha256:abc\n").expect("write");
+        let e = BundleManifest::read(&not_a_bundle).expect_err("not a bundle").to_string();
+        assert!(e.contains("x.txt") && e.contains("neither a bundle archive"), "{e}");
+        let mut bad = m.clone();
+        bad.images[0].digest = "latest".into();
+        std::fs::write(&json, bad.to_json()).expect("write");
+        let e = BundleManifest::read(&json).expect_err("no digest").to_string();
+        assert!(e.contains("bundle.json") && e.contains("registry.k8s.io/pause:3.10.1"), "{e}");
+        let e = BundleManifest::read(&dir.path().join("missing.tar")).expect_err("missing").to_string();
+        assert!(e.contains("missing.tar"), "{e}");
     }
 
     #[test]

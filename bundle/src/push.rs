@@ -5,8 +5,10 @@
 //! registry already has by digest — each is skipped. Everything is verified against `bundle.json`
 //! before it is pushed: a tampered file or blob is refused, naming it.
 //!
-//! Repositories: `file://` and `gs://` through the state store's backends ([`base::store`]);
-//! `s3://` is refused (not yet), `http(s)://` too (a web server's files are pushed to its directory).
+//! Repositories: `file://`, `gs://` and `s3://` through the state store's backends ([`base::store`];
+//! `s3://` with the AWS SDK client every Keelson component builds, [`base::aws`], in a build with
+//! the `s3` feature, which `keelson`'s `cloud` feature turns on); `http(s)://` is refused (a web
+//! server's files are pushed to its directory).
 
 use std::path::{Path, PathBuf};
 
@@ -99,20 +101,40 @@ pub struct PushReport {
     pub bytes_pushed: u64,
 }
 
-/// The store behind a `--file-repository` URL.
-pub fn open_repository(url: &str) -> Result<StateStore, PushError> {
+/// How long one request to a `gs://` repository may take.
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The store behind a `--file-repository` URL; `endpoint_url` is the S3 endpoint of an `s3://` one
+/// (a local moto, an S3-compatible store; `None`: `$AWS_ENDPOINT_URL`, then AWS itself).
+pub fn open_repository(url: &str, endpoint_url: Option<&str>) -> Result<StateStore, PushError> {
     let base: ConfigBase = url.parse().map_err(|source| PushError::Url { url: url.to_string(), source })?;
     match base {
         ConfigBase::Http(_) => Err(PushError::Scheme {
             url: url.to_string(),
             reason: "an http(s):// repository is read-only here: push to the directory its web server serves (file://DIR)",
         }),
-        ConfigBase::S3 { .. } => Err(PushError::Scheme {
-            url: url.to_string(),
-            reason: "s3:// is not supported by `keelson bundle push` yet: push to file://DIR and copy the directory to the bucket",
-        }),
-        _ => Ok(StateStore::open(&base, std::time::Duration::from_secs(60))?),
+        ConfigBase::S3 { .. } => open_s3(&base, endpoint_url),
+        _ => Ok(StateStore::open(&base, REQUEST_TIMEOUT)?),
     }
+}
+
+/// An `s3://` repository through the client every component builds (credentials and region from the
+/// standard AWS chain; path-style addressing when the endpoint is overridden).
+#[cfg(feature = "s3")]
+fn open_s3(base: &ConfigBase, endpoint_url: Option<&str>) -> Result<StateStore, PushError> {
+    let opts = base::aws::AwsOptions { endpoint_url: endpoint_url.map(str::to_string), ..Default::default() };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(PushError::Runtime)?;
+    let conf = rt.block_on(base::aws::sdk_config(&opts));
+    let client = aws_sdk_s3::Client::from_conf(base::aws::s3_config(&conf, opts.endpoint_url.is_some()).build());
+    Ok(StateStore::open_with_s3(base, Some(client), REQUEST_TIMEOUT)?)
+}
+
+#[cfg(not(feature = "s3"))]
+fn open_s3(base: &ConfigBase, _endpoint_url: Option<&str>) -> Result<StateStore, PushError> {
+    Err(PushError::Scheme {
+        url: base.to_string(),
+        reason: "this keelson was built without the AWS SDK (the `cloud` feature): push to file://DIR and copy the directory to the bucket",
+    })
 }
 
 /// Push `bundle` (see the module documentation).
@@ -281,14 +303,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn repositories_other_than_file_and_gs_are_refused_saying_why() {
-        let e = open_repository("s3://bucket/assets").expect_err("s3");
-        assert!(e.to_string().contains("not supported") && e.to_string().contains("s3://bucket/assets"), "{e}");
-        let e = open_repository("https://assets.example.com/").expect_err("https");
-        assert!(e.to_string().contains("read-only"), "{e}");
-        assert!(open_repository("ftp://x").is_err());
+    fn http_and_unknown_repositories_are_refused_saying_why() {
+        let e = open_repository("https://assets.example.com/", None).expect_err("https");
+        assert!(e.to_string().contains("read-only") && e.to_string().contains("https://assets.example.com/"), "{e}");
+        assert!(open_repository("ftp://x", None).is_err());
         let d = tempfile::tempdir().expect("tempdir");
-        let store = open_repository(&format!("file://{}", d.path().display())).expect("file");
+        let store = open_repository(&format!("file://{}", d.path().display()), None).expect("file");
         assert_eq!(store.local_dir(), Some(d.path()));
+    }
+
+    #[cfg(feature = "s3")]
+    #[test]
+    fn s3_repositories_open_an_s3_store() {
+        let store = open_repository("s3://bucket/assets", Some("http://127.0.0.1:9")).expect("s3");
+        assert_eq!((store.url("x/y"), store.local_dir()), ("s3://bucket/assets/x/y".to_string(), None));
+    }
+
+    #[cfg(not(feature = "s3"))]
+    #[test]
+    fn s3_repositories_need_the_aws_sdk() {
+        let e = open_repository("s3://bucket/assets", None).expect_err("s3");
+        assert!(e.to_string().contains("without the AWS SDK") && e.to_string().contains("s3://bucket/assets"), "{e}");
     }
 }

@@ -97,7 +97,7 @@ fn create_then_push_into_an_empty_repository_and_registry_then_again() {
     let target = Registry::start();
     let repo_dir = tempfile::tempdir().expect("tempdir");
     let repo = format!("file://{}", repo_dir.path().display());
-    let store = bundle::open_repository(&repo).expect("repository");
+    let store = bundle::open_repository(&repo, None).expect("repository");
     let push_opts = bundle::PushOptions { file_repository: repo.clone(), registry: target.host(), plain_http: false };
     let started = Instant::now();
     let pushed = bundle::push(&output, &store, &push_opts).expect("push");

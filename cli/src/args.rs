@@ -1,5 +1,5 @@
 //! Command-line values shared by `keelson compile` and the cloud commands: per-architecture assets
-//! (`ARCH=SHA256@URL[,MIRROR…]`) and the `--asset-hashes` file.
+//! (`ARCH=SHA256@URL[,MIRROR…]`), the `--asset-hashes` file and the `--image-digests` bundle.
 
 use std::collections::BTreeMap;
 
@@ -21,6 +21,11 @@ pub struct CompileFlags {
     /// versions table (for assets built locally); defaults to $KEELSON_ASSET_HASHES.
     #[arg(long = "asset-hashes", env = "KEELSON_ASSET_HASHES", value_name = "FILE")]
     pub asset_hashes: Option<std::path::PathBuf>,
+    /// The images' digests: a bundle archive (`keelson bundle create`; only its `bundle.json` is
+    /// read) or its `bundle.json`. Every image of the output is then pinned (`NAME:TAG@sha256:…`),
+    /// and an image it does not name is an error.
+    #[arg(long = "image-digests", value_name = "FILE")]
+    pub image_digests: Option<std::path::PathBuf>,
     /// The nodeup binary user-data boots, per architecture: `amd64=SHA256@URL[,MIRROR…]` (repeatable).
     /// Defaults to $KEELSON_NODEUP_ASSET (space-separated).
     #[arg(long = "nodeup-asset", value_name = "ARCH=SHA256@URL", env = "KEELSON_NODEUP_ASSET", value_delimiter = ' ')]
@@ -47,6 +52,7 @@ impl CompileFlags {
             feature_flags: CompileOptions::parse_feature_flags(&self.feature_flags),
             nodeup_assets: parse_arch_assets("--nodeup-asset", &self.nodeup_asset)?,
             asset_hashes: asset_hashes(self.asset_hashes.as_deref())?,
+            image_digests: image_digests(self.image_digests.as_deref())?,
             cas,
         })
     }
@@ -80,6 +86,14 @@ pub fn asset_hashes(path: Option<&std::path::Path>) -> anyhow::Result<std::colle
         Some(p) => Ok(spec_compiler::versions::read_asset_hashes(p)?),
         None => Ok(Default::default()),
     }
+}
+
+/// The `--image-digests` file's images, by upstream reference (none → no digests).
+pub fn image_digests(path: Option<&std::path::Path>) -> anyhow::Result<BTreeMap<String, String>> {
+    let Some(path) = path else { return Ok(BTreeMap::new()) };
+    let digests = bundle::BundleManifest::read(path).context("--image-digests")?.image_digests();
+    tracing::info!(file = %path.display(), images = digests.len(), "image digests");
+    Ok(digests)
 }
 
 /// Where the compile gets hashes the versions table does not know: nowhere with `--offline`, else the

@@ -47,9 +47,14 @@ pub struct CreateArgs {
 pub struct PushArgs {
     /// The bundle `keelson bundle create` wrote.
     pub bundle: PathBuf,
-    /// Where the files go: the target spec's `assets.fileRepository` (`file:///DIR`, `gs://BUCKET/PREFIX`).
+    /// Where the files go: the target spec's `assets.fileRepository` (`file:///DIR`,
+    /// `s3://BUCKET/PREFIX`, `gs://BUCKET/PREFIX`).
     #[arg(long = "file-repository", value_name = "URL")]
     pub file_repository: String,
+    /// The S3 endpoint of an `s3://` file repository (e.g. a local moto); defaults to
+    /// $AWS_ENDPOINT_URL, then AWS itself. Credentials and region come from the standard AWS chain.
+    #[arg(long = "endpoint-url", value_name = "URL")]
+    pub endpoint_url: Option<String>,
     /// Where the images go: the target spec's `assets.containerRegistry`.
     #[arg(long = "registry", value_name = "HOST[:PORT]")]
     pub registry: String,
@@ -104,6 +109,14 @@ fn bake(args: &BakeArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn create(args: &CreateArgs) -> anyhow::Result<ExitCode> {
+    if let Some(file) = &args.compile.image_digests {
+        // bundle.json records each image by the reference the spec names it with: a bundle made
+        // from pinned references would record those, and no compile would find its digests.
+        anyhow::bail!(
+            "--image-digests {}: a bundle is made from the images' tags (it records the digests it copies); give the digests to the commands that compile against a pushed bundle (compile, apply, get assets)",
+            file.display()
+        );
+    }
     let arches = crate::args::parse_arches(&args.arch)?;
     let docs = match spec_compiler::load::load_spec(&args.file) {
         Ok(d) => d,
@@ -118,7 +131,7 @@ fn create(args: &CreateArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn push(args: &PushArgs) -> anyhow::Result<ExitCode> {
-    let store = bundle::open_repository(&args.file_repository)?;
+    let store = bundle::open_repository(&args.file_repository, args.endpoint_url.as_deref())?;
     let opts = bundle::PushOptions { file_repository: args.file_repository.clone(), registry: args.registry.clone(), plain_http: args.plain_http };
     let report = bundle::push(&args.bundle, &store, &opts).with_context(|| format!("pushing {}", args.bundle.display()))?;
     for f in &report.files_pushed {
@@ -184,5 +197,13 @@ mod tests {
             (Some("/mnt/image"), Some("registry.internal.example.com:5000"), "/var/lib/containerd")
         );
         assert!(Cli::try_parse_from(["k", "bake", "b.tar"]).is_err(), "--root is required");
+    }
+
+    #[test]
+    fn create_refuses_image_digests_naming_the_file() {
+        let cli = Cli::try_parse_from(["k", "create", "-f", "s.yaml", "-o", "b.tar", "--image-digests", "old-bundle.tar"]).expect("parses");
+        let BundleCommand::Create(c) = cli.command else { panic!("not create") };
+        let e = create(&c).expect_err("refused").to_string();
+        assert!(e.contains("--image-digests old-bundle.tar") && e.contains("compile, apply, get assets"), "{e}");
     }
 }

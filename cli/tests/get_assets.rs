@@ -94,3 +94,76 @@ fn the_documented_command_runs_as_written() {
 fn squeeze(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
+
+/// `--image-digests` with a bundle's `bundle.json` (or the bundle itself): every image `get assets`
+/// lists carries the bundle's digest; one the bundle lacks is an error naming it.
+#[test]
+fn image_digests_from_a_bundle_pin_every_image() {
+    let spec = common::example("minimal.yaml");
+    let spec = spec.to_str().expect("path");
+    let out = run_in_repo(&["get", "assets", "-f", spec, "--offline", "-o", "json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let references: Vec<String> =
+        listed["images"].as_array().expect("images").iter().map(|i| i["reference"].as_str().expect("reference").to_string()).collect();
+    let digest = |r: &str| format!("sha256:{}", hex::encode(<sha2::Sha256 as sha2::Digest>::digest(r.as_bytes())));
+    let manifest = |references: &[String]| bundle::BundleManifest {
+        format_version: bundle::manifest::FORMAT_VERSION,
+        keelson_version: "0.1.0".into(),
+        kubernetes_version: "1.34.4".into(),
+        versions: Default::default(),
+        versions_table_sha256: bundle::manifest::versions_table_sha256(),
+        arches: vec!["amd64".into()],
+        files: vec![],
+        images: references
+            .iter()
+            .map(|r| bundle::BundleImage {
+                reference: r.clone(),
+                digest: digest(r),
+                media_type: "application/vnd.oci.image.index.v1+json".into(),
+                source_digest: None,
+                manifests: vec![],
+            })
+            .collect(),
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("bundle.json");
+    std::fs::write(&file, manifest(&references).to_json()).expect("write bundle.json");
+
+    let out = run_in_repo(&["get", "assets", "-f", spec, "--offline", "-o", "json", "--image-digests", file.to_str().expect("path")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let pinned: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let images = pinned["images"].as_array().expect("images");
+    assert_eq!(images.len(), references.len());
+    for (i, r) in images.iter().zip(&references) {
+        assert_eq!((i["reference"].as_str(), i["digest"].as_str()), (Some(format!("{r}@{}", digest(r)).as_str()), Some(digest(r).as_str())));
+    }
+
+    let pause = references.iter().find(|r| r.starts_with("registry.k8s.io/pause:")).expect("the sandbox image").clone();
+    let without: Vec<String> = references.iter().filter(|r| **r != pause).cloned().collect();
+    std::fs::write(&file, manifest(&without).to_json()).expect("write bundle.json");
+    let out = run_in_repo(&[
+        "compile",
+        "-f",
+        spec,
+        "--offline",
+        "--out",
+        dir.path().join("out").to_str().expect("path"),
+        "--image-digests",
+        file.to_str().expect("path"),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains(&format!("sandboxImage: image {pause} has no digest")), "{stderr}");
+    let out = run_in_repo(&[
+        "compile",
+        "-f",
+        spec,
+        "--offline",
+        "--out",
+        dir.path().join("out").to_str().expect("path"),
+        "--image-digests",
+        "/nonexistent/bundle.tar",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("--image-digests") && stderr.contains("/nonexistent/bundle.tar"), "{stderr}");
+}

@@ -131,7 +131,7 @@ mod tests {
     fn compiled() -> String {
         let spec = "apiVersion: kops.k8s.io/v1alpha2\nkind: Cluster\nmetadata:\n  name: x.example.com\nspec:\n  configBase: file:///x\n  etcdClusters:\n  - name: main\n    version: 3.6.12\n    etcdMembers:\n    - name: a\n      instanceGroup: cp-a\n";
         let cluster = keelson_api::parse_documents(spec.as_bytes()).expect("spec").cluster;
-        serde_yaml_ng::to_string(&spec_compiler::protokube_config::build(&cluster, "cp-a").expect("config")).expect("yaml")
+        serde_yaml_ng::to_string(&spec_compiler::protokube_config::build(&cluster, "cp-a", &table_versions()).expect("config")).expect("yaml")
     }
 
     #[tokio::test]
@@ -176,5 +176,10 @@ mod tests {
         assert!(!made_for_group(&plan, "cp-a", &instance(None, None)));
         let mig = names::gce_instance_group_manager_name("us-central1-a", "cp-a", "x.example.com");
         assert!(made_for_group(&plan, "cp-a", &instance(Some(&mig), Some("us-central1-a"))));
+    }
+
+    /// The versions table of a Kubernetes version the specs here do not name (no mirrors).
+    fn table_versions() -> spec_compiler::versions::Versions {
+        spec_compiler::versions::Versions::for_kubernetes(&"1.34.4".parse().expect("version"), &Default::default()).expect("versions")
     }
 }

@@ -26,9 +26,11 @@ impl EtcdVersion {
         parts.next().is_none().then_some(v)
     }
 
-    /// The version in an image reference's tag (`registry.k8s.io/etcd:v3.5.21`).
+    /// The version in an image reference's tag (`registry.k8s.io/etcd:v3.5.21`, also pinned:
+    /// `registry.k8s.io/etcd:v3.5.21@sha256:…`).
     pub fn of_image(image: &str) -> Option<EtcdVersion> {
-        let tag = image.rsplit_once(':')?.1;
+        let name = image.split_once('@').map_or(image, |(name, _digest)| name);
+        let tag = name.rsplit_once(':')?.1;
         if tag.contains('/') {
             return None; // a registry port, no tag
         }
@@ -83,6 +85,9 @@ mod tests {
         assert_eq!(EtcdVersion::of_image("registry.k8s.io/etcd:v3.5.21"), Some(v("3.5.21")));
         assert_eq!(EtcdVersion::of_image("10.0.0.1:5000/etcd:3.6.12-0"), Some(v("3.6.12")));
         assert_eq!(EtcdVersion::of_image("10.0.0.1:5000/etcd"), None);
+        let pinned = format!("10.0.0.1:5000/etcd:v3.6.12@sha256:{}", "0".repeat(64));
+        assert_eq!(EtcdVersion::of_image(&pinned), Some(v("3.6.12")), "a digest is no tag");
+        assert_eq!(EtcdVersion::of_image(&format!("10.0.0.1:5000/etcd@sha256:{}", "1".repeat(64))), None);
         for bad in ["", "3.5", "3.x.1", "3.5.1.2", "latest"] {
             assert_eq!(EtcdVersion::parse(bad), None, "{bad}");
         }

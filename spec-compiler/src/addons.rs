@@ -245,7 +245,12 @@ pub fn render(
     }
     let mut channel = AddonChannel { kind: "Addons".into(), addons: Vec::new() };
     let mut out = RenderedAddons::default();
-    for Addon { name, version, docs } in addons {
+    for Addon { name, version, mut docs } in addons {
+        // Images kept as given (upstream manifests, the user's objects) are pinned here; the
+        // versions table's came pinned ([`crate::digests`]).
+        if !versions.options().image_digests.is_empty() {
+            docs.iter_mut().for_each(|d| crate::digests::pin_given(d, versions));
+        }
         let text = manifest(name, &docs)?;
         let rel = format!("{name}/v{version}.yaml");
         channel.addons.push(AddonEntry {

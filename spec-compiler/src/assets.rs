@@ -160,7 +160,8 @@ pub fn image_fields(file: &str, bytes: &[u8]) -> Result<Vec<(String, String)>, A
     Ok(out)
 }
 
-fn is_image_key(key: &str) -> bool {
+/// Whether a map key names an image field (see the module documentation).
+pub(crate) fn is_image_key(key: &str) -> bool {
     key == "image" || key.ends_with("Image")
 }
 

@@ -10,6 +10,7 @@
 pub mod addons;
 pub mod assets;
 pub mod complete;
+pub mod digests;
 pub mod load;
 pub mod new_cluster;
 pub mod nodeup_config;
@@ -50,6 +51,8 @@ pub enum CompileError {
     MissingConfigBase,
     #[error("spec.configBase: {0}")]
     ConfigBase(#[from] keelson_api::ConfigBaseError),
+    #[error(transparent)]
+    Digests(#[from] digests::DigestError),
     #[error("InstanceGroup/{group}: a control plane booted by this user-data ({arch}) would have no protokube (etcd volumes, etcd, DNS): give --protokube-asset {arch}=SHA256@URL or --kops-base-url")]
     NoProtokube { group: String, arch: String },
 }
@@ -180,7 +183,7 @@ pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, C
         // protokube runs on control planes only, and reads its own slice of the plan, not the spec.
         let protokube = match role {
             Role::ControlPlane => {
-                let config = protokube_config::build(&completed, group)?;
+                let config = protokube_config::build(&completed, group, &versions)?;
                 let rel = keelson_api::protokube::state_key(group);
                 tree.insert(format!("state/{rel}"), output::to_yaml(&rel, &config)?);
                 Some(config)
@@ -191,5 +194,9 @@ pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, C
         tree.insert(format!("bootconfig/{group}.yaml"), boot_yaml);
         groups.insert(group.to_string(), CompiledGroup { role, nodeup: Some(nodeup), boot: Some(boot), protokube, user_data });
     }
-    Ok(Compiled { completed, groups, addons, tree, warnings })
+    let compiled = Compiled { completed, groups, addons, tree, warnings };
+    if !options.image_digests.is_empty() {
+        digests::check(&compiled)?;
+    }
+    Ok(compiled)
 }

@@ -7,6 +7,8 @@ use keelson_api::plan::ClusterDns;
 use keelson_api::protokube::{DnsMode, EtcdCluster, EtcdMember, ProtokubeConfig, API_VERSION, KIND};
 use keelson_api::{Cluster, ClusterSpec};
 
+use crate::versions::Versions;
+
 /// Why a protokube config could not be derived; `field` is the spec's field at fault.
 #[derive(Debug, thiserror::Error)]
 #[error("Cluster: {field}: {message}")]
@@ -19,15 +21,16 @@ fn refuse(field: impl Into<String>, message: impl Into<String>) -> ProtokubeConf
     ProtokubeConfigError { field: field.into(), message: message.into() }
 }
 
-/// The protokube config of control-plane group `group` of the completed cluster.
-pub fn build(completed: &Cluster, group: &str) -> Result<ProtokubeConfig, ProtokubeConfigError> {
+/// The protokube config of control-plane group `group` of the completed cluster; `versions` (the
+/// compile's versions table) writes the default etcd image.
+pub fn build(completed: &Cluster, group: &str, versions: &Versions) -> Result<ProtokubeConfig, ProtokubeConfigError> {
     let cluster_name = completed.name().to_string();
     if cluster_name.is_empty() {
         return Err(refuse("metadata.name", "missing"));
     }
     let spec = &completed.spec;
     let config_base = spec.config_base.as_deref().unwrap_or_default();
-    let etcd_clusters = spec.etcd_clusters.iter().flatten().enumerate().map(|(i, ec)| etcd_cluster(spec, config_base, i, ec)).collect::<Result<_, _>>()?;
+    let etcd_clusters = spec.etcd_clusters.iter().flatten().enumerate().map(|(i, ec)| etcd_cluster(versions, config_base, i, ec)).collect::<Result<_, _>>()?;
     let dns = match keelson_api::plan::cluster_dns(&cluster_name, spec) {
         ClusterDns::Hosts => DnsMode::Hosts,
         ClusterDns::Zone { private } => DnsMode::Zone { zone: spec.dns_zone.clone().filter(|z| !z.is_empty()), private },
@@ -68,7 +71,7 @@ pub fn build(completed: &Cluster, group: &str) -> Result<ProtokubeConfig, Protok
     })
 }
 
-fn etcd_cluster(spec: &ClusterSpec, config_base: &str, i: usize, ec: &keelson_api::EtcdClusterSpec) -> Result<EtcdCluster, ProtokubeConfigError> {
+fn etcd_cluster(versions: &Versions, config_base: &str, i: usize, ec: &keelson_api::EtcdClusterSpec) -> Result<EtcdCluster, ProtokubeConfigError> {
     let name = ec.name.clone().filter(|n| !n.is_empty()).ok_or_else(|| refuse(format!("spec.etcdClusters[{i}].name"), "missing"))?;
     let at = format!("spec.etcdClusters[{name}]");
     let ports = keelson_api::ports::etcd_ports(&name).ok_or_else(|| refuse(format!("{at}.name"), "unknown etcd cluster (main, events, cilium, leases)"))?;
@@ -87,15 +90,9 @@ fn etcd_cluster(spec: &ClusterSpec, config_base: &str, i: usize, ec: &keelson_ap
     let client_cert_auth = !legacy || ec.enable_tls_auth.unwrap_or(false);
     // Completion fills every etcd cluster's version from the versions table.
     let version = ec.version.clone().filter(|v| !v.is_empty()).ok_or_else(|| refuse(format!("{at}.version"), "missing from the completed spec"))?;
-    // The image as every other image is rewritten for the spec's mirrors (one function).
-    let assets = spec.assets.as_ref();
-    let image = ec.image.clone().filter(|i| !i.is_empty()).unwrap_or_else(|| {
-        keelson_api::image::remap_image(
-            &keelson_api::image::etcd_image(&version),
-            assets.and_then(|a| a.container_registry.as_deref()),
-            assets.and_then(|a| a.container_proxy.as_deref()),
-        )
-    });
+    // The image as every other image is written: rewritten for the spec's mirrors and pinned to a
+    // known digest by the versions table (one function).
+    let image = ec.image.clone().filter(|i| !i.is_empty()).unwrap_or_else(|| versions.etcd_image_of(&version));
     let manager = ec.manager.as_ref();
     let backup_interval = match manager.and_then(|m| m.backup_interval.as_ref()) {
         Some(d) if d.as_nanos() > 0 => std::time::Duration::from_nanos(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
@@ -145,8 +142,23 @@ mod tests {
 
     const HEAD: &str = "apiVersion: kops.k8s.io/v1alpha2\nkind: Cluster\nmetadata:\n  name: NAME\nspec:\n  cloudProvider: aws\n  configBase: s3://b/NAME\n  etcdClusters:\n  - name: main\n    enableEtcdTLS: true\n    version: 3.6.12\n    heartbeatInterval: 250ms\n    leaderElectionTimeout: 2500ms\n    etcdMembers:\n    - name: a\n      instanceGroup: cp-a\n    - name: b\n      instanceGroup: cp-b\n  - name: events\n    version: 3.6.12\n    etcdMembers:\n    - name: a\n      instanceGroup: cp-a\n";
 
+    /// The versions table the compile would give `c` (its mirrors; `HEAD` names no Kubernetes version).
+    fn versions(c: &Cluster) -> Versions {
+        let assets = c.spec.assets.as_ref();
+        let opts = crate::versions::LookupOptions {
+            container_registry: assets.and_then(|a| a.container_registry.clone()),
+            container_proxy: assets.and_then(|a| a.container_proxy.clone()),
+            ..Default::default()
+        };
+        Versions::for_kubernetes(&"1.34.4".parse().expect("version"), &opts).expect("versions")
+    }
+
+    fn build_(c: &Cluster, group: &str) -> Result<ProtokubeConfig, ProtokubeConfigError> {
+        build(c, group, &versions(c))
+    }
+
     fn config(name: &str, extra: &str) -> Result<ProtokubeConfig, ProtokubeConfigError> {
-        build(&cluster(&format!("{}{extra}", HEAD.replace("NAME", name))), "cp-a")
+        build_(&cluster(&format!("{}{extra}", HEAD.replace("NAME", name))), "cp-a")
     }
 
     #[test]
@@ -196,7 +208,7 @@ mod tests {
     #[test]
     fn legacy_provider_follows_enable_flags() {
         let y = HEAD.replace("NAME", "x.k8s.local").replace("  - name: events\n", "  - name: events\n    provider: Legacy\n");
-        let p = build(&cluster(&y), "cp-a").expect("config");
+        let p = build_(&cluster(&y), "cp-a").expect("config");
         assert!(!p.etcd_clusters[1].tls && !p.etcd_clusters[1].client_cert_auth);
         assert_eq!(p.etcd_clusters[1].peer_url("a", "x.k8s.local"), "http://etcd-events-a.internal.x.k8s.local:2381");
     }
@@ -213,14 +225,14 @@ mod tests {
     #[test]
     fn errors_name_the_field() {
         let no_version = cluster(&HEAD.replace("NAME", "x.k8s.local").replace("    version: 3.6.12\n    etcdMembers", "    etcdMembers"));
-        let e = build(&no_version, "cp-a").expect_err("no version");
+        let e = build_(&no_version, "cp-a").expect_err("no version");
         assert_eq!(e.field, "spec.etcdClusters[events].version", "{e}");
-        let e = build(&cluster(&HEAD.replace("NAME", "x.k8s.local").replace("name: events", "name: bogus")), "cp-a").expect_err("unknown etcd cluster");
+        let e = build_(&cluster(&HEAD.replace("NAME", "x.k8s.local").replace("name: events", "name: bogus")), "cp-a").expect_err("unknown etcd cluster");
         assert_eq!(e.field, "spec.etcdClusters[bogus].name", "{e}");
         let e = config("x.example.com", "    manager:\n      backupInterval: 0s\n").expect_err("zero interval");
         assert_eq!(e.field, "spec.etcdClusters[events].manager.backupInterval", "{e}");
         let e =
-            build(&cluster(&HEAD.replace("NAME", "x.k8s.local").replace("    - name: b\n      instanceGroup: cp-b\n", "    - instanceGroup: cp-b\n")), "cp-a")
+            build_(&cluster(&HEAD.replace("NAME", "x.k8s.local").replace("    - name: b\n      instanceGroup: cp-b\n", "    - instanceGroup: cp-b\n")), "cp-a")
                 .expect_err("no name");
         assert_eq!(e.field, "spec.etcdClusters[main].etcdMembers[1].name", "{e}");
     }

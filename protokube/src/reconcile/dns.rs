@@ -220,7 +220,7 @@ mod tests {
             }
         }
         let cluster = keelson_api::parse_documents(spec.as_bytes()).expect("spec").cluster;
-        let plan = spec_compiler::protokube_config::build(&cluster, "cp-a").expect("plan");
+        let plan = spec_compiler::protokube_config::build(&cluster, "cp-a", &table_versions()).expect("plan");
         assert_eq!((plan.dns.clone(), plan.manage_public_api, plan.manage_internal_api), (DnsMode::Zone { zone: None, private: false }, true, true));
         plan
     }
@@ -342,5 +342,10 @@ mod tests {
             RecordChange::Upsert(rec("wrong-ttl", &["10.0.0.4"], 60)),
         ];
         assert_eq!(got, want);
+    }
+
+    /// The versions table of a Kubernetes version the specs here do not name (no mirrors).
+    fn table_versions() -> spec_compiler::versions::Versions {
+        spec_compiler::versions::Versions::for_kubernetes(&"1.34.4".parse().expect("version"), &Default::default()).expect("versions")
     }
 }

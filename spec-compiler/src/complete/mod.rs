@@ -30,6 +30,8 @@ pub enum CompleteError {
     UnknownCloud(#[from] keelson_api::UnknownCloudProvider),
     #[error("versions table: {0}")]
     Versions(#[from] VersionsError),
+    #[error(transparent)]
+    Digests(#[from] crate::digests::DigestError),
     #[error("completion did not converge after {MAX_PASSES} passes (builders disagree on {0})")]
     NoFixedPoint(String),
 }
@@ -107,6 +109,10 @@ pub struct CompileOptions {
     /// only these, never an unpinned state-store read. `keelson apply` fills it; `compile` (offline)
     /// leaves it empty.
     pub cas: std::collections::BTreeMap<String, String>,
+    /// Known image digests by upstream reference (`--image-digests FILE`, a bundle's images): every
+    /// image of the output is pinned to its digest, and an image left without one is an error
+    /// ([`crate::digests`]). Empty: images are written by tag, as before.
+    pub image_digests: std::collections::BTreeMap<String, String>,
 }
 
 impl CompileOptions {
@@ -190,6 +196,7 @@ pub fn versions_for(spec: &ClusterSpec, options: &CompileOptions) -> Result<Vers
         containerd_version_override: containerd.and_then(|c| c.version.clone()),
         runc_version_override: containerd.and_then(|c| c.runc.as_ref()).and_then(|r| r.version.clone()),
         asset_hashes: options.asset_hashes.clone(),
+        image_digests: options.image_digests.clone(),
     };
     Ok(Versions::for_kubernetes(version, &lookup)?)
 }
@@ -207,7 +214,8 @@ pub fn complete_with_versions(docs: &Documents, options: &CompileOptions) -> Res
     let cloud: Cloud = user.cloud_provider.as_deref().ok_or(CompleteError::MissingCloud)?.parse()?;
     let ctx =
         Context { name: docs.cluster.name().to_string(), cloud, version, versions: versions_for(user, options)?, groups: &docs.instance_groups, user, options };
-    let mut spec = user.clone();
+    // The images the user sets are written as given: pinned here, once, when their digests are known.
+    let mut spec = if options.image_digests.is_empty() { user.clone() } else { crate::digests::pin_given_in(user, &ctx.versions)? };
     for _ in 0..MAX_PASSES {
         let before = spec.clone();
         for builder in BUILDERS {

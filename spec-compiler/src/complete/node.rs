@@ -97,7 +97,7 @@ pub fn containerd(ctx: &Context, _d: &Derived, spec: &mut ClusterSpec) {
     default(&mut c.sandbox_image, ctx.versions.pause_image());
     if let Some(gpu) = c.nvidia_gpu.as_mut().filter(|g| g.enabled == Some(true)) {
         default(&mut gpu.package, NVIDIA_DRIVER_PACKAGE.to_string());
-        default(&mut gpu.image, NVIDIA_DEVICE_PLUGIN_IMAGE.to_string());
+        default(&mut gpu.image, ctx.versions.remap_image(NVIDIA_DEVICE_PLUGIN_IMAGE));
     }
     if let Some(gv) = c.gvisor.as_mut().filter(|g| g.enabled == Some(true)) {
         default(&mut gv.platform, "systrap".to_string());

@@ -171,6 +171,11 @@ pub struct LookupOptions {
     /// the published `.sha256` files: for a mirror that serves assets built locally under the
     /// upstream names (`keelson compile --asset-hashes FILE`, read by [`read_asset_hashes`]).
     pub asset_hashes: std::collections::BTreeMap<String, String>,
+    /// Known image digests (`sha256:…`) keyed by the upstream reference, before any
+    /// `containerRegistry` / `containerProxy` rewriting: the images of a bundle's `bundle.json`
+    /// (`keelson compile --image-digests FILE`). Every image [`Versions::remap_image`] writes, and
+    /// every image the spec writes as given ([`crate::digests`]), is pinned to its digest.
+    pub image_digests: std::collections::BTreeMap<String, String>,
 }
 
 /// A file asset: where to download it (after `fileRepository` rewriting) and its sha256.
@@ -279,7 +284,7 @@ impl Versions {
 
     /// `registry.k8s.io/etcd:v<etcd_version>` after registry rewriting.
     pub fn etcd_image(&self) -> String {
-        self.remap_image(&etcd_image(self.etcd_version))
+        self.etcd_image_of(self.etcd_version)
     }
 
     pub fn etcd_manager_image(&self) -> String {
@@ -373,9 +378,27 @@ impl Versions {
         self.remap_image(GCP_CLOUD_CONTROLLER_MANAGER_IMAGE)
     }
 
-    /// Apply `containerProxy` / `containerRegistry` to any image.
+    /// The image reference nodes pull for the upstream `image`: `containerProxy` /
+    /// `containerRegistry` applied, then pinned (`NAME:TAG@sha256:…`) when
+    /// [`LookupOptions::image_digests`] knows `image` — the digest of what a bundle holds is the
+    /// digest of what it pushed under the rewritten name. The one place an image reference is made.
     pub fn remap_image(&self, image: &str) -> String {
-        remap_image(image, self.opts.container_registry.as_deref(), self.opts.container_proxy.as_deref())
+        self.pin_image(image, remap_image(image, self.opts.container_registry.as_deref(), self.opts.container_proxy.as_deref()))
+    }
+
+    /// `reference` (what `upstream` is written as) pinned to `upstream`'s known digest, if any; a
+    /// reference that already pins a digest is kept.
+    pub fn pin_image(&self, upstream: &str, reference: String) -> String {
+        match self.opts.image_digests.get(upstream) {
+            Some(digest) if !reference.contains('@') => format!("{reference}@{digest}"),
+            _ => reference,
+        }
+    }
+
+    /// The etcd image of an etcd version (`3.6.12`, `v3.6.12`), rewritten and pinned as
+    /// [`Versions::remap_image`].
+    pub fn etcd_image_of(&self, etcd_version: &str) -> String {
+        self.remap_image(&etcd_image(etcd_version))
     }
 
     /// Apply `fileRepository` to any canonical URL.
