@@ -10,7 +10,7 @@
 //! * [`create`]: the spec compiled without its mirrors, each file downloaded and verified by
 //!   sha256 while streaming, each image copied with oci-client; resumable (a re-run reuses the
 //!   verified files and blobs of its work directory);
-//! * [`push`]: files into a `file://` or `gs://` repository, images into a registry through the
+//! * [`push`]: files into a `file://`, `s3://` or `gs://` repository, images into a registry through the
 //!   OCI distribution API, skipping what is already there by digest;
 //! * [`bake`]: files into nodeup's hash-keyed cache and images into containerd's store of a machine
 //!   image's root filesystem (pinned), so a machine booted from it downloads nothing.

@@ -24,7 +24,7 @@ pub struct CompileFlags {
     /// The images' digests: a bundle archive (`keelson bundle create`; only its `bundle.json` is
     /// read) or its `bundle.json`. Every image of the output is then pinned (`NAME:TAG@sha256:…`),
     /// and an image it does not name is an error.
-    #[arg(long = "image-digests", value_name = "FILE")]
+    #[arg(long = "image-digests", env = "KEELSON_IMAGE_DIGESTS", value_name = "FILE")]
     pub image_digests: Option<std::path::PathBuf>,
     /// The nodeup binary user-data boots, per architecture: `amd64=SHA256@URL[,MIRROR…]` (repeatable).
     /// Defaults to $KEELSON_NODEUP_ASSET (space-separated).

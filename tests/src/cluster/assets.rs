@@ -43,6 +43,8 @@ pub struct Assets {
     pub kubernetes_bin: PathBuf,
     /// Runs as long as this is kept.
     pub registry: kubernetes::Registry,
+    /// `--baked`: the bundle every `keelson` command pins images with (`KEELSON_IMAGE_DIGESTS`).
+    pub image_digests: Option<PathBuf>,
 }
 
 /// Build the rootfs, the mirror and the registry for the spec `spec_text(mirror URL, registry)`
@@ -149,6 +151,7 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
     let nodeup_sha = hashes.get(&nodeup_url).cloned().unwrap_or_default();
     let nodeup_asset = format!("amd64={nodeup_sha}@{nodeup_url}");
     let mut lower = rootfs::Lower::from(lower);
+    let mut image_digests = None;
     if cs.baked {
         cs.phase = "baking the machine image (keelson bundle create of the mirror and the registry, keelson bundle bake)".into();
         cs.save(state);
@@ -162,7 +165,9 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
             registry: &registry_addr,
             gw,
         };
-        lower.baked = Some(super::baked::make(&state.root, &inputs)?);
+        let baked = super::baked::make(&state.root, &inputs)?;
+        lower.baked = Some(baked.root);
+        image_digests = Some(baked.bundle);
     }
-    Ok(Assets { lower, keelson, local_spec, compiled, overrides, kops_base, nodeup_asset, versions, kubernetes_bin: local.kubernetes_bin, registry })
+    Ok(Assets { lower, image_digests, keelson, local_spec, compiled, overrides, kops_base, nodeup_asset, versions, kubernetes_bin: local.kubernetes_bin, registry })
 }

@@ -5,7 +5,8 @@
 //! seeds each machine's `/var/lib/containerd` (a host directory bound into the machine, see
 //! [`crate::machine`]) from the baked store. What a cloud's disk restore does, the seeding does with
 //! hard links (the bolt databases, which containerd writes in place, are copied): it costs the host
-//! milliseconds, not the machine's CPU.
+//! milliseconds, not the machine's CPU. The cluster is then applied with `--image-digests` of the
+//! bundle: every image the machines run is named by the digest the baked store holds.
 
 use std::fs;
 use std::net::Ipv4Addr;
@@ -51,9 +52,22 @@ pub struct BakeInputs<'a> {
     pub gw: Ipv4Addr,
 }
 
-/// Make the bundle (`dir/bundle.tar`) and bake it (`dir/baked`); returns the baked root.
-pub fn make(dir: &Path, i: &BakeInputs) -> anyhow::Result<PathBuf> {
-    let bundle = dir.join("bundle.tar");
+/// What [`make`] made.
+pub struct Baked {
+    /// The bundle: `keelson apply --image-digests` pins every image to the digest it holds.
+    pub bundle: PathBuf,
+    /// The baked root, the top layer of every machine's root.
+    pub root: PathBuf,
+}
+
+/// Where [`make`] writes the bundle in the state directory `dir`.
+pub fn bundle_path(dir: &Path) -> PathBuf {
+    dir.join("bundle.tar")
+}
+
+/// Make the bundle ([`bundle_path`]) and bake it (`dir/baked`).
+pub fn make(dir: &Path, i: &BakeInputs) -> anyhow::Result<Baked> {
+    let bundle = bundle_path(dir);
     let root = dir.join("baked");
     let _ = fs::remove_file(&bundle);
     if root.exists() {
@@ -91,7 +105,7 @@ pub fn make(dir: &Path, i: &BakeInputs) -> anyhow::Result<PathBuf> {
         baked.lines().last().unwrap_or_default(),
         t1.elapsed().as_secs_f64()
     );
-    Ok(root)
+    Ok(Baked { bundle, root })
 }
 
 /// The baked containerd store under a baked root.

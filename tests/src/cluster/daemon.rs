@@ -217,7 +217,7 @@ fn daemon_body(state: &State, spec: &Spec, cs: &mut ClusterState, stop: &AtomicB
             dns_upstream: gw.to_string(),
         })
     })?;
-    let assets::Assets { lower, keelson, overrides, kops_base, nodeup_asset, local_spec, kubernetes_bin, registry: _registry, .. } = assets;
+    let assets::Assets { lower, keelson, overrides, kops_base, nodeup_asset, local_spec, kubernetes_bin, registry: _registry, image_digests, .. } = assets;
 
     cs.phase = "keelson apply --yes".into();
     cs.save(state);
@@ -237,6 +237,9 @@ fn daemon_body(state: &State, spec: &Spec, cs: &mut ClusterState, stop: &AtomicB
             .env("AWS_ACCESS_KEY_ID", "keelson-local")
             .env("AWS_SECRET_ACCESS_KEY", "keelson-local")
             .env("AWS_REGION", &spec.region);
+        if let Some(bundle) = &image_digests {
+            c.env("KEELSON_IMAGE_DIGESTS", bundle);
+        }
         c
     };
     let applied = cmd::run(keelson_on_cloud(&["apply", "--yes"]).arg("--nodeup-asset").arg(&nodeup_asset)).context("keelson apply --yes against moto")?;

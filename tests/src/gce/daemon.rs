@@ -159,6 +159,9 @@ pub fn run(state: &State, spec: &Spec, project: &str, cs: &mut ClusterState, sto
             .env(base::plain_http::ALLOW_ENV, gw.to_string())
             .env("GCE_METADATA_HOST", &gce.host_metadata)
             .env(GCE_ENDPOINT_ENV, &gce.api_url);
+        if let Some(bundle) = &assets.image_digests {
+            c.env("KEELSON_IMAGE_DIGESTS", bundle);
+        }
         c
     };
     let applied =
