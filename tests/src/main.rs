@@ -25,6 +25,10 @@ enum Cmd {
         /// registry, then `keelson bundle bake`): nothing downloaded or unpacked at boot.
         #[arg(long)]
         baked: bool,
+        /// Serve the machines only what `keelson bundle push` of that bundle put into an empty
+        /// mirror and a fresh registry (the harness's own builds stopped).
+        #[arg(long)]
+        air_gapped: bool,
     },
     /// Machines, IPs, roles, volumes, containerd and etcd health.
     Ps,
@@ -53,6 +57,9 @@ enum Cmd {
         /// Boot every machine, replacements included, from a baked image (see `up --baked`).
         #[arg(long)]
         baked: bool,
+        /// See `up --air-gapped`.
+        #[arg(long)]
+        air_gapped: bool,
     },
     /// Run the upstream Kubernetes e2e suite's [Conformance] tests against the local cluster
     /// (docs/conformance.md): by default a focused set of what Keelson sets up; `--full` runs all.
@@ -120,6 +127,8 @@ enum Cmd {
         file: PathBuf,
         #[arg(long)]
         baked: bool,
+        #[arg(long)]
+        air_gapped: bool,
     },
     /// Build (or find) the cached Debian rootfs and print its path.
     Rootfs,
@@ -158,13 +167,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     use keelson_local::cluster;
     use std::time::Duration;
     match cli.command {
-        Cmd::Up { file, timeout, baked } => cluster::up_with(&file, Duration::from_secs(timeout), cluster::Boot::from_flag(baked))?,
+        Cmd::Up { file, timeout, baked, air_gapped } => cluster::up_with(&file, Duration::from_secs(timeout), cluster::Boot { baked, air_gapped })?,
         Cmd::Ps => cluster::ps()?,
         Cmd::Kill { instance } => cluster::kill(&instance)?,
-        Cmd::Selfheal { file, cycles, keys, cycle_timeout, up_timeout, validate_wait, keep_up, baked } => {
+        Cmd::Selfheal { file, cycles, keys, cycle_timeout, up_timeout, validate_wait, keep_up, baked, air_gapped } => {
             let r = cluster::selfheal(
                 &file,
-                cluster::Boot::from_flag(baked),
+                cluster::Boot { baked, air_gapped },
                 cycles,
                 keys,
                 Duration::from_secs(cycle_timeout),
@@ -227,7 +236,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Cmd::Env => print!("{}", cluster::env_exports()?),
-        Cmd::Daemon { file, baked } => cluster::run_daemon(&file, cluster::Boot::from_flag(baked))?,
+        Cmd::Daemon { file, baked, air_gapped } => cluster::run_daemon(&file, cluster::Boot { baked, air_gapped })?,
         Cmd::Rootfs => {
             let p = keelson_local::rootfs::ensure(&keelson_local::paths::cache_dir())?;
             println!("{}", p.display());

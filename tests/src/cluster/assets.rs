@@ -50,7 +50,9 @@ pub struct Assets {
 /// Build the rootfs, the mirror and the registry for the spec `spec_text(mirror URL, registry)`
 /// writes, the mirror being served on the bridge address `gw` at `cs.mirror_port`.
 pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes::Ccm, spec_text: &dyn Fn(&str, &str) -> String) -> anyhow::Result<Assets> {
-    let mirror_root = state.mirror_dir();
+    // `--air-gapped`: the harness builds into a staging mirror and registry, and the machines reach
+    // only what `keelson bundle push` puts into the (empty) served mirror and a fresh registry.
+    let mirror_root = if cs.air_gapped { state.root.join("mirror-staging") } else { state.mirror_dir() };
     let mirror_url = format!("http://{gw}:{}/", cs.mirror_port);
     cs.phase = "building the rootfs".into();
     cs.save(state);
@@ -130,7 +132,8 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
     };
     cs.phase = format!("pushing the images to the registry at {registry_addr}");
     cs.save(state);
-    let registry = kubernetes::Registry::start(&gw.to_string(), kubernetes::REGISTRY_PORT, &cache.join("registry"), &state.registry_log())?;
+    let staging_log = if cs.air_gapped { state.root.join("registry-staging.log") } else { state.registry_log() };
+    let mut registry = kubernetes::Registry::start(&gw.to_string(), kubernetes::REGISTRY_PORT, &cache.join("registry"), &staging_log)?;
     cs.registry = registry_addr.clone();
     cs.registry_pid = registry.pid() as i64;
     kubernetes::push(&layout, &registry_addr)?;
@@ -152,8 +155,8 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
     let nodeup_asset = format!("amd64={nodeup_sha}@{nodeup_url}");
     let mut lower = rootfs::Lower::from(lower);
     let mut image_digests = None;
-    if cs.baked {
-        cs.phase = "baking the machine image (keelson bundle create of the mirror and the registry, keelson bundle bake)".into();
+    if cs.boot().needs_bundle() {
+        cs.phase = "making the bundle (keelson bundle create of the mirror and the registry)".into();
         cs.save(state);
         let inputs = super::baked::BakeInputs {
             keelson: &keelson,
@@ -165,9 +168,30 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
             registry: &registry_addr,
             gw,
         };
-        let baked = super::baked::make(&state.root, &inputs)?;
-        lower.baked = Some(baked.root);
-        image_digests = Some(baked.bundle);
+        let bundle = super::baked::create(&state.root, &inputs)?;
+        if cs.air_gapped {
+            cs.phase = "keelson bundle push into an empty mirror and a fresh registry (the staging ones stopped)".into();
+            cs.save(state);
+            drop(registry);
+            let fresh = state.root.join("registry");
+            if fresh.exists() {
+                fs::remove_dir_all(&fresh).with_context(|| fresh.display().to_string())?;
+            }
+            registry = kubernetes::Registry::start(&gw.to_string(), kubernetes::REGISTRY_PORT, &fresh, &state.registry_log())?;
+            cs.registry_pid = registry.pid() as i64;
+            let served = state.mirror_dir();
+            if served.exists() {
+                fs::remove_dir_all(&served).with_context(|| served.display().to_string())?;
+            }
+            fs::create_dir_all(&served)?;
+            super::baked::push(&keelson, &bundle, &served, &registry_addr, gw)?;
+        }
+        if cs.baked {
+            cs.phase = "baking the machine image (keelson bundle bake)".into();
+            cs.save(state);
+            lower.baked = Some(super::baked::bake(&keelson, &bundle, &state.root, &registry_addr)?);
+        }
+        image_digests = Some(bundle);
     }
     Ok(Assets { lower, image_digests, keelson, local_spec, compiled, overrides, kops_base, nodeup_asset, versions, kubernetes_bin: local.kubernetes_bin, registry })
 }

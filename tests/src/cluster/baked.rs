@@ -21,22 +21,29 @@ use crate::cmd;
 /// The architecture of the local machines (the mirror builds amd64 assets).
 const BAKED_ARCH: &str = "amd64";
 
-/// How the machines boot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Boot {
-    /// From the plain rootfs: nodeup downloads every asset and the kubelet pulls every image.
-    Plain,
-    /// From the rootfs with a baked image on top.
-    Baked,
+/// How the machines get what they run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Boot {
+    /// From the rootfs with a baked image on top (`--baked`); else nodeup downloads every asset
+    /// and the kubelet pulls every image.
+    pub baked: bool,
+    /// The mirror and the registry the machines reach hold only what `keelson bundle push` of the
+    /// bundle put there (`--air-gapped`): an empty directory and a fresh registry, the harness's
+    /// own builds (a staging mirror and registry) stopped and out of reach.
+    pub air_gapped: bool,
 }
 
 impl Boot {
-    pub fn from_flag(baked: bool) -> Boot {
-        if baked {
-            Boot::Baked
-        } else {
-            Boot::Plain
-        }
+    pub const PLAIN: Boot = Boot { baked: false, air_gapped: false };
+
+    /// Whether a bundle is made of the staging mirror and registry.
+    pub fn needs_bundle(&self) -> bool {
+        self.baked || self.air_gapped
+    }
+
+    /// The daemon's flags for this.
+    pub fn flags(&self) -> Vec<&'static str> {
+        [(self.baked, "--baked"), (self.air_gapped, "--air-gapped")].into_iter().filter_map(|(on, f)| on.then_some(f)).collect()
     }
 }
 
@@ -52,28 +59,15 @@ pub struct BakeInputs<'a> {
     pub gw: Ipv4Addr,
 }
 
-/// What [`make`] made.
-pub struct Baked {
-    /// The bundle: `keelson apply --image-digests` pins every image to the digest it holds.
-    pub bundle: PathBuf,
-    /// The baked root, the top layer of every machine's root.
-    pub root: PathBuf,
-}
-
-/// Where [`make`] writes the bundle in the state directory `dir`.
+/// Where [`create`] writes the bundle in the state directory `dir`.
 pub fn bundle_path(dir: &Path) -> PathBuf {
     dir.join("bundle.tar")
 }
 
-/// Make the bundle ([`bundle_path`]) and bake it (`dir/baked`).
-pub fn make(dir: &Path, i: &BakeInputs) -> anyhow::Result<Baked> {
+/// Make the bundle of the staging mirror and registry ([`bundle_path`]).
+pub fn create(dir: &Path, i: &BakeInputs) -> anyhow::Result<PathBuf> {
     let bundle = bundle_path(dir);
-    let root = dir.join("baked");
     let _ = fs::remove_file(&bundle);
-    if root.exists() {
-        fs::remove_dir_all(&root).with_context(|| root.display().to_string())?;
-    }
-    fs::create_dir_all(&root)?;
     let t0 = Instant::now();
     let out = cmd::run(
         Command::new(i.keelson)
@@ -92,20 +86,41 @@ pub fn make(dir: &Path, i: &BakeInputs) -> anyhow::Result<Baked> {
             .env("KEELSON_LOG", "warn"),
     )
     .context("keelson bundle create of the local mirror and registry")?;
-    let created = t0.elapsed();
-    let t1 = Instant::now();
-    let baked = cmd::run(
-        Command::new(i.keelson).args(["bundle", "bake"]).arg(&bundle).arg("--root").arg(&root).args(["--registry", i.registry]).env("KEELSON_LOG", "warn"),
+    eprintln!("keelson-local: {} ({:.1} s)", out.lines().last().unwrap_or_default(), t0.elapsed().as_secs_f64());
+    Ok(bundle)
+}
+
+/// `keelson bundle push` of `bundle` into the (empty) directory the mirror serves and the (fresh)
+/// registry the machines pull from.
+pub fn push(keelson: &Path, bundle: &Path, mirror_root: &Path, registry: &str, gw: Ipv4Addr) -> anyhow::Result<()> {
+    let t0 = Instant::now();
+    let out = cmd::run(
+        Command::new(keelson)
+            .args(["bundle", "push"])
+            .arg(bundle)
+            .arg("--file-repository")
+            .arg(format!("file://{}", mirror_root.display()))
+            .args(["--registry", registry])
+            .env(base::plain_http::ALLOW_ENV, gw.to_string())
+            .env("KEELSON_LOG", "warn"),
     )
-    .context("keelson bundle bake")?;
-    eprintln!(
-        "keelson-local: baked image: {} ({:.1} s); {} ({:.1} s)",
-        out.lines().last().unwrap_or_default(),
-        created.as_secs_f64(),
-        baked.lines().last().unwrap_or_default(),
-        t1.elapsed().as_secs_f64()
-    );
-    Ok(Baked { bundle, root })
+    .context("keelson bundle push into the empty mirror and the fresh registry")?;
+    eprintln!("keelson-local: bundle push: {} ({:.1} s)", out.lines().last().unwrap_or_default(), t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Bake `bundle` into `dir/baked` (images named for `registry`); returns the baked root.
+pub fn bake(keelson: &Path, bundle: &Path, dir: &Path, registry: &str) -> anyhow::Result<PathBuf> {
+    let root = dir.join("baked");
+    if root.exists() {
+        fs::remove_dir_all(&root).with_context(|| root.display().to_string())?;
+    }
+    fs::create_dir_all(&root)?;
+    let t0 = Instant::now();
+    let out = cmd::run(Command::new(keelson).args(["bundle", "bake"]).arg(bundle).arg("--root").arg(&root).args(["--registry", registry]).env("KEELSON_LOG", "warn"))
+        .context("keelson bundle bake")?;
+    eprintln!("keelson-local: {} ({:.1} s)", out.lines().last().unwrap_or_default(), t0.elapsed().as_secs_f64());
+    Ok(root)
 }
 
 /// The baked containerd store under a baked root.
@@ -164,6 +179,7 @@ mod tests {
         let db = "io.containerd.metadata.v1.bolt/meta.db";
         assert_ne!(ino(&store.join(db)), ino(&m.join(db)), "a database is the machine's own");
         assert_eq!(fs::read_to_string(m.join(db)).expect("read"), "bolt");
-        assert_eq!(Boot::from_flag(true), Boot::Baked);
+        assert_eq!(Boot { baked: true, air_gapped: true }.flags(), ["--baked", "--air-gapped"]);
+        assert!(Boot::PLAIN.flags().is_empty() && !Boot::PLAIN.needs_bundle());
     }
 }

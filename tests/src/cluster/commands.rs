@@ -123,7 +123,7 @@ pub fn env_exports() -> anyhow::Result<String> {
         ("KEELSON_LOCAL_SPEC", st.root.join("spec.yaml").display().to_string()),
         ("KEELSON_ASSET_HASHES", st.root.join("asset-hashes.tsv").display().to_string()),
         // `--baked`: images pinned to the digests of the bundle the machines were baked from.
-        ("KEELSON_IMAGE_DIGESTS", if cs.baked { super::baked::bundle_path(&st.root).display().to_string() } else { String::new() }),
+        ("KEELSON_IMAGE_DIGESTS", if cs.baked || cs.air_gapped { super::baked::bundle_path(&st.root).display().to_string() } else { String::new() }),
         ("KEELSON_NODEUP_ASSET", cs.nodeup_asset.clone()),
         ("KOPS_BASE_URL", format!("http://{}:{}/kops", cs.gateway, cs.mirror_port)),
         ("PATH", format!("{kubectl_dir}:{}", std::env::var("PATH").unwrap_or_default())),
@@ -134,7 +134,7 @@ pub fn env_exports() -> anyhow::Result<String> {
 
 /// `up`: start the daemon and wait until the control plane is healthy.
 pub fn up(spec_path: &Path, timeout: Duration) -> anyhow::Result<()> {
-    up_with(spec_path, timeout, super::Boot::Plain)
+    up_with(spec_path, timeout, super::Boot::PLAIN)
 }
 
 /// `up`, the machines booted as `boot` says.
@@ -156,9 +156,7 @@ pub fn up_with(spec_path: &Path, timeout: Duration, boot: super::Boot) -> anyhow
     let exe = std::env::current_exe()?;
     let mut daemon = Command::new(&exe);
     daemon.arg("daemon").arg("-f").arg(&spec_abs);
-    if boot == super::Boot::Baked {
-        daemon.arg("--baked");
-    }
+    daemon.args(boot.flags());
     let child = daemon.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).process_group(0).spawn()?;
     let pid = child.id();
     // The daemon outlives us; a thread reaps it if it exits while we wait.

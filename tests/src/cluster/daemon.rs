@@ -120,7 +120,8 @@ pub fn run_daemon(spec_path: &Path, boot: super::Boot) -> anyhow::Result<()> {
         daemon_pid: std::process::id() as i64,
         bridge: paths::DEFAULT_BRIDGE.into(),
         etcd_clusters: spec.etcd_clusters.clone(),
-        baked: boot == super::Boot::Baked,
+        baked: boot.baked,
+        air_gapped: boot.air_gapped,
         ..Default::default()
     };
     cs.save(&state);

@@ -608,7 +608,7 @@ pub fn selfheal(
         println!(
             "selfheal: the {} new control planes fetched {blobs} image blobs and {manifests} manifests from the registry ({})",
             report.fetched.len(),
-            if boot == super::Boot::Baked { "baked image" } else { "plain image" }
+            if boot.baked { "baked image" } else { "plain image" }
         );
     }
     if !keep_up && cloud.is_some() {

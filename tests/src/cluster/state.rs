@@ -49,6 +49,9 @@ pub struct ClusterState {
     /// its images in containerd's store ([`super::baked`]).
     #[serde(default)]
     pub baked: bool,
+    /// The mirror and the registry hold only what `keelson bundle push` put there (`--air-gapped`).
+    #[serde(default)]
+    pub air_gapped: bool,
     /// The API load balancer: 127.0.0.1:<api_port> plays the cluster's network load balancer
     /// (its target group's members, health-checked; [`crate::balancer`]).
     #[serde(default)]
@@ -80,6 +83,11 @@ pub struct ClusterState {
 }
 
 impl ClusterState {
+    /// How the machines get what they run.
+    pub fn boot(&self) -> super::Boot {
+        super::Boot { baked: self.baked, air_gapped: self.air_gapped }
+    }
+
     pub fn load(state: &State) -> Option<ClusterState> {
         let text = fs::read_to_string(state.cluster_file()).ok()?;
         serde_json::from_str(&text).ok()
