@@ -203,6 +203,21 @@ pub fn push(layout: &Path, registry: &str) -> Result<(), BuildError> {
         .map_err(|source| BuildError::Script { script: format!("{} push", script.display()), source })
 }
 
+/// The tests' workload image in the cluster layout ([`images`]): an app of the tests', not the cluster's.
+pub const ECHO_IMAGE: &str = "keelson-test/echo:1";
+
+/// Copy one image (`reference`, as named in `layout`'s index) to `registry` with skopeo.
+pub fn push_one(layout: &Path, reference: &str, registry: &str) -> Result<(), BuildError> {
+    cmd::run(
+        Command::new("skopeo")
+            .args(["copy", "--quiet", "--dest-tls-verify=false"])
+            .arg(format!("oci:{}:{reference}", layout.display()))
+            .arg(format!("docker://{registry}/{reference}")),
+    )
+    .map(|_| ())
+    .map_err(|source| BuildError::Script { script: format!("skopeo copy of {reference} to {registry}"), source })
+}
+
 /// A running `docker-registry` (killed on drop).
 pub struct Registry {
     child: Child,

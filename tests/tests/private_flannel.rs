@@ -7,6 +7,12 @@
 //! (VNI 1, UDP 8472) and flannel's subnet file for its Node's pod CIDR; no VPC route carries a pod
 //! CIDR (the overlay, not the cloud, joins the nodes); a pod on one worker reaches a pod on the
 //! other by its pod IP; `keelson validate cluster` is green. Then down. The wall time is printed.
+//!
+//! Air-gapped (`--air-gapped`): the harness's builds go into a staging mirror and registry, which
+//! `keelson bundle create` packs; `keelson bundle push` fills an empty mirror and a fresh registry,
+//! and only those serve the machines (the staging registry is stopped; the harness adds only the
+//! tests' own workload image, as a user pushes an app). Checked: every machine pulled its images from
+//! the fresh registry, and the served mirror holds exactly the bundle's files.
 
 mod support;
 
@@ -22,11 +28,32 @@ fn private_topology_with_flannel_vxlan() {
     let t0 = Instant::now();
     let down = support::Down;
     let spec_path = support::repo().join("examples/private.yaml");
-    let out = support::run(&["up", "-f", &spec_path.to_string_lossy(), "--timeout", "600"]);
+    let out = support::run(&["up", "-f", &spec_path.to_string_lossy(), "--timeout", "600", "--air-gapped"]);
     assert!(out.status.success(), "keelson-local up failed (output above)");
     let up = t0.elapsed();
 
-    let cs = ClusterState::load(&State::new(paths::state_dir())).expect("cluster.json");
+    let st = State::new(paths::state_dir());
+    let cs = ClusterState::load(&st).expect("cluster.json");
+    assert!(cs.air_gapped, "cluster.json says air-gapped");
+    // 0. Air-gapped: each machine pulled from the fresh registry (its access log, by client).
+    let log = std::fs::read_to_string(st.registry_log()).expect("registry log");
+    for m in &cs.machines {
+        let f = keelson_local::cluster::selfheal::registry_fetches(&log, &m.ip);
+        assert!(f.blobs > 0 && f.manifests > 0, "{} ({}) fetched {f:?} from the pushed registry", m.instance_id, m.ip);
+    }
+    // The served mirror holds the bundle's files and nothing else.
+    let bundle = keelson_local::cluster::baked::bundle_path(&st.root);
+    let mut archive = tar::Archive::new(std::fs::File::open(&bundle).expect("bundle"));
+    let manifest: serde_json::Value = archive
+        .entries()
+        .expect("entries")
+        .map(|e| e.expect("entry"))
+        .find(|e| e.path().map(|p| p.to_string_lossy() == "bundle.json").unwrap_or(false))
+        .map(|e| serde_json::from_reader(e).expect("bundle.json"))
+        .expect("bundle.json in the bundle");
+    let files = manifest["files"].as_array().expect("files").len();
+    let served = walk_files(&st.mirror_dir());
+    assert_eq!(served, files, "the served mirror holds {served} files, the bundle {files}");
     assert_eq!(cs.machines.iter().filter(|m| m.role == "control-plane").count(), 1, "{:?}", cs.machines);
     assert_eq!(cs.machines.iter().filter(|m| m.role == "node").count(), 2, "{:?}", cs.machines);
 
@@ -113,6 +140,13 @@ fn private_topology_with_flannel_vxlan() {
         checks.as_secs_f64(),
         t0.elapsed().as_secs_f64()
     );
+}
+
+/// How many files are under `dir`.
+fn walk_files(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|rd| rd.flatten().map(|e| if e.path().is_dir() { walk_files(&e.path()) } else { 1 }).sum())
+        .unwrap_or(0)
 }
 
 /// Poll `f` every 2 s until it holds; fail after `secs`.

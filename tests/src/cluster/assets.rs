@@ -185,6 +185,8 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
             }
             fs::create_dir_all(&served)?;
             super::baked::push(&keelson, &bundle, &served, &registry_addr, gw)?;
+            // The tests' own workload (not the cluster's, so not in its bundle), as a user pushes an app.
+            kubernetes::push_one(&layout, kubernetes::ECHO_IMAGE, &registry_addr)?;
         }
         if cs.baked {
             cs.phase = "baking the machine image (keelson bundle bake)".into();
