@@ -144,9 +144,7 @@ fn private_topology_with_flannel_vxlan() {
 
 /// How many files are under `dir`.
 fn walk_files(dir: &std::path::Path) -> usize {
-    std::fs::read_dir(dir)
-        .map(|rd| rd.flatten().map(|e| if e.path().is_dir() { walk_files(&e.path()) } else { 1 }).sum())
-        .unwrap_or(0)
+    std::fs::read_dir(dir).map(|rd| rd.flatten().map(|e| if e.path().is_dir() { walk_files(&e.path()) } else { 1 }).sum()).unwrap_or(0)
 }
 
 /// Poll `f` every 2 s until it holds; fail after `secs`.

@@ -195,5 +195,17 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
         }
         image_digests = Some(bundle);
     }
-    Ok(Assets { lower, image_digests, keelson, local_spec, compiled, overrides, kops_base, nodeup_asset, versions, kubernetes_bin: local.kubernetes_bin, registry })
+    Ok(Assets {
+        lower,
+        image_digests,
+        keelson,
+        local_spec,
+        compiled,
+        overrides,
+        kops_base,
+        nodeup_asset,
+        versions,
+        kubernetes_bin: local.kubernetes_bin,
+        registry,
+    })
 }

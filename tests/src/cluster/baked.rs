@@ -117,8 +117,9 @@ pub fn bake(keelson: &Path, bundle: &Path, dir: &Path, registry: &str) -> anyhow
     }
     fs::create_dir_all(&root)?;
     let t0 = Instant::now();
-    let out = cmd::run(Command::new(keelson).args(["bundle", "bake"]).arg(bundle).arg("--root").arg(&root).args(["--registry", registry]).env("KEELSON_LOG", "warn"))
-        .context("keelson bundle bake")?;
+    let out =
+        cmd::run(Command::new(keelson).args(["bundle", "bake"]).arg(bundle).arg("--root").arg(&root).args(["--registry", registry]).env("KEELSON_LOG", "warn"))
+            .context("keelson bundle bake")?;
     eprintln!("keelson-local: {} ({:.1} s)", out.lines().last().unwrap_or_default(), t0.elapsed().as_secs_f64());
     Ok(root)
 }
