@@ -171,16 +171,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Ps => cluster::ps()?,
         Cmd::Kill { instance } => cluster::kill(&instance)?,
         Cmd::Selfheal { file, cycles, keys, cycle_timeout, up_timeout, validate_wait, keep_up, baked, air_gapped } => {
-            let r = cluster::selfheal(
-                &file,
-                cluster::Boot { baked, air_gapped },
+            let opts = cluster::selfheal::SelfhealOptions {
+                boot: cluster::Boot { baked, air_gapped },
                 cycles,
                 keys,
-                Duration::from_secs(cycle_timeout),
-                Duration::from_secs(up_timeout),
-                Duration::from_secs(validate_wait),
+                cycle_timeout: Duration::from_secs(cycle_timeout),
+                up_timeout: Duration::from_secs(up_timeout),
+                validate_wait: Duration::from_secs(validate_wait),
                 keep_up,
-            )?;
+            };
+            let r = cluster::selfheal(&file, &opts)?;
             if r.healed < cycles || r.intact != r.keys || r.objects_intact != r.objects || !r.validated || r.iam.as_ref().is_some_and(|c| !c) {
                 std::process::exit(1);
             }

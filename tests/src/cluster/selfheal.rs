@@ -291,16 +291,25 @@ fn addon_applies_after_pass(m: &Option<MachineInfo>, timeout: Duration) -> Resul
     }
 }
 
-pub fn selfheal(
-    spec_path: &Path,
-    boot: super::Boot,
-    cycles: u32,
-    keys: u64,
-    cycle_timeout: Duration,
-    up_timeout: Duration,
-    validate_wait: Duration,
-    keep_up: bool,
-) -> anyhow::Result<SelfhealReport> {
+/// What `keelson-local selfheal` runs.
+#[derive(Debug, Clone, Copy)]
+pub struct SelfhealOptions {
+    /// How the machines boot (`--baked`, `--air-gapped`).
+    pub boot: super::Boot,
+    pub cycles: u32,
+    /// etcd keys and ConfigMaps written before the first kill.
+    pub keys: u64,
+    /// How long one cycle may take before it counts as not healed.
+    pub cycle_timeout: Duration,
+    pub up_timeout: Duration,
+    /// How long `keelson validate cluster` may wait after the last cycle.
+    pub validate_wait: Duration,
+    /// Leave the cluster up at the end.
+    pub keep_up: bool,
+}
+
+pub fn selfheal(spec_path: &Path, opts: &SelfhealOptions) -> anyhow::Result<SelfhealReport> {
+    let SelfhealOptions { boot, cycles, keys, cycle_timeout, up_timeout, validate_wait, keep_up } = *opts;
     struct Down;
     impl Drop for Down {
         fn drop(&mut self) {
