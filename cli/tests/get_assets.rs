@@ -142,28 +142,12 @@ fn image_digests_from_a_bundle_pin_every_image() {
     let pause = references.iter().find(|r| r.starts_with("registry.k8s.io/pause:")).expect("the sandbox image").clone();
     let without: Vec<String> = references.iter().filter(|r| **r != pause).cloned().collect();
     std::fs::write(&file, manifest(&without).to_json()).expect("write bundle.json");
-    let out = run_in_repo(&[
-        "compile",
-        "-f",
-        spec,
-        "--offline",
-        "--out",
-        dir.path().join("out").to_str().expect("path"),
-        "--image-digests",
-        file.to_str().expect("path"),
-    ]);
+    let out_dir = dir.path().join("out");
+    let compile_with = |digests: &str| run_in_repo(&["compile", "-f", spec, "--offline", "--out", out_dir.to_str().expect("path"), "--image-digests", digests]);
+    let out = compile_with(file.to_str().expect("path"));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains(&format!("sandboxImage: image {pause} has no digest")), "{stderr}");
-    let out = run_in_repo(&[
-        "compile",
-        "-f",
-        spec,
-        "--offline",
-        "--out",
-        dir.path().join("out").to_str().expect("path"),
-        "--image-digests",
-        "/nonexistent/bundle.tar",
-    ]);
+    let out = compile_with("/nonexistent/bundle.tar");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("--image-digests") && stderr.contains("/nonexistent/bundle.tar"), "{stderr}");
 }
