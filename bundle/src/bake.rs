@@ -378,6 +378,86 @@ mod tests {
         assert!(disabled.iter().any(|p| p.as_str() == Some("io.containerd.grpc.v1.cri")), "{c}");
     }
 
+    /// A bundle archive of `files` (`(canonical URL, arch, content)`) and no image.
+    fn bundle_of(dir: &Path, files: &[(&str, &str, &[u8])], tamper: bool) -> PathBuf {
+        use sha2::Digest as _;
+        let mut listed = Vec::new();
+        let path = dir.join("b.tar");
+        let mut tar = tar::Builder::new(std::fs::File::create(&path).expect("create"));
+        let mut add = |name: &str, bytes: &[u8]| {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(bytes.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            tar.append_data(&mut h, name, bytes).expect("append");
+        };
+        let mut contents = Vec::new();
+        for (url, arch, bytes) in files {
+            let at = crate::paths::bundle_path(url).expect("path");
+            listed.push(crate::manifest::BundleFile {
+                url: url.to_string(),
+                sha256: hex::encode(sha2::Sha256::digest(bytes)),
+                arch: arch.to_string(),
+                size: bytes.len() as u64,
+                path: at.clone(),
+            });
+            contents.push((at, if tamper { b"tampered".to_vec() } else { bytes.to_vec() }));
+        }
+        let manifest = BundleManifest {
+            format_version: crate::manifest::FORMAT_VERSION,
+            keelson_version: "0.1.0".into(),
+            kubernetes_version: "1.34.4".into(),
+            versions: Default::default(),
+            versions_table_sha256: crate::manifest::versions_table_sha256(),
+            arches: vec!["amd64".into()],
+            files: listed,
+            images: vec![],
+        };
+        add(MANIFEST_FILE, &manifest.to_json());
+        for (at, bytes) in &contents {
+            add(at, bytes);
+        }
+        tar.finish().expect("finish");
+        path
+    }
+
+    #[test]
+    fn files_go_into_nodeups_cache_by_hash_and_a_tampered_one_is_refused() {
+        use sha2::Digest as _;
+        let d = tempfile::tempdir().expect("tempdir");
+        let runc: &[u8] = b"a runc build";
+        let nodeup_bin: &[u8] = b"a nodeup build";
+        let files = [
+            ("https://github.com/opencontainers/runc/releases/download/v1.3.3/runc.amd64", "amd64", runc),
+            ("https://artifacts.example.com/keelson/nodeup", "amd64", nodeup_bin),
+        ];
+        let bundle = bundle_of(d.path(), &files, false);
+        let root = d.path().join("root");
+        let opts = BakeOptions { root: root.clone(), registry: None, arch: Some("amd64".into()), containerd_root: DEFAULT_CONTAINERD_ROOT.into() };
+        let report = bake(&bundle, &opts).expect("bake");
+        assert_eq!((report.files_added, report.files_present, report.images.len()), (2, 0, 0));
+        let cached = under(&root, nodeup::paths::CACHE_DIR).join("sha256").join(hex::encode(sha2::Sha256::digest(runc)));
+        assert_eq!(std::fs::read(&cached).expect("in nodeup's cache"), runc);
+        let installed = under(&root, &format!("{}/bin/nodeup", keelson_api::host_paths::INSTALL_DIR));
+        assert_eq!(std::fs::read(&installed).expect("where user-data looks"), nodeup_bin);
+        // Again: everything is already there.
+        let again = bake(&bundle, &opts).expect("bake again");
+        assert_eq!((again.files_added, again.files_present), (0, 2));
+
+        // Another architecture than the bundle's: refused, naming what it holds.
+        let e = bake(&bundle, &BakeOptions { arch: Some("arm64".into()), ..opts.clone() }).expect_err("arm64").to_string();
+        assert!(e.contains("no arm64 files") && e.contains("amd64"), "{e}");
+
+        // A file whose bytes are not the ones bundle.json names: refused, naming it; nothing cached.
+        let t = tempfile::tempdir().expect("tempdir");
+        let tampered = bundle_of(t.path(), &files[..1], true);
+        let root2 = t.path().join("root");
+        let e = bake(&tampered, &BakeOptions { root: root2.clone(), ..opts.clone() }).expect_err("tampered");
+        assert!(e.to_string().contains("runc.amd64") && e.to_string().contains("sha256"), "{e}");
+        let cache2 = under(&root2, nodeup::paths::CACHE_DIR).join("sha256");
+        assert!(std::fs::read_dir(&cache2).map(|mut r| r.next().is_none()).unwrap_or(true), "nothing cached from a tampered bundle");
+    }
+
     #[test]
     fn paths_under_a_root() {
         assert_eq!(under(Path::new("/mnt/img"), "/var/cache/nodeup"), PathBuf::from("/mnt/img/var/cache/nodeup"));
