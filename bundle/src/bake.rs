@@ -403,16 +403,7 @@ mod tests {
             });
             contents.push((at, if tamper { b"tampered".to_vec() } else { bytes.to_vec() }));
         }
-        let manifest = BundleManifest {
-            format_version: crate::manifest::FORMAT_VERSION,
-            keelson_version: "0.1.0".into(),
-            kubernetes_version: "1.34.4".into(),
-            versions: Default::default(),
-            versions_table_sha256: crate::manifest::versions_table_sha256(),
-            arches: vec!["amd64".into()],
-            files: listed,
-            images: vec![],
-        };
+        let manifest = BundleManifest::new("1.34.4", Default::default(), vec!["amd64".into()], listed, vec![]);
         add(MANIFEST_FILE, &manifest.to_json());
         for (at, bytes) in &contents {
             add(at, bytes);

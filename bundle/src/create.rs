@@ -26,7 +26,7 @@ use spec_compiler::complete::CompileOptions;
 use spec_compiler::versions::Arch;
 
 use crate::layout::{sha256_file, Layout, LayoutError};
-use crate::manifest::{ArchManifest, BundleFile, BundleImage, BundleManifest, FORMAT_VERSION, IMAGES_DIR, MANIFEST_FILE};
+use crate::manifest::{ArchManifest, BundleFile, BundleImage, BundleManifest, IMAGES_DIR, MANIFEST_FILE};
 use crate::paths::{self, PathError};
 use crate::registry::{self, ANONYMOUS, MANIFEST_TYPES};
 
@@ -245,16 +245,8 @@ async fn create_async(plan: &Plan, opts: &CreateOptions) -> Result<CreateReport,
     layout.write_index(&index)?;
     report.images = images.len();
 
-    let manifest = BundleManifest {
-        format_version: FORMAT_VERSION,
-        keelson_version: env!("CARGO_PKG_VERSION").to_string(),
-        kubernetes_version: plan.kubernetes_version.clone(),
-        versions: plan.versions.clone(),
-        versions_table_sha256: crate::manifest::versions_table_sha256(),
-        arches: plan.arches.iter().map(|a| a.as_str().to_string()).collect(),
-        files,
-        images,
-    };
+    let arches = plan.arches.iter().map(|a| a.as_str().to_string()).collect();
+    let manifest = BundleManifest::new(&plan.kubernetes_version, plan.versions.clone(), arches, files, images);
     let manifest_path = work.join(MANIFEST_FILE);
     std::fs::write(&manifest_path, manifest.to_json()).map_err(io_err(&manifest_path))?;
     report.archive_bytes = write_archive(&work, &opts.output)?;

@@ -120,6 +120,26 @@ pub fn is_digest(s: &str) -> bool {
 }
 
 impl BundleManifest {
+    /// A manifest written by this keelson, from this versions table.
+    pub fn new(
+        kubernetes_version: &str,
+        versions: BTreeMap<String, String>,
+        arches: Vec<String>,
+        files: Vec<BundleFile>,
+        images: Vec<BundleImage>,
+    ) -> BundleManifest {
+        BundleManifest {
+            format_version: FORMAT_VERSION,
+            keelson_version: env!("CARGO_PKG_VERSION").to_string(),
+            kubernetes_version: kubernetes_version.to_string(),
+            versions,
+            versions_table_sha256: versions_table_sha256(),
+            arches,
+            files,
+            images,
+        }
+    }
+
     /// Sorted, pretty JSON with a final newline.
     pub fn to_json(&self) -> Vec<u8> {
         let mut m = self.clone();

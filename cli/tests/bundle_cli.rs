@@ -154,16 +154,7 @@ fn push_into_an_s3_file_repository_then_again_skipping_what_is_there() {
             path: bundle::paths::bundle_path(u).expect("path"),
         })
         .collect();
-    let manifest = bundle::BundleManifest {
-        format_version: bundle::manifest::FORMAT_VERSION,
-        keelson_version: "0.1.0".into(),
-        kubernetes_version: "1.34.4".into(),
-        versions: Default::default(),
-        versions_table_sha256: bundle::manifest::versions_table_sha256(),
-        arches: vec!["amd64".into()],
-        files: files.clone(),
-        images: vec![],
-    };
+    let manifest = bundle::BundleManifest::new("1.34.4", Default::default(), vec!["amd64".into()], files.clone(), vec![]);
     let archive = work.path().join("b.tar");
     let mut tar = tar::Builder::new(std::fs::File::create(&archive).expect("archive"));
     let entries =

@@ -107,15 +107,8 @@ fn image_digests_from_a_bundle_pin_every_image() {
     let references: Vec<String> =
         listed["images"].as_array().expect("images").iter().map(|i| i["reference"].as_str().expect("reference").to_string()).collect();
     let digest = |r: &str| format!("sha256:{}", hex::encode(<sha2::Sha256 as sha2::Digest>::digest(r.as_bytes())));
-    let manifest = |references: &[String]| bundle::BundleManifest {
-        format_version: bundle::manifest::FORMAT_VERSION,
-        keelson_version: "0.1.0".into(),
-        kubernetes_version: "1.34.4".into(),
-        versions: Default::default(),
-        versions_table_sha256: bundle::manifest::versions_table_sha256(),
-        arches: vec!["amd64".into()],
-        files: vec![],
-        images: references
+    let manifest = |references: &[String]| {
+        let images = references
             .iter()
             .map(|r| bundle::BundleImage {
                 reference: r.clone(),
@@ -124,7 +117,8 @@ fn image_digests_from_a_bundle_pin_every_image() {
                 source_digest: None,
                 manifests: vec![],
             })
-            .collect(),
+            .collect();
+        bundle::BundleManifest::new("1.34.4", Default::default(), vec!["amd64".into()], vec![], images)
     };
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("bundle.json");
