@@ -23,6 +23,15 @@ pub fn eviction_hard() -> String {
     format!("memory.available<100Mi,nodefs.available<{EVICTION_FREE_GIB}Gi,nodefs.inodesFree<5%,imagefs.available<{EVICTION_FREE_GIB}Gi,imagefs.inodesFree<5%")
 }
 
+/// The kubelets' `imageGCHighThresholdPercent` in keelson-local: never by percentage. Image GC
+/// measures the host disk's usage, which a build beside the cluster pushes past kOps' 85 % default
+/// (measured on 2026-12-03: 89 % with 31 GiB free of 252) — every kubelet then deletes every
+/// image no running container uses, including one a pod is about to start from (the likely cause
+/// of a CI run's `echo-server` left Pending for 120 s). kind sets the same for the same reason.
+/// Disk is still guarded: below [`EVICTION_FREE_GIB`] the kubelets evict, and `up` asks for
+/// [`UP_FREE_GIB`] first.
+pub const IMAGE_GC_HIGH_PERCENT: u8 = 100;
+
 /// Bytes an unprivileged writer may still use on the filesystem holding `path` (or its nearest
 /// existing ancestor, so a state directory that does not exist yet can be checked).
 pub fn free_bytes(path: &Path) -> std::io::Result<u64> {

@@ -16,6 +16,7 @@
 
 pub mod autoscaler;
 pub mod balancer;
+pub mod cgroups;
 pub mod cloud;
 pub mod cluster;
 pub mod cmd;

@@ -129,6 +129,9 @@ pub struct MachineInfo {
     /// The instance's name (GCE: what a recreated instance keeps; AWS: its id).
     #[serde(default)]
     pub name: String,
+    /// Its own cgroup in each cgroup v1 hierarchy ([`crate::cgroups`]), removed at teardown.
+    #[serde(default)]
+    pub cgroups: Vec<PathBuf>,
 }
 
 pub struct Machine {
@@ -222,6 +225,7 @@ impl Machine {
                 role: role.to_string(),
                 group: group.to_string(),
                 name: data.name().to_string(),
+                cgroups: Vec::new(),
             },
             paths: mp,
             nspawn: None,
@@ -274,6 +278,16 @@ impl Machine {
         let console2 = console.try_clone().map_err(io_err(&id, &self.paths.console_log()))?;
         let containerd_dir = self.paths.containerd_dir();
         fs::create_dir_all(&containerd_dir).map_err(io_err(&id, &containerd_dir))?;
+        // Its own cgroups (crate::cgroups): a cloud instance's kubelet sees its own pods only.
+        self.info.cgroups = crate::cgroups::dirs_for(&id).map_err(io_err(&id, Path::new("/proc/self/cgroup")))?;
+        self.save()?;
+        crate::cgroups::create(&self.info.cgroups).map_err(io_err(&id, Path::new("/sys/fs/cgroup")))?;
+        if cmd::which("systemd-nspawn").is_none() {
+            return Err(MachineError::Cmd {
+                instance: id.clone(),
+                source: CmdError::Spawn { program: "systemd-nspawn (apt-get install systemd-container)".into(), source: std::io::ErrorKind::NotFound.into() },
+            });
+        }
         // What a cloud instance has and a container does not, so that the kubelet and containerd
         // run as on EC2 (nothing of this reaches the product's defaults):
         // * writable cgroup v1 controller hierarchies (nspawn mounts them read-only; the init
@@ -282,7 +296,9 @@ impl Machine {
         // * the keyring system calls (runc gives every container its own session keyring);
         // * /dev/kmsg (the kubelet's OOM watcher reads it);
         // * /var/lib/containerd on the host's file system (see `MachinePaths::containerd_dir`).
-        let nspawn = Command::new("systemd-nspawn")
+        let nspawn = Command::new("sh")
+            .args(["-c", crate::cgroups::ENTER_AND_EXEC, "keelson-machine", "systemd-nspawn"])
+            .env(crate::cgroups::PROCS_ENV, crate::cgroups::procs_value(&self.info.cgroups))
             .args([
                 "--register=no",
                 "--keep-unit",
@@ -618,6 +634,10 @@ pub fn teardown(info: &MachineInfo, mp: &MachinePaths) {
         std::thread::sleep(Duration::from_millis(50));
     }
     net::delete_namespace(&info.netns, &info.veth);
+    let left = crate::cgroups::remove(&info.cgroups);
+    if !left.is_empty() {
+        eprintln!("keelson-local: {}: cgroups still busy after 10 s: {left:?}", info.instance_id);
+    }
     let _ = fs::remove_dir_all(Path::new(paths::NSPAWN_RUN_DIR).join("propagate").join(&info.instance_id));
     let _ = fs::remove_dir_all(mp.upper());
     let _ = fs::remove_dir_all(mp.work());

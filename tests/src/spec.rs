@@ -239,6 +239,7 @@ impl Spec {
                         let kubelet = spec.entry(Value::from("kubelet")).or_insert_with(|| Value::Mapping(Default::default()));
                         if let Some(k) = kubelet.as_mapping_mut() {
                             k.insert(Value::from("evictionHard"), Value::from(crate::disk::eviction_hard()));
+                            k.insert(Value::from("imageGCHighThresholdPercent"), Value::from(crate::disk::IMAGE_GC_HIGH_PERCENT));
                         }
                         let containerd = spec.entry(Value::from("containerd")).or_insert_with(|| Value::Mapping(Default::default()));
                         if let Some(c) = containerd.as_mapping_mut() {
@@ -295,6 +296,7 @@ mod tests {
         assert!(t.contains("containerRegistry: 172.20.255.254:5000"));
         assert!(t.contains("conntrackMaxPerCore: 0"));
         assert!(t.contains(&crate::disk::eviction_hard()));
+        assert!(t.contains("imageGCHighThresholdPercent: 100"), "{t}");
         assert!(t.contains("managed: false"), "{t}");
         assert!(
             t.contains("metricsServer:\n    enabled: true\n    insecure: true\n    image: 172.20.255.254:5000/metrics-server-metrics-server:v0.8.0\n"),

@@ -271,6 +271,7 @@ mod tests {
             role: role.into(),
             group: group.into(),
             name: String::new(),
+            cgroups: Vec::new(),
         }
     }
 

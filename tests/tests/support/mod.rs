@@ -56,6 +56,70 @@ pub fn run_with_env(env: &[(&str, &str)], args: &[&str]) -> Output {
     out
 }
 
+/// `keelson-local ARGS` started in the background, its output going to `log` (read it once it
+/// has exited: [`Background::finish`]).
+pub struct Background {
+    child: std::process::Child,
+    log: PathBuf,
+    args: String,
+}
+
+impl Background {
+    pub fn start(args: &[&str], log: PathBuf) -> Background {
+        let f = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+        let f2 = f.try_clone().expect("log file");
+        let child = Command::new(exe()).args(args).current_dir(repo()).stdout(f).stderr(f2).spawn().expect("run keelson-local");
+        Background { child, log, args: args.join(" ") }
+    }
+
+    /// Wait (at most `limit`; killed after) and return its exit status's success and its output,
+    /// echoed.
+    pub fn finish(&mut self, limit: std::time::Duration) -> (bool, String) {
+        let deadline = std::time::Instant::now() + limit;
+        let status = loop {
+            if let Some(st) = self.child.try_wait().expect("wait") {
+                break Some(st);
+            }
+            if std::time::Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_secs(2));
+        };
+        let out = std::fs::read_to_string(&self.log).unwrap_or_default();
+        eprintln!("$ keelson-local {} (in the background; {status:?})\n{out}", self.args);
+        assert!(status.is_some(), "keelson-local {} still running after {limit:?}: killed", self.args);
+        (status.is_some_and(|s| s.success()), out)
+    }
+}
+
+impl Drop for Background {
+    /// A test that fails before [`Background::finish`] leaves nothing running.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// `(passed, failed)` from `keelson-local conformance`'s summary line in `output`
+/// (`conformance: P passed, F failed, S skipped of T [Conformance] tests (…)`).
+pub fn conformance_counts(output: &str) -> (usize, usize) {
+    let line = output
+        .lines()
+        .find(|l| l.starts_with("conformance: ") && l.contains(" [Conformance] tests ("))
+        .unwrap_or_else(|| panic!("no conformance summary line (output above)"));
+    let counts: Vec<usize> = line
+        .trim_start_matches("conformance: ")
+        .split(", ")
+        .take(3)
+        .map(|part| part.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("unexpected summary {line:?}")))
+        .collect();
+    (counts[0], counts[1])
+}
+
 /// Run `keelson-local ARGS`, echoing its output (so a failing test shows why).
 pub fn run(args: &[&str]) -> Output {
     let out = Command::new(exe()).args(args).current_dir(repo()).output().expect("run keelson-local");
@@ -167,6 +231,15 @@ pub fn wait(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Why a pod is where it is, for a failure message: its conditions, its containers' states and the
+/// events about it (`kubectl describe`'s tail, where the scheduler, the kubelet and the CNI say why).
+pub fn pod_story(pod: &str) -> String {
+    let o = run(&["kubectl", "describe", "pod", pod]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    let from = text.find("Conditions:").unwrap_or(0);
+    format!("kubectl describe pod {pod} (from its conditions):\n{}", &text[from..])
+}
+
 /// A pod on `client_node` reaches a pod on `server_node` by its pod IP (the pod network across
 /// nodes: the CNI, and on routed networking the cloud's routes). Both pods are deleted after.
 pub fn pod_to_pod(registry: &str, server_node: &str, client_node: &str) {
@@ -186,7 +259,9 @@ pub fn pod_to_pod(registry: &str, server_node: &str, client_node: &str) {
             let why = run(&["kubectl", "get", "pod", "echo-server", "-o", "jsonpath={.status.message}"]);
             panic!("echo-server failed: {} ({})", String::from_utf8_lossy(&why.stdout).trim(), keelson_local::disk::report(&keelson_local::paths::state_dir()));
         }
-        assert!(Instant::now() < deadline, "echo-server not Running within 120 s: {text}");
+        if Instant::now() >= deadline {
+            panic!("echo-server not Running within 120 s: {text}\n{}", pod_story("echo-server"));
+        }
         std::thread::sleep(Duration::from_secs(2));
     };
     let client = run(&[
@@ -216,7 +291,9 @@ pub fn pod_to_pod(registry: &str, server_node: &str, client_node: &str) {
             );
             break;
         }
-        assert!(Instant::now() < deadline, "echo-client did not finish within 120 s: {phase}");
+        if Instant::now() >= deadline {
+            panic!("echo-client did not finish within 120 s: {phase}\n{}", pod_story("echo-client"));
+        }
         std::thread::sleep(Duration::from_secs(2));
     }
     for p in ["echo-client", "echo-server"] {
