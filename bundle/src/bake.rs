@@ -176,7 +176,7 @@ pub fn bake(bundle: &Path, opts: &BakeOptions) -> Result<BakeReport, BakeError> 
         }
         if asset.file_name == "nodeup" {
             let dest = under(&opts.root, &format!("{}/bin/nodeup", keelson_api::host_paths::INSTALL_DIR));
-            install_copy(&fetcher.cached_file(&f.sha256), &dest)?;
+            install_executable(&fetcher.cached_file(&f.sha256), &dest)?;
         }
         if asset.is_archive() && asset.file_name.starts_with("containerd-") {
             containerd_bin = Some(fetcher.cached_dir(&f.sha256));
@@ -220,16 +220,11 @@ fn path_str(p: &Path) -> String {
     p.display().to_string()
 }
 
-/// Copy `src` to `dest` (mode 0755) through a temp file and a rename, unless it is already there.
-fn install_copy(src: &Path, dest: &Path) -> Result<(), BakeError> {
-    if let Some(parent) = dest.parent() {
-        std::fs::create_dir_all(parent).map_err(io_err(parent))?;
-    }
-    let tmp = dest.with_extension("bake-tmp");
-    std::fs::copy(src, &tmp).map_err(io_err(&tmp))?;
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).map_err(io_err(&tmp))?;
-    std::fs::rename(&tmp, dest).map_err(io_err(dest))
+/// Put `src` at `dest` (mode 0755), replacing what is there atomically.
+fn install_executable(src: &Path, dest: &Path) -> Result<(), BakeError> {
+    // A hard link within the root (user-data replaces the file by rename, never in place), a copy
+    // across file systems; atomic either way.
+    base::fs::link_atomic(src, dest, 0o755).map_err(|e| BakeError::Io { path: e.path, source: e.source })
 }
 
 /// The bundle's OCI image layout as one `oci-archive` tar (what `ctr images import` reads).

@@ -208,7 +208,7 @@ impl Machine {
         if let Some(baked) = &lower.baked {
             // The baked image's containerd store: the machine's own copy (its /var/lib/containerd is a host directory).
             let dir = mp.containerd_dir();
-            crate::cluster::baked::seed_containerd(&crate::cluster::baked::containerd_store(baked), &dir).map_err(io_err(&id, &dir))?;
+            crate::cluster::bundled::seed_containerd(&crate::cluster::bundled::containerd_store(baked), &dir).map_err(io_err(&id, &dir))?;
         }
         let mut m = Machine {
             info: MachineInfo {

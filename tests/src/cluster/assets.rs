@@ -158,7 +158,7 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
     if cs.boot().needs_bundle() {
         cs.phase = "making the bundle (keelson bundle create of the mirror and the registry)".into();
         cs.save(state);
-        let inputs = super::baked::BakeInputs {
+        let inputs = super::bundled::BakeInputs {
             keelson: &keelson,
             local_spec: &local_spec,
             overrides: &overrides,
@@ -168,7 +168,7 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
             registry: &registry_addr,
             gw,
         };
-        let bundle = super::baked::create(&state.root, &inputs)?;
+        let bundle = super::bundled::create(&state.root, &inputs)?;
         if cs.air_gapped {
             cs.phase = "keelson bundle push into an empty mirror and a fresh registry (the staging ones stopped)".into();
             cs.save(state);
@@ -184,14 +184,14 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
                 fs::remove_dir_all(&served).with_context(|| served.display().to_string())?;
             }
             fs::create_dir_all(&served)?;
-            super::baked::push(&keelson, &bundle, &served, &registry_addr, gw)?;
+            super::bundled::push(&keelson, &bundle, &served, &registry_addr, gw)?;
             // The tests' own workload (not the cluster's, so not in its bundle), as a user pushes an app.
             kubernetes::push_one(&layout, kubernetes::ECHO_IMAGE, &registry_addr)?;
         }
         if cs.baked {
             cs.phase = "baking the machine image (keelson bundle bake)".into();
             cs.save(state);
-            lower.baked = Some(super::baked::bake(&keelson, &bundle, &state.root, &registry_addr)?);
+            lower.baked = Some(super::bundled::bake(&keelson, &bundle, &state.root, &registry_addr)?);
         }
         image_digests = Some(bundle);
     }

@@ -123,7 +123,7 @@ pub fn env_exports() -> anyhow::Result<String> {
         ("KEELSON_LOCAL_SPEC", st.root.join("spec.yaml").display().to_string()),
         ("KEELSON_ASSET_HASHES", st.root.join("asset-hashes.tsv").display().to_string()),
         // `--baked`: images pinned to the digests of the bundle the machines were baked from.
-        ("KEELSON_IMAGE_DIGESTS", if cs.baked || cs.air_gapped { super::baked::bundle_path(&st.root).display().to_string() } else { String::new() }),
+        ("KEELSON_IMAGE_DIGESTS", if cs.baked || cs.air_gapped { super::bundled::bundle_path(&st.root).display().to_string() } else { String::new() }),
         ("KEELSON_NODEUP_ASSET", cs.nodeup_asset.clone()),
         ("KOPS_BASE_URL", format!("http://{}:{}/kops", cs.gateway, cs.mirror_port)),
         ("PATH", format!("{kubectl_dir}:{}", std::env::var("PATH").unwrap_or_default())),

@@ -14,8 +14,8 @@
 //! - [`selfheal`]: the control-plane failover test.
 
 pub mod assets;
-pub mod baked;
 pub mod boot_times;
+pub mod bundled;
 pub mod commands;
 pub mod cpu;
 pub mod daemon;
@@ -28,7 +28,7 @@ pub mod prepare;
 pub mod selfheal;
 pub mod state;
 
-pub use baked::Boot;
+pub use bundled::Boot;
 pub use commands::{down, env_exports, kill, kubectl, ps, service_urls, sweep, up, up_with};
 pub use daemon::{run_daemon, ClusterVersions, ADDON_RECORD, BOOTSTRAP_ADDON, TICK};
 pub use diagnostics::{blocker, diagnose, diagnose_nodes};

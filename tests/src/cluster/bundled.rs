@@ -1,4 +1,4 @@
-//! Machines booted from a baked image (`keelson-local up|selfheal --baked`), the way a cloud boots
+//! Clusters from a bundle: machines booted from a baked image (`--baked`), the way a cloud boots
 //! them from an AMI built with `keelson bundle bake`: the harness makes a bundle of its own mirror
 //! and registry with `keelson bundle create` (the product's code, not the harness's), bakes it with
 //! `keelson bundle bake` into a directory that becomes the top layer of every machine's root, and
@@ -7,6 +7,8 @@
 //! hard links (the bolt databases, which containerd writes in place, are copied): it costs the host
 //! milliseconds, not the machine's CPU. The cluster is then applied with `--image-digests` of the
 //! bundle: every image the machines run is named by the digest the baked store holds.
+//! `--air-gapped` uses the same bundle the other way: [`push`] fills an empty mirror and a fresh
+//! registry with `keelson bundle push`, and the machines reach nothing else.
 
 use std::fs;
 use std::net::Ipv4Addr;
