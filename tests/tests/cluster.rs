@@ -16,6 +16,8 @@
 //! the kubelet's and kube-proxy's on every worker (nodeup's timer, joining again) — while the API
 //! answers through the load balancer, no Node goes NotReady and no kubelet is restarted (each
 //! reads its renewed client certificate by itself).
+//! While they roll over, the upstream conformance suite's focused set runs against the cluster
+//! (`keelson-local conformance`, docs/conformance.md) and every test of it must pass.
 //! Last, the IAM oracle (`keelson-local iam-check`): every request the machines signed with their
 //! instance roles' credentials is allowed by the policy IAM holds for that role.
 
@@ -468,6 +470,14 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     let node_names: Vec<String> = kubeapi::nodes(&kc).unwrap().into_keys().collect();
     metrics::check(&kc, &node_names);
 
+    // 7c''. The upstream conformance suite (docs/conformance.md): its focused set of [Conformance]
+    //     tests — API machinery, DNS, Services, pod networking, volumes, kubelet, RBAC, DaemonSets,
+    //     Deployments — runs while the certificates roll over (7d waits that long anyway), and
+    //     every one of them must pass: the cluster conforms through its own certificate renewal.
+    let conformance_log = std::env::temp_dir().join(format!("keelson-conformance-{}.log", std::process::id()));
+    let mut conformance = support::Background::start(&["conformance", "--timeout", "1800"], conformance_log.clone());
+    let conformance_started = std::time::Instant::now();
+
     // 7d. Certificates roll over on the running cluster: on every control plane etcd's peer and
     //     serving certificates and the API server's (protokube's renewal pass), on every worker the
     //     kubelet's and kube-proxy's (nodeup's timer joins again), each with a new serial and a
@@ -554,6 +564,13 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
         seen.longest_gap,
         seen.failures
     );
+    let (ok, out) = conformance.finish(Duration::from_secs(2100));
+    let _ = std::fs::remove_file(&conformance_log);
+    let (passed, failed) = support::conformance_counts(&out);
+    assert_eq!(failed, 0, "conformance tests failed while certificates rolled over (names and first error lines above)");
+    assert!(passed > 0 && ok, "keelson-local conformance: {passed} passed, exit ok: {ok} (output above)");
+    assert!(!out.contains("is not in this suite"), "a focused test name is not in the suite (output above)");
+    eprintln!("CONFORMANCE: {passed} focused [Conformance] tests passed while certificates rolled over ({:.0} s)", conformance_started.elapsed().as_secs_f64());
 
     // 8. etcd backup and restore, one command: a namespace full of objects and 10k more keys, a
     //    backup asked for with `keelson etcd backup create`, the namespace deleted and the keys

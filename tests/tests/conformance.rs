@@ -23,17 +23,8 @@ fn the_ha_example_passes_the_focused_conformance_tests() {
     let spec = support::repo().join("examples/ha.yaml");
     let out = support::run(&["conformance", "-f", &spec.to_string_lossy()]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout
-        .lines()
-        .find(|l| l.starts_with("conformance: ") && l.contains(" [Conformance] tests ("))
-        .unwrap_or_else(|| panic!("no summary line (output above)"));
-    let counts: Vec<usize> = line
-        .trim_start_matches("conformance: ")
-        .split(", ")
-        .take(3)
-        .map(|part| part.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("unexpected summary {line:?}")))
-        .collect();
-    let (passed, failed) = (counts[0], counts[1]);
+    let (passed, failed) = support::conformance_counts(&stdout);
+    let line = stdout.lines().find(|l| l.starts_with("conformance: ")).unwrap_or_default();
     assert_eq!(failed, 0, "conformance tests failed (names and first error lines above): {line}");
     assert!(passed > 0, "no conformance test passed: {line}");
     assert!(!stdout.contains("is not in this suite"), "a focused test name is not in the suite (output above)");
