@@ -42,7 +42,7 @@ fn private_topology_with_flannel_vxlan() {
         assert!(f.blobs > 0 && f.manifests > 0, "{} ({}) fetched {f:?} from the pushed registry", m.instance_id, m.ip);
     }
     // The served mirror holds the bundle's files and nothing else.
-    let bundle = keelson_local::cluster::baked::bundle_path(&st.root);
+    let bundle = keelson_local::cluster::bundled::bundle_path(&st.root);
     let mut archive = tar::Archive::new(std::fs::File::open(&bundle).expect("bundle"));
     let manifest: serde_json::Value = archive
         .entries()
