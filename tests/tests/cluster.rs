@@ -566,7 +566,7 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     );
     let (ok, out) = conformance.finish(Duration::from_secs(2100));
     let _ = std::fs::remove_file(&conformance_log);
-    let (passed, failed) = support::conformance_counts(&out);
+    let (passed, failed, _) = support::conformance_counts(&out);
     assert_eq!(failed, 0, "conformance tests failed while certificates rolled over (names and first error lines above)");
     assert!(passed > 0 && ok, "keelson-local conformance: {passed} passed, exit ok: {ok} (output above)");
     assert!(!out.contains("is not in this suite"), "a focused test name is not in the suite (output above)");

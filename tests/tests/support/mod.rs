@@ -104,9 +104,9 @@ impl Drop for Background {
     }
 }
 
-/// `(passed, failed)` from `keelson-local conformance`'s summary line in `output`
+/// `(passed, failed, the line)` from `keelson-local conformance`'s summary line in `output`
 /// (`conformance: P passed, F failed, S skipped of T [Conformance] tests (…)`).
-pub fn conformance_counts(output: &str) -> (usize, usize) {
+pub fn conformance_counts(output: &str) -> (usize, usize, &str) {
     let line = output
         .lines()
         .find(|l| l.starts_with("conformance: ") && l.contains(" [Conformance] tests ("))
@@ -117,7 +117,7 @@ pub fn conformance_counts(output: &str) -> (usize, usize) {
         .take(3)
         .map(|part| part.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("unexpected summary {line:?}")))
         .collect();
-    (counts[0], counts[1])
+    (counts[0], counts[1], line)
 }
 
 /// Run `keelson-local ARGS`, echoing its output (so a failing test shows why).
