@@ -3,8 +3,9 @@
 # version, and pack it as the upstream release archive is laid out (bin/…), for keelson-local's mirror.
 #
 #   tests/kubernetes/build-containerd.sh VERSION     # e.g. 2.3.4; prints the path of the .tar.gz
+#   GOARCH=arm64 tests/kubernetes/build-containerd.sh VERSION   # for another architecture (cross-compiled)
 #
-# Output: $KEELSON_LOCAL_CACHE/containerd/vVERSION/containerd-VERSION-linux-amd64.tar.gz (default cache
+# Output: $KEELSON_LOCAL_CACHE/containerd/vVERSION[-linux-ARCH]/containerd-VERSION-linux-ARCH.tar.gz (default cache
 # /var/cache/keelson-local), with a `.complete` marker: a second run builds nothing. Static binaries
 # (CGO_ENABLED=0, without the btrfs/devmapper/zfs snapshotters, which need C libraries).
 set -euo pipefail
@@ -18,8 +19,10 @@ fi
 command -v go >/dev/null || { echo "build-containerd.sh: Go is not installed" >&2; exit 1; }
 
 cache=${KEELSON_LOCAL_CACHE:-/var/cache/keelson-local}
+arch=$(go env GOARCH)
 out="$cache/containerd/v$version"
-archive="$out/containerd-$version-linux-amd64.tar.gz"
+[ "$arch" = "$(env -u GOARCH go env GOARCH)" ] || out="$out-linux-$arch"
+archive="$out/containerd-$version-linux-$arch.tar.gz"
 # shellcheck source=tests/kubernetes/build-cache.sh
 . "$(dirname "${BASH_SOURCE[0]}")/build-cache.sh"
 enter_build_cache "$out" "$archive"

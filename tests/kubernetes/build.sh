@@ -2,6 +2,7 @@
 # Build the Kubernetes binaries keelson-local runs, from the published Go module, once per version.
 #
 #   tests/kubernetes/build.sh VERSION            # e.g. 1.34.4; prints the directory holding the binaries
+#   GOARCH=arm64 tests/kubernetes/build.sh VERSION   # a worker's binaries for another architecture
 #
 # A throw-away module requires k8s.io/kubernetes@vVERSION; the staging modules it names as
 # `./staging/src/k8s.io/X` are replaced by their published k8s.io/X@v0.MINOR.PATCH. Binaries are static
@@ -19,9 +20,19 @@ version=$k8s_version
 command -v go >/dev/null || { echo "build.sh: Go is not installed (needed to build Kubernetes from source)" >&2; exit 1; }
 
 cache=${KEELSON_LOCAL_CACHE:-/var/cache/keelson-local}
-out="$cache/kubernetes/v$version"
+# The host's architecture builds every component; another one ($GOARCH, cross-compiled) only what a
+# worker of that architecture runs (its kubelet and kubectl assets, kube-proxy's image), checked under
+# qemu-user (binfmt_misc) and cached beside the host's entry.
+arch=$(go env GOARCH)
+host_arch=$(env -u GOARCH go env GOARCH)
+if [ "$arch" = "$host_arch" ]; then
+  out="$cache/kubernetes/v$version"
+  COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet kubectl)
+else
+  out="$cache/kubernetes/v$version-linux-$arch"
+  COMPONENTS=(kube-proxy kubelet kubectl)
+fi
 marker="$out/.complete"
-COMPONENTS=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet kubectl)
 
 # shellcheck source=tests/kubernetes/build-cache.sh
 . "$(dirname "${BASH_SOURCE[0]}")/build-cache.sh"
@@ -44,7 +55,8 @@ for c in "${COMPONENTS[@]}"; do targets+=("k8s.io/kubernetes/cmd/$c"); done
 go build -trimpath -ldflags "$ldflags" -o "$out/bin.tmp/" "${targets[@]}"
 
 for c in "${COMPONENTS[@]}"; do
-  "$out/bin.tmp/$c" --version >/dev/null 2>&1 || [ "$c" = kubectl ] || { echo "build.sh: $c --version failed" >&2; exit 1; }
+  "$out/bin.tmp/$c" --version >/dev/null 2>&1 || [ "$c" = kubectl ] ||
+    { echo "build.sh: $c --version failed (a $arch build runs on this $host_arch host only through qemu-user-static's binfmt_misc entry)" >&2; exit 1; }
 done
 rm -rf "${out:?}/bin"
 mv "$out/bin.tmp" "$out/bin"

@@ -185,7 +185,12 @@ build_debian_base() {
     conntrack ipset nft modprobe ip; do
     chroot "$target" /bin/sh -c "command -v $tool" >/dev/null || die "the Debian root has no $tool"
   done
-  chroot "$target" iptables --version | grep -q nf_tables || die "iptables in the Debian root is not the nft backend"
+  # By the alternatives link, not by running it: another architecture's iptables runs here under
+  # qemu-user, which has no nftables netlink.
+  case $(readlink -f "$target/usr/sbin/iptables") in
+    */xtables-nft-multi) ;;
+    *) die "iptables in the Debian root is not the nft backend ($(readlink -f "$target/usr/sbin/iptables"))" ;;
+  esac
 }
 
 # ensure_debian_base: prints the cached Debian root.
@@ -410,7 +415,8 @@ cmd_push() {
   [ "${#refs[@]}" -gt 0 ] || die "'$layout' has no tagged images"
   for ref in "${refs[@]}"; do
     # The source is a local layout we built, so there is no signature policy to apply.
-    skopeo --insecure-policy copy --quiet --dest-tls-verify=false "oci:$layout:$ref" "docker://$registry/$ref" ||
+    # --all: a multi-platform index (`index`) goes with every platform's image.
+    skopeo --insecure-policy copy --all --quiet --dest-tls-verify=false "oci:$layout:$ref" "docker://$registry/$ref" ||
       die "pushing $ref to $registry failed"
     log "pushed $registry/$ref"
   done
@@ -935,6 +941,126 @@ if [ "${1:-}" = conformance-repo-list ]; then
   exit 0
 fi
 # --- END conformance images --------------------------------------------------------------------------------
+
+# --- BEGIN other architectures (a mixed-architecture cluster's workers) -----------------------------------
+#   GOARCH=arm64 tests/kubernetes/images.sh build-node K8S_VERSION PAUSE_VERSION   # e.g. build-node 1.34.4 3.10.1
+#       Prints an OCI layout holding what a worker of $GOARCH pulls from the registry, made as `build` makes
+#       them but for that architecture: kube-proxy:vK8S (Kubernetes from `GOARCH=… build.sh`), pause:PAUSE
+#       and keelson-test/echo:1. Cached as $KEELSON_LOCAL_CACHE/images/node-ARCH-KEY. Programs of another
+#       architecture run here through qemu-user's binfmt_misc entry (kube-proxy's Debian root is
+#       debootstrapped for $GOARCH).
+#   tests/kubernetes/images.sh index LAYOUT LAYOUT...
+#       Prints an OCI layout in which every tag that the first LAYOUT and a later one both hold is an
+#       image index with one image per platform (each image config's os/architecture), as registries
+#       serve multi-platform images to a mixed-architecture cluster. Push it after the first LAYOUT
+#       (`push` copies every platform). Cached as images/index-KEY (KEY: the layouts' index.json).
+cmd_build_node() {
+  [ $# -eq 2 ] || usage
+  local k8s=${1#v} pause=${2#v} k8s_bin key base_root name
+  [[ $k8s =~ ^1\.[0-9]+\.[0-9]+$ ]] || die "'$1' is not a Kubernetes version (1.MINOR.PATCH)"
+  [[ $pause =~ ^[0-9]+\.[0-9]+(\.[0-9]+)?$ ]] || die "'$2' is not a pause version (e.g. 3.10.1)"
+  arch=$(go env GOARCH)
+  k8s_bin=$("$here/build.sh" "$k8s" | tail -n1) || die "building Kubernetes v$k8s for $arch (GOARCH=$arch tests/kubernetes/build.sh) failed"
+  [ -x "$k8s_bin/kube-proxy" ] || die "$k8s_bin has no kube-proxy"
+  key=$({
+    echo "node $arch $k8s $pause"
+    (cd "$k8s_bin" && sha256sum kube-proxy)
+    sha256sum <"$self"
+    (cd "$src" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
+  } | sha256sum | cut -c1-16)
+  if ! claim_cache_entry "node-$arch" "$key"; then echo "$out/oci"; return; fi
+  WHY="build the $arch node images" need go umoci jq tar flock find
+  layout="$tmp/oci"
+  layers="$tmp/work/layers"
+  local stage="$tmp/work/stage"
+  mkdir -p "$layers" "$stage"
+  log "building the $arch node images (kube-proxy v$k8s, pause $pause, echo) into $out"
+  base_root=$(ensure_debian_base)
+  stage_static_base "$stage/static-base"
+  owned_layer_tar "$stage/static-base" "$layers/static-base.tar"
+  mkdir -p "$stage/go-runner" "$stage/pause" "$stage/echo" "$stage/kube-proxy/usr/local/bin"
+  build_go_program go-runner "$stage/go-runner/go-runner"
+  build_go_program pause "$stage/pause/pause" "-X main.version=$pause"
+  build_go_program echo "$stage/echo/echo"
+  install -m 755 "$k8s_bin/kube-proxy" "$stage/kube-proxy/usr/local/bin/kube-proxy"
+  for name in go-runner pause echo kube-proxy; do owned_layer_tar "$stage/$name" "$layers/$name.tar"; done
+  layer_tar "$base_root" "$layers/debian-$DEBIAN_SUITE.tar"
+  umoci init --layout "$layout"
+  image "kube-proxy:v$k8s" /go-runner "" "debian-$DEBIAN_SUITE" go-runner kube-proxy
+  image "pause:$pause" /pause 65535:65535 pause
+  image "keelson-test/echo:1" /echo 65534:65534 static-base echo
+  finish_layout "$tmp" "$out" "the $arch node images" "$start"
+}
+
+# blob_of LAYOUT DIGEST: the path of a blob.
+blob_of() { echo "$1/blobs/${2%%:*}/${2#*:}"; }
+
+cmd_index() {
+  [ $# -ge 2 ] || usage
+  local l key ref first=${1%/}
+  for l in "$@"; do [ -f "${l%/}/index.json" ] || die "'$l' is not an OCI image layout"; done
+  WHY="make multi-platform image indexes" need jq sha256sum flock
+  key=$({ sha256sum <"$self"; for l in "$@"; do sha256sum <"${l%/}/index.json"; done; } | sha256sum | cut -c1-16)
+  if ! claim_cache_entry index "$key"; then echo "$out/oci"; return; fi
+  local layout="$tmp/oci"
+  mkdir -p "$layout/blobs/sha256"
+  printf '{"imageLayoutVersion":"1.0.0"}\n' >"$layout/oci-layout"
+  # Every blob of every layout (hard links: the layouts are in the same cache).
+  for l in "$@"; do
+    cp -al -n "${l%/}/blobs/sha256/." "$layout/blobs/sha256/" 2>/dev/null || cp -rn "${l%/}/blobs/sha256/." "$layout/blobs/sha256/" ||
+      die "copying the blobs of $l failed"
+  done
+  local -a refs tagged=()
+  mapfile -t refs < <(for l in "${@:2}"; do jq -r '.manifests[].annotations["org.opencontainers.image.ref.name"] // empty' "${l%/}/index.json"; done | LC_ALL=C sort -u)
+  for ref in "${refs[@]}"; do
+    local -a platforms=()
+    local desc config arch os manifests="[]"
+    for l in "$@"; do
+      l=${l%/}
+      desc=$(jq -c --arg r "$ref" '[.manifests[] | select(.annotations["org.opencontainers.image.ref.name"] == $r)][0] // empty' "$l/index.json")
+      [ -n "$desc" ] || continue
+      [ "$(jq -r .mediaType <<<"$desc")" = application/vnd.oci.image.manifest.v1+json ] || die "$l: $ref is not a single image (an index already?)"
+      config=$(jq -r .config.digest "$(blob_of "$l" "$(jq -r .digest <<<"$desc")")")
+      arch=$(jq -r .architecture "$(blob_of "$l" "$config")")
+      os=$(jq -r .os "$(blob_of "$l" "$config")")
+      case " ${platforms[*]} " in *" $os/$arch "*) die "$ref: two images for $os/$arch (in $l and an earlier layout)" ;; esac
+      platforms+=("$os/$arch")
+      manifests=$(jq -c --argjson d "$desc" --arg a "$arch" --arg o "$os" \
+        '. + [{mediaType: $d.mediaType, digest: $d.digest, size: $d.size, platform: {architecture: $a, os: $o}}]' <<<"$manifests")
+    done
+    # Only tags of the first layout that another one holds too become indexes.
+    [ "$(jq length <<<"$manifests")" -ge 2 ] || continue
+    jq -e --arg r "$ref" 'any(.manifests[]; .annotations["org.opencontainers.image.ref.name"] == $r)' "$first/index.json" >/dev/null || continue
+    local index digest size
+    index=$(jq -cn --argjson m "$manifests" '{schemaVersion: 2, mediaType: "application/vnd.oci.image.index.v1+json", manifests: $m}')
+    digest=$(printf '%s' "$index" | sha256sum | cut -d' ' -f1)
+    printf '%s' "$index" >"$layout/blobs/sha256/$digest"
+    size=$(stat -c %s "$layout/blobs/sha256/$digest")
+    tagged+=("$(jq -cn --arg d "sha256:$digest" --argjson s "$size" --arg r "$ref" \
+      '{mediaType: "application/vnd.oci.image.index.v1+json", digest: $d, size: $s, annotations: {"org.opencontainers.image.ref.name": $r}}')")
+    log "index $ref: $(jq -r '[.[].platform | .os + "/" + .architecture] | join(", ")' <<<"$manifests")"
+  done
+  [ "${#tagged[@]}" -gt 0 ] || die "no tag is held by the first layout and a later one: nothing to index"
+  printf '%s\n' "${tagged[@]}" | jq -s '{schemaVersion: 2, manifests: .}' >"$layout/index.json"
+  echo "indexes of ${#tagged[@]} tags" >"$tmp/build-info"
+  touch "$tmp/.complete"
+  rm -rf "$out"
+  mv "$tmp" "$out"
+  trap - EXIT
+  echo "$out/oci"
+}
+
+if [ "${1:-}" = build-node ]; then
+  shift
+  cmd_build_node "$@"
+  exit 0
+fi
+if [ "${1:-}" = index ]; then
+  shift
+  cmd_index "$@"
+  exit 0
+fi
+# --- END other architectures -------------------------------------------------------------------------------
 
 case ${1:-} in
   build) shift; cmd_build "$@" ;;

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::arch::Arch;
 use crate::cmd::{self, CmdError};
 
 /// Port of the registry on the bridge address.
@@ -46,13 +47,25 @@ pub fn scripts_dir() -> PathBuf {
 }
 
 fn run_script(name: &str, args: &[&str]) -> Result<PathBuf, BuildError> {
+    run_script_for(name, args, crate::arch::host())
+}
+
+/// A build script for `arch` (`GOARCH`, which the scripts read through `go env GOARCH`).
+fn run_script_for(name: &str, args: &[&str], arch: Arch) -> Result<PathBuf, BuildError> {
     let script = scripts_dir().join(name);
     let started = Instant::now();
     // Progress goes to our stderr (a cold build takes many minutes); the path comes on stdout.
-    let out =
-        Command::new(&script).args(args).env("KEELSON_LOCAL_CACHE", crate::paths::cache_dir()).stdin(Stdio::null()).stderr(Stdio::inherit()).output().map_err(
-            |source| BuildError::Script { script: script.display().to_string(), source: CmdError::Spawn { program: script.display().to_string(), source } },
-        )?;
+    let out = Command::new(&script)
+        .args(args)
+        .env("KEELSON_LOCAL_CACHE", crate::paths::cache_dir())
+        .env("GOARCH", arch.as_str())
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|source| BuildError::Script {
+            script: script.display().to_string(),
+            source: CmdError::Spawn { program: script.display().to_string(), source },
+        })?;
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     if !out.status.success() {
         return Err(BuildError::Script {
@@ -81,6 +94,38 @@ pub fn kubernetes_binaries(version: &str) -> Result<PathBuf, BuildError> {
 /// The upstream-layout containerd archive (`bin/containerd`, …) for `version` (built once).
 pub fn containerd_archive(version: &str) -> Result<PathBuf, BuildError> {
     run_script("build-containerd.sh", &[version])
+}
+
+/// What a worker of another architecture needs built from source: `kubelet`, `kubectl` and
+/// `kube-proxy` of `version` (the directory; cross-compiled once).
+pub fn kubernetes_binaries_for(version: &str, arch: Arch) -> Result<PathBuf, BuildError> {
+    run_script_for("build.sh", &[version], arch)
+}
+
+/// containerd's upstream-layout archive for `arch` (`containerd-V-linux-ARCH.tar.gz`).
+pub fn containerd_archive_for(version: &str, arch: Arch) -> Result<PathBuf, BuildError> {
+    run_script_for("build-containerd.sh", &[version], arch)
+}
+
+/// A static runc of this host's architecture (`build-runc.sh`), which machines of another
+/// architecture run natively ([`crate::arch`]: qemu-user cannot emulate runc's clone into new
+/// namespaces).
+pub fn native_runc(version: &str) -> Result<PathBuf, BuildError> {
+    run_script("build-runc.sh", &[version])
+}
+
+/// The OCI layout of what a worker of `arch` pulls from the registry: kube-proxy, pause and the
+/// tests' echo image (`images.sh build-node`).
+pub fn node_images(kubernetes: &str, pause: &str, arch: Arch) -> Result<PathBuf, BuildError> {
+    run_script_for("images.sh", &["build-node", kubernetes, pause], arch)
+}
+
+/// An OCI layout in which every tag `first` shares with one of `others` is a multi-platform
+/// index (`images.sh index`); push it after `first`.
+pub fn multi_platform(first: &Path, others: &[PathBuf]) -> Result<PathBuf, BuildError> {
+    let mut args = vec!["index".to_string(), first.display().to_string()];
+    args.extend(others.iter().map(|p| p.display().to_string()));
+    run_script("images.sh", &args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 /// The OCI layout holding every image the cluster runs (built once per input).

@@ -93,6 +93,14 @@ impl MachineData {
             MachineData::Gce(g) => &g.facts.zone,
         }
     }
+    /// The architecture the instance runs: by its instance type on EC2 (the compiler's rule);
+    /// the local GCE launches only this host's.
+    pub fn arch(&self) -> crate::arch::Arch {
+        match self {
+            MachineData::Aws(d) => crate::arch::of_instance("aws", &d.instance_type),
+            MachineData::Gce(_) => crate::arch::host(),
+        }
+    }
     /// The `keelson-local` subcommand that serves this data in the machine's namespace.
     fn server_command(&self) -> &'static str {
         match self {
@@ -232,7 +240,7 @@ impl Machine {
             imds: None,
         };
         // From here on, a failure tears down what was built.
-        match m.boot(self_exe, bridge, seg, env, data, ip) {
+        match m.boot(self_exe, bridge, seg, env, data, ip, lower.native_runc.as_deref()) {
             Ok(()) => Ok(m),
             Err(e) => {
                 m.stop();
@@ -241,7 +249,17 @@ impl Machine {
         }
     }
 
-    fn boot(&mut self, self_exe: &Path, bridge: &str, seg: &Segment, env: &Environment, data: &MachineData, ip: Ipv4Addr) -> Result<(), MachineError> {
+    #[allow(clippy::too_many_arguments)]
+    fn boot(
+        &mut self,
+        self_exe: &Path,
+        bridge: &str,
+        seg: &Segment,
+        env: &Environment,
+        data: &MachineData,
+        ip: Ipv4Addr,
+        native_runc: Option<&Path>,
+    ) -> Result<(), MachineError> {
         let id = self.info.instance_id.clone();
         self.personalise(env, data)?;
         let cmd_err = |source| MachineError::Cmd { instance: id.clone(), source };
@@ -311,6 +329,8 @@ impl Machine {
                 "--bind=/dev/kmsg",
             ])
             .arg(format!("--bind={}:{}", containerd_dir.display(), keelson_api::host_paths::CONTAINERD_ROOT))
+            // A machine of another architecture: the host's runc (crate::arch).
+            .args(native_runc.map(|r| format!("--bind-ro={}:/{}", r.display(), rootfs::NATIVE_RUNC)))
             .arg(format!("--network-namespace-path=/run/netns/{}", self.info.netns))
             .arg(format!("--machine={id}"))
             .arg("--directory")

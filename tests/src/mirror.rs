@@ -10,6 +10,11 @@
 //! | `ecr-credential-provider-*`                | a script that says it is not available offline              |
 //! | `protokube`, `nodeup`                      | this workspace's builds                                     |
 //!
+//! arm64 assets (a Graviton group's) are the same, built for arm64: Kubernetes and containerd
+//! cross-compiled from the same modules, Debian's arm64 `containernetworking-plugins`, runc the
+//! shim over the arm64 rootfs' runc, and nodeup/protokube from `scripts/build-arm64`
+//! ([`arm64_bin_dir`]). Which architecture a URL is for: [`url_arch`].
+//!
 //! Every file's sha256 goes into a hash-override file (`KEELSON_ASSET_HASHES`, read by the versions
 //! table), so nodeup verifies what it downloads exactly as it would from upstream.
 //! Debian packages come from `apt-get download` and the repacked archives are cached, keyed by
@@ -24,6 +29,7 @@ use std::process::Command;
 
 use sha2::{Digest, Sha256};
 
+use crate::arch::Arch;
 use crate::cmd::{self, CmdError};
 
 pub const DEBIAN_PACKAGES: &[&str] = &["containernetworking-plugins"];
@@ -32,7 +38,9 @@ pub const DEBIAN_PACKAGES: &[&str] = &["containernetworking-plugins"];
 /// process on it may lower an `oom_score_adj` below 0 — which the kubelet asks runc to do for every
 /// pod sandbox (-998) and critical container (-997), and runc fails the container when the write is
 /// refused. The shim raises negative `oomScoreAdj` values in the bundle's `config.json` (or an exec's
-/// process file) to 0 and runs Debian's runc (`/usr/sbin/runc`, part of the machines' rootfs).
+/// process file) to 0 and runs Debian's runc (`/usr/sbin/runc`, part of the machines' rootfs) — or,
+/// on a machine of another architecture, the host's runc the harness binds at
+/// [`crate::rootfs::NATIVE_RUNC`] (qemu-user cannot emulate runc's clone into new namespaces).
 /// Nothing of this reaches the product: nodeup installs whatever the `runc` asset is.
 pub const RUNC_SHIM: &str = r#"#!/bin/sh
 # keelson-local runc shim: this host cannot lower oom_score_adj (no CAP_SYS_RESOURCE); clamp the
@@ -45,16 +53,46 @@ for a in "$@"; do
   esac
   prev=$a
 done
+# A machine of another architecture (under qemu-user): the host's runc, bound here by keelson-local.
+[ -x /usr/local/lib/keelson-local/runc ] && exec /usr/local/lib/keelson-local/runc "$@"
 exec /usr/sbin/runc "$@"
 "#;
 
-/// What the mirror serves that was built from source for this cluster.
+/// What the mirror serves that was built from source for this cluster, for one architecture.
 #[derive(Debug, Clone)]
 pub struct LocalBuilds {
     /// Holds `kubelet` and `kubectl` of the cluster's Kubernetes version.
     pub kubernetes_bin: PathBuf,
-    /// `containerd-<v>-linux-amd64.tar.gz` of the cluster's containerd version.
+    /// `containerd-<v>-linux-<arch>.tar.gz` of the cluster's containerd version.
     pub containerd_archive: PathBuf,
+}
+
+/// The builds from source, per architecture (empty before they are built).
+pub type LocalBuildsByArch = BTreeMap<Arch, LocalBuilds>;
+
+/// The architecture an asset URL is for, by the names upstream gives them (`…/linux/arm64/kubelet`,
+/// `containerd-2.3.4-linux-arm64.tar.gz`, `runc.arm64`, `cni-plugins-linux-arm64-v1.9.0.tgz`);
+/// amd64 otherwise.
+pub fn url_arch(url: &str) -> Arch {
+    let path = url_path(url);
+    let arm = path.split('/').any(|c| c == "arm64")
+        || path.rsplit('/').next().is_some_and(|name| name.contains("-arm64") || name.contains("_arm64") || name.ends_with(".arm64"));
+    if arm {
+        Arch::Arm64
+    } else {
+        Arch::Amd64
+    }
+}
+
+/// Where the arm64 builds of nodeup and protokube are: `$KEELSON_ARM64_BIN_DIR`, else where
+/// `scripts/build-arm64` puts them (`<target>/aarch64-unknown-linux-gnu/release`, beside the
+/// harness's own target directory).
+pub fn arm64_bin_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("KEELSON_ARM64_BIN_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    let bins = bin_dir();
+    bins.parent().unwrap_or(&bins).join("aarch64-unknown-linux-gnu/release")
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -86,8 +124,46 @@ pub fn sha256_file(path: &Path) -> Result<String, MirrorError> {
     Ok(hex::encode(h.finalize()))
 }
 
-/// Debian packages unpacked under `cache/debian/<pkg>_<version>/`.
+/// Debian packages of this host's architecture unpacked under `cache/debian/<pkg>_<version>_<arch>/`.
 pub fn debian_package(cache: &Path, package: &str) -> Result<PathBuf, MirrorError> {
+    debian_package_for(cache, package, crate::arch::host())
+}
+
+/// `apt-get` options that make it fetch `arch`'s packages with lists of its own under `dir`,
+/// leaving the host's apt configuration and lists as they are (its sources are used as they are).
+pub fn foreign_apt_options(dir: &Path, arch: Arch) -> Vec<String> {
+    let d = dir.display();
+    [
+        format!("APT::Architecture={arch}"),
+        format!("APT::Architectures::={arch}"),
+        format!("Dir::State::Lists={d}/lists"),
+        format!("Dir::Cache={d}/cache"),
+        format!("Dir::State::status={d}/status"),
+    ]
+    .into_iter()
+    .flat_map(|o| ["-o".to_string(), o])
+    .collect()
+}
+
+/// A Debian package of `arch` unpacked under `cache/debian/<pkg>_<version>_<arch>/`: the host's
+/// own with `apt-get download`; another architecture's through lists of its own
+/// ([`foreign_apt_options`]), fetched once.
+pub fn debian_package_for(cache: &Path, package: &str, arch: Arch) -> Result<PathBuf, MirrorError> {
+    let foreign = arch != crate::arch::host();
+    let apt_dir = cache.join(format!("apt-{arch}"));
+    let apt_opts = if foreign { foreign_apt_options(&apt_dir, arch) } else { Vec::new() };
+    if foreign {
+        for d in ["lists/partial", "cache/archives/partial"] {
+            fs::create_dir_all(apt_dir.join(d)).map_err(io(&apt_dir))?;
+        }
+        let status = apt_dir.join("status");
+        if !status.exists() {
+            fs::write(&status, "").map_err(io(&status))?;
+        }
+    }
+    let package = if foreign { format!("{package}:{arch}") } else { package.to_string() };
+    let package = package.as_str();
+    let name = package.split(':').next().unwrap_or(package);
     let dir = cache.join("debian");
     fs::create_dir_all(&dir).map_err(io(&dir))?;
     let existing = |dir: &Path| -> Option<PathBuf> {
@@ -96,7 +172,9 @@ pub fn debian_package(cache: &Path, package: &str) -> Result<PathBuf, MirrorErro
             .flatten()
             .map(|e| e.path())
             .filter(|p| {
-                p.is_dir() && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{package}_"))) && p.join(".complete").exists()
+                p.is_dir()
+                    && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{name}_")) && n.ends_with(&format!("_{arch}")))
+                    && p.join(".complete").exists()
             })
             .collect();
         v.sort();
@@ -105,19 +183,22 @@ pub fn debian_package(cache: &Path, package: &str) -> Result<PathBuf, MirrorErro
     if let Some(p) = existing(&dir) {
         return Ok(p);
     }
-    let download = |dir: &Path| cmd::run(Command::new("apt-get").args(["download", "-q", package]).current_dir(dir));
+    let download = |dir: &Path| cmd::run(Command::new("apt-get").args(&apt_opts).args(["download", "-q", package]).current_dir(dir));
     if download(&dir).is_err() {
         eprintln!("keelson-local: apt-get download {package} failed; running apt-get update once");
-        cmd::sh(&["apt-get", "update", "-qq"])?;
+        cmd::run(Command::new("apt-get").args(&apt_opts).args(["update", "-qq"]))?;
         download(&dir).map_err(|e| MirrorError::Debian { package: package.into(), detail: e.to_string() })?;
     }
     let deb = fs::read_dir(&dir)
         .map_err(io(&dir))?
         .flatten()
         .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "deb") && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{package}_"))))
+        .find(|p| {
+            p.extension().is_some_and(|x| x == "deb")
+                && p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{name}_")) && n.ends_with(&format!("_{arch}.deb")))
+        })
         .ok_or_else(|| MirrorError::Debian { package: package.into(), detail: "apt-get download left no .deb".into() })?;
-    let stem = deb.file_stem().and_then(|s| s.to_str()).unwrap_or(package).to_string();
+    let stem = deb.file_stem().and_then(|s| s.to_str()).unwrap_or(name).to_string();
     let out = dir.join(&stem);
     let _ = fs::remove_dir_all(&out);
     cmd::run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&out))?;
@@ -179,24 +260,43 @@ pub fn bin_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
-/// Build the file an asset URL names into `dest` (its content depends only on the file name).
-fn need_local<'a>(local: Option<&'a LocalBuilds>, url: &str) -> Result<&'a LocalBuilds, MirrorError> {
-    local.ok_or_else(|| MirrorError::UnknownAsset { url: url.to_string(), name: "built from source, but the sources were not built yet".into() })
+/// The builds from source for the architecture `url` is for.
+fn need_local<'a>(local: &'a LocalBuildsByArch, url: &str) -> Result<&'a LocalBuilds, MirrorError> {
+    let arch = url_arch(url);
+    local
+        .get(&arch)
+        .ok_or_else(|| MirrorError::UnknownAsset { url: url.to_string(), name: format!("built from source for {arch}, but those sources were not built yet") })
 }
 
-/// `local` is needed for the assets built from source (kubelet, kubectl, containerd).
-pub fn build_asset(cache: &Path, bins: &Path, local: Option<&LocalBuilds>, url: &str, dest: &Path) -> Result<(), MirrorError> {
+/// Build the file an asset URL names into `dest` (its content depends only on the file name and
+/// the architecture [`url_arch`] reads from the URL). `local` holds the assets built from source
+/// (kubelet, kubectl, containerd), per architecture.
+pub fn build_asset(cache: &Path, bins: &Path, local: &LocalBuildsByArch, url: &str, dest: &Path) -> Result<(), MirrorError> {
     let name = url.rsplit('/').next().unwrap_or("").to_string();
+    let arch = url_arch(url);
     if let Some(d) = dest.parent() {
         fs::create_dir_all(d).map_err(io(d))?;
     }
     let not_offline = |what: &str| format!("#!/bin/sh\necho \"{what} is not available in keelson-local (it cannot be downloaded offline)\" >&2\nexit 1\n");
+    let own_build = |bin: &str| -> Result<(), MirrorError> {
+        if arch == crate::arch::host() {
+            return copy(&bins.join(bin), dest, bin);
+        }
+        let built = arm64_bin_dir().join(bin);
+        if arch == Arch::Arm64 && built.is_file() {
+            return copy(&built, dest, bin);
+        }
+        if bin == "protokube" {
+            // Control planes run protokube; an arm64 one needs the arm64 build, a worker does not.
+            return script(dest, &not_offline(&format!("an {arch} protokube build (scripts/build-arm64)")));
+        }
+        Err(MirrorError::MissingBinary { what: format!("the {arch} {bin} build (scripts/build-arm64 makes it)"), path: built })
+    };
     match name.as_str() {
         "kubelet" | "kubectl" => copy(&need_local(local, url)?.kubernetes_bin.join(&name), dest, &name),
-        "protokube" if url.contains("/arm64/") => script(dest, &not_offline("an arm64 protokube build")),
-        "protokube" => copy(&bins.join("protokube"), dest, "protokube"),
-        "nodeup" => copy(&bins.join("nodeup"), dest, "nodeup"),
+        "protokube" | "nodeup" => own_build(&name),
         n if n.starts_with("ecr-credential-provider") || n.starts_with("auth-provider-gcp") => script(dest, &not_offline(n)),
+        // The shim runs the machine's own runc: arm64's in an arm64 rootfs.
         n if n.starts_with("runc.") => script(dest, RUNC_SHIM),
         n if n.starts_with("containerd-") && n.ends_with(".tar.gz") => {
             let local = need_local(local, url)?;
@@ -207,7 +307,7 @@ pub fn build_asset(cache: &Path, bins: &Path, local: Option<&LocalBuilds>, url: 
             copy(&local.containerd_archive, dest, "containerd archive")
         }
         n if n.starts_with("cni-plugins-") && (n.ends_with(".tgz") || n.ends_with(".tar.gz")) => {
-            let pkg = debian_package(cache, "containernetworking-plugins")?;
+            let pkg = debian_package_for(cache, "containernetworking-plugins", arch)?;
             let cached = cache.join(format!("repacked/{}-{}", pkg.file_name().and_then(|s| s.to_str()).unwrap_or(""), "cni-plugins.tgz"));
             if !cached.exists() {
                 fs::create_dir_all(cached.parent().unwrap_or(cache)).map_err(io(cache))?;
@@ -229,7 +329,7 @@ pub fn build_asset(cache: &Path, bins: &Path, local: Option<&LocalBuilds>, url: 
 }
 
 /// Build every asset in `urls` under `root` (at each URL's path) and return url → sha256.
-pub fn build(cache: &Path, bins: &Path, local: Option<&LocalBuilds>, root: &Path, urls: &[String]) -> Result<BTreeMap<String, String>, MirrorError> {
+pub fn build(cache: &Path, bins: &Path, local: &LocalBuildsByArch, root: &Path, urls: &[String]) -> Result<BTreeMap<String, String>, MirrorError> {
     let mut hashes = BTreeMap::new();
     for url in urls {
         let dest = root.join(url_path(url));
@@ -265,16 +365,17 @@ pub fn read_overrides(path: &Path) -> Result<BTreeMap<String, String>, MirrorErr
         .collect())
 }
 
-/// The URLs of every amd64 asset the compiled nodeup configs under `compiled/nodeup` name that
-/// start with one of `prefixes` (what the local mirror must serve).
-pub fn compiled_asset_urls(compiled: &Path, prefixes: &[&str]) -> Result<Vec<String>, MirrorError> {
+/// The URLs of every asset of `arches` the compiled nodeup configs under `compiled/nodeup` name
+/// that start with one of `prefixes` (what the local mirror must serve).
+pub fn compiled_asset_urls(compiled: &Path, prefixes: &[&str], arches: &[Arch]) -> Result<Vec<String>, MirrorError> {
     let dir = compiled.join("nodeup");
     let mut urls = std::collections::BTreeSet::new();
     for e in fs::read_dir(&dir).map_err(io(&dir))?.flatten() {
         let path = e.path();
         let text = fs::read_to_string(&path).map_err(io(&path))?;
         let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).map_err(|e| MirrorError::Io { path: path.clone(), source: std::io::Error::other(e) })?;
-        for a in v.get("Assets").and_then(|a| a.get("amd64")).and_then(|a| a.as_sequence()).into_iter().flatten() {
+        let assets = v.get("Assets");
+        for a in arches.iter().filter_map(|arch| assets.and_then(|a| a.get(arch.as_str()))).filter_map(|a| a.as_sequence()).flatten() {
             if let Some((_, rest)) = a.as_str().and_then(|s| s.split_once('@')) {
                 urls.insert(rest.split(',').next().unwrap_or(rest).to_string());
             }
@@ -307,6 +408,41 @@ pub async fn serve(listener: tokio::net::TcpListener, root: PathBuf) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_runc_shim_runs_the_native_runc_where_the_harness_binds_it() {
+        assert!(RUNC_SHIM.contains(&format!("[ -x /{0} ] && exec /{0} \"$@\"", crate::rootfs::NATIVE_RUNC)), "{RUNC_SHIM}");
+    }
+
+    #[test]
+    fn asset_urls_name_their_architecture() {
+        for url in [
+            "http://10.0.0.1:8080/release/v1.34.4/bin/linux/arm64/kubelet",
+            "http://m/containerd/containerd/releases/download/v2.3.4/containerd-2.3.4-linux-arm64.tar.gz",
+            "http://m/opencontainers/runc/releases/download/v1.4.3/runc.arm64",
+            "http://m/containernetworking/plugins/releases/download/v1.9.0/cni-plugins-linux-arm64-v1.9.0.tgz",
+            "http://m/kops/linux/arm64/protokube",
+        ] {
+            assert_eq!(url_arch(url), Arch::Arm64, "{url}");
+        }
+        for url in [
+            "http://10.0.0.1:8080/release/v1.34.4/bin/linux/amd64/kubelet",
+            "http://m/containerd-2.3.4-linux-amd64.tar.gz",
+            "http://m/runc.amd64",
+            "http://m/keelson/nodeup",
+            // A directory that merely mentions the architecture is not one.
+            "http://m/arm64-mirror/linux/amd64/kubectl",
+        ] {
+            assert_eq!(url_arch(url), Arch::Amd64, "{url}");
+        }
+    }
+
+    #[test]
+    fn foreign_packages_use_lists_of_their_own() {
+        let o = foreign_apt_options(Path::new("/c/apt-arm64"), Arch::Arm64).join(" ");
+        assert!(o.contains("-o APT::Architecture=arm64") && o.contains("-o Dir::State::Lists=/c/apt-arm64/lists"), "{o}");
+        assert!(o.contains("Dir::State::status=/c/apt-arm64/status"), "the host's dpkg status is left alone: {o}");
+    }
 
     #[test]
     fn url_paths() {

@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 
 use sha2::{Digest, Sha256};
 
+use crate::arch::Arch;
 use crate::cmd;
 
 pub const SUITE: &str = "bookworm";
@@ -157,6 +158,8 @@ pub enum RootfsError {
     Debootstrap { suite: String, path: PathBuf, status: String, tail: String },
     #[error(transparent)]
     Cmd(#[from] cmd::CmdError),
+    #[error(transparent)]
+    Arch(#[from] crate::arch::ArchError),
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RootfsError + '_ {
@@ -183,12 +186,28 @@ pub fn cache_key() -> String {
 }
 
 pub fn cached_path(cache_dir: &Path) -> PathBuf {
-    cache_dir.join(format!("rootfs-{SUITE}-{}", cache_key()))
+    cached_path_for(cache_dir, crate::arch::host())
 }
 
-/// The cached rootfs, building it first when missing (under a lock, so concurrent tests build once).
+/// The cached rootfs of `arch`: the host's as it always was, another architecture's beside it.
+pub fn cached_path_for(cache_dir: &Path, arch: Arch) -> PathBuf {
+    if arch == crate::arch::host() {
+        cache_dir.join(format!("rootfs-{SUITE}-{}", cache_key()))
+    } else {
+        cache_dir.join(format!("rootfs-{SUITE}-{arch}-{}", cache_key()))
+    }
+}
+
+/// The cached rootfs of this host's architecture, building it first when missing.
 pub fn ensure(cache_dir: &Path) -> Result<PathBuf, RootfsError> {
-    let dest = cached_path(cache_dir);
+    ensure_for(cache_dir, crate::arch::host())
+}
+
+/// The cached rootfs of `arch`, building it first when missing (under a lock, so concurrent tests
+/// build once). Another architecture's is Debian's build of it, debootstrapped through qemu-user
+/// ([`crate::arch::ensure_emulation`]).
+pub fn ensure_for(cache_dir: &Path, arch: Arch) -> Result<PathBuf, RootfsError> {
+    let dest = cached_path_for(cache_dir, arch);
     let marker = dest.join(".keelson-complete");
     if marker.exists() {
         return Ok(dest);
@@ -201,12 +220,14 @@ pub fn ensure(cache_dir: &Path) -> Result<PathBuf, RootfsError> {
     if cmd::which("debootstrap").is_none() && !Path::new("/usr/sbin/debootstrap").exists() {
         return Err(RootfsError::NoDebootstrap);
     }
+    crate::arch::ensure_emulation(arch)?;
     let tmp = cache_dir.join(format!(".rootfs-build-{}", std::process::id()));
     let _ = fs::remove_dir_all(&tmp);
     let mirror = std::env::var("KEELSON_DEBIAN_MIRROR").ok().filter(|m| !m.is_empty()).unwrap_or_else(|| DEFAULT_DEBIAN_MIRROR.to_string());
-    eprintln!("keelson-local: building the {SUITE} rootfs with debootstrap from {mirror} into {} (once; 1-5 minutes)", dest.display());
+    let how = if arch == crate::arch::host() { "1-5 minutes" } else { "its packages configured under qemu-user: 10-20 minutes" };
+    eprintln!("keelson-local: building the {SUITE} {arch} rootfs with debootstrap from {mirror} into {} (once; {how})", dest.display());
     let started = std::time::Instant::now();
-    debootstrap(&tmp, &mirror)?;
+    debootstrap(&tmp, &mirror, arch)?;
     customise(&tmp)?;
     fs::write(tmp.join(".keelson-complete"), cache_key()).map_err(io(&tmp))?;
     let _ = fs::remove_dir_all(&dest);
@@ -256,10 +277,10 @@ impl Drop for BuildLock {
     }
 }
 
-fn debootstrap(target: &Path, mirror: &str) -> Result<(), RootfsError> {
+fn debootstrap(target: &Path, mirror: &str, arch: Arch) -> Result<(), RootfsError> {
     let include = PACKAGES.join(",");
     let mut child = Command::new("debootstrap")
-        .args(["--variant=minbase", &format!("--include={include}"), SUITE])
+        .args(["--variant=minbase", &format!("--arch={arch}"), &format!("--include={include}"), SUITE])
         .arg(target)
         .arg(mirror)
         .stdin(Stdio::null())
@@ -349,17 +370,24 @@ pub fn instantiate(lower: &Lower, upper: &Path, work: &Path, merged: &Path) -> R
     Ok(false)
 }
 
+/// Where a machine of another architecture finds the host's runc ([`crate::arch`]; the local
+/// mirror's runc shim runs it when it is there).
+pub const NATIVE_RUNC: &str = "usr/local/lib/keelson-local/runc";
+
 /// What a machine boots from: the rootfs and, for `--baked`, a baked image on top of it
 /// (`keelson bundle bake`'s root: nodeup's cache, the nodeup build, containerd's store).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lower {
     pub rootfs: PathBuf,
     pub baked: Option<PathBuf>,
+    /// A machine of another architecture (run through qemu-user): the host's runc, bound
+    /// read-only at [`NATIVE_RUNC`].
+    pub native_runc: Option<PathBuf>,
 }
 
 impl From<PathBuf> for Lower {
     fn from(rootfs: PathBuf) -> Lower {
-        Lower { rootfs, baked: None }
+        Lower { rootfs, baked: None, native_runc: None }
     }
 }
 
@@ -382,7 +410,7 @@ mod tests {
     #[test]
     fn a_baked_image_is_the_top_layer() {
         assert_eq!(Lower::from(PathBuf::from("/c/rootfs")).lowerdir(), "/c/rootfs");
-        let baked = Lower { rootfs: "/c/rootfs".into(), baked: Some("/s/baked".into()) };
+        let baked = Lower { rootfs: "/c/rootfs".into(), baked: Some("/s/baked".into()), native_runc: None };
         assert_eq!(baked.lowerdir(), "/s/baked:/c/rootfs");
     }
 
@@ -391,6 +419,10 @@ mod tests {
         assert_eq!(cache_key(), cache_key());
         assert_eq!(cache_key().len(), 12);
         assert!(cached_path(Path::new("/c")).display().to_string().starts_with("/c/rootfs-bookworm-"));
+        // Another architecture's rootfs sits beside the host's, never in its place.
+        let other = if crate::arch::host() == Arch::Amd64 { Arch::Arm64 } else { Arch::Amd64 };
+        assert_eq!(cached_path_for(Path::new("/c"), other), Path::new("/c").join(format!("rootfs-bookworm-{other}-{}", cache_key())));
+        assert_eq!(cached_path_for(Path::new("/c"), crate::arch::host()), cached_path(Path::new("/c")));
     }
 
     #[test]

@@ -3,13 +3,15 @@
 //! images in the local registry — driven by a first `keelson compile` of the local spec, which
 //! names every asset and version the cluster needs.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context};
 
+use crate::arch::{self, Arch};
 use crate::paths::{self, State};
 use crate::{cmd, kubernetes, mirror, rootfs};
 
@@ -43,6 +45,8 @@ pub struct Assets {
     pub kubernetes_bin: PathBuf,
     /// Runs as long as this is kept.
     pub registry: kubernetes::Registry,
+    /// What the instances of the spec's groups of other architectures boot from (`crate::arch`).
+    pub foreign: BTreeMap<Arch, rootfs::Lower>,
     /// `--baked`: the bundle every `keelson` command pins images with (`KEELSON_IMAGE_DIGESTS`).
     pub image_digests: Option<PathBuf>,
 }
@@ -80,7 +84,7 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
     let overrides = state.root.join("asset-hashes.tsv");
     // A first compile (nodeup and protokube from this workspace, the rest with the table's
     // hashes) names every asset and version the cluster needs; apply compiles again with them all.
-    let mut hashes = mirror::build(&cache, &bins, None, &mirror_root, &first)?;
+    let mut hashes = mirror::build(&cache, &bins, &mirror::LocalBuildsByArch::new(), &mirror_root, &first)?;
     mirror::write_overrides(&overrides, &hashes)?;
     let _ = fs::remove_dir_all(&compiled);
     cmd::run(
@@ -97,13 +101,35 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
     )
     .context("keelson compile of the local spec (to learn the asset URLs and versions)")?;
     let versions = ClusterVersions::read(&compiled.join("cluster-completed.yaml"))?;
+    // The architectures the spec's groups run (by machine type, the compiler's rule): another one
+    // than the host's gets its own rootfs, builds and images, its machines run through qemu-user.
+    let arches = group_arches(&compiled)?;
+    let foreign_arches: Vec<Arch> = arches.iter().copied().filter(|a| *a != arch::host()).collect();
+    if !foreign_arches.is_empty() && cs.boot().needs_bundle() {
+        bail!("--baked and --air-gapped: keelson-local bundles this host's architecture only, and the spec has {foreign_arches:?} groups");
+    }
+    for a in &foreign_arches {
+        arch::ensure_emulation(*a)?;
+    }
 
     cs.phase = format!("building Kubernetes v{} from source (cached after the first run)", versions.kubernetes);
     cs.save(state);
-    let local = mirror::LocalBuilds {
+    let host_builds = mirror::LocalBuilds {
         kubernetes_bin: kubernetes::kubernetes_binaries(&versions.kubernetes)?,
         containerd_archive: kubernetes::containerd_archive(&versions.containerd)?,
     };
+    let mut local = mirror::LocalBuildsByArch::from([(arch::host(), host_builds.clone())]);
+    for a in &foreign_arches {
+        cs.phase = format!("building Kubernetes v{} and containerd for {a} (cross-compiled; cached after the first run)", versions.kubernetes);
+        cs.save(state);
+        local.insert(
+            *a,
+            mirror::LocalBuilds {
+                kubernetes_bin: kubernetes::kubernetes_binaries_for(&versions.kubernetes, *a)?,
+                containerd_archive: kubernetes::containerd_archive_for(&versions.containerd, *a)?,
+            },
+        );
+    }
     cs.phase = "building the images".into();
     cs.save(state);
     let layout = kubernetes::images(&versions.kubernetes, &versions.etcd, &versions.pause)?;
@@ -137,6 +163,12 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
     cs.registry = registry_addr.clone();
     cs.registry_pid = registry.pid() as i64;
     kubernetes::push(&layout, &registry_addr)?;
+    if !foreign_arches.is_empty() {
+        // What the other architectures' workers pull (kube-proxy, pause, the tests' echo), under
+        // the same tags as multi-platform indexes.
+        let nodes = foreign_arches.iter().map(|a| kubernetes::node_images(&versions.kubernetes, &versions.pause, *a)).collect::<Result<Vec<_>, _>>()?;
+        kubernetes::push(&kubernetes::multi_platform(&layout, &nodes)?, &registry_addr)?;
+    }
     kubernetes::push(&ccm_layout, &registry_addr)?;
     kubernetes::push(&coredns_layout, &registry_addr)?;
     for layout in metrics_server_layout.iter().chain(&flannel_layout) {
@@ -148,11 +180,27 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
 
     cs.phase = "building the asset mirror".into();
     cs.save(state);
-    let urls = mirror::compiled_asset_urls(&compiled, &[&mirror_url, &kops_base])?;
-    hashes.extend(mirror::build(&cache, &bins, Some(&local), &mirror_root, &urls)?);
+    let mut urls = mirror::compiled_asset_urls(&compiled, &[&mirror_url, &kops_base], &arches.iter().copied().collect::<Vec<_>>())?;
+    // nodeup of each architecture (an arm64 one from scripts/build-arm64).
+    let nodeup_urls: BTreeMap<Arch, String> = arches
+        .iter()
+        .map(|a| (*a, if *a == arch::host() { nodeup_url.clone() } else { format!("http://{gw}:{}/keelson/linux/{a}/nodeup", cs.mirror_port) }))
+        .collect();
+    urls.extend(nodeup_urls.values().filter(|u| **u != nodeup_url).cloned());
+    hashes.extend(mirror::build(&cache, &bins, &local, &mirror_root, &urls)?);
     mirror::write_overrides(&overrides, &hashes)?;
-    let nodeup_sha = hashes.get(&nodeup_url).cloned().unwrap_or_default();
-    let nodeup_asset = format!("amd64={nodeup_sha}@{nodeup_url}");
+    let nodeup_asset = nodeup_urls.iter().map(|(a, u)| format!("{a}={}@{u}", hashes.get(u).cloned().unwrap_or_default())).collect::<Vec<_>>().join(" ");
+    let mut foreign = BTreeMap::new();
+    if !foreign_arches.is_empty() {
+        let runc_version = runc_version(&urls).context("the compiled NodeupConfigs name no runc asset (its version is the native runc's)")?;
+        let native_runc = kubernetes::native_runc(&runc_version)?;
+        for a in &foreign_arches {
+            cs.phase = format!("building the {a} rootfs (cached after the first run)");
+            cs.save(state);
+            let rootfs = rootfs::ensure_for(&cache, *a)?;
+            foreign.insert(*a, rootfs::Lower { rootfs, baked: None, native_runc: Some(native_runc.clone()) });
+        }
+    }
     let mut lower = rootfs::Lower::from(lower);
     let mut image_digests = None;
     if cs.boot().needs_bundle() {
@@ -197,6 +245,7 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
     }
     Ok(Assets {
         lower,
+        foreign,
         image_digests,
         keelson,
         local_spec,
@@ -205,7 +254,62 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
         kops_base,
         nodeup_asset,
         versions,
-        kubernetes_bin: local.kubernetes_bin,
+        kubernetes_bin: host_builds.kubernetes_bin,
         registry,
     })
+}
+
+/// The architectures the compiled instance groups (`state/instancegroup/*`) run, by machine type.
+fn group_arches(compiled: &Path) -> anyhow::Result<BTreeSet<Arch>> {
+    let completed = compiled.join("cluster-completed.yaml");
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&fs::read_to_string(&completed).with_context(|| completed.display().to_string())?)?;
+    let cloud = doc["spec"]["cloudProvider"].as_str().unwrap_or("aws").to_string();
+    let dir = compiled.join("state/instancegroup");
+    let mut types = Vec::new();
+    for e in fs::read_dir(&dir).with_context(|| dir.display().to_string())?.flatten() {
+        let ig: serde_yaml_ng::Value = serde_yaml_ng::from_str(&fs::read_to_string(e.path()).with_context(|| e.path().display().to_string())?)?;
+        types.push(ig["spec"]["machineType"].as_str().unwrap_or_default().to_string());
+    }
+    Ok(arches_of(&cloud, &types))
+}
+
+/// The architectures of `machine_types` on `cloud` (the host's when there is none).
+fn arches_of(cloud: &str, machine_types: &[String]) -> BTreeSet<Arch> {
+    let mut arches: BTreeSet<Arch> = machine_types.iter().map(|t| arch::of_instance(cloud, t)).collect();
+    if arches.is_empty() {
+        arches.insert(arch::host());
+    }
+    arches
+}
+
+/// The runc version the compiled NodeupConfigs install: the release directory of their runc asset
+/// (`…/download/v1.4.3/runc.arm64` → `1.4.3`).
+fn runc_version(urls: &[String]) -> Option<String> {
+    urls.iter().find_map(|u| {
+        let mut parts = u.rsplit('/');
+        let name = parts.next()?;
+        let dir = parts.next()?;
+        (name.starts_with("runc.")).then(|| dir.trim_start_matches('v').to_string()).filter(|v| v.starts_with(|c: char| c.is_ascii_digit()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn graviton_groups_add_arm64_and_only_it() {
+        let t = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(arches_of("aws", &t(&["m6i.large", "m6i.xlarge"])), BTreeSet::from([Arch::Amd64]));
+        assert_eq!(arches_of("aws", &t(&["m6i.large", "m7g.large"])), BTreeSet::from([Arch::Amd64, Arch::Arm64]));
+        assert_eq!(arches_of("gce", &t(&["e2-medium"])), BTreeSet::from([Arch::Amd64]));
+        assert_eq!(arches_of("aws", &[]), BTreeSet::from([arch::host()]));
+    }
+
+    #[test]
+    fn the_native_runc_is_the_version_the_nodes_install() {
+        let urls = ["http://10.0.0.1:8080/x/kubelet".to_string(), "http://10.0.0.1:8080/opencontainers/runc/releases/download/v1.4.3/runc.arm64".to_string()];
+        assert_eq!(runc_version(&urls).as_deref(), Some("1.4.3"));
+        assert_eq!(runc_version(&urls[..1]), None);
+    }
 }

@@ -218,7 +218,8 @@ fn daemon_body(state: &State, spec: &Spec, cs: &mut ClusterState, stop: &AtomicB
             dns_upstream: gw.to_string(),
         })
     })?;
-    let assets::Assets { lower, keelson, overrides, kops_base, nodeup_asset, local_spec, kubernetes_bin, registry: _registry, image_digests, .. } = assets;
+    let assets::Assets { lower, foreign, keelson, overrides, kops_base, nodeup_asset, local_spec, kubernetes_bin, registry: _registry, image_digests, .. } =
+        assets;
 
     cs.phase = "keelson apply --yes".into();
     cs.save(state);
@@ -265,7 +266,7 @@ fn daemon_body(state: &State, spec: &Spec, cs: &mut ClusterState, stop: &AtomicB
         hosts: vec![],
         test_cert_validity_seconds: std::env::var(base::pki::TEST_VALIDITY_ENV).ok().and_then(|v| base::pki::parse_test_validity(&v).ok()).map(|d| d.as_secs()),
     };
-    let place = Place { state: state.clone(), seg, bridge: cs.bridge.clone(), lower, self_exe: std::env::current_exe()?, env };
+    let place = Place { state: state.clone(), seg, bridge: cs.bridge.clone(), lower, foreign, self_exe: std::env::current_exe()?, env };
     let mut d = Daemon {
         state: state.clone(),
         spec: spec.clone(),

@@ -88,6 +88,8 @@ pub struct Place {
     pub seg: Segment,
     pub bridge: String,
     pub lower: crate::rootfs::Lower,
+    /// What instances of other architectures boot from (an arm64 group's: `crate::arch`).
+    pub foreign: BTreeMap<crate::arch::Arch, crate::rootfs::Lower>,
     pub self_exe: PathBuf,
     pub env: Environment,
 }
@@ -199,8 +201,18 @@ impl Fleet {
         self.starting.lock().map_err(|_| anyhow!("lock"))?.insert(id.clone());
         let (machines, starting, failed, events) = (self.machines.clone(), self.starting.clone(), self.failed.clone(), self.events.clone());
         let p = &self.place;
-        let (exe, lower, dir, bridge, seg, env) = (p.self_exe.clone(), p.lower.clone(), p.state.machine_dir(&id), p.bridge.clone(), p.seg, p.env.clone());
-        self.event(format!("{id}: instance running ({} {group} in {}); booting its machine", data.private_ip(), data.zone()));
+        let arch = data.arch();
+        let lower = if arch == crate::arch::host() { Some(p.lower.clone()) } else { p.foreign.get(&arch).cloned() };
+        let Some(lower) = lower else {
+            let e = format!("no {arch} root filesystem: keelson-local builds one for each architecture the spec's groups run at `up`");
+            self.event(format!("{id}: machine failed to start: {e}"));
+            self.starting.lock().map_err(|_| anyhow!("lock"))?.remove(&id);
+            self.failed.lock().map_err(|_| anyhow!("lock"))?.insert(id, e);
+            return Ok(());
+        };
+        let (exe, dir, bridge, seg, env) = (p.self_exe.clone(), p.state.machine_dir(&id), p.bridge.clone(), p.seg, p.env.clone());
+        let arch_note = if arch == crate::arch::host() { String::new() } else { format!(", {arch} under qemu-user") };
+        self.event(format!("{id}: instance running ({} {group} in {}{arch_note}); booting its machine", data.private_ip(), data.zone()));
         std::thread::spawn(move || {
             let t0 = Instant::now();
             match Machine::start(&exe, &lower, dir, &bridge, &seg, &env, &data, &role, &group) {

@@ -81,16 +81,19 @@ pub fn prepare(version: &str) -> anyhow::Result<Prepared> {
     .with_context(|| format!("keelson compile of the local spec at v{version} (does the versions table know it?)"))?;
     let versions = ClusterVersions::read(&compiled.join("cluster-completed.yaml"))?;
     eprintln!("keelson-local: building Kubernetes v{} (cached after the first run)", versions.kubernetes);
-    let local = mirror::LocalBuilds {
-        kubernetes_bin: kubernetes::kubernetes_binaries(&versions.kubernetes)?,
-        containerd_archive: kubernetes::containerd_archive(&versions.containerd)?,
-    };
+    let local = mirror::LocalBuildsByArch::from([(
+        crate::arch::host(),
+        mirror::LocalBuilds {
+            kubernetes_bin: kubernetes::kubernetes_binaries(&versions.kubernetes)?,
+            containerd_archive: kubernetes::containerd_archive(&versions.containerd)?,
+        },
+    )]);
     let layout = kubernetes::images(&versions.kubernetes, &versions.etcd, &versions.pause)?;
     eprintln!("keelson-local: pushing the v{} images to {}", versions.kubernetes, cs.registry);
     kubernetes::push(&layout, &cs.registry)?;
-    let urls = mirror::compiled_asset_urls(&compiled, &[&mirror_url, &kops_base])?;
+    let urls = mirror::compiled_asset_urls(&compiled, &[&mirror_url, &kops_base], &[crate::arch::host()])?;
     let mut hashes = mirror::read_overrides(&overrides)?;
-    let built = mirror::build(&paths::cache_dir(), &bins, Some(&local), &st.mirror_dir(), &urls)?;
+    let built = mirror::build(&paths::cache_dir(), &bins, &local, &st.mirror_dir(), &urls)?;
     let assets: Vec<String> = built.keys().filter(|u| hashes.get(*u) != built.get(*u)).cloned().collect();
     hashes.extend(built);
     mirror::write_overrides(&overrides, &hashes)?;

@@ -194,7 +194,15 @@ pub fn run(state: &State, spec: &Spec, project: &str, cs: &mut ClusterState, sto
         (GCE_ENDPOINT_ENV.to_string(), gce.api_url.clone()),
         (GCE_JWKS_ENV.to_string(), gce.jwks_url.clone()),
     ];
-    let place = Place { state: state.clone(), seg, bridge: cs.bridge.clone(), lower: assets.lower.clone(), self_exe: std::env::current_exe()?, env };
+    let place = Place {
+        state: state.clone(),
+        seg,
+        bridge: cs.bridge.clone(),
+        lower: assets.lower.clone(),
+        foreign: assets.foreign.clone(),
+        self_exe: std::env::current_exe()?,
+        env,
+    };
     let mut d = GceDaemon {
         state: state.clone(),
         gce,
