@@ -99,12 +99,7 @@ fn an_arm64_worker_under_qemu_joins_and_runs_pods() {
     support::pod_to_pod(&cs.registry, &amd_node, &arm_node);
 
     // 4. `keelson validate cluster` is green with all three Nodes.
-    let local_spec = st.root.join("spec.yaml");
-    let v = support::keelson_in_local_env(&["validate", "cluster", "-f", &local_spec.to_string_lossy(), "--wait", "5m", "-o", "json"]);
-    assert!(v.status.success(), "keelson validate cluster failed (output above)");
-    let report: serde_json::Value = serde_json::from_slice(&v.stdout).expect("validate -o json prints JSON");
-    assert_eq!(report["failures"].as_array().map(Vec::len), Some(0), "{report}");
-    assert_eq!(report["nodes"].as_array().map(Vec::len), Some(3), "{report}");
+    support::validate_green("5m", 3);
 
     let checks = t0.elapsed() - up;
     drop(down);

@@ -124,12 +124,7 @@ fn private_topology_with_flannel_vxlan() {
     support::pod_to_pod(&cs.registry, &workers[0], &workers[1]);
 
     // 5. `keelson validate cluster` (the product's, against moto and the real API) is green.
-    let local_spec = State::new(paths::state_dir()).root.join("spec.yaml");
-    let v = support::keelson_in_local_env(&["validate", "cluster", "-f", &local_spec.to_string_lossy(), "--wait", "3m", "-o", "json"]);
-    assert!(v.status.success(), "keelson validate cluster failed (output above)");
-    let report: serde_json::Value = serde_json::from_slice(&v.stdout).expect("validate -o json prints JSON");
-    assert_eq!(report["failures"].as_array().map(Vec::len), Some(0), "{report}");
-    assert_eq!(report["nodes"].as_array().map(Vec::len), Some(3), "{report}");
+    support::validate_green("3m", 3);
 
     let checks = t0.elapsed() - up;
     drop(down);

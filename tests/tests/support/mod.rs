@@ -300,3 +300,14 @@ pub fn pod_to_pod(registry: &str, server_node: &str, client_node: &str) {
         let _ = run(&["kubectl", "delete", "pod", p, "--wait=false"]);
     }
 }
+
+/// `keelson validate cluster` (the product's, against the local cloud and the real API) on the local
+/// spec, waiting up to `wait`: it succeeds with no failure and `nodes` Nodes.
+pub fn validate_green(wait: &str, nodes: usize) {
+    let local_spec = keelson_local::paths::State::new(keelson_local::paths::state_dir()).root.join("spec.yaml");
+    let v = keelson_in_local_env(&["validate", "cluster", "-f", &local_spec.to_string_lossy(), "--wait", wait, "-o", "json"]);
+    assert!(v.status.success(), "keelson validate cluster failed (output above)");
+    let report: serde_json::Value = serde_json::from_slice(&v.stdout).expect("validate -o json prints JSON");
+    assert_eq!(report["failures"].as_array().map(Vec::len), Some(0), "{report}");
+    assert_eq!(report["nodes"].as_array().map(Vec::len), Some(nodes), "{report}");
+}
