@@ -947,8 +947,10 @@ fi
 #       Prints an OCI layout holding what a worker of $GOARCH pulls from the registry, made as `build` makes
 #       them but for that architecture: kube-proxy:vK8S (Kubernetes from `GOARCH=… build.sh`), pause:PAUSE
 #       and keelson-test/echo:1. Cached as $KEELSON_LOCAL_CACHE/images/node-ARCH-KEY. Programs of another
-#       architecture run here through qemu-user's binfmt_misc entry (kube-proxy's Debian root is
-#       debootstrapped for $GOARCH).
+#       architecture run here through qemu-user's binfmt_misc entry — except kube-proxy's Debian root,
+#       which is this host's: qemu-user has no nftables/netfilter netlink, so $GOARCH's iptables, nft and
+#       conntrack cannot program the kernel; the host's run natively beside the $GOARCH kube-proxy (and
+#       go-runner) that exec them. The only harness-made difference from a real $GOARCH image.
 #   tests/kubernetes/images.sh index LAYOUT LAYOUT...
 #       Prints an OCI layout in which every tag that the first LAYOUT and a later one both hold is an
 #       image index with one image per platform (each image config's os/architecture), as registries
@@ -975,7 +977,8 @@ cmd_build_node() {
   local stage="$tmp/work/stage"
   mkdir -p "$layers" "$stage"
   log "building the $arch node images (kube-proxy v$k8s, pause $pause, echo) into $out"
-  base_root=$(ensure_debian_base)
+  # The host's Debian root (see the usage above): iptables must run natively to reach the kernel.
+  base_root=$(arch=$(go env GOHOSTARCH) && ensure_debian_base)
   stage_static_base "$stage/static-base"
   owned_layer_tar "$stage/static-base" "$layers/static-base.tar"
   mkdir -p "$stage/go-runner" "$stage/pause" "$stage/echo" "$stage/kube-proxy/usr/local/bin"

@@ -329,8 +329,9 @@ impl Machine {
                 "--bind=/dev/kmsg",
             ])
             .arg(format!("--bind={}:{}", containerd_dir.display(), keelson_api::host_paths::CONTAINERD_ROOT))
-            // A machine of another architecture: the host's runc (crate::arch).
-            .args(native_runc.map(|r| format!("--bind-ro={}:/{}", r.display(), rootfs::NATIVE_RUNC)))
+            // A machine of another architecture: the host's runc, its directory bound (crate::arch,
+            // rootfs::NATIVE_DIR).
+            .args(native_runc.and_then(Path::parent).map(|d| format!("--bind-ro={}:/{}", d.display(), rootfs::NATIVE_DIR)))
             .arg(format!("--network-namespace-path=/run/netns/{}", self.info.netns))
             .arg(format!("--machine={id}"))
             .arg("--directory")

@@ -54,7 +54,7 @@ for a in "$@"; do
   prev=$a
 done
 # A machine of another architecture (under qemu-user): the host's runc, bound here by keelson-local.
-[ -x /usr/local/lib/keelson-local/runc ] && exec /usr/local/lib/keelson-local/runc "$@"
+[ -x /usr/local/lib/keelson-local/native/runc ] && exec /usr/local/lib/keelson-local/native/runc "$@"
 exec /usr/sbin/runc "$@"
 "#;
 

@@ -371,8 +371,14 @@ pub fn instantiate(lower: &Lower, upper: &Path, work: &Path, merged: &Path) -> R
 }
 
 /// Where a machine of another architecture finds the host's runc ([`crate::arch`]; the local
-/// mirror's runc shim runs it when it is there).
-pub const NATIVE_RUNC: &str = "usr/local/lib/keelson-local/runc";
+/// mirror's runc shim runs it when it is there): in [`NATIVE_DIR`], the runc build's directory
+/// bound read-only.
+pub const NATIVE_RUNC: &str = "usr/local/lib/keelson-local/native/runc";
+/// The directory [`NATIVE_RUNC`] is in. A directory, not the file alone: runc seals itself before
+/// it starts a container with an overlayfs over its own directory, and over a single-file bind
+/// mount that overlay shows the empty mount point under it ("fork/exec /proc/self/fd/6:
+/// permission denied").
+pub const NATIVE_DIR: &str = "usr/local/lib/keelson-local/native";
 
 /// What a machine boots from: the rootfs and, for `--baked`, a baked image on top of it
 /// (`keelson bundle bake`'s root: nodeup's cache, the nodeup build, containerd's store).

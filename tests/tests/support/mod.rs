@@ -246,6 +246,16 @@ pub fn pod_to_pod(registry: &str, server_node: &str, client_node: &str) {
     use std::time::{Duration, Instant};
     let echo = format!("{registry}/keelson-test/echo:1");
     let on = |node: &str| format!("--overrides={{\"apiVersion\":\"v1\",\"spec\":{{\"nodeName\":\"{node}\"}}}}");
+    // A previous call's pods are deleted without waiting: their names are free again first.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let o = run(&["kubectl", "get", "pod", "echo-server", "echo-client", "--ignore-not-found", "-o", "name"]);
+        if o.status.success() && o.stdout.iter().all(u8::is_ascii_whitespace) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the previous echo-server and echo-client pods are still there after 180 s");
+        std::thread::sleep(Duration::from_secs(2));
+    }
     let server = run(&["kubectl", "run", "echo-server", &format!("--image={echo}"), "--restart=Never", &on(server_node), "--", "serve", ":8080"]);
     assert!(server.status.success());
     let deadline = Instant::now() + Duration::from_secs(120);
