@@ -8,6 +8,7 @@ pub mod addons;
 pub mod aws_endpoints;
 pub mod config_base;
 pub mod documents;
+pub mod etcd_manager;
 pub mod flag_table;
 pub mod flags;
 pub mod gce_endpoints;

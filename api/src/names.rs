@@ -59,11 +59,13 @@ pub const GCE_LABEL_MAX: usize = 63;
 /// kOps' cluster label on GCE resources (value: [`gce_safe_cluster_name`]).
 pub const GCE_CLUSTER_LABEL: &str = "k8s-io-cluster-name";
 
-/// kOps' `SafeClusterName`: the cluster name with its dots as dashes — the value of the cluster
-/// label on every GCE disk and instance template, never cut (a name too long for a label value is
-/// refused by `validate`: [`crate::support::refusals`]).
+/// The value of the cluster label on every GCE disk and instance template: kOps' `SafeClusterName`
+/// (the cluster name with its dots as dashes), and when that is longer than a label value may be,
+/// kOps' `SafeTruncatedClusterName` form — cut to [`GCE_LABEL_MAX`] with a hash of the whole name
+/// (kOps writes the long value uncut, which its mock cloud takes and real GCE refuses; no kOps
+/// cluster with such a name can exist on GCE, so nothing it labelled is lost by the cut).
 pub fn gce_safe_cluster_name(cluster: &str) -> String {
-    cluster.replace('.', "-")
+    truncate_name(&cluster.replace('.', "-"), GCE_LABEL_MAX, false)
 }
 
 /// The GCE service account of a role's instances (kOps' `gce.ServiceAccountName`): `control-plane`,
@@ -155,6 +157,20 @@ mod tests {
             assert!((6..=30).contains(&id.len()) && id.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'), "{id}");
         }
         assert_eq!(gce_service_account_email("node-c", "p"), "node-c@p.iam.gserviceaccount.com");
+    }
+
+    #[test]
+    fn the_gce_cluster_label_is_kops_safe_name_cut_with_a_hash_only_when_too_long() {
+        assert_eq!(gce_safe_cluster_name("gce.k8s.example.com"), "gce-k8s-example-com", "kOps' value when it fits");
+        let long = "minimal-gce-with-a-very-very-very-very-very-long-name.example.com";
+        let label = gce_safe_cluster_name(long);
+        assert_eq!(label.len(), GCE_LABEL_MAX, "{label}");
+        assert!(label.starts_with("minimal-gce-with-a-very-very-very-very-very-long-name-e"), "{label}");
+        assert!(label.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'), "{label}");
+        let other = gce_safe_cluster_name(&long.replace("example.com", "example.org"));
+        assert_ne!(label, other, "two long names that share their first 56 characters stay apart");
+        let exactly = "a".repeat(GCE_LABEL_MAX);
+        assert_eq!(gce_safe_cluster_name(&exactly), exactly, "63 characters: uncut");
     }
 
     #[test]

@@ -112,6 +112,17 @@ pub struct EtcdCluster {
     pub backup_interval: Duration,
     /// Days of daily backups kept.
     pub backup_retention_days: u64,
+    /// How long every hourly backup is kept (written only when not etcd-manager's default).
+    #[serde(with = "go_duration", default = "default_hourly_retention", skip_serializing_if = "is_default_hourly_retention")]
+    pub backup_hourly_retention: Duration,
+}
+
+fn default_hourly_retention() -> Duration {
+    crate::etcd_manager::DEFAULT_HOURLY_RETENTION
+}
+
+fn is_default_hourly_retention(d: &Duration) -> bool {
+    *d == crate::etcd_manager::DEFAULT_HOURLY_RETENTION
 }
 
 /// The wire form of [`EtcdPorts`] (one type, defined with the port table).

@@ -263,6 +263,21 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
         if ig.spec.root_volume_encryption_key.as_deref().is_some_and(|k| !k.is_empty()) && ig.spec.root_volume_encryption == Some(false) {
             r.add(&doc, "spec.rootVolumeEncryptionKey", "a KMS key for a root volume that rootVolumeEncryption: false leaves unencrypted: remove one of them");
         }
+        // The root volume's type is the cloud's own word for a disk: on GCE an EBS type would be a
+        // disk type GCE refuses, on AWS a GCE type a volume type EC2 refuses.
+        if let Some(t) = ig.spec.root_volume_type.as_deref() {
+            match spec.cloud_provider.as_deref() {
+                Some("gce") if EBS_VOLUME_TYPES.contains(&t) => r.add(
+                    &doc,
+                    "spec.rootVolumeType",
+                    format!("{t:?} is an EBS volume type; on GCE expected a disk type (pd-standard, pd-balanced, pd-ssd, hyperdisk-balanced, …)"),
+                ),
+                Some("aws") if !EBS_VOLUME_TYPES.contains(&t) => {
+                    r.add(&doc, "spec.rootVolumeType", format!("{t:?}: expected an EBS volume type ({})", EBS_VOLUME_TYPES.join(", ")))
+                }
+                _ => {}
+            }
+        }
         for (i, lb) in ig.spec.external_load_balancers.iter().flatten().enumerate() {
             let path = format!("spec.externalLoadBalancers[{i}]");
             match (lb.load_balancer_name.as_deref(), lb.target_group_arn.as_deref()) {
@@ -308,6 +323,10 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
                 format!("{p} (plain-HTTP) etcd is not supported; remove the field or set Manager (etcd with TLS and client-certificate auth)"),
             ),
             Some(p) => r.add(&cdoc, format!("{path}.provider"), format!("unknown etcd provider {p:?}: expected Manager")),
+        }
+        // etcd-manager's backup-retention variables (the only ones protokube honours).
+        if let Some(Err((at, message))) = etcd.manager.as_ref().map(crate::etcd_manager::env_retention) {
+            r.add(&cdoc, format!("{path}.manager.{at}"), message);
         }
         let members = etcd.etcd_members.as_deref().unwrap_or_default();
         if members.is_empty() {
@@ -360,6 +379,9 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
     r.errors.extend(crate::support::refusals(docs).into_iter().filter(|x| !x.not_rendered).map(|x| x.error));
     r.errors
 }
+
+/// EC2's volume types (EBS).
+pub const EBS_VOLUME_TYPES: &[&str] = &["standard", "gp2", "gp3", "io1", "io2", "st1", "sc1"];
 
 #[cfg(test)]
 mod tests {

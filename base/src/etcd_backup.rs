@@ -132,7 +132,13 @@ impl Default for Retention {
 
 impl Retention {
     pub fn with_daily_days(days: u64) -> Retention {
-        Retention { keep_all: Duration::from_secs(3600), hourly: Duration::from_secs(7 * 86400), daily: Duration::from_secs(days * 86400) }
+        Retention::new(keelson_api::etcd_manager::DEFAULT_HOURLY_RETENTION, days)
+    }
+
+    /// Every backup of the last hour, the first of every hour for `hourly`, the first of every day
+    /// for `daily_days` (etcd-manager's two retention settings).
+    pub fn new(hourly: Duration, daily_days: u64) -> Retention {
+        Retention { keep_all: Duration::from_secs(3600), hourly, daily: Duration::from_secs(daily_days.saturating_mul(86400)) }
     }
 
     /// The backups of `ids` this policy drops at `now`.

@@ -229,6 +229,7 @@ pub(crate) fn load_for_cloud(common: &Common) -> anyhow::Result<Result<Located, 
         Err(code) => return Ok(Err(code)),
     };
     let file = common.file.display().to_string();
+    crate::print_dropped(&common.file, &docs);
     // A cluster is built only from what Keelson runs: no silently missing addon or CNI.
     let refused = keelson_api::support::not_rendered(&docs);
     for e in &refused {

@@ -215,8 +215,17 @@ fn report(errors: &LoadError) -> ExitCode {
     ExitCode::from(if errors.is_unreadable() { 2 } else { 1 })
 }
 
+/// The spec's keys kOps drops unread (and so Keelson too), on stderr: every command that reads a
+/// spec says so ([`keelson_api::support::dropped`]).
+pub(crate) fn print_dropped(file: &std::path::Path, docs: &keelson_api::Documents) {
+    for w in keelson_api::support::dropped(docs) {
+        eprintln!("keelson: warning: {}: {w}", file.display());
+    }
+}
+
 /// What a compile of `file` warns about, on stderr.
 fn print_warnings(file: &std::path::Path, docs: &keelson_api::Documents, compiled: &spec_compiler::Compiled) {
+    print_dropped(file, docs);
     for w in keelson_api::support::not_rendered(docs) {
         eprintln!("keelson: warning: {}: {w} (`keelson validate` and `apply` refuse it)", file.display());
     }
@@ -239,6 +248,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let file = file.context("keelson validate: give -f SPEC (or `validate cluster -f SPEC`)")?;
             match load_spec(&file) {
                 Ok(docs) => {
+                    print_dropped(&file, &docs);
                     // What Keelson would not run: refused here (`compile` only warns).
                     let refused = keelson_api::support::not_rendered(&docs);
                     for e in &refused {

@@ -275,7 +275,11 @@ async fn changes_are_a_new_template_a_resize_and_a_firewall_patch() {
     let old = first.names.templates[&nodes_tpl.name].clone();
 
     let changed = text
-        .replacen("machineType: e2-standard-4", "machineType: e2-standard-8", 1)
+        .replacen(
+            "machineType: e2-standard-4",
+            "machineType: e2-standard-8\n  rootVolumeType: hyperdisk-balanced\n  rootVolumeIops: 6000\n  rootVolumeThroughput: 200",
+            1,
+        )
         .replacen("minSize: 2", "minSize: 3", 1)
         .replace("sshAccess:\n  - 0.0.0.0/0", "sshAccess:\n  - 10.0.0.0/8");
     assert_ne!(changed, text);
@@ -303,6 +307,14 @@ async fn changes_are_a_new_template_a_resize_and_a_firewall_patch() {
     assert_eq!(mig["targetSize"], json!(3));
     let tpl = w.get(&format!("global/instanceTemplates/{new}"));
     assert_eq!(tpl["properties"]["machineType"], json!("e2-standard-8"));
+    // A hyperdisk boot disk with its provisioned IOPS and throughput (the spec's rootVolume* fields),
+    // read back as sent: the second plan below is empty.
+    let params = &tpl["properties"]["disks"][0]["initializeParams"];
+    assert_eq!(
+        (&params["diskType"], &params["provisionedIops"], &params["provisionedThroughput"]),
+        (&json!("hyperdisk-balanced"), &json!("6000"), &json!("200")),
+        "{params}"
+    );
     assert!(!w.names("global/instanceTemplates").contains(&old), "the old template is deleted");
     assert_eq!(w.get("global/firewalls/ssh-external-to-node-gce-k8s-example-com")["sourceRanges"], json!(["10.0.0.0/8"]));
 

@@ -247,7 +247,7 @@ impl BackupLoop {
         let value = format!("{slot:020}");
         if client.claim(&claim_key(&ec.name, "scheduled"), &value, |cur| cur.is_none_or(|c| c < value.as_str())).await.map_err(etcd_err)? {
             self.timed(ec, take(&client, ec, &store, "scheduled", now, &staging)).await?;
-            let gone = store.prune(now, &Retention::with_daily_days(ec.backup_retention_days)).await.map_err(store_err)?;
+            let gone = store.prune(now, &Retention::new(ec.backup_hourly_retention, ec.backup_retention_days)).await.map_err(store_err)?;
             if !gone.is_empty() {
                 tracing::info!(etcd = %ec.name, pruned = gone.len(), "old backups removed per retention");
             }

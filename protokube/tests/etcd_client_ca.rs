@@ -37,6 +37,7 @@ fn cluster(name: &str) -> EtcdCluster {
         backup_store: format!("file:///b/{name}"),
         backup_interval: Duration::from_secs(900),
         backup_retention_days: 90,
+        backup_hourly_retention: keelson_api::etcd_manager::DEFAULT_HOURLY_RETENTION,
     }
 }
 

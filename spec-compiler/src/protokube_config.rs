@@ -99,11 +99,18 @@ fn etcd_cluster(versions: &Versions, config_base: &str, i: usize, ec: &keelson_a
         Some(_) => return Err(refuse(format!("{at}.manager.backupInterval"), "must be positive")),
         None => base::etcd_backup::DEFAULT_INTERVAL,
     };
+    // kOps puts backupRetentionDays in etcd-manager's environment first and manager.env after it:
+    // a daily retention in env wins.
+    let env = match manager.map(keelson_api::etcd_manager::env_retention).transpose() {
+        Ok(env) => env.unwrap_or_default(),
+        Err((field, message)) => return Err(refuse(format!("{at}.manager.{field}"), message)),
+    };
     let millis = |d: &Option<keelson_api::Duration>| d.as_ref().map(|d| i64::try_from(d.as_nanos() / 1_000_000).unwrap_or(i64::MAX));
     Ok(EtcdCluster {
         backup_store: base::etcd_backup::cluster_dir(ec.backups.as_ref().and_then(|b| b.backup_store.as_deref()), config_base, &name),
         backup_interval,
-        backup_retention_days: manager.and_then(|m| m.backup_retention_days).unwrap_or(base::etcd_backup::DEFAULT_RETENTION_DAYS),
+        backup_retention_days: env.daily_days.or(manager.and_then(|m| m.backup_retention_days)).unwrap_or(base::etcd_backup::DEFAULT_RETENTION_DAYS),
+        backup_hourly_retention: env.hourly.unwrap_or(keelson_api::etcd_manager::DEFAULT_HOURLY_RETENTION),
         members,
         ports,
         image,
@@ -235,6 +242,23 @@ mod tests {
             build_(&cluster(&HEAD.replace("NAME", "x.k8s.local").replace("    - name: b\n      instanceGroup: cp-b\n", "    - instanceGroup: cp-b\n")), "cp-a")
                 .expect_err("no name");
         assert_eq!(e.field, "spec.etcdClusters[main].etcdMembers[1].name", "{e}");
+    }
+
+    /// kOps' documented retention variables reach protokube; a daily one in `env` wins over
+    /// `backupRetentionDays` (kOps puts env after it in etcd-manager's container).
+    #[test]
+    fn etcd_manager_retention_variables_set_protokubes_retention() {
+        let env = "    manager:\n      backupRetentionDays: 30\n      env:\n      - name: ETCD_MANAGER_HOURLY_BACKUPS_RETENTION\n        value: 1d\n";
+        let p = config("x.example.com", env).expect("config");
+        let events = &p.etcd_clusters[1];
+        assert_eq!((events.backup_hourly_retention, events.backup_retention_days), (std::time::Duration::from_secs(86_400), 30));
+        assert_eq!(p.etcd_clusters[0].backup_hourly_retention, keelson_api::etcd_manager::DEFAULT_HOURLY_RETENTION);
+        let daily = format!("{env}      - name: ETCD_MANAGER_DAILY_BACKUPS_RETENTION\n        value: 1y\n");
+        assert_eq!(config("x.example.com", &daily).expect("config").etcd_clusters[1].backup_retention_days, 365);
+        let text = serde_json::to_string(&p).expect("json");
+        assert_eq!(text.matches("backupHourlyRetention").count(), 1, "written only where it is not the default: {text}");
+        let e = config("x.example.com", "    manager:\n      env:\n      - name: ETCD_METRICS\n        value: basic\n").expect_err("unknown variable");
+        assert_eq!(e.field, "spec.etcdClusters[events].manager.env[ETCD_METRICS]", "{e}");
     }
 
     #[test]

@@ -15,7 +15,7 @@ const OIDC: &str = "nodeup: kube-apiserver's --oidc-* flags (kOps moves these v1
 const CCM: &str = "the cloud-controller-manager addon (spec-compiler/src/addons/aws_ccm.rs; the GCE one from the same spec)";
 const ETCD: &str = "protokube: it runs the etcd members (version, image, TLS, timing) and their backups";
 const ETCD_VOLUME: &str = "the cloud model: the etcd member's volume (cloud-resources/src/model/volumes.rs)";
-const ETCD_CLUSTER_VOLUME: &str = "not part of an etcd cluster (kOps drops it too): set it on each etcdMembers[] entry";
+const ETCD_CLUSTER_VOLUME: &str = "not a field of kOps' etcd clusters: kOps drops it unread, and so does Keelson (the members' volumes keep their own settings); set it on each etcdMembers[] entry";
 const NO_ETCD_MANAGER: &str = "Keelson runs etcd from protokube, not etcd-manager: this etcd-manager setting has no effect; remove it";
 
 /// kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy, the cloud controller
@@ -113,9 +113,9 @@ pub static COMPONENTS: &[Field] = &[
     f("EtcdClusterSpec", "image", By(ETCD)),
     f("EtcdClusterSpec", "memoryRequest", By(ETCD)),
     f("EtcdClusterSpec", "cpuRequest", By(ETCD)),
-    nr("EtcdClusterSpec", "volumeIops", ETCD_CLUSTER_VOLUME),
-    nr("EtcdClusterSpec", "volumeSize", ETCD_CLUSTER_VOLUME),
-    nr("EtcdClusterSpec", "volumeThroughput", ETCD_CLUSTER_VOLUME),
+    f("EtcdClusterSpec", "volumeIops", Use::DroppedByKops(ETCD_CLUSTER_VOLUME)),
+    f("EtcdClusterSpec", "volumeSize", Use::DroppedByKops(ETCD_CLUSTER_VOLUME)),
+    f("EtcdClusterSpec", "volumeThroughput", Use::DroppedByKops(ETCD_CLUSTER_VOLUME)),
     f("EtcdClusterSpec", "type", By("the compiler: cleared, as kOps does")),
     f("EtcdMemberSpec", "name", By(ETCD)),
     f("EtcdMemberSpec", "instanceGroup", By(ETCD)),
@@ -130,7 +130,11 @@ pub static COMPONENTS: &[Field] = &[
     f("EtcdManagerSpec", "backupInterval", By(ETCD)),
     f("EtcdManagerSpec", "backupRetentionDays", By(ETCD)),
     nr("EtcdManagerSpec", "image", NO_ETCD_MANAGER),
-    nr("EtcdManagerSpec", "env", NO_ETCD_MANAGER),
+    f(
+        "EtcdManagerSpec",
+        "env",
+        By("protokube's backup retention: ETCD_MANAGER_HOURLY_/DAILY_BACKUPS_RETENTION (api/src/etcd_manager.rs); any other variable is refused by validate"),
+    ),
     nr("EtcdManagerSpec", "discoveryPollInterval", NO_ETCD_MANAGER),
     nr("EtcdManagerSpec", "listenMetricsURLs", NO_ETCD_MANAGER),
     nr("EtcdManagerSpec", "listenClientHTTPURLs", NO_ETCD_MANAGER),

@@ -6,8 +6,7 @@ use Use::By;
 
 const GROUP: &str = "the cloud model: the launch template and autoscaling group (cloud-resources/src/model/groups.rs)";
 const MIXED: &str = "the cloud model: the autoscaling group's mixed instances policy";
-const ROOT_VOLUME: &str =
-    "Keelson reads the root volume from rootVolumeSize, rootVolumeType, rootVolumeIops, rootVolumeThroughput and rootVolumeEncryption: set those instead";
+const ROOT_VOLUME: &str = "kOps v1alpha2 drops the rootVolume block unread (it is v1alpha3's layout), and so does Keelson: the root volume stays as rootVolumeSize, rootVolumeType, rootVolumeIops, rootVolumeThroughput and rootVolumeEncryption say (set those to change it)";
 
 /// `InstanceGroupSpec` and the types under it.
 pub static GROUPS: &[Field] = &[
@@ -25,7 +24,7 @@ pub static GROUPS: &[Field] = &[
     nr_if("InstanceGroupSpec", "rootVolumeDeleteOnTermination", When::False, "Keelson's root volumes are always deleted with their instance"),
     f("InstanceGroupSpec", "rootVolumeEncryption", By(GROUP)),
     f("InstanceGroupSpec", "rootVolumeEncryptionKey", By("the cloud model: the launch template's root volume KMS key (when rootVolumeEncryption is on)")),
-    nr("InstanceGroupSpec", "rootVolume", ROOT_VOLUME),
+    f("InstanceGroupSpec", "rootVolume", Use::DroppedByKops(ROOT_VOLUME)),
     nr("InstanceGroupSpec", "volumes", "Keelson does not attach additional volumes to the group's instances yet"),
     nr("InstanceGroupSpec", "volumeMounts", "nodeup does not format or mount additional volumes yet"),
     f("InstanceGroupSpec", "subnets", By(GROUP)),

@@ -11,6 +11,11 @@
 //!   an addon, a CNI, an AWS resource — Keelson does not render yet. `keelson validate` and the
 //!   commands that build a cluster (`apply`, `rolling-update`, `reconcile`) refuse it.
 //!
+//! And one kind of warning, [`Use::DroppedByKops`]: a key kOps' v1alpha2 types do not read (kOps
+//! drops it on load without a word, so a kOps cluster never had what it says). Keelson does the
+//! same — a spec that runs under kOps moves over unchanged — but every command names it and says
+//! what to set instead ([`dropped`]).
+//!
 //! A field of kube-apiserver's, kube-controller-manager's, kube-scheduler's or kube-proxy's spec with
 //! a flag in kOps' `flag:` tags ([`crate::flag_table`]) is consumed by that flag: nodeup renders it
 //! into the component's static pod (`nodeup/tests/render.rs` checks every one). The rest of each
@@ -62,6 +67,10 @@ pub enum Use {
     NotRendered { when: When, reason: &'static str },
     /// Refused by every command when set.
     Refused(&'static str),
+    /// Not a field kOps reads — its v1alpha2 types drop it on load — and so with no effect in
+    /// Keelson either, as in kOps: every command that reads the spec warns with the reason (what
+    /// to set instead); never refused, never applied ([`dropped`]).
+    DroppedByKops(&'static str),
 }
 
 /// When a [`Use::NotRendered`] field asks for something Keelson does not render.
@@ -306,17 +315,20 @@ pub fn refusals(docs: &Documents) -> Vec<Refusal> {
             out.push(Refusal { error: ValidationError { document: doc.clone(), path, message }, not_rendered });
         }
     }
-    // Facts of the whole cluster that no one field carries.
-    let name = docs.cluster.name();
-    let label = crate::names::gce_safe_cluster_name(name);
-    if docs.cluster.spec.cloud_provider.as_deref() == Some("gce") && label.len() > crate::names::GCE_LABEL_MAX {
-        let message = format!(
-            "on GCE the cluster's name, dots as dashes, is the value of its disks' and templates' {} label: {} characters, GCE allows {} (kOps writes it uncut too; real GCE refuses it)",
-            crate::names::GCE_CLUSTER_LABEL,
-            label.len(),
-            crate::names::GCE_LABEL_MAX
-        );
-        out.push(Refusal { error: ValidationError { document: format!("Cluster/{name}"), path: "metadata.name".into(), message }, not_rendered: true });
+    out
+}
+
+/// The [`Use::DroppedByKops`] fields the spec sets, each with its reason: warnings of every
+/// command that reads the spec (kOps drops them without a word).
+pub fn dropped(docs: &Documents) -> Vec<ValidationError> {
+    let mut out = Vec::new();
+    for (doc, ty, base, value) in locations(docs) {
+        let Some(object) = value.as_object() else { continue };
+        for key in object.iter().filter(|(_, v)| !v.is_null()).map(|(k, _)| k) {
+            if let Some(Use::DroppedByKops(reason)) = classify(ty, key) {
+                out.push(ValidationError { document: doc.clone(), path: format!("{base}.{key}"), message: reason.to_string() });
+            }
+        }
     }
     out
 }

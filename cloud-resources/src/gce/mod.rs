@@ -202,6 +202,9 @@ pub struct InstanceTemplate {
     pub machine_type: String,
     pub disk_size_gb: i64,
     pub disk_type: String,
+    /// The boot disk's provisioned IOPS and throughput (MB/s), for the types that take them.
+    pub disk_iops: Option<i64>,
+    pub disk_throughput: Option<i64>,
     pub image: String,
     pub network: Link<Network>,
     /// The first subnet of its group (none when no group uses it).
@@ -242,7 +245,7 @@ impl GceTask for InstanceTemplate {
         f.set("group", &self.group)
             .set("machine_type", &self.machine_type)
             .set("image", &self.image)
-            .set("disk", format!("{} GB {}", self.disk_size_gb, self.disk_type))
+            .set("disk", views::boot_disk_summary(self))
             .set("metadata", format!("{} (sha256 {}), cluster-name, kops-k8s-io-instance-group-name", self.user_data_key, base::sha256_hex(&self.user_data)))
             .set("service_account", &self.service_account)
             .set("scopes", views::sorted_joined(&self.scopes))
@@ -280,6 +283,22 @@ impl GceTask for InstanceTemplate {
     }
     fn render_terraform(&self, b: &mut Blocks) {
         let startup = b.data_file(&format!("google_compute_instance_template_{}_metadata_{}", tf_name(&self.name), self.user_data_key), &self.user_data);
+        let mut disk = json!({
+            "auto_delete": true,
+            "boot": true,
+            "device_name": "persistent-disks-0",
+            "disk_size_gb": self.disk_size_gb,
+            "disk_type": self.disk_type,
+            "source_image": self.image,
+            "type": "PERSISTENT",
+            "mode": "READ_WRITE",
+        });
+        if let Some(iops) = self.disk_iops {
+            disk["provisioned_iops"] = json!(iops);
+        }
+        if let Some(throughput) = self.disk_throughput {
+            disk["provisioned_throughput"] = json!(throughput);
+        }
         b.add(
             "google_compute_instance_template",
             &self.name,
@@ -287,16 +306,7 @@ impl GceTask for InstanceTemplate {
                 "name_prefix": self.name_prefix,
                 "machine_type": self.machine_type,
                 "can_ip_forward": true,
-                "disk": [{
-                    "auto_delete": true,
-                    "boot": true,
-                    "device_name": "persistent-disks-0",
-                    "disk_size_gb": self.disk_size_gb,
-                    "disk_type": self.disk_type,
-                    "source_image": self.image,
-                    "type": "PERSISTENT",
-                    "mode": "READ_WRITE",
-                }],
+                "disk": [disk],
                 "network_interface": [{
                     "network": self.network.tf(),
                     "subnetwork": self.subnetwork.as_ref().map(|s| s.tf()).unwrap_or_default(),

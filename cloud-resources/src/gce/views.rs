@@ -108,7 +108,7 @@ pub(crate) fn template_properties(t: &InstanceTemplate, names: &Names) -> Value 
             "deviceName": "persistent-disks-0",
             "type": "PERSISTENT",
             "mode": "READ_WRITE",
-            "initializeParams": {"diskSizeGb": t.disk_size_gb.to_string(), "diskType": t.disk_type, "sourceImage": image_link(&t.image)},
+            "initializeParams": initialize_params(t),
         }],
         "networkInterfaces": [nic],
         "metadata": {"items": metadata.iter().map(|(k, v)| json!({"key": k, "value": v})).collect::<Vec<_>>()},
@@ -117,6 +117,31 @@ pub(crate) fn template_properties(t: &InstanceTemplate, names: &Names) -> Value 
         "serviceAccounts": [{"email": t.service_account, "scopes": t.scopes}],
         "scheduling": {"automaticRestart": true, "onHostMaintenance": "MIGRATE", "preemptible": false},
     })
+}
+
+/// The boot disk's `initializeParams` (int64 fields as strings, as the Compute API writes them);
+/// provisioned IOPS and throughput only when set, so templates without them keep their names.
+fn initialize_params(t: &InstanceTemplate) -> Value {
+    let mut p = json!({"diskSizeGb": t.disk_size_gb.to_string(), "diskType": t.disk_type, "sourceImage": image_link(&t.image)});
+    if let Some(iops) = t.disk_iops {
+        p["provisionedIops"] = json!(iops.to_string());
+    }
+    if let Some(throughput) = t.disk_throughput {
+        p["provisionedThroughput"] = json!(throughput.to_string());
+    }
+    p
+}
+
+/// The boot disk in a plan's field list: `64 GB pd-balanced`, `100 GB hyperdisk-balanced, 6000 IOPS, 1000 MB/s`.
+pub fn boot_disk_summary(t: &InstanceTemplate) -> String {
+    let mut s = format!("{} GB {}", t.disk_size_gb, t.disk_type);
+    if let Some(iops) = t.disk_iops {
+        s.push_str(&format!(", {iops} IOPS"));
+    }
+    if let Some(throughput) = t.disk_throughput {
+        s.push_str(&format!(", {throughput} MB/s"));
+    }
+    s
 }
 
 /// A template's GCE name: its group's prefix and the first 12 hex digits of the sha256 of its
@@ -203,6 +228,8 @@ pub fn from_template(v: &Value) -> InstanceTemplate {
         machine_type: name_of_link(str_of(p, "machineType")).to_string(),
         disk_size_gb: int_of(&disk["initializeParams"]["diskSizeGb"]),
         disk_type: name_of_link(str_of(&disk["initializeParams"], "diskType")).to_string(),
+        disk_iops: Some(int_of(&disk["initializeParams"]["provisionedIops"])).filter(|n| *n > 0),
+        disk_throughput: Some(int_of(&disk["initializeParams"]["provisionedThroughput"])).filter(|n| *n > 0),
         image: image_of(str_of(&disk["initializeParams"], "sourceImage")),
         network: Link::to(name_of_link(str_of(nic, "network"))),
         subnetwork: Some(str_of(nic, "subnetwork")).filter(|s| !s.is_empty()).map(|s| Link::to(name_of_link(s))),
@@ -308,6 +335,8 @@ mod tests {
             machine_type: "e2-standard-4".into(),
             disk_size_gb: 64,
             disk_type: "pd-balanced".into(),
+            disk_iops: None,
+            disk_throughput: None,
             image: "ubuntu-os-cloud/ubuntu-2404".into(),
             network: Link::to("c"),
             subnetwork: Some(Link::to("europe-west1.c")),
@@ -341,6 +370,15 @@ mod tests {
         assert_eq!(InstanceTemplate { name: t.name.clone(), subnetwork: Some(Link::to("europe-west1.c")), ..back }, t);
         let other_scopes = InstanceTemplate { scopes: super::super::scopes(Role::ControlPlane), ..template() };
         assert_ne!(template_name(&other_scopes, &names), name, "scopes are part of the template");
+        // A hyperdisk's provisioned IOPS and throughput: sent, read back, part of the name.
+        let hyperdisk = InstanceTemplate { disk_type: "hyperdisk-balanced".into(), disk_iops: Some(6000), disk_throughput: Some(1000), ..template() };
+        let body = super::super::Task::InstanceTemplate(hyperdisk.clone()).body(&names);
+        assert_eq!(body["properties"]["disks"][0]["initializeParams"]["provisionedIops"], "6000");
+        assert_eq!(body["properties"]["disks"][0]["initializeParams"]["provisionedThroughput"], "1000");
+        let back = from_template(&body);
+        assert_eq!(InstanceTemplate { name: hyperdisk.name.clone(), subnetwork: Some(Link::to("europe-west1.c")), ..back }, hyperdisk);
+        assert_ne!(template_name(&hyperdisk, &names), template_name(&InstanceTemplate { disk_type: "hyperdisk-balanced".into(), ..template() }, &names));
+        assert_eq!(boot_disk_summary(&hyperdisk), "64 GB hyperdisk-balanced, 6000 IOPS, 1000 MB/s");
     }
 
     #[test]

@@ -232,7 +232,7 @@ impl Group<'_> {
             Some(id) => Link::existing(id, id),
             None => Link::to(cluster),
         };
-        let root_type = self.root_volume_type();
+        let g = &self.ig.spec;
         tasks.push(gce::InstanceTemplate {
             name: self.name.clone(),
             group: self.group.clone(),
@@ -241,7 +241,11 @@ impl Group<'_> {
             name_prefix: format!("{}-", gce_name(&format!("{}-{cluster}", self.group)).chars().take(36).collect::<String>()),
             machine_type: self.machine_type.clone(),
             disk_size_gb: self.root_volume_size(),
-            disk_type: if root_type.starts_with("pd-") { root_type } else { BOOT_DISK_TYPE.to_string() },
+            // GCE's disk types by their own names (validate refuses an EBS type on GCE), and the
+            // provisioned IOPS and throughput of the types that take them (hyperdisk, pd-extreme).
+            disk_type: g.root_volume_type.clone().unwrap_or_else(|| BOOT_DISK_TYPE.to_string()),
+            disk_iops: g.root_volume_iops,
+            disk_throughput: g.root_volume_throughput,
             image: self.image.clone(),
             network,
             subnetwork: self.subnets.first().map(|s| s.link()),

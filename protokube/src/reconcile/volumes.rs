@@ -304,6 +304,7 @@ mod tests {
             backup_store: "file:///b/main".into(),
             backup_interval: Duration::from_secs(900),
             backup_retention_days: 90,
+            backup_hourly_retention: keelson_api::etcd_manager::DEFAULT_HOURLY_RETENTION,
         }
     }
 
