@@ -49,6 +49,10 @@ pub struct NodeupConfig {
     pub use_cilium_etcd: bool,
     #[serde(rename = "ServiceNodePortRange", default, skip_serializing_if = "Option::is_none")]
     pub service_node_port_range: Option<String>,
+    /// Lines nodeup appends to its sysctl file: the group's `sysctlParameters`, then the cluster's,
+    /// each under kOps' heading ([`sysctl_parameters`]).
+    #[serde(rename = "SysctlParameters", default, skip_serializing_if = "Vec::is_empty")]
+    pub sysctl_parameters: Vec<String>,
     #[serde(rename = "DNSZone", default, skip_serializing_if = "Option::is_none")]
     pub dns_zone: Option<String>,
     #[serde(rename = "containerdConfig")]
@@ -347,9 +351,70 @@ mod boot_field {
     }
 }
 
+/// kOps' `SysctlParameters` of a NodeupConfig: the instance group's lines, then the cluster's, each
+/// list under its heading comment and a blank line (a later line wins in sysctl(8), so the
+/// cluster's settings win, as in kOps).
+pub fn sysctl_parameters(group: &[String], cluster: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (heading, lines) in [("# Custom sysctl parameters from instance group spec", group), ("# Custom sysctl parameters from cluster spec", cluster)] {
+        if !lines.is_empty() {
+            out.push(heading.to_string());
+            out.push(String::new());
+            out.extend(lines.iter().cloned());
+        }
+    }
+    out
+}
+
+/// Why a `sysctlParameters` entry is refused: one `key = value` line (or a comment), no line breaks
+/// that would add lines of their own, a key sysctl(8) could name.
+pub fn sysctl_parameter_error(line: &str) -> Option<String> {
+    if line.contains(['\n', '\r']) {
+        return Some("holds a line break: one sysctl setting per entry".into());
+    }
+    let t = line.trim();
+    if t.is_empty() || t.starts_with('#') || t.starts_with(';') {
+        return None;
+    }
+    let Some((key, value)) = t.split_once('=') else {
+        return Some(format!("{line:?}: expected key = value (e.g. net.ipv4.tcp_keepalive_time = 600)"));
+    };
+    let key = key.trim().trim_start_matches('-');
+    if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || "._/-*".contains(c)) || value.trim().is_empty() {
+        return Some(format!(
+            "{line:?}: expected key = value with a sysctl key of letters, digits, '.', '_', '/', '-' (e.g. net.ipv4.tcp_keepalive_time = 600)"
+        ));
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sysctl_parameters_are_the_groups_then_the_clusters_under_kops_headings() {
+        let (g, c) = (vec!["net.ipv4.tcp_keepalive_time = 600".to_string()], vec!["fs.inotify.max_user_watches = 524288".to_string()]);
+        assert_eq!(
+            sysctl_parameters(&g, &c),
+            [
+                "# Custom sysctl parameters from instance group spec",
+                "",
+                "net.ipv4.tcp_keepalive_time = 600",
+                "# Custom sysctl parameters from cluster spec",
+                "",
+                "fs.inotify.max_user_watches = 524288"
+            ]
+        );
+        assert!(sysctl_parameters(&[], &[]).is_empty());
+        assert_eq!(sysctl_parameters(&[], &c).len(), 3, "no heading for an empty list");
+        for ok in ["net.ipv4.ip_forward=1", " kernel.pid_max = 4194304 ", "# a comment", "", "-net.ipv6.conf.all.disable_ipv6 = 1"] {
+            assert_eq!(sysctl_parameter_error(ok), None, "{ok:?}");
+        }
+        for bad in ["net.ipv4.ip_forward", "net.ipv4.ip_forward=1\nkernel.panic=0", "= 1", "net ipv4 = 1", "kernel.panic ="] {
+            assert!(sysctl_parameter_error(bad).is_some(), "{bad:?}");
+        }
+    }
 
     const BOOT: &str = "CloudProvider: aws\nConfigBase: s3://b/c.example.com\nClusterName: c.example.com\nInstanceGroupName: cp-a\nInstanceGroupRole: ControlPlane\nNodeupConfigHash: x\n";
 

@@ -75,6 +75,11 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
     let cname = cluster.name();
     let cdoc = format!("Cluster/{cname}");
     let spec = &cluster.spec;
+    for (i, line) in spec.sysctl_parameters.iter().flatten().enumerate() {
+        if let Some(why) = crate::nodeup::sysctl_parameter_error(line) {
+            r.add(&cdoc, format!("spec.sysctlParameters[{i}]"), why);
+        }
+    }
 
     match cluster.metadata.name.as_deref() {
         None | Some("") => r.add(&cdoc, "metadata.name", "required: the cluster's DNS name"),
@@ -262,6 +267,11 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
         }
         if ig.spec.root_volume_encryption_key.as_deref().is_some_and(|k| !k.is_empty()) && ig.spec.root_volume_encryption == Some(false) {
             r.add(&doc, "spec.rootVolumeEncryptionKey", "a KMS key for a root volume that rootVolumeEncryption: false leaves unencrypted: remove one of them");
+        }
+        for (i, line) in ig.spec.sysctl_parameters.iter().flatten().enumerate() {
+            if let Some(why) = crate::nodeup::sysctl_parameter_error(line) {
+                r.add(&doc, format!("spec.sysctlParameters[{i}]"), why);
+            }
         }
         // The root volume's type is the cloud's own word for a disk: on GCE an EBS type would be a
         // disk type GCE refuses, on AWS a GCE type a volume type EC2 refuses.

@@ -261,6 +261,43 @@ fn keys_kops_drops_are_warned_about_and_etcd_manager_retention_is_read() {
     expect(gce_type("gp3").as_bytes(), 1, &["spec.rootVolumeType: \"gp3\" is an EBS volume type; on GCE expected a disk type"]);
 }
 
+/// `sysctlParameters` of the cluster and of a group reach the group's NodeupConfig the kOps way
+/// (the group's lines, then the cluster's, under kOps' headings); a line that is not one setting is
+/// refused with its path.
+#[test]
+fn sysctl_parameters_reach_the_nodeup_config_and_bad_lines_are_refused() {
+    let group = "  role: Node\n";
+    let spec = minimal().replacen(group, &format!("{group}  sysctlParameters:\n  - net.ipv4.tcp_keepalive_time = 600\n"), 1).replacen(
+        "spec:\n",
+        "spec:\n  sysctlParameters:\n  - fs.inotify.max_user_watches = 524288\n",
+        1,
+    );
+    expect(spec.as_bytes(), 0, &[]);
+    let mut f = tempfile::NamedTempFile::new().expect("temp file");
+    f.write_all(spec.as_bytes()).expect("write");
+    let out_dir = tempfile::tempdir().expect("temp dir");
+    let out = keelson(&["compile", "-f", f.path().to_str().expect("utf-8"), "--out", out_dir.path().to_str().expect("utf-8"), "--offline"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let config = std::fs::read_to_string(out_dir.path().join("state/igconfig/node/nodes-us-east-1a/nodeupconfig.yaml")).expect("nodeup config");
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&config).expect("yaml");
+    let lines: Vec<&str> = doc["SysctlParameters"].as_sequence().expect("SysctlParameters").iter().filter_map(|v| v.as_str()).collect();
+    assert_eq!(
+        lines,
+        [
+            "# Custom sysctl parameters from instance group spec",
+            "",
+            "net.ipv4.tcp_keepalive_time = 600",
+            "# Custom sysctl parameters from cluster spec",
+            "",
+            "fs.inotify.max_user_watches = 524288"
+        ]
+    );
+    let cp = std::fs::read_to_string(out_dir.path().join("state/igconfig/control-plane/control-plane-us-east-1a/nodeupconfig.yaml")).expect("cp config");
+    assert!(cp.contains("fs.inotify.max_user_watches") && !cp.contains("tcp_keepalive_time"), "the cluster's lines only: {cp}");
+    let bad = minimal().replacen("spec:\n", "spec:\n  sysctlParameters:\n  - net.ipv4.ip_forward\n", 1);
+    expect(bad.as_bytes(), 1, &["spec.sysctlParameters[0]: \"net.ipv4.ip_forward\": expected key = value"]);
+}
+
 /// How many of the public kOps conformance cases `keelson validate` accepts, at least (issue 44:
 /// 24 before, this many after). Every case it refuses names each refused field with its reason
 /// (README, "What Keelson refuses"); raise the number when more pass, never lower it without a

@@ -175,7 +175,7 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
 
     // Kernel settings.
     let cilium = cfg.networking.plugin.cilium.is_some();
-    let mut sysctl = FileTask::new(paths::SYSCTL_CONF, render::sysctls(cfg.service_node_port_range.as_deref(), aws, cilium), 0o644);
+    let mut sysctl = FileTask::new(paths::SYSCTL_CONF, render::sysctls(cfg.service_node_port_range.as_deref(), aws, cilium, &cfg.sysctl_parameters), 0o644);
     sysctl.on_change = vec![vec!["sysctl".into(), "--system".into()]];
     tasks.push(Box::new(sysctl));
     let mut modules = FileTask::new(paths::MODULES_CONF, render::modules(), 0o644);

@@ -367,6 +367,10 @@ pub fn build(
         use_cilium_etcd: spec.networking.as_ref().is_some_and(|n| n.cilium.is_some())
             && spec.etcd_clusters.iter().flatten().any(|e| e.name.as_deref() == Some("cilium")),
         service_node_port_range: spec.kube_api_server.as_ref().and_then(|a| a.service_node_port_range.clone()),
+        sysctl_parameters: keelson_api::nodeup::sysctl_parameters(
+            ig.spec.sysctl_parameters.as_deref().unwrap_or_default(),
+            spec.sysctl_parameters.as_deref().unwrap_or_default(),
+        ),
         dns_zone: if is_cp { spec.dns_zone.clone() } else { None },
         containerd_config,
         api_server_config,

@@ -74,7 +74,7 @@ pub static CLUSTER: &[Field] = &[
     f("ClusterSpec", "encryptionConfig", By("nodeup: kube-apiserver's encryption provider config; apply creates the secret")),
     nr_if("ClusterSpec", "DisableSubnetTags", When::True, "Keelson tags the subnets it uses: turning that off is not supported yet"),
     nr_if("ClusterSpec", "useHostCertificates", When::True, "Keelson does not mount the host's CA certificates into the components yet"),
-    nr("ClusterSpec", "sysctlParameters", "nodeup does not write extra sysctls yet"),
+    f("ClusterSpec", "sysctlParameters", By("nodeup: appended to /etc/sysctl.d/99-k8s-general.conf after the group's (api/src/nodeup.rs sysctl_parameters)")),
     f("ClusterSpec", "rollingUpdate", By("rolling-update (ops/src/rolling.rs, surge.rs): maxSurge, maxUnavailable, drainAndTerminate")),
     nr("ClusterSpec", "serviceOIDCProvider", "Keelson does not use an external service-account OIDC provider yet"),
     // subnets

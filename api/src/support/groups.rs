@@ -52,7 +52,11 @@ pub static GROUPS: &[Field] = &[
     f("InstanceGroupSpec", "iam", By("the cloud model: the group's instance profile")),
     f("InstanceGroupSpec", "securityGroupOverride", By(GROUP)),
     f("InstanceGroupSpec", "instanceProtection", By("the cloud model: the autoscaling group's scale-in protection of new instances")),
-    nr("InstanceGroupSpec", "sysctlParameters", "nodeup does not write extra sysctls yet"),
+    f(
+        "InstanceGroupSpec",
+        "sysctlParameters",
+        By("nodeup: appended to /etc/sysctl.d/99-k8s-general.conf before the cluster's (api/src/nodeup.rs sysctl_parameters)"),
+    ),
     f("InstanceGroupSpec", "rollingUpdate", By("rolling-update (ops/src/rolling.rs, surge.rs): maxSurge, maxUnavailable, drainAndTerminate")),
     f("InstanceGroupSpec", "instanceInterruptionBehavior", By(GROUP)),
     f("InstanceGroupSpec", "compressUserData", By("the compiler: the group's user-data")),

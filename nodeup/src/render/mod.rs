@@ -7,8 +7,9 @@ pub mod kubelet_config;
 pub mod manifests;
 pub mod systemd;
 
-/// `/etc/sysctl.d/99-k8s-general.conf` (kOps' settings).
-pub fn sysctls(service_node_port_range: Option<&str>, aws: bool, cilium: bool) -> String {
+/// `/etc/sysctl.d/99-k8s-general.conf` (kOps' settings), then the spec's own lines (the
+/// NodeupConfig's `SysctlParameters`: the group's, then the cluster's, so they win).
+pub fn sysctls(service_node_port_range: Option<&str>, aws: bool, cilium: bool, extra: &[String]) -> String {
     let mut l: Vec<String> = vec![
         "# Kubernetes Settings".into(),
         String::new(),
@@ -67,10 +68,25 @@ pub fn sysctls(service_node_port_range: Option<&str>, aws: bool, cilium: bool) -
     if cilium {
         l.extend(["# Cilium requires rp_filter off", "net.ipv4.conf.all.rp_filter=0", ""].map(String::from));
     }
+    l.extend(extra.iter().cloned());
     l.join("\n") + "\n"
 }
 
 /// `/etc/modules-load.d/k8s.conf`
 pub fn modules() -> String {
     "br_netfilter\noverlay\n".to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    /// The spec's sysctl lines come last, after kOps' settings, so they win in sysctl(8).
+    #[test]
+    fn the_specs_sysctl_lines_come_after_kops_settings() {
+        let extra = keelson_api::nodeup::sysctl_parameters(&[], &["vm.max_map_count = 262144".to_string()]);
+        let text = super::sysctls(None, true, false, &extra);
+        let at = text.find("# Custom sysctl parameters from cluster spec").expect("the spec's lines");
+        assert!(at > text.find("net.ipv4.ip_forward=1").expect("kOps' settings"), "{text}");
+        assert!(text.ends_with("vm.max_map_count = 262144\n"), "{text}");
+        assert_eq!(super::sysctls(None, true, false, &[]).matches("Custom sysctl").count(), 0);
+    }
 }
