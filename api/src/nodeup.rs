@@ -366,6 +366,39 @@ pub fn sysctl_parameters(group: &[String], cluster: &[String]) -> Vec<String> {
     out
 }
 
+/// A `containerd.configAdditions` key as kOps reads it: a path of TOML keys separated by `.`, a
+/// segment in double quotes keeping its dots (`plugins."io.containerd.cri.v1.runtime".enable_cdi`).
+/// An error says what is wrong with it.
+pub fn config_addition_path(key: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    let mut seg = String::new();
+    let (mut quoted, mut was_quoted) = (false, false);
+    for c in key.chars() {
+        match c {
+            '"' if quoted => quoted = false,
+            '"' if seg.is_empty() && !was_quoted => (quoted, was_quoted) = (true, true),
+            '"' => return Err(format!("{key:?}: a '\"' inside an unquoted key")),
+            '.' if !quoted => {
+                if seg.is_empty() && !was_quoted {
+                    return Err(format!("{key:?}: an empty key between dots"));
+                }
+                out.push(std::mem::take(&mut seg));
+                was_quoted = false;
+            }
+            c if c.is_control() => return Err(format!("{key:?}: a control character")),
+            c => seg.push(c),
+        }
+    }
+    if quoted {
+        return Err(format!("{key:?}: an unclosed '\"'"));
+    }
+    if seg.is_empty() && !was_quoted {
+        return Err(format!("{key:?}: expected a dotted path of TOML keys (e.g. plugins.\"io.containerd.cri.v1.runtime\".enable_cdi)"));
+    }
+    out.push(seg);
+    Ok(out)
+}
+
 /// Why a `sysctlParameters` entry is refused: one `key = value` line (or a comment), no line breaks
 /// that would add lines of their own, a key sysctl(8) could name.
 pub fn sysctl_parameter_error(line: &str) -> Option<String> {
@@ -391,6 +424,18 @@ pub fn sysctl_parameter_error(line: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn config_addition_keys_split_on_dots_outside_quotes() {
+        assert_eq!(
+            config_addition_path("plugins.\"io.containerd.cri.v1.runtime\".enable_cdi"),
+            Ok(vec!["plugins".to_string(), "io.containerd.cri.v1.runtime".into(), "enable_cdi".into()])
+        );
+        assert_eq!(config_addition_path("version"), Ok(vec!["version".to_string()]));
+        for bad in ["", "a..b", "a.", ".a", "a.\"b", "a\"b\".c", "a.b\nc"] {
+            assert!(config_addition_path(bad).is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn sysctl_parameters_are_the_groups_then_the_clusters_under_kops_headings() {

@@ -80,6 +80,15 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
             r.add(&cdoc, format!("spec.sysctlParameters[{i}]"), why);
         }
     }
+    let containerd = std::iter::once((cdoc.clone(), spec.containerd.as_ref()))
+        .chain(docs.instance_groups.iter().map(|ig| (format!("InstanceGroup/{}", ig.name()), ig.spec.containerd.as_ref())));
+    for (doc, c) in containerd {
+        for key in c.and_then(|c| c.config_additions.as_ref()).into_iter().flat_map(|a| a.keys()) {
+            if let Err(why) = crate::nodeup::config_addition_path(key) {
+                r.add(&doc, format!("spec.containerd.configAdditions[{key}]"), why);
+            }
+        }
+    }
 
     match cluster.metadata.name.as_deref() {
         None | Some("") => r.add(&cdoc, "metadata.name", "required: the cluster's DNS name"),

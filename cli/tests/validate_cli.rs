@@ -296,6 +296,14 @@ fn sysctl_parameters_reach_the_nodeup_config_and_bad_lines_are_refused() {
     assert!(cp.contains("fs.inotify.max_user_watches") && !cp.contains("tcp_keepalive_time"), "the cluster's lines only: {cp}");
     let bad = minimal().replacen("spec:\n", "spec:\n  sysctlParameters:\n  - net.ipv4.ip_forward\n", 1);
     expect(bad.as_bytes(), 1, &["spec.sysctlParameters[0]: \"net.ipv4.ip_forward\": expected key = value"]);
+    // containerd's configAdditions: kOps' dotted keys, checked here, set over config.toml by nodeup.
+    let additions = |key: &str| minimal().replacen(group, &format!("{group}  containerd:\n    configAdditions:\n      '{key}': \"true\"\n"), 1);
+    expect(additions("plugins.\"io.containerd.cri.v1.runtime\".enable_cdi").as_bytes(), 0, &[]);
+    expect(
+        additions("plugins..enable_cdi").as_bytes(),
+        1,
+        &["InstanceGroup/nodes-us-east-1a: spec.containerd.configAdditions[plugins..enable_cdi]: \"plugins..enable_cdi\": an empty key"],
+    );
 }
 
 /// How many of the public kOps conformance cases `keelson validate` accepts, at least (issue 44:

@@ -12,10 +12,10 @@ const PACKAGES: &str = "Keelson downloads containerd and runc from the versions 
 /// `ContainerdConfig` (spec.containerd, an InstanceGroup's spec.containerd) and its parts.
 pub static RUNTIME: &[Field] = &[
     f("ContainerdConfig", "address", By("nodeup: containerd's socket in config.toml and the kubelet's container runtime endpoint")),
-    nr(
+    f(
         "ContainerdConfig",
         "configAdditions",
-        "Keelson does not merge configAdditions into containerd's config.toml yet (configOverride replaces the whole file)",
+        By("nodeup: set over the rendered config.toml, kOps' way (nodeup/src/render/containerd.rs with_additions; keys checked by validate)"),
     ),
     f("ContainerdConfig", "configOverride", By(CONFIG)),
     f("ContainerdConfig", "logLevel", By(CONFIG)),

@@ -171,7 +171,35 @@ pub fn config_toml(c: &ContainerdConfig, kubenet: bool) -> Result<String, String
             },
         },
     };
-    toml::to_string(&cfg).map_err(|e| e.to_string())
+    let text = toml::to_string(&cfg).map_err(|e| e.to_string())?;
+    match c.config_additions.as_ref().filter(|a| !a.is_empty()) {
+        None => Ok(text),
+        Some(additions) => with_additions(&text, additions),
+    }
+}
+
+/// kOps' `configAdditions` over the rendered file, in key order: each key a dotted path
+/// ([`keelson_api::nodeup::config_addition_path`]), each value an integer, `true`/`false`, or a
+/// string, tables made on the way. A path through a value that is not a table is an error naming it.
+fn with_additions(text: &str, additions: &BTreeMap<String, keelson_api::IntOrString>) -> Result<String, String> {
+    let mut doc: toml::Table = text.parse().map_err(|e| format!("containerd config.toml: {e}"))?;
+    for (key, value) in additions {
+        let path = keelson_api::nodeup::config_addition_path(key).map_err(|e| format!("containerdConfig.configAdditions: {e}"))?;
+        let value = match value {
+            keelson_api::IntOrString::Int(n) => toml::Value::Integer(*n),
+            keelson_api::IntOrString::String(s) if s == "true" => toml::Value::Boolean(true),
+            keelson_api::IntOrString::String(s) if s == "false" => toml::Value::Boolean(false),
+            keelson_api::IntOrString::String(s) => toml::Value::String(s.clone()),
+        };
+        let (last, tables) = path.split_last().ok_or_else(|| format!("containerdConfig.configAdditions[{key}]: an empty path"))?;
+        let mut at = &mut doc;
+        for seg in tables {
+            let next = at.entry(seg.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            at = next.as_table_mut().ok_or_else(|| format!("containerdConfig.configAdditions[{key}]: {seg:?} is a value in config.toml, not a table"))?;
+        }
+        at.insert(last.clone(), value);
+    }
+    toml::to_string(&doc).map_err(|e| e.to_string())
 }
 
 /// `hosts.toml` for one registry: mirrors tried in the order given, then the registry itself.
@@ -243,6 +271,28 @@ mod tests {
         assert_eq!(v["plugins"]["io.containerd.cri.v1.images"]["pinned_images"]["sandbox"].as_str(), Some("registry.k8s.io/pause:3.10.1"));
         assert_eq!(config_version(Some("2.2.1")), Ok(3));
         assert!(config_version(None).is_err() && config_version(Some("two")).is_err());
+    }
+
+    /// kOps' configAdditions: typed values on dotted paths (quoted segments keep their dots), tables
+    /// made on the way, what the file already had kept; a path through a plain value is an error.
+    #[test]
+    fn config_additions_are_set_over_the_rendered_file() {
+        let yaml = "version: 2.3.4\nsandboxImage: registry.k8s.io/pause:3.10.1\nconfigAdditions:\n  plugins.\"io.containerd.cri.v1.runtime\".enable_cdi: \"true\"\n  plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.runc.options.BinaryName: /opt/runc\n  plugins.\"io.containerd.cri.v1.images\".max_concurrent_downloads: 7\n  debug.level: debug\n";
+        let c: ContainerdConfig = serde_yaml_ng::from_str(yaml).expect("yaml");
+        let v: toml::Value = toml::from_str(&config_toml(&c, false).expect("toml")).expect("parses back");
+        let rt = &v["plugins"]["io.containerd.cri.v1.runtime"];
+        assert_eq!(rt["enable_cdi"].as_bool(), Some(true));
+        assert_eq!(rt["containerd"]["runtimes"]["runc"]["options"]["BinaryName"].as_str(), Some("/opt/runc"));
+        assert_eq!(rt["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"].as_bool(), Some(true), "what was there stays");
+        assert_eq!(v["plugins"]["io.containerd.cri.v1.images"]["max_concurrent_downloads"].as_integer(), Some(7));
+        assert_eq!(v["debug"]["level"].as_str(), Some("debug"));
+        assert_eq!(v["version"].as_integer(), Some(4));
+        let through_a_value: ContainerdConfig = serde_yaml_ng::from_str("version: 2.3.4\nsandboxImage: p:1\nconfigAdditions:\n  version.x: 1\n").expect("yaml");
+        let e = config_toml(&through_a_value, false).expect_err("version is a value");
+        assert!(e.contains("configAdditions[version.x]") && e.contains("not a table"), "{e}");
+        let plain: ContainerdConfig = serde_yaml_ng::from_str("version: 2.3.4\nsandboxImage: p:1\n").expect("yaml");
+        let with_empty = ContainerdConfig { config_additions: Some(Default::default()), ..plain.clone() };
+        assert_eq!(config_toml(&with_empty, false), config_toml(&plain, false), "no additions: the file as before, byte for byte");
     }
 
     #[test]
