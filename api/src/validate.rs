@@ -75,11 +75,7 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
     let cname = cluster.name();
     let cdoc = format!("Cluster/{cname}");
     let spec = &cluster.spec;
-    for (i, line) in spec.sysctl_parameters.iter().flatten().enumerate() {
-        if let Some(why) = crate::nodeup::sysctl_parameter_error(line) {
-            r.add(&cdoc, format!("spec.sysctlParameters[{i}]"), why);
-        }
-    }
+    sysctl_lines(&mut r, &cdoc, spec.sysctl_parameters.as_deref());
     let containerd = std::iter::once((cdoc.clone(), spec.containerd.as_ref()))
         .chain(docs.instance_groups.iter().map(|ig| (format!("InstanceGroup/{}", ig.name()), ig.spec.containerd.as_ref())));
     for (doc, c) in containerd {
@@ -277,11 +273,7 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
         if ig.spec.root_volume_encryption_key.as_deref().is_some_and(|k| !k.is_empty()) && ig.spec.root_volume_encryption == Some(false) {
             r.add(&doc, "spec.rootVolumeEncryptionKey", "a KMS key for a root volume that rootVolumeEncryption: false leaves unencrypted: remove one of them");
         }
-        for (i, line) in ig.spec.sysctl_parameters.iter().flatten().enumerate() {
-            if let Some(why) = crate::nodeup::sysctl_parameter_error(line) {
-                r.add(&doc, format!("spec.sysctlParameters[{i}]"), why);
-            }
-        }
+        sysctl_lines(&mut r, &doc, ig.spec.sysctl_parameters.as_deref());
         // The root volume's type is the cloud's own word for a disk: on GCE an EBS type would be a
         // disk type GCE refuses, on AWS a GCE type a volume type EC2 refuses.
         if let Some(t) = ig.spec.root_volume_type.as_deref() {
@@ -397,6 +389,15 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
     // Fields no supported component has (kubelet flags removed upstream): refused by every command.
     r.errors.extend(crate::support::refusals(docs).into_iter().filter(|x| !x.not_rendered).map(|x| x.error));
     r.errors
+}
+
+/// A document's `spec.sysctlParameters`: each entry one setting ([`crate::nodeup::sysctl_parameter_error`]).
+fn sysctl_lines(r: &mut Report, doc: &str, lines: Option<&[String]>) {
+    for (i, line) in lines.unwrap_or_default().iter().enumerate() {
+        if let Some(why) = crate::nodeup::sysctl_parameter_error(line) {
+            r.add(doc, format!("spec.sysctlParameters[{i}]"), why);
+        }
+    }
 }
 
 /// EC2's volume types (EBS).

@@ -297,24 +297,31 @@ fn locations(docs: &Documents) -> Vec<(String, &'static str, String, Value)> {
     out
 }
 
+/// Call `f` for every field the spec sets (not null) in a type this module classifies: its
+/// document, type, path, key, value and the object holding it.
+fn each_set_field(docs: &Documents, mut f: impl FnMut(&str, &'static str, String, &str, &Value, &serde_json::Map<String, Value>)) {
+    for (doc, ty, base, value) in locations(docs) {
+        let Some(object) = value.as_object() else { continue };
+        for (key, v) in object.iter().filter(|(_, v)| !v.is_null()) {
+            f(&doc, ty, format!("{base}.{key}"), key, v, object);
+        }
+    }
+}
+
 /// Every refused field the spec sets, each naming its document and path.
 pub fn refusals(docs: &Documents) -> Vec<Refusal> {
     let version = docs.cluster.spec.kubernetes_version.as_ref();
     let mut out = Vec::new();
-    for (doc, ty, base, value) in locations(docs) {
-        let Some(object) = value.as_object() else { continue };
-        for (key, v) in object.iter().filter(|(_, v)| !v.is_null()) {
-            let path = format!("{base}.{key}");
-            let gone = VERSION_BOUND.iter().find(|(t, k, (major, minor), _)| *t == ty && k == key && version.is_some_and(|v| v.at_least(*major, *minor)));
-            let (message, not_rendered) = match (gone, classify(ty, key)) {
-                (Some((_, _, _, message)), _) => (message.to_string(), false),
-                (None, Some(Use::Refused(reason))) => (reason.to_string(), false),
-                (None, Some(Use::NotRendered { when, reason })) if when.holds(v, object, docs.cluster.name()) => (reason.to_string(), true),
-                _ => continue,
-            };
-            out.push(Refusal { error: ValidationError { document: doc.clone(), path, message }, not_rendered });
-        }
-    }
+    each_set_field(docs, |doc, ty, path, key, v, object| {
+        let gone = VERSION_BOUND.iter().find(|(t, k, (major, minor), _)| *t == ty && *k == key && version.is_some_and(|v| v.at_least(*major, *minor)));
+        let (message, not_rendered) = match (gone, classify(ty, key)) {
+            (Some((_, _, _, message)), _) => (message.to_string(), false),
+            (None, Some(Use::Refused(reason))) => (reason.to_string(), false),
+            (None, Some(Use::NotRendered { when, reason })) if when.holds(v, object, docs.cluster.name()) => (reason.to_string(), true),
+            _ => return,
+        };
+        out.push(Refusal { error: ValidationError { document: doc.to_string(), path, message }, not_rendered });
+    });
     out
 }
 
@@ -322,14 +329,11 @@ pub fn refusals(docs: &Documents) -> Vec<Refusal> {
 /// command that reads the spec (kOps drops them without a word).
 pub fn dropped(docs: &Documents) -> Vec<ValidationError> {
     let mut out = Vec::new();
-    for (doc, ty, base, value) in locations(docs) {
-        let Some(object) = value.as_object() else { continue };
-        for key in object.iter().filter(|(_, v)| !v.is_null()).map(|(k, _)| k) {
-            if let Some(Use::DroppedByKops(reason)) = classify(ty, key) {
-                out.push(ValidationError { document: doc.clone(), path: format!("{base}.{key}"), message: reason.to_string() });
-            }
+    each_set_field(docs, |doc, ty, path, key, _, _| {
+        if let Some(Use::DroppedByKops(reason)) = classify(ty, key) {
+            out.push(ValidationError { document: doc.to_string(), path, message: reason.to_string() });
         }
-    }
+    });
     out
 }
 
