@@ -6,7 +6,8 @@
 //! characters. Values that carry arbitrary text (the etcd member tags) use kOps' `EncodeGCELabel`:
 //! every byte outside `[a-z0-9]` — `-` and `_` included — becomes `-` and two lower-case hex
 //! digits, so kOps' `DecodeGCELabel` (which reads `-` as `%`) gets the text back exactly. A value
-//! that would not fit is an error, never cut.
+//! that would not fit is an error, never cut — except the cluster label, which kOps cuts with a hash
+//! ([`safe_cluster_name`]).
 
 /// The longest GCE label key or value; kOps' cluster label (value: the cluster name with its dots
 /// as dashes, [`safe_cluster_name`]) — one definition, in `keelson_api::names`, which `validate`
@@ -187,7 +188,11 @@ mod tests {
         assert_eq!(label_to_tag("k8s-io-role-master", "master"), ("k8s.io/role/master".into(), "master".into()));
         assert_eq!(label_to_tag("keelson-io-etcd-formatted", "ext4"), ("keelson.io/etcd-formatted".into(), "ext4".into()));
         assert_eq!(label_to_tag("goog-dm", "x-2dy"), ("goog-dm".into(), "x-y".into()));
-        assert!(tag_to_label("KubernetesCluster", &"a".repeat(64)).is_err());
+        let (key, cut) = tag_to_label("KubernetesCluster", &"a".repeat(64)).unwrap();
+        assert_eq!((key.as_str(), cut.len()), ("k8s-io-cluster-name", LABEL_MAX), "a long cluster name is cut with kOps' hash, not refused");
+        assert_eq!(cut, safe_cluster_name(&"a".repeat(64)));
+        assert_ne!(cut, "a".repeat(63), "the cut carries a hash, so two long names do not collide");
+        assert!(tag_to_label("KubernetesCluster", "UPPER.example").is_err(), "a cluster name GCE cannot label is an error");
         assert!(tag_to_label(&format!("k8s.io/etcd/{}", "e".repeat(60)), "a/a").is_err(), "key over 63");
     }
 }
