@@ -84,7 +84,9 @@ key_input() {
   local k8s=$1 etcd=$2 pause=$3 bin=$4
   printf 'kubernetes %s\netcd %s\npause %s\n' "$k8s" "$etcd" "$pause"
   k8s_sums "$bin"
-  sha256sum <"$self"
+  # The script without its conformance block: the suite's images are not the cluster's, and a new
+  # suite image must not rebuild the cluster's layout.
+  sed '/^# --- BEGIN conformance images/,/^# --- END conformance images/d' "$self" | sha256sum
   (cd "$src" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
 }
 
@@ -782,6 +784,13 @@ fi
 #                                   serving /usr/local/apache2/htdocs (httpd) or /usr/share/nginx/html (nginx)
 #                                   on port 80, an index.html in each
 #         pause                     tests/kubernetes/images/pause at the manifest's pause tag
+#         e2e-test-images/kitten, nautilus   the agnhost image plus the module's test/images/{kitten,nautilus}/html
+#                                   files at /, command test-webserver (upstream's recipe on our agnhost)
+#         e2e-test-images/nonewprivs   the module's test/images/nonewprivs built static, setuid root, command nnp
+#         e2e-test-images/sample-apiserver   k8s.io/sample-apiserver at the Kubernetes version's staging tag
+#                                   (v0.MINOR.PATCH), static, entrypoint /sample-apiserver
+#         etcd                      etcd built from its Go module at the manifest's tag's version (3.6.4-0 →
+#                                   v3.6.4), /usr/local/bin/etcd (the aggregator test's sidecar)
 #       The busybox binary is Debian's package (apt-get download busybox-static), as the Debian roots come from
 #       Debian's archive. Cached as $KEELSON_LOCAL_CACHE/images/conformance-KEY (KEY: the versions, agnhost's
 #       sha256, the Debian root's recipe, this block).
@@ -801,7 +810,7 @@ CONFORMANCE_REGISTRIES=(
   "cloudProviderGcpRegistry cloud-provider-gcp"
 )
 # The images built: manifest ImageID and the recipe below.
-CONFORMANCE_IMAGES=(Agnhost JessieDnsutils BusyBox Httpd HttpdNew Nginx NginxNew Pause)
+CONFORMANCE_IMAGES=(Agnhost JessieDnsutils BusyBox Httpd HttpdNew Nginx NginxNew Pause Kitten Nautilus Nonewprivs APIServer Etcd)
 
 # conformance_manifest MANIFEST_GO ID: prints "REGISTRY_KEY NAME TAG" of ImageID ID.
 conformance_manifest() {
@@ -854,7 +863,13 @@ cmd_conformance_images() {
   base_root=$(DEBIAN_PACKAGES="$DEBIAN_PACKAGES,$CONFORMANCE_DEBIAN_EXTRA" ensure_debian_base)
   e2e_bin=$("$here/build-e2e.sh" "$k8s" | tail -n1) || die "building the e2e suite of v$k8s (tests/kubernetes/build-e2e.sh) failed"
   [ -x "$e2e_bin/agnhost" ] || die "tests/kubernetes/build-e2e.sh printed '$e2e_bin', which has no agnhost"
-  key=$({ echo "conformance $k8s $arch"; for id in "${CONFORMANCE_IMAGES[@]}"; do echo "$id ${spec[$id]}"; done
+  local etcd_version sample_version etcd_bin
+  read -r _ _ etcd_version <<<"${spec[Etcd]}"
+  etcd_version=${etcd_version%-*} # 3.6.4-0 → 3.6.4
+  etcd_bin=$(ensure_etcd "$etcd_version")
+  sample_version=v0.${k8s#1.} # the staging modules' tag of Kubernetes 1.MINOR.PATCH
+  key=$({ echo "conformance $k8s $arch $sample_version"; for id in "${CONFORMANCE_IMAGES[@]}"; do echo "$id ${spec[$id]}"; done
+    sha256sum <"$etcd_bin/etcd"
     sha256sum <"$e2e_bin/agnhost"; echo "$base_root"
     sed -n '/^# --- BEGIN conformance images/,/^# --- END conformance images/p' "$self"
     declare -f claim_cache_entry stage_static_base finish_layout build_go_program; } | sha256sum | cut -c1-16)
@@ -893,6 +908,29 @@ cmd_conformance_images() {
     build_go_program pause "$stage/pause/pause" "-X main.version=$pause_tag"
     owned_layer_tar "$stage/pause" "$layers/pause.tar"
 
+    local images_src=${manifest%/utils/image/manifest.go}/images pic
+    for pic in kitten nautilus; do
+      mkdir -p "$stage/$pic"
+      install -m 644 "$images_src/$pic/html/$pic.jpg" "$images_src/$pic/html/data.json" "$stage/$pic/" ||
+        die "the kubernetes module has no test/images/$pic/html/{$pic.jpg,data.json}"
+      owned_layer_tar "$stage/$pic" "$layers/$pic.tar"
+    done
+    log "nonewprivs: building k8s.io/kubernetes/test/images/nonewprivs"
+    mkdir -p "$stage/nonewprivs/usr/local/bin"
+    (cd "$e2e_bin/../module" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$stage/nonewprivs/usr/local/bin/nnp" \
+      k8s.io/kubernetes/test/images/nonewprivs) >&2 || die "building nonewprivs (in $e2e_bin/../module) failed"
+    chmod 4755 "$stage/nonewprivs/usr/local/bin/nnp"
+    owned_layer_tar "$stage/nonewprivs" "$layers/nonewprivs.tar"
+    log "sample-apiserver: go install k8s.io/sample-apiserver@$sample_version"
+    mkdir -p "$stage/sample-apiserver"
+    (cd / && CGO_ENABLED=0 GOBIN="$tmp/work/gobin" GOFLAGS=-trimpath go install -ldflags "-s -w" "k8s.io/sample-apiserver@$sample_version") >&2 ||
+      die "building k8s.io/sample-apiserver@$sample_version failed (does the Go module proxy serve it?)"
+    install -m 755 "$tmp/work/gobin/sample-apiserver" "$stage/sample-apiserver/sample-apiserver"
+    owned_layer_tar "$stage/sample-apiserver" "$layers/sample-apiserver.tar"
+    mkdir -p "$stage/etcd/usr/local/bin"
+    install -m 755 "$etcd_bin/etcd" "$stage/etcd/usr/local/bin/etcd"
+    owned_layer_tar "$stage/etcd" "$layers/etcd.tar"
+
     umoci init --layout "$layout"
     local ref rkey name tag
     for id in "${CONFORMANCE_IMAGES[@]}"; do
@@ -905,6 +943,11 @@ cmd_conformance_images() {
         Httpd | HttpdNew) conformance_image "$ref" "" "" "/bin/httpd -f -p 80 -h /usr/local/apache2/htdocs" static-base busybox httpd ;;
         Nginx | NginxNew) conformance_image "$ref" "" "" "/bin/httpd -f -p 80 -h /usr/share/nginx/html" static-base busybox nginx ;;
         Pause) conformance_image "$ref" 65535:65535 /pause "" pause ;;
+        Kitten) conformance_image "$ref" "" /agnhost test-webserver debian-conformance agnhost kitten ;;
+        Nautilus) conformance_image "$ref" "" /agnhost test-webserver debian-conformance agnhost nautilus ;;
+        Nonewprivs) conformance_image "$ref" "" "" nnp static-base nonewprivs ;;
+        APIServer) conformance_image "$ref" "" /sample-apiserver "" static-base sample-apiserver ;;
+        Etcd) conformance_image "$ref" "" "" "/usr/local/bin/etcd" static-base etcd ;;
         *) die "no recipe for the conformance image $id" ;;
       esac
     done

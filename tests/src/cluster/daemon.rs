@@ -167,7 +167,7 @@ fn daemon_body(state: &State, spec: &Spec, cs: &mut ClusterState, stop: &AtomicB
     cs.api_port = api_l.local_addr()?.port();
     relay.set_nonblocking(true)?;
     mirror_l.set_nonblocking(true)?;
-    // The VPC resolver for the EC2 private DNS names, where the cluster's CoreDNS forwards.
+    // The VPC resolver for the EC2 private DNS names and the hosted zones, where the cluster's CoreDNS forwards.
     let vpc_dns = std::net::UdpSocket::bind((seg.gateway, 53)).with_context(|| format!("the VPC resolver on {}:53/udp", seg.gateway))?;
     vpc_dns.set_nonblocking(true)?;
     let mirror_root = state.mirror_dir();
@@ -181,7 +181,9 @@ fn daemon_body(state: &State, spec: &Spec, cs: &mut ClusterState, stop: &AtomicB
         let m = tokio::net::TcpListener::from_std(mirror_l)?;
         rt.spawn(crate::relay::relay(r, moto_target));
         rt.spawn(mirror::serve(m, mirror_root.clone()));
-        rt.spawn(crate::vpcdns::serve(tokio::net::UdpSocket::from_std(vpc_dns)?));
+        let zones = Arc::new(std::sync::RwLock::new(crate::vpcdns::ZoneRecords::new()));
+        crate::vpcdns::follow_zones(cs.endpoint(), spec.region.clone(), Arc::downgrade(&zones))?;
+        rt.spawn(crate::vpcdns::serve(tokio::net::UdpSocket::from_std(vpc_dns)?, zones));
     }
     let events: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
     let balancers = {
