@@ -20,6 +20,7 @@ pub mod gce_metadata;
 pub mod hosts;
 pub mod imds;
 pub mod instance;
+pub mod keyset;
 pub mod leader_election;
 #[cfg(feature = "aws")]
 pub mod node_join;

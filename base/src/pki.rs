@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
 use rcgen::{BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 /// Why a PKI operation failed. Never carries key material.
 #[derive(Debug, thiserror::Error)]
@@ -73,38 +73,6 @@ impl std::fmt::Debug for Keypair {
     }
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-struct KeysetDoc {
-    #[serde(rename = "apiVersion")]
-    api_version: String,
-    kind: String,
-    metadata: KeysetMeta,
-    spec: KeysetSpec,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct KeysetMeta {
-    name: String,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct KeysetSpec {
-    #[serde(rename = "type")]
-    type_: String,
-    #[serde(rename = "primaryId")]
-    primary_id: String,
-    keys: Vec<KeysetItem>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct KeysetItem {
-    id: String,
-    #[serde(rename = "publicMaterial", default, skip_serializing_if = "Option::is_none")]
-    public_material: Option<String>,
-    #[serde(rename = "privateMaterial", default, skip_serializing_if = "Option::is_none")]
-    private_material: Option<String>,
-}
-
 fn b64(s: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(s.as_bytes())
 }
@@ -117,34 +85,9 @@ fn unb64(name: &str, s: &str) -> Result<String, PkiError> {
 }
 
 fn keyset_yaml(name: &str, id: &str, kp: &Keypair, private: bool) -> Result<String, PkiError> {
-    let doc = KeysetDoc {
-        api_version: "kops.k8s.io/v1alpha2".into(),
-        kind: "Keyset".into(),
-        metadata: KeysetMeta { name: name.into() },
-        spec: KeysetSpec {
-            type_: "Keypair".into(),
-            primary_id: id.into(),
-            keys: vec![KeysetItem { id: id.into(), public_material: Some(b64(&kp.cert_pem)), private_material: private.then(|| b64(&kp.key_pem)) }],
-        },
-    };
-    serde_yaml_ng::to_string(&doc).map_err(|e| PkiError::Keyset { name: name.into(), message: e.to_string() })
+    crate::keyset::Keyset::single(name, id, kp).to_yaml(private)
 }
 
-fn parse_keyset(name: &str, bytes: &[u8]) -> Result<(String, Option<String>), PkiError> {
-    let doc: KeysetDoc = serde_yaml_ng::from_slice(bytes).map_err(|e| PkiError::Keyset { name: name.into(), message: e.to_string() })?;
-    let item = doc
-        .spec
-        .keys
-        .iter()
-        .find(|k| k.id == doc.spec.primary_id)
-        .or_else(|| doc.spec.keys.last())
-        .ok_or_else(|| PkiError::Keyset { name: name.into(), message: "no keys".into() })?;
-    let cert = unb64(name, item.public_material.as_deref().unwrap_or_default())?;
-    let key = item.private_material.as_deref().map(|k| unb64(name, k)).transpose()?;
-    Ok((cert, key))
-}
-
-/// Parse a private keyset document (certificate and key).
 /// The CAs whose certificates are pinned into every NodeupConfig (by `keelson apply`, or
 /// `keelson compile --state`): nodeup trusts the API and join servers through these only.
 pub const PINNED_CAS: &[&str] = &["kubernetes-ca"];
@@ -154,15 +97,20 @@ pub fn issued_keyset_key(name: &str) -> String {
     format!("pki/issued/{name}/keyset.yaml")
 }
 
+/// The primary key of a private keyset document: the certificate and key that sign.
 pub fn parse_private_keyset(name: &str, bytes: &[u8]) -> Result<Keypair, PkiError> {
-    let (cert_pem, key) = parse_keyset(name, bytes)?;
-    let key_pem = key.ok_or_else(|| PkiError::Keyset { name: name.into(), message: "no privateMaterial".into() })?;
-    Ok(Keypair { cert_pem, key_pem })
+    crate::keyset::Keyset::parse(name, bytes)?.primary_keypair()
 }
 
 /// Parse a keyset document's primary certificate.
 pub fn parse_keyset_cert(name: &str, bytes: &[u8]) -> Result<String, PkiError> {
-    Ok(parse_keyset(name, bytes)?.0)
+    Ok(crate::keyset::Keyset::parse(name, bytes)?.primary().cert_pem.clone())
+}
+
+/// A keyset document's trusted certificates, the primary's first, as one PEM bundle: what verifies
+/// a peer while the keyset is being rotated ([`crate::keyset`]).
+pub fn parse_keyset_trust(name: &str, bytes: &[u8]) -> Result<String, PkiError> {
+    Ok(crate::keyset::Keyset::parse(name, bytes)?.trust_bundle())
 }
 
 /// The root of every etcd cluster's client trust (kOps' name).
@@ -627,8 +575,9 @@ pub fn init_pki(state_dir: &Path, etcd_clusters: &[String]) -> Result<Vec<String
     Ok(created)
 }
 
-/// kOps keyset ids are decimal serials; time-based is unique enough for one writer.
-fn serial_id() -> String {
+/// A new key's id: kOps keyset ids are decimal serials that grow with time; the creation time in
+/// nanoseconds is unique enough for one writer (the store lock keeps writers apart).
+pub fn serial_id() -> String {
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     format!("{}", t.as_nanos())
 }

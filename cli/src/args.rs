@@ -103,7 +103,7 @@ pub fn hash_fetcher(offline: bool, cache_dir: Option<std::path::PathBuf>) -> Opt
     (!offline).then(|| Fetcher::new(HttpFetcher { cache_dir: cache_dir.or_else(default_cache_dir) }))
 }
 
-/// The certificates of [`base::pki::PINNED_CAS`] in a local state store (`DIR` or `file://DIR`), to
+/// The trusted certificates (bundles, the primary's first) of [`base::pki::PINNED_CAS`] in a local state store (`DIR` or `file://DIR`), to
 /// pin into the NodeupConfigs; every one must be there.
 pub fn local_pinned_cas(state: &str) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
     let dir = match state.split_once("://") {
@@ -118,7 +118,7 @@ pub fn local_pinned_cas(state: &str) -> anyhow::Result<std::collections::BTreeMa
         let path = dir.join(base::pki::issued_keyset_key(name));
         let bytes = std::fs::read(&path)
             .with_context(|| format!("--state {state}: {} (create the CAs with `keelson pki init --state {}`)", path.display(), dir.display()))?;
-        out.insert(name.to_string(), base::pki::parse_keyset_cert(name, &bytes).with_context(|| path.display().to_string())?);
+        out.insert(name.to_string(), base::pki::parse_keyset_trust(name, &bytes).with_context(|| path.display().to_string())?);
     }
     Ok(out)
 }

@@ -289,13 +289,15 @@ pub(crate) async fn aws_target(common: &Common, region: &str) -> aws::AwsTarget 
     aws::AwsTarget::new(&opts, &[]).await
 }
 
-/// The cluster CAs' certificates in the state store (name → PEM), to pin into the NodeupConfigs.
+/// The cluster CAs' trusted certificates in the state store (name → PEM bundle, the primary's
+/// first), to pin into the NodeupConfigs: during a CA rotation hosts trust every key not yet
+/// distrusted, and a change of the trusted keys or the primary is a new launch configuration to roll.
 async fn pinned_cas(store: &StateStore) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
     let mut out = std::collections::BTreeMap::new();
     for name in base::pki::PINNED_CAS {
         let rel = base::pki::issued_keyset_key(name);
         if let Some(bytes) = store.get(&rel).await? {
-            out.insert(name.to_string(), base::pki::parse_keyset_cert(name, &bytes).with_context(|| store.url(&rel))?);
+            out.insert(name.to_string(), base::pki::parse_keyset_trust(name, &bytes).with_context(|| store.url(&rel))?);
         }
     }
     Ok(out)

@@ -49,10 +49,12 @@ pub fn issue_admin(private_keyset: &[u8], user: &str, ttl: Duration) -> Result<A
         return Err(KubeconfigError::Ttl(format!("{}s", ttl.as_secs())));
     }
     let pki_err = |source| KubeconfigError::Pki { name: CLIENT_CA.into(), source };
-    let ca = base::pki::parse_private_keyset(CLIENT_CA, private_keyset).map_err(pki_err)?;
+    let keyset = base::keyset::Keyset::parse(CLIENT_CA, private_keyset).map_err(pki_err)?;
+    let ca = keyset.primary_keypair().map_err(pki_err)?;
     let spec = base::pki::CertSpec::client(user, &[ADMIN_GROUP]);
     let leaf = base::pki::issue_for(CLIENT_CA, &ca, &spec, ttl).map_err(pki_err)?;
-    Ok(AdminCredential { ca_pem: ca.cert_pem, cert_pem: leaf.cert_pem, key_pem: leaf.key_pem })
+    // Every trusted key: mid-rotation the API servers may serve from either.
+    Ok(AdminCredential { ca_pem: keyset.trust_bundle(), cert_pem: leaf.cert_pem, key_pem: leaf.key_pem })
 }
 
 fn b64(s: &str) -> Value {

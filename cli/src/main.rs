@@ -21,6 +21,8 @@ mod get_assets;
 #[cfg(feature = "cloud")]
 mod get_instances;
 #[cfg(feature = "cloud")]
+mod keypair_cmd;
+#[cfg(feature = "cloud")]
 mod kubeconfig;
 mod pki_cmd;
 #[cfg(feature = "cloud")]
@@ -72,13 +74,24 @@ enum Command {
     },
     /// kOps' `create cluster`: a new cluster's spec from kOps' flags (`keelson create cluster NAME
     /// --zones Z1,Z2 --state s3://BUCKET`), written to NAME.yaml for git, or printed with
-    /// `--dry-run -o yaml`.
+    /// `--dry-run -o yaml`. `keelson create keypair kubernetes-ca -f SPEC` starts a CA rotation.
     #[command(subcommand)]
     Create(Create),
     /// kOps' `get`: `keelson get assets -f SPEC` lists every file and image the cluster uses, `keelson
-    /// get instances -f SPEC` every instance of its groups.
+    /// get instances -f SPEC` every instance of its groups, `keelson get keypairs -f SPEC` the keys of
+    /// the cluster CA.
     #[command(subcommand)]
     Get(Get),
+    /// kOps' `promote keypair`: make a key of the cluster CA the one that signs (CA rotation,
+    /// docs/operations.md).
+    #[cfg(feature = "cloud")]
+    #[command(subcommand)]
+    Promote(Promote),
+    /// kOps' `distrust keypair`: stop trusting the cluster CA's older keys (CA rotation,
+    /// docs/operations.md).
+    #[cfg(feature = "cloud")]
+    #[command(subcommand)]
+    Distrust(Distrust),
     #[cfg(feature = "cloud")]
     /// Plan the cloud resources of a spec (state store, launch templates, autoscaling groups, etcd
     /// volumes, DNS); `--yes` applies them; `--target terraform --out DIR` writes Terraform JSON.
@@ -154,6 +167,24 @@ enum Create {
     /// Write a new cluster's spec: the Cluster and its InstanceGroups as kOps' `create cluster`
     /// makes them, checked as `keelson validate` checks a spec.
     Cluster(Box<create_cluster::CreateClusterArgs>),
+    /// Add a new key to the cluster CA's keyset in the state store, trusted but not the primary
+    /// (`--primary` makes it the primary at once): the first step of a CA rotation.
+    #[cfg(feature = "cloud")]
+    Keypair(keypair_cmd::CreateKeypairArgs),
+}
+
+#[cfg(feature = "cloud")]
+#[derive(Subcommand)]
+enum Promote {
+    /// Make key ID (default: the newest trusted key) the primary of the keyset.
+    Keypair(keypair_cmd::PromoteKeypairArgs),
+}
+
+#[cfg(feature = "cloud")]
+#[derive(Subcommand)]
+enum Distrust {
+    /// Distrust keys ID… (default: every trusted key older than the primary).
+    Keypair(keypair_cmd::DistrustKeypairArgs),
 }
 
 #[derive(Subcommand)]
@@ -165,6 +196,9 @@ enum Get {
     /// NeedsUpdate, role, addresses, group, machine type, state).
     #[cfg(feature = "cloud")]
     Instances(get_instances::GetInstancesArgs),
+    /// kOps' `get keypairs`: the keys of the cluster CA (id, primary, distrusted, subject, expiry).
+    #[cfg(feature = "cloud")]
+    Keypairs(keypair_cmd::GetKeypairsArgs),
 }
 
 #[derive(Subcommand)]
@@ -287,6 +321,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         },
         #[cfg(feature = "cloud")]
         Command::Get(Get::Instances(args)) => get_instances::run(args),
+        #[cfg(feature = "cloud")]
+        Command::Get(Get::Keypairs(args)) => keypair_cmd::run_get(args),
+        #[cfg(feature = "cloud")]
+        Command::Create(Create::Keypair(a)) => {
+            keypair_cmd::run_change(&a.common, &a.keyset, keypair_cmd::Change::Create { primary: a.primary }, "create keypair")
+        }
+        #[cfg(feature = "cloud")]
+        Command::Promote(Promote::Keypair(a)) => keypair_cmd::run_change(&a.common, &a.keyset, keypair_cmd::Change::Promote { id: a.id }, "promote keypair"),
+        #[cfg(feature = "cloud")]
+        Command::Distrust(Distrust::Keypair(a)) => {
+            keypair_cmd::run_change(&a.common, &a.keyset, keypair_cmd::Change::Distrust { ids: a.ids }, "distrust keypair")
+        }
         #[cfg(feature = "cloud")]
         Command::Apply(args) => commands::run_apply(args),
         #[cfg(feature = "cloud")]

@@ -214,7 +214,9 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
     // trusts only the CA certificate pinned in its NodeupConfig (itself pinned by hash in the
     // BootConfig), never an unpinned state-store read that whoever can write the store could swap.
     let ca_cert_pem = if runs_api {
-        load_ca(inp.store, "kubernetes-ca")?.cert_pem
+        // Every trusted key, the primary's first: mid-rotation a client or kubelet certificate
+        // of either key is accepted.
+        load_ca_trust(inp.store, "kubernetes-ca")?
     } else {
         cfg.cas.get("kubernetes-ca").filter(|pem| !pem.trim().is_empty()).cloned().ok_or_else(|| {
             render_err("NodeupConfig: CAs")("kubernetes-ca is not pinned (run `keelson apply`, which pins the cluster CA into every NodeupConfig)".to_string())
@@ -459,6 +461,13 @@ fn load_ca_cert(store: &StateStore, name: &str) -> Result<String, ModelError> {
     let rel = pki::issued_keyset_key(name);
     let bytes = store.read(&rel)?.ok_or_else(|| missing(&rel))?;
     Ok(pki::parse_keyset_cert(name, &bytes)?)
+}
+
+/// The trust bundle of a CA's private keyset (every key not distrusted, the primary's first).
+fn load_ca_trust(store: &StateStore, name: &str) -> Result<String, ModelError> {
+    let rel = format!("pki/private/{name}/keyset.yaml");
+    let bytes = store.read(&rel)?.ok_or_else(|| missing(&rel))?;
+    Ok(base::keyset::Keyset::parse(name, &bytes)?.trust_bundle())
 }
 
 fn load_ca(store: &StateStore, name: &str) -> Result<Keypair, ModelError> {

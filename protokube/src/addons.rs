@@ -78,12 +78,13 @@ pub async fn client(store: &StateStore, server: &str) -> Result<kube::Client, Ad
 pub async fn client_as(store: &StateStore, server: &str, user: &str, groups: &[&str]) -> Result<kube::Client, AddonError> {
     let ca_name = "kubernetes-ca";
     let keyset = store.get_required(&format!("pki/private/{ca_name}/keyset.yaml")).await?;
-    let ca = pki::parse_private_keyset(ca_name, &keyset)?;
+    let keyset = base::keyset::Keyset::parse(ca_name, &keyset)?;
+    let ca = keyset.primary_keypair()?;
     let leaf = pki::issue_for(ca_name, &ca, &CertSpec::client(user, groups), Duration::from_secs(24 * 3600))?;
     let b64 = |s: &str| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, s.as_bytes());
     let kubeconfig = format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {server}\n    certificate-authority-data: {}\nusers:\n- name: addons\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\ncontexts:\n- name: local\n  context: {{cluster: local, user: addons}}\ncurrent-context: local\n",
-        b64(&ca.cert_pem),
+        b64(&keyset.trust_bundle()),
         b64(&leaf.cert_pem),
         b64(&leaf.key_pem)
     );

@@ -10,6 +10,17 @@ pub(super) struct FileStore {
     dir: PathBuf,
 }
 
+/// The mode of a stored object: private keys and secrets (`pki/private/`, `secrets/`) are the owner's
+/// alone (0600), everything else is readable (0644).
+fn mode_of(rel: &str) -> u32 {
+    let rel = rel.trim_start_matches('/');
+    if rel.starts_with("pki/private/") || rel.starts_with("secrets/") {
+        0o600
+    } else {
+        0o644
+    }
+}
+
 impl FileStore {
     pub fn new(dir: PathBuf) -> FileStore {
         FileStore { dir }
@@ -34,7 +45,7 @@ impl FileStore {
 
     pub fn put(&self, rel: &str, bytes: &[u8]) -> Result<(), StoreError> {
         let path = self.path(rel);
-        crate::fs::write_atomic(&path, bytes, 0o644, None).map_err(|e| StoreError::Io { path: e.path, source: e.source })
+        crate::fs::write_atomic(&path, bytes, mode_of(rel), None).map_err(|e| StoreError::Io { path: e.path, source: e.source })
     }
 
     pub fn delete(&self, rel: &str) -> Result<(), StoreError> {
@@ -141,4 +152,27 @@ fn copy_atomic(src: &Path, dst: &Path) -> std::io::Result<()> {
         let _ = std::fs::remove_file(&temp);
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::*;
+
+    #[test]
+    fn private_keys_and_secrets_are_written_0600() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let store = FileStore::new(d.path().to_path_buf());
+        for (rel, want) in [
+            ("pki/private/kubernetes-ca/keyset.yaml", 0o600),
+            ("/secrets/dockerconfig", 0o600),
+            ("pki/issued/kubernetes-ca/keyset.yaml", 0o644),
+            ("cluster-completed.spec", 0o644),
+        ] {
+            store.put(rel, b"x").expect("put");
+            let mode = std::fs::metadata(store.path(rel)).expect("stat").permissions().mode() & 0o777;
+            assert_eq!(mode, want, "{rel}: mode {mode:o}");
+        }
+    }
 }

@@ -170,13 +170,13 @@ impl JoinTask {
         // Answer the server's call back for as long as this request is pending.
         let kubelet_key = keys.iter().find(|(n, _)| *n == CERT_KUBELET).map(|(_, k)| k.as_str()).unwrap_or_default();
         let _responder = challenge::Responder::start(self.challenge_listen, kubelet_key, &self.node_name, base::sha256_hex(&body))?;
-        let client = reqwest::blocking::Client::builder()
-            .tls_built_in_root_certs(false)
-            .add_root_certificate(reqwest::Certificate::from_pem(self.ca_pem.as_bytes()).map_err(|e| server_err(format!("cluster CA: {e}")))?)
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(30))
-            .build()
-            .map_err(|e| server_err(format!("HTTP client: {e}")))?;
+        // Every trusted key of the cluster CA: mid-rotation the join server may serve from either.
+        let mut builder = reqwest::blocking::Client::builder().tls_built_in_root_certs(false);
+        for cert in reqwest::Certificate::from_pem_bundle(self.ca_pem.as_bytes()).map_err(|e| server_err(format!("cluster CA: {e}")))? {
+            builder = builder.add_root_certificate(cert);
+        }
+        let client =
+            builder.connect_timeout(Duration::from_secs(5)).timeout(Duration::from_secs(30)).build().map_err(|e| server_err(format!("HTTP client: {e}")))?;
         let url = format!("{}{}", self.server.trim_end_matches('/'), node_join::PATH);
         let answer = client.post(&url).header("authorization", authorization).body(body).send().map_err(|e| server_err(e.to_string()))?;
         let status = answer.status();
