@@ -169,6 +169,8 @@ pub struct KeypairRow {
     pub subject: String,
     #[serde(rename = "notAfter")]
     pub not_after: String,
+    /// The key's certificate (PEM; public material only, as kOps' `get keypairs -o yaml`).
+    pub certificate: String,
 }
 
 /// The rows of one keyset, in its document's order.
@@ -185,6 +187,7 @@ pub fn rows(set: &Keyset) -> anyhow::Result<Vec<KeypairRow>> {
                 distrust_timestamp: k.distrust_timestamp.clone(),
                 subject: info.cn,
                 not_after,
+                certificate: k.cert_pem.clone(),
             })
         })
         .collect()
@@ -298,5 +301,7 @@ mod tests {
         assert!(t.starts_with("NAME"), "{t}");
         assert!(t.lines().nth(1).is_some_and(|l| l.contains("2026-12-04T12:00:00Z")), "{t}");
         assert!(t.lines().nth(2).is_some_and(|l| l.contains("yes")), "{t}");
+        assert!(!t.contains("BEGIN CERTIFICATE"), "the table leaves the certificates out: {t}");
+        assert_eq!(rows[1].certificate, set.keys[1].cert_pem);
     }
 }

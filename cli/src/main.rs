@@ -170,7 +170,7 @@ enum Create {
     /// Add a new key to the cluster CA's keyset in the state store, trusted but not the primary
     /// (`--primary` makes it the primary at once): the first step of a CA rotation.
     #[cfg(feature = "cloud")]
-    Keypair(keypair_cmd::CreateKeypairArgs),
+    Keypair(Box<keypair_cmd::CreateKeypairArgs>),
 }
 
 #[cfg(feature = "cloud")]
