@@ -172,14 +172,26 @@ pub struct KubeconfigTask {
     pub path: String,
     pub server: String,
     pub ca_name: String,
+    /// The CA that signs the client certificate (the keyset's primary).
     pub ca: Arc<Keypair>,
+    /// The certificates the kubeconfig trusts for the server: the keyset's trust bundle (mid-rotation
+    /// the local API server may serve from either key).
+    pub trust_pem: String,
     pub spec: CertSpec,
     pub deps: Vec<String>,
 }
 
 impl KubeconfigTask {
-    pub fn local(path: &str, ca: Arc<Keypair>, spec: CertSpec, ca_dep: &str) -> KubeconfigTask {
-        KubeconfigTask { path: path.into(), server: "https://127.0.0.1".into(), ca_name: "kubernetes-ca".into(), ca, spec, deps: vec![ca_dep.to_string()] }
+    pub fn local(path: &str, ca: Arc<Keypair>, trust_pem: &str, spec: CertSpec, ca_dep: &str) -> KubeconfigTask {
+        KubeconfigTask {
+            path: path.into(),
+            server: "https://127.0.0.1".into(),
+            ca_name: "kubernetes-ca".into(),
+            ca,
+            trust_pem: trust_pem.into(),
+            spec,
+            deps: vec![ca_dep.to_string()],
+        }
     }
 }
 
@@ -218,7 +230,7 @@ impl Task<Ctx<'_>> for KubeconfigTask {
     fn apply(&self, ctx: &Ctx, _: bool) -> Result<(), TaskError> {
         let kp = pki::issue(&self.ca_name, &self.ca, &self.spec)?;
         let user = kubelet::UserEntry { client_certificate_data: Some(kp.cert_pem), client_key_data: Some(kp.key_pem), ..Default::default() };
-        let body = kubelet::kubeconfig(&self.server, &self.ca.cert_pem, &self.spec.cn, user).map_err(TaskError::failed)?;
+        let body = kubelet::kubeconfig(&self.server, &self.trust_pem, &self.spec.cn, user).map_err(TaskError::failed)?;
         Ok(base::fs::write_atomic(&ctx.host.path(&self.path), body.as_bytes(), 0o400, None)?)
     }
 }

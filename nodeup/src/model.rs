@@ -280,7 +280,7 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         };
         let client_task = client.name();
         tasks.push(Box::new(client));
-        let body = kubelet::kubeconfig("https://127.0.0.1", &ca.cert_pem, &node, kubelet::UserEntry::from_pem_file(paths::KUBELET_CLIENT_PEM))
+        let body = kubelet::kubeconfig("https://127.0.0.1", &ca_cert_pem, &node, kubelet::UserEntry::from_pem_file(paths::KUBELET_CLIENT_PEM))
             .map_err(|e| render_err(paths::KUBELET_KUBECONFIG)(e.to_string()))?;
         tasks.push(Box::new(FileTask { deps: vec![client_task], ..FileTask::new(paths::KUBELET_KUBECONFIG, body, 0o400) }));
         kubelet_inputs.push(ServiceInput::file(paths::KUBELET_KUBECONFIG));
@@ -411,7 +411,7 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
     }
 
     if runs_api {
-        control_plane(inp, is_cp, &mut tasks, &mut warnings, &ca_dep, &manifest_dir)?;
+        control_plane(inp, is_cp, &mut tasks, &mut warnings, (&ca_dep, &ca_cert_pem), &manifest_dir)?;
     } else if let Some(proxy) = &cfg.kube_proxy {
         if joined {
             // Workers' kube-proxy uses the certificate the join server issued; it reads its
@@ -494,7 +494,7 @@ fn control_plane(
     is_cp: bool,
     tasks: &mut Vec<Box<NodeTask>>,
     warnings: &mut Vec<String>,
-    ca_dep: &str,
+    (ca_dep, ca_trust): (&str, &str),
     manifest_dir: &str,
 ) -> Result<(), ModelError> {
     let cfg = inp.config;
@@ -658,7 +658,7 @@ fn control_plane(
 
     // kube-controller-manager
     let kcm_dir = format!("{}/kube-controller-manager", paths::SRV_KUBERNETES);
-    tasks.push(Box::new(KubeconfigTask::local(paths::KCM_KUBECONFIG, ca.clone(), CertSpec::client("system:kube-controller-manager", &[]), ca_dep)));
+    tasks.push(Box::new(KubeconfigTask::local(paths::KCM_KUBECONFIG, ca.clone(), ca_trust, CertSpec::client("system:kube-controller-manager", &[]), ca_dep)));
     let mut kcm = cp.kube_controller_manager.clone();
     default(&mut kcm.root_ca_file, paths::CA_CRT);
     default(&mut kcm.service_account_private_key_file, format!("{kcm_dir}/service-account.key"));
@@ -707,7 +707,7 @@ fn control_plane(
     tasks.push(Box::new(t));
 
     // kube-scheduler
-    tasks.push(Box::new(KubeconfigTask::local(paths::SCHEDULER_KUBECONFIG, ca.clone(), CertSpec::client("system:kube-scheduler", &[]), ca_dep)));
+    tasks.push(Box::new(KubeconfigTask::local(paths::SCHEDULER_KUBECONFIG, ca.clone(), ca_trust, CertSpec::client("system:kube-scheduler", &[]), ca_dep)));
     let mut sched = cp.kube_scheduler.clone();
     default(&mut sched.authentication_kubeconfig, paths::SCHEDULER_KUBECONFIG);
     default(&mut sched.authorization_kubeconfig, paths::SCHEDULER_KUBECONFIG);
@@ -737,7 +737,7 @@ fn control_plane(
 
     // kube-proxy, with a certificate issued here.
     if let Some(proxy) = &cfg.kube_proxy {
-        tasks.push(Box::new(KubeconfigTask::local(paths::KUBE_PROXY_KUBECONFIG, ca.clone(), CertSpec::client("system:kube-proxy", &[]), ca_dep)));
+        tasks.push(Box::new(KubeconfigTask::local(paths::KUBE_PROXY_KUBECONFIG, ca.clone(), ca_trust, CertSpec::client("system:kube-proxy", &[]), ca_dep)));
         tasks.push(Box::new(kube_proxy(inp, proxy, manifest_dir, "https://127.0.0.1", format!("kubeconfig:{}", paths::KUBE_PROXY_KUBECONFIG))?));
     }
     Ok(())

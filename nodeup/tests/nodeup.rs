@@ -203,6 +203,55 @@ fn workers_trust_only_the_pinned_cluster_ca() {
     assert_eq!(std::fs::read_to_string(s.path("/srv/kubernetes/ca.crt")).expect("ca.crt"), pinned);
 }
 
+/// Mid CA rotation (`keelson create keypair kubernetes-ca`): a control plane trusts both keys of the
+/// keyset — `ca.crt` (client CA of the API server and kubelet, the controller manager's root CA) and
+/// every local kubeconfig hold the trust bundle, the primary's certificate first — while everything it
+/// issues, and the controller manager's signing CA, is the primary's alone.
+#[test]
+fn control_planes_mid_rotation_trust_every_key_and_sign_with_the_primary() {
+    use base64::Engine as _;
+    let s = Scenario::new(Group::ControlPlane, PAD, direct);
+    let private = s.dir.path().join("state/pki/private/kubernetes-ca/keyset.yaml");
+    let mut keyset = base::keyset::Keyset::parse("kubernetes-ca", &std::fs::read(&private).expect("private keyset")).expect("keyset");
+    let primary = keyset.primary().cert_pem.clone();
+    let new = base::pki::create_ca("kubernetes-ca").expect("new CA key");
+    let id = format!("{}9", keyset.primary_id);
+    keyset.add(base::keyset::KeysetKey { id, cert_pem: new.cert_pem.clone(), key_pem: Some(new.key_pem), distrust_timestamp: None }, false).expect("add");
+    std::fs::write(&private, keyset.to_yaml(true).expect("yaml")).expect("write keyset");
+    assert_ok(&s.run(&[]));
+    let bundle = format!("{}\n{}\n", primary.trim_end(), new.cert_pem.trim_end());
+    assert_eq!(std::fs::read_to_string(s.path("/srv/kubernetes/ca.crt")).expect("ca.crt"), bundle, "both keys, the primary first");
+    for kc in
+        ["/var/lib/kubelet/kubeconfig", "/var/lib/kube-controller-manager/kubeconfig", "/var/lib/kube-scheduler/kubeconfig", "/var/lib/kube-proxy/kubeconfig"]
+    {
+        let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(s.path(kc)).expect(kc)).expect("yaml");
+        let data = doc["clusters"][0]["cluster"]["certificate-authority-data"].as_str().expect("certificate-authority-data");
+        let pem = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(data).expect("base64")).expect("utf-8");
+        assert_eq!(pem, bundle, "{kc} trusts both keys");
+    }
+    assert_eq!(
+        std::fs::read_to_string(s.path("/srv/kubernetes/kube-controller-manager/ca.crt")).expect("kcm ca"),
+        primary,
+        "the controller manager signs with the primary"
+    );
+    // The serving certificate chains to the primary (and not to the new key).
+    let server = s.path("/srv/kubernetes/kube-apiserver/server.crt");
+    let only = |pem: &str| {
+        let f = s.dir.path().join("one-ca.crt");
+        std::fs::write(&f, pem).expect("write");
+        std::process::Command::new("openssl")
+            .args(["verify", "-CAfile"])
+            .arg(&f)
+            .arg(&server)
+            .output()
+            .expect("openssl (scripts/test installs it)")
+            .status
+            .success()
+    };
+    assert!(only(&primary), "the API server's certificate is the primary's");
+    assert!(!only(&new.cert_pem), "the new key signed nothing yet");
+}
+
 /// Workers joining by cloud identity: the API servers accept no bootstrap token at all.
 #[test]
 fn control_planes_of_a_cloud_identity_cluster_accept_no_bootstrap_token() {
