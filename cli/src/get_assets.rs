@@ -34,11 +34,7 @@ pub fn run(args: &GetAssetsArgs, docs: &keelson_api::Documents) -> anyhow::Resul
     if !arches.is_empty() {
         list = list.for_arches(&arches);
     }
-    let text = match args.output {
-        Output::Table => table(&list),
-        Output::Yaml => serde_yaml_ng::to_string(&list).context("rendering YAML")?,
-        Output::Json => serde_json::to_string_pretty(&list).context("rendering JSON")? + "\n",
-    };
+    let text = crate::table::render(args.output, &list, table)?;
     print!("{text}");
     Ok(ExitCode::SUCCESS)
 }

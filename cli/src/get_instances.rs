@@ -32,11 +32,7 @@ pub fn run(args: GetInstancesArgs) -> anyhow::Result<ExitCode> {
         Err(code) => return Ok(code),
     };
     let rows = ops::listing::rows(&status, &nodes);
-    let text = match args.output {
-        Output::Table => table(&rows),
-        Output::Yaml => serde_yaml_ng::to_string(&rows).context("rendering YAML")?,
-        Output::Json => serde_json::to_string_pretty(&rows).context("rendering JSON")? + "\n",
-    };
+    let text = crate::table::render(args.output, rows.as_slice(), table)?;
     print!("{text}");
     Ok(ExitCode::SUCCESS)
 }

@@ -229,11 +229,7 @@ pub fn run_get(args: GetKeypairsArgs) -> anyhow::Result<ExitCode> {
         let set = Keyset::parse(name, &bytes).with_context(|| store.url(&rel))?;
         all.extend(rows(&set)?);
     }
-    let text = match args.output {
-        Output::Table => table(&all),
-        Output::Yaml => serde_yaml_ng::to_string(&all).context("rendering YAML")?,
-        Output::Json => serde_json::to_string_pretty(&all).context("rendering JSON")? + "\n",
-    };
+    let text = crate::table::render(args.output, all.as_slice(), table)?;
     print!("{text}");
     Ok(ExitCode::SUCCESS)
 }

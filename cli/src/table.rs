@@ -8,6 +8,16 @@ pub enum Output {
     Json,
 }
 
+/// `value` as `-o` asks: the `table` text, YAML or indented JSON (one trailing newline).
+pub fn render<T: serde::Serialize + ?Sized>(output: Output, value: &T, table: impl FnOnce(&T) -> String) -> anyhow::Result<String> {
+    use anyhow::Context as _;
+    Ok(match output {
+        Output::Table => table(value),
+        Output::Yaml => serde_yaml_ng::to_string(value).context("rendering YAML")?,
+        Output::Json => serde_json::to_string_pretty(value).context("rendering JSON")? + "\n",
+    })
+}
+
 /// Columns padded to their widest cell, two spaces apart (the last one unpadded).
 pub fn columns(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();

@@ -36,12 +36,6 @@ fn spec(dir: &Path) -> PathBuf {
     path
 }
 
-fn keelson_ok(args: &[&str]) -> String {
-    let out = support::keelson_in_local_env(args);
-    assert!(out.status.success(), "keelson {} failed (output above)", args.join(" "));
-    String::from_utf8_lossy(&out.stdout).to_string()
-}
-
 /// The certificates of a PEM bundle, trimmed.
 fn certs(pem: &str) -> Vec<String> {
     pem.split_inclusive("-----END CERTIFICATE-----").map(|c| c.trim().to_string()).filter(|c| c.contains("BEGIN CERTIFICATE")).collect()
@@ -49,7 +43,8 @@ fn certs(pem: &str) -> Vec<String> {
 
 /// The cluster CA's trusted certificates, the primary's first, as `keelson get keypairs` shows them.
 fn trusted(local_spec: &str) -> Vec<String> {
-    let rows: Vec<serde_json::Value> = serde_json::from_str(&keelson_ok(&["get", "keypairs", "-f", local_spec, "-o", "json"])).expect("get keypairs -o json");
+    let rows: Vec<serde_json::Value> =
+        serde_json::from_str(&support::keelson_ok(&["get", "keypairs", "-f", local_spec, "--offline", "-o", "json"])).expect("get keypairs -o json");
     let mut out: Vec<(bool, String)> = rows
         .iter()
         .filter(|r| r["distrustTimestamp"].is_null())
@@ -69,12 +64,25 @@ fn server_of(kubeconfig: &Path) -> String {
 fn step(local_spec: &str, command: &[&str], kubeconfig: &Path, server: &str, workers: usize) -> (String, f64) {
     let t = Instant::now();
     let mut args = command.to_vec();
-    args.extend(["-f", local_spec]);
-    keelson_ok(&args);
+    args.extend(["-f", local_spec, "--offline"]);
+    support::keelson_ok(&args);
     // What the operator does next: a kubeconfig that trusts the keyset's keys now.
-    keelson_ok(&["export", "kubeconfig", "-f", local_spec, "--admin", "--ttl", "72h", "--kubeconfig", &kubeconfig.to_string_lossy(), "--server", server]);
-    keelson_ok(&["apply", "-f", local_spec, "--yes"]);
-    let rolled = keelson_ok(&["rolling-update", "cluster", "-f", local_spec, "--yes"]);
+    support::keelson_ok(&[
+        "export",
+        "kubeconfig",
+        "-f",
+        local_spec,
+        "--offline",
+        "--admin",
+        "--ttl",
+        "72h",
+        "--kubeconfig",
+        &kubeconfig.to_string_lossy(),
+        "--server",
+        server,
+    ]);
+    support::keelson_ok(&["apply", "-f", local_spec, "--offline", "--yes"]);
+    let rolled = support::keelson_ok(&["rolling-update", "cluster", "-f", local_spec, "--offline", "--yes"]);
     let replaced = rolled.lines().filter(|l| l.contains(": replacing i-")).count();
     assert_eq!(replaced, 3 + workers, "`{}` then the roll replaced {replaced} instances, want every one:\n{rolled}", command.join(" "));
     (rolled, t.elapsed().as_secs_f64())

@@ -176,12 +176,6 @@ fn spec_at(dir: &Path, version: &str) -> PathBuf {
     path
 }
 
-fn keelson_ok(args: &[&str]) -> String {
-    let out = support::keelson_in_local_env(args);
-    assert!(out.status.success(), "keelson {} failed (output above)", args.join(" "));
-    String::from_utf8_lossy(&out.stdout).to_string()
-}
-
 #[test]
 #[ignore = "opt-in (about 17 min on release builds, over CI budget with the release build): cargo build --release --workspace --bins --features tier-cluster && cargo test --release --workspace --features tier-cluster --test upgrade -- --ignored --nocapture"]
 fn ha_upgrade_users_cannot_see() {
@@ -265,9 +259,9 @@ fn ha_upgrade_users_cannot_see() {
     let prepare_s = t_prepare.elapsed().as_secs_f64();
     let local_spec = State::new(paths::state_dir()).root.join("spec.yaml");
     let local_spec = local_spec.to_string_lossy().to_string();
-    keelson_ok(&["upgrade", "cluster", "-f", &local_spec, "--to", &to, "--yes"]);
+    support::keelson_ok(&["upgrade", "cluster", "-f", &local_spec, "--to", &to, "--yes"]);
     let t_roll = Instant::now();
-    let rolled = keelson_ok(&["reconcile", "cluster", "-f", &local_spec, "--yes"]);
+    let rolled = support::keelson_ok(&["reconcile", "cluster", "-f", &local_spec, "--yes"]);
     let roll_s = t_roll.elapsed().as_secs_f64();
     std::thread::sleep(Duration::from_secs(20));
     stop.store(true, Ordering::SeqCst);
@@ -321,7 +315,7 @@ fn ha_upgrade_users_cannot_see() {
         assert_eq!(v.trim_start_matches('v'), to, "API server on {}", m.instance_id);
     }
     assert_eq!(kubeapi::count_configmaps(&kc, NAMESPACE, "upgrade", CONFIGMAPS).unwrap(), CONFIGMAPS);
-    keelson_ok(&["validate", "cluster", "-f", &local_spec, "--wait", "5m"]);
+    support::keelson_ok(&["validate", "cluster", "-f", &local_spec, "--wait", "5m"]);
     assert!(lowest >= 2, "the echo Deployment fell to {lowest} ready replicas (PDB minAvailable 2)");
     if !failures.is_empty() {
         // What the local load balancers saw (the state directory goes with `down`).

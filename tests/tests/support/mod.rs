@@ -176,6 +176,13 @@ pub fn keelson_in_local_env(args: &[&str]) -> Output {
     out
 }
 
+/// [`keelson_in_local_env`] that must succeed; its standard output.
+pub fn keelson_ok(args: &[&str]) -> String {
+    let out = keelson_in_local_env(args);
+    assert!(out.status.success(), "keelson {} failed (output above)", args.join(" "));
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
 /// SDK configuration for a moto server at `endpoint` (region eu-west-1, static test credentials).
 pub async fn moto_sdk(endpoint: &str) -> aws_config::SdkConfig {
     aws_config::defaults(aws_config::BehaviorVersion::latest())
