@@ -113,8 +113,13 @@ fn check(label: &str, kc: &Path, local_spec: &str, nodes: usize) {
         let o = support::run(&["kubectl", "get", "pod", &name, "-o", "jsonpath={.status.phase}"]);
         String::from_utf8_lossy(&o.stdout).trim() == "Running"
     });
-    let exec = support::run(&["kubectl", "exec", &name, "--", "/bin/true"]);
-    assert!(exec.status.success(), "{label}: kubectl exec (the API server to the kubelet) failed\n{}", support::pod_story(&name));
+    // The echo image is one static binary: it asks itself over the pod's loopback.
+    let exec = support::run(&["kubectl", "exec", &name, "--", "/echo", "get", "http://127.0.0.1:8080/"]);
+    assert!(
+        exec.status.success() && String::from_utf8_lossy(&exec.stdout).contains(&name),
+        "{label}: kubectl exec (the API server to the worker's kubelet) failed\n{}",
+        support::pod_story(&name)
+    );
     let _ = support::run(&["kubectl", "delete", "pod", &name, "--wait=false"]);
 }
 
