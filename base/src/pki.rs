@@ -346,6 +346,26 @@ pub fn cert_public_key_der(cert_der: &[u8]) -> Result<Vec<u8>, PkiError> {
     Ok(cert.public_key().raw.to_vec())
 }
 
+/// Check an imported CA key pair (`keelson create keypair --cert --key`): the certificate is X.509 and
+/// a CA (basic constraints), valid now, and the private key is the certificate's.
+pub fn check_ca_keypair(name: &str, cert_pem: &str, key_pem: &str) -> Result<(), PkiError> {
+    let bad = |message: String| PkiError::Keyset { name: name.into(), message };
+    let block = ::pem::parse(cert_pem).map_err(|e| bad(format!("certificate: not PEM: {e}")))?;
+    let (_, cert) = x509_parser::parse_x509_certificate(block.contents()).map_err(|e| bad(format!("certificate: not X.509: {e}")))?;
+    let is_ca = cert.basic_constraints().ok().flatten().is_some_and(|bc| bc.value.ca);
+    if !is_ca {
+        return Err(bad("certificate: not a CA (basic constraints CA:TRUE expected)".into()));
+    }
+    if !cert.validity().is_valid() {
+        return Err(bad("certificate: not valid now (expired, or not yet valid)".into()));
+    }
+    let key = KeyPair::from_pem(key_pem).map_err(|e| bad(format!("private key: {e}")))?;
+    if key.public_key_der() != cert.public_key().raw {
+        return Err(bad("the private key is not the certificate's".into()));
+    }
+    Ok(())
+}
+
 /// `n` random bytes from the kernel.
 pub fn random_bytes(n: usize) -> Result<Vec<u8>, PkiError> {
     let mut bytes = vec![0u8; n];
@@ -585,6 +605,20 @@ pub fn serial_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn imported_ca_pairs_are_checked() {
+        let ca = create_ca("kubernetes-ca").expect("ca");
+        check_ca_keypair("kubernetes-ca", &ca.cert_pem, &ca.key_pem).expect("a CA and its key");
+        let other = create_ca("kubernetes-ca").expect("ca");
+        let e = check_ca_keypair("kubernetes-ca", &ca.cert_pem, &other.key_pem).expect_err("another key").to_string();
+        assert!(e.contains("not the certificate's"), "{e}");
+        let leaf = issue("kubernetes-ca", &ca, &CertSpec::client("admin", &[])).expect("leaf");
+        let e = check_ca_keypair("kubernetes-ca", &leaf.cert_pem, &leaf.key_pem).expect_err("a leaf").to_string();
+        assert!(e.contains("not a CA"), "{e}");
+        let e = check_ca_keypair("kubernetes-ca", "junk", &ca.key_pem).expect_err("junk").to_string();
+        assert!(e.contains("not PEM"), "{e}");
+    }
 
     #[test]
     fn init_is_idempotent_and_never_overwrites() {

@@ -31,6 +31,12 @@ pub struct CreateKeypairArgs {
     /// run yet, since hosts that do not trust the new key yet refuse what it signs.
     #[arg(long)]
     pub primary: bool,
+    /// Import this CA certificate (PEM) instead of creating a key (kOps' `--cert`; needs `--key`).
+    #[arg(long, requires = "key")]
+    pub cert: Option<std::path::PathBuf>,
+    /// The imported certificate's private key (PEM; kOps' `--key`).
+    #[arg(long, requires = "cert")]
+    pub key: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -66,9 +72,17 @@ pub struct GetKeypairsArgs {
 /// One change to a keyset.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change {
-    Create { primary: bool },
-    Promote { id: Option<String> },
-    Distrust { ids: Vec<String> },
+    /// A new key, or the one imported from `import` (certificate, key; PEM files).
+    Create {
+        primary: bool,
+        import: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    },
+    Promote {
+        id: Option<String>,
+    },
+    Distrust {
+        ids: Vec<String>,
+    },
 }
 
 /// Refuse a keyset that cannot be rotated, naming the ones that can.
@@ -84,7 +98,7 @@ pub fn check_rotatable(keyset: &str) -> anyhow::Result<()> {
 pub fn apply_change(keyset: &mut Keyset, change: &Change, new_key: impl FnOnce() -> anyhow::Result<KeysetKey>, now: &str) -> anyhow::Result<String> {
     let name = keyset.name.clone();
     Ok(match change {
-        Change::Create { primary } => {
+        Change::Create { primary, .. } => {
             let key = new_key()?;
             let id = key.id.clone();
             keyset.add(key, *primary)?;
@@ -105,9 +119,18 @@ pub fn apply_change(keyset: &mut Keyset, change: &Change, new_key: impl FnOnce()
     })
 }
 
-/// A new CA key for `keyset`.
-fn new_ca_key(keyset: &str) -> anyhow::Result<KeysetKey> {
-    let kp = base::pki::create_ca(keyset).with_context(|| format!("creating a key for {keyset}"))?;
+/// A new CA key for `keyset`: created, or imported from a certificate and key checked to be a CA
+/// and its key.
+fn new_ca_key(keyset: &str, import: Option<&(std::path::PathBuf, std::path::PathBuf)>) -> anyhow::Result<KeysetKey> {
+    let kp = match import {
+        None => base::pki::create_ca(keyset).with_context(|| format!("creating a key for {keyset}"))?,
+        Some((cert, key)) => {
+            let read = |p: &std::path::Path| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
+            let (cert_pem, key_pem) = (read(cert)?, read(key)?);
+            base::pki::check_ca_keypair(keyset, &cert_pem, &key_pem).with_context(|| format!("--cert {} --key {}", cert.display(), key.display()))?;
+            base::pki::Keypair { cert_pem, key_pem }
+        }
+    };
     Ok(KeysetKey { id: base::pki::serial_id(), cert_pem: kp.cert_pem, key_pem: Some(kp.key_pem), distrust_timestamp: None })
 }
 
@@ -148,7 +171,11 @@ pub fn run_change(common: &Common, keyset: &str, change: Change, operation: &str
         let rel = private_rel(keyset);
         let bytes = store.get(&rel).await?.with_context(|| format!("{config_base}: no {rel} (run `keelson apply --yes` first, which creates the CAs)"))?;
         let mut set = Keyset::parse(keyset, &bytes).with_context(|| store.url(&rel))?;
-        let message = apply_change(&mut set, &change, || new_ca_key(keyset), &now_rfc3339()?)?;
+        let import = match &change {
+            Change::Create { import, .. } => import.as_ref(),
+            _ => None,
+        };
+        let message = apply_change(&mut set, &change, || new_ca_key(keyset, import), &now_rfc3339()?)?;
         store.put(&rel, set.to_yaml(true)?.as_bytes()).await.with_context(|| store.url(&rel))?;
         let issued = base::pki::issued_keyset_key(keyset);
         store.put(&issued, set.to_yaml(false)?.as_bytes()).await.with_context(|| store.url(&issued))?;
@@ -258,7 +285,7 @@ mod tests {
     fn create_promote_distrust_walks_a_rotation() {
         let old = key("100");
         let mut set = Keyset { name: "kubernetes-ca".into(), primary_id: "100".into(), keys: vec![old.clone()] };
-        let msg = apply_change(&mut set, &Change::Create { primary: false }, || Ok(key("200")), "t").expect("create");
+        let msg = apply_change(&mut set, &Change::Create { primary: false, import: None }, || Ok(key("200")), "t").expect("create");
         assert!(msg.contains("created key 200"), "{msg}");
         assert_eq!(set.primary_id, "100");
         assert_eq!(set.trust_bundle().matches("BEGIN CERTIFICATE").count(), 2);

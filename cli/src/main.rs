@@ -324,9 +324,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         #[cfg(feature = "cloud")]
         Command::Get(Get::Keypairs(args)) => keypair_cmd::run_get(args),
         #[cfg(feature = "cloud")]
-        Command::Create(Create::Keypair(a)) => {
-            keypair_cmd::run_change(&a.common, &a.keyset, keypair_cmd::Change::Create { primary: a.primary }, "create keypair")
-        }
+        Command::Create(Create::Keypair(a)) => keypair_cmd::run_change(
+            &a.common,
+            &a.keyset,
+            keypair_cmd::Change::Create { primary: a.primary, import: a.cert.clone().zip(a.key.clone()) },
+            "create keypair",
+        ),
         #[cfg(feature = "cloud")]
         Command::Promote(Promote::Keypair(a)) => keypair_cmd::run_change(&a.common, &a.keyset, keypair_cmd::Change::Promote { id: a.id }, "promote keypair"),
         #[cfg(feature = "cloud")]

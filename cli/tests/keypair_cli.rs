@@ -39,8 +39,8 @@ fn rows(spec: &str) -> Vec<serde_json::Value> {
     serde_json::from_str::<Vec<serde_json::Value>>(&run(&["get", "keypairs", "-f", spec, "-o", "json"])).expect("json")
 }
 
-#[test]
-fn a_rotation_changes_what_every_host_trusts_step_by_step() {
+/// A file state store with the cluster's PKI, and the minimal example pointed at it.
+fn cluster() -> (tempfile::TempDir, tempfile::NamedTempFile) {
     let state = tempfile::tempdir().expect("state");
     run(&["pki", "init", "--state", state.path().to_str().expect("utf-8")]);
     let text = std::fs::read_to_string(example("minimal.yaml")).expect("example");
@@ -48,6 +48,37 @@ fn a_rotation_changes_what_every_host_trusts_step_by_step() {
     let spec_text = text.replacen(&base, &format!("  configBase: file://{}", state.path().display()), 1);
     let spec_file = tempfile::NamedTempFile::new().expect("spec");
     std::fs::write(spec_file.path(), spec_text).expect("write spec");
+    (state, spec_file)
+}
+
+/// kOps' `create keypair --cert --key`: an operator's own CA is imported, checked first.
+#[test]
+fn an_imported_ca_is_checked_then_trusted() {
+    let (_state, spec_file) = cluster();
+    let spec = spec_file.path().to_str().expect("utf-8");
+    let dir = tempfile::tempdir().expect("dir");
+    let (ca, other) = (base::pki::create_ca("corp-ca").expect("ca"), base::pki::create_ca("corp-ca").expect("ca"));
+    let write = |name: &str, body: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, body).expect("write");
+        p.to_str().expect("utf-8").to_string()
+    };
+    let (cert, key, wrong) = (write("ca.crt", &ca.cert_pem), write("ca.key", &ca.key_pem), write("other.key", &other.key_pem));
+    let out = keelson(&["create", "keypair", "kubernetes-ca", "-f", spec, "--cert", &cert, "--key", &wrong]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("not the certificate's"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(rows(spec).len(), 1, "a refused import changes nothing");
+    let out = keelson(&["create", "keypair", "kubernetes-ca", "-f", spec, "--cert", &cert]);
+    assert!(!out.status.success(), "--cert without --key is refused");
+    run(&["create", "keypair", "kubernetes-ca", "-f", spec, "--cert", &cert, "--key", &key]);
+    let r = rows(spec);
+    assert_eq!(r.len(), 2);
+    assert_eq!(r[1]["certificate"].as_str().map(str::trim), Some(ca.cert_pem.trim()), "the imported certificate is the new key's");
+    assert_eq!(r[1]["subject"], "corp-ca");
+}
+
+#[test]
+fn a_rotation_changes_what_every_host_trusts_step_by_step() {
+    let (state, spec_file) = cluster();
     let spec = spec_file.path().to_str().expect("utf-8");
 
     let before = pinned(spec_file.path(), state.path());
