@@ -242,3 +242,30 @@ fn hosts_file() {
         }
     });
 }
+
+/// A keyset document from the state store (what control planes, protokube and `keelson` read;
+/// whoever can write the store writes it): parsed, then every operation a rotation runs on it. What
+/// parses round-trips through its own document, its trust bundle starts with the primary, and
+/// promote and distrust keep the primary trusted.
+#[test]
+fn keyset_document() {
+    use base::keyset::Keyset;
+    let one = base::pki::create_ca("kubernetes-ca").expect("ca");
+    let two = base::pki::create_ca("kubernetes-ca").expect("ca");
+    let mut set = Keyset::single("kubernetes-ca", "100", &one);
+    set.add(base::keyset::KeysetKey { id: "200".into(), cert_pem: two.cert_pem, key_pem: Some(two.key_pem), distrust_timestamp: None }, false).expect("add");
+    let seeds = vec![set.to_yaml(true).expect("yaml").into_bytes(), set.to_yaml(false).expect("yaml").into_bytes()];
+    fuzz::run("keyset", seeds, fuzz::cases(CI_CASES), |b| {
+        let Ok(mut k) = Keyset::parse("kubernetes-ca", b) else { return "refused" };
+        let again = Keyset::parse("kubernetes-ca", k.to_yaml(true).expect("a parsed keyset renders").as_bytes()).expect("a rendered keyset parses");
+        assert_eq!(again, k, "the document does not round-trip");
+        assert!(k.trust_bundle().starts_with(k.primary().cert_pem.trim_end()), "the bundle does not start with the primary");
+        let _ = k.primary_keypair();
+        if k.promote(None).is_ok() {
+            assert!(k.primary().trusted(), "promoted a distrusted key");
+        }
+        let _ = k.distrust(&[], "2026-12-04T00:00:00Z");
+        assert!(k.keys.iter().any(|x| x.id == k.primary_id && x.trusted()) || !k.primary().trusted(), "distrust took the primary");
+        "parsed"
+    });
+}
