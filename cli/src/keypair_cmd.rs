@@ -63,7 +63,7 @@ pub struct DistrustKeypairArgs {
 pub struct GetKeypairsArgs {
     #[command(flatten)]
     pub common: Common,
-    /// The keysets to list (default: every rotatable one).
+    /// The keysets to list (default: every keyset in the state store).
     pub keysets: Vec<String>,
     #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
     pub output: Output,
@@ -238,17 +238,36 @@ pub fn table(rows: &[KeypairRow]) -> String {
     crate::table::columns(&["NAME", "ID", "PRIMARY", "DISTRUSTED", "SUBJECT", "NOT AFTER"], &cells)
 }
 
-/// `keelson get keypairs`: the public half of each keyset (no private material is read).
+/// The keyset names under `pki/issued/` of a store listing (`pki/issued/NAME/keyset.yaml`), sorted.
+pub fn issued_names(listing: &[String]) -> Vec<String> {
+    let mut names: Vec<String> = listing
+        .iter()
+        .filter_map(|rel| rel.strip_prefix("pki/issued/")?.strip_suffix("/keyset.yaml"))
+        .filter(|n| !n.is_empty() && !n.contains('/'))
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// `keelson get keypairs`: the public half of each keyset (no private material is read); every
+/// keyset can be listed, only [`ROTATABLE`] ones changed.
 pub fn run_get(args: GetKeypairsArgs) -> anyhow::Result<ExitCode> {
-    let names: Vec<String> = if args.keysets.is_empty() { ROTATABLE.iter().map(|s| s.to_string()).collect() } else { args.keysets.clone() };
-    for n in &names {
-        check_rotatable(n)?;
+    for n in &args.keysets {
+        if n.is_empty() || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+            anyhow::bail!("keyset {n:?}: not a keyset name (letters, digits and '-')");
+        }
     }
     let (store, config_base) = match store_of(&args.common)? {
         Ok(x) => x,
         Err(code) => return Ok(code),
     };
     let rt = runtime()?;
+    let names = if args.keysets.is_empty() { issued_names(&rt.block_on(store.list("pki/issued/"))?) } else { args.keysets.clone() };
+    if names.is_empty() {
+        anyhow::bail!("{config_base}: no keysets under pki/issued/ (run `keelson apply --yes` first, which creates the CAs)");
+    }
     let mut all = Vec::new();
     for name in &names {
         let rel = base::pki::issued_keyset_key(name);
@@ -309,6 +328,22 @@ mod tests {
         assert_eq!(private, set);
         let issued = set.to_yaml(false).expect("yaml");
         assert!(!issued.contains("privateMaterial"), "{issued}");
+    }
+
+    #[test]
+    fn every_issued_keyset_is_listed_once() {
+        let listing: Vec<String> = [
+            "pki/issued/kubernetes-ca/keyset.yaml",
+            "pki/issued/etcd-clients-ca/keyset.yaml",
+            "pki/issued/kubernetes-ca/keyset.yaml",
+            "pki/issued/x/other.yaml",
+            "pki/private/service-account/keyset.yaml",
+            "pki/issued//keyset.yaml",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(issued_names(&listing), ["etcd-clients-ca", "kubernetes-ca"]);
     }
 
     #[test]

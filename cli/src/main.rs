@@ -79,7 +79,7 @@ enum Command {
     Create(Create),
     /// kOps' `get`: `keelson get assets -f SPEC` lists every file and image the cluster uses, `keelson
     /// get instances -f SPEC` every instance of its groups, `keelson get keypairs -f SPEC` the keys of
-    /// the cluster CA.
+    /// every keyset.
     #[command(subcommand)]
     Get(Get),
     /// kOps' `promote keypair`: make a key of the cluster CA the one that signs (CA rotation,
@@ -196,7 +196,8 @@ enum Get {
     /// NeedsUpdate, role, addresses, group, machine type, state).
     #[cfg(feature = "cloud")]
     Instances(get_instances::GetInstancesArgs),
-    /// kOps' `get keypairs`: the keys of the cluster CA (id, primary, distrusted, subject, expiry).
+    /// kOps' `get keypairs [KEYSET…]`: the keys of every keyset (id, primary, distrusted, subject,
+    /// expiry; `-o yaml|json` adds each certificate).
     #[cfg(feature = "cloud")]
     Keypairs(keypair_cmd::GetKeypairsArgs),
 }

@@ -35,8 +35,9 @@ fn pinned(spec: &Path, state: &Path) -> Vec<String> {
     bundle.split_inclusive("-----END CERTIFICATE-----").map(|c| c.trim().to_string()).filter(|c| !c.is_empty()).collect()
 }
 
+/// The keys of the cluster CA, as `get keypairs kubernetes-ca -o json` lists them.
 fn rows(spec: &str) -> Vec<serde_json::Value> {
-    serde_json::from_str::<Vec<serde_json::Value>>(&run(&["get", "keypairs", "-f", spec, "-o", "json"])).expect("json")
+    serde_json::from_str::<Vec<serde_json::Value>>(&run(&["get", "keypairs", "kubernetes-ca", "-f", spec, "-o", "json"])).expect("json")
 }
 
 /// A file state store with the cluster's PKI, and the minimal example pointed at it.
@@ -81,6 +82,11 @@ fn a_rotation_changes_what_every_host_trusts_step_by_step() {
     let (state, spec_file) = cluster();
     let spec = spec_file.path().to_str().expect("utf-8");
 
+    // Without names every keyset is listed (read-only), the CAs and the service-account key.
+    let table = run(&["get", "keypairs", "-f", spec]);
+    for name in ["kubernetes-ca", "etcd-clients-ca", "apiserver-aggregator-ca", "service-account"] {
+        assert!(table.lines().any(|l| l.starts_with(&format!("{name} "))), "{name} not listed:\n{table}");
+    }
     let before = pinned(spec_file.path(), state.path());
     assert_eq!(before.len(), 1, "one key before the rotation");
     let old_id = rows(spec)[0]["id"].as_str().expect("id").to_string();
