@@ -44,7 +44,8 @@ fn certs(pem: &str) -> Vec<String> {
 /// The cluster CA's trusted certificates, the primary's first, as `keelson get keypairs` shows them.
 fn trusted(local_spec: &str) -> Vec<String> {
     let rows: Vec<serde_json::Value> =
-        serde_json::from_str(&support::keelson_ok(&["get", "keypairs", "-f", local_spec, "--offline", "-o", "json"])).expect("get keypairs -o json");
+        serde_json::from_str(&support::keelson_ok(&["get", "keypairs", "kubernetes-ca", "-f", local_spec, "--offline", "-o", "json"]))
+            .expect("get keypairs -o json");
     let mut out: Vec<(bool, String)> = rows
         .iter()
         .filter(|r| r["distrustTimestamp"].is_null())
