@@ -3,7 +3,7 @@
 //! has installed what the local cloud needs; `--release` with release binaries halves it).
 //!
 //! A cluster CA rotation as kOps documents it (`docs/operations.md`, "Rotating the cluster CA"),
-//! on `examples/ha.yaml` with one worker (3 control planes: the API must stay up throughout):
+//! on `examples/ha.yaml` with two workers (3 control planes: the API must stay up throughout):
 //! `keelson create keypair kubernetes-ca` → apply → roll → `keelson promote keypair
 //! kubernetes-ca` → apply → roll → `keelson distrust keypair kubernetes-ca` → apply → roll, the
 //! admin kubeconfig exported again after each step, as the operator does. Checked all along:
@@ -25,11 +25,13 @@ use keelson_local::kubeapi::{self, Target};
 use keelson_local::paths::{self, State};
 
 const CONFIGMAPS: u64 = 200;
+const WORKERS: usize = 2;
 
-/// `examples/ha.yaml` with one worker, in `dir`.
+/// `examples/ha.yaml` with two workers (the fewest its metrics-server, two replicas spread over
+/// hosts, runs on), in `dir`.
 fn spec(dir: &Path) -> PathBuf {
     let text = std::fs::read_to_string(support::repo().join("examples/ha.yaml")).expect("examples/ha.yaml");
-    let out = text.replacen("  minSize: 3\n", "  minSize: 1\n", 1);
+    let out = text.replacen("  minSize: 3\n", &format!("  minSize: {WORKERS}\n"), 1);
     assert_ne!(out, text, "examples/ha.yaml has no worker group of 3");
     let path = dir.join("ha.yaml");
     std::fs::write(&path, out).expect("writing the spec");
@@ -143,7 +145,7 @@ fn ca_rotation_keeps_every_node_working() {
     let first = trusted(&local_spec);
     assert_eq!(first.len(), 1);
     kubeapi::create_configmaps(&kc, "default", "rotation", CONFIGMAPS).expect("ConfigMaps");
-    check("before the rotation", &kc, &local_spec, 4);
+    check("before the rotation", &kc, &local_spec, 3 + WORKERS);
 
     // readyz through the API load balancer, all along (the kubeconfig file is read at each call,
     // so each re-export takes effect).
@@ -166,21 +168,21 @@ fn ca_rotation_keeps_every_node_working() {
         })
     };
 
-    let (_, create_s) = step(&local_spec, &["create", "keypair", "kubernetes-ca"], &kc, &server, 1);
+    let (_, create_s) = step(&local_spec, &["create", "keypair", "kubernetes-ca"], &kc, &server, WORKERS);
     let overlap = trusted(&local_spec);
     assert_eq!(overlap.len(), 2, "both keys trusted after create");
     assert_eq!(overlap[0], first[0], "the old key is still the primary");
-    check("create", &kc, &local_spec, 4);
+    check("create", &kc, &local_spec, 3 + WORKERS);
 
-    let (_, promote_s) = step(&local_spec, &["promote", "keypair", "kubernetes-ca"], &kc, &server, 1);
+    let (_, promote_s) = step(&local_spec, &["promote", "keypair", "kubernetes-ca"], &kc, &server, WORKERS);
     let promoted = trusted(&local_spec);
     assert_eq!(promoted[0], overlap[1], "the new key is the primary");
-    check("promote", &kc, &local_spec, 4);
+    check("promote", &kc, &local_spec, 3 + WORKERS);
 
-    let (_, distrust_s) = step(&local_spec, &["distrust", "keypair", "kubernetes-ca"], &kc, &server, 1);
+    let (_, distrust_s) = step(&local_spec, &["distrust", "keypair", "kubernetes-ca"], &kc, &server, WORKERS);
     let last = trusted(&local_spec);
     assert_eq!(last, vec![overlap[1].clone()], "only the new key is trusted at the end");
-    check("distrust", &kc, &local_spec, 4);
+    check("distrust", &kc, &local_spec, 3 + WORKERS);
 
     stop.store(true, Ordering::SeqCst);
     let _ = probe.join();
