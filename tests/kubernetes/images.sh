@@ -776,7 +776,7 @@ fi
 #       uses, under the names `conformance-repo-list REGISTRY` makes the suite ask for; pushes them to REGISTRY
 #       when given. Names and tags are read from the kubernetes module's test/utils/image/manifest.go:
 #         e2e-test-images/agnhost   agnhost from tests/kubernetes/build-e2e.sh at /agnhost (entrypoint, default
-#                                   argument `pause`), /uploads, on a Debian root with sh, bash, dig, curl, nc,
+#                                   argument `pause`), /uploads, porter's /localhost.{crt,key}, on a Debian root with sh, bash, dig, curl, nc,
 #                                   ip, iptables (upstream's is Alpine with the same tools)
 #         e2e-test-images/jessie-dnsutils   the same Debian root (dig), command /bin/sh
 #         e2e-test-images/busybox   Debian's busybox-static with a link per applet in /bin; command sh
@@ -884,6 +884,10 @@ cmd_conformance_images() {
     owned_layer_tar "$stage/static-base" "$layers/static-base.tar"
     install -m 755 "$e2e_bin/agnhost" "$stage/agnhost/agnhost"
     ln -s agnhost "$stage/agnhost/agnhost-2"
+    # porter's TLS pair at / (upstream's Dockerfile adds it there; porter serves its https ports with it).
+    install -m 644 "${manifest%/utils/image/manifest.go}/images/agnhost/porter/localhost.crt" \
+      "${manifest%/utils/image/manifest.go}/images/agnhost/porter/localhost.key" "$stage/agnhost/" ||
+      die "the kubernetes module has no test/images/agnhost/porter/localhost.{crt,key}"
     owned_layer_tar "$stage/agnhost" "$layers/agnhost.tar"
     layer_tar "$base_root" "$layers/debian-conformance.tar"
 
