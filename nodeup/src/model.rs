@@ -463,17 +463,21 @@ fn load_ca_cert(store: &StateStore, name: &str) -> Result<String, ModelError> {
     Ok(pki::parse_keyset_cert(name, &bytes)?)
 }
 
-/// The trust bundle of a CA's private keyset (every key not distrusted, the primary's first).
-fn load_ca_trust(store: &StateStore, name: &str) -> Result<String, ModelError> {
+/// A CA's private keyset in the state store.
+fn load_keyset(store: &StateStore, name: &str) -> Result<base::keyset::Keyset, ModelError> {
     let rel = format!("pki/private/{name}/keyset.yaml");
     let bytes = store.read(&rel)?.ok_or_else(|| missing(&rel))?;
-    Ok(base::keyset::Keyset::parse(name, &bytes)?.trust_bundle())
+    Ok(base::keyset::Keyset::parse(name, &bytes)?)
 }
 
+/// The trust bundle of a CA's private keyset (every key not distrusted, the primary's first).
+fn load_ca_trust(store: &StateStore, name: &str) -> Result<String, ModelError> {
+    Ok(load_keyset(store, name)?.trust_bundle())
+}
+
+/// The primary key of a CA's private keyset: what signs.
 fn load_ca(store: &StateStore, name: &str) -> Result<Keypair, ModelError> {
-    let rel = format!("pki/private/{name}/keyset.yaml");
-    let bytes = store.read(&rel)?.ok_or_else(|| missing(&rel))?;
-    Ok(pki::parse_private_keyset(name, &bytes)?)
+    Ok(load_keyset(store, name)?.primary_keypair()?)
 }
 
 /// Set `slot` to `value` unless the spec already sets it (the spec wins).
