@@ -779,7 +779,10 @@ fi
 #                                   argument `pause`), /uploads, porter's /localhost.{crt,key}, on a Debian root with sh, bash, dig, curl, nc,
 #                                   ip, iptables (upstream's is Alpine with the same tools)
 #         e2e-test-images/jessie-dnsutils   the same Debian root (dig), command /bin/sh
-#         e2e-test-images/busybox   Debian's busybox-static with a link per applet in /bin; command sh
+#         e2e-test-images/busybox   Debian's busybox-static with a link per applet in /bin, and Debian's
+#                                   bash-static as /bin/sh (Debian's busybox sh drops environment names that are
+#                                   not shell names, e.g. `data-1`, which upstream's busybox image passes on to
+#                                   `env`: the envFrom tests read them); command sh
 #         e2e-test-images/httpd (both tags), e2e-test-images/nginx (both tags)   stand-ins: busybox's httpd
 #                                   serving /usr/local/apache2/htdocs (httpd) or /usr/share/nginx/html (nginx)
 #                                   on port 80, an index.html in each
@@ -791,7 +794,7 @@ fi
 #                                   (v0.MINOR.PATCH), static, entrypoint /sample-apiserver
 #         etcd                      etcd built from its Go module at the manifest's tag's version (3.6.4-0 →
 #                                   v3.6.4), /usr/local/bin/etcd (the aggregator test's sidecar)
-#       The busybox binary is Debian's package (apt-get download busybox-static), as the Debian roots come from
+#       The busybox and sh binaries are Debian's packages (apt-get download busybox-static bash-static), as the Debian roots come from
 #       Debian's archive. Cached as $KEELSON_LOCAL_CACHE/images/conformance-KEY (KEY: the versions, agnhost's
 #       sha256, the Debian root's recipe, this block).
 #   tests/kubernetes/images.sh conformance-repo-list REGISTRY FILE           # e.g. ... 10.80.0.1:5000 repo-list.yaml
@@ -900,6 +903,14 @@ cmd_conformance_images() {
       [ "$applet" = busybox ] || ln -s busybox "$stage/busybox/bin/$applet"
     done
     if ! [ -L "$stage/busybox/bin/sh" ] || ! [ -L "$stage/busybox/bin/httpd" ]; then die "busybox-static has no sh or httpd applet"; fi
+    log "busybox: apt-get download bash-static (its /bin/sh)"
+    (cd "$tmp/work/deb" && apt-get download -q bash-static >&2) || die "apt-get download bash-static failed"
+    dpkg-deb -x "$tmp/work/deb"/bash-static_*.deb "$tmp/work/deb/b" || die "unpacking bash-static failed"
+    rm "$stage/busybox/bin/sh"
+    install -m 755 "$tmp/work/deb/b/bin/bash-static" "$stage/busybox/bin/sh"
+    # The envFrom tests' check: a name that is not a shell name reaches `sh -c env`.
+    [ "$(env -i 'data-1=ok' PATH="$stage/busybox/bin" "$stage/busybox/bin/sh" -c env | grep -c '^data-1=ok$')" = 1 ] ||
+      die "the busybox image's sh drops the environment name data-1"
     owned_layer_tar "$stage/busybox" "$layers/busybox.tar"
     mkdir -p "$stage/httpd/usr/local/apache2/htdocs" "$stage/nginx/usr/share/nginx/html"
     echo '<html><body><h1>It works!</h1></body></html>' >"$stage/httpd/usr/local/apache2/htdocs/index.html"
