@@ -38,6 +38,12 @@ pub fn iam_role_name(role: Role, cluster: &str) -> String {
     truncate_name(&format!("{}.{cluster}", role_plural(role)), 64, false)
 }
 
+/// The IAM role of a service account (IRSA, `iam.serviceAccountExternalPermissions`):
+/// `<name>.<namespace>.sa.<cluster>` (a `*` in the namespace spelled `wildcard`), kOps' truncation to 64.
+pub fn service_account_role_name(name: &str, namespace: &str, cluster: &str) -> String {
+    truncate_name(&format!("{name}.{}.sa.{cluster}", namespace.replace('*', "wildcard")), 64, false)
+}
+
 /// The autoscaling group of an instance group: `<group>.<cluster>`.
 pub fn autoscaling_group_name(group: &str, cluster: &str) -> String {
     format!("{group}.{cluster}")

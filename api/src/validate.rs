@@ -139,6 +139,7 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
             r.add(&cdoc, "spec.dnsZone", format!("{zone:?} is neither a hosted-zone id nor a DNS name"));
         }
     }
+    service_account_permissions(&mut r, &cdoc, spec.iam.as_ref().and_then(|i| i.service_account_external_permissions.as_deref()).unwrap_or_default());
     for (path, value) in [("spec.masterPublicName", &spec.master_public_name), ("spec.masterInternalName", &spec.master_internal_name)] {
         if let Some(v) = value {
             if let Err(e) = v.parse::<DnsName>() {
@@ -392,6 +393,44 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
 }
 
 /// A document's `spec.sysctlParameters`: each entry one setting ([`crate::nodeup::sysctl_parameter_error`]).
+/// `spec.iam.serviceAccountExternalPermissions` (kOps `validateSAExternalPermissions`): each names a
+/// service account once (a `*` allowed in the namespace only, as the trust policy's `StringLike`),
+/// with either managed policy ARNs or an inline policy (a JSON list of statements).
+fn service_account_permissions(r: &mut Report, doc: &str, perms: &[crate::generated::ServiceAccountExternalPermission]) {
+    let mut seen = std::collections::BTreeSet::new();
+    for p in perms {
+        let (ns, name) = (p.namespace.as_deref().unwrap_or(""), p.name.as_deref().unwrap_or(""));
+        let path = format!("spec.iam.serviceAccountExternalPermissions[{ns}/{name}]");
+        if ns.is_empty() {
+            r.add(doc, format!("{path}.namespace"), "required: the service account's namespace");
+        }
+        if name.is_empty() {
+            r.add(doc, format!("{path}.name"), "required: the service account's name");
+        }
+        if name.contains('*') {
+            r.add(doc, format!("{path}.name"), "a service account name cannot hold a wildcard (only the namespace can)");
+        }
+        if !seen.insert((ns, name)) {
+            r.add(doc, path.clone(), format!("duplicate service account {ns}/{name}"));
+        }
+        let Some(aws) = &p.aws else {
+            r.add(doc, format!("{path}.aws"), "required: the AWS permissions (policyARNs or inlinePolicy)");
+            continue;
+        };
+        let arns = aws.policy_arns.as_deref().unwrap_or_default();
+        match (arns.is_empty(), aws.inline_policy.as_deref()) {
+            (true, None) => r.add(doc, format!("{path}.aws"), "either inlinePolicy or policyARNs must be set"),
+            (false, Some(_)) => r.add(doc, format!("{path}.aws"), "cannot set both inlinePolicy and policyARNs"),
+            (_, Some(text)) => {
+                if let Err(e) = serde_json::from_str::<Vec<serde_json::Value>>(text) {
+                    r.add(doc, format!("{path}.aws.inlinePolicy"), format!("expected a JSON list of IAM policy statements: {e}"));
+                }
+            }
+            (false, None) => {}
+        }
+    }
+}
+
 fn sysctl_lines(r: &mut Report, doc: &str, lines: Option<&[String]>) {
     for (i, line) in lines.unwrap_or_default().iter().enumerate() {
         if let Some(why) = crate::nodeup::sysctl_parameter_error(line) {

@@ -237,14 +237,14 @@ fn unrendered_networking_and_addons_are_refused_with_their_path_and_only_when_on
         ("  externalDns:\n    provider: dns-controller\n    watchNamespace: web\n", "spec.externalDns.watchNamespace", true),
         ("  externalDns:\n    provider: external-dns\n    watchIngress: true\n    watchNamespace: web\n", "spec.externalDns.watchIngress", false),
         ("  externalDns:\n    provider: external-dns\n    priorityClassName: high\n", "spec.externalDns.priorityClassName", false),
-        ("  serviceAccountIssuerDiscovery:\n    enableAWSOIDCProvider: true\n", "spec.serviceAccountIssuerDiscovery.enableAWSOIDCProvider", true),
+        ("  serviceAccountIssuerDiscovery:\n    enableAWSOIDCProvider: true\n", "spec.serviceAccountIssuerDiscovery.enableAWSOIDCProvider", false),
         ("  karpenter:\n    enabled: true\n", "spec.karpenter", true),
         ("  certManager:\n    enabled: true\n", "spec.certManager", false),
         ("  warmPool:\n    minSize: 1\n", "spec.warmPool", true),
         ("  kubeDNS:\n    provider: KubeDNS\n", "spec.kubeDNS.provider", true),
         ("  kubeDNS:\n    replicas: 3\n", "spec.kubeDNS.replicas", true),
         ("  kubeDNS:\n    serverIP: 100.64.0.10\n", "spec.kubeDNS.serverIP", false),
-        ("  serviceAccountIssuerDiscovery:\n    additionalAudiences: [sts.amazonaws.com]\n", "spec.serviceAccountIssuerDiscovery.additionalAudiences", true),
+        ("  serviceAccountIssuerDiscovery:\n    additionalAudiences: [sts.amazonaws.com]\n", "spec.serviceAccountIssuerDiscovery.additionalAudiences", false),
     ];
     for (extra, path, refused) in cases {
         let docs = spec_with(extra);

@@ -25,6 +25,7 @@ pub mod leader_election;
 #[cfg(feature = "aws")]
 pub mod node_join;
 pub mod node_join_gce;
+pub mod oidc;
 pub mod pki;
 pub use keelson_api::plain_http;
 pub mod renewal;

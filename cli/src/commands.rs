@@ -359,13 +359,18 @@ pub fn run_apply(args: ApplyArgs) -> anyhow::Result<ExitCode> {
                 // first, so that it is pinned into the NodeupConfigs the user-data boots.
                 with_lock(&store, "apply --target terraform", args.common.force_unlock, async {
                     let created = state::ensure_pki(&store, &at.etcd_clusters, at.encryption_config).await?;
-                    let (model, _) = with_pinned_cas(&docs, &options, &store, &file, false).await?;
+                    let (model, compiled) = with_pinned_cas(&docs, &options, &store, &file, false).await?;
                     for (rel, bytes) in &model.state {
                         if store.get(rel).await?.as_deref() != Some(bytes.as_slice()) {
                             store.put(rel, bytes).await?;
                         }
                     }
                     println!("state store {}: up to date ({} keysets created)", store.base(), created.len());
+                    if let Some((url, issuer)) = crate::discovery::target(&compiled.completed) {
+                        let s3 = if url.starts_with("s3://") { Some(aws_target(&args.common, &at.region).await.s3) } else { None };
+                        let written = crate::discovery::publish(&store, &open_store(&url, s3)?, &issuer).await?;
+                        println!("service-account issuer discovery {url}: up to date ({written} documents written)");
+                    }
                     Ok(model)
                 })
                 .await
@@ -410,7 +415,14 @@ async fn direct_apply(args: &ApplyArgs, docs: &keelson_api::Documents, options: 
     // the CA first, pinned into the NodeupConfigs (and so into the user-data's BootConfig hash).
     with_lock(&store, "apply", args.common.force_unlock, async {
         state::ensure_pki(&store, &at.etcd_clusters, at.encryption_config).await?;
-        let (model, _) = with_pinned_cas(docs, options, &store, file, false).await?;
+        let (model, compiled) = with_pinned_cas(docs, options, &store, file, false).await?;
+        // The issuer's documents before the OIDC provider and roles that trust it.
+        if let Some((url, issuer)) = crate::discovery::target(&compiled.completed) {
+            let written = crate::discovery::publish(&store, &target.store(&url)?, &issuer).await?;
+            if written > 0 {
+                println!("service-account issuer discovery {url}: {written} documents written");
+            }
+        }
         let mut planned = target.plan_apply(&model, &store).await?;
         print!("{}", planned.plan().render(color()));
         if planned.plan().is_empty() {

@@ -16,6 +16,8 @@ mod create_cluster;
 #[cfg(feature = "cloud")]
 mod delete_instance;
 #[cfg(feature = "cloud")]
+mod discovery;
+#[cfg(feature = "cloud")]
 mod etcd_backup;
 mod get_assets;
 #[cfg(feature = "cloud")]

@@ -245,3 +245,131 @@ async fn delete_instance_replaces_that_instance_and_no_other() {
     let last = ids_of(&get_instances(&spec, &moto).0, "nodes-us-east-1a");
     assert!(!last.contains(&nodes[1]) && last.len() == 2 && now.iter().filter(|i| last.contains(i)).count() == 1, "{now:?} → {last:?}\n{stdout}");
 }
+
+/// IRSA on examples/minimal.yaml: the issuer's documents in a discovery store on S3, the IAM OIDC
+/// provider, and a role per service account (managed policy / inline policy, an exact namespace /
+/// a wildcard one).
+const IRSA: &str = r#"  serviceAccountIssuerDiscovery:
+    discoveryStore: s3://BUCKET/discovery
+    enableAWSOIDCProvider: true
+    additionalAudiences: [sts.amazonaws.com]
+  iam:
+    legacy: false
+    serviceAccountExternalPermissions:
+    - name: reader
+      namespace: default
+      aws:
+        policyARNs: [arn:aws:iam::aws:policy/ReadOnlyAccess]
+    - name: writer
+      namespace: team-*
+      aws:
+        inlinePolicy: '[{"Effect": "Allow", "Action": ["s3:PutObject"], "Resource": ["arn:aws:s3:::team-data/*"]}]'
+"#;
+
+fn irsa_spec(spec: &tempfile::NamedTempFile, with_writer: bool) {
+    let text = std::fs::read_to_string(spec.path()).expect("spec");
+    let mut irsa = IRSA.replace("BUCKET", BUCKET);
+    if !with_writer {
+        irsa = irsa[..irsa.find("    - name: writer").expect("writer")].to_string();
+    }
+    let base = match text.find("  serviceAccountIssuerDiscovery:") {
+        Some(at) => {
+            let end = text[at..].find("  kubelet:").map(|e| at + e).expect("kubelet follows");
+            format!("{}  iam:\n    legacy: false\n{}", &text[..at], &text[end..])
+        }
+        None => text,
+    };
+    std::fs::write(spec.path(), base.replace("  iam:\n    legacy: false\n", &irsa)).expect("write spec");
+}
+
+async fn sa_roles(t: &cloud_resources::aws::AwsTarget) -> Vec<String> {
+    let roles = t.iam.list_roles().send().await.expect("roles");
+    let mut names: Vec<String> = roles.roles().iter().map(|r| r.role_name().to_string()).filter(|n| n.contains(".sa.")).collect();
+    names.sort();
+    names
+}
+
+async fn oidc_providers(t: &cloud_resources::aws::AwsTarget) -> Vec<String> {
+    let list = t.iam.list_open_id_connect_providers().send().await.expect("providers");
+    list.open_id_connect_provider_list().iter().filter_map(|p| p.arn().map(str::to_string)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn irsa_publishes_the_issuer_and_makes_its_provider_and_service_account_roles() {
+    let moto = Moto::start();
+    let ami = moto.fixtures().await;
+    let spec = spec_file(&ami);
+    irsa_spec(&spec, true);
+    let out = apply(&spec, &moto, &["--yes"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("service-account issuer discovery") && stdout.contains("2 documents written"), "{stdout}");
+
+    // The documents, under the issuer the API servers are told (`--service-account-issuer`).
+    let issuer = format!("https://{BUCKET}.s3.eu-west-1.amazonaws.com/discovery");
+    let store = StateStore::open_with_s3(&format!("s3://{BUCKET}/discovery").parse().expect("url"), Some(moto.target(&[]).await.s3), std::time::Duration::from_secs(10))
+        .expect("store");
+    let config: serde_json::Value = serde_json::from_slice(&store.get(".well-known/openid-configuration").await.expect("get").expect("published")).expect("json");
+    assert_eq!(config["issuer"], issuer.as_str());
+    assert_eq!(config["jwks_uri"], format!("{issuer}/openid/v1/jwks").as_str());
+    let jwks: serde_json::Value = serde_json::from_slice(&store.get("openid/v1/jwks").await.expect("get").expect("published")).expect("json");
+    assert_eq!(jwks["keys"].as_array().map(Vec::len), Some(1), "{jwks}");
+
+    // The provider, keyed by the issuer's host and path, for both audiences.
+    let t = moto.target(&[]).await;
+    let providers = oidc_providers(&t).await;
+    let host_path = format!("{BUCKET}.s3.eu-west-1.amazonaws.com/discovery");
+    assert_eq!(providers.len(), 1, "{providers:?}");
+    assert!(providers[0].ends_with(&format!(":oidc-provider/{host_path}")), "{providers:?}");
+    let p = t.iam.get_open_id_connect_provider().open_id_connect_provider_arn(&providers[0]).send().await.expect("provider");
+    let mut audiences = p.client_id_list().to_vec();
+    audiences.sort();
+    assert_eq!(audiences, ["amazonaws.com", "sts.amazonaws.com"]);
+
+    // A role per service account, trusting that provider for that subject only.
+    let cluster = CLUSTER;
+    assert_eq!(sa_roles(&t).await, [format!("reader.default.sa.{cluster}"), format!("writer.team-wildcard.sa.{cluster}")]);
+    let trust = |doc: &str| -> serde_json::Value { serde_json::from_str(&percent_decode(doc)).expect("trust json") };
+    let reader = t.iam.get_role().role_name(format!("reader.default.sa.{cluster}")).send().await.expect("role");
+    let doc = trust(reader.role().and_then(|r| r.assume_role_policy_document()).expect("trust"));
+    let s = &doc["Statement"][0];
+    assert_eq!(s["Principal"]["Federated"], providers[0].as_str());
+    assert_eq!(s["Action"], "sts:AssumeRoleWithWebIdentity");
+    assert_eq!(s["Condition"]["StringEquals"][format!("{host_path}:sub")], "system:serviceaccount:default:reader");
+    let attached = t.iam.list_attached_role_policies().role_name(format!("reader.default.sa.{cluster}")).send().await.expect("attached");
+    let arns: Vec<&str> = attached.attached_policies().iter().filter_map(|p| p.policy_arn()).collect();
+    assert_eq!(arns, ["arn:aws:iam::aws:policy/ReadOnlyAccess"]);
+    let writer = t.iam.get_role().role_name(format!("writer.team-wildcard.sa.{cluster}")).send().await.expect("role");
+    let doc = trust(writer.role().and_then(|r| r.assume_role_policy_document()).expect("trust"));
+    assert_eq!(doc["Statement"][0]["Condition"]["StringLike"][format!("{host_path}:sub")], "system:serviceaccount:team-*:writer");
+    let inline = t.iam.get_role_policy().role_name(format!("writer.team-wildcard.sa.{cluster}")).policy_name(format!("writer.team-wildcard.sa.{cluster}")).send().await.expect("inline");
+    let inline: serde_json::Value = serde_json::from_str(&percent_decode(inline.policy_document())).expect("json");
+    assert_eq!(inline["Statement"][0]["Action"], serde_json::json!(["s3:PutObject"]));
+
+    // Converged: the plan is empty.
+    let out = apply(&spec, &moto, &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("No changes."), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+
+    // A service account the spec drops loses its role.
+    irsa_spec(&spec, false);
+    let out = apply(&spec, &moto, &["--yes"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains(&format!("- IAMRole writer.team-wildcard.sa.{cluster}")), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(sa_roles(&t).await, [format!("reader.default.sa.{cluster}")]);
+
+    // Delete takes the provider and the roles with the cluster.
+    let out = tokio::task::block_in_place(|| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_keelson"))
+            .args(["delete", "cluster", "-f", &spec.path().display().to_string(), "--endpoint-url", &moto.url, "--yes"])
+            .env("NO_COLOR", "1")
+            .output()
+            .expect("run keelson")
+    });
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(sa_roles(&t).await.is_empty() && oidc_providers(&t).await.is_empty(), "delete leaves IRSA resources");
+}
+
+fn percent_decode(s: &str) -> String {
+    percent_encoding::percent_decode_str(s).decode_utf8().expect("utf-8").into_owned()
+}

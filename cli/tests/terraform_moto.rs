@@ -170,9 +170,13 @@ const TEMPLATE_TEXT: &str = r#"  cloudLabels:
 /// An example pointed at the test bucket, zone and image (and, for ha.yaml and private.yaml, moved to
 /// us-east-1 as the other moto tests do), in `dir/cluster.yaml`; minimal.yaml also carries
 /// [`TEMPLATE_TEXT`].
-fn spec_file(dir: &Path, example: &str, ami: &str) -> PathBuf {
+fn spec_file(dir: &Path, example: &str, ami: &str, iam: Option<&str>) -> PathBuf {
     let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(example)).expect("example");
     let extra = if example == "minimal.yaml" { TEMPLATE_TEXT } else { "" };
+    let text = match iam {
+        Some(block) => text.replace("  iam:\n    legacy: false\n", &block.replace("BUCKET", BUCKET)),
+        None => text,
+    };
     let text = text
         .replace("eu-west-1", "us-east-1")
         .replace("s3://acme-keelson-state/", &format!("s3://{BUCKET}/"))
@@ -198,6 +202,29 @@ fn keelson(spec: &Path, moto: &Moto, extra: &[&str]) -> (bool, String) {
 /// Render `example` to Terraform, apply it to a fresh moto with Terraform, and require that neither
 /// Terraform nor `keelson apply` then plans any change.
 fn terraform_then_keelson_plans_nothing(example: &'static str) {
+    terraform_then_keelson_plans_nothing_with(example, None);
+}
+
+/// IRSA: the issuer's IAM OIDC provider and two service accounts' roles (a managed policy and an
+/// exact namespace; an inline policy and a wildcard namespace), their trust naming the provider.
+const IRSA: &str = r#"  serviceAccountIssuerDiscovery:
+    discoveryStore: s3://BUCKET/discovery
+    enableAWSOIDCProvider: true
+    additionalAudiences: [sts.amazonaws.com]
+  iam:
+    legacy: false
+    serviceAccountExternalPermissions:
+    - name: reader
+      namespace: default
+      aws:
+        policyARNs: [arn:aws:iam::aws:policy/ReadOnlyAccess]
+    - name: writer
+      namespace: team-*
+      aws:
+        inlinePolicy: '[{"Effect": "Allow", "Action": ["s3:PutObject"], "Resource": ["arn:aws:s3:::team-data/*"]}]'
+"#;
+
+fn terraform_then_keelson_plans_nothing_with(example: &'static str, iam: Option<&str>) {
     let (binary, mirror) = match (terraform_binary(), provider_mirror()) {
         (Ok(b), Ok(m)) => (b, m),
         (b, m) => panic!("{}", [b.err(), m.err()].into_iter().flatten().collect::<Vec<_>>().join("\n")),
@@ -207,7 +234,7 @@ fn terraform_then_keelson_plans_nothing(example: &'static str) {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let ami = rt.block_on(moto.fixtures());
     let work = tempfile::tempdir().expect("tmp");
-    let spec = spec_file(work.path(), example, &ami);
+    let spec = spec_file(work.path(), example, &ami, iam);
     let dir = work.path().join("tf");
 
     // Render, and write the state store (the CAs pinned into the user-data), as a user does.
@@ -244,6 +271,11 @@ fn terraform_on_moto_then_keelson_plans_no_change_minimal() {
 #[test]
 fn terraform_on_moto_then_keelson_plans_no_change_ha() {
     terraform_then_keelson_plans_nothing("ha.yaml");
+}
+
+#[test]
+fn terraform_on_moto_then_keelson_plans_no_change_irsa() {
+    terraform_then_keelson_plans_nothing_with("minimal.yaml", Some(IRSA));
 }
 
 /// Private topology: NAT gateways and their elastic IPs, a private route table per zone, an internal

@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 pub enum Kind {
     StateFile,
     Keyset,
+    IamOidcProvider,
     IamRole,
     IamInstanceProfile,
     Vpc,
@@ -42,6 +43,7 @@ impl Kind {
         match self {
             Kind::StateFile => "StateFile",
             Kind::Keyset => "Keyset",
+            Kind::IamOidcProvider => "IAMOIDCProvider",
             Kind::IamRole => "IAMRole",
             Kind::IamInstanceProfile => "IAMInstanceProfile",
             Kind::Vpc => "VPC",

@@ -190,23 +190,11 @@ pub static DISCOVERY: &[Field] = &[
     f(
         "ServiceAccountIssuerDiscoveryConfig",
         "discoveryStore",
-        NotRendered {
-            when: When::Present,
-            reason: "Keelson does not publish the discovery documents (OpenID configuration, JWKS) to the store yet (the API server's issuer is set from it)",
-        },
+        By("the compiler: kube-apiserver's --service-account-issuer and --service-account-jwks-uri; apply publishes the discovery documents there (cli/src/discovery.rs)"),
     ),
     f("ServiceAccountIssuerDiscoveryConfig", "discoveryService", By("the compiler: kube-apiserver's --service-account-issuer")),
-    addon_not_rendered!(
-        "ServiceAccountIssuerDiscoveryConfig",
-        "enableAWSOIDCProvider",
-        When::True,
-        "the IAM OIDC provider and the published discovery documents (IRSA)"
-    ),
-    f(
-        "ServiceAccountIssuerDiscoveryConfig",
-        "additionalAudiences",
-        NotRendered { when: When::Present, reason: "Keelson does not add them to kube-apiserver's --api-audiences yet" },
-    ),
+    f("ServiceAccountIssuerDiscoveryConfig", "enableAWSOIDCProvider", By("apply: the IAM OIDC provider of the issuer (cloud-resources/src/aws/oidc_provider.rs)")),
+    f("ServiceAccountIssuerDiscoveryConfig", "additionalAudiences", By("apply: the IAM OIDC provider's client IDs, beside amazonaws.com (kOps)")),
 ];
 
 const FLANNEL_ADDON: &str = "the flannel addon (spec-compiler/src/addons/flannel.rs)";

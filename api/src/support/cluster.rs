@@ -118,9 +118,9 @@ pub static CLUSTER: &[Field] = &[
         "IAMSpec",
         "useServiceAccountExternalPermissions",
         When::True,
-        "Keelson does not publish the service-account issuer's discovery documents nor create the IAM OIDC provider (IRSA) yet",
+        "Keelson's own addons do not run on roles of their own through their service accounts yet (IRSA for users' service accounts is `serviceAccountExternalPermissions`)",
     ),
-    nr("IAMSpec", "serviceAccountExternalPermissions", "Keelson does not create IAM roles for service accounts (IRSA) yet"),
+    f("IAMSpec", "serviceAccountExternalPermissions", By("apply: an IAM role per service account that its tokens assume through the issuer's OIDC provider (cloud-resources/src/model/iam.rs)")),
     nr("TargetSpec", "terraform", "Keelson's Terraform output does not take extra provider configuration yet"),
 ];
 

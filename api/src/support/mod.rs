@@ -219,7 +219,6 @@ pub const PLACES: &[(&str, &str, &str)] = &[
     ("Cluster", "kubeDNS", "KubeDNSConfig"),
     ("Cluster", "metricsServer", "MetricsServerConfig"),
     ("Cluster", "externalDns", "ExternalDNSConfig"),
-    ("Cluster", "serviceAccountIssuerDiscovery", "ServiceAccountIssuerDiscoveryConfig"),
     ("Cluster", "kubeAPIServer", "KubeAPIServerConfig"),
     ("Cluster", "kubeControllerManager", "KubeControllerManagerConfig"),
     ("Cluster", "kubeScheduler", "KubeSchedulerConfig"),

@@ -40,19 +40,53 @@ fn tags_of(tags: &[iam_t::Tag]) -> BTreeMap<String, String> {
     tags.iter().map(|t| (t.key().to_string(), t.value().to_string())).collect()
 }
 
+/// Who may assume a service account's role (IRSA): the tokens of one service account (a `*` in the
+/// namespace matches many), through the issuer's IAM OIDC provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceAccountTrust {
+    pub partition: String,
+    /// The issuer's host and path (the provider's key, and the condition keys' prefix).
+    pub provider: String,
+    /// The provider task's name when this cluster manages the provider (Terraform links to it).
+    pub provider_task: Option<String>,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ServiceAccountTrust {
+    /// The provider's ARN in `account`.
+    pub fn provider_arn(&self, account: &str) -> String {
+        format!("arn:{}:iam::{account}:oidc-provider/{}", self.partition, self.provider)
+    }
+    /// The trust policy naming the provider by `provider_arn`.
+    pub fn document(&self, provider_arn: &str) -> Value {
+        crate::iam_policy::service_account_trust_policy(provider_arn, &self.provider, &self.namespace, &self.name)
+    }
+}
+
 /// A policy document as wanted, or as found (its hash).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Policy {
     Document(Value),
+    /// A service account's trust, in the account the target resolves.
+    ServiceAccount { trust: ServiceAccountTrust, account: Option<String> },
     /// sha256 of the canonical document; empty when there is none.
     Sha256(String),
 }
 
 impl Policy {
+    /// The document, once everything in it is known.
+    pub fn document(&self) -> Option<Value> {
+        match self {
+            Policy::Document(d) => Some(d.clone()),
+            Policy::ServiceAccount { trust, account: Some(account) } => Some(trust.document(&trust.provider_arn(account))),
+            Policy::ServiceAccount { account: None, .. } | Policy::Sha256(_) => None,
+        }
+    }
     pub fn sha256(&self) -> String {
         match self {
-            Policy::Document(d) => sha256_hex(canonical(d).as_bytes()),
             Policy::Sha256(s) => s.clone(),
+            _ => self.document().map(|d| sha256_hex(canonical(&d).as_bytes())).unwrap_or_default(),
         }
     }
 }
@@ -66,6 +100,8 @@ pub enum InlinePolicy {
         /// The hosted zone protokube writes to, once the target has resolved it.
         zone: Option<String>,
     },
+    /// A document the spec gives (a service account's `aws.inlinePolicy`).
+    Given(Value),
     /// sha256 of the canonical document; empty when the role has none.
     Found(String),
 }
@@ -75,6 +111,7 @@ impl InlinePolicy {
     fn document(&self, zone: Option<&str>) -> Option<Value> {
         match self {
             InlinePolicy::Generated { role, inputs, .. } => policy(role, inputs, zone),
+            InlinePolicy::Given(doc) => Some(doc.clone()),
             InlinePolicy::Found(_) => None,
         }
     }
@@ -82,13 +119,14 @@ impl InlinePolicy {
     pub fn resolved(&self) -> Option<Value> {
         match self {
             InlinePolicy::Generated { zone, .. } => self.document(zone.as_deref()),
+            InlinePolicy::Given(doc) => Some(doc.clone()),
             InlinePolicy::Found(_) => None,
         }
     }
     fn sha256(&self) -> String {
         match self {
             InlinePolicy::Found(s) => s.clone(),
-            InlinePolicy::Generated { .. } => self.resolved().map(|d| sha256_hex(canonical(&d).as_bytes())).unwrap_or_default(),
+            InlinePolicy::Generated { .. } | InlinePolicy::Given(_) => self.resolved().map(|d| sha256_hex(canonical(&d).as_bytes())).unwrap_or_default(),
         }
     }
 }
@@ -145,6 +183,9 @@ impl AwsTask for IamRole {
         if let InlinePolicy::Generated { zone, .. } = &mut self.policy {
             zone.clone_from(&resolved.zone);
         }
+        if let Policy::ServiceAccount { account, .. } = &mut self.assume_role {
+            account.clone_from(&resolved.account);
+        }
         true
     }
     fn find<'a>(t: &'a AwsTarget, model: &'a ClusterModel, _resolved: &'a Resolved, d: &'a mut Discovered) -> AwsFuture<'a> {
@@ -153,6 +194,17 @@ impl AwsTask for IamRole {
     fn render_terraform(&self, t: &mut AwsTerraform) {
         let assume = match &self.assume_role {
             Policy::Document(d) => canonical(d),
+            // The provider by its ARN: a link when this cluster manages it, else in the caller's account.
+            Policy::ServiceAccount { trust, .. } => {
+                let arn = match &trust.provider_task {
+                    Some(task) => crate::tasks::Link::<super::OidcProvider>::to(task.clone()).tf(),
+                    None => {
+                        let me = t.blocks.data_once("aws_caller_identity", "current", "", || json!({}));
+                        trust.provider_arn(&crate::terraform_json::r(&me, "account_id"))
+                    }
+                };
+                canonical(&trust.document(&arn))
+            }
             Policy::Sha256(_) => String::new(),
         };
         let mut body = json!({"name": self.name, "assume_role_policy": assume, "tags": tags_value(&self.tags)});
@@ -177,16 +229,23 @@ impl AwsTask for IamRole {
                     let create = *c.action == Action::Create;
                     let changed = |field: &str| create || c.changed(field);
                     let want = c.want()?;
-                    let assume = match &want.assume_role {
-                        Policy::Document(d) => canonical(d),
-                        Policy::Sha256(_) => return Err(AwsError::Missing { kind: "IAMRole", name: name.into(), message: "no assume-role policy".into() }),
+                    let assume = want
+                        .assume_role
+                        .document()
+                        .map(|d| canonical(&d))
+                        .ok_or_else(|| AwsError::Missing { kind: "IAMRole", name: name.into(), message: "no assume-role policy (or its account unresolved)".into() })?;
+                    let description = match &want.assume_role {
+                        Policy::ServiceAccount { trust, .. } => {
+                            format!("Keelson role of service account {}/{} of cluster {}", trust.namespace, trust.name, cx.model.cluster)
+                        }
+                        _ => format!("Keelson instance role of cluster {}", cx.model.cluster),
                     };
                     if create {
                         t.iam
                             .create_role()
                             .role_name(name)
                             .assume_role_policy_document(&assume)
-                            .description(format!("Keelson instance role of cluster {}", cx.model.cluster))
+                            .description(description)
                             .set_permissions_boundary(want.permissions_boundary.clone())
                             .set_tags(Some(iam_tags(&want.tags)))
                             .send()
@@ -361,8 +420,25 @@ fn not_found<E: aws_sdk_iam::error::ProvideErrorMetadata>(e: &aws_sdk_iam::error
 /// The roles and profiles of the model's names that are tagged for this cluster (apply never
 /// adopts, and delete never touches, someone else's role of the same name).
 async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
-    for role in &model.tasks.iam_roles {
-        let name = role.name.as_str();
+    // The model's roles, and every service-account role of this cluster that exists (one the spec
+    // no longer lists is found here, so apply and delete remove it).
+    let mut names: BTreeMap<String, bool> =
+        model.tasks.iam_roles.iter().map(|r| (r.name.clone(), matches!(r.assume_role, Policy::ServiceAccount { .. }))).collect();
+    let mut marker = None;
+    for _ in 0..super::MAX_PAGES {
+        let page = t.iam.list_roles().set_marker(marker.take()).send().await.map_err(|e| api("ListRoles", &model.cluster, e))?;
+        for r in page.roles() {
+            if is_service_account_role_of(r.role_name(), &model.cluster) {
+                names.entry(r.role_name().to_string()).or_insert(true);
+            }
+        }
+        match page.marker() {
+            Some(m) if page.is_truncated() => marker = Some(m.to_string()),
+            _ => break,
+        }
+    }
+    for (name, service_account) in &names {
+        let (name, service_account) = (name.as_str(), *service_account);
         let ours = |tags: &BTreeMap<String, String>| tags.get("KubernetesCluster") == Some(&model.cluster);
         match t.iam.get_role().role_name(name).send().await {
             Ok(resp) => {
@@ -391,6 +467,9 @@ async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Re
             Err(e) if not_found(&e) => {}
             Err(e) => return Err(api("GetRole", name, e)),
         }
+        if service_account {
+            continue;
+        }
         match t.iam.get_instance_profile().instance_profile_name(name).send().await {
             Ok(resp) => {
                 let Some(p) = resp.instance_profile() else { continue };
@@ -405,6 +484,12 @@ async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Re
         }
     }
     Ok(())
+}
+
+/// A name [`keelson_api::names::service_account_role_name`] may have given a role of `cluster`:
+/// `….sa.<cluster>`, or cut to 64 characters with its hash (the cluster tag decides).
+fn is_service_account_role_of(name: &str, cluster: &str) -> bool {
+    name.contains(".sa.") && (name.ends_with(&format!(".sa.{cluster}")) || name.len() == 64)
 }
 
 impl AwsTarget {

@@ -26,6 +26,7 @@ mod iam;
 mod launch_template;
 mod load_balancer;
 mod network;
+mod oidc_provider;
 mod routing;
 mod security_group;
 pub mod task;
@@ -34,10 +35,11 @@ mod volume;
 
 pub use autoscaling::{AutoscalingGroup, Mixed};
 pub use dns_record::{DnsRecord, RecordTarget};
-pub use iam::{IamRole, InlinePolicy, InstanceProfile, Policy};
+pub use iam::{IamRole, InlinePolicy, InstanceProfile, Policy, ServiceAccountTrust};
 pub use launch_template::{Image, LaunchTemplate, RootVolume, Spot};
 pub use load_balancer::{Listener, LoadBalancer, TargetGroup, DEREGISTRATION_DELAY, HEALTH_CHECK};
 pub use network::{Subnet, Vpc};
+pub use oidc_provider::{OidcProvider, DEFAULT_AUDIENCE, S3_ROOT_THUMBPRINTS};
 pub use routing::{ElasticIp, InternetGateway, NatGateway, RouteTable, RouteTarget};
 pub use security_group::{protocol_has_ports, IngressRule, RuleSource, SecurityGroup, SecurityGroupRule, EGRESS_ALL};
 pub use task::{AwsTask, Task, Tasks};
@@ -89,6 +91,7 @@ pub struct AwsTarget {
     pub s3: aws_sdk_s3::Client,
     pub iam: aws_sdk_iam::Client,
     pub elb: aws_sdk_elasticloadbalancingv2::Client,
+    pub sts: aws_sdk_sts::Client,
     pub counter: CallCounter,
     /// How long to keep retrying deletes that wait on dependents (instances terminating).
     pub dependency_retries: u32,
@@ -106,6 +109,7 @@ impl AwsTarget {
         let mut r53 = aws_sdk_route53::config::Builder::from(&conf);
         let mut iam = aws_sdk_iam::config::Builder::from(&conf);
         let mut elb = aws_sdk_elasticloadbalancingv2::config::Builder::from(&conf);
+        let mut sts = aws_sdk_sts::config::Builder::from(&conf);
         let mut s3 = base::aws::s3_config(&conf, opts.endpoint_url.is_some());
         for i in &all {
             ec2.push_interceptor(i.clone());
@@ -114,6 +118,7 @@ impl AwsTarget {
             s3.push_interceptor(i.clone());
             iam.push_interceptor(i.clone());
             elb.push_interceptor(i.clone());
+            sts.push_interceptor(i.clone());
         }
         AwsTarget {
             ec2: aws_sdk_ec2::Client::from_conf(ec2.build()),
@@ -122,6 +127,7 @@ impl AwsTarget {
             s3: aws_sdk_s3::Client::from_conf(s3.build()),
             iam: aws_sdk_iam::Client::from_conf(iam.build()),
             elb: aws_sdk_elasticloadbalancingv2::Client::from_conf(elb.build()),
+            sts: aws_sdk_sts::Client::from_conf(sts.build()),
             counter,
             dependency_retries: 60,
             dependency_delay: Duration::from_secs(5),
@@ -136,6 +142,9 @@ pub struct Resolved {
     pub images: BTreeMap<String, (String, String)>,
     /// Hosted zone id, when the cluster uses Route53.
     pub zone: Option<String>,
+    /// The account apply runs in (STS GetCallerIdentity), when a service account's role needs it
+    /// for its trust policy's provider ARN.
+    pub account: Option<String>,
     pub notes: Vec<String>,
 }
 
@@ -315,6 +324,10 @@ impl AwsTarget {
             r.images.insert(image.clone(), (best.image_id().unwrap_or_default().to_string(), best.root_device_name().unwrap_or("/dev/sda1").to_string()));
         }
         self.resolve_zone(model, &mut r).await?;
+        if model.tasks.iam_roles.iter().any(|role| matches!(role.assume_role, Policy::ServiceAccount { .. })) {
+            let me = self.sts.get_caller_identity().send().await.map_err(|e| api("GetCallerIdentity", &model.cluster, e))?;
+            r.account = Some(required(me.account(), "Account", &model.cluster, "account")?.to_string());
+        }
         Ok(r)
     }
 

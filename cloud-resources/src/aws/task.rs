@@ -15,6 +15,7 @@ use crate::tasks::{Fields, Member};
 use super::autoscaling::AutoscalingGroup;
 use super::dns_record::DnsRecord;
 use super::iam::{IamRole, InstanceProfile};
+use super::oidc_provider::OidcProvider;
 use super::launch_template::LaunchTemplate;
 use super::load_balancer::{LoadBalancer, TargetGroup};
 use super::network::{Subnet, Vpc};
@@ -27,6 +28,7 @@ use super::{AwsError, AwsTarget, Discovered, Ids, Resolved};
 crate::tasks! {
     /// A typed resource of the AWS target.
     pub enum Task, pub struct Tasks, dyn AwsTask, visit TaskTypes {
+        oidc_providers: OidcProvider(OidcProvider),
         iam_roles: IamRole(IamRole),
         instance_profiles: InstanceProfile(InstanceProfile),
         vpcs: Vpc(Vpc),

@@ -185,6 +185,27 @@ pub fn assume_role_policy(partition: &str) -> Value {
     })
 }
 
+/// The trust policy of a service account's role (IRSA; kOps `formatAWSIAMStatement`): the OIDC
+/// provider `provider_arn` of the issuer `provider` (host and path) may assume it with a token whose
+/// subject is the service account — `StringLike` when the namespace holds a `*`.
+pub fn service_account_trust_policy(provider_arn: &str, provider: &str, namespace: &str, name: &str) -> Value {
+    let op = if namespace.contains('*') { "StringLike" } else { "StringEquals" };
+    json!({
+        "Version": "2012-10-17",
+        "Statement": [{
+            "Effect": "Allow",
+            "Principal": {"Federated": provider_arn},
+            "Action": "sts:AssumeRoleWithWebIdentity",
+            "Condition": {op: {format!("{provider}:sub"): format!("system:serviceaccount:{namespace}:{name}")}},
+        }],
+    })
+}
+
+/// A policy document of the statements a spec gives as a JSON list (kOps wraps them the same way).
+pub fn policy_of_statements(statements: Vec<Value>) -> Value {
+    json!({"Version": "2012-10-17", "Statement": statements})
+}
+
 fn statement(actions: &[&str], resources: Value, condition: Option<Value>) -> Value {
     let mut actions: Vec<&str> = actions.to_vec();
     actions.sort_unstable();

@@ -126,7 +126,7 @@ pub fn api_server(ctx: &Context, d: &Derived, spec: &mut ClusterSpec) {
         default(&mut a.service_account_issuer, issuer);
     }
     if let Some(issuer) = a.service_account_issuer.clone() {
-        default(&mut a.service_account_jwksuri, format!("{issuer}/openid/v1/jwks"));
+        default(&mut a.service_account_jwksuri, base::oidc::jwks_uri(&issuer));
     }
     // Encryption at rest: the file nodeup writes from the state store's `encryptionconfig`
     // secret (kOps sets the same path in nodeup).
