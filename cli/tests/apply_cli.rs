@@ -259,7 +259,7 @@ const IRSA: &str = r#"  serviceAccountIssuerDiscovery:
     - name: reader
       namespace: default
       aws:
-        policyARNs: [arn:aws:iam::aws:policy/ReadOnlyAccess]
+        policyARNs: [arn:aws:iam::123456789012:policy/team-read]
     - name: writer
       namespace: team-*
       aws:
@@ -282,6 +282,12 @@ fn irsa_spec(spec: &tempfile::NamedTempFile, with_writer: bool) {
     std::fs::write(spec.path(), base.replace("  iam:\n    legacy: false\n", &irsa)).expect("write spec");
 }
 
+/// The customer-managed policy the spec's `policyARNs` names (moto's account, 123456789012).
+async fn create_team_policy(moto: &Moto) {
+    let doc = r#"{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": ["*"]}]}"#;
+    moto.target(&[]).await.iam.create_policy().policy_name("team-read").policy_document(doc).send().await.expect("create policy team-read");
+}
+
 async fn sa_roles(t: &cloud_resources::aws::AwsTarget) -> Vec<String> {
     let roles = t.iam.list_roles().send().await.expect("roles");
     let mut names: Vec<String> = roles.roles().iter().map(|r| r.role_name().to_string()).filter(|n| n.contains(".sa.")).collect();
@@ -300,13 +306,14 @@ async fn irsa_publishes_the_issuer_and_makes_its_provider_and_service_account_ro
     let ami = moto.fixtures().await;
     let spec = spec_file(&ami);
     irsa_spec(&spec, true);
+    create_team_policy(&moto).await;
     let out = apply(&spec, &moto, &["--yes"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("service-account issuer discovery") && stdout.contains("2 documents written"), "{stdout}");
 
     // The documents, under the issuer the API servers are told (`--service-account-issuer`).
-    let issuer = format!("https://{BUCKET}.s3.eu-west-1.amazonaws.com/discovery");
+    let issuer = format!("https://{BUCKET}.s3.us-east-1.amazonaws.com/discovery");
     let store = StateStore::open_with_s3(&format!("s3://{BUCKET}/discovery").parse().expect("url"), Some(moto.target(&[]).await.s3), std::time::Duration::from_secs(10))
         .expect("store");
     let config: serde_json::Value = serde_json::from_slice(&store.get(".well-known/openid-configuration").await.expect("get").expect("published")).expect("json");
@@ -318,7 +325,7 @@ async fn irsa_publishes_the_issuer_and_makes_its_provider_and_service_account_ro
     // The provider, keyed by the issuer's host and path, for both audiences.
     let t = moto.target(&[]).await;
     let providers = oidc_providers(&t).await;
-    let host_path = format!("{BUCKET}.s3.eu-west-1.amazonaws.com/discovery");
+    let host_path = format!("{BUCKET}.s3.us-east-1.amazonaws.com/discovery");
     assert_eq!(providers.len(), 1, "{providers:?}");
     assert!(providers[0].ends_with(&format!(":oidc-provider/{host_path}")), "{providers:?}");
     let p = t.iam.get_open_id_connect_provider().open_id_connect_provider_arn(&providers[0]).send().await.expect("provider");
@@ -338,7 +345,7 @@ async fn irsa_publishes_the_issuer_and_makes_its_provider_and_service_account_ro
     assert_eq!(s["Condition"]["StringEquals"][format!("{host_path}:sub")], "system:serviceaccount:default:reader");
     let attached = t.iam.list_attached_role_policies().role_name(format!("reader.default.sa.{cluster}")).send().await.expect("attached");
     let arns: Vec<&str> = attached.attached_policies().iter().filter_map(|p| p.policy_arn()).collect();
-    assert_eq!(arns, ["arn:aws:iam::aws:policy/ReadOnlyAccess"]);
+    assert_eq!(arns, ["arn:aws:iam::123456789012:policy/team-read"]);
     let writer = t.iam.get_role().role_name(format!("writer.team-wildcard.sa.{cluster}")).send().await.expect("role");
     let doc = trust(writer.role().and_then(|r| r.assume_role_policy_document()).expect("trust"));
     assert_eq!(doc["Statement"][0]["Condition"]["StringLike"][format!("{host_path}:sub")], "system:serviceaccount:team-*:writer");

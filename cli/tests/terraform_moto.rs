@@ -217,7 +217,7 @@ const IRSA: &str = r#"  serviceAccountIssuerDiscovery:
     - name: reader
       namespace: default
       aws:
-        policyARNs: [arn:aws:iam::aws:policy/ReadOnlyAccess]
+        policyARNs: [arn:aws:iam::123456789012:policy/team-read]
     - name: writer
       namespace: team-*
       aws:
@@ -233,6 +233,12 @@ fn terraform_then_keelson_plans_nothing_with(example: &'static str, iam: Option<
     let moto = Moto::start();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let ami = rt.block_on(moto.fixtures());
+    if iam.is_some_and(|b| b.contains("policy/team-read")) {
+        // The customer-managed policy the IRSA block's `policyARNs` names (moto's account).
+        let doc = r#"{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": ["*"]}]}"#;
+        let t = rt.block_on(moto.target(&[]));
+        rt.block_on(t.iam.create_policy().policy_name("team-read").policy_document(doc).send()).expect("create policy team-read");
+    }
     let work = tempfile::tempdir().expect("tmp");
     let spec = spec_file(work.path(), example, &ami, iam);
     let dir = work.path().join("tf");

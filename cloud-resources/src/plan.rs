@@ -233,7 +233,11 @@ pub fn diff(desired: &[Resource], actual: &[Resource], scope: Scope) -> Plan {
                 !desired_by_key.contains_key(&a.key())
                     && matches!(
                         a.kind(),
-                        Kind::AutoscalingGroup
+                        // IAM: the roles found are the model's and the service accounts' of this
+                        // cluster (`aws::iam`), so one gone from the spec is a service account's.
+                        Kind::IamOidcProvider
+                            | Kind::IamRole
+                            | Kind::AutoscalingGroup
                             | Kind::LaunchTemplate
                             | Kind::SecurityGroupRule
                             | Kind::SecurityGroup
