@@ -151,6 +151,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn service_account_roles_are_kops_names_within_64_characters() {
+        assert_eq!(service_account_role_name("reader", "default", "c.example.com"), "reader.default.sa.c.example.com");
+        assert_eq!(service_account_role_name("w", "team-*", "c.example.com"), "w.team-wildcard.sa.c.example.com");
+        let long = service_account_role_name("a-rather-long-service-account-name", "a-long-namespace", "cluster.example.com");
+        assert_eq!(long.len(), 64, "{long}");
+        assert!(long.starts_with("a-rather-long-service-account-name.a-long-namespace.sa.cl-"), "kOps cuts to 57 and adds a hash: {long}");
+    }
+
+    #[test]
     fn gce_service_accounts_are_named_per_role_within_30_characters() {
         assert_eq!(gce_service_account_id(Role::Node, "c.example.com"), "node-c-example-com");
         assert_eq!(gce_service_account_id(Role::ApiServer, "c.example.com"), gce_service_account_id(Role::ControlPlane, "c.example.com"));

@@ -139,7 +139,11 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
             r.add(&cdoc, "spec.dnsZone", format!("{zone:?} is neither a hosted-zone id nor a DNS name"));
         }
     }
-    service_account_permissions(&mut r, &cdoc, spec.iam.as_ref().and_then(|i| i.service_account_external_permissions.as_deref()).unwrap_or_default());
+    let sa_perms = spec.iam.as_ref().and_then(|i| i.service_account_external_permissions.as_deref()).unwrap_or_default();
+    service_account_permissions(&mut r, &cdoc, sa_perms);
+    if !sa_perms.is_empty() && spec.cloud_provider.as_deref().is_some_and(|c| c != "aws") {
+        r.add(&cdoc, "spec.iam.serviceAccountExternalPermissions", "IAM roles for service accounts are made on AWS only (kOps too); remove them on this cloud");
+    }
     for (path, value) in [("spec.masterPublicName", &spec.master_public_name), ("spec.masterInternalName", &spec.master_internal_name)] {
         if let Some(v) = value {
             if let Err(e) = v.parse::<DnsName>() {
@@ -491,6 +495,28 @@ mod tests {
         assert!(errors(&annotate("    keelson.io/node-bootstrap: token\n    keelson.io/allow-bootstrap-token: \"true\"\n")).is_empty());
         // Off AWS and GCE the token is the only way and needs no opt-in.
         assert!(errors(&token.replace("cloudProvider: aws", "cloudProvider: openstack")).iter().all(|e| !e.contains("node-bootstrap")));
+    }
+
+    #[test]
+    fn service_account_permissions_are_kops_rules() {
+        let perms = |items: &str| spec(&format!("  iam:\n    serviceAccountExternalPermissions:\n{items}"), "");
+        let good = "    - name: a\n      namespace: team-*\n      aws:\n        policyARNs: [arn:aws:iam::1:policy/p]\n    - name: b\n      namespace: default\n      aws:\n        inlinePolicy: '[{\"Effect\": \"Allow\", \"Action\": [\"s3:GetObject\"], \"Resource\": [\"*\"]}]'\n";
+        assert_eq!(errors(&perms(good)), Vec::<String>::new());
+        let cases = [
+            ("    - name: a\n      aws:\n        policyARNs: [x]\n", "[/a].namespace: required"),
+            ("    - name: a*\n      namespace: n\n      aws:\n        policyARNs: [x]\n", "[n/a*].name: a service account name cannot hold a wildcard"),
+            ("    - name: a\n      namespace: n\n", "[n/a].aws: required"),
+            ("    - name: a\n      namespace: n\n      aws: {}\n", "[n/a].aws: either inlinePolicy or policyARNs"),
+            ("    - name: a\n      namespace: n\n      aws:\n        policyARNs: [x]\n        inlinePolicy: '[]'\n", "[n/a].aws: cannot set both"),
+            ("    - name: a\n      namespace: n\n      aws:\n        inlinePolicy: '{not json'\n", "[n/a].aws.inlinePolicy: expected a JSON list"),
+            ("    - name: a\n      namespace: n\n      aws:\n        policyARNs: [x]\n    - name: a\n      namespace: n\n      aws:\n        policyARNs: [y]\n", "[n/a]: duplicate service account n/a"),
+        ];
+        for (items, want) in cases {
+            let e = errors(&perms(items));
+            assert!(e.iter().any(|e| e.contains(&format!("spec.iam.serviceAccountExternalPermissions{want}"))), "{want}: {e:?}");
+        }
+        let gce = perms(good).replace("cloudProvider: aws", "cloudProvider: gce");
+        assert!(errors(&gce).iter().any(|e| e.contains("spec.iam.serviceAccountExternalPermissions: IAM roles for service accounts are made on AWS only")));
     }
 
     #[test]

@@ -53,8 +53,8 @@ fn b64(bytes: &[u8]) -> String {
 /// One certificate's public key as a JWK (EC P-256/P-384 or RSA), with its key id.
 fn jwk(keyset: &str, id: &str, cert_pem: &str) -> Result<Value, PkiError> {
     let block = ::pem::parse(cert_pem).map_err(|e| bad(keyset, format!("key {id}: certificate is not PEM: {e}")))?;
-    let (_, cert) = x509_parser::certificate::X509Certificate::from_der(block.contents())
-        .map_err(|e| bad(keyset, format!("key {id}: not an X.509 certificate: {e}")))?;
+    let (_, cert) =
+        x509_parser::certificate::X509Certificate::from_der(block.contents()).map_err(|e| bad(keyset, format!("key {id}: not an X.509 certificate: {e}")))?;
     let spki = cert.public_key();
     let kid = b64(&Sha256::digest(spki.raw));
     let parsed = spki.parsed().map_err(|e| bad(keyset, format!("key {id}: public key: {e}")))?;

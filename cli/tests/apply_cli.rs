@@ -314,9 +314,14 @@ async fn irsa_publishes_the_issuer_and_makes_its_provider_and_service_account_ro
 
     // The documents, under the issuer the API servers are told (`--service-account-issuer`).
     let issuer = format!("https://{BUCKET}.s3.us-east-1.amazonaws.com/discovery");
-    let store = StateStore::open_with_s3(&format!("s3://{BUCKET}/discovery").parse().expect("url"), Some(moto.target(&[]).await.s3), std::time::Duration::from_secs(10))
-        .expect("store");
-    let config: serde_json::Value = serde_json::from_slice(&store.get(".well-known/openid-configuration").await.expect("get").expect("published")).expect("json");
+    let store = StateStore::open_with_s3(
+        &format!("s3://{BUCKET}/discovery").parse().expect("url"),
+        Some(moto.target(&[]).await.s3),
+        std::time::Duration::from_secs(10),
+    )
+    .expect("store");
+    let config: serde_json::Value =
+        serde_json::from_slice(&store.get(".well-known/openid-configuration").await.expect("get").expect("published")).expect("json");
     assert_eq!(config["issuer"], issuer.as_str());
     assert_eq!(config["jwks_uri"], format!("{issuer}/openid/v1/jwks").as_str());
     let jwks: serde_json::Value = serde_json::from_slice(&store.get("openid/v1/jwks").await.expect("get").expect("published")).expect("json");
@@ -349,7 +354,14 @@ async fn irsa_publishes_the_issuer_and_makes_its_provider_and_service_account_ro
     let writer = t.iam.get_role().role_name(format!("writer.team-wildcard.sa.{cluster}")).send().await.expect("role");
     let doc = trust(writer.role().and_then(|r| r.assume_role_policy_document()).expect("trust"));
     assert_eq!(doc["Statement"][0]["Condition"]["StringLike"][format!("{host_path}:sub")], "system:serviceaccount:team-*:writer");
-    let inline = t.iam.get_role_policy().role_name(format!("writer.team-wildcard.sa.{cluster}")).policy_name(format!("writer.team-wildcard.sa.{cluster}")).send().await.expect("inline");
+    let inline = t
+        .iam
+        .get_role_policy()
+        .role_name(format!("writer.team-wildcard.sa.{cluster}"))
+        .policy_name(format!("writer.team-wildcard.sa.{cluster}"))
+        .send()
+        .await
+        .expect("inline");
     let inline: serde_json::Value = serde_json::from_str(&percent_decode(inline.policy_document())).expect("json");
     assert_eq!(inline["Statement"][0]["Action"], serde_json::json!(["s3:PutObject"]));
 
@@ -362,7 +374,11 @@ async fn irsa_publishes_the_issuer_and_makes_its_provider_and_service_account_ro
     irsa_spec(&spec, false);
     let out = apply(&spec, &moto, &["--yes"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success() && stdout.contains(&format!("- IAMRole writer.team-wildcard.sa.{cluster}")), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && stdout.contains(&format!("- IAMRole writer.team-wildcard.sa.{cluster}")),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(sa_roles(&t).await, [format!("reader.default.sa.{cluster}")]);
 
     // Delete takes the provider and the roles with the cluster.

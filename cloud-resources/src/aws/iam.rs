@@ -69,7 +69,10 @@ impl ServiceAccountTrust {
 pub enum Policy {
     Document(Value),
     /// A service account's trust, in the account the target resolves.
-    ServiceAccount { trust: ServiceAccountTrust, account: Option<String> },
+    ServiceAccount {
+        trust: ServiceAccountTrust,
+        account: Option<String>,
+    },
     /// sha256 of the canonical document; empty when there is none.
     Sha256(String),
 }
@@ -229,11 +232,11 @@ impl AwsTask for IamRole {
                     let create = *c.action == Action::Create;
                     let changed = |field: &str| create || c.changed(field);
                     let want = c.want()?;
-                    let assume = want
-                        .assume_role
-                        .document()
-                        .map(|d| canonical(&d))
-                        .ok_or_else(|| AwsError::Missing { kind: "IAMRole", name: name.into(), message: "no assume-role policy (or its account unresolved)".into() })?;
+                    let assume = want.assume_role.document().map(|d| canonical(&d)).ok_or_else(|| AwsError::Missing {
+                        kind: "IAMRole",
+                        name: name.into(),
+                        message: "no assume-role policy (or its account unresolved)".into(),
+                    })?;
                     let description = match &want.assume_role {
                         Policy::ServiceAccount { trust, .. } => {
                             format!("Keelson role of service account {}/{} of cluster {}", trust.namespace, trust.name, cx.model.cluster)

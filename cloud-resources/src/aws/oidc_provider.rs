@@ -70,7 +70,8 @@ impl AwsTask for OidcProvider {
         Box::pin(async move {
             let list = t.iam.list_open_id_connect_providers().send().await.map_err(|e| api("ListOpenIDConnectProviders", &model.cluster, e))?;
             for arn in list.open_id_connect_provider_list().iter().filter_map(|p| p.arn()) {
-                let p = t.iam.get_open_id_connect_provider().open_id_connect_provider_arn(arn).send().await.map_err(|e| api("GetOpenIDConnectProvider", arn, e))?;
+                let p =
+                    t.iam.get_open_id_connect_provider().open_id_connect_provider_arn(arn).send().await.map_err(|e| api("GetOpenIDConnectProvider", arn, e))?;
                 let tags: BTreeMap<String, String> = p.tags().iter().map(|t| (t.key().to_string(), t.value().to_string())).collect();
                 if tags.get("KubernetesCluster") != Some(&model.cluster) {
                     continue;
@@ -117,7 +118,12 @@ impl AwsTask for OidcProvider {
                 // A provider's URL cannot change: a new issuer is a new provider.
                 Action::Update(_) if c.changed("url") => {
                     let arn = c.id()?;
-                    t.iam.delete_open_id_connect_provider().open_id_connect_provider_arn(&arn).send().await.map_err(|e| api("DeleteOpenIDConnectProvider", name, e))?;
+                    t.iam
+                        .delete_open_id_connect_provider()
+                        .open_id_connect_provider_arn(&arn)
+                        .send()
+                        .await
+                        .map_err(|e| api("DeleteOpenIDConnectProvider", name, e))?;
                     create(c.want()?).await?;
                 }
                 Action::Update(_) => {
@@ -161,7 +167,12 @@ impl AwsTask for OidcProvider {
                 }
                 Action::Delete => {
                     let arn = c.id()?;
-                    t.iam.delete_open_id_connect_provider().open_id_connect_provider_arn(&arn).send().await.map_err(|e| api("DeleteOpenIDConnectProvider", name, e))?;
+                    t.iam
+                        .delete_open_id_connect_provider()
+                        .open_id_connect_provider_arn(&arn)
+                        .send()
+                        .await
+                        .map_err(|e| api("DeleteOpenIDConnectProvider", name, e))?;
                 }
             }
             Ok(())

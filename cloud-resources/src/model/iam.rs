@@ -83,7 +83,8 @@ fn service_accounts(cx: &Context<'_>, inputs: &PolicyInputs, tasks: &mut aws::Ta
     if perms.is_empty() && !provider_wanted {
         return Ok(());
     }
-    let issuer = spec.kube_api_server.as_ref().and_then(|a| a.service_account_issuer.clone()).ok_or_else(|| cx.missing("spec.kubeAPIServer.serviceAccountIssuer"))?;
+    let issuer =
+        spec.kube_api_server.as_ref().and_then(|a| a.service_account_issuer.clone()).ok_or_else(|| cx.missing("spec.kubeAPIServer.serviceAccountIssuer"))?;
     if !issuer.starts_with("https://") {
         return Err(field("spec.kubeAPIServer.serviceAccountIssuer".into(), format!("{issuer:?}: IAM trusts an OIDC issuer at an https:// URL only")));
     }
