@@ -779,10 +779,8 @@ fi
 #                                   argument `pause`), /uploads, porter's /localhost.{crt,key}, on a Debian root with sh, bash, dig, curl, nc,
 #                                   ip, iptables (upstream's is Alpine with the same tools)
 #         e2e-test-images/jessie-dnsutils   the same Debian root (dig), command /bin/sh
-#         e2e-test-images/busybox   Debian's busybox-static with a link per applet in /bin, and Debian's
-#                                   bash-static as /bin/sh (Debian's busybox sh drops environment names that are
-#                                   not shell names, e.g. `data-1`, which upstream's busybox image passes on to
-#                                   `env`: the envFrom tests read them); command sh
+#         e2e-test-images/busybox   upstream busybox of the tag's release built static from source
+#                                   (build_busybox), a link per applet in /bin; command sh
 #         e2e-test-images/httpd (both tags), e2e-test-images/nginx (both tags)   stand-ins: busybox's httpd
 #                                   serving /usr/local/apache2/htdocs (httpd) or /usr/share/nginx/html (nginx)
 #                                   on port 80, an index.html in each
@@ -794,13 +792,43 @@ fi
 #                                   (v0.MINOR.PATCH), static, entrypoint /sample-apiserver
 #         etcd                      etcd built from its Go module at the manifest's tag's version (3.6.4-0 →
 #                                   v3.6.4), /usr/local/bin/etcd (the aggregator test's sidecar)
-#       The busybox and sh binaries are Debian's packages (apt-get download busybox-static bash-static), as the Debian roots come from
-#       Debian's archive. Cached as $KEELSON_LOCAL_CACHE/images/conformance-KEY (KEY: the versions, agnhost's
+#       The Debian roots come from Debian's archive; busybox from its release tarball (sha256-pinned). Cached as $KEELSON_LOCAL_CACHE/images/conformance-KEY (KEY: the versions, agnhost's
 #       sha256, the Debian root's recipe, this block).
 #   tests/kubernetes/images.sh conformance-repo-list REGISTRY FILE           # e.g. ... 10.80.0.1:5000 repo-list.yaml
 #       Writes FILE, the registry list for the suite's KUBE_TEST_REPO_LIST: every registry of the suite's
 #       manifest moved into REGISTRY (promoterE2eRegistry → REGISTRY/e2e-test-images, gcRegistry → REGISTRY,
 #       …), except invalidRegistry and the two authenticated ones, which tests expect to fail; prints FILE.
+
+# Upstream busybox, the release the suite's busybox image tag names (1.37.0-1 → 1.37.0), built static
+# with its defconfig (tc off: it does not build against current kernel headers) from the release
+# tarball, verified by its sha256 (Debian's pool serves it as the package's orig tarball). Not
+# Debian's busybox-static: its ash drops environment names that are not shell names (`data-1`),
+# which upstream's keeps and the envFrom tests read back. ARGS: the manifest's spec line, a work
+# directory, where to put the binary.
+BUSYBOX_SOURCES=(
+  "1.37.0 3311dff32e746499f4df0d5df04d7eb396382d7e108bb9250e7b519b837043a4"
+)
+build_busybox() {
+  local tag version want="" line v sum
+  read -r _ _ tag <<<"$1"
+  version=${tag%-*}
+  for line in "${BUSYBOX_SOURCES[@]}"; do
+    read -r v sum <<<"$line"
+    [ "$v" = "$version" ] && want=$sum
+  done
+  [ -n "$want" ] || die "no pinned busybox source for the suite's busybox $tag (pin its release tarball's sha256 in BUSYBOX_SOURCES)"
+  mkdir -p "$2"
+  local tarball="$2/busybox_$version.orig.tar.bz2"
+  log "busybox: building $version from source"
+  curl -fsSL --retry 3 -o "$tarball" "http://deb.debian.org/debian/pool/main/b/busybox/busybox_$version.orig.tar.bz2" ||
+    die "downloading busybox $version's source failed"
+  [ "$(sha256sum <"$tarball" | cut -d' ' -f1)" = "$want" ] || die "busybox $version's source does not have the pinned sha256 $want"
+  tar -xjf "$tarball" -C "$2" || die "unpacking busybox $version failed"
+  (cd "$2/busybox-$version" && make defconfig >/dev/null &&
+    sed -i 's/^# CONFIG_STATIC is not set/CONFIG_STATIC=y/; s/^CONFIG_TC=y/# CONFIG_TC is not set/' .config &&
+    make -j"$(nproc)" >build.log 2>&1) || die "building busybox $version failed: $(tail -5 "$2/busybox-$version/build.log" 2>/dev/null)"
+  install -m 755 "$2/busybox-$version/busybox" "$3"
+}
 CONFORMANCE_DEBIAN_EXTRA=bind9-dnsutils,curl,netcat-openbsd,procps,bash
 # The manifest's (test/utils/image/manifest.go) registry keys and where each lives in the local registry.
 CONFORMANCE_REGISTRIES=(
@@ -894,23 +922,18 @@ cmd_conformance_images() {
     owned_layer_tar "$stage/agnhost" "$layers/agnhost.tar"
     layer_tar "$base_root" "$layers/debian-conformance.tar"
 
-    log "busybox: apt-get download busybox-static"
-    (cd "$tmp/work/deb" && apt-get download -q busybox-static >&2) || die "apt-get download busybox-static failed"
-    dpkg-deb -x "$tmp/work/deb"/busybox-static_*.deb "$tmp/work/deb/x" || die "unpacking busybox-static failed"
-    install -m 755 "$tmp/work/deb/x/bin/busybox" "$stage/busybox/bin/busybox"
+    build_busybox "${spec[BusyBox]}" "$tmp/work/busybox" "$stage/busybox/bin/busybox"
     local applet
     for applet in $("$stage/busybox/bin/busybox" --list); do
       [ "$applet" = busybox ] || ln -s busybox "$stage/busybox/bin/$applet"
     done
-    if ! [ -L "$stage/busybox/bin/sh" ] || ! [ -L "$stage/busybox/bin/httpd" ]; then die "busybox-static has no sh or httpd applet"; fi
-    log "busybox: apt-get download bash-static (its /bin/sh)"
-    (cd "$tmp/work/deb" && apt-get download -q bash-static >&2) || die "apt-get download bash-static failed"
-    dpkg-deb -x "$tmp/work/deb"/bash-static_*.deb "$tmp/work/deb/b" || die "unpacking bash-static failed"
-    rm "$stage/busybox/bin/sh"
-    install -m 755 "$tmp/work/deb/b/bin/bash-static" "$stage/busybox/bin/sh"
-    # The envFrom tests' check: a name that is not a shell name reaches `sh -c env`.
-    [ "$(env -i 'data-1=ok' PATH="$stage/busybox/bin" "$stage/busybox/bin/sh" -c env | grep -c '^data-1=ok$')" = 1 ] ||
-      die "the busybox image's sh drops the environment name data-1"
+    if ! [ -L "$stage/busybox/bin/sh" ] || ! [ -L "$stage/busybox/bin/httpd" ]; then die "busybox has no sh or httpd applet"; fi
+    # What the suite reads from the shell, checked here: a name that is not a shell name reaches
+    # `sh -c env` (the envFrom tests), and ash's own error text (the read-only root test).
+    [ "$(env -i 'data-1=ok' '#@!data-1=ok' PATH="$stage/busybox/bin" "$stage/busybox/bin/sh" -c env | grep -c 'data-1=ok$')" = 2 ] ||
+      die "the busybox image's sh drops environment names like data-1"
+    [ "$(PATH="$stage/busybox/bin" "$stage/busybox/bin/sh" -c 'echo x >/proc/nonexistent/file' 2>&1)" = "$stage/busybox/bin/sh: can't create /proc/nonexistent/file: nonexistent directory" ] ||
+      die "the busybox image's sh does not speak ash's error messages"
     owned_layer_tar "$stage/busybox" "$layers/busybox.tar"
     mkdir -p "$stage/httpd/usr/local/apache2/htdocs" "$stage/nginx/usr/share/nginx/html"
     echo '<html><body><h1>It works!</h1></body></html>' >"$stage/httpd/usr/local/apache2/htdocs/index.html"
