@@ -246,29 +246,9 @@ async fn delete_instance_replaces_that_instance_and_no_other() {
     assert!(!last.contains(&nodes[1]) && last.len() == 2 && now.iter().filter(|i| last.contains(i)).count() == 1, "{now:?} → {last:?}\n{stdout}");
 }
 
-/// IRSA on examples/minimal.yaml: the issuer's documents in a discovery store on S3, the IAM OIDC
-/// provider, and a role per service account (managed policy / inline policy, an exact namespace /
-/// a wildcard one).
-const IRSA: &str = r#"  serviceAccountIssuerDiscovery:
-    discoveryStore: s3://BUCKET/discovery
-    enableAWSOIDCProvider: true
-    additionalAudiences: [sts.amazonaws.com]
-  iam:
-    legacy: false
-    serviceAccountExternalPermissions:
-    - name: reader
-      namespace: default
-      aws:
-        policyARNs: [arn:aws:iam::123456789012:policy/team-read]
-    - name: writer
-      namespace: team-*
-      aws:
-        inlinePolicy: '[{"Effect": "Allow", "Action": ["s3:PutObject"], "Resource": ["arn:aws:s3:::team-data/*"]}]'
-"#;
-
 fn irsa_spec(spec: &tempfile::NamedTempFile, with_writer: bool) {
     let text = std::fs::read_to_string(spec.path()).expect("spec");
-    let mut irsa = IRSA.replace("BUCKET", BUCKET);
+    let mut irsa = moto::irsa();
     if !with_writer {
         irsa = irsa[..irsa.find("    - name: writer").expect("writer")].to_string();
     }
@@ -280,12 +260,6 @@ fn irsa_spec(spec: &tempfile::NamedTempFile, with_writer: bool) {
         None => text,
     };
     std::fs::write(spec.path(), base.replace("  iam:\n    legacy: false\n", &irsa)).expect("write spec");
-}
-
-/// The customer-managed policy the spec's `policyARNs` names (moto's account, 123456789012).
-async fn create_team_policy(moto: &Moto) {
-    let doc = r#"{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": ["*"]}]}"#;
-    moto.target(&[]).await.iam.create_policy().policy_name("team-read").policy_document(doc).send().await.expect("create policy team-read");
 }
 
 async fn sa_roles(t: &cloud_resources::aws::AwsTarget) -> Vec<String> {
@@ -306,7 +280,7 @@ async fn irsa_publishes_the_issuer_and_makes_its_provider_and_service_account_ro
     let ami = moto.fixtures().await;
     let spec = spec_file(&ami);
     irsa_spec(&spec, true);
-    create_team_policy(&moto).await;
+    moto::create_team_policy(&moto.target(&[]).await).await;
     let out = apply(&spec, &moto, &["--yes"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));

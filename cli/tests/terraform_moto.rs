@@ -174,7 +174,7 @@ fn spec_file(dir: &Path, example: &str, ami: &str, iam: Option<&str>) -> PathBuf
     let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(example)).expect("example");
     let extra = if example == "minimal.yaml" { TEMPLATE_TEXT } else { "" };
     let text = match iam {
-        Some(block) => text.replace("  iam:\n    legacy: false\n", &block.replace("BUCKET", BUCKET)),
+        Some(block) => text.replace("  iam:\n    legacy: false\n", block),
         None => text,
     };
     let text = text
@@ -205,25 +205,6 @@ fn terraform_then_keelson_plans_nothing(example: &'static str) {
     terraform_then_keelson_plans_nothing_with(example, None);
 }
 
-/// IRSA: the issuer's IAM OIDC provider and two service accounts' roles (a managed policy and an
-/// exact namespace; an inline policy and a wildcard namespace), their trust naming the provider.
-const IRSA: &str = r#"  serviceAccountIssuerDiscovery:
-    discoveryStore: s3://BUCKET/discovery
-    enableAWSOIDCProvider: true
-    additionalAudiences: [sts.amazonaws.com]
-  iam:
-    legacy: false
-    serviceAccountExternalPermissions:
-    - name: reader
-      namespace: default
-      aws:
-        policyARNs: [arn:aws:iam::123456789012:policy/team-read]
-    - name: writer
-      namespace: team-*
-      aws:
-        inlinePolicy: '[{"Effect": "Allow", "Action": ["s3:PutObject"], "Resource": ["arn:aws:s3:::team-data/*"]}]'
-"#;
-
 fn terraform_then_keelson_plans_nothing_with(example: &'static str, iam: Option<&str>) {
     let (binary, mirror) = match (terraform_binary(), provider_mirror()) {
         (Ok(b), Ok(m)) => (b, m),
@@ -234,10 +215,7 @@ fn terraform_then_keelson_plans_nothing_with(example: &'static str, iam: Option<
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let ami = rt.block_on(moto.fixtures());
     if iam.is_some_and(|b| b.contains("policy/team-read")) {
-        // The customer-managed policy the IRSA block's `policyARNs` names (moto's account).
-        let doc = r#"{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": ["*"]}]}"#;
-        let t = rt.block_on(moto.target(&[]));
-        rt.block_on(t.iam.create_policy().policy_name("team-read").policy_document(doc).send()).expect("create policy team-read");
+        rt.block_on(async { moto::create_team_policy(&moto.target(&[]).await).await });
     }
     let work = tempfile::tempdir().expect("tmp");
     let spec = spec_file(work.path(), example, &ami, iam);
@@ -281,7 +259,7 @@ fn terraform_on_moto_then_keelson_plans_no_change_ha() {
 
 #[test]
 fn terraform_on_moto_then_keelson_plans_no_change_irsa() {
-    terraform_then_keelson_plans_nothing_with("minimal.yaml", Some(IRSA));
+    terraform_then_keelson_plans_nothing_with("minimal.yaml", Some(&moto::irsa()));
 }
 
 /// Private topology: NAT gateways and their elastic IPs, a private route table per zone, an internal

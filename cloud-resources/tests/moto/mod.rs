@@ -136,6 +136,37 @@ pub async fn apply_once(t: &AwsTarget, m: &cloud_resources::model::ClusterModel)
     Ok(counts)
 }
 
+/// IRSA for examples/minimal.yaml (it replaces the example's `iam:` block): the issuer's documents in a
+/// discovery store on the test bucket, the IAM OIDC provider, and two service accounts' roles — a
+/// managed policy ([`create_team_policy`]) and an exact namespace; an inline policy and a wildcard one.
+#[allow(dead_code)]
+pub fn irsa() -> String {
+    IRSA.replace("BUCKET", BUCKET)
+}
+const IRSA: &str = r#"  serviceAccountIssuerDiscovery:
+    discoveryStore: s3://BUCKET/discovery
+    enableAWSOIDCProvider: true
+    additionalAudiences: [sts.amazonaws.com]
+  iam:
+    legacy: false
+    serviceAccountExternalPermissions:
+    - name: reader
+      namespace: default
+      aws:
+        policyARNs: [arn:aws:iam::123456789012:policy/team-read]
+    - name: writer
+      namespace: team-*
+      aws:
+        inlinePolicy: '[{"Effect": "Allow", "Action": ["s3:PutObject"], "Resource": ["arn:aws:s3:::team-data/*"]}]'
+"#;
+
+/// The customer-managed policy [`irsa`]'s `policyARNs` names, in moto's account (123456789012).
+#[allow(dead_code)]
+pub async fn create_team_policy(t: &AwsTarget) {
+    let doc = r#"{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": ["*"]}]}"#;
+    t.iam.create_policy().policy_name("team-read").policy_document(doc).send().await.expect("create policy team-read");
+}
+
 pub const HA_CLUSTER: &str = "ha.k8s.example.com";
 
 /// examples/ha.yaml (private topology, three zones, network load balancer) moved to us-east-1 and
