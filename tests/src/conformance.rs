@@ -264,6 +264,17 @@ pub struct Options {
     pub up_timeout: Duration,
     pub report_dir: Option<PathBuf>,
     pub keep_up: bool,
+    /// Run `[Disruptive]` tests too (they taint nodes and evict pods: a cluster made for the run).
+    pub disruptive: bool,
+}
+
+/// The ginkgo skip: [`DEFAULT_SKIP`] (without `[Disruptive]` when those are asked for) and the user's.
+pub fn skip_regex(user: Option<&str>, disruptive: bool) -> String {
+    let default = if disruptive { DEFAULT_SKIP.replace(r"\[Disruptive\]|", "") } else { DEFAULT_SKIP.to_string() };
+    match user {
+        Some(s) => format!("{default}|{s}"),
+        None => default,
+    }
 }
 
 /// What a run found.
@@ -323,10 +334,7 @@ fn run_suite(opts: &Options) -> anyhow::Result<Outcome> {
         (None, true) => (r"\[Conformance\]".to_string(), "focus: every [Conformance] test".to_string()),
         (None, false) => (focus_regex(FOCUSED), format!("focus: the focused set of {}", FOCUSED.len())),
     };
-    let skip = match &opts.skip {
-        Some(s) => format!("{DEFAULT_SKIP}|{s}"),
-        None => DEFAULT_SKIP.to_string(),
-    };
+    let skip = skip_regex(opts.skip.as_deref(), opts.disruptive);
     let log_path = report_dir.join("ginkgo.log");
     let log = fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
     let mut command = Command::new(bin.join("ginkgo"));
@@ -403,6 +411,14 @@ pub fn render(o: &Outcome) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_skip_keeps_disruptive_tests_out_unless_asked() {
+        assert_eq!(skip_regex(None, false), DEFAULT_SKIP);
+        assert_eq!(skip_regex(Some("Slow"), false), format!("{DEFAULT_SKIP}|Slow"));
+        let with = skip_regex(None, true);
+        assert!(!with.contains("Disruptive") && with.contains(r"\[Flaky\]") && with.contains(r"\[Feature:"), "{with}");
+    }
 
     const REPORT: &str = r#"<?xml version="1.0" encoding="UTF-8"?>
   <testsuites tests="6" disabled="3" errors="0" failures="1" time="12.5">

@@ -92,6 +92,9 @@ enum Cmd {
         /// With -f: leave the cluster up afterwards.
         #[arg(long)]
         keep_up: bool,
+        /// Run [Disruptive] tests too (they taint nodes and evict pods: use a cluster made for the run).
+        #[arg(long)]
+        disruptive: bool,
     },
     /// The IAM oracle (AWS): check every request moto has served against the policies of the
     /// instance role whose credentials signed it; exits 1 on a denied or unmappable call.
@@ -185,7 +188,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 std::process::exit(1);
             }
         }
-        Cmd::Conformance { file, focus, skip, full, nodes, timeout, up_timeout, report_dir, keep_up } => {
+        Cmd::Conformance { file, focus, skip, full, nodes, timeout, up_timeout, report_dir, keep_up, disruptive } => {
             use keelson_local::conformance;
             let opts = conformance::Options {
                 spec: file,
@@ -197,6 +200,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 up_timeout: Duration::from_secs(up_timeout),
                 report_dir,
                 keep_up,
+                disruptive,
             };
             let outcome = conformance::run(&opts)?;
             print!("{}", conformance::render(&outcome));
