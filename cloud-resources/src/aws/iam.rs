@@ -32,11 +32,11 @@ fn decode_document(doc: &str) -> Option<Value> {
     serde_json::from_str(&text).ok()
 }
 
-fn iam_tags(tags: &BTreeMap<String, String>) -> Vec<iam_t::Tag> {
+pub(super) fn iam_tags(tags: &BTreeMap<String, String>) -> Vec<iam_t::Tag> {
     tags.iter().filter_map(|(k, v)| iam_t::Tag::builder().key(k).value(v).build().ok()).collect()
 }
 
-fn tags_of(tags: &[iam_t::Tag]) -> BTreeMap<String, String> {
+pub(super) fn tags_of(tags: &[iam_t::Tag]) -> BTreeMap<String, String> {
     tags.iter().map(|t| (t.key().to_string(), t.value().to_string())).collect()
 }
 

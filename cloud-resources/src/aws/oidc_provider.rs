@@ -7,9 +7,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use aws_sdk_iam::types as iam_t;
 use serde_json::json;
 
+use super::iam::{iam_tags, tags_of};
 use super::task::{AwsFuture, AwsTask, Exec, Typed};
 use super::terraform::{tags_value, AwsTerraform};
 use super::{api, AwsTarget, Discovered, Resolved};
@@ -49,10 +49,6 @@ impl Linked for OidcProvider {
     const TF_ATTR: &'static str = "arn";
 }
 
-fn iam_tags(tags: &BTreeMap<String, String>) -> Vec<iam_t::Tag> {
-    tags.iter().filter_map(|(k, v)| iam_t::Tag::builder().key(k).value(v).build().ok()).collect()
-}
-
 impl AwsTask for OidcProvider {
     fn kind(&self) -> Kind {
         Kind::IamOidcProvider
@@ -72,7 +68,7 @@ impl AwsTask for OidcProvider {
             for arn in list.open_id_connect_provider_list().iter().filter_map(|p| p.arn()) {
                 let p =
                     t.iam.get_open_id_connect_provider().open_id_connect_provider_arn(arn).send().await.map_err(|e| api("GetOpenIDConnectProvider", arn, e))?;
-                let tags: BTreeMap<String, String> = p.tags().iter().map(|t| (t.key().to_string(), t.value().to_string())).collect();
+                let tags = tags_of(p.tags());
                 if tags.get("KubernetesCluster") != Some(&model.cluster) {
                     continue;
                 }
