@@ -21,9 +21,16 @@ pub const ANNOTATION: &str = "keelson.io/aws-service-endpoints";
 /// Endpoint prefix (= SigV4 signing name) → the service ids the AWS cloud-controller-manager's
 /// cloud config names in its `[ServiceOverride]` sections (aws-sdk-go-v2 `ServiceID`s). The
 /// cluster-autoscaler's cloud config names the prefixes themselves (aws-sdk-go v1 endpoint ids) of
-/// `autoscaling` and `ec2`; the CCM does not call Auto Scaling (no ids).
-pub const SERVICES: &[(&str, &[&str])] =
-    &[("autoscaling", &[]), ("ec2", &["EC2"]), ("elasticloadbalancing", &["Elastic Load Balancing", "Elastic Load Balancing v2"]), ("kms", &["KMS"])];
+/// `autoscaling` and `ec2`; the CCM does not call Auto Scaling (no ids). `sts` is where an addon on
+/// a role of its own exchanges its service-account token (`AWS_ENDPOINT_URL_STS`,
+/// [`crate::addon_roles`]).
+pub const SERVICES: &[(&str, &[&str])] = &[
+    ("autoscaling", &[]),
+    ("ec2", &["EC2"]),
+    ("elasticloadbalancing", &["Elastic Load Balancing", "Elastic Load Balancing v2"]),
+    ("kms", &["KMS"]),
+    ("sts", &[]),
+];
 
 /// One override: the endpoint prefix and its URL.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,6 +3,7 @@
 //!
 //! This crate does no I/O: it turns bytes into typed documents and typed documents into bytes.
 
+pub mod addon_roles;
 pub mod addon_rules;
 pub mod addons;
 pub mod aws_endpoints;

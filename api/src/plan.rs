@@ -106,3 +106,14 @@ mod tests {
         assert!(uses_none_dns(&spec(Some("None"))) && !uses_none_dns(&spec(Some("none"))), "validation refuses the lower case");
     }
 }
+
+/// The AWS partition of a region: `aws-cn`, `aws-us-gov` or `aws`.
+pub fn partition_of(region: &str) -> &'static str {
+    if region.starts_with("cn-") {
+        "aws-cn"
+    } else if region.starts_with("us-gov-") {
+        "aws-us-gov"
+    } else {
+        "aws"
+    }
+}

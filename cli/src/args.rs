@@ -40,6 +40,20 @@ pub struct CompileFlags {
     /// kOps-style feature flags (`+APIServerNodes,…`); defaults to $KOPS_FEATURE_FLAGS.
     #[arg(long = "feature-flags", env = "KOPS_FEATURE_FLAGS", default_value = "")]
     pub feature_flags: String,
+    /// The AWS account the cluster is in (12 digits): the ARNs of the roles Keelson's addons
+    /// assume with `spec.iam.useServiceAccountExternalPermissions`. `apply` and `reconcile` ask STS
+    /// when it is not given; `compile` without it leaves those addons out (and says so).
+    #[arg(long = "aws-account-id", value_name = "ID", value_parser = parse_account_id)]
+    pub aws_account_id: Option<String>,
+}
+
+/// An AWS account id: twelve digits.
+fn parse_account_id(s: &str) -> Result<String, String> {
+    if s.len() == 12 && s.bytes().all(|b| b.is_ascii_digit()) {
+        Ok(s.to_string())
+    } else {
+        Err(format!("{s:?}: an AWS account id is 12 digits"))
+    }
 }
 
 impl CompileFlags {
@@ -54,6 +68,7 @@ impl CompileFlags {
             asset_hashes: asset_hashes(self.asset_hashes.as_deref())?,
             image_digests: image_digests(self.image_digests.as_deref())?,
             cas,
+            aws_account: self.aws_account_id.clone(),
         })
     }
 }

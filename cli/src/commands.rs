@@ -239,6 +239,20 @@ pub(crate) fn load_for_cloud(common: &Common) -> anyhow::Result<Result<Located, 
         return Ok(Err(ExitCode::from(1)));
     }
     let at = model::locate(&docs.cluster).with_context(|| format!("{file}: where the cluster lives"))?;
+    let mut options = options;
+    if keelson_api::addon_roles::on_own_roles(&docs.cluster.spec) && options.aws_account.is_none() {
+        // The ARNs of the addons' roles, in the addon manifests the state store gets, name it.
+        let account = runtime()?.block_on(async {
+            let t = aws_target(common, &at.region).await;
+            let me = t.sts.get_caller_identity().send().await.context("STS GetCallerIdentity")?;
+            me.account().map(str::to_string).ok_or_else(|| anyhow::anyhow!("STS GetCallerIdentity named no account"))
+        });
+        options.aws_account = Some(account.with_context(|| {
+            format!(
+                "{file}: spec.iam.useServiceAccountExternalPermissions: the AWS account the addons' roles are in (give --aws-account-id to skip the lookup)"
+            )
+        })?);
+    }
     Ok(Ok(Located { docs, options, at, file }))
 }
 

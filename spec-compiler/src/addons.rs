@@ -36,6 +36,7 @@ mod coredns;
 mod external_dns;
 mod flannel;
 mod gce_ccm;
+pub mod irsa;
 mod metrics_server;
 mod node_local_dns;
 mod node_problem_detector;
@@ -144,6 +145,8 @@ pub enum AddonError {
     NodeProblemDetector(#[from] NodeProblemDetectorError),
     #[error("addon cluster-autoscaler.addons.k8s.io: {0}")]
     ClusterAutoscaler(#[from] ClusterAutoscalerError),
+    #[error(transparent)]
+    Irsa(#[from] irsa::IrsaError),
 }
 
 /// One addon: its name, version and documents, in apply order.
@@ -214,6 +217,11 @@ pub struct RenderedAddon {
 pub struct RenderedAddons {
     pub addons: Vec<RenderedAddon>,
     pub channel: String,
+    /// The rendered addons on roles of their own (`useServiceAccountExternalPermissions`), each with
+    /// its service account: apply makes a role per entry ([`irsa`]).
+    pub service_accounts: Vec<keelson_api::addon_roles::AddonServiceAccount>,
+    /// What the operator should know (an addon not written).
+    pub warnings: Vec<String>,
 }
 
 impl RenderedAddons {
@@ -226,12 +234,14 @@ impl RenderedAddons {
     }
 }
 
-/// Render the addons and their index.
+/// Render the addons and their index; `aws_account` names the roles of the addons that
+/// `useServiceAccountExternalPermissions` puts on roles of their own ([`irsa`]).
 pub fn render(
     cluster: &Cluster,
     groups: &[keelson_api::InstanceGroup],
     versions: &Versions,
     additional_objects: &[serde_json::Value],
+    aws_account: Option<&str>,
 ) -> Result<RenderedAddons, AddonError> {
     let mut addons = addons(cluster, versions)?;
     // The addons that read the instance groups.
@@ -245,7 +255,23 @@ pub fn render(
     }
     let mut channel = AddonChannel { kind: "Addons".into(), addons: Vec::new() };
     let mut out = RenderedAddons::default();
+    let partition = keelson_api::plan::partition_of(&aws_region(&cluster.spec).unwrap_or_default());
+    // Validation reported a bad annotation already; a spec that got here has none or a good one.
+    let endpoints = keelson_api::aws_endpoints::service_endpoints(cluster).unwrap_or_default();
     for Addon { name, version, mut docs } in addons {
+        if let Some(permissions) = irsa::permissions_of(cluster, name) {
+            let account = keelson_api::addon_roles::AddonServiceAccount::from(permissions);
+            out.service_accounts.push(account.clone());
+            let Some(id) = aws_account else {
+                out.warnings.push(format!(
+                    "spec.iam.useServiceAccountExternalPermissions: addon {name} is not written: the ARN of its role ({}) needs the AWS account id (`keelson compile --aws-account-id`; apply and the other commands that change the cloud ask STS)",
+                    keelson_api::names::service_account_role_name(&account.name, &account.namespace, cluster.name())
+                ));
+                continue;
+            };
+            let role = keelson_api::names::service_account_role_name(&account.name, &account.namespace, cluster.name());
+            irsa::remap(name, &mut docs, &account, &keelson_api::addon_roles::role_arn(partition, id, &role), endpoints.get("sts").map(String::as_str))?;
+        }
         // Images kept as given (upstream manifests, the user's objects) are pinned here; the
         // versions table's came pinned ([`crate::digests`]).
         if !versions.options().image_digests.is_empty() {
@@ -301,7 +327,7 @@ mod tests {
             json!({"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration", "percentageOfNodesToScore": 50}),
         ];
         let (cluster, versions) = ha();
-        render(&cluster, &[], &versions, &extra).expect("render").insert_into(&mut tree);
+        render(&cluster, &[], &versions, &extra, None).expect("render").insert_into(&mut tree);
         let objects = String::from_utf8_lossy(&tree.files["state/addons/additional-objects.keelson.io/v1.0.0.yaml"]).to_string();
         assert!(objects.contains("kind: ConfigMap") && !objects.contains("KubeSchedulerConfiguration"), "{objects}");
         let index = String::from_utf8(tree.files[&format!("state/{CHANNEL}")].clone()).expect("utf-8");
@@ -320,7 +346,7 @@ mod tests {
         annotations.insert(keelson_api::nodeup::NODE_BOOTSTRAP_ANNOTATION.into(), "token".into());
         annotations.insert(keelson_api::nodeup::ALLOW_BOOTSTRAP_TOKEN_ANNOTATION.into(), "true".into());
         let mut tree = Tree::default();
-        render(&cluster, &[], &versions, &[]).expect("render").insert_into(&mut tree);
+        render(&cluster, &[], &versions, &[], None).expect("render").insert_into(&mut tree);
         let text = String::from_utf8_lossy(&tree.files["state/addons/bootstrap-rbac.keelson.io/v1.0.0.yaml"]).to_string();
         assert_eq!(text.matches("kind: ClusterRoleBinding").count(), 3, "{text}");
         // Bootstrappers may ask; nothing approves them automatically (protokube decides per name).

@@ -106,8 +106,9 @@ pub fn compile(docs: &Documents, options: &CompileOptions) -> Result<Compiled, C
     tree.insert("state/cluster-completed.spec", completed_yaml);
     // How workers join, decided once (validation already refused a spec that names no way).
     let bootstrap = nodeup_config::node_bootstrap(&completed)?;
-    let addons = addons::render(&completed, &docs.instance_groups, &versions, &docs.additional_objects)?;
+    let addons = addons::render(&completed, &docs.instance_groups, &versions, &docs.additional_objects, options.aws_account.as_deref())?;
     addons.insert_into(&mut tree);
+    warnings.extend(addons.warnings.iter().cloned());
     let scheduler_config = nodeup_config::scheduler_config(&docs.additional_objects)?;
 
     let mut environment = BTreeMap::new();

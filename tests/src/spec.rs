@@ -288,7 +288,7 @@ mod tests {
             gce_endpoint: String::new(),
             dns_upstream: "172.20.255.254".into(),
         });
-        assert!(t.contains("keelson.io/aws-service-endpoints: autoscaling=http://172.20.255.254:4566,ec2=http://172.20.255.254:4566,elasticloadbalancing=http://172.20.255.254:4566,kms=http://172.20.255.254:4566"), "{t}");
+        assert!(t.contains("keelson.io/aws-service-endpoints: autoscaling=http://172.20.255.254:4566,ec2=http://172.20.255.254:4566,elasticloadbalancing=http://172.20.255.254:4566,kms=http://172.20.255.254:4566,sts=http://172.20.255.254:4566"), "{t}");
         assert!(t.contains("image: 172.20.255.254:5000/provider-aws-cloud-controller-manager:v1.34.4"), "{t}");
         assert!(t.contains("coreDNSImage: 172.20.255.254:5000/coredns-coredns:v1.14.2"), "{t}");
         assert!(t.contains("upstreamNameservers:\n    - 172.20.255.254\n"), "{t}");

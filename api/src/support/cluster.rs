@@ -114,11 +114,10 @@ pub static CLUSTER: &[Field] = &[
     nr_if("IAMSpec", "legacy", When::True, "Keelson writes kOps' scoped IAM policies: the legacy (broad) ones are not supported"),
     f("IAMSpec", "allowContainerRegistry", By(IAM)),
     f("IAMSpec", "permissionsBoundary", By(IAM)),
-    nr_if(
+    f(
         "IAMSpec",
         "useServiceAccountExternalPermissions",
-        When::True,
-        "Keelson's own addons do not run on roles of their own through their service accounts yet (IRSA for users' service accounts is `serviceAccountExternalPermissions`)",
+        By("the compiler puts Keelson's cloud-calling addons on roles of their own (spec-compiler/src/addons/irsa.rs); apply makes the roles and leaves their statements out of the control plane's (cloud-resources/src/iam_policy)"),
     ),
     f("IAMSpec", "serviceAccountExternalPermissions", By("apply: an IAM role per service account that its tokens assume through the issuer's OIDC provider (cloud-resources/src/model/iam.rs)")),
     nr("TargetSpec", "terraform", "Keelson's Terraform output does not take extra provider configuration yet"),

@@ -103,6 +103,14 @@ pub enum InlinePolicy {
         /// The hosted zone protokube writes to, once the target has resolved it.
         zone: Option<String>,
     },
+    /// The statements of one of Keelson's addons on a role of its own
+    /// ([`crate::iam_policy::addon_policy`]).
+    Addon {
+        addon: keelson_api::addon_roles::AddonPermissions,
+        inputs: Box<PolicyInputs>,
+        /// The cluster's hosted zone, once the target has resolved it (external-dns writes there).
+        zone: Option<String>,
+    },
     /// A document the spec gives (a service account's `aws.inlinePolicy`).
     Given(Value),
     /// sha256 of the canonical document; empty when the role has none.
@@ -114,6 +122,7 @@ impl InlinePolicy {
     fn document(&self, zone: Option<&str>) -> Option<Value> {
         match self {
             InlinePolicy::Generated { role, inputs, .. } => policy(role, inputs, zone),
+            InlinePolicy::Addon { addon, inputs, .. } => crate::iam_policy::addon_policy(*addon, inputs, zone),
             InlinePolicy::Given(doc) => Some(doc.clone()),
             InlinePolicy::Found(_) => None,
         }
@@ -121,7 +130,7 @@ impl InlinePolicy {
     /// The document for the resolved zone: what the direct target puts.
     pub fn resolved(&self) -> Option<Value> {
         match self {
-            InlinePolicy::Generated { zone, .. } => self.document(zone.as_deref()),
+            InlinePolicy::Generated { zone, .. } | InlinePolicy::Addon { zone, .. } => self.document(zone.as_deref()),
             InlinePolicy::Given(doc) => Some(doc.clone()),
             InlinePolicy::Found(_) => None,
         }
@@ -129,7 +138,9 @@ impl InlinePolicy {
     fn sha256(&self) -> String {
         match self {
             InlinePolicy::Found(s) => s.clone(),
-            InlinePolicy::Generated { .. } | InlinePolicy::Given(_) => self.resolved().map(|d| sha256_hex(canonical(&d).as_bytes())).unwrap_or_default(),
+            InlinePolicy::Generated { .. } | InlinePolicy::Addon { .. } | InlinePolicy::Given(_) => {
+                self.resolved().map(|d| sha256_hex(canonical(&d).as_bytes())).unwrap_or_default()
+            }
         }
     }
 }
@@ -183,7 +194,7 @@ impl AwsTask for IamRole {
         f.opt("permissions_boundary", self.permissions_boundary.as_ref());
     }
     fn resolve(&mut self, resolved: &Resolved) -> bool {
-        if let InlinePolicy::Generated { zone, .. } = &mut self.policy {
+        if let InlinePolicy::Generated { zone, .. } | InlinePolicy::Addon { zone, .. } = &mut self.policy {
             zone.clone_from(&resolved.zone);
         }
         if let Policy::ServiceAccount { account, .. } = &mut self.assume_role {

@@ -29,7 +29,7 @@ mod control_plane;
 mod node;
 
 use self::api_server::api_server;
-use self::control_plane::control_plane;
+use self::control_plane::{control_plane, Holder};
 use self::node::node;
 
 /// What an instance role's inline policy is generated from.
@@ -71,6 +71,10 @@ pub struct PolicyInputs {
     /// external-dns is rendered (`spec.externalDns.provider: external-dns`): it runs on the control
     /// planes with their role and lists the account's zones and their tags.
     pub external_dns: bool,
+    /// The addons on roles of their own (`useServiceAccountExternalPermissions`; the compiler's
+    /// [`spec_compiler::addons::RenderedAddons::service_accounts`]): their statements leave the
+    /// control plane's policy for [`addon_policy`]'s.
+    pub addon_roles: Vec<keelson_api::addon_roles::AddonPermissions>,
 }
 
 /// The cluster's hosted zone as the spec gives it: what protokube calls to find it follows.
@@ -133,6 +137,7 @@ impl PolicyInputs {
                 .unwrap_or_default(),
             allow_container_registry: spec.iam.as_ref().and_then(|i| i.allow_container_registry).unwrap_or(false),
             bootstrap_token,
+            addon_roles: Vec::new(),
             backup_stores: {
                 let mut out: Vec<(String, String)> = Vec::new();
                 for store in spec.etcd_clusters.iter().flatten().filter_map(|c| c.backups.as_ref()?.backup_store.clone()) {
@@ -165,16 +170,7 @@ pub fn node_instance_profiles(cluster: &str, partition: &str, groups: &[keelson_
     out
 }
 
-/// The AWS partition of a region.
-pub fn partition_of(region: &str) -> &'static str {
-    if region.starts_with("cn-") {
-        "aws-cn"
-    } else if region.starts_with("us-gov-") {
-        "aws-us-gov"
-    } else {
-        "aws"
-    }
-}
+pub use keelson_api::plan::partition_of;
 
 /// Lets EC2 instances assume the role.
 pub fn assume_role_policy(partition: &str) -> Value {
@@ -225,7 +221,7 @@ fn statement(actions: &[&str], resources: Value, condition: Option<Value>) -> Va
 /// and is not known here (`hostedzone/*`: set `spec.dnsZone` to scope it).
 pub fn policy(role: &InstanceRolePolicy, p: &PolicyInputs, zone_id: Option<&str>) -> Option<Value> {
     let mut statements = match role.role {
-        Role::ControlPlane => control_plane(p, zone_id),
+        Role::ControlPlane => control_plane(p, zone_id, Holder::ControlPlane),
         Role::ApiServer => api_server(p),
         Role::Node => node(p),
         Role::Bastion => Vec::new(),
@@ -235,6 +231,13 @@ pub fn policy(role: &InstanceRolePolicy, p: &PolicyInputs, zone_id: Option<&str>
         return None;
     }
     Some(json!({"Version": "2012-10-17", "Statement": statements}))
+}
+
+/// The inline policy of an addon's own role (`useServiceAccountExternalPermissions`): the
+/// statements the control plane's policy holds for it otherwise, kOps' per-addon lists.
+pub fn addon_policy(addon: keelson_api::addon_roles::AddonPermissions, p: &PolicyInputs, zone_id: Option<&str>) -> Option<Value> {
+    let statements = control_plane(p, zone_id, Holder::Addon(addon));
+    (!statements.is_empty()).then(|| json!({"Version": "2012-10-17", "Statement": statements}))
 }
 
 fn s3_arn(p: &PolicyInputs, bucket: &str, key: &str) -> String {

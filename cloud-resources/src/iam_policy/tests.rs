@@ -19,6 +19,7 @@ fn inputs() -> PolicyInputs {
         cert_manager_zones: Vec::new(),
         dns_zone: DnsZone::Id("Z123".into()),
         external_dns: false,
+        addon_roles: Vec::new(),
     }
 }
 
@@ -331,4 +332,107 @@ fn china_uses_its_partition_and_service() {
     assert_eq!(partition_of("cn-north-1"), "aws-cn");
     assert!(assume_role_policy("aws-cn").to_string().contains("ec2.amazonaws.com.cn"));
     assert_eq!(partition_of("us-gov-west-1"), "aws-us-gov");
+}
+
+/// Every (action, resource, condition) a statement grants.
+fn grants(doc: &Value) -> std::collections::BTreeSet<(String, String, String)> {
+    let mut out = std::collections::BTreeSet::new();
+    for s in statements(doc) {
+        let actions: Vec<String> = match &s["Action"] {
+            Value::String(a) => vec![a.clone()],
+            v => v.as_array().expect("actions").iter().map(|a| a.as_str().expect("action").to_string()).collect(),
+        };
+        for a in actions {
+            out.insert((a, s["Resource"].to_string(), s.get("Condition").map(Value::to_string).unwrap_or_default()));
+        }
+    }
+    out
+}
+
+/// `useServiceAccountExternalPermissions`: each addon's statements move to its own role; together
+/// the control plane's and the addons' policies grant exactly what the control plane alone granted
+/// before (nothing lost, nothing new), except that protokube's record writes stay scoped to its
+/// names once external-dns has a role of its own; the control plane keeps only its own agents'.
+#[test]
+fn addons_on_their_own_roles_take_exactly_their_statements() {
+    use keelson_api::addon_roles::AddonPermissions;
+    let mut p = inputs();
+    p.cert_manager_zones = vec!["Z9".into()];
+    p.kubenet = true;
+    let alone = grants(&policy(&role(Role::ControlPlane), &p, None).expect("policy"));
+    p.addon_roles = AddonPermissions::ALL.to_vec();
+    let cp = policy(&role(Role::ControlPlane), &p, None).expect("policy");
+    let mut split = grants(&cp);
+    for a in AddonPermissions::ALL {
+        let Some(doc) = addon_policy(a, &p, None) else {
+            assert_eq!(a, AddonPermissions::ExternalDns, "only external-dns, not rendered here, has no statements");
+            continue;
+        };
+        split.extend(grants(&doc));
+        assert!(granting(&doc, "s3:Get*").is_empty(), "{a:?} reads no state store");
+        assert!(granting(&doc, "iam:GetInstanceProfile").is_empty(), "{a:?} is no join server");
+    }
+    assert_eq!(split, alone, "the split grants what the control plane granted alone");
+    // What moved: none of the addons' own actions are left to the control plane.
+    for gone in [
+        "ec2:CreateSecurityGroup",
+        "elasticloadbalancing:CreateLoadBalancer",
+        "ec2:CreateRoute",
+        "ec2:CreateVolume",
+        "ec2:DeleteVolume",
+        "autoscaling:SetDesiredCapacity",
+        "ec2:DescribeSubnets",
+        "iam:CreateServiceLinkedRole",
+    ] {
+        assert!(granting(&cp, gone).is_empty(), "{gone} left on the control plane");
+    }
+    // What stays: protokube's volumes, records and target group; the join server's reads.
+    for kept in [
+        "ec2:AttachVolume",
+        "ec2:DetachVolume",
+        "ec2:DescribeVolumes",
+        "ec2:DescribeInstances",
+        "ec2:CreateTags",
+        "route53:ChangeResourceRecordSets",
+        "elasticloadbalancing:RegisterTargets",
+        "elasticloadbalancing:DeregisterTargets",
+        "elasticloadbalancing:DescribeTargetHealth",
+        "iam:GetInstanceProfile",
+        "kms:CreateGrant",
+    ] {
+        assert!(!granting(&cp, kept).is_empty(), "{kept} missing from the control plane");
+    }
+    let ccm = addon_policy(AddonPermissions::CloudControllerManager, &p, None).expect("ccm");
+    assert!(granting(&ccm, "ec2:AttachVolume").is_empty(), "the CCM attaches no volumes");
+    assert!(!granting(&ccm, "ec2:CreateRoute").is_empty(), "kubenet's routes are the CCM's");
+    let ca = addon_policy(AddonPermissions::ClusterAutoscaler, &p, None).expect("ca");
+    assert_eq!(
+        granting(&ca, "autoscaling:SetDesiredCapacity")[0]["Condition"],
+        json!({"StringEquals": {"aws:ResourceTag/KubernetesCluster": "c.example.com"}}),
+        "the cluster-autoscaler scales only the cluster's groups"
+    );
+    let cert = addon_policy(AddonPermissions::CertManager, &p, None).expect("cert-manager");
+    assert!(granting(&cert, "ec2:DescribeInstances").is_empty());
+    assert_eq!(granting(&cert, "route53:ChangeResourceRecordSets").len(), 1);
+}
+
+/// external-dns on its own role writes any record of the zone; protokube's writes on the control
+/// plane are scoped to its names again.
+#[test]
+fn external_dns_on_its_own_role_takes_the_zone_and_protokube_keeps_its_names() {
+    use keelson_api::addon_roles::AddonPermissions;
+    let mut p = inputs();
+    p.external_dns = true;
+    let shared = policy(&role(Role::ControlPlane), &p, None).expect("policy");
+    assert!(granting(&shared, "route53:ChangeResourceRecordSets")[0].get("Condition").is_none(), "external-dns shares the role: any name");
+    p.addon_roles = vec![AddonPermissions::ExternalDns];
+    let cp = policy(&role(Role::ControlPlane), &p, None).expect("policy");
+    assert!(granting(&cp, "route53:ChangeResourceRecordSets")[0].get("Condition").is_some(), "protokube's names only");
+    assert!(granting(&cp, "route53:ListHostedZones").is_empty());
+    let dns = addon_policy(AddonPermissions::ExternalDns, &p, None).expect("external-dns");
+    assert!(granting(&dns, "route53:ChangeResourceRecordSets")[0].get("Condition").is_none());
+    assert!(!granting(&dns, "route53:ListTagsForResource").is_empty());
+    assert!(granting(&dns, "route53:GetHostedZone").is_empty() && granting(&dns, "ec2:DescribeInstances").is_empty());
+    p.external_dns = false;
+    assert!(addon_policy(AddonPermissions::ExternalDns, &p, None).is_none(), "no external-dns, no statements");
 }

@@ -1,8 +1,9 @@
 //! The IAM builder: one role (with its inline policy, managed policies and permissions boundary)
 //! and the instance profile of the same name per instance-group role whose groups use the managed
 //! profile; for IRSA the issuer's IAM OIDC provider (`enableAWSOIDCProvider`) and a role per
-//! service account of `iam.serviceAccountExternalPermissions` (kOps `awsmodel/iam.go`,
-//! `oidc_provider.go`).
+//! service account of `iam.serviceAccountExternalPermissions` and of each of Keelson's addons the
+//! compiler put on a role of its own (`useServiceAccountExternalPermissions`; kOps `awsmodel/iam.go`,
+//! `oidc_provider.go`, the addons' `iam.Subject`s).
 
 use std::collections::BTreeSet;
 
@@ -36,7 +37,12 @@ pub fn profile_link(ours: &BTreeSet<String>, name: &str) -> Link<InstanceProfile
     }
 }
 
-pub fn build(cx: &Context<'_>, inputs: &PolicyInputs, tasks: &mut aws::Tasks) -> Result<(), ModelError> {
+pub fn build(
+    cx: &Context<'_>,
+    inputs: &PolicyInputs,
+    addon_accounts: &[keelson_api::addon_roles::AddonServiceAccount],
+    tasks: &mut aws::Tasks,
+) -> Result<(), ModelError> {
     let key = |r: Role| match r {
         Role::ControlPlane => ["control-plane", "master"],
         Role::Node => ["node", "node"],
@@ -70,17 +76,22 @@ pub fn build(cx: &Context<'_>, inputs: &PolicyInputs, tasks: &mut aws::Tasks) ->
         });
         tasks.push(InstanceProfile { name: name.clone(), role: Some(Link::to(name)), tags });
     }
-    service_accounts(cx, inputs, tasks)
+    service_accounts(cx, inputs, addon_accounts, tasks)
 }
 
 /// The issuer's OIDC provider and the service accounts' roles.
-fn service_accounts(cx: &Context<'_>, inputs: &PolicyInputs, tasks: &mut aws::Tasks) -> Result<(), ModelError> {
+fn service_accounts(
+    cx: &Context<'_>,
+    inputs: &PolicyInputs,
+    addon_accounts: &[keelson_api::addon_roles::AddonServiceAccount],
+    tasks: &mut aws::Tasks,
+) -> Result<(), ModelError> {
     let spec = cx.spec;
     let field = |field: String, message: String| ModelError::Field { cluster: cx.cluster.to_string(), field, message };
     let discovery = spec.service_account_issuer_discovery.as_ref();
     let perms = spec.iam.as_ref().and_then(|i| i.service_account_external_permissions.as_deref()).unwrap_or_default();
     let provider_wanted = discovery.and_then(|d| d.enable_awsoidc_provider).unwrap_or(false);
-    if perms.is_empty() && !provider_wanted {
+    if perms.is_empty() && !provider_wanted && addon_accounts.is_empty() {
         return Ok(());
     }
     let issuer =
@@ -101,6 +112,34 @@ fn service_accounts(cx: &Context<'_>, inputs: &PolicyInputs, tasks: &mut aws::Ta
             tags: cx.tags(name),
         });
     }
+    let trust = |namespace: &str, name: &str| Policy::ServiceAccount {
+        trust: ServiceAccountTrust {
+            partition: inputs.partition.clone(),
+            provider: provider.clone(),
+            provider_task: provider_task.clone(),
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        },
+        account: None,
+    };
+    let role_tags = |name: &str, namespace: &str, sa: &str| {
+        let mut tags = cx.tags(name);
+        // kOps' tags of a service account's role.
+        tags.insert("service-account.kops.k8s.io/name".into(), sa.to_string());
+        tags.insert("service-account.kops.k8s.io/namespace".into(), namespace.replace('*', "wildcard"));
+        tags
+    };
+    for a in addon_accounts {
+        let name = keelson_api::names::service_account_role_name(&a.name, &a.namespace, cx.cluster);
+        tasks.push(IamRole {
+            name: name.clone(),
+            assume_role: trust(&a.namespace, &a.name),
+            policy: InlinePolicy::Addon { addon: a.permissions, inputs: Box::new(inputs.clone()), zone: None },
+            managed_policies: Default::default(),
+            permissions_boundary: spec.iam.as_ref().and_then(|i| i.permissions_boundary.clone()),
+            tags: role_tags(&name, &a.namespace, &a.name),
+        });
+    }
     for p in perms {
         let (ns, sa) = (p.namespace.as_deref().unwrap_or(""), p.name.as_deref().unwrap_or(""));
         let path = format!("spec.iam.serviceAccountExternalPermissions[{ns}/{sa}]");
@@ -117,26 +156,13 @@ fn service_accounts(cx: &Context<'_>, inputs: &PolicyInputs, tasks: &mut aws::Ta
             None => InlinePolicy::Found(String::new()),
         };
         let name = keelson_api::names::service_account_role_name(sa, ns, cx.cluster);
-        let mut tags = cx.tags(&name);
-        // kOps' tags of a service account's role.
-        tags.insert("service-account.kops.k8s.io/name".into(), sa.to_string());
-        tags.insert("service-account.kops.k8s.io/namespace".into(), ns.replace('*', "wildcard"));
         tasks.push(IamRole {
             name: name.clone(),
-            assume_role: Policy::ServiceAccount {
-                trust: ServiceAccountTrust {
-                    partition: inputs.partition.clone(),
-                    provider: provider.clone(),
-                    provider_task: provider_task.clone(),
-                    namespace: ns.to_string(),
-                    name: sa.to_string(),
-                },
-                account: None,
-            },
+            assume_role: trust(ns, sa),
             policy,
             managed_policies: aws.policy_arns.iter().flatten().cloned().collect(),
             permissions_boundary: spec.iam.as_ref().and_then(|i| i.permissions_boundary.clone()),
-            tags,
+            tags: role_tags(&name, ns, sa),
         });
     }
     Ok(())

@@ -275,13 +275,14 @@ pub fn build_with(docs: &Documents, compiled: &Compiled, require_user_data: bool
     };
     let bootstrap = keelson_api::nodeup::node_bootstrap_method(completed.metadata.annotations.as_ref(), true);
     let bootstrap_token = bootstrap.as_ref().is_ok_and(|m| *m == keelson_api::nodeup::NodeBootstrapMethod::Token);
-    let policy_inputs = PolicyInputs::new(&cluster, &region, &config_base, spec, &docs.instance_groups, bootstrap_token);
+    let mut policy_inputs = PolicyInputs::new(&cluster, &region, &config_base, spec, &docs.instance_groups, bootstrap_token);
+    policy_inputs.addon_roles = compiled.addons.service_accounts.iter().map(|a| a.permissions).collect();
     if cloud == CloudKind::Gce {
         gce_identity::build_gce(&cx, &config_base, bootstrap_token, &mut gce_tasks)?;
     }
     // IAM is validated for every cloud; its tasks are AWS's.
     let mut iam_tasks = aws::Tasks::default();
-    iam::build(&cx, &policy_inputs, if cloud == CloudKind::Aws { &mut tasks } else { &mut iam_tasks })?;
+    iam::build(&cx, &policy_inputs, &compiled.addons.service_accounts, if cloud == CloudKind::Aws { &mut tasks } else { &mut iam_tasks })?;
     bootstrap.map_err(|e| ModelError::Field { cluster: cluster.clone(), field: e.field(), message: e.to_string() })?;
     let dns = dns::build(&cx, lb.as_ref(), if cloud == CloudKind::Aws { Some(&mut tasks) } else { None });
 

@@ -113,6 +113,11 @@ pub struct CompileOptions {
     /// image of the output is pinned to its digest, and an image left without one is an error
     /// ([`crate::digests`]). Empty: images are written by tag, as before.
     pub image_digests: std::collections::BTreeMap<String, String>,
+    /// The AWS account the cluster runs in (`keelson apply` and the other commands that change the
+    /// cloud ask STS; `keelson compile --aws-account-id`): the ARNs of the roles Keelson's addons
+    /// assume when `spec.iam.useServiceAccountExternalPermissions` puts them on roles of their own.
+    /// Without it those addons' manifests are not written (a warning says so).
+    pub aws_account: Option<String>,
 }
 
 impl CompileOptions {
