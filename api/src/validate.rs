@@ -140,9 +140,12 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
         }
     }
     let sa_perms = spec.iam.as_ref().and_then(|i| i.service_account_external_permissions.as_deref()).unwrap_or_default();
-    service_account_permissions(&mut r, &cdoc, sa_perms);
+    service_account_permissions(&mut r, &cdoc, sa_perms, crate::addon_roles::on_own_roles(spec));
     if !sa_perms.is_empty() && spec.cloud_provider.as_deref().is_some_and(|c| c != "aws") {
         r.add(&cdoc, "spec.iam.serviceAccountExternalPermissions", "IAM roles for service accounts are made on AWS only (kOps too); remove them on this cloud");
+    }
+    if spec.iam.as_ref().and_then(|i| i.use_service_account_external_permissions) == Some(true) && spec.cloud_provider.as_deref().is_some_and(|c| c != "aws") {
+        r.add(&cdoc, "spec.iam.useServiceAccountExternalPermissions", "Keelson's addons get roles of their own on AWS only (kOps too); remove it on this cloud");
     }
     for (path, value) in [("spec.masterPublicName", &spec.master_public_name), ("spec.masterInternalName", &spec.master_internal_name)] {
         if let Some(v) = value {
@@ -400,11 +403,22 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
 /// `spec.iam.serviceAccountExternalPermissions` (kOps `validateSAExternalPermissions`): each names a
 /// service account once (a `*` allowed in the namespace only, as the trust policy's `StringLike`),
 /// with either managed policy ARNs or an inline policy (a JSON list of statements).
-fn service_account_permissions(r: &mut Report, doc: &str, perms: &[crate::generated::ServiceAccountExternalPermission]) {
+/// With `useServiceAccountExternalPermissions` (`addons_on_own_roles`) the service accounts of
+/// Keelson's addons have their roles already: an entry for one would be a second role of the same name.
+fn service_account_permissions(r: &mut Report, doc: &str, perms: &[crate::generated::ServiceAccountExternalPermission], addons_on_own_roles: bool) {
     let mut seen = std::collections::BTreeSet::new();
     for p in perms {
         let (ns, name) = (p.namespace.as_deref().unwrap_or(""), p.name.as_deref().unwrap_or(""));
         let path = format!("spec.iam.serviceAccountExternalPermissions[{ns}/{name}]");
+        if addons_on_own_roles {
+            if let Some(addon) = crate::addon_roles::AddonPermissions::ALL.iter().find(|a| a.service_account() == (ns, name)) {
+                r.add(
+                    doc,
+                    path.clone(),
+                    format!("{ns}/{name} is the service account of Keelson's {addon:?} addon, which useServiceAccountExternalPermissions already puts on a role of its own"),
+                );
+            }
+        }
         if ns.is_empty() {
             r.add(doc, format!("{path}.namespace"), "required: the service account's namespace");
         }
@@ -511,6 +525,14 @@ mod tests {
             ("    - name: a\n      namespace: n\n      aws:\n        inlinePolicy: '{not json'\n", "[n/a].aws.inlinePolicy: expected a JSON list"),
             ("    - name: a\n      namespace: n\n      aws:\n        policyARNs: [x]\n    - name: a\n      namespace: n\n      aws:\n        policyARNs: [y]\n", "[n/a]: duplicate service account n/a"),
         ];
+        let addon = "    - name: cluster-autoscaler\n      namespace: kube-system\n      aws:\n        policyARNs: [x]\n";
+        assert_eq!(errors(&perms(addon)), Vec::<String>::new(), "the addon runs with the control plane's role: the user may give its account a role");
+        let own = perms(addon).replace("  iam:\n", "  iam:\n    useServiceAccountExternalPermissions: true\n");
+        assert!(
+            errors(&own).iter().any(|e| e.contains("[kube-system/cluster-autoscaler]: kube-system/cluster-autoscaler is the service account of Keelson's ClusterAutoscaler addon")),
+            "{:?}",
+            errors(&own)
+        );
         for (items, want) in cases {
             let e = errors(&perms(items));
             assert!(e.iter().any(|e| e.contains(&format!("spec.iam.serviceAccountExternalPermissions{want}"))), "{want}: {e:?}");

@@ -370,3 +370,71 @@ async fn irsa_publishes_the_issuer_and_makes_its_provider_and_service_account_ro
 fn percent_decode(s: &str) -> String {
     percent_encoding::percent_decode_str(s).decode_utf8().expect("utf-8").into_owned()
 }
+
+/// The inline policy of `role` as IAM holds it.
+async fn inline_policy(t: &cloud_resources::aws::AwsTarget, role: &str) -> serde_json::Value {
+    let got = t.iam.get_role_policy().role_name(role).policy_name(role).send().await.unwrap_or_else(|e| panic!("{role}: {e:?}"));
+    serde_json::from_str(&percent_decode(got.policy_document())).expect("policy json")
+}
+
+/// Whether any statement of `doc` names `action`.
+fn grants(doc: &serde_json::Value, action: &str) -> bool {
+    doc["Statement"].as_array().expect("statements").iter().any(|s| match &s["Action"] {
+        serde_json::Value::String(a) => a == action,
+        v => v.as_array().is_some_and(|a| a.iter().any(|x| x == action)),
+    })
+}
+
+/// `useServiceAccountExternalPermissions`: apply asks STS for the account, writes the addons with
+/// their roles' ARNs, makes a role per addon (trusting the issuer's provider for the addon's service
+/// account only, with the addon's statements) and takes those statements off the control plane.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keelsons_addons_run_on_roles_of_their_own() {
+    let moto = Moto::start();
+    let ami = moto.fixtures().await;
+    let spec = spec_file(&ami);
+    irsa_spec(&spec, false);
+    let text = std::fs::read_to_string(spec.path()).expect("spec");
+    std::fs::write(spec.path(), text.replace("    legacy: false\n", "    legacy: false\n    useServiceAccountExternalPermissions: true\n")).expect("write spec");
+    moto::create_team_policy(&moto.target(&[]).await).await;
+    let out = apply(&spec, &moto, &["--yes"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("is not written"), "apply knows the account: {stderr}");
+
+    let t = moto.target(&[]).await;
+    let cluster = CLUSTER;
+    // kOps' names, cut to IAM's 64 characters with a hash where longer.
+    let ccm = keelson_api::names::service_account_role_name("aws-cloud-controller-manager", "kube-system", cluster);
+    let ebs = keelson_api::names::service_account_role_name("ebs-csi-controller-sa", "kube-system", cluster);
+    assert!(ccm.len() <= 64 && ccm.starts_with("aws-cloud-controller-manager.kube-system.sa."), "{ccm}");
+    assert_eq!(sa_roles(&t).await, [ccm.clone(), ebs.clone(), format!("reader.default.sa.{cluster}")]);
+    let role = t.iam.get_role().role_name(&ccm).send().await.expect("role");
+    let trust: serde_json::Value = serde_json::from_str(&percent_decode(role.role().and_then(|r| r.assume_role_policy_document()).expect("trust"))).expect("json");
+    let host_path = format!("{BUCKET}.s3.us-east-1.amazonaws.com/discovery");
+    assert_eq!(trust["Statement"][0]["Condition"]["StringEquals"][format!("{host_path}:sub")], "system:serviceaccount:kube-system:aws-cloud-controller-manager");
+    let ccm_policy = inline_policy(&t, &ccm).await;
+    assert!(grants(&ccm_policy, "ec2:CreateSecurityGroup") && !grants(&ccm_policy, "ec2:AttachVolume"), "{ccm_policy}");
+    let ebs_policy = inline_policy(&t, &ebs).await;
+    assert!(grants(&ebs_policy, "ec2:CreateVolume") && !grants(&ebs_policy, "ec2:CreateSecurityGroup"), "{ebs_policy}");
+    let masters = inline_policy(&t, &keelson_api::names::iam_role_name(keelson_api::Role::ControlPlane, cluster)).await;
+    for gone in ["ec2:CreateSecurityGroup", "ec2:CreateVolume", "elasticloadbalancing:CreateLoadBalancer"] {
+        assert!(!grants(&masters, gone), "{gone} still on the control plane: {masters}");
+    }
+    for kept in ["ec2:AttachVolume", "ec2:DescribeVolumes", "elasticloadbalancing:RegisterTargets"] {
+        assert!(grants(&masters, kept), "{kept} missing from the control plane: {masters}");
+    }
+
+    // The addons in the state store assume those roles, in moto's account (STS's answer).
+    let store = StateStore::open_with_s3(&format!("s3://{BUCKET}/{CLUSTER}").parse().expect("configBase"), Some(t.s3.clone()), std::time::Duration::from_secs(30))
+        .expect("store");
+    let manifest = store.get("addons/aws-cloud-controller.addons.k8s.io/v1.0.0.yaml").await.expect("get").expect("written");
+    let manifest = String::from_utf8_lossy(&manifest);
+    assert!(manifest.contains(&format!("arn:aws:iam::123456789012:role/{ccm}")), "{manifest}");
+    assert!(manifest.contains("audience: amazonaws.com"), "{manifest}");
+
+    let out = apply(&spec, &moto, &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("No changes."), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+}
