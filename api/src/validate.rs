@@ -145,7 +145,11 @@ pub fn validate(docs: &Documents) -> Vec<ValidationError> {
         r.add(&cdoc, "spec.iam.serviceAccountExternalPermissions", "IAM roles for service accounts are made on AWS only (kOps too); remove them on this cloud");
     }
     if spec.iam.as_ref().and_then(|i| i.use_service_account_external_permissions) == Some(true) && spec.cloud_provider.as_deref().is_some_and(|c| c != "aws") {
-        r.add(&cdoc, "spec.iam.useServiceAccountExternalPermissions", "Keelson's addons get roles of their own on AWS only (kOps too); remove it on this cloud");
+        r.add(
+            &cdoc,
+            "spec.iam.useServiceAccountExternalPermissions",
+            "Keelson's addons get roles of their own on AWS only (kOps too); remove it on this cloud",
+        );
     }
     for (path, value) in [("spec.masterPublicName", &spec.master_public_name), ("spec.masterInternalName", &spec.master_internal_name)] {
         if let Some(v) = value {
@@ -529,7 +533,10 @@ mod tests {
         assert_eq!(errors(&perms(addon)), Vec::<String>::new(), "the addon runs with the control plane's role: the user may give its account a role");
         let own = perms(addon).replace("  iam:\n", "  iam:\n    useServiceAccountExternalPermissions: true\n");
         assert!(
-            errors(&own).iter().any(|e| e.contains("[kube-system/cluster-autoscaler]: kube-system/cluster-autoscaler is the service account of Keelson's ClusterAutoscaler addon")),
+            errors(&own)
+                .iter()
+                .any(|e| e
+                    .contains("[kube-system/cluster-autoscaler]: kube-system/cluster-autoscaler is the service account of Keelson's ClusterAutoscaler addon")),
             "{:?}",
             errors(&own)
         );

@@ -395,7 +395,8 @@ async fn keelsons_addons_run_on_roles_of_their_own() {
     let spec = spec_file(&ami);
     irsa_spec(&spec, false);
     let text = std::fs::read_to_string(spec.path()).expect("spec");
-    std::fs::write(spec.path(), text.replace("    legacy: false\n", "    legacy: false\n    useServiceAccountExternalPermissions: true\n")).expect("write spec");
+    std::fs::write(spec.path(), text.replace("    legacy: false\n", "    legacy: false\n    useServiceAccountExternalPermissions: true\n"))
+        .expect("write spec");
     moto::create_team_policy(&moto.target(&[]).await).await;
     let out = apply(&spec, &moto, &["--yes"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -411,9 +412,13 @@ async fn keelsons_addons_run_on_roles_of_their_own() {
     assert!(ccm.len() <= 64 && ccm.starts_with("aws-cloud-controller-manager.kube-system.sa."), "{ccm}");
     assert_eq!(sa_roles(&t).await, [ccm.clone(), ebs.clone(), format!("reader.default.sa.{cluster}")]);
     let role = t.iam.get_role().role_name(&ccm).send().await.expect("role");
-    let trust: serde_json::Value = serde_json::from_str(&percent_decode(role.role().and_then(|r| r.assume_role_policy_document()).expect("trust"))).expect("json");
+    let trust: serde_json::Value =
+        serde_json::from_str(&percent_decode(role.role().and_then(|r| r.assume_role_policy_document()).expect("trust"))).expect("json");
     let host_path = format!("{BUCKET}.s3.us-east-1.amazonaws.com/discovery");
-    assert_eq!(trust["Statement"][0]["Condition"]["StringEquals"][format!("{host_path}:sub")], "system:serviceaccount:kube-system:aws-cloud-controller-manager");
+    assert_eq!(
+        trust["Statement"][0]["Condition"]["StringEquals"][format!("{host_path}:sub")],
+        "system:serviceaccount:kube-system:aws-cloud-controller-manager"
+    );
     let ccm_policy = inline_policy(&t, &ccm).await;
     assert!(grants(&ccm_policy, "ec2:CreateSecurityGroup") && !grants(&ccm_policy, "ec2:AttachVolume"), "{ccm_policy}");
     let ebs_policy = inline_policy(&t, &ebs).await;
@@ -427,8 +432,9 @@ async fn keelsons_addons_run_on_roles_of_their_own() {
     }
 
     // The addons in the state store assume those roles, in moto's account (STS's answer).
-    let store = StateStore::open_with_s3(&format!("s3://{BUCKET}/{CLUSTER}").parse().expect("configBase"), Some(t.s3.clone()), std::time::Duration::from_secs(30))
-        .expect("store");
+    let store =
+        StateStore::open_with_s3(&format!("s3://{BUCKET}/{CLUSTER}").parse().expect("configBase"), Some(t.s3.clone()), std::time::Duration::from_secs(30))
+            .expect("store");
     let manifest = store.get("addons/aws-cloud-controller.addons.k8s.io/v1.0.0.yaml").await.expect("get").expect("written");
     let manifest = String::from_utf8_lossy(&manifest);
     assert!(manifest.contains(&format!("arn:aws:iam::123456789012:role/{ccm}")), "{manifest}");

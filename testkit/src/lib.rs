@@ -27,3 +27,4 @@ pub mod mirror;
 pub mod moto;
 pub mod moto_calls;
 pub mod registry;
+pub mod web_identity;

@@ -92,9 +92,32 @@ pub fn read_since(path: &Path, mark: u64) -> Result<Vec<Recorded>, MotoCallsErro
     parse(&String::from_utf8_lossy(whole)).map_err(|(line, source)| MotoCallsError::Parse { path: path.to_path_buf(), line, source })
 }
 
+/// One line of a record: a request, or a credential STS issued for a web identity (fix 11).
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum Line {
+    WebIdentity { web_identity: crate::web_identity::Issued },
+    Request(Recorded),
+}
+
+fn lines(text: &str) -> Result<Vec<Line>, (usize, serde_json::Error)> {
+    text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()).map(|(i, l)| serde_json::from_str(l).map_err(|e| (i + 1, e))).collect()
+}
+
 /// The requests of a record (`Err`: the 1-based line that is not one).
 pub fn parse(text: &str) -> Result<Vec<Recorded>, (usize, serde_json::Error)> {
-    text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()).map(|(i, l)| serde_json::from_str(l).map_err(|e| (i + 1, e))).collect()
+    Ok(lines(text)?.into_iter().filter_map(|l| if let Line::Request(r) = l { Some(r) } else { None }).collect())
+}
+
+/// The credentials STS issued for web identities, as a record holds them.
+pub fn parse_web_identities(text: &str) -> Result<Vec<crate::web_identity::Issued>, (usize, serde_json::Error)> {
+    Ok(lines(text)?.into_iter().filter_map(|l| if let Line::WebIdentity { web_identity } = l { Some(web_identity) } else { None }).collect())
+}
+
+/// [`parse_web_identities`] of a record file.
+pub fn read_web_identities(path: &Path) -> Result<Vec<crate::web_identity::Issued>, MotoCallsError> {
+    let text = std::fs::read_to_string(path).map_err(|source| MotoCallsError::Read { path: path.to_path_buf(), source })?;
+    parse_web_identities(&text).map_err(|(line, source)| MotoCallsError::Parse { path: path.to_path_buf(), line, source })
 }
 
 /// Who signed a request and for what (SigV4's credential scope).
@@ -260,21 +283,27 @@ pub struct Report {
     pub denied: Vec<Finding>,
     /// Requests of a role the oracle could not map to an action: `(role, request, why)`.
     pub unmapped: Vec<(String, String, String)>,
+    /// Credentials STS issued for service-account tokens ([`crate::web_identity`]).
+    pub web_identities: usize,
+    /// Those STS would have refused: `(access key, why)`.
+    pub refused_web_identities: Vec<(String, String)>,
 }
 
 impl Report {
-    /// Nothing denied and nothing left unmapped.
+    /// Nothing denied, nothing left unmapped, no token STS would refuse.
     pub fn clean(&self) -> bool {
-        self.denied.is_empty() && self.unmapped.is_empty()
+        self.denied.is_empty() && self.unmapped.is_empty() && self.refused_web_identities.is_empty()
     }
     /// One line: what was checked and what was found.
     pub fn summary(&self) -> String {
         let roles: Vec<String> = self.per_role.iter().map(|(r, n)| format!("{r}={n}")).collect();
         format!(
-            "IAM oracle: {} of {} requests to moto signed by instance roles ({}), {} authorisations, {} denied, {} unmapped",
+            "IAM oracle: {} of {} requests to moto signed by instance and service-account roles ({}), {} web-identity credentials ({} STS would refuse), {} authorisations, {} denied, {} unmapped",
             self.by_roles,
             self.requests,
             roles.join(" "),
+            self.web_identities,
+            self.refused_web_identities.len(),
             self.authorizations,
             self.denied.iter().map(|d| d.count).sum::<usize>(),
             self.unmapped.len()
@@ -290,6 +319,9 @@ impl fmt::Display for Report {
         }
         for (role, request, why) in &self.unmapped {
             writeln!(f, "  UNMAPPED request of {role}: {request}: {why}")?;
+        }
+        for (key, why) in &self.refused_web_identities {
+            writeln!(f, "  REFUSED web identity {key}: {why}")?;
         }
         Ok(())
     }
@@ -408,6 +440,15 @@ mod tests {
         assert!(op(rec("PATCH", "http://h/bucket/k", "s3", &[], "")).is_err(), "an unknown S3 request is unmapped, not guessed");
         assert!(op(rec("GET", "http://h/2013-04-01/healthcheck", "route53", &[], "")).is_err());
         assert!(op(rec("POST", "http://h/", "ec2", &[], "")).is_err(), "a Query request without Action");
+    }
+
+    #[test]
+    fn web_identity_lines_are_kept_apart_from_requests() {
+        let text = "{\"method\":\"GET\",\"url\":\"http://x/\"}\n{\"web_identity\":{\"access_key_id\":\"AK\",\"role_arn\":\"arn:r\",\"token\":\"t\"}}\n";
+        assert_eq!(parse(text).expect("parse").len(), 1);
+        let issued = parse_web_identities(text).expect("parse");
+        assert_eq!(issued.len(), 1);
+        assert_eq!((issued[0].access_key_id.as_str(), issued[0].role_arn.as_str()), ("AK", "arn:r"));
     }
 
     #[test]

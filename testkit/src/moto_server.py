@@ -87,6 +87,14 @@ has a test that fails without it.
    whose credentials signed it. Through moto's own recording hook (`Recorder._record_request`,
    called for every request of every service before it is handled), under a lock, so lines of
    concurrent requests never interleave. Test: testkit/tests/moto_calls.rs.
+
+11. Also a record: moto's STS hands out credentials for any `AssumeRoleWithWebIdentity` — it checks
+   neither the token nor the role's trust. Every credential it issues that way is appended to the
+   same file as `{"web_identity": {"access_key_id", "role_arn", "token"}}`, so the oracle can judge
+   the token as STS would (signature against the issuer's published key set, issuer and audience
+   against the role's IAM OIDC provider, the subject against the role's trust policy;
+   `testkit/src/web_identity.rs`) and check the calls signed with that key against the role's
+   policies. The request line of the same call is recorded by fix 10 as for any other.
 """
 import io
 import json
@@ -322,6 +330,36 @@ def _record_call(self, request, body=None):
 
 
 Recorder._record_request = _record_call
+
+
+from moto.sts.models import STSBackend
+from moto.sts.responses import TokenResponse as _StsResponse
+
+_web_identity = threading.local()
+_assume_with_web_identity_response = _StsResponse.assume_role_with_web_identity
+_assume_with_web_identity = STSBackend.assume_role_with_web_identity
+
+
+def _web_identity_response(self):
+    _web_identity.token = self._get_param("WebIdentityToken")
+    try:
+        return _assume_with_web_identity_response(self)
+    finally:
+        _web_identity.token = None
+
+
+def _web_identity_recorded(self, **kwargs):
+    role = _assume_with_web_identity(self, **kwargs)
+    if _calls_file:
+        issued = {"access_key_id": role.access_key_id, "role_arn": kwargs.get("role_arn"), "token": getattr(_web_identity, "token", None)}
+        with _calls_lock:
+            with open(_calls_file, "a") as f:
+                f.write(json.dumps({"web_identity": issued}) + "\n")
+    return role
+
+
+_StsResponse.assume_role_with_web_identity = _web_identity_response
+STSBackend.assume_role_with_web_identity = _web_identity_recorded
 
 
 if __name__ == "__main__":

@@ -149,6 +149,7 @@ pub struct Cloud {
     r53: aws_sdk_route53::Client,
     iam: aws_sdk_iam::Client,
     sts: aws_sdk_sts::Client,
+    s3: aws_sdk_s3::Client,
 }
 
 fn tags_of(t: Option<&[aws_sdk_ec2::types::Tag]>) -> Vec<(String, String)> {
@@ -182,6 +183,7 @@ impl Cloud {
             r53: aws_sdk_route53::Client::new(&conf),
             iam: aws_sdk_iam::Client::new(&conf),
             sts: aws_sdk_sts::Client::new(&conf),
+            s3: aws_sdk_s3::Client::from_conf(aws_sdk_s3::config::Builder::from(&conf).force_path_style(true).build()),
             rt,
         }
     }
@@ -496,6 +498,45 @@ impl Cloud {
 
     /// Every policy document of an IAM role as IAM holds it: its inline policies, then the default
     /// version of each attached managed policy (all of them apply to the role's calls).
+    /// The IAM OIDC providers, as STS judges tokens by them.
+    pub fn oidc_providers(&self) -> Result<Vec<testkit::web_identity::Provider>, CloudError> {
+        let list = self.rt.block_on(self.iam.list_open_id_connect_providers().send()).map_err(|e| self.err("ListOpenIDConnectProviders", e))?;
+        let mut out = Vec::new();
+        for arn in list.open_id_connect_provider_list().iter().filter_map(|p| p.arn()) {
+            let p = self
+                .rt
+                .block_on(self.iam.get_open_id_connect_provider().open_id_connect_provider_arn(arn).send())
+                .map_err(|e| self.err("GetOpenIDConnectProvider", e))?;
+            let url = p.url().unwrap_or_default();
+            let url = url.split_once("://").map(|(_, rest)| rest).unwrap_or(url).to_string();
+            out.push(testkit::web_identity::Provider { arn: arn.to_string(), url, client_ids: p.client_id_list().to_vec() });
+        }
+        Ok(out)
+    }
+
+    /// The key set an issuer publishes, when the issuer is a bucket of this cloud's S3
+    /// (`BUCKET.s3[.REGION].amazonaws.com/PATH`, the issuer a discovery store on S3 gets).
+    pub fn issuer_key_set(&self, issuer: &str) -> Result<Option<serde_json::Value>, CloudError> {
+        let Some((host, path)) = issuer.split_once('/') else { return Ok(None) };
+        let Some((bucket, _)) = host.split_once(".s3.").filter(|(_, rest)| rest.ends_with("amazonaws.com")) else { return Ok(None) };
+        let key = format!("{}/openid/v1/jwks", path.trim_end_matches('/'));
+        let got = match self.rt.block_on(self.s3.get_object().bucket(bucket).key(&key).send()) {
+            Ok(o) => o,
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => return Ok(None),
+            Err(e) => return Err(self.err("GetObject", e)),
+        };
+        let bytes = self.rt.block_on(got.body.collect()).map_err(|e| self.err("GetObject", e))?.into_bytes();
+        serde_json::from_slice(&bytes).map(Some).map_err(|e| self.err("GetObject", format!("{bucket}/{key}: {e}")))
+    }
+
+    /// A role's trust policy.
+    pub fn role_trust(&self, role: &str) -> Result<serde_json::Value, CloudError> {
+        let r = self.rt.block_on(self.iam.get_role().role_name(role).send()).map_err(|e| self.err("GetRole", e))?;
+        let text = r.role().and_then(|r| r.assume_role_policy_document()).unwrap_or("{}");
+        let decoded = percent_encoding::percent_decode_str(text).decode_utf8_lossy().into_owned();
+        serde_json::from_str(text).or_else(|_| serde_json::from_str(&decoded)).map_err(|e| self.err("GetRole", format!("{role}: trust policy: {e}")))
+    }
+
     pub fn role_policies(&self, role: &str) -> Result<Vec<serde_json::Value>, CloudError> {
         let doc = |op: &'static str, text: &str| -> Result<serde_json::Value, CloudError> {
             // IAM answers documents URL-encoded (moto as AWS does, or already decoded).

@@ -47,6 +47,8 @@ pub struct Spec {
     pub region: String,
     pub network_cidr: String,
     pub config_base: String,
+    /// `spec.serviceAccountIssuerDiscovery.discoveryStore` (IRSA's issuer documents), if any.
+    pub discovery_store: Option<String>,
     pub dns_zone: Option<String>,
     /// `topology.dns.type: None` or a `.k8s.local` name: no Route53.
     pub gossip: bool,
@@ -92,6 +94,7 @@ impl Spec {
         };
         let network_cidr = s(spec, &["networkCIDR"]).unwrap_or("172.20.0.0/16").to_string();
         let config_base = s(spec, &["configBase"]).ok_or_else(|| bad("spec.configBase missing".into()))?.to_string();
+        let discovery_store = s(spec, &["serviceAccountIssuerDiscovery", "discoveryStore"]).map(str::to_string);
         let gossip = keelson_api::nodeup::uses_hosts_dns(&name, s(spec, &["topology", "dns", "type"]));
         let etcd_clusters = spec
             .get("etcdClusters")
@@ -108,6 +111,7 @@ impl Spec {
             region,
             network_cidr,
             config_base,
+            discovery_store,
             gossip,
             etcd_clusters,
             subnet_cidrs,
@@ -128,8 +132,15 @@ impl Spec {
 
     /// `s3://bucket/prefix` or `gs://bucket/prefix` → bucket.
     pub fn bucket(&self) -> Option<String> {
-        let rest = self.config_base.strip_prefix("s3://").or_else(|| self.config_base.strip_prefix("gs://"))?;
-        Some(rest.split('/').next().unwrap_or(rest).to_string())
+        bucket_of(&self.config_base)
+    }
+
+    /// The buckets the account holds before the cluster is applied: the state store's and the
+    /// service-account issuer's discovery store's (the operator makes both, as for kOps), each once.
+    pub fn buckets(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.bucket().into_iter().chain(self.discovery_store.as_deref().and_then(bucket_of)).collect();
+        out.dedup();
+        out
     }
 
     /// The zones of the instance groups (`spec.zones`), in order, each once.
@@ -262,6 +273,12 @@ impl Spec {
         }
         out
     }
+}
+
+/// `s3://bucket/prefix` or `gs://bucket/prefix` → bucket.
+fn bucket_of(url: &str) -> Option<String> {
+    let rest = url.strip_prefix("s3://").or_else(|| url.strip_prefix("gs://"))?;
+    Some(rest.split('/').next().unwrap_or(rest).to_string())
 }
 
 #[cfg(test)]

@@ -6,7 +6,10 @@
 //! servers in the state store, nodeup keeps them in each worker's hosts file); after a control
 //! plane is killed and replaced, every worker must resolve both names to exactly the live control
 //! planes (hosts file, kube-proxy's copy, `getent`), every machine be a Ready Node, etcd keep every
-//! key and `keelson validate cluster` pass. The test's wall time is printed.
+//! key and `keelson validate cluster` pass. Keelson's addons run on roles of their own (IRSA): the
+//! IAM oracle judges every credential moto's STS issued for a service-account token as real STS
+//! would and checks the CCM's calls (kubenet's routes, nodes' addresses) against its own role.
+//! The test's wall time is printed.
 
 mod support;
 
@@ -26,6 +29,12 @@ fn gossip_cluster_workers_follow_the_control_planes() {
         "unexpected summary {last:?} (output above)"
     );
     support::assert_iam_clean(&stdout);
+    // IRSA (the spec's useServiceAccountExternalPermissions): the CCM's calls were made with its own
+    // role's credentials, issued for tokens STS would accept (the oracle judges each), not the
+    // control planes' role — which no longer holds them.
+    let iam = stdout.lines().find(|l| l.contains("IAM oracle: ")).unwrap_or_default();
+    assert!(iam.contains(" aws-cloud-controller-manager.kube-system.sa."), "the CCM's calls were not made with its service account's role: {iam}");
+    assert!(!iam.contains(" 0 web-identity credentials"), "no service account assumed its role: {iam}");
     assert!(out.status.success(), "selfheal exited {:?}", out.status);
     let resolve = "selfheal: 2/2 workers resolve api.internal.gossip.k8s.local and kops-controller.internal.gossip.k8s.local to the 3 live control planes";
     assert!(has(resolve), "workers follow the replaced control plane through the product's hosts entries (output above)");

@@ -194,7 +194,7 @@ fn daemon_body(state: &State, spec: &Spec, cs: &mut ClusterState, stop: &AtomicB
     cs.phase = "preparing the account (bucket, zone, image)".into();
     cs.save(state);
     let cloud = Cloud::new(&cs.endpoint(), &spec.region);
-    if let Some(bucket) = spec.bucket() {
+    for bucket in spec.buckets() {
         let body = format!("<CreateBucketConfiguration><LocationConstraint>{}</LocationConstraint></CreateBucketConfiguration>", spec.region);
         let (code, text) = moto::http(cs.moto_port, "PUT", &format!("/{bucket}"), &body)?;
         if code != 200 && code != 409 {

@@ -70,6 +70,10 @@ pub struct Evidence {
     pub policies: BTreeMap<String, Vec<serde_json::Value>>,
     /// EC2 resource id or ELB ARN → tags.
     pub tags: BTreeMap<String, BTreeMap<String, String>>,
+    /// Credentials STS issued for service-account tokens, each judged as STS would
+    /// (`testkit::web_identity`): the role and subject, or why STS would have refused it.
+    #[serde(default)]
+    pub web_identities: Vec<(String, Result<testkit::web_identity::Accepted, String>)>,
 }
 
 impl Evidence {
@@ -79,15 +83,37 @@ impl Evidence {
         let cs = ClusterState::load(&st).context("no local cloud is running (no cluster state)")?;
         anyhow::ensure!(!cs.is_gce(), "the IAM oracle checks AWS calls; this local cloud plays GCE (its Cloud Storage gate enforces IAM itself)");
         let records = moto_calls::read(&st.moto_calls())?;
-        let roles = issued_roles(&st)?;
+        let mut roles = issued_roles(&st)?;
         let cloud = Cloud::new(&cs.endpoint(), &cs.region);
+        // Service accounts' credentials: judged as STS would, then checked like any role's.
+        let issued = moto_calls::read_web_identities(&st.moto_calls())?;
+        let mut web_identities = Vec::new();
+        if !issued.is_empty() {
+            let providers = cloud.oidc_providers()?;
+            let mut key_sets = BTreeMap::new();
+            for p in &providers {
+                if let Some(keys) = cloud.issuer_key_set(&p.url)? {
+                    key_sets.insert(p.url.clone(), keys);
+                }
+            }
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+            for i in issued {
+                let role = i.role_arn.rsplit('/').next().unwrap_or_default().to_string();
+                let judged =
+                    cloud.role_trust(&role).map_err(|e| e.to_string()).and_then(|trust| testkit::web_identity::judge(&i, &providers, &key_sets, &trust, now));
+                if judged.is_ok() {
+                    roles.insert(i.access_key_id.clone(), role);
+                }
+                web_identities.push((i.access_key_id, judged));
+            }
+        }
         let mut policies = BTreeMap::new();
         for role in roles.values() {
             if !policies.contains_key(role) {
                 policies.insert(role.clone(), cloud.role_policies(role)?);
             }
         }
-        Ok(Evidence { records, roles, policies, tags: cloud.resource_tags()? })
+        Ok(Evidence { records, roles, policies, tags: cloud.resource_tags()?, web_identities })
     }
 
     /// A resource's tags by ARN: an EC2 ARN's are its id's (`…:volume/vol-1` → `vol-1`).
@@ -97,7 +123,10 @@ impl Evidence {
 
     pub fn check(&self) -> Report {
         let lookup = |arn: &str| self.tags_of(arn);
-        moto_calls::check(&self.records, &Identities { roles: &self.roles, policies: &self.policies, account: MOTO_ACCOUNT, tags: &lookup })
+        let mut report = moto_calls::check(&self.records, &Identities { roles: &self.roles, policies: &self.policies, account: MOTO_ACCOUNT, tags: &lookup });
+        report.web_identities = self.web_identities.len();
+        report.refused_web_identities = self.web_identities.iter().filter_map(|(key, j)| j.as_ref().err().map(|why| (key.clone(), why.clone()))).collect();
+        report
     }
 
     /// Write it to `dir` (`calls.jsonl`, `evidence.json`): to look at, or to keep as a test fixture.
