@@ -47,12 +47,14 @@ pub fn permissions_of(cluster: &Cluster, addon: &str) -> Option<AddonPermissions
 pub fn remap(addon: &str, docs: &mut [Value], account: &AddonServiceAccount, role_arn: &str, sts_endpoint: Option<&str>) -> Result<(), IrsaError> {
     let mut found = false;
     for doc in docs.iter_mut() {
+        // Read before writing: indexing a JSON object mutably inserts what is missing.
         let is_workload = doc["apiVersion"] == "apps/v1" && (doc["kind"] == "Deployment" || doc["kind"] == "DaemonSet");
         let namespace = doc["metadata"]["namespace"].as_str().unwrap_or("default") == account.namespace;
-        let pod = &mut doc["spec"]["template"]["spec"];
-        if !is_workload || !namespace || pod["serviceAccountName"].as_str() != Some(&account.name) {
+        let runs_as = doc.pointer("/spec/template/spec/serviceAccountName").and_then(Value::as_str) == Some(account.name.as_str());
+        if !(is_workload && namespace && runs_as) {
             continue;
         }
+        let Some(pod) = doc.pointer_mut("/spec/template/spec") else { continue };
         found = true;
         add_role(pod, role_arn, sts_endpoint);
     }
@@ -121,7 +123,9 @@ mod tests {
     #[test]
     fn the_addons_pods_get_the_token_the_role_and_a_group_that_reads_it() {
         let sa = AddonServiceAccount::from(AddonPermissions::ClusterAutoscaler);
-        let mut docs = vec![deployment("cluster-autoscaler", json!({})), deployment("other", json!({}))];
+        let account = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "cluster-autoscaler", "namespace": "kube-system"}});
+        let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "cluster-autoscaler"}, "rules": []});
+        let mut docs = vec![deployment("cluster-autoscaler", json!({})), deployment("other", json!({})), account.clone(), role.clone()];
         let arn = "arn:aws:iam::123456789012:role/cluster-autoscaler.kube-system.sa.c";
         remap("ca", &mut docs, &sa, arn, Some("http://127.0.0.1:5000")).unwrap();
         let pod = &docs[0]["spec"]["template"]["spec"];
@@ -142,6 +146,7 @@ mod tests {
         assert_eq!(docs[0]["spec"]["template"]["spec"]["containers"][0]["env"][0]["name"], "K", "the addon's own variables stay first");
         assert_eq!(pod["securityContext"]["fsGroup"], 10001);
         assert_eq!(docs[1], deployment("other", json!({})), "another service account's pods are left alone");
+        assert_eq!((&docs[2], &docs[3]), (&account, &role), "objects without pods are left exactly as they were");
     }
 
     #[test]
