@@ -68,6 +68,17 @@ pub fn cluster_dns(cluster_name: &str, spec: &ClusterSpec) -> ClusterDns {
     }
 }
 
+/// The AWS partition of a region: `aws-cn`, `aws-us-gov` or `aws`.
+pub fn partition_of(region: &str) -> &'static str {
+    if region.starts_with("cn-") {
+        "aws-cn"
+    } else if region.starts_with("us-gov-") {
+        "aws-us-gov"
+    } else {
+        "aws"
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,16 +115,5 @@ mod tests {
         assert_eq!(cluster_dns("x.example.com", &spec(Some("Private"))), ClusterDns::Zone { private: true });
         assert_eq!(cluster_dns("k8s.local.example.com", &spec(Some("Public"))), ClusterDns::Zone { private: false });
         assert!(uses_none_dns(&spec(Some("None"))) && !uses_none_dns(&spec(Some("none"))), "validation refuses the lower case");
-    }
-}
-
-/// The AWS partition of a region: `aws-cn`, `aws-us-gov` or `aws`.
-pub fn partition_of(region: &str) -> &'static str {
-    if region.starts_with("cn-") {
-        "aws-cn"
-    } else if region.starts_with("us-gov-") {
-        "aws-us-gov"
-    } else {
-        "aws"
     }
 }

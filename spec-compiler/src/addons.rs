@@ -222,6 +222,8 @@ pub struct RenderedAddons {
     pub service_accounts: Vec<keelson_api::addon_roles::AddonServiceAccount>,
     /// What the operator should know (an addon not written).
     pub warnings: Vec<String>,
+    /// The addons not written for want of the AWS account (their roles' ARNs name it).
+    pub withheld: Vec<String>,
 }
 
 impl RenderedAddons {
@@ -267,6 +269,7 @@ pub fn render(
                     "spec.iam.useServiceAccountExternalPermissions: addon {name} is not written: the ARN of its role ({}) needs the AWS account id (`keelson compile --aws-account-id`; apply and the other commands that change the cloud ask STS)",
                     keelson_api::names::service_account_role_name(&account.name, &account.namespace, cluster.name())
                 ));
+                out.withheld.push(name.to_string());
                 continue;
             };
             let role = keelson_api::names::service_account_role_name(&account.name, &account.namespace, cluster.name());

@@ -27,6 +27,8 @@ use crate::Compiled;
 /// Why the asset list could not be read from the compiled output.
 #[derive(Debug, thiserror::Error)]
 pub enum AssetsError {
+    #[error("spec.iam.useServiceAccountExternalPermissions: {} not written without the AWS account id, so their images cannot be listed: give --aws-account-id", addons.join(", "))]
+    Withheld { addons: Vec<String> },
     #[error("{file}: not YAML: {message}")]
     Yaml { file: String, message: String },
     #[error("{file}: {field}: {source}")]
@@ -104,6 +106,10 @@ pub fn restates_input(state_key: &str) -> bool {
 /// The asset list of a compile; `options` are the ones it was compiled with (the nodeup build its
 /// user-data boots is not in any document).
 pub fn list(compiled: &Compiled, options: &CompileOptions) -> Result<AssetList, AssetsError> {
+    // A list without an addon's images would make a bundle that cannot run it.
+    if !compiled.addons.withheld.is_empty() {
+        return Err(AssetsError::Withheld { addons: compiled.addons.withheld.clone() });
+    }
     Ok(AssetList { files: files(compiled, options)?, images: images(compiled)? })
 }
 

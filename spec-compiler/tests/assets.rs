@@ -157,3 +157,15 @@ fn images_follow_the_registry_mirror() {
     let elsewhere: Vec<_> = list.images.iter().filter(|i| !i.reference.starts_with("registry.mirror.test:5000/")).collect();
     assert!(elsewhere.is_empty(), "pulled from outside the mirror: {elsewhere:#?}");
 }
+
+/// Without the AWS account an addon on a role of its own is not written, so no asset list is made
+/// from such a compile: a bundle made from it could not run the addon.
+#[test]
+fn no_list_without_the_addons_withheld_for_want_of_the_account() {
+    let docs = spec_compiler::load::load_spec(&common::example("gossip.yaml")).expect("load");
+    let options = spec_compiler::CompileOptions { aws_account: None, ..common::options() };
+    let compiled = spec_compiler::compile(&docs, &options).expect("compile");
+    assert!(compiled.warnings.iter().any(|w| w.contains("aws-cloud-controller.addons.k8s.io is not written")), "{:?}", compiled.warnings);
+    let e = spec_compiler::assets::list(&compiled, &options).expect_err("no list");
+    assert!(e.to_string().contains("give --aws-account-id"), "{e}");
+}

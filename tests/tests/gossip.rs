@@ -33,7 +33,10 @@ fn gossip_cluster_workers_follow_the_control_planes() {
     // role's credentials, issued for tokens STS would accept (the oracle judges each), not the
     // control planes' role — which no longer holds them.
     let iam = stdout.lines().find(|l| l.contains("IAM oracle: ")).unwrap_or_default();
-    assert!(iam.contains("aws-cloud-controller-manager.kube-system.sa.gossip.k8s.local="), "the CCM's calls were not made with its service account's role: {iam}");
+    assert!(
+        iam.contains("aws-cloud-controller-manager.kube-system.sa.gossip.k8s.local="),
+        "the CCM's calls were not made with its service account's role: {iam}"
+    );
     assert!(!iam.contains(" 0 web-identity credentials"), "no service account assumed its role: {iam}");
     assert!(out.status.success(), "selfheal exited {:?}", out.status);
     let resolve = "selfheal: 2/2 workers resolve api.internal.gossip.k8s.local and kops-controller.internal.gossip.k8s.local to the 3 live control planes";

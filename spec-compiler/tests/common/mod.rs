@@ -39,6 +39,8 @@ pub fn options() -> spec_compiler::CompileOptions {
     spec_compiler::CompileOptions {
         nodeup_assets: assets(&[NODEUP_AMD64, NODEUP_ARM64]),
         protokube_assets: assets(&[PROTOKUBE_AMD64, PROTOKUBE_ARM64]),
+        // The account a spec with `useServiceAccountExternalPermissions` names its addons' roles in.
+        aws_account: Some("123456789012".into()),
         ..Default::default()
     }
 }
