@@ -257,23 +257,14 @@ pub fn render(
     }
     let mut channel = AddonChannel { kind: "Addons".into(), addons: Vec::new() };
     let mut out = RenderedAddons::default();
-    let partition = keelson_api::plan::partition_of(&aws_region(&cluster.spec).unwrap_or_default());
-    // Validation reported a bad annotation already; a spec that got here has none or a good one.
-    let endpoints = keelson_api::aws_endpoints::service_endpoints(cluster).unwrap_or_default();
     for Addon { name, version, mut docs } in addons {
-        if let Some(permissions) = irsa::permissions_of(cluster, name) {
-            let account = keelson_api::addon_roles::AddonServiceAccount::from(permissions);
+        if let Some(account) = irsa::permissions_of(cluster, name).map(keelson_api::addon_roles::AddonServiceAccount::from) {
             out.service_accounts.push(account.clone());
-            let Some(id) = aws_account else {
-                out.warnings.push(format!(
-                    "spec.iam.useServiceAccountExternalPermissions: addon {name} is not written: the ARN of its role ({}) needs the AWS account id (`keelson compile --aws-account-id`; apply and the other commands that change the cloud ask STS)",
-                    keelson_api::names::service_account_role_name(&account.name, &account.namespace, cluster.name())
-                ));
+            if let Err(warning) = irsa::put_on_role(cluster, name, &mut docs, &account, aws_account)? {
+                out.warnings.push(warning);
                 out.withheld.push(name.to_string());
                 continue;
-            };
-            let role = keelson_api::names::service_account_role_name(&account.name, &account.namespace, cluster.name());
-            irsa::remap(name, &mut docs, &account, &keelson_api::addon_roles::role_arn(partition, id, &role), endpoints.get("sts").map(String::as_str))?;
+            }
         }
         // Images kept as given (upstream manifests, the user's objects) are pinned here; the
         // versions table's came pinned ([`crate::digests`]).

@@ -40,6 +40,28 @@ pub fn permissions_of(cluster: &Cluster, addon: &str) -> Option<AddonPermissions
     }
 }
 
+/// Put the pods of `addon` on its service account's role in the account `aws_account`. Without
+/// the account: `Ok(Err(warning))`, and the addon must not be written (its role's ARN names the
+/// account).
+pub fn put_on_role(
+    cluster: &Cluster,
+    addon: &str,
+    docs: &mut [Value],
+    account: &AddonServiceAccount,
+    aws_account: Option<&str>,
+) -> Result<Result<(), String>, IrsaError> {
+    let role = keelson_api::names::service_account_role_name(&account.name, &account.namespace, cluster.name());
+    let Some(id) = aws_account else {
+        return Ok(Err(format!(
+            "spec.iam.useServiceAccountExternalPermissions: addon {addon} is not written: the ARN of its role ({role}) needs the AWS account id (`keelson compile --aws-account-id`; apply and the other commands that change the cloud ask STS)"
+        )));
+    };
+    let partition = keelson_api::plan::partition_of(&keelson_api::plan::region(&cluster.spec).unwrap_or_default());
+    // Validation reported a bad annotation already; a spec that got here has none or a good one.
+    let endpoints = keelson_api::aws_endpoints::service_endpoints(cluster).unwrap_or_default();
+    remap(addon, docs, account, &addon_roles::role_arn(partition, id, &role), endpoints.get("sts").map(String::as_str)).map(Ok)
+}
+
 /// Put the pods of `addon` that run as `account`'s service account on the role `role_arn`;
 /// `sts_endpoint` is the cluster's STS endpoint override (the service-endpoints annotation), which
 /// the token exchange must use. An addon with no such pod is an error (its service account and
