@@ -14,6 +14,7 @@ pub mod flag_table;
 pub mod flags;
 pub mod gce_endpoints;
 pub mod generated;
+pub mod host_packages;
 pub mod host_paths;
 pub mod image;
 pub mod merge;

@@ -84,6 +84,11 @@ pub struct NodeupConfig {
     /// Extra OS packages (cluster's then group's).
     #[serde(rename = "packages", default, skip_serializing_if = "Vec::is_empty")]
     pub packages: Vec<String>,
+    /// Keelson: the apt archive base in the cluster's file repository
+    /// ([`crate::host_packages::apt_repository`]) nodeup installs the host's packages from, before
+    /// the image's own sources; absent without `assets.fileRepository`.
+    #[serde(rename = "aptRepository", default, skip_serializing_if = "Option::is_none")]
+    pub apt_repository: Option<String>,
     #[serde(rename = "usesNoneDNS")]
     pub uses_none_dns: bool,
     /// How workers get their kubelet and kube-proxy credentials; absent: a bootstrap token.

@@ -18,6 +18,7 @@ pub mod host;
 pub mod join;
 pub mod model;
 pub mod nodetasks;
+pub mod packages;
 pub mod paths;
 pub mod render;
 pub mod run;

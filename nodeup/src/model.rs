@@ -24,6 +24,7 @@ use crate::nodetasks::{
     download_task_name, file_task_name, DirTask, DownloadTask, FileTask, InstallArchiveTask, InstallTask, NodeTask, PodManifestTask, ServiceInput,
     ServiceOffTask, ServiceTask, SwapOffTask,
 };
+use crate::packages::{self, PackagesTask};
 use crate::paths;
 use crate::render::{self, containerd, kubelet, manifests, systemd};
 use crate::tasks::Task;
@@ -173,6 +174,12 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         }
     }
 
+    // The distribution's packages the services below need (kOps' PackagesBuilder).
+    let nftables = cfg.kube_proxy.as_ref().is_some_and(|k| k.enabled != Some(false) && k.proxy_mode.as_deref() == Some("nftables"));
+    tasks.push(Box::new(PackagesTask { extra: cfg.packages.clone(), kube_proxy_nftables: nftables, apt_repository: cfg.apt_repository.clone() }));
+    containerd_inputs.push(ServiceInput::after(packages::TASK_NAME));
+    kubelet_inputs.push(ServiceInput::after(packages::TASK_NAME));
+
     // Kernel settings.
     let cilium = cfg.networking.plugin.cilium.is_some();
     let mut sysctl = FileTask::new(paths::SYSCTL_CONF, render::sysctls(cfg.service_node_port_range.as_deref(), aws, cilium, &cfg.sysctl_parameters), 0o644);
@@ -260,7 +267,8 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
         let (service, timer) = (unit_path("keelson-metadata-concealment.service"), unit_path("keelson-metadata-concealment.timer"));
         tasks.push(Box::new(FileTask::new(&service, systemd::metadata_concealment(&pod_cidr).render(), 0o644)));
         tasks.push(Box::new(FileTask::new(&timer, systemd::metadata_concealment_timer().render(), 0o644)));
-        let once = ServiceTask { unit: "keelson-metadata-concealment.service".into(), inputs: vec![ServiceInput::file(&service)], once: true };
+        let inputs = vec![ServiceInput::file(&service), ServiceInput::after(packages::TASK_NAME)];
+        let once = ServiceTask { unit: "keelson-metadata-concealment.service".into(), inputs, once: true };
         kubelet_inputs.push(ServiceInput::service(&once));
         tasks.push(Box::new(once));
         tasks.push(Box::new(ServiceTask::daemon("keelson-metadata-concealment.timer", vec![ServiceInput::file(&service), ServiceInput::file(&timer)])));

@@ -392,6 +392,7 @@ pub fn build(
         config_store: runs_api.then(|| ConfigStore { keypairs: spec.key_store.clone(), secrets: spec.secret_store.clone() }),
         etcd_manifests,
         packages,
+        apt_repository: spec.assets.as_ref().and_then(|a| a.file_repository.as_deref()).map(keelson_api::host_packages::apt_repository),
         uses_none_dns: keelson_api::plan::uses_none_dns(spec),
         node_bootstrap: Some(node_bootstrap(cluster)?).filter(|b| b.method == NodeBootstrapMethod::CloudIdentity),
     })

@@ -599,11 +599,20 @@ impl Cloud {
         Ok(out)
     }
 
-    /// An AMI moto knows (the local cloud boots its Debian rootfs whatever the image).
-    pub fn some_image(&self) -> Result<String, CloudError> {
+    /// An AMI moto knows per Debian release in `suites`, Debian 12's always: moto's own AMIs, in
+    /// id order, stand for them (the machines boot the release's rootfs whatever the AMI is).
+    pub fn images_for(
+        &self,
+        suites: &std::collections::BTreeSet<crate::rootfs::Suite>,
+    ) -> Result<std::collections::BTreeMap<crate::rootfs::Suite, String>, CloudError> {
         let out = self.rt.block_on(self.ec2.describe_images().send()).map_err(|e| self.err("DescribeImages", e))?;
         let mut ids: Vec<String> = out.images().iter().filter_map(|i| i.image_id().map(str::to_string)).collect();
         ids.sort();
-        ids.into_iter().next().ok_or_else(|| self.err("DescribeImages", "moto has no AMIs"))
+        let mut wanted: std::collections::BTreeSet<crate::rootfs::Suite> = suites.clone();
+        wanted.insert(crate::rootfs::Suite::Bookworm);
+        if ids.len() < wanted.len() {
+            return Err(self.err("DescribeImages", format!("moto has {} AMIs, {} Debian releases are asked for", ids.len(), wanted.len())));
+        }
+        Ok(wanted.into_iter().zip(ids).collect())
     }
 }

@@ -132,6 +132,8 @@ pub struct NodeState {
     pub provider_id_managers: Vec<String>,
     /// `status.nodeInfo.kubeletVersion`.
     pub kubelet_version: String,
+    /// `status.nodeInfo.osImage`: the kubelet's reading of the host's os-release (`PRETTY_NAME`).
+    pub os_image: String,
     /// When the Ready condition last changed (unix seconds).
     pub ready_since: Option<i64>,
     /// The Ready condition's `reason: message` (why a Node is not Ready).
@@ -157,6 +159,7 @@ pub fn nodes(kubeconfig: &Path) -> Result<BTreeMap<String, NodeState>, KubeApiEr
                     .collect();
                 let status = n.status.unwrap_or_default();
                 let kubelet_version = status.node_info.as_ref().map(|i| i.kubelet_version.clone()).unwrap_or_default();
+                let os_image = status.node_info.as_ref().map(|i| i.os_image.clone()).unwrap_or_default();
                 let conditions = status.conditions.unwrap_or_default();
                 let ready_condition = conditions.iter().find(|c| c.type_ == "Ready");
                 let ready = ready_condition.is_some_and(|c| c.status == "True");
@@ -176,6 +179,7 @@ pub fn nodes(kubeconfig: &Path) -> Result<BTreeMap<String, NodeState>, KubeApiEr
                     labels: n.metadata.labels.unwrap_or_default(),
                     provider_id_managers,
                     kubelet_version,
+                    os_image,
                     ready_since,
                     ready_reason,
                 };

@@ -14,6 +14,7 @@
 //! Kubernetes, containerd, etcd and the images are built from source (`kubernetes`). See
 //! `README.md`, "Run a cluster on your machine".
 
+pub mod apt;
 pub mod arch;
 pub mod autoscaler;
 pub mod balancer;

@@ -93,6 +93,13 @@ impl MachineData {
             MachineData::Gce(g) => &g.facts.zone,
         }
     }
+    /// The image the instance was launched from (the AMI id on EC2; the local GCE keeps none).
+    pub fn image_id(&self) -> Option<&str> {
+        match self {
+            MachineData::Aws(d) => Some(d.image_id.as_str()),
+            MachineData::Gce(_) => None,
+        }
+    }
     /// The architecture the instance runs: by its instance type on EC2 (the compiler's rule);
     /// the local GCE launches only this host's.
     pub fn arch(&self) -> crate::arch::Arch {

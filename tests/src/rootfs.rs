@@ -13,11 +13,57 @@ use sha2::{Digest, Sha256};
 use crate::arch::Arch;
 use crate::cmd;
 
-pub const SUITE: &str = "bookworm";
 pub const DEFAULT_DEBIAN_MIRROR: &str = "http://deb.debian.org/debian";
 
-/// What the machines need besides a minimal Debian. containerd, runc and the CNI plugins are *not*
-/// here: nodeup installs them from the local asset mirror, as it does on a real instance.
+/// The Debian releases machines boot: Debian 12 by default, Debian 13 for a group whose image
+/// names it ([`Suite::of_image`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Suite {
+    Bookworm,
+    Trixie,
+}
+
+impl Suite {
+    pub const ALL: [Suite; 2] = [Suite::Bookworm, Suite::Trixie];
+
+    pub fn codename(self) -> &'static str {
+        match self {
+            Suite::Bookworm => "bookworm",
+            Suite::Trixie => "trixie",
+        }
+    }
+
+    pub fn version(self) -> u32 {
+        match self {
+            Suite::Bookworm => 12,
+            Suite::Trixie => 13,
+        }
+    }
+
+    /// The release an instance group's `image` asks for: Debian 13 when it names it (Debian's
+    /// own AMI names, `debian-13-amd64-…`, or its codename), else Debian 12 — what every other
+    /// image (Ubuntu's among them) boots here.
+    pub fn of_image(image: &str) -> Suite {
+        let i = image.to_ascii_lowercase();
+        if i.contains("debian-13") || i.contains("trixie") {
+            Suite::Trixie
+        } else {
+            Suite::Bookworm
+        }
+    }
+}
+
+impl std::fmt::Display for Suite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Debian {} ({})", self.version(), self.codename())
+    }
+}
+
+/// What the machines have besides a minimal Debian: what a stock Debian cloud image has, and
+/// two tools of the harness's own. Not here, because nodeup installs them as on a real instance:
+/// containerd, runc and the CNI plugins (from the asset mirror) and the distribution's packages
+/// the kubelet and containerd need, `iptables` among them (`keelson_api::host_packages`; from
+/// the mirror's Debian archive subset, [`crate::apt`]).
 pub const PACKAGES: &[&str] = &[
     "systemd",
     "systemd-sysv",
@@ -25,15 +71,14 @@ pub const PACKAGES: &[&str] = &[
     "curl",
     "ca-certificates",
     "iproute2",
-    "iptables",
     "kmod",
     "procps",
     "util-linux",
     "mount",
     "e2fsprogs",
-    "conntrack",
+    // The harness's own: `etcdctl` for its checks of the members (`crate::etcd`) ...
     "etcd-client",
-    // Run by the mirror's `runc` (see `mirror::RUNC_SHIM`); nodeup installs that one.
+    // ... and the runc the mirror's `runc` runs (see `mirror::RUNC_SHIM`); nodeup installs that one.
     "runc",
 ];
 
@@ -52,7 +97,7 @@ const MASKED_UNITS: &[&str] = &[
 ];
 
 /// Bump when the customisation below changes (it is part of the cache key).
-const SETUP_VERSION: &str = "4";
+const SETUP_VERSION: &str = "5";
 
 /// The machine's PID 1: makes the cgroup v1 controller hierarchies writable, then becomes systemd.
 pub const INIT: &str = "usr/local/lib/keelson-local/init";
@@ -167,9 +212,9 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RootfsError + '_ {
 }
 
 /// Cache key: suite, packages and setup version.
-pub fn cache_key() -> String {
+pub fn cache_key(suite: Suite) -> String {
     let mut h = Sha256::new();
-    h.update(SUITE);
+    h.update(suite.codename());
     for p in PACKAGES {
         h.update([0]);
         h.update(p);
@@ -186,28 +231,29 @@ pub fn cache_key() -> String {
 }
 
 pub fn cached_path(cache_dir: &Path) -> PathBuf {
-    cached_path_for(cache_dir, crate::arch::host())
+    cached_path_for(cache_dir, crate::arch::host(), Suite::Bookworm)
 }
 
-/// The cached rootfs of `arch`: the host's as it always was, another architecture's beside it.
-pub fn cached_path_for(cache_dir: &Path, arch: Arch) -> PathBuf {
+/// The cached rootfs of `arch` and `suite`: the host's as it always was, another architecture's beside it.
+pub fn cached_path_for(cache_dir: &Path, arch: Arch, suite: Suite) -> PathBuf {
+    let codename = suite.codename();
     if arch == crate::arch::host() {
-        cache_dir.join(format!("rootfs-{SUITE}-{}", cache_key()))
+        cache_dir.join(format!("rootfs-{codename}-{}", cache_key(suite)))
     } else {
-        cache_dir.join(format!("rootfs-{SUITE}-{arch}-{}", cache_key()))
+        cache_dir.join(format!("rootfs-{codename}-{arch}-{}", cache_key(suite)))
     }
 }
 
-/// The cached rootfs of this host's architecture, building it first when missing.
+/// The cached Debian 12 rootfs of this host's architecture, building it first when missing.
 pub fn ensure(cache_dir: &Path) -> Result<PathBuf, RootfsError> {
-    ensure_for(cache_dir, crate::arch::host())
+    ensure_for(cache_dir, crate::arch::host(), Suite::Bookworm)
 }
 
-/// The cached rootfs of `arch`, building it first when missing (under a lock, so concurrent tests
-/// build once). Another architecture's is Debian's build of it, debootstrapped through qemu-user
-/// ([`crate::arch::ensure_emulation`]).
-pub fn ensure_for(cache_dir: &Path, arch: Arch) -> Result<PathBuf, RootfsError> {
-    let dest = cached_path_for(cache_dir, arch);
+/// The cached rootfs of `arch` and `suite`, building it first when missing (under a lock, so
+/// concurrent tests build once). Another architecture's is Debian's build of it, debootstrapped
+/// through qemu-user ([`crate::arch::ensure_emulation`]).
+pub fn ensure_for(cache_dir: &Path, arch: Arch, suite: Suite) -> Result<PathBuf, RootfsError> {
+    let dest = cached_path_for(cache_dir, arch, suite);
     let marker = dest.join(".keelson-complete");
     if marker.exists() {
         return Ok(dest);
@@ -223,17 +269,23 @@ pub fn ensure_for(cache_dir: &Path, arch: Arch) -> Result<PathBuf, RootfsError> 
     crate::arch::ensure_emulation(arch)?;
     let tmp = cache_dir.join(format!(".rootfs-build-{}", std::process::id()));
     let _ = fs::remove_dir_all(&tmp);
-    let mirror = std::env::var("KEELSON_DEBIAN_MIRROR").ok().filter(|m| !m.is_empty()).unwrap_or_else(|| DEFAULT_DEBIAN_MIRROR.to_string());
+    let mirror = debian_mirror();
     let how = if arch == crate::arch::host() { "1-5 minutes" } else { "its packages configured under qemu-user: 10-20 minutes" };
-    eprintln!("keelson-local: building the {SUITE} {arch} rootfs with debootstrap from {mirror} into {} (once; {how})", dest.display());
+    eprintln!("keelson-local: building the {suite} {arch} rootfs with debootstrap from {mirror} into {} (once; {how})", dest.display());
     let started = std::time::Instant::now();
-    debootstrap(&tmp, &mirror, arch)?;
+    debootstrap(&tmp, &mirror, arch, suite)?;
     customise(&tmp)?;
-    fs::write(tmp.join(".keelson-complete"), cache_key()).map_err(io(&tmp))?;
+    fs::write(tmp.join(".keelson-complete"), cache_key(suite)).map_err(io(&tmp))?;
     let _ = fs::remove_dir_all(&dest);
     fs::rename(&tmp, &dest).map_err(io(&dest))?;
     eprintln!("keelson-local: rootfs ready in {:.0} s", started.elapsed().as_secs_f64());
     Ok(dest)
+}
+
+/// The Debian mirror the roots (and the asset mirror's archive subset) come from:
+/// `KEELSON_DEBIAN_MIRROR`, else [`DEFAULT_DEBIAN_MIRROR`].
+pub fn debian_mirror() -> String {
+    std::env::var("KEELSON_DEBIAN_MIRROR").ok().filter(|m| !m.is_empty()).unwrap_or_else(|| DEFAULT_DEBIAN_MIRROR.to_string())
 }
 
 /// A lock directory holding the builder's pid (stale when that process is gone), so concurrent
@@ -277,10 +329,10 @@ impl Drop for BuildLock {
     }
 }
 
-fn debootstrap(target: &Path, mirror: &str, arch: Arch) -> Result<(), RootfsError> {
+fn debootstrap(target: &Path, mirror: &str, arch: Arch, suite: Suite) -> Result<(), RootfsError> {
     let include = PACKAGES.join(",");
     let mut child = Command::new("debootstrap")
-        .args(["--variant=minbase", &format!("--arch={arch}"), &format!("--include={include}"), SUITE])
+        .args(["--variant=minbase", &format!("--arch={arch}"), &format!("--include={include}"), suite.codename()])
         .arg(target)
         .arg(mirror)
         .stdin(Stdio::null())
@@ -306,7 +358,12 @@ fn debootstrap(target: &Path, mirror: &str, arch: Arch) -> Result<(), RootfsErro
     }
     let status = child.wait().map_err(io(target))?;
     if !status.success() {
-        return Err(RootfsError::Debootstrap { suite: SUITE.to_string(), path: target.to_path_buf(), status: status.to_string(), tail: tail.join("\n") });
+        return Err(RootfsError::Debootstrap {
+            suite: suite.codename().to_string(),
+            path: target.to_path_buf(),
+            status: status.to_string(),
+            tail: tail.join("\n"),
+        });
     }
     Ok(())
 }
@@ -422,13 +479,37 @@ mod tests {
 
     #[test]
     fn key_is_stable_and_short() {
-        assert_eq!(cache_key(), cache_key());
-        assert_eq!(cache_key().len(), 12);
+        let b = Suite::Bookworm;
+        assert_eq!(cache_key(b), cache_key(b));
+        assert_eq!(cache_key(b).len(), 12);
+        assert_ne!(cache_key(b), cache_key(Suite::Trixie));
         assert!(cached_path(Path::new("/c")).display().to_string().starts_with("/c/rootfs-bookworm-"));
-        // Another architecture's rootfs sits beside the host's, never in its place.
+        // Another architecture's rootfs sits beside the host's, never in its place; so does another release's.
         let other = if crate::arch::host() == Arch::Amd64 { Arch::Arm64 } else { Arch::Amd64 };
-        assert_eq!(cached_path_for(Path::new("/c"), other), Path::new("/c").join(format!("rootfs-bookworm-{other}-{}", cache_key())));
-        assert_eq!(cached_path_for(Path::new("/c"), crate::arch::host()), cached_path(Path::new("/c")));
+        assert_eq!(cached_path_for(Path::new("/c"), other, b), Path::new("/c").join(format!("rootfs-bookworm-{other}-{}", cache_key(b))));
+        assert_eq!(cached_path_for(Path::new("/c"), crate::arch::host(), b), cached_path(Path::new("/c")));
+        let t = cached_path_for(Path::new("/c"), crate::arch::host(), Suite::Trixie);
+        assert!(t.display().to_string().starts_with("/c/rootfs-trixie-"), "{}", t.display());
+    }
+
+    #[test]
+    fn the_release_is_the_images() {
+        assert_eq!(Suite::of_image("136693071363/debian-13-amd64-20250814-2204"), Suite::Trixie);
+        assert_eq!(Suite::of_image("my-trixie-base"), Suite::Trixie);
+        assert_eq!(Suite::of_image("136693071363/debian-12-amd64-20250814-2204"), Suite::Bookworm);
+        assert_eq!(Suite::of_image("099720109477/ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-20250610"), Suite::Bookworm);
+        assert_eq!(Suite::Trixie.to_string(), "Debian 13 (trixie)");
+    }
+
+    #[test]
+    fn no_host_package_nodeup_installs_is_preinstalled() {
+        for p in keelson_api::host_packages::base(keelson_api::host_packages::Family::Debian) {
+            // util-linux is Essential in Debian (every image has it); the others nodeup installs.
+            if p != "util-linux" {
+                assert!(!PACKAGES.contains(&p.as_str()), "{p} is nodeup's to install, not the rootfs's");
+            }
+        }
+        assert!(!PACKAGES.contains(&"iptables") && !PACKAGES.contains(&"conntrack"));
     }
 
     #[test]

@@ -18,7 +18,9 @@ pub enum SpecError {
 pub struct LocalCloud {
     pub file_repository: String,
     pub registry: String,
-    pub image: String,
+    /// The AMI of each Debian release machines boot ([`crate::rootfs::Suite::of_image`] of the
+    /// group's own image picks one); empty: the groups keep their images (the local GCE).
+    pub images: std::collections::BTreeMap<crate::rootfs::Suite, String>,
     pub ccm_image: String,
     pub coredns_image: String,
     pub aws_endpoint: String,
@@ -156,6 +158,15 @@ impl Spec {
         zones
     }
 
+    /// The Debian releases the instance groups' images ask for ([`crate::rootfs::Suite::of_image`]).
+    pub fn suites(&self) -> std::collections::BTreeSet<crate::rootfs::Suite> {
+        self.docs
+            .iter()
+            .filter(|d| s(d, &["kind"]) == Some("InstanceGroup"))
+            .map(|d| crate::rootfs::Suite::of_image(s(d, &["spec", "image"]).unwrap_or_default()))
+            .collect()
+    }
+
     /// `Master`/`ControlPlane` groups' names (the rest are workers, bastions aside).
     pub fn control_plane_groups(&self) -> Vec<String> {
         self.docs
@@ -175,7 +186,7 @@ impl Spec {
     /// name VPC or partition endpoints); on AWS, kOps' metrics-server addon (`metricsServer`, unless
     /// the spec has its own) with the image built from its Go module.
     pub fn local_text(&self, local: &LocalCloud) -> String {
-        let (file_repository, registry, image) = (local.file_repository.as_str(), local.registry.as_str(), local.image.as_str());
+        let (file_repository, registry) = (local.file_repository.as_str(), local.registry.as_str());
         let mut out = String::new();
         for d in &self.docs {
             let mut d = d.clone();
@@ -263,7 +274,10 @@ impl Spec {
                 }
                 Some("InstanceGroup") => {
                     if let Some(spec) = d.get_mut("spec").and_then(|x| x.as_mapping_mut()) {
-                        spec.insert(Value::from("image"), Value::from(image));
+                        let suite = crate::rootfs::Suite::of_image(spec.get("image").and_then(|i| i.as_str()).unwrap_or_default());
+                        if let Some(image) = local.images.get(&suite).or_else(|| local.images.get(&crate::rootfs::Suite::Bookworm)) {
+                            spec.insert(Value::from("image"), Value::from(image.as_str()));
+                        }
                     }
                 }
                 _ => {}
@@ -298,7 +312,7 @@ mod tests {
         let t = s.local_text(&LocalCloud {
             file_repository: "http://172.20.255.254:8080/".into(),
             registry: "172.20.255.254:5000".into(),
-            image: "ami-123".into(),
+            images: [(crate::rootfs::Suite::Bookworm, "ami-123".to_string())].into(),
             ccm_image: "172.20.255.254:5000/provider-aws-cloud-controller-manager:v1.34.4".into(),
             coredns_image: "172.20.255.254:5000/coredns-coredns:v1.14.2".into(),
             aws_endpoint: "http://172.20.255.254:4566".into(),
@@ -333,7 +347,7 @@ mod tests {
         let t = s.local_text(&LocalCloud {
             file_repository: "http://10.80.0.1:8080/".into(),
             registry: "10.80.0.1:5000".into(),
-            image: String::new(),
+            images: Default::default(),
             ccm_image: "10.80.0.1:5000/gcp-cloud-controller-manager:v0.28.2".into(),
             coredns_image: "10.80.0.1:5000/coredns-coredns:v1.14.2".into(),
             aws_endpoint: String::new(),

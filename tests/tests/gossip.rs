@@ -9,6 +9,8 @@
 //! key and `keelson validate cluster` pass. Keelson's addons run on roles of their own (IRSA): the
 //! IAM oracle judges every credential moto's STS issued for a service-account token as real STS
 //! would and checks the CCM's calls (kubenet's routes, nodes' addresses) against its own role.
+//! The control planes boot Debian 12 and the workers Debian 13, from roots without the packages
+//! the kubelet and containerd need (iptables & co.): nodeup installs them from the mirror.
 //! The test's wall time is printed.
 
 mod support;
@@ -44,6 +46,10 @@ fn gossip_cluster_workers_follow_the_control_planes() {
     assert!(!stdout.contains("(0 host-network pods' copies"), "kube-proxy's copy of the hosts file checked on every worker (output above)");
     let ready = stdout.lines().find(|l| l.ends_with("machines are Ready Nodes")).expect("a Ready-Nodes line");
     assert_eq!(ready, "selfheal: 5/5 machines are Ready Nodes");
+    // Debian 12 control planes, Debian 13 workers, neither root with iptables & co. pre-installed:
+    // nodeup installed them from the mirror's Debian archive subset.
+    let oses = "selfheal: Nodes' OS images: 3 Debian GNU/Linux 12 (bookworm), 2 Debian GNU/Linux 13 (trixie)";
+    assert!(has(oses), "expected {oses:?} (output above)");
     assert!(stdout.lines().any(|l| l == "selfheal: keelson validate cluster after the replacements: valid"), "validate cluster (output above)");
     eprintln!("gossip cluster: up, 1 control-plane replacement, checks and down in {:.0} s", t0.elapsed().as_secs_f64());
     drop(_down);

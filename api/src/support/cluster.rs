@@ -65,7 +65,7 @@ pub static CLUSTER: &[Field] = &[
     f("ClusterSpec", "additionalPolicies", By(IAM)),
     f("ClusterSpec", "fileAssets", By("nodeup: files written on the hosts of the listed roles")),
     nr_if("NTPConfig", "managed", When::True, "Keelson does not install or configure an NTP daemon (the image's is used)"),
-    nr("ClusterSpec", "packages", "nodeup does not install extra packages yet"),
+    f("ClusterSpec", "packages", By("nodeup: installed with apt (Debian family) before the kubelet and containerd start")),
     f("ClusterSpec", "authorization", By("the compiler: kube-apiserver's --authorization-mode (RBAC or AlwaysAllow)")),
     nr("ClusterSpec", "nodeAuthorization", "Keelson does not run kOps' node authorizer"),
     f("ClusterSpec", "cloudLabels", By("the cloud model: tags on every resource")),

@@ -62,7 +62,7 @@ pub static GROUPS: &[Field] = &[
     f("InstanceGroupSpec", "compressUserData", By("the compiler: the group's user-data")),
     f("InstanceGroupSpec", "instanceMetadata", By(GROUP)),
     nr_if("InstanceGroupSpec", "updatePolicy", When::NotEquals("external"), "nodeup does not install automatic OS updates (it behaves as `external`)"),
-    nr("InstanceGroupSpec", "packages", "nodeup does not install extra packages yet"),
+    f("InstanceGroupSpec", "packages", By("nodeup: installed with apt (Debian family) before the kubelet and containerd start")),
     nr("InstanceGroupSpec", "guestAccelerators", "Keelson does not attach GCE accelerators yet"),
     nr("InstanceGroupSpec", "maxInstanceLifetime", "Keelson does not set the autoscaling group's maximum instance lifetime yet"),
     nr("InstanceGroupSpec", "gcpProvisioningModel", "Keelson does not set the GCE provisioning model (Spot) yet"),

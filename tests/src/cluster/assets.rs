@@ -13,7 +13,8 @@ use anyhow::{bail, Context};
 
 use crate::arch::{self, Arch};
 use crate::paths::{self, State};
-use crate::{cmd, kubernetes, mirror, rootfs};
+use crate::rootfs::Suite;
+use crate::{apt, cmd, kubernetes, mirror, rootfs};
 
 use super::daemon::ClusterVersions;
 use super::state::ClusterState;
@@ -47,13 +48,23 @@ pub struct Assets {
     pub registry: kubernetes::Registry,
     /// What the instances of the spec's groups of other architectures boot from (`crate::arch`).
     pub foreign: BTreeMap<Arch, rootfs::Lower>,
+    /// What this architecture's instances of groups asking for another Debian release than 12
+    /// boot from ([`Suite::of_image`]).
+    pub releases: BTreeMap<Suite, rootfs::Lower>,
     /// `--baked`: the bundle every `keelson` command pins images with (`KEELSON_IMAGE_DIGESTS`).
     pub image_digests: Option<PathBuf>,
 }
 
 /// Build the rootfs, the mirror and the registry for the spec `spec_text(mirror URL, registry)`
 /// writes, the mirror being served on the bridge address `gw` at `cs.mirror_port`.
-pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes::Ccm, spec_text: &dyn Fn(&str, &str) -> String) -> anyhow::Result<Assets> {
+pub fn build(
+    state: &State,
+    cs: &mut ClusterState,
+    gw: Ipv4Addr,
+    ccm: kubernetes::Ccm,
+    suites: &BTreeSet<Suite>,
+    spec_text: &dyn Fn(&str, &str) -> String,
+) -> anyhow::Result<Assets> {
     // `--air-gapped`: the harness builds into a staging mirror and registry, and the machines reach
     // only what `keelson bundle push` puts into the (empty) served mirror and a fresh registry.
     let mirror_root = if cs.air_gapped { state.root.join("mirror-staging") } else { state.mirror_dir() };
@@ -61,6 +72,12 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
     cs.phase = "building the rootfs".into();
     cs.save(state);
     let lower = rootfs::ensure(&paths::cache_dir())?;
+    let mut release_roots = BTreeMap::new();
+    for suite in suites.iter().filter(|s| **s != Suite::Bookworm) {
+        cs.phase = format!("building the {suite} rootfs");
+        cs.save(state);
+        release_roots.insert(*suite, rootfs::ensure_for(&paths::cache_dir(), arch::host(), *suite)?);
+    }
 
     cs.phase = "building the asset mirror".into();
     cs.save(state);
@@ -190,6 +207,13 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
     hashes.extend(mirror::build(&cache, &bins, &local, &mirror_root, &urls)?);
     mirror::write_overrides(&overrides, &hashes)?;
     let nodeup_asset = nodeup_urls.iter().map(|(a, u)| format!("{a}={}@{u}", hashes.get(u).cloned().unwrap_or_default())).collect::<Vec<_>>().join(" ");
+    // The distribution's packages nodeup installs (iptables and the rest, and the spec's
+    // `packages`), from Debian's archive cut down to what these roots lack.
+    cs.phase = "cutting the Debian archive subset for the hosts' packages".into();
+    cs.save(state);
+    let host_packages = apt::packages_of_compiled(&compiled)?;
+    let mut roots: Vec<(Arch, Suite, PathBuf)> = vec![(arch::host(), Suite::Bookworm, lower.clone())];
+    roots.extend(release_roots.iter().map(|(s, r)| (arch::host(), *s, r.clone())));
     let mut foreign = BTreeMap::new();
     if !foreign_arches.is_empty() {
         let runc_version = runc_version(&urls).context("the compiled NodeupConfigs name no runc asset (its version is the native runc's)")?;
@@ -197,9 +221,14 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
         for a in &foreign_arches {
             cs.phase = format!("building the {a} rootfs (cached after the first run)");
             cs.save(state);
-            let rootfs = rootfs::ensure_for(&cache, *a)?;
+            let rootfs = rootfs::ensure_for(&cache, *a, Suite::Bookworm)?;
+            roots.push((*a, Suite::Bookworm, rootfs.clone()));
             foreign.insert(*a, rootfs::Lower { rootfs, baked: None, native_runc: Some(native_runc.clone()) });
         }
+    }
+    for (a, suite, root) in &roots {
+        let n = apt::mirror_subset(&cache, root, *a, *suite, &host_packages, &mirror_root)?;
+        eprintln!("keelson-local: the mirror serves {n} Debian packages for {suite} {a} machines ({})", host_packages.join(" "));
     }
     let mut lower = rootfs::Lower::from(lower);
     let mut image_digests = None;
@@ -233,6 +262,10 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
             }
             fs::create_dir_all(&served)?;
             super::bundled::push(&keelson, &bundle, &served, &registry_addr, gw)?;
+            // A site without Internet access keeps a Debian mirror of its own; the archive subset
+            // stands for it (nodeup reads it from the file repository, `keelson_api::host_packages`).
+            let apt_dir = keelson_api::host_packages::APT_DIR;
+            cmd::run(Command::new("cp").args(["-a", "--reflink=auto"]).arg(mirror_root.join(apt_dir)).arg(served.join(apt_dir)))?;
             // The tests' own workload (not the cluster's, so not in its bundle), as a user pushes an app.
             kubernetes::push_one(&layout, kubernetes::ECHO_IMAGE, &registry_addr)?;
         }
@@ -243,9 +276,11 @@ pub fn build(state: &State, cs: &mut ClusterState, gw: Ipv4Addr, ccm: kubernetes
         }
         image_digests = Some(bundle);
     }
+    let releases = release_roots.into_iter().map(|(s, rootfs)| (s, rootfs::Lower { rootfs, ..lower.clone() })).collect();
     Ok(Assets {
         lower,
         foreign,
+        releases,
         image_digests,
         keelson,
         local_spec,

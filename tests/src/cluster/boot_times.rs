@@ -115,6 +115,7 @@ mod tests {
             labels: BTreeMap::new(),
             provider_id_managers: vec![],
             kubelet_version: String::new(),
+            os_image: String::new(),
             ready_since: since,
             ready_reason: String::new(),
         }

@@ -204,14 +204,16 @@ fn daemon_body(state: &State, spec: &Spec, cs: &mut ClusterState, stop: &AtomicB
     if let Some(zone) = spec.zone_name() {
         cloud.ensure_zone(&zone)?;
     }
-    let image = cloud.some_image()?;
+    // An AMI per Debian release the groups ask for (moto's own AMIs stand for them).
+    let suites = spec.suites();
+    let images = cloud.images_for(&suites)?;
 
     let cs_relay_port = cs.relay_port;
-    let assets = assets::build(state, cs, gw, kubernetes::Ccm::Aws, &|mirror_url, registry| {
+    let assets = assets::build(state, cs, gw, kubernetes::Ccm::Aws, &suites, &|mirror_url, registry| {
         spec.local_text(&crate::spec::LocalCloud {
             file_repository: mirror_url.to_string(),
             registry: registry.to_string(),
-            image: image.clone(),
+            images: images.clone(),
             ccm_image: kubernetes::Ccm::Aws.reference(registry),
             gce_endpoint: String::new(),
             coredns_image: format!("{registry}/coredns-coredns:v{}", kubernetes::COREDNS_VERSION),
@@ -220,8 +222,20 @@ fn daemon_body(state: &State, spec: &Spec, cs: &mut ClusterState, stop: &AtomicB
             dns_upstream: gw.to_string(),
         })
     })?;
-    let assets::Assets { lower, foreign, keelson, overrides, kops_base, nodeup_asset, local_spec, kubernetes_bin, registry: _registry, image_digests, .. } =
-        assets;
+    let assets::Assets {
+        lower,
+        foreign,
+        releases,
+        keelson,
+        overrides,
+        kops_base,
+        nodeup_asset,
+        local_spec,
+        kubernetes_bin,
+        registry: _registry,
+        image_digests,
+        ..
+    } = assets;
 
     cs.phase = "keelson apply --yes".into();
     cs.save(state);
@@ -268,7 +282,8 @@ fn daemon_body(state: &State, spec: &Spec, cs: &mut ClusterState, stop: &AtomicB
         hosts: vec![],
         test_cert_validity_seconds: std::env::var(base::pki::TEST_VALIDITY_ENV).ok().and_then(|v| base::pki::parse_test_validity(&v).ok()).map(|d| d.as_secs()),
     };
-    let place = Place { state: state.clone(), seg, bridge: cs.bridge.clone(), lower, foreign, self_exe: std::env::current_exe()?, env };
+    let releases = releases.into_iter().filter_map(|(suite, lower)| images.get(&suite).map(|ami| (ami.clone(), (suite, lower)))).collect();
+    let place = Place { state: state.clone(), seg, bridge: cs.bridge.clone(), lower, foreign, releases, self_exe: std::env::current_exe()?, env };
     let mut d = Daemon {
         state: state.clone(),
         spec: spec.clone(),

@@ -90,6 +90,9 @@ pub struct Place {
     pub lower: crate::rootfs::Lower,
     /// What instances of other architectures boot from (an arm64 group's: `crate::arch`).
     pub foreign: BTreeMap<crate::arch::Arch, crate::rootfs::Lower>,
+    /// What this architecture's instances of an image other than Debian 12's boot from, by image
+    /// (AMI) id: the Debian release the group's image asked for (`crate::rootfs::Suite`).
+    pub releases: BTreeMap<String, (crate::rootfs::Suite, crate::rootfs::Lower)>,
     pub self_exe: PathBuf,
     pub env: Environment,
 }
@@ -202,7 +205,12 @@ impl Fleet {
         let (machines, starting, failed, events) = (self.machines.clone(), self.starting.clone(), self.failed.clone(), self.events.clone());
         let p = &self.place;
         let arch = data.arch();
-        let lower = if arch == crate::arch::host() { Some(p.lower.clone()) } else { p.foreign.get(&arch).cloned() };
+        let release = data.image_id().and_then(|i| p.releases.get(i)).filter(|_| arch == crate::arch::host());
+        let lower = match release {
+            Some((_, lower)) => Some(lower.clone()),
+            None if arch == crate::arch::host() => Some(p.lower.clone()),
+            None => p.foreign.get(&arch).cloned(),
+        };
         let Some(lower) = lower else {
             let e = format!("no {arch} root filesystem: keelson-local builds one for each architecture the spec's groups run at `up`");
             self.event(format!("{id}: machine failed to start: {e}"));
@@ -211,7 +219,8 @@ impl Fleet {
             return Ok(());
         };
         let (exe, dir, bridge, seg, env) = (p.self_exe.clone(), p.state.machine_dir(&id), p.bridge.clone(), p.seg, p.env.clone());
-        let arch_note = if arch == crate::arch::host() { String::new() } else { format!(", {arch} under qemu-user") };
+        let suite = release.map(|(s, _)| *s).unwrap_or(crate::rootfs::Suite::Bookworm);
+        let arch_note = if arch == crate::arch::host() { format!(", {suite}") } else { format!(", {arch} under qemu-user, {suite}") };
         self.event(format!("{id}: instance running ({} {group} in {}{arch_note}); booting its machine", data.private_ip(), data.zone()));
         std::thread::spawn(move || {
             let t0 = Instant::now();

@@ -285,6 +285,7 @@ mod tests {
             labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             provider_id_managers: vec![],
             kubelet_version: String::new(),
+            os_image: String::new(),
             ready_since: None,
             ready_reason: String::new(),
         }

@@ -590,6 +590,12 @@ pub fn selfheal(spec_path: &Path, opts: &SelfhealOptions) -> anyhow::Result<Self
         let live: BTreeSet<&str> = cs.machines.iter().map(|m| m.ip.as_str()).collect();
         let ready = nodes.values().filter(|n| n.ready && n.internal_ip.as_deref().is_some_and(|ip| live.contains(ip))).count();
         println!("selfheal: {ready}/{} machines are Ready Nodes", live.len());
+        // The hosts' distributions, as the kubelets report them (their os-release).
+        let mut oses: BTreeMap<&str, usize> = BTreeMap::new();
+        for n in nodes.values().filter(|n| n.internal_ip.as_deref().is_some_and(|ip| live.contains(ip))) {
+            *oses.entry(n.os_image.as_str()).or_default() += 1;
+        }
+        println!("selfheal: Nodes' OS images: {}", oses.iter().map(|(os, n)| format!("{n} {os}")).collect::<Vec<_>>().join(", "));
     }
     if !report.phases.is_empty() {
         let medians: Vec<String> =

@@ -126,12 +126,12 @@ pub fn run(state: &State, spec: &Spec, project: &str, cs: &mut ClusterState, sto
         gce.ensure_dns_zone(&zone)?;
     }
 
-    let assets = assets::build(state, cs, gw, kubernetes::Ccm::Gce, &|mirror_url, registry| {
+    let assets = assets::build(state, cs, gw, kubernetes::Ccm::Gce, &[crate::rootfs::Suite::Bookworm].into(), &|mirror_url, registry| {
         spec.local_text(&LocalCloud {
             file_repository: mirror_url.to_string(),
             registry: registry.to_string(),
-            // The emulator keeps a template's image as a name: the spec's stays.
-            image: String::new(),
+            // The emulator keeps a template's image as a name: the spec's stays (machines boot Debian 12).
+            images: Default::default(),
             ccm_image: kubernetes::Ccm::Gce.reference(registry),
             gce_endpoint: gce.api_url.clone(),
             coredns_image: format!("{registry}/coredns-coredns:v{}", kubernetes::COREDNS_VERSION),
@@ -200,6 +200,7 @@ pub fn run(state: &State, spec: &Spec, project: &str, cs: &mut ClusterState, sto
         bridge: cs.bridge.clone(),
         lower: assets.lower.clone(),
         foreign: assets.foreign.clone(),
+        releases: BTreeMap::new(),
         self_exe: std::env::current_exe()?,
         env,
     };
