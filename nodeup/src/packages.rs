@@ -102,7 +102,9 @@ impl PackagesTask {
 
 /// `apt-get` with the options every call of nodeup's uses, then `args`.
 fn apt_get(sources: Option<(&str, &str)>, args: &[&str]) -> Vec<String> {
-    let mut argv: Vec<String> = ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "-q", "-o", "DPkg::Lock::Timeout=300"].map(str::to_string).to_vec();
+    // No translated descriptions: nodeup reads none, and an archive subset need not carry them.
+    let mut argv: Vec<String> =
+        ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "-q", "-o", "DPkg::Lock::Timeout=300", "-o", "Acquire::Languages=none"].map(str::to_string).to_vec();
     if let Some((list, parts)) = sources {
         argv.extend(["-o".to_string(), format!("Dir::Etc::SourceList={list}"), "-o".to_string(), format!("Dir::Etc::SourceParts={parts}")]);
     }
@@ -195,7 +197,7 @@ mod tests {
         let cmds = install_commands(Some((MIRROR_SOURCES, MIRROR_SOURCE_PARTS)), &["iptables".into(), "jq".into()]);
         assert_eq!(cmds.len(), 2);
         let update = cmds[0].join(" ");
-        assert!(update.starts_with("env DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=300 "), "{update}");
+        assert!(update.starts_with("env DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=300 -o Acquire::Languages=none "), "{update}");
         assert!(update.contains("-o Dir::Etc::SourceList=/etc/keelson/apt/sources.list -o Dir::Etc::SourceParts=/etc/keelson/apt/sources.list.d"), "{update}");
         assert!(update.ends_with(" update"), "{update}");
         assert!(cmds[1].join(" ").ends_with("install -y --no-install-recommends iptables jq"), "{:?}", cmds[1]);

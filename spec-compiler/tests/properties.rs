@@ -242,4 +242,19 @@ fn air_gapped_mirrors_rewrite_assets_and_images_including_pause() {
         assert!(u.starts_with("https://files.corp.example/k8s/"), "asset not mirrored: {u}");
     }
     assert!(nodeup.contains("sandboxImage: registry.corp.example/pause:3.10.1"));
+    // The hosts' packages come from the same file repository's apt archive.
+    assert!(nodeup.contains("aptRepository: https://files.corp.example/k8s/apt\n"), "{nodeup}");
+    let online = spec_compiler::compile(&load_bytes(Path::new("minimal.yaml"), minimal().as_bytes()).expect("valid"), &offline()).expect("compiles");
+    let plain = String::from_utf8(online.tree.files["nodeup/nodes-us-east-1a.yaml"].clone()).expect("utf-8");
+    assert!(!plain.contains("aptRepository"), "no file repository, no apt archive: the image's sources\n{plain}");
+}
+
+#[test]
+fn packages_of_the_cluster_then_the_group_reach_nodeup() {
+    let spec = minimal().replacen("  cloudProvider: aws\n", "  cloudProvider: aws\n  packages:\n  - jq\n", 1);
+    let spec = spec.replace("  role: Node\n", "  role: Node\n  packages:\n  - nfs-common\n");
+    let docs = load_bytes(Path::new("packages.yaml"), spec.as_bytes()).expect("packages are accepted");
+    let compiled = spec_compiler::compile(&docs, &offline()).expect("compiles");
+    let nodeup = String::from_utf8(compiled.tree.files["nodeup/nodes-us-east-1a.yaml"].clone()).expect("utf-8");
+    assert!(nodeup.contains("packages:\n- jq\n- nfs-common\n"), "{nodeup}");
 }

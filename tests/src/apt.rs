@@ -40,28 +40,49 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> AptError + '_ {
     move |source| AptError::Io { path: path.to_path_buf(), source }
 }
 
-/// One file apt would download: where from, its size and SHA-256 (from `--print-uris`).
+/// One file apt would download: where from and its size (`--print-uris`; the hash apt prints
+/// there is whichever it likes, MD5 on Debian 12's apt, so the SHA-256 comes from the signed
+/// index instead, [`packages_sha256`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Uri {
     pub url: String,
     pub size: u64,
-    pub sha256: String,
 }
 
-/// Parse `apt-get --print-uris` lines: `'URL' FILE SIZE SHA256:HEX`.
+/// Parse `apt-get --print-uris` lines: `'URL' FILE SIZE HASHTYPE:HEX`.
 pub fn parse_print_uris(text: &str) -> Result<Vec<Uri>, String> {
     let mut out = Vec::new();
     for line in text.lines().map(str::trim).filter(|l| l.starts_with('\'')) {
         let mut f = line.split_whitespace();
-        let (Some(url), Some(_file), Some(size), Some(hash)) = (f.next(), f.next(), f.next(), f.next()) else {
+        let (Some(url), Some(_file), Some(size)) = (f.next(), f.next(), f.next()) else {
             return Err(format!("unexpected --print-uris line {line:?}"));
         };
         let url = url.trim_matches('\'').to_string();
         let size = size.parse().map_err(|_| format!("size {size:?} in {line:?}"))?;
-        let sha256 = hash.strip_prefix("SHA256:").ok_or_else(|| format!("no SHA256 in {line:?}"))?.to_ascii_lowercase();
-        out.push(Uri { url, size, sha256 });
+        out.push(Uri { url, size });
     }
     Ok(out)
+}
+
+/// `Filename` → (SHA-256, size) of every stanza of a `Packages` index.
+pub fn packages_sha256(index: &str) -> std::collections::BTreeMap<String, (String, u64)> {
+    let mut out = std::collections::BTreeMap::new();
+    for stanza in index.split("\n\n") {
+        let (mut file, mut sha, mut size) = (None, None, None);
+        for line in stanza.lines() {
+            if let Some(v) = line.strip_prefix("Filename:") {
+                file = Some(v.trim().to_string());
+            } else if let Some(v) = line.strip_prefix("SHA256:") {
+                sha = Some(v.trim().to_ascii_lowercase());
+            } else if let Some(v) = line.strip_prefix("Size:") {
+                size = v.trim().parse().ok();
+            }
+        }
+        if let (Some(f), Some(h), Some(n)) = (file, sha, size) {
+            out.insert(f, (h, n));
+        }
+    }
+    out
 }
 
 /// The `SHA256:` entries of a Release/InRelease file: path → (hash, size).
@@ -220,9 +241,16 @@ fn build(dir: &Path, rootfs: &Path, arch: Arch, suite: Suite, packages: &[String
         fs::create_dir_all(d).map_err(io(d))?;
     }
     fs::copy(&index_path, &by_hash).map_err(io(&by_hash))?;
+    // Each .deb's SHA-256 from the index the signed InRelease vouches for.
+    let index_text = cmd::run(Command::new("xz").arg("-dc").arg(&index_path))?;
+    let debs = packages_sha256(&index_text);
     for u in &uris {
         let rel = under(&base, &u.url).ok_or_else(|| err(format!("{} is not under the mirror {base}", u.url)))?;
-        fetch_checked(&u.url, &root.join(&rel), &u.sha256)?;
+        let (sha256, size) = debs.get(&rel).ok_or_else(|| err(format!("{rel} is not in {index}")))?;
+        if *size != u.size {
+            return Err(err(format!("{rel}: apt says {} bytes, the index {size}", u.size)));
+        }
+        fetch_checked(&u.url, &root.join(&rel), sha256)?;
     }
     fs::write(dir.join(".complete"), uris.len().to_string()).map_err(io(dir))?;
     eprintln!("keelson-local: Debian archive subset for {suite} {arch}: {} packages", uris.len());
@@ -236,15 +264,21 @@ mod tests {
     #[test]
     fn print_uris_lines() {
         let text = "'http://deb.debian.org/debian/pool/main/i/iptables/iptables_1.8.9-2_amd64.deb' iptables_1.8.9-2_amd64.deb 381908 SHA256:ABCDEF0123\n\
-                    'http://deb.debian.org/debian/pool/main/libn/libnftnl/libnftnl11_1.2.4-2_amd64.deb' libnftnl11_1.2.4-2_amd64.deb 63168 SHA256:0f0f\n";
+                    'http://deb.debian.org/debian/pool/main/n/netbase/netbase_6.4_all.deb' netbase_6.4_all.deb 12800 MD5Sum:814246d2f01d3238bbd3ef8c15c57076\n";
         let u = parse_print_uris(text).expect("parse");
         assert_eq!(u.len(), 2);
-        assert_eq!(
-            u[0],
-            Uri { url: "http://deb.debian.org/debian/pool/main/i/iptables/iptables_1.8.9-2_amd64.deb".into(), size: 381908, sha256: "abcdef0123".into() }
-        );
-        assert!(parse_print_uris("'http://x/y.deb' y.deb 12 MD5Sum:00\n").is_err(), "only SHA-256 is taken");
+        assert_eq!(u[0], Uri { url: "http://deb.debian.org/debian/pool/main/i/iptables/iptables_1.8.9-2_amd64.deb".into(), size: 381908 });
+        assert_eq!(u[1].size, 12800);
+        assert!(parse_print_uris("'http://x/y.deb' y.deb\n").is_err());
         assert!(parse_print_uris("Reading package lists...\n").expect("none").is_empty());
+    }
+
+    #[test]
+    fn index_hashes() {
+        let index = "Package: netbase\nVersion: 6.4\nFilename: pool/main/n/netbase/netbase_6.4_all.deb\nSize: 12800\nMD5sum: 8142\nSHA256: ABCD\n\nPackage: broken\nFilename: pool/x.deb\n";
+        let h = packages_sha256(index);
+        assert_eq!(h.get("pool/main/n/netbase/netbase_6.4_all.deb"), Some(&("abcd".to_string(), 12800)));
+        assert_eq!(h.len(), 1, "a stanza without its hash is not taken");
     }
 
     #[test]
