@@ -103,8 +103,9 @@ impl PackagesTask {
 /// `apt-get` with the options every call of nodeup's uses, then `args`.
 fn apt_get(sources: Option<(&str, &str)>, args: &[&str]) -> Vec<String> {
     // No translated descriptions: nodeup reads none, and an archive subset need not carry them.
-    let mut argv: Vec<String> =
-        ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "-q", "-o", "DPkg::Lock::Timeout=300", "-o", "Acquire::Languages=none"].map(str::to_string).to_vec();
+    let mut argv: Vec<String> = ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "-q", "-o", "DPkg::Lock::Timeout=300", "-o", "Acquire::Languages=none"]
+        .map(str::to_string)
+        .to_vec();
     if let Some((list, parts)) = sources {
         argv.extend(["-o".to_string(), format!("Dir::Etc::SourceList={list}"), "-o".to_string(), format!("Dir::Etc::SourceParts={parts}")]);
     }
