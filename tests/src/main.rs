@@ -61,6 +61,30 @@ enum Cmd {
         #[arg(long)]
         air_gapped: bool,
     },
+    /// A fault beyond one control plane (brings the cluster up when none runs), then wait for the
+    /// cluster to heal by itself: `chaos NAME: healed in X s, K/K keys intact, C/C ConfigMaps
+    /// intact, validate valid`. Exits 1 when it did not.
+    Chaos {
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+        #[arg(long, value_enum)]
+        scenario: keelson_local::cluster::chaos::Scenario,
+        #[arg(long, default_value_t = 1000)]
+        keys: u64,
+        /// Seconds the cluster may take to heal.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+        #[arg(long, default_value_t = 900)]
+        up_timeout: u64,
+        /// Seconds `keelson validate cluster` may wait once healed.
+        #[arg(long, default_value_t = 300)]
+        validate_wait: u64,
+        /// Leave a cluster this command brought up running at the end.
+        #[arg(long)]
+        keep_up: bool,
+        #[arg(long)]
+        baked: bool,
+    },
     /// Run the upstream Kubernetes e2e suite's [Conformance] tests against the local cluster
     /// (docs/conformance.md): by default a focused set of what Keelson sets up; `--full` runs all.
     /// Builds the suite and its images on first use (cached). Exits 1 when a test failed.
@@ -185,6 +209,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let r = cluster::selfheal(&file, &opts)?;
             if r.healed < cycles || r.intact != r.keys || r.objects_intact != r.objects || !r.validated || r.iam.as_ref().is_some_and(|c| !c) {
+                std::process::exit(1);
+            }
+        }
+        Cmd::Chaos { file, scenario, keys, timeout, up_timeout, validate_wait, keep_up, baked } => {
+            let opts = cluster::chaos::ChaosOptions {
+                boot: cluster::Boot { baked, air_gapped: false },
+                keys,
+                timeout: Duration::from_secs(timeout),
+                up_timeout: Duration::from_secs(up_timeout),
+                validate_wait: Duration::from_secs(validate_wait),
+                keep_up,
+            };
+            if !cluster::chaos::chaos(&file, scenario, &opts)?.ok() {
                 std::process::exit(1);
             }
         }

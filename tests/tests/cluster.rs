@@ -10,7 +10,9 @@
 //! node labeller), a replacement's within seconds; `keelson-local kubectl` and `env` work, and with that
 //! environment `keelson validate cluster --wait` reports the cluster ready; kOps' metrics-server addon
 //! serves node metrics (`kubectl top nodes`).
-//! `kill` of a node gets it replaced and Ready again; `down` then leaves nothing behind.
+//! `kill` of a node gets it replaced and Ready again; `keelson delete instance NODE --yes` (kOps'
+//! command: cordon, drain, terminate) replaces a worker with the cluster valid again; `down` then
+//! leaves nothing behind.
 //! Certificates live 13 minutes here (test-only `KEELSON_TEST_CERT_VALIDITY_SECONDS`): they roll
 //! over on the running cluster — etcd's and the API server's on every control plane (protokube),
 //! the kubelet's and kube-proxy's on every worker (nodeup's timer, joining again) — while the API
@@ -776,6 +778,25 @@ fn ha_cluster_up_volumes_etcd_dns_containerd() {
     let fresh: Vec<_> = cs.machines.iter().filter(|m| !originals.contains(&m.instance_id) && m.instance_id != early).cloned().collect();
     let (boots, unmeasured) = keelson_local::cluster::boot_times::worker_boots(&fresh, &kubeapi::nodes(&kc).unwrap_or_default());
     eprintln!("step 10: {} {}", keelson_local::cluster::boot_times::summary(&boots).unwrap_or_else(|| "no worker boot time".into()), unmeasured.join("; "));
+
+    // Step 10b: kOps' `delete instance`, the product's command run as an operator would: a worker,
+    // named by its Node, is cordoned and drained, terminated and replaced by its group, and the
+    // cluster is valid again with as many Nodes (the command validates before and after).
+    let before = kubeapi::nodes(&kc).unwrap();
+    let doomed = fresh.first().expect("a worker started in step 10");
+    let (doomed_node, _) = node_named(&before, &doomed.ip).expect("the worker's Node");
+    let t = std::time::Instant::now();
+    let out = support::keelson_ok(&["delete", "instance", &doomed_node, "-f", &spec_arg, "--yes"]);
+    let line = out.lines().find(|l| l.starts_with(&format!("instance {} deleted; its replacement ", doomed.instance_id)));
+    assert!(line.is_some(), "keelson delete instance did not report {}'s replacement (output above)", doomed.instance_id);
+    let secs = t.elapsed().as_secs_f64();
+    let after = kubeapi::nodes(&kc).unwrap();
+    assert!(!still_there(&after, &doomed_node, &doomed.instance_id), "the deleted instance's Node {doomed_node} is still there");
+    assert_eq!(after.values().filter(|n| n.ready).count(), before.len(), "as many Ready Nodes as before: {after:?}");
+    support::validate_green("5m", before.len());
+    let cs = ClusterState::load(&State::new(paths::state_dir())).expect("cluster.json");
+    assert!(!cs.machines.iter().any(|m| m.instance_id == doomed.instance_id), "{}'s machine is still running", doomed.instance_id);
+    eprintln!("step 10b: keelson delete instance {doomed_node} -f SPEC --yes: drained, replaced and valid in {secs:.0} s ({})", line.unwrap_or_default());
 
     // Step 11: the IAM oracle over every call the machines made to moto in all of the above.
     let iam = support::run(&["iam-check"]);

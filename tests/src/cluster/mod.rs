@@ -16,6 +16,7 @@
 pub mod assets;
 pub mod boot_times;
 pub mod bundled;
+pub mod chaos;
 pub mod commands;
 pub mod cpu;
 pub mod daemon;

@@ -24,7 +24,7 @@ use super::state::ClusterState;
 
 pub const KEY_PREFIX: &str = "/keelson-local/selfheal/";
 
-fn random_index(n: usize) -> usize {
+pub(super) fn random_index(n: usize) -> usize {
     use std::io::Read;
     let mut b = [0u8; 8];
     if let Ok(mut f) = fs::File::open("/dev/urandom") {
@@ -33,8 +33,27 @@ fn random_index(n: usize) -> usize {
     (u64::from_le_bytes(b) % n.max(1) as u64) as usize
 }
 
+/// `keelson validate cluster --wait WAIT` on the local spec, as an operator runs it (in
+/// `keelson-local env`): whether it passed, and `valid` or its output.
+pub(super) fn validate_cluster(wait: Duration) -> anyhow::Result<(bool, String)> {
+    let exports = env_exports()?;
+    let keelson = mirror::bin_dir().join("keelson");
+    let spec_file = state().root.join("spec.yaml");
+    let v = Command::new("sh")
+        .args(["-c", r#"eval "$1"; shift; exec "$@""#, "sh", &exports])
+        .arg(&keelson)
+        .args(["validate", "cluster", "-f"])
+        .arg(&spec_file)
+        .args(["--wait", &format!("{}s", wait.as_secs())])
+        .output()
+        .with_context(|| format!("running {}", keelson.display()))?;
+    let ok = v.status.success();
+    let verdict = if ok { "valid".to_string() } else { format!("NOT valid:\n{}{}", String::from_utf8_lossy(&v.stdout), String::from_utf8_lossy(&v.stderr)) };
+    Ok((ok, verdict))
+}
+
 /// Member names per etcd cluster, as seen from one machine.
-fn member_sets(cs: &ClusterState, m: &MachineInfo) -> Option<BTreeMap<String, Vec<String>>> {
+pub(super) fn member_sets(cs: &ClusterState, m: &MachineInfo) -> Option<BTreeMap<String, Vec<String>>> {
     let pid = m.init_pid?;
     let mut out = BTreeMap::new();
     for c in &cs.etcd_clusters {
@@ -557,28 +576,10 @@ pub fn selfheal(spec_path: &Path, opts: &SelfhealOptions) -> anyhow::Result<Self
         report.intact = if min == u64::MAX { 0 } else { min };
         report.objects_intact = crate::kubeapi::count_configmaps(&kubeconfig, OBJECT_NAMESPACE, OBJECT_PREFIX, keys).unwrap_or(0);
     }
-    // The product's own verdict after the replacements: `keelson validate cluster` as an operator
-    // runs it (in `keelson-local env`).
-    let exports = env_exports()?;
-    let keelson = mirror::bin_dir().join("keelson");
-    let spec_file = st.root.join("spec.yaml");
-    let v = Command::new("sh")
-        .args(["-c", r#"eval "$1"; shift; exec "$@""#, "sh", &exports])
-        .arg(&keelson)
-        .args(["validate", "cluster", "-f"])
-        .arg(&spec_file)
-        .args(["--wait", &format!("{}s", validate_wait.as_secs())])
-        .output()
-        .with_context(|| format!("running {}", keelson.display()))?;
-    report.validated = v.status.success();
-    println!(
-        "selfheal: keelson validate cluster after the replacements: {}",
-        if report.validated {
-            "valid".to_string()
-        } else {
-            format!("NOT valid:\n{}{}", String::from_utf8_lossy(&v.stdout), String::from_utf8_lossy(&v.stderr))
-        }
-    );
+    // The product's own verdict after the replacements.
+    let (validated, verdict) = validate_cluster(validate_wait)?;
+    report.validated = validated;
+    println!("selfheal: keelson validate cluster after the replacements: {verdict}");
     if !report.validated {
         if let Ok(cs) = load() {
             eprint!("{}", diagnose_nodes(&cs, &kubeconfig));
