@@ -1,31 +1,25 @@
-//! The worst day, first scenarios: `keelson-local chaos -f examples/gossip.yaml --scenario
-//! two-control-planes`, then `--scenario all-control-planes` on the same cluster (docs/local-cluster.md,
-//! "Chaos"). Two of the three control planes are terminated at once — etcd loses its quorum — and
-//! then all three: the groups replace them, each replacement claims its member's volumes, etcd
-//! comes back with the same members (name and id) and every key, the API serves every ConfigMap,
-//! and `keelson validate cluster` passes, with no step of anyone's. Each scenario's one line and
-//! time to healed are printed.
+//! The worst day on the local GCE (opt-in): `keelson-local chaos -f examples/gce.yaml --scenario
+//! two-control-planes` (docs/local-cluster.md, "The worst day"). On AWS both quorum scenarios run
+//! in CI inside `tests/tests/gossip.rs`, on the gossip cluster it already brings up.
 
 mod support;
 
+/// The quorum loss on the local GCE (`examples/gce.yaml`): the managed instance groups make the
+/// terminated control planes again under their names, and etcd comes back the same way.
 #[test]
-fn quorum_lost_and_every_control_plane_lost_heal_with_nothing_lost() {
+#[ignore = "opt-in (another cluster, ~5 min, over CI's budget; the AWS runs are in gossip.rs): cargo test -p keelson-local --features tier-cluster --test chaos -- --ignored --nocapture"]
+fn quorum_lost_on_gce_heals_with_nothing_lost() {
     support::require_root();
     let _down = support::Down;
-    let spec = support::repo().join("examples/gossip.yaml");
-    let spec = spec.to_string_lossy();
-    for (scenario, extra) in [("two-control-planes", vec!["--keep-up"]), ("all-control-planes", vec![])] {
-        let mut args = vec!["chaos", "-f", &spec, "--scenario", scenario, "--timeout", "600"];
-        args.extend(extra);
-        let out = support::run(&args);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        // The verdict is the scenario's last line (the first says what it terminated).
-        let line = stdout.lines().filter(|l| l.starts_with(&format!("chaos {scenario}: "))).last().unwrap_or_default();
-        let healed = line.starts_with(&format!("chaos {scenario}: healed in "))
-            && line.ends_with(" s, 1000/1000 keys intact, 1000/1000 ConfigMaps intact, validate valid");
-        assert!(healed, "{scenario}: {line:?} (output above)");
-        assert!(out.status.success(), "{scenario}: keelson-local chaos exited {:?}", out.status);
-    }
+    let spec = support::repo().join("examples/gce.yaml");
+    let out = support::run(&["chaos", "-f", &spec.to_string_lossy(), "--scenario", "two-control-planes", "--timeout", "600"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().rfind(|l| l.starts_with("chaos two-control-planes: ")).unwrap_or_default();
+    assert!(
+        line.starts_with("chaos two-control-planes: healed in ") && line.ends_with(" s, 1000/1000 keys intact, 1000/1000 ConfigMaps intact, validate valid"),
+        "{line:?} (output above)"
+    );
+    assert!(out.status.success(), "keelson-local chaos exited {:?}", out.status);
     drop(_down);
     support::assert_nothing_left();
 }

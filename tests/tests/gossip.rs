@@ -11,6 +11,9 @@
 //! would and checks the CCM's calls (kubenet's routes, nodes' addresses) against its own role.
 //! The control planes boot Debian 12 and the workers Debian 13, from roots without the packages
 //! the kubelet and containerd need (iptables & co.): nodeup installs them from the mirror.
+//! Then, on the same cluster, `keelson-local chaos --scenario two-control-planes` and
+//! `--scenario all-control-planes` (quorum lost; every control plane lost): each heals by itself
+//! with the same etcd members, every key and ConfigMap, and `keelson validate cluster` valid.
 //! The test's wall time is printed.
 
 mod support;
@@ -21,7 +24,7 @@ fn gossip_cluster_workers_follow_the_control_planes() {
     let _down = support::Down;
     let t0 = std::time::Instant::now();
     let spec = support::repo().join("examples/gossip.yaml");
-    let out = support::run(&["selfheal", "-f", &spec.to_string_lossy(), "--cycles", "1", "--cycle-timeout", "240"]);
+    let out = support::run(&["selfheal", "-f", &spec.to_string_lossy(), "--cycles", "1", "--cycle-timeout", "240", "--keep-up"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let has = |prefix: &str| stdout.lines().any(|l| l.starts_with(prefix));
     assert!(has("selfheal: 2 of 2 workers joined by cloud identity"), "both workers joined through the join server's name (output above)");
@@ -30,16 +33,6 @@ fn gossip_cluster_workers_follow_the_control_planes() {
         last.starts_with("selfheal: 1 cycles, 1000/1000 keys intact, 1000/1000 ConfigMaps intact, median failover ") && last.ends_with(" s"),
         "unexpected summary {last:?} (output above)"
     );
-    support::assert_iam_clean(&stdout);
-    // IRSA (the spec's useServiceAccountExternalPermissions): the CCM's calls were made with its own
-    // role's credentials, issued for tokens STS would accept (the oracle judges each), not the
-    // control planes' role — which no longer holds them.
-    let iam = stdout.lines().find(|l| l.contains("IAM oracle: ")).unwrap_or_default();
-    assert!(
-        iam.contains("aws-cloud-controller-manager.kube-system.sa.gossip.k8s.local="),
-        "the CCM's calls were not made with its service account's role: {iam}"
-    );
-    assert!(!iam.contains(" 0 web-identity credentials"), "no service account assumed its role: {iam}");
     assert!(out.status.success(), "selfheal exited {:?}", out.status);
     let resolve = "selfheal: 2/2 workers resolve api.internal.gossip.k8s.local and kops-controller.internal.gossip.k8s.local to the 3 live control planes";
     assert!(has(resolve), "workers follow the replaced control plane through the product's hosts entries (output above)");
@@ -51,7 +44,36 @@ fn gossip_cluster_workers_follow_the_control_planes() {
     let oses = "selfheal: Nodes' OS images: 3 Debian GNU/Linux 12 (bookworm), 2 Debian GNU/Linux 13 (trixie)";
     assert!(has(oses), "expected {oses:?} (output above)");
     assert!(stdout.lines().any(|l| l == "selfheal: keelson validate cluster after the replacements: valid"), "validate cluster (output above)");
-    eprintln!("gossip cluster: up, 1 control-plane replacement, checks and down in {:.0} s", t0.elapsed().as_secs_f64());
+    // The worst day on the same cluster (`keelson-local chaos`, docs/local-cluster.md): quorum lost,
+    // then every control plane lost, each healed by itself with nothing lost.
+    for scenario in ["two-control-planes", "all-control-planes"] {
+        let out = support::run(&["chaos", "-f", &spec.to_string_lossy(), "--scenario", scenario, "--timeout", "600"]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        // The verdict is the scenario's last line (the first says what it terminated).
+        let line = stdout.lines().rfind(|l| l.starts_with(&format!("chaos {scenario}: "))).unwrap_or_default();
+        assert!(
+            line.starts_with(&format!("chaos {scenario}: healed in "))
+                && line.ends_with(" s, 1000/1000 keys intact, 1000/1000 ConfigMaps intact, validate valid"),
+            "{scenario}: {line:?} (output above)"
+        );
+        assert!(out.status.success(), "{scenario}: keelson-local chaos exited {:?}", out.status);
+    }
+    // The IAM oracle over everything above (`keelson-local iam-check`; selfheal with --keep-up
+    // leaves it to the caller).
+    let iam_out = support::run(&["iam-check"]);
+    let stdout = String::from_utf8_lossy(&iam_out.stdout).to_string();
+    support::assert_iam_clean(&stdout);
+    // IRSA (the spec's useServiceAccountExternalPermissions): the CCM's calls were made with its own
+    // role's credentials, issued for tokens STS would accept (the oracle judges each), not the
+    // control planes' role — which no longer holds them.
+    let iam = stdout.lines().find(|l| l.contains("IAM oracle: ")).unwrap_or_default();
+    assert!(
+        iam.contains("aws-cloud-controller-manager.kube-system.sa.gossip.k8s.local="),
+        "the CCM's calls were not made with its service account's role: {iam}"
+    );
+    assert!(!iam.contains(" 0 web-identity credentials"), "no service account assumed its role: {iam}");
+    assert!(iam_out.status.success(), "keelson-local iam-check exited {:?}", iam_out.status);
+    eprintln!("gossip cluster: up, 1 control-plane replacement, 2 chaos scenarios, checks and down in {:.0} s", t0.elapsed().as_secs_f64());
     drop(_down);
     support::assert_nothing_left();
 }

@@ -164,7 +164,10 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
             last_said = Instant::now();
         }
         let Ok(cs) = load() else { continue };
-        let live: Vec<MachineInfo> = control_planes(&cs).into_iter().filter(|m| !victims.iter().any(|v| v.instance_id == m.instance_id)).collect();
+        // A replacement is a machine the victims were not: on GCE the group makes it again under
+        // the victim's name, so it is told apart by its machine (init process), not its name.
+        let live: Vec<MachineInfo> =
+            control_planes(&cs).into_iter().filter(|m| !victims.iter().any(|v| v.instance_id == m.instance_id && v.init_pid == m.init_pid)).collect();
         if live.len() < want {
             status = format!("{}/{want} control planes running", live.len());
             continue;
@@ -234,6 +237,9 @@ mod tests {
         assert_eq!(r.line(""), "chaos two-control-planes: healed in 41.2 s, 1000/1000 keys intact, 1000/1000 ConfigMaps intact, validate valid");
         let r = ChaosReport { healed: None, intact: 0, objects_intact: 3, validated: false, ..r };
         assert!(!r.ok());
-        assert_eq!(r.line("1/3 control planes running"), "chaos two-control-planes: NOT healed: 1/3 control planes running; 0/1000 keys, 3/1000 ConfigMaps readable");
+        assert_eq!(
+            r.line("1/3 control planes running"),
+            "chaos two-control-planes: NOT healed: 1/3 control planes running; 0/1000 keys, 3/1000 ConfigMaps readable"
+        );
     }
 }
