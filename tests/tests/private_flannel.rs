@@ -52,8 +52,13 @@ fn private_topology_with_flannel_vxlan() {
         .map(|e| serde_json::from_reader(e).expect("bundle.json"))
         .expect("bundle.json in the bundle");
     let files = manifest["files"].as_array().expect("files").len();
-    let served = walk_files(&st.mirror_dir());
-    assert_eq!(served, files, "the served mirror holds {served} files, the bundle {files}");
+    // The served mirror: the bundle's files, and beside them the Debian archive subset standing
+    // for the site's own Debian mirror (nodeup installs the hosts' packages from it).
+    let apt = st.mirror_dir().join(keelson_api::host_packages::APT_DIR);
+    let debian = walk_files(&apt);
+    assert!(debian > 0, "no Debian archive subset under {}", apt.display());
+    let served = walk_files(&st.mirror_dir()) - debian;
+    assert_eq!(served, files, "the served mirror holds {served} files besides the Debian archive, the bundle {files}");
     assert_eq!(cs.machines.iter().filter(|m| m.role == "control-plane").count(), 1, "{:?}", cs.machines);
     assert_eq!(cs.machines.iter().filter(|m| m.role == "node").count(), 2, "{:?}", cs.machines);
 
