@@ -94,6 +94,17 @@ pub fn required(family: Family, kube_proxy_nftables: bool, extra: &[String]) -> 
     out
 }
 
+/// Whether a host's kube-proxy (as its NodeupConfig has it) runs in nftables mode, so the host
+/// needs `nftables`: kube-proxy enabled (the default) with `proxyMode: nftables`.
+pub fn kube_proxy_nftables(cfg: &crate::nodeup::NodeupConfig) -> bool {
+    cfg.kube_proxy.as_ref().is_some_and(|k| k.enabled != Some(false) && k.proxy_mode.as_deref() == Some("nftables"))
+}
+
+/// [`required`] for the host a NodeupConfig describes: its kube-proxy mode and its `packages`.
+pub fn required_by(family: Family, cfg: &crate::nodeup::NodeupConfig) -> Vec<String> {
+    required(family, kube_proxy_nftables(cfg), &cfg.packages)
+}
+
 /// The packages a host of `family` needs whatever the cluster: what a mirror must carry for
 /// every node to boot offline.
 pub fn base(family: Family) -> Vec<String> {
@@ -150,6 +161,21 @@ pub fn missing_from_dpkg_status(status: &str, wanted: &[String]) -> Vec<String> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nodeup_config_asks_for_nftables_only_when_its_kube_proxy_runs_in_that_mode() {
+        use crate::generated::KubeProxyConfig;
+        let mut cfg = crate::nodeup::NodeupConfig { packages: vec!["jq".into(), "iptables".into()], ..Default::default() };
+        assert_eq!(required_by(Family::Debian, &cfg), ["iptables", "libapparmor1", "libseccomp2", "util-linux", "jq"]);
+        cfg.kube_proxy = Some(KubeProxyConfig { proxy_mode: Some("nftables".into()), ..Default::default() });
+        assert!(kube_proxy_nftables(&cfg));
+        assert!(required_by(Family::Debian, &cfg).contains(&"nftables".to_string()));
+        cfg.kube_proxy.as_mut().unwrap().enabled = Some(false);
+        assert!(!kube_proxy_nftables(&cfg), "kube-proxy disabled needs no nftables");
+        cfg.kube_proxy = Some(KubeProxyConfig { proxy_mode: Some("iptables".into()), ..Default::default() });
+        assert!(!kube_proxy_nftables(&cfg));
+        assert_eq!(required_by(Family::Other, &cfg), ["jq", "iptables"]);
+    }
 
     const BOOKWORM: &str = r#"PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"
 NAME="Debian GNU/Linux"

@@ -175,7 +175,7 @@ pub fn build(inp: &Inputs) -> Result<Model, ModelError> {
     }
 
     // The distribution's packages the services below need (kOps' PackagesBuilder).
-    let nftables = cfg.kube_proxy.as_ref().is_some_and(|k| k.enabled != Some(false) && k.proxy_mode.as_deref() == Some("nftables"));
+    let nftables = keelson_api::host_packages::kube_proxy_nftables(cfg);
     tasks.push(Box::new(PackagesTask { extra: cfg.packages.clone(), kube_proxy_nftables: nftables, apt_repository: cfg.apt_repository.clone() }));
     containerd_inputs.push(ServiceInput::after(packages::TASK_NAME));
     kubelet_inputs.push(ServiceInput::after(packages::TASK_NAME));

@@ -140,18 +140,15 @@ fn fetch_checked(url: &str, dest: &Path, sha256: &str) -> Result<(), AptError> {
 /// host: `keelson_api::host_packages::required` of each (kube-proxy's mode, the spec's
 /// `packages`), all of them once.
 pub fn packages_of_compiled(compiled: &Path) -> Result<Vec<String>, AptError> {
-    use keelson_api::host_packages::{required, Family};
+    use keelson_api::host_packages::{required_by, Family};
     let dir = compiled.join("nodeup");
     let mut out: Vec<String> = Vec::new();
     let mut paths: Vec<PathBuf> = fs::read_dir(&dir).map_err(io(&dir))?.flatten().map(|e| e.path()).collect();
     paths.sort();
     for path in paths {
         let text = fs::read_to_string(&path).map_err(io(&path))?;
-        let v: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).map_err(|e| AptError::Io { path: path.clone(), source: std::io::Error::other(e) })?;
-        let proxy = &v["KubeProxy"];
-        let nftables = proxy["enabled"].as_bool() != Some(false) && proxy["proxyMode"].as_str() == Some("nftables");
-        let extra: Vec<String> = v["packages"].as_sequence().into_iter().flatten().filter_map(|p| p.as_str().map(str::to_string)).collect();
-        for p in required(Family::Debian, nftables, &extra) {
+        let cfg: keelson_api::nodeup::NodeupConfig = serde_yaml_ng::from_str(&text).map_err(|e| AptError::Io { path: path.clone(), source: std::io::Error::other(e) })?;
+        for p in required_by(Family::Debian, &cfg) {
             if !out.contains(&p) {
                 out.push(p);
             }
