@@ -91,7 +91,14 @@ pub static ADDONS: &[Field] = &[
         "nodeProblemDetector",
         By("the node-problem-detector addon (spec-compiler/src/addons/node_problem_detector.rs); its defaults by the compiler as kOps'"),
     ),
-    addon_not_rendered!("ClusterSpec", "podIdentityWebhook", When::Enabled, "the pod-identity-webhook addon"),
+    f(
+        "ClusterSpec",
+        "podIdentityWebhook",
+        NotRendered {
+            when: When::Enabled,
+            reason: "Keelson does not render the pod-identity-webhook addon: kOps serves the webhook with a certificate cert-manager issues and injects, and cert-manager's commands (the modules github.com/cert-manager/cert-manager/cmd/controller, cmd/webhook and cmd/cainjector) are not served by the Go module proxy here, so neither could run; put your pods on roles with serviceAccountExternalPermissions and set AWS_ROLE_ARN and a projected token yourself, as Keelson does for its own addons",
+        },
+    ),
     addon_not_rendered!("ClusterSpec", "karpenter", When::Enabled, "the karpenter addon"),
     addon_not_rendered!("ClusterSpec", "warmPool", When::Present, "Auto Scaling warm pools"),
     addon_not_rendered!("InstanceGroupSpec", "warmPool", When::Present, "Auto Scaling warm pools"),
