@@ -357,6 +357,12 @@ impl Cloud {
         Ok(v)
     }
 
+    /// Delete a volume (EC2 refuses one that is attached).
+    pub fn delete_volume(&self, volume_id: &str) -> Result<(), CloudError> {
+        self.rt.block_on(self.ec2.delete_volume().volume_id(volume_id).send()).map_err(|e| self.err("DeleteVolume", e))?;
+        Ok(())
+    }
+
     /// Terminate an instance the way an instance dies: through EC2. Its autoscaling group notices
     /// and launches a replacement.
     pub fn terminate(&self, instance_id: &str) -> Result<(), CloudError> {

@@ -74,6 +74,14 @@ pub fn members(init_pid: i64, ep: &Endpoint) -> Option<Vec<(String, String)>> {
     Some(m)
 }
 
+/// The etcd cluster's id (hex) from `member list -w json`: a cluster bootstrapped anew gets
+/// another one, a member removed and re-added keeps it.
+pub fn cluster_id(init_pid: i64, ep: &Endpoint) -> Option<String> {
+    let out = etcdctl(init_pid, ep, &["member", "list", "-w", "json"]).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+    v["header"]["cluster_id"].as_u64().map(|id| format!("{id:x}"))
+}
+
 pub fn healthy(init_pid: i64, ep: &Endpoint) -> bool {
     etcdctl(init_pid, ep, &["endpoint", "health"]).is_ok()
 }

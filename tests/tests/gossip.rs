@@ -13,7 +13,9 @@
 //! the kubelet and containerd need (iptables & co.): nodeup installs them from the mirror.
 //! Then, on the same cluster, `keelson-local chaos --scenario two-control-planes` and
 //! `--scenario all-control-planes` (quorum lost; every control plane lost): each heals by itself
-//! with the same etcd members, every key and ConfigMap, and `keelson validate cluster` valid.
+//! with the same etcd members, every key and ConfigMap, and `keelson validate cluster` valid; and
+//! `--scenario lost-volume` (a control plane and its etcd volumes lost; `keelson apply` makes new
+//! ones): its member is removed and added again, filled from its peers, nothing lost.
 //! The test's wall time is printed.
 
 mod support;
@@ -45,8 +47,9 @@ fn gossip_cluster_workers_follow_the_control_planes() {
     assert!(has(oses), "expected {oses:?} (output above)");
     assert!(stdout.lines().any(|l| l == "selfheal: keelson validate cluster after the replacements: valid"), "validate cluster (output above)");
     // The worst day on the same cluster (`keelson-local chaos`, docs/local-cluster.md): quorum lost,
-    // then every control plane lost, each healed by itself with nothing lost.
-    for scenario in ["two-control-planes", "all-control-planes"] {
+    // then every control plane lost, each healed by itself with nothing lost; then a member's
+    // volumes lost, rebuilt from its peers.
+    for scenario in ["two-control-planes", "all-control-planes", "lost-volume"] {
         let out = support::run(&["chaos", "-f", &spec.to_string_lossy(), "--scenario", scenario, "--timeout", "600"]);
         let stdout = String::from_utf8_lossy(&out.stdout);
         // The verdict is the scenario's last line (the first says what it terminated).
@@ -73,7 +76,7 @@ fn gossip_cluster_workers_follow_the_control_planes() {
     );
     assert!(!iam.contains(" 0 web-identity credentials"), "no service account assumed its role: {iam}");
     assert!(iam_out.status.success(), "keelson-local iam-check exited {:?}", iam_out.status);
-    eprintln!("gossip cluster: up, 1 control-plane replacement, 2 chaos scenarios, checks and down in {:.0} s", t0.elapsed().as_secs_f64());
+    eprintln!("gossip cluster: up, 1 control-plane replacement, 3 chaos scenarios, checks and down in {:.0} s", t0.elapsed().as_secs_f64());
     drop(_down);
     support::assert_nothing_left();
 }

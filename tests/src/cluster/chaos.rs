@@ -5,10 +5,16 @@
 //! failed).
 //!
 //! Scenarios so far: `two-control-planes` (etcd's quorum lost: two of three control planes
-//! terminated at once) and `all-control-planes` (every control plane at once). Each replacement
+//! terminated at once) and `all-control-planes` (every control plane at once): each replacement
 //! must claim its member's surviving volumes and etcd come back with its data and the same
 //! members (by name and id: never re-bootstrapped), the API serve every object again.
+//! `lost-volume` (AWS): one control plane terminated and its etcd volumes deleted before anything
+//! could claim them; the other two keep quorum, `keelson apply` (the operator's one step, as with
+//! kOps, whose etcd-manager creates no volumes either) creates the missing volumes, and protokube on
+//! the replacement finds an empty volume, removes its member from the cluster and adds it again
+//! (a new member id, the same name and cluster id), and etcd fills it from its peers.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail};
@@ -16,7 +22,7 @@ use anyhow::{anyhow, bail};
 use crate::etcd;
 use crate::machine::MachineInfo;
 
-use super::commands::state;
+use super::commands::{env_exports, state};
 use super::health::control_planes;
 use super::selfheal::{member_sets, random_index, validate_cluster};
 use super::state::ClusterState;
@@ -28,6 +34,8 @@ pub enum Scenario {
     TwoControlPlanes,
     /// Every control plane terminated at once.
     AllControlPlanes,
+    /// One control plane terminated and its etcd volumes deleted (AWS).
+    LostVolume,
 }
 
 impl Scenario {
@@ -35,6 +43,7 @@ impl Scenario {
         match self {
             Scenario::TwoControlPlanes => "two-control-planes",
             Scenario::AllControlPlanes => "all-control-planes",
+            Scenario::LostVolume => "lost-volume",
         }
     }
 
@@ -43,8 +52,40 @@ impl Scenario {
         match self {
             Scenario::TwoControlPlanes => (n >= 3).then_some(2),
             Scenario::AllControlPlanes => (n >= 1).then_some(n),
+            // Quorum must hold while the member is rebuilt.
+            Scenario::LostVolume => (n >= 3).then_some(1),
         }
     }
+}
+
+/// Per etcd cluster: member name → member id.
+type Members = BTreeMap<String, BTreeMap<String, String>>;
+
+/// [`member_sets`]' `name/id` lists as [`Members`].
+fn by_name(sets: &BTreeMap<String, Vec<String>>) -> Members {
+    sets.iter().map(|(c, l)| (c.clone(), l.iter().map(|m| m.split_once('/').map_or((m.clone(), String::new()), |(n, i)| (n.to_string(), i.to_string()))).collect())).collect()
+}
+
+/// What is wrong with the members `now` against those before the fault: the same names in every
+/// etcd cluster; the same id for each, except the members in `rebuilt` (cluster → member name),
+/// which must have been removed and added again (another id). `None`: as it should be.
+fn membership_problem(before: &Members, now: &Members, rebuilt: &BTreeMap<String, String>) -> Option<String> {
+    for (cluster, members) in before {
+        let Some(have) = now.get(cluster) else { return Some(format!("etcd {cluster}: no members listed")) };
+        let (want_names, have_names): (Vec<&String>, Vec<&String>) = (members.keys().collect(), have.keys().collect());
+        if want_names != have_names {
+            return Some(format!("etcd {cluster}: members {have_names:?}, want {want_names:?}"));
+        }
+        for (name, id) in members {
+            let again = rebuilt.get(cluster) == Some(name);
+            match (again, have.get(name) == Some(id)) {
+                (true, true) => return Some(format!("etcd {cluster}: member {name} not re-added yet (id {id})")),
+                (false, false) => return Some(format!("etcd {cluster}: member {name} has id {:?}, was {id}", have.get(name))),
+                _ => {}
+            }
+        }
+    }
+    None
 }
 
 pub struct ChaosOptions {
@@ -136,12 +177,36 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
         crate::kubeapi::create_configmaps(&kubeconfig, namespace, &object_prefix, keys).map_err(|e| anyhow!("creating {keys} ConfigMaps: {e}"))?;
     }
     let baseline = member_sets(&cs, &first).ok_or_else(|| anyhow!("cannot list etcd members"))?;
-    println!("chaos: wrote {keys} keys to etcd {main} and {keys} ConfigMaps; members {baseline:?}");
+    let cluster_ids = cluster_ids(&cs, &first).ok_or_else(|| anyhow!("cannot read the etcd cluster ids"))?;
+    println!("chaos: wrote {keys} keys to etcd {main} and {keys} ConfigMaps; members {baseline:?}, cluster ids {cluster_ids:?}");
+    let baseline = by_name(&baseline);
+    if scenario == Scenario::LostVolume && cs.is_gce() {
+        bail!("chaos lost-volume runs on AWS only (its GCE form is not written)");
+    }
 
     // The fault: `kills` control planes, picked at random, terminated back to back.
     let mut victims: Vec<MachineInfo> = Vec::new();
     for _ in 0..kills {
         victims.push(cps.remove(random_index(cps.len())));
+    }
+    // lost-volume: the victim's etcd volumes and its members, before the fault.
+    let cloud = (!cs.is_gce()).then(|| crate::cloud::Cloud::new(&cs.endpoint(), &cs.region));
+    let (mut lost, mut rebuilt) = (Vec::new(), BTreeMap::new());
+    if scenario == Scenario::LostVolume {
+        let (Some(cloud), Some(v)) = (&cloud, victims.first()) else { bail!("lost-volume: no victim") };
+        lost = cloud
+            .volumes()?
+            .into_iter()
+            .filter(|vol| vol.attachments.iter().any(|a| a.instance_id == v.instance_id) && vol.tags.iter().any(|(k, _)| k.starts_with(ETCD_VOLUME_TAG)))
+            .map(|vol| vol.id)
+            .collect();
+        for c in &cs.etcd_clusters {
+            let ep = etcd::endpoint(&v.root, c).ok_or_else(|| anyhow!("no etcd-{c} manifest on {}", v.instance_id))?;
+            rebuilt.insert(c.clone(), ep.member);
+        }
+        if lost.len() != cs.etcd_clusters.len() {
+            bail!("lost-volume: {} holds etcd volumes {lost:?}, want one per etcd cluster ({:?})", v.instance_id, cs.etcd_clusters);
+        }
     }
     let t0 = Instant::now();
     for v in &victims {
@@ -149,6 +214,13 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
     }
     let names: Vec<String> = victims.iter().map(|v| format!("{} ({})", v.instance_id, v.group)).collect();
     println!("chaos {}: terminated {} at once", scenario.name(), names.join(", "));
+    if let (Some(cloud), false) = (&cloud, lost.is_empty()) {
+        delete_volumes(cloud, &victims[0].instance_id, &lost)?;
+        println!("chaos lost-volume: deleted its etcd volumes {} ({:.1} s after the termination)", lost.join(", "), t0.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let created = apply()?;
+        println!("chaos lost-volume: keelson apply --yes in {:.1} s: {}", t.elapsed().as_secs_f64(), created.join("; "));
+    }
 
     let want = cs.machines.iter().filter(|m| m.role == "control-plane").count();
     let deadline = t0 + opts.timeout;
@@ -185,13 +257,26 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
             continue;
         }
         match live.iter().find_map(|m| member_sets(&cs, m)) {
-            Some(m) if m == baseline => {}
             Some(m) => {
-                status = format!("members {m:?}, want {baseline:?}");
-                continue;
+                if let Some(problem) = membership_problem(&baseline, &by_name(&m), &rebuilt) {
+                    status = problem;
+                    continue;
+                }
             }
             None => {
                 status = "cannot list members".into();
+                continue;
+            }
+        }
+        match live.iter().find_map(|m| self::cluster_ids(&cs, m)) {
+            Some(ids) if ids == cluster_ids => {}
+            Some(ids) => {
+                // Not a state to wait out: etcd was bootstrapped anew.
+                status = format!("etcd cluster ids {ids:?}, were {cluster_ids:?}: bootstrapped anew");
+                continue;
+            }
+            None => {
+                status = "cannot read the cluster ids".into();
                 continue;
             }
         }
@@ -223,6 +308,74 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
     Ok(report)
 }
 
+/// The tag prefix of a kOps etcd volume (`k8s.io/etcd/<cluster>`).
+const ETCD_VOLUME_TAG: &str = "k8s.io/etcd/";
+
+/// Each etcd cluster's id, as one machine's member sees it.
+fn cluster_ids(cs: &ClusterState, m: &MachineInfo) -> Option<BTreeMap<String, String>> {
+    let pid = m.init_pid?;
+    cs.etcd_clusters.iter().map(|c| Some((c.clone(), etcd::cluster_id(pid, &etcd::endpoint(&m.root, c)?)?))).collect()
+}
+
+/// Delete `volumes`, each as soon as EC2 lets it go (it detaches a terminated instance's volumes);
+/// an error if the replacement claimed one first or it is not free within a minute.
+fn delete_volumes(cloud: &crate::cloud::Cloud, victim: &str, volumes: &[String]) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut left: Vec<&String> = volumes.iter().collect();
+    while !left.is_empty() {
+        let listed = cloud.volumes()?;
+        let mut still = Vec::new();
+        for id in left {
+            match listed.iter().find(|v| &v.id == id) {
+                None => {}
+                Some(v) if v.attached_to().is_some() => {
+                    let holder = v.attached_to().map(|a| a.instance_id.clone()).unwrap_or_default();
+                    if holder != victim {
+                        bail!("lost-volume: the replacement {holder} claimed {id} before it could be deleted");
+                    }
+                    if Instant::now() > deadline {
+                        bail!("lost-volume: {id} still attached to {holder} a minute after its termination");
+                    }
+                    still.push(id);
+                }
+                Some(_) => match cloud.delete_volume(id) {
+                    Ok(()) => {}
+                    Err(e) if Instant::now() > deadline => bail!("lost-volume: deleting {id}: {e}"),
+                    Err(_) => still.push(id),
+                },
+            }
+        }
+        left = still;
+        if !left.is_empty() {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    Ok(())
+}
+
+/// `keelson apply --yes` against the local cloud (the spec as applied, the harness's
+/// environment): what an operator runs once a volume is lost. Returns the lines of its output
+/// that name a created resource.
+fn apply() -> anyhow::Result<Vec<String>> {
+    use anyhow::Context as _;
+    let exports = env_exports()?;
+    let keelson = crate::mirror::bin_dir().join("keelson");
+    let spec_file = state().root.join("spec.yaml");
+    let out = std::process::Command::new("sh")
+        .args(["-c", r#"eval "$1"; shift; exec "$@""#, "sh", &exports])
+        .arg(&keelson)
+        .args(["apply", "--yes", "--offline", "-f"])
+        .arg(&spec_file)
+        .output()
+        .with_context(|| format!("running {}", keelson.display()))?;
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    std::fs::write(state().root.join("chaos-apply.log"), &text)?;
+    if !out.status.success() {
+        bail!("keelson apply --yes failed:\n{text}");
+    }
+    Ok(text.lines().filter(|l| l.to_lowercase().contains("volume")).map(|l| l.trim().to_string()).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -232,6 +385,8 @@ mod tests {
         assert_eq!(Scenario::TwoControlPlanes.victims(3), Some(2));
         assert_eq!(Scenario::TwoControlPlanes.victims(1), None);
         assert_eq!(Scenario::AllControlPlanes.victims(3), Some(3));
+        assert_eq!(Scenario::LostVolume.victims(3), Some(1));
+        assert_eq!(Scenario::LostVolume.victims(1), None, "one member of one cannot be rebuilt from peers");
         let r = ChaosReport { scenario: Scenario::TwoControlPlanes, healed: Some(41.25), keys: 1000, intact: 1000, objects_intact: 1000, validated: true };
         assert!(r.ok());
         assert_eq!(r.line(""), "chaos two-control-planes: healed in 41.2 s, 1000/1000 keys intact, 1000/1000 ConfigMaps intact, validate valid");
@@ -241,5 +396,27 @@ mod tests {
             r.line("1/3 control planes running"),
             "chaos two-control-planes: NOT healed: 1/3 control planes running; 0/1000 keys, 3/1000 ConfigMaps readable"
         );
+    }
+
+    #[test]
+    fn members_kept_or_rebuilt() {
+        let sets = |a: &str, b: &str| -> BTreeMap<String, Vec<String>> {
+            [("main".to_string(), vec![format!("a/{a}"), format!("b/{b}"), "c/3".to_string()]), ("events".to_string(), vec!["a/9".to_string(), "b/8".to_string(), "c/7".to_string()])].into()
+        };
+        let before = by_name(&sets("1", "2"));
+        assert_eq!(before["main"]["b"], "2");
+        let none = BTreeMap::new();
+        assert_eq!(membership_problem(&before, &before, &none), None);
+        // A member re-added where none should be.
+        assert!(membership_problem(&before, &by_name(&sets("1", "5")), &none).unwrap().contains("member b has id"));
+        let rebuilt: BTreeMap<String, String> = [("main".to_string(), "b".to_string())].into();
+        assert!(membership_problem(&before, &before, &rebuilt).unwrap().contains("not re-added yet"));
+        assert_eq!(membership_problem(&before, &by_name(&sets("1", "5")), &rebuilt), None);
+        // A missing member, a foreign one.
+        let mut short = by_name(&sets("1", "5"));
+        short.get_mut("main").unwrap().remove("b");
+        assert!(membership_problem(&before, &short, &rebuilt).unwrap().contains("members"));
+        short.get_mut("main").unwrap().insert("x".into(), "4".into());
+        assert!(membership_problem(&before, &short, &rebuilt).unwrap().contains("want"));
     }
 }

@@ -294,6 +294,19 @@ impl Fleet {
                 }
             }
         }
+        // A volume deleted in the cloud, and no longer in any machine: its storage is gone, as EBS's.
+        let listed: BTreeSet<&str> = vols.iter().map(|v| v.id.as_str()).collect();
+        let gone: Vec<String> = self.backings.keys().filter(|id| !listed.contains(id.as_str()) && !self.exposed.contains_key(*id)).cloned().collect();
+        for id in gone {
+            if let Some(b) = self.backings.get(&id) {
+                if volumes::mounted_anywhere(&b.device) {
+                    continue;
+                }
+                volumes::destroy_backing(&b.file);
+            }
+            self.backings.remove(&id);
+            event(&self.events, format!("{id}: deleted, its storage freed"));
+        }
         Ok(())
     }
 
