@@ -85,9 +85,12 @@ impl Gate {
         self.ready_streak >= READY_AFTER || (self.was_ready && self.fail_streak < FAIL_AFTER)
     }
 
-    /// Whether the membership is what it should stay (check slowly).
+    /// Whether the membership is what it should stay (check slowly). Not while the last answer
+    /// was a failure: a server that starts failing (its etcd member cut off from the others) is
+    /// checked every [`FAST`], so it leaves the load balancer after [`FAIL_AFTER`] quick checks
+    /// rather than slow ones.
     pub fn settled(&self) -> bool {
-        self.released || (self.ready() && self.believed_in == Some(true))
+        self.released || (self.ready() && self.fail_streak == 0 && self.believed_in == Some(true))
     }
 
     /// Record one `/readyz` result.
@@ -334,6 +337,18 @@ mod tests {
         assert_eq!(g.decide(Membership::Registered, true), Action::Nothing);
         g.observe(true);
         assert_eq!(g.decide(Membership::Registered, true), Action::Nothing);
+        assert!(g.settled());
+    }
+
+    #[test]
+    fn a_failing_answer_unsettles_so_the_next_checks_come_fast() {
+        let mut g = gate_after(&[true, true]);
+        assert_eq!(g.decide(Membership::Registered, true), Action::Nothing);
+        assert!(g.settled());
+        g.observe(false);
+        assert!(g.ready(), "one failure is not yet not-ready");
+        assert!(!g.settled(), "but the next check comes fast");
+        g.observe(true);
         assert!(g.settled());
     }
 

@@ -82,6 +82,14 @@ pub fn cluster_id(init_pid: i64, ep: &Endpoint) -> Option<String> {
     v["header"]["cluster_id"].as_u64().map(|id| format!("{id:x}"))
 }
 
+/// This member's id and the leader it knows (hex; `0` when it knows none), from `endpoint status`.
+pub fn leader(init_pid: i64, ep: &Endpoint) -> Option<(String, String)> {
+    let out = etcdctl(init_pid, ep, &["endpoint", "status", "-w", "json", "--dial-timeout=1s", "--command-timeout=2s"]).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+    let status = &v.as_array()?.first()?["Status"];
+    Some((format!("{:x}", status["header"]["member_id"].as_u64()?), format!("{:x}", status["leader"].as_u64().unwrap_or(0))))
+}
+
 pub fn healthy(init_pid: i64, ep: &Endpoint) -> bool {
     etcdctl(init_pid, ep, &["endpoint", "health"]).is_ok()
 }

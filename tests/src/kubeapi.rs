@@ -273,8 +273,13 @@ pub fn count_configmaps(kubeconfig: &Path, namespace: &str, prefix: &str, n: u64
 /// Write one ConfigMap (create, or replace its data) through a new connection, as a client
 /// that writes once a second would: the probe of writes during a rolling update.
 pub fn write_configmap(kubeconfig: &Path, namespace: &str, name: &str, data: BTreeMap<String, String>) -> Result<(), KubeApiError> {
+    write_configmap_via(kubeconfig, &Target::default(), namespace, name, data)
+}
+
+/// [`write_configmap`] through `target` (one API server rather than the load balancer).
+pub fn write_configmap_via(kubeconfig: &Path, target: &Target, namespace: &str, name: &str, data: BTreeMap<String, String>) -> Result<(), KubeApiError> {
     rt()?.block_on(async {
-        let c = client(kubeconfig, &Target::default()).await?;
+        let c = client(kubeconfig, target).await?;
         let api = Api::<ConfigMap>::namespaced(c, namespace);
         let cm = ConfigMap { metadata: kube::api::ObjectMeta { name: Some(name.to_string()), ..Default::default() }, data: Some(data), ..Default::default() };
         let pp = kube::api::PatchParams::apply("keelson-local-probe").force();

@@ -15,7 +15,10 @@
 //! `--scenario all-control-planes` (quorum lost; every control plane lost): each heals by itself
 //! with the same etcd members, every key and ConfigMap, and `keelson validate cluster` valid; and
 //! `--scenario lost-volume` (a control plane and its etcd volumes lost; `keelson apply` makes new
-//! ones): its member is removed and added again, filled from its peers, nothing lost.
+//! ones): its member is removed and added again, filled from its peers, nothing lost; and
+//! `--scenario partition` (a control plane cut off from the other two): etcd's leader and the
+//! Leases stay with or move to the majority, the cut-off API server leaves the load balancer and
+//! refuses a write, the majority takes writes, and after the cut heals it catches up.
 //! The test's wall time is printed.
 
 mod support;
@@ -48,17 +51,23 @@ fn gossip_cluster_workers_follow_the_control_planes() {
     assert!(stdout.lines().any(|l| l == "selfheal: keelson validate cluster after the replacements: valid"), "validate cluster (output above)");
     // The worst day on the same cluster (`keelson-local chaos`, docs/local-cluster.md): quorum lost,
     // then every control plane lost, each healed by itself with nothing lost; then a member's
-    // volumes lost, rebuilt from its peers.
-    for scenario in ["two-control-planes", "all-control-planes", "lost-volume"] {
+    // volumes lost, rebuilt from its peers; then one cut off from the others and let back.
+    for scenario in ["two-control-planes", "all-control-planes", "lost-volume", "partition"] {
         let out = support::run(&["chaos", "-f", &spec.to_string_lossy(), "--scenario", scenario, "--timeout", "600"]);
         let stdout = String::from_utf8_lossy(&out.stdout);
         // The verdict is the scenario's last line (the first says what it terminated).
         let line = stdout.lines().rfind(|l| l.starts_with(&format!("chaos {scenario}: "))).unwrap_or_default();
+        // partition also writes 100 keys and ConfigMaps while the cut lasts.
+        let n = if scenario == "partition" { 1100 } else { 1000 };
         assert!(
             line.starts_with(&format!("chaos {scenario}: healed in "))
-                && line.ends_with(" s, 1000/1000 keys intact, 1000/1000 ConfigMaps intact, validate valid"),
+                && line.ends_with(&format!(" s, {n}/{n} keys intact, {n}/{n} ConfigMaps intact, validate valid")),
             "{scenario}: {line:?} (output above)"
         );
+        if scenario == "partition" {
+            let isolated = stdout.lines().find(|l| l.starts_with("chaos partition: isolated in ")).unwrap_or_default();
+            assert!(isolated.contains("a write straight to it refused ("), "the cut-off API server refused a write: {isolated:?}");
+        }
         assert!(out.status.success(), "{scenario}: keelson-local chaos exited {:?}", out.status);
     }
     // The IAM oracle over everything above (`keelson-local iam-check`; selfheal with --keep-up
@@ -76,7 +85,7 @@ fn gossip_cluster_workers_follow_the_control_planes() {
     );
     assert!(!iam.contains(" 0 web-identity credentials"), "no service account assumed its role: {iam}");
     assert!(iam_out.status.success(), "keelson-local iam-check exited {:?}", iam_out.status);
-    eprintln!("gossip cluster: up, 1 control-plane replacement, 3 chaos scenarios, checks and down in {:.0} s", t0.elapsed().as_secs_f64());
+    eprintln!("gossip cluster: up, 1 control-plane replacement, 4 chaos scenarios, checks and down in {:.0} s", t0.elapsed().as_secs_f64());
     drop(_down);
     support::assert_nothing_left();
 }

@@ -36,6 +36,8 @@ pub enum Scenario {
     AllControlPlanes,
     /// One control plane terminated and its etcd volumes deleted (AWS).
     LostVolume,
+    /// One control plane cut off from the other two for a while, then let back (AWS).
+    Partition,
 }
 
 impl Scenario {
@@ -44,6 +46,7 @@ impl Scenario {
             Scenario::TwoControlPlanes => "two-control-planes",
             Scenario::AllControlPlanes => "all-control-planes",
             Scenario::LostVolume => "lost-volume",
+            Scenario::Partition => "partition",
         }
     }
 
@@ -53,7 +56,7 @@ impl Scenario {
             Scenario::TwoControlPlanes => (n >= 3).then_some(2),
             Scenario::AllControlPlanes => (n >= 1).then_some(n),
             // Quorum must hold while the member is rebuilt.
-            Scenario::LostVolume => (n >= 3).then_some(1),
+            Scenario::LostVolume | Scenario::Partition => (n >= 3).then_some(1),
         }
     }
 }
@@ -106,6 +109,8 @@ pub struct ChaosReport {
     /// Seconds from the fault to healed, when it healed.
     pub healed: Option<f64>,
     pub keys: u64,
+    /// ConfigMaps written (before the fault, and during it when the cluster still takes writes).
+    pub objects: u64,
     /// The fewest keys any member holds afterwards.
     pub intact: u64,
     pub objects_intact: u64,
@@ -114,20 +119,20 @@ pub struct ChaosReport {
 
 impl ChaosReport {
     pub fn ok(&self) -> bool {
-        self.healed.is_some() && self.intact == self.keys && self.objects_intact == self.keys && self.validated
+        self.healed.is_some() && self.intact == self.keys && self.objects_intact == self.objects && self.validated
     }
 
     /// The scenario's one line.
     pub fn line(&self, failure: &str) -> String {
-        let (name, k) = (self.scenario.name(), self.keys);
+        let (name, k, c) = (self.scenario.name(), self.keys, self.objects);
         match self.healed {
             Some(s) => format!(
-                "chaos {name}: healed in {s:.1} s, {}/{k} keys intact, {}/{k} ConfigMaps intact, validate {}",
+                "chaos {name}: healed in {s:.1} s, {}/{k} keys intact, {}/{c} ConfigMaps intact, validate {}",
                 self.intact,
                 self.objects_intact,
                 if self.validated { "valid" } else { "NOT valid" }
             ),
-            None => format!("chaos {name}: NOT healed: {failure}; {}/{k} keys, {}/{k} ConfigMaps readable", self.intact, self.objects_intact),
+            None => format!("chaos {name}: NOT healed: {failure}; {}/{k} keys, {}/{c} ConfigMaps readable", self.intact, self.objects_intact),
         }
     }
 }
@@ -180,8 +185,8 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
     let cluster_ids = cluster_ids(&cs, &first).ok_or_else(|| anyhow!("cannot read the etcd cluster ids"))?;
     println!("chaos: wrote {keys} keys to etcd {main} and {keys} ConfigMaps; members {baseline:?}, cluster ids {cluster_ids:?}");
     let baseline = by_name(&baseline);
-    if scenario == Scenario::LostVolume && cs.is_gce() {
-        bail!("chaos lost-volume runs on AWS only (its GCE form is not written)");
+    if matches!(scenario, Scenario::LostVolume | Scenario::Partition) && cs.is_gce() {
+        bail!("chaos {} runs on AWS only (its GCE form is not written)", scenario.name());
     }
 
     // The fault: `kills` control planes, picked at random, terminated back to back.
@@ -208,12 +213,21 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
             bail!("lost-volume: {} holds etcd volumes {lost:?}, want one per etcd cluster ({:?})", v.instance_id, cs.etcd_clusters);
         }
     }
+    // partition: the victim is cut off, not replaced; the writes that go on meanwhile are checked too.
+    let (mut during, mut cut_off) = (0, None);
+    if scenario == Scenario::Partition {
+        let (Some(cloud), Some(v)) = (&cloud, victims.pop()) else { bail!("partition: no victim") };
+        during = cut_off_a_while(&kubeconfig, cloud, &v, &cps, &main, &key_prefix, &object_prefix, opts.timeout)?;
+        cut_off = Some(v);
+    }
     let t0 = Instant::now();
     for v in &victims {
         super::commands::kill(&v.instance_id)?;
     }
-    let names: Vec<String> = victims.iter().map(|v| format!("{} ({})", v.instance_id, v.group)).collect();
-    println!("chaos {}: terminated {} at once", scenario.name(), names.join(", "));
+    if !victims.is_empty() {
+        let names: Vec<String> = victims.iter().map(|v| format!("{} ({})", v.instance_id, v.group)).collect();
+        println!("chaos {}: terminated {} at once", scenario.name(), names.join(", "));
+    }
     if let (Some(cloud), false) = (&cloud, lost.is_empty()) {
         delete_volumes(cloud, &victims[0].instance_id, &lost)?;
         println!("chaos lost-volume: deleted its etcd volumes {} ({:.1} s after the termination)", lost.join(", "), t0.elapsed().as_secs_f64());
@@ -247,8 +261,8 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
         let mut short = None;
         for m in &live {
             let count = etcd::endpoint(&m.root, &main).and_then(|ep| etcd::count(m.init_pid.unwrap_or(0), &ep, &key_prefix)).unwrap_or(0);
-            if count != keys {
-                short = Some(format!("{}: {count}/{keys} keys", m.instance_id));
+            if count != keys + during {
+                short = Some(format!("{}: {count}/{} keys", m.instance_id, keys + during));
                 break;
             }
         }
@@ -280,10 +294,16 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
                 continue;
             }
         }
-        let objects = crate::kubeapi::count_configmaps(&kubeconfig, namespace, &object_prefix, keys).unwrap_or(0);
-        if objects != keys {
-            status = format!("{objects}/{keys} ConfigMaps readable");
+        let objects = count_objects(&kubeconfig, &object_prefix, keys, during);
+        if objects != keys + during {
+            status = format!("{objects}/{} ConfigMaps readable", keys + during);
             continue;
+        }
+        if let (Some(v), Some(cloud)) = (&cut_off, &cloud) {
+            if let Err(e) = super::partition::rejoined(&kubeconfig, cloud, v) {
+                status = e;
+                continue;
+            }
         }
         break Some(t0.elapsed().as_secs_f64());
     };
@@ -295,7 +315,10 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
             intact = intact.min(etcd::count(m.init_pid.unwrap_or(0), &ep, &key_prefix).unwrap_or(0));
         }
     }
-    let objects_intact = crate::kubeapi::count_configmaps(&kubeconfig, namespace, &object_prefix, keys).unwrap_or(0);
+    let objects_intact = count_objects(&kubeconfig, &object_prefix, keys, during);
+    if cut_off.is_some() {
+        super::partition::refused_write_absent(&kubeconfig)?;
+    }
     let (validated, verdict) = if healed.is_some() { validate_cluster(opts.validate_wait)? } else { (false, "not run".into()) };
     if !validated && healed.is_some() {
         println!("chaos: keelson validate cluster: {verdict}");
@@ -303,9 +326,58 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
     if healed.is_none() {
         eprint!("{}", super::diagnose(&cs));
     }
-    let report = ChaosReport { scenario, healed, keys, intact: if intact == u64::MAX { 0 } else { intact }, objects_intact, validated };
+    let report = ChaosReport { scenario, healed, keys: keys + during, objects: keys + during, intact: if intact == u64::MAX { 0 } else { intact }, objects_intact, validated };
     println!("{}", report.line(&status));
     Ok(report)
+}
+
+/// Keys and ConfigMaps written while a control plane is cut off.
+const WRITTEN_DURING_CUT: u64 = 100;
+
+/// The ConfigMaps written before the fault (`<prefix>-<i>`, `keys`) and during it
+/// (`<prefix>-cut-<i>`, `during`) that read back.
+fn count_objects(kubeconfig: &std::path::Path, prefix: &str, keys: u64, during: u64) -> u64 {
+    let ns = super::selfheal::OBJECT_NAMESPACE;
+    let before = crate::kubeapi::count_configmaps(kubeconfig, ns, prefix, keys).unwrap_or(0);
+    let cut = if during > 0 { crate::kubeapi::count_configmaps(kubeconfig, ns, &format!("{prefix}-cut"), during).unwrap_or(0) } else { 0 };
+    before + cut
+}
+
+/// partition: cut `victim` off from the other control planes, wait until the cluster has isolated
+/// it ([`super::partition::watch_isolation`], at most `limit`), write [`WRITTEN_DURING_CUT`] keys
+/// to the majority's etcd and as many ConfigMaps through the load balancer, then heal the cut.
+/// Returns how many of each were written.
+#[allow(clippy::too_many_arguments)]
+fn cut_off_a_while(
+    kubeconfig: &std::path::Path,
+    cloud: &crate::cloud::Cloud,
+    victim: &MachineInfo,
+    majority: &[MachineInfo],
+    main: &str,
+    key_prefix: &str,
+    object_prefix: &str,
+    limit: Duration,
+) -> anyhow::Result<u64> {
+    use super::partition::{watch_isolation, Cut};
+    let peers: Vec<&MachineInfo> = majority.iter().collect();
+    let mut cut = Cut::new(victim, &peers)?;
+    let t = Instant::now();
+    println!("chaos partition: cut {} ({}) off from {}", victim.instance_id, victim.ip, peers.iter().map(|p| p.ip.as_str()).collect::<Vec<_>>().join(", "));
+    let iso = watch_isolation(kubeconfig, cloud, victim, &peers, main, limit);
+    println!("{}", iso.line(t.elapsed().as_secs_f64()));
+    if !iso.done() {
+        cut.heal()?;
+        bail!("chaos partition: NOT isolated within {} s: {}", limit.as_secs(), iso.last_status);
+    }
+    let m = peers.first().ok_or_else(|| anyhow!("no majority"))?;
+    let ep = etcd::endpoint(&m.root, main).ok_or_else(|| anyhow!("no etcd-{main} manifest on {}", m.instance_id))?;
+    let n = WRITTEN_DURING_CUT;
+    etcd::write_keys(m.init_pid.unwrap_or(0), &m.root, &ep, &format!("{key_prefix}cut/"), n).map_err(|e| anyhow!("writing {n} keys to the majority during the cut: {e}"))?;
+    crate::kubeapi::create_configmaps(kubeconfig, super::selfheal::OBJECT_NAMESPACE, &format!("{object_prefix}-cut"), n)
+        .map_err(|e| anyhow!("creating {n} ConfigMaps through the load balancer during the cut: {e}"))?;
+    cut.heal()?;
+    println!("chaos partition: the majority took {n} keys and {n} ConfigMaps; cut healed after {:.1} s", t.elapsed().as_secs_f64());
+    Ok(n)
 }
 
 /// The tag prefix of a kOps etcd volume (`k8s.io/etcd/<cluster>`).
@@ -387,7 +459,8 @@ mod tests {
         assert_eq!(Scenario::AllControlPlanes.victims(3), Some(3));
         assert_eq!(Scenario::LostVolume.victims(3), Some(1));
         assert_eq!(Scenario::LostVolume.victims(1), None, "one member of one cannot be rebuilt from peers");
-        let r = ChaosReport { scenario: Scenario::TwoControlPlanes, healed: Some(41.25), keys: 1000, intact: 1000, objects_intact: 1000, validated: true };
+        assert_eq!(Scenario::Partition.victims(3), Some(1));
+        let r = ChaosReport { scenario: Scenario::TwoControlPlanes, healed: Some(41.25), keys: 1000, objects: 1000, intact: 1000, objects_intact: 1000, validated: true };
         assert!(r.ok());
         assert_eq!(r.line(""), "chaos two-control-planes: healed in 41.2 s, 1000/1000 keys intact, 1000/1000 ConfigMaps intact, validate valid");
         let r = ChaosReport { healed: None, intact: 0, objects_intact: 3, validated: false, ..r };

@@ -25,6 +25,7 @@ pub mod fleet;
 pub mod health;
 pub mod iam;
 pub mod leadership;
+pub mod partition;
 pub mod prepare;
 pub mod selfheal;
 pub mod state;
