@@ -84,6 +84,9 @@ enum Cmd {
         keep_up: bool,
         #[arg(long)]
         baked: bool,
+        /// zone-down: seconds the zone stays down.
+        #[arg(long, default_value_t = 60)]
+        outage: u64,
     },
     /// Run the upstream Kubernetes e2e suite's [Conformance] tests against the local cluster
     /// (docs/conformance.md): by default a focused set of what Keelson sets up; `--full` runs all.
@@ -212,7 +215,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 std::process::exit(1);
             }
         }
-        Cmd::Chaos { file, scenario, keys, timeout, up_timeout, validate_wait, keep_up, baked } => {
+        Cmd::Chaos { file, scenario, keys, timeout, up_timeout, validate_wait, keep_up, baked, outage } => {
             let opts = cluster::chaos::ChaosOptions {
                 boot: cluster::Boot { baked, air_gapped: false },
                 keys,
@@ -220,6 +223,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 up_timeout: Duration::from_secs(up_timeout),
                 validate_wait: Duration::from_secs(validate_wait),
                 keep_up,
+                outage: Duration::from_secs(outage),
             };
             if !cluster::chaos::chaos(&file, scenario, &opts)?.ok() {
                 std::process::exit(1);

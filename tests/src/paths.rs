@@ -89,6 +89,15 @@ impl State {
     pub fn stop_file(&self) -> PathBuf {
         self.root.join("stop")
     }
+    /// Zones that are down (one name a line; `keelson-local chaos --scenario zone-down`): the
+    /// daemon boots no machine for an instance launched there until the zone is off the list.
+    pub fn zones_down_file(&self) -> PathBuf {
+        self.root.join("zones-down")
+    }
+    /// The zones [`Self::zones_down_file`] lists (none when it is absent).
+    pub fn zones_down(&self) -> Vec<String> {
+        std::fs::read_to_string(self.zones_down_file()).map(|t| t.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_string).collect()).unwrap_or_default()
+    }
 }
 
 /// Per-machine layout (under the state directory).

@@ -38,6 +38,9 @@ pub enum Scenario {
     LostVolume,
     /// One control plane cut off from the other two for a while, then let back (AWS).
     Partition,
+    /// Every instance of one control plane's zone terminated, and no launch there completing for
+    /// `--outage` seconds (AWS).
+    ZoneDown,
 }
 
 impl Scenario {
@@ -47,6 +50,7 @@ impl Scenario {
             Scenario::AllControlPlanes => "all-control-planes",
             Scenario::LostVolume => "lost-volume",
             Scenario::Partition => "partition",
+            Scenario::ZoneDown => "zone-down",
         }
     }
 
@@ -56,7 +60,8 @@ impl Scenario {
             Scenario::TwoControlPlanes => (n >= 3).then_some(2),
             Scenario::AllControlPlanes => (n >= 1).then_some(n),
             // Quorum must hold while the member is rebuilt.
-            Scenario::LostVolume | Scenario::Partition => (n >= 3).then_some(1),
+            // zone-down: one control plane's zone (and whatever else runs there).
+            Scenario::LostVolume | Scenario::Partition | Scenario::ZoneDown => (n >= 3).then_some(1),
         }
     }
 }
@@ -102,6 +107,8 @@ pub struct ChaosOptions {
     pub validate_wait: Duration,
     /// Leave a cluster this command brought up running at the end.
     pub keep_up: bool,
+    /// zone-down: how long the zone stays down.
+    pub outage: Duration,
 }
 
 pub struct ChaosReport {
@@ -185,7 +192,7 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
     let cluster_ids = cluster_ids(&cs, &first).ok_or_else(|| anyhow!("cannot read the etcd cluster ids"))?;
     println!("chaos: wrote {keys} keys to etcd {main} and {keys} ConfigMaps; members {baseline:?}, cluster ids {cluster_ids:?}");
     let baseline = by_name(&baseline);
-    if matches!(scenario, Scenario::LostVolume | Scenario::Partition) && cs.is_gce() {
+    if matches!(scenario, Scenario::LostVolume | Scenario::Partition | Scenario::ZoneDown) && cs.is_gce() {
         bail!("chaos {} runs on AWS only (its GCE form is not written)", scenario.name());
     }
 
@@ -220,13 +227,40 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
         during = cut_off_a_while(&kubeconfig, cloud, &v, &cps, &main, &key_prefix, &object_prefix, opts.timeout)?;
         cut_off = Some(v);
     }
-    let t0 = Instant::now();
+    // zone-down: the zone goes down first (no launch there completes), then everything in it dies.
+    let mut zone_down = None;
+    if scenario == Scenario::ZoneDown {
+        let zone = victims.first().map(|v| v.zone.clone()).unwrap_or_default();
+        let first = victims.first().map(|v| v.instance_id.clone()).unwrap_or_default();
+        victims.extend(cs.machines.iter().filter(|m| m.zone == zone && m.instance_id != first).cloned());
+        zone_down = Some(ZoneDown::new(&st, &zone)?);
+    }
+    let mut t0 = Instant::now();
     for v in &victims {
         super::commands::kill(&v.instance_id)?;
     }
     if !victims.is_empty() {
         let names: Vec<String> = victims.iter().map(|v| format!("{} ({})", v.instance_id, v.group)).collect();
         println!("chaos {}: terminated {} at once", scenario.name(), names.join(", "));
+    }
+    if let Some(mut z) = zone_down {
+        // The other zones keep serving writes while it is down.
+        let m = cps.first().ok_or_else(|| anyhow!("no control plane outside {}", z.zone))?;
+        during = write_during(&kubeconfig, m, &main, &key_prefix, &object_prefix, Duration::from_secs(120))?;
+        let wrote = t0.elapsed().as_secs_f64();
+        let until = t0 + opts.outage;
+        while Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let held = held_launches(&st, &z.zone);
+        z.lift()?;
+        println!(
+            "chaos zone-down: {} down for {:.0} s: the other zones took {during} keys and {during} ConfigMaps ({wrote:.1} s after the terminations); launches held there: {held}",
+            z.zone,
+            t0.elapsed().as_secs_f64()
+        );
+        // Healing is timed from the zone's return.
+        t0 = Instant::now();
     }
     if let (Some(cloud), false) = (&cloud, lost.is_empty()) {
         delete_volumes(cloud, &victims[0].instance_id, &lost)?;
@@ -331,21 +365,87 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
     Ok(report)
 }
 
-/// Keys and ConfigMaps written while a control plane is cut off.
-const WRITTEN_DURING_CUT: u64 = 100;
+/// Keys and ConfigMaps written while the fault lasts (partition, zone-down).
+const WRITTEN_DURING: u64 = 100;
+
+/// Write [`WRITTEN_DURING`] keys under `<key_prefix>during/` through `m`'s etcd member and as many
+/// ConfigMaps `<object_prefix>-during-<i>` through the load balancer, retrying (both are
+/// idempotent) for at most `limit`: the surviving majority may be electing a leader, and the load
+/// balancer may still send a connection to a dead API server, for a few seconds.
+fn write_during(kubeconfig: &std::path::Path, m: &MachineInfo, main: &str, key_prefix: &str, object_prefix: &str, limit: Duration) -> anyhow::Result<u64> {
+    let n = WRITTEN_DURING;
+    let deadline = Instant::now() + limit;
+    let ep = etcd::endpoint(&m.root, main).ok_or_else(|| anyhow!("no etcd-{main} manifest on {}", m.instance_id))?;
+    loop {
+        match etcd::write_keys(m.init_pid.unwrap_or(0), &m.root, &ep, &format!("{key_prefix}during/"), n) {
+            Ok(()) => break,
+            Err(e) if Instant::now() > deadline => bail!("writing {n} keys through {} during the fault: {e}", m.instance_id),
+            Err(_) => std::thread::sleep(Duration::from_secs(1)),
+        }
+    }
+    loop {
+        match crate::kubeapi::create_configmaps(kubeconfig, super::selfheal::OBJECT_NAMESPACE, &format!("{object_prefix}-during"), n) {
+            Ok(()) => break,
+            Err(e) if Instant::now() > deadline => bail!("creating {n} ConfigMaps through the load balancer during the fault: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_secs(1)),
+        }
+    }
+    Ok(n)
+}
+
+/// A zone that is down ([`crate::paths::State::zones_down_file`]) until [`ZoneDown::lift`] or drop.
+struct ZoneDown {
+    file: std::path::PathBuf,
+    zone: String,
+    lifted: bool,
+}
+
+impl ZoneDown {
+    fn new(st: &crate::paths::State, zone: &str) -> anyhow::Result<ZoneDown> {
+        let file = st.zones_down_file();
+        std::fs::write(&file, format!("{zone}\n"))?;
+        Ok(ZoneDown { file, zone: zone.to_string(), lifted: false })
+    }
+
+    fn lift(&mut self) -> anyhow::Result<()> {
+        if !self.lifted {
+            match std::fs::remove_file(&self.file) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e.into()),
+            }
+            self.lifted = true;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ZoneDown {
+    fn drop(&mut self) {
+        if let Err(e) = self.lift() {
+            eprintln!("keelson-local: chaos zone-down: {e:#}");
+        }
+    }
+}
+
+/// How many launches the daemon held in `zone` (from its events).
+fn held_launches(st: &crate::paths::State, zone: &str) -> usize {
+    let held = "held: the zone is down";
+    ClusterState::load(st).map(|cs| cs.events.iter().filter(|e| e.contains(&format!("launch in {zone} ")) && e.contains(held)).count()).unwrap_or(0)
+}
 
 /// The ConfigMaps written before the fault (`<prefix>-<i>`, `keys`) and during it
-/// (`<prefix>-cut-<i>`, `during`) that read back.
+/// (`<prefix>-during-<i>`, `during`) that read back.
 fn count_objects(kubeconfig: &std::path::Path, prefix: &str, keys: u64, during: u64) -> u64 {
     let ns = super::selfheal::OBJECT_NAMESPACE;
     let before = crate::kubeapi::count_configmaps(kubeconfig, ns, prefix, keys).unwrap_or(0);
-    let cut = if during > 0 { crate::kubeapi::count_configmaps(kubeconfig, ns, &format!("{prefix}-cut"), during).unwrap_or(0) } else { 0 };
+    let cut = if during > 0 { crate::kubeapi::count_configmaps(kubeconfig, ns, &format!("{prefix}-during"), during).unwrap_or(0) } else { 0 };
     before + cut
 }
 
 /// partition: cut `victim` off from the other control planes, wait until the cluster has isolated
-/// it ([`super::partition::watch_isolation`], at most `limit`), write [`WRITTEN_DURING_CUT`] keys
-/// to the majority's etcd and as many ConfigMaps through the load balancer, then heal the cut.
+/// it ([`super::partition::watch_isolation`], at most `limit`), write ([`write_during`]) to the
+/// majority's etcd and through the load balancer, then heal the cut.
 /// Returns how many of each were written.
 #[allow(clippy::too_many_arguments)]
 fn cut_off_a_while(
@@ -370,11 +470,7 @@ fn cut_off_a_while(
         bail!("chaos partition: NOT isolated within {} s: {}", limit.as_secs(), iso.last_status);
     }
     let m = peers.first().ok_or_else(|| anyhow!("no majority"))?;
-    let ep = etcd::endpoint(&m.root, main).ok_or_else(|| anyhow!("no etcd-{main} manifest on {}", m.instance_id))?;
-    let n = WRITTEN_DURING_CUT;
-    etcd::write_keys(m.init_pid.unwrap_or(0), &m.root, &ep, &format!("{key_prefix}cut/"), n).map_err(|e| anyhow!("writing {n} keys to the majority during the cut: {e}"))?;
-    crate::kubeapi::create_configmaps(kubeconfig, super::selfheal::OBJECT_NAMESPACE, &format!("{object_prefix}-cut"), n)
-        .map_err(|e| anyhow!("creating {n} ConfigMaps through the load balancer during the cut: {e}"))?;
+    let n = write_during(kubeconfig, m, main, key_prefix, object_prefix, Duration::from_secs(60))?;
     cut.heal()?;
     println!("chaos partition: the majority took {n} keys and {n} ConfigMaps; cut healed after {:.1} s", t.elapsed().as_secs_f64());
     Ok(n)
@@ -460,6 +556,7 @@ mod tests {
         assert_eq!(Scenario::LostVolume.victims(3), Some(1));
         assert_eq!(Scenario::LostVolume.victims(1), None, "one member of one cannot be rebuilt from peers");
         assert_eq!(Scenario::Partition.victims(3), Some(1));
+        assert_eq!(Scenario::ZoneDown.victims(3), Some(1), "one control plane's zone");
         let r = ChaosReport { scenario: Scenario::TwoControlPlanes, healed: Some(41.25), keys: 1000, objects: 1000, intact: 1000, objects_intact: 1000, validated: true };
         assert!(r.ok());
         assert_eq!(r.line(""), "chaos two-control-planes: healed in 41.2 s, 1000/1000 keys intact, 1000/1000 ConfigMaps intact, validate valid");

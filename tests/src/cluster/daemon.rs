@@ -88,6 +88,8 @@ struct Daemon {
     /// When the load balancers last followed moto ([`Daemon::sync_balancers`]).
     balancers_synced: Option<Instant>,
     cs: ClusterState,
+    /// Instances whose launch is held because their zone is down (said once each).
+    held: std::collections::BTreeSet<String>,
 }
 
 /// Run the daemon in this process until SIGTERM/SIGINT or the stop file; tears everything down.
@@ -293,6 +295,7 @@ fn daemon_body(state: &State, spec: &Spec, cs: &mut ClusterState, stop: &AtomicB
         balancers,
         balancers_synced: None,
         cs: cs.clone(),
+        held: Default::default(),
     };
     let nudge = d.fleet.nudge.clone();
     run_until_stopped(state, stop, &nudge, |d: &mut Daemon, m| d.fleet.event(m), |d: &mut Daemon| d.reconcile(), &mut d);
@@ -317,9 +320,17 @@ impl Daemon {
             instances.iter().filter(|i| i.state == "running" || i.state == "pending").map(|i| (i.id.clone(), i)).collect();
         self.fleet.stop_gone(|id| live.contains_key(id))?;
         step.done("stopping machines of instances that are gone");
-        // Start machines for new instances.
+        // Start machines for new instances — except in a zone that is down (chaos zone-down): the
+        // group's launches there stay held, as launches into an impaired zone do not complete.
+        let zones_down = self.state.zones_down();
         for (id, inst) in &live {
             if self.fleet.knows(id)? {
+                continue;
+            }
+            if zones_down.contains(&inst.zone) {
+                if self.held.insert(id.clone()) {
+                    self.fleet.event(format!("{id}: launch in {} held: the zone is down", inst.zone));
+                }
                 continue;
             }
             let Some(ip) = inst.private_ip.clone() else { continue };
