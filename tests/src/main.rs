@@ -87,6 +87,9 @@ enum Cmd {
         /// zone-down: seconds the zone stays down.
         #[arg(long, default_value_t = 60)]
         outage: u64,
+        /// zone-down: the zone to take down (a control plane's); default: one at random.
+        #[arg(long)]
+        zone: Option<String>,
     },
     /// Run the upstream Kubernetes e2e suite's [Conformance] tests against the local cluster
     /// (docs/conformance.md): by default a focused set of what Keelson sets up; `--full` runs all.
@@ -215,7 +218,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 std::process::exit(1);
             }
         }
-        Cmd::Chaos { file, scenario, keys, timeout, up_timeout, validate_wait, keep_up, baked, outage } => {
+        Cmd::Chaos { file, scenario, keys, timeout, up_timeout, validate_wait, keep_up, baked, outage, zone } => {
             let opts = cluster::chaos::ChaosOptions {
                 boot: cluster::Boot { baked, air_gapped: false },
                 keys,
@@ -224,6 +227,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 validate_wait: Duration::from_secs(validate_wait),
                 keep_up,
                 outage: Duration::from_secs(outage),
+                zone,
             };
             if !cluster::chaos::chaos(&file, scenario, &opts)?.ok() {
                 std::process::exit(1);

@@ -109,6 +109,8 @@ pub struct ChaosOptions {
     pub keep_up: bool,
     /// zone-down: how long the zone stays down.
     pub outage: Duration,
+    /// zone-down: the zone (a control plane's); else one picked at random.
+    pub zone: Option<String>,
 }
 
 pub struct ChaosReport {
@@ -199,7 +201,11 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
     // The fault: `kills` control planes, picked at random, terminated back to back.
     let mut victims: Vec<MachineInfo> = Vec::new();
     for _ in 0..kills {
-        victims.push(cps.remove(random_index(cps.len())));
+        let pick = match (&opts.zone, scenario) {
+            (Some(z), Scenario::ZoneDown) => cps.iter().position(|m| &m.zone == z).ok_or_else(|| anyhow!("zone-down: no control plane in {z}"))?,
+            _ => random_index(cps.len()),
+        };
+        victims.push(cps.remove(pick));
     }
     // lost-volume: the victim's etcd volumes and its members, before the fault.
     let cloud = (!cs.is_gce()).then(|| crate::cloud::Cloud::new(&cs.endpoint(), &cs.region));
@@ -233,7 +239,7 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
         let zone = victims.first().map(|v| v.zone.clone()).unwrap_or_default();
         let first = victims.first().map(|v| v.instance_id.clone()).unwrap_or_default();
         victims.extend(cs.machines.iter().filter(|m| m.zone == zone && m.instance_id != first).cloned());
-        zone_down = Some(ZoneDown::new(&st, &zone)?);
+        zone_down = Some((ZoneDown::new(&st, &zone)?, held_launches(&st, &zone)));
     }
     let mut t0 = Instant::now();
     for v in &victims {
@@ -243,7 +249,7 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
         let names: Vec<String> = victims.iter().map(|v| format!("{} ({})", v.instance_id, v.group)).collect();
         println!("chaos {}: terminated {} at once", scenario.name(), names.join(", "));
     }
-    if let Some(mut z) = zone_down {
+    if let Some((mut z, held_before)) = zone_down {
         // The other zones keep serving writes while it is down.
         let m = cps.first().ok_or_else(|| anyhow!("no control plane outside {}", z.zone))?;
         during = write_during(&kubeconfig, m, &main, &key_prefix, &object_prefix, Duration::from_secs(120))?;
@@ -252,7 +258,7 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
         while Instant::now() < until {
             std::thread::sleep(Duration::from_millis(500));
         }
-        let held = held_launches(&st, &z.zone);
+        let held = held_launches(&st, &z.zone).saturating_sub(held_before);
         z.lift()?;
         println!(
             "chaos zone-down: {} down for {:.0} s: the other zones took {during} keys and {during} ConfigMaps ({wrote:.1} s after the terminations); launches held there: {held}",
