@@ -49,6 +49,10 @@ pub enum MachineError {
 pub struct Environment {
     /// `http://<gateway>:<port>`: moto, relayed from 127.0.0.1.
     pub aws_endpoint: String,
+    /// `http://<gateway>:<port>`: moto again, for S3 only (`AWS_ENDPOINT_URL_S3`), through a relay
+    /// that can play a state-store outage ([`crate::relay::gated_relay`]).
+    #[serde(default)]
+    pub s3_endpoint: Option<String>,
     pub region: String,
     /// Extra `/etc/hosts` lines for every machine.
     #[serde(default)]
@@ -441,8 +445,9 @@ impl Machine {
         // The local cloud answers plain http:// on the gateway, which the product refuses off
         // loopback unless allowed (`base::plain_http`): allowed for that one host.
         let gateway = env.aws_endpoint.trim_start_matches("http://").split([':', '/']).next().unwrap_or_default();
+        let s3 = env.s3_endpoint.as_ref().map(|e| format!(" \"AWS_ENDPOINT_URL_S3={e}\"")).unwrap_or_default();
         let conf = format!(
-            "[Manager]\nDefaultEnvironment=\"AWS_ENDPOINT_URL={}\" \"AWS_REGION={}\" \"AWS_DEFAULT_REGION={}\" \"{}={gateway}\"{}\n",
+            "[Manager]\nDefaultEnvironment=\"AWS_ENDPOINT_URL={}\"{s3} \"AWS_REGION={}\" \"AWS_DEFAULT_REGION={}\" \"{}={gateway}\"{}\n",
             env.aws_endpoint,
             env.region,
             env.region,
@@ -450,8 +455,9 @@ impl Machine {
             env.test_cert_validity_seconds.map(|s| format!(" \"{}={s}\"", base::pki::TEST_VALIDITY_ENV)).unwrap_or_default()
         );
         write_file(id, &root.join("etc/systemd/system.conf.d/keelson-local.conf"), &conf)?;
+        let s3_export = env.s3_endpoint.as_ref().map(|e| format!("export AWS_ENDPOINT_URL_S3={e}\n")).unwrap_or_default();
         let profile = format!(
-            "export AWS_ENDPOINT_URL={}\nexport AWS_REGION={}\nexport AWS_ACCESS_KEY_ID=keelson-local\nexport AWS_SECRET_ACCESS_KEY=keelson-local\nexport {}={gateway}\n",
+            "{s3_export}export AWS_ENDPOINT_URL={}\nexport AWS_REGION={}\nexport AWS_ACCESS_KEY_ID=keelson-local\nexport AWS_SECRET_ACCESS_KEY=keelson-local\nexport {}={gateway}\n",
             env.aws_endpoint,
             env.region,
             base::plain_http::ALLOW_ENV

@@ -90,6 +90,9 @@ enum Cmd {
         /// zone-down: the zone to take down (a control plane's); default: one at random.
         #[arg(long)]
         zone: Option<String>,
+        /// store-outage: the store refuses connections (`refuse`) or accepts and never answers (`hang`).
+        #[arg(long, default_value = "hang", value_parser = ["hang", "refuse"])]
+        store_failure: String,
     },
     /// Run the upstream Kubernetes e2e suite's [Conformance] tests against the local cluster
     /// (docs/conformance.md): by default a focused set of what Keelson sets up; `--full` runs all.
@@ -218,7 +221,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 std::process::exit(1);
             }
         }
-        Cmd::Chaos { file, scenario, keys, timeout, up_timeout, validate_wait, keep_up, baked, outage, zone } => {
+        Cmd::Chaos { file, scenario, keys, timeout, up_timeout, validate_wait, keep_up, baked, outage, zone, store_failure } => {
             let opts = cluster::chaos::ChaosOptions {
                 boot: cluster::Boot { baked, air_gapped: false },
                 keys,
@@ -228,6 +231,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 keep_up,
                 outage: Duration::from_secs(outage),
                 zone,
+                store_failure: keelson_local::relay::Outage::parse(&store_failure),
             };
             if !cluster::chaos::chaos(&file, scenario, &opts)?.ok() {
                 std::process::exit(1);

@@ -94,6 +94,11 @@ impl State {
     pub fn zones_down_file(&self) -> PathBuf {
         self.root.join("zones-down")
     }
+    /// The state store's outage (`refuse` or `hang`; `keelson-local chaos --scenario
+    /// store-outage`): the machines' S3 relay follows it ([`crate::relay::follow_file`]).
+    pub fn store_outage_file(&self) -> PathBuf {
+        self.root.join("store-outage")
+    }
     /// The zones [`Self::zones_down_file`] lists (none when it is absent).
     pub fn zones_down(&self) -> Vec<String> {
         std::fs::read_to_string(self.zones_down_file()).map(|t| t.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_string).collect()).unwrap_or_default()

@@ -61,7 +61,7 @@ fn gce_machine_metadata_user_data_identity_and_persistent_disk() {
         signing_key: key,
         env: vec![("STORAGE_EMULATOR_HOST".into(), format!("http://{}:1", seg.gateway)), ("KEELSON_GCE_ENDPOINT".into(), format!("http://{}:2", seg.gateway))],
     };
-    let env = Environment { aws_endpoint: String::new(), region: "europe-west1".into(), hosts: vec![], test_cert_validity_seconds: None };
+    let env = Environment { aws_endpoint: String::new(), s3_endpoint: None, region: "europe-west1".into(), hosts: vec![], test_cert_validity_seconds: None };
     let exe = PathBuf::from(env!("CARGO_BIN_EXE_keelson-local"));
     let m = Machine::start(&exe, &lower, dir.join(ID), BRIDGE, &seg, &env, &MachineData::Gce(Box::new(data)), "node", "nodes").expect("machine starts");
     g.machine = Some(m);

@@ -41,6 +41,9 @@ pub enum Scenario {
     /// Every instance of one control plane's zone terminated, and no launch there completing for
     /// `--outage` seconds (AWS).
     ZoneDown,
+    /// The state store (S3) unreachable from every machine for `--outage` seconds, a worker
+    /// replaced meanwhile (AWS).
+    StoreOutage,
 }
 
 impl Scenario {
@@ -51,6 +54,7 @@ impl Scenario {
             Scenario::LostVolume => "lost-volume",
             Scenario::Partition => "partition",
             Scenario::ZoneDown => "zone-down",
+            Scenario::StoreOutage => "store-outage",
         }
     }
 
@@ -62,6 +66,8 @@ impl Scenario {
             // Quorum must hold while the member is rebuilt.
             // zone-down: one control plane's zone (and whatever else runs there).
             Scenario::LostVolume | Scenario::Partition | Scenario::ZoneDown => (n >= 3).then_some(1),
+            // No control plane: a worker is replaced while the store is out.
+            Scenario::StoreOutage => Some(0),
         }
     }
 }
@@ -111,6 +117,8 @@ pub struct ChaosOptions {
     pub outage: Duration,
     /// zone-down: the zone (a control plane's); else one picked at random.
     pub zone: Option<String>,
+    /// store-outage: how the store fails.
+    pub store_failure: crate::relay::Outage,
 }
 
 pub struct ChaosReport {
@@ -194,7 +202,7 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
     let cluster_ids = cluster_ids(&cs, &first).ok_or_else(|| anyhow!("cannot read the etcd cluster ids"))?;
     println!("chaos: wrote {keys} keys to etcd {main} and {keys} ConfigMaps; members {baseline:?}, cluster ids {cluster_ids:?}");
     let baseline = by_name(&baseline);
-    if matches!(scenario, Scenario::LostVolume | Scenario::Partition | Scenario::ZoneDown) && cs.is_gce() {
+    if matches!(scenario, Scenario::LostVolume | Scenario::Partition | Scenario::ZoneDown | Scenario::StoreOutage) && cs.is_gce() {
         bail!("chaos {} runs on AWS only (its GCE form is not written)", scenario.name());
     }
 
@@ -233,13 +241,20 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
         during = cut_off_a_while(&kubeconfig, cloud, &v, &cps, &main, &key_prefix, &object_prefix, opts.timeout)?;
         cut_off = Some(v);
     }
+    // store-outage: S3 goes away for every machine; a worker is replaced meanwhile.
+    if scenario == Scenario::StoreOutage {
+        let t = Instant::now();
+        during = store_out_a_while(&st, &cs, &kubeconfig, &cps, &main, &key_prefix, &object_prefix, opts)?;
+        println!("chaos store-outage: the store is back after {:.1} s", t.elapsed().as_secs_f64());
+    }
     // zone-down: the zone goes down first (no launch there completes), then everything in it dies.
     let mut zone_down = None;
     if scenario == Scenario::ZoneDown {
         let zone = victims.first().map(|v| v.zone.clone()).unwrap_or_default();
         let first = victims.first().map(|v| v.instance_id.clone()).unwrap_or_default();
         victims.extend(cs.machines.iter().filter(|m| m.zone == zone && m.instance_id != first).cloned());
-        zone_down = Some((ZoneDown::new(&st, &zone)?, held_launches(&st, &zone)));
+        let held_before = held_launches(&st, &zone);
+        zone_down = Some((FileFlag::set(st.zones_down_file(), &zone)?, zone, held_before));
     }
     let mut t0 = Instant::now();
     for v in &victims {
@@ -249,20 +264,19 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
         let names: Vec<String> = victims.iter().map(|v| format!("{} ({})", v.instance_id, v.group)).collect();
         println!("chaos {}: terminated {} at once", scenario.name(), names.join(", "));
     }
-    if let Some((mut z, held_before)) = zone_down {
+    if let Some((mut down, zone, held_before)) = zone_down {
         // The other zones keep serving writes while it is down.
-        let m = cps.first().ok_or_else(|| anyhow!("no control plane outside {}", z.zone))?;
+        let m = cps.first().ok_or_else(|| anyhow!("no control plane outside {zone}"))?;
         during = write_during(&kubeconfig, m, &main, &key_prefix, &object_prefix, Duration::from_secs(120))?;
         let wrote = t0.elapsed().as_secs_f64();
         let until = t0 + opts.outage;
         while Instant::now() < until {
             std::thread::sleep(Duration::from_millis(500));
         }
-        let held = held_launches(&st, &z.zone).saturating_sub(held_before);
-        z.lift()?;
+        let held = held_launches(&st, &zone).saturating_sub(held_before);
+        down.clear()?;
         println!(
-            "chaos zone-down: {} down for {:.0} s: the other zones took {during} keys and {during} ConfigMaps ({wrote:.1} s after the terminations); launches held there: {held}",
-            z.zone,
+            "chaos zone-down: {zone} down for {:.0} s: the other zones took {during} keys and {during} ConfigMaps ({wrote:.1} s after the terminations); launches held there: {held}",
             t0.elapsed().as_secs_f64()
         );
         // Healing is timed from the zone's return.
@@ -339,6 +353,21 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
             status = format!("{objects}/{} ConfigMaps readable", keys + during);
             continue;
         }
+        if scenario == Scenario::StoreOutage {
+            // The worker that booted during the outage must have joined.
+            let machines = cs.machines.iter().filter(|m| m.init_pid.is_some_and(crate::cmd::alive)).count();
+            match crate::kubeapi::nodes(&kubeconfig) {
+                Ok(n) if n.values().filter(|n| n.ready).count() >= machines => {}
+                Ok(n) => {
+                    status = format!("{}/{machines} Nodes Ready", n.values().filter(|n| n.ready).count());
+                    continue;
+                }
+                Err(e) => {
+                    status = format!("listing Nodes: {e}");
+                    continue;
+                }
+            }
+        }
         if let (Some(v), Some(cloud)) = (&cut_off, &cloud) {
             if let Err(e) = super::partition::rejoined(&kubeconfig, cloud, v) {
                 status = e;
@@ -399,37 +428,126 @@ fn write_during(kubeconfig: &std::path::Path, m: &MachineInfo, main: &str, key_p
     Ok(n)
 }
 
-/// A zone that is down ([`crate::paths::State::zones_down_file`]) until [`ZoneDown::lift`] or drop.
-struct ZoneDown {
-    file: std::path::PathBuf,
-    zone: String,
-    lifted: bool,
+/// store-outage: close the machines' S3 relay ([`crate::relay`]) for `opts.outage`, terminate a
+/// worker right after (its replacement boots with no store: nodeup must wait and then join),
+/// write through the cluster meanwhile, and check that no agent (protokube, the kubelet,
+/// containerd) on a machine that lived through it restarted or spun (more than half a core of
+/// CPU over the outage). Returns the keys and ConfigMaps written during it.
+#[allow(clippy::too_many_arguments)]
+fn store_out_a_while(
+    st: &crate::paths::State,
+    cs: &ClusterState,
+    kubeconfig: &std::path::Path,
+    cps: &[MachineInfo],
+    main: &str,
+    key_prefix: &str,
+    object_prefix: &str,
+    opts: &ChaosOptions,
+) -> anyhow::Result<u64> {
+    let survivors: Vec<MachineInfo> = cs.machines.iter().filter(|m| m.init_pid.is_some_and(crate::cmd::alive)).cloned().collect();
+    let worker = survivors.iter().find(|m| m.role == "node").cloned();
+    let before: Vec<AgentState> = survivors.iter().map(agent_state).collect();
+    let mode = if opts.store_failure == crate::relay::Outage::Refuse { "refuse" } else { "hang" };
+    let mut gate = FileFlag::set(st.store_outage_file(), mode)?;
+    // The relay polls its gate file every 200 ms.
+    std::thread::sleep(Duration::from_millis(500));
+    let t = Instant::now();
+    println!("chaos store-outage: S3 {} for every machine for {} s", if mode == "refuse" { "refusing connections" } else { "hanging" }, opts.outage.as_secs());
+    if let Some(w) = &worker {
+        super::commands::kill(&w.instance_id)?;
+        println!("chaos store-outage: terminated worker {} ({}); its replacement boots without the store", w.instance_id, w.group);
+    }
+    let m = cps.first().ok_or_else(|| anyhow!("no control plane"))?;
+    let n = write_during(kubeconfig, m, main, key_prefix, object_prefix, Duration::from_secs(120))?;
+    println!("chaos store-outage: the cluster took {n} keys and {n} ConfigMaps {:.1} s into the outage", t.elapsed().as_secs_f64());
+    while t.elapsed() < opts.outage {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let after: Vec<AgentState> = survivors.iter().filter(|m| Some(&m.instance_id) != worker.as_ref().map(|w| &w.instance_id)).map(agent_state).collect();
+    let window = t.elapsed().as_secs_f64();
+    gate.clear()?;
+    let mut problems = Vec::new();
+    for a in &after {
+        let Some(b) = before.iter().find(|b| b.instance_id == a.instance_id) else { continue };
+        if a.restarts != b.restarts {
+            problems.push(format!("{}: restarts {:?} → {:?}", a.instance_id, b.restarts, a.restarts));
+        }
+        if let (Some(x), Some(y)) = (b.protokube_cpu_s, a.protokube_cpu_s) {
+            if y - x > window / 2.0 {
+                problems.push(format!("{}: protokube used {:.1} CPU-s in {window:.0} s (spinning)", a.instance_id, y - x));
+            }
+        }
+    }
+    let cpu: Vec<String> = after
+        .iter()
+        .filter_map(|a| Some(format!("{:.1}", a.protokube_cpu_s? - before.iter().find(|b| b.instance_id == a.instance_id)?.protokube_cpu_s?)))
+        .collect();
+    if !problems.is_empty() {
+        bail!("chaos store-outage: agents misbehaved during the outage: {}", problems.join("; "));
+    }
+    println!(
+        "chaos store-outage: no agent restarted on the {} machines that lived through it; protokube's CPU-s over the {window:.0} s: {}",
+        after.len(),
+        cpu.join(", ")
+    );
+    Ok(n)
 }
 
-impl ZoneDown {
-    fn new(st: &crate::paths::State, zone: &str) -> anyhow::Result<ZoneDown> {
-        let file = st.zones_down_file();
-        std::fs::write(&file, format!("{zone}\n"))?;
-        Ok(ZoneDown { file, zone: zone.to_string(), lifted: false })
+/// An agent's restarts (systemd's `NRestarts` of protokube, the kubelet and containerd) and
+/// protokube's CPU time.
+#[derive(Debug)]
+struct AgentState {
+    instance_id: String,
+    restarts: Vec<String>,
+    protokube_cpu_s: Option<f64>,
+}
+
+fn agent_state(m: &MachineInfo) -> AgentState {
+    let pid = m.init_pid.unwrap_or(0);
+    let show = |unit: &str, prop: &str| crate::machine::exec_in(pid, &["systemctl", "show", "-p", prop, "--value", unit]).map(|s| s.trim().to_string()).unwrap_or_default();
+    let restarts = ["protokube", "kubelet", "containerd"].iter().map(|u| format!("{u}={}", show(u, "NRestarts"))).collect();
+    // CPUUsageNSec needs CPU accounting; the main process's /proc times do not.
+    let main_pid = show("protokube", "MainPID");
+    let protokube_cpu_s = main_pid.parse::<u32>().ok().filter(|p| *p > 0).and_then(|p| {
+        let stat = crate::machine::exec_in(pid, &["cat", &format!("/proc/{p}/stat")]).ok()?;
+        let rest = stat.rsplit_once(')')?.1;
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        // Fields 14 and 15 (utime, stime) are the 12th and 13th after the command.
+        let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+        Some(ticks / 100.0)
+    });
+    AgentState { instance_id: m.instance_id.clone(), restarts, protokube_cpu_s }
+}
+
+/// A flag file of the harness's, removed on [`FileFlag::clear`] or drop.
+struct FileFlag {
+    file: std::path::PathBuf,
+    cleared: bool,
+}
+
+impl FileFlag {
+    fn set(file: std::path::PathBuf, text: &str) -> anyhow::Result<FileFlag> {
+        std::fs::write(&file, format!("{text}\n"))?;
+        Ok(FileFlag { file, cleared: false })
     }
 
-    fn lift(&mut self) -> anyhow::Result<()> {
-        if !self.lifted {
+    fn clear(&mut self) -> anyhow::Result<()> {
+        if !self.cleared {
             match std::fs::remove_file(&self.file) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e.into()),
             }
-            self.lifted = true;
+            self.cleared = true;
         }
         Ok(())
     }
 }
 
-impl Drop for ZoneDown {
+impl Drop for FileFlag {
     fn drop(&mut self) {
-        if let Err(e) = self.lift() {
-            eprintln!("keelson-local: chaos zone-down: {e:#}");
+        if let Err(e) = self.clear() {
+            eprintln!("keelson-local: chaos: {e:#}");
         }
     }
 }

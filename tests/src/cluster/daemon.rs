@@ -162,12 +162,15 @@ fn daemon_body(state: &State, spec: &Spec, cs: &mut ClusterState, stop: &AtomicB
     net::ensure_vpc_router(&cs.bridge)?;
     // Relay (moto for the machines) and mirror, on the bridge address.
     let relay = std::net::TcpListener::bind((seg.gateway, 0))?;
+    let s3_relay = std::net::TcpListener::bind((seg.gateway, 0))?;
     let mirror_l = std::net::TcpListener::bind((seg.gateway, 0))?;
     let api_l = std::net::TcpListener::bind(("127.0.0.1", 0))?;
     cs.relay_port = relay.local_addr()?.port();
+    cs.s3_relay_port = s3_relay.local_addr()?.port();
     cs.mirror_port = mirror_l.local_addr()?.port();
     cs.api_port = api_l.local_addr()?.port();
     relay.set_nonblocking(true)?;
+    s3_relay.set_nonblocking(true)?;
     mirror_l.set_nonblocking(true)?;
     // The VPC resolver for the EC2 private DNS names and the hosted zones, where the cluster's CoreDNS forwards.
     let vpc_dns = std::net::UdpSocket::bind((seg.gateway, 53)).with_context(|| format!("the VPC resolver on {}:53/udp", seg.gateway))?;
@@ -181,7 +184,9 @@ fn daemon_body(state: &State, spec: &Spec, cs: &mut ClusterState, stop: &AtomicB
         let _guard = rt.enter();
         let r = tokio::net::TcpListener::from_std(relay)?;
         let m = tokio::net::TcpListener::from_std(mirror_l)?;
-        rt.spawn(crate::relay::relay(r, moto_target));
+        rt.spawn(crate::relay::relay(r, moto_target.clone()));
+        let gate = crate::relay::follow_file(state.store_outage_file());
+        rt.spawn(crate::relay::gated_relay(tokio::net::TcpListener::from_std(s3_relay)?, moto_target, gate));
         rt.spawn(mirror::serve(m, mirror_root.clone()));
         let zones = Arc::new(std::sync::RwLock::new(crate::vpcdns::ZoneRecords::new()));
         crate::vpcdns::follow_zones(cs.endpoint(), spec.region.clone(), Arc::downgrade(&zones))?;
@@ -280,6 +285,7 @@ fn daemon_body(state: &State, spec: &Spec, cs: &mut ClusterState, stop: &AtomicB
     cs.save(state);
     let env = Environment {
         aws_endpoint: format!("http://{gw}:{}", cs.relay_port),
+        s3_endpoint: Some(format!("http://{gw}:{}", cs.s3_relay_port)),
         region: spec.region.clone(),
         hosts: vec![],
         test_cert_validity_seconds: std::env::var(base::pki::TEST_VALIDITY_ENV).ok().and_then(|v| base::pki::parse_test_validity(&v).ok()).map(|d| d.as_secs()),

@@ -20,6 +20,9 @@ pub struct ClusterState {
     pub moto_pid: i64,
     pub moto_port: u16,
     pub relay_port: u16,
+    /// The machines' S3 relay (AWS): moto, through the store-outage gate.
+    #[serde(default)]
+    pub s3_relay_port: u16,
     pub mirror_port: u16,
     pub gateway: String,
     pub bridge: String,

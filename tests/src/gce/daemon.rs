@@ -180,6 +180,7 @@ pub fn run(state: &State, spec: &Spec, project: &str, cs: &mut ClusterState, sto
     cs.save(state);
     let env = Environment {
         aws_endpoint: String::new(),
+        s3_endpoint: None,
         region: spec.region.clone(),
         hosts: vec![],
         test_cert_validity_seconds: std::env::var(base::pki::TEST_VALIDITY_ENV).ok().and_then(|v| base::pki::parse_test_validity(&v).ok()).map(|d| d.as_secs()),
