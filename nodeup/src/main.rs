@@ -54,6 +54,21 @@ struct Cli {
     /// Backoff before the second round, milliseconds (doubles each round).
     #[arg(long = "retry-backoff-ms", default_value_t = 500)]
     retry_backoff_ms: u64,
+    /// kOps' `--retries`: how many times a failed run (`--target direct`) is run again before
+    /// nodeup gives up; -1 (the default, as kOps'): until it succeeds. The wait between runs
+    /// starts at 5 s and doubles up to kOps' 30 s.
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    retries: i64,
+}
+
+/// The first wait between two runs of a failed nodeup, and the longest (kOps' `retryInterval`).
+const RERUN_FIRST: Duration = Duration::from_secs(5);
+const RERUN_MAX: Duration = Duration::from_secs(30);
+
+/// The wait before run `n` (1 = the first rerun): [`RERUN_FIRST`] doubled each time, at most
+/// [`RERUN_MAX`].
+fn rerun_wait(n: u32) -> Duration {
+    RERUN_FIRST.saturating_mul(1u32 << n.saturating_sub(1).min(8)).min(RERUN_MAX)
 }
 
 #[derive(Subcommand)]
@@ -189,6 +204,9 @@ fn main() -> ExitCode {
         }
     }
     let mut only_api_hosts = false;
+    // Only a run that configures the host is run again (kOps' `--retries`); a render, a dry run
+    // and api-hosts fail at once.
+    let mut retries = 0i64;
     let (opts, target) = match cli.command {
         Some(Sub::ApiHosts { conf, root, facts, http_timeout }) => {
             only_api_hosts = true;
@@ -214,6 +232,9 @@ fn main() -> ExitCode {
                 TargetArg::Direct => Target::Direct,
                 TargetArg::Dryrun => Target::DryRun,
             };
+            if target == Target::Direct {
+                retries = cli.retries;
+            }
             let opts = Options {
                 conf,
                 root: cli.root,
@@ -236,7 +257,23 @@ fn main() -> ExitCode {
             (opts, target)
         }
     };
-    let outcome = match if only_api_hosts { nodeup::run::api_hosts(&opts) } else { run(&opts) } {
+    let mut reruns = 0u32;
+    loop {
+        let code = run_once(&opts, target, only_api_hosts);
+        if code == ExitCode::SUCCESS || retries == 0 {
+            return code;
+        }
+        retries = retries.saturating_sub(if retries > 0 { 1 } else { 0 });
+        reruns = reruns.saturating_add(1);
+        let wait = rerun_wait(reruns);
+        eprintln!("nodeup: run {reruns} failed; running again in {} s", wait.as_secs());
+        std::thread::sleep(wait);
+    }
+}
+
+/// One run of nodeup: its report printed, the exit code.
+fn run_once(opts: &Options, target: Target, only_api_hosts: bool) -> ExitCode {
+    let outcome = match if only_api_hosts { nodeup::run::api_hosts(opts) } else { run(opts) } {
         Ok(o) => o,
         Err(e) => {
             eprintln!("nodeup: error: {e:#}");
@@ -284,5 +321,27 @@ fn main() -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reruns_wait_longer_up_to_kops_interval() {
+        let waits: Vec<u64> = (1..=6).map(|n| rerun_wait(n).as_secs()).collect();
+        assert_eq!(waits, [5, 10, 20, 30, 30, 30]);
+        assert_eq!(rerun_wait(u32::MAX), RERUN_MAX);
+    }
+
+    #[test]
+    fn retries_is_kops_flag_and_takes_minus_one() {
+        let cli = Cli::try_parse_from(["nodeup", "--conf", "/x", "--retries", "-1"]).expect("parses");
+        assert_eq!(cli.retries, -1);
+        let cli = Cli::try_parse_from(["nodeup", "--conf", "/x"]).expect("parses");
+        assert_eq!(cli.retries, -1, "forever unless told otherwise, as kOps");
+        let cli = Cli::try_parse_from(["nodeup", "--conf", "/x", "--retries", "0"]).expect("parses");
+        assert_eq!(cli.retries, 0);
     }
 }

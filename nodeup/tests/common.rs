@@ -59,7 +59,8 @@ impl Scenario {
             .arg("--root")
             .arg(&self.root)
             .args(["--hostname", "ip-172-20-33-10.eu-west-1.compute.internal", "--internal-ip", "172.20.33.10", "--arch", "amd64"])
-            .args(["--http-timeout", "2", "--retry-backoff-ms", "50"])
+            // One run: a failure is the test's to judge (nodeup reruns forever by default, as kOps').
+            .args(["--http-timeout", "2", "--retry-backoff-ms", "50", "--retries", "0"])
             .args(extra)
             .env("NODEUP_LOG", "warn")
             .env_remove("http_proxy")

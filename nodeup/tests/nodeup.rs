@@ -126,6 +126,20 @@ fn dryrun_on_fresh_root_changes_nothing() {
 }
 
 #[test]
+fn a_failed_run_is_run_again_as_often_as_retries_says() {
+    // The state store has no encryption secret the config asks for: each run fails the same way.
+    let on = |c: String| c.replacen("APIServerConfig:\n", "APIServerConfig:\n  EncryptionConfig: true\n", 1);
+    let s = Scenario::edited(Group::ControlPlane, PAD, direct, on);
+    // The later flag wins (`args_override_self`): one rerun, 5 s after the first failure.
+    let o = s.run(&["--retries", "1"]);
+    assert!(!o.status.success(), "converged without the secret: {}", stdout(&o));
+    let err = stderr(&o);
+    assert_eq!(err.matches("nodeup: run 1 failed; running again in 5 s").count(), 1, "{err}");
+    assert!(!err.contains("run 2 failed"), "--retries 1 reruns once: {err}");
+    assert_eq!(err.matches("secrets/encryptionconfig").count(), 2, "both runs failed on the missing secret: {err}");
+}
+
+#[test]
 fn corrupted_mirror_file_is_refused_and_nothing_installed() {
     let s = Scenario::new(Group::Worker, PAD, direct);
     let kubelet = s.assets.iter().find(|a| a.path.ends_with("/kubelet")).expect("kubelet");
