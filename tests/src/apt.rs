@@ -147,7 +147,8 @@ pub fn packages_of_compiled(compiled: &Path) -> Result<Vec<String>, AptError> {
     paths.sort();
     for path in paths {
         let text = fs::read_to_string(&path).map_err(io(&path))?;
-        let cfg: keelson_api::nodeup::NodeupConfig = serde_yaml_ng::from_str(&text).map_err(|e| AptError::Io { path: path.clone(), source: std::io::Error::other(e) })?;
+        let cfg: keelson_api::nodeup::NodeupConfig =
+            serde_yaml_ng::from_str(&text).map_err(|e| AptError::Io { path: path.clone(), source: std::io::Error::other(e) })?;
         for p in required_by(Family::Debian, &cfg) {
             if !out.contains(&p) {
                 out.push(p);

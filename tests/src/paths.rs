@@ -101,7 +101,9 @@ impl State {
     }
     /// The zones [`Self::zones_down_file`] lists (none when it is absent).
     pub fn zones_down(&self) -> Vec<String> {
-        std::fs::read_to_string(self.zones_down_file()).map(|t| t.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_string).collect()).unwrap_or_default()
+        std::fs::read_to_string(self.zones_down_file())
+            .map(|t| t.lines().map(str::trim).filter(|l| !l.is_empty()).map(str::to_string).collect())
+            .unwrap_or_default()
     }
 }
 

@@ -38,7 +38,13 @@ fn machine_layers_end_to_end() {
         user_data: Some("#!/bin/bash\necho \"user-data ran as $(id -u)\" > /root/user-data-marker\n".into()),
         ..Default::default()
     };
-    let env = Environment { aws_endpoint: format!("http://{}:1", seg.gateway), s3_endpoint: None, region: "eu-west-1".into(), hosts: vec![], test_cert_validity_seconds: None };
+    let env = Environment {
+        aws_endpoint: format!("http://{}:1", seg.gateway),
+        s3_endpoint: None,
+        region: "eu-west-1".into(),
+        hosts: vec![],
+        test_cert_validity_seconds: None,
+    };
     let exe = PathBuf::from(env!("CARGO_BIN_EXE_keelson-local"));
     let started = Instant::now();
     let m = Machine::start(&exe, &lower, dir.join(INSTANCE), BRIDGE, &seg, &env, &MachineData::Aws(Box::new(data)), "control-plane", "test")

@@ -77,7 +77,9 @@ type Members = BTreeMap<String, BTreeMap<String, String>>;
 
 /// [`member_sets`]' `name/id` lists as [`Members`].
 fn by_name(sets: &BTreeMap<String, Vec<String>>) -> Members {
-    sets.iter().map(|(c, l)| (c.clone(), l.iter().map(|m| m.split_once('/').map_or((m.clone(), String::new()), |(n, i)| (n.to_string(), i.to_string()))).collect())).collect()
+    sets.iter()
+        .map(|(c, l)| (c.clone(), l.iter().map(|m| m.split_once('/').map_or((m.clone(), String::new()), |(n, i)| (n.to_string(), i.to_string()))).collect()))
+        .collect()
 }
 
 /// What is wrong with the members `now` against those before the fault: the same names in every
@@ -395,7 +397,15 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
     if healed.is_none() {
         eprint!("{}", super::diagnose(&cs));
     }
-    let report = ChaosReport { scenario, healed, keys: keys + during, objects: keys + during, intact: if intact == u64::MAX { 0 } else { intact }, objects_intact, validated };
+    let report = ChaosReport {
+        scenario,
+        healed,
+        keys: keys + during,
+        objects: keys + during,
+        intact: if intact == u64::MAX { 0 } else { intact },
+        objects_intact,
+        validated,
+    };
     println!("{}", report.line(&status));
     Ok(report)
 }
@@ -504,7 +514,9 @@ struct AgentState {
 
 fn agent_state(m: &MachineInfo) -> AgentState {
     let pid = m.init_pid.unwrap_or(0);
-    let show = |unit: &str, prop: &str| crate::machine::exec_in(pid, &["systemctl", "show", "-p", prop, "--value", unit]).map(|s| s.trim().to_string()).unwrap_or_default();
+    let show = |unit: &str, prop: &str| {
+        crate::machine::exec_in(pid, &["systemctl", "show", "-p", prop, "--value", unit]).map(|s| s.trim().to_string()).unwrap_or_default()
+    };
     let restarts = ["protokube", "kubelet", "containerd"].iter().map(|u| format!("{u}={}", show(u, "NRestarts"))).collect();
     // CPUUsageNSec needs CPU accounting; the main process's /proc times do not.
     let main_pid = show("protokube", "MainPID");
@@ -681,7 +693,15 @@ mod tests {
         assert_eq!(Scenario::LostVolume.victims(1), None, "one member of one cannot be rebuilt from peers");
         assert_eq!(Scenario::Partition.victims(3), Some(1));
         assert_eq!(Scenario::ZoneDown.victims(3), Some(1), "one control plane's zone");
-        let r = ChaosReport { scenario: Scenario::TwoControlPlanes, healed: Some(41.25), keys: 1000, objects: 1000, intact: 1000, objects_intact: 1000, validated: true };
+        let r = ChaosReport {
+            scenario: Scenario::TwoControlPlanes,
+            healed: Some(41.25),
+            keys: 1000,
+            objects: 1000,
+            intact: 1000,
+            objects_intact: 1000,
+            validated: true,
+        };
         assert!(r.ok());
         assert_eq!(r.line(""), "chaos two-control-planes: healed in 41.2 s, 1000/1000 keys intact, 1000/1000 ConfigMaps intact, validate valid");
         let r = ChaosReport { healed: None, intact: 0, objects_intact: 3, validated: false, ..r };
@@ -695,7 +715,11 @@ mod tests {
     #[test]
     fn members_kept_or_rebuilt() {
         let sets = |a: &str, b: &str| -> BTreeMap<String, Vec<String>> {
-            [("main".to_string(), vec![format!("a/{a}"), format!("b/{b}"), "c/3".to_string()]), ("events".to_string(), vec!["a/9".to_string(), "b/8".to_string(), "c/7".to_string()])].into()
+            [
+                ("main".to_string(), vec![format!("a/{a}"), format!("b/{b}"), "c/3".to_string()]),
+                ("events".to_string(), vec!["a/9".to_string(), "b/8".to_string(), "c/7".to_string()]),
+            ]
+            .into()
         };
         let before = by_name(&sets("1", "2"));
         assert_eq!(before["main"]["b"], "2");

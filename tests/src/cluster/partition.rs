@@ -98,7 +98,11 @@ pub struct Isolation {
 
 impl Isolation {
     pub fn done(&self) -> bool {
-        self.leader.is_some() && self.leases_moved.is_some() && self.readyz_failed.is_some() && self.out_of_target_group.is_some() && self.direct_write_refused.is_some()
+        self.leader.is_some()
+            && self.leases_moved.is_some()
+            && self.readyz_failed.is_some()
+            && self.out_of_target_group.is_some()
+            && self.direct_write_refused.is_some()
     }
 
     pub fn line(&self, t: f64) -> String {
@@ -152,7 +156,12 @@ pub fn watch_isolation(kubeconfig: &Path, cloud: &Cloud, victim: &MachineInfo, m
         if iso.leases_moved.is_none() {
             match kubeapi::leases(kubeconfig, super::leadership::NAMESPACE, super::leadership::LEASES) {
                 Ok(l) if !l.values().any(|s| base::leader_election::held_by_host(Some(&s.holder), &hostname)) => iso.leases_moved = Some(since()),
-                Ok(l) => iso.last_status = format!("Leases held by {hostname}: {:?}", l.iter().filter(|(_, s)| s.holder.starts_with(&hostname)).map(|(n, _)| n).collect::<Vec<_>>()),
+                Ok(l) => {
+                    iso.last_status = format!(
+                        "Leases held by {hostname}: {:?}",
+                        l.iter().filter(|(_, s)| s.holder.starts_with(&hostname)).map(|(n, _)| n).collect::<Vec<_>>()
+                    )
+                }
                 Err(e) => iso.last_status = format!("reading the Leases: {e}"),
             }
         }
@@ -189,7 +198,8 @@ fn first_line(s: &str) -> String {
 /// The victim is back: in the API target group and ready.
 pub fn rejoined(kubeconfig: &Path, cloud: &Cloud, victim: &MachineInfo) -> Result<(), String> {
     let direct = Target { server: Some(format!("https://{}", victim.ip)), tls_server_name: None };
-    kubeapi::readyz_within(kubeconfig, &direct, Duration::from_secs(5)).map_err(|e| format!("{}: /readyz: {}", victim.instance_id, first_line(&e.to_string())))?;
+    kubeapi::readyz_within(kubeconfig, &direct, Duration::from_secs(5))
+        .map_err(|e| format!("{}: /readyz: {}", victim.instance_id, first_line(&e.to_string())))?;
     match api_targets(cloud) {
         Ok(t) if t.contains(&victim.instance_id) => {}
         Ok(_) => return Err(format!("{} not back in the API target group", victim.instance_id)),
