@@ -31,7 +31,8 @@ fn assert_healed(out: &std::process::Output, scenario: &str, n: u64) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let line = stdout.lines().rfind(|l| l.starts_with(&format!("chaos {scenario}: "))).unwrap_or_default();
     assert!(
-        line.starts_with(&format!("chaos {scenario}: healed in ")) && line.ends_with(&format!(" s, {n}/{n} keys intact, {n}/{n} ConfigMaps intact, validate valid")),
+        line.starts_with(&format!("chaos {scenario}: healed in "))
+            && line.ends_with(&format!(" s, {n}/{n} keys intact, {n}/{n} ConfigMaps intact, validate valid")),
         "{line:?} (output above)"
     );
     assert!(out.status.success(), "keelson-local chaos --scenario {scenario} exited {:?}", out.status);
