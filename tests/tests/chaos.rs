@@ -15,13 +15,7 @@ fn quorum_lost_on_gce_heals_with_nothing_lost() {
     let _down = support::Down;
     let spec = support::repo().join("examples/gce.yaml");
     let out = support::run(&["chaos", "-f", &spec.to_string_lossy(), "--scenario", "two-control-planes", "--timeout", "600"]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout.lines().rfind(|l| l.starts_with("chaos two-control-planes: ")).unwrap_or_default();
-    assert!(
-        line.starts_with("chaos two-control-planes: healed in ") && line.ends_with(" s, 1000/1000 keys intact, 1000/1000 ConfigMaps intact, validate valid"),
-        "{line:?} (output above)"
-    );
-    assert!(out.status.success(), "keelson-local chaos exited {:?}", out.status);
+    assert_healed(&out, "two-control-planes", 1000);
     drop(_down);
     support::assert_nothing_left();
 }
