@@ -31,7 +31,7 @@ fn run_nodeup(bin: &Path, boot: &Path, root: &Path) -> (Duration, u64) {
         .arg(boot)
         .arg("--root")
         .arg(root)
-        .args(["--arch", "amd64", "--hostname", "bench-node", "--internal-ip", "10.0.0.10"])
+        .args(["--arch", "amd64", "--hostname", "bench-node", "--internal-ip", "10.0.0.10", "--retries", "0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

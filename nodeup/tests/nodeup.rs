@@ -428,7 +428,7 @@ fn facts_come_from_imds_when_no_flag_gives_them() {
         .arg(&s.boot)
         .arg("--root")
         .arg(&s.root)
-        .args(["--arch", "amd64", "--imds-url", &imds.url])
+        .args(["--arch", "amd64", "--imds-url", &imds.url, "--retries", "0"])
         .output()
         .expect("run");
     assert_ok(&o);
