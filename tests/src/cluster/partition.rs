@@ -43,7 +43,7 @@ impl Cut {
     /// Drop everything between `victim` and `peers` (their addresses), in the victim's namespace.
     pub fn new(victim: &MachineInfo, peers: &[&MachineInfo]) -> anyhow::Result<Cut> {
         let init_pid = victim.init_pid.ok_or_else(|| anyhow!("{}: no machine", victim.instance_id))?;
-        let mut cut = Cut { init_pid, healed: false };
+        let cut = Cut { init_pid, healed: false };
         iptables(init_pid, &["-N", CHAIN])?;
         for p in peers {
             iptables(init_pid, &["-A", CHAIN, "-s", &p.ip, "-j", "DROP"])?;
@@ -52,7 +52,6 @@ impl Cut {
         for hook in HOOKS {
             iptables(init_pid, &["-I", hook, "1", "-j", CHAIN])?;
         }
-        cut.healed = false;
         Ok(cut)
     }
 
