@@ -78,6 +78,36 @@ pub fn create(dirs: &[PathBuf]) -> std::io::Result<()> {
     Ok(())
 }
 
+/// The CPU weight of a cgroup nobody set (cgroup v1 `cpu.shares`).
+pub const DEFAULT_CPU_SHARES: u64 = 1024;
+
+/// cgroup v2's `cpu.weight` for a v1 `cpu.shares` value (the mapping runc and systemd use:
+/// 2..262144 onto 1..10000; 1024 is 39, not v2's default 100, so a v2 host's weights are
+/// relative to each other only, as v1's are).
+pub fn shares_to_weight(shares: u64) -> u64 {
+    let shares = shares.clamp(2, 262_144);
+    1 + (shares - 2) * 9999 / 262_142
+}
+
+/// Give a machine's cgroups the CPU weight `shares`: `cpu.shares` where a v1 hierarchy has the
+/// cpu controller, `cpu.weight` (by [`shares_to_weight`]) where a v2 one does. Returns the files
+/// written: none on a host whose machines' cgroups have no cpu controller.
+pub fn set_cpu_shares(dirs: &[PathBuf], shares: u64) -> std::io::Result<Vec<PathBuf>> {
+    let mut written = Vec::new();
+    for dir in dirs {
+        let (file, value) = if dir.join("cpu.shares").exists() {
+            (dir.join("cpu.shares"), shares)
+        } else if dir.join("cpu.weight").exists() {
+            (dir.join("cpu.weight"), shares_to_weight(shares))
+        } else {
+            continue;
+        };
+        fs::write(&file, value.to_string()).map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", file.display())))?;
+        written.push(file);
+    }
+    Ok(written)
+}
+
 /// The shell that moves itself into each directory's `cgroup.procs` (named by the environment
 /// variable [`PROCS_ENV`]) and then execs its arguments: the machine's `systemd-nspawn` starts in
 /// its own cgroups, with the same PID.
@@ -185,6 +215,23 @@ mod tests {
         let dirs = vec![PathBuf::from("/c/memory/keelson-local/i-1"), PathBuf::from("/c/pids/keelson-local/i-1")];
         assert_eq!(procs_value(&dirs), "/c/memory/keelson-local/i-1/cgroup.procs /c/pids/keelson-local/i-1/cgroup.procs");
         assert!(ENTER_AND_EXEC.contains(&format!("${PROCS_ENV}")));
+    }
+
+    #[test]
+    fn cpu_weights_go_where_the_cpu_controller_is() {
+        let t = tempfile::tempdir().unwrap();
+        let (v1, v2, none) = (t.path().join("cpu/i-1"), t.path().join("unified/i-1"), t.path().join("memory/i-1"));
+        for d in [&v1, &v2, &none] {
+            fs::create_dir_all(d).unwrap();
+        }
+        fs::write(v1.join("cpu.shares"), "1024").unwrap();
+        fs::write(v2.join("cpu.weight"), "100").unwrap();
+        let written = set_cpu_shares(&[v1.clone(), v2.clone(), none.clone()], 16384).unwrap();
+        assert_eq!(written, vec![v1.join("cpu.shares"), v2.join("cpu.weight")]);
+        assert_eq!(fs::read_to_string(v1.join("cpu.shares")).unwrap(), "16384");
+        assert_eq!(fs::read_to_string(v2.join("cpu.weight")).unwrap(), "625");
+        assert!(!none.join("cpu.shares").exists());
+        assert_eq!((shares_to_weight(2), shares_to_weight(1024), shares_to_weight(262_144), shares_to_weight(0)), (1, 39, 10000, 1));
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod cloud;
 pub mod cluster;
 pub mod cmd;
 pub mod conformance;
+pub mod cpu_model;
 pub mod disk;
 pub mod etcd;
 pub mod gce;

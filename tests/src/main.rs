@@ -29,6 +29,11 @@ enum Cmd {
         /// mirror and a fresh registry (the harness's own builds stopped).
         #[arg(long)]
         air_gapped: bool,
+        /// How the machines share the host's cores: `shared` (every machine the same CPU weight)
+        /// or `boot-priority` (a machine launched later weighs 16 times the others until its
+        /// Node is Ready, as if its cores were its own). See the README, "Control-plane failover".
+        #[arg(long, value_enum, default_value_t = keelson_local::cpu_model::CpuModel::Shared)]
+        cpu_model: keelson_local::cpu_model::CpuModel,
     },
     /// Machines, IPs, roles, volumes, containerd and etcd health.
     Ps,
@@ -60,6 +65,10 @@ enum Cmd {
         /// See `up --air-gapped`.
         #[arg(long)]
         air_gapped: bool,
+        /// The replacements' CPU model (see `up --cpu-model`); `both`: odd cycles `shared`, even
+        /// ones `boot-priority`, with a distribution for each.
+        #[arg(long, value_enum, default_value_t = keelson_local::cluster::selfheal::SoakCpu::Shared)]
+        cpu_model: keelson_local::cluster::selfheal::SoakCpu,
     },
     /// A fault beyond one control plane (brings the cluster up when none runs), then wait for the
     /// cluster to heal by itself: `chaos NAME: healed in X s, K/K keys intact, C/C ConfigMaps
@@ -203,10 +212,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     use keelson_local::cluster;
     use std::time::Duration;
     match cli.command {
-        Cmd::Up { file, timeout, baked, air_gapped } => cluster::up_with(&file, Duration::from_secs(timeout), cluster::Boot { baked, air_gapped })?,
+        Cmd::Up { file, timeout, baked, air_gapped, cpu_model } => {
+            cluster::commands::up_cpu(&file, Duration::from_secs(timeout), cluster::Boot { baked, air_gapped }, cpu_model)?
+        }
         Cmd::Ps => cluster::ps()?,
         Cmd::Kill { instance } => cluster::kill(&instance)?,
-        Cmd::Selfheal { file, cycles, keys, cycle_timeout, up_timeout, validate_wait, keep_up, baked, air_gapped } => {
+        Cmd::Selfheal { file, cycles, keys, cycle_timeout, up_timeout, validate_wait, keep_up, baked, air_gapped, cpu_model } => {
             let opts = cluster::selfheal::SelfhealOptions {
                 boot: cluster::Boot { baked, air_gapped },
                 cycles,
@@ -215,6 +226,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 up_timeout: Duration::from_secs(up_timeout),
                 validate_wait: Duration::from_secs(validate_wait),
                 keep_up,
+                cpu: cpu_model,
             };
             let r = cluster::selfheal(&file, &opts)?;
             if r.healed < cycles || r.intact != r.keys || r.objects_intact != r.objects || !r.validated || r.iam.as_ref().is_some_and(|c| !c) {

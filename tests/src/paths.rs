@@ -99,6 +99,10 @@ impl State {
     pub fn store_outage_file(&self) -> PathBuf {
         self.root.join("store-outage")
     }
+    /// The CPU model of the machines launched from now on ([`crate::cpu_model`]); absent: shared.
+    pub fn cpu_model_file(&self) -> PathBuf {
+        self.root.join("cpu-model")
+    }
     /// The zones [`Self::zones_down_file`] lists (none when it is absent).
     pub fn zones_down(&self) -> Vec<String> {
         std::fs::read_to_string(self.zones_down_file())

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context};
 
 use crate::cloud::Cloud;
+use crate::cpu_model::CpuModel;
 use crate::machine::{self, MachineInfo};
 use crate::net;
 use crate::paths::{self, MachinePaths, State};
@@ -139,6 +140,11 @@ pub fn up(spec_path: &Path, timeout: Duration) -> anyhow::Result<()> {
 
 /// `up`, the machines booted as `boot` says.
 pub fn up_with(spec_path: &Path, timeout: Duration, boot: super::Boot) -> anyhow::Result<()> {
+    up_cpu(spec_path, timeout, boot, CpuModel::Shared)
+}
+
+/// `up_with`, the machines sharing the host's cores as `cpu` says ([`crate::cpu_model`]).
+pub fn up_cpu(spec_path: &Path, timeout: Duration, boot: super::Boot, cpu: CpuModel) -> anyhow::Result<()> {
     require_root()?;
     let st = state();
     if let Some(cs) = ClusterState::load(&st) {
@@ -149,6 +155,7 @@ pub fn up_with(spec_path: &Path, timeout: Duration, boot: super::Boot) -> anyhow
     // Leftovers of a crashed run go first.
     down_quiet();
     fs::create_dir_all(&st.root)?;
+    cpu.write(&st.cpu_model_file()).with_context(|| st.cpu_model_file().display().to_string())?;
     crate::disk::require_room_for_cluster(&st.root)?;
     let spec_abs = fs::canonicalize(spec_path).with_context(|| format!("{}", spec_path.display()))?;
     Spec::load(&spec_abs)?;

@@ -303,6 +303,7 @@ fn daemon_body(state: &State, spec: &Spec, cs: &mut ClusterState, stop: &AtomicB
         cs: cs.clone(),
         held: Default::default(),
     };
+    d.fleet.watch_boot_priority(kubeconfig);
     let nudge = d.fleet.nudge.clone();
     run_until_stopped(state, stop, &nudge, |d: &mut Daemon, m| d.fleet.event(m), |d: &mut Daemon| d.reconcile(), &mut d);
     d.shutdown();

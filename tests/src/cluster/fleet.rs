@@ -12,6 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::anyhow;
 
+use crate::cpu_model::CpuModel;
 use crate::machine::{Environment, Machine, MachineData, MachineInfo};
 use crate::net::{self, Segment};
 use crate::paths::State;
@@ -112,6 +113,9 @@ pub struct Fleet {
     hosts_written: HashMap<String, String>,
     /// Wakes the reconcile loop before its next tick (a machine went off and freed its volumes).
     pub nudge: Nudge,
+    /// Machines booting with priority ([`crate::cpu_model::CpuModel::BootPriority`]): since when,
+    /// and their cgroups.
+    boosted: Arc<Mutex<BTreeMap<String, (Instant, Vec<PathBuf>)>>>,
 }
 
 /// Wakes a loop that sleeps between passes before its sleep is over.
@@ -151,6 +155,7 @@ impl Fleet {
             exposed: BTreeMap::new(),
             hosts_written: HashMap::new(),
             nudge: Nudge::default(),
+            boosted: Default::default(),
         }
     }
 
@@ -222,8 +227,31 @@ impl Fleet {
         let suite = release.map(|(s, _)| *s).unwrap_or(crate::rootfs::Suite::Bookworm);
         let arch_note = if arch == crate::arch::host() { format!(", {suite}") } else { format!(", {arch} under qemu-user, {suite}") };
         self.event(format!("{id}: instance running ({} {group} in {}{arch_note}); booting its machine", data.private_ip(), data.zone()));
+        let cpu_model = CpuModel::read(&p.state.cpu_model_file()).unwrap_or_else(|e| {
+            self.event(format!("{id}: CPU model: {e}; booting it with shared CPU"));
+            CpuModel::Shared
+        });
+        let boosted = self.boosted.clone();
         std::thread::spawn(move || {
             let t0 = Instant::now();
+            if cpu_model == CpuModel::BootPriority {
+                // Before nspawn starts: the whole boot runs with the priority (Machine::start finds
+                // the cgroups made and moves its systemd-nspawn into them).
+                let boost = crate::cgroups::dirs_for(&id).and_then(|dirs| {
+                    crate::cgroups::create(&dirs)?;
+                    crate::cgroups::set_cpu_shares(&dirs, cpu_model.launch_shares())?;
+                    Ok(dirs)
+                });
+                match boost {
+                    Ok(dirs) => {
+                        event(&events, format!("{id}: CPU model {cpu_model}: CPU weight {} until its Node is Ready", cpu_model.launch_shares()));
+                        if let Ok(mut b) = boosted.lock() {
+                            b.insert(id.clone(), (t0, dirs));
+                        }
+                    }
+                    Err(e) => event(&events, format!("{id}: CPU model {cpu_model} not applied: {e}")),
+                }
+            }
             match Machine::start(&exe, &lower, dir, &bridge, &seg, &env, &data, &role, &group) {
                 Ok(m) => {
                     event(&events, format!("{id}: machine up in {:.1} s (init pid {})", t0.elapsed().as_secs_f64(), m.info.init_pid.unwrap_or(0)));
@@ -244,6 +272,39 @@ impl Fleet {
             }
         });
         Ok(())
+    }
+
+    /// Watch the machines booting with priority, on a thread of its own (the API may not answer
+    /// for a while, and the reconcile loop must not wait for it): every 2 s, while one has it, read
+    /// the Nodes from the API at `kubeconfig` and end the priority of each machine whose Node is
+    /// Ready (by its IP), whose priority is older than its limit, or which is gone: its cgroups
+    /// get the default CPU weight again. Ends with the fleet.
+    pub fn watch_boot_priority(&self, kubeconfig: PathBuf) {
+        let (boosted, machines, starting, events) = (Arc::downgrade(&self.boosted), self.machines.clone(), self.starting.clone(), self.events.clone());
+        std::thread::spawn(move || loop {
+            std::thread::sleep(Duration::from_secs(2));
+            let Some(boosted) = boosted.upgrade() else { return };
+            if boosted.lock().map(|b| b.is_empty()).unwrap_or(true) {
+                continue;
+            }
+            let ready_ips: BTreeSet<String> =
+                crate::kubeapi::nodes(&kubeconfig).map(|n| n.into_values().filter(|n| n.ready).filter_map(|n| n.internal_ip).collect()).unwrap_or_default();
+            let ips: BTreeMap<String, String> = machines.lock().map(|m| m.iter().map(|(id, m)| (id.clone(), m.info.ip.clone())).collect()).unwrap_or_default();
+            let starting = starting.lock().map(|s| s.clone()).unwrap_or_default();
+            let Ok(mut boosted) = boosted.lock() else { return };
+            boosted.retain(|id, (since, dirs)| {
+                let alive = ips.contains_key(id) || starting.contains(id);
+                let ready = ips.get(id).is_some_and(|ip| ready_ips.contains(ip));
+                let Some(why) = crate::cpu_model::priority_ends(ready, since.elapsed(), alive) else { return true };
+                if alive {
+                    if let Err(e) = crate::cgroups::set_cpu_shares(dirs, crate::cgroups::DEFAULT_CPU_SHARES) {
+                        event(&events, format!("{id}: CPU weight not reset: {e}"));
+                    }
+                }
+                event(&events, format!("{id}: boot priority ended after {:.1} s ({why})", since.elapsed().as_secs_f64()));
+                false
+            });
+        });
     }
 
     /// Follow the cloud's attachments: a volume attached to a running machine appears in it (a

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context};
 
 use crate::cloud::Cloud;
+use crate::cpu_model::CpuModel;
 use crate::machine::{self, MachineInfo};
 use crate::{cmd, etcd, mirror};
 
@@ -79,6 +80,10 @@ pub struct SelfhealReport {
     pub validated: bool,
     /// Per healed cycle: what its failover cost in CPU.
     pub cpu: Vec<FailoverCpu>,
+    /// Per healed cycle: the CPU model the replacement booted under.
+    pub models: Vec<CpuModel>,
+    /// Per healed cycle: the longest the API was unanswered through its load balancer (s).
+    pub outages: Vec<f64>,
     /// Per healed cycle: the image manifests and blobs the new machine fetched from the registry.
     pub fetched: Vec<RegistryFetches>,
     /// AWS: whether the IAM oracle found every call the machines made allowed (checked at the end,
@@ -88,8 +93,17 @@ pub struct SelfhealReport {
 
 /// What one failover cost in CPU (see [`cpu`]).
 pub struct FailoverCpu {
+    /// CPU-seconds the new control plane's machine used from its boot to its Node Ready: the
+    /// failover's critical path, what it needs whatever the host.
+    pub critical_s: f64,
+    /// The same by command name, largest first.
+    pub critical_by_name: Vec<(String, f64)>,
+    /// CPU-seconds the new machine had used when each of [`PHASES`] was seen.
+    pub by_phase: Vec<f64>,
     /// CPU-seconds the new control plane's machine used from its boot to the failover's end.
     pub new_machine_s: f64,
+    /// The CPU model it booted under.
+    pub model: CpuModel,
     /// The share of the host's cores that was busy from the kill to the failover's end.
     pub host_busy: f64,
     pub cores: usize,
@@ -325,10 +339,33 @@ pub struct SelfhealOptions {
     pub validate_wait: Duration,
     /// Leave the cluster up at the end.
     pub keep_up: bool,
+    /// How the machines share the host's cores ([`crate::cpu_model`]), per cycle.
+    pub cpu: SoakCpu,
+}
+
+/// `selfheal --cpu-model`: the CPU model of every cycle, or both in turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SoakCpu {
+    Shared,
+    BootPriority,
+    /// Odd cycles shared, even ones boot-priority: both models in the same soak, on the same cluster.
+    Both,
+}
+
+impl SoakCpu {
+    /// The model cycle `n` (from 1) runs under.
+    pub fn for_cycle(self, n: u32) -> CpuModel {
+        match self {
+            SoakCpu::Shared => CpuModel::Shared,
+            SoakCpu::BootPriority => CpuModel::BootPriority,
+            SoakCpu::Both if n % 2 == 1 => CpuModel::Shared,
+            SoakCpu::Both => CpuModel::BootPriority,
+        }
+    }
 }
 
 pub fn selfheal(spec_path: &Path, opts: &SelfhealOptions) -> anyhow::Result<SelfhealReport> {
-    let SelfhealOptions { boot, cycles, keys, cycle_timeout, up_timeout, validate_wait, keep_up } = *opts;
+    let SelfhealOptions { boot, cycles, keys, cycle_timeout, up_timeout, validate_wait, keep_up, cpu: soak_cpu } = *opts;
     struct Down;
     impl Drop for Down {
         fn drop(&mut self) {
@@ -338,6 +375,8 @@ pub fn selfheal(spec_path: &Path, opts: &SelfhealOptions) -> anyhow::Result<Self
             }
         }
     }
+    // The first boot shares the cores plainly (every machine boots at once: a priority for all
+    // would be a priority for none); each cycle sets its model before its kill.
     super::commands::up_with(spec_path, up_timeout, boot)?;
     // Not `then_some(Down)`: that makes the guard (and drops it, running `down`) either way.
     let _down = if keep_up { None } else { Some(Down) };
@@ -372,6 +411,8 @@ pub fn selfheal(spec_path: &Path, opts: &SelfhealOptions) -> anyhow::Result<Self
         phases: vec![],
         validated: false,
         cpu: vec![],
+        models: vec![],
+        outages: vec![],
         fetched: vec![],
         iam: None,
     };
@@ -384,6 +425,8 @@ pub fn selfheal(spec_path: &Path, opts: &SelfhealOptions) -> anyhow::Result<Self
             break;
         }
         let victim = cps[random_index(cps.len())].clone();
+        let model = soak_cpu.for_cycle(n);
+        model.write(&st.cpu_model_file()).with_context(|| st.cpu_model_file().display().to_string())?;
         // The controllers' Leases and the victim's host name, to see how leadership leaves it.
         let victim_host = fs::read_to_string(victim.root.join("etc/hostname")).map(|h| h.trim().to_string()).unwrap_or_default();
         let leases_before = crate::kubeapi::leases(&kubeconfig, leadership::NAMESPACE, leadership::LEASES);
@@ -394,6 +437,10 @@ pub fn selfheal(spec_path: &Path, opts: &SelfhealOptions) -> anyhow::Result<Self
         super::commands::kill(&victim.instance_id)?;
         let deadline = t0 + cycle_timeout;
         let mut reached: Vec<Option<f64>> = vec![None; PHASES.len()];
+        // The new machine's CPU-seconds when each phase was seen (from its boot), and by command
+        // at Node Ready: its critical path's CPU.
+        let mut cpu_at: Vec<Option<f64>> = vec![None; PHASES.len()];
+        let mut critical: Option<(f64, Vec<(String, f64)>)> = None;
         let mut status = String::from("waiting for a replacement instance");
         // A phase is timed when a poll first sees it: the true moment lies up to one poll gap
         // earlier. The longest gap is printed with the cycle, as the phases' resolution.
@@ -412,6 +459,14 @@ pub fn selfheal(spec_path: &Path, opts: &SelfhealOptions) -> anyhow::Result<Self
             let now = t0.elapsed().as_secs_f64();
             for r in reached.iter_mut().take(phase) {
                 r.get_or_insert(now);
+            }
+            if let Some(used) = new.as_ref().and_then(|m| m.init_pid).filter(|_| cpu_at.iter().take(phase).any(Option::is_none)).map(cpu::machine_seconds) {
+                for c in cpu_at.iter_mut().take(phase) {
+                    c.get_or_insert(used.0);
+                }
+                if phase == PHASES.len() && critical.is_none() {
+                    critical = Some(used);
+                }
             }
             let Some(new) = new.filter(|_| phase == PHASES.len()) else {
                 status = format!("at \"{}\"", PHASES[phase.min(PHASES.len() - 1)]);
@@ -505,8 +560,16 @@ pub fn selfheal(spec_path: &Path, opts: &SelfhealOptions) -> anyhow::Result<Self
                 println!("cycle {n}/{cycles}: killed {} ({}) -> {new} healthy with {count}/{keys} keys and {objects}/{keys} ConfigMaps, same members, failover {secs:.1} s", victim.instance_id, victim.group);
                 println!("  phases (s after the kill at {}): {breakdown}", utc_millis(killed_at));
                 println!("  each phase seen by a poll at most {:.1} s after it happened (the widest gap between polls)", widest_gap.as_secs_f64());
-                if let (Some((used, by_name)), Some((busy, cores))) = (new_cpu, host_busy) {
-                    report.cpu.push(FailoverCpu { new_machine_s: used, host_busy: busy, cores });
+                report.models.push(model);
+                report.outages.push(outage);
+                println!("  CPU model: {model}");
+                if let (Some((used, by_name)), Some((busy, cores)), Some((critical_s, critical_by_name))) = (new_cpu, host_busy, critical) {
+                    let by_phase: Vec<f64> = cpu_at.iter().map(|c| c.unwrap_or(critical_s)).collect();
+                    let top: Vec<String> = critical_by_name.iter().take(8).map(|(n, s)| format!("{n} {s:.1}")).collect();
+                    println!("  critical path: the new machine used {critical_s:.1} CPU-s from its boot to its Node Ready: {}", top.join(", "));
+                    let phases: Vec<String> = PHASES.iter().zip(&by_phase).skip(1).map(|(p, c)| format!("{p} {c:.1}")).collect();
+                    println!("  its CPU-s when each phase was seen: {}", phases.join(" → "));
+                    report.cpu.push(FailoverCpu { critical_s, critical_by_name, by_phase, new_machine_s: used, model, host_busy: busy, cores });
                     println!(
                         "  CPU: the host's {cores} cores were {:.0} % busy from the kill to here; the new machine used {used:.1} CPU-s (alone on every core: {:.1} s)",
                         busy * 100.0,
@@ -602,20 +665,11 @@ pub fn selfheal(spec_path: &Path, opts: &SelfhealOptions) -> anyhow::Result<Self
         let medians: Vec<String> =
             PHASES.iter().enumerate().map(|(i, p)| format!("{p} {:.1}", median(&report.phases.iter().map(|v| v[i]).collect::<Vec<_>>()))).collect();
         println!("selfheal: median phase times (s after the kill): {}", medians.join(" → "));
-        println!("selfheal: phase distribution over {} cycles (s after the kill: min / median / max):", report.phases.len());
-        for (i, p) in PHASES.iter().enumerate() {
-            let (lo, med, hi) = spread(&report.phases.iter().map(|v| v[i]).collect::<Vec<_>>());
-            println!("  {p:<24} {lo:>5.1} / {med:>5.1} / {hi:>5.1}");
-        }
-        let (lo, med, hi) = spread(&report.failovers);
-        println!("  {:<24} {lo:>5.1} / {med:>5.1} / {hi:>5.1}", "failover (all checks)");
-        if let Some(cores) = report.cpu.first().map(|c| c.cores) {
-            let (lo, med, hi) = spread(&report.cpu.iter().map(|c| c.new_machine_s).collect::<Vec<_>>());
-            println!("  {:<24} {lo:>5.1} / {med:>5.1} / {hi:>5.1}", "new machine's CPU-s");
-            let (lo, med, hi) = spread(&report.cpu.iter().map(|c| c.new_machine_s / c.cores as f64).collect::<Vec<_>>());
-            println!("  {:<24} {lo:>5.1} / {med:>5.1} / {hi:>5.1}", format!("same, alone on {cores} cores"));
-            let (lo, med, hi) = spread(&report.cpu.iter().map(|c| c.host_busy * 100.0).collect::<Vec<_>>());
-            println!("  {:<24} {lo:>5.0} / {med:>5.0} / {hi:>5.0}", "host busy (%)");
+        let used: BTreeSet<&str> = report.models.iter().map(|m| m.name()).collect();
+        let models: Vec<Option<CpuModel>> =
+            if used.len() > 1 { vec![None, Some(CpuModel::Shared), Some(CpuModel::BootPriority)] } else { vec![report.models.first().copied()] };
+        for model in models {
+            print!("{}", distribution(&report, model));
         }
     }
     if !report.fetched.is_empty() {
@@ -646,6 +700,33 @@ pub fn selfheal(spec_path: &Path, opts: &SelfhealOptions) -> anyhow::Result<Self
     Ok(report)
 }
 
+/// The phase, failover, CPU and API-outage distribution (min / median / max) of the healed
+/// cycles run under `model` (all of them: `None`), as `selfheal` prints it at the end.
+pub fn distribution(report: &SelfhealReport, model: Option<CpuModel>) -> String {
+    use std::fmt::Write;
+    let mine = |i: &usize| model.is_none_or(|m| report.models.get(*i) == Some(&m));
+    let cycles: Vec<usize> = (0..report.phases.len()).filter(mine).collect();
+    let cpu: Vec<&FailoverCpu> = report.cpu.iter().filter(|c| model.is_none_or(|m| c.model == m)).collect();
+    let label = model.map(|m| format!("CPU model {m}")).unwrap_or_else(|| "every CPU model".into());
+    let mut out = format!("selfheal: phase distribution over {} cycles, {label} (s after the kill: min / median / max):\n", cycles.len());
+    let mut row = |name: &str, v: Vec<f64>, digits: usize| {
+        let (lo, med, hi) = spread(&v);
+        let _ = writeln!(out, "  {name:<26} {lo:>5.digits$} / {med:>5.digits$} / {hi:>5.digits$}");
+    };
+    for (i, p) in PHASES.iter().enumerate() {
+        row(p, cycles.iter().map(|c| report.phases[*c][i]).collect(), 1);
+    }
+    row("failover (all checks)", cycles.iter().filter_map(|c| report.failovers.get(*c).copied()).collect(), 1);
+    row("longest API outage", cycles.iter().filter_map(|c| report.outages.get(*c).copied()).collect(), 1);
+    if let Some(cores) = cpu.first().map(|c| c.cores) {
+        row("critical-path CPU-s", cpu.iter().map(|c| c.critical_s).collect(), 1);
+        row("new machine's CPU-s", cpu.iter().map(|c| c.new_machine_s).collect(), 1);
+        row(&format!("same, alone on {cores} cores"), cpu.iter().map(|c| c.new_machine_s / c.cores as f64).collect(), 1);
+        row("host busy (%)", cpu.iter().map(|c| c.host_busy * 100.0).collect(), 0);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -669,6 +750,48 @@ time=\"2026-12-03T12:24:31Z\" level=info msg=\"response completed\"
     fn kill_times_print_as_utc_clock_times() {
         let t = std::time::UNIX_EPOCH + Duration::from_millis(1_795_710_701_637);
         assert_eq!(utc_millis(t), "16:31:41.637 UTC");
+    }
+
+    #[test]
+    fn a_soak_of_both_models_alternates_and_reports_each() {
+        assert_eq!(
+            (1..=4).map(|n| SoakCpu::Both.for_cycle(n)).collect::<Vec<_>>(),
+            [CpuModel::Shared, CpuModel::BootPriority, CpuModel::Shared, CpuModel::BootPriority]
+        );
+        assert_eq!(SoakCpu::BootPriority.for_cycle(1), CpuModel::BootPriority);
+        let cpu = |model, critical_s| FailoverCpu {
+            critical_s,
+            critical_by_name: vec![],
+            by_phase: vec![],
+            new_machine_s: critical_s + 1.0,
+            model,
+            host_busy: 0.5,
+            cores: 2,
+        };
+        let report = SelfhealReport {
+            cycles: 3,
+            healed: 3,
+            keys: 1,
+            intact: 1,
+            objects: 1,
+            objects_intact: 1,
+            failovers: vec![30.0, 12.0, 32.0],
+            phases: vec![vec![1.0; PHASES.len()], vec![2.0; PHASES.len()], vec![3.0; PHASES.len()]],
+            validated: true,
+            cpu: vec![cpu(CpuModel::Shared, 10.0), cpu(CpuModel::BootPriority, 9.0), cpu(CpuModel::Shared, 11.0)],
+            models: vec![CpuModel::Shared, CpuModel::BootPriority, CpuModel::Shared],
+            outages: vec![0.0, 0.5, 0.25],
+            fetched: vec![],
+            iam: None,
+        };
+        let shared = distribution(&report, Some(CpuModel::Shared));
+        assert!(shared.contains("over 2 cycles, CPU model shared"), "{shared}");
+        assert!(shared.contains("failover (all checks)       30.0 /  31.0 /  32.0"), "{shared}");
+        assert!(shared.contains("critical-path CPU-s         10.0 /  10.5 /  11.0"), "{shared}");
+        let boot = distribution(&report, Some(CpuModel::BootPriority));
+        assert!(boot.contains("failover (all checks)       12.0 /  12.0 /  12.0"), "{boot}");
+        assert!(boot.contains("longest API outage           0.5 /   0.5 /   0.5"), "{boot}");
+        assert!(distribution(&report, None).contains("over 3 cycles, every CPU model"));
     }
 
     #[test]

@@ -174,7 +174,7 @@ pub fn run(state: &State, spec: &Spec, project: &str, cs: &mut ClusterState, sto
     cs.kubeconfig = kubeconfig.display().to_string();
     cs.nodeup_asset = assets.nodeup_asset.clone();
     cs.kubectl = assets.kubernetes_bin.join("kubectl").display().to_string();
-    watch_bootstrap_addons(kubeconfig, events.clone());
+    watch_bootstrap_addons(kubeconfig.clone(), events.clone());
 
     cs.phase = "running".into();
     cs.save(state);
@@ -217,6 +217,7 @@ pub fn run(state: &State, spec: &Spec, project: &str, cs: &mut ClusterState, sto
         cs: cs.clone(),
     };
     let nudge = d.fleet.nudge.clone();
+    d.fleet.watch_boot_priority(kubeconfig);
     run_until_stopped(state, stop, &nudge, |d: &mut GceDaemon, m| d.fleet.event(m), |d: &mut GceDaemon| d.reconcile(), &mut d);
     d.cs.phase = "stopping".into();
     d.cs.save(&d.state);
