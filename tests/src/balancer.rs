@@ -39,6 +39,24 @@ pub struct Desired {
     pub targets: BTreeSet<SocketAddr>,
     pub health: HealthCheck,
     pub deregistration_delay: Duration,
+    /// The target group it forwards to, when it has one (not the stand-in below).
+    pub target_group: Option<TargetGroupRef>,
+}
+
+/// A listener's target group, as the deregistration follower needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetGroupRef {
+    pub arn: String,
+    /// The port of a target registered without one.
+    pub port: i32,
+    /// Each target's address → its instance id.
+    pub ids: BTreeMap<SocketAddr, String>,
+}
+
+/// The targets of `group` that are no longer among its `members` (instance id, port), as
+/// `DescribeTargetHealth` lists them (draining ones left out).
+pub fn departed(group: &TargetGroupRef, members: &BTreeSet<(String, i32)>) -> BTreeSet<SocketAddr> {
+    group.ids.iter().filter(|(addr, id)| !members.contains(&((*id).clone(), i32::from(addr.port())))).map(|(addr, _)| *addr).collect()
 }
 
 /// The API's load balancer when the spec has none (a DNS-only API): every control-plane machine
@@ -52,6 +70,7 @@ pub fn api_stand_in(machines: &[crate::machine::MachineInfo]) -> Desired {
         targets: machines.iter().filter(|m| m.role == "control-plane").filter_map(|m| format!("{}:443", m.ip).parse().ok()).collect(),
         health: HealthCheck { interval: Duration::from_secs(10), healthy_threshold: 2, unhealthy_threshold: 2, port: None },
         deregistration_delay: Duration::from_secs(30),
+        target_group: None,
     }
 }
 
@@ -251,6 +270,37 @@ impl Balancers {
         urls
     }
 
+    /// The listeners that forward to a target group: (key, the group).
+    pub fn target_groups(&self) -> Vec<(String, TargetGroupRef)> {
+        let Ok(running) = self.running.lock() else { return vec![] };
+        running.iter().filter_map(|(k, r)| Some((k.clone(), r.desired.target_group.clone()?))).collect()
+    }
+
+    /// An NLB stops opening connections to a target as soon as it is deregistered: take the
+    /// targets of listener `key` that are no longer `members` (instance id, port) of its target
+    /// group out now, without waiting for the next full [`Balancers::sync`] (which lists every
+    /// load balancer, listener and attribute, and runs in the daemon's reconcile pass).
+    pub fn follow_members(&self, key: &str, members: &BTreeSet<(String, i32)>) {
+        let Ok(mut running) = self.running.lock() else { return };
+        let Some(r) = running.get_mut(key) else { return };
+        let Some(group) = r.desired.target_group.as_mut() else { return };
+        let gone = departed(group, members);
+        if gone.is_empty() {
+            return;
+        }
+        group.ids.retain(|a, _| !gone.contains(a));
+        r.desired.targets.retain(|a| !gone.contains(a));
+        let changes = match r.state.lock() {
+            Ok(mut st) => {
+                let keep: BTreeSet<SocketAddr> = st.registered().into_iter().filter(|a| !gone.contains(a)).collect();
+                st.set_members(&keep, Instant::now())
+            }
+            Err(_) => return,
+        };
+        let name = r.desired.name.clone();
+        self.report(&name, &changes);
+    }
+
     fn report(&self, name: &str, c: &Changes) {
         for a in &c.registered {
             (self.events)(format!("load balancer {name}: target {a} registered"));
@@ -291,6 +341,31 @@ impl Balancers {
         self.rt.spawn(health_loop(d.name.clone(), state.clone(), stop_rx, self.events.clone()));
         Ok(Running { desired: d.clone(), addr, state, stop })
     }
+}
+
+/// How often the deregistration follower asks the target groups for their members.
+const FOLLOW_EVERY: Duration = Duration::from_millis(250);
+
+/// Follow the target groups' deregistrations as an NLB does, on a thread of its own: every
+/// [`FOLLOW_EVERY`], one `DescribeTargetHealth` per listener's target group, and a target no longer
+/// in it gets no new connection from then on ([`Balancers::follow_members`]). The reconcile pass
+/// syncs everything else (new targets, listeners, health settings) but takes seconds on a busy
+/// host: a control plane that deregisters itself at poweroff and then stops its API server 2 s
+/// later must be out of the balancer by then. Ends with the balancers.
+pub fn follow_deregistrations(balancers: std::sync::Weak<Balancers>, endpoint: String, region: String) {
+    std::thread::spawn(move || {
+        let cloud = crate::cloud::Cloud::new(&endpoint, &region);
+        loop {
+            std::thread::sleep(FOLLOW_EVERY);
+            let Some(b) = balancers.upgrade() else { return };
+            for (key, group) in b.target_groups() {
+                // A failed call changes nothing: the reconcile pass still follows moto.
+                if let Ok(members) = cloud.target_group_members(&group.arn, group.port) {
+                    b.follow_members(&key, &members);
+                }
+            }
+        }
+    });
 }
 
 /// How long a connection to a target may take to open (as an NLB, the client sees the wait).
@@ -469,6 +544,41 @@ mod tests {
     }
 
     #[test]
+    fn a_target_that_leaves_its_group_is_taken_out_before_the_next_sync() {
+        let (x, y) = (a("10.0.0.1:443"), a("10.0.0.2:443"));
+        let group = TargetGroupRef { arn: "arn:tg/api".into(), port: 443, ids: BTreeMap::from([(x, "i-x".to_string()), (y, "i-y".to_string())]) };
+        let members = |m: &[(&str, i32)]| m.iter().map(|(id, p)| (id.to_string(), *p)).collect::<BTreeSet<_>>();
+        assert_eq!(departed(&group, &members(&[("i-x", 443), ("i-y", 443)])), BTreeSet::new());
+        // Another port of the same instance is not the same target.
+        assert_eq!(departed(&group, &members(&[("i-x", 443), ("i-y", 8443)])), BTreeSet::from([y]));
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let events = Arc::new(Mutex::new(Vec::<String>::new()));
+        let seen = events.clone();
+        let b =
+            Balancers::new(rt.handle().clone(), std::net::TcpListener::bind("127.0.0.1:0").unwrap(), Arc::new(move |m| seen.lock().unwrap().push(m))).unwrap();
+        b.sync(vec![Desired {
+            key: "arn:lb/api:443".into(),
+            name: "api".into(),
+            service: None,
+            api: true,
+            targets: BTreeSet::from([x, y]),
+            health: hc(),
+            deregistration_delay: Duration::from_secs(30),
+            target_group: Some(group),
+        }]);
+        assert_eq!(b.target_groups().len(), 1);
+        b.follow_members("arn:lb/api:443", &members(&[("i-x", 443)]));
+        let registered = b.running.lock().unwrap()["arn:lb/api:443"].state.lock().unwrap().registered();
+        assert_eq!(registered, vec![x]);
+        assert_eq!(b.target_groups()[0].1.ids.keys().copied().collect::<Vec<_>>(), vec![x]);
+        assert!(events.lock().unwrap().iter().any(|e| e.contains("10.0.0.2:443 deregistered")), "{:?}", events.lock().unwrap());
+        // Followed once: the same membership again changes nothing and says nothing.
+        let n = events.lock().unwrap().len();
+        b.follow_members("arn:lb/api:443", &members(&[("i-x", 443)]));
+        assert_eq!(events.lock().unwrap().len(), n);
+    }
+
+    #[test]
     fn relays_to_healthy_targets_and_cuts_after_deregistration() {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let backend = rt.block_on(async { TcpListener::bind("127.0.0.1:0").await.unwrap() });
@@ -493,6 +603,7 @@ mod tests {
             targets,
             health: HealthCheck { interval: Duration::from_millis(100), healthy_threshold: 1, unhealthy_threshold: 1, port: None },
             deregistration_delay: Duration::from_millis(300),
+            target_group: None,
         };
         b.sync(vec![desired(BTreeSet::from([backend_addr]))]);
         rt.block_on(async {

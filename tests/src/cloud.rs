@@ -49,6 +49,9 @@ pub struct NlbListener {
     pub tags: Vec<(String, String)>,
     pub port: i32,
     pub target_group: String,
+    pub target_group_arn: String,
+    /// The target group's port (of a target registered without one).
+    pub target_group_port: i32,
     pub health: HealthCheck,
     /// `deregistration_delay.timeout_seconds` of the target group.
     pub deregistration_delay: Duration,
@@ -463,14 +466,8 @@ impl Cloud {
                     unhealthy_threshold: tg.unhealthy_threshold_count().map(|n| n.max(1) as u32).unwrap_or(defaults.unhealthy_threshold),
                     port: tg.health_check_port().and_then(|p| p.parse().ok()),
                 };
-                let health_out =
-                    self.rt.block_on(self.elb.describe_target_health().target_group_arn(tg_arn).send()).map_err(|e| self.err("DescribeTargetHealth", e))?;
-                let targets = health_out
-                    .target_health_descriptions()
-                    .iter()
-                    .filter_map(|d| d.target())
-                    .map(|t| (t.id().unwrap_or_default().to_string(), t.port().or(tg.port()).unwrap_or(0)))
-                    .collect();
+                let tg_port = tg.port().unwrap_or(0);
+                let targets = self.target_group_members(tg_arn, tg_port)?.into_iter().collect();
                 out.push(NlbListener {
                     load_balancer: name.to_string(),
                     load_balancer_arn: arn.to_string(),
@@ -478,6 +475,8 @@ impl Cloud {
                     tags: tags.clone(),
                     port,
                     target_group: tg.target_group_name().unwrap_or_default().to_string(),
+                    target_group_arn: tg_arn.to_string(),
+                    target_group_port: tg_port,
                     health,
                     deregistration_delay: Duration::from_secs(delay),
                     targets,
@@ -486,6 +485,20 @@ impl Cloud {
         }
         out.sort_by(|a, b| (&a.load_balancer, a.port).cmp(&(&b.load_balancer, b.port)));
         Ok(out)
+    }
+
+    /// The registered targets of a target group (instance id, port; `port` for one registered
+    /// without): what `DescribeTargetHealth` lists, less those draining (deregistered, as an NLB
+    /// sends them no new connection).
+    pub fn target_group_members(&self, tg_arn: &str, port: i32) -> Result<std::collections::BTreeSet<(String, i32)>, CloudError> {
+        let out = self.rt.block_on(self.elb.describe_target_health().target_group_arn(tg_arn).send()).map_err(|e| self.err("DescribeTargetHealth", e))?;
+        Ok(out
+            .target_health_descriptions()
+            .iter()
+            .filter(|d| d.target_health().and_then(|h| h.state()) != Some(&aws_sdk_elasticloadbalancingv2::types::TargetHealthStateEnum::Draining))
+            .filter_map(|d| d.target())
+            .map(|t| (t.id().unwrap_or_default().to_string(), t.port().unwrap_or(port)))
+            .collect())
     }
 
     /// Create a public hosted zone unless one with that name exists (the account's existing zone).

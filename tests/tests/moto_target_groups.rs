@@ -61,3 +61,60 @@ fn an_instance_out_of_its_target_group_stays_out() {
         assert_eq!(registered().await.len(), 2);
     });
 }
+
+/// The harness's load balancer takes a target out as soon as it leaves its target group in moto,
+/// with no full sync (the daemon's reconcile pass, seconds apart on a busy host): a control plane
+/// that deregisters itself at poweroff gets no new connection while its API server still serves.
+#[test]
+fn a_deregistration_is_followed_without_waiting_for_a_sync() {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use keelson_local::balancer::{follow_deregistrations, Balancers, Desired, TargetGroupRef};
+
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let moto = keelson_local::moto::Moto::start(log.path()).expect("moto (scripts/test creates the venv; or set KEELSON_PYTHON)");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let (tg, ids) = rt.block_on(async {
+        let conf = support::moto_sdk(&moto.endpoint()).await;
+        let (ec2, elb) = (aws_sdk_ec2::Client::new(&conf), aws_sdk_elasticloadbalancingv2::Client::new(&conf));
+        let vpc = ec2.create_vpc().cidr_block("10.0.0.0/16").send().await.unwrap().vpc.unwrap().vpc_id.unwrap();
+        let image = ec2.describe_images().send().await.unwrap().images()[0].image_id().unwrap().to_string();
+        let run = ec2.run_instances().image_id(&image).instance_type(InstanceType::T3Medium).min_count(2).max_count(2).send().await.unwrap();
+        let ids: Vec<String> = run.instances().iter().filter_map(|i| i.instance_id().map(str::to_string)).collect();
+        let tg = elb.create_target_group().name("tcp-api").protocol(ProtocolEnum::Tcp).port(443).vpc_id(&vpc).send().await.unwrap();
+        let tg = tg.target_groups()[0].target_group_arn().unwrap().to_string();
+        let targets: Vec<TargetDescription> = ids.iter().map(|id| TargetDescription::builder().id(id).port(443).build()).collect();
+        elb.register_targets().target_group_arn(&tg).set_targets(Some(targets)).send().await.unwrap();
+        (tg, ids)
+    });
+    let (kept, leaving): (std::net::SocketAddr, std::net::SocketAddr) = ("10.0.1.10:443".parse().unwrap(), "10.0.1.11:443".parse().unwrap());
+    let balancers = Arc::new(Balancers::new(rt.handle().clone(), std::net::TcpListener::bind("127.0.0.1:0").unwrap(), Arc::new(|_| {})).unwrap());
+    balancers.sync(vec![Desired {
+        key: "api:443".into(),
+        name: "api".into(),
+        service: None,
+        api: true,
+        targets: BTreeSet::from([kept, leaving]),
+        health: keelson_local::cloud::HealthCheck::default(),
+        deregistration_delay: Duration::from_secs(30),
+        target_group: Some(TargetGroupRef { arn: tg.clone(), port: 443, ids: BTreeMap::from([(kept, ids[0].clone()), (leaving, ids[1].clone())]) }),
+    }]);
+    follow_deregistrations(Arc::downgrade(&balancers), moto.endpoint(), "eu-west-1".into());
+    let followed = || balancers.target_groups()[0].1.ids.keys().copied().collect::<Vec<_>>();
+    // Both members stay while both are registered.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(followed(), vec![kept, leaving]);
+    rt.block_on(async {
+        let conf = support::moto_sdk(&moto.endpoint()).await;
+        let elb = aws_sdk_elasticloadbalancingv2::Client::new(&conf);
+        elb.deregister_targets().target_group_arn(&tg).targets(TargetDescription::builder().id(&ids[1]).port(443).build()).send().await.unwrap();
+    });
+    let t = Instant::now();
+    while followed().contains(&leaving) && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(followed(), vec![kept], "the deregistered target is still in the balancer, and no sync ran");
+    println!("deregistration followed {:.2} s after DeregisterTargets returned (follower polls every 250 ms)", t.elapsed().as_secs_f64());
+}

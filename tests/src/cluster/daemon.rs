@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 
-use crate::balancer::{Balancers, Desired};
+use crate::balancer::{Balancers, Desired, TargetGroupRef};
 use crate::cloud::Cloud;
 use crate::imds::InstanceData;
 use crate::machine::{Environment, MachineData, MachineInfo};
@@ -83,8 +83,9 @@ struct Daemon {
     fleet: Fleet,
     /// When the VPC route table was last mirrored into the host's routes ([`Daemon::sync_routes`]).
     routes_synced: Option<Instant>,
-    /// The network load balancers (the API's and the Services'), on the host.
-    balancers: Balancers,
+    /// The network load balancers (the API's and the Services'), on the host; their
+    /// deregistrations are also followed at once by [`crate::balancer::follow_deregistrations`].
+    balancers: Arc<Balancers>,
     /// When the load balancers last followed moto ([`Daemon::sync_balancers`]).
     balancers_synced: Option<Instant>,
     cs: ClusterState,
@@ -195,8 +196,9 @@ fn daemon_body(state: &State, spec: &Spec, cs: &mut ClusterState, stop: &AtomicB
     let events: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
     let balancers = {
         let events = events.clone();
-        Balancers::new(rt.handle().clone(), api_l, Arc::new(move |m| event(&events, m)))?
+        Arc::new(Balancers::new(rt.handle().clone(), api_l, Arc::new(move |m| event(&events, m)))?)
     };
+    crate::balancer::follow_deregistrations(Arc::downgrade(&balancers), cs.endpoint(), spec.region.clone());
     let gw = seg.gateway;
     cs.phase = "preparing the account (bucket, zone, image)".into();
     cs.save(state);
@@ -473,18 +475,20 @@ impl Daemon {
                 let service = l.tag("kubernetes.io/service-name").map(str::to_string);
                 let api = service.is_none() && l.port == 443 && !api_seen;
                 api_seen |= api;
+                let ids: BTreeMap<std::net::SocketAddr, String> = l
+                    .targets
+                    .iter()
+                    .filter_map(|(id, port)| Some((std::net::SocketAddr::new(*ips.get(id.as_str())?, u16::try_from(*port).ok()?), id.clone())))
+                    .collect();
                 Desired {
                     key: format!("{}:{}", l.load_balancer_arn, l.port),
                     name: format!("{}:{}", l.load_balancer, l.port),
                     service,
                     api,
-                    targets: l
-                        .targets
-                        .iter()
-                        .filter_map(|(id, port)| Some(std::net::SocketAddr::new(*ips.get(id.as_str())?, u16::try_from(*port).ok()?)))
-                        .collect(),
+                    targets: ids.keys().copied().collect(),
                     health: l.health,
                     deregistration_delay: l.deregistration_delay,
+                    target_group: Some(TargetGroupRef { arn: l.target_group_arn.clone(), port: l.target_group_port, ids }),
                 }
             })
             .collect();
