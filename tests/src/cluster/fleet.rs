@@ -98,6 +98,9 @@ pub struct Place {
     pub env: Environment,
 }
 
+/// Machine → (its boot priority's start, its cgroups).
+type Boosted = Arc<Mutex<BTreeMap<String, (Instant, Vec<PathBuf>)>>>;
+
 pub struct Fleet {
     pub place: Place,
     pub machines: Arc<Mutex<BTreeMap<String, Machine>>>,
@@ -115,7 +118,7 @@ pub struct Fleet {
     pub nudge: Nudge,
     /// Machines booting with priority ([`crate::cpu_model::CpuModel::BootPriority`]): since when,
     /// and their cgroups.
-    boosted: Arc<Mutex<BTreeMap<String, (Instant, Vec<PathBuf>)>>>,
+    boosted: Boosted,
 }
 
 /// Wakes a loop that sleeps between passes before its sleep is over.
