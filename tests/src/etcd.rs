@@ -107,6 +107,15 @@ pub fn count(init_pid: i64, ep: &Endpoint, prefix: &str) -> Option<u64> {
     Some(v["count"].as_u64().unwrap_or(0))
 }
 
+/// The keys under `prefix` by a linearizable read (`--consistency=l`): the member must confirm with
+/// a quorum that its data is current, so a member cut off from the others fails it rather than
+/// answering from its own (stale) copy — unlike [`count`].
+pub fn count_linearizable(init_pid: i64, ep: &Endpoint, prefix: &str) -> Result<u64, String> {
+    let out = etcdctl(init_pid, ep, &["get", prefix, "--prefix", "--keys-only", "--limit=1", "--consistency=l", "-w", "json"]).map_err(|e| e.to_string())?;
+    let v: serde_json::Value = serde_json::from_str(&out).map_err(|e| format!("etcdctl's answer: {e}"))?;
+    Ok(v["count"].as_u64().unwrap_or(0))
+}
+
 /// Write `n` keys `<prefix><i>` = `v<i>` in transactions of 100 (one etcdctl per transaction).
 pub fn write_keys(init_pid: i64, root: &Path, ep: &Endpoint, prefix: &str, n: u64) -> Result<(), String> {
     let mut i = 0;

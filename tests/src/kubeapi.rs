@@ -218,6 +218,19 @@ pub fn configmap_data(kubeconfig: &Path, namespace: &str, name: &str) -> Result<
     })
 }
 
+/// [`configmap_data`] from `target` (one API server rather than the load balancer), waiting at
+/// most 10 s.
+pub fn configmap_data_via(kubeconfig: &Path, target: &Target, namespace: &str, name: &str) -> Result<Option<BTreeMap<String, String>>, KubeApiError> {
+    rt()?.block_on(async {
+        let c = client(kubeconfig, target).await?;
+        let api = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(c, namespace);
+        match tokio::time::timeout(Duration::from_secs(10), api.get_opt(name)).await {
+            Ok(r) => r.map(|cm| cm.map(|c| c.data.unwrap_or_default())).map_err(api_err(format!("get configmap {namespace}/{name}"))),
+            Err(_) => Err(KubeApiError::Timeout { what: format!("get configmap {namespace}/{name}"), secs: 10 }),
+        }
+    })
+}
+
 /// The names of the ClusterRoleBindings.
 pub fn cluster_role_bindings(kubeconfig: &Path) -> Result<Vec<String>, KubeApiError> {
     rt()?.block_on(async {

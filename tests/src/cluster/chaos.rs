@@ -237,7 +237,7 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
         }
     }
     // partition: the victim is cut off, not replaced; the writes that go on meanwhile are checked too.
-    let (mut during, mut cut_off) = (0, None);
+    let (mut during, mut cut_off, mut backup) = (0, None, None);
     if scenario == Scenario::Partition {
         let (Some(cloud), Some(v)) = (&cloud, victims.pop()) else { bail!("partition: no victim") };
         during = cut_off_a_while(&kubeconfig, cloud, &v, &cps, &main, &key_prefix, &object_prefix, opts.timeout)?;
@@ -246,7 +246,9 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
     // store-outage: S3 goes away for every machine; a worker is replaced meanwhile.
     if scenario == Scenario::StoreOutage {
         let t = Instant::now();
-        during = store_out_a_while(&st, &cs, &kubeconfig, &cps, &main, &key_prefix, &object_prefix, opts)?;
+        let pending;
+        (during, pending) = store_out_a_while(&st, &cs, &kubeconfig, &cps, &main, &key_prefix, &object_prefix, opts)?;
+        backup = Some(pending);
         println!("chaos store-outage: the store is back after {:.1} s", t.elapsed().as_secs_f64());
     }
     // zone-down: the zone goes down first (no launch there completes), then everything in it dies.
@@ -378,6 +380,20 @@ pub fn chaos(spec_path: &std::path::Path, scenario: Scenario, opts: &ChaosOption
         }
         break Some(t0.elapsed().as_secs_f64());
     };
+    // store-outage: the backup asked for during the outage must be written once the store is back.
+    let healed = match (healed, backup) {
+        (Some(h), Some(b)) => match b.finish() {
+            Ok(line) => {
+                println!("chaos store-outage: backups resume: {line}");
+                Some(h)
+            }
+            Err(e) => {
+                status = format!("backups did not resume: {e}");
+                None
+            }
+        },
+        (h, _) => h,
+    };
     // What every member holds now, and the API.
     let cs = load()?;
     let mut intact = u64::MAX;
@@ -442,7 +458,9 @@ fn write_during(kubeconfig: &std::path::Path, m: &MachineInfo, main: &str, key_p
 /// worker right after (its replacement boots with no store: nodeup must wait and then join),
 /// write through the cluster meanwhile, and check that no agent (protokube, the kubelet,
 /// containerd) on a machine that lived through it restarted or spun (more than half a core of
-/// CPU over the outage). Returns the keys and ConfigMaps written during it.
+/// CPU over the outage), and ask for an etcd backup as an operator does meanwhile (`keelson etcd
+/// backup create`, which writes its request to the store and waits): protokube can take it only
+/// once the store is back. Returns the keys and ConfigMaps written during it, and the backup.
 #[allow(clippy::too_many_arguments)]
 fn store_out_a_while(
     st: &crate::paths::State,
@@ -453,7 +471,7 @@ fn store_out_a_while(
     key_prefix: &str,
     object_prefix: &str,
     opts: &ChaosOptions,
-) -> anyhow::Result<u64> {
+) -> anyhow::Result<(u64, PendingBackup)> {
     let survivors: Vec<MachineInfo> = cs.machines.iter().filter(|m| m.init_pid.is_some_and(crate::cmd::alive)).cloned().collect();
     let worker = survivors.iter().find(|m| m.role == "node").cloned();
     let before: Vec<AgentState> = survivors.iter().map(agent_state).collect();
@@ -470,12 +488,15 @@ fn store_out_a_while(
     let m = cps.first().ok_or_else(|| anyhow!("no control plane"))?;
     let n = write_during(kubeconfig, m, main, key_prefix, object_prefix, Duration::from_secs(120))?;
     println!("chaos store-outage: the cluster took {n} keys and {n} ConfigMaps {:.1} s into the outage", t.elapsed().as_secs_f64());
+    let backup = PendingBackup::ask(main, opts.outage + Duration::from_secs(300))?;
+    println!("chaos store-outage: keelson etcd backup create --etcd-cluster {main}: asked {:.1} s into the outage", t.elapsed().as_secs_f64());
     while t.elapsed() < opts.outage {
         std::thread::sleep(Duration::from_millis(500));
     }
     let after: Vec<AgentState> = survivors.iter().filter(|m| Some(&m.instance_id) != worker.as_ref().map(|w| &w.instance_id)).map(agent_state).collect();
     let window = t.elapsed().as_secs_f64();
     gate.clear()?;
+    let backup = PendingBackup { back_at: Some(Instant::now()), ..backup };
     let (mut problems, mut cpu) = (Vec::new(), Vec::new());
     for a in &after {
         let Some(b) = before.iter().find(|b| b.instance_id == a.instance_id) else { continue };
@@ -497,7 +518,51 @@ fn store_out_a_while(
         after.len(),
         cpu.join(", ")
     );
-    Ok(n)
+    Ok((n, backup))
+}
+
+/// `keelson etcd backup create` running on a thread of its own: its output and when it ended.
+struct PendingBackup {
+    waiting: std::thread::JoinHandle<(std::io::Result<std::process::Output>, Instant)>,
+    /// When the store came back.
+    back_at: Option<Instant>,
+}
+
+impl PendingBackup {
+    fn ask(etcd_cluster: &str, timeout: Duration) -> anyhow::Result<PendingBackup> {
+        let child = super::selfheal::operator_keelson(&["etcd", "backup", "create"])?
+            .args(["--etcd-cluster", etcd_cluster, "--timeout", &format!("{}s", timeout.as_secs())])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| anyhow!("keelson etcd backup create: {e}"))?;
+        let waiting = std::thread::spawn(move || {
+            let out = child.wait_with_output();
+            (out, Instant::now())
+        });
+        Ok(PendingBackup { waiting, back_at: None })
+    }
+
+    /// Wait for the command (bounded by its `--timeout`): what it wrote, and how long after the
+    /// store came back it ended — or why it failed.
+    fn finish(self) -> Result<String, String> {
+        let (out, ended) = self.waiting.join().map_err(|_| "the waiting thread panicked".to_string())?;
+        let out = out.map_err(|e| format!("keelson etcd backup create: {e}"))?;
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        if !out.status.success() {
+            return Err(format!("keelson etcd backup create failed: {}", text.trim()));
+        }
+        let after = match self.back_at {
+            Some(back) if ended >= back => format!("{:.1} s after the store came back", (ended - back).as_secs_f64()),
+            _ => "before the store came back (it should not have been able to)".into(),
+        };
+        let created = String::from_utf8_lossy(&out.stdout).lines().find(|l| l.starts_with("created backup")).unwrap_or_default().to_string();
+        if self.back_at.is_none_or(|back| ended < back) {
+            return Err(format!("the backup was written {after}: {created}"));
+        }
+        Ok(format!("the backup asked for during the outage was written {after}: {created}"))
+    }
 }
 
 /// An agent's restarts (systemd's `NRestarts` of protokube, the kubelet and containerd) and
@@ -604,7 +669,12 @@ fn cut_off_a_while(
     }
     let m = peers.first().ok_or_else(|| anyhow!("no majority"))?;
     let n = write_during(kubeconfig, m, main, key_prefix, object_prefix, Duration::from_secs(60))?;
+    let reads = super::partition::stale_reads_refused(kubeconfig, victim, main, &format!("{key_prefix}during/"), n, &format!("{object_prefix}-during-0"));
     cut.heal()?;
+    match reads {
+        Ok(line) => println!("chaos partition: {line}"),
+        Err(e) => bail!("chaos partition: {e}"),
+    }
     println!("chaos partition: the majority took {n} keys and {n} ConfigMaps; cut healed after {:.1} s", t.elapsed().as_secs_f64());
     Ok(n)
 }

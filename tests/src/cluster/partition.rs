@@ -194,6 +194,31 @@ fn first_line(s: &str) -> String {
     s.lines().next().unwrap_or_default().chars().take(160).collect()
 }
 
+/// No stale read while the cut lasts: `keys` keys under `keys_prefix` and the ConfigMap `object`
+/// were written through the majority during the cut. Read straight from the cut-off member, a
+/// linearizable etcd read and a plain API `GET` (what clients send) must fail or see them, never
+/// answer from its old copy. Its serializable read shows what that old copy holds (what a stale
+/// read would have served; it must differ for the check to mean anything). Returns the line to
+/// print, or what was stale.
+pub fn stale_reads_refused(kubeconfig: &Path, victim: &MachineInfo, main: &str, keys_prefix: &str, keys: u64, object: &str) -> Result<String, String> {
+    let pid = victim.init_pid.ok_or_else(|| format!("{}: no machine", victim.instance_id))?;
+    let ep = etcd::endpoint(&victim.root, main).ok_or_else(|| format!("no etcd-{main} manifest on {}", victim.instance_id))?;
+    let local = etcd::count(pid, &ep, keys_prefix);
+    let etcd_read = match etcd::count_linearizable(pid, &ep, keys_prefix) {
+        Ok(n) if n == keys => format!("its linearizable etcd read saw all {n} keys"),
+        Ok(n) => return Err(format!("STALE READ: a linearizable etcd read on the cut-off member answered {n}/{keys} keys")),
+        Err(e) => format!("its linearizable etcd read refused ({})", first_line(&e)),
+    };
+    let direct = Target { server: Some(format!("https://{}", victim.ip)), tls_server_name: None };
+    let api_read = match kubeapi::configmap_data_via(kubeconfig, &direct, super::selfheal::OBJECT_NAMESPACE, object) {
+        Ok(Some(_)) => format!("a GET of {object} straight to its API server saw it"),
+        Ok(None) => return Err(format!("STALE READ: the cut-off API server answered that {object} (written through the majority) does not exist")),
+        Err(e) => format!("a GET of {object} straight to its API server refused ({})", first_line(&e.to_string())),
+    };
+    let own = local.map(|n| format!("{n}/{keys}")).unwrap_or_else(|| "unreadable".into());
+    Ok(format!("no stale read: {etcd_read}; {api_read} (its own copy holds {own} of the keys: what a stale read would serve)"))
+}
+
 /// The victim is back: in the API target group and ready.
 pub fn rejoined(kubeconfig: &Path, cloud: &Cloud, victim: &MachineInfo) -> Result<(), String> {
     let direct = Target { server: Some(format!("https://{}", victim.ip)), tls_server_name: None };

@@ -34,20 +34,23 @@ pub(super) fn random_index(n: usize) -> usize {
     (u64::from_le_bytes(b) % n.max(1) as u64) as usize
 }
 
+/// `keelson SUBCOMMAND… -f <the local spec>` as an operator runs it, in `keelson-local env`'s
+/// environment; the caller adds the rest of the arguments.
+pub(super) fn operator_keelson(subcommand: &[&str]) -> anyhow::Result<Command> {
+    let exports = env_exports()?;
+    let keelson = mirror::bin_dir().join("keelson");
+    let mut c = Command::new("sh");
+    c.args(["-c", r#"eval "$1"; shift; exec "$@""#, "sh", &exports]).arg(&keelson).args(subcommand).arg("-f").arg(state().root.join("spec.yaml"));
+    Ok(c)
+}
+
 /// `keelson validate cluster --wait WAIT` on the local spec, as an operator runs it (in
 /// `keelson-local env`): whether it passed, and `valid` or its output.
 pub(super) fn validate_cluster(wait: Duration) -> anyhow::Result<(bool, String)> {
-    let exports = env_exports()?;
-    let keelson = mirror::bin_dir().join("keelson");
-    let spec_file = state().root.join("spec.yaml");
-    let v = Command::new("sh")
-        .args(["-c", r#"eval "$1"; shift; exec "$@""#, "sh", &exports])
-        .arg(&keelson)
-        .args(["validate", "cluster", "-f"])
-        .arg(&spec_file)
+    let v = operator_keelson(&["validate", "cluster"])?
         .args(["--wait", &format!("{}s", wait.as_secs())])
         .output()
-        .with_context(|| format!("running {}", keelson.display()))?;
+        .with_context(|| format!("running {}", mirror::bin_dir().join("keelson").display()))?;
     let ok = v.status.success();
     let verdict = if ok { "valid".to_string() } else { format!("NOT valid:\n{}{}", String::from_utf8_lossy(&v.stdout), String::from_utf8_lossy(&v.stderr)) };
     Ok((ok, verdict))
