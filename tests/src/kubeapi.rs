@@ -136,6 +136,8 @@ pub struct NodeState {
     pub os_image: String,
     /// When the Ready condition last changed (unix seconds).
     pub ready_since: Option<i64>,
+    /// When the kubelet last posted the Ready condition (its `lastHeartbeatTime`, unix seconds).
+    pub ready_heartbeat: Option<i64>,
     /// The Ready condition's `reason: message` (why a Node is not Ready).
     pub ready_reason: String,
 }
@@ -164,6 +166,7 @@ pub fn nodes(kubeconfig: &Path) -> Result<BTreeMap<String, NodeState>, KubeApiEr
                 let ready_condition = conditions.iter().find(|c| c.type_ == "Ready");
                 let ready = ready_condition.is_some_and(|c| c.status == "True");
                 let ready_since = ready_condition.and_then(|c| c.last_transition_time.as_ref()).map(|t| t.0.as_second());
+                let ready_heartbeat = ready_condition.and_then(|c| c.last_heartbeat_time.as_ref()).map(|t| t.0.as_second());
                 let ready_reason = ready_condition
                     .map(|c| format!("{}: {}", c.reason.as_deref().unwrap_or_default(), c.message.as_deref().unwrap_or_default()))
                     .unwrap_or_else(|| "no Ready condition".into());
@@ -181,6 +184,7 @@ pub fn nodes(kubeconfig: &Path) -> Result<BTreeMap<String, NodeState>, KubeApiEr
                     kubelet_version,
                     os_image,
                     ready_since,
+                    ready_heartbeat,
                     ready_reason,
                 };
                 (n.metadata.name.unwrap_or_default(), state)

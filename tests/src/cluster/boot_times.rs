@@ -117,6 +117,7 @@ mod tests {
             kubelet_version: String::new(),
             os_image: String::new(),
             ready_since: since,
+            ready_heartbeat: None,
             ready_reason: String::new(),
         }
     }

@@ -99,7 +99,7 @@ pub struct Place {
 }
 
 /// Machine → (its boot priority's start, its cgroups).
-type Boosted = Arc<Mutex<BTreeMap<String, (Instant, Vec<PathBuf>)>>>;
+type Boosted = Arc<Mutex<BTreeMap<String, (SystemTime, Vec<PathBuf>)>>>;
 
 pub struct Fleet {
     pub place: Place,
@@ -249,7 +249,7 @@ impl Fleet {
                     Ok(dirs) => {
                         event(&events, format!("{id}: CPU model {cpu_model}: CPU weight {} until its Node is Ready", cpu_model.launch_shares()));
                         if let Ok(mut b) = boosted.lock() {
-                            b.insert(id.clone(), (t0, dirs));
+                            b.insert(id.clone(), (SystemTime::now(), dirs));
                         }
                     }
                     Err(e) => event(&events, format!("{id}: CPU model {cpu_model} not applied: {e}")),
@@ -280,8 +280,9 @@ impl Fleet {
     /// Watch the machines booting with priority, on a thread of its own (the API may not answer
     /// for a while, and the reconcile loop must not wait for it): every 2 s, while one has it, read
     /// the Nodes from the API at `kubeconfig` and end the priority of each machine whose Node is
-    /// Ready (by its IP), whose priority is older than its limit, or which is gone: its cgroups
-    /// get the default CPU weight again. Ends with the fleet.
+    /// Ready (by its IP, posted by a kubelet since the priority began: a replacement may take over
+    /// its predecessor's IP and Node, still Ready for a while), whose priority is older than its
+    /// limit, or which is gone: its cgroups get the default CPU weight again. Ends with the fleet.
     pub fn watch_boot_priority(&self, kubeconfig: PathBuf) {
         let (boosted, machines, starting, events) = (Arc::downgrade(&self.boosted), self.machines.clone(), self.starting.clone(), self.events.clone());
         std::thread::spawn(move || loop {
@@ -290,21 +291,25 @@ impl Fleet {
             if boosted.lock().map(|b| b.is_empty()).unwrap_or(true) {
                 continue;
             }
-            let ready_ips: BTreeSet<String> =
-                crate::kubeapi::nodes(&kubeconfig).map(|n| n.into_values().filter(|n| n.ready).filter_map(|n| n.internal_ip).collect()).unwrap_or_default();
+            // Ready Nodes: IP → when their kubelet last posted it.
+            let ready: BTreeMap<String, i64> = crate::kubeapi::nodes(&kubeconfig)
+                .map(|n| n.into_values().filter(|n| n.ready).filter_map(|n| Some((n.internal_ip?, n.ready_heartbeat.unwrap_or(0)))).collect())
+                .unwrap_or_default();
             let ips: BTreeMap<String, String> = machines.lock().map(|m| m.iter().map(|(id, m)| (id.clone(), m.info.ip.clone())).collect()).unwrap_or_default();
             let starting = starting.lock().map(|s| s.clone()).unwrap_or_default();
             let Ok(mut boosted) = boosted.lock() else { return };
             boosted.retain(|id, (since, dirs)| {
                 let alive = ips.contains_key(id) || starting.contains(id);
-                let ready = ips.get(id).is_some_and(|ip| ready_ips.contains(ip));
-                let Some(why) = crate::cpu_model::priority_ends(ready, since.elapsed(), alive) else { return true };
+                let since_unix = since.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+                let ready = ips.get(id).and_then(|ip| ready.get(ip)).is_some_and(|posted| *posted >= since_unix);
+                let age = since.elapsed().unwrap_or_default();
+                let Some(why) = crate::cpu_model::priority_ends(ready, age, alive) else { return true };
                 if alive {
                     if let Err(e) = crate::cgroups::set_cpu_shares(dirs, crate::cgroups::DEFAULT_CPU_SHARES) {
                         event(&events, format!("{id}: CPU weight not reset: {e}"));
                     }
                 }
-                event(&events, format!("{id}: boot priority ended after {:.1} s ({why})", since.elapsed().as_secs_f64()));
+                event(&events, format!("{id}: boot priority ended after {:.1} s ({why})", age.as_secs_f64()));
                 false
             });
         });

@@ -287,6 +287,7 @@ mod tests {
             kubelet_version: String::new(),
             os_image: String::new(),
             ready_since: None,
+            ready_heartbeat: None,
             ready_reason: String::new(),
         }
     }
