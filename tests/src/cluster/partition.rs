@@ -207,7 +207,8 @@ pub fn stale_reads_refused(kubeconfig: &Path, victim: &MachineInfo, main: &str, 
     let etcd_read = match etcd::count_linearizable(pid, &ep, keys_prefix) {
         Ok(n) if n == keys => format!("its linearizable etcd read saw all {n} keys"),
         Ok(n) => return Err(format!("STALE READ: a linearizable etcd read on the cut-off member answered {n}/{keys} keys")),
-        Err(e) => format!("its linearizable etcd read refused ({})", first_line(&e)),
+        // etcdctl's own words are its error's last line (the command comes first).
+        Err(e) => format!("its linearizable etcd read refused ({})", first_line(e.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default())),
     };
     let direct = Target { server: Some(format!("https://{}", victim.ip)), tls_server_name: None };
     let api_read = match kubeapi::configmap_data_via(kubeconfig, &direct, super::selfheal::OBJECT_NAMESPACE, object) {
