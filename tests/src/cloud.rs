@@ -196,10 +196,22 @@ impl Cloud {
         CloudError::Api { endpoint: self.endpoint.clone(), op, message: message.chars().take(400).collect() }
     }
 
+    /// Every instance, all pages: EC2 (and moto, at 100 reservations) pages `DescribeInstances`, so
+    /// one call stops seeing new instances once enough terminated ones are listed before them (the
+    /// 100-cycle soak's 97th replacement was never booted).
     pub fn instances(&self) -> Result<Vec<Instance>, CloudError> {
-        let out = self.rt.block_on(self.ec2.describe_instances().send()).map_err(|e| self.err("DescribeInstances", e))?;
+        let mut reservations = Vec::new();
+        let mut token: Option<String> = None;
+        for _page in 0..1000 {
+            let out = self.rt.block_on(self.ec2.describe_instances().set_next_token(token.take()).send()).map_err(|e| self.err("DescribeInstances", e))?;
+            token = out.next_token().filter(|t| !t.is_empty()).map(str::to_string);
+            reservations.extend(out.reservations.unwrap_or_default());
+            if token.is_none() {
+                break;
+            }
+        }
         let mut v = Vec::new();
-        for r in out.reservations() {
+        for r in &reservations {
             for i in r.instances() {
                 let nic = i.network_interfaces().first();
                 v.push(Instance {
