@@ -248,23 +248,17 @@ impl Volumes for Ec2 {
         for (k, v) in &f.tags {
             filters.push(filter(&format!("tag:{k}"), v));
         }
-        let mut out = Vec::new();
-        let mut next: Option<String> = None;
-        loop {
-            let resp = self
-                .client
-                .describe_volumes()
-                .set_filters(Some(filters.clone()))
-                .set_next_token(next.take())
-                .send()
-                .await
-                .map_err(|e| api_err("DescribeVolumes", "", e))?;
-            out.extend(resp.volumes().iter().map(volume_from));
-            match resp.next_token() {
-                Some(t) if !t.is_empty() => next = Some(t.to_string()),
-                _ => break,
-            }
-        }
+        let volumes = self
+            .client
+            .describe_volumes()
+            .set_filters(Some(filters))
+            .into_paginator()
+            .items()
+            .send()
+            .try_collect()
+            .await
+            .map_err(|e| api_err("DescribeVolumes", "", e))?;
+        let mut out: Vec<_> = volumes.iter().map(volume_from).collect();
         // Belt and braces: never trust the server-side zone filter alone.
         if let Some(z) = &f.zone {
             out.retain(|v| &v.zone == z);
@@ -301,43 +295,36 @@ impl Instances for Ec2 {
             return Ok(Vec::new());
         }
         // Filter by instance-id rather than InstanceIds so an unknown id is "absent", not an error.
+        let reservations = self
+            .client
+            .describe_instances()
+            .filters(Filter::builder().name("instance-id").set_values(Some(ids.to_vec())).build())
+            .into_paginator()
+            .items()
+            .send()
+            .try_collect()
+            .await
+            .map_err(|e| api_err("DescribeInstances", &ids.join(","), e))?;
         let mut out = Vec::new();
-        let mut next: Option<String> = None;
-        loop {
-            let resp = self
-                .client
-                .describe_instances()
-                .filters(Filter::builder().name("instance-id").set_values(Some(ids.to_vec())).build())
-                .set_next_token(next.take())
-                .send()
-                .await
-                .map_err(|e| api_err("DescribeInstances", &ids.join(","), e))?;
-            for r in resp.reservations() {
-                for i in r.instances() {
-                    let state = match i.state().and_then(|s| s.name()).map(|n| n.as_str()) {
-                        Some("pending") => InstanceState::Pending,
-                        Some("running") => InstanceState::Running,
-                        Some("shutting-down") => InstanceState::ShuttingDown,
-                        Some("terminated") => InstanceState::Terminated,
-                        Some("stopping") => InstanceState::Stopping,
-                        Some("stopped") => InstanceState::Stopped,
-                        _ => InstanceState::Unknown,
-                    };
-                    out.push(Instance {
-                        id: i.instance_id().unwrap_or_default().to_string(),
-                        state,
-                        zone: i.placement().and_then(|p| p.availability_zone()).map(str::to_string),
-                        private_ip: i.private_ip_address().map(str::to_string),
-                        public_ip: i.public_ip_address().map(str::to_string),
-                        devices: i.block_device_mappings().iter().filter_map(|b| b.device_name().map(str::to_string)).collect(),
-                        group: i.tags().iter().find(|t| t.key() == Some(ASG_TAG)).and_then(|t| t.value()).map(str::to_string),
-                    });
-                }
-            }
-            match resp.next_token() {
-                Some(t) if !t.is_empty() => next = Some(t.to_string()),
-                _ => break,
-            }
+        for i in reservations.iter().flat_map(|r| r.instances()) {
+            let state = match i.state().and_then(|s| s.name()).map(|n| n.as_str()) {
+                Some("pending") => InstanceState::Pending,
+                Some("running") => InstanceState::Running,
+                Some("shutting-down") => InstanceState::ShuttingDown,
+                Some("terminated") => InstanceState::Terminated,
+                Some("stopping") => InstanceState::Stopping,
+                Some("stopped") => InstanceState::Stopped,
+                _ => InstanceState::Unknown,
+            };
+            out.push(Instance {
+                id: i.instance_id().unwrap_or_default().to_string(),
+                state,
+                zone: i.placement().and_then(|p| p.availability_zone()).map(str::to_string),
+                private_ip: i.private_ip_address().map(str::to_string),
+                public_ip: i.public_ip_address().map(str::to_string),
+                devices: i.block_device_mappings().iter().filter_map(|b| b.device_name().map(str::to_string)).collect(),
+                group: i.tags().iter().find(|t| t.key() == Some(ASG_TAG)).and_then(|t| t.value()).map(str::to_string),
+            });
         }
         out.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(out)

@@ -174,27 +174,20 @@ pub async fn group_status(
         .collect();
     // Instances a surge detached from the group (an interrupted run's): found by their tags, always
     // outdated, last.
-    // Every page: EC2 pages a filtered DescribeInstances too.
-    let mut detached = Vec::new();
-    let mut token: Option<String> = None;
-    for _page in 0..1000 {
-        let out = t
-            .ec2
-            .describe_instances()
-            .filters(aws_sdk_ec2::types::Filter::builder().name("tag-key").values(DETACHED_TAG).build())
-            .filters(aws_sdk_ec2::types::Filter::builder().name("tag:kops.k8s.io/instancegroup").values(group).build())
-            .filters(aws_sdk_ec2::types::Filter::builder().name("tag:Name").values(name).build())
-            .filters(aws_sdk_ec2::types::Filter::builder().name("instance-state-name").values("pending").values("running").build())
-            .set_next_token(token.take())
-            .send()
-            .await
-            .map_err(|e| api("DescribeInstances", name, e))?;
-        token = out.next_token().filter(|t| !t.is_empty()).map(str::to_string);
-        detached.extend(out.reservations.unwrap_or_default());
-        if token.is_none() {
-            break;
-        }
-    }
+    // Every page (the SDK's paginator): EC2 pages a filtered DescribeInstances too.
+    let detached = t
+        .ec2
+        .describe_instances()
+        .filters(aws_sdk_ec2::types::Filter::builder().name("tag-key").values(DETACHED_TAG).build())
+        .filters(aws_sdk_ec2::types::Filter::builder().name("tag:kops.k8s.io/instancegroup").values(group).build())
+        .filters(aws_sdk_ec2::types::Filter::builder().name("tag:Name").values(name).build())
+        .filters(aws_sdk_ec2::types::Filter::builder().name("instance-state-name").values("pending").values("running").build())
+        .into_paginator()
+        .items()
+        .send()
+        .try_collect()
+        .await
+        .map_err(|e| api("DescribeInstances", name, e))?;
     for i in detached.iter().flat_map(|r| r.instances()) {
         let Some(id) = i.instance_id() else { continue };
         if instances.iter().any(|x| x.id == id) {

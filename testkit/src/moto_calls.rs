@@ -51,9 +51,23 @@ pub struct Recorded {
     /// A form or JSON body (else empty).
     #[serde(default)]
     pub body: String,
+    /// A form or JSON body's Content-Length, as the client declared it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declared: Option<u64>,
+    /// The bytes of that body moto read (absent when it kept none: empty, or over 1 MiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub received: Option<u64>,
 }
 
 impl Recorded {
+    /// The client went away before its whole body arrived: AWS would never have served it (the
+    /// signature covers the body), so it is no call to authorise. Why the oracle reports it apart.
+    pub fn incomplete(&self) -> Option<String> {
+        match (self.declared, self.received) {
+            (Some(d), Some(r)) if r < d => Some(format!("{self}: {r} of the {d} bytes its Content-Length declared arrived")),
+            _ => None,
+        }
+    }
     fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).map(String::as_str)
     }
@@ -229,7 +243,15 @@ pub fn call(r: &Recorded, signer: &Signer) -> Result<Call, String> {
         match signer.service.as_str() {
             "s3" => s3_operation(&r.method, &percent_encoding::percent_decode_str(&path).decode_utf8_lossy(), &query)?.to_string(),
             "route53" => route53_operation(&r.method, &path)?.to_string(),
-            s => return Err(format!("{r}: a {s} request with neither Action nor X-Amz-Target")),
+            s => {
+                return Err(format!(
+                    "{r}: a {s} request with neither Action nor X-Amz-Target (Content-Type {:?}, body of {} bytes, declared {:?}, received {:?})",
+                    r.header("content-type").unwrap_or(""),
+                    r.body.len(),
+                    r.declared,
+                    r.received
+                ))
+            }
         }
     };
     Ok(Call {
@@ -283,6 +305,8 @@ pub struct Report {
     pub denied: Vec<Finding>,
     /// Requests of a role the oracle could not map to an action: `(role, request, why)`.
     pub unmapped: Vec<(String, String, String)>,
+    /// Requests of a role whose body never wholly arrived (never served): `(role, why)`.
+    pub incomplete: Vec<(String, String)>,
     /// Credentials STS issued for service-account tokens ([`crate::web_identity`]).
     pub web_identities: usize,
     /// Those STS would have refused: `(access key, why)`.
@@ -298,7 +322,7 @@ impl Report {
     pub fn summary(&self) -> String {
         let roles: Vec<String> = self.per_role.iter().map(|(r, n)| format!("{r}={n}")).collect();
         format!(
-            "IAM oracle: {} of {} requests to moto signed by instance and service-account roles ({}), {} web-identity credentials ({} STS would refuse), {} authorisations, {} denied, {} unmapped",
+            "IAM oracle: {} of {} requests to moto signed by instance and service-account roles ({}), {} web-identity credentials ({} STS would refuse), {} authorisations, {} denied, {} unmapped, {} cut off before their body arrived",
             self.by_roles,
             self.requests,
             roles.join(" "),
@@ -306,7 +330,8 @@ impl Report {
             self.refused_web_identities.len(),
             self.authorizations,
             self.denied.iter().map(|d| d.count).sum::<usize>(),
-            self.unmapped.len()
+            self.unmapped.len(),
+            self.incomplete.len()
         )
     }
 }
@@ -319,6 +344,9 @@ impl fmt::Display for Report {
         }
         for (role, request, why) in &self.unmapped {
             writeln!(f, "  UNMAPPED request of {role}: {request}: {why}")?;
+        }
+        for (role, why) in &self.incomplete {
+            writeln!(f, "  CUT OFF request of {role} (never served, not checked): {why}")?;
         }
         for (key, why) in &self.refused_web_identities {
             writeln!(f, "  REFUSED web identity {key}: {why}")?;
@@ -345,6 +373,10 @@ pub fn check(records: &[Recorded], ids: &Identities<'_>) -> Report {
         let Some(role) = ids.roles.get(&s.access_key) else { continue };
         report.by_roles += 1;
         *report.per_role.entry(role.clone()).or_default() += 1;
+        if let Some(why) = r.incomplete() {
+            report.incomplete.push((role.clone(), why));
+            continue;
+        }
         let c = match call(r, &s) {
             Ok(c) => c,
             Err(why) => {
@@ -382,7 +414,7 @@ mod tests {
         for (k, v) in extra {
             headers.insert(k.to_string(), v.to_string());
         }
-        Recorded { method: method.into(), url: url.into(), headers, body: body.into() }
+        Recorded { method: method.into(), url: url.into(), headers, body: body.into(), ..Default::default() }
     }
 
     #[test]

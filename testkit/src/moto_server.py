@@ -83,7 +83,8 @@ has a test that fails without it.
    `headers` (the ones that say who signed the request and what it asks: `Authorization`,
    `X-Amz-Target`, `Content-Type`, `Host`) and `body` (only a form or JSON body of at most 1 MiB —
    the Query and JSON protocols carry their action and parameters there; S3 objects are never
-   kept). The IAM oracle (`testkit/src/moto_calls.rs`) checks each against the policy of the role
+   kept), with the body's `declared` Content-Length and the bytes `received` (fewer when the client
+   went away mid-request: such a request was never served, see `Recorded::incomplete`). The IAM oracle (`testkit/src/moto_calls.rs`) checks each against the policy of the role
    whose credentials signed it. Through moto's own recording hook (`Recorder._record_request`,
    called for every request of every service before it is handled), under a lock, so lines of
    concurrent requests never interleave. Test: testkit/tests/moto_calls.rs.
@@ -314,16 +315,20 @@ def _record_call(self, request, body=None):
     headers = {k.lower(): v for k, v in request.headers.items() if k.lower() in _CALL_HEADERS}
     kind = headers.get("content-type", "")
     text = ""
+    record = {"method": request.method, "url": request.raw_url, "headers": headers}
     if "x-www-form-urlencoded" in kind or "json" in kind:
         try:
             size = int(request.headers.get("Content-Length", "0"))
         except ValueError:
             size = 0
+        record["declared"] = size
         if 0 < size <= _MAX_CALL_BODY:
             raw = request.environ["wsgi.input"].read(size)
             request.environ["wsgi.input"] = io.BytesIO(raw)
             text = raw.decode("utf-8", "replace")
-    line = json.dumps({"method": request.method, "url": request.raw_url, "headers": headers, "body": text})
+            record["received"] = len(raw)
+    record["body"] = text
+    line = json.dumps(record)
     with _calls_lock:
         with open(_calls_file, "a") as f:
             f.write(line + "\n")

@@ -131,3 +131,43 @@ fn moto_records_every_request_with_its_signer() {
     assert_eq!(records.iter().filter(|r| signer(r).is_none()).count(), 1, "moto's own warm-up request, unsigned: {text}");
     assert!(parse(&text).is_ok());
 }
+
+/// A client that goes away after its headers (a machine killed mid-request) leaves moto a request
+/// whose body never arrived: the record says how much did, and the oracle reports it as cut off —
+/// not as an unmappable call, not as a call it allowed (AWS never serves a body its signature does
+/// not cover). A whole request with no Action is still unmapped.
+#[test]
+fn a_request_cut_off_before_its_body_is_reported_apart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let calls = dir.path().join("calls.jsonl");
+    let moto = testkit::moto::Moto::start_recording(&dir.path().join("moto.log"), &calls).unwrap_or_else(|e| panic!("this test needs moto: {e}"));
+    let auth = "Authorization: AWS4-HMAC-SHA256 Credential=ASIAX/20261202/eu-west-1/ec2/aws4_request, SignedHeaders=host, Signature=0\r\n";
+    let send = |declared: usize, body: &str| {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", moto.port)).expect("connect");
+        write!(
+            s,
+            "POST / HTTP/1.1\r\n{auth}Content-Type: application/x-www-form-urlencoded\r\nHost: 127.0.0.1:{}\r\nContent-Length: {declared}\r\nConnection: close\r\n\r\n{body}",
+            moto.port
+        )
+        .expect("send");
+        s.shutdown(std::net::Shutdown::Write).expect("half-close");
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+    };
+    let body = "Action=DescribeVolumes&Version=2016-11-15";
+    send(body.len(), "");
+    send(body.len(), &body[..10]);
+    send(12, "Version=2016");
+    let records: Vec<Recorded> = read(&calls).expect("the record").into_iter().filter(|r| signer(r).is_some()).collect();
+    assert_eq!(records.len(), 3, "{records:#?}");
+    assert_eq!(records.iter().map(|r| (r.declared, r.received)).collect::<Vec<_>>(), [(Some(41), Some(0)), (Some(41), Some(10)), (Some(12), Some(12))]);
+    let roles = BTreeMap::from([("ASIAX".to_string(), "masters.c".to_string())]);
+    let policies = BTreeMap::from([("masters.c".to_string(), vec![json!({"Statement": [{"Effect": "Allow", "Action": "ec2:*", "Resource": "*"}]})])]);
+    let no_tags = |_: &str| BTreeMap::new();
+    let r = check(&records, &Identities { roles: &roles, policies: &policies, account: "123456789012", tags: &no_tags });
+    let text = r.to_string();
+    assert_eq!((r.incomplete.len(), r.unmapped.len(), r.authorizations), (2, 1, 0), "{text}");
+    assert!(text.contains("0 of the 41 bytes") && text.contains("10 of the 41 bytes"), "{text}");
+    assert!(text.contains("neither Action nor X-Amz-Target") && text.contains("declared Some(12), received Some(12)"), "{text}");
+    assert!(!r.clean(), "the whole request with no Action still fails the oracle");
+}

@@ -200,16 +200,8 @@ impl Cloud {
     /// one call stops seeing new instances once enough terminated ones are listed before them (the
     /// 100-cycle soak's 97th replacement was never booted).
     pub fn instances(&self) -> Result<Vec<Instance>, CloudError> {
-        let mut reservations = Vec::new();
-        let mut token: Option<String> = None;
-        for _page in 0..1000 {
-            let out = self.rt.block_on(self.ec2.describe_instances().set_next_token(token.take()).send()).map_err(|e| self.err("DescribeInstances", e))?;
-            token = out.next_token().filter(|t| !t.is_empty()).map(str::to_string);
-            reservations.extend(out.reservations.unwrap_or_default());
-            if token.is_none() {
-                break;
-            }
-        }
+        let reservations =
+            self.rt.block_on(self.ec2.describe_instances().into_paginator().items().send().try_collect()).map_err(|e| self.err("DescribeInstances", e))?;
         let mut v = Vec::new();
         for r in &reservations {
             for i in r.instances() {
@@ -594,18 +586,13 @@ impl Cloud {
     /// ARN), for the `aws:ResourceTag/…` condition keys.
     pub fn resource_tags(&self) -> Result<BTreeMap<String, BTreeMap<String, String>>, CloudError> {
         let mut out: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-        let mut token: Option<String> = None;
-        for _page in 0..1000 {
-            let out_page =
-                self.rt.block_on(self.ec2.describe_tags().set_next_token(token.clone()).max_results(1000).send()).map_err(|e| self.err("DescribeTags", e))?;
-            for t in out_page.tags() {
-                if let (Some(id), Some(k)) = (t.resource_id(), t.key()) {
-                    out.entry(id.to_string()).or_default().insert(k.to_string(), t.value().unwrap_or_default().to_string());
-                }
-            }
-            token = out_page.next_token().filter(|t| !t.is_empty()).map(str::to_string);
-            if token.is_none() {
-                break;
+        let tags = self
+            .rt
+            .block_on(self.ec2.describe_tags().max_results(1000).into_paginator().items().send().try_collect())
+            .map_err(|e| self.err("DescribeTags", e))?;
+        for t in &tags {
+            if let (Some(id), Some(k)) = (t.resource_id(), t.key()) {
+                out.entry(id.to_string()).or_default().insert(k.to_string(), t.value().unwrap_or_default().to_string());
             }
         }
         let lbs = self.rt.block_on(self.elb.describe_load_balancers().send()).map_err(|e| self.err("DescribeLoadBalancers", e))?;

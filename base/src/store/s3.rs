@@ -215,27 +215,20 @@ async fn list_modified(
 ) -> Result<Vec<(String, Option<time::OffsetDateTime>)>, StoreError> {
     let full = super::config_base::s3_key(prefix, rel_prefix);
     let mut out = Vec::new();
-    let mut token: Option<String> = None;
-    // Bounded: 1000 pages of 1000 keys.
-    for _ in 0..1000 {
-        let resp = client
-            .list_objects_v2()
-            .bucket(bucket)
-            .prefix(&full)
-            .set_continuation_token(token.clone())
-            .send()
-            .await
-            .map_err(|e| err("ListObjectsV2", bucket, &full, e.into_service_error()))?;
-        for o in resp.contents() {
-            if let Some(k) = o.key() {
-                let rel = if prefix.is_empty() { k } else { k.strip_prefix(&format!("{prefix}/")).unwrap_or(k) };
-                let modified = o.last_modified().and_then(|t| time::OffsetDateTime::from_unix_timestamp(t.secs()).ok());
-                out.push((rel.to_string(), modified));
-            }
-        }
-        token = resp.next_continuation_token().map(str::to_string);
-        if token.is_none() {
-            break;
+    let objects = client
+        .list_objects_v2()
+        .bucket(bucket)
+        .prefix(&full)
+        .into_paginator()
+        .send()
+        .try_collect()
+        .await
+        .map_err(|e| err("ListObjectsV2", bucket, &full, e.into_service_error()))?;
+    for o in objects.iter().flat_map(|page| page.contents()) {
+        if let Some(k) = o.key() {
+            let rel = if prefix.is_empty() { k } else { k.strip_prefix(&format!("{prefix}/")).unwrap_or(k) };
+            let modified = o.last_modified().and_then(|t| time::OffsetDateTime::from_unix_timestamp(t.secs()).ok());
+            out.push((rel.to_string(), modified));
         }
     }
     out.sort();

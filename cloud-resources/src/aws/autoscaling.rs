@@ -12,7 +12,7 @@ use super::load_balancer::TargetGroup;
 use super::network::Subnet;
 use super::task::{AwsFuture, AwsTask, Exec, Typed};
 use super::terraform::AwsTerraform;
-use super::{api, name_of, resolve_all, AwsError, AwsTarget, Discovered, Ids, Resolved, MAX_PAGES};
+use super::{api, name_of, resolve_all, AwsError, AwsTarget, Discovered, Ids, Resolved};
 use crate::model::ClusterModel;
 use crate::plan::{Action, Change, Kind};
 use crate::tasks::{joined_links, Fields, Link};
@@ -263,68 +263,62 @@ fn missing(name: &str, what: &str) -> AwsError {
 
 async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
     let cluster = &model.cluster;
-    let mut token: Option<String> = None;
-    for _ in 0..MAX_PAGES {
-        let resp = t.asg.describe_auto_scaling_groups().set_next_token(token.clone()).send().await.map_err(|e| api("DescribeAutoScalingGroups", cluster, e))?;
-        for g in resp.auto_scaling_groups() {
-            let tags: BTreeMap<String, String> = g.tags().iter().filter_map(|t| Some((t.key()?.to_string(), t.value().unwrap_or("").to_string()))).collect();
-            if tags.get("KubernetesCluster") != Some(cluster) {
-                continue;
-            }
-            let name = g.auto_scaling_group_name().ok_or_else(|| missing(cluster, "AutoScalingGroupName"))?.to_string();
-            let mixed = g.mixed_instances_policy();
-            let spec = g.launch_template().or_else(|| mixed.and_then(|m| m.launch_template()).and_then(|l| l.launch_template_specification()));
-            let lt_version = match spec.and_then(|l| l.version()) {
-                Some(v) => Some(v.parse::<i64>().map_err(|_| AwsError::Missing {
-                    kind: "AutoscalingGroup",
-                    name: name.clone(),
-                    message: format!("launch template version {v:?} is not a number (keelson pins explicit versions)"),
-                })?),
-                None => None,
-            };
-            d.instances.insert(name.clone(), g.instances().iter().filter_map(|i| i.instance_id().map(str::to_string)).collect());
-            let task = AutoscalingGroup {
-                min_size: g.min_size().map(i64::from).ok_or_else(|| missing(&name, "MinSize"))?,
-                max_size: g.max_size().map(i64::from).ok_or_else(|| missing(&name, "MaxSize"))?,
-                launch_template: Link::to(spec.and_then(|l| l.launch_template_name()).unwrap_or_default()),
-                launch_template_version: lt_version,
-                subnets: g
-                    .vpc_zone_identifier()
-                    .unwrap_or_default()
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(|id| Link::to(d.ids.subnet_name(id)))
-                    .collect(),
-                target_groups: g.target_group_arns().iter().map(|arn| Link::to(name_of(&d.ids.target_groups, arn))).collect(),
-                load_balancers: g.load_balancer_names().to_vec(),
-                protect_from_scale_in: g.new_instances_protected_from_scale_in().unwrap_or(false),
-                mixed: mixed.map(|m| {
-                    let dist = m.instances_distribution();
-                    Mixed {
-                        instance_types: m
-                            .launch_template()
-                            .map(|l| l.overrides().iter().filter_map(|o| o.instance_type().map(str::to_string)).collect())
-                            .unwrap_or_default(),
-                        on_demand_allocation_strategy: dist.and_then(|d| d.on_demand_allocation_strategy()).unwrap_or("prioritized").to_string(),
-                        on_demand_base: dist.and_then(|d| d.on_demand_base_capacity()).map(i64::from).unwrap_or(0),
-                        on_demand_above_base: dist.and_then(|d| d.on_demand_percentage_above_base_capacity()).map(i64::from).unwrap_or(100),
-                        spot_allocation_strategy: dist.and_then(|d| d.spot_allocation_strategy()).unwrap_or("lowest-price").to_string(),
-                        spot_instance_pools: dist.and_then(|d| d.spot_instance_pools()).map(i64::from),
-                        spot_max_price: dist.and_then(|d| d.spot_max_price()).filter(|p| !p.is_empty()).map(str::to_string),
-                    }
-                }),
+    let groups =
+        t.asg.describe_auto_scaling_groups().into_paginator().items().send().try_collect().await.map_err(|e| api("DescribeAutoScalingGroups", cluster, e))?;
+    for g in &groups {
+        let tags: BTreeMap<String, String> = g.tags().iter().filter_map(|t| Some((t.key()?.to_string(), t.value().unwrap_or("").to_string()))).collect();
+        if tags.get("KubernetesCluster") != Some(cluster) {
+            continue;
+        }
+        let name = g.auto_scaling_group_name().ok_or_else(|| missing(cluster, "AutoScalingGroupName"))?.to_string();
+        let mixed = g.mixed_instances_policy();
+        let spec = g.launch_template().or_else(|| mixed.and_then(|m| m.launch_template()).and_then(|l| l.launch_template_specification()));
+        let lt_version = match spec.and_then(|l| l.version()) {
+            Some(v) => Some(v.parse::<i64>().map_err(|_| AwsError::Missing {
+                kind: "AutoscalingGroup",
                 name: name.clone(),
-                group: tags.get("kops.k8s.io/instancegroup").cloned().unwrap_or_default(),
-                role: role_of_tags(&tags),
-                tags,
-            };
-            d.found(task, name);
-        }
-        token = resp.next_token().map(str::to_string);
-        if token.is_none() {
-            break;
-        }
+                message: format!("launch template version {v:?} is not a number (keelson pins explicit versions)"),
+            })?),
+            None => None,
+        };
+        d.instances.insert(name.clone(), g.instances().iter().filter_map(|i| i.instance_id().map(str::to_string)).collect());
+        let task = AutoscalingGroup {
+            min_size: g.min_size().map(i64::from).ok_or_else(|| missing(&name, "MinSize"))?,
+            max_size: g.max_size().map(i64::from).ok_or_else(|| missing(&name, "MaxSize"))?,
+            launch_template: Link::to(spec.and_then(|l| l.launch_template_name()).unwrap_or_default()),
+            launch_template_version: lt_version,
+            subnets: g
+                .vpc_zone_identifier()
+                .unwrap_or_default()
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|id| Link::to(d.ids.subnet_name(id)))
+                .collect(),
+            target_groups: g.target_group_arns().iter().map(|arn| Link::to(name_of(&d.ids.target_groups, arn))).collect(),
+            load_balancers: g.load_balancer_names().to_vec(),
+            protect_from_scale_in: g.new_instances_protected_from_scale_in().unwrap_or(false),
+            mixed: mixed.map(|m| {
+                let dist = m.instances_distribution();
+                Mixed {
+                    instance_types: m
+                        .launch_template()
+                        .map(|l| l.overrides().iter().filter_map(|o| o.instance_type().map(str::to_string)).collect())
+                        .unwrap_or_default(),
+                    on_demand_allocation_strategy: dist.and_then(|d| d.on_demand_allocation_strategy()).unwrap_or("prioritized").to_string(),
+                    on_demand_base: dist.and_then(|d| d.on_demand_base_capacity()).map(i64::from).unwrap_or(0),
+                    on_demand_above_base: dist.and_then(|d| d.on_demand_percentage_above_base_capacity()).map(i64::from).unwrap_or(100),
+                    spot_allocation_strategy: dist.and_then(|d| d.spot_allocation_strategy()).unwrap_or("lowest-price").to_string(),
+                    spot_instance_pools: dist.and_then(|d| d.spot_instance_pools()).map(i64::from),
+                    spot_max_price: dist.and_then(|d| d.spot_max_price()).filter(|p| !p.is_empty()).map(str::to_string),
+                }
+            }),
+            name: name.clone(),
+            group: tags.get("kops.k8s.io/instancegroup").cloned().unwrap_or_default(),
+            role: role_of_tags(&tags),
+            tags,
+        };
+        d.found(task, name);
     }
     Ok(())
 }

@@ -438,17 +438,10 @@ async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Re
     // no longer lists is found here, so apply and delete remove it).
     let mut names: BTreeMap<String, bool> =
         model.tasks.iam_roles.iter().map(|r| (r.name.clone(), matches!(r.assume_role, Policy::ServiceAccount { .. }))).collect();
-    let mut marker = None;
-    for _ in 0..super::MAX_PAGES {
-        let page = t.iam.list_roles().set_marker(marker.take()).send().await.map_err(|e| api("ListRoles", &model.cluster, e))?;
-        for r in page.roles() {
-            if is_service_account_role_of(r.role_name(), &model.cluster) {
-                names.entry(r.role_name().to_string()).or_insert(true);
-            }
-        }
-        match page.marker() {
-            Some(m) if page.is_truncated() => marker = Some(m.to_string()),
-            _ => break,
+    let roles = t.iam.list_roles().into_paginator().items().send().try_collect().await.map_err(|e| api("ListRoles", &model.cluster, e))?;
+    for r in &roles {
+        if is_service_account_role_of(r.role_name(), &model.cluster) {
+            names.entry(r.role_name().to_string()).or_insert(true);
         }
     }
     for (name, service_account) in &names {

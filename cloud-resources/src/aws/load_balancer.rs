@@ -13,7 +13,7 @@ use super::network::{Subnet, Vpc};
 use super::security_group::SecurityGroup;
 use super::task::{AwsFuture, AwsTask, Exec, Typed};
 use super::terraform::{tags_value, AwsTerraform};
-use super::{api, name_of, required, resolve_all, AwsError, AwsLinked, AwsTarget, Discovered, Ids, Resolved, MAX_PAGES};
+use super::{api, name_of, required, resolve_all, AwsError, AwsLinked, AwsTarget, Discovered, Ids, Resolved};
 use crate::model::ClusterModel;
 use crate::plan::{Action, Change, Kind};
 use crate::tasks::{joined_links, Fields, Link, Linked};
@@ -355,16 +355,7 @@ async fn discover_target_groups(t: &AwsTarget, model: &ClusterModel, d: &mut Dis
         }
     };
 
-    let mut groups = Vec::new();
-    let mut marker: Option<String> = None;
-    for _ in 0..MAX_PAGES {
-        let resp = t.elb.describe_target_groups().set_marker(marker.clone()).send().await.map_err(|e| api("DescribeTargetGroups", cluster, e))?;
-        groups.extend(resp.target_groups().iter().cloned());
-        marker = resp.next_marker().map(str::to_string);
-        if marker.is_none() {
-            break;
-        }
-    }
+    let groups = t.elb.describe_target_groups().into_paginator().items().send().try_collect().await.map_err(|e| api("DescribeTargetGroups", cluster, e))?;
     let ours = tagged(t, cluster, groups.iter().filter_map(|g| g.target_group_arn().map(str::to_string)).collect()).await?;
     for g in groups {
         let Some(arn) = g.target_group_arn().map(str::to_string) else { continue };
@@ -398,16 +389,7 @@ async fn discover_target_groups(t: &AwsTarget, model: &ClusterModel, d: &mut Dis
 /// Load balancers tagged for the cluster. Needs subnet, security-group and target-group ids.
 async fn discover_load_balancers(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
     let cluster = &model.cluster;
-    let mut lbs = Vec::new();
-    let mut marker: Option<String> = None;
-    for _ in 0..MAX_PAGES {
-        let resp = t.elb.describe_load_balancers().set_marker(marker.clone()).send().await.map_err(|e| api("DescribeLoadBalancers", cluster, e))?;
-        lbs.extend(resp.load_balancers().iter().cloned());
-        marker = resp.next_marker().map(str::to_string);
-        if marker.is_none() {
-            break;
-        }
-    }
+    let lbs = t.elb.describe_load_balancers().into_paginator().items().send().try_collect().await.map_err(|e| api("DescribeLoadBalancers", cluster, e))?;
     let ours = tagged(t, cluster, lbs.iter().filter_map(|l| l.load_balancer_arn().map(str::to_string)).collect()).await?;
     for lb in lbs {
         let Some(arn) = lb.load_balancer_arn().map(str::to_string) else { continue };

@@ -45,9 +45,6 @@ pub use security_group::{protocol_has_ports, IngressRule, RuleSource, SecurityGr
 pub use task::{AwsTask, Task, Tasks};
 pub use volume::Volume;
 
-/// At most this many pages are read from any listing (1000 items a page at most).
-const MAX_PAGES: usize = 200;
-
 #[derive(Debug, thiserror::Error)]
 pub enum AwsError {
     #[error("{op} {target}: {message}")]

@@ -239,8 +239,17 @@ async fn discover_subnets(t: &AwsTarget, model: &ClusterModel, d: &mut Discovere
             d.ids.subnets.insert(s.name().to_string(), id.to_string());
         }
     }
-    let subnets = t.ec2.describe_subnets().filters(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeSubnets", cluster, e))?;
-    for s in subnets.subnets() {
+    let subnets = t
+        .ec2
+        .describe_subnets()
+        .filters(cluster_filter(cluster))
+        .into_paginator()
+        .items()
+        .send()
+        .try_collect()
+        .await
+        .map_err(|e| api("DescribeSubnets", cluster, e))?;
+    for s in &subnets {
         let id = required(s.subnet_id(), "Subnet", cluster, "SubnetId")?.to_string();
         let tags = tags_of(s.tags());
         let name = tags.get("Name").cloned().unwrap_or_else(|| id.clone());

@@ -297,8 +297,17 @@ impl AwsTask for SecurityGroupRule {
 
 async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
     let cluster = &model.cluster;
-    let sgs = t.ec2.describe_security_groups().filters(cluster_filter(cluster)).send().await.map_err(|e| api("DescribeSecurityGroups", cluster, e))?;
-    for g in sgs.security_groups() {
+    let sgs = t
+        .ec2
+        .describe_security_groups()
+        .filters(cluster_filter(cluster))
+        .into_paginator()
+        .items()
+        .send()
+        .try_collect()
+        .await
+        .map_err(|e| api("DescribeSecurityGroups", cluster, e))?;
+    for g in &sgs {
         let id = required(g.group_id(), "SecurityGroup", cluster, "GroupId")?.to_string();
         let name = required(g.group_name(), "SecurityGroup", &id, "GroupName")?.to_string();
         d.ids.security_groups.insert(name.clone(), id.clone());
@@ -316,7 +325,7 @@ async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Re
     // Keelson's own (see `firewall::found_rule_is_ours`).
     let wanted: Vec<IngressRule> = model.tasks.security_group_rules.iter().map(|r| r.rule.clone()).collect();
     let ours: std::collections::BTreeSet<String> = model.tasks.security_groups.iter().map(|g| g.name.clone()).collect();
-    for g in sgs.security_groups() {
+    for g in &sgs {
         let group = g.group_name().unwrap_or_default().to_string();
         for p in g.ip_permissions() {
             let protocol = match p.ip_protocol().unwrap_or("-1") {

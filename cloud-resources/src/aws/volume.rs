@@ -9,7 +9,7 @@ use serde_json::json;
 
 use super::task::{AwsFuture, AwsTask, Exec, Typed};
 use super::terraform::{tags_value, AwsTerraform};
-use super::{api, cluster_filter, required, tag_spec, tags_of, AwsError, AwsTarget, Discovered, Resolved, MAX_PAGES};
+use super::{api, cluster_filter, required, tag_spec, tags_of, AwsError, AwsTarget, Discovered, Resolved};
 use crate::model::ClusterModel;
 use crate::plan::{Action, Change, Kind};
 use crate::tasks::Fields;
@@ -125,48 +125,43 @@ impl AwsTask for Volume {
 
 async fn discover(t: &AwsTarget, model: &ClusterModel, d: &mut Discovered) -> Result<(), AwsError> {
     let cluster = &model.cluster;
-    let mut token: Option<String> = None;
-    for _ in 0..MAX_PAGES {
-        let resp = t
-            .ec2
-            .describe_volumes()
-            .filters(cluster_filter(cluster))
-            .set_next_token(token.clone())
-            .send()
-            .await
-            .map_err(|e| api("DescribeVolumes", cluster, e))?;
-        for v in resp.volumes() {
-            let tags = tags_of(v.tags());
-            // Only etcd volumes are ours (root volumes of instances carry the cluster tag too).
-            if !tags.keys().any(|k| k.starts_with("k8s.io/etcd/")) {
-                continue;
-            }
-            let id = required(v.volume_id(), "Volume", cluster, "VolumeId")?.to_string();
-            let name = tags.get("Name").cloned().unwrap_or_else(|| id.clone());
-            d.ids.volumes.insert(name.clone(), id.clone());
-            // iops/throughput are compared only where the spec sets them (gp3 always reports some).
-            let want = model.tasks.volumes.iter().find(|w| w.name == name);
-            let task = Volume {
-                zone: required(v.availability_zone(), "Volume", &name, "AvailabilityZone")?.to_string(),
-                size_gib: v.size().map(i64::from).ok_or_else(|| AwsError::Missing {
-                    kind: "Volume",
-                    name: name.clone(),
-                    message: "the API returned no Size".into(),
-                })?,
-                volume_type: v.volume_type().map(|t| t.as_str().to_string()).unwrap_or_default(),
-                encrypted: v.encrypted().unwrap_or(false),
-                iops: v.iops().filter(|_| want.is_some_and(|w| w.iops.is_some())).map(i64::from),
-                throughput: v.throughput().filter(|_| want.is_some_and(|w| w.throughput.is_some())).map(i64::from),
-                kms_key_id: v.kms_key_id().map(str::to_string),
-                tags,
-                name,
-            };
-            d.found(task, id);
+    let volumes = t
+        .ec2
+        .describe_volumes()
+        .filters(cluster_filter(cluster))
+        .into_paginator()
+        .items()
+        .send()
+        .try_collect()
+        .await
+        .map_err(|e| api("DescribeVolumes", cluster, e))?;
+    for v in &volumes {
+        let tags = tags_of(v.tags());
+        // Only etcd volumes are ours (root volumes of instances carry the cluster tag too).
+        if !tags.keys().any(|k| k.starts_with("k8s.io/etcd/")) {
+            continue;
         }
-        token = resp.next_token().map(str::to_string);
-        if token.is_none() {
-            break;
-        }
+        let id = required(v.volume_id(), "Volume", cluster, "VolumeId")?.to_string();
+        let name = tags.get("Name").cloned().unwrap_or_else(|| id.clone());
+        d.ids.volumes.insert(name.clone(), id.clone());
+        // iops/throughput are compared only where the spec sets them (gp3 always reports some).
+        let want = model.tasks.volumes.iter().find(|w| w.name == name);
+        let task = Volume {
+            zone: required(v.availability_zone(), "Volume", &name, "AvailabilityZone")?.to_string(),
+            size_gib: v.size().map(i64::from).ok_or_else(|| AwsError::Missing {
+                kind: "Volume",
+                name: name.clone(),
+                message: "the API returned no Size".into(),
+            })?,
+            volume_type: v.volume_type().map(|t| t.as_str().to_string()).unwrap_or_default(),
+            encrypted: v.encrypted().unwrap_or(false),
+            iops: v.iops().filter(|_| want.is_some_and(|w| w.iops.is_some())).map(i64::from),
+            throughput: v.throughput().filter(|_| want.is_some_and(|w| w.throughput.is_some())).map(i64::from),
+            kms_key_id: v.kms_key_id().map(str::to_string),
+            tags,
+            name,
+        };
+        d.found(task, id);
     }
     Ok(())
 }

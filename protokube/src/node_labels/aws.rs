@@ -116,26 +116,21 @@ impl AwsNodes {
     pub async fn describe(&self, names: &[&str]) -> Result<Vec<Ec2Instance>, String> {
         let mut out = Vec::new();
         for chunk in names.chunks(NAMES_PER_CALL) {
-            let mut token: Option<String> = None;
-            loop {
-                let filter = |name: &str, values: &[&str]| {
-                    aws_sdk_ec2::types::Filter::builder().name(name).set_values(Some(values.iter().map(|v| v.to_string()).collect())).build()
-                };
-                let answer = self
-                    .ec2
-                    .describe_instances()
-                    .filters(filter("private-dns-name", chunk))
-                    .filters(filter("instance-state-name", &["pending", "running"]))
-                    .set_next_token(token.take())
-                    .send()
-                    .await
-                    .map_err(|e| format!("ec2:DescribeInstances (private-dns-name {}): {}", chunk.join(","), aws_sdk_ec2::error::DisplayErrorContext(e)))?;
-                out.extend(answer.reservations().iter().flat_map(|r| r.instances()).map(Ec2Instance::of));
-                match answer.next_token().filter(|t| !t.is_empty()) {
-                    Some(t) => token = Some(t.to_string()),
-                    None => break,
-                }
-            }
+            let filter = |name: &str, values: &[&str]| {
+                aws_sdk_ec2::types::Filter::builder().name(name).set_values(Some(values.iter().map(|v| v.to_string()).collect())).build()
+            };
+            let reservations = self
+                .ec2
+                .describe_instances()
+                .filters(filter("private-dns-name", chunk))
+                .filters(filter("instance-state-name", &["pending", "running"]))
+                .into_paginator()
+                .items()
+                .send()
+                .try_collect()
+                .await
+                .map_err(|e| format!("ec2:DescribeInstances (private-dns-name {}): {}", chunk.join(","), aws_sdk_ec2::error::DisplayErrorContext(e)))?;
+            out.extend(reservations.iter().flat_map(|r| r.instances()).map(Ec2Instance::of));
         }
         Ok(out)
     }

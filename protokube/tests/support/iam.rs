@@ -100,17 +100,10 @@ fn resource_tags(moto_url: &str) -> BTreeMap<String, BTreeMap<String, String>> {
         rt.block_on(async {
             let ec2 = aws_sdk_ec2::Client::new(&crate::moto::sdk(&url).await);
             let mut out: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-            let mut token: Option<String> = None;
-            for _page in 0..100 {
-                let page = ec2.describe_tags().set_next_token(token.clone()).max_results(1000).send().await.expect("DescribeTags");
-                for t in page.tags() {
-                    if let (Some(id), Some(k)) = (t.resource_id(), t.key()) {
-                        out.entry(id.to_string()).or_default().insert(k.to_string(), t.value().unwrap_or_default().to_string());
-                    }
-                }
-                token = page.next_token().filter(|t| !t.is_empty()).map(str::to_string);
-                if token.is_none() {
-                    break;
+            let tags = ec2.describe_tags().max_results(1000).into_paginator().items().send().try_collect().await.expect("DescribeTags");
+            for t in &tags {
+                if let (Some(id), Some(k)) = (t.resource_id(), t.key()) {
+                    out.entry(id.to_string()).or_default().insert(k.to_string(), t.value().unwrap_or_default().to_string());
                 }
             }
             let elb = aws_sdk_elasticloadbalancingv2::Client::new(&crate::moto::sdk(&url).await);
