@@ -8,11 +8,15 @@
 //! - [`CpuModel::Shared`] (the default): plain sharing, every machine the same CPU weight (cgroup
 //!   v1 `cpu.shares` 1024, v2 `cpu.weight` 100): a booting machine gets what the kernel's fair
 //!   scheduler gives any one machine.
-//! - [`CpuModel::BootPriority`]: a machine launched while the model is on gets [`BOOT_SHARES`]
-//!   (16 × the others') from before its `systemd-nspawn` starts until its Node is Ready (the end of
-//!   a failover's critical path), at most [`BOOT_PRIORITY_LIMIT`]; then the default weight again.
-//!   Its neighbours run on what it leaves — the nearest this host comes to an instance whose cores
-//!   are its own. A weight, not a reservation: idle cycles still go to whoever wants them.
+//! - [`CpuModel::BootPriority`]: a machine launched while the model is on weighs as much as all its
+//!   running neighbours together ([`CpuModel::launch_shares`]) from before its `systemd-nspawn`
+//!   starts until its Node is Ready (the end of a failover's critical path), at most
+//!   [`BOOT_PRIORITY_LIMIT`]; then the default weight again. When every machine wants CPU it gets
+//!   half the host (one of this machine's two cores, as an instance has cores of its own) and its
+//!   neighbours share the other half — the survivors keep serving. A weight, not a reservation:
+//!   idle cycles still go to whoever wants them. (It was a flat 16 × the others' until 2026-12-05:
+//!   with five neighbours that left the surviving API servers a tenth of a core each, and in 2 of
+//!   48 soak cycles they answered the outage probe too slowly for 3 and 5 s.)
 //!
 //! The model in force is the state directory's `cpu-model` file (`up --cpu-model`, or `selfheal
 //! --cpu-model`, which may change it between cycles); the daemon reads it at each launch.
@@ -20,9 +24,6 @@
 use std::fmt;
 use std::path::Path;
 use std::time::Duration;
-
-/// The CPU weight of a machine booting under [`CpuModel::BootPriority`] (cgroup v1 `cpu.shares`).
-pub const BOOT_SHARES: u64 = 16 * crate::cgroups::DEFAULT_CPU_SHARES;
 
 /// The longest a machine keeps its boot priority (a machine whose Node never becomes Ready must
 /// not keep it).
@@ -33,7 +34,7 @@ pub enum CpuModel {
     /// Every machine the same CPU weight.
     #[default]
     Shared,
-    /// A booting machine weighs 16 times the others until its Node is Ready.
+    /// A booting machine weighs as much as its running neighbours together until its Node is Ready.
     BootPriority,
 }
 
@@ -54,11 +55,13 @@ impl CpuModel {
         }
     }
 
-    /// The CPU weight a machine launched under this model starts with.
-    pub fn launch_shares(self) -> u64 {
+    /// The CPU weight (cgroup v1 `cpu.shares`) a machine launched under this model starts with,
+    /// beside `neighbours` running machines of the default weight: under boot priority, theirs
+    /// together (at least the default), so it gets half the host when all of them want CPU.
+    pub fn launch_shares(self, neighbours: usize) -> u64 {
         match self {
             CpuModel::Shared => crate::cgroups::DEFAULT_CPU_SHARES,
-            CpuModel::BootPriority => BOOT_SHARES,
+            CpuModel::BootPriority => neighbours.max(1) as u64 * crate::cgroups::DEFAULT_CPU_SHARES,
         }
     }
 
@@ -116,9 +119,10 @@ mod tests {
     }
 
     #[test]
-    fn a_booting_machine_weighs_sixteen_times_the_others() {
-        assert_eq!(CpuModel::Shared.launch_shares(), 1024);
-        assert_eq!(CpuModel::BootPriority.launch_shares(), 16 * 1024);
+    fn a_booting_machine_weighs_as_much_as_its_neighbours_together() {
+        assert_eq!(CpuModel::Shared.launch_shares(5), 1024);
+        assert_eq!(CpuModel::BootPriority.launch_shares(5), 5 * 1024, "half the host beside five busy neighbours");
+        assert_eq!(CpuModel::BootPriority.launch_shares(0), 1024, "the first machine: the default weight");
     }
 
     #[test]

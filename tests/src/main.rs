@@ -30,8 +30,9 @@ enum Cmd {
         #[arg(long)]
         air_gapped: bool,
         /// How the machines share the host's cores: `shared` (every machine the same CPU weight)
-        /// or `boot-priority` (a machine launched later weighs 16 times the others until its
-        /// Node is Ready, as if its cores were its own). See the README, "Control-plane failover".
+        /// or `boot-priority` (a machine launched later weighs as much as its running neighbours
+        /// together until its Node is Ready: half the host, as if a core were its own). See the
+        /// README, "Control-plane failover".
         #[arg(long, value_enum, default_value_t = keelson_local::cpu_model::CpuModel::Shared)]
         cpu_model: keelson_local::cpu_model::CpuModel,
     },

@@ -235,6 +235,10 @@ impl Fleet {
             CpuModel::Shared
         });
         let boosted = self.boosted.clone();
+        // Its running neighbours, for the boot-priority weight (machines still starting count too:
+        // they want CPU as much).
+        let neighbours = self.machines.lock().map(|m| m.len()).unwrap_or(0) + self.starting.lock().map(|s| s.len().saturating_sub(1)).unwrap_or(0);
+        let shares = cpu_model.launch_shares(neighbours);
         std::thread::spawn(move || {
             let t0 = Instant::now();
             if cpu_model == CpuModel::BootPriority {
@@ -242,12 +246,12 @@ impl Fleet {
                 // the cgroups made and moves its systemd-nspawn into them).
                 let boost = crate::cgroups::dirs_for(&id).and_then(|dirs| {
                     crate::cgroups::create(&dirs)?;
-                    crate::cgroups::set_cpu_shares(&dirs, cpu_model.launch_shares())?;
+                    crate::cgroups::set_cpu_shares(&dirs, shares)?;
                     Ok(dirs)
                 });
                 match boost {
                     Ok(dirs) => {
-                        event(&events, format!("{id}: CPU model {cpu_model}: CPU weight {} until its Node is Ready", cpu_model.launch_shares()));
+                        event(&events, format!("{id}: CPU model {cpu_model}: CPU weight {shares} ({neighbours} neighbours) until its Node is Ready"));
                         if let Ok(mut b) = boosted.lock() {
                             b.insert(id.clone(), (SystemTime::now(), dirs));
                         }
